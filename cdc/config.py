@@ -1,0 +1,117 @@
+"""Typed configuration: the changefeed TOML and the server config, validated at load."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from cdc import serde
+from cdc.errors import InvalidConfig
+
+
+@dataclass(frozen=True)
+class FilterConfig:
+    rules: tuple[str, ...] = ("*.*",)
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    batch_rows: int = 1000  # rows per multi-row statement
+    txn_rows: int = 20000  # whole upstream transactions are batched into one downstream txn up to this
+
+
+@dataclass(frozen=True)
+class ChangefeedConfig:
+    """The changefeed TOML. Keys use dashes in TOML (``span-count``) and underscores here."""
+
+    span_count: int = 1
+    memory_quota: int = 256 * 1024 * 1024
+    filter: FilterConfig = field(default_factory=FilterConfig)
+    sink: SinkConfig = field(default_factory=SinkConfig)
+
+    def validate(self) -> ChangefeedConfig:
+        if not 1 <= self.span_count <= 64:
+            raise InvalidConfig(f"span-count must be between 1 and 64, got {self.span_count}")
+        if self.sink.batch_rows < 1 or self.sink.txn_rows < 1:
+            raise InvalidConfig("sink.batch-rows and sink.txn-rows must be positive")
+        if not self.filter.rules:
+            raise InvalidConfig("filter.rules must not be empty")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return serde.to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ChangefeedConfig:
+        return serde.from_dict(cls, data).validate()
+
+    @classmethod
+    def from_toml(cls, text: str) -> ChangefeedConfig:
+        try:
+            raw = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidConfig(f"changefeed config is not valid TOML: {exc}") from exc
+        return cls.from_dict(_check_keys(cls, _undash(raw), "changefeed config"))
+
+
+def _undash(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k.replace("-", "_"): _undash(v) for k, v in obj.items()}
+    return obj
+
+
+def _check_keys(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
+    """Unknown keys are an error (a typo must not silently fall back to a default)."""
+    names = {f.name: f for f in fields(cls)}
+    for key, value in data.items():
+        if key not in names:
+            raise InvalidConfig(f"unknown key {key.replace('_', '-')!r} in {where}")
+        sub = names[key].default_factory if names[key].default_factory is not None else None  # type: ignore[misc]
+        if isinstance(value, dict) and sub is not None:
+            _check_keys(type(sub()), value, f"{where} [{key}]")
+    return data
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """`cdc server` settings (flags override the --config TOML).
+
+    Timing invariant (Patroni-style, checked at load): ``owner_tick + 2 * etcd_timeout < session_ttl``
+    so that a healthy capture always renews its lease before it expires.
+    """
+
+    etcd: tuple[str, ...] = ("http://127.0.0.1:2379",)
+    addr: str = "127.0.0.1:8300"
+    data_dir: str = "/tmp/tidewater"
+    cluster_id: str = "default"
+    log_file: str = ""
+    log_level: str = "info"
+    session_ttl: int = 10
+    owner_tick: float = 0.5
+    etcd_timeout: float = 3.0
+    checkpoint_interval: float = 1.0
+    sorter_disk_quota: int = 0  # bytes; 0 = unlimited
+
+    def validate(self) -> ServerConfig:
+        if self.session_ttl < 3:
+            raise InvalidConfig("session-ttl must be at least 3 seconds")
+        if self.owner_tick + 2 * self.etcd_timeout >= self.session_ttl:
+            raise InvalidConfig(
+                f"owner-tick ({self.owner_tick}s) + 2 * etcd-timeout ({self.etcd_timeout}s) must be less than "
+                f"session-ttl ({self.session_ttl}s)")
+        if ":" not in self.addr:
+            raise InvalidConfig(f"--addr {self.addr!r} must be HOST:PORT")
+        return self
+
+    @classmethod
+    def from_toml(cls, text: str, **overrides: Any) -> ServerConfig:
+        try:
+            raw = _undash(tomllib.loads(text)) if text else {}
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidConfig(f"server config is not valid TOML: {exc}") from exc
+        _check_keys(cls, raw, "server config")
+        raw.update({k: v for k, v in overrides.items() if v is not None})
+        if isinstance(raw.get("etcd"), str):
+            raw["etcd"] = tuple(u.strip() for u in raw["etcd"].split(",") if u.strip())
+        return serde.from_dict(cls, raw).validate()

@@ -1,0 +1,131 @@
+"""One error hierarchy with stable codes.
+
+Every error raised across a module boundary is a :class:`TidewaterError`. ``code`` is a stable string
+(``CDC:ErrXxx``) that appears in API bodies, CLI output and changefeed state; ``retryable`` tells the
+owner's state machine whether the failure is transient (``warning`` + backoff) or fatal (``failed``).
+Foreign exceptions are wrapped once, at the boundary that caught them.
+"""
+
+from __future__ import annotations
+
+
+class TidewaterError(Exception):
+    code = "CDC:ErrUnknown"
+    retryable = False
+    http_status = 500
+
+    def __init__(self, message: str, *, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.__cause__ = cause
+
+    def to_dict(self) -> dict[str, str]:
+        return {"error_code": self.code, "error_msg": self.message}
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+
+# ---- user input / validation (HTTP 400, CLI exit 1) -------------------------------------------------
+class InvalidArgument(TidewaterError):
+    code = "CDC:ErrInvalidArgument"
+    http_status = 400
+
+
+class InvalidURI(InvalidArgument):
+    code = "CDC:ErrInvalidURI"
+
+
+class InvalidConfig(InvalidArgument):
+    code = "CDC:ErrInvalidConfig"
+
+
+class TableNotEligible(InvalidArgument):
+    """A matched table cannot be replicated (no primary key and no REPLICA IDENTITY FULL, ...)."""
+
+    code = "CDC:ErrTableIneligible"
+
+
+class TargetNameConflict(InvalidArgument):
+    code = "CDC:ErrTargetTableConflict"
+
+
+class UpstreamNotReady(InvalidArgument):
+    """The upstream is reachable but misconfigured (wal_level, permissions, ...)."""
+
+    code = "CDC:ErrUpstreamNotReady"
+
+
+class ChangefeedExists(TidewaterError):
+    code = "CDC:ErrChangefeedAlreadyExists"
+    http_status = 409
+
+
+class ChangefeedNotFound(TidewaterError):
+    code = "CDC:ErrChangefeedNotFound"
+    http_status = 404
+
+
+class ChangefeedStateConflict(TidewaterError):
+    code = "CDC:ErrChangefeedStateConflict"
+    http_status = 409
+
+
+# ---- runtime, transient ------------------------------------------------------------------------------
+class UpstreamUnavailable(TidewaterError):
+    code = "CDC:ErrUpstreamUnavailable"
+    retryable = True
+    http_status = 503
+
+
+class SinkUnavailable(TidewaterError):
+    code = "CDC:ErrSinkUnavailable"
+    retryable = True
+    http_status = 503
+
+
+class MetaStoreError(TidewaterError):
+    code = "CDC:ErrEtcd"
+    retryable = True
+    http_status = 503
+
+
+class NotOwner(TidewaterError):
+    """A write conditioned on ownership failed: this capture is not (or no longer) the owner."""
+
+    code = "CDC:ErrNotOwner"
+    retryable = True
+    http_status = 503
+
+
+class LeaseLost(TidewaterError):
+    code = "CDC:ErrCaptureLeaseLost"
+    retryable = True
+
+
+# ---- runtime, fatal ----------------------------------------------------------------------------------
+class SinkError(TidewaterError):
+    """The sink rejected data in a way retrying cannot fix (bad schema mapping, constraint, ...)."""
+
+    code = "CDC:ErrSinkFatal"
+
+
+class UpstreamError(TidewaterError):
+    code = "CDC:ErrUpstreamFatal"
+
+
+class SlotLost(UpstreamError):
+    code = "CDC:ErrSlotLost"
+
+
+class DecodeError(UpstreamError):
+    code = "CDC:ErrDecode"
+
+
+class SorterError(TidewaterError):
+    code = "CDC:ErrSorter"
+
+
+class DiskFull(SorterError):
+    code = "CDC:ErrDiskFull"
+    retryable = True

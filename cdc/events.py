@@ -1,0 +1,148 @@
+"""Row-level vocabulary shared by upstream, sorter, mounter and sinks.
+
+``TableSchema`` describes one upstream table at one schema version. ``RowChange`` is the typed,
+mounted change a sink receives. ``UNCHANGED`` marks a column whose value the upstream did not send
+(PostgreSQL's unchanged TOAST datum): it is *not* NULL and a sink must leave that column as it is.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class _Unchanged:
+    """Singleton for 'value not sent by the upstream, keep the downstream value'."""
+
+    _instance: _Unchanged | None = None
+
+    def __new__(cls) -> _Unchanged:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __reduce__(self) -> str:
+        return "UNCHANGED"
+
+
+UNCHANGED: Any = _Unchanged()
+
+
+class OpType(enum.IntEnum):
+    INSERT = 1
+    UPDATE = 2
+    DELETE = 3
+    TRUNCATE = 4
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class TableName:
+    schema: str
+    table: str
+
+    def __str__(self) -> str:
+        return f"{self.schema}.{self.table}"
+
+    @classmethod
+    def parse(cls, text: str) -> TableName:
+        schema, dot, table = text.partition(".")
+        if not dot:
+            return cls("public", text)
+        return cls(schema, table)
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnSchema:
+    """One upstream column.
+
+    ``base_type`` is the canonical PostgreSQL type name of the element (``int4``, ``numeric``,
+    ``timestamptz``, ``text``...; see ``upstream.postgres.types``), ``is_array`` says whether the
+    column is a one-dimensional array of it, ``type_name`` is ``format_type()`` output for humans
+    and DDL, ``type_modifier`` the atttypmod (-1 when none).
+    """
+
+    name: str
+    type_oid: int
+    base_type: str
+    is_array: bool = False
+    type_name: str = ""
+    type_modifier: int = -1
+    nullable: bool = True
+    is_key: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TableSchema:
+    """An upstream table at one schema version (immutable; a DDL makes a new version).
+
+    ``key`` names the columns that identify a row downstream (the primary key, else the replica
+    identity index, else all columns for REPLICA IDENTITY FULL without a key: then ``has_key`` is
+    False). ``replica_identity`` is PostgreSQL's relreplident: ``d``efault, ``f``ull, ``i``ndex,
+    ``n``othing.
+    """
+
+    name: TableName
+    columns: tuple[ColumnSchema, ...]
+    key: tuple[str, ...]
+    replica_identity: str = "d"
+    relation_id: int = 0
+    version: int = 0
+    has_key: bool = True
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def column(self, name: str) -> ColumnSchema:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+
+@dataclass(slots=True)
+class RowChange:
+    """A typed row change, as delivered to sinks.
+
+    - INSERT: ``values`` is the full new row.
+    - UPDATE: ``values`` is the new row; a column may be ``UNCHANGED``. ``old_values`` is the old
+      key (replica identity DEFAULT/INDEX, only when the key changed) or the full old row (FULL), or
+      None.
+    - DELETE: ``old_values`` holds at least the key columns.
+    - TRUNCATE: no values.
+    ``commit_ts`` orders transactions; ``commit_time`` is the upstream commit wall-clock time.
+    """
+
+    op: OpType
+    schema: TableSchema
+    commit_ts: int
+    commit_time: float = 0.0
+    values: dict[str, Any] | None = None
+    old_values: dict[str, Any] | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def table(self) -> TableName:
+        return self.schema.name
+
+    def key_values(self) -> tuple[Any, ...]:
+        """The identifying key of the row this change touches (old key for deletes and key changes)."""
+        src = self.old_values if self.old_values is not None else self.values
+        assert src is not None
+        return tuple(src[k] for k in self.schema.key)
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    """A committed upstream transaction's identity (the rows themselves are streamed separately)."""
+
+    commit_ts: int
+    commit_time: float
+    xid: int = 0

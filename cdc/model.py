@@ -1,0 +1,112 @@
+"""Typed models of everything Tidewater stores in etcd (see docs/etcd-layout.md).
+
+Each model is a dataclass serialised with ``cdc.serde`` as JSON. Who writes what:
+- ``CaptureInfo``: the capture itself, under its session lease.
+- ``ChangefeedInfo``: the API (create / pause / resume / remove / update) and the owner (state, error).
+- ``ChangefeedStatus``: the owner only (global resolved and checkpoint Ts).
+- ``SpanAssignment``: the owner only.
+- ``SpanStatus``: the processor running the span (checkpoint and resolved Ts of the span).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+class FeedState(str, enum.Enum):
+    NORMAL = "normal"
+    WARNING = "warning"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    FINISHED = "finished"
+    REMOVED = "removed"
+
+    @property
+    def runs(self) -> bool:
+        """Spans of the changefeed should be running in this state."""
+        return self in (FeedState.NORMAL, FeedState.WARNING)
+
+
+@dataclass(frozen=True)
+class RunningError:
+    code: str
+    message: str
+    time: float = field(default_factory=time.time)
+    capture_id: str = ""
+    span: int = -1
+    retryable: bool = True
+
+
+@dataclass(frozen=True)
+class CaptureInfo:
+    id: str
+    advertise_addr: str
+    version: str
+    start_time: float
+    pid: int = 0
+    draining: bool = False
+
+
+@dataclass(frozen=True)
+class SpanInfo:
+    """A span's fixed upstream resources, created with the changefeed."""
+
+    index: int
+    slot: str
+    publication: str
+    start_ts: int = 0
+
+
+@dataclass(frozen=True)
+class ChangefeedInfo:
+    id: str
+    upstream_uri: str
+    sink_uri: str
+    config: dict[str, Any]
+    start_ts: int
+    start_time: float
+    create_time: float
+    spans: tuple[SpanInfo, ...] = ()
+    target_ts: int = 0
+    state: FeedState = FeedState.NORMAL
+    error: RunningError | None = None
+    state_since: float = 0.0  # when the current state (or first error of a warning streak) began
+    backoff_until: float = 0.0  # warning: spans are not rescheduled before this time
+    retries: int = 0
+
+    def with_state(self, state: FeedState, *, error: RunningError | None = None, now: float | None = None,
+                   **changes: Any) -> ChangefeedInfo:
+        return replace(self, state=state, error=error, state_since=time.time() if now is None else now,
+                       **changes)
+
+
+@dataclass(frozen=True)
+class ChangefeedStatus:
+    checkpoint_ts: int = 0
+    checkpoint_time: float = 0.0
+    resolved_ts: int = 0
+    resolved_time: float = 0.0
+    updated: float = 0.0
+
+
+@dataclass(frozen=True)
+class SpanAssignment:
+    capture_id: str
+    epoch: int  # bumped by the owner on every (re)assignment; fences stale processors
+
+
+@dataclass(frozen=True)
+class SpanStatus:
+    capture_id: str
+    epoch: int
+    checkpoint_ts: int = 0
+    checkpoint_time: float = 0.0
+    resolved_ts: int = 0
+    resolved_time: float = 0.0
+    running: bool = False
+    error: RunningError | None = None
+    rows: int = 0  # rows written to the sink by this span since it started on this capture
+    updated: float = 0.0

@@ -1,0 +1,69 @@
+"""JSON <-> typed dataclass conversion for everything stored in etcd or sent over the API.
+
+Field names are the dataclass field names (snake_case). Unknown fields are ignored on load (forward
+compatibility across versions); missing fields take their defaults.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import types
+import typing
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def to_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, dict):
+        return {str(k): to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def to_json(obj: Any) -> bytes:
+    return json.dumps(to_dict(obj), sort_keys=True, separators=(",", ":")).encode()
+
+
+def _convert(tp: Any, value: Any) -> Any:
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _convert(args[0], value) if len(args) == 1 else value
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp(value)
+    if origin in (list, tuple):
+        args = typing.get_args(tp)
+        inner = args[0] if args else Any
+        items = [_convert(inner, v) for v in value]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        _, vt = typing.get_args(tp) or (Any, Any)
+        return {k: _convert(vt, v) for k, v in value.items()}
+    if tp is float and isinstance(value, int):
+        return float(value)
+    return value
+
+
+def from_dict(cls: type[T], data: dict[str, Any]) -> T:
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name])
+    return cls(**kwargs)
+
+
+def from_json(cls: type[T], raw: bytes | str) -> T:
+    return from_dict(cls, json.loads(raw))

@@ -1,0 +1,72 @@
+"""The sorter contract (see DESIGN.md section 3.2).
+
+A ``SpanSorter`` buffers the raw changes of one span's upstream stream, keyed by transaction, and
+exposes committed changes in replay order: ascending ``commit_ts``, then the order in which the changes
+were added within their transaction. Payloads are opaque bytes (the puller's encoding).
+
+Guarantees:
+- Ordering: ``read`` yields committed entries in (commit_ts, add order) order; one transaction's entries
+  are contiguous and share their ``commit_ts``.
+- Aborts: ``abort(xid, xid)`` drops the whole transaction; ``abort(xid, subxid)`` drops only the
+  entries added with that ``subxid``.
+- Memory: bounded regardless of transaction size (uncommitted data spills to disk).
+- Durability: none required. The sorter is a cache that the span rebuilds from its checkpoint after a
+  restart (``clear()`` on span start).
+- Threading: ``add``/``abort``/``commit``/``clear`` are called from one thread (the puller);
+  ``read``/``clean`` from one other thread (the sink); both may run concurrently.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import NamedTuple
+
+
+class SortedEntry(NamedTuple):
+    commit_ts: int
+    commit_time: float  # upstream commit time, unix seconds
+    payload: bytes
+
+
+class SpanSorter(ABC):
+    @abstractmethod
+    def add(self, xid: int, subxid: int, payload: bytes) -> None:
+        """Buffer one change of (sub)transaction ``subxid`` of top-level transaction ``xid``."""
+
+    @abstractmethod
+    def abort(self, xid: int, subxid: int) -> None:
+        """Drop a rolled-back subtransaction (``subxid != xid``) or the whole transaction."""
+
+    @abstractmethod
+    def commit(self, xid: int, commit_ts: int, commit_time: float) -> None:
+        """Make transaction ``xid`` visible to ``read`` at ``commit_ts`` (strictly increasing)."""
+
+    @abstractmethod
+    def read(self, after_ts: int, upto_ts: int) -> Iterator[SortedEntry]:
+        """Committed entries with ``after_ts < commit_ts <= upto_ts``, in replay order (lazy)."""
+
+    @abstractmethod
+    def clean(self, upto_ts: int) -> None:
+        """Forget committed entries with ``commit_ts <= upto_ts`` (they are checkpointed downstream)."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Forget everything of this span, committed or not."""
+
+    def pending_txns(self) -> int:
+        """Number of open (uncommitted) transactions buffered."""
+        return 0
+
+
+class Sorter(ABC):
+    """One per capture. Hands out span sorters; ``close`` releases the storage."""
+
+    @abstractmethod
+    def span(self, span_key: str) -> SpanSorter: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def disk_bytes(self) -> int:
+        return 0
