@@ -1,0 +1,68 @@
+"""Shared fixtures: real servers on 127.0.0.1 (started on first use, stopped at session end)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from playground.servers import EtcdServer, MariaDBServer, PostgresServer
+
+
+def _unique_name(request: pytest.FixtureRequest, prefix: str, max_len: int) -> str:
+    """``prefix_<test name>_<random>``: lowercase [a-z0-9_], at most ``max_len`` characters, unique."""
+    stem = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")
+    suffix = uuid.uuid4().hex[:8]
+    stem = stem[: max_len - len(prefix) - len(suffix) - 2]
+    return f"{prefix}_{stem}_{suffix}"
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdServer]:
+    server = EtcdServer(tmp_path_factory.mktemp("etcd")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PostgresServer]:
+    server = PostgresServer(tmp_path_factory.mktemp("postgres")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def mariadb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
+    server = MariaDBServer(tmp_path_factory.mktemp("mariadb")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def pg_database(pg_server: PostgresServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database on ``pg_server``; dropped afterwards together with its replication slots."""
+    name = _unique_name(request, "t", 63)
+    pg_server.start()  # no-op unless an earlier test stopped or killed the shared server
+    pg_server.create_database(name)
+    yield name
+    if pg_server.running:
+        pg_server.drop_database(name)
+
+
+@pytest.fixture
+def mariadb_database(mariadb_server: MariaDBServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database (schema) on ``mariadb_server``; dropped afterwards."""
+    name = _unique_name(request, "t", 64)
+    mariadb_server.start()  # no-op unless an earlier test stopped or killed the shared server
+    mariadb_server.create_database(name)
+    yield name
+    if mariadb_server.running:
+        mariadb_server.drop_database(name)
+
+
+@pytest.fixture
+def cluster_id() -> str:
+    """A unique cluster id per test, to keep each test's etcd keys under their own prefix."""
+    return f"test-{uuid.uuid4().hex[:12]}"

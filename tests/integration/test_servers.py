@@ -1,0 +1,119 @@
+"""Smoke tests of the server launchers in playground.servers (real etcd, PostgreSQL, MariaDB)."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from pathlib import Path
+
+import etcd3
+import pytest
+
+from playground.servers import EtcdServer, MariaDBServer, PostgresServer, free_port
+
+pytestmark = pytest.mark.integration
+
+
+def _listen_addresses(port: int) -> set[str]:
+    """Local addresses (hex, as in /proc/net/tcp*) of the TCP sockets listening on ``port``."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            addr, hex_port = fields[1].split(":")
+            if int(hex_port, 16) == port and fields[3] == "0A":  # 0A = LISTEN
+                found.add(addr)
+    return found
+
+
+def _assert_loopback_only(port: int) -> None:
+    assert _listen_addresses(port) == {"0100007F"}  # 127.0.0.1, little-endian hex
+
+
+def test_free_port_is_bindable_and_not_repeated() -> None:
+    ports = {free_port() for _ in range(20)}
+    assert len(ports) == 20
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports.pop()))
+
+
+def test_etcd_put_get(etcd_server: EtcdServer, cluster_id: str) -> None:
+    assert etcd_server.url == f"http://127.0.0.1:{etcd_server.port}"
+    client = etcd3.client(host="127.0.0.1", port=etcd_server.port)
+    try:
+        key, value = f"/{cluster_id}/k", uuid.uuid4().hex.encode()
+        client.put(key, value)
+        got, meta = client.get(key)
+        assert got == value
+        assert meta.key == key.encode()
+    finally:
+        client.close()
+    _assert_loopback_only(etcd_server.port)
+
+
+def test_pg_logical_decoding_ready(pg_server: PostgresServer, pg_database: str) -> None:
+    assert pg_server.execute("SHOW wal_level", db=pg_database) == [("logical",)]
+    assert pg_server.uri(pg_database) == f"postgresql://postgres@127.0.0.1:{pg_server.port}/{pg_database}"
+    slot = f"s_{uuid.uuid4().hex[:8]}"
+    rows = pg_server.execute(
+        "SELECT slot_name FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
+        db=pg_database,
+        params=(slot,),
+    )
+    assert rows == [(slot,)]
+    assert pg_server.execute(
+        "SELECT plugin, database FROM pg_replication_slots WHERE slot_name = %s", params=(slot,)
+    ) == [("pgoutput", pg_database)]
+    assert pg_server.execute("SELECT pg_drop_replication_slot(%s)", db=pg_database, params=(slot,)) == [("",)]
+    assert pg_server.execute(
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", params=(slot,)
+    ) == [(0,)]
+    _assert_loopback_only(pg_server.port)
+
+
+def test_pg_database_fixture_is_fresh(pg_server: PostgresServer, pg_database: str) -> None:
+    assert pg_server.execute("SELECT current_database()", db=pg_database) == [(pg_database,)]
+    assert pg_server.execute(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'", db=pg_database
+    ) == [(0,)]
+
+
+def test_mariadb_binlog_row(mariadb_server: MariaDBServer, mariadb_database: str) -> None:
+    assert mariadb_server.execute("SELECT @@log_bin, @@binlog_format, @@binlog_row_metadata") == [
+        (1, "ROW", "FULL")
+    ]
+    mariadb_server.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))", db=mariadb_database)
+    mariadb_server.execute("INSERT INTO t VALUES (1, 'a')", db=mariadb_database)
+    assert mariadb_server.execute("SELECT id, v FROM t", db=mariadb_database) == [(1, "a")]
+    assert (
+        mariadb_server.uri(mariadb_database)
+        == f"mysql://root@127.0.0.1:{mariadb_server.port}/{mariadb_database}"
+    )
+    _assert_loopback_only(mariadb_server.port)
+
+
+def test_pg_kill_and_restart_keeps_committed_data(tmp_path_factory: pytest.TempPathFactory) -> None:
+    # synchronous_commit=off (the test default) may lose the last commits in a crash: turn it on here.
+    settings = {"synchronous_commit": "on"}
+    with PostgresServer(tmp_path_factory.mktemp("pg_restart"), settings=settings) as pg:
+        pg.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        pg.execute("INSERT INTO t VALUES (1), (2)")
+        port = pg.port
+        pg.kill()
+        assert not pg.running
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        pg.start()
+        assert pg.port == port
+        assert pg.execute("SELECT count(*) FROM t") == [(2,)]
+
+
+def test_etcd_start_failure_reports_log(tmp_path_factory: pytest.TempPathFactory) -> None:
+    server = EtcdServer(tmp_path_factory.mktemp("etcd_bad"), extra_args=["--no-such-flag"])
+    with pytest.raises(RuntimeError, match="no-such-flag"):
+        server.start(timeout=10)
+    assert not server.running
