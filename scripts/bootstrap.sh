@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Prepare this checkout for `make test` / `make demo` on a Debian machine (run as root, registries only):
+#   * .venv (python3 -m venv) with the project installed editable, extras $TIDEWATER_EXTRAS (dev,mysql);
+#   * Debian mariadb-server when `mariadbd` is missing (the MariaDB test server).
+# Idempotent and fast when already done: a stamp in .venv records the hash of pyproject.toml + extras.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON=${PYTHON:-python3}
+EXTRAS=${TIDEWATER_EXTRAS:-dev,mysql}
+VENV=.venv
+STAMP=$VENV/.tidewater-bootstrap
+
+log() { printf 'bootstrap: %s\n' "$*" >&2; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"
+    elif command -v sudo >/dev/null 2>&1; then sudo "$@"
+    else log "need root for: $*"; return 1
+    fi
+}
+
+apt_updated=0
+apt_install() {
+    export DEBIAN_FRONTEND=noninteractive
+    if [ "$apt_updated" -eq 0 ]; then
+        as_root apt-get update -qq
+        apt_updated=1
+    fi
+    as_root apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+have_mariadbd() {
+    command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ]
+}
+
+want="$( (cat pyproject.toml; echo "extras=$EXTRAS") | sha256sum | cut -d' ' -f1)"
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ] && have_mariadbd; then
+    exit 0
+fi
+
+# ---- system packages --------------------------------------------------------------------------------------
+if ! have_mariadbd; then
+    log "installing mariadb-server (apt)"
+    apt_install mariadb-server
+fi
+
+# ---- virtualenv -------------------------------------------------------------------------------------------
+if [ -x "$VENV/bin/python" ] && ! "$VENV/bin/python" -c 'import pip' >/dev/null 2>&1; then
+    log "$VENV is broken (no pip); recreating"
+    rm -rf "$VENV"
+fi
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+        || { log "$PYTHON is $("$PYTHON" -V 2>&1); Python >= 3.11 is required"; exit 1; }
+    log "creating $VENV with $("$PYTHON" -V 2>&1)"
+    if ! "$PYTHON" -m venv "$VENV" >/dev/null 2>&1; then
+        # Debian ships venv/ensurepip separately.
+        rm -rf "$VENV"
+        pyver=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+        log "python3 -m venv failed; installing python${pyver}-venv (apt)"
+        apt_install "python${pyver}-venv" || apt_install python3-venv
+        "$PYTHON" -m venv "$VENV"
+    fi
+fi
+
+log "installing the project into $VENV (extras: $EXTRAS)"
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]"
+
+echo "$want" > "$STAMP"
+log "done"
