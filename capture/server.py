@@ -1,0 +1,145 @@
+"""`cdc server`: one capture process.
+
+Lifecycle: open the sorter under ``--data-dir``, connect to etcd, then loop over *sessions*: grant a
+lease, register the capture under it, start the owner (campaigns) and the processor threads, and wait.
+If the lease is lost (etcd unreachable longer than the TTL, or the key expired while the process was
+frozen) every span stops at once, and the capture registers again under a new lease and a new id, so
+nothing it did under the old lease can be confused with the new one. SIGTERM stops cleanly: spans stop
+and report their last checkpoint, the owner resigns, the capture key is deleted. SIGKILL loses nothing:
+checkpoints are in etcd and the slots keep everything after them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from capture.api import ApiServer
+from capture.changefeeds import ChangefeedService
+from capture.metrics import CaptureCollector, make_registry
+from cdc.config import ServerConfig
+from cdc.errors import MetaStoreError, TidewaterError
+from cdc.meta.election import Election
+from cdc.meta.etcd import EtcdClient
+from cdc.meta.keys import owner_prefix
+from cdc.meta.session import Session
+from cdc.meta.store import MetaStore
+from cdc.model import CaptureInfo
+from owner.owner import Owner
+from processor.processor import Processor
+from sorter.leveldb import LevelDBSorter
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0"
+
+
+class CaptureServer:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.stopping = threading.Event()
+        self.capture_id = ""
+        self.session: Session | None = None
+        self.owner: Owner | None = None
+        self.processor: Processor | None = None
+        self.client = EtcdClient(list(config.etcd), timeout=config.etcd_timeout)
+        self.store = MetaStore(self.client, config.cluster_id)
+        data_dir = Path(config.data_dir)
+        data_dir.mkdir(parents=True, exist_ok=True)
+        self.sorter = LevelDBSorter(data_dir / "sorter", disk_quota=config.sorter_disk_quota)
+        self.service = ChangefeedService(self.store)
+        collector = CaptureCollector(
+            capture_id="", is_owner=lambda: bool(self.owner and self.owner.is_owner),
+            snapshot=self.store.snapshot, runners=self._runners, sorter_bytes=self.sorter.disk_bytes)
+        self._collector = collector
+        self.api = ApiServer(config.addr, self.service, self._status, self._captures, make_registry(collector),
+                             healthy=lambda: self.session is not None and self.session.is_alive())
+
+    # ---- API callbacks ---------------------------------------------------------------------------
+    def _runners(self) -> list[tuple[str, int, Any]]:
+        p = self.processor
+        if p is None:
+            return []
+        return [(k[0], k[1], s.runner) for k, s in list(p._slots.items()) if s.runner is not None]
+
+    def _status(self) -> dict[str, Any]:
+        return {"id": self.capture_id, "version": VERSION, "pid": os.getpid(), "addr": self.config.addr,
+                "cluster_id": self.config.cluster_id, "is_owner": bool(self.owner and self.owner.is_owner),
+                "spans": [f"{cf}/{span}" for cf, span, _ in self._runners()]}
+
+    def _captures(self) -> list[dict[str, Any]]:
+        snap = self.store.snapshot()
+        owner_id = snap.owner_capture_id()
+        return [{"id": c.id, "address": c.advertise_addr, "is_owner": c.id == owner_id, "version": c.version,
+                 "start_time": c.start_time, "pid": c.pid} for c in snap.captures.values()]
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def run(self) -> int:
+        self.api.start()
+        log.info("cdc server listening on http://%s (etcd %s, cluster %s, data dir %s)", self.config.addr,
+                 ",".join(self.config.etcd), self.config.cluster_id, self.config.data_dir)
+        try:
+            while not self.stopping.is_set():
+                try:
+                    self._run_session()
+                except MetaStoreError as exc:
+                    log.warning("etcd unavailable (%s); retrying in 1s", exc)
+                    self.stopping.wait(1.0)
+        finally:
+            self.api.stop()
+            self.sorter.close()
+            self.client.close()
+            log.info("cdc server stopped")
+        return 0
+
+    def _run_session(self) -> None:
+        self.capture_id = str(uuid.uuid4())
+        self._collector.capture_id = self.capture_id
+        session = Session(self.client, self.config.session_ttl)
+        self.session = session
+        info = CaptureInfo(self.capture_id, self.config.addr, VERSION, time.time(), os.getpid())
+        self.store.register_capture(info, session.lease_id)
+        log.info("capture=%s registered (lease %x, ttl %ds)", self.capture_id, session.lease_id,
+                 self.config.session_ttl)
+        session_stop = threading.Event()
+        election = Election(self.client, session, owner_prefix(self.config.cluster_id))
+        self.owner = Owner(self.store, election, self.capture_id, self.config, session_alive=session.is_alive)
+        self.processor = Processor(self.store, self.capture_id, self.sorter, self.config, lambda: session.lease_id)
+        threads = [
+            threading.Thread(target=self.owner.run, args=(session_stop,), name="owner", daemon=True),
+            threading.Thread(target=self.processor.run, args=(session_stop,), name="processor", daemon=True),
+        ]
+        for th in threads:
+            th.start()
+        while not self.stopping.is_set() and session.is_alive():
+            self.stopping.wait(0.2)
+        lost = not session.is_alive()
+        if lost:
+            log.error("capture=%s lost its etcd session: stopping all spans and registering again", self.capture_id)
+        session_stop.set()
+        for th in threads:
+            th.join(30)
+        if not lost:
+            try:
+                self.store.delete_capture(self.capture_id)
+            except TidewaterError as exc:
+                log.warning("could not delete capture key: %s", exc)
+        session.close(revoke=not lost)
+        self.session = None
+
+    def request_stop(self, *_: Any) -> None:
+        log.info("capture=%s stopping (signal)", self.capture_id)
+        self.stopping.set()
+
+
+def serve(config: ServerConfig) -> int:
+    server = CaptureServer(config)
+    signal.signal(signal.SIGTERM, server.request_stop)
+    signal.signal(signal.SIGINT, server.request_stop)
+    return server.run()

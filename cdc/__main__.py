@@ -1,0 +1,5 @@
+import sys
+
+from cdc.cli.main import main
+
+sys.exit(main())

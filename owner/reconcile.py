@@ -1,0 +1,149 @@
+"""The owner's decisions as a pure function: etcd snapshot + clock -> patches.
+
+No I/O and no sleeping here, so the scheduler and the changefeed state machine are unit-tested over
+hand-built snapshots with an injected clock. ``owner.owner`` executes the patches as fenced etcd
+transactions.
+
+Rules:
+- Spans of a running changefeed (``normal``/``warning``) are assigned to live, non-draining captures,
+  least loaded first; a span whose capture's lease expired is reassigned with a higher epoch.
+- Changefeeds in any other state have no assignments (their processors stop).
+- Global checkpoint = min over spans of the span checkpoint; global resolved = min of span resolved;
+  neither ever moves backwards.
+- State machine: a span error that is retryable -> ``warning`` (the processor retries with backoff);
+  an unretryable one -> ``failed``; ``warning`` for longer than ``stuck_duration`` -> ``failed``;
+  no more span errors -> ``normal``; checkpoint >= target Ts -> ``finished``.
+- ``removed``: assignments go first, then (after ``remove_grace`` for processors to stop) the owner
+  drops the upstream slots and publications and deletes every key of the changefeed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from cdc.meta.store import ClusterSnapshot
+from cdc.model import ChangefeedInfo, ChangefeedStatus, FeedState, RunningError, SpanAssignment, SpanStatus
+
+
+@dataclass(frozen=True)
+class Assign:
+    cf: str
+    span: int
+    assignment: SpanAssignment
+    previous: SpanAssignment | None
+
+
+@dataclass(frozen=True)
+class Unassign:
+    cf: str
+    span: int
+    previous: SpanAssignment
+
+
+@dataclass(frozen=True)
+class PutStatus:
+    cf: str
+    status: ChangefeedStatus
+
+
+@dataclass(frozen=True)
+class UpdateInfo:
+    cf: str
+    info: ChangefeedInfo
+    expected_mod: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class DropChangefeed:
+    cf: str
+    info: ChangefeedInfo
+
+
+Action = Assign | Unassign | PutStatus | UpdateInfo | DropChangefeed
+
+
+def reconcile(snap: ClusterSnapshot, now: float, *, stuck_duration: float = 1800.0,
+              remove_grace: float = 3.0) -> list[Action]:
+    actions: list[Action] = []
+    live = sorted(cid for cid, c in snap.captures.items() if not c.draining)
+    load = {cid: 0 for cid in live}
+    for spans in snap.assignments.values():
+        for a in spans.values():
+            if a.capture_id in load:
+                load[a.capture_id] += 1
+
+    for cf_id in sorted(snap.changefeeds):
+        entry = snap.changefeeds[cf_id]
+        info = entry.value
+        assigns = snap.assignments.get(cf_id, {})
+        statuses = snap.span_statuses.get(cf_id, {})
+
+        if not info.state.runs:
+            for span, a in sorted(assigns.items()):
+                actions.append(Unassign(cf_id, span, a))
+            if info.state is FeedState.REMOVED and not assigns and now - info.state_since >= remove_grace:
+                actions.append(DropChangefeed(cf_id, info))
+            continue
+
+        for span in info.spans:
+            a = assigns.get(span.index)
+            if a is not None and a.capture_id in snap.captures and not snap.captures[a.capture_id].draining:
+                continue
+            if not live:
+                continue
+            target = min(live, key=lambda c: (load[c], c))
+            load[target] += 1
+            actions.append(Assign(cf_id, span.index, SpanAssignment(target, (a.epoch if a else 0) + 1), a))
+
+        old = snap.statuses.get(cf_id) or ChangefeedStatus()
+        status = global_watermarks(info, statuses, old, now)
+        if status != old:
+            actions.append(PutStatus(cf_id, status))
+
+        new_info = next_state(info, statuses, status, now, stuck_duration)
+        if new_info is not info:
+            actions.append(UpdateInfo(cf_id, new_info, entry.mod_revision,
+                                      f"{info.state.value} -> {new_info.state.value}"))
+    return actions
+
+
+def global_watermarks(info: ChangefeedInfo, statuses: dict[int, SpanStatus], old: ChangefeedStatus,
+                      now: float) -> ChangefeedStatus:
+    """Minimum over all spans; unchanged while a span has never reported; never backwards."""
+    spans = [statuses.get(s.index) for s in info.spans]
+    if not spans or any(s is None or s.checkpoint_ts == 0 for s in spans):
+        return old
+    reported = [s for s in spans if s is not None]
+    ck = min(reported, key=lambda s: (s.checkpoint_ts, s.checkpoint_time))
+    rs = min(reported, key=lambda s: (s.resolved_ts, s.resolved_time))
+    ck_ts, ck_time = max((ck.checkpoint_ts, ck.checkpoint_time), (old.checkpoint_ts, old.checkpoint_time))
+    rs_ts, rs_time = max((rs.resolved_ts, rs.resolved_time), (old.resolved_ts, old.resolved_time),
+                         (ck_ts, ck_time))
+    if (ck_ts, ck_time, rs_ts, rs_time) == (old.checkpoint_ts, old.checkpoint_time, old.resolved_ts,
+                                            old.resolved_time):
+        return old
+    return ChangefeedStatus(ck_ts, ck_time, rs_ts, rs_time, now)
+
+
+def next_state(info: ChangefeedInfo, statuses: dict[int, SpanStatus], status: ChangefeedStatus, now: float,
+               stuck_duration: float) -> ChangefeedInfo:
+    errors: list[RunningError] = [s.error for _, s in sorted(statuses.items()) if s.error is not None]
+    fatal = next((e for e in errors if not e.retryable), None)
+    if fatal is not None:
+        return info.with_state(FeedState.FAILED, error=fatal, now=now)
+    if info.target_ts and status.checkpoint_ts >= info.target_ts:
+        return info.with_state(FeedState.FINISHED, error=None, now=now)
+    if errors:
+        if info.state is FeedState.NORMAL:
+            return info.with_state(FeedState.WARNING, error=errors[0], now=now)
+        if now - info.state_since >= stuck_duration:
+            return info.with_state(FeedState.FAILED, error=replace(
+                errors[0], message=f"stuck in warning for {now - info.state_since:.0f}s: {errors[0].message}",
+                retryable=False), now=now)
+        if info.error != errors[0] and info.error is not None and info.error.message != errors[0].message:
+            return replace(info, error=errors[0])
+        return info
+    if info.state is FeedState.WARNING:
+        return info.with_state(FeedState.NORMAL, error=None, now=now)
+    return info

@@ -1,0 +1,131 @@
+"""Run `cdc server` processes and drive them, for the demo, the e2e tests and benchmarks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from playground.servers import free_port
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(f"HTTP {status}: {body}")
+        self.status = status
+        self.body = body
+
+
+class CdcServer:
+    """One `cdc server` subprocess (python -m cdc server ...) on 127.0.0.1."""
+
+    def __init__(self, etcd_url: str, base_dir: Path, cluster_id: str = "default", port: int | None = None,
+                 extra_args: list[str] | None = None) -> None:
+        self.etcd_url = etcd_url
+        self.base_dir = Path(base_dir)
+        self.cluster_id = cluster_id
+        self.port = port or free_port()
+        self.extra_args = extra_args or []
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_file = self.base_dir / f"cdc-{self.port}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, wait: bool = True, timeout: float = 30.0) -> CdcServer:
+        self.base_dir.mkdir(parents=True, exist_ok=True)
+        argv = [sys.executable, "-m", "cdc", "server", "--etcd", self.etcd_url, "--addr", f"127.0.0.1:{self.port}",
+                "--data-dir", str(self.base_dir / f"data-{self.port}"), "--cluster-id", self.cluster_id,
+                "--log-file", str(self.log_file), *self.extra_args]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        with open(self.log_file, "ab") as err:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                         cwd=str(Path(__file__).resolve().parent.parent))
+        if wait:
+            self.wait_healthy(timeout)
+        return self
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"cdc server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                self.get("/api/v2/health", timeout=1)
+                return
+            except (ApiError, OSError):
+                time.sleep(0.2)
+        raise RuntimeError(f"cdc server on port {self.port} not healthy after {timeout}s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def terminate(self, timeout: float = 30.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    # ---- API -------------------------------------------------------------------------------------
+    def request(self, method: str, path: str, body: Any = None, timeout: float = 120.0) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return json.loads(resp.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            try:
+                payload = json.loads(exc.read())
+            except ValueError:
+                payload = {"error_msg": str(exc)}
+            raise ApiError(exc.code, payload) from None
+
+    def get(self, path: str, timeout: float = 30.0) -> Any:
+        return self.request("GET", path, timeout=timeout)
+
+    def changefeed(self, cf: str) -> dict[str, Any]:
+        return self.get(f"/api/v2/changefeeds/{cf}")
+
+    def create_changefeed(self, cf: str, upstream: str, sink: str, config: str = "") -> dict[str, Any]:
+        return self.request("POST", "/api/v2/changefeeds",
+                            {"changefeed_id": cf, "upstream_uri": upstream, "sink_uri": sink, "config": config})
+
+    def wait_checkpoint(self, cf: str, lsn: int, timeout: float = 120.0) -> dict[str, Any]:
+        """Wait until the changefeed's global checkpoint reaches ``lsn``; return the last query."""
+        deadline = time.monotonic() + timeout
+        info: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            info = self.changefeed(cf)
+            if info["checkpoint_ts"] >= lsn:
+                return info
+            time.sleep(0.2)
+        raise TimeoutError(f"changefeed {cf} checkpoint {info.get('checkpoint')} did not reach {lsn:X} in "
+                           f"{timeout}s; state={info.get('state')} error={info.get('error')}\n{self.log_tail()}")
+
+
+def current_lsn(pg_conn: Any) -> int:
+    with pg_conn.cursor() as cur:
+        cur.execute("SELECT pg_current_wal_lsn()::text")
+        hi, lo = cur.fetchone()[0].split("/")
+    return (int(hi, 16) << 32) | int(lo, 16)

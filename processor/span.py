@@ -1,0 +1,177 @@
+"""A span running on this capture: puller thread -> sorter -> mounter -> sink thread.
+
+Guarantees:
+- ``checkpoint`` only moves forward and only after the sink returned from ``write`` for every
+  transaction with commit Ts <= checkpoint.ts (so it is durable downstream).
+- The upstream slot is acked (``persisted``) only with a checkpoint the processor has stored in etcd.
+- Whole upstream transactions are handed to the sink; several small ones may share a downstream
+  transaction (up to ``sink.txn_rows`` rows), a large one is streamed in one call.
+- Any error stops both threads; ``error`` holds it and ``failed`` is set. A failed runner is discarded
+  and a new one restarts the span from its persisted checkpoint (the sorter is cleared on start).
+Thread-safety: ``checkpoint``, ``resolved``, ``rows``, ``error`` are read by the processor thread;
+each is a single reference assignment.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+from cdc.errors import TidewaterError
+from cdc.events import RowChange
+from cdc.ts import Watermark
+from processor.mounter import Mounter
+from processor.puller import Puller
+from sinks.base import Sink
+from sorter.base import SortedEntry, SpanSorter
+
+log = logging.getLogger(__name__)
+
+
+class TxnBatcher:
+    """Cuts a lazy stream of sorted entries into batches of whole transactions.
+
+    ``next_batch()`` returns a lazy iterator of row changes: it ends at the first transaction boundary
+    after ``max_rows`` rows (a single transaction is never split). After the iterator is exhausted,
+    ``last`` is the watermark of the last transaction it contained.
+    """
+
+    def __init__(self, entries: Iterable[SortedEntry], mount: Callable[[SortedEntry], RowChange],
+                 max_rows: int) -> None:
+        self._it = iter(entries)
+        self._peek: SortedEntry | None = next(self._it, None)
+        self._mount = mount
+        self._max_rows = max_rows
+        self.last: Watermark | None = None
+        self.batch_complete = False
+
+    def has_more(self) -> bool:
+        return self._peek is not None
+
+    def next_batch(self) -> Iterator[RowChange]:
+        self.batch_complete = False
+        rows = 0
+        last_ts = -1
+        while self._peek is not None:
+            e = self._peek
+            if rows >= self._max_rows and e.commit_ts != last_ts:
+                break
+            self._peek = next(self._it, None)
+            last_ts = e.commit_ts
+            rows += 1
+            self.last = Watermark(e.commit_ts, e.commit_time)
+            yield self._mount(e)
+        self.batch_complete = True
+
+
+class SpanRunner:
+    def __init__(
+        self,
+        label: str,
+        puller: Puller,
+        sorter: SpanSorter,
+        sink_factory: Callable[[], Sink],
+        start: Watermark,
+        txn_rows: int,
+    ) -> None:
+        self.label = label
+        self.puller = puller
+        self.sorter = sorter
+        self._sink_factory = sink_factory
+        self.txn_rows = txn_rows
+        self.resolved = start
+        self.checkpoint = start
+        self.rows = 0
+        self.error: BaseException | None = None
+        self.failed = threading.Event()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._persisted = start.ts
+        self._cleaned = start.ts
+        self._threads: list[threading.Thread] = []
+        self.started = time.time()
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.sorter.clear()
+        for name, target in (("puller", self._run_puller), ("sink", self._run_sink)):
+            th = threading.Thread(target=self._guard, args=(target,), name=f"{name}-{self.label}", daemon=True)
+            self._threads.append(th)
+            th.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        deadline = time.monotonic() + timeout
+        for th in self._threads:
+            th.join(max(0.0, deadline - time.monotonic()))
+        self.puller.stream.close()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+    def persisted(self, ts: int) -> None:
+        """The processor stored checkpoint ``ts`` in etcd: the upstream may now forget it."""
+        if ts > self._persisted:
+            self._persisted = ts
+            self.puller.stream.ack(ts)
+            self._wake.set()
+
+    def _guard(self, target: Callable[[], None]) -> None:
+        try:
+            target()
+        except BaseException as exc:  # noqa: BLE001 - any failure stops the span; the processor restarts it
+            if not self._stop.is_set():
+                self.error = exc
+                level = logging.WARNING if isinstance(exc, TidewaterError) else logging.ERROR
+                log.log(level, "span=%s failed: %s", self.label, exc, exc_info=not isinstance(exc, TidewaterError))
+                self.failed.set()
+            self._stop.set()
+            self._wake.set()
+
+    # ---- threads ---------------------------------------------------------------------------------
+    def _on_resolved(self, w: Watermark) -> None:
+        self.resolved = w
+        self._wake.set()
+
+    def _run_puller(self) -> None:
+        self.puller.stream.open()
+        self.puller.run(self._stop, self._on_resolved)
+
+    def _run_sink(self) -> None:
+        sink = self._sink_factory()
+        try:
+            sink.check()
+            mounter = Mounter(self.puller.schema)
+            mount = self._mount_fn(mounter)
+            while not self._stop.is_set():
+                self._wake.wait(0.2)
+                self._wake.clear()
+                if self._persisted > self._cleaned:
+                    self.sorter.clean(self._persisted)
+                    self._cleaned = self._persisted
+                target = self.resolved
+                if target.ts <= self.checkpoint.ts:
+                    if target.ts == self.checkpoint.ts and target.time > self.checkpoint.time:
+                        self.checkpoint = target
+                    continue
+                batcher = TxnBatcher(self.sorter.read(self.checkpoint.ts, target.ts), mount, self.txn_rows)
+                while batcher.has_more() and not self._stop.is_set():
+                    self.rows += sink.write(batcher.next_batch())
+                    if not batcher.batch_complete or batcher.last is None:
+                        raise RuntimeError(f"sink {type(sink).__name__} returned before consuming its batch")
+                    self.checkpoint = batcher.last
+                if not self._stop.is_set():
+                    self.checkpoint = target
+        finally:
+            sink.close()
+
+    @staticmethod
+    def _mount_fn(mounter: Mounter) -> Callable[[SortedEntry], RowChange]:
+        def mount(e: SortedEntry) -> RowChange:
+            return mounter.mount(e.payload, e.commit_ts, e.commit_time)
+
+        return mount

@@ -1,0 +1,195 @@
+"""One logical replication stream (one slot, one publication) read with psycopg2 and pgoutput.
+
+``ReplicationStream`` yields decoded pgoutput messages in WAL order plus ``Keepalive`` watermarks. It
+keeps no data: the caller owns ordering and buffering.
+
+Guarantees:
+- Messages are yielded exactly in the order the walsender sent them; transactions arrive in commit
+  order (streamed chunks of in-progress transactions interleave between them).
+- ``Keepalive(ts, time)`` is yielded only outside a non-streamed transaction and means: every
+  transaction with commit end LSN <= ts has already been yielded. ``time`` is a wall-clock moment at
+  which the upstream's WAL flush position was <= ts (sampled on a side connection), i.e. the upstream
+  time this watermark stands for; it never goes backwards.
+- The slot's flush position is only moved by ``ack(lsn)``; the caller acks only its durable checkpoint.
+  (psycopg2 may also move it to a keepalive's wal_end when everything received has been acked, which
+  confirms no transaction that was not already acked.)
+- Threading: iterate from one thread; ``ack`` may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import select
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg2
+
+from cdc.errors import SlotLost, UpstreamUnavailable
+from cdc.ts import lsn_to_str
+from upstream.postgres import pgoutput
+from upstream.postgres.conn import connect
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Keepalive:
+    ts: int
+    time: float
+
+
+class ReplicationStream:
+    def __init__(
+        self,
+        uri: str,
+        slot: str,
+        publication: str,
+        start_lsn: int,
+        *,
+        proto_version: int = 4,
+        feedback_interval: float = 1.0,
+        sample_interval: float = 1.0,
+        label: str = "",
+    ) -> None:
+        self.uri = uri
+        self.slot = slot
+        self.publication = publication
+        self.start_lsn = start_lsn
+        self.proto_version = proto_version
+        self.feedback_interval = feedback_interval
+        self.sample_interval = sample_interval
+        self.label = label or slot
+        self._acked = start_lsn
+        self._ack_lock = threading.Lock()
+        self._conn: Any = None
+        self._cur: Any = None
+        self._side: Any = None
+        self._samples: collections.deque[tuple[int, float]] = collections.deque()
+        self._last_sample = 0.0
+        self._last_time = 0.0
+
+    # ---- control ---------------------------------------------------------------------------------
+    def ack(self, lsn: int) -> None:
+        """Allow the upstream to forget commits <= lsn (sent with the next feedback)."""
+        with self._ack_lock:
+            if lsn > self._acked:
+                self._acked = lsn
+
+    def open(self) -> None:
+        self._side = connect(self.uri)
+        self._check_slot()
+        self._conn = connect(self.uri, replication=True)
+        self._cur = self._conn.cursor()
+        options = {
+            "proto_version": str(self.proto_version),
+            "publication_names": self.publication,
+            "streaming": "on",
+            "messages": "true",
+        }
+        try:
+            self._cur.start_replication(
+                slot_name=self.slot, decode=False, start_lsn=self.start_lsn, options=options,
+                status_interval=max(1, int(self.feedback_interval)))
+        except psycopg2.Error as exc:
+            raise self._classify(exc) from exc
+        log.info("replication started span=%s slot=%s from=%s", self.label, self.slot, lsn_to_str(self.start_lsn))
+
+    def close(self) -> None:
+        for c in (self._conn, self._side):
+            if c is not None:
+                try:
+                    c.close()
+                except Exception:  # noqa: BLE001 - closing a broken connection
+                    pass
+        self._conn = self._cur = self._side = None
+
+    def _check_slot(self) -> None:
+        with self._side.cursor() as cur:
+            cur.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (self.slot,))
+            row = cur.fetchone()
+        if row is None:
+            raise SlotLost(
+                f"replication slot {self.slot!r} does not exist on the upstream: it was dropped or lost in a "
+                f"failover; changes after the checkpoint may be gone, recreate the changefeed")
+
+    def _classify(self, exc: psycopg2.Error) -> Exception:
+        text = str(exc).strip()
+        if "does not exist" in text and "slot" in text:
+            return SlotLost(f"replication slot {self.slot!r} does not exist: {text}")
+        return UpstreamUnavailable(f"replication stream of slot {self.slot!r} failed: {text}")
+
+    # ---- reading ---------------------------------------------------------------------------------
+    def messages(self, stop: threading.Event) -> Iterator[Any]:
+        """Yield pgoutput messages and Keepalive watermarks until ``stop`` is set."""
+        cur = self._cur
+        assert cur is not None, "open() first"
+        in_stream = False
+        in_txn = False
+        last_feedback = 0.0
+        last_mark = Keepalive(0, 0.0)
+        decode = pgoutput.decode
+        while not stop.is_set():
+            try:
+                msg = cur.read_message()
+            except psycopg2.Error as exc:
+                raise self._classify(exc) from exc
+            if msg is not None:
+                m = decode(msg.payload, in_stream)
+                t = type(m)
+                if t is pgoutput.StreamStart:
+                    in_stream = True
+                elif t is pgoutput.StreamStop:
+                    in_stream = False
+                elif t is pgoutput.Begin:
+                    in_txn = True
+                elif t is pgoutput.Commit:
+                    in_txn = False
+                yield m
+                continue
+            now = time.monotonic()
+            if now - last_feedback >= self.feedback_interval:
+                self._sample()
+                with self._ack_lock:
+                    acked = self._acked
+                try:
+                    cur.send_feedback(flush_lsn=acked, reply=True, force=True)
+                except psycopg2.Error as exc:
+                    raise self._classify(exc) from exc
+                last_feedback = now
+            wal_end = cur.wal_end
+            if not in_txn and wal_end:
+                mark = Keepalive(wal_end, self._time_for(wal_end))
+                if mark.ts > last_mark.ts or mark.time > last_mark.time:
+                    last_mark = mark
+                    yield mark
+            try:
+                select.select([cur], [], [], 0.2)
+            except (OSError, ValueError) as exc:
+                raise UpstreamUnavailable(f"replication connection of slot {self.slot!r} broke: {exc}") from exc
+
+    def _sample(self) -> None:
+        """Record (upstream WAL flush LSN, wall time) so a keepalive LSN can be mapped to a time."""
+        now = time.time()
+        if now - self._last_sample < self.sample_interval:
+            return
+        try:
+            with self._side.cursor() as c:
+                c.execute("SELECT pg_current_wal_flush_lsn()::text")
+                (text,) = c.fetchone()
+        except psycopg2.Error as exc:
+            raise UpstreamUnavailable(f"upstream side connection failed: {exc}") from exc
+        hi, lo = text.split("/")
+        self._samples.append(((int(hi, 16) << 32) | int(lo, 16), now))
+        self._last_sample = now
+        while len(self._samples) > 600:
+            self._samples.popleft()
+
+    def _time_for(self, lsn: int) -> float:
+        while self._samples and self._samples[0][0] <= lsn:
+            self._last_time = max(self._last_time, self._samples.popleft()[1])
+        return self._last_time
