@@ -59,7 +59,7 @@ class CaptureServer:
             snapshot=self.store.snapshot, runners=self._runners, sorter_bytes=self.sorter.disk_bytes)
         self._collector = collector
         self.api = ApiServer(config.addr, self.service, self._status, self._captures, make_registry(collector),
-                             healthy=lambda: self.session is not None and self.session.is_alive())
+                             healthy=lambda: self.session is not None and self.session.alive.is_set())
 
     # ---- API callbacks ---------------------------------------------------------------------------
     def _runners(self) -> list[tuple[str, int, Any]]:
@@ -75,7 +75,8 @@ class CaptureServer:
 
     def _captures(self) -> list[dict[str, Any]]:
         snap = self.store.snapshot()
-        owner_id = snap.owner_capture_id()
+        owner = snap.owner()
+        owner_id = owner.capture_id if owner else None
         return [{"id": c.id, "address": c.advertise_addr, "is_owner": c.id == owner_id, "version": c.version,
                  "start_time": c.start_time, "pid": c.pid} for c in snap.captures.values()]
 
@@ -109,7 +110,7 @@ class CaptureServer:
                  self.config.session_ttl)
         session_stop = threading.Event()
         election = Election(self.client, session, owner_prefix(self.config.cluster_id))
-        self.owner = Owner(self.store, election, self.capture_id, self.config, session_alive=session.is_alive)
+        self.owner = Owner(self.store, election, self.capture_id, self.config, session_alive=session.alive.is_set)
         self.processor = Processor(self.store, self.capture_id, self.sorter, self.config, lambda: session.lease_id)
         threads = [
             threading.Thread(target=self.owner.run, args=(session_stop,), name="owner", daemon=True),
@@ -117,9 +118,9 @@ class CaptureServer:
         ]
         for th in threads:
             th.start()
-        while not self.stopping.is_set() and session.is_alive():
+        while not self.stopping.is_set() and session.alive.is_set():
             self.stopping.wait(0.2)
-        lost = not session.is_alive()
+        lost = not session.alive.is_set()
         if lost:
             log.error("capture=%s lost its etcd session: stopping all spans and registering again", self.capture_id)
         session_stop.set()

@@ -183,8 +183,8 @@ class Processor:
         if prev is not None and status.checkpoint_ts < prev.checkpoint_ts:
             status = replace(status, checkpoint_ts=prev.checkpoint_ts, checkpoint_time=prev.checkpoint_time)
         try:
-            ok = self.store.put_span_status_fenced(slot.cf, slot.span, status, capture_id=self.capture_id,
-                                                   lease=self._lease(), assignment=slot.assignment)
+            guard = self.store.processor_guard(slot.cf, slot.span, slot.assignment, self._lease())
+            ok = self.store.put_span_status(slot.cf, slot.span, status, guard)
         except MetaStoreError as exc:
             log.warning("span=%s/%d status not stored: %s", slot.cf, slot.span, exc)
             return

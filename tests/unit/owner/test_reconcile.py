@@ -1,0 +1,134 @@
+"""The owner's decisions as a pure function over hand-built snapshots, with an injected clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdc.meta.store import ClusterSnapshot, Versioned
+from cdc.model import (
+    CaptureInfo,
+    ChangefeedInfo,
+    ChangefeedStatus,
+    FeedState,
+    RunningError,
+    SpanAssignment,
+    SpanInfo,
+    SpanStatus,
+)
+from owner.reconcile import Assign, DropChangefeed, PutStatus, Unassign, UpdateInfo, reconcile
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_000_000.0
+
+
+def cf(state: FeedState = FeedState.NORMAL, spans: int = 2, **kw: object) -> ChangefeedInfo:
+    return ChangefeedInfo(id="cf", upstream_uri="postgresql://u@h/db", sink_uri="blackhole://", config={},
+                          start_ts=100, start_time=NOW - 100, create_time=NOW - 100,
+                          spans=tuple(SpanInfo(i, f"slot{i}", f"pub{i}", 100) for i in range(spans)),
+                          state=state, state_since=kw.pop("state_since", NOW - 50), **kw)  # type: ignore[arg-type]
+
+
+def snap(info: ChangefeedInfo, captures: tuple[str, ...] = ("a", "b"), assignments: dict | None = None,
+         span_statuses: dict | None = None, status: ChangefeedStatus | None = None) -> ClusterSnapshot:
+    s = ClusterSnapshot(revision=10)
+    s.captures = {c: CaptureInfo(c, f"{c}:1", "v", NOW) for c in captures}
+    s.changefeeds = {"cf": Versioned(info, 7)}
+    s.assignments = {"cf": assignments or {}}
+    s.span_statuses = {"cf": span_statuses or {}}
+    if status is not None:
+        s.statuses = {"cf": status}
+    return s
+
+
+def span_status(ck: int, rs: int, error: RunningError | None = None, capture: str = "a") -> SpanStatus:
+    return SpanStatus(capture, 1, ck, float(ck), rs, float(rs), True, error)
+
+
+def test_spans_are_spread_over_least_loaded_captures() -> None:
+    actions = reconcile(snap(cf(spans=2)), NOW)
+    assigns = [a for a in actions if isinstance(a, Assign)]
+    assert sorted(a.assignment.capture_id for a in assigns) == ["a", "b"]
+    assert all(a.assignment.epoch == 1 and a.previous is None for a in assigns)
+
+
+def test_span_of_dead_capture_moves_with_higher_epoch() -> None:
+    s = snap(cf(spans=1), captures=("b",), assignments={0: SpanAssignment("a", 3)})
+    (assign,) = [a for a in reconcile(s, NOW) if isinstance(a, Assign)]
+    assert assign.assignment == SpanAssignment("b", 4)
+    assert assign.previous == SpanAssignment("a", 3)
+
+
+def test_live_assignment_is_kept() -> None:
+    s = snap(cf(spans=1), assignments={0: SpanAssignment("a", 1)})
+    assert not [a for a in reconcile(s, NOW) if isinstance(a, Assign)]
+
+
+def test_no_capture_no_assignment() -> None:
+    assert not [a for a in reconcile(snap(cf(spans=1), captures=()), NOW) if isinstance(a, Assign)]
+
+
+@pytest.mark.parametrize("state", [FeedState.STOPPED, FeedState.FAILED, FeedState.FINISHED])
+def test_stopped_changefeeds_lose_their_assignments(state: FeedState) -> None:
+    s = snap(cf(state, spans=1), assignments={0: SpanAssignment("a", 1)})
+    assert reconcile(s, NOW) == [Unassign("cf", 0, SpanAssignment("a", 1))]
+
+
+def test_remove_unassigns_first_then_drops_after_grace() -> None:
+    info = cf(FeedState.REMOVED, spans=1, state_since=NOW - 1)
+    assert reconcile(snap(info, assignments={0: SpanAssignment("a", 1)}), NOW) == [
+        Unassign("cf", 0, SpanAssignment("a", 1))]
+    assert reconcile(snap(info), NOW) == []  # processors get time to stop
+    assert reconcile(snap(info), NOW + 5) == [DropChangefeed("cf", info)]
+
+
+def test_global_watermarks_are_minimums_and_never_go_back() -> None:
+    old = ChangefeedStatus(150, 150.0, 160, 160.0, NOW - 1)
+    s = snap(cf(), assignments={0: SpanAssignment("a", 1), 1: SpanAssignment("b", 1)},
+             span_statuses={0: span_status(200, 300), 1: span_status(180, 250)}, status=old)
+    (put,) = [a for a in reconcile(s, NOW) if isinstance(a, PutStatus)]
+    assert (put.status.checkpoint_ts, put.status.resolved_ts) == (180, 250)
+    # a span reporting an older checkpoint (e.g. restarted elsewhere) does not pull the global one back
+    s.statuses["cf"] = put.status
+    s.span_statuses["cf"][1] = span_status(170, 170)
+    assert not [a for a in reconcile(s, NOW) if isinstance(a, PutStatus)]
+
+
+def test_watermarks_wait_for_every_span() -> None:
+    s = snap(cf(), span_statuses={0: span_status(200, 300)})
+    assert not [a for a in reconcile(s, NOW) if isinstance(a, PutStatus)]
+
+
+def _state_change(s: ClusterSnapshot, now: float = NOW) -> ChangefeedInfo | None:
+    changes = [a for a in reconcile(s, now) if isinstance(a, UpdateInfo)]
+    assert all(c.expected_mod == 7 for c in changes)  # CAS on the revision that was read
+    return changes[0].info if changes else None
+
+
+def test_retryable_error_means_warning_then_normal_again() -> None:
+    err = RunningError("CDC:ErrSinkUnavailable", "sink down", NOW, "a", 0, True)
+    new = _state_change(snap(cf(), span_statuses={0: span_status(1, 1, err)}))
+    assert new is not None and new.state is FeedState.WARNING and new.error == err
+    healed = _state_change(snap(new, span_statuses={0: span_status(5, 5)}))
+    assert healed is not None and healed.state is FeedState.NORMAL and healed.error is None
+
+
+def test_fatal_error_fails_at_once() -> None:
+    err = RunningError("CDC:ErrSlotLost", "slot gone", NOW, "a", 0, False)
+    new = _state_change(snap(cf(), span_statuses={0: span_status(1, 1, err)}))
+    assert new is not None and new.state is FeedState.FAILED and new.error == err
+
+
+def test_warning_stuck_too_long_fails() -> None:
+    err = RunningError("CDC:ErrSinkUnavailable", "sink down", NOW, "a", 0, True)
+    info = cf(FeedState.WARNING, error=err, state_since=NOW - 10)
+    assert _state_change(snap(info, span_statuses={0: span_status(1, 1, err)}), NOW) is None
+    failed = _state_change(snap(info, span_statuses={0: span_status(1, 1, err)}), NOW + 3600)
+    assert failed is not None and failed.state is FeedState.FAILED and "stuck" in failed.error.message
+
+
+def test_target_ts_finishes() -> None:
+    info = cf(spans=1, target_ts=500)
+    s = snap(info, span_statuses={0: span_status(600, 600)})
+    new = _state_change(s)
+    assert new is not None and new.state is FeedState.FINISHED
