@@ -1,0 +1,233 @@
+"""Mounter: stored raw PostgreSQL changes -> typed :class:`cdc.events.RowChange`.
+
+The puller stores each row change in the sorter as ``encode_payload(schema_version, raw)``, where
+``raw`` is a pgoutput Insert/Update/Delete/Truncate message in non-streamed form (see
+``upstream.postgres.pgoutput``) and ``schema_version`` names the :class:`TableSchema` the tuple was
+encoded with. The mounter parses the message and converts every text value with the column's type
+(``upstream.postgres.types``), using that schema version — never the current one.
+
+Mapping (TiCDC's RowChangedEvent, with PostgreSQL's replica identity made explicit):
+
+- INSERT: ``values`` = the full new row.
+- UPDATE: ``values`` = the new row. A column the upstream did not send (unchanged TOAST value) is
+  ``UNCHANGED`` — except when the old row was sent in full (REPLICA IDENTITY FULL, tuple kind 'O'):
+  then it takes the old row's value, which is the same datum. A key column that is ``UNCHANGED`` in
+  the new row takes its value from the old key tuple ('K') when one was sent. ``old_values`` = the
+  old key columns (``TableSchema.key``) for a 'K' tuple (sent when the key changed), the full old
+  row for 'O', else None.
+- DELETE: ``old_values`` = the key columns from a 'K' tuple, or the full old row from an 'O' tuple.
+- TRUNCATE: no values; ``extra["truncate_options"]`` holds pgoutput's option bits
+  (1 = CASCADE, 2 = RESTART IDENTITY). The puller stores one truncate payload per relation.
+
+``UNCHANGED`` is never turned into NULL (``None``): a sink must leave such a column as it is.
+"""
+
+from __future__ import annotations
+
+import operator
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cdc.errors import DecodeError
+from cdc.events import UNCHANGED, OpType, RowChange, TableSchema
+from upstream.postgres.pgoutput import parse_change
+from upstream.postgres.types import Parser, parser_for
+
+__all__ = ["Mounter", "decode_payload", "encode_payload"]
+
+_VERSION = struct.Struct(">I")
+_ONLY_STR = frozenset((str,))
+_call = operator.call
+_pack_version = _VERSION.pack
+_unpack_version = _VERSION.unpack_from
+
+
+def encode_payload(schema_version: int, raw: bytes) -> bytes:
+    """Prefix ``raw`` with the 4-byte big-endian schema version (0 <= version < 2**32)."""
+    try:
+        return _pack_version(schema_version) + raw
+    except struct.error as e:
+        raise ValueError(f"schema version {schema_version} does not fit in 32 bits") from e
+
+
+def decode_payload(payload: bytes) -> tuple[int, bytes]:
+    """Split a payload made by :func:`encode_payload` into ``(schema_version, raw)``."""
+    if len(payload) < 5:
+        raise DecodeError(f"sorter payload too short ({len(payload)} bytes)")
+    return _unpack_version(payload)[0], payload[4:]
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """Everything mount() needs for one schema version, computed once."""
+
+    schema: TableSchema
+    names: tuple[str, ...]
+    parsers: tuple[Parser, ...]
+    key: tuple[tuple[int, str, Parser], ...]  # (column index, name, parser) of each key column
+    ncols: int
+
+
+def _not_text(value: Any) -> Any:
+    if value is None or value is UNCHANGED:
+        return value
+    raise ValueError("binary-format value (Tidewater never requests binary = true)")
+
+
+class Mounter:
+    """Turns stored payloads into :class:`RowChange` objects.
+
+    ``schemas(version)`` returns the :class:`TableSchema` of a schema version; it is called once per
+    version (the per-version column parsers are cached — schema versions are immutable).
+
+    Guarantees: :meth:`mount` is a pure function of the payload, the Ts/time and the schema (no I/O,
+    no logging, nothing kept between calls but the cache). The class is thread-compatible: one
+    Mounter per table pipeline, or share it — concurrent calls only race to fill the cache with equal
+    entries. Every malformed payload, a tuple whose column count differs from the schema, a value
+    that does not parse, or a binary-format value raises :class:`cdc.errors.DecodeError` naming the
+    table (and the column, when one is at fault).
+    """
+
+    def __init__(self, schemas: Callable[[int], TableSchema]) -> None:
+        self._schemas = schemas
+        self._plans: dict[int, _Plan] = {}
+
+    # ---- planning -----------------------------------------------------------------------------
+    def _plan(self, version: int) -> _Plan:
+        plan = self._plans.get(version)
+        if plan is not None:
+            return plan
+        schema = self._schemas(version)
+        names = tuple(c.name for c in schema.columns)
+        parsers = tuple(parser_for(c.base_type, c.is_array) for c in schema.columns)
+        index = {n: i for i, n in enumerate(names)}
+        missing = [k for k in schema.key if k not in index]
+        if missing:
+            raise DecodeError(
+                f"{schema.name} (schema version {version}): key columns {missing} not in the schema"
+            )
+        key = tuple((index[k], k, parsers[index[k]]) for k in schema.key)
+        plan = _Plan(schema, names, parsers, key, len(names))
+        self._plans[version] = plan
+        return plan
+
+    # ---- row building ----------------------------------------------------------------------------
+    def _row(self, plan: _Plan, tup: Sequence[Any], version: int, what: str) -> dict[str, Any]:
+        if len(tup) != plan.ncols:
+            raise DecodeError(
+                f"{plan.schema.name} (schema version {version}): {what} tuple has {len(tup)} columns, "
+                f"the schema has {plan.ncols}"
+            )
+        try:
+            if _ONLY_STR.issuperset(map(type, tup)):  # no NULL, UNCHANGED or binary: all in C loops
+                return dict(zip(plan.names, map(_call, plan.parsers, tup), strict=False))
+            return {
+                n: (p(v) if type(v) is str else _not_text(v))
+                for n, p, v in zip(plan.names, plan.parsers, tup, strict=False)
+            }
+        except Exception as e:  # locate the column for the message; the slow path is the error path
+            for n, p, v in zip(plan.names, plan.parsers, tup, strict=True):
+                try:
+                    p(v) if type(v) is str else _not_text(v)
+                except Exception as col_err:
+                    raise self._value_error(plan, version, n, v, col_err) from col_err
+            raise DecodeError(f"{plan.schema.name}: cannot mount {what} tuple: {e}", cause=e) from e
+
+    def _key(self, plan: _Plan, tup: Sequence[Any], version: int) -> dict[str, Any]:
+        if len(tup) != plan.ncols:
+            raise DecodeError(
+                f"{plan.schema.name} (schema version {version}): old key tuple has {len(tup)} columns, "
+                f"the schema has {plan.ncols}"
+            )
+        out: dict[str, Any] = {}
+        for i, n, p in plan.key:
+            v = tup[i]
+            if type(v) is not str:
+                if v is None:
+                    raise DecodeError(
+                        f"{plan.schema.name} (schema version {version}): key column {n!r} is NULL in the "
+                        "old key tuple; the table's key must be its replica identity"
+                    )
+                if v is not UNCHANGED:
+                    raise self._value_error(plan, version, n, v, ValueError("binary-format value"))
+                out[n] = v
+                continue
+            try:
+                out[n] = p(v)
+            except Exception as e:
+                raise self._value_error(plan, version, n, v, e) from e
+        return out
+
+    @staticmethod
+    def _value_error(plan: _Plan, version: int, column: str, value: Any, err: Exception) -> DecodeError:
+        shown = value[:60] if isinstance(value, str | bytes) else value
+        col = plan.schema.column(column)
+        kind = f"{col.base_type}[]" if col.is_array else col.base_type
+        return DecodeError(
+            f"{plan.schema.name} (schema version {version}): column {column!r} ({kind}): "
+            f"cannot parse {shown!r}: {err}",
+            cause=err,
+        )
+
+    # ---- public -------------------------------------------------------------------------------
+    def mount(self, payload: bytes, commit_ts: int, commit_time: float) -> RowChange:
+        """Mount one stored payload of a transaction committed at ``commit_ts``/``commit_time``.
+
+        Pure apart from the per-version cache; raises :class:`DecodeError` (see the class doc).
+        """
+        if len(payload) < 5:
+            raise DecodeError(f"sorter payload too short ({len(payload)} bytes)")
+        version = _unpack_version(payload)[0]
+        plan = self._plans.get(version) or self._plan(version)
+        pc = parse_change(payload[4:])
+        schema = plan.schema
+        if schema.relation_id and pc.relid != schema.relation_id:
+            raise DecodeError(
+                f"{schema.name} (schema version {version}): change is for relation {pc.relid}, "
+                f"the schema is for relation {schema.relation_id}"
+            )
+        kind = pc.kind
+        if kind == "I":
+            assert pc.new is not None
+            return RowChange(
+                OpType.INSERT, schema, commit_ts, commit_time, self._row(plan, pc.new, version, "new")
+            )
+        if kind == "U":
+            assert pc.new is not None
+            values = self._row(plan, pc.new, version, "new")
+            old = pc.old
+            if old is None:
+                return RowChange(OpType.UPDATE, schema, commit_ts, commit_time, values)
+            if pc.old_kind == "O":
+                old_values = self._row(plan, old, version, "old")
+                for v in pc.new:
+                    if v is UNCHANGED:
+                        # REPLICA IDENTITY FULL: the old row holds the unchanged datum.
+                        for n, nv in values.items():
+                            if nv is UNCHANGED:
+                                values[n] = old_values[n]
+                        break
+            else:
+                old_values = self._key(plan, old, version)
+                for n, ov in old_values.items():
+                    if values[n] is UNCHANGED:  # unchanged key datum: same value as the old key
+                        values[n] = ov
+            return RowChange(OpType.UPDATE, schema, commit_ts, commit_time, values, old_values)
+        if kind == "D":
+            assert pc.old is not None
+            if pc.old_kind == "O":
+                old_values = self._row(plan, pc.old, version, "old")
+            else:
+                old_values = self._key(plan, pc.old, version)
+            return RowChange(OpType.DELETE, schema, commit_ts, commit_time, None, old_values)
+        if kind == "T":
+            return RowChange(
+                OpType.TRUNCATE,
+                schema,
+                commit_ts,
+                commit_time,
+                extra={"truncate_options": pc.truncate_options},
+            )
+        raise DecodeError(f"{schema.name} (schema version {version}): unexpected change kind {kind!r}")
