@@ -1,0 +1,529 @@
+"""Administration of the upstream PostgreSQL: readiness checks, publications and logical slots.
+
+All functions take an ordinary (non-replication) psycopg2 connection in autocommit mode, as returned
+by :func:`upstream.postgres.conn.connect`, and raise only :class:`cdc.errors.TidewaterError`
+subclasses. Every identifier reaches SQL through ``psycopg2.sql.Identifier``; names in hints are
+quoted the same way, so they can be pasted into psql. Functions hold no state of their own: they are
+safe to call from several threads on *different* connections.
+
+Idempotency: :func:`create_publication` (same tables), :func:`add_tables_to_publication`,
+:func:`remove_tables_from_publication`, :func:`drop_publication`, :func:`drop_slot` and
+``create_slot(..., if_not_exists=True)`` can be repeated after a crash at any point and converge to the
+same state. They are not atomic with each other: a crash between creating a slot and a publication
+leaves the slot, which the caller must either reuse or drop (a forgotten slot retains WAL forever).
+
+Publications are created ``WITH (publish_via_partition_root = true)`` so that changes to partitions
+arrive under the partitioned table's name and schema.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg2
+import psycopg2.errors
+from psycopg2 import sql
+
+from cdc.errors import InvalidArgument, TableNotEligible, UpstreamError, UpstreamNotReady, UpstreamUnavailable
+from cdc.events import TableName, TableSchema
+from cdc.ts import str_to_lsn
+from upstream.postgres.catalog import partitions, relation_info, table_schema
+from upstream.postgres.conn import describe_conn, pg_errors
+
+MIN_SERVER_VERSION = 140000
+PLUGIN = "pgoutput"
+SLOT_NAME_RE = re.compile(r"[a-z0-9_]{1,63}")
+_MAX_IDENTIFIER_BYTES = 63
+
+_CURRENT_LSN = "CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() ELSE pg_current_wal_lsn() END"
+
+_READINESS = """
+SELECT current_setting('server_version_num')::int,
+       current_setting('server_version'),
+       current_setting('wal_level'),
+       current_setting('max_replication_slots')::int,
+       (SELECT count(*) FROM pg_catalog.pg_replication_slots),
+       current_setting('max_wal_senders')::int,
+       (SELECT count(*) FROM pg_catalog.pg_stat_activity WHERE backend_type = 'walsender'),
+       current_user,
+       current_database(),
+       r.rolsuper,
+       r.rolreplication,
+       has_database_privilege(current_database(), 'CREATE'),
+       pg_is_in_recovery()
+FROM pg_catalog.pg_roles r WHERE r.rolname = current_user
+"""
+
+
+def _ident(conn: Any, *parts: str) -> str:
+    return sql.Identifier(*parts).as_string(conn)
+
+
+def _table_ident(conn: Any, table: TableName) -> str:
+    return _ident(conn, table.schema, table.table)
+
+
+# ---- readiness ---------------------------------------------------------------------------------------
+def check_upstream(conn: Any, *, slots_needed: int = 1) -> dict[str, Any]:
+    """Check that the upstream can serve logical replication to this user; return its facts.
+
+    Raises :class:`cdc.errors.UpstreamNotReady` listing *every* problem with its fix: server older
+    than PostgreSQL 14, ``wal_level`` not ``logical``, a standby, fewer than ``slots_needed`` free
+    replication slots or WAL senders, a user without REPLICATION (and not superuser), no CREATE
+    privilege on the database (needed for publications). Pass ``slots_needed=0`` when the slots already
+    exist (a restart). Returns a dict with ``server_version_num``, ``server_version``, ``wal_level``,
+    ``max_replication_slots``, ``replication_slots_used``, ``max_wal_senders``, ``wal_senders_used``,
+    ``user``, ``database``, ``is_superuser``, ``has_replication``, ``can_create``, ``in_recovery``.
+    """
+    with pg_errors(conn, "checking the upstream configuration"), conn.cursor() as cur:
+        cur.execute(_READINESS)
+        row = cur.fetchone()
+    if row is None:  # pragma: no cover - current_user always has a pg_roles row
+        raise UpstreamError(f"PostgreSQL {describe_conn(conn)}: current user not found in pg_roles")
+    keys = (
+        "server_version_num", "server_version", "wal_level", "max_replication_slots",
+        "replication_slots_used", "max_wal_senders", "wal_senders_used", "user", "database",
+        "is_superuser", "has_replication", "can_create", "in_recovery",
+    )  # fmt: skip
+    facts = dict(zip(keys, row, strict=True))
+    user = _ident(conn, facts["user"])
+    problems: list[str] = []
+    if facts["server_version_num"] < MIN_SERVER_VERSION:
+        problems.append(
+            f"server version {facts['server_version']} is too old: PostgreSQL 14 or newer is required"
+        )
+    if facts["wal_level"] != "logical":
+        problems.append(
+            f"wal_level is {facts['wal_level']!r}: set wal_level = logical in postgresql.conf and restart "
+            "PostgreSQL (or ALTER SYSTEM SET wal_level = logical; then restart)"
+        )
+    if facts["in_recovery"]:
+        problems.append("the server is a standby (in recovery): point the upstream URI at the primary")
+    free_slots = facts["max_replication_slots"] - facts["replication_slots_used"]
+    if free_slots < slots_needed:
+        problems.append(
+            f"max_replication_slots = {facts['max_replication_slots']} and {facts['replication_slots_used']} "
+            f"are in use, {slots_needed} more needed: raise max_replication_slots in postgresql.conf and "
+            "restart, or drop unused slots with SELECT pg_drop_replication_slot('<name>')"
+        )
+    free_senders = facts["max_wal_senders"] - facts["wal_senders_used"]
+    if free_senders < slots_needed:
+        problems.append(
+            f"max_wal_senders = {facts['max_wal_senders']} and {facts['wal_senders_used']} are in use, "
+            f"{slots_needed} more needed: raise max_wal_senders in postgresql.conf and restart"
+        )
+    if not (facts["is_superuser"] or facts["has_replication"]):
+        problems.append(
+            f"user {user} lacks the REPLICATION attribute: ALTER ROLE {user} REPLICATION "
+            "(and allow it in pg_hba.conf)"
+        )
+    if not (facts["is_superuser"] or facts["can_create"]):
+        problems.append(
+            f"user {user} cannot create publications in database {_ident(conn, facts['database'])}: "
+            f"GRANT CREATE ON DATABASE {_ident(conn, facts['database'])} TO {user}"
+        )
+    if problems:
+        raise UpstreamNotReady(
+            f"PostgreSQL {describe_conn(conn)} is not ready for logical replication: " + "; ".join(problems)
+        )
+    return facts
+
+
+def _identity_problem(conn: Any, schema: TableSchema, what: str) -> str | None:
+    if schema.has_key or schema.replica_identity == "f":
+        return None
+    t = _table_ident(conn, schema.name)
+    ident = {"d": "DEFAULT", "n": "NOTHING", "i": "USING INDEX (the index is gone)"}.get(
+        schema.replica_identity, schema.replica_identity
+    )
+    with pg_errors(conn, f"reading the primary key of {schema.name}"), conn.cursor() as cur:
+        cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index WHERE indrelid = %s AND indisprimary)",
+            (schema.relation_id,),
+        )
+        has_pk = bool(cur.fetchone()[0])
+    if has_pk:
+        return (
+            f"{what} {t} has REPLICA IDENTITY {ident}; fix with "
+            f"ALTER TABLE {t} REPLICA IDENTITY DEFAULT (use its primary key) or ALTER TABLE {t} REPLICA IDENTITY FULL"
+        )
+    return (
+        f"{what} {t} has no primary key and REPLICA IDENTITY {ident}; fix with "
+        f"ALTER TABLE {t} ADD PRIMARY KEY (<key columns>) or ALTER TABLE {t} REPLICA IDENTITY FULL"
+    )
+
+
+def check_tables(conn: Any, tables: list[TableName]) -> list[TableSchema]:
+    """Check that every table can be replicated and return their schemas, in the input order.
+
+    A table is eligible when it is a permanent (not temporary or unlogged) ordinary or partitioned
+    table with a usable replica identity: a primary key (replica identity DEFAULT), an identity index
+    (REPLICA IDENTITY USING INDEX) or REPLICA IDENTITY FULL; for a partitioned table, every leaf
+    partition must qualify too. Publishing a table without one would make UPDATE and DELETE on it
+    *fail upstream*, so this runs before any publication is touched.
+
+    Raises :class:`cdc.errors.InvalidArgument` naming every missing table, then
+    :class:`cdc.errors.TableNotEligible` naming every ineligible table with its fixes.
+    """
+    missing: list[str] = []
+    problems: list[str] = []
+    schemas: list[TableSchema] = []
+    for table in tables:
+        info = relation_info(conn, table)
+        if info is None:
+            missing.append(_table_ident(conn, table))
+            continue
+        t = _table_ident(conn, info.name)
+        if info.relkind not in ("r", "p"):
+            kind = {"v": "a view", "m": "a materialized view", "f": "a foreign table", "S": "a sequence"}
+            problems.append(f"{t} is {kind.get(info.relkind, 'not a table')}; only tables can be replicated")
+            continue
+        if info.persistence != "p":
+            what = "temporary" if info.persistence == "t" else "unlogged"
+            problems.append(f"{t} is {what} and cannot be published; fix with ALTER TABLE {t} SET LOGGED")
+            continue
+        schema = table_schema(conn, info.oid)
+        schemas.append(schema)
+        problem = _identity_problem(conn, schema, "table")
+        if problem:
+            problems.append(problem)
+        elif info.relkind == "p":
+            for part in partitions(conn, info.oid):
+                problem = _identity_problem(conn, table_schema(conn, part.oid), f"partition of {t},")
+                if problem:
+                    problems.append(problem)
+    if missing:
+        raise InvalidArgument(
+            f"table(s) not found in upstream PostgreSQL {describe_conn(conn)}: {', '.join(missing)}"
+        )
+    if problems:
+        raise TableNotEligible(
+            f"{len(problems)} table(s) cannot be replicated (each needs a primary key, a replica identity "
+            "index or REPLICA IDENTITY FULL): " + "; ".join(problems)
+        )
+    return schemas
+
+
+# ---- publications ------------------------------------------------------------------------------------
+def _check_publication_name(name: str) -> None:
+    if not name or "\x00" in name or len(name.encode()) > _MAX_IDENTIFIER_BYTES:
+        raise InvalidArgument(f"invalid publication name {name!r}: 1 to 63 bytes, no NUL")
+
+
+def _publication(cur: Any, name: str) -> tuple[int, bool, bool, bool] | None:
+    cur.execute(
+        "SELECT p.oid, p.puballtables, p.pubviaroot, "
+        "       to_regclass('pg_catalog.pg_publication_namespace') IS NOT NULL "
+        "FROM pg_catalog.pg_publication p WHERE p.pubname = %s",
+        (name,),
+    )
+    row = cur.fetchone()
+    if row is None:
+        return None
+    oid, alltables, viaroot, has_nsp_catalog = row
+    has_schemas = False
+    if has_nsp_catalog:
+        cur.execute("SELECT count(*) > 0 FROM pg_catalog.pg_publication_namespace WHERE pnpubid = %s", (oid,))
+        has_schemas = bool(cur.fetchone()[0])
+    return int(oid), bool(alltables), bool(viaroot), has_schemas
+
+
+def _publication_rel_tables(cur: Any, pub_oid: int) -> list[TableName]:
+    cur.execute(
+        "SELECT n.nspname, c.relname FROM pg_catalog.pg_publication_rel pr "
+        "JOIN pg_catalog.pg_class c ON c.oid = pr.prrelid "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE pr.prpubid = %s",
+        (pub_oid,),
+    )
+    return sorted(TableName(s, t) for s, t in cur.fetchall())
+
+
+def publication_tables(conn: Any, name: str) -> list[TableName] | None:
+    """The tables listed explicitly in publication ``name`` (sorted), or None if it does not exist."""
+    _check_publication_name(name)
+    with pg_errors(conn, f"reading publication {name!r}"), conn.cursor() as cur:
+        pub = _publication(cur, name)
+        return None if pub is None else _publication_rel_tables(cur, pub[0])
+
+
+def _table_list(tables: list[TableName]) -> sql.Composable:
+    return sql.SQL(", ").join(sql.Identifier(t.schema, t.table) for t in tables)
+
+
+def create_publication(conn: Any, name: str, tables: list[TableName]) -> bool:
+    """Create publication ``name`` FOR TABLE ``tables``; return True if created, False if it existed.
+
+    Idempotent: an existing publication with exactly these tables is accepted (and switched to
+    ``publish_via_partition_root`` if needed). One that differs (other tables, FOR ALL TABLES, FOR
+    TABLES IN SCHEMA) raises :class:`cdc.errors.InvalidArgument`. Run :func:`check_tables` first.
+    """
+    _check_publication_name(name)
+    wanted = sorted(set(tables))
+    ident = sql.Identifier(name)
+    with pg_errors(conn, f"creating publication {name!r}"), conn.cursor() as cur:
+        for _attempt in range(2):
+            pub = _publication(cur, name)
+            if pub is not None:
+                break
+            stmt = sql.SQL("CREATE PUBLICATION {}").format(ident)
+            if wanted:
+                stmt += sql.SQL(" FOR TABLE ") + _table_list(wanted)
+            stmt += sql.SQL(" WITH (publish_via_partition_root = true)")
+            try:
+                cur.execute(stmt)
+                return True
+            except psycopg2.errors.DuplicateObject:
+                continue  # created concurrently: compare below
+        assert pub is not None
+        oid, alltables, viaroot, has_schemas = pub
+        have = _publication_rel_tables(cur, oid)
+        if alltables or has_schemas or have != wanted:
+            shown = (
+                "ALL TABLES" if alltables else ", ".join(_table_ident(conn, t) for t in have) or "no tables"
+            )
+            if has_schemas:
+                shown += " and whole schemas"
+            raise InvalidArgument(
+                f"publication {_ident(conn, name)} already exists in {describe_conn(conn)} with different "
+                f"tables ({shown}); expected: {', '.join(_table_ident(conn, t) for t in wanted) or 'none'}"
+            )
+        if not viaroot:
+            cur.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(ident))
+    return False
+
+
+def _existing_publication_tables(cur: Any, conn: Any, name: str) -> list[TableName]:
+    pub = _publication(cur, name)
+    if pub is None:
+        raise InvalidArgument(f"publication {_ident(conn, name)} does not exist in {describe_conn(conn)}")
+    return _publication_rel_tables(cur, pub[0])
+
+
+def add_tables_to_publication(conn: Any, name: str, tables: list[TableName]) -> list[TableName]:
+    """Add the ``tables`` that are not yet in publication ``name``; return those added (sorted).
+
+    Idempotent. Raises :class:`cdc.errors.InvalidArgument` if the publication does not exist.
+    """
+    _check_publication_name(name)
+    with pg_errors(conn, f"adding tables to publication {name!r}"), conn.cursor() as cur:
+        have = set(_existing_publication_tables(cur, conn, name))
+        new = sorted(set(tables) - have)
+        if new:
+            cur.execute(
+                sql.SQL("ALTER PUBLICATION {} ADD TABLE ").format(sql.Identifier(name)) + _table_list(new)
+            )
+    return new
+
+
+def remove_tables_from_publication(conn: Any, name: str, tables: list[TableName]) -> list[TableName]:
+    """Remove those of ``tables`` that are in publication ``name``; return those removed (sorted)."""
+    _check_publication_name(name)
+    with pg_errors(conn, f"removing tables from publication {name!r}"), conn.cursor() as cur:
+        have = set(_existing_publication_tables(cur, conn, name))
+        gone = sorted(set(tables) & have)
+        if gone:
+            cur.execute(
+                sql.SQL("ALTER PUBLICATION {} DROP TABLE ").format(sql.Identifier(name)) + _table_list(gone)
+            )
+    return gone
+
+
+def drop_publication(conn: Any, name: str) -> None:
+    """Drop publication ``name`` if it exists (idempotent)."""
+    _check_publication_name(name)
+    with pg_errors(conn, f"dropping publication {name!r}"), conn.cursor() as cur:
+        cur.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(name)))
+
+
+# ---- slots -------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    """One row of ``pg_replication_slots``, LSNs as ints.
+
+    ``restart_lsn``/``confirmed_flush_lsn`` are None for an invalidated slot; ``retained_bytes`` is
+    the WAL the slot keeps (current WAL position minus ``restart_lsn``); ``wal_status`` is
+    ``reserved``/``extended``/``unreserved``/``lost``; ``invalidation_reason`` is set (PostgreSQL 17+)
+    when the slot can no longer be used.
+    """
+
+    name: str
+    plugin: str | None
+    slot_type: str
+    database: str | None
+    temporary: bool
+    active: bool
+    active_pid: int | None
+    restart_lsn: int | None
+    confirmed_flush_lsn: int | None
+    wal_status: str | None
+    retained_bytes: int | None
+    safe_wal_size: int | None
+    invalidation_reason: str | None
+
+    @property
+    def lost(self) -> bool:
+        """True when the slot is unusable (its WAL was removed or it was invalidated)."""
+        return self.wal_status == "lost" or self.invalidation_reason is not None
+
+
+def validate_slot_name(name: str) -> None:
+    """Raise :class:`cdc.errors.InvalidArgument` unless ``name`` matches ``[a-z0-9_]{1,63}``."""
+    if not isinstance(name, str) or not SLOT_NAME_RE.fullmatch(name):
+        raise InvalidArgument(
+            f"invalid replication slot name {name!r}: use 1 to 63 lower-case letters, digits and underscores"
+        )
+
+
+def _lsn(text: str | None) -> int | None:
+    return None if text is None else str_to_lsn(text)
+
+
+_SLOTS = f"""
+SELECT to_jsonb(s), pg_wal_lsn_diff({_CURRENT_LSN}, s.restart_lsn)::bigint
+FROM pg_catalog.pg_replication_slots s
+"""
+
+
+def _slot_from_row(row: tuple[Any, ...]) -> SlotInfo:
+    d, retained = row
+    return SlotInfo(
+        name=d["slot_name"],
+        plugin=d.get("plugin"),
+        slot_type=d.get("slot_type", ""),
+        database=d.get("database"),
+        temporary=bool(d.get("temporary")),
+        active=bool(d.get("active")),
+        active_pid=d.get("active_pid"),
+        restart_lsn=_lsn(d.get("restart_lsn")),
+        confirmed_flush_lsn=_lsn(d.get("confirmed_flush_lsn")),
+        wal_status=d.get("wal_status"),
+        retained_bytes=None if retained is None else int(retained),
+        safe_wal_size=d.get("safe_wal_size"),
+        invalidation_reason=d.get("invalidation_reason"),
+    )
+
+
+def slot_info(conn: Any, name: str) -> SlotInfo | None:
+    """The replication slot ``name``, or None if there is none."""
+    validate_slot_name(name)
+    with pg_errors(conn, f"reading replication slot {name!r}"), conn.cursor() as cur:
+        cur.execute(_SLOTS + " WHERE s.slot_name = %s", (name,))
+        row = cur.fetchone()
+    return None if row is None else _slot_from_row(row)
+
+
+def list_slots(conn: Any, prefix: str = "") -> list[SlotInfo]:
+    """All replication slots whose name starts with ``prefix`` (every database), sorted by name."""
+    with pg_errors(conn, "listing replication slots"), conn.cursor() as cur:
+        cur.execute(_SLOTS + " WHERE starts_with(s.slot_name::text, %s) ORDER BY s.slot_name", (prefix,))
+        return [_slot_from_row(r) for r in cur.fetchall()]
+
+
+def create_slot(conn: Any, name: str, *, if_not_exists: bool = False) -> int:
+    """Create logical slot ``name`` with plugin pgoutput; return its consistent point (an LSN int).
+
+    Changes committed after the returned LSN will be streamed from the slot. Creating a slot waits for
+    transactions running at that moment to finish. An existing slot raises
+    :class:`cdc.errors.InvalidArgument`, unless ``if_not_exists`` is true: then, if it is a pgoutput
+    slot of this database that is not lost, its ``confirmed_flush_lsn`` is returned.
+    """
+    validate_slot_name(name)
+    with pg_errors(conn, f"creating replication slot {name!r}"), conn.cursor() as cur:
+        try:
+            cur.execute("SELECT lsn::text FROM pg_create_logical_replication_slot(%s, %s)", (name, PLUGIN))
+            return str_to_lsn(cur.fetchone()[0])
+        except psycopg2.errors.DuplicateObject as exc:
+            if not if_not_exists:
+                raise InvalidArgument(
+                    f"replication slot {name!r} already exists in {describe_conn(conn)}", cause=exc
+                ) from exc
+        cur.execute("SELECT current_database()")
+        database = cur.fetchone()[0]
+    info = slot_info(conn, name)
+    if info is None:
+        raise UpstreamUnavailable(f"replication slot {name!r} vanished while it was being reused; retry")
+    if info.slot_type != "logical" or info.plugin != PLUGIN or info.database != database:
+        raise InvalidArgument(
+            f"replication slot {name!r} exists but is a {info.slot_type} slot with plugin {info.plugin!r} in "
+            f"database {info.database!r}, not a {PLUGIN} slot of {database!r}: drop it or choose another name"
+        )
+    if info.lost or info.confirmed_flush_lsn is None:
+        raise InvalidArgument(
+            f"replication slot {name!r} exists but is invalidated ({info.invalidation_reason or info.wal_status}):"
+            " drop it and start again"
+        )
+    return info.confirmed_flush_lsn
+
+
+def create_slot_exported(repl_conn: Any, name: str) -> tuple[int, str]:
+    """Create pgoutput slot ``name`` on a *replication* connection, exporting its snapshot.
+
+    Returns ``(consistent_point_lsn, snapshot_name)``. Readers that run
+    ``BEGIN ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT '<snapshot_name>'`` see the
+    database exactly as of the consistent point: every commit up to it and none after, which the slot
+    then streams. The snapshot stays importable only while ``repl_conn`` stays open and runs no other
+    command, so import it everywhere first, then stream or close. An existing slot raises
+    :class:`cdc.errors.InvalidArgument`.
+    """
+    validate_slot_name(name)
+    if repl_conn.server_version >= 150000:
+        cmd = f"CREATE_REPLICATION_SLOT {name} LOGICAL {PLUGIN} (SNAPSHOT 'export')"
+    else:
+        cmd = f"CREATE_REPLICATION_SLOT {name} LOGICAL {PLUGIN} EXPORT_SNAPSHOT"
+    with pg_errors(repl_conn, f"creating replication slot {name!r}"):
+        cur = repl_conn.cursor()
+        try:
+            cur.execute(cmd)
+        except psycopg2.errors.DuplicateObject as exc:
+            raise InvalidArgument(
+                f"replication slot {name!r} already exists in {describe_conn(repl_conn)}", cause=exc
+            ) from exc
+        _slot, point, snapshot, _plugin = cur.fetchone()
+    return str_to_lsn(point), snapshot
+
+
+def drop_slot(conn: Any, name: str, *, timeout: float = 30.0) -> bool:
+    """Drop slot ``name``; return True if this call dropped it, False if it did not exist.
+
+    If a walsender is streaming from the slot, that backend is terminated and the drop retried until
+    it succeeds or ``timeout`` seconds pass (then :class:`cdc.errors.UpstreamUnavailable`). A client
+    that keeps reconnecting can win the race for a while; the loop keeps terminating it.
+    """
+    validate_slot_name(name)
+    deadline = time.monotonic() + timeout
+    with pg_errors(conn, f"dropping replication slot {name!r}"), conn.cursor() as cur:
+        while True:
+            try:
+                cur.execute("SELECT pg_drop_replication_slot(%s)", (name,))
+                return True
+            except psycopg2.errors.UndefinedObject:
+                return False
+            except psycopg2.errors.ObjectInUse as exc:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise UpstreamUnavailable(
+                        f"replication slot {name!r} in {describe_conn(conn)} is still in use after "
+                        f"{timeout:g} s: {exc.pgerror or exc}".strip(),
+                        cause=exc,
+                    ) from exc
+            cur.execute(
+                "SELECT active_pid FROM pg_catalog.pg_replication_slots WHERE slot_name = %s", (name,)
+            )
+            row = cur.fetchone()
+            if row is None:
+                return False
+            if row[0] is not None:
+                wait_ms = int(max(1, min(remaining, 5.0)) * 1000)
+                cur.execute("SELECT pg_terminate_backend(%s, %s)", (row[0], wait_ms))
+            else:
+                time.sleep(0.05)
+
+
+def current_wal_lsn(conn: Any) -> int:
+    """The server's current WAL write position (replay position on a standby), as an int."""
+    with pg_errors(conn, "reading the current WAL position"), conn.cursor() as cur:
+        cur.execute(f"SELECT ({_CURRENT_LSN})::text")
+        return str_to_lsn(cur.fetchone()[0])
