@@ -1,0 +1,124 @@
+"""Write workloads and checks shared by the end-to-end tests."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from playground.cluster import CdcServer, current_lsn
+from playground.compare import compare_tables
+
+SCHEMA = """
+CREATE TABLE accounts (id int PRIMARY KEY, owner text NOT NULL, balance numeric(14,2), active boolean,
+                       opened timestamptz, note varchar(200), data jsonb, tags int[]);
+CREATE TABLE "Ledger Entries" ("EntryId" bigint PRIMARY KEY, account int, amount numeric, memo text, "Ünïcode" text);
+CREATE TABLE events (id bigserial PRIMARY KEY, kind text, payload bytea, at timestamp, day date, t time,
+                     uid uuid, f4 real, f8 double precision, small smallint);
+"""
+TABLES = ["public.accounts", "public.Ledger Entries", "public.events"]
+
+
+def mixed_workload(conn: Any, txns: int, seed: int = 7, start: int = 0) -> None:
+    """Many small transactions of inserts, updates and deletes over several tables."""
+    rnd = random.Random(seed)
+    conn.autocommit = False
+    cur = conn.cursor()
+    for t in range(start, start + txns):
+        for i in range(t * 5, t * 5 + 5):
+            cur.execute(
+                "INSERT INTO accounts VALUES (%s,%s,%s,%s,now(),%s,%s,%s) ON CONFLICT (id) DO UPDATE SET balance = 0",
+                (
+                    i,
+                    f"owner {i}",
+                    rnd.randint(-(10**6), 10**6) / 100,
+                    rnd.random() < 0.5,
+                    f"note {i}",
+                    f'{{"k": {i}, "s": "v{i}"}}',
+                    [i, i + 1],
+                ),
+            )
+            cur.execute(
+                'INSERT INTO "Ledger Entries" VALUES (%s,%s,%s,%s,%s)',
+                (t * 1000 + i, i, rnd.randint(1, 10**7) / 1000, "memo", "ä€𝄞"),
+            )
+        cur.execute(
+            "INSERT INTO events (kind, payload, at, day, t, uid, f4, f8, small) VALUES "
+            "(%s, %s, now()::timestamp, current_date, '12:34:56.789', gen_random_uuid(), 1.5, %s, %s)",
+            (f"kind{t}", bytes(range(t % 256)), rnd.random(), t % 30000),
+        )
+        if t % 3 == 0 and t > 2:
+            cur.execute(
+                "UPDATE accounts SET balance = balance * 2, active = NOT active WHERE id BETWEEN %s AND %s",
+                ((t - 2) * 5, (t - 2) * 5 + 2),
+            )
+        if t % 4 == 0 and t > 4:
+            cur.execute("DELETE FROM accounts WHERE id = %s", ((t - 4) * 5 + 1,))
+            cur.execute('DELETE FROM "Ledger Entries" WHERE "EntryId" = %s', ((t - 4) * 1000 + (t - 4) * 5,))
+        if t % 5 == 0:
+            cur.execute("SAVEPOINT sp")
+            cur.execute("INSERT INTO accounts VALUES (%s, 'rolled back')", (10**8 + t,))
+            cur.execute("ROLLBACK TO SAVEPOINT sp")
+        conn.commit()
+    conn.autocommit = True
+
+
+def big_transaction(conn: Any, rows: int, base: int = 10**7) -> None:
+    """One transaction much larger than logical_decoding_work_mem (64kB in tests): streamed."""
+    conn.autocommit = False
+    with conn.cursor() as cur:
+        cur.execute(
+            'INSERT INTO "Ledger Entries" SELECT g, g % 100, g / 7.0, repeat(md5(g::text), 4), NULL '
+            "FROM generate_series(%s, %s) g",
+            (base, base + rows - 1),
+        )
+        cur.execute("UPDATE accounts SET note = 'touched by big txn' WHERE id % 7 = 0")
+    conn.commit()
+    conn.autocommit = True
+
+
+def aborted_big_transaction(conn: Any, rows: int) -> None:
+    """A streamed transaction that rolls back, with a savepoint rolled back inside it too."""
+    conn.autocommit = False
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO \"Ledger Entries\" SELECT g, 0, 0, repeat('a', 100), NULL "
+            "FROM generate_series(%s, %s) g",
+            (5 * 10**8, 5 * 10**8 + rows),
+        )
+        cur.execute("SAVEPOINT s")
+        cur.execute("DELETE FROM accounts")
+        cur.execute("ROLLBACK TO SAVEPOINT s")
+    conn.rollback()
+    conn.autocommit = True
+
+
+def streamed_with_rolled_back_savepoint(conn: Any, rows: int) -> None:
+    """A committed streamed transaction whose middle savepoint (also big) is rolled back."""
+    conn.autocommit = False
+    with conn.cursor() as cur:
+        cur.execute(
+            "INSERT INTO \"Ledger Entries\" SELECT g, 1, 1, 'kept', NULL FROM generate_series(%s, %s) g",
+            (6 * 10**8, 6 * 10**8 + rows),
+        )
+        cur.execute("SAVEPOINT s")
+        cur.execute(
+            "INSERT INTO \"Ledger Entries\" SELECT g, 2, 2, 'dropped', NULL FROM generate_series(%s, %s) g",
+            (7 * 10**8, 7 * 10**8 + rows),
+        )
+        cur.execute("UPDATE \"Ledger Entries\" SET memo = 'dropped too' WHERE account = 1")
+        cur.execute("ROLLBACK TO SAVEPOINT s")
+        cur.execute("INSERT INTO \"Ledger Entries\" VALUES (%s, 3, 3, 'after rollback', NULL)", (8 * 10**8,))
+    conn.commit()
+    conn.autocommit = True
+
+
+def assert_converged(
+    cdc: CdcServer, cf: str, conn: Any, sink_uri: str, tables: list[str] = TABLES, timeout: float = 180.0
+) -> dict[str, Any]:
+    """Wait for the checkpoint to pass the upstream's current WAL position, then compare row by row."""
+    info = cdc.wait_checkpoint(cf, current_lsn(conn), timeout=timeout)
+    diffs = compare_tables(conn, tables, sink_uri)
+    bad = [d for d in diffs if not d.equal]
+    assert not bad, f"downstream differs from upstream: {bad}"
+    assert all(d.source_rows > 0 for d in diffs if d.table != "public.events" or d.source_rows), diffs
+    return info
