@@ -1,0 +1,206 @@
+"""The one codec for every etcd key Tidewater writes (layout: docs/etcd-layout.md).
+
+All keys of a cluster live under ``/tidewater/{cluster}/``::
+
+    /tidewater/{cluster}/__cdc_meta__/capture/{capture_id}      CaptureInfo, under the capture's lease
+    /tidewater/{cluster}/__cdc_meta__/owner/{lease_id:x}        election candidate, under its lease
+    /tidewater/{cluster}/changefeed/info/{cf}                   ChangefeedInfo
+    /tidewater/{cluster}/changefeed/status/{cf}                 ChangefeedStatus
+    /tidewater/{cluster}/changefeed/assign/{cf}/{span}          SpanAssignment
+    /tidewater/{cluster}/changefeed/span/{cf}/{span}            SpanStatus
+
+Guarantees: ``parse_key(k.encode()) == k`` for every valid :class:`EtcdKey`, and ``parse_key`` accepts
+only strings that ``encode`` could have produced (anything else raises ``ValueError``), so a key is never
+misread as another kind. Pure functions, thread-safe, no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+ROOT = "/tidewater"
+META = "__cdc_meta__"
+
+# Cluster and changefeed ids: letters/digits in dash-separated groups (TiCDC's rule).
+_ID_RE = re.compile(r"^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$")
+# Capture ids are UUIDs in practice; allow a slightly wider but '/'-free alphabet.
+_CAPTURE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+_SPAN_RE = re.compile(r"^(0|[1-9][0-9]*)$")
+_LEASE_RE = re.compile(r"^[1-9a-f][0-9a-f]*$")
+
+
+class KeyKind(enum.Enum):
+    CAPTURE = "capture"
+    OWNER = "owner"
+    CHANGEFEED_INFO = "changefeed-info"
+    CHANGEFEED_STATUS = "changefeed-status"
+    SPAN_ASSIGNMENT = "span-assignment"
+    SPAN_STATUS = "span-status"
+
+
+_CF_KINDS = {
+    KeyKind.CHANGEFEED_INFO: "info",
+    KeyKind.CHANGEFEED_STATUS: "status",
+    KeyKind.SPAN_ASSIGNMENT: "assign",
+    KeyKind.SPAN_STATUS: "span",
+}
+_CF_KIND_BY_SEGMENT = {seg: kind for kind, seg in _CF_KINDS.items()}
+_SPAN_KINDS = (KeyKind.SPAN_ASSIGNMENT, KeyKind.SPAN_STATUS)
+
+
+def _check_cluster(cluster: str) -> str:
+    if not _ID_RE.match(cluster):
+        raise ValueError(f"invalid cluster id {cluster!r}")
+    return cluster
+
+
+def _check_changefeed(cf: str) -> str:
+    if not _ID_RE.match(cf):
+        raise ValueError(f"invalid changefeed id {cf!r}")
+    return cf
+
+
+def _check_capture(capture: str) -> str:
+    if not _CAPTURE_RE.match(capture):
+        raise ValueError(f"invalid capture id {capture!r}")
+    return capture
+
+
+@dataclass(frozen=True)
+class EtcdKey:
+    """A typed etcd key. Only the fields relevant to ``kind`` may be set; the others keep defaults."""
+
+    kind: KeyKind
+    cluster: str
+    changefeed: str = ""
+    capture: str = ""
+    span: int = -1
+    owner_lease: int = 0
+
+    def __post_init__(self) -> None:
+        _check_cluster(self.cluster)
+        kind = self.kind
+        if kind is KeyKind.CAPTURE:
+            _check_capture(self.capture)
+        elif self.capture:
+            raise ValueError(f"{kind.value} key takes no capture id")
+        if kind is KeyKind.OWNER:
+            if self.owner_lease <= 0:
+                raise ValueError(f"owner key needs a positive lease id, got {self.owner_lease}")
+        elif self.owner_lease:
+            raise ValueError(f"{kind.value} key takes no owner lease")
+        if kind in _CF_KINDS:
+            _check_changefeed(self.changefeed)
+        elif self.changefeed:
+            raise ValueError(f"{kind.value} key takes no changefeed id")
+        if kind in _SPAN_KINDS:
+            if self.span < 0:
+                raise ValueError(f"{kind.value} key needs a span index >= 0, got {self.span}")
+        elif self.span != -1:
+            raise ValueError(f"{kind.value} key takes no span index")
+
+    def encode(self) -> str:
+        base = cluster_prefix(self.cluster)
+        kind = self.kind
+        if kind is KeyKind.CAPTURE:
+            return f"{base}{META}/capture/{self.capture}"
+        if kind is KeyKind.OWNER:
+            return f"{base}{META}/owner/{self.owner_lease:x}"
+        seg = _CF_KINDS[kind]
+        if kind in _SPAN_KINDS:
+            return f"{base}changefeed/{seg}/{self.changefeed}/{self.span}"
+        return f"{base}changefeed/{seg}/{self.changefeed}"
+
+    def __str__(self) -> str:
+        return self.encode()
+
+
+def parse_key(key: str) -> EtcdKey:
+    """Decode a raw etcd key. Raises ``ValueError`` for anything ``EtcdKey.encode`` cannot produce."""
+    if not key.startswith(ROOT + "/"):
+        raise ValueError(f"not a Tidewater key: {key!r}")
+    parts = key[len(ROOT) + 1:].split("/")
+    try:
+        cluster = parts[0]
+        if len(parts) == 4 and parts[1] == META:
+            if parts[2] == "capture":
+                return EtcdKey(KeyKind.CAPTURE, cluster, capture=parts[3])
+            if parts[2] == "owner":
+                if not _LEASE_RE.match(parts[3]):
+                    raise ValueError(f"bad owner lease id {parts[3]!r}")
+                return EtcdKey(KeyKind.OWNER, cluster, owner_lease=int(parts[3], 16))
+        elif len(parts) in (4, 5) and parts[1] == "changefeed":
+            kind = _CF_KIND_BY_SEGMENT.get(parts[2])
+            if kind is not None:
+                if kind in _SPAN_KINDS and len(parts) == 5:
+                    if not _SPAN_RE.match(parts[4]):
+                        raise ValueError(f"bad span index {parts[4]!r}")
+                    return EtcdKey(kind, cluster, changefeed=parts[3], span=int(parts[4]))
+                if kind not in _SPAN_KINDS and len(parts) == 4:
+                    return EtcdKey(kind, cluster, changefeed=parts[3])
+    except ValueError as e:
+        raise ValueError(f"malformed Tidewater key {key!r}: {e}") from None
+    raise ValueError(f"unknown Tidewater key {key!r}")
+
+
+# ---- prefixes (all end with '/', so a prefix never matches a longer id) ---------------------------------
+def cluster_prefix(cluster: str) -> str:
+    return f"{ROOT}/{_check_cluster(cluster)}/"
+
+
+def meta_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}{META}/"
+
+
+def capture_prefix(cluster: str) -> str:
+    return f"{meta_prefix(cluster)}capture/"
+
+
+def owner_prefix(cluster: str) -> str:
+    """The election prefix: candidates are ``owner_prefix + f"{lease:x}"``."""
+    return f"{meta_prefix(cluster)}owner/"
+
+
+def changefeed_prefix(cluster: str) -> str:
+    return f"{cluster_prefix(cluster)}changefeed/"
+
+
+def changefeed_info_prefix(cluster: str) -> str:
+    return f"{changefeed_prefix(cluster)}info/"
+
+
+def assignment_prefix(cluster: str, changefeed: str) -> str:
+    """All span assignments of one changefeed."""
+    return f"{changefeed_prefix(cluster)}assign/{_check_changefeed(changefeed)}/"
+
+
+def span_status_prefix(cluster: str, changefeed: str) -> str:
+    """All span statuses of one changefeed."""
+    return f"{changefeed_prefix(cluster)}span/{_check_changefeed(changefeed)}/"
+
+
+# ---- keys -------------------------------------------------------------------------------------------------
+def capture_key(cluster: str, capture: str) -> str:
+    return EtcdKey(KeyKind.CAPTURE, cluster, capture=capture).encode()
+
+
+def owner_key(cluster: str, lease: int) -> str:
+    return EtcdKey(KeyKind.OWNER, cluster, owner_lease=lease).encode()
+
+
+def changefeed_info_key(cluster: str, changefeed: str) -> str:
+    return EtcdKey(KeyKind.CHANGEFEED_INFO, cluster, changefeed=changefeed).encode()
+
+
+def changefeed_status_key(cluster: str, changefeed: str) -> str:
+    return EtcdKey(KeyKind.CHANGEFEED_STATUS, cluster, changefeed=changefeed).encode()
+
+
+def assignment_key(cluster: str, changefeed: str, span: int) -> str:
+    return EtcdKey(KeyKind.SPAN_ASSIGNMENT, cluster, changefeed=changefeed, span=span).encode()
+
+
+def span_status_key(cluster: str, changefeed: str, span: int) -> str:
+    return EtcdKey(KeyKind.SPAN_STATUS, cluster, changefeed=changefeed, span=span).encode()

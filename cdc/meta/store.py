@@ -1,0 +1,252 @@
+"""The typed meta-store: everything Tidewater keeps in etcd, as dataclasses (layout: docs/etcd-layout.md).
+
+Public template, private primitive: callers speak ``CaptureInfo``/``ChangefeedInfo``/... and fences;
+keys (``cdc.meta.keys``), JSON (``cdc.serde``) and etcd transactions (``cdc.meta.etcd``) stay in here.
+
+Guarantees:
+- Every multi-key change is one etcd transaction (atomic).
+- Fenced writes (``fence`` = ``Election.fence()``) apply only while the writer is still the owner; when the
+  fence no longer holds they raise ``NotOwner`` and change nothing. A fence that fails once never holds
+  again, so the check after a failed transaction is exact.
+- CAS writes (``expected_mod`` / ``expected``) return False when the precondition failed.
+- ``snapshot()`` reads the whole cluster in one range read at one revision.
+Thread-safe (stateless apart from the client).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from cdc import serde
+from cdc.errors import ChangefeedExists, ChangefeedNotFound, LeaseLost, MetaStoreError, NotOwner
+from cdc.meta import keys
+from cdc.meta.etcd import KV, Compare, EtcdClient, Op, Watch, WatchResponse, is_not_found
+from cdc.meta.keys import KeyKind
+from cdc.model import CaptureInfo, ChangefeedInfo, ChangefeedStatus, SpanAssignment, SpanStatus
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Versioned(Generic[T]):
+    """A decoded value with the etcd revision that last modified it (for compare-and-swap)."""
+
+    value: T
+    mod_revision: int
+
+
+@dataclass(frozen=True)
+class OwnerCandidate:
+    lease: int
+    capture_id: str  # the election value
+    create_revision: int
+
+
+@dataclass
+class ClusterSnapshot:
+    """The whole cluster state at one etcd ``revision``."""
+
+    revision: int
+    captures: dict[str, CaptureInfo] = field(default_factory=dict)
+    capture_leases: dict[str, int] = field(default_factory=dict)
+    owner_candidates: list[OwnerCandidate] = field(default_factory=list)  # by create revision; [0] leads
+    changefeeds: dict[str, Versioned[ChangefeedInfo]] = field(default_factory=dict)
+    statuses: dict[str, ChangefeedStatus] = field(default_factory=dict)
+    assignments: dict[str, dict[int, SpanAssignment]] = field(default_factory=dict)
+    span_statuses: dict[str, dict[int, SpanStatus]] = field(default_factory=dict)
+    mod_revisions: dict[str, int] = field(default_factory=dict)  # raw key -> mod revision, every key
+
+    @property
+    def owner(self) -> OwnerCandidate | None:
+        return self.owner_candidates[0] if self.owner_candidates else None
+
+
+def _decode(cls: type[T], kv: KV) -> T:
+    try:
+        return serde.from_json(cls, kv.value)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        log.error("corrupt value at etcd key %s: %s", kv.key, e)
+        raise MetaStoreError(f"corrupt {cls.__name__} at etcd key {kv.key}: {e}", cause=e) from e
+
+
+class MetaStore:
+    """Typed access to one Tidewater cluster's keys (``cluster_id``) through ``client``."""
+
+    def __init__(self, client: EtcdClient, cluster_id: str) -> None:
+        keys.cluster_prefix(cluster_id)  # validates
+        self.client = client
+        self.cluster_id = cluster_id
+
+    @property
+    def owner_election_prefix(self) -> str:
+        """Prefix for :class:`cdc.meta.election.Election` of the owner (value: the capture id)."""
+        return keys.owner_prefix(self.cluster_id)
+
+    # ---- internal helpers
+    def _fenced(self, what: str, fence: Sequence[Compare], compares: Sequence[Compare],
+                ops: Sequence[Op]) -> bool:
+        """Commit ``ops`` if ``fence`` and ``compares`` hold. False if only ``compares`` failed;
+        ``NotOwner`` if the fence failed (a fence that failed once never holds again)."""
+        if self.client.txn([*fence, *compares], ops):
+            return True
+        if fence and not self.client.txn(fence, []):
+            raise NotOwner(f"{what}: this capture is no longer the owner")
+        return False
+
+    # ---- captures
+    def register_capture(self, info: CaptureInfo, lease: int) -> None:
+        """Put the capture's registration under its session ``lease`` (it vanishes with the lease).
+        Raises ``LeaseLost`` if the lease no longer exists."""
+        try:
+            self.client.put(keys.capture_key(self.cluster_id, info.id), serde.to_json(info), lease=lease)
+        except MetaStoreError as e:
+            if is_not_found(e):
+                raise LeaseLost(f"capture {info.id}: lease {lease:x} no longer exists", cause=e) from e
+            raise
+
+    def list_captures(self) -> dict[str, CaptureInfo]:
+        _, kvs = self.client.get_prefix(keys.capture_prefix(self.cluster_id))
+        return {keys.parse_key(kv.key).capture: _decode(CaptureInfo, kv) for kv in kvs}
+
+    def delete_capture(self, capture_id: str) -> bool:
+        return self.client.delete(keys.capture_key(self.cluster_id, capture_id))
+
+    # ---- changefeeds
+    def create_changefeed(self, info: ChangefeedInfo, status: ChangefeedStatus) -> None:
+        """Create info and status atomically; also clears leftover span keys of an earlier changefeed
+        with the same id. Raises ``ChangefeedExists`` if the id is taken."""
+        cf = info.id
+        info_key = keys.changefeed_info_key(self.cluster_id, cf)
+        ok = self.client.txn(
+            [Compare.absent(info_key)],
+            [Op.put(info_key, serde.to_json(info)),
+             Op.put(keys.changefeed_status_key(self.cluster_id, cf), serde.to_json(status)),
+             Op.delete_prefix(keys.assignment_prefix(self.cluster_id, cf)),
+             Op.delete_prefix(keys.span_status_prefix(self.cluster_id, cf))])
+        if not ok:
+            raise ChangefeedExists(f"changefeed {cf} already exists")
+
+    def get_changefeed(self, cf: str) -> Versioned[ChangefeedInfo] | None:
+        kv = self.client.get(keys.changefeed_info_key(self.cluster_id, cf))
+        return None if kv is None else Versioned(_decode(ChangefeedInfo, kv), kv.mod_revision)
+
+    def list_changefeeds(self) -> dict[str, Versioned[ChangefeedInfo]]:
+        _, kvs = self.client.get_prefix(keys.changefeed_info_prefix(self.cluster_id))
+        return {keys.parse_key(kv.key).changefeed: Versioned(_decode(ChangefeedInfo, kv), kv.mod_revision)
+                for kv in kvs}
+
+    def update_changefeed(self, info: ChangefeedInfo, expected_mod: int,
+                          fence: Sequence[Compare] = ()) -> bool:
+        """Replace the info if its mod revision is still ``expected_mod`` (0: only if absent).
+        False on a CAS conflict (re-read and retry); ``NotOwner`` if ``fence`` fails."""
+        key = keys.changefeed_info_key(self.cluster_id, info.id)
+        return self._fenced(f"update changefeed {info.id}", fence, [Compare(key, "mod", "=", expected_mod)],
+                            [Op.put(key, serde.to_json(info))])
+
+    def delete_changefeed(self, cf: str, fence: Sequence[Compare] = ()) -> None:
+        """Delete every key of the changefeed (info, status, assignments, span statuses) atomically."""
+        self._fenced(f"delete changefeed {cf}", fence, [], [
+            Op.delete(keys.changefeed_info_key(self.cluster_id, cf)),
+            Op.delete(keys.changefeed_status_key(self.cluster_id, cf)),
+            Op.delete_prefix(keys.assignment_prefix(self.cluster_id, cf)),
+            Op.delete_prefix(keys.span_status_prefix(self.cluster_id, cf))])
+
+    # ---- changefeed status (owner)
+    def get_status(self, cf: str) -> Versioned[ChangefeedStatus] | None:
+        kv = self.client.get(keys.changefeed_status_key(self.cluster_id, cf))
+        return None if kv is None else Versioned(_decode(ChangefeedStatus, kv), kv.mod_revision)
+
+    def put_status(self, cf: str, status: ChangefeedStatus, fence: Sequence[Compare] = ()) -> None:
+        """Write the global status. ``ChangefeedNotFound`` if the changefeed is gone (never resurrects
+        keys of a removed changefeed); ``NotOwner`` if ``fence`` fails."""
+        info_key = keys.changefeed_info_key(self.cluster_id, cf)
+        if not self._fenced(f"put status of {cf}", fence, [Compare.exists(info_key)],
+                            [Op.put(keys.changefeed_status_key(self.cluster_id, cf), serde.to_json(status))]):
+            raise ChangefeedNotFound(f"changefeed {cf} does not exist")
+
+    # ---- span assignments (owner)
+    def put_assignment(self, cf: str, span: int, assignment: SpanAssignment,
+                       fence: Sequence[Compare] = ()) -> None:
+        """Assign a span. ``ChangefeedNotFound`` if the changefeed is gone; ``NotOwner`` if ``fence`` fails."""
+        info_key = keys.changefeed_info_key(self.cluster_id, cf)
+        if not self._fenced(f"assign span {cf}/{span}", fence, [Compare.exists(info_key)],
+                            [Op.put(keys.assignment_key(self.cluster_id, cf, span), serde.to_json(assignment))]):
+            raise ChangefeedNotFound(f"changefeed {cf} does not exist")
+
+    def delete_assignment(self, cf: str, span: int, fence: Sequence[Compare] = ()) -> None:
+        """Unassign a span (its processor stops writing: its guard no longer holds)."""
+        self._fenced(f"unassign span {cf}/{span}", fence, [],
+                     [Op.delete(keys.assignment_key(self.cluster_id, cf, span))])
+
+    def get_assignments(self, cf: str) -> dict[int, SpanAssignment]:
+        _, kvs = self.client.get_prefix(keys.assignment_prefix(self.cluster_id, cf))
+        return {keys.parse_key(kv.key).span: _decode(SpanAssignment, kv) for kv in kvs}
+
+    # ---- span status (processor)
+    def processor_guard(self, cf: str, span: int, assignment: SpanAssignment,
+                        capture_lease: int = 0) -> list[Compare]:
+        """Compares for a processor's span-status writes: the span is still assigned exactly as
+        ``assignment`` (same capture, same epoch) and, if ``capture_lease`` is given, the capture's
+        registration is still alive under that lease."""
+        guard = [Compare(keys.assignment_key(self.cluster_id, cf, span), "value", "=", serde.to_json(assignment))]
+        if capture_lease:
+            guard.append(Compare(keys.capture_key(self.cluster_id, assignment.capture_id), "lease", "=",
+                                 capture_lease))
+        return guard
+
+    def get_span_status(self, cf: str, span: int) -> Versioned[SpanStatus] | None:
+        kv = self.client.get(keys.span_status_key(self.cluster_id, cf, span))
+        return None if kv is None else Versioned(_decode(SpanStatus, kv), kv.mod_revision)
+
+    def put_span_status(self, cf: str, span: int, status: SpanStatus, expected: Sequence[Compare] = ()) -> bool:
+        """Write a span's status if every ``expected`` compare holds (see :meth:`processor_guard`).
+        The key is not leased: a span's checkpoint survives its capture. False if ``expected`` failed."""
+        return self.client.txn(list(expected),
+                               [Op.put(keys.span_status_key(self.cluster_id, cf, span), serde.to_json(status))])
+
+    # ---- whole cluster
+    def snapshot(self) -> ClusterSnapshot:
+        """Read and decode every key of the cluster at one revision. Keys under the cluster prefix that
+        this version does not know are skipped (logged at debug); corrupt values raise MetaStoreError."""
+        revision, kvs = self.client.get_prefix(keys.cluster_prefix(self.cluster_id))
+        snap = ClusterSnapshot(revision=revision)
+        for kv in kvs:
+            try:
+                k = keys.parse_key(kv.key)
+            except ValueError:
+                log.debug("snapshot: skipping unknown key %s", kv.key)
+                continue
+            if k.cluster != self.cluster_id:  # cannot happen for keys under our prefix
+                continue
+            snap.mod_revisions[kv.key] = kv.mod_revision
+            if k.kind is KeyKind.CAPTURE:
+                cap = _decode(CaptureInfo, kv)
+                snap.captures[k.capture] = cap
+                snap.capture_leases[k.capture] = kv.lease
+            elif k.kind is KeyKind.OWNER:
+                snap.owner_candidates.append(OwnerCandidate(k.owner_lease, kv.value.decode("utf-8", "replace"),
+                                                            kv.create_revision))
+            elif k.kind is KeyKind.CHANGEFEED_INFO:
+                info = _decode(ChangefeedInfo, kv)
+                if info.id != k.changefeed:
+                    raise MetaStoreError(f"corrupt ChangefeedInfo at etcd key {kv.key}: id {info.id!r}")
+                snap.changefeeds[k.changefeed] = Versioned(info, kv.mod_revision)
+            elif k.kind is KeyKind.CHANGEFEED_STATUS:
+                snap.statuses[k.changefeed] = _decode(ChangefeedStatus, kv)
+            elif k.kind is KeyKind.SPAN_ASSIGNMENT:
+                snap.assignments.setdefault(k.changefeed, {})[k.span] = _decode(SpanAssignment, kv)
+            elif k.kind is KeyKind.SPAN_STATUS:
+                snap.span_statuses.setdefault(k.changefeed, {})[k.span] = _decode(SpanStatus, kv)
+        snap.owner_candidates.sort(key=lambda c: c.create_revision)
+        return snap
+
+    def watch(self, start_revision: int | None, callback: Callable[[WatchResponse], None],
+              on_error: Callable[[MetaStoreError], None] | None = None) -> Watch:
+        """Watch every key of the cluster from ``start_revision`` (typically ``snapshot().revision + 1``);
+        same guarantees as :meth:`EtcdClient.watch_prefix`. Decode event keys with ``keys.parse_key``."""
+        return self.client.watch_prefix(keys.cluster_prefix(self.cluster_id), start_revision, callback, on_error)
