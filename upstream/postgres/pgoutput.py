@@ -278,18 +278,12 @@ for _cls, _builder in ((Change, _ChangeBuilder), (ParsedChange, _ParsedChangeBui
         raise RuntimeError(f"{_builder.__name__} slots differ from {_cls.__name__}")
 
 
-def _change(kind: str, xid: int | None, relid: int, raw: bytes) -> Change:
-    o: Any = _ChangeBuilder(kind, xid, relid, raw)
-    o.__class__ = Change
-    return o  # type: ignore[no-any-return]
-
-
 def _parsed(
     kind: str, relid: int, new: list[Any] | None, old: list[Any] | None, old_kind: str | None, opts: int
 ) -> ParsedChange:
     o: Any = _ParsedChangeBuilder(kind, relid, new, old, old_kind, opts)
     o.__class__ = ParsedChange
-    return o  # type: ignore[no-any-return]
+    return o
 
 
 # ---- decoding -------------------------------------------------------------------------------------
@@ -500,13 +494,13 @@ def decode(buf: bytes | memoryview | bytearray, in_stream: bool, *, abort_has_ls
                     raise _error(buf, f"unexpected tuple marker {buf[9]:#x}")
                 o: Any = _ChangeBuilder(kind, xid, relid, buf[:1] + buf[5:])
                 o.__class__ = Change
-                return o  # type: ignore[no-any-return]
+                return o
             (relid,) = _u32_from(buf, 1)
             if buf[5] not in _FIRST_MARK[t]:
                 raise _error(buf, f"unexpected tuple marker {buf[5]:#x}")
             o = _ChangeBuilder(kind, None, relid, buf)
             o.__class__ = Change
-            return o  # type: ignore[no-any-return]
+            return o
         fn = _DISPATCH.get(t)
         if fn is None:
             if t in _TWO_PHASE:
@@ -581,7 +575,7 @@ def parse_change(raw: bytes) -> ParsedChange:
                 raise _error(raw, "length mismatch")
             o: Any = _ParsedChangeBuilder("I", relid, new, None, None, 0)
             o.__class__ = ParsedChange
-            return o  # type: ignore[no-any-return]
+            return o
         if t == _U:
             (relid,) = _u32_from(raw, 1)
             mark = raw[5]
