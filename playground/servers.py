@@ -352,23 +352,28 @@ _user_lock = threading.Lock()
 
 
 def _ensure_pg_user() -> tuple[int, int]:
-    """Create the unprivileged system user that runs PostgreSQL (once, idempotently); return (uid, gid)."""
+    """Create the unprivileged system user that runs PostgreSQL (once, idempotently); return (uid, gid).
+
+    Safe against concurrent test processes: "already exists" counts as success, a locked passwd/group
+    file is retried.
+    """
     with _user_lock:
-        for attempt in range(2):
+        error = ""
+        for _ in range(20):
             try:
                 pw = pwd.getpwnam(PG_USER)
                 return pw.pw_uid, pw.pw_gid
             except KeyError:
-                if attempt:
-                    raise
+                pass
             res = subprocess.run(
                 ["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin",
                  "--home-dir", "/nonexistent", PG_USER],
                 capture_output=True, text=True,
             )  # fmt: skip
             if res.returncode not in (0, 9):  # 9: already exists (created concurrently)
-                raise RuntimeError(f"useradd {PG_USER} failed ({res.returncode}): {res.stderr.strip()}")
-        raise AssertionError("unreachable")
+                error = f"useradd {PG_USER} failed ({res.returncode}): {res.stderr.strip()}"
+                time.sleep(0.25)  # e.g. 10: cannot lock /etc/group (another useradd is running)
+        raise RuntimeError(error or f"user {PG_USER} still missing after useradd")
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:

