@@ -14,6 +14,17 @@ Guarantees:
   restart (``clear()`` on span start).
 - Threading: ``add``/``abort``/``commit``/``clear`` are called from one thread (the puller);
   ``read``/``clean`` from one other thread (the sink); both may run concurrently.
+
+Details every implementation shares (``sorter.memory`` and ``sorter.leveldb``):
+- ``xid``, ``subxid`` and ``commit_ts`` are unsigned 64-bit integers (ValueError otherwise); ``commit_ts``
+  must increase strictly within a span between two ``clear()`` calls (SorterError otherwise).
+- ``abort(xid, subxid)`` with ``subxid != xid`` drops the entries of ``subxid`` added so far; aborting or
+  committing an unknown ``xid`` is a no-op (a commit still consumes its ``commit_ts``). A transaction
+  with no surviving entries yields nothing.
+- ``read`` sees every transaction whose ``commit`` returned before ``read`` was called (a snapshot taken
+  at the call); a transaction is visible whole or not at all.
+- Errors: storage failures raise ``cdc.errors.SorterError``; a full disk or an exceeded disk quota raises
+  ``cdc.errors.DiskFull`` (retryable). A quota refusal happens before the call changes anything.
 """
 
 from __future__ import annotations
@@ -58,15 +69,22 @@ class SpanSorter(ABC):
         """Number of open (uncommitted) transactions buffered."""
         return 0
 
+    def memory_bytes(self) -> int:
+        """Approximate bytes of change data this span holds in process memory (for memory quotas)."""
+        return 0
+
 
 class Sorter(ABC):
     """One per capture. Hands out span sorters; ``close`` releases the storage."""
 
     @abstractmethod
-    def span(self, span_key: str) -> SpanSorter: ...
+    def span(self, span_key: str) -> SpanSorter:
+        """The span sorter of ``span_key`` (e.g. ``'changefeed-id/3'``); the same object for the same key."""
 
     @abstractmethod
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release the storage; the span sorters handed out must not be used afterwards."""
 
     def disk_bytes(self) -> int:
+        """Approximate bytes the sorter occupies on disk."""
         return 0
