@@ -75,7 +75,7 @@ class CaptureServer:
 
     def _captures(self) -> list[dict[str, Any]]:
         snap = self.store.snapshot()
-        owner = snap.owner()
+        owner = snap.owner
         owner_id = owner.capture_id if owner else None
         return [{"id": c.id, "address": c.advertise_addr, "is_owner": c.id == owner_id, "version": c.version,
                  "start_time": c.start_time, "pid": c.pid} for c in snap.captures.values()]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 
-class FeedState(str, enum.Enum):
+class FeedState(enum.StrEnum):
     NORMAL = "normal"
     WARNING = "warning"
     STOPPED = "stopped"

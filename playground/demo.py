@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -42,6 +43,15 @@ def say(msg: str) -> None:
 
 
 def workload(pg: PostgresServer, db: str, big_rows: int, txns: int, done: threading.Event, counts: dict) -> None:
+    try:
+        _workload(pg, db, big_rows, txns, counts)
+    except Exception as exc:  # noqa: BLE001 - reported by the main thread
+        counts["error"] = f"{type(exc).__name__}: {exc}"
+    finally:
+        done.set()
+
+
+def _workload(pg: PostgresServer, db: str, big_rows: int, txns: int, counts: dict) -> None:
     conn = pg.connect(db)
     conn.autocommit = False
     cur = conn.cursor()
@@ -70,7 +80,7 @@ def workload(pg: PostgresServer, db: str, big_rows: int, txns: int, done: thread
         conn.commit()
         counts["txns"] += 1
     # one transaction far larger than logical_decoding_work_mem: PostgreSQL streams it before commit
-    cur.execute("INSERT INTO orders SELECT g, g % 1000, (g % 10000) / 100.0, repeat('x', 50), current_date "
+    cur.execute("INSERT INTO orders SELECT g, g %% 1000, (g %% 10000) / 100.0, repeat('x', 50), current_date "
                 "FROM generate_series(%s, %s) g", (order_id + 1, order_id + big_rows))
     cur.execute("UPDATE customers SET name = name || ' (big txn)' WHERE id % 10 = 0")
     conn.commit()
@@ -80,7 +90,6 @@ def workload(pg: PostgresServer, db: str, big_rows: int, txns: int, done: thread
                 (10**9, 10**9 + 20000))
     conn.rollback()
     conn.close()
-    done.set()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--big-rows", type=int, default=200_000)
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on SIGTERM too
 
     tmp = Path(tempfile.mkdtemp(prefix="tidewater-demo-"))
     say(f"working directory {tmp}")
@@ -121,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             say(f"upstream txns {counts['txns']:>4}  rows replicated {rows:>8}  checkpoint {q['checkpoint']:>12}  "
                 f"lag {q['checkpoint_lag']}s  state {q['state']}")
         wl.join()
+        if "error" in counts:
+            say(f"workload failed: {counts['error']}")
+            return 1
         wl_end = time.time()
         target = current_lsn(src)
         say(f"workload done in {wl_end - wl_start:.1f}s; waiting for checkpoint >= {target >> 32:X}/{target & 0xFFFFFFFF:X}")

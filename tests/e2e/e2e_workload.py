@@ -67,7 +67,7 @@ def big_transaction(conn: Any, rows: int, base: int = 10**7) -> None:
     conn.autocommit = False
     with conn.cursor() as cur:
         cur.execute(
-            'INSERT INTO "Ledger Entries" SELECT g, g % 100, g / 7.0, repeat(md5(g::text), 4), NULL '
+            'INSERT INTO "Ledger Entries" SELECT g, g %% 100, g / 7.0, repeat(md5(g::text), 4), NULL '
             "FROM generate_series(%s, %s) g",
             (base, base + rows - 1),
         )
