@@ -27,7 +27,7 @@ class Sink(ABC):
     def write(self, changes: Iterable[RowChange]) -> int:
         """Apply whole transactions durably; return the number of row changes applied."""
 
-    def check(self) -> None:
+    def check(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Connect and verify the target is usable; raise SinkUnavailable/SinkError naming the problem."""
 
     def target_name(self, table: TableName) -> str:

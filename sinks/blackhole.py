@@ -1,0 +1,36 @@
+"""``blackhole://``: a sink that counts row changes and discards them (benchmarks, tests).
+
+Guarantees: ``write`` consumes the whole iterable and returns how many changes it held; nothing is
+stored, so every write is trivially "durable". Not thread-safe (one caller, as the contract says).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from cdc.config import SinkConfig
+from cdc.errors import SinkError
+from cdc.events import RowChange
+from cdc.uri import parse_sink_uri
+from sinks.base import Sink
+
+
+class BlackholeSink(Sink):
+    def __init__(self, uri: str = "blackhole://", config: SinkConfig | None = None) -> None:
+        parse_sink_uri(uri)
+        self.rows = 0  # row changes written since construction
+        self.writes = 0  # write calls
+        self._closed = False
+
+    def write(self, changes: Iterable[RowChange]) -> int:
+        if self._closed:
+            raise SinkError("blackhole sink is closed")
+        n = 0
+        for _ in changes:
+            n += 1
+        self.rows += n
+        self.writes += 1
+        return n
+
+    def close(self) -> None:
+        self._closed = True

@@ -1,0 +1,52 @@
+"""Sink factory: a lazy registry from URI scheme to sink class (faust-style).
+
+Each scheme maps to a ``"module:Class"`` string that is imported only when a sink of that scheme is
+opened, so that e.g. a blackhole changefeed never imports SQLAlchemy. A new sink is one line in
+:data:`SINKS` (plus its scheme in ``cdc.uri.SINK_SCHEMES``) or a :func:`register_sink` call.
+
+Every sink class is constructed as ``cls(uri, config)``; construction does no I/O (call ``check()`` to
+connect). Thread-safety: the registry is read-only after import; ``register_sink`` is for start-up code.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from cdc.config import SinkConfig
+from cdc.errors import InvalidURI
+from cdc.uri import parse_sink_uri
+from sinks.base import Sink
+
+SINKS: dict[str, str] = {
+    "mysql": "sinks.sql.sink:SQLSink",
+    "mariadb": "sinks.sql.sink:SQLSink",
+    "postgresql": "sinks.sql.sink:SQLSink",
+    "postgres": "sinks.sql.sink:SQLSink",
+    "sqlite": "sinks.sql.sink:SQLSink",
+    "blackhole": "sinks.blackhole:BlackholeSink",
+}
+
+
+def register_sink(scheme: str, target: str) -> None:
+    """Map ``scheme`` to ``"package.module:Class"`` (replacing an earlier mapping)."""
+    if ":" not in target:
+        raise ValueError(f"sink target {target!r} must be 'module:Class'")
+    SINKS[scheme.lower()] = target
+
+
+def sink_class(scheme: str) -> type[Sink]:
+    """Import and return the class registered for ``scheme``; InvalidURI if none is."""
+    target = SINKS.get(scheme.lower())
+    if target is None:
+        raise InvalidURI(f"sink URI scheme {scheme!r} is not supported (use one of: {', '.join(sorted(SINKS))})")
+    module_name, _, attr = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), attr)
+    if not (isinstance(cls, type) and issubclass(cls, Sink)):
+        raise TypeError(f"{target} is not a Sink class")
+    return cls
+
+
+def open_sink(uri: str, config: SinkConfig | None = None) -> Sink:
+    """A new, unconnected sink for ``uri``; raises InvalidURI for a malformed or unsupported URI."""
+    parsed = parse_sink_uri(uri)
+    return sink_class(parsed.scheme)(uri, config or SinkConfig())

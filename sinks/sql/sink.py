@@ -1,0 +1,829 @@
+"""The SQL sink: MySQL/MariaDB (PyMySQL), PostgreSQL (psycopg2) and SQLite through SQLAlchemy Core.
+
+Guarantees (on top of :class:`sinks.base.Sink`):
+- One downstream transaction per ``write`` call, committed before ``write`` returns; on any error it is
+  rolled back and nothing of the call is visible. The iterable is consumed lazily and applied in chunks
+  of ``config.batch_rows`` rows inside that transaction, so memory stays bounded for huge transactions.
+- Changes are applied in order. Consecutive changes of the same (table, operation, column set) form one
+  multi-row statement; changes to one key never reorder.
+- Keyed tables are idempotent: INSERT and UPDATE are upserts by key, DELETE deletes by key, an UPDATE
+  that changes the key deletes the old key first. ``UNCHANGED`` columns are left out of the upsert (the
+  downstream keeps its value); if such a row is missing downstream it is inserted without them and a
+  warning is logged once per table.
+- Tables without a key (REPLICA IDENTITY FULL) get plain inserts, and updates/deletes of one row matching
+  all old values: *not* idempotent on replay (a replayed insert duplicates the row).
+- Missing target tables are created from the upstream schema (docs/type-mapping.md); existing tables are
+  used as they are (never altered) after checking that they have the columns and a unique key.
+- TRUNCATE is ``DELETE FROM`` on MySQL/SQLite (MySQL's TRUNCATE would commit implicitly) and
+  ``TRUNCATE`` on PostgreSQL.
+- Errors: an unreachable or lost server, a deadlock, a lock timeout or a busy SQLite file raise
+  :class:`SinkUnavailable` (retryable); anything else raises :class:`SinkError` naming the table and the
+  driver's message.
+
+Threading: one caller thread at a time (the contract's). The engine's pool keeps the connection between
+calls; ``close`` disposes of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from cdc.config import SinkConfig
+from cdc.errors import InvalidURI, SinkError, SinkUnavailable, TidewaterError
+from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
+from cdc.uri import parse_sink_uri
+from sinks.base import Sink
+from sinks.sql.ddl import (
+    TargetColumn,
+    TargetTable,
+    create_schema_sql,
+    create_table_sql,
+    numeric_precision_scale,
+    plan_table,
+)
+from sinks.sql.statements import Statements
+from sinks.sql.values import Converter, converter, mysql_literal_function
+
+log = logging.getLogger(__name__)
+
+DIALECTS = {"mysql": "mysql", "mariadb": "mysql", "postgresql": "postgresql", "postgres": "postgresql",
+            "sqlite": "sqlite"}
+_PARAMS = {
+    "mysql": ("connect-timeout",),
+    "postgresql": ("connect-timeout", "sslmode", "sslrootcert", "sslcert", "sslkey"),
+    "sqlite": ("busy-timeout",),
+}
+_MYSQL_SQL_MODE = ("STRICT_TRANS_TABLES,STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
+                   "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION")
+# MySQL error codes that a retry can fix (server gone, lost connection, deadlock, lock wait timeout...).
+_MYSQL_RETRY = frozenset({1040, 1053, 1205, 1213, 1927, 2002, 2003, 2006, 2013, 2014, 2045, 2055, 4031})
+_MYSQL_DISCONNECT = frozenset({1053, 1927, 2002, 2003, 2006, 2013, 2014, 2045, 2055, 4031})
+# PostgreSQL SQLSTATEs a retry can fix: serialization failure, deadlock, shutdown, too many connections...
+_PG_RETRY = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "53300", "53400", "55P03"})
+_PG_FATAL_CONNECT = ("does not exist", "authentication failed", "no pg_hba.conf entry", "permission denied",
+                     "password is required", "too many connections for role")
+
+_MYSQL_STATEMENT_BYTES = 1_000_000  # well below MariaDB's 16 MB max_allowed_packet (characters, not bytes)
+# group kinds
+_UPSERT, _INSERT, _DELETE, _DELETE_ONE, _UPDATE_ONE = range(5)
+
+
+class SQLSink(Sink):
+    """Writes row changes to ``mysql://``, ``mariadb://``, ``postgresql://`` or ``sqlite:///`` targets.
+
+    Target names: MySQL and SQLite put upstream ``schema.table`` into ``table`` of the URI's database
+    (the upstream schema is dropped; see :meth:`target_name`), PostgreSQL keeps ``schema.table`` and
+    creates the schema when missing. URI parameters: ``connect-timeout`` (seconds, MySQL/PostgreSQL),
+    ``sslmode``/``sslrootcert``/``sslcert``/``sslkey`` (PostgreSQL), ``busy-timeout`` (seconds, SQLite).
+    """
+
+    def __init__(self, uri: str, config: SinkConfig | None = None) -> None:
+        self._uri = parse_sink_uri(uri)
+        if self._uri.scheme not in DIALECTS:
+            raise InvalidURI(f"sink URI scheme {self._uri.scheme!r} is not an SQL sink")
+        self.dialect = DIALECTS[self._uri.scheme]
+        unknown = sorted(set(self._uri.params) - set(_PARAMS[self.dialect]))
+        if unknown:
+            raise InvalidURI(f"sink URI {self._uri.redacted()!r}: unknown parameter(s) {', '.join(unknown)} "
+                             f"(accepted: {', '.join(_PARAMS[self.dialect])})")
+        self._config = config or SinkConfig()
+        self._batch = max(1, self._config.batch_rows)
+        self._engine = self._make_engine()
+        self._stmts: Statements | None = None
+        self._mysql_collation = "utf8mb4_bin"
+        self._tables: dict[tuple[str | None, str], _Table] = {}
+        self._bindings: dict[int, tuple[TableSchema, _Binding]] = {}
+        self._schemas_created: set[str] = set()
+        self._warned_missing: set[str] = set()
+        self._closed = False
+
+    # ---- engine --------------------------------------------------------------------------------------
+    def _timeout(self, name: str, default: float) -> float:
+        raw = self._uri.params.get(name)
+        if raw is None:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise InvalidURI(f"sink URI {self._uri.redacted()!r}: {name} must be a number of seconds") from None
+        if value <= 0:
+            raise InvalidURI(f"sink URI {self._uri.redacted()!r}: {name} must be positive")
+        return value
+
+    def _make_engine(self) -> Engine:
+        u = self._uri
+        if self.dialect == "sqlite":
+            busy = self._timeout("busy-timeout", 30.0)
+            engine = sa.create_engine(sa.URL.create("sqlite", database=u.path), pool_pre_ping=True,
+                                      connect_args={"timeout": busy})
+
+            @event.listens_for(engine, "connect")
+            def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+                dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (transactional DDL, IMMEDIATE)
+                cur = dbapi_conn.cursor()
+                try:
+                    cur.execute("PRAGMA journal_mode=WAL")
+                    cur.execute(f"PRAGMA busy_timeout={int(busy * 1000)}")
+                finally:
+                    cur.close()
+
+            @event.listens_for(engine, "begin")
+            def _on_begin(conn: Connection) -> None:
+                conn.exec_driver_sql("BEGIN IMMEDIATE")  # take the write lock now: no upgrade deadlock
+
+            return engine
+        timeout = int(self._timeout("connect-timeout", 10.0))
+        if self.dialect == "mysql":
+            url = sa.URL.create("mysql+pymysql", username=u.user, password=u.password, host=u.host,
+                                port=u.port or 3306, database=u.path, query={"charset": "utf8mb4"})
+            init = f"SET time_zone = '+00:00', sql_mode = '{_MYSQL_SQL_MODE}'"
+            return sa.create_engine(url, pool_pre_ping=True, isolation_level="READ COMMITTED",
+                                    connect_args={"connect_timeout": timeout, "init_command": init})
+        ssl = {k: v for k, v in u.params.items() if k.startswith("ssl")}
+        url = sa.URL.create("postgresql+psycopg2", username=u.user, password=u.password, host=u.host,
+                            port=u.port or 5432, database=u.path or None)
+        return sa.create_engine(url, pool_pre_ping=True, connect_args={
+            "connect_timeout": timeout, "application_name": "tidewater-sink", "options": "-c timezone=UTC", **ssl})
+
+    def _where(self) -> str:
+        if self.dialect == "sqlite":
+            return f"SQLite database {self._uri.path!r}"
+        kind = "MySQL" if self.dialect == "mysql" else "PostgreSQL"
+        port = self._uri.port or (3306 if self.dialect == "mysql" else 5432)
+        return f"{kind} at {self._uri.host}:{port}"
+
+    def _statements(self) -> Statements:
+        if self._stmts is None:
+            d = self._engine.dialect
+            mariadb = bool(getattr(d, "is_mariadb", False))
+            if self.dialect == "mysql":
+                version = tuple(getattr(d, "server_version_info", None) or (0,))
+                self._mysql_collation = ("utf8mb4_nopad_bin" if mariadb else
+                                         "utf8mb4_0900_bin" if version >= (8, 0, 17) else "utf8mb4_bin")
+            self._stmts = Statements(self.dialect, d.identifier_preparer, mariadb=mariadb)
+        return self._stmts
+
+    # ---- Sink API ------------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Connect once; SinkUnavailable if the server cannot be reached, SinkError (with the fix) if the
+        database is missing, access is denied or a SQLite file cannot be opened for writing."""
+        self._check_open()
+        try:
+            with self._engine.connect() as conn:
+                conn.exec_driver_sql("SELECT 1")
+                self._statements()
+        except Exception as exc:
+            if isinstance(exc, TidewaterError):
+                raise
+            raise self._wrap(exc, None) from exc
+
+    def target_name(self, table: TableName) -> str:
+        """``table`` (MySQL, SQLite: the upstream schema is dropped) or ``schema.table`` (PostgreSQL)."""
+        schema, name = self._target_parts(table)
+        return f"{schema}.{name}" if schema else name
+
+    def _target_parts(self, table: TableName) -> tuple[str | None, str]:
+        if self.dialect == "postgresql":
+            return table.schema, table.table
+        return None, table.table
+
+    def write(self, changes: Iterable[RowChange]) -> int:
+        self._check_open()
+        writer: _Writer | None = None
+        try:
+            with self._engine.connect() as conn:
+                trans = conn.begin()
+                try:
+                    stmts = self._statements()
+                    writer = _Writer(self, conn, stmts)
+                    count = writer.run(changes)
+                    trans.commit()
+                    return count
+                except BaseException as exc:
+                    if _is_db_error(exc) and self._classify(exc)[1]:
+                        conn.invalidate(exc if isinstance(exc, Exception) else None)
+                    else:
+                        try:
+                            trans.rollback()
+                        except Exception:  # the connection is gone: the server rolls back
+                            conn.invalidate()
+                    raise
+        except BaseException as exc:
+            # Tables created inside the failed transaction (SQLite) are gone; re-reflect next time.
+            self._tables.clear()
+            self._bindings.clear()
+            if isinstance(exc, TidewaterError) or not _is_db_error(exc):
+                raise
+            raise self._wrap(exc, writer.current if writer else None) from exc
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._engine.dispose()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SinkError(f"sink {self._uri.redacted()} is closed")
+
+    # ---- tables --------------------------------------------------------------------------------------
+    def _bind(self, schema: TableSchema, conn: Connection) -> _Binding:
+        entry = self._bindings.get(id(schema))
+        if entry is not None and entry[0] is schema:
+            return entry[1]
+        parts = self._target_parts(schema.name)
+        table = self._tables.get(parts)
+        if table is None:
+            if self.dialect == "sqlite":  # one writer per file: DDL inside our (transactional) write
+                table = self._prepare_table(schema, conn)
+            else:  # MySQL DDL commits implicitly: never inside the write transaction
+                with self._engine.connect() as ddl:
+                    ddl.execution_options(isolation_level="AUTOCOMMIT")
+                    table = self._prepare_table(schema, ddl)
+            self._tables[parts] = table
+        binding = _Binding(self, schema, table)
+        self._bindings[id(schema)] = (schema, binding)
+        return binding
+
+    def _prepare_table(self, schema: TableSchema, conn: Connection) -> _Table:
+        self._statements()  # knows the server's flavour (MySQL collation) once connected
+        tschema, tname = self._target_parts(schema.name)
+        label = self.target_name(schema.name)
+        insp = sa.inspect(conn)
+        if insp.has_table(tname, schema=tschema):
+            return self._reflect(conn, tschema, tname, label)
+        preparer = self._engine.dialect.identifier_preparer
+        if tschema is not None and tschema not in self._schemas_created:
+            self._ddl(conn, create_schema_sql(tschema, preparer))
+            self._schemas_created.add(tschema)
+        planned = plan_table(schema, self.dialect, target_schema=tschema, target_name=tname)
+        self._ddl(conn, create_table_sql(planned, self.dialect, preparer, mysql_collation=self._mysql_collation))
+        log.info("created table %s in %s for upstream %s", label, self._where(), schema.name)
+        return _Table(label, planned.schema, planned.name, planned.columns,
+                      [frozenset(planned.key)] if planned.key else [], created=True)
+
+    def _ddl(self, conn: Connection, sql: str) -> None:
+        """Run one ``... IF NOT EXISTS`` statement. PostgreSQL can still report a duplicate when another
+        session creates the same object concurrently (other spans of the changefeed): that is success."""
+        try:
+            conn.exec_driver_sql(sql, ())
+        except sa.exc.DBAPIError as exc:
+            if getattr(exc.orig, "pgcode", None) not in ("23505", "42P06", "42P07"):
+                raise
+            log.info("%s already created concurrently: %s", self._where(), " ".join(str(exc.orig).split()))
+
+    def _reflect(self, conn: Connection, tschema: str | None, tname: str, label: str) -> _Table:
+        insp = sa.inspect(conn)
+        cols = []
+        for c in insp.get_columns(tname, schema=tschema):
+            typ = c["type"]
+            is_json = isinstance(typ, sa.JSON)
+            if self.dialect == "postgresql":
+                is_json = is_json and type(typ).__name__ == "JSON"  # jsonb has '=', json does not
+            scale = typ.scale if isinstance(typ, sa.Numeric) and not isinstance(typ, sa.Float) else None
+            cols.append(TargetColumn(c["name"], None, bool(c.get("nullable", True)), is_json, scale))
+        uniques: list[frozenset[str]] = []
+        pk = insp.get_pk_constraint(tname, schema=tschema).get("constrained_columns") or []
+        if pk:
+            uniques.append(frozenset(pk))
+        for uc in insp.get_unique_constraints(tname, schema=tschema):
+            uniques.append(frozenset(uc["column_names"]))
+        for ix in insp.get_indexes(tname, schema=tschema):
+            if ix.get("unique") and all(n is not None for n in ix["column_names"]):
+                uniques.append(frozenset(ix["column_names"]))
+        log.info("using existing table %s in %s (%d columns)", label, self._where(), len(cols))
+        return _Table(label, tschema, tname, tuple(cols), uniques, created=False)
+
+    # ---- errors --------------------------------------------------------------------------------------
+    def _classify(self, exc: BaseException) -> tuple[bool, bool, Any]:
+        """(retryable, connection lost, driver exception)."""
+        orig: Any = exc
+        if isinstance(exc, sa.exc.DBAPIError):
+            orig = exc.orig if exc.orig is not None else exc
+            if exc.connection_invalidated:
+                return True, True, orig
+        if isinstance(exc, sa.exc.TimeoutError):  # pool exhausted
+            return True, False, orig
+        if self.dialect == "mysql":
+            import pymysql
+
+            if isinstance(orig, pymysql.err.InterfaceError):
+                return True, True, orig
+            code = orig.args[0] if isinstance(orig, pymysql.err.MySQLError) and orig.args else None
+            if isinstance(code, int) and code in _MYSQL_RETRY:
+                return True, code in _MYSQL_DISCONNECT, orig
+            return False, False, orig
+        if self.dialect == "postgresql":
+            import psycopg2
+
+            if isinstance(orig, psycopg2.InterfaceError):
+                return True, True, orig
+            if isinstance(orig, psycopg2.Error):
+                code = orig.pgcode
+                if code is None and isinstance(orig, psycopg2.OperationalError):
+                    text = str(orig)
+                    fatal = any(s in text for s in _PG_FATAL_CONNECT)
+                    return not fatal, not fatal, orig
+                if code is not None and (code.startswith("08") or code in _PG_RETRY):
+                    return True, code.startswith("08") or code.startswith("57P"), orig
+            return False, False, orig
+        if isinstance(orig, sqlite3.OperationalError):
+            text = str(orig).lower()
+            if "locked" in text or "busy" in text or "disk is full" in text:
+                return True, False, orig
+        return False, False, orig
+
+    def _wrap(self, exc: BaseException, table: str | None) -> TidewaterError:
+        retryable, _lost, orig = self._classify(exc)
+        msg = " ".join(str(orig).split())
+        where = self._where()
+        if retryable:
+            return SinkUnavailable(f"{where} is unavailable: {msg}", cause=exc)
+        hint = self._hint(orig, msg)
+        if hint:
+            return SinkError(f"{where}: {hint} ({msg})", cause=exc)
+        subject = f"writing table {table}" if table else "sink"
+        return SinkError(f"{where}, {subject}: {msg}", cause=exc)
+
+    def _hint(self, orig: Any, msg: str) -> str | None:
+        u = self._uri
+        if self.dialect == "mysql":
+            code = orig.args[0] if getattr(orig, "args", None) else None
+            if code == 1049:
+                return (f"database {u.path!r} does not exist: create it (CREATE DATABASE `{u.path}` "
+                        "CHARACTER SET utf8mb4) or fix the sink URI")
+            if code in (1044, 1045):
+                return (f"access denied for user {u.user!r}: check the user and password in the sink URI and "
+                        f"grant it privileges (GRANT ALL ON `{u.path}`.* TO ...)")
+            if code in (1142, 1143):
+                return f"user {u.user!r} lacks a privilege: GRANT ALL ON `{u.path}`.* TO it"
+            return None
+        if self.dialect == "postgresql":
+            code = getattr(orig, "pgcode", None)
+            if code == "3D000" or ("database" in msg and "does not exist" in msg):
+                return f"database {u.path!r} does not exist: create it (CREATE DATABASE ...) or fix the sink URI"
+            if code in ("28P01", "28000") or "authentication failed" in msg or "pg_hba.conf" in msg \
+                    or ("role" in msg and "does not exist" in msg):
+                return (f"access denied for user {u.user!r}: check the user and password in the sink URI and "
+                        "the server's pg_hba.conf")
+            if code == "42501":
+                return (f"user {u.user!r} lacks a privilege: grant it CREATE on the database and its schemas, "
+                        "and INSERT/UPDATE/DELETE/TRUNCATE on the target tables")
+            return None
+        if "unable to open database file" in msg:
+            return f"cannot open {u.path!r}: create its directory and make it writable"
+        if "readonly database" in msg:
+            return f"{u.path!r} is read-only: make the file and its directory writable"
+        return None
+
+
+def _is_db_error(exc: BaseException) -> bool:
+    if isinstance(exc, (sa.exc.SQLAlchemyError, sqlite3.Error)):
+        return True
+    mod = type(exc).__module__
+    return mod.startswith("pymysql") or mod.startswith("psycopg2")
+
+
+class _Table:
+    """What the sink knows about one downstream table (created by us or reflected)."""
+
+    def __init__(self, label: str, schema: str | None, name: str, columns: tuple[TargetColumn, ...],
+                 uniques: list[frozenset[str]], *, created: bool) -> None:
+        self.label = label
+        self.schema = schema
+        self.name = name
+        self.columns = columns
+        self.uniques = uniques
+        self.created = created
+
+
+RowFn = Callable[[Sequence[Any]], Sequence[Any]]
+
+
+class _Plan:
+    """A group's statement: ``sql`` for one row, ``many(n)`` for n rows in one statement (PostgreSQL),
+    ``parts`` = (head, tail) around literal rows, ``%`` not doubled (MySQL's literal fast path)."""
+
+    __slots__ = ("sql", "convert", "key_idx", "parts", "_build", "_many")
+
+    def __init__(self, sql: str, convert: RowFn | None, key_idx: tuple[int, ...],
+                 build: Callable[[int], str] | None = None, parts: tuple[str, str] | None = None) -> None:
+        self.sql = sql
+        self.convert = convert
+        self.key_idx = key_idx
+        self.parts = parts
+        self._build = build
+        self._many: dict[int, str] = {}
+
+    def many(self, n: int) -> str:
+        sql = self._many.get(n)
+        if sql is None:
+            assert self._build is not None
+            sql = self._many[n] = self._build(n)
+        return sql
+
+
+def _row_function(n: int, convs: dict[int, Converter]) -> RowFn | None:
+    """A function converting one parameter row, generated once per statement (no per-value loop)."""
+    if not convs:
+        return None
+    namespace: dict[str, Any] = {}
+    parts = []
+    for i in range(n):
+        if i in convs:
+            namespace[f"c{i}"] = convs[i]
+            parts.append(f"(None if r[{i}] is None else c{i}(r[{i}]))")
+        else:
+            parts.append(f"r[{i}]")
+    fn: RowFn = eval("lambda r: (" + ", ".join(parts) + ",)", namespace)  # indices only, no data
+    return fn
+
+
+def _convert(rows: Sequence[Sequence[Any]], fn: RowFn | None) -> list[Any]:
+    return list(rows) if fn is None else [fn(r) for r in rows]
+
+
+class _Binding:
+    """One upstream schema version bound to its downstream table: name mapping, converters, statements."""
+
+    def __init__(self, sink: SQLSink, schema: TableSchema, table: _Table) -> None:
+        self.schema = schema
+        self.label = table.label
+        self.keyed = schema.has_key and bool(schema.key)
+        self.key = tuple(schema.key) if self.keyed else ()
+        self.ncols = len(schema.columns)
+        self.stmts = sink._statements()
+        exact = {c.name: c for c in table.columns}
+        folded = {c.name.casefold(): c for c in table.columns} if sink.dialect != "postgresql" else {}
+        self.colmap: dict[str, str] = {}
+        missing = []
+        targets: dict[str, TargetColumn] = {}
+        for c in schema.columns:
+            tc = exact.get(c.name) or folded.get(c.name.casefold())
+            if tc is None:
+                missing.append(c.name)
+                continue
+            self.colmap[c.name] = tc.name
+            targets[c.name] = tc
+        if missing:
+            raise SinkError(
+                f"target table {table.label} has no column(s) {', '.join(map(repr, missing))} that upstream "
+                f"{schema.name} has: add them (ALTER TABLE ... ADD COLUMN) or drop the target table so that it "
+                "is created again")
+        dkey = tuple(self.colmap[k] for k in self.key)
+        if self.keyed and frozenset(dkey) not in table.uniques:
+            raise SinkError(
+                f"target table {table.label} has no primary key or unique index on ({', '.join(dkey)}), the "
+                f"key of upstream {schema.name}: upserts by key need one (ALTER TABLE ... ADD PRIMARY KEY)")
+        self.table = TargetTable(table.schema, table.name, table.columns, dkey)
+        self.convs: dict[str, Converter | None] = {
+            c.name: converter(c, sink.dialect, table=table.label, scale=_scale_to_check(c, targets[c.name]))
+            for c in schema.columns}
+        self._plans: dict[tuple[Any, ...], _Plan] = {}
+        self.key_convert = _row_function(
+            len(self.key), {i: c for i, k in enumerate(self.key) if (c := self.convs.get(k)) is not None})
+
+    def plan(self, kind: int, names: tuple[str, ...], extra: tuple[tuple[str, ...], tuple[str, ...]] | None) -> _Plan:
+        """The cached statement for a group; parameters of one row follow ``names`` (+ ``extra[0]``)."""
+        pk = (kind, names, extra)
+        p = self._plans.get(pk)
+        if p is not None:
+            return p
+        try:
+            d = [self.colmap[n] for n in names]
+        except KeyError as exc:
+            raise SinkError(f"table {self.label}: change carries column {exc.args[0]!r} unknown to its schema") from None
+        s, t = self.stmts, self.table
+        build: Callable[[int], str] | None = None
+        parts: tuple[str, str] | None = None
+        if kind == _UPSERT:
+            sql = s.upsert(t, d)
+            build = lambda n: s.upsert(t, d, n)  # noqa: E731
+            parts = s.upsert_parts(t, d)
+        elif kind == _INSERT:
+            sql = s.insert(t, d)
+            build = lambda n: s.insert(t, d, n)  # noqa: E731
+            parts = s.insert_parts(t, d)
+        elif kind == _DELETE:
+            sql = s.delete_key(t)  # per-key form; the IN-list form is built per batch size
+        elif kind == _DELETE_ONE:
+            assert extra is not None
+            sql = s.delete_one(t, d, [self.colmap[n] for n in extra[1]])
+        else:
+            assert extra is not None
+            match = [self.colmap[n] for n in extra[0]]
+            sql = s.update_one(t, d, match, [self.colmap[n] for n in extra[1]])
+            names = names + extra[0]
+        if parts is not None and s.ph == "%s":  # no parameters with literal rows: undo the %-doubling
+            parts = (parts[0] % (), parts[1] % ())
+        convs = {i: c for i, n in enumerate(names) if (c := self.convs.get(n)) is not None}
+        key_idx = tuple(names.index(k) for k in self.key) if all(k in names for k in self.key) else ()
+        p = _Plan(sql, _row_function(len(names), convs), key_idx, build, parts)
+        self._plans[pk] = p
+        return p
+
+
+class _Writer:
+    """Applies one ``write`` call on one connection: groups consecutive changes and flushes them."""
+
+    def __init__(self, sink: SQLSink, conn: Connection, stmts: Statements) -> None:
+        self.sink = sink
+        self.conn = conn
+        self.dialect = sink.dialect
+        self.stmts = stmts
+        self.batch = sink._batch
+        self.cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        self.current: str | None = None  # table being written, for error messages
+        self._gk: tuple[Any, ...] | None = None
+        self._rows: list[tuple[Any, ...]] = []
+        self._delete_sql: dict[tuple[int, int], str] = {}
+        self._literal: Callable[[Any], str] | None = None
+        if self.dialect == "postgresql":
+            import psycopg2.extras
+
+            self._execute_batch: Callable[..., Any] = psycopg2.extras.execute_batch
+
+    # ---- intake --------------------------------------------------------------------------------------
+    def run(self, changes: Iterable[RowChange]) -> int:
+        count = 0
+        last_schema: TableSchema | None = None
+        b: _Binding | None = None
+        insert_kind = _UPSERT
+        push = self._push
+        batch = self.batch
+        INSERT, UPDATE, DELETE, TRUNCATE = OpType.INSERT, OpType.UPDATE, OpType.DELETE, OpType.TRUNCATE
+        for ch in changes:
+            count += 1
+            schema = ch.schema
+            if schema is not last_schema:
+                self.current = str(schema.name)
+                b = self.sink._bind(schema, self.conn)
+                insert_kind = _UPSERT if b.keyed else _INSERT
+                last_schema = schema
+            assert b is not None
+            op = ch.op
+            if op == INSERT:
+                vals = ch.values
+                assert vals is not None
+                names = tuple(vals)
+                gk = self._gk
+                # fast path: same group as the previous change
+                if gk is not None and gk[0] is b and gk[1] == insert_kind and gk[3] is None and gk[2] == names:
+                    rows = self._rows
+                    rows.append(tuple(vals.values()))
+                    if len(rows) >= batch:
+                        self.flush()
+                else:
+                    push(b, insert_kind, names, tuple(vals.values()), None)
+            elif op == UPDATE:
+                self._update(b, ch)
+            elif op == DELETE:
+                self._delete(b, ch)
+            elif op == TRUNCATE:
+                self.flush()
+                self.current = b.label
+                self.cur.execute(self.stmts.truncate(b.table), ())
+            else:
+                raise SinkError(f"table {b.label}: unknown operation {op!r}")
+        self.flush()
+        return count
+
+    def _update(self, b: _Binding, ch: RowChange) -> None:
+        vals = ch.values
+        if vals is None:
+            raise SinkError(f"table {b.label}: UPDATE without new values")
+        names, row = tuple(vals), tuple(vals.values())
+        partial = UNCHANGED in row
+        if partial:
+            names = tuple(k for k, v in vals.items() if v is not UNCHANGED)
+            row = tuple(v for v in row if v is not UNCHANGED)
+        old = ch.old_values
+        if not b.keyed:
+            if old is None:
+                raise SinkError(f"table {b.label} has no key and an UPDATE came without its old row "
+                                "(set REPLICA IDENTITY FULL upstream)")
+            match, nulls, mrow = _match_parts(old)
+            self._push(b, _UPDATE_ONE, names, row + mrow, (match, nulls))
+            return
+        if old is not None:
+            old_key = []
+            new_key = []
+            for k in b.key:
+                ov = old.get(k, UNCHANGED)
+                nv = vals.get(k, UNCHANGED)
+                if ov is UNCHANGED or nv is UNCHANGED:
+                    break
+                old_key.append(ov)
+                new_key.append(nv)
+            else:
+                if old_key != new_key:
+                    if partial:
+                        self._move(b, names, row, tuple(old_key))
+                    else:
+                        self._push(b, _DELETE, b.key, tuple(old_key), None)
+                        self._push(b, _UPSERT, names, row, None)
+                    return
+        self._push(b, _UPSERT, names, row, None)
+
+    def _delete(self, b: _Binding, ch: RowChange) -> None:
+        old = ch.old_values if ch.old_values is not None else ch.values
+        if old is None:
+            raise SinkError(f"table {b.label}: DELETE without old values")
+        if b.keyed:
+            try:
+                key = tuple(old[k] for k in b.key)
+            except KeyError as exc:
+                raise SinkError(f"table {b.label}: DELETE without key column {exc.args[0]!r}") from None
+            if UNCHANGED in key:
+                raise SinkError(f"table {b.label}: DELETE whose key value was not sent")
+            self._push(b, _DELETE, b.key, key, None)
+        else:
+            match, nulls, mrow = _match_parts(old)
+            self._push(b, _DELETE_ONE, match, mrow, ((), nulls))
+
+    def _push(self, b: _Binding, kind: int, names: tuple[str, ...], row: tuple[Any, ...],
+              extra: tuple[tuple[str, ...], tuple[str, ...]] | None) -> None:
+        gk = (b, kind, names, extra)
+        if gk != self._gk:
+            if self._rows:
+                self.flush()
+            self._gk = gk
+        self._rows.append(row)
+        if len(self._rows) >= self.batch:
+            self.flush()
+
+    # ---- output --------------------------------------------------------------------------------------
+    def flush(self) -> None:
+        rows = self._rows
+        if not rows:
+            return
+        assert self._gk is not None
+        b, kind, names, extra = self._gk
+        self._rows = []
+        self.current = b.label
+        plan = b.plan(kind, names, extra)
+        if kind == _UPSERT:
+            if self.dialect == "sqlite":
+                _check_keys_not_null(rows, plan.key_idx, b.label)
+            partial = len(names) < b.ncols
+            if self.dialect == "postgresql" or partial:
+                rows = _last_per_key(rows, plan.key_idx)  # ON CONFLICT cannot touch a row twice
+            if partial and b.label not in self.sink._warned_missing:
+                self._warn_missing(b, [tuple(r[i] for i in plan.key_idx) for r in rows])
+            self._insert_rows(plan, _convert(rows, plan.convert))
+        elif kind == _INSERT:
+            self._insert_rows(plan, _convert(rows, plan.convert))
+        elif kind == _DELETE:
+            self._delete_keys(b, _convert(_distinct(rows), plan.convert))
+        else:
+            params = _convert(rows, plan.convert)
+            if self.dialect == "postgresql":
+                self._execute_batch(self.cur, plan.sql, params, page_size=len(params))
+            else:
+                self.cur.executemany(plan.sql, params)
+
+    def _insert_rows(self, plan: _Plan, params: list[Any]) -> None:
+        if self.dialect == "postgresql":  # one multi-row statement, formatted by psycopg2 in one call
+            self.cur.execute(plan.many(len(params)), [v for r in params for v in r])
+        elif self.dialect == "mysql":
+            self._mysql_insert(plan, params)
+        else:  # sqlite3 loops in C
+            self.cur.executemany(plan.sql, params)
+
+    def _mysql_insert(self, plan: _Plan, params: list[Any]) -> None:
+        """Multi-row INSERTs of literal rows, at most ``_MYSQL_STATEMENT_BYTES`` each (like PyMySQL's
+        executemany, with a faster literal renderer)."""
+        assert plan.parts is not None
+        head, tail = plan.parts
+        lit = self._literal
+        if lit is None:
+            lit = self._literal = mysql_literal_function(self.cur.connection)
+        rows: list[str] = []
+        size = len(head) + len(tail)
+        for r in params:
+            text = "(" + ",".join(map(lit, r)) + ")"
+            if rows and size + len(text) > _MYSQL_STATEMENT_BYTES:
+                self.cur.execute(head + ",".join(rows) + tail)
+                rows, size = [], len(head) + len(tail)
+            rows.append(text)
+            size += len(text) + 1
+        if rows:
+            self.cur.execute(head + ",".join(rows) + tail)
+
+    def _delete_keys(self, b: _Binding, keys: list[Any]) -> None:
+        if self.dialect == "sqlite":
+            self.cur.executemany(self.stmts.delete_key(b.table), keys)
+            return
+        n = len(keys)
+        sql = self._delete_sql.get((id(b), n))
+        if sql is None:
+            sql = self.stmts.delete_keys(b.table, n)
+            self._delete_sql[(id(b), n)] = sql
+        self.cur.execute(sql, [v for k in keys for v in k])
+
+    def _count_existing(self, b: _Binding, keys: list[Any]) -> int:
+        if self.dialect == "sqlite":
+            sql = self.stmts.exists_key(b.table)
+            found = 0
+            for k in keys:
+                self.cur.execute(sql, k)
+                found += self.cur.fetchone() is not None
+            return found
+        self.cur.execute(self.stmts.select_keys(b.table, len(keys)), [v for k in keys for v in k])
+        return len(self.cur.fetchall())
+
+    def _key_params(self, b: _Binding, key: tuple[Any, ...]) -> list[Any]:
+        return list(b.key_convert(key) if b.key_convert else key)
+
+    def _warn_missing(self, b: _Binding, raw_keys: list[tuple[Any, ...]]) -> None:
+        keys = [self._key_params(b, k) for k in raw_keys]
+        missing = len(keys) - self._count_existing(b, keys)
+        if missing > 0:
+            self.sink._warned_missing.add(b.label)
+            log.warning("table %s: %d updated row(s) were missing downstream and are inserted without their "
+                        "unsent (UNCHANGED) columns, which stay NULL; a previous loss? (warned once per table)",
+                        b.label, missing)
+
+    def _move(self, b: _Binding, names: tuple[str, ...], row: tuple[Any, ...], old_key: tuple[Any, ...]) -> None:
+        """Key change with UNCHANGED columns: move the old row (keeping the unsent values) when possible."""
+        self.flush()
+        self.current = b.label
+        new_key = tuple(row[names.index(k)] for k in b.key)
+        new_params = self._key_params(b, new_key)
+        old_params = self._key_params(b, old_key)
+        plan = b.plan(_UPSERT, names, None)
+        values = plan.convert(row) if plan.convert else row
+        if not self._count_existing(b, [new_params]):
+            sets = [b.colmap[n] for n in names]
+            self.cur.execute(self.stmts.update_key(b.table, sets), list(values) + list(old_params))
+            if self.cur.rowcount:
+                return
+            if b.label not in self.sink._warned_missing:
+                self.sink._warned_missing.add(b.label)
+                log.warning("table %s: a row whose key changed was missing downstream and is inserted without "
+                            "its unsent (UNCHANGED) columns; a previous loss? (warned once per table)", b.label)
+        else:
+            self.cur.execute(self.stmts.delete_key(b.table), old_params)
+        self._insert_rows(plan, [values])
+
+
+def _match_parts(old: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[Any, ...]]:
+    """Split an old row into (non-NULL column names, NULL column names, non-NULL values); skips UNCHANGED."""
+    names, nulls, values = [], [], []
+    for k, v in old.items():
+        if v is UNCHANGED:
+            continue
+        if v is None:
+            nulls.append(k)
+        else:
+            names.append(k)
+            values.append(v)
+    return tuple(names), tuple(nulls), tuple(values)
+
+
+def _scale_to_check(col: ColumnSchema, target: TargetColumn) -> int | None:
+    """The target DECIMAL scale when upstream values may have more fractional digits, else None."""
+    if target.scale is None or col.base_type != "numeric" or col.is_array:
+        return None
+    ps = numeric_precision_scale(col)
+    return target.scale if ps is None or ps[1] > target.scale else None
+
+
+def _check_keys_not_null(rows: list[tuple[Any, ...]], key_idx: tuple[int, ...], label: str) -> None:
+    """SQLite turns a NULL INTEGER PRIMARY KEY into a new rowid instead of refusing it: refuse it here."""
+    for i in key_idx:
+        for r in rows:
+            if r[i] is None:
+                raise SinkError(f"table {label}: key column value is NULL")
+
+
+def _hashable(v: Any) -> Any:
+    return tuple(_hashable(x) for x in v) if isinstance(v, list) else v
+
+
+def _last_per_key(rows: list[tuple[Any, ...]], key_idx: tuple[int, ...]) -> list[tuple[Any, ...]]:
+    """Keep the last row per key (upserts with the same columns: the last one wins anyway)."""
+    if not key_idx:
+        return rows
+    try:
+        if len(key_idx) == 1:
+            i = key_idx[0]
+            last = {r[i]: r for r in rows}
+        else:
+            last = {tuple(r[j] for j in key_idx): r for r in rows}
+    except TypeError:  # array keys
+        last = {tuple(_hashable(r[j]) for j in key_idx): r for r in rows}
+    return rows if len(last) == len(rows) else list(last.values())
+
+
+def _distinct(keys: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    try:
+        return list(dict.fromkeys(keys))
+    except TypeError:  # array keys
+        return list({_hashable(list(k)): k for k in keys}.values())

@@ -1,0 +1,148 @@
+"""SQL text for the SQL sink's statements, one builder per target dialect.
+
+Every identifier goes through the SQLAlchemy dialect's ``IdentifierPreparer.quote_identifier`` (always
+quoted; ``%`` doubled for the ``format``-paramstyle drivers), so mixed case, spaces, quotes, dots and
+non-ASCII names work. Placeholders are the driver's own (``%s`` for PyMySQL and psycopg2, ``?`` for
+sqlite3): the sink executes these strings on the raw DB-API cursor, without SQLAlchemy's per-row work.
+
+Row matching for tables without a key (REPLICA IDENTITY FULL upstream) compares every sent old column:
+``col = value``, or ``col IS NULL`` for NULL values (the statement shape depends on which values are
+NULL, so indexes stay usable), and touches exactly one matching row: ``LIMIT 1`` on MySQL, the row's
+``ctid`` (PostgreSQL) or ``rowid`` (SQLite) through a ``LIMIT 1`` subquery.
+
+Pure functions of their arguments; thread-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sinks.sql.ddl import TargetTable, qualified
+
+
+class Statements:
+    """Builds statements for ``dialect`` (``mysql``, ``postgresql``, ``sqlite``).
+
+    ``mariadb`` matters for JSON comparisons: MariaDB's JSON is LONGTEXT and compares as text, MySQL's
+    needs ``CAST(? AS JSON)``.
+    """
+
+    def __init__(self, dialect: str, preparer: Any, *, mariadb: bool = False) -> None:
+        if dialect not in ("mysql", "postgresql", "sqlite"):
+            raise ValueError(f"unknown dialect {dialect!r}")
+        self.dialect = dialect
+        self.mariadb = mariadb
+        self._preparer = preparer
+        self.ph = "?" if dialect == "sqlite" else "%s"
+
+    def q(self, name: str) -> str:
+        return self._preparer.quote_identifier(name)
+
+    def table(self, t: TargetTable) -> str:
+        return qualified(self._preparer, t)
+
+    def _cols(self, cols: Sequence[str]) -> str:
+        return ", ".join(self.q(c) for c in cols)
+
+    def _row(self, n: int) -> str:
+        return "(" + ", ".join([self.ph] * n) + ")"
+
+    # ---- inserts -------------------------------------------------------------------------------------
+    def _values(self, ncols: int, rows: int) -> str:
+        return ", ".join([self._row(ncols)] * rows)
+
+    def upsert_parts(self, t: TargetTable, cols: Sequence[str]) -> tuple[str, str]:
+        """(head, tail) of an insert-or-update by ``t.key``: the statement is ``head + rows + tail``."""
+        update = [c for c in cols if c not in t.key]
+        head = f"INSERT INTO {self.table(t)} ({self._cols(cols)}) VALUES "
+        if self.dialect == "mysql":
+            sets = update or list(t.key)
+            return head, " ON DUPLICATE KEY UPDATE " + ", ".join(f"{self.q(c)} = VALUES({self.q(c)})" for c in sets)
+        conflict = f" ON CONFLICT ({self._cols(t.key)})"
+        if not update:
+            return head, conflict + " DO NOTHING"
+        return head, conflict + " DO UPDATE SET " + ", ".join(f"{self.q(c)} = excluded.{self.q(c)}" for c in update)
+
+    def upsert(self, t: TargetTable, cols: Sequence[str], rows: int = 1) -> str:
+        """Insert-or-update by ``t.key`` of ``rows`` rows (parameters: the rows' values, flattened)."""
+        head, tail = self.upsert_parts(t, cols)
+        return head + self._values(len(cols), rows) + tail
+
+    def insert_parts(self, t: TargetTable, cols: Sequence[str]) -> tuple[str, str]:
+        return f"INSERT INTO {self.table(t)} ({self._cols(cols)}) VALUES ", ""
+
+    def insert(self, t: TargetTable, cols: Sequence[str], rows: int = 1) -> str:
+        """Plain insert of ``rows`` rows (tables without a key)."""
+        head, tail = self.insert_parts(t, cols)
+        return head + self._values(len(cols), rows) + tail
+
+    # ---- by key --------------------------------------------------------------------------------------
+    def _key_in(self, t: TargetTable, n: int) -> str:
+        if len(t.key) == 1:
+            return f"{self.q(t.key[0])} IN ({', '.join([self.ph] * n)})"
+        rows = ", ".join([self._row(len(t.key))] * n)
+        if self.dialect == "sqlite":
+            rows = "VALUES " + rows
+        return f"({self._cols(t.key)}) IN ({rows})"
+
+    def _key_eq(self, t: TargetTable) -> str:
+        return " AND ".join(f"{self.q(k)} = {self.ph}" for k in t.key)
+
+    def delete_keys(self, t: TargetTable, n: int) -> str:
+        """Delete the rows of ``n`` keys (parameters: the key values, flattened, key column order)."""
+        return f"DELETE FROM {self.table(t)} WHERE {self._key_in(t, n)}"
+
+    def delete_key(self, t: TargetTable) -> str:
+        """Delete the row of one key (for executemany)."""
+        return f"DELETE FROM {self.table(t)} WHERE {self._key_eq(t)}"
+
+    def select_keys(self, t: TargetTable, n: int) -> str:
+        """``SELECT 1`` per existing row among ``n`` keys (to count missing rows)."""
+        return f"SELECT 1 FROM {self.table(t)} WHERE {self._key_in(t, n)}"
+
+    def exists_key(self, t: TargetTable) -> str:
+        return f"SELECT 1 FROM {self.table(t)} WHERE {self._key_eq(t)}"
+
+    def update_key(self, t: TargetTable, set_cols: Sequence[str]) -> str:
+        """``UPDATE .. SET set_cols WHERE key = ?`` (parameters: set values, then the key)."""
+        sets = ", ".join(f"{self.q(c)} = {self.ph}" for c in set_cols)
+        return f"UPDATE {self.table(t)} SET {sets} WHERE {self._key_eq(t)}"
+
+    # ---- tables without a key ------------------------------------------------------------------------
+    def _match(self, t: TargetTable, cols: Sequence[str], null_cols: Sequence[str]) -> str:
+        parts = []
+        for c in cols:
+            col = t.column(c)
+            if col.is_json and self.dialect == "mysql" and not self.mariadb:
+                parts.append(f"{self.q(c)} = CAST({self.ph} AS JSON)")
+            elif col.is_json and self.dialect == "postgresql":
+                parts.append(f"{self.q(c)}::text = {self.ph}")
+            else:
+                parts.append(f"{self.q(c)} = {self.ph}")
+        parts += [f"{self.q(c)} IS NULL" for c in null_cols]
+        return " AND ".join(parts) or "1 = 1"
+
+    def _one_row(self, t: TargetTable, cols: Sequence[str], null_cols: Sequence[str]) -> str:
+        """WHERE clause that picks one row matching (parameters: the ``cols`` values)."""
+        where = self._match(t, cols, null_cols)
+        if self.dialect == "mysql":
+            return f"{where} LIMIT 1"
+        rid = "ctid" if self.dialect == "postgresql" else "rowid"
+        return f"{rid} = (SELECT {rid} FROM {self.table(t)} WHERE {where} LIMIT 1)"
+
+    def delete_one(self, t: TargetTable, cols: Sequence[str], null_cols: Sequence[str]) -> str:
+        return f"DELETE FROM {self.table(t)} WHERE {self._one_row(t, cols, null_cols)}"
+
+    def update_one(self, t: TargetTable, set_cols: Sequence[str], cols: Sequence[str],
+                   null_cols: Sequence[str]) -> str:
+        """Parameters: the ``set_cols`` values, then the ``cols`` (match) values."""
+        sets = ", ".join(f"{self.q(c)} = {self.ph}" for c in set_cols)
+        return f"UPDATE {self.table(t)} SET {sets} WHERE {self._one_row(t, cols, null_cols)}"
+
+    # ---- whole table ---------------------------------------------------------------------------------
+    def truncate(self, t: TargetTable) -> str:
+        """PostgreSQL's TRUNCATE is transactional; MySQL's commits implicitly, so it (and SQLite) deletes."""
+        if self.dialect == "postgresql":
+            return f"TRUNCATE {self.table(t)}"
+        return f"DELETE FROM {self.table(t)}"

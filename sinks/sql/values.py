@@ -1,0 +1,346 @@
+"""Value conversion: Python values from the mounter -> what each DB-API driver accepts for a column.
+
+A converter is chosen once per (column, dialect) by :func:`converter` and then called on every non-NULL
+value of that column (``None`` is never passed to it). ``None`` as a converter means "the driver takes the
+value as it is", so the hot path skips the column entirely. Converters never return a lossy value: a value
+the target cannot represent raises :class:`cdc.errors.SinkError` naming the table and column
+(docs/type-mapping.md lists every conversion).
+
+Thread-safety: converters are pure functions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import uuid
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any
+
+from cdc.errors import SinkError
+from cdc.events import ColumnSchema
+
+Converter = Callable[[Any], Any]
+
+_UTC = dt.UTC
+
+
+# ---- text forms shared by several targets ------------------------------------------------------------
+def iso_datetime(v: dt.datetime) -> str:
+    """``YYYY-MM-DD HH:MM:SS.ffffff[+HH:MM]``: fixed width, so text order is time order (per offset)."""
+    tz = v.tzinfo
+    if tz is None or tz is _UTC:  # the common cases, 3x faster than isoformat()
+        return "%04d-%02d-%02d %02d:%02d:%02d.%06d%s" % (  # noqa: UP031 - fastest
+            v.year, v.month, v.day, v.hour, v.minute, v.second, v.microsecond, "" if tz is None else "+00:00")
+    return v.isoformat(sep=" ", timespec="microseconds")
+
+
+def iso_time(v: dt.time) -> str:
+    return v.isoformat(timespec="microseconds")
+
+
+def _float_text(v: float) -> str:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "Infinity" if v > 0 else "-Infinity"
+    return repr(v)
+
+
+def _json_element(v: Any) -> Any:
+    """One array element as a JSON value (exact: decimals become strings, bytes PostgreSQL's hex text)."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else _float_text(v)
+    if isinstance(v, Decimal):
+        return str(v)
+    if isinstance(v, dt.datetime):
+        return iso_datetime(v)
+    if isinstance(v, dt.time):
+        return iso_time(v)
+    if isinstance(v, dt.date):
+        return v.isoformat()
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return "\\x" + bytes(v).hex()
+    if isinstance(v, list):
+        return [_json_element(x) for x in v]
+    return str(v)
+
+
+def array_to_json(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return json.dumps([_json_element(x) for x in v], ensure_ascii=False)
+    return v
+
+
+def _pg_element_text(v: Any) -> str:
+    if isinstance(v, bool):
+        return "t" if v else "f"
+    if isinstance(v, float):
+        return _float_text(v)
+    if isinstance(v, dt.datetime):
+        return iso_datetime(v)
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return "\\x" + bytes(v).hex()
+    return str(v)
+
+
+def array_to_pg_literal(v: Any) -> Any:
+    """A one-dimensional list as a PostgreSQL array literal (``{"a","b",NULL}``), every element quoted.
+
+    Sent as an untyped literal, PostgreSQL casts it to the target column's array type (so ``uuid[]``,
+    ``numeric[]``, enum arrays mapped to ``text[]``... all work without a cast in the SQL).
+    """
+    if not isinstance(v, (list, tuple)):
+        return v
+    parts = []
+    for e in v:
+        if e is None:
+            parts.append("NULL")
+        elif isinstance(e, (list, tuple)):  # multi-dimensional: {{1,2},{3,4}}
+            parts.append(array_to_pg_literal(e))
+        else:
+            text = _pg_element_text(e)
+            parts.append('"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"')
+    return "{" + ",".join(parts) + "}"
+
+
+# ---- per-dialect converters --------------------------------------------------------------------------
+def _generic_text(v: Any) -> Any:
+    """Fallback for values of unexpected Python types in text-like columns."""
+    if isinstance(v, (str, int, float, bytes)):
+        return v
+    if isinstance(v, dt.datetime):
+        return iso_datetime(v)
+    if isinstance(v, dt.time):
+        return iso_time(v)
+    if isinstance(v, (dt.date, Decimal, uuid.UUID)):
+        return str(v)
+    return v
+
+
+def _to_str_if(types: tuple[type, ...]) -> Converter:
+    def conv(v: Any) -> Any:
+        return str(v) if isinstance(v, types) else v
+
+    return conv
+
+
+def _mysql_numeric(table: str, column: str, scale: int | None) -> Converter:
+    def conv(v: Any) -> Any:
+        if isinstance(v, Decimal):
+            if not v.is_finite():
+                raise SinkError(
+                    f"table {table}: column {column!r} has value {v} which MySQL/MariaDB DECIMAL cannot store; "
+                    "exclude the table or replicate it to PostgreSQL")
+            if scale is not None:
+                exp = v.as_tuple().exponent
+                if isinstance(exp, int) and -exp > scale:
+                    digits = v.as_tuple().digits
+                    if any(digits[max(0, len(digits) + exp + scale):]):
+                        raise SinkError(
+                            f"table {table}: column {column!r} value {v} has more than {scale} fractional digits "
+                            f"and would be rounded by MySQL/MariaDB DECIMAL(.., {scale}); create the target "
+                            "column with a larger scale")
+            return v
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SinkError(f"table {table}: column {column!r} has value {v} which MySQL/MariaDB cannot store")
+        return v
+
+    return conv
+
+
+def _mysql_float(table: str, column: str) -> Converter:
+    def conv(v: Any) -> Any:
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                raise SinkError(
+                    f"table {table}: column {column!r} has value {v} which MySQL/MariaDB DOUBLE cannot store "
+                    "(no NaN/Infinity); exclude the table or replicate it to PostgreSQL or SQLite")
+            return v
+        if isinstance(v, Decimal):
+            if not v.is_finite():
+                raise SinkError(f"table {table}: column {column!r} has value {v} which MySQL/MariaDB cannot store")
+            return float(v)
+        return v
+
+    return conv
+
+
+def _mysql_timestamp(v: Any) -> Any:
+    if isinstance(v, dt.datetime):
+        tz = v.tzinfo
+        if tz is _UTC:
+            return v.replace(tzinfo=None)
+        if tz is not None:
+            return v.astimezone(_UTC).replace(tzinfo=None)
+    return v
+
+
+def _pg_numeric(v: Any) -> Any:
+    # psycopg2 sends every non-finite Decimal as 'NaN': send the text so that +-Infinity survive.
+    if isinstance(v, Decimal) and not v.is_finite():
+        return str(v)
+    return v
+
+
+def _pg_float4(v: Any) -> Any:
+    # A float literal would be typed double precision and compare unequal to the stored real; untyped text
+    # is cast to real, so keys and REPLICA IDENTITY FULL matches on real columns find their rows.
+    if isinstance(v, float):
+        return _float_text(v)
+    if isinstance(v, Decimal):
+        return str(v)
+    return v
+
+
+def _sqlite_float(v: Any) -> Any:
+    if isinstance(v, float):
+        return "NaN" if math.isnan(v) else v  # SQLite stores a NaN REAL as NULL; the text survives
+    if isinstance(v, Decimal):
+        return str(v)
+    return v
+
+
+def _sqlite_numeric(v: Any) -> Any:
+    if isinstance(v, Decimal):
+        return str(v)
+    if isinstance(v, float) and math.isnan(v):
+        return "NaN"
+    return v
+
+
+def _sqlite_temporal(v: Any) -> Any:
+    if isinstance(v, dt.datetime):
+        return iso_datetime(v)
+    if isinstance(v, dt.time):
+        return iso_time(v)
+    if isinstance(v, dt.date):
+        return v.isoformat()
+    return v
+
+
+_INT_TYPES = frozenset({"int2", "int4", "int8", "oid", "xid", "cid"})
+_SQLITE_MAX_INT = 2**63 - 1
+
+
+def _sqlite_big_int(v: Any) -> Any:
+    return str(v) if isinstance(v, int) and v > _SQLITE_MAX_INT else v
+_TEXT_TYPES = frozenset({"text", "varchar", "bpchar", "char", "name", "json", "jsonb", "interval", "timetz"})
+
+
+def converter(col: ColumnSchema, dialect: str, *, table: str, scale: int | None = None) -> Converter | None:
+    """The converter for ``col``'s values on ``dialect`` (``mysql``, ``postgresql``, ``sqlite``), or None.
+
+    ``scale`` is the target DECIMAL column's scale when known (MySQL: values with more fractional digits
+    are refused instead of being rounded).
+    """
+    base = col.base_type
+    if col.is_array:
+        if dialect == "postgresql":
+            return array_to_pg_literal
+        return array_to_json
+    if base in _INT_TYPES or base == "bool" or base == "bytea":
+        return None
+    if base == "xid8":
+        return _sqlite_big_int if dialect == "sqlite" else None
+    if dialect == "mysql":
+        if base == "numeric":
+            return _mysql_numeric(table, col.name, scale)
+        if base in ("float4", "float8"):
+            return _mysql_float(table, col.name)
+        if base in ("timestamptz", "timestamp"):
+            return _mysql_timestamp
+        if base == "uuid":
+            return _to_str_if((uuid.UUID,))
+        if base in ("date", "time") or base in _TEXT_TYPES:
+            return None
+        return _generic_text
+    if dialect == "postgresql":
+        if base == "numeric":
+            return _pg_numeric
+        if base == "float4":
+            return _pg_float4
+        if base == "uuid":
+            return _to_str_if((uuid.UUID,))
+        if base in ("float8", "date", "time", "timestamp", "timestamptz") or base in _TEXT_TYPES:
+            return None
+        return _generic_text
+    if dialect == "sqlite":
+        if base == "numeric":
+            return _sqlite_numeric
+        if base in ("float4", "float8"):
+            return _sqlite_float
+        if base in ("date", "time", "timestamp", "timestamptz"):
+            return _sqlite_temporal
+        if base == "uuid":
+            return _to_str_if((uuid.UUID,))
+        if base in _TEXT_TYPES:
+            return None
+        return _generic_text
+    raise ValueError(f"unknown dialect {dialect!r}")
+
+
+# ---- MySQL literals ----------------------------------------------------------------------------------
+def mysql_literal_function(connection: Any) -> Callable[[Any], str]:
+    """A function rendering one (already converted) value as a MySQL literal for ``connection``.
+
+    Faster than PyMySQL's generic ``escape`` for the types the sink sends (str, int, Decimal, float,
+    naive date/time/datetime, None), with the same escaping rules; anything else (bytes...) and any
+    connection in NO_BACKSLASH_ESCAPES mode falls back to ``connection.escape``.
+    """
+    from pymysql.constants import SERVER_STATUS
+    from pymysql.converters import escape_string
+
+    fallback = connection.escape
+
+    def _str(v: str) -> str:
+        return "'" + escape_string(v) + "'"
+
+    if connection.server_status & SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES:
+        _str = fallback  # noqa: F811 - quotes are escaped differently in that mode
+
+    def _float(v: float) -> str:
+        if not math.isfinite(v):
+            return fallback(v)  # raises: MySQL has no NaN/Infinity
+        text = repr(v)
+        return text if "e" in text else text + "e0"  # a DOUBLE literal, not a DECIMAL one
+
+    def _datetime(v: dt.datetime) -> str:
+        if v.tzinfo is not None:
+            return fallback(v)
+        return "'%04d-%02d-%02d %02d:%02d:%02d.%06d'" % (  # noqa: UP031
+            v.year, v.month, v.day, v.hour, v.minute, v.second, v.microsecond)
+
+    def _date(v: dt.date) -> str:
+        return "'%04d-%02d-%02d'" % (v.year, v.month, v.day)  # noqa: UP031
+
+    def _time(v: dt.time) -> str:
+        if v.tzinfo is not None:
+            return fallback(v)
+        return "'%02d:%02d:%02d.%06d'" % (v.hour, v.minute, v.second, v.microsecond)  # noqa: UP031
+
+    def _decimal(v: Decimal) -> str:
+        return format(v, "f") if v.is_finite() else fallback(v)
+
+    table: dict[type, Callable[[Any], str]] = {
+        type(None): lambda v: "NULL",
+        bool: lambda v: "1" if v else "0",
+        int: int.__repr__,
+        str: _str,
+        float: _float,
+        Decimal: _decimal,
+        dt.datetime: _datetime,
+        dt.date: _date,
+        dt.time: _time,
+    }
+    get = table.get
+
+    def literal(v: Any) -> str:
+        f = get(type(v))
+        return f(v) if f is not None else fallback(v)
+
+    return literal

@@ -1,0 +1,559 @@
+"""The SQL sink against real MariaDB and PostgreSQL servers: the same scenarios as the SQLite unit tests
+(operations, replay, UNCHANGED, key changes, identifiers, value types, atomic chunked transactions, tables
+without a key, existing tables) plus what only a server can show: created types, collations, connection
+loss mid-transaction and unreachable or misconfigured targets."""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from cdc.config import SinkConfig
+from cdc.errors import SinkError, SinkUnavailable
+from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
+from playground.servers import free_port
+from sinks.factory import open_sink
+from sinks.sql.sink import SQLSink
+
+pytestmark = pytest.mark.integration
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+def col(name: str, base: str = "text", *, key: bool = False, type_name: str = "", typmod: int = -1,
+        array: bool = False) -> ColumnSchema:
+    return ColumnSchema(name, 0, base, is_array=array, type_name=type_name, type_modifier=typmod,
+                        nullable=not key, is_key=key)
+
+
+def table(name: str, *cols: ColumnSchema, has_key: bool = True, schema: str = "public") -> TableSchema:
+    key = tuple(c.name for c in cols if c.is_key) if has_key else tuple(c.name for c in cols)
+    return TableSchema(TableName(schema, name), tuple(cols), key, has_key=has_key)
+
+
+def ins(s: TableSchema, **values: Any) -> RowChange:
+    return RowChange(OpType.INSERT, s, 1, values=values)
+
+
+def upd(s: TableSchema, values: dict[str, Any], old: dict[str, Any] | None = None) -> RowChange:
+    return RowChange(OpType.UPDATE, s, 1, values=values, old_values=old)
+
+
+def dele(s: TableSchema, **old: Any) -> RowChange:
+    return RowChange(OpType.DELETE, s, 1, old_values=old)
+
+
+def trunc(s: TableSchema) -> RowChange:
+    return RowChange(OpType.TRUNCATE, s, 1)
+
+
+@dataclass
+class Target:
+    kind: str  # "mariadb" or "postgresql"
+    server: Any
+    db: str
+
+    @property
+    def uri(self) -> str:
+        return self.server.uri(self.db)
+
+    def sink(self, batch_rows: int = 1000) -> SQLSink:
+        s = open_sink(self.uri, SinkConfig(batch_rows=batch_rows))
+        assert isinstance(s, SQLSink)
+        return s
+
+    def ident(self, name: str) -> str:
+        if self.kind == "mariadb":
+            return "`" + name.replace("`", "``") + "`"
+        return '"' + name.replace('"', '""') + '"'
+
+    def qualified(self, name: str, schema: str = "public") -> str:
+        if self.kind == "mariadb":
+            return self.ident(name)
+        return f"{self.ident(schema)}.{self.ident(name)}"
+
+    def execute(self, sql: str, params: Any = None) -> list[tuple[Any, ...]] | None:
+        return self.server.execute(sql, db=self.db, params=params)
+
+    def rows(self, name: str, order: str | None = None, schema: str = "public", cols: str = "*") -> list[tuple[Any, ...]]:
+        sql = f"SELECT {cols} FROM {self.qualified(name, schema)}"
+        if order:
+            sql += f" ORDER BY {self.ident(order)}"
+        return [tuple(r) for r in self.execute(sql) or []]
+
+    def sink_connections(self) -> int:
+        """Terminate the sink's server connections; return how many there were."""
+        if self.kind == "postgresql":
+            res = self.server.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                "AND application_name = 'tidewater-sink'", params=(self.db,))
+            return len(res or [])
+        ids = self.server.execute(
+            "SELECT id FROM information_schema.processlist WHERE db = %s AND id <> CONNECTION_ID()",
+            params=(self.db,)) or []
+        for (cid,) in ids:
+            self.server.execute(f"KILL CONNECTION {int(cid)}")
+        return len(ids)
+
+
+@pytest.fixture(params=["mariadb", "postgresql"])
+def target(request: pytest.FixtureRequest) -> Target:
+    if request.param == "mariadb":
+        return Target("mariadb", request.getfixturevalue("mariadb_server"), request.getfixturevalue("mariadb_database"))
+    return Target("postgresql", request.getfixturevalue("pg_server"), request.getfixturevalue("pg_database"))
+
+
+@pytest.fixture
+def mariadb(request: pytest.FixtureRequest) -> Target:
+    return Target("mariadb", request.getfixturevalue("mariadb_server"), request.getfixturevalue("mariadb_database"))
+
+
+@pytest.fixture
+def postgres(request: pytest.FixtureRequest) -> Target:
+    return Target("postgresql", request.getfixturevalue("pg_server"), request.getfixturevalue("pg_database"))
+
+
+@pytest.fixture
+def sink(target: Target) -> Iterator[SQLSink]:
+    s = target.sink()
+    s.check()
+    yield s
+    s.close()
+
+
+USERS = table("users", col("id", "int4", key=True), col("name"), col("score", "int4"))
+
+
+# ---- operations ------------------------------------------------------------------------------------
+def test_insert_update_delete_truncate(target: Target, sink: SQLSink) -> None:
+    sink.write([ins(USERS, id=i, name=f"n{i}", score=i) for i in range(1, 4)])
+    assert target.rows("users", "id") == [(1, "n1", 1), (2, "n2", 2), (3, "n3", 3)]
+    sink.write([upd(USERS, {"id": 2, "name": "B", "score": 20}), dele(USERS, id=3)])
+    assert target.rows("users", "id") == [(1, "n1", 1), (2, "B", 20)]
+    sink.write([trunc(USERS), ins(USERS, id=9, name="z", score=None)])
+    assert target.rows("users", "id") == [(9, "z", None)]
+
+
+def test_replay_and_key_changes(target: Target, sink: SQLSink) -> None:
+    batch = [
+        ins(USERS, id=1, name="a", score=1),
+        ins(USERS, id=2, name="b", score=2),
+        upd(USERS, {"id": 1, "name": "a2", "score": UNCHANGED}),
+        upd(USERS, {"id": 1, "name": "a3", "score": UNCHANGED}),
+        upd(USERS, {"id": 20, "name": "b2", "score": 22}, old={"id": 2}),
+        ins(USERS, id=3, name="toasted", score=3),
+        upd(USERS, {"id": 30, "name": UNCHANGED, "score": 33}, old={"id": 3}),
+        dele(USERS, id=1),
+        ins(USERS, id=4, name="d", score=4),
+    ]
+    sink.write(batch)
+    once = target.rows("users", "id")
+    assert once == [(4, "d", 4), (20, "b2", 22), (30, "toasted", 33)]
+    sink.write(batch)
+    assert target.rows("users", "id") == once
+
+
+def test_unchanged_columns_keep_their_value_and_missing_rows_get_inserted(target: Target, sink: SQLSink) -> None:
+    sink.write([ins(USERS, id=1, name="kept", score=1)])
+    sink.write([upd(USERS, {"id": 1, "name": UNCHANGED, "score": 10}),
+                upd(USERS, {"id": 2, "name": UNCHANGED, "score": 20})])
+    assert target.rows("users", "id") == [(1, "kept", 10), (2, None, 20)]
+
+
+def random_changes(rng: random.Random, s: TableSchema, n: int) -> tuple[list[RowChange], dict[int, tuple[Any, ...]]]:
+    model: dict[int, tuple[Any, ...]] = {}
+    out: list[RowChange] = []
+    for _ in range(n):
+        r = rng.random()
+        free = [k for k in range(40) if k not in model]
+        if (r < 0.35 or not model) and free:
+            k = rng.choice(free)
+            model[k] = (k, f"n{rng.randrange(1000)}", rng.randrange(100))
+            out.append(ins(s, id=k, name=model[k][1], score=model[k][2]))
+        elif r < 0.75:
+            k = rng.choice(sorted(model))
+            old = model.pop(k)
+            new_k = rng.choice(free) if free and rng.random() < 0.2 else k
+            name: Any = UNCHANGED if rng.random() < 0.4 else f"u{rng.randrange(1000)}"
+            score = rng.randrange(100)
+            model[new_k] = (new_k, old[1] if name is UNCHANGED else name, score)
+            out.append(upd(s, {"id": new_k, "name": name, "score": score}, old={"id": k} if new_k != k else None))
+        elif r < 0.98:
+            k = rng.choice(sorted(model))
+            del model[k]
+            out.append(dele(s, id=k))
+        else:
+            model.clear()
+            out.append(trunc(s))
+    return out, model
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_random_histories_match_the_model_and_replay_converges(target: Target, seed: int) -> None:
+    rng = random.Random(seed)
+    changes, model = random_changes(rng, USERS, 300)
+    sink = target.sink(batch_rows=rng.choice([3, 7]))
+    try:
+        i = 0
+        while i < len(changes):
+            j = i + rng.randrange(1, 80)
+            sink.write(changes[i:j])
+            i = j
+        expected = sorted(model.values())
+        assert target.rows("users", "id") == expected
+        sink.write(changes[rng.randrange(len(changes)):])
+        assert target.rows("users", "id") == expected
+    finally:
+        sink.close()
+
+
+# ---- identifiers -----------------------------------------------------------------------------------
+WEIRD = ["MixedCase", "with space", 'quo"te', "apo'strophe", "dot.ted", "ünï código 表", "per%cent", "back`tick",
+         "select"]
+
+
+@pytest.mark.parametrize("name", WEIRD)
+def test_weird_identifiers(target: Target, name: str) -> None:
+    s = table(name, col(name + " id", "int4", key=True), col(name, "text"), col("Other " + name, "int4"),
+              schema="Sch." + name)
+    sink = target.sink()
+    try:
+        sink.write([ins(s, **{name + " id": 1, name: "x", "Other " + name: 1}),
+                    ins(s, **{name + " id": 2, name: "y", "Other " + name: 2})])
+        sink.write([upd(s, {name + " id": 1, name: UNCHANGED, "Other " + name: 10}),
+                    upd(s, {name + " id": 3, name: "z", "Other " + name: 3}, old={name + " id": 2}),
+                    dele(s, **{name + " id": 1})])
+        assert target.rows(name, schema="Sch." + name) == [(3, "z", 3)]
+        sink.write([trunc(s)])
+        assert target.rows(name, schema="Sch." + name) == []
+    finally:
+        sink.close()
+
+
+# ---- value types -----------------------------------------------------------------------------------
+TS = dt.datetime(2024, 2, 29, 12, 34, 56, 123456)
+TSTZ = dt.datetime(2024, 2, 29, 10, 0, 0, 5, tzinfo=dt.UTC)
+TSTZ_PLUS2 = dt.datetime(2024, 2, 29, 12, 0, 0, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+U = uuid.UUID("12345678-1234-5678-1234-567812345678")
+NUM_12_2 = (12 << 16 | 2) + 4
+
+# (column, value, MariaDB's value read by PyMySQL, PostgreSQL's text output, PostgreSQL's column type)
+TYPE_CASES: list[tuple[ColumnSchema, Any, Any, str, str]] = [
+    (col("i2", "int2", type_name="smallint"), -32768, -32768, "-32768", "smallint"),
+    (col("i4", "int4", type_name="integer"), 2**31 - 1, 2**31 - 1, "2147483647", "integer"),
+    (col("i8", "int8", type_name="bigint"), -(2**63), -(2**63), "-9223372036854775808", "bigint"),
+    (col("oid", "oid", type_name="oid"), 4294967295, 4294967295, "4294967295", "bigint"),
+    (col("money", "numeric", type_name="numeric(12,2)", typmod=NUM_12_2), Decimal("1234.50"), Decimal("1234.50"),
+     "1234.50", "numeric(12,2)"),
+    (col("big", "numeric", type_name="numeric"), Decimal("12345678901234567890.123456789012"),
+     Decimal("12345678901234567890.123456789012"), "12345678901234567890.123456789012", "numeric"),
+    (col("f4", "float4", type_name="real"), 1.1, 1.1, "1.1", "real"),
+    (col("f8", "float8", type_name="double precision"), 0.1, 0.1, "0.1", "double precision"),
+    (col("flag", "bool", type_name="boolean"), True, 1, "true", "boolean"),
+    (col("t", "text", type_name="text"), "tëxt ☃ 🎉 'q' \"d\" \\", "tëxt ☃ 🎉 'q' \"d\" \\",
+     "tëxt ☃ 🎉 'q' \"d\" \\", "text"),
+    (col("vc", "varchar", type_name="character varying(20)"), "abc", "abc", "abc", "character varying(20)"),
+    (col("bp", "bpchar", type_name="character(5)"), "ab   ", "ab   ", "ab", "character(5)"),  # ::text trims
+    (col("ch", "char", type_name='"char"'), "x", "x", "x", '"char"'),
+    (col("nm", "name", type_name="name"), "pg_class", "pg_class", "pg_class", "name"),
+    (col("bin", "bytea", type_name="bytea"), b"\x00\xff\x10", b"\x00\xff\x10", "\\x00ff10", "bytea"),
+    (col("d", "date", type_name="date"), dt.date(2024, 2, 29), dt.date(2024, 2, 29), "2024-02-29", "date"),
+    (col("tm", "time", type_name="time without time zone"), dt.time(23, 59, 59, 1),
+     dt.timedelta(hours=23, minutes=59, seconds=59, microseconds=1), "23:59:59.000001", "time without time zone"),
+    (col("tmtz", "timetz", type_name="time with time zone"), "12:00:00+02", "12:00:00+02", "12:00:00+02",
+     "time with time zone"),
+    (col("ts", "timestamp", type_name="timestamp(3) without time zone"), dt.datetime(2024, 2, 29, 12, 34, 56, 123000),
+     dt.datetime(2024, 2, 29, 12, 34, 56, 123000), "2024-02-29 12:34:56.123", "timestamp(3) without time zone"),
+    (col("ts6", "timestamp", type_name="timestamp without time zone"), TS, TS, "2024-02-29 12:34:56.123456",
+     "timestamp without time zone"),
+    (col("tstz", "timestamptz", type_name="timestamp with time zone"), TSTZ, TSTZ.replace(tzinfo=None),
+     "2024-02-29 10:00:00.000005+00", "timestamp with time zone"),
+    (col("tstz2", "timestamptz", type_name="timestamp with time zone"), TSTZ_PLUS2, dt.datetime(2024, 2, 29, 10),
+     "2024-02-29 10:00:00+00", "timestamp with time zone"),
+    (col("iv", "interval", type_name="interval"), "1 year 2 mons 3 days 04:05:06", "1 year 2 mons 3 days 04:05:06",
+     "1 year 2 mons 3 days 04:05:06", "interval"),
+    (col("u", "uuid", type_name="uuid"), U, str(U), str(U), "uuid"),
+    (col("j", "json", type_name="json"), '{"b": 1, "a": [1, 2]}', '{"b": 1, "a": [1, 2]}', '{"b": 1, "a": [1, 2]}',
+     "json"),
+    (col("jb", "jsonb", type_name="jsonb"), '{"b": 1, "a": [1, 2]}', '{"b": 1, "a": [1, 2]}',
+     '{"a": [1, 2], "b": 1}', "jsonb"),
+    (col("mood", "mood", type_name="mood"), "happy", "happy", "happy", "text"),
+    (col("ia", "int4", array=True, type_name="integer[]"), [1, None, 3], "[1, null, 3]", "{1,NULL,3}", "integer[]"),
+    (col("ta", "text", array=True, type_name="text[]"), ['a "q"', "NULL", None, "é,{}"],
+     '["a \\"q\\"", "NULL", null, "é,{}"]', '{"a \\"q\\"","NULL",NULL,"é,{}"}', "text[]"),
+    (col("na", "numeric", array=True, type_name="numeric(5,2)[]"), [Decimal("1.50")], '["1.50"]', "{1.50}",
+     "numeric(5,2)[]"),
+    (col("ua", "uuid", array=True, type_name="uuid[]"), [U], f'["{U}"]', f"{{{U}}}", "uuid[]"),
+    (col("ba", "bytea", array=True, type_name="bytea[]"), [b"\x01"], '["\\\\x01"]', '{"\\\\x01"}', "bytea[]"),
+    (col("ma", "mood", array=True, type_name="mood[]"), ["sad"], '["sad"]', "{sad}", "text[]"),
+    (col("nested", "int4", array=True, type_name="integer[]"), [[1, 2], [3, 4]], "[[1, 2], [3, 4]]",
+     "{{1,2},{3,4}}", "integer[]"),
+]
+
+
+def test_every_value_type_round_trips(target: Target, sink: SQLSink) -> None:
+    s = table("types", col("id", "int4", key=True, type_name="integer"), *[c for c, *_ in TYPE_CASES])
+    full = {"id": 1, **{c.name: v for c, v, *_ in TYPE_CASES}}
+    sink.write([ins(s, **full), ins(s, id=2, **{c.name: None for c, *_ in TYPE_CASES})])
+    names = [c.name for c, *_ in TYPE_CASES]
+    if target.kind == "mariadb":
+        rows = target.rows("types", "id")
+        assert rows[1] == (2,) + (None,) * len(TYPE_CASES)
+        got = dict(zip(["id", *names], rows[0], strict=True))
+        for c, _v, mysql_value, _pg, _t in TYPE_CASES:
+            assert got[c.name] == mysql_value, c.name
+    else:
+        conn = target.server.connect(target.db)
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SET TimeZone = 'UTC'")
+                cur.execute("SELECT " + ", ".join(f"{target.ident(n)}::text" for n in names)
+                            + ' FROM public.types ORDER BY id')
+                rows = cur.fetchall()
+                cur.execute("SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute "
+                            "WHERE attrelid = 'public.types'::regclass AND attnum > 0")
+                types = dict(cur.fetchall())
+        finally:
+            conn.close()
+        assert rows[1] == (None,) * len(TYPE_CASES)
+        for (c, _v, _m, pg_text, pg_type), got in zip(TYPE_CASES, rows[0], strict=True):
+            assert got == pg_text, c.name
+            assert types[c.name] == pg_type, c.name
+    # the same values find their rows again (full-row update, then delete by key)
+    sink.write([upd(s, full), dele(s, id=2)])
+    assert len(target.rows("types")) == 1
+
+
+@pytest.mark.parametrize("c,value", [
+    (col("k", "uuid", key=True, type_name="uuid"), U),
+    (col("k", "timestamptz", key=True, type_name="timestamp with time zone"), TSTZ),
+    (col("k", "numeric", key=True, type_name="numeric"), Decimal("1.50")),
+    (col("k", "float4", key=True, type_name="real"), 1.1),
+    (col("k", "bytea", key=True, type_name="bytea"), b"\x00k"),
+    (col("k", "text", key=True, type_name="text"), "Kéy"),
+    (col("k", "date", key=True, type_name="date"), dt.date(2020, 1, 1)),
+])
+def test_keys_of_every_kind_are_found_again(target: Target, sink: SQLSink, c: ColumnSchema, value: Any) -> None:
+    s = table("keys", c, col("v", "int4"))
+    sink.write([ins(s, k=value, v=1)])
+    sink.write([ins(s, k=value, v=2)])  # upsert of the same key
+    assert [r[1] for r in target.rows("keys")] == [2]
+    sink.write([upd(s, {"k": value, "v": 3})])
+    assert [r[1] for r in target.rows("keys")] == [3]
+    sink.write([dele(s, k=value)])
+    assert target.rows("keys") == []
+
+
+# ---- transactions and failures ---------------------------------------------------------------------
+def test_a_large_transaction_is_flushed_in_chunks_and_stays_atomic(target: Target) -> None:
+    sink = target.sink(batch_rows=100)
+    try:
+        sink.write([ins(USERS, id=0, name="before", score=0)])
+        consumed = 0
+
+        def changes() -> Iterator[RowChange]:
+            nonlocal consumed
+            for i in range(1, 3001):
+                consumed += 1
+                yield ins(USERS, id=i, name=f"n{i}", score=i)
+            consumed += 1
+            yield ins(USERS, id=3001, name="bad", score=2**40)  # int4 out of range: the server refuses it
+
+        with pytest.raises(SinkError, match="users"):
+            sink.write(changes())
+        assert consumed == 3001
+        assert target.rows("users") == [(0, "before", 0)]
+        sink.write([ins(USERS, id=1, name="after", score=1)])
+        assert len(target.rows("users")) == 2
+    finally:
+        sink.close()
+
+
+def test_truncate_and_table_creation_inside_a_failed_transaction_are_rolled_back(target: Target, sink: SQLSink) -> None:
+    other = table("other", col("id", "int4", key=True))
+    sink.write([ins(USERS, id=1, name="a", score=1)])
+    with pytest.raises(SinkError):
+        # MySQL's TRUNCATE and CREATE TABLE commit implicitly: neither may happen inside the write
+        sink.write([trunc(USERS), ins(USERS, id=2, name="b", score=2), ins(other, id=1),
+                    ins(USERS, id=3, name="c", score=2**40)])
+    assert target.rows("users") == [(1, "a", 1)]
+    sink.write([ins(other, id=5)])
+    assert target.rows("other") == [(5,)]
+
+
+def test_connection_loss_mid_transaction_is_retryable_and_loses_nothing(target: Target) -> None:
+    sink = target.sink(batch_rows=100)
+    try:
+        sink.write([ins(USERS, id=0, name="before", score=0)])
+
+        def changes() -> Iterator[RowChange]:
+            for i in range(1, 301):
+                if i == 150:
+                    assert target.sink_connections() >= 1
+                yield ins(USERS, id=i, name=f"n{i}", score=i)
+
+        with pytest.raises(SinkUnavailable):
+            sink.write(changes())
+        assert target.rows("users") == [(0, "before", 0)]
+        assert sink.write([ins(USERS, id=i, name=f"n{i}", score=i) for i in range(1, 301)]) == 300
+        assert len(target.rows("users")) == 301
+    finally:
+        sink.close()
+
+
+def test_a_lost_idle_connection_is_replaced(target: Target, sink: SQLSink) -> None:
+    sink.write([ins(USERS, id=1, name="a", score=1)])
+    assert target.sink_connections() >= 1
+    sink.write([ins(USERS, id=2, name="b", score=2)])  # pool_pre_ping reconnects
+    assert len(target.rows("users")) == 2
+
+
+def test_unreachable_target_is_unavailable(target: Target) -> None:
+    scheme = "mysql" if target.kind == "mariadb" else "postgresql"
+    port = free_port()
+    sink = open_sink(f"{scheme}://root@127.0.0.1:{port}/db?connect-timeout=2")
+    try:
+        with pytest.raises(SinkUnavailable, match=f"127.0.0.1:{port}"):
+            sink.check()
+        with pytest.raises(SinkUnavailable):
+            sink.write([ins(USERS, id=1, name="a", score=1)])
+    finally:
+        sink.close()
+
+
+def test_missing_database_is_a_fatal_error_with_the_fix(target: Target) -> None:
+    uri = target.server.uri("no_such_db_here")
+    sink = open_sink(uri)
+    try:
+        with pytest.raises(SinkError, match="no_such_db_here.*does not exist.*CREATE DATABASE"):
+            sink.check()
+    finally:
+        sink.close()
+
+
+# ---- tables without a key --------------------------------------------------------------------------
+def test_keyless_table(target: Target, sink: SQLSink) -> None:
+    log = table("log", col("a", "int4"), col("b", "text"), col("j", "json"), has_key=False)
+    sink.write([ins(log, a=1, b="x", j='{"k": 1}'), ins(log, a=1, b="x", j='{"k": 1}'),
+                ins(log, a=2, b=None, j=None), ins(log, a=2, b=None, j=None)])
+    sink.write([dele(log, a=1, b="x", j='{"k": 1}'), dele(log, a=2, b=None, j=None)])
+    assert sorted(target.rows("log", cols="a, b"), key=repr) == [(1, "x"), (2, None)]
+    sink.write([upd(log, {"a": 3, "b": "y", "j": UNCHANGED}, old={"a": 2, "b": None, "j": None}),
+                upd(log, {"a": 4, "b": UNCHANGED, "j": '{"k": 2}'}, old={"a": 1, "b": "x", "j": '{"k": 1}'})])
+    assert sorted(target.rows("log", cols="a, b"), key=repr) == [(3, "y"), (4, "x")]
+
+
+# ---- existing tables -------------------------------------------------------------------------------
+def test_existing_table_is_used_as_is(target: Target, sink: SQLSink) -> None:
+    target.execute(f"CREATE TABLE {target.qualified('users')} (id INTEGER PRIMARY KEY, name VARCHAR(10), "
+                   "score INTEGER, extra VARCHAR(5) DEFAULT 'd')")
+    sink.write([ins(USERS, id=1, name="a", score=1), upd(USERS, {"id": 1, "name": UNCHANGED, "score": 2})])
+    assert target.rows("users") == [(1, "a", 2, "d")]
+    with pytest.raises(SinkError, match="users"):  # too long for VARCHAR(10)
+        sink.write([ins(USERS, id=2, name="x" * 50, score=1)])
+
+
+def test_existing_table_without_a_unique_key_is_an_error(target: Target, sink: SQLSink) -> None:
+    target.execute(f"CREATE TABLE {target.qualified('users')} (id INTEGER, name TEXT, score INTEGER)")
+    with pytest.raises(SinkError, match="primary key or unique index"):
+        sink.write([ins(USERS, id=1, name="a", score=1)])
+
+
+# ---- MariaDB specifics -----------------------------------------------------------------------------
+def test_mariadb_keys_differing_in_case_or_trailing_space_stay_distinct(mariadb: Target) -> None:
+    s = table("names", col("k", "text", key=True), col("v", "int4"))
+    sink = mariadb.sink()
+    try:
+        sink.write([ins(s, k="a", v=1), ins(s, k="A", v=2), ins(s, k="a ", v=3), ins(s, k="ä", v=4)])
+        sink.write([dele(s, k="a ")])
+        assert sorted(mariadb.rows("names")) == [("A", 2), ("a", 1), ("ä", 4)]
+        long_key = "x" * 700
+        sink.write([ins(s, k=long_key, v=5)])
+        sink.write([upd(s, {"k": long_key, "v": 6})])
+        assert (long_key, 6) in mariadb.rows("names")
+    finally:
+        sink.close()
+
+
+def test_mariadb_created_types(mariadb: Target) -> None:
+    s = table("ddl", col("id", "text", key=True), col("k2", "varchar", key=True, type_name="character varying(10)"),
+              col("amt", "numeric", type_name="numeric(12,2)", typmod=NUM_12_2), col("any", "numeric"),
+              col("doc", "jsonb"), col("ts", "timestamptz"), col("flag", "bool"), col("u", "uuid"),
+              col("arr", "int4", array=True), col("bin", "bytea"))
+    sink = mariadb.sink()
+    try:
+        sink.write([ins(s, id="1", k2="a", amt=Decimal("1.00"), any=Decimal("2"), doc="{}", ts=TSTZ, flag=False,
+                        u=U, arr=[1], bin=b"")])
+    finally:
+        sink.close()
+    types = dict(mariadb.execute(
+        "SELECT column_name, column_type FROM information_schema.columns WHERE table_schema = %s "
+        "AND table_name = 'ddl'", (mariadb.db,)) or [])
+    assert types["id"] == "varchar(758)"  # 3072 bytes - 10 chars of k2, shared at 4 bytes a character
+    assert types["k2"] == "varchar(10)"
+    assert types["amt"] == "decimal(12,2)"
+    assert types["any"] == "decimal(65,30)"
+    assert types["doc"] == "longtext"  # MariaDB's JSON
+    assert types["ts"] == "datetime(6)"
+    assert types["flag"] == "tinyint(1)"
+    assert types["u"] == "char(36)"
+    assert types["bin"] == "longblob"
+    collation = mariadb.execute("SELECT table_collation FROM information_schema.tables WHERE table_schema = %s "
+                                "AND table_name = 'ddl'", (mariadb.db,))
+    assert collation == [("utf8mb4_nopad_bin",)]
+
+
+@pytest.mark.parametrize("c,value,column", [
+    (col("n", "numeric"), Decimal("NaN"), "n"),
+    (col("f", "float8"), float("inf"), "f"),
+    (col("n", "numeric"), Decimal("1." + "0" * 30 + "1"), "n"),  # 31 fractional digits: DECIMAL(65,30) rounds
+])
+def test_mariadb_refuses_values_it_cannot_store(mariadb: Target, c: ColumnSchema, value: Any, column: str) -> None:
+    s = table("special", col("id", "int4", key=True), c)
+    sink = mariadb.sink()
+    try:
+        with pytest.raises(SinkError, match=f"special.*{column}"):
+            sink.write([ins(s, id=1, **{c.name: None}), ins(s, id=2, **{c.name: value})])
+        assert mariadb.rows("special") == []
+    finally:
+        sink.close()
+
+
+def test_mariadb_refuses_an_infinite_date(mariadb: Target) -> None:
+    s = table("dates", col("id", "int4", key=True), col("d", "date"))
+    sink = mariadb.sink()
+    try:
+        with pytest.raises(SinkError, match="dates"):
+            sink.write([ins(s, id=1, d="infinity")])
+    finally:
+        sink.close()
+
+
+# ---- PostgreSQL specifics --------------------------------------------------------------------------
+def test_postgres_keeps_schema_and_special_numbers(postgres: Target) -> None:
+    s = table("special", col("id", "int4", key=True), col("n", "numeric"), col("f", "float8"),
+              col("d", "date"), schema="Other Schema")
+    sink = postgres.sink()
+    try:
+        assert sink.target_name(s.name) == "Other Schema.special"
+        sink.write([ins(s, id=1, n=Decimal("Infinity"), f=float("-inf"), d="infinity"),
+                    ins(s, id=2, n=Decimal("NaN"), f=float("nan"), d="-infinity")])
+        rows = postgres.rows("special", "id", schema="Other Schema", cols="id, n::text, f::text, d::text")
+        assert rows == [(1, "Infinity", "-Infinity", "infinity"), (2, "NaN", "NaN", "-infinity")]
+    finally:
+        sink.close()
+
+
+def test_postgres_missing_role_is_a_fatal_error(postgres: Target) -> None:
+    sink = open_sink(postgres.server.uri(postgres.db, user="nobody_here"))
+    try:
+        with pytest.raises(SinkError, match="access denied"):
+            sink.check()
+    finally:
+        sink.close()
