@@ -126,6 +126,6 @@ class CdcServer:
 
 def current_lsn(pg_conn: Any) -> int:
     with pg_conn.cursor() as cur:
-        cur.execute("SELECT pg_current_wal_lsn()::text")
+        cur.execute("SELECT pg_current_wal_insert_lsn()::text")  # write position lags with synchronous_commit=off
         hi, lo = cur.fetchone()[0].split("/")
     return (int(hi, 16) << 32) | int(lo, 16)

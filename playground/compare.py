@@ -28,6 +28,7 @@ class TableDiff:
     missing: list[Any] = field(default_factory=list)  # keys upstream only
     extra: list[Any] = field(default_factory=list)  # keys downstream only
     different: list[Any] = field(default_factory=list)  # keys with different values
+    sample: list[tuple[Any, Any]] = field(default_factory=list)  # (source row, target row) of the first differences
 
     @property
     def equal(self) -> bool:
@@ -42,7 +43,7 @@ def norm(v: Any) -> Any:
     if isinstance(v, (int,)):
         return v
     if isinstance(v, float):
-        return round(v, 6)
+        return v
     if isinstance(v, decimal.Decimal):
         if v.is_nan():
             return "NaN"
@@ -81,6 +82,24 @@ def norm(v: Any) -> Any:
                 pass
         return v
     return str(v)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Normalised values are equal, or both are numbers within float precision (a float8 read back
+    from MySQL as DECIMAL(.., 10), a real widened to double)."""
+    if a == b:
+        return True
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            fa, fb = float(a), float(b)
+        except (TypeError, ValueError):
+            return False
+        return abs(fa - fb) <= 1e-6 * max(1.0, abs(fa), abs(fb))
+    return False
+
+
+def rows_equal(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
 
 
 def _source_rows(pg_conn: Any, schema: str, table: str, key: list[str]) -> tuple[list[str], dict[Any, tuple]]:
@@ -147,7 +166,8 @@ def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[Table
                 diff = TableDiff(qualified, len(src), len(dst))
                 diff.missing = sorted(k for k in src if k not in dst)[:20]
                 diff.extra = sorted(k for k in dst if k not in src)[:20]
-                diff.different = sorted(k for k in src if k in dst and src[k] != dst[k])[:20]
+                diff.different = sorted(k for k in src if k in dst and not rows_equal(src[k], dst[k]))[:20]
+                diff.sample = [(src[k], dst[k]) for k in diff.different[:3]]
                 out.append(diff)
     finally:
         engine.dispose()
