@@ -70,6 +70,7 @@ _PG_RETRY = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "53300", "53
 _PG_FATAL_CONNECT = ("does not exist", "authentication failed", "no pg_hba.conf entry", "permission denied",
                      "password is required", "too many connections for role")
 
+_MAX_BINDINGS = 1024  # cached (schema version -> target) bindings before the cache is reset
 _MYSQL_STATEMENT_BYTES = 1_000_000  # well below MariaDB's 16 MB max_allowed_packet (characters, not bytes)
 # group kinds
 _UPSERT, _INSERT, _DELETE, _DELETE_ONE, _UPDATE_ONE = range(5)
@@ -99,7 +100,8 @@ class SQLSink(Sink):
         self._stmts: Statements | None = None
         self._mysql_collation = "utf8mb4_bin"
         self._tables: dict[tuple[str | None, str], _Table] = {}
-        self._bindings: dict[int, tuple[TableSchema, _Binding]] = {}
+        self._bindings: dict[int, tuple[TableSchema, _Binding]] = {}  # by identity, then by value
+        self._bindings_by_value: dict[TableSchema, _Binding] = {}
         self._schemas_created: set[str] = set()
         self._warned_missing: set[str] = set()
         self._closed = False
@@ -219,6 +221,7 @@ class SQLSink(Sink):
             # Tables created inside the failed transaction (SQLite) are gone; re-reflect next time.
             self._tables.clear()
             self._bindings.clear()
+            self._bindings_by_value.clear()
             if isinstance(exc, TidewaterError) or not _is_db_error(exc):
                 raise
             raise self._wrap(exc, writer.current if writer else None) from exc
@@ -237,6 +240,12 @@ class SQLSink(Sink):
         entry = self._bindings.get(id(schema))
         if entry is not None and entry[0] is schema:
             return entry[1]
+        if len(self._bindings) > _MAX_BINDINGS:  # callers that make a new schema object per change
+            self._bindings.clear()
+        same = self._bindings_by_value.get(schema)
+        if same is not None:
+            self._bindings[id(schema)] = (schema, same)
+            return same
         parts = self._target_parts(schema.name)
         table = self._tables.get(parts)
         if table is None:
@@ -248,7 +257,10 @@ class SQLSink(Sink):
                     table = self._prepare_table(schema, ddl)
             self._tables[parts] = table
         binding = _Binding(self, schema, table)
+        if len(self._bindings_by_value) > _MAX_BINDINGS:
+            self._bindings_by_value.clear()
         self._bindings[id(schema)] = (schema, binding)
+        self._bindings_by_value[schema] = binding
         return binding
 
     def _prepare_table(self, schema: TableSchema, conn: Connection) -> _Table:
@@ -551,6 +563,15 @@ class _Writer:
 
     # ---- intake --------------------------------------------------------------------------------------
     def run(self, changes: Iterable[RowChange]) -> int:
+        try:
+            return self._run(changes)
+        finally:
+            try:
+                self.cur.close()
+            except Exception:  # a lost connection: the caller maps the original error
+                pass
+
+    def _run(self, changes: Iterable[RowChange]) -> int:
         count = 0
         last_schema: TableSchema | None = None
         b: _Binding | None = None
