@@ -103,9 +103,13 @@ def rows_equal(a: tuple, b: tuple) -> bool:
 
 
 def _source_rows(pg_conn: Any, schema: str, table: str, key: list[str]) -> tuple[list[str], dict[Any, tuple]]:
+    import psycopg2.extras
     from psycopg2 import sql
 
     with pg_conn.cursor() as cur:
+        # JSON as text on this cursor only (the caller's connection keeps its own typecasters)
+        psycopg2.extras.register_default_json(cur, loads=lambda x: x)
+        psycopg2.extras.register_default_jsonb(cur, loads=lambda x: x)
         cur.execute(sql.SQL("SELECT * FROM {}.{} ORDER BY {}").format(
             sql.Identifier(schema), sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, key))))
         cols = [d.name for d in cur.description]
@@ -137,10 +141,6 @@ def sqlalchemy_url(sink_uri: str) -> str:
 
 def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[TableDiff]:
     """Compare ``schema.table`` upstream tables with where the sink put them (see docs/type-mapping.md)."""
-    import psycopg2.extras
-
-    psycopg2.extras.register_default_json(pg_conn, loads=lambda x: x)
-    psycopg2.extras.register_default_jsonb(pg_conn, loads=lambda x: x)
     u = parse_sink_uri(sink_uri)
     engine = sa.create_engine(sqlalchemy_url(sink_uri))
     out = []
