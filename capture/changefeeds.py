@@ -4,8 +4,9 @@ pause, resume, remove.
 Creation validates, in order, before anything is created: the id, both URIs, the config, that the id is
 free, that the sink is reachable and usable, that the upstream is reachable with ``wal_level=logical``,
 that the filter matches tables, that every matched table has a key (or REPLICA IDENTITY FULL) and that
-no two tables land on the same target name. Only then are the publications and slots created (one per
-span) and the changefeed stored; if storing fails, the slots are dropped again.
+no two tables land on the same target name, and that no slot of that name exists yet. Only then are the
+publications and slots created (one per span) and the changefeed stored; if anything fails, what this
+create made (and only that: never a slot or publication that already existed) is dropped again.
 
 Every state change is a compare-and-swap on the changefeed's info key; the owner does the rest
 (assignments, upstream cleanup on remove).
@@ -17,17 +18,17 @@ import hashlib
 import logging
 import re
 import time
+import tomllib
 import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, is_dataclass
 from typing import Any
-
-from sinks.factory import open_sink
 
 from cdc.config import ChangefeedConfig
 from cdc.errors import (
     ChangefeedNotFound,
     ChangefeedStateConflict,
     InvalidArgument,
+    InvalidConfig,
     TargetNameConflict,
     TidewaterError,
 )
@@ -38,6 +39,7 @@ from cdc.model import ChangefeedInfo, ChangefeedStatus, FeedState, SpanInfo
 from cdc.serde import to_dict
 from cdc.ts import lsn_to_str
 from cdc.uri import parse_sink_uri, parse_upstream_uri
+from sinks.factory import open_sink
 from upstream.postgres import admin, catalog
 from upstream.postgres.conn import connect
 
@@ -53,6 +55,41 @@ class CreateRequest:
     sink_uri: str
     config: str = ""  # changefeed TOML
     target_ts: int = 0
+
+
+def load_config(text: str) -> ChangefeedConfig:
+    """Parse a changefeed TOML; :class:`InvalidConfig` for bad syntax, unknown keys, wrong types or values.
+
+    The value types are checked here against the defaults' types, before conversion: a string where a list
+    is expected would otherwise become a tuple of characters, and a string where a number is expected
+    would fail later with a TypeError instead of a message naming the key.
+    """
+    if not text:
+        return ChangefeedConfig().validate()
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        raw = {}  # from_toml reports the syntax error
+    _check_types(raw, ChangefeedConfig(), "")
+    return ChangefeedConfig.from_toml(text)
+
+
+def _check_types(raw: dict[str, Any], defaults: Any, where: str) -> None:
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if not hasattr(defaults, name):
+            continue  # from_toml names unknown keys
+        expected = getattr(defaults, name)
+        if is_dataclass(expected):
+            if not isinstance(value, dict):
+                raise InvalidConfig(f"{where}{key} in the changefeed config must be a table ([{where}{key}])")
+            _check_types(value, expected, f"{where}{key}.")
+        elif isinstance(expected, tuple):
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise InvalidConfig(f"{where}{key} in the changefeed config must be an array of strings, "
+                                    f"got {value!r}")
+        elif isinstance(expected, int) and (not isinstance(value, int) or isinstance(value, bool)):
+            raise InvalidConfig(f"{where}{key} in the changefeed config must be an integer, got {value!r}")
 
 
 def span_of(table: TableName, span_count: int) -> int:
@@ -80,7 +117,7 @@ class ChangefeedService:
                 f"(^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$, at most 64 characters)")
         parse_upstream_uri(req.upstream_uri)
         sink_uri = parse_sink_uri(req.sink_uri)
-        config = ChangefeedConfig.from_toml(req.config) if req.config else ChangefeedConfig().validate()
+        config = load_config(req.config)
         table_filter = TableFilter(config.filter.rules)
         if req.target_ts < 0:
             raise InvalidArgument("target-ts must be >= 0")
@@ -131,20 +168,35 @@ class ChangefeedService:
         return self.describe(info.id)
 
     def _create_spans(self, conn: Any, cf_id: str, span_count: int, tables: list[TableName]) -> list[SpanInfo]:
+        names = [(resource_name("pub", cf_id, i), resource_name("slot", cf_id, i)) for i in range(span_count)]
+        for _, slot in names:
+            if admin.slot_info(conn, slot) is not None:
+                raise InvalidArgument(
+                    f"replication slot {slot!r} already exists upstream: it belongs to another changefeed whose id "
+                    f"maps to the same name (names are lower-case) or to another Tidewater cluster, or it was "
+                    f"left behind; choose another changefeed id, or drop it with "
+                    f"SELECT pg_drop_replication_slot('{slot}') if nothing uses it")
+        # Clean up only what this call created: a slot or publication that already existed may belong to a
+        # running changefeed, and dropping it would break that one.
+        created_pubs: list[str] = []
+        created_slots: list[str] = []
         spans: list[SpanInfo] = []
         try:
-            for i in range(span_count):
-                pub = resource_name("pub", cf_id, i)
-                slot = resource_name("slot", cf_id, i)
-                admin.create_publication(conn, pub, [t for t in tables if span_of(t, span_count) == i])
-                spans.append(SpanInfo(i, slot, pub, 0))
+            for i, (pub, slot) in enumerate(names):
+                if admin.create_publication(conn, pub, [t for t in tables if span_of(t, span_count) == i]):
+                    created_pubs.append(pub)
                 lsn = admin.create_slot(conn, slot)
-                spans[-1] = replace(spans[-1], start_ts=lsn)
+                created_slots.append(slot)
+                spans.append(SpanInfo(i, slot, pub, lsn))
         except BaseException:
-            for s in spans:
+            for slot in created_slots:
                 try:
-                    admin.drop_slot(conn, s.slot)
-                    admin.drop_publication(conn, s.publication)
+                    admin.drop_slot(conn, slot)
+                except TidewaterError as exc:
+                    log.error("cleanup after failed create: %s", exc)
+            for pub in created_pubs:
+                try:
+                    admin.drop_publication(conn, pub)
                 except TidewaterError as exc:
                     log.error("cleanup after failed create: %s", exc)
             raise
