@@ -14,12 +14,10 @@ Every state change is a compare-and-swap on the changefeed's info key; the owner
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import re
 import time
 import tomllib
-import zlib
 from dataclasses import dataclass, is_dataclass
 from typing import Any
 
@@ -37,6 +35,7 @@ from cdc.filter import TableFilter
 from cdc.meta.store import MetaStore
 from cdc.model import ChangefeedInfo, ChangefeedStatus, FeedState, SpanInfo
 from cdc.serde import to_dict
+from cdc.spans import resource_name, span_of
 from cdc.ts import lsn_to_str
 from cdc.uri import parse_sink_uri, parse_upstream_uri
 from sinks.factory import open_sink
@@ -90,19 +89,6 @@ def _check_types(raw: dict[str, Any], defaults: Any, where: str) -> None:
                                     f"got {value!r}")
         elif isinstance(expected, int) and (not isinstance(value, int) or isinstance(value, bool)):
             raise InvalidConfig(f"{where}{key} in the changefeed config must be an integer, got {value!r}")
-
-
-def span_of(table: TableName, span_count: int) -> int:
-    """Stable assignment of a table to a span (crc32 of the qualified name)."""
-    return zlib.crc32(f"{table.schema}.{table.table}".encode()) % span_count
-
-
-def resource_name(kind: str, cf_id: str, span: int) -> str:
-    base = f"tidewater_{kind}_{cf_id.lower().replace('-', '_')}_{span}"
-    if len(base) <= 63:
-        return base
-    digest = hashlib.blake2b(base.encode(), digest_size=4).hexdigest()
-    return f"{base[:50]}_{digest}_{span}"[:63]
 
 
 class ChangefeedService:
