@@ -122,6 +122,14 @@ class DecodeError(UpstreamError):
     code = "CDC:ErrDecode"
 
 
+class GCTTLExceeded(TidewaterError):
+    """The changefeed was stopped or failed for longer than ``gc-ttl``: the owner dropped its slots (the
+    upstream no longer retains its changes), so it can never be resumed, only recreated."""
+
+    code = "CDC:ErrGCTTLExceeded"
+    http_status = 409
+
+
 class SorterError(TidewaterError):
     code = "CDC:ErrSorter"
 
