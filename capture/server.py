@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -111,7 +112,8 @@ class CaptureServer:
         session_stop = threading.Event()
         election = Election(self.client, session, owner_prefix(self.config.cluster_id))
         self.owner = Owner(self.store, election, self.capture_id, self.config, session_alive=session.alive.is_set)
-        self.processor = Processor(self.store, self.capture_id, self.sorter, self.config, lambda: session.lease_id)
+        self.processor = Processor(self.store, self.capture_id, self.sorter, self.config, lambda: session.lease_id,
+                                   lease_deadline=lambda: session.deadline)
         threads = [
             threading.Thread(target=self.owner.run, args=(session_stop,), name="owner", daemon=True),
             threading.Thread(target=self.processor.run, args=(session_stop,), name="processor", daemon=True),
@@ -121,6 +123,8 @@ class CaptureServer:
         while not self.stopping.is_set() and session.alive.is_set():
             self.stopping.wait(0.2)
         lost = not session.alive.is_set()
+        if not lost:
+            self._drain(session, info)
         if lost:
             log.error("capture=%s lost its etcd session: stopping all spans and registering again", self.capture_id)
         session_stop.set()
@@ -133,6 +137,32 @@ class CaptureServer:
                 log.warning("could not delete capture key: %s", exc)
         session.close(revoke=not lost)
         self.session = None
+
+    def _drain(self, session: Session, info: CaptureInfo) -> None:
+        """SIGTERM: let the owner move this capture's spans to the others before exiting (two-phase
+        moves, so no span runs twice), for at most ``drain-timeout`` seconds."""
+        try:
+            snap = self.store.snapshot()
+            others = [c for c in snap.captures.values() if c.id != self.capture_id and not c.draining]
+            mine = self._my_spans(snap)
+            if not others or not mine:
+                return
+            self.store.register_capture(replace(info, draining=True), session.lease_id)
+            log.info("capture=%s draining: waiting for the owner to move %d spans", self.capture_id, len(mine))
+            deadline = time.monotonic() + self.config.drain_timeout
+            while time.monotonic() < deadline and session.alive.is_set():
+                mine = self._my_spans(self.store.snapshot())
+                if not mine:
+                    log.info("capture=%s drained", self.capture_id)
+                    return
+                time.sleep(0.3)
+            log.warning("capture=%s drain timed out with spans %s still here; stopping them", self.capture_id, mine)
+        except TidewaterError as exc:
+            log.warning("capture=%s drain failed (%s); stopping", self.capture_id, exc)
+
+    def _my_spans(self, snap: Any) -> list[str]:
+        return [f"{cf}/{span}" for cf, spans in snap.assignments.items() for span, a in spans.items()
+                if a.capture_id == self.capture_id]
 
     def request_stop(self, *_: Any) -> None:
         log.info("capture=%s stopping (signal)", self.capture_id)

@@ -92,6 +92,11 @@ class ServerConfig:
     etcd_timeout: float = 3.0
     checkpoint_interval: float = 1.0
     sorter_disk_quota: int = 0  # bytes; 0 = unlimited
+    gc_ttl: float = 86400.0  # a changefeed stopped/failed longer than this releases its slots
+    error_backoff_min: float = 10.0  # retry of a failed span: exponential from this ...
+    error_backoff_max: float = 600.0  # ... up to this
+    error_stuck_duration: float = 1800.0  # warning for longer than this -> failed
+    drain_timeout: float = 60.0  # SIGTERM waits this long for the owner to move the spans away
 
     def validate(self) -> ServerConfig:
         if self.session_ttl < 3:
@@ -100,6 +105,8 @@ class ServerConfig:
             raise InvalidConfig(
                 f"owner-tick ({self.owner_tick}s) + 2 * etcd-timeout ({self.etcd_timeout}s) must be less than "
                 f"session-ttl ({self.session_ttl}s)")
+        if self.error_backoff_min <= 0 or self.error_backoff_max < self.error_backoff_min:
+            raise InvalidConfig("error-backoff-min must be > 0 and <= error-backoff-max")
         if ":" not in self.addr:
             raise InvalidConfig(f"--addr {self.addr!r} must be HOST:PORT")
         return self

@@ -76,6 +76,7 @@ class ChangefeedInfo:
     state_since: float = 0.0  # when the current state (or first error of a warning streak) began
     backoff_until: float = 0.0  # warning: spans are not rescheduled before this time
     retries: int = 0
+    released: bool = False  # slots dropped after gc-ttl: the changefeed can never resume
 
     def with_state(self, state: FeedState, *, error: RunningError | None = None, now: float | None = None,
                    **changes: Any) -> ChangefeedInfo:
@@ -94,8 +95,13 @@ class ChangefeedStatus:
 
 @dataclass(frozen=True)
 class SpanAssignment:
+    """Which capture runs a span. ``epoch`` is bumped on every (re)assignment and fences stale
+    processors. ``stopping`` is the first phase of a move (rebalance, drain): the holder must stop the
+    span and report ``running=False`` for this epoch before the owner assigns it elsewhere."""
+
     capture_id: str
-    epoch: int  # bumped by the owner on every (re)assignment; fences stale processors
+    epoch: int
+    stopping: bool = False
 
 
 @dataclass(frozen=True)

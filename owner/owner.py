@@ -67,7 +67,8 @@ class Owner:
                 log.warning("capture=%s owner session lost; stepping down", self.capture_id)
                 return
             try:
-                actions = reconcile(self.store.snapshot(), self._clock())
+                actions = reconcile(self.store.snapshot(), self._clock(),
+                                    stuck_duration=self.config.error_stuck_duration)
                 done = [self._apply(a) for a in actions]
                 line = "; ".join(d for d in done if d)
                 if line and line != last_line:

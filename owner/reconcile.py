@@ -7,7 +7,9 @@ transactions.
 Rules:
 - Spans of a running changefeed (``normal``/``warning``) are assigned to live, non-draining captures,
   least loaded first; a span whose capture's lease expired is reassigned with a higher epoch.
-- Changefeeds in any other state have no assignments (their processors stop).
+- Spans on a draining capture, and one span at a time when loads differ by more than one, are moved
+  in two phases (``stopping`` -> holder confirms -> new assignment), see ``_Scheduler``.
+- Changefeeds in any other state lose their assignments, also in two phases (their processors stop).
 - Global checkpoint = min over spans of the span checkpoint; global resolved = min of span resolved;
   neither ever moves backwards.
 - State machine: a span error that is retryable -> ``warning`` (the processor retries with backoff);
@@ -66,13 +68,7 @@ Action = Assign | Unassign | PutStatus | UpdateInfo | DropChangefeed
 def reconcile(snap: ClusterSnapshot, now: float, *, stuck_duration: float = 1800.0,
               remove_grace: float = 3.0) -> list[Action]:
     actions: list[Action] = []
-    live = sorted(cid for cid, c in snap.captures.items() if not c.draining)
-    load = {cid: 0 for cid in live}
-    for spans in snap.assignments.values():
-        for a in spans.values():
-            if a.capture_id in load:
-                load[a.capture_id] += 1
-
+    sched = _Scheduler(snap)
     for cf_id in sorted(snap.changefeeds):
         entry = snap.changefeeds[cf_id]
         info = entry.value
@@ -81,20 +77,29 @@ def reconcile(snap: ClusterSnapshot, now: float, *, stuck_duration: float = 1800
 
         if not info.state.runs:
             for span, a in sorted(assigns.items()):
-                actions.append(Unassign(cf_id, span, a))
+                if a.capture_id not in snap.captures or (a.stopping and _stopped(a, statuses.get(span))):
+                    actions.append(Unassign(cf_id, span, a))
+                elif not a.stopping:
+                    actions.append(Assign(cf_id, span, replace(a, stopping=True), a))
             if info.state is FeedState.REMOVED and not assigns and now - info.state_since >= remove_grace:
                 actions.append(DropChangefeed(cf_id, info))
             continue
 
         for span in info.spans:
             a = assigns.get(span.index)
-            if a is not None and a.capture_id in snap.captures and not snap.captures[a.capture_id].draining:
-                continue
-            if not live:
-                continue
-            target = min(live, key=lambda c: (load[c], c))
-            load[target] += 1
-            actions.append(Assign(cf_id, span.index, SpanAssignment(target, (a.epoch if a else 0) + 1), a))
+            if a is None or a.capture_id not in snap.captures:
+                # never assigned, or its holder's lease expired (a dead capture cannot write any more)
+                target = sched.pick()
+                if target is not None:
+                    actions.append(Assign(cf_id, span.index, SpanAssignment(target, (a.epoch if a else 0) + 1), a))
+            elif a.stopping:
+                if _stopped(a, statuses.get(span.index)):
+                    target = sched.pick(exclude=a.capture_id)
+                    if target is not None:
+                        sched.moved(a.capture_id)
+                        actions.append(Assign(cf_id, span.index, SpanAssignment(target, a.epoch + 1), a))
+            elif snap.captures[a.capture_id].draining:
+                actions.append(Assign(cf_id, span.index, replace(a, stopping=True), a))
 
         old = snap.statuses.get(cf_id) or ChangefeedStatus()
         status = global_watermarks(info, statuses, old, now)
@@ -105,7 +110,64 @@ def reconcile(snap: ClusterSnapshot, now: float, *, stuck_duration: float = 1800
         if new_info is not info:
             actions.append(UpdateInfo(cf_id, new_info, entry.mod_revision,
                                       f"{info.state.value} -> {new_info.state.value}"))
+    move = sched.rebalance(actions)
+    if move is not None:
+        actions.append(move)
     return actions
+
+
+def _stopped(a: SpanAssignment, st: SpanStatus | None) -> bool:
+    """The holder confirmed that it stopped the span for this very assignment."""
+    return st is not None and st.capture_id == a.capture_id and st.epoch == a.epoch and not st.running
+
+
+class _Scheduler:
+    """Span placement: least-loaded live, non-draining capture; at most one rebalancing move at a time.
+
+    A move is two-phase (TiCDC's): the assignment is first marked ``stopping``; the holder stops the
+    span and reports ``running=False`` for that epoch; only then is the span assigned elsewhere with a
+    higher epoch. So a span never runs on two captures at once, except after a lease expiry, when the
+    old holder can no longer write anything (its writes are fenced and its sink refuses to commit).
+    """
+
+    def __init__(self, snap: ClusterSnapshot) -> None:
+        self.snap = snap
+        self.targets = sorted(cid for cid, c in snap.captures.items() if not c.draining)
+        self.load = {cid: 0 for cid in snap.captures}
+        self.moving = False
+        self.candidates: dict[str, list[tuple[str, int, SpanAssignment]]] = {cid: [] for cid in self.targets}
+        for cf_id, spans in snap.assignments.items():
+            entry = snap.changefeeds.get(cf_id)
+            running = entry is not None and entry.value.state.runs
+            for span, a in spans.items():
+                if a.capture_id in self.load:
+                    self.load[a.capture_id] += 1
+                if a.stopping:
+                    self.moving = True
+                elif running and a.capture_id in self.candidates:
+                    self.candidates[a.capture_id].append((cf_id, span, a))
+
+    def pick(self, exclude: str = "") -> str | None:
+        choices = [c for c in self.targets if c != exclude] or self.targets
+        if not choices:
+            return None
+        target = min(choices, key=lambda c: (self.load[c], c))
+        self.load[target] += 1
+        return target
+
+    def moved(self, source: str) -> None:
+        self.load[source] -= 1
+
+    def rebalance(self, actions: list[Action]) -> Action | None:
+        """When loads differ by more than one span, start moving one span off the busiest capture."""
+        if self.moving or len(self.targets) < 2 or any(isinstance(a, Assign) for a in actions):
+            return None
+        busiest = max(self.targets, key=lambda c: (self.load[c], c))
+        idlest = min(self.targets, key=lambda c: (self.load[c], c))
+        if self.load[busiest] - self.load[idlest] <= 1 or not self.candidates[busiest]:
+            return None
+        cf_id, span, a = sorted(self.candidates[busiest], key=lambda t: (t[0], t[1]))[0]
+        return Assign(cf_id, span, replace(a, stopping=True), a)
 
 
 def global_watermarks(info: ChangefeedInfo, statuses: dict[int, SpanStatus], old: ChangefeedStatus,

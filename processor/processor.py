@@ -22,24 +22,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from sinks.factory import open_sink
-
 from cdc.config import ChangefeedConfig, ServerConfig
-from cdc.errors import MetaStoreError, TidewaterError
+from cdc.errors import LeaseLost, MetaStoreError, TidewaterError
 from cdc.filter import TableFilter
 from cdc.meta.store import ClusterSnapshot, MetaStore
 from cdc.model import ChangefeedInfo, RunningError, SpanAssignment, SpanInfo, SpanStatus
 from cdc.ts import Watermark
 from processor.puller import Puller
 from processor.span import SpanRunner
+from sinks.factory import open_sink
 from sorter.base import Sorter
 from upstream.postgres.conn import connect
 from upstream.postgres.stream import ReplicationStream
 
 log = logging.getLogger(__name__)
 
-MIN_BACKOFF = 1.0
-MAX_BACKOFF = 60.0
 
 
 @dataclass
@@ -51,18 +48,21 @@ class _Slot:
     failures: int = 0
     restart_at: float = 0.0
     error: RunningError | None = None
-    reported: SpanStatus | None = None
+    reported: SpanStatus | None = None  # last status this processor stored (or found in etcd)
     last_report: float = 0.0
+    stop_confirmed: bool = False  # for a stopping assignment: running=False is stored
 
 
 class Processor:
     def __init__(self, store: MetaStore, capture_id: str, sorter: Sorter, config: ServerConfig,
-                 lease: Callable[[], int], clock: Callable[[], float] = time.time) -> None:
+                 lease: Callable[[], int], lease_deadline: Callable[[], float] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.capture_id = capture_id
         self.sorter = sorter
         self.config = config
         self._lease = lease
+        self._lease_deadline = lease_deadline
         self._clock = clock
         self._slots: dict[tuple[str, int], _Slot] = {}
 
@@ -96,7 +96,7 @@ class Processor:
         wanted: dict[tuple[str, int], tuple[ChangefeedInfo, SpanAssignment]] = {}
         for cf_id, spans in snap.assignments.items():
             entry = snap.changefeeds.get(cf_id)
-            if entry is None or not entry.value.state.runs:
+            if entry is None:
                 continue
             for span, assignment in spans.items():
                 if assignment.capture_id == self.capture_id:
@@ -104,35 +104,37 @@ class Processor:
 
         for key, slot in list(self._slots.items()):
             want = wanted.get(key)
-            if want is None or want[1] != slot.assignment:
+            if want is None or (want[1].epoch, want[1].capture_id) != (slot.assignment.epoch, slot.assignment.capture_id):
                 if slot.runner is not None:
                     log.info("span=%s/%d no longer assigned here; stopping capture=%s", key[0], key[1], self.capture_id)
                     slot.runner.stop()
-                    self._report(slot, force=True)
                 del self._slots[key]
 
         for key, (info, assignment) in wanted.items():
             slot = self._slots.get(key)
             if slot is None:
                 slot = self._slots[key] = _Slot(key[0], key[1], assignment)
+                slot.reported = snap.span_statuses.get(key[0], {}).get(key[1])
+            if assignment.stopping or not info.state.runs:
+                self._stop_for_move(slot, assignment)
+                continue
             runner = slot.runner
             if runner is not None and runner.failed.is_set():
                 exc = runner.error
                 runner.stop()
                 slot.runner = None
                 slot.failures += 1
-                delay = min(MAX_BACKOFF, MIN_BACKOFF * 2 ** (slot.failures - 1))
+                delay = self._backoff(slot.failures)
                 slot.restart_at = now + delay
                 slot.error = _running_error(exc, self.capture_id, key[1], now)
                 log.warning("span=%s/%d failed (%s); restarting in %.0fs", key[0], key[1], slot.error.message, delay)
                 self._report(slot, force=True)
             if slot.runner is None and now >= slot.restart_at:
-                status = snap.span_statuses.get(key[0], {}).get(key[1])
                 try:
-                    slot.runner = self._start(info, key[1], status)
+                    slot.runner = self._start(info, key[1], snap.span_statuses.get(key[0], {}).get(key[1]))
                 except TidewaterError as exc:
                     slot.failures += 1
-                    slot.restart_at = now + min(MAX_BACKOFF, MIN_BACKOFF * 2 ** (slot.failures - 1))
+                    slot.restart_at = now + self._backoff(slot.failures)
                     slot.error = _running_error(exc, self.capture_id, key[1], now)
                     self._report(slot, force=True)
             if slot.runner is not None:
@@ -140,6 +142,27 @@ class Processor:
                     slot.error = None  # progress after a restart: the error is over
                     slot.failures = 0
                 self._report(slot)
+
+    def _backoff(self, failures: int) -> float:
+        return min(self.config.error_backoff_max, self.config.error_backoff_min * 2 ** (failures - 1))
+
+    def _stop_for_move(self, slot: _Slot, assignment: SpanAssignment) -> None:
+        """First phase of a move or pause: stop the span, then confirm ``running=False`` (with its final
+        checkpoint) under the stopping assignment, so that the owner may hand the span elsewhere."""
+        if slot.runner is not None:
+            if not slot.runner.stopped:
+                log.info("span=%s/%d asked to stop (move or pause) on capture=%s", slot.cf, slot.span,
+                         self.capture_id)
+            if not slot.runner.stop():
+                log.warning("span=%s/%d still finishing a sink write; not confirming the stop yet", slot.cf, slot.span)
+                return
+        if slot.assignment != assignment:
+            slot.assignment = assignment
+            slot.stop_confirmed = False
+        if not slot.stop_confirmed:
+            slot.stop_confirmed = self._report(slot, force=True)
+        if slot.stop_confirmed:
+            slot.runner = None
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _start(self, info: ChangefeedInfo, span_index: int, status: SpanStatus | None) -> SpanRunner:
@@ -155,12 +178,18 @@ class Processor:
         puller = Puller(stream, sorter, TableFilter(config.filter.rules), start,
                         lambda: connect(info.upstream_uri), label)
         runner = SpanRunner(label, puller, sorter, lambda: open_sink(info.sink_uri, config.sink), start,
-                            config.sink.txn_rows)
+                            config.sink.txn_rows, fence=self._lease_fence)
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)
         return runner
 
-    def _report(self, slot: _Slot, force: bool = False) -> None:
+    def _lease_fence(self) -> None:
+        """Refuse a downstream commit once this capture's lease may have expired: after that the
+        owner may already have given the span to another capture."""
+        if self._lease_deadline is not None and time.monotonic() >= self._lease_deadline() - 1.0:
+            raise LeaseLost(f"capture {self.capture_id}: etcd lease may have expired; not committing downstream")
+
+    def _report(self, slot: _Slot, force: bool = False) -> bool:
         runner = slot.runner
         now = self._clock()
         prev = slot.reported
@@ -169,9 +198,10 @@ class Processor:
                 capture_id=self.capture_id, epoch=slot.assignment.epoch,
                 checkpoint_ts=runner.checkpoint.ts, checkpoint_time=runner.checkpoint.time,
                 resolved_ts=runner.resolved.ts, resolved_time=runner.resolved.time,
-                running=not runner.stopped, error=slot.error, rows=runner.rows, updated=now)
+                running=runner.alive, error=slot.error, rows=runner.rows, updated=now)
         elif prev is not None:
-            status = replace(prev, running=False, error=slot.error, updated=now)
+            status = replace(prev, capture_id=self.capture_id, epoch=slot.assignment.epoch, running=False,
+                             error=slot.error, updated=now)
         else:
             status = SpanStatus(capture_id=self.capture_id, epoch=slot.assignment.epoch, error=slot.error,
                                 updated=now)
@@ -179,7 +209,7 @@ class Processor:
             unchanged = (prev.checkpoint_ts, prev.checkpoint_time, prev.resolved_ts, prev.error, prev.running) == (
                 status.checkpoint_ts, status.checkpoint_time, status.resolved_ts, status.error, status.running)
             if (unchanged or now - slot.last_report < self.config.checkpoint_interval) and now - slot.last_report < 10:
-                return
+                return True
         if prev is not None and status.checkpoint_ts < prev.checkpoint_ts:
             status = replace(status, checkpoint_ts=prev.checkpoint_ts, checkpoint_time=prev.checkpoint_time)
         try:
@@ -187,17 +217,18 @@ class Processor:
             ok = self.store.put_span_status(slot.cf, slot.span, status, guard)
         except MetaStoreError as exc:
             log.warning("span=%s/%d status not stored: %s", slot.cf, slot.span, exc)
-            return
+            return False
         if not ok:
-            log.warning("span=%s/%d status write fenced off (lease or assignment changed); stopping it",
-                        slot.cf, slot.span)
-            if runner is not None:
+            if runner is not None and not runner.stopped:
+                log.warning("span=%s/%d status write fenced off (lease or assignment changed); stopping it",
+                            slot.cf, slot.span)
                 runner.stop()
-            return
+            return False
         slot.reported = status
         slot.last_report = now
         if runner is not None:
             runner.persisted(status.checkpoint_ts)
+        return True
 
 
 def _span_info(info: ChangefeedInfo, index: int) -> SpanInfo:

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 
-from cdc.errors import TidewaterError
+from cdc.errors import LeaseLost, TidewaterError
 from cdc.events import RowChange
 from cdc.ts import Watermark
 from processor.mounter import Mounter
@@ -75,11 +75,13 @@ class SpanRunner:
         sink_factory: Callable[[], Sink],
         start: Watermark,
         txn_rows: int,
+        fence: Callable[[], None] | None = None,
     ) -> None:
         self.label = label
         self.puller = puller
         self.sorter = sorter
         self._sink_factory = sink_factory
+        self._outer_fence = fence
         self.txn_rows = txn_rows
         self.resolved = start
         self.checkpoint = start
@@ -101,17 +103,31 @@ class SpanRunner:
             self._threads.append(th)
             th.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop both threads; True once they have exited (then nothing more reaches the sink)."""
         self._stop.set()
         self._wake.set()
         deadline = time.monotonic() + timeout
         for th in self._threads:
             th.join(max(0.0, deadline - time.monotonic()))
         self.puller.stream.close()
+        return not self.alive
 
     @property
     def stopped(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def alive(self) -> bool:
+        """A thread of this span still runs (a stopped span may still be finishing a sink write)."""
+        return any(th.is_alive() for th in self._threads)
+
+    def _fence(self) -> None:
+        """Called by the sink right before each downstream commit."""
+        if self._stop.is_set():
+            raise LeaseLost(f"span {self.label} is stopping: its last batch is not committed")
+        if self._outer_fence is not None:
+            self._outer_fence()
 
     def persisted(self, ts: int) -> None:
         """The processor stored checkpoint ``ts`` in etcd: the upstream may now forget it."""
@@ -160,7 +176,7 @@ class SpanRunner:
                     continue
                 batcher = TxnBatcher(self.sorter.read(self.checkpoint.ts, target.ts), mount, self.txn_rows)
                 while batcher.has_more() and not self._stop.is_set():
-                    self.rows += sink.write(batcher.next_batch())
+                    self.rows += sink.write(batcher.next_batch(), self._fence)
                     if not batcher.batch_complete or batcher.last is None:
                         raise RuntimeError(f"sink {type(sink).__name__} returned before consuming its batch")
                     self.checkpoint = batcher.last

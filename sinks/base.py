@@ -11,20 +11,23 @@ Guarantees a sink gives its caller:
 - Errors: a transient failure (target unreachable) raises ``cdc.errors.SinkUnavailable``; a failure that
   retrying cannot fix raises ``cdc.errors.SinkError``. After an exception nothing from that call is
   assumed durable; the caller retries from its checkpoint.
+- Fencing: ``fence`` (if given) is called immediately before the downstream commit; if it raises, the
+  downstream transaction is rolled back and the exception propagates. A span uses it to refuse to
+  commit once its capture may have lost the span (lease expired while the process was frozen).
 - Threading: one caller thread at a time. ``close`` releases connections; no call after ``close``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from cdc.events import RowChange, TableName
 
 
 class Sink(ABC):
     @abstractmethod
-    def write(self, changes: Iterable[RowChange]) -> int:
+    def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         """Apply whole transactions durably; return the number of row changes applied."""
 
     def check(self) -> None:  # noqa: B027 - optional hook, no-op by default

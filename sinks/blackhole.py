@@ -6,7 +6,7 @@ stored, so every write is trivially "durable". Not thread-safe (one caller, as t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from cdc.config import SinkConfig
 from cdc.errors import SinkError
@@ -22,12 +22,14 @@ class BlackholeSink(Sink):
         self.writes = 0  # write calls
         self._closed = False
 
-    def write(self, changes: Iterable[RowChange]) -> int:
+    def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         if self._closed:
             raise SinkError("blackhole sink is closed")
         n = 0
         for _ in changes:
             n += 1
+        if fence is not None:
+            fence()
         self.rows += n
         self.writes += 1
         return n

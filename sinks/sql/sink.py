@@ -196,7 +196,7 @@ class SQLSink(Sink):
             return table.schema, table.table
         return None, table.table
 
-    def write(self, changes: Iterable[RowChange]) -> int:
+    def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         self._check_open()
         writer: _Writer | None = None
         try:
@@ -206,6 +206,8 @@ class SQLSink(Sink):
                     stmts = self._statements()
                     writer = _Writer(self, conn, stmts)
                     count = writer.run(changes)
+                    if fence is not None:
+                        fence()
                     trans.commit()
                     return count
                 except BaseException as exc:

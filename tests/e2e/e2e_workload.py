@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 from playground.cluster import CdcServer, current_lsn
 from playground.compare import compare_tables
+
+# Faster retries than production (10 s .. 10 min) so that recovery tests finish quickly.
+TEST_SERVER_CONFIG = "error-backoff-min = 1.0\nerror-backoff-max = 5.0\n"
+
+
+def server_config(tmp_path: Path, extra: str = "") -> list[str]:
+    """`--config` arguments for a test `cdc server`."""
+    path = tmp_path / "server.toml"
+    path.write_text(TEST_SERVER_CONFIG + extra)
+    return ["--config", str(path)]
+
 
 SCHEMA = """
 CREATE TABLE accounts (id int PRIMARY KEY, owner text NOT NULL, balance numeric(14,2), active boolean,

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_workload import SCHEMA, assert_converged, mixed_workload
+from e2e_workload import SCHEMA, assert_converged, mixed_workload, server_config
 
 from playground.cluster import CdcServer
 from playground.servers import MariaDBServer, PostgresServer
@@ -70,10 +70,8 @@ def test_sink_outage_warns_retries_and_loses_nothing(cdc_server: CdcServer, pg_s
 def test_frozen_capture_loses_lease_reregisters_and_continues(etcd_server: Any, cluster_id: str, tmp_path: Path,
                                                               pg_server: PostgresServer, pg_database: str,
                                                               source: Any) -> None:
-    config = tmp_path / "server.toml"
-    config.write_text("session-ttl = 3\netcd-timeout = 1.0\nowner-tick = 0.2\n")
     cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id,
-                    extra_args=["--config", str(config)]).start()
+                    extra_args=server_config(tmp_path, "session-ttl = 3\netcd-timeout = 1.0\nowner-tick = 0.2\n")).start()
     sink = f"sqlite:///{tmp_path / 'target.db'}"
     try:
         cdc.create_changefeed("frozen", pg_server.uri(pg_database), sink)

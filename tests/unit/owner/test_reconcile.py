@@ -69,17 +69,64 @@ def test_no_capture_no_assignment() -> None:
 
 
 @pytest.mark.parametrize("state", [FeedState.STOPPED, FeedState.FAILED, FeedState.FINISHED])
-def test_stopped_changefeeds_lose_their_assignments(state: FeedState) -> None:
-    s = snap(cf(state, spans=1), assignments={0: SpanAssignment("a", 1)})
-    assert reconcile(s, NOW) == [Unassign("cf", 0, SpanAssignment("a", 1))]
+def test_stopped_changefeeds_lose_their_assignments_in_two_phases(state: FeedState) -> None:
+    a = SpanAssignment("a", 1)
+    s = snap(cf(state, spans=1), assignments={0: a})
+    assert reconcile(s, NOW) == [Assign("cf", 0, SpanAssignment("a", 1, stopping=True), a)]
+    stopping = SpanAssignment("a", 1, stopping=True)
+    s = snap(cf(state, spans=1), assignments={0: stopping}, span_statuses={0: span_status(5, 5)})
+    assert reconcile(s, NOW) == [], "still running: wait for the holder to confirm"
+    confirmed = SpanStatus("a", 1, 5, 5.0, 5, 5.0, running=False)
+    s = snap(cf(state, spans=1), assignments={0: stopping}, span_statuses={0: confirmed})
+    assert reconcile(s, NOW) == [Unassign("cf", 0, stopping)]
+
+
+def test_stopped_changefeed_on_dead_capture_is_unassigned_at_once() -> None:
+    a = SpanAssignment("gone", 1)
+    assert reconcile(snap(cf(FeedState.STOPPED, spans=1), assignments={0: a}), NOW) == [Unassign("cf", 0, a)]
 
 
 def test_remove_unassigns_first_then_drops_after_grace() -> None:
     info = cf(FeedState.REMOVED, spans=1, state_since=NOW - 1)
-    assert reconcile(snap(info, assignments={0: SpanAssignment("a", 1)}), NOW) == [
-        Unassign("cf", 0, SpanAssignment("a", 1))]
+    stopping = SpanAssignment("a", 1, stopping=True)
+    confirmed = SpanStatus("a", 1, 5, 5.0, 5, 5.0, running=False)
+    assert reconcile(snap(info, assignments={0: stopping}, span_statuses={0: confirmed}), NOW) == [
+        Unassign("cf", 0, stopping)]
     assert reconcile(snap(info), NOW) == []  # processors get time to stop
     assert reconcile(snap(info), NOW + 5) == [DropChangefeed("cf", info)]
+
+
+def test_draining_capture_hands_its_span_over_in_two_phases() -> None:
+    s = snap(cf(spans=1), assignments={0: SpanAssignment("a", 1)}, span_statuses={0: span_status(5, 5)})
+    s.captures["a"] = CaptureInfo("a", "a:1", "v", NOW, draining=True)
+    (mark,) = [x for x in reconcile(s, NOW) if isinstance(x, Assign)]
+    assert mark.assignment == SpanAssignment("a", 1, stopping=True)
+    s.assignments["cf"][0] = mark.assignment
+    assert not [x for x in reconcile(s, NOW) if isinstance(x, Assign)], "not before the holder confirms"
+    s.span_statuses["cf"][0] = SpanStatus("a", 1, 5, 5.0, 5, 5.0, running=False)
+    (move,) = [x for x in reconcile(s, NOW) if isinstance(x, Assign)]
+    assert move.assignment == SpanAssignment("b", 2)
+
+
+def test_a_joining_capture_gets_spans_by_rebalancing_one_at_a_time() -> None:
+    info = cf(spans=4)
+    assigns = {i: SpanAssignment("a", 1) for i in range(4)}
+    s = snap(info, captures=("a", "b"), assignments=assigns,
+             span_statuses={i: span_status(5, 5) for i in range(4)})
+    moves = [x for x in reconcile(s, NOW) if isinstance(x, Assign)]
+    assert moves == [Assign("cf", 0, SpanAssignment("a", 1, stopping=True), SpanAssignment("a", 1))]
+    # while one move is in flight, no other starts
+    s.assignments["cf"][0] = moves[0].assignment
+    assert not [x for x in reconcile(s, NOW) if isinstance(x, Assign)]
+    s.span_statuses["cf"][0] = SpanStatus("a", 1, 5, 5.0, 5, 5.0, running=False)
+    (done,) = [x for x in reconcile(s, NOW) if isinstance(x, Assign)]
+    assert done.assignment == SpanAssignment("b", 2)
+
+
+def test_balanced_cluster_does_not_move() -> None:
+    assigns = {0: SpanAssignment("a", 1), 1: SpanAssignment("b", 1), 2: SpanAssignment("a", 1)}
+    s = snap(cf(spans=3), assignments=assigns, span_statuses={i: span_status(5, 5) for i in range(3)})
+    assert not [x for x in reconcile(s, NOW) if isinstance(x, Assign)]
 
 
 def test_global_watermarks_are_minimums_and_never_go_back() -> None:
