@@ -27,6 +27,7 @@ calls; ``close`` disposes of it.
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -152,7 +153,7 @@ class SQLSink(Sink):
         url = sa.URL.create("postgresql+psycopg2", username=u.user, password=u.password, host=u.host,
                             port=u.port or 5432, database=u.path or None)
         return sa.create_engine(url, pool_pre_ping=True, connect_args={
-            "connect_timeout": timeout, "application_name": "tidewater-sink", "options": "-c timezone=UTC", **ssl})
+            "connect_timeout": timeout, "application_name": f"tidewater-sink-{os.getpid()}", "options": "-c timezone=UTC", **ssl})
 
     def _where(self) -> str:
         if self.dialect == "sqlite":
