@@ -9,21 +9,28 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+if TYPE_CHECKING:
+    from owner.upstream_watch import UpstreamReport
+
 
 class CaptureCollector(Collector):
     def __init__(self, capture_id: str, is_owner: Callable[[], bool], snapshot: Callable[[], Any],
-                 runners: Callable[[], list[tuple[str, int, Any]]], sorter_bytes: Callable[[], int]) -> None:
+                 runners: Callable[[], list[tuple[str, int, Any]]], sorter_bytes: Callable[[], int],
+                 slot_reports: Callable[[], list[UpstreamReport]] = lambda: []) -> None:
+        """``slot_reports`` returns the owner's latest upstream reports (``UpstreamWatcher.reports``);
+        it is read only while this capture is the owner."""
         self.capture_id = capture_id
         self._is_owner = is_owner
         self._snapshot = snapshot
         self._runners = runners
         self._sorter_bytes = sorter_bytes
+        self._slot_reports = slot_reports
 
     def collect(self) -> Iterator[Any]:
         now = time.time()
@@ -60,6 +67,26 @@ class CaptureCollector(Collector):
         yield ck
         yield rs
         yield state
+        yield from slot_metrics(self._slot_reports())
+
+
+def slot_metrics(reports: list[UpstreamReport]) -> Iterator[Any]:
+    """Per-slot families from the owner's upstream reports; a slot whose size is unknown (upstream
+    unreachable, slot missing or invalidated) has no ``retained`` sample rather than a wrong one."""
+    retained = GaugeMetricFamily("tidewater_slot_retained_wal_bytes",
+                                 "WAL the upstream retains for the span's replication slot (current WAL "
+                                 "position minus the slot's restart LSN)", labels=["changefeed", "span", "slot"])
+    usable = GaugeMetricFamily("tidewater_slot_usable",
+                               "1 if the span's slot and publication exist and the slot is not invalidated",
+                               labels=["changefeed", "span", "slot"])
+    for report in reports:
+        for s in report.slots:
+            labels = [report.changefeed, str(s.span), s.slot]
+            if s.retained_bytes is not None:
+                retained.add_metric(labels, float(s.retained_bytes))
+            usable.add_metric(labels, 1.0 if s.exists and not s.lost and s.publication_exists else 0.0)
+    yield retained
+    yield usable
 
 
 def make_registry(collector: CaptureCollector) -> Callable[[], bytes]:

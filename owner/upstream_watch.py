@@ -1,0 +1,484 @@
+"""Protecting the upstream: the owner's periodic look at each changefeed's slots and publications.
+
+A logical slot makes PostgreSQL keep every WAL segment from the slot's restart point on, for as long
+as the slot exists, whether or not anybody reads it. This module is how the owner keeps that cost
+visible and bounded, and how it notices what happened to a changefeed's upstream behind its back:
+
+- :class:`UpstreamWatcher` inspects a changefeed's upstream at most every ``interval`` seconds (one
+  connection per inspection): for each span the slot (exists, active, lost, retained WAL bytes,
+  confirmed flush LSN) and whether its publication exists. For a running changefeed it also picks up
+  tables created after the changefeed that match its filter: each eligible one is added to the
+  publication of the span it hashes to (:func:`cdc.spans.span_of`), ineligible ones (no key, ...)
+  are reported, never added (publishing them would make UPDATE/DELETE fail upstream).
+- :func:`decide` turns the latest report into at most one :data:`Decision` (pure, no I/O): fail a
+  running changefeed whose slot vanished or was invalidated, release the slots of a changefeed
+  stopped or failed for longer than ``gc-ttl``, or warn about tables that are not fully replicated.
+- :func:`release_slots` drops a changefeed's slots and publications; :func:`can_resume` refuses to
+  resume a changefeed whose slots were released.
+
+New tables are added under ``LOCK TABLE ... IN SHARE MODE`` (waiting at most ``lock_timeout``, then
+retried at the next inspection): writers to that table are held back for the instant of the add, so
+every change committed after the add is streamed and the rows present at the add are exactly the ones
+the stream will never carry. If there are any (the table was written before the owner saw it) the
+table is reported in ``UpstreamReport.unreplicated``, loudly, instead of silently diverging.
+
+Thread-safety: ``inspect`` may run concurrently for different changefeeds (each call opens its own
+connection); ``due``, ``latest``, ``reports``, ``forget`` and ``clear`` are safe from any thread (the
+metrics scrape reads ``reports()`` while the owner inspects). Retryable upstream problems never raise
+out of ``inspect``: they become ``UpstreamReport.error``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import psycopg2.errors
+from psycopg2 import sql
+
+from cdc.config import FilterConfig
+from cdc.errors import GCTTLExceeded, InvalidArgument, SlotLost, TableNotEligible, TidewaterError
+from cdc.events import TableName
+from cdc.filter import TableFilter
+from cdc.model import ChangefeedInfo, FeedState, RunningError, SpanInfo
+from cdc.spans import span_of
+from upstream.postgres import admin, catalog
+from upstream.postgres import conn as pg_conn
+from upstream.postgres.conn import pg_errors
+
+log = logging.getLogger(__name__)
+
+LOCK_TIMEOUT_MS = 1000  # how long adding a new table may hold back its writers
+STATEMENT_TIMEOUT_MS = 15000  # bound on any one catalog query of an inspection
+
+
+# ---- reports ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SlotReport:
+    """One span's upstream resources as seen at ``UpstreamReport.checked_at``.
+
+    ``retained_bytes`` is the WAL the slot keeps (current WAL position minus its restart LSN); None when
+    the slot does not exist or was invalidated. ``lost`` is true for a slot PostgreSQL invalidated
+    (``wal_status = lost`` or an ``invalidation_reason``): it exists but can never stream again.
+    """
+
+    span: int
+    slot: str
+    exists: bool
+    active: bool
+    retained_bytes: int | None
+    confirmed_flush_lsn: int | None
+    wal_status: str | None
+    lost: bool
+    publication: str = ""
+    publication_exists: bool = True
+    invalidation_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class UpstreamReport:
+    """One inspection of one changefeed's upstream.
+
+    ``error`` is non-empty when the inspection could not complete (upstream unreachable, ...); then
+    ``slots`` is empty and the report says nothing about the upstream. ``new_tables`` are the
+    ``schema.table`` names this inspection added to a publication; ``unreplicated`` those of them that
+    already held rows when they were added (those rows are not replicated, only later changes);
+    ``ineligible`` one message per matched table that cannot be added, naming the table and the fix.
+    """
+
+    changefeed: str
+    checked_at: float
+    slots: tuple[SlotReport, ...]
+    new_tables: tuple[str, ...] = ()
+    ineligible: tuple[str, ...] = ()
+    error: str = ""
+    unreplicated: tuple[str, ...] = ()
+
+    def retained_bytes(self) -> dict[int, int | None]:
+        """Retained WAL bytes per span index (None: unknown, slot missing or invalidated)."""
+        return {s.span: s.retained_bytes for s in self.slots}
+
+
+# ---- decisions ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Decision:
+    reason: str
+    code: ClassVar[str] = ""
+    retryable: ClassVar[bool] = False
+
+    def running_error(self, now: float) -> RunningError:
+        """The changefeed error recording this decision (``code``, ``reason``, not span-specific)."""
+        return RunningError(self.code, self.reason, now, retryable=self.retryable)
+
+
+@dataclass(frozen=True)
+class FailSlotLost(_Decision):
+    """A running changefeed's slot (or publication) vanished or was invalidated: set it ``failed``."""
+
+    code: ClassVar[str] = SlotLost.code
+
+
+@dataclass(frozen=True)
+class ReleaseAfterGcTtl(_Decision):
+    """Drop the changefeed's slots and publications (:func:`release_slots`) and keep it ``failed``
+    with this reason and ``released`` set (:func:`mark_released`). Also returned for a changefeed
+    already marked released whose slots are still there (the drop failed earlier): then only drop."""
+
+    code: ClassVar[str] = GCTTLExceeded.code
+
+
+@dataclass(frozen=True)
+class WarnIneligible(_Decision):
+    """New tables match the filter but cannot be replicated (no key, ...); they were not added."""
+
+    code: ClassVar[str] = TableNotEligible.code
+    retryable: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class WarnUnreplicatedRows(_Decision):
+    """New tables were added that already held rows: those rows are not replicated downstream."""
+
+    code: ClassVar[str] = "CDC:ErrTableRowsNotReplicated"
+    retryable: ClassVar[bool] = True
+
+
+Decision = FailSlotLost | ReleaseAfterGcTtl | WarnIneligible | WarnUnreplicatedRows
+
+
+def is_released(info: ChangefeedInfo) -> bool:
+    """True when the changefeed's slots were released after gc-ttl (``info.released``, or its error
+    code is ``CDC:ErrGCTTLExceeded`` for records written before that field existed)."""
+    if getattr(info, "released", False):
+        return True
+    return info.error is not None and info.error.code == GCTTLExceeded.code
+
+
+def decide(info: ChangefeedInfo, report: UpstreamReport | None, now: float, gc_ttl: float) -> Decision | None:
+    """What the owner must do about ``info``'s upstream, given its latest ``report``. Pure.
+
+    Returns None when there is no report, the report is an error, or it was taken before the
+    changefeed entered its current state (``checked_at < info.state_since``: e.g. a report of a removed
+    changefeed whose id was reused). Otherwise, by priority:
+
+    - running (``normal``/``warning``) and a slot does not exist, is invalidated, or a publication is
+      gone -> :class:`FailSlotLost`;
+    - ``stopped``/``failed`` and a slot still exists, and either the changefeed is already released or
+      it has been in that state for at least ``gc_ttl`` seconds -> :class:`ReleaseAfterGcTtl`;
+    - running and new tables were added with rows already in them -> :class:`WarnUnreplicatedRows`;
+    - running and matched tables are ineligible -> :class:`WarnIneligible`.
+    """
+    if report is None or report.error or report.changefeed != info.id or report.checked_at < info.state_since:
+        return None
+    if info.state.runs:
+        problems = []
+        for s in report.slots:
+            if not s.exists:
+                problems.append(f"replication slot {s.slot!r} of span {s.span} disappeared from the upstream")
+            elif s.lost:
+                why = s.invalidation_reason or f"wal_status {s.wal_status}"
+                problems.append(f"replication slot {s.slot!r} of span {s.span} was invalidated by the upstream "
+                                f"({why}): WAL it still needed was removed")
+            if not s.publication_exists:
+                problems.append(f"publication {s.publication!r} of span {s.span} disappeared from the upstream")
+        if problems:
+            return FailSlotLost(
+                f"changefeed {info.id!r}: " + "; ".join(problems) + ". It was dropped by someone or lost in an "
+                "upstream failover (a promoted standby has no copy of the slot). Changes committed after the "
+                "changefeed's checkpoint may be gone, so it cannot continue without silently skipping them: "
+                "remove the changefeed and create it again (re-synchronising the downstream)")
+        if report.unreplicated:
+            return WarnUnreplicatedRows(
+                f"changefeed {info.id!r}: new table(s) {', '.join(report.unreplicated)} already held rows when "
+                "they were added to the changefeed; changes from then on are replicated, the rows written before "
+                "are not: copy them to the downstream by hand, or recreate the changefeed")
+        if report.ineligible:
+            return WarnIneligible(
+                f"changefeed {info.id!r}: {len(report.ineligible)} new table(s) match the filter but cannot be "
+                f"replicated and are not captured until fixed: " + "; ".join(report.ineligible))
+        return None
+    if info.state not in (FeedState.STOPPED, FeedState.FAILED):
+        return None
+    held = [s.slot for s in report.slots if s.exists]
+    if not held:
+        return None
+    if is_released(info):
+        return ReleaseAfterGcTtl(info.error.message if info.error else f"changefeed {info.id!r} was released")
+    idle = now - info.state_since
+    if idle < gc_ttl:
+        return None
+    cause = f" (it failed with: {info.error.message})" if info.state is FeedState.FAILED and info.error else ""
+    return ReleaseAfterGcTtl(
+        f"changefeed {info.id!r} was {info.state.value} for {idle:.0f}s, longer than gc-ttl ({gc_ttl:.0f}s){cause}. "
+        f"Its upstream position was released: replication slot(s) {', '.join(held)} were dropped so the upstream "
+        "stops retaining WAL for it. The changes after its checkpoint are no longer kept, so it can never be "
+        "resumed: remove it and create it again (re-synchronising the downstream)")
+
+
+def mark_released(info: ChangefeedInfo, decision: ReleaseAfterGcTtl, now: float) -> ChangefeedInfo:
+    """``info`` as ``failed`` with the decision's error and ``released`` set (if the model has it)."""
+    changes: dict[str, Any] = {"retries": 0, "backoff_until": 0.0}
+    if any(f.name == "released" for f in dataclasses.fields(info)):
+        changes["released"] = True
+    return info.with_state(FeedState.FAILED, error=decision.running_error(now), now=now, **changes)
+
+
+def can_resume(info: ChangefeedInfo) -> str | None:
+    """None if ``info`` may be resumed as far as the upstream is concerned, else the refusal reason."""
+    if not is_released(info):
+        return None
+    why = f" ({info.error.message})" if info.error else ""
+    return (f"changefeed {info.id!r} cannot be resumed: its replication slots were released after gc-ttl{why}; "
+            "the upstream no longer keeps the changes after its checkpoint. Remove it and create it again")
+
+
+def release_slots(info: ChangefeedInfo, connect: Callable[[str], Any] = pg_conn.connect) -> None:
+    """Drop every slot and publication of ``info`` (idempotent; a walsender still streaming from a slot
+    is terminated, waiting at most 10 s per slot). Raises :class:`cdc.errors.TidewaterError` if the
+    upstream cannot be reached or a drop fails: the caller retries later; what was dropped stays dropped."""
+    conn = connect(info.upstream_uri)
+    try:
+        for span in info.spans:
+            dropped = admin.drop_slot(conn, span.slot, timeout=10)
+            admin.drop_publication(conn, span.publication)
+            if dropped:
+                log.warning("changefeed=%s span=%d: dropped replication slot %s and publication %s",
+                            info.id, span.index, span.slot, span.publication)
+    finally:
+        conn.close()
+
+
+# ---- the watcher --------------------------------------------------------------------------------------
+class UpstreamWatcher:
+    """Rate-limited inspections of changefeeds' upstreams, keeping the latest report of each.
+
+    ``connect(uri)`` opens an autocommit connection (default: :func:`upstream.postgres.conn.connect`
+    with a 5 s timeout); ``clock`` gives ``checked_at``. ``gc_ttl`` is only carried for
+    :meth:`decide`.
+    """
+
+    def __init__(self, interval: float = 10.0, gc_ttl: float = 86400.0, clock: Callable[[], float] = time.time,
+                 connect: Callable[[str], Any] = pg_conn.connect) -> None:
+        self.interval = interval
+        self.gc_ttl = gc_ttl
+        self._clock = clock
+        self._connect = connect
+        self._lock = threading.Lock()
+        self._last: dict[str, float] = {}
+        self._reports: dict[str, UpstreamReport] = {}
+
+    # -- bookkeeping (thread-safe)
+    def due(self, cf_id: str, now: float) -> bool:
+        """True if ``cf_id`` was never inspected or its last inspection started ``interval`` s ago."""
+        with self._lock:
+            last = self._last.get(cf_id)
+        return last is None or now - last >= self.interval
+
+    def latest(self, cf_id: str) -> UpstreamReport | None:
+        with self._lock:
+            return self._reports.get(cf_id)
+
+    def reports(self) -> list[UpstreamReport]:
+        """The latest report of every changefeed inspected and not forgotten (for metrics)."""
+        with self._lock:
+            return [self._reports[k] for k in sorted(self._reports)]
+
+    def forget(self, cf_id: str) -> None:
+        """Drop what is known about ``cf_id`` (call when it is removed)."""
+        with self._lock:
+            self._last.pop(cf_id, None)
+            self._reports.pop(cf_id, None)
+
+    def retain(self, cf_ids: Iterable[str]) -> None:
+        """Forget every changefeed not in ``cf_ids``."""
+        keep = set(cf_ids)
+        with self._lock:
+            for k in [k for k in self._last if k not in keep]:
+                self._last.pop(k, None)
+                self._reports.pop(k, None)
+
+    def clear(self) -> None:
+        """Forget everything (call when this capture stops being the owner)."""
+        with self._lock:
+            self._last.clear()
+            self._reports.clear()
+
+    def decide(self, info: ChangefeedInfo, now: float) -> Decision | None:
+        """:func:`decide` over this watcher's latest report of ``info`` and its ``gc_ttl``."""
+        return decide(info, self.latest(info.id), now, self.gc_ttl)
+
+    def poll(self, infos: Iterable[ChangefeedInfo]) -> list[UpstreamReport]:
+        """Inspect every changefeed of ``infos`` that is due (``removed`` ones are skipped)."""
+        out = []
+        for info in infos:
+            if info.state is not FeedState.REMOVED and self.due(info.id, self._clock()):
+                out.append(self.inspect(info))
+        return out
+
+    def run(self, source: Callable[[], Iterable[ChangefeedInfo]], stop: threading.Event,
+            tick: float = 1.0) -> None:
+        """Poll ``source()`` every ``tick`` seconds until ``stop`` is set (a thread target, so that a slow
+        or unreachable upstream never delays the owner's tick). Never raises."""
+        while not stop.is_set():
+            try:
+                self.poll(source())
+            except Exception:  # noqa: BLE001 - keep watching; a bug here must not end the owner's watch
+                log.exception("upstream watch failed")
+            stop.wait(tick)
+
+    # -- one inspection
+    def inspect(self, info: ChangefeedInfo) -> UpstreamReport:
+        """Inspect ``info``'s upstream now, store and return the report (see the module docstring).
+
+        Adds new matching tables to publications only when ``info.state.runs``. Never raises for
+        upstream problems: the report carries ``error`` instead.
+        """
+        started = self._clock()
+        with self._lock:
+            self._last[info.id] = started
+        try:
+            report = self._inspect(info, started)
+        except TidewaterError as exc:
+            report = UpstreamReport(info.id, started, (), error=str(exc))
+        except Exception as exc:  # noqa: BLE001 - a watcher bug must not take the owner down
+            log.exception("changefeed=%s: upstream inspection failed", info.id)
+            report = UpstreamReport(info.id, started, (), error=f"inspection failed: {exc!r}")
+        previous = self.latest(info.id)
+        if report.error and (previous is None or previous.error != report.error):
+            log.warning("changefeed=%s: upstream inspection failed: %s", info.id, report.error)
+        elif previous is not None and previous.error and not report.error:
+            log.info("changefeed=%s: upstream inspection works again", info.id)
+        for name in report.new_tables:
+            log.info("changefeed=%s: new table %s added to its span's publication%s", info.id, name,
+                     " (it already held rows: those are NOT replicated)" if name in report.unreplicated else "")
+        with self._lock:
+            if info.id in self._last:  # not forgotten meanwhile
+                self._reports[info.id] = report
+        return report
+
+    def _inspect(self, info: ChangefeedInfo, started: float) -> UpstreamReport:
+        conn = self._connect(info.upstream_uri)
+        try:
+            with pg_errors(conn, "setting statement_timeout"), conn.cursor() as cur:
+                cur.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
+            published: dict[int, list[TableName] | None] = {}
+            slots = []
+            for span in info.spans:
+                published[span.index] = admin.publication_tables(conn, span.publication)
+                slots.append(_slot_report(admin.slot_info(conn, span.slot), span, published[span.index] is not None))
+            new: list[str] = []
+            unreplicated: list[str] = []
+            ineligible: list[str] = []
+            if info.state.runs and info.spans:
+                new, unreplicated, ineligible = _pick_up_new_tables(conn, info, published)
+            return UpstreamReport(info.id, started, tuple(slots), tuple(new), tuple(ineligible),
+                                  unreplicated=tuple(unreplicated))
+        finally:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+
+
+def _slot_report(s: admin.SlotInfo | None, span: SpanInfo, publication_exists: bool) -> SlotReport:
+    if s is None:
+        return SlotReport(span.index, span.slot, False, False, None, None, None, False, span.publication,
+                          publication_exists)
+    return SlotReport(span.index, span.slot, True, s.active, None if s.lost else s.retained_bytes,
+                      s.confirmed_flush_lsn, s.wal_status, s.lost, span.publication, publication_exists,
+                      s.invalidation_reason)
+
+
+def filter_rules(info: ChangefeedInfo) -> tuple[str, ...]:
+    """The changefeed's filter rules from its stored config (defaults when absent)."""
+    rules = (info.config.get("filter") or {}).get("rules")
+    return tuple(rules) if rules else FilterConfig().rules
+
+
+def _pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, list[TableName] | None],
+                        ) -> tuple[list[str], list[str], list[str]]:
+    """Add matched tables that are in no publication of ``info`` to their span's publication.
+
+    Returns (added, added-with-rows, ineligible messages). Spans are indexed ``0..len(info.spans)-1``
+    (``span-count`` is fixed at creation), so ``span_of(table, len(info.spans))`` is the creation-time rule.
+    """
+    in_pubs: set[TableName] = set()
+    for tables in published.values():
+        in_pubs.update(tables or ())
+    matched = TableFilter(filter_rules(info)).select(catalog.list_tables(conn))
+    by_index = {s.index: s for s in info.spans}
+    added: list[str] = []
+    with_rows: list[str] = []
+    ineligible: list[str] = []
+    for table in matched:
+        if table in in_pubs:
+            continue
+        span = by_index.get(span_of(table, len(info.spans)))
+        if span is None or published.get(span.index) is None:
+            continue  # missing publication: reported on the slot report, decided as a lost span
+        try:
+            admin.check_tables(conn, [table])
+        except TableNotEligible as exc:
+            ineligible.append(exc.message.split(": ", 1)[-1])
+            continue
+        except InvalidArgument:
+            continue  # dropped since it was listed
+        try:
+            outcome = add_table_locked(conn, span.publication, table)
+        except TidewaterError as exc:
+            if exc.retryable:
+                log.info("changefeed=%s: adding %s to %s deferred: %s", info.id, table, span.publication, exc)
+                continue
+            ineligible.append(f"{table} cannot be added to publication {span.publication}: {exc.message}")
+            continue
+        if outcome is None:
+            continue
+        added.append(str(table))
+        if outcome:
+            with_rows.append(str(table))
+    return added, with_rows, ineligible
+
+
+def add_table_locked(conn: Any, publication: str, table: TableName,
+                     lock_timeout_ms: int = LOCK_TIMEOUT_MS) -> bool | None:
+    """Add ``table`` to ``publication`` in one transaction holding ``SHARE`` lock on the table.
+
+    The lock waits for the table's in-flight writers and holds back new ones until the commit, so the
+    rows seen here are exactly those committed before the table joined the publication; every later
+    change is streamed. Returns True if the table already held rows (they will not be streamed), False
+    if it was empty, None if nothing was done (the lock was not granted within ``lock_timeout_ms``, or
+    the table is already in the publication). ``conn`` must be in autocommit mode.
+    """
+    ident = sql.Identifier(table.schema, table.table)
+    with pg_errors(conn, f"adding {table} to publication {publication!r}"), conn.cursor() as cur:
+        cur.execute("BEGIN")
+        try:
+            cur.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
+            cur.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(ident))
+            cur.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel pr "
+                "JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid "
+                "WHERE p.pubname = %s AND pr.prrelid = %s::regclass)",
+                (publication, ident.as_string(conn)))
+            if cur.fetchone()[0]:
+                cur.execute("ROLLBACK")
+                return None
+            cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(ident))
+            had_rows = bool(cur.fetchone()[0])
+            cur.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(sql.Identifier(publication), ident))
+            cur.execute("COMMIT")
+            return had_rows
+        except psycopg2.errors.LockNotAvailable:
+            cur.execute("ROLLBACK")
+            return None
+        except BaseException:
+            try:
+                cur.execute("ROLLBACK")
+            except Exception:  # noqa: BLE001 - the connection may be broken; the original error matters
+                pass
+            raise

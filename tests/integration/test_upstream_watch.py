@@ -1,0 +1,260 @@
+"""owner.upstream_watch against a real PostgreSQL 18: slot reports, new tables, slot loss, release."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cdc.events import TableName
+from cdc.model import ChangefeedInfo, FeedState, SpanInfo
+from cdc.spans import resource_name, span_of
+from owner.upstream_watch import (
+    FailSlotLost,
+    ReleaseAfterGcTtl,
+    UpstreamWatcher,
+    WarnIneligible,
+    WarnUnreplicatedRows,
+    decide,
+    release_slots,
+)
+from playground.servers import PostgresServer, free_port
+from upstream.postgres import admin
+from upstream.postgres.conn import connect
+
+pytestmark = pytest.mark.integration
+
+SPANS = 2
+
+
+def _exec(conn: Any, *statements: str) -> None:
+    with conn.cursor() as cur:
+        for stmt in statements:
+            cur.execute(stmt)
+
+
+def _table_in_span(prefix: str, span: int) -> TableName:
+    """A public table name with ``prefix`` that hashes to ``span``."""
+    for i in range(1000):
+        t = TableName("public", f"{prefix}{i}")
+        if span_of(t, SPANS) == span:
+            return t
+    raise AssertionError("no name found")
+
+
+def _streamed(conn: Any, slot: str, publication: str) -> bytes:
+    """Everything the slot would stream through ``publication`` now (pgoutput bytes), without consuming."""
+    with conn.cursor() as cur:
+        cur.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
+                    "'publication_names', %s)", (slot, publication))
+        return b"".join(bytes(r[0]) for r in cur.fetchall())
+
+
+def _active(conn: Any, slot: str) -> bool:
+    info = admin.slot_info(conn, slot)
+    return info is not None and info.active
+
+
+@pytest.fixture
+def conn(pg_server: PostgresServer, pg_database: str) -> Iterator[Any]:
+    c = connect(pg_server.uri(pg_database))
+    _exec(c, "SET synchronous_commit = on")  # the test server runs with it off; decoding reads flushed WAL only
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def info(pg_server: PostgresServer, pg_database: str, conn: Any) -> Iterator[ChangefeedInfo]:
+    """A running 2-span changefeed over public.* (one table per span), built by hand like create does."""
+    cf_id = f"uw-{uuid.uuid4().hex[:10]}"
+    tables = [_table_in_span("base", 0), _table_in_span("base", 1)]
+    _exec(conn, "CREATE SCHEMA other", "CREATE TABLE other.ignored (id int PRIMARY KEY)",
+          *(f"CREATE TABLE {t.table} (id int PRIMARY KEY, v text)" for t in tables))
+    spans = []
+    for i in range(SPANS):
+        pub, slot = resource_name("pub", cf_id, i), resource_name("slot", cf_id, i)
+        admin.create_publication(conn, pub, [t for t in tables if span_of(t, SPANS) == i])
+        spans.append(SpanInfo(i, slot, pub, admin.create_slot(conn, slot)))
+    now = time.time()
+    yield ChangefeedInfo(id=cf_id, upstream_uri=pg_server.uri(pg_database), sink_uri="blackhole://",
+                         config={"span_count": SPANS, "filter": {"rules": ["public.*", "!public.skip_*"]}},
+                         start_ts=min(s.start_ts for s in spans), start_time=now, create_time=now,
+                         spans=tuple(spans), state=FeedState.NORMAL, state_since=now - 1)
+    for s in spans:  # slots are cluster-wide: never leave one behind
+        admin.drop_slot(conn, s.slot)
+
+
+def test_inspect_reports_slots_and_retained_wal_grows(info: ChangefeedInfo, conn: Any) -> None:
+    w = UpstreamWatcher()
+    first = w.inspect(info)
+    assert first.error == "" and [s.span for s in first.slots] == [0, 1]
+    for s, span in zip(first.slots, info.spans, strict=True):
+        assert (s.slot, s.exists, s.lost, s.active, s.publication_exists) == (span.slot, True, False, False, True)
+        assert s.retained_bytes is not None and s.retained_bytes >= 0
+        assert s.confirmed_flush_lsn == span.start_ts
+    assert first.new_tables == () and first.ineligible == ()
+
+    base = info.spans[0]
+    _exec(conn, f"INSERT INTO {_table_in_span('base', 0).table} SELECT g, repeat('x', 200) "
+                "FROM generate_series(1, 5000) g")
+    second = w.inspect(info)
+    for before, after in zip(first.slots, second.slots, strict=True):
+        assert after.retained_bytes is not None and before.retained_bytes is not None
+        assert after.retained_bytes - before.retained_bytes > 5000 * 200  # every slot retains all WAL
+    assert w.latest(info.id) == second and second.retained_bytes()[base.index] == second.slots[0].retained_bytes
+    assert decide(info, second, time.time(), 86400) is None
+
+
+def test_new_matching_tables_join_the_publication_of_their_span(info: ChangefeedInfo, conn: Any) -> None:
+    t0, t1 = _table_in_span("fresh", 0), _table_in_span("fresh", 1)
+    _exec(conn, *(f"CREATE TABLE {t.table} (id int PRIMARY KEY, v text)" for t in (t0, t1)),
+          "CREATE TABLE skip_me (id int PRIMARY KEY)", "CREATE TABLE other.later (id int PRIMARY KEY)")
+    report = UpstreamWatcher().inspect(info)
+    assert report.error == ""
+    assert sorted(report.new_tables) == sorted([str(t0), str(t1)])
+    assert report.unreplicated == () and report.ineligible == ()
+    for span, t in ((info.spans[0], t0), (info.spans[1], t1)):
+        published = admin.publication_tables(conn, span.publication)
+        assert published is not None and t in published
+        other = info.spans[1 - span.index]
+        assert t not in (admin.publication_tables(conn, other.publication) or [])
+    everything = {t for s in info.spans for t in admin.publication_tables(conn, s.publication) or []}
+    assert TableName("public", "skip_me") not in everything and TableName("other", "later") not in everything
+
+    # changes after the add are streamed by that span's slot
+    _exec(conn, f"INSERT INTO {t0.table} VALUES (1, 'after-add-marker')")
+    assert b"after-add-marker" in _streamed(conn, info.spans[0].slot, info.spans[0].publication)
+    # a second inspection has nothing new to do
+    again = UpstreamWatcher().inspect(info)
+    assert again.new_tables == () and again.error == ""
+
+
+def test_rows_written_before_the_pickup_are_reported_unreplicated(info: ChangefeedInfo, conn: Any) -> None:
+    t = _table_in_span("early", 1)
+    span = info.spans[1]
+    _exec(conn, f"CREATE TABLE {t.table} (id int PRIMARY KEY, v text)",
+          f"INSERT INTO {t.table} VALUES (1, 'before-add-marker')")
+    report = UpstreamWatcher().inspect(info)
+    assert report.new_tables == (str(t),) and report.unreplicated == (str(t),)
+    d = decide(info, report, time.time(), 86400)
+    assert isinstance(d, WarnUnreplicatedRows) and str(t) in d.reason
+    _exec(conn, f"INSERT INTO {t.table} VALUES (2, 'after-add-marker')")
+    streamed = _streamed(conn, span.slot, span.publication)
+    assert b"after-add-marker" in streamed and b"before-add-marker" not in streamed
+
+
+def test_table_with_a_writer_in_flight_is_added_once_the_writer_commits(
+        info: ChangefeedInfo, conn: Any, pg_server: PostgresServer, pg_database: str) -> None:
+    t = _table_in_span("busy", 0)
+    _exec(conn, f"CREATE TABLE {t.table} (id int PRIMARY KEY, v text)")
+    writer = connect(pg_server.uri(pg_database))
+    try:
+        _exec(writer, "BEGIN", f"INSERT INTO {t.table} VALUES (1, 'in-flight-marker')")
+        started = time.monotonic()
+        blocked = UpstreamWatcher().inspect(info)  # SHARE lock not granted within lock_timeout: retried later
+        assert time.monotonic() - started < 10
+        assert blocked.error == "" and blocked.new_tables == ()
+        assert t not in (admin.publication_tables(conn, info.spans[0].publication) or [])
+        _exec(writer, "COMMIT")
+    finally:
+        writer.close()
+    report = UpstreamWatcher().inspect(info)
+    assert report.new_tables == (str(t),) and report.unreplicated == (str(t),)
+
+
+def test_ineligible_new_table_is_reported_not_added(info: ChangefeedInfo, conn: Any) -> None:
+    _exec(conn, "CREATE TABLE nokey (a int, b text)")
+    report = UpstreamWatcher().inspect(info)
+    assert report.new_tables == () and len(report.ineligible) == 1
+    assert '"public"."nokey"' in report.ineligible[0] and "PRIMARY KEY" in report.ineligible[0]
+    assert all(TableName("public", "nokey") not in (admin.publication_tables(conn, s.publication) or [])
+               for s in info.spans)
+    d = decide(info, report, time.time(), 86400)
+    assert isinstance(d, WarnIneligible) and "nokey" in d.reason
+    # once fixed, the next inspection picks it up
+    _exec(conn, "ALTER TABLE nokey REPLICA IDENTITY FULL")
+    fixed = UpstreamWatcher().inspect(info)
+    assert fixed.new_tables == ("public.nokey",) and fixed.ineligible == ()
+
+
+def test_stopped_changefeed_does_not_pick_up_tables(info: ChangefeedInfo, conn: Any) -> None:
+    stopped = info.with_state(FeedState.STOPPED, now=time.time() - 1)
+    _exec(conn, "CREATE TABLE later (id int PRIMARY KEY)")
+    report = UpstreamWatcher().inspect(stopped)
+    assert report.error == "" and report.new_tables == () and all(s.exists for s in report.slots)
+    assert all(TableName("public", "later") not in (admin.publication_tables(conn, s.publication) or [])
+               for s in info.spans)
+
+
+def test_dropped_slot_and_publication_are_reported_and_fail_the_changefeed(info: ChangefeedInfo, conn: Any) -> None:
+    admin.drop_slot(conn, info.spans[1].slot)
+    report = UpstreamWatcher().inspect(info)
+    assert [(s.exists, s.retained_bytes is None) for s in report.slots] == [(True, False), (False, True)]
+    d = decide(info, report, time.time(), 86400)
+    assert isinstance(d, FailSlotLost) and info.spans[1].slot in d.reason and info.spans[0].slot not in d.reason
+
+    admin.drop_publication(conn, info.spans[0].publication)
+    report = UpstreamWatcher().inspect(info)
+    assert [s.publication_exists for s in report.slots] == [False, True]
+    d = decide(info, report, time.time(), 86400)
+    assert isinstance(d, FailSlotLost) and info.spans[0].publication in d.reason
+
+
+def test_release_slots_drops_everything(info: ChangefeedInfo, conn: Any) -> None:
+    stopped = info.with_state(FeedState.STOPPED, now=time.time() - 100)
+    w = UpstreamWatcher(gc_ttl=50)
+    d = decide(stopped, w.inspect(stopped), time.time(), w.gc_ttl)
+    assert isinstance(d, ReleaseAfterGcTtl)
+    release_slots(stopped)
+    for s in info.spans:
+        assert admin.slot_info(conn, s.slot) is None
+        assert admin.publication_tables(conn, s.publication) is None
+    release_slots(stopped)  # idempotent
+    assert w.decide(stopped, time.time()) is not None  # the old report still shows the slots ...
+    assert all(not s.exists for s in w.inspect(stopped).slots)
+    assert w.decide(stopped, time.time()) is None  # ... a fresh one has nothing left to release
+
+
+def test_release_slots_terminates_an_active_consumer(info: ChangefeedInfo, pg_server: PostgresServer,
+                                                    pg_database: str, conn: Any) -> None:
+    span = info.spans[0]
+    repl = connect(pg_server.uri(pg_database), replication=True)
+    cur = repl.cursor()
+    cur.start_replication(slot_name=span.slot, decode=False,
+                          options={"proto_version": "1", "publication_names": span.publication})
+    stop = threading.Event()
+
+    def consume() -> None:
+        try:
+            while not stop.is_set():
+                cur.read_message()
+                time.sleep(0.05)
+        except Exception:  # noqa: BLE001 - the walsender is terminated by the drop
+            pass
+
+    t = threading.Thread(target=consume, daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not _active(conn, span.slot) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert UpstreamWatcher().inspect(info).slots[0].active
+        release_slots(info)
+        assert admin.slot_info(conn, span.slot) is None
+    finally:
+        stop.set()
+        t.join(5)
+        repl.close()
+
+
+def test_unreachable_upstream_gives_an_error_report(info: ChangefeedInfo) -> None:
+    dead = dataclasses.replace(info, upstream_uri=f"postgresql://postgres@127.0.0.1:{free_port()}/x")
+    w = UpstreamWatcher()
+    report = w.inspect(dead)
+    assert report.error and "127.0.0.1" in report.error and report.slots == ()
+    assert decide(dead, report, time.time(), 0) is None
