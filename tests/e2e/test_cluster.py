@@ -1,0 +1,220 @@
+"""Several captures: owner failover, capture kills, joins, drains, pause/resume under a continuous
+write workload; fencing of a frozen capture. Every test ends with a row-by-row comparison."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_workload import SCHEMA, TABLES, assert_converged, mixed_workload, server_config
+
+from playground.cluster import CdcServer
+from playground.servers import EtcdServer, MariaDBServer, PostgresServer
+
+pytestmark = pytest.mark.e2e
+
+FAST = "session-ttl = 3\netcd-timeout = 1.0\nowner-tick = 0.2\ndrain-timeout = 30\n"
+CONFIG = "span-count = 3\n[filter]\nrules = ['public.*']\n"
+
+
+class Workload:
+    """Continuous small transactions from a background thread until stopped."""
+
+    def __init__(self, pg: PostgresServer, db: str, start: int = 0) -> None:
+        self.conn = pg.connect(db)
+        self.stop = threading.Event()
+        self.txns = start
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                mixed_workload(self.conn, 2, seed=self.txns, start=self.txns)
+                self.txns += 2
+                time.sleep(0.02)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by finish()
+            self.error = exc
+
+    def __enter__(self) -> Workload:
+        self.thread.start()
+        return self
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        if self.error is not None:
+            raise self.error
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        self.conn.close()
+
+
+def _captures(servers: list[CdcServer]) -> list[dict[str, Any]]:
+    for s in servers:
+        if s.proc is not None and s.proc.poll() is None:
+            try:
+                return s.get("/api/v2/captures", timeout=5)
+            except Exception:  # noqa: BLE001 - try the next live server
+                continue
+    raise AssertionError("no live cdc server answers")
+
+
+def _live(servers: list[CdcServer]) -> list[CdcServer]:
+    return [s for s in servers if s.proc is not None and s.proc.poll() is None]
+
+
+def _owner(servers: list[CdcServer], timeout: float = 30.0) -> CdcServer:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        live = {f"127.0.0.1:{s.port}": s for s in _live(servers)}
+        owners = [c for c in _captures(servers) if c["is_owner"] and c["address"] in live]
+        if len(owners) == 1:
+            return live[owners[0]["address"]]
+        time.sleep(0.2)
+    raise AssertionError(f"no owner among {[s.port for s in _live(servers)]}")
+
+
+def _checkpoint(servers: list[CdcServer], cf: str) -> int:
+    return _live(servers)[0].changefeed(cf)["checkpoint_ts"]
+
+
+def _recovery(servers: list[CdcServer], cf: str, before: int, killed_at: float, timeout: float = 60.0) -> float:
+    """Seconds from the kill until the global checkpoint moved past where it was at the kill."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if _checkpoint(servers, cf) > before:
+                return time.monotonic() - killed_at
+        except Exception:  # noqa: BLE001 - a server may be restarting
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"checkpoint did not advance within {timeout}s after the kill")
+
+
+@pytest.fixture(params=["mariadb", "postgresql"])
+def sink_uri(request: pytest.FixtureRequest, pg_server: PostgresServer) -> str:
+    db = f"target_{uuid.uuid4().hex[:10]}"
+    if request.param == "mariadb":
+        server: MariaDBServer = request.getfixturevalue("mariadb_server")
+        server.create_database(db)
+        return server.uri(db)
+    pg_server.create_database(db)
+    return pg_server.uri(db)
+
+
+def test_three_captures_survive_kills_joins_drains_and_pause(
+        etcd_server: EtcdServer, cluster_id: str, tmp_path: Path, pg_server: PostgresServer, pg_database: str,
+        sink_uri: str) -> None:
+    pg_server.execute(SCHEMA, db=pg_database)
+    args = server_config(tmp_path, FAST)
+    servers = [CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, extra_args=args).start()
+               for _ in range(3)]
+    source = pg_server.connect(pg_database)
+    recoveries: list[float] = []
+    try:
+        servers[0].create_changefeed("ha", pg_server.uri(pg_database), sink_uri, CONFIG)
+        with Workload(pg_server, pg_database) as wl:
+            time.sleep(3)
+            for victim_is_owner in (True, False, True):
+                owner = _owner(servers)
+                victim = owner if victim_is_owner else next(s for s in _live(servers) if s is not owner)
+                before = _checkpoint(servers, "ha")
+                killed_at = time.monotonic()
+                victim.kill()
+                recoveries.append(_recovery(servers, "ha", before, killed_at))
+                # a replacement joins: it gets spans by rebalancing
+                servers.append(CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id,
+                                         extra_args=args).start())
+                time.sleep(2)
+            # drain one capture with SIGTERM: its spans move away before it exits
+            drained = next(s for s in _live(servers) if s is not _owner(servers))
+            assert drained.terminate() == 0
+            assert "drained" in drained.log_file.read_text() or "draining" not in drained.log_file.read_text()
+            # pause / resume while writes continue
+            _live(servers)[0].request("POST", "/api/v2/changefeeds/ha/pause")
+            time.sleep(2)
+            _live(servers)[0].request("POST", "/api/v2/changefeeds/ha/resume")
+            time.sleep(2)
+            wl.finish()
+        live = _live(servers)
+        info = assert_converged(live[0], "ha", source, sink_uri, TABLES, timeout=180)
+        assert info["state"] == "normal", info
+        placed = {s["capture"] for s in info["spans"]}
+        alive_ids = {c["id"] for c in _captures(servers)}
+        assert placed <= alive_ids, (placed, alive_ids)
+        print(f"\nrecovery after kills (s): {[round(r, 2) for r in recoveries]}")
+    finally:
+        source.close()
+        for s in servers:
+            s.kill()
+
+
+def test_frozen_capture_writes_nothing_after_its_span_is_reassigned(
+        etcd_server: EtcdServer, cluster_id: str, tmp_path: Path, pg_server: PostgresServer,
+        pg_database: str) -> None:
+    """SIGSTOP the capture running the span past its lease; the span moves; SIGCONT: the old capture
+    must not commit anything downstream after the reassignment."""
+    pg_server.execute(SCHEMA, db=pg_database)
+    target_db = f"target_{uuid.uuid4().hex[:10]}"
+    pg_server.create_database(target_db)
+    sink = pg_server.uri(target_db)
+    # every downstream write is audited with the writing process's pid (the sink's application_name)
+    pg_server.execute("CREATE TABLE audit (app text, at timestamptz DEFAULT clock_timestamp())", db=target_db)
+    args = server_config(tmp_path, FAST)
+    first = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, extra_args=args).start()
+    servers = [first]
+    source = pg_server.connect(pg_database)
+    try:
+        first.create_changefeed("fence", pg_server.uri(pg_database), sink, "[filter]\nrules = ['public.accounts']\n")
+        mixed_workload(source, 3)
+        first.wait_checkpoint("fence", 0)
+        assert_converged(first, "fence", source, sink, ["public.accounts"])
+        pg_server.execute(
+            """CREATE FUNCTION audit_fn() RETURNS trigger LANGUAGE plpgsql AS $$
+               BEGIN INSERT INTO audit(app) VALUES (current_setting('application_name')); RETURN NULL; END $$;
+               CREATE TRIGGER audit_t AFTER INSERT OR UPDATE OR DELETE ON public.accounts
+               FOR EACH STATEMENT EXECUTE FUNCTION audit_fn();""", db=target_db)
+        second = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, extra_args=args).start()
+        servers.append(second)
+        assert first.proc is not None
+        with Workload(pg_server, pg_database, start=3) as wl:
+            time.sleep(1)
+            os.kill(first.proc.pid, signal.SIGSTOP)
+            frozen_at = time.monotonic()
+            try:
+                # wait until the span runs on the second capture
+                while time.monotonic() - frozen_at < 40:
+                    spans = second.changefeed("fence")["spans"]
+                    caps = {c["id"]: c for c in second.get("/api/v2/captures")}
+                    holder = caps.get(spans[0]["capture"] or "")
+                    if holder is not None and holder["address"] == f"127.0.0.1:{second.port}" and spans[0]["running"]:
+                        break
+                    time.sleep(0.2)
+                else:
+                    pytest.fail(f"span not reassigned while the holder was frozen\n{second.log_tail()}")
+                reassigned = pg_server.execute("SELECT clock_timestamp()", db=target_db)[0][0]
+                time.sleep(1)
+            finally:
+                os.kill(first.proc.pid, signal.SIGCONT)
+            time.sleep(6)  # the woken capture notices its lost lease and must not commit anything
+            wl.finish()
+        late = pg_server.execute("SELECT count(*) FROM audit WHERE app = %s AND at > %s", db=target_db,
+                                 params=(f"tidewater-sink-{first.proc.pid}", reassigned))[0][0]
+        assert late == 0, "the frozen capture wrote downstream after its span was reassigned"
+        assert pg_server.execute("SELECT count(*) FROM audit WHERE app = %s", db=target_db,
+                                 params=(f"tidewater-sink-{second.proc.pid}",))[0][0] > 0
+        info = assert_converged(second, "fence", source, sink, ["public.accounts"])
+        assert info["state"] == "normal"
+    finally:
+        source.close()
+        for s in servers:
+            s.kill()
