@@ -1,5 +1,5 @@
-"""Changefeed operations behind the HTTP API: create (validate everything up front), query, list,
-pause, resume, remove.
+"""The operations behind the HTTP API: changefeed create (validate everything up front), query, list,
+pause, resume, update, remove; capture list and drain; processor list and query.
 
 Creation validates, in order, before anything is created: the id, both URIs, the config, that the id is
 free, that the sink is reachable and usable, that the upstream is reachable with ``wal_level=logical``,
@@ -18,7 +18,7 @@ import logging
 import re
 import time
 import tomllib
-from dataclasses import dataclass, is_dataclass
+from dataclasses import dataclass, is_dataclass, replace
 from typing import Any
 
 from cdc.config import ChangefeedConfig
@@ -32,19 +32,47 @@ from cdc.errors import (
 )
 from cdc.events import TableName
 from cdc.filter import TableFilter
-from cdc.meta.store import MetaStore
+from cdc.meta.store import ClusterSnapshot, MetaStore
 from cdc.model import ChangefeedInfo, ChangefeedStatus, FeedState, SpanInfo
 from cdc.serde import to_dict
 from cdc.spans import resource_name, span_of
 from cdc.ts import lsn_to_str
-from cdc.uri import parse_sink_uri, parse_upstream_uri
+from cdc.uri import ParsedURI, parse_sink_uri, parse_upstream_uri
 from sinks.factory import open_sink
 from upstream.postgres import admin, catalog
 from upstream.postgres.conn import connect
 
 log = logging.getLogger(__name__)
 
+
+class CaptureNotFound(TidewaterError):
+    code = "CDC:ErrCaptureNotFound"
+    http_status = 404
+
+
+class ProcessorNotFound(TidewaterError):
+    code = "CDC:ErrProcessorNotFound"
+    http_status = 404
+
+
+class CaptureStateConflict(TidewaterError):
+    code = "CDC:ErrCaptureStateConflict"
+    http_status = 409
+
 ID_RE = re.compile(r"^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$")
+
+
+@dataclass(frozen=True)
+class UpdateRequest:
+    """Fields to change; None keeps the current value. ``config`` is a whole changefeed TOML."""
+
+    sink_uri: str | None = None
+    upstream_uri: str | None = None
+    config: str | None = None
+    target_ts: int | None = None
+
+    def is_empty(self) -> bool:
+        return self.sink_uri is None and self.upstream_uri is None and self.config is None and self.target_ts is None
 
 
 @dataclass(frozen=True)
@@ -117,21 +145,7 @@ class ChangefeedService:
             sink.check()
             conn = connect(req.upstream_uri)
             try:
-                admin.check_upstream(conn)
-                tables = table_filter.select(catalog.list_tables(conn))
-                if not tables:
-                    raise InvalidArgument(
-                        f"the filter {list(config.filter.rules)!r} matches no table in the upstream database "
-                        f"{parse_upstream_uri(req.upstream_uri).path!r}")
-                admin.check_tables(conn, tables)
-                targets: dict[str, TableName] = {}
-                for t in tables:
-                    target = sink.target_name(t)
-                    if target in targets:
-                        raise TargetNameConflict(
-                            f"tables {targets[target]} and {t} would both land on {target!r} in the sink "
-                            f"{sink_uri.redacted()}: exclude one of them with the filter")
-                    targets[target] = t
+                tables = _eligible_tables(conn, sink, table_filter, req.upstream_uri, sink_uri.redacted())
                 spans = self._create_spans(conn, req.changefeed_id, config.span_count, tables)
             finally:
                 conn.close()
@@ -200,6 +214,102 @@ class ChangefeedService:
         except TidewaterError as exc:
             log.error("could not drop slots %s after a failed create: %s", [s.slot for s in spans], exc)
 
+    # ---- update ----------------------------------------------------------------------------------
+    def update(self, cf_id: str, req: UpdateRequest) -> dict[str, Any]:
+        """Change a *stopped* changefeed's sink URI, config, target Ts or upstream credentials.
+
+        Refused (:class:`ChangefeedStateConflict`) unless the changefeed is ``stopped``. The result is
+        validated like a create (sink reachable, filter matches eligible tables, no target-name
+        conflict); ``span-count`` and the upstream's host/port/database cannot change (the slots live
+        there). If the filter's table set changes, each span's publication gets exactly the tables that
+        hash to it, in one upstream transaction committed only after the new info was stored with a
+        compare-and-swap (a concurrent change refuses the update and rolls the publications back).
+        Re-running the same update is harmless: publication changes are computed from the actual
+        publications. Returns ``{"changefeed": describe, "diff": {field: {"old", "new"}}}`` with
+        passwords redacted.
+        """
+        if req.is_empty():
+            raise InvalidArgument("nothing to update: give at least one of sink_uri, upstream_uri, config, target_ts")
+        entry = self.store.get_changefeed(cf_id)
+        if entry is None:
+            raise ChangefeedNotFound(f"changefeed {cf_id!r} does not exist")
+        old = entry.value
+        if old.state is not FeedState.STOPPED:
+            raise ChangefeedStateConflict(
+                f"changefeed {cf_id!r} is {old.state.value}: only a stopped changefeed can be updated; pause it "
+                f"first (cdc cli changefeed pause -c {cf_id}), update it, then resume it")
+        sink_raw = old.sink_uri if req.sink_uri is None else req.sink_uri
+        upstream_raw = old.upstream_uri if req.upstream_uri is None else req.upstream_uri
+        sink_uri = parse_sink_uri(sink_raw)
+        _check_same_upstream(parse_upstream_uri(old.upstream_uri), parse_upstream_uri(upstream_raw))
+        config = ChangefeedConfig.from_dict(old.config) if req.config is None else load_config(req.config)
+        if config.span_count != len(old.spans):
+            raise InvalidConfig(
+                f"span-count is fixed when a changefeed is created: {cf_id!r} has {len(old.spans)} span(s), the "
+                f"new config says {config.span_count}; set span-count = {len(old.spans)} (to change it, create a "
+                f"new changefeed)")
+        target_ts = old.target_ts if req.target_ts is None else req.target_ts
+        if target_ts < 0:
+            raise InvalidArgument("target-ts must be >= 0")
+        status = self.store.get_status(cf_id)
+        checkpoint = status.value.checkpoint_ts if status else 0
+        if target_ts and target_ts != old.target_ts and target_ts <= checkpoint:
+            raise InvalidArgument(
+                f"target-ts {target_ts} ({lsn_to_str(target_ts)}) is not after the changefeed's checkpoint "
+                f"{checkpoint} ({lsn_to_str(checkpoint)}); use 0 for no target")
+        table_filter = TableFilter(config.filter.rules)
+
+        sink = open_sink(sink_raw, config.sink)
+        try:
+            sink.check()
+            conn = connect(upstream_raw)
+            try:
+                tables = _eligible_tables(conn, sink, table_filter, upstream_raw, sink_uri.redacted())
+                new = replace(old, sink_uri=sink_raw, upstream_uri=upstream_raw, config=config.to_dict(),
+                              target_ts=target_ts)
+                conn.autocommit = False
+                try:
+                    before, after = self._align_publications(conn, old, tables)
+                    if not self.store.update_changefeed(new, entry.mod_revision, []):
+                        raise ChangefeedStateConflict(
+                            f"changefeed {cf_id!r} was changed concurrently while it was being updated; nothing "
+                            f"was changed, retry")
+                    conn.commit()
+                except BaseException:
+                    conn.rollback()
+                    raise
+            finally:
+                conn.close()
+        finally:
+            sink.close()
+
+        diff = _diff(old, new)
+        if before != after:
+            diff["tables"] = {"old": [str(t) for t in before], "new": [str(t) for t in after]}
+        log.info("changefeed=%s updated: %s", cf_id, ", ".join(sorted(diff)) or "no change")
+        return {"changefeed": self.describe(cf_id), "diff": diff}
+
+    @staticmethod
+    def _align_publications(conn: Any, info: ChangefeedInfo, tables: list[TableName]
+                            ) -> tuple[list[TableName], list[TableName]]:
+        """Make each span's publication list exactly the ``tables`` that hash to it (in the caller's
+        transaction). Returns (tables published before, after), sorted."""
+        before: set[TableName] = set()
+        for span in info.spans:
+            have = admin.publication_tables(conn, span.publication)
+            if have is None:
+                raise InvalidArgument(
+                    f"publication {span.publication!r} of span {span.index} no longer exists upstream; the "
+                    f"changefeed cannot be updated: remove it and create it again")
+            before.update(have)
+            wanted = [t for t in tables if span_of(t, len(info.spans)) == span.index]
+            added = admin.add_tables_to_publication(conn, span.publication, wanted)
+            removed = admin.remove_tables_from_publication(conn, span.publication, sorted(set(have) - set(wanted)))
+            if added or removed:
+                log.info("changefeed=%s span %d publication %s: +%s -%s", info.id, span.index, span.publication,
+                         [str(t) for t in added], [str(t) for t in removed])
+        return sorted(before), sorted(tables)
+
     # ---- read ------------------------------------------------------------------------------------
     def describe(self, cf_id: str) -> dict[str, Any]:
         snap = self.store.snapshot()
@@ -219,6 +329,51 @@ class ChangefeedService:
                         "checkpoint": lsn_to_str(st.checkpoint_ts), "checkpoint_lag": _lag(st.checkpoint_time),
                         "error": to_dict(info.error)})
         return out
+
+    # ---- captures and processors (read from one etcd snapshot) -------------------------------------
+    def captures(self) -> list[dict[str, Any]]:
+        """Every registered capture (sorted by id) with whether it is the owner, whether it is
+        draining, and how many spans are assigned to it."""
+        snap = self.store.snapshot()
+        owner = snap.owner
+        owner_id = owner.capture_id if owner else None
+        load = _span_load(snap)
+        return [{"id": c.id, "address": c.advertise_addr, "is_owner": c.id == owner_id, "draining": c.draining,
+                 "version": c.version, "start_time": c.start_time, "pid": c.pid, "spans": load.get(c.id, 0)}
+                for _, c in sorted(snap.captures.items())]
+
+    def drain_capture(self, capture_id: str) -> dict[str, Any]:
+        """Mark ``capture_id`` draining; the owner then moves its spans to the other captures. Refused
+        (:class:`CaptureStateConflict`) when no other capture could take them; :class:`CaptureNotFound`
+        for an unknown capture. Idempotent."""
+        snap = self.store.snapshot()
+        cap = snap.captures.get(capture_id)
+        if cap is None:
+            raise CaptureNotFound(f"capture {capture_id!r} is not registered (cdc cli capture list shows the live ones)")
+        if not cap.draining and not any(not c.draining for cid, c in snap.captures.items() if cid != capture_id):
+            raise CaptureStateConflict(
+                f"capture {capture_id!r} is the only capture that is not draining: its spans would have nowhere to "
+                f"go; start another capture first")
+        if not self.store.set_capture_draining(capture_id):
+            raise CaptureNotFound(f"capture {capture_id!r} is no longer registered")
+        remaining = _span_load(self.store.snapshot()).get(capture_id, 0)
+        return {"id": capture_id, "draining": True, "remaining_spans": remaining}
+
+    def processors(self) -> list[dict[str, Any]]:
+        """One item per (changefeed, capture) that has spans assigned, sorted."""
+        snap = self.store.snapshot()
+        return [_processor(cf, cap, spans, snap) for (cf, cap), spans in sorted(_processor_spans(snap).items())]
+
+    def processor(self, cf_id: str, capture_id: str) -> dict[str, Any]:
+        snap = self.store.snapshot()
+        if cf_id not in snap.changefeeds:
+            raise ChangefeedNotFound(f"changefeed {cf_id!r} does not exist")
+        spans = _processor_spans(snap).get((cf_id, capture_id))
+        if not spans:
+            if capture_id not in snap.captures:
+                raise CaptureNotFound(f"capture {capture_id!r} is not registered")
+            raise ProcessorNotFound(f"capture {capture_id!r} runs no span of changefeed {cf_id!r}")
+        return _processor(cf_id, capture_id, spans, snap)
 
     # ---- state changes ---------------------------------------------------------------------------
     def pause(self, cf_id: str) -> dict[str, Any]:
@@ -248,6 +403,125 @@ class ChangefeedService:
                 log.info("changefeed=%s %s -> %s (API)", cf_id, info.state.value, state.value)
                 return self.describe(cf_id)
         raise ChangefeedStateConflict(f"changefeed {cf_id!r} kept changing; retry")
+
+
+def _eligible_tables(conn: Any, sink: Any, table_filter: TableFilter, upstream_uri: str,
+                     sink_shown: str) -> list[TableName]:
+    """The upstream tables the filter selects, after checking the upstream (``wal_level``...), that the
+    filter matches something, that every table has a key, and that no two land on one target name."""
+    admin.check_upstream(conn)
+    tables = table_filter.select(catalog.list_tables(conn))
+    if not tables:
+        raise InvalidArgument(
+            f"the filter {list(table_filter.rules)!r} matches no table in the upstream database "
+            f"{parse_upstream_uri(upstream_uri).path!r}")
+    admin.check_tables(conn, tables)
+    targets: dict[str, TableName] = {}
+    for t in tables:
+        target = sink.target_name(t)
+        if target in targets:
+            raise TargetNameConflict(
+                f"tables {targets[target]} and {t} would both land on {target!r} in the sink "
+                f"{sink_shown}: exclude one of them with the filter")
+        targets[target] = t
+    return tables
+
+
+def _span_load(snap: ClusterSnapshot) -> dict[str, int]:
+    load: dict[str, int] = {}
+    for spans in snap.assignments.values():
+        for a in spans.values():
+            load[a.capture_id] = load.get(a.capture_id, 0) + 1
+    return load
+
+
+def _processor_spans(snap: ClusterSnapshot) -> dict[tuple[str, str], list[int]]:
+    out: dict[tuple[str, str], list[int]] = {}
+    for cf, spans in snap.assignments.items():
+        if cf not in snap.changefeeds:
+            continue
+        for index, a in sorted(spans.items()):
+            out.setdefault((cf, a.capture_id), []).append(index)
+    return out
+
+
+def _processor(cf: str, capture_id: str, indexes: list[int], snap: ClusterSnapshot) -> dict[str, Any]:
+    """A processor's view: its spans with their stored checkpoint/resolved Ts; ``running`` and ``error``
+    count only when reported under the current assignment (same capture and epoch)."""
+    statuses = snap.span_statuses.get(cf, {})
+    spans: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    for index in indexes:
+        a = snap.assignments[cf][index]
+        ss = statuses.get(index)
+        current = ss is not None and ss.capture_id == a.capture_id and ss.epoch == a.epoch
+        err = to_dict(ss.error) if current and ss is not None and ss.error else None
+        if err:
+            errors.append({"span": index, **err})
+        spans.append({
+            "index": index, "epoch": a.epoch, "stopping": a.stopping,
+            "checkpoint_ts": ss.checkpoint_ts if ss else None,
+            "checkpoint": lsn_to_str(ss.checkpoint_ts) if ss else None,
+            "checkpoint_lag": _lag(ss.checkpoint_time) if ss else None,
+            "resolved_ts": ss.resolved_ts if ss else None,
+            "resolved_lag": _lag(ss.resolved_time) if ss else None,
+            "running": bool(current and ss is not None and ss.running),
+            "rows": ss.rows if current and ss is not None else 0,
+            "error": err,
+        })
+    checkpoints = [s["checkpoint_ts"] for s in spans if s["checkpoint_ts"] is not None]
+    resolved = [s["resolved_ts"] for s in spans if s["resolved_ts"] is not None]
+    checkpoint = min(checkpoints) if len(checkpoints) == len(spans) else None
+    return {
+        "changefeed_id": cf, "capture_id": capture_id,
+        "address": snap.captures[capture_id].advertise_addr if capture_id in snap.captures else None,
+        "checkpoint_ts": checkpoint,
+        "checkpoint": lsn_to_str(checkpoint) if checkpoint is not None else None,
+        "resolved_ts": min(resolved) if len(resolved) == len(spans) else None,
+        "spans": spans, "errors": errors,
+    }
+
+
+def _check_same_upstream(old: ParsedURI, new: ParsedURI) -> None:
+    def where(u: ParsedURI) -> tuple[str, int, str]:
+        return ((u.host or "").lower(), u.port or 5432, u.path)
+
+    if where(old) != where(new):
+        h, p, d = where(old)
+        raise InvalidArgument(
+            f"the upstream URI may change only its user, password or options, not the server or database: the "
+            f"changefeed's slots and publications live in {h}:{p}/{d} (new URI: {new.redacted()}); create a new "
+            f"changefeed for another upstream")
+
+
+def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _flatten(f"{prefix}.{k.replace('_', '-')}", v, out)
+    else:
+        out[prefix] = value
+
+
+def _diff(old: ChangefeedInfo, new: ChangefeedInfo) -> dict[str, dict[str, Any]]:
+    """Field-level differences ``{field: {"old", "new"}}``; URIs redacted, config flattened to
+    ``config.section.key`` (TOML spelling)."""
+    diff: dict[str, dict[str, Any]] = {}
+    if old.sink_uri != new.sink_uri:
+        diff["sink_uri"] = {"old": parse_sink_uri(old.sink_uri).redacted(),
+                            "new": parse_sink_uri(new.sink_uri).redacted()}
+    if old.upstream_uri != new.upstream_uri:
+        diff["upstream_uri"] = {"old": parse_upstream_uri(old.upstream_uri).redacted(),
+                                "new": parse_upstream_uri(new.upstream_uri).redacted()}
+    if old.target_ts != new.target_ts:
+        diff["target_ts"] = {"old": old.target_ts, "new": new.target_ts}
+    before: dict[str, Any] = {}
+    after: dict[str, Any] = {}
+    _flatten("config", old.config, before)
+    _flatten("config", new.config, after)
+    for key in sorted(set(before) | set(after)):
+        if before.get(key) != after.get(key):
+            diff[key] = {"old": before.get(key), "new": after.get(key)}
+    return diff
 
 
 def _lag(t: float) -> float | None:

@@ -1,7 +1,9 @@
 """The `cdc` command: `cdc server ...` runs a capture; `cdc cli ...` talks to a server's HTTP API.
 
-Output is JSON on stdout. Errors are one JSON object ``{"error_code", "error_msg"}`` on stderr and a
-non-zero exit code (1 for a refused request, 2 for bad usage, 3 when the server is unreachable).
+Output is JSON on stdout by default; ``cdc cli --output table ...`` prints plain aligned text for humans
+(lists as tables; one object as ``key: value`` lines, plus a table of its spans). Errors are always one
+JSON object ``{"error_code", "error_msg"}`` on stderr and a non-zero exit code: 1 for a refused
+request, 2 for bad usage, 3 when the server is unreachable.
 """
 
 from __future__ import annotations
@@ -11,11 +13,14 @@ import json
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 DEFAULT_SERVER = "http://127.0.0.1:8300"
+OUTPUTS = ("json", "table")
 
 
 class CliError(Exception):
@@ -44,38 +49,59 @@ def _request(server: str, method: str, path: str, body: Any = None, timeout: flo
         raise CliError("CDC:ErrServerUnreachable", f"cannot reach cdc server at {server}: {reason}", 3) from exc
 
 
-def _print(obj: Any) -> None:
-    print(json.dumps(obj, indent=2, default=str))
+def _seg(value: str) -> str:
+    """One URL path segment (ids are validated by the server; this only keeps the path intact)."""
+    return urllib.parse.quote(value, safe="")
 
 
-def _cmd_changefeed(args: argparse.Namespace) -> Any:
+def _read_config(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise CliError("CDC:ErrInvalidConfig", f"cannot read config file {path}: {exc}") from exc
+
+
+# ---- commands: each returns (kind, result); kind selects the table layout ----------------------------
+Result = tuple[str, Any]
+
+
+def _cmd_changefeed(args: argparse.Namespace) -> Result:
     s = args.server
     op = args.op
     if op == "create":
-        config = ""
-        if args.config:
-            try:
-                config = Path(args.config).read_text()
-            except OSError as exc:
-                raise CliError("CDC:ErrInvalidConfig", f"cannot read config file {args.config}: {exc}") from exc
-        return _request(s, "POST", "/api/v2/changefeeds", {
+        config = _read_config(args.config) if args.config else ""
+        return "changefeed", _request(s, "POST", "/api/v2/changefeeds", {
             "changefeed_id": args.changefeed_id, "upstream_uri": args.upstream, "sink_uri": args.sink_uri,
             "config": config, "target_ts": args.target_ts})
     if op == "list":
-        return _request(s, "GET", "/api/v2/changefeeds")["items"]
+        return "changefeeds", _request(s, "GET", "/api/v2/changefeeds")["items"]
+    path = f"/api/v2/changefeeds/{_seg(args.changefeed_id)}"
     if op == "query":
-        return _request(s, "GET", f"/api/v2/changefeeds/{args.changefeed_id}")
+        return "changefeed", _request(s, "GET", path)
     if op in ("pause", "resume"):
-        return _request(s, "POST", f"/api/v2/changefeeds/{args.changefeed_id}/{op}")
+        return "changefeed", _request(s, "POST", f"{path}/{op}")
+    if op == "update":
+        body: dict[str, Any] = {}
+        if args.sink_uri is not None:
+            body["sink_uri"] = args.sink_uri
+        if args.upstream is not None:
+            body["upstream_uri"] = args.upstream
+        if args.config is not None:
+            body["config"] = _read_config(args.config)
+        if args.target_ts is not None:
+            body["target_ts"] = args.target_ts
+        if not body:
+            raise CliError("CDC:ErrUsage", "nothing to update: give --sink-uri, --config, --target-ts or --upstream", 2)
+        return "update", _request(s, "PUT", path, body)
     if op == "remove":
-        result = _request(s, "DELETE", f"/api/v2/changefeeds/{args.changefeed_id}")
+        result = _request(s, "DELETE", path)
         deadline = time.monotonic() + args.timeout
         while time.monotonic() < deadline:
             try:
-                _request(s, "GET", f"/api/v2/changefeeds/{args.changefeed_id}")
+                _request(s, "GET", path)
             except CliError as exc:
                 if exc.code == "CDC:ErrChangefeedNotFound":
-                    return {"id": args.changefeed_id, "removed": True}
+                    return "object", {"id": args.changefeed_id, "removed": True}
                 raise
             time.sleep(0.5)
         raise CliError("CDC:ErrTimeout", f"changefeed {args.changefeed_id} is marked removed but the owner has not "
@@ -83,6 +109,150 @@ def _cmd_changefeed(args: argparse.Namespace) -> Any:
     raise CliError("CDC:ErrUsage", f"unknown changefeed command {op}", 2)
 
 
+def _cmd_capture(args: argparse.Namespace) -> Result:
+    if args.op == "list":
+        return "captures", _request(args.server, "GET", "/api/v2/captures")
+    if args.op == "drain":
+        return "object", _request(args.server, "POST", f"/api/v2/captures/{_seg(args.capture_id)}/drain")
+    raise CliError("CDC:ErrUsage", f"unknown capture command {args.op}", 2)
+
+
+def _cmd_processor(args: argparse.Namespace) -> Result:
+    if args.op == "list":
+        return "processors", _request(args.server, "GET", "/api/v2/processors")["items"]
+    if args.op == "query":
+        return "processor", _request(args.server, "GET",
+                                     f"/api/v2/processors/{_seg(args.changefeed_id)}/{_seg(args.capture_id)}")
+    raise CliError("CDC:ErrUsage", f"unknown processor command {args.op}", 2)
+
+
+def _cmd_owner(args: argparse.Namespace) -> Result:
+    if args.op == "resign":
+        return "object", _request(args.server, "POST", "/api/v2/owner/resign", {})
+    raise CliError("CDC:ErrUsage", f"unknown owner command {args.op}", 2)
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], Result]] = {
+    "changefeed": _cmd_changefeed, "capture": _cmd_capture, "processor": _cmd_processor, "owner": _cmd_owner,
+}
+
+
+# ---- table output ------------------------------------------------------------------------------------
+def cell(value: Any) -> str:
+    """One value as table text: None -> '-', bools lower-case, floats rounded, errors as 'CODE: message',
+    other containers as compact JSON; newlines flattened."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.3f}".rstrip("0").rstrip(".")
+    if isinstance(value, dict) and "code" in value and "message" in value:
+        return f"{value['code']}: {value['message']}".replace("\n", " ")
+    if isinstance(value, (dict, list, tuple)):
+        return json.dumps(value, separators=(",", ":"), default=str)
+    return str(value).replace("\n", " ")
+
+
+Column = tuple[str, Callable[[dict[str, Any]], Any]]
+
+
+def col(header: str, key: str) -> Column:
+    return header, lambda row: row.get(key)
+
+
+def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
+    """A plain text table: upper-case headers, columns left-aligned and separated by two spaces, no
+    trailing blanks. Empty ``rows`` give the header line only."""
+    grid = [[h.upper() for h, _ in columns]] + [[cell(get(r)) for _, get in columns] for r in rows]
+    widths = [max(len(line[i]) for line in grid) for i in range(len(columns))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in grid)
+
+
+def render_kv(pairs: Sequence[tuple[str, Any]]) -> str:
+    """``key:  value`` lines with the values aligned."""
+    if not pairs:
+        return ""
+    width = max(len(k) for k, _ in pairs) + 1
+    return "\n".join(f"{(k + ':').ljust(width)}  {cell(v)}".rstrip() for k, v in pairs)
+
+
+def _lag(seconds: Any) -> str | None:
+    return None if seconds is None else f"{cell(float(seconds))}s"
+
+
+CHANGEFEED_COLUMNS: list[Column] = [
+    col("id", "id"), col("state", "state"), col("checkpoint", "checkpoint"),
+    ("checkpoint lag", lambda r: _lag(r.get("checkpoint_lag"))), col("error", "error")]
+SPAN_COLUMNS: list[Column] = [
+    col("span", "index"), col("capture", "capture"), col("slot", "slot"), col("publication", "publication"),
+    col("checkpoint", "checkpoint"), col("running", "running"), col("rows", "rows"), col("error", "error")]
+CAPTURE_COLUMNS: list[Column] = [
+    col("id", "id"), col("address", "address"), col("owner", "is_owner"), col("draining", "draining"),
+    col("spans", "spans"), col("version", "version"), col("pid", "pid")]
+PROCESSOR_COLUMNS: list[Column] = [
+    col("changefeed", "changefeed_id"), col("capture", "capture_id"),
+    ("spans", lambda r: ",".join(str(s["index"]) for s in r.get("spans", []))), col("checkpoint", "checkpoint"),
+    ("errors", lambda r: len(r.get("errors") or []))]
+PROCESSOR_SPAN_COLUMNS: list[Column] = [
+    col("span", "index"), col("epoch", "epoch"), col("checkpoint", "checkpoint"),
+    ("checkpoint lag", lambda r: _lag(r.get("checkpoint_lag"))), ("resolved lag", lambda r: _lag(r.get("resolved_lag"))),
+    col("running", "running"), col("rows", "rows"), col("error", "error")]
+DIFF_COLUMNS: list[Column] = [
+    col("field", "field"), col("old", "old"), col("new", "new")]
+
+
+def _changefeed_text(cf: dict[str, Any]) -> str:
+    pairs = [("id", cf.get("id")), ("state", cf.get("state")), ("upstream", cf.get("upstream_uri")),
+             ("sink", cf.get("sink_uri")), ("start ts", cf.get("start_ts")), ("target ts", cf.get("target_ts")),
+             ("checkpoint", cf.get("checkpoint")), ("checkpoint ts", cf.get("checkpoint_ts")),
+             ("checkpoint lag", _lag(cf.get("checkpoint_lag"))), ("resolved ts", cf.get("resolved_ts")),
+             ("resolved lag", _lag(cf.get("resolved_lag"))), ("error", cf.get("error"))]
+    return render_kv(pairs) + "\n\n" + render_table(cf.get("spans") or [], SPAN_COLUMNS)
+
+
+def _processor_text(p: dict[str, Any]) -> str:
+    pairs = [("changefeed", p.get("changefeed_id")), ("capture", p.get("capture_id")),
+             ("address", p.get("address")), ("checkpoint", p.get("checkpoint")),
+             ("checkpoint ts", p.get("checkpoint_ts")), ("resolved ts", p.get("resolved_ts")),
+             ("errors", len(p.get("errors") or []))]
+    return render_kv(pairs) + "\n\n" + render_table(p.get("spans") or [], PROCESSOR_SPAN_COLUMNS)
+
+
+def _update_text(result: dict[str, Any]) -> str:
+    diff = result.get("diff") or {}
+    if not diff:
+        return f"changefeed {result.get('changefeed', {}).get('id')}: nothing changed"
+    rows = [{"field": k, "old": v.get("old"), "new": v.get("new")} for k, v in sorted(diff.items())]
+    return render_table(rows, DIFF_COLUMNS)
+
+
+def format_table(kind: str, result: Any) -> str:
+    """The ``--output table`` text of a command result (``kind`` from the command)."""
+    if kind == "changefeeds":
+        return render_table(result, CHANGEFEED_COLUMNS)
+    if kind == "changefeed":
+        return _changefeed_text(result)
+    if kind == "captures":
+        return render_table(result, CAPTURE_COLUMNS)
+    if kind == "processors":
+        return render_table(result, PROCESSOR_COLUMNS)
+    if kind == "processor":
+        return _processor_text(result)
+    if kind == "update":
+        return _update_text(result)
+    if isinstance(result, dict):
+        return render_kv(list(result.items()))
+    return cell(result)
+
+
+def emit(kind: str, result: Any, output: str) -> str:
+    if output == "table":
+        return format_table(kind, result)
+    return json.dumps(result, indent=2, default=str)
+
+
+# ---- argument parsing --------------------------------------------------------------------------------
 def _add_server_parser(sub: Any) -> None:
     p = sub.add_parser("server", help="run a capture process")
     p.add_argument("--etcd", help="comma-separated etcd endpoints (default http://127.0.0.1:2379)")
@@ -95,48 +265,81 @@ def _add_server_parser(sub: Any) -> None:
 
 
 def _add_cli_parser(sub: Any) -> None:
+    # --server and --output may also follow the subcommand (`cdc cli changefeed list --output table`)
+    out = argparse.ArgumentParser(add_help=False)
+    out.add_argument("--server", default=argparse.SUPPRESS, help=f"server URL (default {DEFAULT_SERVER})")
+    out.add_argument("--output", "-o", choices=OUTPUTS, default=argparse.SUPPRESS,
+                     help="json (default) or table (aligned text for humans)")
+
     p = sub.add_parser("cli", help="operate a cluster through a server's HTTP API")
     p.add_argument("--server", default=DEFAULT_SERVER, help=f"server URL (default {DEFAULT_SERVER})")
+    p.add_argument("--output", "-o", choices=OUTPUTS, default="json",
+                   help="json (default) or table (aligned text for humans)")
     groups = p.add_subparsers(dest="group", required=True)
+
     cf = groups.add_parser("changefeed", help="manage changefeeds")
     ops = cf.add_subparsers(dest="op", required=True)
-    c = ops.add_parser("create")
+    c = ops.add_parser("create", parents=[out], help="create a changefeed")
     c.add_argument("--upstream", required=True, help="postgresql://user@host:port/db")
     c.add_argument("--sink-uri", required=True, help="mysql://..., postgresql://..., sqlite:///path, blackhole://")
     c.add_argument("--changefeed-id", "-c", required=True)
     c.add_argument("--config", help="changefeed TOML (filter rules, span-count, sink options)")
     c.add_argument("--target-ts", type=int, default=0)
-    ops.add_parser("list")
-    for name in ("query", "pause", "resume", "remove"):
-        q = ops.add_parser(name)
+    ops.add_parser("list", parents=[out], help="list changefeeds")
+    helps = {"query": "show one changefeed", "pause": "stop replicating (slots keep the changes)",
+             "resume": "start replicating again", "remove": "remove (drops slots and publications)"}
+    for name, text in helps.items():
+        q = ops.add_parser(name, parents=[out], help=text)
         q.add_argument("--changefeed-id", "-c", required=True)
         if name == "remove":
             q.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the removal")
-    cap = groups.add_parser("capture", help="list captures")
+    u = ops.add_parser("update", parents=[out], help="change a stopped changefeed; prints the diff")
+    u.add_argument("--changefeed-id", "-c", required=True)
+    u.add_argument("--sink-uri")
+    u.add_argument("--upstream", help="same server and database, e.g. new credentials")
+    u.add_argument("--config", help="a whole changefeed TOML (span-count cannot change)")
+    u.add_argument("--target-ts", type=int)
+
+    cap = groups.add_parser("capture", help="list or drain captures")
     cap_ops = cap.add_subparsers(dest="op", required=True)
-    cap_ops.add_parser("list")
+    cap_ops.add_parser("list", parents=[out], help="list live captures")
+    d = cap_ops.add_parser("drain", parents=[out], help="move every span off a capture")
+    d.add_argument("--capture-id", required=True)
+
+    proc = groups.add_parser("processor", help="list or query processors")
+    proc_ops = proc.add_subparsers(dest="op", required=True)
+    proc_ops.add_parser("list", parents=[out], help="one line per (changefeed, capture)")
+    pq = proc_ops.add_parser("query", parents=[out], help="the spans of a changefeed on one capture")
+    pq.add_argument("--changefeed-id", "-c", required=True)
+    pq.add_argument("--capture-id", required=True)
+
+    own = groups.add_parser("owner", help="owner operations")
+    own_ops = own.add_subparsers(dest="op", required=True)
+    own_ops.add_parser("resign", parents=[out], help="make the owner resign (another election follows)")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cdc", description="Tidewater change-data-capture")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_server_parser(sub)
     _add_cli_parser(sub)
     sub.add_parser("version")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     if args.command == "version":
         from capture.server import VERSION
 
-        _print({"version": VERSION})
+        print(json.dumps({"version": VERSION}, indent=2))
         return 0
     if args.command == "server":
         return _run_server(args)
     try:
-        if args.group == "changefeed":
-            _print(_cmd_changefeed(args))
-        elif args.group == "capture":
-            _print(_request(args.server, "GET", "/api/v2/captures"))
+        kind, result = COMMANDS[args.group](args)
+        print(emit(kind, result, args.output))
         return 0
     except CliError as exc:
         print(json.dumps({"error_code": exc.code, "error_msg": exc.message}, indent=2), file=sys.stderr)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
 from cdc import serde
@@ -115,6 +115,33 @@ class MetaStore:
 
     def delete_capture(self, capture_id: str) -> bool:
         return self.client.delete(keys.capture_key(self.cluster_id, capture_id))
+
+    def set_capture_draining(self, capture_id: str) -> bool:
+        """Mark a live capture as draining (the owner then moves its spans away).
+
+        Re-puts the capture's ``CaptureInfo`` with ``draining=True`` under the capture's *own* lease (so
+        the key still vanishes with that capture), as a compare-and-swap on the key's mod revision;
+        retried on a concurrent change. Idempotent. Returns False if the capture is not registered
+        (unknown id, or its lease expired meanwhile)."""
+        key = keys.capture_key(self.cluster_id, capture_id)
+        for _ in range(10):
+            kv = self.client.get(key)
+            if kv is None:
+                return False
+            info = _decode(CaptureInfo, kv)
+            if info.draining:
+                return True
+            try:
+                done = self.client.txn([Compare(key, "mod", "=", kv.mod_revision)],
+                                       [Op.put(key, serde.to_json(replace(info, draining=True)), lease=kv.lease)])
+            except MetaStoreError as e:
+                if is_not_found(e):  # its lease expired between the read and the write
+                    return False
+                raise
+            if done:
+                log.info("capture=%s marked draining", capture_id)
+                return True
+        raise MetaStoreError(f"capture {capture_id}: registration kept changing while marking it draining")
 
     # ---- changefeeds
     def create_changefeed(self, info: ChangefeedInfo, status: ChangefeedStatus) -> None:

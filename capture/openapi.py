@@ -1,0 +1,274 @@
+"""The OpenAPI 3 document of the ``/api/v2`` HTTP API, served at ``GET /api/v2/openapi.json``.
+
+Hand-written so that it reads as documentation; ``tests/e2e/test_api.py`` checks that it lists exactly
+the routes ``capture.api.ApiServer`` serves. Pure data: :func:`openapi_document` returns a new dict each
+call (callers may modify it).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+VERSION = "0.1.0"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json(_ref("Error"), description)
+
+
+_CF_PARAM = {"name": "changefeed_id", "in": "path", "required": True, "description": "changefeed id",
+             "schema": {"type": "string", "pattern": "^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$"}}
+_CAPTURE_PARAM = {"name": "capture_id", "in": "path", "required": True, "description": "capture id",
+                  "schema": {"type": "string"}}
+
+_ERRORS_CF = {"404": _error("no such changefeed (CDC:ErrChangefeedNotFound)"),
+              "503": _error("etcd unavailable (CDC:ErrEtcd)")}
+
+_SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object", "required": ["error_code", "error_msg"],
+        "description": "Every error answer. error_code is stable (CDC:ErrXxx); error_msg is for humans.",
+        "properties": {"error_code": {"type": "string", "example": "CDC:ErrChangefeedNotFound"},
+                       "error_msg": {"type": "string"}},
+    },
+    "RunningError": {
+        "type": "object", "nullable": True,
+        "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "time": {"type": "number"},
+                       "capture_id": {"type": "string"}, "span": {"type": "integer"},
+                       "retryable": {"type": "boolean"}},
+    },
+    "Health": {"type": "object", "properties": {"status": {"type": "string", "enum": ["ok"]}}},
+    "Status": {
+        "type": "object", "description": "the answering capture",
+        "properties": {"id": {"type": "string"}, "version": {"type": "string"}, "pid": {"type": "integer"},
+                       "addr": {"type": "string"}, "cluster_id": {"type": "string"},
+                       "is_owner": {"type": "boolean"},
+                       "spans": {"type": "array", "items": {"type": "string"}, "description": "cf/span running here"}},
+        "additionalProperties": True,
+    },
+    "CreateChangefeed": {
+        "type": "object", "required": ["changefeed_id", "upstream_uri", "sink_uri"], "additionalProperties": False,
+        "properties": {
+            "changefeed_id": {"type": "string", "maxLength": 64, "pattern": "^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$"},
+            "upstream_uri": {"type": "string", "example": "postgresql://repl:secret@db1:5432/shop"},
+            "sink_uri": {"type": "string", "example": "mysql://app:secret@db2:3306/shop"},
+            "config": {"type": "string", "description": "changefeed TOML (span-count, [filter], [sink])"},
+            "target_ts": {"type": "integer", "minimum": 0, "description": "finish at this Ts (0: never)"},
+        },
+    },
+    "UpdateChangefeed": {
+        "type": "object", "additionalProperties": False, "minProperties": 1,
+        "description": "Only for a stopped changefeed. Omitted fields keep their value. span-count and the "
+                       "upstream's host/port/database cannot change.",
+        "properties": {
+            "sink_uri": {"type": "string"},
+            "upstream_uri": {"type": "string", "description": "same server and database; new credentials/options"},
+            "config": {"type": "string", "description": "a whole changefeed TOML (replaces the config)"},
+            "target_ts": {"type": "integer", "minimum": 0},
+        },
+    },
+    "SpanView": {
+        "type": "object",
+        "properties": {"index": {"type": "integer"}, "slot": {"type": "string"}, "publication": {"type": "string"},
+                       "start_ts": {"type": "integer"}, "capture": {"type": "string", "nullable": True},
+                       "checkpoint_ts": {"type": "integer", "nullable": True},
+                       "checkpoint": {"type": "string", "nullable": True},
+                       "resolved_ts": {"type": "integer", "nullable": True}, "running": {"type": "boolean"},
+                       "rows": {"type": "integer"}, "error": _ref("RunningError")},
+        "additionalProperties": True,
+    },
+    "Changefeed": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "state": {"type": "string", "enum": ["normal", "warning", "stopped", "failed", "finished", "removed"]},
+            "upstream_uri": {"type": "string", "description": "password redacted"},
+            "sink_uri": {"type": "string", "description": "password redacted"},
+            "config": {"type": "object"}, "start_ts": {"type": "integer"}, "target_ts": {"type": "integer"},
+            "create_time": {"type": "number"}, "checkpoint_ts": {"type": "integer"},
+            "checkpoint": {"type": "string", "description": "checkpoint as an LSN, X/X"},
+            "checkpoint_time": {"type": "number"},
+            "checkpoint_lag": {"type": "number", "nullable": True, "description": "seconds"},
+            "resolved_ts": {"type": "integer"}, "resolved_lag": {"type": "number", "nullable": True},
+            "error": _ref("RunningError"), "spans": {"type": "array", "items": _ref("SpanView")},
+        },
+        "additionalProperties": True,
+    },
+    "ChangefeedSummary": {
+        "type": "object",
+        "properties": {"id": {"type": "string"}, "state": {"type": "string"}, "checkpoint_ts": {"type": "integer"},
+                       "checkpoint": {"type": "string"}, "checkpoint_lag": {"type": "number", "nullable": True},
+                       "error": _ref("RunningError")},
+        "additionalProperties": True,
+    },
+    "ChangefeedList": {
+        "type": "object",
+        "properties": {"total": {"type": "integer"}, "items": {"type": "array", "items": _ref("ChangefeedSummary")}},
+    },
+    "UpdateResult": {
+        "type": "object",
+        "properties": {
+            "changefeed": _ref("Changefeed"),
+            "diff": {"type": "object", "description": "field -> {old, new}; config keys as config.section.key; "
+                                                      "tables: the replicated table set when it changed",
+                     "additionalProperties": {"type": "object", "properties": {"old": {}, "new": {}}}},
+        },
+    },
+    "Capture": {
+        "type": "object",
+        "properties": {"id": {"type": "string"}, "address": {"type": "string"}, "is_owner": {"type": "boolean"},
+                       "draining": {"type": "boolean"}, "version": {"type": "string"},
+                       "start_time": {"type": "number"}, "pid": {"type": "integer"},
+                       "spans": {"type": "integer", "description": "spans assigned to it"}},
+    },
+    "DrainResult": {
+        "type": "object",
+        "properties": {"id": {"type": "string"}, "draining": {"type": "boolean"},
+                       "remaining_spans": {"type": "integer", "description": "still assigned when answering"}},
+    },
+    "ProcessorSpan": {
+        "type": "object",
+        "properties": {"index": {"type": "integer"}, "epoch": {"type": "integer"},
+                       "stopping": {"type": "boolean", "description": "being moved off this capture"},
+                       "checkpoint_ts": {"type": "integer", "nullable": True},
+                       "checkpoint": {"type": "string", "nullable": True},
+                       "checkpoint_lag": {"type": "number", "nullable": True},
+                       "resolved_ts": {"type": "integer", "nullable": True},
+                       "resolved_lag": {"type": "number", "nullable": True},
+                       "running": {"type": "boolean"}, "rows": {"type": "integer"}, "error": _ref("RunningError")},
+    },
+    "Processor": {
+        "type": "object", "description": "the spans of one changefeed assigned to one capture",
+        "properties": {"changefeed_id": {"type": "string"}, "capture_id": {"type": "string"},
+                       "address": {"type": "string", "nullable": True},
+                       "checkpoint_ts": {"type": "integer", "nullable": True},
+                       "checkpoint": {"type": "string", "nullable": True},
+                       "resolved_ts": {"type": "integer", "nullable": True},
+                       "spans": {"type": "array", "items": _ref("ProcessorSpan")},
+                       "errors": {"type": "array", "items": {"type": "object"}}},
+    },
+    "ProcessorList": {
+        "type": "object",
+        "properties": {"total": {"type": "integer"}, "items": {"type": "array", "items": _ref("Processor")}},
+    },
+    "ResignResult": {
+        "type": "object",
+        "properties": {"resigned": {"type": "boolean"}, "previous_owner": {"type": "string"},
+                       "owner": {"type": "string", "nullable": True, "description": "the owner elected next"},
+                       "same_capture": {"type": "boolean"}, "message": {"type": "string"}},
+    },
+}
+
+_PATHS: dict[str, Any] = {
+    "/api/v2/health": {"get": {
+        "summary": "liveness of this capture (registered in etcd)", "operationId": "health",
+        "responses": {"200": _json(_ref("Health"), "registered"),
+                      "500": _error("not registered (session lost or starting)")}}},
+    "/api/v2/status": {"get": {
+        "summary": "the answering capture: id, address, owner or not, spans it runs", "operationId": "status",
+        "responses": {"200": _json(_ref("Status"), "status")}}},
+    "/api/v2/openapi.json": {"get": {
+        "summary": "this document", "operationId": "openapi",
+        "responses": {"200": {"description": "OpenAPI 3 document", "content": {"application/json": {}}}}}},
+    "/api/v2/changefeeds": {
+        "get": {"summary": "list changefeeds", "operationId": "listChangefeeds",
+                "responses": {"200": _json(_ref("ChangefeedList"), "changefeeds sorted by id"),
+                              "503": _error("etcd unavailable")}},
+        "post": {"summary": "create a changefeed (validates everything, creates a slot + publication per span)",
+                 "operationId": "createChangefeed",
+                 "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("CreateChangefeed")}}},
+                 "responses": {"201": _json(_ref("Changefeed"), "created"),
+                               "400": _error("invalid id, URI, config, filter, ineligible table, target conflict"),
+                               "409": _error("the id exists (CDC:ErrChangefeedAlreadyExists)"),
+                               "503": _error("upstream, sink or etcd unreachable")}},
+    },
+    "/api/v2/changefeeds/{changefeed_id}": {
+        "parameters": [_CF_PARAM],
+        "get": {"summary": "query a changefeed: state, watermarks and lags, spans", "operationId": "getChangefeed",
+                "responses": {"200": _json(_ref("Changefeed"), "the changefeed"), **_ERRORS_CF}},
+        "put": {"summary": "update a stopped changefeed (sink URI, config, target Ts, upstream credentials)",
+                "operationId": "updateChangefeed",
+                "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("UpdateChangefeed")}}},
+                "responses": {"200": _json(_ref("UpdateResult"), "updated; the diff lists what changed"),
+                              "400": _error("invalid input, span-count change, other upstream server/database"),
+                              "409": _error("not stopped (CDC:ErrChangefeedStateConflict): pause it first"),
+                              **_ERRORS_CF}},
+        "delete": {"summary": "remove a changefeed: marks it removed; the owner drops its slots, publications "
+                              "and keys shortly after", "operationId": "removeChangefeed",
+                   "responses": {"202": _json(_ref("Changefeed"), "marked removed"), **_ERRORS_CF}},
+    },
+    "/api/v2/changefeeds/{changefeed_id}/pause": {
+        "parameters": [_CF_PARAM],
+        "post": {"summary": "pause (state stopped); its processors stop, the slots keep the changes",
+                 "operationId": "pauseChangefeed",
+                 "responses": {"200": _json(_ref("Changefeed"), "stopped"),
+                               "409": _error("cannot be paused in its state"), **_ERRORS_CF}}},
+    "/api/v2/changefeeds/{changefeed_id}/resume": {
+        "parameters": [_CF_PARAM],
+        "post": {"summary": "resume (state normal), also from failed once the cause is gone",
+                 "operationId": "resumeChangefeed",
+                 "responses": {"200": _json(_ref("Changefeed"), "normal"),
+                               "409": _error("cannot be resumed in its state"), **_ERRORS_CF}}},
+    "/api/v2/captures": {"get": {
+        "summary": "live captures (a bare array, for compatibility)", "operationId": "listCaptures",
+        "responses": {"200": _json({"type": "array", "items": _ref("Capture")}, "captures sorted by id"),
+                      "503": _error("etcd unavailable")}}},
+    "/api/v2/captures/{capture_id}/drain": {
+        "parameters": [_CAPTURE_PARAM],
+        "post": {"summary": "mark a capture draining: the owner moves its spans to the other captures",
+                 "operationId": "drainCapture",
+                 "responses": {"202": _json(_ref("DrainResult"), "marked draining"),
+                               "404": _error("no such capture (CDC:ErrCaptureNotFound)"),
+                               "409": _error("it is the only capture not draining (CDC:ErrCaptureStateConflict)")}}},
+    "/api/v2/processors": {"get": {
+        "summary": "one item per (changefeed, capture) with spans assigned", "operationId": "listProcessors",
+        "responses": {"200": _json(_ref("ProcessorList"), "processors"), "503": _error("etcd unavailable")}}},
+    "/api/v2/processors/{changefeed_id}/{capture_id}": {
+        "parameters": [_CF_PARAM, _CAPTURE_PARAM],
+        "get": {"summary": "the spans of one changefeed on one capture", "operationId": "getProcessor",
+                "responses": {"200": _json(_ref("Processor"), "processor"),
+                              "404": _error("no such changefeed, capture, or no span of it there "
+                                            "(CDC:ErrChangefeedNotFound, CDC:ErrCaptureNotFound, "
+                                            "CDC:ErrProcessorNotFound)")}}},
+    "/api/v2/owner/resign": {"post": {
+        "summary": "make the owner resign and campaign again (any capture forwards it to the owner)",
+        "operationId": "resignOwner",
+        "requestBody": {"required": False, "content": {"application/json": {"schema": {"type": "object"}}}},
+        "responses": {"200": _json(_ref("ResignResult"), "resigned; names the next owner"),
+                      "501": _error("the capture has no resign hook (CDC:ErrNotImplemented)"),
+                      "502": _error("the owner did not answer the forwarded request (CDC:ErrOwnerUnreachable)"),
+                      "503": _error("no owner right now, or ownership changed meanwhile (CDC:ErrNotOwner)")}}},
+}
+
+_COMMON_ERRORS = {"400": _error("request body is not a JSON object or has unknown fields (CDC:ErrInvalidArgument)"),
+                  "405": _error("known path, other method (CDC:ErrMethodNotAllowed)"),
+                  "500": _error("internal error (CDC:ErrInternal)")}
+
+_DOCUMENT: dict[str, Any] = {
+    "openapi": "3.0.3",
+    "info": {"title": "Tidewater HTTP API", "version": VERSION,
+             "description": "Served by every capture under /api/v2. Errors are JSON objects "
+                            "{error_code, error_msg}. Passwords in URIs are always redacted in answers."},
+    "paths": _PATHS,
+    "components": {"schemas": _SCHEMAS, "responses": {k: v for k, v in _COMMON_ERRORS.items()}},
+}
+
+
+def openapi_document() -> dict[str, Any]:
+    """A fresh copy of the OpenAPI 3 document (every route, request body and the error schema)."""
+    return copy.deepcopy(_DOCUMENT)
+
+
+def documented_routes() -> set[tuple[str, str]]:
+    """``(METHOD, path template)`` of every documented operation."""
+    methods = {"get", "put", "post", "delete", "patch"}
+    return {(m.upper(), path) for path, item in _PATHS.items() for m in item if m in methods}
