@@ -57,7 +57,8 @@ class CaptureServer:
         self.service = ChangefeedService(self.store)
         collector = CaptureCollector(
             capture_id="", is_owner=lambda: bool(self.owner and self.owner.is_owner),
-            snapshot=self.store.snapshot, runners=self._runners, sorter_bytes=self.sorter.disk_bytes)
+            snapshot=self.store.snapshot, runners=self._runners, sorter_bytes=self.sorter.disk_bytes,
+            slot_reports=lambda: self.owner.watcher.reports() if self.owner and self.owner.is_owner else [])
         self._collector = collector
         self.api = ApiServer(config.addr, self.service, self._status, self._captures, make_registry(collector),
                              healthy=lambda: self.session is not None and self.session.alive.is_set())

@@ -96,6 +96,7 @@ class ServerConfig:
     error_backoff_min: float = 10.0  # retry of a failed span: exponential from this ...
     error_backoff_max: float = 600.0  # ... up to this
     error_stuck_duration: float = 1800.0  # warning for longer than this -> failed
+    upstream_check_interval: float = 10.0  # owner's look at slots, retained WAL and new tables
     drain_timeout: float = 60.0  # SIGTERM waits this long for the owner to move the spans away
 
     def validate(self) -> ServerConfig:

@@ -91,6 +91,7 @@ class ChangefeedStatus:
     resolved_ts: int = 0
     resolved_time: float = 0.0
     updated: float = 0.0
+    retained_wal: dict[str, int] = field(default_factory=dict)  # span index -> WAL bytes its slot retains
 
 
 @dataclass(frozen=True)

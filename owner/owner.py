@@ -18,8 +18,17 @@ from collections.abc import Callable
 from cdc.config import ServerConfig
 from cdc.errors import MetaStoreError, NotOwner, TidewaterError
 from cdc.meta.election import Election
-from cdc.meta.store import MetaStore
+from cdc.meta.store import ClusterSnapshot, MetaStore
+from cdc.model import ChangefeedInfo, FeedState
 from owner.reconcile import Action, Assign, DropChangefeed, PutStatus, Unassign, UpdateInfo, reconcile
+from owner.upstream_watch import (
+    FailSlotLost,
+    ReleaseAfterGcTtl,
+    UpstreamWatcher,
+    is_released,
+    mark_released,
+    release_slots,
+)
 from upstream.postgres import admin
 from upstream.postgres.conn import connect
 
@@ -36,6 +45,9 @@ class Owner:
         self.config = config
         self._clock = clock
         self.is_owner = False
+        self.watcher = UpstreamWatcher(interval=config.upstream_check_interval, gc_ttl=config.gc_ttl)
+        self._snapshot: ClusterSnapshot | None = None
+        self._warned: dict[str, str] = {}
 
     def run(self, stop: threading.Event) -> None:
         """Campaign, lead until deposed or stopped, campaign again."""
@@ -61,14 +73,34 @@ class Owner:
                 log.info("capture=%s is no longer the owner", self.capture_id)
 
     def _lead(self, stop: threading.Event) -> None:
+        term = threading.Event()  # this term of office
+        watch = threading.Thread(target=self.watcher.run, args=(self._infos, term), name="upstream-watch",
+                                 daemon=True)
+        watch.start()
+        try:
+            self._lead_loop(stop)
+        finally:
+            term.set()
+            self.watcher.clear()
+
+    def _infos(self) -> list[ChangefeedInfo]:
+        snap = self._snapshot
+        return [e.value for e in snap.changefeeds.values()] if snap is not None else []
+
+    def _lead_loop(self, stop: threading.Event) -> None:
         last_line = ""
         while not stop.is_set():
             if not self._session_alive():
                 log.warning("capture=%s owner session lost; stepping down", self.capture_id)
                 return
             try:
-                actions = reconcile(self.store.snapshot(), self._clock(),
-                                    stuck_duration=self.config.error_stuck_duration)
+                snap = self._snapshot = self.store.snapshot()
+                now = self._clock()
+                self.watcher.retain(snap.changefeeds)
+                retained = {r.changefeed: {str(k): v for k, v in r.retained_bytes().items() if v is not None}
+                            for r in self.watcher.reports() if not r.error}
+                actions = reconcile(snap, now, stuck_duration=self.config.error_stuck_duration, retained=retained)
+                actions += self._upstream_actions(snap, now)
                 done = [self._apply(a) for a in actions]
                 line = "; ".join(d for d in done if d)
                 if line and line != last_line:
@@ -80,6 +112,34 @@ class Owner:
             except MetaStoreError as exc:
                 log.warning("owner capture=%s: etcd unavailable: %s", self.capture_id, exc)
             stop.wait(self.config.owner_tick)
+
+    def _upstream_actions(self, snap: ClusterSnapshot, now: float) -> list[Action]:
+        """Turn the upstream watcher's findings into state changes: a lost slot fails the changefeed
+        loudly; a changefeed stopped or failed for longer than gc-ttl releases its slots."""
+        actions: list[Action] = []
+        for cf_id, entry in sorted(snap.changefeeds.items()):
+            info = entry.value
+            d = self.watcher.decide(info, now)
+            if isinstance(d, FailSlotLost):
+                if info.state.runs:
+                    actions.append(UpdateInfo(cf_id, info.with_state(FeedState.FAILED, error=d.running_error(now),
+                                                                     now=now), entry.mod_revision, "slot lost"))
+            elif isinstance(d, ReleaseAfterGcTtl):
+                if not is_released(info):
+                    actions.append(UpdateInfo(cf_id, mark_released(info, d, now), entry.mod_revision,
+                                              "gc-ttl exceeded: releasing the upstream slots"))
+                else:
+                    try:
+                        release_slots(info)
+                        self.watcher.forget(cf_id)
+                        log.error("changefeed=%s: slots %s released after gc-ttl; the changefeed must be recreated",
+                                  cf_id, [s.slot for s in info.spans])
+                    except TidewaterError as exc:
+                        log.warning("changefeed=%s: releasing slots failed, will retry: %s", cf_id, exc)
+            elif d is not None and self._warned.get(cf_id) != d.reason:
+                self._warned[cf_id] = d.reason
+                log.warning("changefeed=%s: %s", cf_id, d.reason)
+        return actions
 
     def _apply(self, action: Action) -> str:
         fence = self.election.fence()

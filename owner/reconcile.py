@@ -66,7 +66,7 @@ Action = Assign | Unassign | PutStatus | UpdateInfo | DropChangefeed
 
 
 def reconcile(snap: ClusterSnapshot, now: float, *, stuck_duration: float = 1800.0,
-              remove_grace: float = 3.0) -> list[Action]:
+              remove_grace: float = 3.0, retained: dict[str, dict[str, int]] | None = None) -> list[Action]:
     actions: list[Action] = []
     sched = _Scheduler(snap)
     for cf_id in sorted(snap.changefeeds):
@@ -103,6 +103,8 @@ def reconcile(snap: ClusterSnapshot, now: float, *, stuck_duration: float = 1800
 
         old = snap.statuses.get(cf_id) or ChangefeedStatus()
         status = global_watermarks(info, statuses, old, now)
+        if retained and cf_id in retained and retained[cf_id] != status.retained_wal:
+            status = replace(status, retained_wal=retained[cf_id], updated=now)
         if status != old:
             actions.append(PutStatus(cf_id, status))
 
@@ -185,7 +187,7 @@ def global_watermarks(info: ChangefeedInfo, statuses: dict[int, SpanStatus], old
     if (ck_ts, ck_time, rs_ts, rs_time) == (old.checkpoint_ts, old.checkpoint_time, old.resolved_ts,
                                             old.resolved_time):
         return old
-    return ChangefeedStatus(ck_ts, ck_time, rs_ts, rs_time, now)
+    return ChangefeedStatus(ck_ts, ck_time, rs_ts, rs_time, now, old.retained_wal)
 
 
 def next_state(info: ChangefeedInfo, statuses: dict[int, SpanStatus], status: ChangefeedStatus, now: float,
