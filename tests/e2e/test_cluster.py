@@ -9,11 +9,11 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 from e2e_workload import SCHEMA, TABLES, assert_converged, mixed_workload, server_config
 
+from playground.chaos import captures, checkpoint_of, live, owner_of, wait_recovery
 from playground.cluster import CdcServer
 from playground.servers import EtcdServer, MariaDBServer, PostgresServer
 
@@ -58,48 +58,6 @@ class Workload:
         self.conn.close()
 
 
-def _captures(servers: list[CdcServer]) -> list[dict[str, Any]]:
-    for s in servers:
-        if s.proc is not None and s.proc.poll() is None:
-            try:
-                return s.get("/api/v2/captures", timeout=5)
-            except Exception:  # noqa: BLE001 - try the next live server
-                continue
-    raise AssertionError("no live cdc server answers")
-
-
-def _live(servers: list[CdcServer]) -> list[CdcServer]:
-    return [s for s in servers if s.proc is not None and s.proc.poll() is None]
-
-
-def _owner(servers: list[CdcServer], timeout: float = 30.0) -> CdcServer:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        live = {f"127.0.0.1:{s.port}": s for s in _live(servers)}
-        owners = [c for c in _captures(servers) if c["is_owner"] and c["address"] in live]
-        if len(owners) == 1:
-            return live[owners[0]["address"]]
-        time.sleep(0.2)
-    raise AssertionError(f"no owner among {[s.port for s in _live(servers)]}")
-
-
-def _checkpoint(servers: list[CdcServer], cf: str) -> int:
-    return _live(servers)[0].changefeed(cf)["checkpoint_ts"]
-
-
-def _recovery(servers: list[CdcServer], cf: str, before: int, killed_at: float, timeout: float = 60.0) -> float:
-    """Seconds from the kill until the global checkpoint moved past where it was at the kill."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if _checkpoint(servers, cf) > before:
-                return time.monotonic() - killed_at
-        except Exception:  # noqa: BLE001 - a server may be restarting
-            pass
-        time.sleep(0.1)
-    raise AssertionError(f"checkpoint did not advance within {timeout}s after the kill")
-
-
 @pytest.fixture(params=["mariadb", "postgresql"])
 def sink_uri(request: pytest.FixtureRequest, pg_server: PostgresServer) -> str:
     db = f"target_{uuid.uuid4().hex[:10]}"
@@ -125,31 +83,31 @@ def test_three_captures_survive_kills_joins_drains_and_pause(
         with Workload(pg_server, pg_database) as wl:
             time.sleep(3)
             for victim_is_owner in (True, False, True):
-                owner = _owner(servers)
-                victim = owner if victim_is_owner else next(s for s in _live(servers) if s is not owner)
-                before = _checkpoint(servers, "ha")
+                owner = owner_of(servers)
+                victim = owner if victim_is_owner else next(s for s in live(servers) if s is not owner)
+                before = checkpoint_of(servers, "ha")
                 killed_at = time.monotonic()
                 victim.kill()
-                recoveries.append(_recovery(servers, "ha", before, killed_at))
+                recoveries.append(wait_recovery(servers, "ha", before, killed_at))
                 # a replacement joins: it gets spans by rebalancing
                 servers.append(CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id,
                                          extra_args=args).start())
                 time.sleep(2)
             # drain one capture with SIGTERM: its spans move away before it exits
-            drained = next(s for s in _live(servers) if s is not _owner(servers))
+            drained = next(s for s in live(servers) if s is not owner_of(servers))
             assert drained.terminate() == 0
             assert "drained" in drained.log_file.read_text() or "draining" not in drained.log_file.read_text()
             # pause / resume while writes continue
-            _live(servers)[0].request("POST", "/api/v2/changefeeds/ha/pause")
+            live(servers)[0].request("POST", "/api/v2/changefeeds/ha/pause")
             time.sleep(2)
-            _live(servers)[0].request("POST", "/api/v2/changefeeds/ha/resume")
+            live(servers)[0].request("POST", "/api/v2/changefeeds/ha/resume")
             time.sleep(2)
             wl.finish()
-        live = _live(servers)
-        info = assert_converged(live[0], "ha", source, sink_uri, TABLES, timeout=180)
+        survivors = live(servers)
+        info = assert_converged(survivors[0], "ha", source, sink_uri, TABLES, timeout=180)
         assert info["state"] == "normal", info
         placed = {s["capture"] for s in info["spans"]}
-        alive_ids = {c["id"] for c in _captures(servers)}
+        alive_ids = {c["id"] for c in captures(servers)}
         assert placed <= alive_ids, (placed, alive_ids)
         print(f"\nrecovery after kills (s): {[round(r, 2) for r in recoveries]}")
     finally:
@@ -176,7 +134,7 @@ def test_frozen_capture_writes_nothing_after_its_span_is_reassigned(
     try:
         first.create_changefeed("fence", pg_server.uri(pg_database), sink, "[filter]\nrules = ['public.accounts']\n")
         mixed_workload(source, 3)
-        first.wait_checkpoint("fence", 0)
+        first.waitcheckpoint_of("fence", 0)
         assert_converged(first, "fence", source, sink, ["public.accounts"])
         pg_server.execute(
             """CREATE FUNCTION audit_fn() RETURNS trigger LANGUAGE plpgsql AS $$
