@@ -120,8 +120,9 @@ def _check_types(raw: dict[str, Any], defaults: Any, where: str) -> None:
 
 
 class ChangefeedService:
-    def __init__(self, store: MetaStore) -> None:
+    def __init__(self, store: MetaStore, stop_wait: float = 15.0) -> None:
         self.store = store
+        self.stop_wait = stop_wait  # update: how long to wait for the spans of a paused changefeed to stop
 
     # ---- create ----------------------------------------------------------------------------------
     def create(self, req: CreateRequest) -> dict[str, Any]:
@@ -218,15 +219,19 @@ class ChangefeedService:
     def update(self, cf_id: str, req: UpdateRequest) -> dict[str, Any]:
         """Change a *stopped* changefeed's sink URI, config, target Ts or upstream credentials.
 
-        Refused (:class:`ChangefeedStateConflict`) unless the changefeed is ``stopped``. The result is
+        Refused (:class:`ChangefeedStateConflict`) unless the changefeed is ``stopped``; pause is
+        asynchronous, so this first waits (up to ``stop_wait``) until the owner has taken every span
+        away from its capture: no processor still writes with the old settings. The result is
         validated like a create (sink reachable, filter matches eligible tables, no target-name
         conflict); ``span-count`` and the upstream's host/port/database cannot change (the slots live
         there). If the filter's table set changes, each span's publication gets exactly the tables that
         hash to it, in one upstream transaction committed only after the new info was stored with a
         compare-and-swap (a concurrent change refuses the update and rolls the publications back).
         Re-running the same update is harmless: publication changes are computed from the actual
-        publications. Returns ``{"changefeed": describe, "diff": {field: {"old", "new"}}}`` with
-        passwords redacted.
+        publications. Changes made upstream while the changefeed was stopped go to the new sink on
+        resume (it restarts from the span checkpoints); a newly included table contributes changes
+        committed after the update. Returns ``{"changefeed": describe, "diff": {field: {"old", "new"}}}``
+        with passwords redacted.
         """
         if req.is_empty():
             raise InvalidArgument("nothing to update: give at least one of sink_uri, upstream_uri, config, target_ts")
@@ -258,6 +263,7 @@ class ChangefeedService:
                 f"target-ts {target_ts} ({lsn_to_str(target_ts)}) is not after the changefeed's checkpoint "
                 f"{checkpoint} ({lsn_to_str(checkpoint)}); use 0 for no target")
         table_filter = TableFilter(config.filter.rules)
+        self._wait_spans_stopped(cf_id)
 
         sink = open_sink(sink_raw, config.sink)
         try:
@@ -288,6 +294,21 @@ class ChangefeedService:
             diff["tables"] = {"old": [str(t) for t in before], "new": [str(t) for t in after]}
         log.info("changefeed=%s updated: %s", cf_id, ", ".join(sorted(diff)) or "no change")
         return {"changefeed": self.describe(cf_id), "diff": diff}
+
+    def _wait_spans_stopped(self, cf_id: str) -> None:
+        """Pause is asynchronous: wait (up to ``stop_wait``) until the owner has taken every span of the
+        changefeed away from its capture, i.e. no processor can still write with the old settings."""
+        deadline = time.monotonic() + self.stop_wait
+        while True:
+            assigned = self.store.get_assignments(cf_id)
+            if not assigned:
+                return
+            if time.monotonic() >= deadline:
+                where = sorted({f"{i}@{a.capture_id}" for i, a in assigned.items()})
+                raise ChangefeedStateConflict(
+                    f"changefeed {cf_id!r} is stopped but its spans are still stopping ({', '.join(where)}); "
+                    f"retry in a few seconds")
+            time.sleep(0.2)
 
     @staticmethod
     def _align_publications(conn: Any, info: ChangefeedInfo, tables: list[TableName]
