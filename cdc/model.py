@@ -77,6 +77,7 @@ class ChangefeedInfo:
     backoff_until: float = 0.0  # warning: spans are not rescheduled before this time
     retries: int = 0
     released: bool = False  # slots dropped after gc-ttl: the changefeed can never resume
+    resumed_at: float = 0.0  # span errors older than this (the last create/resume) are history
 
     def with_state(self, state: FeedState, *, error: RunningError | None = None, now: float | None = None,
                    **changes: Any) -> ChangefeedInfo:

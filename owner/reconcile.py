@@ -192,7 +192,8 @@ def global_watermarks(info: ChangefeedInfo, statuses: dict[int, SpanStatus], old
 
 def next_state(info: ChangefeedInfo, statuses: dict[int, SpanStatus], status: ChangefeedStatus, now: float,
                stuck_duration: float) -> ChangefeedInfo:
-    errors: list[RunningError] = [s.error for _, s in sorted(statuses.items()) if s.error is not None]
+    errors: list[RunningError] = [s.error for _, s in sorted(statuses.items())
+                                  if s.error is not None and s.error.time >= info.resumed_at]
     fatal = next((e for e in errors if not e.retryable), None)
     if fatal is not None:
         return info.with_state(FeedState.FAILED, error=fatal, now=now)

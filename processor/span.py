@@ -76,6 +76,7 @@ class SpanRunner:
         start: Watermark,
         txn_rows: int,
         fence: Callable[[], None] | None = None,
+        target_ts: int = 0,
     ) -> None:
         self.label = label
         self.puller = puller
@@ -83,6 +84,7 @@ class SpanRunner:
         self._sink_factory = sink_factory
         self._outer_fence = fence
         self.txn_rows = txn_rows
+        self.target_ts = target_ts  # changefeed target Ts: nothing committed after it is written
         self.resolved = start
         self.checkpoint = start
         self.rows = 0
@@ -170,6 +172,8 @@ class SpanRunner:
                     self.sorter.clean(self._persisted)
                     self._cleaned = self._persisted
                 target = self.resolved
+                if self.target_ts and target.ts > self.target_ts:
+                    target = Watermark(self.target_ts, target.time)
                 if target.ts <= self.checkpoint.ts:
                     if target.ts == self.checkpoint.ts and target.time > self.checkpoint.time:
                         self.checkpoint = target

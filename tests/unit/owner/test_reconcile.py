@@ -179,3 +179,12 @@ def test_target_ts_finishes() -> None:
     s = snap(info, span_statuses={0: span_status(600, 600)})
     new = _state_change(s)
     assert new is not None and new.state is FeedState.FINISHED
+
+
+def test_errors_from_before_a_resume_are_history() -> None:
+    err = RunningError("CDC:ErrSinkFatal", "bad table", NOW - 30, "a", 0, False)
+    info = cf(spans=1, resumed_at=NOW - 10)
+    assert _state_change(snap(info, span_statuses={0: span_status(1, 1, err)})) is None
+    fresh = RunningError("CDC:ErrSinkFatal", "bad table", NOW - 1, "a", 0, False)
+    failed = _state_change(snap(info, span_statuses={0: span_status(1, 1, fresh)}))
+    assert failed is not None and failed.state is FeedState.FAILED

@@ -1,0 +1,87 @@
+"""Changefeed lifecycle end to end: target-ts -> finished; an unretryable sink error -> failed, and
+resume works once the cause is fixed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_workload import SCHEMA, assert_converged, mixed_workload
+
+from playground.cluster import CdcServer, current_lsn
+from playground.servers import MariaDBServer, PostgresServer
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def source(pg_server: PostgresServer, pg_database: str) -> Any:
+    pg_server.execute(SCHEMA, db=pg_database)
+    conn = pg_server.connect(pg_database)
+    yield conn
+    conn.close()
+
+
+def _wait_state(cdc: CdcServer, cf: str, state: str, timeout: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    q: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        q = cdc.changefeed(cf)
+        if q["state"] == state:
+            return q
+        time.sleep(0.2)
+    raise AssertionError(f"changefeed {cf} not {state} within {timeout}s: {q}\n{cdc.log_tail()}")
+
+
+def test_target_ts_finishes_and_writes_nothing_after_it(cdc_server: CdcServer, pg_server: PostgresServer,
+                                                        pg_database: str, source: Any, tmp_path: Path) -> None:
+    sink = f"sqlite:///{tmp_path / 'target.db'}"
+    mixed_workload(source, 1)
+    target = current_lsn(source) + 64 * 1024  # a point some transactions ahead
+    cdc_server.request("POST", "/api/v2/changefeeds", {
+        "changefeed_id": "bounded", "upstream_uri": pg_server.uri(pg_database), "sink_uri": sink,
+        "target_ts": target})
+    t = 1
+    while current_lsn(source) <= target + 64 * 1024:
+        mixed_workload(source, 5, start=t)
+        t += 5
+    q = _wait_state(cdc_server, "bounded", "finished")
+    assert q["checkpoint_ts"] >= target
+    deadline = time.monotonic() + 20
+    while any(s["capture"] for s in q["spans"]) and time.monotonic() < deadline:
+        time.sleep(0.3)
+        q = cdc_server.changefeed("bounded")
+    assert all(s["capture"] is None for s in q["spans"]), "a finished changefeed keeps no span running"
+    with source.cursor() as cur:  # accounts inserted after the target are not downstream
+        cur.execute("SELECT count(*) FROM accounts")
+        (upstream_rows,) = cur.fetchone()
+    import sqlite3
+
+    (downstream_rows,) = sqlite3.connect(tmp_path / "target.db").execute("SELECT count(*) FROM accounts").fetchone()
+    assert 0 < downstream_rows < upstream_rows
+
+
+def test_unretryable_sink_error_fails_then_resume_after_fix(cdc_server: CdcServer, pg_server: PostgresServer,
+                                                            pg_database: str, source: Any, tmp_path: Path) -> None:
+    maria = MariaDBServer(tmp_path / "maria").start()
+    try:
+        maria.create_database("target")
+        # an existing target table that lacks a column: no retry can fix that, a human must
+        maria.execute("CREATE TABLE accounts (id int PRIMARY KEY, owner text)", db="target")
+        sink = maria.uri("target")
+        cdc_server.request("POST", "/api/v2/changefeeds", {
+            "changefeed_id": "broken", "upstream_uri": pg_server.uri(pg_database), "sink_uri": sink,
+            "config": "[filter]\nrules = ['public.accounts']\n"})
+        mixed_workload(source, 3)
+        q = _wait_state(cdc_server, "broken", "failed")
+        assert q["error"]["code"] == "CDC:ErrSinkFatal", q["error"]
+        assert "accounts" in q["error"]["message"]
+        maria.execute("DROP TABLE accounts", db="target")  # the fix: let Tidewater create it
+        cdc_server.request("POST", "/api/v2/changefeeds/broken/resume")
+        _wait_state(cdc_server, "broken", "normal")
+        info = assert_converged(cdc_server, "broken", source, sink, ["public.accounts"])
+        assert info["state"] == "normal"
+    finally:
+        maria.stop()
