@@ -72,6 +72,23 @@ def sink_uri(request: pytest.FixtureRequest, pg_server: PostgresServer) -> str:
 def test_three_captures_survive_kills_joins_drains_and_pause(
         etcd_server: EtcdServer, cluster_id: str, tmp_path: Path, pg_server: PostgresServer, pg_database: str,
         sink_uri: str) -> None:
+    drill(etcd_server, cluster_id, tmp_path, pg_server, pg_database, sink_uri, kills=(True, False, True))
+
+
+@pytest.mark.slow
+def test_soak_many_kills(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path, pg_server: PostgresServer,
+                         pg_database: str) -> None:
+    """The long multi-kill run (`pytest -m slow`): twelve kills, owner and non-owner alternating."""
+    db = f"target_{uuid.uuid4().hex[:10]}"
+    pg_server.create_database(db)
+    drill(etcd_server, cluster_id, tmp_path, pg_server, pg_database, pg_server.uri(db),
+          kills=tuple(i % 2 == 0 for i in range(12)))
+
+
+def drill(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path, pg_server: PostgresServer, pg_database: str,
+          sink_uri: str, kills: tuple[bool, ...]) -> None:
+    """Three captures under continuous writes: SIGKILL the owner or a non-owner for each entry of
+    ``kills`` (a replacement joins after each), drain one with SIGTERM, pause/resume, then converge."""
     pg_server.execute(SCHEMA, db=pg_database)
     args = server_config(tmp_path, FAST)
     servers = [CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, extra_args=args).start()
@@ -82,7 +99,7 @@ def test_three_captures_survive_kills_joins_drains_and_pause(
         servers[0].create_changefeed("ha", pg_server.uri(pg_database), sink_uri, CONFIG)
         with Workload(pg_server, pg_database) as wl:
             time.sleep(3)
-            for victim_is_owner in (True, False, True):
+            for victim_is_owner in kills:
                 owner = owner_of(servers)
                 victim = owner if victim_is_owner else next(s for s in live(servers) if s is not owner)
                 before = checkpoint_of(servers, "ha")
