@@ -60,8 +60,9 @@ class CaptureServer:
             snapshot=self.store.snapshot, runners=self._runners, sorter_bytes=self.sorter.disk_bytes,
             slot_reports=lambda: self.owner.watcher.reports() if self.owner and self.owner.is_owner else [])
         self._collector = collector
-        self.api = ApiServer(config.addr, self.service, self._status, self._captures, make_registry(collector),
-                             healthy=lambda: self.session is not None and self.session.alive.is_set())
+        self.api = ApiServer(config.addr, self.service, self._status, None, make_registry(collector),
+                             healthy=lambda: self.session is not None and self.session.alive.is_set(),
+                             owner_resign=lambda: bool(self.owner and self.owner.resign()))
 
     # ---- API callbacks ---------------------------------------------------------------------------
     def _runners(self) -> list[tuple[str, int, Any]]:
@@ -74,13 +75,6 @@ class CaptureServer:
         return {"id": self.capture_id, "version": VERSION, "pid": os.getpid(), "addr": self.config.addr,
                 "cluster_id": self.config.cluster_id, "is_owner": bool(self.owner and self.owner.is_owner),
                 "spans": [f"{cf}/{span}" for cf, span, _ in self._runners()]}
-
-    def _captures(self) -> list[dict[str, Any]]:
-        snap = self.store.snapshot()
-        owner = snap.owner
-        owner_id = owner.capture_id if owner else None
-        return [{"id": c.id, "address": c.advertise_addr, "is_owner": c.id == owner_id, "version": c.version,
-                 "start_time": c.start_time, "pid": c.pid} for c in snap.captures.values()]
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def run(self) -> int:

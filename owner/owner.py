@@ -48,6 +48,15 @@ class Owner:
         self.watcher = UpstreamWatcher(interval=config.upstream_check_interval, gc_ttl=config.gc_ttl)
         self._snapshot: ClusterSnapshot | None = None
         self._warned: dict[str, str] = {}
+        self._resign = threading.Event()
+
+    def resign(self) -> bool:
+        """Ask the leading owner to step down: its loop returns, it deletes its election key and
+        campaigns again (behind every other candidate). True if this capture was leading."""
+        if not self.is_owner:
+            return False
+        self._resign.set()
+        return True
 
     def run(self, stop: threading.Event) -> None:
         """Campaign, lead until deposed or stopped, campaign again."""
@@ -60,6 +69,7 @@ class Owner:
                 continue
             if not won:
                 continue
+            self._resign.clear()  # a request from an earlier term does not apply to this one
             self.is_owner = True
             log.info("capture=%s is the owner", self.capture_id)
             try:
@@ -90,6 +100,9 @@ class Owner:
     def _lead_loop(self, stop: threading.Event) -> None:
         last_line = ""
         while not stop.is_set():
+            if self._resign.is_set():
+                log.info("capture=%s resigning ownership on request", self.capture_id)
+                return
             if not self._session_alive():
                 log.warning("capture=%s owner session lost; stepping down", self.capture_id)
                 return
