@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -24,19 +25,25 @@ class ParsedURI:
 
     def redacted(self) -> str:
         """The URI with its password replaced, for logs and API output."""
-        if self.password is None:
-            return self.raw
-        return self.raw.replace(f":{self.password}@", ":***@", 1)
+        return redact(self.raw)
+
+
+_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@?#]*):[^@/?#]*@")
+
+
+def redact(raw: str) -> str:
+    """Replace the password of ``scheme://user:password@host...`` (as written, percent-encoded or not)."""
+    return _USERINFO.sub(r"\1:***@", raw, count=1)
 
 
 def parse_uri(raw: str, *, allowed: tuple[str, ...], what: str) -> ParsedURI:
     if not raw or "://" not in raw:
-        raise InvalidURI(f"{what} URI {raw!r} is malformed: expected scheme://...")
+        raise InvalidURI(f"{what} URI {redact(raw or '')!r} is malformed: expected scheme://...")
     try:
         parts = urlsplit(raw)
         port = parts.port
     except ValueError as exc:
-        raise InvalidURI(f"{what} URI {raw!r} is malformed: {exc}") from exc
+        raise InvalidURI(f"{what} URI {redact(raw)!r} is malformed: {exc}") from exc
     scheme = parts.scheme.lower()
     if scheme not in allowed:
         raise InvalidURI(f"{what} URI scheme {scheme!r} is not supported (use one of: {', '.join(allowed)})")
@@ -44,13 +51,13 @@ def parse_uri(raw: str, *, allowed: tuple[str, ...], what: str) -> ParsedURI:
         # sqlite:///relative/path or sqlite:////absolute/path, like SQLAlchemy
         path = raw.split("://", 1)[1]
         if not path.startswith("/") or len(path) < 2:
-            raise InvalidURI(f"{what} URI {raw!r}: use sqlite:///path/to/file.db")
+            raise InvalidURI(f"{what} URI {redact(raw)!r}: use sqlite:///path/to/file.db")
         path = path[1:].split("?", 1)[0]
         return ParsedURI(raw, scheme, None, None, None, None, path, dict(parse_qsl(parts.query)))
     if scheme == "blackhole":
         return ParsedURI(raw, scheme, None, None, None, None, "", dict(parse_qsl(parts.query)))
     if not parts.hostname:
-        raise InvalidURI(f"{what} URI {raw!r} has no host")
+        raise InvalidURI(f"{what} URI {redact(raw)!r} has no host")
     path = unquote(parts.path.lstrip("/"))
     return ParsedURI(
         raw=raw,
