@@ -25,6 +25,7 @@ from cdc.config import ChangefeedConfig
 from cdc.errors import (
     ChangefeedNotFound,
     ChangefeedStateConflict,
+    GCTTLExceeded,
     InvalidArgument,
     InvalidConfig,
     TargetNameConflict,
@@ -38,6 +39,7 @@ from cdc.serde import to_dict
 from cdc.spans import resource_name, span_of
 from cdc.ts import lsn_to_str
 from cdc.uri import ParsedURI, parse_sink_uri, parse_upstream_uri
+from owner.upstream_watch import can_resume
 from sinks.factory import open_sink
 from upstream.postgres import admin, catalog
 from upstream.postgres.conn import connect
@@ -402,6 +404,15 @@ class ChangefeedService:
                                 allowed=(FeedState.NORMAL, FeedState.WARNING, FeedState.FAILED, FeedState.STOPPED))
 
     def resume(self, cf_id: str) -> dict[str, Any]:
+        entry = self.store.get_changefeed(cf_id)
+        if entry is not None:
+            refusal = can_resume(entry.value)
+            if refusal is not None:
+                raise GCTTLExceeded(refusal)
+            if entry.value.error is not None and entry.value.error.code == "CDC:ErrSlotLost":
+                raise ChangefeedStateConflict(
+                    f"changefeed {cf_id!r} lost its replication slot ({entry.value.error.message}); resuming would "
+                    f"silently skip changes: remove it and create it again")
         return self._transition(cf_id, FeedState.NORMAL,
                                 allowed=(FeedState.STOPPED, FeedState.FAILED, FeedState.WARNING, FeedState.NORMAL))
 
@@ -419,7 +430,8 @@ class ChangefeedService:
                     f"changefeed {cf_id!r} is {info.state.value}; cannot move it to {state.value}")
             if info.state is state:
                 return self.describe(cf_id)
-            new = info.with_state(state, error=None, retries=0, backoff_until=0.0)
+            extra = {"resumed_at": time.time()} if state is FeedState.NORMAL else {}
+            new = info.with_state(state, error=None, retries=0, backoff_until=0.0, **extra)
             if self.store.update_changefeed(new, entry.mod_revision, []):
                 log.info("changefeed=%s %s -> %s (API)", cf_id, info.state.value, state.value)
                 return self.describe(cf_id)
@@ -564,6 +576,7 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
             "resolved_ts": ss.resolved_ts if ss else None,
             "running": ss.running if ss else False,
             "rows": ss.rows if ss else 0,
+            "retained_wal_bytes": st.retained_wal.get(str(s.index)),
             "error": to_dict(ss.error) if ss and ss.error else None,
         })
     return {
