@@ -2,8 +2,9 @@
 SHELL := /bin/bash
 VENV := .venv
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
-.PHONY: deps lint test demo
+.PHONY: deps lint test demo bench
 
 deps:
 	@bash scripts/bootstrap.sh
@@ -17,3 +18,7 @@ test: lint
 
 demo: deps
 	$(VENV)/bin/python -m playground.demo
+
+# Benchmark with references (docs/benchmarks.md), e.g. make bench BENCH_ARGS="--workload a --sink sqlite"
+bench: deps
+	$(VENV)/bin/python -m bench $(BENCH_ARGS)

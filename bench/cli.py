@@ -1,0 +1,137 @@
+"""``python -m bench``: Tidewater's benchmark, with its references measured in the same run.
+
+    python -m bench [--workload a,b,c,e] [--sink blackhole,sqlite,mariadb,postgresql] [--rows N] [--quick]
+                    [--tables N] [--pgbench-seconds S] [--pgbench-scale N] [--lag-rates 5000,10000]
+                    [--lag-seconds S] [--big-mb MB] [--profile DIR] [--json FILE] [--work-dir DIR] [--keep]
+
+Starts its own etcd, upstream PostgreSQL 18, a second PostgreSQL (native subscriber and ``postgresql://``
+target), MariaDB when asked for, and one ``cdc server``; writes each workload upstream; measures every
+consumer catching up on the same WAL (Tidewater per sink, ``pg_recvlogical``, native logical
+replication) and the bulk-load ceiling of each target; then the lag under fixed offered rates; and
+prints the result tables (Markdown) on stdout. Progress goes to stderr. Workload (d), the 1 GB
+transaction, runs only when asked for (``--workload d``). Exit code 0 when every measurement produced a
+figure, 1 otherwise. Everything started is stopped at the end, also on Ctrl-C and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.env import SINK_KINDS, BenchEnv
+from bench.report import Report, format_report
+from bench.runner import Options, Runner, machine_info
+
+WORKLOADS = ("a", "b", "c", "d", "e")
+QUICK = {"rows": 2000, "tables": 20, "pgbench_seconds": 2.0, "pgbench_scale": 1, "lag_rates": "1000",
+         "lag_seconds": 2.0, "big_mb": 4.0}
+
+
+def _csv(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if v not in allowed]
+    if bad or not items:
+        raise argparse.ArgumentTypeError(f"{what} must be a comma-separated subset of {','.join(allowed)}")
+    return items
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", default="a,b,c,e", type=lambda v: _csv(v, WORKLOADS, "--workload"),
+                    help="workloads to run (default a,b,c,e; d = one 1 GB transaction, long)")
+    ap.add_argument("--sink", default=",".join(SINK_KINDS), type=lambda v: _csv(v, SINK_KINDS, "--sink"),
+                    help=f"sinks (default {','.join(SINK_KINDS)})")
+    ap.add_argument("--rows", type=int, help="rows of workloads a, b and e (default 1000000)")
+    ap.add_argument("--quick", action="store_true", help="a tiny version of everything (seconds, for the smoke test)")
+    ap.add_argument("--tables", type=int, help="tables of workload e (default 1000)")
+    ap.add_argument("--e-rows", type=int, help="rows of workload e (default: --rows)")
+    ap.add_argument("--pgbench-seconds", type=float, help="duration of the pgbench run (default 30)")
+    ap.add_argument("--pgbench-scale", type=int, help="pgbench scale factor (default 4: 400k accounts)")
+    ap.add_argument("--pgbench-clients", type=int, default=4)
+    ap.add_argument("--lag-rates", help="offered rates in rows/s for the lag runs, comma-separated "
+                    "(default 5000,10000; 'none' to skip)")
+    ap.add_argument("--lag-seconds", type=float, help="seconds of writing per lag run (default 20)")
+    ap.add_argument("--big-mb", type=float, help="size of workload d's transaction in MiB (default 1024)")
+    ap.add_argument("--no-native", action="store_true", help="skip the native logical replication reference")
+    ap.add_argument("--server-config", type=Path, help="TOML for the cdc server (default: its defaults)")
+    ap.add_argument("--changefeed-config", type=Path, help="changefeed TOML (default: its defaults)")
+    ap.add_argument("--timeout", type=float, default=3600, help="seconds any one catch-up may take")
+    ap.add_argument("--profile", type=Path, metavar="DIR", help="py-spy profile of the capture for each Tidewater "
+                    "catch-up into DIR (slows the capture: not for baseline figures)")
+    ap.add_argument("--json", type=Path, help="also write every result to this JSON file")
+    ap.add_argument("--work-dir", type=Path, help="directory for the servers' data (default: a new temp dir)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = ap.parse_args(argv)
+    defaults: dict[str, Any] = {"rows": 1_000_000, "tables": 1000, "pgbench_seconds": 30.0, "pgbench_scale": 4,
+                                "lag_rates": "5000,10000", "lag_seconds": 20.0, "big_mb": 1024.0}
+    for key, value in (QUICK if args.quick else defaults).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    args.lag_rates = [] if args.lag_rates == "none" else [int(r) for r in str(args.lag_rates).split(",") if r]
+    return args
+
+
+def _on_sigterm(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def say(msg: str) -> None:
+        print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="tidewater-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    opts = Options(
+        workloads=args.workload, sinks=args.sink, rows=args.rows, tables=args.tables,
+        pgbench_seconds=args.pgbench_seconds, pgbench_scale=args.pgbench_scale, pgbench_clients=args.pgbench_clients,
+        lag_rates=args.lag_rates, lag_seconds=args.lag_seconds, big_mb=args.big_mb, timeout=args.timeout, e_rows=args.e_rows or 0,
+        work_dir=work, server_config=args.server_config.read_text() if args.server_config else "",
+        changefeed_config=args.changefeed_config.read_text() if args.changefeed_config else "",
+        native=not args.no_native, profile_dir=args.profile,
+    )
+    say(f"work directory {work}; workloads {','.join(opts.workloads)}; sinks {','.join(opts.sinks)}")
+    report: Report | None = None
+    try:
+        profiler = None
+        if args.profile is not None:
+            from bench.profile import PySpyProfiler
+
+            profiler = PySpyProfiler(args.profile, say=say)
+        with BenchEnv(work / "servers", opts.sinks, opts.server_config, native=opts.native) as env:
+            say(f"servers up: {json.dumps(env.pids())}")
+            report = Report(time.strftime("%Y-%m-%d %H:%M:%S %Z"), _jsonable(vars(args)), machine_info(env))
+            Runner(opts, env, say, profiler).run(report)
+    finally:
+        if not args.keep and args.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+        elif args.keep:
+            say(f"kept {work}")
+    print(format_report(report, opts.sinks))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report.to_dict(), indent=1))
+    return 0 if _complete(report) else 1
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in d.items()}
+
+
+def _complete(report: Report) -> bool:
+    if report.errors:
+        return False
+    for p in report.phases:
+        ms = [p.recv, p.native, *p.tidewater.values(), *p.ceiling.values()]
+        if any(m is not None and not m.ok for m in ms):
+            return False
+    return all(not r.error for r in report.lag) and all(not r.error for r in report.big)

@@ -1,0 +1,393 @@
+"""The consumers measured on the same upstream WAL: Tidewater changefeeds, ``pg_recvlogical`` (read
+ceiling) and PostgreSQL's native logical replication (``CREATE SUBSCRIPTION`` on a second server).
+
+Every consumer is measured in *catch-up* mode: its slot existed before the phase's writes, it was not
+reading while they ran, and the measurement is the time from starting it (resume / enable / exec) until
+it has consumed everything up to the phase's target LSN (the upstream insert position after the last
+commit). Consumers are measured one at a time, so none competes with another or with the writer.
+
+Not thread-safe: one thread drives a consumer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bench.procstat import LastCpu, TreeSampler, cpu_seconds, reset_peak_rss, status_bytes, tree_cpu_seconds
+from cdc.ts import lsn_to_str, str_to_lsn
+from playground.cluster import ApiError, CdcServer, current_lsn
+from playground.servers import HOST, PostgresServer
+
+
+@dataclass
+class Measurement:
+    """One consumer catching up on one phase (or one bulk load for a write ceiling)."""
+
+    consumer: str  # tidewater | pg_recvlogical | native | write ceiling
+    sink: str  # sink kind for tidewater and write ceilings, "" otherwise
+    rows: int  # upstream row changes of the phase (or rows loaded)
+    seconds: float = 0.0
+    cpu_s: float | None = None  # the consumer's own process(es): capture, pg_recvlogical, apply workers, loader
+    tree_cpu_s: float | None = None  # capture with its descendants
+    walsender_cpu_s: float | None = None  # the upstream walsender(s) decoding for it
+    rss_peak: int | None = None  # capture VmHWM during the catch-up (bytes)
+    tree_rss_peak: int | None = None  # highest sampled RSS of the capture's process tree (bytes)
+    replicated_rows: int | None = None  # rows the changefeed reports written (check)
+    error: str = ""
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.seconds > 0
+
+    @property
+    def rows_per_s(self) -> float | None:
+        return self.rows / self.seconds if self.ok else None
+
+    def per_mrows(self, cpu: float | None) -> float | None:
+        return cpu / self.rows * 1e6 if cpu is not None and self.rows and self.ok else None
+
+
+def _slot_pids(upstream: PostgresServer, db: str, slots: list[str]) -> dict[str, int | None]:
+    rows = upstream.execute("SELECT slot_name, active_pid FROM pg_replication_slots WHERE slot_name = ANY(%s)",
+                            db=db, params=(slots,)) or []
+    return {str(name): (int(pid) if pid is not None else None) for name, pid in rows}
+
+
+def wait_slots_inactive(upstream: PostgresServer, db: str, slots: list[str], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while any(p is not None for p in _slot_pids(upstream, db, slots).values()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"slots {slots} still active after {timeout:.0f}s")
+        time.sleep(0.05)
+
+
+class WalNudger:
+    """While a wait runs longer than ``after`` seconds, writes a tiny non-transactional logical message
+    upstream every ``every`` seconds. A target LSN read with ``pg_current_wal_insert_lsn()`` can lie just
+    past a page header that no record ends at; a later record lets the WAL flush position (and so every
+    reader's position) pass it. Harmless for every consumer (no publication carries the message)."""
+
+    def __init__(self, server: PostgresServer, db: str, after: float = 3.0, every: float = 1.0) -> None:
+        self.server, self.db, self.after, self.every = server, db, after, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="wal-nudge", daemon=True)
+
+    def _run(self) -> None:
+        if self._stop.wait(self.after):
+            return
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                self.server.execute("SELECT pg_logical_emit_message(false, 'bench-nudge', '')", db=self.db)
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> WalNudger:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+# ---- Tidewater ------------------------------------------------------------------------------------------
+class TidewaterFeed:
+    """One changefeed of the ``cdc server`` under test, from the scenario's upstream database to one sink."""
+
+    def __init__(self, cdc: CdcServer, upstream: PostgresServer, db: str, cf_id: str, sink: str, sink_uri: str,
+                 config: str = "") -> None:
+        self.cdc, self.upstream, self.db = cdc, upstream, db
+        self.cf_id, self.sink, self.sink_uri, self.config = cf_id, sink, sink_uri, config
+        self.slots: list[str] = []
+
+    def create(self, timeout: float = 300) -> None:
+        """Create the changefeed and wait until its pipeline is up (checkpoint past the current LSN)."""
+        self.cdc.request("POST", "/api/v2/changefeeds", {"changefeed_id": self.cf_id,
+                         "upstream_uri": self.upstream.uri(self.db), "sink_uri": self.sink_uri,
+                         "config": self.config}, timeout=timeout)
+        info = self.cdc.changefeed(self.cf_id)
+        self.slots = [s["slot"] for s in info["spans"]]
+        conn = self.upstream.connect(self.db)
+        try:
+            self.wait(current_lsn(conn), timeout)
+        finally:
+            conn.close()
+
+    def info(self) -> dict[str, Any]:
+        return self.cdc.changefeed(self.cf_id)
+
+    def wait(self, lsn: int, timeout: float, poll: float = 0.1,
+             on_poll: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Wait until the changefeed checkpoint reaches ``lsn``; raise if it fails or times out."""
+        deadline = time.monotonic() + timeout
+        with WalNudger(self.upstream, self.db):
+            while True:
+                info = self.info()
+                if on_poll is not None:
+                    on_poll(info)
+                if info["checkpoint_ts"] >= lsn:
+                    return info
+                if info["state"] == "failed":
+                    raise RuntimeError(f"changefeed {self.cf_id} failed: {info.get('error')}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"changefeed {self.cf_id} checkpoint {info['checkpoint']} did not reach "
+                                       f"{lsn_to_str(lsn)} in {timeout:.0f}s (state {info['state']}, "
+                                       f"error {info.get('error')}, spans {[s.get('error') for s in info['spans']]})")
+                time.sleep(poll)
+
+    def pause(self) -> None:
+        """Pause and wait until its slots have no reader (the span stopped)."""
+        self.cdc.request("POST", f"/api/v2/changefeeds/{self.cf_id}/pause")
+        wait_slots_inactive(self.upstream, self.db, self.slots)
+
+    def resume(self) -> None:
+        self.cdc.request("POST", f"/api/v2/changefeeds/{self.cf_id}/resume")
+
+    def remove(self) -> None:
+        with contextlib.suppress(ApiError, OSError):
+            self.cdc.request("DELETE", f"/api/v2/changefeeds/{self.cf_id}")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    self.cdc.changefeed(self.cf_id)
+                except ApiError:
+                    return
+                time.sleep(0.2)
+
+    def walsender_cpu(self) -> float | None:
+        pids = [p for p in _slot_pids(self.upstream, self.db, self.slots).values() if p is not None]
+        cpus = [cpu_seconds(p) for p in pids]
+        return sum(c for c in cpus if c is not None) if pids else None
+
+
+class Profiler:
+    """Hooks a sampling profiler onto the capture during each Tidewater catch-up (see bench.profile)."""
+
+    def start(self, pid: int, name: str) -> Callable[[], None]:
+        raise NotImplementedError
+
+
+def measure_tidewater(feed: TidewaterFeed, capture_pid: int, target_lsn: int, rows: int, timeout: float,
+                      profiler: Profiler | None = None, name: str = "",
+                      say: Callable[[str], None] | None = None) -> Measurement:
+    """Resume ``feed`` (paused, with the phase's WAL waiting in its slot), time it until its checkpoint
+    covers ``target_lsn``, measure the capture's CPU and memory meanwhile, pause it again."""
+    m = Measurement("tidewater", feed.sink, rows)
+    hwm_reset = reset_peak_rss(capture_pid)
+    cpu0 = cpu_seconds(capture_pid)
+    tree0 = tree_cpu_seconds(capture_pid)
+    sampler = TreeSampler(capture_pid).start()
+    stop_profile = profiler.start(capture_pid, name) if profiler is not None else None
+    walsender = LastCpu()
+    watched: set[int] = set()
+    next_report = [time.monotonic() + 30]
+
+    def watch(info: dict[str, Any]) -> None:
+        if say is not None and time.monotonic() > next_report[0]:
+            next_report[0] += 30
+            done = sum(s.get("rows") or 0 for s in info["spans"])
+            say(f"    {feed.cf_id}: {done} of {rows} rows, checkpoint {info['checkpoint']}, state {info['state']}")
+        for pid in _slot_pids(feed.upstream, feed.db, feed.slots).values():
+            if pid is not None and pid not in watched:
+                watched.add(pid)
+                walsender.watch(pid)
+
+    try:
+        t0 = time.monotonic()
+        feed.resume()
+        info = feed.wait(target_lsn, timeout, on_poll=watch, poll=0.25)
+        m.seconds = time.monotonic() - t0
+        watch(info)
+        m.walsender_cpu_s = walsender.total() if watched else None
+        cpu1 = cpu_seconds(capture_pid)
+        m.cpu_s = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
+        m.tree_cpu_s = tree_cpu_seconds(capture_pid) - tree0
+        m.rss_peak = status_bytes(capture_pid, ("VmHWM",)).get("VmHWM")
+        if not hwm_reset:
+            m.note = "VmHWM not reset (peak since the capture started)"
+        m.replicated_rows = int(sum(s.get("rows") or 0 for s in info["spans"]))
+    except Exception as exc:  # noqa: BLE001 - reported in the table, the run goes on
+        m.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        walsender.stop()
+        peak = sampler.stop()
+        m.tree_rss_peak = peak.tree_rss_peak
+        if stop_profile is not None:
+            stop_profile()
+        try:
+            feed.pause()
+        except Exception as exc:  # noqa: BLE001
+            m.error = m.error or f"pause failed: {exc}"
+    return m
+
+
+# ---- native logical replication -------------------------------------------------------------------------
+class NativeSubscription:
+    """``CREATE SUBSCRIPTION ... WITH (copy_data = false, enabled = false)`` on the subscriber for the
+    upstream publication ``publication`` (PostgreSQL's defaults otherwise: in PostgreSQL 18 large
+    transactions are streamed and applied by parallel workers). Its slot is created upstream at once."""
+
+    def __init__(self, upstream: PostgresServer, up_db: str, subscriber: PostgresServer, sub_db: str, name: str,
+                 publication: str) -> None:
+        self.upstream, self.up_db = upstream, up_db
+        self.subscriber, self.sub_db = subscriber, sub_db
+        self.name, self.publication = name, publication
+
+    def create(self) -> None:
+        conninfo = f"host={HOST} port={self.upstream.port} user=postgres dbname={self.up_db}"
+        self.subscriber.execute(f"CREATE SUBSCRIPTION {self.name} CONNECTION '{conninfo}' PUBLICATION "
+                                f"{self.publication} WITH (copy_data = false, enabled = false)", db=self.sub_db)
+
+    def enable(self) -> None:
+        self.subscriber.execute(f"ALTER SUBSCRIPTION {self.name} ENABLE", db=self.sub_db)
+
+    def disable(self) -> None:
+        self.subscriber.execute(f"ALTER SUBSCRIPTION {self.name} DISABLE", db=self.sub_db)
+        wait_slots_inactive(self.upstream, self.up_db, [self.name])
+
+    def drop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.disable()
+        with contextlib.suppress(Exception):
+            self.subscriber.execute(f"DROP SUBSCRIPTION IF EXISTS {self.name}", db=self.sub_db)
+        with contextlib.suppress(Exception):
+            self.upstream.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                                  "WHERE slot_name = %s", db=self.up_db, params=(self.name,))
+
+    def applied_lsn(self) -> int:
+        """End LSN of the last upstream transaction the subscriber has committed (replication origin)."""
+        rows = self.subscriber.execute(
+            "SELECT s.remote_lsn::text FROM pg_replication_origin_status s JOIN pg_subscription sub "
+            "ON s.external_id = 'pg_' || sub.oid WHERE sub.subname = %s", db=self.sub_db, params=(self.name,))
+        return str_to_lsn(rows[0][0]) if rows and rows[0][0] else 0
+
+    def confirmed_lsn(self) -> int:
+        """The slot's confirmed flush position: the subscriber reports everything received once every
+        applied transaction is flushed locally (covers a target past the last commit record)."""
+        rows = self.upstream.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                                     db=self.up_db, params=(self.name,))
+        return str_to_lsn(rows[0][0]) if rows and rows[0][0] else 0
+
+    def worker_pids(self) -> list[int]:
+        rows = self.subscriber.execute("SELECT pid FROM pg_stat_subscription WHERE subname = %s AND pid IS NOT NULL",
+                                       db=self.sub_db, params=(self.name,)) or []
+        return [int(r[0]) for r in rows]
+
+    def wait(self, lsn: int, timeout: float, on_poll: Callable[[], None] | None = None, poll: float = 0.05) -> None:
+        deadline = time.monotonic() + timeout
+        with WalNudger(self.upstream, self.up_db):
+            while True:
+                if on_poll is not None:
+                    on_poll()
+                if self.applied_lsn() >= lsn or self.confirmed_lsn() >= lsn:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"subscription {self.name} applied {lsn_to_str(self.applied_lsn())}, not "
+                                       f"{lsn_to_str(lsn)}, after {timeout:.0f}s")
+                time.sleep(poll)
+
+
+def measure_native(sub: NativeSubscription, target_lsn: int, rows: int, timeout: float) -> Measurement:
+    """Enable the (disabled) subscription, time it until it has applied everything up to ``target_lsn``,
+    disable it again. CPU: its apply workers (subscriber) and its walsender (upstream)."""
+    m = Measurement("native", "", rows)
+    apply_cpu, walsender_cpu = LastCpu(), LastCpu()
+    seen: set[int] = set()
+
+    def watch() -> None:
+        for pid in sub.worker_pids():
+            if pid not in seen:
+                seen.add(pid)
+                apply_cpu.watch(pid)
+        for pid in _slot_pids(sub.upstream, sub.up_db, [sub.name]).values():
+            if pid is not None and pid not in seen:
+                seen.add(pid)
+                walsender_cpu.watch(pid)
+
+    try:
+        t0 = time.monotonic()
+        sub.enable()
+        sub.wait(target_lsn, timeout, on_poll=watch)
+        m.seconds = time.monotonic() - t0
+        watch()
+        m.cpu_s = apply_cpu.total()
+        m.walsender_cpu_s = walsender_cpu.total()
+    except Exception as exc:  # noqa: BLE001
+        m.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        apply_cpu.stop()
+        walsender_cpu.stop()
+        try:
+            sub.disable()
+        except Exception as exc:  # noqa: BLE001
+            m.error = m.error or f"disable failed: {exc}"
+    return m
+
+
+# ---- pg_recvlogical -------------------------------------------------------------------------------------
+def create_recv_slot(upstream: PostgresServer, db: str, slot: str) -> None:
+    """(Re)create the logical slot ``slot`` (pgoutput) for ``pg_recvlogical``."""
+    drop_slot(upstream, db, slot)
+    upstream.execute("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", db=db, params=(slot,))
+
+
+def drop_slot(upstream: PostgresServer, db: str, slot: str) -> None:
+    upstream.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s",
+                     db=db, params=(slot,))
+
+
+def measure_recvlogical(upstream: PostgresServer, db: str, slot: str, publication: str, target_lsn: int,
+                        rows: int, timeout: float) -> Measurement:
+    """``pg_recvlogical --start --endpos=<target>`` on ``slot`` with pgoutput (proto_version=4, streaming=on)
+    writing to /dev/null: the time until it exits having reached the target."""
+    m = Measurement("pg_recvlogical", "", rows)
+    argv = [str(upstream.bin_dir / "pg_recvlogical"), "-d", upstream.dsn(db), "-S", slot, "--start",
+            "-f", "/dev/null", f"--endpos={lsn_to_str(target_lsn)}", "--no-loop", "-s", "1",
+            "-o", "proto_version=4", "-o", f"publication_names={publication}", "-o", "streaming=on"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    walsender = LastCpu()
+    seen: set[int] = set()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    status, usage = 0, None
+    try:
+        with WalNudger(upstream, db):
+            deadline = t0 + timeout
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid == proc.pid:
+                    m.seconds = time.monotonic() - t0
+                    proc.returncode = os.waitstatus_to_exitcode(status)
+                    break
+                for p in _slot_pids(upstream, db, [slot]).values():
+                    if p is not None and p not in seen:
+                        seen.add(p)
+                        walsender.watch(p)
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"pg_recvlogical did not reach {lsn_to_str(target_lsn)} in {timeout:.0f}s")
+                time.sleep(0.02)
+        if proc.returncode != 0:
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise RuntimeError(f"pg_recvlogical exited with {proc.returncode}: {err[-1000:]}")
+        m.cpu_s = usage.ru_utime + usage.ru_stime if usage is not None else None
+        m.walsender_cpu_s = walsender.total() if seen else None
+    except Exception as exc:  # noqa: BLE001
+        m.error = f"{type(exc).__name__}: {exc}"
+        m.seconds = 0.0
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    finally:
+        walsender.stop()
+        if proc.stderr is not None:
+            proc.stderr.close()
+    return m

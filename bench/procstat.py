@@ -1,0 +1,191 @@
+"""CPU time and resident memory of processes, read from ``/proc`` (Linux only).
+
+All functions return ``None`` (or skip the process) when a process is gone; none of them raises for a
+process that exits while it is being read. :class:`TreeSampler` runs one daemon thread; its results are
+read after :meth:`TreeSampler.stop`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (index 0 is the state, field 3 of proc(5))."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def cpu_seconds(pid: int, children: bool = False) -> float | None:
+    """utime + stime of ``pid`` in seconds (plus cutime + cstime of its reaped children if ``children``)."""
+    f = _stat_fields(pid)
+    if f is None:
+        return None
+    ticks = int(f[11]) + int(f[12])  # utime, stime (fields 14, 15)
+    if children:
+        ticks += int(f[13]) + int(f[14])  # cutime, cstime (fields 16, 17)
+    return ticks / CLK_TCK
+
+
+def status_bytes(pid: int, names: tuple[str, ...] = ("VmRSS", "VmHWM")) -> dict[str, int]:
+    """The given ``kB`` fields of /proc/<pid>/status, in bytes (empty when the process is gone)."""
+    out: dict[str, int] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key in names:
+                    out[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Reset the kernel's peak RSS (VmHWM) of ``pid`` to its current RSS (``5 > /proc/<pid>/clear_refs``;
+    needs the right to write that file, e.g. root or the same user). True when it worked."""
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children, grandchildren...), from the ppid in /proc/*/stat."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            f = _stat_fields(int(entry))
+            if f is not None:
+                children.setdefault(int(f[1]), []).append(int(entry))
+    out: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of ``pid`` (with its reaped children) plus every live descendant's."""
+    total = cpu_seconds(pid, children=True) or 0.0
+    for child in descendants(pid):
+        total += cpu_seconds(child) or 0.0
+    return total
+
+
+@dataclass
+class TreePeak:
+    rss_peak: int  # highest sampled VmRSS of the process itself
+    tree_rss_peak: int  # highest sampled sum of VmRSS over the process and its descendants
+    tree_procs: int  # most processes seen in the tree at once
+    samples: int
+
+
+class TreeSampler:
+    """Samples VmRSS of a process and of its process tree every ``interval`` seconds on a daemon thread."""
+
+    def __init__(self, pid: int, interval: float = 0.2) -> None:
+        self.pid = pid
+        self.interval = interval
+        self._peak = TreePeak(0, 0, 0, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tree-sampler", daemon=True)
+
+    def sample(self) -> None:
+        own = status_bytes(self.pid, ("VmRSS",)).get("VmRSS")
+        if own is None:
+            return
+        tree = descendants(self.pid)
+        total = own + sum(status_bytes(p, ("VmRSS",)).get("VmRSS", 0) for p in tree)
+        p = self._peak
+        p.rss_peak = max(p.rss_peak, own)
+        p.tree_rss_peak = max(p.tree_rss_peak, total)
+        p.tree_procs = max(p.tree_procs, 1 + len(tree))
+        p.samples += 1
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def start(self) -> TreeSampler:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def stop(self) -> TreePeak:
+        """Stop sampling (idempotent), take a last sample and return the peaks."""
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join(5)
+            self.sample()
+        return self._peak
+
+
+class LastCpu:
+    """Keeps the latest CPU seconds of processes that may exit at any moment (polled on a daemon thread),
+    so that the CPU of a process we do not reap (a walsender, a ``cdc server`` started by someone else)
+    is known up to ``interval`` before it exits."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self.last: dict[int, float] = {}
+        self._pids: set[int] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-watch", daemon=True)
+        self._thread.start()
+
+    def watch(self, pid: int) -> None:
+        with self._lock:
+            self._pids.add(pid)
+        self._poll(pid)
+
+    def _poll(self, pid: int) -> None:
+        v = cpu_seconds(pid)
+        if v is not None:
+            with self._lock:
+                self.last[pid] = v
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            with self._lock:
+                pids = list(self._pids)
+            for pid in pids:
+                self._poll(pid)
+
+    def total(self) -> float:
+        for pid in list(self._pids):
+            self._poll(pid)
+        with self._lock:
+            return sum(self.last.values())
+
+    def stop(self) -> float:
+        total = self.total()
+        self._stop.set()
+        self._thread.join(2)
+        return total
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate()`` until it is true (return True) or ``timeout`` passes (return False)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)

@@ -1,0 +1,134 @@
+"""Sampling profiles of the capture during each Tidewater catch-up (``python -m bench --profile DIR``).
+
+:class:`PySpyProfiler` attaches ``py-spy record --nonblocking --format speedscope`` (``pip install
+py-spy`` into the venv) to the ``cdc server`` for the duration of one catch-up and writes
+``DIR/<workload>-<sink>.speedscope.json``; :func:`summarise` turns such a file into the functions with
+the most *self* time (the frame on top of the stack when sampled) and the most *inclusive* time, and the
+busiest threads. Samples of idle threads are not recorded by py-spy (it skips threads waiting in
+known blocking calls), so percentages are of busy samples. Profiling costs the capture some CPU: figures
+measured with ``--profile`` are not baseline figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.consumers import Profiler
+
+
+def py_spy_binary() -> str | None:
+    here = Path(sys.executable).parent / "py-spy"
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+class PySpyProfiler(Profiler):
+    def __init__(self, out_dir: Path, rate: int = 100, say: Callable[[str], None] = lambda _m: None) -> None:
+        self.out_dir = Path(out_dir)
+        self.rate = rate
+        self.say = say
+        self.files: list[Path] = []
+        binary = py_spy_binary()
+        if binary is None:
+            raise RuntimeError("py-spy is not installed: .venv/bin/pip install py-spy")
+        self.binary = binary
+
+    def start(self, pid: int, name: str) -> Callable[[], None]:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / f"{name}.speedscope.json"
+        log = open(self.out_dir / f"{name}.py-spy.log", "wb")  # noqa: SIM115 - closed by stop()
+        proc = subprocess.Popen([self.binary, "record", "--pid", str(pid), "--rate", str(self.rate), "--nonblocking",
+                                 "--threads", "--format", "speedscope", "--output", str(path)],
+                                stdout=log, stderr=subprocess.STDOUT)
+        time.sleep(0.5)  # attach before the catch-up starts
+
+        def stop() -> None:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            log.close()
+            if path.exists():
+                self.files.append(path)
+                summary = summarise(path)
+                (self.out_dir / f"{name}.summary.txt").write_text(format_summary(summary, name))
+                self.say(f"profile {path} ({summary.samples} samples)")
+
+        return stop
+
+
+@dataclass
+class ProfileSummary:
+    samples: int  # busy samples (all threads)
+    self_time: list[tuple[str, int]]  # (function, samples on top of the stack), most first
+    inclusive: list[tuple[str, int]]  # (function, samples with it anywhere on the stack), most first
+    threads: list[tuple[str, int]]  # (thread, samples), most first
+
+
+def _label(frame: dict[str, object]) -> str:
+    name = str(frame.get("name", "?"))
+    file = str(frame.get("file", "") or "")
+    for marker in ("site-packages/", "/lib/python3.11/", "/work/main/"):
+        if marker in file:
+            file = file.split(marker, 1)[1]
+            break
+    return f"{name} ({file})" if file else name
+
+
+def summarise(path: Path, top: int = 30) -> ProfileSummary:
+    """Self and inclusive time per function (aggregated over lines and threads) of a speedscope file
+    written by py-spy (sampled profiles; each sample lists frame indexes from the root to the leaf)."""
+    doc = json.loads(Path(path).read_text())
+    frames = [_label(f) for f in doc["shared"]["frames"]]
+    self_c: Counter[str] = Counter()
+    incl_c: Counter[str] = Counter()
+    threads: Counter[str] = Counter()
+    total = 0
+    for prof in doc.get("profiles", []):
+        weights = prof.get("weights") or [1] * len(prof.get("samples", []))
+        for stack, w in zip(prof.get("samples", []), weights, strict=False):
+            if not stack:
+                continue
+            total += w
+            threads[str(prof.get("name", "?"))] += w
+            self_c[frames[stack[-1]]] += w
+            for label in {frames[i] for i in stack}:
+                incl_c[label] += w
+    return ProfileSummary(total, self_c.most_common(top), incl_c.most_common(top), threads.most_common(10))
+
+
+def format_summary(s: ProfileSummary, title: str) -> str:
+    def pct(n: int) -> str:
+        return f"{100 * n / s.samples:5.1f}%" if s.samples else "  -  "
+
+    lines = [f"# {title}: {s.samples} busy samples", "", "## self time (top of stack)"]
+    lines += [f"{pct(n)}  {f}" for f, n in s.self_time]
+    lines += ["", "## inclusive time"]
+    lines += [f"{pct(n)}  {f}" for f, n in s.inclusive]
+    lines += ["", "## threads"]
+    lines += [f"{pct(n)}  {t}" for t, n in s.threads]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.profile FILE.speedscope.json...``: print the summary of each file."""
+    for arg in argv if argv is not None else sys.argv[1:]:
+        with contextlib.suppress(BrokenPipeError):
+            print(format_summary(summarise(Path(arg)), arg))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Result records of a benchmark run and their Markdown tables.
+
+Every number cell is a plain decimal number (no thousands separators) or ``-`` when there is no figure,
+so that the tables can be read back by tools (tests/e2e/test_bench_smoke.py does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.bigtxn import BigTxnResult
+from bench.consumers import Measurement
+from bench.lag import LagResult
+from bench.workloads import WriteResult
+
+MiB = 1 << 20
+MAIN_COLUMNS = ("workload", "sink", "rows", "Tidewater rows/s", "capture CPU s/M rows", "capture peak RSS MB",
+                "tree peak RSS MB", "read ceiling rows/s", "TW/read", "native rows/s", "TW/native",
+                "write ceiling rows/s", "TW/write")
+
+
+@dataclass
+class PhaseReport:
+    workload: str
+    label: str
+    rows: int
+    write: WriteResult | None = None
+    recv: Measurement | None = None
+    native: Measurement | None = None
+    tidewater: dict[str, Measurement] = field(default_factory=dict)
+    ceiling: dict[str, Measurement] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    started: str
+    options: dict[str, Any]
+    machine: dict[str, str]
+    phases: list[PhaseReport] = field(default_factory=list)
+    lag: list[LagResult] = field(default_factory=list)
+    big: list[BigTxnResult] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        def conv(o: Any) -> Any:
+            if dataclasses.is_dataclass(o) and not isinstance(o, type):
+                d = {f.name: conv(getattr(o, f.name)) for f in dataclasses.fields(o)}
+                if isinstance(o, Measurement):
+                    d["rows_per_s"] = o.rows_per_s
+                return d
+            if isinstance(o, dict):
+                return {k: conv(v) for k, v in o.items()}
+            if isinstance(o, list):
+                return [conv(v) for v in o]
+            return o
+
+        return conv(self)  # type: ignore[no-any-return]
+
+
+def num(x: float | None, digits: int = 0) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def ratio(a: float | None, b: float | None) -> str:
+    """a / b with two decimals (three significant digits below 0.1, so that a small ratio is never 0)."""
+    if a is None or not b:
+        return "-"
+    r = a / b
+    return f"{r:.2f}" if r >= 0.1 or r == 0 else f"{r:.2e}" if r < 1e-4 else f"{r:.3g}"
+
+
+def mb(b: int | None) -> str:
+    return "-" if not b else f"{b / MiB:.0f}"
+
+
+def _table(columns: tuple[str, ...] | list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main_table(phases: list[PhaseReport], sinks: list[str]) -> str:
+    """One line per (timed workload, sink): Tidewater's catch-up throughput, CPU and memory, and each
+    reference with the ratio Tidewater / reference."""
+    rows = []
+    for p in phases:
+        read = p.recv.rows_per_s if p.recv else None
+        native = p.native.rows_per_s if p.native else None
+        for sink in sinks:
+            tw = p.tidewater.get(sink)
+            if tw is None:
+                continue
+            rate = tw.rows_per_s
+            ceil = p.ceiling.get(sink)
+            write = ceil.rows_per_s if ceil else None
+            rows.append([p.workload, sink, str(p.rows), num(rate), num(tw.per_mrows(tw.cpu_s), 1),
+                         mb(tw.rss_peak) if tw.ok else "-", mb(tw.tree_rss_peak) if tw.ok else "-",
+                         num(read), ratio(rate, read), num(native), ratio(rate, native), num(write),
+                         ratio(rate, write)])
+    return _table(MAIN_COLUMNS, rows)
+
+
+def detail_table(phases: list[PhaseReport], sinks: list[str]) -> str:
+    """Every measurement: seconds, rows/s, CPU per million rows of the consumer and of its walsender."""
+    cols = ("workload", "what", "rows", "seconds", "rows/s", "own CPU s/M rows", "walsender CPU s/M rows", "note")
+    rows: list[list[str]] = []
+    for p in phases:
+        if p.write is not None:
+            w = p.write
+            rows.append([p.workload, "upstream writes (nothing reading)", str(w.rows), num(w.seconds, 2),
+                         num(w.rows / w.seconds if w.seconds else None), "-", "-", w.detail or p.label])
+        ms: list[tuple[str, Measurement | None]] = [("pg_recvlogical (read ceiling)", p.recv),
+                                                    ("native PG->PG subscription", p.native)]
+        ms += [(f"Tidewater -> {s}", p.tidewater.get(s)) for s in sinks]
+        ms += [(f"write ceiling {s}", p.ceiling.get(s)) for s in sinks]
+        for what, m in ms:
+            if m is None:
+                continue
+            note = m.error or m.note
+            if m.replicated_rows is not None and m.replicated_rows != m.rows:
+                note = (note + "; " if note else "") + f"changefeed reports {m.replicated_rows} rows"
+            if what.startswith("write ceiling"):
+                rows.append([p.workload, f"{what} ({m.note or '-'})", str(m.rows), num(m.seconds, 2),
+                             num(m.rows_per_s), "-", "-", m.error])
+                continue
+            rows.append([p.workload, what, str(m.rows), num(m.seconds, 2), num(m.rows_per_s),
+                         num(m.per_mrows(m.cpu_s), 1), num(m.per_mrows(m.walsender_cpu_s), 1), note])
+    return _table(cols, rows)
+
+
+def lag_table(results: list[LagResult]) -> str:
+    cols = ("offered rows/s", "consumer", "achieved rows/s", "samples", "p50 s", "p99 s", "max s",
+            "p99 / native p99", "capture CPU %")
+    native = {r.offered: r.p99 for r in results if r.consumer == "native" and not r.error}
+    rows = []
+    for r in results:
+        who = "native PG->PG" if r.consumer == "native" else f"Tidewater -> {r.sink}"
+        if r.error:
+            rows.append([str(r.offered), who, "-", "-", "-", "-", "-", "-", r.error])
+            continue
+        rows.append([str(r.offered), who, num(r.achieved), str(r.samples), num(r.p50, 3), num(r.p99, 3),
+                     num(r.max, 3), ratio(r.p99, native.get(r.offered)) if r.consumer != "native" else "-",
+                     num(r.cpu_pct)])
+    return _table(cols, rows)
+
+
+def big_table(results: list[BigTxnResult], refs: PhaseReport | None) -> str:
+    cols = ("sink", "MB", "rows", "TW rows/s (INSERT start->ckpt)", "TW rows/s (COMMIT->ckpt)",
+            "capture CPU s/M rows", "capture VmHWM MB", "capture anon peak MB", "tree RSS peak MB",
+            "target = source", "read ceiling rows/s", "native rows/s", "write ceiling rows/s", "TW/read",
+            "TW/native", "TW/write")
+    read = refs.recv.rows_per_s if refs and refs.recv else None
+    native = refs.native.rows_per_s if refs and refs.native else None
+    rows = []
+    for r in results:
+        ceil = refs.ceiling.get(r.sink) if refs else None
+        write = ceil.rows_per_s if ceil else None
+        if r.error:
+            rows.append([r.sink, f"{r.size_mb:g}", "-", r.error] + ["-"] * (len(cols) - 4))
+            continue
+        rows.append([r.sink, f"{r.size_mb:g}", str(r.rows), num(r.rows_per_s_e2e), num(r.rows_per_s_after_commit),
+                     num(r.cpu_per_mrows, 1), mb(r.hwm), mb(r.anon_peak), mb(r.tree_rss_peak),
+                     {True: "yes", False: "NO", None: "-"}[r.equal], num(read), num(native), num(write),
+                     ratio(r.rows_per_s_e2e, read), ratio(r.rows_per_s_e2e, native), ratio(r.rows_per_s_e2e, write)])
+    return _table(cols, rows)
+
+
+def format_report(rep: Report, sinks: list[str]) -> str:
+    out = [f"Tidewater benchmark, {rep.started}; " + ", ".join(f"{k} {v}" for k, v in rep.machine.items()), ""]
+    timed = [p for p in rep.phases if p.workload != "d"]
+    if timed:
+        out += ["## Throughput (catch-up: rows / seconds from starting the consumer until it has everything "
+                "up to the workload's last commit; every consumer reads the same WAL, one at a time)", "",
+                main_table(timed, sinks), "", "### Details", "", detail_table(timed, sinks), ""]
+    if rep.lag:
+        out += ["## Lag under a fixed offered rate (workload (a), sampled every 100 ms)", "", lag_table(rep.lag), ""]
+    if rep.big:
+        refs = next((p for p in rep.phases if p.workload == "d"), None)
+        out += ["## One big transaction (d): Tidewater via scripts/bench_big_txn.py (live), references in "
+                "catch-up", "", big_table(rep.big, refs), ""]
+        if refs is not None:
+            out += [detail_table([refs], sinks), ""]
+    if rep.notes:
+        out += ["## Notes", ""] + [f"- {n}" for n in rep.notes] + [""]
+    if rep.errors:
+        out += ["## Errors", ""] + [f"- {e}" for e in rep.errors] + [""]
+    return "\n".join(out)

@@ -1,0 +1,302 @@
+"""Orchestration of one benchmark run: scenarios, consumers, references, lag, the big transaction.
+
+For every scenario (its own upstream database): the schema is created upstream and on the native
+subscriber, one publication ``FOR ALL TABLES`` serves ``pg_recvlogical`` and the subscription, and one
+changefeed per sink is created and paused. Each phase is written with nothing reading; a setup phase is
+then consumed by every consumer untimed, a timed phase by each consumer in turn, timed (see
+:mod:`bench.consumers`), followed by the write ceilings of each target. Everything a scenario created
+(changefeeds, slots, subscription, databases, target databases) is removed when it ends, also on error.
+
+Not thread-safe; one :class:`Runner` per run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import shutil
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench import bigtxn
+from bench.ceiling import export_rows, measure_ceiling
+from bench.consumers import (
+    Measurement,
+    NativeSubscription,
+    Profiler,
+    TidewaterFeed,
+    create_recv_slot,
+    drop_slot,
+    measure_native,
+    measure_recvlogical,
+    measure_tidewater,
+)
+from bench.env import BenchEnv
+from bench.lag import LagResult, lag_native, lag_tidewater
+from bench.report import PhaseReport, Report
+from bench.workloads import CeilingSource, InsertsUpdates, ManyTables, Pgbench, Phase, Scenario, sbtest_ddl
+from playground.servers import PostgresServer
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Options:
+    workloads: list[str]
+    sinks: list[str]
+    rows: int
+    tables: int
+    pgbench_seconds: float
+    pgbench_scale: int
+    pgbench_clients: int
+    lag_rates: list[int]
+    lag_seconds: float
+    big_mb: float
+    timeout: float
+    e_rows: int
+    work_dir: Path
+    server_config: str = ""
+    changefeed_config: str = ""
+    native: bool = True
+    profile_dir: Path | None = None
+
+
+def machine_info(env: BenchEnv) -> dict[str, str]:
+    info = {"cores": str(os.cpu_count())}
+    with contextlib.suppress(OSError, ValueError, IndexError, StopIteration):
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        kb = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal:"))
+        info["memory"] = f"{kb / (1 << 20):.0f} GB"
+    with contextlib.suppress(OSError, StopIteration):
+        release = Path("/etc/os-release").read_text().splitlines()
+        info["os"] = next(line.split("=", 1)[1].strip().strip('"') for line in release
+                          if line.startswith("PRETTY_NAME="))
+    info["python"] = platform.python_version()
+    if env.upstream is not None:
+        v = env.upstream.execute("SHOW server_version")
+        info["postgresql"] = str(v[0][0]) if v else "?"
+    if env.mariadb is not None:
+        v = env.mariadb.execute("SELECT version()")
+        info["mariadb"] = str(v[0][0]) if v else "?"
+    return info
+
+
+class Runner:
+    def __init__(self, opts: Options, env: BenchEnv, say: Say, profiler: Profiler | None = None) -> None:
+        self.opts = opts
+        self.env = env
+        self.say = say
+        self.profiler = profiler
+
+    # ---- helpers ------------------------------------------------------------------------------------
+    @property
+    def up(self) -> PostgresServer:
+        assert self.env.upstream is not None
+        return self.env.upstream
+
+    def _feed(self, key: str, db: str, sink: str) -> TidewaterFeed:
+        assert self.env.cdc is not None
+        self.env.prepare_target(sink, key)
+        feed = TidewaterFeed(self.env.cdc, self.up, db, f"bench-{key}-{sink}".replace("_", "-"), sink, self.env.sink_uri(sink, key),
+                             self.opts.changefeed_config)
+        feed.create(self.opts.timeout)
+        feed.pause()
+        return feed
+
+    def _upstream_db(self, scn: Scenario, key: str, stack: contextlib.ExitStack) -> str:
+        db = f"bench_{key}"
+        self.up.drop_database(db)
+        self.up.create_database(db)
+        stack.callback(self.up.drop_database, db)
+        scn.create_schema(self.up, db)
+        return db
+
+    def _native(self, scn: Scenario, key: str, db: str, publication: str, stack: contextlib.ExitStack
+                ) -> NativeSubscription | None:
+        if not self.opts.native or self.env.subscriber is None:
+            return None
+        sub_db = f"native_{key}"
+        self.env.subscriber.drop_database(sub_db)
+        self.env.subscriber.create_database(sub_db)
+        stack.callback(self.env.subscriber.drop_database, sub_db)
+        scn.create_schema(self.env.subscriber, sub_db)
+        sub = NativeSubscription(self.up, db, self.env.subscriber, sub_db, f"bench_native_{key}", publication)
+        sub.create()
+        stack.callback(sub.drop)
+        return sub
+
+    # ---- throughput scenarios -----------------------------------------------------------------------
+    def run_scenario(self, scn: Scenario, tidewater: bool = True) -> list[PhaseReport]:
+        o, say = self.opts, self.say
+        key = scn.key
+        reports: list[PhaseReport] = []
+        with contextlib.ExitStack() as stack:
+            t_setup = time.monotonic()
+            db = self._upstream_db(scn, key, stack)
+            publication = f"bench_pub_{key}"
+            self.up.execute(f"CREATE PUBLICATION {publication} FOR ALL TABLES", db=db)
+            sub = self._native(scn, key, db, publication, stack)
+            feeds: dict[str, TidewaterFeed] = {}
+            for sink in o.sinks:
+                stack.callback(self.env.drop_target, sink, key)
+                if tidewater:
+                    feeds[sink] = self._feed(key, db, sink)
+                    stack.callback(feeds[sink].remove)
+                else:
+                    self.env.prepare_target(sink, key)
+            recv_slot = f"bench_recv_{key}"
+            stack.callback(drop_slot, self.up, db, recv_slot)
+            say(f"[{key}] {scn.title}: schema, publication, subscription and {len(feeds)} changefeeds ready in "
+                f"{time.monotonic() - t_setup:.1f}s")
+            for phase in scn.phases():
+                if phase.timed:
+                    create_recv_slot(self.up, db, recv_slot)
+                say(f"[{key}] {phase.label}: writing upstream{'' if phase.timed else ' (setup)'}")
+                w = phase.write(self.up, db)
+                say(f"[{key}]   {w.rows} rows written in {w.seconds:.1f}s {w.detail}")
+                if not phase.timed:
+                    self._catch_up_untimed(feeds, sub, w.target_lsn)
+                    continue
+                rep = PhaseReport(phase.name, phase.label, w.rows, w)
+                rep.recv = measure_recvlogical(self.up, db, recv_slot, publication, w.target_lsn, w.rows, o.timeout)
+                drop_slot(self.up, db, recv_slot)
+                self._said(key, "pg_recvlogical", rep.recv)
+                if sub is not None:
+                    rep.native = measure_native(sub, w.target_lsn, w.rows, o.timeout)
+                    self._said(key, "native", rep.native)
+                for sink, feed in feeds.items():
+                    rep.tidewater[sink] = measure_tidewater(feed, self.env.capture_pid, w.target_lsn, w.rows,
+                                                            o.timeout, self.profiler, f"{phase.name}-{sink}", say)
+                    self._said(key, f"Tidewater -> {sink}", rep.tidewater[sink])
+                self._ceilings(rep, key, db, phase.ceiling)
+                reports.append(rep)
+        return reports
+
+    def _said(self, key: str, what: str, m: Measurement) -> None:
+        if m.error:
+            self.say(f"[{key}]   {what}: ERROR {m.error}")
+        else:
+            self.say(f"[{key}]   {what}: {m.seconds:.2f}s, {m.rows_per_s:.0f} rows/s")
+
+    def _catch_up_untimed(self, feeds: dict[str, TidewaterFeed], sub: NativeSubscription | None, lsn: int) -> None:
+        t0 = time.monotonic()
+        for feed in feeds.values():
+            feed.resume()
+        for feed in feeds.values():
+            feed.wait(lsn, self.opts.timeout)
+            feed.pause()
+        if sub is not None:
+            sub.enable()
+            sub.wait(lsn, self.opts.timeout)
+            sub.disable()
+        self.say(f"  setup consumed by every consumer in {time.monotonic() - t0:.1f}s")
+
+    def _ceilings(self, rep: PhaseReport, key: str, db: str, sources: list[CeilingSource]) -> None:
+        kinds = [s for s in self.opts.sinks if s != "blackhole"]
+        if not kinds or not sources:
+            return
+        out_dir = self.opts.work_dir / "ceiling" / key
+        out_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            exported = []
+            for i, src in enumerate(sources):
+                path = out_dir / f"{i:04d}-{src.table}.tsv"
+                exported.append((src, path, export_rows(self.up, db, src, path)))
+            for kind in kinds:
+                rep.ceiling[kind] = measure_ceiling(self.env, kind, key, exported)
+                self._said(key, f"write ceiling {kind} ({rep.ceiling[kind].note})", rep.ceiling[kind])
+        finally:
+            shutil.rmtree(out_dir, ignore_errors=True)
+
+    # ---- lag ----------------------------------------------------------------------------------------
+    def run_lag(self) -> list[LagResult]:
+        """Each consumer gets its own upstream database (other slots skip its WAL cheaply) and runs every
+        offered rate in turn."""
+        o, say = self.opts, self.say
+        results: list[LagResult] = []
+        consumers = (["native"] if o.native and self.env.subscriber is not None else []) + list(o.sinks)
+        for consumer in consumers:
+            key = f"lag_{consumer}"
+            with contextlib.ExitStack() as stack:
+                scn = _SbtestOnly()
+                db = self._upstream_db(scn, key, stack)
+                next_id = 1
+                if consumer == "native":
+                    publication = f"bench_pub_{key}"
+                    self.up.execute(f"CREATE PUBLICATION {publication} FOR ALL TABLES", db=db)
+                    sub = self._native(scn, key, db, publication, stack)
+                    assert sub is not None
+                    for rate in o.lag_rates:
+                        say(f"[lag] native at {rate} rows/s for {o.lag_seconds:g}s")
+                        res, next_id = lag_native(sub, "sbtest", next_id, rate, o.lag_seconds, o.timeout)
+                        results.append(res)
+                        say(f"[lag]   p50 {res.p50} p99 {res.p99} max {res.max} {res.error}")
+                    continue
+                stack.callback(self.env.drop_target, consumer, key)
+                feed = self._feed(key, db, consumer)
+                stack.callback(feed.remove)
+                for rate in o.lag_rates:
+                    say(f"[lag] Tidewater -> {consumer} at {rate} rows/s for {o.lag_seconds:g}s")
+                    res, next_id = lag_tidewater(feed, self.env.capture_pid, "sbtest", next_id, rate, o.lag_seconds,
+                                                 o.timeout)
+                    results.append(res)
+                    say(f"[lag]   p50 {res.p50} p99 {res.p99} max {res.max} {res.error}")
+        return results
+
+    # ---- everything ---------------------------------------------------------------------------------
+    def run(self, report: Report) -> Report:
+        o = self.opts
+        wl = set(o.workloads)
+        scenarios: list[Scenario] = []
+        if wl & {"a", "b"}:
+            scenarios.append(InsertsUpdates(o.rows, wl & {"a", "b"}))
+        if "c" in wl:
+            scenarios.append(Pgbench(o.pgbench_scale, o.pgbench_seconds, o.pgbench_clients))
+        if "e" in wl:
+            scenarios.append(ManyTables(o.tables, o.e_rows or o.rows))
+        for scn in scenarios:
+            try:
+                report.phases += self.run_scenario(scn)
+            except Exception as exc:  # noqa: BLE001 - the other scenarios still run
+                report.errors.append(f"scenario {scn.key}: {type(exc).__name__}: {exc}")
+                self.say(f"[{scn.key}] FAILED: {traceback.format_exc()}")
+        if o.lag_rates:
+            try:
+                report.lag = self.run_lag()
+            except Exception as exc:  # noqa: BLE001
+                report.errors.append(f"lag: {type(exc).__name__}: {exc}")
+                self.say(f"[lag] FAILED: {traceback.format_exc()}")
+        if "d" in wl:
+            self.run_big(report)
+        return report
+
+    def run_big(self, report: Report) -> None:
+        o = self.opts
+        try:
+            report.phases += self.run_scenario(bigtxn.BigTxnRef(o.big_mb), tidewater=False)
+        except Exception as exc:  # noqa: BLE001
+            report.errors.append(f"scenario d (references): {type(exc).__name__}: {exc}")
+        for sink in o.sinks:
+            if sink not in bigtxn.TIDEWATER_SINKS:
+                report.notes.append(f"workload d: scripts/bench_big_txn.py has no {sink} target; not measured")
+                continue
+            self.say(f"[d] Tidewater -> {sink}: {o.big_mb:g} MB through scripts/bench_big_txn.py")
+            work = o.work_dir / "big" / sink
+            res = bigtxn.run_tidewater(o.big_mb, sink, work, o.timeout, self.say)
+            shutil.rmtree(work, ignore_errors=True)
+            report.big.append(res)
+
+
+class _SbtestOnly(Scenario):
+    key = "lag"
+    title = "lag"
+
+    def create_schema(self, server: PostgresServer, db: str) -> None:
+        server.execute(sbtest_ddl("sbtest"), db=db)
+
+    def phases(self) -> list[Phase]:
+        return []

@@ -1,0 +1,87 @@
+"""Smoke test of the benchmark command (issue 4): `python -m bench --quick` runs end to end on a tiny
+workload, prints its result tables with a figure for Tidewater and for every reference, and stops every
+server it started. Benchmark *values* are not asserted (they are not test material); only that each
+figure exists and is positive.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _table(text: str, header_start: str) -> list[dict[str, str]]:
+    """The Markdown table whose header line starts with ``header_start``, as dicts keyed by column."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    cols = [c.strip() for c in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(cols, (c.strip() for c in line.strip("|").split("|")), strict=True)))
+    return rows
+
+
+def _positive(row: dict[str, str], *cols: str) -> None:
+    for col in cols:
+        value = row[col]
+        assert re.fullmatch(r"\d+(\.\d+)?", value), f"{col} of {row} is not a number: {value!r}"
+        assert float(value) > 0, f"{col} of {row} is not positive"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return raw[raw.rindex(")") + 2] not in "ZX"
+
+
+def test_quick_benchmark_prints_tidewater_and_reference_figures(tmp_path: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--workload", "a", "--sink", "blackhole,sqlite",
+         "--json", str(out_json)],
+        cwd=REPO, capture_output=True, text=True, timeout=240,
+    )
+    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr[-4000:]}"
+
+    main = _table(res.stdout, "| workload | sink |")
+    assert [(r["workload"], r["sink"]) for r in main] == [("a", "blackhole"), ("a", "sqlite")], res.stdout
+    for row in main:
+        _positive(row, "rows", "Tidewater rows/s", "capture CPU s/M rows", "capture peak RSS MB", "tree peak RSS MB",
+                  "read ceiling rows/s", "TW/read", "native rows/s", "TW/native")
+    sqlite = main[1]
+    _positive(sqlite, "write ceiling rows/s", "TW/write")
+    assert main[0]["write ceiling rows/s"] == "-", "blackhole has no write ceiling"
+
+    lag = _table(res.stdout, "| offered rows/s | consumer |")
+    assert {r["consumer"] for r in lag} == {"native PG->PG", "Tidewater -> blackhole", "Tidewater -> sqlite"}
+    for row in lag:
+        _positive(row, "achieved rows/s", "samples", "max s")
+
+    # the JSON holds the same measurements
+    report = json.loads(out_json.read_text())
+    phase = report["phases"][0]
+    assert phase["workload"] == "a" and phase["recv"]["rows_per_s"] > 0 and phase["native"]["rows_per_s"] > 0
+    assert set(phase["tidewater"]) == {"blackhole", "sqlite"}
+    assert all(m["replicated_rows"] == phase["rows"] for m in phase["tidewater"].values())
+
+    # every server the benchmark started is gone
+    started = json.loads(re.search(r"servers up: (\{.*\})", res.stderr).group(1))  # type: ignore[union-attr]
+    assert {"cdc server", "etcd", "upstream", "subscriber"} <= set(started)
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in started.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [name for name, p in started.items() if _alive(p)], "servers left running"
