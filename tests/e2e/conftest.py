@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from e2e_workload import server_config
+from e2e_workload import SCHEMA, make_sink_uri, server_config
 
 from playground.cluster import CdcServer
-from playground.servers import EtcdServer
+from playground.servers import EtcdServer, PostgresServer
 
 
 @pytest.fixture
@@ -18,3 +19,23 @@ def cdc_server(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path) -> Iter
                        extra_args=server_config(tmp_path)).start()
     yield server
     server.terminate()
+
+
+@pytest.fixture
+def source_schema() -> str:
+    """DDL run in the fresh upstream database before a test (modules override this fixture)."""
+    return SCHEMA
+
+
+@pytest.fixture
+def source(pg_server: PostgresServer, pg_database: str, source_schema: str) -> Iterator[Any]:
+    """An autocommit connection to a fresh upstream database holding ``source_schema``."""
+    pg_server.execute(source_schema, db=pg_database)
+    conn = pg_server.connect(pg_database)
+    yield conn
+    conn.close()
+
+
+@pytest.fixture(params=["sqlite", "mariadb", "postgresql"])
+def sink_uri(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer) -> str:
+    return make_sink_uri(request.param, request, tmp_path, pg_server)

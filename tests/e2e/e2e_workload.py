@@ -134,3 +134,33 @@ def assert_converged(
     assert not bad, f"downstream differs from upstream: {bad}"
     assert all(d.source_rows > 0 for d in diffs if d.table != "public.events" or d.source_rows), diffs
     return info
+
+
+def wait_for(cdc: CdcServer, cf: str, pred: Any, what: str, timeout: float = 60.0) -> dict[str, Any]:
+    """Poll the changefeed until ``pred(query)`` holds; fail with the last query and the server log."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    q: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        q = cdc.changefeed(cf)
+        if pred(q):
+            return q
+        time.sleep(0.2)
+    raise AssertionError(f"changefeed {cf}: {what} not reached in {timeout}s: {q}\n{cdc.log_tail()}")
+
+
+def wait_state(cdc: CdcServer, cf: str, state: str, timeout: float = 60.0) -> dict[str, Any]:
+    return wait_for(cdc, cf, lambda q: q["state"] == state, f"state {state}", timeout)
+
+
+def make_sink_uri(kind: str, request: Any, tmp_path: Path, pg_server: Any) -> str:
+    """A fresh, empty target of the given kind: sqlite file, MariaDB database or PostgreSQL database."""
+    import uuid
+
+    if kind == "sqlite":
+        return f"sqlite:///{tmp_path / 'target.db'}"
+    db = f"target_{uuid.uuid4().hex[:10]}"
+    server = request.getfixturevalue("mariadb_server") if kind == "mariadb" else pg_server
+    server.create_database(db)
+    return server.uri(db)

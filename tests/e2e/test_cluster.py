@@ -11,11 +11,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from e2e_workload import SCHEMA, TABLES, assert_converged, mixed_workload, server_config
+from e2e_workload import SCHEMA, TABLES, assert_converged, make_sink_uri, mixed_workload, server_config
 
 from playground.chaos import captures, checkpoint_of, live, owner_of, wait_recovery
 from playground.cluster import CdcServer
-from playground.servers import EtcdServer, MariaDBServer, PostgresServer
+from playground.servers import EtcdServer, PostgresServer
 
 pytestmark = pytest.mark.e2e
 
@@ -59,14 +59,8 @@ class Workload:
 
 
 @pytest.fixture(params=["mariadb", "postgresql"])
-def sink_uri(request: pytest.FixtureRequest, pg_server: PostgresServer) -> str:
-    db = f"target_{uuid.uuid4().hex[:10]}"
-    if request.param == "mariadb":
-        server: MariaDBServer = request.getfixturevalue("mariadb_server")
-        server.create_database(db)
-        return server.uri(db)
-    pg_server.create_database(db)
-    return pg_server.uri(db)
+def sink_uri(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer) -> str:
+    return make_sink_uri(request.param, request, tmp_path, pg_server)
 
 
 def test_three_captures_survive_kills_joins_drains_and_pause(
@@ -151,7 +145,7 @@ def test_frozen_capture_writes_nothing_after_its_span_is_reassigned(
     try:
         first.create_changefeed("fence", pg_server.uri(pg_database), sink, "[filter]\nrules = ['public.accounts']\n")
         mixed_workload(source, 3)
-        first.waitcheckpoint_of("fence", 0)
+        first.wait_checkpoint("fence", 0)
         assert_converged(first, "fence", source, sink, ["public.accounts"])
         pg_server.execute(
             """CREATE FUNCTION audit_fn() RETURNS trigger LANGUAGE plpgsql AS $$

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_workload import SCHEMA, assert_converged, mixed_workload, server_config
+from e2e_workload import assert_converged, mixed_workload, server_config, wait_state
 
 from playground.cluster import CdcServer
 from playground.servers import MariaDBServer, PostgresServer
@@ -18,23 +18,7 @@ from upstream.postgres import admin
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def source(pg_server: PostgresServer, pg_database: str) -> Any:
-    pg_server.execute(SCHEMA, db=pg_database)
-    conn = pg_server.connect(pg_database)
-    yield conn
-    conn.close()
 
-
-def _wait_state(cdc: CdcServer, cf: str, state: str, timeout: float = 60.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    q: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        q = cdc.changefeed(cf)
-        if q["state"] == state:
-            return q
-        time.sleep(0.2)
-    raise AssertionError(f"changefeed {cf} not {state} within {timeout}s: {q}\n{cdc.log_tail()}")
 
 
 def test_sink_outage_warns_retries_and_loses_nothing(cdc_server: CdcServer, pg_server: PostgresServer,
@@ -49,7 +33,7 @@ def test_sink_outage_warns_retries_and_loses_nothing(cdc_server: CdcServer, pg_s
 
         maria.kill()
         mixed_workload(source, 10, start=10)
-        q = _wait_state(cdc_server, "outage", "warning")
+        q = wait_state(cdc_server, "outage", "warning")
         assert q["error"]["code"] == "CDC:ErrSinkUnavailable", q["error"]
         assert str(maria.port) in q["error"]["message"] or "unavailable" in q["error"]["message"].lower(), q["error"]
         # the slot must not confirm anything the sink has not written
@@ -61,7 +45,7 @@ def test_sink_outage_warns_retries_and_loses_nothing(cdc_server: CdcServer, pg_s
         assert cdc_server.changefeed("outage")["checkpoint_ts"] == checkpoint, "checkpoint moved while the sink was down"
 
         maria.start()
-        _wait_state(cdc_server, "outage", "normal", timeout=120)
+        wait_state(cdc_server, "outage", "normal", timeout=120)
         assert_converged(cdc_server, "outage", source, sink)
     finally:
         maria.stop()

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_workload import SCHEMA, assert_converged, mixed_workload
+from e2e_workload import assert_converged, mixed_workload, wait_state
 
 from playground.cluster import CdcServer, current_lsn
 from playground.servers import MariaDBServer, PostgresServer
@@ -16,23 +16,7 @@ from playground.servers import MariaDBServer, PostgresServer
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def source(pg_server: PostgresServer, pg_database: str) -> Any:
-    pg_server.execute(SCHEMA, db=pg_database)
-    conn = pg_server.connect(pg_database)
-    yield conn
-    conn.close()
 
-
-def _wait_state(cdc: CdcServer, cf: str, state: str, timeout: float = 60.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    q: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        q = cdc.changefeed(cf)
-        if q["state"] == state:
-            return q
-        time.sleep(0.2)
-    raise AssertionError(f"changefeed {cf} not {state} within {timeout}s: {q}\n{cdc.log_tail()}")
 
 
 def test_target_ts_finishes_and_writes_nothing_after_it(cdc_server: CdcServer, pg_server: PostgresServer,
@@ -47,7 +31,7 @@ def test_target_ts_finishes_and_writes_nothing_after_it(cdc_server: CdcServer, p
     while current_lsn(source) <= target + 64 * 1024:
         mixed_workload(source, 5, start=t)
         t += 5
-    q = _wait_state(cdc_server, "bounded", "finished")
+    q = wait_state(cdc_server, "bounded", "finished")
     assert q["checkpoint_ts"] >= target
     deadline = time.monotonic() + 20
     while any(s["capture"] for s in q["spans"]) and time.monotonic() < deadline:
@@ -75,12 +59,12 @@ def test_unretryable_sink_error_fails_then_resume_after_fix(cdc_server: CdcServe
             "changefeed_id": "broken", "upstream_uri": pg_server.uri(pg_database), "sink_uri": sink,
             "config": "[filter]\nrules = ['public.accounts']\n"})
         mixed_workload(source, 3)
-        q = _wait_state(cdc_server, "broken", "failed")
+        q = wait_state(cdc_server, "broken", "failed")
         assert q["error"]["code"] == "CDC:ErrSinkFatal", q["error"]
         assert "accounts" in q["error"]["message"]
         maria.execute("DROP TABLE accounts", db="target")  # the fix: let Tidewater create it
         cdc_server.request("POST", "/api/v2/changefeeds/broken/resume")
-        _wait_state(cdc_server, "broken", "normal")
+        wait_state(cdc_server, "broken", "normal")
         info = assert_converged(cdc_server, "broken", source, sink, ["public.accounts"])
         assert info["state"] == "normal"
     finally:

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from e2e_workload import (
-    SCHEMA,
     aborted_big_transaction,
     assert_converged,
     big_transaction,
@@ -22,31 +20,13 @@ from e2e_workload import (
 )
 
 from playground.cluster import CdcServer
-from playground.servers import MariaDBServer, PostgresServer
+from playground.servers import PostgresServer
 
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture
-def source(pg_server: PostgresServer, pg_database: str) -> Any:
-    pg_server.execute(SCHEMA, db=pg_database)
-    conn = pg_server.connect(pg_database)
-    yield conn
-    conn.close()
 
 
-@pytest.fixture(params=["sqlite", "mariadb", "postgresql"])
-def sink_uri(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'target.db'}"
-    if request.param == "mariadb":
-        server: MariaDBServer = request.getfixturevalue("mariadb_server")
-        db = f"target_{uuid.uuid4().hex[:10]}"
-        server.create_database(db)
-        return server.uri(db)
-    db = f"target_{uuid.uuid4().hex[:10]}"
-    pg_server.create_database(db)
-    return pg_server.uri(db)
 
 
 def test_mixed_workload_big_and_aborted_transactions(

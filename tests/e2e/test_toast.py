@@ -9,9 +9,6 @@ become NULL or empty: after every phase the target is compared with the source r
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +17,7 @@ from e2e_workload import assert_converged
 
 from playground.cluster import CdcServer
 from playground.compare import sqlalchemy_url
-from playground.servers import MariaDBServer, PostgresServer
+from playground.servers import PostgresServer
 
 pytestmark = pytest.mark.e2e
 
@@ -37,25 +34,12 @@ CONFIG = "[filter]\nrules = ['public.toast_*']\n"
 
 
 @pytest.fixture
-def source(pg_server: PostgresServer, pg_database: str) -> Iterator[Any]:
-    pg_server.execute(SCHEMA, db=pg_database)
-    conn = pg_server.connect(pg_database)
-    yield conn
-    conn.close()
+def source_schema() -> str:
+    return SCHEMA
 
 
-@pytest.fixture(params=["sqlite", "mariadb", "postgresql"])
-def sink_uri(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'target.db'}"
-    if request.param == "mariadb":
-        server: MariaDBServer = request.getfixturevalue("mariadb_server")
-        db = f"target_{uuid.uuid4().hex[:10]}"
-        server.create_database(db)
-        return server.uri(db)
-    db = f"target_{uuid.uuid4().hex[:10]}"
-    pg_server.create_database(db)
-    return pg_server.uri(db)
+
+
 
 
 def run(conn: Any, *statements: str) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_workload import SCHEMA, assert_converged, mixed_workload, server_config
+from e2e_workload import assert_converged, mixed_workload, server_config, wait_for
 
 from playground.cluster import ApiError, CdcServer
 from playground.servers import EtcdServer, PostgresServer
@@ -19,28 +19,12 @@ pytestmark = pytest.mark.e2e
 WATCH = "upstream-check-interval = 0.5\n"
 
 
-@pytest.fixture
-def source(pg_server: PostgresServer, pg_database: str) -> Any:
-    pg_server.execute(SCHEMA, db=pg_database)
-    conn = pg_server.connect(pg_database)
-    yield conn
-    conn.close()
 
 
 def _server(etcd: EtcdServer, cluster_id: str, tmp_path: Path, extra: str = "") -> CdcServer:
     return CdcServer(etcd.url, tmp_path / "cdc", cluster_id=cluster_id,
                      extra_args=server_config(tmp_path, WATCH + extra)).start()
 
-
-def _wait(cdc: CdcServer, cf: str, pred: Any, what: str, timeout: float = 60.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    q: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        q = cdc.changefeed(cf)
-        if pred(q):
-            return q
-        time.sleep(0.3)
-    raise AssertionError(f"{what} not reached in {timeout}s: {q}\n{cdc.log_tail()}")
 
 
 def test_dropped_slot_fails_the_changefeed_loudly(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path,
@@ -53,7 +37,7 @@ def test_dropped_slot_fails_the_changefeed_loudly(etcd_server: EtcdServer, clust
         assert_converged(cdc, "lost", source, sink)
         admin.drop_slot(source, info["spans"][0]["slot"], timeout=10)  # someone drops it (or a failover loses it)
         mixed_workload(source, 3, start=3)
-        q = _wait(cdc, "lost", lambda q: q["state"] == "failed", "failed state")
+        q = wait_for(cdc, "lost", lambda q: q["state"] == "failed", "failed state")
         assert q["error"]["code"] in ("CDC:ErrSlotLost",), q["error"]
         assert "slot" in q["error"]["message"] and "create it again" in q["error"]["message"], q["error"]
     finally:
@@ -70,7 +54,7 @@ def test_gc_ttl_releases_slots_of_a_stopped_changefeed(etcd_server: EtcdServer, 
         slot = info["spans"][0]["slot"]
         mixed_workload(source, 3)
         assert_converged(cdc, "gc", source, sink)
-        q = _wait(cdc, "gc", lambda q: q["spans"][0].get("retained_wal_bytes") is not None, "retained WAL reported")
+        q = wait_for(cdc, "gc", lambda q: q["spans"][0].get("retained_wal_bytes") is not None, "retained WAL reported")
         assert q["spans"][0]["retained_wal_bytes"] >= 0
         import urllib.request
 
@@ -78,7 +62,7 @@ def test_gc_ttl_releases_slots_of_a_stopped_changefeed(etcd_server: EtcdServer, 
             text = resp.read().decode()
         assert "tidewater_slot_retained_wal_bytes{" in text and "tidewater_changefeed_checkpoint_lag_seconds{" in text
         cdc.request("POST", "/api/v2/changefeeds/gc/pause")
-        q = _wait(cdc, "gc", lambda q: q["state"] == "failed", "failed after gc-ttl", timeout=60)
+        q = wait_for(cdc, "gc", lambda q: q["state"] == "failed", "failed after gc-ttl", timeout=60)
         assert q["error"]["code"] == "CDC:ErrGCTTLExceeded", q["error"]
         assert "create it again" in q["error"]["message"]
         deadline = time.monotonic() + 30

@@ -92,7 +92,7 @@ class Target:
         if self.kind == "postgresql":
             res = self.server.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
-                "AND application_name = 'tidewater-sink'", params=(self.db,))
+                "AND application_name LIKE 'tidewater-sink-%%'", params=(self.db,))
             return len(res or [])
         ids = self.server.execute(
             "SELECT id FROM information_schema.processlist WHERE db = %s AND id <> CONNECTION_ID()",
