@@ -262,6 +262,8 @@ def _add_server_parser(sub: Any) -> None:
     p.add_argument("--config", help="server config TOML")
     p.add_argument("--log-file")
     p.add_argument("--log-level")
+    p.add_argument("--gc-ttl", type=float, help="seconds a stopped or failed changefeed keeps its upstream slots "
+                   "before they are released and it fails for good (default 86400 = 24 h)")
 
 
 def _add_cli_parser(sub: Any) -> None:
@@ -355,7 +357,8 @@ def _run_server(args: argparse.Namespace) -> int:
     try:
         text = Path(args.config).read_text() if args.config else ""
         config = ServerConfig.from_toml(text, etcd=args.etcd, addr=args.addr, data_dir=args.data_dir,
-                                        cluster_id=args.cluster_id, log_file=args.log_file, log_level=args.log_level)
+                                        cluster_id=args.cluster_id, log_file=args.log_file, log_level=args.log_level,
+                                        gc_ttl=args.gc_ttl)
     except (OSError, TidewaterError) as exc:
         print(json.dumps({"error_code": getattr(exc, "code", "CDC:ErrInvalidConfig"), "error_msg": str(exc)}),
               file=sys.stderr)

@@ -21,9 +21,9 @@ WATCH = "upstream-check-interval = 0.5\n"
 
 
 
-def _server(etcd: EtcdServer, cluster_id: str, tmp_path: Path, extra: str = "") -> CdcServer:
+def _server(etcd: EtcdServer, cluster_id: str, tmp_path: Path, *flags: str) -> CdcServer:
     return CdcServer(etcd.url, tmp_path / "cdc", cluster_id=cluster_id,
-                     extra_args=server_config(tmp_path, WATCH + extra)).start()
+                     extra_args=[*server_config(tmp_path, WATCH), *flags]).start()
 
 
 
@@ -47,7 +47,7 @@ def test_dropped_slot_fails_the_changefeed_loudly(etcd_server: EtcdServer, clust
 def test_gc_ttl_releases_slots_of_a_stopped_changefeed(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path,
                                                        pg_server: PostgresServer, pg_database: str,
                                                        source: Any) -> None:
-    cdc = _server(etcd_server, cluster_id, tmp_path, "gc-ttl = 3\n")
+    cdc = _server(etcd_server, cluster_id, tmp_path, "--gc-ttl", "3")
     sink = f"sqlite:///{tmp_path / 'target.db'}"
     try:
         info = cdc.create_changefeed("gc", pg_server.uri(pg_database), sink)
