@@ -1,0 +1,224 @@
+"""The span's hot path without servers: Puller.run -> LevelDB sorter -> TxnBatcher -> Mounter -> SQL sink.
+
+Feeds pre-built pgoutput messages (Relation, then Begin / N Inserts / Commit per transaction) for the
+table ``t (id int primary key, a text, b int, c numeric(10,2), d timestamptz)`` — the rows of
+/work/helpers/prof_catchup.py — through the real ``Puller.run`` into a LevelDB sorter, then drains
+the sorter the way ``SpanRunner._run_sink`` does (clean, read, whole-transaction batches of
+``txn_rows``, ``Mounter.mount``, ``SQLSink.write``). Prints wall time and thread CPU time of both
+phases; CPU time is what to compare on a loaded host.
+
+    .venv/bin/python scripts/bench_hotpath.py [--rows 300000] [--txn 100] [--txn-rows 20000]
+        [--batch-rows 1000] [--sink URI] [--repeat 3]
+
+Without ``--sink`` it writes to a fresh SQLite file in a temporary directory. With a ``mysql://`` or
+``postgresql://`` URI the table ``t`` is dropped first. Profile it with
+``.venv/bin/py-spy record -r 200 -f raw -o prof.txt -- .venv/bin/python scripts/bench_hotpath.py``.
+
+On a loaded host, count instructions instead of time: ``--perf-phase sink`` (or ``puller``) switches
+perf's counters on only around that phase through perf's control FIFOs::
+
+    mkfifo /tmp/ctl /tmp/ack
+    perf stat -e instructions:u --delay=-1 --control fifo:/tmp/ctl,/tmp/ack -- \
+        .venv/bin/python scripts/bench_hotpath.py --repeat 1 --perf-phase sink --perf-ctl /tmp/ctl,/tmp/ack
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import struct
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from hashlib import md5
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cdc.config import SinkConfig  # noqa: E402
+from cdc.filter import TableFilter  # noqa: E402
+from cdc.ts import Watermark  # noqa: E402
+from processor.mounter import Mounter  # noqa: E402
+from processor.puller import Puller  # noqa: E402
+from processor.span import SpanRunner, TxnBatcher  # noqa: E402
+from sinks.sql.sink import SQLSink  # noqa: E402
+from sorter.leveldb import LevelDBSorter  # noqa: E402
+from upstream.postgres import pgoutput  # noqa: E402
+
+RELID = 16385
+PG_EPOCH = 946_684_800
+# (name, type oid, typmod, key)
+COLUMNS = (("id", 23, -1, True), ("a", 25, -1, False), ("b", 23, -1, False), ("c", 1700, (10 << 16 | 2) + 4, False),
+           ("d", 1184, -1, False))
+
+
+def relation_message() -> bytes:
+    out = b"R" + struct.pack(">I", RELID) + b"public\0t\0d" + struct.pack(">H", len(COLUMNS))
+    for name, oid, typmod, key in COLUMNS:
+        out += bytes([1 if key else 0]) + name.encode() + b"\0" + struct.pack(">Ii", oid, typmod)
+    return out
+
+
+def insert_message(i: int) -> bytes:
+    vals = [str(i), md5(str(i).encode()).hexdigest(), str(i), f"{i / 3.0:.2f}",
+            f"2026-11-22 01:{(i // 60) % 60:02d}:{i % 60:02d}.{(i * 7919) % 1_000_000:06d}+00"]
+    out = b"I" + struct.pack(">I", RELID) + b"N" + struct.pack(">H", len(vals))
+    for v in vals:
+        b = v.encode()
+        out += b"t" + struct.pack(">i", len(b)) + b
+    return out
+
+
+def build_wal(rows: int, txn: int) -> tuple[list[bytes], int]:
+    msgs = [relation_message()]
+    lsn = 1 << 24
+    xid = 1000
+    t_us = 848_000_000_000_000
+    for start in range(0, rows, txn):
+        xid += 1
+        n = min(txn, rows - start)
+        msgs.append(b"B" + struct.pack(">QqI", lsn + n * 100, t_us, xid))
+        msgs.extend(insert_message(i) for i in range(start, start + n))
+        lsn += n * 100 + 50
+        msgs.append(b"C" + struct.pack(">BQQq", 0, lsn - 50, lsn, t_us))
+        t_us += 1000
+    return msgs, lsn
+
+
+class FakeStream:
+    """Stands in for ReplicationStream: decodes the pre-built payloads, then stops."""
+
+    def __init__(self, payloads: list[bytes]) -> None:
+        self.payloads = payloads
+
+    def messages(self, stop: threading.Event) -> Iterator[Any]:
+        decode = pgoutput.decode
+        for p in self.payloads:
+            yield decode(p, False)
+
+    def ack(self, lsn: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class NoCatalog:
+    """A catalog connection that cannot answer: the puller falls back to the Relation message."""
+
+    def close(self) -> None:
+        pass
+
+
+def no_catalog() -> Any:
+    return NoCatalog()
+
+
+def drop_target(uri: str) -> None:
+    import sqlalchemy as sa
+
+    if uri.startswith("sqlite"):
+        return
+    scheme = "mysql+pymysql" if uri.startswith(("mysql", "mariadb")) else "postgresql+psycopg2"
+    eng = sa.create_engine(scheme + uri[uri.index("://"):])
+    with eng.begin() as c:
+        c.exec_driver_sql("DROP TABLE IF EXISTS " + ("public.t" if "postgres" in scheme else "t"))
+    eng.dispose()
+
+
+class PerfControl:
+    """Enables/disables ``perf stat --control`` counters around one phase (no-op without FIFOs)."""
+
+    def __init__(self, spec: str | None, phase: str | None) -> None:
+        self.phase = phase
+        self.ctl = self.ack = None
+        if spec:
+            ctl, ack = spec.split(",")
+            self.ctl = open(ctl, "w")  # noqa: SIM115 - kept open for the whole run
+            self.ack = open(ack)  # noqa: SIM115
+
+    def _send(self, cmd: str) -> None:
+        if self.ctl is not None and self.ack is not None:
+            self.ctl.write(cmd + "\n")
+            self.ctl.flush()
+            self.ack.readline()
+
+    def start(self, phase: str) -> None:
+        if phase == self.phase:
+            self._send("enable")
+
+    def stop(self, phase: str) -> None:
+        if phase == self.phase:
+            self._send("disable")
+
+
+def run_once(payloads: list[bytes], rows: int, end_lsn: int, sink_uri: str, txn_rows: int, batch_rows: int,
+             work: Path, perf: PerfControl) -> dict[str, float]:
+    sorter = LevelDBSorter(work / "sorter", fresh=True)
+    sp = sorter.span("bench/0")
+    sp.clear()
+    puller = Puller(FakeStream(payloads), sp, TableFilter(["*.*"]), Watermark(0, 0.0), no_catalog, "bench")  # type: ignore[arg-type]
+    resolved: list[Watermark] = []
+    stop = threading.Event()
+    perf.start("puller")
+    t0, c0 = time.perf_counter(), time.thread_time()
+    puller.run(stop, resolved.append)
+    t1, c1 = time.perf_counter(), time.thread_time()
+    perf.stop("puller")
+    assert resolved and resolved[-1].ts == end_lsn, (resolved[-1:], end_lsn)
+
+    drop_target(sink_uri)
+    sink = SQLSink(sink_uri, SinkConfig(batch_rows=batch_rows, txn_rows=txn_rows))
+    sink.check()
+    mount_fn = SpanRunner._mount_fn(Mounter(puller.schema))
+    written = 0
+    perf.start("sink")
+    t2, c2 = time.perf_counter(), time.thread_time()
+    checkpoint = Watermark(0, 0.0)
+    target = resolved[-1]
+    batcher = TxnBatcher(sp.read(checkpoint.ts, target.ts), mount_fn, txn_rows)
+    while batcher.has_more():
+        written += sink.write(batcher.next_batch(), lambda: None)
+        assert batcher.last is not None
+        sp.clean(batcher.last.ts)  # the sink thread cleans what the processor persisted (one batch behind)
+    t3, c3 = time.perf_counter(), time.thread_time()
+    perf.stop("sink")
+    sink.close()
+    sorter.close()
+    assert written == rows, (written, rows)
+    return {"pull_wall": t1 - t0, "pull_cpu": c1 - c0, "sink_wall": t3 - t2, "sink_cpu": c3 - c2}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=300_000)
+    ap.add_argument("--txn", type=int, default=100, help="rows per upstream transaction")
+    ap.add_argument("--txn-rows", type=int, default=SinkConfig().txn_rows)
+    ap.add_argument("--batch-rows", type=int, default=SinkConfig().batch_rows)
+    ap.add_argument("--sink", help="sink URI (default: SQLite in a temporary directory)")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--perf-phase", choices=["puller", "sink"], help="count only this phase (with --perf-ctl)")
+    ap.add_argument("--perf-ctl", help="CTL_FIFO,ACK_FIFO of perf stat --control (see above)")
+    args = ap.parse_args()
+    perf = PerfControl(args.perf_ctl, args.perf_phase)
+    payloads, end_lsn = build_wal(args.rows, args.txn)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-hotpath-"))
+    try:
+        for r in range(args.repeat):
+            work = tmp / str(r)
+            work.mkdir()
+            uri = args.sink or f"sqlite:///{work}/t.db"
+            m = run_once(payloads, args.rows, end_lsn, uri, args.txn_rows, args.batch_rows, work, perf)
+            n = args.rows
+            print(f"run {r + 1}: puller {n / m['pull_wall']:>9,.0f} rows/s wall {n / m['pull_cpu']:>9,.0f} rows/s cpu | "
+                  f"sink {n / m['sink_wall']:>9,.0f} rows/s wall {n / m['sink_cpu']:>9,.0f} rows/s cpu "
+                  f"({1e6 * m['sink_cpu'] / n:.1f} us/row)", flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
