@@ -54,15 +54,18 @@ class TxnBatcher:
         self.batch_complete = False
         rows = 0
         last_ts = -1
+        it, mount, max_rows = self._it, self._mount, self._max_rows
         while self._peek is not None:
             e = self._peek
-            if rows >= self._max_rows and e.commit_ts != last_ts:
-                break
-            self._peek = next(self._it, None)
-            last_ts = e.commit_ts
+            ts = e.commit_ts
+            if ts != last_ts:  # a transaction boundary (entries of one transaction share Ts and time)
+                if rows >= max_rows:
+                    break
+                last_ts = ts
+                self.last = Watermark(ts, e.commit_time)
+            self._peek = next(it, None)
             rows += 1
-            self.last = Watermark(e.commit_ts, e.commit_time)
-            yield self._mount(e)
+            yield mount(e)
         self.batch_complete = True
 
 
