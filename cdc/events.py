@@ -127,6 +127,12 @@ class RowChange:
     values: dict[str, Any] | None = None
     old_values: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    row: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
+    """Optional positional form of the new row: one value per ``schema.columns`` entry, in that order,
+    never ``UNCHANGED``. Set by the mounter for INSERTs (and UPDATEs without an old tuple) so that sinks
+    can skip the dict. When ``row`` is set and ``values`` was not given, ``values`` is built from it on
+    first access. Assigning ``values`` drops ``row``; change a mounted row by assigning ``values``,
+    never by mutating the dict in place."""
 
     @property
     def table(self) -> TableName:
@@ -137,6 +143,32 @@ class RowChange:
         src = self.old_values if self.old_values is not None else self.values
         assert src is not None
         return tuple(src[k] for k in self.schema.key)
+
+
+# ``values`` is a slot; route it through a property so that a positional ``row`` turns into the dict
+# only when someone asks for it (the dataclass __init__, __eq__, __repr__ and pickling all use attribute
+# access, so they see the same dict).
+_values_slot: Any = RowChange.__dict__["values"]
+_row_slot: Any = RowChange.__dict__["row"]
+
+
+def _get_values(self: RowChange) -> dict[str, Any] | None:
+    values: dict[str, Any] | None = _values_slot.__get__(self, RowChange)
+    if values is None:
+        row = _row_slot.__get__(self, RowChange)
+        if row is not None:
+            values = dict(zip(self.schema.column_names, row, strict=True))
+            _values_slot.__set__(self, values)
+    return values
+
+
+def _set_values(self: RowChange, values: dict[str, Any] | None) -> None:
+    _values_slot.__set__(self, values)
+    if values is not None:
+        _row_slot.__set__(self, None)  # the dict is authoritative from now on
+
+
+RowChange.values = property(_get_values, _set_values, doc="The new row by column name (see ``row``).")  # type: ignore[assignment,method-assign]
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,13 +8,15 @@ encoded with. The mounter parses the message and converts every text value with 
 
 Mapping (TiCDC's RowChangedEvent, with PostgreSQL's replica identity made explicit):
 
-- INSERT: ``values`` = the full new row.
+- INSERT: ``values`` = the full new row; also given positionally as ``row`` (schema column order; the
+  dict is built only when ``values`` is read).
 - UPDATE: ``values`` = the new row. A column the upstream did not send (unchanged TOAST value) is
   ``UNCHANGED`` — except when the old row was sent in full (REPLICA IDENTITY FULL, tuple kind 'O'):
   then it takes the old row's value, which is the same datum. A key column that is ``UNCHANGED`` in
   the new row takes its value from the old key tuple ('K') when one was sent. ``old_values`` = the
   old key columns (``TableSchema.key``) for a 'K' tuple (sent when the key changed), the full old
-  row for 'O', else None.
+  row for 'O', else None. An UPDATE without an old tuple and without ``UNCHANGED`` columns also carries
+  ``row``.
 - DELETE: ``old_values`` = the key columns from a 'K' tuple, or the full old row from an 'O' tuple.
 - TRUNCATE: no values; ``extra["truncate_options"]`` holds pgoutput's option bits
   (1 = CASCADE, 2 = RESTART IDENTITY). The puller stores one truncate payload per relation.
@@ -70,6 +72,32 @@ class _Plan:
     ncols: int
 
 
+class _RowChangeBuilder:
+    """Same slot layout as :class:`RowChange`; building this and switching the class skips the dataclass
+    __init__ (a default factory and the ``values`` property) on the per-row path."""
+
+    __slots__ = ("op", "schema", "commit_ts", "commit_time", "values", "old_values", "extra", "row")
+
+
+if tuple(RowChange.__slots__) != _RowChangeBuilder.__slots__:  # keep the twin in step with the dataclass
+    raise RuntimeError("_RowChangeBuilder slots differ from RowChange")
+
+
+def _positional(op: OpType, schema: TableSchema, commit_ts: int, commit_time: float, row: tuple[Any, ...]) -> RowChange:
+    """A RowChange with ``row`` set and ``values`` built lazily (see :attr:`RowChange.row`)."""
+    o: Any = _RowChangeBuilder()
+    o.op = op
+    o.schema = schema
+    o.commit_ts = commit_ts
+    o.commit_time = commit_time
+    o.values = None
+    o.old_values = None
+    o.extra = {}
+    o.row = row
+    o.__class__ = RowChange
+    return o
+
+
 def _not_text(value: Any) -> Any:
     if value is None or value is UNCHANGED:
         return value
@@ -115,6 +143,10 @@ class Mounter:
 
     # ---- row building ----------------------------------------------------------------------------
     def _row(self, plan: _Plan, tup: Sequence[Any], version: int, what: str) -> dict[str, Any]:
+        return dict(zip(plan.names, self._values(plan, tup, version, what), strict=True))
+
+    def _values(self, plan: _Plan, tup: Sequence[Any], version: int, what: str) -> tuple[Any, ...]:
+        """The typed values of a tuple, in schema column order."""
         if len(tup) != plan.ncols:
             raise DecodeError(
                 f"{plan.schema.name} (schema version {version}): {what} tuple has {len(tup)} columns, "
@@ -122,11 +154,8 @@ class Mounter:
             )
         try:
             if _ONLY_STR.issuperset(map(type, tup)):  # no NULL, UNCHANGED or binary: all in C loops
-                return dict(zip(plan.names, map(_call, plan.parsers, tup), strict=False))
-            return {
-                n: (p(v) if type(v) is str else _not_text(v))
-                for n, p, v in zip(plan.names, plan.parsers, tup, strict=False)
-            }
+                return tuple(map(_call, plan.parsers, tup))
+            return tuple([(p(v) if type(v) is str else _not_text(v)) for p, v in zip(plan.parsers, tup, strict=False)])
         except Exception as e:  # locate the column for the message; the slow path is the error path
             for n, p, v in zip(plan.names, plan.parsers, tup, strict=True):
                 try:
@@ -191,13 +220,15 @@ class Mounter:
         kind = pc.kind
         if kind == "I":
             assert pc.new is not None
-            return RowChange(
-                OpType.INSERT, schema, commit_ts, commit_time, self._row(plan, pc.new, version, "new")
-            )
+            return _positional(OpType.INSERT, schema, commit_ts, commit_time, self._values(plan, pc.new, version, "new"))
         if kind == "U":
             assert pc.new is not None
-            values = self._row(plan, pc.new, version, "new")
             old = pc.old
+            if old is None and UNCHANGED not in pc.new:
+                return _positional(
+                    OpType.UPDATE, schema, commit_ts, commit_time, self._values(plan, pc.new, version, "new")
+                )
+            values = self._row(plan, pc.new, version, "new")
             if old is None:
                 return RowChange(OpType.UPDATE, schema, commit_ts, commit_time, values)
             if pc.old_kind == "O":

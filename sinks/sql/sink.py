@@ -473,6 +473,7 @@ class _Binding:
         self.keyed = schema.has_key and bool(schema.key)
         self.key = tuple(schema.key) if self.keyed else ()
         self.ncols = len(schema.columns)
+        self.names = schema.column_names  # the order of RowChange.row
         self.stmts = sink._statements()
         exact = {c.name: c for c in table.columns}
         folded = {c.name.casefold(): c for c in table.columns} if sink.dialect != "postgresql" else {}
@@ -593,18 +594,24 @@ class _Writer:
             assert b is not None
             op = ch.op
             if op == INSERT:
-                vals = ch.values
-                assert vals is not None
-                names = tuple(vals)
+                row = ch.row
+                if row is not None:  # positional: every column, in schema order (see RowChange.row)
+                    names = b.names
+                else:
+                    vals = ch.values
+                    assert vals is not None
+                    names = tuple(vals)
+                    row = tuple(vals.values())
                 gk = self._gk
                 # fast path: same group as the previous change
-                if gk is not None and gk[0] is b and gk[1] == insert_kind and gk[3] is None and gk[2] == names:
+                if gk is not None and gk[0] is b and gk[1] == insert_kind and gk[3] is None and (
+                        gk[2] is names or gk[2] == names):
                     rows = self._rows
-                    rows.append(tuple(vals.values()))
+                    rows.append(row)
                     if len(rows) >= batch:
                         self.flush()
                 else:
-                    push(b, insert_kind, names, tuple(vals.values()), None)
+                    push(b, insert_kind, names, row, None)
             elif op == UPDATE:
                 self._update(b, ch)
             elif op == DELETE:
@@ -619,6 +626,10 @@ class _Writer:
         return count
 
     def _update(self, b: _Binding, ch: RowChange) -> None:
+        row = ch.row
+        if row is not None and ch.old_values is None and b.keyed:  # positional, nothing UNCHANGED
+            self._push(b, _UPSERT, b.names, row, None)
+            return
         vals = ch.values
         if vals is None:
             raise SinkError(f"table {b.label}: UPDATE without new values")
