@@ -47,7 +47,9 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -518,18 +520,17 @@ class LevelDBSpanSorter(SpanSorter):
                 it = db.iterator(start=start, stop=stop, include_value=False)
             with it:
                 wb = db.write_batch()
-                pending = 0
-                for key in it:
-                    wb.delete(key)
-                    pending += 1
-                    if pending >= _DELETE_BATCH_KEYS:
-                        wb.write()
-                        wb.clear()
-                        n += pending
-                        pending = 0
-                if pending:
+                delete = wb.delete
+                while True:  # bounded batches; the per-key loop runs in C (list, map, deque)
+                    keys = list(islice(it, _DELETE_BATCH_KEYS))
+                    if not keys:
+                        break
+                    deque(map(delete, keys), maxlen=0)
                     wb.write()
-                    n += pending
+                    wb.clear()
+                    n += len(keys)
+                    if len(keys) < _DELETE_BATCH_KEYS:
+                        break
         except _DB_ERRORS as e:
             raise _storage_error(e, self._path, f"{what} of span {self.span_key}") from e
         return n

@@ -317,3 +317,24 @@ def test_memory_stays_bounded_for_a_huge_streamed_transaction(tmp_path: Path) ->
     sp.clean(100)
     assert u_keys(s, "cf/0") == []
     s.close()
+
+
+@pytest.mark.parametrize("txn_rows", [1, 2, 3, 4, 7])
+def test_clean_deletes_ranges_in_bounded_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 txn_rows: int) -> None:
+    """Ranges shorter than, equal to and longer than one delete batch are removed whole; later ones stay."""
+    import sorter.leveldb as mod
+
+    monkeypatch.setattr(mod, "_DELETE_BATCH_KEYS", 3)
+    s = LevelDBSorter(tmp_path / "sorter")
+    sp = s.span("cf/0")
+    for t in range(1, 4):  # three transactions of txn_rows rows each, Ts 10, 20, 30
+        for i in range(txn_rows):
+            sp.add(t, t, b"p%d-%d" % (t, i))
+        sp.commit(t, 10 * t, float(t))
+    sp.clean(20)
+    assert [e.payload for e in sp.read(0, MAX)] == [b"p3-%d" % i for i in range(txn_rows)]
+    assert len(c_keys(s, "cf/0")) == txn_rows + 1  # the rows and the header of Ts 30
+    sp.clean(30)
+    assert c_keys(s, "cf/0") == [] and list(sp.read(0, MAX)) == []
+    s.close()
