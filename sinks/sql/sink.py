@@ -50,7 +50,7 @@ from sinks.sql.ddl import (
     plan_table,
 )
 from sinks.sql.statements import Statements
-from sinks.sql.values import Converter, converter, mysql_literal_function
+from sinks.sql.values import Converter, converter, fast_path, mysql_literal_function
 
 log = logging.getLogger(__name__)
 
@@ -445,15 +445,25 @@ class _Plan:
 
 
 def _row_function(n: int, convs: dict[int, Converter]) -> RowFn | None:
-    """A function converting one parameter row, generated once per statement (no per-value loop)."""
+    """A function converting one parameter row, generated once per statement (no per-value loop).
+
+    A converter's fast path (``values.fast_path``: exact type ``T`` -> ``f``) is tested inline, so the
+    common values of a column cost one call of ``f`` (often a builtin) instead of the converter's type tests.
+    """
     if not convs:
         return None
-    namespace: dict[str, Any] = {}
+    namespace: dict[str, Any] = {"type": type}
     parts = []
     for i in range(n):
         if i in convs:
             namespace[f"c{i}"] = convs[i]
-            parts.append(f"(None if r[{i}] is None else c{i}(r[{i}]))")
+            slow = f"(None if r[{i}] is None else c{i}(r[{i}]))"
+            fast = fast_path(convs[i])
+            if fast is not None:
+                namespace[f"t{i}"], namespace[f"f{i}"] = fast
+                parts.append(f"(f{i}(r[{i}]) if type(r[{i}]) is t{i} else {slow})")
+            else:
+                parts.append(slow)
         else:
             parts.append(f"r[{i}]")
     fn: RowFn = eval("lambda r: (" + ", ".join(parts) + ",)", namespace)  # indices only, no data

@@ -6,6 +6,10 @@ value as it is", so the hot path skips the column entirely. Converters never ret
 the target cannot represent raises :class:`cdc.errors.SinkError` naming the table and column
 (docs/type-mapping.md lists every conversion).
 
+A converter may carry a ``fast`` attribute ``(T, f)``: for a value whose type is exactly ``T`` the converter
+returns ``f(value)``. The sink's generated row functions call ``f`` directly for such values (``f`` is often a
+builtin such as ``str``), skipping the converter's own type tests; see :func:`fast_path`.
+
 Thread-safety: converters are pure functions.
 """
 
@@ -122,13 +126,6 @@ def _generic_text(v: Any) -> Any:
     return v
 
 
-def _to_str_if(types: tuple[type, ...]) -> Converter:
-    def conv(v: Any) -> Any:
-        return str(v) if isinstance(v, types) else v
-
-    return conv
-
-
 def _mysql_numeric(table: str, column: str, scale: int | None) -> Converter:
     def conv(v: Any) -> Any:
         if isinstance(v, Decimal):
@@ -223,6 +220,29 @@ def _sqlite_temporal(v: Any) -> Any:
     return v
 
 
+def _with_fast(conv: Converter, typ: type, fn: Callable[[Any], Any]) -> Converter:
+    """A wrapper of ``conv`` (same results) that declares the fast path ``(typ, fn)``."""
+
+    def wrapped(v: Any) -> Any:
+        return conv(v)
+
+    wrapped.fast = (typ, fn)  # type: ignore[attr-defined]
+    wrapped.__name__ = getattr(conv, "__name__", "converter")
+    return wrapped
+
+
+def fast_path(conv: Converter) -> tuple[type, Callable[[Any], Any]] | None:
+    """``(T, f)`` when ``conv(v) == f(v)`` for every value of exact type ``T``, else None."""
+    return getattr(conv, "fast", None)
+
+
+_sqlite_numeric.fast = (Decimal, str)  # type: ignore[attr-defined]
+_SQLITE_DATETIME = _with_fast(_sqlite_temporal, dt.datetime, iso_datetime)
+_SQLITE_DATE = _with_fast(_sqlite_temporal, dt.date, dt.date.isoformat)
+_SQLITE_TIME = _with_fast(_sqlite_temporal, dt.time, iso_time)
+_UUID_TO_STR = _with_fast(lambda v: str(v) if isinstance(v, uuid.UUID) else v, uuid.UUID, str)
+
+
 _INT_TYPES = frozenset({"int2", "int4", "int8", "oid", "xid", "cid"})
 _SQLITE_MAX_INT = 2**63 - 1
 
@@ -255,7 +275,7 @@ def converter(col: ColumnSchema, dialect: str, *, table: str, scale: int | None 
         if base in ("timestamptz", "timestamp"):
             return _mysql_timestamp
         if base == "uuid":
-            return _to_str_if((uuid.UUID,))
+            return _UUID_TO_STR
         if base in ("date", "time") or base in _TEXT_TYPES:
             return None
         return _generic_text
@@ -265,7 +285,7 @@ def converter(col: ColumnSchema, dialect: str, *, table: str, scale: int | None 
         if base == "float4":
             return _pg_float4
         if base == "uuid":
-            return _to_str_if((uuid.UUID,))
+            return _UUID_TO_STR
         if base in ("float8", "date", "time", "timestamp", "timestamptz") or base in _TEXT_TYPES:
             return None
         return _generic_text
@@ -274,10 +294,14 @@ def converter(col: ColumnSchema, dialect: str, *, table: str, scale: int | None 
             return _sqlite_numeric
         if base in ("float4", "float8"):
             return _sqlite_float
-        if base in ("date", "time", "timestamp", "timestamptz"):
-            return _sqlite_temporal
+        if base in ("timestamp", "timestamptz"):
+            return _SQLITE_DATETIME
+        if base == "date":
+            return _SQLITE_DATE
+        if base == "time":
+            return _SQLITE_TIME
         if base == "uuid":
-            return _to_str_if((uuid.UUID,))
+            return _UUID_TO_STR
         if base in _TEXT_TYPES:
             return None
         return _generic_text
