@@ -26,7 +26,7 @@ Memory: LevelDB keeps the (decompressed) index block of every open table file on
 ~45 bytes per data block, for up to ``max_open_files`` (1000) files. With LevelDB's default 4 KiB blocks
 the heap grew with the size of a spilled transaction: ~9 MB per GB spilled (sorter alone; ~13 MB/GB in the
 capture). ``block_size`` = 16 KiB cuts it to ~3 MB/GB (at most ~45 MB with 1000 open tables of 16 MB) at
-no measurable CPU cost; 64 KiB would cut it further but cost 20-50% more CPU per row written and read.
+no measurable CPU cost; 64 KiB would cut it further but cost up to 2x the CPU per row written.
 LevelDB also maps its table files read-only (mmap): reading a range makes those clean file pages resident
 and counted in the process's RSS (``RssFile``) until ``clean`` and compaction delete the files; they are
 page cache that the kernel can drop at any time, not process memory (docs/benchmarks.md).
