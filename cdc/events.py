@@ -8,6 +8,7 @@ mounted change a sink receives. ``UNCHANGED`` marks a column whose value the ups
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,8 +132,12 @@ class RowChange:
     """Optional positional form of the new row: one value per ``schema.columns`` entry, in that order,
     never ``UNCHANGED``. Set by the mounter for INSERTs (and UPDATEs without an old tuple) so that sinks
     can skip the dict. When ``row`` is set and ``values`` was not given, ``values`` is built from it on
-    first access. Assigning ``values`` drops ``row``; change a mounted row by assigning ``values``,
-    never by mutating the dict in place."""
+    first access. Assigning ``values`` drops ``row`` (and ``row_text``); change a mounted row by assigning
+    ``values``, never by mutating the dict in place."""
+    row_text: Sequence[str | None] | None = field(default=None, compare=False, repr=False)
+    """Optional, only together with ``row``: the upstream's text for each value of ``row`` (PostgreSQL's
+    output functions with DateStyle ISO and TimeZone UTC; None for NULL). A sink that stores text may use
+    it instead of formatting the parsed value, but only where the result is exactly the same."""
 
     @property
     def table(self) -> TableName:
@@ -150,6 +155,7 @@ class RowChange:
 # access, so they see the same dict).
 _values_slot: Any = RowChange.__dict__["values"]
 _row_slot: Any = RowChange.__dict__["row"]
+_row_text_slot: Any = RowChange.__dict__["row_text"]
 
 
 def _get_values(self: RowChange) -> dict[str, Any] | None:
@@ -164,8 +170,9 @@ def _get_values(self: RowChange) -> dict[str, Any] | None:
 
 def _set_values(self: RowChange, values: dict[str, Any] | None) -> None:
     _values_slot.__set__(self, values)
-    if values is not None:
-        _row_slot.__set__(self, None)  # the dict is authoritative from now on
+    if values is not None:  # the dict is authoritative from now on
+        _row_slot.__set__(self, None)
+        _row_text_slot.__set__(self, None)
 
 
 RowChange.values = property(_get_values, _set_values, doc="The new row by column name (see ``row``).")  # type: ignore[assignment,method-assign]

@@ -9,7 +9,7 @@ encoded with. The mounter parses the message and converts every text value with 
 Mapping (TiCDC's RowChangedEvent, with PostgreSQL's replica identity made explicit):
 
 - INSERT: ``values`` = the full new row; also given positionally as ``row`` (schema column order; the
-  dict is built only when ``values`` is read).
+  dict is built only when ``values`` is read), with the text pgoutput sent as ``row_text``.
 - UPDATE: ``values`` = the new row. A column the upstream did not send (unchanged TOAST value) is
   ``UNCHANGED`` — except when the old row was sent in full (REPLICA IDENTITY FULL, tuple kind 'O'):
   then it takes the old row's value, which is the same datum. A key column that is ``UNCHANGED`` in
@@ -76,15 +76,16 @@ class _RowChangeBuilder:
     """Same slot layout as :class:`RowChange`; building this and switching the class skips the dataclass
     __init__ (a default factory and the ``values`` property) on the per-row path."""
 
-    __slots__ = ("op", "schema", "commit_ts", "commit_time", "values", "old_values", "extra", "row")
+    __slots__ = ("op", "schema", "commit_ts", "commit_time", "values", "old_values", "extra", "row", "row_text")
 
 
 if tuple(RowChange.__slots__) != _RowChangeBuilder.__slots__:  # keep the twin in step with the dataclass
     raise RuntimeError("_RowChangeBuilder slots differ from RowChange")
 
 
-def _positional(op: OpType, schema: TableSchema, commit_ts: int, commit_time: float, row: tuple[Any, ...]) -> RowChange:
-    """A RowChange with ``row`` set and ``values`` built lazily (see :attr:`RowChange.row`)."""
+def _positional(op: OpType, schema: TableSchema, commit_ts: int, commit_time: float, row: tuple[Any, ...],
+                texts: Sequence[Any]) -> RowChange:
+    """A RowChange with ``row`` (and its upstream text ``row_text``) set and ``values`` built lazily."""
     o: Any = _RowChangeBuilder()
     o.op = op
     o.schema = schema
@@ -94,6 +95,7 @@ def _positional(op: OpType, schema: TableSchema, commit_ts: int, commit_time: fl
     o.old_values = None
     o.extra = {}
     o.row = row
+    o.row_text = texts
     o.__class__ = RowChange
     return o
 
@@ -220,13 +222,14 @@ class Mounter:
         kind = pc.kind
         if kind == "I":
             assert pc.new is not None
-            return _positional(OpType.INSERT, schema, commit_ts, commit_time, self._values(plan, pc.new, version, "new"))
+            new = pc.new
+            return _positional(OpType.INSERT, schema, commit_ts, commit_time, self._values(plan, new, version, "new"), new)
         if kind == "U":
             assert pc.new is not None
             old = pc.old
             if old is None and UNCHANGED not in pc.new:
                 return _positional(
-                    OpType.UPDATE, schema, commit_ts, commit_time, self._values(plan, pc.new, version, "new")
+                    OpType.UPDATE, schema, commit_ts, commit_time, self._values(plan, pc.new, version, "new"), pc.new
                 )
             values = self._row(plan, pc.new, version, "new")
             if old is None:

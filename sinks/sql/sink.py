@@ -50,7 +50,7 @@ from sinks.sql.ddl import (
     plan_table,
 )
 from sinks.sql.statements import Statements
-from sinks.sql.values import Converter, converter, fast_path, mysql_literal_function
+from sinks.sql.values import Converter, converter, fast_path, mysql_literal_function, text_path
 
 log = logging.getLogger(__name__)
 
@@ -419,18 +419,21 @@ class _Table:
 
 
 RowFn = Callable[[Sequence[Any]], Sequence[Any]]
+TextRowFn = Callable[[Sequence[Any], Sequence[Any]], Sequence[Any]]
 
 
 class _Plan:
     """A group's statement: ``sql`` for one row, ``many(n)`` for n rows in one statement (PostgreSQL),
     ``parts`` = (head, tail) around literal rows, ``%`` not doubled (MySQL's literal fast path)."""
 
-    __slots__ = ("sql", "convert", "key_idx", "parts", "_build", "_many")
+    __slots__ = ("sql", "convert", "convert_text", "key_idx", "parts", "_build", "_many")
 
     def __init__(self, sql: str, convert: RowFn | None, key_idx: tuple[int, ...],
-                 build: Callable[[int], str] | None = None, parts: tuple[str, str] | None = None) -> None:
+                 build: Callable[[int], str] | None = None, parts: tuple[str, str] | None = None,
+                 convert_text: TextRowFn | None = None) -> None:
         self.sql = sql
         self.convert = convert
+        self.convert_text = convert_text  # (row, upstream text) -> parameters; None: no column gains from it
         self.key_idx = key_idx
         self.parts = parts
         self._build = build
@@ -444,34 +447,52 @@ class _Plan:
         return sql
 
 
-def _row_function(n: int, convs: dict[int, Converter]) -> RowFn | None:
+def _row_function(n: int, convs: dict[int, Converter], *, with_text: bool = False) -> Any:
     """A function converting one parameter row, generated once per statement (no per-value loop).
 
     A converter's fast path (``values.fast_path``: exact type ``T`` -> ``f``) is tested inline, so the
     common values of a column cost one call of ``f`` (often a builtin) instead of the converter's type tests.
+    ``with_text``: the function takes ``(row, upstream text)`` and uses the converters' text paths
+    (``values.text_path``), falling back to the value when ``g`` does not recognise the text; None when no
+    converter has a text path.
     """
     if not convs:
         return None
     namespace: dict[str, Any] = {"type": type}
     parts = []
+    texts = 0
     for i in range(n):
         if i in convs:
             namespace[f"c{i}"] = convs[i]
-            slow = f"(None if r[{i}] is None else c{i}(r[{i}]))"
+            expr = f"(None if r[{i}] is None else c{i}(r[{i}]))"
             fast = fast_path(convs[i])
             if fast is not None:
                 namespace[f"t{i}"], namespace[f"f{i}"] = fast
-                parts.append(f"(f{i}(r[{i}]) if type(r[{i}]) is t{i} else {slow})")
-            else:
-                parts.append(slow)
+                expr = f"(f{i}(r[{i}]) if type(r[{i}]) is t{i} else {expr})"
+            text = text_path(convs[i]) if with_text else None
+            if text is not None:
+                namespace[f"u{i}"], namespace[f"g{i}"] = text
+                expr = f"((g{i}(s[{i}]) if type(r[{i}]) is u{i} else None) or {expr})"
+                texts += 1
+            parts.append(expr)
         else:
             parts.append(f"r[{i}]")
-    fn: RowFn = eval("lambda r: (" + ", ".join(parts) + ",)", namespace)  # indices only, no data
-    return fn
+    if with_text and not texts:
+        return None
+    args = "r, s" if with_text else "r"
+    return eval(f"lambda {args}: (" + ", ".join(parts) + ",)", namespace)  # indices only, no data
 
 
 def _convert(rows: Sequence[Sequence[Any]], fn: RowFn | None) -> list[Any]:
     return list(rows) if fn is None else [fn(r) for r in rows]
+
+
+def _convert_rows(plan: _Plan, rows: list[tuple[Any, ...]], texts: list[Any] | None) -> list[Any]:
+    """Parameters of ``rows``; through the plan's text paths when every row came with its upstream text."""
+    fn = plan.convert_text
+    if fn is not None and texts is not None and len(texts) == len(rows):
+        return list(map(fn, rows, texts))
+    return _convert(rows, plan.convert)
 
 
 class _Binding:
@@ -550,7 +571,9 @@ class _Binding:
             parts = (parts[0] % (), parts[1] % ())
         convs = {i: c for i, n in enumerate(names) if (c := self.convs.get(n)) is not None}
         key_idx = tuple(names.index(k) for k in self.key) if all(k in names for k in self.key) else ()
-        p = _Plan(sql, _row_function(len(names), convs), key_idx, build, parts)
+        # upstream text is only ever attached to positional rows (names == every column in schema order)
+        text_fn = _row_function(len(names), convs, with_text=True) if names == self.names else None
+        p = _Plan(sql, _row_function(len(names), convs), key_idx, build, parts, text_fn)
         self._plans[pk] = p
         return p
 
@@ -568,6 +591,7 @@ class _Writer:
         self.current: str | None = None  # table being written, for error messages
         self._gk: tuple[Any, ...] | None = None
         self._rows: list[tuple[Any, ...]] = []
+        self._texts: list[Any] | None = []  # RowChange.row_text of each row, while every row of the group has one
         self._delete_sql: dict[tuple[int, int], str] = {}
         self._literal: Callable[[Any], str] | None = None
         if self.dialect == "postgresql":
@@ -607,21 +631,29 @@ class _Writer:
                 row = ch.row
                 if row is not None:  # positional: every column, in schema order (see RowChange.row)
                     names = b.names
+                    text = ch.row_text
                 else:
                     vals = ch.values
                     assert vals is not None
                     names = tuple(vals)
                     row = tuple(vals.values())
+                    text = None
                 gk = self._gk
                 # fast path: same group as the previous change
                 if gk is not None and gk[0] is b and gk[1] == insert_kind and gk[3] is None and (
                         gk[2] is names or gk[2] == names):
                     rows = self._rows
                     rows.append(row)
+                    texts = self._texts
+                    if texts is not None:
+                        if text is None:
+                            self._texts = None
+                        else:
+                            texts.append(text)
                     if len(rows) >= batch:
                         self.flush()
                 else:
-                    push(b, insert_kind, names, row, None)
+                    push(b, insert_kind, names, row, None, text)
             elif op == UPDATE:
                 self._update(b, ch)
             elif op == DELETE:
@@ -638,7 +670,7 @@ class _Writer:
     def _update(self, b: _Binding, ch: RowChange) -> None:
         row = ch.row
         if row is not None and ch.old_values is None and b.keyed:  # positional, nothing UNCHANGED
-            self._push(b, _UPSERT, b.names, row, None)
+            self._push(b, _UPSERT, b.names, row, None, ch.row_text)
             return
         vals = ch.values
         if vals is None:
@@ -693,13 +725,19 @@ class _Writer:
             self._push(b, _DELETE_ONE, match, mrow, ((), nulls))
 
     def _push(self, b: _Binding, kind: int, names: tuple[str, ...], row: tuple[Any, ...],
-              extra: tuple[tuple[str, ...], tuple[str, ...]] | None) -> None:
+              extra: tuple[tuple[str, ...], tuple[str, ...]] | None, text: Any = None) -> None:
         gk = (b, kind, names, extra)
         if gk != self._gk:
             if self._rows:
                 self.flush()
             self._gk = gk
         self._rows.append(row)
+        texts = self._texts
+        if texts is not None:
+            if text is None:
+                self._texts = None
+            else:
+                texts.append(text)
         if len(self._rows) >= self.batch:
             self.flush()
 
@@ -710,7 +748,9 @@ class _Writer:
             return
         assert self._gk is not None
         b, kind, names, extra = self._gk
+        texts = self._texts
         self._rows = []
+        self._texts = []
         self.current = b.label
         plan = b.plan(kind, names, extra)
         if kind == _UPSERT:
@@ -721,9 +761,9 @@ class _Writer:
                 rows = _last_per_key(rows, plan.key_idx)  # ON CONFLICT cannot touch a row twice
             if partial and b.label not in self.sink._warned_missing:
                 self._warn_missing(b, [tuple(r[i] for i in plan.key_idx) for r in rows])
-            self._insert_rows(plan, _convert(rows, plan.convert))
+            self._insert_rows(plan, _convert_rows(plan, rows, texts))  # texts ignored if rows were dropped
         elif kind == _INSERT:
-            self._insert_rows(plan, _convert(rows, plan.convert))
+            self._insert_rows(plan, _convert_rows(plan, rows, texts))
         elif kind == _DELETE:
             self._delete_keys(b, _convert(_distinct(rows), plan.convert))
         else:

@@ -10,6 +10,11 @@ A converter may carry a ``fast`` attribute ``(T, f)``: for a value whose type is
 returns ``f(value)``. The sink's generated row functions call ``f`` directly for such values (``f`` is often a
 builtin such as ``str``), skipping the converter's own type tests; see :func:`fast_path`.
 
+A converter may also carry ``from_text`` = ``(T, g)``: for a value of exact type ``T`` whose upstream text
+(``RowChange.row_text``) is ``s``, ``g(s)`` is either None (not recognised) or exactly ``conv(value)``.
+It lets the sink skip formatting a parsed value that arrived as text in the target's form already (SQLite
+timestamps: ``2026-11-22 01:02:03.5+00`` -> ``2026-11-22 01:02:03.500000+00:00``); see :func:`text_path`.
+
 Thread-safety: converters are pure functions.
 """
 
@@ -236,8 +241,39 @@ def fast_path(conv: Converter) -> tuple[type, Callable[[Any], Any]] | None:
     return getattr(conv, "fast", None)
 
 
+def text_path(conv: Converter) -> tuple[type, Callable[[str], Any]] | None:
+    """``(T, g)``: for a value of exact type ``T`` parsed from upstream text ``s``, ``g(s)`` is None or
+    exactly ``conv(value)`` (see the module docstring)."""
+    return getattr(conv, "from_text", None)
+
+
+def _iso_text(t: str, offset: str) -> str | None:
+    """``YYYY-MM-DD HH:MM:SS[.f{1,6}]`` + ``offset`` (PostgreSQL's ISO output) -> :func:`iso_datetime`'s
+    fixed-width form of the same value, by padding the fraction; None for any other shape."""
+    n = len(t) - len(offset)
+    if n < 19 or n > 26 or n == 20 or t[4] != "-" or t[7] != "-" or t[10] != " " or t[13] != ":" \
+            or t[16] != ":" or not t.endswith(offset):
+        return None
+    if n == 19:
+        return t[:19] + ".000000" + ("+00:00" if offset else "")
+    if t[19] != ".":
+        return None
+    return t[:n] + "000000"[: 26 - n] + ("+00:00" if offset else "")
+
+
+def _timestamptz_text(t: str) -> str | None:
+    return _iso_text(t, "+00")  # TimeZone UTC: the parsed value is UTC, iso_datetime appends +00:00
+
+
+def _timestamp_text(t: str) -> str | None:
+    return _iso_text(t, "")
+
+
 _sqlite_numeric.fast = (Decimal, str)  # type: ignore[attr-defined]
-_SQLITE_DATETIME = _with_fast(_sqlite_temporal, dt.datetime, iso_datetime)
+_SQLITE_TIMESTAMPTZ = _with_fast(_sqlite_temporal, dt.datetime, iso_datetime)
+_SQLITE_TIMESTAMPTZ.from_text = (dt.datetime, _timestamptz_text)  # type: ignore[attr-defined]
+_SQLITE_TIMESTAMP = _with_fast(_sqlite_temporal, dt.datetime, iso_datetime)
+_SQLITE_TIMESTAMP.from_text = (dt.datetime, _timestamp_text)  # type: ignore[attr-defined]
 _SQLITE_DATE = _with_fast(_sqlite_temporal, dt.date, dt.date.isoformat)
 _SQLITE_TIME = _with_fast(_sqlite_temporal, dt.time, iso_time)
 _UUID_TO_STR = _with_fast(lambda v: str(v) if isinstance(v, uuid.UUID) else v, uuid.UUID, str)
@@ -294,8 +330,10 @@ def converter(col: ColumnSchema, dialect: str, *, table: str, scale: int | None 
             return _sqlite_numeric
         if base in ("float4", "float8"):
             return _sqlite_float
-        if base in ("timestamp", "timestamptz"):
-            return _SQLITE_DATETIME
+        if base == "timestamptz":
+            return _SQLITE_TIMESTAMPTZ
+        if base == "timestamp":
+            return _SQLITE_TIMESTAMP
         if base == "date":
             return _SQLITE_DATE
         if base == "time":

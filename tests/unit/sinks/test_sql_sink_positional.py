@@ -40,6 +40,11 @@ COLUMNS: tuple[tuple[str, str, bool, str | None], ...] = (
     ("tz", "timestamptz", False, "2026-11-22 01:02:03.123456+00"),
     ("tz2", "timestamptz", False, "2026-11-22 23:30:00+05:30"),
     ("tzinf", "timestamptz", False, "infinity"),
+    ("tz3", "timestamptz", False, "2026-11-22 01:02:03+00"),
+    ("tz4", "timestamptz", False, "0001-01-01 00:00:00.5+00"),
+    ("tzbc", "timestamptz", False, "0044-03-15 01:02:03+00 BC"),
+    ("ts2", "timestamp", False, "2026-11-22 01:02:03.12"),
+    ("ts3", "timestamp", False, "9999-12-31 23:59:59.999999"),
     ("u", "uuid", False, "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"),
     ("j", "json", False, '{"a": [1, 2]}'),
     ("jb", "jsonb", False, '{"a": 1}'),
@@ -185,3 +190,36 @@ def test_row_change_values_is_lazy_and_consistent() -> None:
     assert given.row is None and given.values == {"id": 1}
     empty = RowChange(OpType.DELETE, s, 1, old_values={"id": 1})
     assert empty.values is None and empty.row is None
+
+
+TEXTS = ["2026-11-22 01:02:03", "2026-11-22 01:02:03.1", "2026-11-22 01:02:03.12", "2026-11-22 01:02:03.123",
+         "2026-11-22 01:02:03.1234", "2026-11-22 01:02:03.12345", "2026-11-22 01:02:03.123456",
+         "0001-01-01 00:00:00", "9999-12-31 23:59:59.999999", "2000-02-29 12:00:00.000001"]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_timestamp_text_paths_equal_formatting_the_parsed_value(text: str) -> None:
+    from sinks.sql.values import _sqlite_temporal, _timestamp_text, _timestamptz_text
+    from upstream.postgres.types import parser_for
+
+    for base, t, g in (("timestamp", text, _timestamp_text), ("timestamptz", text + "+00", _timestamptz_text)):
+        value = parser_for(base, False)(t)
+        assert g(t) == _sqlite_temporal(value), (base, t)
+
+
+@pytest.mark.parametrize("text", ["infinity", "-infinity", "2026-11-22 01:02:03+05:30", "2026-11-22 01:02:03+00 BC",
+                                  "2026-11-22T01:02:03+00", "2026-11-22 01:02:03,5+00", "2026-W47-7 01:02:03+00",
+                                  "2026-11-22 01:02+00", "2026-11-22 01:02:03.+00", "2026-11-22 01:02:03.1234567+00",
+                                  "12026-11-22 01:02:03+00", "2026-11-22 01:02:03"])
+def test_timestamptz_text_path_declines_other_shapes(text: str) -> None:
+    from sinks.sql.values import _timestamptz_text
+
+    assert _timestamptz_text(text) is None
+
+
+def test_text_path_used_only_when_every_row_has_text() -> None:
+    """A dict row joining a group of positional rows switches the group to formatting values: same result."""
+    s = schema()
+    a, b = mounted(s, b"I", 1), mounted(s, b"I", 2)
+    assert a.row_text is not None
+    assert send("sqlite", s, [a, as_dict(b)]) == send("sqlite", s, [as_dict(a), b]) == send("sqlite", s, [a, b])
