@@ -34,7 +34,7 @@ from typing import Any
 
 from cdc.errors import DecodeError
 from cdc.events import UNCHANGED, OpType, RowChange, TableSchema
-from upstream.postgres.pgoutput import parse_change
+from upstream.postgres.pgoutput import insert_values, parse_change
 from upstream.postgres.types import Parser, parser_for
 
 __all__ = ["Mounter", "decode_payload", "encode_payload"]
@@ -212,6 +212,31 @@ class Mounter:
             raise DecodeError(f"sorter payload too short ({len(payload)} bytes)")
         version = _unpack_version(payload)[0]
         plan = self._plans.get(version) or self._plan(version)
+        ins = insert_values(payload, 4) if payload[4] == 73 else None  # 'I': the common case, fused
+        if ins is not None:
+            relid, new = ins
+            schema = plan.schema
+            if relid == schema.relation_id or not schema.relation_id:
+                row: tuple[Any, ...] | None = None
+                if len(new) == plan.ncols and _ONLY_STR.issuperset(map(type, new)):
+                    try:
+                        row = tuple(map(_call, plan.parsers, new))
+                    except Exception:  # noqa: BLE001 - _values below locates and reports it
+                        row = None
+                if row is None:
+                    row = self._values(plan, new, version, "new")
+                o: Any = _RowChangeBuilder()
+                o.op = OpType.INSERT
+                o.schema = schema
+                o.commit_ts = commit_ts
+                o.commit_time = commit_time
+                o.values = None
+                o.old_values = None
+                o.extra = {}
+                o.row = row
+                o.row_text = new
+                o.__class__ = RowChange
+                return o  # type: ignore[no-any-return]
         pc = parse_change(payload[4:])
         schema = plan.schema
         if schema.relation_id and pc.relid != schema.relation_id:

@@ -262,7 +262,11 @@ def _iso_text(t: str, offset: str) -> str | None:
 
 
 def _timestamptz_text(t: str) -> str | None:
-    return _iso_text(t, "+00")  # TimeZone UTC: the parsed value is UTC, iso_datetime appends +00:00
+    # TimeZone UTC: the parsed value is UTC, iso_datetime appends +00:00. Six fractional digits first.
+    if len(t) == 29 and t[26:] == "+00" and t[19] == "." and t[10] == " " and t[4] == "-" and t[7] == "-" \
+            and t[13] == ":" and t[16] == ":":
+        return t[:26] + "+00:00"
+    return _iso_text(t, "+00")
 
 
 def _timestamp_text(t: str) -> str | None:

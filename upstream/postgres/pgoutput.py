@@ -50,6 +50,7 @@ __all__ = [
     "Truncate",
     "TypeMsg",
     "decode",
+    "insert_values",
     "parse_change",
     "pg_time_to_unix",
     "truncate_raw",
@@ -554,6 +555,22 @@ def _tuple(raw: bytes, pos: int) -> tuple[list[Any], int]:
         else:
             raise _error(raw, f"unknown column kind {k:#x} at offset {pos}")
     return values, pos
+
+
+def insert_values(buf: bytes, offset: int) -> tuple[int, list[Any]] | None:
+    """Fast path of :func:`parse_change` for an Insert starting at ``buf[offset]``: ``(relid, new)``.
+
+    Returns None when ``buf[offset:]`` is not a well-formed Insert (then :func:`parse_change` of that slice
+    raises the precise :class:`DecodeError`). Pure and thread-safe.
+    """
+    try:
+        if buf[offset] != _I or buf[offset + 5] != _N:
+            return None
+        (relid,) = _u32_from(buf, offset + 1)
+        new, pos = _tuple(buf, offset + 6)
+    except (DecodeError, IndexError, ValueError, struct.error):
+        return None
+    return (relid, new) if pos == len(buf) else None
 
 
 def parse_change(raw: bytes) -> ParsedChange:
