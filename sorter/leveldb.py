@@ -82,6 +82,7 @@ log = logging.getLogger(__name__)
 
 _ROW_OVERHEAD = 64  # Python bookkeeping per buffered row (list slots, int refs), roughly
 _DELETE_BATCH_KEYS = 10_000
+_SEQS = [U64.pack(i) for i in range(4097)]  # packed seqs of in-memory transactions (spill_rows default 4096)
 _QUOTA_RECHECK_S = 0.25
 _OUT_OF_SPACE = ("no space left", "disk quota exceeded", "file too large")
 _OUT_OF_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
@@ -334,13 +335,12 @@ class LevelDBSpanSorter(SpanSorter):
         base = self._cprefix + ts
         if txn.serial is None:
             header = HEADER.pack(commit_time, xid)
-            pack = U64.pack
+            payloads = txn.payloads
+            seqs = _SEQS if len(payloads) < len(_SEQS) else [U64.pack(i) for i in range(len(payloads) + 1)]
             with self._lock:
                 put = self._pending.put
-                seq = 1
-                for p in txn.payloads:
-                    put(base + pack(seq), p)
-                    seq += 1
+                # seq 1..n: the per-row loop runs in C (map over the packed seqs, deque drains it)
+                deque(map(put, map(base.__add__, seqs[1:len(payloads) + 1]), payloads), maxlen=0)
                 put(base + HEADER_SEQ, header)
                 self._pending_bytes += txn.nbytes + 32
                 if self._pending_bytes >= self._batch_bytes:
