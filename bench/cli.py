@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import sys
@@ -111,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
         with BenchEnv(work / "servers", opts.sinks, opts.server_config, native=opts.native) as env:
             say(f"servers up: {json.dumps(env.pids())}")
             report = Report(time.strftime("%Y-%m-%d %H:%M:%S %Z"), _jsonable(vars(args)), machine_info(env))
+            report.machine["load average at start"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+            t0 = time.monotonic()
             Runner(opts, env, say, profiler).run(report)
+            report.notes.append(f"run took {time.monotonic() - t0:.0f}s; load average (1, 5, 15 min) at the end "
+                                + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     finally:
         if not args.keep and args.work_dir is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -151,6 +151,21 @@ class TidewaterFeed:
     def resume(self) -> None:
         self.cdc.request("POST", f"/api/v2/changefeeds/{self.cf_id}/resume")
 
+    def idle_resume_seconds(self, timeout: float) -> float:
+        """Resume with nothing to replicate until the checkpoint passes the current LSN, pause again: the
+        fixed cost included in every catch-up figure (owner tick, span start, checkpoint interval)."""
+        conn = self.upstream.connect(self.db)
+        try:
+            lsn = current_lsn(conn)
+        finally:
+            conn.close()
+        t0 = time.monotonic()
+        self.resume()
+        self.wait(lsn, timeout, poll=0.25)
+        seconds = time.monotonic() - t0
+        self.pause()
+        return seconds
+
     def remove(self) -> None:
         with contextlib.suppress(ApiError, OSError):
             self.cdc.request("DELETE", f"/api/v2/changefeeds/{self.cf_id}")

@@ -64,56 +64,68 @@ class PySpyProfiler(Profiler):
                 self.files.append(path)
                 summary = summarise(path)
                 (self.out_dir / f"{name}.summary.txt").write_text(format_summary(summary, name))
-                self.say(f"profile {path} ({summary.samples} samples)")
+                self.say(f"profile {path} ({summary.busy_s:.1f} busy seconds)")
 
         return stop
 
 
 @dataclass
 class ProfileSummary:
-    samples: int  # busy samples (all threads)
-    self_time: list[tuple[str, int]]  # (function, samples on top of the stack), most first
-    inclusive: list[tuple[str, int]]  # (function, samples with it anywhere on the stack), most first
-    threads: list[tuple[str, int]]  # (thread, samples), most first
+    busy_s: float  # sampled busy time, all threads (seconds: py-spy's speedscope weights)
+    self_time: list[tuple[str, float]]  # (function, seconds on top of the stack), most first
+    inclusive: list[tuple[str, float]]  # (function, seconds with it anywhere on the stack), most first
+    threads: list[tuple[str, float]]  # (thread, seconds), most first
+
+
+_PACKAGES = ("cdc", "capture", "owner", "processor", "sorter", "sinks", "upstream", "playground", "bench")
 
 
 def _label(frame: dict[str, object]) -> str:
     name = str(frame.get("name", "?"))
     file = str(frame.get("file", "") or "")
-    for marker in ("site-packages/", "/lib/python3.11/", "/work/main/"):
+    for marker in ("site-packages/", "/lib/python3.11/"):
         if marker in file:
             file = file.split(marker, 1)[1]
             break
+    else:
+        for pkg in _PACKAGES:
+            if f"/{pkg}/" in file:
+                file = pkg + "/" + file.split(f"/{pkg}/", 1)[1]
+                break
     return f"{name} ({file})" if file else name
 
 
 def summarise(path: Path, top: int = 30) -> ProfileSummary:
     """Self and inclusive time per function (aggregated over lines and threads) of a speedscope file
-    written by py-spy (sampled profiles; each sample lists frame indexes from the root to the leaf)."""
+    written by ``py-spy record --threads`` (sampled profiles; each sample lists frame indexes from the
+    root to the leaf; the root frame names the thread, ``thread (<tid>): <name>``)."""
     doc = json.loads(Path(path).read_text())
     frames = [_label(f) for f in doc["shared"]["frames"]]
+    is_thread = [str(f.get("name", "")).startswith("thread (") for f in doc["shared"]["frames"]]
     self_c: Counter[str] = Counter()
     incl_c: Counter[str] = Counter()
     threads: Counter[str] = Counter()
-    total = 0
+    total = 0.0
     for prof in doc.get("profiles", []):
         weights = prof.get("weights") or [1] * len(prof.get("samples", []))
         for stack, w in zip(prof.get("samples", []), weights, strict=False):
-            if not stack:
+            code = [i for i in stack if not is_thread[i]]
+            thread = next((frames[i] for i in stack if is_thread[i]), str(prof.get("name", "?")))
+            if not code:
                 continue
             total += w
-            threads[str(prof.get("name", "?"))] += w
-            self_c[frames[stack[-1]]] += w
-            for label in {frames[i] for i in stack}:
+            threads[thread] += w
+            self_c[frames[code[-1]]] += w
+            for label in {frames[i] for i in code}:
                 incl_c[label] += w
     return ProfileSummary(total, self_c.most_common(top), incl_c.most_common(top), threads.most_common(10))
 
 
 def format_summary(s: ProfileSummary, title: str) -> str:
-    def pct(n: int) -> str:
-        return f"{100 * n / s.samples:5.1f}%" if s.samples else "  -  "
+    def pct(n: float) -> str:
+        return f"{100 * n / s.busy_s:5.1f}%" if s.busy_s else "  -  "
 
-    lines = [f"# {title}: {s.samples} busy samples", "", "## self time (top of stack)"]
+    lines = [f"# {title}: {s.busy_s:.1f} busy seconds sampled", "", "## self time (top of stack)"]
     lines += [f"{pct(n)}  {f}" for f, n in s.self_time]
     lines += ["", "## inclusive time"]
     lines += [f"{pct(n)}  {f}" for f, n in s.inclusive]

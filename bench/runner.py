@@ -16,6 +16,7 @@ import contextlib
 import os
 import platform
 import shutil
+import subprocess
 import time
 import traceback
 from collections.abc import Callable
@@ -65,8 +66,24 @@ class Options:
     profile_dir: Path | None = None
 
 
+def code_version() -> str:
+    """The product code under test: ``$TIDEWATER_CODE_VERSION`` if set (a run from an exported tree),
+    else ``git rev-parse --short HEAD`` of this checkout, ``+dirty`` when it has uncommitted changes."""
+    if os.environ.get("TIDEWATER_CODE_VERSION"):
+        return os.environ["TIDEWATER_CODE_VERSION"]
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + ("+dirty" if dirty else "")
+
+
 def machine_info(env: BenchEnv) -> dict[str, str]:
-    info = {"cores": str(os.cpu_count())}
+    info = {"code": code_version(), "cores": str(os.cpu_count())}
     with contextlib.suppress(OSError, ValueError, IndexError, StopIteration):
         meminfo = Path("/proc/meminfo").read_text().splitlines()
         kb = next(int(line.split()[1]) for line in meminfo if line.startswith("MemTotal:"))
@@ -91,6 +108,7 @@ class Runner:
         self.env = env
         self.say = say
         self.profiler = profiler
+        self.notes: list[str] = []
 
     # ---- helpers ------------------------------------------------------------------------------------
     @property
@@ -152,6 +170,11 @@ class Runner:
             stack.callback(drop_slot, self.up, db, recv_slot)
             say(f"[{key}] {scn.title}: schema, publication, subscription and {len(feeds)} changefeeds ready in "
                 f"{time.monotonic() - t_setup:.1f}s")
+            if feeds:
+                idle = {sink: feed.idle_resume_seconds(o.timeout) for sink, feed in feeds.items()}
+                self.notes.append(f"[{key}] Tidewater resume -> checkpoint with nothing to replicate (included in "
+                                  "each catch-up): " + ", ".join(f"{k} {v:.2f}s" for k, v in idle.items()))
+                say(self.notes[-1])
             for phase in scn.phases():
                 if phase.timed:
                     create_recv_slot(self.up, db, recv_slot)
@@ -272,6 +295,7 @@ class Runner:
                 self.say(f"[lag] FAILED: {traceback.format_exc()}")
         if "d" in wl:
             self.run_big(report)
+        report.notes[:0] = self.notes
         return report
 
     def run_big(self, report: Report) -> None:

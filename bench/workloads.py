@@ -46,7 +46,7 @@ def sbtest_ddl(name: str) -> str:
 
 def insert_sql(table: str) -> str:
     """``INSERT`` of rows ``%s..%s`` (inclusive) with values computed by the server (~100 bytes a row)."""
-    return (f"INSERT INTO {table} (id, k, c, pad, ts) SELECT g, mod(g * 7919, 1000003), "
+    return (f"INSERT INTO {table} (id, k, c, pad, ts) SELECT g, mod(g::bigint * 7919, 1000003), "
             "left(md5(g::text) || md5((g + 1)::text), 60), left(md5((-g)::text), 20), "
             "timestamp '2026-01-01' + g * interval '1 second' FROM generate_series(%s, %s) g")
 
