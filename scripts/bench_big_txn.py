@@ -40,6 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.procstat import descendants, status_bytes  # noqa: E402
 from playground.cluster import CdcServer, current_lsn  # noqa: E402
 from playground.compare import sqlalchemy_url  # noqa: E402
 from playground.servers import EtcdServer, MariaDBServer, PostgresServer  # noqa: E402
@@ -69,42 +70,6 @@ def rows_for(size_mb: float) -> int:
 
 
 # ---- sampling ---------------------------------------------------------------------------------------------
-def proc_status_kb(pid: int, fields: tuple[str, ...] = ("VmRSS", "VmHWM", "RssAnon", "RssFile")) -> dict[str, int]:
-    """Fields of /proc/<pid>/status in bytes (missing when the process is gone)."""
-    out: dict[str, int] = {}
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                name, _, rest = line.partition(":")
-                if name in fields:
-                    out[name] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (from the ppid field of /proc/*/stat)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                raw = f.read()
-        except OSError:
-            continue
-        ppid = int(raw[raw.rindex(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
 def dir_bytes(path: Path) -> int:
     """Apparent size of every file under ``path`` (files vanishing during the walk are skipped)."""
     total = 0
@@ -169,11 +134,11 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
 
     def sample(self) -> Sample | None:
-        st = proc_status_kb(self.pid)
+        st = status_bytes(self.pid, ("VmRSS", "VmHWM", "RssAnon", "RssFile"))
         if "VmRSS" not in st:
             return None
         tree = descendants(self.pid)
-        tree_rss = st["VmRSS"] + sum(proc_status_kb(p, ("VmRSS",)).get("VmRSS", 0) for p in tree)
+        tree_rss = st["VmRSS"] + sum(status_bytes(p, ("VmRSS",)).get("VmRSS", 0) for p in tree)
         s = Sample(time.monotonic(), st["VmRSS"], st.get("VmHWM", 0), st.get("RssAnon", 0), st.get("RssFile", 0),
                    tree_rss, 1 + len(tree), dir_bytes(self.data_dir))
         self.samples.append(s)
