@@ -225,18 +225,7 @@ class Mounter:
                         row = None
                 if row is None:
                     row = self._values(plan, new, version, "new")
-                o: Any = _RowChangeBuilder()
-                o.op = OpType.INSERT
-                o.schema = schema
-                o.commit_ts = commit_ts
-                o.commit_time = commit_time
-                o.values = None
-                o.old_values = None
-                o.extra = {}
-                o.row = row
-                o.row_text = new
-                o.__class__ = RowChange
-                return o  # type: ignore[no-any-return]
+                return _positional(OpType.INSERT, schema, commit_ts, commit_time, row, new)
         pc = parse_change(payload[4:])
         schema = plan.schema
         if schema.relation_id and pc.relid != schema.relation_id:
