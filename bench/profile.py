@@ -75,9 +75,43 @@ class ProfileSummary:
     self_time: list[tuple[str, float]]  # (function, seconds on top of the stack), most first
     inclusive: list[tuple[str, float]]  # (function, seconds with it anywhere on the stack), most first
     threads: list[tuple[str, float]]  # (thread, seconds), most first
+    components: list[tuple[str, float]]  # (component of the leaf frame, seconds), most first
 
 
 _PACKAGES = ("cdc", "capture", "owner", "processor", "sorter", "sinks", "upstream", "playground", "bench")
+
+
+_COMPONENTS = (  # (file path fragment of the leaf frame, component), first match wins
+    ("upstream/postgres/stream.py", "replication stream (psycopg2)"),
+    ("upstream/postgres/", "pgoutput decode and value parsers"),
+    ("psycopg2/", "replication stream (psycopg2)"),
+    ("processor/puller.py", "puller"),
+    ("sorter/", "sorter (LevelDB)"),
+    ("plyvel", "sorter (LevelDB)"),
+    ("processor/span.py", "batcher and span loop"),
+    ("processor/mounter.py", "mounter"),
+    ("sinks/sql/values.py", "sink: value conversion"),
+    ("sinks/", "sink: statements and driver calls (sqlite3 in C included)"),
+    ("pymysql/", "driver: PyMySQL"),
+    ("socket.py", "driver: socket I/O"),
+    ("sqlalchemy/", "driver: SQLAlchemy"),
+    ("grpc/", "etcd client (grpc)"),
+    ("etcd3/", "etcd client (grpc)"),
+    ("cdc/meta/", "etcd client (grpc)"),
+    ("owner/", "owner"),
+    ("capture/", "capture: HTTP API, processor loop"),
+    ("processor/", "capture: HTTP API, processor loop"),
+    ("threading.py", "thread waits"),
+    ("<string>", "generated code (dataclass __init__, lambdas)"),
+)
+
+
+def _component(frame: dict[str, object]) -> str:
+    file = str(frame.get("file", "") or "")
+    for fragment, name in _COMPONENTS:
+        if fragment in file:
+            return name
+    return "other"
 
 
 def _label(frame: dict[str, object]) -> str:
@@ -101,6 +135,8 @@ def summarise(path: Path, top: int = 30) -> ProfileSummary:
     root to the leaf; the root frame names the thread, ``thread (<tid>): <name>``)."""
     doc = json.loads(Path(path).read_text())
     frames = [_label(f) for f in doc["shared"]["frames"]]
+    comps = [_component(f) for f in doc["shared"]["frames"]]
+    comp_c: Counter[str] = Counter()
     is_thread = [str(f.get("name", "")).startswith("thread (") for f in doc["shared"]["frames"]]
     self_c: Counter[str] = Counter()
     incl_c: Counter[str] = Counter()
@@ -116,9 +152,11 @@ def summarise(path: Path, top: int = 30) -> ProfileSummary:
             total += w
             threads[thread] += w
             self_c[frames[code[-1]]] += w
+            comp_c[comps[code[-1]]] += w
             for label in {frames[i] for i in code}:
                 incl_c[label] += w
-    return ProfileSummary(total, self_c.most_common(top), incl_c.most_common(top), threads.most_common(10))
+    return ProfileSummary(total, self_c.most_common(top), incl_c.most_common(top), threads.most_common(10),
+                          comp_c.most_common())
 
 
 def format_summary(s: ProfileSummary, title: str) -> str:
@@ -129,6 +167,8 @@ def format_summary(s: ProfileSummary, title: str) -> str:
     lines += [f"{pct(n)}  {f}" for f, n in s.self_time]
     lines += ["", "## inclusive time"]
     lines += [f"{pct(n)}  {f}" for f, n in s.inclusive]
+    lines += ["", "## components (self time of the leaf frame's module)"]
+    lines += [f"{pct(n)}  {c}" for c, n in s.components]
     lines += ["", "## threads"]
     lines += [f"{pct(n)}  {t}" for t, n in s.threads]
     return "\n".join(lines) + "\n"

@@ -39,7 +39,17 @@ from bench.consumers import (
 from bench.env import BenchEnv
 from bench.lag import LagResult, lag_native, lag_tidewater
 from bench.report import PhaseReport, Report
-from bench.workloads import CeilingSource, InsertsUpdates, ManyTables, Pgbench, Phase, Scenario, sbtest_ddl
+from bench.workloads import (
+    CeilingSource,
+    InsertsUpdates,
+    ManyTables,
+    Pgbench,
+    Phase,
+    Scenario,
+    insert_sql,
+    sbtest_ddl,
+)
+from playground.cluster import current_lsn
 from playground.servers import PostgresServer
 
 Say = Callable[[str], None]
@@ -262,6 +272,7 @@ class Runner:
                 stack.callback(self.env.drop_target, consumer, key)
                 feed = self._feed(key, db, consumer)
                 stack.callback(feed.remove)
+                next_id = self._warm_up(feed, db)
                 for rate in o.lag_rates:
                     say(f"[lag] Tidewater -> {consumer} at {rate} rows/s for {o.lag_seconds:g}s")
                     res, next_id = lag_tidewater(feed, self.env.capture_pid, "sbtest", next_id, rate, o.lag_seconds,
@@ -269,6 +280,21 @@ class Runner:
                     results.append(res)
                     say(f"[lag]   p50 {res.p50} p99 {res.p99} max {res.max} {res.error}")
         return results
+
+    def _warm_up(self, feed: TidewaterFeed, db: str, rows: int = 1000) -> int:
+        """Replicate ``rows`` rows untimed so that the lag runs do not include the sink's first-use costs
+        (target table creation, statement compilation); return the next free id."""
+        conn = self.up.connect(db)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(insert_sql("sbtest"), (1, rows))
+            lsn = current_lsn(conn)
+        finally:
+            conn.close()
+        feed.resume()
+        feed.wait(lsn, self.opts.timeout)
+        feed.pause()
+        return rows + 1
 
     # ---- everything ---------------------------------------------------------------------------------
     def run(self, report: Report) -> Report:
