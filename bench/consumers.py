@@ -156,6 +156,8 @@ class TidewaterFeed:
         fixed cost included in every catch-up figure (owner tick, span start, checkpoint interval)."""
         conn = self.upstream.connect(self.db)
         try:
+            with conn.cursor() as cur:  # new WAL past the checkpoint, so that there is something to reach
+                cur.execute("SELECT pg_logical_emit_message(false, 'bench-idle', '')")
             lsn = current_lsn(conn)
         finally:
             conn.close()

@@ -248,13 +248,14 @@ class Runner:
     # ---- lag ----------------------------------------------------------------------------------------
     def run_lag(self) -> list[LagResult]:
         """Each consumer gets its own upstream database (other slots skip its WAL cheaply) and runs every
-        offered rate in turn."""
+        offered rate in turn. Changefeeds, databases and subscriptions are removed only after the last
+        run, so that no removal work (slot drop, sorter cleanup) lands in another consumer's run."""
         o, say = self.opts, self.say
         results: list[LagResult] = []
         consumers = (["native"] if o.native and self.env.subscriber is not None else []) + list(o.sinks)
-        for consumer in consumers:
-            key = f"lag_{consumer}"
-            with contextlib.ExitStack() as stack:
+        with contextlib.ExitStack() as stack:
+            for consumer in consumers:
+                key = f"lag_{consumer}"
                 scn = _SbtestOnly()
                 db = self._upstream_db(scn, key, stack)
                 next_id = 1
