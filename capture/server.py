@@ -53,7 +53,8 @@ class CaptureServer:
         self.store = MetaStore(self.client, config.cluster_id)
         data_dir = Path(config.data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
-        self.sorter = LevelDBSorter(data_dir / "sorter", disk_quota=config.sorter_disk_quota)
+        # fresh: the sorter is a cache; spans rebuild it from their checkpoints (nothing to keep)
+        self.sorter = LevelDBSorter(data_dir / "sorter", disk_quota=config.sorter_disk_quota, fresh=True)
         self.service = ChangefeedService(self.store)
         collector = CaptureCollector(
             capture_id="", is_owner=lambda: bool(self.owner and self.owner.is_owner),

@@ -43,7 +43,7 @@ from cdc.filter import TableFilter  # noqa: E402
 from cdc.ts import Watermark  # noqa: E402
 from processor.mounter import Mounter  # noqa: E402
 from processor.puller import Puller  # noqa: E402
-from processor.span import SpanRunner, TxnBatcher  # noqa: E402
+from processor.span import TxnBatcher  # noqa: E402
 from sinks.sql.sink import SQLSink  # noqa: E402
 from sorter.leveldb import LevelDBSorter  # noqa: E402
 from upstream.postgres import pgoutput  # noqa: E402
@@ -173,13 +173,13 @@ def run_once(payloads: list[bytes], rows: int, end_lsn: int, sink_uri: str, txn_
     drop_target(sink_uri)
     sink = SQLSink(sink_uri, SinkConfig(batch_rows=batch_rows, txn_rows=txn_rows))
     sink.check()
-    mount_fn = SpanRunner._mount_fn(Mounter(puller.schema))
+    mount_fn = Mounter(puller.schema).mount
     written = 0
     perf.start("sink")
     t2, c2 = time.perf_counter(), time.thread_time()
     checkpoint = Watermark(0, 0.0)
     target = resolved[-1]
-    batcher = TxnBatcher(sp.read(checkpoint.ts, target.ts), mount_fn, txn_rows)
+    batcher = TxnBatcher(sp.read_txns(checkpoint.ts, target.ts), mount_fn, txn_rows)
     while batcher.has_more():
         written += sink.write(batcher.next_batch(), lambda: None)
         assert batcher.last is not None

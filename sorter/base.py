@@ -5,11 +5,12 @@ exposes committed changes in replay order: ascending ``commit_ts``, then the ord
 were added within their transaction. Payloads are opaque bytes (the puller's encoding).
 
 Guarantees:
-- Ordering: ``read`` yields committed entries in (commit_ts, add order) order; one transaction's entries
-  are contiguous and share their ``commit_ts``.
+- Ordering: ``read_txns`` yields committed transactions in ascending ``commit_ts``, each with its
+  payloads in add order; ``read`` is the same flattened into one entry per change.
 - Aborts: ``abort(xid, xid)`` drops the whole transaction; ``abort(xid, subxid)`` drops only the
   entries added with that ``subxid``.
-- Memory: bounded regardless of transaction size (uncommitted data spills to disk).
+- Memory: bounded regardless of transaction size and of how far the sink lags (open transactions that
+  outgrow their buffer spill to disk, and so do committed ones beyond the memory budget).
 - Durability: none required. The sorter is a cache that the span rebuilds from its checkpoint after a
   restart (``clear()`` on span start).
 - Threading: ``add``/``abort``/``commit``/``clear`` are called from one thread (the puller);
@@ -21,8 +22,10 @@ Details every implementation shares (``sorter.memory`` and ``sorter.leveldb``):
 - ``abort(xid, subxid)`` with ``subxid != xid`` drops the entries of ``subxid`` added so far; aborting or
   committing an unknown ``xid`` is a no-op (a commit still consumes its ``commit_ts``). A transaction
   with no surviving entries yields nothing.
-- ``read`` sees every transaction whose ``commit`` returned before ``read`` was called (a snapshot taken
-  at the call); a transaction is visible whole or not at all.
+- ``read``/``read_txns`` see every transaction whose ``commit`` returned before the call (a snapshot
+  taken at the call); a transaction is visible whole or not at all. The payloads of a transaction read
+  from disk are produced lazily and may be iterated once. ``clean`` invalidates unfinished iterators
+  over the range it cleans (the sink thread consumes or drops them before it cleans).
 - Errors: storage failures raise ``cdc.errors.SorterError``; a full disk or an exceeded disk quota raises
   ``cdc.errors.DiskFull`` (retryable). A quota refusal happens before the call changes anything.
 """
@@ -30,7 +33,7 @@ Details every implementation shares (``sorter.memory`` and ``sorter.leveldb``):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 
@@ -38,6 +41,17 @@ class SortedEntry(NamedTuple):
     commit_ts: int
     commit_time: float  # upstream commit time, unix seconds
     payload: bytes
+
+
+class SortedTxn(NamedTuple):
+    """One committed transaction: its payloads in add order (a list, or a one-shot iterator when read
+    from disk). ``rows`` is their number, or an upper bound when rolled-back subtransactions are
+    skipped while reading."""
+
+    commit_ts: int
+    commit_time: float  # upstream commit time, unix seconds
+    rows: int
+    payloads: Iterable[bytes]
 
 
 class SpanSorter(ABC):
@@ -54,8 +68,15 @@ class SpanSorter(ABC):
         """Make transaction ``xid`` visible to ``read`` at ``commit_ts`` (strictly increasing)."""
 
     @abstractmethod
+    def read_txns(self, after_ts: int, upto_ts: int) -> Iterator[SortedTxn]:
+        """Committed transactions with ``after_ts < commit_ts <= upto_ts``, in replay order (lazy).
+
+        ``after_ts`` may be -1 and ``upto_ts`` beyond the u64 range; ValueError for a malformed range."""
+
     def read(self, after_ts: int, upto_ts: int) -> Iterator[SortedEntry]:
-        """Committed entries with ``after_ts < commit_ts <= upto_ts``, in replay order (lazy)."""
+        """``read_txns`` flattened: one entry per change, in replay order (lazy)."""
+        txns = self.read_txns(after_ts, upto_ts)
+        return (SortedEntry(t.commit_ts, t.commit_time, p) for t in txns for p in t.payloads)
 
     @abstractmethod
     def clean(self, upto_ts: int) -> None:

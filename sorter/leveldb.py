@@ -1,91 +1,77 @@
-"""The capture's sorter on LevelDB (plyvel): one database per capture, one key range per span.
+"""The capture's sorter: memory first, LevelDB (plyvel) and spill files when memory runs out.
 
-Layout (see ``sorter.encoding``): committed changes under ``C + span_uid + commit_ts + seq`` (seq 0 is
-the transaction header), changes of transactions that outgrew memory under ``U + span_uid + serial +
-seq``, and ``S + span_uid + commit_ts -> serial`` references for cleaning. Byte order is replay order, as
-in TiCDC's pebble sorter.
+PostgreSQL (and the MySQL binlog) send each transaction's changes in order and commit messages in
+commit order, so the sorter never has to sort rows: it groups the changes of concurrently open
+transactions by xid and releases whole transactions in commit order. Where the data lives:
 
-Data path of one transaction:
-- ``add`` appends to a per-xid buffer in memory. When the buffer reaches ``spill_rows`` changes or
-  ``spill_bytes``, or all buffers of the span together exceed ``memory_budget``, buffers are written to
-  the U area in one write batch each. Memory therefore stays bounded whatever the transaction size.
-- ``commit`` of a transaction that never spilled puts its changes and header into the span's pending
-  write batch (shared by consecutive small transactions, written when it reaches ``batch_bytes`` or when
-  the sink calls ``read``/``clean``). A spilled transaction is committed *by reference*: its memory tail
-  is spilled too, then one header naming its spill serial and its rolled-back subtransactions goes into
-  the pending batch, so a commit costs O(spill_rows) whatever the transaction size (no copy, and the
-  puller never stalls long enough to miss upstream keepalives).
-- ``read`` writes the pending batch, takes a LevelDB snapshot and iterates the C range lazily, following
-  the headers of spilled transactions into their U ranges. A header is written with or after its
-  changes, so a transaction is visible whole or not at all.
-- ``clean`` deletes checkpointed C entries and the U ranges their S references name, in write batches
-  (plyvel has no range delete), and compacts the cleaned ranges every ``compact_after_bytes`` so that
-  the disk space comes back.
+- **Open transactions** buffer in memory, per xid. One that reaches ``spill_rows`` changes or
+  ``spill_bytes`` (a big or streamed transaction), or all of them when the span's open buffers exceed
+  half of ``memory_budget``, is appended to its own *spill file* (``sorter.spillfile``), chunk by
+  chunk. A subtransaction abort drops its buffered changes and records a watermark for its spilled ones.
+- **Committed transactions** join the span's queue of *segments* in commit order: runs of consecutive
+  small transactions (up to ``batch_bytes`` each), or one spilled transaction committed *by reference*
+  (its file, no copy: a commit costs O(spill_rows) whatever the transaction size). Segments stay in
+  memory while the span's committed data is under half of ``memory_budget``; a segment closed beyond
+  that (the sink lags) is packed into **one LevelDB value** (``sorter.encoding``) and dropped from
+  memory. So a keeping-up sink reads straight from memory (no per-row put, read or delete: round 1's
+  profile had those at a third of the capture's CPU), and a lagging one costs one put per ~1 MB.
+- ``read_txns`` snapshots the queue under a lock and yields the transactions in range lazily (packed
+  segments are fetched when reached, spill files read sequentially). ``clean`` drops checkpointed
+  segments: memory, LevelDB values (compacted every ``compact_after_bytes``), spill files.
 
-Memory: LevelDB keeps the (decompressed) index block of every open table file on the heap, one entry of
-~45 bytes per data block, for up to ``max_open_files`` (1000) files. With LevelDB's default 4 KiB blocks
-the heap grew with the size of a spilled transaction: ~9 MB per GB spilled (sorter alone; ~13 MB/GB in the
-capture). ``block_size`` = 16 KiB cuts it to ~3 MB/GB (at most ~45 MB with 1000 open tables of 16 MB) at
-no measurable CPU cost; 64 KiB would cut it further but cost up to 2x the CPU per row written.
-LevelDB also maps its table files read-only (mmap): reading a range makes those clean file pages resident
-and counted in the process's RSS (``RssFile``) until ``clean`` and compaction delete the files; they are
-page cache that the kernel can drop at any time, not process memory (docs/benchmarks.md).
+Memory: at most ~``memory_budget`` + ``batch_bytes`` + ``spill_bytes`` of change data per span, plus a
+small object per committed segment in the queue. Spill files are read with ``read()`` into the process
+(never mapped), so a spilled transaction of any size leaves the capture's RSS flat; LevelDB maps its
+table files, which only packed segments of a lagging sink reach.
 
-Durability: none (writes are not synced); the sorter is a cache rebuilt from the span's checkpoint, and
-``fresh=True`` wipes what a previous process left.
+Durability: none (nothing is synced); the sorter is a cache rebuilt from the span's checkpoint, and
+``fresh=True`` (what a capture uses) wipes what a previous process left.
 
-Errors: LevelDB failures raise ``SorterError`` naming the path; out-of-space conditions and an exceeded
-``disk_quota`` raise ``DiskFull``. A quota refusal changes nothing and can be retried after a back-off.
-After a LevelDB write error, LevelDB refuses every further write until the database is reopened (its
-background error is sticky): close this sorter and open a new one.
+Errors: LevelDB and file failures raise ``SorterError`` naming the path; out-of-space conditions and an
+exceeded ``disk_quota`` raise ``DiskFull``. A quota refusal changes nothing and can be retried after a
+back-off. After a LevelDB write error, LevelDB refuses every further write until the database is reopened
+(its background error is sticky): close this sorter and open a new one.
 """
 
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
+import shutil
 import threading
 import time
-from collections import deque
+from bisect import bisect_right
 from collections.abc import Iterator
-from itertools import islice
+from operator import itemgetter
 from pathlib import Path
-from typing import Any
 
 import plyvel
 
 from cdc.errors import DiskFull, SorterError
-from sorter.base import SortedEntry, Sorter, SpanSorter
+from sorter.base import SortedTxn, Sorter, SpanSorter
 from sorter.encoding import (
-    HEADER,
-    HEADER_SEQ,
-    PREFIX_LEN,
-    SPILLED_HEADER,
-    TS_END,
-    U64,
     U64_MAX,
-    U64_PAIR,
+    check_range,
     check_u64,
     committed_prefix,
-    committed_range,
-    header_value,
+    pack_segment,
     prefix_end,
+    segment_key,
     span_uid,
-    spill_area_prefix,
-    spill_range_prefix,
-    spill_refs_prefix,
-    ts_range,
+    unpack_segment,
 )
+from sorter.spillfile import SpillFile
 
 log = logging.getLogger(__name__)
 
 _ROW_OVERHEAD = 64  # Python bookkeeping per buffered row (list slots, int refs), roughly
 _DELETE_BATCH_KEYS = 10_000
-_SEQS = [U64.pack(i) for i in range(4097)]  # packed seqs of in-memory transactions (spill_rows default 4096)
 _QUOTA_RECHECK_S = 0.25
 _OUT_OF_SPACE = ("no space left", "disk quota exceeded", "file too large")
 _OUT_OF_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
+_TS = itemgetter(0)
 
 
 def _storage_error(err: BaseException, path: Path, what: str) -> SorterError:
@@ -96,27 +82,50 @@ def _storage_error(err: BaseException, path: Path, what: str) -> SorterError:
     return SorterError(f"sorter storage error at {path} ({what}): {msg}", cause=err)
 
 
-# plyvel raises RuntimeError for operations on a closed database or iterator.
-_DB_ERRORS = (plyvel.Error, RuntimeError, OSError)
+# plyvel raises RuntimeError for operations on a closed database or iterator; spill files raise
+# OSError, or ValueError when truncated.
+_DB_ERRORS = (plyvel.Error, RuntimeError, OSError, ValueError)
 
 
 class _OpenTxn:
     """Buffer of one open transaction. Touched only by the puller thread."""
 
-    __slots__ = ("subs", "payloads", "nbytes", "serial", "next_seq", "aborted")
+    __slots__ = ("subs", "payloads", "nbytes", "spill", "aborted")
 
     def __init__(self) -> None:
         self.subs: list[int] = []
         self.payloads: list[bytes] = []
         self.nbytes = 0
-        self.serial: int | None = None  # spill serial once the transaction spilled
-        self.next_seq = 0  # next seq in the U area
-        # subxid -> U seq watermark: spilled entries of that subxid below it are rolled back
+        self.spill: SpillFile | None = None  # once the transaction spilled
+        # subxid -> spill record watermark: spilled records of that subxid below it are rolled back
         self.aborted: dict[int, int] = {}
 
 
+class _Segment:
+    """A run of committed transactions in commit order, or one spilled transaction.
+
+    Exactly one of ``txns`` (in memory: ``SortedTxn``s), ``key`` (packed in LevelDB) or ``spill`` is set.
+    Mutable fields change under the span's lock; ``txns`` only grows while the segment is open.
+    """
+
+    __slots__ = ("first_ts", "last_ts", "txns", "key", "spill", "aborted", "rows", "nbytes", "closed",
+                 "dropped")
+
+    def __init__(self, first_ts: int) -> None:
+        self.first_ts = first_ts
+        self.last_ts = first_ts
+        self.txns: list[SortedTxn] | None = []
+        self.key: bytes | None = None
+        self.spill: tuple[SpillFile, float] | None = None  # (file, commit_time)
+        self.aborted: dict[int, int] = {}
+        self.rows = 0
+        self.nbytes = 0  # bytes held in memory (0 once packed into LevelDB or for a spill file)
+        self.closed = False
+        self.dropped = False  # cleaned or cleared: whoever still holds it must not publish it
+
+
 class LevelDBSorter(Sorter):
-    """One LevelDB database (a directory) shared by every span of this capture.
+    """One LevelDB database (a directory) and one spill directory shared by every span of this capture.
 
     Thread-safety: ``span``/``close``/``disk_bytes`` may be called from any thread; each span sorter
     follows the threading rule of ``sorter.base``. Different spans may be used from different threads.
@@ -129,7 +138,7 @@ class LevelDBSorter(Sorter):
         write_buffer_size: int = 16 << 20,
         spill_rows: int = 4096,
         spill_bytes: int = 4 << 20,
-        memory_budget: int = 32 << 20,
+        memory_budget: int = 64 << 20,
         batch_bytes: int = 1 << 20,
         disk_quota: int = 0,
         compact_after_bytes: int = 64 << 20,
@@ -140,6 +149,7 @@ class LevelDBSorter(Sorter):
         if spill_rows < 1 or spill_bytes < 1 or batch_bytes < 1 or memory_budget < 1:
             raise ValueError("spill_rows, spill_bytes, batch_bytes and memory_budget must be positive")
         self.path = Path(path)
+        self.spill_dir = self.path / "spill"
         self.spill_rows = spill_rows
         self.spill_bytes = spill_bytes
         self.memory_budget = memory_budget
@@ -150,10 +160,9 @@ class LevelDBSorter(Sorter):
         self._spans: dict[str, LevelDBSpanSorter] = {}
         self._quota_checked_at = float("-inf")
         self._disk_estimate = 0
+        self._serials = itertools.count()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            if fresh:
-                plyvel.destroy_db(str(self.path))
             self.db = plyvel.DB(
                 str(self.path),
                 create_if_missing=True,
@@ -162,47 +171,50 @@ class LevelDBSorter(Sorter):
                 block_size=block_size,
                 compression="snappy",
             )
+            if fresh:  # opened first: the lock keeps a second process off a directory in use
+                self._wipe()
+            self.spill_dir.mkdir(exist_ok=True)
         except _DB_ERRORS as e:
             raise _storage_error(e, self.path, "open") from e
         log.info("sorter opened at %s (fresh=%s, disk_quota=%d)", self.path, fresh, disk_quota)
 
-    def span(self, span_key: str) -> LevelDBSpanSorter:
+    def _wipe(self) -> None:
+        shutil.rmtree(self.spill_dir, ignore_errors=True)
+        wb = self.db.write_batch()
+        for n, key in enumerate(self.db.iterator(include_value=False), 1):
+            wb.delete(key)
+            if n % _DELETE_BATCH_KEYS == 0:
+                wb.write()
+                wb.clear()
+        wb.write()
+        self.db.compact_range()
+
+    def span(self, span_key: str, memory_budget: int | None = None) -> LevelDBSpanSorter:
+        """The span sorter of ``span_key``; ``memory_budget`` (bytes) overrides the sorter's default for
+        a span created by this call."""
         with self._lock:
             if self.db.closed:
                 raise SorterError(f"sorter at {self.path} is closed")
             sp = self._spans.get(span_key)
             if sp is None:
-                sp = self._spans[span_key] = LevelDBSpanSorter(self, span_key)
+                sp = self._spans[span_key] = LevelDBSpanSorter(self, span_key, memory_budget or self.memory_budget)
             return sp
 
     def close(self) -> None:
-        """Write what the spans still hold in pending batches, then close the database (idempotent)."""
+        """Close the database (idempotent). Data still held by the spans is dropped."""
         with self._lock:
-            spans = list(self._spans.values())
             self._spans.clear()
             if not self.db.closed:
-                try:
-                    for sp in spans:
-                        sp.flush()
-                finally:
-                    self.db.close()
-                    log.info("sorter at %s closed", self.path)
+                self.db.close()
+                log.info("sorter at %s closed", self.path)
 
     def disk_bytes(self) -> int:
-        total = 0
-        try:
-            with os.scandir(self.path) as it:
-                for entry in it:
-                    try:
-                        if entry.is_file(follow_symlinks=False):
-                            total += entry.stat(follow_symlinks=False).st_size
-                    except FileNotFoundError:  # compaction removed it meanwhile
-                        pass
-        except FileNotFoundError:
-            return 0
-        return total
+        return _dir_bytes(self.path) + _dir_bytes(self.spill_dir)
 
     # -- internal, used by the span sorters --------------------------------------------------------
+    def next_spill_path(self, uid: bytes) -> Path:
+        return self.spill_dir / f"{uid.hex()}-{next(self._serials)}.spill"
+
     def note_written(self, nbytes: int) -> None:
         self._disk_estimate += nbytes
 
@@ -221,49 +233,52 @@ class LevelDBSorter(Sorter):
             )
 
 
+def _dir_bytes(path: Path) -> int:
+    total = 0
+    try:
+        with os.scandir(path) as it:
+            for entry in it:
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        total += entry.stat(follow_symlinks=False).st_size
+                except FileNotFoundError:  # compaction or clean removed it meanwhile
+                    pass
+    except FileNotFoundError:
+        return 0
+    return total
+
+
 class LevelDBSpanSorter(SpanSorter):
-    """The sorter of one span inside the capture's LevelDB (see the module docstring).
+    """The sorter of one span (see the module docstring).
 
     Thread-safety: open-transaction buffers belong to the puller thread (``add``/``abort``/``commit``/
-    ``clear``); the pending write batch is guarded by a lock so that the sink thread's ``read``/``clean``
-    can write it out first. LevelDB itself is safe for concurrent writes, snapshots and iterators.
+    ``clear``); the segment queue is guarded by a lock shared with the sink thread's ``read_txns``/
+    ``clean``. LevelDB itself is safe for concurrent writes and reads.
     """
 
-    def __init__(self, owner: LevelDBSorter, span_key: str) -> None:
+    def __init__(self, owner: LevelDBSorter, span_key: str, memory_budget: int) -> None:
         self.span_key = span_key
         self._owner = owner
         self._db = owner.db
         self._path = owner.path
-        uid = span_uid(span_key)
-        self._uid = uid
-        self._cprefix = committed_prefix(uid)
-        self._uprefix = spill_area_prefix(uid)
-        self._sprefix = spill_refs_prefix(uid)
+        self._uid = span_uid(span_key)
+        self._cprefix = committed_prefix(self._uid)
         self._spill_rows = owner.spill_rows
         self._spill_bytes = owner.spill_bytes
-        self._memory_budget = owner.memory_budget
+        self._half_budget = max(1, memory_budget // 2)
         self._batch_bytes = owner.batch_bytes
         # puller-thread state
         self._txns: dict[int, _OpenTxn] = {}
         self._buffered = 0
         self._last_commit_ts = -1
-        self._next_serial = self._first_free_serial()
         # shared state, under _lock
         self._lock = threading.Lock()
-        self._pending = self._db.write_batch()
-        self._pending_bytes = 0
+        self._segments: list[_Segment] = []
+        self._open: _Segment | None = None  # the segment small commits join
+        self._committed_bytes = 0
+        self._clean_floor = -1  # everything with commit_ts <= floor is forgotten (also in kept segments)
         # sink-thread state
-        self._clean_floor = -1  # every C and S entry with commit_ts <= floor is deleted
         self._deleted_since_compact = 0
-
-    def _first_free_serial(self) -> int:
-        """One past the highest spill serial on disk: serials are never reused, also across restarts."""
-        try:
-            with self._db.iterator(prefix=self._uprefix, reverse=True, include_value=False) as it:
-                last = next(it, None)
-        except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"open of span {self.span_key}") from e
-        return 0 if last is None else U64.unpack_from(last, PREFIX_LEN)[0] + 1
 
     # -- puller thread ------------------------------------------------------------------------------
     def add(self, xid: int, subxid: int, payload: bytes) -> None:
@@ -275,7 +290,7 @@ class LevelDBSpanSorter(SpanSorter):
             txn = self._txns[xid] = _OpenTxn()
         n = len(payload) + _ROW_OVERHEAD
         spill_txn = len(txn.payloads) + 1 >= self._spill_rows or txn.nbytes + n >= self._spill_bytes
-        spill_all = not spill_txn and self._buffered + n > self._memory_budget
+        spill_all = not spill_txn and self._buffered + n > self._half_budget
         if (spill_txn or spill_all) and self._owner.disk_quota > 0:
             self._owner.check_quota(f"span {self.span_key}: spilling transaction {xid}")
         txn.subs.append(subxid)
@@ -296,11 +311,11 @@ class LevelDBSpanSorter(SpanSorter):
         if subxid == xid:
             del self._txns[xid]
             self._buffered -= txn.nbytes
-            if txn.serial is not None:
-                self._delete_range(spill_range_prefix(self._uid, txn.serial), "abort")
+            if txn.spill is not None:
+                self._unlink(txn.spill, "abort")
             return
-        if txn.serial is not None:
-            txn.aborted[subxid] = txn.next_seq
+        if txn.spill is not None:
+            txn.aborted[subxid] = txn.spill.records
         if subxid in txn.subs:
             subs: list[int] = []
             payloads: list[bytes] = []
@@ -325,189 +340,224 @@ class LevelDBSpanSorter(SpanSorter):
         if self._db.closed:
             raise SorterError(f"sorter at {self._path} is closed (span {self.span_key})")
         txn = self._txns.get(xid)
-        if txn is None or (txn.serial is None and not txn.payloads):
+        if txn is None or (txn.spill is None and not txn.payloads):
             self._txns.pop(xid, None)
             self._last_commit_ts = commit_ts
             return
-        if self._owner.disk_quota > 0:
-            self._owner.check_quota(f"span {self.span_key}: committing transaction {xid}")
-        ts = U64.pack(commit_ts)
-        base = self._cprefix + ts
-        if txn.serial is None:
-            header = HEADER.pack(commit_time, xid)
-            payloads = txn.payloads
-            seqs = _SEQS if len(payloads) < len(_SEQS) else [U64.pack(i) for i in range(len(payloads) + 1)]
+        if txn.spill is None:
+            nbytes = txn.nbytes
+            rec = SortedTxn(commit_ts, commit_time, len(txn.payloads), txn.payloads)
             with self._lock:
-                put = self._pending.put
-                # seq 1..n: the per-row loop runs in C (map over the packed seqs, deque drains it)
-                deque(map(put, map(base.__add__, seqs[1:len(payloads) + 1]), payloads), maxlen=0)
-                put(base + HEADER_SEQ, header)
-                self._pending_bytes += txn.nbytes + 32
-                if self._pending_bytes >= self._batch_bytes:
-                    self._flush_locked()
+                seg = self._open
+                if seg is None or seg.closed:
+                    seg = self._open = _Segment(commit_ts)
+                    self._segments.append(seg)
+                assert seg.txns is not None
+                seg.txns.append(rec)
+                seg.last_ts = commit_ts
+                seg.rows += rec.rows
+                seg.nbytes += nbytes
+                self._committed_bytes += nbytes
+                full = seg.nbytes >= self._batch_bytes
+            if full:
+                self._close(seg)
         else:
             if txn.payloads:
-                self._spill(txn)  # the tail joins the spilled part; written before the header
-            header = header_value(commit_time, xid, txn.serial, txn.aborted)
+                self._spill(txn)  # the tail joins the file
+            seg = _Segment(commit_ts)
+            seg.txns = None
+            seg.spill = (txn.spill, commit_time)
+            seg.aborted = txn.aborted
+            seg.rows = txn.spill.records
+            seg.closed = True
             with self._lock:
-                self._pending.put(self._sprefix + ts, U64.pack(txn.serial))
-                self._pending.put(base + HEADER_SEQ, header)
-                self._pending_bytes += len(header) + 64
-                if self._pending_bytes >= self._batch_bytes:
-                    self._flush_locked()
+                prev, self._open = self._open, None
+                if prev is not None:
+                    prev.closed = True  # later small commits start a segment after this one
+                self._segments.append(seg)
+            if prev is not None:
+                self._maybe_pack(prev)
         del self._txns[xid]
         self._buffered -= txn.nbytes
         self._last_commit_ts = commit_ts
 
+    def _close(self, seg: _Segment) -> None:
+        with self._lock:
+            if seg.closed:
+                return
+            seg.closed = True
+            if self._open is seg:
+                self._open = None
+        self._maybe_pack(seg)
+
+    def _maybe_pack(self, seg: _Segment) -> None:
+        """Move a closed in-memory segment into LevelDB when the span's committed data is over budget."""
+        if self._committed_bytes <= self._half_budget:
+            return
+        txns = seg.txns
+        if txns is None:
+            return
+        if self._owner.disk_quota > 0:
+            self._owner.check_quota(f"span {self.span_key}: storing committed transactions")
+        key = segment_key(self._uid, seg.first_ts)
+        value = pack_segment([(t.commit_ts, t.commit_time, t.payloads) for t in txns])
+        try:
+            self._db.put(key, value)
+        except _DB_ERRORS as e:
+            raise _storage_error(e, self._path, f"write of span {self.span_key}") from e
+        self._owner.note_written(len(value))
+        with self._lock:
+            published = not seg.dropped
+            if published:
+                seg.key = key
+                seg.txns = None
+                self._committed_bytes -= seg.nbytes
+                seg.nbytes = 0
+        if not published:  # cleaned while it was being written
+            self._delete_keys([key], "clean")
+
     def clear(self) -> None:
+        for txn in self._txns.values():
+            if txn.spill is not None:
+                txn.spill.unlink()
         self._txns.clear()
         self._buffered = 0
         self._last_commit_ts = -1
         with self._lock:
-            self._pending.clear()
-            self._pending_bytes = 0
+            for seg in self._segments:
+                seg.dropped = True
+            segs, self._segments, self._open = self._segments, [], None
+            self._committed_bytes = 0
             self._clean_floor = -1
-        areas = [(prefix, prefix_end(prefix)) for prefix in (self._cprefix, self._sprefix, self._uprefix)]
-        size = sum(self._approximate_size(start, stop) for start, stop in areas)
-        for start, _ in areas:
-            self._delete_range(start, "clear")
+        for seg in segs:
+            if seg.spill is not None:
+                self._unlink(seg.spill[0], "clear")
+        prefix = self._cprefix
+        size = self._approximate_size(prefix, prefix_end(prefix))
+        self._delete_range(prefix, "clear")
+        try:  # files of this span left by an earlier run of the same sorter object
+            for f in self._owner.spill_dir.glob(f"{self._uid.hex()}-*.spill"):
+                f.unlink(missing_ok=True)
+        except OSError as e:
+            raise _storage_error(e, self._owner.spill_dir, f"clear of span {self.span_key}") from e
         if self._add_deleted(size):
-            for start, stop in areas:
-                self._compact(start, stop)
+            self._compact(prefix, prefix_end(prefix))
 
     def pending_txns(self) -> int:
         return len(self._txns)
 
     def memory_bytes(self) -> int:
-        return self._buffered + self._pending_bytes
+        return self._buffered + self._committed_bytes
 
     # -- sink thread --------------------------------------------------------------------------------
-    def read(self, after_ts: int, upto_ts: int) -> Iterator[SortedEntry]:
-        rng = committed_range(self._uid, after_ts, upto_ts)
-        if rng is None:
+    def read_txns(self, after_ts: int, upto_ts: int) -> Iterator[SortedTxn]:
+        if not check_range(after_ts, upto_ts):
             return iter(())
-        self.flush()
-        try:
-            snap = self._db.snapshot()
-            it = snap.iterator(start=rng[0], stop=rng[1])
-        except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"read of span {self.span_key}") from e
-        return self._entries(snap, it)
-
-    def _entries(self, snap: Any, it: Any) -> Iterator[SortedEntry]:
-        cur = b"\xff"  # prefix (area, uid, commit_ts) of the transaction whose header was seen
-        cur_ts = 0
-        cur_time = 0.0
-        try:
-            for key, value in it:
-                if key.startswith(cur):
-                    yield SortedEntry(cur_ts, cur_time, value)
-                elif key.endswith(HEADER_SEQ):
-                    cur = key[:TS_END]
-                    cur_ts = U64.unpack_from(key, PREFIX_LEN)[0]
-                    cur_time = HEADER.unpack_from(value)[0]
-                    if len(value) > HEADER.size:
-                        yield from self._spilled_entries(snap, cur_ts, cur_time, value)
-                # else: a change whose header is not in this snapshot: skip (not written by this code)
-        except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"read of span {self.span_key}") from e
-        finally:
-            it.close()
-            snap.close()
-
-    def _spilled_entries(
-        self, snap: Any, commit_ts: int, commit_time: float, header: bytes
-    ) -> Iterator[SortedEntry]:
-        serial = SPILLED_HEADER.unpack_from(header)[2]
-        aborted = dict(U64_PAIR.iter_unpack(header[SPILLED_HEADER.size :]))
-        prefix = self._uprefix + U64.pack(serial)
-        if not aborted:
-            with snap.iterator(prefix=prefix, include_key=False) as values:
-                for value in values:
-                    yield SortedEntry(commit_ts, commit_time, value[8:])
-            return
-        unpack_from = U64.unpack_from
-        with snap.iterator(prefix=prefix) as it:
-            for key, value in it:
-                watermark = aborted.get(unpack_from(value)[0])
-                if watermark is not None and unpack_from(key, TS_END)[0] < watermark:
+        if self._db.closed:
+            raise SorterError(f"sorter at {self._path} is closed (span {self.span_key})")
+        picked: list[tuple[_Segment, list[SortedTxn] | None, bytes | None]] = []
+        with self._lock:
+            after_ts = max(after_ts, self._clean_floor)
+            for seg in self._segments:
+                if seg.last_ts <= after_ts:
                     continue
-                yield SortedEntry(commit_ts, commit_time, value[8:])
+                if seg.first_ts > upto_ts:
+                    break
+                txns = seg.txns
+                if txns is not None:  # copy the part in range: the puller may still append
+                    lo = bisect_right(txns, after_ts, key=_TS) if seg.first_ts <= after_ts else 0
+                    hi = bisect_right(txns, upto_ts, key=_TS) if seg.last_ts > upto_ts else len(txns)
+                    picked.append((seg, txns[lo:hi], None))
+                else:
+                    picked.append((seg, None, seg.key))
+        if not picked:
+            return iter(())
+        return self._txns_of(picked, after_ts, upto_ts)
+
+    def _txns_of(self, picked: list[tuple[_Segment, list[SortedTxn] | None, bytes | None]],
+                 after_ts: int, upto_ts: int) -> Iterator[SortedTxn]:
+        for seg, txns, key in picked:
+            if txns is not None:
+                yield from txns
+            elif key is not None:
+                try:
+                    value = self._db.get(key)
+                    if value is None:
+                        raise SorterError(f"sorter at {self._path}: segment {key.hex()} of span "
+                                          f"{self.span_key} is missing")
+                    unpacked = unpack_segment(value)
+                except _DB_ERRORS as e:
+                    raise _storage_error(e, self._path, f"read of span {self.span_key}") from e
+                del value
+                for ts, tm, payloads in unpacked:
+                    if after_ts < ts <= upto_ts:
+                        yield SortedTxn(ts, tm, len(payloads), payloads)
+            else:
+                assert seg.spill is not None
+                spill, commit_time = seg.spill
+                yield SortedTxn(seg.first_ts, commit_time, seg.rows, self._spilled(spill, seg.aborted))
+
+    def _spilled(self, spill: SpillFile, aborted: dict[int, int]) -> Iterator[bytes]:
+        try:
+            yield from spill.read(aborted)
+        except _DB_ERRORS as e:
+            raise _storage_error(e, spill.path, f"read of span {self.span_key}") from e
 
     def clean(self, upto_ts: int) -> None:
         check_u64("upto_ts", upto_ts)
         with self._lock:
-            floor = self._clean_floor
-            if upto_ts <= floor:
-                return
-            self._flush_locked()
-        rng = committed_range(self._uid, floor, upto_ts)
-        if rng is None:
-            return
-        size = self._approximate_size(rng[0], rng[1])
-        self._delete_range(rng[0], "clean", rng[1])
-        refs = ts_range(self._sprefix, floor, upto_ts)
-        assert refs is not None
-        lo, hi = U64_MAX, -1  # serials of the deleted spill ranges
-        try:
-            # the iterator's implicit snapshot makes deleting while iterating safe
-            with self._db.iterator(start=refs[0], stop=refs[1]) as it:
-                for ref_key, serial in it:
-                    prefix = self._uprefix + serial
-                    size += self._approximate_size(prefix, prefix_end(prefix))
-                    self._delete_range(prefix, "clean")
-                    self._db.delete(ref_key)
-                    n = U64.unpack(serial)[0]
-                    lo, hi = min(lo, n), max(hi, n)
-        except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"clean of span {self.span_key}") from e
-        with self._lock:
             self._clean_floor = max(self._clean_floor, upto_ts)
-        if self._add_deleted(size):
-            self._compact(self._cprefix, rng[1])
-            if hi >= 0:
-                self._compact(self._uprefix + U64.pack(lo), prefix_end(self._uprefix + U64.pack(hi)))
+            n = 0
+            for seg in self._segments:
+                if seg.last_ts > upto_ts:
+                    break
+                n += 1
+            gone = self._segments[:n]
+            del self._segments[:n]
+            for seg in gone:
+                seg.dropped = True
+                seg.closed = True
+                self._committed_bytes -= seg.nbytes
+                if seg is self._open:
+                    self._open = None
+        keys = [seg.key for seg in gone if seg.key is not None]
+        for seg in gone:
+            if seg.spill is not None:
+                self._unlink(seg.spill[0], "clean")
+        if keys:
+            size = self._approximate_size(keys[0], prefix_end(keys[-1]))
+            self._delete_keys(keys, "clean")
+            if self._add_deleted(size):
+                self._compact(self._cprefix, prefix_end(keys[-1]))
 
     # -- helpers --------------------------------------------------------------------------------------
-    def flush(self) -> None:
-        """Write the pending batch of committed small transactions (``read``/``clean`` do it first)."""
-        with self._lock:
-            self._flush_locked()
-
-    def _flush_locked(self) -> None:
-        if not self._pending_bytes:
-            return
-        try:
-            self._pending.write()
-        except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"write of span {self.span_key}") from e
-        self._pending.clear()
-        self._owner.note_written(self._pending_bytes)
-        self._pending_bytes = 0
-
     def _spill(self, txn: _OpenTxn) -> None:
-        """Write the buffer of ``txn`` to its U range (one write batch) and empty it."""
-        if txn.serial is None:
-            txn.serial = self._next_serial
-            self._next_serial += 1
-        prefix = self._uprefix + U64.pack(txn.serial)
-        pack = U64.pack
-        seq = txn.next_seq
+        """Append the buffer of ``txn`` to its spill file and empty it."""
+        if txn.spill is None:
+            txn.spill = SpillFile(self._owner.next_spill_path(self._uid))
         try:
-            wb = self._db.write_batch()
-            put = wb.put
-            for s, p in zip(txn.subs, txn.payloads, strict=True):
-                put(prefix + pack(seq), pack(s) + p)
-                seq += 1
-            wb.write()
+            txn.spill.append(txn.subs, txn.payloads)
         except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"spill of span {self.span_key}") from e
-        txn.next_seq = seq
+            raise _storage_error(e, txn.spill.path, f"spill of span {self.span_key}") from e
         self._owner.note_written(txn.nbytes)
         self._buffered -= txn.nbytes
         txn.nbytes = 0
         txn.subs = []
         txn.payloads = []
+
+    def _unlink(self, spill: SpillFile, what: str) -> None:
+        try:
+            spill.unlink()
+        except OSError as e:
+            raise _storage_error(e, spill.path, f"{what} of span {self.span_key}") from e
+
+    def _delete_keys(self, keys: list[bytes], what: str) -> None:
+        try:
+            with self._db.write_batch() as wb:
+                for key in keys:
+                    wb.delete(key)
+        except _DB_ERRORS as e:
+            raise _storage_error(e, self._path, f"{what} of span {self.span_key}") from e
 
     def _delete_range(self, start: bytes, what: str, stop: bytes | None = None) -> int:
         """Delete every key in ``[start, stop)`` (or with prefix ``start``) in bounded write batches."""
@@ -520,17 +570,12 @@ class LevelDBSpanSorter(SpanSorter):
                 it = db.iterator(start=start, stop=stop, include_value=False)
             with it:
                 wb = db.write_batch()
-                delete = wb.delete
-                while True:  # bounded batches; the per-key loop runs in C (list, map, deque)
-                    keys = list(islice(it, _DELETE_BATCH_KEYS))
-                    if not keys:
-                        break
-                    deque(map(delete, keys), maxlen=0)
-                    wb.write()
-                    wb.clear()
-                    n += len(keys)
-                    if len(keys) < _DELETE_BATCH_KEYS:
-                        break
+                for n, key in enumerate(it, 1):
+                    wb.delete(key)
+                    if n % _DELETE_BATCH_KEYS == 0:
+                        wb.write()
+                        wb.clear()
+                wb.write()
         except _DB_ERRORS as e:
             raise _storage_error(e, self._path, f"{what} of span {self.span_key}") from e
         return n

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Iterator
 
 from cdc.errors import SorterError
-from sorter.base import SortedEntry, Sorter, SpanSorter
-from sorter.encoding import U64_MAX, check_u64, committed_range
+from sorter.base import SortedTxn, Sorter, SpanSorter
+from sorter.encoding import U64_MAX, check_range, check_u64
 
 _ROW_OVERHEAD = 64  # rough per-row bookkeeping, as in the LevelDB sorter
 
@@ -41,7 +41,7 @@ class MemorySpanSorter(SpanSorter):
         self._lock = threading.Lock()
         # committed transactions, ascending commit_ts; _ts mirrors the commit_ts column for bisect
         self._ts: list[int] = []
-        self._txns: list[tuple[int, float, list[bytes]]] = []
+        self._txns: list[SortedTxn] = []
         self._committed_bytes = 0
 
     def add(self, xid: int, subxid: int, payload: bytes) -> None:
@@ -87,17 +87,17 @@ class MemorySpanSorter(SpanSorter):
         payloads = [p for _, p in txn.entries]
         with self._lock:
             self._ts.append(commit_ts)
-            self._txns.append((commit_ts, float(commit_time), payloads))
+            self._txns.append(SortedTxn(commit_ts, float(commit_time), len(payloads), payloads))
             self._committed_bytes += txn.nbytes
 
-    def read(self, after_ts: int, upto_ts: int) -> Iterator[SortedEntry]:
-        if committed_range(b"\0" * 8, after_ts, upto_ts) is None:  # validates like the LevelDB sorter
+    def read_txns(self, after_ts: int, upto_ts: int) -> Iterator[SortedTxn]:
+        if not check_range(after_ts, upto_ts):
             return iter(())
         with self._lock:
             lo = bisect.bisect_right(self._ts, after_ts)
             hi = bisect.bisect_right(self._ts, upto_ts)
             selected = self._txns[lo:hi]
-        return _entries(selected)
+        return iter(selected)
 
     def clean(self, upto_ts: int) -> None:
         check_u64("upto_ts", upto_ts)
@@ -105,7 +105,7 @@ class MemorySpanSorter(SpanSorter):
             i = bisect.bisect_right(self._ts, upto_ts)
             if i:
                 self._committed_bytes -= sum(
-                    len(p) + _ROW_OVERHEAD for _, _, ps in self._txns[:i] for p in ps
+                    len(p) + _ROW_OVERHEAD for t in self._txns[:i] for p in t.payloads
                 )
                 del self._ts[:i]
                 del self._txns[:i]
@@ -124,12 +124,6 @@ class MemorySpanSorter(SpanSorter):
 
     def memory_bytes(self) -> int:
         return self._open_bytes + self._committed_bytes
-
-
-def _entries(txns: list[tuple[int, float, list[bytes]]]) -> Iterator[SortedEntry]:
-    for commit_ts, commit_time, payloads in txns:
-        for payload in payloads:
-            yield SortedEntry(commit_ts, commit_time, payload)
 
 
 class MemorySorter(Sorter):

@@ -1,7 +1,8 @@
 """The sorter contract (sorter/base.py), run against the memory twin and the LevelDB sorter.
 
-``leveldb-spill`` uses tiny thresholds so that every transaction of more than two changes spills to the
-U area and every commit of a spilled transaction takes several write batches.
+``leveldb-spill`` uses tiny thresholds so that every transaction of more than two changes spills to a
+spill file in several chunks; ``leveldb-overflow`` packs every committed transaction into LevelDB at
+as soon as ~200 bytes are committed (its memory budget is 400 bytes), as when the sink lags far behind.
 """
 
 import threading
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cdc.errors import SorterError
-from sorter.base import SortedEntry, Sorter, SpanSorter
+from sorter.base import SortedEntry, SortedTxn, Sorter, SpanSorter
 from sorter.encoding import U64_MAX
 from sorter.leveldb import LevelDBSorter
 from sorter.memory import MemorySorter
@@ -22,15 +23,17 @@ pytestmark = pytest.mark.unit
 MAX = U64_MAX
 
 
-@pytest.fixture(params=["memory", "leveldb", "leveldb-spill"])
+@pytest.fixture(params=["memory", "leveldb", "leveldb-spill", "leveldb-overflow"])
 def sorter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Sorter]:
     s: Sorter
     if request.param == "memory":
         s = MemorySorter()
     elif request.param == "leveldb":
         s = LevelDBSorter(tmp_path / "sorter")
-    else:
+    elif request.param == "leveldb-spill":
         s = LevelDBSorter(tmp_path / "sorter", spill_rows=3, memory_budget=2000, batch_bytes=200)
+    else:
+        s = LevelDBSorter(tmp_path / "sorter", memory_budget=400, batch_bytes=1)
     yield s
     s.close()
 
@@ -168,8 +171,8 @@ def test_read_is_a_snapshot_taken_at_the_call(span: SpanSorter) -> None:
     it = span.read(0, MAX)
     span.add(2, 2, b"two")
     span.commit(2, 20, 2.0)
-    span.clean(10)
     assert [r[2] for r in it] == [b"one"]
+    span.clean(10)  # clean invalidates iterators over what it cleans: they are consumed first
     assert [r[2] for r in rows(span)] == [b"two"]
 
 
@@ -321,3 +324,40 @@ def test_concurrent_read_and_clean_while_puller_adds_and_commits(span: SpanSorte
     want = [(ts, ts / 1000, p) for ts in sorted(expected) for p in expected[ts]]
     assert got == want
     assert rows(span) == []
+
+
+def test_read_txns_groups_each_transaction_with_its_row_count(span: SpanSorter) -> None:
+    for i in range(5):
+        span.add(1, 1, b"a%d" % i)
+    span.add(2, 2, b"b0")
+    span.commit(2, 10, 1.0)
+    span.commit(1, 20, 2.0)
+    span.add(3, 3, b"c0")
+    span.commit(3, 30, 3.0)
+    got = [(t.commit_ts, t.commit_time, t.rows, list(t.payloads)) for t in span.read_txns(-1, MAX)]
+    assert got == [(10, 1.0, 1, [b"b0"]), (20, 2.0, 5, [b"a%d" % i for i in range(5)]), (30, 3.0, 1, [b"c0"])]
+    assert all(isinstance(t, SortedTxn) for t in span.read_txns(10, 30))
+    assert [t.commit_ts for t in span.read_txns(10, 20)] == [20]
+    span.clean(20)
+    assert [t.commit_ts for t in span.read_txns(-1, MAX)] == [30]
+    assert span.memory_bytes() >= 0
+
+
+def test_many_transactions_across_segments_read_in_any_window(span: SpanSorter) -> None:
+    """Hundreds of transactions (several segments in memory or LevelDB) read in windows and cleaned
+    in steps come out exactly once, in order."""
+    for t in range(1, 301):
+        for i in range(t % 4 + 1):
+            span.add(t, t, b"%d-%d-" % (t, i) + b"x" * 50)
+        span.commit(t, t * 10, float(t))
+    seen: list[bytes] = []
+    after = -1
+    for upto in (5, 95, 1000, 1005, 2222, 3000):
+        for t in span.read_txns(after, upto):
+            seen.extend(t.payloads)
+        span.clean(after if after >= 0 else 0)
+        after = upto
+    expected = [b"%d-%d-" % (t, i) + b"x" * 50 for t in range(1, 301) for i in range(t % 4 + 1)]
+    assert seen == expected
+    span.clean(3000)
+    assert list(span.read_txns(-1, MAX)) == []

@@ -16,74 +16,23 @@ def test_span_uid_is_stable_eight_bytes_and_distinct() -> None:
     assert enc.span_uid("cf-2/3") != UID
 
 
-@pytest.mark.parametrize(
-    ("ts", "seq"), [(0, 0), (1, 1), (2**32, 7), (enc.U64_MAX, enc.U64_MAX), (123456789, 2**40)]
-)
-def test_committed_key_round_trip(ts: int, seq: int) -> None:
-    key = enc.committed_key(UID, ts, seq)
+@pytest.mark.parametrize("ts", [0, 1, 2**32, 123456789, enc.U64_MAX])
+def test_segment_key_round_trip(ts: int) -> None:
+    key = enc.segment_key(UID, ts)
     assert len(key) == enc.KEY_LEN
     assert key.startswith(enc.committed_prefix(UID))
-    assert enc.decode_committed_key(key) == (UID, ts, seq)
+    assert enc.decode_segment_key(key) == (UID, ts)
 
 
-@pytest.mark.parametrize(
-    ("serial", "seq"), [(0, 0), (4_000_000_000, 3), (2**63 + 5, 2**33), (enc.U64_MAX, 1)]
-)
-def test_spill_key_round_trip(serial: int, seq: int) -> None:
-    key = enc.spill_key(UID, serial, seq)
-    assert len(key) == enc.KEY_LEN
-    assert key.startswith(enc.spill_range_prefix(UID, serial))
-    assert enc.decode_spill_key(key) == (UID, serial, seq)
-
-
-@pytest.mark.parametrize("ts", [0, 77, enc.U64_MAX])
-def test_spill_ref_key_round_trip(ts: int) -> None:
-    key = enc.spill_ref_key(UID, ts)
-    assert key.startswith(enc.spill_refs_prefix(UID))
-    assert enc.decode_spill_ref_key(key) == (UID, ts)
-
-
-def test_values_round_trip() -> None:
-    assert enc.decode_header_value(enc.header_value(1700000000.125, 42)) == (1700000000.125, 42, None, {})
-    spilled = enc.header_value(-1.5, enc.U64_MAX, 9, {3: 100, 2**40: 0})
-    assert enc.decode_header_value(spilled) == (-1.5, enc.U64_MAX, 9, {3: 100, 2**40: 0})
-    assert enc.decode_header_value(enc.header_value(2.0, 1, 0)) == (2.0, 1, 0, {})
-    assert len(enc.header_value(2.0, 1)) < len(enc.header_value(2.0, 1, 0))  # the reader tells them apart
-    with pytest.raises(ValueError):
-        enc.header_value(1.0, 1, None, {2: 3})
-    with pytest.raises(ValueError):
-        enc.decode_header_value(spilled[:-1])
-    assert enc.decode_spill_value(enc.spill_value(2**40, b"row")) == (2**40, b"row")
-    assert enc.decode_spill_value(enc.spill_value(5, b"")) == (5, b"")
-    with pytest.raises(ValueError):
-        enc.decode_spill_value(b"short")
-
-
-def test_byte_order_is_replay_order() -> None:
+def test_byte_order_is_replay_order_and_spans_do_not_overlap() -> None:
     rnd = random.Random(7)
-    tuples = {
-        (rnd.choice([0, 1, 255, 256, 2**32, 2**63, rnd.getrandbits(64)]), rnd.getrandbits(20))
-        for _ in range(500)
-    }
-    keys = [enc.committed_key(UID, ts, seq) for ts, seq in tuples]
-    assert [enc.decode_committed_key(k)[1:] for k in sorted(keys)] == sorted(tuples)
-    # the header (seq 0) sorts before the changes of its transaction and after the previous one
-    assert (
-        enc.committed_key(UID, 9, enc.U64_MAX) < enc.committed_key(UID, 10, 0) < enc.committed_key(UID, 10, 1)
-    )
-
-
-def test_areas_and_spans_do_not_overlap() -> None:
-    other = enc.span_uid("cf-1/4")
-    c_end = enc.prefix_end(enc.committed_prefix(UID))
-    assert c_end is not None
-    for key in (
-        enc.committed_key(other, 5, 1),
-        enc.spill_key(UID, 5, 1),
-        enc.spill_key(other, 5, 1),
-        enc.spill_ref_key(UID, 5),
-    ):
-        assert not (enc.committed_prefix(UID) <= key < c_end)
+    tss = {rnd.choice([0, 1, 255, 256, 2**32, 2**63, rnd.getrandbits(64)]) for _ in range(500)}
+    keys = [enc.segment_key(UID, ts) for ts in tss]
+    assert [enc.decode_segment_key(k)[1] for k in sorted(keys)] == sorted(tss)
+    end = enc.prefix_end(enc.committed_prefix(UID))
+    assert end is not None
+    other = enc.segment_key(enc.span_uid("cf-1/4"), 5)
+    assert not (enc.committed_prefix(UID) <= other < end)
 
 
 def test_prefix_end() -> None:
@@ -93,47 +42,59 @@ def test_prefix_end() -> None:
     assert enc.prefix_end(b"") is None
 
 
-def test_committed_range_bounds() -> None:
-    def inside(rng: tuple[bytes, bytes], ts: int) -> bool:
-        return all(rng[0] <= enc.committed_key(UID, ts, seq) < rng[1] for seq in (0, 1, enc.U64_MAX))
-
-    rng = enc.committed_range(UID, 10, 20)
-    assert rng is not None
-    assert [ts for ts in (9, 10, 11, 19, 20, 21) if inside(rng, ts)] == [11, 19, 20]
-    full = enc.committed_range(UID, -1, enc.U64_MAX)
-    assert full is not None
-    assert inside(full, 0) and inside(full, enc.U64_MAX)
-    assert not (full[0] <= enc.committed_key(enc.span_uid("cf-9/0"), 5, 1) < full[1])
-    assert enc.committed_range(UID, 20, 20) is None
-    assert enc.committed_range(UID, 30, 20) is None
-    with pytest.raises(ValueError):
-        enc.committed_range(UID, -2, 5)
+def test_check_range() -> None:
+    assert enc.check_range(-1, 0)
+    assert enc.check_range(10, 2**70)
+    assert not enc.check_range(20, 20)
+    assert not enc.check_range(30, 20)
+    assert not enc.check_range(enc.U64_MAX, 2**70)
+    for bad in ((-2, 5), (0, -1)):
+        with pytest.raises(ValueError):
+            enc.check_range(*bad)
 
 
 @pytest.mark.parametrize("bad", [-1, 2**64])
 def test_out_of_range_integers_are_rejected(bad: int) -> None:
     with pytest.raises(ValueError):
-        enc.committed_key(UID, bad, 1)
+        enc.segment_key(UID, bad)
     with pytest.raises(ValueError):
-        enc.spill_key(UID, bad, 1)
+        enc.check_u64("x", bad)
     with pytest.raises(ValueError):
-        enc.spill_value(bad, b"")
-    with pytest.raises(ValueError):
-        enc.header_value(1.0, bad)
-    with pytest.raises(ValueError):
-        enc.header_value(1.0, 1, bad)
-    with pytest.raises(ValueError):
-        enc.header_value(1.0, 1, 1, {bad: 1})
+        enc.pack_spill_chunk([bad], [b"x"])
 
 
 def test_decode_rejects_foreign_keys() -> None:
     with pytest.raises(ValueError):
-        enc.decode_committed_key(enc.spill_key(UID, 1, 1))
+        enc.decode_segment_key(enc.segment_key(UID, 1) + b"x")
     with pytest.raises(ValueError):
-        enc.decode_spill_key(enc.committed_key(UID, 1, 1))
+        enc.decode_segment_key(b"U" + enc.segment_key(UID, 1)[1:])
+
+
+def test_segment_round_trip() -> None:
+    rnd = random.Random(3)
+    txns = [
+        (rnd.getrandbits(64), rnd.random() * 2e9, [rnd.randbytes(rnd.randrange(0, 300)) for _ in range(rnd.randrange(1, 9))])
+        for _ in range(50)
+    ]
+    txns.append((5, -1.5, [b""]))
+    assert enc.unpack_segment(enc.pack_segment(txns)) == txns
+    assert enc.unpack_segment(enc.pack_segment([])) == []
+
+
+def test_malformed_segments_are_rejected() -> None:
+    value = enc.pack_segment([(1, 1.0, [b"abc", b"de"]), (2, 2.0, [b"f"])])
+    for bad in (b"", value[:3], value[:20], value[:-1]):
+        with pytest.raises(ValueError):
+            enc.unpack_segment(bad)
+
+
+def test_spill_chunk_round_trip() -> None:
+    subs = [1, 2**40, enc.U64_MAX, 0]
+    payloads = [b"row", b"", b"x" * 1000, b"\x00\xff"]
+    chunk = enc.pack_spill_chunk(subs, payloads)
+    nrows, size = enc.spill_chunk_sizes(chunk[: enc.COUNTS.size])
+    assert nrows == 4 and size == len(chunk) - enc.COUNTS.size
+    got_subs, got_payloads = enc.unpack_spill_chunk(nrows, chunk[enc.COUNTS.size :])
+    assert list(got_subs) == subs and got_payloads == payloads
     with pytest.raises(ValueError):
-        enc.decode_spill_ref_key(enc.committed_key(UID, 1, 1))
-    with pytest.raises(ValueError):
-        enc.decode_committed_key(enc.committed_key(UID, 1, 1) + b"x")
-    with pytest.raises(ValueError):
-        enc.decode_header_value(b"\x00" * 3)
+        enc.unpack_spill_chunk(nrows, chunk[enc.COUNTS.size : -1])

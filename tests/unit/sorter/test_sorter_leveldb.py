@@ -26,16 +26,12 @@ def keys_with_prefix(s: LevelDBSorter, prefix: bytes) -> list[bytes]:
     return list(s.db.iterator(prefix=prefix, include_value=False))
 
 
-def u_keys(s: LevelDBSorter, span_key: str) -> list[bytes]:
-    return keys_with_prefix(s, enc.spill_area_prefix(enc.span_uid(span_key)))
-
-
-def s_keys(s: LevelDBSorter, span_key: str) -> list[bytes]:
-    return keys_with_prefix(s, enc.spill_refs_prefix(enc.span_uid(span_key)))
-
-
 def c_keys(s: LevelDBSorter, span_key: str) -> list[bytes]:
     return keys_with_prefix(s, enc.committed_prefix(enc.span_uid(span_key)))
+
+
+def spill_files(s: LevelDBSorter, span_key: str = "cf/0") -> list[Path]:
+    return sorted(s.spill_dir.glob(f"{enc.span_uid(span_key).hex()}-*.spill"))
 
 
 @pytest.fixture
@@ -45,141 +41,134 @@ def s(tmp_path: Path):  # type: ignore[no-untyped-def]
     sorter.close()
 
 
-def test_layout_of_a_small_transaction(s: LevelDBSorter) -> None:
+def test_small_transactions_stay_in_memory_while_the_sink_keeps_up(s: LevelDBSorter) -> None:
     sp = s.span("cf/0")
     sp.add(3, 3, b"a")
     sp.add(3, 4, b"b")
     sp.add(3, 3, b"c")
     sp.abort(3, 4)
     sp.commit(3, 500, 5.5)
-    sp.read(0, 1).close()  # writes the pending batch
-    committed = c_keys(s, "cf/0")
-    assert [enc.decode_committed_key(k)[1:] for k in committed] == [(500, 0), (500, 1), (500, 2)]
-    assert enc.decode_header_value(s.db.get(committed[0])) == (5.5, 3, None, {})
-    assert [s.db.get(k) for k in committed[1:]] == [b"a", b"c"]
-    assert u_keys(s, "cf/0") == [] and s_keys(s, "cf/0") == []
+    assert [(t.commit_ts, t.commit_time, list(t.payloads)) for t in sp.read_txns(-1, MAX)] == [
+        (500, 5.5, [b"a", b"c"])]
+    assert c_keys(s, "cf/0") == [] and spill_files(s) == []  # nothing touched the disk
+    assert sp.memory_bytes() > 0
+    sp.clean(500)
+    assert sp.memory_bytes() == 0
 
 
-def test_layout_of_a_spilled_transaction_committed_by_reference(s: LevelDBSorter) -> None:
+def test_a_lagging_sink_moves_committed_segments_into_leveldb(tmp_path: Path) -> None:
+    """Committed data beyond half of the memory budget is packed into LevelDB one segment at a time
+    (a segment per ~batch_bytes, not a key per row), and comes back in order."""
+    s = LevelDBSorter(tmp_path / "sorter", memory_budget=20_000, batch_bytes=2_000)
+    sp = s.span("cf/0")
+    payload = b"r" * 36  # 100 bytes a row with the bookkeeping overhead
+    for t in range(1, 201):
+        for i in range(5):
+            sp.add(t, t, payload + b"%03d" % i)
+        sp.commit(t, t, float(t))
+        assert sp.memory_bytes() <= 10_000 + 2_000 + 500
+    keys = c_keys(s, "cf/0")
+    assert 30 <= len(keys) <= 100  # ~500 bytes a transaction, 4 per segment, the first ~20 in memory
+    firsts = [enc.decode_segment_key(k)[1] for k in keys]
+    assert firsts == sorted(firsts)
+    got = [(t.commit_ts, p) for t in sp.read_txns(-1, MAX) for p in t.payloads]
+    assert got == [(t, payload + b"%03d" % i) for t in range(1, 201) for i in range(5)]
+    sp.clean(100)
+    assert [t.commit_ts for t in sp.read_txns(-1, MAX)] == list(range(101, 201))
+    assert len(c_keys(s, "cf/0")) < len(keys)
+    sp.clean(200)
+    assert c_keys(s, "cf/0") == [] and sp.memory_bytes() == 0
+    s.close()
+
+
+def test_a_spilled_transaction_is_committed_by_reference_to_its_file(s: LevelDBSorter) -> None:
     sp = s.span("cf/0")
     for i in range(10):
         sp.add(7, 7 if i % 2 else 8, b"p%d" % i)
-    # two full buffers of 4 spilled under serial 0, two rows still in memory
-    spilled = u_keys(s, "cf/0")
-    assert [enc.decode_spill_key(k)[1:] for k in spilled] == [(0, i) for i in range(8)]
-    assert enc.decode_spill_value(s.db.get(spilled[1])) == (7, b"p1")
+    # two full buffers of 4 appended to one file, two rows still in memory
+    (f,) = spill_files(s)
     assert sp.memory_bytes() > 0
     sp.abort(7, 8)  # rows 0..7 of subxid 8 are on disk: recorded with watermark 8
     sp.add(7, 8, b"late")
     sp.commit(7, 1000, 12.5)
-    assert sp.memory_bytes() > 0  # the header waits in the pending batch ...
-    assert [e.payload for e in sp.read(-1, MAX)] == [b"p1", b"p3", b"p5", b"p7", b"p9", b"late"]
-    assert sp.memory_bytes() == 0  # ... until the sink reads
-    committed = c_keys(s, "cf/0")
-    assert [enc.decode_committed_key(k)[1:] for k in committed] == [(1000, 0)]  # no copy
-    assert enc.decode_header_value(s.db.get(committed[0])) == (12.5, 7, 0, {8: 8})
-    assert len(u_keys(s, "cf/0")) == 10  # 8 spilled + the memory tail (p9, late) spilled at commit
-    assert s_keys(s, "cf/0") == [enc.spill_ref_key(enc.span_uid("cf/0"), 1000)]
+    assert spill_files(s) == [f]  # no copy, the memory tail joined the file
+    assert sp.memory_bytes() == 0
+    (t,) = list(sp.read_txns(-1, MAX))
+    assert (t.commit_ts, t.commit_time, t.rows) == (1000, 12.5, 10)  # 8 spilled + p9 + late; p8 dropped in memory
+    assert list(t.payloads) == [b"p1", b"p3", b"p5", b"p7", b"p9", b"late"]
+    assert c_keys(s, "cf/0") == []
     sp.clean(999)
-    assert len(u_keys(s, "cf/0")) == 10
+    assert f.exists()
     sp.clean(1000)
-    assert c_keys(s, "cf/0") == [] and u_keys(s, "cf/0") == [] and s_keys(s, "cf/0") == []
+    assert not f.exists()
 
 
-def test_spill_serials_are_never_reused(s: LevelDBSorter) -> None:
+def test_a_reused_xid_gets_a_new_spill_file(s: LevelDBSorter) -> None:
     sp = s.span("cf/0")
-    for ts, xid in ((10, 1), (20, 2), (30, 1)):  # xid 1 twice: a reused xid gets a new range
+    for ts, xid in ((10, 1), (20, 2), (30, 1)):
         for i in range(5):
-            sp.add(xid, xid, b"%d" % i)
+            sp.add(xid, xid, b"%d-%d" % (ts, i))
         sp.commit(xid, ts, 0.0)
-    assert sorted({enc.decode_spill_key(k)[1] for k in u_keys(s, "cf/0")}) == [0, 1, 2]
+    assert len(spill_files(s)) == 3
+    assert [p for t in sp.read_txns(20, MAX) for p in t.payloads] == [b"30-%d" % i for i in range(5)]
 
 
-def test_top_level_abort_and_clear_remove_spilled_rows(s: LevelDBSorter) -> None:
+def test_top_level_abort_and_clear_remove_spill_files_and_segments(tmp_path: Path) -> None:
+    s = LevelDBSorter(tmp_path / "sorter", spill_rows=4, memory_budget=2, batch_bytes=1)
     sp = s.span("cf/0")
+    other = s.span("cf/1")
+    other.add(1, 1, b"keep")
+    other.commit(1, 5, 0.5)
     for i in range(10):
         sp.add(1, 1, b"a%d" % i)
         sp.add(2, 2, b"b%d" % i)
-    assert len(u_keys(s, "cf/0")) == 16
+    assert len(spill_files(s)) == 2
     sp.abort(1, 1)
-    assert {enc.decode_spill_key(k)[1] for k in u_keys(s, "cf/0")} == {1}  # xid 2 has serial 1
+    assert len(spill_files(s)) == 1
     sp.add(3, 3, b"c")
     sp.commit(3, 10, 1.0)
-    for i in range(5):
-        sp.add(4, 4, b"d%d" % i)
-    sp.commit(4, 20, 2.0)
-    sp.read(0, 1).close()
-    assert s_keys(s, "cf/0") != []
+    sp.commit(2, 20, 2.0)
+    assert c_keys(s, "cf/0") != [] or spill_files(s) != []
     sp.clear()
-    assert u_keys(s, "cf/0") == [] and c_keys(s, "cf/0") == [] and s_keys(s, "cf/0") == []
-    assert sp.memory_bytes() == 0
+    assert c_keys(s, "cf/0") == [] and spill_files(s) == [] and sp.memory_bytes() == 0
+    assert [p for t in other.read_txns(-1, MAX) for p in t.payloads] == [b"keep"]
+    s.close()
 
 
 def test_memory_budget_spills_many_small_open_transactions(tmp_path: Path) -> None:
-    s = LevelDBSorter(tmp_path / "sorter", spill_rows=1000, memory_budget=10_000)
+    s = LevelDBSorter(tmp_path / "sorter", spill_rows=1000, memory_budget=20_000)
     sp = s.span("cf/0")
     for xid in range(1, 201):  # 200 open transactions, 1 row each, ~164 bytes of budget per row
         sp.add(xid, xid, b"x" * 100)
         assert sp.memory_bytes() <= 10_000 + 164
-    assert len(u_keys(s, "cf/0")) > 100
+    assert len(spill_files(s)) > 100
     for xid in range(1, 201):
         sp.commit(xid, xid, 0.0)
     assert [e.commit_ts for e in sp.read(-1, MAX)] == list(range(1, 201))
     sp.clean(MAX)
-    assert u_keys(s, "cf/0") == [] and c_keys(s, "cf/0") == [] and s_keys(s, "cf/0") == []
+    assert spill_files(s) == [] and c_keys(s, "cf/0") == []
     s.close()
 
 
-def test_changes_without_a_header_are_not_visible(s: LevelDBSorter) -> None:
-    """A spilled commit writes its header last: a reader's snapshot taken in between must see
-    nothing of that transaction (simulated by writing the changes only)."""
-    sp = s.span("cf/0")
-    sp.add(1, 1, b"whole")
-    sp.commit(1, 10, 1.0)
-    uid = enc.span_uid("cf/0")
-    s.db.put(enc.committed_key(uid, 20, 1), b"partial-1")
-    s.db.put(enc.committed_key(uid, 20, 2), b"partial-2")
-    sp.add(3, 3, b"after")
-    sp.commit(3, 30, 3.0)
-    assert [e.payload for e in sp.read(-1, MAX)] == [b"whole", b"after"]
-
-
-def test_small_commits_share_a_pending_batch_visible_to_read(tmp_path: Path) -> None:
-    s = LevelDBSorter(tmp_path / "sorter", batch_bytes=1 << 20)
-    sp = s.span("cf/0")
-    sp.add(1, 1, b"one")
-    sp.commit(1, 10, 1.0)
-    assert c_keys(s, "cf/0") == []  # not yet written ...
-    assert [e.payload for e in sp.read(0, 10)] == [b"one"]  # ... but read writes it out first
-    assert len(c_keys(s, "cf/0")) == 2
-    s.close()
-
-
-def test_reopen_keeps_committed_data_unless_fresh(tmp_path: Path) -> None:
+def test_fresh_open_wipes_what_a_previous_process_left(tmp_path: Path) -> None:
     path = tmp_path / "sorter"
-    s = LevelDBSorter(path, spill_rows=2)
+    s = LevelDBSorter(path, spill_rows=2, memory_budget=300, batch_bytes=1)
     sp = s.span("cf/0")
     for i in range(5):
         sp.add(1, 1, b"c%d" % i)
     sp.commit(1, 10, 1.0)
+    for t in range(20, 25):  # beyond half of the budget: packed into LevelDB
+        sp.add(2, 2, b"small")
+        sp.commit(2, t, 2.0)
     for i in range(5):
-        sp.add(2, 2, b"stale%d" % i)  # spilled, never committed
+        sp.add(3, 3, b"stale%d" % i)  # spilled, never committed
+    assert c_keys(s, "cf/0") and spill_files(s)
     s.close()
     with pytest.raises(SorterError):
-        sp.read(-1, MAX)
-
-    s = LevelDBSorter(path, spill_rows=2)
-    sp = s.span("cf/0")
-    assert [e.payload for e in sp.read(-1, MAX)] == [b"c%d" % i for i in range(5)]
-    # stale spilled rows of xid 2 from the previous process do not join a new xid 2
-    for i in range(3):
-        sp.add(2, 2, b"new%d" % i)
-    sp.commit(2, 20, 2.0)
-    assert [e.payload for e in sp.read(10, MAX)] == [b"new%d" % i for i in range(3)]
-    s.close()
+        sp.commit(4, 40, 3.0)
 
     s = LevelDBSorter(path, fresh=True)
-    assert c_keys(s, "cf/0") == []
+    assert c_keys(s, "cf/0") == [] and spill_files(s) == []
     assert list(s.span("cf/0").read(-1, MAX)) == []
     s.close()
 
@@ -213,9 +202,7 @@ def test_disk_quota_refuses_before_changing_anything(tmp_path: Path) -> None:
         sp.add(2, 2, b"%d" % i)  # buffering in memory needs no disk
     with pytest.raises(DiskFull, match="quota"):
         sp.add(2, 2, b"99")  # would spill
-    with pytest.raises(DiskFull):
-        sp.commit(2, 20, 2.0)
-    assert sp.pending_txns() == 1
+    assert sp.pending_txns() == 1 and spill_files(s) == []
     assert [e.payload for e in sp.read(-1, MAX)] == [b"ok"]  # reading and cleaning still work
     sp.clean(10)
     s.disk_quota = 0  # the sink caught up; the puller retries the same calls
@@ -271,14 +258,14 @@ def test_real_write_failure_raises_disk_full(tmp_path: Path) -> None:
 
 
 def test_clean_gives_disk_space_back(tmp_path: Path) -> None:
-    s = LevelDBSorter(tmp_path / "sorter", write_buffer_size=1 << 20, compact_after_bytes=1 << 20)
+    s = LevelDBSorter(tmp_path / "sorter", write_buffer_size=1 << 20, compact_after_bytes=1 << 20,
+                      memory_budget=2 << 20)
     sp = s.span("cf/0")
     noise = random.Random(1).randbytes(1 << 20)  # incompressible 1 KB rows
     for ts in range(1, 21):
         for j in range(1000):
             sp.add(ts, ts, noise[j * 1000 : j * 1000 + 1000])
         sp.commit(ts, ts, float(ts))
-    sp.read(0, 1).close()  # write the pending batch
     s.db.compact_range()
     full = s.disk_bytes()
     assert full > 10 << 20
@@ -290,7 +277,7 @@ def test_clean_gives_disk_space_back(tmp_path: Path) -> None:
 
 def test_memory_stays_bounded_for_a_huge_streamed_transaction(tmp_path: Path) -> None:
     """~100 MB in one transaction, with a subtransaction abort, must not grow the Python heap
-    (it holds 0.5 MB at most with these settings; without spilling it would hold > 100 MB)."""
+    (it holds a few MB at most with these settings; without spilling it would hold > 100 MB)."""
     n, size = 100_000, 1000
     s = LevelDBSorter(tmp_path / "sorter", spill_rows=512, batch_bytes=1 << 20, write_buffer_size=4 << 20)
     sp = s.span("cf/0")
@@ -314,27 +301,25 @@ def test_memory_stays_bounded_for_a_huge_streamed_transaction(tmp_path: Path) ->
         tracemalloc.stop()
     assert count == n - n // 10
     assert peak < 20 << 20, f"peak Python heap {peak / 1e6:.1f} MB"
+    assert c_keys(s, "cf/0") == []  # a spill file, not LevelDB
     sp.clean(100)
-    assert u_keys(s, "cf/0") == []
+    assert spill_files(s) == []
     s.close()
 
 
-@pytest.mark.parametrize("txn_rows", [1, 2, 3, 4, 7])
-def test_clean_deletes_ranges_in_bounded_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                 txn_rows: int) -> None:
-    """Ranges shorter than, equal to and longer than one delete batch are removed whole; later ones stay."""
+def test_clear_deletes_segments_in_bounded_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sorter.leveldb as mod
 
     monkeypatch.setattr(mod, "_DELETE_BATCH_KEYS", 3)
-    s = LevelDBSorter(tmp_path / "sorter")
-    sp = s.span("cf/0")
-    for t in range(1, 4):  # three transactions of txn_rows rows each, Ts 10, 20, 30
-        for i in range(txn_rows):
-            sp.add(t, t, b"p%d-%d" % (t, i))
+    s = LevelDBSorter(tmp_path / "sorter", memory_budget=300, batch_bytes=1)  # pack from the 3rd commit
+    sp, other = s.span("cf/0"), s.span("cf/1")
+    for t in range(1, 11):
+        sp.add(t, t, b"p%d" % t)
         sp.commit(t, 10 * t, float(t))
-    sp.clean(20)
-    assert [e.payload for e in sp.read(0, MAX)] == [b"p3-%d" % i for i in range(txn_rows)]
-    assert len(c_keys(s, "cf/0")) == txn_rows + 1  # the rows and the header of Ts 30
-    sp.clean(30)
-    assert c_keys(s, "cf/0") == [] and list(sp.read(0, MAX)) == []
+    other.add(1, 1, b"other")
+    other.commit(1, 10, 1.0)
+    assert len(c_keys(s, "cf/0")) >= 7
+    sp.clear()
+    assert c_keys(s, "cf/0") == [] and list(sp.read(-1, MAX)) == []
+    assert [p for t in other.read_txns(-1, MAX) for p in t.payloads] == [b"other"]
     s.close()
