@@ -26,7 +26,6 @@ Mapping (TiCDC's RowChangedEvent, with PostgreSQL's replica identity made explic
 
 from __future__ import annotations
 
-import operator
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -35,13 +34,12 @@ from typing import Any
 from cdc.errors import DecodeError
 from cdc.events import UNCHANGED, OpType, RowChange, TableSchema
 from upstream.postgres.pgoutput import insert_values, parse_change
-from upstream.postgres.types import Parser, parser_for
+from upstream.postgres.types import Parser, parser_for, row_parser
 
 __all__ = ["Mounter", "decode_payload", "encode_payload"]
 
 _VERSION = struct.Struct(">I")
-_ONLY_STR = frozenset((str,))
-_call = operator.call
+_STR_OR_NULL = frozenset((str, type(None)))  # text values and NULLs only: no UNCHANGED, no binary value
 _pack_version = _VERSION.pack
 _unpack_version = _VERSION.unpack_from
 
@@ -68,6 +66,7 @@ class _Plan:
     schema: TableSchema
     names: tuple[str, ...]
     parsers: tuple[Parser, ...]
+    parse_row: Callable[[Sequence[Any]], tuple[Any, ...]]  # types.row_parser(parsers): str/None values only
     key: tuple[tuple[int, str, Parser], ...]  # (column index, name, parser) of each key column
     ncols: int
 
@@ -139,7 +138,7 @@ class Mounter:
                 f"{schema.name} (schema version {version}): key columns {missing} not in the schema"
             )
         key = tuple((index[k], k, parsers[index[k]]) for k in schema.key)
-        plan = _Plan(schema, names, parsers, key, len(names))
+        plan = _Plan(schema, names, parsers, row_parser(parsers), key, len(names))
         self._plans[version] = plan
         return plan
 
@@ -155,8 +154,8 @@ class Mounter:
                 f"the schema has {plan.ncols}"
             )
         try:
-            if _ONLY_STR.issuperset(map(type, tup)):  # no NULL, UNCHANGED or binary: all in C loops
-                return tuple(map(_call, plan.parsers, tup))
+            if _STR_OR_NULL.issuperset(map(type, tup)):  # no UNCHANGED or binary value
+                return plan.parse_row(tup)
             return tuple([(p(v) if type(v) is str else _not_text(v)) for p, v in zip(plan.parsers, tup, strict=False)])
         except Exception as e:  # locate the column for the message; the slow path is the error path
             for n, p, v in zip(plan.names, plan.parsers, tup, strict=True):
@@ -218,9 +217,9 @@ class Mounter:
             schema = plan.schema
             if relid == schema.relation_id or not schema.relation_id:
                 row: tuple[Any, ...] | None = None
-                if len(new) == plan.ncols and _ONLY_STR.issuperset(map(type, new)):
+                if len(new) == plan.ncols and _STR_OR_NULL.issuperset(map(type, new)):
                     try:
-                        row = tuple(map(_call, plan.parsers, new))
+                        row = plan.parse_row(new)
                     except Exception:  # noqa: BLE001 - _values below locates and reports it
                         row = None
                 if row is None:

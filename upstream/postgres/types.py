@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from typing import Any
@@ -356,6 +356,30 @@ def parser_for(base_type: str, is_array: bool) -> Parser:
         parser = _make_array_parser(scalar, _ARRAY_DELIMITERS.get(base_type, ","))
         parser = _ARRAY_PARSERS.setdefault(base_type, parser)
     return parser
+
+
+def row_parser(parsers: tuple[Parser, ...]) -> Callable[[Sequence[str | None]], tuple[Any, ...]]:
+    """One function parsing a whole tuple of text values (``None`` = NULL stays ``None``) with ``parsers``.
+
+    ``row_parser(ps)(texts) == tuple(None if t is None else p(t) for p, t in zip(ps, texts))`` for any
+    ``texts`` of ``len(ps)`` str-or-None values (same exceptions, raised by the first failing column in
+    order). Generated once per tuple of parsers from column indices only: text columns are taken as they
+    are (no call of the identity parser) and the others call their parser directly, so parsing a row costs
+    one Python call instead of one per column. Pure and thread-safe.
+    """
+    namespace: dict[str, Any] = {}
+    parts = []
+    for i, p in enumerate(parsers):
+        if p is _text:
+            parts.append(f"v[{i}]")
+        else:
+            namespace[f"p{i}"] = p
+            parts.append(f"(None if v[{i}] is None else p{i}(v[{i}]))")
+    if not parts:
+        return lambda v: ()
+    fn: Callable[[Sequence[str | None]], tuple[Any, ...]] = eval(  # indices only, no data
+        "lambda v: (" + ", ".join(parts) + ",)", namespace)
+    return fn
 
 
 def parse_value(base_type: str, is_array: bool, text: str | None) -> Any:

@@ -332,3 +332,11 @@ def test_malformed_message(mounter: Mounter) -> None:
 def test_unknown_schema_version_propagates(mounter: Mounter) -> None:
     with pytest.raises(KeyError):
         mount(mounter, 77, insert_msg(ROW1))
+
+
+def test_binary_value_in_a_text_column_is_rejected(mounter: Mounter) -> None:
+    # text columns are taken as they are on the fast path: a binary value must not slip through there
+    with pytest.raises(DecodeError, match=r"'name'.*binary"):
+        mount(mounter, 1, insert_msg(["1", b"abc", None, None, None]))
+    with pytest.raises(DecodeError, match=r"'name'.*binary"):
+        mount(mounter, 1, update_msg(["1", b"abc", None, None, None]))

@@ -501,3 +501,37 @@ def test_timezone_objects_are_utc_singleton() -> None:
     b = parse_value("timestamptz", False, "2024-01-01 09:00:00+09")
     assert a == b and hash(a) == hash(b)
     assert b.tzinfo is UTC
+
+
+# ---- row_parser -------------------------------------------------------------------------------------------
+ROW_TYPES = [("int4", False), ("text", False), ("numeric", False), ("timestamptz", False), ("varchar", False),
+             ("bool", False), ("date", False), ("int4", True), ("uuid", False), ("bpchar", False), ("mood", False)]
+ROW_TEXTS = ["42", "it's", "-1.50", "2026-11-22 01:02:03.5+00", "héllo", "t", "infinity", "{1,NULL,3}",
+             "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "ab  ", "happy"]
+
+
+def test_row_parser_equals_parsing_each_column() -> None:
+    from upstream.postgres.types import row_parser
+
+    parsers = tuple(parser_for(t, a) for t, a in ROW_TYPES)
+    parse = row_parser(parsers)
+    rng = random.Random(7)
+    for _ in range(200):
+        texts = [None if rng.random() < 0.3 else t for t in ROW_TEXTS]
+        expected = tuple(None if t is None else p(t) for p, t in zip(parsers, texts, strict=True))
+        got = parse(texts)
+        assert got == expected
+        assert [type(v) for v in got] == [type(v) for v in expected]
+        assert all(g is t for g, t, (typ, _) in zip(got, texts, ROW_TYPES, strict=True) if typ in ("text", "varchar"))
+    assert row_parser(())([]) == ()
+
+
+def test_row_parser_raises_the_parsers_error() -> None:
+    from upstream.postgres.types import row_parser
+
+    parse = row_parser((parser_for("text", False), parser_for("int4", False), parser_for("numeric", False)))
+    with pytest.raises(ValueError):
+        parse(["x", "twelve", "1"])
+    with pytest.raises(ArithmeticError):
+        parse(["x", "12", "one"])
+    assert parse(["x", None, None]) == ("x", None, None)
