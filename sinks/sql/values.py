@@ -25,7 +25,7 @@ import json
 import math
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -381,6 +381,9 @@ _DIGITS = frozenset("0123456789")
 def mysql_literal_function(connection: Any) -> Callable[[Any], str]:
     """A function rendering one (already converted) value as a MySQL literal for ``connection``.
 
+    Its attribute ``rows(types)`` returns a function rendering a whole row, ``(lit1,lit2,...)``, exactly as
+    ``"(" + ",".join(map(literal, row)) + ")"`` for any row, fastest for rows whose value types are ``types``.
+
     Faster than PyMySQL's generic ``escape`` for the types the sink sends (str, int, Decimal, float,
     naive date/time/datetime, None), with the same escaping rules; anything else (bytes...) and any
     connection in NO_BACKSLASH_ESCAPES mode falls back to ``connection.escape``.
@@ -445,4 +448,53 @@ def mysql_literal_function(connection: Any) -> Callable[[Any], str]:
         f = get(type(v))
         return f(v) if f is not None else fallback(v)
 
+    plain_str = _str is not fallback  # backslash escapes on: a string without special characters is quoted as is
+    row_functions: dict[tuple[type, ...], Callable[[Sequence[Any]], str]] = {}
+
+    def rows(types: tuple[type, ...]) -> Callable[[Sequence[Any]], str]:
+        """``f(row) == "(" + ",".join(map(literal, row)) + ")"`` for every row; fastest for rows whose
+        values have exactly ``types`` (generated once per ``types``: inline tests, no dispatch)."""
+        fn = row_functions.get(types)
+        if fn is None:
+            fn = row_functions[types] = _mysql_row_function(types, literal, by_type, needs_escape, plain_str)
+        return fn
+
+    literal.rows = rows  # type: ignore[attr-defined]
     return literal
+
+
+def _mysql_row_function(types: tuple[type, ...], literal: Callable[[Any], str],
+                        by_type: dict[type, Callable[[Any], str]], needs_escape: Callable[[str], Any],
+                        plain_str: bool) -> Callable[[Sequence[Any]], str]:
+    namespace: dict[str, Any] = {"type": type, "L": literal, "S": needs_escape, "repr": repr, "str": str,
+                                 "D": _DIGITS}
+    parts = []
+    for i, t in enumerate(types):
+        x = f"r[{i}]"
+        if t is type(None):
+            parts.append(f'("NULL" if {x} is None else L({x}))')
+            continue
+        f = by_type.get(t)
+        if f is None:
+            parts.append(f"L({x})")
+            continue
+        namespace[f"T{i}"] = t
+        if t is int:
+            fast = f"repr({x})"
+        elif t is str and plain_str:
+            fast = f"((\"'\" + {x} + \"'\") if S({x}) is None else F{i}({x}))"
+            namespace[f"F{i}"] = f
+        elif t is Decimal:  # str() unless it chose exponent notation or v is not finite (see _decimal)
+            fast = f'(d if "E" not in (d := str({x})) and d[-1] in D else F{i}({x}))'
+            namespace[f"F{i}"] = f
+        else:
+            fast = f"F{i}({x})"
+            namespace[f"F{i}"] = f
+        parts.append(f"({fast} if type({x}) is T{i} else L({x}))")
+    if not parts:
+        return lambda r: "(" + ",".join(map(literal, r)) + ")"
+    n = len(types)
+    fn: Callable[[Sequence[Any]], str] = eval(  # indices only, no data
+        f'lambda r: ("(" + ",".join(({", ".join(parts)},)) + ")") if len(r) == {n} else '
+        '"(" + ",".join(map(L, r)) + ")"', namespace)
+    return fn

@@ -142,3 +142,29 @@ def test_mysql_timestamp_text_paths_equal_converting_the_parsed_value(text: str)
                                   "2026-11-22 01:02:03.123456-00"])
 def test_mysql_timestamptz_text_path_declines_other_shapes(text: str) -> None:
     assert _mysql_timestamptz_text(text) is None
+
+
+ROW_VALUES = [None, True, False, 0, -7, 2**70, 1.5, -0.0, "", "plain", "it's", "nul\0", "日本", Decimal("1.50"),
+              Decimal("1E+3"), Decimal("0E-8"), Decimal("-0.0000001"), dt.datetime(2026, 1, 2, 3, 4, 5, 6),
+              dt.date(2026, 1, 2), dt.time(1, 2, 3, 4), b"by'tes", "2026-11-22 01:02:03.500000"]
+
+
+class Text(str):
+    pass
+
+
+@pytest.mark.parametrize("status", [0, SERVER_STATUS.SERVER_STATUS_NO_BACKSLASH_ESCAPES])
+def test_row_renderer_equals_joining_literals(status: int) -> None:
+    """Whatever types the renderer was generated for, every row renders as the literals joined."""
+    import random
+
+    lit = mysql_literal_function(connection(status))
+    rng = random.Random(11)
+    for _ in range(300):
+        n = rng.randint(1, 6)
+        first = [rng.choice(ROW_VALUES) for _ in range(n)]
+        render = lit.rows(tuple(map(type, first)))  # type: ignore[attr-defined]
+        for row in (first, [rng.choice(ROW_VALUES) for _ in range(n)], [Text("a'b")] * n,
+                    [rng.choice(ROW_VALUES) for _ in range(n + 1)]):
+            assert render(tuple(row)) == "(" + ",".join(map(lit, row)) + ")", row
+    assert lit.rows((int, str)) is lit.rows((int, str))  # type: ignore[attr-defined]
