@@ -140,6 +140,45 @@ class Statements:
         sets = ", ".join(f"{self.q(c)} = {self.ph}" for c in set_cols)
         return f"UPDATE {self.table(t)} SET {sets} WHERE {self._one_row(t, cols, null_cols)}"
 
+    # ---- catalog (every table of a schema in two queries) --------------------------------------------
+    def catalog_columns(self) -> str:
+        """Rows (table, column, nullable, type text, numeric scale or NULL) of every base table of one schema,
+        in column order. Parameter: the PostgreSQL schema; none on MySQL (the connection's database).
+        The type text is ``format_type`` on PostgreSQL (``numeric(10,2)``, ``json``) and ``DATA_TYPE`` on
+        MySQL (``decimal``, ``json``); the scale column is filled on MySQL only."""
+        if self.dialect == "mysql":
+            return ("SELECT c.TABLE_NAME, c.COLUMN_NAME, c.IS_NULLABLE = 'YES', LOWER(c.DATA_TYPE), c.NUMERIC_SCALE "
+                    "FROM information_schema.COLUMNS c JOIN information_schema.TABLES t "
+                    "ON t.TABLE_SCHEMA = c.TABLE_SCHEMA AND t.TABLE_NAME = c.TABLE_NAME "
+                    "WHERE c.TABLE_SCHEMA = DATABASE() AND t.TABLE_TYPE = 'BASE TABLE' "
+                    "ORDER BY c.TABLE_NAME, c.ORDINAL_POSITION")
+        if self.dialect == "postgresql":
+            return ("SELECT c.relname, a.attname, NOT a.attnotnull, format_type(a.atttypid, a.atttypmod), NULL "
+                    "FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "
+                    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                    "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND a.attnum > 0 AND NOT a.attisdropped "
+                    "ORDER BY c.relname, a.attnum")
+        raise ValueError("catalog queries are for MySQL and PostgreSQL")
+
+    def catalog_unique_keys(self) -> str:
+        """Rows (table, index name, column) of every column of every unique index (primary keys included)
+        of one schema, in index column order; an expression part has column NULL. Parameter as for
+        :meth:`catalog_columns`."""
+        if self.dialect == "mysql":
+            return ("SELECT TABLE_NAME, INDEX_NAME, COLUMN_NAME FROM information_schema.STATISTICS "
+                    "WHERE TABLE_SCHEMA = DATABASE() AND NON_UNIQUE = 0 "
+                    "ORDER BY TABLE_NAME, INDEX_NAME, SEQ_IN_INDEX")
+        if self.dialect == "postgresql":
+            return ("SELECT c.relname, i.indexrelid::text, a.attname "
+                    "FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class c ON c.oid = i.indrelid "
+                    "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+                    "CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, ord) "
+                    "LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+                    "AND k.attnum > 0 "
+                    "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') AND i.indisunique AND k.ord <= i.indnkeyatts "
+                    "ORDER BY c.relname, i.indexrelid, k.ord")
+        raise ValueError("catalog queries are for MySQL and PostgreSQL")
+
     # ---- whole table ---------------------------------------------------------------------------------
     def truncate(self, t: TargetTable) -> str:
         """PostgreSQL's TRUNCATE is transactional; MySQL's commits implicitly, so it (and SQLite) deletes."""
