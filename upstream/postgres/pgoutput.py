@@ -308,6 +308,7 @@ _u32_from = _U32.unpack_from
 _u32u32_from = _U32_U32.unpack_from
 _i32_from = _I32.unpack_from
 _u16_from = _U16.unpack_from
+_kind_len_from = struct.Struct(">Bi").unpack_from  # tuple column: kind byte, int32 length
 
 _TWO_PHASE = {
     ord("b"): "Begin Prepare",
@@ -529,15 +530,23 @@ def _tuple(raw: bytes, pos: int) -> tuple[list[Any], int]:
     ncols = (raw[pos] << 8) | raw[pos + 1]
     pos += 2
     values: list[Any] = [None] * ncols
+    # Per column, the kind byte and the length after it are read in one unpack (a 'n'/'u' column has no
+    # length: whatever follows is read and ignored) while 5 bytes are left. An all-ASCII message (the
+    # common case) is decoded once: its str slices equal the values' UTF-8 decodings, one object each.
+    last = len(raw) - 5
+    text = raw.decode("ascii") if raw.isascii() else None
     for i in range(ncols):
-        k = raw[pos]
+        if pos <= last:
+            k, n = _kind_len_from(raw, pos)
+        else:
+            k = raw[pos]
+            n = _i32_from(raw, pos + 1)[0] if k in (_TEXT, _BIN) else 0  # truncated: struct.error
         if k == _TEXT:
-            (n,) = _i32_from(raw, pos + 1)
             if n < 0:
                 raise _error(raw, f"negative value length at offset {pos}")
             pos += 5
             end = pos + n
-            values[i] = raw[pos:end].decode()
+            values[i] = raw[pos:end].decode() if text is None else text[pos:end]
             pos = end
         elif k == _NULL:
             pos += 1
@@ -545,7 +554,6 @@ def _tuple(raw: bytes, pos: int) -> tuple[list[Any], int]:
             values[i] = UNCHANGED
             pos += 1
         elif k == _BIN:
-            (n,) = _i32_from(raw, pos + 1)
             if n < 0:
                 raise _error(raw, f"negative value length at offset {pos}")
             pos += 5

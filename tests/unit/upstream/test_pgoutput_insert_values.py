@@ -44,3 +44,47 @@ def test_same_values_as_parse_change(prefix: bytes) -> None:
 ])
 def test_declines_malformed_or_other_messages(raw: bytes) -> None:
     assert insert_values(b"\x00\x00\x00\x01" + raw, 4) is None
+
+
+def encode_tuple(values: list[object]) -> bytes:
+    out = struct.pack(">h", len(values))
+    for v in values:
+        if v is None:
+            out += b"n"
+        elif v is UNCHANGED:
+            out += b"u"
+        elif isinstance(v, bytes):
+            out += b"b" + struct.pack(">i", len(v)) + v
+        else:
+            data = str(v).encode()
+            out += b"t" + struct.pack(">i", len(data)) + data
+    return out
+
+
+VALUE_POOL: list[object] = [None, UNCHANGED, "", "a", "0cc175b9c0f1b6a831c399e269772661", "é", "日本語 🎉", "x" * 300,
+                            "2026-11-22 01:02:03.5+00", b"\x00\xff", b"", "\x00nul", "\x7f"]
+
+
+def test_tuples_of_every_shape_decode_and_every_truncation_fails() -> None:
+    """Mixed ASCII/non-ASCII messages, NULL/unchanged/binary values in the last bytes, long values (length
+    bytes >= 0x80): the values come back as sent; every truncated or extended message is refused."""
+    import random
+
+    from cdc.errors import DecodeError
+
+    rng = random.Random(5)
+    for _ in range(300):
+        values = [rng.choice(VALUE_POOL) for _ in range(rng.randint(0, 7))]
+        for kind in (b"I", b"U"):
+            raw = kind + struct.pack(">I", 9) + b"N" + encode_tuple(values)
+            pc = parse_change(raw)
+            assert pc.new == values and pc.relid == 9
+            if kind == b"I":
+                assert insert_values(b"\x00\x00\x00\x01" + raw, 4) == (9, values)
+        raw = b"I" + struct.pack(">I", 9) + b"N" + encode_tuple(values)
+        for cut in range(6, len(raw)):
+            with pytest.raises(DecodeError):
+                parse_change(raw[:cut])
+            assert insert_values(raw[:cut], 0) is None
+        with pytest.raises(DecodeError):
+            parse_change(raw + b"n")
