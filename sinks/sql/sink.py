@@ -35,6 +35,7 @@ import logging
 import os
 import re
 import sqlite3
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -156,12 +157,22 @@ class SQLSink(Sink):
             url = sa.URL.create("mysql+pymysql", username=u.user, password=u.password, host=u.host,
                                 port=u.port or 3306, database=u.path, query={"charset": "utf8mb4"})
             init = f"SET time_zone = '+00:00', sql_mode = '{_MYSQL_SQL_MODE}'"
-            return sa.create_engine(url, pool_pre_ping=True, isolation_level="READ COMMITTED",
-                                    connect_args={"connect_timeout": timeout, "init_command": init})
+            # pool_reset_on_return=None: every checkout ends its own transaction (write commits or rolls
+            # back, Connection.close rolls back what it began), so the pool's ROLLBACK per return was a
+            # wasted round trip per write.
+            engine = sa.create_engine(url, pool_pre_ping=True, pool_reset_on_return=None,
+                                      isolation_level="READ COMMITTED",
+                                      connect_args={"connect_timeout": timeout, "init_command": init})
+
+            @event.listens_for(engine, "do_connect")
+            def _do_connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
+                return _pymysql_connection_class()(*cargs, **cparams)
+
+            return engine
         ssl = {k: v for k, v in u.params.items() if k.startswith("ssl")}
         url = sa.URL.create("postgresql+psycopg2", username=u.user, password=u.password, host=u.host,
                             port=u.port or 5432, database=u.path or None)
-        return sa.create_engine(url, pool_pre_ping=True, connect_args={
+        return sa.create_engine(url, pool_pre_ping=True, pool_reset_on_return=None, connect_args={
             "connect_timeout": timeout, "application_name": f"tidewater-sink-{os.getpid()}", "options": "-c timezone=UTC", **ssl})
 
     def _where(self) -> str:
@@ -458,6 +469,35 @@ class SQLSink(Sink):
         if "readonly database" in msg:
             return f"{u.path!r} is read-only: make the file and its directory writable"
         return None
+
+
+_PYMYSQL_CONNECTION: type | None = None
+_PREFERRED_TLS_LOCK = threading.Lock()
+
+
+def _pymysql_connection_class() -> type:
+    """PyMySQL's ``Connection`` sharing one TLS context per process for its default mode (TLS when the
+    server offers it, certificate not verified). PyMySQL builds that context for every connection, which
+    loads the system CA store: ~27 ms per connection here, 1.3 % of a catch-up profile into MariaDB. The
+    context is configured once and never changed afterwards, so sharing it is safe; connections with
+    explicit TLS options still get their own."""
+    global _PYMYSQL_CONNECTION
+    if _PYMYSQL_CONNECTION is None:
+        import pymysql.connections
+
+        class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
+            _preferred_tls: Any = None
+
+            def _create_ssl_ctx(self, sslp: Any) -> Any:
+                if sslp:
+                    return super()._create_ssl_ctx(sslp)
+                with _PREFERRED_TLS_LOCK:
+                    if _Connection._preferred_tls is None:
+                        _Connection._preferred_tls = super()._create_ssl_ctx(sslp)
+                    return _Connection._preferred_tls
+
+        _PYMYSQL_CONNECTION = _Connection
+    return _PYMYSQL_CONNECTION
 
 
 def _is_db_error(exc: BaseException) -> bool:

@@ -654,3 +654,26 @@ def test_existing_tables_read_from_the_catalog_equal_per_table_reflection(target
             assert set(fast.uniques) == set(slow.uniques)
         assert sink._existing_table(conn, tschema, "c1") is None  # handed out once: the next look is per table
         assert sink._existing_table(conn, tschema, "nope") is None
+
+
+def test_no_connection_is_left_inside_a_transaction(target: Target) -> None:
+    """The pool does not roll back on return (a round trip per write saved): every use ends its own."""
+    sink = target.sink()
+    try:
+        sink.check()
+        sink.write([ins(USERS, id=1, name="a", score=1)])  # creates the table on a second connection
+        with pytest.raises(SinkError):
+            sink.write([ins(USERS, id=None, name="a", score=1)])
+        sink.write([ins(USERS, id=2, name="b", score=2)])
+        if target.kind == "postgresql":
+            states = target.server.execute(
+                "SELECT state FROM pg_stat_activity WHERE datname = %s AND application_name LIKE 'tidewater-sink-%%'",
+                params=(target.db,)) or []
+            assert states and all(s == "idle" for (s,) in states), states
+        else:
+            trx = target.server.execute(
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX t JOIN information_schema.PROCESSLIST p "
+                "ON p.ID = t.trx_mysql_thread_id WHERE p.DB = %s", params=(target.db,))
+            assert trx == [(0,)]
+    finally:
+        sink.close()

@@ -337,3 +337,16 @@ def test_a_failed_multi_table_write_leaves_nothing(tmp_path: Path) -> None:
         assert read(db, "a") == [(1, "x", 0)] and read(db, "b") == [(1, "x", 0)]
     finally:
         sink.close()
+
+
+# ---- connections ------------------------------------------------------------------------------------
+def test_pymysql_connections_share_one_default_tls_context() -> None:
+    from sinks.sql.sink import _pymysql_connection_class
+
+    cls = _pymysql_connection_class()
+    a = cls(host="127.0.0.1", port=1, defer_connect=True)
+    b = cls(host="127.0.0.1", port=1, defer_connect=True)
+    assert a.ssl and not a._ssl_required  # still opportunistic TLS, as PyMySQL's default
+    assert a.ctx is b.ctx
+    explicit = cls(host="127.0.0.1", port=1, defer_connect=True, ssl_verify_cert=True)
+    assert explicit._ssl_required and explicit.ctx is not a.ctx
