@@ -79,6 +79,12 @@ class ServerConfig:
 
     Timing invariant (Patroni-style, checked at load): ``owner_tick + 2 * etcd_timeout < session_ttl``
     so that a healthy capture always renews its lease before it expires.
+
+    Checkpoint cadence (docs/architecture.md, "Checkpoint cadence"): a span whose checkpoint Ts moves is
+    reported at most every ``checkpoint_min_interval``; one whose checkpoint Ts does not move (only its
+    time or resolved Ts) every ``checkpoint_interval``; all due spans of a capture share one etcd
+    transaction. The owner aggregates the changefeed checkpoint when span statuses change, at most every
+    ``owner_flush_interval``, besides its full ``owner_tick`` cycle.
     """
 
     etcd: tuple[str, ...] = ("http://127.0.0.1:2379",)
@@ -90,7 +96,9 @@ class ServerConfig:
     session_ttl: int = 10
     owner_tick: float = 0.5
     etcd_timeout: float = 3.0
-    checkpoint_interval: float = 1.0
+    checkpoint_interval: float = 1.0  # span status writes while its checkpoint Ts stands still (idle)
+    checkpoint_min_interval: float = 0.2  # span status writes while its checkpoint Ts moves (busy)
+    owner_flush_interval: float = 0.1  # owner: changefeed checkpoint aggregation after span status changes
     sorter_disk_quota: int = 0  # bytes; 0 = unlimited
     gc_ttl: float = 86400.0  # a changefeed stopped/failed longer than this releases its slots
     error_backoff_min: float = 10.0  # retry of a failed span: exponential from this ...
@@ -106,6 +114,12 @@ class ServerConfig:
             raise InvalidConfig(
                 f"owner-tick ({self.owner_tick}s) + 2 * etcd-timeout ({self.etcd_timeout}s) must be less than "
                 f"session-ttl ({self.session_ttl}s)")
+        if not 0 < self.checkpoint_min_interval <= self.checkpoint_interval:
+            raise InvalidConfig(
+                f"checkpoint-min-interval ({self.checkpoint_min_interval}s) must be > 0 and <= checkpoint-interval "
+                f"({self.checkpoint_interval}s)")
+        if self.owner_flush_interval <= 0 or self.owner_tick <= 0:
+            raise InvalidConfig("owner-tick and owner-flush-interval must be > 0")
         if self.error_backoff_min <= 0 or self.error_backoff_max < self.error_backoff_min:
             raise InvalidConfig("error-backoff-min must be > 0 and <= error-backoff-max")
         if ":" not in self.addr:

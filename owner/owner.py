@@ -2,7 +2,9 @@
 
 A cycle is one sentence (Patroni): read one snapshot of the cluster, ``reconcile`` it into patches,
 commit each patch as an etcd transaction fenced by the election key, and log one line when something
-changed. A deposed owner's writes fail their fence (``NotOwner``) and it steps down.
+changed. A deposed owner's writes fail their fence (``NotOwner``) and it steps down. Between two
+cycles (``owner-tick``) the changefeed checkpoints are re-aggregated as soon as span statuses change
+(``cdc.meta.status_feed`` watch), at most every ``owner-flush-interval``.
 
 Guarantees: every owner write carries ``election.fence()``; the loop never blocks on the upstream for
 longer than one slot drop; it never calls a processor (they talk through etcd only).
@@ -16,11 +18,23 @@ import time
 from collections.abc import Callable
 
 from cdc.config import ServerConfig
-from cdc.errors import MetaStoreError, NotOwner, TidewaterError
+from cdc.errors import ChangefeedNotFound, MetaStoreError, NotOwner, TidewaterError
 from cdc.meta.election import Election
+from cdc.meta.keys import KeyKind
+from cdc.meta.status_feed import StatusFeed
 from cdc.meta.store import ClusterSnapshot, MetaStore
 from cdc.model import ChangefeedInfo, FeedState
-from owner.reconcile import Action, Assign, DropChangefeed, PutStatus, Unassign, UpdateInfo, reconcile
+from owner.reconcile import (
+    Action,
+    Assign,
+    DropChangefeed,
+    FlushPacer,
+    PutStatus,
+    Unassign,
+    UpdateInfo,
+    checkpoint_actions,
+    reconcile,
+)
 from owner.upstream_watch import (
     FailSlotLost,
     ReleaseAfterGcTtl,
@@ -33,6 +47,10 @@ from upstream.postgres import admin
 from upstream.postgres.conn import connect
 
 log = logging.getLogger(__name__)
+
+# Changes that wake the owner between ticks: span statuses (checkpoint aggregation only); changefeed
+# infos (API create/pause/resume/update/remove) and captures (join, leave, drain) run the full cycle early.
+_OWNER_WAKE = frozenset({KeyKind.SPAN_STATUS, KeyKind.CHANGEFEED_INFO, KeyKind.CAPTURE})
 
 
 class Owner:
@@ -47,6 +65,7 @@ class Owner:
         self.is_owner = False
         self.watcher = UpstreamWatcher(interval=config.upstream_check_interval, gc_ttl=config.gc_ttl)
         self._snapshot: ClusterSnapshot | None = None
+        self._feed: StatusFeed | None = None
         self._warned: dict[str, str] = {}
         self._resign = threading.Event()
 
@@ -98,33 +117,81 @@ class Owner:
         return [e.value for e in snap.changefeeds.values()] if snap is not None else []
 
     def _lead_loop(self, stop: threading.Event) -> None:
+        """Full cycle every ``owner-tick``; between cycles, checkpoint aggregation as soon as span
+        statuses change (``StatusFeed`` watch), at most every ``owner-flush-interval``."""
         last_line = ""
-        while not stop.is_set():
-            if self._resign.is_set():
-                log.info("capture=%s resigning ownership on request", self.capture_id)
-                return
-            if not self._session_alive():
-                log.warning("capture=%s owner session lost; stepping down", self.capture_id)
-                return
+        feed = self._feed = StatusFeed(self.store, _OWNER_WAKE)
+        pacer = FlushPacer(self.config.owner_flush_interval)
+        next_cycle = last_cycle = 0.0
+        snap: ClusterSnapshot | None = None
+        try:
+            while not stop.is_set():
+                if self._resign.is_set():
+                    log.info("capture=%s resigning ownership on request", self.capture_id)
+                    return
+                if not self._session_alive():
+                    log.warning("capture=%s owner session lost; stepping down", self.capture_id)
+                    return
+                try:
+                    mono = time.monotonic()
+                    if mono >= next_cycle or snap is None:
+                        next_cycle = mono + self.config.owner_tick
+                        last_cycle = mono
+                        snap = self._snapshot = self.store.snapshot()
+                        last_line = self._cycle(snap, last_line)
+                        pacer.done(mono)
+                        feed.follow(snap)
+                    elif pacer.due(mono):
+                        pacer.done(mono)
+                        self._flush_checkpoints(feed, snap)
+                except NotOwner:
+                    log.warning("capture=%s lost ownership (fenced write refused); stepping down", self.capture_id)
+                    return
+                except MetaStoreError as exc:
+                    log.warning("owner capture=%s: etcd unavailable: %s", self.capture_id, exc)
+                except ChangefeedNotFound as exc:  # removed between the snapshot and the write
+                    log.info("owner capture=%s: %s; re-reading", self.capture_id, exc)
+                    next_cycle = min(next_cycle, time.monotonic() + self.config.owner_flush_interval)
+                mono = time.monotonic()
+                timeout = max(0.0, next_cycle - mono)
+                delay = pacer.delay(mono)
+                if delay is not None:
+                    stop.wait(min(timeout, delay))
+                else:
+                    kinds = feed.wait(timeout)
+                    if kinds - {KeyKind.SPAN_STATUS}:
+                        # a changefeed was created/paused/resumed/..., or a capture came or went: cycle
+                        # early (the span statuses are covered by the cycle too)
+                        next_cycle = min(next_cycle, last_cycle + self.config.owner_flush_interval)
+                    elif kinds:
+                        pacer.notify()
+        finally:
+            self._feed = None
+            feed.close()
+
+    def _cycle(self, snap: ClusterSnapshot, last_line: str) -> str:
+        now = self._clock()
+        self.watcher.retain(snap.changefeeds)
+        retained = {r.changefeed: {str(k): v for k, v in r.retained_bytes().items() if v is not None}
+                    for r in self.watcher.reports() if not r.error}
+        actions = reconcile(snap, now, stuck_duration=self.config.error_stuck_duration, retained=retained)
+        actions += self._upstream_actions(snap, now)
+        done = [self._apply(a) for a in actions]
+        line = "; ".join(d for d in done if d)
+        if line and line != last_line:
+            log.info("owner capture=%s: %s", self.capture_id, line)
+        return line
+
+    def _flush_checkpoints(self, feed: StatusFeed, snap: ClusterSnapshot) -> None:
+        """Aggregate changefeed checkpoints from the last snapshot plus the span statuses written since
+        (fenced writes, never backwards: ``checkpoint_actions`` keeps the newest stored status as floor)."""
+        if feed.broken:
+            return
+        for action in checkpoint_actions(feed.overlay(snap), self._clock()):
             try:
-                snap = self._snapshot = self.store.snapshot()
-                now = self._clock()
-                self.watcher.retain(snap.changefeeds)
-                retained = {r.changefeed: {str(k): v for k, v in r.retained_bytes().items() if v is not None}
-                            for r in self.watcher.reports() if not r.error}
-                actions = reconcile(snap, now, stuck_duration=self.config.error_stuck_duration, retained=retained)
-                actions += self._upstream_actions(snap, now)
-                done = [self._apply(a) for a in actions]
-                line = "; ".join(d for d in done if d)
-                if line and line != last_line:
-                    log.info("owner capture=%s: %s", self.capture_id, line)
-                last_line = line
-            except NotOwner:
-                log.warning("capture=%s lost ownership (fenced write refused); stepping down", self.capture_id)
-                return
-            except MetaStoreError as exc:
-                log.warning("owner capture=%s: etcd unavailable: %s", self.capture_id, exc)
-            stop.wait(self.config.owner_tick)
+                self._apply(action)
+            except ChangefeedNotFound:
+                pass  # removed since the snapshot; the next full cycle sees it
 
     def _upstream_actions(self, snap: ClusterSnapshot, now: float) -> list[Action]:
         """Turn the upstream watcher's findings into state changes: a lost slot fails the changefeed
@@ -164,7 +231,9 @@ class Owner:
             s.delete_assignment(action.cf, action.span, fence)
             return f"span {action.cf}/{action.span} unassigned"
         if isinstance(action, PutStatus):
-            s.put_status(action.cf, action.status, fence)
+            revision = s.put_status(action.cf, action.status, fence)
+            if self._feed is not None:
+                self._feed.note_status(action.cf, action.status, revision)
             return ""
         if isinstance(action, UpdateInfo):
             if s.update_changefeed(action.info, action.expected_mod, fence):

@@ -118,6 +118,52 @@ def reconcile(snap: ClusterSnapshot, now: float, *, stuck_duration: float = 1800
     return actions
 
 
+def checkpoint_actions(snap: ClusterSnapshot, now: float) -> list[PutStatus]:
+    """Only the checkpoint part of :func:`reconcile`: the new global watermarks of every running
+    changefeed whose span statuses moved them (same rule: minimum over spans, never backwards).
+    For the owner's prompt aggregation between two full cycles."""
+    actions: list[PutStatus] = []
+    for cf_id in sorted(snap.changefeeds):
+        info = snap.changefeeds[cf_id].value
+        if not info.state.runs:
+            continue
+        old = snap.statuses.get(cf_id) or ChangefeedStatus()
+        status = global_watermarks(info, snap.span_statuses.get(cf_id, {}), old, now)
+        if status != old:
+            actions.append(PutStatus(cf_id, status))
+    return actions
+
+
+class FlushPacer:
+    """When the owner aggregates checkpoints between its full cycles: as soon as a span status changed
+    (``notify``), but never sooner than ``min_interval`` after the previous aggregation, so a cluster
+    with many spans reporting at different moments costs at most ``1 / min_interval`` aggregations (and
+    status writes per changefeed) per second. Pure: the caller passes its monotonic clock."""
+
+    def __init__(self, min_interval: float) -> None:
+        self.min_interval = min_interval
+        self.pending = False
+        self._last = float("-inf")
+
+    def notify(self) -> None:
+        """A span status changed since the last aggregation."""
+        self.pending = True
+
+    def done(self, now: float) -> None:
+        """An aggregation ran at ``now`` (the full cycle counts too: it covers every change before it)."""
+        self.pending = False
+        self._last = now
+
+    def due(self, now: float) -> bool:
+        return self.pending and now >= self._last + self.min_interval
+
+    def delay(self, now: float) -> float | None:
+        """Seconds until the pending aggregation is due; None when nothing is pending."""
+        if not self.pending:
+            return None
+        return max(0.0, self._last + self.min_interval - now)
+
+
 def _stopped(a: SpanAssignment, st: SpanStatus | None) -> bool:
     """The holder confirmed that it stopped the span for this very assignment."""
     return st is not None and st.capture_id == a.capture_id and st.epoch == a.epoch and not st.running

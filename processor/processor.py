@@ -1,8 +1,11 @@
 """The processor of one capture: runs the spans the owner assigned to this capture.
 
-Each tick reads one etcd snapshot, starts the span runners newly assigned here, stops those no longer
-assigned (or reassigned with a new epoch), restarts failed ones with exponential backoff, and reports
-every running span's resolved and checkpoint watermarks as a ``SpanStatus``.
+Each tick (``owner-tick``) reads one etcd snapshot, starts the span runners newly assigned here, stops
+those no longer assigned (or reassigned with a new epoch) and restarts failed ones with exponential
+backoff. Between ticks a report pass (every ``checkpoint-min-interval / 4``) stores every running span's
+resolved and checkpoint watermarks as a ``SpanStatus`` when ``report_due`` says so: a moving checkpoint
+at most every ``checkpoint-min-interval``, an idle one every ``checkpoint-interval``; all due spans of
+the capture go into one etcd transaction (``MetaStore.put_span_statuses``).
 
 Guarantees:
 - Fencing: every ``SpanStatus`` write is an etcd transaction conditioned on this capture's key still
@@ -25,7 +28,9 @@ from dataclasses import dataclass, replace
 from cdc.config import ChangefeedConfig, ServerConfig
 from cdc.errors import LeaseLost, MetaStoreError, TidewaterError
 from cdc.filter import TableFilter
-from cdc.meta.store import ClusterSnapshot, MetaStore
+from cdc.meta.keys import KeyKind
+from cdc.meta.status_feed import StatusFeed
+from cdc.meta.store import ClusterSnapshot, MetaStore, SpanStatusWrite
 from cdc.model import ChangefeedInfo, RunningError, SpanAssignment, SpanInfo, SpanStatus
 from cdc.ts import Watermark
 from processor.puller import Puller
@@ -65,18 +70,40 @@ class Processor:
         self._lease_deadline = lease_deadline
         self._clock = clock
         self._slots: dict[tuple[str, int], _Slot] = {}
+        self._last_batch = float("-inf")  # clock time of the last report batch
+        self._etcd_ok = False  # report passes between ticks only while etcd answers (no retry storm)
 
     # ---- loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
+        """Full tick (etcd snapshot, start/stop spans) every ``owner-tick``; in between, a report pass
+        every ``checkpoint-min-interval / 4`` stores the statuses that are due (see ``report_due``)."""
         log.info("processor started capture=%s", self.capture_id)
-        while not stop.is_set():
-            try:
-                self.tick(self.store.snapshot())
-            except MetaStoreError as exc:
-                log.warning("processor capture=%s: etcd unavailable: %s", self.capture_id, exc)
-            except Exception:  # noqa: BLE001 - keep the loop alive, the error is logged
-                log.exception("processor capture=%s tick failed", self.capture_id)
-            stop.wait(self.config.owner_tick)
+        poll = self.config.checkpoint_min_interval / 4
+        # assignment changes (a span given to or taken from this capture) run the next tick early
+        feed = StatusFeed(self.store, frozenset({KeyKind.SPAN_ASSIGNMENT}))
+        next_tick = last_tick = 0.0
+        try:
+            while not stop.is_set():
+                mono = time.monotonic()
+                try:
+                    if mono >= next_tick:
+                        next_tick = mono + self.config.owner_tick
+                        last_tick = mono
+                        self._etcd_ok = False
+                        snap = self.store.snapshot()
+                        self.tick(snap)
+                        self._etcd_ok = True
+                        feed.follow(snap)
+                    elif self._etcd_ok and not self.report(stop_fenced=False):
+                        next_tick = mono  # a guard failed: re-read the assignments now, the tick decides
+                except MetaStoreError as exc:
+                    log.warning("processor capture=%s: etcd unavailable: %s", self.capture_id, exc)
+                except Exception:  # noqa: BLE001 - keep the loop alive, the error is logged
+                    log.exception("processor capture=%s tick failed", self.capture_id)
+                if feed.wait(max(0.0, min(poll, next_tick - time.monotonic()))):
+                    next_tick = min(next_tick, last_tick + 2 * poll)
+        finally:
+            feed.close()
         self.close()
 
     def close(self) -> None:
@@ -85,7 +112,7 @@ class Processor:
             slot = self._slots.pop(key)
             if slot.runner is not None:
                 slot.runner.stop()
-                self._report(slot, force=True)
+                self._report(slot)
         log.info("processor stopped capture=%s", self.capture_id)
 
     def running_spans(self) -> list[tuple[str, int]]:
@@ -128,7 +155,7 @@ class Processor:
                 slot.restart_at = now + delay
                 slot.error = _running_error(exc, self.capture_id, key[1], now)
                 log.warning("span=%s/%d failed (%s); restarting in %.0fs", key[0], key[1], slot.error.message, delay)
-                self._report(slot, force=True)
+                self._report(slot)
             if slot.runner is None and now >= slot.restart_at:
                 try:
                     slot.runner = self._start(info, key[1], snap.span_statuses.get(key[0], {}).get(key[1]))
@@ -136,12 +163,42 @@ class Processor:
                     slot.failures += 1
                     slot.restart_at = now + self._backoff(slot.failures)
                     slot.error = _running_error(exc, self.capture_id, key[1], now)
-                    self._report(slot, force=True)
-            if slot.runner is not None:
-                if slot.error is not None and slot.runner.checkpoint.ts > (slot.reported.checkpoint_ts if slot.reported else 0):
-                    slot.error = None  # progress after a restart: the error is over
-                    slot.failures = 0
-                self._report(slot)
+                    self._report(slot)
+            if slot.runner is not None and slot.error is not None and slot.runner.checkpoint.ts > (
+                    slot.reported.checkpoint_ts if slot.reported else 0):
+                slot.error = None  # progress after a restart: the error is over
+                slot.failures = 0
+        self.report()
+
+    def report(self, stop_fenced: bool = True) -> bool:
+        """Store the status of every running span for which it is due (``report_due``), all of them in
+        as few etcd transactions as possible (``MetaStore.put_span_statuses``), at most one batch per
+        ``checkpoint-min-interval`` (a first report or a ``running``/``error`` change is not delayed). False if a write was
+        refused by its guard (the span was moved or paused, or the lease is gone): with ``stop_fenced``
+        that span is stopped at once, otherwise the caller re-reads the assignments first."""
+        now = self._clock()
+        due: list[tuple[_Slot, SpanStatus]] = []
+        moving: list[tuple[_Slot, SpanStatus]] = []
+        for slot in self._slots.values():
+            if slot.runner is None or slot.runner.stopped:
+                continue
+            status = self._status(slot, now)
+            if report_due(slot.reported, status, now - slot.last_report,
+                          min_interval=self.config.checkpoint_min_interval,
+                          idle_interval=self.config.checkpoint_interval):
+                due.append((slot, status))
+            elif slot.reported is not None and status.checkpoint_ts > slot.reported.checkpoint_ts:
+                moving.append((slot, status))
+        if not due:
+            return True
+        urgent = any(slot.reported is None or (slot.reported.running, slot.reported.error) != (st.running, st.error)
+                     for slot, st in due)
+        if not urgent and now - self._last_batch < self.config.checkpoint_min_interval:
+            return True  # one batch per checkpoint-min-interval per capture, however many spans are due
+        self._last_batch = now
+        # busy spans ride along with the ones due, so that they keep sharing one cadence
+        due += moving
+        return all(r is not False for r in self._store(due, now, stop_fenced))
 
     def _backoff(self, failures: int) -> float:
         return min(self.config.error_backoff_max, self.config.error_backoff_min * 2 ** (failures - 1))
@@ -160,7 +217,7 @@ class Processor:
             slot.assignment = assignment
             slot.stop_confirmed = False
         if not slot.stop_confirmed:
-            slot.stop_confirmed = self._report(slot, force=True)
+            slot.stop_confirmed = self._report(slot)
         if slot.stop_confirmed:
             slot.runner = None
 
@@ -189,9 +246,9 @@ class Processor:
         if self._lease_deadline is not None and time.monotonic() >= self._lease_deadline() - 1.0:
             raise LeaseLost(f"capture {self.capture_id}: etcd lease may have expired; not committing downstream")
 
-    def _report(self, slot: _Slot, force: bool = False) -> bool:
+    def _status(self, slot: _Slot, now: float) -> SpanStatus:
+        """The span's status as it would be stored now; its checkpoint never below the stored one."""
         runner = slot.runner
-        now = self._clock()
         prev = slot.reported
         if runner is not None:
             status = SpanStatus(
@@ -205,30 +262,63 @@ class Processor:
         else:
             status = SpanStatus(capture_id=self.capture_id, epoch=slot.assignment.epoch, error=slot.error,
                                 updated=now)
-        if prev is not None and not force:
-            unchanged = (prev.checkpoint_ts, prev.checkpoint_time, prev.resolved_ts, prev.error, prev.running) == (
-                status.checkpoint_ts, status.checkpoint_time, status.resolved_ts, status.error, status.running)
-            if (unchanged or now - slot.last_report < self.config.checkpoint_interval) and now - slot.last_report < 10:
-                return True
         if prev is not None and status.checkpoint_ts < prev.checkpoint_ts:
             status = replace(status, checkpoint_ts=prev.checkpoint_ts, checkpoint_time=prev.checkpoint_time)
+        return status
+
+    def _report(self, slot: _Slot) -> bool:
+        """Store the span's status now (state changes: failure, stop, final checkpoint)."""
+        now = self._clock()
+        return self._store([(slot, self._status(slot, now))], now)[0] is True
+
+    def _store(self, due: list[tuple[_Slot, SpanStatus]], now: float,
+               stop_fenced: bool = True) -> list[bool | None]:
+        """Store the statuses; per span True (stored), False (its guard failed) or None (etcd error)."""
+        if not due:
+            return []
         try:
-            guard = self.store.processor_guard(slot.cf, slot.span, slot.assignment, self._lease())
-            ok = self.store.put_span_status(slot.cf, slot.span, status, guard)
+            guards = [self.store.processor_guard(slot.cf, slot.span, slot.assignment, self._lease())
+                      for slot, _ in due]
+            results = self.store.put_span_statuses(
+                [SpanStatusWrite(slot.cf, slot.span, status, guard) for (slot, status), guard in zip(due, guards, strict=True)])
         except MetaStoreError as exc:
-            log.warning("span=%s/%d status not stored: %s", slot.cf, slot.span, exc)
-            return False
-        if not ok:
-            if runner is not None and not runner.stopped:
-                log.warning("span=%s/%d status write fenced off (lease or assignment changed); stopping it",
-                            slot.cf, slot.span)
-                runner.stop()
-            return False
-        slot.reported = status
-        slot.last_report = now
-        if runner is not None:
-            runner.persisted(status.checkpoint_ts)
+            log.warning("capture=%s: %d span status(es) not stored: %s", self.capture_id, len(due), exc)
+            self._etcd_ok = False  # no more report passes until a tick succeeds
+            return [None] * len(due)
+        for (slot, status), ok in zip(due, results, strict=True):
+            runner = slot.runner
+            if not ok:
+                if stop_fenced and runner is not None and not runner.stopped:
+                    log.warning("span=%s/%d status write fenced off (lease or assignment changed); stopping it",
+                                slot.cf, slot.span)
+                    runner.stop()
+                continue
+            slot.reported = status
+            slot.last_report = now
+            if runner is not None:
+                runner.persisted(status.checkpoint_ts)
+        return list(results)
+
+
+def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, min_interval: float,
+               idle_interval: float, heartbeat: float = 10.0) -> bool:
+    """Whether a span's ``status`` should be stored, ``elapsed`` seconds after ``prev`` was.
+
+    - never stored, ``running`` or ``error`` changed: now;
+    - checkpoint Ts moved (busy span): once ``min_interval`` has passed since the last write, so the
+      stored checkpoint trails the span by at most about ``min_interval``;
+    - only the checkpoint time or the resolved Ts moved (idle span, keepalives): every ``idle_interval``;
+    - nothing moved: every ``heartbeat`` (its ``updated`` time shows that the processor is alive).
+    """
+    if prev is None or elapsed >= heartbeat:
         return True
+    if (prev.running, prev.error) != (status.running, status.error):
+        return True
+    if status.checkpoint_ts > prev.checkpoint_ts:
+        return elapsed >= min_interval
+    if (status.checkpoint_time, status.resolved_ts) != (prev.checkpoint_time, prev.resolved_ts):
+        return elapsed >= idle_interval
+    return False
 
 
 def _span_info(info: ChangefeedInfo, index: int) -> SpanInfo:

@@ -41,6 +41,21 @@ class Versioned(Generic[T]):
 
 
 @dataclass(frozen=True)
+class SpanStatusWrite:
+    """One span status to store under its processor guard (see :meth:`MetaStore.put_span_statuses`)."""
+
+    cf: str
+    span: int
+    status: SpanStatus
+    guard: Sequence[Compare] = ()
+
+
+# Span statuses per etcd transaction: each adds one put and at most one distinct compare (the assignment);
+# etcd's default --max-txn-ops is 128 for puts and compares alike.
+SPAN_STATUSES_PER_TXN = 64
+
+
+@dataclass(frozen=True)
 class OwnerCandidate:
     lease: int
     capture_id: str  # the election value
@@ -92,11 +107,18 @@ class MetaStore:
                 ops: Sequence[Op]) -> bool:
         """Commit ``ops`` if ``fence`` and ``compares`` hold. False if only ``compares`` failed;
         ``NotOwner`` if the fence failed (a fence that failed once never holds again)."""
-        if self.client.txn([*fence, *compares], ops):
-            return True
+        return self._fenced_commit(what, fence, compares, ops) > 0
+
+    def _fenced_commit(self, what: str, fence: Sequence[Compare], compares: Sequence[Compare],
+                       ops: Sequence[Op]) -> int:
+        """Like :meth:`_fenced`; returns the etcd revision of the committed transaction, 0 if only
+        ``compares`` failed."""
+        res = self.client.commit([*fence, *compares], ops)
+        if res.succeeded:
+            return res.revision
         if fence and not self.client.txn(fence, []):
             raise NotOwner(f"{what}: this capture is no longer the owner")
-        return False
+        return 0
 
     # ---- captures
     def register_capture(self, info: CaptureInfo, lease: int) -> None:
@@ -188,13 +210,15 @@ class MetaStore:
         kv = self.client.get(keys.changefeed_status_key(self.cluster_id, cf))
         return None if kv is None else Versioned(_decode(ChangefeedStatus, kv), kv.mod_revision)
 
-    def put_status(self, cf: str, status: ChangefeedStatus, fence: Sequence[Compare] = ()) -> None:
-        """Write the global status. ``ChangefeedNotFound`` if the changefeed is gone (never resurrects
-        keys of a removed changefeed); ``NotOwner`` if ``fence`` fails."""
+    def put_status(self, cf: str, status: ChangefeedStatus, fence: Sequence[Compare] = ()) -> int:
+        """Write the global status; returns the etcd revision of the write. ``ChangefeedNotFound`` if the
+        changefeed is gone (never resurrects keys of a removed changefeed); ``NotOwner`` if ``fence`` fails."""
         info_key = keys.changefeed_info_key(self.cluster_id, cf)
-        if not self._fenced(f"put status of {cf}", fence, [Compare.exists(info_key)],
-                            [Op.put(keys.changefeed_status_key(self.cluster_id, cf), serde.to_json(status))]):
+        revision = self._fenced_commit(f"put status of {cf}", fence, [Compare.exists(info_key)],
+                                       [Op.put(keys.changefeed_status_key(self.cluster_id, cf), serde.to_json(status))])
+        if not revision:
             raise ChangefeedNotFound(f"changefeed {cf} does not exist")
+        return revision
 
     # ---- span assignments (owner)
     def put_assignment(self, cf: str, span: int, assignment: SpanAssignment,
@@ -235,6 +259,27 @@ class MetaStore:
         The key is not leased: a span's checkpoint survives its capture. False if ``expected`` failed."""
         return self.client.txn(list(expected),
                                [Op.put(keys.span_status_key(self.cluster_id, cf, span), serde.to_json(status))])
+
+    def put_span_statuses(self, writes: Sequence[SpanStatusWrite]) -> list[bool]:
+        """Write several span statuses, each only if its own guard holds; returns one flag per write.
+
+        Coalesced: up to ``SPAN_STATUSES_PER_TXN`` writes go into one etcd transaction with the union of
+        their guards (identical compares, e.g. the capture's lease, appear once). When that transaction's
+        compares fail, its writes are retried one transaction each, so a write whose guard holds is
+        still stored and the flags say exactly which guards failed. Writes to one span must not repeat
+        within a call (etcd refuses a transaction that puts one key twice). Not atomic across writes."""
+        out: list[bool] = []
+        for i in range(0, len(writes), SPAN_STATUSES_PER_TXN):
+            chunk = writes[i:i + SPAN_STATUSES_PER_TXN]
+            if len(chunk) > 1:
+                compares = list(dict.fromkeys(c for w in chunk for c in w.guard))
+                ops = [Op.put(keys.span_status_key(self.cluster_id, w.cf, w.span), serde.to_json(w.status))
+                       for w in chunk]
+                if self.client.txn(compares, ops):
+                    out.extend(True for _ in chunk)
+                    continue
+            out.extend(self.put_span_status(w.cf, w.span, w.status, w.guard) for w in chunk)
+        return out
 
     # ---- whole cluster
     def snapshot(self) -> ClusterSnapshot:

@@ -1,0 +1,85 @@
+"""The owner's prompt checkpoint aggregation: checkpoint_actions (pure) and FlushPacer (injected clock)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cdc.meta.store import ClusterSnapshot, Versioned
+from cdc.model import ChangefeedInfo, ChangefeedStatus, FeedState, SpanInfo, SpanStatus
+from owner.reconcile import FlushPacer, PutStatus, checkpoint_actions, reconcile
+
+pytestmark = pytest.mark.unit
+
+NOW = 5000.0
+
+
+def info(state: FeedState = FeedState.NORMAL, spans: int = 2) -> ChangefeedInfo:
+    return ChangefeedInfo(id="cf", upstream_uri="postgresql://u@h/db", sink_uri="blackhole://", config={},
+                          start_ts=100, start_time=1.0, create_time=1.0,
+                          spans=tuple(SpanInfo(i, f"s{i}", f"p{i}", 100) for i in range(spans)), state=state)
+
+
+def snap(i: ChangefeedInfo, cks: dict[int, int], old: ChangefeedStatus | None = None) -> ClusterSnapshot:
+    s = ClusterSnapshot(revision=3, changefeeds={"cf": Versioned(i, 1)})
+    s.span_statuses = {"cf": {k: SpanStatus("a", 1, v, float(v), v + 5, float(v + 5), True) for k, v in cks.items()}}
+    if old is not None:
+        s.statuses = {"cf": old}
+    return s
+
+
+def test_global_checkpoint_is_the_minimum_over_spans() -> None:
+    (a,) = checkpoint_actions(snap(info(), {0: 300, 1: 250}, ChangefeedStatus(200, 200.0)), NOW)
+    assert a == PutStatus("cf", ChangefeedStatus(250, 250.0, 255, 255.0, NOW))
+
+
+def test_same_result_as_the_full_reconcile() -> None:
+    s = snap(info(), {0: 300, 1: 250}, ChangefeedStatus(200, 200.0, retained_wal={"0": 5}))
+    full = [a for a in reconcile(s, NOW) if isinstance(a, PutStatus)]
+    assert checkpoint_actions(s, NOW) == full
+    assert full[0].status.retained_wal == {"0": 5}, "the owner's other status fields are kept"
+
+
+def test_never_backwards_and_nothing_when_unchanged() -> None:
+    old = ChangefeedStatus(400, 400.0, 405, 405.0, NOW - 1)
+    assert checkpoint_actions(snap(info(), {0: 300, 1: 350}, old), NOW) == []
+    assert checkpoint_actions(snap(info(), {0: 400, 1: 400}, ChangefeedStatus(400, 400.0, 405, 405.0)), NOW) == []
+
+
+def test_waits_for_every_span_and_skips_stopped_changefeeds() -> None:
+    assert checkpoint_actions(snap(info(), {0: 300}, ChangefeedStatus(200, 200.0)), NOW) == []
+    assert checkpoint_actions(snap(info(FeedState.STOPPED), {0: 300, 1: 300}, ChangefeedStatus(200, 200.0)),
+                              NOW) == []
+
+
+def test_pacer_fires_at_once_then_at_most_every_min_interval() -> None:
+    p = FlushPacer(0.1)
+    assert not p.due(10.0) and p.delay(10.0) is None, "nothing pending"
+    p.notify()
+    assert p.due(10.0) and p.delay(10.0) == 0.0, "the first change aggregates at once"
+    p.done(10.0)
+    p.notify()
+    assert not p.due(10.04)
+    assert p.delay(10.04) == pytest.approx(0.06)
+    assert p.due(10.1)
+    p.done(10.1)
+    assert not p.due(11.0), "no change, no aggregation"
+
+
+def test_pacer_bounds_aggregations_under_a_storm_of_changes() -> None:
+    p = FlushPacer(0.1)
+    fired = 0
+    t = 0.0
+    while t < 2.0:  # a span status change every 10 ms for 2 s
+        p.notify()
+        if p.due(t):
+            p.done(t)
+            fired += 1
+        t += 0.01
+    assert 19 <= fired <= 21
+
+
+def test_full_cycle_resets_the_pacer() -> None:
+    p = FlushPacer(0.1)
+    p.notify()
+    p.done(5.0)  # the full cycle covered the change
+    assert not p.due(5.0) and p.delay(5.0) is None

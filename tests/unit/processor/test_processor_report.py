@@ -1,0 +1,218 @@
+"""The processor's status cadence (processor.processor.report_due / Processor.report) with an injected
+clock, fake span runners and a recording meta-store: busy spans at most every checkpoint-min-interval,
+idle spans every checkpoint-interval, all due spans of a capture in one batch, never backwards."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import pytest
+
+from cdc.config import ServerConfig
+from cdc.meta.etcd import Compare
+from cdc.meta.store import ClusterSnapshot, SpanStatusWrite, Versioned
+from cdc.model import ChangefeedInfo, SpanAssignment, SpanInfo, SpanStatus
+from cdc.ts import Watermark
+from processor.processor import Processor, _Slot, report_due
+
+pytestmark = pytest.mark.unit
+
+MIN, IDLE = 0.2, 1.0
+
+
+def st(ck: int, ck_time: float | None = None, rs: int | None = None, running: bool = True) -> SpanStatus:
+    return SpanStatus("cap", 1, ck, float(ck) if ck_time is None else ck_time, ck if rs is None else rs,
+                      0.0, running)
+
+
+def due(prev: SpanStatus | None, cur: SpanStatus, elapsed: float) -> bool:
+    return report_due(prev, cur, elapsed, min_interval=MIN, idle_interval=IDLE)
+
+
+def test_first_report_and_state_changes_are_immediate() -> None:
+    assert due(None, st(5), 0.0)
+    assert due(st(5), st(5, running=False), 0.01)
+
+
+def test_moving_checkpoint_is_rate_limited_by_min_interval() -> None:
+    assert not due(st(5), st(6), MIN - 0.01)
+    assert due(st(5), st(6), MIN)
+
+
+def test_idle_span_reports_only_every_checkpoint_interval() -> None:
+    # only the checkpoint time (keepalive) or the resolved Ts moved: not at the busy cadence
+    assert not due(st(5, 5.0), st(5, 9.0), MIN * 2)
+    assert not due(st(5), st(5, rs=8), IDLE - 0.01)
+    assert due(st(5, 5.0), st(5, 9.0), IDLE)
+    assert due(st(5), st(5, rs=8), IDLE)
+
+
+def test_unchanged_span_only_heartbeats() -> None:
+    assert not due(st(5), st(5), IDLE * 5)
+    assert due(st(5), st(5), 10.0)
+
+
+# ---- Processor.report over fakes ------------------------------------------------------------------
+class FakeRunner:
+    def __init__(self, ts: int) -> None:
+        self.checkpoint = Watermark(ts, float(ts))
+        self.resolved = Watermark(ts, float(ts))
+        self.rows = 0
+        self.alive = True
+        self.stopped = False
+        self.acked: list[int] = []
+        self.failed = threading.Event()
+
+    def advance(self, ts: int, t: float | None = None) -> None:
+        self.checkpoint = self.resolved = Watermark(ts, float(ts) if t is None else t)
+
+    def persisted(self, ts: int) -> None:
+        self.acked.append(ts)
+
+    def stop(self) -> bool:
+        self.stopped = True
+        return True
+
+
+@dataclass
+class FakeStore:
+    refuse: set[tuple[str, int]] = field(default_factory=set)
+    batches: list[list[SpanStatusWrite]] = field(default_factory=list)
+    stored: dict[tuple[str, int], SpanStatus] = field(default_factory=dict)
+
+    def processor_guard(self, cf: str, span: int, assignment: SpanAssignment, lease: int = 0) -> list[Compare]:
+        return [Compare(f"a/{cf}/{span}", "mod", "=", assignment.epoch)]
+
+    def put_span_statuses(self, writes: Sequence[SpanStatusWrite]) -> list[bool]:
+        self.batches.append(list(writes))
+        out = []
+        for w in writes:
+            ok = (w.cf, w.span) not in self.refuse
+            if ok:
+                self.stored[(w.cf, w.span)] = w.status
+            out.append(ok)
+        return out
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(spans: int, clock: Clock, store: FakeStore) -> tuple[Processor, list[FakeRunner]]:
+    p = Processor(store, "cap", sorter=None, config=ServerConfig(), lease=lambda: 7, clock=clock)  # type: ignore[arg-type]
+    runners = []
+    for i in range(spans):
+        r = FakeRunner(100)
+        slot = _Slot("cf", i, SpanAssignment("cap", 1), runner=r)  # type: ignore[arg-type]
+        p._slots[("cf", i)] = slot
+        runners.append(r)
+    return p, runners
+
+
+def test_busy_spans_are_reported_together_at_min_interval() -> None:
+    clock, store = Clock(), FakeStore()
+    p, runners = make(8, clock, store)
+    assert p.report()
+    assert len(store.batches) == 1 and len(store.batches[0]) == 8, "all spans in one batch"
+    writes = 0
+    for step in range(1, 41):  # 2 s of 50 ms report passes while every checkpoint moves each pass
+        clock.now += 0.05
+        for r in runners:
+            r.advance(100 + step)
+        p.report()
+        writes = len(store.batches) - 1
+    assert 2.0 / 0.25 <= writes <= 2.0 / MIN, writes
+    assert all(len(b) == 8 for b in store.batches)
+    # the stored checkpoint trails the span by at most min-interval (+ one pass)
+    assert store.stored[("cf", 0)].checkpoint_ts >= 140 - int((MIN + 0.05) / 0.05)
+    assert runners[0].acked[-1] == store.stored[("cf", 0)].checkpoint_ts, "acked only what etcd holds"
+
+
+def test_idle_spans_write_once_per_checkpoint_interval() -> None:
+    clock, store = Clock(), FakeStore()
+    p, runners = make(3, clock, store)
+    p.report()
+    for _ in range(100):  # 5 s; keepalives move the checkpoint time only
+        clock.now += 0.05
+        for r in runners:
+            r.advance(100, clock.now)
+        p.report()
+    writes = len(store.batches) - 1
+    assert 4 <= writes <= 5, writes
+
+
+def test_only_due_spans_are_written() -> None:
+    clock, store = Clock(), FakeStore()
+    p, runners = make(2, clock, store)
+    p.report()
+    clock.now += MIN
+    runners[1].advance(200)
+    p.report()
+    assert [(w.span, w.status.checkpoint_ts) for w in store.batches[-1]] == [(1, 200)]
+
+
+def test_fenced_write_is_not_acked_and_stops_only_when_asked() -> None:
+    clock, store = Clock(), FakeStore(refuse={("cf", 1)})
+    p, runners = make(2, clock, store)
+    assert p.report(stop_fenced=False) is False
+    assert not runners[1].stopped and runners[1].acked == []
+    assert runners[0].acked == [100]
+    clock.now += MIN
+    runners[1].advance(150)
+    assert p.report(stop_fenced=True) is False
+    assert runners[1].stopped and runners[1].acked == []
+
+
+def test_reported_checkpoint_never_moves_backwards() -> None:
+    clock, store = Clock(), FakeStore()
+    p, runners = make(1, clock, store)
+    p._slots[("cf", 0)].reported = st(500)
+    p._slots[("cf", 0)].last_report = clock.now - 20
+    p.report()
+    assert store.stored[("cf", 0)].checkpoint_ts == 500
+
+
+def test_tick_reports_through_the_same_batch() -> None:
+    clock, store = Clock(), FakeStore()
+    p, runners = make(2, clock, store)
+    info = ChangefeedInfo(id="cf", upstream_uri="postgresql://u@h/db", sink_uri="blackhole://", config={},
+                          start_ts=100, start_time=0.0, create_time=0.0,
+                          spans=tuple(SpanInfo(i, f"s{i}", f"p{i}", 100) for i in range(2)))
+    snap = ClusterSnapshot(revision=1, changefeeds={"cf": Versioned(info, 1)},
+                           assignments={"cf": {0: SpanAssignment("cap", 1), 1: SpanAssignment("cap", 1)}})
+    p.tick(snap)
+    assert len(store.batches) == 1 and {w.span for w in store.batches[0]} == {0, 1}
+
+
+def test_busy_spans_share_one_cadence_even_when_their_commits_interleave() -> None:
+    clock, store = Clock(), FakeStore()
+    p, runners = make(8, clock, store)
+    p.report()
+    for step in range(1, 41):  # 2 s; each pass only one span (round robin) receives a commit
+        clock.now += 0.05
+        runners[step % 8].advance(100 + step)
+        p.report()
+    writes = len(store.batches) - 1
+    assert writes <= 2.0 / MIN, f"{writes} transactions: spans are not coalesced"
+    assert max(len(b) for b in store.batches[1:]) > 1
+
+
+def test_idle_spans_do_not_ride_along_with_busy_ones() -> None:
+    clock, store = Clock(), FakeStore()
+    p, runners = make(2, clock, store)
+    p.report()
+    idle_writes = 0
+    for step in range(1, 21):  # 1 s: span 0 busy, span 1 only keepalives
+        clock.now += 0.05
+        runners[0].advance(100 + step)
+        runners[1].advance(100, clock.now)
+        p.report()
+        idle_writes += sum(1 for w in store.batches[-1] if w.span == 1) if len(store.batches) > 1 else 0
+        store.batches.append([])  # mark the pass boundary
+    assert idle_writes <= 1
