@@ -292,19 +292,21 @@ class SQLSink(Sink):
     def _existing_table(self, conn: Connection, tschema: str | None, tname: str) -> _Table | None:
         """The table as the catalog showed it at this sink's first look at ``tschema``, or None.
 
-        Every base table of the schema is read in two catalog queries on the write connection (no second
+        Every base table of the schema is read in three catalog queries on the write connection (no second
         connection, no per-table round trips: binding 1,000 existing tables took 5-7 s through SQLAlchemy's
         per-table reflection on PostgreSQL, 1.6 s on MariaDB). Each table is handed out once; a table not
         seen then (created since, a view, a name the server folds) takes the per-table path."""
         existing = self._existing.get(tschema)
         if existing is None:
             existing = self._existing[tschema] = self._reflect_schema(conn, tschema)
+            log.info("%s has %d existing table(s)%s; they are used as they are", self._where(), len(existing),
+                     f" in schema {tschema}" if tschema else "")
         found = existing.pop(tname, None)
         if found is None:
             return None
         cols, uniques = found
         label = f"{tschema}.{tname}" if tschema else tname
-        log.info("using existing table %s in %s (%d columns)", label, self._where(), len(cols))
+        log.debug("using existing table %s in %s (%d columns)", label, self._where(), len(cols))  # 1,000s at start
         return _Table(label, tschema, tname, cols, uniques, created=False)
 
     def _reflect_schema(self, conn: Connection, tschema: str | None
@@ -313,8 +315,10 @@ class SQLSink(Sink):
         params = () if tschema is None else (tschema,)
         cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
+            cur.execute(stmts.catalog_tables(), params or None)
+            base = {r[0] for r in cur.fetchall()}
             cur.execute(stmts.catalog_columns(), params or None)
-            col_rows = cur.fetchall()
+            col_rows = [r for r in cur.fetchall() if r[0] in base]
             cur.execute(stmts.catalog_unique_keys(), params or None)
             key_rows = cur.fetchall()
         finally:

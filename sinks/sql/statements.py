@@ -141,17 +141,27 @@ class Statements:
         return f"UPDATE {self.table(t)} SET {sets} WHERE {self._one_row(t, cols, null_cols)}"
 
     # ---- catalog (every table of a schema in two queries) --------------------------------------------
-    def catalog_columns(self) -> str:
-        """Rows (table, column, nullable, type text, numeric scale or NULL) of every base table of one schema,
-        in column order. Parameter: the PostgreSQL schema; none on MySQL (the connection's database).
-        The type text is ``format_type`` on PostgreSQL (``numeric(10,2)``, ``json``) and ``DATA_TYPE`` on
-        MySQL (``decimal``, ``json``); the scale column is filled on MySQL only."""
+    def catalog_tables(self) -> str:
+        """Rows (table,) of the base tables of one schema. Parameter: the PostgreSQL schema; none on MySQL
+        (the connection's database)."""
         if self.dialect == "mysql":
-            return ("SELECT c.TABLE_NAME, c.COLUMN_NAME, c.IS_NULLABLE = 'YES', LOWER(c.DATA_TYPE), c.NUMERIC_SCALE "
-                    "FROM information_schema.COLUMNS c JOIN information_schema.TABLES t "
-                    "ON t.TABLE_SCHEMA = c.TABLE_SCHEMA AND t.TABLE_NAME = c.TABLE_NAME "
-                    "WHERE c.TABLE_SCHEMA = DATABASE() AND t.TABLE_TYPE = 'BASE TABLE' "
-                    "ORDER BY c.TABLE_NAME, c.ORDINAL_POSITION")
+            return ("SELECT TABLE_NAME FROM information_schema.TABLES "
+                    "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_TYPE = 'BASE TABLE'")
+        if self.dialect == "postgresql":
+            return ("SELECT c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+                    "ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relkind IN ('r', 'p')")
+        raise ValueError("catalog queries are for MySQL and PostgreSQL")
+
+    def catalog_columns(self) -> str:
+        """Rows (table, column, nullable, type text, numeric scale or NULL) of the tables (on MySQL: and
+        views) of one schema, in column order; parameter as for :meth:`catalog_tables`. The type text is
+        ``format_type`` on PostgreSQL (``numeric(10,2)``, ``json``) and ``DATA_TYPE`` on MySQL (``decimal``,
+        ``json``); the scale column is filled on MySQL only. (MariaDB takes ~0.4 s to join COLUMNS with
+        TABLES over 1,000 tables, 0.03 s for the two queries alone.)"""
+        if self.dialect == "mysql":
+            return ("SELECT TABLE_NAME, COLUMN_NAME, IS_NULLABLE = 'YES', LOWER(DATA_TYPE), NUMERIC_SCALE "
+                    "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
+                    "ORDER BY TABLE_NAME, ORDINAL_POSITION")
         if self.dialect == "postgresql":
             return ("SELECT c.relname, a.attname, NOT a.attnotnull, format_type(a.atttypid, a.atttypmod), NULL "
                     "FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_class c ON c.oid = a.attrelid "

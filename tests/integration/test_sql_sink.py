@@ -634,7 +634,8 @@ def test_existing_tables_read_from_the_catalog_equal_per_table_reflection(target
            f"CREATE TABLE {q('c2')} (a INTEGER NOT NULL, b VARCHAR(20) NOT NULL, c INTEGER, PRIMARY KEY (a, b), "
            "UNIQUE (c))",
            f"CREATE TABLE {q('c3')} (a INTEGER, b INTEGER)",
-           f"CREATE UNIQUE INDEX c3_ab ON {q('c3')} (b, a)"]
+           f"CREATE UNIQUE INDEX c3_ab ON {q('c3')} (b, a)",
+           f"CREATE VIEW {q('cv')} AS SELECT id, name FROM {q('c1')}"]
     if target.kind == "postgresql":
         ddl += [f"CREATE TABLE {q('c4')} (id INTEGER NOT NULL, x TEXT, jb JSONB, nn NUMERIC, arr NUMERIC(4,1)[])",
                 f"CREATE UNIQUE INDEX c4_expr ON {q('c4')} ((lower(x)))",
@@ -654,6 +655,7 @@ def test_existing_tables_read_from_the_catalog_equal_per_table_reflection(target
             assert set(fast.uniques) == set(slow.uniques)
         assert sink._existing_table(conn, tschema, "c1") is None  # handed out once: the next look is per table
         assert sink._existing_table(conn, tschema, "nope") is None
+        assert sink._existing_table(conn, tschema, "cv") is None  # a view: the per-table path decides
 
 
 def test_no_connection_is_left_inside_a_transaction(target: Target) -> None:
