@@ -26,13 +26,15 @@ class ChangefeedConfig:
     """The changefeed TOML. Keys use dashes in TOML (``span-count``) and underscores here."""
 
     span_count: int = 1
-    memory_quota: int = 256 * 1024 * 1024
+    memory_quota: int = 256 * 1024 * 1024  # bytes of change data in sorter memory, split over the spans
     filter: FilterConfig = field(default_factory=FilterConfig)
     sink: SinkConfig = field(default_factory=SinkConfig)
 
     def validate(self) -> ChangefeedConfig:
         if not 1 <= self.span_count <= 64:
             raise InvalidConfig(f"span-count must be between 1 and 64, got {self.span_count}")
+        if self.memory_quota < (1 << 20):
+            raise InvalidConfig(f"memory-quota must be at least 1 MiB (1048576 bytes), got {self.memory_quota}")
         if self.sink.batch_rows < 1 or self.sink.txn_rows < 1:
             raise InvalidConfig("sink.batch-rows and sink.txn-rows must be positive")
         if not self.filter.rules:

@@ -231,7 +231,7 @@ class Processor:
             start = Watermark(span.start_ts, info.start_time)
         label = f"{info.id}/{span_index}"
         stream = ReplicationStream(info.upstream_uri, span.slot, span.publication, start.ts, label=label)
-        sorter = self.sorter.span(label)
+        sorter = self.sorter.span(label, memory_budget=config.memory_quota // max(1, len(info.spans)))
         puller = Puller(stream, sorter, TableFilter(config.filter.rules), start,
                         lambda: connect(info.upstream_uri), label)
         runner = SpanRunner(label, puller, sorter, lambda: open_sink(info.sink_uri, config.sink), start,

@@ -99,8 +99,11 @@ class Sorter(ABC):
     """One per capture. Hands out span sorters; ``close`` releases the storage."""
 
     @abstractmethod
-    def span(self, span_key: str) -> SpanSorter:
-        """The span sorter of ``span_key`` (e.g. ``'changefeed-id/3'``); the same object for the same key."""
+    def span(self, span_key: str, memory_budget: int | None = None) -> SpanSorter:
+        """The span sorter of ``span_key`` (e.g. ``'changefeed-id/3'``); the same object for the same key.
+
+        ``memory_budget``: bytes of change data this span may hold in memory from now on (the
+        changefeed's ``memory-quota`` over its spans); None keeps the current or default budget."""
 
     @abstractmethod
     def close(self) -> None:

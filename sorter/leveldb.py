@@ -190,14 +190,16 @@ class LevelDBSorter(Sorter):
         self.db.compact_range()
 
     def span(self, span_key: str, memory_budget: int | None = None) -> LevelDBSpanSorter:
-        """The span sorter of ``span_key``; ``memory_budget`` (bytes) overrides the sorter's default for
-        a span created by this call."""
+        if memory_budget is not None and memory_budget < 1:
+            raise ValueError("memory_budget must be positive")
         with self._lock:
             if self.db.closed:
                 raise SorterError(f"sorter at {self.path} is closed")
             sp = self._spans.get(span_key)
             if sp is None:
                 sp = self._spans[span_key] = LevelDBSpanSorter(self, span_key, memory_budget or self.memory_budget)
+            elif memory_budget is not None:
+                sp.set_memory_budget(memory_budget)
             return sp
 
     def close(self) -> None:
@@ -279,6 +281,10 @@ class LevelDBSpanSorter(SpanSorter):
         self._clean_floor = -1  # everything with commit_ts <= floor is forgotten (also in kept segments)
         # sink-thread state
         self._deleted_since_compact = 0
+
+    def set_memory_budget(self, memory_budget: int) -> None:
+        """Applies from the next add/commit on (an int assignment: safe from any thread)."""
+        self._half_budget = max(1, memory_budget // 2)
 
     # -- puller thread ------------------------------------------------------------------------------
     def add(self, xid: int, subxid: int, payload: bytes) -> None:

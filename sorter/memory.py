@@ -134,7 +134,7 @@ class MemorySorter(Sorter):
         self._lock = threading.Lock()
         self._closed = False
 
-    def span(self, span_key: str) -> MemorySpanSorter:
+    def span(self, span_key: str, memory_budget: int | None = None) -> MemorySpanSorter:  # nothing spills
         with self._lock:
             if self._closed:
                 raise SorterError("memory sorter is closed")

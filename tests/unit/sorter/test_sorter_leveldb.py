@@ -323,3 +323,25 @@ def test_clear_deletes_segments_in_bounded_batches(tmp_path: Path, monkeypatch: 
     assert c_keys(s, "cf/0") == [] and list(sp.read(-1, MAX)) == []
     assert [p for t in other.read_txns(-1, MAX) for p in t.payloads] == [b"other"]
     s.close()
+
+
+def test_span_memory_budget_comes_from_the_caller_and_can_change(tmp_path: Path) -> None:
+    """The processor passes memory-quota / span-count: a span with a small budget packs its committed
+    transactions into LevelDB, one with a large budget keeps them in memory."""
+    s = LevelDBSorter(tmp_path / "sorter", batch_bytes=1_000)
+    small, large = s.span("cf/0", memory_budget=4_000), s.span("cf/1", memory_budget=10 << 20)
+    for sp in (small, large):
+        for t in range(1, 101):
+            sp.add(t, t, b"z" * 100)
+            sp.commit(t, t, float(t))
+    assert len(c_keys(s, "cf/0")) > 5 and c_keys(s, "cf/1") == []
+    assert small.memory_bytes() < 4_000 and large.memory_bytes() > 10_000
+    assert s.span("cf/1", memory_budget=2_000) is large  # same object, new budget
+    for t in range(101, 201):
+        large.add(t, t, b"z" * 100)
+        large.commit(t, t, float(t))
+    assert c_keys(s, "cf/1") != []
+    assert [t.commit_ts for t in large.read_txns(-1, MAX)] == list(range(1, 201))
+    with pytest.raises(ValueError):
+        s.span("cf/2", memory_budget=0)
+    s.close()

@@ -1,0 +1,29 @@
+"""The changefeed TOML: defaults, dashes, validation with a message naming the key."""
+
+import pytest
+
+from cdc.config import ChangefeedConfig
+from cdc.errors import InvalidConfig
+
+pytestmark = pytest.mark.unit
+
+
+def test_defaults_and_dashed_keys() -> None:
+    assert ChangefeedConfig.from_toml("") == ChangefeedConfig()
+    cfg = ChangefeedConfig.from_toml('span-count = 4\nmemory-quota = 67108864\n[sink]\nbatch-rows = 10\n'
+                                     '[filter]\nrules = ["public.*"]\n')
+    assert (cfg.span_count, cfg.memory_quota, cfg.sink.batch_rows, cfg.filter.rules) == (4, 64 << 20, 10, ("public.*",))
+    assert ChangefeedConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize(("toml", "named"), [
+    ("span-count = 0", "span-count"),
+    ("span-count = 65", "span-count"),
+    ("memory-quota = 1000", "memory-quota"),
+    ("[sink]\nbatch-rows = 0", "batch-rows"),
+    ("[filter]\nrules = []", "filter.rules"),
+    ("memroy-quota = 5", "memroy-quota"),
+])
+def test_invalid_values_name_the_key(toml: str, named: str) -> None:
+    with pytest.raises(InvalidConfig, match=named):
+        ChangefeedConfig.from_toml(toml)
