@@ -947,10 +947,14 @@ class _Writer:
         lit = self._literal
         if lit is None:
             lit = self._literal = mysql_literal_function(self.cur.connection)
+        if not params:
+            return
+        # one renderer generated for the group's value types: the same text as joining literal() of each value
+        render = lit.rows(tuple(map(type, params[0])))  # type: ignore[attr-defined]
         rows: list[str] = []
         size = len(head) + len(tail)
         for r in params:
-            text = "(" + ",".join(map(lit, r)) + ")"
+            text = render(r)
             if rows and size + len(text) > _MYSQL_STATEMENT_BYTES:
                 self.cur.execute(head + ",".join(rows) + tail)
                 rows, size = [], len(head) + len(tail)
