@@ -31,6 +31,7 @@ calls; ``close`` disposes of it.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import re
@@ -115,6 +116,8 @@ class SQLSink(Sink):
         self._bindings_by_value: dict[TableSchema, _Binding] = {}
         self._schemas_created: set[str] = set()
         self._warned_missing: set[str] = set()
+        # statements execute in a worker thread while the next one is built (not SQLite: in-process work)
+        self._pipe = _Pipeline(threaded=self.dialect != "sqlite")
         self._closed = False
 
     # ---- engine --------------------------------------------------------------------------------------
@@ -253,6 +256,7 @@ class SQLSink(Sink):
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._pipe.close()
             self._engine.dispose()
 
     def _check_open(self) -> None:
@@ -260,7 +264,8 @@ class SQLSink(Sink):
             raise SinkError(f"sink {self._uri.redacted()} is closed")
 
     # ---- tables --------------------------------------------------------------------------------------
-    def _bind(self, schema: TableSchema, conn: Connection) -> _Binding:
+    def _bind(self, schema: TableSchema, conn: Connection, before_io: Callable[[], None] | None = None) -> _Binding:
+        """The binding of ``schema``; ``before_io`` is called before ``conn`` (or the server) is used."""
         entry = self._bindings.get(id(schema))
         if entry is not None and entry[0] is schema:
             return entry[1]
@@ -273,8 +278,12 @@ class SQLSink(Sink):
         parts = self._target_parts(schema.name)
         table = self._tables.get(parts)
         if table is None and self.dialect != "sqlite":
+            if before_io is not None and parts[0] not in self._existing:
+                before_io()
             table = self._existing_table(conn, *parts)
         if table is None:
+            if before_io is not None:
+                before_io()
             if self.dialect == "sqlite":  # one writer per file: DDL inside our (transactional) write
                 table = self._prepare_table(schema, conn)
             else:  # MySQL DDL commits implicitly: never inside the write transaction
@@ -511,6 +520,104 @@ def _is_db_error(exc: BaseException) -> bool:
     return mod.startswith("pymysql") or mod.startswith("psycopg2")
 
 
+class _Pipeline:
+    """Runs one connection's statements in a worker thread, so that the caller builds the next statement
+    while the target executes the previous one.
+
+    Guarantees: statements run strictly in submit order, one at a time, on whatever cursor each job
+    names; at most ``depth`` jobs are queued or running (``submit`` blocks beyond that: memory stays
+    bounded). The caller may use the connection itself (reads, commit, rollback) only after :meth:`drain`
+    or :meth:`quiesce` returned: then the worker is idle and its writes happen-before the caller's next
+    steps, so a connection is never used by two threads at once. The first failing job's exception is
+    kept with the table it concerned and raised by the next ``submit`` or ``drain`` (after the queue is
+    empty); jobs queued after it are dropped, never executed. ``threaded=False`` (SQLite: the work is
+    in-process) runs every job in the caller's thread at submit.
+
+    Thread-safety: one caller thread at a time (the sink's); ``close`` stops the worker and may be called
+    from any thread once the caller is done.
+    """
+
+    def __init__(self, *, threaded: bool = True, depth: int = 2) -> None:
+        self.threaded = threaded
+        self._depth = max(1, depth)
+        self._cond = threading.Condition(threading.Lock())
+        self._jobs: collections.deque[tuple[str | None, Callable[..., Any], tuple[Any, ...]]] = collections.deque()
+        self._error: tuple[BaseException, str | None] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = False
+
+    def submit(self, table: str | None, fn: Callable[..., Any], *args: Any) -> bool:
+        """Run ``fn(*args)`` after every job submitted before. False (``fn`` dropped) when an earlier job
+        failed: the caller then takes the error with :meth:`quiesce`."""
+        if not self.threaded:
+            fn(*args)
+            return True
+        cond = self._cond
+        with cond:
+            if self._error is None:
+                if self._thread is None:
+                    self._start()
+                while len(self._jobs) >= self._depth and self._error is None:
+                    cond.wait()
+                if self._error is None:
+                    self._jobs.append((table, fn, args))
+                    cond.notify_all()
+                    return True
+        return False
+
+    def drain(self) -> None:
+        """Wait until every submitted job ran; raise the first error (and forget it)."""
+        error = self.quiesce()
+        if error is not None:
+            raise error[0]
+
+    def quiesce(self) -> tuple[BaseException, str | None] | None:
+        """Wait until the worker is idle; return (and forget) the first error with its table, or None."""
+        if not self.threaded:
+            return None
+        cond = self._cond
+        with cond:
+            while self._jobs:
+                cond.wait()
+            error, self._error = self._error, None
+        return error
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=60)
+
+    def _start(self) -> None:
+        if self._stop:
+            raise SinkError("sink is closed")
+        self._thread = threading.Thread(target=self._work, name="sql-sink-executor", daemon=True)
+        self._thread.start()
+
+    def _work(self) -> None:
+        cond = self._cond
+        jobs = self._jobs
+        while True:
+            with cond:
+                while not jobs and not self._stop:
+                    cond.wait()
+                if not jobs:
+                    return
+                table, fn, args = jobs[0]
+                failed = self._error is not None
+            if not failed:
+                try:
+                    fn(*args)
+                except BaseException as exc:  # kept for the caller, never lost
+                    with cond:
+                        self._error = (exc, table)
+            with cond:
+                jobs.popleft()
+                cond.notify_all()
+
+
 class _Table:
     """What the sink knows about one downstream table (created by us or reflected)."""
 
@@ -718,14 +825,17 @@ class _Writer:
         self.stmts = stmts
         self.batch = sink._batch
         self.cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        self.current: str | None = None  # table being written, for error messages
+        self.pipe = sink._pipe  # statements run there, in order; reads and the caller's commit drain it first
+        self.current: str | None = None  # table being written (or whose statement failed), for error messages
         self._groups: dict[str, _Group] = {}  # by downstream table (label); kept, emptied, when flushed
         self._last: _Group | None = None  # the group the previous change joined (fast path)
         self._pending = 0  # rows pending over all groups
         self._max_pending = max(self.batch, sink._config.txn_rows)
         self._seq = 0
         self._delete_sql: dict[tuple[int, int], str] = {}
-        self._literal: Callable[[Any], str] | None = None
+        # made now, while the connection is idle (it reads the connection's status)
+        self._literal: Callable[[Any], str] | None = (
+            mysql_literal_function(self.cur.connection) if self.dialect == "mysql" else None)
         if self.dialect == "postgresql":
             import psycopg2.extras
 
@@ -733,13 +843,36 @@ class _Writer:
 
     # ---- intake --------------------------------------------------------------------------------------
     def run(self, changes: Iterable[RowChange]) -> int:
+        """Apply ``changes``; returns their count once every statement has executed (the caller commits).
+        On any error the pipeline is idle when this raises, and a failed statement's error wins over a
+        later error of the caller's thread (it came first), with ``current`` naming its table."""
         try:
-            return self._run(changes)
+            count = self._run(changes)
+            self._sync()
+            return count
+        except BaseException as exc:
+            error = self.pipe.quiesce()  # nothing runs on the connection when the caller rolls back
+            if error is not None and isinstance(exc, Exception):
+                self.current = error[1]
+                raise error[0]  # noqa: B904 - the earlier failure; the caller's error stays as its context
+            raise
         finally:
             try:
                 self.cur.close()
             except Exception:  # a lost connection: the caller maps the original error
                 pass
+
+    def _sync(self) -> None:
+        """Wait until every submitted statement ran; raise the first failure, naming its table."""
+        error = self.pipe.quiesce()
+        if error is not None:
+            self.current = error[1]
+            raise error[0]
+
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the connection after the statements before it (for table ``current``)."""
+        if not self.pipe.submit(self.current, fn, *args):
+            self._sync()
 
     def _run(self, changes: Iterable[RowChange]) -> int:
         count = 0
@@ -754,7 +887,7 @@ class _Writer:
             schema = ch.schema
             if schema is not last_schema:
                 self.current = str(schema.name)
-                b = self.sink._bind(schema, self.conn)
+                b = self.sink._bind(schema, self.conn, self._sync)
                 insert_kind = _UPSERT if b.keyed else _INSERT
                 last_schema = schema
             assert b is not None
@@ -796,7 +929,7 @@ class _Writer:
             elif op == TRUNCATE:
                 self._flush_table(b)
                 self.current = b.label
-                self.cur.execute(self.stmts.truncate(b.table), ())
+                self._submit(self.cur.execute, self.stmts.truncate(b.table), ())
             else:
                 raise SinkError(f"table {b.label}: unknown operation {op!r}")
         self.flush()
@@ -927,17 +1060,17 @@ class _Writer:
         else:
             params = _convert(rows, plan.convert)
             if self.dialect == "postgresql":
-                self._execute_batch(self.cur, plan.sql, params, page_size=len(params))
+                self._submit(self._execute_batch, self.cur, plan.sql, params, len(params))  # page_size
             else:
-                self.cur.executemany(plan.sql, params)
+                self._submit(self.cur.executemany, plan.sql, params)
 
     def _insert_rows(self, plan: _Plan, params: list[Any]) -> None:
         if self.dialect == "postgresql":  # one multi-row statement, formatted by psycopg2 in one call
-            self.cur.execute(plan.many(len(params)), [v for r in params for v in r])
+            self._submit(self.cur.execute, plan.many(len(params)), [v for r in params for v in r])
         elif self.dialect == "mysql":
             self._mysql_insert(plan, params)
         else:  # sqlite3 loops in C
-            self.cur.executemany(plan.sql, params)
+            self._submit(self.cur.executemany, plan.sql, params)
 
     def _mysql_insert(self, plan: _Plan, params: list[Any]) -> None:
         """Multi-row INSERTs of literal rows, at most ``_MYSQL_STATEMENT_BYTES`` each (like PyMySQL's
@@ -945,8 +1078,7 @@ class _Writer:
         assert plan.parts is not None
         head, tail = plan.parts
         lit = self._literal
-        if lit is None:
-            lit = self._literal = mysql_literal_function(self.cur.connection)
+        assert lit is not None
         if not params:
             return
         # one renderer generated for the group's value types: the same text as joining literal() of each value
@@ -956,25 +1088,27 @@ class _Writer:
         for r in params:
             text = render(r)
             if rows and size + len(text) > _MYSQL_STATEMENT_BYTES:
-                self.cur.execute(head + ",".join(rows) + tail)
+                self._submit(self.cur.execute, head + ",".join(rows) + tail)
                 rows, size = [], len(head) + len(tail)
             rows.append(text)
             size += len(text) + 1
         if rows:
-            self.cur.execute(head + ",".join(rows) + tail)
+            self._submit(self.cur.execute, head + ",".join(rows) + tail)
 
     def _delete_keys(self, b: _Binding, keys: list[Any]) -> None:
         if self.dialect == "sqlite":
-            self.cur.executemany(self.stmts.delete_key(b.table), keys)
+            self._submit(self.cur.executemany, self.stmts.delete_key(b.table), keys)
             return
         n = len(keys)
         sql = self._delete_sql.get((id(b), n))
         if sql is None:
             sql = self.stmts.delete_keys(b.table, n)
             self._delete_sql[(id(b), n)] = sql
-        self.cur.execute(sql, [v for k in keys for v in k])
+        self._submit(self.cur.execute, sql, [v for k in keys for v in k])
 
     def _count_existing(self, b: _Binding, keys: list[Any]) -> int:
+        self._sync()  # reads results: the statements before it first, then this one in this thread
+        self.current = b.label
         if self.dialect == "sqlite":
             sql = self.stmts.exists_key(b.table)
             found = 0
@@ -1000,6 +1134,7 @@ class _Writer:
     def _move(self, b: _Binding, names: tuple[str, ...], row: tuple[Any, ...], old_key: tuple[Any, ...]) -> None:
         """Key change with UNCHANGED columns: move the old row (keeping the unsent values) when possible."""
         self._flush_table(b)
+        self._sync()  # reads results (existence, rowcount): run synchronously from here
         self.current = b.label
         new_key = tuple(row[names.index(k)] for k in b.key)
         new_params = self._key_params(b, new_key)

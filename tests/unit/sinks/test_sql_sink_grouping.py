@@ -18,7 +18,7 @@ from cdc.config import SinkConfig
 from cdc.errors import SinkError
 from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
 from sinks.sql.ddl import plan_table
-from sinks.sql.sink import SQLSink, _Table, _Writer
+from sinks.sql.sink import SQLSink, _Pipeline, _Table, _Writer
 
 pytestmark = pytest.mark.unit
 
@@ -182,6 +182,7 @@ def test_pending_rows_over_all_tables_are_bounded(dialect: str) -> None:
             yield ins(tables[i % 3], i)
 
     sink = SQLSink(URIS[dialect], SinkConfig(batch_rows=10, txn_rows=10))  # pending: max(batch, txn) rows
+    sink._pipe = _Pipeline(threaded=False)  # statements run when flushed (the pipeline's bound: its own tests)
     try:
         tschema = "public" if dialect == "postgresql" else None
         for s in tables:
