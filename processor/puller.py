@@ -110,10 +110,21 @@ class Puller:
         stream_xid = 0
         resolved = self.start
         change_t, begin_t, commit_t = pgoutput.Change, pgoutput.Begin, pgoutput.Commit
+        relid_of = pgoutput.plain_change_relid
+        add = sorter.add
+        prefixes: dict[int, bytes] = {}  # schema version -> its encoded payload prefix
         try:
             for m in self.stream.messages(stop):
                 t = type(m)
-                if t is change_t:
+                if t is bytes:  # a non-streamed Insert/Update/Delete, raw (see ReplicationStream.messages)
+                    ver = relver.get(relid_of(m))
+                    if ver is None:
+                        continue
+                    prefix = prefixes.get(ver)
+                    if prefix is None:
+                        prefix = prefixes[ver] = encode_payload(ver, b"")
+                    add(txn_xid, txn_xid, prefix + m)
+                elif t is change_t:
                     ver = relver.get(m.relid)
                     if ver is None:
                         continue

@@ -95,9 +95,9 @@ class FakeStream:
         self.payloads = payloads
 
     def messages(self, stop: threading.Event) -> Iterator[Any]:
-        decode = pgoutput.decode
-        for p in self.payloads:
-            yield decode(p, False)
+        decode, plain = pgoutput.decode, getattr(pgoutput, "PLAIN_CHANGE_TYPES", frozenset())
+        for p in self.payloads:  # as ReplicationStream.messages: plain changes stay raw bytes
+            yield p if p[0] in plain else decode(p, False)
 
     def ack(self, lsn: int) -> None:
         pass

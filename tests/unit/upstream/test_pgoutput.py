@@ -10,6 +10,25 @@ import pytest
 
 from cdc.errors import DecodeError
 from cdc.events import UNCHANGED
+from tests.pgoutput_wire import (
+    TS_UNIX,
+    TS_US,
+    enc_begin,
+    enc_commit,
+    enc_delete,
+    enc_insert,
+    enc_message,
+    enc_origin,
+    enc_relation,
+    enc_stream_abort,
+    enc_stream_commit,
+    enc_stream_start,
+    enc_truncate,
+    enc_tuple,
+    enc_type,
+    enc_update,
+    strip_xid,
+)
 from upstream.postgres.pgoutput import (
     Begin,
     Change,
@@ -32,112 +51,6 @@ from upstream.postgres.pgoutput import (
 )
 
 pytestmark = pytest.mark.unit
-
-# ---- encoder (independent of the decoder) ---------------------------------------------------------
-
-TS_US = 817_000_000_123_456  # 2025-11-21-ish in PostgreSQL microseconds
-TS_UNIX = 946_684_800 + 817_000_000.123456
-
-
-def cstr(s: str) -> bytes:
-    return s.encode() + b"\0"
-
-
-def xid_part(xid: int | None) -> bytes:
-    return b"" if xid is None else struct.pack(">I", xid)
-
-
-def enc_begin(final_lsn: int, ts: int, xid: int) -> bytes:
-    return b"B" + struct.pack(">QqI", final_lsn, ts, xid)
-
-
-def enc_commit(flags: int, lsn: int, end: int, ts: int) -> bytes:
-    return b"C" + struct.pack(">BQQq", flags, lsn, end, ts)
-
-
-def enc_origin(lsn: int, name: str) -> bytes:
-    return b"O" + struct.pack(">Q", lsn) + cstr(name)
-
-
-def enc_relation(xid: int | None, relid: int, nsp: str, name: str, ident: str, cols: list[tuple]) -> bytes:
-    out = b"R" + xid_part(xid) + struct.pack(">I", relid) + cstr(nsp) + cstr(name) + ident.encode()
-    out += struct.pack(">H", len(cols))
-    for flags, cname, oid, typmod in cols:
-        out += bytes([flags]) + cstr(cname) + struct.pack(">Ii", oid, typmod)
-    return out
-
-
-def enc_type(xid: int | None, oid: int, nsp: str, name: str) -> bytes:
-    return b"Y" + xid_part(xid) + struct.pack(">I", oid) + cstr(nsp) + cstr(name)
-
-
-def enc_message(xid: int | None, flags: int, lsn: int, prefix: str, content: bytes) -> bytes:
-    return (
-        b"M" + xid_part(xid) + struct.pack(">BQ", flags, lsn) + cstr(prefix)
-        + struct.pack(">i", len(content)) + content
-    )  # fmt: skip
-
-
-def enc_tuple(values: list[Any]) -> bytes:
-    out = struct.pack(">H", len(values))
-    for v in values:
-        if v is None:
-            out += b"n"
-        elif v is UNCHANGED:
-            out += b"u"
-        elif isinstance(v, str):
-            b = v.encode()
-            out += b"t" + struct.pack(">i", len(b)) + b
-        else:
-            out += b"b" + struct.pack(">i", len(v)) + bytes(v)
-    return out
-
-
-def enc_insert(xid: int | None, relid: int, new: list[Any]) -> bytes:
-    return b"I" + xid_part(xid) + struct.pack(">I", relid) + b"N" + enc_tuple(new)
-
-
-def enc_update(
-    xid: int | None, relid: int, new: list[Any], old: list[Any] | None = None, old_kind: str = "K"
-) -> bytes:
-    out = b"U" + xid_part(xid) + struct.pack(">I", relid)
-    if old is not None:
-        out += old_kind.encode() + enc_tuple(old)
-    return out + b"N" + enc_tuple(new)
-
-
-def enc_delete(xid: int | None, relid: int, old: list[Any], old_kind: str = "K") -> bytes:
-    return b"D" + xid_part(xid) + struct.pack(">I", relid) + old_kind.encode() + enc_tuple(old)
-
-
-def enc_truncate(xid: int | None, options: int, relids: list[int]) -> bytes:
-    return (
-        b"T"
-        + xid_part(xid)
-        + struct.pack(">iB", len(relids), options)
-        + b"".join(struct.pack(">I", r) for r in relids)
-    )
-
-
-def enc_stream_start(xid: int, first: bool) -> bytes:
-    return b"S" + struct.pack(">IB", xid, 1 if first else 0)
-
-
-def enc_stream_commit(xid: int, flags: int, lsn: int, end: int, ts: int) -> bytes:
-    return b"c" + struct.pack(">IBQQq", xid, flags, lsn, end, ts)
-
-
-def enc_stream_abort(xid: int, subxid: int, lsn: int | None = None, ts: int | None = None) -> bytes:
-    out = b"A" + struct.pack(">II", xid, subxid)
-    if lsn is not None:
-        assert ts is not None
-        out += struct.pack(">Qq", lsn, ts)
-    return out
-
-
-def strip_xid(msg: bytes) -> bytes:
-    return msg[:1] + msg[5:]
-
 
 BIG_XID = 0xFFFF_FFF0  # above 2**31: must come back unsigned
 BIG_OID = 0xFFFF_FF00

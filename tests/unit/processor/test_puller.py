@@ -1,0 +1,154 @@
+"""Puller.run: replication traffic (hand-made pgoutput bytes, classified the way ReplicationStream.messages
+does: plain changes raw, everything else decoded) into a sorter, and the resolved watermarks it reports."""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from cdc.errors import DecodeError
+from cdc.events import TableName
+from cdc.filter import TableFilter
+from cdc.ts import Watermark
+from processor.mounter import Mounter
+from processor.puller import Puller
+from sorter.memory import MemorySorter
+from tests.pgoutput_wire import (
+    enc_begin,
+    enc_commit,
+    enc_delete,
+    enc_insert,
+    enc_relation,
+    enc_stream_abort,
+    enc_stream_commit,
+    enc_stream_start,
+    enc_truncate,
+    enc_update,
+)
+from upstream.postgres import pgoutput
+from upstream.postgres.stream import Keepalive
+
+pytestmark = pytest.mark.unit
+
+INT4, TEXT = 23, 25
+COLS = [(1, "id", INT4, -1), (0, "v", TEXT, -1)]
+MAX = (1 << 64) - 1
+T0 = pgoutput.pg_time_to_unix(0)  # commit time 0 on the wire
+
+
+class FakeStream:
+    """Yields what ReplicationStream.messages yields for the given wire messages (and Keepalives as is)."""
+
+    def __init__(self, wire: list[Any]) -> None:
+        self.wire = wire
+
+    def messages(self, stop: threading.Event) -> Iterator[Any]:
+        in_stream = False
+        for w in self.wire:
+            if isinstance(w, Keepalive):
+                yield w
+                continue
+            if not in_stream and w[0] in pgoutput.PLAIN_CHANGE_TYPES:
+                yield w
+                continue
+            m = pgoutput.decode(w, in_stream)
+            if isinstance(m, pgoutput.StreamStart):
+                in_stream = True
+            elif isinstance(m, pgoutput.StreamStop):
+                in_stream = False
+            yield m
+
+
+def run(wire: list[Any], start: int = 0, rules: tuple[str, ...] = ("*.*",)) -> tuple[Puller, Any, list[Watermark]]:
+    sorter = MemorySorter().span("cf/0")
+    marks: list[Watermark] = []
+    puller = Puller(FakeStream(wire), sorter, TableFilter(rules), Watermark(start, 0.0),  # type: ignore[arg-type]
+                    lambda: None, "cf/0")
+    puller.run(threading.Event(), marks.append)
+    return puller, sorter, marks
+
+
+def rows(puller: Puller, sorter: Any) -> list[tuple[int, str, dict[str, Any] | None]]:
+    mounter = Mounter(puller.schema)
+    out = []
+    for t in sorter.read_txns(-1, MAX):
+        for p in t.payloads:
+            ch = mounter.mount(p, t.commit_ts, t.commit_time)
+            out.append((t.commit_ts, ch.op.name, ch.values if ch.values is not None else ch.old_values))
+    return out
+
+
+def txn(xid: int, end: int, *changes: bytes) -> list[bytes]:
+    return [enc_begin(end - 1, 0, xid), *changes, enc_commit(0, end - 1, end, 0)]
+
+
+def test_plain_transactions_reach_the_sorter_in_commit_order_with_their_schema() -> None:
+    wire = [enc_relation(None, 7, "public", "t", "d", COLS),
+            *txn(100, 1000, enc_insert(None, 7, ["1", "a"]), enc_update(None, 7, ["1", "b"])),
+            *txn(101, 2000, enc_delete(None, 7, ["1", None]))]
+    puller, sorter, marks = run(wire)
+    assert rows(puller, sorter) == [(1000, "INSERT", {"id": 1, "v": "a"}), (1000, "UPDATE", {"id": 1, "v": "b"}),
+                                    (2000, "DELETE", {"id": 1})]
+    assert [m.ts for m in marks] == [1000, 2000]
+    assert puller.schema(1).name == TableName("public", "t")
+
+
+def test_a_relation_message_makes_a_new_schema_version_for_later_rows() -> None:
+    cols2 = [*COLS, (0, "w", INT4, -1)]
+    wire = [enc_relation(None, 7, "public", "t", "d", COLS), *txn(1, 10, enc_insert(None, 7, ["1", "a"])),
+            enc_relation(None, 7, "public", "t", "d", cols2), *txn(2, 20, enc_insert(None, 7, ["2", "b", "5"]))]
+    puller, sorter, _ = run(wire)
+    assert [r[2] for r in rows(puller, sorter)] == [{"id": 1, "v": "a"}, {"id": 2, "v": "b", "w": 5}]
+
+
+def test_filtered_and_unknown_tables_are_skipped() -> None:
+    wire = [enc_relation(None, 7, "public", "t", "d", COLS), enc_relation(None, 8, "audit", "log", "d", COLS),
+            *txn(1, 10, enc_insert(None, 8, ["9", "x"]), enc_insert(None, 7, ["1", "a"]), enc_insert(None, 99, ["2", "z"]))]
+    puller, sorter, _ = run(wire, rules=("public.*",))
+    assert [r[2] for r in rows(puller, sorter)] == [{"id": 1, "v": "a"}]
+
+
+def test_transactions_at_or_below_the_start_checkpoint_are_dropped() -> None:
+    wire = [enc_relation(None, 7, "public", "t", "d", COLS), *txn(1, 10, enc_insert(None, 7, ["1", "a"])),
+            *txn(2, 20, enc_insert(None, 7, ["2", "b"])), *txn(3, 30, enc_insert(None, 7, ["3", "c"]))]
+    puller, sorter, marks = run(wire, start=20)
+    assert [r[2]["id"] for r in rows(puller, sorter)] == [3]  # type: ignore[index]
+    assert [m.ts for m in marks] == [30]
+
+
+def test_streamed_transaction_with_a_rolled_back_subtransaction_and_an_interleaved_plain_one() -> None:
+    wire = [enc_relation(None, 7, "public", "t", "d", COLS),
+            enc_stream_start(500, True), enc_insert(500, 7, ["1", "top"]), enc_insert(501, 7, ["2", "sub"]),
+            pgoutput_stream_stop(),
+            *txn(600, 1000, enc_insert(None, 7, ["3", "plain"])),
+            enc_stream_start(500, False), enc_insert(500, 7, ["4", "top2"]), pgoutput_stream_stop(),
+            enc_stream_abort(500, 501),
+            enc_stream_commit(500, 0, 1999, 2000, 0)]
+    puller, sorter, marks = run(wire)
+    assert [(r[0], r[2]["v"]) for r in rows(puller, sorter)] == [  # type: ignore[index]
+        (1000, "plain"), (2000, "top"), (2000, "top2")]
+    assert [m.ts for m in marks] == [1000, 2000]
+
+
+def test_truncate_and_keepalives() -> None:
+    wire = [enc_relation(None, 7, "public", "t", "d", COLS), *txn(1, 10, enc_truncate(None, 0, [7])),
+            Keepalive(50, T0 + 5), Keepalive(40, T0 + 4), Keepalive(60, T0 + 6)]
+    puller, sorter, marks = run(wire)
+    assert [(r[0], r[1]) for r in rows(puller, sorter)] == [(10, "TRUNCATE")]
+    assert marks == [Watermark(10, T0), Watermark(50, T0 + 5), Watermark(60, T0 + 6)]  # never backwards
+
+
+def test_a_malformed_plain_change_fails_loudly() -> None:
+    bad = b"I" + struct.pack(">I", 7) + b"X"  # 'X' is no tuple marker
+    with pytest.raises(DecodeError, match="tuple marker"):
+        run([enc_relation(None, 7, "public", "t", "d", COLS), *txn(1, 10, bad)])
+    with pytest.raises(DecodeError):
+        pgoutput.plain_change_relid(b"I\x00\x00")
+
+
+def pgoutput_stream_stop() -> bytes:
+    return b"E"
