@@ -7,25 +7,13 @@ import struct
 import pytest
 
 from cdc.events import UNCHANGED
+from tests.pgoutput_wire import enc_tuple
 from upstream.postgres.pgoutput import insert_values, parse_change
 
 pytestmark = pytest.mark.unit
 
 
-def tup(values: list[object]) -> bytes:
-    out = struct.pack(">h", len(values))
-    for v in values:
-        if v is None:
-            out += b"n"
-        elif v is UNCHANGED:
-            out += b"u"
-        else:
-            data = str(v).encode()
-            out += b"t" + struct.pack(">i", len(data)) + data
-    return out
-
-
-INSERT = b"I" + struct.pack(">I", 77) + b"N" + tup(["1", None, "é", "", UNCHANGED])
+INSERT = b"I" + struct.pack(">I", 77) + b"N" + enc_tuple(["1", None, "é", "", UNCHANGED])
 
 
 @pytest.mark.parametrize("prefix", [b"", b"\x00\x00\x00\x07"])
@@ -46,21 +34,6 @@ def test_declines_malformed_or_other_messages(raw: bytes) -> None:
     assert insert_values(b"\x00\x00\x00\x01" + raw, 4) is None
 
 
-def encode_tuple(values: list[object]) -> bytes:
-    out = struct.pack(">h", len(values))
-    for v in values:
-        if v is None:
-            out += b"n"
-        elif v is UNCHANGED:
-            out += b"u"
-        elif isinstance(v, bytes):
-            out += b"b" + struct.pack(">i", len(v)) + v
-        else:
-            data = str(v).encode()
-            out += b"t" + struct.pack(">i", len(data)) + data
-    return out
-
-
 VALUE_POOL: list[object] = [None, UNCHANGED, "", "a", "0cc175b9c0f1b6a831c399e269772661", "é", "日本語 🎉", "x" * 300,
                             "2026-11-22 01:02:03.5+00", b"\x00\xff", b"", "\x00nul", "\x7f"]
 
@@ -76,12 +49,12 @@ def test_tuples_of_every_shape_decode_and_every_truncation_fails() -> None:
     for _ in range(300):
         values = [rng.choice(VALUE_POOL) for _ in range(rng.randint(0, 7))]
         for kind in (b"I", b"U"):
-            raw = kind + struct.pack(">I", 9) + b"N" + encode_tuple(values)
+            raw = kind + struct.pack(">I", 9) + b"N" + enc_tuple(values)
             pc = parse_change(raw)
             assert pc.new == values and pc.relid == 9
             if kind == b"I":
                 assert insert_values(b"\x00\x00\x00\x01" + raw, 4) == (9, values)
-        raw = b"I" + struct.pack(">I", 9) + b"N" + encode_tuple(values)
+        raw = b"I" + struct.pack(">I", 9) + b"N" + enc_tuple(values)
         for cut in range(6, len(raw)):
             with pytest.raises(DecodeError):
                 parse_change(raw[:cut])
