@@ -25,13 +25,28 @@ Guarantees (on top of :class:`sinks.base.Sink`):
   :class:`SinkUnavailable` (retryable); anything else raises :class:`SinkError` naming the table and the
   driver's message.
 
-Threading: one caller thread at a time (the contract's). The engine's pool keeps the connection between
-calls; ``close`` disposes of it.
+How rows are sent (fastest measured per operation kind, sink alone, sbtest rows, 20k rows per write):
+- MySQL/MariaDB: multi-row ``INSERT .. ON DUPLICATE KEY UPDATE`` of literal rows rendered in Python.
+- PostgreSQL, groups of at least ``_COPY_MIN_ROWS`` positional rows that all carry their upstream text
+  (``RowChange.row_text``, PostgreSQL's own output text, hence valid input for the same or a text target
+  type): ``COPY`` (text format) of that text, straight into the table for tables without a key, else into a
+  per-session TEMP staging table (one per table and column set, emptied after each use) merged by one
+  ``INSERT .. SELECT .. ON CONFLICT (key) DO UPDATE`` (last row per key). Inserts 59k -> 124k rows/s and
+  updates 47k -> 87k rows/s against multi-row INSERTs, client CPU 8.3 -> 2.0-2.6 us/row. Other groups
+  (deletes, partial rows, small groups, rows from other sources) use multi-row statements with parameters.
+- SQLite: ``executemany`` (in-process: no pipelining).
+
+Threading: one caller thread at a time (the contract's). MySQL and PostgreSQL statements run in one worker
+thread per sink (:class:`_Pipeline`), in order and one at a time, while the caller builds the next one; the
+connection is never used by both threads at once, and ``close`` stops the worker. The engine's pool keeps
+the connection between calls; ``close`` disposes of it.
 """
 
 from __future__ import annotations
 
 import collections
+import io
+import itertools
 import logging
 import os
 import re
@@ -82,6 +97,8 @@ _PG_FATAL_CONNECT = ("does not exist", "authentication failed", "no pg_hba.conf 
 _PG_NUMERIC = re.compile(r"numeric\(\d+,(-?\d+)\)")
 _MAX_BINDINGS = 1024  # cached (schema version -> target) bindings before the cache is reset
 _MYSQL_STATEMENT_BYTES = 1_000_000  # well below MariaDB's 16 MB max_allowed_packet (characters, not bytes)
+# PostgreSQL: groups of at least this many rows that all came with their upstream text go through COPY
+_COPY_MIN_ROWS = 32
 # group kinds
 _UPSERT, _INSERT, _DELETE, _DELETE_ONE, _UPDATE_ONE = range(5)
 
@@ -116,6 +133,7 @@ class SQLSink(Sink):
         self._bindings_by_value: dict[TableSchema, _Binding] = {}
         self._schemas_created: set[str] = set()
         self._warned_missing: set[str] = set()
+        self._stage_ids = itertools.count(1)  # names of PostgreSQL staging tables (one per plan)
         # statements execute in a worker thread while the next one is built (not SQLite: in-process work)
         self._pipe = _Pipeline(threaded=self.dialect != "sqlite")
         self._closed = False
@@ -639,7 +657,7 @@ class _Plan:
     """A group's statement: ``sql`` for one row, ``many(n)`` for n rows in one statement (PostgreSQL),
     ``parts`` = (head, tail) around literal rows, ``%`` not doubled (MySQL's literal fast path)."""
 
-    __slots__ = ("sql", "convert", "convert_text", "key_idx", "parts", "_build", "_many")
+    __slots__ = ("sql", "convert", "convert_text", "key_idx", "parts", "copy", "_build", "_many")
 
     def __init__(self, sql: str, convert: RowFn | None, key_idx: tuple[int, ...],
                  build: Callable[[int], str] | None = None, parts: tuple[str, str] | None = None,
@@ -649,6 +667,8 @@ class _Plan:
         self.convert_text = convert_text  # (row, upstream text) -> parameters; None: no column gains from it
         self.key_idx = key_idx
         self.parts = parts
+        # PostgreSQL, rows with their upstream text: (COPY statement, staging table DDL, merge) or None
+        self.copy: tuple[str, str | None, str | None] | None = None
         self._build = build
         self._many: dict[int, str] = {}
 
@@ -746,6 +766,7 @@ class _Binding:
             c.name: converter(c, sink.dialect, table=table.label, scale=_scale_to_check(c, targets[c.name]))
             for c in schema.columns}
         self._plans: dict[tuple[Any, ...], _Plan] = {}
+        self._stage_ids = sink._stage_ids
         self.key_convert = _row_function(
             len(self.key), {i: c for i, k in enumerate(self.key) if (c := self.convs.get(k)) is not None})
 
@@ -787,6 +808,13 @@ class _Binding:
         # upstream text is only ever attached to positional rows (names == every column in schema order)
         text_fn = _row_function(len(names), convs, with_text=True) if names == self.names else None
         p = _Plan(sql, _row_function(len(names), convs), key_idx, build, parts, text_fn)
+        if s.dialect == "postgresql" and names == self.names and kind in (_UPSERT, _INSERT):
+            if kind == _INSERT:
+                p.copy = (s.copy_in(s.table(t), d) % (), None, None)
+            elif len(d) > len(t.key):  # (a key-only table keeps ON CONFLICT DO NOTHING inserts)
+                stage = f"tidewater_stage_{next(self._stage_ids)}"
+                p.copy = (s.copy_in(s.q(stage), d) % (), s.stage_table(t, d, stage) % (),
+                          s.upsert_from(t, d, stage) % ())
         self._plans[pk] = p
         return p
 
@@ -833,6 +861,7 @@ class _Writer:
         self._max_pending = max(self.batch, sink._config.txn_rows)
         self._seq = 0
         self._delete_sql: dict[tuple[int, int], str] = {}
+        self._staged: set[str] = set()  # staging tables made sure of in this write (PostgreSQL)
         # made now, while the connection is idle (it reads the connection's status)
         self._literal: Callable[[Any], str] | None = (
             mysql_literal_function(self.cur.connection) if self.dialect == "mysql" else None)
@@ -1044,6 +1073,12 @@ class _Writer:
         self._pending -= len(rows)
         self.current = b.label
         plan = b.plan(kind, names, extra)
+        copy = plan.copy
+        if copy is not None and texts is not None and len(texts) == len(rows) >= _COPY_MIN_ROWS:
+            if kind == _UPSERT:
+                texts = _last_per_key_texts(rows, texts, plan.key_idx)  # ON CONFLICT touches a row once
+            self._copy_rows(copy, texts)
+            return
         if kind == _UPSERT:
             if self.dialect == "sqlite":
                 _check_keys_not_null(rows, plan.key_idx, b.label)
@@ -1063,6 +1098,21 @@ class _Writer:
                 self._submit(self._execute_batch, self.cur, plan.sql, params, len(params))  # page_size
             else:
                 self._submit(self.cur.executemany, plan.sql, params)
+
+    def _copy_rows(self, copy: tuple[str, str | None, str | None], texts: list[Any]) -> None:
+        """PostgreSQL: the rows' upstream texts through COPY, into the table (plain inserts) or into the
+        session's staging table, merged into the table by one INSERT .. SELECT .. ON CONFLICT."""
+        copy_sql, stage_sql, merge_sql = copy
+        data = _copy_text(texts)
+        if stage_sql is not None and stage_sql not in self._staged:  # once per write: a rollback drops it
+            self._staged.add(stage_sql)
+            self._submit(self.cur.execute, stage_sql)
+        self._submit(self._copy_in, copy_sql, data)
+        if merge_sql is not None:
+            self._submit(self.cur.execute, merge_sql)
+
+    def _copy_in(self, sql: str, data: str) -> None:
+        self.cur.copy_expert(sql, io.StringIO(data), max(1, len(data)))  # encoded in the client encoding
 
     def _insert_rows(self, plan: _Plan, params: list[Any]) -> None:
         if self.dialect == "postgresql":  # one multi-row statement, formatted by psycopg2 in one call
@@ -1206,6 +1256,46 @@ def _last_per_key(rows: list[tuple[Any, ...]], key_idx: tuple[int, ...]) -> list
     except TypeError:  # array keys
         last = {tuple(_hashable(r[j]) for j in key_idx): r for r in rows}
     return rows if len(last) == len(rows) else list(last.values())
+
+
+def _copy_value(v: str | None) -> str:
+    """One value in COPY's text format: NULL as ``\\N``; backslash, tab, newline and CR escaped."""
+    if v is None:
+        return "\\N"
+    return v.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def _copy_text(texts: Sequence[Sequence[str | None]]) -> str:
+    """Rows of upstream text as COPY text-format data (one line per row, tab-separated, NULL as ``\\N``)."""
+    lines = []
+    append = lines.append
+    for t in texts:
+        if None not in t:
+            line = "\t".join(t)
+            # nothing to escape: no backslash, newline, CR, and no tab other than the separators
+            if "\\" not in line and "\n" not in line and "\r" not in line and line.count("\t") == len(t) - 1:
+                append(line)
+                continue
+        append("\t".join(map(_copy_value, t)))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _last_per_key_texts(rows: list[tuple[Any, ...]], texts: list[Any], key_idx: tuple[int, ...]) -> list[Any]:
+    """``texts`` of the last row per key (as :func:`_last_per_key`, for texts parallel to ``rows``)."""
+    if not key_idx:
+        return texts
+    try:
+        if len(key_idx) == 1:
+            i = key_idx[0]
+            last = {r[i]: j for j, r in enumerate(rows)}
+        else:
+            last = {tuple(r[k] for k in key_idx): j for j, r in enumerate(rows)}
+    except TypeError:  # array keys
+        last = {tuple(_hashable(r[k]) for k in key_idx): j for j, r in enumerate(rows)}
+    if len(last) == len(rows):
+        return texts
+    return [texts[j] for j in sorted(last.values())]
 
 
 def _distinct(keys: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

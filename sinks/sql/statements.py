@@ -69,6 +69,23 @@ class Statements:
         head, tail = self.upsert_parts(t, cols)
         return head + self._values(len(cols), rows) + tail
 
+    def upsert_from(self, t: TargetTable, cols: Sequence[str], source: str) -> str:
+        """PostgreSQL: insert-or-update by ``t.key`` of every row of table ``source`` (same column names;
+        at most one row per key), then empty ``source``: two statements, no parameters."""
+        head, tail = self.upsert_parts(t, cols)
+        src = self.q(source)
+        return (f"{head.removesuffix(' VALUES ')} SELECT {self._cols(cols)} FROM {src}{tail}; "
+                f"TRUNCATE {src}")
+
+    def stage_table(self, t: TargetTable, cols: Sequence[str], name: str) -> str:
+        """PostgreSQL: the session's staging table ``name`` with ``cols`` of ``t`` (types only, no rows)."""
+        return (f"CREATE TEMP TABLE IF NOT EXISTS {self.q(name)} AS SELECT {self._cols(cols)} "
+                f"FROM {self.table(t)} WITH NO DATA")
+
+    def copy_in(self, table: str, cols: Sequence[str]) -> str:
+        """PostgreSQL: ``COPY table (cols) FROM STDIN`` (text format); ``table`` already quoted."""
+        return f"COPY {table} ({self._cols(cols)}) FROM STDIN"
+
     def insert_parts(self, t: TargetTable, cols: Sequence[str]) -> tuple[str, str]:
         return f"INSERT INTO {self.table(t)} ({self._cols(cols)}) VALUES ", ""
 

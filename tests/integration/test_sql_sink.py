@@ -679,3 +679,86 @@ def test_no_connection_is_left_inside_a_transaction(target: Target) -> None:
             assert trx == [(0,)]
     finally:
         sink.close()
+
+
+# ---- PostgreSQL: rows with their upstream text go through COPY -------------------------------------------
+NASTY_COLUMNS = (col("id", "int4", key=True), col("t", "text"), col("b", "bytea"), col("n", "numeric"),
+                 col("tz", "timestamptz"), col("ts", "timestamp"), col("d", "date"), col("f", "float8"),
+                 col("ok", "bool"), col("j", "json"), col("jb", "jsonb"), col("u", "uuid"), col("iv", "interval"),
+                 col("ta", "text", array=True), col("ia", "int4", array=True))
+NASTY = {  # column -> upstream texts as PostgreSQL's output functions write them (None: NULL)
+    "t": ["", None, "plain", "back\\slash \\\\ two", "tab\there", "new\nline", "cr\rlf\r\n", "żółw 🐢 ∑",
+          "\\N", "\\.", "a,b;c|d", "'quoted' \"double\"", " lead and trail ", "\\x41", "end\\"],
+    "b": ["\\x", "\\x00ff5c090a0d", None, "\\x" + bytes(range(256)).hex()],
+    "n": ["0", "-12345.678900", "NaN", "Infinity", "-Infinity", None, "1e-20", "123456789012345678901234567890.5"],
+    "tz": ["2026-11-22 01:02:03.5+00", "2026-01-01 10:00:00+05:30", "1999-12-31 23:59:59.999999-08", "infinity",
+           "-infinity", None],
+    "ts": ["2026-11-22 01:02:03", "0044-03-15 12:00:00 BC", "infinity", "2026-02-28 23:59:59.000001", None],
+    "d": ["2026-11-22", "-infinity", "infinity", None],
+    "f": ["1.5", "NaN", "-Infinity", "Infinity", "1e+300", "0.1", None],  # -0: the typed path stores 0
+    "ok": ["t", "f", None],
+    "j": ['{"a": "b\\n", "c": [1, 2.50, null]}', '"tab\\there"', "[]", None, '{"k":"\\\\"}'],
+    "jb": ['{"a": "b\\n", "c": [1, 2.50, null]}', '"x"', "null", None],
+    "u": ["a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", None],
+    "iv": ["1 day 02:03:04", "-00:00:01.5", "1 year 2 mons", None],
+    "ta": ['{"a b","c\\"d",NULL,"e\\\\f","tab\there",""}', "{}", '{"\\\\N",NULL}', None],
+    "ia": ["{1,2,3}", "{NULL,-1}", None],
+}
+
+
+def nasty_rows(n: int, salt: int = 0) -> list[tuple[str | None, ...]]:
+    out = []
+    for i in range(n):
+        row: list[str | None] = [str(i)]
+        for c in NASTY_COLUMNS[1:]:
+            values = NASTY[c.name]
+            row.append(values[(i + salt) % len(values)])
+        out.append(tuple(row))
+    return out
+
+
+def positional(s: TableSchema, op: OpType, texts: tuple[str | None, ...], with_text: bool) -> RowChange:
+    from upstream.postgres.types import parse_value
+
+    row = tuple(parse_value(c.base_type, c.is_array, t) for c, t in zip(s.columns, texts, strict=True))
+    return RowChange(op, s, 1, row=row, row_text=texts if with_text else None)
+
+
+@pytest.mark.parametrize("has_key", [True, False])
+def test_postgres_copy_of_upstream_text_stores_what_the_typed_path_stores(postgres: Target, has_key: bool,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every nasty value (backslashes, tabs, newlines, CR, empty vs NULL, unicode, bytea, numeric, NaN,
+    infinities, offsets, BC, json, arrays) written through COPY (upstream text) and through the typed
+    multi-row INSERT (parsed values): the two tables hold the same rows, for inserts and then upserts
+    whose batch repeats keys (the last row per key wins)."""
+    suffix = "k" if has_key else "h"
+    copied = table(f"copy_{suffix}", *NASTY_COLUMNS, has_key=has_key)
+    typed = table(f"typed_{suffix}", *NASTY_COLUMNS, has_key=has_key)
+    rows = nasty_rows(60)
+    from sinks.sql import sink as sink_module
+
+    copies: list[str] = []
+    real_copy = sink_module._Writer._copy_in
+    monkeypatch.setattr(sink_module._Writer, "_copy_in",
+                        lambda self, sql, data: (copies.append(sql), real_copy(self, sql, data))[1])
+    sink = postgres.sink()
+    try:
+        sink.write([positional(copied, OpType.INSERT, r, True) for r in rows])
+        sink.write([positional(typed, OpType.INSERT, r, False) for r in rows])
+        if has_key:  # upserts: new values for every key, each key twice in the batch (the second wins)
+            again = nasty_rows(60, salt=1) + nasty_rows(60, salt=2)
+            sink.write([positional(copied, OpType.UPDATE, r, True) for r in again])
+            sink.write([positional(typed, OpType.UPDATE, r, False) for r in again])
+    finally:
+        sink.close()
+    order = ", ".join(c.name for c in NASTY_COLUMNS)
+    text_cols = ", ".join(f"{c.name}::text" for c in NASTY_COLUMNS)
+    got = postgres.execute(f"SELECT {text_cols} FROM public.copy_{suffix} ORDER BY {order}")
+    want = postgres.execute(f"SELECT {text_cols} FROM public.typed_{suffix} ORDER BY {order}")
+    assert got == want and len(got or []) == 60
+    assert len(copies) == (2 if has_key else 1)  # one per write with texts; parsed-only rows: typed INSERT
+    if has_key:
+        by_id = {int(r[0]): r for r in got or []}
+        assert [by_id[i][1] for i in range(15)] == [NASTY["t"][(i + 2) % len(NASTY["t"])] for i in range(15)]
+    else:
+        assert got is not None and sorted(r[1] or "" for r in got) == sorted(r[1] or "" for r in rows)
