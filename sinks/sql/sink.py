@@ -134,6 +134,9 @@ class SQLSink(Sink):
         self._schemas_created: set[str] = set()
         self._warned_missing: set[str] = set()
         self._stage_ids = itertools.count(1)  # names of PostgreSQL staging tables (one per plan)
+        # PostgreSQL: may this session create the TEMP staging tables of COPY upserts? ``check`` asks
+        # the server; None (never checked) counts as yes
+        self.pg_temp_ok: bool | None = None
         # statements execute in a worker thread while the next one is built (not SQLite: in-process work)
         self._pipe = _Pipeline(threaded=self.dialect != "sqlite")
         self._closed = False
@@ -223,6 +226,12 @@ class SQLSink(Sink):
             with self._engine.connect() as conn:
                 conn.exec_driver_sql("SELECT 1")
                 self._statements()
+                if self.dialect == "postgresql":
+                    self.pg_temp_ok = bool(conn.exec_driver_sql(
+                        "SELECT has_database_privilege(current_database(), 'TEMP')").scalar())
+                    if not self.pg_temp_ok:
+                        log.info("%s: no TEMP privilege, keyed upserts use multi-row INSERT instead of COPY",
+                                 self._where())
         except Exception as exc:
             if isinstance(exc, TidewaterError):
                 raise
@@ -767,6 +776,7 @@ class _Binding:
             for c in schema.columns}
         self._plans: dict[tuple[Any, ...], _Plan] = {}
         self._stage_ids = sink._stage_ids
+        self._temp_ok = sink.pg_temp_ok is not False
         self.key_convert = _row_function(
             len(self.key), {i: c for i, k in enumerate(self.key) if (c := self.convs.get(k)) is not None})
 
@@ -811,7 +821,7 @@ class _Binding:
         if s.dialect == "postgresql" and names == self.names and kind in (_UPSERT, _INSERT):
             if kind == _INSERT:
                 p.copy = (s.copy_in(s.table(t), d) % (), None, None)
-            elif len(d) > len(t.key):  # (a key-only table keeps ON CONFLICT DO NOTHING inserts)
+            elif len(d) > len(t.key) and self._temp_ok:  # (a key-only table keeps ON CONFLICT DO NOTHING)
                 stage = f"tidewater_stage_{next(self._stage_ids)}"
                 p.copy = (s.copy_in(s.q(stage), d) % (), s.stage_table(t, d, stage) % (),
                           s.upsert_from(t, d, stage) % ())

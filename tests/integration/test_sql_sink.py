@@ -762,3 +762,30 @@ def test_postgres_copy_of_upstream_text_stores_what_the_typed_path_stores(postgr
         assert [by_id[i][1] for i in range(15)] == [NASTY["t"][(i + 2) % len(NASTY["t"])] for i in range(15)]
     else:
         assert got is not None and sorted(r[1] or "" for r in got) == sorted(r[1] or "" for r in rows)
+
+
+def test_postgres_without_temp_privilege_upserts_through_insert_not_copy(postgres: Target) -> None:
+    """COPY upserts need a TEMP staging table; a role that may not create one gets the multi-row INSERT
+    path (asked once per sink), and the rows arrive all the same."""
+    role = "tw_notemp"
+    postgres.execute(f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{role}') THEN "
+                     f"CREATE ROLE {role} LOGIN; END IF; END $$")
+    postgres.execute(f'REVOKE TEMP ON DATABASE "{postgres.db}" FROM PUBLIC')
+    postgres.execute(f"GRANT ALL ON SCHEMA public TO {role}")
+    postgres.execute(f'GRANT CONNECT, CREATE ON DATABASE "{postgres.db}" TO {role}')
+    uri = postgres.uri.replace("://postgres@", f"://{role}@")
+    assert role in uri
+    s = open_sink(uri, SinkConfig())
+    assert isinstance(s, SQLSink)
+    users = USERS
+    try:
+        s.check()
+        s.write([RowChange(OpType.INSERT, users, 1, row=(i, f"n{i}", i), row_text=(str(i), f"n{i}", str(i)))
+                 for i in range(100)])
+        s.write([RowChange(OpType.UPDATE, users, 2, row=(i, f"m{i}", -i), row_text=(str(i), f"m{i}", str(-i)))
+                 for i in range(100)])
+        assert s.pg_temp_ok is False
+    finally:
+        s.close()
+    got = postgres.rows("users", order="id")
+    assert got == [(i, f"m{i}", -i) for i in range(100)]
