@@ -107,9 +107,9 @@ _COMPONENTS = (  # (file path fragment of the leaf frame, component), first matc
 
 
 def _component(frame: dict[str, object]) -> str:
-    file = str(frame.get("file", "") or "")
-    for fragment, name in _COMPONENTS:
-        if fragment in file:
+    file = "/" + str(frame.get("file", "") or "")
+    for fragment, name in _COMPONENTS:  # matched at a directory boundary: /tmp/wt-sorter/x.py is no sorter
+        if (fragment if fragment.startswith("<") else "/" + fragment) in file:
             return name
     return "other"
 
