@@ -19,6 +19,7 @@ from cdc.errors import SinkError
 from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
 from sinks.sql.ddl import plan_table
 from sinks.sql.sink import SQLSink, _Pipeline, _Table, _Writer
+from tests.sql_sink_fakes import URIS, FakeCursor
 
 pytestmark = pytest.mark.unit
 
@@ -57,35 +58,6 @@ KEYLESS = table("h", has_key=False)
 
 
 # ---- what reaches the driver (no server: a recording cursor) ---------------------------------------
-class FakeCursor:
-    def __init__(self) -> None:
-        import pymysql.converters
-
-        self.calls: list[tuple[str, str, Any]] = []
-        self.rowcount = 1
-        self.connection = SimpleNamespace(
-            server_status=0, escape=lambda v: pymysql.converters.escape_item(v, "utf8mb4"))
-
-    def execute(self, sql: str, params: Any = None) -> None:
-        self.calls.append(("execute", sql, params))
-
-    def executemany(self, sql: str, params: Any) -> None:
-        self.calls.append(("executemany", sql, list(params)))
-
-    def fetchone(self) -> Any:
-        return (1,)
-
-    def fetchall(self) -> list[Any]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-
-URIS = {"sqlite": "sqlite:///unused.db", "mysql": "mysql://u:p@127.0.0.1:1/db",
-        "postgresql": "postgresql://u:p@127.0.0.1:1/db"}
-
-
 def send(dialect: str, changes: Any, *, batch_rows: int = 1000, txn_rows: int = 20000,
          cur: FakeCursor | None = None) -> list[tuple[str, str, Any]]:
     """The calls one write of ``changes`` makes; every table is known to exist downstream."""

@@ -16,6 +16,7 @@ from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, Ta
 from processor.mounter import Mounter, encode_payload
 from sinks.sql.ddl import plan_table
 from sinks.sql.sink import SQLSink, _Table, _Writer
+from tests.sql_sink_fakes import URIS, FakeCursor
 
 pytestmark = pytest.mark.unit
 
@@ -76,37 +77,6 @@ def mounted(s: TableSchema, kind: bytes, key: int) -> RowChange:
     texts = [str(key)] + [t for _, _, _, t in COLUMNS[1:]]
     raw = kind + struct.pack(">I", RELID) + b"N" + tupledata(texts)
     return Mounter(lambda v: s).mount(encode_payload(1, raw), 100, 1.5)
-
-
-class FakeCursor:
-    """Records what the writer sends; ``connection`` is enough of PyMySQL's for the literal renderer."""
-
-    def __init__(self) -> None:
-        import pymysql.converters
-
-        self.calls: list[tuple[str, str, Any]] = []
-        self.rowcount = 1
-        self.connection = SimpleNamespace(
-            server_status=0, escape=lambda v: pymysql.converters.escape_item(v, "utf8mb4"))
-
-    def execute(self, sql: str, params: Any = None) -> None:
-        self.calls.append(("execute", sql, params))
-
-    def executemany(self, sql: str, params: Any) -> None:
-        self.calls.append(("executemany", sql, list(params)))
-
-    def fetchone(self) -> Any:
-        return (1,)
-
-    def fetchall(self) -> list[Any]:
-        return []
-
-    def close(self) -> None:
-        pass
-
-
-URIS = {"sqlite": "sqlite:///unused.db", "mysql": "mysql://u:p@127.0.0.1:1/db",
-        "postgresql": "postgresql://u:p@127.0.0.1:1/db"}
 
 
 def send(dialect: str, s: TableSchema, changes: list[RowChange]) -> list[tuple[str, str, Any]]:
