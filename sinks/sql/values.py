@@ -193,6 +193,13 @@ def _pg_numeric(v: Any) -> Any:
     return v
 
 
+def _pg_float8(v: Any) -> Any:
+    # psycopg2 renders -0.0 as a numeric literal, and numeric has no negative zero: send it as text
+    if v == 0.0 and type(v) is float and math.copysign(1.0, v) < 0:
+        return "-0"
+    return v
+
+
 def _pg_float4(v: Any) -> Any:
     # A float literal would be typed double precision and compare unequal to the stored real; untyped text
     # is cast to real, so keys and REPLICA IDENTITY FULL matches on real columns find their rows.
@@ -343,9 +350,11 @@ def converter(col: ColumnSchema, dialect: str, *, table: str, scale: int | None 
             return _pg_numeric
         if base == "float4":
             return _pg_float4
+        if base == "float8":
+            return _pg_float8
         if base == "uuid":
             return _UUID_TO_STR
-        if base in ("float8", "date", "time", "timestamp", "timestamptz") or base in _TEXT_TYPES:
+        if base in ("date", "time", "timestamp", "timestamptz") or base in _TEXT_TYPES:
             return None
         return _generic_text
     if dialect == "sqlite":

@@ -695,7 +695,7 @@ NASTY = {  # column -> upstream texts as PostgreSQL's output functions write the
            "-infinity", None],
     "ts": ["2026-11-22 01:02:03", "0044-03-15 12:00:00 BC", "infinity", "2026-02-28 23:59:59.000001", None],
     "d": ["2026-11-22", "-infinity", "infinity", None],
-    "f": ["1.5", "NaN", "-Infinity", "Infinity", "1e+300", "0.1", None],  # -0: the typed path stores 0
+    "f": ["1.5", "NaN", "-Infinity", "Infinity", "1e+300", "0.1", None, "-0"],
     "ok": ["t", "f", None],
     "j": ['{"a": "b\\n", "c": [1, 2.50, null]}', '"tab\\there"', "[]", None, '{"k":"\\\\"}'],
     "jb": ['{"a": "b\\n", "c": [1, 2.50, null]}', '"x"', "null", None],
