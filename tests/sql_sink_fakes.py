@@ -5,6 +5,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from cdc.events import TableSchema
+from sinks.sql.ddl import plan_table
+from sinks.sql.sink import SQLSink, _Table
+
 
 class FakeCursor:
     """Records what the writer sends; ``connection`` is enough of PyMySQL's for the literal renderer."""
@@ -35,3 +39,18 @@ class FakeCursor:
 
 URIS = {"sqlite": "sqlite:///unused.db", "mysql": "mysql://u:p@127.0.0.1:1/db",
         "postgresql": "postgresql://u:p@127.0.0.1:1/db"}
+
+
+def assume_tables(sink: SQLSink, dialect: str, *schemas: TableSchema, target_name: str | None = None) -> None:
+    """Register ``schemas`` with ``sink`` as tables that already exist downstream (no catalog, no DDL)."""
+    tschema = "public" if dialect == "postgresql" else None
+    for s in schemas:
+        name = target_name or s.name.table
+        planned = plan_table(s, dialect, target_schema=tschema, target_name=name)
+        sink._tables[(tschema, name)] = _Table(name, planned.schema, planned.name, planned.columns,
+                                               [frozenset(planned.key)] if planned.key else [], created=True)
+
+
+def fake_connection(cur: Any) -> Any:
+    """Enough of a SQLAlchemy connection for ``_Writer``: its DB-API cursor is ``cur``."""
+    return SimpleNamespace(connection=SimpleNamespace(dbapi_connection=SimpleNamespace(cursor=lambda: cur)))

@@ -3,23 +3,21 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from cdc.config import SinkConfig
 from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
-from sinks.sql.ddl import plan_table
 from sinks.sql.sink import (
     _COPY_MIN_ROWS,
     SQLSink,
     _copy_text,
     _last_per_key_texts,
     _Pipeline,
-    _Table,
     _Writer,
 )
+from tests.sql_sink_fakes import assume_tables, fake_connection
 
 pytestmark = pytest.mark.unit
 
@@ -109,11 +107,8 @@ def write(changes: list[RowChange], writes: int = 1) -> list[tuple[str, str, Any
     sink._pipe = _Pipeline(threaded=False)
     cur = CopyCursor()
     try:
-        for s in (K, H):
-            planned = plan_table(s, "postgresql", target_schema="public", target_name=s.name.table)
-            sink._tables[("public", s.name.table)] = _Table(s.name.table, planned.schema, planned.name, planned.columns,
-                                                            [frozenset(planned.key)] if planned.key else [], created=True)
-        conn: Any = SimpleNamespace(connection=SimpleNamespace(dbapi_connection=SimpleNamespace(cursor=lambda: cur)))
+        assume_tables(sink, "postgresql", K, H)
+        conn = fake_connection(cur)
         for _ in range(writes):
             _Writer(sink, conn, sink._statements()).run(changes)
     finally:

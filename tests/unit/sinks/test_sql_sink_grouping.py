@@ -9,7 +9,6 @@ import random
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,9 +16,8 @@ import pytest
 from cdc.config import SinkConfig
 from cdc.errors import SinkError
 from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
-from sinks.sql.ddl import plan_table
-from sinks.sql.sink import SQLSink, _Pipeline, _Table, _Writer
-from tests.sql_sink_fakes import URIS, FakeCursor
+from sinks.sql.sink import SQLSink, _Pipeline, _Writer
+from tests.sql_sink_fakes import URIS, FakeCursor, assume_tables, fake_connection
 
 pytestmark = pytest.mark.unit
 
@@ -63,14 +61,9 @@ def send(dialect: str, changes: Any, *, batch_rows: int = 1000, txn_rows: int = 
     """The calls one write of ``changes`` makes; every table is known to exist downstream."""
     sink = SQLSink(URIS[dialect], SinkConfig(batch_rows=batch_rows, txn_rows=txn_rows))
     try:
-        tschema = "public" if dialect == "postgresql" else None
-        for s in (A, B, C, KEYLESS):
-            planned = plan_table(s, dialect, target_schema=tschema, target_name=s.name.table)
-            sink._tables[(tschema, s.name.table)] = _Table(
-                s.name.table, planned.schema, planned.name, planned.columns,
-                [frozenset(planned.key)] if planned.key else [], created=True)
+        assume_tables(sink, dialect, A, B, C, KEYLESS)
         cur = cur or FakeCursor()
-        conn: Any = SimpleNamespace(connection=SimpleNamespace(dbapi_connection=SimpleNamespace(cursor=lambda: cur)))
+        conn = fake_connection(cur)
         _Writer(sink, conn, sink._statements()).run(changes)
         return cur.calls
     finally:
@@ -156,12 +149,8 @@ def test_pending_rows_over_all_tables_are_bounded(dialect: str) -> None:
     sink = SQLSink(URIS[dialect], SinkConfig(batch_rows=10, txn_rows=10))  # pending: max(batch, txn) rows
     sink._pipe = _Pipeline(threaded=False)  # statements run when flushed (the pipeline's bound: its own tests)
     try:
-        tschema = "public" if dialect == "postgresql" else None
-        for s in tables:
-            planned = plan_table(s, dialect, target_schema=tschema, target_name=s.name.table)
-            sink._tables[(tschema, s.name.table)] = _Table(s.name.table, planned.schema, planned.name,
-                                                           planned.columns, [frozenset(planned.key)], created=True)
-        conn: Any = SimpleNamespace(connection=SimpleNamespace(dbapi_connection=SimpleNamespace(cursor=lambda: cur)))
+        assume_tables(sink, dialect, *tables)
+        conn = fake_connection(cur)
         _Writer(sink, conn, sink._statements()).run(changes())
     finally:
         sink.close()
@@ -184,12 +173,8 @@ def test_an_error_names_the_table_whose_group_failed(dialect: str) -> None:
     sink = SQLSink(URIS[dialect])
     cur = Failing()
     try:
-        tschema = "public" if dialect == "postgresql" else None
-        for s in (A, B):
-            planned = plan_table(s, dialect, target_schema=tschema, target_name=s.name.table)
-            sink._tables[(tschema, s.name.table)] = _Table(s.name.table, planned.schema, planned.name,
-                                                           planned.columns, [frozenset(planned.key)], created=True)
-        conn: Any = SimpleNamespace(connection=SimpleNamespace(dbapi_connection=SimpleNamespace(cursor=lambda: cur)))
+        assume_tables(sink, dialect, A, B)
+        conn = fake_connection(cur)
         w = _Writer(sink, conn, sink._statements())
         with pytest.raises(RuntimeError):
             w.run([ins(B, 1), ins(A, 1), ins(A, 2)])  # b's group is flushed at the end, after a's was started

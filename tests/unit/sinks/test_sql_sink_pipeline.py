@@ -14,12 +14,11 @@ import pytest
 
 from cdc.config import SinkConfig
 from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
-from sinks.sql.ddl import plan_table
-from sinks.sql.sink import SQLSink, _Pipeline, _Table, _Writer
+from sinks.sql.sink import SQLSink, _Pipeline, _Writer
+from tests.sql_sink_fakes import URIS, assume_tables, fake_connection
 
 pytestmark = pytest.mark.unit
 
-URIS = {"mysql": "mysql://u:p@127.0.0.1:1/db", "postgresql": "postgresql://u:p@127.0.0.1:1/db"}
 
 
 def table(name: str) -> TableSchema:
@@ -100,16 +99,12 @@ class SlowCursor:
 
 def make_sink(dialect: str, **config: Any) -> SQLSink:
     sink = SQLSink(URIS[dialect], SinkConfig(**config))
-    tschema = "public" if dialect == "postgresql" else None
-    for s in (A, B, C):
-        planned = plan_table(s, dialect, target_schema=tschema, target_name=s.name.table)
-        sink._tables[(tschema, s.name.table)] = _Table(s.name.table, planned.schema, planned.name, planned.columns,
-                                                       [frozenset(planned.key)], created=True)
+    assume_tables(sink, dialect, A, B, C)
     return sink
 
 
 def run(sink: SQLSink, cur: SlowCursor, changes: Any) -> _Writer:
-    conn: Any = SimpleNamespace(connection=SimpleNamespace(dbapi_connection=SimpleNamespace(cursor=lambda: cur)))
+    conn = fake_connection(cur)
     writer = _Writer(sink, conn, sink._statements())
     writer.run(changes)
     return writer
@@ -171,7 +166,7 @@ def test_the_next_statement_is_built_while_the_previous_one_executes() -> None:
 def test_a_failed_statement_is_raised_with_its_table_and_later_ones_never_run(dialect: str) -> None:
     cur = SlowCursor(delay=0.001, fail_on=1)  # the second statement: table b's first
     sink = make_sink(dialect, batch_rows=3, txn_rows=1000)
-    conn: Any = SimpleNamespace(connection=SimpleNamespace(dbapi_connection=SimpleNamespace(cursor=lambda: cur)))
+    conn = fake_connection(cur)
     writer = _Writer(sink, conn, sink._statements())
     changes = [ins(A, i) for i in range(3)] + [ins(B, i) for i in range(3)] + [ins(C, i) for i in range(30)]
     try:
@@ -206,7 +201,7 @@ def test_an_earlier_statement_failure_wins_over_a_later_caller_error() -> None:
         time.sleep(0.05)
         raise ValueError("the caller's own failure")
 
-    conn: Any = SimpleNamespace(connection=SimpleNamespace(dbapi_connection=SimpleNamespace(cursor=lambda: cur)))
+    conn = fake_connection(cur)
     writer = _Writer(sink, conn, sink._statements())
     try:
         with pytest.raises(DriverError) as info:

@@ -7,16 +7,14 @@ from __future__ import annotations
 import dataclasses
 import pickle
 import struct
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
 from processor.mounter import Mounter, encode_payload
-from sinks.sql.ddl import plan_table
-from sinks.sql.sink import SQLSink, _Table, _Writer
-from tests.sql_sink_fakes import URIS, FakeCursor
+from sinks.sql.sink import SQLSink, _Writer
+from tests.sql_sink_fakes import URIS, FakeCursor, assume_tables, fake_connection
 
 pytestmark = pytest.mark.unit
 
@@ -82,12 +80,9 @@ def mounted(s: TableSchema, kind: bytes, key: int) -> RowChange:
 def send(dialect: str, s: TableSchema, changes: list[RowChange]) -> list[tuple[str, str, Any]]:
     sink = SQLSink(URIS[dialect])
     try:
-        tschema = "public" if dialect == "postgresql" else None
-        planned = plan_table(s, dialect, target_schema=tschema, target_name="t")
-        sink._tables[(tschema, "t")] = _Table("t", planned.schema, planned.name, planned.columns,
-                                              [frozenset(planned.key)], created=True)
+        assume_tables(sink, dialect, s, target_name="t")
         cur = FakeCursor()
-        conn: Any = SimpleNamespace(connection=SimpleNamespace(dbapi_connection=SimpleNamespace(cursor=lambda: cur)))
+        conn = fake_connection(cur)
         _Writer(sink, conn, sink._statements()).run(changes)
         return cur.calls
     finally:
