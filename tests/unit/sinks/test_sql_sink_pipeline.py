@@ -20,7 +20,6 @@ from tests.sql_sink_fakes import URIS, assume_tables, fake_connection
 pytestmark = pytest.mark.unit
 
 
-
 def table(name: str) -> TableSchema:
     cols = (ColumnSchema("id", 0, "int4", nullable=False, is_key=True), ColumnSchema("name", 0, "text", nullable=True))
     return TableSchema(TableName("public", name), cols, ("id",), has_key=True, replica_identity="d")
