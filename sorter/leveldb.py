@@ -43,9 +43,10 @@ import shutil
 import threading
 import time
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from operator import itemgetter
 from pathlib import Path
+from typing import Any
 
 import plyvel
 
@@ -180,13 +181,8 @@ class LevelDBSorter(Sorter):
 
     def _wipe(self) -> None:
         shutil.rmtree(self.spill_dir, ignore_errors=True)
-        wb = self.db.write_batch()
-        for n, key in enumerate(self.db.iterator(include_value=False), 1):
-            wb.delete(key)
-            if n % _DELETE_BATCH_KEYS == 0:
-                wb.write()
-                wb.clear()
-        wb.write()
+        with self.db.iterator(include_value=False) as keys:
+            _delete_in_batches(self.db, keys)
         self.db.compact_range()
 
     def span(self, span_key: str, memory_budget: int | None = None) -> LevelDBSpanSorter:
@@ -233,6 +229,17 @@ class LevelDBSorter(Sorter):
                 f"sorter at {self.path} uses {self._disk_estimate} bytes, over its disk quota of "
                 f"{self.disk_quota} bytes ({what}); the sink must catch up"
             )
+
+
+def _delete_in_batches(db: Any, keys: Iterable[bytes]) -> None:
+    """Delete ``keys`` in write batches of at most ``_DELETE_BATCH_KEYS`` (plyvel has no range delete)."""
+    wb = db.write_batch()
+    for n, key in enumerate(keys, 1):
+        wb.delete(key)
+        if n % _DELETE_BATCH_KEYS == 0:
+            wb.write()
+            wb.clear()
+    wb.write()
 
 
 def _dir_bytes(path: Path) -> int:
@@ -423,25 +430,19 @@ class LevelDBSpanSorter(SpanSorter):
             self._delete_keys([key], "clean")
 
     def clear(self) -> None:
-        for txn in self._txns.values():
-            if txn.spill is not None:
-                txn.spill.unlink()
         self._txns.clear()
         self._buffered = 0
         self._last_commit_ts = -1
         with self._lock:
             for seg in self._segments:
                 seg.dropped = True
-            segs, self._segments, self._open = self._segments, [], None
+            self._segments, self._open = [], None
             self._committed_bytes = 0
             self._clean_floor = -1
-        for seg in segs:
-            if seg.spill is not None:
-                self._unlink(seg.spill[0], "clear")
         prefix = self._cprefix
         size = self._approximate_size(prefix, prefix_end(prefix))
         self._delete_range(prefix, "clear")
-        try:  # files of this span left by an earlier run of the same sorter object
+        try:  # every spill file of this span: open and committed transactions, earlier runs
             for f in self._owner.spill_dir.glob(f"{self._uid.hex()}-*.spill"):
                 f.unlink(missing_ok=True)
         except OSError as e:
@@ -559,32 +560,17 @@ class LevelDBSpanSorter(SpanSorter):
 
     def _delete_keys(self, keys: list[bytes], what: str) -> None:
         try:
-            with self._db.write_batch() as wb:
-                for key in keys:
-                    wb.delete(key)
+            _delete_in_batches(self._db, keys)
         except _DB_ERRORS as e:
             raise _storage_error(e, self._path, f"{what} of span {self.span_key}") from e
 
-    def _delete_range(self, start: bytes, what: str, stop: bytes | None = None) -> int:
-        """Delete every key in ``[start, stop)`` (or with prefix ``start``) in bounded write batches."""
-        db = self._db
-        n = 0
+    def _delete_range(self, prefix: bytes, what: str) -> None:
+        """Delete every key starting with ``prefix``."""
         try:
-            if stop is None:
-                it = db.iterator(prefix=start, include_value=False)
-            else:
-                it = db.iterator(start=start, stop=stop, include_value=False)
-            with it:
-                wb = db.write_batch()
-                for n, key in enumerate(it, 1):
-                    wb.delete(key)
-                    if n % _DELETE_BATCH_KEYS == 0:
-                        wb.write()
-                        wb.clear()
-                wb.write()
+            with self._db.iterator(prefix=prefix, include_value=False) as keys:  # a snapshot: safe to delete
+                _delete_in_batches(self._db, keys)
         except _DB_ERRORS as e:
             raise _storage_error(e, self._path, f"{what} of span {self.span_key}") from e
-        return n
 
     def _approximate_size(self, start: bytes, stop: bytes | None) -> int:
         """On-disk (table file) bytes of ``[start, stop)``; data still in the memtable counts 0."""
