@@ -164,9 +164,10 @@ class Processor:
                     slot.restart_at = now + self._backoff(slot.failures)
                     slot.error = _running_error(exc, self.capture_id, key[1], now)
                     self._report(slot)
-            if slot.runner is not None and slot.error is not None and slot.runner.checkpoint.ts > (
-                    slot.reported.checkpoint_ts if slot.reported else 0):
-                slot.error = None  # progress after a restart: the error is over
+            if slot.runner is not None and slot.error is not None and slot.runner.checkpoint.ts > slot.runner.start_ts:
+                # progress since the restart: the error is over (the report pass may already have stored that
+                # progress, still with the error, so the stored checkpoint is no measure of it)
+                slot.error = None
                 slot.failures = 0
         self.report()
 

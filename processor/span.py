@@ -88,6 +88,7 @@ class SpanRunner:
         self.target_ts = target_ts  # changefeed target Ts: nothing committed after it is written
         self.resolved = start
         self.checkpoint = start
+        self.start_ts = start.ts  # the checkpoint this runner started from
         self.rows = 0
         self.error: BaseException | None = None
         self.failed = threading.Event()

@@ -13,7 +13,7 @@ import pytest
 from cdc.config import ServerConfig
 from cdc.meta.etcd import Compare
 from cdc.meta.store import ClusterSnapshot, SpanStatusWrite, Versioned
-from cdc.model import ChangefeedInfo, SpanAssignment, SpanInfo, SpanStatus
+from cdc.model import ChangefeedInfo, RunningError, SpanAssignment, SpanInfo, SpanStatus
 from cdc.ts import Watermark
 from processor.processor import Processor, _Slot, report_due
 
@@ -59,6 +59,7 @@ class FakeRunner:
     def __init__(self, ts: int) -> None:
         self.checkpoint = Watermark(ts, float(ts))
         self.resolved = Watermark(ts, float(ts))
+        self.start_ts = ts
         self.rows = 0
         self.alive = True
         self.stopped = False
@@ -216,3 +217,23 @@ def test_idle_spans_do_not_ride_along_with_busy_ones() -> None:
         idle_writes += sum(1 for w in store.batches[-1] if w.span == 1) if len(store.batches) > 1 else 0
         store.batches.append([])  # mark the pass boundary
     assert idle_writes <= 1
+
+
+def test_an_error_clears_once_the_restarted_span_progresses_even_if_the_report_pass_stored_it_first() -> None:
+    """The 50 ms report pass can store the restarted span's progress (with the error still attached)
+    before the tick looks: progress is measured from the runner's start, not from the stored status."""
+    clock, store = Clock(), FakeStore()
+    p, runners = make(1, clock, store)
+    slot = p._slots[("cf", 0)]
+    slot.error = RunningError("CDC:ErrSinkUnavailable", "sink down", clock.now, "cap", 0)
+    p.report()
+    runners[0].advance(150)
+    clock.now += MIN
+    p.report()
+    assert store.stored[("cf", 0)].checkpoint_ts == 150 and store.stored[("cf", 0)].error is not None
+    info = ChangefeedInfo(id="cf", upstream_uri="postgresql://u@h/db", sink_uri="blackhole://", config={},
+                          start_ts=100, start_time=0.0, create_time=0.0, spans=(SpanInfo(0, "s0", "p0", 100),))
+    p.tick(ClusterSnapshot(revision=1, changefeeds={"cf": Versioned(info, 1)},
+                           assignments={"cf": {0: SpanAssignment("cap", 1)}}))
+    assert slot.error is None and slot.failures == 0
+    assert store.stored[("cf", 0)].error is None
