@@ -43,6 +43,10 @@ class Keepalive:
     time: float
 
 
+# the same fix the owner's upstream watcher names, whichever of the two notices the loss first
+_SLOT_LOST_FIX = "Remove the changefeed and create it again (re-synchronising the downstream)"
+
+
 class ReplicationStream:
     def __init__(
         self,
@@ -115,12 +119,12 @@ class ReplicationStream:
         if row is None:
             raise SlotLost(
                 f"replication slot {self.slot!r} does not exist on the upstream: it was dropped or lost in a "
-                f"failover; changes after the checkpoint may be gone, recreate the changefeed")
+                f"failover; changes after the checkpoint may be gone. {_SLOT_LOST_FIX}")
 
     def _classify(self, exc: psycopg2.Error) -> Exception:
         text = str(exc).strip()
         if "does not exist" in text and "slot" in text:
-            return SlotLost(f"replication slot {self.slot!r} does not exist: {text}")
+            return SlotLost(f"replication slot {self.slot!r} does not exist: {text}. {_SLOT_LOST_FIX}")
         return UpstreamUnavailable(f"replication stream of slot {self.slot!r} failed: {text}")
 
     # ---- reading ---------------------------------------------------------------------------------
