@@ -5,7 +5,8 @@ Each model is a dataclass serialised with ``cdc.serde`` as JSON. Who writes what
 - ``ChangefeedInfo``: the API (create / pause / resume / remove / update) and the owner (state, error).
 - ``ChangefeedStatus``: the owner only (global resolved and checkpoint Ts).
 - ``SpanAssignment``: the owner only.
-- ``SpanStatus``: the processor running the span (checkpoint and resolved Ts of the span).
+- ``SpanStatus``: the processor running the span (checkpoint and resolved Ts of the span, and the
+  ``DataWarning``s its sink raised).
 """
 
 from __future__ import annotations
@@ -38,6 +39,68 @@ class RunningError:
     capture_id: str = ""
     span: int = -1
     retryable: bool = True
+
+
+class WarningSeverity(enum.StrEnum):
+    """How bad a :class:`DataWarning` is.
+
+    ``divergence``: rows downstream may differ from upstream (the changefeed shows ``warning`` until an
+    operator acts); ``notice``: something unusual happened that Tidewater repaired (for example a row
+    missing downstream was re-read from the upstream) - shown, counted, but the state stays ``normal``.
+    """
+
+    DIVERGENCE = "divergence"
+    NOTICE = "notice"
+
+
+@dataclass(frozen=True)
+class DataWarning:
+    """A condition that can make (or made) the target differ from the source, per table and kind.
+
+    Raised by sinks (``sinks.base.Sink.take_warnings``), by the owner's upstream watcher (rows of a newly
+    added table, a target-name collision) and by the processor; stored in ``SpanStatus.warnings`` /
+    ``ChangefeedStatus.warnings`` and shown by ``changefeed query``, the API and the metric
+    ``tidewater_data_warnings``. Never only a log line (the first rule: never silently wrong).
+
+    ``code`` names the kind (``CDC:WarnMissingRow``, ``CDC:WarnUnreplicatedRows``, ...), ``table`` the
+    upstream table (``schema.name``), ``count`` how many rows (or events) so far, ``keys`` the first few
+    keys as text (at most ``MAX_KEYS``), ``first_time``/``last_time`` when it was first and last seen.
+    Two warnings with the same (code, table) merge (:meth:`merge`).
+    """
+
+    MAX_KEYS = 5
+
+    code: str
+    table: str
+    message: str
+    severity: WarningSeverity = WarningSeverity.DIVERGENCE
+    count: int = 1
+    keys: tuple[str, ...] = ()
+    first_time: float = field(default_factory=time.time)
+    last_time: float = 0.0
+
+    @property
+    def ident(self) -> tuple[str, str]:
+        return (self.code, self.table)
+
+    def merge(self, later: DataWarning) -> DataWarning:
+        """This warning updated by a later one of the same (code, table): counts add up, first keys kept."""
+        keys = self.keys + tuple(k for k in later.keys if k not in self.keys)
+        return replace(self, message=later.message, severity=later.severity, count=self.count + later.count,
+                       keys=keys[: self.MAX_KEYS], first_time=min(self.first_time, later.first_time),
+                       last_time=max(self.last_time, later.last_time, later.first_time))
+
+
+def merge_warnings(current: tuple[DataWarning, ...], new: list[DataWarning] | tuple[DataWarning, ...],
+                   limit: int = 50) -> tuple[DataWarning, ...]:
+    """``current`` with ``new`` merged in by (code, table), oldest first, at most ``limit`` entries (the
+    oldest go first when over; a dropped warning's table stays in the log)."""
+    by_ident = {w.ident: w for w in current}
+    for w in new:
+        prev = by_ident.get(w.ident)
+        by_ident[w.ident] = w if prev is None else prev.merge(w)
+    merged = sorted(by_ident.values(), key=lambda w: w.first_time)
+    return tuple(merged[-limit:])
 
 
 @dataclass(frozen=True)
@@ -118,3 +181,4 @@ class SpanStatus:
     error: RunningError | None = None
     rows: int = 0  # rows written to the sink by this span since it started on this capture
     updated: float = 0.0
+    warnings: tuple[DataWarning, ...] = ()  # data warnings of this span (see DataWarning), merged

@@ -14,15 +14,29 @@ Guarantees a sink gives its caller:
 - Fencing: ``fence`` (if given) is called immediately before the downstream commit; if it raises, the
   downstream transaction is rolled back and the exception propagates. A span uses it to refuse to
   commit once its capture may have lost the span (lease expired while the process was frozen).
+- Data warnings: anything the sink had to do that can make the target differ from the source (a row
+  missing downstream, a value it could not store exactly) is returned by ``take_warnings`` as a
+  ``cdc.model.DataWarning`` (the caller puts it into the changefeed's state), never only logged.
+- Missing rows: an UPDATE whose row is missing downstream and that does not carry every column (unsent
+  ``UNCHANGED`` values) is never completed with NULLs. If the caller gave a ``RowSource``
+  (``set_row_source``), the sink asks it for the current upstream row and writes that (later changes in
+  the stream converge it); otherwise, or when the upstream no longer has the row, it raises a warning.
 - Threading: one caller thread at a time. ``close`` releases connections; no call after ``close``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
-from cdc.events import RowChange, TableName
+from cdc.events import RowChange, TableName, TableSchema
+from cdc.model import DataWarning
+
+RowSource = Callable[[TableSchema, Sequence[tuple[Any, ...]]], list[dict[str, Any] | None]]
+"""``fetch(schema, keys)``: the current upstream row (all columns by name) for each key, in order, or None
+where the upstream no longer has that row. Raises ``cdc.errors.TidewaterError`` when the upstream cannot
+be read."""
 
 
 class Sink(ABC):
@@ -36,6 +50,13 @@ class Sink(ABC):
     def target_name(self, table: TableName) -> str:
         """Where ``table`` lands downstream, as a display string (used to refuse name collisions)."""
         return str(table)
+
+    def take_warnings(self) -> list[DataWarning]:
+        """The data warnings raised since the last call (and forget them)."""
+        return []
+
+    def set_row_source(self, fetch: RowSource | None) -> None:  # noqa: B027 - optional hook
+        """Where to read a full upstream row when a partial UPDATE finds no row downstream."""
 
     @abstractmethod
     def close(self) -> None: ...
