@@ -6,8 +6,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from cdc.events import TableSchema
+from sinks.sql.binding import KnownTable
 from sinks.sql.ddl import plan_table
-from sinks.sql.sink import SQLSink, _Table
+from sinks.sql.sink import SQLSink
 
 
 class FakeCursor:
@@ -47,10 +48,10 @@ def assume_tables(sink: SQLSink, dialect: str, *schemas: TableSchema, target_nam
     for s in schemas:
         name = target_name or s.name.table
         planned = plan_table(s, dialect, target_schema=tschema, target_name=name)
-        sink._tables[(tschema, name)] = _Table(name, planned.schema, planned.name, planned.columns,
+        sink._tables[(tschema, name)] = KnownTable(name, planned.schema, planned.name, planned.columns,
                                                [frozenset(planned.key)] if planned.key else [], created=True)
 
 
 def fake_connection(cur: Any) -> Any:
-    """Enough of a SQLAlchemy connection for ``_Writer``: its DB-API cursor is ``cur``."""
+    """Enough of a SQLAlchemy connection for ``Writer``: its DB-API cursor is ``cur``."""
     return SimpleNamespace(connection=SimpleNamespace(dbapi_connection=SimpleNamespace(cursor=lambda: cur)))

@@ -735,11 +735,11 @@ def test_postgres_copy_of_upstream_text_stores_what_the_typed_path_stores(postgr
     copied = table(f"copy_{suffix}", *NASTY_COLUMNS, has_key=has_key)
     typed = table(f"typed_{suffix}", *NASTY_COLUMNS, has_key=has_key)
     rows = nasty_rows(60)
-    from sinks.sql import sink as sink_module
+    from sinks.sql import writer as writer_module
 
     copies: list[str] = []
-    real_copy = sink_module._Writer._copy_in
-    monkeypatch.setattr(sink_module._Writer, "_copy_in",
+    real_copy = writer_module.Writer._copy_in
+    monkeypatch.setattr(writer_module.Writer, "_copy_in",
                         lambda self, sql, data: (copies.append(sql), real_copy(self, sql, data))[1])
     sink = postgres.sink()
     try:

@@ -1,5 +1,5 @@
 """PostgreSQL COPY of upstream text: the text-format escaping is exact, and which groups take COPY
-(positional rows that all carry their text, at least ``_COPY_MIN_ROWS`` of them) or the typed INSERT."""
+(positional rows that all carry their text, at least ``COPY_MIN_ROWS`` of them) or the typed INSERT."""
 
 from __future__ import annotations
 
@@ -9,14 +9,9 @@ import pytest
 
 from cdc.config import SinkConfig
 from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
-from sinks.sql.sink import (
-    _COPY_MIN_ROWS,
-    SQLSink,
-    _copy_text,
-    _last_per_key_texts,
-    _Pipeline,
-    _Writer,
-)
+from sinks.sql.pipeline import Pipeline
+from sinks.sql.sink import SQLSink
+from sinks.sql.writer import COPY_MIN_ROWS, Writer, _copy_text, _last_per_key_texts
 from tests.sql_sink_fakes import assume_tables, fake_connection
 
 pytestmark = pytest.mark.unit
@@ -104,13 +99,13 @@ K, H = schema("k"), schema("h", has_key=False)
 
 def write(changes: list[RowChange], writes: int = 1) -> list[tuple[str, str, Any]]:
     sink = SQLSink("postgresql://u:p@127.0.0.1:1/db", SinkConfig())
-    sink._pipe = _Pipeline(threaded=False)
+    sink._pipe = Pipeline(threaded=False)
     cur = CopyCursor()
     try:
         assume_tables(sink, "postgresql", K, H)
         conn = fake_connection(cur)
         for _ in range(writes):
-            _Writer(sink, conn, sink._statements()).run(changes)
+            Writer(sink, conn, sink._statements()).run(changes)
     finally:
         sink.close()
     return cur.calls
@@ -121,7 +116,7 @@ def rc(s: TableSchema, op: OpType, i: int, v: str | None, text: bool = True) -> 
 
 
 def test_an_upsert_group_with_texts_is_copied_into_the_stage_and_merged() -> None:
-    n = _COPY_MIN_ROWS
+    n = COPY_MIN_ROWS
     changes = [rc(K, OpType.INSERT, i, f"v{i}") for i in range(n)] + [rc(K, OpType.UPDATE, 0, "last\tone")]
     calls = write(changes, writes=2)
     kinds = [(k, sql.split()[0]) for k, sql, _ in calls]
@@ -135,16 +130,16 @@ def test_an_upsert_group_with_texts_is_copied_into_the_stage_and_merged() -> Non
 
 
 def test_keyless_inserts_are_copied_into_the_table() -> None:
-    calls = write([rc(H, OpType.INSERT, i % 3, "x") for i in range(_COPY_MIN_ROWS)])
+    calls = write([rc(H, OpType.INSERT, i % 3, "x") for i in range(COPY_MIN_ROWS)])
     assert [(k, sql) for k, sql, _ in calls] == [("copy", 'COPY "public"."h" ("id", "v") FROM STDIN')]
-    assert len(parse_copy_text(calls[0][2], 2)) == _COPY_MIN_ROWS  # duplicates kept: no key
+    assert len(parse_copy_text(calls[0][2], 2)) == COPY_MIN_ROWS  # duplicates kept: no key
 
 
 @pytest.mark.parametrize("why", ["few rows", "one row without text"])
 def test_other_groups_take_the_typed_insert(why: str) -> None:
     if why == "few rows":
-        changes = [rc(K, OpType.INSERT, i, "x") for i in range(_COPY_MIN_ROWS - 1)]
+        changes = [rc(K, OpType.INSERT, i, "x") for i in range(COPY_MIN_ROWS - 1)]
     else:
-        changes = [rc(K, OpType.INSERT, i, "x", text=i != 5) for i in range(2 * _COPY_MIN_ROWS)]
+        changes = [rc(K, OpType.INSERT, i, "x", text=i != 5) for i in range(2 * COPY_MIN_ROWS)]
     calls = write(changes)
     assert [k for k, _, _ in calls] == ["execute"] and calls[0][1].startswith('INSERT INTO "public"."k"')

@@ -16,7 +16,9 @@ import pytest
 from cdc.config import SinkConfig
 from cdc.errors import SinkError
 from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
-from sinks.sql.sink import SQLSink, _Pipeline, _Writer
+from sinks.sql.pipeline import Pipeline
+from sinks.sql.sink import SQLSink
+from sinks.sql.writer import Writer
 from tests.sql_sink_fakes import URIS, FakeCursor, assume_tables, fake_connection
 
 pytestmark = pytest.mark.unit
@@ -64,7 +66,7 @@ def send(dialect: str, changes: Any, *, batch_rows: int = 1000, txn_rows: int = 
         assume_tables(sink, dialect, A, B, C, KEYLESS)
         cur = cur or FakeCursor()
         conn = fake_connection(cur)
-        _Writer(sink, conn, sink._statements()).run(changes)
+        Writer(sink, conn, sink._statements()).run(changes)
         return cur.calls
     finally:
         sink.close()
@@ -147,11 +149,11 @@ def test_pending_rows_over_all_tables_are_bounded(dialect: str) -> None:
             yield ins(tables[i % 3], i)
 
     sink = SQLSink(URIS[dialect], SinkConfig(batch_rows=10, txn_rows=10))  # pending: max(batch, txn) rows
-    sink._pipe = _Pipeline(threaded=False)  # statements run when flushed (the pipeline's bound: its own tests)
+    sink._pipe = Pipeline(threaded=False)  # statements run when flushed (the pipeline's bound: its own tests)
     try:
         assume_tables(sink, dialect, *tables)
         conn = fake_connection(cur)
-        _Writer(sink, conn, sink._statements()).run(changes())
+        Writer(sink, conn, sink._statements()).run(changes())
     finally:
         sink.close()
     assert seen[9] == 0 and seen[10] == 3 and seen[20] == 6  # every 10 pending rows, all three groups flushed
@@ -175,7 +177,7 @@ def test_an_error_names_the_table_whose_group_failed(dialect: str) -> None:
     try:
         assume_tables(sink, dialect, A, B)
         conn = fake_connection(cur)
-        w = _Writer(sink, conn, sink._statements())
+        w = Writer(sink, conn, sink._statements())
         with pytest.raises(RuntimeError):
             w.run([ins(B, 1), ins(A, 1), ins(A, 2)])  # b's group is flushed at the end, after a's was started
         assert w.current == "b"

@@ -14,7 +14,9 @@ import pytest
 
 from cdc.config import SinkConfig
 from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
-from sinks.sql.sink import SQLSink, _Pipeline, _Writer
+from sinks.sql.pipeline import Pipeline
+from sinks.sql.sink import SQLSink
+from sinks.sql.writer import Writer
 from tests.sql_sink_fakes import URIS, assume_tables, fake_connection
 
 pytestmark = pytest.mark.unit
@@ -102,9 +104,9 @@ def make_sink(dialect: str, **config: Any) -> SQLSink:
     return sink
 
 
-def run(sink: SQLSink, cur: SlowCursor, changes: Any) -> _Writer:
+def run(sink: SQLSink, cur: SlowCursor, changes: Any) -> Writer:
     conn = fake_connection(cur)
-    writer = _Writer(sink, conn, sink._statements())
+    writer = Writer(sink, conn, sink._statements())
     writer.run(changes)
     return writer
 
@@ -121,7 +123,7 @@ def mixed(n: int) -> list[RowChange]:
 def test_statements_run_in_a_worker_in_submit_order_one_at_a_time(dialect: str) -> None:
     changes = mixed(90)
     sink = make_sink(dialect, batch_rows=5, txn_rows=15)
-    sink._pipe = _Pipeline(threaded=False)
+    sink._pipe = Pipeline(threaded=False)
     inline = SlowCursor()
     try:
         run(sink, inline, changes)
@@ -166,7 +168,7 @@ def test_a_failed_statement_is_raised_with_its_table_and_later_ones_never_run(di
     cur = SlowCursor(delay=0.001, fail_on=1)  # the second statement: table b's first
     sink = make_sink(dialect, batch_rows=3, txn_rows=1000)
     conn = fake_connection(cur)
-    writer = _Writer(sink, conn, sink._statements())
+    writer = Writer(sink, conn, sink._statements())
     changes = [ins(A, i) for i in range(3)] + [ins(B, i) for i in range(3)] + [ins(C, i) for i in range(30)]
     try:
         with pytest.raises(DriverError, match="statement 1 failed"):
@@ -201,7 +203,7 @@ def test_an_earlier_statement_failure_wins_over_a_later_caller_error() -> None:
         raise ValueError("the caller's own failure")
 
     conn = fake_connection(cur)
-    writer = _Writer(sink, conn, sink._statements())
+    writer = Writer(sink, conn, sink._statements())
     try:
         with pytest.raises(DriverError) as info:
             writer.run(changes())
@@ -251,7 +253,7 @@ def test_reads_drain_the_pipeline_first() -> None:
 
 
 def test_the_pipeline_bounds_what_is_queued() -> None:
-    pipe = _Pipeline(depth=2)
+    pipe = Pipeline(depth=2)
     release = threading.Event()
     done: list[int] = []
     try:
@@ -270,7 +272,7 @@ def test_the_pipeline_bounds_what_is_queued() -> None:
 
 
 def test_the_error_is_kept_until_taken_and_submit_refuses_meanwhile() -> None:
-    pipe = _Pipeline()
+    pipe = Pipeline()
     done: list[int] = []
     try:
         def fail() -> None:

@@ -13,7 +13,8 @@ import pytest
 
 from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
 from processor.mounter import Mounter, encode_payload
-from sinks.sql.sink import SQLSink, _Writer
+from sinks.sql.sink import SQLSink
+from sinks.sql.writer import Writer
 from tests.sql_sink_fakes import URIS, FakeCursor, assume_tables, fake_connection
 
 pytestmark = pytest.mark.unit
@@ -83,7 +84,7 @@ def send(dialect: str, s: TableSchema, changes: list[RowChange]) -> list[tuple[s
         assume_tables(sink, dialect, s, target_name="t")
         cur = FakeCursor()
         conn = fake_connection(cur)
-        _Writer(sink, conn, sink._statements()).run(changes)
+        Writer(sink, conn, sink._statements()).run(changes)
         return cur.calls
     finally:
         sink.close()
