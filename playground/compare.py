@@ -175,6 +175,16 @@ def _text_exact(src: tuple, dst_raw: tuple, numeric: list[int]) -> bool:
     return True
 
 
+_BOUNDS_PREFIX = r"^(\[-?[0-9]+:-?[0-9]+\])+="
+
+
+def _rebased(column: Any, typ: str) -> Any:
+    """``column``'s array with its bounds decoration removed (lower bounds 1), as type ``typ``."""
+    from psycopg2 import sql
+
+    return sql.SQL("(regexp_replace({}::text, {}, '')::{})").format(column, sql.Literal(_BOUNDS_PREFIX), sql.SQL(typ))
+
+
 def _source_rows(pg_conn: Any, schema: str, table: str, key: list[str]
                  ) -> tuple[list[str], dict[Any, tuple], dict[Any, tuple], list[int]]:
     """Column names, canonical rows by canonical key, raw rows by canonical key, numeric column indexes."""
@@ -184,25 +194,36 @@ def _source_rows(pg_conn: Any, schema: str, table: str, key: list[str]
     with pg_conn.cursor() as cur:
         cur.execute(
             """SELECT a.attname, t.typcategory = 'A',
-                      CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END = 'numeric'::regtype
+                      CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END = 'numeric'::regtype,
+                      CASE WHEN e.typtype = 'd' THEN pg_catalog.format_type(e.typbasetype, e.typtypmod) || '[]'
+                           WHEN e.typtype = 'e' OR e.typnamespace <> 'pg_catalog'::regnamespace THEN 'text[]'
+                           ELSE pg_catalog.format_type(a.atttypid, a.atttypmod) END
                FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+               LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
                WHERE a.attrelid = (quote_ident(%s) || '.' || quote_ident(%s))::regclass
                  AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum""", (schema, table))
         kinds = cur.fetchall()
-    arrays = [n for n, is_array, _ in kinds if is_array]
+    arrays = [n for n, is_array, _, _ in kinds if is_array]
     with pg_conn.cursor() as cur:
         # JSON as text on this cursor only (the caller's connection keeps its own typecasters)
         psycopg2.extras.register_default_json(cur, loads=lambda x: x)
         psycopg2.extras.register_default_jsonb(cur, loads=lambda x: x)
+        # psycopg2 cannot read an array with bounds: read it rebased to 1, and its bounds beside it;
+        # arrays of domains as arrays of the base type, of enums and other user types as text[] (psycopg2
+        # would return their text)
+        select = sql.SQL(", ").join(
+            sql.SQL("{} AS {}").format(_rebased(sql.Identifier(n), typ) if is_array else sql.Identifier(n),
+                                        sql.Identifier(n))
+            for n, is_array, _, typ in kinds)
         dims = sql.SQL("").join(sql.SQL(", array_dims({})").format(sql.Identifier(a)) for a in arrays)
-        cur.execute(sql.SQL("SELECT *{} FROM {}.{} ORDER BY {}").format(
-            dims, sql.Identifier(schema), sql.Identifier(table),
+        cur.execute(sql.SQL("SELECT {}{} FROM {}.{} ORDER BY {}").format(
+            select, dims, sql.Identifier(schema), sql.Identifier(table),
             sql.SQL(", ").join(map(sql.Identifier, key))))
         ncols = len(cur.description) - len(arrays)
         cols = [d.name for d in cur.description[:ncols]]
         idx = [cols.index(k) for k in key]
         arr_idx = [cols.index(a) for a in arrays]
-        numeric = [cols.index(n) for n, _, is_num in kinds if is_num and n in cols]
+        numeric = [cols.index(n) for n, _, is_num, _ in kinds if is_num and n in cols]
         fns = _normalizers(ncols, numeric)
         rows, raw = {}, {}
         for r in cur:
@@ -213,6 +234,17 @@ def _source_rows(pg_conn: Any, schema: str, table: str, key: list[str]
             rows[k] = tuple(nr)
             raw[k] = tuple(r[:ncols])
     return cols, rows, raw, numeric
+
+
+def _raw(column: Any) -> Any:
+    """The column as its driver returns it: SQLAlchemy's MySQL DOUBLE is ``asdecimal`` and would turn a
+    float into a Decimal rounded to 10 fractional digits (5e-324 -> 0). Arrays (PostgreSQL) rebased to 1,
+    which psycopg2 can read (their bounds are read beside them)."""
+    if isinstance(column.type, sa.Float):
+        return sa.type_coerce(column, sa.Float(asdecimal=False))
+    if isinstance(column.type, sa.ARRAY):
+        return sa.cast(sa.func.regexp_replace(sa.cast(column, sa.Text), _BOUNDS_PREFIX, ""), column.type)
+    return column
 
 
 def _pg_key(pg_conn: Any, schema: str, table: str) -> list[str]:
@@ -252,7 +284,7 @@ def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[Table
                     out.append(TableDiff(qualified, len(src), 0, missing=sorted(src)[:20]))
                     continue
                 arrays = [c for c in cols if isinstance(t.c[c].type, sa.ARRAY)]
-                res = tconn.execute(sa.select(*[t.c[c] for c in cols],
+                res = tconn.execute(sa.select(*[_raw(t.c[c]) for c in cols],
                                               *[sa.func.array_dims(t.c[c]) for c in arrays]))
                 idx = [cols.index(k) for k in key]
                 arr_idx = [cols.index(a) for a in arrays]

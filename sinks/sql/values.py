@@ -245,6 +245,7 @@ def _pg_numeric_scaled(table: str, column: str, scale: int) -> Converter:
                     "(ALTER TABLE ... ALTER COLUMN ... TYPE numeric)")
         return v
 
+    conv.checks = True  # type: ignore[attr-defined]
     return conv
 
 
@@ -310,6 +311,13 @@ def _with_fast(conv: Converter, typ: type, fn: Callable[[Any], Any]) -> Converte
 def fast_path(conv: Converter) -> tuple[type, Callable[[Any], Any]] | None:
     """``(T, f)`` when ``conv(v) == f(v)`` for every value of exact type ``T``, else None."""
     return getattr(conv, "fast", None)
+
+
+def checks_every_value(conv: Converter | None) -> bool:
+    """True when ``conv`` may refuse a value (raise SinkError) that the upstream text would carry into the
+    target unchanged: such a column must not bypass its converter (PostgreSQL COPY of the upstream text),
+    else the target would change the value silently (a narrower numeric scale rounds)."""
+    return bool(getattr(conv, "checks", False))
 
 
 def text_path(conv: Converter) -> tuple[type, Callable[[str], Any]] | None:

@@ -15,7 +15,7 @@ from cdc.errors import SinkError
 from cdc.events import ColumnSchema, TableName, TableSchema
 from playground.compare import _text_exact, _with_bounds, exact_number, norm, norm_numeric, rows_equal
 from sinks.sql.ddl import plan_table
-from sinks.sql.values import converter, decimal_text, fast_path, text_path
+from sinks.sql.values import checks_every_value, converter, decimal_text, fast_path, text_path
 from upstream.postgres.types import parser_for
 
 pytestmark = pytest.mark.unit
@@ -79,6 +79,9 @@ def test_postgres_refuses_what_a_narrower_existing_numeric_column_would_round() 
         f(Decimal("1.2345"))
     with pytest.raises(SinkError, match=r"0\.0000001"):
         f(Decimal("0.0000001"))
+    assert checks_every_value(f)  # so the upstream text must not bypass it (COPY)
+    assert not checks_every_value(conv(col("n", "numeric"), "postgresql"))
+    assert not checks_every_value(None)
 
 
 @pytest.mark.parametrize("dialect", ["mysql", "sqlite"])
