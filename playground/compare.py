@@ -3,7 +3,8 @@
 Used by the demo and every replication test: both sides are read ordered by key and each value is
 normalised to a canonical form (so that e.g. SQLite's 0/1 booleans, MySQL's naive UTC datetimes and
 PostgreSQL's aware timestamps compare equal when they denote the same value). Returns the differing
-keys, never just a count.
+keys, never just a count. A table without a primary key (REPLICA IDENTITY FULL) is compared as a multiset
+of rows (a duplicated row downstream is ``extra``); a key held by several target rows is a ``duplicate``.
 
 The comparison is exact where the target can be (docs/type-mapping.md, docs/limits.md): numbers are equal
 only when their values are (no float tolerance; ``numeric`` by Decimal value into typed DECIMAL/numeric
@@ -36,10 +37,11 @@ class TableDiff:
     extra: list[Any] = field(default_factory=list)  # keys downstream only
     different: list[Any] = field(default_factory=list)  # keys with different values
     sample: list[tuple[Any, Any]] = field(default_factory=list)  # (source row, target row) of the first differences
+    duplicates: list[Any] = field(default_factory=list)  # keys held by more than one target row
 
     @property
     def equal(self) -> bool:
-        return not (self.missing or self.extra or self.different)
+        return not (self.missing or self.extra or self.different or self.duplicates)
 
 
 def exact_number(v: decimal.Decimal) -> str:
@@ -185,6 +187,25 @@ def _rebased(column: Any, typ: str) -> Any:
     return sql.SQL("(regexp_replace({}::text, {}, '')::{})").format(column, sql.Literal(_BOUNDS_PREFIX), sql.SQL(typ))
 
 
+def _row_key(row: list[Any], idx: list[int], seen: dict[tuple, int]) -> tuple:
+    """The key of a normalised row: its key columns; for a table without a key (REPLICA IDENTITY FULL)
+    ``(row, n)`` for the row's n-th occurrence, so that rows compare as a multiset and a duplicate shows."""
+    if idx:
+        return tuple(row[i] for i in idx)
+    whole = tuple(row)
+    n = seen[whole] = seen.get(whole, 0) + 1
+    return (whole, n)
+
+
+def _sorted(keys: Any) -> list[Any]:
+    """Keys in a stable order, also when they mix None, numbers and text (rows of key-less tables)."""
+    keys = list(keys)
+    try:
+        return sorted(keys)
+    except TypeError:
+        return sorted(keys, key=repr)
+
+
 def _source_rows(pg_conn: Any, schema: str, table: str, key: list[str]
                  ) -> tuple[list[str], dict[Any, tuple], dict[Any, tuple], list[int]]:
     """Column names, canonical rows by canonical key, raw rows by canonical key, numeric column indexes."""
@@ -216,9 +237,9 @@ def _source_rows(pg_conn: Any, schema: str, table: str, key: list[str]
                                         sql.Identifier(n))
             for n, is_array, _, typ in kinds)
         dims = sql.SQL("").join(sql.SQL(", array_dims({})").format(sql.Identifier(a)) for a in arrays)
-        cur.execute(sql.SQL("SELECT {}{} FROM {}.{} ORDER BY {}").format(
-            select, dims, sql.Identifier(schema), sql.Identifier(table),
-            sql.SQL(", ").join(map(sql.Identifier, key))))
+        order = sql.SQL(" ORDER BY {}").format(sql.SQL(", ").join(map(sql.Identifier, key))) if key else sql.SQL("")
+        cur.execute(sql.SQL("SELECT {}{} FROM {}.{}{}").format(
+            select, dims, sql.Identifier(schema), sql.Identifier(table), order))
         ncols = len(cur.description) - len(arrays)
         cols = [d.name for d in cur.description[:ncols]]
         idx = [cols.index(k) for k in key]
@@ -226,11 +247,12 @@ def _source_rows(pg_conn: Any, schema: str, table: str, key: list[str]
         numeric = [cols.index(n) for n, _, is_num, _ in kinds if is_num and n in cols]
         fns = _normalizers(ncols, numeric)
         rows, raw = {}, {}
+        seen: dict[tuple, int] = {}
         for r in cur:
             nr = [f(x) for f, x in zip(fns, r[:ncols], strict=True)]
             for j, i in enumerate(arr_idx):
                 nr[i] = _with_bounds(nr[i], r[ncols + j])
-            k = tuple(nr[i] for i in idx)
+            k = _row_key(nr, idx, seen)
             rows[k] = tuple(nr)
             raw[k] = tuple(r[:ncols])
     return cols, rows, raw, numeric
@@ -281,7 +303,7 @@ def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[Table
                 try:
                     t = sa.Table(table, meta, autoload_with=tconn, schema=target_schema)
                 except sa.exc.NoSuchTableError:
-                    out.append(TableDiff(qualified, len(src), 0, missing=sorted(src)[:20]))
+                    out.append(TableDiff(qualified, len(src), 0, missing=_sorted(src)[:20]))
                     continue
                 arrays = [c for c in cols if isinstance(t.c[c].type, sa.ARRAY)]
                 res = tconn.execute(sa.select(*[_raw(t.c[c]) for c in cols],
@@ -291,17 +313,23 @@ def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[Table
                 n = len(cols)
                 fns = _normalizers(n, numeric)
                 dst, dst_raw = {}, {}
+                duplicates = []
+                dst_seen: dict[tuple, int] = {}
+                read = 0
                 for r in res:
+                    read += 1
                     nr = [f(x) for f, x in zip(fns, r[:n], strict=True)]
                     for j, i in enumerate(arr_idx):
                         nr[i] = _with_bounds(nr[i], r[n + j])
-                    k = tuple(nr[i] for i in idx)
+                    k = _row_key(nr, idx, dst_seen)
+                    if idx and k in dst:
+                        duplicates.append(k)
                     dst[k] = tuple(nr)
                     dst_raw[k] = tuple(r[:n])
-                diff = TableDiff(qualified, len(src), len(dst))
-                diff.missing = sorted(k for k in src if k not in dst)[:20]
-                diff.extra = sorted(k for k in dst if k not in src)[:20]
-                diff.different = sorted(
+                diff = TableDiff(qualified, len(src), read, duplicates=_sorted(set(duplicates))[:20])
+                diff.missing = _sorted(k for k in src if k not in dst)[:20]
+                diff.extra = _sorted(k for k in dst if k not in src)[:20]
+                diff.different = _sorted(
                     k for k in src if k in dst and not (
                         rows_equal(src[k], dst[k]) and _text_exact(src_raw[k], dst_raw[k], numeric)))[:20]
                 diff.sample = [(src[k], dst[k]) for k in diff.different[:3]]
