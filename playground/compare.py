@@ -3,7 +3,14 @@
 Used by the demo and every replication test: both sides are read ordered by key and each value is
 normalised to a canonical form (so that e.g. SQLite's 0/1 booleans, MySQL's naive UTC datetimes and
 PostgreSQL's aware timestamps compare equal when they denote the same value). Returns the differing
-keys, never just a count.
+keys, never just a count. A table without a primary key (REPLICA IDENTITY FULL) is compared as a multiset
+of rows (a duplicated row downstream is ``extra``); a key held by several target rows is a ``duplicate``.
+
+The comparison is exact where the target can be (docs/type-mapping.md, docs/limits.md): numbers are equal
+only when their values are (no float tolerance; ``numeric`` by Decimal value into typed DECIMAL/numeric
+columns, by its exact upstream text -- scale and trailing zeros included -- where it is stored as text);
+arrays with lower bounds other than 1 keep their bounds in the comparison; the documented differences are
+equal: ``-0.0`` and ``0.0`` (MariaDB and SQLite drop the sign), NaN and NaN.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
+import math
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,13 +37,64 @@ class TableDiff:
     extra: list[Any] = field(default_factory=list)  # keys downstream only
     different: list[Any] = field(default_factory=list)  # keys with different values
     sample: list[tuple[Any, Any]] = field(default_factory=list)  # (source row, target row) of the first differences
+    duplicates: list[Any] = field(default_factory=list)  # keys held by more than one target row
 
     @property
     def equal(self) -> bool:
-        return not (self.missing or self.extra or self.different)
+        return not (self.missing or self.extra or self.different or self.duplicates)
+
+
+def exact_number(v: decimal.Decimal) -> str:
+    """The exact value of a finite Decimal as fixed-point text without trailing zeros (``1.50`` -> ``1.5``,
+    ``0E-8`` -> ``0``). No rounding: ``Decimal.normalize()`` would round to the context's 28 digits."""
+    text = format(v, "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
+def decimal_text(v: decimal.Decimal) -> str:
+    """PostgreSQL's ``numeric_out`` text of a Decimal: fixed point, scale kept (``1.50``, ``0.0000001``)."""
+    return format(v, "f") if v.is_finite() else str(v)
+
+
+def _special_float(v: float) -> Any:
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "Infinity" if v > 0 else "-Infinity"
+    return 0.0 if v == 0 else v  # -0.0 is 0.0: MariaDB and SQLite drop the sign (docs/type-mapping.md)
+
+
+def _element(v: Any) -> Any:
+    """An array element or JSON value in the form the JSON targets store it (docs/type-mapping.md): decimals
+    as their exact text with their scale, NaN/Infinity as strings, timestamps normalised, bytea as ``\\x..``."""
+    if v is None or isinstance(v, (bool, int)):
+        return v
+    if isinstance(v, float):
+        return _special_float(v)
+    if isinstance(v, decimal.Decimal):
+        return decimal_text(v)
+    if isinstance(v, (list, tuple)):
+        return [_element(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _element(x) for k, x in v.items()}
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return "\\x" + bytes(v).hex()
+    if isinstance(v, str):
+        if len(v) >= 19 and v[4:5] == "-" and v[10:11] in ("T", " "):
+            try:
+                return norm(dt.datetime.fromisoformat(v))
+            except ValueError:
+                pass
+        return v
+    return norm(v)
 
 
 def norm(v: Any) -> Any:
+    """The canonical form of one value, exact: equal forms mean equal values (numbers are compared exactly,
+    never within a tolerance). A ``numeric`` column goes through :func:`norm_numeric`, and
+    :func:`compare_tables` also requires its text downstream to be exactly the upstream's."""
     if v is None:
         return None
     if isinstance(v, bool):
@@ -43,11 +102,9 @@ def norm(v: Any) -> Any:
     if isinstance(v, (int,)):
         return v
     if isinstance(v, float):
-        return v
+        return _special_float(v)
     if isinstance(v, decimal.Decimal):
-        if v.is_nan():
-            return "NaN"
-        return format(v.normalize(), "f")
+        return exact_number(v) if v.is_finite() else str(v)
     if isinstance(v, dt.datetime):
         if v.tzinfo is not None:
             v = v.astimezone(dt.UTC).replace(tzinfo=None)
@@ -59,22 +116,16 @@ def norm(v: Any) -> Any:
     if isinstance(v, uuid.UUID):
         return str(v)
     if isinstance(v, (list, tuple)):
-        return json.dumps([norm(x) for x in v])
+        return json.dumps(_element(list(v)), sort_keys=True)
     if isinstance(v, dict):
-        return json.dumps(v, sort_keys=True)
+        return json.dumps(_element(v), sort_keys=True)
     if isinstance(v, str):
         s = v.strip()
         if s[:1] in "[{" and s[-1:] in "]}":
             try:
-                return json.dumps(json.loads(s), sort_keys=True)
+                return json.dumps(_element(json.loads(s)), sort_keys=True)
             except ValueError:
                 pass
-        try:  # numbers stored as text (SQLite NUMERIC affinity, MySQL DECIMAL read back as str)
-            d = decimal.Decimal(s)
-            if s and (s[0].isdigit() or s[0] in "-+.") and "e" not in s.lower():
-                return format(d.normalize(), "f")
-        except decimal.InvalidOperation:
-            pass
         if len(s) >= 19 and s[4] == "-" and s[10] in "T ":
             try:
                 return norm(dt.datetime.fromisoformat(s))
@@ -84,41 +135,138 @@ def norm(v: Any) -> Any:
     return str(v)
 
 
-def _same(a: Any, b: Any) -> bool:
-    """Normalised values are equal, or both are numbers within float precision (a float8 read back
-    from MySQL as DECIMAL(.., 10), a real widened to double)."""
-    if a == b:
-        return True
-    if isinstance(a, float) or isinstance(b, float):
+def norm_numeric(v: Any) -> Any:
+    """:func:`norm` for a ``numeric`` column, whose value may be stored as text downstream (SQLite)."""
+    if isinstance(v, str):
         try:
-            fa, fb = float(a), float(b)
-        except (TypeError, ValueError):
-            return False
-        return abs(fa - fb) <= 1e-6 * max(1.0, abs(fa), abs(fb))
-    return False
+            d = decimal.Decimal(v)
+        except decimal.InvalidOperation:
+            return v
+        return exact_number(d) if d.is_finite() else str(d)
+    return norm(v)
+
+
+def _normalizers(n: int, numeric: list[int]) -> list[Any]:
+    return [norm_numeric if i in numeric else norm for i in range(n)]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Normalised values are equal (exactly: no tolerance for numbers)."""
+    return a == b
 
 
 def rows_equal(a: tuple, b: tuple) -> bool:
     return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
 
 
-def _source_rows(pg_conn: Any, schema: str, table: str, key: list[str]) -> tuple[list[str], dict[Any, tuple]]:
+def _with_bounds(value: Any, dims: str | None) -> Any:
+    """An array whose lower bounds are not all 1 (``array_dims`` ``[0:2]``) keeps them in its canonical
+    form, so that a target that dropped them differs."""
+    if value is None or dims is None or all(b.split(":")[0] == "1" for b in dims.strip("[]").split("][")):
+        return value
+    return f"{dims}={value}"
+
+
+def _text_exact(src: tuple, dst_raw: tuple, numeric: list[int]) -> bool:
+    """numeric columns stored as text downstream hold exactly the upstream's text (scale and trailing
+    zeros included, never exponent notation): ``1.50`` is not ``1.5``."""
+    for i in numeric:
+        d = dst_raw[i]
+        if isinstance(d, str) and isinstance(src[i], decimal.Decimal) and d != decimal_text(src[i]):
+            return False
+    return True
+
+
+_BOUNDS_PREFIX = r"^(\[-?[0-9]+:-?[0-9]+\])+="
+
+
+def _rebased(column: Any, typ: str) -> Any:
+    """``column``'s array with its bounds decoration removed (lower bounds 1), as type ``typ``."""
+    from psycopg2 import sql
+
+    return sql.SQL("(regexp_replace({}::text, {}, '')::{})").format(column, sql.Literal(_BOUNDS_PREFIX), sql.SQL(typ))
+
+
+def _row_key(row: list[Any], idx: list[int], seen: dict[tuple, int]) -> tuple:
+    """The key of a normalised row: its key columns; for a table without a key (REPLICA IDENTITY FULL)
+    ``(row, n)`` for the row's n-th occurrence, so that rows compare as a multiset and a duplicate shows."""
+    if idx:
+        return tuple(row[i] for i in idx)
+    whole = tuple(row)
+    n = seen[whole] = seen.get(whole, 0) + 1
+    return (whole, n)
+
+
+def _sorted(keys: Any) -> list[Any]:
+    """Keys in a stable order, also when they mix None, numbers and text (rows of key-less tables)."""
+    keys = list(keys)
+    try:
+        return sorted(keys)
+    except TypeError:
+        return sorted(keys, key=repr)
+
+
+def _source_rows(pg_conn: Any, schema: str, table: str, key: list[str]
+                 ) -> tuple[list[str], dict[Any, tuple], dict[Any, tuple], list[int]]:
+    """Column names, canonical rows by canonical key, raw rows by canonical key, numeric column indexes."""
     import psycopg2.extras
     from psycopg2 import sql
 
     with pg_conn.cursor() as cur:
+        cur.execute(
+            """SELECT a.attname, t.typcategory = 'A',
+                      CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END = 'numeric'::regtype,
+                      CASE WHEN e.typtype = 'd' THEN pg_catalog.format_type(e.typbasetype, e.typtypmod) || '[]'
+                           WHEN e.typtype = 'e' OR e.typnamespace <> 'pg_catalog'::regnamespace THEN 'text[]'
+                           ELSE pg_catalog.format_type(a.atttypid, a.atttypmod) END
+               FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+               LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
+               WHERE a.attrelid = (quote_ident(%s) || '.' || quote_ident(%s))::regclass
+                 AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum""", (schema, table))
+        kinds = cur.fetchall()
+    arrays = [n for n, is_array, _, _ in kinds if is_array]
+    with pg_conn.cursor() as cur:
         # JSON as text on this cursor only (the caller's connection keeps its own typecasters)
         psycopg2.extras.register_default_json(cur, loads=lambda x: x)
         psycopg2.extras.register_default_jsonb(cur, loads=lambda x: x)
-        cur.execute(sql.SQL("SELECT * FROM {}.{} ORDER BY {}").format(
-            sql.Identifier(schema), sql.Identifier(table), sql.SQL(", ").join(map(sql.Identifier, key))))
-        cols = [d.name for d in cur.description]
+        # psycopg2 cannot read an array with bounds: read it rebased to 1, and its bounds beside it;
+        # arrays of domains as arrays of the base type, of enums and other user types as text[] (psycopg2
+        # would return their text)
+        select = sql.SQL(", ").join(
+            sql.SQL("{} AS {}").format(_rebased(sql.Identifier(n), typ) if is_array else sql.Identifier(n),
+                                        sql.Identifier(n))
+            for n, is_array, _, typ in kinds)
+        dims = sql.SQL("").join(sql.SQL(", array_dims({})").format(sql.Identifier(a)) for a in arrays)
+        order = sql.SQL(" ORDER BY {}").format(sql.SQL(", ").join(map(sql.Identifier, key))) if key else sql.SQL("")
+        cur.execute(sql.SQL("SELECT {}{} FROM {}.{}{}").format(
+            select, dims, sql.Identifier(schema), sql.Identifier(table), order))
+        ncols = len(cur.description) - len(arrays)
+        cols = [d.name for d in cur.description[:ncols]]
         idx = [cols.index(k) for k in key]
-        rows = {}
+        arr_idx = [cols.index(a) for a in arrays]
+        numeric = [cols.index(n) for n, _, is_num, _ in kinds if is_num and n in cols]
+        fns = _normalizers(ncols, numeric)
+        rows, raw = {}, {}
+        seen: dict[tuple, int] = {}
         for r in cur:
-            nr = tuple(norm(x) for x in r)
-            rows[tuple(nr[i] for i in idx)] = nr
-    return cols, rows
+            nr = [f(x) for f, x in zip(fns, r[:ncols], strict=True)]
+            for j, i in enumerate(arr_idx):
+                nr[i] = _with_bounds(nr[i], r[ncols + j])
+            k = _row_key(nr, idx, seen)
+            rows[k] = tuple(nr)
+            raw[k] = tuple(r[:ncols])
+    return cols, rows, raw, numeric
+
+
+def _raw(column: Any) -> Any:
+    """The column as its driver returns it: SQLAlchemy's MySQL DOUBLE is ``asdecimal`` and would turn a
+    float into a Decimal rounded to 10 fractional digits (5e-324 -> 0). Arrays (PostgreSQL) rebased to 1,
+    which psycopg2 can read (their bounds are read beside them)."""
+    if isinstance(column.type, sa.Float):
+        return sa.type_coerce(column, sa.Float(asdecimal=False))
+    if isinstance(column.type, sa.ARRAY):
+        return sa.cast(sa.func.regexp_replace(sa.cast(column, sa.Text), _BOUNDS_PREFIX, ""), column.type)
+    return column
 
 
 def _pg_key(pg_conn: Any, schema: str, table: str) -> list[str]:
@@ -149,24 +297,41 @@ def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[Table
             for qualified in tables:
                 schema, _, table = qualified.partition(".")
                 key = _pg_key(pg_conn, schema, table)
-                cols, src = _source_rows(pg_conn, schema, table, key)
+                cols, src, src_raw, numeric = _source_rows(pg_conn, schema, table, key)
                 meta = sa.MetaData()
                 target_schema = schema if u.scheme in ("postgresql", "postgres") else None
                 try:
                     t = sa.Table(table, meta, autoload_with=tconn, schema=target_schema)
                 except sa.exc.NoSuchTableError:
-                    out.append(TableDiff(qualified, len(src), 0, missing=sorted(src)[:20]))
+                    out.append(TableDiff(qualified, len(src), 0, missing=_sorted(src)[:20]))
                     continue
-                res = tconn.execute(sa.select(*[t.c[c] for c in cols]))
+                arrays = [c for c in cols if isinstance(t.c[c].type, sa.ARRAY)]
+                res = tconn.execute(sa.select(*[_raw(t.c[c]) for c in cols],
+                                              *[sa.func.array_dims(t.c[c]) for c in arrays]))
                 idx = [cols.index(k) for k in key]
-                dst = {}
+                arr_idx = [cols.index(a) for a in arrays]
+                n = len(cols)
+                fns = _normalizers(n, numeric)
+                dst, dst_raw = {}, {}
+                duplicates = []
+                dst_seen: dict[tuple, int] = {}
+                read = 0
                 for r in res:
-                    nr = tuple(norm(x) for x in r)
-                    dst[tuple(nr[i] for i in idx)] = nr
-                diff = TableDiff(qualified, len(src), len(dst))
-                diff.missing = sorted(k for k in src if k not in dst)[:20]
-                diff.extra = sorted(k for k in dst if k not in src)[:20]
-                diff.different = sorted(k for k in src if k in dst and not rows_equal(src[k], dst[k]))[:20]
+                    read += 1
+                    nr = [f(x) for f, x in zip(fns, r[:n], strict=True)]
+                    for j, i in enumerate(arr_idx):
+                        nr[i] = _with_bounds(nr[i], r[n + j])
+                    k = _row_key(nr, idx, dst_seen)
+                    if idx and k in dst:
+                        duplicates.append(k)
+                    dst[k] = tuple(nr)
+                    dst_raw[k] = tuple(r[:n])
+                diff = TableDiff(qualified, len(src), read, duplicates=_sorted(set(duplicates))[:20])
+                diff.missing = _sorted(k for k in src if k not in dst)[:20]
+                diff.extra = _sorted(k for k in dst if k not in src)[:20]
+                diff.different = _sorted(
+                    k for k in src if k in dst and not (
+                        rows_equal(src[k], dst[k]) and _text_exact(src_raw[k], dst_raw[k], numeric)))[:20]
                 diff.sample = [(src[k], dst[k]) for k in diff.different[:3]]
                 out.append(diff)
     finally:

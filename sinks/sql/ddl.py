@@ -208,30 +208,31 @@ _SQLITE = {
     "float8": "REAL", "bool": "BOOLEAN", "bytea": "BLOB", "date": "DATE", "time": "TIME",
     "timestamp": "DATETIME", "timestamptz": "DATETIME",
 }
-SQLITE_EXACT_DIGITS = 15  # NUMERIC affinity keeps 15 significant digits (it converts to REAL)
 
 
 def _sqlite_column(col: ColumnSchema) -> str:
+    """numeric is always TEXT (the exact decimal text): NUMERIC affinity would turn '0.0000001' into the REAL
+    1e-07, drop trailing zeros ('1.50' -> 1.5) and keep only 15 significant digits."""
     if col.is_array:
         return "TEXT"
-    if col.base_type in _SQLITE:
-        return _SQLITE[col.base_type]
-    if col.base_type == "numeric":
-        ps = numeric_precision_scale(col)
-        if ps is not None and ps[0] <= SQLITE_EXACT_DIGITS and ps[1] >= 0:
-            return "NUMERIC"
-        return "TEXT"  # exact decimal text: NUMERIC affinity would round to 15 digits
-    return "TEXT"
+    return _SQLITE.get(col.base_type, "TEXT")
 
 
 # ---- PostgreSQL --------------------------------------------------------------------------------------
 # System types that mean nothing downstream (or lack a btree opclass): stored as plain numbers.
 _PG_REPLACED = {"oid": "bigint", "xid": "bigint", "cid": "bigint", "xid8": "numeric(20,0)"}
 def _pg_column(col: ColumnSchema) -> tuple[str, bool]:
-    """(DDL type, is json): json has no equality operator, so row matching compares its text."""
+    """(DDL type, is json): json has no equality operator, so row matching compares its text.
+
+    ``base_type`` ``text`` with another ``type_name`` is a type exchanged as text (an enum, a composite, an
+    extension type such as citext): it may not exist downstream, so the column is ``text`` (``text[]``).
+    Domains arrive as their base type already (``type_name`` is the base type's, see the upstream catalog).
+    """
     base = col.base_type
     is_json = base == "json" and not col.is_array
-    if base in _PG_REPLACED:
+    if base == "text":
+        t = "text"
+    elif base in _PG_REPLACED:
         t = _PG_REPLACED[base]
     elif base in PG_VERBATIM_TYPES:
         if col.type_name:
@@ -263,6 +264,8 @@ def plan_table(schema: TableSchema, dialect: str, *, target_schema: str | None, 
                 t, is_json, scale = _mysql_column(c)
         elif dialect == "postgresql":
             t, is_json = _pg_column(c)
+            ps = numeric_precision_scale(c) if not c.is_array else None
+            scale = ps[1] if ps is not None and ps[1] >= 0 else None
         elif dialect == "sqlite":
             t = _sqlite_column(c)
         else:

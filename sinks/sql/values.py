@@ -59,6 +59,16 @@ def _float_text(v: float) -> str:
     return repr(v)
 
 
+def decimal_text(v: Decimal) -> str:
+    """A Decimal in PostgreSQL's ``numeric_out`` form: fixed point, scale kept (``1.50``, ``0.0000001``,
+    ``NaN``, ``Infinity``), never exponent notation (``str()`` gives ``1E-7``). For a Decimal parsed from
+    PostgreSQL's text this is that text again."""
+    text = str(v)
+    if "E" in text and v.is_finite():
+        return format(v, "f")
+    return text
+
+
 def _json_element(v: Any) -> Any:
     """One array element as a JSON value (exact: decimals become strings, bytes PostgreSQL's hex text)."""
     if v is None or isinstance(v, (bool, int, str)):
@@ -66,7 +76,7 @@ def _json_element(v: Any) -> Any:
     if isinstance(v, float):
         return v if math.isfinite(v) else _float_text(v)
     if isinstance(v, Decimal):
-        return str(v)
+        return decimal_text(v)
     if isinstance(v, dt.datetime):
         return iso_datetime(v)
     if isinstance(v, dt.time):
@@ -86,6 +96,24 @@ def array_to_json(v: Any) -> Any:
     return v
 
 
+def _json_array(table: str, column: str) -> Converter:
+    """Arrays into MySQL/SQLite: a JSON array, which has no lower bounds. An array that arrives as its
+    PostgreSQL text with a bounds decoration (``[0:2]={1,2,3}``: a lower bound other than 1, see
+    ``upstream.postgres.types``) cannot be stored exactly and is refused."""
+
+    def conv(v: Any) -> Any:
+        if isinstance(v, (list, tuple)):
+            return array_to_json(v)
+        if isinstance(v, str) and v[:1] == "[":
+            raise SinkError(
+                f"table {table}: column {column!r} has the array {v[:60]!r} whose lower bound is not 1; a JSON "
+                "array cannot keep array bounds: replicate the table to PostgreSQL, exclude it, or make the "
+                "upstream arrays start at 1")
+        return v
+
+    return conv
+
+
 def _pg_element_text(v: Any) -> str:
     if isinstance(v, bool):
         return "t" if v else "f"
@@ -95,11 +123,15 @@ def _pg_element_text(v: Any) -> str:
         return iso_datetime(v)
     if isinstance(v, (bytes, bytearray, memoryview)):
         return "\\x" + bytes(v).hex()
+    if isinstance(v, Decimal):
+        return decimal_text(v)
     return str(v)
 
 
 def array_to_pg_literal(v: Any) -> Any:
-    """A one-dimensional list as a PostgreSQL array literal (``{"a","b",NULL}``), every element quoted.
+    """A list (nested lists for more dimensions) as a PostgreSQL array literal (``{"a","b",NULL}``), every
+    element quoted; a str (an array that arrived as PostgreSQL's own text, e.g. with a bounds decoration
+    ``[0:2]={1,2,3}``) is sent as it is, so its bounds are kept.
 
     Sent as an untyped literal, PostgreSQL casts it to the target column's array type (so ``uuid[]``,
     ``numeric[]``, enum arrays mapped to ``text[]``... all work without a cast in the SQL).
@@ -139,15 +171,11 @@ def _mysql_numeric(table: str, column: str, scale: int | None) -> Converter:
                 raise SinkError(
                     f"table {table}: column {column!r} has value {v} which MySQL/MariaDB DECIMAL cannot store; "
                     "exclude the table or replicate it to PostgreSQL")
-            if scale is not None:
-                exp = v.as_tuple().exponent
-                if isinstance(exp, int) and -exp > scale:
-                    digits = v.as_tuple().digits
-                    if any(digits[max(0, len(digits) + exp + scale):]):
-                        raise SinkError(
-                            f"table {table}: column {column!r} value {v} has more than {scale} fractional digits "
-                            f"and would be rounded by MySQL/MariaDB DECIMAL(.., {scale}); create the target "
-                            "column with a larger scale")
+            if scale is not None and _too_many_fraction_digits(v, scale):
+                raise SinkError(
+                    f"table {table}: column {column!r} value {decimal_text(v)} has more than {scale} fractional "
+                    f"digits and would be rounded by MySQL/MariaDB DECIMAL(.., {scale}); create the target "
+                    "column with a larger scale")
             return v
         if isinstance(v, float) and not math.isfinite(v):
             raise SinkError(f"table {table}: column {column!r} has value {v} which MySQL/MariaDB cannot store")
@@ -193,6 +221,34 @@ def _pg_numeric(v: Any) -> Any:
     return v
 
 
+def _too_many_fraction_digits(v: Decimal, scale: int) -> bool:
+    """True when ``v`` has a non-zero digit beyond ``scale`` fractional digits (it would be rounded)."""
+    t = v.as_tuple()
+    exp = t.exponent
+    if not isinstance(exp, int) or -exp <= scale:
+        return False
+    return any(t.digits[max(0, len(t.digits) + exp + scale):])
+
+
+def _pg_numeric_scaled(table: str, column: str, scale: int) -> Converter:
+    """PostgreSQL into an existing ``numeric(p, scale)`` column whose upstream column may carry more
+    fractional digits (the upstream type was widened): PostgreSQL would round them silently; refuse."""
+
+    def conv(v: Any) -> Any:
+        if isinstance(v, Decimal):
+            if not v.is_finite():
+                return str(v)
+            if _too_many_fraction_digits(v, scale):
+                raise SinkError(
+                    f"table {table}: column {column!r} value {decimal_text(v)} has more than {scale} fractional "
+                    f"digits and would be rounded by the target's numeric(.., {scale}); widen the target column "
+                    "(ALTER TABLE ... ALTER COLUMN ... TYPE numeric)")
+        return v
+
+    conv.checks = True  # type: ignore[attr-defined]
+    return conv
+
+
 def _pg_float8(v: Any) -> Any:
     # psycopg2 renders -0.0 as a numeric literal, and numeric has no negative zero: send it as text
     if v == 0.0 and type(v) is float and math.copysign(1.0, v) < 0:
@@ -219,11 +275,16 @@ def _sqlite_float(v: Any) -> Any:
 
 
 def _sqlite_numeric(v: Any) -> Any:
+    """numeric into SQLite: the exact decimal text PostgreSQL sent (``0.0000001``, ``1.50``), for a TEXT column."""
     if isinstance(v, Decimal):
-        return str(v)
+        return decimal_text(v)
     if isinstance(v, float) and math.isnan(v):
         return "NaN"
     return v
+
+
+def _same_text(t: str) -> str:
+    return t
 
 
 def _sqlite_temporal(v: Any) -> Any:
@@ -250,6 +311,13 @@ def _with_fast(conv: Converter, typ: type, fn: Callable[[Any], Any]) -> Converte
 def fast_path(conv: Converter) -> tuple[type, Callable[[Any], Any]] | None:
     """``(T, f)`` when ``conv(v) == f(v)`` for every value of exact type ``T``, else None."""
     return getattr(conv, "fast", None)
+
+
+def checks_every_value(conv: Converter | None) -> bool:
+    """True when ``conv`` may refuse a value (raise SinkError) that the upstream text would carry into the
+    target unchanged: such a column must not bypass its converter (PostgreSQL COPY of the upstream text),
+    else the target would change the value silently (a narrower numeric scale rounds)."""
+    return bool(getattr(conv, "checks", False))
 
 
 def text_path(conv: Converter) -> tuple[type, Callable[[str], Any]] | None:
@@ -292,7 +360,9 @@ def _mysql_timestamptz_text(t: str) -> str | None:
     return _iso_text(t, "+00", "")
 
 
-_sqlite_numeric.fast = (Decimal, str)  # type: ignore[attr-defined]
+_sqlite_numeric.fast = (Decimal, decimal_text)  # type: ignore[attr-defined]
+# numeric_out's text is already the exact decimal text decimal_text() makes of the parsed value.
+_sqlite_numeric.from_text = (Decimal, _same_text)  # type: ignore[attr-defined]
 _SQLITE_TIMESTAMPTZ = _with_fast(_sqlite_temporal, dt.datetime, iso_datetime)
 _SQLITE_TIMESTAMPTZ.from_text = (dt.datetime, _timestamptz_text)  # type: ignore[attr-defined]
 _SQLITE_TIMESTAMP = _with_fast(_sqlite_temporal, dt.datetime, iso_datetime)
@@ -319,14 +389,14 @@ _TEXT_TYPES = frozenset({"text", "varchar", "bpchar", "char", "name", "json", "j
 def converter(col: ColumnSchema, dialect: str, *, table: str, scale: int | None = None) -> Converter | None:
     """The converter for ``col``'s values on ``dialect`` (``mysql``, ``postgresql``, ``sqlite``), or None.
 
-    ``scale`` is the target DECIMAL column's scale when known (MySQL: values with more fractional digits
-    are refused instead of being rounded).
+    ``scale`` is the target DECIMAL / numeric column's scale when upstream values may have more fractional
+    digits (MySQL, PostgreSQL: such values are refused instead of being rounded).
     """
     base = col.base_type
     if col.is_array:
         if dialect == "postgresql":
             return array_to_pg_literal
-        return array_to_json
+        return _json_array(table, col.name)
     if base in _INT_TYPES or base == "bool" or base == "bytea":
         return None
     if base == "xid8":
@@ -347,7 +417,7 @@ def converter(col: ColumnSchema, dialect: str, *, table: str, scale: int | None 
         return _generic_text
     if dialect == "postgresql":
         if base == "numeric":
-            return _pg_numeric
+            return _pg_numeric if scale is None else _pg_numeric_scaled(table, col.name, scale)
         if base == "float4":
             return _pg_float4
         if base == "float8":

@@ -19,7 +19,9 @@ Choices documented here, relied on by the puller and the sinks:
   user-defined non-domain type (composite, range over a user type, extension types such as ``citext``
   or ``hstore``) report ``base_type = 'text'``: their values are exchanged in text form.
   ``type_oid`` is the declared type (``atttypid``, as in pgoutput's Relation message); ``type_name``
-  is ``format_type(atttypid, atttypmod)``; ``type_modifier`` is ``atttypmod``, or the modifier of the
+  is ``format_type(atttypid, atttypmod)``, except for domains (and arrays of domains): there it is
+  ``format_type()`` of the base type with the domain's modifier (``numeric(10,2)``, ``integer[]``), so
+  that a target creates the base type; ``type_modifier`` is ``atttypmod``, or the modifier of the
   first domain that has one.
 - Key: with ``REPLICA IDENTITY INDEX`` the identity index's columns (that is what pgoutput sends as
   the old key, even when a primary key exists); otherwise the primary key (index column order); for
@@ -177,12 +179,34 @@ def _base_name(t: _Type) -> str:
     return t.name
 
 
-def _column(row: tuple[Any, ...], types: dict[int, _Type], key: set[str]) -> ColumnSchema:
+def _domain_type_names(cur: Any, rows: list[tuple[Any, ...]], types: dict[int, _Type]) -> dict[str, str]:
+    """Column name -> ``format_type()`` of its base type, for columns declared with a domain (or an array
+    of one); one query, and none for tables without domains."""
+    wanted: dict[str, tuple[int, int, str]] = {}
+    for name, typid, typmod, *_ in rows:
+        declared = types[int(typid)]
+        elem = types.get(declared.elem) if declared.category == "A" else None
+        if declared.typtype != "d" and (elem is None or elem.typtype != "d"):
+            continue
+        t, mod = _resolve_domain(int(typid), types, int(typmod))
+        suffix = ""
+        if t.category == "A" and t.elem != 0:
+            (t, mod), suffix = _resolve_domain(t.elem, types, mod), "[]"
+        wanted[name] = (t.oid, mod, suffix)
+    if not wanted:
+        return {}
+    cur.execute("SELECT pg_catalog.format_type(b, m) FROM unnest(%s::oid[], %s::int4[]) WITH ORDINALITY x(b, m, i) "
+                "ORDER BY i", ([w[0] for w in wanted.values()], [w[1] for w in wanted.values()]))
+    return {n: r[0] + w[2] for (n, w), r in zip(wanted.items(), cur.fetchall(), strict=True)}
+
+
+def _column(row: tuple[Any, ...], types: dict[int, _Type], key: set[str], domains: dict[str, str]) -> ColumnSchema:
     name, typid, typmod, notnull, type_name = row
     t, typmod = _resolve_domain(int(typid), types, int(typmod))
     is_array = t.category == "A" and t.elem != 0
     if is_array:
         t, typmod = _resolve_domain(t.elem, types, typmod)
+    type_name = domains.get(name, type_name)
     return ColumnSchema(
         name=name,
         type_oid=int(typid),
@@ -216,6 +240,7 @@ def table_schema(conn: Any, table: TableName | int, *, version: int = 0) -> Tabl
         rows = cur.fetchall()
         types: dict[int, _Type] = {}
         _load_types(cur, {int(r[1]) for r in rows}, types)
+        domains = _domain_type_names(cur, rows, types)
         pk = _index_columns(cur, info.oid, "i.indisprimary")
         ident = _index_columns(cur, info.oid, "i.indisreplident") if info.replica_identity == "i" else ()
     names = tuple(r[0] for r in rows)
@@ -231,7 +256,7 @@ def table_schema(conn: Any, table: TableName | int, *, version: int = 0) -> Tabl
     keyset = set(key)
     return TableSchema(
         name=info.name,
-        columns=tuple(_column(r, types, keyset) for r in rows),
+        columns=tuple(_column(r, types, keyset, domains) for r in rows),
         key=key,
         replica_identity=info.replica_identity,
         relation_id=info.oid,

@@ -29,8 +29,12 @@ The date/time parsers expect ``DateStyle = ISO`` (PostgreSQL's default); any oth
 
 Arrays (``is_array``) are parsed from ``array_out``'s literal: ``{1,2,NULL,"a b","x\\"y"}``.
 Quoted elements are unescaped, an unquoted ``NULL`` is SQL NULL (``None``) while ``"NULL"`` is the
-string, ``{}`` is ``[]``, a bounds decoration (``[0:1]={1,2}``) is dropped, and a multi-dimensional
-array becomes nested lists. ``box`` arrays use PostgreSQL's ``;`` delimiter.
+string, ``{}`` is ``[]``, and a multi-dimensional array becomes nested lists. ``box`` arrays use
+PostgreSQL's ``;`` delimiter. An array with a bounds decoration (``[0:2]={1,2,3}``,
+``[0:1][2:3]={{1,2},{3,4}}``: ``array_out`` writes one exactly when some lower bound is not 1, and
+pgoutput sends that text) stays ``str`` exactly as sent, after its elements were checked: a list
+cannot carry the bounds, and dropping them would change the value (``a[1]`` is another element).
+Sinks store that text where the target has arrays, and refuse it where it has not.
 
 Guarantees: every function here is pure and thread-safe; the parser caches only ever grow with
 immutable functions. Parsers returned by :func:`parser_for` raise ``ValueError`` (``numeric``:
@@ -243,6 +247,7 @@ _SCALAR_PARSERS: dict[str, Parser] = {
 
 # ---- arrays -------------------------------------------------------------------------------------------
 _UNESCAPE = re.compile(r"\\(.)", re.S)
+_BOUNDS = re.compile(r"(?:\[-?\d+:-?\d+\])+")
 _NOT_SIMPLE = re.compile(r'[{}"\\\s]')
 
 
@@ -263,12 +268,13 @@ def _array_token_re(delim: str) -> re.Pattern[str]:
 def _make_array_parser(elem: Parser, delim: str) -> Parser:
     token_re = _array_token_re(delim)
 
-    def parse_array(text: str) -> list[Any]:
-        if text[:1] == "[":  # bounds decoration, e.g. '[0:1]={1,2}'
+    def parse_array(text: str) -> list[Any] | str:
+        if text[:1] == "[":  # bounds decoration, e.g. '[0:1]={1,2}': a lower bound other than 1
             eq = text.find("=")
-            if eq < 0:
+            if eq < 0 or not _BOUNDS.fullmatch(text, 0, eq):
                 raise ValueError(f"invalid array text {text[:40]!r}")
-            text = text[eq + 1 :]
+            _parse_array_slow(text[eq + 1 :], elem, token_re)  # validates the elements
+            return text  # a list cannot carry the bounds: the text as sent, see the module doc
         # Fast path: one dimension, nothing quoted, escaped or blank (array_out quotes those).
         if text[:1] == "{" and text[-1:] == "}":
             body = text[1:-1]

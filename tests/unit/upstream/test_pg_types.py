@@ -371,10 +371,11 @@ def test_text_array_quoting_pg18_sample() -> None:
     [
         ("int4", "{}", []),
         ("int4", "{1,2,NULL,-4}", [1, 2, None, -4]),
-        ("int4", "[0:1]={1,2}", [1, 2]),  # PG 18
-        ("int4", "[-2:-1]={7,NULL}", [7, None]),
+        ("int4", "[0:1]={1,2}", "[0:1]={1,2}"),  # PG 18: bounds kept, the text as sent
+        ("int4", "[-2:-1]={7,NULL}", "[-2:-1]={7,NULL}"),
         ("int4", "{{1,2},{3,4}}", [[1, 2], [3, 4]]),  # PG 18
-        ("int4", "[1:2][0:0]={{1},{2}}", [[1], [2]]),
+        ("int4", "[1:2][0:0]={{1},{2}}", "[1:2][0:0]={{1},{2}}"),
+        ("text", '[0:1]={"a b",NULL}', '[0:1]={"a b",NULL}'),
         ("int8", "{{{1}},{{NULL}}}", [[[1]], [[None]]]),
         ("bpchar", '{"ab  "}', ["ab  "]),  # PG 18, char(4)
         ("bytea", '{"\\\\x00ff",NULL}', [b"\x00\xff", None]),  # PG 18
@@ -424,6 +425,9 @@ def test_uuid_array() -> None:
         "x{1}",
         "{1}x",
         "[1:2]{1,2}",
+        "[1:2]={1,{2}}",
+        "[x]={1}",
+        "[1:2]=",
         "{{1},2}",
         "{1,{2}}",
         "",
@@ -437,6 +441,8 @@ def test_malformed_arrays_raise(text: str) -> None:
 def test_element_parse_errors_surface() -> None:
     with pytest.raises(DecodeError, match=r"int4\[\]"):
         parse_value("int4", True, "{1,two}")
+    with pytest.raises(DecodeError, match=r"int4\[\]"):
+        parse_value("int4", True, "[0:1]={1,two}")
     with pytest.raises(DecodeError, match=r"int4\[\]"):
         parse_value("int4", True, '{"1 ",x}')
 
