@@ -75,12 +75,29 @@ _OUT_OF_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _TS = itemgetter(0)
 
 
-def _storage_error(err: BaseException, path: Path, what: str) -> SorterError:
+def _storage_error(err: BaseException, path: Path, what: str, needed: int = 0) -> SorterError:
+    """Our error for a storage failure at ``path``; out of space -> ``DiskFull`` saying how much the
+    failed write needed (``needed`` bytes, 0 if unknown) and how much the file system has free."""
     msg = str(err)
     errno_ = getattr(err, "errno", None)
     if errno_ in _OUT_OF_SPACE_ERRNOS or any(s in msg.lower() for s in _OUT_OF_SPACE):
-        return DiskFull(f"sorter disk full at {path} ({what}): {msg}", cause=err)
+        need = f"the write needed {needed} bytes, " if needed else ""
+        return DiskFull(
+            f"sorter disk full at {path} ({what}): {msg}; {need}{_free_bytes(path)} free there. Free space "
+            "in the capture's --data-dir (or give it a larger volume, or lower the changefeed's memory-quota "
+            "and let the sink catch up); the span's sorter data was removed and the span retries",
+            cause=err)
     return SorterError(f"sorter storage error at {path} ({what}): {msg}", cause=err)
+
+
+def _free_bytes(path: Path) -> str:
+    """Free bytes of the file system holding ``path`` (the nearest existing parent), as text."""
+    for p in (path, *path.parents):
+        try:
+            return f"{shutil.disk_usage(p).free} bytes"
+        except OSError:
+            continue
+    return "unknown bytes"
 
 
 # plyvel raises RuntimeError for operations on a closed database or iterator; spill files raise
@@ -417,7 +434,7 @@ class LevelDBSpanSorter(SpanSorter):
         try:
             self._db.put(key, value)
         except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"write of span {self.span_key}") from e
+            raise _storage_error(e, self._path, f"write of span {self.span_key}", len(value)) from e
         self._owner.note_written(len(value))
         with self._lock:
             published = not seg.dropped
@@ -439,14 +456,15 @@ class LevelDBSpanSorter(SpanSorter):
             self._segments, self._open = [], None
             self._committed_bytes = 0
             self._clean_floor = -1
-        prefix = self._cprefix
-        size = self._approximate_size(prefix, prefix_end(prefix))
-        self._delete_range(prefix, "clear")
+        # spill files first: removing them needs no free space, while LevelDB's deletes are writes
         try:  # every spill file of this span: open and committed transactions, earlier runs
             for f in self._owner.spill_dir.glob(f"{self._uid.hex()}-*.spill"):
                 f.unlink(missing_ok=True)
         except OSError as e:
             raise _storage_error(e, self._owner.spill_dir, f"clear of span {self.span_key}") from e
+        prefix = self._cprefix
+        size = self._approximate_size(prefix, prefix_end(prefix))
+        self._delete_range(prefix, "clear")
         if self._add_deleted(size):
             self._compact(prefix, prefix_end(prefix))
 
@@ -545,7 +563,7 @@ class LevelDBSpanSorter(SpanSorter):
         try:
             txn.spill.append(txn.subs, txn.payloads)
         except _DB_ERRORS as e:
-            raise _storage_error(e, txn.spill.path, f"spill of span {self.span_key}") from e
+            raise _storage_error(e, txn.spill.path, f"spill of span {self.span_key}", txn.nbytes) from e
         self._owner.note_written(txn.nbytes)
         self._buffered -= txn.nbytes
         txn.nbytes = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from test_processor_report import Clock, FakeRunner, FakeStore
@@ -14,8 +15,11 @@ from cdc.config import ServerConfig
 from cdc.errors import DiskFull, SinkUnavailable, TidewaterError
 from cdc.meta.store import ClusterSnapshot, Versioned
 from cdc.model import ChangefeedInfo, SpanAssignment, SpanInfo, SpanStatus
+from cdc.ts import Watermark
 from processor.processor import Processor
 from processor.recovery import DependencyProbe
+from processor.span import SpanRunner
+from sorter.leveldb import LevelDBSorter
 
 pytestmark = pytest.mark.unit
 
@@ -170,3 +174,20 @@ def test_probe_sets_ready_only_after_a_down_then_up_transition() -> None:
         assert not healthy.ready.is_set()
     finally:
         healthy.close()
+
+
+def test_discarding_a_failed_runner_removes_its_spill_files(tmp_path: Path) -> None:
+    sorter = LevelDBSorter(tmp_path / "sorter", spill_rows=4)
+    try:
+        sp = sorter.span("cf/0")
+        for i in range(20):  # an open transaction that spilled, and a committed one
+            sp.add(1, 1, b"x%d" % i)
+            sp.add(2, 2, b"y%d" % i)
+        sp.commit(2, 10, 1.0)
+        assert list(sorter.spill_dir.iterdir())
+        runner = SpanRunner("cf/0", None, sp, lambda: None, Watermark(1, 0.0), 100)  # type: ignore[arg-type]
+        runner.discard()
+        assert list(sorter.spill_dir.iterdir()) == []
+        assert list(sp.read(-1, 2**64 - 1)) == [] and sp.pending_txns() == 0
+    finally:
+        sorter.close()

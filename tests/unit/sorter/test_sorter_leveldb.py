@@ -219,6 +219,8 @@ def test_storage_errors_are_translated_with_the_path() -> None:
         plyvel.IOError("IO error: /data/sorter/000005.log: No space left on device"), path, "x"
     )
     assert isinstance(full, DiskFull) and "/data/sorter" in str(full)
+    assert "free there" in str(full) and "--data-dir" in str(full)
+    assert "needed 4096 bytes" in str(_storage_error(OSError(28, "ENOSPC"), path, "x", 4096))
     assert isinstance(_storage_error(OSError(28, "ENOSPC"), path, "x"), DiskFull)
     other = _storage_error(plyvel.CorruptionError("Corruption: bad block"), path, "read")
     assert type(other) is SorterError and "/data/sorter" in str(other) and "bad block" in str(other)
@@ -255,6 +257,7 @@ def test_real_write_failure_raises_disk_full(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "DISKFULL" in out.stdout and str(tmp_path / "sorter") in out.stdout
+    assert "the write needed" in out.stdout and "bytes free there" in out.stdout, out.stdout
 
 
 def test_clean_gives_disk_space_back(tmp_path: Path) -> None:
