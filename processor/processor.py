@@ -170,7 +170,8 @@ class Processor:
                     slot.probe.close()
                     slot.probe = None
                 try:
-                    slot.runner = self._start(info, key[1], snap.span_statuses.get(key[0], {}).get(key[1]))
+                    slot.runner = self._start(info, key[1], _newest(snap.span_statuses.get(key[0], {}).get(key[1]),
+                                                                    slot.reported))
                 except TidewaterError as exc:
                     self._failed(slot, info, exc, now)
             if slot.runner is not None and slot.error is not None and slot.runner.checkpoint.ts > slot.runner.start_ts:
@@ -264,6 +265,9 @@ class Processor:
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _start(self, info: ChangefeedInfo, span_index: int, status: SpanStatus | None) -> SpanRunner:
+        # a capture whose lease may be gone must not start a span: it would take the slot over (below) from
+        # the span's rightful new holder
+        self._lease_fence()
         span = _span_info(info, span_index)
         config = ChangefeedConfig.from_dict(info.config)
         if status is not None and status.checkpoint_ts >= span.start_ts:
@@ -361,6 +365,13 @@ def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, m
     if (status.checkpoint_time, status.resolved_ts) != (prev.checkpoint_time, prev.resolved_ts):
         return elapsed >= idle_interval
     return False
+
+
+def _newest(a: SpanStatus | None, b: SpanStatus | None) -> SpanStatus | None:
+    """The status with the higher checkpoint (the one this processor stored may be newer than the snapshot)."""
+    if a is None or (b is not None and b.checkpoint_ts > a.checkpoint_ts):
+        return b
+    return a
 
 
 def _span_info(info: ChangefeedInfo, index: int) -> SpanInfo:

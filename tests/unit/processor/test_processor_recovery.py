@@ -12,7 +12,7 @@ import pytest
 from test_processor_report import Clock, FakeRunner, FakeStore
 
 from cdc.config import ServerConfig
-from cdc.errors import DiskFull, SinkUnavailable, TidewaterError
+from cdc.errors import DiskFull, LeaseLost, SinkUnavailable, TidewaterError
 from cdc.meta.store import ClusterSnapshot, Versioned
 from cdc.model import ChangefeedInfo, SpanAssignment, SpanInfo, SpanStatus
 from cdc.ts import Watermark
@@ -191,3 +191,23 @@ def test_discarding_a_failed_runner_removes_its_spill_files(tmp_path: Path) -> N
         assert list(sp.read(-1, 2**64 - 1)) == [] and sp.pending_txns() == 0
     finally:
         sorter.close()
+
+
+def test_restart_resumes_from_the_checkpoint_stored_at_the_failure_even_if_the_snapshot_is_older() -> None:
+    clock, store = Clock(), FakeStore()
+    p = RecoveringProcessor(store, clock, {"sink": Switch()})
+    p.tick(SNAP)
+    p.runners[0].advance(170)
+    p.runners[0].fail(SinkUnavailable("sink down"))
+    p.tick(SNAP)
+    clock.now += 31
+    p.tick(SNAP)  # a snapshot without the status stored at the failure (read before it, or etcd lagging)
+    assert len(p.runners) == 2 and p.runners[1].start_ts == 170
+    p.close()
+
+
+def test_a_capture_whose_lease_may_be_gone_starts_no_span() -> None:
+    p = Processor(FakeStore(), "cap", sorter=None, config=ServerConfig(), lease=lambda: 7,  # type: ignore[arg-type]
+                  lease_deadline=lambda: time.monotonic() - 1)
+    with pytest.raises(LeaseLost):
+        p._start(INFO, 0, None)
