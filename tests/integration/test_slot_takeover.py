@@ -113,3 +113,23 @@ def test_probe(pg_server: PostgresServer, pg_database: str) -> None:
         ReplicationStream("postgresql://postgres@127.0.0.1:1/x", "s", "p", 0).probe(timeout=1)
 
 
+
+
+def test_a_slot_taken_between_the_look_and_the_start_names_its_holder(
+        pg_server: PostgresServer, pg_database: str, slot: tuple[str, str]) -> None:
+    name, pub = slot
+    uri = pg_server.uri(pg_database)
+
+    class Racing(ReplicationStream):
+        def _take_slot(self) -> None:  # the look found the slot free; another holder then got it
+            pass
+
+    holder = ReplicationStream(uri, name, pub, 0, holder="capture-racer")
+    holder.open()
+    late = Racing(uri, name, pub, 0, holder="capture-late")
+    try:
+        with pytest.raises(UpstreamUnavailable, match="held by capture capture-racer"):
+            late.open()
+    finally:
+        late.close()
+        holder.close()

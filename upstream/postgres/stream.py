@@ -132,7 +132,15 @@ class ReplicationStream:
                 slot_name=self.slot, decode=False, start_lsn=self.start_lsn, options=options,
                 status_interval=max(1, int(self.feedback_interval)))
         except psycopg2.Error as exc:
-            raise self._classify(exc) from exc
+            err = self._classify(exc)
+            if getattr(exc, "pgcode", None) == "55006":  # the slot was taken between our look and the start
+                try:
+                    _, who = self._slot_holder()
+                except Exception:  # noqa: BLE001 - only enriches the message
+                    who = ""
+                if who:
+                    err = UpstreamUnavailable(f"{err.message}; the slot is held by {who}")
+            raise err from exc
         log.info("replication started span=%s slot=%s from=%s", self.label, self.slot, lsn_to_str(self.start_lsn))
 
     def close(self) -> None:
@@ -197,7 +205,7 @@ class ReplicationStream:
         except psycopg2.Error as exc:
             raise classify_error(exc, describe_conn(self._side), f"taking replication slot {self.slot!r}") from exc
 
-    def _classify(self, exc: psycopg2.Error) -> Exception:
+    def _classify(self, exc: psycopg2.Error) -> SlotLost | UpstreamUnavailable:
         text = str(exc).strip()
         if "does not exist" in text and "slot" in text:
             return SlotLost(f"replication slot {self.slot!r} does not exist: {text}. {_SLOT_LOST_FIX}")
