@@ -29,8 +29,11 @@ Durability: none (nothing is synced); the sorter is a cache rebuilt from the spa
 
 Errors: LevelDB and file failures raise ``SorterError`` naming the path; out-of-space conditions and an
 exceeded ``disk_quota`` raise ``DiskFull``. A quota refusal changes nothing and can be retried after a
-back-off. After a LevelDB write error, LevelDB refuses every further write until the database is reopened
-(its background error is sticky): close this sorter and open a new one.
+back-off. After an out-of-space error in a table or MANIFEST write, LevelDB refuses every further write
+until the database is reopened (its background error is sticky, even once space is back): the sorter
+reopens it at the next span start or ``clear()`` (``reopen_if_needed``), keeping its contents; spans
+still using the old handle get ``DiskFull`` and restart. A DiskFull message says how many bytes the
+failed write needed and how many are free there.
 """
 
 from __future__ import annotations
@@ -179,16 +182,14 @@ class LevelDBSorter(Sorter):
         self._quota_checked_at = float("-inf")
         self._disk_estimate = 0
         self._serials = itertools.count()
+        self._db_options: dict[str, Any] = {
+            "create_if_missing": True, "write_buffer_size": write_buffer_size, "lru_cache_size": lru_cache_size,
+            "block_size": block_size, "compression": "snappy"}
+        self._reopen_needed = False  # LevelDB ran out of space: its error is sticky until reopened
+        self.closed = False
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            self.db = plyvel.DB(
-                str(self.path),
-                create_if_missing=True,
-                write_buffer_size=write_buffer_size,
-                lru_cache_size=lru_cache_size,
-                block_size=block_size,
-                compression="snappy",
-            )
+            self.db = plyvel.DB(str(self.path), **self._db_options)
             if fresh:  # opened first: the lock keeps a second process off a directory in use
                 self._wipe()
             self.spill_dir.mkdir(exist_ok=True)
@@ -205,6 +206,7 @@ class LevelDBSorter(Sorter):
     def span(self, span_key: str, memory_budget: int | None = None) -> LevelDBSpanSorter:
         if memory_budget is not None and memory_budget < 1:
             raise ValueError("memory_budget must be positive")
+        self.reopen_if_needed()
         with self._lock:
             if self.db.closed:
                 raise SorterError(f"sorter at {self.path} is closed")
@@ -218,6 +220,7 @@ class LevelDBSorter(Sorter):
     def close(self) -> None:
         """Close the database (idempotent). Data still held by the spans is dropped."""
         with self._lock:
+            self.closed = True
             self._spans.clear()
             if not self.db.closed:
                 self.db.close()
@@ -227,6 +230,29 @@ class LevelDBSorter(Sorter):
         return _dir_bytes(self.path) + _dir_bytes(self.spill_dir)
 
     # -- internal, used by the span sorters --------------------------------------------------------
+    def note_out_of_space(self) -> None:
+        """LevelDB reported out of space. Its error is sticky (every later write fails with it, even once
+        space is back) until the database is reopened: the next span start does that (``reopen_if_needed``)."""
+        self._reopen_needed = True
+
+    def reopen_if_needed(self) -> None:
+        """Reopen the database after ``note_out_of_space`` (what it holds is kept). Spans still using the old
+        handle get ``DiskFull`` from their next LevelDB call and are restarted; raises ``DiskFull`` if the
+        reopen itself fails (still no space), and is tried again at the next call."""
+        with self._lock:
+            if not self._reopen_needed or self.closed:
+                return
+            if not self.db.closed:
+                self.db.close()
+            try:
+                self.db = plyvel.DB(str(self.path), **self._db_options)
+            except _DB_ERRORS as e:
+                raise _storage_error(e, self.path, "reopen after running out of space") from e
+            self._reopen_needed = False
+            for sp in self._spans.values():
+                sp._db = self.db
+        log.warning("sorter at %s reopened after running out of space", self.path)
+
     def next_spill_path(self, uid: bytes) -> Path:
         return self.spill_dir / f"{uid.hex()}-{next(self._serials)}.spill"
 
@@ -368,7 +394,7 @@ class LevelDBSpanSorter(SpanSorter):
                 f"span {self.span_key}: commit_ts {commit_ts} does not follow {self._last_commit_ts}"
             )
         if self._db.closed:
-            raise SorterError(f"sorter at {self._path} is closed (span {self.span_key})")
+            raise self._db_error(RuntimeError("Database is closed"), f"use of span {self.span_key}")
         txn = self._txns.get(xid)
         if txn is None or (txn.spill is None and not txn.payloads):
             self._txns.pop(xid, None)
@@ -434,7 +460,7 @@ class LevelDBSpanSorter(SpanSorter):
         try:
             self._db.put(key, value)
         except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"write of span {self.span_key}", len(value)) from e
+            raise self._db_error(e, f"write of span {self.span_key}", len(value)) from e
         self._owner.note_written(len(value))
         with self._lock:
             published = not seg.dropped
@@ -447,6 +473,7 @@ class LevelDBSpanSorter(SpanSorter):
             self._delete_keys([key], "clean")
 
     def clear(self) -> None:
+        self._owner.reopen_if_needed()
         self._txns.clear()
         self._buffered = 0
         self._last_commit_ts = -1
@@ -479,7 +506,7 @@ class LevelDBSpanSorter(SpanSorter):
         if not check_range(after_ts, upto_ts):
             return iter(())
         if self._db.closed:
-            raise SorterError(f"sorter at {self._path} is closed (span {self.span_key})")
+            raise self._db_error(RuntimeError("Database is closed"), f"use of span {self.span_key}")
         picked: list[tuple[_Segment, list[SortedTxn] | None, bytes | None]] = []
         with self._lock:
             after_ts = max(after_ts, self._clean_floor)
@@ -512,7 +539,7 @@ class LevelDBSpanSorter(SpanSorter):
                                           f"{self.span_key} is missing")
                     unpacked = unpack_segment(value)
                 except _DB_ERRORS as e:
-                    raise _storage_error(e, self._path, f"read of span {self.span_key}") from e
+                    raise self._db_error(e, f"read of span {self.span_key}") from e
                 del value
                 for ts, tm, payloads in unpacked:
                     if after_ts < ts <= upto_ts:
@@ -570,6 +597,20 @@ class LevelDBSpanSorter(SpanSorter):
         txn.subs = []
         txn.payloads = []
 
+    def _db_error(self, e: BaseException, what: str, needed: int = 0) -> SorterError:
+        """Our error for a failed LevelDB call. Out of space: ``DiskFull``, and the database is reopened at
+        the next span start (LevelDB's error is sticky). A handle closed by such a reopen: ``DiskFull`` too
+        (the span restarts); closed by ``close()``: ``SorterError``."""
+        if isinstance(e, RuntimeError) and not self._owner.closed:
+            return DiskFull(f"sorter at {self._path} was reopened after running out of space while span "
+                            f"{self.span_key} used it ({what}); the span restarts", cause=e)
+        if isinstance(e, RuntimeError):
+            return SorterError(f"sorter at {self._path} is closed ({what})", cause=e)
+        err = _storage_error(e, self._path, what, needed)
+        if isinstance(err, DiskFull):
+            self._owner.note_out_of_space()
+        return err
+
     def _unlink(self, spill: SpillFile, what: str) -> None:
         try:
             spill.unlink()
@@ -580,7 +621,7 @@ class LevelDBSpanSorter(SpanSorter):
         try:
             _delete_in_batches(self._db, keys)
         except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"{what} of span {self.span_key}") from e
+            raise self._db_error(e, f"{what} of span {self.span_key}") from e
 
     def _delete_range(self, prefix: bytes, what: str) -> None:
         """Delete every key starting with ``prefix``."""
@@ -588,7 +629,7 @@ class LevelDBSpanSorter(SpanSorter):
             with self._db.iterator(prefix=prefix, include_value=False) as keys:  # a snapshot: safe to delete
                 _delete_in_batches(self._db, keys)
         except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"{what} of span {self.span_key}") from e
+            raise self._db_error(e, f"{what} of span {self.span_key}") from e
 
     def _approximate_size(self, start: bytes, stop: bytes | None) -> int:
         """On-disk (table file) bytes of ``[start, stop)``; data still in the memtable counts 0."""
@@ -597,7 +638,7 @@ class LevelDBSpanSorter(SpanSorter):
         try:
             return int(self._db.approximate_size(start, stop or b"\xff"))
         except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"size estimate of span {self.span_key}") from e
+            raise self._db_error(e, f"size estimate of span {self.span_key}") from e
 
     def _add_deleted(self, nbytes: int) -> bool:
         """Account deleted bytes; True when enough accumulated to compact (and resets the count)."""
@@ -615,4 +656,4 @@ class LevelDBSpanSorter(SpanSorter):
         try:
             self._db.compact_range(start=start, stop=stop)
         except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"compaction of span {self.span_key}") from e
+            raise self._db_error(e, f"compaction of span {self.span_key}") from e
