@@ -31,8 +31,8 @@ Errors: LevelDB and file failures raise ``SorterError`` naming the path; out-of-
 exceeded ``disk_quota`` raise ``DiskFull``. A quota refusal changes nothing and can be retried after a
 back-off. After an out-of-space error in a table or MANIFEST write, LevelDB refuses every further write
 until the database is reopened (its background error is sticky, even once space is back): the sorter
-reopens it at the next span start or ``clear()`` (``reopen_if_needed``), keeping its contents; spans
-still using the old handle get ``DiskFull`` and restart. A DiskFull message says how many bytes the
+reopens it at the next span start or ``clear()`` (``reopen_if_needed``), keeping its contents, once no
+span thread is inside a LevelDB call (``sorter.gate``: plyvel releases the GIL inside LevelDB). A DiskFull message says how many bytes the
 failed write needed and how many are free there.
 """
 
@@ -66,6 +66,7 @@ from sorter.encoding import (
     span_uid,
     unpack_segment,
 )
+from sorter.gate import Gate
 from sorter.spillfile import SpillFile
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,7 @@ class LevelDBSorter(Sorter):
             "block_size": block_size, "compression": "snappy"}
         self._reopen_needed = False  # LevelDB ran out of space: its error is sticky until reopened
         self.closed = False
+        self.gate = Gate()  # every LevelDB call of a span runs inside gate.shared(); close/reopen exclusive
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             self.db = plyvel.DB(str(self.path), **self._db_options)
@@ -219,7 +221,7 @@ class LevelDBSorter(Sorter):
 
     def close(self) -> None:
         """Close the database (idempotent). Data still held by the spans is dropped."""
-        with self._lock:
+        with self._lock, self.gate.exclusive():
             self.closed = True
             self._spans.clear()
             if not self.db.closed:
@@ -236,10 +238,11 @@ class LevelDBSorter(Sorter):
         self._reopen_needed = True
 
     def reopen_if_needed(self) -> None:
-        """Reopen the database after ``note_out_of_space`` (what it holds is kept). Spans still using the old
-        handle get ``DiskFull`` from their next LevelDB call and are restarted; raises ``DiskFull`` if the
-        reopen itself fails (still no space), and is tried again at the next call."""
-        with self._lock:
+        """Reopen the database after ``note_out_of_space`` (what it holds is kept), once no span is inside a
+        LevelDB call (``gate``); the spans use the new handle from their next call. Raises ``DiskFull`` if
+        the reopen itself fails (still no space; the spans then get ``DiskFull`` too), and is tried again
+        at the next call."""
+        with self._lock, self.gate.exclusive():
             if not self._reopen_needed or self.closed:
                 return
             if not self.db.closed:
@@ -458,7 +461,8 @@ class LevelDBSpanSorter(SpanSorter):
         key = segment_key(self._uid, seg.first_ts)
         value = pack_segment([(t.commit_ts, t.commit_time, t.payloads) for t in txns])
         try:
-            self._db.put(key, value)
+            with self._owner.gate.shared():
+                self._db.put(key, value)
         except _DB_ERRORS as e:
             raise self._db_error(e, f"write of span {self.span_key}", len(value)) from e
         self._owner.note_written(len(value))
@@ -533,7 +537,8 @@ class LevelDBSpanSorter(SpanSorter):
                 yield from txns
             elif key is not None:
                 try:
-                    value = self._db.get(key)
+                    with self._owner.gate.shared():
+                        value = self._db.get(key)
                     if value is None:
                         raise SorterError(f"sorter at {self._path}: segment {key.hex()} of span "
                                           f"{self.span_key} is missing")
@@ -599,11 +604,11 @@ class LevelDBSpanSorter(SpanSorter):
 
     def _db_error(self, e: BaseException, what: str, needed: int = 0) -> SorterError:
         """Our error for a failed LevelDB call. Out of space: ``DiskFull``, and the database is reopened at
-        the next span start (LevelDB's error is sticky). A handle closed by such a reopen: ``DiskFull`` too
-        (the span restarts); closed by ``close()``: ``SorterError``."""
-        if isinstance(e, RuntimeError) and not self._owner.closed:
-            return DiskFull(f"sorter at {self._path} was reopened after running out of space while span "
-                            f"{self.span_key} used it ({what}); the span restarts", cause=e)
+        the next span start (LevelDB's error is sticky). A handle left closed by a failed reopen: ``DiskFull``
+        too (the span restarts); closed by ``close()``: ``SorterError``."""
+        if isinstance(e, RuntimeError) and not self._owner.closed:  # a failed reopen left it closed
+            return DiskFull(f"sorter at {self._path} could not be reopened after running out of space "
+                            f"({what}); the span restarts", cause=e)
         if isinstance(e, RuntimeError):
             return SorterError(f"sorter at {self._path} is closed ({what})", cause=e)
         err = _storage_error(e, self._path, what, needed)
@@ -619,15 +624,16 @@ class LevelDBSpanSorter(SpanSorter):
 
     def _delete_keys(self, keys: list[bytes], what: str) -> None:
         try:
-            _delete_in_batches(self._db, keys)
+            with self._owner.gate.shared():
+                _delete_in_batches(self._db, keys)
         except _DB_ERRORS as e:
             raise self._db_error(e, f"{what} of span {self.span_key}") from e
 
     def _delete_range(self, prefix: bytes, what: str) -> None:
         """Delete every key starting with ``prefix``."""
         try:
-            with self._db.iterator(prefix=prefix, include_value=False) as keys:  # a snapshot: safe to delete
-                _delete_in_batches(self._db, keys)
+            with self._owner.gate.shared(), self._db.iterator(prefix=prefix, include_value=False) as keys:
+                _delete_in_batches(self._db, keys)  # the iterator is a snapshot: safe to delete
         except _DB_ERRORS as e:
             raise self._db_error(e, f"{what} of span {self.span_key}") from e
 
@@ -636,7 +642,8 @@ class LevelDBSpanSorter(SpanSorter):
         if self._owner.compact_after_bytes <= 0:
             return 0
         try:
-            return int(self._db.approximate_size(start, stop or b"\xff"))
+            with self._owner.gate.shared():
+                return int(self._db.approximate_size(start, stop or b"\xff"))
         except _DB_ERRORS as e:
             raise self._db_error(e, f"size estimate of span {self.span_key}") from e
 
@@ -654,6 +661,7 @@ class LevelDBSpanSorter(SpanSorter):
     def _compact(self, start: bytes, stop: bytes | None) -> None:
         """Compact ``[start, stop)`` so that the space of deleted entries returns to the disk."""
         try:
-            self._db.compact_range(start=start, stop=stop)
+            with self._owner.gate.shared():
+                self._db.compact_range(start=start, stop=stop)
         except _DB_ERRORS as e:
             raise self._db_error(e, f"compaction of span {self.span_key}") from e
