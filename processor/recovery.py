@@ -11,8 +11,10 @@ Guarantees:
   dependency was away, and it is back. A failure that no probe shows (a full disk, a rejected row, a
   lost lease, a dependency already back before the first probe) never sets it; such a span keeps its
   exponential backoff, so probing never turns a persistent error into a restart loop.
-- At most one round of probes per ``interval``; the thread ends once ``ready`` is set or ``close()``
-  is called, and never touches the span itself (the processor reads ``ready`` on its tick).
+- At most one round of probes per ``interval``; the thread ends once ``ready`` is set, after
+  ``healthy_rounds`` passing rounds without any failure (the error was not a dependency being away:
+  nothing to wait for), or on ``close()``. It never touches the span itself (the processor reads
+  ``ready`` on its tick).
 - ``down`` is the latest failing probe as ``"name: message"`` (None before the first failure).
 """
 
@@ -28,10 +30,12 @@ Probe = Callable[[], None]
 
 
 class DependencyProbe:
-    def __init__(self, label: str, probes: Mapping[str, Probe], interval: float = 1.0) -> None:
+    def __init__(self, label: str, probes: Mapping[str, Probe], interval: float = 1.0,
+                 healthy_rounds: int = 5) -> None:
         self.label = label
         self.probes = dict(probes)
         self.interval = interval
+        self.healthy_rounds = healthy_rounds
         self.ready = threading.Event()
         self.down: str | None = None
         self.rounds = 0
@@ -61,6 +65,8 @@ class DependencyProbe:
         seen_down = False
         while not self._closed.is_set():
             if self.probe_once():
+                if not seen_down and self.rounds >= self.healthy_rounds:
+                    return  # every dependency answered from the start: the span keeps its backoff
                 if seen_down:
                     log.info("span=%s: %s is back; restarting the span now", self.label,
                              (self.down or "dependency").split(":", 1)[0])

@@ -168,10 +168,10 @@ def test_probe_sets_ready_only_after_a_down_then_up_transition() -> None:
         assert probe.ready.wait(2)
     finally:
         probe.close()
-    healthy = DependencyProbe("cf/1", {"sink": Switch()}, interval=0.02).start()
+    healthy = DependencyProbe("cf/1", {"sink": Switch()}, interval=0.02, healthy_rounds=3).start()
     try:
-        wait_until(lambda: healthy.rounds >= 3)
-        assert not healthy.ready.is_set()
+        wait_until(lambda: not healthy._thread.is_alive())
+        assert healthy.rounds == 3 and not healthy.ready.is_set(), "stops probing what was never away"
     finally:
         healthy.close()
 
