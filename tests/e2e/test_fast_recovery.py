@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_workload import SCHEMA, TABLES, assert_converged, mixed_workload, wait_for, wait_state
+from e2e_workload import (
+    SCHEMA,
+    TABLES,
+    assert_converged,
+    big_transaction,
+    mixed_workload,
+    wait_for,
+    wait_state,
+)
 
 from playground.cluster import CdcServer, current_lsn
 from playground.servers import EtcdServer, MariaDBServer, PostgresServer
@@ -186,3 +194,35 @@ def test_frozen_span_holder_loses_its_slot_to_the_new_holder(
         first.kill()
         if second is not None:
             second.kill()
+
+
+def test_disk_quota_failure_frees_the_spans_disk_and_names_the_need(
+        etcd_server: EtcdServer, cluster_id: str, tmp_path: Path, pg_server: PostgresServer,
+        pg_database: str, source: Any) -> None:
+    """A transaction larger than the sorter's disk quota fails the span with DiskFull in the changefeed's
+    state (usage, quota, path); while the span waits its spill files are gone, so the disk is not kept
+    full between attempts; a capture with room then replicates everything (row-by-row compare)."""
+    lease = "session-ttl = 3\netcd-timeout = 1.0\nowner-tick = 0.2\n"
+    small = CdcServer(etcd_server.url, tmp_path / "small", cluster_id=cluster_id, extra_args=config_args(
+        tmp_path, lease + SLOW_BACKOFF + "sorter-disk-quota = 2000000\n", "small.toml")).start()
+    roomy: CdcServer | None = None
+    sink = f"sqlite:///{tmp_path / 'target.db'}"
+    try:
+        small.create_changefeed("quota", pg_server.uri(pg_database), sink)
+        mixed_workload(source, 3)
+        assert_converged(small, "quota", source, sink)
+        big_transaction(source, 60_000)
+        q = wait_state(small, "quota", "warning")
+        assert q["error"]["code"] == "CDC:ErrDiskFull", q["error"]
+        assert "disk quota of 2000000 bytes" in q["error"]["message"], q["error"]
+        spill = small.base_dir / f"data-{small.port}" / "sorter" / "spill"
+        wait_for(small, "quota", lambda _q: not any(spill.iterdir()), "spill files removed", timeout=10)
+        roomy = CdcServer(etcd_server.url, tmp_path / "roomy", cluster_id=cluster_id,
+                          extra_args=config_args(tmp_path, FAST_LEASE, "roomy.toml")).start()
+        small.kill()
+        assert_converged(roomy, "quota", source, sink)
+        wait_state(roomy, "quota", "normal")
+    finally:
+        small.kill()
+        if roomy is not None:
+            roomy.kill()
