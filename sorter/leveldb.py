@@ -273,7 +273,8 @@ class LevelDBSorter(Sorter):
         if self._disk_estimate > self.disk_quota:
             raise DiskFull(
                 f"sorter at {self.path} uses {self._disk_estimate} bytes, over its disk quota of "
-                f"{self.disk_quota} bytes ({what}); the sink must catch up, or a single transaction that large needs a higher sorter-disk-quota (the span's sorter data is removed while it waits)"
+                f"{self.disk_quota} bytes ({what}); the sink must catch up, or a single transaction that large "
+                "needs a higher sorter-disk-quota (the span's sorter data is removed while it waits)"
             )
 
 
