@@ -2,7 +2,9 @@
 
 Each tick (``owner-tick``) reads one etcd snapshot, starts the span runners newly assigned here, stops
 those no longer assigned (or reassigned with a new epoch) and restarts failed ones with exponential
-backoff. Between ticks a report pass (every ``checkpoint-min-interval / 4``) stores every running span's
+backoff; while a failed span waits, its sink and upstream are probed about once a second
+(``processor.recovery``) and it restarts at the next tick once the dependency that was away is back.
+Between ticks a report pass (every ``checkpoint-min-interval / 4``) stores every running span's
 resolved and checkpoint watermarks as a ``SpanStatus`` when ``report_due`` says so: a moving checkpoint
 at most every ``checkpoint-min-interval``, an idle one every ``checkpoint-interval``; all due spans of
 the capture go into one etcd transaction (``MetaStore.put_span_statuses``).
@@ -13,6 +15,9 @@ Guarantees:
   runner was started for. A capture that lost its lease or its assignment cannot report, and a span
   whose report fails is never acked upstream.
 - The upstream slot is acked only up to a checkpoint that was stored in etcd by such a write.
+- A failed span's progress is kept: the checkpoint its runner reached (durable downstream) is stored
+  before the runner is discarded, so the restart resumes from there. Its sorter data (LevelDB entries,
+  spill files) is removed at once, so a full disk is not kept full while it waits.
 - Threading: ``run`` owns the loop thread; ``close`` may be called from another thread after ``stop``
   is set.
 """
@@ -34,6 +39,7 @@ from cdc.meta.store import ClusterSnapshot, MetaStore, SpanStatusWrite
 from cdc.model import ChangefeedInfo, RunningError, SpanAssignment, SpanInfo, SpanStatus
 from cdc.ts import Watermark
 from processor.puller import Puller
+from processor.recovery import DependencyProbe
 from processor.span import SpanRunner
 from sinks.factory import open_sink
 from sorter.base import Sorter
@@ -56,12 +62,13 @@ class _Slot:
     reported: SpanStatus | None = None  # last status this processor stored (or found in etcd)
     last_report: float = 0.0
     stop_confirmed: bool = False  # for a stopping assignment: running=False is stored
+    probe: DependencyProbe | None = None  # while failed: watches for the failed dependency's return
 
 
 class Processor:
     def __init__(self, store: MetaStore, capture_id: str, sorter: Sorter, config: ServerConfig,
                  lease: Callable[[], int], lease_deadline: Callable[[], float] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, probe_interval: float = 1.0) -> None:
         self.store = store
         self.capture_id = capture_id
         self.sorter = sorter
@@ -69,6 +76,7 @@ class Processor:
         self._lease = lease
         self._lease_deadline = lease_deadline
         self._clock = clock
+        self._probe_interval = probe_interval  # seconds between probes of a failed span's dependencies; 0: none
         self._slots: dict[tuple[str, int], _Slot] = {}
         self._last_batch = float("-inf")  # clock time of the last report batch
         self._etcd_ok = False  # report passes between ticks only while etcd answers (no retry storm)
@@ -110,6 +118,8 @@ class Processor:
         """Stop every span, reporting final checkpoints where the fence still allows it."""
         for key in list(self._slots):
             slot = self._slots.pop(key)
+            if slot.probe is not None:
+                slot.probe.close()
             if slot.runner is not None:
                 slot.runner.stop()
                 self._report(slot)
@@ -135,6 +145,8 @@ class Processor:
                 if slot.runner is not None:
                     log.info("span=%s/%d no longer assigned here; stopping capture=%s", key[0], key[1], self.capture_id)
                     slot.runner.stop()
+                if slot.probe is not None:
+                    slot.probe.close()
                 del self._slots[key]
 
         for key, (info, assignment) in wanted.items():
@@ -148,22 +160,20 @@ class Processor:
             runner = slot.runner
             if runner is not None and runner.failed.is_set():
                 exc = runner.error
-                runner.stop()
+                exited = runner.stop()
+                self._failed(slot, info, exc, now)  # stores the checkpoint the runner reached
                 slot.runner = None
-                slot.failures += 1
-                delay = self._backoff(slot.failures)
-                slot.restart_at = now + delay
-                slot.error = _running_error(exc, self.capture_id, key[1], now)
-                log.warning("span=%s/%d failed (%s); restarting in %.0fs", key[0], key[1], slot.error.message, delay)
-                self._report(slot)
-            if slot.runner is None and now >= slot.restart_at:
+                if exited:
+                    runner.discard()
+            if slot.runner is None and (now >= slot.restart_at or (slot.probe is not None and slot.probe.ready.is_set())):
+                if slot.probe is not None:
+                    slot.probe.close()
+                    slot.probe = None
                 try:
-                    slot.runner = self._start(info, key[1], snap.span_statuses.get(key[0], {}).get(key[1]))
+                    slot.runner = self._start(info, key[1], _newest(snap.span_statuses.get(key[0], {}).get(key[1]),
+                                                                    slot.reported))
                 except TidewaterError as exc:
-                    slot.failures += 1
-                    slot.restart_at = now + self._backoff(slot.failures)
-                    slot.error = _running_error(exc, self.capture_id, key[1], now)
-                    self._report(slot)
+                    self._failed(slot, info, exc, now)
             if slot.runner is not None and slot.error is not None and slot.runner.checkpoint.ts > slot.runner.start_ts:
                 # progress since the restart: the error is over (the report pass may already have stored that
                 # progress, still with the error, so the stored checkpoint is no measure of it)
@@ -201,6 +211,37 @@ class Processor:
         due += moving
         return all(r is not False for r in self._store(due, now, stop_fenced))
 
+    def _failed(self, slot: _Slot, info: ChangefeedInfo, exc: BaseException | None, now: float) -> None:
+        """Record a failure of the span: error, next restart time, probes; store its status at once (with
+        the checkpoint of ``slot.runner`` if it is still set)."""
+        slot.failures += 1
+        delay = self._backoff(slot.failures)
+        slot.restart_at = now + delay
+        slot.error = _running_error(exc, self.capture_id, slot.span, now)
+        log.warning("span=%s/%d failed (%s); restarting in %.0fs, or once the dependency that failed is back",
+                    slot.cf, slot.span, slot.error.message, delay)
+        self._report(slot)
+        if slot.probe is None and slot.error.retryable:
+            slot.probe = self._probe(info, slot.span)
+
+    def _probe(self, info: ChangefeedInfo, span_index: int) -> DependencyProbe | None:
+        """A started probe of the span's sink and upstream (see ``processor.recovery``)."""
+        if self._probe_interval <= 0:
+            return None
+        span = _span_info(info, span_index)
+        config = ChangefeedConfig.from_dict(info.config)
+        stream = ReplicationStream(info.upstream_uri, span.slot, span.publication, 0)
+
+        def sink() -> None:
+            s = open_sink(info.sink_uri, config.sink)
+            try:
+                s.probe()
+            finally:
+                s.close()
+
+        return DependencyProbe(f"{info.id}/{span_index}", {"sink": sink, "upstream": stream.probe},
+                               self._probe_interval).start()
+
     def _backoff(self, failures: int) -> float:
         return min(self.config.error_backoff_max, self.config.error_backoff_min * 2 ** (failures - 1))
 
@@ -224,6 +265,9 @@ class Processor:
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _start(self, info: ChangefeedInfo, span_index: int, status: SpanStatus | None) -> SpanRunner:
+        # a capture whose lease may be gone must not start a span: it would take the slot over (below) from
+        # the span's rightful new holder
+        self._lease_fence()
         span = _span_info(info, span_index)
         config = ChangefeedConfig.from_dict(info.config)
         if status is not None and status.checkpoint_ts >= span.start_ts:
@@ -231,7 +275,8 @@ class Processor:
         else:
             start = Watermark(span.start_ts, info.start_time)
         label = f"{info.id}/{span_index}"
-        stream = ReplicationStream(info.upstream_uri, span.slot, span.publication, start.ts, label=label)
+        stream = ReplicationStream(info.upstream_uri, span.slot, span.publication, start.ts, label=label,
+                                   holder=self.capture_id, takeover=True)
         sorter = self.sorter.span(label, memory_budget=config.memory_quota // max(1, len(info.spans)))
         puller = Puller(stream, sorter, TableFilter(config.filter.rules), start,
                         lambda: connect(info.upstream_uri), label)
@@ -320,6 +365,13 @@ def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, m
     if (status.checkpoint_time, status.resolved_ts) != (prev.checkpoint_time, prev.resolved_ts):
         return elapsed >= idle_interval
     return False
+
+
+def _newest(a: SpanStatus | None, b: SpanStatus | None) -> SpanStatus | None:
+    """The status with the higher checkpoint (the one this processor stored may be newer than the snapshot)."""
+    if a is None or (b is not None and b.checkpoint_ts > a.checkpoint_ts):
+        return b
+    return a
 
 
 def _span_info(info: ChangefeedInfo, index: int) -> SpanInfo:

@@ -7,7 +7,8 @@ Guarantees:
 - Whole upstream transactions are handed to the sink; several small ones may share a downstream
   transaction (up to ``sink.txn_rows`` rows), a large one is streamed in one call.
 - Any error stops both threads; ``error`` holds it and ``failed`` is set. A failed runner is discarded
-  and a new one restarts the span from its persisted checkpoint (the sorter is cleared on start).
+  and a new one restarts the span from its persisted checkpoint (the sorter is cleared on start, and by
+  ``discard()`` when the processor discards a failed runner).
 Thread-safety: ``checkpoint``, ``resolved``, ``rows``, ``error`` are read by the processor thread;
 each is a single reference assignment.
 """
@@ -116,6 +117,15 @@ class SpanRunner:
             th.join(max(0.0, deadline - time.monotonic()))
         self.puller.stream.close()
         return not self.alive
+
+    def discard(self) -> None:
+        """After ``stop()`` returned True (both threads exited): drop what the span's sorter holds (memory,
+        LevelDB entries, spill files), so a failed span waiting to restart keeps no disk space. Best effort:
+        a failure is logged, and the next ``start()`` clears again."""
+        try:
+            self.sorter.clear()
+        except TidewaterError as exc:
+            log.warning("span=%s: clearing the sorter of the failed span failed: %s", self.label, exc)
 
     @property
     def stopped(self) -> bool:

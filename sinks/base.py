@@ -47,6 +47,12 @@ class Sink(ABC):
     def check(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Connect and verify the target is usable; raise SinkUnavailable/SinkError naming the problem."""
 
+    def probe(self) -> None:
+        """Cheap reachability check, called about once a second while a failed span waits to restart
+        (on a sink opened for that purpose only): raise ``SinkUnavailable`` while the target cannot be
+        reached. Default: ``check()``."""
+        self.check()
+
     def target_name(self, table: TableName) -> str:
         """Where ``table`` lands downstream, as a display string (used to refuse name collisions)."""
         return str(table)

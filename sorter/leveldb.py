@@ -29,8 +29,11 @@ Durability: none (nothing is synced); the sorter is a cache rebuilt from the spa
 
 Errors: LevelDB and file failures raise ``SorterError`` naming the path; out-of-space conditions and an
 exceeded ``disk_quota`` raise ``DiskFull``. A quota refusal changes nothing and can be retried after a
-back-off. After a LevelDB write error, LevelDB refuses every further write until the database is reopened
-(its background error is sticky): close this sorter and open a new one.
+back-off. After an out-of-space error in a table or MANIFEST write, LevelDB refuses every further write
+until the database is reopened (its background error is sticky, even once space is back): the sorter
+reopens it at the next span start or ``clear()`` (``reopen_if_needed``), keeping its contents, once no
+span thread is inside a LevelDB call (``sorter.gate``: plyvel releases the GIL inside LevelDB). A DiskFull message says how many bytes the
+failed write needed and how many are free there.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from sorter.encoding import (
     span_uid,
     unpack_segment,
 )
+from sorter.gate import Gate
 from sorter.spillfile import SpillFile
 
 log = logging.getLogger(__name__)
@@ -75,12 +79,29 @@ _OUT_OF_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 _TS = itemgetter(0)
 
 
-def _storage_error(err: BaseException, path: Path, what: str) -> SorterError:
+def _storage_error(err: BaseException, path: Path, what: str, needed: int = 0) -> SorterError:
+    """Our error for a storage failure at ``path``; out of space -> ``DiskFull`` saying how much the
+    failed write needed (``needed`` bytes, 0 if unknown) and how much the file system has free."""
     msg = str(err)
     errno_ = getattr(err, "errno", None)
     if errno_ in _OUT_OF_SPACE_ERRNOS or any(s in msg.lower() for s in _OUT_OF_SPACE):
-        return DiskFull(f"sorter disk full at {path} ({what}): {msg}", cause=err)
+        need = f"the write needed {needed} bytes, " if needed else ""
+        return DiskFull(
+            f"sorter disk full at {path} ({what}): {msg}; {need}{_free_bytes(path)} free there. Free space "
+            "in the capture's --data-dir (or give it a larger volume, or lower the changefeed's memory-quota "
+            "and let the sink catch up); the span's sorter data was removed and the span retries",
+            cause=err)
     return SorterError(f"sorter storage error at {path} ({what}): {msg}", cause=err)
+
+
+def _free_bytes(path: Path) -> str:
+    """Free bytes of the file system holding ``path`` (the nearest existing parent), as text."""
+    for p in (path, *path.parents):
+        try:
+            return f"{shutil.disk_usage(p).free} bytes"
+        except OSError:
+            continue
+    return "unknown bytes"
 
 
 # plyvel raises RuntimeError for operations on a closed database or iterator; spill files raise
@@ -162,16 +183,15 @@ class LevelDBSorter(Sorter):
         self._quota_checked_at = float("-inf")
         self._disk_estimate = 0
         self._serials = itertools.count()
+        self._db_options: dict[str, Any] = {
+            "create_if_missing": True, "write_buffer_size": write_buffer_size, "lru_cache_size": lru_cache_size,
+            "block_size": block_size, "compression": "snappy"}
+        self._reopen_needed = False  # LevelDB ran out of space: its error is sticky until reopened
+        self.closed = False
+        self.gate = Gate()  # every LevelDB call of a span runs inside gate.shared(); close/reopen exclusive
         try:
             self.path.mkdir(parents=True, exist_ok=True)
-            self.db = plyvel.DB(
-                str(self.path),
-                create_if_missing=True,
-                write_buffer_size=write_buffer_size,
-                lru_cache_size=lru_cache_size,
-                block_size=block_size,
-                compression="snappy",
-            )
+            self.db = plyvel.DB(str(self.path), **self._db_options)
             if fresh:  # opened first: the lock keeps a second process off a directory in use
                 self._wipe()
             self.spill_dir.mkdir(exist_ok=True)
@@ -188,6 +208,7 @@ class LevelDBSorter(Sorter):
     def span(self, span_key: str, memory_budget: int | None = None) -> LevelDBSpanSorter:
         if memory_budget is not None and memory_budget < 1:
             raise ValueError("memory_budget must be positive")
+        self.reopen_if_needed()
         with self._lock:
             if self.db.closed:
                 raise SorterError(f"sorter at {self.path} is closed")
@@ -200,7 +221,8 @@ class LevelDBSorter(Sorter):
 
     def close(self) -> None:
         """Close the database (idempotent). Data still held by the spans is dropped."""
-        with self._lock:
+        with self._lock, self.gate.exclusive():
+            self.closed = True
             self._spans.clear()
             if not self.db.closed:
                 self.db.close()
@@ -210,6 +232,30 @@ class LevelDBSorter(Sorter):
         return _dir_bytes(self.path) + _dir_bytes(self.spill_dir)
 
     # -- internal, used by the span sorters --------------------------------------------------------
+    def note_out_of_space(self) -> None:
+        """LevelDB reported out of space. Its error is sticky (every later write fails with it, even once
+        space is back) until the database is reopened: the next span start does that (``reopen_if_needed``)."""
+        self._reopen_needed = True
+
+    def reopen_if_needed(self) -> None:
+        """Reopen the database after ``note_out_of_space`` (what it holds is kept), once no span is inside a
+        LevelDB call (``gate``); the spans use the new handle from their next call. Raises ``DiskFull`` if
+        the reopen itself fails (still no space; the spans then get ``DiskFull`` too), and is tried again
+        at the next call."""
+        with self._lock, self.gate.exclusive():
+            if not self._reopen_needed or self.closed:
+                return
+            if not self.db.closed:
+                self.db.close()
+            try:
+                self.db = plyvel.DB(str(self.path), **self._db_options)
+            except _DB_ERRORS as e:
+                raise _storage_error(e, self.path, "reopen after running out of space") from e
+            self._reopen_needed = False
+            for sp in self._spans.values():
+                sp._db = self.db
+        log.warning("sorter at %s reopened after running out of space", self.path)
+
     def next_spill_path(self, uid: bytes) -> Path:
         return self.spill_dir / f"{uid.hex()}-{next(self._serials)}.spill"
 
@@ -227,7 +273,8 @@ class LevelDBSorter(Sorter):
         if self._disk_estimate > self.disk_quota:
             raise DiskFull(
                 f"sorter at {self.path} uses {self._disk_estimate} bytes, over its disk quota of "
-                f"{self.disk_quota} bytes ({what}); the sink must catch up"
+                f"{self.disk_quota} bytes ({what}); the sink must catch up, or a single transaction that large "
+                "needs a higher sorter-disk-quota (the span's sorter data is removed while it waits)"
             )
 
 
@@ -351,7 +398,7 @@ class LevelDBSpanSorter(SpanSorter):
                 f"span {self.span_key}: commit_ts {commit_ts} does not follow {self._last_commit_ts}"
             )
         if self._db.closed:
-            raise SorterError(f"sorter at {self._path} is closed (span {self.span_key})")
+            raise self._db_error(RuntimeError("Database is closed"), f"use of span {self.span_key}")
         txn = self._txns.get(xid)
         if txn is None or (txn.spill is None and not txn.payloads):
             self._txns.pop(xid, None)
@@ -415,9 +462,10 @@ class LevelDBSpanSorter(SpanSorter):
         key = segment_key(self._uid, seg.first_ts)
         value = pack_segment([(t.commit_ts, t.commit_time, t.payloads) for t in txns])
         try:
-            self._db.put(key, value)
+            with self._owner.gate.shared():
+                self._db.put(key, value)
         except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"write of span {self.span_key}") from e
+            raise self._db_error(e, f"write of span {self.span_key}", len(value)) from e
         self._owner.note_written(len(value))
         with self._lock:
             published = not seg.dropped
@@ -430,6 +478,7 @@ class LevelDBSpanSorter(SpanSorter):
             self._delete_keys([key], "clean")
 
     def clear(self) -> None:
+        self._owner.reopen_if_needed()
         self._txns.clear()
         self._buffered = 0
         self._last_commit_ts = -1
@@ -439,14 +488,15 @@ class LevelDBSpanSorter(SpanSorter):
             self._segments, self._open = [], None
             self._committed_bytes = 0
             self._clean_floor = -1
-        prefix = self._cprefix
-        size = self._approximate_size(prefix, prefix_end(prefix))
-        self._delete_range(prefix, "clear")
+        # spill files first: removing them needs no free space, while LevelDB's deletes are writes
         try:  # every spill file of this span: open and committed transactions, earlier runs
             for f in self._owner.spill_dir.glob(f"{self._uid.hex()}-*.spill"):
                 f.unlink(missing_ok=True)
         except OSError as e:
             raise _storage_error(e, self._owner.spill_dir, f"clear of span {self.span_key}") from e
+        prefix = self._cprefix
+        size = self._approximate_size(prefix, prefix_end(prefix))
+        self._delete_range(prefix, "clear")
         if self._add_deleted(size):
             self._compact(prefix, prefix_end(prefix))
 
@@ -461,7 +511,7 @@ class LevelDBSpanSorter(SpanSorter):
         if not check_range(after_ts, upto_ts):
             return iter(())
         if self._db.closed:
-            raise SorterError(f"sorter at {self._path} is closed (span {self.span_key})")
+            raise self._db_error(RuntimeError("Database is closed"), f"use of span {self.span_key}")
         picked: list[tuple[_Segment, list[SortedTxn] | None, bytes | None]] = []
         with self._lock:
             after_ts = max(after_ts, self._clean_floor)
@@ -488,13 +538,14 @@ class LevelDBSpanSorter(SpanSorter):
                 yield from txns
             elif key is not None:
                 try:
-                    value = self._db.get(key)
+                    with self._owner.gate.shared():
+                        value = self._db.get(key)
                     if value is None:
                         raise SorterError(f"sorter at {self._path}: segment {key.hex()} of span "
                                           f"{self.span_key} is missing")
                     unpacked = unpack_segment(value)
                 except _DB_ERRORS as e:
-                    raise _storage_error(e, self._path, f"read of span {self.span_key}") from e
+                    raise self._db_error(e, f"read of span {self.span_key}") from e
                 del value
                 for ts, tm, payloads in unpacked:
                     if after_ts < ts <= upto_ts:
@@ -545,12 +596,26 @@ class LevelDBSpanSorter(SpanSorter):
         try:
             txn.spill.append(txn.subs, txn.payloads)
         except _DB_ERRORS as e:
-            raise _storage_error(e, txn.spill.path, f"spill of span {self.span_key}") from e
+            raise _storage_error(e, txn.spill.path, f"spill of span {self.span_key}", txn.nbytes) from e
         self._owner.note_written(txn.nbytes)
         self._buffered -= txn.nbytes
         txn.nbytes = 0
         txn.subs = []
         txn.payloads = []
+
+    def _db_error(self, e: BaseException, what: str, needed: int = 0) -> SorterError:
+        """Our error for a failed LevelDB call. Out of space: ``DiskFull``, and the database is reopened at
+        the next span start (LevelDB's error is sticky). A handle left closed by a failed reopen: ``DiskFull``
+        too (the span restarts); closed by ``close()``: ``SorterError``."""
+        if isinstance(e, RuntimeError) and not self._owner.closed:  # a failed reopen left it closed
+            return DiskFull(f"sorter at {self._path} could not be reopened after running out of space "
+                            f"({what}); the span restarts", cause=e)
+        if isinstance(e, RuntimeError):
+            return SorterError(f"sorter at {self._path} is closed ({what})", cause=e)
+        err = _storage_error(e, self._path, what, needed)
+        if isinstance(err, DiskFull):
+            self._owner.note_out_of_space()
+        return err
 
     def _unlink(self, spill: SpillFile, what: str) -> None:
         try:
@@ -560,26 +625,28 @@ class LevelDBSpanSorter(SpanSorter):
 
     def _delete_keys(self, keys: list[bytes], what: str) -> None:
         try:
-            _delete_in_batches(self._db, keys)
+            with self._owner.gate.shared():
+                _delete_in_batches(self._db, keys)
         except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"{what} of span {self.span_key}") from e
+            raise self._db_error(e, f"{what} of span {self.span_key}") from e
 
     def _delete_range(self, prefix: bytes, what: str) -> None:
         """Delete every key starting with ``prefix``."""
         try:
-            with self._db.iterator(prefix=prefix, include_value=False) as keys:  # a snapshot: safe to delete
-                _delete_in_batches(self._db, keys)
+            with self._owner.gate.shared(), self._db.iterator(prefix=prefix, include_value=False) as keys:
+                _delete_in_batches(self._db, keys)  # the iterator is a snapshot: safe to delete
         except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"{what} of span {self.span_key}") from e
+            raise self._db_error(e, f"{what} of span {self.span_key}") from e
 
     def _approximate_size(self, start: bytes, stop: bytes | None) -> int:
         """On-disk (table file) bytes of ``[start, stop)``; data still in the memtable counts 0."""
         if self._owner.compact_after_bytes <= 0:
             return 0
         try:
-            return int(self._db.approximate_size(start, stop or b"\xff"))
+            with self._owner.gate.shared():
+                return int(self._db.approximate_size(start, stop or b"\xff"))
         except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"size estimate of span {self.span_key}") from e
+            raise self._db_error(e, f"size estimate of span {self.span_key}") from e
 
     def _add_deleted(self, nbytes: int) -> bool:
         """Account deleted bytes; True when enough accumulated to compact (and resets the count)."""
@@ -595,6 +662,7 @@ class LevelDBSpanSorter(SpanSorter):
     def _compact(self, start: bytes, stop: bytes | None) -> None:
         """Compact ``[start, stop)`` so that the space of deleted entries returns to the disk."""
         try:
-            self._db.compact_range(start=start, stop=stop)
+            with self._owner.gate.shared():
+                self._db.compact_range(start=start, stop=stop)
         except _DB_ERRORS as e:
-            raise _storage_error(e, self._path, f"compaction of span {self.span_key}") from e
+            raise self._db_error(e, f"compaction of span {self.span_key}") from e

@@ -14,6 +14,14 @@ Guarantees:
   (psycopg2 may also move it to a keepalive's wal_end when everything received has been acked, which
   confirms no transaction that was not already acked.)
 - Threading: iterate from one thread; ``ack`` may be called from any thread.
+- Slot takeover: ``open()`` with ``takeover=True`` (what a span's runner uses) ends a walsender that
+  still holds the slot (``pg_terminate_backend`` of its ``active_pid``) and then takes the slot. The
+  caller may ask for that only when the previous holder can no longer commit downstream: the processor
+  opens a span only once it is assigned to its capture, i.e. after the previous holder confirmed its
+  stop or its etcd lease expired (its sink's fence then refuses every commit). Without this, a holder
+  frozen by SIGSTOP keeps its walsender, and PostgreSQL refuses the slot to everybody else until
+  ``wal_sender_timeout`` (60 s by default) ends it. Our walsenders carry ``application_name``
+  ``tidewater:<capture id>`` so that a refusal names the capture holding the slot.
 """
 
 from __future__ import annotations
@@ -32,7 +40,9 @@ import psycopg2
 from cdc.errors import SlotLost, UpstreamUnavailable
 from cdc.ts import lsn_to_str
 from upstream.postgres import pgoutput
-from upstream.postgres.conn import connect
+from upstream.postgres.conn import classify_error, connect, describe_conn
+
+APPLICATION_PREFIX = "tidewater:"  # + capture id: the application_name of a span's walsender connection
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +69,9 @@ class ReplicationStream:
         feedback_interval: float = 1.0,
         sample_interval: float = 1.0,
         label: str = "",
+        holder: str = "",
+        takeover: bool = False,
+        takeover_wait: float = 5.0,
     ) -> None:
         self.uri = uri
         self.slot = slot
@@ -68,6 +81,9 @@ class ReplicationStream:
         self.feedback_interval = feedback_interval
         self.sample_interval = sample_interval
         self.label = label or slot
+        self.holder = holder  # capture id, shown as application_name of the walsender
+        self.takeover = takeover
+        self.takeover_wait = takeover_wait
         self._acked = start_lsn
         self._ack_lock = threading.Lock()
         self._conn: Any = None
@@ -84,10 +100,26 @@ class ReplicationStream:
             if lsn > self._acked:
                 self._acked = lsn
 
+    @property
+    def application_name(self) -> str:
+        return (APPLICATION_PREFIX + self.holder)[:63] if self.holder else "tidewater"
+
+    def probe(self, timeout: float = 2.0) -> None:
+        """Cheap reachability check (connect, ``SELECT 1``), for a failed span waiting to restart:
+        raises ``UpstreamUnavailable`` (or another ``TidewaterError``) while the upstream is away."""
+        conn = connect(self.uri, timeout=timeout, application_name="tidewater-probe")
+        try:
+            with conn.cursor() as cur:
+                cur.execute("SELECT 1")
+        except psycopg2.Error as exc:
+            raise classify_error(exc, describe_conn(conn), "probe") from exc
+        finally:
+            conn.close()
+
     def open(self) -> None:
         self._side = connect(self.uri)
-        self._check_slot()
-        self._conn = connect(self.uri, replication=True)
+        self._take_slot()
+        self._conn = connect(self.uri, replication=True, application_name=self.application_name)
         self._cur = self._conn.cursor()
         options = {
             "proto_version": str(self.proto_version),
@@ -100,7 +132,15 @@ class ReplicationStream:
                 slot_name=self.slot, decode=False, start_lsn=self.start_lsn, options=options,
                 status_interval=max(1, int(self.feedback_interval)))
         except psycopg2.Error as exc:
-            raise self._classify(exc) from exc
+            err = self._classify(exc)
+            if getattr(exc, "pgcode", None) == "55006":  # the slot was taken between our look and the start
+                try:
+                    _, who = self._slot_holder()
+                except Exception:  # noqa: BLE001 - only enriches the message
+                    who = ""
+                if who:
+                    err = UpstreamUnavailable(f"{err.message}; the slot is held by {who}")
+            raise err from exc
         log.info("replication started span=%s slot=%s from=%s", self.label, self.slot, lsn_to_str(self.start_lsn))
 
     def close(self) -> None:
@@ -112,16 +152,60 @@ class ReplicationStream:
                     pass
         self._conn = self._cur = self._side = None
 
-    def _check_slot(self) -> None:
+    def _slot_holder(self) -> tuple[int | None, str]:
+        """(active_pid, who) of the slot: who names the capture (or client) whose walsender holds it."""
         with self._side.cursor() as cur:
-            cur.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s", (self.slot,))
+            cur.execute(
+                "SELECT s.active_pid, a.application_name, a.client_addr::text, a.usename FROM pg_replication_slots s "
+                "LEFT JOIN pg_stat_activity a ON a.pid = s.active_pid WHERE s.slot_name = %s", (self.slot,))
             row = cur.fetchone()
         if row is None:
             raise SlotLost(
                 f"replication slot {self.slot!r} does not exist on the upstream: it was dropped or lost in a "
                 f"failover; changes after the checkpoint may be gone. {_SLOT_LOST_FIX}")
+        pid, app, addr, user = row
+        if pid is None:
+            return None, ""
+        app = app or ""
+        who = (f"capture {app[len(APPLICATION_PREFIX):]}" if app.startswith(APPLICATION_PREFIX)
+               else f"client {app or '(no application_name)'}")
+        return pid, f"{who} (walsender pid {pid}, from {addr or 'local socket'}, role {user})"
 
-    def _classify(self, exc: psycopg2.Error) -> Exception:
+    def _take_slot(self) -> None:
+        """Make sure the slot exists and nobody else streams it (see "Slot takeover" above)."""
+        try:
+            pid, who = self._slot_holder()
+            if pid is None:
+                return
+            if not self.takeover:
+                raise UpstreamUnavailable(f"replication slot {self.slot!r} is in use by {who}")
+            log.warning("span=%s: replication slot %s is still held by %s; that holder lost the span, "
+                        "terminating its walsender", self.label, self.slot, who)
+            try:
+                with self._side.cursor() as cur:
+                    cur.execute("SELECT pg_terminate_backend(%s, %s)", (pid, int(self.takeover_wait * 1000)))
+            except psycopg2.Error as exc:
+                if getattr(exc, "pgcode", None) == "42501":
+                    raise UpstreamUnavailable(
+                        f"replication slot {self.slot!r} is held by {who}, which no longer holds the span, and "
+                        f"this role may not terminate that walsender ({str(exc).strip()}); PostgreSQL frees "
+                        "the slot after wal_sender_timeout. Fix: connect as the same role, a superuser, or "
+                        "a member of pg_signal_backend") from exc
+                raise
+            deadline = time.monotonic() + self.takeover_wait
+            while True:
+                now_pid, now_who = self._slot_holder()
+                if now_pid is None:
+                    log.warning("span=%s: took replication slot %s over from %s", self.label, self.slot, who)
+                    return
+                if time.monotonic() >= deadline:
+                    raise UpstreamUnavailable(
+                        f"replication slot {self.slot!r} is still held by {now_who} after terminating it")
+                time.sleep(0.05)
+        except psycopg2.Error as exc:
+            raise classify_error(exc, describe_conn(self._side), f"taking replication slot {self.slot!r}") from exc
+
+    def _classify(self, exc: psycopg2.Error) -> SlotLost | UpstreamUnavailable:
         text = str(exc).strip()
         if "does not exist" in text and "slot" in text:
             return SlotLost(f"replication slot {self.slot!r} does not exist: {text}. {_SLOT_LOST_FIX}")

@@ -219,6 +219,8 @@ def test_storage_errors_are_translated_with_the_path() -> None:
         plyvel.IOError("IO error: /data/sorter/000005.log: No space left on device"), path, "x"
     )
     assert isinstance(full, DiskFull) and "/data/sorter" in str(full)
+    assert "free there" in str(full) and "--data-dir" in str(full)
+    assert "needed 4096 bytes" in str(_storage_error(OSError(28, "ENOSPC"), path, "x", 4096))
     assert isinstance(_storage_error(OSError(28, "ENOSPC"), path, "x"), DiskFull)
     other = _storage_error(plyvel.CorruptionError("Corruption: bad block"), path, "read")
     assert type(other) is SorterError and "/data/sorter" in str(other) and "bad block" in str(other)
@@ -255,6 +257,7 @@ def test_real_write_failure_raises_disk_full(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "DISKFULL" in out.stdout and str(tmp_path / "sorter") in out.stdout
+    assert "the write needed" in out.stdout and "bytes free there" in out.stdout, out.stdout
 
 
 def test_clean_gives_disk_space_back(tmp_path: Path) -> None:
@@ -345,3 +348,47 @@ def test_span_memory_budget_comes_from_the_caller_and_can_change(tmp_path: Path)
     with pytest.raises(ValueError):
         s.span("cf/2", memory_budget=0)
     s.close()
+
+
+def test_leveldb_recovers_from_running_out_of_space_at_the_next_span_start(tmp_path: Path) -> None:
+    """LevelDB's out-of-space error is sticky (every later write fails, even once space is back): the
+    sorter reopens the database at the next span start, keeping what it holds. The file size limit
+    stands in for a full disk; child process because the limit applies to the whole process."""
+    code = textwrap.dedent(
+        f"""
+        import os, resource, signal, sys
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        from cdc.errors import DiskFull
+        from sorter.leveldb import LevelDBSorter
+        s = LevelDBSorter({str(tmp_path / "sorter")!r}, memory_budget=1 << 16, batch_bytes=1,
+                          write_buffer_size=1 << 16)
+        other = s.span("cf/1")
+        other.add(1, 1, b"kept")
+        other.commit(1, 5, 1.0)  # another span of the capture: a reopen must not disturb it
+        sp = s.span("cf/0")
+        # above the 64 KB write-ahead logs (a failed log append is not sticky), so the first failure is a
+        # MANIFEST or table file write: LevelDB's sticky background error
+        resource.setrlimit(resource.RLIMIT_FSIZE, (70_000, resource.RLIM_INFINITY))
+        ts = 10
+        try:
+            for i in range(1_000_000):
+                sp.add(i, i, os.urandom(1000))
+                sp.commit(i, ts, 1.0)
+                ts += 1
+            print("NO ERROR"); sys.exit(1)
+        except DiskFull as e:
+            print("DISKFULL", e)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        sp = s.span("cf/0")  # the span restarts: reopen, then clear
+        sp.clear()
+        for i in range(200):
+            sp.add(i, i, b"y" * 1000)
+            sp.commit(i, 100 + i, 1.0)
+        assert sum(1 for _ in sp.read(-1, 2**64 - 1)) == 200
+        assert [e.payload for e in s.span("cf/1").read(-1, 2**64 - 1)] == [b"kept"]
+        print("RECOVERED")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).parents[3])
+    assert out.returncode == 0 and "DISKFULL" in out.stdout and "RECOVERED" in out.stdout, out.stdout + out.stderr
