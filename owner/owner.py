@@ -42,7 +42,6 @@ from owner.upstream_watch import (
     is_released,
     mark_released,
     release_slots,
-    report_warnings,
 )
 from upstream.postgres import admin
 from upstream.postgres.conn import connect
@@ -174,7 +173,7 @@ class Owner:
         self.watcher.retain(snap.changefeeds)
         retained = {r.changefeed: {str(k): v for k, v in r.retained_bytes().items() if v is not None}
                     for r in self.watcher.reports() if not r.error}
-        found = {cf_id: report_warnings(e.value, self.watcher.latest(cf_id)) for cf_id, e in snap.changefeeds.items()}
+        found = {cf_id: self.watcher.found_warnings(e.value) for cf_id, e in snap.changefeeds.items()}
         actions = reconcile(snap, now, stuck_duration=self.config.error_stuck_duration, retained=retained,
                             upstream_warnings={k: v for k, v in found.items() if v})
         actions += self._upstream_actions(snap, now)

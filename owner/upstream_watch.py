@@ -293,6 +293,7 @@ class UpstreamWatcher:
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}
         self._reports: dict[str, UpstreamReport] = {}
+        self._found: dict[str, dict[tuple[str, str], DataWarning]] = {}  # warnings of every report, newest per ident
 
     # -- bookkeeping (thread-safe)
     def due(self, cf_id: str, now: float) -> bool:
@@ -315,6 +316,7 @@ class UpstreamWatcher:
         with self._lock:
             self._last.pop(cf_id, None)
             self._reports.pop(cf_id, None)
+            self._found.pop(cf_id, None)
 
     def retain(self, cf_ids: Iterable[str]) -> None:
         """Forget every changefeed not in ``cf_ids``."""
@@ -323,12 +325,23 @@ class UpstreamWatcher:
             for k in [k for k in self._last if k not in keep]:
                 self._last.pop(k, None)
                 self._reports.pop(k, None)
+                self._found.pop(k, None)
 
     def clear(self) -> None:
         """Forget everything (call when this capture stops being the owner)."""
         with self._lock:
             self._last.clear()
             self._reports.clear()
+            self._found.clear()
+
+    def found_warnings(self, info: ChangefeedInfo) -> list[DataWarning]:
+        """The data warnings of every report of ``info`` since this watcher started (the newest of each code
+        and table), without those acknowledged (:func:`report_warnings`' rule). Not only the latest report's:
+        a warning found once (rows of a table just added) is not lost when a later inspection comes first."""
+        with self._lock:
+            found = list(self._found.get(info.id, {}).values())
+        since = max(info.resumed_at, info.create_time)
+        return sorted((w for w in found if w.seen > since), key=lambda w: w.first_time)
 
     def decide(self, info: ChangefeedInfo, now: float) -> Decision | None:
         """:func:`decide` over this watcher's latest report of ``info`` and its ``gc_ttl``."""
@@ -381,6 +394,8 @@ class UpstreamWatcher:
         with self._lock:
             if info.id in self._last:  # not forgotten meanwhile
                 self._reports[info.id] = report
+                if report.warnings:
+                    self._found.setdefault(info.id, {}).update((w.ident, w) for w in report.warnings)
         return report
 
     def _inspect(self, info: ChangefeedInfo, started: float) -> UpstreamReport:

@@ -259,3 +259,24 @@ def test_watcher_bug_becomes_an_error_report() -> None:
     assert "boom" in r.error
     w.forget("cf")
     assert w.reports() == []
+
+
+def test_watcher_keeps_warnings_found_once_until_forgotten() -> None:
+    """Rows of a table are reported only by the inspection that added it: a later inspection must not make
+    the owner miss them; a condition found again is one warning (the newest); acknowledged ones are left out."""
+    clock = [NOW]
+    watcher = UpstreamWatcher(clock=lambda: clock[0])
+    rows = unreplicated_rows_warning(TableName("public", "late"), 3, "pub1", NOW)
+    inel = ineligible_table_warning(TableName("public", "nokey"), "no key", NOW)
+    script = [report(warnings=[rows, inel]), report(warnings=[]),
+              report(warnings=[dataclasses.replace(inel, first_time=NOW + 2)])]
+    watcher._inspect = lambda info, started: script.pop(0)  # type: ignore[method-assign]
+    info = cf()
+    for _ in range(3):
+        watcher.inspect(info)
+        clock[0] += 1
+    found = watcher.found_warnings(info)
+    assert [(w.table, w.first_time) for w in found] == [("public.late", NOW), ("public.nokey", NOW + 2)]
+    assert [w.table for w in watcher.found_warnings(cf(resumed_at=NOW + 1))] == ["public.nokey"]
+    watcher.forget("cf")
+    assert watcher.found_warnings(info) == []
