@@ -226,7 +226,11 @@ class SpanRunner:
                 batcher = TxnBatcher(self.sorter.read_txns(self.checkpoint.ts, target.ts), mount, self.txn_rows)
                 while batcher.has_more() and not self._stop.is_set():
                     self.rows += sink.write(batcher.next_batch(), self._fence)
-                    self.warnings.add(sink.take_warnings())
+                    new = sink.take_warnings()
+                    if new:
+                        self.warnings.add(new)
+                        log.warning("span=%s data warning(s): %s", self.label,
+                                    "; ".join(f"{w.code} {w.table} x{w.count}" for w in new))
                     if not batcher.batch_complete or batcher.last is None:
                         raise RuntimeError(f"sink {type(sink).__name__} returned before consuming its batch")
                     self.checkpoint = batcher.last
