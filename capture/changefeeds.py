@@ -34,7 +34,7 @@ from cdc.errors import (
 from cdc.events import TableName
 from cdc.filter import TableFilter
 from cdc.meta.store import ClusterSnapshot, MetaStore
-from cdc.model import ChangefeedInfo, ChangefeedStatus, FeedState, SpanInfo
+from cdc.model import ChangefeedInfo, ChangefeedStatus, DataWarning, FeedState, SpanInfo
 from cdc.serde import to_dict
 from cdc.spans import resource_name, span_of
 from cdc.ts import lsn_to_str
@@ -350,7 +350,7 @@ class ChangefeedService:
             st = snap.statuses.get(cf_id) or ChangefeedStatus()
             out.append({"id": cf_id, "state": info.state.value, "checkpoint_ts": st.checkpoint_ts,
                         "checkpoint": lsn_to_str(st.checkpoint_ts), "checkpoint_lag": _lag(st.checkpoint_time),
-                        "error": to_dict(info.error)})
+                        "error": to_dict(info.error), "warnings": len(st.warnings)})
         return out
 
     # ---- captures and processors (read from one etcd snapshot) -------------------------------------
@@ -428,8 +428,8 @@ class ChangefeedService:
             if info.state not in allowed:
                 raise ChangefeedStateConflict(
                     f"changefeed {cf_id!r} is {info.state.value}; cannot move it to {state.value}")
-            if info.state is state:
-                return self.describe(cf_id)
+            if info.state is state and state is not FeedState.NORMAL:
+                return self.describe(cf_id)  # (resume of a normal changefeed acknowledges its data warnings)
             extra = {"resumed_at": time.time()} if state is FeedState.NORMAL else {}
             new = info.with_state(state, error=None, retries=0, backoff_until=0.0, **extra)
             if self.store.update_changefeed(new, entry.mod_revision, []):
@@ -578,6 +578,7 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
             "rows": ss.rows if ss else 0,
             "retained_wal_bytes": st.retained_wal.get(str(s.index)),
             "error": to_dict(ss.error) if ss and ss.error else None,
+            "warnings": len(ss.warnings) if ss else 0,
         })
     return {
         "id": info.id,
@@ -595,5 +596,12 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
         "resolved_ts": st.resolved_ts,
         "resolved_lag": _lag(st.resolved_time),
         "error": to_dict(info.error) if info.error else None,
+        "warnings": [warning_view(w) for w in st.warnings],
         "spans": spans,
     }
+
+
+def warning_view(w: DataWarning) -> dict[str, Any]:
+    """A data warning as the API shows it (``last_time``: when last raised, ``first_time`` if only once)."""
+    return {"code": w.code, "table": w.table, "severity": w.severity.value, "count": w.count, "keys": list(w.keys),
+            "first_time": w.first_time, "last_time": w.seen, "message": w.message}

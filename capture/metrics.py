@@ -2,7 +2,8 @@
 
 Metrics as observers: the data path keeps plain counters on its objects; this module alone turns them
 into Prometheus families. Changefeed-level lag metrics are exported by the owner only (one series per
-changefeed in the cluster); span-level metrics by the capture running the span.
+changefeed in the cluster); span-level metrics by the capture running the span. Series of a changefeed
+(or of a data warning) that no longer exists disappear with it: every family is rebuilt per scrape.
 """
 
 from __future__ import annotations
@@ -58,15 +59,22 @@ class CaptureCollector(Collector):
                                "now - upstream time of the global resolved ts", labels=["changefeed"])
         state = GaugeMetricFamily("tidewater_changefeed_state", "1 for the changefeed's current state",
                                   labels=["changefeed", "state"])
+        warnings = GaugeMetricFamily(
+            "tidewater_data_warnings", "Unacknowledged data warnings of the changefeed: rows (or events) concerned "
+            "so far, per kind (code), upstream table and severity (divergence: rows may differ downstream)",
+            labels=["changefeed", "code", "table", "severity"])
         for cf_id, entry in snap.changefeeds.items():
             st = snap.statuses.get(cf_id)
             if st is not None and st.checkpoint_time:
                 ck.add_metric([cf_id], max(0.0, now - st.checkpoint_time))
                 rs.add_metric([cf_id], max(0.0, now - st.resolved_time))
             state.add_metric([cf_id, entry.value.state.value], 1.0)
+            for w in st.warnings if st is not None else ():
+                warnings.add_metric([cf_id, w.code, w.table, w.severity.value], float(w.count))
         yield ck
         yield rs
         yield state
+        yield warnings
         yield from slot_metrics(self._slot_reports())
 
 

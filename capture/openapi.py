@@ -44,7 +44,26 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object", "nullable": True,
         "properties": {"code": {"type": "string"}, "message": {"type": "string"}, "time": {"type": "number"},
                        "capture_id": {"type": "string"}, "span": {"type": "integer"},
-                       "retryable": {"type": "boolean"}},
+                       "retryable": {"type": "boolean"},
+                       "data_warning": {"type": "boolean",
+                                        "description": "the changefeed is in warning because of an unacknowledged "
+                                                       "divergence data warning (this is its code and message)"}},
+    },
+    "DataWarning": {
+        "type": "object",
+        "description": "Something that can make (or made) the target differ from the source, per table and "
+                       "kind. divergence: rows may differ, the changefeed stays in warning until resumed "
+                       "(resume acknowledges every warning shown); notice: repaired, shown and counted only.",
+        "properties": {
+            "code": {"type": "string", "example": "CDC:WarnUnreplicatedRows"},
+            "table": {"type": "string", "description": "upstream table, schema.name"},
+            "severity": {"type": "string", "enum": ["divergence", "notice"]},
+            "count": {"type": "integer", "description": "rows (or events) concerned so far"},
+            "keys": {"type": "array", "items": {"type": "string"}, "description": "the first few keys, as text"},
+            "first_time": {"type": "number", "description": "unix time first raised"},
+            "last_time": {"type": "number", "description": "unix time last raised"},
+            "message": {"type": "string", "description": "what happened and what to do"},
+        },
     },
     "Health": {"type": "object", "properties": {"status": {"type": "string", "enum": ["ok"]}}},
     "Status": {
@@ -83,7 +102,8 @@ _SCHEMAS: dict[str, Any] = {
                        "checkpoint_ts": {"type": "integer", "nullable": True},
                        "checkpoint": {"type": "string", "nullable": True},
                        "resolved_ts": {"type": "integer", "nullable": True}, "running": {"type": "boolean"},
-                       "rows": {"type": "integer"}, "error": _ref("RunningError")},
+                       "rows": {"type": "integer"}, "error": _ref("RunningError"),
+                       "warnings": {"type": "integer", "description": "data warnings stored by this span"}},
         "additionalProperties": True,
     },
     "Changefeed": {
@@ -99,7 +119,11 @@ _SCHEMAS: dict[str, Any] = {
             "checkpoint_time": {"type": "number"},
             "checkpoint_lag": {"type": "number", "nullable": True, "description": "seconds"},
             "resolved_ts": {"type": "integer"}, "resolved_lag": {"type": "number", "nullable": True},
-            "error": _ref("RunningError"), "spans": {"type": "array", "items": _ref("SpanView")},
+            "error": _ref("RunningError"),
+            "warnings": {"type": "array", "items": _ref("DataWarning"),
+                         "description": "unacknowledged data warnings of every span and of the owner's upstream "
+                                        "watch, oldest first (at most 50)"},
+            "spans": {"type": "array", "items": _ref("SpanView")},
         },
         "additionalProperties": True,
     },
@@ -107,7 +131,8 @@ _SCHEMAS: dict[str, Any] = {
         "type": "object",
         "properties": {"id": {"type": "string"}, "state": {"type": "string"}, "checkpoint_ts": {"type": "integer"},
                        "checkpoint": {"type": "string"}, "checkpoint_lag": {"type": "number", "nullable": True},
-                       "error": _ref("RunningError")},
+                       "error": _ref("RunningError"),
+                       "warnings": {"type": "integer", "description": "number of unacknowledged data warnings"}},
         "additionalProperties": True,
     },
     "ChangefeedList": {
@@ -214,7 +239,8 @@ _PATHS: dict[str, Any] = {
                                "409": _error("cannot be paused in its state"), **_ERRORS_CF}}},
     "/api/v2/changefeeds/{changefeed_id}/resume": {
         "parameters": [_CF_PARAM],
-        "post": {"summary": "resume (state normal), also from failed once the cause is gone",
+        "post": {"summary": "resume (state normal), also from failed once the cause is gone; acknowledges every "
+                            "error and data warning raised so far (also on a running changefeed)",
                  "operationId": "resumeChangefeed",
                  "responses": {"200": _json(_ref("Changefeed"), "normal"),
                                "409": _error("cannot be resumed in its state"), **_ERRORS_CF}}},

@@ -3,7 +3,7 @@
 Each model is a dataclass serialised with ``cdc.serde`` as JSON. Who writes what:
 - ``CaptureInfo``: the capture itself, under its session lease.
 - ``ChangefeedInfo``: the API (create / pause / resume / remove / update) and the owner (state, error).
-- ``ChangefeedStatus``: the owner only (global resolved and checkpoint Ts).
+- ``ChangefeedStatus``: the owner only (global resolved and checkpoint Ts; the changefeed's data warnings).
 - ``SpanAssignment``: the owner only.
 - ``SpanStatus``: the processor running the span (checkpoint and resolved Ts of the span, and the
   ``DataWarning``s its sink raised).
@@ -39,6 +39,7 @@ class RunningError:
     capture_id: str = ""
     span: int = -1
     retryable: bool = True
+    data_warning: bool = False  # records a divergence DataWarning (changefeed in ``warning``), not a failure
 
 
 class WarningSeverity(enum.StrEnum):
@@ -82,6 +83,11 @@ class DataWarning:
     @property
     def ident(self) -> tuple[str, str]:
         return (self.code, self.table)
+
+    @property
+    def seen(self) -> float:
+        """When this warning was last raised (``last_time``, or ``first_time`` for a single occurrence)."""
+        return max(self.first_time, self.last_time)
 
     def merge(self, later: DataWarning) -> DataWarning:
         """This warning updated by a later one of the same (code, table): counts add up, first keys kept."""
@@ -156,6 +162,12 @@ class ChangefeedStatus:
     resolved_time: float = 0.0
     updated: float = 0.0
     retained_wal: dict[str, int] = field(default_factory=dict)  # span index -> WAL bytes its slot retains
+    # The changefeed's data warnings not yet acknowledged (raised after ``ChangefeedInfo.resumed_at``): every
+    # span's ``SpanStatus.warnings`` merged with the owner's own ``upstream_warnings``. What query/API/metrics show.
+    warnings: tuple[DataWarning, ...] = ()
+    # The owner's own warnings (upstream watch: unreplicated rows of a picked-up table, ineligible tables, ...),
+    # kept here so that they survive owner changes; one per (code, table), refreshed by each inspection.
+    upstream_warnings: tuple[DataWarning, ...] = ()
 
 
 @dataclass(frozen=True)

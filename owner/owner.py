@@ -66,7 +66,6 @@ class Owner:
         self.watcher = UpstreamWatcher(interval=config.upstream_check_interval, gc_ttl=config.gc_ttl)
         self._snapshot: ClusterSnapshot | None = None
         self._feed: StatusFeed | None = None
-        self._warned: dict[str, str] = {}
         self._resign = threading.Event()
 
     def resign(self) -> bool:
@@ -174,7 +173,9 @@ class Owner:
         self.watcher.retain(snap.changefeeds)
         retained = {r.changefeed: {str(k): v for k, v in r.retained_bytes().items() if v is not None}
                     for r in self.watcher.reports() if not r.error}
-        actions = reconcile(snap, now, stuck_duration=self.config.error_stuck_duration, retained=retained)
+        found = {cf_id: self.watcher.found_warnings(e.value) for cf_id, e in snap.changefeeds.items()}
+        actions = reconcile(snap, now, stuck_duration=self.config.error_stuck_duration, retained=retained,
+                            upstream_warnings={k: v for k, v in found.items() if v})
         actions += self._upstream_actions(snap, now)
         done = [self._apply(a) for a in actions]
         line = "; ".join(d for d in done if d)
@@ -194,8 +195,9 @@ class Owner:
                 pass  # removed since the snapshot; the next full cycle sees it
 
     def _upstream_actions(self, snap: ClusterSnapshot, now: float) -> list[Action]:
-        """Turn the upstream watcher's findings into state changes: a lost slot fails the changefeed
-        loudly; a changefeed stopped or failed for longer than gc-ttl releases its slots."""
+        """Turn the upstream watcher's decisions into state changes: a lost slot fails the changefeed
+        loudly; a changefeed stopped or failed for longer than gc-ttl releases its slots. (Its data
+        warnings go through ``reconcile``: see ``_cycle``.)"""
         actions: list[Action] = []
         for cf_id, entry in sorted(snap.changefeeds.items()):
             info = entry.value
@@ -216,9 +218,6 @@ class Owner:
                                   cf_id, [s.slot for s in info.spans])
                     except TidewaterError as exc:
                         log.warning("changefeed=%s: releasing slots failed, will retry: %s", cf_id, exc)
-            elif d is not None and self._warned.get(cf_id) != d.reason:
-                self._warned[cf_id] = d.reason
-                log.warning("changefeed=%s: %s", cf_id, d.reason)
         return actions
 
     def _apply(self, action: Action) -> str:

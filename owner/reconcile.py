@@ -15,6 +15,11 @@ Rules:
 - State machine: a span error that is retryable -> ``warning`` (the processor retries with backoff);
   an unretryable one -> ``failed``; ``warning`` for longer than ``stuck_duration`` -> ``failed``;
   no more span errors -> ``normal``; checkpoint >= target Ts -> ``finished``.
+- Data warnings (``ChangefeedStatus.warnings``, see :func:`changefeed_warnings`): every span's warnings
+  merged with the owner's own (upstream watch). An unacknowledged ``divergence`` warning keeps a running
+  changefeed in ``warning`` (its ``error`` names it, with ``data_warning`` set) until an operator
+  acknowledges it with ``resume`` (warnings last raised before ``resumed_at`` are history); it never
+  escalates to ``failed``. ``notice`` warnings are shown and leave the state alone.
 - ``removed``: assignments go first, then (after ``remove_grace`` for processors to stop) the owner
   drops the upstream slots and publications and deletes every key of the changefeed.
 """
@@ -24,7 +29,17 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from cdc.meta.store import ClusterSnapshot
-from cdc.model import ChangefeedInfo, ChangefeedStatus, FeedState, RunningError, SpanAssignment, SpanStatus
+from cdc.model import (
+    ChangefeedInfo,
+    ChangefeedStatus,
+    DataWarning,
+    FeedState,
+    RunningError,
+    SpanAssignment,
+    SpanStatus,
+    WarningSeverity,
+    merge_warnings,
+)
 
 
 @dataclass(frozen=True)
@@ -66,7 +81,11 @@ Action = Assign | Unassign | PutStatus | UpdateInfo | DropChangefeed
 
 
 def reconcile(snap: ClusterSnapshot, now: float, *, stuck_duration: float = 1800.0,
-              remove_grace: float = 3.0, retained: dict[str, dict[str, int]] | None = None) -> list[Action]:
+              remove_grace: float = 3.0, retained: dict[str, dict[str, int]] | None = None,
+              upstream_warnings: dict[str, list[DataWarning]] | None = None) -> list[Action]:
+    """The patches that bring the cluster toward its wanted state (module docstring). ``retained``: WAL
+    bytes per changefeed and span from the upstream watch; ``upstream_warnings``: the data warnings of
+    each changefeed's latest upstream report (``owner.upstream_watch.report_warnings``)."""
     actions: list[Action] = []
     sched = _Scheduler(snap)
     for cf_id in sorted(snap.changefeeds):
@@ -76,6 +95,11 @@ def reconcile(snap: ClusterSnapshot, now: float, *, stuck_duration: float = 1800
         statuses = snap.span_statuses.get(cf_id, {})
 
         if not info.state.runs:
+            if info.state is not FeedState.REMOVED:
+                old = snap.statuses.get(cf_id) or ChangefeedStatus()
+                status = changefeed_warnings(info, statuses, old, (upstream_warnings or {}).get(cf_id, ()), now)
+                if status != old:
+                    actions.append(PutStatus(cf_id, status))
             for span, a in sorted(assigns.items()):
                 if a.capture_id not in snap.captures or (a.stopping and _stopped(a, statuses.get(span))):
                     actions.append(Unassign(cf_id, span, a))
@@ -105,6 +129,7 @@ def reconcile(snap: ClusterSnapshot, now: float, *, stuck_duration: float = 1800
         status = global_watermarks(info, statuses, old, now)
         if retained and cf_id in retained and retained[cf_id] != status.retained_wal:
             status = replace(status, retained_wal=retained[cf_id], updated=now)
+        status = changefeed_warnings(info, statuses, status, (upstream_warnings or {}).get(cf_id, ()), now)
         if status != old:
             actions.append(PutStatus(cf_id, status))
 
@@ -128,7 +153,8 @@ def checkpoint_actions(snap: ClusterSnapshot, now: float) -> list[PutStatus]:
         if not info.state.runs:
             continue
         old = snap.statuses.get(cf_id) or ChangefeedStatus()
-        status = global_watermarks(info, snap.span_statuses.get(cf_id, {}), old, now)
+        statuses = snap.span_statuses.get(cf_id, {})
+        status = changefeed_warnings(info, statuses, global_watermarks(info, statuses, old, now), (), now)
         if status != old:
             actions.append(PutStatus(cf_id, status))
     return actions
@@ -233,7 +259,53 @@ def global_watermarks(info: ChangefeedInfo, statuses: dict[int, SpanStatus], old
     if (ck_ts, ck_time, rs_ts, rs_time) == (old.checkpoint_ts, old.checkpoint_time, old.resolved_ts,
                                             old.resolved_time):
         return old
-    return ChangefeedStatus(ck_ts, ck_time, rs_ts, rs_time, now, old.retained_wal)
+    return replace(old, checkpoint_ts=ck_ts, checkpoint_time=ck_time, resolved_ts=rs_ts, resolved_time=rs_time,
+                   updated=now)
+
+
+def refresh_warnings(current: tuple[DataWarning, ...], found: list[DataWarning] | tuple[DataWarning, ...]
+                     ) -> tuple[DataWarning, ...]:
+    """The owner's own warnings ``current`` updated by a report's ``found`` ones: one per (code, table); a
+    warning found again keeps its ``first_time`` and takes the new message, count and keys (the latest
+    inspection's view) and ``last_time``. Idempotent: the same report applied twice changes nothing, and a
+    condition found by every inspection stays one warning."""
+    by_ident = {w.ident: w for w in current}
+    for w in found:
+        prev = by_ident.get(w.ident)
+        if prev is None:
+            by_ident[w.ident] = w
+        elif w.seen > prev.seen or (w.seen == prev.seen and w != prev):
+            by_ident[w.ident] = replace(w, first_time=min(prev.first_time, w.first_time),
+                                        last_time=max(prev.seen, w.seen))
+    return tuple(sorted(by_ident.values(), key=lambda w: w.first_time))
+
+
+def changefeed_warnings(info: ChangefeedInfo, statuses: dict[int, SpanStatus], status: ChangefeedStatus,
+                        found: list[DataWarning] | tuple[DataWarning, ...], now: float) -> ChangefeedStatus:
+    """``status`` with its warnings brought up to date (pure; ``status`` itself when nothing changed):
+    ``upstream_warnings`` = the stored ones refreshed with ``found`` (:func:`refresh_warnings`);
+    ``warnings`` = those merged with every span's ``SpanStatus.warnings``. Warnings last raised at or before
+    the changefeed's last create/resume are acknowledged and dropped from both."""
+    since = max(info.resumed_at, info.create_time)
+    own = refresh_warnings(tuple(w for w in status.upstream_warnings if w.seen > since),
+                           [w for w in found if w.seen > since])
+    spans = [w for _, s in sorted(statuses.items()) for w in s.warnings if w.seen > since]
+    merged = merge_warnings(own, spans)
+    if (own, merged) == (status.upstream_warnings, status.warnings):
+        return status
+    return replace(status, upstream_warnings=own, warnings=merged, updated=now)
+
+
+def _warning_reason(warnings: tuple[DataWarning, ...]) -> RunningError | None:
+    """The changefeed error that records its unacknowledged divergence warnings (None if there are none):
+    the oldest one's code and message, the table and how many more there are."""
+    divergent = [w for w in warnings if w.severity is WarningSeverity.DIVERGENCE]
+    if not divergent:
+        return None
+    w = divergent[0]
+    more = f" (and {len(divergent) - 1} more data warning(s))" if len(divergent) > 1 else ""
+    return RunningError(w.code, f"data warning on {w.table}: {w.message}{more}", w.first_time, retryable=True,
+                        data_warning=True)
 
 
 def next_state(info: ChangefeedInfo, statuses: dict[int, SpanStatus], status: ChangefeedStatus, now: float,
@@ -246,7 +318,8 @@ def next_state(info: ChangefeedInfo, statuses: dict[int, SpanStatus], status: Ch
     if info.target_ts and status.checkpoint_ts >= info.target_ts:
         return info.with_state(FeedState.FINISHED, error=None, now=now)
     if errors:
-        if info.state is FeedState.NORMAL:
+        if info.state is FeedState.NORMAL or (info.error is not None and info.error.data_warning):
+            # an error streak starts (also while in warning for data warnings: stuck time counts from here)
             return info.with_state(FeedState.WARNING, error=errors[0], now=now)
         if now - info.state_since >= stuck_duration:
             return info.with_state(FeedState.FAILED, error=replace(
@@ -255,6 +328,11 @@ def next_state(info: ChangefeedInfo, statuses: dict[int, SpanStatus], status: Ch
         if info.error != errors[0] and info.error is not None and info.error.message != errors[0].message:
             return replace(info, error=errors[0])
         return info
+    reason = _warning_reason(status.warnings)
+    if reason is not None:
+        if info.state is FeedState.NORMAL or info.error is None or not info.error.data_warning:
+            return info.with_state(FeedState.WARNING, error=reason, now=now)
+        return info if info.error == reason else replace(info, error=reason)
     if info.state is FeedState.WARNING:
         return info.with_state(FeedState.NORMAL, error=None, now=now)
     return info

@@ -11,8 +11,13 @@ visible and bounded, and how it notices what happened to a changefeed's upstream
   publication of the span it hashes to (:func:`cdc.spans.span_of`), ineligible ones (no key, ...)
   are reported, never added (publishing them would make UPDATE/DELETE fail upstream).
 - :func:`decide` turns the latest report into at most one :data:`Decision` (pure, no I/O): fail a
-  running changefeed whose slot vanished or was invalidated, release the slots of a changefeed
-  stopped or failed for longer than ``gc-ttl``, or warn about tables that are not fully replicated.
+  running changefeed whose slot vanished or was invalidated, or release the slots of a changefeed
+  stopped or failed for longer than ``gc-ttl``.
+- Everything an inspection finds that can make the target differ from the source is a
+  :class:`cdc.model.DataWarning` in ``UpstreamReport.warnings`` (rows of a picked-up table that will
+  never be streamed, a matched table that cannot be replicated, ...). The owner keeps them in the
+  changefeed's ``ChangefeedStatus.upstream_warnings`` (one per code and table, refreshed by every
+  report that carries it) and a ``divergence`` one moves the changefeed to ``warning``.
 - :func:`release_slots` drops a changefeed's slots and publications; :func:`can_resume` refuses to
   resume a changefeed whose slots were released.
 
@@ -20,7 +25,8 @@ New tables are added under ``LOCK TABLE ... IN SHARE MODE`` (waiting at most ``l
 retried at the next inspection): writers to that table are held back for the instant of the add, so
 every change committed after the add is streamed and the rows present at the add are exactly the ones
 the stream will never carry. If there are any (the table was written before the owner saw it) the
-table is reported in ``UpstreamReport.unreplicated``, loudly, instead of silently diverging.
+table is reported in ``UpstreamReport.unreplicated`` and as a ``CDC:WarnUnreplicatedRows`` warning with
+the number of rows (counted up to ``COUNT_CAP``), loudly, instead of silently diverging.
 
 Thread-safety: ``inspect`` may run concurrently for different changefeeds (each call opens its own
 connection); ``due``, ``latest``, ``reports``, ``forget`` and ``clear`` are safe from any thread (the
@@ -35,7 +41,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import psycopg2.errors
@@ -45,7 +51,7 @@ from cdc.config import FilterConfig
 from cdc.errors import GCTTLExceeded, InvalidArgument, SlotLost, TableNotEligible, TidewaterError
 from cdc.events import TableName
 from cdc.filter import TableFilter
-from cdc.model import ChangefeedInfo, FeedState, RunningError, SpanInfo
+from cdc.model import ChangefeedInfo, DataWarning, FeedState, RunningError, SpanInfo, WarningSeverity
 from cdc.spans import span_of
 from upstream.postgres import admin, catalog
 from upstream.postgres import conn as pg_conn
@@ -55,6 +61,11 @@ log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_MS = 1000  # how long adding a new table may hold back its writers
 STATEMENT_TIMEOUT_MS = 15000  # bound on any one catalog query of an inspection
+COUNT_CAP = 100_000  # rows of a picked-up table counted under its lock (more: "at least")
+
+# DataWarning codes raised by the upstream watch
+WARN_UNREPLICATED_ROWS = "CDC:WarnUnreplicatedRows"
+WARN_TABLE_INELIGIBLE = "CDC:WarnTableIneligible"
 
 
 # ---- reports ------------------------------------------------------------------------------------------
@@ -89,6 +100,11 @@ class UpstreamReport:
     ``schema.table`` names this inspection added to a publication; ``unreplicated`` those of them that
     already held rows when they were added (those rows are not replicated, only later changes);
     ``ineligible`` one message per matched table that cannot be added, naming the table and the fix.
+
+    ``warnings``: every finding of this inspection that can make the target differ from the source, as
+    :class:`DataWarning` (one per code and table; ``first_time`` = when it was found). Any check of the
+    inspection appends here; the owner stores them in the changefeed's status (see the module docstring),
+    so a condition found again by every inspection is one warning, not one per inspection.
     """
 
     changefeed: str
@@ -98,6 +114,7 @@ class UpstreamReport:
     ineligible: tuple[str, ...] = ()
     error: str = ""
     unreplicated: tuple[str, ...] = ()
+    warnings: list[DataWarning] = field(default_factory=list)
 
     def retained_bytes(self) -> dict[int, int | None]:
         """Retained WAL bytes per span index (None: unknown, slot missing or invalidated)."""
@@ -132,23 +149,7 @@ class ReleaseAfterGcTtl(_Decision):
     code: ClassVar[str] = GCTTLExceeded.code
 
 
-@dataclass(frozen=True)
-class WarnIneligible(_Decision):
-    """New tables match the filter but cannot be replicated (no key, ...); they were not added."""
-
-    code: ClassVar[str] = TableNotEligible.code
-    retryable: ClassVar[bool] = True
-
-
-@dataclass(frozen=True)
-class WarnUnreplicatedRows(_Decision):
-    """New tables were added that already held rows: those rows are not replicated downstream."""
-
-    code: ClassVar[str] = "CDC:ErrTableRowsNotReplicated"
-    retryable: ClassVar[bool] = True
-
-
-Decision = FailSlotLost | ReleaseAfterGcTtl | WarnIneligible | WarnUnreplicatedRows
+Decision = FailSlotLost | ReleaseAfterGcTtl
 
 
 def is_released(info: ChangefeedInfo) -> bool:
@@ -169,9 +170,10 @@ def decide(info: ChangefeedInfo, report: UpstreamReport | None, now: float, gc_t
     - running (``normal``/``warning``) and a slot does not exist, is invalidated, or a publication is
       gone -> :class:`FailSlotLost`;
     - ``stopped``/``failed`` and a slot still exists, and either the changefeed is already released or
-      it has been in that state for at least ``gc_ttl`` seconds -> :class:`ReleaseAfterGcTtl`;
-    - running and new tables were added with rows already in them -> :class:`WarnUnreplicatedRows`;
-    - running and matched tables are ineligible -> :class:`WarnIneligible`.
+      it has been in that state for at least ``gc_ttl`` seconds -> :class:`ReleaseAfterGcTtl`.
+
+    What is not a decision but a data warning (rows of a new table not replicated, ineligible tables) is
+    in ``report.warnings``; see :func:`report_warnings`.
     """
     if report is None or report.error or report.changefeed != info.id or report.checked_at < info.state_since:
         return None
@@ -192,15 +194,6 @@ def decide(info: ChangefeedInfo, report: UpstreamReport | None, now: float, gc_t
                 "upstream failover (a promoted standby has no copy of the slot). Changes committed after the "
                 "changefeed's checkpoint may be gone, so it cannot continue without silently skipping them: "
                 "remove the changefeed and create it again (re-synchronising the downstream)")
-        if report.unreplicated:
-            return WarnUnreplicatedRows(
-                f"changefeed {info.id!r}: new table(s) {', '.join(report.unreplicated)} already held rows when "
-                "they were added to the changefeed; changes from then on are replicated, the rows written before "
-                "are not: copy them to the downstream by hand, or recreate the changefeed")
-        if report.ineligible:
-            return WarnIneligible(
-                f"changefeed {info.id!r}: {len(report.ineligible)} new table(s) match the filter but cannot be "
-                f"replicated and are not captured until fixed: " + "; ".join(report.ineligible))
         return None
     if info.state not in (FeedState.STOPPED, FeedState.FAILED):
         return None
@@ -218,6 +211,35 @@ def decide(info: ChangefeedInfo, report: UpstreamReport | None, now: float, gc_t
         f"Its upstream position was released: replication slot(s) {', '.join(held)} were dropped so the upstream "
         "stops retaining WAL for it. The changes after its checkpoint are no longer kept, so it can never be "
         "resumed: remove it and create it again (re-synchronising the downstream)")
+
+
+def report_warnings(info: ChangefeedInfo, report: UpstreamReport | None) -> list[DataWarning]:
+    """The data warnings of ``info``'s latest ``report`` (pure): none for a missing or failed report, a report
+    of another changefeed, or one taken before the changefeed's last create/resume (acknowledged)."""
+    if report is None or report.error or report.changefeed != info.id:
+        return []
+    since = max(info.resumed_at, info.create_time)
+    return [w for w in report.warnings if w.seen > since]
+
+
+def unreplicated_rows_warning(table: TableName, rows: int, publication: str, now: float) -> DataWarning:
+    """``table`` held ``rows`` rows (``COUNT_CAP``: at least that many) when it was added to ``publication``."""
+    many = f"at least {rows}" if rows >= COUNT_CAP else str(rows)
+    return DataWarning(
+        WARN_UNREPLICATED_ROWS, str(table),
+        f"table {table} was created after the changefeed and already held {many} row(s) when it was added to "
+        f"publication {publication}: changes from then on are replicated, those rows are not. Copy them to the "
+        "downstream by hand (then resume the changefeed to acknowledge), or recreate the changefeed",
+        WarningSeverity.DIVERGENCE, rows, (), first_time=now)
+
+
+def ineligible_table_warning(table: TableName, reason: str, now: float) -> DataWarning:
+    """``table`` matches the filter but cannot be replicated (``reason`` names the fix); it was not added."""
+    return DataWarning(
+        WARN_TABLE_INELIGIBLE, str(table),
+        f"table {table} matches the changefeed's filter but is not replicated: {reason}. Fix the table (it is "
+        "picked up at the next inspection, its rows from then on) or exclude it with the filter",
+        WarningSeverity.DIVERGENCE, 1, (), first_time=now)
 
 
 def mark_released(info: ChangefeedInfo, decision: ReleaseAfterGcTtl, now: float) -> ChangefeedInfo:
@@ -271,6 +293,7 @@ class UpstreamWatcher:
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}
         self._reports: dict[str, UpstreamReport] = {}
+        self._found: dict[str, dict[tuple[str, str], DataWarning]] = {}  # warnings of every report, newest per ident
 
     # -- bookkeeping (thread-safe)
     def due(self, cf_id: str, now: float) -> bool:
@@ -293,6 +316,7 @@ class UpstreamWatcher:
         with self._lock:
             self._last.pop(cf_id, None)
             self._reports.pop(cf_id, None)
+            self._found.pop(cf_id, None)
 
     def retain(self, cf_ids: Iterable[str]) -> None:
         """Forget every changefeed not in ``cf_ids``."""
@@ -301,12 +325,23 @@ class UpstreamWatcher:
             for k in [k for k in self._last if k not in keep]:
                 self._last.pop(k, None)
                 self._reports.pop(k, None)
+                self._found.pop(k, None)
 
     def clear(self) -> None:
         """Forget everything (call when this capture stops being the owner)."""
         with self._lock:
             self._last.clear()
             self._reports.clear()
+            self._found.clear()
+
+    def found_warnings(self, info: ChangefeedInfo) -> list[DataWarning]:
+        """The data warnings of every report of ``info`` since this watcher started (the newest of each code
+        and table), without those acknowledged (:func:`report_warnings`' rule). Not only the latest report's:
+        a warning found once (rows of a table just added) is not lost when a later inspection comes first."""
+        with self._lock:
+            found = list(self._found.get(info.id, {}).values())
+        since = max(info.resumed_at, info.create_time)
+        return sorted((w for w in found if w.seen > since), key=lambda w: w.first_time)
 
     def decide(self, info: ChangefeedInfo, now: float) -> Decision | None:
         """:func:`decide` over this watcher's latest report of ``info`` and its ``gc_ttl``."""
@@ -359,6 +394,8 @@ class UpstreamWatcher:
         with self._lock:
             if info.id in self._last:  # not forgotten meanwhile
                 self._reports[info.id] = report
+                if report.warnings:
+                    self._found.setdefault(info.id, {}).update((w.ident, w) for w in report.warnings)
         return report
 
     def _inspect(self, info: ChangefeedInfo, started: float) -> UpstreamReport:
@@ -374,10 +411,11 @@ class UpstreamWatcher:
             new: list[str] = []
             unreplicated: list[str] = []
             ineligible: list[str] = []
+            warnings: list[DataWarning] = []
             if info.state.runs and info.spans:
-                new, unreplicated, ineligible = _pick_up_new_tables(conn, info, published)
+                new, unreplicated, ineligible = _pick_up_new_tables(conn, info, published, warnings, started)
             return UpstreamReport(info.id, started, tuple(slots), tuple(new), tuple(ineligible),
-                                  unreplicated=tuple(unreplicated))
+                                  unreplicated=tuple(unreplicated), warnings=warnings)
         finally:
             try:
                 conn.close()
@@ -401,10 +439,11 @@ def filter_rules(info: ChangefeedInfo) -> tuple[str, ...]:
 
 
 def _pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, list[TableName] | None],
-                        ) -> tuple[list[str], list[str], list[str]]:
+                        warnings: list[DataWarning], now: float) -> tuple[list[str], list[str], list[str]]:
     """Add matched tables that are in no publication of ``info`` to their span's publication.
 
-    Returns (added, added-with-rows, ineligible messages). Spans are indexed ``0..len(info.spans)-1``
+    Returns (added, added-with-rows, ineligible messages); appends a :class:`DataWarning` to ``warnings``
+    for each table added with rows and each ineligible table. Spans are indexed ``0..len(info.spans)-1``
     (``span-count`` is fixed at creation), so ``span_of(table, len(info.spans))`` is the creation-time rule.
     """
     in_pubs: set[TableName] = set()
@@ -425,6 +464,7 @@ def _pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, li
             admin.check_tables(conn, [table])
         except TableNotEligible as exc:
             ineligible.append(exc.message.split(": ", 1)[-1])
+            warnings.append(ineligible_table_warning(table, ineligible[-1], now))
             continue
         except InvalidArgument:
             continue  # dropped since it was listed
@@ -435,23 +475,25 @@ def _pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, li
                 log.info("changefeed=%s: adding %s to %s deferred: %s", info.id, table, span.publication, exc)
                 continue
             ineligible.append(f"{table} cannot be added to publication {span.publication}: {exc.message}")
+            warnings.append(ineligible_table_warning(table, ineligible[-1], now))
             continue
         if outcome is None:
             continue
         added.append(str(table))
         if outcome:
             with_rows.append(str(table))
+            warnings.append(unreplicated_rows_warning(table, outcome, span.publication, now))
     return added, with_rows, ineligible
 
 
 def add_table_locked(conn: Any, publication: str, table: TableName,
-                     lock_timeout_ms: int = LOCK_TIMEOUT_MS) -> bool | None:
+                     lock_timeout_ms: int = LOCK_TIMEOUT_MS) -> int | None:
     """Add ``table`` to ``publication`` in one transaction holding ``SHARE`` lock on the table.
 
     The lock waits for the table's in-flight writers and holds back new ones until the commit, so the
     rows seen here are exactly those committed before the table joined the publication; every later
-    change is streamed. Returns True if the table already held rows (they will not be streamed), False
-    if it was empty, None if nothing was done (the lock was not granted within ``lock_timeout_ms``, or
+    change is streamed. Returns how many rows the table already held (they will not be streamed; counted
+    up to ``COUNT_CAP``, so the writers wait for at most that scan), 0 if it was empty, None if nothing was done (the lock was not granted within ``lock_timeout_ms``, or
     the table is already in the publication). ``conn`` must be in autocommit mode.
     """
     ident = sql.Identifier(table.schema, table.table)
@@ -468,8 +510,9 @@ def add_table_locked(conn: Any, publication: str, table: TableName,
             if cur.fetchone()[0]:
                 cur.execute("ROLLBACK")
                 return None
-            cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(ident))
-            had_rows = bool(cur.fetchone()[0])
+            cur.execute(sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT %s) AS r").format(ident),
+                        (COUNT_CAP,))
+            had_rows = int(cur.fetchone()[0])
             cur.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(sql.Identifier(publication), ident))
             cur.execute("COMMIT")
             return had_rows

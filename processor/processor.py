@@ -18,6 +18,10 @@ Guarantees:
 - A failed span's progress is kept: the checkpoint its runner reached (durable downstream) is stored
   before the runner is discarded, so the restart resumes from there. Its sorter data (LevelDB entries,
   spill files) is removed at once, so a full disk is not kept full while it waits.
+- Data warnings (``SpanStatus.warnings``): a span's warnings are kept per span across restarts of its
+  runner (``processor.span.SpanWarnings``, seeded from the stored status when the span comes to this
+  capture), dropped once acknowledged (raised at or before the changefeed's ``resumed_at``), and a change
+  of them makes the span's status due at once.
 - Threading: ``run`` owns the loop thread; ``close`` may be called from another thread after ``stop``
   is set.
 """
@@ -28,7 +32,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from cdc.config import ChangefeedConfig, ServerConfig
 from cdc.errors import LeaseLost, MetaStoreError, TidewaterError
@@ -40,10 +44,11 @@ from cdc.model import ChangefeedInfo, RunningError, SpanAssignment, SpanInfo, Sp
 from cdc.ts import Watermark
 from processor.puller import Puller
 from processor.recovery import DependencyProbe
-from processor.span import SpanRunner
+from processor.span import SpanRunner, SpanWarnings
 from sinks.factory import open_sink
 from sorter.base import Sorter
 from upstream.postgres.conn import connect
+from upstream.postgres.rowfetch import RowFetcher
 from upstream.postgres.stream import ReplicationStream
 
 log = logging.getLogger(__name__)
@@ -63,6 +68,7 @@ class _Slot:
     last_report: float = 0.0
     stop_confirmed: bool = False  # for a stopping assignment: running=False is stored
     probe: DependencyProbe | None = None  # while failed: watches for the failed dependency's return
+    warnings: SpanWarnings = field(default_factory=SpanWarnings)  # kept across restarts of the runner
 
 
 class Processor:
@@ -154,6 +160,8 @@ class Processor:
             if slot is None:
                 slot = self._slots[key] = _Slot(key[0], key[1], assignment)
                 slot.reported = snap.span_statuses.get(key[0], {}).get(key[1])
+                slot.warnings = SpanWarnings(slot.reported.warnings if slot.reported is not None else ())
+            slot.warnings.acknowledge(max(info.resumed_at, info.create_time))
             if assignment.stopping or not info.state.runs:
                 self._stop_for_move(slot, assignment)
                 continue
@@ -202,8 +210,8 @@ class Processor:
                 moving.append((slot, status))
         if not due:
             return True
-        urgent = any(slot.reported is None or (slot.reported.running, slot.reported.error) != (st.running, st.error)
-                     for slot, st in due)
+        urgent = any(slot.reported is None or (slot.reported.running, slot.reported.error, slot.reported.warnings)
+                     != (st.running, st.error, st.warnings) for slot, st in due)
         if not urgent and now - self._last_batch < self.config.checkpoint_min_interval:
             return True  # one batch per checkpoint-min-interval per capture, however many spans are due
         self._last_batch = now
@@ -280,8 +288,11 @@ class Processor:
         sorter = self.sorter.span(label, memory_budget=config.memory_quota // max(1, len(info.spans)))
         puller = Puller(stream, sorter, TableFilter(config.filter.rules), start,
                         lambda: connect(info.upstream_uri), label)
+        slot = self._slots.get((info.id, span_index))
         runner = SpanRunner(label, puller, sorter, lambda: open_sink(info.sink_uri, config.sink), start,
-                            config.sink.txn_rows, fence=self._lease_fence, target_ts=info.target_ts)
+                            config.sink.txn_rows, fence=self._lease_fence, target_ts=info.target_ts,
+                            warnings=slot.warnings if slot is not None else None,
+                            row_source=lambda: RowFetcher(info.upstream_uri, label=label))
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)
         return runner
@@ -301,13 +312,14 @@ class Processor:
                 capture_id=self.capture_id, epoch=slot.assignment.epoch,
                 checkpoint_ts=runner.checkpoint.ts, checkpoint_time=runner.checkpoint.time,
                 resolved_ts=runner.resolved.ts, resolved_time=runner.resolved.time,
-                running=runner.alive, error=slot.error, rows=runner.rows, updated=now)
+                running=runner.alive, error=slot.error, rows=runner.rows, updated=now,
+                warnings=slot.warnings.current())
         elif prev is not None:
             status = replace(prev, capture_id=self.capture_id, epoch=slot.assignment.epoch, running=False,
-                             error=slot.error, updated=now)
+                             error=slot.error, updated=now, warnings=slot.warnings.current())
         else:
             status = SpanStatus(capture_id=self.capture_id, epoch=slot.assignment.epoch, error=slot.error,
-                                updated=now)
+                                updated=now, warnings=slot.warnings.current())
         if prev is not None and status.checkpoint_ts < prev.checkpoint_ts:
             status = replace(status, checkpoint_ts=prev.checkpoint_ts, checkpoint_time=prev.checkpoint_time)
         return status
@@ -350,7 +362,7 @@ def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, m
                idle_interval: float, heartbeat: float = 10.0) -> bool:
     """Whether a span's ``status`` should be stored, ``elapsed`` seconds after ``prev`` was.
 
-    - never stored, ``running`` or ``error`` changed: now;
+    - never stored, ``running``, ``error`` or ``warnings`` changed: now;
     - checkpoint Ts moved (busy span): once ``min_interval`` has passed since the last write, so the
       stored checkpoint trails the span by at most about ``min_interval``;
     - only the checkpoint time or the resolved Ts moved (idle span, keepalives): every ``idle_interval``;
@@ -358,7 +370,7 @@ def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, m
     """
     if prev is None or elapsed >= heartbeat:
         return True
-    if (prev.running, prev.error) != (status.running, status.error):
+    if (prev.running, prev.error, prev.warnings) != (status.running, status.error, status.warnings):
         return True
     if status.checkpoint_ts > prev.checkpoint_ts:
         return elapsed >= min_interval

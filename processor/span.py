@@ -9,6 +9,10 @@ Guarantees:
 - Any error stops both threads; ``error`` holds it and ``failed`` is set. A failed runner is discarded
   and a new one restarts the span from its persisted checkpoint (the sorter is cleared on start, and by
   ``discard()`` when the processor discards a failed runner).
+- Data warnings: after every successful ``write`` the sink's ``take_warnings()`` are merged (by code and
+  table) into ``warnings``, a :class:`SpanWarnings` the processor keeps across restarts of the span and
+  stores in ``SpanStatus.warnings``. With a ``row_source`` factory, the sink thread gives the sink a fresh
+  row source (``Sink.set_row_source``) and closes it (its ``close()``, if any) when the thread ends.
 Thread-safety: ``checkpoint``, ``resolved``, ``rows``, ``error`` are read by the processor thread;
 each is a single reference assignment.
 """
@@ -23,10 +27,11 @@ from itertools import repeat
 
 from cdc.errors import LeaseLost, TidewaterError
 from cdc.events import RowChange
+from cdc.model import DataWarning, merge_warnings
 from cdc.ts import Watermark
 from processor.mounter import Mounter
 from processor.puller import Puller
-from sinks.base import Sink
+from sinks.base import RowSource, Sink
 from sorter.base import SortedTxn, SpanSorter
 
 log = logging.getLogger(__name__)
@@ -68,6 +73,37 @@ class TxnBatcher:
         self.batch_complete = True
 
 
+class SpanWarnings:
+    """The data warnings of one span on this capture, merged by (code, table) (``cdc.model.merge_warnings``).
+
+    Outlives the span's runners: the processor creates it from the span's stored ``SpanStatus.warnings``
+    and hands it to every runner it starts for the span, so warnings survive restarts (and, through etcd,
+    moves to other captures). ``acknowledge(t)`` forgets every warning last raised at or before ``t`` (the
+    changefeed's ``resumed_at``); a later occurrence starts a new count. Thread-safe: the sink thread
+    ``add``s, the processor thread reads ``current()`` and acknowledges.
+    """
+
+    def __init__(self, initial: tuple[DataWarning, ...] = ()) -> None:
+        self._lock = threading.Lock()
+        self._warnings = tuple(initial)
+        self._acked = 0.0
+
+    def add(self, new: list[DataWarning]) -> None:
+        if not new:
+            return
+        with self._lock:
+            self._warnings = merge_warnings(self._warnings, [w for w in new if w.seen > self._acked])
+
+    def acknowledge(self, until: float) -> None:
+        with self._lock:
+            if until > self._acked:
+                self._acked = until
+                self._warnings = tuple(w for w in self._warnings if w.seen > until)
+
+    def current(self) -> tuple[DataWarning, ...]:
+        return self._warnings
+
+
 class SpanRunner:
     def __init__(
         self,
@@ -79,6 +115,8 @@ class SpanRunner:
         txn_rows: int,
         fence: Callable[[], None] | None = None,
         target_ts: int = 0,
+        warnings: SpanWarnings | None = None,
+        row_source: Callable[[], RowSource] | None = None,
     ) -> None:
         self.label = label
         self.puller = puller
@@ -91,6 +129,8 @@ class SpanRunner:
         self.checkpoint = start
         self.start_ts = start.ts  # the checkpoint this runner started from
         self.rows = 0
+        self.warnings = warnings if warnings is not None else SpanWarnings()
+        self._row_source = row_source
         self.error: BaseException | None = None
         self.failed = threading.Event()
         self._stop = threading.Event()
@@ -173,7 +213,11 @@ class SpanRunner:
 
     def _run_sink(self) -> None:
         sink = self._sink_factory()
+        source: RowSource | None = None
         try:
+            if self._row_source is not None:
+                source = self._row_source()
+                sink.set_row_source(source)
             sink.check()
             mount = Mounter(self.puller.schema).mount
             while not self._stop.is_set():
@@ -192,10 +236,20 @@ class SpanRunner:
                 batcher = TxnBatcher(self.sorter.read_txns(self.checkpoint.ts, target.ts), mount, self.txn_rows)
                 while batcher.has_more() and not self._stop.is_set():
                     self.rows += sink.write(batcher.next_batch(), self._fence)
+                    new = sink.take_warnings()
+                    if new:
+                        self.warnings.add(new)
+                        log.warning("span=%s data warning(s): %s", self.label,
+                                    "; ".join(f"{w.code} {w.table} x{w.count}" for w in new))
                     if not batcher.batch_complete or batcher.last is None:
                         raise RuntimeError(f"sink {type(sink).__name__} returned before consuming its batch")
                     self.checkpoint = batcher.last
                 if not self._stop.is_set():
                     self.checkpoint = target
         finally:
-            sink.close()
+            try:
+                sink.close()
+            finally:
+                close = getattr(source, "close", None)
+                if close is not None:
+                    close()

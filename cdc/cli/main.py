@@ -181,9 +181,16 @@ def _lag(seconds: Any) -> str | None:
     return None if seconds is None else f"{cell(float(seconds))}s"
 
 
+def _time(unix: Any) -> str | None:
+    """A unix time as UTC ``YYYY-MM-DD HH:MM:SS``."""
+    if not unix:
+        return None
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(unix)))
+
+
 CHANGEFEED_COLUMNS: list[Column] = [
     col("id", "id"), col("state", "state"), col("checkpoint", "checkpoint"),
-    ("checkpoint lag", lambda r: _lag(r.get("checkpoint_lag"))), col("error", "error")]
+    ("checkpoint lag", lambda r: _lag(r.get("checkpoint_lag"))), col("warnings", "warnings"), col("error", "error")]
 SPAN_COLUMNS: list[Column] = [
     col("span", "index"), col("capture", "capture"), col("slot", "slot"), col("publication", "publication"),
     col("checkpoint", "checkpoint"), col("running", "running"), col("rows", "rows"), col("error", "error")]
@@ -198,6 +205,11 @@ PROCESSOR_SPAN_COLUMNS: list[Column] = [
     col("span", "index"), col("epoch", "epoch"), col("checkpoint", "checkpoint"),
     ("checkpoint lag", lambda r: _lag(r.get("checkpoint_lag"))), ("resolved lag", lambda r: _lag(r.get("resolved_lag"))),
     col("running", "running"), col("rows", "rows"), col("error", "error")]
+WARNING_COLUMNS: list[Column] = [
+    col("severity", "severity"), col("code", "code"), col("table", "table"), col("count", "count"),
+    ("keys", lambda r: ", ".join(r.get("keys") or []) or None),
+    ("first", lambda r: _time(r.get("first_time"))), ("last", lambda r: _time(r.get("last_time"))),
+    col("message", "message")]
 DIFF_COLUMNS: list[Column] = [
     col("field", "field"), col("old", "old"), col("new", "new")]
 
@@ -208,7 +220,12 @@ def _changefeed_text(cf: dict[str, Any]) -> str:
              ("checkpoint", cf.get("checkpoint")), ("checkpoint ts", cf.get("checkpoint_ts")),
              ("checkpoint lag", _lag(cf.get("checkpoint_lag"))), ("resolved ts", cf.get("resolved_ts")),
              ("resolved lag", _lag(cf.get("resolved_lag"))), ("error", cf.get("error"))]
-    return render_kv(pairs) + "\n\n" + render_table(cf.get("spans") or [], SPAN_COLUMNS)
+    text = render_kv(pairs) + "\n\n" + render_table(cf.get("spans") or [], SPAN_COLUMNS)
+    warnings = cf.get("warnings") or []
+    if warnings:
+        text += "\n\ndata warnings (cdc cli changefeed resume acknowledges them):\n"
+        text += render_table(warnings, WARNING_COLUMNS)
+    return text
 
 
 def _processor_text(p: dict[str, Any]) -> str:
@@ -289,7 +306,8 @@ def _add_cli_parser(sub: Any) -> None:
     c.add_argument("--target-ts", type=int, default=0)
     ops.add_parser("list", parents=[out], help="list changefeeds")
     helps = {"query": "show one changefeed", "pause": "stop replicating (slots keep the changes)",
-             "resume": "start replicating again", "remove": "remove (drops slots and publications)"}
+             "resume": "start replicating again; acknowledges its errors and data warnings so far",
+             "remove": "remove (drops slots and publications)"}
     for name, text in helps.items():
         q = ops.add_parser(name, parents=[out], help=text)
         q.add_argument("--changefeed-id", "-c", required=True)

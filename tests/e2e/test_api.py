@@ -448,8 +448,8 @@ def test_changefeed_list_and_query_as_tables(cdc_server: CdcServer, pg_server: P
     res = cdc_cli(url, "--output", "table", "changefeed", "list")
     assert res.rc == 0, res
     rows = table_lines(res.stdout)
-    assert rows[0] == ["ID", "STATE", "CHECKPOINT", "CHECKPOINT", "LAG", "ERROR"]
-    assert rows[1][:2] == ["tbl", "normal"] and rows[1][-1] == "-"
+    assert rows[0] == ["ID", "STATE", "CHECKPOINT", "CHECKPOINT", "LAG", "WARNINGS", "ERROR"]
+    assert rows[1][:2] == ["tbl", "normal"] and rows[1][-2:] == ["0", "-"]
     res = cdc_cli(url, "changefeed", "query", "-c", "tbl", "--output", "table")
     assert res.rc == 0, res
     head, spans = res.stdout.split("\n\n")

@@ -18,8 +18,6 @@ from owner.upstream_watch import (
     FailSlotLost,
     ReleaseAfterGcTtl,
     UpstreamWatcher,
-    WarnIneligible,
-    WarnUnreplicatedRows,
     decide,
     release_slots,
 )
@@ -141,8 +139,9 @@ def test_rows_written_before_the_pickup_are_reported_unreplicated(info: Changefe
           f"INSERT INTO {t.table} VALUES (1, 'before-add-marker')")
     report = UpstreamWatcher().inspect(info)
     assert report.new_tables == (str(t),) and report.unreplicated == (str(t),)
-    d = decide(info, report, time.time(), 86400)
-    assert isinstance(d, WarnUnreplicatedRows) and str(t) in d.reason
+    assert decide(info, report, time.time(), 86400) is None  # a data warning, not a decision
+    (w,) = report.warnings
+    assert (w.code, w.table, w.count, w.severity) == ("CDC:WarnUnreplicatedRows", str(t), 1, "divergence")
     _exec(conn, f"INSERT INTO {t.table} VALUES (2, 'after-add-marker')")
     streamed = _streamed(conn, span.slot, span.publication)
     assert b"after-add-marker" in streamed and b"before-add-marker" not in streamed
@@ -165,6 +164,7 @@ def test_table_with_a_writer_in_flight_is_added_once_the_writer_commits(
         writer.close()
     report = UpstreamWatcher().inspect(info)
     assert report.new_tables == (str(t),) and report.unreplicated == (str(t),)
+    assert [(w.table, w.count) for w in report.warnings] == [(str(t), 1)]
 
 
 def test_ineligible_new_table_is_reported_not_added(info: ChangefeedInfo, conn: Any) -> None:
@@ -174,8 +174,10 @@ def test_ineligible_new_table_is_reported_not_added(info: ChangefeedInfo, conn: 
     assert '"public"."nokey"' in report.ineligible[0] and "PRIMARY KEY" in report.ineligible[0]
     assert all(TableName("public", "nokey") not in (admin.publication_tables(conn, s.publication) or [])
                for s in info.spans)
-    d = decide(info, report, time.time(), 86400)
-    assert isinstance(d, WarnIneligible) and "nokey" in d.reason
+    assert decide(info, report, time.time(), 86400) is None
+    (w,) = report.warnings
+    assert (w.code, w.table, w.severity) == ("CDC:WarnTableIneligible", "public.nokey", "divergence")
+    assert "PRIMARY KEY" in w.message
     # once fixed, the next inspection picks it up
     _exec(conn, "ALTER TABLE nokey REPLICA IDENTITY FULL")
     fixed = UpstreamWatcher().inspect(info)

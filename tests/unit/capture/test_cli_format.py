@@ -102,12 +102,30 @@ def test_changefeed_query_table_has_key_values_then_a_spans_table() -> None:
 
 
 def test_changefeed_list_table() -> None:
-    rows = [{"id": "b", "state": "normal", "checkpoint": "0/10", "checkpoint_lag": 0.5, "error": None},
-            {"id": "a", "state": "failed", "checkpoint": "0/0", "checkpoint_lag": None, "error": ERR}]
+    rows = [{"id": "b", "state": "normal", "checkpoint": "0/10", "checkpoint_lag": 0.5, "error": None,
+             "warnings": 0},
+            {"id": "a", "state": "failed", "checkpoint": "0/0", "checkpoint_lag": None, "error": ERR, "warnings": 2}]
     lines = format_table("changefeeds", rows).splitlines()
-    assert lines[0].split() == ["ID", "STATE", "CHECKPOINT", "CHECKPOINT", "LAG", "ERROR"]
-    assert lines[1].split() == ["b", "normal", "0/10", "0.5s", "-"]  # server order is kept
+    assert lines[0].split() == ["ID", "STATE", "CHECKPOINT", "CHECKPOINT", "LAG", "WARNINGS", "ERROR"]
+    assert lines[1].split() == ["b", "normal", "0/10", "0.5s", "0", "-"]  # server order is kept
     assert lines[2].startswith("a ") and "CDC:ErrSinkUnavailable" in lines[2]
+
+
+def test_changefeed_query_table_lists_its_data_warnings() -> None:
+    warned = {**CHANGEFEED, "warnings": [
+        {"code": "CDC:WarnUnreplicatedRows", "table": "public.late", "severity": "divergence", "count": 3,
+         "keys": [], "first_time": 1_700_000_000.0, "last_time": 1_700_000_060.0,
+         "message": "table public.late already held 3 row(s)"},
+        {"code": "CDC:WarnMissingRow", "table": "public.t", "severity": "notice", "count": 2, "keys": ["1", "7"],
+         "first_time": 1_700_000_000.0, "last_time": 1_700_000_000.0, "message": "re-read"}]}
+    text = format_table("changefeed", warned)
+    assert "cdc cli changefeed resume acknowledges" in text
+    table = text.split("acknowledges them):\n")[1].splitlines()
+    assert table[0].split() == ["SEVERITY", "CODE", "TABLE", "COUNT", "KEYS", "FIRST", "LAST", "MESSAGE"]
+    assert table[1].split()[:4] == ["divergence", "CDC:WarnUnreplicatedRows", "public.late", "3"]
+    assert "2023-11-14 22:13:20" in table[1] and "2023-11-14 22:14:20" in table[1]
+    assert "1, 7" in table[2]
+    assert "data warnings" not in format_table("changefeed", CHANGEFEED)
 
 
 def test_processor_tables() -> None:

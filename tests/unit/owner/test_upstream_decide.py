@@ -8,20 +8,22 @@ from typing import Any
 import pytest
 
 from cdc.errors import GCTTLExceeded, SlotLost, UpstreamUnavailable
-from cdc.model import ChangefeedInfo, FeedState, RunningError, SpanInfo
+from cdc.events import TableName
+from cdc.model import ChangefeedInfo, FeedState, RunningError, SpanInfo, WarningSeverity
 from owner.upstream_watch import (
     FailSlotLost,
     ReleaseAfterGcTtl,
     SlotReport,
     UpstreamReport,
     UpstreamWatcher,
-    WarnIneligible,
-    WarnUnreplicatedRows,
     can_resume,
     decide,
     filter_rules,
+    ineligible_table_warning,
     is_released,
     mark_released,
+    report_warnings,
+    unreplicated_rows_warning,
 )
 
 pytestmark = pytest.mark.unit
@@ -88,18 +90,31 @@ def test_lost_slot_outranks_warnings() -> None:
     assert isinstance(decide(cf(), r, NOW, DAY), FailSlotLost)
 
 
-def test_ineligible_new_table_warns() -> None:
+def test_ineligible_and_unreplicated_tables_are_data_warnings_not_decisions() -> None:
+    """They never fail the changefeed (decide() ignores them): they are DataWarnings of the report, which the
+    owner stores in the changefeed's status (a divergence moves it to warning)."""
     msg = 'public.nokey has no primary key and REPLICA IDENTITY DEFAULT; fix with ALTER TABLE ...'
-    d = decide(cf(), report(ineligible=(msg,)), NOW, DAY)
-    assert isinstance(d, WarnIneligible)
-    assert msg in d.reason and "1 new table" in d.reason
-    assert d.running_error(NOW).retryable
+    warnings = [ineligible_table_warning(TableName("public", "nokey"), msg, NOW - 1),
+                unreplicated_rows_warning(TableName("public", "b"), 42, "pub1", NOW - 1)]
+    r = report(new_tables=("public.a", "public.b"), unreplicated=("public.b",), ineligible=(msg,), warnings=warnings)
+    assert decide(cf(), r, NOW, DAY) is None
+    inel, rows = report_warnings(cf(), r)
+    assert (inel.code, inel.table, inel.severity, inel.count) == ("CDC:WarnTableIneligible", "public.nokey",
+                                                                  WarningSeverity.DIVERGENCE, 1)
+    assert msg in inel.message and "exclude it with the filter" in inel.message
+    assert (rows.code, rows.table, rows.severity, rows.count) == ("CDC:WarnUnreplicatedRows", "public.b",
+                                                                  WarningSeverity.DIVERGENCE, 42)
+    assert "42 row(s)" in rows.message and "pub1" in rows.message
+    assert "at least 100000" in unreplicated_rows_warning(TableName("public", "b"), 100_000, "p", NOW).message
 
 
-def test_table_added_with_rows_warns_that_they_are_not_replicated() -> None:
-    d = decide(cf(), report(new_tables=("public.a", "public.b"), unreplicated=("public.b",)), NOW, DAY)
-    assert isinstance(d, WarnUnreplicatedRows)
-    assert "public.b" in d.reason and "public.a" not in d.reason
+def test_report_warnings_ignore_failed_foreign_and_acknowledged_reports() -> None:
+    w = [unreplicated_rows_warning(TableName("public", "b"), 3, "pub1", NOW - 10)]
+    assert report_warnings(cf(), None) == []
+    assert report_warnings(cf(), report(warnings=w, error="unreachable")) == []
+    assert report_warnings(cf(), dataclasses.replace(report(warnings=w), changefeed="other")) == []
+    assert report_warnings(cf(resumed_at=NOW - 5), report(warnings=w)) == []  # acknowledged by resume
+    assert report_warnings(cf(resumed_at=NOW - 20), report(warnings=w)) == w
 
 
 def test_new_table_without_rows_needs_nothing() -> None:
@@ -244,3 +259,24 @@ def test_watcher_bug_becomes_an_error_report() -> None:
     assert "boom" in r.error
     w.forget("cf")
     assert w.reports() == []
+
+
+def test_watcher_keeps_warnings_found_once_until_forgotten() -> None:
+    """Rows of a table are reported only by the inspection that added it: a later inspection must not make
+    the owner miss them; a condition found again is one warning (the newest); acknowledged ones are left out."""
+    clock = [NOW]
+    watcher = UpstreamWatcher(clock=lambda: clock[0])
+    rows = unreplicated_rows_warning(TableName("public", "late"), 3, "pub1", NOW)
+    inel = ineligible_table_warning(TableName("public", "nokey"), "no key", NOW)
+    script = [report(warnings=[rows, inel]), report(warnings=[]),
+              report(warnings=[dataclasses.replace(inel, first_time=NOW + 2)])]
+    watcher._inspect = lambda info, started: script.pop(0)  # type: ignore[method-assign]
+    info = cf()
+    for _ in range(3):
+        watcher.inspect(info)
+        clock[0] += 1
+    found = watcher.found_warnings(info)
+    assert [(w.table, w.first_time) for w in found] == [("public.late", NOW), ("public.nokey", NOW + 2)]
+    assert [w.table for w in watcher.found_warnings(cf(resumed_at=NOW + 1))] == ["public.nokey"]
+    watcher.forget("cf")
+    assert watcher.found_warnings(info) == []
