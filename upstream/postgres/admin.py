@@ -13,7 +13,9 @@ same state. They are not atomic with each other: a crash between creating a slot
 leaves the slot, which the caller must either reuse or drop (a forgotten slot retains WAL forever).
 
 Publications are created ``WITH (publish_via_partition_root = true)`` so that changes to partitions
-arrive under the partitioned table's name and schema.
+arrive under the partitioned table's name and schema, and on PostgreSQL 18+ also with
+``publish_generated_columns = stored`` so that stored generated columns arrive as plain columns with
+their computed values (see :func:`publishes_generated`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from psycopg2 import sql
 from cdc.errors import InvalidArgument, TableNotEligible, UpstreamError, UpstreamNotReady, UpstreamUnavailable
 from cdc.events import TableName, TableSchema
 from cdc.ts import str_to_lsn
-from upstream.postgres.catalog import partitions, relation_info, table_schema
+from upstream.postgres.catalog import generated_columns, partitions, relation_info, table_schema
 from upstream.postgres.conn import describe_conn, pg_errors
 
 MIN_SERVER_VERSION = 140000
@@ -132,7 +134,41 @@ def check_upstream(conn: Any, *, slots_needed: int = 1) -> dict[str, Any]:
     return facts
 
 
+_CANDIDATE_IDENTITY_INDEX = """
+SELECT ci.relname
+FROM pg_catalog.pg_index i JOIN pg_catalog.pg_class ci ON ci.oid = i.indexrelid
+WHERE i.indrelid = %s AND i.indisunique AND i.indimmediate AND i.indisvalid
+  AND i.indpred IS NULL AND i.indexprs IS NULL
+  AND NOT EXISTS (SELECT 1 FROM unnest(i.indkey::int2[]) AS k(attnum)
+                  JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                  WHERE NOT a.attnotnull)
+ORDER BY i.indisprimary DESC, ci.relname
+LIMIT 1
+"""
+
+_PK_FACTS = """
+SELECT i.indimmediate
+FROM pg_catalog.pg_index i WHERE i.indrelid = %s AND i.indisprimary
+"""
+
+
+def _identity_fix(conn: Any, oid: int, t: str) -> str:
+    """The fix for a table without a usable replica identity: USING INDEX <an existing candidate>, if one
+    exists (a non-deferrable, valid, non-partial unique index on NOT NULL columns), else the placeholder."""
+    with pg_errors(conn, f"looking for a replica identity index of {t}"), conn.cursor() as cur:
+        cur.execute(_CANDIDATE_IDENTITY_INDEX, (oid,))
+        row = cur.fetchone()
+    index = _ident(conn, row[0]) if row else "<a non-deferrable unique index on NOT NULL columns>"
+    return f"ALTER TABLE {t} REPLICA IDENTITY USING INDEX {index} or ALTER TABLE {t} REPLICA IDENTITY FULL"
+
+
 def _identity_problem(conn: Any, schema: TableSchema, what: str) -> str | None:
+    """Why ``schema``'s table has no replica identity PostgreSQL can use (None if it has one).
+
+    Measured on PostgreSQL 18.6: a published table without one (no primary key, REPLICA IDENTITY
+    NOTHING, or a DEFERRABLE primary key with REPLICA IDENTITY DEFAULT) fails every UPDATE and DELETE
+    with "cannot update table ... because it does not have a replica identity and publishes updates".
+    """
     if schema.has_key or schema.replica_identity == "f":
         return None
     t = _table_ident(conn, schema.name)
@@ -140,12 +176,14 @@ def _identity_problem(conn: Any, schema: TableSchema, what: str) -> str | None:
         schema.replica_identity, schema.replica_identity
     )
     with pg_errors(conn, f"reading the primary key of {schema.name}"), conn.cursor() as cur:
-        cur.execute(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index WHERE indrelid = %s AND indisprimary)",
-            (schema.relation_id,),
+        cur.execute(_PK_FACTS, (schema.relation_id,))
+        row = cur.fetchone()
+    if row is not None and not row[0] and schema.replica_identity == "d":
+        return (
+            f"{what} {t} has a DEFERRABLE primary key, which PostgreSQL cannot use as replica identity: once "
+            f"published, every UPDATE and DELETE of {t} would fail; fix with {_identity_fix(conn, schema.relation_id, t)}"
         )
-        has_pk = bool(cur.fetchone()[0])
-    if has_pk:
+    if row is not None:
         return (
             f"{what} {t} has REPLICA IDENTITY {ident}; fix with "
             f"ALTER TABLE {t} REPLICA IDENTITY DEFAULT (use its primary key) or ALTER TABLE {t} REPLICA IDENTITY FULL"
@@ -156,18 +194,47 @@ def _identity_problem(conn: Any, schema: TableSchema, what: str) -> str | None:
     )
 
 
-def check_tables(conn: Any, tables: list[TableName]) -> list[TableSchema]:
+def _generated_problem(conn: Any, oid: int, t: str, publish_generated: bool) -> str | None:
+    """Why ``t``'s stored generated columns cannot be replicated (None when they can, or it has none).
+
+    PostgreSQL 18 sends stored generated columns as plain columns when the publication has
+    ``publish_generated_columns = stored`` (Tidewater's do); older servers cannot publish them at all, so
+    they would be silently absent downstream: refused. Virtual generated columns are never published and
+    are left out (they cannot be indexed, so never part of a key).
+    """
+    if publish_generated:
+        return None
+    stored = [name for name, kind in generated_columns(conn, oid).items() if kind == "s"]
+    if not stored:
+        return None
+    cols = ", ".join(_ident(conn, c) for c in stored)
+    where = (
+        "this PostgreSQL is older than 18 and cannot publish generated columns"
+        if conn.server_version < 180000
+        else "its publication was created without publish_generated_columns = stored"
+    )
+    return (
+        f"{t} has stored generated column(s) {cols} and {where}: they would be missing downstream (and a replica "
+        f"identity containing one makes UPDATE/DELETE fail); upgrade to PostgreSQL 18, or exclude {t} with the filter"
+    )
+
+
+def check_tables(conn: Any, tables: list[TableName], *, publish_generated: bool | None = None) -> list[TableSchema]:
     """Check that every table can be replicated and return their schemas, in the input order.
 
     A table is eligible when it is a permanent (not temporary or unlogged) ordinary or partitioned
-    table with a usable replica identity: a primary key (replica identity DEFAULT), an identity index
-    (REPLICA IDENTITY USING INDEX) or REPLICA IDENTITY FULL; for a partitioned table, every leaf
-    partition must qualify too. Publishing a table without one would make UPDATE and DELETE on it
-    *fail upstream*, so this runs before any publication is touched.
+    table with a usable replica identity: a non-deferrable primary key (replica identity DEFAULT), an
+    identity index (REPLICA IDENTITY USING INDEX) or REPLICA IDENTITY FULL (then a deferrable primary key
+    is fine and is the key); for a partitioned table, every leaf partition must qualify too. Publishing a
+    table without one would make UPDATE and DELETE on it *fail upstream*, so this runs before any
+    publication is touched. Stored generated columns need a publication that publishes them
+    (``publish_generated``: default true on PostgreSQL 18+, where :func:`create_publication` does);
+    otherwise a table that has any is refused (they would be silently absent downstream).
 
     Raises :class:`cdc.errors.InvalidArgument` naming every missing table, then
     :class:`cdc.errors.TableNotEligible` naming every ineligible table with its fixes.
     """
+    gen = publishes_generated(conn) if publish_generated is None else publish_generated
     missing: list[str] = []
     problems: list[str] = []
     schemas: list[TableSchema] = []
@@ -187,7 +254,7 @@ def check_tables(conn: Any, tables: list[TableName]) -> list[TableSchema]:
             continue
         schema = table_schema(conn, info.oid)
         schemas.append(schema)
-        problem = _identity_problem(conn, schema, "table")
+        problem = _identity_problem(conn, schema, "table") or _generated_problem(conn, info.oid, t, gen)
         if problem:
             problems.append(problem)
         elif info.relkind == "p":
@@ -208,6 +275,28 @@ def check_tables(conn: Any, tables: list[TableName]) -> list[TableSchema]:
 
 
 # ---- publications ------------------------------------------------------------------------------------
+GENERATED_COLUMNS_VERSION = 180000  # publish_generated_columns exists from PostgreSQL 18 on
+
+
+def publishes_generated(conn: Any) -> bool:
+    """True when publications created by :func:`create_publication` on this server publish stored
+    generated columns (PostgreSQL 18+)."""
+    return int(conn.server_version) >= GENERATED_COLUMNS_VERSION
+
+
+def publication_publishes_generated(conn: Any, name: str) -> bool | None:
+    """Whether publication ``name`` publishes stored generated columns (``pubgencols = 's'``); None if
+    the publication does not exist. Always False before PostgreSQL 18."""
+    _check_publication_name(name)
+    with pg_errors(conn, f"reading publication {name!r}"), conn.cursor() as cur:
+        if not publishes_generated(conn):
+            cur.execute("SELECT false FROM pg_catalog.pg_publication WHERE pubname = %s", (name,))
+        else:
+            cur.execute("SELECT pubgencols = 's' FROM pg_catalog.pg_publication WHERE pubname = %s", (name,))
+        row = cur.fetchone()
+    return None if row is None else bool(row[0])
+
+
 def _check_publication_name(name: str) -> None:
     if not name or "\x00" in name or len(name.encode()) > _MAX_IDENTIFIER_BYTES:
         raise InvalidArgument(f"invalid publication name {name!r}: 1 to 63 bytes, no NUL")
@@ -257,7 +346,8 @@ def create_publication(conn: Any, name: str, tables: list[TableName]) -> bool:
     """Create publication ``name`` FOR TABLE ``tables``; return True if created, False if it existed.
 
     Idempotent: an existing publication with exactly these tables is accepted (and switched to
-    ``publish_via_partition_root`` if needed). One that differs (other tables, FOR ALL TABLES, FOR
+    ``publish_via_partition_root``, and on PostgreSQL 18+ ``publish_generated_columns = stored``, if
+    needed). One that differs (other tables, FOR ALL TABLES, FOR
     TABLES IN SCHEMA) raises :class:`cdc.errors.InvalidArgument`. Run :func:`check_tables` first.
     """
     _check_publication_name(name)
@@ -271,7 +361,8 @@ def create_publication(conn: Any, name: str, tables: list[TableName]) -> bool:
             stmt = sql.SQL("CREATE PUBLICATION {}").format(ident)
             if wanted:
                 stmt += sql.SQL(" FOR TABLE ") + _table_list(wanted)
-            stmt += sql.SQL(" WITH (publish_via_partition_root = true)")
+            stmt += sql.SQL(" WITH (publish_via_partition_root = true")
+            stmt += sql.SQL(", publish_generated_columns = stored)" if publishes_generated(conn) else ")")
             try:
                 cur.execute(stmt)
                 return True
@@ -292,6 +383,10 @@ def create_publication(conn: Any, name: str, tables: list[TableName]) -> bool:
             )
         if not viaroot:
             cur.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(ident))
+        if publishes_generated(conn):
+            cur.execute("SELECT pubgencols FROM pg_catalog.pg_publication WHERE oid = %s", (oid,))
+            if cur.fetchone()[0] != "s":
+                cur.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_generated_columns = stored)").format(ident))
     return False
 
 

@@ -11,9 +11,12 @@ Choices documented here, relied on by the puller and the sinks:
   partitioned table) are *not* listed: their parent is, and publications are created with
   ``publish_via_partition_root`` so their changes arrive under the parent's name. Temporary and
   unlogged tables are not listed either: PostgreSQL cannot publish them.
-- :func:`table_schema` lists columns in ``attnum`` order, skipping dropped and generated columns
-  (pgoutput does not send stored generated columns unless ``publish_generated_columns`` is set, and
-  never sends virtual ones).
+- :func:`table_schema` lists columns in ``attnum`` order, skipping dropped and *virtual* generated
+  columns (pgoutput never sends those). *Stored* generated columns are listed like plain columns, as
+  the Relation message lists them: Tidewater creates its publications with
+  ``publish_generated_columns = stored`` (PostgreSQL 18+; measured: without it pgoutput leaves them
+  out of the Relation message and the tuples; with it they arrive as plain columns with their computed
+  values). :func:`generated_columns` tells which columns are generated.
 - ``ColumnSchema.base_type`` is the ``pg_type.typname`` of the column's type after resolving domains
   (recursively) and, for arrays, of the element type (``is_array`` is then true). Enums and every other
   user-defined non-domain type (composite, range over a user type, extension types such as ``citext``
@@ -22,7 +25,11 @@ Choices documented here, relied on by the puller and the sinks:
   is ``format_type(atttypid, atttypmod)``; ``type_modifier`` is ``atttypmod``, or the modifier of the
   first domain that has one.
 - Key: with ``REPLICA IDENTITY INDEX`` the identity index's columns (that is what pgoutput sends as
-  the old key, even when a primary key exists); otherwise the primary key (index column order); for
+  the old key, even when a primary key exists); with ``DEFAULT`` the primary key (index column order)
+  if it is *not* DEFERRABLE (PostgreSQL cannot use a deferrable key as replica identity: such a table
+  has no identity, ``key = ()``; measured on 18.6: its UPDATE/DELETE fail once it is published); with
+  ``FULL`` the primary key even when deferrable (old images are full rows, and the key is unique at
+  every commit, which is what the sink applies); for
   ``REPLICA IDENTITY FULL`` without a primary key all columns with ``has_key = False``; with no
   usable identity ``key = ()`` and ``has_key = False``. ``ColumnSchema.is_key`` is true exactly for
   the columns in ``key``.
@@ -67,7 +74,14 @@ _COLUMNS = """
 SELECT a.attname, a.atttypid, a.atttypmod, a.attnotnull,
        pg_catalog.format_type(a.atttypid, a.atttypmod)
 FROM pg_catalog.pg_attribute a
-WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated IN ('', 's')
+ORDER BY a.attnum
+"""
+
+_GENERATED = """
+SELECT a.attname, a.attgenerated
+FROM pg_catalog.pg_attribute a
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated <> ''
 ORDER BY a.attnum
 """
 
@@ -217,16 +231,17 @@ def table_schema(conn: Any, table: TableName | int, *, version: int = 0) -> Tabl
         types: dict[int, _Type] = {}
         _load_types(cur, {int(r[1]) for r in rows}, types)
         pk = _index_columns(cur, info.oid, "i.indisprimary")
+        pk_immediate = bool(pk) and bool(_index_columns(cur, info.oid, "i.indisprimary AND i.indimmediate"))
         ident = _index_columns(cur, info.oid, "i.indisreplident") if info.replica_identity == "i" else ()
     names = tuple(r[0] for r in rows)
     has_key = True
     if info.replica_identity == "i" and ident:
         key = ident
-    elif info.replica_identity in ("d", "f") and pk:
+    elif (info.replica_identity == "d" and pk_immediate) or (info.replica_identity == "f" and pk):
         key = pk
     elif info.replica_identity == "f":
         key, has_key = names, False
-    else:  # DEFAULT without a primary key, NOTHING, or INDEX whose index was dropped
+    else:  # DEFAULT without a (non-deferrable) primary key, NOTHING, or INDEX whose index was dropped
         key, has_key = (), False
     keyset = set(key)
     return TableSchema(
@@ -238,6 +253,13 @@ def table_schema(conn: Any, table: TableName | int, *, version: int = 0) -> Tabl
         version=version,
         has_key=has_key,
     )
+
+
+def generated_columns(conn: Any, oid: int) -> dict[str, str]:
+    """The generated columns of relation ``oid``: name -> ``'s'`` (stored) or ``'v'`` (virtual), attnum order."""
+    with pg_errors(conn, f"reading the generated columns of relation {oid}"), conn.cursor() as cur:
+        cur.execute(_GENERATED, (oid,))
+        return {name: kind for name, kind in cur.fetchall()}
 
 
 def partitions(conn: Any, table: TableName | int) -> list[RelationInfo]:
