@@ -8,8 +8,12 @@ visible and bounded, and how it notices what happened to a changefeed's upstream
   connection per inspection): for each span the slot (exists, active, lost, retained WAL bytes,
   confirmed flush LSN) and whether its publication exists. For a running changefeed it also picks up
   tables created after the changefeed that match its filter: each eligible one is added to the
-  publication of the span it hashes to (:func:`cdc.spans.span_of`), ineligible ones (no key, ...)
-  are reported, never added (publishing them would make UPDATE/DELETE fail upstream).
+  publication of the span it hashes to (:func:`cdc.spans.span_of`), ineligible ones (no key, a
+  DEFERRABLE key, ...) are reported, never added (publishing them would make UPDATE/DELETE fail
+  upstream), and so is one whose target name in the sink is already taken by another table (it would
+  mix two tables' rows). It also compares the leaf partitions of each published partitioned table with
+  the previous look (:mod:`owner.partition_watch`): a detached, dropped, attached-with-rows or truncated
+  partition leaves the downstream different and the stream carries nothing for it.
 - :func:`decide` turns the latest report into at most one :data:`Decision` (pure, no I/O): fail a
   running changefeed whose slot vanished or was invalidated, release the slots of a changefeed
   stopped or failed for longer than ``gc-ttl``, or warn about tables that are not fully replicated.
@@ -45,8 +49,10 @@ from cdc.config import FilterConfig
 from cdc.errors import GCTTLExceeded, InvalidArgument, SlotLost, TableNotEligible, TidewaterError
 from cdc.events import TableName
 from cdc.filter import TableFilter
-from cdc.model import ChangefeedInfo, FeedState, RunningError, SpanInfo
+from cdc.model import ChangefeedInfo, DataWarning, FeedState, RunningError, SpanInfo, WarningSeverity
 from cdc.spans import span_of
+from owner import partition_watch
+from sinks.factory import open_sink
 from upstream.postgres import admin, catalog
 from upstream.postgres import conn as pg_conn
 from upstream.postgres.conn import pg_errors
@@ -88,7 +94,11 @@ class UpstreamReport:
     ``slots`` is empty and the report says nothing about the upstream. ``new_tables`` are the
     ``schema.table`` names this inspection added to a publication; ``unreplicated`` those of them that
     already held rows when they were added (those rows are not replicated, only later changes);
-    ``ineligible`` one message per matched table that cannot be added, naming the table and the fix.
+    ``ineligible`` one message per matched table that cannot be added, naming the table and the fix
+    (including a table whose target name collides with another's). ``pickup_warnings`` are the data
+    warnings this inspection found: ``CDC:WarnTargetNameConflict`` per table not added because of a
+    target-name collision (also in ``ineligible``), and the partition warnings of
+    :mod:`owner.partition_watch` (found once, when the change is first seen).
     """
 
     changefeed: str
@@ -98,6 +108,7 @@ class UpstreamReport:
     ineligible: tuple[str, ...] = ()
     error: str = ""
     unreplicated: tuple[str, ...] = ()
+    pickup_warnings: tuple[DataWarning, ...] = ()
 
     def retained_bytes(self) -> dict[int, int | None]:
         """Retained WAL bytes per span index (None: unknown, slot missing or invalidated)."""
@@ -259,18 +270,24 @@ class UpstreamWatcher:
 
     ``connect(uri)`` opens an autocommit connection (default: :func:`upstream.postgres.conn.connect`
     with a 5 s timeout); ``clock`` gives ``checked_at``. ``gc_ttl`` is only carried for
-    :meth:`decide`.
+    :meth:`decide`. ``target_names(sink_uri)`` returns the sink's ``target_name`` function (default:
+    that of an unconnected sink from :func:`sinks.factory.open_sink`; asked only when a new table is
+    about to be added).
     """
 
     def __init__(self, interval: float = 10.0, gc_ttl: float = 86400.0, clock: Callable[[], float] = time.time,
-                 connect: Callable[[str], Any] = pg_conn.connect) -> None:
+                 connect: Callable[[str], Any] = pg_conn.connect,
+                 target_names: Callable[[str], Callable[[TableName], str]] | None = None) -> None:
         self.interval = interval
         self.gc_ttl = gc_ttl
         self._clock = clock
         self._connect = connect
+        self._target_names = target_names or sink_target_names
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}
         self._reports: dict[str, UpstreamReport] = {}
+        # per changefeed: the leaf partitions of its published partitioned tables at the last look
+        self._partitions: dict[str, partition_watch.Leaves] = {}
 
     # -- bookkeeping (thread-safe)
     def due(self, cf_id: str, now: float) -> bool:
@@ -293,6 +310,7 @@ class UpstreamWatcher:
         with self._lock:
             self._last.pop(cf_id, None)
             self._reports.pop(cf_id, None)
+            self._partitions.pop(cf_id, None)
 
     def retain(self, cf_ids: Iterable[str]) -> None:
         """Forget every changefeed not in ``cf_ids``."""
@@ -301,12 +319,14 @@ class UpstreamWatcher:
             for k in [k for k in self._last if k not in keep]:
                 self._last.pop(k, None)
                 self._reports.pop(k, None)
+                self._partitions.pop(k, None)
 
     def clear(self) -> None:
         """Forget everything (call when this capture stops being the owner)."""
         with self._lock:
             self._last.clear()
             self._reports.clear()
+            self._partitions.clear()
 
     def decide(self, info: ChangefeedInfo, now: float) -> Decision | None:
         """:func:`decide` over this watcher's latest report of ``info`` and its ``gc_ttl``."""
@@ -353,6 +373,8 @@ class UpstreamWatcher:
             log.warning("changefeed=%s: upstream inspection failed: %s", info.id, report.error)
         elif previous is not None and previous.error and not report.error:
             log.info("changefeed=%s: upstream inspection works again", info.id)
+        for w in report.pickup_warnings:
+            log.warning("changefeed=%s: %s: %s", info.id, w.code, w.message)
         for name in report.new_tables:
             log.info("changefeed=%s: new table %s added to its span's publication%s", info.id, name,
                      " (it already held rows: those are NOT replicated)" if name in report.unreplicated else "")
@@ -374,15 +396,43 @@ class UpstreamWatcher:
             new: list[str] = []
             unreplicated: list[str] = []
             ineligible: list[str] = []
+            warnings: list[DataWarning] = []
             if info.state.runs and info.spans:
-                new, unreplicated, ineligible = _pick_up_new_tables(conn, info, published)
+                warnings = self._partition_warnings(conn, info, published, started)
+                pickup = _pick_up_new_tables(conn, info, published, self._target_names, started)
+                new, unreplicated, ineligible = pickup.added, pickup.with_rows, pickup.ineligible
+                warnings += pickup.warnings
             return UpstreamReport(info.id, started, tuple(slots), tuple(new), tuple(ineligible),
-                                  unreplicated=tuple(unreplicated))
+                                  unreplicated=tuple(unreplicated), pickup_warnings=tuple(warnings))
         finally:
             try:
                 conn.close()
             except Exception:  # noqa: BLE001 - closing a broken connection
                 pass
+
+
+    def _partition_warnings(self, conn: Any, info: ChangefeedInfo, published: dict[int, list[TableName] | None],
+                            now: float) -> list[DataWarning]:
+        """Compare the leaf partitions of ``info``'s published partitioned tables with the last look
+        (:func:`owner.partition_watch.compare`); the first look is the baseline."""
+        pubs = [s.publication for s in info.spans if published.get(s.index) is not None]
+        current = partition_watch.group(catalog.published_partition_leaves(conn, pubs))
+        with self._lock:
+            before = self._partitions.get(info.id)
+            self._partitions[info.id] = current
+        if before is None:
+            return []
+        return partition_watch.compare(before, current, exists=lambda oid: catalog.relation_info(conn, oid) is not None,
+                                       has_rows=lambda oid: catalog.has_rows(conn, oid), now=now)
+
+
+def sink_target_names(sink_uri: str) -> Callable[[TableName], str]:
+    """``target_name`` of the sink for ``sink_uri`` (an unconnected sink: no I/O; closed again)."""
+    sink = open_sink(sink_uri)
+    try:
+        return sink.target_name
+    finally:
+        sink.close()
 
 
 def _slot_report(s: admin.SlotInfo | None, span: SpanInfo, publication_exists: bool) -> SlotReport:
@@ -400,48 +450,82 @@ def filter_rules(info: ChangefeedInfo) -> tuple[str, ...]:
     return tuple(rules) if rules else FilterConfig().rules
 
 
+@dataclass
+class _PickUp:
+    """What one pick-up pass did: tables added (and those of them that already held rows), messages for
+    matched tables that were not added, and the data warnings among those (target-name collisions)."""
+
+    added: list[str] = dataclasses.field(default_factory=list)
+    with_rows: list[str] = dataclasses.field(default_factory=list)
+    ineligible: list[str] = dataclasses.field(default_factory=list)
+    warnings: list[DataWarning] = dataclasses.field(default_factory=list)
+
+
+CODE_TARGET_CONFLICT = "CDC:WarnTargetNameConflict"
+
+
 def _pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, list[TableName] | None],
-                        ) -> tuple[list[str], list[str], list[str]]:
+                        target_names: Callable[[str], Callable[[TableName], str]], now: float) -> _PickUp:
     """Add matched tables that are in no publication of ``info`` to their span's publication.
 
-    Returns (added, added-with-rows, ineligible messages). Spans are indexed ``0..len(info.spans)-1``
-    (``span-count`` is fixed at creation), so ``span_of(table, len(info.spans))`` is the creation-time rule.
+    A table is added only if :func:`upstream.postgres.admin.check_tables` accepts it for that
+    publication (its replica identity works once published; its stored generated columns are published
+    too) and its target name in the sink is not already that of a published table or of one added
+    earlier in this pass (the same rule ``changefeed create`` applies). Spans are indexed
+    ``0..len(info.spans)-1`` (``span-count`` is fixed at creation), so ``span_of(table, len(info.spans))``
+    is the creation-time rule.
     """
     in_pubs: set[TableName] = set()
     for tables in published.values():
         in_pubs.update(tables or ())
     matched = TableFilter(filter_rules(info)).select(catalog.list_tables(conn))
     by_index = {s.index: s for s in info.spans}
-    added: list[str] = []
-    with_rows: list[str] = []
-    ineligible: list[str] = []
+    out = _PickUp()
+    targets: dict[str, TableName] | None = None
+    target_of: Callable[[TableName], str] = str
+    gencols: dict[str, bool | None] = {}
     for table in matched:
         if table in in_pubs:
             continue
         span = by_index.get(span_of(table, len(info.spans)))
         if span is None or published.get(span.index) is None:
             continue  # missing publication: reported on the slot report, decided as a lost span
+        if span.publication not in gencols:
+            gencols[span.publication] = admin.publication_publishes_generated(conn, span.publication)
         try:
-            admin.check_tables(conn, [table])
+            admin.check_tables(conn, [table], publish_generated=bool(gencols[span.publication]))
         except TableNotEligible as exc:
-            ineligible.append(exc.message.split(": ", 1)[-1])
+            out.ineligible.append(exc.message.split(": ", 1)[-1])
             continue
         except InvalidArgument:
             continue  # dropped since it was listed
+        if targets is None:
+            target_of = target_names(info.sink_uri)
+            targets = {target_of(t): t for t in sorted(in_pubs)}
+        target = target_of(table)
+        other = targets.get(target)
+        if other is not None:
+            msg = (f"{table} would land on {target!r} in the sink, where {other} already lands (the rows of two "
+                   f"tables would mix); it is not added: exclude one of them with the changefeed's filter")
+            out.ineligible.append(msg)
+            out.warnings.append(DataWarning(CODE_TARGET_CONFLICT, str(table), msg, WarningSeverity.DIVERGENCE,
+                                            first_time=now, last_time=now))
+            continue
         try:
             outcome = add_table_locked(conn, span.publication, table)
         except TidewaterError as exc:
             if exc.retryable:
                 log.info("changefeed=%s: adding %s to %s deferred: %s", info.id, table, span.publication, exc)
                 continue
-            ineligible.append(f"{table} cannot be added to publication {span.publication}: {exc.message}")
+            out.ineligible.append(f"{table} cannot be added to publication {span.publication}: {exc.message}")
             continue
         if outcome is None:
             continue
-        added.append(str(table))
+        targets[target] = table
+        out.added.append(str(table))
         if outcome:
-            with_rows.append(str(table))
-    return added, with_rows, ineligible
+            out.with_rows.append(str(table))
+    return out
 
 
 def add_table_locked(conn: Any, publication: str, table: TableName,

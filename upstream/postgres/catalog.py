@@ -40,6 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from psycopg2 import sql
+
 from cdc.errors import InvalidArgument
 from cdc.events import ColumnSchema, TableName, TableSchema
 from upstream.postgres.conn import pg_errors
@@ -275,3 +277,53 @@ def partitions(conn: Any, table: TableName | int) -> list[RelationInfo]:
         oids = [int(r[0]) for r in cur.fetchall()]
     out = [relation_info(conn, o) for o in oids]
     return [p for p in out if p is not None]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLeaf:
+    """One leaf partition of a published partitioned table, as the owner's look saw it.
+
+    ``storage`` is ``pg_class.relfilenode``: PostgreSQL gives a table new storage on TRUNCATE (and on
+    rewrites: VACUUM FULL, CLUSTER, some ALTER TABLE), so a change means "truncated or rewritten".
+    ``bound`` is the partition bound as SQL (``FOR VALUES FROM (0) TO (10)``), relative to its parent.
+    """
+
+    root: TableName
+    oid: int
+    name: TableName
+    storage: int
+    bound: str
+
+
+_PUBLISHED_LEAVES = """
+SELECT rn.nspname, root.relname, l.oid, ln.nspname, l.relname, l.relfilenode,
+       coalesce(pg_catalog.pg_get_expr(l.relpartbound, l.oid), '')
+FROM pg_catalog.pg_publication p
+JOIN pg_catalog.pg_publication_rel pr ON pr.prpubid = p.oid
+JOIN pg_catalog.pg_class root ON root.oid = pr.prrelid AND root.relkind = 'p'
+JOIN pg_catalog.pg_namespace rn ON rn.oid = root.relnamespace
+CROSS JOIN LATERAL pg_catalog.pg_partition_tree(root.oid) t
+JOIN pg_catalog.pg_class l ON l.oid = t.relid AND t.isleaf
+JOIN pg_catalog.pg_namespace ln ON ln.oid = l.relnamespace
+WHERE p.pubname = ANY(%s)
+ORDER BY 1, 2, 4, 5
+"""
+
+
+def published_partition_leaves(conn: Any, publications: list[str]) -> list[PartitionLeaf]:
+    """The leaf partitions of every partitioned table listed in ``publications`` (one query)."""
+    with pg_errors(conn, "listing the partitions of published tables"), conn.cursor() as cur:
+        cur.execute(_PUBLISHED_LEAVES, (list(publications),))
+        return [PartitionLeaf(TableName(rs, rt), int(oid), TableName(ls, lt), int(node), bound)
+                for rs, rt, oid, ls, lt, node, bound in cur.fetchall()]
+
+
+def has_rows(conn: Any, oid: int) -> bool:
+    """True when relation ``oid`` holds at least one row (False when it no longer exists)."""
+    info = relation_info(conn, oid)
+    if info is None:
+        return False
+    ident = sql.Identifier(info.name.schema, info.name.table)
+    with pg_errors(conn, f"reading {info.name}"), conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(ident))
+        return bool(cur.fetchone()[0])
