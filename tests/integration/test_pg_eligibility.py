@@ -154,3 +154,15 @@ def test_generated_columns_in_the_schema_and_publication(conn: Any) -> None:
     assert admin.publication_publishes_generated(conn, "tw_g") is False
     assert admin.create_publication(conn, "tw_g", [TableName("public", "g")]) is False
     assert admin.publication_publishes_generated(conn, "tw_g") is True
+
+
+def test_virtual_generated_column_is_refused(conn: Any) -> None:
+    # PostgreSQL 18: GENERATED ALWAYS AS without STORED is virtual, and virtual columns are never published
+    _exec(conn, "CREATE TABLE gv (id int PRIMARY KEY, a int, \"Tw ice\" int GENERATED ALWAYS AS (a * 2))")
+    assert _refusal(conn, "gv").endswith(
+        '"public"."gv" has VIRTUAL generated column(s) "Tw ice", which PostgreSQL never publishes: they would be '
+        'missing downstream; make them STORED (drop the column and add it again with GENERATED ALWAYS AS (...) '
+        'STORED), or exclude "public"."gv" with the filter')
+    _exec(conn, 'ALTER TABLE gv DROP COLUMN "Tw ice"', 'ALTER TABLE gv ADD COLUMN "Tw ice" int GENERATED ALWAYS AS '
+                '(a * 2) STORED')
+    assert admin.check_tables(conn, [TableName("public", "gv")])[0].column_names == ("id", "a", "Tw ice")

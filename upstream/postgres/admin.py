@@ -36,6 +36,7 @@ from upstream.postgres.catalog import generated_columns, partitions, relation_in
 from upstream.postgres.conn import describe_conn, pg_errors
 
 MIN_SERVER_VERSION = 140000
+GENERATED_COLUMNS_VERSION = 180000  # publish_generated_columns exists from PostgreSQL 18 on
 PLUGIN = "pgoutput"
 SLOT_NAME_RE = re.compile(r"[a-z0-9_]{1,63}")
 _MAX_IDENTIFIER_BYTES = 63
@@ -195,22 +196,29 @@ def _identity_problem(conn: Any, schema: TableSchema, what: str) -> str | None:
 
 
 def _generated_problem(conn: Any, oid: int, t: str, publish_generated: bool) -> str | None:
-    """Why ``t``'s stored generated columns cannot be replicated (None when they can, or it has none).
+    """Why ``t``'s generated columns cannot be replicated (None when they can, or it has none).
 
-    PostgreSQL 18 sends stored generated columns as plain columns when the publication has
-    ``publish_generated_columns = stored`` (Tidewater's do); older servers cannot publish them at all, so
-    they would be silently absent downstream: refused. Virtual generated columns are never published and
-    are left out (they cannot be indexed, so never part of a key).
+    PostgreSQL 18 sends *stored* generated columns as plain columns when the publication has
+    ``publish_generated_columns = stored`` (Tidewater's do); older servers cannot publish them at all.
+    *Virtual* generated columns (PostgreSQL 18's default for ``GENERATED ALWAYS AS``) are never
+    published. Either way they would be silently absent downstream: refused, naming the columns.
     """
-    if publish_generated:
-        return None
-    stored = [name for name, kind in generated_columns(conn, oid).items() if kind == "s"]
-    if not stored:
+    gen = generated_columns(conn, oid)
+    virtual = [c for c, kind in gen.items() if kind == "v"]
+    stored = [c for c, kind in gen.items() if kind == "s"]
+    if virtual:
+        cols = ", ".join(_ident(conn, c) for c in virtual)
+        return (
+            f"{t} has VIRTUAL generated column(s) {cols}, which PostgreSQL never publishes: they would be missing "
+            f"downstream; make them STORED (drop the column and add it again with GENERATED ALWAYS AS (...) STORED), "
+            f"or exclude {t} with the filter"
+        )
+    if publish_generated or not stored:
         return None
     cols = ", ".join(_ident(conn, c) for c in stored)
     where = (
         "this PostgreSQL is older than 18 and cannot publish generated columns"
-        if conn.server_version < 180000
+        if conn.server_version < GENERATED_COLUMNS_VERSION
         else "its publication was created without publish_generated_columns = stored"
     )
     return (
@@ -229,7 +237,8 @@ def check_tables(conn: Any, tables: list[TableName], *, publish_generated: bool 
     table without one would make UPDATE and DELETE on it *fail upstream*, so this runs before any
     publication is touched. Stored generated columns need a publication that publishes them
     (``publish_generated``: default true on PostgreSQL 18+, where :func:`create_publication` does);
-    otherwise a table that has any is refused (they would be silently absent downstream).
+    otherwise a table that has any is refused, and so is a table with a virtual generated column (never
+    published): they would be silently absent downstream.
 
     Raises :class:`cdc.errors.InvalidArgument` naming every missing table, then
     :class:`cdc.errors.TableNotEligible` naming every ineligible table with its fixes.
@@ -275,7 +284,7 @@ def check_tables(conn: Any, tables: list[TableName], *, publish_generated: bool 
 
 
 # ---- publications ------------------------------------------------------------------------------------
-GENERATED_COLUMNS_VERSION = 180000  # publish_generated_columns exists from PostgreSQL 18 on
+
 
 
 def publishes_generated(conn: Any) -> bool:
