@@ -15,7 +15,10 @@ published partitioned table (:class:`upstream.postgres.catalog.PartitionLeaf`: o
 :func:`compare` turns the difference between two looks into :class:`cdc.model.DataWarning` s naming the
 root, the partition, its bound and what to do. A TRUNCATE is recognised by the partition's new storage
 (``relfilenode``), which VACUUM FULL, CLUSTER and table-rewriting ALTER TABLEs change too: those are
-reported as well (worded as "truncated or rewritten"), because the look cannot tell them apart.
+reported as well (worded as "truncated or rewritten"), because the look cannot tell them apart. When
+*every* partition of a root got new storage at once, that is nearly always a TRUNCATE of the root, which
+the stream does carry: that is only a notice (``CDC:NoticePartitionsRenewed``), since truncating each
+partition on its own between two looks would look the same.
 
 Limits: the first look of a changefeed after an owner starts is the baseline (changes made before it, or
 while no owner was looking, are not seen); a partition that is created *and* filled between two looks
@@ -34,6 +37,7 @@ CODE_DETACHED = "CDC:WarnPartitionDetached"
 CODE_DROPPED = "CDC:WarnPartitionDropped"
 CODE_ATTACHED = "CDC:WarnPartitionAttachedRows"
 CODE_TRUNCATED = "CDC:WarnPartitionTruncated"
+CODE_ALL_RENEWED = "CDC:NoticePartitionsRenewed"
 
 Leaves = dict[TableName, dict[int, PartitionLeaf]]
 """Per published partitioned root: its leaves by oid."""
@@ -79,10 +83,19 @@ def compare(before: Leaves, after: Leaves, *, exists: Callable[[int], bool], has
                 f"copy them to the downstream table of {root} by hand, or recreate the changefeed (if it was "
                 f"created as a partition and written afterwards, its rows were streamed and nothing is missing)",
                 WarningSeverity.DIVERGENCE, first_time=now, last_time=now))
-        for oid in sorted(set(new) & set(old)):
-            leaf, prev = new[oid], old[oid]
-            if leaf.storage == prev.storage:
-                continue
+        renewed = sorted(oid for oid in set(new) & set(old) if new[oid].storage != old[oid].storage)
+        if len(renewed) > 1 and len(renewed) == len(set(new) & set(old)):
+            # every partition at once: nearly always a TRUNCATE of the root, which *is* streamed
+            names = ", ".join(str(new[oid].name) for oid in renewed)
+            out.append(DataWarning(
+                CODE_ALL_RENEWED, str(root),
+                f"every partition of {root} ({names}) got new storage at once: a TRUNCATE of {root} (streamed and "
+                f"applied, nothing to do) or a rewrite of the whole table; only if each partition was truncated on "
+                f"its own (TRUNCATE of the partitions, not of {root}) are their old rows still downstream",
+                WarningSeverity.NOTICE, first_time=now, last_time=now))
+            continue
+        for oid in renewed:
+            leaf = new[oid]
             state = "now holds rows" if has_rows(oid) else "is now empty"
             out.append(DataWarning(
                 CODE_TRUNCATED, str(root),

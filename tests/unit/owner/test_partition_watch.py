@@ -25,7 +25,8 @@ def run(before: list[PartitionLeaf], after: list[PartitionLeaf], *, existing: se
         return oid in with_rows
 
     out = compare(group(before), group(after), exists=lambda oid: oid in existing, has_rows=has_rows, now=5.0)
-    assert all(w.severity is WarningSeverity.DIVERGENCE and w.first_time == 5.0 for w in out)
+    assert all(w.first_time == 5.0 for w in out)
+    assert all((w.severity is WarningSeverity.NOTICE) == (w.code == "CDC:NoticePartitionsRenewed") for w in out)
     run.asked = asked  # type: ignore[attr-defined]
     return [(w.code, w.table, w.message) for w in out]
 
@@ -65,3 +66,12 @@ def test_new_storage_is_a_truncate_or_a_rewrite() -> None:
 def test_roots_published_in_only_one_look_are_not_compared() -> None:
     assert run([leaf(1)], [leaf(1), leaf(7, root=OTHER)], with_rows={7}) == []
     assert run([leaf(1), leaf(7, root=OTHER)], [leaf(1)]) == []
+
+
+def test_every_partition_renewed_at_once_is_a_root_truncate_notice() -> None:
+    got = run([leaf(1), leaf(2)], [leaf(1, storage=91), leaf(2, storage=92)])
+    assert [(c, t) for c, t, _ in got] == [("CDC:NoticePartitionsRenewed", "public.m")]
+    assert got[0][2].startswith("every partition of public.m (public.m_1, public.m_2) got new storage at once: a "
+                                "TRUNCATE of public.m (streamed and applied, nothing to do)")
+    # a single-partition root: its one partition renewed is still reported as a possible partition truncate
+    assert [c for c, _, _ in run([leaf(1)], [leaf(1, storage=91)])] == ["CDC:WarnPartitionTruncated"]
