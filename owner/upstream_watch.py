@@ -500,7 +500,12 @@ def _pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, li
         except InvalidArgument:
             continue  # dropped since it was listed
         if targets is None:
-            target_of = target_names(info.sink_uri)
+            try:
+                target_of = target_names(info.sink_uri)
+            except TidewaterError as exc:  # not added while its target name cannot be checked
+                out.ineligible.append(f"{table} is not added: its target name in the sink cannot be checked "
+                                      f"({exc.message})")
+                continue
             targets = {target_of(t): t for t in sorted(in_pubs)}
         target = target_of(table)
         other = targets.get(target)

@@ -380,3 +380,17 @@ def test_partition_changes_are_reported_between_looks(info: ChangefeedInfo, conn
         messages = [pgoutput.decode(bytes(row[0]), False) for row in cur.fetchall()]
     assert any(isinstance(m, pgoutput.Change) for m in messages)  # the row written after the add
     assert not any(isinstance(m, pgoutput.Truncate) for m in messages)
+
+
+def test_table_is_not_added_while_target_names_cannot_be_checked(info: ChangefeedInfo, conn: Any) -> None:
+    from cdc.errors import InvalidURI
+
+    def broken(_uri: str) -> Any:
+        raise InvalidURI("sink URI scheme 'nope' is not supported")
+
+    _exec(conn, "CREATE TABLE unchecked (id int PRIMARY KEY)")
+    report = UpstreamWatcher(target_names=broken).inspect(info)
+    assert report.error == "" and report.new_tables == () and all(s.exists for s in report.slots)
+    assert report.ineligible == ("public.unchecked is not added: its target name in the sink cannot be checked "
+                                 "(sink URI scheme 'nope' is not supported)",)
+    assert TableName("public", "unchecked") not in _published(conn, info)
