@@ -17,7 +17,7 @@ import pytest
 from cdc.errors import TableNotEligible
 from cdc.events import TableName
 from playground.servers import PostgresServer
-from upstream.postgres import admin, catalog
+from upstream.postgres import admin, catalog, pgoutput
 from upstream.postgres.conn import connect
 
 pytestmark = pytest.mark.integration
@@ -166,3 +166,29 @@ def test_virtual_generated_column_is_refused(conn: Any) -> None:
     _exec(conn, 'ALTER TABLE gv DROP COLUMN "Tw ice"', 'ALTER TABLE gv ADD COLUMN "Tw ice" int GENERATED ALWAYS AS '
                 '(a * 2) STORED')
     assert admin.check_tables(conn, [TableName("public", "gv")])[0].column_names == ("id", "a", "Tw ice")
+
+
+def test_catalog_schema_matches_the_relation_message(conn: Any) -> None:
+    """The schema the puller enriches Relation messages with lists exactly the columns pgoutput sends."""
+    _exec(conn, "SET synchronous_commit = on",  # the test server runs with it off; decoding reads flushed WAL
+          "CREATE TABLE gr (id int PRIMARY KEY, a int, s1 int GENERATED ALWAYS AS (a * 2) STORED, dropped int, "
+          "v int GENERATED ALWAYS AS (a * 3) VIRTUAL, b text, s2 text GENERATED ALWAYS AS ('x' || a) STORED)",
+          "ALTER TABLE gr DROP COLUMN dropped")
+    table = TableName("public", "gr")
+    assert admin.create_publication(conn, "tw_gr", [table])
+    slot = "tw_gr_slot"
+    admin.create_slot(conn, slot)
+    try:
+        _exec(conn, "INSERT INTO gr (id, a, b) VALUES (1, 5, 'b')")
+        with conn.cursor() as cur:
+            cur.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
+                        "'publication_names', 'tw_gr')", (slot,))
+            messages = [pgoutput.decode(bytes(r[0]), False) for r in cur.fetchall()]
+    finally:
+        admin.drop_slot(conn, slot)
+    (rel,) = [m for m in messages if isinstance(m, pgoutput.Relation)]
+    schema = catalog.table_schema(conn, table)
+    assert [c.name for c in rel.columns] == list(schema.column_names) == ["id", "a", "s1", "b", "s2"]
+    assert [c.type_oid for c in rel.columns] == [c.type_oid for c in schema.columns]
+    (change,) = [pgoutput.parse_change(m.raw) for m in messages if isinstance(m, pgoutput.Change)]
+    assert change.new == ["1", "5", "10", "b", "x5"]
