@@ -38,6 +38,7 @@ CODE_DROPPED = "CDC:WarnPartitionDropped"
 CODE_ATTACHED = "CDC:WarnPartitionAttachedRows"
 CODE_TRUNCATED = "CDC:WarnPartitionTruncated"
 CODE_ALL_RENEWED = "CDC:NoticePartitionsRenewed"
+CODE_NO_IDENTITY = "CDC:WarnPartitionNoIdentity"  # raised by the watcher, which can ask the catalog
 
 Leaves = dict[TableName, dict[int, PartitionLeaf]]
 """Per published partitioned root: its leaves by oid."""

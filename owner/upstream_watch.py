@@ -420,10 +420,34 @@ class UpstreamWatcher:
         with self._lock:
             before = self._partitions.get(info.id)
             self._partitions[info.id] = current
+        out = _unusable_new_partitions(conn, before or {}, current, now)
         if before is None:
-            return []
-        return partition_watch.compare(before, current, exists=lambda oid: catalog.relation_info(conn, oid) is not None,
-                                       has_rows=lambda oid: catalog.has_rows(conn, oid), now=now)
+            return out
+        return out + partition_watch.compare(
+            before, current, exists=lambda oid: catalog.relation_info(conn, oid) is not None,
+            has_rows=lambda oid: catalog.has_rows(conn, oid), now=now)
+
+
+def _unusable_new_partitions(conn: Any, before: partition_watch.Leaves, current: partition_watch.Leaves,
+                             now: float) -> list[DataWarning]:
+    """A partition added to a published root (created or attached; at the first look: every partition)
+    is published with it; without a usable replica identity of its own its UPDATEs and DELETEs now fail
+    upstream (measured on 18.6). Tidewater cannot undo the user's DDL, so it names the fix loudly."""
+    out: list[DataWarning] = []
+    for root, leaves in current.items():
+        for oid in sorted(set(leaves) - set(before.get(root, {}))):
+            leaf = leaves[oid]
+            try:
+                admin.check_tables(conn, [leaf.name], publish_generated=True)
+            except TableNotEligible as exc:
+                out.append(DataWarning(
+                    partition_watch.CODE_NO_IDENTITY, str(root),
+                    f"partition {leaf.name} of {root} has no usable replica identity, and as part of the published "
+                    f"{root} its UPDATEs and DELETEs fail upstream: {exc.message.split(': ', 1)[-1]}",
+                    WarningSeverity.DIVERGENCE, first_time=now, last_time=now))
+            except InvalidArgument:
+                continue  # gone since it was listed
+    return out
 
 
 def sink_target_names(sink_uri: str) -> Callable[[TableName], str]:
