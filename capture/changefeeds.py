@@ -43,7 +43,7 @@ from cdc.serde import to_dict
 from cdc.spans import resource_name, span_of
 from cdc.ts import lsn_to_str
 from cdc.uri import ParsedURI, parse_sink_uri, parse_upstream_uri
-from owner.upstream_watch import can_resume
+from owner.upstream_watch import can_resume, collision_key
 from sinks.factory import open_sink
 from upstream.postgres import admin, catalog
 from upstream.postgres.conn import connect
@@ -457,11 +457,15 @@ def _eligible_tables(conn: Any, sink: Any, table_filter: TableFilter, upstream_u
     targets: dict[str, TableName] = {}
     for t in tables:
         target = sink.target_name(t)
-        if target in targets:
+        key = collision_key(sink_shown, target)
+        if key in targets:
+            other = targets[key]
+            shown = repr(target) if sink.target_name(other) == target else \
+                f"{sink.target_name(other)!r} and {target!r} (one table there: names differ only in case)"
             raise TargetNameConflict(
-                f"tables {targets[target]} and {t} would both land on {target!r} in the sink "
+                f"tables {other} and {t} would both land on {shown} in the sink "
                 f"{sink_shown}: exclude one of them with the filter")
-        targets[target] = t
+        targets[key] = t
     return tables
 
 

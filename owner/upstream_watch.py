@@ -450,6 +450,24 @@ def _unusable_new_partitions(conn: Any, before: partition_watch.Leaves, current:
     return out
 
 
+_ASCII_UPPER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def collision_key(sink_uri: str, target: str) -> str:
+    """What two target names must differ in to be different tables in the sink of ``sink_uri``.
+
+    SQLite folds ASCII letters in table names (``"T"`` and ``"t"`` are one table; measured), MySQL and
+    MariaDB may (``lower_case_table_names``) and the SQL sink matches existing tables case-insensitively
+    there: those compare case-folded. PostgreSQL and other sinks compare exactly.
+    """
+    scheme = sink_uri.split(":", 1)[0].lower()
+    if scheme == "sqlite":
+        return target.translate(_ASCII_UPPER)
+    if scheme in ("mysql", "mariadb"):
+        return target.casefold()
+    return target
+
+
 def sink_target_names(sink_uri: str) -> Callable[[TableName], str]:
     """``target_name`` of the sink for ``sink_uri`` (an unconnected sink: no I/O; closed again)."""
     sink = open_sink(sink_uri)
@@ -530,12 +548,13 @@ def _pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, li
                 out.ineligible.append(f"{table} is not added: its target name in the sink cannot be checked "
                                       f"({exc.message})")
                 continue
-            targets = {target_of(t): t for t in sorted(in_pubs)}
+            targets = {collision_key(info.sink_uri, target_of(t)): t for t in sorted(in_pubs)}
         target = target_of(table)
-        other = targets.get(target)
+        other = targets.get(collision_key(info.sink_uri, target))
         if other is not None:
-            msg = (f"{table} would land on {target!r} in the sink, where {other} already lands (the rows of two "
-                   f"tables would mix); it is not added: exclude one of them with the changefeed's filter")
+            msg = (f"{table} would land on {target!r} in the sink, where {other} already lands as "
+                   f"{target_of(other)!r} (the rows of two tables would mix); it is not added: exclude one of them "
+                   f"with the changefeed's filter")
             out.ineligible.append(msg)
             out.warnings.append(DataWarning(CODE_TARGET_CONFLICT, str(table), msg, WarningSeverity.DIVERGENCE,
                                             first_time=now, last_time=now))
@@ -550,7 +569,7 @@ def _pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, li
             continue
         if outcome is None:
             continue
-        targets[target] = table
+        targets[collision_key(info.sink_uri, target)] = table
         out.added.append(str(table))
         if outcome:
             out.with_rows.append(str(table))

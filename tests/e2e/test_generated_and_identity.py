@@ -99,3 +99,23 @@ def test_create_refuses_tables_that_would_break_the_application(
     # nothing was created upstream, and the application's writes still work
     assert pg_server.execute("SELECT count(*) FROM pg_publication", db=pg_database)[0][0] == 0
     _exec(source, "INSERT INTO bad_dpk VALUES (1, 1, 'x')", "UPDATE bad_dpk SET v = 'y'", "DELETE FROM bad_dpk")
+
+
+def test_create_refuses_target_names_differing_only_in_case_on_sqlite(
+    cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Any
+) -> None:
+    _exec(source, 'CREATE TABLE public."Mixed" (id int PRIMARY KEY)', "CREATE SCHEMA other",
+          "CREATE TABLE other.mixed (id int PRIMARY KEY)")
+    sink = f"sqlite:///{tmp_path / 'target.db'}"
+    config = "[filter]\nrules = ['public.Mixed', 'other.*']\n"
+    with pytest.raises(ApiError) as ei:
+        cdc_server.create_changefeed("case", pg_server.uri(pg_database), sink, config=config)
+    assert ei.value.body["error_code"] == "CDC:ErrTargetTableConflict"
+    assert ei.value.body["error_msg"] == (
+        f"tables other.mixed and public.Mixed would both land on 'mixed' and 'Mixed' (one table there: names differ "
+        f"only in case) in the sink {sink}: exclude one of them with the filter")
+    # PostgreSQL keeps schema and case: no conflict
+    target = f"target_case_{pg_database[-8:]}"
+    pg_server.create_database(target)
+    assert cdc_server.create_changefeed("case", pg_server.uri(pg_database), pg_server.uri(target),
+                                        config=config)["state"] == "normal"

@@ -296,10 +296,10 @@ def test_table_with_a_taken_target_name_is_not_picked_up(info: ChangefeedInfo, c
     # other.solo and the first of the twins (other.twin sorts before public.twin) are added
     assert sorted(report.new_tables) == ["other.solo", "other.twin"]
     msg_base = (f"other.{base.table} would land on {base.table!r} in the sink, where public.{base.table} already "
-                "lands (the rows of two tables would mix); it is not added: exclude one of them with the "
-                "changefeed's filter")
-    msg_twin = ("public.twin would land on 'twin' in the sink, where other.twin already lands (the rows of two "
-                "tables would mix); it is not added: exclude one of them with the changefeed's filter")
+                f"lands as {base.table!r} (the rows of two tables would mix); it is not added: exclude one of them "
+                "with the changefeed's filter")
+    msg_twin = ("public.twin would land on 'twin' in the sink, where other.twin already lands as 'twin' (the rows "
+                "of two tables would mix); it is not added: exclude one of them with the changefeed's filter")
     assert report.ineligible == (msg_base, msg_twin)
     assert [(w.code, w.table, w.message) for w in report.pickup_warnings] == [
         ("CDC:WarnTargetNameConflict", f"other.{base.table}", msg_base),
@@ -420,3 +420,19 @@ def test_new_partition_without_identity_is_warned_with_the_fix(info: ChangefeedI
         f'fix with ALTER TABLE "public"."{r}_2" ADD PRIMARY KEY (<key columns>) or ALTER TABLE "public"."{r}_2" '
         "REPLICA IDENTITY FULL")
     _exec(conn, f"ALTER TABLE {r}_2 REPLICA IDENTITY FULL", f"UPDATE {r} SET a = 2")  # the fix works
+
+
+def test_target_names_differing_only_in_case_collide_in_sqlite(info: ChangefeedInfo, conn: Any, tmp_path: Any) -> None:
+    cf = _sqlite_info(info, tmp_path)
+    _exec(conn, 'CREATE TABLE other."Mixed" (id int PRIMARY KEY)', "CREATE TABLE public.mixed (id int PRIMARY KEY)",
+          'CREATE TABLE other."Ä" (id int PRIMARY KEY)', 'CREATE TABLE public."ä" (id int PRIMARY KEY)',
+          "DROP TABLE other.ignored")
+    report = UpstreamWatcher().inspect(cf)
+    # SQLite folds ASCII letters only (measured): "Mixed"/"mixed" are one table there, "Ä"/"ä" are two
+    assert sorted(report.new_tables) == ["other.Mixed", "other.Ä", "public.ä"]
+    assert report.ineligible == (
+        "public.mixed would land on 'mixed' in the sink, where other.Mixed already lands as 'Mixed' (the rows of "
+        "two tables would mix); it is not added: exclude one of them with the changefeed's filter",)
+    # into PostgreSQL (schema kept, exact names) nothing collides
+    pg = dataclasses.replace(cf, sink_uri="postgresql://u@127.0.0.1:1/x")
+    assert UpstreamWatcher().inspect(pg).new_tables == ("public.mixed",)
