@@ -398,10 +398,13 @@ class UpstreamWatcher:
             ineligible: list[str] = []
             warnings: list[DataWarning] = []
             if info.state.runs and info.spans:
-                warnings = self._partition_warnings(conn, info, published, started)
+                leaves, warnings = self._partition_warnings(conn, info, published, started)
                 pickup = _pick_up_new_tables(conn, info, published, self._target_names, started)
                 new, unreplicated, ineligible = pickup.added, pickup.with_rows, pickup.ineligible
                 warnings += pickup.warnings
+                with self._lock:  # the new baseline only once its warnings are in a report (and not forgotten)
+                    if info.id in self._last:
+                        self._partitions[info.id] = leaves
             return UpstreamReport(info.id, started, tuple(slots), tuple(new), tuple(ineligible),
                                   unreplicated=tuple(unreplicated), pickup_warnings=tuple(warnings))
         finally:
@@ -410,22 +413,21 @@ class UpstreamWatcher:
             except Exception:  # noqa: BLE001 - closing a broken connection
                 pass
 
-
     def _partition_warnings(self, conn: Any, info: ChangefeedInfo, published: dict[int, list[TableName] | None],
-                            now: float) -> list[DataWarning]:
-        """Compare the leaf partitions of ``info``'s published partitioned tables with the last look
-        (:func:`owner.partition_watch.compare`); the first look is the baseline."""
+                            now: float) -> tuple[partition_watch.Leaves, list[DataWarning]]:
+        """The leaf partitions of ``info``'s published partitioned tables now, and the warnings from comparing
+        them with the last look (:func:`owner.partition_watch.compare`; the first look is the baseline) and
+        from checking new partitions' replica identity. The caller stores the leaves as the next baseline."""
         pubs = [s.publication for s in info.spans if published.get(s.index) is not None]
         current = partition_watch.group(catalog.published_partition_leaves(conn, pubs))
         with self._lock:
             before = self._partitions.get(info.id)
-            self._partitions[info.id] = current
         out = _unusable_new_partitions(conn, before or {}, current, now)
-        if before is None:
-            return out
-        return out + partition_watch.compare(
-            before, current, exists=lambda oid: catalog.relation_info(conn, oid) is not None,
-            has_rows=lambda oid: catalog.has_rows(conn, oid), now=now)
+        if before is not None:
+            out += partition_watch.compare(
+                before, current, exists=lambda oid: catalog.relation_info(conn, oid) is not None,
+                has_rows=lambda oid: catalog.has_rows(conn, oid), now=now)
+        return current, out
 
 
 def _unusable_new_partitions(conn: Any, before: partition_watch.Leaves, current: partition_watch.Leaves,
