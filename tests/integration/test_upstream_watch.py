@@ -436,3 +436,26 @@ def test_target_names_differing_only_in_case_collide_in_sqlite(info: ChangefeedI
     # into PostgreSQL (schema kept, exact names) nothing collides
     pg = dataclasses.replace(cf, sink_uri="postgresql://u@127.0.0.1:1/x")
     assert UpstreamWatcher().inspect(pg).new_tables == ("public.mixed",)
+
+
+def test_a_failed_look_does_not_swallow_a_partition_change(info: ChangefeedInfo, conn: Any) -> None:
+    root = _table_in_span("pfail", 0)
+    r = root.table
+    _exec(conn, f"CREATE TABLE {r} (id int, k int, PRIMARY KEY (id, k)) PARTITION BY RANGE (k)",
+          f"CREATE TABLE {r}_1 PARTITION OF {r} FOR VALUES FROM (0) TO (10)",
+          f"CREATE TABLE {r}_2 PARTITION OF {r} FOR VALUES FROM (10) TO (20)")
+    broken = threading.Event()
+
+    def names(uri: str) -> Any:
+        if broken.is_set():
+            raise RuntimeError("watcher bug")
+        return str
+
+    w = UpstreamWatcher(target_names=names)
+    assert w.inspect(info).new_tables == (str(root),)
+    assert w.inspect(info).pickup_warnings == ()  # baseline
+    _exec(conn, f"ALTER TABLE {r} DETACH PARTITION {r}_2", "CREATE TABLE later_one (id int PRIMARY KEY)")
+    broken.set()
+    assert "watcher bug" in w.inspect(info).error  # the look that saw the detach failed
+    broken.clear()
+    assert [x.code for x in w.inspect(info).pickup_warnings] == ["CDC:WarnPartitionDetached"]
