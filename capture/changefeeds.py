@@ -43,7 +43,8 @@ from cdc.serde import to_dict
 from cdc.spans import resource_name, span_of
 from cdc.ts import lsn_to_str
 from cdc.uri import ParsedURI, parse_sink_uri, parse_upstream_uri
-from owner.upstream_watch import can_resume, collision_key
+from owner.table_pickup import collision_key
+from owner.upstream_watch import can_resume
 from sinks.factory import open_sink
 from upstream.postgres import admin, catalog
 from upstream.postgres.conn import connect
@@ -64,6 +65,7 @@ class ProcessorNotFound(TidewaterError):
 class CaptureStateConflict(TidewaterError):
     code = "CDC:ErrCaptureStateConflict"
     http_status = 409
+
 
 ID_RE = re.compile(r"^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$")
 

@@ -286,7 +286,6 @@ def check_tables(conn: Any, tables: list[TableName], *, publish_generated: bool 
 # ---- publications ------------------------------------------------------------------------------------
 
 
-
 def publishes_generated(conn: Any) -> bool:
     """True when publications created by :func:`create_publication` on this server publish stored
     generated columns (PostgreSQL 18+)."""

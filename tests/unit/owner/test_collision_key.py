@@ -1,10 +1,10 @@
-"""owner.upstream_watch.collision_key: when two target names are one table in the sink."""
+"""owner.table_pickup.collision_key: when two target names are one table in the sink."""
 
 from __future__ import annotations
 
 import pytest
 
-from owner.upstream_watch import collision_key
+from owner.table_pickup import collision_key
 
 
 @pytest.mark.parametrize(("uri", "a", "b", "same"), [
