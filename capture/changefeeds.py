@@ -3,8 +3,12 @@ pause, resume, update, remove; capture list and drain; processor list and query.
 
 Creation validates, in order, before anything is created: the id, both URIs, the config, that the id is
 free, that the sink is reachable and usable, that the upstream is reachable with ``wal_level=logical``,
-that the filter matches tables, that every matched table has a key (or REPLICA IDENTITY FULL) and that
-no two tables land on the same target name, and that no slot of that name exists yet. Only then are the
+that the filter matches tables, that every matched table has a replica identity PostgreSQL can use once it
+is published (a non-deferrable primary key, an identity index or REPLICA IDENTITY FULL: otherwise the
+application's UPDATEs and DELETEs would fail upstream) and columns that can all be published (no virtual
+generated columns; stored ones only on PostgreSQL 18+), that no two tables land on the same target name,
+and that no slot of that name exists yet (``admin.check_tables``; the owner's pick-up of later tables
+applies the same checks, see ``owner.upstream_watch``). Only then are the
 publications and slots created (one per span) and the changefeed stored; if anything fails, what this
 create made (and only that: never a slot or publication that already existed) is dropped again.
 
@@ -39,6 +43,7 @@ from cdc.serde import to_dict
 from cdc.spans import resource_name, span_of
 from cdc.ts import lsn_to_str
 from cdc.uri import ParsedURI, parse_sink_uri, parse_upstream_uri
+from owner.table_pickup import collision_key
 from owner.upstream_watch import can_resume
 from sinks.factory import open_sink
 from upstream.postgres import admin, catalog
@@ -60,6 +65,7 @@ class ProcessorNotFound(TidewaterError):
 class CaptureStateConflict(TidewaterError):
     code = "CDC:ErrCaptureStateConflict"
     http_status = 409
+
 
 ID_RE = re.compile(r"^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$")
 
@@ -441,7 +447,8 @@ class ChangefeedService:
 def _eligible_tables(conn: Any, sink: Any, table_filter: TableFilter, upstream_uri: str,
                      sink_shown: str) -> list[TableName]:
     """The upstream tables the filter selects, after checking the upstream (``wal_level``...), that the
-    filter matches something, that every table has a key, and that no two land on one target name."""
+    filter matches something, that every table can be published without breaking its writes or leaving
+    columns out (:func:`upstream.postgres.admin.check_tables`), and that no two land on one target name."""
     admin.check_upstream(conn)
     tables = table_filter.select(catalog.list_tables(conn))
     if not tables:
@@ -452,11 +459,15 @@ def _eligible_tables(conn: Any, sink: Any, table_filter: TableFilter, upstream_u
     targets: dict[str, TableName] = {}
     for t in tables:
         target = sink.target_name(t)
-        if target in targets:
+        key = collision_key(sink_shown, target)
+        if key in targets:
+            other = targets[key]
+            shown = repr(target) if sink.target_name(other) == target else \
+                f"{sink.target_name(other)!r} and {target!r} (one table there: names differ only in case)"
             raise TargetNameConflict(
-                f"tables {targets[target]} and {t} would both land on {target!r} in the sink "
+                f"tables {other} and {t} would both land on {shown} in the sink "
                 f"{sink_shown}: exclude one of them with the filter")
-        targets[target] = t
+        targets[key] = t
     return tables
 
 

@@ -8,8 +8,13 @@ visible and bounded, and how it notices what happened to a changefeed's upstream
   connection per inspection): for each span the slot (exists, active, lost, retained WAL bytes,
   confirmed flush LSN) and whether its publication exists. For a running changefeed it also picks up
   tables created after the changefeed that match its filter: each eligible one is added to the
-  publication of the span it hashes to (:func:`cdc.spans.span_of`), ineligible ones (no key, ...)
-  are reported, never added (publishing them would make UPDATE/DELETE fail upstream).
+  publication of the span it hashes to (:func:`cdc.spans.span_of`), ineligible ones (no key, a
+  DEFERRABLE key, ...) are reported, never added (publishing them would make UPDATE/DELETE fail
+  upstream), and so is one whose target name in the sink is already taken by another table (it would
+  mix two tables' rows). It also compares the leaf partitions of each published partitioned table with
+  the previous look (:mod:`owner.partition_watch`): a detached, dropped, attached-with-rows or truncated
+  partition leaves the downstream different and the stream carries nothing for it.
+  The pick-up itself is :mod:`owner.table_pickup`.
 - :func:`decide` turns the latest report into at most one :data:`Decision` (pure, no I/O): fail a
   running changefeed whose slot vanished or was invalidated, or release the slots of a changefeed
   stopped or failed for longer than ``gc-ttl``.
@@ -44,28 +49,31 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import psycopg2.errors
-from psycopg2 import sql
-
-from cdc.config import FilterConfig
-from cdc.errors import GCTTLExceeded, InvalidArgument, SlotLost, TableNotEligible, TidewaterError
+from cdc.errors import GCTTLExceeded, SlotLost, TidewaterError
 from cdc.events import TableName
-from cdc.filter import TableFilter
-from cdc.model import ChangefeedInfo, DataWarning, FeedState, RunningError, SpanInfo, WarningSeverity
-from cdc.spans import span_of
+from cdc.model import ChangefeedInfo, DataWarning, FeedState, RunningError, SpanInfo
+from owner import partition_watch
+from owner.table_pickup import (  # noqa: F401 - filter_rules, add_table_locked, collision_key: re-exported
+    COUNT_CAP,
+    LOCK_TIMEOUT_MS,
+    WARN_TABLE_INELIGIBLE,
+    WARN_UNREPLICATED_ROWS,
+    add_table_locked,
+    collision_key,
+    filter_rules,
+    ineligible_table_warning,
+    pick_up_new_tables,
+    sink_target_names,
+    unreplicated_rows_warning,
+    unusable_new_partitions,
+)
 from upstream.postgres import admin, catalog
 from upstream.postgres import conn as pg_conn
 from upstream.postgres.conn import pg_errors
 
 log = logging.getLogger(__name__)
 
-LOCK_TIMEOUT_MS = 1000  # how long adding a new table may hold back its writers
 STATEMENT_TIMEOUT_MS = 15000  # bound on any one catalog query of an inspection
-COUNT_CAP = 100_000  # rows of a picked-up table counted under its lock (more: "at least")
-
-# DataWarning codes raised by the upstream watch
-WARN_UNREPLICATED_ROWS = "CDC:WarnUnreplicatedRows"
-WARN_TABLE_INELIGIBLE = "CDC:WarnTableIneligible"
 
 
 # ---- reports ------------------------------------------------------------------------------------------
@@ -99,12 +107,15 @@ class UpstreamReport:
     ``slots`` is empty and the report says nothing about the upstream. ``new_tables`` are the
     ``schema.table`` names this inspection added to a publication; ``unreplicated`` those of them that
     already held rows when they were added (those rows are not replicated, only later changes);
-    ``ineligible`` one message per matched table that cannot be added, naming the table and the fix.
+    ``ineligible`` one message per matched table that cannot be added, naming the table and the fix
+    (including a table whose target name collides with another's).
 
     ``warnings``: every finding of this inspection that can make the target differ from the source, as
     :class:`DataWarning` (one per code and table; ``first_time`` = when it was found). Any check of the
     inspection appends here; the owner stores them in the changefeed's status (see the module docstring),
     so a condition found again by every inspection is one warning, not one per inspection.
+    Among them: ``CDC:WarnTargetNameConflict`` per table not added because of a target-name collision,
+    and the partition warnings of :mod:`owner.partition_watch` (found once, when the change is first seen).
     """
 
     changefeed: str
@@ -222,26 +233,6 @@ def report_warnings(info: ChangefeedInfo, report: UpstreamReport | None) -> list
     return [w for w in report.warnings if w.seen > since]
 
 
-def unreplicated_rows_warning(table: TableName, rows: int, publication: str, now: float) -> DataWarning:
-    """``table`` held ``rows`` rows (``COUNT_CAP``: at least that many) when it was added to ``publication``."""
-    many = f"at least {rows}" if rows >= COUNT_CAP else str(rows)
-    return DataWarning(
-        WARN_UNREPLICATED_ROWS, str(table),
-        f"table {table} was created after the changefeed and already held {many} row(s) when it was added to "
-        f"publication {publication}: changes from then on are replicated, those rows are not. Copy them to the "
-        "downstream by hand (then resume the changefeed to acknowledge), or recreate the changefeed",
-        WarningSeverity.DIVERGENCE, rows, (), first_time=now)
-
-
-def ineligible_table_warning(table: TableName, reason: str, now: float) -> DataWarning:
-    """``table`` matches the filter but cannot be replicated (``reason`` names the fix); it was not added."""
-    return DataWarning(
-        WARN_TABLE_INELIGIBLE, str(table),
-        f"table {table} matches the changefeed's filter but is not replicated: {reason}. Fix the table (it is "
-        "picked up at the next inspection, its rows from then on) or exclude it with the filter",
-        WarningSeverity.DIVERGENCE, 1, (), first_time=now)
-
-
 def mark_released(info: ChangefeedInfo, decision: ReleaseAfterGcTtl, now: float) -> ChangefeedInfo:
     """``info`` as ``failed`` with the decision's error and ``released`` set (if the model has it)."""
     changes: dict[str, Any] = {"retries": 0, "backoff_until": 0.0}
@@ -281,19 +272,25 @@ class UpstreamWatcher:
 
     ``connect(uri)`` opens an autocommit connection (default: :func:`upstream.postgres.conn.connect`
     with a 5 s timeout); ``clock`` gives ``checked_at``. ``gc_ttl`` is only carried for
-    :meth:`decide`.
+    :meth:`decide`. ``target_names(sink_uri)`` returns the sink's ``target_name`` function (default:
+    that of an unconnected sink from :func:`sinks.factory.open_sink`; asked only when a new table is
+    about to be added).
     """
 
     def __init__(self, interval: float = 10.0, gc_ttl: float = 86400.0, clock: Callable[[], float] = time.time,
-                 connect: Callable[[str], Any] = pg_conn.connect) -> None:
+                 connect: Callable[[str], Any] = pg_conn.connect,
+                 target_names: Callable[[str], Callable[[TableName], str]] | None = None) -> None:
         self.interval = interval
         self.gc_ttl = gc_ttl
         self._clock = clock
         self._connect = connect
+        self._target_names = target_names or sink_target_names
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}
         self._reports: dict[str, UpstreamReport] = {}
         self._found: dict[str, dict[tuple[str, str], DataWarning]] = {}  # warnings of every report, newest per ident
+        # per changefeed: the leaf partitions of its published partitioned tables at the last look
+        self._partitions: dict[str, partition_watch.Leaves] = {}
 
     # -- bookkeeping (thread-safe)
     def due(self, cf_id: str, now: float) -> bool:
@@ -317,6 +314,7 @@ class UpstreamWatcher:
             self._last.pop(cf_id, None)
             self._reports.pop(cf_id, None)
             self._found.pop(cf_id, None)
+            self._partitions.pop(cf_id, None)
 
     def retain(self, cf_ids: Iterable[str]) -> None:
         """Forget every changefeed not in ``cf_ids``."""
@@ -326,6 +324,7 @@ class UpstreamWatcher:
                 self._last.pop(k, None)
                 self._reports.pop(k, None)
                 self._found.pop(k, None)
+                self._partitions.pop(k, None)
 
     def clear(self) -> None:
         """Forget everything (call when this capture stops being the owner)."""
@@ -333,7 +332,7 @@ class UpstreamWatcher:
             self._last.clear()
             self._reports.clear()
             self._found.clear()
-
+            self._partitions.clear()
     def found_warnings(self, info: ChangefeedInfo) -> list[DataWarning]:
         """The data warnings of every report of ``info`` since this watcher started (the newest of each code
         and table), without those acknowledged (:func:`report_warnings`' rule). Not only the latest report's:
@@ -388,6 +387,11 @@ class UpstreamWatcher:
             log.warning("changefeed=%s: upstream inspection failed: %s", info.id, report.error)
         elif previous is not None and previous.error and not report.error:
             log.info("changefeed=%s: upstream inspection works again", info.id)
+        with self._lock:
+            known = self._found.get(info.id, {})
+            fresh = [w for w in report.warnings if w.ident not in known]
+        for w in fresh:  # once per condition, not at every look
+            log.warning("changefeed=%s: %s: %s", info.id, w.code, w.message)
         for name in report.new_tables:
             log.info("changefeed=%s: new table %s added to its span's publication%s", info.id, name,
                      " (it already held rows: those are NOT replicated)" if name in report.unreplicated else "")
@@ -413,7 +417,13 @@ class UpstreamWatcher:
             ineligible: list[str] = []
             warnings: list[DataWarning] = []
             if info.state.runs and info.spans:
-                new, unreplicated, ineligible = _pick_up_new_tables(conn, info, published, warnings, started)
+                leaves, warnings = self._partition_warnings(conn, info, published, started)
+                pickup = pick_up_new_tables(conn, info, published, self._target_names, started)
+                new, unreplicated, ineligible = pickup.added, pickup.with_rows, pickup.ineligible
+                warnings += pickup.warnings
+                with self._lock:  # the new baseline only once its warnings are in a report (and not forgotten)
+                    if info.id in self._last:
+                        self._partitions[info.id] = leaves
             return UpstreamReport(info.id, started, tuple(slots), tuple(new), tuple(ineligible),
                                   unreplicated=tuple(unreplicated), warnings=warnings)
         finally:
@@ -421,6 +431,22 @@ class UpstreamWatcher:
                 conn.close()
             except Exception:  # noqa: BLE001 - closing a broken connection
                 pass
+
+    def _partition_warnings(self, conn: Any, info: ChangefeedInfo, published: dict[int, list[TableName] | None],
+                            now: float) -> tuple[partition_watch.Leaves, list[DataWarning]]:
+        """The leaf partitions of ``info``'s published partitioned tables now, and the warnings from comparing
+        them with the last look (:func:`owner.partition_watch.compare`; the first look is the baseline) and
+        from checking new partitions' replica identity. The caller stores the leaves as the next baseline."""
+        pubs = [s.publication for s in info.spans if published.get(s.index) is not None]
+        current = partition_watch.group(catalog.published_partition_leaves(conn, pubs))
+        with self._lock:
+            before = self._partitions.get(info.id)
+        out = unusable_new_partitions(conn, before or {}, current, now)
+        if before is not None:
+            out += partition_watch.compare(
+                before, current, exists=lambda oid: catalog.relation_info(conn, oid) is not None,
+                has_rows=lambda oid: catalog.has_rows(conn, oid), now=now)
+        return current, out
 
 
 def _slot_report(s: admin.SlotInfo | None, span: SpanInfo, publication_exists: bool) -> SlotReport:
@@ -430,98 +456,3 @@ def _slot_report(s: admin.SlotInfo | None, span: SpanInfo, publication_exists: b
     return SlotReport(span.index, span.slot, True, s.active, None if s.lost else s.retained_bytes,
                       s.confirmed_flush_lsn, s.wal_status, s.lost, span.publication, publication_exists,
                       s.invalidation_reason)
-
-
-def filter_rules(info: ChangefeedInfo) -> tuple[str, ...]:
-    """The changefeed's filter rules from its stored config (defaults when absent)."""
-    rules = (info.config.get("filter") or {}).get("rules")
-    return tuple(rules) if rules else FilterConfig().rules
-
-
-def _pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, list[TableName] | None],
-                        warnings: list[DataWarning], now: float) -> tuple[list[str], list[str], list[str]]:
-    """Add matched tables that are in no publication of ``info`` to their span's publication.
-
-    Returns (added, added-with-rows, ineligible messages); appends a :class:`DataWarning` to ``warnings``
-    for each table added with rows and each ineligible table. Spans are indexed ``0..len(info.spans)-1``
-    (``span-count`` is fixed at creation), so ``span_of(table, len(info.spans))`` is the creation-time rule.
-    """
-    in_pubs: set[TableName] = set()
-    for tables in published.values():
-        in_pubs.update(tables or ())
-    matched = TableFilter(filter_rules(info)).select(catalog.list_tables(conn))
-    by_index = {s.index: s for s in info.spans}
-    added: list[str] = []
-    with_rows: list[str] = []
-    ineligible: list[str] = []
-    for table in matched:
-        if table in in_pubs:
-            continue
-        span = by_index.get(span_of(table, len(info.spans)))
-        if span is None or published.get(span.index) is None:
-            continue  # missing publication: reported on the slot report, decided as a lost span
-        try:
-            admin.check_tables(conn, [table])
-        except TableNotEligible as exc:
-            ineligible.append(exc.message.split(": ", 1)[-1])
-            warnings.append(ineligible_table_warning(table, ineligible[-1], now))
-            continue
-        except InvalidArgument:
-            continue  # dropped since it was listed
-        try:
-            outcome = add_table_locked(conn, span.publication, table)
-        except TidewaterError as exc:
-            if exc.retryable:
-                log.info("changefeed=%s: adding %s to %s deferred: %s", info.id, table, span.publication, exc)
-                continue
-            ineligible.append(f"{table} cannot be added to publication {span.publication}: {exc.message}")
-            warnings.append(ineligible_table_warning(table, ineligible[-1], now))
-            continue
-        if outcome is None:
-            continue
-        added.append(str(table))
-        if outcome:
-            with_rows.append(str(table))
-            warnings.append(unreplicated_rows_warning(table, outcome, span.publication, now))
-    return added, with_rows, ineligible
-
-
-def add_table_locked(conn: Any, publication: str, table: TableName,
-                     lock_timeout_ms: int = LOCK_TIMEOUT_MS) -> int | None:
-    """Add ``table`` to ``publication`` in one transaction holding ``SHARE`` lock on the table.
-
-    The lock waits for the table's in-flight writers and holds back new ones until the commit, so the
-    rows seen here are exactly those committed before the table joined the publication; every later
-    change is streamed. Returns how many rows the table already held (they will not be streamed; counted
-    up to ``COUNT_CAP``, so the writers wait for at most that scan), 0 if it was empty, None if nothing was done (the lock was not granted within ``lock_timeout_ms``, or
-    the table is already in the publication). ``conn`` must be in autocommit mode.
-    """
-    ident = sql.Identifier(table.schema, table.table)
-    with pg_errors(conn, f"adding {table} to publication {publication!r}"), conn.cursor() as cur:
-        cur.execute("BEGIN")
-        try:
-            cur.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
-            cur.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(ident))
-            cur.execute(
-                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel pr "
-                "JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid "
-                "WHERE p.pubname = %s AND pr.prrelid = %s::regclass)",
-                (publication, ident.as_string(conn)))
-            if cur.fetchone()[0]:
-                cur.execute("ROLLBACK")
-                return None
-            cur.execute(sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT %s) AS r").format(ident),
-                        (COUNT_CAP,))
-            had_rows = int(cur.fetchone()[0])
-            cur.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(sql.Identifier(publication), ident))
-            cur.execute("COMMIT")
-            return had_rows
-        except psycopg2.errors.LockNotAvailable:
-            cur.execute("ROLLBACK")
-            return None
-        except BaseException:
-            try:
-                cur.execute("ROLLBACK")
-            except Exception:  # noqa: BLE001 - the connection may be broken; the original error matters
-                pass
-            raise

@@ -290,6 +290,7 @@ _EXPECTED_COLUMNS = [
     ("c_mood", "text", False, "mood", False),
     ("c_mood_arr", "text", True, "mood[]", True),
     ("c_pair", "text", False, "pair", True),
+    ("c_gen", "int8", False, "bigint", True),  # stored generated: published as a plain column (PG 18+)
     ("c_last", "text", False, "text", True),
 ]
 

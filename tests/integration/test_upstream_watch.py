@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import psycopg2
 import pytest
 
 from cdc.events import TableName
@@ -22,7 +23,7 @@ from owner.upstream_watch import (
     release_slots,
 )
 from playground.servers import PostgresServer, free_port
-from upstream.postgres import admin
+from upstream.postgres import admin, pgoutput
 from upstream.postgres.conn import connect
 
 pytestmark = pytest.mark.integration
@@ -260,3 +261,208 @@ def test_unreachable_upstream_gives_an_error_report(info: ChangefeedInfo) -> Non
     report = w.inspect(dead)
     assert report.error and "127.0.0.1" in report.error and report.slots == ()
     assert decide(dead, report, time.time(), 0) is None
+
+
+# ---- issue 8: refusals, target-name collisions and partitions on pick-up ---------------------------------
+def _sqlite_info(info: ChangefeedInfo, tmp_path: Any) -> ChangefeedInfo:
+    """``info`` with a SQLite sink (which drops the upstream schema from target names) and filter *.*."""
+    return dataclasses.replace(info, sink_uri=f"sqlite:///{tmp_path}/t.db",
+                               config={**info.config, "filter": {"rules": ["public.*", "other.*"]}})
+
+
+def _published(conn: Any, info: ChangefeedInfo) -> set[TableName]:
+    return {t for s in info.spans for t in admin.publication_tables(conn, s.publication) or []}
+
+
+def test_deferrable_key_table_is_not_picked_up(info: ChangefeedInfo, conn: Any) -> None:
+    _exec(conn, "CREATE TABLE dpk (id int PRIMARY KEY DEFERRABLE, v int)", "INSERT INTO dpk VALUES (1, 1)")
+    report = UpstreamWatcher().inspect(info)
+    assert report.new_tables == ()
+    assert report.ineligible == (
+        'table "public"."dpk" has a DEFERRABLE primary key, which PostgreSQL cannot use as replica identity: once '
+        'published, every UPDATE and DELETE of "public"."dpk" would fail; fix with ALTER TABLE "public"."dpk" '
+        'REPLICA IDENTITY USING INDEX <a non-deferrable unique index on NOT NULL columns> or ALTER TABLE '
+        '"public"."dpk" REPLICA IDENTITY FULL',)
+    assert TableName("public", "dpk") not in _published(conn, info)
+    _exec(conn, "UPDATE dpk SET v = 2", "DELETE FROM dpk")  # the application's writes still work
+    assert [(w.code, w.table) for w in report.warnings] == [("CDC:WarnTableIneligible", "public.dpk")]
+
+
+def test_table_with_a_taken_target_name_is_not_picked_up(info: ChangefeedInfo, conn: Any, tmp_path: Any) -> None:
+    base = _table_in_span("base", 0)
+    cf = _sqlite_info(info, tmp_path)
+    _exec(conn, f"CREATE TABLE other.{base.table} (id int PRIMARY KEY)", "CREATE TABLE other.solo (id int PRIMARY KEY)",
+          "CREATE TABLE public.twin (id int PRIMARY KEY)", "CREATE TABLE other.twin (id int PRIMARY KEY)",
+          "DROP TABLE other.ignored")
+    report = UpstreamWatcher().inspect(cf)
+    # other.solo and the first of the twins (other.twin sorts before public.twin) are added
+    assert sorted(report.new_tables) == ["other.solo", "other.twin"]
+    msg_base = (f"other.{base.table} would land on {base.table!r} in the sink, where public.{base.table} already "
+                f"lands as {base.table!r} (the rows of two tables would mix); it is not added: exclude one of them "
+                "with the changefeed's filter")
+    msg_twin = ("public.twin would land on 'twin' in the sink, where other.twin already lands as 'twin' (the rows "
+                "of two tables would mix); it is not added: exclude one of them with the changefeed's filter")
+    assert report.ineligible == (msg_base, msg_twin)
+    assert [(w.code, w.table, w.message) for w in report.warnings] == [
+        ("CDC:WarnTargetNameConflict", f"other.{base.table}", msg_base),
+        ("CDC:WarnTargetNameConflict", "public.twin", msg_twin)]
+    published = _published(conn, cf)
+    assert TableName("other", base.table) not in published and TableName("public", "twin") not in published
+    assert decide(cf, report, time.time(), 86400) is None  # a warning, not a failure
+    # a sink that keeps the schema (blackhole: schema.table) has no collision: both are added
+    report2 = UpstreamWatcher().inspect(dataclasses.replace(cf, sink_uri="blackhole://"))
+    assert sorted(report2.new_tables) == [f"other.{base.table}", "public.twin"] and report2.ineligible == ()
+
+
+def test_generated_columns_of_picked_up_tables_are_streamed(info: ChangefeedInfo, conn: Any) -> None:
+    t = _table_in_span("gen", 0)
+    span = info.spans[0]
+    _exec(conn, f"CREATE TABLE {t.table} (id int PRIMARY KEY, a int, s int GENERATED ALWAYS AS (a * 7) STORED)")
+    assert UpstreamWatcher().inspect(info).new_tables == (str(t),)
+    _exec(conn, f"INSERT INTO {t.table} (id, a) VALUES (1, 6)")  # s = 42
+    streamed = _streamed(conn, span.slot, span.publication)
+    assert b"\x00s\x00\x00\x00\x00\x17" in streamed and b"t\x00\x00\x00\x0242" in streamed  # column s in Relation, value 42
+
+
+def test_picked_up_table_with_generated_columns_into_an_old_publication_is_refused(
+        info: ChangefeedInfo, conn: Any) -> None:
+    span = info.spans[1]
+    _exec(conn, f"ALTER PUBLICATION {span.publication} SET (publish_generated_columns = none)")
+    t = _table_in_span("oldgen", 1)
+    _exec(conn, f"CREATE TABLE {t.table} (a int, id int GENERATED ALWAYS AS (a * 2) STORED PRIMARY KEY)")
+    report = UpstreamWatcher().inspect(info)
+    assert report.new_tables == () and len(report.ineligible) == 1
+    assert "its publication was created without publish_generated_columns = stored" in report.ineligible[0]
+    _exec(conn, f"INSERT INTO {t.table} (a) VALUES (1)", f"UPDATE {t.table} SET a = 2")  # writes keep working
+
+
+def test_partition_changes_are_reported_between_looks(info: ChangefeedInfo, conn: Any) -> None:
+    root = _table_in_span("proot", 0)
+    r = root.table
+    _exec(conn, f"CREATE TABLE {r} (id int, k int, v text, PRIMARY KEY (id, k)) PARTITION BY RANGE (k)",
+          f"CREATE TABLE {r}_a PARTITION OF {r} FOR VALUES FROM (0) TO (10)",
+          f"CREATE TABLE {r}_b PARTITION OF {r} FOR VALUES FROM (10) TO (20)",
+          f"CREATE TABLE {r}_c PARTITION OF {r} FOR VALUES FROM (20) TO (30)",
+          f"CREATE TABLE {r}_d PARTITION OF {r} FOR VALUES FROM (30) TO (40)",
+          f"INSERT INTO {r} SELECT g, g % 40, 'x' FROM generate_series(1, 80) g")
+    w = UpstreamWatcher()
+    first = w.inspect(info)
+    assert first.new_tables == (str(root),)
+    # picked up with rows: those 80 are not replicated (said once); the partitions are the baseline
+    assert [(x.code, x.count) for x in first.warnings] == [("CDC:WarnUnreplicatedRows", 80)]
+    assert w.inspect(info).warnings == []  # nothing changed: nothing to say
+    _exec(conn, f"INSERT INTO {r} VALUES (1000, 1, 'after-add')")
+    _exec(conn, f"TRUNCATE {r}_a", f"ALTER TABLE {r} DETACH PARTITION {r}_b", f"DROP TABLE {r}_c",
+          f"CREATE TABLE {r}_e (id int NOT NULL, k int NOT NULL, v text, PRIMARY KEY (id, k))",
+          f"INSERT INTO {r}_e VALUES (500, 45, 'pre-attach')",
+          f"ALTER TABLE {r} ATTACH PARTITION {r}_e FOR VALUES FROM (40) TO (50)",
+          f"CREATE TABLE {r}_f PARTITION OF {r} FOR VALUES FROM (50) TO (60)")  # empty: nothing to report
+    warnings = w.inspect(info).warnings
+    # the detached partition is a table of its own now, matching the filter: picked up, its rows said so
+    assert [(x.code, x.table) for x in warnings if not x.code.startswith("CDC:WarnPartition")] == [
+        ("CDC:WarnUnreplicatedRows", f"public.{r}_b")]
+    got = {w_.code: w_ for w_ in warnings if w_.code.startswith("CDC:WarnPartition")}
+    assert sorted(got) == ["CDC:WarnPartitionAttachedRows", "CDC:WarnPartitionDetached", "CDC:WarnPartitionDropped",
+                           "CDC:WarnPartitionTruncated"]
+    assert all(x.table == str(root) for x in got.values())
+    assert got["CDC:WarnPartitionDetached"].message.startswith(
+        f"partition public.{r}_b (FOR VALUES FROM (10) TO (20)) of {root} was detached from it (DETACH PARTITION) "
+        f"upstream; the replication stream carries no change for that, so its rows are still in the downstream "
+        f"table of {root}: delete them there")
+    assert f"partition public.{r}_c (FOR VALUES FROM (20) TO (30)) of {root} was dropped upstream" in \
+        got["CDC:WarnPartitionDropped"].message
+    assert got["CDC:WarnPartitionTruncated"].message.startswith(
+        f"partition public.{r}_a (FOR VALUES FROM (0) TO (10)) of {root} was truncated or rewritten upstream (new "
+        "storage; it is now empty)")
+    assert got["CDC:WarnPartitionAttachedRows"].message.startswith(
+        f"partition public.{r}_e (FOR VALUES FROM (40) TO (50)) appeared under {root} and holds rows")
+    # reported once, when first seen
+    assert w.inspect(info).warnings == []
+    # and measured: none of it reached the slot (a truncate of one partition is not streamed via the root,
+    # the attached rows were never written through a published table)
+    span = info.spans[0]
+    assert b"pre-attach" not in _streamed(conn, span.slot, span.publication)
+    with conn.cursor() as cur:
+        cur.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
+                    "'publication_names', %s)", (span.slot, span.publication))
+        messages = [pgoutput.decode(bytes(row[0]), False) for row in cur.fetchall()]
+    assert any(isinstance(m, pgoutput.Change) for m in messages)  # the row written after the add
+    assert not any(isinstance(m, pgoutput.Truncate) for m in messages)
+
+
+def test_table_is_not_added_while_target_names_cannot_be_checked(info: ChangefeedInfo, conn: Any) -> None:
+    from cdc.errors import InvalidURI
+
+    def broken(_uri: str) -> Any:
+        raise InvalidURI("sink URI scheme 'nope' is not supported")
+
+    _exec(conn, "CREATE TABLE unchecked (id int PRIMARY KEY)")
+    report = UpstreamWatcher(target_names=broken).inspect(info)
+    assert report.error == "" and report.new_tables == () and all(s.exists for s in report.slots)
+    assert report.ineligible == ("public.unchecked is not added: its target name in the sink cannot be checked "
+                                 "(sink URI scheme 'nope' is not supported)",)
+    assert TableName("public", "unchecked") not in _published(conn, info)
+
+
+def test_new_partition_without_identity_is_warned_with_the_fix(info: ChangefeedInfo, conn: Any) -> None:
+    root = _table_in_span("pfull", 1)
+    r = root.table
+    _exec(conn, f"CREATE TABLE {r} (a int, k int) PARTITION BY RANGE (k)", f"ALTER TABLE {r} REPLICA IDENTITY FULL",
+          f"CREATE TABLE {r}_1 PARTITION OF {r} FOR VALUES FROM (0) TO (10)", f"ALTER TABLE {r}_1 REPLICA IDENTITY FULL")
+    w = UpstreamWatcher()
+    assert w.inspect(info).new_tables == (str(root),)
+    assert w.inspect(info).warnings == []
+    _exec(conn, f"CREATE TABLE {r}_2 PARTITION OF {r} FOR VALUES FROM (10) TO (20)", f"INSERT INTO {r} VALUES (1, 12)")
+    with pytest.raises(psycopg2.Error, match="does not have a replica identity"):  # the user's DDL broke it
+        _exec(conn, f"UPDATE {r} SET a = 2")
+    report = w.inspect(info)
+    # created and filled between two looks, it also looks attached-with-rows (documented limit)
+    assert sorted(x.code for x in report.warnings) == ["CDC:WarnPartitionAttachedRows",
+                                                              "CDC:WarnPartitionNoIdentity"]
+    (warning,) = [x for x in report.warnings if x.code == "CDC:WarnPartitionNoIdentity"]
+    assert (warning.code, warning.table) == ("CDC:WarnPartitionNoIdentity", str(root))
+    assert warning.message == (
+        f"partition public.{r}_2 of {root} has no usable replica identity, and as part of the published {root} its "
+        f'UPDATEs and DELETEs fail upstream: table "public"."{r}_2" has no primary key and REPLICA IDENTITY DEFAULT; '
+        f'fix with ALTER TABLE "public"."{r}_2" ADD PRIMARY KEY (<key columns>) or ALTER TABLE "public"."{r}_2" '
+        "REPLICA IDENTITY FULL")
+    _exec(conn, f"ALTER TABLE {r}_2 REPLICA IDENTITY FULL", f"UPDATE {r} SET a = 2")  # the fix works
+
+
+def test_target_names_differing_only_in_case_collide_in_sqlite(info: ChangefeedInfo, conn: Any, tmp_path: Any) -> None:
+    cf = _sqlite_info(info, tmp_path)
+    _exec(conn, 'CREATE TABLE other."Mixed" (id int PRIMARY KEY)', "CREATE TABLE public.mixed (id int PRIMARY KEY)",
+          'CREATE TABLE other."Ä" (id int PRIMARY KEY)', 'CREATE TABLE public."ä" (id int PRIMARY KEY)',
+          "DROP TABLE other.ignored")
+    report = UpstreamWatcher().inspect(cf)
+    # SQLite folds ASCII letters only (measured): "Mixed"/"mixed" are one table there, "Ä"/"ä" are two
+    assert sorted(report.new_tables) == ["other.Mixed", "other.Ä", "public.ä"]
+    assert report.ineligible == (
+        "public.mixed would land on 'mixed' in the sink, where other.Mixed already lands as 'Mixed' (the rows of "
+        "two tables would mix); it is not added: exclude one of them with the changefeed's filter",)
+    # into PostgreSQL (schema kept, exact names) nothing collides
+    pg = dataclasses.replace(cf, sink_uri="postgresql://u@127.0.0.1:1/x")
+    assert UpstreamWatcher().inspect(pg).new_tables == ("public.mixed",)
+
+
+def test_a_failed_look_does_not_swallow_a_partition_change(info: ChangefeedInfo, conn: Any) -> None:
+    root = _table_in_span("pfail", 0)
+    r = root.table
+    _exec(conn, f"CREATE TABLE {r} (id int, k int, PRIMARY KEY (id, k)) PARTITION BY RANGE (k)",
+          f"CREATE TABLE {r}_1 PARTITION OF {r} FOR VALUES FROM (0) TO (10)",
+          f"CREATE TABLE {r}_2 PARTITION OF {r} FOR VALUES FROM (10) TO (20)")
+    broken = threading.Event()
+
+    def names(uri: str) -> Any:
+        if broken.is_set():
+            raise RuntimeError("watcher bug")
+        return str
+
+    w = UpstreamWatcher(target_names=names)
+    assert w.inspect(info).new_tables == (str(root),)
+    assert w.inspect(info).warnings == []  # baseline
+    _exec(conn, f"ALTER TABLE {r} DETACH PARTITION {r}_2", "CREATE TABLE later_one (id int PRIMARY KEY)")
+    broken.set()
+    assert "watcher bug" in w.inspect(info).error  # the look that saw the detach failed
+    broken.clear()
+    assert [x.code for x in w.inspect(info).warnings] == ["CDC:WarnPartitionDetached"]

@@ -13,7 +13,12 @@ same state. They are not atomic with each other: a crash between creating a slot
 leaves the slot, which the caller must either reuse or drop (a forgotten slot retains WAL forever).
 
 Publications are created ``WITH (publish_via_partition_root = true)`` so that changes to partitions
-arrive under the partitioned table's name and schema.
+arrive under the partitioned table's name and schema, and on PostgreSQL 18+ also with
+``publish_generated_columns = stored`` so that stored generated columns arrive as plain columns with
+their computed values (see :func:`publishes_generated`).
+
+Which tables may be published at all is :mod:`upstream.postgres.eligibility` (:func:`check_tables`,
+re-exported here): run it before any publication is touched.
 """
 
 from __future__ import annotations
@@ -27,11 +32,15 @@ import psycopg2
 import psycopg2.errors
 from psycopg2 import sql
 
-from cdc.errors import InvalidArgument, TableNotEligible, UpstreamError, UpstreamNotReady, UpstreamUnavailable
-from cdc.events import TableName, TableSchema
+from cdc.errors import InvalidArgument, UpstreamError, UpstreamNotReady, UpstreamUnavailable
+from cdc.events import TableName
 from cdc.ts import str_to_lsn
-from upstream.postgres.catalog import partitions, relation_info, table_schema
 from upstream.postgres.conn import describe_conn, pg_errors
+from upstream.postgres.eligibility import (  # noqa: F401 - check_tables re-exported
+    GENERATED_COLUMNS_VERSION,
+    check_tables,
+    publishes_generated,
+)
 
 MIN_SERVER_VERSION = 140000
 PLUGIN = "pgoutput"
@@ -132,82 +141,22 @@ def check_upstream(conn: Any, *, slots_needed: int = 1) -> dict[str, Any]:
     return facts
 
 
-def _identity_problem(conn: Any, schema: TableSchema, what: str) -> str | None:
-    if schema.has_key or schema.replica_identity == "f":
-        return None
-    t = _table_ident(conn, schema.name)
-    ident = {"d": "DEFAULT", "n": "NOTHING", "i": "USING INDEX (the index is gone)"}.get(
-        schema.replica_identity, schema.replica_identity
-    )
-    with pg_errors(conn, f"reading the primary key of {schema.name}"), conn.cursor() as cur:
-        cur.execute(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index WHERE indrelid = %s AND indisprimary)",
-            (schema.relation_id,),
-        )
-        has_pk = bool(cur.fetchone()[0])
-    if has_pk:
-        return (
-            f"{what} {t} has REPLICA IDENTITY {ident}; fix with "
-            f"ALTER TABLE {t} REPLICA IDENTITY DEFAULT (use its primary key) or ALTER TABLE {t} REPLICA IDENTITY FULL"
-        )
-    return (
-        f"{what} {t} has no primary key and REPLICA IDENTITY {ident}; fix with "
-        f"ALTER TABLE {t} ADD PRIMARY KEY (<key columns>) or ALTER TABLE {t} REPLICA IDENTITY FULL"
-    )
-
-
-def check_tables(conn: Any, tables: list[TableName]) -> list[TableSchema]:
-    """Check that every table can be replicated and return their schemas, in the input order.
-
-    A table is eligible when it is a permanent (not temporary or unlogged) ordinary or partitioned
-    table with a usable replica identity: a primary key (replica identity DEFAULT), an identity index
-    (REPLICA IDENTITY USING INDEX) or REPLICA IDENTITY FULL; for a partitioned table, every leaf
-    partition must qualify too. Publishing a table without one would make UPDATE and DELETE on it
-    *fail upstream*, so this runs before any publication is touched.
-
-    Raises :class:`cdc.errors.InvalidArgument` naming every missing table, then
-    :class:`cdc.errors.TableNotEligible` naming every ineligible table with its fixes.
-    """
-    missing: list[str] = []
-    problems: list[str] = []
-    schemas: list[TableSchema] = []
-    for table in tables:
-        info = relation_info(conn, table)
-        if info is None:
-            missing.append(_table_ident(conn, table))
-            continue
-        t = _table_ident(conn, info.name)
-        if info.relkind not in ("r", "p"):
-            kind = {"v": "a view", "m": "a materialized view", "f": "a foreign table", "S": "a sequence"}
-            problems.append(f"{t} is {kind.get(info.relkind, 'not a table')}; only tables can be replicated")
-            continue
-        if info.persistence != "p":
-            what = "temporary" if info.persistence == "t" else "unlogged"
-            problems.append(f"{t} is {what} and cannot be published; fix with ALTER TABLE {t} SET LOGGED")
-            continue
-        schema = table_schema(conn, info.oid)
-        schemas.append(schema)
-        problem = _identity_problem(conn, schema, "table")
-        if problem:
-            problems.append(problem)
-        elif info.relkind == "p":
-            for part in partitions(conn, info.oid):
-                problem = _identity_problem(conn, table_schema(conn, part.oid), f"partition of {t},")
-                if problem:
-                    problems.append(problem)
-    if missing:
-        raise InvalidArgument(
-            f"table(s) not found in upstream PostgreSQL {describe_conn(conn)}: {', '.join(missing)}"
-        )
-    if problems:
-        raise TableNotEligible(
-            f"{len(problems)} table(s) cannot be replicated (each needs a primary key, a replica identity "
-            "index or REPLICA IDENTITY FULL): " + "; ".join(problems)
-        )
-    return schemas
-
-
 # ---- publications ------------------------------------------------------------------------------------
+
+
+def publication_publishes_generated(conn: Any, name: str) -> bool | None:
+    """Whether publication ``name`` publishes stored generated columns (``pubgencols = 's'``); None if
+    the publication does not exist. Always False before PostgreSQL 18."""
+    _check_publication_name(name)
+    with pg_errors(conn, f"reading publication {name!r}"), conn.cursor() as cur:
+        if not publishes_generated(conn):
+            cur.execute("SELECT false FROM pg_catalog.pg_publication WHERE pubname = %s", (name,))
+        else:
+            cur.execute("SELECT pubgencols = 's' FROM pg_catalog.pg_publication WHERE pubname = %s", (name,))
+        row = cur.fetchone()
+    return None if row is None else bool(row[0])
+
+
 def _check_publication_name(name: str) -> None:
     if not name or "\x00" in name or len(name.encode()) > _MAX_IDENTIFIER_BYTES:
         raise InvalidArgument(f"invalid publication name {name!r}: 1 to 63 bytes, no NUL")
@@ -257,7 +206,8 @@ def create_publication(conn: Any, name: str, tables: list[TableName]) -> bool:
     """Create publication ``name`` FOR TABLE ``tables``; return True if created, False if it existed.
 
     Idempotent: an existing publication with exactly these tables is accepted (and switched to
-    ``publish_via_partition_root`` if needed). One that differs (other tables, FOR ALL TABLES, FOR
+    ``publish_via_partition_root``, and on PostgreSQL 18+ ``publish_generated_columns = stored``, if
+    needed). One that differs (other tables, FOR ALL TABLES, FOR
     TABLES IN SCHEMA) raises :class:`cdc.errors.InvalidArgument`. Run :func:`check_tables` first.
     """
     _check_publication_name(name)
@@ -271,7 +221,8 @@ def create_publication(conn: Any, name: str, tables: list[TableName]) -> bool:
             stmt = sql.SQL("CREATE PUBLICATION {}").format(ident)
             if wanted:
                 stmt += sql.SQL(" FOR TABLE ") + _table_list(wanted)
-            stmt += sql.SQL(" WITH (publish_via_partition_root = true)")
+            stmt += sql.SQL(" WITH (publish_via_partition_root = true")
+            stmt += sql.SQL(", publish_generated_columns = stored)" if publishes_generated(conn) else ")")
             try:
                 cur.execute(stmt)
                 return True
@@ -292,6 +243,10 @@ def create_publication(conn: Any, name: str, tables: list[TableName]) -> bool:
             )
         if not viaroot:
             cur.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_via_partition_root = true)").format(ident))
+        if publishes_generated(conn):
+            cur.execute("SELECT pubgencols FROM pg_catalog.pg_publication WHERE oid = %s", (oid,))
+            if cur.fetchone()[0] != "s":
+                cur.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_generated_columns = stored)").format(ident))
     return False
 
 

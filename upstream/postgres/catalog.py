@@ -11,9 +11,12 @@ Choices documented here, relied on by the puller and the sinks:
   partitioned table) are *not* listed: their parent is, and publications are created with
   ``publish_via_partition_root`` so their changes arrive under the parent's name. Temporary and
   unlogged tables are not listed either: PostgreSQL cannot publish them.
-- :func:`table_schema` lists columns in ``attnum`` order, skipping dropped and generated columns
-  (pgoutput does not send stored generated columns unless ``publish_generated_columns`` is set, and
-  never sends virtual ones).
+- :func:`table_schema` lists columns in ``attnum`` order, skipping dropped and *virtual* generated
+  columns (pgoutput never sends those). *Stored* generated columns are listed like plain columns, as
+  the Relation message lists them: Tidewater creates its publications with
+  ``publish_generated_columns = stored`` (PostgreSQL 18+; measured: without it pgoutput leaves them
+  out of the Relation message and the tuples; with it they arrive as plain columns with their computed
+  values). :func:`generated_columns` tells which columns are generated.
 - ``ColumnSchema.base_type`` is the ``pg_type.typname`` of the column's type after resolving domains
   (recursively) and, for arrays, of the element type (``is_array`` is then true). Enums and every other
   user-defined non-domain type (composite, range over a user type, extension types such as ``citext``
@@ -24,7 +27,11 @@ Choices documented here, relied on by the puller and the sinks:
   that a target creates the base type; ``type_modifier`` is ``atttypmod``, or the modifier of the
   first domain that has one.
 - Key: with ``REPLICA IDENTITY INDEX`` the identity index's columns (that is what pgoutput sends as
-  the old key, even when a primary key exists); otherwise the primary key (index column order); for
+  the old key, even when a primary key exists); with ``DEFAULT`` the primary key (index column order)
+  if it is *not* DEFERRABLE (PostgreSQL cannot use a deferrable key as replica identity: such a table
+  has no identity, ``key = ()``; measured on 18.6: its UPDATE/DELETE fail once it is published); with
+  ``FULL`` the primary key even when deferrable (old images are full rows, and the key is unique at
+  every commit, which is what the sink applies); for
   ``REPLICA IDENTITY FULL`` without a primary key all columns with ``has_key = False``; with no
   usable identity ``key = ()`` and ``has_key = False``. ``ColumnSchema.is_key`` is true exactly for
   the columns in ``key``.
@@ -34,6 +41,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from psycopg2 import sql
 
 from cdc.errors import InvalidArgument
 from cdc.events import ColumnSchema, TableName, TableSchema
@@ -69,7 +78,14 @@ _COLUMNS = """
 SELECT a.attname, a.atttypid, a.atttypmod, a.attnotnull,
        pg_catalog.format_type(a.atttypid, a.atttypmod)
 FROM pg_catalog.pg_attribute a
-WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated IN ('', 's')
+ORDER BY a.attnum
+"""
+
+_GENERATED = """
+SELECT a.attname, a.attgenerated
+FROM pg_catalog.pg_attribute a
+WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated <> ''
 ORDER BY a.attnum
 """
 
@@ -242,16 +258,17 @@ def table_schema(conn: Any, table: TableName | int, *, version: int = 0) -> Tabl
         _load_types(cur, {int(r[1]) for r in rows}, types)
         domains = _domain_type_names(cur, rows, types)
         pk = _index_columns(cur, info.oid, "i.indisprimary")
+        pk_immediate = bool(pk) and bool(_index_columns(cur, info.oid, "i.indisprimary AND i.indimmediate"))
         ident = _index_columns(cur, info.oid, "i.indisreplident") if info.replica_identity == "i" else ()
     names = tuple(r[0] for r in rows)
     has_key = True
     if info.replica_identity == "i" and ident:
         key = ident
-    elif info.replica_identity in ("d", "f") and pk:
+    elif (info.replica_identity == "d" and pk_immediate) or (info.replica_identity == "f" and pk):
         key = pk
     elif info.replica_identity == "f":
         key, has_key = names, False
-    else:  # DEFAULT without a primary key, NOTHING, or INDEX whose index was dropped
+    else:  # DEFAULT without a (non-deferrable) primary key, NOTHING, or INDEX whose index was dropped
         key, has_key = (), False
     keyset = set(key)
     return TableSchema(
@@ -263,6 +280,13 @@ def table_schema(conn: Any, table: TableName | int, *, version: int = 0) -> Tabl
         version=version,
         has_key=has_key,
     )
+
+
+def generated_columns(conn: Any, oid: int) -> dict[str, str]:
+    """The generated columns of relation ``oid``: name -> ``'s'`` (stored) or ``'v'`` (virtual), attnum order."""
+    with pg_errors(conn, f"reading the generated columns of relation {oid}"), conn.cursor() as cur:
+        cur.execute(_GENERATED, (oid,))
+        return {name: kind for name, kind in cur.fetchall()}
 
 
 def partitions(conn: Any, table: TableName | int) -> list[RelationInfo]:
@@ -278,3 +302,53 @@ def partitions(conn: Any, table: TableName | int) -> list[RelationInfo]:
         oids = [int(r[0]) for r in cur.fetchall()]
     out = [relation_info(conn, o) for o in oids]
     return [p for p in out if p is not None]
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLeaf:
+    """One leaf partition of a published partitioned table, as the owner's look saw it.
+
+    ``storage`` is ``pg_class.relfilenode``: PostgreSQL gives a table new storage on TRUNCATE (and on
+    rewrites: VACUUM FULL, CLUSTER, some ALTER TABLE), so a change means "truncated or rewritten".
+    ``bound`` is the partition bound as SQL (``FOR VALUES FROM (0) TO (10)``), relative to its parent.
+    """
+
+    root: TableName
+    oid: int
+    name: TableName
+    storage: int
+    bound: str
+
+
+_PUBLISHED_LEAVES = """
+SELECT rn.nspname, root.relname, l.oid, ln.nspname, l.relname, l.relfilenode,
+       coalesce(pg_catalog.pg_get_expr(l.relpartbound, l.oid), '')
+FROM pg_catalog.pg_publication p
+JOIN pg_catalog.pg_publication_rel pr ON pr.prpubid = p.oid
+JOIN pg_catalog.pg_class root ON root.oid = pr.prrelid AND root.relkind = 'p'
+JOIN pg_catalog.pg_namespace rn ON rn.oid = root.relnamespace
+CROSS JOIN LATERAL pg_catalog.pg_partition_tree(root.oid) t
+JOIN pg_catalog.pg_class l ON l.oid = t.relid AND t.isleaf
+JOIN pg_catalog.pg_namespace ln ON ln.oid = l.relnamespace
+WHERE p.pubname = ANY(%s)
+ORDER BY 1, 2, 4, 5
+"""
+
+
+def published_partition_leaves(conn: Any, publications: list[str]) -> list[PartitionLeaf]:
+    """The leaf partitions of every partitioned table listed in ``publications`` (one query)."""
+    with pg_errors(conn, "listing the partitions of published tables"), conn.cursor() as cur:
+        cur.execute(_PUBLISHED_LEAVES, (list(publications),))
+        return [PartitionLeaf(TableName(rs, rt), int(oid), TableName(ls, lt), int(node), bound)
+                for rs, rt, oid, ls, lt, node, bound in cur.fetchall()]
+
+
+def has_rows(conn: Any, oid: int) -> bool:
+    """True when relation ``oid`` holds at least one row (False when it no longer exists)."""
+    info = relation_info(conn, oid)
+    if info is None:
+        return False
+    ident = sql.Identifier(info.name.schema, info.name.table)
+    with pg_errors(conn, f"reading {info.name}"), conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {})").format(ident))
+        return bool(cur.fetchone()[0])

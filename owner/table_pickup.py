@@ -1,0 +1,245 @@
+"""Picking up tables created after a changefeed: which may join its publications, and how they join.
+
+Used by the owner's upstream look (:class:`owner.upstream_watch.UpstreamWatcher`). A table that matches the
+filter is added to the publication of the span it hashes to only if the same checks as ``changefeed
+create`` accept it: a replica identity PostgreSQL can use once it is published (else the application's
+UPDATEs and DELETEs would fail upstream), columns that can all be published, and a target name in the sink
+that no replicated table has (else two tables' rows would mix). What was not added is reported with the
+reason; the add itself holds back the table's writers for an instant (:func:`add_table_locked`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg2.errors
+from psycopg2 import sql
+
+from cdc.config import FilterConfig
+from cdc.errors import InvalidArgument, TableNotEligible, TidewaterError
+from cdc.events import TableName
+from cdc.filter import TableFilter
+from cdc.model import ChangefeedInfo, DataWarning, WarningSeverity
+from cdc.spans import span_of
+from owner import partition_watch
+from sinks.factory import open_sink
+from upstream.postgres import admin, catalog
+from upstream.postgres.conn import pg_errors
+
+log = logging.getLogger(__name__)
+
+COUNT_CAP = 100_000  # rows of a picked-up table counted under its lock (more: "at least")
+
+# DataWarning codes raised by the pick-up
+WARN_UNREPLICATED_ROWS = "CDC:WarnUnreplicatedRows"
+WARN_TABLE_INELIGIBLE = "CDC:WarnTableIneligible"
+LOCK_TIMEOUT_MS = 1000  # how long adding a new table may hold back its writers
+
+
+def filter_rules(info: ChangefeedInfo) -> tuple[str, ...]:
+    """The changefeed's filter rules from its stored config (defaults when absent)."""
+    rules = (info.config.get("filter") or {}).get("rules")
+    return tuple(rules) if rules else FilterConfig().rules
+
+
+def unreplicated_rows_warning(table: TableName, rows: int, publication: str, now: float) -> DataWarning:
+    """``table`` held ``rows`` rows (``COUNT_CAP``: at least that many) when it was added to ``publication``."""
+    many = f"at least {rows}" if rows >= COUNT_CAP else str(rows)
+    return DataWarning(
+        WARN_UNREPLICATED_ROWS, str(table),
+        f"table {table} was created after the changefeed and already held {many} row(s) when it was added to "
+        f"publication {publication}: changes from then on are replicated, those rows are not. Copy them to the "
+        "downstream by hand (then resume the changefeed to acknowledge), or recreate the changefeed",
+        WarningSeverity.DIVERGENCE, rows, (), first_time=now)
+
+
+def ineligible_table_warning(table: TableName, reason: str, now: float) -> DataWarning:
+    """``table`` matches the filter but cannot be replicated (``reason`` names the fix); it was not added."""
+    return DataWarning(
+        WARN_TABLE_INELIGIBLE, str(table),
+        f"table {table} matches the changefeed's filter but is not replicated: {reason}. Fix the table (it is "
+        "picked up at the next inspection, its rows from then on) or exclude it with the filter",
+        WarningSeverity.DIVERGENCE, 1, (), first_time=now)
+
+
+@dataclass
+class PickUp:
+    """What one pick-up pass did: tables added (and those of them that already held rows), messages for
+    matched tables that were not added, and a data warning for each table added with rows and each matched
+    table not added (ineligible, target-name collision)."""
+
+    added: list[str] = dataclasses.field(default_factory=list)
+    with_rows: list[str] = dataclasses.field(default_factory=list)
+    ineligible: list[str] = dataclasses.field(default_factory=list)
+    warnings: list[DataWarning] = dataclasses.field(default_factory=list)
+
+
+CODE_TARGET_CONFLICT = "CDC:WarnTargetNameConflict"
+
+
+def pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, list[TableName] | None],
+                        target_names: Callable[[str], Callable[[TableName], str]], now: float) -> PickUp:
+    """Add matched tables that are in no publication of ``info`` to their span's publication.
+
+    A table is added only if :func:`upstream.postgres.admin.check_tables` accepts it for that
+    publication (its replica identity works once published; its stored generated columns are published
+    too) and its target name in the sink is not already that of a published table or of one added
+    earlier in this pass (the same rule ``changefeed create`` applies). Spans are indexed
+    ``0..len(info.spans)-1`` (``span-count`` is fixed at creation), so ``span_of(table, len(info.spans))``
+    is the creation-time rule.
+    """
+    in_pubs: set[TableName] = set()
+    for tables in published.values():
+        in_pubs.update(tables or ())
+    matched = TableFilter(filter_rules(info)).select(catalog.list_tables(conn))
+    by_index = {s.index: s for s in info.spans}
+    out = PickUp()
+    targets: dict[str, TableName] | None = None
+    target_of: Callable[[TableName], str] = str
+    gencols: dict[str, bool | None] = {}
+    for table in matched:
+        if table in in_pubs:
+            continue
+        span = by_index.get(span_of(table, len(info.spans)))
+        if span is None or published.get(span.index) is None:
+            continue  # missing publication: reported on the slot report, decided as a lost span
+        if span.publication not in gencols:
+            gencols[span.publication] = admin.publication_publishes_generated(conn, span.publication)
+        try:
+            admin.check_tables(conn, [table], publish_generated=bool(gencols[span.publication]))
+        except TableNotEligible as exc:
+            out.ineligible.append(exc.message.split(": ", 1)[-1])
+            out.warnings.append(ineligible_table_warning(table, out.ineligible[-1], now))
+            continue
+        except InvalidArgument:
+            continue  # dropped since it was listed
+        if targets is None:
+            try:
+                target_of = target_names(info.sink_uri)
+            except TidewaterError as exc:  # not added while its target name cannot be checked
+                out.ineligible.append(f"{table} is not added: its target name in the sink cannot be checked "
+                                      f"({exc.message})")
+                out.warnings.append(ineligible_table_warning(table, out.ineligible[-1], now))
+                continue
+            targets = {collision_key(info.sink_uri, target_of(t)): t for t in sorted(in_pubs)}
+        target = target_of(table)
+        other = targets.get(collision_key(info.sink_uri, target))
+        if other is not None:
+            msg = (f"{table} would land on {target!r} in the sink, where {other} already lands as "
+                   f"{target_of(other)!r} (the rows of two tables would mix); it is not added: exclude one of them "
+                   f"with the changefeed's filter")
+            out.ineligible.append(msg)
+            out.warnings.append(DataWarning(CODE_TARGET_CONFLICT, str(table), msg, WarningSeverity.DIVERGENCE,
+                                            first_time=now, last_time=now))
+            continue
+        try:
+            outcome = add_table_locked(conn, span.publication, table)
+        except TidewaterError as exc:
+            if exc.retryable:
+                log.info("changefeed=%s: adding %s to %s deferred: %s", info.id, table, span.publication, exc)
+                continue
+            out.ineligible.append(f"{table} cannot be added to publication {span.publication}: {exc.message}")
+            out.warnings.append(ineligible_table_warning(table, out.ineligible[-1], now))
+            continue
+        if outcome is None:
+            continue
+        targets[collision_key(info.sink_uri, target)] = table
+        out.added.append(str(table))
+        if outcome:
+            out.with_rows.append(str(table))
+            out.warnings.append(unreplicated_rows_warning(table, outcome, span.publication, now))
+    return out
+
+
+def add_table_locked(conn: Any, publication: str, table: TableName,
+                     lock_timeout_ms: int = LOCK_TIMEOUT_MS) -> int | None:
+    """Add ``table`` to ``publication`` in one transaction holding ``SHARE`` lock on the table.
+
+    The lock waits for the table's in-flight writers and holds back new ones until the commit, so the
+    rows seen here are exactly those committed before the table joined the publication; every later
+    change is streamed. Returns how many rows the table already held (they will not be streamed; counted
+    up to ``COUNT_CAP``, so the writers wait for at most that scan), 0 if it was empty, None if nothing was done (the lock was not granted within ``lock_timeout_ms``, or
+    the table is already in the publication). ``conn`` must be in autocommit mode.
+    """
+    ident = sql.Identifier(table.schema, table.table)
+    with pg_errors(conn, f"adding {table} to publication {publication!r}"), conn.cursor() as cur:
+        cur.execute("BEGIN")
+        try:
+            cur.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
+            cur.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(ident))
+            cur.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel pr "
+                "JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid "
+                "WHERE p.pubname = %s AND pr.prrelid = %s::regclass)",
+                (publication, ident.as_string(conn)))
+            if cur.fetchone()[0]:
+                cur.execute("ROLLBACK")
+                return None
+            cur.execute(sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT %s) AS r").format(ident),
+                        (COUNT_CAP,))
+            had_rows = int(cur.fetchone()[0])
+            cur.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(sql.Identifier(publication), ident))
+            cur.execute("COMMIT")
+            return had_rows
+        except psycopg2.errors.LockNotAvailable:
+            cur.execute("ROLLBACK")
+            return None
+        except BaseException:
+            try:
+                cur.execute("ROLLBACK")
+            except Exception:  # noqa: BLE001 - the connection may be broken; the original error matters
+                pass
+            raise
+
+
+def unusable_new_partitions(conn: Any, before: partition_watch.Leaves, current: partition_watch.Leaves,
+                             now: float) -> list[DataWarning]:
+    """A partition added to a published root (created or attached; at the first look: every partition)
+    is published with it; without a usable replica identity of its own its UPDATEs and DELETEs now fail
+    upstream (measured on 18.6). Tidewater cannot undo the user's DDL, so it names the fix loudly."""
+    out: list[DataWarning] = []
+    for root, leaves in current.items():
+        for oid in sorted(set(leaves) - set(before.get(root, {}))):
+            leaf = leaves[oid]
+            try:
+                admin.check_tables(conn, [leaf.name], publish_generated=True)
+            except TableNotEligible as exc:
+                out.append(DataWarning(
+                    partition_watch.CODE_NO_IDENTITY, str(root),
+                    f"partition {leaf.name} of {root} has no usable replica identity, and as part of the published "
+                    f"{root} its UPDATEs and DELETEs fail upstream: {exc.message.split(': ', 1)[-1]}",
+                    WarningSeverity.DIVERGENCE, first_time=now, last_time=now))
+            except InvalidArgument:
+                continue  # gone since it was listed
+    return out
+
+
+_ASCII_UPPER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def collision_key(sink_uri: str, target: str) -> str:
+    """What two target names must differ in to be different tables in the sink of ``sink_uri``.
+
+    SQLite folds ASCII letters in table names (``"T"`` and ``"t"`` are one table; measured), MySQL and
+    MariaDB may (``lower_case_table_names``) and the SQL sink matches existing tables case-insensitively
+    there: those compare case-folded. PostgreSQL and other sinks compare exactly.
+    """
+    scheme = sink_uri.split(":", 1)[0].lower()
+    if scheme == "sqlite":
+        return target.translate(_ASCII_UPPER)
+    if scheme in ("mysql", "mariadb"):
+        return target.casefold()
+    return target
+
+
+def sink_target_names(sink_uri: str) -> Callable[[TableName], str]:
+    """``target_name`` of the sink for ``sink_uri`` (an unconnected sink: no I/O; closed again)."""
+    sink = open_sink(sink_uri)
+    try:
+        return sink.target_name
+    finally:
+        sink.close()
