@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from e2e_workload import assert_converged, server_config
+from e2e_workload import assert_converged, server_config, wait_for
 
 from playground.cluster import CdcServer, current_lsn
 from playground.compare import compare_tables, sqlalchemy_url
@@ -52,14 +52,14 @@ def _exec(conn: Any, *statements: str) -> None:
             cur.execute(stmt)
 
 
-def _wait_log(cdc: CdcServer, text: str, timeout: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        lines = [line for line in cdc.log_file.read_text(errors="replace").splitlines() if text in line]
-        if lines:
-            return lines[-1]
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} not logged in {timeout}s\n{cdc.log_tail()}")
+def _wait_warning(cdc: CdcServer, code: str, timeout: float = 30.0) -> str:
+    """The message of the changefeed's data warning ``code``, once ``changefeed query`` shows it (and the state
+    is ``warning``: the rows downstream differ)."""
+    q = wait_for(cdc, "part", lambda q: any(w["code"] == code for w in q["warnings"]), code, timeout)
+    assert q["state"] == "warning", q
+    return next(w["message"] for w in q["warnings"] if w["code"] == code)
+
+
 
 
 def _assert_extra_rows(cdc: CdcServer, conn: Any, sink: str, keys: list[Any]) -> None:
@@ -95,7 +95,7 @@ def test_partitions_follow_the_root_and_ddl_divergence_is_warned(
     # DETACH: nothing in the stream; the warning names root, partition and bound
     b_keys = sorted(tuple(r) for r in pg_server.execute("SELECT id, k FROM m_b", db=pg_database))
     _exec(source, "ALTER TABLE m DETACH PARTITION m_b")
-    line = _wait_log(cdc, "CDC:WarnPartitionDetached")
+    line = _wait_warning(cdc, "CDC:WarnPartitionDetached")
     assert "partition public.m_b (FOR VALUES FROM (10) TO (20)) of public.m was detached" in line
     _assert_extra_rows(cdc, source, sink_uri, b_keys)  # exactly the detached partition's rows
     _delete_downstream(sink_uri, "k >= 10 AND k < 20")  # what the warning says to do
@@ -104,10 +104,13 @@ def test_partitions_follow_the_root_and_ddl_divergence_is_warned(
     # TRUNCATE of one partition: not streamed either; warned as truncated (new storage)
     a_keys = sorted(tuple(r) for r in pg_server.execute("SELECT id, k FROM m_a", db=pg_database))
     _exec(source, "TRUNCATE m_a")
-    line = _wait_log(cdc, "CDC:WarnPartitionTruncated")
+    line = _wait_warning(cdc, "CDC:WarnPartitionTruncated")
     assert "partition public.m_a (FOR VALUES FROM (0) TO (10)) of public.m was truncated or rewritten" in line
     _assert_extra_rows(cdc, source, sink_uri, a_keys)
     _delete_downstream(sink_uri, "k >= 0 AND k < 10")
     _exec(source, "INSERT INTO m VALUES (1000, 5, 'after truncate')")
-    info = assert_converged(cdc, "part", source, sink_uri, tables=TABLES)
+    assert_converged(cdc, "part", source, sink_uri, tables=TABLES)
+    # the operator followed the warnings' advice: resume acknowledges them
+    cdc.request("POST", "/api/v2/changefeeds/part/resume")
+    info = wait_for(cdc, "part", lambda q: q["state"] == "normal" and not q["warnings"], "normal without warnings")
     assert info["error"] is None, info
