@@ -64,8 +64,9 @@ from sqlalchemy.engine import Connection, Engine
 from cdc.config import SinkConfig
 from cdc.errors import InvalidURI, SinkError, SinkUnavailable, TidewaterError
 from cdc.events import RowChange, TableName, TableSchema
+from cdc.model import DataWarning, merge_warnings
 from cdc.uri import parse_sink_uri
-from sinks.base import Sink
+from sinks.base import RowSource, Sink
 from sinks.sql.binding import Binding, KnownTable
 from sinks.sql.ddl import (
     TargetColumn,
@@ -73,6 +74,7 @@ from sinks.sql.ddl import (
     create_table_sql,
     plan_table,
 )
+from sinks.sql.fkgraph import FkGraph
 from sinks.sql.pipeline import Pipeline
 from sinks.sql.statements import Statements
 from sinks.sql.writer import Writer
@@ -143,6 +145,9 @@ class SQLSink(Sink):
         # statements execute in a worker thread while the next one is built (not SQLite: in-process work)
         self._pipe = Pipeline(threaded=self.dialect != "sqlite")
         self._closed = False
+        self._fk = FkGraph()  # foreign keys between target tables (see _read_foreign_keys)
+        self._row_source: RowSource | None = None
+        self._warnings: tuple[DataWarning, ...] = ()
 
     # ---- engine --------------------------------------------------------------------------------------
     def _timeout(self, name: str, default: float) -> float:
@@ -249,6 +254,30 @@ class SQLSink(Sink):
         if self.dialect == "postgresql":
             return table.schema, table.table
         return None, table.table
+
+    def take_warnings(self) -> list[DataWarning]:
+        """Warnings raised since the last call (merged by code and table). A write that failed and is
+        retried may count its warning twice."""
+        out, self._warnings = list(self._warnings), ()
+        return out
+
+    def set_row_source(self, fetch: RowSource | None) -> None:
+        self._row_source = fetch
+
+    def _add_warning(self, w: DataWarning) -> None:
+        log.warning("table %s: %s (%s; first keys %s)", w.table, w.message, w.code, ", ".join(w.keys))
+        self._warnings = merge_warnings(self._warnings, [w])
+
+    # ---- foreign keys between target tables ----------------------------------------------------------
+    def _fk_parents(self, label: str) -> bool:
+        return self._fk.has_parents(label)
+
+    def _is_fk_parent(self, label: str) -> bool:
+        return self._fk.is_parent(label)
+
+    def _fk_order(self, labels: list[str]) -> list[str]:
+        """``labels`` with parent tables before their children (foreign keys read from the target)."""
+        return self._fk.order(labels)
 
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         self._check_open()

@@ -207,6 +207,10 @@ class Statements:
         raise ValueError("catalog queries are for MySQL and PostgreSQL")
 
     # ---- whole table ---------------------------------------------------------------------------------
+    def truncate_many(self, tables: Sequence[TargetTable]) -> str:
+        """PostgreSQL: one ``TRUNCATE a, b`` (related tables must go in one statement)."""
+        return "TRUNCATE " + ", ".join(self.table(t) for t in tables)
+
     def truncate(self, t: TargetTable) -> str:
         """PostgreSQL's TRUNCATE is transactional; MySQL's commits implicitly, so it (and SQLite) deletes."""
         if self.dialect == "postgresql":

@@ -1,5 +1,27 @@
-"""The SQL sink's writer: applies one ``write`` call's row changes on one connection (grouping rows into
-multi-row statements, COPY on PostgreSQL, key moves)."""
+"""The SQL sink's writer: applies one ``write`` call's row changes on one connection.
+
+Apply rules (docs/architecture.md, "Apply rules: normalisation and ordering"):
+
+* Changes are collected in a *window* of whole upstream transactions. A window ends at a transaction
+  boundary (``commit_ts`` changes) once the pending changes reach ``max(batch_rows, txn_rows)``, or at
+  the end of the call. A single transaction larger than twice that bound is cut where it reaches it
+  (sequentially correct for immediate keys); while a table with REPLICA IDENTITY FULL and a key has
+  updates or deletes pending (its key may be DEFERRABLE upstream), only at 16 times the bound
+  (docs/limits.md).
+* At the end of a window each table's changes are collapsed to their net effect per key
+  (``sinks.sql.normalize``), then applied: every delete of an old image (child tables first, by the target's
+  foreign keys), then per table, parent tables first: key moves (``UPDATE .. SET key``), in-place partial
+  updates, inserts/upserts of new images.
+* Fast path: a table that has only seen INSERTs in the window (and has no foreign-key parent among the
+  target's tables, and is not a FULL-identity keyed table) keeps plain rows and sends them every
+  ``batch_rows`` rows, as a sequential prefix of its changes (an INSERT's key cannot exist upstream at that
+  moment, so it cannot exist downstream either).
+* TRUNCATE drops the table's pending changes; consecutive TRUNCATEs of one transaction are sent as one
+  statement (``TRUNCATE a, b`` on PostgreSQL; ``DELETE FROM`` each, children first, elsewhere) before the
+  next change.
+* A partial update (UNCHANGED columns) whose row is missing downstream is never completed with NULLs: the
+  row is re-read through the sink's row source, else left out, and a ``DataWarning`` says so.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import Connection
 
 from cdc.errors import SinkError
-from cdc.events import UNCHANGED, OpType, RowChange, TableSchema
+from cdc.events import UNCHANGED, OpType, RowChange
+from cdc.model import DataWarning, WarningSeverity
 from sinks.sql.binding import (
     K_DELETE,
     K_DELETE_ONE,
@@ -23,6 +46,7 @@ from sinks.sql.binding import (
     convert_params,
     convert_rows,
 )
+from sinks.sql.normalize import Image, KeyedNet, KeylessNet, normalize_keyed, normalize_keyless
 from sinks.sql.statements import Statements
 from sinks.sql.values import mysql_literal_function
 
@@ -34,34 +58,35 @@ log = logging.getLogger(__name__)
 MYSQL_STATEMENT_BYTES = 1_000_000  # well below MariaDB's 16 MB max_allowed_packet (characters, not bytes)
 # PostgreSQL: groups of at least this many rows that all came with their upstream text go through COPY
 COPY_MIN_ROWS = 32
+MISSING_ROW = "CDC:WarnMissingRow"
 
 
-class Group:
-    """The pending rows of one downstream table: what one statement will carry (same binding, kind, columns)."""
+class TableBuf:
+    """A table's pending changes in the current window: plain INSERT rows (``names``/``rows``/``texts``)
+    while nothing else came, then every further change in ``events``."""
 
-    __slots__ = ("b", "kind", "names", "extra", "rows", "texts", "seq")
+    __slots__ = ("b", "names", "rows", "texts", "events", "early")
 
-    def __init__(self, b: Binding, kind: int, names: tuple[str, ...],
-                 extra: tuple[tuple[str, ...], tuple[str, ...]] | None) -> None:
+    def __init__(self, b: Binding, early: bool) -> None:
         self.b = b
-        self.kind = kind
-        self.names = names
-        self.extra = extra
+        self.names: tuple[str, ...] | None = None
         self.rows: list[tuple[Any, ...]] = []
-        self.texts: list[Any] | None = []  # RowChange.row_text of each row, while every row of the group has one
-        self.seq = 0  # when its first pending row came, among the write's groups: the order of the final flush
+        self.texts: list[Any] | None = []  # RowChange.row_text of each row while every row has one
+        self.events: list[RowChange] | None = None
+        self.early = early  # rows may be sent before the window ends
+
+    def size(self) -> int:
+        return len(self.rows) + (len(self.events) if self.events is not None else 0)
+
+    def reset(self) -> None:
+        self.names = None
+        self.rows = []
+        self.texts = []
+        self.events = None
 
 
 class Writer:
-    """Applies one ``write`` call on one connection.
-
-    Keeps one pending group per downstream table and flushes a table's group only when that table's next
-    change cannot join it (another kind, column set or schema version), when it reaches ``batch_rows``,
-    before a TRUNCATE or key move of that table, when the rows pending over all tables reach
-    ``max(batch_rows, txn_rows)`` (memory bound), or at the end. Each table's changes therefore reach the
-    target in their order; statements of different tables may be reordered (all inside the one downstream
-    transaction of the call).
-    """
+    """Applies one ``write`` call on one connection (rules in the module docstring)."""
 
     def __init__(self, sink: SQLSink, conn: Connection, stmts: Statements) -> None:
         self.sink = sink
@@ -72,11 +97,11 @@ class Writer:
         self.cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         self.pipe = sink._pipe  # statements run there, in order; reads and the caller's commit drain it first
         self.current: str | None = None  # table being written (or whose statement failed), for error messages
-        self._groups: dict[str, Group] = {}  # by downstream table (label); kept, emptied, when flushed
-        self._last: Group | None = None  # the group the previous change joined (fast path)
-        self._pending = 0  # rows pending over all groups
-        self._max_pending = max(self.batch, sink._config.txn_rows)
-        self._seq = 0
+        self._win: dict[str, TableBuf] = {}  # by downstream table (label), in order of first change
+        self._truncs: list[Binding] = []  # TRUNCATEs of the current transaction not sent yet
+        self._pending = 0  # changes pending in the window
+        self._bound = max(self.batch, sink._config.txn_rows)
+        self._hold = False  # a FULL-identity keyed table has updates/deletes pending: cut only at 16x
         self._delete_sql: dict[tuple[int, int], str] = {}
         self._staged: set[str] = set()  # staging tables made sure of in this write (PostgreSQL)
         # made now, while the connection is idle (it reads the connection's status)
@@ -120,25 +145,56 @@ class Writer:
         if not self.pipe.submit(self.current, fn, *args):
             self._sync()
 
+    def _buf(self, b: Binding) -> TableBuf:
+        buf = self._win.get(b.label)
+        if buf is not None and buf.b is not b:  # a new schema version mid-window: apply what came before
+            self._emit_window()
+            buf = None
+        if buf is None:
+            early = not (b.keyed and b.schema.replica_identity == "f") and not self.sink._fk_parents(b.label)
+            buf = self._win[b.label] = TableBuf(b, early)
+        return buf
+
     def _run(self, changes: Iterable[RowChange]) -> int:
         count = 0
-        last_schema: TableSchema | None = None
+        last_ts: int | None = None
+        last_schema: Any = None
         b: Binding | None = None
-        insert_kind = K_UPSERT
-        push = self._push
+        buf: TableBuf | None = None
         batch = self.batch
-        INSERT, UPDATE, DELETE, TRUNCATE = OpType.INSERT, OpType.UPDATE, OpType.DELETE, OpType.TRUNCATE
+        bound = self._bound
+        INSERT, TRUNCATE = OpType.INSERT, OpType.TRUNCATE
         for ch in changes:
             count += 1
+            ts = ch.commit_ts
+            if ts != last_ts:
+                if self._truncs:
+                    self._emit_truncates()
+                if self._pending >= bound:
+                    self._emit_window()
+                    last_schema = None
+                last_ts = ts
+            elif self._pending >= (16 * bound if self._hold else 2 * bound):  # one huge transaction
+                self._emit_window()
+                last_schema = None
             schema = ch.schema
-            if schema is not last_schema:
+            if schema is not last_schema or buf is None or self._win.get(buf.b.label) is not buf:
                 self.current = str(schema.name)
                 b = self.sink._bind(schema, self.conn, self._sync)
-                insert_kind = K_UPSERT if b.keyed else K_INSERT
+                buf = self._buf(b)
                 last_schema = schema
             assert b is not None
             op = ch.op
-            if op == INSERT:
+            if op == TRUNCATE:
+                self._pending -= buf.size()
+                buf.reset()
+                if all(t.label != b.label for t in self._truncs):
+                    self._truncs.append(b)
+                continue
+            if self._truncs:
+                self._emit_truncates()
+            self._pending += 1
+            if op == INSERT and buf.events is None:
                 row = ch.row
                 if row is not None:  # positional: every column, in schema order (see RowChange.row)
                     names = b.names
@@ -149,145 +205,273 @@ class Writer:
                     names = tuple(vals)
                     row = tuple(vals.values())
                     text = None
-                g = self._last
-                # fast path: the same group as the previous change, not emptied since
-                if g is not None and g.b is b and g.kind == insert_kind and g.extra is None and g.rows and (
-                        g.names is names or g.names == names):
-                    rows = g.rows
-                    rows.append(row)
-                    texts = g.texts
-                    if texts is not None:
-                        if text is None:
-                            g.texts = None
-                        else:
-                            texts.append(text)
-                    self._pending += 1
-                    if len(rows) >= batch:
-                        self._flush_group(g)
-                    elif self._pending >= self._max_pending:
-                        self.flush()
-                else:
-                    push(b, insert_kind, names, row, None, text)
-            elif op == UPDATE:
-                self._update(b, ch)
-            elif op == DELETE:
-                self._delete(b, ch)
-            elif op == TRUNCATE:
-                self._flush_table(b)
-                self.current = b.label
-                self._submit(self.cur.execute, self.stmts.truncate(b.table), ())
+                rows = buf.rows
+                if rows and buf.names is not names and buf.names != names:
+                    buf.events = [ch]  # another column set: normalised with the rest
+                    continue
+                buf.names = names
+                rows.append(row)
+                texts = buf.texts
+                if texts is not None:
+                    if text is None:
+                        buf.texts = None
+                    else:
+                        texts.append(text)
+                if len(rows) >= batch and buf.early:
+                    self._flush_rows(buf)
+            elif op == INSERT or op == OpType.UPDATE or op == OpType.DELETE:
+                if buf.events is None:
+                    buf.events = []
+                    if b.keyed and b.schema.replica_identity == "f":
+                        self._hold = True
+                buf.events.append(ch)
             else:
                 raise SinkError(f"table {b.label}: unknown operation {op!r}")
-        self.flush()
+        self._emit_window()
         return count
 
-    def _update(self, b: Binding, ch: RowChange) -> None:
-        row = ch.row
-        if row is not None and ch.old_values is None and b.keyed:  # positional, nothing UNCHANGED
-            self._push(b, K_UPSERT, b.names, row, None, ch.row_text)
+    def _flush_rows(self, buf: TableBuf) -> None:
+        """Send a table's plain INSERT rows now (a sequential prefix of its changes)."""
+        rows, texts = buf.rows, buf.texts
+        buf.rows, buf.texts = [], []
+        self._pending -= len(rows)
+        b = buf.b
+        assert buf.names is not None
+        self._apply(b, K_UPSERT if b.keyed else K_INSERT, buf.names, None, rows, texts)
+
+    # ---- a window's net effect -----------------------------------------------------------------------
+    def _emit_truncates(self) -> None:
+        """One statement for the TRUNCATEs of one transaction (children first where they become deletes)."""
+        tables = self.sink._fk_order([b.label for b in self._truncs])
+        by_label = {b.label: b for b in self._truncs}
+        self._truncs = []
+        bs = [by_label[t] for t in tables]
+        if self.dialect == "postgresql":
+            self.current = bs[0].label
+            self._submit(self.cur.execute, self.stmts.truncate_many([b.table for b in bs]), ())
             return
-        vals = ch.values
-        if vals is None:
-            raise SinkError(f"table {b.label}: UPDATE without new values")
-        names, row = tuple(vals), tuple(vals.values())
-        partial = UNCHANGED in row
-        if partial:
-            names = tuple(k for k, v in vals.items() if v is not UNCHANGED)
-            row = tuple(v for v in row if v is not UNCHANGED)
-        old = ch.old_values
-        if not b.keyed:
-            if old is None:
-                raise SinkError(f"table {b.label} has no key and an UPDATE came without its old row "
-                                "(set REPLICA IDENTITY FULL upstream)")
-            match, nulls, mrow = _match_parts(old)
-            self._push(b, K_UPDATE_ONE, names, row + mrow, (match, nulls))
+        for b in reversed(bs):
+            self.current = b.label
+            self._submit(self.cur.execute, self.stmts.truncate(b.table), ())
+
+    def _emit_window(self) -> None:
+        if self._truncs:
+            self._emit_truncates()
+        bufs = {label: buf for label, buf in self._win.items() if buf.rows or buf.events}
+        self._win = {}
+        self._pending = 0
+        self._hold = False
+        if not bufs:
             return
-        if old is not None:
-            old_key = []
-            new_key = []
-            for k in b.key:
-                ov = old.get(k, UNCHANGED)
-                nv = vals.get(k, UNCHANGED)
-                if ov is UNCHANGED or nv is UNCHANGED:
-                    break
-                old_key.append(ov)
-                new_key.append(nv)
-            else:
-                if old_key != new_key:
-                    if partial:
-                        self._move(b, names, row, tuple(old_key))
+        order = [bufs[label] for label in self.sink._fk_order(list(bufs))]  # parents first
+        nets: list[tuple[TableBuf, KeyedNet | KeylessNet | None, list[tuple[Any, Image]], bool]] = []
+        for buf in order:
+            b = buf.b
+            if buf.events is None:
+                nets.append((buf, None, [], False))
+                continue
+            self.current = b.label
+            if b.keyed:
+                net: KeyedNet | KeylessNet = normalize_keyed(
+                    b.names, b.key, b.schema.replica_identity == "f", buf.names, buf.rows, buf.texts, buf.events)
+                moves: list[tuple[Any, Image]] = []
+                parent = self.sink._is_fk_parent(b.label)
+                for old, img in net.moves:
+                    if parent or (img.src == old and img.partial):
+                        moves.append((old, img))
                     else:
-                        self._push(b, K_DELETE, b.key, tuple(old_key), None)
-                        self._push(b, K_UPSERT, names, row, None)
-                    return
-        self._push(b, K_UPSERT, names, row, None)
-
-    def _delete(self, b: Binding, ch: RowChange) -> None:
-        old = ch.old_values if ch.old_values is not None else ch.values
-        if old is None:
-            raise SinkError(f"table {b.label}: DELETE without old values")
-        if b.keyed:
-            try:
-                key = tuple(old[k] for k in b.key)
-            except KeyError as exc:
-                raise SinkError(f"table {b.label}: DELETE without key column {exc.args[0]!r}") from None
-            if UNCHANGED in key:
-                raise SinkError(f"table {b.label}: DELETE whose key value was not sent")
-            self._push(b, K_DELETE, b.key, key, None)
-        else:
-            match, nulls, mrow = _match_parts(old)
-            self._push(b, K_DELETE_ONE, match, mrow, ((), nulls))
-
-    def _push(self, b: Binding, kind: int, names: tuple[str, ...], row: tuple[Any, ...],
-              extra: tuple[tuple[str, ...], tuple[str, ...]] | None, text: Any = None) -> None:
-        g = self._groups.get(b.label)
-        if g is None:
-            g = self._groups[b.label] = Group(b, kind, names, extra)
-        elif g.b is not b or g.kind != kind or g.extra != extra or (g.names is not names and g.names != names):
-            if g.rows:
-                self._flush_group(g)
-            g.b, g.kind, g.names, g.extra = b, kind, names, extra
-        rows = g.rows
-        if not rows:
-            g.seq = self._seq
-            self._seq += 1
-        rows.append(row)
-        texts = g.texts
-        if texts is not None:
-            if text is None:
-                g.texts = None
+                        net.deletes.append(old)
+                        net.upserts.append(img)
+                sequential = any(img.src is not None and img.partial for img in net.upserts)
+                nets.append((buf, net, moves, sequential))
             else:
-                texts.append(text)
-        self._last = g
-        self._pending += 1
-        if len(rows) >= self.batch:
-            self._flush_group(g)
-        elif self._pending >= self._max_pending:
-            self.flush()
+                try:
+                    net = normalize_keyless(b.names, buf.names, buf.rows, buf.texts, buf.events)
+                except ValueError:
+                    raise SinkError(f"table {b.label} has no key and an UPDATE or DELETE came without its old "
+                                    "row (set REPLICA IDENTITY FULL upstream)") from None
+                nets.append((buf, net, [], False))
+        for buf, net, _moves, sequential in reversed(nets):  # deletes: children first
+            if net is None or sequential:
+                continue
+            b = buf.b
+            if isinstance(net, KeyedNet):
+                if net.deletes:
+                    self._apply(b, K_DELETE, b.key, None, net.deletes, None)
+            elif net.deletes:
+                groups: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+                for old in net.deletes:
+                    match, nulls, mrow = _match_parts(old)
+                    groups.setdefault((match, nulls), []).append(mrow)
+                for (match, nulls), rows in groups.items():
+                    self._apply(b, K_DELETE_ONE, match, ((), nulls), rows, None)
+        for buf, net, moves, sequential in nets:  # new images: parents first
+            b = buf.b
+            if net is None:
+                assert buf.names is not None
+                self._apply(b, K_UPSERT if b.keyed else K_INSERT, buf.names, None, buf.rows, buf.texts)
+            elif sequential:
+                self._apply_sequential(buf)
+            elif isinstance(net, KeyedNet):
+                if moves:
+                    self._apply_moves(b, moves)
+                if net.patches:
+                    self._apply_patches(b, net.patches)
+                self._apply_images(b, K_UPSERT, net.upserts)
+            else:
+                for vals, old in net.updates:
+                    match, nulls, mrow = _match_parts(old)
+                    names = tuple(k for k, v in vals.items() if v is not UNCHANGED)
+                    self._apply(b, K_UPDATE_ONE, names, (match, nulls), [tuple(vals[k] for k in names) + mrow], None)
+                self._apply_images(b, K_INSERT, net.inserts)
+
+    def _apply_images(self, b: Binding, kind: int, images: list[Image]) -> None:
+        """Upsert/insert images, one statement group per column set (positional rows keep their texts)."""
+        groups: dict[tuple[str, ...], tuple[list[tuple[Any, ...]], list[Any] | None]] = {}
+        for img in images:
+            names, row = img.defined()
+            g = groups.get(names)
+            if g is None:
+                g = groups[names] = ([], [])
+            g[0].append(row)
+            texts = g[1]
+            if texts is not None:
+                if img.text is None or img.row is not row:
+                    groups[names] = (g[0], None)
+                else:
+                    texts.append(img.text)
+        for names, (rows, texts) in groups.items():
+            self._apply(b, kind, names, None, rows, texts)
+
+    # ---- key moves, partial updates, missing rows (synchronous: they read results) -------------------
+    def _exists(self, b: Binding, key: Sequence[Any]) -> bool:
+        self.cur.execute(self.stmts.exists_key(b.table), self._key_params(b, tuple(key)))
+        return self.cur.fetchone() is not None
+
+    def _apply_moves(self, b: Binding, moves: list[tuple[Any, Image]]) -> None:
+        """Rows whose key changed and nothing else happened to either key: ``UPDATE .. SET key = new ..
+        WHERE key = old`` (so ON UPDATE CASCADE downstream acts, and unsent columns stay). When the new key
+        already exists downstream (a replay) the old row is deleted and the image upserted instead."""
+        self._sync()
+        self.current = b.label
+        for old, img in moves:
+            names, row = img.defined()
+            new_key = tuple(img.values[k] for k in b.key)
+            if self._exists(b, new_key):
+                self.cur.execute(self.stmts.delete_key(b.table), self._key_params(b, tuple(old)))
+                self._upsert_or_patch(b, img, names, row)
+                continue
+            plan = b.plan(K_UPSERT, names, None)
+            values = plan.convert(row) if plan.convert else row
+            sets = [b.colmap[n] for n in names]
+            self.cur.execute(self.stmts.update_key(b.table, sets), list(values) + self._key_params(b, tuple(old)))
+            if not self.cur.rowcount:  # the old row is missing downstream
+                self._upsert_or_patch(b, img, names, row)
+
+    def _upsert_or_patch(self, b: Binding, img: Image, names: tuple[str, ...], row: tuple[Any, ...]) -> None:
+        if not img.partial and len(names) >= b.ncols:
+            self._apply(b, K_UPSERT, names, None, [row], None)
+            self._sync()
+        else:
+            self._apply_patches(b, [dict(zip(names, row, strict=True))])
+
+    def _apply_patches(self, b: Binding, patches: list[dict[str, Any]]) -> None:
+        """In-place partial updates (UNCHANGED columns left out) of rows that existed before the window.
+        Rows missing downstream are never inserted with NULLs in place of the unsent columns: see
+        :meth:`_missing`."""
+        groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+        for p in patches:
+            groups.setdefault(tuple(p), []).append(tuple(p.values()))
+        for names, all_rows in groups.items():
+            kidx = [names.index(k) for k in b.key]
+            for i in range(0, len(all_rows), self.batch):
+                self._patch_rows(b, names, kidx, all_rows[i:i + self.batch])
+
+    def _patch_rows(self, b: Binding, names: tuple[str, ...], kidx: list[int], rows: list[tuple[Any, ...]]) -> None:
+        keys = _distinct([tuple(r[i] for i in kidx) for r in rows])
+        if self._count_existing(b, [self._key_params(b, k) for k in keys]) < len(keys):
+            present = {k: self._exists(b, k) for k in keys} if _hashable_keys(keys) else None
+            if present is None:  # array keys
+                missing = [k for k in keys if not self._exists(b, k)]
+                rows = [r for r in rows if tuple(r[i] for i in kidx) not in missing]
+            else:
+                missing = [k for k, p in present.items() if not p]
+                rows = [r for r in rows if present[tuple(r[i] for i in kidx)]]
+            self._missing(b, missing)
+        if rows:
+            self._apply(b, K_UPSERT, names, None, rows, None)
+            self._sync()
+
+    def _missing(self, b: Binding, keys: list[tuple[Any, ...]]) -> None:
+        """Partial updates whose row is missing downstream: write the current upstream row when the sink
+        has a row source (None from it: the row is gone upstream too, a later delete converges), and
+        record a warning either way."""
+        if not keys:
+            return
+        source = self.sink._row_source
+        shown = tuple(str(k[0] if len(k) == 1 else k) for k in keys[: DataWarning.MAX_KEYS])
+        table = str(b.schema.name)
+        if source is None:
+            self.sink._add_warning(DataWarning(
+                MISSING_ROW, table, f"{len(keys)} updated row(s) missing downstream were not written: the update "
+                "did not carry every column (unchanged TOAST values) and no upstream row source is set",
+                WarningSeverity.DIVERGENCE, len(keys), shown))
+            return
+        fetched = source(b.schema, keys)
+        rows = [tuple(r.get(n) for n in b.names) for r in fetched if r is not None]
+        if rows:
+            self._apply(b, K_UPSERT, b.names, None, rows, None)
+            self._sync()
+        self.sink._add_warning(DataWarning(
+            MISSING_ROW, table, f"{len(keys)} updated row(s) were missing downstream; {len(rows)} re-read from the "
+            "upstream and written (the others are gone upstream)", WarningSeverity.NOTICE, len(keys), shown))
+
+    def _apply_sequential(self, buf: TableBuf) -> None:
+        """A table whose new images need unsent columns of downstream rows that the window also replaces
+        (key rotations of rows with unchanged TOAST values, replica identity DEFAULT): applied change by
+        change, which is correct because such keys are immediate upstream."""
+        b = buf.b
+        self.current = b.label
+        if buf.rows:
+            assert buf.names is not None
+            self._apply(b, K_UPSERT, buf.names, None, buf.rows, buf.texts)
+        for ch in buf.events or ():
+            net = normalize_keyed(b.names, b.key, False, None, (), None, [ch])
+            self._sync()
+            if net.deletes:
+                self._apply(b, K_DELETE, b.key, None, net.deletes, None)
+            for old, img in net.moves:
+                if img.partial or self.sink._is_fk_parent(b.label):
+                    self._apply_moves(b, [(old, img)])
+                else:
+                    self._apply(b, K_DELETE, b.key, None, [old], None)
+                    self._apply_images(b, K_UPSERT, [img])
+            if net.patches:
+                self._apply_patches(b, net.patches)
+            self._apply_images(b, K_UPSERT, [i for i in net.upserts if not i.partial])
+            for img in net.upserts:
+                if img.partial:  # the row it came from is gone downstream
+                    self._missing(b, [tuple(img.values[k] for k in b.key)])
+        self._sync()
 
     # ---- output --------------------------------------------------------------------------------------
-    def flush(self) -> None:
-        """Flush every pending group, in the order their first pending rows came."""
-        pending = [g for g in self._groups.values() if g.rows]
-        if len(pending) > 1:
-            pending.sort(key=_group_seq)
-        for g in pending:
-            self._flush_group(g)
-
-    def _flush_table(self, b: Binding) -> None:
-        g = self._groups.get(b.label)
-        if g is not None and g.rows:
-            self._flush_group(g)
-
-    def _flush_group(self, g: Group) -> None:
-        rows = g.rows
+    def _apply(self, b: Binding, kind: int, names: tuple[str, ...],
+               extra: tuple[tuple[str, ...], tuple[str, ...]] | None,
+               rows: list[tuple[Any, ...]], texts: list[Any] | None) -> None:
+        """Send ``rows`` as statements of at most ``batch_rows`` rows each."""
         if not rows:
             return
-        b, kind, names, extra = g.b, g.kind, g.names, g.extra
-        texts = g.texts
-        g.rows = []
-        g.texts = []
-        self._pending -= len(rows)
+        batch = self.batch
+        if len(rows) <= batch:
+            self._apply_chunk(b, kind, names, extra, rows, texts)
+            return
+        for i in range(0, len(rows), batch):
+            part = texts[i:i + batch] if texts is not None and len(texts) == len(rows) else None
+            self._apply_chunk(b, kind, names, extra, rows[i:i + batch], part)
+
+    def _apply_chunk(self, b: Binding, kind: int, names: tuple[str, ...],
+                     extra: tuple[tuple[str, ...], tuple[str, ...]] | None,
+                     rows: list[tuple[Any, ...]], texts: list[Any] | None) -> None:
         self.current = b.label
         plan = b.plan(kind, names, extra)
         copy = plan.copy
@@ -299,11 +483,8 @@ class Writer:
         if kind == K_UPSERT:
             if self.dialect == "sqlite":
                 _check_keys_not_null(rows, plan.key_idx, b.label)
-            partial = len(names) < b.ncols
-            if self.dialect == "postgresql" or partial:
+            if self.dialect == "postgresql" or len(names) < b.ncols:
                 rows = _last_per_key(rows, plan.key_idx)  # ON CONFLICT cannot touch a row twice
-            if partial and b.label not in self.sink._warned_missing:
-                self._warn_missing(b, [tuple(r[i] for i in plan.key_idx) for r in rows])
             self._insert_rows(plan, convert_rows(plan, rows, texts))  # texts ignored if rows were dropped
         elif kind == K_INSERT:
             self._insert_rows(plan, convert_rows(plan, rows, texts))
@@ -389,42 +570,6 @@ class Writer:
     def _key_params(self, b: Binding, key: tuple[Any, ...]) -> list[Any]:
         return list(b.key_convert(key) if b.key_convert else key)
 
-    def _warn_missing(self, b: Binding, raw_keys: list[tuple[Any, ...]]) -> None:
-        keys = [self._key_params(b, k) for k in raw_keys]
-        missing = len(keys) - self._count_existing(b, keys)
-        if missing > 0:
-            self.sink._warned_missing.add(b.label)
-            log.warning("table %s: %d updated row(s) were missing downstream and are inserted without their "
-                        "unsent (UNCHANGED) columns, which stay NULL; a previous loss? (warned once per table)",
-                        b.label, missing)
-
-    def _move(self, b: Binding, names: tuple[str, ...], row: tuple[Any, ...], old_key: tuple[Any, ...]) -> None:
-        """Key change with UNCHANGED columns: move the old row (keeping the unsent values) when possible."""
-        self._flush_table(b)
-        self._sync()  # reads results (existence, rowcount): run synchronously from here
-        self.current = b.label
-        new_key = tuple(row[names.index(k)] for k in b.key)
-        new_params = self._key_params(b, new_key)
-        old_params = self._key_params(b, old_key)
-        plan = b.plan(K_UPSERT, names, None)
-        values = plan.convert(row) if plan.convert else row
-        if not self._count_existing(b, [new_params]):
-            sets = [b.colmap[n] for n in names]
-            self.cur.execute(self.stmts.update_key(b.table, sets), list(values) + list(old_params))
-            if self.cur.rowcount:
-                return
-            if b.label not in self.sink._warned_missing:
-                self.sink._warned_missing.add(b.label)
-                log.warning("table %s: a row whose key changed was missing downstream and is inserted without "
-                            "its unsent (UNCHANGED) columns; a previous loss? (warned once per table)", b.label)
-        else:
-            self.cur.execute(self.stmts.delete_key(b.table), old_params)
-        self._insert_rows(plan, [values])
-
-
-def _group_seq(g: Group) -> int:
-    return g.seq
-
 
 def _match_parts(old: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[Any, ...]]:
     """Split an old row into (non-NULL column names, NULL column names, non-NULL values); skips UNCHANGED."""
@@ -506,6 +651,14 @@ def _last_per_key_texts(rows: list[tuple[Any, ...]], texts: list[Any], key_idx: 
     if len(last) == len(rows):
         return texts
     return [texts[j] for j in sorted(last.values())]
+
+
+def _hashable_keys(keys: list[tuple[Any, ...]]) -> bool:
+    try:
+        hash(tuple(keys))
+        return True
+    except TypeError:
+        return False
 
 
 def _distinct(keys: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
