@@ -115,11 +115,13 @@ class KeyedNet:
     ``deletes``: keys whose pre-window row goes (before any insert). ``moves``: (old key, image) whose row
     moved from ``old key`` (not in ``deletes``: apply as ``UPDATE .. SET key .. WHERE key = old`` or as
     delete + upsert). ``patches``: partial in-place updates of pre-window rows (dicts of the sent columns,
-    key included). ``upserts``: new images (partial ones carry ``src``)."""
+    key included). ``updates``: complete in-place updates of pre-window rows (applied as upserts).
+    ``upserts``: new images (partial ones carry ``src``)."""
 
     deletes: list[Key] = field(default_factory=list)
     moves: list[tuple[Key, Image]] = field(default_factory=list)
     patches: list[dict[str, Any]] = field(default_factory=list)
+    updates: list[Image] = field(default_factory=list)
     upserts: list[Image] = field(default_factory=list)
 
 
@@ -271,7 +273,7 @@ def normalize_keyed(names: tuple[str, ...], key: tuple[str, ...], full_identity:
                 net.deletes.append(st.key)
         elif st.patch is not None:
             if st.patch.row is not None or len(st.patch.values) >= ncols:
-                net.upserts.append(st.patch)
+                net.updates.append(st.patch)
             else:
                 net.patches.append(st.patch.values)
     return net

@@ -145,7 +145,8 @@ class SQLSink(Sink):
         # statements execute in a worker thread while the next one is built (not SQLite: in-process work)
         self._pipe = Pipeline(threaded=self.dialect != "sqlite")
         self._closed = False
-        self._fk = FkGraph()  # foreign keys between target tables (see _read_foreign_keys)
+        self._fk = FkGraph()  # foreign keys between target tables (see _load_foreign_keys)
+        self._fk_seen: set[str] = set()  # tables whose foreign keys were read
         self._row_source: RowSource | None = None
         self._warnings: tuple[DataWarning, ...] = ()
 
@@ -176,6 +177,8 @@ class SQLSink(Sink):
                 try:
                     cur.execute("PRAGMA journal_mode=WAL")
                     cur.execute(f"PRAGMA busy_timeout={int(busy * 1000)}")
+                    # SQLite enforces foreign keys (and runs their ON DELETE/UPDATE actions) only when asked
+                    cur.execute("PRAGMA foreign_keys=ON")
                 finally:
                     cur.close()
 
@@ -279,6 +282,38 @@ class SQLSink(Sink):
         """``labels`` with parent tables before their children (foreign keys read from the target)."""
         return self._fk.order(labels)
 
+    def _load_foreign_keys(self, conn: Connection, tschema: str | None, label: str) -> None:
+        """Read the foreign keys between the tables of target schema ``tschema`` (once per schema, and again
+        when a table not seen then is bound: created or added downstream since)."""
+        stmts = self._statements()
+        cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            if self.dialect == "sqlite":
+                cur.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+                tables = [r[0] for r in cur.fetchall()]
+                edges = []
+                for t in tables:
+                    cur.execute(f"PRAGMA foreign_key_list({stmts.q(t)})")
+                    edges += [(t, r[2]) for r in cur.fetchall()]
+                seen = set(tables)
+            elif self.dialect == "mysql":
+                cur.execute(stmts.catalog_foreign_keys())
+                edges = [(str(c), str(p)) for c, p in cur.fetchall()]
+                cur.execute(stmts.catalog_tables())
+                seen = {r[0] for r in cur.fetchall()}
+            else:
+                cur.execute(stmts.catalog_foreign_keys(), (tschema, tschema))
+                edges = [(f"{cs}.{c}", f"{ps}.{p}") for cs, c, ps, p in cur.fetchall()]
+                cur.execute(stmts.catalog_tables(), (tschema,))
+                seen = {f"{tschema}.{r[0]}" for r in cur.fetchall()}
+        finally:
+            cur.close()
+        self._fk.add_all(edges)
+        self._fk_seen |= seen | {label}
+        if edges:
+            log.info("%s: %d foreign key(s) between target tables: deletes go children first, inserts parents "
+                     "first", self._where(), len(edges))
+
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         self._check_open()
         writer: Writer | None = None
@@ -350,6 +385,10 @@ class SQLSink(Sink):
                     ddl.execution_options(isolation_level="AUTOCOMMIT")
                     table = self._prepare_table(schema, ddl)
             self._tables[parts] = table
+        if table.label not in self._fk_seen:
+            if before_io is not None:
+                before_io()
+            self._load_foreign_keys(conn, parts[0], table.label)
         binding = Binding(self, schema, table)
         if len(self._bindings_by_value) > _MAX_BINDINGS:
             self._bindings_by_value.clear()

@@ -206,10 +206,27 @@ class Statements:
                     "ORDER BY c.relname, i.indexrelid, k.ord")
         raise ValueError("catalog queries are for MySQL and PostgreSQL")
 
+    def catalog_foreign_keys(self) -> str:
+        """Rows of (child, parent) tables of every foreign key of the connection's database (MySQL), or
+        (child schema, child, parent schema, parent) of every foreign key touching a schema (PostgreSQL; the
+        schema is the parameter, twice)."""
+        if self.dialect == "mysql":
+            return ("SELECT TABLE_NAME, REFERENCED_TABLE_NAME FROM information_schema.REFERENTIAL_CONSTRAINTS "
+                    "WHERE CONSTRAINT_SCHEMA = DATABASE() AND UNIQUE_CONSTRAINT_SCHEMA = DATABASE()")
+        if self.dialect == "postgresql":
+            return ("SELECT cn.nspname, c.relname, pn.nspname, p.relname FROM pg_catalog.pg_constraint k "
+                    "JOIN pg_catalog.pg_class c ON c.oid = k.conrelid "
+                    "JOIN pg_catalog.pg_namespace cn ON cn.oid = c.relnamespace "
+                    "JOIN pg_catalog.pg_class p ON p.oid = k.confrelid "
+                    "JOIN pg_catalog.pg_namespace pn ON pn.oid = p.relnamespace "
+                    "WHERE k.contype = 'f' AND (cn.nspname = %s OR pn.nspname = %s)")
+        raise ValueError("catalog queries are for MySQL and PostgreSQL")
+
     # ---- whole table ---------------------------------------------------------------------------------
-    def truncate_many(self, tables: Sequence[TargetTable]) -> str:
-        """PostgreSQL: one ``TRUNCATE a, b`` (related tables must go in one statement)."""
-        return "TRUNCATE " + ", ".join(self.table(t) for t in tables)
+    def truncate_many(self, tables: Sequence[TargetTable], cascade: bool = False) -> str:
+        """PostgreSQL: one ``TRUNCATE a, b`` (related tables must go in one statement), ``CASCADE`` when
+        the upstream TRUNCATE had it."""
+        return "TRUNCATE " + ", ".join(self.table(t) for t in tables) + (" CASCADE" if cascade else "")
 
     def truncate(self, t: TargetTable) -> str:
         """PostgreSQL's TRUNCATE is transactional; MySQL's commits implicitly, so it (and SQLite) deletes."""

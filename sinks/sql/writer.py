@@ -99,6 +99,7 @@ class Writer:
         self.current: str | None = None  # table being written (or whose statement failed), for error messages
         self._win: dict[str, TableBuf] = {}  # by downstream table (label), in order of first change
         self._truncs: list[Binding] = []  # TRUNCATEs of the current transaction not sent yet
+        self._cascade = False  # one of them had CASCADE upstream
         self._pending = 0  # changes pending in the window
         self._bound = max(self.batch, sink._config.txn_rows)
         self._hold = False  # a FULL-identity keyed table has updates/deletes pending: cut only at 16x
@@ -190,6 +191,7 @@ class Writer:
                 buf.reset()
                 if all(t.label != b.label for t in self._truncs):
                     self._truncs.append(b)
+                self._cascade = self._cascade or bool(ch.extra.get("truncate_options", 0) & 1)
                 continue
             if self._truncs:
                 self._emit_truncates()
@@ -246,9 +248,10 @@ class Writer:
         by_label = {b.label: b for b in self._truncs}
         self._truncs = []
         bs = [by_label[t] for t in tables]
+        cascade, self._cascade = self._cascade, False
         if self.dialect == "postgresql":
             self.current = bs[0].label
-            self._submit(self.cur.execute, self.stmts.truncate_many([b.table for b in bs]), ())
+            self._submit(self.cur.execute, self.stmts.truncate_many([b.table for b in bs], cascade), ())
             return
         for b in reversed(bs):
             self.current = b.label
@@ -291,6 +294,13 @@ class Writer:
                     raise SinkError(f"table {b.label} has no key and an UPDATE or DELETE came without its old "
                                     "row (set REPLICA IDENTITY FULL upstream)") from None
                 nets.append((buf, net, [], False))
+        # updates of existing rows of a child table go before its parents' deletes (a reference dropped
+        # before the parent row goes), unless a parent gets new rows in this window (a reference to them)
+        growing = {buf.b.label for buf, net, moves, _ in nets
+                   if net is None or moves or (isinstance(net, KeyedNet) and net.upserts)
+                   or (isinstance(net, KeylessNet) and net.inserts)}
+        early = {buf.b.label for buf, net, _, seq in nets if isinstance(net, KeyedNet) and not seq
+                 and self.sink._fk_parents(buf.b.label) and not (self.sink._fk.parents[buf.b.label] & growing)}
         for buf, net, _moves, sequential in reversed(nets):  # deletes: children first
             if net is None or sequential:
                 continue
@@ -298,6 +308,8 @@ class Writer:
             if isinstance(net, KeyedNet):
                 if net.deletes:
                     self._apply(b, K_DELETE, b.key, None, net.deletes, None)
+                if b.label in early:
+                    self._apply_updates(b, net)
             elif net.deletes:
                 groups: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
                 for old in net.deletes:
@@ -315,8 +327,8 @@ class Writer:
             elif isinstance(net, KeyedNet):
                 if moves:
                     self._apply_moves(b, moves)
-                if net.patches:
-                    self._apply_patches(b, net.patches)
+                if b.label not in early:
+                    self._apply_updates(b, net)
                 self._apply_images(b, K_UPSERT, net.upserts)
             else:
                 for vals, old in net.updates:
@@ -324,6 +336,12 @@ class Writer:
                     names = tuple(k for k, v in vals.items() if v is not UNCHANGED)
                     self._apply(b, K_UPDATE_ONE, names, (match, nulls), [tuple(vals[k] for k in names) + mrow], None)
                 self._apply_images(b, K_INSERT, net.inserts)
+
+    def _apply_updates(self, b: Binding, net: KeyedNet) -> None:
+        """In-place updates of rows that existed before the window: partial ones, then complete ones."""
+        if net.patches:
+            self._apply_patches(b, net.patches)
+        self._apply_images(b, K_UPSERT, net.updates)
 
     def _apply_images(self, b: Binding, kind: int, images: list[Image]) -> None:
         """Upsert/insert images, one statement group per column set (positional rows keep their texts)."""
@@ -446,8 +464,7 @@ class Writer:
                 else:
                     self._apply(b, K_DELETE, b.key, None, [old], None)
                     self._apply_images(b, K_UPSERT, [img])
-            if net.patches:
-                self._apply_patches(b, net.patches)
+            self._apply_updates(b, net)
             self._apply_images(b, K_UPSERT, [i for i in net.upserts if not i.partial])
             for img in net.upserts:
                 if img.partial:  # the row it came from is gone downstream

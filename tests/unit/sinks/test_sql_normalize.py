@@ -174,3 +174,13 @@ def test_random_deferred_key_permutations_end_like_upstream(tmp_path: Path, seed
         assert read(db, FULL.name.table) == sorted(tuple(r.values()) for r in state.values())
     finally:
         sink.close()
+
+
+def test_fk_graph_orders_parents_first_and_keeps_cycles_in_the_given_order() -> None:
+    from sinks.sql.fkgraph import FkGraph
+
+    g = FkGraph()
+    g.add_all([("child", "parent"), ("grandchild", "child"), ("parent", "parent"), ("x", "y"), ("y", "x")])
+    assert g.order(["grandchild", "other", "child", "parent"]) == ["other", "parent", "child", "grandchild"]
+    assert g.order(["y", "x", "child"]) == ["child", "y", "x"]  # the cycle last, in the given order
+    assert g.is_parent("parent") and not g.has_parents("parent") and g.has_parents("child")
