@@ -32,7 +32,7 @@ come before inserts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,26 +145,53 @@ def _same(img: dict[str, Any], old: dict[str, Any]) -> bool:
 
 def normalize_keyed(names: tuple[str, ...], key: tuple[str, ...], full_identity: bool,
                     prefix_names: tuple[str, ...] | None, prefix_rows: Sequence[tuple[Any, ...]],
-                    prefix_texts: Sequence[Any] | None, events: Sequence[RowChange]) -> KeyedNet:
-    """Net effect of ``prefix_rows`` (INSERTs that came first, positional by ``prefix_names``) followed by
-    ``events`` on a table keyed by ``key``. ``full_identity``: old images of UPDATE/DELETE are whole rows."""
+                    prefix_texts: Sequence[Any] | None, events: Sequence[RowChange],
+                    prefix_updates: Collection[int] = ()) -> KeyedNet:
+    """Net effect of ``prefix_rows`` (whole rows that came first, positional by ``prefix_names``: INSERTs,
+    and in-place UPDATEs at the indexes in ``prefix_updates``) followed by ``events`` on a table keyed by
+    ``key``. ``full_identity``: old images of UPDATE/DELETE are whole rows."""
     states: dict[Any, _KeyState] = {}
     ncols = len(names)
     all_kidx = [names.index(k) for k in key]
 
     def state(k: Key) -> _KeyState:
+        try:
+            st = states.get(k)
+        except TypeError:  # array keys
+            return state_slow(k)
+        if st is None:
+            st = states[k] = _KeyState(k)
+        return st
+
+    def state_slow(k: Key) -> _KeyState:
         hk = _hkey(k)
         st = states.get(hk)
         if st is None:
             st = states[hk] = _KeyState(k)
         return st
 
+    def set_row(st: _KeyState, img: Image) -> None:
+        """A complete in-place update (every column sent, key unchanged)."""
+        if st.live:
+            img.moved_from = st.live[-1].moved_from
+            st.live[-1] = img
+        elif st.pre_removed:  # an update of a row removed in the window cannot happen upstream: keep it
+            st.live.append(img)
+        else:
+            st.patch = img
+
     if prefix_rows:
         assert prefix_names is not None
         kidx = [prefix_names.index(k) for k in key]
+        texts = prefix_texts if prefix_texts is not None and len(prefix_texts) == len(prefix_rows) else None
+        updates = set(prefix_updates)
         for i, row in enumerate(prefix_rows):
-            text = prefix_texts[i] if prefix_texts is not None and i < len(prefix_texts) else None
-            state(tuple(row[j] for j in kidx)).live.append(Image(prefix_names, row, text))
+            img = Image(prefix_names, row, texts[i] if texts is not None else None)
+            st = state(tuple(row[j] for j in kidx))
+            if i in updates:
+                set_row(st, img)
+            else:
+                st.live.append(img)
 
     def remove(st: _KeyState, full_old: dict[str, Any] | None) -> tuple[dict[str, Any], Key | None, Key | None]:
         """Apply "-" to a key; return (known values of the removed row, key of the downstream row holding
@@ -205,6 +232,10 @@ def normalize_keyed(names: tuple[str, ...], key: tuple[str, ...], full_identity:
             remove(state(tuple(src[k] for k in key)), full_old)
             continue
         # UPDATE
+        row = ch.row
+        if row is not None and old is None:  # positional, every column sent, key unchanged
+            set_row(state(tuple(row[j] for j in all_kidx)), Image(names, row, ch.row_text))
+            continue
         vals = ch.values
         assert vals is not None
         if full_old is not None:

@@ -65,13 +65,14 @@ class TableBuf:
     """A table's pending changes in the current window: plain INSERT rows (``names``/``rows``/``texts``)
     while nothing else came, then every further change in ``events``."""
 
-    __slots__ = ("b", "names", "rows", "texts", "events", "early")
+    __slots__ = ("b", "names", "rows", "texts", "updates", "events", "early")
 
     def __init__(self, b: Binding, early: bool) -> None:
         self.b = b
         self.names: tuple[str, ...] | None = None
         self.rows: list[tuple[Any, ...]] = []
         self.texts: list[Any] | None = []  # RowChange.row_text of each row while every row has one
+        self.updates: list[int] = []  # indexes of ``rows`` that came from in-place UPDATEs (all columns sent)
         self.events: list[RowChange] | None = None
         self.early = early  # rows may be sent before the window ends
 
@@ -82,6 +83,7 @@ class TableBuf:
         self.names = None
         self.rows = []
         self.texts = []
+        self.updates = []
         self.events = None
 
 
@@ -146,10 +148,16 @@ class Writer:
         if not self.pipe.submit(self.current, fn, *args):
             self._sync()
 
-    def _buf(self, b: Binding) -> TableBuf:
+    def _buf(self, b: Binding, truncate: bool) -> TableBuf:
         buf = self._win.get(b.label)
-        if buf is not None and buf.b is not b:  # a new schema version mid-window: apply what came before
-            self._emit_window()
+        if buf is not None and buf.b is not b:
+            old = buf.b.schema
+            if truncate or not (buf.rows or buf.events) or (
+                    old.columns == b.schema.columns and old.key == b.schema.key
+                    and old.replica_identity == b.schema.replica_identity):
+                buf.b = b  # the same columns (a Relation message sent again, e.g. after a TRUNCATE)
+                return buf
+            self._emit_window()  # another column set mid-window: apply what came before
             buf = None
         if buf is None:
             early = not (b.keyed and b.schema.replica_identity == "f") and not self.sink._fk_parents(b.label)
@@ -164,7 +172,7 @@ class Writer:
         buf: TableBuf | None = None
         batch = self.batch
         bound = self._bound
-        INSERT, TRUNCATE = OpType.INSERT, OpType.TRUNCATE
+        INSERT, UPDATE, TRUNCATE = OpType.INSERT, OpType.UPDATE, OpType.TRUNCATE
         for ch in changes:
             count += 1
             ts = ch.commit_ts
@@ -182,7 +190,7 @@ class Writer:
             if schema is not last_schema or buf is None or self._win.get(buf.b.label) is not buf:
                 self.current = str(schema.name)
                 b = self.sink._bind(schema, self.conn, self._sync)
-                buf = self._buf(b)
+                buf = self._buf(b, ch.op == TRUNCATE)
                 last_schema = schema
             assert b is not None
             op = ch.op
@@ -196,7 +204,9 @@ class Writer:
             if self._truncs:
                 self._emit_truncates()
             self._pending += 1
-            if op == INSERT and buf.events is None:
+            if buf.events is None and (op == INSERT or (
+                    op == UPDATE and ch.old_values is None and ch.row is not None and b.keyed)):
+                # whole rows (an in-place UPDATE of a keyed table sends every column when ``row`` is set)
                 row = ch.row
                 if row is not None:  # positional: every column, in schema order (see RowChange.row)
                     names = b.names
@@ -211,6 +221,8 @@ class Writer:
                 if rows and buf.names is not names and buf.names != names:
                     buf.events = [ch]  # another column set: normalised with the rest
                     continue
+                if op == UPDATE:
+                    buf.updates.append(len(rows))
                 buf.names = names
                 rows.append(row)
                 texts = buf.texts
@@ -221,7 +233,7 @@ class Writer:
                         texts.append(text)
                 if len(rows) >= batch and buf.early:
                     self._flush_rows(buf)
-            elif op == INSERT or op == OpType.UPDATE or op == OpType.DELETE:
+            elif op in (INSERT, UPDATE, OpType.DELETE):
                 if buf.events is None:
                     buf.events = []
                     if b.keyed and b.schema.replica_identity == "f":
@@ -235,7 +247,7 @@ class Writer:
     def _flush_rows(self, buf: TableBuf) -> None:
         """Send a table's plain INSERT rows now (a sequential prefix of its changes)."""
         rows, texts = buf.rows, buf.texts
-        buf.rows, buf.texts = [], []
+        buf.rows, buf.texts, buf.updates = [], [], []
         self._pending -= len(rows)
         b = buf.b
         assert buf.names is not None
@@ -276,7 +288,8 @@ class Writer:
             self.current = b.label
             if b.keyed:
                 net: KeyedNet | KeylessNet = normalize_keyed(
-                    b.names, b.key, b.schema.replica_identity == "f", buf.names, buf.rows, buf.texts, buf.events)
+                    b.names, b.key, b.schema.replica_identity == "f", buf.names, buf.rows, buf.texts, buf.events,
+                    buf.updates)
                 moves: list[tuple[Any, Image]] = []
                 parent = self.sink._is_fk_parent(b.label)
                 for old, img in net.moves:
@@ -329,7 +342,10 @@ class Writer:
                     self._apply_moves(b, moves)
                 if b.label not in early:
                     self._apply_updates(b, net)
-                self._apply_images(b, K_UPSERT, net.upserts)
+                partial = [img for img in net.upserts if img.partial]  # (only from inconsistent streams)
+                if partial:
+                    self._apply_patches(b, [dict(zip(*img.defined(), strict=True)) for img in partial])
+                self._apply_images(b, K_UPSERT, [img for img in net.upserts if not img.partial])
             else:
                 for vals, old in net.updates:
                     match, nulls, mrow = _match_parts(old)

@@ -184,3 +184,23 @@ def test_fk_graph_orders_parents_first_and_keeps_cycles_in_the_given_order() -> 
     assert g.order(["grandchild", "other", "child", "parent"]) == ["other", "parent", "child", "grandchild"]
     assert g.order(["y", "x", "child"]) == ["child", "y", "x"]  # the cycle last, in the given order
     assert g.is_parent("parent") and not g.has_parents("parent") and g.has_parents("child")
+
+
+def test_a_whole_row_update_then_delete_of_a_pre_existing_row_deletes_it() -> None:
+    # prefix: an INSERT of 1 and an in-place UPDATE of the pre-existing 2 (every column sent, positional)
+    rows = [(1, "new", "B"), (2, "upd", "B")]
+    net = normalize_keyed(NAMES, ("id",), False, NAMES, rows, None, [dele(DEF, row(2, "upd")), dele(DEF, row(1, "new"))],
+                          prefix_updates=[1])
+    assert net.deletes == [(2,)] and net.upserts == [] and net.updates == []
+
+
+def test_positional_updates_without_other_changes_are_one_upsert_of_the_last_rows(tmp_path: Path) -> None:
+    db = tmp_path / "t.db"
+    sink = SQLSink(f"sqlite:///{db}")
+    try:
+        sink.write([RowChange(OpType.INSERT, DEF, 1, row=(i, "a", "B")) for i in range(3)])
+        sink.write([RowChange(OpType.UPDATE, DEF, 2 + i, row=(i % 3, f"u{i}", "B")) for i in range(7)]
+                   + [RowChange(OpType.DELETE, DEF, 9, old_values={"id": 1})])
+        assert read(db, DEF.name.table) == [(0, "u6", "B"), (2, "u5", "B")]
+    finally:
+        sink.close()

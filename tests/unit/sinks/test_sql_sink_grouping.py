@@ -313,3 +313,21 @@ def test_pymysql_connections_share_one_default_tls_context() -> None:
     assert a.ctx is b.ctx
     explicit = cls(host="127.0.0.1", port=1, defer_connect=True, ssl_verify_cert=True)
     assert explicit._ssl_required and explicit.ctx is not a.ctx
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "mysql", "postgresql"])
+def test_a_truncate_of_several_tables_stays_one_statement_across_a_new_schema_version(dialect: str) -> None:
+    """pgoutput sends the Relation messages again before a TRUNCATE: the tables' new schema versions (same
+    columns) must not end the window between the TRUNCATEs of one statement, nor apply the pending rows
+    the TRUNCATE drops."""
+    from dataclasses import replace
+
+    a2, b2 = replace(A, version=2), replace(B, version=2)
+    changes = [ins(B, 7), RowChange(OpType.TRUNCATE, a2, 1), RowChange(OpType.TRUNCATE, b2, 1), ins(A, 1)]
+    ops = [(target_of(sql), sql.split()[0]) for _, sql, _ in send(dialect, changes)]
+    if dialect == "postgresql":
+        assert ops == [("a", "TRUNCATE"), ("a", "INSERT")]
+        (_, sql, _), _ = send(dialect, changes)
+        assert sql == 'TRUNCATE "public"."a", "public"."b"'
+    else:
+        assert sorted(ops[:2]) == [("a", "DELETE"), ("b", "DELETE")] and ops[2:] == [("a", "INSERT")]
