@@ -4,19 +4,18 @@ Guarantees (on top of :class:`sinks.base.Sink`):
 - One downstream transaction per ``write`` call, committed before ``write`` returns; on any error it is
   rolled back and nothing of the call is visible. The iterable is consumed lazily and applied in chunks
   of ``config.batch_rows`` rows inside that transaction, so memory stays bounded for huge transactions.
-- Order is kept per target table, not across tables: within one ``write`` call each table has one pending
-  multi-row statement that its changes join while they have the same (operation, column set); it is sent
-  when that table's next change cannot join it, at ``batch_rows`` rows, before a TRUNCATE of the table,
-  when ``max(batch_rows, txn_rows)`` rows are pending over all tables, or at the end of the call. So the
-  changes of one table (and of one key) reach the target in upstream order, while statements of different
-  tables may be reordered inside the call's one downstream transaction (atomic: all of it or nothing).
-  Foreign keys between replicated target tables must be deferrable (docs/type-mapping.md).
-- Keyed tables are idempotent: INSERT and UPDATE are upserts by key, DELETE deletes by key, an UPDATE
-  that changes the key deletes the old key first. ``UNCHANGED`` columns are left out of the upsert (the
-  downstream keeps its value); if such a row is missing downstream it is inserted without them and a
-  warning is logged once per table.
-- Tables without a key (REPLICA IDENTITY FULL) get plain inserts, and updates/deletes of one row matching
-  all old values: *not* idempotent on replay (a replayed insert duplicates the row).
+- Apply order (``sinks.sql.writer``, docs/architecture.md "Apply rules"): windows of whole transactions are
+  applied by their net effect per key, every delete of an old image before any insert of a new one; across
+  tables in the order of the foreign keys read from the target (deletes children first, inserts parents
+  first); the tables of one upstream TRUNCATE in one statement. Immediate foreign keys between replicated
+  target tables work; SQLite connections enable ``PRAGMA foreign_keys``.
+- Keyed tables are idempotent: INSERT and UPDATE are upserts by key, DELETE deletes by key. ``UNCHANGED``
+  columns are left out of the upsert (the downstream keeps its value); such a row missing downstream is
+  never completed with NULLs: it is re-read through the row source (``set_row_source``) or left out, and a
+  ``DataWarning`` is returned by ``take_warnings``.
+- Tables without a key (REPLICA IDENTITY FULL) get the multiset net effect of a window: deletes of one row
+  matching all old values, then plain inserts: *not* idempotent on replay (a replayed insert duplicates
+  the row).
 - Missing target tables are created from the upstream schema (docs/type-mapping.md); existing tables are
   used as they are (never altered) after checking that they have the columns and a unique key.
 - TRUNCATE is ``DELETE FROM`` on MySQL/SQLite (MySQL's TRUNCATE would commit implicitly) and
@@ -137,7 +136,6 @@ class SQLSink(Sink):
         self._bindings: dict[int, tuple[TableSchema, Binding]] = {}  # by identity, then by value
         self._bindings_by_value: dict[TableSchema, Binding] = {}
         self._schemas_created: set[str] = set()
-        self._warned_missing: set[str] = set()
         self._stage_ids = itertools.count(1)  # names of PostgreSQL staging tables (one per plan)
         # PostgreSQL: may this session create the TEMP staging tables of COPY upserts? ``check`` asks
         # the server; None (never checked) counts as yes

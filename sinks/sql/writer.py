@@ -46,7 +46,7 @@ from sinks.sql.binding import (
     convert_params,
     convert_rows,
 )
-from sinks.sql.normalize import Image, KeyedNet, KeylessNet, normalize_keyed, normalize_keyless
+from sinks.sql.normalize import Image, KeyedNet, KeylessNet, _hkey, _same, normalize_keyed, normalize_keyless
 from sinks.sql.statements import Statements
 from sinks.sql.values import mysql_literal_function
 
@@ -105,6 +105,8 @@ class Writer:
         self._pending = 0  # changes pending in the window
         self._bound = max(self.batch, sink._config.txn_rows)
         self._hold = False  # a FULL-identity keyed table has updates/deletes pending: cut only at 16x
+        # after a cut inside the current transaction: new images of FULL-identity keyed tables written
+        self._flushed_full: dict[str, dict[Any, dict[str, Any]]] = {}
         self._delete_sql: dict[tuple[int, int], str] = {}
         self._staged: set[str] = set()  # staging tables made sure of in this write (PostgreSQL)
         # made now, while the connection is idle (it reads the connection's status)
@@ -177,6 +179,8 @@ class Writer:
             count += 1
             ts = ch.commit_ts
             if ts != last_ts:
+                if self._flushed_full:
+                    self._flushed_full = {}
                 if self._truncs:
                     self._emit_truncates()
                 if self._pending >= bound:
@@ -184,7 +188,7 @@ class Writer:
                     last_schema = None
                 last_ts = ts
             elif self._pending >= (16 * bound if self._hold else 2 * bound):  # one huge transaction
-                self._emit_window()
+                self._emit_window(cut=True)
                 last_schema = None
             schema = ch.schema
             if schema is not last_schema or buf is None or self._win.get(buf.b.label) is not buf:
@@ -234,6 +238,8 @@ class Writer:
                 if len(rows) >= batch and buf.early:
                     self._flush_rows(buf)
             elif op in (INSERT, UPDATE, OpType.DELETE):
+                if self._flushed_full and op != INSERT and b.label in self._flushed_full:
+                    self._check_cut(b, ch)
                 if buf.events is None:
                     buf.events = []
                     if b.keyed and b.schema.replica_identity == "f":
@@ -269,7 +275,38 @@ class Writer:
             self.current = b.label
             self._submit(self.cur.execute, self.stmts.truncate(b.table), ())
 
-    def _emit_window(self) -> None:
+    def _check_cut(self, b: Binding, ch: RowChange) -> None:
+        """After a cut inside this transaction, a "-" of a FULL-identity keyed table whose key was written
+        as a new image before the cut must remove exactly that image; otherwise it removes the row that
+        image overwrote (a deferred key swap split by the cut), which is gone downstream: refuse."""
+        old = ch.old_values
+        if old is None or len(old) < b.ncols:
+            return
+        flushed = self._flushed_full[b.label]
+        key = _freeze_key(tuple(old[k] for k in b.key))
+        img = flushed.get(key)
+        if img is None:
+            return
+        if not _same(img, old):
+            raise SinkError(
+                f"table {b.label}: a transaction of more than {16 * self._bound} changes moves keys of a table "
+                "with REPLICA IDENTITY FULL (a DEFERRABLE key) in a way that cannot be applied in parts; raise "
+                "sink.txn-rows above the transaction's size (docs/limits.md)")
+        del flushed[key]
+
+    def _remember_flushed(self, b: Binding, buf: TableBuf, net: KeyedNet | KeylessNet | None) -> None:
+        """A cut inside a transaction: the new images of FULL-identity keyed tables it wrote."""
+        flushed = self._flushed_full.setdefault(b.label, {})
+        if net is None:
+            assert buf.names is not None
+            kidx = [buf.names.index(k) for k in b.key]
+            for r in buf.rows:
+                flushed[_freeze_key(tuple(r[i] for i in kidx))] = dict(zip(buf.names, r, strict=True))
+        elif isinstance(net, KeyedNet):
+            for img in net.upserts + [img for _, img in net.moves]:
+                flushed[_freeze_key(tuple(img.values[k] for k in b.key))] = img.values
+
+    def _emit_window(self, cut: bool = False) -> None:
         if self._truncs:
             self._emit_truncates()
         bufs = {label: buf for label, buf in self._win.items() if buf.rows or buf.events}
@@ -307,6 +344,10 @@ class Writer:
                     raise SinkError(f"table {b.label} has no key and an UPDATE or DELETE came without its old "
                                     "row (set REPLICA IDENTITY FULL upstream)") from None
                 nets.append((buf, net, [], False))
+        if cut:
+            for buf, net, _, _ in nets:
+                if buf.b.keyed and buf.b.schema.replica_identity == "f":
+                    self._remember_flushed(buf.b, buf, net)
         # updates of existing rows of a child table go before its parents' deletes (a reference dropped
         # before the parent row goes), unless a parent gets new rows in this window (a reference to them)
         growing = {buf.b.label for buf, net, moves, _ in nets
@@ -684,6 +725,9 @@ def _last_per_key_texts(rows: list[tuple[Any, ...]], texts: list[Any], key_idx: 
     if len(last) == len(rows):
         return texts
     return [texts[j] for j in sorted(last.values())]
+
+
+_freeze_key = _hkey
 
 
 def _hashable_keys(keys: list[tuple[Any, ...]]) -> bool:

@@ -204,3 +204,28 @@ def test_positional_updates_without_other_changes_are_one_upsert_of_the_last_row
         assert read(db, DEF.name.table) == [(0, "u6", "B"), (2, "u5", "B")]
     finally:
         sink.close()
+
+
+def _shift(n: int) -> list[RowChange]:
+    """``UPDATE t SET id = id + 1`` over keys 1..n with a deferred key: (1->2), (2->3), ... in one transaction."""
+    return [RowChange(OpType.UPDATE, FULL, 5, values=row(i + 1, f"v{i}"), old_values=row(i, f"v{i}"))
+            for i in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("n", [20, 50])
+def test_a_deferred_shift_is_applied_whole_or_refused_never_cut_wrongly(tmp_path: Path, n: int) -> None:
+    db = tmp_path / "t.db"
+    sink = SQLSink(f"sqlite:///{db}", SinkConfig(batch_rows=2, txn_rows=2))  # bound 2: cut at 16 x 2 changes
+    try:
+        sink.write([RowChange(OpType.INSERT, FULL, 1, values=row(i, f"v{i}")) for i in range(1, n + 1)])
+        if n <= 32:
+            sink.write(_shift(n))
+            assert read(db, FULL.name.table) == [(i + 1, f"v{i}", "B") for i in range(1, n + 1)]
+        else:
+            from cdc.errors import SinkError
+
+            with pytest.raises(SinkError, match="cannot be applied in parts"):
+                sink.write(_shift(n))
+            assert read(db, FULL.name.table) == [(i, f"v{i}", "B") for i in range(1, n + 1)]  # rolled back
+    finally:
+        sink.close()
