@@ -105,6 +105,7 @@ class Writer:
         self._pending = 0  # changes pending in the window
         self._bound = max(self.batch, sink._config.txn_rows)
         self._hold = False  # a FULL-identity keyed table has updates/deletes pending: cut only at 16x
+        self._cut_at = 2 * self._bound  # pending changes at which one transaction is cut
         # after a cut inside the current transaction: new images of FULL-identity keyed tables written
         self._flushed_full: dict[str, dict[Any, dict[str, Any]]] = {}
         self._delete_sql: dict[tuple[int, int], str] = {}
@@ -187,11 +188,11 @@ class Writer:
                     self._emit_window()
                     last_schema = None
                 last_ts = ts
-            elif self._pending >= (16 * bound if self._hold else 2 * bound):  # one huge transaction
+            elif self._pending >= self._cut_at:  # one huge transaction
                 self._emit_window(cut=True)
                 last_schema = None
             schema = ch.schema
-            if schema is not last_schema or buf is None or self._win.get(buf.b.label) is not buf:
+            if schema is not last_schema or buf is None:  # (a new window resets last_schema)
                 self.current = str(schema.name)
                 b = self.sink._bind(schema, self.conn, self._sync)
                 buf = self._buf(b, ch.op == TRUNCATE)
@@ -244,6 +245,7 @@ class Writer:
                     buf.events = []
                     if b.keyed and b.schema.replica_identity == "f":
                         self._hold = True
+                        self._cut_at = 16 * bound
                 buf.events.append(ch)
             else:
                 raise SinkError(f"table {b.label}: unknown operation {op!r}")
@@ -313,6 +315,7 @@ class Writer:
         self._win = {}
         self._pending = 0
         self._hold = False
+        self._cut_at = 2 * self._bound
         if not bufs:
             return
         order = [bufs[label] for label in self.sink._fk_order(list(bufs))]  # parents first
