@@ -22,18 +22,26 @@ class FkGraph:
     def __init__(self) -> None:
         self.parents: dict[str, set[str]] = {}
         self.children: dict[str, set[str]] = {}
+        # per child: (parent, child columns, referenced parent columns) of each foreign key, when known
+        self.columns: dict[str, set[tuple[str, tuple[str, ...], tuple[str, ...]]]] = {}
         self._orders: dict[tuple[str, ...], list[str]] = {}
 
-    def add(self, child: str, parent: str) -> None:
+    def add(self, child: str, parent: str, child_cols: tuple[str, ...] = (), parent_cols: tuple[str, ...] = ()) -> None:
         if child == parent:
             return
         self.parents.setdefault(child, set()).add(parent)
         self.children.setdefault(parent, set()).add(child)
+        if child_cols:
+            self.columns.setdefault(child, set()).add((parent, child_cols, parent_cols))
         self._orders.clear()
 
-    def add_all(self, edges: Iterable[tuple[str, str]]) -> None:
-        for child, parent in edges:
-            self.add(child, parent)
+    def add_all(self, edges: Iterable[tuple[str, str] | tuple[str, str, tuple[str, ...], tuple[str, ...]]]) -> None:
+        for edge in edges:
+            self.add(*edge)
+
+    def references(self, child: str) -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
+        """(parent, child columns, parent columns) of the child's foreign keys whose columns are known."""
+        return sorted(self.columns.get(child, ()))
 
     def has_parents(self, label: str) -> bool:
         return bool(self.parents.get(label))

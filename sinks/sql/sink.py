@@ -286,24 +286,29 @@ class SQLSink(Sink):
         stmts = self._statements()
         cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
+            cols: dict[tuple[str, str, str], list[tuple[str, str]]] = {}  # (child, parent, fk id) -> pairs
             if self.dialect == "sqlite":
                 cur.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
                 tables = [r[0] for r in cur.fetchall()]
-                edges = []
                 for t in tables:
                     cur.execute(f"PRAGMA foreign_key_list({stmts.q(t)})")
-                    edges += [(t, r[2]) for r in cur.fetchall()]
+                    for fid, _seq, parent, frm, to, *_ in cur.fetchall():
+                        cols.setdefault((t, parent, str(fid)), []).append((frm, to))
                 seen = set(tables)
             elif self.dialect == "mysql":
                 cur.execute(stmts.catalog_foreign_keys())
-                edges = [(str(c), str(p)) for c, p in cur.fetchall()]
+                for name, child, parent, ccol, pcol in cur.fetchall():
+                    cols.setdefault((str(child), str(parent), str(name)), []).append((ccol, pcol))
                 cur.execute(stmts.catalog_tables())
                 seen = {r[0] for r in cur.fetchall()}
             else:
                 cur.execute(stmts.catalog_foreign_keys(), (tschema, tschema))
-                edges = [(f"{cs}.{c}", f"{ps}.{p}") for cs, c, ps, p in cur.fetchall()]
+                for name, cs, c, ps, p, ccol, pcol in cur.fetchall():
+                    cols.setdefault((f"{cs}.{c}", f"{ps}.{p}", str(name)), []).append((ccol, pcol))
                 cur.execute(stmts.catalog_tables(), (tschema,))
                 seen = {f"{tschema}.{r[0]}" for r in cur.fetchall()}
+            edges = [(c, p, tuple(x for x, _ in pairs), tuple(y for _, y in pairs))
+                     if all(x and y for x, y in pairs) else (c, p) for (c, p, _), pairs in cols.items()]
         finally:
             cur.close()
         self._fk.add_all(edges)

@@ -207,19 +207,26 @@ class Statements:
         raise ValueError("catalog queries are for MySQL and PostgreSQL")
 
     def catalog_foreign_keys(self) -> str:
-        """Rows of (child, parent) tables of every foreign key of the connection's database (MySQL), or
-        (child schema, child, parent schema, parent) of every foreign key touching a schema (PostgreSQL; the
-        schema is the parameter, twice)."""
+        """One row per column of every foreign key: (constraint, child, parent, child column, parent column)
+        in the connection's database (MySQL), or (constraint, child schema, child, parent schema, parent,
+        child column, parent column) of every foreign key touching a schema (PostgreSQL; the schema is the
+        parameter, twice); in column order."""
         if self.dialect == "mysql":
-            return ("SELECT TABLE_NAME, REFERENCED_TABLE_NAME FROM information_schema.REFERENTIAL_CONSTRAINTS "
-                    "WHERE CONSTRAINT_SCHEMA = DATABASE() AND UNIQUE_CONSTRAINT_SCHEMA = DATABASE()")
+            return ("SELECT CONSTRAINT_NAME, TABLE_NAME, REFERENCED_TABLE_NAME, COLUMN_NAME, REFERENCED_COLUMN_NAME "
+                    "FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA = DATABASE() "
+                    "AND REFERENCED_TABLE_SCHEMA = DATABASE() AND REFERENCED_TABLE_NAME IS NOT NULL "
+                    "ORDER BY TABLE_NAME, CONSTRAINT_NAME, ORDINAL_POSITION")
         if self.dialect == "postgresql":
-            return ("SELECT cn.nspname, c.relname, pn.nspname, p.relname FROM pg_catalog.pg_constraint k "
+            return ("SELECT k.oid::text, cn.nspname, c.relname, pn.nspname, p.relname, ca.attname, pa.attname "
+                    "FROM pg_catalog.pg_constraint k "
                     "JOIN pg_catalog.pg_class c ON c.oid = k.conrelid "
                     "JOIN pg_catalog.pg_namespace cn ON cn.oid = c.relnamespace "
                     "JOIN pg_catalog.pg_class p ON p.oid = k.confrelid "
                     "JOIN pg_catalog.pg_namespace pn ON pn.oid = p.relnamespace "
-                    "WHERE k.contype = 'f' AND (cn.nspname = %s OR pn.nspname = %s)")
+                    "CROSS JOIN LATERAL unnest(k.conkey, k.confkey) WITH ORDINALITY AS u(ck, pk, ord) "
+                    "JOIN pg_catalog.pg_attribute ca ON ca.attrelid = k.conrelid AND ca.attnum = u.ck "
+                    "JOIN pg_catalog.pg_attribute pa ON pa.attrelid = k.confrelid AND pa.attnum = u.pk "
+                    "WHERE k.contype = 'f' AND (cn.nspname = %s OR pn.nspname = %s) ORDER BY k.oid, u.ord")
         raise ValueError("catalog queries are for MySQL and PostgreSQL")
 
     # ---- whole table ---------------------------------------------------------------------------------

@@ -351,13 +351,7 @@ class Writer:
             for buf, net, _, _ in nets:
                 if buf.b.keyed and buf.b.schema.replica_identity == "f":
                     self._remember_flushed(buf.b, buf, net)
-        # updates of existing rows of a child table go before its parents' deletes (a reference dropped
-        # before the parent row goes), unless a parent gets new rows in this window (a reference to them)
-        growing = {buf.b.label for buf, net, moves, _ in nets
-                   if net is None or moves or (isinstance(net, KeyedNet) and net.upserts)
-                   or (isinstance(net, KeylessNet) and net.inserts)}
-        early = {buf.b.label for buf, net, _, seq in nets if isinstance(net, KeyedNet) and not seq
-                 and self.sink._fk_parents(buf.b.label) and not (self.sink._fk.parents[buf.b.label] & growing)}
+        early = self._split_child_updates(nets)
         for buf, net, _moves, sequential in reversed(nets):  # deletes: children first
             if net is None or sequential:
                 continue
@@ -366,7 +360,7 @@ class Writer:
                 if net.deletes:
                     self._apply(b, K_DELETE, b.key, None, net.deletes, None)
                 if b.label in early:
-                    self._apply_updates(b, net)
+                    self._apply_updates(b, *early[b.label])
             elif net.deletes:
                 groups: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
                 for old in net.deletes:
@@ -384,8 +378,7 @@ class Writer:
             elif isinstance(net, KeyedNet):
                 if moves:
                     self._apply_moves(b, moves)
-                if b.label not in early:
-                    self._apply_updates(b, net)
+                self._apply_updates(b, net.patches, net.updates)
                 partial = [img for img in net.upserts if img.partial]  # (only from inconsistent streams)
                 if partial:
                     self._apply_patches(b, [dict(zip(*img.defined(), strict=True)) for img in partial])
@@ -397,11 +390,74 @@ class Writer:
                     self._apply(b, K_UPDATE_ONE, names, (match, nulls), [tuple(vals[k] for k in names) + mrow], None)
                 self._apply_images(b, K_INSERT, net.inserts)
 
-    def _apply_updates(self, b: Binding, net: KeyedNet) -> None:
+    def _apply_updates(self, b: Binding, patches: list[dict[str, Any]], updates: list[Image]) -> None:
         """In-place updates of rows that existed before the window: partial ones, then complete ones."""
-        if net.patches:
-            self._apply_patches(b, net.patches)
-        self._apply_images(b, K_UPSERT, net.updates)
+        if patches:
+            self._apply_patches(b, patches)
+        self._apply_images(b, K_UPSERT, updates)
+
+    def _split_child_updates(self, nets: list[Any]) -> dict[str, tuple[list[dict[str, Any]], list[Image]]]:
+        """The in-place updates of child tables to apply right after the child's deletes, before its parents'
+        deletes (a reference moved away from a parent row that then goes): every one except those that
+        reference a parent row new in this window, which wait for the parent's inserts (they are left in
+        the net). Without column information for a foreign key whose parent has new rows, all wait."""
+        fk = self.sink._fk
+        out: dict[str, tuple[list[dict[str, Any]], list[Image]]] = {}
+        bufs = {buf.b.label: (buf, net, moves) for buf, net, moves, _ in nets}
+        new_keys: dict[str, set[Any]] = {}
+
+        def parent_new(label: str) -> set[Any]:
+            keys = new_keys.get(label)
+            if keys is None:
+                buf, net, moves = bufs[label]
+                keys = new_keys[label] = set()
+                if net is None:
+                    assert buf.names is not None
+                    kidx = [buf.names.index(k) for k in buf.b.key]
+                    keys.update(_freeze_key(tuple(r[i] for i in kidx)) for r in buf.rows)
+                elif isinstance(net, KeyedNet):
+                    for img in net.upserts + [i for _, i in moves]:
+                        keys.add(_freeze_key(tuple(img.values[k] for k in buf.b.key)))
+                elif net.inserts:
+                    keys.add(None)  # a table without a key: unknown, treat every reference as new
+            return keys
+
+        for buf, net, _, seq in nets:
+            label = buf.b.label
+            if not isinstance(net, KeyedNet) or seq or not (net.patches or net.updates) or not fk.has_parents(label):
+                continue
+            growing = [p for p in fk.parents[label] if p in bufs and parent_new(p)]
+            if not growing:
+                out[label] = (net.patches, net.updates)
+                net.patches, net.updates = [], []
+                continue
+            upstream = {t: u for u, t in buf.b.colmap.items()}
+            checks = []
+            for parent, ccols, pcols in fk.references(label):
+                if parent not in growing:
+                    continue
+                pkey = bufs[parent][0].b.table.key
+                if set(pcols) != set(pkey) or not all(c in upstream for c in ccols) or None in parent_new(parent):
+                    checks = None
+                    break
+                by_p = dict(zip(pcols, ccols, strict=True))
+                checks.append((tuple(upstream[by_p[k]] for k in pkey), parent_new(parent)))
+            if checks is None or len({p for p, _, _ in fk.references(label) if p in growing}) < len(growing):
+                continue  # a growing parent without column information: every update waits
+
+            def late(vals: dict[str, Any], checks: list[tuple[tuple[str, ...], set[Any]]] = checks) -> bool:
+                for cols, keys in checks:
+                    ref = tuple(vals.get(c, UNCHANGED) for c in cols)
+                    if UNCHANGED not in ref and None not in ref and _freeze_key(ref) in keys:
+                        return True
+                return False
+
+            early_p = [p for p in net.patches if not late(p)]
+            early_u = [u for u in net.updates if not late(u.values)]
+            out[label] = (early_p, early_u)
+            net.patches = [p for p in net.patches if late(p)]
+            net.updates = [u for u in net.updates if late(u.values)]
+        return out
 
     def _apply_images(self, b: Binding, kind: int, images: list[Image]) -> None:
         """Upsert/insert images, one statement group per column set (positional rows keep their texts)."""
@@ -524,7 +580,7 @@ class Writer:
                 else:
                     self._apply(b, K_DELETE, b.key, None, [old], None)
                     self._apply_images(b, K_UPSERT, [img])
-            self._apply_updates(b, net)
+            self._apply_updates(b, net.patches, net.updates)
             self._apply_images(b, K_UPSERT, [i for i in net.upserts if not i.partial])
             for img in net.upserts:
                 if img.partial:  # the row it came from is gone downstream

@@ -164,3 +164,16 @@ def test_a_missing_row_is_reread_through_the_row_source(target: Target, sink: SQ
     assert target.rows("fk_parent") == [(1, "a"), (3, "from-upstream")]
     (w,) = sink.take_warnings()
     assert (w.severity, w.keys) == ("divergence", ("8",))
+
+
+def test_child_references_moved_to_new_and_away_from_deleted_parents_in_one_window(
+        fk_target: Target, sink: SQLSink) -> None:
+    # one child moves to a parent inserted in the window (after that insert), another moves away from a
+    # parent deleted in the window (before that delete); the foreign key has no ON DELETE action
+    sink.write([rc(OpType.INSERT, P, 4, values={"id": 2, "v": "p2"}),
+                rc(OpType.UPDATE, C, 5, values={"id": 9, "pid": 1, "v": "c9"}),
+                rc(OpType.DELETE, P, 5, old={"id": 5}),
+                rc(OpType.UPDATE, C, 6, values={"id": 1, "pid": 2, "v": "c1"}),
+                rc(OpType.INSERT, C, 6, values={"id": 3, "pid": 2, "v": "c3"})])
+    assert fk_target.rows("fk_parent") == [(1, "p1"), (2, "p2")]
+    assert fk_target.rows("fk_child") == [(1, 2, "c1"), (3, 2, "c3"), (9, 1, "c9")]
