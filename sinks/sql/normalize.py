@@ -50,7 +50,7 @@ def freeze(v: Any) -> Any:
     return v
 
 
-def _hkey(key: Key) -> Any:
+def hashable_key(key: Key) -> Any:
     try:
         hash(key)
         return key
@@ -132,7 +132,7 @@ def _fill(new: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
     return {k: (base.get(k, UNCHANGED) if v is UNCHANGED else v) for k, v in new.items()}
 
 
-def _same(img: dict[str, Any], old: dict[str, Any]) -> bool:
+def same_image(img: dict[str, Any], old: dict[str, Any]) -> bool:
     """The image equals a full old image on every column both know."""
     for k, v in old.items():
         if v is UNCHANGED:
@@ -164,7 +164,7 @@ def normalize_keyed(names: tuple[str, ...], key: tuple[str, ...], full_identity:
         return st
 
     def state_slow(k: Key) -> _KeyState:
-        hk = _hkey(k)
+        hk = hashable_key(k)
         st = states.get(hk)
         if st is None:
             st = states[hk] = _KeyState(k)
@@ -198,7 +198,7 @@ def normalize_keyed(names: tuple[str, ...], key: tuple[str, ...], full_identity:
         the rest, key it had before the window)."""
         if full_old is not None:
             for i, img in enumerate(st.live):
-                if _same(img.values, full_old):
+                if same_image(img.values, full_old):
                     del st.live[i]
                     return img.values, img.src, img.moved_from
             st.pre_removed = True
@@ -258,7 +258,7 @@ def normalize_keyed(names: tuple[str, ...], key: tuple[str, ...], full_identity:
             idx = len(st.live) - 1
             if full_old is not None:
                 for i, img in enumerate(st.live):
-                    if _same(img.values, full_old):
+                    if same_image(img.values, full_old):
                         idx = i
                         break
             img = st.live[idx]
@@ -287,15 +287,15 @@ def normalize_keyed(names: tuple[str, ...], key: tuple[str, ...], full_identity:
         if st.live and not st.pre_removed:
             img = st.live[-1]
             if img.moved_from is not None:
-                src_st = states.get(_hkey(img.moved_from))
+                src_st = states.get(hashable_key(img.moved_from))
                 if src_st is not None and src_st is not st and src_st.pre_removed and not src_st.live:
-                    moved_sources[_hkey(img.moved_from)] = img
+                    moved_sources[hashable_key(img.moved_from)] = img
     for hk, st in states.items():
         if st.live:
             img = st.live[-1]
             if st.pre_removed:
                 net.deletes.append(st.key)
-            if img.moved_from is not None and moved_sources.get(_hkey(img.moved_from)) is img:
+            if img.moved_from is not None and moved_sources.get(hashable_key(img.moved_from)) is img:
                 net.moves.append((img.moved_from, img))
             else:
                 net.upserts.append(img)

@@ -36,8 +36,10 @@ How rows are sent (fastest measured per operation kind, sink alone, sbtest rows,
 - SQLite: ``executemany`` (in-process: no pipelining).
 
 Modules: this one owns the engine, the target catalog (existing and created tables) and error mapping;
-``sinks.sql.writer`` applies one write's changes, ``sinks.sql.binding`` binds a schema version to its table
-(converters, statements), ``sinks.sql.pipeline`` runs statements in a worker thread.
+``sinks.sql.writer`` applies one write's changes (windows, net effect from ``sinks.sql.normalize``, order
+from ``sinks.sql.fkgraph``), ``sinks.sql.output`` sends them as statements, ``sinks.sql.binding`` binds a
+schema version to its table (converters, statements), ``sinks.sql.pipeline`` runs statements in a worker
+thread.
 
 Threading: one caller thread at a time (the contract's). MySQL and PostgreSQL statements run in one worker
 thread per sink (:class:`Pipeline`), in order and one at a time, while the caller builds the next one; the
