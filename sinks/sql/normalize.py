@@ -254,13 +254,10 @@ def normalize_keyed(names: tuple[str, ...], key: tuple[str, ...], full_identity:
         st = state(new_key)
         positional = ch.row is not None and old is None  # every column sent, in schema order
         complete = positional or (len(vals) >= ncols and UNCHANGED not in vals.values())
-        if st.live:
-            idx = len(st.live) - 1
-            if full_old is not None:
-                for i, img in enumerate(st.live):
-                    if same_image(img.values, full_old):
-                        idx = i
-                        break
+        idx = len(st.live) - 1
+        if idx >= 0 and full_old is not None:  # the image it names; none: the pre-existing row (deferred key)
+            idx = next((i for i, img in enumerate(st.live) if same_image(img.values, full_old)), -1)
+        if idx >= 0:
             img = st.live[idx]
             if positional:
                 st.live[idx] = Image(names, ch.row, ch.row_text, moved_from=img.moved_from)

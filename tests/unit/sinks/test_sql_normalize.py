@@ -229,3 +229,12 @@ def test_a_deferred_shift_is_applied_whole_or_refused_never_cut_wrongly(tmp_path
             assert read(db, FULL.name.table) == [(i, f"v{i}", "B") for i in range(1, n + 1)]  # rolled back
     finally:
         sink.close()
+
+
+def test_full_identity_in_place_update_of_the_pre_existing_row_beside_a_moved_in_image() -> None:
+    # deferred key: 1 moves onto 2 (pre-existing B still there), B is updated in place, then B moves to 3
+    a, b = row(1, "a"), row(2, "b")
+    net = keyed([upd(FULL, row(2, "a"), a), upd(FULL, row(2, "b2"), b), upd(FULL, row(3, "b2"), row(2, "b2"))],
+                full=True)
+    assert net.deletes == [(1,), (2,)]
+    assert sorted(tuple(i.values.values()) for i in net.upserts) == [(2, "a", "B"), (3, "b2", "B")]
