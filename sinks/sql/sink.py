@@ -4,19 +4,18 @@ Guarantees (on top of :class:`sinks.base.Sink`):
 - One downstream transaction per ``write`` call, committed before ``write`` returns; on any error it is
   rolled back and nothing of the call is visible. The iterable is consumed lazily and applied in chunks
   of ``config.batch_rows`` rows inside that transaction, so memory stays bounded for huge transactions.
-- Order is kept per target table, not across tables: within one ``write`` call each table has one pending
-  multi-row statement that its changes join while they have the same (operation, column set); it is sent
-  when that table's next change cannot join it, at ``batch_rows`` rows, before a TRUNCATE of the table,
-  when ``max(batch_rows, txn_rows)`` rows are pending over all tables, or at the end of the call. So the
-  changes of one table (and of one key) reach the target in upstream order, while statements of different
-  tables may be reordered inside the call's one downstream transaction (atomic: all of it or nothing).
-  Foreign keys between replicated target tables must be deferrable (docs/type-mapping.md).
-- Keyed tables are idempotent: INSERT and UPDATE are upserts by key, DELETE deletes by key, an UPDATE
-  that changes the key deletes the old key first. ``UNCHANGED`` columns are left out of the upsert (the
-  downstream keeps its value); if such a row is missing downstream it is inserted without them and a
-  warning is logged once per table.
-- Tables without a key (REPLICA IDENTITY FULL) get plain inserts, and updates/deletes of one row matching
-  all old values: *not* idempotent on replay (a replayed insert duplicates the row).
+- Apply order (``sinks.sql.writer``, docs/architecture.md "Apply rules"): windows of whole transactions are
+  applied by their net effect per key, every delete of an old image before any insert of a new one; across
+  tables in the order of the foreign keys read from the target (deletes children first, inserts parents
+  first); the tables of one upstream TRUNCATE in one statement. Immediate foreign keys between replicated
+  target tables work; SQLite connections enable ``PRAGMA foreign_keys``.
+- Keyed tables are idempotent: INSERT and UPDATE are upserts by key, DELETE deletes by key. ``UNCHANGED``
+  columns are left out of the upsert (the downstream keeps its value); such a row missing downstream is
+  never completed with NULLs: it is re-read through the row source (``set_row_source``) or left out, and a
+  ``DataWarning`` is returned by ``take_warnings``.
+- Tables without a key (REPLICA IDENTITY FULL) get the multiset net effect of a window: deletes of one row
+  matching all old values, then plain inserts: *not* idempotent on replay (a replayed insert duplicates
+  the row).
 - Missing target tables are created from the upstream schema (docs/type-mapping.md); existing tables are
   used as they are (never altered) after checking that they have the columns and a unique key.
 - TRUNCATE is ``DELETE FROM`` on MySQL/SQLite (MySQL's TRUNCATE would commit implicitly) and
@@ -37,8 +36,10 @@ How rows are sent (fastest measured per operation kind, sink alone, sbtest rows,
 - SQLite: ``executemany`` (in-process: no pipelining).
 
 Modules: this one owns the engine, the target catalog (existing and created tables) and error mapping;
-``sinks.sql.writer`` applies one write's changes, ``sinks.sql.binding`` binds a schema version to its table
-(converters, statements), ``sinks.sql.pipeline`` runs statements in a worker thread.
+``sinks.sql.writer`` applies one write's changes (windows, net effect from ``sinks.sql.normalize``, order
+from ``sinks.sql.fkgraph``), ``sinks.sql.output`` sends them as statements, ``sinks.sql.binding`` binds a
+schema version to its table (converters, statements), ``sinks.sql.pipeline`` runs statements in a worker
+thread.
 
 Threading: one caller thread at a time (the contract's). MySQL and PostgreSQL statements run in one worker
 thread per sink (:class:`Pipeline`), in order and one at a time, while the caller builds the next one; the
@@ -64,8 +65,9 @@ from sqlalchemy.engine import Connection, Engine
 from cdc.config import SinkConfig
 from cdc.errors import InvalidURI, SinkError, SinkUnavailable, TidewaterError
 from cdc.events import RowChange, TableName, TableSchema
+from cdc.model import DataWarning, merge_warnings
 from cdc.uri import parse_sink_uri
-from sinks.base import Sink
+from sinks.base import RowSource, Sink
 from sinks.sql.binding import Binding, KnownTable
 from sinks.sql.ddl import (
     TargetColumn,
@@ -73,6 +75,7 @@ from sinks.sql.ddl import (
     create_table_sql,
     plan_table,
 )
+from sinks.sql.fkgraph import FkGraph
 from sinks.sql.pipeline import Pipeline
 from sinks.sql.statements import Statements
 from sinks.sql.writer import Writer
@@ -135,7 +138,6 @@ class SQLSink(Sink):
         self._bindings: dict[int, tuple[TableSchema, Binding]] = {}  # by identity, then by value
         self._bindings_by_value: dict[TableSchema, Binding] = {}
         self._schemas_created: set[str] = set()
-        self._warned_missing: set[str] = set()
         self._stage_ids = itertools.count(1)  # names of PostgreSQL staging tables (one per plan)
         # PostgreSQL: may this session create the TEMP staging tables of COPY upserts? ``check`` asks
         # the server; None (never checked) counts as yes
@@ -143,6 +145,10 @@ class SQLSink(Sink):
         # statements execute in a worker thread while the next one is built (not SQLite: in-process work)
         self._pipe = Pipeline(threaded=self.dialect != "sqlite")
         self._closed = False
+        self._fk = FkGraph()  # foreign keys between target tables (see _load_foreign_keys)
+        self._fk_seen: set[str] = set()  # tables whose foreign keys were read
+        self._row_source: RowSource | None = None
+        self._warnings: tuple[DataWarning, ...] = ()
 
     # ---- engine --------------------------------------------------------------------------------------
     def _timeout(self, name: str, default: float) -> float:
@@ -171,6 +177,8 @@ class SQLSink(Sink):
                 try:
                     cur.execute("PRAGMA journal_mode=WAL")
                     cur.execute(f"PRAGMA busy_timeout={int(busy * 1000)}")
+                    # SQLite enforces foreign keys (and runs their ON DELETE/UPDATE actions) only when asked
+                    cur.execute("PRAGMA foreign_keys=ON")
                 finally:
                     cur.close()
 
@@ -250,6 +258,67 @@ class SQLSink(Sink):
             return table.schema, table.table
         return None, table.table
 
+    def take_warnings(self) -> list[DataWarning]:
+        """Warnings raised since the last call (merged by code and table). A write that failed and is
+        retried may count its warning twice."""
+        out, self._warnings = list(self._warnings), ()
+        return out
+
+    def set_row_source(self, fetch: RowSource | None) -> None:
+        self._row_source = fetch
+
+    def _add_warning(self, w: DataWarning) -> None:
+        log.warning("table %s: %s (%s; first keys %s)", w.table, w.message, w.code, ", ".join(w.keys))
+        self._warnings = merge_warnings(self._warnings, [w])
+
+    # ---- foreign keys between target tables ----------------------------------------------------------
+    def _fk_parents(self, label: str) -> bool:
+        return self._fk.has_parents(label)
+
+    def _is_fk_parent(self, label: str) -> bool:
+        return self._fk.is_parent(label)
+
+    def _fk_order(self, labels: list[str]) -> list[str]:
+        """``labels`` with parent tables before their children (foreign keys read from the target)."""
+        return self._fk.order(labels)
+
+    def _load_foreign_keys(self, conn: Connection, tschema: str | None, label: str) -> None:
+        """Read the foreign keys between the tables of target schema ``tschema`` (once per schema, and again
+        when a table not seen then is bound: created or added downstream since)."""
+        stmts = self._statements()
+        cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cols: dict[tuple[str, str, str], list[tuple[str, str]]] = {}  # (child, parent, fk id) -> pairs
+            if self.dialect == "sqlite":
+                cur.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+                tables = [r[0] for r in cur.fetchall()]
+                for t in tables:
+                    cur.execute(f"PRAGMA foreign_key_list({stmts.q(t)})")
+                    for fid, _seq, parent, frm, to, *_ in cur.fetchall():
+                        cols.setdefault((t, parent, str(fid)), []).append((frm, to))
+                seen = set(tables)
+            elif self.dialect == "mysql":
+                cur.execute(stmts.catalog_foreign_keys())
+                for name, child, parent, ccol, pcol in cur.fetchall():
+                    cols.setdefault((str(child), str(parent), str(name)), []).append((ccol, pcol))
+                cur.execute(stmts.catalog_tables())
+                seen = {r[0] for r in cur.fetchall()}
+            else:
+                cur.execute(stmts.catalog_foreign_keys(), (tschema, tschema))
+                for name, cs, c, ps, p, ccol, pcol in cur.fetchall():
+                    cols.setdefault((f"{cs}.{c}", f"{ps}.{p}", str(name)), []).append((ccol, pcol))
+                cur.execute(stmts.catalog_tables(), (tschema,))
+                seen = {f"{tschema}.{r[0]}" for r in cur.fetchall()}
+            edges = [(c, p, tuple(x for x, _ in pairs), tuple(y for _, y in pairs))
+                     if all(x and y for x, y in pairs) else (c, p) for (c, p, _), pairs in cols.items()]
+        finally:
+            cur.close()
+        self._fk.add_all(edges)
+        self._fk_seen |= seen | {label}
+        if edges:
+            log.info("%s: %d foreign key(s) between target tables: deletes go children first, inserts parents "
+                     "first", self._where(), len(edges))
+
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         self._check_open()
         writer: Writer | None = None
@@ -321,6 +390,10 @@ class SQLSink(Sink):
                     ddl.execution_options(isolation_level="AUTOCOMMIT")
                     table = self._prepare_table(schema, ddl)
             self._tables[parts] = table
+        if table.label not in self._fk_seen:
+            if before_io is not None:
+                before_io()
+            self._load_foreign_keys(conn, parts[0], table.label)
         binding = Binding(self, schema, table)
         if len(self._bindings_by_value) > _MAX_BINDINGS:
             self._bindings_by_value.clear()

@@ -206,7 +206,35 @@ class Statements:
                     "ORDER BY c.relname, i.indexrelid, k.ord")
         raise ValueError("catalog queries are for MySQL and PostgreSQL")
 
+    def catalog_foreign_keys(self) -> str:
+        """One row per column of every foreign key: (constraint, child, parent, child column, parent column)
+        in the connection's database (MySQL), or (constraint, child schema, child, parent schema, parent,
+        child column, parent column) of every foreign key touching a schema (PostgreSQL; the schema is the
+        parameter, twice); in column order."""
+        if self.dialect == "mysql":
+            return ("SELECT CONSTRAINT_NAME, TABLE_NAME, REFERENCED_TABLE_NAME, COLUMN_NAME, REFERENCED_COLUMN_NAME "
+                    "FROM information_schema.KEY_COLUMN_USAGE WHERE TABLE_SCHEMA = DATABASE() "
+                    "AND REFERENCED_TABLE_SCHEMA = DATABASE() AND REFERENCED_TABLE_NAME IS NOT NULL "
+                    "ORDER BY TABLE_NAME, CONSTRAINT_NAME, ORDINAL_POSITION")
+        if self.dialect == "postgresql":
+            return ("SELECT k.oid::text, cn.nspname, c.relname, pn.nspname, p.relname, ca.attname, pa.attname "
+                    "FROM pg_catalog.pg_constraint k "
+                    "JOIN pg_catalog.pg_class c ON c.oid = k.conrelid "
+                    "JOIN pg_catalog.pg_namespace cn ON cn.oid = c.relnamespace "
+                    "JOIN pg_catalog.pg_class p ON p.oid = k.confrelid "
+                    "JOIN pg_catalog.pg_namespace pn ON pn.oid = p.relnamespace "
+                    "CROSS JOIN LATERAL unnest(k.conkey, k.confkey) WITH ORDINALITY AS u(ck, pk, ord) "
+                    "JOIN pg_catalog.pg_attribute ca ON ca.attrelid = k.conrelid AND ca.attnum = u.ck "
+                    "JOIN pg_catalog.pg_attribute pa ON pa.attrelid = k.confrelid AND pa.attnum = u.pk "
+                    "WHERE k.contype = 'f' AND (cn.nspname = %s OR pn.nspname = %s) ORDER BY k.oid, u.ord")
+        raise ValueError("catalog queries are for MySQL and PostgreSQL")
+
     # ---- whole table ---------------------------------------------------------------------------------
+    def truncate_many(self, tables: Sequence[TargetTable], cascade: bool = False) -> str:
+        """PostgreSQL: one ``TRUNCATE a, b`` (related tables must go in one statement), ``CASCADE`` when
+        the upstream TRUNCATE had it."""
+        return "TRUNCATE " + ", ".join(self.table(t) for t in tables) + (" CASCADE" if cascade else "")
+
     def truncate(self, t: TargetTable) -> str:
         """PostgreSQL's TRUNCATE is transactional; MySQL's commits implicitly, so it (and SQLite) deletes."""
         if self.dialect == "postgresql":

@@ -1,17 +1,39 @@
-"""The SQL sink's writer: applies one ``write`` call's row changes on one connection (grouping rows into
-multi-row statements, COPY on PostgreSQL, key moves)."""
+"""The SQL sink's writer: applies one ``write`` call's row changes on one connection.
+
+Apply rules (docs/architecture.md, "Apply rules: normalisation and ordering"):
+
+* Changes are collected in a *window* of whole upstream transactions. A window ends at a transaction
+  boundary (``commit_ts`` changes) once the pending changes reach ``max(batch_rows, txn_rows)``, or at
+  the end of the call. A single transaction larger than twice that bound is cut where it reaches it
+  (sequentially correct for immediate keys); while a table with REPLICA IDENTITY FULL and a key has
+  updates or deletes pending (its key may be DEFERRABLE upstream), only at 16 times the bound
+  (docs/limits.md).
+* At the end of a window each table's changes are collapsed to their net effect per key
+  (``sinks.sql.normalize``), then applied: every delete of an old image (child tables first, by the target's
+  foreign keys), then per table, parent tables first: key moves (``UPDATE .. SET key``), in-place partial
+  updates, inserts/upserts of new images.
+* Fast path: a table that has only seen INSERTs in the window (and has no foreign-key parent among the
+  target's tables, and is not a FULL-identity keyed table) keeps plain rows and sends them every
+  ``batch_rows`` rows, as a sequential prefix of its changes (an INSERT's key cannot exist upstream at that
+  moment, so it cannot exist downstream either).
+* TRUNCATE drops the table's pending changes; consecutive TRUNCATEs of one transaction are sent as one
+  statement (``TRUNCATE a, b`` on PostgreSQL; ``DELETE FROM`` each, children first, elsewhere) before the
+  next change.
+* A partial update (UNCHANGED columns) whose row is missing downstream is never completed with NULLs: the
+  row is re-read through the sink's row source, else left out, and a ``DataWarning`` says so.
+"""
 
 from __future__ import annotations
 
-import io
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
 from cdc.errors import SinkError
-from cdc.events import UNCHANGED, OpType, RowChange, TableSchema
+from cdc.events import UNCHANGED, OpType, RowChange
+from cdc.model import DataWarning, WarningSeverity
 from sinks.sql.binding import (
     K_DELETE,
     K_DELETE_ONE,
@@ -19,73 +41,67 @@ from sinks.sql.binding import (
     K_UPDATE_ONE,
     K_UPSERT,
     Binding,
-    Plan,
-    convert_params,
-    convert_rows,
 )
+from sinks.sql.normalize import (
+    Image,
+    KeyedNet,
+    KeylessNet,
+    hashable_key,
+    normalize_keyed,
+    normalize_keyless,
+    same_image,
+)
+from sinks.sql.output import Output, distinct_keys
 from sinks.sql.statements import Statements
-from sinks.sql.values import mysql_literal_function
 
 if TYPE_CHECKING:
     from sinks.sql.sink import SQLSink
 
 log = logging.getLogger(__name__)
 
-MYSQL_STATEMENT_BYTES = 1_000_000  # well below MariaDB's 16 MB max_allowed_packet (characters, not bytes)
-# PostgreSQL: groups of at least this many rows that all came with their upstream text go through COPY
-COPY_MIN_ROWS = 32
+MISSING_ROW = "CDC:WarnMissingRow"
 
 
-class Group:
-    """The pending rows of one downstream table: what one statement will carry (same binding, kind, columns)."""
+class TableBuf:
+    """A table's pending changes in the current window: plain INSERT rows (``names``/``rows``/``texts``)
+    while nothing else came, then every further change in ``events``."""
 
-    __slots__ = ("b", "kind", "names", "extra", "rows", "texts", "seq")
+    __slots__ = ("b", "names", "rows", "texts", "updates", "events", "early")
 
-    def __init__(self, b: Binding, kind: int, names: tuple[str, ...],
-                 extra: tuple[tuple[str, ...], tuple[str, ...]] | None) -> None:
+    def __init__(self, b: Binding, early: bool) -> None:
         self.b = b
-        self.kind = kind
-        self.names = names
-        self.extra = extra
+        self.names: tuple[str, ...] | None = None
         self.rows: list[tuple[Any, ...]] = []
-        self.texts: list[Any] | None = []  # RowChange.row_text of each row, while every row of the group has one
-        self.seq = 0  # when its first pending row came, among the write's groups: the order of the final flush
+        self.texts: list[Any] | None = []  # RowChange.row_text of each row while every row has one
+        self.updates: list[int] = []  # indexes of ``rows`` that came from in-place UPDATEs (all columns sent)
+        self.events: list[RowChange] | None = None
+        self.early = early  # rows may be sent before the window ends
+
+    def size(self) -> int:
+        return len(self.rows) + (len(self.events) if self.events is not None else 0)
+
+    def reset(self) -> None:
+        self.names = None
+        self.rows = []
+        self.texts = []
+        self.updates = []
+        self.events = None
 
 
-class Writer:
-    """Applies one ``write`` call on one connection.
-
-    Keeps one pending group per downstream table and flushes a table's group only when that table's next
-    change cannot join it (another kind, column set or schema version), when it reaches ``batch_rows``,
-    before a TRUNCATE or key move of that table, when the rows pending over all tables reach
-    ``max(batch_rows, txn_rows)`` (memory bound), or at the end. Each table's changes therefore reach the
-    target in their order; statements of different tables may be reordered (all inside the one downstream
-    transaction of the call).
-    """
+class Writer(Output):
+    """Applies one ``write`` call on one connection (rules in the module docstring)."""
 
     def __init__(self, sink: SQLSink, conn: Connection, stmts: Statements) -> None:
-        self.sink = sink
-        self.conn = conn
-        self.dialect = sink.dialect
-        self.stmts = stmts
-        self.batch = sink._batch
-        self.cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        self.pipe = sink._pipe  # statements run there, in order; reads and the caller's commit drain it first
-        self.current: str | None = None  # table being written (or whose statement failed), for error messages
-        self._groups: dict[str, Group] = {}  # by downstream table (label); kept, emptied, when flushed
-        self._last: Group | None = None  # the group the previous change joined (fast path)
-        self._pending = 0  # rows pending over all groups
-        self._max_pending = max(self.batch, sink._config.txn_rows)
-        self._seq = 0
-        self._delete_sql: dict[tuple[int, int], str] = {}
-        self._staged: set[str] = set()  # staging tables made sure of in this write (PostgreSQL)
-        # made now, while the connection is idle (it reads the connection's status)
-        self._literal: Callable[[Any], str] | None = (
-            mysql_literal_function(self.cur.connection) if self.dialect == "mysql" else None)
-        if self.dialect == "postgresql":
-            import psycopg2.extras
-
-            self._execute_batch: Callable[..., Any] = psycopg2.extras.execute_batch
+        super().__init__(sink, conn, stmts)
+        self._win: dict[str, TableBuf] = {}  # by downstream table (label), in order of first change
+        self._truncs: list[Binding] = []  # TRUNCATEs of the current transaction not sent yet
+        self._cascade = False  # one of them had CASCADE upstream
+        self._pending = 0  # changes pending in the window
+        self._bound = max(self.batch, sink._config.txn_rows)
+        self._hold = False  # a FULL-identity keyed table has updates/deletes pending: cut only at 16x
+        self._cut_at = 2 * self._bound  # pending changes at which one transaction is cut
+        # after a cut inside the current transaction: new images of FULL-identity keyed tables written
+        self._flushed_full: dict[str, dict[Any, dict[str, Any]]] = {}
 
     # ---- intake --------------------------------------------------------------------------------------
     def run(self, changes: Iterable[RowChange]) -> int:
@@ -108,37 +124,67 @@ class Writer:
             except Exception:  # a lost connection: the caller maps the original error
                 pass
 
-    def _sync(self) -> None:
-        """Wait until every submitted statement ran; raise the first failure, naming its table."""
-        error = self.pipe.quiesce()
-        if error is not None:
-            self.current = error[1]
-            raise error[0]
-
-    def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on the connection after the statements before it (for table ``current``)."""
-        if not self.pipe.submit(self.current, fn, *args):
-            self._sync()
+    def _buf(self, b: Binding, truncate: bool) -> TableBuf:
+        buf = self._win.get(b.label)
+        if buf is not None and buf.b is not b:
+            old = buf.b.schema
+            if truncate or not (buf.rows or buf.events) or (
+                    old.columns == b.schema.columns and old.key == b.schema.key
+                    and old.replica_identity == b.schema.replica_identity):
+                buf.b = b  # the same columns (a Relation message sent again, e.g. after a TRUNCATE)
+                return buf
+            self._emit_window()  # another column set mid-window: apply what came before
+            buf = None
+        if buf is None:
+            early = not (b.keyed and b.schema.replica_identity == "f") and not self.sink._fk_parents(b.label)
+            buf = self._win[b.label] = TableBuf(b, early)
+        return buf
 
     def _run(self, changes: Iterable[RowChange]) -> int:
         count = 0
-        last_schema: TableSchema | None = None
+        last_ts: int | None = None
+        last_schema: Any = None
         b: Binding | None = None
-        insert_kind = K_UPSERT
-        push = self._push
+        buf: TableBuf | None = None
         batch = self.batch
-        INSERT, UPDATE, DELETE, TRUNCATE = OpType.INSERT, OpType.UPDATE, OpType.DELETE, OpType.TRUNCATE
+        bound = self._bound
+        INSERT, UPDATE, TRUNCATE = OpType.INSERT, OpType.UPDATE, OpType.TRUNCATE
         for ch in changes:
             count += 1
+            ts = ch.commit_ts
+            if ts != last_ts:
+                if self._flushed_full:
+                    self._flushed_full = {}
+                if self._truncs:
+                    self._emit_truncates()
+                if self._pending >= bound:
+                    self._emit_window()
+                    last_schema = None
+                last_ts = ts
+            elif self._pending >= self._cut_at:  # one huge transaction
+                self._emit_window(cut=True)
+                last_schema = None
             schema = ch.schema
-            if schema is not last_schema:
+            if schema is not last_schema or buf is None:  # (a new window resets last_schema)
                 self.current = str(schema.name)
                 b = self.sink._bind(schema, self.conn, self._sync)
-                insert_kind = K_UPSERT if b.keyed else K_INSERT
+                buf = self._buf(b, ch.op == TRUNCATE)
                 last_schema = schema
             assert b is not None
             op = ch.op
-            if op == INSERT:
+            if op == TRUNCATE:
+                self._pending -= buf.size()
+                buf.reset()
+                if all(t.label != b.label for t in self._truncs):
+                    self._truncs.append(b)
+                self._cascade = self._cascade or bool(ch.extra.get("truncate_options", 0) & 1)
+                continue
+            if self._truncs:
+                self._emit_truncates()
+            self._pending += 1
+            if buf.events is None and (op == INSERT or (
+                    op == UPDATE and ch.old_values is None and ch.row is not None and b.keyed)):
+                # whole rows (an in-place UPDATE of a keyed table sends every column when ``row`` is set)
                 row = ch.row
                 if row is not None:  # positional: every column, in schema order (see RowChange.row)
                     names = b.names
@@ -149,282 +195,366 @@ class Writer:
                     names = tuple(vals)
                     row = tuple(vals.values())
                     text = None
-                g = self._last
-                # fast path: the same group as the previous change, not emptied since
-                if g is not None and g.b is b and g.kind == insert_kind and g.extra is None and g.rows and (
-                        g.names is names or g.names == names):
-                    rows = g.rows
-                    rows.append(row)
-                    texts = g.texts
-                    if texts is not None:
-                        if text is None:
-                            g.texts = None
-                        else:
-                            texts.append(text)
-                    self._pending += 1
-                    if len(rows) >= batch:
-                        self._flush_group(g)
-                    elif self._pending >= self._max_pending:
-                        self.flush()
-                else:
-                    push(b, insert_kind, names, row, None, text)
-            elif op == UPDATE:
-                self._update(b, ch)
-            elif op == DELETE:
-                self._delete(b, ch)
-            elif op == TRUNCATE:
-                self._flush_table(b)
-                self.current = b.label
-                self._submit(self.cur.execute, self.stmts.truncate(b.table), ())
+                rows = buf.rows
+                if rows and buf.names is not names and buf.names != names:
+                    buf.events = [ch]  # another column set: normalised with the rest
+                    continue
+                if op == UPDATE:
+                    buf.updates.append(len(rows))
+                buf.names = names
+                rows.append(row)
+                texts = buf.texts
+                if texts is not None:
+                    if text is None:
+                        buf.texts = None
+                    else:
+                        texts.append(text)
+                if len(rows) >= batch and buf.early:
+                    self._flush_rows(buf)
+            elif op in (INSERT, UPDATE, OpType.DELETE):
+                if self._flushed_full and op != INSERT and b.label in self._flushed_full:
+                    self._check_cut(b, ch)
+                if buf.events is None:
+                    buf.events = []
+                    if b.keyed and b.schema.replica_identity == "f":
+                        self._hold = True
+                        self._cut_at = 16 * bound
+                buf.events.append(ch)
             else:
                 raise SinkError(f"table {b.label}: unknown operation {op!r}")
-        self.flush()
+        self._emit_window()
         return count
 
-    def _update(self, b: Binding, ch: RowChange) -> None:
-        row = ch.row
-        if row is not None and ch.old_values is None and b.keyed:  # positional, nothing UNCHANGED
-            self._push(b, K_UPSERT, b.names, row, None, ch.row_text)
-            return
-        vals = ch.values
-        if vals is None:
-            raise SinkError(f"table {b.label}: UPDATE without new values")
-        names, row = tuple(vals), tuple(vals.values())
-        partial = UNCHANGED in row
-        if partial:
-            names = tuple(k for k, v in vals.items() if v is not UNCHANGED)
-            row = tuple(v for v in row if v is not UNCHANGED)
-        old = ch.old_values
-        if not b.keyed:
-            if old is None:
-                raise SinkError(f"table {b.label} has no key and an UPDATE came without its old row "
-                                "(set REPLICA IDENTITY FULL upstream)")
-            match, nulls, mrow = _match_parts(old)
-            self._push(b, K_UPDATE_ONE, names, row + mrow, (match, nulls))
-            return
-        if old is not None:
-            old_key = []
-            new_key = []
-            for k in b.key:
-                ov = old.get(k, UNCHANGED)
-                nv = vals.get(k, UNCHANGED)
-                if ov is UNCHANGED or nv is UNCHANGED:
-                    break
-                old_key.append(ov)
-                new_key.append(nv)
-            else:
-                if old_key != new_key:
-                    if partial:
-                        self._move(b, names, row, tuple(old_key))
-                    else:
-                        self._push(b, K_DELETE, b.key, tuple(old_key), None)
-                        self._push(b, K_UPSERT, names, row, None)
-                    return
-        self._push(b, K_UPSERT, names, row, None)
-
-    def _delete(self, b: Binding, ch: RowChange) -> None:
-        old = ch.old_values if ch.old_values is not None else ch.values
-        if old is None:
-            raise SinkError(f"table {b.label}: DELETE without old values")
-        if b.keyed:
-            try:
-                key = tuple(old[k] for k in b.key)
-            except KeyError as exc:
-                raise SinkError(f"table {b.label}: DELETE without key column {exc.args[0]!r}") from None
-            if UNCHANGED in key:
-                raise SinkError(f"table {b.label}: DELETE whose key value was not sent")
-            self._push(b, K_DELETE, b.key, key, None)
-        else:
-            match, nulls, mrow = _match_parts(old)
-            self._push(b, K_DELETE_ONE, match, mrow, ((), nulls))
-
-    def _push(self, b: Binding, kind: int, names: tuple[str, ...], row: tuple[Any, ...],
-              extra: tuple[tuple[str, ...], tuple[str, ...]] | None, text: Any = None) -> None:
-        g = self._groups.get(b.label)
-        if g is None:
-            g = self._groups[b.label] = Group(b, kind, names, extra)
-        elif g.b is not b or g.kind != kind or g.extra != extra or (g.names is not names and g.names != names):
-            if g.rows:
-                self._flush_group(g)
-            g.b, g.kind, g.names, g.extra = b, kind, names, extra
-        rows = g.rows
-        if not rows:
-            g.seq = self._seq
-            self._seq += 1
-        rows.append(row)
-        texts = g.texts
-        if texts is not None:
-            if text is None:
-                g.texts = None
-            else:
-                texts.append(text)
-        self._last = g
-        self._pending += 1
-        if len(rows) >= self.batch:
-            self._flush_group(g)
-        elif self._pending >= self._max_pending:
-            self.flush()
-
-    # ---- output --------------------------------------------------------------------------------------
-    def flush(self) -> None:
-        """Flush every pending group, in the order their first pending rows came."""
-        pending = [g for g in self._groups.values() if g.rows]
-        if len(pending) > 1:
-            pending.sort(key=_group_seq)
-        for g in pending:
-            self._flush_group(g)
-
-    def _flush_table(self, b: Binding) -> None:
-        g = self._groups.get(b.label)
-        if g is not None and g.rows:
-            self._flush_group(g)
-
-    def _flush_group(self, g: Group) -> None:
-        rows = g.rows
-        if not rows:
-            return
-        b, kind, names, extra = g.b, g.kind, g.names, g.extra
-        texts = g.texts
-        g.rows = []
-        g.texts = []
+    def _flush_rows(self, buf: TableBuf) -> None:
+        """Send a table's plain INSERT rows now (a sequential prefix of its changes)."""
+        rows, texts = buf.rows, buf.texts
+        buf.rows, buf.texts, buf.updates = [], [], []
         self._pending -= len(rows)
-        self.current = b.label
-        plan = b.plan(kind, names, extra)
-        copy = plan.copy
-        if copy is not None and texts is not None and len(texts) == len(rows) >= COPY_MIN_ROWS:
-            if kind == K_UPSERT:
-                texts = _last_per_key_texts(rows, texts, plan.key_idx)  # ON CONFLICT touches a row once
-            self._copy_rows(copy, texts)
+        b = buf.b
+        assert buf.names is not None
+        self._apply(b, K_UPSERT if b.keyed else K_INSERT, buf.names, None, rows, texts)
+
+    # ---- a window's net effect -----------------------------------------------------------------------
+    def _emit_truncates(self) -> None:
+        """One statement for the TRUNCATEs of one transaction (children first where they become deletes)."""
+        tables = self.sink._fk_order([b.label for b in self._truncs])
+        by_label = {b.label: b for b in self._truncs}
+        self._truncs = []
+        bs = [by_label[t] for t in tables]
+        cascade, self._cascade = self._cascade, False
+        if self.dialect == "postgresql":
+            self.current = bs[0].label
+            self._submit(self.cur.execute, self.stmts.truncate_many([b.table for b in bs], cascade), ())
             return
-        if kind == K_UPSERT:
-            if self.dialect == "sqlite":
-                _check_keys_not_null(rows, plan.key_idx, b.label)
-            partial = len(names) < b.ncols
-            if self.dialect == "postgresql" or partial:
-                rows = _last_per_key(rows, plan.key_idx)  # ON CONFLICT cannot touch a row twice
-            if partial and b.label not in self.sink._warned_missing:
-                self._warn_missing(b, [tuple(r[i] for i in plan.key_idx) for r in rows])
-            self._insert_rows(plan, convert_rows(plan, rows, texts))  # texts ignored if rows were dropped
-        elif kind == K_INSERT:
-            self._insert_rows(plan, convert_rows(plan, rows, texts))
-        elif kind == K_DELETE:
-            self._delete_keys(b, convert_params(_distinct(rows), plan.convert))
-        else:
-            params = convert_params(rows, plan.convert)
-            if self.dialect == "postgresql":
-                self._submit(self._execute_batch, self.cur, plan.sql, params, len(params))  # page_size
+        for b in reversed(bs):
+            self.current = b.label
+            self._submit(self.cur.execute, self.stmts.truncate(b.table), ())
+
+    def _check_cut(self, b: Binding, ch: RowChange) -> None:
+        """After a cut inside this transaction, a "-" of a FULL-identity keyed table whose key was written
+        as a new image before the cut must remove exactly that image; otherwise it removes the row that
+        image overwrote (a deferred key swap split by the cut), which is gone downstream: refuse."""
+        old = ch.old_values
+        if old is None or len(old) < b.ncols:
+            return
+        flushed = self._flushed_full[b.label]
+        key = _freeze_key(tuple(old[k] for k in b.key))
+        img = flushed.get(key)
+        if img is None:
+            return
+        if not same_image(img, old):
+            raise SinkError(
+                f"table {b.label}: a transaction of more than {16 * self._bound} changes moves keys of a table "
+                "with REPLICA IDENTITY FULL (a DEFERRABLE key) in a way that cannot be applied in parts; raise "
+                "sink.txn-rows above the transaction's size (docs/limits.md)")
+        del flushed[key]
+
+    def _remember_flushed(self, b: Binding, buf: TableBuf, net: KeyedNet | KeylessNet | None) -> None:
+        """A cut inside a transaction: the new images of FULL-identity keyed tables it wrote."""
+        flushed = self._flushed_full.setdefault(b.label, {})
+        if net is None:
+            assert buf.names is not None
+            kidx = [buf.names.index(k) for k in b.key]
+            for r in buf.rows:
+                flushed[_freeze_key(tuple(r[i] for i in kidx))] = dict(zip(buf.names, r, strict=True))
+        elif isinstance(net, KeyedNet):
+            for img in net.upserts + [img for _, img in net.moves]:
+                flushed[_freeze_key(tuple(img.values[k] for k in b.key))] = img.values
+
+    def _emit_window(self, cut: bool = False) -> None:
+        if self._truncs:
+            self._emit_truncates()
+        bufs = {label: buf for label, buf in self._win.items() if buf.rows or buf.events}
+        self._win = {}
+        self._pending = 0
+        self._hold = False
+        self._cut_at = 2 * self._bound
+        if not bufs:
+            return
+        order = [bufs[label] for label in self.sink._fk_order(list(bufs))]  # parents first
+        nets: list[tuple[TableBuf, KeyedNet | KeylessNet | None, list[tuple[Any, Image]], bool]] = []
+        for buf in order:
+            b = buf.b
+            if buf.events is None:
+                nets.append((buf, None, [], False))
+                continue
+            self.current = b.label
+            if b.keyed:
+                net: KeyedNet | KeylessNet = normalize_keyed(
+                    b.names, b.key, b.schema.replica_identity == "f", buf.names, buf.rows, buf.texts, buf.events,
+                    buf.updates)
+                moves: list[tuple[Any, Image]] = []
+                parent = self.sink._is_fk_parent(b.label)
+                for old, img in net.moves:
+                    if parent or (img.src == old and img.partial):
+                        moves.append((old, img))
+                    else:
+                        net.deletes.append(old)
+                        net.upserts.append(img)
+                sequential = any(img.src is not None and img.partial for img in net.upserts)
+                nets.append((buf, net, moves, sequential))
             else:
-                self._submit(self.cur.executemany, plan.sql, params)
+                try:
+                    net = normalize_keyless(b.names, buf.names, buf.rows, buf.texts, buf.events)
+                except ValueError:
+                    raise SinkError(f"table {b.label} has no key and an UPDATE or DELETE came without its old "
+                                    "row (set REPLICA IDENTITY FULL upstream)") from None
+                nets.append((buf, net, [], False))
+        if cut:
+            for buf, net, _, _ in nets:
+                if buf.b.keyed and buf.b.schema.replica_identity == "f":
+                    self._remember_flushed(buf.b, buf, net)
+        early = self._split_child_updates(nets)
+        for buf, net, _moves, sequential in reversed(nets):  # deletes: children first
+            if net is None or sequential:
+                continue
+            b = buf.b
+            if isinstance(net, KeyedNet):
+                if net.deletes:
+                    self._apply(b, K_DELETE, b.key, None, net.deletes, None)
+                if b.label in early:
+                    self._apply_updates(b, *early[b.label])
+            elif net.deletes:
+                groups: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+                for old in net.deletes:
+                    match, nulls, mrow = _match_parts(old)
+                    groups.setdefault((match, nulls), []).append(mrow)
+                for (match, nulls), rows in groups.items():
+                    self._apply(b, K_DELETE_ONE, match, ((), nulls), rows, None)
+        for buf, net, moves, sequential in nets:  # new images: parents first
+            b = buf.b
+            if net is None:
+                assert buf.names is not None
+                self._apply(b, K_UPSERT if b.keyed else K_INSERT, buf.names, None, buf.rows, buf.texts)
+            elif sequential:
+                self._apply_sequential(buf)
+            elif isinstance(net, KeyedNet):
+                if moves:
+                    self._apply_moves(b, moves)
+                self._apply_updates(b, net.patches, net.updates)
+                partial = [img for img in net.upserts if img.partial]  # (only from inconsistent streams)
+                if partial:
+                    self._apply_patches(b, [dict(zip(*img.defined(), strict=True)) for img in partial])
+                self._apply_images(b, K_UPSERT, [img for img in net.upserts if not img.partial])
+            else:
+                for vals, old in net.updates:
+                    match, nulls, mrow = _match_parts(old)
+                    names = tuple(k for k, v in vals.items() if v is not UNCHANGED)
+                    self._apply(b, K_UPDATE_ONE, names, (match, nulls), [tuple(vals[k] for k in names) + mrow], None)
+                self._apply_images(b, K_INSERT, net.inserts)
 
-    def _copy_rows(self, copy: tuple[str, str | None, str | None], texts: list[Any]) -> None:
-        """PostgreSQL: the rows' upstream texts through COPY, into the table (plain inserts) or into the
-        session's staging table, merged into the table by one INSERT .. SELECT .. ON CONFLICT."""
-        copy_sql, stage_sql, merge_sql = copy
-        data = _copy_text(texts)
-        if stage_sql is not None and stage_sql not in self._staged:  # once per write: a rollback drops it
-            self._staged.add(stage_sql)
-            self._submit(self.cur.execute, stage_sql)
-        self._submit(self._copy_in, copy_sql, data)
-        if merge_sql is not None:
-            self._submit(self.cur.execute, merge_sql)
+    def _apply_updates(self, b: Binding, patches: list[dict[str, Any]], updates: list[Image]) -> None:
+        """In-place updates of rows that existed before the window: partial ones, then complete ones."""
+        if patches:
+            self._apply_patches(b, patches)
+        self._apply_images(b, K_UPSERT, updates)
 
-    def _copy_in(self, sql: str, data: str) -> None:
-        self.cur.copy_expert(sql, io.StringIO(data), max(1, len(data)))  # encoded in the client encoding
+    def _split_child_updates(self, nets: list[Any]) -> dict[str, tuple[list[dict[str, Any]], list[Image]]]:
+        """The in-place updates of child tables to apply right after the child's deletes, before its parents'
+        deletes (a reference moved away from a parent row that then goes): every one except those that
+        reference a parent row new in this window, which wait for the parent's inserts (they are left in
+        the net). Without column information for a foreign key whose parent has new rows, all wait."""
+        fk = self.sink._fk
+        out: dict[str, tuple[list[dict[str, Any]], list[Image]]] = {}
+        bufs = {buf.b.label: (buf, net, moves) for buf, net, moves, _ in nets}
+        new_keys: dict[str, set[Any]] = {}
 
-    def _insert_rows(self, plan: Plan, params: list[Any]) -> None:
-        if self.dialect == "postgresql":  # one multi-row statement, formatted by psycopg2 in one call
-            self._submit(self.cur.execute, plan.many(len(params)), [v for r in params for v in r])
-        elif self.dialect == "mysql":
-            self._mysql_insert(plan, params)
-        else:  # sqlite3 loops in C
-            self._submit(self.cur.executemany, plan.sql, params)
+        def parent_new(label: str) -> set[Any]:
+            keys = new_keys.get(label)
+            if keys is None:
+                buf, net, moves = bufs[label]
+                keys = new_keys[label] = set()
+                if net is None:
+                    assert buf.names is not None
+                    kidx = [buf.names.index(k) for k in buf.b.key]
+                    keys.update(_freeze_key(tuple(r[i] for i in kidx)) for r in buf.rows)
+                elif isinstance(net, KeyedNet):
+                    for img in net.upserts + [i for _, i in moves]:
+                        keys.add(_freeze_key(tuple(img.values[k] for k in buf.b.key)))
+                elif net.inserts:
+                    keys.add(None)  # a table without a key: unknown, treat every reference as new
+            return keys
 
-    def _mysql_insert(self, plan: Plan, params: list[Any]) -> None:
-        """Multi-row INSERTs of literal rows, at most ``MYSQL_STATEMENT_BYTES`` each (like PyMySQL's
-        executemany, with a faster literal renderer)."""
-        assert plan.parts is not None
-        head, tail = plan.parts
-        lit = self._literal
-        assert lit is not None
-        if not params:
-            return
-        # one renderer generated for the group's value types: the same text as joining literal() of each value
-        render = lit.rows(tuple(map(type, params[0])))  # type: ignore[attr-defined]
-        rows: list[str] = []
-        size = len(head) + len(tail)
-        for r in params:
-            text = render(r)
-            if rows and size + len(text) > MYSQL_STATEMENT_BYTES:
-                self._submit(self.cur.execute, head + ",".join(rows) + tail)
-                rows, size = [], len(head) + len(tail)
-            rows.append(text)
-            size += len(text) + 1
-        if rows:
-            self._submit(self.cur.execute, head + ",".join(rows) + tail)
+        for buf, net, _, seq in nets:
+            label = buf.b.label
+            if not isinstance(net, KeyedNet) or seq or not (net.patches or net.updates) or not fk.has_parents(label):
+                continue
+            growing = [p for p in fk.parents[label] if p in bufs and parent_new(p)]
+            if not growing:
+                out[label] = (net.patches, net.updates)
+                net.patches, net.updates = [], []
+                continue
+            upstream = {t: u for u, t in buf.b.colmap.items()}
+            checks = []
+            for parent, ccols, pcols in fk.references(label):
+                if parent not in growing:
+                    continue
+                pkey = bufs[parent][0].b.table.key
+                if set(pcols) != set(pkey) or not all(c in upstream for c in ccols) or None in parent_new(parent):
+                    checks = None
+                    break
+                by_p = dict(zip(pcols, ccols, strict=True))
+                checks.append((tuple(upstream[by_p[k]] for k in pkey), parent_new(parent)))
+            if checks is None or len({p for p, _, _ in fk.references(label) if p in growing}) < len(growing):
+                continue  # a growing parent without column information: every update waits
 
-    def _delete_keys(self, b: Binding, keys: list[Any]) -> None:
-        if self.dialect == "sqlite":
-            self._submit(self.cur.executemany, self.stmts.delete_key(b.table), keys)
-            return
-        n = len(keys)
-        sql = self._delete_sql.get((id(b), n))
-        if sql is None:
-            sql = self.stmts.delete_keys(b.table, n)
-            self._delete_sql[(id(b), n)] = sql
-        self._submit(self.cur.execute, sql, [v for k in keys for v in k])
+            def late(vals: dict[str, Any], checks: list[tuple[tuple[str, ...], set[Any]]] = checks) -> bool:
+                for cols, keys in checks:
+                    ref = tuple(vals.get(c, UNCHANGED) for c in cols)
+                    if UNCHANGED not in ref and None not in ref and _freeze_key(ref) in keys:
+                        return True
+                return False
 
-    def _count_existing(self, b: Binding, keys: list[Any]) -> int:
-        self._sync()  # reads results: the statements before it first, then this one in this thread
+            early_p = [p for p in net.patches if not late(p)]
+            early_u = [u for u in net.updates if not late(u.values)]
+            out[label] = (early_p, early_u)
+            net.patches = [p for p in net.patches if late(p)]
+            net.updates = [u for u in net.updates if late(u.values)]
+        return out
+
+    def _apply_images(self, b: Binding, kind: int, images: list[Image]) -> None:
+        """Upsert/insert images, one statement group per column set (positional rows keep their texts)."""
+        groups: dict[tuple[str, ...], tuple[list[tuple[Any, ...]], list[Any] | None]] = {}
+        for img in images:
+            names, row = img.defined()
+            g = groups.get(names)
+            if g is None:
+                g = groups[names] = ([], [])
+            g[0].append(row)
+            texts = g[1]
+            if texts is not None:
+                if img.text is None or img.row is not row:
+                    groups[names] = (g[0], None)
+                else:
+                    texts.append(img.text)
+        for names, (rows, texts) in groups.items():
+            self._apply(b, kind, names, None, rows, texts)
+
+    # ---- key moves, partial updates, missing rows (synchronous: they read results) -------------------
+    def _apply_moves(self, b: Binding, moves: list[tuple[Any, Image]]) -> None:
+        """Rows whose key changed and nothing else happened to either key: ``UPDATE .. SET key = new ..
+        WHERE key = old`` (so ON UPDATE CASCADE downstream acts, and unsent columns stay). When the new key
+        already exists downstream (a replay) the old row is deleted and the image upserted instead."""
+        self._sync()
         self.current = b.label
-        if self.dialect == "sqlite":
-            sql = self.stmts.exists_key(b.table)
-            found = 0
-            for k in keys:
-                self.cur.execute(sql, k)
-                found += self.cur.fetchone() is not None
-            return found
-        self.cur.execute(self.stmts.select_keys(b.table, len(keys)), [v for k in keys for v in k])
-        return len(self.cur.fetchall())
-
-    def _key_params(self, b: Binding, key: tuple[Any, ...]) -> list[Any]:
-        return list(b.key_convert(key) if b.key_convert else key)
-
-    def _warn_missing(self, b: Binding, raw_keys: list[tuple[Any, ...]]) -> None:
-        keys = [self._key_params(b, k) for k in raw_keys]
-        missing = len(keys) - self._count_existing(b, keys)
-        if missing > 0:
-            self.sink._warned_missing.add(b.label)
-            log.warning("table %s: %d updated row(s) were missing downstream and are inserted without their "
-                        "unsent (UNCHANGED) columns, which stay NULL; a previous loss? (warned once per table)",
-                        b.label, missing)
-
-    def _move(self, b: Binding, names: tuple[str, ...], row: tuple[Any, ...], old_key: tuple[Any, ...]) -> None:
-        """Key change with UNCHANGED columns: move the old row (keeping the unsent values) when possible."""
-        self._flush_table(b)
-        self._sync()  # reads results (existence, rowcount): run synchronously from here
-        self.current = b.label
-        new_key = tuple(row[names.index(k)] for k in b.key)
-        new_params = self._key_params(b, new_key)
-        old_params = self._key_params(b, old_key)
-        plan = b.plan(K_UPSERT, names, None)
-        values = plan.convert(row) if plan.convert else row
-        if not self._count_existing(b, [new_params]):
+        for old, img in moves:
+            names, row = img.defined()
+            new_key = tuple(img.values[k] for k in b.key)
+            if self._exists(b, new_key):
+                self.cur.execute(self.stmts.delete_key(b.table), self._key_params(b, tuple(old)))
+                self._upsert_or_patch(b, img, names, row)
+                continue
+            plan = b.plan(K_UPSERT, names, None)
+            values = plan.convert(row) if plan.convert else row
             sets = [b.colmap[n] for n in names]
-            self.cur.execute(self.stmts.update_key(b.table, sets), list(values) + list(old_params))
-            if self.cur.rowcount:
-                return
-            if b.label not in self.sink._warned_missing:
-                self.sink._warned_missing.add(b.label)
-                log.warning("table %s: a row whose key changed was missing downstream and is inserted without "
-                            "its unsent (UNCHANGED) columns; a previous loss? (warned once per table)", b.label)
+            self.cur.execute(self.stmts.update_key(b.table, sets), list(values) + self._key_params(b, tuple(old)))
+            if not self.cur.rowcount:  # the old row is missing downstream
+                self._upsert_or_patch(b, img, names, row)
+
+    def _upsert_or_patch(self, b: Binding, img: Image, names: tuple[str, ...], row: tuple[Any, ...]) -> None:
+        if not img.partial and len(names) >= b.ncols:
+            self._apply(b, K_UPSERT, names, None, [row], None)
+            self._sync()
         else:
-            self.cur.execute(self.stmts.delete_key(b.table), old_params)
-        self._insert_rows(plan, [values])
+            self._apply_patches(b, [dict(zip(names, row, strict=True))])
 
+    def _apply_patches(self, b: Binding, patches: list[dict[str, Any]]) -> None:
+        """In-place partial updates (UNCHANGED columns left out) of rows that existed before the window.
+        Rows missing downstream are never inserted with NULLs in place of the unsent columns: see
+        :meth:`_missing`."""
+        groups: dict[tuple[str, ...], list[tuple[Any, ...]]] = {}
+        for p in patches:
+            groups.setdefault(tuple(p), []).append(tuple(p.values()))
+        for names, all_rows in groups.items():
+            kidx = [names.index(k) for k in b.key]
+            for i in range(0, len(all_rows), self.batch):
+                self._patch_rows(b, names, kidx, all_rows[i:i + self.batch])
 
-def _group_seq(g: Group) -> int:
-    return g.seq
+    def _patch_rows(self, b: Binding, names: tuple[str, ...], kidx: list[int], rows: list[tuple[Any, ...]]) -> None:
+        keys = distinct_keys([tuple(r[i] for i in kidx) for r in rows])
+        if self._count_existing(b, [self._key_params(b, k) for k in keys]) < len(keys):
+            present = {k: self._exists(b, k) for k in keys} if _hashable_keys(keys) else None
+            if present is None:  # array keys
+                missing = [k for k in keys if not self._exists(b, k)]
+                rows = [r for r in rows if tuple(r[i] for i in kidx) not in missing]
+            else:
+                missing = [k for k, p in present.items() if not p]
+                rows = [r for r in rows if present[tuple(r[i] for i in kidx)]]
+            self._missing(b, missing)
+        if rows:
+            self._apply(b, K_UPSERT, names, None, rows, None)
+            self._sync()
 
+    def _missing(self, b: Binding, keys: list[tuple[Any, ...]]) -> None:
+        """Partial updates whose row is missing downstream: write the current upstream row when the sink
+        has a row source (None from it: the row is gone upstream too, a later delete converges), and
+        record a warning either way."""
+        if not keys:
+            return
+        source = self.sink._row_source
+        shown = tuple(str(k[0] if len(k) == 1 else k) for k in keys[: DataWarning.MAX_KEYS])
+        table = str(b.schema.name)
+        if source is None:
+            self.sink._add_warning(DataWarning(
+                MISSING_ROW, table, f"{len(keys)} updated row(s) missing downstream were not written: the update "
+                "did not carry every column (unchanged TOAST values) and no upstream row source is set",
+                WarningSeverity.DIVERGENCE, len(keys), shown))
+            return
+        fetched = source(b.schema, keys)
+        rows = [tuple(r.get(n) for n in b.names) for r in fetched if r is not None]
+        if rows:
+            self._apply(b, K_UPSERT, b.names, None, rows, None)
+            self._sync()
+        self.sink._add_warning(DataWarning(
+            MISSING_ROW, table, f"{len(keys)} updated row(s) were missing downstream; {len(rows)} re-read from the "
+            "upstream and written (the others are gone upstream)", WarningSeverity.NOTICE, len(keys), shown))
+
+    def _apply_sequential(self, buf: TableBuf) -> None:
+        """A table whose new images need unsent columns of downstream rows that the window also replaces
+        (key rotations of rows with unchanged TOAST values, replica identity DEFAULT): applied change by
+        change, which is correct because such keys are immediate upstream."""
+        b = buf.b
+        self.current = b.label
+        if buf.rows:
+            assert buf.names is not None
+            self._apply(b, K_UPSERT, buf.names, None, buf.rows, buf.texts)
+        for ch in buf.events or ():
+            net = normalize_keyed(b.names, b.key, False, None, (), None, [ch])
+            self._sync()
+            if net.deletes:
+                self._apply(b, K_DELETE, b.key, None, net.deletes, None)
+            for old, img in net.moves:
+                if img.partial or self.sink._is_fk_parent(b.label):
+                    self._apply_moves(b, [(old, img)])
+                else:
+                    self._apply(b, K_DELETE, b.key, None, [old], None)
+                    self._apply_images(b, K_UPSERT, [img])
+            self._apply_updates(b, net.patches, net.updates)
+            self._apply_images(b, K_UPSERT, [i for i in net.upserts if not i.partial])
+            for img in net.upserts:
+                if img.partial:  # the row it came from is gone downstream
+                    self._missing(b, [tuple(img.values[k] for k in b.key)])
+        self._sync()
 
 def _match_parts(old: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[Any, ...]]:
     """Split an old row into (non-NULL column names, NULL column names, non-NULL values); skips UNCHANGED."""
@@ -441,75 +571,12 @@ def _match_parts(old: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...],
 
 
 
-def _check_keys_not_null(rows: list[tuple[Any, ...]], key_idx: tuple[int, ...], label: str) -> None:
-    """SQLite turns a NULL INTEGER PRIMARY KEY into a new rowid instead of refusing it: refuse it here."""
-    for i in key_idx:
-        for r in rows:
-            if r[i] is None:
-                raise SinkError(f"table {label}: key column value is NULL")
+_freeze_key = hashable_key
 
 
-def _hashable(v: Any) -> Any:
-    return tuple(_hashable(x) for x in v) if isinstance(v, list) else v
-
-
-def _last_per_key(rows: list[tuple[Any, ...]], key_idx: tuple[int, ...]) -> list[tuple[Any, ...]]:
-    """Keep the last row per key (upserts with the same columns: the last one wins anyway)."""
-    if not key_idx:
-        return rows
+def _hashable_keys(keys: list[tuple[Any, ...]]) -> bool:
     try:
-        if len(key_idx) == 1:
-            i = key_idx[0]
-            last = {r[i]: r for r in rows}
-        else:
-            last = {tuple(r[j] for j in key_idx): r for r in rows}
-    except TypeError:  # array keys
-        last = {tuple(_hashable(r[j]) for j in key_idx): r for r in rows}
-    return rows if len(last) == len(rows) else list(last.values())
-
-
-def _copy_value(v: str | None) -> str:
-    """One value in COPY's text format: NULL as ``\\N``; backslash, tab, newline and CR escaped."""
-    if v is None:
-        return "\\N"
-    return v.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-
-
-def _copy_text(texts: Sequence[Sequence[str | None]]) -> str:
-    """Rows of upstream text as COPY text-format data (one line per row, tab-separated, NULL as ``\\N``)."""
-    lines = []
-    append = lines.append
-    for t in texts:
-        if None not in t:
-            line = "\t".join(t)
-            # nothing to escape: no backslash, newline, CR, and no tab other than the separators
-            if "\\" not in line and "\n" not in line and "\r" not in line and line.count("\t") == len(t) - 1:
-                append(line)
-                continue
-        append("\t".join(map(_copy_value, t)))
-    lines.append("")
-    return "\n".join(lines)
-
-
-def _last_per_key_texts(rows: list[tuple[Any, ...]], texts: list[Any], key_idx: tuple[int, ...]) -> list[Any]:
-    """``texts`` of the last row per key (as :func:`_last_per_key`, for texts parallel to ``rows``)."""
-    if not key_idx:
-        return texts
-    try:
-        if len(key_idx) == 1:
-            i = key_idx[0]
-            last = {r[i]: j for j, r in enumerate(rows)}
-        else:
-            last = {tuple(r[k] for k in key_idx): j for j, r in enumerate(rows)}
-    except TypeError:  # array keys
-        last = {tuple(_hashable(r[k]) for k in key_idx): j for j, r in enumerate(rows)}
-    if len(last) == len(rows):
-        return texts
-    return [texts[j] for j in sorted(last.values())]
-
-
-def _distinct(keys: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    try:
-        return list(dict.fromkeys(keys))
-    except TypeError:  # array keys
-        return list({_hashable(list(k)): k for k in keys}.values())
+        hash(tuple(keys))
+        return True
+    except TypeError:
+        return False

@@ -159,11 +159,14 @@ def test_replay_and_key_changes(target: Target, sink: SQLSink) -> None:
     assert target.rows("users", "id") == once
 
 
-def test_unchanged_columns_keep_their_value_and_missing_rows_get_inserted(target: Target, sink: SQLSink) -> None:
+def test_unchanged_columns_keep_their_value_and_missing_rows_are_never_filled_with_nulls(
+        target: Target, sink: SQLSink) -> None:
     sink.write([ins(USERS, id=1, name="kept", score=1)])
     sink.write([upd(USERS, {"id": 1, "name": UNCHANGED, "score": 10}),
                 upd(USERS, {"id": 2, "name": UNCHANGED, "score": 20})])
-    assert target.rows("users", "id") == [(1, "kept", 10), (2, None, 20)]
+    assert target.rows("users", "id") == [(1, "kept", 10)]
+    (w,) = sink.take_warnings()
+    assert (w.code, w.severity, w.keys) == ("CDC:WarnMissingRow", "divergence", ("2",))
 
 
 def random_changes(rng: random.Random, s: TableSchema, n: int) -> tuple[list[RowChange], dict[int, tuple[Any, ...]]]:

@@ -9,9 +9,10 @@ import pytest
 
 from cdc.config import SinkConfig
 from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
+from sinks.sql.output import COPY_MIN_ROWS, _copy_text, _last_per_key_texts
 from sinks.sql.pipeline import Pipeline
 from sinks.sql.sink import SQLSink
-from sinks.sql.writer import COPY_MIN_ROWS, Writer, _copy_text, _last_per_key_texts
+from sinks.sql.writer import Writer
 from tests.sql_sink_fakes import assume_tables, fake_connection
 
 pytestmark = pytest.mark.unit

@@ -155,14 +155,32 @@ def test_unchanged_columns_keep_their_downstream_value(sink: SQLSink, db: Path) 
     assert read(db, "users", "id") == [(1, "big text", 10), (2, "other", 20)]
 
 
-def test_unchanged_on_a_missing_row_inserts_without_it_and_warns_once(
-        sink: SQLSink, db: Path, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="sinks.sql.sink"):
-        sink.write([upd(USERS, {"id": 5, "name": UNCHANGED, "score": 50})])
-        sink.write([upd(USERS, {"id": 6, "name": UNCHANGED, "score": 60})])
-    assert read(db, "users", "id") == [(5, None, 50), (6, None, 60)]
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "users" in r.getMessage()]
-    assert len(warnings) == 1
+def test_unchanged_on_a_missing_row_is_not_filled_with_nulls_and_warns(sink: SQLSink, db: Path) -> None:
+    sink.write([upd(USERS, {"id": 5, "name": UNCHANGED, "score": 50})])
+    sink.write([upd(USERS, {"id": 6, "name": UNCHANGED, "score": 60})])
+    assert read(db, "users", "id") == []  # never a row with NULL in place of the unsent name
+    (w,) = sink.take_warnings()
+    assert (w.code, w.table, w.severity, w.count, w.keys) == ("CDC:WarnMissingRow", "public.users", "divergence", 2,
+                                                              ("5", "6"))
+    assert sink.take_warnings() == []
+
+
+def test_unchanged_on_a_missing_row_is_reread_through_the_row_source(sink: SQLSink, db: Path) -> None:
+    asked: list[Any] = []
+
+    def fetch(schema: TableSchema, keys: Any) -> list[dict[str, Any] | None]:
+        asked.append(list(keys))
+        return [{"id": k[0], "name": f"upstream{k[0]}", "score": 99} if k[0] == 5 else None for k in keys]
+
+    sink.set_row_source(fetch)
+    sink.write([ins(USERS, id=1, name="a", score=1)])
+    sink.write([upd(USERS, {"id": 5, "name": UNCHANGED, "score": 50}),
+                upd(USERS, {"id": 6, "name": UNCHANGED, "score": 60}),
+                upd(USERS, {"id": 1, "name": UNCHANGED, "score": 2})])
+    assert asked == [[(5,), (6,)]]
+    assert read(db, "users", "id") == [(1, "a", 2), (5, "upstream5", 99)]  # 6 is gone upstream: not written
+    (w,) = sink.take_warnings()
+    assert (w.code, w.severity, w.count, w.keys) == ("CDC:WarnMissingRow", "notice", 2, ("5", "6"))
 
 
 def test_unchanged_on_existing_rows_does_not_warn(sink: SQLSink, caplog: pytest.LogCaptureFixture) -> None:

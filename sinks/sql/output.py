@@ -1,0 +1,260 @@
+"""The SQL sink's statement output: sends groups of rows of one table as statements on one connection
+(multi-row statements, COPY on PostgreSQL, literal rows on MySQL, ``executemany`` on SQLite), through the
+sink's statement pipeline. :class:`sinks.sql.writer.Writer` decides *what* to send; this decides *how*."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.engine import Connection
+
+from cdc.errors import SinkError
+from sinks.sql.binding import (
+    K_DELETE,
+    K_INSERT,
+    K_UPSERT,
+    Binding,
+    Plan,
+    convert_params,
+    convert_rows,
+)
+from sinks.sql.statements import Statements
+from sinks.sql.values import mysql_literal_function
+
+if TYPE_CHECKING:
+    from sinks.sql.sink import SQLSink
+
+MYSQL_STATEMENT_BYTES = 1_000_000  # well below MariaDB's 16 MB max_allowed_packet (characters, not bytes)
+# PostgreSQL: groups of at least this many rows that all came with their upstream text go through COPY
+COPY_MIN_ROWS = 32
+
+
+class Output:
+    """Statements of one ``write`` call on one connection, in order, through the sink's pipeline."""
+
+    def __init__(self, sink: SQLSink, conn: Connection, stmts: Statements) -> None:
+        self.sink = sink
+        self.conn = conn
+        self.dialect = sink.dialect
+        self.stmts = stmts
+        self.batch = sink._batch
+        self.cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        self.pipe = sink._pipe  # statements run there, in order; reads and the caller's commit drain it first
+        self.current: str | None = None  # table being written (or whose statement failed), for error messages
+        self._delete_sql: dict[tuple[int, int], str] = {}
+        self._staged: set[str] = set()  # staging tables made sure of in this write (PostgreSQL)
+        # made now, while the connection is idle (it reads the connection's status)
+        self._literal: Callable[[Any], str] | None = (
+            mysql_literal_function(self.cur.connection) if self.dialect == "mysql" else None)
+        if self.dialect == "postgresql":
+            import psycopg2.extras
+
+            self._execute_batch: Callable[..., Any] = psycopg2.extras.execute_batch
+
+    def _sync(self) -> None:
+        """Wait until every submitted statement ran; raise the first failure, naming its table."""
+        error = self.pipe.quiesce()
+        if error is not None:
+            self.current = error[1]
+            raise error[0]
+
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on the connection after the statements before it (for table ``current``)."""
+        if not self.pipe.submit(self.current, fn, *args):
+            self._sync()
+
+    def _exists(self, b: Binding, key: Sequence[Any]) -> bool:
+        self.cur.execute(self.stmts.exists_key(b.table), self._key_params(b, tuple(key)))
+        return self.cur.fetchone() is not None
+
+    # ---- output --------------------------------------------------------------------------------------
+    def _apply(self, b: Binding, kind: int, names: tuple[str, ...],
+               extra: tuple[tuple[str, ...], tuple[str, ...]] | None,
+               rows: list[tuple[Any, ...]], texts: list[Any] | None) -> None:
+        """Send ``rows`` as statements of at most ``batch_rows`` rows each."""
+        if not rows:
+            return
+        batch = self.batch
+        if len(rows) <= batch:
+            self._apply_chunk(b, kind, names, extra, rows, texts)
+            return
+        for i in range(0, len(rows), batch):
+            part = texts[i:i + batch] if texts is not None and len(texts) == len(rows) else None
+            self._apply_chunk(b, kind, names, extra, rows[i:i + batch], part)
+
+    def _apply_chunk(self, b: Binding, kind: int, names: tuple[str, ...],
+                     extra: tuple[tuple[str, ...], tuple[str, ...]] | None,
+                     rows: list[tuple[Any, ...]], texts: list[Any] | None) -> None:
+        self.current = b.label
+        plan = b.plan(kind, names, extra)
+        copy = plan.copy
+        if copy is not None and texts is not None and len(texts) == len(rows) >= COPY_MIN_ROWS:
+            if kind == K_UPSERT:
+                texts = _last_per_key_texts(rows, texts, plan.key_idx)  # ON CONFLICT touches a row once
+            self._copy_rows(copy, texts)
+            return
+        if kind == K_UPSERT:
+            if self.dialect == "sqlite":
+                _check_keys_not_null(rows, plan.key_idx, b.label)
+            if self.dialect == "postgresql" or len(names) < b.ncols:
+                rows = _last_per_key(rows, plan.key_idx)  # ON CONFLICT cannot touch a row twice
+            self._insert_rows(plan, convert_rows(plan, rows, texts))  # texts ignored if rows were dropped
+        elif kind == K_INSERT:
+            self._insert_rows(plan, convert_rows(plan, rows, texts))
+        elif kind == K_DELETE:
+            self._delete_keys(b, convert_params(distinct_keys(rows), plan.convert))
+        else:
+            params = convert_params(rows, plan.convert)
+            if self.dialect == "postgresql":
+                self._submit(self._execute_batch, self.cur, plan.sql, params, len(params))  # page_size
+            else:
+                self._submit(self.cur.executemany, plan.sql, params)
+
+    def _copy_rows(self, copy: tuple[str, str | None, str | None], texts: list[Any]) -> None:
+        """PostgreSQL: the rows' upstream texts through COPY, into the table (plain inserts) or into the
+        session's staging table, merged into the table by one INSERT .. SELECT .. ON CONFLICT."""
+        copy_sql, stage_sql, merge_sql = copy
+        data = _copy_text(texts)
+        if stage_sql is not None and stage_sql not in self._staged:  # once per write: a rollback drops it
+            self._staged.add(stage_sql)
+            self._submit(self.cur.execute, stage_sql)
+        self._submit(self._copy_in, copy_sql, data)
+        if merge_sql is not None:
+            self._submit(self.cur.execute, merge_sql)
+
+    def _copy_in(self, sql: str, data: str) -> None:
+        self.cur.copy_expert(sql, io.StringIO(data), max(1, len(data)))  # encoded in the client encoding
+
+    def _insert_rows(self, plan: Plan, params: list[Any]) -> None:
+        if self.dialect == "postgresql":  # one multi-row statement, formatted by psycopg2 in one call
+            self._submit(self.cur.execute, plan.many(len(params)), [v for r in params for v in r])
+        elif self.dialect == "mysql":
+            self._mysql_insert(plan, params)
+        else:  # sqlite3 loops in C
+            self._submit(self.cur.executemany, plan.sql, params)
+
+    def _mysql_insert(self, plan: Plan, params: list[Any]) -> None:
+        """Multi-row INSERTs of literal rows, at most ``MYSQL_STATEMENT_BYTES`` each (like PyMySQL's
+        executemany, with a faster literal renderer)."""
+        assert plan.parts is not None
+        head, tail = plan.parts
+        lit = self._literal
+        assert lit is not None
+        if not params:
+            return
+        # one renderer generated for the group's value types: the same text as joining literal() of each value
+        render = lit.rows(tuple(map(type, params[0])))  # type: ignore[attr-defined]
+        rows: list[str] = []
+        size = len(head) + len(tail)
+        for r in params:
+            text = render(r)
+            if rows and size + len(text) > MYSQL_STATEMENT_BYTES:
+                self._submit(self.cur.execute, head + ",".join(rows) + tail)
+                rows, size = [], len(head) + len(tail)
+            rows.append(text)
+            size += len(text) + 1
+        if rows:
+            self._submit(self.cur.execute, head + ",".join(rows) + tail)
+
+    def _delete_keys(self, b: Binding, keys: list[Any]) -> None:
+        if self.dialect == "sqlite":
+            self._submit(self.cur.executemany, self.stmts.delete_key(b.table), keys)
+            return
+        n = len(keys)
+        sql = self._delete_sql.get((id(b), n))
+        if sql is None:
+            sql = self.stmts.delete_keys(b.table, n)
+            self._delete_sql[(id(b), n)] = sql
+        self._submit(self.cur.execute, sql, [v for k in keys for v in k])
+
+    def _count_existing(self, b: Binding, keys: list[Any]) -> int:
+        self._sync()  # reads results: the statements before it first, then this one in this thread
+        self.current = b.label
+        if self.dialect == "sqlite":
+            sql = self.stmts.exists_key(b.table)
+            found = 0
+            for k in keys:
+                self.cur.execute(sql, k)
+                found += self.cur.fetchone() is not None
+            return found
+        self.cur.execute(self.stmts.select_keys(b.table, len(keys)), [v for k in keys for v in k])
+        return len(self.cur.fetchall())
+
+    def _key_params(self, b: Binding, key: tuple[Any, ...]) -> list[Any]:
+        return list(b.key_convert(key) if b.key_convert else key)
+
+
+def _check_keys_not_null(rows: list[tuple[Any, ...]], key_idx: tuple[int, ...], label: str) -> None:
+    """SQLite turns a NULL INTEGER PRIMARY KEY into a new rowid instead of refusing it: refuse it here."""
+    for i in key_idx:
+        for r in rows:
+            if r[i] is None:
+                raise SinkError(f"table {label}: key column value is NULL")
+
+
+def _hashable(v: Any) -> Any:
+    return tuple(_hashable(x) for x in v) if isinstance(v, list) else v
+
+
+def _last_per_key(rows: list[tuple[Any, ...]], key_idx: tuple[int, ...]) -> list[tuple[Any, ...]]:
+    """Keep the last row per key (upserts with the same columns: the last one wins anyway)."""
+    if not key_idx:
+        return rows
+    try:
+        if len(key_idx) == 1:
+            i = key_idx[0]
+            last = {r[i]: r for r in rows}
+        else:
+            last = {tuple(r[j] for j in key_idx): r for r in rows}
+    except TypeError:  # array keys
+        last = {tuple(_hashable(r[j]) for j in key_idx): r for r in rows}
+    return rows if len(last) == len(rows) else list(last.values())
+
+
+def _copy_value(v: str | None) -> str:
+    """One value in COPY's text format: NULL as ``\\N``; backslash, tab, newline and CR escaped."""
+    if v is None:
+        return "\\N"
+    return v.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def _copy_text(texts: Sequence[Sequence[str | None]]) -> str:
+    """Rows of upstream text as COPY text-format data (one line per row, tab-separated, NULL as ``\\N``)."""
+    lines = []
+    append = lines.append
+    for t in texts:
+        if None not in t:
+            line = "\t".join(t)
+            # nothing to escape: no backslash, newline, CR, and no tab other than the separators
+            if "\\" not in line and "\n" not in line and "\r" not in line and line.count("\t") == len(t) - 1:
+                append(line)
+                continue
+        append("\t".join(map(_copy_value, t)))
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _last_per_key_texts(rows: list[tuple[Any, ...]], texts: list[Any], key_idx: tuple[int, ...]) -> list[Any]:
+    """``texts`` of the last row per key (as :func:`_last_per_key`, for texts parallel to ``rows``)."""
+    if not key_idx:
+        return texts
+    try:
+        if len(key_idx) == 1:
+            i = key_idx[0]
+            last = {r[i]: j for j, r in enumerate(rows)}
+        else:
+            last = {tuple(r[k] for k in key_idx): j for j, r in enumerate(rows)}
+    except TypeError:  # array keys
+        last = {tuple(_hashable(r[k]) for k in key_idx): j for j, r in enumerate(rows)}
+    if len(last) == len(rows):
+        return texts
+    return [texts[j] for j in sorted(last.values())]
+
+
+def distinct_keys(keys: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    try:
+        return list(dict.fromkeys(keys))
+    except TypeError:  # array keys
+        return list({_hashable(list(k)): k for k in keys}.values())
