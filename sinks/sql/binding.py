@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from cdc.errors import SinkError
 from cdc.events import ColumnSchema, TableSchema
 from sinks.sql.ddl import TargetColumn, TargetTable, numeric_precision_scale
-from sinks.sql.values import Converter, converter, fast_path, text_path
+from sinks.sql.values import Converter, checks_every_value, converter, fast_path, text_path
 
 if TYPE_CHECKING:
     from sinks.sql.sink import SQLSink
@@ -191,7 +191,10 @@ class Binding:
         # upstream text is only ever attached to positional rows (names == every column in schema order)
         text_fn = row_function(len(names), convs, with_text=True) if names == self.names else None
         p = Plan(sql, row_function(len(names), convs), key_idx, build, parts, text_fn)
-        if s.dialect == "postgresql" and names == self.names and kind in (K_UPSERT, K_INSERT):
+        # COPY sends the upstream text as it is: never for columns whose converter must see every value
+        # (values.checks_every_value: a narrower target scale would round silently)
+        if s.dialect == "postgresql" and names == self.names and kind in (K_UPSERT, K_INSERT) and not any(
+                checks_every_value(c) for c in convs.values()):
             if kind == K_INSERT:
                 p.copy = (s.copy_in(s.table(t), d) % (), None, None)
             elif len(d) > len(t.key) and self._temp_ok:  # (a key-only table keeps ON CONFLICT DO NOTHING)

@@ -271,9 +271,6 @@ def test_a_widened_numeric_column_stays_exact_or_is_refused(upstream: Upstream,
     assert read(kind, uri, server, 'SELECT n FROM w ORDER BY id') == [(Decimal("1.50"),)]
 
 
-@pytest.mark.xfail(strict=True, reason="sinks/sql/sink.py sends >= 32 rows with upstream text through COPY, which "
-                   "skips the converters' scale check: PostgreSQL rounds silently. Needs the sink to skip COPY for "
-                   "plans whose converters have values.checks_every_value() (owned by the sink rewrite)")
 def test_a_widened_numeric_column_is_refused_on_postgres_also_through_copy(upstream: Upstream,
                                                                          postgres_target: str) -> None:
     upstream.sql("CREATE TABLE w (id int PRIMARY KEY, n numeric(10,2)); INSERT INTO w VALUES (1, 1.50)")
