@@ -236,7 +236,8 @@ class Processor:
         puller = Puller(stream, sorter, TableFilter(config.filter.rules), start,
                         lambda: connect(info.upstream_uri), label)
         runner = SpanRunner(label, puller, sorter, lambda: open_sink(info.sink_uri, config.sink), start,
-                            config.sink.txn_rows, fence=self._lease_fence, target_ts=info.target_ts)
+                            config.sink.txn_rows, fence=self._lease_fence, target_ts=info.target_ts,
+                            position=(info.id, span_index, span.start_ts))
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)
         return runner
