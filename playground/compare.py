@@ -29,6 +29,9 @@ class TableDiff:
     extra: list[Any] = field(default_factory=list)  # keys downstream only
     different: list[Any] = field(default_factory=list)  # keys with different values
     sample: list[tuple[Any, Any]] = field(default_factory=list)  # (source row, target row) of the first differences
+    # tables without a key (compared as multisets of full rows; missing/extra then hold row images):
+    duplicates: int = 0  # target rows beyond the source's count of the same full row
+    losses: int = 0  # source rows beyond the target's count of the same full row
 
     @property
     def equal(self) -> bool:
@@ -149,9 +152,12 @@ def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[Table
             for qualified in tables:
                 schema, _, table = qualified.partition(".")
                 key = _pg_key(pg_conn, schema, table)
+                target_schema = schema if u.scheme in ("postgresql", "postgres") else None
+                if not key:  # no primary key (REPLICA IDENTITY FULL): compare multisets of full rows
+                    out.append(_compare_multiset(pg_conn, tconn, qualified, schema, table, target_schema))
+                    continue
                 cols, src = _source_rows(pg_conn, schema, table, key)
                 meta = sa.MetaData()
-                target_schema = schema if u.scheme in ("postgresql", "postgres") else None
                 try:
                     t = sa.Table(table, meta, autoload_with=tconn, schema=target_schema)
                 except sa.exc.NoSuchTableError:
@@ -172,3 +178,33 @@ def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[Table
     finally:
         engine.dispose()
     return out
+
+
+def _compare_multiset(pg_conn: Any, tconn: Any, qualified: str, schema: str, table: str,
+                      target_schema: str | None) -> TableDiff:
+    """A table without a key: count each full-row image on both sides. Every surplus copy downstream is a
+    duplicate (a transaction applied twice), every missing copy a loss; ``missing``/``extra`` list up to 20
+    such row images."""
+    import collections
+
+    import psycopg2.extras
+    from psycopg2 import sql
+
+    with pg_conn.cursor() as cur:
+        psycopg2.extras.register_default_json(cur, loads=lambda x: x)
+        psycopg2.extras.register_default_jsonb(cur, loads=lambda x: x)
+        cur.execute(sql.SQL("SELECT * FROM {}.{}").format(sql.Identifier(schema), sql.Identifier(table)))
+        cols = [d.name for d in cur.description]
+        src = collections.Counter(tuple(norm(x) for x in r) for r in cur)
+    try:
+        t = sa.Table(table, sa.MetaData(), autoload_with=tconn, schema=target_schema)
+    except sa.exc.NoSuchTableError:
+        n = sum(src.values())
+        return TableDiff(qualified, n, 0, missing=sorted(src, key=repr)[:20], losses=n)
+    dst = collections.Counter(tuple(norm(x) for x in r) for r in tconn.execute(sa.select(*[t.c[c] for c in cols])))
+    diff = TableDiff(qualified, sum(src.values()), sum(dst.values()))
+    lost, dup = src - dst, dst - src
+    diff.losses, diff.duplicates = sum(lost.values()), sum(dup.values())
+    diff.missing = sorted(lost, key=repr)[:20]
+    diff.extra = sorted(dup, key=repr)[:20]
+    return diff
