@@ -42,7 +42,7 @@ def source_schema() -> str:
 
 class KeylessWorkload:
     """Small transactions on ``log`` from a background thread: rows of the transaction number, two identical
-    'dup' rows, every 7th transaction 300 rows (a bigger batch to be killed in the middle of); updates of
+    'dup' rows, every 10th transaction 200 rows (a bigger batch to be killed in the middle of); updates of
     identical rows and deletes of earlier transactions' rows."""
 
     def __init__(self, pg: PostgresServer, db: str) -> None:
@@ -58,7 +58,7 @@ class KeylessWorkload:
             cur = self.conn.cursor()
             while not self.stop.is_set():
                 t = self.txns
-                n = 300 if t % 7 == 6 else 5
+                n = 200 if t % 10 == 9 else 5
                 cur.execute("INSERT INTO log SELECT %s, 'r' || (g %% 3), 0 FROM generate_series(1, %s) g", (t, n))
                 cur.execute("INSERT INTO log VALUES (%s, 'dup', 0), (%s, 'dup', 0)", (t, t))
                 if t >= 3:
@@ -94,6 +94,19 @@ def assert_exact(cdc: CdcServer, cf: str, source: Any, sink_uri: str, timeout: f
     assert diff.source_rows > 0, diff
     assert (diff.duplicates, diff.losses) == (0, 0), f"duplicates/losses downstream: {diff}"
     assert diff.equal and diff.source_rows == diff.target_rows, diff
+
+
+def precreate_target(sink_uri: str) -> None:
+    """The target table with an index on ``a``: without a key every downstream UPDATE/DELETE of one row
+    matches all old values, a full scan per row without an index (the sink creates no index)."""
+    pg = sink_uri.startswith("postgres")
+    engine = sa.create_engine(sqlalchemy_url(sink_uri))
+    try:
+        with engine.begin() as conn:
+            conn.exec_driver_sql(("CREATE TABLE public.log" if pg else "CREATE TABLE log") + " (a int, b text, c int)")
+            conn.exec_driver_sql("CREATE INDEX log_a ON public.log (a)" if pg else "CREATE INDEX log_a ON log (a)")
+    finally:
+        engine.dispose()
 
 
 def positions(sink_uri: str, cf: str) -> list[tuple[Any, ...]]:
@@ -165,6 +178,7 @@ def test_keyless_table_exactly_once_through_kills_and_outages(
     try:
         maria.create_database("target")
         sink = maria.uri("target")
+        precreate_target(sink)
         sandbox.cdc.create_changefeed("eo", pg_server.uri(pg_database), sink)
         with KeylessWorkload(pg_server, pg_database) as wl:
             time.sleep(2)
@@ -204,6 +218,7 @@ def test_keyless_exactly_once_many_kills(sandbox: Sandbox, pg_server: PostgresSe
     try:
         target.create_database("target")
         sink = target.uri("target")
+        precreate_target(sink)
         sandbox.cdc.create_changefeed("eo", pg_server.uri(pg_database), sink, "span-count = 2\n")
         with KeylessWorkload(pg_server, pg_database) as wl:
             time.sleep(2)
@@ -234,6 +249,7 @@ def test_keyless_exactly_once_when_the_sink_disk_fills(sandbox: Sandbox, pg_serv
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
         sink = f"sqlite:///{mnt / 'target.db'}"
+        precreate_target(sink)
         sandbox.cdc.create_changefeed("eo", pg_server.uri(pg_database), sink)
         with KeylessWorkload(pg_server, pg_database) as wl:
             time.sleep(2)
