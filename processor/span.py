@@ -6,6 +6,8 @@ Guarantees:
 - The upstream slot is acked (``persisted``) only with a checkpoint the processor has stored in etcd.
 - Whole upstream transactions are handed to the sink; several small ones may share a downstream
   transaction (up to ``sink.txn_rows`` rows), a large one is streamed in one call.
+- With ``position`` the sink is opened for exactly-once delivery (``Sink.open_position``): a replay from
+  an etcd checkpoint older than what the target holds is skipped by the sink, never applied twice.
 - Any error stops both threads; ``error`` holds it and ``failed`` is set. A failed runner is discarded
   and a new one restarts the span from its persisted checkpoint (the sorter is cleared on start).
 Thread-safety: ``checkpoint``, ``resolved``, ``rows``, ``error`` are read by the processor thread;

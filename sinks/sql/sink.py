@@ -16,7 +16,10 @@ Guarantees (on top of :class:`sinks.base.Sink`):
   downstream keeps its value); if such a row is missing downstream it is inserted without them and a
   warning is logged once per table.
 - Tables without a key (REPLICA IDENTITY FULL) get plain inserts, and updates/deletes of one row matching
-  all old values: *not* idempotent on replay (a replayed insert duplicates the row).
+  all old values: *not* idempotent on replay (a replayed insert duplicates the row), hence exactly-once:
+- Exactly-once after :meth:`open_position` (default ``delivery``): the span's applied commit Ts is moved in
+  the target's position table inside each write's transaction, after its rows and before the fence and
+  commit (compare-and-set, :mod:`sinks.sql.position`); changes at or below it are dropped unapplied.
 - Missing target tables are created from the upstream schema (docs/type-mapping.md); existing tables are
   used as they are (never altered) after checking that they have the columns and a unique key.
 - TRUNCATE is ``DELETE FROM`` on MySQL/SQLite (MySQL's TRUNCATE would commit implicitly) and
