@@ -155,3 +155,12 @@ def test_forget_and_at_least_once(target: Target) -> None:
     sink.close()
     assert [p[0] for p in target.positions()] == ["other"]
     assert target.rows() == [(9, "q"), (9, "q")]
+
+
+def test_configured_table_name(target: Target) -> None:
+    sink = target.sink(checkpoint_table="cdc_positions")
+    sink.open_position("cf", 3, origin=1)
+    sink.write(txn(10, (1, "x")))
+    sink.close()
+    table = "tidewater.cdc_positions" if target.kind == "postgresql" else "cdc_positions"
+    assert target.query(f"SELECT changefeed, span, commit_ts FROM {table}") == [("cf", 3, 10)]
