@@ -68,6 +68,7 @@ def forget_positions(info: ChangefeedInfo) -> None:
         log.warning("changefeed=%s removed but its positions in the sink could not be deleted (%s): run "
                     "DELETE FROM <checkpoint table> WHERE changefeed = '%s' on the target", info.id, exc, info.id)
 
+
 # Changes that wake the owner between ticks: span statuses (checkpoint aggregation only); changefeed
 # infos (API create/pause/resume/update/remove) and captures (join, leave, drain) run the full cycle early.
 _OWNER_WAKE = frozenset({KeyKind.SPAN_STATUS, KeyKind.CHANGEFEED_INFO, KeyKind.CAPTURE})

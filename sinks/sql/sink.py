@@ -16,7 +16,8 @@ Guarantees (on top of :class:`sinks.base.Sink`):
   downstream keeps its value); if such a row is missing downstream it is inserted without them and a
   warning is logged once per table.
 - Tables without a key (REPLICA IDENTITY FULL) get plain inserts, and updates/deletes of one row matching
-  all old values: *not* idempotent on replay (a replayed insert duplicates the row), hence exactly-once:
+  all old values: *not* idempotent on replay (a replayed insert duplicates the row); exactly-once (next)
+  keeps replays from reaching them.
 - Exactly-once after :meth:`open_position` (default ``delivery``): the span's applied commit Ts is moved in
   the target's position table inside each write's transaction, after its rows and before the fence and
   commit (compare-and-set, :mod:`sinks.sql.position`); changes at or below it are dropped unapplied.
