@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -15,10 +16,18 @@ class FilterConfig:
     rules: tuple[str, ...] = ("*.*",)
 
 
+DELIVERY_MODES = ("exactly-once", "at-least-once")
+_PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
 @dataclass(frozen=True)
 class SinkConfig:
     batch_rows: int = 1000  # rows per multi-row statement
     txn_rows: int = 20000  # whole upstream transactions are batched into one downstream txn up to this
+    # "exactly-once": SQL sinks store each span's applied position in the target (checkpoint-table) in the
+    # same transaction as the rows and skip what is already there on replay; "at-least-once": they don't
+    delivery: str = "exactly-once"
+    checkpoint_table: str = "tidewater_checkpoint"  # on PostgreSQL in schema "tidewater"
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,11 @@ class ChangefeedConfig:
             raise InvalidConfig(f"memory-quota must be at least 1 MiB (1048576 bytes), got {self.memory_quota}")
         if self.sink.batch_rows < 1 or self.sink.txn_rows < 1:
             raise InvalidConfig("sink.batch-rows and sink.txn-rows must be positive")
+        if self.sink.delivery not in DELIVERY_MODES:
+            raise InvalidConfig(f"sink.delivery must be one of {', '.join(DELIVERY_MODES)}, got {self.sink.delivery!r}")
+        if not _PLAIN_NAME.fullmatch(self.sink.checkpoint_table):
+            raise InvalidConfig("sink.checkpoint-table must be a plain table name (letters, digits, _; at most 63), "
+                                f"got {self.sink.checkpoint_table!r}")
         if not self.filter.rules:
             raise InvalidConfig("filter.rules must not be empty")
         return self

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from cdc.config import ServerConfig
+from cdc.config import ChangefeedConfig, ServerConfig
 from cdc.errors import ChangefeedNotFound, MetaStoreError, NotOwner, TidewaterError
 from cdc.meta.election import Election
 from cdc.meta.keys import KeyKind
@@ -43,10 +43,31 @@ from owner.upstream_watch import (
     mark_released,
     release_slots,
 )
+from sinks.factory import open_sink
 from upstream.postgres import admin
 from upstream.postgres.conn import connect
 
 log = logging.getLogger(__name__)
+
+
+def forget_positions(info: ChangefeedInfo) -> None:
+    """Best effort after ``remove``: delete the changefeed's rows from the sink's position table (exactly-once
+    delivery, sinks.sql.position). Runs in its own thread so that an unreachable sink never delays the
+    owner or the removal; a failure is logged with the statement to run by hand. The table itself stays."""
+    try:
+        config = ChangefeedConfig.from_dict(info.config).sink
+        sink = open_sink(info.sink_uri, config)
+        try:
+            n = sink.forget(info.id)
+        finally:
+            sink.close()
+        if n:
+            log.info("changefeed=%s removed: %d position row(s) deleted from the sink's %s", info.id, n,
+                     config.checkpoint_table)
+    except Exception as exc:  # noqa: BLE001 - best effort, never blocks the removal
+        log.warning("changefeed=%s removed but its positions in the sink could not be deleted (%s): run "
+                    "DELETE FROM <checkpoint table> WHERE changefeed = '%s' on the target", info.id, exc, info.id)
+
 
 # Changes that wake the owner between ticks: span statuses (checkpoint aggregation only); changefeed
 # infos (API create/pause/resume/update/remove) and captures (join, leave, drain) run the full cycle early.
@@ -242,6 +263,8 @@ class Owner:
         if isinstance(action, DropChangefeed):
             self._drop_upstream(action)
             s.delete_changefeed(action.cf, fence)
+            threading.Thread(target=forget_positions, args=(action.info,), name=f"forget-{action.cf}",
+                             daemon=True).start()
             return f"changefeed {action.cf} removed"
         raise TypeError(action)
 

@@ -38,6 +38,8 @@ class TableDiff:
     different: list[Any] = field(default_factory=list)  # keys with different values
     sample: list[tuple[Any, Any]] = field(default_factory=list)  # (source row, target row) of the first differences
     duplicates: list[Any] = field(default_factory=list)  # keys held by more than one target row
+    losses: int = 0  # source rows (all of them, not only the first 20) absent downstream
+    surplus: int = 0  # target rows (all of them) with no source counterpart: duplicates of a key-less table
 
     @property
     def equal(self) -> bool:
@@ -297,13 +299,13 @@ def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[Table
             for qualified in tables:
                 schema, _, table = qualified.partition(".")
                 key = _pg_key(pg_conn, schema, table)
+                target_schema = schema if u.scheme in ("postgresql", "postgres") else None
                 cols, src, src_raw, numeric = _source_rows(pg_conn, schema, table, key)
                 meta = sa.MetaData()
-                target_schema = schema if u.scheme in ("postgresql", "postgres") else None
                 try:
                     t = sa.Table(table, meta, autoload_with=tconn, schema=target_schema)
                 except sa.exc.NoSuchTableError:
-                    out.append(TableDiff(qualified, len(src), 0, missing=_sorted(src)[:20]))
+                    out.append(TableDiff(qualified, len(src), 0, missing=_sorted(src)[:20], losses=len(src)))
                     continue
                 arrays = [c for c in cols if isinstance(t.c[c].type, sa.ARRAY)]
                 res = tconn.execute(sa.select(*[_raw(t.c[c]) for c in cols],
@@ -327,8 +329,11 @@ def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[Table
                     dst[k] = tuple(nr)
                     dst_raw[k] = tuple(r[:n])
                 diff = TableDiff(qualified, len(src), read, duplicates=_sorted(set(duplicates))[:20])
-                diff.missing = _sorted(k for k in src if k not in dst)[:20]
-                diff.extra = _sorted(k for k in dst if k not in src)[:20]
+                missing = [k for k in src if k not in dst]
+                extra = [k for k in dst if k not in src]
+                diff.losses, diff.surplus = len(missing), len(extra) + len(duplicates)
+                diff.missing = _sorted(missing)[:20]
+                diff.extra = _sorted(extra)[:20]
                 diff.different = _sorted(
                     k for k in src if k in dst and not (
                         rows_equal(src[k], dst[k]) and _text_exact(src_raw[k], dst_raw[k], numeric)))[:20]
@@ -337,3 +342,4 @@ def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[Table
     finally:
         engine.dispose()
     return out
+

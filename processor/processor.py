@@ -292,7 +292,8 @@ class Processor:
         runner = SpanRunner(label, puller, sorter, lambda: open_sink(info.sink_uri, config.sink), start,
                             config.sink.txn_rows, fence=self._lease_fence, target_ts=info.target_ts,
                             warnings=slot.warnings if slot is not None else None,
-                            row_source=lambda: RowFetcher(info.upstream_uri, label=label))
+                            row_source=lambda: RowFetcher(info.upstream_uri, label=label),
+                            position=(info.id, span_index, span.start_ts))
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)
         return runner

@@ -6,6 +6,8 @@ Guarantees:
 - The upstream slot is acked (``persisted``) only with a checkpoint the processor has stored in etcd.
 - Whole upstream transactions are handed to the sink; several small ones may share a downstream
   transaction (up to ``sink.txn_rows`` rows), a large one is streamed in one call.
+- With ``position`` the sink is opened for exactly-once delivery (``Sink.open_position``): a replay from
+  an etcd checkpoint older than what the target holds is skipped by the sink, never applied twice.
 - Any error stops both threads; ``error`` holds it and ``failed`` is set. A failed runner is discarded
   and a new one restarts the span from its persisted checkpoint (the sorter is cleared on start, and by
   ``discard()`` when the processor discards a failed runner).
@@ -117,6 +119,7 @@ class SpanRunner:
         target_ts: int = 0,
         warnings: SpanWarnings | None = None,
         row_source: Callable[[], RowSource] | None = None,
+        position: tuple[str, int, int] | None = None,
     ) -> None:
         self.label = label
         self.puller = puller
@@ -125,6 +128,8 @@ class SpanRunner:
         self._outer_fence = fence
         self.txn_rows = txn_rows
         self.target_ts = target_ts  # changefeed target Ts: nothing committed after it is written
+        # (changefeed, span index, span start Ts): the sink's exactly-once position (Sink.open_position)
+        self.position = position
         self.resolved = start
         self.checkpoint = start
         self.start_ts = start.ts  # the checkpoint this runner started from
@@ -219,6 +224,11 @@ class SpanRunner:
                 source = self._row_source()
                 sink.set_row_source(source)
             sink.check()
+            if self.position is not None:
+                applied = sink.open_position(*self.position)
+                if applied > self.checkpoint.ts:
+                    log.info("span=%s target already holds up to commit %d (checkpoint %d): the replay skips it",
+                             self.label, applied, self.checkpoint.ts)
             mount = Mounter(self.puller.schema).mount
             while not self._stop.is_set():
                 self._wake.wait(0.2)

@@ -21,6 +21,13 @@ Guarantees a sink gives its caller:
   ``UNCHANGED`` values) is never completed with NULLs. If the caller gave a ``RowSource``
   (``set_row_source``), the sink asks it for the current upstream row and writes that (later changes in
   the stream converge it); otherwise, or when the upstream no longer has the row, it raises a warning.
+- Exactly-once (``open_position``): a sink that stores positions keeps, per (changefeed, span), the commit
+  Ts of the last transaction it applied, written in the same downstream transaction as that
+  transaction's rows. After ``open_position`` every ``write`` records its last commit Ts that way and
+  silently drops the changes whose ``commit_ts`` is at or below the stored one (they are already
+  downstream; ``commit_ts`` is unique per upstream transaction and transactions are whole in a call, so
+  this is exact). The count ``write`` returns excludes dropped changes. Sinks without positions return 0
+  and stay at-least-once (idempotent by key only).
 - Threading: one caller thread at a time. ``close`` releases connections; no call after ``close``.
 """
 
@@ -63,6 +70,16 @@ class Sink(ABC):
 
     def set_row_source(self, fetch: RowSource | None) -> None:  # noqa: B027 - optional hook
         """Where to read a full upstream row when a partial UPDATE finds no row downstream."""
+
+    def open_position(self, changefeed: str, span: int, origin: int = 0) -> int:
+        """Start exactly-once delivery for span ``span`` of ``changefeed``: return the commit Ts the target
+        already holds (0: none). ``origin`` is the span's start Ts; a stored position with another origin
+        is from an earlier changefeed of the same id and is reset. Default: at-least-once, returns 0."""
+        return 0
+
+    def forget(self, changefeed: str) -> int:
+        """Delete the stored positions of ``changefeed`` (after ``remove``); return how many went."""
+        return 0
 
     @abstractmethod
     def close(self) -> None: ...

@@ -1,7 +1,8 @@
 """``blackhole://``: a sink that counts row changes and discards them (benchmarks, tests).
 
 Guarantees: ``write`` consumes the whole iterable and returns how many changes it held; nothing is
-stored, so every write is trivially "durable". Not thread-safe (one caller, as the contract says).
+stored, so every write is trivially "durable"; it stores no positions (``open_position`` returns 0,
+``forget`` does nothing). Not thread-safe (one caller, as the contract says).
 """
 
 from __future__ import annotations
@@ -33,6 +34,12 @@ class BlackholeSink(Sink):
         self.rows += n
         self.writes += 1
         return n
+
+    def open_position(self, changefeed: str, span: int, origin: int = 0) -> int:
+        return 0  # nothing is stored, so nothing is ever downstream already
+
+    def forget(self, changefeed: str) -> int:
+        return 0
 
     def close(self) -> None:
         self._closed = True

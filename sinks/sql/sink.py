@@ -15,7 +15,10 @@ Guarantees (on top of :class:`sinks.base.Sink`):
   ``DataWarning`` is returned by ``take_warnings``.
 - Tables without a key (REPLICA IDENTITY FULL) get the multiset net effect of a window: deletes of one row
   matching all old values, then plain inserts: *not* idempotent on replay (a replayed insert duplicates
-  the row).
+  the row); exactly-once (below) keeps replays from reaching them.
+- Exactly-once after :meth:`open_position` (default ``delivery``): the span's applied commit Ts is moved in
+  the target's position table inside each write's transaction, after its rows and before the fence and
+  commit (compare-and-set, :mod:`sinks.sql.position`); changes at or below it are dropped unapplied.
 - Missing target tables are created from the upstream schema (docs/type-mapping.md); existing tables are
   used as they are (never altered) after checking that they have the columns and a unique key.
 - TRUNCATE is ``DELETE FROM`` on MySQL/SQLite (MySQL's TRUNCATE would commit implicitly) and
@@ -55,7 +58,7 @@ import os
 import re
 import sqlite3
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import sqlalchemy as sa
@@ -77,6 +80,8 @@ from sinks.sql.ddl import (
 )
 from sinks.sql.fkgraph import FkGraph
 from sinks.sql.pipeline import Pipeline
+from sinks.sql.position import Position, PositionSQL
+from sinks.sql.position import forget as forget_position
 from sinks.sql.statements import Statements
 from sinks.sql.writer import Writer
 
@@ -144,6 +149,7 @@ class SQLSink(Sink):
         self.pg_temp_ok: bool | None = None
         # statements execute in a worker thread while the next one is built (not SQLite: in-process work)
         self._pipe = Pipeline(threaded=self.dialect != "sqlite")
+        self._position: Position | None = None  # exactly-once: set by open_position
         self._closed = False
         self._fk = FkGraph()  # foreign keys between target tables (see _load_foreign_keys)
         self._fk_seen: set[str] = set()  # tables whose foreign keys were read
@@ -319,9 +325,41 @@ class SQLSink(Sink):
             log.info("%s: %d foreign key(s) between target tables: deletes go children first, inserts parents "
                      "first", self._where(), len(edges))
 
+    # ---- exactly-once (sinks.sql.position) ----------------------------------------------------------
+    def _position_sql(self) -> PositionSQL:
+        return PositionSQL(self.dialect, self._engine.dialect.identifier_preparer, self._config.checkpoint_table)
+
+    def open_position(self, changefeed: str, span: int, origin: int = 0) -> int:
+        """Exactly-once from now on (unless ``delivery = "at-least-once"``): see :mod:`sinks.sql.position`."""
+        self._check_open()
+        if self._config.delivery == "at-least-once":
+            return 0
+        pos = Position(self, self._position_sql(), changefeed, span, origin)
+        try:
+            applied = pos.open()
+        except Exception as exc:
+            if isinstance(exc, TidewaterError) or not _is_db_error(exc):
+                raise
+            raise self._wrap(exc, pos.sql.label) from exc
+        self._position = pos
+        return applied
+
+    def forget(self, changefeed: str) -> int:
+        self._check_open()
+        try:
+            return forget_position(self, self._position_sql(), changefeed)
+        except Exception as exc:
+            if isinstance(exc, TidewaterError) or not _is_db_error(exc):
+                raise
+            raise self._wrap(exc, self._config.checkpoint_table) from exc
+
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         self._check_open()
         writer: Writer | None = None
+        pos = self._position
+        tracked: _Tracked | None = None
+        if pos is not None:
+            changes = tracked = _Tracked(changes, pos.applied)
         try:
             with self._engine.connect() as conn:
                 trans = conn.begin()
@@ -329,9 +367,20 @@ class SQLSink(Sink):
                     stmts = self._statements()
                     writer = Writer(self, conn, stmts)
                     count = writer.run(changes)
+                    if tracked is not None and pos is not None:
+                        if not tracked.done:
+                            raise SinkError("internal: the writer returned before consuming its changes")
+                        if tracked.skipped:
+                            log.info("changefeed=%s span=%d: skipped %d change(s) already downstream (commit <= %d)",
+                                     pos.changefeed, pos.span, tracked.skipped, pos.applied)
+                        if tracked.last_ts:
+                            writer.current = pos.sql.label
+                            pos.record(conn, tracked.last_ts, tracked.last_time)
                     if fence is not None:
                         fence()
                     trans.commit()
+                    if tracked is not None and pos is not None and tracked.last_ts:
+                        pos.committed(tracked.last_ts)
                     return count
                 except BaseException as exc:
                     if _is_db_error(exc) and self._classify(exc)[1]:
@@ -585,6 +634,41 @@ class SQLSink(Sink):
         if "readonly database" in msg:
             return f"{u.path!r} is read-only: make the file and its directory writable"
         return None
+
+
+class _Tracked:
+    """The changes of one ``write`` after the span's applied position: drops the leading changes whose
+    commit Ts is at or below ``applied`` (already downstream; input is ordered by commit Ts) and notes the
+    last change's commit Ts and time once exhausted. Per change it costs one generator step; the
+    comparison runs only until the first change past ``applied``."""
+
+    __slots__ = ("_it", "applied", "skipped", "last_ts", "last_time", "done")
+
+    def __init__(self, changes: Iterable[RowChange], applied: int) -> None:
+        self.applied = applied
+        self.skipped = 0
+        self.last_ts = 0
+        self.last_time = 0.0
+        self.done = False
+        self._it = self._gen(iter(changes))
+
+    def __iter__(self) -> Iterator[RowChange]:
+        return self._it
+
+    def _gen(self, it: Iterator[RowChange]) -> Iterator[RowChange]:
+        applied = self.applied
+        for ch in it:
+            if ch.commit_ts > applied:
+                break
+            self.skipped += 1
+        else:
+            self.done = True
+            return
+        yield ch
+        for ch in it:  # noqa: B020 - ch ends as the call's last change
+            yield ch
+        self.done = True
+        self.last_ts, self.last_time = ch.commit_ts, ch.commit_time
 
 
 _PYMYSQL_CONNECTION: type | None = None

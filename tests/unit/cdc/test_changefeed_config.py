@@ -14,6 +14,9 @@ def test_defaults_and_dashed_keys() -> None:
                                      '[filter]\nrules = ["public.*"]\n')
     assert (cfg.span_count, cfg.memory_quota, cfg.sink.batch_rows, cfg.filter.rules) == (4, 64 << 20, 10, ("public.*",))
     assert ChangefeedConfig.from_dict(cfg.to_dict()) == cfg
+    assert (cfg.sink.delivery, cfg.sink.checkpoint_table) == ("exactly-once", "tidewater_checkpoint")
+    cfg = ChangefeedConfig.from_toml('[sink]\ndelivery = "at-least-once"\ncheckpoint-table = "cdc_pos"\n')
+    assert (cfg.sink.delivery, cfg.sink.checkpoint_table) == ("at-least-once", "cdc_pos")
 
 
 @pytest.mark.parametrize(("toml", "named"), [
@@ -22,6 +25,8 @@ def test_defaults_and_dashed_keys() -> None:
     ("memory-quota = 1000", "memory-quota"),
     ("[sink]\nbatch-rows = 0", "batch-rows"),
     ("[filter]\nrules = []", "filter.rules"),
+    ('[sink]\ndelivery = "exactly-twice"', "sink.delivery"),
+    ('[sink]\ncheckpoint-table = "x; DROP TABLE y"', "sink.checkpoint-table"),
     ("memroy-quota = 5", "memroy-quota"),
 ])
 def test_invalid_values_name_the_key(toml: str, named: str) -> None:

@@ -1,0 +1,152 @@
+"""Exactly-once delivery into SQL targets: each span's applied position, stored in the target itself.
+
+The target holds one small table (default name ``tidewater_checkpoint``; on PostgreSQL in schema
+``tidewater``, on MySQL/MariaDB and SQLite in the sink URI's database), one row per (changefeed, span):
+
+=============  ===================================================================================
+changefeed     changefeed id (primary key, with ``span``)
+span           span index
+commit_ts      commit Ts (upstream commit end LSN) of the last upstream transaction applied downstream
+commit_time    that transaction's upstream commit time (UTC)
+origin_ts      the span's start Ts (its slot's creation point): tells this changefeed from an earlier
+               one that had the same id
+updated_at     when the row was last written (the target's clock, UTC)
+=============  ===================================================================================
+
+Guarantees:
+- :meth:`Position.open` creates the table when it is missing (``CREATE .. IF NOT EXISTS``; on MySQL and
+  PostgreSQL on an autocommit connection, as the sink does for every table; on SQLite in its own
+  transaction), creates the span's row (commit Ts 0) when it is missing, and returns the applied Ts. A row
+  whose ``origin_ts`` is not the span's belongs to an earlier changefeed of the same id that ``remove``
+  could not clean: it is reset to 0 (logged), never trusted.
+- :meth:`Position.record` runs inside the caller's downstream transaction, after the rows and before the
+  commit, so the position and the rows commit together or not at all. It is a compare-and-set: it moves
+  the row from the Ts this sink last read or wrote to the new one and raises :class:`SinkUnavailable`
+  (retryable: the span restarts, reads the position again and skips what is there) when the row holds
+  something else, i.e. another writer (a frozen capture's successor) advanced the span meanwhile. So
+  even a writer whose lease fence failed to stop it cannot apply a transaction twice.
+- :func:`forget` deletes a changefeed's rows (``remove``); the table itself stays.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from cdc.errors import SinkUnavailable
+
+if TYPE_CHECKING:
+    from sinks.sql.sink import SQLSink
+
+log = logging.getLogger(__name__)
+
+PG_SCHEMA = "tidewater"
+DEFAULT_TABLE = "tidewater_checkpoint"
+
+
+class PositionSQL:
+    """The statements of one dialect for the position table (parameters in the driver's paramstyle)."""
+
+    def __init__(self, dialect: str, preparer: sa.sql.compiler.IdentifierPreparer, table: str) -> None:
+        q = preparer.quote
+        self.dialect = dialect
+        self.table = table
+        self.schema = PG_SCHEMA if dialect == "postgresql" else None
+        self.label = f"{self.schema}.{table}" if self.schema else table
+        name = f"{q(self.schema)}.{q(table)}" if self.schema else q(table)
+        p = "?" if dialect == "sqlite" else "%s"
+        if dialect == "postgresql":
+            types = ("varchar(255)", "integer", "bigint", "timestamptz", "bigint", "timestamptz")
+            now, at = "now()", f"to_timestamp({p})"
+        elif dialect == "mysql":
+            types = ("varchar(255)", "int", "bigint", "datetime(6)", "bigint", "datetime(6)")
+            now, at = "UTC_TIMESTAMP(6)", f"FROM_UNIXTIME({p})"
+        else:
+            types = ("TEXT", "INTEGER", "INTEGER", "TEXT", "INTEGER", "TEXT")
+            now, at = "strftime('%Y-%m-%d %H:%M:%f', 'now')", f"strftime('%Y-%m-%d %H:%M:%f', {p}, 'unixepoch')"
+        cf, sp, ts, ct, origin, upd = (q(c) for c in ("changefeed", "span", "commit_ts", "commit_time",
+                                                         "origin_ts", "updated_at"))
+        self.create_schema = f"CREATE SCHEMA IF NOT EXISTS {q(PG_SCHEMA)}" if self.schema else None
+        self.create_table = (
+            f"CREATE TABLE IF NOT EXISTS {name} ({cf} {types[0]} NOT NULL, {sp} {types[1]} NOT NULL, "
+            f"{ts} {types[2]} NOT NULL, {ct} {types[3]} NULL, {origin} {types[4]} NOT NULL, "
+            f"{upd} {types[5]} NOT NULL, PRIMARY KEY ({cf}, {sp}))")
+        if dialect == "mysql":
+            self.create_table += " DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        ignore = {"postgresql": ("INSERT INTO", f" ON CONFLICT ({cf}, {sp}) DO NOTHING"),
+                  "mysql": ("INSERT INTO", f" ON DUPLICATE KEY UPDATE {sp} = {sp}"),
+                  "sqlite": ("INSERT OR IGNORE INTO", "")}[dialect]
+        self.insert = (f"{ignore[0]} {name} ({cf}, {sp}, {ts}, {ct}, {origin}, {upd}) "
+                       f"VALUES ({p}, {p}, 0, NULL, {p}, {now}){ignore[1]}")
+        self.select = f"SELECT {ts}, {origin} FROM {name} WHERE {cf} = {p} AND {sp} = {p}"
+        self.reset = (f"UPDATE {name} SET {ts} = 0, {ct} = NULL, {origin} = {p}, {upd} = {now} "
+                      f"WHERE {cf} = {p} AND {sp} = {p}")
+        self.record = (f"UPDATE {name} SET {ts} = {p}, {ct} = {at}, {upd} = {now} "
+                       f"WHERE {cf} = {p} AND {sp} = {p} AND {ts} = {p}")
+        self.forget = f"DELETE FROM {name} WHERE {cf} = {p}"
+
+
+class Position:
+    """One span's applied position in one SQL sink (see the module docstring for the guarantees)."""
+
+    def __init__(self, sink: SQLSink, sql: PositionSQL, changefeed: str, span: int, origin: int) -> None:
+        self._sink = sink
+        self.sql = sql
+        self.changefeed = changefeed
+        self.span = span
+        self.origin = origin
+        self.applied = 0  # commit Ts of the last transaction downstream, as this sink last read or wrote it
+
+    def open(self) -> int:
+        """Create the table and the span's row if missing; read and return the applied commit Ts."""
+        sink, sql = self._sink, self.sql
+        if sink.dialect != "sqlite":  # DDL commits implicitly on MySQL: never inside a data transaction
+            with sink._engine.connect() as ddl:
+                ddl.execution_options(isolation_level="AUTOCOMMIT")
+                if sql.create_schema:
+                    sink._ddl(ddl, sql.create_schema)
+                sink._ddl(ddl, sql.create_table)
+        with sink._engine.begin() as conn:
+            if sink.dialect == "sqlite":
+                conn.exec_driver_sql(sql.create_table, ())
+            key = (self.changefeed, self.span)
+            conn.exec_driver_sql(sql.insert, (*key, self.origin))
+            row = conn.exec_driver_sql(sql.select, key).one()
+            applied, origin = int(row[0]), int(row[1])
+            if self.origin and origin != self.origin:
+                log.warning("changefeed=%s span=%d: %s held position %d of an earlier changefeed with this id "
+                            "(origin %d, this one starts at %d); reset to 0", self.changefeed, self.span,
+                            sql.label, applied, origin, self.origin)
+                conn.exec_driver_sql(sql.reset, (self.origin, *key))
+                applied = 0
+        self.applied = applied
+        return applied
+
+    def record(self, conn: Connection, commit_ts: int, commit_time: float) -> None:
+        """Move the row to ``commit_ts`` inside ``conn``'s open transaction (compare-and-set)."""
+        res = self._sink_exec(conn, commit_ts, commit_time)
+        if res != 1:
+            raise SinkUnavailable(
+                f"changefeed={self.changefeed} span={self.span}: the applied position in {self.sql.label} is no "
+                f"longer {self.applied} (another writer advanced this span, or the row was deleted); "
+                "rolled back, the span restarts from the position the target holds")
+
+    def committed(self, commit_ts: int) -> None:
+        """The transaction that recorded ``commit_ts`` committed."""
+        self.applied = commit_ts
+
+    def _sink_exec(self, conn: Connection, commit_ts: int, commit_time: float) -> int:
+        params = (commit_ts, commit_time or time.time(), self.changefeed, self.span, self.applied)
+        return conn.exec_driver_sql(self.sql.record, params).rowcount
+
+
+def forget(sink: SQLSink, sql: PositionSQL, changefeed: str) -> int:
+    """Delete ``changefeed``'s rows; returns how many went (0 when the table does not exist)."""
+    with sink._engine.begin() as conn:
+        if not sa.inspect(conn).has_table(sql.table, schema=sql.schema):
+            return 0
+        return int(conn.exec_driver_sql(sql.forget, (changefeed,)).rowcount)
