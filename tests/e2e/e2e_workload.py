@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import random
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -164,3 +167,54 @@ def make_sink_uri(kind: str, request: Any, tmp_path: Path, pg_server: Any) -> st
     server = request.getfixturevalue("mariadb_server") if kind == "mariadb" else pg_server
     server.create_database(db)
     return server.uri(db)
+
+
+class BackgroundWriter:
+    """Calls ``step(conn, n)`` (n = transactions so far; it returns how many it committed) in a loop from a
+    background thread on its own connection, ``pause`` seconds apart, until :meth:`finish` or the end of the
+    ``with`` block. ``finish`` re-raises the thread's error; leaving the block closes the connection."""
+
+    def __init__(self, conn: Any, step: Callable[[Any, int], int], start: int = 0, pause: float = 0.0) -> None:
+        self.conn = conn
+        self.txns = start
+        self._step = step
+        self._pause = pause
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self.txns += self._step(self.conn, self.txns)
+                if self._pause:
+                    time.sleep(self._pause)
+        except BaseException as exc:  # noqa: BLE001 - re-raised by finish()
+            self.error = exc
+
+    def start(self) -> BackgroundWriter:
+        self.thread.start()
+        return self
+
+    def __enter__(self) -> BackgroundWriter:
+        return self.start()
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        if self.error is not None:
+            raise self.error
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        self.conn.close()
+
+
+def mixed_steps(per_step: int) -> Callable[[Any, int], int]:
+    """A :class:`BackgroundWriter` step: ``per_step`` transactions of :func:`mixed_workload`."""
+    def step(conn: Any, n: int) -> int:
+        mixed_workload(conn, per_step, seed=n, start=n)
+        return per_step
+    return step
+

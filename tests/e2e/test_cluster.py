@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from e2e_workload import SCHEMA, TABLES, assert_converged, make_sink_uri, mixed_workload, server_config
+from e2e_workload import (
+    SCHEMA,
+    TABLES,
+    BackgroundWriter,
+    assert_converged,
+    make_sink_uri,
+    mixed_steps,
+    mixed_workload,
+    server_config,
+)
 
 from playground.chaos import captures, checkpoint_of, live, owner_of, wait_recovery
 from playground.cluster import CdcServer
@@ -23,39 +31,9 @@ FAST = "session-ttl = 3\netcd-timeout = 1.0\nowner-tick = 0.2\ndrain-timeout = 3
 CONFIG = "span-count = 3\n[filter]\nrules = ['public.*']\n"
 
 
-class Workload:
-    """Continuous small transactions from a background thread until stopped."""
-
-    def __init__(self, pg: PostgresServer, db: str, start: int = 0) -> None:
-        self.conn = pg.connect(db)
-        self.stop = threading.Event()
-        self.txns = start
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            while not self.stop.is_set():
-                mixed_workload(self.conn, 2, seed=self.txns, start=self.txns)
-                self.txns += 2
-                time.sleep(0.02)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by finish()
-            self.error = exc
-
-    def __enter__(self) -> Workload:
-        self.thread.start()
-        return self
-
-    def finish(self) -> None:
-        self.stop.set()
-        self.thread.join(30)
-        if self.error is not None:
-            raise self.error
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(30)
-        self.conn.close()
+def Workload(pg: PostgresServer, db: str, start: int = 0) -> BackgroundWriter:
+    """Continuous small transactions (two at a time) from a background thread until stopped."""
+    return BackgroundWriter(pg.connect(db), mixed_steps(2), start=start, pause=0.02)
 
 
 @pytest.fixture(params=["mariadb", "postgresql"])

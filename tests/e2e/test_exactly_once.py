@@ -7,7 +7,6 @@ replays transactions that are already downstream: the target's position must ski
 from __future__ import annotations
 
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,7 +15,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from e2e_workload import server_config, wait_for, wait_state
+from e2e_workload import BackgroundWriter, server_config, wait_for, wait_state
 
 from playground.chaos import wait_recovery
 from playground.cluster import CdcServer, current_lsn
@@ -40,51 +39,26 @@ def source_schema() -> str:
     return SCHEMA
 
 
-class KeylessWorkload:
-    """Small transactions on ``log`` from a background thread: rows of the transaction number, two identical
-    'dup' rows, every 10th transaction 200 rows (a bigger batch to be killed in the middle of); updates of
-    identical rows and deletes of earlier transactions' rows."""
+def _keyless_step(conn: Any, t: int) -> int:
+    """One transaction on ``log``: rows of the transaction number, two identical 'dup' rows, every 10th
+    transaction 200 rows (a bigger batch to be killed in the middle of); updates of identical rows and deletes
+    of earlier transactions' rows."""
+    conn.autocommit = False
+    with conn.cursor() as cur:
+        n = 200 if t % 10 == 9 else 5
+        cur.execute("INSERT INTO log SELECT %s, 'r' || (g %% 3), 0 FROM generate_series(1, %s) g", (t, n))
+        cur.execute("INSERT INTO log VALUES (%s, 'dup', 0), (%s, 'dup', 0)", (t, t))
+        if t >= 3:
+            cur.execute("UPDATE log SET c = c + 1 WHERE a = %s AND b = 'dup'", (t - 3,))
+        if t >= 5:
+            cur.execute("DELETE FROM log WHERE a = %s AND b = 'r1'", (t - 5,))
+    conn.commit()
+    return 1
 
-    def __init__(self, pg: PostgresServer, db: str) -> None:
-        self.conn = pg.connect(db)
-        self.stop = threading.Event()
-        self.txns = 0
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        try:
-            self.conn.autocommit = False
-            cur = self.conn.cursor()
-            while not self.stop.is_set():
-                t = self.txns
-                n = 200 if t % 10 == 9 else 5
-                cur.execute("INSERT INTO log SELECT %s, 'r' || (g %% 3), 0 FROM generate_series(1, %s) g", (t, n))
-                cur.execute("INSERT INTO log VALUES (%s, 'dup', 0), (%s, 'dup', 0)", (t, t))
-                if t >= 3:
-                    cur.execute("UPDATE log SET c = c + 1 WHERE a = %s AND b = 'dup'", (t - 3,))
-                if t >= 5:
-                    cur.execute("DELETE FROM log WHERE a = %s AND b = 'r1'", (t - 5,))
-                self.conn.commit()
-                self.txns += 1
-                time.sleep(0.01)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by finish()
-            self.error = exc
-
-    def __enter__(self) -> KeylessWorkload:
-        self.thread.start()
-        return self
-
-    def finish(self) -> None:
-        self.stop.set()
-        self.thread.join(30)
-        if self.error is not None:
-            raise self.error
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(30)
-        self.conn.close()
+def KeylessWorkload(pg: PostgresServer, db: str) -> BackgroundWriter:
+    """Small transactions on the key-less ``log`` table from a background thread (see :func:`_keyless_step`)."""
+    return BackgroundWriter(pg.connect(db), _keyless_step, pause=0.01)
 
 
 def assert_exact(cdc: CdcServer, cf: str, source: Any, sink_uri: str, timeout: float = 120.0) -> None:

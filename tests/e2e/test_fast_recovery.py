@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,8 +16,10 @@ import pytest
 from e2e_workload import (
     SCHEMA,
     TABLES,
+    BackgroundWriter,
     assert_converged,
     big_transaction,
+    mixed_steps,
     mixed_workload,
     wait_for,
     wait_state,
@@ -40,30 +41,9 @@ def config_args(tmp_path: Path, text: str, name: str = "server.toml") -> list[st
     return ["--config", str(path)]
 
 
-class Writer:
-    """Small transactions from a background thread until ``finish``."""
-
-    def __init__(self, conn: Any, start: int) -> None:
-        self.conn, self.txns = conn, start
-        self.stop = threading.Event()
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            while not self.stop.is_set():
-                mixed_workload(self.conn, 1, seed=self.txns, start=self.txns)
-                self.txns += 1
-                time.sleep(0.05)
-        except BaseException as exc:  # noqa: BLE001 - re-raised by finish()
-            self.error = exc
-
-    def finish(self) -> None:
-        self.stop.set()
-        self.thread.join(30)
-        if self.error is not None:
-            raise self.error
+def Writer(conn: Any, start: int) -> BackgroundWriter:
+    """Small transactions (one at a time) from a background thread until ``finish``."""
+    return BackgroundWriter(conn, mixed_steps(1), start=start, pause=0.05).start()
 
 
 def time_to_checkpoint(cdc: CdcServer, cf: str, lsn: int, since: float, timeout: float = 90.0) -> float:
