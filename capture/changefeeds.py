@@ -154,7 +154,8 @@ class ChangefeedService:
             sink.check()
             conn = connect(req.upstream_uri)
             try:
-                tables = _eligible_tables(conn, sink, table_filter, req.upstream_uri, sink_uri.redacted())
+                tables = _eligible_tables(conn, sink, table_filter, req.upstream_uri, sink_uri.redacted(),
+                                          config.sink.delivery)
                 spans = self._create_spans(conn, req.changefeed_id, config.span_count, tables)
             finally:
                 conn.close()
@@ -278,7 +279,8 @@ class ChangefeedService:
             sink.check()
             conn = connect(upstream_raw)
             try:
-                tables = _eligible_tables(conn, sink, table_filter, upstream_raw, sink_uri.redacted())
+                tables = _eligible_tables(conn, sink, table_filter, upstream_raw, sink_uri.redacted(),
+                                          config.sink.delivery)
                 new = replace(old, sink_uri=sink_raw, upstream_uri=upstream_raw, config=config.to_dict(),
                               target_ts=target_ts)
                 conn.autocommit = False
@@ -445,10 +447,12 @@ class ChangefeedService:
 
 
 def _eligible_tables(conn: Any, sink: Any, table_filter: TableFilter, upstream_uri: str,
-                     sink_shown: str) -> list[TableName]:
+                     sink_shown: str, delivery: str = "exactly-once") -> list[TableName]:
     """The upstream tables the filter selects, after checking the upstream (``wal_level``...), that the
     filter matches something, that every table can be published without breaking its writes or leaving
-    columns out (:func:`upstream.postgres.admin.check_tables`), and that no two land on one target name."""
+    columns out (:func:`upstream.postgres.admin.check_tables`), that no two land on one target name, and
+    - with ``delivery = "at-least-once"`` into a real target - that every table has a key (a replay would
+    duplicate the rows of a key-less table)."""
     admin.check_upstream(conn)
     tables = table_filter.select(catalog.list_tables(conn))
     if not tables:
@@ -468,6 +472,13 @@ def _eligible_tables(conn: Any, sink: Any, table_filter: TableFilter, upstream_u
                 f"tables {other} and {t} would both land on {shown} in the sink "
                 f"{sink_shown}: exclude one of them with the filter")
         targets[key] = t
+    if delivery == "at-least-once" and not sink_shown.startswith("blackhole:"):
+        keyless = [str(t) for t in tables if not catalog.table_schema(conn, t).has_key]
+        if keyless:
+            raise InvalidArgument(
+                f"sink.delivery = \"at-least-once\" replays transactions after a fault, which duplicates rows of "
+                f"tables without a key: {', '.join(keyless)}. Keep the default exactly-once delivery, give these "
+                "tables a primary key, or exclude them with the filter")
     return tables
 
 

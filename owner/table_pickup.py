@@ -98,6 +98,7 @@ def pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, lis
     matched = TableFilter(filter_rules(info)).select(catalog.list_tables(conn))
     by_index = {s.index: s for s in info.spans}
     out = PickUp()
+    at_least_once = (info.config.get("sink") or {}).get("delivery") == "at-least-once"
     targets: dict[str, TableName] | None = None
     target_of: Callable[[TableName], str] = str
     gencols: dict[str, bool | None] = {}
@@ -117,6 +118,17 @@ def pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, lis
             continue
         except InvalidArgument:
             continue  # dropped since it was listed
+        if at_least_once and not info.sink_uri.startswith("blackhole:"):
+            try:
+                keyless = not catalog.table_schema(conn, table).has_key
+            except InvalidArgument:
+                continue  # dropped since it was listed
+            if keyless:  # a replay would duplicate its rows (changefeed create refuses the same)
+                out.ineligible.append(f"{table} has no key and the changefeed's sink.delivery is \"at-least-once\": "
+                                      "a replay after a fault would duplicate its rows; give it a primary key or "
+                                      "exclude it with the filter")
+                out.warnings.append(ineligible_table_warning(table, out.ineligible[-1], now))
+                continue
         if targets is None:
             try:
                 target_of = target_names(info.sink_uri)

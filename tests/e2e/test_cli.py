@@ -42,6 +42,8 @@ CREATE TABLE tmp_scratch (id int PRIMARY KEY, junk text);
 REFUSAL_SCHEMA = """
 CREATE TABLE public.good (id int PRIMARY KEY, v text);
 CREATE TABLE public.nokey (a int, b text);
+CREATE TABLE public.fullrow (a int, b text);
+ALTER TABLE public.fullrow REPLICA IDENTITY FULL;
 CREATE SCHEMA a;
 CREATE SCHEMA b;
 CREATE TABLE a.t (id int PRIMARY KEY, v text);
@@ -305,6 +307,9 @@ REFUSALS: list[tuple[str, str, dict[str, str], str, tuple[str, ...]]] = [
     ("table-without-key", "no-key", {"config": "[filter]\nrules = ['public.*']\n"}, "CDC:ErrTableIneligible",
      ('"public"."nokey"', 'ALTER TABLE "public"."nokey" ADD PRIMARY KEY',
       'ALTER TABLE "public"."nokey" REPLICA IDENTITY FULL')),
+    ("at-least-once-with-a-keyless-table", "alo",
+     {"config": "[filter]\nrules = ['public.good', 'public.fullrow']\n[sink]\ndelivery = \"at-least-once\"\n"},
+     "CDC:ErrInvalidArgument", ("at-least-once", "public.fullrow", "exactly-once")),
     ("target-name-conflict", "conflict", {"config": "[filter]\nrules = ['a.*', 'b.*']\n"},
      "CDC:ErrTargetTableConflict", ("a.t", "b.t", "'t'")),
     ("filter-matches-nothing", "nothing", {"config": "[filter]\nrules = ['nosuchschema.*']\n"},

@@ -288,6 +288,20 @@ def test_deferrable_key_table_is_not_picked_up(info: ChangefeedInfo, conn: Any) 
     assert [(w.code, w.table) for w in report.warnings] == [("CDC:WarnTableIneligible", "public.dpk")]
 
 
+def test_keyless_table_is_not_picked_up_by_an_at_least_once_changefeed(info: ChangefeedInfo, conn: Any,
+                                                                       tmp_path: Any) -> None:
+    cf = _sqlite_info(info, tmp_path)
+    cf = dataclasses.replace(cf, config={**cf.config, "sink": {"delivery": "at-least-once"}})
+    _exec(conn, "CREATE TABLE fullrow (a int, b text)", "ALTER TABLE fullrow REPLICA IDENTITY FULL",
+          "CREATE TABLE keyed (id int PRIMARY KEY)", "DROP TABLE other.ignored")
+    report = UpstreamWatcher().inspect(cf)
+    assert report.new_tables == ("public.keyed",)
+    assert [(w.code, w.table) for w in report.warnings] == [("CDC:WarnTableIneligible", "public.fullrow")]
+    assert "a replay after a fault would duplicate its rows" in report.warnings[0].message
+    # with the default exactly-once delivery the same table is picked up
+    assert UpstreamWatcher().inspect(_sqlite_info(info, tmp_path)).new_tables == ("public.fullrow",)
+
+
 def test_table_with_a_taken_target_name_is_not_picked_up(info: ChangefeedInfo, conn: Any, tmp_path: Any) -> None:
     base = _table_in_span("base", 0)
     cf = _sqlite_info(info, tmp_path)
