@@ -113,7 +113,9 @@ class RelationColumn:
 class Relation:
     """'R': the schema of a relation as the following changes encode it (sent before first use and
     after every change of it). ``replica_identity`` is relreplident: 'd', 'n', 'f' or 'i'.
-    Generated and dropped columns are not listed (and not sent in tuples)."""
+    Dropped columns and virtual generated columns are not listed (nor sent in tuples); stored generated
+    columns are listed and sent like plain ones when the publication has ``publish_generated_columns =
+    stored`` (PostgreSQL 18+; Tidewater creates its publications so), else left out too."""
 
     xid: int | None
     relid: int
