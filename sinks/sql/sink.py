@@ -56,7 +56,6 @@ import itertools
 import logging
 import os
 import re
-import sqlite3
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -66,7 +65,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from cdc.config import SinkConfig
-from cdc.errors import InvalidURI, SinkError, SinkUnavailable, TidewaterError
+from cdc.errors import InvalidURI, SinkError, TidewaterError
 from cdc.events import RowChange, TableName, TableSchema
 from cdc.model import DataWarning, merge_warnings
 from cdc.uri import parse_sink_uri
@@ -78,6 +77,7 @@ from sinks.sql.ddl import (
     create_table_sql,
     plan_table,
 )
+from sinks.sql.errors import classify, is_db_error, wrap
 from sinks.sql.fkgraph import FkGraph
 from sinks.sql.pipeline import Pipeline
 from sinks.sql.position import Position, PositionSQL
@@ -96,19 +96,9 @@ _PARAMS = {
 }
 _MYSQL_SQL_MODE = ("STRICT_TRANS_TABLES,STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
                    "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION")
-# MySQL error codes that a retry can fix (server gone, lost connection, deadlock, lock wait timeout...).
-_MYSQL_RETRY = frozenset({1040, 1053, 1205, 1213, 1927, 2002, 2003, 2006, 2013, 2014, 2045, 2055, 4031})
-_MYSQL_DISCONNECT = frozenset({1053, 1927, 2002, 2003, 2006, 2013, 2014, 2045, 2055, 4031})
-# PostgreSQL SQLSTATEs a retry can fix: serialization failure, deadlock, shutdown, too many connections...
-_PG_RETRY = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "53300", "53400", "55P03"})
-_PG_FATAL_CONNECT = ("does not exist", "authentication failed", "no pg_hba.conf entry", "permission denied",
-                     "password is required", "too many connections for role")
 
 _PG_NUMERIC = re.compile(r"numeric\(\d+,(-?\d+)\)")
 _MAX_BINDINGS = 1024  # cached (schema version -> target) bindings before the cache is reset
-MYSQL_STATEMENT_BYTES = 1_000_000  # well below MariaDB's 16 MB max_allowed_packet (characters, not bytes)
-# PostgreSQL: groups of at least this many rows that all came with their upstream text go through COPY
-COPY_MIN_ROWS = 32
 # group kinds
 K_UPSERT, K_INSERT, K_DELETE, K_DELETE_ONE, K_UPDATE_ONE = range(5)
 
@@ -338,7 +328,7 @@ class SQLSink(Sink):
         try:
             applied = pos.open()
         except Exception as exc:
-            if isinstance(exc, TidewaterError) or not _is_db_error(exc):
+            if isinstance(exc, TidewaterError) or not is_db_error(exc):
                 raise
             raise self._wrap(exc, pos.sql.label) from exc
         self._position = pos
@@ -349,7 +339,7 @@ class SQLSink(Sink):
         try:
             return forget_position(self, self._position_sql(), changefeed)
         except Exception as exc:
-            if isinstance(exc, TidewaterError) or not _is_db_error(exc):
+            if isinstance(exc, TidewaterError) or not is_db_error(exc):
                 raise
             raise self._wrap(exc, self._config.checkpoint_table) from exc
 
@@ -383,7 +373,7 @@ class SQLSink(Sink):
                         pos.committed(tracked.last_ts)
                     return count
                 except BaseException as exc:
-                    if _is_db_error(exc) and self._classify(exc)[1]:
+                    if is_db_error(exc) and self._classify(exc)[1]:
                         conn.invalidate(exc if isinstance(exc, Exception) else None)
                     else:
                         try:
@@ -397,7 +387,7 @@ class SQLSink(Sink):
             self._existing.clear()
             self._bindings.clear()
             self._bindings_by_value.clear()
-            if isinstance(exc, TidewaterError) or not _is_db_error(exc):
+            if isinstance(exc, TidewaterError) or not is_db_error(exc):
                 raise
             raise self._wrap(exc, writer.current if writer else None) from exc
 
@@ -555,85 +545,11 @@ class SQLSink(Sink):
 
     # ---- errors --------------------------------------------------------------------------------------
     def _classify(self, exc: BaseException) -> tuple[bool, bool, Any]:
-        """(retryable, connection lost, driver exception)."""
-        orig: Any = exc
-        if isinstance(exc, sa.exc.DBAPIError):
-            orig = exc.orig if exc.orig is not None else exc
-            if exc.connection_invalidated:
-                return True, True, orig
-        if isinstance(exc, sa.exc.TimeoutError):  # pool exhausted
-            return True, False, orig
-        if self.dialect == "mysql":
-            import pymysql
-
-            if isinstance(orig, pymysql.err.InterfaceError):
-                return True, True, orig
-            code = orig.args[0] if isinstance(orig, pymysql.err.MySQLError) and orig.args else None
-            if isinstance(code, int) and code in _MYSQL_RETRY:
-                return True, code in _MYSQL_DISCONNECT, orig
-            return False, False, orig
-        if self.dialect == "postgresql":
-            import psycopg2
-
-            if isinstance(orig, psycopg2.InterfaceError):
-                return True, True, orig
-            if isinstance(orig, psycopg2.Error):
-                code = orig.pgcode
-                if code is None and isinstance(orig, psycopg2.OperationalError):
-                    text = str(orig)
-                    fatal = any(s in text for s in _PG_FATAL_CONNECT)
-                    return not fatal, not fatal, orig
-                if code is not None and (code.startswith("08") or code in _PG_RETRY):
-                    return True, code.startswith("08") or code.startswith("57P"), orig
-            return False, False, orig
-        if isinstance(orig, sqlite3.OperationalError):
-            text = str(orig).lower()
-            if "locked" in text or "busy" in text or "disk is full" in text:
-                return True, False, orig
-        return False, False, orig
+        """(retryable, connection lost, driver exception): see :func:`sinks.sql.errors.classify`."""
+        return classify(self.dialect, exc)
 
     def _wrap(self, exc: BaseException, table: str | None) -> TidewaterError:
-        retryable, _lost, orig = self._classify(exc)
-        msg = " ".join(str(orig).split())
-        where = self._where()
-        if retryable:
-            return SinkUnavailable(f"{where} is unavailable: {msg}", cause=exc)
-        hint = self._hint(orig, msg)
-        if hint:
-            return SinkError(f"{where}: {hint} ({msg})", cause=exc)
-        subject = f"writing table {table}" if table else "sink"
-        return SinkError(f"{where}, {subject}: {msg}", cause=exc)
-
-    def _hint(self, orig: Any, msg: str) -> str | None:
-        u = self._uri
-        if self.dialect == "mysql":
-            code = orig.args[0] if getattr(orig, "args", None) else None
-            if code == 1049:
-                return (f"database {u.path!r} does not exist: create it (CREATE DATABASE `{u.path}` "
-                        "CHARACTER SET utf8mb4) or fix the sink URI")
-            if code in (1044, 1045):
-                return (f"access denied for user {u.user!r}: check the user and password in the sink URI and "
-                        f"grant it privileges (GRANT ALL ON `{u.path}`.* TO ...)")
-            if code in (1142, 1143):
-                return f"user {u.user!r} lacks a privilege: GRANT ALL ON `{u.path}`.* TO it"
-            return None
-        if self.dialect == "postgresql":
-            code = getattr(orig, "pgcode", None)
-            if code == "3D000" or ("database" in msg and "does not exist" in msg):
-                return f"database {u.path!r} does not exist: create it (CREATE DATABASE ...) or fix the sink URI"
-            if code in ("28P01", "28000") or "authentication failed" in msg or "pg_hba.conf" in msg \
-                    or ("role" in msg and "does not exist" in msg):
-                return (f"access denied for user {u.user!r}: check the user and password in the sink URI and "
-                        "the server's pg_hba.conf")
-            if code == "42501":
-                return (f"user {u.user!r} lacks a privilege: grant it CREATE on the database and its schemas, "
-                        "and INSERT/UPDATE/DELETE/TRUNCATE on the target tables")
-            return None
-        if "unable to open database file" in msg:
-            return f"cannot open {u.path!r}: create its directory and make it writable"
-        if "readonly database" in msg:
-            return f"{u.path!r} is read-only: make the file and its directory writable"
-        return None
+        return wrap(self.dialect, self._uri, self._where(), exc, table)
 
 
 class _Tracked:
@@ -698,11 +614,3 @@ def _pymysql_connection_class() -> type:
 
         _PYMYSQL_CONNECTION = _Connection
     return _PYMYSQL_CONNECTION
-
-
-def _is_db_error(exc: BaseException) -> bool:
-    if isinstance(exc, (sa.exc.SQLAlchemyError, sqlite3.Error)):
-        return True
-    mod = type(exc).__module__
-    return mod.startswith("pymysql") or mod.startswith("psycopg2")
-
