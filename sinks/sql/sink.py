@@ -78,7 +78,7 @@ from sinks.sql.ddl import (
     plan_table,
 )
 from sinks.sql.errors import classify, is_db_error, wrap
-from sinks.sql.fkgraph import FkGraph
+from sinks.sql.fkgraph import FkGraph, read_foreign_keys
 from sinks.sql.pipeline import Pipeline
 from sinks.sql.position import Position, PositionSQL
 from sinks.sql.position import forget as forget_position
@@ -281,32 +281,9 @@ class SQLSink(Sink):
     def _load_foreign_keys(self, conn: Connection, tschema: str | None, label: str) -> None:
         """Read the foreign keys between the tables of target schema ``tschema`` (once per schema, and again
         when a table not seen then is bound: created or added downstream since)."""
-        stmts = self._statements()
         cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
         try:
-            cols: dict[tuple[str, str, str], list[tuple[str, str]]] = {}  # (child, parent, fk id) -> pairs
-            if self.dialect == "sqlite":
-                cur.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
-                tables = [r[0] for r in cur.fetchall()]
-                for t in tables:
-                    cur.execute(f"PRAGMA foreign_key_list({stmts.q(t)})")
-                    for fid, _seq, parent, frm, to, *_ in cur.fetchall():
-                        cols.setdefault((t, parent, str(fid)), []).append((frm, to))
-                seen = set(tables)
-            elif self.dialect == "mysql":
-                cur.execute(stmts.catalog_foreign_keys())
-                for name, child, parent, ccol, pcol in cur.fetchall():
-                    cols.setdefault((str(child), str(parent), str(name)), []).append((ccol, pcol))
-                cur.execute(stmts.catalog_tables())
-                seen = {r[0] for r in cur.fetchall()}
-            else:
-                cur.execute(stmts.catalog_foreign_keys(), (tschema, tschema))
-                for name, cs, c, ps, p, ccol, pcol in cur.fetchall():
-                    cols.setdefault((f"{cs}.{c}", f"{ps}.{p}", str(name)), []).append((ccol, pcol))
-                cur.execute(stmts.catalog_tables(), (tschema,))
-                seen = {f"{tschema}.{r[0]}" for r in cur.fetchall()}
-            edges = [(c, p, tuple(x for x, _ in pairs), tuple(y for _, y in pairs))
-                     if all(x and y for x, y in pairs) else (c, p) for (c, p, _), pairs in cols.items()]
+            edges, seen = read_foreign_keys(cur, self._statements(), self.dialect, tschema)
         finally:
             cur.close()
         self._fk.add_all(edges)
