@@ -166,6 +166,16 @@ class Processor:
                 self._stop_for_move(slot, assignment)
                 continue
             runner = slot.runner
+            if runner is not None and runner.stopped and not runner.failed.is_set() and not runner.alive:
+                # stopped because a status write was fenced off (the assignment changed under it), yet the
+                # current snapshot assigns the span here again with the same capture and epoch (unassigned and
+                # reassigned between two ticks, e.g. pause + resume): start it again under the new assignment.
+                # Without this the stopped runner stayed in the slot and the span never ran again.
+                log.info("span=%s/%d was stopped by a fenced status write and is assigned here again; restarting",
+                         key[0], key[1])
+                slot.runner = None
+                runner = None
+            slot.assignment = assignment  # the value the status writes are guarded on
             if runner is not None and runner.failed.is_set():
                 exc = runner.error
                 exited = runner.stop()

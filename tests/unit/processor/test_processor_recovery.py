@@ -211,3 +211,23 @@ def test_a_capture_whose_lease_may_be_gone_starts_no_span() -> None:
                   lease_deadline=lambda: time.monotonic() - 1)
     with pytest.raises(LeaseLost):
         p._start(INFO, 0, None)
+
+
+def test_span_stopped_by_a_fenced_status_write_restarts_when_still_assigned_here() -> None:
+    """Seen in a CI run: pause + resume between two ticks made the owner assign the span again with the same
+    capture and epoch; the status write of the runner started from the older snapshot was fenced off and
+    stopped it, and since the assignment looked unchanged the processor kept the stopped runner forever."""
+    clock, store = Clock(), FakeStore()
+    p = RecoveringProcessor(store, clock, {"sink": Switch()})
+    p.tick(snap_with(store))
+    (r,) = p.runners
+    store.refuse.add(("cf", 0))  # the assignment changed under the running span
+    r.advance(150)
+    clock.now += 1.0
+    assert p.report() is False and r.stopped and not r.alive  # fenced off: stopped
+    store.refuse.clear()  # assigned here again, same capture and epoch
+    clock.now += 1.0
+    p.tick(snap_with(store))
+    assert len(p.runners) == 2 and not p.runners[1].stopped  # running again
+    assert p.runners[1].start_ts == 100  # from the stored checkpoint (the fenced write stored nothing)
+
