@@ -84,13 +84,18 @@ def _element(v: Any) -> Any:
     if isinstance(v, (bytes, bytearray, memoryview)):
         return "\\x" + bytes(v).hex()
     if isinstance(v, str):
-        if len(v) >= 19 and v[4:5] == "-" and v[10:11] in ("T", " "):
-            try:
-                return norm(dt.datetime.fromisoformat(v))
-            except ValueError:
-                pass
-        return v
+        return _timestamp_text(v, v)
     return norm(v)
+
+
+def _timestamp_text(s: str, otherwise: Any) -> Any:
+    """``s`` normalised as a timestamp when it is ISO timestamp text, else ``otherwise``."""
+    if len(s) >= 19 and s[4:5] == "-" and s[10:11] in ("T", " "):
+        try:
+            return norm(dt.datetime.fromisoformat(s))
+        except ValueError:
+            pass
+    return otherwise
 
 
 def norm(v: Any) -> Any:
@@ -128,12 +133,7 @@ def norm(v: Any) -> Any:
                 return json.dumps(_element(json.loads(s)), sort_keys=True)
             except ValueError:
                 pass
-        if len(s) >= 19 and s[4] == "-" and s[10] in "T ":
-            try:
-                return norm(dt.datetime.fromisoformat(s))
-            except ValueError:
-                pass
-        return v
+        return _timestamp_text(s, v)
     return str(v)
 
 

@@ -16,10 +16,12 @@ from playground.compare import compare_tables
 TEST_SERVER_CONFIG = "error-backoff-min = 1.0\nerror-backoff-max = 5.0\n"
 
 
-def server_config(tmp_path: Path, extra: str = "") -> list[str]:
-    """`--config` arguments for a test `cdc server`."""
-    path = tmp_path / "server.toml"
-    path.write_text(TEST_SERVER_CONFIG + extra)
+def server_config(tmp_path: Path, extra: str = "", *, base: str = TEST_SERVER_CONFIG,
+                  name: str = "server.toml") -> list[str]:
+    """`--config` arguments for a test `cdc server`: ``base`` (the tests' short backoff) + ``extra``, written
+    to ``tmp_path / name``."""
+    path = tmp_path / name
+    path.write_text(base + extra)
     return ["--config", str(path)]
 
 

@@ -10,12 +10,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sqlite3
 import subprocess
 import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,104 +43,100 @@ def _metric_lines(cdc: CdcServer, name: str) -> list[str]:
         return [line for line in resp.read().decode().splitlines() if line.startswith(name + "{")]
 
 
+@pytest.fixture
+def cdc(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path) -> Iterator[CdcServer]:
+    """One `cdc server` whose owner looks at the upstream every second (``WATCH``)."""
+    server = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id,
+                       extra_args=server_config(tmp_path, WATCH)).start()
+    yield server
+    server.terminate()
+
+
 def test_rows_of_a_table_picked_up_later_put_the_changefeed_in_warning_until_resumed(
-        etcd_server: EtcdServer, cluster_id: str, tmp_path: Path, pg_server: PostgresServer, pg_database: str,
-        source: Any) -> None:
-    cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id,
-                    extra_args=server_config(tmp_path, WATCH)).start()
+        cdc: CdcServer, tmp_path: Path, pg_server: PostgresServer, pg_database: str, source: Any) -> None:
     target = tmp_path / "target.db"
     sink = f"sqlite:///{target}"
-    try:
-        cdc.create_changefeed("late", pg_server.uri(pg_database), sink)
-        mixed_workload(source, 3)
-        assert_converged(cdc, "late", source, sink)
-        assert cdc.changefeed("late")["warnings"] == []
+    cdc.create_changefeed("late", pg_server.uri(pg_database), sink)
+    mixed_workload(source, 3)
+    assert_converged(cdc, "late", source, sink)
+    assert cdc.changefeed("late")["warnings"] == []
 
-        # created and filled in one transaction: the owner can only ever see it with its 3 rows
-        source.autocommit = False
-        with source.cursor() as cur:
-            cur.execute("CREATE TABLE latecomer (id int PRIMARY KEY, v text)")
-            cur.execute("INSERT INTO latecomer SELECT g, 'before ' || g FROM generate_series(1, 3) g")
-        source.commit()
-        source.autocommit = True
+    # created and filled in one transaction: the owner can only ever see it with its 3 rows
+    source.autocommit = False
+    with source.cursor() as cur:
+        cur.execute("CREATE TABLE latecomer (id int PRIMARY KEY, v text)")
+        cur.execute("INSERT INTO latecomer SELECT g, 'before ' || g FROM generate_series(1, 3) g")
+    source.commit()
+    source.autocommit = True
 
-        q = wait_for(cdc, "late", lambda q: q["state"] == "warning", "warning state")
-        (w,) = q["warnings"]
-        assert (w["code"], w["table"], w["severity"], w["count"]) == (
-            "CDC:WarnUnreplicatedRows", "public.latecomer", "divergence", 3), w
-        assert "3 row(s)" in w["message"] and w["first_time"] > 0 and w["last_time"] >= w["first_time"]
-        assert q["error"]["data_warning"] and "public.latecomer" in q["error"]["message"], q["error"]
+    q = wait_for(cdc, "late", lambda q: q["state"] == "warning", "warning state")
+    (w,) = q["warnings"]
+    assert (w["code"], w["table"], w["severity"], w["count"]) == (
+        "CDC:WarnUnreplicatedRows", "public.latecomer", "divergence", 3), w
+    assert "3 row(s)" in w["message"] and w["first_time"] > 0 and w["last_time"] >= w["first_time"]
+    assert q["error"]["data_warning"] and "public.latecomer" in q["error"]["message"], q["error"]
 
-        # the CLI shows it (JSON and table), the owner exports it
-        queried = json.loads(_cli(cdc.url, "changefeed", "query", "-c", "late"))
-        assert queried["state"] == "warning" and queried["warnings"][0]["table"] == "public.latecomer"
-        table = _cli(cdc.url, "changefeed", "query", "-c", "late", "--output", "table")
-        assert "data warnings" in table and "CDC:WarnUnreplicatedRows" in table and "public.latecomer" in table
-        listed = _cli(cdc.url, "changefeed", "list", "--output", "table").splitlines()
-        assert "WARNINGS" in listed[0] and listed[1].split()[:2] == ["late", "warning"]
-        (series,) = _metric_lines(cdc, "tidewater_data_warnings")
-        assert 'table="public.latecomer"' in series and 'severity="divergence"' in series
-        assert series.endswith(" 3.0"), series
+    # the CLI shows it (JSON and table), the owner exports it
+    queried = json.loads(_cli(cdc.url, "changefeed", "query", "-c", "late"))
+    assert queried["state"] == "warning" and queried["warnings"][0]["table"] == "public.latecomer"
+    table = _cli(cdc.url, "changefeed", "query", "-c", "late", "--output", "table")
+    assert "data warnings" in table and "CDC:WarnUnreplicatedRows" in table and "public.latecomer" in table
+    listed = _cli(cdc.url, "changefeed", "list", "--output", "table").splitlines()
+    assert "WARNINGS" in listed[0] and listed[1].split()[:2] == ["late", "warning"]
+    (series,) = _metric_lines(cdc, "tidewater_data_warnings")
+    assert 'table="public.latecomer"' in series and 'severity="divergence"' in series
+    assert series.endswith(" 3.0"), series
 
-        # later changes are replicated; the warning is true: the earlier rows are missing downstream, except one
-        # a later full-row update wrote (an upsert)
-        with source.cursor() as cur:
-            cur.execute("INSERT INTO latecomer VALUES (4, 'after'), (5, 'after')")
-            cur.execute("UPDATE latecomer SET v = 'updated' WHERE id = 2")
-        mixed_workload(source, 2, start=3)
-        cdc.wait_checkpoint("late", current_lsn(source))
-        (diff,) = compare_tables(source, ["public.latecomer"], sink)
-        assert (diff.source_rows, diff.target_rows, diff.missing) == (5, 3, [(1,), (3,)]), diff
-        assert cdc.changefeed("late")["state"] == "warning"  # still: nobody acknowledged it
+    # later changes are replicated; the warning is true: the earlier rows are missing downstream, except one
+    # a later full-row update wrote (an upsert)
+    with source.cursor() as cur:
+        cur.execute("INSERT INTO latecomer VALUES (4, 'after'), (5, 'after')")
+        cur.execute("UPDATE latecomer SET v = 'updated' WHERE id = 2")
+    mixed_workload(source, 2, start=3)
+    cdc.wait_checkpoint("late", current_lsn(source))
+    (diff,) = compare_tables(source, ["public.latecomer"], sink)
+    assert (diff.source_rows, diff.target_rows, diff.missing) == (5, 3, [(1,), (3,)]), diff
+    assert cdc.changefeed("late")["state"] == "warning"  # still: nobody acknowledged it
 
-        # the operator copies the rows by hand, then acknowledges with resume
-        with source.cursor() as cur:
-            cur.execute("SELECT id, v FROM latecomer WHERE id <= 3")
-            rows = cur.fetchall()
-        with sqlite3.connect(target) as t:
-            t.executemany("INSERT OR REPLACE INTO latecomer (id, v) VALUES (?, ?)", rows)
-        _cli(cdc.url, "changefeed", "resume", "-c", "late")
-        q = wait_for(cdc, "late", lambda q: q["state"] == "normal" and not q["warnings"], "normal without warnings")
-        assert q["error"] is None
-        assert _metric_lines(cdc, "tidewater_data_warnings") == []
-        with source.cursor() as cur:
-            cur.execute("UPDATE latecomer SET v = 'after resume' WHERE id = 1")
-        assert_converged(cdc, "late", source, sink, tables=[*TABLES, "public.latecomer"])
-        assert cdc.changefeed("late")["state"] == "normal"
-    finally:
-        cdc.terminate()
+    # the operator copies the rows by hand, then acknowledges with resume
+    with source.cursor() as cur:
+        cur.execute("SELECT id, v FROM latecomer WHERE id <= 3")
+        rows = cur.fetchall()
+    with sqlite3.connect(target) as t:
+        t.executemany("INSERT OR REPLACE INTO latecomer (id, v) VALUES (?, ?)", rows)
+    _cli(cdc.url, "changefeed", "resume", "-c", "late")
+    q = wait_for(cdc, "late", lambda q: q["state"] == "normal" and not q["warnings"], "normal without warnings")
+    assert q["error"] is None
+    assert _metric_lines(cdc, "tidewater_data_warnings") == []
+    with source.cursor() as cur:
+        cur.execute("UPDATE latecomer SET v = 'after resume' WHERE id = 1")
+    assert_converged(cdc, "late", source, sink, tables=[*TABLES, "public.latecomer"])
+    assert cdc.changefeed("late")["state"] == "normal"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("sinks.sql.writer") is None,
-                    reason="needs the SQL sink's missing-row handling (helper A, sinks/sql/writer.py)")
 def test_a_partial_update_of_a_row_missing_downstream_is_re_read_and_shown_as_a_notice(
-        etcd_server: EtcdServer, cluster_id: str, tmp_path: Path, pg_server: PostgresServer, pg_database: str,
-        source: Any) -> None:
-    cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id,
-                    extra_args=server_config(tmp_path, WATCH)).start()
+        cdc: CdcServer, tmp_path: Path, pg_server: PostgresServer, pg_database: str, source: Any) -> None:
     target = tmp_path / "target.db"
     sink = f"sqlite:///{target}"
-    try:
-        with source.cursor() as cur:
-            cur.execute("CREATE TABLE toasty (id int PRIMARY KEY, small int NOT NULL, big text NOT NULL)")
-        cdc.create_changefeed("miss", pg_server.uri(pg_database), sink)
-        with source.cursor() as cur:
-            # ~9.6 kB of incompressible text per row: stored out of line, so an UPDATE of `small` sends it as
-            # 'unchanged TOAST'
-            cur.execute("INSERT INTO toasty SELECT g, g, (SELECT string_agg(md5(random()::text || g::text || "
-                        "x::text), '') FROM generate_series(1, 300) x) FROM generate_series(1, 5) g")
-        assert_converged(cdc, "miss", source, sink, tables=["public.toasty"])
-        with sqlite3.connect(target) as t:
-            t.execute("DELETE FROM toasty WHERE id IN (2, 4)")  # something downstream removed them
-        with source.cursor() as cur:
-            cur.execute("UPDATE toasty SET small = small + 100 WHERE id IN (2, 3, 4)")
-        q = wait_for(cdc, "miss", lambda q: bool(q["warnings"]), "a missing-row warning")
-        (w,) = q["warnings"]
-        assert (w["table"], w["severity"], w["count"]) == ("public.toasty", "notice", 2), w
-        assert sorted(w["keys"]) == ["2", "4"], w
-        assert q["state"] == "normal" and q["error"] is None
-        # the rows were completed from the upstream, never with NULLs: the target equals the source
-        assert_converged(cdc, "miss", source, sink, tables=["public.toasty"])
-        assert cdc.changefeed("miss")["state"] == "normal"
-    finally:
-        cdc.terminate()
+    with source.cursor() as cur:
+        cur.execute("CREATE TABLE toasty (id int PRIMARY KEY, small int NOT NULL, big text NOT NULL)")
+    cdc.create_changefeed("miss", pg_server.uri(pg_database), sink)
+    with source.cursor() as cur:
+        # ~9.6 kB of incompressible text per row: stored out of line, so an UPDATE of `small` sends it as
+        # 'unchanged TOAST'
+        cur.execute("INSERT INTO toasty SELECT g, g, (SELECT string_agg(md5(random()::text || g::text || "
+                    "x::text), '') FROM generate_series(1, 300) x) FROM generate_series(1, 5) g")
+    assert_converged(cdc, "miss", source, sink, tables=["public.toasty"])
+    with sqlite3.connect(target) as t:
+        t.execute("DELETE FROM toasty WHERE id IN (2, 4)")  # something downstream removed them
+    with source.cursor() as cur:
+        cur.execute("UPDATE toasty SET small = small + 100 WHERE id IN (2, 3, 4)")
+    q = wait_for(cdc, "miss", lambda q: bool(q["warnings"]), "a missing-row warning")
+    (w,) = q["warnings"]
+    assert (w["table"], w["severity"], w["count"]) == ("public.toasty", "notice", 2), w
+    assert sorted(w["keys"]) == ["2", "4"], w
+    assert q["state"] == "normal" and q["error"] is None
+    # the rows were completed from the upstream, never with NULLs: the target equals the source
+    assert_converged(cdc, "miss", source, sink, tables=["public.toasty"])
+    assert cdc.changefeed("miss")["state"] == "normal"
+

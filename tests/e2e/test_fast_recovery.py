@@ -21,6 +21,7 @@ from e2e_workload import (
     big_transaction,
     mixed_steps,
     mixed_workload,
+    server_config,
     wait_for,
     wait_state,
 )
@@ -34,11 +35,6 @@ pytestmark = pytest.mark.e2e
 SLOW_BACKOFF = "error-backoff-min = 30.0\nerror-backoff-max = 60.0\n"
 FAST_LEASE = "session-ttl = 3\netcd-timeout = 1.0\nowner-tick = 0.2\nerror-backoff-min = 1.0\nerror-backoff-max = 5.0\n"
 
-
-def config_args(tmp_path: Path, text: str, name: str = "server.toml") -> list[str]:
-    path = tmp_path / name
-    path.write_text(text)
-    return ["--config", str(path)]
 
 
 def Writer(conn: Any, start: int) -> BackgroundWriter:
@@ -56,7 +52,7 @@ def test_sink_outage_recovers_within_seconds_of_the_sink_returning(
         tmp_path: Path) -> None:
     maria = MariaDBServer(tmp_path / "maria").start()
     cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id,
-                    extra_args=config_args(tmp_path, SLOW_BACKOFF)).start()
+                    extra_args=server_config(tmp_path, SLOW_BACKOFF, base="")).start()
     try:
         maria.create_database("target")
         sink = maria.uri("target")
@@ -89,7 +85,7 @@ def test_upstream_restart_recovers_within_seconds(etcd_server: EtcdServer, clust
                                                   tmp_path: Path) -> None:
     upstream = PostgresServer(tmp_path / "upstream").start()
     cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id,
-                    extra_args=config_args(tmp_path, SLOW_BACKOFF)).start()
+                    extra_args=server_config(tmp_path, SLOW_BACKOFF, base="")).start()
     source = None
     sink = f"sqlite:///{tmp_path / 'target.db'}"
     try:
@@ -125,7 +121,7 @@ def test_frozen_span_holder_loses_its_slot_to_the_new_holder(
     """SIGSTOP the capture holding the span under continuous writes: once its lease is gone the other
     capture takes the span, ends the frozen walsender (pg_terminate_backend) and replicates on; without
     that, PostgreSQL would refuse it the slot until wal_sender_timeout (60 s)."""
-    args = config_args(tmp_path, FAST_LEASE)
+    args = server_config(tmp_path, FAST_LEASE, base="")
     sink = f"sqlite:///{tmp_path / 'target.db'}"
     first = CdcServer(etcd_server.url, tmp_path / "cdc1", cluster_id=cluster_id, extra_args=args).start()
     second: CdcServer | None = None
@@ -183,8 +179,8 @@ def test_disk_quota_failure_frees_the_spans_disk_and_names_the_need(
     state (usage, quota, path); while the span waits its spill files are gone, so the disk is not kept
     full between attempts; a capture with room then replicates everything (row-by-row compare)."""
     lease = "session-ttl = 3\netcd-timeout = 1.0\nowner-tick = 0.2\n"
-    small = CdcServer(etcd_server.url, tmp_path / "small", cluster_id=cluster_id, extra_args=config_args(
-        tmp_path, lease + SLOW_BACKOFF + "sorter-disk-quota = 2000000\n", "small.toml")).start()
+    small = CdcServer(etcd_server.url, tmp_path / "small", cluster_id=cluster_id, extra_args=server_config(
+        tmp_path, lease + SLOW_BACKOFF + "sorter-disk-quota = 2000000\n", base="", name="small.toml")).start()
     roomy: CdcServer | None = None
     sink = f"sqlite:///{tmp_path / 'target.db'}"
     try:
@@ -198,7 +194,7 @@ def test_disk_quota_failure_frees_the_spans_disk_and_names_the_need(
         spill = small.base_dir / f"data-{small.port}" / "sorter" / "spill"
         wait_for(small, "quota", lambda _q: not any(spill.iterdir()), "spill files removed", timeout=10)
         roomy = CdcServer(etcd_server.url, tmp_path / "roomy", cluster_id=cluster_id,
-                          extra_args=config_args(tmp_path, FAST_LEASE, "roomy.toml")).start()
+                          extra_args=server_config(tmp_path, FAST_LEASE, base="", name="roomy.toml")).start()
         small.kill()
         assert_converged(roomy, "quota", source, sink)
         wait_state(roomy, "quota", "normal")
