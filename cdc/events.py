@@ -77,6 +77,9 @@ class ColumnSchema:
     type_modifier: int = -1
     nullable: bool = True
     is_key: bool = False
+    default: str | None = None
+    """The upstream's default expression (PostgreSQL syntax, ``pg_get_expr`` of the column default), None
+    when the column has none or it is unknown (a schema read from a Relation message only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,3 +189,78 @@ class Transaction:
     commit_ts: int
     commit_time: float
     xid: int = 0
+
+
+class DdlKind(enum.StrEnum):
+    """One elementary schema change (see docs/ddl.md for what each sink does with it)."""
+
+    CREATE_TABLE = "create table"
+    DROP_TABLE = "drop table"
+    RENAME_TABLE = "rename table"
+    TRUNCATE_TABLE = "truncate table"
+    ADD_COLUMN = "add column"
+    DROP_COLUMN = "drop column"
+    RENAME_COLUMN = "rename column"
+    ALTER_COLUMN_TYPE = "alter column type"
+    SET_DEFAULT = "set default"
+    DROP_DEFAULT = "drop default"
+    SET_NOT_NULL = "set not null"
+    DROP_NOT_NULL = "drop not null"
+    ADD_PRIMARY_KEY = "add primary key"
+    DROP_PRIMARY_KEY = "drop primary key"
+    CREATE_INDEX = "create index"
+    DROP_INDEX = "drop index"
+    OTHER = "other"
+    """A command that changes nothing a sink replicates (a comment, a statistics target, a trigger) or one
+    Tidewater cannot classify: ``DdlEvent.query`` says which."""
+
+
+@dataclass(frozen=True, slots=True)
+class IndexSpec:
+    """A secondary index (``[ddl] replicate-indexes``): its name, columns in order, uniqueness."""
+
+    name: str
+    columns: tuple[str, ...]
+    unique: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DdlChange:
+    """One elementary change of a :class:`DdlEvent`. ``column`` names the column it touches (its *old*
+    name for a rename); ``new_name`` is the new column name of RENAME_COLUMN or the new table name of
+    RENAME_TABLE (as ``schema.table``); ``index`` the index of CREATE_INDEX / DROP_INDEX."""
+
+    kind: DdlKind
+    column: str | None = None
+    new_name: str | None = None
+    index: IndexSpec | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DdlEvent:
+    """A schema change of one upstream table at an exact position in the stream.
+
+    ``commit_ts`` is the commit Ts of the upstream transaction that ran the DDL and ``seq`` the DDL's
+    position among the DDL events of that transaction (0, 1, ...): ``(commit_ts, seq)`` is unique and is
+    what a sink records to apply a DDL at most once in effect. Rows of the same transaction that were
+    written before the DDL come before it in the stream; rows after it, after it.
+
+    ``before`` is the table's schema just before the DDL (None for CREATE_TABLE), ``after`` just after it
+    (None for DROP_TABLE); both carry ``ColumnSchema.default`` where the upstream has one. ``changes``
+    lists what changed, in the order a sink should apply it; ``query`` is the upstream statement text (for
+    messages and for sinks that forward DDL text, never for execution on another dialect).
+    """
+
+    commit_ts: int
+    commit_time: float
+    table: TableName
+    changes: tuple[DdlChange, ...]
+    before: TableSchema | None
+    after: TableSchema | None
+    query: str = ""
+    seq: int = 0
+    new_table: TableName | None = None
+
+    @property
+    def kinds(self) -> tuple[DdlKind, ...]:
+        return tuple(c.kind for c in self.changes)
