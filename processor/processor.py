@@ -253,7 +253,8 @@ class Processor:
             finally:
                 s.close()
 
-        return DependencyProbe(f"{info.id}/{span_index}", {"sink": sink, "upstream": open_upstream(info.upstream_uri).probe},
+        upstream = open_upstream(info.upstream_uri).probe  # its own short connection per probe
+        return DependencyProbe(f"{info.id}/{span_index}", {"sink": sink, "upstream": upstream},
                                self._probe_interval).start()
 
     def _backoff(self, failures: int) -> float:
