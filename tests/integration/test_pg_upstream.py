@@ -10,14 +10,13 @@ from typing import Any
 
 import pytest
 
-from cdc.errors import InvalidArgument, InvalidURI, TableNotEligible
+from cdc.errors import InvalidArgument, TableNotEligible
 from cdc.events import TableName
 from playground.servers import PostgresServer
 from upstream import open_upstream
 from upstream.base import SpanPlan, Upstream
 from upstream.postgres import admin
 from upstream.postgres.conn import connect
-from upstream.postgres.upstream import PostgresUpstream
 
 pytestmark = pytest.mark.integration
 
@@ -44,15 +43,6 @@ def up(pg_server: PostgresServer, pg_database: str, conn: Any) -> Iterator[Upstr
 def _names() -> tuple[str, str]:
     n = uuid.uuid4().hex[:10]
     return f"s_{n}", f"p_{n}"
-
-
-def test_factory_dispatches_on_the_scheme_without_io() -> None:
-    u = open_upstream("postgres://u:secret@DB.example:6000/app?sslmode=require")
-    assert isinstance(u, PostgresUpstream)
-    assert u.server_identity() == ("db.example", 6000, "app")
-    assert open_upstream("postgresql://u@db.example/app").server_identity() == ("db.example", 5432, "app")
-    with pytest.raises(InvalidURI, match="unsupported upstream URI scheme"):
-        open_upstream("oracle://x/y")
 
 
 def test_create_align_drop(up: Upstream, conn: Any) -> None:
