@@ -83,6 +83,7 @@ _PACKAGES = ("cdc", "capture", "owner", "processor", "sorter", "sinks", "upstrea
 
 _COMPONENTS = (  # (file path fragment of the leaf frame, component), first match wins
     ("upstream/postgres/stream.py", "replication stream (psycopg2)"),
+    ("upstream/postgres/source.py", "puller"),
     ("upstream/postgres/", "pgoutput decode and value parsers"),
     ("psycopg2/", "replication stream (psycopg2)"),
     ("processor/puller.py", "puller"),

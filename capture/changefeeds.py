@@ -2,15 +2,16 @@
 pause, resume, update, remove; capture list and drain; processor list and query.
 
 Creation validates, in order, before anything is created: the id, both URIs, the config, that the id is
-free, that the sink is reachable and usable, that the upstream is reachable with ``wal_level=logical``,
-that the filter matches tables, that every matched table has a replica identity PostgreSQL can use once it
-is published (a non-deferrable primary key, an identity index or REPLICA IDENTITY FULL: otherwise the
-application's UPDATEs and DELETEs would fail upstream) and columns that can all be published (no virtual
-generated columns; stored ones only on PostgreSQL 18+), that no two tables land on the same target name,
-and that no slot of that name exists yet (``admin.check_tables``; the owner's pick-up of later tables
-applies the same checks, see ``owner.upstream_watch``). Only then are the
-publications and slots created (one per span) and the changefeed stored; if anything fails, what this
-create made (and only that: never a slot or publication that already existed) is dropped again.
+free, that the sink is reachable and usable, that the upstream is ready (``Upstream.check_ready``;
+PostgreSQL: ``wal_level=logical``, privileges, free slots), that the filter matches tables, that every
+matched table can be replicated without harm (``Upstream.check_tables``; PostgreSQL: a replica identity it
+can use once the table is published — a non-deferrable primary key, an identity index or REPLICA IDENTITY
+FULL: otherwise the application's UPDATEs and DELETEs would fail upstream — and columns that can all be
+published), that no two tables land on the same target name, and that no slot of that name exists yet (the
+owner's pick-up of later tables applies the same checks, see ``owner.upstream_watch``). Only then are the
+span resources created (``Upstream.create_spans``: a publication and a slot per span) and the changefeed
+stored; if anything fails, what this create made (and only that: never a slot or publication that already
+existed) is dropped again. All upstream access goes through :mod:`upstream.base` (``open_upstream``).
 
 Every state change is a compare-and-swap on the changefeed's info key; the owner does the rest
 (assignments, upstream cleanup on remove).
@@ -42,12 +43,12 @@ from cdc.model import ChangefeedInfo, ChangefeedStatus, DataWarning, FeedState, 
 from cdc.serde import to_dict
 from cdc.spans import resource_name, span_of
 from cdc.ts import lsn_to_str
-from cdc.uri import ParsedURI, parse_sink_uri, parse_upstream_uri
+from cdc.uri import parse_sink_uri, parse_upstream_uri
 from owner.table_pickup import collision_key
 from owner.upstream_watch import can_resume
 from sinks.factory import open_sink
-from upstream.postgres import admin, catalog
-from upstream.postgres.conn import connect
+from upstream import open_upstream
+from upstream.base import SpanPlan, Upstream
 
 log = logging.getLogger(__name__)
 
@@ -152,13 +153,10 @@ class ChangefeedService:
         sink = open_sink(req.sink_uri, config.sink)
         try:
             sink.check()
-            conn = connect(req.upstream_uri)
-            try:
-                tables = _eligible_tables(conn, sink, table_filter, req.upstream_uri, sink_uri.redacted(),
+            with open_upstream(req.upstream_uri) as up:
+                tables = _eligible_tables(up, sink, table_filter, req.upstream_uri, sink_uri.redacted(),
                                           config.sink.delivery)
-                spans = self._create_spans(conn, req.changefeed_id, config.span_count, tables)
-            finally:
-                conn.close()
+                spans = up.create_spans(_span_plans(req.changefeed_id, config.span_count, tables))
         finally:
             sink.close()
 
@@ -177,50 +175,10 @@ class ChangefeedService:
                  len(spans), lsn_to_str(start_ts), sink_uri.redacted())
         return self.describe(info.id)
 
-    def _create_spans(self, conn: Any, cf_id: str, span_count: int, tables: list[TableName]) -> list[SpanInfo]:
-        names = [(resource_name("pub", cf_id, i), resource_name("slot", cf_id, i)) for i in range(span_count)]
-        for _, slot in names:
-            if admin.slot_info(conn, slot) is not None:
-                raise InvalidArgument(
-                    f"replication slot {slot!r} already exists upstream: it belongs to another changefeed whose id "
-                    f"maps to the same name (names are lower-case) or to another Tidewater cluster, or it was "
-                    f"left behind; choose another changefeed id, or drop it with "
-                    f"SELECT pg_drop_replication_slot('{slot}') if nothing uses it")
-        # Clean up only what this call created: a slot or publication that already existed may belong to a
-        # running changefeed, and dropping it would break that one.
-        created_pubs: list[str] = []
-        created_slots: list[str] = []
-        spans: list[SpanInfo] = []
-        try:
-            for i, (pub, slot) in enumerate(names):
-                if admin.create_publication(conn, pub, [t for t in tables if span_of(t, span_count) == i]):
-                    created_pubs.append(pub)
-                lsn = admin.create_slot(conn, slot)
-                created_slots.append(slot)
-                spans.append(SpanInfo(i, slot, pub, lsn))
-        except BaseException:
-            for slot in created_slots:
-                try:
-                    admin.drop_slot(conn, slot)
-                except TidewaterError as exc:
-                    log.error("cleanup after failed create: %s", exc)
-            for pub in created_pubs:
-                try:
-                    admin.drop_publication(conn, pub)
-                except TidewaterError as exc:
-                    log.error("cleanup after failed create: %s", exc)
-            raise
-        return spans
-
     def _drop_spans(self, upstream_uri: str, spans: list[SpanInfo]) -> None:
         try:
-            conn = connect(upstream_uri)
-            try:
-                for s in spans:
-                    admin.drop_slot(conn, s.slot)
-                    admin.drop_publication(conn, s.publication)
-            finally:
-                conn.close()
+            with open_upstream(upstream_uri) as up:
+                up.drop_spans(spans)
         except TidewaterError as exc:
             log.error("could not drop slots %s after a failed create: %s", [s.slot for s in spans], exc)
 
@@ -255,7 +213,8 @@ class ChangefeedService:
         sink_raw = old.sink_uri if req.sink_uri is None else req.sink_uri
         upstream_raw = old.upstream_uri if req.upstream_uri is None else req.upstream_uri
         sink_uri = parse_sink_uri(sink_raw)
-        _check_same_upstream(parse_upstream_uri(old.upstream_uri), parse_upstream_uri(upstream_raw))
+        parse_upstream_uri(upstream_raw)
+        _check_same_upstream(old.upstream_uri, upstream_raw)
         config = ChangefeedConfig.from_dict(old.config) if req.config is None else load_config(req.config)
         if config.span_count != len(old.spans):
             raise InvalidConfig(
@@ -277,25 +236,20 @@ class ChangefeedService:
         sink = open_sink(sink_raw, config.sink)
         try:
             sink.check()
-            conn = connect(upstream_raw)
-            try:
-                tables = _eligible_tables(conn, sink, table_filter, upstream_raw, sink_uri.redacted(),
+            with open_upstream(upstream_raw) as up:
+                tables = _eligible_tables(up, sink, table_filter, upstream_raw, sink_uri.redacted(),
                                           config.sink.delivery)
                 new = replace(old, sink_uri=sink_raw, upstream_uri=upstream_raw, config=config.to_dict(),
                               target_ts=target_ts)
-                conn.autocommit = False
-                try:
-                    before, after = self._align_publications(conn, old, tables)
+                n = len(old.spans)
+                wanted = {s.index: [t for t in tables if span_of(t, n) == s.index] for s in old.spans}
+                # the span table sets change in one upstream transaction, committed only after the CAS below
+                with up.align_spans(old.spans, wanted, label=cf_id) as before:
                     if not self.store.update_changefeed(new, entry.mod_revision, []):
                         raise ChangefeedStateConflict(
                             f"changefeed {cf_id!r} was changed concurrently while it was being updated; nothing "
                             f"was changed, retry")
-                    conn.commit()
-                except BaseException:
-                    conn.rollback()
-                    raise
-            finally:
-                conn.close()
+                after = sorted(tables)
         finally:
             sink.close()
 
@@ -319,27 +273,6 @@ class ChangefeedService:
                     f"changefeed {cf_id!r} is stopped but its spans are still stopping ({', '.join(where)}); "
                     f"retry in a few seconds")
             time.sleep(0.2)
-
-    @staticmethod
-    def _align_publications(conn: Any, info: ChangefeedInfo, tables: list[TableName]
-                            ) -> tuple[list[TableName], list[TableName]]:
-        """Make each span's publication list exactly the ``tables`` that hash to it (in the caller's
-        transaction). Returns (tables published before, after), sorted."""
-        before: set[TableName] = set()
-        for span in info.spans:
-            have = admin.publication_tables(conn, span.publication)
-            if have is None:
-                raise InvalidArgument(
-                    f"publication {span.publication!r} of span {span.index} no longer exists upstream; the "
-                    f"changefeed cannot be updated: remove it and create it again")
-            before.update(have)
-            wanted = [t for t in tables if span_of(t, len(info.spans)) == span.index]
-            added = admin.add_tables_to_publication(conn, span.publication, wanted)
-            removed = admin.remove_tables_from_publication(conn, span.publication, sorted(set(have) - set(wanted)))
-            if added or removed:
-                log.info("changefeed=%s span %d publication %s: +%s -%s", info.id, span.index, span.publication,
-                         [str(t) for t in added], [str(t) for t in removed])
-        return sorted(before), sorted(tables)
 
     # ---- read ------------------------------------------------------------------------------------
     def describe(self, cf_id: str) -> dict[str, Any]:
@@ -446,20 +379,26 @@ class ChangefeedService:
         raise ChangefeedStateConflict(f"changefeed {cf_id!r} kept changing; retry")
 
 
-def _eligible_tables(conn: Any, sink: Any, table_filter: TableFilter, upstream_uri: str,
+def _span_plans(cf_id: str, span_count: int, tables: list[TableName]) -> list[SpanPlan]:
+    """The spans of a new changefeed: resource names from the id, each table in the span it hashes to."""
+    return [SpanPlan(i, resource_name("slot", cf_id, i), resource_name("pub", cf_id, i),
+                     tuple(t for t in tables if span_of(t, span_count) == i)) for i in range(span_count)]
+
+
+def _eligible_tables(up: Upstream, sink: Any, table_filter: TableFilter, upstream_uri: str,
                      sink_shown: str, delivery: str = "exactly-once") -> list[TableName]:
     """The upstream tables the filter selects, after checking the upstream (``wal_level``...), that the
     filter matches something, that every table can be published without breaking its writes or leaving
-    columns out (:func:`upstream.postgres.admin.check_tables`), that no two land on one target name, and
+    columns out (:meth:`upstream.base.Upstream.check_tables`), that no two land on one target name, and
     - with ``delivery = "at-least-once"`` into a real target - that every table has a key (a replay would
     duplicate the rows of a key-less table)."""
-    admin.check_upstream(conn)
-    tables = table_filter.select(catalog.list_tables(conn))
+    up.check_ready()
+    tables = table_filter.select(up.list_tables())
     if not tables:
         raise InvalidArgument(
             f"the filter {list(table_filter.rules)!r} matches no table in the upstream database "
             f"{parse_upstream_uri(upstream_uri).path!r}")
-    admin.check_tables(conn, tables)
+    up.check_tables(tables)
     targets: dict[str, TableName] = {}
     for t in tables:
         target = sink.target_name(t)
@@ -473,7 +412,7 @@ def _eligible_tables(conn: Any, sink: Any, table_filter: TableFilter, upstream_u
                 f"{sink_shown}: exclude one of them with the filter")
         targets[key] = t
     if delivery == "at-least-once" and not sink_shown.startswith("blackhole:"):
-        keyless = [str(t) for t in tables if not catalog.table_schema(conn, t).has_key]
+        keyless = [str(t) for t in tables if not up.table_schema(t).has_key]
         if keyless:
             raise InvalidArgument(
                 f"sink.delivery = \"at-least-once\" replays transactions after a fault, which duplicates rows of "
@@ -537,16 +476,14 @@ def _processor(cf: str, capture_id: str, indexes: list[int], snap: ClusterSnapsh
     }
 
 
-def _check_same_upstream(old: ParsedURI, new: ParsedURI) -> None:
-    def where(u: ParsedURI) -> tuple[str, int, str]:
-        return ((u.host or "").lower(), u.port or 5432, u.path)
-
-    if where(old) != where(new):
-        h, p, d = where(old)
+def _check_same_upstream(old: str, new: str) -> None:
+    was, now = open_upstream(old).server_identity(), open_upstream(new).server_identity()  # no I/O
+    if was != now:
+        h, p, d = was
         raise InvalidArgument(
             f"the upstream URI may change only its user, password or options, not the server or database: the "
-            f"changefeed's slots and publications live in {h}:{p}/{d} (new URI: {new.redacted()}); create a new "
-            f"changefeed for another upstream")
+            f"changefeed's slots and publications live in {h}:{p}/{d} (new URI: "
+            f"{parse_upstream_uri(new).redacted()}); create a new changefeed for another upstream")
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:

@@ -44,8 +44,7 @@ from owner.upstream_watch import (
     release_slots,
 )
 from sinks.factory import open_sink
-from upstream.postgres import admin
-from upstream.postgres.conn import connect
+from upstream import open_upstream
 
 log = logging.getLogger(__name__)
 
@@ -274,16 +273,11 @@ class Owner:
         logged as an error, so that an unreachable upstream cannot pin a removed changefeed forever."""
         info = action.info
         try:
-            conn = connect(info.upstream_uri)
-            try:
-                for span in info.spans:
-                    admin.drop_slot(conn, span.slot, timeout=10)
-                    admin.drop_publication(conn, span.publication)
-            finally:
-                conn.close()
+            with open_upstream(info.upstream_uri) as up:
+                up.drop_spans(info.spans, timeout=10)
         except TidewaterError as exc:
             if self._clock() - info.state_since < 300:
                 raise MetaStoreError(f"removing changefeed {info.id}: upstream cleanup failed, will retry: {exc}") from exc
             log.error("changefeed=%s removed but its upstream slots %s could not be dropped (%s): drop them by hand "
-                      "with SELECT pg_drop_replication_slot(...) or they will retain WAL",
+                      "on the upstream or they will retain its log",
                       info.id, [s.slot for s in info.spans], exc)

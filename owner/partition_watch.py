@@ -11,7 +11,7 @@ the downstream different from the upstream root *without a single message in the
   reach the downstream (later changes to them do, as updates of rows that are not there).
 
 So the owner's look (:class:`owner.upstream_watch.UpstreamWatcher`) keeps the leaf partitions of every
-published partitioned table (:class:`upstream.postgres.catalog.PartitionLeaf`: oid, storage, bound) and
+published partitioned table (:class:`upstream.base.PartitionLeaf`: oid, storage, bound) and
 :func:`compare` turns the difference between two looks into :class:`cdc.model.DataWarning` s naming the
 root, the partition, its bound and what to do. A TRUNCATE is recognised by the partition's new storage
 (``relfilenode``), which VACUUM FULL, CLUSTER and table-rewriting ALTER TABLEs change too: those are
@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 from cdc.events import TableName
 from cdc.model import DataWarning, WarningSeverity
-from upstream.postgres.catalog import PartitionLeaf
+from upstream.base import PartitionLeaf
 
 CODE_DETACHED = "CDC:WarnPartitionDetached"
 CODE_DROPPED = "CDC:WarnPartitionDropped"

@@ -5,7 +5,7 @@ filter is added to the publication of the span it hashes to only if the same che
 create`` accept it: a replica identity PostgreSQL can use once it is published (else the application's
 UPDATEs and DELETEs would fail upstream), columns that can all be published, and a target name in the sink
 that no replicated table has (else two tables' rows would mix). What was not added is reported with the
-reason; the add itself holds back the table's writers for an instant (:func:`add_table_locked`).
+reason; the add itself holds back the table's writers for an instant (:meth:`upstream.base.Upstream.add_table`).
 """
 
 from __future__ import annotations
@@ -14,10 +14,6 @@ import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import psycopg2.errors
-from psycopg2 import sql
 
 from cdc.config import FilterConfig
 from cdc.errors import InvalidArgument, TableNotEligible, TidewaterError
@@ -27,8 +23,7 @@ from cdc.model import ChangefeedInfo, DataWarning, WarningSeverity
 from cdc.spans import span_of
 from owner import partition_watch
 from sinks.factory import open_sink
-from upstream.postgres import admin, catalog
-from upstream.postgres.conn import pg_errors
+from upstream.base import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +76,11 @@ class PickUp:
 CODE_TARGET_CONFLICT = "CDC:WarnTargetNameConflict"
 
 
-def pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, list[TableName] | None],
+def pick_up_new_tables(up: Upstream, info: ChangefeedInfo, published: dict[int, list[TableName] | None],
                         target_names: Callable[[str], Callable[[TableName], str]], now: float) -> PickUp:
     """Add matched tables that are in no publication of ``info`` to their span's publication.
 
-    A table is added only if :func:`upstream.postgres.admin.check_tables` accepts it for that
+    A table is added only if :meth:`upstream.base.Upstream.check_tables` accepts it for that
     publication (its replica identity works once published; its stored generated columns are published
     too) and its target name in the sink is not already that of a published table or of one added
     earlier in this pass (the same rule ``changefeed create`` applies). Spans are indexed
@@ -95,23 +90,20 @@ def pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, lis
     in_pubs: set[TableName] = set()
     for tables in published.values():
         in_pubs.update(tables or ())
-    matched = TableFilter(filter_rules(info)).select(catalog.list_tables(conn))
+    matched = TableFilter(filter_rules(info)).select(up.list_tables())
     by_index = {s.index: s for s in info.spans}
     out = PickUp()
     at_least_once = (info.config.get("sink") or {}).get("delivery") == "at-least-once"
     targets: dict[str, TableName] | None = None
     target_of: Callable[[TableName], str] = str
-    gencols: dict[str, bool | None] = {}
     for table in matched:
         if table in in_pubs:
             continue
         span = by_index.get(span_of(table, len(info.spans)))
         if span is None or published.get(span.index) is None:
             continue  # missing publication: reported on the slot report, decided as a lost span
-        if span.publication not in gencols:
-            gencols[span.publication] = admin.publication_publishes_generated(conn, span.publication)
         try:
-            admin.check_tables(conn, [table], publish_generated=bool(gencols[span.publication]))
+            up.check_tables([table], publication=span.publication)
         except TableNotEligible as exc:
             out.ineligible.append(exc.message.split(": ", 1)[-1])
             out.warnings.append(ineligible_table_warning(table, out.ineligible[-1], now))
@@ -120,7 +112,7 @@ def pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, lis
             continue  # dropped since it was listed
         if at_least_once and not info.sink_uri.startswith("blackhole:"):
             try:
-                keyless = not catalog.table_schema(conn, table).has_key
+                keyless = not up.table_schema(table).has_key
             except InvalidArgument:
                 continue  # dropped since it was listed
             if keyless:  # a replay would duplicate its rows (changefeed create refuses the same)
@@ -149,7 +141,7 @@ def pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, lis
                                             first_time=now, last_time=now))
             continue
         try:
-            outcome = add_table_locked(conn, span.publication, table)
+            outcome = up.add_table(span, table, lock_timeout_ms=LOCK_TIMEOUT_MS, count_cap=COUNT_CAP)
         except TidewaterError as exc:
             if exc.retryable:
                 log.info("changefeed=%s: adding %s to %s deferred: %s", info.id, table, span.publication, exc)
@@ -167,48 +159,7 @@ def pick_up_new_tables(conn: Any, info: ChangefeedInfo, published: dict[int, lis
     return out
 
 
-def add_table_locked(conn: Any, publication: str, table: TableName,
-                     lock_timeout_ms: int = LOCK_TIMEOUT_MS) -> int | None:
-    """Add ``table`` to ``publication`` in one transaction holding ``SHARE`` lock on the table.
-
-    The lock waits for the table's in-flight writers and holds back new ones until the commit, so the
-    rows seen here are exactly those committed before the table joined the publication; every later
-    change is streamed. Returns how many rows the table already held (they will not be streamed; counted
-    up to ``COUNT_CAP``, so the writers wait for at most that scan), 0 if it was empty, None if nothing was done (the lock was not granted within ``lock_timeout_ms``, or
-    the table is already in the publication). ``conn`` must be in autocommit mode.
-    """
-    ident = sql.Identifier(table.schema, table.table)
-    with pg_errors(conn, f"adding {table} to publication {publication!r}"), conn.cursor() as cur:
-        cur.execute("BEGIN")
-        try:
-            cur.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
-            cur.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(ident))
-            cur.execute(
-                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel pr "
-                "JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid "
-                "WHERE p.pubname = %s AND pr.prrelid = %s::regclass)",
-                (publication, ident.as_string(conn)))
-            if cur.fetchone()[0]:
-                cur.execute("ROLLBACK")
-                return None
-            cur.execute(sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT %s) AS r").format(ident),
-                        (COUNT_CAP,))
-            had_rows = int(cur.fetchone()[0])
-            cur.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(sql.Identifier(publication), ident))
-            cur.execute("COMMIT")
-            return had_rows
-        except psycopg2.errors.LockNotAvailable:
-            cur.execute("ROLLBACK")
-            return None
-        except BaseException:
-            try:
-                cur.execute("ROLLBACK")
-            except Exception:  # noqa: BLE001 - the connection may be broken; the original error matters
-                pass
-            raise
-
-
-def unusable_new_partitions(conn: Any, before: partition_watch.Leaves, current: partition_watch.Leaves,
+def unusable_new_partitions(up: Upstream, before: partition_watch.Leaves, current: partition_watch.Leaves,
                              now: float) -> list[DataWarning]:
     """A partition added to a published root (created or attached; at the first look: every partition)
     is published with it; without a usable replica identity of its own its UPDATEs and DELETEs now fail
@@ -218,7 +169,7 @@ def unusable_new_partitions(conn: Any, before: partition_watch.Leaves, current: 
         for oid in sorted(set(leaves) - set(before.get(root, {}))):
             leaf = leaves[oid]
             try:
-                admin.check_tables(conn, [leaf.name], publish_generated=True)
+                up.check_partition(leaf.name)
             except TableNotEligible as exc:
                 out.append(DataWarning(
                     partition_watch.CODE_NO_IDENTITY, str(root),

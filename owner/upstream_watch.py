@@ -53,12 +53,11 @@ from cdc.errors import GCTTLExceeded, SlotLost, TidewaterError
 from cdc.events import TableName
 from cdc.model import ChangefeedInfo, DataWarning, FeedState, RunningError, SpanInfo
 from owner import partition_watch
-from owner.table_pickup import (  # noqa: F401 - filter_rules, add_table_locked, collision_key: re-exported
+from owner.table_pickup import (  # noqa: F401 - filter_rules, collision_key: re-exported
     COUNT_CAP,
     LOCK_TIMEOUT_MS,
     WARN_TABLE_INELIGIBLE,
     WARN_UNREPLICATED_ROWS,
-    add_table_locked,
     collision_key,
     filter_rules,
     ineligible_table_warning,
@@ -67,9 +66,8 @@ from owner.table_pickup import (  # noqa: F401 - filter_rules, add_table_locked,
     unreplicated_rows_warning,
     unusable_new_partitions,
 )
-from upstream.postgres import admin, catalog
-from upstream.postgres import conn as pg_conn
-from upstream.postgres.conn import pg_errors
+from upstream import open_upstream
+from upstream.base import SlotState, Upstream
 
 log = logging.getLogger(__name__)
 
@@ -250,40 +248,40 @@ def can_resume(info: ChangefeedInfo) -> str | None:
             "the upstream no longer keeps the changes after its checkpoint. Remove it and create it again")
 
 
-def release_slots(info: ChangefeedInfo, connect: Callable[[str], Any] = pg_conn.connect) -> None:
-    """Drop every slot and publication of ``info`` (idempotent; a walsender still streaming from a slot
-    is terminated, waiting at most 10 s per slot). Raises :class:`cdc.errors.TidewaterError` if the
+def release_slots(info: ChangefeedInfo, opener: Callable[[str], Upstream] = open_upstream) -> None:
+    """Drop every slot and publication of ``info`` (idempotent; a session still streaming from a slot
+    is ended, waiting at most 10 s per slot). Raises :class:`cdc.errors.TidewaterError` if the
     upstream cannot be reached or a drop fails: the caller retries later; what was dropped stays dropped."""
-    conn = connect(info.upstream_uri)
-    try:
-        for span in info.spans:
-            dropped = admin.drop_slot(conn, span.slot, timeout=10)
-            admin.drop_publication(conn, span.publication)
-            if dropped:
-                log.warning("changefeed=%s span=%d: dropped replication slot %s and publication %s",
-                            info.id, span.index, span.slot, span.publication)
-    finally:
-        conn.close()
+    with opener(info.upstream_uri) as up:
+        for span in up.drop_spans(info.spans, timeout=10):
+            log.warning("changefeed=%s span=%d: dropped replication slot %s and publication %s",
+                        info.id, span.index, span.slot, span.publication)
+
+
+def _inspection_upstream(uri: str) -> Upstream:
+    """The watcher's default: every query of an inspection bounded by ``STATEMENT_TIMEOUT_MS``."""
+    return open_upstream(uri, statement_timeout=STATEMENT_TIMEOUT_MS / 1000)
 
 
 # ---- the watcher --------------------------------------------------------------------------------------
 class UpstreamWatcher:
     """Rate-limited inspections of changefeeds' upstreams, keeping the latest report of each.
 
-    ``connect(uri)`` opens an autocommit connection (default: :func:`upstream.postgres.conn.connect`
-    with a 5 s timeout); ``clock`` gives ``checked_at``. ``gc_ttl`` is only carried for
+    ``opener(uri)`` returns the :class:`upstream.base.Upstream` an inspection uses (closed after it; default:
+    :func:`upstream.open_upstream` with every query bounded by ``STATEMENT_TIMEOUT_MS``); ``clock`` gives
+    ``checked_at``. ``gc_ttl`` is only carried for
     :meth:`decide`. ``target_names(sink_uri)`` returns the sink's ``target_name`` function (default:
     that of an unconnected sink from :func:`sinks.factory.open_sink`; asked only when a new table is
     about to be added).
     """
 
     def __init__(self, interval: float = 10.0, gc_ttl: float = 86400.0, clock: Callable[[], float] = time.time,
-                 connect: Callable[[str], Any] = pg_conn.connect,
+                 opener: Callable[[str], Upstream] = _inspection_upstream,
                  target_names: Callable[[str], Callable[[TableName], str]] | None = None) -> None:
         self.interval = interval
         self.gc_ttl = gc_ttl
         self._clock = clock
-        self._connect = connect
+        self._open = opener
         self._target_names = target_names or sink_target_names
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}
@@ -403,22 +401,20 @@ class UpstreamWatcher:
         return report
 
     def _inspect(self, info: ChangefeedInfo, started: float) -> UpstreamReport:
-        conn = self._connect(info.upstream_uri)
+        up = self._open(info.upstream_uri)
         try:
-            with pg_errors(conn, "setting statement_timeout"), conn.cursor() as cur:
-                cur.execute(f"SET statement_timeout = {STATEMENT_TIMEOUT_MS}")
             published: dict[int, list[TableName] | None] = {}
             slots = []
             for span in info.spans:
-                published[span.index] = admin.publication_tables(conn, span.publication)
-                slots.append(_slot_report(admin.slot_info(conn, span.slot), span, published[span.index] is not None))
+                published[span.index] = up.span_tables(span)
+                slots.append(_slot_report(up.slot_state(span.slot), span, published[span.index] is not None))
             new: list[str] = []
             unreplicated: list[str] = []
             ineligible: list[str] = []
             warnings: list[DataWarning] = []
             if info.state.runs and info.spans:
-                leaves, warnings = self._partition_warnings(conn, info, published, started)
-                pickup = pick_up_new_tables(conn, info, published, self._target_names, started)
+                leaves, warnings = self._partition_warnings(up, info, published, started)
+                pickup = pick_up_new_tables(up, info, published, self._target_names, started)
                 new, unreplicated, ineligible = pickup.added, pickup.with_rows, pickup.ineligible
                 warnings += pickup.warnings
                 with self._lock:  # the new baseline only once its warnings are in a report (and not forgotten)
@@ -427,32 +423,27 @@ class UpstreamWatcher:
             return UpstreamReport(info.id, started, tuple(slots), tuple(new), tuple(ineligible),
                                   unreplicated=tuple(unreplicated), warnings=warnings)
         finally:
-            try:
-                conn.close()
-            except Exception:  # noqa: BLE001 - closing a broken connection
-                pass
+            up.close()
 
-    def _partition_warnings(self, conn: Any, info: ChangefeedInfo, published: dict[int, list[TableName] | None],
+    def _partition_warnings(self, up: Upstream, info: ChangefeedInfo, published: dict[int, list[TableName] | None],
                             now: float) -> tuple[partition_watch.Leaves, list[DataWarning]]:
         """The leaf partitions of ``info``'s published partitioned tables now, and the warnings from comparing
         them with the last look (:func:`owner.partition_watch.compare`; the first look is the baseline) and
         from checking new partitions' replica identity. The caller stores the leaves as the next baseline."""
-        pubs = [s.publication for s in info.spans if published.get(s.index) is not None]
-        current = partition_watch.group(catalog.published_partition_leaves(conn, pubs))
+        current = partition_watch.group(up.partition_leaves(
+            [s for s in info.spans if published.get(s.index) is not None]))
         with self._lock:
             before = self._partitions.get(info.id)
-        out = unusable_new_partitions(conn, before or {}, current, now)
+        out = unusable_new_partitions(up, before or {}, current, now)
         if before is not None:
-            out += partition_watch.compare(
-                before, current, exists=lambda oid: catalog.relation_info(conn, oid) is not None,
-                has_rows=lambda oid: catalog.has_rows(conn, oid), now=now)
+            out += partition_watch.compare(before, current, exists=up.relation_exists, has_rows=up.has_rows, now=now)
         return current, out
 
 
-def _slot_report(s: admin.SlotInfo | None, span: SpanInfo, publication_exists: bool) -> SlotReport:
+def _slot_report(s: SlotState | None, span: SpanInfo, publication_exists: bool) -> SlotReport:
     if s is None:
         return SlotReport(span.index, span.slot, False, False, None, None, None, False, span.publication,
                           publication_exists)
     return SlotReport(span.index, span.slot, True, s.active, None if s.lost else s.retained_bytes,
-                      s.confirmed_flush_lsn, s.wal_status, s.lost, span.publication, publication_exists,
+                      s.confirmed_ts, s.wal_status, s.lost, span.publication, publication_exists,
                       s.invalidation_reason)

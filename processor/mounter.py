@@ -1,10 +1,11 @@
-"""Mounter: stored raw PostgreSQL changes -> typed :class:`cdc.events.RowChange`.
+"""Mounter: stored raw upstream changes -> typed :class:`cdc.events.RowChange`.
 
-The puller stores each row change in the sorter as ``encode_payload(schema_version, raw)``, where
-``raw`` is a pgoutput Insert/Update/Delete/Truncate message in non-streamed form (see
-``upstream.postgres.pgoutput``) and ``schema_version`` names the :class:`TableSchema` the tuple was
-encoded with. The mounter parses the message and converts every text value with the column's type
-(``upstream.postgres.types``), using that schema version — never the current one.
+The span's source (``upstream.base.SpanSource``) stores each row change in the sorter as
+``encode_payload(schema_version, raw)``, where ``raw`` is the upstream's own encoding of one change (a
+pgoutput Insert/Update/Delete/Truncate message in non-streamed form for PostgreSQL) and
+``schema_version`` names the :class:`TableSchema` the tuple was encoded with. The mounter parses it and
+converts every text value with the column's parser, both through the source's
+:class:`upstream.base.ChangeDecoder`, using that schema version — never the current one.
 
 Mapping (TiCDC's RowChangedEvent, with PostgreSQL's replica identity made explicit):
 
@@ -19,7 +20,7 @@ Mapping (TiCDC's RowChangedEvent, with PostgreSQL's replica identity made explic
   ``row``.
 - DELETE: ``old_values`` = the key columns from a 'K' tuple, or the full old row from an 'O' tuple.
 - TRUNCATE: no values; ``extra["truncate_options"]`` holds pgoutput's option bits
-  (1 = CASCADE, 2 = RESTART IDENTITY). The puller stores one truncate payload per relation.
+  (1 = CASCADE, 2 = RESTART IDENTITY). The source stores one truncate payload per relation.
 
 ``UNCHANGED`` is never turned into NULL (``None``): a sink must leave such a column as it is.
 """
@@ -33,30 +34,12 @@ from typing import Any
 
 from cdc.errors import DecodeError
 from cdc.events import UNCHANGED, OpType, RowChange, TableSchema
-from upstream.postgres.pgoutput import insert_values, parse_change
-from upstream.postgres.types import Parser, parser_for, row_parser
+from upstream.base import ChangeDecoder, Parser, decode_payload, encode_payload
 
 __all__ = ["Mounter", "decode_payload", "encode_payload"]
 
-_VERSION = struct.Struct(">I")
 _STR_OR_NULL = frozenset((str, type(None)))  # text values and NULLs only: no UNCHANGED, no binary value
-_pack_version = _VERSION.pack
-_unpack_version = _VERSION.unpack_from
-
-
-def encode_payload(schema_version: int, raw: bytes) -> bytes:
-    """Prefix ``raw`` with the 4-byte big-endian schema version (0 <= version < 2**32)."""
-    try:
-        return _pack_version(schema_version) + raw
-    except struct.error as e:
-        raise ValueError(f"schema version {schema_version} does not fit in 32 bits") from e
-
-
-def decode_payload(payload: bytes) -> tuple[int, bytes]:
-    """Split a payload made by :func:`encode_payload` into ``(schema_version, raw)``."""
-    if len(payload) < 5:
-        raise DecodeError(f"sorter payload too short ({len(payload)} bytes)")
-    return _unpack_version(payload)[0], payload[4:]
+_unpack_version = struct.Struct(">I").unpack_from  # the schema version prefix of upstream.base.encode_payload
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +49,7 @@ class _Plan:
     schema: TableSchema
     names: tuple[str, ...]
     parsers: tuple[Parser, ...]
-    parse_row: Callable[[Sequence[Any]], tuple[Any, ...]]  # types.row_parser(parsers): str/None values only
+    parse_row: Callable[[Sequence[Any]], tuple[Any, ...]]  # decoder.row_parser(parsers): str/None values only
     key: tuple[tuple[int, str, Parser], ...]  # (column index, name, parser) of each key column
     ncols: int
 
@@ -108,8 +91,9 @@ def _not_text(value: Any) -> Any:
 class Mounter:
     """Turns stored payloads into :class:`RowChange` objects.
 
-    ``schemas(version)`` returns the :class:`TableSchema` of a schema version; it is called once per
-    version (the per-version column parsers are cached — schema versions are immutable).
+    ``decoder`` (the span source's :class:`upstream.base.ChangeDecoder`) resolves schema versions — asked once
+    per version (the per-version column parsers are cached — schema versions are immutable) — and parses
+    changes and values; its per-row functions are bound once here.
 
     Guarantees: :meth:`mount` is a pure function of the payload, the Ts/time and the schema (no I/O,
     no logging, nothing kept between calls but the cache). The class is thread-compatible: one
@@ -119,8 +103,10 @@ class Mounter:
     table (and the column, when one is at fault).
     """
 
-    def __init__(self, schemas: Callable[[int], TableSchema]) -> None:
-        self._schemas = schemas
+    def __init__(self, decoder: ChangeDecoder) -> None:
+        self._decoder = decoder
+        self._parse_change = decoder.parse_change
+        self._insert_values = decoder.insert_values
         self._plans: dict[int, _Plan] = {}
 
     # ---- planning -----------------------------------------------------------------------------
@@ -128,9 +114,10 @@ class Mounter:
         plan = self._plans.get(version)
         if plan is not None:
             return plan
-        schema = self._schemas(version)
+        decoder = self._decoder
+        schema = decoder.schema(version)
         names = tuple(c.name for c in schema.columns)
-        parsers = tuple(parser_for(c.base_type, c.is_array) for c in schema.columns)
+        parsers = tuple(decoder.parser(c) for c in schema.columns)
         index = {n: i for i, n in enumerate(names)}
         missing = [k for k in schema.key if k not in index]
         if missing:
@@ -138,7 +125,7 @@ class Mounter:
                 f"{schema.name} (schema version {version}): key columns {missing} not in the schema"
             )
         key = tuple((index[k], k, parsers[index[k]]) for k in schema.key)
-        plan = _Plan(schema, names, parsers, row_parser(parsers), key, len(names))
+        plan = _Plan(schema, names, parsers, decoder.row_parser(parsers), key, len(names))
         self._plans[version] = plan
         return plan
 
@@ -211,7 +198,7 @@ class Mounter:
             raise DecodeError(f"sorter payload too short ({len(payload)} bytes)")
         version = _unpack_version(payload)[0]
         plan = self._plans.get(version) or self._plan(version)
-        ins = insert_values(payload, 4) if payload[4] == 73 else None  # 'I': the common case, fused
+        ins = self._insert_values(payload, 4)  # an insert: the common case, fused
         if ins is not None:
             relid, new = ins
             schema = plan.schema
@@ -225,7 +212,7 @@ class Mounter:
                 if row is None:
                     row = self._values(plan, new, version, "new")
                 return _positional(OpType.INSERT, schema, commit_ts, commit_time, row, new)
-        pc = parse_change(payload[4:])
+        pc = self._parse_change(payload[4:])
         schema = plan.schema
         if schema.relation_id and pc.relid != schema.relation_id:
             raise DecodeError(

@@ -42,14 +42,11 @@ from cdc.meta.status_feed import StatusFeed
 from cdc.meta.store import ClusterSnapshot, MetaStore, SpanStatusWrite
 from cdc.model import ChangefeedInfo, RunningError, SpanAssignment, SpanInfo, SpanStatus
 from cdc.ts import Watermark
-from processor.puller import Puller
 from processor.recovery import DependencyProbe
 from processor.span import SpanRunner, SpanWarnings
 from sinks.factory import open_sink
 from sorter.base import Sorter
-from upstream.postgres.conn import connect
-from upstream.postgres.rowfetch import RowFetcher
-from upstream.postgres.stream import ReplicationStream
+from upstream import open_upstream
 
 log = logging.getLogger(__name__)
 
@@ -246,9 +243,8 @@ class Processor:
         """A started probe of the span's sink and upstream (see ``processor.recovery``)."""
         if self._probe_interval <= 0:
             return None
-        span = _span_info(info, span_index)
+        _span_info(info, span_index)  # raises if the changefeed no longer has that span
         config = ChangefeedConfig.from_dict(info.config)
-        stream = ReplicationStream(info.upstream_uri, span.slot, span.publication, 0)
 
         def sink() -> None:
             s = open_sink(info.sink_uri, config.sink)
@@ -257,7 +253,8 @@ class Processor:
             finally:
                 s.close()
 
-        return DependencyProbe(f"{info.id}/{span_index}", {"sink": sink, "upstream": stream.probe},
+        upstream = open_upstream(info.upstream_uri).probe  # its own short connection per probe
+        return DependencyProbe(f"{info.id}/{span_index}", {"sink": sink, "upstream": upstream},
                                self._probe_interval).start()
 
     def _backoff(self, failures: int) -> float:
@@ -293,16 +290,16 @@ class Processor:
         else:
             start = Watermark(span.start_ts, info.start_time)
         label = f"{info.id}/{span_index}"
-        stream = ReplicationStream(info.upstream_uri, span.slot, span.publication, start.ts, label=label,
-                                   holder=self.capture_id, takeover=True)
+        upstream = open_upstream(info.upstream_uri)  # no I/O: the source and the row sources open their own
+        # opening it takes the slot over from a holder that lost the span (upstream.base.SpanSource)
+        source = upstream.span_source(span, start, TableFilter(config.filter.rules), label=label,
+                                      holder=self.capture_id)
         sorter = self.sorter.span(label, memory_budget=config.memory_quota // max(1, len(info.spans)))
-        puller = Puller(stream, sorter, TableFilter(config.filter.rules), start,
-                        lambda: connect(info.upstream_uri), label)
         slot = self._slots.get((info.id, span_index))
-        runner = SpanRunner(label, puller, sorter, lambda: open_sink(info.sink_uri, config.sink), start,
+        runner = SpanRunner(label, source, sorter, lambda: open_sink(info.sink_uri, config.sink), start,
                             config.sink.txn_rows, fence=self._lease_fence, target_ts=info.target_ts,
                             warnings=slot.warnings if slot is not None else None,
-                            row_source=lambda: RowFetcher(info.upstream_uri, label=label),
+                            row_source=lambda: upstream.row_source(label=label),
                             position=(info.id, span_index, span.start_ts))
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)

@@ -3,7 +3,7 @@ of their return instead of at its next backoff step (``error-backoff-min`` .. ``
 
 A ``DependencyProbe`` watches one waiting span from its own daemon thread: at once and then every
 ``interval`` seconds it calls each probe in turn (``name -> callable`` that raises while that dependency
-is away: the sink's ``probe()``, the upstream's ``ReplicationStream.probe``; each opens one connection
+is away: the sink's ``probe()``, the upstream's ``Upstream.probe``; each opens one connection
 and runs ``SELECT 1``).
 
 Guarantees:

@@ -1,4 +1,4 @@
-"""A span running on this capture: puller thread -> sorter -> mounter -> sink thread.
+"""A span running on this capture: puller thread (the upstream's span source) -> sorter -> mounter -> sink thread.
 
 Guarantees:
 - ``checkpoint`` only moves forward and only after the sink returned from ``write`` for every
@@ -32,9 +32,9 @@ from cdc.events import RowChange
 from cdc.model import DataWarning, merge_warnings
 from cdc.ts import Watermark
 from processor.mounter import Mounter
-from processor.puller import Puller
 from sinks.base import RowSource, Sink
 from sorter.base import SortedTxn, SpanSorter
+from upstream.base import SpanSource
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class SpanRunner:
     def __init__(
         self,
         label: str,
-        puller: Puller,
+        source: SpanSource,
         sorter: SpanSorter,
         sink_factory: Callable[[], Sink],
         start: Watermark,
@@ -122,7 +122,7 @@ class SpanRunner:
         position: tuple[str, int, int] | None = None,
     ) -> None:
         self.label = label
-        self.puller = puller
+        self.source = source
         self.sorter = sorter
         self._sink_factory = sink_factory
         self._outer_fence = fence
@@ -160,7 +160,7 @@ class SpanRunner:
         deadline = time.monotonic() + timeout
         for th in self._threads:
             th.join(max(0.0, deadline - time.monotonic()))
-        self.puller.stream.close()
+        self.source.close()
         return not self.alive
 
     def discard(self) -> None:
@@ -192,7 +192,7 @@ class SpanRunner:
         """The processor stored checkpoint ``ts`` in etcd: the upstream may now forget it."""
         if ts > self._persisted:
             self._persisted = ts
-            self.puller.stream.ack(ts)
+            self.source.ack(ts)
             self._wake.set()
 
     def _guard(self, target: Callable[[], None]) -> None:
@@ -213,8 +213,8 @@ class SpanRunner:
         self._wake.set()
 
     def _run_puller(self) -> None:
-        self.puller.stream.open()
-        self.puller.run(self._stop, self._on_resolved)
+        self.source.open()
+        self.source.run(self.sorter, self._stop, self._on_resolved)
 
     def _run_sink(self) -> None:
         sink = self._sink_factory()
@@ -229,7 +229,7 @@ class SpanRunner:
                 if applied > self.checkpoint.ts:
                     log.info("span=%s target already holds up to commit %d (checkpoint %d): the replay skips it",
                              self.label, applied, self.checkpoint.ts)
-            mount = Mounter(self.puller.schema).mount
+            mount = Mounter(self.source.decoder()).mount
             while not self._stop.is_set():
                 self._wake.wait(0.2)
                 self._wake.clear()

@@ -1,8 +1,8 @@
-"""The span's hot path without servers: Puller.run -> LevelDB sorter -> TxnBatcher -> Mounter -> SQL sink.
+"""The span's hot path without servers: PgSpanSource.run (the puller) -> LevelDB sorter -> TxnBatcher -> Mounter -> SQL sink.
 
 Feeds pre-built pgoutput messages (Relation, then Begin / N Inserts / Commit per transaction) for the
 table ``t (id int primary key, a text, b int, c numeric(10,2), d timestamptz)`` — the rows of
-/work/helpers/prof_catchup.py — through the real ``Puller.run`` into a LevelDB sorter, then drains
+/work/helpers/prof_catchup.py — through the real ``PgSpanSource.run`` (upstream.postgres.source) into a LevelDB sorter, then drains
 the sorter the way ``SpanRunner._run_sink`` does (clean, read, whole-transaction batches of
 ``txn_rows``, ``Mounter.mount``, ``SQLSink.write``). Prints wall time and thread CPU time of both
 phases; CPU time is what to compare on a loaded host.
@@ -42,11 +42,11 @@ from cdc.config import SinkConfig  # noqa: E402
 from cdc.filter import TableFilter  # noqa: E402
 from cdc.ts import Watermark  # noqa: E402
 from processor.mounter import Mounter  # noqa: E402
-from processor.puller import Puller  # noqa: E402
 from processor.span import TxnBatcher  # noqa: E402
 from sinks.sql.sink import SQLSink  # noqa: E402
 from sorter.leveldb import LevelDBSorter  # noqa: E402
 from upstream.postgres import pgoutput  # noqa: E402
+from upstream.postgres.source import PgSpanSource  # noqa: E402
 
 RELID = 16385
 PG_EPOCH = 946_684_800
@@ -160,12 +160,12 @@ def run_once(payloads: list[bytes], rows: int, end_lsn: int, sink_uri: str, txn_
     sorter = LevelDBSorter(work / "sorter", fresh=True)
     sp = sorter.span("bench/0")
     sp.clear()
-    puller = Puller(FakeStream(payloads), sp, TableFilter(["*.*"]), Watermark(0, 0.0), no_catalog, "bench")  # type: ignore[arg-type]
+    puller = PgSpanSource(FakeStream(payloads), TableFilter(["*.*"]), Watermark(0, 0.0), no_catalog, "bench")  # type: ignore[arg-type]
     resolved: list[Watermark] = []
     stop = threading.Event()
     perf.start("puller")
     t0, c0 = time.perf_counter(), time.thread_time()
-    puller.run(stop, resolved.append)
+    puller.run(sp, stop, resolved.append)
     t1, c1 = time.perf_counter(), time.thread_time()
     perf.stop("puller")
     assert resolved and resolved[-1].ts == end_lsn, (resolved[-1:], end_lsn)
@@ -173,7 +173,7 @@ def run_once(payloads: list[bytes], rows: int, end_lsn: int, sink_uri: str, txn_
     drop_target(sink_uri)
     sink = SQLSink(sink_uri, SinkConfig(batch_rows=batch_rows, txn_rows=txn_rows))
     sink.check()
-    mount_fn = Mounter(puller.schema).mount
+    mount_fn = Mounter(puller.decoder()).mount
     written = 0
     perf.start("sink")
     t2, c2 = time.perf_counter(), time.thread_time()

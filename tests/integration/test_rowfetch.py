@@ -18,6 +18,7 @@ from processor.mounter import Mounter, encode_payload
 from upstream.postgres import catalog
 from upstream.postgres.conn import connect
 from upstream.postgres.rowfetch import RowFetcher
+from upstream.postgres.source import PgChangeDecoder
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +51,7 @@ def _mounted_inserts(conn: Any, slot: str, publication: str, schema: TableSchema
         if len(raws) >= n or time.monotonic() > deadline:
             break
         time.sleep(0.1)
-    mounter = Mounter(lambda v: schema)
+    mounter = Mounter(PgChangeDecoder(lambda v: schema))
     return [dict(mounter.mount(encode_payload(0, raw), 1, 0.0).values or {}) for raw in raws]
 
 

@@ -22,9 +22,9 @@ from cdc.errors import SinkError
 from cdc.events import RowChange, TableSchema
 from playground.compare import compare_tables
 from processor.mounter import Mounter, encode_payload
-from processor.puller import merge_schema
 from sinks.factory import open_sink
 from upstream.postgres import catalog, pgoutput
+from upstream.postgres.source import PgChangeDecoder, merge_schema
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +41,7 @@ class Upstream:
         self.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot,))
         self.schemas: dict[int, TableSchema] = {}
         self.versions: dict[int, int] = {}
-        self.mounter = Mounter(self.schemas.__getitem__)
+        self.mounter = Mounter(PgChangeDecoder(self.schemas.__getitem__))
         self.repl: Any = None
 
     def sql(self, statement: str, params: Any = None) -> list[tuple[Any, ...]]:

@@ -482,3 +482,45 @@ def current_wal_lsn(conn: Any) -> int:
     with pg_errors(conn, "reading the current WAL position"), conn.cursor() as cur:
         cur.execute(f"SELECT ({_CURRENT_LSN})::text")
         return str_to_lsn(cur.fetchone()[0])
+
+
+def add_table_locked(conn: Any, publication: str, table: TableName, *, lock_timeout_ms: int,
+                     count_cap: int) -> int | None:
+    """Add ``table`` to ``publication`` in one transaction holding ``SHARE`` lock on the table.
+
+    The lock waits for the table's in-flight writers and holds back new ones until the commit, so the
+    rows seen here are exactly those committed before the table joined the publication; every later
+    change is streamed. Returns how many rows the table already held (they will not be streamed; counted
+    up to ``count_cap``, so the writers wait for at most that scan), 0 if it was empty, None if nothing was
+    done (the lock was not granted within ``lock_timeout_ms``, or the table is already in the publication).
+    ``conn`` must be in autocommit mode.
+    """
+    ident = sql.Identifier(table.schema, table.table)
+    with pg_errors(conn, f"adding {table} to publication {publication!r}"), conn.cursor() as cur:
+        cur.execute("BEGIN")
+        try:
+            cur.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
+            cur.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(ident))
+            cur.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel pr "
+                "JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid "
+                "WHERE p.pubname = %s AND pr.prrelid = %s::regclass)",
+                (publication, ident.as_string(conn)))
+            if cur.fetchone()[0]:
+                cur.execute("ROLLBACK")
+                return None
+            cur.execute(sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT %s) AS r").format(ident),
+                        (int(count_cap),))
+            had_rows = int(cur.fetchone()[0])
+            cur.execute(sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(sql.Identifier(publication), ident))
+            cur.execute("COMMIT")
+            return had_rows
+        except psycopg2.errors.LockNotAvailable:
+            cur.execute("ROLLBACK")
+            return None
+        except BaseException:
+            try:
+                cur.execute("ROLLBACK")
+            except Exception:  # noqa: BLE001 - the connection may be broken; the original error matters
+                pass
+            raise

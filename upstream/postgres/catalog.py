@@ -46,6 +46,7 @@ from psycopg2 import sql
 
 from cdc.errors import InvalidArgument
 from cdc.events import ColumnSchema, TableName, TableSchema
+from upstream.base import PartitionLeaf  # noqa: F401 - re-exported (the interface's type)
 from upstream.postgres.conn import pg_errors
 
 PG_CATALOG_NAMESPACE = 11  # oid of pg_catalog
@@ -302,22 +303,6 @@ def partitions(conn: Any, table: TableName | int) -> list[RelationInfo]:
         oids = [int(r[0]) for r in cur.fetchall()]
     out = [relation_info(conn, o) for o in oids]
     return [p for p in out if p is not None]
-
-
-@dataclass(frozen=True, slots=True)
-class PartitionLeaf:
-    """One leaf partition of a published partitioned table, as the owner's look saw it.
-
-    ``storage`` is ``pg_class.relfilenode``: PostgreSQL gives a table new storage on TRUNCATE (and on
-    rewrites: VACUUM FULL, CLUSTER, some ALTER TABLE), so a change means "truncated or rewritten".
-    ``bound`` is the partition bound as SQL (``FOR VALUES FROM (0) TO (10)``), relative to its parent.
-    """
-
-    root: TableName
-    oid: int
-    name: TableName
-    storage: int
-    bound: str
 
 
 _PUBLISHED_LEAVES = """

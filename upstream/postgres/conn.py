@@ -263,3 +263,16 @@ def pg_errors(conn: Any, what: str) -> Iterator[None]:
         yield
     except psycopg2.Error as exc:
         raise classify_error(exc, describe_conn(conn), what) from exc
+
+
+def probe(uri: str, timeout: float = 2.0) -> None:
+    """Cheap reachability check (connect, ``SELECT 1``, close): raises ``UpstreamUnavailable`` (or another
+    ``TidewaterError``) while the upstream is away."""
+    conn = connect(uri, timeout=timeout, application_name="tidewater-probe")
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1")
+    except psycopg2.Error as exc:
+        raise classify_error(exc, describe_conn(conn), "probe") from exc
+    finally:
+        conn.close()

@@ -31,6 +31,7 @@ from typing import Any
 
 from cdc.errors import DecodeError
 from cdc.events import UNCHANGED
+from upstream.base import ParsedChange  # the interface's type: parse_change returns it
 
 __all__ = [
     "PG_EPOCH_UNIX",
@@ -219,25 +220,6 @@ Message = (
     | Change
     | Truncate
 )
-
-
-@dataclass(frozen=True, slots=True)
-class ParsedChange:
-    """A parsed normalised I/U/D/T message.
-
-    ``new``/``old`` hold one value per column of the relation (in Relation column order): ``None``
-    for NULL, ``UNCHANGED`` for an unchanged TOASTed value, ``str`` for text format, ``bytes`` for
-    binary format. ``old_kind`` is 'K' (old replica identity key only; non-key columns are None) or
-    'O' (full old row, REPLICA IDENTITY FULL) or None (update without old tuple). For 'T', ``relid``
-    is the first relation and ``truncate_options`` the option bits.
-    """
-
-    kind: str
-    relid: int
-    new: list[Any] | None
-    old: list[Any] | None
-    old_kind: str | None
-    truncate_options: int
 
 
 # ---- fast construction of the two per-row classes ------------------------------------------------

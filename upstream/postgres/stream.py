@@ -40,7 +40,7 @@ import psycopg2
 from cdc.errors import SlotLost, UpstreamUnavailable
 from cdc.ts import lsn_to_str
 from upstream.postgres import pgoutput
-from upstream.postgres.conn import classify_error, connect, describe_conn
+from upstream.postgres.conn import classify_error, connect, describe_conn, probe
 
 APPLICATION_PREFIX = "tidewater:"  # + capture id: the application_name of a span's walsender connection
 
@@ -107,14 +107,7 @@ class ReplicationStream:
     def probe(self, timeout: float = 2.0) -> None:
         """Cheap reachability check (connect, ``SELECT 1``), for a failed span waiting to restart:
         raises ``UpstreamUnavailable`` (or another ``TidewaterError``) while the upstream is away."""
-        conn = connect(self.uri, timeout=timeout, application_name="tidewater-probe")
-        try:
-            with conn.cursor() as cur:
-                cur.execute("SELECT 1")
-        except psycopg2.Error as exc:
-            raise classify_error(exc, describe_conn(conn), "probe") from exc
-        finally:
-            conn.close()
+        probe(self.uri, timeout)
 
     def open(self) -> None:
         self._side = connect(self.uri)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from cdc.events import TableName
 from cdc.model import WarningSeverity
 from owner.partition_watch import compare, group
-from upstream.postgres.catalog import PartitionLeaf
+from upstream.base import PartitionLeaf
 
 ROOT = TableName("public", "m")
 OTHER = TableName("public", "n")

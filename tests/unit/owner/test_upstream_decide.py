@@ -222,12 +222,12 @@ class Clock:
 def test_unreachable_upstream_is_reported_not_raised_and_rate_limited() -> None:
     calls: list[str] = []
 
-    def connect(uri: str) -> Any:
+    def opener(uri: str) -> Any:
         calls.append(uri)
         raise UpstreamUnavailable("cannot connect to PostgreSQL 127.0.0.1:1/db: refused")
 
     clock = Clock(NOW)
-    w = UpstreamWatcher(interval=10.0, gc_ttl=DAY, clock=clock, connect=connect)
+    w = UpstreamWatcher(interval=10.0, gc_ttl=DAY, clock=clock, opener=opener)
     info = cf()
     assert w.due("cf", NOW) and w.latest("cf") is None
     r = w.inspect(info)
@@ -247,14 +247,14 @@ def test_unreachable_upstream_is_reported_not_raised_and_rate_limited() -> None:
 
 
 def test_watcher_bug_becomes_an_error_report() -> None:
-    class BrokenConn:
-        def cursor(self) -> Any:
+    class BrokenUpstream:
+        def span_tables(self, span: Any) -> Any:
             raise RuntimeError("boom")
 
         def close(self) -> None:
             pass
 
-    w = UpstreamWatcher(clock=Clock(NOW), connect=lambda uri: BrokenConn())
+    w = UpstreamWatcher(clock=Clock(NOW), opener=lambda uri: BrokenUpstream())  # type: ignore[arg-type,return-value]
     r = w.inspect(cf())
     assert "boom" in r.error
     w.forget("cf")

@@ -17,6 +17,7 @@ import pytest
 from cdc.errors import DecodeError
 from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
 from processor.mounter import Mounter, decode_payload, encode_payload
+from upstream.postgres.source import PgChangeDecoder
 
 pytestmark = pytest.mark.unit
 
@@ -106,7 +107,7 @@ ROW1_VALUES = {
 
 @pytest.fixture
 def mounter() -> Mounter:
-    return Mounter(SCHEMAS.__getitem__)
+    return Mounter(PgChangeDecoder(SCHEMAS.__getitem__))
 
 
 def mount(m: Mounter, version: int, raw: bytes) -> RowChange:
@@ -135,7 +136,7 @@ def test_payload_errors() -> None:
     with pytest.raises(DecodeError):
         decode_payload(b"\x00\x00\x00")
     with pytest.raises(DecodeError):
-        Mounter(SCHEMAS.__getitem__).mount(b"\x00\x00\x00\x01", 1, 0.0)
+        Mounter(PgChangeDecoder(SCHEMAS.__getitem__)).mount(b"\x00\x00\x00\x01", 1, 0.0)
 
 
 # ---- insert -------------------------------------------------------------------------------------------
@@ -276,7 +277,7 @@ def test_schema_version_decides_types_and_is_cached() -> None:
         calls.append(version)
         return SCHEMAS[version]
 
-    m = Mounter(lookup)
+    m = Mounter(PgChangeDecoder(lookup))
     for _ in range(3):
         assert mount(m, 1, insert_msg(ROW1)).values["amount"] == Decimal("12.50")  # type: ignore[index]
         assert mount(m, 3, insert_msg(ROW1)).values["amount"] == "12.50"  # type: ignore[index]

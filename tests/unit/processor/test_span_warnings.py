@@ -22,6 +22,7 @@ from sinks.base import RowSource, Sink
 from sorter.base import SortedTxn
 from tests.pgoutput_wire import enc_insert
 from tests.unit.processor.test_processor_report import MIN, Clock, FakeRunner, FakeStore, make
+from upstream.postgres.source import PgChangeDecoder
 
 pytestmark = pytest.mark.unit
 
@@ -104,23 +105,22 @@ def test_warnings_come_from_the_stored_status_and_survive_a_restart_then_clear_o
 
 
 # ---- SpanRunner: take_warnings after each write, row source in the sink thread ---------------------------
-class FakeStream:
+class FakeSource:
+    """A span source whose stream is resolved up to ``resolved`` at once (the sorter holds the data)."""
+
+    def __init__(self, resolved: int) -> None:
+        self._resolved = resolved
+
     def open(self) -> None: ...
 
     def close(self) -> None: ...
 
-    def ack(self, lsn: int) -> None: ...
+    def ack(self, ts: int) -> None: ...
 
+    def decoder(self) -> PgChangeDecoder:
+        return PgChangeDecoder(lambda version: SCHEMA)
 
-class FakePuller:
-    def __init__(self, resolved: int) -> None:
-        self.stream = FakeStream()
-        self._resolved = resolved
-
-    def schema(self, version: int) -> TableSchema:
-        return SCHEMA
-
-    def run(self, stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
+    def run(self, buffer: Any, stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
         on_resolved(Watermark(self._resolved, float(self._resolved)))
         stop.wait()
 
@@ -182,7 +182,7 @@ def test_runner_collects_sink_warnings_after_each_write_and_wires_the_row_source
         return sources[-1]
 
     shared = SpanWarnings((w(t=1.0, count=5, keys=("old",)),))
-    runner = SpanRunner("cf/0", FakePuller(130), FakeSorter(txns), lambda: sink,  # type: ignore[arg-type]
+    runner = SpanRunner("cf/0", FakeSource(130), FakeSorter(txns), lambda: sink,  # type: ignore[arg-type]
                         Watermark(100, 100.0), txn_rows=1, warnings=shared, row_source=source)
     runner.start()
     deadline = time.monotonic() + 10

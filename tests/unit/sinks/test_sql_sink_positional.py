@@ -16,6 +16,7 @@ from processor.mounter import Mounter, encode_payload
 from sinks.sql.sink import SQLSink
 from sinks.sql.writer import Writer
 from tests.sql_sink_fakes import URIS, FakeCursor, assume_tables, fake_connection
+from upstream.postgres.source import PgChangeDecoder
 
 pytestmark = pytest.mark.unit
 
@@ -75,7 +76,7 @@ def tupledata(values: list[str | None]) -> bytes:
 def mounted(s: TableSchema, kind: bytes, key: int) -> RowChange:
     texts = [str(key)] + [t for _, _, _, t in COLUMNS[1:]]
     raw = kind + struct.pack(">I", RELID) + b"N" + tupledata(texts)
-    return Mounter(lambda v: s).mount(encode_payload(1, raw), 100, 1.5)
+    return Mounter(PgChangeDecoder(lambda v: s)).mount(encode_payload(1, raw), 100, 1.5)
 
 
 def send(dialect: str, s: TableSchema, changes: list[RowChange]) -> list[tuple[str, str, Any]]:
@@ -136,9 +137,9 @@ def test_mounter_sets_row_only_when_complete() -> None:
     raw = b"U" + struct.pack(">I", RELID) + b"N" + texts
     raw_unch = b"U" + struct.pack(">I", RELID) + b"N" + struct.pack(">h", len(COLUMNS)) + b"t\x00\x00\x00\x015" + b"u" * (
         len(COLUMNS) - 1)
-    upd = Mounter(lambda v: s).mount(encode_payload(1, raw_unch), 100, 1.5)
+    upd = Mounter(PgChangeDecoder(lambda v: s)).mount(encode_payload(1, raw_unch), 100, 1.5)
     assert upd.row is None and upd.values is not None and upd.values["t"] is UNCHANGED
-    assert Mounter(lambda v: s).mount(encode_payload(1, raw), 100, 1.5).row is not None
+    assert Mounter(PgChangeDecoder(lambda v: s)).mount(encode_payload(1, raw), 100, 1.5).row is not None
 
 
 def test_row_change_values_is_lazy_and_consistent() -> None:

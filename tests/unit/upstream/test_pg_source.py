@@ -1,4 +1,4 @@
-"""Puller.run: replication traffic (hand-made pgoutput bytes, classified the way ReplicationStream.messages
+"""PgSpanSource.run (the span source of upstream.postgres): replication traffic (hand-made pgoutput bytes, classified the way ReplicationStream.messages
 does: plain changes raw, everything else decoded) into a sorter, and the resolved watermarks it reports."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from cdc.events import TableName
 from cdc.filter import TableFilter
 from cdc.ts import Watermark
 from processor.mounter import Mounter
-from processor.puller import Puller
 from sorter.memory import MemorySorter
 from tests.pgoutput_wire import (
     enc_begin,
     enc_commit,
     enc_delete,
     enc_insert,
+    enc_message,
     enc_relation,
     enc_stream_abort,
     enc_stream_commit,
@@ -30,6 +30,7 @@ from tests.pgoutput_wire import (
     enc_update,
 )
 from upstream.postgres import pgoutput
+from upstream.postgres.source import PgSpanSource
 from upstream.postgres.stream import Keepalive
 
 pytestmark = pytest.mark.unit
@@ -63,17 +64,17 @@ class FakeStream:
             yield m
 
 
-def run(wire: list[Any], start: int = 0, rules: tuple[str, ...] = ("*.*",)) -> tuple[Puller, Any, list[Watermark]]:
+def run(wire: list[Any], start: int = 0, rules: tuple[str, ...] = ("*.*",)) -> tuple[PgSpanSource, Any, list[Watermark]]:
     sorter = MemorySorter().span("cf/0")
     marks: list[Watermark] = []
-    puller = Puller(FakeStream(wire), sorter, TableFilter(rules), Watermark(start, 0.0),  # type: ignore[arg-type]
-                    lambda: None, "cf/0")
-    puller.run(threading.Event(), marks.append)
-    return puller, sorter, marks
+    source = PgSpanSource(FakeStream(wire), TableFilter(rules), Watermark(start, 0.0),  # type: ignore[arg-type]
+                          lambda: None, "cf/0")
+    source.run(sorter, threading.Event(), marks.append)
+    return source, sorter, marks
 
 
-def rows(puller: Puller, sorter: Any) -> list[tuple[int, str, dict[str, Any] | None]]:
-    mounter = Mounter(puller.schema)
+def rows(source: PgSpanSource, sorter: Any) -> list[tuple[int, str, dict[str, Any] | None]]:
+    mounter = Mounter(source.decoder())
     out = []
     for t in sorter.read_txns(-1, MAX):
         for p in t.payloads:
@@ -90,33 +91,33 @@ def test_plain_transactions_reach_the_sorter_in_commit_order_with_their_schema()
     wire = [enc_relation(None, 7, "public", "t", "d", COLS),
             *txn(100, 1000, enc_insert(None, 7, ["1", "a"]), enc_update(None, 7, ["1", "b"])),
             *txn(101, 2000, enc_delete(None, 7, ["1", None]))]
-    puller, sorter, marks = run(wire)
-    assert rows(puller, sorter) == [(1000, "INSERT", {"id": 1, "v": "a"}), (1000, "UPDATE", {"id": 1, "v": "b"}),
+    source, sorter, marks = run(wire)
+    assert rows(source, sorter) == [(1000, "INSERT", {"id": 1, "v": "a"}), (1000, "UPDATE", {"id": 1, "v": "b"}),
                                     (2000, "DELETE", {"id": 1})]
     assert [m.ts for m in marks] == [1000, 2000]
-    assert puller.schema(1).name == TableName("public", "t")
+    assert source.schema(1).name == TableName("public", "t")
 
 
 def test_a_relation_message_makes_a_new_schema_version_for_later_rows() -> None:
     cols2 = [*COLS, (0, "w", INT4, -1)]
     wire = [enc_relation(None, 7, "public", "t", "d", COLS), *txn(1, 10, enc_insert(None, 7, ["1", "a"])),
             enc_relation(None, 7, "public", "t", "d", cols2), *txn(2, 20, enc_insert(None, 7, ["2", "b", "5"]))]
-    puller, sorter, _ = run(wire)
-    assert [r[2] for r in rows(puller, sorter)] == [{"id": 1, "v": "a"}, {"id": 2, "v": "b", "w": 5}]
+    source, sorter, _ = run(wire)
+    assert [r[2] for r in rows(source, sorter)] == [{"id": 1, "v": "a"}, {"id": 2, "v": "b", "w": 5}]
 
 
 def test_filtered_and_unknown_tables_are_skipped() -> None:
     wire = [enc_relation(None, 7, "public", "t", "d", COLS), enc_relation(None, 8, "audit", "log", "d", COLS),
             *txn(1, 10, enc_insert(None, 8, ["9", "x"]), enc_insert(None, 7, ["1", "a"]), enc_insert(None, 99, ["2", "z"]))]
-    puller, sorter, _ = run(wire, rules=("public.*",))
-    assert [r[2] for r in rows(puller, sorter)] == [{"id": 1, "v": "a"}]
+    source, sorter, _ = run(wire, rules=("public.*",))
+    assert [r[2] for r in rows(source, sorter)] == [{"id": 1, "v": "a"}]
 
 
 def test_transactions_at_or_below_the_start_checkpoint_are_dropped() -> None:
     wire = [enc_relation(None, 7, "public", "t", "d", COLS), *txn(1, 10, enc_insert(None, 7, ["1", "a"])),
             *txn(2, 20, enc_insert(None, 7, ["2", "b"])), *txn(3, 30, enc_insert(None, 7, ["3", "c"]))]
-    puller, sorter, marks = run(wire, start=20)
-    assert [r[2]["id"] for r in rows(puller, sorter)] == [3]  # type: ignore[index]
+    source, sorter, marks = run(wire, start=20)
+    assert [r[2]["id"] for r in rows(source, sorter)] == [3]  # type: ignore[index]
     assert [m.ts for m in marks] == [30]
 
 
@@ -128,8 +129,8 @@ def test_streamed_transaction_with_a_rolled_back_subtransaction_and_an_interleav
             enc_stream_start(500, False), enc_insert(500, 7, ["4", "top2"]), pgoutput_stream_stop(),
             enc_stream_abort(500, 501),
             enc_stream_commit(500, 0, 1999, 2000, 0)]
-    puller, sorter, marks = run(wire)
-    assert [(r[0], r[2]["v"]) for r in rows(puller, sorter)] == [  # type: ignore[index]
+    source, sorter, marks = run(wire)
+    assert [(r[0], r[2]["v"]) for r in rows(source, sorter)] == [  # type: ignore[index]
         (1000, "plain"), (2000, "top"), (2000, "top2")]
     assert [m.ts for m in marks] == [1000, 2000]
 
@@ -137,8 +138,8 @@ def test_streamed_transaction_with_a_rolled_back_subtransaction_and_an_interleav
 def test_truncate_and_keepalives() -> None:
     wire = [enc_relation(None, 7, "public", "t", "d", COLS), *txn(1, 10, enc_truncate(None, 0, [7])),
             Keepalive(50, T0 + 5), Keepalive(40, T0 + 4), Keepalive(60, T0 + 6)]
-    puller, sorter, marks = run(wire)
-    assert [(r[0], r[1]) for r in rows(puller, sorter)] == [(10, "TRUNCATE")]
+    source, sorter, marks = run(wire)
+    assert [(r[0], r[1]) for r in rows(source, sorter)] == [(10, "TRUNCATE")]
     assert marks == [Watermark(10, T0), Watermark(50, T0 + 5), Watermark(60, T0 + 6)]  # never backwards
 
 
@@ -148,6 +149,28 @@ def test_a_malformed_plain_change_fails_loudly() -> None:
         run([enc_relation(None, 7, "public", "t", "d", COLS), *txn(1, 10, bad)])
     with pytest.raises(DecodeError):
         pgoutput.plain_change_relid(b"I\x00\x00")
+
+
+def test_logical_messages_reach_the_hook_with_their_transaction_and_store_nothing() -> None:
+    calls: list[tuple[str, bytes, int, int]] = []
+
+    class Hooked(PgSpanSource):
+        def _on_message(self, m: pgoutput.LogicalMessage, xid: int, subxid: int) -> None:
+            assert self.buffer is not None  # the hook may add to the buffer run() feeds
+            calls.append((m.prefix, m.content, xid, subxid))
+
+    wire = [enc_relation(None, 7, "public", "t", "d", COLS),
+            *txn(100, 1000, enc_message(None, 1, 999, "tidewater.x", b"{}"), enc_insert(None, 7, ["1", "a"])),
+            enc_stream_start(500, True), enc_message(501, 1, 1500, "tidewater.y", b"[]"), pgoutput_stream_stop(),
+            enc_stream_commit(500, 0, 1999, 2000, 0)]
+    sorter = MemorySorter().span("cf/0")
+    source = Hooked(FakeStream(wire), TableFilter(("*.*",)), Watermark(0, 0.0), lambda: None,  # type: ignore[arg-type]
+                    "cf/0")
+    source.run(sorter, threading.Event(), lambda w: None)
+    assert calls == [("tidewater.x", b"{}", 100, 100), ("tidewater.y", b"[]", 500, 501)]
+    # the base class ignores messages: only the row is stored
+    plain, plain_sorter, _ = run(wire)
+    assert [r[1] for r in rows(plain, plain_sorter)] == ["INSERT"]
 
 
 def pgoutput_stream_stop() -> bytes:

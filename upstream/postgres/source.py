@@ -1,13 +1,18 @@
-"""The span's puller: one upstream replication stream demultiplexed into the sorter.
+"""A span's PostgreSQL change stream: pgoutput messages demultiplexed into the sorter (``upstream.base.SpanSource``).
 
-It turns pgoutput messages into sorter operations (add / abort / commit), keeps the span's schema
-versions (a Relation message makes a new ``TableSchema`` version; every stored change carries the
-version valid when it was decoded), and reports the span's resolved watermark.
+:class:`PgSpanSource` reads one :class:`~upstream.postgres.stream.ReplicationStream` and turns its messages
+into buffer operations (add / abort / commit), keeps the span's schema versions (a Relation message makes a
+new ``TableSchema`` version; every stored change carries the version valid when it was decoded) and reports
+the span's resolved watermark. :class:`PgChangeDecoder` is what the mounter decodes the stored payloads with.
 
-Guarantees: ``on_resolved(w)`` is called with non-decreasing watermarks, only after every transaction
-with commit Ts <= ``w.ts`` is committed in the sorter. Transactions with commit Ts <= the start
-checkpoint are dropped (they are already downstream). Runs in one thread (``run``); ``schema(version)``
-may be called from any thread (dict reads; versions are never mutated once published).
+Guarantees: those of :class:`upstream.base.SpanSource`. In particular ``on_resolved(w)`` is called with
+non-decreasing watermarks, only after every transaction with commit Ts (end LSN) <= ``w.ts`` is committed in
+the buffer; transactions with commit Ts <= the start are aborted in the buffer (already downstream). Runs in
+one thread (``run``); ``schema(version)`` may be called from any thread (dict reads; versions are never
+mutated once published).
+
+Hot path: ``run`` is microseconds per row; a non-streamed Insert/Update/Delete arrives as raw bytes and is
+stored as ``version prefix + raw`` with locals only (no per-row object, no attribute lookups).
 """
 
 from __future__ import annotations
@@ -20,11 +25,9 @@ from typing import Any
 from cdc.events import ColumnSchema, TableName, TableSchema
 from cdc.filter import TableFilter
 from cdc.ts import Watermark
-from processor.mounter import encode_payload
-from sorter.base import SpanSorter
-from upstream.postgres import catalog, pgoutput
+from upstream.base import ChangeBuffer, ChangeDecoder, Parser, SpanSource, encode_payload
+from upstream.postgres import catalog, pgoutput, types
 from upstream.postgres.stream import Keepalive, ReplicationStream
-from upstream.postgres.types import BUILTIN_TYPES
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ def merge_schema(rel: pgoutput.Relation, current: TableSchema | None, version: i
         if c is not None and c.type_oid == rc.type_oid:
             cols.append(c)
             continue
-        base, is_array = BUILTIN_TYPES.get(rc.type_oid, ("text", False))
+        base, is_array = types.BUILTIN_TYPES.get(rc.type_oid, ("text", False))
         cols.append(ColumnSchema(rc.name, rc.type_oid, base, is_array, type_name=base,
                                  type_modifier=rc.type_modifier, is_key=bool(rc.flags & 1)))
     names = {c.name for c in cols}
@@ -59,18 +62,44 @@ def _with_key(c: ColumnSchema, is_key: bool) -> ColumnSchema:
                         c.nullable and not is_key, is_key)
 
 
-class Puller:
+class PgChangeDecoder(ChangeDecoder):
+    """Decodes stored pgoutput changes (non-streamed Insert/Update/Delete, or :func:`pgoutput.truncate_raw`)
+    with the text parsers of :mod:`upstream.postgres.types`. ``schemas(version)`` resolves schema versions.
+
+    The per-row members are the plain module functions (``decoder.parse_change is pgoutput.parse_change``):
+    binding them costs nothing per row.
+    """
+
+    parse_change = staticmethod(pgoutput.parse_change)
+    insert_values = staticmethod(pgoutput.insert_values)
+    row_parser = staticmethod(types.row_parser)
+
+    def __init__(self, schemas: Callable[[int], TableSchema]) -> None:
+        self._schemas = schemas
+
+    def schema(self, version: int) -> TableSchema:
+        return self._schemas(version)
+
+    def parser(self, column: ColumnSchema) -> Parser:
+        return types.parser_for(column.base_type, column.is_array)
+
+
+class PgSpanSource(SpanSource):
+    """One span's pgoutput stream into a :class:`~upstream.base.ChangeBuffer` (see the module docstring).
+
+    ``catalog_conn()`` opens an ordinary connection, used to enrich Relation messages with the catalog's key,
+    nullability and type names (opened on the first Relation message, closed when ``run`` ends).
+    """
+
     def __init__(
         self,
         stream: ReplicationStream,
-        sorter: SpanSorter,
         table_filter: TableFilter,
         start: Watermark,
         catalog_conn: Callable[[], Any],
         label: str,
     ) -> None:
         self.stream = stream
-        self.sorter = sorter
         self.filter = table_filter
         self.start = start
         self.label = label
@@ -79,11 +108,27 @@ class Puller:
         self._schemas: dict[int, TableSchema] = {}
         self._relation_version: dict[int, int] = {}
         self._next_version = 1
+        self._decoder = PgChangeDecoder(self.schema)
+        self.buffer: ChangeBuffer | None = None  # the buffer ``run`` feeds (for the message hook)
         self.resolved = start
+
+    # ---- SpanSource --------------------------------------------------------------------------------
+    def open(self) -> None:
+        self.stream.open()
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def ack(self, ts: int) -> None:
+        self.stream.ack(ts)
+
+    def decoder(self) -> PgChangeDecoder:
+        return self._decoder
 
     def schema(self, version: int) -> TableSchema:
         return self._schemas[version]
 
+    # ---- message handlers (not per row) ------------------------------------------------------------
     def _on_relation(self, rel: pgoutput.Relation) -> None:
         name = TableName(rel.namespace, rel.name)
         if not self.filter.match(name):
@@ -102,8 +147,18 @@ class Puller:
         self._schemas[version] = merge_schema(rel, current, version)
         self._relation_version[rel.relid] = version
 
-    def run(self, stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
-        sorter = self.sorter
+    def _on_message(self, m: pgoutput.LogicalMessage, xid: int, subxid: int) -> None:
+        """HOOK: a ``pg_logical_emit_message`` record (``m.prefix``, ``m.content``; ``m.transactional``).
+
+        ``xid``/``subxid`` are the (sub)transaction it belongs to, as for a change (meaningful only when
+        ``m.transactional``: a non-transactional message arrives outside any transaction). ``self.buffer`` is
+        the buffer ``run`` feeds. Today no message is replicated: this does nothing (partition repair and DDL
+        messages go here).
+        """
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    def run(self, buffer: ChangeBuffer, stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
+        self.buffer = buffer
         relver = self._relation_version
         skip_upto = self.start.ts
         txn_xid = 0
@@ -111,7 +166,7 @@ class Puller:
         resolved = self.start
         change_t, begin_t, commit_t = pgoutput.Change, pgoutput.Begin, pgoutput.Commit
         relid_of = pgoutput.plain_change_relid
-        add = sorter.add
+        add = buffer.add
         prefixes: dict[int, bytes] = {}  # schema version -> its encoded payload prefix
         try:
             for m in self.stream.messages(stop):
@@ -129,13 +184,14 @@ class Puller:
                     if ver is None:
                         continue
                     if m.xid is None:
-                        sorter.add(txn_xid, txn_xid, encode_payload(ver, m.raw))
+                        add(txn_xid, txn_xid, encode_payload(ver, m.raw))
                     else:
-                        sorter.add(stream_xid, m.xid, encode_payload(ver, m.raw))
+                        add(stream_xid, m.xid, encode_payload(ver, m.raw))
                 elif t is begin_t:
                     txn_xid = m.xid
                 elif t is commit_t:
-                    resolved = self._commit(txn_xid, m.end_lsn, m.commit_time, skip_upto, resolved, on_resolved)
+                    resolved = self._commit(buffer, txn_xid, m.end_lsn, m.commit_time, skip_upto, resolved,
+                                            on_resolved)
                 elif t is Keepalive:
                     if m.ts > resolved.ts or (m.ts == resolved.ts and m.time > resolved.time):
                         resolved = Watermark(max(m.ts, resolved.ts), max(m.time, resolved.time))
@@ -145,9 +201,10 @@ class Puller:
                 elif t is pgoutput.StreamStop:
                     stream_xid = 0
                 elif t is pgoutput.StreamCommit:
-                    resolved = self._commit(m.xid, m.end_lsn, m.commit_time, skip_upto, resolved, on_resolved)
+                    resolved = self._commit(buffer, m.xid, m.end_lsn, m.commit_time, skip_upto, resolved,
+                                            on_resolved)
                 elif t is pgoutput.StreamAbort:
-                    sorter.abort(m.xid, m.subxid)
+                    buffer.abort(m.xid, m.subxid)
                 elif t is pgoutput.Relation:
                     self._on_relation(m)
                 elif t is pgoutput.Truncate:
@@ -156,8 +213,14 @@ class Puller:
                     for relid in m.relids:
                         ver = relver.get(relid)
                         if ver is not None:
-                            sorter.add(xid, sub, encode_payload(ver, pgoutput.truncate_raw(relid, m.options)))
-                # Origin, Type and logical messages carry nothing we replicate.
+                            add(xid, sub, encode_payload(ver, pgoutput.truncate_raw(relid, m.options)))
+                elif t is pgoutput.LogicalMessage:
+                    # HOOK: pg_logical_emit_message records (partition repair, DDL) -> _on_message
+                    if m.xid is None:
+                        self._on_message(m, txn_xid, txn_xid)
+                    else:
+                        self._on_message(m, stream_xid, m.xid)
+                # Origin and Type messages carry nothing we replicate.
         finally:
             if self._catalog_conn is not None:
                 try:
@@ -166,12 +229,12 @@ class Puller:
                     pass
                 self._catalog_conn = None
 
-    def _commit(self, xid: int, end_lsn: int, commit_time: float, skip_upto: int, resolved: Watermark,
-                on_resolved: Callable[[Watermark], None]) -> Watermark:
+    def _commit(self, buffer: ChangeBuffer, xid: int, end_lsn: int, commit_time: float, skip_upto: int,
+                resolved: Watermark, on_resolved: Callable[[Watermark], None]) -> Watermark:
         if end_lsn <= skip_upto:
-            self.sorter.abort(xid, xid)  # already downstream before the restart
+            buffer.abort(xid, xid)  # already downstream before the restart
             return resolved
-        self.sorter.commit(xid, end_lsn, commit_time)
+        buffer.commit(xid, end_lsn, commit_time)
         if end_lsn > resolved.ts:
             resolved = Watermark(end_lsn, max(commit_time, resolved.time))
             on_resolved(resolved)

@@ -1,0 +1,367 @@
+"""The upstream interface: everything the capture, the owner and the processor need from a source database.
+
+``upstream.open_upstream(uri)`` returns an :class:`Upstream` for the URI's scheme (``postgres://`` and
+``postgresql://``: :mod:`upstream.postgres`). Callers never see a driver object: what crosses this interface
+is the vocabulary of ``cdc`` (``TableName``, ``TableSchema``, ``SpanInfo``, ``Watermark``, ``RowChange``'s
+parts) and the small typed dataclasses below. Every method raises only :class:`cdc.errors.TidewaterError`
+subclasses: ``UpstreamUnavailable`` (retryable: unreachable, connection lost, lock or serialization
+conflict), ``UpstreamNotReady`` (the upstream must be reconfigured: privileges, settings, capacity),
+``InvalidArgument``/``TableNotEligible`` (the request cannot work as asked; the message names the fix),
+``SlotLost`` (a span's retained position is gone: data after the checkpoint may be lost), ``DecodeError``
+(a change cannot be decoded), ``UpstreamError`` (anything else the upstream refused).
+
+Vocabulary of a span's upstream resources: a span (``cdc.model.SpanInfo``) has a *slot* (the retained
+position its changes are read from; a logical replication slot on PostgreSQL) and a *publication* (the set
+of tables whose changes it carries). An upstream without such server-side objects keeps the names as labels
+(e.g. MySQL: the slot is a recorded binlog position, the table set a client-side filter).
+
+Three parts, with separate lifetimes:
+
+- :class:`Upstream` (control plane): readiness, tables, per-span resources, inspection. Cheap to create (no
+  I/O until a method needs it); methods that talk to the upstream share one session, opened on first use
+  and kept until :meth:`Upstream.close` (use it as a context manager). One thread at a time.
+- :class:`SpanSource` (data plane, one per running span): streams the span's changes into a
+  :class:`ChangeBuffer` (the sorter) and reports resolved watermarks; hands out the :class:`ChangeDecoder`
+  the mounter uses for the payloads it stored.
+- :class:`RowReader` (one per span's sink thread): re-reads current rows by key (``sinks.base.RowSource``).
+
+How a new upstream plugs in: implement these three in ``upstream/<name>/`` and add its scheme to
+``upstream._REGISTRY``. Nothing in ``capture``, ``owner`` or ``processor`` changes.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cdc.errors import DecodeError
+from cdc.events import ColumnSchema, TableName, TableSchema
+from cdc.filter import TableFilter
+from cdc.model import SpanInfo
+from cdc.ts import Watermark
+
+__all__ = [
+    "ChangeBuffer",
+    "ChangeDecoder",
+    "ParsedChange",
+    "Parser",
+    "PartitionLeaf",
+    "RowReader",
+    "SlotState",
+    "SpanPlan",
+    "SpanSource",
+    "Upstream",
+    "decode_payload",
+    "encode_payload",
+]
+
+Parser = Callable[[str], Any]
+"""Text value of a column as the upstream renders it -> Python value."""
+
+
+# ---- stored payloads ------------------------------------------------------------------------------------
+_VERSION = struct.Struct(">I")
+_pack_version = _VERSION.pack
+_unpack_version = _VERSION.unpack_from
+
+
+def encode_payload(schema_version: int, raw: bytes) -> bytes:
+    """What a :class:`SpanSource` stores per change: ``raw`` (the upstream's own encoding of one change) prefixed
+    with the 4-byte big-endian schema version it was encoded with (0 <= version < 2**32)."""
+    try:
+        return _pack_version(schema_version) + raw
+    except struct.error as e:
+        raise ValueError(f"schema version {schema_version} does not fit in 32 bits") from e
+
+
+def decode_payload(payload: bytes) -> tuple[int, bytes]:
+    """Split a payload made by :func:`encode_payload` into ``(schema_version, raw)``."""
+    if len(payload) < 5:
+        raise DecodeError(f"sorter payload too short ({len(payload)} bytes)")
+    return _unpack_version(payload)[0], payload[4:]
+
+
+# ---- vocabulary -----------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ParsedChange:
+    """One stored change, parsed (:meth:`ChangeDecoder.parse_change`).
+
+    ``kind``: 'I' insert, 'U' update, 'D' delete, 'T' truncate. ``new``/``old`` hold one value per column of
+    the change's schema version, in its column order: ``None`` for NULL, ``cdc.events.UNCHANGED`` for a value
+    the upstream did not send (unchanged TOAST value), ``str`` for text format (anything else is refused by
+    the mounter). ``old_kind`` is 'K' (only the key columns are meaningful), 'O' (the full old row) or None
+    (no old row sent). For 'T', ``relid`` is the first relation and ``truncate_options`` the option bits
+    (1 = CASCADE, 2 = RESTART IDENTITY).
+    """
+
+    kind: str
+    relid: int
+    new: list[Any] | None
+    old: list[Any] | None
+    old_kind: str | None
+    truncate_options: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionLeaf:
+    """One leaf partition of a published partitioned table, as an inspection saw it.
+
+    ``storage`` identifies the leaf's physical storage (PostgreSQL: ``pg_class.relfilenode``; it changes on
+    TRUNCATE and table rewrites), ``bound`` is the partition bound as SQL, relative to its parent.
+    """
+
+    root: TableName
+    oid: int
+    name: TableName
+    storage: int
+    bound: str
+
+
+@dataclass(frozen=True, slots=True)
+class SlotState:
+    """The retained upstream position of one span (a replication slot on PostgreSQL).
+
+    ``retained_bytes``: what the upstream keeps for it (WAL from its restart point to the current position;
+    None when unknown or lost). ``confirmed_ts``: the position acknowledged so far (commit Ts units).
+    ``lost``: it exists but can never be read again (its data was removed or it was invalidated; then
+    ``invalidation_reason`` says why when the upstream tells). ``wal_status``: the upstream's own word for
+    its retention state (PostgreSQL: reserved/extended/unreserved/lost), for messages.
+    """
+
+    name: str
+    active: bool
+    active_pid: int | None
+    retained_bytes: int | None
+    confirmed_ts: int | None
+    wal_status: str | None
+    lost: bool
+    invalidation_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SpanPlan:
+    """A span to create: its index, the names of its slot and publication, and the tables it carries."""
+
+    index: int
+    slot: str
+    publication: str
+    tables: tuple[TableName, ...]
+
+
+# ---- data plane -----------------------------------------------------------------------------------------
+class ChangeBuffer(Protocol):
+    """Where a :class:`SpanSource` puts changes: ``sorter.base.SpanSorter`` (its contract applies: ``xid``,
+    ``subxid`` and ``commit_ts`` unsigned 64-bit, ``commit_ts`` strictly increasing)."""
+
+    def add(self, xid: int, subxid: int, payload: bytes) -> None: ...
+
+    def abort(self, xid: int, subxid: int) -> None: ...
+
+    def commit(self, xid: int, commit_ts: int, commit_time: float) -> None: ...
+
+
+class ChangeDecoder(ABC):
+    """Turns the payloads a :class:`SpanSource` stored back into values (used by ``processor.mounter``).
+
+    Pure and thread-safe: no I/O, no logging; schema versions are immutable once published, so
+    :meth:`schema` may be called from any thread. The per-row methods are plain functions, meant to be bound
+    to locals once (``insert_values``, ``parse_change``, the parsers): no per-row indirection.
+    """
+
+    @abstractmethod
+    def schema(self, version: int) -> TableSchema:
+        """The schema a stored change of ``version`` was encoded with (KeyError: unknown version)."""
+
+    @abstractmethod
+    def parse_change(self, raw: bytes) -> ParsedChange:
+        """Parse one stored change (the payload after its 4-byte version); DecodeError if malformed."""
+
+    @abstractmethod
+    def insert_values(self, payload: bytes, offset: int) -> tuple[int, list[Any]] | None:
+        """Fast path: ``(relid, new values)`` when ``payload[offset:]`` is a well-formed insert, else None
+        (then :meth:`parse_change` raises the precise error, or handles the other kinds)."""
+
+    @abstractmethod
+    def parser(self, column: ColumnSchema) -> Parser:
+        """The parser of ``column``'s text values (raises ValueError/ArithmeticError on a bad value)."""
+
+    @abstractmethod
+    def row_parser(self, parsers: Sequence[Parser]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+        """One function parsing a whole row of ``str``/``None`` values with ``parsers`` (None stays None)."""
+
+
+class SpanSource(ABC):
+    """The change stream of one span, from its start watermark on.
+
+    Lifecycle: ``open()`` (takes the span's slot: a previous holder's session is ended, which the caller may
+    ask for only when that holder can no longer commit downstream), then ``run()`` in one thread until
+    ``stop`` is set or it raises; ``close()`` from any thread ends it (``run`` then returns or raises).
+    ``ack(ts)`` may be called from any thread.
+
+    Guarantees of ``run(buffer, stop, on_resolved)``:
+
+    - Every change of a committed transaction with commit Ts > the start watermark's Ts whose table matches
+      the filter is added to ``buffer`` as ``encode_payload(schema_version, raw)``, then the transaction is
+      committed with its commit Ts and time; transactions arrive in commit order. Transactions at or below
+      the start are aborted in the buffer (already downstream). Rolled-back (sub)transactions are aborted.
+    - ``on_resolved(w)`` is called with non-decreasing watermarks, only after every transaction with commit
+      Ts <= ``w.ts`` is committed in ``buffer``; on an idle upstream it still advances (``w.time`` is the
+      upstream time the watermark stands for).
+    - Errors: ``SlotLost`` when the slot is gone, ``UpstreamUnavailable`` when the stream breaks,
+      ``DecodeError`` for a message that cannot be decoded.
+    - The upstream forgets nothing above the last ``ack(ts)``; the caller acks only durable checkpoints.
+    """
+
+    @abstractmethod
+    def open(self) -> None: ...
+
+    @abstractmethod
+    def run(self, buffer: ChangeBuffer, stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
+        ...
+
+    @abstractmethod
+    def ack(self, ts: int) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @abstractmethod
+    def decoder(self) -> ChangeDecoder:
+        """The decoder of the payloads this source stores (its schema versions; valid after ``close``)."""
+
+
+class RowReader(Protocol):
+    """``sinks.base.RowSource`` with a ``close``: ``reader(schema, keys)`` returns, per key in order, the
+    current upstream row (every column of ``schema`` by name, values as the mounter produces them) or None
+    when the upstream has no row with that key. Read-only; one caller thread at a time."""
+
+    def __call__(self, schema: TableSchema, keys: Sequence[tuple[Any, ...]]) -> list[dict[str, Any] | None]: ...
+
+    def close(self) -> None: ...
+
+
+# ---- control plane --------------------------------------------------------------------------------------
+class Upstream(ABC):
+    """One source database (see the module docstring for errors, sessions and threading).
+
+    Idempotency: :meth:`drop_spans` and :meth:`align_spans` can be repeated after a crash at any point and
+    converge; :meth:`create_spans` is all-or-nothing for what it created itself.
+    """
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+
+    def __enter__(self) -> Upstream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @abstractmethod
+    def close(self) -> None:
+        """End the session (if one was opened). Idempotent; the object may be used again (new session)."""
+
+    @abstractmethod
+    def server_identity(self) -> tuple[str, int, str]:
+        """(host, port, database) the URI names, normalised (no I/O): two URIs with the same identity reach the
+        same slots and tables, whatever their credentials or options."""
+
+    # -- readiness
+    @abstractmethod
+    def check_ready(self, *, slots_needed: int = 1) -> dict[str, Any]:
+        """Raise ``UpstreamNotReady`` listing every problem with its fix unless the upstream can serve
+        ``slots_needed`` more spans to this user; return the facts checked (for messages)."""
+
+    @abstractmethod
+    def probe(self, timeout: float = 2.0) -> None:
+        """Cheap reachability check on its own short-lived connection (raises ``UpstreamUnavailable``)."""
+
+    # -- tables
+    @abstractmethod
+    def list_tables(self) -> list[TableName]:
+        """Every replicable table, sorted (partitions are not listed: their root is)."""
+
+    @abstractmethod
+    def table_schema(self, table: TableName | int) -> TableSchema:
+        """The current schema of ``table`` (by name or relation id); ``InvalidArgument`` when there is none."""
+
+    @abstractmethod
+    def check_tables(self, tables: Sequence[TableName], *, publication: str | None = None) -> list[TableSchema]:
+        """Check that every table can be replicated without harm (publishing it cannot make the application's
+        writes fail, no column would be silently absent); return their schemas in order. ``publication``: the
+        existing table set they would join (its settings apply), None: one made by :meth:`create_spans` now.
+        ``InvalidArgument`` names missing tables, then ``TableNotEligible`` every ineligible one with its fix."""
+
+    @abstractmethod
+    def check_partition(self, leaf: TableName) -> None:
+        """Like :meth:`check_tables` for a leaf partition of an already published root (it is published with
+        its root): ``TableNotEligible`` when its UPDATEs and DELETEs fail upstream, ``InvalidArgument`` if gone."""
+
+    # -- per-span resources
+    @abstractmethod
+    def create_spans(self, plans: Sequence[SpanPlan]) -> list[SpanInfo]:
+        """Create each plan's publication and slot; return the spans with their start Ts (changes committed
+        after it are streamed). ``InvalidArgument`` when a slot of that name exists already. All or nothing:
+        on failure, what this call created (never what existed before) is dropped again, then it raises."""
+
+    @abstractmethod
+    def drop_spans(self, spans: Sequence[SpanInfo], *, timeout: float = 30.0) -> list[SpanInfo]:
+        """Drop the spans' slots and publications (idempotent; a session still reading a slot is ended, waiting
+        at most ``timeout`` s per slot). Returns the spans whose slot this call dropped."""
+
+    @abstractmethod
+    def align_spans(self, spans: Sequence[SpanInfo], wanted: Mapping[int, Sequence[TableName]], *,
+                    label: str = "") -> AbstractContextManager[list[TableName]]:
+        """Context manager: make each span's table set exactly ``wanted[span.index]``, in one upstream
+        transaction that is committed when the ``with`` block ends normally and rolled back when it raises.
+        Yields the tables published before (sorted). ``InvalidArgument`` when a span's table set is gone.
+        Recomputed from the actual table sets, so repeating it is harmless."""
+
+    @abstractmethod
+    def span_tables(self, span: SpanInfo) -> list[TableName] | None:
+        """The tables ``span`` carries now (sorted), or None when its table set (publication) is gone."""
+
+    @abstractmethod
+    def slot_state(self, slot: str) -> SlotState | None:
+        """The retained position named ``slot``, or None when there is none."""
+
+    @abstractmethod
+    def current_position(self) -> int:
+        """The upstream's current write position (commit Ts units)."""
+
+    @abstractmethod
+    def add_table(self, span: SpanInfo, table: TableName, *, lock_timeout_ms: int, count_cap: int) -> int | None:
+        """Add ``table`` to ``span``'s table set atomically with respect to the table's writers: every change
+        committed after the add is streamed, none before. Returns how many rows the table held then (counted
+        up to ``count_cap``: those rows will never be streamed), None when nothing was done (the table's
+        writers could not be held back within ``lock_timeout_ms``, or it is already in the set)."""
+
+    # -- inspection of partitioned tables
+    @abstractmethod
+    def partition_leaves(self, spans: Sequence[SpanInfo]) -> list[PartitionLeaf]:
+        """The leaf partitions of every partitioned table the ``spans`` carry (one query)."""
+
+    @abstractmethod
+    def relation_exists(self, oid: int) -> bool:
+        """True when a relation with id ``oid`` exists."""
+
+    @abstractmethod
+    def has_rows(self, oid: int) -> bool:
+        """True when relation ``oid`` holds at least one row (False when it no longer exists)."""
+
+    # -- data plane
+    @abstractmethod
+    def span_source(self, span: SpanInfo, start: Watermark, table_filter: TableFilter, *, label: str,
+                    holder: str) -> SpanSource:
+        """The change stream of ``span`` from ``start`` (see :class:`SpanSource`), not yet opened. ``holder``
+        names this capture to the upstream (shown when another one finds the slot taken)."""
+
+    @abstractmethod
+    def row_source(self, *, label: str = "") -> RowReader:
+        """A read-only :class:`RowReader` on its own connection (opened on first use)."""
+
