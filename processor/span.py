@@ -207,6 +207,13 @@ class SpanRunner:
             self._stop.set()
             self._wake.set()
 
+    def _take_warnings(self, origin: SpanSource | Sink) -> None:
+        new = origin.take_warnings()
+        if new:
+            self.warnings.add(new)
+            log.warning("span=%s data warning(s): %s", self.label,
+                        "; ".join(f"{w.code} {w.table} x{w.count}" for w in new))
+
     # ---- threads ---------------------------------------------------------------------------------
     def _on_resolved(self, w: Watermark) -> None:
         self.resolved = w
@@ -233,6 +240,7 @@ class SpanRunner:
             while not self._stop.is_set():
                 self._wake.wait(0.2)
                 self._wake.clear()
+                self._take_warnings(self.source)
                 if self._persisted > self._cleaned:
                     self.sorter.clean(self._persisted)
                     self._cleaned = self._persisted
@@ -246,11 +254,7 @@ class SpanRunner:
                 batcher = TxnBatcher(self.sorter.read_txns(self.checkpoint.ts, target.ts), mount, self.txn_rows)
                 while batcher.has_more() and not self._stop.is_set():
                     self.rows += sink.write(batcher.next_batch(), self._fence)
-                    new = sink.take_warnings()
-                    if new:
-                        self.warnings.add(new)
-                        log.warning("span=%s data warning(s): %s", self.label,
-                                    "; ".join(f"{w.code} {w.table} x{w.count}" for w in new))
+                    self._take_warnings(sink)
                     if not batcher.batch_complete or batcher.last is None:
                         raise RuntimeError(f"sink {type(sink).__name__} returned before consuming its batch")
                     self.checkpoint = batcher.last

@@ -42,7 +42,7 @@ from typing import Any, Protocol
 from cdc.errors import DecodeError
 from cdc.events import ColumnSchema, TableName, TableSchema
 from cdc.filter import TableFilter
-from cdc.model import SpanInfo
+from cdc.model import DataWarning, SpanInfo
 from cdc.ts import Watermark
 
 __all__ = [
@@ -233,6 +233,11 @@ class SpanSource(ABC):
     @abstractmethod
     def decoder(self) -> ChangeDecoder:
         """The decoder of the payloads this source stores (its schema versions; valid after ``close``)."""
+
+    def take_warnings(self) -> list[DataWarning]:
+        """Data warnings the stream itself carried since the last call (e.g. rows the upstream could not put
+        into the stream), and forget them. Any thread. Default: none."""
+        return []
 
 
 class RowReader(Protocol):

@@ -19,14 +19,16 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from cdc.events import ColumnSchema, TableName, TableSchema
 from cdc.filter import TableFilter
+from cdc.model import DataWarning
 from cdc.ts import Watermark
 from upstream.base import ChangeBuffer, ChangeDecoder, Parser, SpanSource, encode_payload
-from upstream.postgres import catalog, pgoutput, types
+from upstream.postgres import catalog, partition_messages, pgoutput, types
 from upstream.postgres.stream import Keepalive, ReplicationStream
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,9 @@ class PgSpanSource(SpanSource):
         self._next_version = 1
         self._decoder = PgChangeDecoder(self.schema)
         self.buffer: ChangeBuffer | None = None  # the buffer ``run`` feeds (for the message hook)
+        self._carried: dict[int, bool] = {}  # relid -> this span replicates it (partition repair messages)
+        self._warnings: list[DataWarning] = []
+        self._warnings_lock = threading.Lock()
         self.resolved = start
 
     # ---- SpanSource --------------------------------------------------------------------------------
@@ -148,13 +153,57 @@ class PgSpanSource(SpanSource):
         self._relation_version[rel.relid] = version
 
     def _on_message(self, m: pgoutput.LogicalMessage, xid: int, subxid: int) -> None:
-        """HOOK: a ``pg_logical_emit_message`` record (``m.prefix``, ``m.content``; ``m.transactional``).
+        """A ``pg_logical_emit_message`` record. Partition repair messages (:mod:`partition_messages`) of a root
+        this span carries become Insert/Delete changes of the root in the message's (sub)transaction, at its
+        position; a ``lost`` marker becomes a data warning (:meth:`take_warnings`). Other prefixes carry
+        nothing to replicate."""
+        if m.prefix != partition_messages.PREFIX or not m.transactional:
+            return
+        msg = partition_messages.parse(m.content)
+        if msg.root_oid and not self._carries(msg.root, msg.root_oid):
+            return
+        if msg.op == "lost":
+            with self._warnings_lock:
+                self._warnings.append(msg.warning(time.time()))
+            return
+        assert msg.relation is not None and self.buffer is not None
+        relid = msg.root_oid
+        ver = self._relation_version.get(relid)
+        if ver is None or not partition_messages.same_columns(msg.relation, self._schemas[ver]):
+            self._on_relation(msg.relation)  # the columns the rows are encoded with: a schema version of them
+            ver = self._relation_version.get(relid)
+            if ver is None:
+                return
+        add = self.buffer.add
+        for raw in msg.changes:
+            add(xid, subxid, encode_payload(ver, raw))
+        log.info("span=%s partition %s of %s: %d row(s) %s (%s)", self.label, msg.leaf, msg.root, len(msg.changes),
+                 "deleted" if msg.op == "delete" else "upserted", msg.reason)
 
-        ``xid``/``subxid`` are the (sub)transaction it belongs to, as for a change (meaningful only when
-        ``m.transactional``: a non-transactional message arrives outside any transaction). ``self.buffer`` is
-        the buffer ``run`` feeds. Today no message is replicated: this does nothing (partition repair and DDL
-        messages go here).
-        """
+    def _carries(self, root: TableName, relid: int) -> bool:
+        """Whether this span replicates ``root``: it has seen its Relation, or the root matches the filter and
+        is in the span's publication (asked once per root: repair messages are rare)."""
+        if relid in self._relation_version:
+            return True
+        known = self._carried.get(relid)
+        if known is None:
+            known = self.filter.match(root) and self._in_publication(relid)
+            self._carried[relid] = known
+        return known
+
+    def _in_publication(self, relid: int) -> bool:
+        if self._catalog_conn is None:
+            self._catalog_conn = self._catalog_conn_factory()
+        with self._catalog_conn.cursor() as cur:
+            cur.execute("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel pr "
+                        "JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid "
+                        "WHERE p.pubname = %s AND pr.prrelid = %s)", (self.stream.publication, relid))
+            return bool(cur.fetchone()[0])
+
+    def take_warnings(self) -> list[DataWarning]:
+        with self._warnings_lock:
+            out, self._warnings = self._warnings, []
+        return out
 
     # ---- the loop ----------------------------------------------------------------------------------
     def run(self, buffer: ChangeBuffer, stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:

@@ -108,8 +108,13 @@ def test_warnings_come_from_the_stored_status_and_survive_a_restart_then_clear_o
 class FakeSource:
     """A span source whose stream is resolved up to ``resolved`` at once (the sorter holds the data)."""
 
-    def __init__(self, resolved: int) -> None:
+    def __init__(self, resolved: int, warnings: list[DataWarning] | None = None) -> None:
         self._resolved = resolved
+        self.warnings = list(warnings or [])
+
+    def take_warnings(self) -> list[DataWarning]:
+        out, self.warnings = self.warnings, []
+        return out
 
     def open(self) -> None: ...
 
@@ -195,3 +200,17 @@ def test_runner_collects_sink_warnings_after_each_write_and_wires_the_row_source
     assert runner.warnings is shared
     assert len(sources) == 1 and sink.source is sources[0]
     assert sources[0].closed and sink.closed
+
+
+def test_warnings_the_stream_carried_reach_the_span_without_a_write() -> None:
+    lost = DataWarning("CDC:WarnPartitionRowsLost", "public.m", "rows lost", "divergence", first_time=time.time(),
+                       last_time=time.time())
+    shared = SpanWarnings()
+    runner = SpanRunner("cf/0", FakeSource(100, [lost]), FakeSorter([]), WarningSink,  # type: ignore[arg-type]
+                        Watermark(100, 100.0), txn_rows=1, warnings=shared)
+    runner.start()
+    deadline = time.monotonic() + 10
+    while not shared.current() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert runner.stop() and runner.error is None
+    assert [x.code for x in shared.current()] == ["CDC:WarnPartitionRowsLost"]
