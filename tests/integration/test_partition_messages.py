@@ -18,7 +18,7 @@ import psycopg2
 import pytest
 
 from playground.servers import PostgresServer
-from upstream.postgres import partition_messages, pgoutput
+from upstream.postgres import capture_objects, partition_messages, pgoutput
 from upstream.postgres.conn import connect
 
 pytestmark = pytest.mark.integration
@@ -27,13 +27,6 @@ PUB = "tidewater_pub_pm_0"
 
 
 def install(conn: Any) -> None:
-    try:
-        from upstream.postgres import capture_objects  # the shared installer (changefeed create calls it)
-    except ImportError:  # TEMPORARY until the installer is merged
-        from pathlib import Path
-        sql = Path(partition_messages.__file__).with_name("sql").joinpath("20_partitions.sql").read_text()
-        run(conn, "CREATE SCHEMA IF NOT EXISTS tidewater", sql)
-        return
     result = capture_objects.install(conn, "pm")
     assert result.installed, result.reason
 
@@ -279,3 +272,33 @@ def test_parse_refuses_malformed_content() -> None:
                 b'"columns": [["a", "23", -1, true]], "rows": [["1", "2"]]}'):
         with pytest.raises(pgoutput.DecodeError):
             partition_messages.parse(bad)
+
+
+def test_objects_are_shared_by_changefeeds_and_removed_with_the_last(conn: Any, pg_server: PostgresServer,
+                                                                       pg_database: str) -> None:
+    setup_range(conn)  # installed for changefeed "pm"
+    assert capture_objects.install(conn, "second").installed and capture_objects.installed(conn)
+    run(conn, "CREATE TABLE tidewater.tidewater_checkpoint (x int)")  # a PostgreSQL target's table in this db
+    assert not capture_objects.uninstall(conn, "pm")  # "second" still uses them
+    assert capture_objects.installed(conn)
+    assert rows(conn, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'tidewater%'") == [(4,)]  # m (2), m1, m2
+    assert capture_objects.uninstall(conn, "second")
+    assert not capture_objects.installed(conn)
+    assert rows(conn, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'tidewater%'") == [(0,)]
+    assert rows(conn, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'tidewater'::regnamespace") == [(0,)]
+    assert rows(conn, "SELECT to_regclass('tidewater.tidewater_checkpoint') IS NOT NULL") == [(True,)]
+    run(conn, "TRUNCATE m1")  # the user's statements work as before
+    assert not capture_objects.uninstall(conn, "second")  # idempotent
+
+
+def test_a_user_who_is_not_superuser_gets_the_reason_and_nothing_installed(conn: Any, pg_server: PostgresServer,
+                                                                           pg_database: str) -> None:
+    run(conn, "DROP ROLE IF EXISTS pm_repl", "CREATE ROLE pm_repl LOGIN REPLICATION")
+    other = connect(pg_server.uri(pg_database, user="pm_repl"))
+    try:
+        result = capture_objects.install(other, "pm")
+    finally:
+        other.close()
+    assert not result.installed and result.reason is not None and "superuser" in result.reason
+    assert rows(conn, "SELECT to_regnamespace('tidewater') IS NULL") == [(True,)]
+    run(conn, "DROP ROLE pm_repl")

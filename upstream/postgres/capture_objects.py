@@ -1,0 +1,111 @@
+"""Tidewater's objects in the upstream database: schema ``tidewater``, its functions and triggers.
+
+They put into the WAL what pgoutput does not carry (partition repair: ``sql/20_partitions.sql``; DDL:
+``sql/10_ddl.sql`` when present). One set per database, shared by every changefeed of that database:
+``install`` registers the changefeed in ``tidewater.changefeeds`` and (re)creates every object from the
+``sql/*.sql`` files in file-name order (each file is idempotent); ``uninstall`` unregisters it and drops
+everything once no changefeed is left. Both hold a transaction-level advisory lock, so concurrent creates
+and removes of changefeeds of one database serialise.
+
+Privileges: event triggers need a superuser. Without one, ``install`` installs nothing and says so
+(``InstallResult.reason``): the changefeed then relies on the owner's periodic look for partition changes
+(warnings instead of repair) — see docs/limits.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from upstream.postgres.conn import pg_errors
+
+log = logging.getLogger(__name__)
+
+SQL_DIR = Path(__file__).with_name("sql")
+_LOCK_KEY = 0x7469_6465  # "tide": the advisory lock of install/uninstall
+
+
+@dataclass(frozen=True, slots=True)
+class InstallResult:
+    """``installed``: the objects exist and this changefeed is registered. ``reason``: why not (the missing
+    privilege and what the changefeed does without them)."""
+
+    installed: bool
+    reason: str | None = None
+
+
+def _files() -> list[Path]:
+    return sorted(SQL_DIR.glob("*.sql"))
+
+
+def install(conn: Any, changefeed_id: str) -> InstallResult:
+    """Install (or refresh) the objects and register ``changefeed_id``. ``conn``: autocommit connection."""
+    with pg_errors(conn, "installing Tidewater's upstream objects"), conn.cursor() as cur:
+        cur.execute("SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user")
+        row = cur.fetchone()
+        if not row or not row[0]:
+            return InstallResult(False, "the upstream user is not a superuser, which PostgreSQL requires for event "
+                                        "triggers: partition TRUNCATE/DETACH/DROP/ATTACH are not repaired "
+                                        "downstream, only reported as warnings by the owner's look")
+        conn.autocommit = False
+        try:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            cur.execute("CREATE SCHEMA IF NOT EXISTS tidewater")
+            cur.execute("CREATE TABLE IF NOT EXISTS tidewater.changefeeds ("
+                        "id text PRIMARY KEY, registered_at timestamptz NOT NULL DEFAULT now())")
+            cur.execute("INSERT INTO tidewater.changefeeds (id) VALUES (%s) ON CONFLICT (id) DO NOTHING",
+                        (changefeed_id,))
+            for f in _files():
+                cur.execute(f.read_text())
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        finally:
+            conn.autocommit = True
+    return InstallResult(True)
+
+
+def uninstall(conn: Any, changefeed_id: str) -> bool:
+    """Unregister ``changefeed_id``; drop every object when no changefeed is left. True if dropped."""
+    with pg_errors(conn, "removing Tidewater's upstream objects"), conn.cursor() as cur:
+        cur.execute("SELECT to_regclass('tidewater.changefeeds') IS NOT NULL")
+        if not cur.fetchone()[0]:
+            return False
+        conn.autocommit = False
+        try:
+            cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
+            cur.execute("DELETE FROM tidewater.changefeeds WHERE id = %s", (changefeed_id,))
+            cur.execute("SELECT count(*) FROM tidewater.changefeeds")
+            left = cur.fetchone()[0]
+            if not left:
+                cur.execute("SELECT evtname FROM pg_catalog.pg_event_trigger WHERE evtname LIKE 'tidewater\\_%'")
+                for (name,) in cur.fetchall():
+                    cur.execute(f'DROP EVENT TRIGGER IF EXISTS "{name}"')
+                # only what install made: a PostgreSQL *target* keeps its position table in a schema of the same
+                # name, which may be this very database
+                cur.execute("SELECT p.oid::regprocedure::text FROM pg_catalog.pg_proc p "
+                            "WHERE p.pronamespace = 'tidewater'::regnamespace")
+                for (proc,) in cur.fetchall():
+                    cur.execute(f"DROP FUNCTION IF EXISTS {proc} CASCADE")  # with them the triggers on tables
+                cur.execute("DROP TABLE tidewater.changefeeds")
+                cur.execute("SELECT count(*) FROM pg_catalog.pg_class WHERE relnamespace = 'tidewater'::regnamespace")
+                if not cur.fetchone()[0]:
+                    cur.execute("DROP SCHEMA tidewater")
+            conn.commit()
+            return not left
+        except BaseException:
+            conn.rollback()
+            raise
+        finally:
+            conn.autocommit = True
+
+
+def installed(conn: Any) -> bool:
+    """Whether the partition repair objects are in place (the owner's look then leaves partitions alone)."""
+    with pg_errors(conn, "reading Tidewater's upstream objects"), conn.cursor() as cur:
+        cur.execute("SELECT count(*) = 2 FROM pg_catalog.pg_event_trigger "
+                    "WHERE evtname IN ('tidewater_partitions_start', 'tidewater_partitions_end') AND evtenabled <> 'D'")
+        return bool(cur.fetchone()[0])
