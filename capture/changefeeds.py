@@ -157,6 +157,7 @@ class ChangefeedService:
                 tables = _eligible_tables(up, sink, table_filter, req.upstream_uri, sink_uri.redacted(),
                                           config.sink.delivery)
                 spans = up.create_spans(_span_plans(req.changefeed_id, config.span_count, tables))
+                notice = up.capture_notice
         finally:
             sink.close()
 
@@ -173,7 +174,10 @@ class ChangefeedService:
             raise
         log.info("changefeed=%s created: %d tables in %d spans, start=%s sink=%s", info.id, len(tables),
                  len(spans), lsn_to_str(start_ts), sink_uri.redacted())
-        return self.describe(info.id)
+        out = self.describe(info.id)
+        if notice:
+            out["notices"] = [notice]
+        return out
 
     def _drop_spans(self, upstream_uri: str, spans: list[SpanInfo]) -> None:
         try:

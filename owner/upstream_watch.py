@@ -435,7 +435,7 @@ class UpstreamWatcher:
         with self._lock:
             before = self._partitions.get(info.id)
         out = unusable_new_partitions(up, before or {}, current, now)
-        if before is not None:
+        if before is not None and not up.repairs_partitions():  # else the stream itself carried the repair
             out += partition_watch.compare(before, current, exists=up.relation_exists, has_rows=up.has_rows, now=now)
         return current, out
 

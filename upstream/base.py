@@ -258,6 +258,11 @@ class Upstream(ABC):
     converge; :meth:`create_spans` is all-or-nothing for what it created itself.
     """
 
+    capture_notice: str | None = None
+    """Set by :meth:`create_spans` when the upstream could not install what puts otherwise invisible changes into
+    the stream (PostgreSQL: event triggers for partition repair and DDL need a superuser): why, and what the
+    changefeed does without it. ``changefeed create`` shows it."""
+
     def __init__(self, uri: str) -> None:
         self.uri = uri
 
@@ -350,6 +355,12 @@ class Upstream(ABC):
     @abstractmethod
     def partition_leaves(self, spans: Sequence[SpanInfo]) -> list[PartitionLeaf]:
         """The leaf partitions of every partitioned table the ``spans`` carry (one query)."""
+
+    def repairs_partitions(self) -> bool:
+        """True when the upstream itself puts the rows of partitions that leave or join a published table into
+        the stream (truncate, detach, drop, attach): then a look that sees such a change has nothing to warn
+        about. Default: False."""
+        return False
 
     @abstractmethod
     def relation_exists(self, oid: int) -> bool:

@@ -2,7 +2,7 @@
 
 They put into the WAL what pgoutput does not carry (partition repair: ``sql/20_partitions.sql``; DDL:
 ``sql/10_ddl.sql`` when present). One set per database, shared by every changefeed of that database:
-``install`` registers the changefeed in ``tidewater.changefeeds`` and (re)creates every object from the
+``install`` registers the changefeed's slots in ``tidewater.changefeeds`` and (re)creates every object from the
 ``sql/*.sql`` files in file-name order (each file is idempotent); ``uninstall`` unregisters it and drops
 everything once no changefeed is left. Both hold a transaction-level advisory lock, so concurrent creates
 and removes of changefeeds of one database serialise.
@@ -40,8 +40,9 @@ def _files() -> list[Path]:
     return sorted(SQL_DIR.glob("*.sql"))
 
 
-def install(conn: Any, changefeed_id: str) -> InstallResult:
-    """Install (or refresh) the objects and register ``changefeed_id``. ``conn``: autocommit connection."""
+def install(conn: Any, *ids: str) -> InstallResult:
+    """Install (or refresh) the objects and register ``ids`` (the slots of the spans that rely on them).
+    ``conn``: autocommit connection."""
     with pg_errors(conn, "installing Tidewater's upstream objects"), conn.cursor() as cur:
         cur.execute("SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user")
         row = cur.fetchone()
@@ -55,8 +56,8 @@ def install(conn: Any, changefeed_id: str) -> InstallResult:
             cur.execute("CREATE SCHEMA IF NOT EXISTS tidewater")
             cur.execute("CREATE TABLE IF NOT EXISTS tidewater.changefeeds ("
                         "id text PRIMARY KEY, registered_at timestamptz NOT NULL DEFAULT now())")
-            cur.execute("INSERT INTO tidewater.changefeeds (id) VALUES (%s) ON CONFLICT (id) DO NOTHING",
-                        (changefeed_id,))
+            for i in ids:
+                cur.execute("INSERT INTO tidewater.changefeeds (id) VALUES (%s) ON CONFLICT (id) DO NOTHING", (i,))
             for f in _files():
                 cur.execute(f.read_text())
             conn.commit()
@@ -68,8 +69,8 @@ def install(conn: Any, changefeed_id: str) -> InstallResult:
     return InstallResult(True)
 
 
-def uninstall(conn: Any, changefeed_id: str) -> bool:
-    """Unregister ``changefeed_id``; drop every object when no changefeed is left. True if dropped."""
+def uninstall(conn: Any, *ids: str) -> bool:
+    """Unregister ``ids``; drop every object when nothing registered is left. True if dropped."""
     with pg_errors(conn, "removing Tidewater's upstream objects"), conn.cursor() as cur:
         cur.execute("SELECT to_regclass('tidewater.changefeeds') IS NOT NULL")
         if not cur.fetchone()[0]:
@@ -77,7 +78,7 @@ def uninstall(conn: Any, changefeed_id: str) -> bool:
         conn.autocommit = False
         try:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-            cur.execute("DELETE FROM tidewater.changefeeds WHERE id = %s", (changefeed_id,))
+            cur.execute("DELETE FROM tidewater.changefeeds WHERE id = ANY (%s)", (list(ids),))
             cur.execute("SELECT count(*) FROM tidewater.changefeeds")
             left = cur.fetchone()[0]
             if not left:

@@ -22,7 +22,7 @@ from cdc.model import SpanInfo
 from cdc.ts import Watermark
 from cdc.uri import parse_upstream_uri
 from upstream.base import PartitionLeaf, SlotState, SpanPlan, Upstream
-from upstream.postgres import admin, catalog
+from upstream.postgres import admin, capture_objects, catalog
 from upstream.postgres import conn as pg_conn
 from upstream.postgres.rowfetch import RowFetcher
 from upstream.postgres.source import PgSpanSource
@@ -113,6 +113,11 @@ class PostgresUpstream(Upstream):
         created_pubs: list[str] = []
         created_slots: list[str] = []
         spans: list[SpanInfo] = []
+        # before the slots: every partition operation from the slots' start on is repaired in the stream
+        result = capture_objects.install(conn, *(p.slot for p in plans))
+        self.capture_notice = result.reason
+        if result.reason:
+            log.warning("upstream %s: %s", pg_conn.redact_uri(self.uri), result.reason)
         try:
             for p in plans:
                 if admin.create_publication(conn, p.publication, list(p.tables)):
@@ -131,6 +136,11 @@ class PostgresUpstream(Upstream):
                     admin.drop_publication(conn, pub)
                 except TidewaterError as exc:
                     log.error("cleanup after failed create: %s", exc)
+            if result.installed:
+                try:
+                    capture_objects.uninstall(conn, *(p.slot for p in plans))
+                except TidewaterError as exc:
+                    log.error("cleanup after failed create: %s", exc)
             raise
         return spans
 
@@ -141,6 +151,7 @@ class PostgresUpstream(Upstream):
             if admin.drop_slot(conn, s.slot, timeout=timeout):
                 dropped.append(s)
             admin.drop_publication(conn, s.publication)
+        capture_objects.uninstall(conn, *(s.slot for s in spans))
         return dropped
 
     @contextmanager
@@ -198,6 +209,9 @@ class PostgresUpstream(Upstream):
     # ---- partitions --------------------------------------------------------------------------------
     def partition_leaves(self, spans: Sequence[SpanInfo]) -> list[PartitionLeaf]:
         return catalog.published_partition_leaves(self._session(), [s.publication for s in spans])
+
+    def repairs_partitions(self) -> bool:
+        return capture_objects.installed(self._session())
 
     def relation_exists(self, oid: int) -> bool:
         return catalog.relation_info(self._session(), oid) is not None
