@@ -415,7 +415,7 @@ def test_processors_resign_forwarding_and_drain(cdc_server: CdcServer, etcd_serv
         ] == [(other_id, 2)], timeout=90)
         insert(conn, "beta", range(0, 30))
         info = first.wait_checkpoint("two", current_lsn(conn))
-        assert info["state"] == "normal" and {s["capture"] for s in info["spans"]} == {other_id}
+        assert info["state"] == "normal" and {s["capture"] for s in info["spans"]} == {other_id}, (info["error"], info["warnings"])
         (beta,) = compare_tables(conn, ["public.beta"], f"sqlite:///{tmp_path / 't.db'}")
         assert beta.equal and beta.source_rows == 30, beta
         # draining again is idempotent; the last non-draining capture cannot be drained

@@ -7,7 +7,8 @@ compared exactly (case- and space-sensitive), as they are stored in ``pg_class``
 Choices documented here, relied on by the puller and the sinks:
 
 - :func:`list_tables` returns ordinary (``r``) and partitioned (``p``) tables outside ``pg_catalog``,
-  ``information_schema`` and the ``pg_toast*``/``pg_temp*`` schemas. Partitions (children of a
+  ``information_schema``, ``tidewater`` (Tidewater's own upstream objects, ``capture_objects``) and the
+  ``pg_toast*``/``pg_temp*`` schemas. Partitions (children of a
   partitioned table) are *not* listed: their parent is, and publications are created with
   ``publish_via_partition_root`` so their changes arrive under the parent's name. Temporary and
   unlogged tables are not listed either: PostgreSQL cannot publish them.
@@ -58,7 +59,7 @@ JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 WHERE c.relkind IN ('r', 'p')
   AND NOT c.relispartition
   AND c.relpersistence = 'p'
-  AND n.nspname NOT IN ('pg_catalog', 'information_schema')
+  AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'tidewater')
   AND n.nspname !~ '^pg_(toast|temp_)'
 ORDER BY n.nspname, c.relname
 """
