@@ -20,7 +20,8 @@ Guarantees (on top of :class:`sinks.base.Sink`):
   the target's position table inside each write's transaction, after its rows and before the fence and
   commit (compare-and-set, :mod:`sinks.sql.position`); changes at or below it are dropped unapplied.
 - Missing target tables are created from the upstream schema (docs/type-mapping.md); existing tables are
-  used as they are (never altered) after checking that they have the columns and a unique key.
+  used as they are after checking that they have the columns and a unique key; only schema changes
+  (``apply_ddl``, :mod:`sinks.sql.ddl_run`, docs/ddl.md) alter them.
 - TRUNCATE is ``DELETE FROM`` on MySQL/SQLite (MySQL's TRUNCATE would commit implicitly) and
   ``TRUNCATE`` on PostgreSQL.
 - Errors: an unreachable or lost server, a deadlock, a lock timeout or a busy SQLite file raise
@@ -64,9 +65,9 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from cdc.config import SinkConfig
+from cdc.config import DdlConfig, SinkConfig
 from cdc.errors import InvalidURI, SinkError, TidewaterError
-from cdc.events import RowChange, TableName, TableSchema
+from cdc.events import DdlEvent, RowChange, TableName, TableSchema
 from cdc.model import DataWarning, merge_warnings
 from cdc.uri import parse_sink_uri
 from sinks.base import RowSource, Sink
@@ -77,6 +78,7 @@ from sinks.sql.ddl import (
     create_table_sql,
     plan_table,
 )
+from sinks.sql.ddl_run import DdlState, apply_ddl
 from sinks.sql.errors import classify, is_db_error, wrap
 from sinks.sql.fkgraph import FkGraph, read_foreign_keys
 from sinks.sql.pipeline import Pipeline
@@ -99,9 +101,6 @@ _MYSQL_SQL_MODE = ("STRICT_TRANS_TABLES,STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZER
 
 _PG_NUMERIC = re.compile(r"numeric\(\d+,(-?\d+)\)")
 _MAX_BINDINGS = 1024  # cached (schema version -> target) bindings before the cache is reset
-# group kinds
-K_UPSERT, K_INSERT, K_DELETE, K_DELETE_ONE, K_UPDATE_ONE = range(5)
-
 
 
 class SQLSink(Sink):
@@ -145,6 +144,7 @@ class SQLSink(Sink):
         self._fk_seen: set[str] = set()  # tables whose foreign keys were read
         self._row_source: RowSource | None = None
         self._warnings: tuple[DataWarning, ...] = ()
+        self._ddl = DdlState()  # schema changes (sinks.sql.ddl_run)
 
     # ---- engine --------------------------------------------------------------------------------------
     def _timeout(self, name: str, default: float) -> float:
@@ -267,6 +267,13 @@ class SQLSink(Sink):
         log.warning("table %s: %s (%s; first keys %s)", w.table, w.message, w.code, ", ".join(w.keys))
         self._warnings = merge_warnings(self._warnings, [w])
 
+    def set_ddl_config(self, config: DdlConfig) -> None:
+        self._ddl.config = config
+
+    def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None) -> bool:
+        """Apply a schema change once, translated for the dialect: see :mod:`sinks.sql.ddl_run`."""
+        return apply_ddl(self, event, fence)
+
     # ---- foreign keys between target tables ----------------------------------------------------------
     def _fk_parents(self, label: str) -> bool:
         return self._fk.has_parents(label)
@@ -326,7 +333,7 @@ class SQLSink(Sink):
         pos = self._position
         tracked: _Tracked | None = None
         if pos is not None:
-            changes = tracked = _Tracked(changes, pos.applied)
+            changes = tracked = _Tracked(changes, pos.skip_at())
         try:
             with self._engine.connect() as conn:
                 trans = conn.begin()
