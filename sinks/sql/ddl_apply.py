@@ -56,7 +56,7 @@ from sinks.sql.values import converter
 Parts = tuple[str | None, str]  # (target schema or None, target table)
 
 # step kinds
-SQL, FILL, DROP_PK, REBUILD = "sql", "fill", "drop pk", "rebuild"
+SQL, FILL, DROP_PK, REBUILD, RESCALE = "sql", "fill", "drop pk", "rebuild", "rescale"
 
 # kinds that change nothing downstream by the type mapping's rules (see the module docstring)
 NO_OP_KINDS = frozenset({DdlKind.SET_DEFAULT, DdlKind.DROP_DEFAULT, DdlKind.SET_NOT_NULL, DdlKind.DROP_NOT_NULL,
@@ -274,7 +274,26 @@ class Translator:
                     out.steps += self._index(ev, parts, k, ch.index)
             else:
                 raise DdlRejected(ev.query, str(ev.table), f"unknown DDL kind {k}", commit_ts=ev.commit_ts)
+        if self.dialect == "sqlite":
+            out.steps += self._rescale(ev, parts)
         return out
+
+    def _rescale(self, ev: DdlEvent, parts: Parts) -> list[Step]:
+        """SQLite keeps numeric as its exact text: a larger scale upstream rewrites every value (1.50 ->
+        1.500), so the stored text is rewritten too (step RESCALE: ``sql`` reads, ``params`` = (scale,))."""
+        steps = []
+        for ch in ev.changes:
+            if ch.kind != DdlKind.ALTER_COLUMN_TYPE:
+                continue
+            new = self._col(ev, ev.after, ch.column)
+            old = self._col(ev, ev.before, self._old_name(ev, new.name))
+            po, pn = numeric_precision_scale(old), numeric_precision_scale(new)
+            if po is not None and pn is not None and pn[1] > po[1] and not new.is_array:
+                c = self.q(new.name)
+                steps.append(Step(RESCALE, parts, f"SELECT rowid, {c} FROM {self.name(parts)} WHERE {c} IS NOT NULL",
+                                  (pn[1], f"UPDATE {self.name(parts)} SET {c} = ? WHERE rowid = ?"),
+                                  guards=(Guard("table", parts), Guard("column", parts, new.name))))
+        return steps
 
     # -- helpers --
     def _col(self, ev: DdlEvent, schema: TableSchema | None, name: str | None) -> ColumnSchema:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from decimal import Context, Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -45,10 +46,11 @@ from cdc.config import DdlConfig
 from cdc.errors import DdlRejected, SinkError, TidewaterError
 from cdc.events import DdlEvent
 from cdc.model import DataWarning
-from sinks.sql.ddl_apply import DROP_PK, FILL, REBUILD, DdlPlan, Guard, Parts, Step, Translator
+from sinks.sql.ddl_apply import DROP_PK, FILL, REBUILD, RESCALE, DdlPlan, Guard, Parts, Step, Translator
 from sinks.sql.errors import is_db_error
 from sinks.sql.fkgraph import FkGraph
 from sinks.sql.position import PG_SCHEMA
+from sinks.sql.values import decimal_text
 
 if TYPE_CHECKING:
     from sinks.sql.sink import SQLSink
@@ -57,6 +59,7 @@ log = logging.getLogger(__name__)
 
 RECORD_TABLE = "tidewater_ddl"
 WARN_DEFAULT = "CDC:WarnDdlDefault"
+_WIDE = Context(prec=2000)  # numeric has at most 1000 digits before and 16383 after the point upstream
 
 
 @dataclass
@@ -169,7 +172,7 @@ def apply_ddl(sink: SQLSink, ev: DdlEvent, fence: Callable[[], None] | None) -> 
     else:
         log.info("DDL %r on %s (commit ts %d, seq %d) is already in %s; not applied again", query, ev.table,
                  ev.commit_ts, ev.seq, sink._where())
-    sink._ddl.warnings = []
+    sink._ddl_state.warnings = []
     if pos is not None and (applied or state == 0):
         pos.reopen(ev.commit_ts, lambda conn: conn.exec_driver_sql(rec.mark_done, (cf, ev.commit_ts)))
     return applied
@@ -178,7 +181,7 @@ def apply_ddl(sink: SQLSink, ev: DdlEvent, fence: Callable[[], None] | None) -> 
 # ---- helpers -----------------------------------------------------------------------------------------
 def _record_sql(sink: SQLSink) -> RecordSQL:
     """The record statements; the table is created once per sink (MySQL/PostgreSQL: autocommit)."""
-    rec = sink._ddl.record
+    rec = sink._ddl_state.record
     if rec is None:
         with sink._engine.connect() as conn:
             conn.exec_driver_sql("SELECT 1")
@@ -190,7 +193,7 @@ def _record_sql(sink: SQLSink) -> RecordSQL:
                 if rec.create_schema:
                     sink._ddl(ddl, rec.create_schema)
                 sink._ddl(ddl, rec.create_table)
-        sink._ddl.record = rec
+        sink._ddl_state.record = rec
     return rec
 
 
@@ -205,14 +208,14 @@ def _record_row(cf: str, ev: DdlEvent, query: str) -> tuple[Any, ...]:
 
 
 def _translate(sink: SQLSink, ev: DdlEvent) -> DdlPlan:
-    sink._ddl.warnings = []
+    sink._ddl_state.warnings = []
     return Translator(sink.dialect, sink._engine.dialect.identifier_preparer, sink._target_parts,
                       mysql_collation=sink._mysql_collation,
-                      replicate_indexes=sink._ddl.config.replicate_indexes).translate(ev)
+                      replicate_indexes=sink._ddl_state.config.replicate_indexes).translate(ev)
 
 
 def _pending_warnings(sink: SQLSink) -> list[DataWarning]:
-    return list(sink._ddl.warnings)
+    return list(sink._ddl_state.warnings)
 
 
 def _run(sink: SQLSink, conn: Connection, step: Step, ev: DdlEvent, query: str) -> None:
@@ -237,12 +240,25 @@ def _run(sink: SQLSink, conn: Connection, step: Step, ev: DdlEvent, query: str) 
                 conn.exec_driver_sql(f"ALTER TABLE {t} DROP CONSTRAINT {sink._statements().q(pk)}", ())
     elif step.kind == REBUILD:
         _rebuild(sink, conn, step, ev, query)
+    elif step.kind == RESCALE:
+        exp = Decimal(1).scaleb(-int(step.params[0]))
+        rows = conn.exec_driver_sql(step.sql, ()).fetchall()
+        fixed = [(decimal_text(Decimal(str(v)).quantize(exp, context=_WIDE)) if _finite(v) else v, rowid) for rowid, v in rows]
+        if fixed:
+            conn.exec_driver_sql(step.params[1], fixed)
     else:
         conn.exec_driver_sql(step.sql, ())
 
 
+def _finite(v: Any) -> bool:
+    try:
+        return Decimal(str(v)).is_finite()
+    except InvalidOperation:
+        return False
+
+
 def _warn(sink: SQLSink, ev: DdlEvent, note: str) -> None:
-    sink._ddl.warnings.append(DataWarning(
+    sink._ddl_state.warnings.append(DataWarning(
         WARN_DEFAULT, str(ev.table), f"{ev.query or ', '.join(ev.kinds)}: the rows already downstream keep NULL "
         f"in the new column(s): {note}"))
 

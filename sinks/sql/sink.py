@@ -144,7 +144,7 @@ class SQLSink(Sink):
         self._fk_seen: set[str] = set()  # tables whose foreign keys were read
         self._row_source: RowSource | None = None
         self._warnings: tuple[DataWarning, ...] = ()
-        self._ddl = DdlState()  # schema changes (sinks.sql.ddl_run)
+        self._ddl_state = DdlState()  # schema changes (sinks.sql.ddl_run)
 
     # ---- engine --------------------------------------------------------------------------------------
     def _timeout(self, name: str, default: float) -> float:
@@ -268,7 +268,7 @@ class SQLSink(Sink):
         self._warnings = merge_warnings(self._warnings, [w])
 
     def set_ddl_config(self, config: DdlConfig) -> None:
-        self._ddl.config = config
+        self._ddl_state.config = config
 
     def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None) -> bool:
         """Apply a schema change once, translated for the dialect: see :mod:`sinks.sql.ddl_run`."""

@@ -1,0 +1,457 @@
+"""Schema changes applied by the SQL sink (``Sink.apply_ddl``) on real MariaDB, PostgreSQL and SQLite targets.
+
+Each test runs the same statements on a real PostgreSQL *source*: its DML (rows read back with RETURNING, as
+stored upstream) goes to the sink through ``Sink.write``, its DDL is run upstream and handed to the sink as
+a hand-built ``DdlEvent`` whose ``before``/``after`` schemas are read from the source's catalog. Every test
+ends with the row-by-row compare of playground/compare.py, and the tests that change a table's shape check
+that the altered downstream table is indistinguishable from a table the sink creates fresh from the new
+schema (column names, types, nullability, defaults, key)."""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg2
+import pytest
+
+from cdc.config import DdlConfig, SinkConfig
+from cdc.errors import DdlRejected
+from cdc.events import (
+    ColumnSchema,
+    DdlChange,
+    DdlEvent,
+    DdlKind,
+    IndexSpec,
+    OpType,
+    RowChange,
+    TableName,
+    TableSchema,
+)
+from playground.compare import compare_tables
+from sinks.factory import open_sink
+from sinks.sql.sink import SQLSink
+
+pytestmark = pytest.mark.integration
+K = DdlKind
+
+
+@dataclass
+class Target:
+    kind: str  # "mariadb", "postgresql" or "sqlite"
+    server: Any
+    db: str
+
+    @property
+    def uri(self) -> str:
+        return f"sqlite:///{self.db}" if self.kind == "sqlite" else str(self.server.uri(self.db))
+
+    def sink(self, **ddl: Any) -> SQLSink:
+        s = open_sink(self.uri, SinkConfig(), DdlConfig(**ddl))
+        assert isinstance(s, SQLSink)
+        s.check()
+        return s
+
+    def execute(self, sql: str) -> list[tuple[Any, ...]]:
+        if self.kind == "sqlite":
+            conn = sqlite3.connect(self.db)
+            try:
+                rows = conn.execute(sql).fetchall()
+                conn.commit()
+                return rows
+            finally:
+                conn.close()
+        return [tuple(r) for r in self.server.execute(sql, db=self.db) or []]
+
+    def qualified(self, table: str) -> str:
+        return {"mariadb": f"`{table}`", "postgresql": f'public."{table}"', "sqlite": f'"{table}"'}[self.kind]
+
+    def tables(self) -> set[str]:
+        if self.kind == "sqlite":
+            sql = "SELECT name FROM sqlite_master WHERE type = 'table'"
+        elif self.kind == "mariadb":
+            sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE()"
+        else:
+            sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+        return {r[0] for r in self.execute(sql)}
+
+    def shape(self, table: str) -> tuple[list[tuple[Any, ...]], list[str]]:
+        """(column name, type, nullable, default) in column order, and the primary key's columns."""
+        if self.kind == "sqlite":
+            info = self.execute(f"PRAGMA table_info(\"{table}\")")
+            cols = [(r[1], r[2], not r[3], r[4]) for r in info]
+            return cols, [r[1] for r in sorted((r for r in info if r[5]), key=lambda r: r[5])]
+        if self.kind == "mariadb":
+            cols = self.execute(
+                "SELECT column_name, column_type, is_nullable, column_default, collation_name FROM "
+                f"information_schema.columns WHERE table_schema = DATABASE() AND table_name = '{table}' "
+                "ORDER BY ordinal_position")
+            key = self.execute(
+                "SELECT column_name FROM information_schema.key_column_usage WHERE table_schema = DATABASE() "
+                f"AND table_name = '{table}' AND constraint_name = 'PRIMARY' ORDER BY ordinal_position")
+            return [tuple(c) for c in cols], [k[0] for k in key]
+        cols = self.execute(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull, pg_get_expr(d.adbin, d.adrelid) "
+            f"FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+            f"WHERE a.attrelid = 'public.\"{table}\"'::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum")
+        key = self.execute(
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+            f"WHERE i.indrelid = 'public.\"{table}\"'::regclass AND i.indisprimary ORDER BY array_position(i.indkey, a.attnum)")
+        return [tuple(c) for c in cols], [k[0] for k in key]
+
+    def indexes(self, table: str) -> set[str]:
+        if self.kind == "sqlite":
+            return {r[1] for r in self.execute(f"PRAGMA index_list(\"{table}\")") if not r[1].startswith("sqlite_")}
+        if self.kind == "mariadb":
+            return {r[0] for r in self.execute(
+                "SELECT DISTINCT index_name FROM information_schema.statistics WHERE table_schema = DATABASE() "
+                f"AND table_name = '{table}' AND index_name <> 'PRIMARY'")}
+        return {r[0] for r in self.execute(
+            f"SELECT indexname FROM pg_indexes WHERE schemaname = 'public' AND tablename = '{table}' "
+            "AND indexname NOT LIKE '%%pkey'")}
+
+
+@pytest.fixture(params=["mariadb", "postgresql", "sqlite"])
+def target(request: pytest.FixtureRequest, tmp_path: Any) -> Target:
+    if request.param == "mariadb":
+        return Target("mariadb", request.getfixturevalue("mariadb_server"), request.getfixturevalue("mariadb_database"))
+    if request.param == "postgresql":
+        return Target("postgresql", request.getfixturevalue("pg_server"), request.getfixturevalue("pg_database"))
+    return Target("sqlite", None, str(tmp_path / "target.db"))
+
+
+@pytest.fixture
+def source(pg_server: Any) -> Iterator[Any]:
+    name = f"src_{uuid.uuid4().hex[:12]}"
+    pg_server.create_database(name)
+    conn = psycopg2.connect(pg_server.dsn(name))
+    conn.autocommit = True
+    yield conn
+    conn.close()
+    pg_server.drop_database(name)
+
+
+@dataclass
+class Repl:
+    """The source and the sink side by side; ``ts`` is the commit Ts of the next upstream transaction."""
+
+    src: Any
+    target: Target
+    sink: SQLSink
+    ts: int = 100
+    versions: dict[str, int] = field(default_factory=dict)
+
+    def up(self, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
+        with self.src.cursor() as cur:
+            cur.execute(sql, params)
+            return list(cur.fetchall()) if cur.description is not None else []
+
+    def schema(self, table: str) -> TableSchema | None:
+        """The source table's schema as the upstream reads it (name, types, nullability, key, defaults)."""
+        rows = self.up(
+            "SELECT a.attname, a.atttypid::int, coalesce(e.typname, t.typname), t.typelem <> 0 AND t.typlen = -1, "
+            "format_type(a.atttypid, a.atttypmod), a.atttypmod, NOT a.attnotnull, pg_get_expr(d.adbin, d.adrelid), "
+            "coalesce(a.attnum = ANY(i.indkey), false) FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+            "LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typlen = -1 AND t.typelem <> 0 "
+            "LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+            "LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary "
+            "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (f'public."{table}"',))
+        if not rows:
+            return None
+        cols = tuple(ColumnSchema(n, oid, base, bool(arr), tn, mod, bool(null), bool(key), dflt)
+                     for n, oid, base, arr, tn, mod, null, dflt, key in rows)
+        key = tuple(r[0] for r in self.up(
+            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+            "WHERE i.indrelid = to_regclass(%s) AND i.indisprimary ORDER BY array_position(i.indkey, a.attnum)",
+            (f'public."{table}"',)))
+        self.versions[table] = self.versions.get(table, 0) + 1
+        if key:
+            return TableSchema(TableName("public", table), cols, key, "d", 0, self.versions[table])
+        return TableSchema(TableName("public", table), cols, tuple(c.name for c in cols), "f", 0,
+                           self.versions[table], has_key=False)
+
+    def dml(self, table: str, sql: str, params: Any = None, op: OpType = OpType.INSERT) -> None:
+        """One upstream transaction: ``sql`` ends with RETURNING * (DELETE: the old rows); written to the sink."""
+        schema = self.schema(table)
+        assert schema is not None
+        rows = self.up(sql, params)
+        self.ts += 10
+        changes = []
+        for r in rows:
+            values = dict(zip(schema.column_names, r, strict=True))
+            if op == OpType.DELETE:
+                changes.append(RowChange(op, schema, self.ts, values=None, old_values=values))
+            elif op == OpType.UPDATE and not schema.has_key:
+                raise AssertionError("updates of tables without a key need the old row; not used here")
+            else:
+                changes.append(RowChange(op, schema, self.ts, values=values))
+        self.sink.write(changes)
+
+    def ddl(self, table: str, sql: str, *changes: DdlChange, new_table: str | None = None,
+            expect: bool = True) -> DdlEvent:
+        before = self.schema(table)
+        self.up(sql)
+        after = self.schema(new_table or table)
+        self.ts += 10
+        ev = DdlEvent(self.ts, 0.0, TableName("public", table), tuple(changes), before, after, sql,
+                      new_table=TableName("public", new_table) if new_table else None)
+        assert self.sink.apply_ddl(ev) is expect
+        return ev
+
+    def compare(self, *tables: str) -> None:
+        for d in compare_tables(self.src, [f"public.{t}" for t in tables], self.target.uri):
+            assert d.equal, d
+            assert d.source_rows == d.target_rows
+
+    def same_as_fresh(self, table: str) -> None:
+        """The altered downstream table has the shape the sink gives a table created from the new schema."""
+        schema = self.schema(table)
+        assert schema is not None
+        fresh = f"{table}_fresh{self.ts}"
+        self.up(f'CREATE TABLE "{fresh}" (LIKE "{table}" INCLUDING ALL)')
+        fs = self.schema(fresh)
+        assert fs is not None
+        self.sink.write([RowChange(OpType.TRUNCATE, fs, self.ts + 1, extra={"truncate_options": 0})])
+        got, want = self.target.shape(table), self.target.shape(fresh)
+        assert got == want, (got, want)
+        assert all(c[3] in (None, "NULL") for c in got[0]), got  # no defaults downstream (MariaDB says 'NULL')
+        assert got[1] == list(schema.key if schema.has_key else ())
+        self.up(f'DROP TABLE "{fresh}"')
+        self.target.execute(f"DROP TABLE {self.target.qualified(fresh)}")
+
+
+@pytest.fixture
+def repl(source: Any, target: Target) -> Iterator[Repl]:
+    sink = target.sink(replicate_indexes=True)
+    r = Repl(source, target, sink)
+    r.up("CREATE TABLE t (id int PRIMARY KEY, a varchar(10), n numeric(6,2))")
+    r.dml("t", "INSERT INTO t VALUES (1, 'one', 1.5), (2, 'two', NULL), (3, NULL, 3.25) RETURNING *")
+    yield r
+    sink.close()
+
+
+def test_add_column_with_defaults_fills_existing_rows(repl: Repl) -> None:
+    repl.ddl("t", "ALTER TABLE t ADD COLUMN c int NOT NULL DEFAULT 7, ADD COLUMN s text DEFAULT 'it''s', "
+             "ADD COLUMN z numeric(8,3) DEFAULT 1.5, ADD COLUMN b boolean DEFAULT true, ADD COLUMN e date",
+             DdlChange(K.ADD_COLUMN, "c"), DdlChange(K.ADD_COLUMN, "s"), DdlChange(K.ADD_COLUMN, "z"),
+             DdlChange(K.ADD_COLUMN, "b"), DdlChange(K.ADD_COLUMN, "e"))
+    repl.dml("t", "INSERT INTO t VALUES (4, 'four', 4, 8, 'x', 2.25, false, '2024-02-29') RETURNING *")
+    repl.dml("t", "UPDATE t SET c = 9 WHERE id = 1 RETURNING *", op=OpType.UPDATE)
+    assert repl.sink.take_warnings() == []
+    repl.compare("t")
+    repl.same_as_fresh("t")
+
+
+def test_add_column_with_a_volatile_default_is_a_divergence_warning(repl: Repl) -> None:
+    repl.ddl("t", "ALTER TABLE t ADD COLUMN at timestamptz NOT NULL DEFAULT now()", DdlChange(K.ADD_COLUMN, "at"))
+    (w,) = repl.sink.take_warnings()
+    assert w.code == "CDC:WarnDdlDefault" and w.table == "public.t" and "now()" in w.message
+    (d,) = compare_tables(repl.src, ["public.t"], repl.target.uri)
+    assert sorted(d.different) == [(1,), (2,), (3,)] or sorted(d.different) == [1, 2, 3]  # the rows before it
+    repl.same_as_fresh("t")
+
+
+def test_drop_rename_and_retype_columns(repl: Repl) -> None:
+    repl.ddl("t", "ALTER TABLE t DROP COLUMN a", DdlChange(K.DROP_COLUMN, "a"))
+    repl.dml("t", "INSERT INTO t VALUES (4, 4.5) RETURNING *")
+    repl.compare("t")
+    repl.same_as_fresh("t")
+    repl.ddl("t", "ALTER TABLE t RENAME COLUMN n TO amount", DdlChange(K.RENAME_COLUMN, "n", "amount"))
+    repl.dml("t", "INSERT INTO t VALUES (5, 5.75) RETURNING *")
+    repl.compare("t")
+    repl.same_as_fresh("t")
+    repl.ddl("t", "ALTER TABLE t ADD COLUMN a varchar(10)", DdlChange(K.ADD_COLUMN, "a"))
+    repl.dml("t", "UPDATE t SET a = 'abcdefghij' WHERE id = 5 RETURNING *", op=OpType.UPDATE)
+    repl.ddl("t", "ALTER TABLE t ALTER COLUMN id TYPE bigint, ALTER COLUMN a TYPE varchar(300), "
+             "ALTER COLUMN amount TYPE numeric(12,4)", DdlChange(K.ALTER_COLUMN_TYPE, "id"),
+             DdlChange(K.ALTER_COLUMN_TYPE, "a"), DdlChange(K.ALTER_COLUMN_TYPE, "amount"))
+    repl.dml("t", "INSERT INTO t VALUES (9000000000, 1.2345, %s) RETURNING *", ("y" * 300,))
+    repl.compare("t")
+    repl.same_as_fresh("t")
+    repl.ddl("t", "ALTER TABLE t ALTER COLUMN a TYPE text", DdlChange(K.ALTER_COLUMN_TYPE, "a"))
+    repl.dml("t", "INSERT INTO t VALUES (6, 6, %s) RETURNING *", ("z" * 1000,))
+    repl.compare("t")
+    repl.same_as_fresh("t")
+
+
+def test_defaults_and_not_null_change_nothing_downstream(repl: Repl) -> None:
+    repl.up("UPDATE t SET n = 0 WHERE n IS NULL")
+    repl.dml("t", "UPDATE t SET n = n WHERE id = 2 RETURNING *", op=OpType.UPDATE)
+    repl.ddl("t", "ALTER TABLE t ALTER COLUMN a SET DEFAULT 'd', ALTER COLUMN n SET NOT NULL",
+             DdlChange(K.SET_DEFAULT, "a"), DdlChange(K.SET_NOT_NULL, "n"))
+    repl.dml("t", "INSERT INTO t (id, n) VALUES (4, 1) RETURNING *")
+    repl.ddl("t", "ALTER TABLE t ALTER COLUMN a DROP DEFAULT, ALTER COLUMN n DROP NOT NULL",
+             DdlChange(K.DROP_DEFAULT, "a"), DdlChange(K.DROP_NOT_NULL, "n"))
+    repl.dml("t", "INSERT INTO t (id) VALUES (5) RETURNING *")
+    repl.compare("t")
+    repl.same_as_fresh("t")
+
+
+def test_create_drop_and_create_again_starts_empty(repl: Repl) -> None:
+    repl.ddl("u", "CREATE TABLE u (k text PRIMARY KEY, v int)", DdlChange(K.CREATE_TABLE))
+    assert "u" in repl.target.tables()
+    repl.dml("u", "INSERT INTO u VALUES ('a', 1), ('b', 2) RETURNING *")
+    repl.compare("u")
+    repl.same_as_fresh("u")
+    repl.ddl("u", "DROP TABLE u", DdlChange(K.DROP_TABLE))
+    assert "u" not in repl.target.tables()
+    repl.ddl("u", "CREATE TABLE u (k text PRIMARY KEY, w numeric)", DdlChange(K.CREATE_TABLE))
+    repl.dml("u", "INSERT INTO u VALUES ('c', 3.5) RETURNING *")
+    repl.compare("u")  # only the new incarnation's row
+    repl.same_as_fresh("u")
+
+
+def test_rename_table_keeps_rows_and_truncate(repl: Repl) -> None:
+    repl.ddl("t", "ALTER TABLE t RENAME TO t2", DdlChange(K.RENAME_TABLE, new_name="public.t2"), new_table="t2")
+    assert "t" not in repl.target.tables() and "t2" in repl.target.tables()
+    repl.dml("t2", "INSERT INTO t2 VALUES (4, 'four', 4) RETURNING *")
+    repl.compare("t2")
+    repl.same_as_fresh("t2")
+    repl.ddl("t2", "TRUNCATE t2", DdlChange(K.TRUNCATE_TABLE))
+    repl.dml("t2", "INSERT INTO t2 VALUES (5, 'five', 5) RETURNING *")
+    repl.compare("t2")
+
+
+def test_add_and_drop_primary_key_change_the_upsert_key(repl: Repl) -> None:
+    repl.up("CREATE TABLE k (id int NOT NULL, v text)")
+    repl.up("ALTER TABLE k REPLICA IDENTITY FULL")
+    repl.dml("k", "INSERT INTO k VALUES (1, 'a'), (2, 'b') RETURNING *")
+    repl.ddl("k", "ALTER TABLE k ADD PRIMARY KEY (id)", DdlChange(K.ADD_PRIMARY_KEY))
+    assert repl.target.shape("k")[1] == ["id"]
+    repl.dml("k", "UPDATE k SET v = 'a2' WHERE id = 1 RETURNING *", op=OpType.UPDATE)  # an upsert by the new key
+    repl.dml("k", "INSERT INTO k VALUES (3, 'c') RETURNING *")
+    repl.compare("k")
+    repl.same_as_fresh("k")
+    repl.ddl("k", "ALTER TABLE k DROP CONSTRAINT k_pkey", DdlChange(K.DROP_PRIMARY_KEY))
+    assert repl.target.shape("k")[1] == []
+    repl.dml("k", "INSERT INTO k VALUES (3, 'c') RETURNING *")  # a duplicate is fine without a key
+    repl.dml("k", "DELETE FROM k WHERE id = 2 RETURNING *", op=OpType.DELETE)
+    repl.compare("k")
+    repl.same_as_fresh("k")
+
+
+def test_indexes_follow_when_replicate_indexes_is_on(repl: Repl) -> None:
+    repl.ddl("t", "CREATE INDEX t_a_idx ON t (a)", DdlChange(K.CREATE_INDEX, index=IndexSpec("t_a_idx", ("a",))))
+    repl.ddl("t", "CREATE UNIQUE INDEX t_na_idx ON t (n, a)",
+             DdlChange(K.CREATE_INDEX, index=IndexSpec("t_na_idx", ("n", "a"), unique=True)))
+    assert repl.target.indexes("t") == {"t_a_idx", "t_na_idx"}
+    repl.ddl("t", "DROP INDEX t_a_idx", DdlChange(K.DROP_INDEX, index=IndexSpec("t_a_idx", ("a",))))
+    assert repl.target.indexes("t") == {"t_na_idx"}
+    repl.dml("t", "INSERT INTO t VALUES (4, 'four', 4) RETURNING *")
+    repl.compare("t")
+
+
+def test_indexes_are_ignored_when_replicate_indexes_is_off(repl: Repl) -> None:
+    repl.sink.set_ddl_config(DdlConfig(replicate_indexes=False))
+    repl.ddl("t", "CREATE INDEX t_a_idx ON t (a)", DdlChange(K.CREATE_INDEX, index=IndexSpec("t_a_idx", ("a",))))
+    assert repl.target.indexes("t") == set()
+
+
+def test_replay_applies_once_and_a_split_transaction_keeps_its_rows(repl: Repl, target: Target) -> None:
+    sink = repl.sink
+    sink.open_position("cf", 0)
+    schema = repl.schema("t")
+    assert schema is not None
+    # one upstream transaction T: a row, the DDL, a row with the new column
+    repl.up("BEGIN")
+    repl.up("INSERT INTO t VALUES (4, 'four', 4)")
+    before = repl.schema("t")
+    repl.up("ALTER TABLE t ADD COLUMN c int DEFAULT 5")
+    after = repl.schema("t")
+    repl.up("INSERT INTO t VALUES (5, 'five', 5, 6)")
+    repl.up("COMMIT")
+    T = repl.ts = repl.ts + 10
+    assert before is not None and after is not None
+    pre = [RowChange(OpType.INSERT, before, T, values={"id": 4, "a": "four", "n": repl.up("SELECT n FROM t WHERE id = 4")[0][0]})]
+    ev = DdlEvent(T, 0.0, TableName("public", "t"), (DdlChange(K.ADD_COLUMN, "c"),), before, after,
+                  "ALTER TABLE t ADD COLUMN c int DEFAULT 5")
+    post = [RowChange(OpType.INSERT, after, T, values=dict(zip(after.column_names, repl.up("SELECT * FROM t WHERE id = 5")[0],
+                                                              strict=True)))]
+    assert sink.write(pre) == 1
+    assert sink.apply_ddl(ev) is True
+    assert sink.write(post) == 1  # not skipped although the position is T already
+    repl.compare("t")
+    # a crash and a replay from before T: nothing is applied twice, nothing lost
+    sink.close()
+    again = target.sink()
+    assert again.open_position("cf", 0) == T
+    assert again.write(pre) == 0
+    assert again.apply_ddl(ev) is False
+    assert again.write(post) == 0
+    repl.sink = again
+    repl.compare("t")
+    repl.same_as_fresh("t")
+
+
+def test_replay_after_a_crash_between_ddl_steps_converges(repl: Repl, target: Target) -> None:
+    # MariaDB commits each step: a crash after the ADD COLUMN but before the fill and the record
+    q = target.qualified("t")
+    typ = "INT" if target.kind == "mariadb" else "integer"
+    target.execute(f"ALTER TABLE {q} ADD COLUMN c {typ}")
+    repl.ddl("t", "ALTER TABLE t ADD COLUMN c int DEFAULT 5", DdlChange(K.ADD_COLUMN, "c"))
+    repl.compare("t")
+    repl.same_as_fresh("t")
+
+
+def test_narrowing_is_rejected_with_the_ddl_table_and_reason(repl: Repl) -> None:
+    with pytest.raises(DdlRejected) as info:
+        repl.ddl("t", "ALTER TABLE t ALTER COLUMN a TYPE varchar(5)", DdlChange(K.ALTER_COLUMN_TYPE, "a"))
+    msg = str(info.value)
+    assert info.value.code == "CDC:ErrDdlRejected"
+    assert "ALTER TABLE t ALTER COLUMN a TYPE varchar(5)" in msg and "public.t" in msg and "narrowing" in msg
+    repl.up("ALTER TABLE t ALTER COLUMN a TYPE varchar(10)")  # undo upstream; the target never changed
+    repl.compare("t")
+
+
+def test_a_ddl_the_target_refuses_is_rejected_with_its_reason(repl: Repl, target: Target) -> None:
+    repl.up("CREATE TABLE k (id int NOT NULL, v text)")
+    repl.up("ALTER TABLE k REPLICA IDENTITY FULL")
+    repl.dml("k", "INSERT INTO k VALUES (1, 'a') RETURNING *")
+    q = target.qualified("k")
+    target.execute(f"INSERT INTO {q} VALUES (1, 'diverged')")  # the target differs: a duplicate key
+    with pytest.raises(DdlRejected) as info:
+        repl.ddl("k", "ALTER TABLE k ADD PRIMARY KEY (id)", DdlChange(K.ADD_PRIMARY_KEY))
+    assert "refused it" in str(info.value) and "public.k" in str(info.value)
+    assert sorted(target.execute(f"SELECT id, v FROM {q}")) == [(1, "a"), (1, "diverged")]  # left as it was
+
+
+def test_sqlite_rebuild_keeps_rows_keys_and_foreign_keys(source: Any, tmp_path: Any) -> None:
+    target = Target("sqlite", None, str(tmp_path / "fk.db"))
+    sink = target.sink()
+    r = Repl(source, target, sink)
+    r.up("CREATE TABLE p (id int PRIMARY KEY, x int, y text)")
+    r.dml("p", "INSERT INTO p VALUES (1, 10, 'a'), (2, 20, 'b') RETURNING *")
+    target.execute('CREATE TABLE c (id integer PRIMARY KEY, pid integer REFERENCES "p" (id))')
+    target.execute("INSERT INTO c VALUES (1, 1), (2, 2)")
+    target.execute('CREATE INDEX p_y ON "p" (y)')
+    r.ddl("p", "ALTER TABLE p DROP COLUMN x, ALTER COLUMN id TYPE bigint",
+          DdlChange(K.DROP_COLUMN, "x"), DdlChange(K.ALTER_COLUMN_TYPE, "id"))
+    r.compare("p")
+    r.same_as_fresh("p")
+    assert target.indexes("p") == {"p_y"}
+    assert target.execute("PRAGMA foreign_key_check") == []
+    assert sorted(target.execute("SELECT * FROM c")) == [(1, 1), (2, 2)]
+    # foreign keys are on again for the sink's writes: deleting a referenced parent fails
+    r.up("DELETE FROM p WHERE id = 3")
+    with pytest.raises(Exception, match="FOREIGN KEY"):
+        sink.write([RowChange(OpType.DELETE, r.schema("p"), 999, old_values={"id": 1, "y": "a"})])
+    sink.close()
+
+
+def test_non_sql_sinks_refuse_ddl_clearly() -> None:
+    from sinks.base import Sink
+
+    class Plain(Sink):
+        def write(self, changes: Any, fence: Any = None) -> int:
+            return 0
+
+        def close(self) -> None:
+            pass
+
+    ev = DdlEvent(5, 0.0, TableName("public", "t"), (DdlChange(K.DROP_TABLE),), None, None, "DROP TABLE t")
+    with pytest.raises(DdlRejected, match="Plain does not apply schema changes"):
+        Plain().apply_ddl(ev)
