@@ -455,3 +455,29 @@ def test_non_sql_sinks_refuse_ddl_clearly() -> None:
     ev = DdlEvent(5, 0.0, TableName("public", "t"), (DdlChange(K.DROP_TABLE),), None, None, "DROP TABLE t")
     with pytest.raises(DdlRejected, match="Plain does not apply schema changes"):
         Plain().apply_ddl(ev)
+
+
+def test_a_refused_fence_leaves_the_target_unchanged(repl: Repl, target: Target) -> None:
+    def fence() -> None:
+        raise RuntimeError("lease lost")
+
+    before = repl.schema("t")
+    repl.up("ALTER TABLE t ADD COLUMN c int DEFAULT 5")
+    after = repl.schema("t")
+    ev = DdlEvent(repl.ts + 10, 0.0, TableName("public", "t"), (DdlChange(K.ADD_COLUMN, "c"),), before, after,
+                  "ALTER TABLE t ADD COLUMN c int DEFAULT 5")
+    with pytest.raises(RuntimeError, match="lease lost"):
+        repl.sink.apply_ddl(ev, fence)
+    assert [c[0] for c in target.shape("t")[0]] == ["id", "a", "n"]  # nothing applied (MariaDB: fenced before)
+    assert repl.sink.apply_ddl(ev, lambda: None) is True
+    repl.compare("t")
+    repl.same_as_fresh("t")
+
+
+def test_a_ddl_on_a_table_not_yet_downstream_is_recorded_and_the_first_row_creates_it(repl: Repl, target: Target) -> None:
+    repl.up("CREATE TABLE late (id int PRIMARY KEY, v text)")
+    repl.ddl("late", "ALTER TABLE late ADD COLUMN w int DEFAULT 1", DdlChange(K.ADD_COLUMN, "w"))
+    assert "late" not in target.tables()
+    repl.dml("late", "INSERT INTO late VALUES (1, 'x', 2) RETURNING *")
+    repl.compare("late")
+    repl.same_as_fresh("late")
