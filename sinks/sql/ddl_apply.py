@@ -123,9 +123,14 @@ class DefaultValue:
     reason: str = ""
 
 
-def default_value(col: ColumnSchema) -> DefaultValue:
-    """The Python value (as the mounter would produce it for ``col``) of ``col``'s upstream default."""
+def default_value(col: ColumnSchema, *, known_schema: bool = True) -> DefaultValue:
+    """The Python value (as the mounter would produce it for ``col``) of ``col``'s upstream default.
+    ``known_schema=False``: the schema came from the stream alone (no DDL text, no catalog), where a missing
+    default may just be unknown."""
     expr = (col.default or "").strip()
+    if not expr and not known_schema:
+        return DefaultValue(False, reason="its default is unknown (the change was detected from the stream without "
+                                          "the DDL event trigger); upstream may have given the existing rows a value")
     if not expr or re.fullmatch(r"\(*NULL\)*(::.*)?", expr, re.I):
         return DefaultValue(True, None)
     if VOLATILE.search(expr):
@@ -296,6 +301,13 @@ class Translator:
         return steps
 
     # -- helpers --
+    @staticmethod
+    def _need(ev: DdlEvent, schema: TableSchema | None) -> TableSchema:
+        if schema is None:
+            raise DdlRejected(ev.query, str(ev.table), "the event lacks the table's schema before or after the change",
+                              commit_ts=ev.commit_ts)
+        return schema
+
     def _col(self, ev: DdlEvent, schema: TableSchema | None, name: str | None) -> ColumnSchema:
         if schema is None or name is None:
             raise DdlRejected(ev.query, str(ev.table), "the event lacks the table's schema or the column name",
@@ -382,11 +394,10 @@ class Translator:
         return steps
 
     def _add_column(self, ev: DdlEvent, parts: Parts, col: ColumnSchema) -> list[Step]:
-        assert ev.after is not None
-        tc = self.plan(ev.after, parts).column(col.name)
+        tc = self.plan(self._need(ev, ev.after), parts).column(col.name)
         steps = [Step(SQL, parts, f"ALTER TABLE {self.name(parts)} ADD COLUMN {self.q(col.name)} {tc.ddl_type}",
                       guards=(Guard("table", parts), Guard("column", parts, col.name, exists=False)))]
-        dv = default_value(col)
+        dv = default_value(col, known_schema=bool(ev.query))
         guards = (Guard("table", parts), Guard("column", parts, col.name))
         fill = f"UPDATE {self.name(parts)} SET {self.q(col.name)} = {self.ph}"
         if not dv.known:
@@ -402,9 +413,8 @@ class Translator:
     def _reshape(self, ev: DdlEvent, parts: Parts) -> list[Step]:
         """Type and key changes: drop the old key, alter the columns whose planned type or nullability
         changed, add the new key."""
-        assert ev.before is not None and ev.after is not None
-        old_key = self.plan(ev.before, parts).key
-        new_key = self.plan(ev.after, parts).key
+        old_key = self.plan(self._need(ev, ev.before), parts).key
+        new_key = self.plan(self._need(ev, ev.after), parts).key
         key_changes = old_key != tuple(self._old_name(ev, k) for k in new_key)
         t, q = self.name(parts), self.q
         steps = []
@@ -429,19 +439,19 @@ class Translator:
         return steps
 
     def _rebuild(self, ev: DdlEvent, parts: Parts) -> Step:
-        assert ev.before is not None and ev.after is not None
-        new = self.plan(ev.after, parts)
+        before, after = self._need(ev, ev.before), self._need(ev, ev.after)
+        new = self.plan(after, parts)
         temp = f"_tidewater_rebuild_{parts[1]}"
         created = create_table_sql(TargetTable(None, temp, new.columns, new.key), self.dialect, self.preparer)
-        before = set(ev.before.column_names)
+        before_names = set(before.column_names)
         added = {ch.column for ch in ev.changes if ch.kind == DdlKind.ADD_COLUMN}
         exprs, params, warn = [], [], []
-        for c in ev.after.columns:
+        for c in after.columns:
             src = self._old_name(ev, c.name)
-            if src in before and c.name not in added:
+            if src in before_names and c.name not in added:
                 exprs.append(self.q(src))
                 continue
-            dv = default_value(c)
+            dv = default_value(c, known_schema=bool(ev.query))
             if dv.known and dv.value is not None:
                 exprs.append("?")
                 params.append(self._param(c, dv.value, parts))

@@ -185,3 +185,20 @@ def test_ddl_config_section() -> None:
     cfg = ChangefeedConfig.from_toml("[ddl]\nreplicate-indexes = true\n")
     assert cfg.ddl.replicate_indexes is True
     assert ChangefeedConfig.from_dict(cfg.to_dict()).ddl.replicate_indexes is True
+
+
+def test_a_default_unknown_because_the_ddl_came_from_the_stream_alone_is_not_taken_for_none() -> None:
+    c = col("c", "int4")
+    assert default_value(c).known
+    dv = default_value(c, known_schema=False)
+    assert not dv.known and "unknown" in dv.reason
+    e = DdlEvent(10, 0.0, TableName("public", "t"), (DdlChange(K.ADD_COLUMN, "c"),), table(ID), table(ID, c), "")
+    add, fill = translate("postgresql", e).steps
+    assert fill.kind == FILL and "unknown" in fill.note and fill.sql.startswith("SELECT 1 FROM")
+
+
+def test_an_event_without_the_schemas_it_needs_is_rejected() -> None:
+    with pytest.raises(DdlRejected, match="lacks the table's schema"):
+        translate("mysql", ev(K.ADD_PRIMARY_KEY, None, table(ID)))
+    with pytest.raises(DdlRejected, match="lacks the table's schema"):
+        translate("sqlite", ev(K.DROP_COLUMN, table(ID, A), None, DdlChange(K.DROP_COLUMN, "a")))
