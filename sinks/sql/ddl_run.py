@@ -34,7 +34,7 @@ Guarantees:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from decimal import Context, Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
@@ -44,7 +44,7 @@ from sqlalchemy.engine import Connection
 
 from cdc.config import DdlConfig
 from cdc.errors import DdlRejected, SinkError, TidewaterError
-from cdc.events import DdlEvent
+from cdc.events import DdlEvent, RowChange
 from cdc.model import DataWarning
 from sinks.sql.ddl_apply import DROP_PK, FILL, REBUILD, RESCALE, DdlPlan, Guard, Parts, Step, Translator
 from sinks.sql.errors import is_db_error
@@ -64,12 +64,37 @@ _WIDE = Context(prec=2000)  # numeric has at most 1000 digits before and 16383 a
 
 @dataclass
 class DdlState:
-    """What one sink keeps for schema changes: the ``[ddl]`` settings, the record statements (once the
-    record table exists) and the warnings of the DDL being applied."""
+    """What one sink keeps for schema changes: the ``[ddl]`` settings, the changefeed (``open_position``),
+    the record statements (once the record table exists), the warnings of the DDL being applied, and, with
+    at-least-once delivery, the *floors*: per upstream table the commit Ts of its last applied DDL."""
 
     config: DdlConfig = field(default_factory=DdlConfig)
+    changefeed: str = ""
     record: RecordSQL | None = None
     warnings: list[DataWarning] = field(default_factory=list)
+    floors: dict[str, int] = field(default_factory=dict)
+
+    def drop_replayed(self, changes: Iterable[RowChange]) -> Iterator[RowChange]:
+        """At-least-once after a restart: the leading changes of a table older than its last applied DDL are
+        replays (the barrier wrote them before the DDL) and carry a schema the target no longer has; they are
+        dropped. Input is in commit order, so the check ends at the first change past every floor, and the
+        floors are cleared once a write got past them (per change cost: none from then on)."""
+        floors, top = self.floors, max(self.floors.values())
+        it = iter(changes)
+        dropped = 0
+        for ch in it:
+            if ch.commit_ts >= top:
+                self.floors = {}
+                yield ch
+                break
+            if ch.commit_ts < floors.get(str(ch.schema.name), 0):
+                dropped += 1
+                continue
+            yield ch
+        if dropped:
+            log.info("changefeed=%s: dropped %d replayed change(s) from before applied schema changes",
+                     self.changefeed, dropped)
+        yield from it
 
 
 class RecordSQL:
@@ -95,6 +120,7 @@ class RecordSQL:
         self.select = f"SELECT rows_done FROM {name} WHERE changefeed = {p} AND commit_ts = {p} AND seq = {p}"
         self.insert = (f"INSERT INTO {name} (changefeed, commit_ts, seq, table_name, kinds, query, rows_done, "
                        f"applied_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, 0, {now})")
+        self.floors = f"SELECT table_name, max(commit_ts) FROM {name} WHERE changefeed = {p} GROUP BY table_name"
         self.mark_done = f"UPDATE {name} SET rows_done = 1 WHERE changefeed = {p} AND commit_ts = {p} AND rows_done = 0"
 
 
@@ -102,7 +128,7 @@ def apply_ddl(sink: SQLSink, ev: DdlEvent, fence: Callable[[], None] | None) -> 
     """Apply ``ev`` to ``sink``'s target at most once (module docstring); True when applied by this call."""
     sink._check_open()
     pos = sink._position
-    cf = pos.changefeed if pos is not None else ""
+    cf = pos.changefeed if pos is not None else sink._ddl_state.changefeed
     query = ev.query or ", ".join(ev.kinds)
     touched = {sink._target_parts(t) for t in (ev.table, ev.new_table) if t is not None}
     applied = False
@@ -176,6 +202,25 @@ def apply_ddl(sink: SQLSink, ev: DdlEvent, fence: Callable[[], None] | None) -> 
     if pos is not None and (applied or state == 0):
         pos.reopen(ev.commit_ts, lambda conn: conn.exec_driver_sql(rec.mark_done, (cf, ev.commit_ts)))
     return applied
+
+
+def load_ddl_floors(sink: SQLSink, changefeed: str) -> int:
+    """At-least-once delivery of ``changefeed``: read its floors from the record (see
+    :meth:`DdlState.drop_replayed`); returns 0 (no position)."""
+    state = sink._ddl_state
+    state.changefeed = changefeed
+    try:
+        rec = _record_sql(sink)
+        with sink._engine.begin() as conn:
+            if sink.dialect == "sqlite":
+                conn.exec_driver_sql(rec.create_table, ())
+            rows = conn.exec_driver_sql(rec.floors, (state.changefeed,)).fetchall()
+    except Exception as exc:
+        if isinstance(exc, TidewaterError) or not is_db_error(exc):
+            raise
+        raise sink._wrap(exc, RECORD_TABLE) from exc
+    state.floors = {str(t): int(ts) for t, ts in rows}
+    return 0
 
 
 # ---- helpers -----------------------------------------------------------------------------------------

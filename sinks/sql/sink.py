@@ -19,9 +19,8 @@ Guarantees (on top of :class:`sinks.base.Sink`):
 - Exactly-once after :meth:`open_position` (default ``delivery``): the span's applied commit Ts is moved in
   the target's position table inside each write's transaction, after its rows and before the fence and
   commit (compare-and-set, :mod:`sinks.sql.position`); changes at or below it are dropped unapplied.
-- Missing target tables are created from the upstream schema (docs/type-mapping.md); existing tables are
-  used as they are after checking that they have the columns and a unique key; only schema changes
-  (``apply_ddl``, :mod:`sinks.sql.ddl_run`, docs/ddl.md) alter them.
+- Missing target tables are created from the upstream schema (docs/type-mapping.md); existing ones are used
+  as they are (columns and a unique key checked), altered only by ``apply_ddl`` (docs/ddl.md).
 - TRUNCATE is ``DELETE FROM`` on MySQL/SQLite (MySQL's TRUNCATE would commit implicitly) and
   ``TRUNCATE`` on PostgreSQL.
 - Errors: an unreachable or lost server, a deadlock, a lock timeout or a busy SQLite file raise
@@ -78,7 +77,7 @@ from sinks.sql.ddl import (
     create_table_sql,
     plan_table,
 )
-from sinks.sql.ddl_run import DdlState, apply_ddl
+from sinks.sql.ddl_run import DdlState, apply_ddl, load_ddl_floors
 from sinks.sql.errors import classify, is_db_error, wrap
 from sinks.sql.fkgraph import FkGraph, read_foreign_keys
 from sinks.sql.pipeline import Pipeline
@@ -307,7 +306,7 @@ class SQLSink(Sink):
         """Exactly-once from now on (unless ``delivery = "at-least-once"``): see :mod:`sinks.sql.position`."""
         self._check_open()
         if self._config.delivery == "at-least-once":
-            return 0
+            return load_ddl_floors(self, changefeed)  # 0; rows from before an applied DDL are replays
         pos = Position(self, self._position_sql(), changefeed, span, origin)
         try:
             applied = pos.open()
@@ -334,6 +333,8 @@ class SQLSink(Sink):
         tracked: _Tracked | None = None
         if pos is not None:
             changes = tracked = _Tracked(changes, pos.skip_at())
+        elif self._ddl_state.floors:
+            changes = self._ddl_state.drop_replayed(changes)
         try:
             with self._engine.connect() as conn:
                 trans = conn.begin()
