@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 RECORD_TABLE = "tidewater_ddl"
 WARN_DEFAULT = "CDC:WarnDdlDefault"
+LOCK_TIMEOUT = 60  # seconds a DDL waits for a lock downstream before it fails with SinkUnavailable (retried)
 _WIDE = Context(prec=2000)  # numeric has at most 1000 digits before and 16383 after the point upstream
 
 
@@ -142,6 +143,8 @@ def apply_ddl(sink: SQLSink, ev: DdlEvent, fence: Callable[[], None] | None) -> 
                 touched |= plan.touched
                 with sink._engine.connect() as ddl:
                     ddl.execution_options(isolation_level="AUTOCOMMIT")
+                    # a metadata lock held downstream fails the DDL (retryable) instead of blocking the span
+                    ddl.exec_driver_sql(f"SET SESSION lock_wait_timeout = {LOCK_TIMEOUT}", ())
                     for step in plan.steps:
                         step_sql = step.sql or step.kind
                         if fence is not None:
@@ -163,6 +166,8 @@ def apply_ddl(sink: SQLSink, ev: DdlEvent, fence: Callable[[], None] | None) -> 
                     with conn.begin():
                         if sink.dialect == "sqlite":
                             conn.exec_driver_sql(rec.create_table, ())
+                        else:  # a lock held downstream fails the DDL (retryable) instead of blocking the span
+                            conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}s'", ())
                         row = conn.exec_driver_sql(rec.select, (cf, ev.commit_ts, ev.seq)).first()
                         state = None if row is None else int(row[0])
                         if state is None:

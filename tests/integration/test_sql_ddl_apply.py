@@ -545,3 +545,32 @@ def test_at_least_once_replay_drops_rows_from_before_an_applied_ddl(source: Any,
     r.dml("t", "UPDATE t SET n = 3 WHERE id = 2 RETURNING *", op=OpType.UPDATE)
     r.compare("t")
     again.close()
+
+
+def test_a_ddl_blocked_by_a_downstream_lock_fails_retryably(repl: Repl, target: Target,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    if target.kind == "sqlite":
+        pytest.skip("SQLite waits busy-timeout for its single writer lock, as writes do")
+    import sinks.sql.ddl_run as ddl_run
+    from cdc.errors import SinkUnavailable
+
+    monkeypatch.setattr(ddl_run, "LOCK_TIMEOUT", 1)
+    holder = target.server.connect(target.db)  # another client reading the table in an open transaction
+    try:
+        if target.kind == "postgresql":
+            holder.autocommit = False
+        else:
+            holder.autocommit(False)
+        with holder.cursor() as cur:
+            cur.execute(f"SELECT * FROM {target.qualified('t')}")
+        before = repl.schema("t")
+        repl.up("ALTER TABLE t ADD COLUMN c int")
+        ev = DdlEvent(repl.ts + 10, 0.0, TableName("public", "t"), (DdlChange(K.ADD_COLUMN, "c"),), before,
+                      repl.schema("t"), "ALTER TABLE t ADD COLUMN c int")
+        with pytest.raises(SinkUnavailable):
+            repl.sink.apply_ddl(ev)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert repl.sink.apply_ddl(ev) is True
+    repl.compare("t")
