@@ -574,3 +574,46 @@ def test_a_ddl_blocked_by_a_downstream_lock_fails_retryably(repl: Repl, target: 
         holder.close()
     assert repl.sink.apply_ddl(ev) is True
     repl.compare("t")
+
+
+def test_two_ddls_in_one_transaction_with_rows_between_them_replay_exactly(repl: Repl, target: Target) -> None:
+    sink = repl.sink
+    sink.open_position("cf", 0)
+    repl.up("BEGIN")
+    s0 = repl.schema("t")
+    pre = repl.up("INSERT INTO t VALUES (4, 'four', 4) RETURNING *")
+    repl.up("ALTER TABLE t ADD COLUMN c int DEFAULT 1")
+    s1 = repl.schema("t")
+    mid = repl.up("INSERT INTO t VALUES (5, 'five', 5, 5) RETURNING *")
+    repl.up("ALTER TABLE t RENAME COLUMN a TO b")
+    s2 = repl.schema("t")
+    post = repl.up("UPDATE t SET c = 9 WHERE id IN (1, 5) RETURNING *")
+    repl.up("COMMIT")
+    assert s0 is not None and s1 is not None and s2 is not None
+    T = repl.ts = repl.ts + 10
+    t = TableName("public", "t")
+
+    def rows(schema: TableSchema, got: list[tuple[Any, ...]], op: OpType = OpType.INSERT) -> list[RowChange]:
+        return [RowChange(op, schema, T, values=dict(zip(schema.column_names, r, strict=True))) for r in got]
+
+    ev0 = DdlEvent(T, 0.0, t, (DdlChange(K.ADD_COLUMN, "c"),), s0, s1, "ALTER TABLE t ADD COLUMN c int DEFAULT 1", 0)
+    ev1 = DdlEvent(T, 0.0, t, (DdlChange(K.RENAME_COLUMN, "a", "b"),), s1, s2, "ALTER TABLE t RENAME COLUMN a TO b", 1)
+    stream: list[Any] = [rows(s0, pre), ev0, rows(s1, mid), ev1, rows(s2, post, OpType.UPDATE)]
+    for item in stream:
+        if isinstance(item, DdlEvent):
+            assert sink.apply_ddl(item) is True
+        else:
+            assert sink.write(item) == len(item)
+    repl.compare("t")
+    # a crash after the second DDL, before its rows: the replay writes exactly those
+    target.execute(f"UPDATE {target.qualified('t')} SET c = 1 WHERE id = 1")  # undo the last write's effect ...
+    rec = "tidewater.tidewater_ddl" if target.kind == "postgresql" else "tidewater_ddl"
+    target.execute(f"UPDATE {rec} SET rows_done = 0 WHERE seq = 1")  # ... and its mark, as if it never committed
+    sink.close()
+    again = target.sink()
+    assert again.open_position("cf", 0) == T
+    counts = [again.apply_ddl(i) if isinstance(i, DdlEvent) else again.write(i) for i in stream]
+    assert counts == [0, False, 0, False, 2]
+    repl.sink = again
+    repl.compare("t")
+    repl.same_as_fresh("t")
