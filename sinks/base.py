@@ -35,7 +35,8 @@ Guarantees a sink gives its caller:
   not count the transaction as downstream because its first part is). The DDL takes effect at most once:
   ``apply_ddl`` returns False when the target already holds it (a replay after a crash). Errors:
   ``SinkUnavailable`` (transient, retry), ``cdc.errors.DdlRejected`` (untranslatable or refused by the
-  target: names the DDL text, the table and the reason). ``fence`` as for ``write``.
+  target: names the DDL text, the table and the reason). ``fence`` as for ``write``. ``skip=True`` records
+  a DDL the operator skips knowingly: the target is left as it is, the rest behaves as if applied.
 - Threading: one caller thread at a time. ``close`` releases connections; no call after ``close``.
 """
 
@@ -94,9 +95,13 @@ class Sink(ABC):
     def set_ddl_config(self, config: DdlConfig) -> None:  # noqa: B027 - optional hook
         """The changefeed's ``[ddl]`` settings (``replicate-indexes``); before the first ``apply_ddl``."""
 
-    def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None) -> bool:
+    def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
         """Apply schema change ``event`` downstream once (see the module docstring): True when applied now,
-        False when the target already had it. Default: this sink cannot apply DDL (DdlRejected)."""
+        False when the target already had it. ``skip``: the operator skips this DDL knowingly; nothing
+        changes downstream, but the sink treats it as applied (the rows after it are written, a replay does
+        not apply it). Default: this sink cannot apply DDL (DdlRejected); skipping returns False."""
+        if skip:
+            return False
         raise DdlRejected(event.query or ", ".join(event.kinds), str(event.table),
                           f"{type(self).__name__} does not apply schema changes", commit_ts=event.commit_ts)
 

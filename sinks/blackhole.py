@@ -36,7 +36,7 @@ class BlackholeSink(Sink):
         self.writes += 1
         return n
 
-    def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None) -> bool:
+    def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
         if fence is not None:
             fence()
         self.ddls += 1

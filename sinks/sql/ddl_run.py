@@ -125,12 +125,13 @@ class RecordSQL:
         self.mark_done = f"UPDATE {name} SET rows_done = 1 WHERE changefeed = {p} AND commit_ts = {p} AND rows_done = 0"
 
 
-def apply_ddl(sink: SQLSink, ev: DdlEvent, fence: Callable[[], None] | None) -> bool:
-    """Apply ``ev`` to ``sink``'s target at most once (module docstring); True when applied by this call."""
+def apply_ddl(sink: SQLSink, ev: DdlEvent, fence: Callable[[], None] | None, *, skip: bool = False) -> bool:
+    """Apply ``ev`` to ``sink``'s target at most once (module docstring); True when applied by this call.
+    ``skip``: record it as applied (query prefixed ``skipped:``) without changing the target."""
     sink._check_open()
     pos = sink._position
     cf = pos.changefeed if pos is not None else sink._ddl_state.changefeed
-    query = ev.query or ", ".join(ev.kinds)
+    query = ("skipped: " if skip else "") + (ev.query or ", ".join(ev.kinds))
     touched = {sink._target_parts(t) for t in (ev.table, ev.new_table) if t is not None}
     applied = False
     try:
@@ -138,7 +139,7 @@ def apply_ddl(sink: SQLSink, ev: DdlEvent, fence: Callable[[], None] | None) -> 
         step_sql = ""
         if sink.dialect == "mysql":
             state = _read_state(sink, rec, cf, ev)
-            plan = None if state is not None else _translate(sink, ev)
+            plan = None if state is not None else DdlPlan() if skip else _translate(sink, ev)
             if plan is not None:
                 touched |= plan.touched
                 with sink._engine.connect() as ddl:
@@ -156,7 +157,7 @@ def apply_ddl(sink: SQLSink, ev: DdlEvent, fence: Callable[[], None] | None) -> 
                     if fence is not None:
                         fence()
         else:
-            plan = _translate(sink, ev)  # pure; the record decides below whether it runs
+            plan = DdlPlan() if skip else _translate(sink, ev)  # pure; the record decides whether it runs
             with sink._engine.connect() as conn:
                 fk_off = any(step.kind == REBUILD for step in plan.steps)
                 dbapi: Any = conn.connection.dbapi_connection

@@ -269,9 +269,9 @@ class SQLSink(Sink):
     def set_ddl_config(self, config: DdlConfig) -> None:
         self._ddl_state.config = config
 
-    def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None) -> bool:
+    def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
         """Apply a schema change once, translated for the dialect: see :mod:`sinks.sql.ddl_run`."""
-        return apply_ddl(self, event, fence)
+        return apply_ddl(self, event, fence, skip=skip)
 
     # ---- foreign keys between target tables ----------------------------------------------------------
     def _fk_parents(self, label: str) -> bool:
