@@ -56,7 +56,7 @@ from sinks.sql.values import converter
 Parts = tuple[str | None, str]  # (target schema or None, target table)
 
 # step kinds
-SQL, FILL, DROP_PK, REBUILD, RESCALE = "sql", "fill", "drop pk", "rebuild", "rescale"
+SQL, FILL, DROP_PK, REBUILD, RESCALE, EMPTY = "sql", "fill", "drop pk", "rebuild", "rescale", "must be empty"
 
 # kinds that change nothing downstream by the type mapping's rules (see the module docstring)
 NO_OP_KINDS = frozenset({DdlKind.SET_DEFAULT, DdlKind.DROP_DEFAULT, DdlKind.SET_NOT_NULL, DdlKind.DROP_NOT_NULL,
@@ -368,7 +368,9 @@ class Translator:
     def _create(self, ev: DdlEvent, parts: Parts) -> list[Step]:
         if ev.after is None:
             raise DdlRejected(ev.query, str(ev.table), "CREATE TABLE without the table's schema", commit_ts=ev.commit_ts)
-        steps = []
+        # a table already there (created by this DDL before a crash: empty) is used; one with rows is another
+        # incarnation or someone else's data, never mixed with the new table's rows
+        steps = [Step(EMPTY, parts, f"SELECT 1 FROM {self.name(parts)} LIMIT 1", guards=(Guard("table", parts),))]
         if parts[0] is not None:
             steps.append(Step(SQL, parts, create_schema_sql(parts[0], self.preparer)))
         sql = create_table_sql(self.plan(ev.after, parts), self.dialect, self.preparer,

@@ -46,7 +46,18 @@ from cdc.config import DdlConfig
 from cdc.errors import DdlRejected, SinkError, TidewaterError
 from cdc.events import DdlEvent, RowChange
 from cdc.model import DataWarning
-from sinks.sql.ddl_apply import DROP_PK, FILL, REBUILD, RESCALE, DdlPlan, Guard, Parts, Step, Translator
+from sinks.sql.ddl_apply import (
+    DROP_PK,
+    EMPTY,
+    FILL,
+    REBUILD,
+    RESCALE,
+    DdlPlan,
+    Guard,
+    Parts,
+    Step,
+    Translator,
+)
 from sinks.sql.errors import is_db_error
 from sinks.sql.fkgraph import FkGraph
 from sinks.sql.position import PG_SCHEMA
@@ -281,6 +292,11 @@ def _run(sink: SQLSink, conn: Connection, step: Step, ev: DdlEvent, query: str) 
                 _warn(sink, ev, step.note)
             return
         conn.exec_driver_sql(step.sql, step.params)
+    elif step.kind == EMPTY:
+        if conn.exec_driver_sql(step.sql, ()).first() is not None:
+            raise DdlRejected(query, str(ev.table), f"target table {_name(sink, step.table)} already exists with rows "
+                              "(an earlier incarnation of the table, or data loaded there): drop or rename it "
+                              "downstream, or skip this DDL to write into it as it is", commit_ts=ev.commit_ts)
     elif step.kind == DROP_PK:
         t = _name(sink, step.table)
         if sink.dialect == "mysql":

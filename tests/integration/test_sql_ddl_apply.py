@@ -626,3 +626,16 @@ def test_two_ddls_in_one_transaction_with_rows_between_them_replay_exactly(repl:
     repl.sink = again
     repl.compare("t")
     repl.same_as_fresh("t")
+
+
+def test_create_table_over_a_downstream_table_with_rows_is_rejected(repl: Repl, target: Target) -> None:
+    target.execute(f"CREATE TABLE {target.qualified('u')} (k varchar(10) PRIMARY KEY)")
+    target.execute(f"INSERT INTO {target.qualified('u')} VALUES ('old')")
+    with pytest.raises(DdlRejected, match="already exists with rows"):
+        repl.ddl("u", "CREATE TABLE u (k text PRIMARY KEY)", DdlChange(K.CREATE_TABLE))
+    target.execute(f"DELETE FROM {target.qualified('u')}")  # emptied downstream: used as it is
+    ev = DdlEvent(repl.ts, 0.0, TableName("public", "u"), (DdlChange(K.CREATE_TABLE),), None, repl.schema("u"),
+                  "CREATE TABLE u (k text PRIMARY KEY)")
+    assert repl.sink.apply_ddl(ev) is True
+    repl.dml("u", "INSERT INTO u VALUES ('new') RETURNING *")
+    repl.compare("u")
