@@ -152,6 +152,7 @@ class Repl:
 
     def schema(self, table: str) -> TableSchema | None:
         """The source table's schema as the upstream reads it (name, types, nullability, key, defaults)."""
+        tn = TableName.parse(table)
         rows = self.up(
             "SELECT a.attname, a.atttypid::int, coalesce(e.typname, t.typname), t.typelem <> 0 AND t.typlen = -1, "
             "format_type(a.atttypid, a.atttypmod), a.atttypmod, NOT a.attnotnull, pg_get_expr(d.adbin, d.adrelid), "
@@ -160,7 +161,7 @@ class Repl:
             "LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
             "LEFT JOIN pg_index i ON i.indrelid = a.attrelid AND i.indisprimary "
             "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
-            (f'public."{table}"',))
+            (f'"{tn.schema}"."{tn.table}"',))
         if not rows:
             return None
         cols = tuple(ColumnSchema(n, oid, base, bool(arr), tn, mod, bool(null), bool(key), dflt)
@@ -168,11 +169,11 @@ class Repl:
         key = tuple(r[0] for r in self.up(
             "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
             "WHERE i.indrelid = to_regclass(%s) AND i.indisprimary ORDER BY array_position(i.indkey, a.attnum)",
-            (f'public."{table}"',)))
+            (f'"{tn.schema}"."{tn.table}"',)))
         self.versions[table] = self.versions.get(table, 0) + 1
         if key:
-            return TableSchema(TableName("public", table), cols, key, "d", 0, self.versions[table])
-        return TableSchema(TableName("public", table), cols, tuple(c.name for c in cols), "f", 0,
+            return TableSchema(tn, cols, key, "d", 0, self.versions[table])
+        return TableSchema(tn, cols, tuple(c.name for c in cols), "f", 0,
                            self.versions[table], has_key=False)
 
     def dml(self, table: str, sql: str, params: Any = None, op: OpType = OpType.INSERT) -> None:
@@ -198,8 +199,8 @@ class Repl:
         self.up(sql)
         after = self.schema(new_table or table)
         self.ts += 10
-        ev = DdlEvent(self.ts, 0.0, TableName("public", table), tuple(changes), before, after, sql,
-                      new_table=TableName("public", new_table) if new_table else None)
+        ev = DdlEvent(self.ts, 0.0, TableName.parse(table), tuple(changes), before, after, sql,
+                      new_table=TableName.parse(new_table) if new_table else None)
         assert self.sink.apply_ddl(ev) is expect
         if self.crash_replay:  # the steps ran, the record did not (MariaDB's crash window): replay converges
             rec = "tidewater.tidewater_ddl" if self.target.kind == "postgresql" else "tidewater_ddl"
@@ -209,7 +210,7 @@ class Repl:
         return ev
 
     def compare(self, *tables: str) -> None:
-        for d in compare_tables(self.src, [f"public.{t}" for t in tables], self.target.uri):
+        for d in compare_tables(self.src, [str(TableName.parse(t)) for t in tables], self.target.uri):
             assert d.equal, d
             assert d.source_rows == d.target_rows
 
@@ -639,3 +640,14 @@ def test_create_table_over_a_downstream_table_with_rows_is_rejected(repl: Repl, 
     assert repl.sink.apply_ddl(ev) is True
     repl.dml("u", "INSERT INTO u VALUES ('new') RETURNING *")
     repl.compare("u")
+
+
+def test_a_table_moved_to_another_schema_follows_the_routing(repl: Repl, target: Target) -> None:
+    repl.up("CREATE SCHEMA other")
+    repl.ddl("t", "ALTER TABLE t SET SCHEMA other", DdlChange(K.RENAME_TABLE, new_name="other.t"), new_table="other.t")
+    repl.dml("other.t", "INSERT INTO other.t VALUES (4, 'four', 4) RETURNING *")
+    repl.compare("other.t")  # PostgreSQL: other.t; MySQL and SQLite: still t (the schema is not in the name)
+    if target.kind == "postgresql":
+        assert "t" not in target.tables()
+    else:
+        assert "t" in target.tables()
