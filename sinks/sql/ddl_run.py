@@ -226,11 +226,12 @@ def load_ddl_floors(sink: SQLSink, changefeed: str) -> int:
     :meth:`DdlState.drop_replayed`); returns 0 (no position)."""
     state = sink._ddl_state
     state.changefeed = changefeed
+    schema = PG_SCHEMA if sink.dialect == "postgresql" else None
     try:
-        rec = _record_sql(sink)
         with sink._engine.begin() as conn:
-            if sink.dialect == "sqlite":
-                conn.exec_driver_sql(rec.create_table, ())
+            if not sa.inspect(conn).has_table(RECORD_TABLE, schema=schema):
+                return 0  # no DDL applied yet (the table is created by the first one)
+            rec = RecordSQL(sink.dialect, sink._engine.dialect.identifier_preparer)
             rows = conn.exec_driver_sql(rec.floors, (state.changefeed,)).fetchall()
     except Exception as exc:
         if isinstance(exc, TidewaterError) or not is_db_error(exc):
