@@ -259,10 +259,12 @@ class Translator:
             elif k == DdlKind.ADD_COLUMN:
                 out.steps += self._add_column(ev, parts, self._col(ev, ev.after, ch.column))
             elif k == DdlKind.DROP_COLUMN:
+                self._named(ev, ch.column)
                 assert ch.column is not None
                 out.steps.append(Step(SQL, parts, f"ALTER TABLE {self.name(parts)} DROP COLUMN {self.q(ch.column)}",
                                       guards=(Guard("table", parts), Guard("column", parts, ch.column))))
             elif k == DdlKind.RENAME_COLUMN:
+                self._named(ev, ch.column, ch.new_name)
                 assert ch.column is not None and ch.new_name is not None
                 out.steps.append(Step(
                     SQL, parts, f"ALTER TABLE {self.name(parts)} RENAME COLUMN {self.q(ch.column)} TO {self.q(ch.new_name)}",
@@ -301,6 +303,11 @@ class Translator:
         return steps
 
     # -- helpers --
+    @staticmethod
+    def _named(ev: DdlEvent, *names: str | None) -> None:
+        if not all(names):
+            raise DdlRejected(ev.query, str(ev.table), "the change does not name its column(s)", commit_ts=ev.commit_ts)
+
     @staticmethod
     def _need(ev: DdlEvent, schema: TableSchema | None) -> TableSchema:
         if schema is None:

@@ -202,3 +202,8 @@ def test_an_event_without_the_schemas_it_needs_is_rejected() -> None:
         translate("mysql", ev(K.ADD_PRIMARY_KEY, None, table(ID)))
     with pytest.raises(DdlRejected, match="lacks the table's schema"):
         translate("sqlite", ev(K.DROP_COLUMN, table(ID, A), None, DdlChange(K.DROP_COLUMN, "a")))
+
+
+def test_a_column_change_without_its_column_name_is_rejected() -> None:
+    with pytest.raises(DdlRejected, match="does not name its column"):
+        translate("postgresql", ev(K.RENAME_COLUMN, table(ID, A), table(ID, A), DdlChange(K.RENAME_COLUMN, "a")))
