@@ -31,6 +31,13 @@ class SinkConfig:
 
 
 @dataclass(frozen=True)
+class DdlConfig:
+    """``[ddl]``: how schema changes are applied downstream (docs/ddl.md)."""
+
+    replicate_indexes: bool = False  # CREATE/DROP INDEX upstream -> the same secondary index downstream
+
+
+@dataclass(frozen=True)
 class ChangefeedConfig:
     """The changefeed TOML. Keys use dashes in TOML (``span-count``) and underscores here."""
 
@@ -38,6 +45,7 @@ class ChangefeedConfig:
     memory_quota: int = 256 * 1024 * 1024  # bytes of change data in sorter memory, split over the spans
     filter: FilterConfig = field(default_factory=FilterConfig)
     sink: SinkConfig = field(default_factory=SinkConfig)
+    ddl: DdlConfig = field(default_factory=DdlConfig)
 
     def validate(self) -> ChangefeedConfig:
         if not 1 <= self.span_count <= 64:

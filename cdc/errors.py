@@ -110,6 +110,23 @@ class SinkError(TidewaterError):
     code = "CDC:ErrSinkFatal"
 
 
+class DdlRejected(SinkError):
+    """A schema change that the sink cannot apply: untranslatable (a narrowing type change, a type or
+    feature the target lacks) or rejected by the target. Names the DDL text, the table and the reason; the
+    operator fixes the target or skips that DDL knowingly."""
+
+    code = "CDC:ErrDdlRejected"
+
+    def __init__(self, query: str, table: str, reason: str, *, commit_ts: int = 0,
+                 cause: BaseException | None = None) -> None:
+        at = f" (commit ts {commit_ts})" if commit_ts else ""
+        super().__init__(f"DDL {query!r} on table {table}{at} cannot be applied: {reason}", cause=cause)
+        self.query = query
+        self.table = table
+        self.reason = reason
+        self.commit_ts = commit_ts
+
+
 class UpstreamError(TidewaterError):
     code = "CDC:ErrUpstreamFatal"
 

@@ -28,6 +28,15 @@ Guarantees a sink gives its caller:
   downstream; ``commit_ts`` is unique per upstream transaction and transactions are whole in a call, so
   this is exact). The count ``write`` returns excludes dropped changes. Sinks without positions return 0
   and stay at-least-once (idempotent by key only).
+- Schema changes (``apply_ddl``, docs/ddl.md): called only at a barrier, i.e. once every row change with
+  ``commit_ts < event.commit_ts``, and those of the DDL's own transaction that come before it, were
+  written; rows after it are written after it returns, with the new ``TableSchema``. A transaction may
+  thus be split around its DDL into two ``write`` calls: the sink still applies the second part (it does
+  not count the transaction as downstream because its first part is). The DDL takes effect at most once:
+  ``apply_ddl`` returns False when the target already holds it (a replay after a crash). Errors:
+  ``SinkUnavailable`` (transient, retry), ``cdc.errors.DdlRejected`` (untranslatable or refused by the
+  target: names the DDL text, the table and the reason). ``fence`` as for ``write``. ``skip=True`` records
+  a DDL the operator skips knowingly: the target is left as it is, the rest behaves as if applied.
 - Threading: one caller thread at a time. ``close`` releases connections; no call after ``close``.
 """
 
@@ -37,7 +46,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from cdc.events import RowChange, TableName, TableSchema
+from cdc.config import DdlConfig
+from cdc.errors import DdlRejected
+from cdc.events import DdlEvent, RowChange, TableName, TableSchema
 from cdc.model import DataWarning
 
 RowSource = Callable[[TableSchema, Sequence[tuple[Any, ...]]], list[dict[str, Any] | None]]
@@ -80,6 +91,19 @@ class Sink(ABC):
     def forget(self, changefeed: str) -> int:
         """Delete the stored positions of ``changefeed`` (after ``remove``); return how many went."""
         return 0
+
+    def set_ddl_config(self, config: DdlConfig) -> None:  # noqa: B027 - optional hook
+        """The changefeed's ``[ddl]`` settings (``replicate-indexes``); before the first ``apply_ddl``."""
+
+    def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
+        """Apply schema change ``event`` downstream once (see the module docstring): True when applied now,
+        False when the target already had it. ``skip``: the operator skips this DDL knowingly; nothing
+        changes downstream, but the sink treats it as applied (the rows after it are written, a replay does
+        not apply it). Default: this sink cannot apply DDL (DdlRejected); skipping returns False."""
+        if skip:
+            return False
+        raise DdlRejected(event.query or ", ".join(event.kinds), str(event.table),
+                          f"{type(self).__name__} does not apply schema changes", commit_ts=event.commit_ts)
 
     @abstractmethod
     def close(self) -> None: ...

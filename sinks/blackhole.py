@@ -2,7 +2,7 @@
 
 Guarantees: ``write`` consumes the whole iterable and returns how many changes it held; nothing is
 stored, so every write is trivially "durable"; it stores no positions (``open_position`` returns 0,
-``forget`` does nothing). Not thread-safe (one caller, as the contract says).
+``forget`` does nothing); schema changes are counted and discarded like rows. Not thread-safe (one caller, as the contract says).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 
 from cdc.config import SinkConfig
 from cdc.errors import SinkError
-from cdc.events import RowChange
+from cdc.events import DdlEvent, RowChange
 from cdc.uri import parse_sink_uri
 from sinks.base import Sink
 
@@ -21,6 +21,7 @@ class BlackholeSink(Sink):
         parse_sink_uri(uri)
         self.rows = 0  # row changes written since construction
         self.writes = 0  # write calls
+        self.ddls = 0  # schema changes "applied" (discarded, like the rows)
         self._closed = False
 
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
@@ -34,6 +35,12 @@ class BlackholeSink(Sink):
         self.rows += n
         self.writes += 1
         return n
+
+    def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
+        if fence is not None:
+            fence()
+        self.ddls += 1
+        return True
 
     def open_position(self, changefeed: str, span: int, origin: int = 0) -> int:
         return 0  # nothing is stored, so nothing is ever downstream already

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 
-from cdc.config import SinkConfig
+from cdc.config import DdlConfig, SinkConfig
 from cdc.errors import InvalidURI
 from cdc.uri import parse_sink_uri
 from sinks.base import Sink
@@ -46,7 +46,11 @@ def sink_class(scheme: str) -> type[Sink]:
     return cls
 
 
-def open_sink(uri: str, config: SinkConfig | None = None) -> Sink:
-    """A new, unconnected sink for ``uri``; raises InvalidURI for a malformed or unsupported URI."""
+def open_sink(uri: str, config: SinkConfig | None = None, ddl: DdlConfig | None = None) -> Sink:
+    """A new, unconnected sink for ``uri``; raises InvalidURI for a malformed or unsupported URI. ``ddl``:
+    the changefeed's ``[ddl]`` settings (``Sink.set_ddl_config``)."""
     parsed = parse_sink_uri(uri)
-    return sink_class(parsed.scheme)(uri, config or SinkConfig())
+    sink = sink_class(parsed.scheme)(uri, config or SinkConfig())
+    if ddl is not None:
+        sink.set_ddl_config(ddl)
+    return sink

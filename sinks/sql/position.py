@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -100,6 +101,10 @@ class Position:
         self.span = span
         self.origin = origin
         self.applied = 0  # commit Ts of the last transaction downstream, as this sink last read or wrote it
+        # a DDL's commit Ts whose transaction continues after the DDL (sinks.sql.ddl_run): its remaining rows
+        # are written although ``applied`` may already be that Ts, and ``_on_reopened`` marks them done
+        self.reopened = 0
+        self._on_reopened: Callable[[Connection], Any] | None = None
 
     def open(self) -> int:
         """Create the table and the span's row if missing; read and return the applied commit Ts."""
@@ -126,6 +131,16 @@ class Position:
         self.applied = applied
         return applied
 
+    def skip_at(self) -> int:
+        """Changes with a commit Ts at or below this are already downstream (``applied``, except for a
+        transaction reopened after its DDL)."""
+        return self.applied - 1 if self.reopened and self.reopened == self.applied else self.applied
+
+    def reopen(self, commit_ts: int, on_written: Callable[[Connection], Any]) -> None:
+        """The DDL at ``commit_ts`` was applied: the rows of its transaction that follow it are still to be
+        written; ``on_written(conn)`` runs in the transaction of the write that records them."""
+        self.reopened, self._on_reopened = commit_ts, on_written
+
     def record(self, conn: Connection, commit_ts: int, commit_time: float) -> None:
         """Move the row to ``commit_ts`` inside ``conn``'s open transaction (compare-and-set)."""
         res = self._sink_exec(conn, commit_ts, commit_time)
@@ -134,10 +149,14 @@ class Position:
                 f"changefeed={self.changefeed} span={self.span}: the applied position in {self.sql.label} is no "
                 f"longer {self.applied} (another writer advanced this span, or the row was deleted); "
                 "rolled back, the span restarts from the position the target holds")
+        if self._on_reopened is not None and commit_ts >= self.reopened:
+            self._on_reopened(conn)
 
     def committed(self, commit_ts: int) -> None:
         """The transaction that recorded ``commit_ts`` committed."""
         self.applied = commit_ts
+        if commit_ts >= self.reopened:
+            self.reopened, self._on_reopened = 0, None
 
     def _sink_exec(self, conn: Connection, commit_ts: int, commit_time: float) -> int:
         params = (commit_ts, commit_time or time.time(), self.changefeed, self.span, self.applied)

@@ -19,8 +19,8 @@ Guarantees (on top of :class:`sinks.base.Sink`):
 - Exactly-once after :meth:`open_position` (default ``delivery``): the span's applied commit Ts is moved in
   the target's position table inside each write's transaction, after its rows and before the fence and
   commit (compare-and-set, :mod:`sinks.sql.position`); changes at or below it are dropped unapplied.
-- Missing target tables are created from the upstream schema (docs/type-mapping.md); existing tables are
-  used as they are (never altered) after checking that they have the columns and a unique key.
+- Missing target tables are created from the upstream schema (docs/type-mapping.md); existing ones are used
+  as they are (columns and a unique key checked), altered only by ``apply_ddl`` (docs/ddl.md).
 - TRUNCATE is ``DELETE FROM`` on MySQL/SQLite (MySQL's TRUNCATE would commit implicitly) and
   ``TRUNCATE`` on PostgreSQL.
 - Errors: an unreachable or lost server, a deadlock, a lock timeout or a busy SQLite file raise
@@ -64,9 +64,9 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from cdc.config import SinkConfig
+from cdc.config import DdlConfig, SinkConfig
 from cdc.errors import InvalidURI, SinkError, TidewaterError
-from cdc.events import RowChange, TableName, TableSchema
+from cdc.events import DdlEvent, RowChange, TableName, TableSchema
 from cdc.model import DataWarning, merge_warnings
 from cdc.uri import parse_sink_uri
 from sinks.base import RowSource, Sink
@@ -77,6 +77,7 @@ from sinks.sql.ddl import (
     create_table_sql,
     plan_table,
 )
+from sinks.sql.ddl_run import DdlState, apply_ddl, load_ddl_floors
 from sinks.sql.errors import classify, is_db_error, wrap
 from sinks.sql.fkgraph import FkGraph, read_foreign_keys
 from sinks.sql.pipeline import Pipeline
@@ -99,9 +100,6 @@ _MYSQL_SQL_MODE = ("STRICT_TRANS_TABLES,STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZER
 
 _PG_NUMERIC = re.compile(r"numeric\(\d+,(-?\d+)\)")
 _MAX_BINDINGS = 1024  # cached (schema version -> target) bindings before the cache is reset
-# group kinds
-K_UPSERT, K_INSERT, K_DELETE, K_DELETE_ONE, K_UPDATE_ONE = range(5)
-
 
 
 class SQLSink(Sink):
@@ -145,6 +143,7 @@ class SQLSink(Sink):
         self._fk_seen: set[str] = set()  # tables whose foreign keys were read
         self._row_source: RowSource | None = None
         self._warnings: tuple[DataWarning, ...] = ()
+        self._ddl_state = DdlState()  # schema changes (sinks.sql.ddl_run)
 
     # ---- engine --------------------------------------------------------------------------------------
     def _timeout(self, name: str, default: float) -> float:
@@ -267,6 +266,13 @@ class SQLSink(Sink):
         log.warning("table %s: %s (%s; first keys %s)", w.table, w.message, w.code, ", ".join(w.keys))
         self._warnings = merge_warnings(self._warnings, [w])
 
+    def set_ddl_config(self, config: DdlConfig) -> None:
+        self._ddl_state.config = config
+
+    def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
+        """Apply a schema change once, translated for the dialect: see :mod:`sinks.sql.ddl_run`."""
+        return apply_ddl(self, event, fence, skip=skip)
+
     # ---- foreign keys between target tables ----------------------------------------------------------
     def _fk_parents(self, label: str) -> bool:
         return self._fk.has_parents(label)
@@ -300,7 +306,7 @@ class SQLSink(Sink):
         """Exactly-once from now on (unless ``delivery = "at-least-once"``): see :mod:`sinks.sql.position`."""
         self._check_open()
         if self._config.delivery == "at-least-once":
-            return 0
+            return load_ddl_floors(self, changefeed)  # 0; rows from before an applied DDL are replays
         pos = Position(self, self._position_sql(), changefeed, span, origin)
         try:
             applied = pos.open()
@@ -326,7 +332,9 @@ class SQLSink(Sink):
         pos = self._position
         tracked: _Tracked | None = None
         if pos is not None:
-            changes = tracked = _Tracked(changes, pos.applied)
+            changes = tracked = _Tracked(changes, pos.skip_at())
+        elif self._ddl_state.floors:
+            changes = self._ddl_state.drop_replayed(changes)
         try:
             with self._engine.connect() as conn:
                 trans = conn.begin()
