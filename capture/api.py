@@ -185,9 +185,13 @@ class ApiServer:
         target = body.get("target_ts")
         if target is not None and (not isinstance(target, int) or isinstance(target, bool)):
             raise InvalidArgument("target_ts must be an integer")
+        skip = body.get("skip_ddl_ts")
+        if skip is not None and (not isinstance(skip, int) or isinstance(skip, bool)):
+            raise InvalidArgument("skip_ddl_ts must be an integer (the commit Ts named in the DDL error)")
         return self.service.update(cf, UpdateRequest(sink_uri=body.get("sink_uri"),
                                                      upstream_uri=body.get("upstream_uri"),
-                                                     config=body.get("config"), target_ts=target))
+                                                     config=body.get("config"), target_ts=target,
+                                                     skip_ddl_ts=skip))
 
     def _resign(self, req: ApiRequest) -> dict[str, Any]:
         """Make the owner resign. On the owner: call ``owner_resign`` and wait until a new owner is

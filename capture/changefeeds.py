@@ -79,9 +79,11 @@ class UpdateRequest:
     upstream_uri: str | None = None
     config: str | None = None
     target_ts: int | None = None
+    skip_ddl_ts: int | None = None  # add this commit Ts to [ddl] skip-ts: that transaction's DDL is skipped
 
     def is_empty(self) -> bool:
-        return self.sink_uri is None and self.upstream_uri is None and self.config is None and self.target_ts is None
+        return (self.sink_uri is None and self.upstream_uri is None and self.config is None and self.target_ts is None
+                and self.skip_ddl_ts is None)
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,7 @@ class ChangefeedService:
         with passwords redacted.
         """
         if req.is_empty():
-            raise InvalidArgument("nothing to update: give at least one of sink_uri, upstream_uri, config, target_ts")
+            raise InvalidArgument("nothing to update: give at least one of sink_uri, upstream_uri, config, target_ts, skip_ddl_ts")
         entry = self.store.get_changefeed(cf_id)
         if entry is None:
             raise ChangefeedNotFound(f"changefeed {cf_id!r} does not exist")
@@ -220,6 +222,11 @@ class ChangefeedService:
         parse_upstream_uri(upstream_raw)
         _check_same_upstream(old.upstream_uri, upstream_raw)
         config = ChangefeedConfig.from_dict(old.config) if req.config is None else load_config(req.config)
+        if req.skip_ddl_ts is not None:  # TiCDC's ignore-txn-start-ts, for one DDL the target rejects
+            if req.skip_ddl_ts <= 0:
+                raise InvalidArgument(f"skip-ddl-ts must be a positive commit Ts, got {req.skip_ddl_ts}")
+            config = replace(config, ddl=replace(config.ddl, skip_ts=tuple(sorted({*config.ddl.skip_ts,
+                                                                                   req.skip_ddl_ts}))))
         if config.span_count != len(old.spans):
             raise InvalidConfig(
                 f"span-count is fixed when a changefeed is created: {cf_id!r} has {len(old.spans)} span(s), the "

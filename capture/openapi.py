@@ -93,6 +93,9 @@ _SCHEMAS: dict[str, Any] = {
             "upstream_uri": {"type": "string", "description": "same server and database; new credentials/options"},
             "config": {"type": "string", "description": "a whole changefeed TOML (replaces the config)"},
             "target_ts": {"type": "integer", "minimum": 0},
+            "skip_ddl_ts": {"type": "integer", "minimum": 1,
+                            "description": "skip the DDL of the upstream transaction committed at this Ts (named in "
+                                           "the changefeed's CDC:ErrDdlRejected error), knowingly"},
         },
     },
     "SpanView": {

@@ -35,6 +35,9 @@ class DdlConfig:
     """``[ddl]``: how schema changes are applied downstream (docs/ddl.md)."""
 
     replicate_indexes: bool = False  # CREATE/DROP INDEX upstream -> the same secondary index downstream
+    mode: str = "apply"  # "apply": schema changes are applied downstream; "ignore": recorded and skipped
+    on_error: str = "fail"  # a DDL the sink cannot apply: "fail" the changefeed, or "skip" it (divergence warning)
+    skip_ts: tuple[int, ...] = ()  # commit Ts of DDL transactions to skip knowingly (changefeed update --skip-ddl-ts)
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,12 @@ class ChangefeedConfig:
             raise InvalidConfig(f"span-count must be between 1 and 64, got {self.span_count}")
         if self.memory_quota < (1 << 20):
             raise InvalidConfig(f"memory-quota must be at least 1 MiB (1048576 bytes), got {self.memory_quota}")
+        if self.ddl.mode not in ("apply", "ignore"):
+            raise InvalidConfig(f"ddl.mode must be \"apply\" or \"ignore\", got {self.ddl.mode!r}")
+        if self.ddl.on_error not in ("fail", "skip"):
+            raise InvalidConfig(f"ddl.on-error must be \"fail\" or \"skip\", got {self.ddl.on_error!r}")
+        if any(not isinstance(t, int) or t <= 0 for t in self.ddl.skip_ts):
+            raise InvalidConfig(f"ddl.skip-ts must list positive commit Ts, got {list(self.ddl.skip_ts)!r}")
         if self.sink.batch_rows < 1 or self.sink.txn_rows < 1:
             raise InvalidConfig("sink.batch-rows and sink.txn-rows must be positive")
         if self.sink.delivery not in DELIVERY_MODES:

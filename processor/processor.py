@@ -296,11 +296,11 @@ class Processor:
                                       holder=self.capture_id)
         sorter = self.sorter.span(label, memory_budget=config.memory_quota // max(1, len(info.spans)))
         slot = self._slots.get((info.id, span_index))
-        runner = SpanRunner(label, source, sorter, lambda: open_sink(info.sink_uri, config.sink), start,
+        runner = SpanRunner(label, source, sorter, lambda: open_sink(info.sink_uri, config.sink, config.ddl), start,
                             config.sink.txn_rows, fence=self._lease_fence, target_ts=info.target_ts,
                             warnings=slot.warnings if slot is not None else None,
                             row_source=lambda: upstream.row_source(label=label),
-                            position=(info.id, span_index, span.start_ts))
+                            position=(info.id, span_index, span.start_ts), ddl=config.ddl)
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)
         return runner

@@ -24,19 +24,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from itertools import repeat
 
-from cdc.errors import LeaseLost, TidewaterError
-from cdc.events import RowChange
-from cdc.model import DataWarning, merge_warnings
+from cdc.config import DdlConfig
+from cdc.errors import DdlRejected, DecodeError, LeaseLost, TidewaterError
+from cdc.events import DdlEvent, RowChange
+from cdc.model import DataWarning, WarningSeverity, merge_warnings
 from cdc.ts import Watermark
 from processor.mounter import Mounter
 from sinks.base import RowSource, Sink
 from sorter.base import SortedTxn, SpanSorter
-from upstream.base import SpanSource
+from upstream.base import SCHEMA_CHANGE, SpanSource, encode_payload
 
 log = logging.getLogger(__name__)
+
+
+_SCHEMA_CHANGE_PREFIX = encode_payload(SCHEMA_CHANGE, b"")
 
 
 class TxnBatcher:
@@ -44,35 +48,84 @@ class TxnBatcher:
 
     ``next_batch()`` returns a lazy iterator of row changes (``mount(payload, commit_ts, commit_time)``
     of each payload, in order): it ends at the first transaction boundary after ``max_rows`` rows (a
-    single transaction is never split). After the iterator is exhausted, ``last`` is the watermark of
-    the last transaction it contained. Per row it costs one ``mount`` call (the loop runs in ``map``).
+    single transaction is never split, except at its DDL). After the iterator is exhausted, ``last`` is
+    the watermark of the last transaction it completed (unchanged when the batch was the first part of a
+    transaction split at a DDL). Per row it costs one ``mount`` call (the loop runs in ``map``).
+
+    Schema changes: a transaction whose commit Ts is in ``ddl_commits`` (the source's
+    ``schema_change_commits()``) gets batches of its own, cut at each stored schema change
+    (``upstream.base.SCHEMA_CHANGE``): rows before the DDL, then the DDL (``ddl`` after that batch: the
+    caller applies it before asking for the next batch), then the rows after it. ``schema_changes`` turns a
+    stored schema change into DDL events (``ChangeDecoder.schema_changes``).
     """
 
     def __init__(self, txns: Iterable[SortedTxn], mount: Callable[[bytes, int, float], RowChange],
-                 max_rows: int) -> None:
+                 max_rows: int, ddl_commits: Container[int] = frozenset(),
+                 schema_changes: Callable[[bytes, int, float], list[DdlEvent]] | None = None) -> None:
         self._it = iter(txns)
         self._peek: SortedTxn | None = next(self._it, None)
         self._mount = mount
         self._max_rows = max_rows
+        self._ddl_commits = ddl_commits
+        self._schema_changes = schema_changes
+        self._parts: list[tuple[list[RowChange], list[DdlEvent]]] = []  # the rest of a split transaction
+        self._split: Watermark | None = None
         self.last: Watermark | None = None
         self.batch_complete = False
+        self.ddl: list[DdlEvent] = []
 
     def has_more(self) -> bool:
-        return self._peek is not None
+        return self._peek is not None or bool(self._parts)
 
     def next_batch(self) -> Iterator[RowChange]:
         self.batch_complete = False
+        self.ddl = []
+        if self._parts:
+            yield from self._next_part()
+            self.batch_complete = True
+            return
         rows = 0
-        it, mount, max_rows = self._it, self._mount, self._max_rows
+        it, mount, max_rows, ddl_commits = self._it, self._mount, self._max_rows, self._ddl_commits
         while self._peek is not None:
             t = self._peek
             if rows and rows >= max_rows:
+                break
+            if t.commit_ts in ddl_commits:
+                if rows:
+                    break  # a transaction with DDL starts a batch of its own
+                self._peek = next(it, None)
+                self._parts = self._cut(t)
+                self._split = Watermark(t.commit_ts, t.commit_time)
+                yield from self._next_part()
                 break
             self._peek = next(it, None)
             self.last = Watermark(t.commit_ts, t.commit_time)
             rows += t.rows
             yield from map(mount, t.payloads, repeat(t.commit_ts), repeat(t.commit_time))
         self.batch_complete = True
+
+    def _next_part(self) -> Iterator[RowChange]:
+        rows, self.ddl = self._parts.pop(0)
+        yield from rows
+        if not self._parts:
+            self.last = self._split
+
+    def _cut(self, t: SortedTxn) -> list[tuple[list[RowChange], list[DdlEvent]]]:
+        """The transaction as (rows, then DDL) parts; the last part has no DDL."""
+        if self._schema_changes is None:
+            raise DecodeError(f"transaction {t.commit_ts} holds a schema change but the span has no decoder for it")
+        parts: list[tuple[list[RowChange], list[DdlEvent]]] = []
+        rows: list[RowChange] = []
+        for p in t.payloads:
+            if p[:4] == _SCHEMA_CHANGE_PREFIX:
+                events = self._schema_changes(p[4:], t.commit_ts, t.commit_time)
+                if events:
+                    parts.append((rows, events))
+                    rows = []
+            else:
+                rows.append(self._mount(p, t.commit_ts, t.commit_time))
+        parts.append((rows, []))
+        return parts
 
 
 class SpanWarnings:
@@ -120,6 +173,7 @@ class SpanRunner:
         warnings: SpanWarnings | None = None,
         row_source: Callable[[], RowSource] | None = None,
         position: tuple[str, int, int] | None = None,
+        ddl: DdlConfig | None = None,
     ) -> None:
         self.label = label
         self.source = source
@@ -130,6 +184,7 @@ class SpanRunner:
         self.target_ts = target_ts  # changefeed target Ts: nothing committed after it is written
         # (changefeed, span index, span start Ts): the sink's exactly-once position (Sink.open_position)
         self.position = position
+        self.ddl = ddl if ddl is not None else DdlConfig()
         self.resolved = start
         self.checkpoint = start
         self.start_ts = start.ts  # the checkpoint this runner started from
@@ -207,6 +262,34 @@ class SpanRunner:
             self._stop.set()
             self._wake.set()
 
+    def _apply_ddl(self, sink: Sink, event: DdlEvent) -> None:
+        """Apply one schema change downstream, or skip it knowingly (``[ddl] mode = "ignore"``, its commit Ts in
+        ``[ddl] skip-ts``, or ``on-error = "skip"`` after the sink rejected it): a skipped DDL is recorded by the
+        sink (replays leave it) and raised as a warning naming it, never only logged."""
+        what = f"{event.query or ', '.join(event.kinds)} on {event.table} (commit Ts {event.commit_ts})"
+        if self.ddl.mode == "ignore" or event.commit_ts in self.ddl.skip_ts:
+            sink.apply_ddl(event, self._fence, skip=True)
+            why = "[ddl] mode = \"ignore\"" if self.ddl.mode == "ignore" else "its commit Ts is in [ddl] skip-ts"
+            self._ddl_warning("CDC:NoticeDdlSkipped", event, f"schema change {what} not applied downstream: {why}",
+                              WarningSeverity.NOTICE)
+            return
+        try:
+            applied = sink.apply_ddl(event, self._fence)
+        except DdlRejected as exc:
+            if self.ddl.on_error != "skip":
+                raise
+            sink.apply_ddl(event, self._fence, skip=True)
+            self._ddl_warning("CDC:WarnDdlSkipped", event, f"schema change {what} was rejected downstream and skipped "
+                              f"([ddl] on-error = \"skip\"): {exc.message}; the target's schema now differs from "
+                              f"the upstream's", WarningSeverity.DIVERGENCE)
+            return
+        log.info("span=%s schema change %s %s", self.label, what, "applied" if applied else "already applied")
+
+    def _ddl_warning(self, code: str, event: DdlEvent, message: str, severity: WarningSeverity) -> None:
+        now = time.time()
+        self.warnings.add([DataWarning(code, str(event.table), message, severity, first_time=now, last_time=now)])
+        log.warning("span=%s %s", self.label, message)
+
     def _take_warnings(self, origin: SpanSource | Sink) -> None:
         new = origin.take_warnings()
         if new:
@@ -236,7 +319,8 @@ class SpanRunner:
                 if applied > self.checkpoint.ts:
                     log.info("span=%s target already holds up to commit %d (checkpoint %d): the replay skips it",
                              self.label, applied, self.checkpoint.ts)
-            mount = Mounter(self.source.decoder()).mount
+            decoder = self.source.decoder()
+            mount = Mounter(decoder).mount
             while not self._stop.is_set():
                 self._wake.wait(0.2)
                 self._wake.clear()
@@ -251,13 +335,17 @@ class SpanRunner:
                     if target.ts == self.checkpoint.ts and target.time > self.checkpoint.time:
                         self.checkpoint = target
                     continue
-                batcher = TxnBatcher(self.sorter.read_txns(self.checkpoint.ts, target.ts), mount, self.txn_rows)
+                batcher = TxnBatcher(self.sorter.read_txns(self.checkpoint.ts, target.ts), mount, self.txn_rows,
+                                     self.source.schema_change_commits(), decoder.schema_changes)
                 while batcher.has_more() and not self._stop.is_set():
                     self.rows += sink.write(batcher.next_batch(), self._fence)
                     self._take_warnings(sink)
-                    if not batcher.batch_complete or batcher.last is None:
+                    if not batcher.batch_complete:
                         raise RuntimeError(f"sink {type(sink).__name__} returned before consuming its batch")
-                    self.checkpoint = batcher.last
+                    for event in batcher.ddl:  # a barrier: the rows before it are written, those after wait
+                        self._apply_ddl(sink, event)
+                    if batcher.last is not None:
+                        self.checkpoint = batcher.last
                 if not self._stop.is_set():
                     self.checkpoint = target
         finally:

@@ -34,13 +34,13 @@ from __future__ import annotations
 import struct
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cdc.errors import DecodeError
-from cdc.events import ColumnSchema, TableName, TableSchema
+from cdc.events import ColumnSchema, DdlEvent, TableName, TableSchema
 from cdc.filter import TableFilter
 from cdc.model import DataWarning, SpanInfo
 from cdc.ts import Watermark
@@ -52,6 +52,7 @@ __all__ = [
     "Parser",
     "PartitionLeaf",
     "RowReader",
+    "SCHEMA_CHANGE",
     "SlotState",
     "SpanPlan",
     "SpanSource",
@@ -77,6 +78,11 @@ def encode_payload(schema_version: int, raw: bytes) -> bytes:
         return _pack_version(schema_version) + raw
     except struct.error as e:
         raise ValueError(f"schema version {schema_version} does not fit in 32 bits") from e
+
+
+SCHEMA_CHANGE = 0xFFFF_FFFF
+"""The schema version of a stored *schema change* (a DDL at its position in the transaction): its ``raw`` is
+for :meth:`ChangeDecoder.schema_changes`, never a row. Row schema versions stay below it."""
 
 
 def decode_payload(payload: bytes) -> tuple[int, bytes]:
@@ -177,6 +183,12 @@ class ChangeDecoder(ABC):
     def schema(self, version: int) -> TableSchema:
         """The schema a stored change of ``version`` was encoded with (KeyError: unknown version)."""
 
+    def schema_changes(self, raw: bytes, commit_ts: int, commit_time: float) -> list[DdlEvent]:
+        """The DDL events of a payload stored with version :data:`SCHEMA_CHANGE` (``raw`` after the version), of
+        a transaction committed at ``commit_ts``. An empty list: a DDL that changes nothing a sink replicates.
+        Raises DecodeError when ``raw`` cannot be decoded. Default: this upstream stores no schema changes."""
+        raise DecodeError("this upstream stores no schema changes")
+
     @abstractmethod
     def parse_change(self, raw: bytes) -> ParsedChange:
         """Parse one stored change (the payload after its 4-byte version); DecodeError if malformed."""
@@ -233,6 +245,13 @@ class SpanSource(ABC):
     @abstractmethod
     def decoder(self) -> ChangeDecoder:
         """The decoder of the payloads this source stores (its schema versions; valid after ``close``)."""
+
+    def schema_change_commits(self) -> Container[int]:
+        """Commit Ts of the transactions whose stored payloads include a :data:`SCHEMA_CHANGE` (filled as they
+        commit, before they are committed in the buffer; any thread may test membership). The span splits
+        those transactions at their DDL; every other transaction is mounted row by row without looking.
+        Default: none."""
+        return frozenset()
 
     def take_warnings(self) -> list[DataWarning]:
         """Data warnings the stream itself carried since the last call (e.g. rows the upstream could not put

@@ -90,8 +90,11 @@ def _cmd_changefeed(args: argparse.Namespace) -> Result:
             body["config"] = _read_config(args.config)
         if args.target_ts is not None:
             body["target_ts"] = args.target_ts
+        if args.skip_ddl_ts is not None:
+            body["skip_ddl_ts"] = args.skip_ddl_ts
         if not body:
-            raise CliError("CDC:ErrUsage", "nothing to update: give --sink-uri, --config, --target-ts or --upstream", 2)
+            raise CliError("CDC:ErrUsage", "nothing to update: give --sink-uri, --config, --target-ts, --skip-ddl-ts "
+                           "or --upstream", 2)
         return "update", _request(s, "PUT", path, body)
     if op == "remove":
         result = _request(s, "DELETE", path)
@@ -319,6 +322,9 @@ def _add_cli_parser(sub: Any) -> None:
     u.add_argument("--upstream", help="same server and database, e.g. new credentials")
     u.add_argument("--config", help="a whole changefeed TOML (span-count cannot change)")
     u.add_argument("--target-ts", type=int)
+    u.add_argument("--skip-ddl-ts", type=int,
+                   help="skip the schema change(s) of the upstream transaction committed at this Ts (named in the "
+                        "changefeed's DDL error), knowingly: the target keeps its schema")
 
     cap = groups.add_parser("capture", help="list or drain captures")
     cap_ops = cap.add_subparsers(dest="op", required=True)

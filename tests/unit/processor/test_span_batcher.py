@@ -10,6 +10,7 @@ import pytest
 from cdc.ts import Watermark
 from processor.span import TxnBatcher
 from sorter.base import SortedTxn
+from upstream.base import SCHEMA_CHANGE, encode_payload
 
 pytestmark = pytest.mark.unit
 
@@ -71,3 +72,45 @@ def test_lazy_payloads_of_a_spilled_transaction_are_consumed_in_order() -> None:
     b = TxnBatcher(txns, lambda p, ts, tm: (ts, tm, p), max_rows=4)
     assert drain(b) == ([(100, 1.0, b"a"), (100, 1.0, b"b"), (100, 1.0, b"c")], Watermark(100, 1.0), True)
     assert drain(b) == ([(200, 2.0, b"d")], Watermark(200, 2.0), True)
+
+
+DDL = encode_payload(SCHEMA_CHANGE, b"")
+
+
+def test_a_transaction_with_ddl_is_cut_at_each_ddl_in_batches_of_its_own() -> None:
+    es = entries([2, 3, 1])
+    # the middle transaction: row, DDL, row, DDL (that changes nothing a sink replicates), DDL, row
+    es[1] = SortedTxn(110, 11.0, 6, [b"110:0", DDL + b"a", b"110:1", DDL + b"-", DDL + b"b", b"110:2"])
+    decoded: list[tuple[bytes, int, float]] = []
+
+    def schema_changes(raw: bytes, ts: int, tm: float) -> list[Any]:
+        decoded.append((raw, ts, tm))
+        return [] if raw == b"-" else [f"ddl-{raw.decode()}"]
+
+    b = TxnBatcher(es, payload, max_rows=100, ddl_commits={110}, schema_changes=schema_changes)
+    got = []
+    while b.has_more():
+        rows, last, complete = drain(b)
+        assert complete
+        got.append((rows, list(b.ddl), last))
+    assert got == [
+        ([b"100:0", b"100:1"], [], Watermark(100, 10.0)),  # the transaction before stops short of the DDL one
+        ([b"110:0"], ["ddl-a"], Watermark(100, 10.0)),  # the checkpoint does not move inside a transaction
+        ([b"110:1"], ["ddl-b"], Watermark(100, 10.0)),
+        ([b"110:2"], [], Watermark(110, 11.0)),
+        ([b"120:0"], [], Watermark(120, 12.0)),
+    ]
+    assert [(r, ts) for r, ts, _ in decoded] == [(b"a", 110), (b"-", 110), (b"b", 110)]
+
+
+def test_a_ddl_transaction_first_in_the_stream_and_one_ending_with_its_ddl() -> None:
+    es = [SortedTxn(100, 10.0, 2, [b"100:0", DDL + b"x"])]
+    b = TxnBatcher(es, payload, max_rows=1, ddl_commits={100}, schema_changes=lambda r, ts, tm: ["ddl"])
+    assert drain(b) == ([b"100:0"], None, True) and b.ddl == ["ddl"]
+    assert drain(b) == ([], Watermark(100, 10.0), True) and b.ddl == [] and not b.has_more()
+
+
+def test_a_transaction_not_listed_as_holding_ddl_is_never_looked_into() -> None:
+    es = entries([2])
+    b = TxnBatcher(es, payload, max_rows=10, ddl_commits={999}, schema_changes=None)
+    assert drain(b) == ([b"100:0", b"100:1"], Watermark(100, 10.0), True)

@@ -116,6 +116,9 @@ class FakeSource:
         out, self.warnings = self.warnings, []
         return out
 
+    def schema_change_commits(self) -> frozenset[int]:
+        return frozenset()
+
     def open(self) -> None: ...
 
     def close(self) -> None: ...

@@ -1,0 +1,114 @@
+"""SpanRunner at a DDL barrier: rows before it written, the DDL applied (or skipped knowingly, loudly), rows
+after it written, the checkpoint moved only past the whole transaction; a rejected DDL fails the span."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pytest
+
+from cdc.config import DdlConfig
+from cdc.errors import DdlRejected
+from cdc.events import DdlChange, DdlEvent, DdlKind, RowChange, TableName
+from cdc.ts import Watermark
+from processor.span import SpanRunner
+from sinks.base import Sink
+from sorter.base import SortedTxn
+from tests.pgoutput_wire import enc_insert
+from tests.unit.processor.test_span_warnings import SCHEMA, FakeSorter, FakeSource
+from upstream.base import SCHEMA_CHANGE, encode_payload
+from upstream.postgres.source import PgChangeDecoder
+
+pytestmark = pytest.mark.unit
+
+T = TableName("public", "t")
+
+
+class DdlDecoder(PgChangeDecoder):
+    def schema_changes(self, raw: bytes, commit_ts: int, commit_time: float) -> list[DdlEvent]:
+        return [DdlEvent(commit_ts, commit_time, T, (DdlChange(DdlKind.ADD_COLUMN, raw.decode()),), SCHEMA, SCHEMA,
+                         f"ALTER TABLE t ADD COLUMN {raw.decode()} int")]
+
+
+class DdlSource(FakeSource):
+    def __init__(self, resolved: int, commits: set[int]) -> None:
+        super().__init__(resolved)
+        self.commits = commits
+
+    def schema_change_commits(self) -> set[int]:  # type: ignore[override]
+        return self.commits
+
+    def decoder(self) -> DdlDecoder:
+        return DdlDecoder(lambda version: SCHEMA)
+
+
+class RecordingSink(Sink):
+    def __init__(self, reject: bool = False) -> None:
+        self.log: list[Any] = []
+        self.reject = reject
+
+    def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
+        rows = [c.values["id"] for c in changes]
+        self.log.append(rows)
+        return len(rows)
+
+    def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
+        if self.reject and not skip:
+            raise DdlRejected(event.query, str(event.table), "the target has no such type", commit_ts=event.commit_ts)
+        self.log.append(("skip" if skip else "ddl", event.changes[0].column))
+        return True
+
+    def close(self) -> None: ...
+
+
+def row(i: int) -> bytes:
+    return encode_payload(0, enc_insert(None, 16384, [str(i)]))
+
+
+def run(sink: RecordingSink, ddl: DdlConfig | None = None) -> SpanRunner:
+    txns = [SortedTxn(110, 110.0, 1, [row(1)]),
+            SortedTxn(120, 120.0, 4, [row(2), encode_payload(SCHEMA_CHANGE, b"c"), row(3), row(4)]),
+            SortedTxn(130, 130.0, 1, [row(5)])]
+    runner = SpanRunner("cf/0", DdlSource(130, {120}), FakeSorter(txns), lambda: sink,  # type: ignore[arg-type]
+                        Watermark(100, 100.0), txn_rows=10, ddl=ddl)
+    runner.start()
+    deadline = time.monotonic() + 10
+    while runner.checkpoint.ts < 130 and time.monotonic() < deadline and not runner.failed.is_set():
+        time.sleep(0.01)
+    runner.stop()
+    return runner
+
+
+def test_rows_before_the_ddl_then_the_ddl_then_the_rows_after_it() -> None:
+    sink = RecordingSink()
+    runner = run(sink)
+    assert runner.error is None and runner.checkpoint.ts == 130
+    assert sink.log == [[1], [2], ("ddl", "c"), [3, 4], [5]]
+    assert runner.warnings.current() == ()
+
+
+@pytest.mark.parametrize("ddl, code", [(DdlConfig(mode="ignore"), "CDC:NoticeDdlSkipped"),
+                                       (DdlConfig(skip_ts=(120,)), "CDC:NoticeDdlSkipped")])
+def test_a_ddl_skipped_knowingly_is_recorded_and_shown(ddl: DdlConfig, code: str) -> None:
+    sink = RecordingSink(reject=True)
+    runner = run(sink, ddl)
+    assert runner.error is None and sink.log == [[1], [2], ("skip", "c"), [3, 4], [5]]
+    (w,) = runner.warnings.current()
+    assert w.code == code and w.table == "public.t" and "ALTER TABLE t ADD COLUMN c int" in w.message
+
+
+def test_a_rejected_ddl_fails_the_span_before_any_row_after_it() -> None:
+    sink = RecordingSink(reject=True)
+    runner = run(sink)
+    assert isinstance(runner.error, DdlRejected) and "no such type" in str(runner.error)
+    assert sink.log == [[1], [2]] and runner.checkpoint.ts == 110
+
+
+def test_on_error_skip_skips_a_rejected_ddl_with_a_divergence_warning() -> None:
+    sink = RecordingSink(reject=True)
+    runner = run(sink, DdlConfig(on_error="skip"))
+    assert runner.error is None and sink.log == [[1], [2], ("skip", "c"), [3, 4], [5]]
+    (w,) = runner.warnings.current()
+    assert (w.code, w.severity) == ("CDC:WarnDdlSkipped", "divergence") and "no such type" in w.message
