@@ -281,6 +281,10 @@ def test_objects_are_shared_by_changefeeds_and_removed_with_the_last(conn: Any, 
     run(conn, "CREATE TABLE tidewater.tidewater_checkpoint (x int)")  # a PostgreSQL target's table in this db
     assert not capture_objects.uninstall(conn, "pm")  # "second" still uses them
     assert capture_objects.installed(conn)
+    run(conn, "ALTER TABLE m1 DISABLE TRIGGER tidewater_partitions_truncate")  # a TRUNCATE of m1 would be lost
+    assert not capture_objects.installed(conn)
+    run(conn, "ALTER TABLE m1 ENABLE ALWAYS TRIGGER tidewater_partitions_truncate")
+    assert capture_objects.installed(conn)
     assert rows(conn, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'tidewater%'") == [(4,)]  # m (2), m1, m2
     assert capture_objects.uninstall(conn, "second")
     assert not capture_objects.installed(conn)

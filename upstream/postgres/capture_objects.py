@@ -105,8 +105,15 @@ def uninstall(conn: Any, *ids: str) -> bool:
 
 
 def installed(conn: Any) -> bool:
-    """Whether the partition repair objects are in place (the owner's look then leaves partitions alone)."""
+    """Whether the partition repair objects are in place and enabled: both event triggers, and the TRUNCATE
+    trigger on every leaf of every published root (someone may have dropped or disabled one). Only then does
+    the owner's look leave partitions alone."""
     with pg_errors(conn, "reading Tidewater's upstream objects"), conn.cursor() as cur:
         cur.execute("SELECT count(*) = 2 FROM pg_catalog.pg_event_trigger "
                     "WHERE evtname IN ('tidewater_partitions_start', 'tidewater_partitions_end') AND evtenabled <> 'D'")
+        if not cur.fetchone()[0]:
+            return False
+        cur.execute("SELECT NOT EXISTS (SELECT 1 FROM tidewater.partitions_members() m WHERE NOT EXISTS ("
+                    "SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = m.leaf "
+                    "AND t.tgname = 'tidewater_partitions_truncate' AND t.tgenabled <> 'D'))")
         return bool(cur.fetchone()[0])
