@@ -24,10 +24,11 @@ from upstream.postgres.conn import connect
 pytestmark = pytest.mark.integration
 
 PUB = "tidewater_pub_pm_0"
+SLOT = "tidewater_slot_pm_0"
 
 
 def install(conn: Any) -> None:
-    result = capture_objects.install(conn, "pm")
+    result = capture_objects.install(conn)
     assert result.installed, result.reason
 
 
@@ -128,7 +129,7 @@ def upstream_state(conn: Any, root: str) -> Counter[tuple[Any, ...]]:
         return Counter(tuple(None if v is None else str(v) for v in r) for r in cur.fetchall())
 
 
-def setup_range(conn: Any, slot: str = "pm_slot") -> Downstream:
+def setup_range(conn: Any, slot: str = SLOT) -> Downstream:
     run(conn,
         "CREATE TABLE m (id int, k date, v text, PRIMARY KEY (id, k)) PARTITION BY RANGE (k)",
         "CREATE TABLE m1 PARTITION OF m FOR VALUES FROM ('2024-01-01') TO ('2024-02-01')",
@@ -143,7 +144,7 @@ def setup_range(conn: Any, slot: str = "pm_slot") -> Downstream:
 
 
 def check(conn: Any, down: Downstream, root: str = "m") -> None:
-    down.replay(conn, "pm_slot")
+    down.replay(conn, SLOT)
     assert down.state() == upstream_state(conn, root)
 
 
@@ -242,7 +243,7 @@ def test_key_less_full_identity_root_with_duplicate_rows(conn: Any) -> None:
         "ALTER TABLE f REPLICA IDENTITY FULL", "ALTER TABLE f1 REPLICA IDENTITY FULL",
         "ALTER TABLE f2 REPLICA IDENTITY FULL",
         f"CREATE PUBLICATION {PUB} FOR TABLE f WITH (publish_via_partition_root = true)")
-    make_slot(conn, "pm_slot")
+    make_slot(conn, SLOT)
     install(conn)
     run(conn, "INSERT INTO f VALUES (1, 'a'), (1, 'a'), (1, NULL), (2, 'b'), (2, 'b')")
     down = Downstream(keyed=False)
@@ -258,7 +259,7 @@ def test_a_partition_dropped_without_being_named_is_reported_lost(conn: Any) -> 
     down = setup_range(conn)
     run(conn, "DROP ROLE IF EXISTS pm_owner", "CREATE ROLE pm_owner", "ALTER TABLE m2 OWNER TO pm_owner")
     run(conn, "DROP OWNED BY pm_owner")  # drops m2 without naming it
-    down.replay(conn, "pm_slot")
+    down.replay(conn, SLOT)
     lost = [x for x in down.messages if x.op == "lost"]
     assert len(lost) == 1 and lost[0].reason.startswith("dropped") and lost[0].root.table == "m"
     w = lost[0].warning(0.0)
@@ -276,19 +277,30 @@ def test_parse_refuses_malformed_content() -> None:
 
 def test_objects_are_shared_by_changefeeds_and_removed_with_the_last(conn: Any, pg_server: PostgresServer,
                                                                        pg_database: str) -> None:
-    setup_range(conn)  # installed for changefeed "pm"
-    assert capture_objects.install(conn, "second").installed and capture_objects.installed(conn)
+    setup_range(conn)  # installed for the changefeed of SLOT
+    make_slot(conn, "tidewater_slot_second_0")  # a second changefeed of the same database
+    assert capture_objects.install(conn).installed and capture_objects.installed(conn)
     run(conn, "CREATE TABLE tidewater.tidewater_checkpoint (x int)")  # a PostgreSQL target's table in this db
-    assert not capture_objects.uninstall(conn, "pm")  # "second" still uses them
+    assert not capture_objects.uninstall(conn, SLOT)  # the second changefeed's slot still relies on them
+    assert capture_objects.installed(conn)
+    run(conn, "ALTER TABLE m1 DISABLE TRIGGER tidewater_partitions_truncate")  # a TRUNCATE of m1 would be lost
+    assert not capture_objects.installed(conn)
+    run(conn, "ALTER TABLE m1 ENABLE ALWAYS TRIGGER tidewater_partitions_truncate")
     assert capture_objects.installed(conn)
     assert rows(conn, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'tidewater%'") == [(4,)]  # m (2), m1, m2
-    assert capture_objects.uninstall(conn, "second")
+    # no table of Tidewater's own upstream: a user's FOR ALL TABLES publication must not publish one
+    assert rows(conn, "SELECT count(*) FROM pg_class WHERE relnamespace = 'tidewater'::regnamespace "
+                      "AND relname <> 'tidewater_checkpoint'") == [(0,)]
+    assert capture_objects.uninstall(conn, SLOT, "tidewater_slot_second_0")
     assert not capture_objects.installed(conn)
     assert rows(conn, "SELECT count(*) FROM pg_trigger WHERE tgname LIKE 'tidewater%'") == [(0,)]
     assert rows(conn, "SELECT count(*) FROM pg_proc WHERE pronamespace = 'tidewater'::regnamespace") == [(0,)]
     assert rows(conn, "SELECT to_regclass('tidewater.tidewater_checkpoint') IS NOT NULL") == [(True,)]
     run(conn, "TRUNCATE m1")  # the user's statements work as before
-    assert not capture_objects.uninstall(conn, "second")  # idempotent
+    run(conn, "DROP TABLE tidewater.tidewater_checkpoint")
+    assert capture_objects.uninstall(conn, SLOT, "tidewater_slot_second_0")  # nothing left: the schema goes too
+    assert rows(conn, "SELECT to_regnamespace('tidewater') IS NULL") == [(True,)]
+    assert not capture_objects.uninstall(conn, SLOT)  # idempotent
 
 
 def test_a_user_who_is_not_superuser_gets_the_reason_and_nothing_installed(conn: Any, pg_server: PostgresServer,
@@ -296,7 +308,7 @@ def test_a_user_who_is_not_superuser_gets_the_reason_and_nothing_installed(conn:
     run(conn, "DROP ROLE IF EXISTS pm_repl", "CREATE ROLE pm_repl LOGIN REPLICATION")
     other = connect(pg_server.uri(pg_database, user="pm_repl"))
     try:
-        result = capture_objects.install(other, "pm")
+        result = capture_objects.install(other)
     finally:
         other.close()
     assert not result.installed and result.reason is not None and "superuser" in result.reason

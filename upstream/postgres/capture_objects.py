@@ -2,9 +2,10 @@
 
 They put into the WAL what pgoutput does not carry (partition repair: ``sql/20_partitions.sql``; DDL:
 ``sql/10_ddl.sql`` when present). One set per database, shared by every changefeed of that database:
-``install`` registers the changefeed's slots in ``tidewater.changefeeds`` and (re)creates every object from the
-``sql/*.sql`` files in file-name order (each file is idempotent); ``uninstall`` unregisters it and drops
-everything once no changefeed is left. Both hold a transaction-level advisory lock, so concurrent creates
+``install`` (re)creates every object from the ``sql/*.sql`` files in file-name order (each file is
+idempotent); ``uninstall`` drops everything once no Tidewater slot other than the ones being removed is left
+in the database. The slots are the registry: no table is created upstream, because a user's ``FOR ALL
+TABLES`` publication would publish it and break that publication's subscribers. Both hold a transaction-level advisory lock, so concurrent creates
 and removes of changefeeds of one database serialise.
 
 Privileges: event triggers need a superuser. Without one, ``install`` installs nothing and says so
@@ -40,9 +41,8 @@ def _files() -> list[Path]:
     return sorted(SQL_DIR.glob("*.sql"))
 
 
-def install(conn: Any, *ids: str) -> InstallResult:
-    """Install (or refresh) the objects and register ``ids`` (the slots of the spans that rely on them).
-    ``conn``: autocommit connection."""
+def install(conn: Any) -> InstallResult:
+    """Install (or refresh) the objects. ``conn``: autocommit connection."""
     with pg_errors(conn, "installing Tidewater's upstream objects"), conn.cursor() as cur:
         cur.execute("SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user")
         row = cur.fetchone()
@@ -54,10 +54,6 @@ def install(conn: Any, *ids: str) -> InstallResult:
         try:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
             cur.execute("CREATE SCHEMA IF NOT EXISTS tidewater")
-            cur.execute("CREATE TABLE IF NOT EXISTS tidewater.changefeeds ("
-                        "id text PRIMARY KEY, registered_at timestamptz NOT NULL DEFAULT now())")
-            for i in ids:
-                cur.execute("INSERT INTO tidewater.changefeeds (id) VALUES (%s) ON CONFLICT (id) DO NOTHING", (i,))
             for f in _files():
                 cur.execute(f.read_text())
             conn.commit()
@@ -69,17 +65,18 @@ def install(conn: Any, *ids: str) -> InstallResult:
     return InstallResult(True)
 
 
-def uninstall(conn: Any, *ids: str) -> bool:
-    """Unregister ``ids``; drop every object when nothing registered is left. True if dropped."""
+def uninstall(conn: Any, *slots: str) -> bool:
+    """Drop every object unless a Tidewater slot (``tidewater_slot_*``) other than ``slots`` (those being
+    removed) remains in this database. True if dropped."""
     with pg_errors(conn, "removing Tidewater's upstream objects"), conn.cursor() as cur:
-        cur.execute("SELECT to_regclass('tidewater.changefeeds') IS NOT NULL")
+        cur.execute("SELECT to_regnamespace('tidewater') IS NOT NULL")
         if not cur.fetchone()[0]:
             return False
         conn.autocommit = False
         try:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
-            cur.execute("DELETE FROM tidewater.changefeeds WHERE id = ANY (%s)", (list(ids),))
-            cur.execute("SELECT count(*) FROM tidewater.changefeeds")
+            cur.execute("SELECT count(*) FROM pg_catalog.pg_replication_slots WHERE database = current_database() "
+                        "AND slot_name LIKE 'tidewater\\_slot\\_%%' AND NOT (slot_name = ANY (%s))", (list(slots),))
             left = cur.fetchone()[0]
             if not left:
                 cur.execute("SELECT evtname FROM pg_catalog.pg_event_trigger WHERE evtname LIKE 'tidewater\\_%'")
@@ -91,7 +88,6 @@ def uninstall(conn: Any, *ids: str) -> bool:
                             "WHERE p.pronamespace = 'tidewater'::regnamespace")
                 for (proc,) in cur.fetchall():
                     cur.execute(f"DROP FUNCTION IF EXISTS {proc} CASCADE")  # with them the triggers on tables
-                cur.execute("DROP TABLE tidewater.changefeeds")
                 cur.execute("SELECT count(*) FROM pg_catalog.pg_class WHERE relnamespace = 'tidewater'::regnamespace")
                 if not cur.fetchone()[0]:
                     cur.execute("DROP SCHEMA tidewater")
@@ -105,8 +101,15 @@ def uninstall(conn: Any, *ids: str) -> bool:
 
 
 def installed(conn: Any) -> bool:
-    """Whether the partition repair objects are in place (the owner's look then leaves partitions alone)."""
+    """Whether the partition repair objects are in place and enabled: both event triggers, and the TRUNCATE
+    trigger on every leaf of every published root (someone may have dropped or disabled one). Only then does
+    the owner's look leave partitions alone."""
     with pg_errors(conn, "reading Tidewater's upstream objects"), conn.cursor() as cur:
         cur.execute("SELECT count(*) = 2 FROM pg_catalog.pg_event_trigger "
                     "WHERE evtname IN ('tidewater_partitions_start', 'tidewater_partitions_end') AND evtenabled <> 'D'")
+        if not cur.fetchone()[0]:
+            return False
+        cur.execute("SELECT NOT EXISTS (SELECT 1 FROM tidewater.partitions_members() m WHERE NOT EXISTS ("
+                    "SELECT 1 FROM pg_catalog.pg_trigger t WHERE t.tgrelid = m.leaf "
+                    "AND t.tgname = 'tidewater_partitions_truncate' AND t.tgenabled <> 'D'))")
         return bool(cur.fetchone()[0])

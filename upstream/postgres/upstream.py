@@ -114,7 +114,7 @@ class PostgresUpstream(Upstream):
         created_slots: list[str] = []
         spans: list[SpanInfo] = []
         # before the slots: every partition operation from the slots' start on is repaired in the stream
-        result = capture_objects.install(conn, *(p.slot for p in plans))
+        result = capture_objects.install(conn)
         self.capture_notice = result.reason
         if result.reason:
             log.warning("upstream %s: %s", pg_conn.redact_uri(self.uri), result.reason)
