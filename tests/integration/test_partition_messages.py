@@ -170,6 +170,28 @@ def test_truncate_of_one_partition_deletes_its_rows_and_a_root_truncate_sends_no
     assert [(x.op, x.leaf, len(x.changes)) for x in down.messages] == [("delete", "public.m2", 1)]
 
 
+def test_repair_sits_at_the_operations_position_between_the_rows_of_its_transaction(conn: Any) -> None:
+    """A key deleted by the repair and written again later in the same transaction stays (the repair message
+    must be decoded where it was written: a message emitted inside a subtransaction would come last)."""
+    down = setup_range(conn)
+    with conn.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute("INSERT INTO m VALUES (9001, '2024-01-07', 'before')")
+        cur.execute("TRUNCATE m1")
+        cur.execute("INSERT INTO m VALUES (1, '2024-01-05', 'after truncate'), (9001, '2024-01-07', 'again')")
+        cur.execute("DROP TABLE m2")
+        cur.execute("CREATE TABLE m2 PARTITION OF m FOR VALUES FROM ('2024-02-01') TO ('2024-03-01')")
+        cur.execute("INSERT INTO m VALUES (1, '2024-02-05', 'after drop')")
+        cur.execute("CREATE TABLE m3 (id int, k date, v text, PRIMARY KEY (id, k))")
+        cur.execute("INSERT INTO m3 VALUES (5, '2024-03-05', 'attached')")
+        cur.execute("ALTER TABLE m ATTACH PARTITION m3 FOR VALUES FROM ('2024-03-01') TO ('2024-04-01')")
+        cur.execute("UPDATE m SET v = 'updated after attach' WHERE id = 5")
+        cur.execute("COMMIT")
+    check(conn, down)
+    assert down.state()[("1", "2024-02-05", "after drop")] == 1
+    assert down.state()[("5", "2024-03-05", "updated after attach")] == 1
+
+
 def test_detach_drop_and_attach_end_equal(conn: Any) -> None:
     down = setup_range(conn)
     run(conn, "ALTER TABLE m DETACH PARTITION m2")

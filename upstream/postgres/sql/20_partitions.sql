@@ -16,8 +16,10 @@
 --   event triggers tidewater_partitions_start / _end: membership before and after each DDL; leaves that
 --   left are emitted as deletes, leaves that joined as upserts; a DROP's candidates are emitted as deletes
 --   before the DROP runs (afterwards their rows are gone) and re-emitted as upserts if they survived.
--- Nothing here may make the user's statement fail: every body catches its errors and emits a 'lost'
--- marker instead, which puts the changefeed in `warning`.
+-- Nothing here may make the user's statement fail: every catalog read is in an EXCEPTION block whose failure
+-- emits a 'lost' marker instead (the changefeed shows `warning`). Messages are never emitted inside such a
+-- block: PostgreSQL 18.6 decodes a message of a subtransaction after the rest of the transaction, i.e.
+-- after rows written later than it (tests/integration/test_partition_messages.py shows the order).
 
 CREATE OR REPLACE FUNCTION tidewater.partitions_roots() RETURNS SETOF oid
 LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -62,8 +64,6 @@ BEGIN
                                   WHERE c.oid = root),
                                  (SELECT relname FROM pg_class WHERE oid = root)),
         'leaf', leaf_name, 'leaf_oid', leaf, 'reason', why)::text);
-EXCEPTION WHEN OTHERS THEN
-    RAISE WARNING 'tidewater: could not record that rows of partition % were not replicated: %', leaf_name, SQLERRM;
 END
 $$;
 
@@ -116,6 +116,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     marked text := coalesce(current_setting('tidewater.truncating_roots', true), '');
     root oid;
+    failure text;
 BEGIN
     IF TG_ARGV[0] = 'root' THEN
         IF TG_WHEN = 'BEFORE' THEN
@@ -125,16 +126,22 @@ BEGIN
         END IF;
         RETURN NULL;
     END IF;
+    -- Messages are emitted outside EXCEPTION blocks: one emitted inside a subtransaction is decoded after the
+    -- rest of its transaction (measured on PostgreSQL 18.6). The block only reads the catalog.
     BEGIN
         root := pg_partition_root(TG_RELID);
         IF root IS NULL OR root = TG_RELID OR position(',' || root::text || ',' IN marked) > 0
            OR root NOT IN (SELECT tidewater.partitions_roots()) THEN
             RETURN NULL;
         END IF;
-        PERFORM tidewater.partitions_emit(root, TG_RELID, 'delete', 'truncate');
     EXCEPTION WHEN OTHERS THEN
-        PERFORM tidewater.partitions_lost(root, TG_RELID, TG_RELID::regclass::text, 'truncate: ' || SQLERRM);
+        failure := SQLERRM;
     END;
+    IF failure IS NOT NULL THEN
+        PERFORM tidewater.partitions_lost(coalesce(root, 0), TG_RELID, TG_RELID::regclass::text, 'truncate: ' || failure);
+    ELSE
+        PERFORM tidewater.partitions_emit(root, TG_RELID, 'delete', 'truncate');
+    END IF;
     RETURN NULL;
 END
 $$;
@@ -179,11 +186,13 @@ DECLARE
     q text;
     m record;
     candidates text := ',';
+    pending oid[] := '{}';
+    i int;
 BEGIN
     IF coalesce(current_setting('tidewater.internal', true), '') = 'on' THEN
         RETURN;
     END IF;
-    BEGIN
+    BEGIN  -- reads only (see partitions_on_truncate); the messages go out after it
         -- 'root:leaf' per leaf and 'root:0' per published root (so a root without partitions counts)
         PERFORM set_config('tidewater.partitions_before', coalesce((
             SELECT string_agg(x, ',') FROM (
@@ -198,7 +207,7 @@ BEGIN
                      JOIN pg_class c ON c.oid = mm.leaf JOIN pg_namespace n ON n.oid = c.relnamespace
             LOOP
                 IF position(lower(m.relname) IN q) > 0 OR position(lower(m.nspname) IN q) > 0 THEN
-                    PERFORM tidewater.partitions_emit(m.root, m.leaf, 'delete', 'drop');
+                    pending := pending || m.root || m.leaf;
                     candidates := candidates || m.leaf::text || ',';
                 END IF;
             END LOOP;
@@ -206,7 +215,11 @@ BEGIN
         PERFORM set_config('tidewater.partitions_candidates', candidates, false);
     EXCEPTION WHEN OTHERS THEN
         PERFORM set_config('tidewater.partitions_before', 'error:' || SQLERRM, false);
+        RETURN;
     END;
+    FOR i IN 1 .. coalesce(array_length(pending, 1), 0) / 2 LOOP
+        PERFORM tidewater.partitions_emit(pending[2 * i - 1], pending[2 * i], 'delete', 'drop');
+    END LOOP;
 END
 $$;
 
@@ -217,13 +230,16 @@ DECLARE
     candidates text := coalesce(current_setting('tidewater.partitions_candidates', true), ',');
     b record;
     a record;
+    todo text[] := '{}';
+    failure text;
+    i int;
 BEGIN
     IF coalesce(current_setting('tidewater.internal', true), '') = 'on' THEN
         RETURN;
     END IF;
     PERFORM set_config('tidewater.partitions_before', '', false);
     PERFORM set_config('tidewater.partitions_candidates', ',', false);
-    BEGIN
+    BEGIN  -- reads only (see partitions_on_truncate): what to emit is collected, then emitted after it
         IF before_text LIKE 'error:%' THEN
             RAISE EXCEPTION '%', substr(before_text, 7);
         END IF;
@@ -241,14 +257,14 @@ BEGIN
         LOOP
             IF b.still_member THEN
                 IF b.candidate THEN  -- named by a DROP that did not drop it: its keys were deleted, restore
-                    PERFORM tidewater.partitions_emit(b.root, b.leaf, 'upsert', 'restore');
+                    todo := todo || ARRAY[b.root::text, b.leaf::text, 'upsert', 'restore'];
                 END IF;
             ELSIF b.leaf_exists THEN
                 IF NOT b.candidate THEN
-                    PERFORM tidewater.partitions_emit(b.root, b.leaf, 'delete', 'detach');
+                    todo := todo || ARRAY[b.root::text, b.leaf::text, 'delete', 'detach'];
                 END IF;
             ELSIF NOT b.candidate THEN
-                PERFORM tidewater.partitions_lost(b.root, b.leaf, b.leaf::text, 'dropped without being named');
+                todo := todo || ARRAY[b.root::text, b.leaf::text, 'lost', 'dropped without being named'];
             END IF;
         END LOOP;
         FOR a IN
@@ -257,12 +273,23 @@ BEGIN
                                FROM unnest(string_to_array(nullif(before_text, ''), ',')) x)
               AND NOT (now.root::text || ':' || now.leaf::text = ANY (string_to_array(before_text, ',')))
         LOOP
-            PERFORM tidewater.partitions_emit(a.root, a.leaf, 'upsert', 'attach');
+            todo := todo || ARRAY[a.root::text, a.leaf::text, 'upsert', 'attach'];
         END LOOP;
-        PERFORM tidewater.partitions_sync();
     EXCEPTION WHEN OTHERS THEN
-        PERFORM tidewater.partitions_lost(0, 0, '', TG_TAG || ': ' || SQLERRM);
+        failure := TG_TAG || ': ' || SQLERRM;
     END;
+    IF failure IS NOT NULL THEN
+        PERFORM tidewater.partitions_lost(0, 0, '', failure);
+        RETURN;
+    END IF;
+    FOR i IN 1 .. coalesce(array_length(todo, 1), 0) / 4 LOOP
+        IF todo[4 * i - 1] = 'lost' THEN
+            PERFORM tidewater.partitions_lost(todo[4 * i - 3]::oid, todo[4 * i - 2]::oid, todo[4 * i - 2], todo[4 * i]);
+        ELSE
+            PERFORM tidewater.partitions_emit(todo[4 * i - 3]::oid, todo[4 * i - 2]::oid, todo[4 * i - 1], todo[4 * i]);
+        END IF;
+    END LOOP;
+    PERFORM tidewater.partitions_sync();
 END
 $$;
 
