@@ -35,7 +35,7 @@ from cdc.ts import Watermark
 from processor.mounter import Mounter
 from sinks.base import RowSource, Sink
 from sorter.base import SortedTxn, SpanSorter
-from upstream.base import SCHEMA_CHANGE, SpanSource, encode_payload
+from upstream.base import SCHEMA_CHANGE, ChangeDecoder, SpanSource, encode_payload
 
 log = logging.getLogger(__name__)
 
@@ -262,6 +262,22 @@ class SpanRunner:
             self._stop.set()
             self._wake.set()
 
+    def _schema_changes(self, decoder: ChangeDecoder) -> Callable[[bytes, int, float], list[DdlEvent]]:
+        """``decoder.schema_changes``, except that a DDL the upstream could not describe (``DdlRejected`` at
+        decode) is skipped under the same settings as one the sink rejects (else it fails the span)."""
+        def decode(raw: bytes, commit_ts: int, commit_time: float) -> list[DdlEvent]:
+            try:
+                return decoder.schema_changes(raw, commit_ts, commit_time)
+            except DdlRejected as exc:
+                if self.ddl.mode == "ignore" or commit_ts in self.ddl.skip_ts or self.ddl.on_error == "skip":
+                    now = time.time()
+                    self.warnings.add([DataWarning("CDC:WarnDdlSkipped", exc.table, f"schema change skipped: "
+                                                   f"{exc.message}", WarningSeverity.DIVERGENCE, first_time=now,
+                                                   last_time=now)])
+                    return []
+                raise
+        return decode
+
     def _apply_ddl(self, sink: Sink, event: DdlEvent) -> None:
         """Apply one schema change downstream, or skip it knowingly (``[ddl] mode = "ignore"``, its commit Ts in
         ``[ddl] skip-ts``, or ``on-error = "skip"`` after the sink rejected it): a skipped DDL is recorded by the
@@ -336,7 +352,7 @@ class SpanRunner:
                         self.checkpoint = target
                     continue
                 batcher = TxnBatcher(self.sorter.read_txns(self.checkpoint.ts, target.ts), mount, self.txn_rows,
-                                     self.source.schema_change_commits(), decoder.schema_changes)
+                                     self.source.schema_change_commits(), self._schema_changes(decoder))
                 while batcher.has_more() and not self._stop.is_set():
                     self.rows += sink.write(batcher.next_batch(), self._fence)
                     self._take_warnings(sink)

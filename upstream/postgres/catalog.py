@@ -40,7 +40,8 @@ Choices documented here, relied on by the puller and the sinks:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from psycopg2 import sql
@@ -262,26 +263,40 @@ def table_schema(conn: Any, table: TableName | int, *, version: int = 0) -> Tabl
         pk = _index_columns(cur, info.oid, "i.indisprimary")
         pk_immediate = bool(pk) and bool(_index_columns(cur, info.oid, "i.indisprimary AND i.indimmediate"))
         ident = _index_columns(cur, info.oid, "i.indisreplident") if info.replica_identity == "i" else ()
+    return build_schema(info.name, info.oid, info.replica_identity, rows, types, domains, pk, pk_immediate, ident,
+                        version=version)
+
+
+def build_schema(name: TableName, oid: int, replica_identity: str, rows: Sequence[Sequence[Any]],
+                 types: dict[int, _Type], domains: dict[str, str], pk: tuple[str, ...], pk_immediate: bool,
+                 ident: tuple[str, ...], *, version: int = 0, defaults: dict[str, str] | None = None) -> TableSchema:
+    """The :class:`TableSchema` of catalog facts (the rules of the module doc): ``rows`` as :data:`_COLUMNS`
+    returns them, ``types`` the closure of their types (:func:`type_row`), ``domains`` the display type of
+    domain columns. Shared by :func:`table_schema` and the DDL trigger's messages (``ddl_decode``), so a table
+    described by either is the same schema."""
     names = tuple(r[0] for r in rows)
     has_key = True
-    if info.replica_identity == "i" and ident:
+    if replica_identity == "i" and ident:
         key = ident
-    elif (info.replica_identity == "d" and pk_immediate) or (info.replica_identity == "f" and pk):
+    elif (replica_identity == "d" and pk_immediate) or (replica_identity == "f" and pk):
         key = pk
-    elif info.replica_identity == "f":
+    elif replica_identity == "f":
         key, has_key = names, False
     else:  # DEFAULT without a (non-deferrable) primary key, NOTHING, or INDEX whose index was dropped
         key, has_key = (), False
     keyset = set(key)
-    return TableSchema(
-        name=info.name,
-        columns=tuple(_column(r, types, keyset, domains) for r in rows),
-        key=key,
-        replica_identity=info.replica_identity,
-        relation_id=info.oid,
-        version=version,
-        has_key=has_key,
-    )
+    cols = tuple(_column(tuple(r), types, keyset, domains) for r in rows)
+    if defaults:
+        cols = tuple(replace(c, default=defaults.get(c.name)) for c in cols)
+    return TableSchema(name=name, columns=cols, key=key, replica_identity=replica_identity, relation_id=oid,
+                       version=version, has_key=has_key)
+
+
+def type_row(row: Sequence[Any]) -> _Type:
+    """A type of :func:`build_schema`'s closure from ``(oid, typname, typtype, typcategory, typelem,
+    typbasetype, typtypmod, typnamespace)``."""
+    oid, name, typtype, category, elem, basetype, typmod, nsp = row[:8]
+    return _Type(int(oid), name, typtype, category, int(elem), int(basetype), int(typmod), int(nsp))
 
 
 def generated_columns(conn: Any, oid: int) -> dict[str, str]:

@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cdc.events import ColumnSchema, TableName, TableSchema
+from cdc.events import ColumnSchema, DdlEvent, TableName, TableSchema
 from cdc.filter import TableFilter
 from cdc.model import DataWarning
 from cdc.ts import Watermark
-from upstream.base import ChangeBuffer, ChangeDecoder, Parser, SpanSource, encode_payload
-from upstream.postgres import catalog, partition_messages, pgoutput, types
+from upstream.base import SCHEMA_CHANGE, ChangeBuffer, ChangeDecoder, Parser, SpanSource, encode_payload
+from upstream.postgres import catalog, ddl_stream, partition_messages, pgoutput, types
 from upstream.postgres.stream import Keepalive, ReplicationStream
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,10 @@ class PgChangeDecoder(ChangeDecoder):
     def schema(self, version: int) -> TableSchema:
         return self._schemas(version)
 
+    def schema_changes(self, raw: bytes, commit_ts: int, commit_time: float) -> list[DdlEvent]:
+        before, seq, content = ddl_stream.unpack(raw)
+        return ddl_stream.events(content, self._schemas(before) if before else None, commit_ts, commit_time, seq)
+
     def parser(self, column: ColumnSchema) -> Parser:
         return types.parser_for(column.base_type, column.is_array)
 
@@ -112,7 +116,10 @@ class PgSpanSource(SpanSource):
         self._next_version = 1
         self._decoder = PgChangeDecoder(self.schema)
         self.buffer: ChangeBuffer | None = None  # the buffer ``run`` feeds (for the message hook)
-        self._carried: dict[int, bool] = {}  # relid -> this span replicates it (partition repair messages)
+        self._ddl_seq: dict[int, int] = {}  # xid -> schema changes stored so far in that transaction
+        self._ddl_commits: set[int] = set()  # commit Ts of transactions holding schema changes
+        self._carried: dict[int, bool] = {}
+        self._started_with: set[int] | None = None  # the publication's tables when the span started  # relid -> this span replicates it (partition repair messages)
         self._warnings: list[DataWarning] = []
         self._warnings_lock = threading.Lock()
         self.resolved = start
@@ -157,7 +164,12 @@ class PgSpanSource(SpanSource):
         this span carries become Insert/Delete changes of the root in the message's (sub)transaction, at its
         position; a ``lost`` marker becomes a data warning (:meth:`take_warnings`). Other prefixes carry
         nothing to replicate."""
-        if m.prefix != partition_messages.PREFIX or not m.transactional:
+        if not m.transactional:
+            return
+        if m.prefix == ddl_stream.PREFIX:
+            self._on_ddl(m, xid, subxid)
+            return
+        if m.prefix != partition_messages.PREFIX:
             return
         msg = partition_messages.parse(m.content)
         if msg.root_oid and not self._carries(msg.root, msg.root_oid):
@@ -180,6 +192,26 @@ class PgSpanSource(SpanSource):
         log.info("span=%s partition %s of %s: %d row(s) %s (%s)", self.label, msg.leaf, msg.root, len(msg.changes),
                  "deleted" if msg.op == "delete" else "upserted", msg.reason)
 
+    def _on_ddl(self, m: pgoutput.LogicalMessage, xid: int, subxid: int) -> None:
+        """A schema change (``ddl_stream``) of a table this span carries: stored at its position in the transaction
+        as a :data:`~upstream.base.SCHEMA_CHANGE` payload with the table's schema version before it, and the
+        transaction remembered so that the span cuts it there (:meth:`schema_change_commits`)."""
+        about = ddl_stream.about(m.content)
+        if about.error:
+            with self._warnings_lock:
+                self._warnings.append(about.warning(time.time()))
+            return
+        if about.relid == 0 or not self._carries(about.table, about.relid):
+            return
+        assert self.buffer is not None
+        seq = self._ddl_seq.get(xid, 0)
+        self._ddl_seq[xid] = seq + 1
+        before = self._relation_version.get(about.relid, 0)
+        self.buffer.add(xid, subxid, encode_payload(SCHEMA_CHANGE, ddl_stream.pack(before, seq, m.content)))
+
+    def schema_change_commits(self) -> set[int]:
+        return self._ddl_commits
+
     def _carries(self, root: TableName, relid: int) -> bool:
         """Whether this span replicates ``root``: it has seen its Relation, or the root matches the filter and
         is in the span's publication (asked once per root: repair messages are rare)."""
@@ -192,13 +224,20 @@ class PgSpanSource(SpanSource):
         return known
 
     def _in_publication(self, relid: int) -> bool:
+        """Whether ``relid`` is in the span's publication now, or was when the span started (a DROP TABLE's
+        message is decoded after the table left the publication)."""
+        if self._started_with is not None and relid in self._started_with:
+            return True
+        return relid in self._publication_relids()
+
+    def _publication_relids(self) -> set[int]:
         if self._catalog_conn is None:
             self._catalog_conn = self._catalog_conn_factory()
         with self._catalog_conn.cursor() as cur:
-            cur.execute("SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel pr "
-                        "JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid "
-                        "WHERE p.pubname = %s AND pr.prrelid = %s)", (self.stream.publication, relid))
-            return bool(cur.fetchone()[0])
+            cur.execute("SELECT pr.prrelid FROM pg_catalog.pg_publication_rel pr "
+                        "JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid WHERE p.pubname = %s",
+                        (self.stream.publication,))
+            return {int(r[0]) for r in cur.fetchall()}
 
     def take_warnings(self) -> list[DataWarning]:
         with self._warnings_lock:
@@ -208,6 +247,10 @@ class PgSpanSource(SpanSource):
     # ---- the loop ----------------------------------------------------------------------------------
     def run(self, buffer: ChangeBuffer, stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
         self.buffer = buffer
+        try:
+            self._started_with = self._publication_relids()
+        except Exception as exc:  # noqa: BLE001 - only DROP TABLE detection needs it; the stream reports outages
+            log.warning("span=%s could not list the publication's tables: %s", self.label, exc)
         relver = self._relation_version
         skip_upto = self.start.ts
         txn_xid = 0
@@ -254,6 +297,8 @@ class PgSpanSource(SpanSource):
                                             on_resolved)
                 elif t is pgoutput.StreamAbort:
                     buffer.abort(m.xid, m.subxid)
+                    if m.xid == m.subxid:
+                        self._ddl_seq.pop(m.xid, None)
                 elif t is pgoutput.Relation:
                     self._on_relation(m)
                 elif t is pgoutput.Truncate:
@@ -280,6 +325,8 @@ class PgSpanSource(SpanSource):
 
     def _commit(self, buffer: ChangeBuffer, xid: int, end_lsn: int, commit_time: float, skip_upto: int,
                 resolved: Watermark, on_resolved: Callable[[Watermark], None]) -> Watermark:
+        if self._ddl_seq and self._ddl_seq.pop(xid, None) is not None and end_lsn > skip_upto:
+            self._ddl_commits.add(end_lsn)  # before the buffer commit: the span must not read it uncut
         if end_lsn <= skip_upto:
             buffer.abort(xid, xid)  # already downstream before the restart
             return resolved

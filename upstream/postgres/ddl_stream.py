@@ -1,0 +1,90 @@
+"""Schema changes in the span's stream: what the source stores for a ``tidewater.ddl`` message, and back.
+
+The DDL event trigger (``sql/10_ddl.sql``) emits, inside the DDL's transaction and at its WAL position, a
+transactional logical message with prefix :data:`PREFIX` and a JSON document describing the command and the
+table after it (:mod:`upstream.postgres.ddl_decode` reads it). The span source stores it in the sorter, in
+its transaction, as an ``upstream.base.SCHEMA_CHANGE`` payload whose raw part is :func:`pack`: the schema
+version the table had just before the DDL in this stream (0: none seen yet), the DDL's sequence number in its
+transaction, and the message content. The decoder turns it into ``DdlEvent`` s once the transaction's commit
+Ts is known (:func:`events`).
+
+Guarantees: :func:`about` and :func:`unpack` are pure and raise ``DecodeError`` on malformed input.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+from cdc.errors import DdlRejected, DecodeError
+from cdc.events import DdlEvent, TableName, TableSchema
+from cdc.model import DataWarning, WarningSeverity
+from upstream.postgres import ddl_decode
+
+PREFIX = "tidewater.ddl"
+CODE_NOT_CAPTURED = "CDC:WarnDdlNotCaptured"
+
+_HEAD = struct.Struct(">IH")
+
+
+@dataclass(frozen=True, slots=True)
+class About:
+    """What the source needs to know of a DDL message before storing it: the table (oid and name; 0 when the
+    command concerns no table) or the trigger's error."""
+
+    relid: int
+    table: TableName
+    error: str | None = None
+    query: str = ""
+
+    def warning(self, now: float) -> DataWarning:
+        return DataWarning(
+            CODE_NOT_CAPTURED, str(self.table) if self.relid else "",
+            f"a schema change upstream could not be described by Tidewater's DDL trigger ({self.error}); the "
+            f"statement was: {self.query[:300]!r}. The downstream schema may now differ: compare it with the "
+            f"upstream and apply the change there by hand, then resume the changefeed",
+            WarningSeverity.DIVERGENCE, first_time=now, last_time=now)
+
+
+def about(content: bytes) -> About:
+    try:
+        doc: Any = json.loads(content)
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        table = ddl_decode.message_table(doc)
+        error = doc.get("error")
+        query = str(doc.get("query") or "")
+        if table is None:
+            return About(0, TableName("", ""), str(error) if error else None, query)
+        relid, name = table
+        return About(relid, name, str(error) if error else None, query)
+    except (ValueError, KeyError, TypeError) as e:
+        raise DecodeError(f"malformed {PREFIX} message ({e}): {bytes(content[:200])!r}") from e
+
+
+def pack(before_version: int, seq: int, content: bytes) -> bytes:
+    return _HEAD.pack(before_version, seq) + content
+
+
+def unpack(raw: bytes) -> tuple[int, int, bytes]:
+    if len(raw) < _HEAD.size:
+        raise DecodeError(f"stored schema change too short ({len(raw)} bytes)")
+    before, seq = _HEAD.unpack_from(raw)
+    return before, seq, raw[_HEAD.size:]
+
+
+def events(content: bytes, before: TableSchema | None, commit_ts: int, commit_time: float, seq: int) -> list[DdlEvent]:
+    """The DDL events of one stored message (``ddl_decode``), for a transaction committed at ``commit_ts``.
+
+    A change the stream cannot compare (no earlier schema of the table in it) raises ``DdlRejected`` naming the
+    statement, table and commit Ts: the operator applies it downstream by hand and skips it
+    (``--skip-ddl-ts``), as for any DDL the target rejects."""
+    try:
+        return ddl_decode.decode(content, before, commit_ts=commit_ts, commit_time=commit_time, seq=seq)
+    except ddl_decode.UnknownBefore as e:
+        doc = json.loads(content)
+        t = ddl_decode.message_table(doc)
+        raise DdlRejected(str(doc.get("query") or ""), str(t[1]) if t else "?",
+                          f"{e.message}; apply it downstream by hand, then skip it", commit_ts=commit_ts) from e
