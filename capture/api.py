@@ -178,7 +178,7 @@ class ApiServer:
 
     def _update(self, req: ApiRequest, cf: str) -> dict[str, Any]:
         body = _object(req.body)
-        _no_unknown(body, {"sink_uri", "upstream_uri", "config", "target_ts"})
+        _no_unknown(body, {"sink_uri", "upstream_uri", "config", "target_ts", "skip_ddl_ts"})
         for key in ("sink_uri", "upstream_uri", "config"):
             if key in body and not isinstance(body[key], str):
                 raise InvalidArgument(f"{key} must be a string")

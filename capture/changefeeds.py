@@ -212,9 +212,9 @@ class ChangefeedService:
         if entry is None:
             raise ChangefeedNotFound(f"changefeed {cf_id!r} does not exist")
         old = entry.value
-        if old.state is not FeedState.STOPPED:
+        if old.state not in (FeedState.STOPPED, FeedState.FAILED):  # failed: e.g. --skip-ddl-ts, then resume
             raise ChangefeedStateConflict(
-                f"changefeed {cf_id!r} is {old.state.value}: only a stopped changefeed can be updated; pause it "
+                f"changefeed {cf_id!r} is {old.state.value}: only a stopped or failed changefeed can be updated; pause it "
                 f"first (cdc cli changefeed pause -c {cf_id}), update it, then resume it")
         sink_raw = old.sink_uri if req.sink_uri is None else req.sink_uri
         upstream_raw = old.upstream_uri if req.upstream_uri is None else req.upstream_uri

@@ -120,7 +120,9 @@ class DdlRejected(SinkError):
     def __init__(self, query: str, table: str, reason: str, *, commit_ts: int = 0,
                  cause: BaseException | None = None) -> None:
         at = f" (commit ts {commit_ts})" if commit_ts else ""
-        super().__init__(f"DDL {query!r} on table {table}{at} cannot be applied: {reason}", cause=cause)
+        how = (f"; fix the target, or skip this DDL knowingly with `cdc cli changefeed update -c <id> --skip-ddl-ts "
+               f"{commit_ts}` and resume") if commit_ts else ""
+        super().__init__(f"DDL {query!r} on table {table}{at} cannot be applied: {reason}{how}", cause=cause)
         self.query = query
         self.table = table
         self.reason = reason

@@ -7,6 +7,7 @@ compares the columns (a column missing downstream, or one with other values, is 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -94,19 +95,34 @@ def test_a_ddl_the_target_rejects_fails_the_changefeed_and_skip_ddl_ts_moves_on(
     cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
     _exec(source, *FILL)
     assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"])
-    # a narrowing type change cannot be reproduced downstream without cutting values
-    _exec(source, "ALTER TABLE items ALTER COLUMN name TYPE varchar(5) USING left(name, 5)")
-    lsn = pg_server.execute("SELECT pg_current_wal_lsn()", db=pg_database)
+    # a narrowing type change is refused downstream (there, values could be cut); these values fit
+    (lsn,) = pg_server.execute("SELECT pg_current_wal_lsn() - '0/0'", db=pg_database)[0]
+    _exec(source, "ALTER TABLE items ALTER COLUMN name TYPE varchar(10)")
     q = wait_for(cdc, "ddl", lambda q: q["state"] == "failed", "state failed", timeout=90)
     assert q["error"]["code"] == "CDC:ErrDdlRejected", q["error"]
-    assert "varchar(5)" in q["error"]["message"] and "items" in q["error"]["message"], q["error"]
-    ts = int(q["error"]["message"].split("commit Ts ")[1].split(")")[0].split(" ")[0].rstrip(",:;"))
-    assert lsn
+    assert "varchar(10)" in q["error"]["message"] and "items" in q["error"]["message"], q["error"]
+    ts = int(re.search(r"--skip-ddl-ts (\d+)", q["error"]["message"]).group(1))  # type: ignore[union-attr]
+    assert ts > int(lsn)
+    # the rows after the rejected DDL wait; none of them is written with a schema the target does not have
+    _exec(source, "INSERT INTO items VALUES (100, 'x', 1)")
     cdc.request("PUT", "/api/v2/changefeeds/ddl", {"skip_ddl_ts": ts})
     cdc.request("POST", "/api/v2/changefeeds/ddl/resume")
-    _exec(source, "INSERT INTO items VALUES (100, 'x', 1)")
-    info = cdc.wait_checkpoint("ddl", int(pg_server.execute("SELECT pg_current_wal_lsn() - '0/0'",
-                                                               db=pg_database)[0][0]))
-    assert info["state"] in ("normal", "warning"), info
-    q = wait_for(cdc, "ddl", lambda q: any(w["code"] == "CDC:NoticeDdlSkipped" for w in q["warnings"]),
-                 "the skip shown")
+    # (after the restart the stream has no schema of the table before the DDL - no schema history yet, issue 9
+    # item 5 - so the skip is reported as a divergence, CDC:WarnDdlSkipped; with one, CDC:NoticeDdlSkipped)
+    skipped = ("CDC:NoticeDdlSkipped", "CDC:WarnDdlSkipped")
+    q = wait_for(cdc, "ddl", lambda q: any(w["code"] in skipped for w in q["warnings"]), "the skip shown")
+    assert str(ts) in next(w["message"] for w in q["warnings"] if w["code"] in skipped)
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"])  # the values fit both types
+
+
+def test_a_type_change_that_rewrites_values_upstream_is_refused_loudly(
+    cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
+) -> None:
+    """ALTER TYPE ... USING rewrites every row upstream and the stream carries none of it: never silent."""
+    cdc = cdc_server
+    cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
+    _exec(source, *FILL)
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"])
+    _exec(source, "ALTER TABLE items ALTER COLUMN name TYPE text USING upper(name)")
+    q = wait_for(cdc, "ddl", lambda q: q["state"] == "failed", "state failed", timeout=90)
+    assert q["error"]["code"] == "CDC:ErrDdlRejected" and "USING" in q["error"]["message"], q["error"]

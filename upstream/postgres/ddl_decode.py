@@ -31,6 +31,10 @@ class UnknownBefore(DecodeError):
     """A schema change of a table whose previous schema the span's stream does not know."""
 
 
+class ValuesRewritten(DecodeError):
+    """A type change with ``USING``: PostgreSQL rewrote the column's values and the stream carries none of it."""
+
+
 def _doc(content: bytes | dict[str, Any]) -> dict[str, Any]:
     if isinstance(content, dict):
         return content
@@ -97,6 +101,9 @@ def decode(content: bytes | dict[str, Any], before: TableSchema | None, *, commi
         changes = diff(before, after, column_command=doc.get("object_type") == "table column")
         if not changes:
             return []
+        if any(c.kind is DdlKind.ALTER_COLUMN_TYPE for c in changes) and " using " in f" {query.lower()} ":
+            raise ValuesRewritten(f"a type change with USING rewrote the values of {after.name} upstream; the "
+                                  f"stream carries none of the rewritten rows, so the target would keep the old values")
         new_table = after.name if after.name != before.name else None
         return [DdlEvent(commit_ts, commit_time, before.name, tuple(changes), before, after, query, seq, new_table)]
     except DecodeError:

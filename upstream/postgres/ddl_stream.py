@@ -83,8 +83,8 @@ def events(content: bytes, before: TableSchema | None, commit_ts: int, commit_ti
     (``--skip-ddl-ts``), as for any DDL the target rejects."""
     try:
         return ddl_decode.decode(content, before, commit_ts=commit_ts, commit_time=commit_time, seq=seq)
-    except ddl_decode.UnknownBefore as e:
+    except (ddl_decode.UnknownBefore, ddl_decode.ValuesRewritten) as e:
         doc = json.loads(content)
         t = ddl_decode.message_table(doc)
         raise DdlRejected(str(doc.get("query") or ""), str(t[1]) if t else "?",
-                          f"{e.message}; apply it downstream by hand, then skip it", commit_ts=commit_ts) from e
+                          f"{e.message}; apply it downstream by hand (USING: copy the table again), then skip it", commit_ts=commit_ts) from e
