@@ -118,7 +118,7 @@ class PgSpanSource(SpanSource):
         self.buffer: ChangeBuffer | None = None  # the buffer ``run`` feeds (for the message hook)
         self._ddl_seq: dict[int, int] = {}  # xid -> schema changes stored so far in that transaction
         self._ddl_commits: set[int] = set()  # commit Ts of transactions holding schema changes
-        self._carried: dict[int, bool] = {}
+        self._carried: set[int] = set()  # relids this span replicates (asked by partition repair and DDL messages)
         self._started_with: set[int] | None = None  # the publication's tables when the span started  # relid -> this span replicates it (partition repair messages)
         self._warnings: list[DataWarning] = []
         self._warnings_lock = threading.Lock()
@@ -214,14 +214,14 @@ class PgSpanSource(SpanSource):
 
     def _carries(self, root: TableName, relid: int) -> bool:
         """Whether this span replicates ``root``: it has seen its Relation, or the root matches the filter and
-        is in the span's publication (asked once per root: repair messages are rare)."""
-        if relid in self._relation_version:
+        is in the span's publication. Only a yes is remembered: a table is added to a publication later (the
+        owner's pick-up), and the messages that ask are rare (partition repair, DDL)."""
+        if relid in self._relation_version or relid in self._carried:
             return True
-        known = self._carried.get(relid)
-        if known is None:
-            known = self.filter.match(root) and self._in_publication(relid)
-            self._carried[relid] = known
-        return known
+        if self.filter.match(root) and self._in_publication(relid):
+            self._carried.add(relid)
+            return True
+        return False
 
     def _in_publication(self, relid: int) -> bool:
         """Whether ``relid`` is in the span's publication now, or was when the span started (a DROP TABLE's
