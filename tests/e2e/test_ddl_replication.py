@@ -18,6 +18,7 @@ from e2e_workload import assert_converged, wait_for
 from playground.cluster import CdcServer
 from playground.compare import sqlalchemy_url
 from playground.servers import PostgresServer
+from upstream.postgres import capture_objects
 
 pytestmark = pytest.mark.e2e
 
@@ -126,3 +127,25 @@ def test_a_type_change_that_rewrites_values_upstream_is_refused_loudly(
     _exec(source, "ALTER TABLE items ALTER COLUMN name TYPE text USING upper(name)")
     q = wait_for(cdc, "ddl", lambda q: q["state"] == "failed", "state failed", timeout=90)
     assert q["error"]["code"] == "CDC:ErrDdlRejected" and "USING" in q["error"]["message"], q["error"]
+
+
+def test_without_the_ddl_trigger_column_changes_come_from_the_stream_and_a_rename_is_refused(
+    cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
+) -> None:
+    cdc = cdc_server
+    cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
+    # as for a user who may not create event triggers: nothing of Tidewater's is installed upstream
+    slots = [s for (s,) in pg_server.execute("SELECT slot_name FROM pg_replication_slots WHERE database = "
+                                             "current_database()", db=pg_database)]
+    assert capture_objects.uninstall(source, *slots)
+    _exec(source, *FILL)
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"])
+    _exec(source, "ALTER TABLE items ADD COLUMN note text", "INSERT INTO items VALUES (60, 'n', 1, 'with note')",
+          "ALTER TABLE items ALTER COLUMN qty TYPE bigint", "UPDATE items SET qty = 6000000000 WHERE id = 60",
+          "ALTER TABLE items DROP COLUMN name", "INSERT INTO items VALUES (61, 2, 'no name')")
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"])
+    assert "name" not in _target_columns(sink_uri, "items") and "note" in _target_columns(sink_uri, "items")
+    # a rename cannot be told from a drop plus an add without the trigger: refused, never guessed
+    _exec(source, "ALTER TABLE items RENAME COLUMN note TO remark", "INSERT INTO items VALUES (62, 3, 'r')")
+    q = wait_for(cdc, "ddl", lambda q: q["state"] == "failed", "state failed", timeout=90)
+    assert q["error"]["code"] == "CDC:ErrDdlRejected" and "RENAME COLUMN" in q["error"]["message"], q["error"]

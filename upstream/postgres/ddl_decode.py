@@ -31,6 +31,10 @@ class UnknownBefore(DecodeError):
     """A schema change of a table whose previous schema the span's stream does not know."""
 
 
+class Ambiguous(DecodeError):
+    """A change seen only in Relation messages that could be a rename or a drop plus an add."""
+
+
 class ValuesRewritten(DecodeError):
     """A type change with ``USING``: PostgreSQL rewrote the column's values and the stream carries none of it."""
 
@@ -141,3 +145,21 @@ def diff(before: TableSchema, after: TableSchema, *, column_command: bool = Fals
         if after.has_key and after.key:
             out.append(DdlChange(DdlKind.ADD_PRIMARY_KEY))
     return out
+
+
+def from_relations(before: TableSchema, after: TableSchema, *, commit_ts: int, commit_time: float,
+                   seq: int) -> list[DdlEvent]:
+    """The fallback without the DDL trigger: a schema change seen only as a new Relation message (its column
+    list; key, nullability and types enriched from the catalog when the span read it). Added, dropped and
+    retyped columns are derived; a column gone while another appeared may be a rename or a drop plus an add,
+    and guessing wrong loses the column's values downstream: :class:`Ambiguous`. Defaults are unknown (the
+    sink warns for added columns)."""
+    changes = diff(before, after)
+    kinds = {c.kind for c in changes}
+    if DdlKind.DROP_COLUMN in kinds and DdlKind.ADD_COLUMN in kinds:
+        raise Ambiguous(f"columns of {after.name} were dropped and added in one change seen without the DDL "
+                        f"trigger: a RENAME COLUMN cannot be told from a drop plus an add")
+    if not changes:
+        return []
+    query = f"(seen in the replication stream only) {', '.join(c.kind.value + ' ' + (c.column or '') for c in changes)}"
+    return [DdlEvent(commit_ts, commit_time, before.name, tuple(changes), before, after, query, seq)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,16 +76,29 @@ def unpack(raw: bytes) -> tuple[int, int, bytes]:
     return before, seq, raw[_HEAD.size:]
 
 
-def events(content: bytes, before: TableSchema | None, commit_ts: int, commit_time: float, seq: int) -> list[DdlEvent]:
+def fallback(relid: int, table: TableName, after_version: int) -> bytes:
+    """The stored form of a schema change seen only as a new Relation message (no DDL message came)."""
+    return json.dumps({"v": 1, "fallback": {"oid": relid, "schema": table.schema, "table": table.table,
+                                            "after_version": after_version}}).encode()
+
+
+def events(content: bytes, before: TableSchema | None, commit_ts: int, commit_time: float, seq: int, *,
+           schemas: Callable[[int], TableSchema] | None = None) -> list[DdlEvent]:
     """The DDL events of one stored message (``ddl_decode``), for a transaction committed at ``commit_ts``.
 
     A change the stream cannot compare (no earlier schema of the table in it) raises ``DdlRejected`` naming the
     statement, table and commit Ts: the operator applies it downstream by hand and skips it
     (``--skip-ddl-ts``), as for any DDL the target rejects."""
     try:
-        return ddl_decode.decode(content, before, commit_ts=commit_ts, commit_time=commit_time, seq=seq)
-    except (ddl_decode.UnknownBefore, ddl_decode.ValuesRewritten) as e:
         doc = json.loads(content)
-        t = ddl_decode.message_table(doc)
+        if isinstance(doc, dict) and doc.get("fallback"):
+            if schemas is None or before is None:
+                raise DecodeError("a schema change from Relation messages needs both schema versions")
+            return ddl_decode.from_relations(before, schemas(int(doc["fallback"]["after_version"])),
+                                             commit_ts=commit_ts, commit_time=commit_time, seq=seq)
+        return ddl_decode.decode(content, before, commit_ts=commit_ts, commit_time=commit_time, seq=seq)
+    except (ddl_decode.UnknownBefore, ddl_decode.ValuesRewritten, ddl_decode.Ambiguous) as e:
+        doc = json.loads(content)
+        t = ddl_decode.message_table({"table": doc["fallback"]} if doc.get("fallback") else doc)
         raise DdlRejected(str(doc.get("query") or ""), str(t[1]) if t else "?",
                           f"{e.message}; apply it downstream by hand (USING: copy the table again), then skip it", commit_ts=commit_ts) from e

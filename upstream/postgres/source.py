@@ -84,7 +84,8 @@ class PgChangeDecoder(ChangeDecoder):
 
     def schema_changes(self, raw: bytes, commit_ts: int, commit_time: float) -> list[DdlEvent]:
         before, seq, content = ddl_stream.unpack(raw)
-        return ddl_stream.events(content, self._schemas(before) if before else None, commit_ts, commit_time, seq)
+        return ddl_stream.events(content, self._schemas(before) if before else None, commit_ts, commit_time, seq,
+                                 schemas=self._schemas)
 
     def parser(self, column: ColumnSchema) -> Parser:
         return types.parser_for(column.base_type, column.is_array)
@@ -117,7 +118,8 @@ class PgSpanSource(SpanSource):
         self._decoder = PgChangeDecoder(self.schema)
         self.buffer: ChangeBuffer | None = None  # the buffer ``run`` feeds (for the message hook)
         self._ddl_seq: dict[int, int] = {}  # xid -> schema changes stored so far in that transaction
-        self._ddl_commits: set[int] = set()  # commit Ts of transactions holding schema changes
+        self._ddl_commits: set[int] = set()
+        self._ddl_described: set[int] = set()  # relids with a DDL message since their last schema version  # commit Ts of transactions holding schema changes
         self._carried: set[int] = set()  # relids this span replicates (asked by partition repair and DDL messages)
         self._started_with: set[int] | None = None  # the publication's tables when the span started  # relid -> this span replicates it (partition repair messages)
         self._warnings: list[DataWarning] = []
@@ -141,7 +143,10 @@ class PgSpanSource(SpanSource):
         return self._schemas[version]
 
     # ---- message handlers (not per row) ------------------------------------------------------------
-    def _on_relation(self, rel: pgoutput.Relation) -> None:
+    def _on_relation(self, rel: pgoutput.Relation, xid: int = 0, subxid: int = 0) -> None:
+        """A new schema version. When the table's columns changed and no DDL message came for it since its last
+        version (no DDL trigger upstream, or it was disabled), a schema change derived from the two versions is
+        stored before the rows that use the new one (the fallback of docs/ddl.md)."""
         name = TableName(rel.namespace, rel.name)
         if not self.filter.match(name):
             self._relation_version.pop(rel.relid, None)
@@ -157,7 +162,19 @@ class PgSpanSource(SpanSource):
         version = self._next_version
         self._next_version += 1
         self._schemas[version] = merge_schema(rel, current, version)
+        previous = self._relation_version.get(rel.relid)
         self._relation_version[rel.relid] = version
+        described = rel.relid in self._ddl_described
+        self._ddl_described.discard(rel.relid)
+        if previous is None or described or xid == 0 or self.buffer is None:
+            return
+        old_cols = [(c.name, c.type_oid, c.type_modifier) for c in self._schemas[previous].columns]
+        if old_cols == [(c.name, c.type_oid, c.type_modifier) for c in self._schemas[version].columns]:
+            return
+        seq = self._ddl_seq.get(xid, 0)
+        self._ddl_seq[xid] = seq + 1
+        self.buffer.add(xid, subxid, encode_payload(SCHEMA_CHANGE, ddl_stream.pack(
+            previous, seq, ddl_stream.fallback(rel.relid, name, version))))
 
     def _on_message(self, m: pgoutput.LogicalMessage, xid: int, subxid: int) -> None:
         """A ``pg_logical_emit_message`` record. Partition repair messages (:mod:`partition_messages`) of a root
@@ -207,6 +224,7 @@ class PgSpanSource(SpanSource):
         seq = self._ddl_seq.get(xid, 0)
         self._ddl_seq[xid] = seq + 1
         before = self._relation_version.get(about.relid, 0)
+        self._ddl_described.add(about.relid)  # its next Relation message is this DDL's, no fallback
         self.buffer.add(xid, subxid, encode_payload(SCHEMA_CHANGE, ddl_stream.pack(before, seq, m.content)))
 
     def schema_change_commits(self) -> set[int]:
@@ -300,7 +318,10 @@ class PgSpanSource(SpanSource):
                     if m.xid == m.subxid:
                         self._ddl_seq.pop(m.xid, None)
                 elif t is pgoutput.Relation:
-                    self._on_relation(m)
+                    if m.xid is None:
+                        self._on_relation(m, txn_xid, txn_xid)
+                    else:
+                        self._on_relation(m, stream_xid, m.xid)
                 elif t is pgoutput.Truncate:
                     xid = txn_xid if m.xid is None else stream_xid
                     sub = xid if m.xid is None else m.xid
