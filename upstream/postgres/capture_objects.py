@@ -1,7 +1,7 @@
 """Tidewater's objects in the upstream database: schema ``tidewater``, its functions and triggers.
 
-They put into the WAL what pgoutput does not carry (partition repair: ``sql/20_partitions.sql``; DDL:
-``sql/10_ddl.sql`` when present). One set per database, shared by every changefeed of that database:
+They put into the WAL what pgoutput does not carry (DDL: ``sql/10_ddl.sql``; partition repair:
+``sql/20_partitions.sql``). One set per database, shared by every changefeed of that database:
 ``install`` (re)creates every object from the ``sql/*.sql`` files in file-name order (each file is
 idempotent); ``uninstall`` drops everything once no Tidewater slot other than the ones being removed is left
 in the database. The slots are the registry: no table is created upstream, because a user's ``FOR ALL
@@ -48,8 +48,11 @@ def install(conn: Any) -> InstallResult:
         row = cur.fetchone()
         if not row or not row[0]:
             return InstallResult(False, "the upstream user is not a superuser, which PostgreSQL requires for event "
-                                        "triggers: partition TRUNCATE/DETACH/DROP/ATTACH are not repaired "
-                                        "downstream, only reported as warnings by the owner's look")
+                                        "triggers: schema changes are seen only as new column lists in the stream "
+                                        "(added, dropped and retyped columns are applied; column renames are "
+                                        "refused; table renames, CREATE/DROP TABLE, keys, defaults and indexes "
+                                        "are not seen), and partition TRUNCATE/DETACH/DROP/ATTACH are not repaired "
+                                        "downstream, only reported as warnings by the owner's look (docs/ddl.md)")
         conn.autocommit = False
         try:
             cur.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK_KEY,))
