@@ -35,6 +35,13 @@ CREATE TABLE events (id bigserial PRIMARY KEY, kind text, payload bytea, at time
 TABLES = ["public.accounts", "public.Ledger Entries", "public.events"]
 
 
+def run_sql(conn: Any, *statements: str) -> None:
+    """Run ``statements`` in order on ``conn`` (autocommit: each its own transaction, unless one is BEGIN)."""
+    with conn.cursor() as cur:
+        for stmt in statements:
+            cur.execute(stmt)
+
+
 def mixed_workload(conn: Any, txns: int, seed: int = 7, start: int = 0) -> None:
     """Many small transactions of inserts, updates and deletes over several tables."""
     rnd = random.Random(seed)

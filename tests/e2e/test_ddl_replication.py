@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from e2e_workload import assert_converged, wait_for
+from e2e_workload import assert_converged, run_sql, wait_for
 
 from playground.cluster import CdcServer
 from playground.compare import sqlalchemy_url
@@ -35,12 +35,6 @@ def source_schema() -> str:
     return SCHEMA
 
 
-def _exec(conn: Any, *statements: str) -> None:
-    with conn.cursor() as cur:
-        for stmt in statements:
-            cur.execute(stmt)
-
-
 def _target_columns(sink: str, table: str) -> list[str]:
     engine = sa.create_engine(sqlalchemy_url(sink))
     try:
@@ -55,12 +49,12 @@ def test_column_and_table_ddl_interleaved_with_rows_end_equal(
 ) -> None:
     cdc = cdc_server
     cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
-    _exec(source, *FILL)
-    _exec(source, "UPDATE items SET qty = qty + 1 WHERE id <= 10", "INSERT INTO other VALUES (11, 'o11')")
+    run_sql(source, *FILL)
+    run_sql(source, "UPDATE items SET qty = qty + 1 WHERE id <= 10", "INSERT INTO other VALUES (11, 'o11')")
     assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"])
 
     # ADD COLUMN with a default: existing rows get it downstream as upstream; in one transaction with rows
-    _exec(source, "BEGIN", "INSERT INTO items VALUES (51, 'before add', 51)",
+    run_sql(source, "BEGIN", "INSERT INTO items VALUES (51, 'before add', 51)",
           "ALTER TABLE items ADD COLUMN price numeric(10,2) NOT NULL DEFAULT 9.99",
           "INSERT INTO items VALUES (52, 'after add', 52, 1.50)", "UPDATE items SET price = 2.25 WHERE id = 3",
           "COMMIT")
@@ -68,19 +62,19 @@ def test_column_and_table_ddl_interleaved_with_rows_end_equal(
     assert "price" in _target_columns(sink_uri, "items")
 
     # widen, rename, drop: separate transactions, rows between them
-    _exec(source, "ALTER TABLE items ALTER COLUMN name TYPE varchar(200)",
+    run_sql(source, "ALTER TABLE items ALTER COLUMN name TYPE varchar(200)",
           "INSERT INTO items VALUES (53, repeat('x', 150), 53, 3)")
-    _exec(source, "ALTER TABLE items RENAME COLUMN qty TO quantity", "UPDATE items SET quantity = 0 WHERE id = 53")
-    _exec(source, "ALTER TABLE items ALTER COLUMN quantity TYPE bigint",
+    run_sql(source, "ALTER TABLE items RENAME COLUMN qty TO quantity", "UPDATE items SET quantity = 0 WHERE id = 53")
+    run_sql(source, "ALTER TABLE items ALTER COLUMN quantity TYPE bigint",
           "UPDATE items SET quantity = 5000000000 WHERE id = 52")
-    _exec(source, "ALTER TABLE other DROP COLUMN v", "INSERT INTO other VALUES (12)")
+    run_sql(source, "ALTER TABLE other DROP COLUMN v", "INSERT INTO other VALUES (12)")
     assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"])
     cols = _target_columns(sink_uri, "items")
     assert "quantity" in cols and "qty" not in cols, cols
     assert "v" not in _target_columns(sink_uri, "other")
 
     # DROP TABLE, then a new table of the same name starts empty downstream (never mixed with the old rows)
-    _exec(source, "DROP TABLE other", "CREATE TABLE other (k int PRIMARY KEY, w text)",
+    run_sql(source, "DROP TABLE other", "CREATE TABLE other (k int PRIMARY KEY, w text)",
           "INSERT INTO other VALUES (1, 'new incarnation')")
     q = wait_for(cdc, "ddl", lambda q: q["state"] in ("normal", "warning", "failed"), "a state")
     assert q["state"] == "normal", q
@@ -94,18 +88,18 @@ def test_a_ddl_the_target_rejects_fails_the_changefeed_and_skip_ddl_ts_moves_on(
 ) -> None:
     cdc = cdc_server
     cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
-    _exec(source, *FILL)
+    run_sql(source, *FILL)
     assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"])
     # a narrowing type change is refused downstream (there, values could be cut); these values fit
     (lsn,) = pg_server.execute("SELECT pg_current_wal_lsn() - '0/0'", db=pg_database)[0]
-    _exec(source, "ALTER TABLE items ALTER COLUMN name TYPE varchar(10)")
+    run_sql(source, "ALTER TABLE items ALTER COLUMN name TYPE varchar(10)")
     q = wait_for(cdc, "ddl", lambda q: q["state"] == "failed", "state failed", timeout=90)
     assert q["error"]["code"] == "CDC:ErrDdlRejected", q["error"]
     assert "varchar(10)" in q["error"]["message"] and "items" in q["error"]["message"], q["error"]
     ts = int(re.search(r"--skip-ddl-ts (\d+)", q["error"]["message"]).group(1))  # type: ignore[union-attr]
     assert ts > int(lsn)
     # the rows after the rejected DDL wait; none of them is written with a schema the target does not have
-    _exec(source, "INSERT INTO items VALUES (100, 'x', 1)")
+    run_sql(source, "INSERT INTO items VALUES (100, 'x', 1)")
     cdc.request("PUT", "/api/v2/changefeeds/ddl", {"skip_ddl_ts": ts})
     cdc.request("POST", "/api/v2/changefeeds/ddl/resume")
     # (after the restart the stream has no schema of the table before the DDL - no schema history yet, issue 9
@@ -122,9 +116,9 @@ def test_a_type_change_that_rewrites_values_upstream_is_refused_loudly(
     """ALTER TYPE ... USING rewrites every row upstream and the stream carries none of it: never silent."""
     cdc = cdc_server
     cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
-    _exec(source, *FILL)
+    run_sql(source, *FILL)
     assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"])
-    _exec(source, "ALTER TABLE items ALTER COLUMN name TYPE text USING upper(name)")
+    run_sql(source, "ALTER TABLE items ALTER COLUMN name TYPE text USING upper(name)")
     q = wait_for(cdc, "ddl", lambda q: q["state"] == "failed", "state failed", timeout=90)
     assert q["error"]["code"] == "CDC:ErrDdlRejected" and "USING" in q["error"]["message"], q["error"]
 
@@ -138,14 +132,14 @@ def test_without_the_ddl_trigger_column_changes_come_from_the_stream_and_a_renam
     slots = [s for (s,) in pg_server.execute("SELECT slot_name FROM pg_replication_slots WHERE database = "
                                              "current_database()", db=pg_database)]
     assert capture_objects.uninstall(source, *slots)
-    _exec(source, *FILL)
+    run_sql(source, *FILL)
     assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"])
-    _exec(source, "ALTER TABLE items ADD COLUMN note text", "INSERT INTO items VALUES (60, 'n', 1, 'with note')",
+    run_sql(source, "ALTER TABLE items ADD COLUMN note text", "INSERT INTO items VALUES (60, 'n', 1, 'with note')",
           "ALTER TABLE items ALTER COLUMN qty TYPE bigint", "UPDATE items SET qty = 6000000000 WHERE id = 60",
           "ALTER TABLE items DROP COLUMN name", "INSERT INTO items VALUES (61, 2, 'no name')")
     assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"])
     assert "name" not in _target_columns(sink_uri, "items") and "note" in _target_columns(sink_uri, "items")
     # a rename cannot be told from a drop plus an add without the trigger: refused, never guessed
-    _exec(source, "ALTER TABLE items RENAME COLUMN note TO remark", "INSERT INTO items VALUES (62, 3, 'r')")
+    run_sql(source, "ALTER TABLE items RENAME COLUMN note TO remark", "INSERT INTO items VALUES (62, 3, 'r')")
     q = wait_for(cdc, "ddl", lambda q: q["state"] == "failed", "state failed", timeout=90)
     assert q["error"]["code"] == "CDC:ErrDdlRejected" and "RENAME COLUMN" in q["error"]["message"], q["error"]

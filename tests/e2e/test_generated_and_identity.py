@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from e2e_workload import assert_converged
+from e2e_workload import assert_converged, run_sql
 
 from playground.cluster import ApiError, CdcServer
 from playground.compare import sqlalchemy_url
@@ -41,22 +41,16 @@ def source_schema() -> str:
     return SCHEMA
 
 
-def _exec(conn: Any, *statements: str) -> None:
-    with conn.cursor() as cur:
-        for stmt in statements:
-            cur.execute(stmt)
-
-
 def test_stored_generated_columns_are_replicated_as_plain_columns(
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
 ) -> None:
     cdc_server.create_changefeed("gen", pg_server.uri(pg_database), sink_uri, config=CONFIG)
-    _exec(source,
+    run_sql(source,
           "INSERT INTO gen_items (id, price, qty) SELECT g, g * 1.25, g % 7 FROM generate_series(1, 200) g",
           "INSERT INTO gen_key (a, v) SELECT g, 'v' || g FROM generate_series(1, 100) g",
           "INSERT INTO fdpk SELECT g, 'f' || g FROM generate_series(1, 50) g")
     assert_converged(cdc_server, "gen", source, sink_uri, tables=TABLES)
-    _exec(source,
+    run_sql(source,
           "UPDATE gen_items SET qty = qty + 3 WHERE id % 3 = 0",  # every generated value changes with it
           "UPDATE gen_items SET price = 9.99 WHERE id BETWEEN 50 AND 60",
           "DELETE FROM gen_items WHERE id % 10 = 0",
@@ -81,7 +75,7 @@ def test_stored_generated_columns_are_replicated_as_plain_columns(
 def test_create_refuses_tables_that_would_break_the_application(
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Any
 ) -> None:
-    _exec(source, "CREATE TABLE bad_dpk (id int PRIMARY KEY DEFERRABLE, u int NOT NULL, v text)",
+    run_sql(source, "CREATE TABLE bad_dpk (id int PRIMARY KEY DEFERRABLE, u int NOT NULL, v text)",
           "CREATE UNIQUE INDEX bad_dpk_u ON bad_dpk (u)",
           "CREATE TABLE bad_virtual (id int PRIMARY KEY, a int, twice int GENERATED ALWAYS AS (a * 2) VIRTUAL)")
     sink = f"sqlite:///{tmp_path / 'target.db'}"
@@ -98,13 +92,13 @@ def test_create_refuses_tables_that_would_break_the_application(
         'GENERATED ALWAYS AS (...) STORED), or exclude "public"."bad_virtual" with the filter')
     # nothing was created upstream, and the application's writes still work
     assert pg_server.execute("SELECT count(*) FROM pg_publication", db=pg_database)[0][0] == 0
-    _exec(source, "INSERT INTO bad_dpk VALUES (1, 1, 'x')", "UPDATE bad_dpk SET v = 'y'", "DELETE FROM bad_dpk")
+    run_sql(source, "INSERT INTO bad_dpk VALUES (1, 1, 'x')", "UPDATE bad_dpk SET v = 'y'", "DELETE FROM bad_dpk")
 
 
 def test_create_refuses_target_names_differing_only_in_case_on_sqlite(
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Any
 ) -> None:
-    _exec(source, 'CREATE TABLE public."Mixed" (id int PRIMARY KEY)', "CREATE SCHEMA other",
+    run_sql(source, 'CREATE TABLE public."Mixed" (id int PRIMARY KEY)', "CREATE SCHEMA other",
           "CREATE TABLE other.mixed (id int PRIMARY KEY)")
     sink = f"sqlite:///{tmp_path / 'target.db'}"
     config = "[filter]\nrules = ['public.Mixed', 'other.*']\n"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from e2e_workload import assert_converged, server_config, wait_for
+from e2e_workload import assert_converged, run_sql, server_config, wait_for
 
 from playground.cluster import CdcServer, current_lsn
 from playground.compare import compare_tables, sqlalchemy_url
@@ -47,12 +47,6 @@ def cdc_fast_watch(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path) -> 
                        extra_args=server_config(tmp_path, "upstream-check-interval = 1.0\n")).start()
     yield server
     server.terminate()
-
-
-def _exec(conn: Any, *statements: str) -> None:
-    with conn.cursor() as cur:
-        for stmt in statements:
-            cur.execute(stmt)
 
 
 def _wait_warning(cdc: CdcServer, code: str, timeout: float = 30.0) -> str:
@@ -94,19 +88,19 @@ def test_partition_truncate_detach_drop_and_attach_are_repaired_in_the_stream(
 ) -> None:
     cdc = cdc_fast_watch
     cdc.create_changefeed("part", pg_server.uri(pg_database), sink_uri, config="[filter]\nrules = ['public.m']\n")
-    _exec(source, FILL, "UPDATE m SET k = k + 10, v = 'moved' WHERE id % 7 = 0 AND k < 20")
+    run_sql(source, FILL, "UPDATE m SET k = k + 10, v = 'moved' WHERE id % 7 = 0 AND k < 20")
     assert_converged(cdc, "part", source, sink_uri, tables=TABLES)
-    _exec(source, "TRUNCATE m_a", "INSERT INTO m VALUES (1000, 5, 'after truncate')")
+    run_sql(source, "TRUNCATE m_a", "INSERT INTO m VALUES (1000, 5, 'after truncate')")
     assert_converged(cdc, "part", source, sink_uri, tables=TABLES)
-    _exec(source, "ALTER TABLE m DETACH PARTITION m_b", "INSERT INTO m_b VALUES (2000, 15, 'not replicated')")
+    run_sql(source, "ALTER TABLE m DETACH PARTITION m_b", "INSERT INTO m_b VALUES (2000, 15, 'not replicated')")
     assert_converged(cdc, "part", source, sink_uri, tables=TABLES)
-    _exec(source, "CREATE TABLE m_d (id int, k int, v text, PRIMARY KEY (id, k))",
+    run_sql(source, "CREATE TABLE m_d (id int, k int, v text, PRIMARY KEY (id, k))",
           "INSERT INTO m_d SELECT g, 30 + g % 10, 'd' || g FROM generate_series(1, 120) g",
           "ALTER TABLE m ATTACH PARTITION m_d FOR VALUES FROM (30) TO (40)",
           "UPDATE m SET v = 'changed after attach' WHERE k = 33")
     assert_converged(cdc, "part", source, sink_uri, tables=TABLES)
     # in one transaction with other changes: the repair sits at the DROP's position
-    _exec(source, "BEGIN", "INSERT INTO m VALUES (3000, 25, 'before drop')", "DROP TABLE m_c",
+    run_sql(source, "BEGIN", "INSERT INTO m VALUES (3000, 25, 'before drop')", "DROP TABLE m_c",
           "CREATE TABLE m_c PARTITION OF m FOR VALUES FROM (20) TO (30)",
           "INSERT INTO m VALUES (3000, 25, 'after drop')", "COMMIT")
     assert_converged(cdc, "part", source, sink_uri, tables=TABLES)
@@ -123,15 +117,15 @@ def test_without_the_upstream_triggers_partition_divergence_is_warned(
     slots = [s for (s,) in pg_server.execute("SELECT slot_name FROM pg_replication_slots WHERE database = "
                                              "current_database()", db=pg_database)]
     assert capture_objects.uninstall(source, *slots)
-    _exec(source, FILL, "UPDATE m SET k = k + 10, v = 'moved' WHERE id % 7 = 0 AND k < 20")  # rows change partition
+    run_sql(source, FILL, "UPDATE m SET k = k + 10, v = 'moved' WHERE id % 7 = 0 AND k < 20")  # rows change partition
     assert_converged(cdc, "part", source, sink_uri, tables=TABLES)
-    _exec(source, "TRUNCATE m", FILL)  # a truncate of the root is streamed
+    run_sql(source, "TRUNCATE m", FILL)  # a truncate of the root is streamed
     assert_converged(cdc, "part", source, sink_uri, tables=TABLES)
     time.sleep(2.5)  # at least one look at the partitions (the baseline) before the DDL
 
     # DETACH: nothing in the stream; the warning names root, partition and bound
     b_keys = sorted(tuple(r) for r in pg_server.execute("SELECT id, k FROM m_b", db=pg_database))
-    _exec(source, "ALTER TABLE m DETACH PARTITION m_b")
+    run_sql(source, "ALTER TABLE m DETACH PARTITION m_b")
     line = _wait_warning(cdc, "CDC:WarnPartitionDetached")
     assert "partition public.m_b (FOR VALUES FROM (10) TO (20)) of public.m was detached" in line
     _assert_extra_rows(cdc, source, sink_uri, b_keys)  # exactly the detached partition's rows
@@ -140,12 +134,12 @@ def test_without_the_upstream_triggers_partition_divergence_is_warned(
 
     # TRUNCATE of one partition: not streamed either; warned as truncated (new storage)
     a_keys = sorted(tuple(r) for r in pg_server.execute("SELECT id, k FROM m_a", db=pg_database))
-    _exec(source, "TRUNCATE m_a")
+    run_sql(source, "TRUNCATE m_a")
     line = _wait_warning(cdc, "CDC:WarnPartitionTruncated")
     assert "partition public.m_a (FOR VALUES FROM (0) TO (10)) of public.m was truncated or rewritten" in line
     _assert_extra_rows(cdc, source, sink_uri, a_keys)
     _delete_downstream(sink_uri, "k >= 0 AND k < 10")
-    _exec(source, "INSERT INTO m VALUES (1000, 5, 'after truncate')")
+    run_sql(source, "INSERT INTO m VALUES (1000, 5, 'after truncate')")
     assert_converged(cdc, "part", source, sink_uri, tables=TABLES)
     # the operator followed the warnings' advice: resume acknowledges them
     cdc.request("POST", "/api/v2/changefeeds/part/resume")

@@ -6,7 +6,6 @@ ends comparing the target's rows with the expected rows."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -16,44 +15,16 @@ from cdc.events import OpType, RowChange
 from sinks.factory import open_sink
 from sinks.sql.sink import SQLSink
 from tests.sql_apply_scenarios import SCENARIOS, Scenario
+from tests.sql_targets import SqlTarget, make_target
 
 pytestmark = pytest.mark.integration
 
 
-@dataclass
-class Target:
-    kind: str  # "mariadb", "postgresql" or "sqlite"
-    server: Any
-    db: str
-
-    @property
-    def uri(self) -> str:
-        if self.kind == "sqlite":
-            return f"sqlite:///{self.db}"
-        return str(self.server.uri(self.db))
-
+class Target(SqlTarget):
     def sink(self, batch_rows: int = 1000, txn_rows: int = 20000) -> SQLSink:
         s = open_sink(self.uri, SinkConfig(batch_rows=batch_rows, txn_rows=txn_rows))
         assert isinstance(s, SQLSink)
         return s
-
-    def qualified(self, name: str) -> str:
-        if self.kind == "postgresql":
-            return f'"public"."{name}"'
-        return f"`{name}`" if self.kind == "mariadb" else f'"{name}"'
-
-    def execute(self, sql: str) -> list[tuple[Any, ...]]:
-        if self.kind == "sqlite":
-            import sqlite3
-
-            conn = sqlite3.connect(self.db)
-            try:
-                rows = conn.execute(sql).fetchall()
-                conn.commit()
-                return rows
-            finally:
-                conn.close()
-        return [tuple(r) for r in self.server.execute(sql, db=self.db) or []]
 
     def rows(self, name: str, cols: str = "*") -> list[tuple[Any, ...]]:
         return sorted(self.execute(f"SELECT {cols} FROM {self.qualified(name)}"))
@@ -61,11 +32,7 @@ class Target:
 
 @pytest.fixture(params=["mariadb", "postgresql", "sqlite"])
 def target(request: pytest.FixtureRequest, tmp_path: Any) -> Target:
-    if request.param == "mariadb":
-        return Target("mariadb", request.getfixturevalue("mariadb_server"), request.getfixturevalue("mariadb_database"))
-    if request.param == "postgresql":
-        return Target("postgresql", request.getfixturevalue("pg_server"), request.getfixturevalue("pg_database"))
-    return Target("sqlite", None, str(tmp_path / "target.db"))
+    return make_target(Target, request, tmp_path)
 
 
 @pytest.fixture

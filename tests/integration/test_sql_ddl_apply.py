@@ -9,7 +9,6 @@ schema (column names, types, nullability, defaults, key)."""
 
 from __future__ import annotations
 
-import sqlite3
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,40 +33,18 @@ from cdc.events import (
 from playground.compare import compare_tables
 from sinks.factory import open_sink
 from sinks.sql.sink import SQLSink
+from tests.sql_targets import SqlTarget, make_target
 
 pytestmark = pytest.mark.integration
 K = DdlKind
 
 
-@dataclass
-class Target:
-    kind: str  # "mariadb", "postgresql" or "sqlite"
-    server: Any
-    db: str
-
-    @property
-    def uri(self) -> str:
-        return f"sqlite:///{self.db}" if self.kind == "sqlite" else str(self.server.uri(self.db))
-
+class Target(SqlTarget):
     def sink(self, delivery: str = "exactly-once", **ddl: Any) -> SQLSink:
         s = open_sink(self.uri, SinkConfig(delivery=delivery), DdlConfig(**ddl))
         assert isinstance(s, SQLSink)
         s.check()
         return s
-
-    def execute(self, sql: str) -> list[tuple[Any, ...]]:
-        if self.kind == "sqlite":
-            conn = sqlite3.connect(self.db)
-            try:
-                rows = conn.execute(sql).fetchall()
-                conn.commit()
-                return rows
-            finally:
-                conn.close()
-        return [tuple(r) for r in self.server.execute(sql, db=self.db) or []]
-
-    def qualified(self, table: str) -> str:
-        return {"mariadb": f"`{table}`", "postgresql": f'public."{table}"', "sqlite": f'"{table}"'}[self.kind]
 
     def tables(self) -> set[str]:
         if self.kind == "sqlite":
@@ -116,11 +93,7 @@ class Target:
 
 @pytest.fixture(params=["mariadb", "postgresql", "sqlite"])
 def target(request: pytest.FixtureRequest, tmp_path: Any) -> Target:
-    if request.param == "mariadb":
-        return Target("mariadb", request.getfixturevalue("mariadb_server"), request.getfixturevalue("mariadb_database"))
-    if request.param == "postgresql":
-        return Target("postgresql", request.getfixturevalue("pg_server"), request.getfixturevalue("pg_database"))
-    return Target("sqlite", None, str(tmp_path / "target.db"))
+    return make_target(Target, request, tmp_path)
 
 
 @pytest.fixture
