@@ -143,3 +143,28 @@ def test_without_the_ddl_trigger_column_changes_come_from_the_stream_and_a_renam
     run_sql(source, "ALTER TABLE items RENAME COLUMN note TO remark", "INSERT INTO items VALUES (62, 3, 'r')")
     q = wait_for(cdc, "ddl", lambda q: q["state"] == "failed", "state failed", timeout=90)
     assert q["error"]["code"] == "CDC:ErrDdlRejected" and "RENAME COLUMN" in q["error"]["message"], q["error"]
+
+
+def test_a_ddl_right_after_a_capture_restart_and_after_a_kill_mid_way(
+    cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
+) -> None:
+    """After a restart the span's stream has seen no schema of an idle table yet; the DDL message carries the
+    table as it was before the command, so the DDL still applies. A SIGKILL right after a DDL commits replays
+    it from the checkpoint: applied once, rows after it exactly once."""
+    cdc = cdc_server
+    cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
+    run_sql(source, *FILL)
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"])
+    cdc.terminate()
+    cdc.start()
+    run_sql(source, "ALTER TABLE items ADD COLUMN price int DEFAULT 3", "INSERT INTO items VALUES (70, 'p', 1, 4)")
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"])
+    # killed right after the DDL commits (before or after the sink applied it: the replay covers both)
+    run_sql(source, "BEGIN", "UPDATE items SET price = 5 WHERE id <= 5", "ALTER TABLE items ALTER COLUMN price TYPE bigint",
+            "INSERT INTO items VALUES (71, 'q', 2, 6)", "COMMIT")
+    cdc.kill()
+    run_sql(source, "INSERT INTO other VALUES (100, 'after kill')")
+    cdc.start()
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"])
+    q = wait_for(cdc, "ddl", lambda q: True, "query")
+    assert q["state"] == "normal" and not q["warnings"], q

@@ -10,7 +10,9 @@ comparing that schema with the one the span's stream had for the table just befo
 - same column, other type or type modifier -> ALTER_COLUMN_TYPE; nullability -> SET/DROP NOT NULL;
 - another key -> DROP_PRIMARY_KEY (if it had one), ADD_PRIMARY_KEY (if it has one).
 
-``before`` unknown (no schema of the table in the stream yet, after a restart) for anything but a CREATE:
+The trigger also describes the tables an ALTER TABLE names just before it runs; that description is used as
+``before`` when present. Otherwise ``before`` is the span's last schema of the table; unknown (no schema of
+the table in the stream yet, after a restart, and the statement did not name it plainly) for anything but a CREATE:
 :class:`UnknownBefore` — the caller reports it; nothing is guessed. Pure functions; malformed content raises
 ``DecodeError``.
 """
@@ -96,6 +98,8 @@ def decode(content: bytes | dict[str, Any], before: TableSchema | None, *, commi
             return []
         after = table_schema(t)
         tag = str(doc.get("tag", ""))
+        if doc.get("before"):  # described by the trigger just before the command: exact, defaults included
+            before = table_schema(doc["before"])
         if before is None:
             if tag in CREATE_TAGS:
                 return [DdlEvent(commit_ts, commit_time, after.name, (DdlChange(DdlKind.CREATE_TABLE),), None, after,

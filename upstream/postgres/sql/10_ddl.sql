@@ -4,7 +4,7 @@
 -- before it and the rows after it (upstream/postgres/ddl_decode.py reads it; docs/ddl.md).
 --
 -- Message: {"v": 1, "tag": command tag, "object_type": ..., "identity": ..., "query": current_query(),
---   "table": tidewater.ddl_describe(oid)}                      for CREATE/ALTER TABLE
+--   "table": tidewater.ddl_describe(oid), "before": the same before an ALTER TABLE, when found}
 --   {"v": 1, "tag": "DROP TABLE", "dropped": {"oid", "schema", "table"}, "query": ...}   per dropped table
 --   {"v": 1, "tag": ..., "error": SQLERRM, "query": ...}       when describing failed (the DDL still runs)
 -- tidewater.ddl_describe(oid) holds exactly the catalog facts upstream.postgres.catalog.build_schema reads,
@@ -52,6 +52,27 @@ BEGIN
 END
 $$;
 
+-- Before an ALTER TABLE runs, the tables it names (a published table whose name appears in the statement)
+-- are described, so that the message can carry the table *before* the command too: the span then needs no
+-- earlier schema of its own (after a restart, the stream may have none). A table not found that way is
+-- compared with the span's last schema of it.
+CREATE OR REPLACE FUNCTION tidewater.ddl_start() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF coalesce(current_setting('tidewater.internal', true), '') = 'on' THEN
+        RETURN;
+    END IF;
+    PERFORM set_config('tidewater.ddl_before', coalesce((
+        SELECT json_object_agg(c.oid::text, tidewater.ddl_describe(c.oid))::text
+        FROM pg_class c
+        WHERE c.oid IN (SELECT pr.prrelid FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+                        WHERE p.pubname LIKE 'tidewater\_pub\_%')
+          AND position(lower(c.relname) IN lower(current_query())) > 0), ''), false);
+EXCEPTION WHEN OTHERS THEN
+    PERFORM set_config('tidewater.ddl_before', '', false);
+END
+$$;
+
 -- The messages are emitted *outside* the EXCEPTION blocks: a message emitted inside a subtransaction is
 -- decoded after the rest of the transaction (measured on PostgreSQL 18.6), i.e. after rows written later
 -- than it. The blocks only read the catalog, so they never assign a subtransaction id.
@@ -63,11 +84,14 @@ DECLARE
     rel oid;
     docs json[] := '{}';
     doc json;
+    befores json;
 BEGIN
     IF coalesce(current_setting('tidewater.internal', true), '') = 'on' THEN
         RETURN;
     END IF;
     BEGIN
+        befores := nullif(current_setting('tidewater.ddl_before', true), '')::json;
+        PERFORM set_config('tidewater.ddl_before', '', false);
         FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands() LOOP
             CONTINUE WHEN cmd.classid <> 'pg_catalog.pg_class'::regclass OR cmd.in_extension;
             SELECT CASE WHEN c.relkind IN ('r', 'p') THEN c.oid WHEN c.relkind IN ('i', 'I') THEN
@@ -80,7 +104,7 @@ BEGIN
                            FROM pg_class WHERE oid = rel);
             docs := docs || json_build_object(
                 'v', 1, 'tag', cmd.command_tag, 'object_type', cmd.object_type, 'identity', cmd.object_identity,
-                'query', current_query(), 'table', tidewater.ddl_describe(rel));
+                'query', current_query(), 'table', tidewater.ddl_describe(rel), 'before', befores -> rel::text);
         END LOOP;
     EXCEPTION WHEN OTHERS THEN
         docs := ARRAY[json_build_object('v', 1, 'tag', TG_TAG, 'error', SQLERRM, 'query', current_query())];
@@ -117,6 +141,12 @@ BEGIN
     END LOOP;
 END
 $$;
+
+DROP EVENT TRIGGER IF EXISTS tidewater_ddl_start;
+CREATE EVENT TRIGGER tidewater_ddl_start ON ddl_command_start
+    WHEN TAG IN ('ALTER TABLE')
+    EXECUTE FUNCTION tidewater.ddl_start();
+ALTER EVENT TRIGGER tidewater_ddl_start ENABLE ALWAYS;
 
 DROP EVENT TRIGGER IF EXISTS tidewater_ddl_end;
 CREATE EVENT TRIGGER tidewater_ddl_end ON ddl_command_end
