@@ -36,10 +36,10 @@ from cdc.errors import (
     TargetNameConflict,
     TidewaterError,
 )
-from cdc.events import TableName
+from cdc.events import TableName, TableSchema
 from cdc.filter import TableFilter
 from cdc.meta.store import ClusterSnapshot, MetaStore
-from cdc.model import ChangefeedInfo, ChangefeedStatus, DataWarning, FeedState, SpanInfo
+from cdc.model import ChangefeedInfo, ChangefeedStatus, DataWarning, FeedState, SchemaHistory, SpanInfo
 from cdc.serde import to_dict
 from cdc.spans import resource_name, span_of
 from cdc.ts import lsn_to_str
@@ -156,8 +156,8 @@ class ChangefeedService:
         try:
             sink.check()
             with open_upstream(req.upstream_uri) as up:
-                tables = _eligible_tables(up, sink, table_filter, req.upstream_uri, sink_uri.redacted(),
-                                          config.sink.delivery)
+                tables, schemas = _eligible_tables(up, sink, table_filter, req.upstream_uri, sink_uri.redacted(),
+                                                   config.sink.delivery)
                 spans = up.create_spans(_span_plans(req.changefeed_id, config.span_count, tables))
                 notice = up.capture_notice
         finally:
@@ -174,6 +174,11 @@ class ChangefeedService:
         except TidewaterError:
             self._drop_spans(req.upstream_uri, spans)
             raise
+        try:  # each table's schema as the changefeed starts (read before the slots: never newer than the start)
+            self.store.put_schema_histories(info.id, [SchemaHistory(s.relation_id).with_version(start_ts, s, 0)
+                                                      for s in schemas if s.relation_id])
+        except TidewaterError as exc:  # the spans still learn each table's schema from the stream
+            log.warning("changefeed=%s: could not store the tables' first schema history: %s", info.id, exc)
         log.info("changefeed=%s created: %d tables in %d spans, start=%s sink=%s", info.id, len(tables),
                  len(spans), lsn_to_str(start_ts), sink_uri.redacted())
         out = self.describe(info.id)
@@ -248,8 +253,8 @@ class ChangefeedService:
         try:
             sink.check()
             with open_upstream(upstream_raw) as up:
-                tables = _eligible_tables(up, sink, table_filter, upstream_raw, sink_uri.redacted(),
-                                          config.sink.delivery)
+                tables, _ = _eligible_tables(up, sink, table_filter, upstream_raw, sink_uri.redacted(),
+                                             config.sink.delivery)
                 new = replace(old, sink_uri=sink_raw, upstream_uri=upstream_raw, config=config.to_dict(),
                               target_ts=target_ts)
                 n = len(old.spans)
@@ -397,7 +402,7 @@ def _span_plans(cf_id: str, span_count: int, tables: list[TableName]) -> list[Sp
 
 
 def _eligible_tables(up: Upstream, sink: Any, table_filter: TableFilter, upstream_uri: str,
-                     sink_shown: str, delivery: str = "exactly-once") -> list[TableName]:
+                     sink_shown: str, delivery: str = "exactly-once") -> tuple[list[TableName], list[TableSchema]]:
     """The upstream tables the filter selects, after checking the upstream (``wal_level``...), that the
     filter matches something, that every table can be published without breaking its writes or leaving
     columns out (:meth:`upstream.base.Upstream.check_tables`), that no two land on one target name, and
@@ -409,7 +414,7 @@ def _eligible_tables(up: Upstream, sink: Any, table_filter: TableFilter, upstrea
         raise InvalidArgument(
             f"the filter {list(table_filter.rules)!r} matches no table in the upstream database "
             f"{parse_upstream_uri(upstream_uri).path!r}")
-    up.check_tables(tables)
+    schemas = up.check_tables(tables)
     targets: dict[str, TableName] = {}
     for t in tables:
         target = sink.target_name(t)
@@ -423,13 +428,13 @@ def _eligible_tables(up: Upstream, sink: Any, table_filter: TableFilter, upstrea
                 f"{sink_shown}: exclude one of them with the filter")
         targets[key] = t
     if delivery == "at-least-once" and not sink_shown.startswith("blackhole:"):
-        keyless = [str(t) for t in tables if not up.table_schema(t).has_key]
+        keyless = [str(s.name) for s in schemas if not s.has_key]
         if keyless:
             raise InvalidArgument(
                 f"sink.delivery = \"at-least-once\" replays transactions after a fault, which duplicates rows of "
                 f"tables without a key: {', '.join(keyless)}. Keep the default exactly-once delivery, give these "
                 "tables a primary key, or exclude them with the filter")
-    return tables
+    return tables, schemas
 
 
 def _span_load(snap: ClusterSnapshot) -> dict[str, int]:

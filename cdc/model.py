@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from cdc.events import TableSchema
+
 
 class FeedState(enum.StrEnum):
     NORMAL = "normal"
@@ -194,3 +196,45 @@ class SpanStatus:
     rows: int = 0  # rows written to the sink by this span since it started on this capture
     updated: float = 0.0
     warnings: tuple[DataWarning, ...] = ()  # data warnings of this span (see DataWarning), merged
+
+
+@dataclass(frozen=True)
+class SchemaVersion:
+    """One table's schema from commit Ts ``ts`` on; ``schema`` None: the table was dropped at ``ts``."""
+
+    ts: int
+    schema: TableSchema | None
+
+
+@dataclass(frozen=True)
+class SchemaHistory:
+    """The schemas one upstream table (``relid``, stable across renames) had over time, for one changefeed:
+    stored in etcd so that a span restarted from an old checkpoint knows each table's schema *at* that
+    checkpoint (docs/ddl.md, "Schema history"). ``versions`` are sorted by ``ts``, at most one per ``ts``
+    (the last schema a transaction left)."""
+
+    relid: int
+    versions: tuple[SchemaVersion, ...] = ()
+
+    def as_of(self, ts: int) -> TableSchema | None:
+        """The schema valid at commit Ts ``ts`` (after every version with ``ts`` <= it), None if unknown or
+        dropped."""
+        found: TableSchema | None = None
+        for v in self.versions:
+            if v.ts > ts:
+                break
+            found = v.schema
+        return found
+
+    def with_version(self, ts: int, schema: TableSchema | None, keep_after: int) -> SchemaHistory:
+        """This history plus ``schema`` at ``ts`` (replacing one at the same ``ts``), without what no restart
+        can need any more: of the versions at or below ``keep_after`` (the span's stored checkpoint) only the
+        last is kept."""
+        versions = sorted([v for v in self.versions if v.ts != ts] + [SchemaVersion(ts, schema)], key=lambda v: v.ts)
+        old = [v for v in versions if v.ts <= keep_after]
+        return SchemaHistory(self.relid, tuple(old[-1:] + [v for v in versions if v.ts > keep_after]))
+
+    @property
+    def gone(self) -> bool:
+        """Only a drop remains: no restart can need this table's schema."""
+        return len(self.versions) == 1 and self.versions[0].schema is None

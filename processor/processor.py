@@ -36,14 +36,15 @@ from dataclasses import dataclass, field, replace
 
 from cdc.config import ChangefeedConfig, ServerConfig
 from cdc.errors import LeaseLost, MetaStoreError, TidewaterError
+from cdc.events import TableSchema
 from cdc.filter import TableFilter
 from cdc.meta.keys import KeyKind
 from cdc.meta.status_feed import StatusFeed
 from cdc.meta.store import ClusterSnapshot, MetaStore, SpanStatusWrite
-from cdc.model import ChangefeedInfo, RunningError, SpanAssignment, SpanInfo, SpanStatus
+from cdc.model import ChangefeedInfo, RunningError, SchemaHistory, SpanAssignment, SpanInfo, SpanStatus
 from cdc.ts import Watermark
 from processor.recovery import DependencyProbe
-from processor.span import SpanRunner, SpanWarnings
+from processor.span import SchemaRecorder, SpanRunner, SpanWarnings
 from sinks.factory import open_sink
 from sorter.base import Sorter
 from upstream import open_upstream
@@ -294,16 +295,30 @@ class Processor:
         # opening it takes the slot over from a holder that lost the span (upstream.base.SpanSource)
         source = upstream.span_source(span, start, TableFilter(config.filter.rules), label=label,
                                       holder=self.capture_id)
+        histories = self.store.get_schema_histories(info.id)
+        source.seed_schemas([s for h in histories.values() if (s := h.as_of(start.ts)) is not None])
         sorter = self.sorter.span(label, memory_budget=config.memory_quota // max(1, len(info.spans)))
         slot = self._slots.get((info.id, span_index))
         runner = SpanRunner(label, source, sorter, lambda: open_sink(info.sink_uri, config.sink, config.ddl), start,
                             config.sink.txn_rows, fence=self._lease_fence, target_ts=info.target_ts,
                             warnings=slot.warnings if slot is not None else None,
                             row_source=lambda: upstream.row_source(label=label),
-                            position=(info.id, span_index, span.start_ts), ddl=config.ddl)
+                            position=(info.id, span_index, span.start_ts), ddl=config.ddl,
+                            schema_history=self._schema_recorder(info.id))
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)
         return runner
+
+    def _schema_recorder(self, cf: str) -> SchemaRecorder:
+        """Stores a span's schema versions in the changefeed's schema history (docs/ddl.md). A table belongs to
+        one span, so read-modify-write per table races with no other processor."""
+        def record(versions: list[tuple[int, int, TableSchema | None]], keep_after: int) -> None:
+            by_table: dict[int, SchemaHistory] = {}
+            for ts, relid, schema in versions:
+                h = by_table.get(relid) or self.store.get_schema_history(cf, relid) or SchemaHistory(relid)
+                by_table[relid] = h.with_version(ts, schema, keep_after)
+            self.store.put_schema_histories(cf, list(by_table.values()))
+        return record
 
     def _lease_fence(self) -> None:
         """Refuse a downstream commit once this capture's lease may have expired: after that the

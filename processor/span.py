@@ -29,7 +29,7 @@ from itertools import repeat
 
 from cdc.config import DdlConfig
 from cdc.errors import DdlRejected, DecodeError, LeaseLost, TidewaterError
-from cdc.events import DdlEvent, RowChange
+from cdc.events import DdlEvent, RowChange, TableSchema
 from cdc.model import DataWarning, WarningSeverity, merge_warnings
 from cdc.ts import Watermark
 from processor.mounter import Mounter
@@ -39,6 +39,9 @@ from upstream.base import SCHEMA_CHANGE, ChangeDecoder, SpanSource, encode_paylo
 
 log = logging.getLogger(__name__)
 
+# Stores (commit Ts, table oid, schema from then on | None when dropped) in the schema history; the int is the
+# span's stored checkpoint (older versions than the last one at or below it are no longer needed).
+SchemaRecorder = Callable[[list[tuple[int, int, TableSchema | None]], int], None]
 
 _SCHEMA_CHANGE_PREFIX = encode_payload(SCHEMA_CHANGE, b"")
 
@@ -174,6 +177,7 @@ class SpanRunner:
         row_source: Callable[[], RowSource] | None = None,
         position: tuple[str, int, int] | None = None,
         ddl: DdlConfig | None = None,
+        schema_history: SchemaRecorder | None = None,
     ) -> None:
         self.label = label
         self.source = source
@@ -185,6 +189,7 @@ class SpanRunner:
         # (changefeed, span index, span start Ts): the sink's exactly-once position (Sink.open_position)
         self.position = position
         self.ddl = ddl if ddl is not None else DdlConfig()
+        self._schema_history = schema_history
         self.resolved = start
         self.checkpoint = start
         self.start_ts = start.ts  # the checkpoint this runner started from
@@ -283,6 +288,9 @@ class SpanRunner:
         ``[ddl] skip-ts``, or ``on-error = "skip"`` after the sink rejected it): a skipped DDL is recorded by the
         sink (replays leave it) and raised as a warning naming it, never only logged."""
         what = f"{event.query or ', '.join(event.kinds)} on {event.table} (commit Ts {event.commit_ts})"
+        table = event.after if event.after is not None else event.before
+        if table is not None and table.relation_id:  # the table's new shape, even when not applied downstream
+            self._record_schemas([(event.commit_ts, table.relation_id, event.after)])
         if self.ddl.mode == "ignore" or event.commit_ts in self.ddl.skip_ts:
             sink.apply_ddl(event, self._fence, skip=True)
             why = "[ddl] mode = \"ignore\"" if self.ddl.mode == "ignore" else "its commit Ts is in [ddl] skip-ts"
@@ -318,6 +326,11 @@ class SpanRunner:
         self.resolved = w
         self._wake.set()
 
+    def _record_schemas(self, versions: list[tuple[int, int, TableSchema | None]]) -> None:
+        """Store schema versions in the schema history before the checkpoint passes them (sink thread)."""
+        if versions and self._schema_history is not None:
+            self._schema_history(versions, self._persisted)
+
     def _run_puller(self) -> None:
         self.source.open()
         self.source.run(self.sorter, self._stop, self._on_resolved)
@@ -345,6 +358,7 @@ class SpanRunner:
                     self.sorter.clean(self._persisted)
                     self._cleaned = self._persisted
                 target = self.resolved
+                self._record_schemas([(ts, s.relation_id, s) for ts, s in self.source.take_schema_versions()])
                 if self.target_ts and target.ts > self.target_ts:
                     target = Watermark(self.target_ts, target.time)
                 if target.ts <= self.checkpoint.ts:

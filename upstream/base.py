@@ -34,7 +34,7 @@ from __future__ import annotations
 import struct
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -256,6 +256,21 @@ class SpanSource(ABC):
     def take_warnings(self) -> list[DataWarning]:
         """Data warnings the stream itself carried since the last call (e.g. rows the upstream could not put
         into the stream), and forget them. Any thread. Default: none."""
+        return []
+
+    def seed_schemas(self, schemas: Iterable[TableSchema]) -> None:
+        """Before ``run``: the schema history's view of the tables at the start watermark (``cdc.model.
+        SchemaHistory.as_of``). The source compares the first schema the stream shows of such a table with it
+        (a change made while the span was down is a schema change like any other) and uses it as the schema
+        *before* a DDL that the stream itself has not described yet. Tables not carried by the span are
+        ignored. Default: not used."""
+        return None
+
+    def take_schema_versions(self) -> list[tuple[int, TableSchema]]:
+        """``(commit Ts, schema)`` of every table schema the stream showed that differs from the last one known
+        (seeded or seen), since the last call; the schema is valid from that commit Ts on. A version appears
+        here before ``on_resolved`` passes its Ts, so the caller can store it before the span's checkpoint
+        does. Any thread. Default: none."""
         return []
 
 

@@ -310,15 +310,16 @@ class EtcdClient:
         resp = self._call(f"get {key}", lambda ch, t: rpc.KVStub(ch).Range(req, t))
         return _kv(resp.kvs[0]) if resp.kvs else None
 
-    def get_prefix(self, prefix: str) -> tuple[int, list[KV]]:
-        """Every key under ``prefix`` in key order, all read at one revision, which is returned.
+    def get_prefix(self, prefix: str, *, below: str | None = None) -> tuple[int, list[KV]]:
+        """Every key under ``prefix`` (and, with ``below``, lower than it) in key order, all read at one
+        revision, which is returned.
 
         Large ranges are read in pages pinned to the first page's revision (a consistent snapshot).
         """
         if not prefix:
             raise ValueError("empty prefix")
         start = prefix.encode()
-        end = prefix_range_end(start)
+        end = prefix_range_end(start) if below is None else min(prefix_range_end(start), below.encode())
         for _ in range(3):
             revision = 0
             out: list[KV] = []

@@ -8,6 +8,8 @@ All keys of a cluster live under ``/tidewater/{cluster}/``::
     /tidewater/{cluster}/changefeed/status/{cf}                 ChangefeedStatus
     /tidewater/{cluster}/changefeed/assign/{cf}/{span}          SpanAssignment
     /tidewater/{cluster}/changefeed/span/{cf}/{span}            SpanStatus
+    /tidewater/{cluster}/schema/{cf}/{relid}                    SchemaHistory (after every other key:
+                                                                 MetaStore.snapshot() does not read it)
 
 Guarantees: ``parse_key(k.encode()) == k`` for every valid :class:`EtcdKey`, and ``parse_key`` accepts
 only strings that ``encode`` could have produced (anything else raises ``ValueError``), so a key is never
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 
 ROOT = "/tidewater"
 META = "__cdc_meta__"
+SCHEMA = "schema"  # sorts after "__cdc_meta__" and "changefeed": MetaStore.snapshot() reads up to it
 
 # Cluster and changefeed ids: letters/digits in dash-separated groups (TiCDC's rule).
 _ID_RE = re.compile(r"^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$")
@@ -38,6 +41,7 @@ class KeyKind(enum.Enum):
     CHANGEFEED_STATUS = "changefeed-status"
     SPAN_ASSIGNMENT = "span-assignment"
     SPAN_STATUS = "span-status"
+    SCHEMA_HISTORY = "schema-history"
 
 
 _CF_KINDS = {
@@ -78,6 +82,7 @@ class EtcdKey:
     capture: str = ""
     span: int = -1
     owner_lease: int = 0
+    relid: int = 0
 
     def __post_init__(self) -> None:
         _check_cluster(self.cluster)
@@ -91,7 +96,12 @@ class EtcdKey:
                 raise ValueError(f"owner key needs a positive lease id, got {self.owner_lease}")
         elif self.owner_lease:
             raise ValueError(f"{kind.value} key takes no owner lease")
-        if kind in _CF_KINDS:
+        if kind is KeyKind.SCHEMA_HISTORY:
+            if self.relid <= 0:
+                raise ValueError(f"schema-history key needs a positive table oid, got {self.relid}")
+        elif self.relid:
+            raise ValueError(f"{kind.value} key takes no table oid")
+        if kind in _CF_KINDS or kind is KeyKind.SCHEMA_HISTORY:
             _check_changefeed(self.changefeed)
         elif self.changefeed:
             raise ValueError(f"{kind.value} key takes no changefeed id")
@@ -108,6 +118,8 @@ class EtcdKey:
             return f"{base}{META}/capture/{self.capture}"
         if kind is KeyKind.OWNER:
             return f"{base}{META}/owner/{self.owner_lease:x}"
+        if kind is KeyKind.SCHEMA_HISTORY:
+            return f"{base}{SCHEMA}/{self.changefeed}/{self.relid}"
         seg = _CF_KINDS[kind]
         if kind in _SPAN_KINDS:
             return f"{base}changefeed/{seg}/{self.changefeed}/{self.span}"
@@ -131,6 +143,10 @@ def parse_key(key: str) -> EtcdKey:
                 if not _LEASE_RE.match(parts[3]):
                     raise ValueError(f"bad owner lease id {parts[3]!r}")
                 return EtcdKey(KeyKind.OWNER, cluster, owner_lease=int(parts[3], 16))
+        elif len(parts) == 4 and parts[1] == SCHEMA:
+            if not _SPAN_RE.match(parts[3]):
+                raise ValueError(f"bad table oid {parts[3]!r}")
+            return EtcdKey(KeyKind.SCHEMA_HISTORY, cluster, changefeed=parts[2], relid=int(parts[3]))
         elif len(parts) in (4, 5) and parts[1] == "changefeed":
             kind = _CF_KIND_BY_SEGMENT.get(parts[2])
             if kind is not None:
@@ -179,6 +195,15 @@ def assignment_prefix(cluster: str, changefeed: str) -> str:
 def span_status_prefix(cluster: str, changefeed: str) -> str:
     """All span statuses of one changefeed."""
     return f"{changefeed_prefix(cluster)}span/{_check_changefeed(changefeed)}/"
+
+
+def schema_history_prefix(cluster: str, changefeed: str) -> str:
+    """The schema histories of one changefeed's tables."""
+    return f"{cluster_prefix(cluster)}{SCHEMA}/{_check_changefeed(changefeed)}/"
+
+
+def schema_history_key(cluster: str, changefeed: str, relid: int) -> str:
+    return EtcdKey(KeyKind.SCHEMA_HISTORY, cluster, changefeed=changefeed, relid=relid).encode()
 
 
 # ---- keys -------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from cdc.errors import ChangefeedExists, ChangefeedNotFound, LeaseLost, MetaStor
 from cdc.meta import keys
 from cdc.meta.etcd import KV, Compare, EtcdClient, Op, Watch, WatchResponse, is_not_found
 from cdc.meta.keys import KeyKind
-from cdc.model import CaptureInfo, ChangefeedInfo, ChangefeedStatus, SpanAssignment, SpanStatus
+from cdc.model import CaptureInfo, ChangefeedInfo, ChangefeedStatus, SchemaHistory, SpanAssignment, SpanStatus
 
 log = logging.getLogger(__name__)
 
@@ -176,7 +176,8 @@ class MetaStore:
             [Op.put(info_key, serde.to_json(info)),
              Op.put(keys.changefeed_status_key(self.cluster_id, cf), serde.to_json(status)),
              Op.delete_prefix(keys.assignment_prefix(self.cluster_id, cf)),
-             Op.delete_prefix(keys.span_status_prefix(self.cluster_id, cf))])
+             Op.delete_prefix(keys.span_status_prefix(self.cluster_id, cf)),
+             Op.delete_prefix(keys.schema_history_prefix(self.cluster_id, cf))])
         if not ok:
             raise ChangefeedExists(f"changefeed {cf} already exists")
 
@@ -203,7 +204,29 @@ class MetaStore:
             Op.delete(keys.changefeed_info_key(self.cluster_id, cf)),
             Op.delete(keys.changefeed_status_key(self.cluster_id, cf)),
             Op.delete_prefix(keys.assignment_prefix(self.cluster_id, cf)),
-            Op.delete_prefix(keys.span_status_prefix(self.cluster_id, cf))])
+            Op.delete_prefix(keys.span_status_prefix(self.cluster_id, cf)),
+            Op.delete_prefix(keys.schema_history_prefix(self.cluster_id, cf))])
+
+    # ---- schema history (processors)
+    def get_schema_histories(self, cf: str) -> dict[int, SchemaHistory]:
+        """Every table's schema history of changefeed ``cf``, by table oid."""
+        _, kvs = self.client.get_prefix(keys.schema_history_prefix(self.cluster_id, cf))
+        return {keys.parse_key(kv.key).relid: _decode(SchemaHistory, kv) for kv in kvs}
+
+    def get_schema_history(self, cf: str, relid: int) -> SchemaHistory | None:
+        kv = self.client.get(keys.schema_history_key(self.cluster_id, cf, relid))
+        return None if kv is None else _decode(SchemaHistory, kv)
+
+    def put_schema_histories(self, cf: str, histories: Sequence[SchemaHistory]) -> None:
+        """Store (or, when :attr:`SchemaHistory.gone`, delete) tables' histories, 64 per etcd transaction; only
+        while the changefeed exists (a removed changefeed's processor must not leave keys behind)."""
+        exists = [Compare.exists(keys.changefeed_info_key(self.cluster_id, cf))]
+        for i in range(0, len(histories), 64):
+            ops = []
+            for h in histories[i:i + 64]:
+                key = keys.schema_history_key(self.cluster_id, cf, h.relid)
+                ops.append(Op.delete(key) if h.gone else Op.put(key, serde.to_json(h)))
+            self.client.commit(exists, ops)
 
     # ---- changefeed status (owner)
     def get_status(self, cf: str) -> Versioned[ChangefeedStatus] | None:
@@ -285,7 +308,8 @@ class MetaStore:
     def snapshot(self) -> ClusterSnapshot:
         """Read and decode every key of the cluster at one revision. Keys under the cluster prefix that
         this version does not know are skipped (logged at debug); corrupt values raise MetaStoreError."""
-        revision, kvs = self.client.get_prefix(keys.cluster_prefix(self.cluster_id))
+        prefix = keys.cluster_prefix(self.cluster_id)
+        revision, kvs = self.client.get_prefix(prefix, below=f"{prefix}{keys.SCHEMA}/")
         snap = ClusterSnapshot(revision=revision)
         for kv in kvs:
             try:

@@ -549,3 +549,23 @@ def test_snapshot_decodes_everything_at_one_revision(store: MetaStore) -> None:
         stop.set()
         s1.close()
         s2.close()
+
+
+def test_schema_histories_live_beside_the_snapshot_and_go_with_the_changefeed(store: MetaStore) -> None:
+    from cdc.events import ColumnSchema, TableName, TableSchema
+    from cdc.model import SchemaHistory
+
+    schema = TableSchema(TableName("public", "t"), (ColumnSchema("id", 23, "int4"),), ("id",), relation_id=7)
+    h7 = SchemaHistory(7).with_version(100, schema, 0)
+    store.put_schema_histories("cf1", [h7])  # no changefeed yet: refused silently by the guard, nothing stored
+    assert store.get_schema_histories("cf1") == {}
+    store.create_changefeed(make_info("cf1"), ChangefeedStatus())
+    store.put_schema_histories("cf1", [h7] + [SchemaHistory(i).with_version(100, schema, 0) for i in range(8, 78)])
+    assert len(store.get_schema_histories("cf1")) == 71  # more than one etcd transaction's worth
+    assert store.get_schema_history("cf1", 7) == h7
+    snap = store.snapshot()  # the owner's and processors' snapshot does not carry the histories
+    assert not any("/schema/" in k for k in snap.mod_revisions) and "cf1" in snap.changefeeds
+    store.put_schema_histories("cf1", [h7.with_version(200, None, 200)])  # a drop below the checkpoint: gone
+    assert store.get_schema_history("cf1", 7) is None
+    store.delete_changefeed("cf1")
+    assert store.get_schema_histories("cf1") == {}

@@ -17,10 +17,11 @@ stored as ``version prefix + raw`` with locals only (no per-row object, no attri
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from cdc.events import ColumnSchema, DdlEvent, TableName, TableSchema
@@ -57,6 +58,11 @@ def merge_schema(rel: pgoutput.Relation, current: TableSchema | None, version: i
     cols = [c if c.is_key == (c.name in key_set) else _with_key(c, c.name in key_set) for c in cols]
     return TableSchema(TableName(rel.namespace, rel.name), tuple(cols), tuple(key), rel.replica_identity,
                        rel.relid, version, has_key)
+
+
+def _shape(s: TableSchema) -> tuple[object, ...]:
+    """What a schema history records of a table (everything but the source's version number)."""
+    return (s.name, s.columns, s.key, s.replica_identity, s.has_key)
 
 
 def _with_key(c: ColumnSchema, is_key: bool) -> ColumnSchema:
@@ -124,6 +130,10 @@ class PgSpanSource(SpanSource):
         self._started_with: set[int] | None = None  # the publication's tables when the span started  # relid -> this span replicates it (partition repair messages)
         self._warnings: list[DataWarning] = []
         self._warnings_lock = threading.Lock()
+        self._seeded: dict[int, int] = {}  # relid -> schema version from the schema history (seed_schemas)
+        self._known: dict[int, TableSchema] = {}  # relid -> last schema recorded or seeded (for take_schema_versions)
+        self._unrecorded: list[TableSchema] = []  # new schemas since the last commit
+        self._versions: list[tuple[int, TableSchema]] = []  # (commit Ts, schema) not yet taken
         self.resolved = start
 
     # ---- SpanSource --------------------------------------------------------------------------------
@@ -141,6 +151,24 @@ class PgSpanSource(SpanSource):
 
     def schema(self, version: int) -> TableSchema:
         return self._schemas[version]
+
+    def seed_schemas(self, schemas: Iterable[TableSchema]) -> None:
+        for schema in schemas:
+            version = self._next_version
+            self._next_version += 1
+            self._schemas[version] = dataclasses.replace(schema, version=version)
+            self._seeded[schema.relation_id] = version
+            self._known[schema.relation_id] = schema
+
+    def take_schema_versions(self) -> list[tuple[int, TableSchema]]:
+        with self._warnings_lock:
+            out, self._versions = self._versions, []
+        return out
+
+    def _last_schema(self, relid: int) -> int | None:
+        """The table's latest schema version: from the stream, else from the schema history."""
+        ver = self._relation_version.get(relid)
+        return ver if ver is not None else self._seeded.get(relid)
 
     # ---- message handlers (not per row) ------------------------------------------------------------
     def _on_relation(self, rel: pgoutput.Relation, xid: int = 0, subxid: int = 0) -> None:
@@ -161,9 +189,13 @@ class PgSpanSource(SpanSource):
             current = None
         version = self._next_version
         self._next_version += 1
-        self._schemas[version] = merge_schema(rel, current, version)
-        previous = self._relation_version.get(rel.relid)
+        schema = self._schemas[version] = merge_schema(rel, current, version)
+        previous = self._last_schema(rel.relid)
         self._relation_version[rel.relid] = version
+        known = self._known.get(rel.relid)
+        if known is None or _shape(known) != _shape(schema):
+            self._known[rel.relid] = schema
+            self._unrecorded.append(schema)
         described = rel.relid in self._ddl_described
         self._ddl_described.discard(rel.relid)
         if previous is None or described or xid == 0 or self.buffer is None:
@@ -223,7 +255,7 @@ class PgSpanSource(SpanSource):
         assert self.buffer is not None
         seq = self._ddl_seq.get(xid, 0)
         self._ddl_seq[xid] = seq + 1
-        before = self._relation_version.get(about.relid, 0)
+        before = self._last_schema(about.relid) or 0
         self._ddl_described.add(about.relid)  # its next Relation message is this DDL's, no fallback
         self.buffer.add(xid, subxid, encode_payload(SCHEMA_CHANGE, ddl_stream.pack(before, seq, m.content)))
 
@@ -346,6 +378,10 @@ class PgSpanSource(SpanSource):
 
     def _commit(self, buffer: ChangeBuffer, xid: int, end_lsn: int, commit_time: float, skip_upto: int,
                 resolved: Watermark, on_resolved: Callable[[Watermark], None]) -> Watermark:
+        if self._unrecorded:  # valid from this commit on (a version seen in a rolled-back one is still in use)
+            with self._warnings_lock:
+                self._versions.extend((end_lsn, s) for s in self._unrecorded)
+            self._unrecorded = []
         if self._ddl_seq and self._ddl_seq.pop(xid, None) is not None and end_lsn > skip_upto:
             self._ddl_commits.add(end_lsn)  # before the buffer commit: the span must not read it uncut
         if end_lsn <= skip_upto:

@@ -28,6 +28,7 @@ SAMPLES = [
         "/tidewater/prod-1/changefeed/assign/cf1/0",
     ),
     (EtcdKey(KeyKind.SPAN_STATUS, C, changefeed="cf1", span=12), "/tidewater/prod-1/changefeed/span/cf1/12"),
+    (EtcdKey(KeyKind.SCHEMA_HISTORY, C, changefeed="cf1", relid=16384), "/tidewater/prod-1/schema/cf1/16384"),
 ]
 
 
@@ -85,6 +86,9 @@ def test_helpers_agree_with_codec() -> None:
         "/tidewater/prod-1/changefeed/span/cf/1/2",
         "/tidewater/prod-1/changefeed/span/cf/x",
         "/tidewater/prod-1/changefeed/job/cf",  # unknown kind
+        "/tidewater/prod-1/schema/cf/0",  # no table has oid 0
+        "/tidewater/prod-1/schema/cf/01",
+        "/tidewater/prod-1/schema/cf/1/2",
         "/tidewater/prod-1/changefeed/info/cf ",
     ],
 )
@@ -107,6 +111,8 @@ def test_parse_rejects_foreign_and_malformed_keys(raw: str) -> None:
         {"kind": KeyKind.SPAN_ASSIGNMENT, "cluster": C, "changefeed": "cf", "span": 0, "owner_lease": 1},
         {"kind": KeyKind.CHANGEFEED_STATUS, "cluster": "a/b", "changefeed": "cf"},
         {"kind": KeyKind.CHANGEFEED_STATUS, "cluster": "", "changefeed": "cf"},
+        {"kind": KeyKind.SCHEMA_HISTORY, "cluster": C, "changefeed": "cf"},  # no table oid
+        {"kind": KeyKind.SPAN_STATUS, "cluster": C, "changefeed": "cf", "span": 1, "relid": 5},
     ],
 )
 def test_invalid_keys_cannot_be_built(kwargs: dict[str, object]) -> None:

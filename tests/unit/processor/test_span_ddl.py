@@ -13,7 +13,7 @@ from cdc.config import DdlConfig
 from cdc.errors import DdlRejected
 from cdc.events import DdlChange, DdlEvent, DdlKind, RowChange, TableName
 from cdc.ts import Watermark
-from processor.span import SpanRunner
+from processor.span import SchemaRecorder, SpanRunner
 from sinks.base import Sink
 from sorter.base import SortedTxn
 from tests.pgoutput_wire import enc_insert
@@ -67,12 +67,13 @@ def row(i: int) -> bytes:
     return encode_payload(0, enc_insert(None, 16384, [str(i)]))
 
 
-def run(sink: RecordingSink, ddl: DdlConfig | None = None) -> SpanRunner:
+def run(sink: RecordingSink, ddl: DdlConfig | None = None, source: DdlSource | None = None,
+        history: SchemaRecorder | None = None) -> SpanRunner:
     txns = [SortedTxn(110, 110.0, 1, [row(1)]),
             SortedTxn(120, 120.0, 4, [row(2), encode_payload(SCHEMA_CHANGE, b"c"), row(3), row(4)]),
             SortedTxn(130, 130.0, 1, [row(5)])]
-    runner = SpanRunner("cf/0", DdlSource(130, {120}), FakeSorter(txns), lambda: sink,  # type: ignore[arg-type]
-                        Watermark(100, 100.0), txn_rows=10, ddl=ddl)
+    runner = SpanRunner("cf/0", source or DdlSource(130, {120}), FakeSorter(txns),  # type: ignore[arg-type]
+                        lambda: sink, Watermark(100, 100.0), txn_rows=10, ddl=ddl, schema_history=history)
     runner.start()
     deadline = time.monotonic() + 10
     while runner.checkpoint.ts < 130 and time.monotonic() < deadline and not runner.failed.is_set():
@@ -112,3 +113,23 @@ def test_on_error_skip_skips_a_rejected_ddl_with_a_divergence_warning() -> None:
     assert runner.error is None and sink.log == [[1], [2], ("skip", "c"), [3, 4], [5]]
     (w,) = runner.warnings.current()
     assert (w.code, w.severity) == ("CDC:WarnDdlSkipped", "divergence") and "no such type" in w.message
+
+
+def test_schema_versions_are_stored_in_the_history_before_the_checkpoint_passes_them() -> None:
+    """The source's versions and each DDL's new schema reach the schema history (docs/ddl.md) before the span
+    writes past them: a restart from any stored checkpoint finds the schema of its time."""
+    sink = RecordingSink(reject=True)
+    source = DdlSource(130, {120})
+    source.versions = [(105, SCHEMA)]
+    recorded: list[tuple[list[tuple[int, int, Any]], int, list[Any]]] = []
+
+    def history(versions: list[tuple[int, int, Any]], keep_after: int) -> None:
+        recorded.append((versions, keep_after, list(sink.log)))
+
+    runner = run(sink, DdlConfig(skip_ts=(120,)), source, history)
+    assert runner.error is None
+    relid = SCHEMA.relation_id
+    assert [r[0] for r in recorded] == [[(105, relid, SCHEMA)], [(120, relid, SCHEMA)]]
+    assert recorded[0][2] == []  # before anything was written
+    assert recorded[1][2] == [[1], [2]]  # the DDL's version before it and the rows after it
+    assert [r[1] for r in recorded] == [100, 100]  # nothing older than the stored checkpoint is needed

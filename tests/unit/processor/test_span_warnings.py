@@ -119,6 +119,10 @@ class FakeSource:
     def schema_change_commits(self) -> frozenset[int]:
         return frozenset()
 
+    def take_schema_versions(self) -> list[tuple[int, TableSchema]]:
+        out, self.versions = getattr(self, "versions", []), []
+        return out
+
     def open(self) -> None: ...
 
     def close(self) -> None: ...

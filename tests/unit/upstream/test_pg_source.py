@@ -175,3 +175,49 @@ def test_logical_messages_reach_the_hook_with_their_transaction_and_store_nothin
 
 def pgoutput_stream_stop() -> bytes:
     return b"E"
+
+
+# ---- schema history (seed_schemas / take_schema_versions) ----------------------------------------------
+def _relation_schema(cols: list[tuple[int, str, int, int]]) -> Any:
+    from upstream.postgres.source import merge_schema
+
+    return merge_schema(pgoutput.decode(enc_relation(None, 7, "public", "t", "d", cols), False), None, 99)
+
+
+def run_seeded(wire: list[Any], seed: list[Any], start: int = 0) -> tuple[PgSpanSource, Any]:
+    sorter = MemorySorter().span("cf/0")
+    source = PgSpanSource(FakeStream(wire), TableFilter(("*.*",)), Watermark(start, 0.0),  # type: ignore[arg-type]
+                          lambda: None, "cf/0")
+    source.seed_schemas(seed)
+    source.run(sorter, threading.Event(), lambda w: None)
+    return source, sorter
+
+
+def test_a_column_dropped_while_the_span_was_down_is_a_schema_change_against_the_seeded_history() -> None:
+    old = _relation_schema([*COLS, (0, "gone", INT4, -1)])
+    wire = [*txn(1, 10, enc_relation(None, 7, "public", "t", "d", COLS), enc_insert(None, 7, ["1", "a"]))]
+    source, sorter = run_seeded(wire, [old])
+    (t,) = list(sorter.read_txns(-1, MAX))
+    assert t.commit_ts in source.schema_change_commits()
+    (events,) = [source.decoder().schema_changes(p[4:], t.commit_ts, t.commit_time) for p in t.payloads
+                 if p[:4] == b"\xff\xff\xff\xff"]
+    assert [(c.kind, c.column) for c in events[0].changes] == [("drop column", "gone")]
+    assert events[0].before is not None and "gone" in events[0].before.column_names
+    (version,) = source.take_schema_versions()
+    assert version[0] == 10 and version[1].column_names == ("id", "v")
+    assert source.take_schema_versions() == []
+
+
+def test_a_table_as_the_history_knows_it_stores_no_new_version_and_no_schema_change() -> None:
+    wire = [*txn(1, 10, enc_relation(None, 7, "public", "t", "d", COLS), enc_insert(None, 7, ["1", "a"]))]
+    source, sorter = run_seeded(wire, [_relation_schema(COLS)])
+    assert 10 not in source.schema_change_commits()
+    assert source.take_schema_versions() == []
+    assert rows(source, sorter) == [(10, "INSERT", {"id": 1, "v": "a"})]
+
+
+def test_a_table_first_seen_in_the_stream_gets_its_first_history_version_at_that_commit() -> None:
+    wire = [*txn(1, 10, enc_relation(None, 7, "public", "t", "d", COLS), enc_insert(None, 7, ["1", "a"])),
+            *txn(2, 20, enc_relation(None, 7, "public", "t", "d", COLS), enc_insert(None, 7, ["2", "b"]))]
+    source, _ = run_seeded(wire, [])
+    assert [(ts, s.column_names) for ts, s in source.take_schema_versions()] == [(10, ("id", "v"))]
