@@ -304,7 +304,8 @@ class Processor:
                             warnings=slot.warnings if slot is not None else None,
                             row_source=lambda: upstream.row_source(label=label),
                             position=(info.id, span_index, span.start_ts), ddl=config.ddl,
-                            schema_history=self._schema_recorder(info.id))
+                            schema_history=self._schema_recorder(info.id),
+                            barrier=self._changefeed_barrier(info, span_index) if len(info.spans) > 1 else None)
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)
         return runner
@@ -319,6 +320,32 @@ class Processor:
                 by_table[relid] = h.with_version(ts, schema, keep_after)
             self.store.put_schema_histories(cf, list(by_table.values()))
         return record
+
+    def _changefeed_barrier(self, info: ChangefeedInfo, span_index: int) -> Callable[[int, threading.Event], None]:
+        """Waits (polling the stored span statuses) until every other span of ``info`` has a checkpoint at or
+        above ``ts - 1``: it wrote everything committed before ``ts`` (``SpanRunner._changefeed_barrier``)."""
+        label = f"{info.id}/{span_index}"
+
+        def wait(ts: int, stop: threading.Event) -> None:
+            announced = False
+            while not stop.is_set():
+                behind = []
+                for s in info.spans:
+                    if s.index == span_index:
+                        continue
+                    st = self.store.get_span_status(info.id, s.index)
+                    if max(s.start_ts, st.value.checkpoint_ts if st is not None else 0) < ts - 1:
+                        behind.append(s.index)
+                if not behind:
+                    if announced:
+                        log.info("span=%s passes the changefeed barrier at commit %d", label, ts)
+                    return
+                if not announced:
+                    log.info("span=%s waits at a changefeed barrier (DDL at commit %d) for span(s) %s", label, ts,
+                             behind)
+                    announced = True
+                stop.wait(0.5)
+        return wait
 
     def _lease_fence(self) -> None:
         """Refuse a downstream commit once this capture's lease may have expired: after that the

@@ -29,7 +29,7 @@ from itertools import repeat
 
 from cdc.config import DdlConfig
 from cdc.errors import DdlRejected, DecodeError, LeaseLost, TidewaterError
-from cdc.events import DdlEvent, RowChange, TableSchema
+from cdc.events import DdlEvent, DdlKind, RowChange, TableSchema
 from cdc.model import DataWarning, WarningSeverity, merge_warnings
 from cdc.ts import Watermark
 from processor.mounter import Mounter
@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 SchemaRecorder = Callable[[list[tuple[int, int, TableSchema | None]], int], None]
 
 _SCHEMA_CHANGE_PREFIX = encode_payload(SCHEMA_CHANGE, b"")
+# DDL kinds that change which table a downstream name belongs to: a changefeed barrier (_changefeed_barrier)
+NAME_CHANGES = frozenset({DdlKind.CREATE_TABLE, DdlKind.DROP_TABLE, DdlKind.RENAME_TABLE})
 
 
 class TxnBatcher:
@@ -178,6 +180,7 @@ class SpanRunner:
         position: tuple[str, int, int] | None = None,
         ddl: DdlConfig | None = None,
         schema_history: SchemaRecorder | None = None,
+        barrier: Callable[[int, threading.Event], None] | None = None,
     ) -> None:
         self.label = label
         self.source = source
@@ -190,6 +193,7 @@ class SpanRunner:
         self.position = position
         self.ddl = ddl if ddl is not None else DdlConfig()
         self._schema_history = schema_history
+        self._barrier = barrier  # waits until every other span of the changefeed wrote all before a commit Ts
         self.resolved = start
         self.checkpoint = start
         self.start_ts = start.ts  # the checkpoint this runner started from
@@ -288,6 +292,8 @@ class SpanRunner:
         ``[ddl] skip-ts``, or ``on-error = "skip"`` after the sink rejected it): a skipped DDL is recorded by the
         sink (replays leave it) and raised as a warning naming it, never only logged."""
         what = f"{event.query or ', '.join(event.kinds)} on {event.table} (commit Ts {event.commit_ts})"
+        if self._barrier is not None and NAME_CHANGES.intersection(event.kinds):
+            self._changefeed_barrier(event)
         table = event.after if event.after is not None else event.before
         if table is not None and table.relation_id:  # the table's new shape, even when not applied downstream
             self._record_schemas([(event.commit_ts, table.relation_id, event.after)])
@@ -308,6 +314,21 @@ class SpanRunner:
                               f"the upstream's", WarningSeverity.DIVERGENCE)
             return
         log.info("span=%s schema change %s %s", self.label, what, "applied" if applied else "already applied")
+
+    def _changefeed_barrier(self, event: DdlEvent) -> None:
+        """A DDL that changes which table holds a downstream name (CREATE, DROP, RENAME TABLE) waits until every
+        other span of the changefeed has written everything committed before it: the old holder of the name
+        may live in another span (``DROP TABLE b; ALTER TABLE a RENAME TO b`` with ``a`` and ``b`` in two
+        spans must not rename onto a ``b`` that the other span has not dropped yet). Everything of this span
+        before the DDL's transaction is written, so its checkpoint moves to just below it first: spans waiting
+        at their own such DDL see it, and the earliest barrier always proceeds (no deadlock)."""
+        below = event.commit_ts - 1
+        if below > self.checkpoint.ts:
+            self.checkpoint = Watermark(below, self.checkpoint.time)
+        assert self._barrier is not None
+        self._barrier(event.commit_ts, self._stop)
+        if self._stop.is_set():
+            raise LeaseLost(f"span {self.label} stopped while waiting at the changefeed barrier of a DDL")
 
     def _ddl_warning(self, code: str, event: DdlEvent, message: str, severity: WarningSeverity) -> None:
         now = time.time()

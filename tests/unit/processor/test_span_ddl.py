@@ -133,3 +133,40 @@ def test_schema_versions_are_stored_in_the_history_before_the_checkpoint_passes_
     assert recorded[0][2] == []  # before anything was written
     assert recorded[1][2] == [[1], [2]]  # the DDL's version before it and the rows after it
     assert [r[1] for r in recorded] == [100, 100]  # nothing older than the stored checkpoint is needed
+
+
+class DropDecoder(PgChangeDecoder):
+    def schema_changes(self, raw: bytes, commit_ts: int, commit_time: float) -> list[DdlEvent]:
+        kind = DdlKind.DROP_TABLE if raw == b"drop" else DdlKind.ADD_COLUMN
+        return [DdlEvent(commit_ts, commit_time, T, (DdlChange(kind, raw.decode()),), SCHEMA, None, raw.decode())]
+
+
+class DropSource(DdlSource):
+    def decoder(self) -> DropDecoder:  # type: ignore[override]
+        return DropDecoder(lambda version: SCHEMA)
+
+
+@pytest.mark.parametrize("what, waits", [(b"drop", True), (b"c", False)])
+def test_a_ddl_changing_table_names_waits_at_the_changefeed_barrier_with_everything_before_it_checkpointed(
+    what: bytes, waits: bool
+) -> None:
+    sink = RecordingSink()
+    calls: list[tuple[int, int, list[Any]]] = []
+    runner: list[SpanRunner] = []
+
+    def barrier(ts: int, stop: Any) -> None:
+        calls.append((ts, runner[0].checkpoint.ts, list(sink.log)))
+
+    txns = [SortedTxn(110, 110.0, 1, [row(1)]),
+            SortedTxn(120, 120.0, 3, [row(2), encode_payload(SCHEMA_CHANGE, what), row(3)])]
+    r = SpanRunner("cf/0", DropSource(120, {120}), FakeSorter(txns), lambda: sink,  # type: ignore[arg-type]
+                   Watermark(100, 100.0), txn_rows=10, barrier=barrier)
+    runner.append(r)
+    r.start()
+    deadline = time.monotonic() + 10
+    while r.checkpoint.ts < 120 and time.monotonic() < deadline and not r.failed.is_set():
+        time.sleep(0.01)
+    r.stop()
+    assert r.error is None and r.checkpoint.ts == 120
+    # the barrier is asked with every earlier transaction written and the checkpoint just below the DDL's
+    assert calls == ([(120, 119, [[1], [2]])] if waits else [])

@@ -1,0 +1,79 @@
+"""End to end: a DDL that changes which table a name belongs to waits at a changefeed barrier (issue 9 item 2).
+
+``DROP TABLE dst; ALTER TABLE src RENAME TO dst`` with ``src`` and ``dst`` in two spans: the span of ``src``
+must not rename onto the downstream ``dst`` before the span of ``dst`` has written its last rows and dropped it
+(the target would refuse the rename, or worse, mix two tables' rows). The span of ``dst`` is held back by a lock
+on the downstream table; the rename waits for it, then everything ends equal.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_workload import assert_converged, make_sink_uri, run_sql, wait_for
+
+from cdc.events import TableName
+from cdc.spans import span_of
+from playground.cluster import CdcServer
+from playground.servers import PostgresServer
+
+pytestmark = pytest.mark.e2e
+
+SCHEMA = """
+CREATE TABLE src (id int PRIMARY KEY, v text);
+CREATE TABLE dst (id int PRIMARY KEY, v text);
+INSERT INTO src SELECT g, 'src ' || g FROM generate_series(1, 20) g;
+INSERT INTO dst SELECT g, 'dst ' || g FROM generate_series(1, 20) g;
+"""
+
+
+@pytest.fixture
+def source_schema() -> str:
+    return SCHEMA
+
+
+@pytest.fixture(params=["postgresql"])  # the hold-back below uses PostgreSQL's table locks
+def sink_uri(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer) -> str:
+    return make_sink_uri(request.param, request, tmp_path, pg_server)
+
+
+def test_a_rename_onto_a_name_dropped_in_another_span_waits_for_that_span(
+    cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
+) -> None:
+    assert span_of(TableName("public", "src"), 2) != span_of(TableName("public", "dst"), 2)
+    cdc = cdc_server
+    cdc.create_changefeed("bar", pg_server.uri(pg_database), sink_uri, config="span-count = 2\n")
+    run_sql(source, "UPDATE src SET v = v || '!'", "UPDATE dst SET v = v || '!'")
+    assert_converged(cdc, "bar", source, sink_uri, tables=["public.src", "public.dst"])
+
+    target_db = sink_uri.rsplit("/", 1)[1].split("?")[0]
+    holder = pg_server.connect(target_db)  # holds the downstream dst: the span of dst cannot write or drop it
+    holder.autocommit = False
+    with holder.cursor() as cur:
+        cur.execute("LOCK TABLE public.dst IN ACCESS EXCLUSIVE MODE")
+    released = threading.Event()
+
+    def release_later() -> None:
+        time.sleep(6)
+        holder.commit()
+        released.set()
+
+    run_sql(source, "INSERT INTO dst VALUES (100, 'last row of the old dst')", "DROP TABLE dst",
+            "ALTER TABLE src RENAME TO dst", "INSERT INTO dst VALUES (200, 'first row after the rename')")
+    t = threading.Thread(target=release_later, daemon=True)
+    t.start()
+    try:
+        time.sleep(3)
+        q = wait_for(cdc, "bar", lambda q: True, "query")
+        assert q["state"] == "normal", q  # waiting, not failed
+        t.join()
+    finally:
+        released.wait(10)
+        holder.close()
+    assert_converged(cdc, "bar", source, sink_uri, tables=["public.dst"])
+    q = wait_for(cdc, "bar", lambda q: True, "query")
+    assert q["state"] == "normal" and not q["warnings"], q
