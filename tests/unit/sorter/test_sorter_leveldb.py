@@ -311,7 +311,7 @@ def test_memory_stays_bounded_for_a_huge_streamed_transaction(tmp_path: Path) ->
 
 
 def test_clear_deletes_segments_in_bounded_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sorter.leveldb as mod
+    import sorter.storage as mod
 
     monkeypatch.setattr(mod, "_DELETE_BATCH_KEYS", 3)
     s = LevelDBSorter(tmp_path / "sorter", memory_budget=300, batch_bytes=1)  # pack from the 3rd commit

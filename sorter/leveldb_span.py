@@ -1,0 +1,433 @@
+"""One span's part of the capture's LevelDB sorter (``sorter.leveldb`` describes the design): open transactions
+buffered per xid or spilled, committed ones queued as segments in commit order (in memory, or packed into one
+LevelDB value when the sink lags), read lazily in order and cleaned once checkpointed."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from bisect import bisect_right
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from cdc.errors import DiskFull, SorterError
+from sorter.base import SortedTxn, SpanSorter
+from sorter.encoding import (
+    U64_MAX,
+    check_range,
+    check_u64,
+    committed_prefix,
+    pack_segment,
+    prefix_end,
+    segment_key,
+    span_uid,
+    unpack_segment,
+)
+from sorter.spillfile import SpillFile
+from sorter.storage import _DB_ERRORS, _ROW_OVERHEAD, _TS, _delete_in_batches, _storage_error
+
+if TYPE_CHECKING:
+    from sorter.leveldb import LevelDBSorter
+
+log = logging.getLogger(__name__)
+
+
+class _OpenTxn:
+    """Buffer of one open transaction. Touched only by the puller thread."""
+
+    __slots__ = ("subs", "payloads", "nbytes", "spill", "aborted")
+
+    def __init__(self) -> None:
+        self.subs: list[int] = []
+        self.payloads: list[bytes] = []
+        self.nbytes = 0
+        self.spill: SpillFile | None = None  # once the transaction spilled
+        # subxid -> spill record watermark: spilled records of that subxid below it are rolled back
+        self.aborted: dict[int, int] = {}
+
+
+class _Segment:
+    """A run of committed transactions in commit order, or one spilled transaction.
+
+    Exactly one of ``txns`` (in memory: ``SortedTxn``s), ``key`` (packed in LevelDB) or ``spill`` is set.
+    Mutable fields change under the span's lock; ``txns`` only grows while the segment is open.
+    """
+
+    __slots__ = ("first_ts", "last_ts", "txns", "key", "spill", "aborted", "rows", "nbytes", "closed",
+                 "dropped")
+
+    def __init__(self, first_ts: int) -> None:
+        self.first_ts = first_ts
+        self.last_ts = first_ts
+        self.txns: list[SortedTxn] | None = []
+        self.key: bytes | None = None
+        self.spill: tuple[SpillFile, float] | None = None  # (file, commit_time)
+        self.aborted: dict[int, int] = {}
+        self.rows = 0
+        self.nbytes = 0  # bytes held in memory (0 once packed into LevelDB or for a spill file)
+        self.closed = False
+        self.dropped = False  # cleaned or cleared: whoever still holds it must not publish it
+
+
+class LevelDBSpanSorter(SpanSorter):
+    """The sorter of one span (see the module docstring).
+
+    Thread-safety: open-transaction buffers belong to the puller thread (``add``/``abort``/``commit``/
+    ``clear``); the segment queue is guarded by a lock shared with the sink thread's ``read_txns``/
+    ``clean``. LevelDB itself is safe for concurrent writes and reads.
+    """
+
+    def __init__(self, owner: LevelDBSorter, span_key: str, memory_budget: int) -> None:
+        self.span_key = span_key
+        self._owner = owner
+        self._db = owner.db
+        self._path = owner.path
+        self._uid = span_uid(span_key)
+        self._cprefix = committed_prefix(self._uid)
+        self._spill_rows = owner.spill_rows
+        self._spill_bytes = owner.spill_bytes
+        self._half_budget = max(1, memory_budget // 2)
+        self._batch_bytes = owner.batch_bytes
+        # puller-thread state
+        self._txns: dict[int, _OpenTxn] = {}
+        self._buffered = 0
+        self._last_commit_ts = -1
+        # shared state, under _lock
+        self._lock = threading.Lock()
+        self._segments: list[_Segment] = []
+        self._open: _Segment | None = None  # the segment small commits join
+        self._committed_bytes = 0
+        self._clean_floor = -1  # everything with commit_ts <= floor is forgotten (also in kept segments)
+        # sink-thread state
+        self._deleted_since_compact = 0
+
+    def set_memory_budget(self, memory_budget: int) -> None:
+        """Applies from the next add/commit on (an int assignment: safe from any thread)."""
+        self._half_budget = max(1, memory_budget // 2)
+
+    # -- puller thread ------------------------------------------------------------------------------
+    def add(self, xid: int, subxid: int, payload: bytes) -> None:
+        if not (0 <= xid <= U64_MAX and 0 <= subxid <= U64_MAX):
+            check_u64("xid", xid)
+            check_u64("subxid", subxid)
+        txn = self._txns.get(xid)
+        if txn is None:
+            txn = self._txns[xid] = _OpenTxn()
+        n = len(payload) + _ROW_OVERHEAD
+        spill_txn = len(txn.payloads) + 1 >= self._spill_rows or txn.nbytes + n >= self._spill_bytes
+        spill_all = not spill_txn and self._buffered + n > self._half_budget
+        if (spill_txn or spill_all) and self._owner.disk_quota > 0:
+            self._owner.check_quota(f"span {self.span_key}: spilling transaction {xid}")
+        txn.subs.append(subxid)
+        txn.payloads.append(payload)
+        txn.nbytes += n
+        self._buffered += n
+        if spill_txn:
+            self._spill(txn)
+        elif spill_all:
+            for other in list(self._txns.values()):
+                if other.payloads:
+                    self._spill(other)
+
+    def abort(self, xid: int, subxid: int) -> None:
+        txn = self._txns.get(xid)
+        if txn is None:
+            return
+        if subxid == xid:
+            del self._txns[xid]
+            self._buffered -= txn.nbytes
+            if txn.spill is not None:
+                self._unlink(txn.spill, "abort")
+            return
+        if txn.spill is not None:
+            txn.aborted[subxid] = txn.spill.records
+        if subxid in txn.subs:
+            subs: list[int] = []
+            payloads: list[bytes] = []
+            dropped = 0
+            for s, p in zip(txn.subs, txn.payloads, strict=True):
+                if s == subxid:
+                    dropped += len(p) + _ROW_OVERHEAD
+                else:
+                    subs.append(s)
+                    payloads.append(p)
+            txn.subs, txn.payloads = subs, payloads
+            txn.nbytes -= dropped
+            self._buffered -= dropped
+
+    def commit(self, xid: int, commit_ts: int, commit_time: float) -> None:
+        if not 0 <= commit_ts <= U64_MAX:
+            check_u64("commit_ts", commit_ts)
+        if commit_ts <= self._last_commit_ts:
+            raise SorterError(
+                f"span {self.span_key}: commit_ts {commit_ts} does not follow {self._last_commit_ts}"
+            )
+        if self._db.closed:
+            raise self._db_error(RuntimeError("Database is closed"), f"use of span {self.span_key}")
+        txn = self._txns.get(xid)
+        if txn is None or (txn.spill is None and not txn.payloads):
+            self._txns.pop(xid, None)
+            self._last_commit_ts = commit_ts
+            return
+        if txn.spill is None:
+            nbytes = txn.nbytes
+            rec = SortedTxn(commit_ts, commit_time, len(txn.payloads), txn.payloads)
+            with self._lock:
+                seg = self._open
+                if seg is None or seg.closed:
+                    seg = self._open = _Segment(commit_ts)
+                    self._segments.append(seg)
+                assert seg.txns is not None
+                seg.txns.append(rec)
+                seg.last_ts = commit_ts
+                seg.rows += rec.rows
+                seg.nbytes += nbytes
+                self._committed_bytes += nbytes
+                full = seg.nbytes >= self._batch_bytes
+            if full:
+                self._close(seg)
+        else:
+            if txn.payloads:
+                self._spill(txn)  # the tail joins the file
+            seg = _Segment(commit_ts)
+            seg.txns = None
+            seg.spill = (txn.spill, commit_time)
+            seg.aborted = txn.aborted
+            seg.rows = txn.spill.records
+            seg.closed = True
+            with self._lock:
+                prev, self._open = self._open, None
+                if prev is not None:
+                    prev.closed = True  # later small commits start a segment after this one
+                self._segments.append(seg)
+            if prev is not None:
+                self._maybe_pack(prev)
+        del self._txns[xid]
+        self._buffered -= txn.nbytes
+        self._last_commit_ts = commit_ts
+
+    def _close(self, seg: _Segment) -> None:
+        with self._lock:
+            if seg.closed:
+                return
+            seg.closed = True
+            if self._open is seg:
+                self._open = None
+        self._maybe_pack(seg)
+
+    def _maybe_pack(self, seg: _Segment) -> None:
+        """Move a closed in-memory segment into LevelDB when the span's committed data is over budget."""
+        if self._committed_bytes <= self._half_budget:
+            return
+        txns = seg.txns
+        if txns is None:
+            return
+        if self._owner.disk_quota > 0:
+            self._owner.check_quota(f"span {self.span_key}: storing committed transactions")
+        key = segment_key(self._uid, seg.first_ts)
+        value = pack_segment([(t.commit_ts, t.commit_time, t.payloads) for t in txns])
+        try:
+            with self._owner.gate.shared():
+                self._db.put(key, value)
+        except _DB_ERRORS as e:
+            raise self._db_error(e, f"write of span {self.span_key}", len(value)) from e
+        self._owner.note_written(len(value))
+        with self._lock:
+            published = not seg.dropped
+            if published:
+                seg.key = key
+                seg.txns = None
+                self._committed_bytes -= seg.nbytes
+                seg.nbytes = 0
+        if not published:  # cleaned while it was being written
+            self._delete_keys([key], "clean")
+
+    def clear(self) -> None:
+        self._owner.reopen_if_needed()
+        self._txns.clear()
+        self._buffered = 0
+        self._last_commit_ts = -1
+        with self._lock:
+            for seg in self._segments:
+                seg.dropped = True
+            self._segments, self._open = [], None
+            self._committed_bytes = 0
+            self._clean_floor = -1
+        # spill files first: removing them needs no free space, while LevelDB's deletes are writes
+        try:  # every spill file of this span: open and committed transactions, earlier runs
+            for f in self._owner.spill_dir.glob(f"{self._uid.hex()}-*.spill"):
+                f.unlink(missing_ok=True)
+        except OSError as e:
+            raise _storage_error(e, self._owner.spill_dir, f"clear of span {self.span_key}") from e
+        prefix = self._cprefix
+        size = self._approximate_size(prefix, prefix_end(prefix))
+        self._delete_range(prefix, "clear")
+        if self._add_deleted(size):
+            self._compact(prefix, prefix_end(prefix))
+
+    def pending_txns(self) -> int:
+        return len(self._txns)
+
+    def memory_bytes(self) -> int:
+        return self._buffered + self._committed_bytes
+
+    # -- sink thread --------------------------------------------------------------------------------
+    def read_txns(self, after_ts: int, upto_ts: int) -> Iterator[SortedTxn]:
+        if not check_range(after_ts, upto_ts):
+            return iter(())
+        if self._db.closed:
+            raise self._db_error(RuntimeError("Database is closed"), f"use of span {self.span_key}")
+        picked: list[tuple[_Segment, list[SortedTxn] | None, bytes | None]] = []
+        with self._lock:
+            after_ts = max(after_ts, self._clean_floor)
+            for seg in self._segments:
+                if seg.last_ts <= after_ts:
+                    continue
+                if seg.first_ts > upto_ts:
+                    break
+                txns = seg.txns
+                if txns is not None:  # copy the part in range: the puller may still append
+                    lo = bisect_right(txns, after_ts, key=_TS) if seg.first_ts <= after_ts else 0
+                    hi = bisect_right(txns, upto_ts, key=_TS) if seg.last_ts > upto_ts else len(txns)
+                    picked.append((seg, txns[lo:hi], None))
+                else:
+                    picked.append((seg, None, seg.key))
+        if not picked:
+            return iter(())
+        return self._txns_of(picked, after_ts, upto_ts)
+
+    def _txns_of(self, picked: list[tuple[_Segment, list[SortedTxn] | None, bytes | None]],
+                 after_ts: int, upto_ts: int) -> Iterator[SortedTxn]:
+        for seg, txns, key in picked:
+            if txns is not None:
+                yield from txns
+            elif key is not None:
+                try:
+                    with self._owner.gate.shared():
+                        value = self._db.get(key)
+                    if value is None:
+                        raise SorterError(f"sorter at {self._path}: segment {key.hex()} of span "
+                                          f"{self.span_key} is missing")
+                    unpacked = unpack_segment(value)
+                except _DB_ERRORS as e:
+                    raise self._db_error(e, f"read of span {self.span_key}") from e
+                del value
+                for ts, tm, payloads in unpacked:
+                    if after_ts < ts <= upto_ts:
+                        yield SortedTxn(ts, tm, len(payloads), payloads)
+            else:
+                assert seg.spill is not None
+                spill, commit_time = seg.spill
+                yield SortedTxn(seg.first_ts, commit_time, seg.rows, self._spilled(spill, seg.aborted))
+
+    def _spilled(self, spill: SpillFile, aborted: dict[int, int]) -> Iterator[bytes]:
+        try:
+            yield from spill.read(aborted)
+        except _DB_ERRORS as e:
+            raise _storage_error(e, spill.path, f"read of span {self.span_key}") from e
+
+    def clean(self, upto_ts: int) -> None:
+        check_u64("upto_ts", upto_ts)
+        with self._lock:
+            self._clean_floor = max(self._clean_floor, upto_ts)
+            n = 0
+            for seg in self._segments:
+                if seg.last_ts > upto_ts:
+                    break
+                n += 1
+            gone = self._segments[:n]
+            del self._segments[:n]
+            for seg in gone:
+                seg.dropped = True
+                seg.closed = True
+                self._committed_bytes -= seg.nbytes
+                if seg is self._open:
+                    self._open = None
+        keys = [seg.key for seg in gone if seg.key is not None]
+        for seg in gone:
+            if seg.spill is not None:
+                self._unlink(seg.spill[0], "clean")
+        if keys:
+            size = self._approximate_size(keys[0], prefix_end(keys[-1]))
+            self._delete_keys(keys, "clean")
+            if self._add_deleted(size):
+                self._compact(self._cprefix, prefix_end(keys[-1]))
+
+    # -- helpers --------------------------------------------------------------------------------------
+    def _spill(self, txn: _OpenTxn) -> None:
+        """Append the buffer of ``txn`` to its spill file and empty it."""
+        if txn.spill is None:
+            txn.spill = SpillFile(self._owner.next_spill_path(self._uid))
+        try:
+            txn.spill.append(txn.subs, txn.payloads)
+        except _DB_ERRORS as e:
+            raise _storage_error(e, txn.spill.path, f"spill of span {self.span_key}", txn.nbytes) from e
+        self._owner.note_written(txn.nbytes)
+        self._buffered -= txn.nbytes
+        txn.nbytes = 0
+        txn.subs = []
+        txn.payloads = []
+
+    def _db_error(self, e: BaseException, what: str, needed: int = 0) -> SorterError:
+        """Our error for a failed LevelDB call. Out of space: ``DiskFull``, and the database is reopened at
+        the next span start (LevelDB's error is sticky). A handle left closed by a failed reopen: ``DiskFull``
+        too (the span restarts); closed by ``close()``: ``SorterError``."""
+        if isinstance(e, RuntimeError) and not self._owner.closed:  # a failed reopen left it closed
+            return DiskFull(f"sorter at {self._path} could not be reopened after running out of space "
+                            f"({what}); the span restarts", cause=e)
+        if isinstance(e, RuntimeError):
+            return SorterError(f"sorter at {self._path} is closed ({what})", cause=e)
+        err = _storage_error(e, self._path, what, needed)
+        if isinstance(err, DiskFull):
+            self._owner.note_out_of_space()
+        return err
+
+    def _unlink(self, spill: SpillFile, what: str) -> None:
+        try:
+            spill.unlink()
+        except OSError as e:
+            raise _storage_error(e, spill.path, f"{what} of span {self.span_key}") from e
+
+    def _delete_keys(self, keys: list[bytes], what: str) -> None:
+        try:
+            with self._owner.gate.shared():
+                _delete_in_batches(self._db, keys)
+        except _DB_ERRORS as e:
+            raise self._db_error(e, f"{what} of span {self.span_key}") from e
+
+    def _delete_range(self, prefix: bytes, what: str) -> None:
+        """Delete every key starting with ``prefix``."""
+        try:
+            with self._owner.gate.shared(), self._db.iterator(prefix=prefix, include_value=False) as keys:
+                _delete_in_batches(self._db, keys)  # the iterator is a snapshot: safe to delete
+        except _DB_ERRORS as e:
+            raise self._db_error(e, f"{what} of span {self.span_key}") from e
+
+    def _approximate_size(self, start: bytes, stop: bytes | None) -> int:
+        """On-disk (table file) bytes of ``[start, stop)``; data still in the memtable counts 0."""
+        if self._owner.compact_after_bytes <= 0:
+            return 0
+        try:
+            with self._owner.gate.shared():
+                return int(self._db.approximate_size(start, stop or b"\xff"))
+        except _DB_ERRORS as e:
+            raise self._db_error(e, f"size estimate of span {self.span_key}") from e
+
+    def _add_deleted(self, nbytes: int) -> bool:
+        """Account deleted bytes; True when enough accumulated to compact (and resets the count)."""
+        threshold = self._owner.compact_after_bytes
+        if threshold <= 0:
+            return False
+        self._deleted_since_compact += nbytes
+        if self._deleted_since_compact < threshold:
+            return False
+        self._deleted_since_compact = 0
+        return True
+
+    def _compact(self, start: bytes, stop: bytes | None) -> None:
+        """Compact ``[start, stop)`` so that the space of deleted entries returns to the disk."""
+        try:
+            with self._owner.gate.shared():
+                self._db.compact_range(start=start, stop=stop)
+        except _DB_ERRORS as e:
+            raise self._db_error(e, f"compaction of span {self.span_key}") from e
