@@ -51,7 +51,7 @@ from typing import Any, ClassVar
 
 from cdc.errors import GCTTLExceeded, SlotLost, TidewaterError
 from cdc.events import TableName
-from cdc.model import ChangefeedInfo, DataWarning, FeedState, RunningError, SpanInfo
+from cdc.model import ChangefeedInfo, DataWarning, FeedState, RunningError, SpanInfo, WarningSeverity
 from owner import partition_watch
 from owner.table_pickup import (  # noqa: F401 - filter_rules, collision_key: re-exported
     COUNT_CAP,
@@ -417,6 +417,8 @@ class UpstreamWatcher:
                 pickup = pick_up_new_tables(up, info, published, self._target_names, started)
                 new, unreplicated, ineligible = pickup.added, pickup.with_rows, pickup.ineligible
                 warnings += pickup.warnings
+                if not up.captures_ddl():
+                    warnings.append(ddl_not_captured_notice(started))
                 with self._lock:  # the new baseline only once its warnings are in a report (and not forgotten)
                     if info.id in self._last:
                         self._partitions[info.id] = leaves
@@ -438,6 +440,23 @@ class UpstreamWatcher:
         if before is not None and not up.repairs_partitions():  # else the stream itself carried the repair
             out += partition_watch.compare(before, current, exists=up.relation_exists, has_rows=up.has_rows, now=now)
         return current, out
+
+
+CODE_DDL_NOT_CAPTURED = "CDC:NoticeDdlNotCaptured"
+
+
+def ddl_not_captured_notice(now: float) -> DataWarning:
+    """The changefeed sees schema changes only through the row stream (no DDL trigger upstream): what it
+    cannot see, and the fix (docs/ddl.md, "Privileges and the fallback")."""
+    return DataWarning(
+        CODE_DDL_NOT_CAPTURED, "*",
+        "schema changes are seen only through the replication stream: Tidewater's DDL event triggers are not "
+        "installed or are disabled upstream (creating them needs a superuser). Added, dropped and retyped columns "
+        "and table renames are still applied (at the first row after them; defaults of added columns unknown); a "
+        "column RENAME fails the changefeed; not seen at all: CREATE TABLE (tables are picked up later, their "
+        "earlier rows reported), DROP TABLE, key changes that change no column, defaults, NOT NULL, indexes. "
+        "Fix: recreate the changefeed as a superuser, or re-enable the triggers (ALTER EVENT TRIGGER "
+        "tidewater_ddl_end ENABLE ALWAYS)", WarningSeverity.NOTICE, first_time=now, last_time=now)
 
 
 def _slot_report(s: SlotState | None, span: SpanInfo, publication_exists: bool) -> SlotReport:

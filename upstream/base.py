@@ -390,6 +390,12 @@ class Upstream(ABC):
     def partition_leaves(self, spans: Sequence[SpanInfo]) -> list[PartitionLeaf]:
         """The leaf partitions of every partitioned table the ``spans`` carry (one query)."""
 
+    def captures_ddl(self) -> bool:
+        """True when the upstream itself puts every schema change into the stream at its position (PostgreSQL:
+        Tidewater's event triggers are installed and enabled); False when only what the row stream shows can be
+        seen (docs/ddl.md: the fallback). Default: False."""
+        return False
+
     def repairs_partitions(self) -> bool:
         """True when the upstream itself puts the rows of partitions that leave or join a published table into
         the stream (truncate, detach, drop, attach): then a look that sees such a change has nothing to warn

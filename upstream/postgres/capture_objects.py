@@ -103,6 +103,17 @@ def uninstall(conn: Any, *slots: str) -> bool:
             conn.autocommit = True
 
 
+DDL_TRIGGERS = ("tidewater_ddl_start", "tidewater_ddl_end", "tidewater_ddl_drop")
+
+
+def captures_ddl(conn: Any) -> bool:
+    """Whether the DDL event triggers (sql/10_ddl.sql) are in place and enabled."""
+    with pg_errors(conn, "reading Tidewater's upstream objects"), conn.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_catalog.pg_event_trigger WHERE evtname = ANY(%s) AND evtenabled <> 'D'",
+                    (list(DDL_TRIGGERS),))
+        return int(cur.fetchone()[0]) == len(DDL_TRIGGERS)
+
+
 def installed(conn: Any) -> bool:
     """Whether the partition repair objects are in place and enabled: both event triggers, and the TRUNCATE
     trigger on every leaf of every published root (someone may have dropped or disabled one). Only then does

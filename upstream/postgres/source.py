@@ -200,9 +200,10 @@ class PgSpanSource(SpanSource):
         self._ddl_described.discard(rel.relid)
         if previous is None or described or xid == 0 or self.buffer is None:
             return
-        old_cols = [(c.name, c.type_oid, c.type_modifier) for c in self._schemas[previous].columns]
-        if old_cols == [(c.name, c.type_oid, c.type_modifier) for c in self._schemas[version].columns]:
-            return
+        prev = self._schemas[previous]
+        old_cols = [(c.name, c.type_oid, c.type_modifier) for c in prev.columns]
+        if prev.name == name and old_cols == [(c.name, c.type_oid, c.type_modifier) for c in schema.columns]:
+            return  # (a table renamed is a schema change too: its rows would land on another name downstream)
         seq = self._ddl_seq.get(xid, 0)
         self._ddl_seq[xid] = seq + 1
         self.buffer.add(xid, subxid, encode_payload(SCHEMA_CHANGE, ddl_stream.pack(

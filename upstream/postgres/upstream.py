@@ -213,6 +213,9 @@ class PostgresUpstream(Upstream):
     def repairs_partitions(self) -> bool:
         return capture_objects.installed(self._session())
 
+    def captures_ddl(self) -> bool:
+        return capture_objects.captures_ddl(self._session())
+
     def relation_exists(self, oid: int) -> bool:
         return catalog.relation_info(self._session(), oid) is not None
 

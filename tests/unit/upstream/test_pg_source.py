@@ -221,3 +221,16 @@ def test_a_table_first_seen_in_the_stream_gets_its_first_history_version_at_that
             *txn(2, 20, enc_relation(None, 7, "public", "t", "d", COLS), enc_insert(None, 7, ["2", "b"]))]
     source, _ = run_seeded(wire, [])
     assert [(ts, s.column_names) for ts, s in source.take_schema_versions()] == [(10, ("id", "v"))]
+
+
+def test_without_a_ddl_message_a_table_renamed_is_a_rename_table_schema_change() -> None:
+    """(the fallback without the DDL trigger: its rows would otherwise land on a new name downstream, the old
+    table staying behind with the rows of before)"""
+    wire = [*txn(1, 10, enc_relation(None, 7, "public", "t", "d", COLS), enc_insert(None, 7, ["1", "a"])),
+            *txn(2, 20, enc_relation(None, 7, "public", "t2", "d", COLS), enc_insert(None, 7, ["2", "b"]))]
+    source, sorter = run_seeded(wire, [])
+    assert source.schema_change_commits() == {20}
+    t = [t for t in sorter.read_txns(-1, MAX) if t.commit_ts == 20][0]
+    (events,) = [source.decoder().schema_changes(p[4:], 20, t.commit_time) for p in t.payloads
+                 if p[:4] == b"\xff\xff\xff\xff"]
+    assert [(c.kind, c.new_name) for c in events[0].changes] == [("rename table", "public.t2")]
