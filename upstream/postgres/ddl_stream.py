@@ -65,6 +65,17 @@ def about(content: bytes) -> About:
         raise DecodeError(f"malformed {PREFIX} message ({e}): {bytes(content[:200])!r}") from e
 
 
+def described_after(content: bytes) -> TableSchema | None:
+    """The table as a DDL message describes it after the command (None: a drop, an error, or unreadable: the
+    caller then knows less, never something wrong)."""
+    try:
+        doc = json.loads(content)
+        t = doc.get("table") if isinstance(doc, dict) else None
+        return ddl_decode.table_schema(t) if t else None
+    except (ValueError, KeyError, TypeError, IndexError, DecodeError):
+        return None
+
+
 def pack(before_version: int, seq: int, content: bytes) -> bytes:
     return _HEAD.pack(before_version, seq) + content
 

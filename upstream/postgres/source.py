@@ -35,9 +35,19 @@ from upstream.postgres.stream import Keepalive, ReplicationStream
 log = logging.getLogger(__name__)
 
 
-def merge_schema(rel: pgoutput.Relation, current: TableSchema | None, version: int) -> TableSchema:
+def merge_schema(rel: pgoutput.Relation, current: TableSchema | None, version: int,
+                 described: TableSchema | None = None) -> TableSchema:
     """The schema of a Relation message: its column list (authoritative for decoding tuples) enriched
-    with the catalog's key, nullability and type names where the catalog still agrees."""
+    with the catalog's nullability and type names where the catalog still agrees.
+
+    The key is the one *at the message's position in the stream*, never the catalog's of now (which may
+    already hold a later DDL's key: rows written before ``ALTER TABLE .. DROP CONSTRAINT pkey, ADD PRIMARY
+    KEY (other)`` in the same transaction were bound by the new key and failed, or were upserted by the wrong
+    columns): for replica identity DEFAULT/INDEX (and NOTHING) it is the columns the message flags; under FULL
+    the message flags every column, and the key (the primary key a FULL table may have) comes from
+    ``described`` (the table as the stream last described it: a DDL message, or its previous version), then
+    from the catalog, provided its columns are all still there.
+    """
     known = {c.name: c for c in current.columns} if current is not None else {}
     cols: list[ColumnSchema] = []
     for rc in rel.columns:
@@ -49,11 +59,16 @@ def merge_schema(rel: pgoutput.Relation, current: TableSchema | None, version: i
         cols.append(ColumnSchema(rc.name, rc.type_oid, base, is_array, type_name=base,
                                  type_modifier=rc.type_modifier, is_key=bool(rc.flags & 1)))
     names = {c.name for c in cols}
-    if current is not None and current.key and all(k in names for k in current.key):
-        key, has_key = current.key, current.has_key
-    else:
-        key = tuple(rc.name for rc in rel.columns if rc.flags & 1)
-        has_key = rel.replica_identity != "f"
+    flagged = tuple(rc.name for rc in rel.columns if rc.flags & 1)
+    key: tuple[str, ...] = flagged
+    has_key = True
+    if rel.replica_identity == "f":
+        has_key = False
+        for source in (described, current):
+            if source is not None and source.replica_identity == "f" and source.key and source.has_key \
+                    and all(k in names for k in source.key):
+                key, has_key = source.key, True
+                break
     key_set = set(key)
     cols = [c if c.is_key == (c.name in key_set) else _with_key(c, c.name in key_set) for c in cols]
     return TableSchema(TableName(rel.namespace, rel.name), tuple(cols), tuple(key), rel.replica_identity,
@@ -125,7 +140,8 @@ class PgSpanSource(SpanSource):
         self.buffer: ChangeBuffer | None = None  # the buffer ``run`` feeds (for the message hook)
         self._ddl_seq: dict[int, int] = {}  # xid -> schema changes stored so far in that transaction
         self._ddl_commits: set[int] = set()
-        self._ddl_described: set[int] = set()  # relids with a DDL message since their last schema version  # commit Ts of transactions holding schema changes
+        self._ddl_described: set[int] = set()  # relids with a DDL message since their last schema version
+        self._described: dict[int, TableSchema] = {}  # relid -> the table after its last DDL message (its key)
         self._carried: set[int] = set()  # relids this span replicates (asked by partition repair and DDL messages)
         self._started_with: set[int] | None = None  # the publication's tables when the span started  # relid -> this span replicates it (partition repair messages)
         self._warnings: list[DataWarning] = []
@@ -189,8 +205,11 @@ class PgSpanSource(SpanSource):
             current = None
         version = self._next_version
         self._next_version += 1
-        schema = self._schemas[version] = merge_schema(rel, current, version)
         previous = self._last_schema(rel.relid)
+        described = self._described.pop(rel.relid, None)
+        if described is None and previous is not None:
+            described = self._schemas.get(previous)
+        schema = self._schemas[version] = merge_schema(rel, current, version, described)
         self._relation_version[rel.relid] = version
         known = self._known.get(rel.relid)
         if known is None or _shape(known) != _shape(schema):
@@ -258,6 +277,11 @@ class PgSpanSource(SpanSource):
         self._ddl_seq[xid] = seq + 1
         before = self._last_schema(about.relid) or 0
         self._ddl_described.add(about.relid)  # its next Relation message is this DDL's, no fallback
+        after = ddl_stream.described_after(m.content)
+        if after is not None:
+            self._described[about.relid] = after
+        else:
+            self._described.pop(about.relid, None)
         self.buffer.add(xid, subxid, encode_payload(SCHEMA_CHANGE, ddl_stream.pack(before, seq, m.content)))
 
     def schema_change_commits(self) -> set[int]:

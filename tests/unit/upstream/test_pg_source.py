@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from cdc.errors import DecodeError
-from cdc.events import TableName
+from cdc.events import ColumnSchema, TableName, TableSchema
 from cdc.filter import TableFilter
 from cdc.ts import Watermark
 from processor.mounter import Mounter
@@ -234,3 +234,34 @@ def test_without_a_ddl_message_a_table_renamed_is_a_rename_table_schema_change()
     (events,) = [source.decoder().schema_changes(p[4:], 20, t.commit_time) for p in t.payloads
                  if p[:4] == b"\xff\xff\xff\xff"]
     assert [(c.kind, c.new_name) for c in events[0].changes] == [("rename table", "public.t2")]
+
+
+# ---- the key of a Relation message is the key at its position, not the catalog's of now ---------------
+def test_the_key_of_a_default_identity_relation_is_the_flagged_columns_even_when_the_catalog_has_moved_on() -> None:
+    from upstream.postgres.source import merge_schema
+
+    cols = [(1, "id", INT4, -1), (0, "code", INT4, -1)]
+    now = merge_schema(pgoutput.decode(enc_relation(None, 7, "public", "t", "d",
+                                                    [(0, "id", INT4, -1), (1, "code", INT4, -1)]), False), None, 1)
+    assert now.key == ("code",)
+    # rows written before `DROP CONSTRAINT pkey; ADD PRIMARY KEY (code)` in one transaction carry the old key
+    schema = merge_schema(pgoutput.decode(enc_relation(None, 7, "public", "t", "d", cols), False), now, 2)
+    assert schema.key == ("id",) and schema.has_key
+    assert [c.is_key for c in schema.columns] == [True, False]
+
+
+def test_the_key_of_a_full_identity_relation_comes_from_the_stream_before_the_catalog() -> None:
+    from upstream.postgres.source import merge_schema
+
+    every = [(1, "id", INT4, -1), (1, "code", INT4, -1)]
+    rel = pgoutput.decode(enc_relation(None, 7, "public", "t", "f", every), False)
+    catalog_now = TableSchema(TableName("public", "t"), catalog_keyed(("code",)), ("code",), "f", 7, 0, True)
+    described = TableSchema(TableName("public", "t"), catalog_keyed(("id",)), ("id",), "f", 7, 0, True)
+    assert merge_schema(rel, catalog_now, 2, described).key == ("id",)  # the DDL message's table wins
+    assert merge_schema(rel, catalog_now, 3).key == ("code",)  # nothing known in the stream: the catalog
+    keyless = merge_schema(rel, None, 4)
+    assert not keyless.has_key
+
+
+def catalog_keyed(key: tuple[str, ...]) -> tuple[ColumnSchema, ...]:
+    return tuple(ColumnSchema(n, INT4, "int4", False, "integer", -1, n not in key, n in key) for n in ("id", "code"))
