@@ -23,7 +23,7 @@ import logging
 import re
 import time
 import tomllib
-from dataclasses import dataclass, is_dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
 from cdc.config import ChangefeedConfig
@@ -46,9 +46,10 @@ from cdc.ts import lsn_to_str
 from cdc.uri import parse_sink_uri, parse_upstream_uri
 from owner.table_pickup import collision_key
 from owner.upstream_watch import can_resume
+from sinks.base import Sink
 from sinks.factory import open_sink
 from upstream import open_upstream
-from upstream.base import SpanPlan, Upstream
+from upstream.base import JoinRule, SpanPlan, Upstream
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,7 @@ def load_config(text: str) -> ChangefeedConfig:
 
 
 def _check_types(raw: dict[str, Any], defaults: Any, where: str) -> None:
+    annotations = {f.name: str(f.type) for f in fields(defaults)} if is_dataclass(defaults) else {}
     for key, value in raw.items():
         name = key.replace("-", "_")
         if not hasattr(defaults, name):
@@ -123,9 +125,17 @@ def _check_types(raw: dict[str, Any], defaults: Any, where: str) -> None:
                 raise InvalidConfig(f"{where}{key} in the changefeed config must be a table ([{where}{key}])")
             _check_types(value, expected, f"{where}{key}.")
         elif isinstance(expected, tuple):
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            if "int" in annotations.get(name, ""):
+                if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                          for v in value):
+                    raise InvalidConfig(f"{where}{key} in the changefeed config must be an array of integers, "
+                                        f"got {value!r}")
+            elif not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise InvalidConfig(f"{where}{key} in the changefeed config must be an array of strings, "
                                     f"got {value!r}")
+        elif isinstance(expected, bool):
+            if not isinstance(value, bool):
+                raise InvalidConfig(f"{where}{key} in the changefeed config must be true or false, got {value!r}")
         elif isinstance(expected, int) and (not isinstance(value, int) or isinstance(value, bool)):
             raise InvalidConfig(f"{where}{key} in the changefeed config must be an integer, got {value!r}")
 
@@ -158,7 +168,9 @@ class ChangefeedService:
             with open_upstream(req.upstream_uri) as up:
                 tables, schemas = _eligible_tables(up, sink, table_filter, req.upstream_uri, sink_uri.redacted(),
                                                    config.sink.delivery)
-                spans = up.create_spans(_span_plans(req.changefeed_id, config.span_count, tables))
+                spans = up.create_spans(_span_plans(req.changefeed_id, config.span_count, tables,
+                                                    _join_rule(table_filter, config.span_count, sink,
+                                                               req.sink_uri, config.sink.delivery)))
                 notice = up.capture_notice
         finally:
             sink.close()
@@ -260,7 +272,8 @@ class ChangefeedService:
                 n = len(old.spans)
                 wanted = {s.index: [t for t in tables if span_of(t, n) == s.index] for s in old.spans}
                 # the span table sets change in one upstream transaction, committed only after the CAS below
-                with up.align_spans(old.spans, wanted, label=cf_id) as before:
+                join = _join_rule(table_filter, n, sink, sink_raw, config.sink.delivery)
+                with up.align_spans(old.spans, wanted, label=cf_id, join=join) as before:
                     if not self.store.update_changefeed(new, entry.mod_revision, []):
                         raise ChangefeedStateConflict(
                             f"changefeed {cf_id!r} was changed concurrently while it was being updated; nothing "
@@ -395,10 +408,22 @@ class ChangefeedService:
         raise ChangefeedStateConflict(f"changefeed {cf_id!r} kept changing; retry")
 
 
-def _span_plans(cf_id: str, span_count: int, tables: list[TableName]) -> list[SpanPlan]:
+def _span_plans(cf_id: str, span_count: int, tables: list[TableName], join: JoinRule | None = None) -> list[SpanPlan]:
     """The spans of a new changefeed: resource names from the id, each table in the span it hashes to."""
     return [SpanPlan(i, resource_name("slot", cf_id, i), resource_name("pub", cf_id, i),
-                     tuple(t for t in tables if span_of(t, span_count) == i)) for i in range(span_count)]
+                     tuple(t for t in tables if span_of(t, span_count) == i), join) for i in range(span_count)]
+
+
+def _join_rule(table_filter: TableFilter, span_count: int, sink: Sink, sink_uri: str, delivery: str) -> JoinRule:
+    """How a table created later joins a span in its creating transaction: the changefeed's filter and span
+    count, whether the sink's names can clash (it drops the upstream schema; compared case-folded), and
+    whether key-less tables may join (not under at-least-once delivery, as ``changefeed create`` refuses)."""
+    probe = TableName("S", "T")
+    target = sink.target_name(probe)
+    return JoinRule(table_filter, span_count,
+                    target_names="qualified" if target == str(probe) else "table",
+                    fold_case=collision_key(sink_uri, target) != target,
+                    keyless=delivery != "at-least-once" or sink_uri.startswith("blackhole:"))
 
 
 def _eligible_tables(up: Upstream, sink: Any, table_filter: TableFilter, upstream_uri: str,

@@ -42,3 +42,47 @@ class TableFilter:
 
     def select(self, names: Iterable[TableName]) -> list[TableName]:
         return sorted(n for n in names if self.match(n))
+
+    def anchored_regexes(self) -> list[tuple[bool, str, str]]:
+        """The rules as ``(include, schema_regex, table_regex)`` in the regular-expression dialect PostgreSQL's
+        AREs and Python's ``re`` share (anchored; punctuation escaped, also inside a class), so
+        that a database can apply this very filter itself (PostgreSQL's DDL trigger joins a new table to its
+        span in the creating transaction): ``schema ~ schema_regex AND table ~ table_regex``, last match wins.
+        Same verdicts as :meth:`match`."""
+        return [(inc, glob_regex(sp), glob_regex(tp)) for inc, sp, tp in self._rules]
+
+
+def glob_regex(pattern: str) -> str:
+    """``fnmatch.fnmatchcase``'s glob (``*``, ``?``, ``[seq]``, ``[!seq]``; a ``[`` without its ``]`` is a
+    literal) as an anchored regular expression of the shared dialect (see ``anchored_regexes``)."""
+    out = ["^"]
+    i, n = 0, len(pattern)
+    while i < n:
+        ch = pattern[i]
+        i += 1
+        if ch == "*":
+            out.append(".*")
+        elif ch == "?":
+            out.append(".")
+        elif ch == "[":
+            j = i
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                out.append("\\[")
+                continue
+            stuff = pattern[i:j]
+            i = j + 1
+            negate = stuff.startswith("!")
+            if negate:
+                stuff = stuff[1:]
+            body = "".join("\\" + c if c in "\\^[]" else c for c in stuff)  # never empty: "]" first is kept
+            out.append(("[^" if negate else "[") + body + "]")
+        else:
+            out.append(ch if ch.isalnum() or ch == "_" else "\\" + ch if ch.isascii() else ch)
+    out.append("$")
+    return "".join(out)

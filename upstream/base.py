@@ -50,6 +50,7 @@ __all__ = [
     "ChangeDecoder",
     "ParsedChange",
     "Parser",
+    "JoinRule",
     "PartitionLeaf",
     "RowReader",
     "SCHEMA_CHANGE",
@@ -150,13 +151,37 @@ class SlotState:
 
 
 @dataclass(frozen=True, slots=True)
+class JoinRule:
+    """How a table created after the changefeed joins a span *in its creating transaction*, for an upstream
+    that can do so (PostgreSQL's DDL trigger adds it to the span's publication, so its rows are replicated
+    from its first one; elsewhere the owner's look picks it up later and reports the rows it missed).
+
+    ``filter``: the changefeed's :class:`cdc.filter.TableFilter`; ``span_count``: the fixed span count
+    (``cdc.spans.span_of`` decides the span); ``target_names``: ``"qualified"`` when the sink names a table
+    ``schema.table``, ``"table"`` when it drops the schema (two new names may then collide); ``fold_case``:
+    the sink compares those names case-insensitively; ``keyless``: a table without a key may join (False
+    under at-least-once delivery). A table the upstream cannot vouch for by these rules (no usable replica
+    identity, generated columns, a possible name collision, rows already in it) is left to the owner's look,
+    which applies every check of ``changefeed create`` and reports what it did not add.
+    """
+
+    filter: TableFilter
+    span_count: int
+    target_names: str = "qualified"
+    fold_case: bool = False
+    keyless: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class SpanPlan:
-    """A span to create: its index, the names of its slot and publication, and the tables it carries."""
+    """A span to create: its index, the names of its slot and publication, the tables it carries, and the rule
+    by which tables created later join it (None: only the owner's look adds them)."""
 
     index: int
     slot: str
     publication: str
     tables: tuple[TableName, ...]
+    join: JoinRule | None = None
 
 
 # ---- data plane -----------------------------------------------------------------------------------------
@@ -360,11 +385,12 @@ class Upstream(ABC):
 
     @abstractmethod
     def align_spans(self, spans: Sequence[SpanInfo], wanted: Mapping[int, Sequence[TableName]], *,
-                    label: str = "") -> AbstractContextManager[list[TableName]]:
-        """Context manager: make each span's table set exactly ``wanted[span.index]``, in one upstream
-        transaction that is committed when the ``with`` block ends normally and rolled back when it raises.
-        Yields the tables published before (sorted). ``InvalidArgument`` when a span's table set is gone.
-        Recomputed from the actual table sets, so repeating it is harmless."""
+                    label: str = "", join: JoinRule | None = None) -> AbstractContextManager[list[TableName]]:
+        """Context manager: make each span's table set exactly ``wanted[span.index]`` (and its rule for tables
+        created later ``join``), in one upstream transaction that is committed when the ``with`` block ends
+        normally and rolled back when it raises. Yields the tables published before (sorted).
+        ``InvalidArgument`` when a span's table set is gone. Recomputed from the actual table sets, so
+        repeating it is harmless."""
 
     @abstractmethod
     def span_tables(self, span: SpanInfo) -> list[TableName] | None:

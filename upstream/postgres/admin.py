@@ -23,8 +23,10 @@ re-exported here): run it before any publication is touched.
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +37,7 @@ from psycopg2 import sql
 from cdc.errors import InvalidArgument, UpstreamError, UpstreamNotReady, UpstreamUnavailable
 from cdc.events import TableName
 from cdc.ts import str_to_lsn
+from upstream.base import JoinRule
 from upstream.postgres.conn import describe_conn, pg_errors
 from upstream.postgres.eligibility import (  # noqa: F401 - check_tables re-exported
     GENERATED_COLUMNS_VERSION,
@@ -248,6 +251,25 @@ def create_publication(conn: Any, name: str, tables: list[TableName]) -> bool:
             if cur.fetchone()[0] != "s":
                 cur.execute(sql.SQL("ALTER PUBLICATION {} SET (publish_generated_columns = stored)").format(ident))
     return False
+
+
+JOIN_COMMENT = "tidewater:"  # prefix of a span publication's comment holding its join rule (sql/10_ddl.sql)
+
+
+def join_rule_doc(rule: JoinRule, span: int, publications: Sequence[str]) -> dict[str, Any]:
+    """What the DDL trigger reads of a join rule (``tidewater.ddl_join`` in ``sql/10_ddl.sql``)."""
+    return {"v": 1, "span": span, "spans": rule.span_count, "rules": rule.filter.anchored_regexes(),
+            "names": rule.target_names, "fold": rule.fold_case, "keyless": rule.keyless,
+            "pubs": list(publications)}
+
+
+def set_join_rule(conn: Any, publication: str, doc: dict[str, Any] | None) -> None:
+    """Store (``doc``) or clear (None) the join rule of a span's publication, as its comment: it lives and
+    dies with the publication, and a ``FOR ALL TABLES`` publication of the user never sees it (no table)."""
+    _check_publication_name(publication)
+    text = None if doc is None else JOIN_COMMENT + json.dumps(doc, separators=(",", ":"))
+    with pg_errors(conn, f"setting the join rule of publication {publication!r}"), conn.cursor() as cur:
+        cur.execute(sql.SQL("COMMENT ON PUBLICATION {} IS %s").format(sql.Identifier(publication)), (text,))
 
 
 def _existing_publication_tables(cur: Any, conn: Any, name: str) -> list[TableName]:

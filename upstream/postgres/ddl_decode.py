@@ -23,7 +23,7 @@ import json
 from typing import Any
 
 from cdc.errors import DecodeError
-from cdc.events import DdlChange, DdlEvent, DdlKind, TableName, TableSchema
+from cdc.events import DdlChange, DdlEvent, DdlKind, IndexSpec, TableName, TableSchema
 from upstream.postgres import catalog
 
 CREATE_TAGS = frozenset({"CREATE TABLE", "CREATE TABLE AS", "SELECT INTO"})
@@ -100,6 +100,11 @@ def decode(content: bytes | dict[str, Any], before: TableSchema | None, *, commi
         tag = str(doc.get("tag", ""))
         if doc.get("before"):  # described by the trigger just before the command: exact, defaults included
             before = table_schema(doc["before"])
+        index = index_change(doc)
+        if doc.get("index") is not None:  # CREATE / DROP INDEX: the table itself is unchanged
+            if index is None:
+                return []
+            return [DdlEvent(commit_ts, commit_time, after.name, (index,), before or after, after, query, seq)]
         if before is None:
             if tag in CREATE_TAGS:
                 return [DdlEvent(commit_ts, commit_time, after.name, (DdlChange(DdlKind.CREATE_TABLE),), None, after,
@@ -118,6 +123,17 @@ def decode(content: bytes | dict[str, Any], before: TableSchema | None, *, commi
         raise
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise DecodeError(f"malformed tidewater.ddl message ({e!r})") from e
+
+
+def index_change(doc: dict[str, Any]) -> DdlChange | None:
+    """CREATE_INDEX / DROP_INDEX of a message about an index, when a sink can replay it: an index on plain
+    columns, not partial, not the primary key (which is the table's key, see :func:`diff`). None otherwise
+    (expression and partial indexes are not replayed downstream: docs/ddl.md)."""
+    ix = doc.get("index")
+    if not ix or ix.get("primary") or ix.get("partial") or not ix.get("columns"):
+        return None
+    spec = IndexSpec(str(ix["name"]), tuple(str(c) for c in ix["columns"]), bool(ix.get("unique")))
+    return DdlChange(DdlKind.DROP_INDEX if doc.get("index_dropped") else DdlKind.CREATE_INDEX, index=spec)
 
 
 def diff(before: TableSchema, after: TableSchema, *, column_command: bool = False) -> list[DdlChange]:

@@ -39,6 +39,7 @@ class About:
     table: TableName
     error: str | None = None
     query: str = ""
+    joined: tuple[str, ...] = ()  # span publications the table joined in this DDL's transaction (CREATE TABLE)
 
     def warning(self, now: float) -> DataWarning:
         return DataWarning(
@@ -60,7 +61,8 @@ def about(content: bytes) -> About:
         if table is None:
             return About(0, TableName("", ""), str(error) if error else None, query)
         relid, name = table
-        return About(relid, name, str(error) if error else None, query)
+        joined = tuple(str(p) for p in doc.get("joined") or ())
+        return About(relid, name, str(error) if error else None, query, joined)
     except (ValueError, KeyError, TypeError) as e:
         raise DecodeError(f"malformed {PREFIX} message ({e}): {bytes(content[:200])!r}") from e
 

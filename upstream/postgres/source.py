@@ -45,8 +45,8 @@ def merge_schema(rel: pgoutput.Relation, current: TableSchema | None, version: i
     KEY (other)`` in the same transaction were bound by the new key and failed, or were upserted by the wrong
     columns): for replica identity DEFAULT/INDEX (and NOTHING) it is the columns the message flags; under FULL
     the message flags every column, and the key (the primary key a FULL table may have) comes from
-    ``described`` (the table as the stream last described it: a DDL message, or its previous version), then
-    from the catalog, provided its columns are all still there.
+    ``described`` (the table as the stream last described it: a DDL message, or its previous version), and only
+    when the stream knows nothing of the table from the catalog; provided its columns are all still there.
     """
     known = {c.name: c for c in current.columns} if current is not None else {}
     cols: list[ColumnSchema] = []
@@ -63,12 +63,10 @@ def merge_schema(rel: pgoutput.Relation, current: TableSchema | None, version: i
     key: tuple[str, ...] = flagged
     has_key = True
     if rel.replica_identity == "f":
-        has_key = False
-        for source in (described, current):
-            if source is not None and source.replica_identity == "f" and source.key and source.has_key \
-                    and all(k in names for k in source.key):
-                key, has_key = source.key, True
-                break
+        key, has_key = flagged, False
+        source = described if described is not None else current
+        if source is not None and source.key and source.has_key and all(k in names for k in source.key):
+            key, has_key = source.key, True
     key_set = set(key)
     cols = [c if c.is_key == (c.name in key_set) else _with_key(c, c.name in key_set) for c in cols]
     return TableSchema(TableName(rel.namespace, rel.name), tuple(cols), tuple(key), rel.replica_identity,
@@ -270,6 +268,8 @@ class PgSpanSource(SpanSource):
             with self._warnings_lock:
                 self._warnings.append(about.warning(time.time()))
             return
+        if about.relid and self.stream.publication in about.joined and self.filter.match(about.table):
+            self._carried.add(about.relid)  # joined in this transaction (maybe not committed yet: streamed)
         if about.relid == 0 or not self._carries(about.table, about.relid):
             return
         assert self.buffer is not None

@@ -21,7 +21,7 @@ from cdc.filter import TableFilter
 from cdc.model import SpanInfo
 from cdc.ts import Watermark
 from cdc.uri import parse_upstream_uri
-from upstream.base import PartitionLeaf, SlotState, SpanPlan, Upstream
+from upstream.base import JoinRule, PartitionLeaf, SlotState, SpanPlan, Upstream
 from upstream.postgres import admin, capture_objects, catalog
 from upstream.postgres import conn as pg_conn
 from upstream.postgres.rowfetch import RowFetcher
@@ -119,9 +119,12 @@ class PostgresUpstream(Upstream):
         if result.reason:
             log.warning("upstream %s: %s", pg_conn.redact_uri(self.uri), result.reason)
         try:
+            pubs = [p.publication for p in plans]
             for p in plans:
                 if admin.create_publication(conn, p.publication, list(p.tables)):
                     created_pubs.append(p.publication)
+                admin.set_join_rule(conn, p.publication,
+                                    None if p.join is None else admin.join_rule_doc(p.join, p.index, pubs))
                 lsn = admin.create_slot(conn, p.slot)
                 created_slots.append(p.slot)
                 spans.append(SpanInfo(p.index, p.slot, p.publication, lsn))
@@ -156,7 +159,7 @@ class PostgresUpstream(Upstream):
 
     @contextmanager
     def align_spans(self, spans: Sequence[SpanInfo], wanted: Mapping[int, Sequence[TableName]], *,
-                    label: str = "") -> Iterator[list[TableName]]:
+                    label: str = "", join: JoinRule | None = None) -> Iterator[list[TableName]]:
         conn = self._session()
         conn.autocommit = False
         try:
@@ -171,6 +174,9 @@ class PostgresUpstream(Upstream):
                 want = list(wanted.get(span.index, ()))
                 added = admin.add_tables_to_publication(conn, span.publication, want)
                 removed = admin.remove_tables_from_publication(conn, span.publication, sorted(set(have) - set(want)))
+                if join is not None:
+                    admin.set_join_rule(conn, span.publication,
+                                        admin.join_rule_doc(join, span.index, [s.publication for s in spans]))
                 if added or removed:
                     log.info("changefeed=%s span %d publication %s: +%s -%s", label, span.index, span.publication,
                              [str(t) for t in added], [str(t) for t in removed])

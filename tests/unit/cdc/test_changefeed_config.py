@@ -32,3 +32,15 @@ def test_defaults_and_dashed_keys() -> None:
 def test_invalid_values_name_the_key(toml: str, named: str) -> None:
     with pytest.raises(InvalidConfig, match=named):
         ChangefeedConfig.from_toml(toml)
+
+
+def test_the_api_type_check_accepts_booleans_and_integer_arrays_where_the_config_has_them() -> None:
+    from capture.changefeeds import load_config
+
+    cfg = load_config("[ddl]\nreplicate-indexes = true\nskip-ts = [123, 456]\non-error = \"skip\"\n")
+    assert (cfg.ddl.replicate_indexes, cfg.ddl.skip_ts, cfg.ddl.on_error) == (True, (123, 456), "skip")
+    for bad, named in [("[ddl]\nreplicate-indexes = 1", "true or false"), ("[ddl]\nskip-ts = ['1']", "integers"),
+                       ("[ddl]\nskip-ts = [true]", "integers"), ("span-count = true", "an integer"),
+                       ("[filter]\nrules = [1]", "strings")]:
+        with pytest.raises(InvalidConfig, match=named):
+            load_config(bad)

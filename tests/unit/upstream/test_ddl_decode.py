@@ -60,3 +60,16 @@ def test_decode_needs_the_schema_before_except_for_create() -> None:
     assert ev.kinds == (DdlKind.DROP_TABLE,) and ev.after is None
     with pytest.raises(ddl_decode.DecodeError):
         ddl_decode.decode(b"{not json", schema(ID), commit_ts=1, commit_time=0.0, seq=0)
+
+
+def test_index_messages_become_index_changes_only_when_a_sink_can_replay_them() -> None:
+    from cdc.events import DdlKind, IndexSpec
+
+    plain = {"name": "ix", "unique": True, "primary": False, "partial": False, "columns": ["a", "b"]}
+    assert ddl_decode.index_change({"index": plain}) == ddl_decode.DdlChange(
+        DdlKind.CREATE_INDEX, index=IndexSpec("ix", ("a", "b"), True))
+    dropped = ddl_decode.index_change({"index": plain, "index_dropped": True})
+    assert dropped is not None and dropped.kind is DdlKind.DROP_INDEX
+    for odd in ({"partial": True}, {"primary": True}, {"columns": None}):
+        assert ddl_decode.index_change({"index": {**plain, **odd}}) is None, odd
+    assert ddl_decode.index_change({}) is None

@@ -261,6 +261,8 @@ def test_the_key_of_a_full_identity_relation_comes_from_the_stream_before_the_ca
     assert merge_schema(rel, catalog_now, 3).key == ("code",)  # nothing known in the stream: the catalog
     keyless = merge_schema(rel, None, 4)
     assert not keyless.has_key
+    # the stream knew it without a key (a FULL table before its ADD PRIMARY KEY): the catalog's later key is not it
+    assert not merge_schema(rel, catalog_now, 5, keyless).has_key
 
 
 def catalog_keyed(key: tuple[str, ...]) -> tuple[ColumnSchema, ...]:

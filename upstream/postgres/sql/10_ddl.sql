@@ -4,7 +4,10 @@
 -- before it and the rows after it (upstream/postgres/ddl_decode.py reads it; docs/ddl.md).
 --
 -- Message: {"v": 1, "tag": command tag, "object_type": ..., "identity": ..., "query": current_query(),
---   "table": tidewater.ddl_describe(oid), "before": the same before an ALTER TABLE, when found}
+--   "table": tidewater.ddl_describe(oid), "before": the same before an ALTER TABLE, when found,
+--   "joined": the span publications a CREATE TABLE joined (tidewater.ddl_join),
+--   "index": tidewater.ddl_index of the index a CREATE INDEX made}
+--   {"v": 1, "tag": "DROP INDEX", "table": ..., "index": the index as it was, "index_dropped": true}
 --   {"v": 1, "tag": "DROP TABLE", "dropped": {"oid", "schema", "table"}, "query": ...}   per dropped table
 --   {"v": 1, "tag": ..., "error": SQLERRM, "query": ...}       when describing failed (the DDL still runs)
 -- tidewater.ddl_describe(oid) holds exactly the catalog facts upstream.postgres.catalog.build_schema reads,
@@ -52,6 +55,102 @@ BEGIN
 END
 $$;
 
+-- CRC-32 (the zlib/IEEE polynomial, as Python's zlib.crc32): the span a table hashes to (cdc.spans.span_of).
+CREATE OR REPLACE FUNCTION tidewater.crc32(data bytea) RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE STRICT SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    crc bigint := 4294967295;
+BEGIN
+    FOR i IN 0 .. length(data) - 1 LOOP
+        crc := crc # get_byte(data, i);
+        FOR k IN 1 .. 8 LOOP
+            crc := CASE WHEN (crc & 1) = 1 THEN (crc >> 1) # 3988292384 ELSE crc >> 1 END;
+        END LOOP;
+    END LOOP;
+    RETURN crc # 4294967295;
+END
+$$;
+
+-- A table just created joins, in its creating transaction, the span publication whose join rule (the
+-- publication's comment 'tidewater:{json}', upstream.postgres.admin.join_rule_doc) selects it: the changefeed's
+-- filter (anchored regexes, last match wins), the span it hashes to, and no possible clash of downstream names.
+-- Its rows are then in the stream from the first one. Only what is surely fine joins here: a plain, permanent,
+-- empty table with a usable replica identity and no generated column; anything else (and any error) is left
+-- to the owner's look, which applies every check of changefeed create and reports the rows it missed.
+-- Returns the publications joined (the DDL message carries them: the span knows at once that it carries it).
+CREATE OR REPLACE FUNCTION tidewater.ddl_join(rel oid) RETURNS text[]
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    c record;
+    pub record;
+    reg json;
+    r json;
+    verdict boolean;
+    has_pk boolean;
+    usable boolean;
+    hash bigint;
+    joined text[] := '{}';
+BEGIN
+    SELECT cl.oid, cl.relname, n.nspname, cl.relkind, cl.relpersistence, cl.relispartition, cl.relreplident
+      INTO c FROM pg_class cl JOIN pg_namespace n ON n.oid = cl.relnamespace WHERE cl.oid = rel;
+    IF c.oid IS NULL OR c.relkind <> 'r' OR c.relpersistence <> 'p' OR c.relispartition
+       OR EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = rel AND attnum > 0 AND NOT attisdropped
+                  AND attgenerated <> '') THEN
+        RETURN joined;
+    END IF;
+    has_pk := EXISTS (SELECT 1 FROM pg_index WHERE indrelid = rel AND indisprimary);
+    usable := CASE c.relreplident  -- (its UPDATEs and DELETEs keep working once it is published)
+                  WHEN 'd' THEN EXISTS (SELECT 1 FROM pg_index WHERE indrelid = rel AND indisprimary AND indimmediate)
+                  WHEN 'f' THEN true
+                  WHEN 'i' THEN EXISTS (SELECT 1 FROM pg_index WHERE indrelid = rel AND indisreplident)
+                  ELSE false END;
+    IF NOT usable THEN
+        RETURN joined;
+    END IF;
+    hash := tidewater.crc32(convert_to(c.nspname || '.' || c.relname, 'UTF8'));
+    FOR pub IN SELECT p.pubname, d.description FROM pg_publication p
+               JOIN pg_description d ON d.objoid = p.oid AND d.classoid = 'pg_publication'::regclass AND d.objsubid = 0
+               WHERE p.pubname LIKE 'tidewater\_pub\_%' AND NOT p.puballtables AND d.description LIKE 'tidewater:%' LOOP
+        reg := substr(pub.description, 11)::json;
+        CONTINUE WHEN (reg ->> 'v')::int IS DISTINCT FROM 1;
+        CONTINUE WHEN hash % (reg ->> 'spans')::bigint <> (reg ->> 'span')::bigint;
+        verdict := false;
+        FOR r IN SELECT * FROM json_array_elements(reg -> 'rules') LOOP
+            IF c.nspname ~ (r ->> 1) AND c.relname ~ (r ->> 2) THEN
+                verdict := (r ->> 0)::boolean;
+            END IF;
+        END LOOP;
+        CONTINUE WHEN NOT verdict;
+        CONTINUE WHEN NOT (reg ->> 'keyless')::boolean AND NOT has_pk;
+        CONTINUE WHEN reg ->> 'names' <> 'qualified' AND EXISTS (
+            SELECT 1 FROM pg_publication_rel pr JOIN pg_publication p2 ON p2.oid = pr.prpubid
+            JOIN pg_class x ON x.oid = pr.prrelid
+            WHERE p2.pubname IN (SELECT json_array_elements_text(reg -> 'pubs')) AND x.oid <> rel
+              AND (x.relname = c.relname OR ((reg ->> 'fold')::boolean AND lower(x.relname) = lower(c.relname))));
+        EXECUTE format('ALTER PUBLICATION %I ADD TABLE %I.%I', pub.pubname, c.nspname, c.relname);
+        joined := joined || pub.pubname::text;
+    END LOOP;
+    RETURN joined;
+EXCEPTION WHEN OTHERS THEN
+    RETURN '{}';  -- nothing joined (the block's changes are rolled back): the owner's look adds it
+END
+$$;
+
+-- An index as a sink can replay it ([ddl] replicate-indexes): name, key columns in order (null when one is an
+-- expression), uniqueness, and whether it is partial or the primary key (neither is replayed as an index).
+CREATE OR REPLACE FUNCTION tidewater.ddl_index(idx oid) RETURNS json
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT json_build_object(
+        'name', c.relname, 'unique', i.indisunique, 'primary', i.indisprimary, 'partial', i.indpred IS NOT NULL,
+        'columns', CASE WHEN i.indexprs IS NULL THEN
+                       (SELECT json_agg(a.attname ORDER BY k.pos)
+                        FROM unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, pos)
+                        JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                        WHERE k.pos <= i.indnkeyatts) END)
+    FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+    WHERE i.indexrelid = idx
+$$;
+
 -- Before an ALTER TABLE runs, the tables it names (a published table whose name appears in the statement)
 -- are described, so that the message can carry the table *before* the command too: the span then needs no
 -- earlier schema of its own (after a restart, the stream may have none). A table not found that way is
@@ -62,6 +161,16 @@ BEGIN
     IF coalesce(current_setting('tidewater.internal', true), '') = 'on' THEN
         RETURN;
     END IF;
+    IF TG_TAG = 'DROP INDEX' THEN  -- sql_drop sees the index gone: what it was, and on which table, is kept here
+        PERFORM set_config('tidewater.ddl_indexes', coalesce((
+            SELECT json_object_agg(i.indexrelid::text, json_build_object('rel', i.indrelid,
+                                                                          'index', tidewater.ddl_index(i.indexrelid)))::text
+            FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid
+            WHERE i.indrelid IN (SELECT pr.prrelid FROM pg_publication_rel pr JOIN pg_publication p ON p.oid = pr.prpubid
+                                 WHERE p.pubname LIKE 'tidewater\_pub\_%')
+              AND position(lower(ic.relname) IN lower(current_query())) > 0), ''), false);
+        RETURN;
+    END IF;
     PERFORM set_config('tidewater.ddl_before', coalesce((
         SELECT json_object_agg(c.oid::text, tidewater.ddl_describe(c.oid))::text
         FROM pg_class c
@@ -70,6 +179,7 @@ BEGIN
           AND position(lower(c.relname) IN lower(current_query())) > 0), ''), false);
 EXCEPTION WHEN OTHERS THEN
     PERFORM set_config('tidewater.ddl_before', '', false);
+    PERFORM set_config('tidewater.ddl_indexes', '', false);
 END
 $$;
 
@@ -85,6 +195,7 @@ DECLARE
     docs json[] := '{}';
     doc json;
     befores json;
+    joined text[];
 BEGIN
     IF coalesce(current_setting('tidewater.internal', true), '') = 'on' THEN
         RETURN;
@@ -102,9 +213,14 @@ BEGIN
             CONTINUE WHEN (SELECT relpersistence = 't' OR relnamespace IN ('pg_catalog'::regnamespace,
                                    'information_schema'::regnamespace, 'tidewater'::regnamespace)
                            FROM pg_class WHERE oid = rel);
+            joined := CASE WHEN cmd.command_tag = 'CREATE TABLE' AND cmd.object_type = 'table'
+                           THEN tidewater.ddl_join(rel) ELSE '{}' END;
             docs := docs || json_build_object(
                 'v', 1, 'tag', cmd.command_tag, 'object_type', cmd.object_type, 'identity', cmd.object_identity,
-                'query', current_query(), 'table', tidewater.ddl_describe(rel), 'before', befores -> rel::text);
+                'query', current_query(), 'table', tidewater.ddl_describe(rel), 'before', befores -> rel::text,
+                'joined', joined,
+                'index', CASE WHEN cmd.command_tag = 'CREATE INDEX' AND cmd.object_type = 'index'
+                              THEN tidewater.ddl_index(cmd.objid) END);
         END LOOP;
     EXCEPTION WHEN OTHERS THEN
         docs := ARRAY[json_build_object('v', 1, 'tag', TG_TAG, 'error', SQLERRM, 'query', current_query())];
@@ -121,11 +237,23 @@ DECLARE
     obj record;
     docs json[] := '{}';
     doc json;
+    dropped json;
 BEGIN
     IF coalesce(current_setting('tidewater.internal', true), '') = 'on' THEN
         RETURN;
     END IF;
     BEGIN
+        IF TG_TAG = 'DROP INDEX' THEN
+            dropped := nullif(current_setting('tidewater.ddl_indexes', true), '')::json;
+            PERFORM set_config('tidewater.ddl_indexes', '', false);
+            FOR obj IN SELECT * FROM pg_event_trigger_dropped_objects() WHERE object_type = 'index' LOOP
+                CONTINUE WHEN dropped IS NULL OR dropped -> obj.objid::text IS NULL;
+                docs := docs || json_build_object(
+                    'v', 1, 'tag', TG_TAG, 'object_type', 'index', 'query', current_query(),
+                    'table', tidewater.ddl_describe((dropped -> obj.objid::text ->> 'rel')::oid),
+                    'index', dropped -> obj.objid::text -> 'index', 'index_dropped', true);
+            END LOOP;
+        END IF;
         FOR obj IN SELECT * FROM pg_event_trigger_dropped_objects()
                    WHERE object_type = 'table' AND NOT is_temporary
                      AND schema_name NOT IN ('pg_catalog', 'information_schema', 'tidewater') LOOP
@@ -144,7 +272,7 @@ $$;
 
 DROP EVENT TRIGGER IF EXISTS tidewater_ddl_start;
 CREATE EVENT TRIGGER tidewater_ddl_start ON ddl_command_start
-    WHEN TAG IN ('ALTER TABLE')
+    WHEN TAG IN ('ALTER TABLE', 'DROP INDEX')
     EXECUTE FUNCTION tidewater.ddl_start();
 ALTER EVENT TRIGGER tidewater_ddl_start ENABLE ALWAYS;
 
@@ -156,6 +284,6 @@ ALTER EVENT TRIGGER tidewater_ddl_end ENABLE ALWAYS;
 
 DROP EVENT TRIGGER IF EXISTS tidewater_ddl_drop;
 CREATE EVENT TRIGGER tidewater_ddl_drop ON sql_drop
-    WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
+    WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED', 'DROP INDEX')
     EXECUTE FUNCTION tidewater.ddl_drop();
 ALTER EVENT TRIGGER tidewater_ddl_drop ENABLE ALWAYS;
