@@ -47,7 +47,7 @@ from upstream.postgres.types import parser_for, row_parser
 
 log = logging.getLogger(__name__)
 
-_INVALID_SNAPSHOT = "invalid snapshot identifier"
+_INVALID_SNAPSHOT = "invalid snapshot identifier"  # malformed name; a well-formed unknown one "does not exist"
 
 
 class PgSnapshotReader(SnapshotReader):
@@ -73,7 +73,11 @@ class PgSnapshotReader(SnapshotReader):
         except psycopg2.Error as exc:
             where = pg_conn.describe_conn(conn)
             conn.close()
-            if _INVALID_SNAPSHOT in str(exc):
+            text = str(exc)
+            if _INVALID_SNAPSHOT in text:
+                raise InvalidArgument(f"PostgreSQL {where}: {self.snapshot!r} is not a snapshot name. Fix: pass the "
+                                      "name CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export') returned") from None
+            if getattr(exc, "pgcode", None) in ("42704", "22023") and "does not exist" in text:
                 raise SnapshotExpired(
                     f"PostgreSQL {where}: the exported snapshot {self.snapshot!r} no longer exists (the replication "
                     "connection that exported it ended or ran another command). Fix: copy under a fresh snapshot "
@@ -126,7 +130,7 @@ class PgSnapshotReader(SnapshotReader):
             keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
             texts = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in key)
             query = sql.SQL("SELECT {texts} FROM (SELECT {keys}, row_number() OVER (ORDER BY {keys}) AS rn "
-                            "FROM {table}) AS s WHERE rn > 1 AND (rn - 1) % %s = 0 ORDER BY rn").format(
+                            "FROM {table}) AS s WHERE rn > 1 AND (rn - 1) %% %s = 0 ORDER BY rn").format(
                 texts=texts, keys=keys, table=table)
             with pg_conn.pg_errors(conn, f"planning the chunks of {name}"), conn.cursor() as cur:
                 cur.execute(query, (chunk_rows,))
