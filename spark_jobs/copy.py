@@ -79,11 +79,11 @@ def _counted(changes: Iterator[RowChange], counter: list[int]) -> Iterator[RowCh
 def copy_one(reader: SnapshotReader, sink: Sink, task: ChunkTask) -> int:
     """Copy one chunk in one downstream transaction; return the rows written (see the module docstring)."""
     job, schema, chunk = task.job, task.schema, task.chunk
-    rows = reader.read_chunk(schema, chunk, commit_ts=job.commit_ts, commit_time=job.commit_time)
+    counter = [0]
+    rows = _counted(reader.read_chunk(schema, chunk, commit_ts=job.commit_ts, commit_time=job.commit_time), counter)
     if chunk.whole:  # replace the key-less table's rows, atomically with the copy
         rows = itertools.chain([RowChange(OpType.TRUNCATE, schema, job.commit_ts, job.commit_time)], rows)
-    counter = [0]
-    sink.write(_counted(rows, counter))
+    sink.write(rows)
     return counter[0]
 
 

@@ -10,6 +10,9 @@ from typing import Any
 
 import psycopg2
 import psycopg2.extras
+import pytest
+
+from tests.sql_targets import SqlTarget
 
 
 @dataclass
@@ -72,3 +75,15 @@ def execute(pg_server: Any, db: str, *statements: str) -> None:
                 cur.execute(s)
     finally:
         conn.close()
+
+
+def pg_target(request: pytest.FixtureRequest) -> Iterator[SqlTarget]:
+    """A PostgreSQL target database of its own on the session's server (dropped afterwards)."""
+    server = request.getfixturevalue("pg_server")
+    name = f"tgt_{uuid.uuid4().hex[:12]}"
+    server.create_database(name)
+    try:
+        yield SqlTarget("postgresql", server, name)
+    finally:
+        if server.running:
+            server.drop_database(name)
