@@ -141,12 +141,28 @@ class DecodeError(UpstreamError):
     code = "CDC:ErrDecode"
 
 
+class SnapshotExpired(UpstreamError):
+    """The exported snapshot a snapshot copy reads under no longer exists (the replication connection that
+    exported it ended or ran another command). Retrying with the same name cannot work: the copy goes on
+    under a fresh snapshot (docs/snapshot.md says why that converges)."""
+
+    code = "CDC:ErrSnapshotExpired"
+
+
 class GCTTLExceeded(TidewaterError):
     """The changefeed was stopped or failed for longer than ``gc-ttl``: the owner dropped its slots (the
     upstream no longer retains its changes), so it can never be resumed, only recreated."""
 
     code = "CDC:ErrGCTTLExceeded"
     http_status = 409
+
+
+class SparkUnavailable(TidewaterError):
+    """Spark cannot run a job here: no Java (or too old), pyspark missing, or the master URL is wrong or
+    unreachable. The message names which and the fix."""
+
+    code = "CDC:ErrSparkUnavailable"
+    http_status = 503
 
 
 class SorterError(TidewaterError):

@@ -62,6 +62,16 @@ def mariadb_database(mariadb_server: MariaDBServer, request: pytest.FixtureReque
         mariadb_server.drop_database(name)
 
 
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local SparkSession (``local[2]``) for the whole test run: Spark takes 6-8 s to start."""
+    from spark_jobs.session import spark_session  # SparkUnavailable (an error, not a skip) without Spark
+
+    session = spark_session("local[2]", {"spark.sql.shuffle.partitions": "2"}, app_name="tidewater-tests")
+    yield session
+    session.stop()
+
+
 @pytest.fixture
 def cluster_id() -> str:
     """A unique cluster id per test, to keep each test's etcd keys under their own prefix."""

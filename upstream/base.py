@@ -24,8 +24,10 @@ Three parts, with separate lifetimes:
   :class:`ChangeBuffer` (the sorter) and reports resolved watermarks; hands out the :class:`ChangeDecoder`
   the mounter uses for the payloads it stored.
 - :class:`RowReader` (one per span's sink thread): re-reads current rows by key (``sinks.base.RowSource``).
+- :class:`SnapshotReader` (one per snapshot-copy task): reads whole tables in key-range chunks as they were
+  at one snapshot (the initial copy, docs/snapshot.md).
 
-How a new upstream plugs in: implement these three in ``upstream/<name>/`` and add its scheme to
+How a new upstream plugs in: implement these (the snapshot reader is optional) in ``upstream/<name>/`` and add its scheme to
 ``upstream._REGISTRY``. Nothing in ``capture``, ``owner`` or ``processor`` changes.
 """
 
@@ -34,15 +36,16 @@ from __future__ import annotations
 import struct
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from cdc.errors import DecodeError
-from cdc.events import ColumnSchema, DdlEvent, TableName, TableSchema
+from cdc.errors import DecodeError, InvalidArgument
+from cdc.events import ColumnSchema, DdlEvent, RowChange, TableName, TableSchema
 from cdc.filter import TableFilter
 from cdc.model import DataWarning, SpanInfo
+from cdc.snapshot import SnapshotChunk, TablePlan
 from cdc.ts import Watermark
 
 __all__ = [
@@ -55,6 +58,8 @@ __all__ = [
     "RowReader",
     "SCHEMA_CHANGE",
     "SlotState",
+    "SnapshotChunk",
+    "SnapshotReader",
     "SpanPlan",
     "SpanSource",
     "Upstream",
@@ -309,6 +314,52 @@ class RowReader(Protocol):
     def close(self) -> None: ...
 
 
+class SnapshotReader(ABC):
+    """Reads tables as they were at one upstream snapshot, in key-range chunks (docs/snapshot.md).
+
+    Made by :meth:`Upstream.snapshot_reader` without I/O. The first call opens one connection with one
+    read-only transaction at the snapshot (the named exported snapshot, imported; or, without a name, the
+    transaction's own) and keeps it until :meth:`close`: every call of one reader sees the same data, and
+    readers given the same snapshot name see the same data as each other. One thread at a time.
+
+    Errors (all ``cdc.errors.TidewaterError``): ``SnapshotExpired`` when the named snapshot no longer exists;
+    ``InvalidArgument`` for a table that does not exist at the snapshot; ``UpstreamUnavailable`` when the
+    upstream cannot be reached or the connection breaks (the transaction is gone: make a new reader);
+    ``DecodeError`` for a value the column's parser refuses.
+    """
+
+    snapshot: str | None = None
+
+    @abstractmethod
+    def table_schema(self, table: TableName) -> TableSchema:
+        """``table``'s schema at the snapshot (as ``Upstream.table_schema`` describes it)."""
+
+    @abstractmethod
+    def plan(self, schema: TableSchema, chunk_rows: int) -> TablePlan:
+        """Split the table into chunks of about ``chunk_rows`` rows of the snapshot (at least one chunk; the
+        chunks cover the whole key space, so rows written later also fall into exactly one). A table without
+        a key (``schema.has_key`` False) is one ``whole`` chunk."""
+
+    @abstractmethod
+    def read_chunk(self, schema: TableSchema, chunk: SnapshotChunk, *, commit_ts: int = 0,
+                   commit_time: float = 0.0) -> Iterator[RowChange]:
+        """The chunk's rows at the snapshot, ordered by key, as INSERT changes exactly as the mounter makes them
+        from the stream (``row`` with the parsed values and ``row_text`` with the upstream's text of each
+        value, so a sink writes a copied row and the same row streamed identically), stamped with
+        ``commit_ts``/``commit_time``. The query runs when the iterator is first advanced; the whole
+        chunk's text is held in memory while its rows are handed out (about ``chunk_rows`` rows)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """End the transaction and the connection (idempotent)."""
+
+    def __enter__(self) -> SnapshotReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 # ---- control plane --------------------------------------------------------------------------------------
 class Upstream(ABC):
     """One source database (see the module docstring for errors, sessions and threading).
@@ -446,4 +497,10 @@ class Upstream(ABC):
     @abstractmethod
     def row_source(self, *, label: str = "") -> RowReader:
         """A read-only :class:`RowReader` on its own connection (opened on first use)."""
+
+    def snapshot_reader(self, snapshot: str | None = None, *, label: str = "") -> SnapshotReader:
+        """A :class:`SnapshotReader` at the exported snapshot named ``snapshot`` (PostgreSQL: the name
+        ``CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export')`` returned), or at a snapshot of its own when None.
+        Default: this upstream cannot copy existing rows (``InvalidArgument``)."""
+        raise InvalidArgument(f"{type(self).__name__} cannot copy existing rows (no snapshot reader)")
 

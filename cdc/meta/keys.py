@@ -10,6 +10,11 @@ All keys of a cluster live under ``/tidewater/{cluster}/``::
     /tidewater/{cluster}/changefeed/span/{cf}/{span}            SpanStatus
     /tidewater/{cluster}/schema/{cf}/{relid}                    SchemaHistory (after every other key:
                                                                  MetaStore.snapshot() does not read it)
+    /tidewater/{cluster}/snapshot/{cf}/{span}/{table}/plan      cdc.snapshot.TablePlan (the table's chunks)
+    /tidewater/{cluster}/snapshot/{cf}/{span}/{table}/{chunk}   cdc.snapshot.ChunkDone (chunk copied)
+
+``{table}`` is ``schema.table`` with each part percent-encoded (``/``, ``.``, ``%`` and every other character
+outside ``[A-Za-z0-9_-]``), so any PostgreSQL identifier fits in one segment and the dot is unambiguous.
 
 Guarantees: ``parse_key(k.encode()) == k`` for every valid :class:`EtcdKey`, and ``parse_key`` accepts
 only strings that ``encode`` could have produced (anything else raises ``ValueError``), so a key is never
@@ -21,10 +26,15 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
+from urllib.parse import quote, unquote
+
+from cdc.events import TableName
 
 ROOT = "/tidewater"
 META = "__cdc_meta__"
 SCHEMA = "schema"  # sorts after "__cdc_meta__" and "changefeed": MetaStore.snapshot() reads up to it
+SNAPSHOT = "snapshot"  # sorts after "schema": not read by MetaStore.snapshot() either
+PLAN = "plan"
 
 # Cluster and changefeed ids: letters/digits in dash-separated groups (TiCDC's rule).
 _ID_RE = re.compile(r"^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$")
@@ -42,6 +52,8 @@ class KeyKind(enum.Enum):
     SPAN_ASSIGNMENT = "span-assignment"
     SPAN_STATUS = "span-status"
     SCHEMA_HISTORY = "schema-history"
+    SNAPSHOT_PLAN = "snapshot-plan"
+    SNAPSHOT_CHUNK = "snapshot-chunk"
 
 
 _CF_KINDS = {
@@ -52,6 +64,30 @@ _CF_KINDS = {
 }
 _CF_KIND_BY_SEGMENT = {seg: kind for kind, seg in _CF_KINDS.items()}
 _SPAN_KINDS = (KeyKind.SPAN_ASSIGNMENT, KeyKind.SPAN_STATUS)
+_SNAPSHOT_KINDS = (KeyKind.SNAPSHOT_PLAN, KeyKind.SNAPSHOT_CHUNK)
+_TABLE_SEGMENT_RE = re.compile(r"^[A-Za-z0-9_%-]+\.[A-Za-z0-9_%-]+$")
+
+
+def _quote_part(part: str) -> str:
+    return quote(part, safe="").replace(".", "%2E").replace("~", "%7E")
+
+
+def table_segment(table: TableName) -> str:
+    """``table`` as one key segment: ``schema.table``, each part percent-encoded (see the module docstring)."""
+    if not table.schema or not table.table:
+        raise ValueError(f"table name {table!r} has an empty part")
+    return f"{_quote_part(table.schema)}.{_quote_part(table.table)}"
+
+
+def parse_table_segment(segment: str) -> TableName:
+    """Inverse of :func:`table_segment`; ``ValueError`` for anything it cannot have produced."""
+    if not _TABLE_SEGMENT_RE.match(segment):
+        raise ValueError(f"bad table segment {segment!r}")
+    schema, _, table = segment.partition(".")
+    name = TableName(unquote(schema, errors="strict"), unquote(table, errors="strict"))
+    if table_segment(name) != segment:
+        raise ValueError(f"non-canonical table segment {segment!r}")
+    return name
 
 
 def _check_cluster(cluster: str) -> str:
@@ -83,6 +119,8 @@ class EtcdKey:
     span: int = -1
     owner_lease: int = 0
     relid: int = 0
+    table: TableName | None = None
+    chunk: int = -1
 
     def __post_init__(self) -> None:
         _check_cluster(self.cluster)
@@ -101,11 +139,22 @@ class EtcdKey:
                 raise ValueError(f"schema-history key needs a positive table oid, got {self.relid}")
         elif self.relid:
             raise ValueError(f"{kind.value} key takes no table oid")
-        if kind in _CF_KINDS or kind is KeyKind.SCHEMA_HISTORY:
+        if kind in _CF_KINDS or kind is KeyKind.SCHEMA_HISTORY or kind in _SNAPSHOT_KINDS:
             _check_changefeed(self.changefeed)
         elif self.changefeed:
             raise ValueError(f"{kind.value} key takes no changefeed id")
-        if kind in _SPAN_KINDS:
+        if kind in _SNAPSHOT_KINDS:
+            if self.table is None:
+                raise ValueError(f"{kind.value} key needs a table")
+            table_segment(self.table)
+        elif self.table is not None:
+            raise ValueError(f"{kind.value} key takes no table")
+        if kind is KeyKind.SNAPSHOT_CHUNK:
+            if self.chunk < 0:
+                raise ValueError(f"snapshot-chunk key needs a chunk index >= 0, got {self.chunk}")
+        elif self.chunk != -1:
+            raise ValueError(f"{kind.value} key takes no chunk index")
+        if kind in _SPAN_KINDS or kind in _SNAPSHOT_KINDS:
             if self.span < 0:
                 raise ValueError(f"{kind.value} key needs a span index >= 0, got {self.span}")
         elif self.span != -1:
@@ -120,6 +169,10 @@ class EtcdKey:
             return f"{base}{META}/owner/{self.owner_lease:x}"
         if kind is KeyKind.SCHEMA_HISTORY:
             return f"{base}{SCHEMA}/{self.changefeed}/{self.relid}"
+        if kind in _SNAPSHOT_KINDS:
+            assert self.table is not None
+            last = PLAN if kind is KeyKind.SNAPSHOT_PLAN else str(self.chunk)
+            return f"{base}{SNAPSHOT}/{self.changefeed}/{self.span}/{table_segment(self.table)}/{last}"
         seg = _CF_KINDS[kind]
         if kind in _SPAN_KINDS:
             return f"{base}changefeed/{seg}/{self.changefeed}/{self.span}"
@@ -147,6 +200,16 @@ def parse_key(key: str) -> EtcdKey:
             if not _SPAN_RE.match(parts[3]):
                 raise ValueError(f"bad table oid {parts[3]!r}")
             return EtcdKey(KeyKind.SCHEMA_HISTORY, cluster, changefeed=parts[2], relid=int(parts[3]))
+        elif len(parts) == 6 and parts[1] == SNAPSHOT:
+            if not _SPAN_RE.match(parts[3]):
+                raise ValueError(f"bad span index {parts[3]!r}")
+            table = parse_table_segment(parts[4])
+            if parts[5] == PLAN:
+                return EtcdKey(KeyKind.SNAPSHOT_PLAN, cluster, changefeed=parts[2], span=int(parts[3]), table=table)
+            if not _SPAN_RE.match(parts[5]):
+                raise ValueError(f"bad chunk index {parts[5]!r}")
+            return EtcdKey(KeyKind.SNAPSHOT_CHUNK, cluster, changefeed=parts[2], span=int(parts[3]), table=table,
+                           chunk=int(parts[5]))
         elif len(parts) in (4, 5) and parts[1] == "changefeed":
             kind = _CF_KIND_BY_SEGMENT.get(parts[2])
             if kind is not None:
@@ -204,6 +267,30 @@ def schema_history_prefix(cluster: str, changefeed: str) -> str:
 
 def schema_history_key(cluster: str, changefeed: str, relid: int) -> str:
     return EtcdKey(KeyKind.SCHEMA_HISTORY, cluster, changefeed=changefeed, relid=relid).encode()
+
+
+def snapshot_prefix(cluster: str, changefeed: str, span: int | None = None) -> str:
+    """The snapshot copy's keys of one changefeed, or of one of its spans."""
+    base = f"{cluster_prefix(cluster)}{SNAPSHOT}/{_check_changefeed(changefeed)}/"
+    if span is None:
+        return base
+    if span < 0:
+        raise ValueError(f"span index must be >= 0, got {span}")
+    return f"{base}{span}/"
+
+
+def snapshot_table_prefix(cluster: str, changefeed: str, span: int, table: TableName) -> str:
+    """The plan and chunk keys of one table of one span."""
+    return f"{snapshot_prefix(cluster, changefeed, span)}{table_segment(table)}/"
+
+
+def snapshot_plan_key(cluster: str, changefeed: str, span: int, table: TableName) -> str:
+    return EtcdKey(KeyKind.SNAPSHOT_PLAN, cluster, changefeed=changefeed, span=span, table=table).encode()
+
+
+def snapshot_chunk_key(cluster: str, changefeed: str, span: int, table: TableName, chunk: int) -> str:
+    return EtcdKey(KeyKind.SNAPSHOT_CHUNK, cluster, changefeed=changefeed, span=span, table=table,
+                   chunk=chunk).encode()
 
 
 # ---- keys -------------------------------------------------------------------------------------------------

@@ -199,13 +199,15 @@ class MetaStore:
                             [Op.put(key, serde.to_json(info))])
 
     def delete_changefeed(self, cf: str, fence: Sequence[Compare] = ()) -> None:
-        """Delete every key of the changefeed (info, status, assignments, span statuses) atomically."""
+        """Delete every key of the changefeed (info, status, assignments, span statuses, schema histories,
+        snapshot copy progress) atomically."""
         self._fenced(f"delete changefeed {cf}", fence, [], [
             Op.delete(keys.changefeed_info_key(self.cluster_id, cf)),
             Op.delete(keys.changefeed_status_key(self.cluster_id, cf)),
             Op.delete_prefix(keys.assignment_prefix(self.cluster_id, cf)),
             Op.delete_prefix(keys.span_status_prefix(self.cluster_id, cf)),
-            Op.delete_prefix(keys.schema_history_prefix(self.cluster_id, cf))])
+            Op.delete_prefix(keys.schema_history_prefix(self.cluster_id, cf)),
+            Op.delete_prefix(keys.snapshot_prefix(self.cluster_id, cf))])
 
     # ---- schema history (processors)
     def get_schema_histories(self, cf: str) -> dict[int, SchemaHistory]:

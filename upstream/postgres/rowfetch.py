@@ -53,8 +53,9 @@ _COPY_ESCAPES = {"b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v
 _COPY_ESCAPE_RE = re.compile(r"\\(.)", re.S)
 
 
-def _copy_unescape(field: str) -> str | None:
-    """One field of COPY's text format: ``\\N`` is NULL; backslash escapes are undone."""
+def copy_unescape(field: str) -> str | None:
+    """One field of COPY's text format: ``\\N`` is NULL; backslash escapes are undone (also used by
+    :mod:`upstream.postgres.snapshot_read`)."""
     if field == "\\N":
         return None
     if "\\" not in field:
@@ -62,8 +63,9 @@ def _copy_unescape(field: str) -> str | None:
     return _COPY_ESCAPE_RE.sub(lambda m: _COPY_ESCAPES.get(m.group(1), m.group(1)), field)
 
 
-def _cast_type(col: ColumnSchema) -> sql.Composable:
-    """The type a key value is cast to: the column's declared type (``format_type``), else its base type."""
+def cast_type(col: ColumnSchema) -> sql.Composable:
+    """The type a key value is cast to: the column's declared type (``format_type``), else its base type (also
+    the cast of chunk bounds in :mod:`upstream.postgres.snapshot_read`)."""
     if col.type_name:
         return sql.SQL(col.type_name)  # format_type() output: already quoted where needed
     return sql.SQL(col.base_type + ("[]" if col.is_array else ""))
@@ -152,7 +154,7 @@ class RowFetcher:
         """``COPY (SELECT k.i, t.<columns> FROM (VALUES (%s, %s::type, ...), ...) k(i, ...) JOIN t ON ...)``."""
         knames = [sql.Identifier(f"k{j}") for j in range(len(key_cols))]
         row = sql.SQL("({})").format(sql.SQL(", ").join(
-            [sql.SQL("%s::int4")] + [sql.SQL("%s::{}").format(_cast_type(c)) for c in key_cols]))
+            [sql.SQL("%s::int4")] + [sql.SQL("%s::{}").format(cast_type(c)) for c in key_cols]))
         values = sql.SQL(", ").join([row] * n)
         on = sql.SQL(" AND ").join(
             sql.SQL("t.{} {} k.{}").format(sql.Identifier(c.name),
@@ -182,7 +184,7 @@ class RowFetcher:
                 continue  # several rows match (a table without a unique key): the first one
             row: dict[str, Any] = {}
             for name, parse, field in zip(names, parsers, fields[1:], strict=True):
-                value = _copy_unescape(field)
+                value = copy_unescape(field)
                 try:
                     row[name] = None if value is None else parse(value)
                 except (ValueError, ArithmeticError) as exc:

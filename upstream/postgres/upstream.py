@@ -25,6 +25,7 @@ from upstream.base import JoinRule, PartitionLeaf, SlotState, SpanPlan, Upstream
 from upstream.postgres import admin, capture_objects, catalog
 from upstream.postgres import conn as pg_conn
 from upstream.postgres.rowfetch import RowFetcher
+from upstream.postgres.snapshot_read import PgSnapshotReader
 from upstream.postgres.source import PgSpanSource
 from upstream.postgres.stream import ReplicationStream
 
@@ -238,3 +239,6 @@ class PostgresUpstream(Upstream):
 
     def row_source(self, *, label: str = "") -> RowFetcher:
         return RowFetcher(self.uri, label=label)
+
+    def snapshot_reader(self, snapshot: str | None = None, *, label: str = "") -> PgSnapshotReader:
+        return PgSnapshotReader(self.uri, snapshot, label=label, timeout=self._timeout)

@@ -1,0 +1,133 @@
+"""Snapshot copy progress in etcd: each table's chunk plan and each copied chunk (keys: ``cdc.meta.keys``).
+
+Written by the Spark snapshot job (``spark_jobs.snapshot``): the driver stores a table's plan once, every task
+records its chunk after the chunk's downstream transaction committed. Read by the job (to skip what is done)
+and by whoever shows progress (:func:`read_progress`, meant for the HTTP API and ``changefeed query``).
+
+Guarantees:
+- :meth:`SnapshotProgressStore.put_plan` is create-if-absent (one etcd transaction): the first plan stored
+  for a table wins and is returned to every later caller, so concurrent or repeated jobs agree on the chunks.
+- :meth:`SnapshotProgressStore.record_chunk` is one put, made only after the chunk is durable downstream. A
+  crash between the two leaves the chunk unrecorded: it is copied again, which is harmless (keyed rows are
+  upserts; a key-less table's only chunk replaces the table's rows).
+- Reads are linearizable (etcd); every failure is ``cdc.errors.MetaStoreError``. Thread-safe (stateless
+  apart from the client).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from cdc import serde
+from cdc.errors import MetaStoreError
+from cdc.events import TableName
+from cdc.meta import keys
+from cdc.meta.etcd import KV, Compare, EtcdClient, Op
+from cdc.meta.keys import KeyKind
+from cdc.snapshot import ChunkDone, SnapshotProgress, TablePlan, TableProgress
+
+log = logging.getLogger(__name__)
+
+
+def _decode(cls: type, kv: KV) -> object:
+    try:
+        return serde.from_json(cls, kv.value)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise MetaStoreError(f"corrupt {cls.__name__} at etcd key {kv.key}: {e}", cause=e) from e
+
+
+class SnapshotProgressStore:
+    """Typed access to the snapshot keys of cluster ``cluster_id``."""
+
+    def __init__(self, client: EtcdClient, cluster_id: str) -> None:
+        keys.cluster_prefix(cluster_id)  # validates
+        self.client = client
+        self.cluster_id = cluster_id
+
+    # ---- plans (driver)
+    def get_plan(self, cf: str, span: int, table: TableName) -> TablePlan | None:
+        kv = self.client.get(keys.snapshot_plan_key(self.cluster_id, cf, span, table))
+        return None if kv is None else _decode(TablePlan, kv)  # type: ignore[return-value]
+
+    def put_plan(self, cf: str, span: int, plan: TablePlan) -> TablePlan:
+        """Store ``plan`` unless the table has one already; return the stored one (ours or the earlier)."""
+        key = keys.snapshot_plan_key(self.cluster_id, cf, span, plan.table_name)
+        if self.client.txn([Compare.absent(key)], [Op.put(key, serde.to_json(plan))]):
+            return plan
+        stored = self.get_plan(cf, span, plan.table_name)
+        if stored is None:  # deleted in between (changefeed removed): nothing to agree with
+            raise MetaStoreError(f"snapshot plan of {plan.table_name} vanished while it was being stored")
+        return stored
+
+    # ---- chunks (tasks)
+    def record_chunk(self, cf: str, span: int, table: TableName, chunk: int, done: ChunkDone) -> None:
+        self.client.put(keys.snapshot_chunk_key(self.cluster_id, cf, span, table, chunk), serde.to_json(done))
+
+    def done_chunks(self, cf: str, span: int, table: TableName) -> dict[int, ChunkDone]:
+        """The recorded chunks of one table, by chunk index."""
+        _, kvs = self.client.get_prefix(keys.snapshot_table_prefix(self.cluster_id, cf, span, table))
+        out: dict[int, ChunkDone] = {}
+        for kv in kvs:
+            k = keys.parse_key(kv.key)
+            if k.kind is KeyKind.SNAPSHOT_CHUNK:
+                out[k.chunk] = _decode(ChunkDone, kv)  # type: ignore[assignment]
+        return out
+
+    def forget(self, cf: str, span: int | None = None) -> int:
+        """Delete the snapshot keys of a changefeed (or one span of it); return how many went."""
+        return self.client.delete_prefix(keys.snapshot_prefix(self.cluster_id, cf, span))
+
+    def forget_table(self, cf: str, span: int, table: TableName) -> int:
+        """Delete one table's plan and chunks (a resync copies it again from a new plan)."""
+        return self.client.delete_prefix(keys.snapshot_table_prefix(self.cluster_id, cf, span, table))
+
+    # ---- progress (API)
+    def progress(self, cf: str, span: int | None = None) -> SnapshotProgress:
+        """Per table: chunks done / total, rows copied / planned, rows/s and ETA; one range read."""
+        _, kvs = self.client.get_prefix(keys.snapshot_prefix(self.cluster_id, cf, span))
+        return summarize(cf, -1 if span is None else span, kvs)
+
+
+def summarize(cf: str, span: int, kvs: Sequence[KV]) -> SnapshotProgress:
+    """:class:`SnapshotProgress` from the raw snapshot keys of one range read (tables of several spans are
+    kept apart by span). Rows/s is rows copied over the wall time from the first chunk's start to the last
+    chunk's finish (so parallel chunks count once); the ETA is the planned rows left at that speed."""
+    plans: dict[tuple[int, TableName], TablePlan] = {}
+    done: dict[tuple[int, TableName], list[ChunkDone]] = {}
+    for kv in kvs:
+        try:
+            k = keys.parse_key(kv.key)
+        except ValueError:
+            log.warning("ignoring unknown key %s under the snapshot prefix", kv.key)
+            continue
+        assert k.table is not None
+        ident = (k.span, k.table)
+        if k.kind is KeyKind.SNAPSHOT_PLAN:
+            plans[ident] = _decode(TablePlan, kv)  # type: ignore[assignment]
+        elif k.kind is KeyKind.SNAPSHOT_CHUNK:
+            done.setdefault(ident, []).append(_decode(ChunkDone, kv))  # type: ignore[arg-type]
+    tables = []
+    for ident in sorted(plans):
+        plan, chunks = plans[ident], done.get(ident, [])
+        copied = sum(c.rows for c in chunks)
+        rate = eta = None
+        if chunks:
+            start = min(c.finished_at - c.seconds for c in chunks)
+            wall = max(c.finished_at for c in chunks) - start
+            if wall > 0:
+                rate = copied / wall
+        n_done = min(len(chunks), len(plan.chunks))
+        if rate and n_done < len(plan.chunks):
+            eta = max(0, plan.rows - copied) / rate
+        elif n_done >= len(plan.chunks):
+            eta = 0.0
+        label = str(plan.table_name) if span >= 0 else f"{ident[0]}:{plan.table_name}"
+        tables.append(TableProgress(label, n_done, len(plan.chunks), copied, plan.rows, rate, eta))
+    return SnapshotProgress(cf, span, tuple(tables))
+
+
+def read_progress(client: EtcdClient, cluster_id: str, cf: str, span: int | None = None) -> SnapshotProgress:
+    """The progress a person watches (``changefeed query``, the HTTP API): see :meth:`SnapshotProgressStore.
+    progress`. With ``span`` None the tables of every span are listed as ``span:schema.table``."""
+    return SnapshotProgressStore(client, cluster_id).progress(cf, span)

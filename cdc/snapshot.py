@@ -1,0 +1,129 @@
+"""Vocabulary of the initial snapshot copy (docs/snapshot.md): chunks, chunk plans, progress.
+
+A table is copied in *chunks*: ranges of its key, read under one upstream snapshot and written downstream in
+one transaction each. Everything here is a frozen dataclass that round-trips through ``cdc.serde`` JSON (it
+is stored in etcd and in the Spark job's plan file), with no I/O and no import of anything but ``cdc``.
+
+Key bounds are the upstream's *text* of the key values (PostgreSQL: the type's output function under the
+session settings of ``upstream.postgres.conn``), one per key column: text survives JSON exactly for every
+type (numeric scale, float digits, timestamps) and the reader casts it back to the column's type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cdc.events import TableName
+
+__all__ = ["ChunkDone", "SnapshotChunk", "SnapshotProgress", "TablePlan", "TableProgress"]
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotChunk:
+    """One range of one table: the rows whose key ``k`` satisfies ``lower <= k < upper`` (row comparison of
+    all key columns in key order; ``None`` for an open end), read ``ORDER BY`` key.
+
+    ``index`` is the chunk's position among the table's ``count`` chunks (0-based; chunks are sorted by
+    key and together cover the whole key space, so a row inserted after planning lands in exactly one of
+    them). ``key`` names the key columns. ``whole`` marks the single chunk of a table without a key
+    (``lower``/``upper`` None): it is written as "replace the table's rows" (a TRUNCATE then the rows, in
+    one downstream transaction), so copying it twice never duplicates a row.
+    """
+
+    schema: str
+    table: str
+    index: int
+    count: int
+    key: tuple[str, ...] = ()
+    lower: tuple[str, ...] | None = None
+    upper: tuple[str, ...] | None = None
+    whole: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.count:
+            raise ValueError(f"chunk index {self.index} outside 0..{self.count - 1}")
+        for name, bound in (("lower", self.lower), ("upper", self.upper)):
+            if bound is not None and len(bound) != len(self.key):
+                raise ValueError(f"{name} bound has {len(bound)} values for a key of {len(self.key)} columns")
+        if self.whole and (self.key or self.lower is not None or self.upper is not None or self.count != 1):
+            raise ValueError("a whole-table chunk has no key, no bounds and is its table's only chunk")
+
+    @property
+    def table_name(self) -> TableName:
+        return TableName(self.schema, self.table)
+
+    @property
+    def label(self) -> str:
+        return f"{self.schema}.{self.table}#{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class TablePlan:
+    """The chunks of one table, fixed the first time the table is planned for a (changefeed, span) and kept in
+    etcd: a re-run (even under a later snapshot) copies the same ranges, so "chunk i is done" stays
+    meaningful. ``rows`` is how many rows the planning snapshot held (for progress and ETA)."""
+
+    schema: str
+    table: str
+    rows: int
+    chunk_rows: int
+    chunks: tuple[SnapshotChunk, ...]
+    has_key: bool = True
+
+    @property
+    def table_name(self) -> TableName:
+        return TableName(self.schema, self.table)
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkDone:
+    """Stored after a chunk's rows were committed downstream: how many rows, how long the copy took (s), when it
+    finished (unix time), and the snapshot it was read under (None: the reader's own)."""
+
+    rows: int
+    seconds: float
+    finished_at: float
+    snapshot: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TableProgress:
+    """What a person watches per table: chunks done of total, rows copied of the planned rows, rows/s so far
+    (over the chunks' own copy time) and the ETA at that speed (None when unknown)."""
+
+    table: str
+    chunks_done: int
+    chunks_total: int
+    rows_copied: int
+    rows_planned: int
+    rows_per_second: float | None = None
+    eta_seconds: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.chunks_done >= self.chunks_total
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotProgress:
+    """The snapshot copy of one span (``span`` >= 0) or of a whole changefeed (``span`` = -1)."""
+
+    changefeed: str
+    span: int
+    tables: tuple[TableProgress, ...] = ()
+
+    @property
+    def chunks_done(self) -> int:
+        return sum(t.chunks_done for t in self.tables)
+
+    @property
+    def chunks_total(self) -> int:
+        return sum(t.chunks_total for t in self.tables)
+
+    @property
+    def rows_copied(self) -> int:
+        return sum(t.rows_copied for t in self.tables)
+
+    @property
+    def done(self) -> bool:
+        return all(t.done for t in self.tables)

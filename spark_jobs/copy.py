@@ -1,0 +1,126 @@
+"""What one Spark task of the snapshot job does: copy its chunks into the sink and record each one in etcd.
+
+This module imports no Spark: :func:`copy_chunks` is a plain function over :class:`ChunkTask` objects, run by
+``mapPartitions`` in the executors (and callable directly in tests).
+
+Guarantees of :func:`copy_chunks` (per task, in order):
+
+- Each chunk is read under the job's snapshot (``SnapshotReader.read_chunk``) and written with one
+  ``Sink.write`` call, i.e. one downstream transaction: the chunk is downstream entirely or not at all.
+  A key-less table's single ``whole`` chunk is written as a TRUNCATE of the table followed by its rows in that
+  same transaction, so copying it again replaces the rows instead of duplicating them.
+- Only after ``write`` returned is the chunk recorded in etcd (:class:`cdc.snapshot.ChunkDone`); a crash in
+  between leaves it unrecorded, and copying it again is harmless (upserts by key; the whole-table replace).
+- Nothing is raised for a chunk that fails: the task stops there and returns a :class:`ChunkResult` with the
+  error's code and one-line message (the driver turns it back into a ``TidewaterError``), so Spark neither
+  retries nor prints a Python traceback; chunks copied before the failure stay recorded.
+- One upstream connection (one snapshot transaction), one sink and one etcd client per task, reused across its
+  chunks; no per-row logging or I/O besides the sink's own batched statements.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from cdc.errors import TidewaterError
+from cdc.events import OpType, RowChange, TableSchema
+from cdc.meta.etcd import EtcdClient
+from cdc.meta.snapshot_progress import SnapshotProgressStore
+from cdc.snapshot import ChunkDone, SnapshotChunk
+from cdc.uri import redact
+from sinks.base import Sink
+from sinks.factory import open_sink
+from spark_jobs.plan import SnapshotJob
+from upstream import open_upstream
+from upstream.base import SnapshotReader
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ChunkTask:
+    """One chunk to copy, with everything a task needs (picklable: it travels to the executors)."""
+
+    job: SnapshotJob
+    schema: TableSchema
+    chunk: SnapshotChunk
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    """The outcome of one chunk: rows written and seconds taken, or the error (code and message) that ended
+    its task."""
+
+    table: str
+    chunk: int
+    rows: int = 0
+    seconds: float = 0.0
+    error_code: str | None = None
+    error: str | None = None
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line, any password of a URI in it redacted."""
+    return redact(" ".join(str(text).split()))
+
+
+def _counted(changes: Iterator[RowChange], counter: list[int]) -> Iterator[RowChange]:
+    n = 0
+    for ch in changes:
+        n += 1
+        yield ch
+    counter[0] = n
+
+
+def copy_one(reader: SnapshotReader, sink: Sink, task: ChunkTask) -> int:
+    """Copy one chunk in one downstream transaction; return the rows written (see the module docstring)."""
+    job, schema, chunk = task.job, task.schema, task.chunk
+    counter = [0]
+    rows = _counted(reader.read_chunk(schema, chunk, commit_ts=job.commit_ts, commit_time=job.commit_time), counter)
+    if chunk.whole:  # replace the key-less table's rows, atomically with the copy
+        rows = itertools.chain([RowChange(OpType.TRUNCATE, schema, job.commit_ts, job.commit_time)], rows)
+    sink.write(rows)
+    return counter[0]
+
+
+def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
+    """Copy ``tasks`` in order (all of one job) and record each in etcd; see the module docstring."""
+    reader: SnapshotReader | None = None
+    sink: Sink | None = None
+    client: EtcdClient | None = None
+    try:
+        for task in tasks:
+            job, chunk = task.job, task.chunk
+            t0 = time.monotonic()
+            try:
+                if reader is None:
+                    reader = open_upstream(job.upstream).snapshot_reader(job.snapshot, label=job.label)
+                if sink is None:
+                    sink = open_sink(job.sink)
+                if client is None:
+                    client = EtcdClient(list(job.etcd))
+                rows = copy_one(reader, sink, task)
+                seconds = time.monotonic() - t0
+                SnapshotProgressStore(client, job.cluster).record_chunk(
+                    job.changefeed, job.span, chunk.table_name, chunk.index,
+                    ChunkDone(rows, round(seconds, 6), time.time(), job.snapshot))
+            except Exception as exc:  # noqa: BLE001 - reported to the driver, which raises it
+                code = exc.code if isinstance(exc, TidewaterError) else "CDC:ErrUnknown"
+                msg = exc.message if isinstance(exc, TidewaterError) else f"{type(exc).__name__}: {exc}"
+                log.error("%s: chunk %s failed: [%s] %s", job.label, chunk.label, code, one_line(msg))
+                yield ChunkResult(str(chunk.table_name), chunk.index, error_code=code,
+                                  error=one_line(f"chunk {chunk.label}: {msg}"))
+                return
+            log.info("%s: chunk %s copied: %d rows in %.2f s", job.label, chunk.label, rows, seconds)
+            yield ChunkResult(str(chunk.table_name), chunk.index, rows, seconds)
+    finally:
+        for closer in (reader, sink, client):
+            if closer is not None:
+                try:
+                    closer.close()
+                except Exception:  # noqa: BLE001 - closing after the work is done or failed
+                    pass

@@ -1,0 +1,118 @@
+"""The snapshot job's input: :class:`SnapshotJob`, stored as a JSON file (``--plan FILE``).
+
+The file is written by whoever launches the job (the capture, later; tests and the benchmark now). It holds
+the upstream and sink URIs *with* their credentials, so it is created mode 0600 (:func:`write_job`); nothing
+the job prints contains a password (``cdc.uri.redact``).
+
+Example::
+
+    {"changefeed": "cf-1", "span": 0, "cluster": "default", "etcd": ["http://127.0.0.1:2379"],
+     "upstream": "postgresql://u:p@127.0.0.1:5432/app", "sink": "mysql://root@127.0.0.1:3306/app",
+     "tables": ["public.orders", "public.items"], "snapshot": "00000003-00000002-1",
+     "commit_ts": 24567840, "chunk_rows": 100000, "spark_master": "local[*]", "spark_conf": {}}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cdc import serde
+from cdc.errors import InvalidArgument, InvalidConfig
+from cdc.events import TableName
+from cdc.meta import keys
+from cdc.uri import parse_sink_uri
+
+DEFAULT_CHUNK_ROWS = 50_000
+"""Rows per chunk when the plan does not say (docs/benchmarks.md, "Snapshot copy": 50k-row chunks were as
+fast as 200k-row ones on 2 cores, and keep a chunk's text and a retried chunk small)."""
+
+DEFAULT_SPARK_MASTER = "local[*]"
+
+
+@dataclass(frozen=True)
+class SnapshotJob:
+    """What to copy, from where, to where, under which snapshot, and where progress goes.
+
+    ``snapshot``: the exported snapshot name of the span's slot (None: every reader takes its own snapshot,
+    which is safe for keyed tables only: docs/snapshot.md). ``commit_ts``/``commit_time``: stamped on every
+    copied row (the slot's consistent point). ``chunk_rows``: rows per chunk when a table is planned the first
+    time (a stored plan is reused as it is). ``spark_conf``: extra Spark settings (``spark.*`` keys).
+    """
+
+    changefeed: str
+    upstream: str
+    sink: str
+    tables: tuple[str, ...]
+    etcd: tuple[str, ...]
+    span: int = 0
+    cluster: str = "default"
+    snapshot: str | None = None
+    commit_ts: int = 0
+    commit_time: float = 0.0
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    spark_master: str = DEFAULT_SPARK_MASTER
+    spark_conf: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        try:
+            keys.snapshot_prefix(self.cluster, self.changefeed, self.span)
+        except ValueError as exc:
+            raise InvalidConfig(f"snapshot job: {exc}") from None
+        if self.chunk_rows < 1:
+            raise InvalidConfig(f"snapshot job: chunk-rows must be at least 1, got {self.chunk_rows}")
+        if not self.tables:
+            raise InvalidConfig("snapshot job: no tables to copy")
+        if not self.etcd:
+            raise InvalidConfig("snapshot job: no etcd endpoints for the progress")
+        if not self.spark_master:
+            raise InvalidConfig("snapshot job: spark-master is empty (default: local[*])")
+        parse_sink_uri(self.sink)  # InvalidURI (redacted) for a malformed sink
+
+    @property
+    def table_names(self) -> list[TableName]:
+        return [TableName.parse(t) for t in self.tables]
+
+    @property
+    def label(self) -> str:
+        return f"changefeed={self.changefeed} span={self.span}"
+
+    def to_json(self) -> bytes:
+        return serde.to_json(self)
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> SnapshotJob:
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise InvalidConfig(f"snapshot job plan is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise InvalidConfig("snapshot job plan must be a JSON object")
+        missing = [k for k in ("changefeed", "upstream", "sink", "tables", "etcd") if k not in data]
+        if missing:
+            raise InvalidConfig(f"snapshot job plan lacks {', '.join(missing)}")
+        try:
+            return serde.from_dict(cls, data)
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, InvalidArgument):
+                raise
+            raise InvalidConfig(f"snapshot job plan is invalid: {exc}") from None
+
+
+def read_job(path: str | os.PathLike[str]) -> SnapshotJob:
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read the snapshot job plan {str(path)!r}: {exc.strerror}") from None
+    return SnapshotJob.from_json(raw)
+
+
+def write_job(job: SnapshotJob, path: str | os.PathLike[str]) -> Path:
+    """Write ``job`` to ``path`` readable by its owner only (it holds credentials)."""
+    p = Path(path)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(job.to_json())
+    return p

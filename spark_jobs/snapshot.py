@@ -1,0 +1,175 @@
+"""The snapshot copy job: ``python -m spark_jobs.snapshot --plan FILE`` (docs/snapshot.md).
+
+Runs as its own process, never inside a capture's interpreter. Steps of :func:`run`:
+
+1. Check the sink (``open_sink(uri).check()``) and etcd before anything else, so a wrong URI or an unreachable
+   target fails at once with its own message.
+2. Open one :class:`upstream.base.SnapshotReader` at the job's snapshot; for each table read its schema at the
+   snapshot, then take its stored chunk plan from etcd or plan it now and store it (create-if-absent: the
+   first plan of a table is the one every later run uses), and list its chunks not yet recorded as done.
+   The reader is closed before Spark starts.
+3. Copy the pending chunks in Spark: ``sc.parallelize(tasks).mapPartitions(copy_chunks)``, one partition per
+   chunk (Spark runs as many at once as it has cores), except into SQLite, which has a single writer: then
+   all chunks go through one partition, in order. Every task reads its chunks under the same snapshot, writes
+   each in one downstream transaction and records it in etcd (:mod:`spark_jobs.copy`).
+4. Collect the results: if a chunk failed, raise its error (chunks copied before stay recorded, so running
+   the job again copies only the rest).
+
+Exit codes of :func:`main`: 0 copied (or nothing left to copy), 1 the job cannot work as given (bad plan, URI,
+table, snapshot: the message says what to fix), 2 a resource is unavailable (retry later), 3 anything else.
+Errors are printed as one line ``snapshot copy failed: [CODE] message``, without a traceback or a password.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cdc import errors
+from cdc.errors import InvalidArgument, TidewaterError
+from cdc.meta.etcd import EtcdClient
+from cdc.meta.snapshot_progress import SnapshotProgressStore
+from sinks.factory import open_sink
+from spark_jobs.copy import ChunkResult, ChunkTask, copy_chunks, one_line
+from spark_jobs.plan import SnapshotJob, read_job
+from spark_jobs.session import spark_session
+from upstream import open_upstream
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CopyReport:
+    """What one run did: chunks in the plans, chunks that were already done, chunks copied now, rows copied now
+    per table, and the seconds the Spark stage took."""
+
+    chunks_total: int = 0
+    chunks_skipped: int = 0
+    chunks_copied: int = 0
+    rows: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def rows_copied(self) -> int:
+        return sum(self.rows.values())
+
+
+def _error(code: str | None, message: str) -> TidewaterError:
+    """The TidewaterError subclass with ``code`` (a task's error comes back as code and message)."""
+    stack: list[type[TidewaterError]] = [TidewaterError]
+    while stack:
+        cls = stack.pop()
+        if cls.code == code:
+            return cls(message)
+        stack.extend(cls.__subclasses__())
+    return TidewaterError(message)
+
+
+def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore) -> tuple[list[ChunkTask], int]:
+    """The job's pending chunks (not recorded as done) and the number of chunks in its tables' plans."""
+    tasks: list[ChunkTask] = []
+    total = 0
+    upstream = open_upstream(job.upstream)
+    try:
+        with upstream.snapshot_reader(job.snapshot, label=job.label) as reader:
+            for name in job.table_names:
+                schema = reader.table_schema(name)
+                plan = store.get_plan(job.changefeed, job.span, name)
+                if plan is None:
+                    plan = store.put_plan(job.changefeed, job.span, reader.plan(schema, job.chunk_rows))
+                done = store.done_chunks(job.changefeed, job.span, name)
+                pending = [c for c in plan.chunks if c.index not in done]
+                log.info("%s: table %s: %d rows planned, %d/%d chunks done", job.label, name, plan.rows,
+                         len(plan.chunks) - len(pending), len(plan.chunks))
+                total += len(plan.chunks)
+                tasks.extend(ChunkTask(job, schema, c) for c in pending)
+    finally:
+        upstream.close()
+    return tasks, total
+
+
+def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
+    """Copy every chunk of ``job`` not yet recorded in etcd (see the module docstring). ``spark``: a session to
+    use (tests share one); None builds one on ``job.spark_master``. Raises ``TidewaterError``."""
+    sink = open_sink(job.sink)
+    try:
+        sink.check()
+    finally:
+        sink.close()
+    client = EtcdClient(list(job.etcd))
+    try:
+        store = SnapshotProgressStore(client, job.cluster)
+        tasks, total = plan_tasks(job, store)
+    finally:
+        client.close()
+    report = CopyReport(chunks_total=total, chunks_skipped=total - len(tasks))
+    if not tasks:
+        log.info("%s: nothing to copy (%d chunks already done)", job.label, total)
+        return report
+    if spark is None:
+        spark = spark_session(job.spark_master, job.spark_conf, app_name=f"tidewater-snapshot-{job.changefeed}")
+    single_writer = job.sink.lower().startswith("sqlite:")
+    slices = 1 if single_writer else len(tasks)
+    log.info("%s: copying %d chunk(s) of %d in %d partition(s) on %s", job.label, len(tasks), total, slices,
+             spark.sparkContext.master)
+    t0 = time.monotonic()
+    results: list[ChunkResult] = (spark.sparkContext.parallelize(tasks, slices)
+                                  .mapPartitions(copy_chunks).collect())
+    report.seconds = time.monotonic() - t0
+    failed = [r for r in results if r.error is not None]
+    for r in results:
+        if r.error is None:
+            report.chunks_copied += 1
+            report.rows[r.table] = report.rows.get(r.table, 0) + r.rows
+    log.info("%s: copied %d chunk(s), %d rows in %.1f s; %d failed", job.label, report.chunks_copied,
+             report.rows_copied, report.seconds, len(failed))
+    if failed:
+        first = failed[0]
+        more = f" ({len(failed) - 1} more chunk(s) failed)" if len(failed) > 1 else ""
+        raise _error(first.error_code, f"{first.error}{more}; copied chunks stay done: run the job again")
+    return report
+
+
+def exit_code(exc: TidewaterError) -> int:
+    if exc.retryable:
+        return 2
+    if isinstance(exc, InvalidArgument | errors.SnapshotExpired):
+        return 1
+    return 3
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m spark_jobs.snapshot",
+                                     description="Copy a span's tables under an upstream snapshot (Spark).")
+    parser.add_argument("--plan", required=True, help="the job's JSON file (spark_jobs.plan.SnapshotJob)")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        job = read_job(args.plan)
+        report = run(job)
+    except TidewaterError as exc:
+        print(f"snapshot copy failed: [{exc.code}] {one_line(exc.message)}", file=sys.stderr, flush=True)
+        return exit_code(exc)
+    except KeyboardInterrupt:
+        print("snapshot copy interrupted; copied chunks stay done: run the job again", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a bug or a foreign error: still one line, no traceback
+        log.debug("unexpected error", exc_info=True)
+        print(f"snapshot copy failed: [CDC:ErrUnknown] {type(exc).__name__}: {one_line(str(exc))[:500]}",
+              file=sys.stderr, flush=True)
+        return 3
+    print(f"snapshot copy done: {report.chunks_copied} chunk(s) copied now, {report.chunks_skipped} already done, "
+          f"{report.rows_copied} rows in {report.seconds:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

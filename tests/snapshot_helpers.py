@@ -1,0 +1,89 @@
+"""Helpers of the snapshot-copy tests: a real exported snapshot, a reader of the upstream at it, a job plan."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg2
+import psycopg2.extras
+import pytest
+
+from tests.sql_targets import SqlTarget
+
+
+@dataclass
+class Exported:
+    """A logical slot created with ``(SNAPSHOT 'export')`` whose replication connection stays idle."""
+
+    slot: str
+    snapshot: str
+    consistent_point: str
+    conn: Any  # the replication connection: the snapshot lives while it is open and idle
+
+    @property
+    def commit_ts(self) -> int:
+        hi, lo = self.consistent_point.split("/")
+        return (int(hi, 16) << 32) | int(lo, 16)
+
+    def expire(self) -> None:
+        """End the exporting connection: the snapshot name stops existing (the slot stays)."""
+        self.conn.close()
+
+
+@contextlib.contextmanager
+def exported_snapshot(pg_server: Any, db: str) -> Iterator[Exported]:
+    """Create a pgoutput slot with an exported snapshot on ``db``; drop it afterwards."""
+    slot = f"tw_snap_{uuid.uuid4().hex[:10]}"
+    conn = psycopg2.connect(pg_server.dsn(db), connection_factory=psycopg2.extras.LogicalReplicationConnection)
+    cur = conn.cursor()
+    cur.execute(f"CREATE_REPLICATION_SLOT {slot} LOGICAL pgoutput (SNAPSHOT 'export')")
+    name, point, snapshot, _plugin = cur.fetchone()
+    assert name == slot and snapshot
+    try:
+        yield Exported(slot, snapshot, point, conn)
+    finally:
+        with contextlib.suppress(Exception):
+            conn.close()
+        with contextlib.suppress(Exception):
+            pg_server.execute("SELECT pg_drop_replication_slot(%s)", db=db, params=(slot,))
+
+
+@contextlib.contextmanager
+def at_snapshot(pg_server: Any, db: str, snapshot: str) -> Iterator[Any]:
+    """A connection whose one transaction sees the database as of the exported ``snapshot`` (for
+    ``playground.compare.compare_tables``: it reads through ``conn.cursor()``)."""
+    conn = psycopg2.connect(pg_server.dsn(db))
+    conn.set_session(isolation_level="REPEATABLE READ", readonly=True)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SET TRANSACTION SNAPSHOT %s", (snapshot,))
+        yield conn
+    finally:
+        conn.rollback()
+        conn.close()
+
+
+def execute(pg_server: Any, db: str, *statements: str) -> None:
+    conn = pg_server.connect(db)
+    try:
+        with conn.cursor() as cur:
+            for s in statements:
+                cur.execute(s)
+    finally:
+        conn.close()
+
+
+def pg_target(request: pytest.FixtureRequest) -> Iterator[SqlTarget]:
+    """A PostgreSQL target database of its own on the session's server (dropped afterwards)."""
+    server = request.getfixturevalue("pg_server")
+    name = f"tgt_{uuid.uuid4().hex[:12]}"
+    server.create_database(name)
+    try:
+        yield SqlTarget("postgresql", server, name)
+    finally:
+        if server.running:
+            server.drop_database(name)

@@ -1,0 +1,216 @@
+"""Reading PostgreSQL tables at one snapshot, in primary-key chunks (:class:`upstream.base.SnapshotReader`).
+
+Session: one autocommit connection from :func:`upstream.postgres.conn.connect` (so the output settings every
+upstream session gets -- ``TimeZone=UTC``, ``DateStyle=ISO``, ``extra_float_digits=3``, ``bytea_output=hex``
+... -- are the ones the walsender renders pgoutput values with), then ``BEGIN ISOLATION LEVEL REPEATABLE READ,
+READ ONLY`` and, when a snapshot name is given, ``SET TRANSACTION SNAPSHOT '<name>'`` before any query: every
+catalog and data query of the reader sees that snapshot. A name that no longer exists (the exporting
+replication connection ended or ran another command) raises :class:`cdc.errors.SnapshotExpired`.
+
+Planning (:meth:`PgSnapshotReader.plan`): ``count(*)`` at the snapshot, then, when the table holds more than
+``chunk_rows`` rows, one ordered pass over the key (``row_number() OVER (ORDER BY key)``, an index-only scan
+of the primary key when the visibility map allows) that returns the key of every ``chunk_rows``-th row:
+those keys are the chunk bounds, exact at the snapshot (no sampling error: every chunk but the last holds
+exactly ``chunk_rows`` rows of the snapshot). Bounds are kept as ``key::text`` and cast back with the column's
+declared type, so they survive JSON exactly for every key type. A table without a key is one ``whole``
+chunk: no key means no range to resume from, and the whole chunk is written as a replacement of the table's
+rows (docs/snapshot.md), which ctid ranges could not give (a ctid is not stored downstream).
+
+Reading (:meth:`PgSnapshotReader.read_chunk`): ``COPY (SELECT <columns> FROM t WHERE (k...) >= (lower) AND
+(k...) < (upper) ORDER BY k...) TO STDOUT`` in text format: the values are the types' output text -- the same
+text pgoutput sends for the same row -- with COPY's backslash escapes, which are undone
+(:func:`upstream.postgres.rowfetch.copy_unescape`; a line without a backslash has neither escapes nor NULLs
+and is split as it is). Each row is parsed by :func:`upstream.postgres.types.row_parser` over the columns'
+:func:`~upstream.postgres.types.parser_for` parsers -- the very functions the mounter uses through
+:class:`upstream.postgres.source.PgChangeDecoder` -- and becomes an INSERT :class:`cdc.events.RowChange` with
+``row`` and ``row_text`` set, as the mounter builds it. No per-row I/O or logging.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg2
+from psycopg2 import sql
+
+from cdc.errors import DecodeError, InvalidArgument, SnapshotExpired
+from cdc.events import OpType, RowChange, TableName, TableSchema
+from cdc.snapshot import SnapshotChunk, TablePlan
+from upstream.base import SnapshotReader
+from upstream.postgres import catalog
+from upstream.postgres import conn as pg_conn
+from upstream.postgres.rowfetch import cast_type, copy_unescape
+from upstream.postgres.types import parser_for, row_parser
+
+log = logging.getLogger(__name__)
+
+_INVALID_SNAPSHOT = "invalid snapshot identifier"  # malformed name; a well-formed unknown one "does not exist"
+
+
+class PgSnapshotReader(SnapshotReader):
+    """``PostgresUpstream.snapshot_reader(name)``: see the module docstring and :class:`SnapshotReader`."""
+
+    def __init__(self, uri: str, snapshot: str | None = None, *, label: str = "", timeout: float = 5.0) -> None:
+        self._uri = uri
+        self.snapshot = snapshot
+        self._label = label
+        self._timeout = timeout
+        self._conn: Any = None
+
+    # ---- session ---------------------------------------------------------------------------------------
+    def _connection(self) -> Any:
+        if self._conn is not None:
+            return self._conn
+        conn = pg_conn.connect(self._uri, timeout=self._timeout, application_name="tidewater-snapshot")
+        try:
+            with conn.cursor() as cur:
+                cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                if self.snapshot is not None:
+                    cur.execute("SET TRANSACTION SNAPSHOT %s", (self.snapshot,))
+        except psycopg2.Error as exc:
+            where = pg_conn.describe_conn(conn)
+            conn.close()
+            text = str(exc)
+            if _INVALID_SNAPSHOT in text:
+                raise InvalidArgument(f"PostgreSQL {where}: {self.snapshot!r} is not a snapshot name. Fix: pass the "
+                                      "name CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export') returned") from None
+            if getattr(exc, "pgcode", None) in ("42704", "22023") and "does not exist" in text:
+                raise SnapshotExpired(
+                    f"PostgreSQL {where}: the exported snapshot {self.snapshot!r} no longer exists (the replication "
+                    "connection that exported it ended or ran another command). Fix: copy under a fresh snapshot "
+                    "(a new slot's export, or none) -- chunks already recorded stay done; key-less tables are "
+                    "copied again as a whole") from None
+            raise pg_conn.classify_error(exc, where, "opening the snapshot transaction") from exc
+        except BaseException:
+            conn.close()
+            raise
+        log.debug("snapshot reader %s: transaction open at snapshot %s", self._label, self.snapshot or "(own)")
+        self._conn = conn
+        return conn
+
+    def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()  # ends the read-only transaction
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+
+    # ---- catalog ---------------------------------------------------------------------------------------
+    def table_schema(self, table: TableName) -> TableSchema:
+        conn = self._connection()
+        try:
+            return catalog.table_schema(conn, table)
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"{exc.message} (at the snapshot{self._at()}): check the table list of the "
+                                  "snapshot copy") from None
+
+    def _at(self) -> str:
+        return f" {self.snapshot!r}" if self.snapshot else ""
+
+    # ---- planning --------------------------------------------------------------------------------------
+    def plan(self, schema: TableSchema, chunk_rows: int) -> TablePlan:
+        if chunk_rows < 1:
+            raise InvalidArgument(f"chunk-rows must be at least 1, got {chunk_rows}")
+        name = schema.name
+        table = sql.Identifier(name.schema, name.table)
+        conn = self._connection()
+        with pg_conn.pg_errors(conn, f"counting the rows of {name}"), conn.cursor() as cur:
+            cur.execute(sql.SQL("SELECT count(*) FROM {}").format(table))
+            rows = int(cur.fetchone()[0])
+        if not schema.has_key:
+            chunk = SnapshotChunk(name.schema, name.table, 0, 1, whole=True)
+            return TablePlan(name.schema, name.table, rows, chunk_rows, (chunk,), has_key=False)
+        key = tuple(schema.key)
+        bounds: list[tuple[str, ...]] = []
+        if rows > chunk_rows:
+            keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
+            texts = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in key)
+            query = sql.SQL("SELECT {texts} FROM (SELECT {keys}, row_number() OVER (ORDER BY {keys}) AS rn "
+                            "FROM {table}) AS s WHERE rn > 1 AND (rn - 1) %% %s = 0 ORDER BY rn").format(
+                texts=texts, keys=keys, table=table)
+            with pg_conn.pg_errors(conn, f"planning the chunks of {name}"), conn.cursor() as cur:
+                cur.execute(query, (chunk_rows,))
+                bounds = [tuple(r) for r in cur.fetchall()]
+        edges: list[tuple[str, ...] | None] = [None, *bounds, None]
+        count = len(edges) - 1
+        chunks = tuple(SnapshotChunk(name.schema, name.table, i, count, key, edges[i], edges[i + 1])
+                       for i in range(count))
+        log.info("snapshot plan %s: %s rows in %d chunk(s) of %d rows", name, rows, count, chunk_rows)
+        return TablePlan(name.schema, name.table, rows, chunk_rows, chunks, has_key=True)
+
+    # ---- reading ---------------------------------------------------------------------------------------
+    @staticmethod
+    def chunk_query(schema: TableSchema, chunk: SnapshotChunk) -> sql.Composed:
+        """``COPY (SELECT ... WHERE <key range> ORDER BY <key>) TO STDOUT`` of ``chunk`` (parameters: the lower
+        bound's values, then the upper bound's)."""
+        cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
+        table = sql.Identifier(schema.name.schema, schema.name.table)
+        if chunk.whole:
+            return sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(cols, table)
+        if tuple(schema.key) != chunk.key:
+            raise InvalidArgument(f"{schema.name}: chunk {chunk.index} was planned on key {list(chunk.key)}, the "
+                                  f"table's key is now {list(schema.key)}: plan the table again")
+        key_cols = [schema.column(k) for k in chunk.key]
+        keys = sql.SQL(", ").join(sql.Identifier(k) for k in chunk.key)
+        bound = sql.SQL(", ").join(sql.SQL("%s::{}").format(cast_type(c)) for c in key_cols)
+        conds = []
+        if chunk.lower is not None:
+            conds.append(sql.SQL("({}) >= ({})").format(keys, bound))
+        if chunk.upper is not None:
+            conds.append(sql.SQL("({}) < ({})").format(keys, bound))
+        where = sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conds) if conds else sql.SQL("")
+        return sql.SQL("COPY (SELECT {cols} FROM {table}{where} ORDER BY {keys}) TO STDOUT").format(
+            cols=cols, table=table, where=where, keys=keys)
+
+    def read_chunk(self, schema: TableSchema, chunk: SnapshotChunk, *, commit_ts: int = 0,
+                   commit_time: float = 0.0) -> Iterator[RowChange]:
+        if chunk.table_name != schema.name:
+            raise InvalidArgument(f"chunk of {chunk.table_name} read with the schema of {schema.name}")
+        query = self.chunk_query(schema, chunk)
+        params = [*(chunk.lower or ()), *(chunk.upper or ())]
+        return self._rows(schema, chunk, query, params, commit_ts, commit_time)
+
+    def _rows(self, schema: TableSchema, chunk: SnapshotChunk, query: sql.Composed, params: list[str],
+              commit_ts: int, commit_time: float) -> Iterator[RowChange]:
+        conn = self._connection()
+        buf = io.StringIO()
+        with pg_conn.pg_errors(conn, f"reading chunk {chunk.index} of {schema.name}"), conn.cursor() as cur:
+            cur.copy_expert(cur.mogrify(query, params), buf)
+        text = buf.getvalue()
+        del buf
+        parsers = tuple(parser_for(c.base_type, c.is_array) for c in schema.columns)
+        parse_row = row_parser(parsers)
+        ncols = len(parsers)
+        insert = OpType.INSERT
+        for line in text.split("\n"):
+            if not line:
+                continue
+            if "\\" in line:
+                texts: list[str | None] = [copy_unescape(f) for f in line.split("\t")]
+            else:
+                texts = line.split("\t")  # type: ignore[assignment]
+            if len(texts) != ncols:
+                raise DecodeError(f"{schema.name}: a copied row has {len(texts)} columns, the schema {ncols}")
+            try:
+                row = parse_row(texts)
+            except (ValueError, ArithmeticError) as exc:
+                raise _bad_value(schema, parsers, texts, exc) from exc
+            yield RowChange(insert, schema, commit_ts, commit_time, None, None, {}, row, texts)
+
+
+def _bad_value(schema: TableSchema, parsers: tuple[Any, ...], texts: list[str | None],
+               exc: BaseException) -> DecodeError:
+    """The DecodeError naming the first column whose text its parser refuses."""
+    for col, parse, text in zip(schema.columns, parsers, texts, strict=True):
+        if text is None:
+            continue
+        try:
+            parse(text)
+        except (ValueError, ArithmeticError):
+            return DecodeError(f"{schema.name}: column {col.name!r}: cannot parse copied value {text[:60]!r}: {exc}",
+                               cause=exc)
+    return DecodeError(f"{schema.name}: cannot parse a copied row: {exc}", cause=exc)
