@@ -145,6 +145,25 @@ def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
     return report
 
 
+_FIXES = {
+    "CDC:ErrUpstreamUnavailable": "start the upstream or correct host and port in the upstream URI, then run the job "
+                                  "again (copied chunks stay done)",
+    "CDC:ErrSinkUnavailable": "start the target or correct the sink URI, then run the job again (copied chunks stay "
+                              "done)",
+    "CDC:ErrEtcd": "check the etcd endpoints of the plan and that etcd is running, then run the job again",
+    "CDC:ErrSinkFatal": "fix the target (or the table it names), then run the job again",
+}
+
+
+def message(exc: TidewaterError) -> str:
+    """The one line the job prints for ``exc``: code, message and, where the message gives none, the fix."""
+    text = one_line(exc.message)
+    fix = _FIXES.get(exc.code)
+    if fix and "fix:" not in text.lower():
+        text = f"{text.rstrip('.')}. Fix: {fix}"
+    return f"[{exc.code}] {text}"
+
+
 def exit_code(exc: TidewaterError) -> int:
     if exc.retryable:
         return 2
@@ -166,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         job = read_job(args.plan)
         report = run(job)
     except TidewaterError as exc:
-        print(f"snapshot copy failed: [{exc.code}] {one_line(exc.message)}", file=sys.stderr, flush=True)
+        print(f"snapshot copy failed: {message(exc)}", file=sys.stderr, flush=True)
         return exit_code(exc)
     except KeyboardInterrupt:
         print("snapshot copy interrupted; copied chunks stay done: run the job again", file=sys.stderr)
