@@ -157,6 +157,14 @@ class GCTTLExceeded(TidewaterError):
     http_status = 409
 
 
+class SnapshotSuperseded(TidewaterError):
+    """A snapshot job run may no longer commit: another run of the same span started, or the span's copy was
+    ended (streaming is about to start). Nothing of the chunk was committed."""
+
+    code = "CDC:ErrSnapshotSuperseded"
+    http_status = 409
+
+
 class SparkUnavailable(TidewaterError):
     """Spark cannot run a job here: no Java (or too old), pyspark missing, or the master URL is wrong or
     unreachable. The message names which and the fix."""

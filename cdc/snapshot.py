@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from cdc.events import TableName
 
-__all__ = ["ChunkDone", "SnapshotChunk", "SnapshotProgress", "TablePlan", "TableProgress"]
+__all__ = ["ChunkDone", "SnapshotChunk", "SnapshotProgress", "SnapshotRun", "TablePlan", "TableProgress"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +87,18 @@ class ChunkDone:
 
 
 @dataclass(frozen=True, slots=True)
+class SnapshotRun:
+    """The one job run allowed to commit chunks of a span (a fence): each run stores itself when it starts, and
+    every chunk's downstream transaction commits only while this is still that run. Deleting it (before the
+    span starts streaming) fences out any job still running, e.g. Python workers that outlived a killed driver."""
+
+    run_id: str
+    started_at: float
+    host: str = ""
+    pid: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class TableProgress:
     """What a person watches per table: chunks done of total, rows copied of the planned rows, rows/s so far
     (over the chunks' own copy time) and the ETA at that speed (None when unknown)."""
@@ -111,6 +123,7 @@ class SnapshotProgress:
     changefeed: str
     span: int
     tables: tuple[TableProgress, ...] = ()
+    runs: tuple[SnapshotRun, ...] = ()  # the job run(s) currently allowed to commit (one per span)
 
     @property
     def chunks_done(self) -> int:

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Prepare this checkout for `make test` / `make demo` on a Debian machine (run as root, registries only):
-#   * .venv (python3 -m venv) with the project installed editable, extras $TIDEWATER_EXTRAS (dev,mysql);
-#   * Debian mariadb-server when `mariadbd` is missing (the MariaDB test server).
+#   * .venv (python3 -m venv) with the project installed editable, extras $TIDEWATER_EXTRAS (dev,mysql,spark);
+#   * Debian mariadb-server when `mariadbd` is missing (the MariaDB test server);
+#   * Java >= 17 for Spark (pyspark 4.3): Debian openjdk-17-jre-headless when `java -version` is missing or older.
+#     No JDBC driver packages: the Spark jobs read and write through our own Python code, not Spark JDBC.
 # Idempotent and fast when already done: a stamp in .venv records the hash of pyproject.toml + extras.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PYTHON=${PYTHON:-python3}
-EXTRAS=${TIDEWATER_EXTRAS:-dev,mysql}
+EXTRAS=${TIDEWATER_EXTRAS:-dev,mysql,spark}
 VENV=.venv
 STAMP=$VENV/.tidewater-bootstrap
 
@@ -35,9 +37,24 @@ have_mariadbd() {
     command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ]
 }
 
+java_major() {
+    # major version of the java Spark would start (JAVA_HOME first); 0 when there is none
+    local java out
+    java=${JAVA_HOME:+$JAVA_HOME/bin/java}
+    [ -n "$java" ] && [ -x "$java" ] || java=$(command -v java || true)
+    [ -n "$java" ] || { echo 0; return; }
+    out=$("$java" -version 2>&1 | sed -n 's/.*version "\([0-9][0-9]*\)\.\{0,1\}\([0-9]*\).*/\1 \2/p' | head -1)
+    set -- $out
+    if [ "${1:-0}" = 1 ]; then echo "${2:-0}"; else echo "${1:-0}"; fi
+}
+
+need_java() {
+    case ",$EXTRAS," in *,spark,*) [ "$(java_major)" -lt 17 ] ;; *) return 1 ;; esac
+}
+
 want="$( (cat pyproject.toml; echo "extras=$EXTRAS") | sha256sum | cut -d' ' -f1)"
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ] && have_mariadbd; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ] && have_mariadbd && ! need_java; then
     exit 0
 fi
 
@@ -45,6 +62,15 @@ fi
 if ! have_mariadbd; then
     log "installing mariadb-server (apt)"
     apt_install mariadb-server
+fi
+
+if need_java; then
+    log "installing openjdk-17-jre-headless (apt): Spark needs Java >= 17, found $(java_major)"
+    apt_install openjdk-17-jre-headless
+    if need_java; then
+        log "java is still older than 17 (JAVA_HOME=${JAVA_HOME:-unset}): point JAVA_HOME at Java 17"
+        exit 1
+    fi
 fi
 
 # ---- virtualenv -------------------------------------------------------------------------------------------

@@ -9,6 +9,9 @@ Guarantees of :func:`copy_chunks` (per task, in order):
   ``Sink.write`` call, i.e. one downstream transaction: the chunk is downstream entirely or not at all.
   A key-less table's single ``whole`` chunk is written as a TRUNCATE of the table followed by its rows in that
   same transaction, so copying it again replaces the rows instead of duplicating them.
+- The downstream commit is fenced: ``Sink.write``'s ``fence`` checks, right before the commit, that the task's
+  run is still the span's current run in etcd (:meth:`SnapshotProgressStore.check_run`); a run superseded by a
+  newer one, or ended before streaming, commits nothing more (``SnapshotSuperseded``).
 - Only after ``write`` returned is the chunk recorded in etcd (:class:`cdc.snapshot.ChunkDone`); a crash in
   between leaves it unrecorded, and copying it again is harmless (upserts by key; the whole-table replace).
 - Nothing is raised for a chunk that fails: the task stops there and returns a :class:`ChunkResult` with the
@@ -23,7 +26,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from cdc.errors import TidewaterError
@@ -48,6 +51,7 @@ class ChunkTask:
     job: SnapshotJob
     schema: TableSchema
     chunk: SnapshotChunk
+    run_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -76,14 +80,15 @@ def _counted(changes: Iterator[RowChange], counter: list[int]) -> Iterator[RowCh
     counter[0] = n
 
 
-def copy_one(reader: SnapshotReader, sink: Sink, task: ChunkTask) -> int:
-    """Copy one chunk in one downstream transaction; return the rows written (see the module docstring)."""
+def copy_one(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Callable[[], None] | None = None) -> int:
+    """Copy one chunk in one downstream transaction (``fence`` called before its commit); return the rows
+    written (see the module docstring)."""
     job, schema, chunk = task.job, task.schema, task.chunk
     counter = [0]
     rows = _counted(reader.read_chunk(schema, chunk, commit_ts=job.commit_ts, commit_time=job.commit_time), counter)
     if chunk.whole:  # replace the key-less table's rows, atomically with the copy
         rows = itertools.chain([RowChange(OpType.TRUNCATE, schema, job.commit_ts, job.commit_time)], rows)
-    sink.write(rows)
+    sink.write(rows, fence)
     return counter[0]
 
 
@@ -103,9 +108,15 @@ def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
                     sink = open_sink(job.sink)
                 if client is None:
                     client = EtcdClient(list(job.etcd))
-                rows = copy_one(reader, sink, task)
+                store = SnapshotProgressStore(client, job.cluster)
+                run_id = task.run_id
+
+                def fence(store: SnapshotProgressStore = store, job: SnapshotJob = job, run_id: str = run_id) -> None:
+                    store.check_run(job.changefeed, job.span, run_id)
+
+                rows = copy_one(reader, sink, task, fence if run_id else None)
                 seconds = time.monotonic() - t0
-                SnapshotProgressStore(client, job.cluster).record_chunk(
+                store.record_chunk(
                     job.changefeed, job.span, chunk.table_name, chunk.index,
                     ChunkDone(rows, round(seconds, 6), time.time(), job.snapshot))
             except Exception as exc:  # noqa: BLE001 - reported to the driver, which raises it

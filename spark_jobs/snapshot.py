@@ -7,7 +7,9 @@ Runs as its own process, never inside a capture's interpreter. Steps of :func:`r
 2. Open one :class:`upstream.base.SnapshotReader` at the job's snapshot; for each table read its schema at the
    snapshot, then take its stored chunk plan from etcd or plan it now and store it (create-if-absent: the
    first plan of a table is the one every later run uses), and list its chunks not yet recorded as done.
-   The reader is closed before Spark starts.
+   The reader is closed before Spark starts. The run then stores itself as the span's current run
+   (:class:`cdc.snapshot.SnapshotRun`): every chunk commit is fenced on it, so a previous run's processes
+   that outlived their driver (Spark's Python daemon has a process group of its own) commit nothing more.
 3. Copy the pending chunks in Spark: ``sc.parallelize(tasks).mapPartitions(copy_chunks)``, one partition per
    chunk (Spark runs as many at once as it has cores), except into SQLite, which has a single writer: then
    all chunks go through one partition, in order. Every task reads its chunks under the same snapshot, writes
@@ -24,8 +26,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +39,7 @@ from cdc import errors
 from cdc.errors import InvalidArgument, TidewaterError
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
+from cdc.snapshot import SnapshotRun
 from sinks.factory import open_sink
 from spark_jobs.copy import ChunkResult, ChunkTask, copy_chunks, one_line
 from spark_jobs.plan import SnapshotJob, read_job
@@ -70,7 +76,7 @@ def _error(code: str | None, message: str) -> TidewaterError:
     return TidewaterError(message)
 
 
-def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore) -> tuple[list[ChunkTask], int]:
+def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "") -> tuple[list[ChunkTask], int]:
     """The job's pending chunks (not recorded as done) and the number of chunks in its tables' plans."""
     tasks: list[ChunkTask] = []
     total = 0
@@ -87,7 +93,7 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore) -> tuple[list[Chu
                 log.info("%s: table %s: %d rows planned, %d/%d chunks done", job.label, name, plan.rows,
                          len(plan.chunks) - len(pending), len(plan.chunks))
                 total += len(plan.chunks)
-                tasks.extend(ChunkTask(job, schema, c) for c in pending)
+                tasks.extend(ChunkTask(job, schema, c, run_id) for c in pending)
     finally:
         upstream.close()
     return tasks, total
@@ -101,10 +107,14 @@ def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
         sink.check()
     finally:
         sink.close()
+    run_id = uuid.uuid4().hex
     client = EtcdClient(list(job.etcd))
     try:
         store = SnapshotProgressStore(client, job.cluster)
-        tasks, total = plan_tasks(job, store)
+        tasks, total = plan_tasks(job, store, run_id)
+        if tasks:  # from now on only this run commits chunks of the span (an older one still alive is fenced)
+            store.begin_run(job.changefeed, job.span, SnapshotRun(run_id, time.time(), socket.gethostname(),
+                                                                  os.getpid()))
     finally:
         client.close()
     report = CopyReport(chunks_total=total, chunks_skipped=total - len(tasks))
@@ -115,8 +125,8 @@ def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
         spark = spark_session(job.spark_master, job.spark_conf, app_name=f"tidewater-snapshot-{job.changefeed}")
     single_writer = job.sink.lower().startswith("sqlite:")
     slices = 1 if single_writer else len(tasks)
-    log.info("%s: copying %d chunk(s) of %d in %d partition(s) on %s", job.label, len(tasks), total, slices,
-             spark.sparkContext.master)
+    log.info("%s: run %s copying %d chunk(s) of %d in %d partition(s) on %s", job.label, run_id, len(tasks),
+             total, slices, spark.sparkContext.master)
     t0 = time.monotonic()
     results: list[ChunkResult] = (spark.sparkContext.parallelize(tasks, slices)
                                   .mapPartitions(copy_chunks).collect())
@@ -133,6 +143,25 @@ def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
         more = f" ({len(failed) - 1} more chunk(s) failed)" if len(failed) > 1 else ""
         raise _error(first.error_code, f"{first.error}{more}; copied chunks stay done: run the job again")
     return report
+
+
+_FIXES = {
+    "CDC:ErrUpstreamUnavailable": "start the upstream or correct host and port in the upstream URI, then run the job "
+                                  "again (copied chunks stay done)",
+    "CDC:ErrSinkUnavailable": "start the target or correct the sink URI, then run the job again (copied chunks stay "
+                              "done)",
+    "CDC:ErrEtcd": "check the etcd endpoints of the plan and that etcd is running, then run the job again",
+    "CDC:ErrSinkFatal": "fix the target (or the table it names), then run the job again",
+}
+
+
+def message(exc: TidewaterError) -> str:
+    """The one line the job prints for ``exc``: code, message and, where the message gives none, the fix."""
+    text = one_line(exc.message)
+    fix = _FIXES.get(exc.code)
+    if fix and "fix:" not in text.lower():
+        text = f"{text.rstrip('.')}. Fix: {fix}"
+    return f"[{exc.code}] {text}"
 
 
 def exit_code(exc: TidewaterError) -> int:
@@ -156,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         job = read_job(args.plan)
         report = run(job)
     except TidewaterError as exc:
-        print(f"snapshot copy failed: [{exc.code}] {one_line(exc.message)}", file=sys.stderr, flush=True)
+        print(f"snapshot copy failed: {message(exc)}", file=sys.stderr, flush=True)
         return exit_code(exc)
     except KeyboardInterrupt:
         print("snapshot copy interrupted; copied chunks stay done: run the job again", file=sys.stderr)

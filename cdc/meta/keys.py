@@ -10,6 +10,7 @@ All keys of a cluster live under ``/tidewater/{cluster}/``::
     /tidewater/{cluster}/changefeed/span/{cf}/{span}            SpanStatus
     /tidewater/{cluster}/schema/{cf}/{relid}                    SchemaHistory (after every other key:
                                                                  MetaStore.snapshot() does not read it)
+    /tidewater/{cluster}/snapshot/{cf}/{span}/run               cdc.snapshot.SnapshotRun (the job allowed to commit)
     /tidewater/{cluster}/snapshot/{cf}/{span}/{table}/plan      cdc.snapshot.TablePlan (the table's chunks)
     /tidewater/{cluster}/snapshot/{cf}/{span}/{table}/{chunk}   cdc.snapshot.ChunkDone (chunk copied)
 
@@ -35,6 +36,7 @@ META = "__cdc_meta__"
 SCHEMA = "schema"  # sorts after "__cdc_meta__" and "changefeed": MetaStore.snapshot() reads up to it
 SNAPSHOT = "snapshot"  # sorts after "schema": not read by MetaStore.snapshot() either
 PLAN = "plan"
+RUN = "run"
 
 # Cluster and changefeed ids: letters/digits in dash-separated groups (TiCDC's rule).
 _ID_RE = re.compile(r"^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$")
@@ -54,6 +56,7 @@ class KeyKind(enum.Enum):
     SCHEMA_HISTORY = "schema-history"
     SNAPSHOT_PLAN = "snapshot-plan"
     SNAPSHOT_CHUNK = "snapshot-chunk"
+    SNAPSHOT_RUN = "snapshot-run"
 
 
 _CF_KINDS = {
@@ -64,7 +67,8 @@ _CF_KINDS = {
 }
 _CF_KIND_BY_SEGMENT = {seg: kind for kind, seg in _CF_KINDS.items()}
 _SPAN_KINDS = (KeyKind.SPAN_ASSIGNMENT, KeyKind.SPAN_STATUS)
-_SNAPSHOT_KINDS = (KeyKind.SNAPSHOT_PLAN, KeyKind.SNAPSHOT_CHUNK)
+_SNAPSHOT_KINDS = (KeyKind.SNAPSHOT_PLAN, KeyKind.SNAPSHOT_CHUNK)  # per table
+_SNAPSHOT_ALL = (*_SNAPSHOT_KINDS, KeyKind.SNAPSHOT_RUN)
 _TABLE_SEGMENT_RE = re.compile(r"^[A-Za-z0-9_%-]+\.[A-Za-z0-9_%-]+$")
 
 
@@ -139,7 +143,7 @@ class EtcdKey:
                 raise ValueError(f"schema-history key needs a positive table oid, got {self.relid}")
         elif self.relid:
             raise ValueError(f"{kind.value} key takes no table oid")
-        if kind in _CF_KINDS or kind is KeyKind.SCHEMA_HISTORY or kind in _SNAPSHOT_KINDS:
+        if kind in _CF_KINDS or kind is KeyKind.SCHEMA_HISTORY or kind in _SNAPSHOT_ALL:
             _check_changefeed(self.changefeed)
         elif self.changefeed:
             raise ValueError(f"{kind.value} key takes no changefeed id")
@@ -154,7 +158,7 @@ class EtcdKey:
                 raise ValueError(f"snapshot-chunk key needs a chunk index >= 0, got {self.chunk}")
         elif self.chunk != -1:
             raise ValueError(f"{kind.value} key takes no chunk index")
-        if kind in _SPAN_KINDS or kind in _SNAPSHOT_KINDS:
+        if kind in _SPAN_KINDS or kind in _SNAPSHOT_ALL:
             if self.span < 0:
                 raise ValueError(f"{kind.value} key needs a span index >= 0, got {self.span}")
         elif self.span != -1:
@@ -169,6 +173,8 @@ class EtcdKey:
             return f"{base}{META}/owner/{self.owner_lease:x}"
         if kind is KeyKind.SCHEMA_HISTORY:
             return f"{base}{SCHEMA}/{self.changefeed}/{self.relid}"
+        if kind is KeyKind.SNAPSHOT_RUN:
+            return f"{base}{SNAPSHOT}/{self.changefeed}/{self.span}/{RUN}"
         if kind in _SNAPSHOT_KINDS:
             assert self.table is not None
             last = PLAN if kind is KeyKind.SNAPSHOT_PLAN else str(self.chunk)
@@ -200,6 +206,10 @@ def parse_key(key: str) -> EtcdKey:
             if not _SPAN_RE.match(parts[3]):
                 raise ValueError(f"bad table oid {parts[3]!r}")
             return EtcdKey(KeyKind.SCHEMA_HISTORY, cluster, changefeed=parts[2], relid=int(parts[3]))
+        elif len(parts) == 5 and parts[1] == SNAPSHOT and parts[4] == RUN:
+            if not _SPAN_RE.match(parts[3]):
+                raise ValueError(f"bad span index {parts[3]!r}")
+            return EtcdKey(KeyKind.SNAPSHOT_RUN, cluster, changefeed=parts[2], span=int(parts[3]))
         elif len(parts) == 6 and parts[1] == SNAPSHOT:
             if not _SPAN_RE.match(parts[3]):
                 raise ValueError(f"bad span index {parts[3]!r}")
@@ -282,6 +292,10 @@ def snapshot_prefix(cluster: str, changefeed: str, span: int | None = None) -> s
 def snapshot_table_prefix(cluster: str, changefeed: str, span: int, table: TableName) -> str:
     """The plan and chunk keys of one table of one span."""
     return f"{snapshot_prefix(cluster, changefeed, span)}{table_segment(table)}/"
+
+
+def snapshot_run_key(cluster: str, changefeed: str, span: int) -> str:
+    return EtcdKey(KeyKind.SNAPSHOT_RUN, cluster, changefeed=changefeed, span=span).encode()
 
 
 def snapshot_plan_key(cluster: str, changefeed: str, span: int, table: TableName) -> str:

@@ -20,12 +20,12 @@ import logging
 from collections.abc import Sequence
 
 from cdc import serde
-from cdc.errors import MetaStoreError
+from cdc.errors import MetaStoreError, SnapshotSuperseded
 from cdc.events import TableName
 from cdc.meta import keys
 from cdc.meta.etcd import KV, Compare, EtcdClient, Op
 from cdc.meta.keys import KeyKind
-from cdc.snapshot import ChunkDone, SnapshotProgress, TablePlan, TableProgress
+from cdc.snapshot import ChunkDone, SnapshotProgress, SnapshotRun, TablePlan, TableProgress
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,29 @@ class SnapshotProgressStore:
         keys.cluster_prefix(cluster_id)  # validates
         self.client = client
         self.cluster_id = cluster_id
+
+    # ---- the run fence (driver, tasks, and whoever ends the copy)
+    def begin_run(self, cf: str, span: int, run: SnapshotRun) -> None:
+        """Make ``run`` the only run of the span allowed to commit chunks (earlier runs are fenced out)."""
+        self.client.put(keys.snapshot_run_key(self.cluster_id, cf, span), serde.to_json(run))
+
+    def current_run(self, cf: str, span: int) -> SnapshotRun | None:
+        kv = self.client.get(keys.snapshot_run_key(self.cluster_id, cf, span))
+        return None if kv is None else _decode(SnapshotRun, kv)  # type: ignore[return-value]
+
+    def end_run(self, cf: str, span: int) -> None:
+        """Fence out every run of the span (call before the span streams: a late chunk must not overwrite newer
+        rows). Chunk records stay."""
+        self.client.delete(keys.snapshot_run_key(self.cluster_id, cf, span))
+
+    def check_run(self, cf: str, span: int, run_id: str) -> None:
+        """Raise ``SnapshotSuperseded`` unless ``run_id`` is the span's current run (the fence of each chunk's
+        downstream commit: ``Sink.write(..., fence=...)``)."""
+        run = self.current_run(cf, span)
+        if run is None or run.run_id != run_id:
+            now = "no run" if run is None else f"run {run.run_id}"
+            raise SnapshotSuperseded(f"snapshot copy of changefeed {cf} span {span}: run {run_id} was superseded "
+                                     f"({now} is current); its chunk was not committed")
 
     # ---- plans (driver)
     def get_plan(self, cf: str, span: int, table: TableName) -> TablePlan | None:
@@ -95,11 +118,15 @@ def summarize(cf: str, span: int, kvs: Sequence[KV]) -> SnapshotProgress:
     chunk's finish (so parallel chunks count once); the ETA is the planned rows left at that speed."""
     plans: dict[tuple[int, TableName], TablePlan] = {}
     done: dict[tuple[int, TableName], list[ChunkDone]] = {}
+    runs: list[SnapshotRun] = []
     for kv in kvs:
         try:
             k = keys.parse_key(kv.key)
         except ValueError:
             log.warning("ignoring unknown key %s under the snapshot prefix", kv.key)
+            continue
+        if k.kind is KeyKind.SNAPSHOT_RUN:
+            runs.append(_decode(SnapshotRun, kv))  # type: ignore[arg-type]
             continue
         assert k.table is not None
         ident = (k.span, k.table)
@@ -124,7 +151,7 @@ def summarize(cf: str, span: int, kvs: Sequence[KV]) -> SnapshotProgress:
             eta = 0.0
         label = str(plan.table_name) if span >= 0 else f"{ident[0]}:{plan.table_name}"
         tables.append(TableProgress(label, n_done, len(plan.chunks), copied, plan.rows, rate, eta))
-    return SnapshotProgress(cf, span, tuple(tables))
+    return SnapshotProgress(cf, span, tuple(tables), tuple(runs))
 
 
 def read_progress(client: EtcdClient, cluster_id: str, cf: str, span: int | None = None) -> SnapshotProgress:

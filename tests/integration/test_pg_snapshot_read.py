@@ -131,10 +131,10 @@ def test_an_expired_snapshot_and_a_missing_table_are_clear_errors(pg_server: Any
     uri = pg_server.uri(pg_database)
     execute(pg_server, pg_database, "CREATE TABLE e (id int PRIMARY KEY)")
     with exported_snapshot(pg_server, pg_database) as exp:
-        with open_upstream(uri).snapshot_reader(exp.snapshot) as reader:
-            with pytest.raises(InvalidArgument, match=r"public\.nope does not exist .*at the snapshot"):
-                reader.table_schema(TableName("public", "nope"))
+        with (open_upstream(uri).snapshot_reader(exp.snapshot) as reader,
+              pytest.raises(InvalidArgument, match=r"public\.nope does not exist .*at the snapshot")):
+            reader.table_schema(TableName("public", "nope"))
         exp.expire()
-        with open_upstream(uri).snapshot_reader(exp.snapshot) as reader:
-            with pytest.raises(SnapshotExpired, match="no longer exists.*Fix: copy under a fresh snapshot"):
-                reader.table_schema(TableName("public", "e"))
+        with (open_upstream(uri).snapshot_reader(exp.snapshot) as reader,
+              pytest.raises(SnapshotExpired, match="no longer exists.*Fix: copy under a fresh snapshot")):
+            reader.table_schema(TableName("public", "e"))
