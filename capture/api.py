@@ -163,7 +163,7 @@ class ApiServer:
 
     def _create(self, req: ApiRequest) -> dict[str, Any]:
         body = _object(req.body)
-        _no_unknown(body, {"changefeed_id", "upstream_uri", "sink_uri", "config", "target_ts"})
+        _no_unknown(body, {"changefeed_id", "upstream_uri", "sink_uri", "config", "target_ts", "snapshot"})
         try:
             create = CreateRequest(
                 changefeed_id=str(body.get("changefeed_id", "")),
@@ -171,6 +171,7 @@ class ApiServer:
                 sink_uri=str(body.get("sink_uri", "")),
                 config=str(body.get("config") or ""),
                 target_ts=int(body.get("target_ts") or 0),
+                snapshot=str(body["snapshot"]) if body.get("snapshot") is not None else None,
             )
         except (TypeError, ValueError) as exc:
             raise InvalidArgument(f"bad create request: {exc}") from exc

@@ -38,9 +38,19 @@ from cdc.errors import (
 )
 from cdc.events import TableName, TableSchema
 from cdc.filter import TableFilter
+from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.meta.store import ClusterSnapshot, MetaStore
-from cdc.model import ChangefeedInfo, ChangefeedStatus, DataWarning, FeedState, SchemaHistory, SpanInfo
+from cdc.model import (
+    ChangefeedInfo,
+    ChangefeedStatus,
+    DataWarning,
+    FeedState,
+    SchemaHistory,
+    SpanInfo,
+    SpanStatus,
+)
 from cdc.serde import to_dict
+from cdc.snapshot import SnapshotProgress
 from cdc.spans import resource_name, span_of
 from cdc.ts import lsn_to_str
 from cdc.uri import parse_sink_uri, parse_upstream_uri
@@ -94,6 +104,7 @@ class CreateRequest:
     sink_uri: str
     config: str = ""  # changefeed TOML
     target_ts: int = 0
+    snapshot: str | None = None  # overrides [snapshot] mode of the TOML ("initial" | "none")
 
 
 def load_config(text: str) -> ChangefeedConfig:
@@ -154,6 +165,8 @@ class ChangefeedService:
         parse_upstream_uri(req.upstream_uri)
         sink_uri = parse_sink_uri(req.sink_uri)
         config = load_config(req.config)
+        if req.snapshot is not None:
+            config = replace(config, snapshot=replace(config.snapshot, mode=req.snapshot)).validate()
         table_filter = TableFilter(config.filter.rules)
         if req.target_ts < 0:
             raise InvalidArgument("target-ts must be >= 0")
@@ -168,10 +181,20 @@ class ChangefeedService:
             with open_upstream(req.upstream_uri) as up:
                 tables, schemas = _eligible_tables(up, sink, table_filter, req.upstream_uri, sink_uri.redacted(),
                                                    config.sink.delivery)
+                existing = _existing_rows(sink, tables, schemas, config) if config.snapshot.mode == "initial" else []
                 spans = up.create_spans(_span_plans(req.changefeed_id, config.span_count, tables,
                                                     _join_rule(table_filter, config.span_count, sink,
                                                                req.sink_uri, config.sink.delivery)))
                 notice = up.capture_notice
+                if existing and config.snapshot.on_existing_rows == "truncate":
+                    try:
+                        sink.truncate_targets(existing)
+                    except TidewaterError:
+                        self._drop_spans(req.upstream_uri, spans)
+                        raise
+                    log.info("changefeed=%s: emptied the target tables of %s before the initial copy "
+                             "([snapshot] on-existing-rows = \"truncate\")", req.changefeed_id,
+                             ", ".join(map(str, existing)))
         finally:
             sink.close()
 
@@ -180,9 +203,11 @@ class ChangefeedService:
         info = ChangefeedInfo(
             id=req.changefeed_id, upstream_uri=req.upstream_uri, sink_uri=req.sink_uri, config=config.to_dict(),
             start_ts=start_ts, start_time=now, create_time=now, spans=tuple(spans), target_ts=req.target_ts,
-            state=FeedState.NORMAL, state_since=now)
+            state=FeedState.NORMAL, state_since=now, initial_copy=config.snapshot.mode == "initial")
         try:
-            self.store.create_changefeed(info, ChangefeedStatus(start_ts, now, start_ts, now, now))
+            # with an initial copy, nothing is downstream yet: no checkpoint until every span's copy is done
+            ck = 0 if info.initial_copy else start_ts
+            self.store.create_changefeed(info, ChangefeedStatus(ck, now, ck, now, now))
         except TidewaterError:
             self._drop_spans(req.upstream_uri, spans)
             raise
@@ -309,8 +334,13 @@ class ChangefeedService:
         entry = snap.changefeeds.get(cf_id)
         if entry is None:
             raise ChangefeedNotFound(f"changefeed {cf_id!r} does not exist")
-        return describe(entry.value, snap.statuses.get(cf_id), snap.assignments.get(cf_id, {}),
-                        snap.span_statuses.get(cf_id, {}))
+        info = entry.value
+        out = describe(info, snap.statuses.get(cf_id), snap.assignments.get(cf_id, {}),
+                       snap.span_statuses.get(cf_id, {}))
+        if info.initial_copy:
+            out["snapshot"] = snapshot_view(SnapshotProgressStore(self.store.client, self.store.cluster_id)
+                                            .progress(cf_id))
+        return out
 
     def list(self) -> list[dict[str, Any]]:
         snap = self.store.snapshot()
@@ -412,6 +442,29 @@ def _span_plans(cf_id: str, span_count: int, tables: list[TableName], join: Join
     """The spans of a new changefeed: resource names from the id, each table in the span it hashes to."""
     return [SpanPlan(i, resource_name("slot", cf_id, i), resource_name("pub", cf_id, i),
                      tuple(t for t in tables if span_of(t, span_count) == i), join) for i in range(span_count)]
+
+
+def _existing_rows(sink: Sink, tables: list[TableName], schemas: list[TableSchema],
+                   config: ChangefeedConfig) -> list[TableName]:
+    """The tables whose target already holds rows, when the initial copy may write over them; refused (naming
+    them and the option) unless ``[snapshot] on-existing-rows`` says what to do. ``merge`` upserts by key over
+    the rows there, which a table without a key cannot do (its copied rows would be added to them)."""
+    existing = sink.tables_with_rows(tables)
+    how = config.snapshot.on_existing_rows
+    if existing and how == "refuse":
+        raise InvalidArgument(
+            f"target table(s) of {', '.join(map(str, existing))} already hold rows, and the initial copy would "
+            f"write the upstream's rows over them: empty them, or set [snapshot] on-existing-rows = \"truncate\" "
+            f"(Tidewater empties them first) or \"merge\" (upserts by key over what is there), or create the "
+            f"changefeed with --snapshot none (changes only, the existing rows are not copied)")
+    if existing and how == "merge":
+        keyless = [str(s.name) for s in schemas if s.name in set(existing) and not (s.has_key and s.key)]
+        if keyless:
+            raise InvalidArgument(
+                f"[snapshot] on-existing-rows = \"merge\" cannot merge into the target table(s) of "
+                f"{', '.join(keyless)}: they have no key, so the copied rows would be added to the rows there "
+                f"(duplicates); empty them or use on-existing-rows = \"truncate\"")
+    return existing
 
 
 def _join_rule(table_filter: TableFilter, span_count: int, sink: Sink, sink_uri: str, delivery: str) -> JoinRule:
@@ -579,10 +632,14 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
             "retained_wal_bytes": st.retained_wal.get(str(s.index)),
             "error": to_dict(ss.error) if ss and ss.error else None,
             "warnings": len(ss.warnings) if ss else 0,
+            "phase": _span_phase(info, ss),
         })
+    phases = {s["phase"] for s in spans}
     return {
         "id": info.id,
         "state": info.state.value,
+        # "snapshot" while any span copies its existing rows (docs/snapshot.md), then "streaming"
+        "phase": "snapshot" if "snapshot" in phases else "streaming",
         "upstream_uri": parse_upstream_uri(info.upstream_uri).redacted(),
         "sink_uri": parse_sink_uri(info.sink_uri).redacted(),
         "config": info.config,
@@ -599,6 +656,21 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
         "warnings": [warning_view(w) for w in st.warnings],
         "spans": spans,
     }
+
+
+def _span_phase(info: ChangefeedInfo, ss: SpanStatus | None) -> str:
+    if not info.initial_copy or (ss is not None and ss.snapshot is not None and ss.snapshot.phase == "done"):
+        return "streaming"
+    return "snapshot"
+
+
+def snapshot_view(p: SnapshotProgress) -> dict[str, Any]:
+    """The initial copy's progress as the API shows it: totals, then per table chunks done / total, rows copied
+    / planned, rows/s and ETA (None while unknown)."""
+    return {"chunks_done": p.chunks_done, "chunks_total": p.chunks_total, "rows_copied": p.rows_copied,
+            "tables": [{"table": t.table, "chunks_done": t.chunks_done, "chunks_total": t.chunks_total,
+                        "rows_copied": t.rows_copied, "rows_planned": t.rows_planned,
+                        "rows_per_second": t.rows_per_second, "eta_seconds": t.eta_seconds} for t in p.tables]}
 
 
 def warning_view(w: DataWarning) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import Any
 from capture.api import ApiServer
 from capture.changefeeds import ChangefeedService
 from capture.metrics import CaptureCollector, make_registry
+from capture.snapshot_launcher import SparkCopyLauncher
 from cdc.config import ServerConfig
 from cdc.errors import MetaStoreError, TidewaterError
 from cdc.meta.election import Election
@@ -109,7 +110,9 @@ class CaptureServer:
         election = Election(self.client, session, owner_prefix(self.config.cluster_id))
         self.owner = Owner(self.store, election, self.capture_id, self.config, session_alive=session.alive.is_set)
         self.processor = Processor(self.store, self.capture_id, self.sorter, self.config, lambda: session.lease_id,
-                                   lease_deadline=lambda: session.deadline)
+                                   lease_deadline=lambda: session.deadline,
+                                   copy_launcher=SparkCopyLauncher(self.config.etcd, self.config.cluster_id,
+                                                                   self.config.data_dir))
         threads = [
             threading.Thread(target=self.owner.run, args=(session_stop,), name="owner", daemon=True),
             threading.Thread(target=self.processor.run, args=(session_stop,), name="processor", daemon=True),

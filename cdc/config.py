@@ -40,6 +40,22 @@ class DdlConfig:
     skip_ts: tuple[int, ...] = ()  # commit Ts of DDL transactions to skip knowingly (changefeed update --skip-ddl-ts)
 
 
+SNAPSHOT_MODES = ("initial", "none")
+EXISTING_ROWS = ("refuse", "truncate", "merge")
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    """``[snapshot]``: the copy of the rows that exist when the changefeed is created (docs/snapshot.md)."""
+
+    mode: str = "initial"  # "initial": copy the existing rows first, then stream; "none": stream changes only
+    # a target table that already holds rows: "refuse" (create fails naming it), "truncate" it first, or "merge"
+    # (upsert by key over what is there; refused for tables without a key, whose rows would be duplicated)
+    on_existing_rows: str = "refuse"
+    chunk_rows: int = 100_000  # rows per chunk (one Spark task, one downstream transaction)
+    spark_master: str = "local[*]"  # any Spark master URL
+
+
 @dataclass(frozen=True)
 class ChangefeedConfig:
     """The changefeed TOML. Keys use dashes in TOML (``span-count``) and underscores here."""
@@ -49,6 +65,7 @@ class ChangefeedConfig:
     filter: FilterConfig = field(default_factory=FilterConfig)
     sink: SinkConfig = field(default_factory=SinkConfig)
     ddl: DdlConfig = field(default_factory=DdlConfig)
+    snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
 
     def validate(self) -> ChangefeedConfig:
         if not 1 <= self.span_count <= 64:
@@ -70,6 +87,15 @@ class ChangefeedConfig:
                                 f"got {self.sink.checkpoint_table!r}")
         if not self.filter.rules:
             raise InvalidConfig("filter.rules must not be empty")
+        if self.snapshot.mode not in SNAPSHOT_MODES:
+            raise InvalidConfig(f"snapshot.mode must be \"initial\" or \"none\", got {self.snapshot.mode!r}")
+        if self.snapshot.on_existing_rows not in EXISTING_ROWS:
+            raise InvalidConfig(f"snapshot.on-existing-rows must be one of {', '.join(EXISTING_ROWS)}, got "
+                                f"{self.snapshot.on_existing_rows!r}")
+        if self.snapshot.chunk_rows < 1:
+            raise InvalidConfig(f"snapshot.chunk-rows must be positive, got {self.snapshot.chunk_rows}")
+        if not self.snapshot.spark_master.strip():
+            raise InvalidConfig("snapshot.spark-master must be a Spark master URL (e.g. local[*], spark://host:7077)")
         return self
 
     def to_dict(self) -> dict[str, Any]:

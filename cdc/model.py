@@ -149,6 +149,9 @@ class ChangefeedInfo:
     retries: int = 0
     released: bool = False  # slots dropped after gc-ttl: the changefeed can never resume
     resumed_at: float = 0.0  # span errors older than this (the last create/resume) are history
+    # the existing rows are copied before the spans stream ([snapshot] mode = "initial" at create; changefeeds
+    # created before the snapshot existed have False)
+    initial_copy: bool = False
 
     def with_state(self, state: FeedState, *, error: RunningError | None = None, now: float | None = None,
                    **changes: Any) -> ChangefeedInfo:
@@ -184,6 +187,23 @@ class SpanAssignment:
 
 
 @dataclass(frozen=True)
+class SpanSnapshot:
+    """The initial copy of a span's existing rows (docs/snapshot.md), kept in its :class:`SpanStatus`.
+
+    ``phase``: ``"copying"`` until every table is copied, then ``"done"`` (the span streams only then).
+    ``exports``: ``(snapshot name, Ts)`` of every exported snapshot a copy run read under, in order, recorded
+    *before* the run may write a row. ``floors``: per table (``schema.table``), the Ts at or below which its
+    changes are already in the copy and are not applied again (keyed tables: the first export's Ts, so every
+    change after any chunk's snapshot is replayed, idempotently; a key-less table: the Ts of the one snapshot
+    its whole copy was read under, so not one of its rows is applied twice).
+    """
+
+    phase: str = "copying"
+    exports: tuple[tuple[str, int], ...] = ()
+    floors: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class SpanStatus:
     capture_id: str
     epoch: int
@@ -196,6 +216,7 @@ class SpanStatus:
     rows: int = 0  # rows written to the sink by this span since it started on this capture
     updated: float = 0.0
     warnings: tuple[DataWarning, ...] = ()  # data warnings of this span (see DataWarning), merged
+    snapshot: SpanSnapshot | None = None  # the initial copy (None: the changefeed has none, or not started)
 
 
 @dataclass(frozen=True)

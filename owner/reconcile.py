@@ -246,9 +246,13 @@ class _Scheduler:
 
 def global_watermarks(info: ChangefeedInfo, statuses: dict[int, SpanStatus], old: ChangefeedStatus,
                       now: float) -> ChangefeedStatus:
-    """Minimum over all spans; unchanged while a span has never reported; never backwards."""
+    """Minimum over all spans; unchanged while a span has never reported; never backwards. While a span still
+    copies its existing rows (``ChangefeedInfo.initial_copy``) the changefeed has no checkpoint yet: the commits
+    before its start are not all downstream until every span's copy is done (docs/snapshot.md)."""
     spans = [statuses.get(s.index) for s in info.spans]
     if not spans or any(s is None or s.checkpoint_ts == 0 for s in spans):
+        return old
+    if info.initial_copy and any(s is None or s.snapshot is None or s.snapshot.phase != "done" for s in spans):
         return old
     reported = [s for s in spans if s is not None]
     ck = min(reported, key=lambda s: (s.checkpoint_ts, s.checkpoint_time))

@@ -35,15 +35,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from cdc.config import ChangefeedConfig, ServerConfig
-from cdc.errors import LeaseLost, MetaStoreError, TidewaterError
+from cdc.errors import InvalidArgument, LeaseLost, MetaStoreError, TidewaterError
 from cdc.events import TableSchema
 from cdc.filter import TableFilter
 from cdc.meta.keys import KeyKind
+from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.meta.status_feed import StatusFeed
 from cdc.meta.store import ClusterSnapshot, MetaStore, SpanStatusWrite
-from cdc.model import ChangefeedInfo, RunningError, SchemaHistory, SpanAssignment, SpanInfo, SpanStatus
+from cdc.model import (
+    ChangefeedInfo,
+    RunningError,
+    SchemaHistory,
+    SpanAssignment,
+    SpanInfo,
+    SpanSnapshot,
+    SpanStatus,
+)
 from cdc.ts import Watermark
 from processor.recovery import DependencyProbe
+from processor.snapshot import CopyLauncher, CopyStopped, InitialCopy
 from processor.span import SchemaRecorder, SpanRunner, SpanWarnings
 from sinks.factory import open_sink
 from sorter.base import Sorter
@@ -67,13 +77,17 @@ class _Slot:
     stop_confirmed: bool = False  # for a stopping assignment: running=False is stored
     probe: DependencyProbe | None = None  # while failed: watches for the failed dependency's return
     warnings: SpanWarnings = field(default_factory=SpanWarnings)  # kept across restarts of the runner
+    snapshot: SpanSnapshot | None = None  # the span's initial copy state (stored with its status)
 
 
 class Processor:
     def __init__(self, store: MetaStore, capture_id: str, sorter: Sorter, config: ServerConfig,
                  lease: Callable[[], int], lease_deadline: Callable[[], float] | None = None,
-                 clock: Callable[[], float] = time.time, probe_interval: float = 1.0) -> None:
+                 clock: Callable[[], float] = time.time, probe_interval: float = 1.0,
+                 copy_launcher: CopyLauncher | None = None) -> None:
         self.store = store
+        self._copy_launcher = copy_launcher  # runs the initial copy's job (the capture launches the Spark job)
+        self._store_lock = threading.Lock()  # status writes come from the tick and from a span's copy thread
         self.capture_id = capture_id
         self.sorter = sorter
         self.config = config
@@ -159,6 +173,7 @@ class Processor:
                 slot = self._slots[key] = _Slot(key[0], key[1], assignment)
                 slot.reported = snap.span_statuses.get(key[0], {}).get(key[1])
                 slot.warnings = SpanWarnings(slot.reported.warnings if slot.reported is not None else ())
+                slot.snapshot = slot.reported.snapshot if slot.reported is not None else None
             slot.warnings.acknowledge(max(info.resumed_at, info.create_time))
             if assignment.stopping or not info.state.runs:
                 self._stop_for_move(slot, assignment)
@@ -299,16 +314,45 @@ class Processor:
         source.seed_schemas([s for h in histories.values() if (s := h.as_of(start.ts)) is not None])
         sorter = self.sorter.span(label, memory_budget=config.memory_quota // max(1, len(info.spans)))
         slot = self._slots.get((info.id, span_index))
+        copy: InitialCopy | None = None
+        state = status.snapshot if status is not None else None
+        if slot is not None:
+            slot.snapshot = state
+        if info.initial_copy and (state is None or state.phase != "done"):
+            if self._copy_launcher is None:
+                raise InvalidArgument(f"span {label} must copy its existing rows first, and this capture cannot run "
+                                      "the copy job")
+            copy = InitialCopy(info, span, upstream, SnapshotProgressStore(self.store.client, self.store.cluster_id),
+                               self._copy_launcher, self._persist_snapshot(info.id, span_index), state,
+                               chunk_rows=config.snapshot.chunk_rows, spark_master=config.snapshot.spark_master,
+                               label=label)
         runner = SpanRunner(label, source, sorter, lambda: open_sink(info.sink_uri, config.sink, config.ddl), start,
                             config.sink.txn_rows, fence=self._lease_fence, target_ts=info.target_ts,
                             warnings=slot.warnings if slot is not None else None,
                             row_source=lambda: upstream.row_source(label=label),
                             position=(info.id, span_index, span.start_ts), ddl=config.ddl,
                             schema_history=self._schema_recorder(info.id),
-                            barrier=self._changefeed_barrier(info, span_index) if len(info.spans) > 1 else None)
+                            barrier=self._changefeed_barrier(info, span_index) if len(info.spans) > 1 else None,
+                            initial_copy=copy, floors=state.floors if state is not None and copy is None else None)
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)
         return runner
+
+    def _persist_snapshot(self, cf: str, span: int) -> Callable[[SpanSnapshot], None]:
+        """Stores a span's initial-copy state with its status now, under the span's guard; raises when the write
+        is refused (the span was moved or paused, the lease is gone) or etcd fails: the copy must not go on
+        without its state stored."""
+        def persist(state: SpanSnapshot) -> None:
+            slot = self._slots.get((cf, span))
+            if slot is None:
+                raise CopyStopped(f"span {cf}/{span} is no longer assigned to capture {self.capture_id}")
+            slot.snapshot = state
+            ok = self._store([(slot, self._status(slot, self._clock()))], self._clock(), stop_fenced=True)[0]
+            if ok is None:
+                raise MetaStoreError(f"span {cf}/{span}: its initial-copy state could not be stored in etcd")
+            if not ok:
+                raise CopyStopped(f"span {cf}/{span}: its status write was fenced off (moved, paused or lease lost)")
+        return persist
 
     def _schema_recorder(self, cf: str) -> SchemaRecorder:
         """Stores a span's schema versions in the changefeed's schema history (docs/ddl.md). A table belongs to
@@ -363,13 +407,13 @@ class Processor:
                 checkpoint_ts=runner.checkpoint.ts, checkpoint_time=runner.checkpoint.time,
                 resolved_ts=runner.resolved.ts, resolved_time=runner.resolved.time,
                 running=runner.alive, error=slot.error, rows=runner.rows, updated=now,
-                warnings=slot.warnings.current())
+                warnings=slot.warnings.current(), snapshot=slot.snapshot)
         elif prev is not None:
             status = replace(prev, capture_id=self.capture_id, epoch=slot.assignment.epoch, running=False,
-                             error=slot.error, updated=now, warnings=slot.warnings.current())
+                             error=slot.error, updated=now, warnings=slot.warnings.current(), snapshot=slot.snapshot)
         else:
             status = SpanStatus(capture_id=self.capture_id, epoch=slot.assignment.epoch, error=slot.error,
-                                updated=now, warnings=slot.warnings.current())
+                                updated=now, warnings=slot.warnings.current(), snapshot=slot.snapshot)
         if prev is not None and status.checkpoint_ts < prev.checkpoint_ts:
             status = replace(status, checkpoint_ts=prev.checkpoint_ts, checkpoint_time=prev.checkpoint_time)
         return status
@@ -384,6 +428,11 @@ class Processor:
         """Store the statuses; per span True (stored), False (its guard failed) or None (etcd error)."""
         if not due:
             return []
+        with self._store_lock:
+            return self._store_locked(due, now, stop_fenced)
+
+    def _store_locked(self, due: list[tuple[_Slot, SpanStatus]], now: float,
+                      stop_fenced: bool) -> list[bool | None]:
         try:
             guards = [self.store.processor_guard(slot.cf, slot.span, slot.assignment, self._lease())
                       for slot, _ in due]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from itertools import repeat
 
 from cdc.config import DdlConfig
@@ -66,10 +66,15 @@ class TxnBatcher:
 
     def __init__(self, txns: Iterable[SortedTxn], mount: Callable[[bytes, int, float], RowChange],
                  max_rows: int, ddl_commits: Container[int] = frozenset(),
-                 schema_changes: Callable[[bytes, int, float], list[DdlEvent]] | None = None) -> None:
+                 schema_changes: Callable[[bytes, int, float], list[DdlEvent]] | None = None,
+                 floors: Mapping[str, int] | None = None) -> None:
         self._it = iter(txns)
         self._peek: SortedTxn | None = next(self._it, None)
         self._mount = mount
+        # the initial copy's floors (cdc.model.SpanSnapshot): a table's changes at or below its floor are in the
+        # copy already and are dropped; checked only in transactions at or below the highest floor
+        self._floors = dict(floors or {})
+        self._floor_max = max(self._floors.values(), default=0)
         self._max_rows = max_rows
         self._ddl_commits = ddl_commits
         self._schema_changes = schema_changes
@@ -95,6 +100,22 @@ class TxnBatcher:
             t = self._peek
             if rows and rows >= max_rows:
                 break
+            if t.commit_ts <= self._floor_max:  # (rare: only transactions of the initial copy's window)
+                if rows and t.commit_ts in ddl_commits:
+                    break
+                parts = self._above_floors(t.commit_ts, self._cut(t) if t.commit_ts in ddl_commits else
+                                           [([mount(p, t.commit_ts, t.commit_time) for p in t.payloads], [])])
+                self._peek = next(it, None)
+                if any(ddl for _, ddl in parts):  # a schema change of a table above its floor: still a barrier
+                    self._parts = parts
+                    self._split = Watermark(t.commit_ts, t.commit_time)
+                    yield from self._next_part()
+                    break
+                self.last = Watermark(t.commit_ts, t.commit_time)
+                for part_rows, _ in parts:
+                    rows += len(part_rows)
+                    yield from part_rows
+                continue
             if t.commit_ts in ddl_commits:
                 if rows:
                     break  # a transaction with DDL starts a batch of its own
@@ -114,6 +135,14 @@ class TxnBatcher:
         yield from rows
         if not self._parts:
             self.last = self._split
+
+    def _above_floors(self, ts: int, parts: list[tuple[list[RowChange], list[DdlEvent]]]
+                      ) -> list[tuple[list[RowChange], list[DdlEvent]]]:
+        """``parts`` of the transaction committed at ``ts`` without the rows and schema changes of the tables
+        whose copy already holds them (their floor is at or above ``ts``)."""
+        floors = self._floors
+        return [([r for r in rows if floors.get(str(r.schema.name), 0) < ts],
+                 [e for e in ddl if floors.get(str(e.table), 0) < ts]) for rows, ddl in parts]
 
     def _cut(self, t: SortedTxn) -> list[tuple[list[RowChange], list[DdlEvent]]]:
         """The transaction as (rows, then DDL) parts; the last part has no DDL."""
@@ -181,6 +210,8 @@ class SpanRunner:
         ddl: DdlConfig | None = None,
         schema_history: SchemaRecorder | None = None,
         barrier: Callable[[int, threading.Event], None] | None = None,
+        initial_copy: Callable[[threading.Event], Mapping[str, int]] | None = None,
+        floors: Mapping[str, int] | None = None,
     ) -> None:
         self.label = label
         self.source = source
@@ -208,18 +239,49 @@ class SpanRunner:
         self._cleaned = start.ts
         self._threads: list[threading.Thread] = []
         self.started = time.time()
+        # the initial copy (processor.snapshot.InitialCopy) runs first, then the span streams; the copy's
+        # floors drop the changes it already holds (TxnBatcher)
+        self.initial_copy = initial_copy
+        self._copied = False
+        self._lifecycle = threading.Lock()  # stop() and the copy's hand-over to streaming
+        self.floors: dict[str, int] = {k: v for k, v in (floors or {}).items() if v > start.ts}
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
         self.sorter.clear()
+        if self.initial_copy is not None:
+            self._spawn("copy", self._run_copy)
+        else:
+            self._start_streaming()
+
+    def _start_streaming(self) -> None:
         for name, target in (("puller", self._run_puller), ("sink", self._run_sink)):
-            th = threading.Thread(target=self._guard, args=(target,), name=f"{name}-{self.label}", daemon=True)
-            self._threads.append(th)
-            th.start()
+            self._spawn(name, target)
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        th = threading.Thread(target=self._guard, args=(target,), name=f"{name}-{self.label}", daemon=True)
+        self._threads.append(th)
+        th.start()
+
+    @property
+    def copying(self) -> bool:
+        """The span is in its initial copy (it streams only after it)."""
+        return self.initial_copy is not None and not self._copied
+
+    def _run_copy(self) -> None:
+        assert self.initial_copy is not None
+        floors = self.initial_copy(self._stop)
+        with self._lifecycle:
+            if self._stop.is_set():
+                return
+            self.floors = {k: v for k, v in floors.items() if v > self.checkpoint.ts}
+            self._copied = True
+            self._start_streaming()
 
     def stop(self, timeout: float = 10.0) -> bool:
         """Stop both threads; True once they have exited (then nothing more reaches the sink)."""
-        self._stop.set()
+        with self._lifecycle:
+            self._stop.set()
         self._wake.set()
         deadline = time.monotonic() + timeout
         for th in self._threads:
@@ -386,8 +448,10 @@ class SpanRunner:
                     if target.ts == self.checkpoint.ts and target.time > self.checkpoint.time:
                         self.checkpoint = target
                     continue
+                if self.floors and self.checkpoint.ts >= max(self.floors.values()):
+                    self.floors = {}  # past every floor: nothing more to check
                 batcher = TxnBatcher(self.sorter.read_txns(self.checkpoint.ts, target.ts), mount, self.txn_rows,
-                                     self.source.schema_change_commits(), self._schema_changes(decoder))
+                                     self.source.schema_change_commits(), self._schema_changes(decoder), self.floors)
                 while batcher.has_more() and not self._stop.is_set():
                     self.rows += sink.write(batcher.next_batch(), self._fence)
                     self._take_warnings(sink)

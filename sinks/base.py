@@ -79,6 +79,16 @@ class Sink(ABC):
         """The data warnings raised since the last call (and forget them)."""
         return []
 
+    def tables_with_rows(self, tables: Sequence[TableName]) -> list[TableName]:
+        """Those of ``tables`` whose target already holds rows (``changefeed create`` refuses to copy the
+        existing rows over them unless told what to do: ``[snapshot] on-existing-rows``). Default: a sink
+        without tables (none)."""
+        return []
+
+    def truncate_targets(self, tables: Sequence[TableName]) -> None:  # noqa: B027 - optional hook
+        """Empty the targets of ``tables`` that exist (``on-existing-rows = "truncate"``), in one transaction
+        where the target has them."""
+
     def set_row_source(self, fetch: RowSource | None) -> None:  # noqa: B027 - optional hook
         """Where to read a full upstream row when a partial UPDATE finds no row downstream."""
 

@@ -53,6 +53,7 @@ __all__ = [
     "ChangeDecoder",
     "ParsedChange",
     "Parser",
+    "ExportedSnapshot",
     "JoinRule",
     "PartitionLeaf",
     "RowReader",
@@ -153,6 +154,18 @@ class SlotState:
     wal_status: str | None
     lost: bool
     invalidation_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExportedSnapshot:
+    """A consistent view of the upstream that several readers can share (:meth:`Upstream.export_snapshot`):
+    ``name`` is what a :class:`SnapshotReader` imports; it shows every commit with Ts <= ``ts`` and none after
+    (``ts`` is a point of the upstream's Ts order: every later commit has a greater Ts), ``time`` when it was
+    taken (upstream clock where known)."""
+
+    name: str
+    ts: int
+    time: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -497,6 +510,15 @@ class Upstream(ABC):
     @abstractmethod
     def row_source(self, *, label: str = "") -> RowReader:
         """A read-only :class:`RowReader` on its own connection (opened on first use)."""
+
+    def export_snapshot(self, *, label: str = "") -> AbstractContextManager[ExportedSnapshot]:
+        """Context manager: a snapshot of the whole database that readers in other processes can import for as
+        long as the block runs, with its exact position ``ts`` in the commit order (the snapshot holds exactly
+        the commits with Ts <= ``ts``), so that changes at or below ``ts`` are known to be in a copy read under
+        it. Costs the upstream one extra retained position while it lasts (PostgreSQL: a temporary logical
+        slot, dropped with its session, also if this process dies). ``UpstreamUnavailable`` /
+        ``UpstreamNotReady`` (no slot free) as for the spans' resources."""
+        raise NotImplementedError(f"{type(self).__name__} cannot export a snapshot")
 
     def snapshot_reader(self, snapshot: str | None = None, *, label: str = "") -> SnapshotReader:
         """A :class:`SnapshotReader` at the exported snapshot named ``snapshot`` (PostgreSQL: the name

@@ -72,7 +72,8 @@ def _cmd_changefeed(args: argparse.Namespace) -> Result:
         config = _read_config(args.config) if args.config else ""
         return "changefeed", _request(s, "POST", "/api/v2/changefeeds", {
             "changefeed_id": args.changefeed_id, "upstream_uri": args.upstream, "sink_uri": args.sink_uri,
-            "config": config, "target_ts": args.target_ts})
+            "config": config, "target_ts": args.target_ts,
+            **({"snapshot": args.snapshot} if args.snapshot else {})})
     if op == "list":
         return "changefeeds", _request(s, "GET", "/api/v2/changefeeds")["items"]
     path = f"/api/v2/changefeeds/{_seg(args.changefeed_id)}"
@@ -307,6 +308,9 @@ def _add_cli_parser(sub: Any) -> None:
     c.add_argument("--changefeed-id", "-c", required=True)
     c.add_argument("--config", help="changefeed TOML (filter rules, span-count, sink options)")
     c.add_argument("--target-ts", type=int, default=0)
+    c.add_argument("--snapshot", choices=("initial", "none"),
+                   help="copy the rows that exist first (initial, the default), or stream changes only (none); "
+                        "overrides [snapshot] mode of --config")
     ops.add_parser("list", parents=[out], help="list changefeeds")
     helps = {"query": "show one changefeed", "pause": "stop replicating (slots keep the changes)",
              "resume": "start replicating again; acknowledges its errors and data warnings so far",

@@ -57,7 +57,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -70,6 +70,7 @@ from cdc.events import DdlEvent, RowChange, TableName, TableSchema
 from cdc.model import DataWarning, merge_warnings
 from cdc.uri import parse_sink_uri
 from sinks.base import RowSource, Sink
+from sinks.sql import targets
 from sinks.sql.binding import Binding, KnownTable
 from sinks.sql.ddl import (
     TargetColumn,
@@ -272,6 +273,12 @@ class SQLSink(Sink):
     def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
         """Apply a schema change once, translated for the dialect: see :mod:`sinks.sql.ddl_run`."""
         return apply_ddl(self, event, fence, skip=skip)
+
+    def tables_with_rows(self, tables: Sequence[TableName]) -> list[TableName]:
+        return targets.tables_with_rows(self, tables)  # (sinks.sql.targets)
+
+    def truncate_targets(self, tables: Sequence[TableName]) -> None:
+        targets.truncate_targets(self, tables)
 
     # ---- foreign keys between target tables ----------------------------------------------------------
     def _fk_parents(self, label: str) -> bool:

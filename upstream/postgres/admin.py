@@ -435,8 +435,9 @@ def create_slot(conn: Any, name: str, *, if_not_exists: bool = False) -> int:
     return info.confirmed_flush_lsn
 
 
-def create_slot_exported(repl_conn: Any, name: str) -> tuple[int, str]:
-    """Create pgoutput slot ``name`` on a *replication* connection, exporting its snapshot.
+def create_slot_exported(repl_conn: Any, name: str, *, temporary: bool = False) -> tuple[int, str]:
+    """Create pgoutput slot ``name`` on a *replication* connection, exporting its snapshot (``temporary``: the
+    slot is dropped when that session ends, however it ends).
 
     Returns ``(consistent_point_lsn, snapshot_name)``. Readers that run
     ``BEGIN ISOLATION LEVEL REPEATABLE READ; SET TRANSACTION SNAPSHOT '<snapshot_name>'`` see the
@@ -446,10 +447,11 @@ def create_slot_exported(repl_conn: Any, name: str) -> tuple[int, str]:
     :class:`cdc.errors.InvalidArgument`.
     """
     validate_slot_name(name)
+    temp = " TEMPORARY" if temporary else ""
     if repl_conn.server_version >= 150000:
-        cmd = f"CREATE_REPLICATION_SLOT {name} LOGICAL {PLUGIN} (SNAPSHOT 'export')"
+        cmd = f"CREATE_REPLICATION_SLOT {name}{temp} LOGICAL {PLUGIN} (SNAPSHOT 'export')"
     else:
-        cmd = f"CREATE_REPLICATION_SLOT {name} LOGICAL {PLUGIN} EXPORT_SNAPSHOT"
+        cmd = f"CREATE_REPLICATION_SLOT {name}{temp} LOGICAL {PLUGIN} EXPORT_SNAPSHOT"
     with pg_errors(repl_conn, f"creating replication slot {name!r}"):
         cur = repl_conn.cursor()
         try:

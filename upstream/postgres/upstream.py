@@ -11,6 +11,8 @@ Errors: psycopg2's become :class:`cdc.errors.TidewaterError` subclasses in :mod:
 from __future__ import annotations
 
 import logging
+import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -19,9 +21,9 @@ from cdc.errors import InvalidArgument, TidewaterError
 from cdc.events import TableName, TableSchema
 from cdc.filter import TableFilter
 from cdc.model import SpanInfo
-from cdc.ts import Watermark
+from cdc.ts import Watermark, lsn_to_str
 from cdc.uri import parse_upstream_uri
-from upstream.base import JoinRule, PartitionLeaf, SlotState, SpanPlan, Upstream
+from upstream.base import ExportedSnapshot, JoinRule, PartitionLeaf, SlotState, SpanPlan, Upstream
 from upstream.postgres import admin, capture_objects, catalog
 from upstream.postgres import conn as pg_conn
 from upstream.postgres.rowfetch import RowFetcher
@@ -239,6 +241,24 @@ class PostgresUpstream(Upstream):
 
     def row_source(self, *, label: str = "") -> RowFetcher:
         return RowFetcher(self.uri, label=label)
+
+    @contextmanager
+    def export_snapshot(self, *, label: str = "") -> Iterator[ExportedSnapshot]:
+        """A temporary slot created with ``(SNAPSHOT 'export')`` on a replication connection of its own, which
+        stays idle (the snapshot's lifetime) until the block ends; the slot goes with the connection, also if
+        this process dies. Its consistent point is the snapshot's Ts: the snapshot holds exactly the
+        transactions whose commit (end) LSN is at or below it, and every later one commits above it."""
+        name = f"tidewater_snap_{uuid.uuid4().hex[:16]}"
+        conn = pg_conn.connect(self.uri, replication=True)
+        try:
+            ts, snapshot = admin.create_slot_exported(conn, name, temporary=True)
+            log.info("span=%s exported snapshot %s at %s (temporary slot %s)", label, snapshot, lsn_to_str(ts), name)
+            yield ExportedSnapshot(snapshot, ts, time.time())
+        finally:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - a broken connection: the server drops the slot with it
+                pass
 
     def snapshot_reader(self, snapshot: str | None = None, *, label: str = "") -> PgSnapshotReader:
         return PgSnapshotReader(self.uri, snapshot, label=label, timeout=self._timeout)

@@ -1,0 +1,158 @@
+"""The initial copy of a span's existing rows, run by its :class:`processor.span.SpanRunner` before it streams.
+
+Protocol (docs/snapshot.md, "The copy and the stream"):
+
+1. The span's slot was created by ``changefeed create`` at Ts ``S`` and is not read during the copy.
+2. Each copy run takes a fresh exported snapshot of the upstream (:meth:`upstream.base.Upstream.export_snapshot`)
+   at Ts ``C`` >= ``S`` and records ``(name, C)`` in the span's status (:class:`cdc.model.SpanSnapshot`)
+   *before* the job may write a row, then has the :class:`CopyLauncher` (the Spark job, launched by the
+   capture) copy every table chunk not yet recorded as done, under that snapshot.
+3. When the job succeeds, the run fence is removed (a process of the job that outlived it commits nothing
+   more), each table gets its *floor* and the span's snapshot is ``done``: the span streams from its checkpoint
+   ``S``, and a change of a table at or below its floor is dropped, being in the copy already.
+
+Floors: a keyed table's chunks may have been copied under several snapshots (a run died and another took a new
+snapshot): its floor is the *first* run's Ts, so every change after any chunk's snapshot is applied again in
+commit order, which converges because rows are upserted and deleted by key. A key-less table is copied whole
+under one snapshot (its single chunk replaces the table's rows), and its floor is exactly that snapshot's Ts, so
+not one of its rows is applied twice.
+
+Guarantees: nothing is written downstream by the span itself during the copy; a stop request ends the job and
+returns promptly (:class:`CopyStopped`); every failure is a ``TidewaterError`` naming what to fix.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from cdc.errors import InvalidArgument, TidewaterError
+from cdc.events import TableName
+from cdc.meta.snapshot_progress import SnapshotProgressStore
+from cdc.model import ChangefeedInfo, SpanInfo, SpanSnapshot
+from cdc.snapshot import ChunkDone
+from upstream.base import Upstream
+
+log = logging.getLogger(__name__)
+
+
+class CopyStopped(TidewaterError):
+    """The span was asked to stop (pause, move, remove) during its copy: the job was ended."""
+
+    code = "CDC:ErrSnapshotStopped"
+    retryable = True
+
+
+@dataclass(frozen=True)
+class CopyRequest:
+    """One run of the copy job for one span: what to copy from where to where, under which snapshot."""
+
+    changefeed: str
+    span: int
+    upstream_uri: str
+    sink_uri: str
+    tables: tuple[TableName, ...]
+    snapshot: str  # the exported snapshot every reader imports
+    commit_ts: int  # its Ts: stamped on every copied row
+    commit_time: float
+    chunk_rows: int
+    spark_master: str
+
+
+class CopyLauncher(Protocol):
+    """Runs the copy job for a request and returns when it finished: raises a ``TidewaterError`` saying why it
+    failed, or :class:`CopyStopped` after ending it when ``stop`` was set. The capture provides it (the Spark
+    job is launched as a process of its own)."""
+
+    def __call__(self, request: CopyRequest, stop: threading.Event) -> None: ...
+
+
+class InitialCopy:
+    """The copy phase of one span (see the module doc). ``persist(state)`` must store the span's snapshot state
+    durably (the span's status, under the processor's guard) before returning; ``state`` is what is stored."""
+
+    def __init__(self, info: ChangefeedInfo, span: SpanInfo, upstream: Upstream, progress: SnapshotProgressStore,
+                 launcher: CopyLauncher, persist: Callable[[SpanSnapshot], None], state: SpanSnapshot | None,
+                 *, chunk_rows: int, spark_master: str, label: str) -> None:
+        self.info = info
+        self.span = span
+        self.upstream = upstream
+        self.progress = progress
+        self.launcher = launcher
+        self.persist = persist
+        self.state = state if state is not None else SpanSnapshot()
+        self.chunk_rows = chunk_rows
+        self.spark_master = spark_master
+        self.label = label
+
+    def __call__(self, stop: threading.Event) -> dict[str, int]:
+        """Copy what is left; return the floors (table -> Ts) once the span's snapshot is done."""
+        if self.state.phase == "done":
+            return dict(self.state.floors)
+        tables = self.upstream.span_tables(self.span)
+        if tables is None:
+            raise InvalidArgument(f"span {self.label}: its publication {self.span.publication!r} no longer exists "
+                                  "upstream; the changefeed cannot copy or stream: remove it and create it again")
+        if tables:
+            with self.upstream.export_snapshot(label=self.label) as exp:
+                self.state = SpanSnapshot("copying", (*self.state.exports, (exp.name, exp.ts)), {})
+                self.persist(self.state)  # before any row is written under it
+                pending = self._plan(tables, exp.name)
+                if pending:
+                    request = CopyRequest(self.info.id, self.span.index, self.info.upstream_uri, self.info.sink_uri,
+                                          tuple(pending), exp.name, exp.ts, exp.time, self.chunk_rows,
+                                          self.spark_master)
+                    log.info("span=%s copying %d table(s) under snapshot %s (Ts %d)", self.label, len(pending),
+                             exp.name, exp.ts)
+                    self.launcher(request, stop)
+            self.progress.end_run(self.info.id, self.span.index)  # a late process of the job commits nothing more
+        floors = self.floors(tables)
+        self.state = SpanSnapshot("done", self.state.exports, floors)
+        self.persist(self.state)
+        log.info("span=%s initial copy done: %d table(s); streaming from checkpoint", self.label, len(tables))
+        return floors
+
+    def _plan(self, tables: Sequence[TableName], snapshot: str) -> list[TableName]:
+        """The tables with chunks left to copy. A table planned now (the first run to see it) is planned under
+        ``snapshot`` and its plan stored (the job takes it as it is); one that is empty at ``snapshot`` is
+        recorded as copied right away, so that a span of empty tables starts no job at all."""
+        cf, span = self.info.id, self.span.index
+        pending: list[TableName] = []
+        with self.upstream.snapshot_reader(snapshot, label=self.label) as reader:
+            for t in tables:
+                stored = self.progress.get_plan(cf, span, t)
+                if stored is None:
+                    plan = reader.plan(reader.table_schema(t), self.chunk_rows)
+                    stored = self.progress.put_plan(cf, span, plan)
+                    if stored is plan and plan.rows == 0:
+                        now = time.time()
+                        for chunk in plan.chunks:
+                            self.progress.record_chunk(cf, span, t, chunk.index, ChunkDone(0, 0.0, now, snapshot))
+                        continue
+                if len(self.progress.done_chunks(cf, span, t)) < len(stored.chunks):
+                    pending.append(t)
+        return pending
+
+    def floors(self, tables: Sequence[TableName]) -> dict[str, int]:
+        """Each table's floor from the stored plans and chunks (see the module doc)."""
+        exports = dict(self.state.exports)
+        first = self.state.exports[0][1] if self.state.exports else 0
+        out: dict[str, int] = {}
+        for t in tables:
+            plan = self.progress.get_plan(self.info.id, self.span.index, t)
+            if plan is None or plan.has_key:
+                out[str(t)] = first
+                continue
+            done = self.progress.done_chunks(self.info.id, self.span.index, t).get(0)
+            ts = exports.get(done.snapshot or "") if done is not None else None
+            if ts is None:
+                raise InvalidArgument(
+                    f"span {self.label}: the copy of key-less table {t} is not recorded under a known snapshot; it "
+                    f"cannot be told which of its changes the copy holds. Truncate it downstream and resync it "
+                    f"(cdc cli changefeed snapshot --table {t})")
+            out[str(t)] = ts
+        return out
