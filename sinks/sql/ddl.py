@@ -274,6 +274,14 @@ def plan_table(schema: TableSchema, dialect: str, *, target_schema: str | None, 
     return TargetTable(target_schema, target_name, tuple(cols), key)
 
 
+def mysql_collation(mariadb: bool, version: tuple[int, ...]) -> str:
+    """The collation of the tables created on a MySQL/MariaDB server (binary, NO PAD where the server has one,
+    see the module doc): ``mariadb`` and ``version`` as SQLAlchemy's dialect reports them once connected."""
+    if mariadb:
+        return "utf8mb4_nopad_bin"
+    return "utf8mb4_0900_bin" if version >= (8, 0, 17) else "utf8mb4_bin"
+
+
 def qualified(preparer: Any, table: TargetTable) -> str:
     """The table's name, always quoted (``"schema"."table"`` or ``"table"``)."""
     q = preparer.quote_identifier(table.name)

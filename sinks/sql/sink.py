@@ -76,6 +76,7 @@ from sinks.sql.ddl import (
     TargetColumn,
     create_schema_sql,
     create_table_sql,
+    mysql_collation,
     plan_table,
 )
 from sinks.sql.ddl_run import DdlState, apply_ddl, load_ddl_floors
@@ -219,8 +220,7 @@ class SQLSink(Sink):
             mariadb = bool(getattr(d, "is_mariadb", False))
             if self.dialect == "mysql":
                 version = tuple(getattr(d, "server_version_info", None) or (0,))
-                self._mysql_collation = ("utf8mb4_nopad_bin" if mariadb else
-                                         "utf8mb4_0900_bin" if version >= (8, 0, 17) else "utf8mb4_bin")
+                self._mysql_collation = mysql_collation(mariadb, version)
             self._stmts = Statements(self.dialect, d.identifier_preparer, mariadb=mariadb)
         return self._stmts
 

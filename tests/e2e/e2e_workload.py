@@ -11,6 +11,7 @@ from typing import Any
 
 from playground.cluster import CdcServer, current_lsn
 from playground.compare import compare_tables
+from playground.compare_schema import assert_schemas_equal
 
 # Faster retries than production (10 s .. 10 min) so that recovery tests finish quickly.
 TEST_SERVER_CONFIG = "error-backoff-min = 1.0\nerror-backoff-max = 5.0\n"
@@ -137,14 +138,19 @@ def streamed_with_rolled_back_savepoint(conn: Any, rows: int) -> None:
 
 
 def assert_converged(
-    cdc: CdcServer, cf: str, conn: Any, sink_uri: str, tables: list[str] = TABLES, timeout: float = 180.0
+    cdc: CdcServer, cf: str, conn: Any, sink_uri: str, tables: list[str] = TABLES, timeout: float = 180.0,
+    *, schemas: bool = False,
 ) -> dict[str, Any]:
-    """Wait for the checkpoint to pass the upstream's current WAL position, then compare row by row."""
+    """Wait for the checkpoint to pass the upstream's current WAL position, then compare row by row; with
+    ``schemas`` (every DDL test) also each downstream table's shape with the upstream's current schema as the
+    sink maps it (columns, types, nullability, no defaults, key: playground/compare_schema.py)."""
     info = cdc.wait_checkpoint(cf, current_lsn(conn), timeout=timeout)
     diffs = compare_tables(conn, tables, sink_uri)
     bad = [d for d in diffs if not d.equal]
     assert not bad, f"downstream differs from upstream: {bad}"
     assert all(d.source_rows > 0 for d in diffs if d.table != "public.events" or d.source_rows), diffs
+    if schemas:
+        assert_schemas_equal(conn, tables, sink_uri)
     return info
 
 

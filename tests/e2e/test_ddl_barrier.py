@@ -48,7 +48,7 @@ def test_a_rename_onto_a_name_dropped_in_another_span_waits_for_that_span(
     cdc = cdc_server
     cdc.create_changefeed("bar", pg_server.uri(pg_database), sink_uri, config="span-count = 2\n")
     run_sql(source, "UPDATE src SET v = v || '!'", "UPDATE dst SET v = v || '!'")
-    assert_converged(cdc, "bar", source, sink_uri, tables=["public.src", "public.dst"])
+    assert_converged(cdc, "bar", source, sink_uri, tables=["public.src", "public.dst"], schemas=True)
 
     target_db = sink_uri.rsplit("/", 1)[1].split("?")[0]
     holder = pg_server.connect(target_db)  # holds the downstream dst: the span of dst cannot write or drop it
@@ -74,6 +74,6 @@ def test_a_rename_onto_a_name_dropped_in_another_span_waits_for_that_span(
     finally:
         released.wait(10)
         holder.close()
-    assert_converged(cdc, "bar", source, sink_uri, tables=["public.dst"])
+    assert_converged(cdc, "bar", source, sink_uri, tables=["public.dst"], schemas=True)
     q = wait_for(cdc, "bar", lambda q: True, "query")
     assert q["state"] == "normal" and not q["warnings"], q

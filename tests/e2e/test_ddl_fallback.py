@@ -37,10 +37,10 @@ def test_without_the_triggers_the_changefeed_says_what_it_cannot_see_and_a_table
     assert q["state"] == "normal" and notice["severity"] == "notice", q
     assert "column RENAME fails" in notice["message"] and "DROP TABLE" in notice["message"]
     run_sql(source, "INSERT INTO items SELECT g, 'i' || g FROM generate_series(1, 30) g")
-    assert_converged(cdc, "fb", source, sink_uri, tables=["public.items"])
+    assert_converged(cdc, "fb", source, sink_uri, tables=["public.items"], schemas=True)
     # a table rename is seen in the stream (same table, new name): the downstream table follows with its rows
     run_sql(source, "ALTER TABLE items RENAME TO goods", "UPDATE goods SET name = 'renamed' WHERE id <= 3",
             "INSERT INTO goods VALUES (31, 'new')")
-    assert_converged(cdc, "fb", source, sink_uri, tables=["public.goods"])
+    assert_converged(cdc, "fb", source, sink_uri, tables=["public.goods"], schemas=True)
     q = wait_for(cdc, "fb", lambda q: True, "query")
     assert q["state"] == "normal" and [w["code"] for w in q["warnings"]] == ["CDC:NoticeDdlNotCaptured"], q

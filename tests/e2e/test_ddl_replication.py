@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from e2e_workload import assert_converged, run_sql, wait_for
 
 from playground.cluster import CdcServer
-from playground.compare import sqlalchemy_url
+from playground.compare_schema import compare_schemas, target_columns
 from playground.servers import PostgresServer
 from upstream.postgres import capture_objects
 
@@ -35,15 +34,6 @@ def source_schema() -> str:
     return SCHEMA
 
 
-def _target_columns(sink: str, table: str) -> list[str]:
-    engine = sa.create_engine(sqlalchemy_url(sink))
-    try:
-        schema = "public" if sink.startswith("postgresql") else None
-        return [c["name"] for c in sa.inspect(engine).get_columns(table, schema=schema)]
-    finally:
-        engine.dispose()
-
-
 def test_column_and_table_ddl_interleaved_with_rows_end_equal(
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str, tmp_path: Path
 ) -> None:
@@ -51,15 +41,15 @@ def test_column_and_table_ddl_interleaved_with_rows_end_equal(
     cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
     run_sql(source, *FILL)
     run_sql(source, "UPDATE items SET qty = qty + 1 WHERE id <= 10", "INSERT INTO other VALUES (11, 'o11')")
-    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"])
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"], schemas=True)
 
     # ADD COLUMN with a default: existing rows get it downstream as upstream; in one transaction with rows
     run_sql(source, "BEGIN", "INSERT INTO items VALUES (51, 'before add', 51)",
           "ALTER TABLE items ADD COLUMN price numeric(10,2) NOT NULL DEFAULT 9.99",
           "INSERT INTO items VALUES (52, 'after add', 52, 1.50)", "UPDATE items SET price = 2.25 WHERE id = 3",
           "COMMIT")
-    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"])
-    assert "price" in _target_columns(sink_uri, "items")
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"], schemas=True)
+    assert "price" in target_columns(sink_uri, "items")
 
     # widen, rename, drop: separate transactions, rows between them
     run_sql(source, "ALTER TABLE items ALTER COLUMN name TYPE varchar(200)",
@@ -68,17 +58,17 @@ def test_column_and_table_ddl_interleaved_with_rows_end_equal(
     run_sql(source, "ALTER TABLE items ALTER COLUMN quantity TYPE bigint",
           "UPDATE items SET quantity = 5000000000 WHERE id = 52")
     run_sql(source, "ALTER TABLE other DROP COLUMN v", "INSERT INTO other VALUES (12)")
-    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"])
-    cols = _target_columns(sink_uri, "items")
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"], schemas=True)
+    cols = target_columns(sink_uri, "items")
     assert "quantity" in cols and "qty" not in cols, cols
-    assert "v" not in _target_columns(sink_uri, "other")
+    assert "v" not in target_columns(sink_uri, "other")
 
     # DROP TABLE, then a new table of the same name starts empty downstream (never mixed with the old rows)
     run_sql(source, "DROP TABLE other", "CREATE TABLE other (k int PRIMARY KEY, w text)",
           "INSERT INTO other VALUES (1, 'new incarnation')")
     q = wait_for(cdc, "ddl", lambda q: q["state"] in ("normal", "warning", "failed"), "a state")
     assert q["state"] == "normal", q
-    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"])
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"], schemas=True)
     q = wait_for(cdc, "ddl", lambda q: True, "query")
     assert q["state"] == "normal" and not q["warnings"], q
 
@@ -89,7 +79,7 @@ def test_a_ddl_the_target_rejects_fails_the_changefeed_and_skip_ddl_ts_moves_on(
     cdc = cdc_server
     cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
     run_sql(source, *FILL)
-    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"])
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"], schemas=True)
     # a narrowing type change is refused downstream (there, values could be cut); these values fit
     (lsn,) = pg_server.execute("SELECT pg_current_wal_lsn() - '0/0'", db=pg_database)[0]
     run_sql(source, "ALTER TABLE items ALTER COLUMN name TYPE varchar(10)")
@@ -108,6 +98,10 @@ def test_a_ddl_the_target_rejects_fails_the_changefeed_and_skip_ddl_ts_moves_on(
     q = wait_for(cdc, "ddl", lambda q: any(w["code"] in skipped for w in q["warnings"]), "the skip shown")
     assert str(ts) in next(w["message"] for w in q["warnings"] if w["code"] in skipped)
     assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"])  # the values fit both types
+    # the skipped DDL is the target's only difference: name keeps its old length (SQLite: TEXT either way)
+    (d,) = compare_schemas(source, ["public.items"], sink_uri)
+    assert len(d.problems) <= 1 and all(p.startswith("column 'name': type") and "20)" in p for p in d.problems), d
+    assert d.problems or sink_uri.startswith("sqlite"), d
 
 
 def test_a_type_change_that_rewrites_values_upstream_is_refused_loudly(
@@ -117,7 +111,7 @@ def test_a_type_change_that_rewrites_values_upstream_is_refused_loudly(
     cdc = cdc_server
     cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
     run_sql(source, *FILL)
-    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"])
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"], schemas=True)
     run_sql(source, "ALTER TABLE items ALTER COLUMN name TYPE text USING upper(name)")
     q = wait_for(cdc, "ddl", lambda q: q["state"] == "failed", "state failed", timeout=90)
     assert q["error"]["code"] == "CDC:ErrDdlRejected" and "USING" in q["error"]["message"], q["error"]
@@ -133,12 +127,12 @@ def test_without_the_ddl_trigger_column_changes_come_from_the_stream_and_a_renam
                                              "current_database()", db=pg_database)]
     assert capture_objects.uninstall(source, *slots)
     run_sql(source, *FILL)
-    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"])
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"], schemas=True)
     run_sql(source, "ALTER TABLE items ADD COLUMN note text", "INSERT INTO items VALUES (60, 'n', 1, 'with note')",
           "ALTER TABLE items ALTER COLUMN qty TYPE bigint", "UPDATE items SET qty = 6000000000 WHERE id = 60",
           "ALTER TABLE items DROP COLUMN name", "INSERT INTO items VALUES (61, 2, 'no name')")
-    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"])
-    assert "name" not in _target_columns(sink_uri, "items") and "note" in _target_columns(sink_uri, "items")
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"], schemas=True)
+    assert "name" not in target_columns(sink_uri, "items") and "note" in target_columns(sink_uri, "items")
     # a rename cannot be told from a drop plus an add without the trigger: refused, never guessed
     run_sql(source, "ALTER TABLE items RENAME COLUMN note TO remark", "INSERT INTO items VALUES (62, 3, 'r')")
     q = wait_for(cdc, "ddl", lambda q: q["state"] == "failed", "state failed", timeout=90)
@@ -154,17 +148,17 @@ def test_a_ddl_right_after_a_capture_restart_and_after_a_kill_mid_way(
     cdc = cdc_server
     cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
     run_sql(source, *FILL)
-    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"])
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"], schemas=True)
     cdc.terminate()
     cdc.start()
     run_sql(source, "ALTER TABLE items ADD COLUMN price int DEFAULT 3", "INSERT INTO items VALUES (70, 'p', 1, 4)")
-    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"])
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"], schemas=True)
     # killed right after the DDL commits (before or after the sink applied it: the replay covers both)
     run_sql(source, "BEGIN", "UPDATE items SET price = 5 WHERE id <= 5", "ALTER TABLE items ALTER COLUMN price TYPE bigint",
             "INSERT INTO items VALUES (71, 'q', 2, 6)", "COMMIT")
     cdc.kill()
     run_sql(source, "INSERT INTO other VALUES (100, 'after kill')")
     cdc.start()
-    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"])
+    assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"], schemas=True)
     q = wait_for(cdc, "ddl", lambda q: True, "query")
     assert q["state"] == "normal" and not q["warnings"], q

@@ -13,14 +13,13 @@ import time
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from e2e_workload import assert_converged, run_sql, wait_for
 
 from cdc.meta import keys
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.store import MetaStore
 from playground.cluster import CdcServer
-from playground.compare import sqlalchemy_url
+from playground.compare_schema import target_columns
 from playground.servers import EtcdServer, PostgresServer
 from upstream.postgres import capture_objects
 
@@ -36,15 +35,6 @@ TABLES = ["public.items", "public.quiet"]
 @pytest.fixture
 def source_schema() -> str:
     return SCHEMA
-
-
-def _target_columns(sink: str, table: str) -> list[str]:
-    engine = sa.create_engine(sqlalchemy_url(sink))
-    try:
-        schema = "public" if sink.startswith("postgresql") else None
-        return [c["name"] for c in sa.inspect(engine).get_columns(table, schema=schema)]
-    finally:
-        engine.dispose()
 
 
 def _histories(etcd_server: EtcdServer, cluster_id: str, cf: str) -> dict[int, Any]:
@@ -67,7 +57,7 @@ def test_changes_made_while_the_capture_was_down_without_the_trigger_are_applied
     assert {h.as_of(2**63).name.table for h in hist.values()} == {"items", "quiet"}
     run_sql(source, "INSERT INTO items SELECT g, 'i' || g, g FROM generate_series(1, 20) g",
             "INSERT INTO quiet VALUES (1, 'a')")
-    assert_converged(cdc, "hist", source, sink_uri, tables=TABLES)
+    assert_converged(cdc, "hist", source, sink_uri, tables=TABLES, schemas=True)
 
     cdc.terminate()
     # while no capture runs: a column dropped from one table, one added to the other (no trigger: no DDL message)
@@ -75,9 +65,9 @@ def test_changes_made_while_the_capture_was_down_without_the_trigger_are_applied
     run_sql(source, "UPDATE items SET qty = qty * 10 WHERE id <= 5", "INSERT INTO items VALUES (21, 21)",
             "INSERT INTO quiet VALUES (2, 'b', 2)")
     cdc.start()
-    assert_converged(cdc, "hist", source, sink_uri, tables=TABLES)
-    assert "name" not in _target_columns(sink_uri, "items")
-    assert "w" in _target_columns(sink_uri, "quiet")
+    assert_converged(cdc, "hist", source, sink_uri, tables=TABLES, schemas=True)
+    assert "name" not in target_columns(sink_uri, "items")
+    assert "w" in target_columns(sink_uri, "quiet")
     q = wait_for(cdc, "hist", lambda q: True, "query")
     assert q["state"] in ("normal", "warning"), q
     # the default of a column added without the trigger is unknown: said so, never guessed
@@ -96,17 +86,17 @@ def test_a_ddl_run_by_a_function_after_a_restart_uses_the_schema_history(
     cdc.create_changefeed("hist", pg_server.uri(pg_database), sink_uri)
     run_sql(source, "INSERT INTO items SELECT g, 'i' || g, g FROM generate_series(1, 20) g",
             "INSERT INTO quiet VALUES (1, 'a')")
-    assert_converged(cdc, "hist", source, sink_uri, tables=TABLES)
+    assert_converged(cdc, "hist", source, sink_uri, tables=TABLES, schemas=True)
     cdc.kill()
     cdc.start()
     run_sql(source, "DO $$ BEGIN EXECUTE format('ALTER TABLE %I RENAME COLUMN %I TO %I', 'ite' || 'ms', 'qty', "
                     "'quantity'); EXECUTE format('ALTER TABLE %I ADD COLUMN %I int DEFAULT 7', 'qu' || 'iet', "
                     "'n'); END $$",
             "INSERT INTO items VALUES (30, 'after', 3)", "UPDATE quiet SET v = 'b' WHERE k = 1")
-    assert_converged(cdc, "hist", source, sink_uri, tables=TABLES)
-    cols = _target_columns(sink_uri, "items")
+    assert_converged(cdc, "hist", source, sink_uri, tables=TABLES, schemas=True)
+    cols = target_columns(sink_uri, "items")
     assert "quantity" in cols and "qty" not in cols, cols
-    assert "n" in _target_columns(sink_uri, "quiet")
+    assert "n" in target_columns(sink_uri, "quiet")
     q = wait_for(cdc, "hist", lambda q: True, "query")
     assert q["state"] == "normal" and not q["warnings"], q
 

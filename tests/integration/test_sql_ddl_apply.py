@@ -5,7 +5,7 @@ stored upstream) goes to the sink through ``Sink.write``, its DDL is run upstrea
 a hand-built ``DdlEvent`` whose ``before``/``after`` schemas are read from the source's catalog. Every test
 ends with the row-by-row compare of playground/compare.py, and the tests that change a table's shape check
 that the altered downstream table is indistinguishable from a table the sink creates fresh from the new
-schema (column names, types, nullability, defaults, key)."""
+schema (column names, types, nullability, defaults, key: playground/compare_schema.py)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from cdc.events import (
     TableSchema,
 )
 from playground.compare import compare_tables
+from playground.compare_schema import assert_schemas_equal, downstream_shape, target_columns
 from sinks.factory import open_sink
 from sinks.sql.sink import SQLSink
 from tests.sql_targets import SqlTarget, make_target
@@ -54,30 +55,6 @@ class Target(SqlTarget):
         else:
             sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
         return {r[0] for r in self.execute(sql)}
-
-    def shape(self, table: str) -> tuple[list[tuple[Any, ...]], list[str]]:
-        """(column name, type, nullable, default) in column order, and the primary key's columns."""
-        if self.kind == "sqlite":
-            info = self.execute(f"PRAGMA table_info(\"{table}\")")
-            cols = [(r[1], r[2], not r[3], r[4]) for r in info]
-            return cols, [r[1] for r in sorted((r for r in info if r[5]), key=lambda r: r[5])]
-        if self.kind == "mariadb":
-            cols = self.execute(
-                "SELECT column_name, column_type, is_nullable, column_default, collation_name FROM "
-                f"information_schema.columns WHERE table_schema = DATABASE() AND table_name = '{table}' "
-                "ORDER BY ordinal_position")
-            key = self.execute(
-                "SELECT column_name FROM information_schema.key_column_usage WHERE table_schema = DATABASE() "
-                f"AND table_name = '{table}' AND constraint_name = 'PRIMARY' ORDER BY ordinal_position")
-            return [tuple(c) for c in cols], [k[0] for k in key]
-        cols = self.execute(
-            "SELECT a.attname, format_type(a.atttypid, a.atttypmod), NOT a.attnotnull, pg_get_expr(d.adbin, d.adrelid) "
-            f"FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
-            f"WHERE a.attrelid = 'public.\"{table}\"'::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum")
-        key = self.execute(
-            "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
-            f"WHERE i.indrelid = 'public.\"{table}\"'::regclass AND i.indisprimary ORDER BY array_position(i.indkey, a.attnum)")
-        return [tuple(c) for c in cols], [k[0] for k in key]
 
     def indexes(self, table: str) -> set[str]:
         if self.kind == "sqlite":
@@ -188,20 +165,9 @@ class Repl:
             assert d.source_rows == d.target_rows
 
     def same_as_fresh(self, table: str) -> None:
-        """The altered downstream table has the shape the sink gives a table created from the new schema."""
-        schema = self.schema(table)
-        assert schema is not None
-        fresh = f"{table}_fresh{self.ts}"
-        self.up(f'CREATE TABLE "{fresh}" (LIKE "{table}" INCLUDING ALL)')
-        fs = self.schema(fresh)
-        assert fs is not None
-        self.sink.write([RowChange(OpType.TRUNCATE, fs, self.ts + 1, extra={"truncate_options": 0})])
-        got, want = self.target.shape(table), self.target.shape(fresh)
-        assert got == want, (got, want)
-        assert all(c[3] in (None, "NULL") for c in got[0]), got  # no defaults downstream (MariaDB says 'NULL')
-        assert got[1] == list(schema.key if schema.has_key else ())
-        self.up(f'DROP TABLE "{fresh}"')
-        self.target.execute(f"DROP TABLE {self.target.qualified(fresh)}")
+        """The altered downstream table has the shape the sink gives a table created from the new schema:
+        column names, types, nullability, no defaults, key (playground/compare_schema.py)."""
+        assert_schemas_equal(self.src, [str(TableName.parse(table))], self.target.uri)
 
 
 @pytest.fixture
@@ -296,18 +262,24 @@ def test_rename_table_keeps_rows_and_truncate(repl: Repl) -> None:
     repl.compare("t2")
 
 
+def _key(repl: Repl, table: str) -> tuple[str, ...]:
+    shape = downstream_shape(repl.target.uri, f"public.{table}")
+    assert shape is not None
+    return shape.key
+
+
 def test_add_and_drop_primary_key_change_the_upsert_key(repl: Repl) -> None:
     repl.up("CREATE TABLE k (id int NOT NULL, v text)")
     repl.up("ALTER TABLE k REPLICA IDENTITY FULL")
     repl.dml("k", "INSERT INTO k VALUES (1, 'a'), (2, 'b') RETURNING *")
     repl.ddl("k", "ALTER TABLE k ADD PRIMARY KEY (id)", DdlChange(K.ADD_PRIMARY_KEY))
-    assert repl.target.shape("k")[1] == ["id"]
+    assert _key(repl, "k") == ("id",)
     repl.dml("k", "UPDATE k SET v = 'a2' WHERE id = 1 RETURNING *", op=OpType.UPDATE)  # an upsert by the new key
     repl.dml("k", "INSERT INTO k VALUES (3, 'c') RETURNING *")
     repl.compare("k")
     repl.same_as_fresh("k")
     repl.ddl("k", "ALTER TABLE k DROP CONSTRAINT k_pkey", DdlChange(K.DROP_PRIMARY_KEY))
-    assert repl.target.shape("k")[1] == []
+    assert _key(repl, "k") == ()
     repl.dml("k", "INSERT INTO k VALUES (3, 'c') RETURNING *")  # a duplicate is fine without a key
     repl.dml("k", "DELETE FROM k WHERE id = 2 RETURNING *", op=OpType.DELETE)
     repl.compare("k")
@@ -457,7 +429,7 @@ def test_a_refused_fence_leaves_the_target_unchanged(repl: Repl, target: Target)
                   "ALTER TABLE t ADD COLUMN c int DEFAULT 5")
     with pytest.raises(RuntimeError, match="lease lost"):
         repl.sink.apply_ddl(ev, fence)
-    assert [c[0] for c in target.shape("t")[0]] == ["id", "a", "n"]  # nothing applied (MariaDB: fenced before)
+    assert target_columns(target.uri, "public.t") == ["id", "a", "n"]  # nothing applied (MariaDB: fenced before)
     assert repl.sink.apply_ddl(ev, lambda: None) is True
     repl.compare("t")
     repl.same_as_fresh("t")

@@ -67,13 +67,15 @@ def about(content: bytes) -> About:
         raise DecodeError(f"malformed {PREFIX} message ({e}): {bytes(content[:200])!r}") from e
 
 
-def described_after(content: bytes) -> TableSchema | None:
-    """The table as a DDL message describes it after the command (None: a drop, an error, or unreadable: the
-    caller then knows less, never something wrong)."""
+def after(content: bytes) -> TableSchema | None:
+    """The table as a DDL message describes it after the command (None: a drop, an error, a relation that is
+    not a replicated table, or a message that cannot be read: the caller then reads the catalog)."""
     try:
-        doc = json.loads(content)
-        t = doc.get("table") if isinstance(doc, dict) else None
-        return ddl_decode.table_schema(t) if t else None
+        doc: Any = json.loads(content)
+        t = doc.get("table") if isinstance(doc, dict) and not doc.get("error") else None
+        if not t or t["relkind"] not in ("r", "p") or t["persistence"] == "t" or t["is_partition"]:
+            return None
+        return ddl_decode.table_schema(t)
     except (ValueError, KeyError, TypeError, IndexError, DecodeError):
         return None
 

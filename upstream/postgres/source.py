@@ -73,6 +73,19 @@ def merge_schema(rel: pgoutput.Relation, current: TableSchema | None, version: i
                        rel.relid, version, has_key)
 
 
+def describes(schema: TableSchema, rel: pgoutput.Relation) -> bool:
+    """Whether ``schema`` is a table exactly as ``rel`` shows it: same name, replica identity, columns (names,
+    type oids and modifiers, in order) and, unless the identity is FULL (which flags every column), the same
+    key columns."""
+    if schema.name != TableName(rel.namespace, rel.name) or schema.replica_identity != rel.replica_identity:
+        return False
+    if [(c.name, c.type_oid, c.type_modifier) for c in schema.columns] != [
+            (c.name, c.type_oid, c.type_modifier) for c in rel.columns]:
+        return False
+    return rel.replica_identity == "f" or (
+        {c.name for c in rel.columns if c.flags & 1} == (set(schema.key) if schema.has_key else set()))
+
+
 def _shape(s: TableSchema) -> tuple[object, ...]:
     """What a schema history records of a table (everything but the source's version number)."""
     return (s.name, s.columns, s.key, s.replica_identity, s.has_key)
@@ -139,7 +152,7 @@ class PgSpanSource(SpanSource):
         self._ddl_seq: dict[int, int] = {}  # xid -> schema changes stored so far in that transaction
         self._ddl_commits: set[int] = set()
         self._ddl_described: set[int] = set()  # relids with a DDL message since their last schema version
-        self._described: dict[int, TableSchema] = {}  # relid -> the table after its last DDL message (its key)
+        self._ddl_after: dict[int, TableSchema | None] = {}  # relid -> the table after its last DDL message
         self._carried: set[int] = set()  # relids this span replicates (asked by partition repair and DDL messages)
         self._started_with: set[int] | None = None  # the publication's tables when the span started  # relid -> this span replicates it (partition repair messages)
         self._warnings: list[DataWarning] = []
@@ -193,27 +206,27 @@ class PgSpanSource(SpanSource):
         if not self.filter.match(name):
             self._relation_version.pop(rel.relid, None)
             return
-        if self._catalog_conn is None:
-            self._catalog_conn = self._catalog_conn_factory()
-        try:
-            current: TableSchema | None = catalog.table_schema(self._catalog_conn, rel.relid)
-        except Exception as exc:  # noqa: BLE001 - table dropped since: fall back to the message alone
-            log.warning("span=%s no catalog schema for %s (%s); using the Relation message only",
-                        self.label, name, exc)
-            current = None
+        previous = self._last_schema(rel.relid)
+        described = rel.relid in self._ddl_described
+        # What the stream itself knows of the table at this position, when the message confirms it: the schema
+        # after the DDL message just before it, else the previous version (a message sent again after a cache
+        # invalidation). The catalog is read *now*, possibly after later DDL (the span decodes behind the
+        # upstream): its key, nullability or type modifier may not be those of these rows.
+        known_here = self._ddl_after.pop(rel.relid, None) if described else (
+            self._schemas[previous] if previous is not None else None)
+        current: TableSchema | None
+        if known_here is not None and describes(known_here, rel):
+            current = known_here
+        else:
+            current = self._catalog_schema(rel.relid, name)
         version = self._next_version
         self._next_version += 1
-        previous = self._last_schema(rel.relid)
-        described = self._described.pop(rel.relid, None)
-        if described is None and previous is not None:
-            described = self._schemas.get(previous)
-        schema = self._schemas[version] = merge_schema(rel, current, version, described)
+        schema = self._schemas[version] = merge_schema(rel, current, version)
         self._relation_version[rel.relid] = version
         known = self._known.get(rel.relid)
         if known is None or _shape(known) != _shape(schema):
             self._known[rel.relid] = schema
             self._unrecorded.append(schema)
-        described = rel.relid in self._ddl_described
         self._ddl_described.discard(rel.relid)
         if previous is None or described or xid == 0 or self.buffer is None:
             return
@@ -225,6 +238,16 @@ class PgSpanSource(SpanSource):
         self._ddl_seq[xid] = seq + 1
         self.buffer.add(xid, subxid, encode_payload(SCHEMA_CHANGE, ddl_stream.pack(
             previous, seq, ddl_stream.fallback(rel.relid, name, version))))
+
+    def _catalog_schema(self, relid: int, name: TableName) -> TableSchema | None:
+        if self._catalog_conn is None:
+            self._catalog_conn = self._catalog_conn_factory()
+        try:
+            return catalog.table_schema(self._catalog_conn, relid)
+        except Exception as exc:  # noqa: BLE001 - table dropped since: fall back to the message alone
+            log.warning("span=%s no catalog schema for %s (%s); using the Relation message only",
+                        self.label, name, exc)
+            return None
 
     def _on_message(self, m: pgoutput.LogicalMessage, xid: int, subxid: int) -> None:
         """A ``pg_logical_emit_message`` record. Partition repair messages (:mod:`partition_messages`) of a root
@@ -277,11 +300,7 @@ class PgSpanSource(SpanSource):
         self._ddl_seq[xid] = seq + 1
         before = self._last_schema(about.relid) or 0
         self._ddl_described.add(about.relid)  # its next Relation message is this DDL's, no fallback
-        after = ddl_stream.described_after(m.content)
-        if after is not None:
-            self._described[about.relid] = after
-        else:
-            self._described.pop(about.relid, None)
+        self._ddl_after[about.relid] = ddl_stream.after(m.content)
         self.buffer.add(xid, subxid, encode_payload(SCHEMA_CHANGE, ddl_stream.pack(before, seq, m.content)))
 
     def schema_change_commits(self) -> set[int]:

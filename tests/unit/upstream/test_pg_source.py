@@ -267,3 +267,63 @@ def test_the_key_of_a_full_identity_relation_comes_from_the_stream_before_the_ca
 
 def catalog_keyed(key: tuple[str, ...]) -> tuple[ColumnSchema, ...]:
     return tuple(ColumnSchema(n, INT4, "int4", False, "integer", -1, n not in key, n in key) for n in ("id", "code"))
+
+
+# ---- the catalog is read now, the rows are of their own time --------------------------------------------
+VARCHAR = 1043
+
+
+def _now_in_catalog(monkeypatch: pytest.MonkeyPatch, schema: Any) -> list[int]:
+    """The upstream catalog (read by the source) answers ``schema``: a later DDL has committed already."""
+    import upstream.postgres.source as source_mod
+
+    asked: list[int] = []
+
+    def table_schema(conn: Any, relid: int) -> Any:
+        asked.append(relid)
+        return schema
+
+    monkeypatch.setattr(source_mod.catalog, "table_schema", table_schema)
+    return asked
+
+
+def test_a_relation_sent_again_keeps_the_key_of_its_time_not_the_catalogs_later_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """REPLICA IDENTITY FULL flags every column, so the Relation message cannot show the key: rows between
+    DROP PRIMARY KEY and ADD PRIMARY KEY, decoded after the ADD committed, got the catalog's new key and the
+    sink refused them (the target had no key yet)."""
+    import dataclasses
+
+    from upstream.postgres.source import merge_schema
+
+    full = [(1, "id", INT4, -1), (1, "v", TEXT, -1)]
+    keyless = merge_schema(pgoutput.decode(enc_relation(None, 7, "public", "t", "f", full), False), None, 99)
+    assert not keyless.has_key
+    _now_in_catalog(monkeypatch, dataclasses.replace(keyless, key=("id",), has_key=True))
+    wire = [*txn(1, 10, enc_relation(None, 7, "public", "t", "f", full), enc_insert(None, 7, ["1", "a"]))]
+    source, sorter = run_seeded(wire, [keyless])
+    (t,) = list(sorter.read_txns(-1, MAX))
+    (change,) = [Mounter(source.decoder()).mount(p, t.commit_ts, t.commit_time) for p in t.payloads]
+    assert not change.schema.has_key and source.schema_change_commits() == set()
+
+
+def test_a_relation_sent_again_keeps_its_type_modifier_and_makes_no_schema_change(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """varchar(20) in the message, varchar(100) in the catalog (an ALTER TYPE committed since): no schema change
+    derived from the two, the real DDL's message comes later in the stream."""
+    import dataclasses
+
+    cols = [(1, "id", INT4, -1), (0, "label", VARCHAR, 24)]
+    old = _relation_schema(cols)
+    wider = dataclasses.replace(old, columns=(old.columns[0], dataclasses.replace(
+        old.columns[1], type_modifier=104, type_name="character varying(100)")))
+    asked = _now_in_catalog(monkeypatch, wider)
+    wire = [*txn(1, 10, enc_relation(None, 7, "public", "t", "d", cols), enc_insert(None, 7, ["1", "a"]))]
+    source, sorter = run_seeded(wire, [old])
+    assert source.schema_change_commits() == set() and asked == []
+    assert rows(source, sorter) == [(10, "INSERT", {"id": 1, "label": "a"})]
+    # a message that does not match what the stream knows (a change without a DDL message) reads the catalog
+    wire = [*txn(1, 10, enc_relation(None, 7, "public", "t", "d", [*cols, (0, "w", INT4, -1)]),
+                 enc_insert(None, 7, ["1", "a", "2"]))]
+    source, sorter = run_seeded(wire, [old])
+    assert asked == [7] and source.schema_change_commits() == {10}
