@@ -1,9 +1,10 @@
 """`make demo`: the whole pipeline on embedded defaults, on this machine, in a temporary directory.
 
-Starts etcd and PostgreSQL (wal_level=logical), one `cdc server`, creates a changefeed into a SQLite
-file, runs a write workload (inserts, updates, deletes, a rolled-back savepoint, one transaction big
-enough to be streamed), shows live progress, then compares source and target row by row. Exit code 0
-only when they are equal. Everything started here is stopped at the end.
+Starts etcd and PostgreSQL (wal_level=logical), one `cdc server`, fills the upstream with existing rows,
+creates a changefeed into a SQLite file and shows its initial copy (the Spark job the capture launches) while
+a write workload runs (inserts, updates, deletes, a rolled-back savepoint, one transaction big enough to be
+streamed), then the streaming, then compares source and target row by row. Exit code 0 only when they are
+equal. Everything started here is stopped at the end.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from cdc.cli.progress import WatchEnded, watch
 from playground.cluster import CdcServer, current_lsn
 from playground.compare import compare_tables
 from playground.servers import EtcdServer, PostgresServer
@@ -35,7 +37,17 @@ CREATE TABLE tmp_scratch (id int PRIMARY KEY, v text);
 CONFIG = """
 [filter]
 rules = ['public.*', '!public.tmp_*']
+[snapshot]
+chunk-rows = 25000
 """
+
+PRELOAD = (  # the rows that exist before the changefeed: the initial copy's work
+    "INSERT INTO customers SELECT 20000000 + g, 'existing ' || g, 'c' || g || '@example.com', g % 1000 + 0.25, "
+    "g % 3 = 0, now() - g * interval '1 minute', jsonb_build_object('n', g), ARRAY['old'] "
+    "FROM generate_series(1, {n}) g",
+    "INSERT INTO orders SELECT 50000000 + g, 20000000 + g, g % 500 + 0.5, 'existing order', "
+    "date '2026-01-01' + g % 300 FROM generate_series(1, {n}) g",
+)
 
 
 def say(msg: str) -> None:
@@ -96,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--txns", type=int, default=300)
     ap.add_argument("--big-rows", type=int, default=200_000)
+    ap.add_argument("--existing-rows", type=int, default=100_000, help="rows per table before the changefeed")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on SIGTERM too
@@ -114,16 +127,27 @@ def main(argv: list[str] | None = None) -> int:
         cdc = CdcServer(etcd.url, tmp / "cdc").start()
         say(f"cdc server up at {cdc.url} (log {cdc.log_file})")
         sink = f"sqlite:///{tmp / 'target.db'}"
+        for stmt in PRELOAD:
+            pg.execute(stmt.format(n=args.existing_rows), db="shop")
+        say(f"upstream holds {args.existing_rows} customers and {args.existing_rows} orders already")
         t0 = time.time()
         info = cdc.create_changefeed("demo", pg.uri("shop"), sink, CONFIG)
-        say(f"changefeed 'demo' created: {info['state']}, start {info['checkpoint']}, sink {sink}")
+        say(f"changefeed 'demo' created: {info['state']}, phase {info['phase']}, sink {sink}")
 
         done = threading.Event()
         counts = {"txns": 0}
         src = pg.connect("shop")
         wl = threading.Thread(target=workload, args=(pg, "shop", args.big_rows, args.txns, done, counts), daemon=True)
         wl_start = time.time()
-        wl.start()
+        wl.start()  # the application keeps writing during the copy
+        say("initial copy (Spark) while the workload writes:")
+        try:
+            q = watch(lambda: cdc.changefeed("demo"), sys.stdout, tty=False, interval=1.0, plain_every=2.0)
+        except WatchEnded as exc:
+            say(f"the initial copy did not finish: {exc}")
+            return 1
+        copied = q["snapshot"]["rows_copied"]
+        say(f"initial copy done in {time.time() - t0:.1f}s: {copied} rows; now streaming")
         while not done.is_set():
             time.sleep(1)
             q = cdc.changefeed("demo")

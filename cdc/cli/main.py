@@ -70,14 +70,19 @@ def _cmd_changefeed(args: argparse.Namespace) -> Result:
     op = args.op
     if op == "create":
         config = _read_config(args.config) if args.config else ""
-        return "changefeed", _request(s, "POST", "/api/v2/changefeeds", {
+        created = _request(s, "POST", "/api/v2/changefeeds", {
             "changefeed_id": args.changefeed_id, "upstream_uri": args.upstream, "sink_uri": args.sink_uri,
             "config": config, "target_ts": args.target_ts,
             **({"snapshot": args.snapshot} if args.snapshot else {})})
+        if args.wait:
+            return "changefeed", _watch(s, f"/api/v2/changefeeds/{_seg(args.changefeed_id)}")
+        return "changefeed", created
     if op == "list":
         return "changefeeds", _request(s, "GET", "/api/v2/changefeeds")["items"]
     path = f"/api/v2/changefeeds/{_seg(args.changefeed_id)}"
     if op == "query":
+        if args.watch:
+            return "changefeed", _watch(s, path)
         return "changefeed", _request(s, "GET", path)
     if op in ("pause", "resume"):
         return "changefeed", _request(s, "POST", f"{path}/{op}")
@@ -111,6 +116,19 @@ def _cmd_changefeed(args: argparse.Namespace) -> Result:
         raise CliError("CDC:ErrTimeout", f"changefeed {args.changefeed_id} is marked removed but the owner has not "
                        f"finished dropping its slots within {args.timeout}s; state: {result.get('state')}")
     raise CliError("CDC:ErrUsage", f"unknown changefeed command {op}", 2)
+
+
+def _watch(server: str, path: str) -> dict[str, Any]:
+    """The initial copy's progress on stderr (a bar on a terminal, plain lines elsewhere) until the changefeed
+    streams; a changefeed that fails or stops instead ends it with exit code 1 and the reason."""
+    from cdc.cli.progress import WatchEnded, watch
+
+    try:
+        return watch(lambda: _request(server, "GET", path), sys.stderr)
+    except WatchEnded as exc:
+        raise CliError("CDC:ErrChangefeedNotStreaming", str(exc)) from None
+    except KeyboardInterrupt:
+        raise CliError("CDC:ErrInterrupted", "stopped watching (the changefeed goes on)", 130) from None
 
 
 def _cmd_capture(args: argparse.Namespace) -> Result:
@@ -308,6 +326,8 @@ def _add_cli_parser(sub: Any) -> None:
     c.add_argument("--changefeed-id", "-c", required=True)
     c.add_argument("--config", help="changefeed TOML (filter rules, span-count, sink options)")
     c.add_argument("--target-ts", type=int, default=0)
+    c.add_argument("--wait", action="store_true",
+                   help="show the initial copy's progress (a bar on a terminal, lines otherwise) until it streams")
     c.add_argument("--snapshot", choices=("initial", "none"),
                    help="copy the rows that exist first (initial, the default), or stream changes only (none); "
                         "overrides [snapshot] mode of --config")
@@ -318,6 +338,9 @@ def _add_cli_parser(sub: Any) -> None:
     for name, text in helps.items():
         q = ops.add_parser(name, parents=[out], help=text)
         q.add_argument("--changefeed-id", "-c", required=True)
+        if name == "query":
+            q.add_argument("--watch", action="store_true",
+                           help="show the initial copy's progress until the changefeed streams")
         if name == "remove":
             q.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the removal")
     u = ops.add_parser("update", parents=[out], help="change a stopped changefeed; prints the diff")

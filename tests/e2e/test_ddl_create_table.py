@@ -31,7 +31,7 @@ def test_tables_created_later_are_replicated_from_their_first_row(
     cdc.create_changefeed("fresh", pg_server.uri(pg_database), sink_uri, "span-count = 2\n")
     run_sql(source, "INSERT INTO base SELECT g, 'b' || g FROM generate_series(1, 20) g")
     tables = ["public.base"]
-    assert_converged(cdc, "fresh", source, sink_uri, tables=tables)
+    assert_converged(cdc, "fresh", source, sink_uri, tables=tables, schemas=True)
 
     # created, filled and changed in one transaction; then more rows in their own transactions
     run_sql(source, "BEGIN", "CREATE TABLE fresh_a (id int PRIMARY KEY, v text, n numeric(6,2))",
@@ -44,13 +44,13 @@ def test_tables_created_later_are_replicated_from_their_first_row(
     run_sql(source, "BEGIN", "CREATE TABLE fresh_c (id bigint PRIMARY KEY, pad text)",
             "INSERT INTO fresh_c SELECT g, repeat('p', 100) FROM generate_series(1, 5000) g", "COMMIT")
     tables += ["public.fresh_a", "public.fresh_b", "public.fresh_c"]
-    assert_converged(cdc, "fresh", source, sink_uri, tables=tables)
+    assert_converged(cdc, "fresh", source, sink_uri, tables=tables, schemas=True)
 
     # DROP and CREATE of the same name in one transaction: the new incarnation starts empty downstream
     run_sql(source, "BEGIN", "DROP TABLE fresh_a", "CREATE TABLE fresh_a (id int PRIMARY KEY, w int)",
             "INSERT INTO fresh_a VALUES (1, 10), (2, 20)", "COMMIT")
     run_sql(source, "INSERT INTO fresh_a VALUES (3, 30)", "DELETE FROM fresh_b WHERE k = 'x'")
-    assert_converged(cdc, "fresh", source, sink_uri, tables=tables)
+    assert_converged(cdc, "fresh", source, sink_uri, tables=tables, schemas=True)
 
     q = wait_for(cdc, "fresh", lambda q: True, "query")
     assert q["state"] == "normal" and not q["warnings"], q
@@ -75,21 +75,21 @@ def test_create_and_drop_index_replay_downstream_with_replicate_indexes(
     cdc = cdc_server
     cdc.create_changefeed("ix", pg_server.uri(pg_database), sink_uri, "[ddl]\nreplicate-indexes = true\n")
     run_sql(source, "INSERT INTO base SELECT g, 'b' || g FROM generate_series(1, 20) g")
-    assert_converged(cdc, "ix", source, sink_uri, tables=["public.base"])
+    assert_converged(cdc, "ix", source, sink_uri, tables=["public.base"], schemas=True)
 
     run_sql(source, "ALTER TABLE base ADD COLUMN code int", "UPDATE base SET code = id * 10",
             "BEGIN", "CREATE INDEX base_v_idx ON base (v, id)", "INSERT INTO base VALUES (21, 'x', 210)",
             "CREATE UNIQUE INDEX base_code_key ON base (code)", "COMMIT",
             "CREATE INDEX base_lower_idx ON base (lower(v))",  # an expression: not replayed
             "CREATE INDEX base_part_idx ON base (id) WHERE code > 100")  # partial: not replayed
-    assert_converged(cdc, "ix", source, sink_uri, tables=["public.base"])
+    assert_converged(cdc, "ix", source, sink_uri, tables=["public.base"], schemas=True)
     ixs = _indexes(sink_uri, "base")
     assert ixs.get("base_v_idx") == (("v", "id"), False), ixs
     assert ixs.get("base_code_key") == (("code",), True), ixs
     assert "base_lower_idx" not in ixs and "base_part_idx" not in ixs, ixs
 
     run_sql(source, "BEGIN", "DROP INDEX base_v_idx", "UPDATE base SET v = 'after drop' WHERE id = 1", "COMMIT")
-    assert_converged(cdc, "ix", source, sink_uri, tables=["public.base"])
+    assert_converged(cdc, "ix", source, sink_uri, tables=["public.base"], schemas=True)
     ixs = _indexes(sink_uri, "base")
     assert "base_v_idx" not in ixs and "base_code_key" in ixs, ixs
     q = wait_for(cdc, "ix", lambda q: True, "query")
@@ -102,5 +102,5 @@ def test_indexes_are_not_replayed_by_default(
     cdc.create_changefeed("noix", pg_server.uri(pg_database), sink_uri)
     run_sql(source, "INSERT INTO base VALUES (1, 'a')", "CREATE INDEX base_v_idx ON base (v)",
             "INSERT INTO base VALUES (2, 'b')")
-    assert_converged(cdc, "noix", source, sink_uri, tables=["public.base"])
+    assert_converged(cdc, "noix", source, sink_uri, tables=["public.base"], schemas=True)
     assert "base_v_idx" not in _indexes(sink_uri, "base")

@@ -81,7 +81,7 @@ def test_a_kill_before_the_target_applied_the_ddl(
     cdc = cdc_server
     cdc.create_changefeed("kb", pg_server.uri(pg_database), sink_uri)
     run_sql(source, "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g", "INSERT INTO u VALUES (1, 'u')")
-    assert_converged(cdc, "kb", source, sink_uri, tables=TABLES)
+    assert_converged(cdc, "kb", source, sink_uri, tables=TABLES, schemas=True)
 
     with held(sink_uri, "t"):
         run_sql(source, "BEGIN", "INSERT INTO t VALUES (21, 'before')", "ALTER TABLE t ADD COLUMN c int DEFAULT 5",
@@ -91,7 +91,7 @@ def test_a_kill_before_the_target_applied_the_ddl(
         cdc.kill()
     run_sql(source, "INSERT INTO u VALUES (2, 'while down')")
     cdc.start()
-    assert_converged(cdc, "kb", source, sink_uri, tables=TABLES)
+    assert_converged(cdc, "kb", source, sink_uri, tables=TABLES, schemas=True)
     (record,) = ddl_records(sink_uri, "%ADD COLUMN c%")
     assert record[2], record  # the rows after it in its transaction were written (rows_done)
     q = wait_for(cdc, "kb", lambda q: True, "query")
@@ -105,7 +105,7 @@ def test_a_kill_after_the_target_applied_the_ddl(
     cdc = cdc_server
     cdc.create_changefeed("ka", pg_server.uri(pg_database), sink_uri)
     run_sql(source, "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g", "INSERT INTO u VALUES (1, 'u')")
-    assert_converged(cdc, "ka", source, sink_uri, tables=TABLES)
+    assert_converged(cdc, "ka", source, sink_uri, tables=TABLES, schemas=True)
 
     with held(sink_uri, "u"):
         run_sql(source, "BEGIN", "INSERT INTO t VALUES (21, 'before')", "ALTER TABLE t ADD COLUMN d int DEFAULT 7",
@@ -115,7 +115,7 @@ def test_a_kill_after_the_target_applied_the_ddl(
         assert not record[2], record  # the rows after it are still held
         cdc.kill()
     cdc.start()
-    assert_converged(cdc, "ka", source, sink_uri, tables=TABLES)
+    assert_converged(cdc, "ka", source, sink_uri, tables=TABLES, schemas=True)
     (record,) = ddl_records(sink_uri, "%ADD COLUMN d%")
     assert record[2], record
     q = wait_for(cdc, "ka", lambda q: True, "query")

@@ -49,7 +49,7 @@ def test_key_default_not_null_widening_truncate_and_multi_table_ddl_transactions
     cdc = cdc_server
     cdc.create_changefeed("kinds", pg_server.uri(pg_database), sink_uri)
     run_sql(source, *FILL)
-    assert_converged(cdc, "kinds", source, sink_uri, tables=TABLES)
+    assert_converged(cdc, "kinds", source, sink_uri, tables=TABLES, schemas=True)
 
     # defaults and NOT NULL, with rows between them in one transaction
     run_sql(source, "BEGIN", "ALTER TABLE acct ALTER COLUMN note SET DEFAULT 'dflt'",
@@ -57,20 +57,20 @@ def test_key_default_not_null_widening_truncate_and_multi_table_ddl_transactions
             "UPDATE acct SET note = 'upd' WHERE id = 2", "ALTER TABLE acct ALTER COLUMN note DROP NOT NULL",
             "ALTER TABLE acct ALTER COLUMN note DROP DEFAULT", "INSERT INTO acct (id, code) VALUES (42, 'c42')",
             "COMMIT")
-    assert_converged(cdc, "kinds", source, sink_uri, tables=TABLES)
+    assert_converged(cdc, "kinds", source, sink_uri, tables=TABLES, schemas=True)
 
     # widening: numeric to more precision and scale (stored values gain digits as upstream), varchar to text
     run_sql(source, "ALTER TABLE acct ALTER COLUMN amount TYPE numeric(14,4)",
             "UPDATE acct SET amount = 123456.1234 WHERE id = 3", "DELETE FROM acct WHERE id = 4")
     run_sql(source, "ALTER TABLE acct ALTER COLUMN note TYPE text", f"UPDATE acct SET note = '{'t' * 300}' WHERE id = 5")
-    assert_converged(cdc, "kinds", source, sink_uri, tables=TABLES)
+    assert_converged(cdc, "kinds", source, sink_uri, tables=TABLES, schemas=True)
 
     # key change: the primary key moves from id to code, rows written and deleted by the new key after it
     run_sql(source, "BEGIN", "UPDATE acct SET amount = 7 WHERE id = 6", "ALTER TABLE acct DROP CONSTRAINT acct_pkey",
             "ALTER TABLE acct ADD PRIMARY KEY (code)", "UPDATE acct SET amount = 8 WHERE code = 'c7'",
             "DELETE FROM acct WHERE code = 'c8'", "INSERT INTO acct VALUES (7, 'c7b', 1, 'same id, other key')",
             "COMMIT")
-    assert_converged(cdc, "kinds", source, sink_uri, tables=TABLES)
+    assert_converged(cdc, "kinds", source, sink_uri, tables=TABLES, schemas=True)
     assert _target_key(sink_uri, "acct") == ["code"]
 
     # a key-less table gains a key (its duplicates removed first), a multi-statement DDL transaction over two tables
@@ -78,7 +78,7 @@ def test_key_default_not_null_widening_truncate_and_multi_table_ddl_transactions
     run_sql(source, "BEGIN", "ALTER TABLE logs ADD PRIMARY KEY (n)", "INSERT INTO logs VALUES (100, 'keyed')",
             "ALTER TABLE acct ADD COLUMN flag boolean DEFAULT true", "UPDATE acct SET flag = false WHERE code = 'c9'",
             "ALTER TABLE logs ALTER COLUMN msg SET DEFAULT 'x'", "UPDATE logs SET msg = 'upd' WHERE n = 1", "COMMIT")
-    assert_converged(cdc, "kinds", source, sink_uri, tables=TABLES)
+    assert_converged(cdc, "kinds", source, sink_uri, tables=TABLES, schemas=True)
     assert _target_key(sink_uri, "logs") == ["n"]
 
     # TRUNCATE of both tables in one statement, then new rows; then the key dropped (back to a key-less table)
@@ -86,6 +86,6 @@ def test_key_default_not_null_widening_truncate_and_multi_table_ddl_transactions
             "INSERT INTO logs VALUES (1, 'after truncate')")
     run_sql(source, "ALTER TABLE logs DROP CONSTRAINT logs_pkey", "INSERT INTO logs VALUES (1, 'after truncate')",
             "DELETE FROM logs WHERE n = 1 AND msg = 'after truncate' AND ctid = (SELECT min(ctid) FROM logs)")
-    assert_converged(cdc, "kinds", source, sink_uri, tables=TABLES)
+    assert_converged(cdc, "kinds", source, sink_uri, tables=TABLES, schemas=True)
     q = wait_for(cdc, "kinds", lambda q: True, "query")
     assert q["state"] == "normal" and not q["warnings"], q

@@ -100,3 +100,64 @@ def test_a_non_empty_target_is_refused_unless_told_what_to_do(
     assert_converged(cdc, "second", source, sink_uri, tables=TABLES)
     q = wait_for(cdc, "second", lambda q: True, "query")
     assert q["state"] == "normal" and not q["warnings"], q
+
+
+def _spark_jobs(tag: str) -> list[str]:
+    """Processes of changefeed ``tag``'s snapshot job still running: the job and everything in its process group
+    (its Spark JVM and Python workers)."""
+    import subprocess
+
+    rows = [line.split(None, 2) for line in
+            subprocess.run(["ps", "-eo", "pid=,pgid=,args="], capture_output=True, text=True).stdout.splitlines()]
+    jobs = {r[0] for r in rows if len(r) == 3 and f"/snapshot/{tag}-" in r[2] and "--plan" in r[2]}
+    return [r[2][:120] for r in rows if len(r) == 3 and (r[0] in jobs or r[1] in jobs)]
+
+
+def test_a_capture_killed_mid_copy_resumes_with_the_chunks_left_and_ends_exactly_once(
+        cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:
+    if not sink_uri.startswith("postgresql"):
+        pytest.skip("one target is enough for the kill/resume protocol (the job's own tests cover every target)")
+    cdc = cdc_server
+    run_sql(source, "INSERT INTO big SELECT g, repeat('v', 200) || g, g % 97 FROM generate_series(1, 60000) g",
+            "INSERT INTO comp SELECT g % 500, 'b' || (g / 500), g / 3.0 FROM generate_series(1, 5000) g",
+            "INSERT INTO bag SELECT g % 300, 's' || (g % 7) FROM generate_series(1, 4000) g")
+    writer_conn = psycopg2.connect(pg_server.dsn(pg_database))
+    with BackgroundWriter(writer_conn, _writes(2), pause=0.01) as writer:
+        cdc.create_changefeed("kill", pg_server.uri(pg_database), sink_uri, "[snapshot]\nchunk-rows = 1500\n")
+        q = wait_for(cdc, "kill", lambda q: 0 < q["snapshot"]["chunks_done"] < q["snapshot"]["chunks_total"],
+                     "some chunks copied", timeout=120)
+        cdc.kill()  # SIGKILL: the job dies with it; its exported snapshot goes with its connection
+        time.sleep(1.0)
+        cdc.start()
+        q = wait_for(cdc, "kill", lambda q: q["phase"] == "streaming" or q["state"] != "normal", "the copy",
+                     timeout=240)
+        assert q["state"] == "normal", q
+        time.sleep(1.0)
+        writer.finish()
+    assert_converged(cdc, "kill", source, sink_uri, tables=TABLES)
+    q = wait_for(cdc, "kill", lambda q: True, "query")
+    assert q["state"] == "normal" and not q["warnings"], q
+    assert q["snapshot"]["chunks_done"] == q["snapshot"]["chunks_total"] > 30, q["snapshot"]
+
+
+def test_a_changefeed_paused_during_the_copy_ends_the_job_and_resumes_it(
+        cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:
+    if not sink_uri.startswith("sqlite"):
+        pytest.skip("pause is the processor's, the same for every target: checked once")
+    cdc = cdc_server
+    run_sql(source, "INSERT INTO big SELECT g, repeat('v', 200) || g, g FROM generate_series(1, 60000) g",
+            "INSERT INTO comp VALUES (1, 'a', 1)", "INSERT INTO bag VALUES (1, 'x'), (1, 'x')")
+    cdc.create_changefeed("pz", pg_server.uri(pg_database), sink_uri, "[snapshot]\nchunk-rows = 1500\n")
+    wait_for(cdc, "pz", lambda q: q["snapshot"]["chunks_done"] > 0, "the copy under way", timeout=120)
+    cdc.request("POST", "/api/v2/changefeeds/pz/pause")
+    deadline = time.monotonic() + 30
+    while _spark_jobs("pz") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _spark_jobs("pz") == [], "the snapshot job still runs after pause"
+    done = cdc.changefeed("pz")["snapshot"]["chunks_done"]
+    time.sleep(2.0)
+    assert cdc.changefeed("pz")["snapshot"]["chunks_done"] == done  # nothing copies while paused
+    cdc.request("POST", "/api/v2/changefeeds/pz/resume")
+    assert_converged(cdc, "pz", source, sink_uri, tables=TABLES)
+    q = wait_for(cdc, "pz", lambda q: True, "query")
+    assert q["state"] == "normal" and q["phase"] == "streaming" and not q["warnings"], q
