@@ -26,6 +26,7 @@ import tomllib
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
+from capture.snapshot_launcher import check_copy_possible
 from cdc.config import ChangefeedConfig
 from cdc.errors import (
     ChangefeedNotFound,
@@ -181,7 +182,10 @@ class ChangefeedService:
             with open_upstream(req.upstream_uri) as up:
                 tables, schemas = _eligible_tables(up, sink, table_filter, req.upstream_uri, sink_uri.redacted(),
                                                    config.sink.delivery)
-                existing = _existing_rows(sink, tables, schemas, config) if config.snapshot.mode == "initial" else []
+                existing: list[TableName] = []
+                if config.snapshot.mode == "initial":
+                    check_copy_possible(config.snapshot.spark_master)
+                    existing = _existing_rows(sink, tables, schemas, config)
                 spans = up.create_spans(_span_plans(req.changefeed_id, config.span_count, tables,
                                                     _join_rule(table_filter, config.span_count, sink,
                                                                req.sink_uri, config.sink.delivery)))

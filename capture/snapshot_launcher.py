@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -21,9 +23,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cdc.errors import InvalidArgument, TidewaterError
+from cdc.errors import InvalidArgument, InvalidConfig, TidewaterError
 from processor.snapshot import CopyRequest, CopyStopped
 from spark_jobs.plan import SnapshotJob, write_job
+from spark_jobs.session import check_spark
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,30 @@ class SnapshotJobFailed(TidewaterError):
 
     code = "CDC:ErrSnapshotFailed"
     retryable = True
+
+
+_MASTER = re.compile(r"^(local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?|yarn|(spark|mesos|k8s)://\S+)$")
+_checked: set[str] = set()  # masters found usable by this process (java -version is not free)
+
+
+def check_copy_possible(spark_master: str) -> None:
+    """Fail ``changefeed create`` up front when the initial copy could not run: pyspark missing, no Java 17, a
+    master URL Spark would refuse, or a ``spark://`` master that does not answer."""
+    if spark_master in _checked:
+        return
+    if not _MASTER.match(spark_master):
+        raise InvalidConfig(f"snapshot.spark-master {spark_master!r} is not a Spark master URL: use local[*], "
+                            f"local[N], spark://host:port (a standalone master), yarn or k8s://...")
+    check_spark()
+    if spark_master.startswith("spark://"):
+        for hostport in spark_master[len("spark://"):].split(","):
+            host, _, port = hostport.rpartition(":")
+            try:
+                socket.create_connection((host, int(port)), timeout=3.0).close()
+            except (OSError, ValueError) as exc:
+                raise InvalidArgument(f"the Spark master {hostport} of snapshot.spark-master does not answer "
+                                      f"({exc}): start it, or use local[*]") from None
+    _checked.add(spark_master)
 
 
 class SparkCopyLauncher:
@@ -64,7 +91,7 @@ class SparkCopyLauncher:
                           tables=tuple(str(t) for t in request.tables), etcd=self.etcd, span=request.span,
                           cluster=self.cluster_id, snapshot=request.snapshot, commit_ts=request.commit_ts,
                           commit_time=request.commit_time, chunk_rows=request.chunk_rows,
-                          spark_master=request.spark_master)
+                          spark_master=request.spark_master, local=request.local)
         write_job(job, plan)
         try:
             with open(logfile, "ab") as out:

@@ -54,6 +54,9 @@ class SnapshotConfig:
     on_existing_rows: str = "refuse"
     chunk_rows: int = 100_000  # rows per chunk (one Spark task, one downstream transaction)
     spark_master: str = "local[*]"  # any Spark master URL
+    # fewer rows than this left to copy in a span: the job copies them in its own process without starting Spark
+    # (a JVM and its executors cost seconds; measured in docs/benchmarks.md, "Snapshot copy"); 0: always Spark
+    spark_min_rows: int = 20_000
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ class ChangefeedConfig:
         if self.snapshot.on_existing_rows not in EXISTING_ROWS:
             raise InvalidConfig(f"snapshot.on-existing-rows must be one of {', '.join(EXISTING_ROWS)}, got "
                                 f"{self.snapshot.on_existing_rows!r}")
+        if self.snapshot.spark_min_rows < 0:
+            raise InvalidConfig(f"snapshot.spark-min-rows must be >= 0, got {self.snapshot.spark_min_rows}")
         if self.snapshot.chunk_rows < 1:
             raise InvalidConfig(f"snapshot.chunk-rows must be positive, got {self.snapshot.chunk_rows}")
         if not self.snapshot.spark_master.strip():

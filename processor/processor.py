@@ -325,7 +325,7 @@ class Processor:
             copy = InitialCopy(info, span, upstream, SnapshotProgressStore(self.store.client, self.store.cluster_id),
                                self._copy_launcher, self._persist_snapshot(info.id, span_index), state,
                                chunk_rows=config.snapshot.chunk_rows, spark_master=config.snapshot.spark_master,
-                               label=label)
+                               label=label, spark_min_rows=config.snapshot.spark_min_rows)
         runner = SpanRunner(label, source, sorter, lambda: open_sink(info.sink_uri, config.sink, config.ddl), start,
                             config.sink.txn_rows, fence=self._lease_fence, target_ts=info.target_ts,
                             warnings=slot.warnings if slot is not None else None,

@@ -61,6 +61,7 @@ class CopyRequest:
     commit_time: float
     chunk_rows: int
     spark_master: str
+    local: bool = False  # small enough to copy without starting Spark (in the job's own process)
 
 
 class CopyLauncher(Protocol):
@@ -77,7 +78,7 @@ class InitialCopy:
 
     def __init__(self, info: ChangefeedInfo, span: SpanInfo, upstream: Upstream, progress: SnapshotProgressStore,
                  launcher: CopyLauncher, persist: Callable[[SpanSnapshot], None], state: SpanSnapshot | None,
-                 *, chunk_rows: int, spark_master: str, label: str) -> None:
+                 *, chunk_rows: int, spark_master: str, label: str, spark_min_rows: int = 0) -> None:
         self.info = info
         self.span = span
         self.upstream = upstream
@@ -87,6 +88,7 @@ class InitialCopy:
         self.state = state if state is not None else SpanSnapshot()
         self.chunk_rows = chunk_rows
         self.spark_master = spark_master
+        self.spark_min_rows = spark_min_rows
         self.label = label
 
     def __call__(self, stop: threading.Event) -> dict[str, int]:
@@ -101,11 +103,11 @@ class InitialCopy:
             with self.upstream.export_snapshot(label=self.label) as exp:
                 self.state = SpanSnapshot("copying", (*self.state.exports, (exp.name, exp.ts)), {})
                 self.persist(self.state)  # before any row is written under it
-                pending = self._plan(tables, exp.name)
+                pending, rows = self._plan(tables, exp.name)
                 if pending:
                     request = CopyRequest(self.info.id, self.span.index, self.info.upstream_uri, self.info.sink_uri,
                                           tuple(pending), exp.name, exp.ts, exp.time, self.chunk_rows,
-                                          self.spark_master)
+                                          self.spark_master, local=rows < self.spark_min_rows)
                     log.info("span=%s copying %d table(s) under snapshot %s (Ts %d)", self.label, len(pending),
                              exp.name, exp.ts)
                     self.launcher(request, stop)
@@ -116,12 +118,14 @@ class InitialCopy:
         log.info("span=%s initial copy done: %d table(s); streaming from checkpoint", self.label, len(tables))
         return floors
 
-    def _plan(self, tables: Sequence[TableName], snapshot: str) -> list[TableName]:
-        """The tables with chunks left to copy. A table planned now (the first run to see it) is planned under
+    def _plan(self, tables: Sequence[TableName], snapshot: str) -> tuple[list[TableName], int]:
+        """The tables with chunks left to copy, and about how many rows those chunks hold (as planned). A table
+        planned now (the first run to see it) is planned under
         ``snapshot`` and its plan stored (the job takes it as it is); one that is empty at ``snapshot`` is
         recorded as copied right away, so that a span of empty tables starts no job at all."""
         cf, span = self.info.id, self.span.index
         pending: list[TableName] = []
+        rows = 0
         with self.upstream.snapshot_reader(snapshot, label=self.label) as reader:
             for t in tables:
                 stored = self.progress.get_plan(cf, span, t)
@@ -133,9 +137,11 @@ class InitialCopy:
                         for chunk in plan.chunks:
                             self.progress.record_chunk(cf, span, t, chunk.index, ChunkDone(0, 0.0, now, snapshot))
                         continue
-                if len(self.progress.done_chunks(cf, span, t)) < len(stored.chunks):
+                done = len(self.progress.done_chunks(cf, span, t))
+                if done < len(stored.chunks):
                     pending.append(t)
-        return pending
+                    rows += stored.rows * (len(stored.chunks) - done) // len(stored.chunks)
+        return pending, rows
 
     def floors(self, tables: Sequence[TableName]) -> dict[str, int]:
         """Each table's floor from the stored plans and chunks (see the module doc)."""

@@ -55,6 +55,9 @@ class SnapshotJob:
     chunk_rows: int = DEFAULT_CHUNK_ROWS
     spark_master: str = DEFAULT_SPARK_MASTER
     spark_conf: dict[str, str] = field(default_factory=dict)
+    # copy in this process without starting Spark (a copy too small to be worth a JVM and an executor: the
+    # capture decides from the planned rows, [snapshot] spark-min-rows)
+    local: bool = False
 
     def __post_init__(self) -> None:
         try:

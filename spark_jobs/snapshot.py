@@ -121,15 +121,21 @@ def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
     if not tasks:
         log.info("%s: nothing to copy (%d chunks already done)", job.label, total)
         return report
-    if spark is None:
-        spark = spark_session(job.spark_master, job.spark_conf, app_name=f"tidewater-snapshot-{job.changefeed}")
-    single_writer = job.sink.lower().startswith("sqlite:")
-    slices = 1 if single_writer else len(tasks)
-    log.info("%s: run %s copying %d chunk(s) of %d in %d partition(s) on %s", job.label, run_id, len(tasks),
-             total, slices, spark.sparkContext.master)
     t0 = time.monotonic()
-    results: list[ChunkResult] = (spark.sparkContext.parallelize(tasks, slices)
-                                  .mapPartitions(copy_chunks).collect())
+    results: list[ChunkResult]
+    if job.local and spark is None:  # too small for a JVM: the same task code, in this process, in order
+        log.info("%s: run %s copying %d chunk(s) of %d in this process (small copy, no Spark)", job.label, run_id,
+                 len(tasks), total)
+        results = list(copy_chunks(iter(tasks)))
+    else:
+        if spark is None:
+            spark = spark_session(job.spark_master, job.spark_conf, app_name=f"tidewater-snapshot-{job.changefeed}")
+        single_writer = job.sink.lower().startswith("sqlite:")
+        slices = 1 if single_writer else len(tasks)
+        log.info("%s: run %s copying %d chunk(s) of %d in %d partition(s) on %s", job.label, run_id, len(tasks),
+                 total, slices, spark.sparkContext.master)
+        t0 = time.monotonic()
+        results = spark.sparkContext.parallelize(tasks, slices).mapPartitions(copy_chunks).collect()
     report.seconds = time.monotonic() - t0
     failed = [r for r in results if r.error is not None]
     for r in results:
