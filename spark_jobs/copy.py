@@ -34,7 +34,7 @@ from cdc.events import OpType, RowChange, TableSchema
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.snapshot import ChunkDone, SnapshotChunk
-from cdc.uri import redact
+from cdc.uri import redact_text
 from sinks.base import Sink
 from sinks.factory import open_sink
 from spark_jobs.plan import SnapshotJob
@@ -69,7 +69,7 @@ class ChunkResult:
 
 def one_line(text: str) -> str:
     """``text`` on one line, any password of a URI in it redacted."""
-    return redact(" ".join(str(text).split()))
+    return redact_text(" ".join(str(text).split()))
 
 
 def _counted(changes: Iterator[RowChange], counter: list[int]) -> Iterator[RowChange]:

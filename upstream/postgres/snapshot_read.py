@@ -38,7 +38,7 @@ from psycopg2 import sql
 
 from cdc.errors import DecodeError, InvalidArgument, SnapshotExpired
 from cdc.events import OpType, RowChange, TableName, TableSchema
-from cdc.snapshot import SnapshotChunk, TablePlan
+from cdc.snapshot import SnapshotChunk, TablePlan, plan_from_bounds
 from upstream.base import SnapshotReader
 from upstream.postgres import catalog
 from upstream.postgres import conn as pg_conn
@@ -122,8 +122,7 @@ class PgSnapshotReader(SnapshotReader):
             cur.execute(sql.SQL("SELECT count(*) FROM {}").format(table))
             rows = int(cur.fetchone()[0])
         if not schema.has_key:
-            chunk = SnapshotChunk(name.schema, name.table, 0, 1, whole=True)
-            return TablePlan(name.schema, name.table, rows, chunk_rows, (chunk,), has_key=False)
+            return plan_from_bounds(name, rows, chunk_rows, None)
         key = tuple(schema.key)
         bounds: list[tuple[str, ...]] = []
         if rows > chunk_rows:
@@ -135,12 +134,9 @@ class PgSnapshotReader(SnapshotReader):
             with pg_conn.pg_errors(conn, f"planning the chunks of {name}"), conn.cursor() as cur:
                 cur.execute(query, (chunk_rows,))
                 bounds = [tuple(r) for r in cur.fetchall()]
-        edges: list[tuple[str, ...] | None] = [None, *bounds, None]
-        count = len(edges) - 1
-        chunks = tuple(SnapshotChunk(name.schema, name.table, i, count, key, edges[i], edges[i + 1])
-                       for i in range(count))
-        log.info("snapshot plan %s: %s rows in %d chunk(s) of %d rows", name, rows, count, chunk_rows)
-        return TablePlan(name.schema, name.table, rows, chunk_rows, chunks, has_key=True)
+        plan = plan_from_bounds(name, rows, chunk_rows, key, bounds)
+        log.info("snapshot plan %s: %s rows in %d chunk(s) of %d rows", name, rows, len(plan.chunks), chunk_rows)
+        return plan
 
     # ---- reading ---------------------------------------------------------------------------------------
     @staticmethod
