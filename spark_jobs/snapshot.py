@@ -10,9 +10,9 @@ Runs as its own process, never inside a capture's interpreter. Steps of :func:`r
    The reader is closed before Spark starts. The run then stores itself as the span's current run
    (:class:`cdc.snapshot.SnapshotRun`): every chunk commit is fenced on it, so a previous run's processes
    that outlived their driver (Spark's Python daemon has a process group of its own) commit nothing more.
-3. Copy the pending chunks in Spark: ``sc.parallelize(tasks).mapPartitions(copy_chunks)``, one partition per
-   chunk (Spark runs as many at once as it has cores), except into SQLite, which has a single writer: then
-   all chunks go through one partition, in order. Every task reads its chunks under the same snapshot, writes
+3. Copy the pending chunks in Spark: ``sc.parallelize(tasks, n).mapPartitions(copy_chunks)`` with ``n`` from
+   :func:`partitions` (a few per core, at most one per chunk), except into SQLite, which has a single writer:
+   then all chunks go through one partition, in order. Every task reads its chunks under the same snapshot, writes
    each in one downstream transaction and records it in etcd (:mod:`spark_jobs.copy`).
 4. Collect the results: if a chunk failed, raise its error (chunks copied before stay recorded, so running
    the job again copies only the rest).
@@ -123,8 +123,7 @@ def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
         return report
     if spark is None:
         spark = spark_session(job.spark_master, job.spark_conf, app_name=f"tidewater-snapshot-{job.changefeed}")
-    single_writer = job.sink.lower().startswith("sqlite:")
-    slices = 1 if single_writer else len(tasks)
+    slices = partitions(len(tasks), spark.sparkContext.defaultParallelism, job.sink)
     log.info("%s: run %s copying %d chunk(s) of %d in %d partition(s) on %s", job.label, run_id, len(tasks),
              total, slices, spark.sparkContext.master)
     t0 = time.monotonic()
@@ -162,6 +161,20 @@ def message(exc: TidewaterError) -> str:
     if fix and "fix:" not in text.lower():
         text = f"{text.rstrip('.')}. Fix: {fix}"
     return f"[{exc.code}] {text}"
+
+
+PARTITIONS_PER_CORE = 3
+
+
+def partitions(n_tasks: int, parallelism: int, sink: str) -> int:
+    """How many Spark partitions the pending chunks are split into (contiguous runs of chunks, each task reusing
+    one upstream connection, sink and etcd client for its chunks): one for SQLite (a single writer), else
+    ``PARTITIONS_PER_CORE`` per core Spark has, at most one per chunk. Several per core keep the cores busy when
+    chunks differ in cost; fewer than one per chunk save a connection, a sink check and an etcd client per
+    chunk (measured: 100 chunks of 10k rows in 100 partitions ran at half the speed of 20 chunks of 50k)."""
+    if sink.lower().startswith("sqlite:"):
+        return 1
+    return max(1, min(n_tasks, max(1, parallelism) * PARTITIONS_PER_CORE))
 
 
 def exit_code(exc: TidewaterError) -> int:

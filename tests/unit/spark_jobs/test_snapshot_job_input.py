@@ -130,3 +130,12 @@ def test_a_chunk_is_one_write_and_a_keyless_chunk_replaces_the_table() -> None:
                     fence=lambda: calls.append(1)) == 2  # rows, not the TRUNCATE
     batch, fenced = sink.calls[1]
     assert [c.op for c in batch] == [OpType.TRUNCATE, OpType.INSERT, OpType.INSERT] and fenced and calls == [1]
+
+
+def test_partitions_a_few_per_core_one_for_sqlite() -> None:
+    from spark_jobs.snapshot import partitions
+
+    assert partitions(100, 2, "postgresql://h/db") == 6
+    assert partitions(4, 2, "mysql://h/db") == 4  # never more than one per chunk
+    assert partitions(100, 2, "sqlite:///t.db") == 1 and partitions(100, 2, "SQLITE:///t.db") == 1
+    assert partitions(1, 0, "postgresql://h/db") == 1
