@@ -9,6 +9,8 @@ logical slot with an exported snapshot, and measures, each into a fresh target:
 
 - ``pg_dump | psql``: the reference of issue 10 (schema and data of the same tables into an empty database);
 - ``COPY TO STDOUT | COPY FROM STDIN`` (psql on both ends, one table after the other): the bulk-load ceiling;
+- the same copy in this one process without Spark (``spark_jobs.copy.copy_chunks`` over every chunk in order,
+  chunk-rows 50000): the per-core speed of the read -> parse -> sink path;
 - the snapshot job (``spark_jobs.snapshot.run``) once per ``--chunk-rows`` value, on one SparkSession (its
   start-up time is printed apart: a job process pays it once).
 
@@ -30,10 +32,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from cdc.meta.etcd import EtcdClient  # noqa: E402
+from cdc.meta.snapshot_progress import SnapshotProgressStore  # noqa: E402
 from playground.servers import EtcdServer, PostgresServer  # noqa: E402
+from spark_jobs.copy import copy_chunks  # noqa: E402
 from spark_jobs.plan import SnapshotJob  # noqa: E402
 from spark_jobs.session import spark_session  # noqa: E402
-from spark_jobs.snapshot import run  # noqa: E402
+from spark_jobs.snapshot import plan_tasks, run  # noqa: E402
 
 
 def sh(cmd: str) -> None:
@@ -104,16 +109,27 @@ def bench(args: argparse.Namespace, pg: PostgresServer, etcd: EtcdServer, work: 
                           f"{bin_dir}/psql {conn_opts} -d ref_copy -c 'COPY {x} FROM STDIN'") for x in tables])
     results.append(("COPY TO STDOUT | COPY FROM STDIN", t))
 
+    def target(name: str) -> str:
+        if args.target == "postgresql":
+            pg.create_database(name)
+            return pg.uri(name)
+        return f"sqlite:///{work / f'{name}.db'}"
+
+    job = SnapshotJob(changefeed="bench-nospark", upstream=pg.uri("src"), sink=target("nospark"),
+                      tables=tuple(f"public.{x}" for x in tables), etcd=(etcd.url,), snapshot=snapshot,
+                      commit_ts=commit_ts, chunk_rows=50_000)
+    t0 = time.monotonic()
+    with EtcdClient([etcd.url]) as client:
+        tasks, _ = plan_tasks(job, SnapshotProgressStore(client, job.cluster))
+    copied = sum(r.rows for r in copy_chunks(tasks))
+    assert copied == rows, copied
+    results.append((f"one process, no Spark -> {args.target}, chunk-rows 50000", time.monotonic() - t0))
+
     t0 = time.monotonic()
     spark = spark_session(args.master, {"spark.sql.shuffle.partitions": "4"}, app_name="bench-snapshot")
     print(f"spark session ({args.master}) started in {time.monotonic() - t0:.1f} s (paid once per job process)")
     for n, chunk_rows in enumerate(int(x) for x in args.chunk_rows.split(",")):
-        if args.target == "postgresql":
-            db = f"tgt{n}"
-            pg.create_database(db)
-            sink = pg.uri(db)
-        else:
-            sink = f"sqlite:///{work / f'tgt{n}.db'}"
+        sink = target(f"tgt{n}")
         job = SnapshotJob(changefeed=f"bench-{n}", upstream=pg.uri("src"), sink=sink,
                           tables=tuple(f"public.{x}" for x in tables), etcd=(etcd.url,), snapshot=snapshot,
                           commit_ts=commit_ts, chunk_rows=chunk_rows, spark_master=args.master)
