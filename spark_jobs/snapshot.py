@@ -18,7 +18,10 @@ Runs as its own process, never inside a capture's interpreter. Steps of :func:`r
    the job again copies only the rest).
 
 Exit codes of :func:`main`: 0 copied (or nothing left to copy), 1 the job cannot work as given (bad plan, URI,
-table, snapshot: the message says what to fix), 2 a resource is unavailable (retry later), 3 anything else.
+table, snapshot: the message says what to fix), 2 a resource is unavailable (retry later), 3 anything else,
+130 stopped by SIGTERM or SIGINT. On SIGTERM the run first fences itself out in etcd (its tasks commit no further
+chunk), then cancels its Spark jobs and stops the SparkContext (Spark's Python workers end); chunks recorded
+stay done.
 Errors are printed as one line ``snapshot copy failed: [CODE] message``, without a traceback or a password.
 """
 
@@ -27,11 +30,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,29 +112,42 @@ def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
         sink.check()
     finally:
         sink.close()
-    run_id = uuid.uuid4().hex
+    run = SnapshotRun(uuid.uuid4().hex, time.time(), socket.gethostname(), os.getpid())
+    run_id = run.run_id
     client = EtcdClient(list(job.etcd))
     try:
         store = SnapshotProgressStore(client, job.cluster)
         tasks, total = plan_tasks(job, store, run_id)
         if tasks:  # from now on only this run commits chunks of the span (an older one still alive is fenced)
-            store.begin_run(job.changefeed, job.span, SnapshotRun(run_id, time.time(), socket.gethostname(),
-                                                                  os.getpid()))
+            store.begin_run(job.changefeed, job.span, run)
     finally:
         client.close()
     report = CopyReport(chunks_total=total, chunks_skipped=total - len(tasks))
     if not tasks:
         log.info("%s: nothing to copy (%d chunks already done)", job.label, total)
         return report
+    own = spark is None
     if spark is None:
         spark = spark_session(job.spark_master, job.spark_conf, app_name=f"tidewater-snapshot-{job.changefeed}")
-    slices = partitions(len(tasks), spark.sparkContext.defaultParallelism, job.sink)
-    log.info("%s: run %s copying %d chunk(s) of %d in %d partition(s) on %s", job.label, run_id, len(tasks),
-             total, slices, spark.sparkContext.master)
-    t0 = time.monotonic()
-    results: list[ChunkResult] = (spark.sparkContext.parallelize(tasks, slices)
-                                  .mapPartitions(copy_chunks).collect())
-    report.seconds = time.monotonic() - t0
+        _STOP.spark = spark
+        _STOP.fence_out = lambda: _end_own_run(job, run)
+    try:
+        slices = partitions(len(tasks), spark.sparkContext.defaultParallelism, job.sink)
+        log.info("%s: run %s copying %d chunk(s) of %d in %d partition(s) on %s", job.label, run_id, len(tasks),
+                 total, slices, spark.sparkContext.master)
+        t0 = time.monotonic()
+        try:
+            results: list[ChunkResult] = (spark.sparkContext.parallelize(tasks, slices)
+                                          .mapPartitions(copy_chunks).collect())
+        except Exception:
+            if _STOP.requested.is_set():  # the jobs were cancelled on request (SIGTERM)
+                raise KeyboardInterrupt("stop requested") from None
+            raise
+        report.seconds = time.monotonic() - t0
+    finally:
+        if own:  # also when stopped: ends the Python workers, so nothing keeps writing
+            _STOP.spark = _STOP.fence_out = None
+            spark.stop()
     failed = [r for r in results if r.error is not None]
     for r in results:
         if r.error is None:
@@ -185,6 +203,43 @@ def exit_code(exc: TidewaterError) -> int:
     return 3
 
 
+class _Stop:
+    """SIGTERM handling: before Spark runs, the signal interrupts at once (KeyboardInterrupt); while Spark runs
+    it cancels the running jobs from another thread (a py4j call inside the signal handler would interleave with
+    the main thread's own call on the same connection), and :func:`run` turns the cancelled job into a
+    KeyboardInterrupt after stopping the SparkContext."""
+
+    requested = threading.Event()
+    spark: Any = None
+    fence_out: Callable[[], None] | None = None
+
+    @classmethod
+    def handler(cls, signum: int, frame: object) -> None:
+        cls.requested.set()
+        spark, fence_out = cls.spark, cls.fence_out
+        if spark is None:
+            raise KeyboardInterrupt(f"signal {signum}")
+        log.info("signal %d: fencing out this run and cancelling the Spark jobs", signum)
+
+        def stop() -> None:
+            if fence_out is not None:
+                fence_out()  # no chunk commits from now on (Spark kills a cancelled task's worker only later)
+            spark.sparkContext.cancelAllJobs()
+
+        threading.Thread(target=stop, name="tidewater-stop", daemon=True).start()
+
+
+def _end_own_run(job: SnapshotJob, run: SnapshotRun) -> None:
+    try:
+        with EtcdClient(list(job.etcd)) as client:
+            SnapshotProgressStore(client, job.cluster).end_run(job.changefeed, job.span, run)
+    except TidewaterError as exc:
+        log.warning("%s: could not fence out run %s: %s", job.label, run.run_id, exc)
+
+
+_STOP = _Stop
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spark_jobs.snapshot",
                                      description="Copy a span's tables under an upstream snapshot (Spark).")
@@ -194,6 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    signal.signal(signal.SIGTERM, _STOP.handler)  # a stop request: cancel, stop Spark, exit 130
     try:
         job = read_job(args.plan)
         report = run(job)

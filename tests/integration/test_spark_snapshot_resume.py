@@ -89,3 +89,33 @@ def test_a_killed_job_resumes_with_the_remaining_chunks(pg_server: Any, pg_datab
         with EtcdClient([etcd_server.url]) as client:
             final = read_progress(client, cluster_id, "cf-resume", 0)
             assert final.done and final.chunks_done == 61 and len(final.runs) == 1
+
+
+def test_sigterm_stops_the_job_and_nothing_keeps_copying(pg_server: Any, pg_database: str, tmp_path: Path,
+                                                       etcd_server: Any, cluster_id: str) -> None:
+    execute(pg_server, pg_database, "CREATE TABLE big (id int PRIMARY KEY, v text)",
+            "INSERT INTO big SELECT i, repeat('v', i % 50) FROM generate_series(1, 6000) i")
+    job = SnapshotJob(changefeed="cf-term", upstream=pg_server.uri(pg_database),
+                      sink=f"sqlite:///{tmp_path / 'target.db'}", tables=("public.big",), etcd=(etcd_server.url,),
+                      cluster=cluster_id, chunk_rows=100, spark_master="local[1]")
+    plan_file = write_job(job, tmp_path / "job.json")
+    proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.snapshot", "--plan", str(plan_file)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    with EtcdClient([etcd_server.url]) as client:
+        try:
+            deadline = time.monotonic() + 90
+            while read_progress(client, cluster_id, "cf-term", 0).chunks_done < 3:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+                time.sleep(0.02)
+            proc.send_signal(signal.SIGTERM)  # the driver only, as a stop request would
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 130, err
+        assert err.rstrip().splitlines()[-1].startswith("snapshot copy interrupted") and "Traceback" not in err
+        stopped = read_progress(client, cluster_id, "cf-term", 0)
+        assert stopped.chunks_done < stopped.chunks_total == 60
+        assert stopped.runs == ()  # the stopping run fenced itself out: a worker still running commits nothing
+        time.sleep(1.5)
+        assert read_progress(client, cluster_id, "cf-term", 0).chunks_done == stopped.chunks_done
