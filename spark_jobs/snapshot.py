@@ -64,6 +64,9 @@ class CopyReport:
     chunks_copied: int = 0
     rows: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    unaligned_keyless: list[str] = field(default_factory=list)
+    """Key-less tables copied now without an exported snapshot: exact only if streaming starts from a slot whose
+    consistent point is what the copy read (docs/snapshot.md); the caller must make that so or copy them again."""
 
     @property
     def rows_copied(self) -> int:
@@ -123,6 +126,12 @@ def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
     finally:
         client.close()
     report = CopyReport(chunks_total=total, chunks_skipped=total - len(tasks))
+    if job.snapshot is None:
+        report.unaligned_keyless = sorted({str(t.chunk.table_name) for t in tasks if t.chunk.whole})
+        for name in report.unaligned_keyless:
+            log.warning("%s: key-less table %s is copied at the reader's own snapshot, not at a slot's exported "
+                        "snapshot: streaming replays would duplicate its rows unless the slot's consistent point is "
+                        "that snapshot (docs/snapshot.md)", job.label, name)
     if not tasks:
         log.info("%s: nothing to copy (%d chunks already done)", job.label, total)
         return report

@@ -111,3 +111,13 @@ def test_a_superseded_run_commits_nothing(base: SnapshotJob, etcd_server: Any, c
         [result] = list(copy_chunks(tasks))
         assert result.error is None and result.rows == 10
         assert list(store.done_chunks("cf-err", 0, tasks[0].chunk.table_name)) == [0]
+
+
+def test_keyless_tables_copied_without_an_exported_snapshot_are_reported(base: SnapshotJob, pg_server: Any,
+                                                                         pg_database: str, spark: Any) -> None:
+    from spark_jobs.snapshot import run
+
+    execute(pg_server, pg_database, "CREATE TABLE nk (a int)", "ALTER TABLE nk REPLICA IDENTITY FULL",
+            "INSERT INTO nk VALUES (1), (1)")
+    report = run(SnapshotJob(**{**base.__dict__, "tables": ("public.t", "public.nk")}), spark=spark)
+    assert report.rows == {"public.t": 10, "public.nk": 2} and report.unaligned_keyless == ["public.nk"]
