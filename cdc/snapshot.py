@@ -98,12 +98,15 @@ def plan_from_bounds(table: TableName, rows: int, chunk_rows: int, key: tuple[st
 @dataclass(frozen=True, slots=True)
 class ChunkDone:
     """Stored after a chunk's rows were committed downstream: how many rows, how long the copy took (s), when it
-    finished (unix time), and the snapshot it was read under (None: the reader's own)."""
+    finished (unix time), the snapshot it was read under (None: the reader's own) and the commit Ts its rows
+    carry (the consistent point of the slot that exported that snapshot; 0: none). A key-less table's stream
+    must skip the changes at or below that Ts (docs/snapshot.md)."""
 
     rows: int
     seconds: float
     finished_at: float
     snapshot: str | None = None
+    commit_ts: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,7 +118,8 @@ def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
                 seconds = time.monotonic() - t0
                 store.record_chunk(
                     job.changefeed, job.span, chunk.table_name, chunk.index,
-                    ChunkDone(rows, round(seconds, 6), time.time(), job.snapshot))
+                    ChunkDone(rows, round(seconds, 6), time.time(), job.snapshot,
+                              job.commit_ts if job.snapshot is not None else 0))
             except Exception as exc:  # noqa: BLE001 - reported to the driver, which raises it
                 code = exc.code if isinstance(exc, TidewaterError) else "CDC:ErrUnknown"
                 msg = exc.message if isinstance(exc, TidewaterError) else f"{type(exc).__name__}: {exc}"
