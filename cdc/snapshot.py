@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from cdc.events import TableName
 
-__all__ = ["ChunkDone", "SnapshotChunk", "SnapshotProgress", "SnapshotRun", "TablePlan", "TableProgress"]
+__all__ = ["ChunkDone", "SnapshotChunk", "SnapshotProgress", "SnapshotRun", "TablePlan", "TableProgress",
+           "plan_from_bounds"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,15 +76,37 @@ class TablePlan:
         return TableName(self.schema, self.table)
 
 
+def plan_from_bounds(table: TableName, rows: int, chunk_rows: int, key: tuple[str, ...] | None,
+                     bounds: list[tuple[str, ...]] | tuple[tuple[str, ...], ...] = ()) -> TablePlan:
+    """The plan of ``table`` from its chunk bounds: ``key`` None (no key) gives one ``whole`` chunk; otherwise
+    ``bounds`` (strictly increasing keys, each the first key of a chunk after the first) gives ``len(bounds) + 1``
+    contiguous chunks from an open lower end to an open upper end."""
+    if key is None:
+        if bounds:
+            raise ValueError("a table without a key has no chunk bounds")
+        chunk = SnapshotChunk(table.schema, table.table, 0, 1, whole=True)
+        return TablePlan(table.schema, table.table, rows, chunk_rows, (chunk,), has_key=False)
+    if not key:
+        raise ValueError("an empty key: use key=None for a table without a key")
+    edges: list[tuple[str, ...] | None] = [None, *bounds, None]
+    count = len(edges) - 1
+    chunks = tuple(SnapshotChunk(table.schema, table.table, i, count, key, edges[i], edges[i + 1])
+                   for i in range(count))
+    return TablePlan(table.schema, table.table, rows, chunk_rows, chunks, has_key=True)
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkDone:
     """Stored after a chunk's rows were committed downstream: how many rows, how long the copy took (s), when it
-    finished (unix time), and the snapshot it was read under (None: the reader's own)."""
+    finished (unix time), the snapshot it was read under (None: the reader's own) and the commit Ts its rows
+    carry (the consistent point of the slot that exported that snapshot; 0: none). A key-less table's stream
+    must skip the changes at or below that Ts (docs/snapshot.md)."""
 
     rows: int
     seconds: float
     finished_at: float
     snapshot: str | None = None
+    commit_ts: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,14 @@ def redact(raw: str) -> str:
     return _USERINFO.sub(r"\1:***@", raw, count=1)
 
 
+_USERINFO_ANYWHERE = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@?#\s]*):[^/?#\s]*@")
+
+
+def redact_text(text: str) -> str:
+    """``text`` (a message) with the password of every ``scheme://user:password@`` in it replaced."""
+    return _USERINFO_ANYWHERE.sub(r"\1:***@", text)
+
+
 def parse_uri(raw: str, *, allowed: tuple[str, ...], what: str) -> ParsedURI:
     if not raw or "://" not in raw:
         raise InvalidURI(f"{what} URI {redact(raw or '')!r} is malformed: expected scheme://...")

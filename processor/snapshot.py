@@ -110,7 +110,13 @@ class InitialCopy:
                                           self.spark_master, local=rows < self.spark_min_rows)
                     log.info("span=%s copying %d table(s) under snapshot %s (Ts %d)", self.label, len(pending),
                              exp.name, exp.ts)
-                    self.launcher(request, stop)
+                    try:
+                        self.launcher(request, stop)
+                    except BaseException:
+                        # Spark's Python workers may outlive the job: fence them out, so no chunk commits after
+                        # a stop (pause, move, remove) or a failure; the next run starts a new fence anyway
+                        self.progress.end_run(self.info.id, self.span.index)
+                        raise
             self.progress.end_run(self.info.id, self.span.index)  # a late process of the job commits nothing more
         floors = self.floors(tables)
         self.state = SpanSnapshot("done", self.state.exports, floors)

@@ -34,7 +34,7 @@ from cdc.events import OpType, RowChange, TableSchema
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.snapshot import ChunkDone, SnapshotChunk
-from cdc.uri import redact
+from cdc.uri import redact_text
 from sinks.base import Sink
 from sinks.factory import open_sink
 from spark_jobs.plan import SnapshotJob
@@ -69,7 +69,7 @@ class ChunkResult:
 
 def one_line(text: str) -> str:
     """``text`` on one line, any password of a URI in it redacted."""
-    return redact(" ".join(str(text).split()))
+    return redact_text(" ".join(str(text).split()))
 
 
 def _counted(changes: Iterator[RowChange], counter: list[int]) -> Iterator[RowChange]:
@@ -118,7 +118,8 @@ def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
                 seconds = time.monotonic() - t0
                 store.record_chunk(
                     job.changefeed, job.span, chunk.table_name, chunk.index,
-                    ChunkDone(rows, round(seconds, 6), time.time(), job.snapshot))
+                    ChunkDone(rows, round(seconds, 6), time.time(), job.snapshot,
+                              job.commit_ts if job.snapshot is not None else 0))
             except Exception as exc:  # noqa: BLE001 - reported to the driver, which raises it
                 code = exc.code if isinstance(exc, TidewaterError) else "CDC:ErrUnknown"
                 msg = exc.message if isinstance(exc, TidewaterError) else f"{type(exc).__name__}: {exc}"

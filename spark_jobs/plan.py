@@ -27,7 +27,8 @@ from cdc.uri import parse_sink_uri
 
 DEFAULT_CHUNK_ROWS = 50_000
 """Rows per chunk when the plan does not say (docs/benchmarks.md, "Snapshot copy": 50k-row chunks were as
-fast as 200k-row ones on 2 cores, and keep a chunk's text and a retried chunk small)."""
+fast as 200k-row ones within the noise and faster than 10k-row ones on 2 cores, and keep a re-copied chunk
+small)."""
 
 DEFAULT_SPARK_MASTER = "local[*]"
 

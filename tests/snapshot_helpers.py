@@ -87,3 +87,54 @@ def pg_target(request: pytest.FixtureRequest) -> Iterator[SqlTarget]:
     finally:
         if server.running:
             server.drop_database(name)
+
+
+@contextlib.contextmanager
+def spark_standalone(work: Any, cores: int = 2) -> Iterator[str]:
+    """A Spark standalone cluster from the pyspark distribution on 127.0.0.1: one master, one worker with
+    ``cores`` cores. Yields the master URL; both processes (own process groups) are stopped afterwards."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import pyspark
+
+    from playground.servers import free_port
+
+    home = os.path.dirname(pyspark.__file__)
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "SPARK_HOME": home, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
+           "SPARK_LOG_DIR": str(work), "SPARK_WORKER_DIR": str(work / "worker")}
+    port = free_port()
+    procs = []
+    try:
+        procs.append(subprocess.Popen(
+            [f"{home}/bin/spark-class", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
+             "--port", str(port), "--webui-port", str(free_port())],
+            env=env, stdout=open(work / "master.log", "wb"),  # noqa: SIM115 - the child keeps it
+            stderr=subprocess.STDOUT, start_new_session=True))
+        procs.append(subprocess.Popen(
+            [f"{home}/bin/spark-class", "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
+             "--host", "127.0.0.1", "--port", str(free_port()), "--webui-port", str(free_port()),
+             "--cores", str(cores), "--memory", "1g", "--work-dir", str(work / "worker")],
+            env=env, stdout=open(work / "worker.log", "wb"),  # noqa: SIM115 - the child keeps it
+            stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + 90
+        while b"Registering worker" not in (work / "master.log").read_bytes():
+            assert all(p.poll() is None for p in procs), (work / "master.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "the Spark worker did not register within 90 s"
+            time.sleep(0.2)
+        yield f"spark://127.0.0.1:{port}"
+    finally:
+        for p in reversed(procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(5)

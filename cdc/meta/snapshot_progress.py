@@ -54,10 +54,14 @@ class SnapshotProgressStore:
         kv = self.client.get(keys.snapshot_run_key(self.cluster_id, cf, span))
         return None if kv is None else _decode(SnapshotRun, kv)  # type: ignore[return-value]
 
-    def end_run(self, cf: str, span: int) -> None:
+    def end_run(self, cf: str, span: int, run: SnapshotRun | None = None) -> bool:
         """Fence out every run of the span (call before the span streams: a late chunk must not overwrite newer
-        rows). Chunk records stay."""
-        self.client.delete(keys.snapshot_run_key(self.cluster_id, cf, span))
+        rows), or, with ``run``, only that run if it is still the current one (a job stopping itself). Chunk
+        records stay. Returns whether a run was removed."""
+        key = keys.snapshot_run_key(self.cluster_id, cf, span)
+        if run is None:
+            return self.client.delete(key)
+        return self.client.txn([Compare(key, "value", "=", serde.to_json(run))], [Op.delete(key)])
 
     def check_run(self, cf: str, span: int, run_id: str) -> None:
         """Raise ``SnapshotSuperseded`` unless ``run_id`` is the span's current run (the fence of each chunk's

@@ -138,3 +138,29 @@ def test_an_expired_snapshot_and_a_missing_table_are_clear_errors(pg_server: Any
         with (open_upstream(uri).snapshot_reader(exp.snapshot) as reader,
               pytest.raises(SnapshotExpired, match="no longer exists.*Fix: copy under a fresh snapshot")):
             reader.table_schema(TableName("public", "e"))
+
+
+def test_a_big_chunk_streams_and_an_abandoned_or_failed_read_leaves_nothing_behind(pg_server: Any,
+                                                                                   pg_database: str) -> None:
+    import dataclasses
+    import threading
+
+    from cdc.errors import UpstreamError
+    from cdc.events import ColumnSchema
+
+    uri = pg_server.uri(pg_database)
+    execute(pg_server, pg_database, "CREATE TABLE s (a int, b text)", "ALTER TABLE s REPLICA IDENTITY FULL",
+            "INSERT INTO s SELECT i, repeat('x', 100) FROM generate_series(1, 100000) i")  # ~10 MB, one chunk
+    with open_upstream(uri).snapshot_reader() as reader:
+        schema = reader.table_schema(TableName("public", "s"))
+        [chunk] = reader.plan(schema, 1000).chunks
+        rows = reader.read_chunk(schema, chunk)
+        first = [next(rows) for _ in range(10)]
+        assert [r.row[0] for r in first] == list(range(1, 11))
+        rows.close()  # the consumer goes away mid-COPY: the copy thread stops, the connection is dropped
+        assert not [t for t in threading.enumerate() if t.name.startswith("copy-public.s")]
+        assert sum(1 for _ in reader.read_chunk(schema, chunk)) == 100000  # reopened
+        bad = dataclasses.replace(schema, columns=(*schema.columns, ColumnSchema("gone", 25, "text")))
+        with pytest.raises(UpstreamError, match='reading chunk 0 of public.s failed: .*"gone" does not exist'):
+            list(reader.read_chunk(bad, chunk))
+        assert sum(1 for _ in reader.read_chunk(schema, chunk)) == 100000

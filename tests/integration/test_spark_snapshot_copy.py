@@ -84,8 +84,11 @@ def test_snapshot_copy_into_each_target_equals_the_snapshot_row_by_row(
             assert {t.table: (t.rows_copied, t.rows_planned) for t in progress.tables} == {
                 "public.orders": (2000, 2000), "public.items": (1500, 1500), "public.nk": (120, 120)}
             assert all(t.eta_seconds == 0.0 and t.rows_per_second for t in progress.tables)
-            plan = SnapshotProgressStore(client, cluster_id).get_plan("cf-copy", 0, TableName("public", "orders"))
+            store = SnapshotProgressStore(client, cluster_id)
+            plan = store.get_plan("cf-copy", 0, TableName("public", "orders"))
             assert plan is not None and len(plan.chunks) == 5
+            done = store.done_chunks("cf-copy", 0, TableName("public", "nk"))[0]
+            assert (done.rows, done.snapshot, done.commit_ts) == (120, exp.snapshot, exp.commit_ts)
 
         # the same plan again: every chunk is recorded, nothing is copied (no Spark stage at all)
         again = run(job, spark=spark)

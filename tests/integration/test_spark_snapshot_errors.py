@@ -17,6 +17,7 @@ from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.snapshot import SnapshotRun
 from playground.servers import free_port
+from spark_jobs import launch
 from spark_jobs.copy import copy_chunks
 from spark_jobs.plan import SnapshotJob, write_job
 from spark_jobs.snapshot import plan_tasks
@@ -33,6 +34,13 @@ def run_job(job: SnapshotJob, tmp_path: Path) -> tuple[int, str, str]:
     out = subprocess.run([sys.executable, "-m", "spark_jobs.snapshot", "--plan", str(plan)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     return out.returncode, out.stdout, out.stderr
+
+
+def test_a_launched_job_reports_its_failure_line(base: SnapshotJob, tmp_path: Path) -> None:
+    proc = launch.start(SnapshotJob(**{**base.__dict__, "tables": ("public.nope",)}), tmp_path / "job")
+    assert proc.wait(120) == 1
+    failure = proc.failure()
+    assert failure is not None and failure.startswith("[CDC:ErrInvalidArgument]") and "public.nope" in failure
 
 
 def assert_one_clean_line(code: int, stdout: str, stderr: str, want_code: int, *fragments: str) -> str:
@@ -111,3 +119,13 @@ def test_a_superseded_run_commits_nothing(base: SnapshotJob, etcd_server: Any, c
         [result] = list(copy_chunks(tasks))
         assert result.error is None and result.rows == 10
         assert list(store.done_chunks("cf-err", 0, tasks[0].chunk.table_name)) == [0]
+
+
+def test_keyless_tables_copied_without_an_exported_snapshot_are_reported(base: SnapshotJob, pg_server: Any,
+                                                                         pg_database: str, spark: Any) -> None:
+    from spark_jobs.snapshot import run
+
+    execute(pg_server, pg_database, "CREATE TABLE nk (a int)", "ALTER TABLE nk REPLICA IDENTITY FULL",
+            "INSERT INTO nk VALUES (1), (1)")
+    report = run(SnapshotJob(**{**base.__dict__, "tables": ("public.t", "public.nk")}), spark=spark)
+    assert report.rows == {"public.t": 10, "public.nk": 2} and report.unaligned_keyless == ["public.nk"]

@@ -4,10 +4,7 @@ even when copied twice, never duplicates a row."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +16,8 @@ from cdc.meta import keys
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore, read_progress
 from playground.compare import compare_tables
-from spark_jobs.plan import SnapshotJob, write_job
+from spark_jobs import launch
+from spark_jobs.plan import SnapshotJob
 from spark_jobs.snapshot import run
 from tests.snapshot_helpers import at_snapshot, execute, exported_snapshot
 
@@ -43,11 +41,8 @@ def test_a_killed_job_resumes_with_the_remaining_chunks(pg_server: Any, pg_datab
         job = SnapshotJob(changefeed="cf-resume", upstream=pg_server.uri(pg_database), sink=target, tables=TABLES,
                           etcd=(etcd_server.url,), span=0, cluster=cluster_id, snapshot=exp.snapshot,
                           commit_ts=exp.commit_ts, chunk_rows=100, spark_master="local[1]")
-        plan_file = write_job(job, tmp_path / "job.json")
-        assert oct(plan_file.stat().st_mode & 0o777) == "0o600"  # it holds credentials
-        log = open(tmp_path / "job.log", "wb")  # noqa: SIM115 - closed below
-        proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.snapshot", "--plan", str(plan_file)],
-                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = launch.start(job, tmp_path / "job")
+        assert oct(proc.plan_path.stat().st_mode & 0o777) == "0o600"  # it holds credentials
         client = EtcdClient([etcd_server.url])
         try:
             deadline = time.monotonic() + 90
@@ -55,12 +50,11 @@ def test_a_killed_job_resumes_with_the_remaining_chunks(pg_server: Any, pg_datab
                 p = read_progress(client, cluster_id, "cf-resume", 0)
                 if p.chunks_done >= 5:
                     break
-                assert proc.poll() is None, (tmp_path / "job.log").read_text()
+                assert proc.poll() is None, proc.output()
                 assert time.monotonic() < deadline, "the job copied no chunk within 90 s"
                 time.sleep(0.02)
-            os.killpg(proc.pid, signal.SIGKILL)  # the job's process group: driver and JVM (not Spark's daemon)
-            proc.wait(10)
-            log.close()
+            proc.kill()  # SIGKILL of the job's process group: driver and JVM (not Spark's daemon)
+            assert proc.wait(10) == -signal.SIGKILL
             store = SnapshotProgressStore(client, cluster_id)
             # fence out whatever of the killed run still runs (Spark's Python daemon has its own process group and
             # its worker may be inside a chunk): from now on it cannot commit; then give it time to notice
@@ -74,8 +68,7 @@ def test_a_killed_job_resumes_with_the_remaining_chunks(pg_server: Any, pg_datab
             client.delete(keys.snapshot_chunk_key(cluster_id, "cf-resume", 0, TableName("public", "nk"), 0))
             recorded = killed.chunks_done - 1
         finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
+            proc.kill()
             client.close()
 
         report = run(job, spark=spark)  # same plan, second run
@@ -89,3 +82,31 @@ def test_a_killed_job_resumes_with_the_remaining_chunks(pg_server: Any, pg_datab
         with EtcdClient([etcd_server.url]) as client:
             final = read_progress(client, cluster_id, "cf-resume", 0)
             assert final.done and final.chunks_done == 61 and len(final.runs) == 1
+
+
+def test_sigterm_stops_the_job_and_nothing_keeps_copying(pg_server: Any, pg_database: str, tmp_path: Path,
+                                                       etcd_server: Any, cluster_id: str) -> None:
+    execute(pg_server, pg_database, "CREATE TABLE big (id int PRIMARY KEY, v text)",
+            "INSERT INTO big SELECT i, repeat('v', i % 50) FROM generate_series(1, 6000) i")
+    job = SnapshotJob(changefeed="cf-term", upstream=pg_server.uri(pg_database),
+                      sink=f"sqlite:///{tmp_path / 'target.db'}", tables=("public.big",), etcd=(etcd_server.url,),
+                      cluster=cluster_id, chunk_rows=100, spark_master="local[1]")
+    proc = launch.start(job, tmp_path / "job")
+    with EtcdClient([etcd_server.url]) as client:
+        try:
+            deadline = time.monotonic() + 90
+            while read_progress(client, cluster_id, "cf-term", 0).chunks_done < 3:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.output()
+                time.sleep(0.02)
+            rc = proc.stop(timeout=60)  # SIGTERM to the driver, as a pause or remove would send
+        finally:
+            proc.kill()
+        err = proc.output()
+        assert rc == 130, err
+        assert err.rstrip().splitlines()[-1].startswith("snapshot copy interrupted") and "Traceback" not in err
+        assert proc.failure() is None
+        stopped = read_progress(client, cluster_id, "cf-term", 0)
+        assert stopped.chunks_done < stopped.chunks_total == 60
+        assert stopped.runs == ()  # the stopping run fenced itself out: a worker still running commits nothing
+        time.sleep(1.5)
+        assert read_progress(client, cluster_id, "cf-term", 0).chunks_done == stopped.chunks_done

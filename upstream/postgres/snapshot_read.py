@@ -17,7 +17,9 @@ chunk: no key means no range to resume from, and the whole chunk is written as a
 rows (docs/snapshot.md), which ctid ranges could not give (a ctid is not stored downstream).
 
 Reading (:meth:`PgSnapshotReader.read_chunk`): ``COPY (SELECT <columns> FROM t WHERE (k...) >= (lower) AND
-(k...) < (upper) ORDER BY k...) TO STDOUT`` in text format: the values are the types' output text -- the same
+(k...) < (upper) ORDER BY k...) TO STDOUT`` in text format, run by a helper thread into a bounded queue of ~1 MB
+blocks (memory is bounded whatever the chunk's size, and the server's COPY overlaps parsing and writing; an
+abandoned read stops the COPY and closes the connection): the values are the types' output text -- the same
 text pgoutput sends for the same row -- with COPY's backslash escapes, which are undone
 (:func:`upstream.postgres.rowfetch.copy_unescape`; a line without a backslash has neither escapes nor NULLs
 and is split as it is). Each row is parsed by :func:`upstream.postgres.types.row_parser` over the columns'
@@ -30,6 +32,8 @@ from __future__ import annotations
 
 import io
 import logging
+import queue
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,7 +42,7 @@ from psycopg2 import sql
 
 from cdc.errors import DecodeError, InvalidArgument, SnapshotExpired
 from cdc.events import OpType, RowChange, TableName, TableSchema
-from cdc.snapshot import SnapshotChunk, TablePlan
+from cdc.snapshot import SnapshotChunk, TablePlan, plan_from_bounds
 from upstream.base import SnapshotReader
 from upstream.postgres import catalog
 from upstream.postgres import conn as pg_conn
@@ -122,8 +126,7 @@ class PgSnapshotReader(SnapshotReader):
             cur.execute(sql.SQL("SELECT count(*) FROM {}").format(table))
             rows = int(cur.fetchone()[0])
         if not schema.has_key:
-            chunk = SnapshotChunk(name.schema, name.table, 0, 1, whole=True)
-            return TablePlan(name.schema, name.table, rows, chunk_rows, (chunk,), has_key=False)
+            return plan_from_bounds(name, rows, chunk_rows, None)
         key = tuple(schema.key)
         bounds: list[tuple[str, ...]] = []
         if rows > chunk_rows:
@@ -135,12 +138,9 @@ class PgSnapshotReader(SnapshotReader):
             with pg_conn.pg_errors(conn, f"planning the chunks of {name}"), conn.cursor() as cur:
                 cur.execute(query, (chunk_rows,))
                 bounds = [tuple(r) for r in cur.fetchall()]
-        edges: list[tuple[str, ...] | None] = [None, *bounds, None]
-        count = len(edges) - 1
-        chunks = tuple(SnapshotChunk(name.schema, name.table, i, count, key, edges[i], edges[i + 1])
-                       for i in range(count))
-        log.info("snapshot plan %s: %s rows in %d chunk(s) of %d rows", name, rows, count, chunk_rows)
-        return TablePlan(name.schema, name.table, rows, chunk_rows, chunks, has_key=True)
+        plan = plan_from_bounds(name, rows, chunk_rows, key, bounds)
+        log.info("snapshot plan %s: %s rows in %d chunk(s) of %d rows", name, rows, len(plan.chunks), chunk_rows)
+        return plan
 
     # ---- reading ---------------------------------------------------------------------------------------
     @staticmethod
@@ -177,29 +177,117 @@ class PgSnapshotReader(SnapshotReader):
     def _rows(self, schema: TableSchema, chunk: SnapshotChunk, query: sql.Composed, params: list[str],
               commit_ts: int, commit_time: float) -> Iterator[RowChange]:
         conn = self._connection()
-        buf = io.StringIO()
-        with pg_conn.pg_errors(conn, f"reading chunk {chunk.index} of {schema.name}"), conn.cursor() as cur:
-            cur.copy_expert(cur.mogrify(query, params), buf)
-        text = buf.getvalue()
-        del buf
+        with conn.cursor() as cur:
+            text_query = cur.mogrify(query, params)
+        pipe = _CopyPipe()
+        what = f"reading chunk {chunk.index} of {schema.name}"
+
+        def produce() -> None:
+            try:
+                with pg_conn.pg_errors(conn, what), conn.cursor() as cur:
+                    cur.copy_expert(text_query, pipe)
+                pipe.finish()
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+                pipe.fail(exc)
+
+        producer = threading.Thread(target=produce, name=f"copy-{schema.name}#{chunk.index}", daemon=True)
+        producer.start()
         parsers = tuple(parser_for(c.base_type, c.is_array) for c in schema.columns)
         parse_row = row_parser(parsers)
         ncols = len(parsers)
         insert = OpType.INSERT
-        for line in text.split("\n"):
-            if not line:
-                continue
-            if "\\" in line:
-                texts: list[str | None] = [copy_unescape(f) for f in line.split("\t")]
-            else:
-                texts = line.split("\t")  # type: ignore[assignment]
-            if len(texts) != ncols:
-                raise DecodeError(f"{schema.name}: a copied row has {len(texts)} columns, the schema {ncols}")
+        complete = False
+        try:
+            for block in pipe.blocks():
+                for line in block.split("\n"):
+                    if not line:
+                        continue
+                    if "\\" in line:
+                        texts: list[str | None] = [copy_unescape(f) for f in line.split("\t")]
+                    else:
+                        texts = line.split("\t")  # type: ignore[assignment]
+                    if len(texts) != ncols:
+                        raise DecodeError(f"{schema.name}: a copied row has {len(texts)} columns, the schema {ncols}")
+                    try:
+                        row = parse_row(texts)
+                    except (ValueError, ArithmeticError) as exc:
+                        raise _bad_value(schema, parsers, texts, exc) from exc
+                    yield RowChange(insert, schema, commit_ts, commit_time, None, None, {}, row, texts)
+            complete = True
+        finally:
+            if not complete:  # abandoned or failed: stop the COPY; the connection cannot be trusted any more
+                pipe.abandon()
+            producer.join(30)
+            if not complete:
+                self.close()
+
+
+class _Abandoned(Exception):
+    """Raised inside ``copy_expert`` when the consumer of the rows went away."""
+
+
+class _CopyPipe(io.TextIOBase):
+    """Where ``copy_expert`` writes a chunk's COPY text (psycopg2 calls :meth:`write` once per row, with ``str``
+    because this is a text stream); the consumer takes it in blocks of about :data:`BLOCK_CHARS` characters,
+    always ending at a row boundary. At most :data:`QUEUE_BLOCKS` blocks wait: memory is bounded whatever the
+    chunk's size (a key-less table is one chunk), and reading overlaps parsing and writing."""
+
+    BLOCK_CHARS = 1 << 20
+    QUEUE_BLOCKS = 4
+    _END = object()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._q: queue.Queue[Any] = queue.Queue(self.QUEUE_BLOCKS)
+        self._parts: list[str] = []
+        self._size = 0
+        self._abandoned = threading.Event()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: str) -> int:  # type: ignore[override]
+        self._parts.append(data)
+        self._size += len(data)
+        if self._size >= self.BLOCK_CHARS:
+            self._put("".join(self._parts))
+            self._parts, self._size = [], 0
+        return len(data)
+
+    def _put(self, item: Any) -> None:
+        while True:
+            if self._abandoned.is_set():
+                raise _Abandoned()
             try:
-                row = parse_row(texts)
-            except (ValueError, ArithmeticError) as exc:
-                raise _bad_value(schema, parsers, texts, exc) from exc
-            yield RowChange(insert, schema, commit_ts, commit_time, None, None, {}, row, texts)
+                self._q.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def finish(self) -> None:
+        if self._parts:
+            self._put("".join(self._parts))
+            self._parts, self._size = [], 0
+        self._put(self._END)
+
+    def fail(self, exc: BaseException) -> None:
+        if not self._abandoned.is_set():
+            try:
+                self._put(exc)
+            except _Abandoned:
+                pass
+
+    def abandon(self) -> None:
+        self._abandoned.set()
+
+    def blocks(self) -> Iterator[str]:
+        while True:
+            item = self._q.get()
+            if item is self._END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
 
 
 def _bad_value(schema: TableSchema, parsers: tuple[Any, ...], texts: list[str | None],

@@ -1,15 +1,13 @@
 """The capture's side of the initial copy: ``changefeed create`` fails up front when the copy could not run (a
-master URL Spark would refuse, a standalone master that does not answer), and a failed job's own one-line reason
-becomes the span's error."""
+master URL Spark would refuse, a standalone master that does not answer)."""
 
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import pytest
 
-from capture.snapshot_launcher import _last_failure, check_copy_possible
+from capture.snapshot_launcher import check_copy_possible
 from cdc.errors import InvalidArgument, InvalidConfig
 
 pytestmark = pytest.mark.unit
@@ -33,12 +31,3 @@ def test_a_standalone_master_that_does_not_answer_fails_create() -> None:
     s.close()  # nothing listens there now
     with pytest.raises(InvalidArgument, match=f"127.0.0.1:{port} .* does not answer"):
         check_copy_possible(f"spark://127.0.0.1:{port}")
-
-
-def test_the_jobs_own_reason_is_taken_from_its_log(tmp_path: Path) -> None:
-    log = tmp_path / "job.log"
-    log.write_text("spark noise\nsnapshot copy failed: [CDC:ErrSinkUnavailable] target down. Fix: start it\n")
-    assert _last_failure(log) == "[CDC:ErrSinkUnavailable] target down. Fix: start it"
-    log.write_text("only noise\n")
-    assert _last_failure(log) is None
-    assert _last_failure(tmp_path / "missing.log") is None

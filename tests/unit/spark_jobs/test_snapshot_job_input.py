@@ -1,0 +1,141 @@
+"""spark_jobs: the job's plan file, its error lines, and one chunk's write (fakes, no servers, no Spark)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc.errors import (
+    InvalidArgument,
+    InvalidConfig,
+    InvalidURI,
+    SinkUnavailable,
+    SnapshotExpired,
+    TidewaterError,
+    UpstreamUnavailable,
+)
+from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
+from cdc.snapshot import SnapshotChunk, TablePlan, plan_from_bounds
+from sinks.base import Sink
+from spark_jobs.copy import ChunkTask, copy_one, one_line
+from spark_jobs.plan import DEFAULT_CHUNK_ROWS, SnapshotJob, read_job, write_job
+from spark_jobs.snapshot import _error, exit_code, message
+from upstream.base import SnapshotReader
+
+pytestmark = pytest.mark.unit
+
+JOB = SnapshotJob(changefeed="cf-1", upstream="postgresql://u:pw@h:5432/db", sink="sqlite:///t.db",
+                  tables=("public.a", "s.b"), etcd=("http://127.0.0.1:2379",))
+
+
+def test_the_plan_file_round_trips_and_is_private(tmp_path: Path) -> None:
+    path = write_job(JOB, tmp_path / "job.json")
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert read_job(path) == JOB
+    assert JOB.chunk_rows == DEFAULT_CHUNK_ROWS and JOB.spark_master == "local[*]" and JOB.snapshot is None
+    assert JOB.table_names == [TableName("public", "a"), TableName("s", "b")]
+
+
+@pytest.mark.parametrize(("change", "error", "match"), [
+    ({"chunk_rows": 0}, InvalidConfig, "chunk-rows must be at least 1"),
+    ({"tables": ()}, InvalidConfig, "no tables"),
+    ({"etcd": ()}, InvalidConfig, "no etcd endpoints"),
+    ({"changefeed": "bad/id"}, InvalidConfig, "invalid changefeed id"),
+    ({"sink": "nope://u:pw@h/x"}, InvalidURI, "not supported"),
+])
+def test_a_bad_plan_is_refused_naming_the_field(change: dict[str, Any], error: type, match: str) -> None:
+    with pytest.raises(error, match=match) as ei:
+        SnapshotJob(**{**JOB.__dict__, **change})
+    assert "pw" not in str(ei.value)
+
+
+def test_a_plan_file_that_is_not_a_plan(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match="cannot read the snapshot job plan"):
+        read_job(tmp_path / "missing.json")
+    (tmp_path / "x.json").write_text("[1]")
+    with pytest.raises(InvalidConfig, match="must be a JSON object"):
+        read_job(tmp_path / "x.json")
+    (tmp_path / "y.json").write_text('{"changefeed": "cf"}')
+    with pytest.raises(InvalidConfig, match="lacks upstream, sink, tables, etcd"):
+        read_job(tmp_path / "y.json")
+
+
+def test_error_lines_codes_and_fixes() -> None:
+    err = _error("CDC:ErrSnapshotExpired", "gone")
+    assert type(err) is SnapshotExpired and err.message == "gone"
+    assert type(_error("CDC:ErrNoSuchCode", "x")) is TidewaterError
+    assert exit_code(SnapshotExpired("x")) == 1 and exit_code(InvalidURI("x")) == 1
+    assert exit_code(UpstreamUnavailable("x")) == 2 and exit_code(TidewaterError("x")) == 3
+    line = message(SinkUnavailable("MySQL at h:1 is unavailable:\n refused mysql://root:pw@h:1/x."))
+    assert line.startswith("[CDC:ErrSinkUnavailable] MySQL at h:1 is unavailable: refused mysql://root:***@h:1/x.")
+    assert "\n" not in line and ". Fix: start the target or correct the sink URI" in line
+    assert message(SnapshotExpired("gone. Fix: do this")).count("Fix:") == 1
+    assert one_line("a\n b  postgresql://u:secret@h/db") == "a b postgresql://u:***@h/db"
+
+
+# ---- one chunk's write, with in-memory twins -------------------------------------------------------------
+SCHEMA = TableSchema(TableName("public", "a"), (ColumnSchema("id", 23, "int4", is_key=True),
+                                                ColumnSchema("v", 25, "text")), ("id",))
+
+
+class ListReader(SnapshotReader):
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.rows = rows
+
+    def table_schema(self, table: TableName) -> TableSchema:
+        return SCHEMA
+
+    def plan(self, schema: TableSchema, chunk_rows: int) -> TablePlan:
+        return plan_from_bounds(schema.name, len(self.rows), chunk_rows, tuple(schema.key))
+
+    def read_chunk(self, schema: TableSchema, chunk: SnapshotChunk, *, commit_ts: int = 0,
+                   commit_time: float = 0.0) -> Iterator[RowChange]:
+        for r in self.rows:
+            yield RowChange(OpType.INSERT, schema, commit_ts, commit_time, row=r, row_text=[str(x) for x in r])
+
+    def close(self) -> None:
+        pass
+
+
+class RecordingSink(Sink):
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[RowChange], bool]] = []
+
+    def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
+        batch = list(changes)
+        if fence is not None:
+            fence()
+        self.calls.append((batch, fence is not None))
+        return len(batch)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_chunk_is_one_write_and_a_keyless_chunk_replaces_the_table() -> None:
+    job = SnapshotJob(**{**JOB.__dict__, "commit_ts": 42})
+    sink = RecordingSink()
+    keyed = plan_from_bounds(SCHEMA.name, 2, 10, ("id",)).chunks[0]
+    assert copy_one(ListReader([(1, "a"), (2, "b")]), sink, ChunkTask(job, SCHEMA, keyed)) == 2
+    [(batch, fenced)] = sink.calls
+    assert [c.op for c in batch] == [OpType.INSERT, OpType.INSERT] and {c.commit_ts for c in batch} == {42}
+    assert not fenced
+
+    whole = plan_from_bounds(SCHEMA.name, 2, 10, None).chunks[0]
+    calls: list[int] = []
+    assert copy_one(ListReader([(1, "a"), (1, "a")]), sink, ChunkTask(job, SCHEMA, whole),
+                    fence=lambda: calls.append(1)) == 2  # rows, not the TRUNCATE
+    batch, fenced = sink.calls[1]
+    assert [c.op for c in batch] == [OpType.TRUNCATE, OpType.INSERT, OpType.INSERT] and fenced and calls == [1]
+
+
+def test_partitions_a_few_per_core_one_for_sqlite() -> None:
+    from spark_jobs.snapshot import partitions
+
+    assert partitions(100, 2, "postgresql://h/db") == 6
+    assert partitions(4, 2, "mysql://h/db") == 4  # never more than one per chunk
+    assert partitions(100, 2, "sqlite:///t.db") == 1 and partitions(100, 2, "SQLITE:///t.db") == 1
+    assert partitions(1, 0, "postgresql://h/db") == 1
