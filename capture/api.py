@@ -31,6 +31,7 @@ from typing import Any
 from capture.changefeeds import ChangefeedService, CreateRequest, UpdateRequest
 from capture.openapi import openapi_document
 from cdc.errors import InvalidArgument, NotOwner, TidewaterError
+from cdc.stats import RequestStats
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,9 @@ class ApiServer:
             Route("POST", "/api/v2/owner/resign", self._resign),
         ]
         self._compiled = [(r, r.pattern) for r in self.routes]
+        self.stats = RequestStats()
+        # plain-text probes outside /api/v2 (Kubernetes, load balancers): path -> handler(h, method)
+        self._plain: dict[str, Callable[[BaseHTTPRequestHandler, str], None]] = {}
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -251,9 +255,24 @@ class ApiServer:
 
     # ---- dispatch --------------------------------------------------------------------------------
     def _handle(self, h: BaseHTTPRequestHandler, method: str) -> None:
+        """``_dispatch``, counted in ``stats`` by method, route template and status (metrics)."""
+        began = time.monotonic()
+        route: list[str] = []
+        try:
+            self._dispatch(h, method, route)
+        finally:
+            self.stats.observe(method, route[0] if route else "unmatched", getattr(h, "tw_status", 0),
+                               time.monotonic() - began)
+
+    def _dispatch(self, h: BaseHTTPRequestHandler, method: str, route_out: list[str]) -> None:
         path = h.path.split("?", 1)[0].rstrip("/")
         try:
+            if path in self._plain:
+                route_out.append(path)
+                self._plain[path](h, method)
+                return
             if path == "/metrics" and method == "GET":
+                route_out.append("/metrics")
                 self._send(h, 200, self._metrics(), "text/plain; version=0.0.4")
                 return
             length = int(h.headers.get("Content-Length") or 0)
@@ -270,6 +289,7 @@ class ApiServer:
                 if route.method != method:
                     allowed.append(route.method)
                     continue
+                route_out.append(route.template)
                 req = ApiRequest(method, path, body, {k.lower(): v for k, v in h.headers.items()})
                 self._send_json(h, route.status, route.handler(req, *match.groups()))
                 return
@@ -288,6 +308,7 @@ class ApiServer:
 
     @staticmethod
     def _send(h: BaseHTTPRequestHandler, code: int, data: bytes, ctype: str) -> None:
+        h.tw_status = code  # type: ignore[attr-defined]  # read by _handle for metrics
         h.send_response(code)
         h.send_header("Content-Type", ctype)
         h.send_header("Content-Length", str(len(data)))

@@ -23,7 +23,7 @@ from typing import Any
 
 from capture.api import ApiServer
 from capture.changefeeds import ChangefeedService
-from capture.metrics import CaptureCollector, make_registry
+from capture.metrics import CaptureCollector, CaptureProcessState, make_registry
 from cdc.config import ServerConfig
 from cdc.errors import MetaStoreError, TidewaterError
 from cdc.meta.election import Election
@@ -33,7 +33,7 @@ from cdc.meta.session import Session
 from cdc.meta.store import MetaStore
 from cdc.model import CaptureInfo
 from owner.owner import Owner
-from processor.processor import Processor
+from processor.processor import Processor, SpanView
 from sorter.leveldb import LevelDBSorter
 
 log = logging.getLogger(__name__)
@@ -56,16 +56,28 @@ class CaptureServer:
         # fresh: the sorter is a cache; spans rebuild it from their checkpoints (nothing to keep)
         self.sorter = LevelDBSorter(data_dir / "sorter", disk_quota=config.sorter_disk_quota, fresh=True)
         self.service = ChangefeedService(self.store)
+        self.process = CaptureProcessState(
+            session_alive=self._session_alive, etcd=self.client.stats, data_dir=str(data_dir),
+            sorter_disk_quota=config.sorter_disk_quota, version=VERSION, addr=config.addr)
         collector = CaptureCollector(
             capture_id="", is_owner=lambda: bool(self.owner and self.owner.is_owner),
-            snapshot=self.store.snapshot, runners=self._runners, sorter_bytes=self.sorter.disk_bytes,
-            slot_reports=lambda: self.owner.watcher.reports() if self.owner and self.owner.is_owner else [])
+            snapshot=self.store.snapshot, spans=self._span_views, sorter_bytes=self.sorter.disk_bytes,
+            slot_reports=lambda: self.owner.watcher.reports() if self.owner and self.owner.is_owner else [],
+            process=self.process, owner_terms=lambda: o.terms if (o := self.owner) is not None else 0)
         self._collector = collector
-        self.api = ApiServer(config.addr, self.service, self._status, None, make_registry(collector),
-                             healthy=lambda: self.session is not None and self.session.alive.is_set(),
+        self.api = ApiServer(config.addr, self.service, self._status, None, make_registry(collector, process=True),
+                             healthy=self._session_alive,
                              owner_resign=lambda: bool(self.owner and self.owner.resign()))
+        self.process.api = self.api.stats
 
     # ---- API callbacks ---------------------------------------------------------------------------
+    def _session_alive(self) -> bool:
+        return self.session is not None and self.session.alive.is_set()
+
+    def _span_views(self) -> list[SpanView]:
+        p = self.processor
+        return p.span_views() if p is not None else []
+
     def _runners(self) -> list[tuple[str, int, Any]]:
         p = self.processor
         if p is None:
@@ -101,6 +113,7 @@ class CaptureServer:
         self._collector.capture_id = self.capture_id
         session = Session(self.client, self.config.session_ttl)
         self.session = session
+        self.process.sessions += 1
         info = CaptureInfo(self.capture_id, self.config.addr, VERSION, time.time(), os.getpid())
         self.store.register_capture(info, session.lease_id)
         log.info("capture=%s registered (lease %x, ttl %ds)", self.capture_id, session.lease_id,
@@ -126,6 +139,8 @@ class CaptureServer:
         session_stop.set()
         for th in threads:
             th.join(30)
+        owner, self.owner = self.owner, None
+        self.process.owner_terms += owner.terms
         if not lost:
             try:
                 self.store.delete_capture(self.capture_id)
@@ -144,6 +159,7 @@ class CaptureServer:
             if not others or not mine:
                 return
             self.store.register_capture(replace(info, draining=True), session.lease_id)
+            self.process.draining = True
             log.info("capture=%s draining: waiting for the owner to move %d spans", self.capture_id, len(mine))
             deadline = time.monotonic() + self.config.drain_timeout
             while time.monotonic() < deadline and session.alive.is_set():

@@ -42,6 +42,7 @@ from cdc.meta.keys import KeyKind
 from cdc.meta.status_feed import StatusFeed
 from cdc.meta.store import ClusterSnapshot, MetaStore, SpanStatusWrite
 from cdc.model import ChangefeedInfo, RunningError, SchemaHistory, SpanAssignment, SpanInfo, SpanStatus
+from cdc.stats import SpanStats
 from cdc.ts import Watermark
 from processor.recovery import DependencyProbe
 from processor.span import SchemaRecorder, SpanRunner, SpanWarnings
@@ -51,6 +52,16 @@ from upstream import open_upstream
 
 log = logging.getLogger(__name__)
 
+
+
+@dataclass(frozen=True)
+class SpanView:
+    """One span of this capture as the metrics collector sees it: ``runner`` is None while it backs off."""
+
+    changefeed: str
+    span: int
+    stats: SpanStats
+    runner: SpanRunner | None
 
 
 @dataclass
@@ -67,6 +78,7 @@ class _Slot:
     stop_confirmed: bool = False  # for a stopping assignment: running=False is stored
     probe: DependencyProbe | None = None  # while failed: watches for the failed dependency's return
     warnings: SpanWarnings = field(default_factory=SpanWarnings)  # kept across restarts of the runner
+    stats: SpanStats = field(default_factory=SpanStats)  # metrics, kept across restarts of the runner
 
 
 class Processor:
@@ -129,6 +141,11 @@ class Processor:
                 self._report(slot)
         log.info("processor stopped capture=%s", self.capture_id)
 
+    def span_views(self) -> list[SpanView]:
+        """Every span this capture holds (running, or failed and waiting to restart), for metrics; safe to
+        call from another thread (a copy of the slot table; each view is read-only)."""
+        return [SpanView(k[0], k[1], s.stats, s.runner) for k, s in list(self._slots.items())]
+
     def running_spans(self) -> list[tuple[str, int]]:
         return sorted(k for k, s in self._slots.items() if s.runner is not None and not s.runner.stopped)
 
@@ -177,7 +194,7 @@ class Processor:
             if runner is not None and runner.failed.is_set():
                 exc = runner.error
                 exited = runner.stop()
-                self._failed(slot, info, exc, now)  # stores the checkpoint the runner reached
+                self._failed(slot, info, exc, now, getattr(runner, "error_stage", ""))  # stores the checkpoint the runner reached
                 slot.runner = None
                 if exited:
                     runner.discard()
@@ -188,13 +205,15 @@ class Processor:
                 try:
                     slot.runner = self._start(info, key[1], _newest(snap.span_statuses.get(key[0], {}).get(key[1]),
                                                                     slot.reported))
+                    slot.stats.started(after_failure=slot.failures > 0)
                 except TidewaterError as exc:
-                    self._failed(slot, info, exc, now)
+                    self._failed(slot, info, exc, now, "start")
             if slot.runner is not None and slot.error is not None and slot.runner.checkpoint.ts > slot.runner.start_ts:
                 # progress since the restart: the error is over (the report pass may already have stored that
                 # progress, still with the error, so the stored checkpoint is no measure of it)
                 slot.error = None
                 slot.failures = 0
+                slot.stats.consecutive_failures = 0
         self.report()
 
     def report(self, stop_fenced: bool = True) -> bool:
@@ -227,13 +246,15 @@ class Processor:
         due += moving
         return all(r is not False for r in self._store(due, now, stop_fenced))
 
-    def _failed(self, slot: _Slot, info: ChangefeedInfo, exc: BaseException | None, now: float) -> None:
+    def _failed(self, slot: _Slot, info: ChangefeedInfo, exc: BaseException | None, now: float,
+                stage: str = "") -> None:
         """Record a failure of the span: error, next restart time, probes; store its status at once (with
-        the checkpoint of ``slot.runner`` if it is still set)."""
+        the checkpoint of ``slot.runner`` if it is still set). ``stage``: puller, sink or start (metrics)."""
         slot.failures += 1
         delay = self._backoff(slot.failures)
         slot.restart_at = now + delay
         slot.error = _running_error(exc, self.capture_id, slot.span, now)
+        slot.stats.failed(stage or "unknown", slot.error.code, slot.restart_at, slot.failures)
         log.warning("span=%s/%d failed (%s); restarting in %.0fs, or once the dependency that failed is back",
                     slot.cf, slot.span, slot.error.message, delay)
         self._report(slot)
@@ -305,7 +326,8 @@ class Processor:
                             row_source=lambda: upstream.row_source(label=label),
                             position=(info.id, span_index, span.start_ts), ddl=config.ddl,
                             schema_history=self._schema_recorder(info.id),
-                            barrier=self._changefeed_barrier(info, span_index) if len(info.spans) > 1 else None)
+                            barrier=self._changefeed_barrier(info, span_index) if len(info.spans) > 1 else None,
+                            stats=slot.stats if slot is not None else None)
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)
         return runner
