@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Prepare this checkout for `make test` / `make demo` on a Debian machine (run as root, registries only):
 #   * .venv (python3 -m venv) with the project installed editable, extras $TIDEWATER_EXTRAS (dev,mysql);
-#   * Debian mariadb-server when `mariadbd` is missing (the MariaDB test server).
+#   * Debian mariadb-server when `mariadbd` is missing (the MariaDB test server);
+#   * Debian prometheus when `prometheus`/`promtool` are missing (alert rule tests, the real-Prometheus test;
+#     the package's own service is never used: tests start their own server on a free port);
+#   * Debian systemd when `systemd-analyze` is missing (`systemd-analyze verify` of the unit).
 # Idempotent and fast when already done: a stamp in .venv records the hash of pyproject.toml + extras.
 set -euo pipefail
 
@@ -35,9 +38,18 @@ have_mariadbd() {
     command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ]
 }
 
+have_prometheus() {
+    command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1
+}
+
+have_systemd_analyze() {
+    command -v systemd-analyze >/dev/null 2>&1
+}
+
 want="$( (cat pyproject.toml; echo "extras=$EXTRAS") | sha256sum | cut -d' ' -f1)"
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ] && have_mariadbd; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ] && have_mariadbd \
+        && have_prometheus && have_systemd_analyze; then
     exit 0
 fi
 
@@ -45,6 +57,18 @@ fi
 if ! have_mariadbd; then
     log "installing mariadb-server (apt)"
     apt_install mariadb-server
+fi
+if ! have_prometheus; then
+    log "installing prometheus (apt; its service is not started by the tests)"
+    apt_install prometheus
+    # the package enables its own service; where an init runs, keep it off so that it holds no port
+    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+        as_root systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
+fi
+if ! have_systemd_analyze; then
+    log "installing systemd (apt) for systemd-analyze"
+    apt_install systemd
 fi
 
 # ---- virtualenv -------------------------------------------------------------------------------------------
