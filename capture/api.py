@@ -151,6 +151,16 @@ class ApiServer:
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
 
+    def add_probe(self, path: str, failing: Callable[[], dict[str, str]]) -> None:
+        """Serve ``GET path`` outside ``/api/v2`` (``/livez``, ``/readyz``): 200 ``{"status": "ok"}`` when
+        ``failing()`` is empty, else 503 ``{"status": "fail", "checks": {name: why}}``."""
+        def handle(h: BaseHTTPRequestHandler, method: str) -> None:
+            if method != "GET":
+                raise MethodNotAllowed(f"{method} is not allowed on {path}; allowed: GET")
+            bad = failing()
+            self._send_json(h, 503 if bad else 200, {"status": "fail", "checks": bad} if bad else {"status": "ok"})
+        self._plain[path] = handle
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http-api", daemon=True)
         self._thread.start()

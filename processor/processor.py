@@ -96,6 +96,7 @@ class Processor:
         self._slots: dict[tuple[str, int], _Slot] = {}
         self._last_batch = float("-inf")  # clock time of the last report batch
         self._etcd_ok = False  # report passes between ticks only while etcd answers (no retry storm)
+        self.draining = False  # this capture is marked draining in etcd (as of the last tick; readiness)
 
     # ---- loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -151,6 +152,8 @@ class Processor:
 
     def tick(self, snap: ClusterSnapshot) -> None:
         now = self._clock()
+        me = snap.captures.get(self.capture_id)
+        self.draining = bool(me is not None and me.draining)
         wanted: dict[tuple[str, int], tuple[ChangefeedInfo, SpanAssignment]] = {}
         for cf_id, spans in snap.assignments.items():
             entry = snap.changefeeds.get(cf_id)

@@ -116,6 +116,15 @@ class Session:
             self._last_ok = sent
             wait = self._interval
 
+    @property
+    def refresh_age(self) -> float:
+        """Seconds since the sending of the last refresh that succeeded (or since the grant)."""
+        return self._clock() - self._last_ok
+
+    @property
+    def refresh_interval(self) -> float:
+        return self._interval
+
     def _count_refresh(self, ok: bool) -> None:
         stats = getattr(self._client, "stats", None)  # test doubles of the client may have none
         if stats is not None:
