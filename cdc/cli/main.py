@@ -355,8 +355,9 @@ def _add_cli_parser(sub: Any) -> None:
     cap_ops = cap.add_subparsers(dest="op", required=True)
     cap_ops.add_parser("list", parents=[out], help="list live captures")
     d = cap_ops.add_parser("drain", parents=[out], help="move every span off a capture")
-    d.add_argument("--capture-id")
-    d.add_argument("--self", action="store_true", help="drain the capture that --server points at (preStop hooks)")
+    which = d.add_mutually_exclusive_group(required=True)
+    which.add_argument("--capture-id")
+    which.add_argument("--self", action="store_true", help="drain the capture that --server points at (preStop hooks)")
     d.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="wait until the capture holds no span (exit code 1 after SECONDS)")
 
