@@ -111,5 +111,17 @@ def test_replicating_captures_export_documented_series(etcd_server: EtcdServer, 
         documented = {d.removesuffix("_total") for d in re.findall(r"`(tidewater_[a-z_]+)`", DOCS.read_text())}
         exported = {name for f in fams for name in f if name.startswith("tidewater_")}
         assert exported <= documented, sorted(exported - documented)
+
+        # remove the changefeed: every series labelled with it disappears from every capture
+        cluster.captures[0].request("DELETE", f"/api/v2/changefeeds/{CHANGEFEED}")
+
+        def labelled() -> list[str]:
+            return [f"{s.name}{s.labels}" for c in cluster.captures for f in _families(scrape(c)).values()
+                    for s in f.samples if s.labels.get("changefeed") == CHANGEFEED]
+
+        deadline = time.monotonic() + 30
+        while labelled() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert labelled() == []
     finally:
         cluster.stop()
