@@ -4,12 +4,15 @@ alert fires while the sink is stopped (the target's tables locked) and resolves 
 
 The lag rule is the shipped expression with its threshold and ``for:`` shortened (5 s, 2 s) in a copy of the
 rule file; every other rule is loaded as shipped. With ``TIDEWATER_RENDER_DOCS=1`` the dashboard's main
-queries over the test's window are rendered to docs/images/*.png (matplotlib), as docs/operations.md shows.
+panels over the test's window are rendered to docs/images/dashboard.png (matplotlib), as docs/operations.md
+shows (the outage is then held 15 s longer, for the picture).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import threading
 import time
@@ -79,6 +82,7 @@ def _writer(pg_server: PostgresServer, db: str, stop: threading.Event) -> None:
         with conn.cursor() as cur:
             while not stop.is_set():
                 cur.execute("INSERT INTO events (kind, payload, small) SELECT 'tick', 'x', g FROM generate_series(1, 20) g")
+                cur.execute("UPDATE accounts SET balance = balance + 1 WHERE id < 20")
                 time.sleep(0.1)
     finally:
         conn.close()
@@ -88,6 +92,7 @@ def test_lag_alert_fires_while_sink_is_stopped_and_resolves(etcd_server: EtcdSer
                                                              tmp_path: Path, pg_server: PostgresServer,
                                                              pg_database: str, source: Any) -> None:
     began = time.time()
+    render = os.environ.get("TIDEWATER_RENDER_DOCS") == "1"
     cluster = start_ops_cluster(etcd_server.url, cluster_id, tmp_path, pg_server, pg_database, source)
     stop = threading.Event()
     writer = threading.Thread(target=_writer, args=(pg_server, pg_database, stop), daemon=True)
@@ -122,6 +127,8 @@ def test_lag_alert_fires_while_sink_is_stopped_and_resolves(etcd_server: EtcdSer
         stopped = time.monotonic()
         _wait("lag alert firing", lambda: _alert_state(prom, LAG_RULE) == "firing", 40)
         fired_after = time.monotonic() - stopped
+        if render:  # a longer outage for the pictures
+            time.sleep(15)
         firing = [a for a in prom.alerts() if a["labels"]["alertname"] == LAG_RULE]
         assert firing[0]["labels"]["changefeed"] == CHANGEFEED and firing[0]["labels"]["severity"] == "warning"
         assert firing[0]["annotations"]["runbook_url"] == "docs/operations.md#checkpoint-lag"
@@ -136,8 +143,8 @@ def test_lag_alert_fires_while_sink_is_stopped_and_resolves(etcd_server: EtcdSer
               f"{time.monotonic() - back:.1f}s after it came back")
         assert float(prom.query(f'tidewater_changefeed_checkpoint_lag_seconds{{changefeed="{CHANGEFEED}"}}')[0]
                      ["value"][1]) <= 5
-        if os.environ.get("TIDEWATER_RENDER_DOCS") == "1":
-            time.sleep(5)
+        if render:
+            time.sleep(10)
             render_charts(prom, began, time.time(), ROOT / "docs" / "images")
     finally:
         if lock is not None:
@@ -148,37 +155,41 @@ def test_lag_alert_fires_while_sink_is_stopped_and_resolves(etcd_server: EtcdSer
         cluster.stop()
 
 
-CHARTS = [
-    ("checkpoint-lag.png", "Checkpoint lag (s) — sink stopped, then back",
-     'max by (changefeed) (tidewater_changefeed_checkpoint_lag_seconds)', "{changefeed}"),
-    ("throughput.png", "Rows written per second, by capture",
-     "sum by (instance) (rate(tidewater_sink_rows_total[5s]))", "{instance}"),
-    ("sink-latency.png", "Sink write latency p99 (s)",
-     "histogram_quantile(0.99, sum by (le, changefeed) (rate(tidewater_sink_write_duration_seconds_bucket[5s])))",
-     "{changefeed}"),
-]
+PANELS = ["Checkpoint lag", "Resolved lag", "Rows /s by stage", "Sink write latency p50 / p99",
+          "Sorter memory", "Retained WAL per slot", "Bytes /s by stage", "Owner"]
+
+
+def _legend(fmt: str, metric: dict[str, str]) -> str:
+    return re.sub(r"\{\{ *(\w+) *\}\}", lambda m: metric.get(m.group(1), ""), fmt) or str(metric)
 
 
 def render_charts(prom: PrometheusServer, start: float, end: float, out_dir: Path) -> None:
-    """The dashboard's main queries over [start, end] from Prometheus' query_range, as PNG line charts."""
+    """The dashboard's main panels (their own queries, from deploy/grafana/tidewater.json) over [start, end],
+    from Prometheus' query_range, as one PNG grid (docs/images/dashboard.png; no Grafana runs here)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    doc = json.loads((ROOT / "deploy" / "grafana" / "tidewater.json").read_text())
+    panels = {p["title"]: p for p in doc["panels"]}
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name, title, expr, legend in CHARTS:
-        data = prom.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step="1")["result"]
-        fig, ax = plt.subplots(figsize=(8, 3), dpi=100)
-        for r in data:
-            xs = [float(t) - start for t, _ in r["values"]]
-            ys = [float(v) for _, v in r["values"]]
-            ax.plot(xs, ys, label=legend.format(**r["metric"]))
-        ax.set_title(title)
-        ax.set_xlabel("seconds since the test started the captures")
+    fig, axes = plt.subplots(4, 2, figsize=(14, 13), dpi=90)
+    for ax, title in zip(axes.flat, PANELS, strict=True):
+        for target in panels[title]["targets"]:
+            expr = target["expr"].replace("$__rate_interval", "5s").replace("$changefeed", ".*")
+            data = prom.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step="1")["result"]
+            for r in data:
+                ax.plot([float(t) - start for t, _ in r["values"]], [float(v) for _, v in r["values"]],
+                        label=_legend(target.get("legendFormat", ""), r["metric"]))
+        ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
-        if data:
-            ax.legend(loc="upper left", fontsize=8)
-        fig.tight_layout()
-        fig.savefig(out_dir / name)
-        plt.close(fig)
+        ax.tick_params(labelsize=8)
+        if ax.lines:
+            ax.legend(loc="upper left", fontsize=7)
+    for ax in axes[-1]:
+        ax.set_xlabel("seconds since the test started the captures (target locked in the middle)", fontsize=8)
+    fig.suptitle("Tidewater dashboard queries from a real Prometheus: two captures, sink stopped, then back")
+    fig.tight_layout()
+    fig.savefig(out_dir / "dashboard.png")
+    plt.close(fig)
