@@ -40,6 +40,8 @@ for f in server.toml tidewater.env; do
     fi
 done
 install -m 0644 "$SRC/deploy/systemd/tidewater.service" "$DESTDIR/etc/systemd/system/tidewater.service"
+install -d -m 0755 "$DESTDIR/opt/tidewater/docs"
+install -m 0644 "$SRC/docs/operations.md" "$SRC/docs/metrics.md" "$DESTDIR/opt/tidewater/docs/"  # Documentation=
 
 if [ -z "$DESTDIR" ] && [ "${SKIP_VENV:-0}" != 1 ]; then
     log "installing the project into /opt/tidewater/.venv"

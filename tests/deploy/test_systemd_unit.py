@@ -66,11 +66,19 @@ def test_hardening_exposure_is_low(tmp_path: Path) -> None:
     assert float(m.group(1)) <= 2.0, r.stdout
 
 
-def _service() -> configparser.SectionProxy:
+def _unit() -> configparser.ConfigParser:
     cp = configparser.ConfigParser(strict=False, interpolation=None, delimiters=("=",))
     cp.optionxform = str  # type: ignore[assignment,method-assign]
     cp.read_string(UNIT.read_text().replace("\\\n", " "))
-    return cp["Service"]
+    return cp
+
+
+def _service() -> configparser.SectionProxy:
+    return _unit()["Service"]
+
+
+def _service_unit_section() -> configparser.SectionProxy:
+    return _unit()["Unit"]
 
 
 def test_unit_settings_and_command_line() -> None:
@@ -108,6 +116,8 @@ def test_install_script_stages_files_and_modes(tmp_path: Path) -> None:
     assert mode("var/lib/tidewater") == 0o750 and mode("etc/tidewater") == 0o750
     assert mode("etc/tidewater/tidewater.env") == 0o640 and mode("etc/tidewater/server.toml") == 0o640
     assert (tmp_path / "etc/systemd/system/tidewater.service").read_text() == UNIT.read_text()
+    docs = _service_unit_section()["Documentation"].removeprefix("file://")
+    assert (tmp_path / docs.lstrip("/")).read_text() == (ROOT / "docs" / "operations.md").read_text()
     (tmp_path / "etc/tidewater/server.toml").write_text("# edited\n")
     r = subprocess.run(["bash", str(SYSTEMD / "install.sh")], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0 and "keeping existing /etc/tidewater/server.toml" in r.stderr
