@@ -4,7 +4,7 @@ VENV := .venv
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: deps lint test demo bench
+.PHONY: deps lint test demo bench deploy-assets
 
 deps:
 	@bash scripts/bootstrap.sh
@@ -22,3 +22,9 @@ demo: deps
 # Benchmark with references (docs/benchmarks.md), e.g. make bench BENCH_ARGS="--workload a --sink sqlite"
 bench: deps
 	$(VENV)/bin/python -m bench $(BENCH_ARGS)
+
+# Regenerate the generated deploy/ files (tests fail while they are stale): the Grafana dashboard from
+# deploy/grafana/dashboard.py, the Kubernetes PrometheusRule from deploy/prometheus/alerts.yml
+deploy-assets: deps
+	$(VENV)/bin/python deploy/grafana/dashboard.py
+	$(VENV)/bin/python deploy/kubernetes/sync_rules.py

@@ -31,6 +31,7 @@ from typing import Any
 from capture.changefeeds import ChangefeedService, CreateRequest, UpdateRequest
 from capture.openapi import openapi_document
 from cdc.errors import InvalidArgument, NotOwner, TidewaterError
+from cdc.stats import RequestStats
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,9 @@ class ApiServer:
             Route("POST", "/api/v2/owner/resign", self._resign),
         ]
         self._compiled = [(r, r.pattern) for r in self.routes]
+        self.stats = RequestStats()
+        # plain-text probes outside /api/v2 (Kubernetes, load balancers): path -> handler(h, method)
+        self._plain: dict[str, Callable[[BaseHTTPRequestHandler, str], None]] = {}
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -146,6 +150,16 @@ class ApiServer:
         self.httpd = ThreadingHTTPServer((host or "127.0.0.1", int(port)), Handler)
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
+
+    def add_probe(self, path: str, failing: Callable[[], dict[str, str]]) -> None:
+        """Serve ``GET path`` outside ``/api/v2`` (``/livez``, ``/readyz``): 200 ``{"status": "ok"}`` when
+        ``failing()`` is empty, else 503 ``{"status": "fail", "checks": {name: why}}``."""
+        def handle(h: BaseHTTPRequestHandler, method: str) -> None:
+            if method != "GET":
+                raise MethodNotAllowed(f"{method} is not allowed on {path}; allowed: GET")
+            bad = failing()
+            self._send_json(h, 503 if bad else 200, {"status": "fail", "checks": bad} if bad else {"status": "ok"})
+        self._plain[path] = handle
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http-api", daemon=True)
@@ -252,9 +266,24 @@ class ApiServer:
 
     # ---- dispatch --------------------------------------------------------------------------------
     def _handle(self, h: BaseHTTPRequestHandler, method: str) -> None:
+        """``_dispatch``, counted in ``stats`` by method, route template and status (metrics)."""
+        began = time.monotonic()
+        route: list[str] = []
+        try:
+            self._dispatch(h, method, route)
+        finally:
+            self.stats.observe(method, route[0] if route else "unmatched", getattr(h, "tw_status", 0),
+                               time.monotonic() - began)
+
+    def _dispatch(self, h: BaseHTTPRequestHandler, method: str, route_out: list[str]) -> None:
         path = h.path.split("?", 1)[0].rstrip("/")
         try:
+            if path in self._plain:
+                route_out.append(path)
+                self._plain[path](h, method)
+                return
             if path == "/metrics" and method == "GET":
+                route_out.append("/metrics")
                 self._send(h, 200, self._metrics(), "text/plain; version=0.0.4")
                 return
             length = int(h.headers.get("Content-Length") or 0)
@@ -271,6 +300,7 @@ class ApiServer:
                 if route.method != method:
                     allowed.append(route.method)
                     continue
+                route_out.append(route.template)
                 req = ApiRequest(method, path, body, {k.lower(): v for k, v in h.headers.items()})
                 self._send_json(h, route.status, route.handler(req, *match.groups()))
                 return
@@ -289,6 +319,7 @@ class ApiServer:
 
     @staticmethod
     def _send(h: BaseHTTPRequestHandler, code: int, data: bytes, ctype: str) -> None:
+        h.tw_status = code  # type: ignore[attr-defined]  # read by _handle for metrics
         h.send_response(code)
         h.send_header("Content-Type", ctype)
         h.send_header("Content-Length", str(len(data)))

@@ -7,6 +7,12 @@ frozen) every span stops at once, and the capture registers again under a new le
 nothing it did under the old lease can be confused with the new one. SIGTERM stops cleanly: spans stop
 and report their last checkpoint, the owner resigns, the capture key is deleted. SIGKILL loses nothing:
 checkpoints are in etcd and the slots keep everything after them.
+
+Health (``capture.health``): ``/livez`` while the main loop turns, ``/readyz`` while registered, etcd answers
+and not draining. Under systemd (``Type=notify``, ``capture.sdnotify``): ``READY=1`` at the first
+registration, ``WATCHDOG=1`` while live, ``STOPPING=1`` on SIGTERM. SIGHUP re-reads the server config
+(``reload_config``) and applies its reloadable keys (``RELOADABLE``) to the running capture; every other
+changed key is logged as needing a restart, and an invalid file changes nothing.
 """
 
 from __future__ import annotations
@@ -17,13 +23,16 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from capture.api import ApiServer
 from capture.changefeeds import ChangefeedService
-from capture.metrics import CaptureCollector, make_registry
+from capture.health import Health
+from capture.metrics import CaptureCollector, CaptureProcessState, make_registry
+from capture.sdnotify import Notifier
 from capture.snapshot_launcher import SparkCopyLauncher
 from cdc.config import ServerConfig
 from cdc.errors import MetaStoreError, TidewaterError
@@ -34,17 +43,36 @@ from cdc.meta.session import Session
 from cdc.meta.store import MetaStore
 from cdc.model import CaptureInfo
 from owner.owner import Owner
-from processor.processor import Processor
+from processor.processor import Processor, SpanView
 from sorter.leveldb import LevelDBSorter
 
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0"
 
+# Server config keys a SIGHUP applies to the running capture (read where they are used, on each use). The
+# others (etcd, addr, data-dir, cluster-id, log-file, session-ttl, owner-tick, etcd-timeout, owner-flush-interval)
+# shape connections, files, the lease timing invariant or a running loop: changing them needs a restart.
+RELOADABLE = ("log_level", "gc_ttl", "upstream_check_interval", "error_backoff_min", "error_backoff_max",
+              "error_stuck_duration", "checkpoint_interval", "checkpoint_min_interval", "drain_timeout",
+              "sorter_disk_quota")
+
+
+def config_changes(old: ServerConfig, new: ServerConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(reloadable, restart_only)``: the keys that differ, each ``{key: new value}``."""
+    changed = {f: getattr(new, f) for f in old.__dataclass_fields__ if getattr(old, f) != getattr(new, f)}
+    return ({k: v for k, v in changed.items() if k in RELOADABLE},
+            {k: v for k, v in changed.items() if k not in RELOADABLE})
+
 
 class CaptureServer:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, reload_config: Callable[[], ServerConfig] | None = None,
+                 notifier: Notifier | None = None) -> None:
         self.config = config
+        self._reload_config = reload_config
+        self._reload = threading.Event()
+        self.notifier = notifier if notifier is not None else Notifier()
+        self._ready_sent = False
         self.stopping = threading.Event()
         self.capture_id = ""
         self.session: Session | None = None
@@ -57,16 +85,40 @@ class CaptureServer:
         # fresh: the sorter is a cache; spans rebuild it from their checkpoints (nothing to keep)
         self.sorter = LevelDBSorter(data_dir / "sorter", disk_quota=config.sorter_disk_quota, fresh=True)
         self.service = ChangefeedService(self.store)
+        self.process = CaptureProcessState(
+            session_alive=self._session_alive, etcd=self.client.stats, data_dir=str(data_dir),
+            sorter_disk_quota=config.sorter_disk_quota, version=VERSION, addr=config.addr)
         collector = CaptureCollector(
             capture_id="", is_owner=lambda: bool(self.owner and self.owner.is_owner),
-            snapshot=self.store.snapshot, runners=self._runners, sorter_bytes=self.sorter.disk_bytes,
-            slot_reports=lambda: self.owner.watcher.reports() if self.owner and self.owner.is_owner else [])
+            snapshot=self.store.snapshot, spans=self._span_views, sorter_bytes=self.sorter.disk_bytes,
+            slot_reports=lambda: self.owner.watcher.reports() if self.owner and self.owner.is_owner else [],
+            process=self.process, owner_terms=lambda: o.terms if (o := self.owner) is not None else 0)
         self._collector = collector
-        self.api = ApiServer(config.addr, self.service, self._status, None, make_registry(collector),
-                             healthy=lambda: self.session is not None and self.session.alive.is_set(),
+        self.api = ApiServer(config.addr, self.service, self._status, None, make_registry(collector, process=True),
+                             healthy=self._session_alive,
                              owner_resign=lambda: bool(self.owner and self.owner.resign()))
+        self.process.api = self.api.stats
+        self.health = Health(session_alive=self._session_alive, etcd_age=self._etcd_age, draining=self._draining,
+                             etcd_stale_after=config.session_ttl / 3 + config.etcd_timeout + 1)
+        self.api.add_probe("/livez", self.health.liveness)
+        self.api.add_probe("/readyz", self.health.readiness)
 
     # ---- API callbacks ---------------------------------------------------------------------------
+    def _session_alive(self) -> bool:
+        return self.session is not None and self.session.alive.is_set()
+
+    def _etcd_age(self) -> float | None:
+        session = self.session
+        return session.refresh_age if session is not None else None
+
+    def _draining(self) -> bool:
+        p = self.processor
+        return self.process.draining or bool(p is not None and p.draining)
+
+    def _span_views(self) -> list[SpanView]:
+        p = self.processor
+        return p.span_views() if p is not None else []
+
     def _runners(self) -> list[tuple[str, int, Any]]:
         p = self.processor
         if p is None:
@@ -83,14 +135,25 @@ class CaptureServer:
         self.api.start()
         log.info("cdc server listening on http://%s (etcd %s, cluster %s, data dir %s)", self.config.addr,
                  ",".join(self.config.etcd), self.config.cluster_id, self.config.data_dir)
+        watchdog_stop = threading.Event()
+        if self.notifier.watchdog_interval > 0:
+            threading.Thread(target=self.notifier.run_watchdog, args=(lambda: not self.health.liveness(),
+                                                                     watchdog_stop),
+                             name="sd-watchdog", daemon=True).start()
+        self.notifier.notify(f"STATUS=connecting to etcd {','.join(self.config.etcd)}")
         try:
             while not self.stopping.is_set():
+                self.health.beat()
+                self._maybe_reload()
                 try:
                     self._run_session()
                 except MetaStoreError as exc:
                     log.warning("etcd unavailable (%s); retrying in 1s", exc)
+                    self.notifier.notify(f"STATUS=etcd unavailable: {exc}"[:400])
                     self.stopping.wait(1.0)
         finally:
+            self.notifier.notify("STOPPING=1", "STATUS=stopping")
+            watchdog_stop.set()
             self.api.stop()
             self.sorter.close()
             self.client.close()
@@ -102,10 +165,17 @@ class CaptureServer:
         self._collector.capture_id = self.capture_id
         session = Session(self.client, self.config.session_ttl)
         self.session = session
+        self.process.sessions += 1
         info = CaptureInfo(self.capture_id, self.config.addr, VERSION, time.time(), os.getpid())
         self.store.register_capture(info, session.lease_id)
         log.info("capture=%s registered (lease %x, ttl %ds)", self.capture_id, session.lease_id,
                  self.config.session_ttl)
+        status = f"STATUS=capture {self.capture_id} registered, serving http://{self.config.addr}"
+        if self._ready_sent:
+            self.notifier.notify(status)
+        else:
+            self.notifier.notify("READY=1", status)
+            self._ready_sent = True
         session_stop = threading.Event()
         election = Election(self.client, session, owner_prefix(self.config.cluster_id))
         self.owner = Owner(self.store, election, self.capture_id, self.config, session_alive=session.alive.is_set)
@@ -120,6 +190,8 @@ class CaptureServer:
         for th in threads:
             th.start()
         while not self.stopping.is_set() and session.alive.is_set():
+            self.health.beat()
+            self._maybe_reload()
             self.stopping.wait(0.2)
         lost = not session.alive.is_set()
         if not lost:
@@ -129,6 +201,8 @@ class CaptureServer:
         session_stop.set()
         for th in threads:
             th.join(30)
+        owner, self.owner = self.owner, None
+        self.process.owner_terms += owner.terms
         if not lost:
             try:
                 self.store.delete_capture(self.capture_id)
@@ -147,9 +221,11 @@ class CaptureServer:
             if not others or not mine:
                 return
             self.store.register_capture(replace(info, draining=True), session.lease_id)
+            self.process.draining = True
             log.info("capture=%s draining: waiting for the owner to move %d spans", self.capture_id, len(mine))
             deadline = time.monotonic() + self.config.drain_timeout
             while time.monotonic() < deadline and session.alive.is_set():
+                self.health.beat()
                 mine = self._my_spans(self.store.snapshot())
                 if not mine:
                     log.info("capture=%s drained", self.capture_id)
@@ -167,9 +243,52 @@ class CaptureServer:
         log.info("capture=%s stopping (signal)", self.capture_id)
         self.stopping.set()
 
+    def request_reload(self, *_: Any) -> None:
+        """SIGHUP: only sets a flag (a signal handler must not take locks); the main loop reloads."""
+        self._reload.set()
 
-def serve(config: ServerConfig) -> int:
-    server = CaptureServer(config)
+    def _maybe_reload(self) -> None:
+        if not self._reload.is_set():
+            return
+        self._reload.clear()
+        if self._reload_config is None:
+            log.warning("capture=%s SIGHUP: no config file to re-read (started without --config)", self.capture_id)
+            return
+        self.notifier.notify("RELOADING=1", f"MONOTONIC_USEC={Notifier.monotonic_usec()}")
+        try:
+            new = self._reload_config()
+        except (OSError, TidewaterError) as exc:
+            log.error("capture=%s SIGHUP: config not reloaded, keeping the running one: %s", self.capture_id, exc)
+            self.notifier.notify("READY=1", "STATUS=config reload failed; running with the previous config")
+            return
+        applied, ignored = config_changes(self.config, new)
+        self.apply_config(replace(self.config, **applied))
+        if ignored:
+            log.warning("capture=%s SIGHUP: %s changed in the config file but need a restart to apply",
+                        self.capture_id, ", ".join(f"{k.replace('_', '-')}={v!r}" for k, v in sorted(ignored.items())))
+        log.info("capture=%s SIGHUP: config reloaded; applied %s", self.capture_id,
+                 ", ".join(f"{k.replace('_', '-')}={v!r}" for k, v in sorted(applied.items())) or "no change")
+        self.notifier.notify("READY=1", f"STATUS=config reloaded ({len(applied)} change(s) applied)")
+
+    def apply_config(self, config: ServerConfig) -> None:
+        """Make ``config`` (which differs from the running one in reloadable keys only) the running one."""
+        self.config = config
+        logging.getLogger().setLevel(getattr(logging, config.log_level.upper(), logging.INFO))
+        self.sorter.disk_quota = config.sorter_disk_quota
+        self.process.sorter_disk_quota = config.sorter_disk_quota
+        owner, processor = self.owner, self.processor
+        if owner is not None:
+            owner.config = config
+            owner.watcher.gc_ttl = config.gc_ttl
+            owner.watcher.interval = config.upstream_check_interval
+        if processor is not None:
+            processor.config = config
+
+
+def serve(config: ServerConfig, reload_config: Callable[[], ServerConfig] | None = None) -> int:
+    """Run a capture until SIGTERM/SIGINT; SIGHUP re-reads the config through ``reload_config``."""
+    server = CaptureServer(config, reload_config)
     signal.signal(signal.SIGTERM, server.request_stop)
     signal.signal(signal.SIGINT, server.request_stop)
+    signal.signal(signal.SIGHUP, server.request_reload)
     return server.run()

@@ -83,6 +83,7 @@ class Owner:
         self.config = config
         self._clock = clock
         self.is_owner = False
+        self.terms = 0  # times this capture won the election (metrics: owner changes)
         self.watcher = UpstreamWatcher(interval=config.upstream_check_interval, gc_ttl=config.gc_ttl)
         self._snapshot: ClusterSnapshot | None = None
         self._feed: StatusFeed | None = None
@@ -108,6 +109,7 @@ class Owner:
             if not won:
                 continue
             self._resign.clear()  # a request from an earlier term does not apply to this one
+            self.terms += 1
             self.is_owner = True
             log.info("capture=%s is the owner", self.capture_id)
             try:

@@ -51,6 +51,7 @@ from cdc.model import (
     SpanSnapshot,
     SpanStatus,
 )
+from cdc.stats import SpanStats
 from cdc.ts import Watermark
 from processor.recovery import DependencyProbe
 from processor.snapshot import CopyLauncher, CopyStopped, InitialCopy
@@ -61,6 +62,16 @@ from upstream import open_upstream
 
 log = logging.getLogger(__name__)
 
+
+
+@dataclass(frozen=True)
+class SpanView:
+    """One span of this capture as the metrics collector sees it: ``runner`` is None while it backs off."""
+
+    changefeed: str
+    span: int
+    stats: SpanStats
+    runner: SpanRunner | None
 
 
 @dataclass
@@ -78,6 +89,7 @@ class _Slot:
     probe: DependencyProbe | None = None  # while failed: watches for the failed dependency's return
     warnings: SpanWarnings = field(default_factory=SpanWarnings)  # kept across restarts of the runner
     snapshot: SpanSnapshot | None = None  # the span's initial copy state (stored with its status)
+    stats: SpanStats = field(default_factory=SpanStats)  # metrics, kept across restarts of the runner
 
 
 class Processor:
@@ -98,6 +110,7 @@ class Processor:
         self._slots: dict[tuple[str, int], _Slot] = {}
         self._last_batch = float("-inf")  # clock time of the last report batch
         self._etcd_ok = False  # report passes between ticks only while etcd answers (no retry storm)
+        self.draining = False  # this capture is marked draining in etcd (as of the last tick; readiness)
 
     # ---- loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -143,11 +156,18 @@ class Processor:
                 self._report(slot)
         log.info("processor stopped capture=%s", self.capture_id)
 
+    def span_views(self) -> list[SpanView]:
+        """Every span this capture holds (running, or failed and waiting to restart), for metrics; safe to
+        call from another thread (a copy of the slot table; each view is read-only)."""
+        return [SpanView(k[0], k[1], s.stats, s.runner) for k, s in list(self._slots.items())]
+
     def running_spans(self) -> list[tuple[str, int]]:
         return sorted(k for k, s in self._slots.items() if s.runner is not None and not s.runner.stopped)
 
     def tick(self, snap: ClusterSnapshot) -> None:
         now = self._clock()
+        me = snap.captures.get(self.capture_id)
+        self.draining = bool(me is not None and me.draining)
         wanted: dict[tuple[str, int], tuple[ChangefeedInfo, SpanAssignment]] = {}
         for cf_id, spans in snap.assignments.items():
             entry = snap.changefeeds.get(cf_id)
@@ -192,7 +212,7 @@ class Processor:
             if runner is not None and runner.failed.is_set():
                 exc = runner.error
                 exited = runner.stop()
-                self._failed(slot, info, exc, now)  # stores the checkpoint the runner reached
+                self._failed(slot, info, exc, now, getattr(runner, "error_stage", ""))  # stores the checkpoint the runner reached
                 slot.runner = None
                 if exited:
                     runner.discard()
@@ -203,13 +223,15 @@ class Processor:
                 try:
                     slot.runner = self._start(info, key[1], _newest(snap.span_statuses.get(key[0], {}).get(key[1]),
                                                                     slot.reported))
+                    slot.stats.started(after_failure=slot.failures > 0)
                 except TidewaterError as exc:
-                    self._failed(slot, info, exc, now)
+                    self._failed(slot, info, exc, now, "start")
             if slot.runner is not None and slot.error is not None and slot.runner.checkpoint.ts > slot.runner.start_ts:
                 # progress since the restart: the error is over (the report pass may already have stored that
                 # progress, still with the error, so the stored checkpoint is no measure of it)
                 slot.error = None
                 slot.failures = 0
+                slot.stats.consecutive_failures = 0
         self.report()
 
     def report(self, stop_fenced: bool = True) -> bool:
@@ -242,13 +264,15 @@ class Processor:
         due += moving
         return all(r is not False for r in self._store(due, now, stop_fenced))
 
-    def _failed(self, slot: _Slot, info: ChangefeedInfo, exc: BaseException | None, now: float) -> None:
+    def _failed(self, slot: _Slot, info: ChangefeedInfo, exc: BaseException | None, now: float,
+                stage: str = "") -> None:
         """Record a failure of the span: error, next restart time, probes; store its status at once (with
-        the checkpoint of ``slot.runner`` if it is still set)."""
+        the checkpoint of ``slot.runner`` if it is still set). ``stage``: puller, sink or start (metrics)."""
         slot.failures += 1
         delay = self._backoff(slot.failures)
         slot.restart_at = now + delay
         slot.error = _running_error(exc, self.capture_id, slot.span, now)
+        slot.stats.failed(stage or "unknown", slot.error.code, slot.restart_at, slot.failures)
         log.warning("span=%s/%d failed (%s); restarting in %.0fs, or once the dependency that failed is back",
                     slot.cf, slot.span, slot.error.message, delay)
         self._report(slot)
@@ -333,7 +357,8 @@ class Processor:
                             position=(info.id, span_index, span.start_ts), ddl=config.ddl,
                             schema_history=self._schema_recorder(info.id),
                             barrier=self._changefeed_barrier(info, span_index) if len(info.spans) > 1 else None,
-                            initial_copy=copy, floors=state.floors if state is not None and copy is None else None)
+                            initial_copy=copy, floors=state.floors if state is not None and copy is None else None,
+                            stats=slot.stats if slot is not None else None)
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)
         return runner

@@ -31,6 +31,7 @@ from cdc.config import DdlConfig
 from cdc.errors import DdlRejected, DecodeError, LeaseLost, TidewaterError
 from cdc.events import DdlEvent, DdlKind, RowChange, TableSchema
 from cdc.model import DataWarning, WarningSeverity, merge_warnings
+from cdc.stats import SpanStats
 from cdc.ts import Watermark
 from processor.mounter import Mounter
 from sinks.base import RowSource, Sink
@@ -83,6 +84,10 @@ class TxnBatcher:
         self.last: Watermark | None = None
         self.batch_complete = False
         self.ddl: list[DdlEvent] = []
+        # what the last next_batch() read from the sorter (whole transactions; for metrics)
+        self.read_rows = 0
+        self.read_bytes = 0
+        self.read_txns = 0
 
     def has_more(self) -> bool:
         return self._peek is not None or bool(self._parts)
@@ -90,11 +95,12 @@ class TxnBatcher:
     def next_batch(self) -> Iterator[RowChange]:
         self.batch_complete = False
         self.ddl = []
+        self.read_rows = self.read_bytes = self.read_txns = 0
         if self._parts:
             yield from self._next_part()
             self.batch_complete = True
             return
-        rows = 0
+        rows = nbytes = txns = 0
         it, mount, max_rows, ddl_commits = self._it, self._mount, self._max_rows, self._ddl_commits
         while self._peek is not None:
             t = self._peek
@@ -109,9 +115,12 @@ class TxnBatcher:
                 if any(ddl for _, ddl in parts):  # a schema change of a table above its floor: still a barrier
                     self._parts = parts
                     self._split = Watermark(t.commit_ts, t.commit_time)
+                    self.read_rows, self.read_bytes, self.read_txns = t.rows, t.nbytes, 1
                     yield from self._next_part()
                     break
                 self.last = Watermark(t.commit_ts, t.commit_time)
+                nbytes += t.nbytes
+                txns += 1
                 for part_rows, _ in parts:
                     rows += len(part_rows)
                     yield from part_rows
@@ -122,12 +131,17 @@ class TxnBatcher:
                 self._peek = next(it, None)
                 self._parts = self._cut(t)
                 self._split = Watermark(t.commit_ts, t.commit_time)
+                self.read_rows, self.read_bytes, self.read_txns = t.rows, t.nbytes, 1
                 yield from self._next_part()
                 break
             self._peek = next(it, None)
             self.last = Watermark(t.commit_ts, t.commit_time)
             rows += t.rows
+            nbytes += t.nbytes
+            txns += 1
             yield from map(mount, t.payloads, repeat(t.commit_ts), repeat(t.commit_time))
+        if txns:
+            self.read_rows, self.read_bytes, self.read_txns = rows, nbytes, txns
         self.batch_complete = True
 
     def _next_part(self) -> Iterator[RowChange]:
@@ -212,8 +226,11 @@ class SpanRunner:
         barrier: Callable[[int, threading.Event], None] | None = None,
         initial_copy: Callable[[threading.Event], Mapping[str, int]] | None = None,
         floors: Mapping[str, int] | None = None,
+        stats: SpanStats | None = None,
     ) -> None:
         self.label = label
+        self.stats = stats if stats is not None else SpanStats()  # the processor keeps it across restarts
+        self.error_stage = ""  # "puller" or "sink": the thread whose failure stopped the span
         self.source = source
         self.sorter = sorter
         self._sink_factory = sink_factory
@@ -259,7 +276,7 @@ class SpanRunner:
             self._spawn(name, target)
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
-        th = threading.Thread(target=self._guard, args=(target,), name=f"{name}-{self.label}", daemon=True)
+        th = threading.Thread(target=self._guard, args=(target, name), name=f"{name}-{self.label}", daemon=True)
         self._threads.append(th)
         th.start()
 
@@ -321,11 +338,12 @@ class SpanRunner:
             self.source.ack(ts)
             self._wake.set()
 
-    def _guard(self, target: Callable[[], None]) -> None:
+    def _guard(self, target: Callable[[], None], stage: str = "") -> None:
         try:
             target()
         except BaseException as exc:  # noqa: BLE001 - any failure stops the span; the processor restarts it
             if not self._stop.is_set():
+                self.error_stage = stage
                 self.error = exc
                 level = logging.WARNING if isinstance(exc, TidewaterError) else logging.ERROR
                 log.log(level, "span=%s failed: %s", self.label, exc, exc_info=not isinstance(exc, TidewaterError))
@@ -452,8 +470,18 @@ class SpanRunner:
                     self.floors = {}  # past every floor: nothing more to check
                 batcher = TxnBatcher(self.sorter.read_txns(self.checkpoint.ts, target.ts), mount, self.txn_rows,
                                      self.source.schema_change_commits(), self._schema_changes(decoder), self.floors)
+                stats = self.stats
                 while batcher.has_more() and not self._stop.is_set():
-                    self.rows += sink.write(batcher.next_batch(), self._fence)
+                    began = time.monotonic()  # one sink write = one downstream transaction (mount included)
+                    written = sink.write(batcher.next_batch(), self._fence)
+                    stats.sink_write_seconds.observe(time.monotonic() - began)
+                    stats.sink_batch_rows.observe(written)
+                    self.rows += written
+                    stats.sorter_out_rows += batcher.read_rows
+                    stats.sorter_out_bytes += batcher.read_bytes
+                    stats.sink_rows += written
+                    stats.sink_bytes += batcher.read_bytes
+                    stats.sink_txns += batcher.read_txns
                     self._take_warnings(sink)
                     if not batcher.batch_complete:
                         raise RuntimeError(f"sink {type(sink).__name__} returned before consuming its batch")

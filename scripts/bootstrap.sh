@@ -4,6 +4,9 @@
 #   * Debian mariadb-server when `mariadbd` is missing (the MariaDB test server);
 #   * Java >= 17 for Spark (pyspark 4.3): Debian openjdk-17-jre-headless when `java -version` is missing or older.
 #     No JDBC driver packages: the Spark jobs read and write through our own Python code, not Spark JDBC.
+#   * Debian prometheus when `prometheus`/`promtool` are missing (alert rule tests, the real-Prometheus test;
+#     the package's own service is never used: tests start their own server on a free port);
+#   * Debian systemd when `systemd-analyze` is missing (`systemd-analyze verify` of the unit).
 # Idempotent and fast when already done: a stamp in .venv records the hash of pyproject.toml + extras.
 set -euo pipefail
 
@@ -52,9 +55,18 @@ need_java() {
     case ",$EXTRAS," in *,spark,*) [ "$(java_major)" -lt 17 ] ;; *) return 1 ;; esac
 }
 
+have_prometheus() {
+    command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1
+}
+
+have_systemd_analyze() {
+    command -v systemd-analyze >/dev/null 2>&1
+}
+
 want="$( (cat pyproject.toml; echo "extras=$EXTRAS") | sha256sum | cut -d' ' -f1)"
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ] && have_mariadbd && ! need_java; then
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ] && have_mariadbd \
+        && have_prometheus && have_systemd_analyze && ! need_java; then
     exit 0
 fi
 
@@ -62,6 +74,18 @@ fi
 if ! have_mariadbd; then
     log "installing mariadb-server (apt)"
     apt_install mariadb-server
+fi
+if ! have_prometheus; then
+    log "installing prometheus (apt; its service is not started by the tests)"
+    apt_install prometheus
+    # the package enables its own service; where an init runs, keep it off so that it holds no port
+    if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+        as_root systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
+fi
+if ! have_systemd_analyze; then
+    log "installing systemd (apt) for systemd-analyze"
+    apt_install systemd
 fi
 
 if need_java; then

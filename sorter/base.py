@@ -46,15 +46,26 @@ class SortedEntry(NamedTuple):
 class SortedTxn(NamedTuple):
     """One committed transaction: its payloads in add order (a list, or a one-shot iterator when read
     from disk). ``rows`` is their number, or an upper bound when rolled-back subtransactions are
-    skipped while reading."""
+    skipped while reading. ``nbytes``: the payloads' total length (for metrics; 0 when unknown)."""
 
     commit_ts: int
     commit_time: float  # upstream commit time, unix seconds
     rows: int
     payloads: Iterable[bytes]
+    nbytes: int = 0
 
 
 class SpanSorter(ABC):
+    """Counters for metrics (``capture.metrics``), cumulative over the object's life (also across
+    ``clear()``), kept per transaction at ``commit``/``abort``, never per ``add``: ``in_rows``/``in_bytes``
+    committed changes (payload bytes), ``aborted_rows``/``aborted_bytes`` dropped by ``abort`` (rolled-back
+    subtransactions and whole transactions, also those below a restart's start)."""
+
+    in_rows = 0
+    in_bytes = 0
+    aborted_rows = 0
+    aborted_bytes = 0
+
     @abstractmethod
     def add(self, xid: int, subxid: int, payload: bytes) -> None:
         """Buffer one change of (sub)transaction ``subxid`` of top-level transaction ``xid``."""
@@ -92,6 +103,10 @@ class SpanSorter(ABC):
 
     def memory_bytes(self) -> int:
         """Approximate bytes of change data this span holds in process memory (for memory quotas)."""
+        return 0
+
+    def spill_files(self) -> int:
+        """Spill files this span holds now (open and committed transactions that outgrew memory)."""
         return 0
 
 

@@ -35,12 +35,13 @@ log = logging.getLogger(__name__)
 class _OpenTxn:
     """Buffer of one open transaction. Touched only by the puller thread."""
 
-    __slots__ = ("subs", "payloads", "nbytes", "spill", "aborted")
+    __slots__ = ("subs", "payloads", "nbytes", "spill", "aborted", "spilled_bytes")
 
     def __init__(self) -> None:
         self.subs: list[int] = []
         self.payloads: list[bytes] = []
         self.nbytes = 0
+        self.spilled_bytes = 0  # payload bytes moved to the spill file (for metrics)
         self.spill: SpillFile | None = None  # once the transaction spilled
         # subxid -> spill record watermark: spilled records of that subxid below it are rolled back
         self.aborted: dict[int, int] = {}
@@ -54,7 +55,7 @@ class _Segment:
     """
 
     __slots__ = ("first_ts", "last_ts", "txns", "key", "spill", "aborted", "rows", "nbytes", "closed",
-                 "dropped")
+                 "dropped", "spilled_bytes")
 
     def __init__(self, first_ts: int) -> None:
         self.first_ts = first_ts
@@ -67,6 +68,7 @@ class _Segment:
         self.nbytes = 0  # bytes held in memory (0 once packed into LevelDB or for a spill file)
         self.closed = False
         self.dropped = False  # cleaned or cleared: whoever still holds it must not publish it
+        self.spilled_bytes = 0  # a spilled transaction's payload bytes (for metrics)
 
 
 class LevelDBSpanSorter(SpanSorter):
@@ -136,7 +138,10 @@ class LevelDBSpanSorter(SpanSorter):
         if subxid == xid:
             del self._txns[xid]
             self._buffered -= txn.nbytes
+            self.aborted_rows += len(txn.payloads)
+            self.aborted_bytes += txn.nbytes - _ROW_OVERHEAD * len(txn.payloads) + txn.spilled_bytes
             if txn.spill is not None:
+                self.aborted_rows += txn.spill.records
                 self._unlink(txn.spill, "abort")
             return
         if txn.spill is not None:
@@ -151,6 +156,8 @@ class LevelDBSpanSorter(SpanSorter):
                 else:
                     subs.append(s)
                     payloads.append(p)
+            self.aborted_rows += len(txn.payloads) - len(payloads)
+            self.aborted_bytes += dropped - _ROW_OVERHEAD * (len(txn.payloads) - len(payloads))
             txn.subs, txn.payloads = subs, payloads
             txn.nbytes -= dropped
             self._buffered -= dropped
@@ -171,7 +178,10 @@ class LevelDBSpanSorter(SpanSorter):
             return
         if txn.spill is None:
             nbytes = txn.nbytes
-            rec = SortedTxn(commit_ts, commit_time, len(txn.payloads), txn.payloads)
+            rec = SortedTxn(commit_ts, commit_time, len(txn.payloads), txn.payloads,
+                            nbytes - _ROW_OVERHEAD * len(txn.payloads))
+            self.in_rows += rec.rows
+            self.in_bytes += rec.nbytes
             with self._lock:
                 seg = self._open
                 if seg is None or seg.closed:
@@ -194,7 +204,10 @@ class LevelDBSpanSorter(SpanSorter):
             seg.spill = (txn.spill, commit_time)
             seg.aborted = txn.aborted
             seg.rows = txn.spill.records
+            seg.spilled_bytes = txn.spilled_bytes
             seg.closed = True
+            self.in_rows += seg.rows
+            self.in_bytes += seg.spilled_bytes
             with self._lock:
                 prev, self._open = self._open, None
                 if prev is not None:
@@ -271,6 +284,14 @@ class LevelDBSpanSorter(SpanSorter):
     def memory_bytes(self) -> int:
         return self._buffered + self._committed_bytes
 
+    def spill_files(self) -> int:
+        try:  # the puller thread may change the dict meanwhile: a scrape then counts 0 open ones
+            open_txns = sum(1 for t in list(self._txns.values()) if t.spill is not None)
+        except RuntimeError:
+            open_txns = 0
+        with self._lock:
+            return open_txns + sum(1 for seg in self._segments if seg.spill is not None and not seg.dropped)
+
     # -- sink thread --------------------------------------------------------------------------------
     def read_txns(self, after_ts: int, upto_ts: int) -> Iterator[SortedTxn]:
         if not check_range(after_ts, upto_ts):
@@ -313,12 +334,13 @@ class LevelDBSpanSorter(SpanSorter):
                     raise self._db_error(e, f"read of span {self.span_key}") from e
                 del value
                 for ts, tm, payloads in unpacked:
-                    if after_ts < ts <= upto_ts:
-                        yield SortedTxn(ts, tm, len(payloads), payloads)
+                    if after_ts < ts <= upto_ts:  # one C-level sum per transaction, for metrics
+                        yield SortedTxn(ts, tm, len(payloads), payloads, sum(map(len, payloads)))
             else:
                 assert seg.spill is not None
                 spill, commit_time = seg.spill
-                yield SortedTxn(seg.first_ts, commit_time, seg.rows, self._spilled(spill, seg.aborted))
+                yield SortedTxn(seg.first_ts, commit_time, seg.rows, self._spilled(spill, seg.aborted),
+                                seg.spilled_bytes)
 
     def _spilled(self, spill: SpillFile, aborted: dict[int, int]) -> Iterator[bytes]:
         try:
@@ -364,6 +386,7 @@ class LevelDBSpanSorter(SpanSorter):
             raise _storage_error(e, txn.spill.path, f"spill of span {self.span_key}", txn.nbytes) from e
         self._owner.note_written(txn.nbytes)
         self._buffered -= txn.nbytes
+        txn.spilled_bytes += txn.nbytes - _ROW_OVERHEAD * len(txn.payloads)
         txn.nbytes = 0
         txn.subs = []
         txn.payloads = []

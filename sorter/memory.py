@@ -63,10 +63,14 @@ class MemorySpanSorter(SpanSorter):
         if subxid == xid:
             del self._open[xid]
             self._open_bytes -= txn.nbytes
+            self.aborted_rows += len(txn.entries)
+            self.aborted_bytes += txn.nbytes - _ROW_OVERHEAD * len(txn.entries)
             return
         kept = [e for e in txn.entries if e[0] != subxid]
         if len(kept) != len(txn.entries):
             dropped = sum(len(p) + _ROW_OVERHEAD for s, p in txn.entries if s == subxid)
+            self.aborted_rows += len(txn.entries) - len(kept)
+            self.aborted_bytes += dropped - _ROW_OVERHEAD * (len(txn.entries) - len(kept))
             txn.entries = kept
             txn.nbytes -= dropped
             self._open_bytes -= dropped
@@ -85,9 +89,12 @@ class MemorySpanSorter(SpanSorter):
         if not txn.entries:
             return
         payloads = [p for _, p in txn.entries]
+        nbytes = txn.nbytes - _ROW_OVERHEAD * len(payloads)
+        self.in_rows += len(payloads)
+        self.in_bytes += nbytes
         with self._lock:
             self._ts.append(commit_ts)
-            self._txns.append(SortedTxn(commit_ts, float(commit_time), len(payloads), payloads))
+            self._txns.append(SortedTxn(commit_ts, float(commit_time), len(payloads), payloads, nbytes))
             self._committed_bytes += txn.nbytes
 
     def read_txns(self, after_ts: int, upto_ts: int) -> Iterator[SortedTxn]:

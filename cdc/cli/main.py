@@ -135,8 +135,33 @@ def _cmd_capture(args: argparse.Namespace) -> Result:
     if args.op == "list":
         return "captures", _request(args.server, "GET", "/api/v2/captures")
     if args.op == "drain":
-        return "object", _request(args.server, "POST", f"/api/v2/captures/{_seg(args.capture_id)}/drain")
+        return "object", _drain(args)
     raise CliError("CDC:ErrUsage", f"unknown capture command {args.op}", 2)
+
+
+def _drain(args: argparse.Namespace) -> dict[str, Any]:
+    """``--self``: the capture behind ``--server`` (a Kubernetes preStop hook does not know its capture id).
+    ``--wait S``: return once the capture holds no span (or after S seconds, exit code 1); a lone capture, which
+    cannot be drained, is reported and not waited for (its SIGTERM stops the spans)."""
+    if bool(args.capture_id) == bool(args.self):
+        raise CliError("CDC:ErrUsage", "give exactly one of --capture-id or --self", 2)
+    cid = args.capture_id or str(_request(args.server, "GET", "/api/v2/status")["id"])
+    try:
+        result = _request(args.server, "POST", f"/api/v2/captures/{_seg(cid)}/drain")
+    except CliError as exc:
+        if args.self and exc.code == "CDC:ErrCaptureStateConflict":
+            return {"id": cid, "draining": False, "remaining_spans": None, "message": exc.message}
+        raise
+    deadline = time.monotonic() + (args.wait or 0.0)
+    while args.wait and result.get("remaining_spans"):
+        if time.monotonic() >= deadline:
+            raise CliError("CDC:ErrTimeout", f"capture {cid} still holds {result['remaining_spans']} span(s) after "
+                           f"{args.wait}s of draining")
+        time.sleep(0.5)
+        caps = _request(args.server, "GET", "/api/v2/captures")
+        mine = [c for c in (caps.get("items", caps) if isinstance(caps, dict) else caps) if c.get("id") == cid]
+        result = {**result, "remaining_spans": mine[0].get("spans", 0) if mine else 0}
+    return result
 
 
 def _cmd_processor(args: argparse.Namespace) -> Result:
@@ -357,7 +382,11 @@ def _add_cli_parser(sub: Any) -> None:
     cap_ops = cap.add_subparsers(dest="op", required=True)
     cap_ops.add_parser("list", parents=[out], help="list live captures")
     d = cap_ops.add_parser("drain", parents=[out], help="move every span off a capture")
-    d.add_argument("--capture-id", required=True)
+    which = d.add_mutually_exclusive_group(required=True)
+    which.add_argument("--capture-id")
+    which.add_argument("--self", action="store_true", help="drain the capture that --server points at (preStop hooks)")
+    d.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="wait until the capture holds no span (exit code 1 after SECONDS)")
 
     proc = groups.add_parser("processor", help="list or query processors")
     proc_ops = proc.add_subparsers(dest="op", required=True)
@@ -405,18 +434,21 @@ def _run_server(args: argparse.Namespace) -> int:
     from cdc.config import ServerConfig
     from cdc.errors import TidewaterError
 
-    try:
+    def load() -> ServerConfig:  # also on SIGHUP: the file again, under the same flags
         text = Path(args.config).read_text() if args.config else ""
-        config = ServerConfig.from_toml(text, etcd=args.etcd, addr=args.addr, data_dir=args.data_dir,
-                                        cluster_id=args.cluster_id, log_file=args.log_file, log_level=args.log_level,
-                                        gc_ttl=args.gc_ttl)
+        return ServerConfig.from_toml(text, etcd=args.etcd, addr=args.addr, data_dir=args.data_dir,
+                                      cluster_id=args.cluster_id, log_file=args.log_file, log_level=args.log_level,
+                                      gc_ttl=args.gc_ttl)
+
+    try:
+        config = load()
     except (OSError, TidewaterError) as exc:
         print(json.dumps({"error_code": getattr(exc, "code", "CDC:ErrInvalidConfig"), "error_msg": str(exc)}),
               file=sys.stderr)
         return 2
     setup_logging(config.log_level, config.log_file)
     try:
-        return serve(config)
+        return serve(config, load if args.config else None)
     except TidewaterError as exc:
         print(json.dumps(exc.to_dict()), file=sys.stderr)
         return 1

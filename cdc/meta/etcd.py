@@ -31,6 +31,7 @@ import etcd3.etcdrpc as rpc
 import grpc
 
 from cdc.errors import InvalidURI, MetaStoreError
+from cdc.stats import EtcdStats
 
 log = logging.getLogger(__name__)
 
@@ -221,6 +222,19 @@ def is_not_found(e: MetaStoreError) -> bool:
 
 
 # ---- the client ------------------------------------------------------------------------------------------
+def _op_of(what: str) -> str:
+    """The operation of a ``_call`` description without its key: ``get prefix /a`` -> ``range_prefix``,
+    ``lease keepalive 1f`` -> ``lease_keepalive``, ``txn`` -> ``txn`` (a bounded label value)."""
+    words = what.split(" ")
+    if words[0] == "get":
+        return "range_prefix" if len(words) > 1 and words[1] == "prefix" else "range"
+    if words[0] == "delete":
+        return "delete_prefix" if len(words) > 1 and words[1] == "prefix" else "delete"
+    if words[0] == "lease" and len(words) > 1:
+        return f"lease_{words[1]}"
+    return words[0]
+
+
 class EtcdClient:
     """Thread-safe etcd v3 client over ``endpoints`` (``http://host:port`` or ``host:port``).
 
@@ -239,6 +253,7 @@ class EtcdClient:
         self._current = 0
         self._closed = False
         self._watches: set[Watch] = set()
+        self.stats = EtcdStats()  # request latency and failures by operation (capture.metrics)
 
     # -- plumbing
     def _channel(self, idx: int) -> grpc.Channel:
@@ -257,6 +272,20 @@ class EtcdClient:
 
     def _call(self, what: str, fn: Callable[[grpc.Channel, float], Any], *, retry_timeout: bool = True,
               timeout: float | None = None) -> Any:
+        """``_call_endpoints``, timed into ``stats`` under the operation's name (``_op_of``), failures by the
+        gRPC code of the last attempt."""
+        began = time.monotonic()
+        try:
+            result = self._call_endpoints(what, fn, retry_timeout=retry_timeout, timeout=timeout)
+        except MetaStoreError as exc:
+            code = _code(exc.__cause__)
+            self.stats.observe(_op_of(what), time.monotonic() - began, code.name if code is not None else "UNKNOWN")
+            raise
+        self.stats.observe(_op_of(what), time.monotonic() - began)
+        return result
+
+    def _call_endpoints(self, what: str, fn: Callable[[grpc.Channel, float], Any], *, retry_timeout: bool = True,
+                        timeout: float | None = None) -> Any:
         """Run ``fn(channel, timeout)`` on the current endpoint, failing over to the next ones.
 
         Unreachable endpoints (and, if ``retry_timeout``, timed-out calls) are skipped; when every

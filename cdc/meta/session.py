@@ -99,6 +99,7 @@ class Session:
             except MetaStoreError as e:
                 if self._stop.is_set():
                     return
+                self._count_refresh(False)
                 now = self._clock()
                 if now >= self.deadline:
                     self._mark_lost(f"no successful refresh for {now - self._last_ok:.1f}s "
@@ -108,11 +109,26 @@ class Session:
                             self.lease_id, self.deadline - now, e)
                 wait = min(self._interval, 0.5, max(self.deadline - now, 0.0))
                 continue
+            self._count_refresh(ttl > 0)
             if ttl <= 0:
                 self._mark_lost("lease expired or was revoked")
                 return
             self._last_ok = sent
             wait = self._interval
+
+    @property
+    def refresh_age(self) -> float:
+        """Seconds since the sending of the last refresh that succeeded (or since the grant)."""
+        return self._clock() - self._last_ok
+
+    @property
+    def refresh_interval(self) -> float:
+        return self._interval
+
+    def _count_refresh(self, ok: bool) -> None:
+        stats = getattr(self._client, "stats", None)  # test doubles of the client may have none
+        if stats is not None:
+            stats.lease_refresh(ok)
 
     def close(self, revoke: bool = True) -> None:
         """Stop refreshing; with ``revoke`` also revoke the lease now (its keys vanish at once), else the

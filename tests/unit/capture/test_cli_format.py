@@ -303,3 +303,24 @@ def test_unreachable_server_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
     server.close()  # nothing listens there any more
     assert main(["cli", "--server", url, "processor", "list"]) == 3
     assert json.loads(capsys.readouterr().err)["error_code"] == "CDC:ErrServerUnreachable"
+
+
+def test_drain_self_waits_for_the_spans_to_move(canned: Canned, capsys: pytest.CaptureFixture[str]) -> None:
+    """The preStop hook: drain the capture behind --server, wait until it holds no span; the wait times out
+    with exit code 1; a lone capture (nowhere to move) is reported, not an error."""
+    canned.answers[("GET", "/api/v2/status")] = (200, {"id": "me"})
+    canned.answers[("POST", "/api/v2/captures/me/drain")] = (202, {"id": "me", "draining": True, "remaining_spans": 2})
+    canned.answers[("GET", "/api/v2/captures")] = (200, [{"id": "me", "spans": 0}, {"id": "other", "spans": 4}])
+    assert main(["cli", "--server", canned.url, "capture", "drain", "--self", "--wait", "5"]) == 0
+    assert json.loads(capsys.readouterr().out)["remaining_spans"] == 0
+    assert [r[:2] for r in canned.requests] == [("GET", "/api/v2/status"), ("POST", "/api/v2/captures/me/drain"),
+                                                ("GET", "/api/v2/captures")]
+    canned.answers[("GET", "/api/v2/captures")] = (200, [{"id": "me", "spans": 1}])
+    assert main(["cli", "--server", canned.url, "capture", "drain", "--self", "--wait", "0.6"]) == 1
+    assert json.loads(capsys.readouterr().err)["error_code"] == "CDC:ErrTimeout"
+    canned.answers[("POST", "/api/v2/captures/me/drain")] = (409, {"error_code": "CDC:ErrCaptureStateConflict",
+                                                                   "error_msg": "only capture"})
+    assert main(["cli", "--server", canned.url, "capture", "drain", "--self", "--wait", "5"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"id": "me", "draining": False, "remaining_spans": None,
+                                                   "message": "only capture"}
+    assert main(["cli", "--server", canned.url, "capture", "drain", "--capture-id", "me"]) == 1  # not --self

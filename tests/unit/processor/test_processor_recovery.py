@@ -231,3 +231,30 @@ def test_span_stopped_by_a_fenced_status_write_restarts_when_still_assigned_here
     assert len(p.runners) == 2 and not p.runners[1].stopped  # running again
     assert p.runners[1].start_ts == 100  # from the stored checkpoint (the fenced write stored nothing)
 
+
+
+def test_span_metrics_count_failures_by_stage_restarts_and_backoff() -> None:
+    """What capture.metrics exports for a failing span: the failure by stage and code, the backoff while it
+    waits (runner None in the view), the restart, and consecutive failures reset by progress."""
+    clock, sink = Clock(), Switch()
+    store = FakeStore()
+    p = RecoveringProcessor(store, clock, {"sink": sink})
+    p.tick(snap_with(store))
+    sink.up = False
+    r = p.runners[0]
+    r.error_stage = "sink"  # type: ignore[attr-defined]  # set by SpanRunner._guard for the thread that failed
+    r.fail(SinkUnavailable("sink down"))
+    p.tick(snap_with(store))
+    (view,) = p.span_views()
+    assert view.runner is None and view.stats.errors == {("sink", "CDC:ErrSinkUnavailable"): 1}
+    assert view.stats.restart_at == clock.now + 30.0 and view.stats.consecutive_failures == 1
+    assert view.stats.restarts == 0
+    clock.now += 31  # the backoff is over
+    p.tick(snap_with(store))
+    (view,) = p.span_views()
+    assert view.runner is p.runners[1] and view.stats.restarts == 1 and view.stats.restart_at == 0.0
+    p.runners[1].advance(200)  # progress: the error is over
+    p.tick(snap_with(store))
+    assert p.span_views()[0].stats.consecutive_failures == 0
+    p.close()
+    assert p.span_views() == []  # a span that left this capture has no view, so no series
