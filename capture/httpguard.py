@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cdc.config import ServerConfig
 from cdc.errors import InvalidConfig
 
 log = logging.getLogger(__name__)
@@ -198,3 +199,38 @@ class Deadlines:
                     socket.socket.shutdown(sock, socket.SHUT_RD)
                 except OSError:
                     pass
+
+
+@dataclass(frozen=True)
+class ApiSecurity:
+    """Everything :class:`capture.api.ApiServer` needs to be safe, built from the server config."""
+
+    limits: ApiLimits
+    auth: AuthPolicy
+    tls: ssl.SSLContext | None
+    forward_tls: ssl.SSLContext | None  # owner forwarding to another capture
+
+    @classmethod
+    def from_config(cls, config: ServerConfig, environ: dict[str, str] | None = None) -> ApiSecurity:
+        limits = ApiLimits(max_body=config.max_body_bytes, request_timeout=config.request_timeout,
+                           idle_timeout=config.request_timeout, max_connections=config.max_connections)
+        auth = AuthPolicy(tokens=load_tokens(config.auth_token_file, environ),
+                          protect_reads=config.auth_read == "protected")
+        tls = forward = None
+        if config.tls_cert:
+            tls = server_tls_context(config.tls_cert, config.tls_key, config.tls_ca, config.tls_client_auth)
+            forward = client_tls_context(config.tls_ca, config.tls_cert, config.tls_key)
+        return cls(limits, auth, tls, forward)
+
+    def exposure_warning(self, addr: str) -> str | None:
+        """A warning when the API listens beyond loopback without TLS or without authentication."""
+        host = addr.rpartition(":")[0]
+        if is_loopback(host):
+            return None
+        missing = [what for what, ok in (("TLS", self.tls is not None), ("authentication", self.auth.enabled))
+                   if not ok]
+        if not missing:
+            return None
+        return (f"the HTTP API listens on {addr}, reachable from other hosts, without {' and '.join(missing)}: "
+                "anyone who can reach it can pause, change or remove changefeeds (and read tokens on the wire). Give "
+                "--tls-cert/--tls-key and an auth token file, or bind 127.0.0.1 (docs/api.md, \"Security\")")

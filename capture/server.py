@@ -23,9 +23,12 @@ from typing import Any
 
 from capture.api import ApiServer
 from capture.changefeeds import ChangefeedService
+from capture.httpguard import ApiSecurity
+from capture.logsetup import set_capture_id
 from capture.metrics import CaptureCollector, make_registry
 from cdc.config import ServerConfig
-from cdc.errors import MetaStoreError, TidewaterError
+from cdc.crypto import SecretBox
+from cdc.errors import InvalidConfig, MetaStoreError, TidewaterError
 from cdc.meta.election import Election
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.keys import owner_prefix
@@ -41,6 +44,10 @@ log = logging.getLogger(__name__)
 VERSION = "0.1.0"
 
 
+class AddressInUse(InvalidConfig):
+    code = "CDC:ErrAddressInUse"
+
+
 class CaptureServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -49,8 +56,9 @@ class CaptureServer:
         self.session: Session | None = None
         self.owner: Owner | None = None
         self.processor: Processor | None = None
+        security = ApiSecurity.from_config(config)  # before anything starts: bad TLS files or tokens fail here
         self.client = EtcdClient(list(config.etcd), timeout=config.etcd_timeout)
-        self.store = MetaStore(self.client, config.cluster_id)
+        self.store = MetaStore(self.client, config.cluster_id, SecretBox.from_config(config.secret_key_file))
         data_dir = Path(config.data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
         # fresh: the sorter is a cache; spans rebuild it from their checkpoints (nothing to keep)
@@ -61,9 +69,17 @@ class CaptureServer:
             snapshot=self.store.snapshot, runners=self._runners, sorter_bytes=self.sorter.disk_bytes,
             slot_reports=lambda: self.owner.watcher.reports() if self.owner and self.owner.is_owner else [])
         self._collector = collector
-        self.api = ApiServer(config.addr, self.service, self._status, None, make_registry(collector),
-                             healthy=lambda: self.session is not None and self.session.alive.is_set(),
-                             owner_resign=lambda: bool(self.owner and self.owner.resign()))
+        try:
+            self.api = ApiServer(config.addr, self.service, self._status, None, make_registry(collector),
+                                 healthy=lambda: self.session is not None and self.session.alive.is_set(),
+                                 owner_resign=lambda: bool(self.owner and self.owner.resign()),
+                                 limits=security.limits, auth=security.auth, tls=security.tls,
+                                 forward_tls=security.forward_tls)
+        except OSError as exc:
+            self.sorter.close()
+            raise AddressInUse(f"cannot listen on {config.addr}: {exc.strerror or exc} (another cdc server? "
+                               "choose another --addr)") from exc
+        self._exposure = security.exposure_warning(config.addr)
 
     # ---- API callbacks ---------------------------------------------------------------------------
     def _runners(self) -> list[tuple[str, int, Any]]:
@@ -80,8 +96,13 @@ class CaptureServer:
     # ---- lifecycle -------------------------------------------------------------------------------
     def run(self) -> int:
         self.api.start()
-        log.info("cdc server listening on http://%s (etcd %s, cluster %s, data dir %s)", self.config.addr,
-                 ",".join(self.config.etcd), self.config.cluster_id, self.config.data_dir)
+        log.info("cdc server listening on %s://%s (etcd %s, cluster %s, data dir %s)", self.api.scheme,
+                 self.config.addr, ",".join(self.config.etcd), self.config.cluster_id, self.config.data_dir)
+        if self._exposure:
+            log.warning("%s", self._exposure)
+        if self.store.secrets is None:
+            log.warning("no secret key file (--secret-key-file): changefeed credentials are stored in etcd in "
+                        "plain text (docs/operations.md, \"Credentials in etcd\")")
         try:
             while not self.stopping.is_set():
                 try:
@@ -99,12 +120,17 @@ class CaptureServer:
     def _run_session(self) -> None:
         self.capture_id = str(uuid.uuid4())
         self._collector.capture_id = self.capture_id
+        set_capture_id(self.capture_id)
         session = Session(self.client, self.config.session_ttl)
         self.session = session
         info = CaptureInfo(self.capture_id, self.config.addr, VERSION, time.time(), os.getpid())
         self.store.register_capture(info, session.lease_id)
         log.info("capture=%s registered (lease %x, ttl %ds)", self.capture_id, session.lease_id,
                  self.config.session_ttl)
+        try:
+            self.store.reseal_changefeeds()  # plain or old-key credentials -> sealed with the first key
+        except TidewaterError as exc:
+            log.warning("capture=%s could not reseal changefeed credentials: %s", self.capture_id, exc)
         session_stop = threading.Event()
         election = Election(self.client, session, owner_prefix(self.config.cluster_id))
         self.owner = Owner(self.store, election, self.capture_id, self.config, session_alive=session.alive.is_set)

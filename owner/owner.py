@@ -197,7 +197,11 @@ class Owner:
         actions = reconcile(snap, now, stuck_duration=self.config.error_stuck_duration, retained=retained,
                             upstream_warnings={k: v for k, v in found.items() if v})
         actions += self._upstream_actions(snap, now)
-        done = [self._apply(a) for a in actions]
+        done = []
+        for a in actions:
+            done.append(self._apply(a))
+            if done[-1] and isinstance(a, UpdateInfo):
+                _log_state_change(snap, a)
         line = "; ".join(d for d in done if d)
         if line and line != last_line:
             log.info("owner capture=%s: %s", self.capture_id, line)
@@ -281,3 +285,16 @@ class Owner:
             log.error("changefeed=%s removed but its upstream slots %s could not be dropped (%s): drop them by hand "
                       "on the upstream or they will retain its log",
                       info.id, [s.slot for s in info.spans], exc)
+
+
+def _log_state_change(snap: ClusterSnapshot, action: UpdateInfo) -> None:
+    """One INFO line per changefeed state change the owner made (stable shape for log searches:
+    ``changefeed=ID state OLD -> NEW: reason``)."""
+    entry = snap.changefeeds.get(action.cf)
+    old = entry.value.state if entry is not None else None
+    new = action.info.state
+    if old is new:
+        return
+    err = action.info.error
+    why = f" [{err.code}] {err.message}" if err else ""
+    log.info("changefeed=%s state %s -> %s: %s%s", action.cf, old.value if old else "-", new.value, action.reason, why)
