@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -191,7 +192,21 @@ class CaptureServer:
         self.stopping.set()
 
 
+def _probe_addr(addr: str) -> None:
+    """Fail before touching the data dir when ``addr`` is taken (e.g. this capture started twice): the
+    sorter is opened fresh, which must not happen under a running capture."""
+    host, _, port = addr.rpartition(":")
+    with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds
+        try:
+            probe.bind((host.strip("[]") or "127.0.0.1", int(port)))
+        except OSError as exc:
+            raise AddressInUse(f"cannot listen on {addr}: {exc.strerror or exc} (another cdc server? choose "
+                               "another --addr)") from exc
+
+
 def serve(config: ServerConfig) -> int:
+    _probe_addr(config.addr)
     server = CaptureServer(config)
     signal.signal(signal.SIGTERM, server.request_stop)
     signal.signal(signal.SIGINT, server.request_stop)

@@ -66,8 +66,9 @@ def _leaf(ca_key: ec.EllipticCurvePrivateKey, ca: x509.Certificate, cn: str,
                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
                               critical=False)
-               .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH if server
-                                                     else ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
+               # a capture's certificate also authenticates it to the other captures (owner forwarding)
+               .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+                                                    if server else [ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False))
     if server:
         builder = builder.add_extension(x509.SubjectAlternativeName([
             x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
