@@ -28,7 +28,7 @@ def _error(description: str) -> dict[str, Any]:
 _CF_PARAM = {"name": "changefeed_id", "in": "path", "required": True, "description": "changefeed id",
              "schema": {"type": "string", "pattern": "^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$"}}
 _CAPTURE_PARAM = {"name": "capture_id", "in": "path", "required": True, "description": "capture id",
-                  "schema": {"type": "string"}}
+                  "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"}}
 
 _ERRORS_CF = {"404": _error("no such changefeed (CDC:ErrChangefeedNotFound)"),
               "503": _error("etcd unavailable (CDC:ErrEtcd)")}
