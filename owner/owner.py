@@ -199,9 +199,10 @@ class Owner:
         actions += self._upstream_actions(snap, now)
         done = []
         for a in actions:
-            done.append(self._apply(a))
-            if done[-1] and isinstance(a, UpdateInfo):
-                _log_state_change(snap, a)
+            did = self._apply(a)
+            if did and isinstance(a, UpdateInfo) and _log_state_change(snap, a):
+                did = ""  # said on its own line
+            done.append(did)
         line = "; ".join(d for d in done if d)
         if line and line != last_line:
             log.info("owner capture=%s: %s", self.capture_id, line)
@@ -287,14 +288,16 @@ class Owner:
                       info.id, [s.slot for s in info.spans], exc)
 
 
-def _log_state_change(snap: ClusterSnapshot, action: UpdateInfo) -> None:
-    """One INFO line per changefeed state change the owner made (stable shape for log searches:
-    ``changefeed=ID state OLD -> NEW: reason``)."""
+def _log_state_change(snap: ClusterSnapshot, action: UpdateInfo) -> bool:
+    """One INFO line per changefeed state change the owner made, in a stable shape for log searches:
+    ``changefeed=ID state OLD -> NEW[: reason][ (CODE: error)]``. True if the state changed (and was logged)."""
     entry = snap.changefeeds.get(action.cf)
     old = entry.value.state if entry is not None else None
     new = action.info.state
     if old is new:
-        return
+        return False
     err = action.info.error
-    why = f" [{err.code}] {err.message}" if err else ""
-    log.info("changefeed=%s state %s -> %s: %s%s", action.cf, old.value if old else "-", new.value, action.reason, why)
+    reason = "" if "->" in action.reason else f": {action.reason}"
+    why = f" ({err.code}: {err.message})" if err else ""
+    log.info("changefeed=%s state %s -> %s%s%s", action.cf, old.value if old else "-", new.value, reason, why)
+    return True
