@@ -16,6 +16,7 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,12 @@ def test_secured_cluster(etcd_server: EtcdServer, pg_server: PostgresServer, pg_
         finally:
             etcd.close()
         no_secret(json.dumps(first.changefeed("sec")), "the API")
+        scraped = []
+        for server in (first, second):  # metric labels (read routes are open: no token needed)
+            with urllib.request.urlopen(f"{server.url}/metrics", context=client_tls, timeout=10) as resp:
+                scraped.append(resp.read().decode())
+            no_secret(scraped[-1], "/metrics")
+        assert any('changefeed="sec"' in text for text in scraped)
         table = cli(env, "changefeed", "query", "-c", "sec", "-o", "table")
         assert table.returncode == 0 and "postgresql://postgres:***@" in table.stdout, table
         no_secret(table.stdout, "CLI table output")
