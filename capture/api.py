@@ -285,6 +285,8 @@ class ApiServer:
         try:
             if self.auth.required(method, path) and not self.auth.allows(h.headers.get("Authorization")):
                 h.close_connection = True  # do not read (or wait for) the body of a refused request
+                log.warning("http: refused %s %s from %s: %s API token", method, path, h.client_address[0],
+                            "wrong" if h.headers.get("Authorization") else "no")
                 raise Unauthorized(f"{method} {path} needs an API token: send 'Authorization: Bearer TOKEN' "
                                    "(cdc cli: $TIDEWATER_AUTH_TOKEN or --token-file)")
             body = self._body(h)

@@ -131,8 +131,9 @@ def client_tls_context(ca: str = "", cert: str = "", key: str = "") -> ssl.SSLCo
 
 
 def is_loopback(host: str) -> bool:
+    """Whether ``host`` (of ``--addr``) reaches this machine only; empty means 127.0.0.1 to the API server."""
     if host in ("localhost", ""):
-        return host == "localhost"
+        return True
     try:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
