@@ -24,7 +24,7 @@ PREFIX = "tidewater-enc:v1:"
 KEY_FILE_ENV = "TIDEWATER_SECRET_KEY_FILE"
 
 
-class SecretKeyMissing(ValueError):
+class UnopenableSecret(ValueError):
     """A sealed value that none of this capture's keys opens."""
 
 
@@ -75,14 +75,14 @@ class SecretBox:
         return PREFIX + self._keys[0].encrypt(plain.encode()).decode()
 
     def open(self, value: str) -> str:
-        """The plain text of a sealed ``value``; an unsealed value as it is. :class:`SecretKeyMissing` when
+        """The plain text of a sealed ``value``; an unsealed value as it is. :class:`UnopenableSecret` when
         no key of the ring opens it."""
         if not is_sealed(value):
             return value
         try:
             return self._ring.decrypt(value[len(PREFIX):].encode()).decode()
         except (InvalidToken, UnicodeDecodeError) as exc:
-            raise SecretKeyMissing("sealed with a key that is not in this capture's secret key file") from exc
+            raise UnopenableSecret("sealed with a key that is not in this capture's secret key file") from exc
 
     def needs_reseal(self, value: str) -> bool:
         """Plain, or sealed with a key other than the first (but one this ring opens)."""

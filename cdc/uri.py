@@ -7,7 +7,7 @@ import threading
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from cdc.errors import InvalidURI
+from cdc.errors import InvalidURI, SecretKeyMissing
 
 SINK_SCHEMES = ("mysql", "mariadb", "postgresql", "postgres", "sqlite", "blackhole")
 UPSTREAM_SCHEMES = ("postgresql", "postgres")
@@ -102,10 +102,16 @@ def scrub(text: str) -> str:
     return _SECRET_KEYWORD.sub(lambda k: k.group(1) + _MASK, text)
 
 
-def parse_uri(raw: str, *, allowed: tuple[str, ...], what: str) -> ParsedURI:
+def refuse_sealed(raw: str, what: str) -> None:
+    """:class:`SecretKeyMissing` for a URI still sealed (read from etcd without the key that opens it)."""
     if raw.startswith(_ENCRYPTED_PREFIX):
-        raise InvalidURI(f"the {what} URI is stored encrypted with a key this capture does not hold: give every "
-                         "capture the same --secret-key-file (docs/operations.md, \"Credentials in etcd\")")
+        raise SecretKeyMissing(f"the {what} URI is stored encrypted with a key this capture does not hold: give "
+                               "every capture the same --secret-key-file (docs/operations.md, \"Credentials in "
+                               "etcd\")")
+
+
+def parse_uri(raw: str, *, allowed: tuple[str, ...], what: str) -> ParsedURI:
+    refuse_sealed(raw, what)
     if not raw or "://" not in raw:
         raise InvalidURI(f"{what} URI {redact(raw or '')!r} is malformed: expected scheme://...")
     try:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
 from cdc import serde
-from cdc.crypto import SecretBox, SecretKeyMissing, is_sealed
+from cdc.crypto import SecretBox, UnopenableSecret, is_sealed
 from cdc.errors import ChangefeedExists, ChangefeedNotFound, LeaseLost, MetaStoreError, NotOwner
 from cdc.meta import keys
 from cdc.meta.etcd import KV, Compare, EtcdClient, Op, Watch, WatchResponse, is_not_found
@@ -120,7 +120,7 @@ class MetaStore:
             try:
                 return replace(info, upstream_uri=self.secrets.open(info.upstream_uri),
                                sink_uri=self.secrets.open(info.sink_uri))
-            except SecretKeyMissing:
+            except UnopenableSecret:
                 pass
         if info.id not in self._unopened_logged:
             self._unopened_logged.add(info.id)

@@ -196,3 +196,49 @@ def test_exposed_bind_warns_and_default_is_loopback(etcd_server: EtcdServer, clu
         assert "credentials are stored in etcd in plain text" in log, log
     finally:
         server.terminate()
+
+
+def test_a_capture_without_the_key_is_loud_and_recovers(etcd_server: EtcdServer, pg_server: PostgresServer,
+                                                        pg_database: str, cluster_id: str, tmp_path: Path) -> None:
+    """Misconfiguration: one capture lacks the secret key file. Its span fails with a retryable
+    CDC:ErrSecretKeyMissing (the changefeed shows warning, naming the fix); restarted with the key, the
+    changefeed returns to normal and every row arrives."""
+    key_file = tmp_path / "secret.keys"
+    key_file.write_text(generate_key() + "\n")
+    with_key = ["--secret-key-file", str(key_file), *server_config(tmp_path)]
+    good = CdcServer(etcd_server.url, tmp_path / "good", cluster_id=cluster_id, extra_args=with_key).start()
+    bad = CdcServer(etcd_server.url, tmp_path / "bad", cluster_id=cluster_id,
+                    extra_args=server_config(tmp_path, name="nokey.toml")).start()
+    pg_server.execute("CREATE TABLE a (id int PRIMARY KEY); CREATE TABLE b (id int PRIMARY KEY);"
+                      "CREATE TABLE c (id int PRIMARY KEY); CREATE TABLE d (id int PRIMARY KEY)", db=pg_database)
+    conn = pg_server.connect(pg_database)
+    target = tmp_path / "t.db"
+    try:
+        good.create_changefeed("k", pg_server.uri(pg_database), f"sqlite:///{target}", "span-count = 2\n")
+        deadline = time.monotonic() + 60
+        cf: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            cf = good.changefeed("k")
+            if cf["state"] == "warning" and cf["error"] and cf["error"]["code"] == "CDC:ErrSecretKeyMissing":
+                break
+            time.sleep(0.3)
+        assert cf["state"] == "warning" and cf["error"]["code"] == "CDC:ErrSecretKeyMissing", cf
+        assert "--secret-key-file" in cf["error"]["message"]
+        assert bad.changefeed("k")["sink_uri"] == "<encrypted>"  # still queryable there
+        bad.terminate()
+        bad = CdcServer(etcd_server.url, tmp_path / "bad", cluster_id=cluster_id, port=bad.port,
+                        extra_args=with_key).start()
+        with conn.cursor() as cur:
+            for t in "abcd":
+                cur.execute(f"INSERT INTO {t} SELECT generate_series(1, 20)")
+        good.wait_checkpoint("k", current_lsn(conn), timeout=120)
+        deadline = time.monotonic() + 60
+        while good.changefeed("k")["state"] != "normal" and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert good.changefeed("k")["state"] == "normal"
+        for result in compare_tables(conn, [f"public.{t}" for t in "abcd"], f"sqlite:///{target}"):
+            assert result.equal and result.source_rows == 20, result
+    finally:
+        conn.close()
+        bad.terminate()
+        good.terminate()

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from cdc.crypto import SecretBox, generate_key, is_sealed
-from cdc.errors import InvalidURI
+from cdc.errors import SecretKeyMissing
 from cdc.meta import keys
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.store import MetaStore
@@ -73,7 +73,7 @@ def test_sealed_in_etcd_and_readable_with_the_key(client: EtcdClient, cluster_id
     for other in (MetaStore(client, cluster_id), MetaStore(client, cluster_id, SecretBox([generate_key()]))):
         seen = other.get_changefeed("sealed")
         assert seen is not None and is_sealed(seen.value.upstream_uri)
-        with pytest.raises(InvalidURI, match="secret-key-file"):
+        with pytest.raises(SecretKeyMissing, match="secret-key-file"):
             parse_upstream_uri(seen.value.upstream_uri)
         assert redact(seen.value.sink_uri) == "<encrypted>"
         assert other.update_changefeed(seen.value.with_state(FeedState.NORMAL), seen.mod_revision)
