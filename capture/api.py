@@ -322,6 +322,7 @@ class ApiServer:
     def _body(self, h: _Handler) -> Any:
         """The JSON body: at most ``max_body`` bytes (413 before reading more), within the request deadline
         (408), with a valid Content-Length (no chunked bodies: 411)."""
+        h.close_connection = True  # until the whole body is read: what is left unread must not become a request
         if h.headers.get("Transfer-Encoding"):
             raise LengthRequired("chunked request bodies are not accepted: send Content-Length")
         raw_length = (h.headers.get("Content-Length") or "0").strip()
@@ -340,6 +341,7 @@ class ApiServer:
                 if h.expired():
                     raise RequestTimeout(f"the request body did not arrive within {self.limits.request_timeout:g}s")
                 raise InvalidArgument(f"request body shorter than its Content-Length ({len(raw)} < {length})")
+        h.close_connection = not h.keep_alive
         try:
             return json.loads(raw) if raw.strip() else {}
         except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -380,6 +382,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     api: ApiServer  # set by _handler_class
+    keep_alive = False  # what the request's headers asked for (parse_request's decision)
 
     def setup(self) -> None:
         self.timeout = self.api.limits.idle_timeout  # per read; StreamRequestHandler applies it
@@ -435,6 +438,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._try_error(408, f"request not received within {api.limits.idle_timeout:g}s")
                 return
             self.close_connection = self.close_connection or self.command not in ("GET", "POST", "PUT", "DELETE")
+            self.keep_alive = not self.close_connection
             api._handle(self, self.command)
             self.wfile.flush()
         except (ConnectionError, TimeoutError, ssl.SSLError, OSError):

@@ -196,6 +196,8 @@ def _probe_addr(addr: str) -> None:
     """Fail before touching the data dir when ``addr`` is taken (e.g. this capture started twice): the
     sorter is opened fresh, which must not happen under a running capture."""
     host, _, port = addr.rpartition(":")
+    if not port.isdigit():
+        raise InvalidConfig(f"--addr {addr!r} must be HOST:PORT with a numeric port")
     with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds
         try:

@@ -323,3 +323,16 @@ def test_connections_beyond_the_limit_are_closed_and_slots_come_back(etcd_server
         assert (status, body) == (200, {"status": "ok"})
     finally:
         api.stop()
+
+
+def test_an_unread_body_never_becomes_the_next_request(api: ApiServer) -> None:
+    smuggled = b"GET /api/v2/health HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
+    for head in (b"POST /api/v2/changefeeds HTTP/1.1\r\nContent-Length: abc\r\n\r\n",
+                 b"POST /api/v2/changefeeds HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+                 b"POST /api/v2/changefeeds HTTP/1.1\r\nContent-Length: 999999\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", port_of(api)), timeout=5) as sock:
+            sock.sendall(head + smuggled)
+            got = b""
+            while chunk := sock.recv(65536):
+                got += chunk
+        assert got.count(b"HTTP/1.1 ") == 1 and not got.startswith(b"HTTP/1.1 200"), got
