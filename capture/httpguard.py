@@ -26,7 +26,7 @@ import socket
 import ssl
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from cdc.config import ServerConfig
@@ -46,11 +46,17 @@ class ApiLimits:
     max_connections: int = 64  # served at once; more are closed unanswered
 
 
+# Health probes (Kubernetes, systemd, load balancers) never need a token. The probe routes a capture may
+# serve; a probe path added to the API must be listed here.
+PROBE_PATHS = frozenset({"/api/v2/health", "/api/v2/health/live", "/api/v2/health/ready", "/livez", "/readyz",
+                         "/healthz", "/liveness", "/readiness"})
+
+
 @dataclass(frozen=True)
 class AuthPolicy:
     tokens: tuple[str, ...] = ()
     protect_reads: bool = False
-    open_paths: frozenset[str] = field(default_factory=lambda: frozenset({"/api/v2/health"}))
+    open_paths: frozenset[str] = PROBE_PATHS
 
     @property
     def enabled(self) -> bool:
