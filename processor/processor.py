@@ -43,6 +43,7 @@ from cdc.meta.status_feed import StatusFeed
 from cdc.meta.store import ClusterSnapshot, MetaStore, SpanStatusWrite
 from cdc.model import ChangefeedInfo, RunningError, SchemaHistory, SpanAssignment, SpanInfo, SpanStatus
 from cdc.ts import Watermark
+from cdc.uri import scrub
 from processor.recovery import DependencyProbe
 from processor.span import SchemaRecorder, SpanRunner, SpanWarnings
 from sinks.factory import open_sink
@@ -444,6 +445,7 @@ def _span_info(info: ChangefeedInfo, index: int) -> SpanInfo:
 
 
 def _running_error(exc: BaseException | None, capture_id: str, span: int, now: float) -> RunningError:
+    """The span's error as stored in etcd and shown by the API: its message scrubbed of any secret."""
     if isinstance(exc, TidewaterError):
-        return RunningError(exc.code, exc.message, now, capture_id, span, exc.retryable)
-    return RunningError("CDC:ErrInternal", f"{type(exc).__name__}: {exc}", now, capture_id, span, True)
+        return RunningError(exc.code, scrub(exc.message), now, capture_id, span, exc.retryable)
+    return RunningError("CDC:ErrInternal", scrub(f"{type(exc).__name__}: {exc}"), now, capture_id, span, True)
