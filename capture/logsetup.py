@@ -90,21 +90,25 @@ class JsonFormatter(logging.Formatter):
 
 
 class RepeatFilter(logging.Filter):
-    """Lets the same warning/error through at most once per ``interval`` seconds (same logger, level and
-    text with its numbers ignored); the next one that passes carries the number suppressed meanwhile."""
+    """Lets the same warning/error through at most once per ``interval`` seconds (same logger, level,
+    ``changefeed=``/``span=``/``capture=`` and text with its other numbers ignored); the next one that passes
+    carries the number suppressed meanwhile."""
 
     def __init__(self, interval: float, clock: object = time.monotonic, max_keys: int = 1000) -> None:
         super().__init__()
         self._interval = interval
         self._clock = clock
         self._max = max_keys
-        self._seen: OrderedDict[tuple[str, int, str], tuple[float, int]] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, int, str, tuple[tuple[str, str], ...]], tuple[float, int]] = OrderedDict()
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING or self._interval <= 0:
             return True
-        key = (record.name, record.levelno, _NUMBERS.sub("#", record.getMessage()))
+        message = record.getMessage()
+        # numbers aside (retry counts, lags, ports), but never two spans or changefeeds as one
+        key = (record.name, record.levelno, _NUMBERS.sub("#", _FIELD.sub("", message)),
+               tuple(sorted(fields_of(message).items())))
         now = self._clock()  # type: ignore[operator]
         with self._lock:
             last = self._seen.get(key)

@@ -73,6 +73,9 @@ def test_repeated_warnings_are_rate_limited() -> None:
         assert not f.filter(record("span=orders/0 failed: sink unavailable after %d retries", 4 + i,
                                    level=logging.WARNING))
     assert f.filter(record("span=orders/1 failed: other", level=logging.WARNING))  # another text passes
+    # the same text about another span is another warning
+    assert f.filter(record("span=orders/1 failed: sink unavailable after %d retries", 3, level=logging.WARNING))
+    assert f.filter(record("span=orders2/0 failed: sink unavailable after %d retries", 3, level=logging.WARNING))
     assert f.filter(record("info lines are never limited", level=logging.INFO))
     assert f.filter(record("info lines are never limited", level=logging.INFO))
     now[0] += 60
