@@ -229,6 +229,19 @@ class ApiSecurity:
             forward = client_tls_context(config.tls_ca, config.tls_cert, config.tls_key)
         return cls(limits, auth, tls, forward)
 
+    @staticmethod
+    def loose_files(config: ServerConfig) -> list[str]:
+        """Secret files of ``config`` that other users of the machine can read (they should be 0600)."""
+        out = []
+        for what, path in (("auth token file", config.auth_token_file), ("secret key file", config.secret_key_file),
+                           ("TLS key", config.tls_key)):
+            try:
+                if path and os.stat(path).st_mode & 0o077:
+                    out.append(f"the {what} {path} is readable by other users: chmod 600 it")
+            except OSError:
+                pass  # a missing file is reported where it is read
+        return out
+
     def exposure_warning(self, addr: str) -> str | None:
         """A warning when the API listens beyond loopback without TLS or without authentication."""
         host = addr.rpartition(":")[0]

@@ -99,8 +99,9 @@ class CaptureServer:
         self.api.start()
         log.info("cdc server listening on %s://%s (etcd %s, cluster %s, data dir %s)", self.api.scheme,
                  self.config.addr, ",".join(self.config.etcd), self.config.cluster_id, self.config.data_dir)
-        if self._exposure:
-            log.warning("%s", self._exposure)
+        for warning in [self._exposure, *ApiSecurity.loose_files(self.config)]:
+            if warning:
+                log.warning("%s", warning)
         if self.store.secrets is None:
             log.warning("no secret key file (--secret-key-file): changefeed credentials are stored in etcd in "
                         "plain text (docs/operations.md, \"Credentials in etcd\")")

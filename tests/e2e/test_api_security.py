@@ -188,12 +188,17 @@ def test_exposed_bind_warns_and_default_is_loopback(etcd_server: EtcdServer, clu
 
     assert ServerConfig().addr.startswith("127.0.0.1:")
     port = free_port()
-    server = CdcServer(etcd_server.url, tmp_path / "x", cluster_id=cluster_id,
-                       extra_args=["--addr", f"0.0.0.0:{port}", *server_config(tmp_path)], port=port).start()
+    tokens = tmp_path / "tokens"
+    tokens.write_text("x" * 20 + "\n")
+    tokens.chmod(0o644)
+    server = CdcServer(etcd_server.url, tmp_path / "x", cluster_id=cluster_id, port=port,
+                       extra_args=["--addr", f"0.0.0.0:{port}", "--auth-token-file", str(tokens),
+                                   *server_config(tmp_path)]).start()
     try:
         log = server.log_tail(200)
-        assert "reachable from other hosts, without TLS and authentication" in log, log
+        assert "reachable from other hosts, without TLS:" in log, log
         assert "credentials are stored in etcd in plain text" in log, log
+        assert f"the auth token file {tokens} is readable by other users: chmod 600 it" in log, log
     finally:
         server.terminate()
 
