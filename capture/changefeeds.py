@@ -54,7 +54,7 @@ from cdc.serde import to_dict
 from cdc.snapshot import SnapshotProgress
 from cdc.spans import resource_name, span_of
 from cdc.ts import lsn_to_str
-from cdc.uri import parse_sink_uri, parse_upstream_uri
+from cdc.uri import parse_sink_uri, parse_upstream_uri, redact
 from owner.table_pickup import collision_key
 from owner.upstream_watch import can_resume
 from sinks.base import Sink
@@ -437,7 +437,7 @@ class ChangefeedService:
             extra = {"resumed_at": time.time()} if state is FeedState.NORMAL else {}
             new = info.with_state(state, error=None, retries=0, backoff_until=0.0, **extra)
             if self.store.update_changefeed(new, entry.mod_revision, []):
-                log.info("changefeed=%s %s -> %s (API)", cf_id, info.state.value, state.value)
+                log.info("changefeed=%s state %s -> %s: API request", cf_id, info.state.value, state.value)
                 return self.describe(cf_id)
         raise ChangefeedStateConflict(f"changefeed {cf_id!r} kept changing; retry")
 
@@ -597,11 +597,9 @@ def _diff(old: ChangefeedInfo, new: ChangefeedInfo) -> dict[str, dict[str, Any]]
     ``config.section.key`` (TOML spelling)."""
     diff: dict[str, dict[str, Any]] = {}
     if old.sink_uri != new.sink_uri:
-        diff["sink_uri"] = {"old": parse_sink_uri(old.sink_uri).redacted(),
-                            "new": parse_sink_uri(new.sink_uri).redacted()}
+        diff["sink_uri"] = {"old": redact(old.sink_uri), "new": redact(new.sink_uri)}
     if old.upstream_uri != new.upstream_uri:
-        diff["upstream_uri"] = {"old": parse_upstream_uri(old.upstream_uri).redacted(),
-                                "new": parse_upstream_uri(new.upstream_uri).redacted()}
+        diff["upstream_uri"] = {"old": redact(old.upstream_uri), "new": redact(new.upstream_uri)}
     if old.target_ts != new.target_ts:
         diff["target_ts"] = {"old": old.target_ts, "new": new.target_ts}
     before: dict[str, Any] = {}
@@ -642,10 +640,9 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
     return {
         "id": info.id,
         "state": info.state.value,
-        # "snapshot" while any span copies its existing rows (docs/snapshot.md), then "streaming"
         "phase": "snapshot" if "snapshot" in phases else "streaming",
-        "upstream_uri": parse_upstream_uri(info.upstream_uri).redacted(),
-        "sink_uri": parse_sink_uri(info.sink_uri).redacted(),
+        "upstream_uri": redact(info.upstream_uri),  # also when sealed with a key this capture lacks
+        "sink_uri": redact(info.sink_uri),
         "config": info.config,
         "start_ts": info.start_ts,
         "target_ts": info.target_ts,

@@ -28,7 +28,7 @@ def _error(description: str) -> dict[str, Any]:
 _CF_PARAM = {"name": "changefeed_id", "in": "path", "required": True, "description": "changefeed id",
              "schema": {"type": "string", "pattern": "^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$"}}
 _CAPTURE_PARAM = {"name": "capture_id", "in": "path", "required": True, "description": "capture id",
-                  "schema": {"type": "string"}}
+                  "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"}}
 
 _ERRORS_CF = {"404": _error("no such changefeed (CDC:ErrChangefeedNotFound)"),
               "503": _error("etcd unavailable (CDC:ErrEtcd)")}
@@ -282,13 +282,34 @@ _COMMON_ERRORS = {"400": _error("request body is not a JSON object or has unknow
                   "405": _error("known path, other method (CDC:ErrMethodNotAllowed)"),
                   "500": _error("internal error (CDC:ErrInternal)")}
 
+# what any request can be refused with before its route runs (docs/api.md, "Security")
+_GUARD_ERRORS = {"401": _error("no or a wrong API token (CDC:ErrUnauthorized); mutating routes always need one "
+                               "when the server has tokens, GET routes with auth-read = protected"),
+                 "408": _error("the request did not arrive within request-timeout (CDC:ErrRequestTimeout)"),
+                 "413": _error("body over max-body-bytes, refused unread (CDC:ErrRequestTooLarge)")}
+
+
+def _with_guard_errors(paths: dict[str, Any]) -> dict[str, Any]:
+    for path, item in paths.items():
+        for method, op in item.items():
+            if method in ("get", "put", "post", "delete") and path != "/api/v2/health":
+                for code, answer in _GUARD_ERRORS.items():
+                    op["responses"].setdefault(code, answer)
+    return paths
+
+
 _DOCUMENT: dict[str, Any] = {
     "openapi": "3.0.3",
     "info": {"title": "Tidewater HTTP API", "version": VERSION,
              "description": "Served by every capture under /api/v2. Errors are JSON objects "
-                            "{error_code, error_msg}. Passwords in URIs are always redacted in answers."},
-    "paths": _PATHS,
-    "components": {"schemas": _SCHEMAS, "responses": {k: v for k, v in _COMMON_ERRORS.items()}},
+                            "{error_code, error_msg}. Passwords in URIs are always redacted in answers. "
+                            "With API tokens configured, send 'Authorization: Bearer TOKEN' (or basic auth with "
+                            "the token as password)."},
+    "paths": _with_guard_errors(_PATHS),
+    "security": [{}, {"bearerAuth": []}, {"basicAuth": []}],
+    "components": {"schemas": _SCHEMAS, "responses": {k: v for k, v in _COMMON_ERRORS.items()},
+                   "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"},
+                                       "basicAuth": {"type": "http", "scheme": "basic"}}},
 }
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -31,11 +32,14 @@ from typing import Any
 from capture.api import ApiServer
 from capture.changefeeds import ChangefeedService
 from capture.health import Health
+from capture.httpguard import ApiSecurity
+from capture.logsetup import set_capture_id
 from capture.metrics import CaptureCollector, CaptureProcessState, make_registry
 from capture.sdnotify import Notifier
 from capture.snapshot_launcher import SparkCopyLauncher
 from cdc.config import ServerConfig
-from cdc.errors import MetaStoreError, TidewaterError
+from cdc.crypto import SecretBox
+from cdc.errors import InvalidConfig, MetaStoreError, TidewaterError
 from cdc.meta.election import Election
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.keys import owner_prefix
@@ -65,6 +69,10 @@ def config_changes(old: ServerConfig, new: ServerConfig) -> tuple[dict[str, Any]
             {k: v for k, v in changed.items() if k not in RELOADABLE})
 
 
+class AddressInUse(InvalidConfig):
+    code = "CDC:ErrAddressInUse"
+
+
 class CaptureServer:
     def __init__(self, config: ServerConfig, reload_config: Callable[[], ServerConfig] | None = None,
                  notifier: Notifier | None = None) -> None:
@@ -78,8 +86,9 @@ class CaptureServer:
         self.session: Session | None = None
         self.owner: Owner | None = None
         self.processor: Processor | None = None
+        security = ApiSecurity.from_config(config)  # before anything starts: bad TLS files or tokens fail here
         self.client = EtcdClient(list(config.etcd), timeout=config.etcd_timeout)
-        self.store = MetaStore(self.client, config.cluster_id)
+        self.store = MetaStore(self.client, config.cluster_id, SecretBox.from_config(config.secret_key_file))
         data_dir = Path(config.data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
         # fresh: the sorter is a cache; spans rebuild it from their checkpoints (nothing to keep)
@@ -94,9 +103,17 @@ class CaptureServer:
             slot_reports=lambda: self.owner.watcher.reports() if self.owner and self.owner.is_owner else [],
             process=self.process, owner_terms=lambda: o.terms if (o := self.owner) is not None else 0)
         self._collector = collector
-        self.api = ApiServer(config.addr, self.service, self._status, None, make_registry(collector, process=True),
-                             healthy=self._session_alive,
-                             owner_resign=lambda: bool(self.owner and self.owner.resign()))
+        try:
+            self.api = ApiServer(config.addr, self.service, self._status, None, make_registry(collector, process=True),
+                                 healthy=self._session_alive,
+                                 owner_resign=lambda: bool(self.owner and self.owner.resign()),
+                                 limits=security.limits, auth=security.auth, tls=security.tls,
+                                 forward_tls=security.forward_tls)
+        except OSError as exc:
+            self.sorter.close()
+            raise AddressInUse(f"cannot listen on {config.addr}: {exc.strerror or exc} (another cdc server? "
+                               "choose another --addr)") from exc
+        self._exposure = security.exposure_warning(config.addr)
         self.process.api = self.api.stats
         self.health = Health(session_alive=self._session_alive, etcd_age=self._etcd_age, draining=self._draining,
                              etcd_stale_after=config.session_ttl / 3 + config.etcd_timeout + 1)
@@ -133,8 +150,14 @@ class CaptureServer:
     # ---- lifecycle -------------------------------------------------------------------------------
     def run(self) -> int:
         self.api.start()
-        log.info("cdc server listening on http://%s (etcd %s, cluster %s, data dir %s)", self.config.addr,
-                 ",".join(self.config.etcd), self.config.cluster_id, self.config.data_dir)
+        log.info("cdc server listening on %s://%s (etcd %s, cluster %s, data dir %s)", self.api.scheme,
+                 self.config.addr, ",".join(self.config.etcd), self.config.cluster_id, self.config.data_dir)
+        for warning in [self._exposure, *ApiSecurity.loose_files(self.config)]:
+            if warning:
+                log.warning("%s", warning)
+        if self.store.secrets is None:
+            log.warning("no secret key file (--secret-key-file): changefeed credentials are stored in etcd in "
+                        "plain text (docs/operations.md, \"Credentials in etcd\")")
         watchdog_stop = threading.Event()
         if self.notifier.watchdog_interval > 0:
             threading.Thread(target=self.notifier.run_watchdog, args=(lambda: not self.health.liveness(),
@@ -163,6 +186,7 @@ class CaptureServer:
     def _run_session(self) -> None:
         self.capture_id = str(uuid.uuid4())
         self._collector.capture_id = self.capture_id
+        set_capture_id(self.capture_id)
         session = Session(self.client, self.config.session_ttl)
         self.session = session
         self.process.sessions += 1
@@ -170,7 +194,11 @@ class CaptureServer:
         self.store.register_capture(info, session.lease_id)
         log.info("capture=%s registered (lease %x, ttl %ds)", self.capture_id, session.lease_id,
                  self.config.session_ttl)
-        status = f"STATUS=capture {self.capture_id} registered, serving http://{self.config.addr}"
+        try:
+            self.store.reseal_changefeeds()  # plain or old-key credentials -> sealed with the first key
+        except TidewaterError as exc:
+            log.warning("capture=%s could not reseal changefeed credentials: %s", self.capture_id, exc)
+        status = f"STATUS=capture {self.capture_id} registered, serving {self.api.scheme}://{self.config.addr}"
         if self._ready_sent:
             self.notifier.notify(status)
         else:
@@ -285,8 +313,24 @@ class CaptureServer:
             processor.config = config
 
 
+def _probe_addr(addr: str) -> None:
+    """Fail before touching the data dir when ``addr`` is taken (e.g. this capture started twice): the
+    sorter is opened fresh, which must not happen under a running capture."""
+    host, _, port = addr.rpartition(":")
+    if not port.isdigit():
+        raise InvalidConfig(f"--addr {addr!r} must be HOST:PORT with a numeric port")
+    with socket.socket(socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the HTTP server binds
+        try:
+            probe.bind((host.strip("[]") or "127.0.0.1", int(port)))
+        except OSError as exc:
+            raise AddressInUse(f"cannot listen on {addr}: {exc.strerror or exc} (another cdc server? choose "
+                               "another --addr)") from exc
+
+
 def serve(config: ServerConfig, reload_config: Callable[[], ServerConfig] | None = None) -> int:
     """Run a capture until SIGTERM/SIGINT; SIGHUP re-reads the config through ``reload_config``."""
+    _probe_addr(config.addr)
     server = CaptureServer(config, reload_config)
     signal.signal(signal.SIGTERM, server.request_stop)
     signal.signal(signal.SIGINT, server.request_stop)

@@ -170,6 +170,22 @@ class ServerConfig:
     error_stuck_duration: float = 1800.0  # warning for longer than this -> failed
     upstream_check_interval: float = 10.0  # owner's look at slots, retained WAL and new tables
     drain_timeout: float = 60.0  # SIGTERM waits this long for the owner to move the spans away
+    # API security (docs/api.md, "Security"); secrets come from files or the environment, never flags' values
+    auth_token_file: str = ""  # bearer tokens, one per line (else $TIDEWATER_AUTH_TOKEN[_FILE])
+    auth_read: str = "open"  # "open": GET routes need no token; "protected": they do (health stays open)
+    tls_cert: str = ""  # PEM certificate and key: the API speaks HTTPS
+    tls_key: str = ""
+    tls_ca: str = ""  # CA for client certificates (mutual TLS) and for verifying other captures
+    tls_client_auth: bool = False  # require client certificates signed by tls-ca
+    max_body_bytes: int = 1 << 20  # larger request bodies are refused (413)
+    request_timeout: float = 10.0  # a request (line, headers, body) must arrive within this (408)
+    max_connections: int = 64  # API connections served at once
+    secret_key_file: str = ""  # Fernet keys sealing changefeed credentials in etcd (else $TIDEWATER_SECRET_KEY_FILE)
+    # logs (docs/operations.md, "Logs")
+    log_format: str = "text"  # "text" or "json" (one object per line, stable field names)
+    log_max_bytes: int = 0  # rotate --log-file beyond this size (0: never; e.g. logrotate or journald does it)
+    log_backups: int = 5  # rotated files kept
+    log_warn_interval: float = 60.0  # the same warning at most once per this many seconds (then a count)
 
     def validate(self) -> ServerConfig:
         if self.session_ttl < 3:
@@ -188,6 +204,18 @@ class ServerConfig:
             raise InvalidConfig("error-backoff-min must be > 0 and <= error-backoff-max")
         if ":" not in self.addr:
             raise InvalidConfig(f"--addr {self.addr!r} must be HOST:PORT")
+        if self.auth_read not in ("open", "protected"):
+            raise InvalidConfig(f"auth-read must be \"open\" or \"protected\", got {self.auth_read!r}")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise InvalidConfig("TLS needs both a certificate and its key (--tls-cert and --tls-key)")
+        if self.tls_client_auth and not (self.tls_cert and self.tls_ca):
+            raise InvalidConfig("mutual TLS (tls-client-auth) needs --tls-cert, --tls-key and --tls-ca")
+        if self.max_body_bytes < 1024 or self.request_timeout <= 0 or self.max_connections < 1:
+            raise InvalidConfig("max-body-bytes must be >= 1024, request-timeout > 0 and max-connections >= 1")
+        if self.log_format not in ("text", "json"):
+            raise InvalidConfig(f"log-format must be \"text\" or \"json\", got {self.log_format!r}")
+        if self.log_max_bytes < 0 or self.log_backups < 0 or self.log_warn_interval < 0:
+            raise InvalidConfig("log-max-bytes, log-backups and log-warn-interval must not be negative")
         return self
 
     @classmethod

@@ -36,6 +36,14 @@ class InvalidURI(InvalidArgument):
     code = "CDC:ErrInvalidURI"
 
 
+class SecretKeyMissing(InvalidURI):
+    """A URI stored sealed in etcd that this capture cannot open (its secret key file lacks the key).
+    Retryable: the capture's configuration is wrong, not the changefeed; fixed by a restart with the key."""
+
+    code = "CDC:ErrSecretKeyMissing"
+    retryable = True
+
+
 class InvalidConfig(InvalidArgument):
     code = "CDC:ErrInvalidConfig"
 

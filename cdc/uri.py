@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
+import threading
 from dataclasses import dataclass, field
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
-from cdc.errors import InvalidURI
+from cdc.errors import InvalidURI, SecretKeyMissing
 
 SINK_SCHEMES = ("mysql", "mariadb", "postgresql", "postgres", "sqlite", "blackhole")
 UPSTREAM_SCHEMES = ("postgresql", "postgres")
@@ -28,12 +29,85 @@ class ParsedURI:
         return redact(self.raw)
 
 
-_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@?#]*):[^@/?#]*@")
+# Query-string / keyword-DSN parameter names whose values are secrets (libpq: password, sslpassword;
+# anything spelled like a password, secret or token).
+_SECRET_NAME = r"[A-Za-z0-9_.-]*(?:password|passwd|pwd|secret|token)[A-Za-z0-9_.-]*"
+_SECRET_PARAM = re.compile(rf"([?&;]{_SECRET_NAME}=)[^&#]*", re.IGNORECASE)
+# libpq keyword/value DSN (``host=h user=u password='p w'``): quoted or bare values
+_SECRET_KEYWORD = re.compile(rf"(?<![A-Za-z0-9_.?&;-])({_SECRET_NAME}\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s'&]+)",
+                             re.IGNORECASE)
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+_MASK = "***"
+_ENCRYPTED_PREFIX = "tidewater-enc:"  # a URI sealed for etcd (cdc.crypto); ciphertext, shown as a marker only
+_KNOWN_MAX = 1024
+_known: dict[str, None] = {}  # passwords seen by parse_uri, newest last (see scrub)
+_known_lock = threading.Lock()
+
+
+def _mask_params(text: str) -> str:
+    return _SECRET_PARAM.sub(lambda m: m.group(1) + _MASK, text)
 
 
 def redact(raw: str) -> str:
-    """Replace the password of ``scheme://user:password@host...`` (as written, percent-encoded or not)."""
-    return _USERINFO.sub(r"\1:***@", raw, count=1)
+    """``raw`` (one URI or a libpq keyword DSN) with every password hidden: the userinfo password whatever
+    characters it holds, and secret parameters (``password=``, ``sslpassword=``...) in the query string or
+    as keywords. The password is everything between the first ``:`` after ``scheme://`` and the *last*
+    ``@`` (a password may hold ``@``, ``/``, ``?``, ``:`` unencoded): when in doubt more is hidden, never
+    less. Never raises; for logs, API answers and error messages."""
+    if not raw:
+        return raw
+    if raw.startswith(_ENCRYPTED_PREFIX):
+        return "<encrypted>"
+    m = _SCHEME.match(raw)
+    if m:
+        rest = raw[m.end():]
+        at = rest.rfind("@")
+        if at >= 0 and ":" in rest[:at]:
+            user = rest[:rest.index(":")]
+            return f"{raw[:m.end()]}{user}:{_MASK}{_mask_params(rest[at:])}"
+        return raw[:m.end()] + _mask_params(rest)
+    return _SECRET_KEYWORD.sub(lambda k: k.group(1) + _MASK, raw)
+
+
+def remember_secret(secret: str | None) -> None:
+    """Note a password so that :func:`scrub` hides it wherever it appears (driver messages, tracebacks).
+    Passwords of fewer than 4 characters are not noted (they would mask ordinary words)."""
+    if not secret or len(secret) < 4:
+        return
+    with _known_lock:
+        _known.pop(secret, None)
+        _known[secret] = None
+        while len(_known) > _KNOWN_MAX:
+            _known.pop(next(iter(_known)))
+
+
+_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]*")
+
+
+def scrub(text: str) -> str:
+    """Free text (a log line, an error message) with every secret hidden: each URI in it redacted, secret
+    keyword parameters masked, and every password noted by :func:`remember_secret` (also percent-encoded)
+    replaced. Never raises."""
+    if not text:
+        return text
+    with _known_lock:
+        known = sorted(_known, key=len, reverse=True)
+    for secret in known:
+        if secret in text:
+            text = text.replace(secret, _MASK)
+        encoded = quote(secret, safe="")
+        if encoded != secret and encoded in text:
+            text = text.replace(encoded, _MASK)
+    text = _URI_IN_TEXT.sub(lambda m: redact(m.group(0)), text)
+    return _SECRET_KEYWORD.sub(lambda k: k.group(1) + _MASK, text)
+
+
+def refuse_sealed(raw: str, what: str) -> None:
+    """:class:`SecretKeyMissing` for a URI still sealed (read from etcd without the key that opens it)."""
+    if raw.startswith(_ENCRYPTED_PREFIX):
+        raise SecretKeyMissing(f"the {what} URI is stored encrypted with a key this capture does not hold: give "
+                               "every capture the same --secret-key-file (docs/operations.md, \"Credentials in "
+                               "etcd\")")
 
 
 _USERINFO_ANYWHERE = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://[^:/@?#\s]*):[^/?#\s]*@")
@@ -45,6 +119,7 @@ def redact_text(text: str) -> str:
 
 
 def parse_uri(raw: str, *, allowed: tuple[str, ...], what: str) -> ParsedURI:
+    refuse_sealed(raw, what)
     if not raw or "://" not in raw:
         raise InvalidURI(f"{what} URI {redact(raw or '')!r} is malformed: expected scheme://...")
     try:
@@ -67,15 +142,21 @@ def parse_uri(raw: str, *, allowed: tuple[str, ...], what: str) -> ParsedURI:
     if not parts.hostname:
         raise InvalidURI(f"{what} URI {redact(raw)!r} has no host")
     path = unquote(parts.path.lstrip("/"))
+    password = unquote(parts.password) if parts.password is not None else None
+    params = dict(parse_qsl(parts.query))
+    remember_secret(password)
+    for name, value in params.items():
+        if _SECRET_PARAM.match(f"?{name}="):
+            remember_secret(value)
     return ParsedURI(
         raw=raw,
         scheme=scheme,
         user=unquote(parts.username) if parts.username else None,
-        password=unquote(parts.password) if parts.password is not None else None,
+        password=password,
         host=parts.hostname,
         port=port,
         path=path,
-        params=dict(parse_qsl(parts.query)),
+        params=params,
     )
 
 

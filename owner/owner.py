@@ -199,7 +199,12 @@ class Owner:
         actions = reconcile(snap, now, stuck_duration=self.config.error_stuck_duration, retained=retained,
                             upstream_warnings={k: v for k, v in found.items() if v})
         actions += self._upstream_actions(snap, now)
-        done = [self._apply(a) for a in actions]
+        done = []
+        for a in actions:
+            did = self._apply(a)
+            if did and isinstance(a, UpdateInfo) and _log_state_change(snap, a):
+                did = ""  # said on its own line
+            done.append(did)
         line = "; ".join(d for d in done if d)
         if line and line != last_line:
             log.info("owner capture=%s: %s", self.capture_id, line)
@@ -283,3 +288,18 @@ class Owner:
             log.error("changefeed=%s removed but its upstream slots %s could not be dropped (%s): drop them by hand "
                       "on the upstream or they will retain its log",
                       info.id, [s.slot for s in info.spans], exc)
+
+
+def _log_state_change(snap: ClusterSnapshot, action: UpdateInfo) -> bool:
+    """One INFO line per changefeed state change the owner made, in a stable shape for log searches:
+    ``changefeed=ID state OLD -> NEW[: reason][ (CODE: error)]``. True if the state changed (and was logged)."""
+    entry = snap.changefeeds.get(action.cf)
+    old = entry.value.state if entry is not None else None
+    new = action.info.state
+    if old is new:
+        return False
+    err = action.info.error
+    reason = "" if "->" in action.reason else f": {action.reason}"
+    why = f" ({err.code}: {err.message})" if err else ""
+    log.info("changefeed=%s state %s -> %s%s%s", action.cf, old.value if old else "-", new.value, reason, why)
+    return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -27,7 +28,14 @@ class CdcServer:
     """One `cdc server` subprocess (python -m cdc server ...) on 127.0.0.1."""
 
     def __init__(self, etcd_url: str, base_dir: Path, cluster_id: str = "default", port: int | None = None,
-                 extra_args: list[str] | None = None) -> None:
+                 extra_args: list[str] | None = None, *, tls: ssl.SSLContext | None = None, token: str = "",
+                 env: dict[str, str] | None = None) -> None:
+        """``tls``: the server speaks HTTPS (give it ``--cert``/``--key`` in ``extra_args``) and this client
+        context is used to reach it; ``token``: sent as ``Authorization: Bearer``; ``env``: added to the
+        process environment (secrets that must not be on the command line)."""
+        self.tls = tls
+        self.token = token
+        self.env = env or {}
         self.etcd_url = etcd_url
         self.base_dir = Path(base_dir)
         self.cluster_id = cluster_id
@@ -38,14 +46,14 @@ class CdcServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{'localhost' if self.tls else '127.0.0.1'}:{self.port}"
 
     def start(self, wait: bool = True, timeout: float = 30.0) -> CdcServer:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "cdc", "server", "--etcd", self.etcd_url, "--addr", f"127.0.0.1:{self.port}",
                 "--data-dir", str(self.base_dir / f"data-{self.port}"), "--cluster-id", self.cluster_id,
                 "--log-file", str(self.log_file), *self.extra_args]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         with open(self.log_file, "ab") as err:
             self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env,
                                          cwd=str(Path(__file__).resolve().parent.parent))
@@ -89,10 +97,12 @@ class CdcServer:
     # ---- API -------------------------------------------------------------------------------------
     def request(self, method: str, path: str, body: Any = None, timeout: float = 120.0) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
+            with urllib.request.urlopen(req, timeout=timeout, context=self.tls) as resp:
                 return json.loads(resp.read() or b"null")
         except urllib.error.HTTPError as exc:
             try:

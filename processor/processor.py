@@ -53,6 +53,7 @@ from cdc.model import (
 )
 from cdc.stats import SpanStats
 from cdc.ts import Watermark
+from cdc.uri import scrub
 from processor.recovery import DependencyProbe
 from processor.snapshot import CopyLauncher, CopyStopped, InitialCopy
 from processor.span import SchemaRecorder, SpanRunner, SpanWarnings
@@ -518,6 +519,7 @@ def _span_info(info: ChangefeedInfo, index: int) -> SpanInfo:
 
 
 def _running_error(exc: BaseException | None, capture_id: str, span: int, now: float) -> RunningError:
+    """The span's error as stored in etcd and shown by the API: its message scrubbed of any secret."""
     if isinstance(exc, TidewaterError):
-        return RunningError(exc.code, exc.message, now, capture_id, span, exc.retryable)
-    return RunningError("CDC:ErrInternal", f"{type(exc).__name__}: {exc}", now, capture_id, span, True)
+        return RunningError(exc.code, scrub(exc.message), now, capture_id, span, exc.retryable)
+    return RunningError("CDC:ErrInternal", scrub(f"{type(exc).__name__}: {exc}"), now, capture_id, span, True)

@@ -119,10 +119,10 @@ class TxnBatcher:
                     yield from self._next_part()
                     break
                 self.last = Watermark(t.commit_ts, t.commit_time)
+                rows += t.rows  # (read from the sorter: the rows the copy holds are read, then dropped)
                 nbytes += t.nbytes
                 txns += 1
                 for part_rows, _ in parts:
-                    rows += len(part_rows)
                     yield from part_rows
                 continue
             if t.commit_ts in ddl_commits:

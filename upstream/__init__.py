@@ -11,6 +11,7 @@ import importlib
 from typing import Any
 
 from cdc.errors import InvalidURI
+from cdc.uri import refuse_sealed
 from upstream.base import Upstream
 
 # scheme -> "module:class" implementing upstream.base.Upstream
@@ -26,6 +27,7 @@ def open_upstream(uri: str, **options: Any) -> Upstream:
     ``options`` go to the implementation (PostgreSQL: ``timeout`` for connecting, ``statement_timeout`` in
     seconds for every query of the session). Raises :class:`cdc.errors.InvalidURI` for an unknown scheme.
     """
+    refuse_sealed(uri, "upstream")
     scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
     target = _REGISTRY.get(scheme)
     if target is None:

@@ -10,17 +10,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import ssl
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cdc.uri import scrub
+
 DEFAULT_SERVER = "http://127.0.0.1:8300"
 OUTPUTS = ("json", "table")
+# Client settings from the environment (so that no secret need be on the command line, where `ps` shows it)
+ENV_SERVER = "TIDEWATER_SERVER"
+ENV_TOKEN = "TIDEWATER_AUTH_TOKEN"
+ENV_TOKEN_FILE = "TIDEWATER_AUTH_TOKEN_FILE"
+ENV_CA, ENV_CERT, ENV_KEY = "TIDEWATER_CA", "TIDEWATER_CERT", "TIDEWATER_KEY"
+ENV_CLIENT_CONFIG = "TIDEWATER_CLI_CONFIG"
+ENV_UPSTREAM, ENV_SINK = "TIDEWATER_UPSTREAM_URI", "TIDEWATER_SINK_URI"
+CLIENT_CONFIG_KEYS = ("server", "token", "token-file", "ca", "cert", "key")
 
 
 class CliError(Exception):
@@ -31,12 +45,74 @@ class CliError(Exception):
         self.exit_code = exit_code
 
 
-def _request(server: str, method: str, path: str, body: Any = None, timeout: float = 120.0) -> Any:
+@dataclass(frozen=True)
+class Client:
+    """Where and how the CLI talks to a server: its URL, the API token (sent as ``Bearer``), TLS."""
+
+    server: str
+    token: str = ""
+    tls: ssl.SSLContext | None = None
+
+
+def _read_secret_file(path: str, what: str) -> str:
+    try:
+        lines = [line.strip() for line in Path(path).read_text().splitlines()]
+    except OSError as exc:
+        raise CliError("CDC:ErrInvalidConfig", f"cannot read the {what} file {path}: {exc.strerror or exc}", 2) from exc
+    value = next((line for line in lines if line and not line.startswith("#")), "")
+    if not value:
+        raise CliError("CDC:ErrInvalidConfig", f"the {what} file {path} is empty", 2)
+    return value
+
+
+def _client_config(path: str) -> dict[str, Any]:
+    if not path:
+        return {}
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise CliError("CDC:ErrInvalidConfig", f"cannot read the client config {path}: {exc}", 2) from exc
+    unknown = sorted(set(raw) - set(CLIENT_CONFIG_KEYS))
+    if unknown:
+        raise CliError("CDC:ErrInvalidConfig", f"unknown key(s) {', '.join(unknown)} in {path} "
+                       f"(known: {', '.join(CLIENT_CONFIG_KEYS)})", 2)
+    return raw
+
+
+def make_client(args: argparse.Namespace, environ: dict[str, str] | None = None) -> Client:
+    """Flags first, then the environment, then the client config file (``--client-config`` or
+    ``$TIDEWATER_CLI_CONFIG``, TOML with ``server``, ``token-file`` or ``token``, ``ca``, ``cert``, ``key``)."""
+    env = os.environ if environ is None else environ
+    conf = _client_config(getattr(args, "client_config", None) or env.get(ENV_CLIENT_CONFIG, ""))
+    server = getattr(args, "server", None) or env.get(ENV_SERVER) or conf.get("server") or DEFAULT_SERVER
+    token_file = getattr(args, "token_file", None) or env.get(ENV_TOKEN_FILE) or conf.get("token-file") or ""
+    token = _read_secret_file(token_file, "API token") if token_file else \
+        (env.get(ENV_TOKEN, "").split(",")[0].strip() or str(conf.get("token") or ""))
+    ca = getattr(args, "ca", None) or env.get(ENV_CA) or conf.get("ca") or ""
+    cert = getattr(args, "cert", None) or env.get(ENV_CERT) or conf.get("cert") or ""
+    key = getattr(args, "key", None) or env.get(ENV_KEY) or conf.get("key") or ""
+    tls = None
+    if server.startswith("https:") or ca or cert:
+        try:
+            tls = ssl.create_default_context(cafile=ca or None)
+            if cert:
+                tls.load_cert_chain(cert, key or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise CliError("CDC:ErrInvalidConfig", f"cannot load TLS files (ca {ca or '-'}, cert {cert or '-'}): "
+                           f"{exc}", 2) from exc
+    return Client(server, token, tls)
+
+
+def _request(client: Client, method: str, path: str, body: Any = None, timeout: float = 120.0) -> Any:
+    server = client.server
     url = server.rstrip("/") + path
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if client.token:
+        headers["Authorization"] = f"Bearer {client.token}"
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=client.tls) as resp:
             return json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as exc:
         try:
@@ -52,6 +128,24 @@ def _request(server: str, method: str, path: str, body: Any = None, timeout: flo
 def _seg(value: str) -> str:
     """One URL path segment (ids are validated by the server; this only keeps the path intact)."""
     return urllib.parse.quote(value, safe="")
+
+
+def _uri_arg(args: argparse.Namespace, flag: str, env_name: str, what: str, required: bool) -> str | None:
+    """A URI from ``--FLAG``, else ``--FLAG-file`` (first line), else ``$ENV_NAME``: the last two keep the
+    credentials out of the command line (``ps``)."""
+    value = getattr(args, flag, None)
+    if value:
+        return str(value)
+    path = getattr(args, f"{flag}_file", None)
+    if path:
+        return _read_secret_file(path, what)
+    value = os.environ.get(env_name, "")
+    if value:
+        return value
+    if required:
+        raise CliError("CDC:ErrUsage", f"give the {what}: --{flag.replace('_', '-')}, "
+                       f"--{flag.replace('_', '-')}-file FILE or ${env_name}", 2)
+    return None
 
 
 def _read_config(path: str) -> str:
@@ -70,8 +164,10 @@ def _cmd_changefeed(args: argparse.Namespace) -> Result:
     op = args.op
     if op == "create":
         config = _read_config(args.config) if args.config else ""
+        upstream = _uri_arg(args, "upstream", ENV_UPSTREAM, "upstream URI", True)
+        sink = _uri_arg(args, "sink_uri", ENV_SINK, "sink URI", True)
         created = _request(s, "POST", "/api/v2/changefeeds", {
-            "changefeed_id": args.changefeed_id, "upstream_uri": args.upstream, "sink_uri": args.sink_uri,
+            "changefeed_id": args.changefeed_id, "upstream_uri": upstream, "sink_uri": sink,
             "config": config, "target_ts": args.target_ts,
             **({"snapshot": args.snapshot} if args.snapshot else {})})
         if args.wait:
@@ -88,10 +184,12 @@ def _cmd_changefeed(args: argparse.Namespace) -> Result:
         return "changefeed", _request(s, "POST", f"{path}/{op}")
     if op == "update":
         body: dict[str, Any] = {}
-        if args.sink_uri is not None:
-            body["sink_uri"] = args.sink_uri
-        if args.upstream is not None:
-            body["upstream_uri"] = args.upstream
+        sink = _uri_arg(args, "sink_uri", "", "sink URI", False)
+        if sink is not None:
+            body["sink_uri"] = sink
+        upstream = _uri_arg(args, "upstream", "", "upstream URI", False)
+        if upstream is not None:
+            body["upstream_uri"] = upstream
         if args.config is not None:
             body["config"] = _read_config(args.config)
         if args.target_ts is not None:
@@ -328,6 +426,19 @@ def _add_server_parser(sub: Any) -> None:
     p.add_argument("--log-level")
     p.add_argument("--gc-ttl", type=float, help="seconds a stopped or failed changefeed keeps its upstream slots "
                    "before they are released and it fails for good (default 86400 = 24 h)")
+    p.add_argument("--auth-token-file", help="API tokens, one per line: required for every mutating route "
+                   "(else $TIDEWATER_AUTH_TOKEN_FILE or $TIDEWATER_AUTH_TOKEN)")
+    p.add_argument("--auth-read", choices=("open", "protected"), help="GET routes need a token too (default open)")
+    p.add_argument("--cert", "--tls-cert", dest="tls_cert", help="PEM certificate: the API speaks HTTPS")
+    p.add_argument("--key", "--tls-key", dest="tls_key", help="PEM private key of --cert")
+    p.add_argument("--ca", "--tls-ca", dest="tls_ca", help="CA for client certificates and other captures")
+    p.add_argument("--client-auth", "--tls-client-auth", dest="tls_client_auth", action="store_const", const=True,
+                   help="mutual TLS: require client certificates signed by --ca")
+    p.add_argument("--secret-key-file", help="Fernet keys (first seals) for changefeed credentials in etcd "
+                   "(else $TIDEWATER_SECRET_KEY_FILE; `cdc secret-key generate` makes one)")
+    p.add_argument("--log-format", choices=("text", "json"), help="log line format (default text)")
+    p.add_argument("--log-max-bytes", type=int, help="rotate --log-file beyond this size (default 0: never)")
+    p.add_argument("--log-backups", type=int, help="rotated log files kept (default 5)")
 
 
 def _add_cli_parser(sub: Any) -> None:
@@ -338,16 +449,26 @@ def _add_cli_parser(sub: Any) -> None:
                      help="json (default) or table (aligned text for humans)")
 
     p = sub.add_parser("cli", help="operate a cluster through a server's HTTP API")
-    p.add_argument("--server", default=DEFAULT_SERVER, help=f"server URL (default {DEFAULT_SERVER})")
+    p.add_argument("--server", default=None, help=f"server URL (else ${ENV_SERVER}, the client config, "
+                   f"{DEFAULT_SERVER})")
     p.add_argument("--output", "-o", choices=OUTPUTS, default="json",
                    help="json (default) or table (aligned text for humans)")
+    p.add_argument("--token-file", help=f"file holding the API token (else ${ENV_TOKEN_FILE}, ${ENV_TOKEN}, "
+                   "the client config)")
+    p.add_argument("--ca", help=f"CA to verify an https server (else ${ENV_CA})")
+    p.add_argument("--cert", help=f"client certificate for mutual TLS (else ${ENV_CERT})")
+    p.add_argument("--key", help=f"key of --cert (else ${ENV_KEY})")
+    p.add_argument("--client-config", help=f"TOML with {', '.join(CLIENT_CONFIG_KEYS)} (else ${ENV_CLIENT_CONFIG})")
     groups = p.add_subparsers(dest="group", required=True)
 
     cf = groups.add_parser("changefeed", help="manage changefeeds")
     ops = cf.add_subparsers(dest="op", required=True)
     c = ops.add_parser("create", parents=[out], help="create a changefeed")
-    c.add_argument("--upstream", required=True, help="postgresql://user@host:port/db")
-    c.add_argument("--sink-uri", required=True, help="mysql://..., postgresql://..., sqlite:///path, blackhole://")
+    c.add_argument("--upstream", help=f"postgresql://user@host:port/db (or --upstream-file, ${ENV_UPSTREAM})")
+    c.add_argument("--upstream-file", help="file whose first line is the upstream URI (keeps it out of `ps`)")
+    c.add_argument("--sink-uri", help="mysql://..., postgresql://..., sqlite:///path, blackhole:// "
+                   f"(or --sink-uri-file, ${ENV_SINK})")
+    c.add_argument("--sink-uri-file", help="file whose first line is the sink URI")
     c.add_argument("--changefeed-id", "-c", required=True)
     c.add_argument("--config", help="changefeed TOML (filter rules, span-count, sink options)")
     c.add_argument("--target-ts", type=int, default=0)
@@ -371,7 +492,9 @@ def _add_cli_parser(sub: Any) -> None:
     u = ops.add_parser("update", parents=[out], help="change a stopped changefeed; prints the diff")
     u.add_argument("--changefeed-id", "-c", required=True)
     u.add_argument("--sink-uri")
+    u.add_argument("--sink-uri-file", help="file whose first line is the new sink URI")
     u.add_argument("--upstream", help="same server and database, e.g. new credentials")
+    u.add_argument("--upstream-file", help="file whose first line is the new upstream URI")
     u.add_argument("--config", help="a whole changefeed TOML (span-count cannot change)")
     u.add_argument("--target-ts", type=int)
     u.add_argument("--skip-ddl-ts", type=int,
@@ -406,6 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_server_parser(sub)
     _add_cli_parser(sub)
     sub.add_parser("version")
+    key = sub.add_parser("secret-key", help="keys sealing changefeed credentials in etcd")
+    key.add_argument("op", choices=("generate",), help="print a new key (put it first in --secret-key-file)")
     return parser
 
 
@@ -419,12 +544,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "server":
         return _run_server(args)
+    if args.command == "secret-key":
+        from cdc.crypto import generate_key
+
+        print(generate_key())
+        return 0
     try:
+        args.server = make_client(args)
         kind, result = COMMANDS[args.group](args)
         print(emit(kind, result, args.output))
         return 0
     except CliError as exc:
-        print(json.dumps({"error_code": exc.code, "error_msg": exc.message}, indent=2), file=sys.stderr)
+        print(json.dumps({"error_code": exc.code, "error_msg": scrub(exc.message)}, indent=2), file=sys.stderr)
         return exc.exit_code
 
 
@@ -436,21 +567,26 @@ def _run_server(args: argparse.Namespace) -> int:
 
     def load() -> ServerConfig:  # also on SIGHUP: the file again, under the same flags
         text = Path(args.config).read_text() if args.config else ""
-        return ServerConfig.from_toml(text, etcd=args.etcd, addr=args.addr, data_dir=args.data_dir,
-                                      cluster_id=args.cluster_id, log_file=args.log_file, log_level=args.log_level,
-                                      gc_ttl=args.gc_ttl)
+        return ServerConfig.from_toml(
+            text, etcd=args.etcd, addr=args.addr, data_dir=args.data_dir, cluster_id=args.cluster_id,
+            log_file=args.log_file, log_level=args.log_level, gc_ttl=args.gc_ttl,
+            auth_token_file=args.auth_token_file, auth_read=args.auth_read, tls_cert=args.tls_cert,
+            tls_key=args.tls_key, tls_ca=args.tls_ca, tls_client_auth=args.tls_client_auth,
+            secret_key_file=args.secret_key_file, log_format=args.log_format, log_max_bytes=args.log_max_bytes,
+            log_backups=args.log_backups)
 
     try:
         config = load()
     except (OSError, TidewaterError) as exc:
-        print(json.dumps({"error_code": getattr(exc, "code", "CDC:ErrInvalidConfig"), "error_msg": str(exc)}),
-              file=sys.stderr)
+        print(json.dumps({"error_code": getattr(exc, "code", "CDC:ErrInvalidConfig"),
+                          "error_msg": scrub(getattr(exc, "message", None) or str(exc))}), file=sys.stderr)
         return 2
-    setup_logging(config.log_level, config.log_file)
+    setup_logging(config.log_level, config.log_file, log_format=config.log_format, max_bytes=config.log_max_bytes,
+                  backups=config.log_backups, warn_interval=config.log_warn_interval)
     try:
         return serve(config, load if args.config else None)
     except TidewaterError as exc:
-        print(json.dumps(exc.to_dict()), file=sys.stderr)
+        print(json.dumps({"error_code": exc.code, "error_msg": scrub(exc.message)}), file=sys.stderr)
         return 1
 
 

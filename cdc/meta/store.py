@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
 from cdc import serde
+from cdc.crypto import SecretBox, UnopenableSecret, is_sealed
 from cdc.errors import ChangefeedExists, ChangefeedNotFound, LeaseLost, MetaStoreError, NotOwner
 from cdc.meta import keys
 from cdc.meta.etcd import KV, Compare, EtcdClient, Op, Watch, WatchResponse, is_not_found
@@ -90,12 +91,64 @@ def _decode(cls: type[T], kv: KV) -> T:
 
 
 class MetaStore:
-    """Typed access to one Tidewater cluster's keys (``cluster_id``) through ``client``."""
+    """Typed access to one Tidewater cluster's keys (``cluster_id``) through ``client``.
 
-    def __init__(self, client: EtcdClient, cluster_id: str) -> None:
+    With ``secrets`` the URIs of every changefeed (they hold credentials) are sealed when written and opened
+    when read (:mod:`cdc.crypto`); values stored unsealed are still read. A sealed URI that no key of
+    ``secrets`` opens (or read without ``secrets``) is handed out sealed: parsing it then fails with a
+    message naming the key file, and writing the info back keeps it as it was."""
+
+    def __init__(self, client: EtcdClient, cluster_id: str, secrets: SecretBox | None = None) -> None:
         keys.cluster_prefix(cluster_id)  # validates
         self.client = client
         self.cluster_id = cluster_id
+        self.secrets = secrets
+        self._unopened_logged: set[str] = set()
+
+    # ---- changefeed info codec (credentials sealed at rest)
+    def _info_json(self, info: ChangefeedInfo) -> bytes:
+        if self.secrets is not None:
+            info = replace(info, upstream_uri=self.secrets.seal(info.upstream_uri),
+                           sink_uri=self.secrets.seal(info.sink_uri))
+        return serde.to_json(info)
+
+    def _info(self, kv: KV) -> ChangefeedInfo:
+        info = _decode(ChangefeedInfo, kv)
+        if not (is_sealed(info.upstream_uri) or is_sealed(info.sink_uri)):
+            return info
+        if self.secrets is not None:
+            try:
+                return replace(info, upstream_uri=self.secrets.open(info.upstream_uri),
+                               sink_uri=self.secrets.open(info.sink_uri))
+            except UnopenableSecret:
+                pass
+        if info.id not in self._unopened_logged:
+            self._unopened_logged.add(info.id)
+            log.error("changefeed=%s: its URIs are sealed with a key this capture does not hold; give every "
+                      "capture the same --secret-key-file", info.id)
+        return info
+
+    def reseal_changefeeds(self) -> int:
+        """Seal every changefeed's URIs stored in plain text or under an older key with the first key (a
+        compare-and-swap per changefeed; a concurrent change wins and is resealed at its next write).
+        Returns how many were rewritten; 0 without ``secrets``."""
+        if self.secrets is None:
+            return 0
+        done = 0
+        _, kvs = self.client.get_prefix(keys.changefeed_info_prefix(self.cluster_id))
+        for kv in kvs:
+            raw = _decode(ChangefeedInfo, kv)
+            if not (self.secrets.needs_reseal(raw.upstream_uri) or self.secrets.needs_reseal(raw.sink_uri)):
+                continue
+            info = self._info(kv)
+            if is_sealed(info.upstream_uri) or is_sealed(info.sink_uri):
+                continue  # not ours to open
+            key = keys.changefeed_info_key(self.cluster_id, info.id)
+            if self.client.txn([Compare(key, "mod", "=", kv.mod_revision)], [Op.put(key, self._info_json(info))]):
+                done += 1
+        if done:
+            log.info("sealed the credentials of %d changefeed(s) with the first key of the secret key file", done)
+        return done
 
     @property
     def owner_election_prefix(self) -> str:
@@ -173,7 +226,7 @@ class MetaStore:
         info_key = keys.changefeed_info_key(self.cluster_id, cf)
         ok = self.client.txn(
             [Compare.absent(info_key)],
-            [Op.put(info_key, serde.to_json(info)),
+            [Op.put(info_key, self._info_json(info)),
              Op.put(keys.changefeed_status_key(self.cluster_id, cf), serde.to_json(status)),
              Op.delete_prefix(keys.assignment_prefix(self.cluster_id, cf)),
              Op.delete_prefix(keys.span_status_prefix(self.cluster_id, cf)),
@@ -183,11 +236,11 @@ class MetaStore:
 
     def get_changefeed(self, cf: str) -> Versioned[ChangefeedInfo] | None:
         kv = self.client.get(keys.changefeed_info_key(self.cluster_id, cf))
-        return None if kv is None else Versioned(_decode(ChangefeedInfo, kv), kv.mod_revision)
+        return None if kv is None else Versioned(self._info(kv), kv.mod_revision)
 
     def list_changefeeds(self) -> dict[str, Versioned[ChangefeedInfo]]:
         _, kvs = self.client.get_prefix(keys.changefeed_info_prefix(self.cluster_id))
-        return {keys.parse_key(kv.key).changefeed: Versioned(_decode(ChangefeedInfo, kv), kv.mod_revision)
+        return {keys.parse_key(kv.key).changefeed: Versioned(self._info(kv), kv.mod_revision)
                 for kv in kvs}
 
     def update_changefeed(self, info: ChangefeedInfo, expected_mod: int,
@@ -196,7 +249,7 @@ class MetaStore:
         False on a CAS conflict (re-read and retry); ``NotOwner`` if ``fence`` fails."""
         key = keys.changefeed_info_key(self.cluster_id, info.id)
         return self._fenced(f"update changefeed {info.id}", fence, [Compare(key, "mod", "=", expected_mod)],
-                            [Op.put(key, serde.to_json(info))])
+                            [Op.put(key, self._info_json(info))])
 
     def delete_changefeed(self, cf: str, fence: Sequence[Compare] = ()) -> None:
         """Delete every key of the changefeed (info, status, assignments, span statuses, schema histories,
@@ -330,7 +383,7 @@ class MetaStore:
                 snap.owner_candidates.append(OwnerCandidate(k.owner_lease, kv.value.decode("utf-8", "replace"),
                                                             kv.create_revision))
             elif k.kind is KeyKind.CHANGEFEED_INFO:
-                info = _decode(ChangefeedInfo, kv)
+                info = self._info(kv)
                 if info.id != k.changefeed:
                     raise MetaStoreError(f"corrupt ChangefeedInfo at etcd key {kv.key}: id {info.id!r}")
                 snap.changefeeds[k.changefeed] = Versioned(info, kv.mod_revision)

@@ -82,6 +82,8 @@ from sinks.sql.ddl import (
 from sinks.sql.ddl_run import DdlState, apply_ddl, load_ddl_floors
 from sinks.sql.errors import classify, is_db_error, wrap
 from sinks.sql.fkgraph import FkGraph, read_foreign_keys
+from sinks.sql.mysql_tls import PARAMS as MYSQL_TLS_PARAMS
+from sinks.sql.mysql_tls import tls_connect_args
 from sinks.sql.pipeline import Pipeline
 from sinks.sql.position import Position, PositionSQL
 from sinks.sql.position import forget as forget_position
@@ -93,7 +95,7 @@ log = logging.getLogger(__name__)
 DIALECTS = {"mysql": "mysql", "mariadb": "mysql", "postgresql": "postgresql", "postgres": "postgresql",
             "sqlite": "sqlite"}
 _PARAMS = {
-    "mysql": ("connect-timeout",),
+    "mysql": ("connect-timeout", *MYSQL_TLS_PARAMS),
     "postgresql": ("connect-timeout", "sslmode", "sslrootcert", "sslcert", "sslkey"),
     "sqlite": ("busy-timeout",),
 }
@@ -110,7 +112,8 @@ class SQLSink(Sink):
     Target names: MySQL and SQLite put upstream ``schema.table`` into ``table`` of the URI's database
     (the upstream schema is dropped; see :meth:`target_name`), PostgreSQL keeps ``schema.table`` and
     creates the schema when missing. URI parameters: ``connect-timeout`` (seconds, MySQL/PostgreSQL),
-    ``sslmode``/``sslrootcert``/``sslcert``/``sslkey`` (PostgreSQL), ``busy-timeout`` (seconds, SQLite).
+    ``sslmode``/``sslrootcert``/``sslcert``/``sslkey`` (PostgreSQL), ``ssl-mode``/``ssl-ca``/``ssl-cert``/
+    ``ssl-key`` (MySQL, see :mod:`sinks.sql.mysql_tls`), ``busy-timeout`` (seconds, SQLite).
     """
 
     def __init__(self, uri: str, config: SinkConfig | None = None) -> None:
@@ -186,6 +189,7 @@ class SQLSink(Sink):
             return engine
         timeout = int(self._timeout("connect-timeout", 10.0))
         if self.dialect == "mysql":
+            tls = tls_connect_args(u.params, u.redacted())
             url = sa.URL.create("mysql+pymysql", username=u.user, password=u.password, host=u.host,
                                 port=u.port or 3306, database=u.path, query={"charset": "utf8mb4"})
             init = f"SET time_zone = '+00:00', sql_mode = '{_MYSQL_SQL_MODE}'"
@@ -194,7 +198,7 @@ class SQLSink(Sink):
             # wasted round trip per write.
             engine = sa.create_engine(url, pool_pre_ping=True, pool_reset_on_return=None,
                                       isolation_level="READ COMMITTED",
-                                      connect_args={"connect_timeout": timeout, "init_command": init})
+                                      connect_args={"connect_timeout": timeout, "init_command": init, **tls})
 
             @event.listens_for(engine, "do_connect")
             def _do_connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:

@@ -48,7 +48,7 @@ def start_ops_cluster(etcd_url: str, cluster_id: str, tmp_path: Path, pg_server:
     try:
         for _ in range(n):
             captures.append(CdcServer(etcd_url, tmp_path / "cdc", cluster_id=cluster_id, extra_args=args).start())
-        captures[0].create_changefeed(CHANGEFEED, pg_server.uri(pg_database), sink, config="span-count = 2\n")
+        captures[0].create_changefeed(CHANGEFEED, pg_server.uri(pg_database), sink, config="span-count = 2\n[snapshot]\nmode = \"none\"\n")
         mixed_workload(source, 10)
         captures[0].wait_checkpoint(CHANGEFEED, current_lsn(source), timeout=60)
     except BaseException:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -41,7 +40,7 @@ from cdc.errors import (
     UpstreamNotReady,
     UpstreamUnavailable,
 )
-from cdc.uri import ParsedURI, parse_upstream_uri
+from cdc.uri import ParsedURI, parse_upstream_uri, scrub
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +63,6 @@ _KEEPALIVES = {
     "keepalives_count": "3",
 }
 
-_PASSWORD_IN_URI = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
 
 # Classification of libpq's connect-time messages (psycopg2 gives no SQLSTATE for those).
 _USER_ERRORS = (
@@ -106,8 +104,8 @@ _NOT_READY_SQLSTATES = {"42501", "55000", "53400"}
 
 
 def redact_uri(raw: str) -> str:
-    """``raw`` with any password between ``user:`` and ``@`` replaced by ``***``."""
-    return _PASSWORD_IN_URI.sub(r"\1***@", raw)
+    """``raw`` (a URI or a message holding URIs) with every password hidden (:func:`cdc.uri.scrub`)."""
+    return scrub(raw)
 
 
 def describe_uri(uri: ParsedURI) -> str:
