@@ -168,6 +168,11 @@ class ChangefeedService:
         config = load_config(req.config)
         if req.snapshot is not None:
             config = replace(config, snapshot=replace(config.snapshot, mode=req.snapshot)).validate()
+        if req.target_ts and config.snapshot.mode == "initial":
+            raise InvalidArgument(
+                "target-ts cannot go with an initial copy: the copy reads the tables as they are when it runs, which "
+                "may be after target-ts, so rows committed after it would reach the target; create the changefeed "
+                "with --snapshot none (the rows that exist are then not copied) or without target-ts")
         table_filter = TableFilter(config.filter.rules)
         if req.target_ts < 0:
             raise InvalidArgument("target-ts must be >= 0")

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cdc.errors import InvalidArgument, InvalidConfig, TidewaterError
+from cdc.errors import InvalidArgument, InvalidConfig, TidewaterError, error_for_code
 from processor.snapshot import CopyRequest, CopyStopped
 from spark_jobs import launch
 from spark_jobs.plan import SnapshotJob
@@ -91,7 +91,11 @@ class SparkCopyLauncher:
             log.info("span=%s/%d snapshot job done in %.1f s", request.changefeed, request.span,
                      time.monotonic() - started)
             return
-        reason = proc.failure() or f"the snapshot job exited with code {rc} (see {proc.log_path})"
-        if rc == 1:  # the job cannot work as given: the message names the fix
-            raise InvalidArgument(f"initial copy of span {request.changefeed}/{request.span}: {reason}")
-        raise SnapshotJobFailed(f"initial copy of span {request.changefeed}/{request.span}: {reason}")
+        where = f"initial copy of span {request.changefeed}/{request.span}"
+        reason = proc.failure()
+        if reason is None:
+            raise SnapshotJobFailed(f"{where}: the snapshot job exited with code {rc} (see {proc.log_path})")
+        code, _, message = reason.partition("] ")
+        if code.startswith("[CDC:") and message:  # the job's error keeps its kind: a target that refuses a row
+            raise error_for_code(code[1:], f"{where}: {message}")  # fails the changefeed, an outage is retried
+        raise SnapshotJobFailed(f"{where}: {reason}")

@@ -188,3 +188,15 @@ class SorterError(TidewaterError):
 class DiskFull(SorterError):
     code = "CDC:ErrDiskFull"
     retryable = True
+
+
+def error_for_code(code: str | None, message: str) -> TidewaterError:
+    """The ``TidewaterError`` subclass whose code is ``code`` (an error that crossed a process boundary as code
+    and message: a Spark task's, the snapshot job's), so that it keeps its kind and whether it is retryable."""
+    stack: list[type[TidewaterError]] = [TidewaterError]
+    while stack:
+        cls = stack.pop()
+        if cls.code == code:
+            return cls(message)
+        stack.extend(cls.__subclasses__())
+    return TidewaterError(message)

@@ -139,10 +139,12 @@ class InitialCopy:
                     plan = reader.plan(reader.table_schema(t), self.chunk_rows)
                     stored = self.progress.put_plan(cf, span, plan)
                     if stored is plan and plan.rows == 0:
+                        reader.release()
                         now = time.time()
                         for chunk in plan.chunks:
                             self.progress.record_chunk(cf, span, t, chunk.index, ChunkDone(0, 0.0, now, snapshot))
                         continue
+                reader.release()  # no lock held on this table while the next one is read (deadlocks)
                 done = len(self.progress.done_chunks(cf, span, t))
                 if done < len(stored.chunks):
                     pending.append(t)

@@ -85,6 +85,11 @@ class Sink(ABC):
         without tables (none)."""
         return []
 
+    def set_bulk_load(self) -> None:  # noqa: B027 - optional hook
+        """This sink writes the initial copy: chunks of one consistent image, in any order and in parallel, so the
+        target's foreign keys are not checked while they are written, where the target allows it (they hold again
+        once every chunk is written). Call before the first write."""
+
     def truncate_targets(self, tables: Sequence[TableName]) -> None:  # noqa: B027 - optional hook
         """Empty the targets of ``tables`` that exist (``on-existing-rows = "truncate"``), in one transaction
         where the target has them."""

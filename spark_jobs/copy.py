@@ -88,7 +88,10 @@ def copy_one(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Callabl
     rows = _counted(reader.read_chunk(schema, chunk, commit_ts=job.commit_ts, commit_time=job.commit_time), counter)
     if chunk.whole:  # replace the key-less table's rows, atomically with the copy
         rows = itertools.chain([RowChange(OpType.TRUNCATE, schema, job.commit_ts, job.commit_time)], rows)
-    sink.write(rows, fence)
+    try:
+        sink.write(rows, fence)
+    finally:
+        reader.release()  # the chunk's table lock goes now, not when the task ends (deadlocks with the app's DDL)
     return counter[0]
 
 
@@ -106,6 +109,7 @@ def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
                     reader = open_upstream(job.upstream).snapshot_reader(job.snapshot, label=job.label)
                 if sink is None:
                     sink = open_sink(job.sink)
+                    sink.set_bulk_load()  # chunks in any order: the target's foreign keys unchecked while copying
                 if client is None:
                     client = EtcdClient(list(job.etcd))
                 store = SnapshotProgressStore(client, job.cluster)

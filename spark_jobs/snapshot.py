@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdc import errors
-from cdc.errors import InvalidArgument, TidewaterError
+from cdc.errors import InvalidArgument, TidewaterError, error_for_code
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.snapshot import SnapshotRun
@@ -73,17 +73,6 @@ class CopyReport:
         return sum(self.rows.values())
 
 
-def _error(code: str | None, message: str) -> TidewaterError:
-    """The TidewaterError subclass with ``code`` (a task's error comes back as code and message)."""
-    stack: list[type[TidewaterError]] = [TidewaterError]
-    while stack:
-        cls = stack.pop()
-        if cls.code == code:
-            return cls(message)
-        stack.extend(cls.__subclasses__())
-    return TidewaterError(message)
-
-
 def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "") -> tuple[list[ChunkTask], int]:
     """The job's pending chunks (not recorded as done) and the number of chunks in its tables' plans."""
     tasks: list[ChunkTask] = []
@@ -96,6 +85,7 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "")
                 plan = store.get_plan(job.changefeed, job.span, name)
                 if plan is None:
                     plan = store.put_plan(job.changefeed, job.span, reader.plan(schema, job.chunk_rows))
+                reader.release()  # no lock kept on one table while the next is read: it could deadlock the app's DDL
                 done = store.done_chunks(job.changefeed, job.span, name)
                 pending = [c for c in plan.chunks if c.index not in done]
                 log.info("%s: table %s: %d rows planned, %d/%d chunks done", job.label, name, plan.rows,
@@ -178,7 +168,7 @@ def _report(job: SnapshotJob, report: CopyReport, results: list[ChunkResult]) ->
     if failed:
         first = failed[0]
         more = f" ({len(failed) - 1} more chunk(s) failed)" if len(failed) > 1 else ""
-        raise _error(first.error_code, f"{first.error}{more}; copied chunks stay done: run the job again")
+        raise error_for_code(first.error_code, f"{first.error}{more}; copied chunks stay done: run the job again")
     return report
 
 

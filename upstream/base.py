@@ -364,6 +364,12 @@ class SnapshotReader(ABC):
         after an abandoned or failed read the reader opens a new transaction at its snapshot (the same exported
         one; a new one of its own when it has no name)."""
 
+    def release(self) -> None:  # noqa: B027 - optional: a reader that takes no locks has nothing to release
+        """End the current transaction but keep the snapshot: the next call reads under it again. Call between
+        tables: a reader that holds its lock on one table while it waits for another's can deadlock with the
+        application's statement on both (measured: ``TRUNCATE parent, child`` under a copy was killed by
+        PostgreSQL's deadlock detector), and the application's statement is the one that must never fail."""
+
     @abstractmethod
     def close(self) -> None:
         """End the transaction and the connection (idempotent)."""

@@ -25,6 +25,7 @@ def test_healthy_then_unhealthy_capture_log(etcd_server: EtcdServer, pg_server: 
     pg_server.create_database(sink_db)
     pg_server.execute("CREATE TABLE orders (id int PRIMARY KEY, item text)", db=pg_database)
     (tmp_path / "secret.keys").write_text(generate_key() + "\n")
+    (tmp_path / "secret.keys").chmod(0o600)  # as docs/operations.md says (else the capture warns, rightly)
     server = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id,
                        extra_args=["--secret-key-file", str(tmp_path / "secret.keys"),
                                    *server_config(tmp_path, "log-warn-interval = 5.0\n")]).start()

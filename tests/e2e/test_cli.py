@@ -98,7 +98,7 @@ def refused(res: CliResult, code: str, *fragments: str, rc: int = 1) -> str:
 
 def tidewater_slots(pg: PostgresServer, db: str) -> list[str]:
     rows = pg.execute(
-        "SELECT slot_name FROM pg_replication_slots WHERE database = %s AND slot_name LIKE 'tidewater\\_%%' "
+        "SELECT slot_name FROM pg_replication_slots WHERE database = %s AND slot_name LIKE 'tidewater\\_slot\\_%%' "
         "ORDER BY 1",
         params=(db,),
     )

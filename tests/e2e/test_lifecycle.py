@@ -26,7 +26,7 @@ def test_target_ts_finishes_and_writes_nothing_after_it(cdc_server: CdcServer, p
     target = current_lsn(source) + 64 * 1024  # a point some transactions ahead
     cdc_server.request("POST", "/api/v2/changefeeds", {
         "changefeed_id": "bounded", "upstream_uri": pg_server.uri(pg_database), "sink_uri": sink,
-        "target_ts": target})
+        "target_ts": target, "snapshot": "none"})
     t = 1
     while current_lsn(source) <= target + 64 * 1024:
         mixed_workload(source, 5, start=t)

@@ -63,12 +63,26 @@ class PgSnapshotReader(SnapshotReader):
         self._label = label
         self._timeout = timeout
         self._conn: Any = None
+        self._in_txn = False  # a transaction at the snapshot is open on _conn
 
     # ---- session ---------------------------------------------------------------------------------------
+    def release(self) -> None:
+        """End the transaction (its table locks); the next read begins another at the same exported snapshot. With
+        no snapshot name each transaction would see its own snapshot: then the transaction is kept."""
+        if self._conn is not None and self.snapshot is not None:
+            try:
+                with self._conn.cursor() as cur:  # (an autocommit session: the transaction is our explicit BEGIN)
+                    cur.execute("ROLLBACK")
+            except Exception:  # noqa: BLE001 - broken: drop it, the next read reconnects
+                self.close()
+                return
+            self._in_txn = False
+
     def _connection(self) -> Any:
-        if self._conn is not None:
+        if self._conn is not None and self._in_txn:
             return self._conn
-        conn = pg_conn.connect(self._uri, timeout=self._timeout, application_name="tidewater-snapshot")
+        conn = self._conn or pg_conn.connect(self._uri, timeout=self._timeout, application_name="tidewater-snapshot")
+        self._conn = None  # ours again only once the transaction is open (a failure below closes it)
         try:
             with conn.cursor() as cur:
                 cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
@@ -93,9 +107,11 @@ class PgSnapshotReader(SnapshotReader):
             raise
         log.debug("snapshot reader %s: transaction open at snapshot %s", self._label, self.snapshot or "(own)")
         self._conn = conn
+        self._in_txn = True
         return conn
 
     def close(self) -> None:
+        self._in_txn = False
         conn, self._conn = self._conn, None
         if conn is not None:
             try:

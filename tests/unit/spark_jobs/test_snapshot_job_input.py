@@ -17,12 +17,13 @@ from cdc.errors import (
     TidewaterError,
     UpstreamUnavailable,
 )
+from cdc.errors import error_for_code as _error
 from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
 from cdc.snapshot import SnapshotChunk, TablePlan, plan_from_bounds
 from sinks.base import Sink
 from spark_jobs.copy import ChunkTask, copy_one, one_line
 from spark_jobs.plan import DEFAULT_CHUNK_ROWS, SnapshotJob, read_job, write_job
-from spark_jobs.snapshot import _error, exit_code, message
+from spark_jobs.snapshot import exit_code, message
 from upstream.base import SnapshotReader
 
 pytestmark = pytest.mark.unit
