@@ -59,11 +59,14 @@ class CaptureCollector(Collector):
     def __init__(self, capture_id: str, is_owner: Callable[[], bool], snapshot: Callable[[], Any],
                  spans: Callable[[], list[Any]], sorter_bytes: Callable[[], int],
                  slot_reports: Callable[[], list[UpstreamReport]] = lambda: [],
-                 process: CaptureProcessState | None = None, owner_terms: Callable[[], int] = lambda: 0) -> None:
+                 process: CaptureProcessState | None = None, owner_terms: Callable[[], int] = lambda: 0,
+                 snapshot_progress: Callable[[str], Any] | None = None) -> None:
         """``spans`` returns this capture's spans (``processor.processor.SpanView``: ``changefeed``,
         ``span``, ``stats``, ``runner`` or None while it backs off). ``slot_reports`` returns the owner's
         latest upstream reports (``UpstreamWatcher.reports``); it is read only while this capture is the owner.
-        ``owner_terms``: elections won by the current session's owner (added to ``process.owner_terms``)."""
+        ``owner_terms``: elections won by the current session's owner (added to ``process.owner_terms``).
+        ``snapshot_progress(changefeed)``: its initial copy's ``cdc.snapshot.SnapshotProgress`` (read by the owner
+        only, only for changefeeds still copying: one etcd range read each)."""
         self.capture_id = capture_id
         self._is_owner = is_owner
         self._snapshot = snapshot
@@ -72,6 +75,7 @@ class CaptureCollector(Collector):
         self._slot_reports = slot_reports
         self.process = process if process is not None else CaptureProcessState()
         self._owner_terms = owner_terms
+        self._snapshot_progress = snapshot_progress
 
     def collect(self) -> Iterator[Any]:
         now = time.time()
@@ -93,6 +97,7 @@ class CaptureCollector(Collector):
             ok.add_metric([], 1.0 if snap is not None else 0.0)
         yield ok
         yield from changefeed_families(snap, now)
+        yield from snapshot_families(snap, self._snapshot_progress)
         yield from slot_metrics(self._slot_reports() if is_owner else [])
 
     # ---- per capture -----------------------------------------------------------------------------
@@ -283,6 +288,47 @@ def changefeed_families(snap: Any, now: float) -> Iterator[Any]:
         captures.add_metric(["live"], float(len(snap.captures) - draining))
         captures.add_metric(["draining"], float(draining))
     yield from (ck, rs, state, warnings, spans, captures)
+
+
+def copying(info: Any, statuses: dict[int, Any]) -> bool:
+    """Whether a changefeed still copies its existing rows (``ChangefeedInfo.initial_copy`` and a span whose
+    ``SpanStatus.snapshot`` is not ``done``)."""
+    if not info.initial_copy:
+        return False
+    return any((st := statuses.get(s.index)) is None or st.snapshot is None or st.snapshot.phase != "done"
+               for s in info.spans)
+
+
+def snapshot_families(snap: Any, progress: Callable[[str], Any] | None) -> Iterator[Any]:
+    """Owner-only families of the initial copy (``snap`` None: empty families): whether each changefeed still
+    copies, and per table of a copying changefeed its chunks done / total and rows copied / planned."""
+    phase = GaugeMetricFamily("tidewater_changefeed_snapshot_copying", "1 while the changefeed copies the rows "
+                              "that existed when it was created (it has no checkpoint yet), 0 once it streams",
+                              labels=["changefeed"])
+    done = GaugeMetricFamily("tidewater_snapshot_chunks_done", "Chunks of the table copied by the initial copy",
+                             labels=["changefeed", "table"])
+    total = GaugeMetricFamily("tidewater_snapshot_chunks_total", "Chunks the table's initial copy was planned in",
+                              labels=["changefeed", "table"])
+    rows = GaugeMetricFamily("tidewater_snapshot_rows_copied", "Rows of the table copied by the initial copy",
+                             labels=["changefeed", "table"])
+    planned = GaugeMetricFamily("tidewater_snapshot_rows_planned", "Rows the table held when its copy was planned",
+                                labels=["changefeed", "table"])
+    if snap is not None:
+        for cf_id, entry in snap.changefeeds.items():
+            busy = copying(entry.value, snap.span_statuses.get(cf_id, {}))
+            phase.add_metric([cf_id], 1.0 if busy else 0.0)
+            if not busy or progress is None:
+                continue
+            try:
+                p = progress(cf_id)
+            except TidewaterError:
+                continue
+            for t in p.tables:
+                done.add_metric([cf_id, t.table], float(t.chunks_done))
+                total.add_metric([cf_id, t.table], float(t.chunks_total))
+                rows.add_metric([cf_id, t.table], float(t.rows_copied))
+                planned.add_metric([cf_id, t.table], float(t.rows_planned))
+    yield from (phase, done, total, rows, planned)
 
 
 def slot_metrics(reports: list[UpstreamReport]) -> Iterator[Any]:

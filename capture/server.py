@@ -44,6 +44,7 @@ from cdc.meta.election import Election
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.keys import owner_prefix
 from cdc.meta.session import Session
+from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.meta.store import MetaStore
 from cdc.model import CaptureInfo
 from owner.owner import Owner
@@ -101,7 +102,8 @@ class CaptureServer:
             capture_id="", is_owner=lambda: bool(self.owner and self.owner.is_owner),
             snapshot=self.store.snapshot, spans=self._span_views, sorter_bytes=self.sorter.disk_bytes,
             slot_reports=lambda: self.owner.watcher.reports() if self.owner and self.owner.is_owner else [],
-            process=self.process, owner_terms=lambda: o.terms if (o := self.owner) is not None else 0)
+            process=self.process, owner_terms=lambda: o.terms if (o := self.owner) is not None else 0,
+            snapshot_progress=SnapshotProgressStore(self.client, config.cluster_id).progress)
         self._collector = collector
         try:
             self.api = ApiServer(config.addr, self.service, self._status, None, make_registry(collector, process=True),

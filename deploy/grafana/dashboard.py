@@ -99,6 +99,13 @@ def build() -> Dashboard:
         stat("Data divergence warnings", f'sum(tidewater_data_warnings{{severity="divergence",{CF}}}) or vector(0)'),
     ]
     changefeeds = [
+        series("Initial copy: rows copied / planned",
+               [t(f"sum by (changefeed) (tidewater_snapshot_rows_copied{{{CF}}}) / "
+                  f"sum by (changefeed) (tidewater_snapshot_rows_planned{{{CF}}})", "{{changefeed}}"),
+                t(f"max by (changefeed) (tidewater_changefeed_snapshot_copying{{{CF}}})", "{{changefeed}} copying",
+                  "B")], "percentunit",
+               "while a changefeed copies the rows that existed at its creation (it has no checkpoint until then); "
+               "alert TidewaterSnapshotStalled"),
         series("Checkpoint lag", [t(f"max by (changefeed) (tidewater_changefeed_checkpoint_lag_seconds{{{CF}}})",
                                     "{{changefeed}}")], SECONDS_FORMAT,
                "now - upstream commit time of the newest change certainly downstream"),
