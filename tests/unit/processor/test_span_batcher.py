@@ -114,3 +114,38 @@ def test_a_transaction_not_listed_as_holding_ddl_is_never_looked_into() -> None:
     es = entries([2])
     b = TxnBatcher(es, payload, max_rows=10, ddl_commits={999}, schema_changes=None)
     assert drain(b) == ([b"100:0", b"100:1"], Watermark(100, 10.0), True)
+
+
+# ---- the initial copy's floors: changes a copy already holds are dropped -------------------------------
+def _row(table: str) -> Any:
+    from types import SimpleNamespace
+
+    return lambda p, ts, tm: SimpleNamespace(schema=SimpleNamespace(name=table if p.startswith(b"t") else "public.u"),
+                                             p=p, ts=ts)
+
+
+def test_rows_at_or_below_their_tables_floor_are_dropped_and_the_rest_kept_in_order() -> None:
+    txns = [SortedTxn(100, 1.0, 2, [b"t100", b"u100"]), SortedTxn(150, 1.5, 2, [b"t150", b"u150"]),
+            SortedTxn(200, 2.0, 2, [b"t200", b"u200"])]
+    b = TxnBatcher(txns, _row("public.t"), max_rows=100, floors={"public.t": 150, "public.u": 100})
+    rows, last, complete = drain(b)
+    assert [r.p for r in rows] == [b"u150", b"t200", b"u200"] and last == Watermark(200, 2.0) and complete
+    assert b.read_rows == 6  # every row read from the sorter is counted, also the dropped ones
+
+
+def test_a_schema_change_of_a_table_below_its_floor_is_dropped_one_above_it_stays_a_barrier() -> None:
+    txns = [SortedTxn(100, 1.0, 3, [b"t1", DDL + b"t", b"u1"]), SortedTxn(120, 1.2, 3, [b"t2", DDL + b"u", b"u2"])]
+
+    def schema_changes(raw: bytes, ts: int, tm: float) -> list[Any]:
+        from types import SimpleNamespace
+
+        return [SimpleNamespace(table="public.t" if raw == b"t" else "public.u", raw=raw)]
+
+    b = TxnBatcher(txns, _row("public.t"), max_rows=100, ddl_commits={100, 120}, schema_changes=schema_changes,
+                   floors={"public.t": 130})
+    first, _, _ = drain(b)  # transaction 100: public.t's rows and DDL are in the copy; u1 stays
+    assert [r.p for r in first] == [b"u1"] and b.ddl == [] and b.last == Watermark(100, 1.0)
+    before, _, _ = drain(b)  # transaction 120: public.u's DDL is above its floor (none): rows before it, then it
+    assert [r.p for r in before] == [] and [e.raw for e in b.ddl] == [b"u"]
+    after, last, _ = drain(b)
+    assert [r.p for r in after] == [b"u2"] and last == Watermark(120, 1.2)
