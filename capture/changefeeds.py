@@ -49,6 +49,7 @@ from cdc.model import (
     SchemaHistory,
     SpanInfo,
     SpanStatus,
+    still_copying,
 )
 from cdc.serde import to_dict
 from cdc.snapshot import SnapshotProgress
@@ -288,6 +289,11 @@ class ChangefeedService:
             raise InvalidArgument("target-ts must be >= 0")
         status = self.store.get_status(cf_id)
         checkpoint = status.value.checkpoint_ts if status else 0
+        if target_ts and target_ts != old.target_ts and still_copying(
+                old, self.store.snapshot().span_statuses.get(cf_id, {})):
+            raise InvalidArgument(
+                f"changefeed {cf_id!r} is still copying its existing rows, which are read as they are when the copy "
+                f"runs (possibly after target-ts): set target-ts once `changefeed query` shows phase streaming")
         if target_ts and target_ts != old.target_ts and target_ts <= checkpoint:
             raise InvalidArgument(
                 f"target-ts {target_ts} ({lsn_to_str(target_ts)}) is not after the changefeed's checkpoint "
@@ -665,6 +671,7 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
 
 
 def _span_phase(info: ChangefeedInfo, ss: SpanStatus | None) -> str:
+    """One span's phase: ``snapshot`` until it stored its initial copy as done (``cdc.model.still_copying``)."""
     if not info.initial_copy or (ss is not None and ss.snapshot is not None and ss.snapshot.phase == "done"):
         return "streaming"
     return "snapshot"

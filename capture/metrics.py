@@ -31,6 +31,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from cdc.errors import TidewaterError
+from cdc.model import still_copying
 from cdc.stats import EtcdStats, Histogram, RequestStats
 
 if TYPE_CHECKING:
@@ -290,15 +291,6 @@ def changefeed_families(snap: Any, now: float) -> Iterator[Any]:
     yield from (ck, rs, state, warnings, spans, captures)
 
 
-def copying(info: Any, statuses: dict[int, Any]) -> bool:
-    """Whether a changefeed still copies its existing rows (``ChangefeedInfo.initial_copy`` and a span whose
-    ``SpanStatus.snapshot`` is not ``done``)."""
-    if not info.initial_copy:
-        return False
-    return any((st := statuses.get(s.index)) is None or st.snapshot is None or st.snapshot.phase != "done"
-               for s in info.spans)
-
-
 def snapshot_families(snap: Any, progress: Callable[[str], Any] | None) -> Iterator[Any]:
     """Owner-only families of the initial copy (``snap`` None: empty families): whether each changefeed still
     copies, and per table of a copying changefeed its chunks done / total and rows copied / planned."""
@@ -315,7 +307,7 @@ def snapshot_families(snap: Any, progress: Callable[[str], Any] | None) -> Itera
                                 labels=["changefeed", "table"])
     if snap is not None:
         for cf_id, entry in snap.changefeeds.items():
-            busy = copying(entry.value, snap.span_statuses.get(cf_id, {}))
+            busy = still_copying(entry.value, snap.span_statuses.get(cf_id, {}))
             phase.add_metric([cf_id], 1.0 if busy else 0.0)
             if not busy or progress is None:
                 continue

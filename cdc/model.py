@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -259,3 +260,12 @@ class SchemaHistory:
     def gone(self) -> bool:
         """Only a drop remains: no restart can need this table's schema."""
         return len(self.versions) == 1 and self.versions[0].schema is None
+
+
+def still_copying(info: ChangefeedInfo, statuses: Mapping[int, SpanStatus | None]) -> bool:
+    """Whether changefeed ``info`` still copies the rows that existed at its creation: it was created with an
+    initial copy and a span has not stored its copy as ``done`` (or has not reported at all)."""
+    if not info.initial_copy:
+        return False
+    return any((st := statuses.get(s.index)) is None or st.snapshot is None or st.snapshot.phase != "done"
+               for s in info.spans)

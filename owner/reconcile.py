@@ -39,6 +39,7 @@ from cdc.model import (
     SpanStatus,
     WarningSeverity,
     merge_warnings,
+    still_copying,
 )
 
 
@@ -252,7 +253,7 @@ def global_watermarks(info: ChangefeedInfo, statuses: dict[int, SpanStatus], old
     spans = [statuses.get(s.index) for s in info.spans]
     if not spans or any(s is None or s.checkpoint_ts == 0 for s in spans):
         return old
-    if info.initial_copy and any(s is None or s.snapshot is None or s.snapshot.phase != "done" for s in spans):
+    if still_copying(info, statuses):
         return old
     reported = [s for s in spans if s is not None]
     ck = min(reported, key=lambda s: (s.checkpoint_ts, s.checkpoint_time))

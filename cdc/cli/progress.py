@@ -40,12 +40,14 @@ def summary(q: dict[str, Any]) -> str:
     return line
 
 
-def _ended(q: dict[str, Any]) -> str | None:
+def _finished(q: dict[str, Any]) -> bool:
+    """True once the changefeed streams; :class:`WatchEnded` when it can no longer get there."""
     state = q.get("state")
     if state in _ENDED:
         err = q.get("error") or {}
-        return f"changefeed {q.get('id')} is {state}" + (f": {err.get('message')}" if err.get("message") else "")
-    return None
+        raise WatchEnded(f"changefeed {q.get('id')} is {state}" + (f": {err.get('message')}" if err.get("message")
+                                                                     else ""), q)
+    return q.get("phase") == "streaming"
 
 
 def watch(fetch: Callable[[], dict[str, Any]], out: IO[str], *, tty: bool | None = None, interval: float = 1.0,
@@ -63,10 +65,7 @@ def watch(fetch: Callable[[], dict[str, Any]], out: IO[str], *, tty: bool | None
         if line != last_line and (now - last_time >= plain_every or q.get("phase") == "streaming"):
             print(line, file=out, flush=True)
             last_line, last_time = line, now
-        reason = _ended(q)
-        if reason:
-            raise WatchEnded(reason, q)
-        if q.get("phase") == "streaming":
+        if _finished(q):
             return q
         time.sleep(interval)
 
@@ -93,9 +92,6 @@ def _watch_rich(fetch: Callable[[], dict[str, Any]], out: IO[str], interval: flo
                 speed = f", {t['rows_per_second']:,.0f}/s" if t.get("rows_per_second") else ""
                 bar.update(tasks[name], completed=t["chunks_done"], total=t["chunks_total"],
                            rows=f"{t['rows_copied']:,}/{t['rows_planned']:,} rows{speed}")
-            reason = _ended(q)
-            if reason:
-                raise WatchEnded(reason, q)
-            if q.get("phase") == "streaming":
+            if _finished(q):
                 return q
             time.sleep(interval)

@@ -158,6 +158,9 @@ def test_a_changefeed_paused_during_the_copy_ends_the_job_and_resumes_it(
     done = cdc.changefeed("pz")["snapshot"]["chunks_done"]
     time.sleep(3.0)
     assert cdc.changefeed("pz")["snapshot"]["chunks_done"] == done  # nothing copies while paused
+    with pytest.raises(ApiError) as refused:  # the copy may read past any target-ts: not while it copies
+        cdc.request("PUT", "/api/v2/changefeeds/pz", {"target_ts": 1 << 40})
+    assert refused.value.status == 400 and "still copying" in refused.value.body["error_msg"], refused.value.body
     cdc.request("POST", "/api/v2/changefeeds/pz/resume")
     assert_converged(cdc, "pz", source, sink_uri, tables=TABLES)
     q = wait_for(cdc, "pz", lambda q: True, "query")
