@@ -299,7 +299,7 @@ def snapshot_families(snap: Any, progress: Callable[[str], Any] | None) -> Itera
                               labels=["changefeed"])
     done = GaugeMetricFamily("tidewater_snapshot_chunks_done", "Chunks of the table copied by the initial copy",
                              labels=["changefeed", "table"])
-    total = GaugeMetricFamily("tidewater_snapshot_chunks_total", "Chunks the table's initial copy was planned in",
+    total = GaugeMetricFamily("tidewater_snapshot_chunks_planned", "Chunks the table's initial copy was planned in",
                               labels=["changefeed", "table"])
     rows = GaugeMetricFamily("tidewater_snapshot_rows_copied", "Rows of the table copied by the initial copy",
                              labels=["changefeed", "table"])

@@ -113,7 +113,7 @@ def test_lag_alert_fires_while_sink_is_stopped_and_resolves(etcd_server: EtcdSer
         assert spans and spans[0]["value"][1] == "2"
         assert _alert_state(prom, LAG_RULE) == "inactive"
         rules = prom.api("rules")["groups"]
-        assert sum(len(g["rules"]) for g in rules) == 17 and all(r["health"] == "ok" for g in rules
+        assert sum(len(g["rules"]) for g in rules) == 18 and all(r["health"] == "ok" for g in rules
                                                                   for r in g["rules"])
 
         # stop the sink: lock the target's tables, so that every sink write waits

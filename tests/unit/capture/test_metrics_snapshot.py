@@ -35,7 +35,7 @@ def test_a_copying_changefeed_shows_its_tables_progress() -> None:
     v = _values(list(snapshot_families(_snap(True, ["done", "copying"]), progress)))
     assert v["tidewater_changefeed_snapshot_copying"] == [(("cf",), 1.0)]
     assert v["tidewater_snapshot_chunks_done"] == [(("cf", "0:public.t"), 3.0)]
-    assert v["tidewater_snapshot_chunks_total"] == [(("cf", "0:public.t"), 8.0)]
+    assert v["tidewater_snapshot_chunks_planned"] == [(("cf", "0:public.t"), 8.0)]
     assert v["tidewater_snapshot_rows_copied"] == [(("cf", "0:public.t"), 150.0)]
     assert v["tidewater_snapshot_rows_planned"] == [(("cf", "0:public.t"), 400.0)]
     assert asked == ["cf"]
