@@ -82,6 +82,9 @@ _SCHEMAS: dict[str, Any] = {
             "sink_uri": {"type": "string", "example": "mysql://app:secret@db2:3306/shop"},
             "config": {"type": "string", "description": "changefeed TOML (span-count, [filter], [sink])"},
             "target_ts": {"type": "integer", "minimum": 0, "description": "finish at this Ts (0: never)"},
+            "snapshot": {"type": "string", "enum": ["initial", "none"],
+                         "description": "copy the existing rows first (initial, the default) or stream changes only; "
+                                        "overrides [snapshot] mode of config"},
         },
     },
     "UpdateChangefeed": {
