@@ -49,6 +49,7 @@ from cdc.model import (
     SchemaHistory,
     SpanInfo,
     SpanStatus,
+    span_copying,
     still_copying,
 )
 from cdc.serde import to_dict
@@ -671,10 +672,8 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
 
 
 def _span_phase(info: ChangefeedInfo, ss: SpanStatus | None) -> str:
-    """One span's phase: ``snapshot`` until it stored its initial copy as done (``cdc.model.still_copying``)."""
-    if not info.initial_copy or (ss is not None and ss.snapshot is not None and ss.snapshot.phase == "done"):
-        return "streaming"
-    return "snapshot"
+    """One span's phase: ``snapshot`` until it stored its initial copy as done."""
+    return "snapshot" if span_copying(info, ss) else "streaming"
 
 
 def snapshot_view(p: SnapshotProgress) -> dict[str, Any]:

@@ -265,7 +265,10 @@ class SchemaHistory:
 def still_copying(info: ChangefeedInfo, statuses: Mapping[int, SpanStatus | None]) -> bool:
     """Whether changefeed ``info`` still copies the rows that existed at its creation: it was created with an
     initial copy and a span has not stored its copy as ``done`` (or has not reported at all)."""
-    if not info.initial_copy:
-        return False
-    return any((st := statuses.get(s.index)) is None or st.snapshot is None or st.snapshot.phase != "done"
-               for s in info.spans)
+    return any(span_copying(info, statuses.get(s.index)) for s in info.spans)
+
+
+def span_copying(info: ChangefeedInfo, status: SpanStatus | None) -> bool:
+    """Whether one span of ``info`` still copies: an initial copy not stored as ``done`` in its status (or no
+    status reported yet)."""
+    return info.initial_copy and (status is None or status.snapshot is None or status.snapshot.phase != "done")
