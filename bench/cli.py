@@ -1,15 +1,17 @@
 """``python -m bench``: Tidewater's benchmark, with its references measured in the same run.
 
-    python -m bench [--workload a,b,c,e] [--sink blackhole,sqlite,mariadb,postgresql] [--rows N] [--quick]
+    python -m bench [--workload a,b,c,e,snapshot] [--sink blackhole,sqlite,mariadb,postgresql] [--rows N] [--quick]
                     [--tables N] [--pgbench-seconds S] [--pgbench-scale N] [--lag-rates 5000,10000]
-                    [--lag-seconds S] [--big-mb MB] [--profile DIR] [--json FILE] [--work-dir DIR] [--keep]
+                    [--lag-seconds S] [--big-mb MB] [--snapshot-tables N] [--chunk-rows N] [--spark-master URL]
+                    [--profile DIR] [--json FILE] [--work-dir DIR] [--keep]
 
 Starts its own etcd, upstream PostgreSQL 18, a second PostgreSQL (native subscriber and ``postgresql://``
 target), MariaDB when asked for, and one ``cdc server``; writes each workload upstream; measures every
 consumer catching up on the same WAL (Tidewater per sink, ``pg_recvlogical``, native logical
 replication) and the bulk-load ceiling of each target; then the lag under fixed offered rates; and
 prints the result tables (Markdown) on stdout. Progress goes to stderr. Workload (d), the 1 GB
-transaction, runs only when asked for (``--workload d``). Exit code 0 when every measurement produced a
+transaction, and ``snapshot``, the initial copy of existing rows (bench.snapshot), run only when asked for
+(``--workload d``, ``--workload snapshot``). Exit code 0 when every measurement produced a
 figure, 1 otherwise. Everything started is stopped at the end, also on Ctrl-C and SIGTERM.
 """
 
@@ -30,7 +32,7 @@ from bench.env import SINK_KINDS, BenchEnv
 from bench.report import Report, format_report
 from bench.runner import Options, Runner, machine_info
 
-WORKLOADS = ("a", "b", "c", "d", "e")
+WORKLOADS = ("a", "b", "c", "d", "e", "snapshot")
 QUICK = {"rows": 2000, "tables": 20, "pgbench_seconds": 2.0, "pgbench_scale": 1, "lag_rates": "1000",
          "lag_seconds": 2.0, "big_mb": 4.0}
 
@@ -47,10 +49,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", default="a,b,c,e", type=lambda v: _csv(v, WORKLOADS, "--workload"),
-                    help="workloads to run (default a,b,c,e; d = one 1 GB transaction, long)")
+                    help="workloads to run (default a,b,c,e; d = one 1 GB transaction, long; snapshot = the initial "
+                    "copy of existing rows)")
     ap.add_argument("--sink", default=",".join(SINK_KINDS), type=lambda v: _csv(v, SINK_KINDS, "--sink"),
                     help=f"sinks (default {','.join(SINK_KINDS)})")
-    ap.add_argument("--rows", type=int, help="rows of workloads a, b and e (default 1000000)")
+    ap.add_argument("--rows", type=int, help="rows of workloads a, b and e (default 1000000) and of the snapshot "
+                    "workload (default 10000000)")
     ap.add_argument("--quick", action="store_true", help="a tiny version of everything (seconds, for the smoke test)")
     ap.add_argument("--tables", type=int, help="tables of workload e (default 1000)")
     ap.add_argument("--e-rows", type=int, help="rows of workload e (default: --rows)")
@@ -61,6 +65,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "(default 5000,10000; 'none' to skip)")
     ap.add_argument("--lag-seconds", type=float, help="seconds of writing per lag run (default 20)")
     ap.add_argument("--big-mb", type=float, help="size of workload d's transaction in MiB (default 1024)")
+    ap.add_argument("--snapshot-tables", type=int, default=4, help="tables the snapshot workload's rows are "
+                    "spread over (default 4)")
+    ap.add_argument("--chunk-rows", type=int, help="[snapshot] chunk-rows of the copy (default: the changefeed's)")
+    ap.add_argument("--spark-master", help="[snapshot] spark-master of the copy (default: the changefeed's, local[*])")
+    ap.add_argument("--compare-rows", type=int, default=200_000, help="the snapshot workload compares the target "
+                    "row by row when it has at most this many rows (else count and column sums; default 200000)")
     ap.add_argument("--no-native", action="store_true", help="skip the native logical replication reference")
     ap.add_argument("--server-config", type=Path, help="TOML for the cdc server (default: its defaults)")
     ap.add_argument("--changefeed-config", type=Path, help="changefeed TOML (default: its defaults)")
@@ -71,6 +81,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--work-dir", type=Path, help="directory for the servers' data (default: a new temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args(argv)
+    args.snapshot_rows = args.rows if args.rows is not None else (QUICK["rows"] if args.quick else 10_000_000)
+    if args.lag_rates is None and set(args.workload) <= {"d", "snapshot"}:
+        args.lag_rates = "none"  # the lag runs measure workload (a)'s rows: not asked for
     defaults: dict[str, Any] = {"rows": 1_000_000, "tables": 1000, "pgbench_seconds": 30.0, "pgbench_scale": 4,
                                 "lag_rates": "5000,10000", "lag_seconds": 20.0, "big_mb": 1024.0}
     for key, value in (QUICK if args.quick else defaults).items():
@@ -99,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         lag_rates=args.lag_rates, lag_seconds=args.lag_seconds, big_mb=args.big_mb, timeout=args.timeout, e_rows=args.e_rows or 0,
         work_dir=work, server_config=args.server_config.read_text() if args.server_config else "",
         changefeed_config=args.changefeed_config.read_text() if args.changefeed_config else "",
-        native=not args.no_native, profile_dir=args.profile,
+        native=not args.no_native, profile_dir=args.profile, snapshot_rows=args.snapshot_rows,
+        snapshot_tables=args.snapshot_tables, chunk_rows=args.chunk_rows, spark_master=args.spark_master,
+        compare_rows=args.compare_rows,
     )
     say(f"work directory {work}; workloads {','.join(opts.workloads)}; sinks {','.join(opts.sinks)}")
     report: Report | None = None
@@ -109,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
             from bench.profile import PySpyProfiler
 
             profiler = PySpyProfiler(args.profile, say=say)
-        with BenchEnv(work / "servers", opts.sinks, opts.server_config, native=opts.native) as env:
+        # the snapshot workload's pg_dump | psql reference needs the PostgreSQL target server
+        pg_target = opts.native or "snapshot" in opts.workloads
+        with BenchEnv(work / "servers", opts.sinks, opts.server_config, native=pg_target) as env:
             say(f"servers up: {json.dumps(env.pids())}")
             report = Report(time.strftime("%Y-%m-%d %H:%M:%S %Z"), _jsonable(vars(args)), machine_info(env))
             report.machine["load average at start"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -139,4 +156,7 @@ def _complete(report: Report) -> bool:
         ms = [p.recv, p.native, *p.tidewater.values(), *p.ceiling.values()]
         if any(m is not None and not m.ok for m in ms):
             return False
+    snap = report.snapshot
+    if snap is not None and (snap.errors or any(r.error or r.verified.startswith("NO") for r in snap.runs)):
+        return False
     return all(not r.error for r in report.lag) and all(not r.error for r in report.big)

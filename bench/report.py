@@ -13,6 +13,7 @@ from typing import Any
 from bench.bigtxn import BigTxnResult
 from bench.consumers import Measurement
 from bench.lag import LagResult
+from bench.snapshot import CopyRun, SnapshotReport, format_snapshot
 from bench.workloads import WriteResult
 
 MiB = 1 << 20
@@ -41,6 +42,7 @@ class Report:
     phases: list[PhaseReport] = field(default_factory=list)
     lag: list[LagResult] = field(default_factory=list)
     big: list[BigTxnResult] = field(default_factory=list)
+    snapshot: SnapshotReport | None = None
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -48,7 +50,7 @@ class Report:
         def conv(o: Any) -> Any:
             if dataclasses.is_dataclass(o) and not isinstance(o, type):
                 d = {f.name: conv(getattr(o, f.name)) for f in dataclasses.fields(o)}
-                if isinstance(o, Measurement):
+                if isinstance(o, Measurement | CopyRun):
                     d["rows_per_s"] = o.rows_per_s
                 return d
             if isinstance(o, dict):
@@ -183,6 +185,8 @@ def format_report(rep: Report, sinks: list[str]) -> str:
                 "catch-up", "", big_table(rep.big, refs), ""]
         if refs is not None:
             out += [detail_table([refs], sinks), ""]
+    if rep.snapshot is not None:
+        out += [format_snapshot(rep.snapshot)]
     if rep.notes:
         out += ["## Notes", ""] + [f"- {n}" for n in rep.notes] + [""]
     if rep.errors:

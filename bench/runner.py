@@ -39,6 +39,7 @@ from bench.consumers import (
 from bench.env import BenchEnv
 from bench.lag import LagResult, lag_native, lag_tidewater
 from bench.report import PhaseReport, Report
+from bench.snapshot import SnapshotBench
 from bench.workloads import (
     CeilingSource,
     InsertsUpdates,
@@ -74,6 +75,11 @@ class Options:
     changefeed_config: str = ""
     native: bool = True
     profile_dir: Path | None = None
+    snapshot_rows: int = 10_000_000
+    snapshot_tables: int = 4
+    chunk_rows: int | None = None
+    spark_master: str | None = None
+    compare_rows: int = 200_000
 
 
 def code_version() -> str:
@@ -322,6 +328,11 @@ class Runner:
                 self.say(f"[lag] FAILED: {traceback.format_exc()}")
         if "d" in wl:
             self.run_big(report)
+        if "snapshot" in wl:
+            report.snapshot = SnapshotBench(
+                self.env, self.say, rows=o.snapshot_rows, tables=o.snapshot_tables, sinks=o.sinks, timeout=o.timeout,
+                work_dir=o.work_dir, cf_config=o.changefeed_config, chunk_rows=o.chunk_rows,
+                spark_master=o.spark_master, compare_rows=o.compare_rows).run()
         report.notes[:0] = self.notes
         return report
 
