@@ -37,7 +37,7 @@ from typing import Any
 
 from bench.ceiling import export_rows, measure_ceiling
 from bench.env import BenchEnv
-from bench.procstat import TreeSampler, tree_cpu_seconds
+from bench.procstat import TreeCpu, TreeSampler
 from bench.workloads import SBTEST_COLUMNS, CeilingSource, insert_sql, sbtest_ddl
 from playground.cluster import ApiError
 from playground.compare import compare_tables, norm
@@ -137,8 +137,9 @@ class SnapshotBench:
             pids.append(self.env.mariadb.pid)
         return [p for p in pids if p is not None]
 
-    def _server_cpu(self, sink: str) -> float:
-        return sum(tree_cpu_seconds(p) for p in self._server_pids(sink))
+    def _server_cpu(self, sink: str) -> TreeCpu:
+        """The CPU of the database servers ``sink``'s copy uses (upstream, and the target's server), from now."""
+        return TreeCpu(self._server_pids(sink)).start()
 
     def _per_table_rows(self) -> list[int]:
         base, extra = divmod(self.rows, self.tables)
@@ -221,7 +222,7 @@ class SnapshotBench:
         """Run ``cmd`` (bash, pipefail) timed, with its process tree's CPU (rusage of the reaped children) and
         sampled RSS, and the servers' CPU."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-        srv0 = self._server_cpu(sink)
+        servers = self._server_cpu(sink)
         t0 = time.monotonic()
         proc = subprocess.Popen(["bash", "-o", "pipefail", "-c", cmd], stdout=subprocess.DEVNULL,
                                 stderr=subprocess.PIPE, env=env)
@@ -235,9 +236,9 @@ class SnapshotBench:
         err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
         if proc.stderr:
             proc.stderr.close()
+        run.server_cpu_s = servers.stop()
         if proc.returncode != 0:
             raise RuntimeError(f"exit {proc.returncode}: {err[-1000:]}")
-        run.server_cpu_s = self._server_cpu(sink) - srv0
         run.client_cpu_s = usage.ru_utime + usage.ru_stime
         run.rss_peak, run.procs = peak.tree_rss_peak, peak.tree_procs
 
@@ -284,7 +285,7 @@ class SnapshotBench:
         cf = f"bench-snap-{sink}"
         env.prepare_target(sink, KEY)
         pid = env.capture_pid
-        cpu0, srv0 = tree_cpu_seconds(pid), self._server_cpu(sink)
+        client, servers = TreeCpu([pid]).start(), self._server_cpu(sink)
         sampler = TreeSampler(pid).start()
         created = False
         try:
@@ -311,11 +312,10 @@ class SnapshotBench:
                     next_report += 30
                     self.say(f"[snapshot]   {cf}: {copied} of {self.rows} rows copied")
                 time.sleep(0.25)
-            run.client_cpu_s = tree_cpu_seconds(pid) - cpu0
-            run.server_cpu_s = self._server_cpu(sink) - srv0
         except Exception as exc:  # noqa: BLE001 - reported in the table, the run goes on
             run.error = f"{type(exc).__name__}: {exc}"[:500]
         finally:
+            run.client_cpu_s, run.server_cpu_s = client.stop(), servers.stop()
             peak = sampler.stop()
             run.rss_peak, run.procs = peak.tree_rss_peak, peak.tree_procs
         if created:
@@ -352,9 +352,9 @@ class SnapshotBench:
                 src = CeilingSource(name, SBTEST_COLUMNS)
                 path = out_dir / f"{name}.tsv"
                 exported.append((src, path, export_rows(self.up, UPSTREAM_DB, src, path)))
-            srv0 = self._server_cpu(sink)
+            servers = self._server_cpu(sink)
             m = measure_ceiling(self.env, sink, KEY, exported)
-            run.server_cpu_s = self._server_cpu(sink) - srv0
+            run.server_cpu_s = servers.stop()
             run.seconds, run.client_cpu_s, run.note, run.error = m.seconds, m.cpu_s, m.note, m.error
             run.what = f"write ceiling {sink} ({m.note or '-'})"
         except Exception as exc:  # noqa: BLE001
