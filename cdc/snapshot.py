@@ -2,7 +2,8 @@
 
 A table is copied in *chunks*: ranges of its key, read under one upstream snapshot and written downstream in
 one transaction each. Everything here is a frozen dataclass that round-trips through ``cdc.serde`` JSON (it
-is stored in etcd and in the Spark job's plan file), with no I/O and no import of anything but ``cdc``.
+is stored in etcd and in the Spark job's plan file), with no I/O and no import of anything but ``cdc``; except
+:class:`CopyText`, which only carries a chunk's rows from a reader to a sink in one process.
 
 Key bounds are the upstream's *text* of the key values (PostgreSQL: the type's output function under the
 session settings of ``upstream.postgres.conn``), one per key column: text survives JSON exactly for every
@@ -11,12 +12,33 @@ type (numeric scale, float digits, timestamps) and the reader casts it back to t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from cdc.events import TableName
 
-__all__ = ["ChunkDone", "SnapshotChunk", "SnapshotProgress", "SnapshotRun", "TablePlan", "TableProgress",
-           "plan_from_bounds"]
+__all__ = ["PG_COPY_TEXT", "ChunkDone", "CopyText", "SnapshotChunk", "SnapshotProgress", "SnapshotRun", "TablePlan",
+           "TableProgress", "plan_from_bounds"]
+
+PG_COPY_TEXT = "postgresql-copy-text"
+"""The format of :class:`CopyText` a PostgreSQL upstream gives: COPY's text format (see :class:`CopyText`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CopyText:
+    """A chunk's rows as text in bulk, for a sink that can store them without parsing (the initial copy's
+    passthrough; not stored anywhere).
+
+    ``format`` :data:`PG_COPY_TEXT`: PostgreSQL's ``COPY ... TO STDOUT`` text format, encoded in ``encoding``
+    (``UTF8``): one line per row, the columns of the chunk's schema in order, tab-separated, ``\\N`` for NULL,
+    backslash escapes for backslash and control characters; each value, once unescaped, is its type's output
+    text under the upstream session settings (``upstream.postgres.conn``), i.e. exactly the text pgoutput sends
+    for the same row (``RowChange.row_text``). ``blocks`` yields the bytes in order (pieces of any size);
+    closing it early abandons the read."""
+
+    format: str
+    encoding: str
+    blocks: Iterator[bytes]
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ from cdc.config import DdlConfig
 from cdc.errors import DdlRejected
 from cdc.events import DdlEvent, RowChange, TableName, TableSchema
 from cdc.model import DataWarning
+from cdc.snapshot import CopyText
 
 RowSource = Callable[[TableSchema, Sequence[tuple[Any, ...]]], list[dict[str, Any] | None]]
 """``fetch(schema, keys)``: the current upstream row (all columns by name) for each key, in order, or None
@@ -89,6 +90,18 @@ class Sink(ABC):
         """This sink writes the initial copy: chunks of one consistent image, in any order and in parallel, so the
         target's foreign keys are not checked while they are written, where the target allows it (they hold again
         once every chunk is written). Call before the first write."""
+
+    def write_copy_text(self, schema: TableSchema, open_text: Callable[[], CopyText | None],
+                        fence: Callable[[], None] | None = None, *, replace: bool = False) -> int | None:
+        """The initial copy's bulk path: write one chunk of ``schema``'s rows given as text
+        (:class:`cdc.snapshot.CopyText`, from ``open_text()``) in one downstream transaction, as ``write`` would
+        write the same rows as INSERTs (after a TRUNCATE of the table when ``replace``: a key-less table's whole
+        chunk), but without parsing them; ``fence`` as for ``write``. Returns the rows written, or None when nothing
+        was written: this sink cannot store that text exactly as ``write`` stores the parsed rows, or the target
+        already holds rows of the chunk (a chunk copied again, a merged target); the caller then writes the chunk
+        with ``write``. ``open_text`` is called only when the text may be used (its blocks may be left unread).
+        Default: never (None, ``open_text`` not called)."""
+        return None
 
     def truncate_targets(self, tables: Sequence[TableName]) -> None:  # noqa: B027 - optional hook
         """Empty the targets of ``tables`` that exist (``on-existing-rows = "truncate"``), in one transaction

@@ -5,8 +5,11 @@ This module imports no Spark: :func:`copy_chunks` is a plain function over :clas
 
 Guarantees of :func:`copy_chunks` (per task, in order):
 
-- Each chunk is read under the job's snapshot (``SnapshotReader.read_chunk``) and written with one
-  ``Sink.write`` call, i.e. one downstream transaction: the chunk is downstream entirely or not at all.
+- Each chunk is read under the job's snapshot and written in one downstream transaction: the chunk is downstream
+  entirely or not at all. Where the sink can store the upstream's text of the rows exactly as it stores the parsed
+  rows (``Sink.write_copy_text``: PostgreSQL targets, ``sinks.sql.bulk``), the text is passed through unparsed
+  (``SnapshotReader.read_chunk_text``); otherwise, or when the target already holds rows of the chunk, the rows are
+  read parsed (``SnapshotReader.read_chunk``) and written with one ``Sink.write`` call (upserts by key).
   A key-less table's single ``whole`` chunk is written as a TRUNCATE of the table followed by its rows in that
   same transaction, so copying it again replaces the rows instead of duplicating them.
 - The downstream commit is fenced: ``Sink.write``'s ``fence`` checks, right before the commit, that the task's
@@ -84,6 +87,13 @@ def copy_one(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Callabl
     """Copy one chunk in one downstream transaction (``fence`` called before its commit); return the rows
     written (see the module docstring)."""
     job, schema, chunk = task.job, task.schema, task.chunk
+    try:  # the rows as text, unparsed, where the sink stores them exactly as parsed rows (Sink.write_copy_text)
+        written = sink.write_copy_text(schema, lambda: reader.read_chunk_text(schema, chunk), fence,
+                                       replace=chunk.whole)
+    finally:
+        reader.release()
+    if written is not None:
+        return written
     counter = [0]
     rows = _counted(reader.read_chunk(schema, chunk, commit_ts=job.commit_ts, commit_time=job.commit_time), counter)
     if chunk.whole:  # replace the key-less table's rows, atomically with the copy

@@ -45,7 +45,7 @@ from cdc.errors import DecodeError, InvalidArgument
 from cdc.events import ColumnSchema, DdlEvent, RowChange, TableName, TableSchema
 from cdc.filter import TableFilter
 from cdc.model import DataWarning, SpanInfo
-from cdc.snapshot import SnapshotChunk, TablePlan
+from cdc.snapshot import CopyText, SnapshotChunk, TablePlan
 from cdc.ts import Watermark
 
 __all__ = [
@@ -363,6 +363,12 @@ class SnapshotReader(ABC):
         stream (memory stays bounded whatever the chunk's size). Closing the iterator early abandons the read;
         after an abandoned or failed read the reader opens a new transaction at its snapshot (the same exported
         one; a new one of its own when it has no name)."""
+
+    def read_chunk_text(self, schema: TableSchema, chunk: SnapshotChunk) -> CopyText | None:
+        """The same rows as :meth:`read_chunk`, as text in bulk (:class:`cdc.snapshot.CopyText`: no row is parsed),
+        or None when this reader has no such form. Same snapshot, order, streaming and abandoning rules as
+        :meth:`read_chunk`; the query runs when ``blocks`` is first advanced."""
+        return None
 
     def release(self) -> None:  # noqa: B027 - optional: a reader that takes no locks has nothing to release
         """End the current transaction but keep the snapshot: the next call reads under it again. Call between

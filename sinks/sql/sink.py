@@ -68,9 +68,10 @@ from cdc.config import DdlConfig, SinkConfig
 from cdc.errors import InvalidURI, SinkError, TidewaterError
 from cdc.events import DdlEvent, RowChange, TableName, TableSchema
 from cdc.model import DataWarning, merge_warnings
+from cdc.snapshot import CopyText
 from cdc.uri import parse_sink_uri
 from sinks.base import RowSource, Sink
-from sinks.sql import targets
+from sinks.sql import bulk, targets
 from sinks.sql.binding import Binding, KnownTable
 from sinks.sql.ddl import (
     TargetColumn,
@@ -305,6 +306,10 @@ class SQLSink(Sink):
 
     def tables_with_rows(self, tables: Sequence[TableName]) -> list[TableName]:
         return targets.tables_with_rows(self, tables)  # (sinks.sql.targets)
+
+    def write_copy_text(self, schema: TableSchema, open_text: Callable[[], CopyText | None],
+                        fence: Callable[[], None] | None = None, *, replace: bool = False) -> int | None:
+        return bulk.write_copy_text(self, schema, open_text, fence, replace=replace)  # (sinks.sql.bulk)
 
     def truncate_targets(self, tables: Sequence[TableName]) -> None:
         targets.truncate_targets(self, tables)

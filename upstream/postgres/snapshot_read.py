@@ -42,7 +42,7 @@ from psycopg2 import sql
 
 from cdc.errors import DecodeError, InvalidArgument, SnapshotExpired
 from cdc.events import OpType, RowChange, TableName, TableSchema
-from cdc.snapshot import SnapshotChunk, TablePlan, plan_from_bounds
+from cdc.snapshot import PG_COPY_TEXT, CopyText, SnapshotChunk, TablePlan, plan_from_bounds
 from upstream.base import SnapshotReader
 from upstream.postgres import catalog
 from upstream.postgres import conn as pg_conn
@@ -238,35 +238,80 @@ class PgSnapshotReader(SnapshotReader):
                 self.close()
 
 
+    def read_chunk_text(self, schema: TableSchema, chunk: SnapshotChunk) -> CopyText | None:
+        """The chunk as COPY text (:data:`cdc.snapshot.PG_COPY_TEXT`), the bytes of the same ``COPY (SELECT ...)
+        TO STDOUT`` as :meth:`read_chunk`, unparsed; None when the session's client encoding is not UTF8 (the
+        bytes would need converting). The connection (and the transaction at the snapshot) is opened now, the
+        COPY runs once ``blocks`` is advanced, through the same bounded pipe of ~1 MB blocks."""
+        if chunk.table_name != schema.name:
+            raise InvalidArgument(f"chunk of {chunk.table_name} read with the schema of {schema.name}")
+        query = self.chunk_query(schema, chunk)
+        params = [*(chunk.lower or ()), *(chunk.upper or ())]
+        conn = self._connection()
+        if conn.encoding != "UTF8":
+            return None
+        return CopyText(PG_COPY_TEXT, "UTF8", self._text_blocks(schema, chunk, query, params))
+
+    def _text_blocks(self, schema: TableSchema, chunk: SnapshotChunk, query: sql.Composed, params: list[str]
+                     ) -> Iterator[bytes]:
+        conn = self._connection()
+        with conn.cursor() as cur:
+            text_query = cur.mogrify(query, params)
+        pipe = _BytesCopyPipe()
+        what = f"reading chunk {chunk.index} of {schema.name}"
+
+        def produce() -> None:
+            try:
+                with pg_conn.pg_errors(conn, what), conn.cursor() as cur:
+                    cur.copy_expert(text_query, pipe)
+                pipe.finish()
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
+                pipe.fail(exc)
+
+        producer = threading.Thread(target=produce, name=f"copy-{schema.name}#{chunk.index}", daemon=True)
+        producer.start()
+        complete = False
+        try:
+            yield from pipe.blocks()
+            complete = True
+        finally:
+            if not complete:  # abandoned or failed: stop the COPY; the connection cannot be trusted any more
+                pipe.abandon()
+            producer.join(30)
+            if not complete:
+                self.close()
+
+
 class _Abandoned(Exception):
     """Raised inside ``copy_expert`` when the consumer of the rows went away."""
 
 
-class _CopyPipe(io.TextIOBase):
-    """Where ``copy_expert`` writes a chunk's COPY text (psycopg2 calls :meth:`write` once per row, with ``str``
-    because this is a text stream); the consumer takes it in blocks of about :data:`BLOCK_CHARS` characters,
-    always ending at a row boundary. At most :data:`QUEUE_BLOCKS` blocks wait: memory is bounded whatever the
-    chunk's size (a key-less table is one chunk), and reading overlaps parsing and writing."""
+class _PipeBase:
+    """Where ``copy_expert`` writes a chunk's COPY output (psycopg2 calls :meth:`write` once per row: ``str`` for a
+    text stream, ``bytes`` otherwise); the consumer takes it in blocks of about :data:`BLOCK_CHARS` characters
+    (bytes), always ending at a row boundary. At most :data:`QUEUE_BLOCKS` blocks wait: memory is bounded whatever
+    the chunk's size (a key-less table is one chunk), and reading overlaps parsing and writing."""
 
     BLOCK_CHARS = 1 << 20
     QUEUE_BLOCKS = 4
     _END = object()
+    _EMPTY: Any = ""
 
     def __init__(self) -> None:
         super().__init__()
         self._q: queue.Queue[Any] = queue.Queue(self.QUEUE_BLOCKS)
-        self._parts: list[str] = []
+        self._parts: list[Any] = []
         self._size = 0
         self._abandoned = threading.Event()
 
     def writable(self) -> bool:
         return True
 
-    def write(self, data: str) -> int:  # type: ignore[override]
+    def write(self, data: Any) -> int:
         self._parts.append(data)
         self._size += len(data)
         if self._size >= self.BLOCK_CHARS:
-            self._put("".join(self._parts))
+            self._put(self._EMPTY.join(self._parts))
             self._parts, self._size = [], 0
         return len(data)
 
@@ -282,7 +327,7 @@ class _CopyPipe(io.TextIOBase):
 
     def finish(self) -> None:
         if self._parts:
-            self._put("".join(self._parts))
+            self._put(self._EMPTY.join(self._parts))
             self._parts, self._size = [], 0
         self._put(self._END)
 
@@ -296,7 +341,7 @@ class _CopyPipe(io.TextIOBase):
     def abandon(self) -> None:
         self._abandoned.set()
 
-    def blocks(self) -> Iterator[str]:
+    def blocks(self) -> Iterator[Any]:
         while True:
             item = self._q.get()
             if item is self._END:
@@ -304,6 +349,16 @@ class _CopyPipe(io.TextIOBase):
             if isinstance(item, BaseException):
                 raise item
             yield item
+
+
+class _CopyPipe(_PipeBase, io.TextIOBase):  # type: ignore[misc]
+    """:class:`_PipeBase` of ``str`` (psycopg2 decodes what it writes to a text stream)."""
+
+
+class _BytesCopyPipe(_PipeBase):
+    """:class:`_PipeBase` of ``bytes`` (not a text stream: psycopg2 writes the server's bytes as they are)."""
+
+    _EMPTY = b""
 
 
 def _bad_value(schema: TableSchema, parsers: tuple[Any, ...], texts: list[str | None],

@@ -1,0 +1,209 @@
+"""The initial copy's bulk path into PostgreSQL (:meth:`sinks.base.Sink.write_copy_text`): a chunk's rows as the
+upstream's COPY text, streamed unparsed into ``COPY table (columns) FROM STDIN`` in one target transaction.
+
+Why the result is exactly what streaming stores. For rows that carry their upstream text (every INSERT the
+mounter makes, and every copied row), the sink's ordinary PostgreSQL path already sends that text through COPY:
+:class:`sinks.sql.output.Output` writes ``RowChange.row_text`` re-escaped in COPY's text format whenever the
+group's plan has a COPY form (``Plan.copy``: all columns, no converter that must see every value, see
+:func:`sinks.sql.values.checks_every_value`). The upstream's ``COPY ... TO STDOUT`` text is the same text (the
+reader's session has the walsender's output settings, tested text for text against a real stream) with COPY's
+escapes, which ``COPY FROM`` undoes exactly as it undoes the sink's own escapes: every input function receives
+the same string, so every stored value is the same. The bulk path is taken only where that argument holds
+word for word, and otherwise returns None (the caller parses the rows and calls ``write``):
+
+- the target is PostgreSQL, the sink has no exactly-once position and no DDL floors (the job opens neither);
+- every column's upstream base type is in :data:`PASSTHROUGH_TYPES` (arrays of them too): built-in types whose
+  output text the sink's parameter path is tested to store identically (``tests/integration/test_values_exact.py``);
+  anything else (money, network, geometric, range, extension types...) takes the parsed path;
+- the ``INSERT`` plan of all columns has a COPY form (as above: a narrower numeric scale of an existing target
+  is checked value by value, so never passed through);
+- the target table's column types are exactly those the sink creates for the upstream columns
+  (``format_type`` compared with :func:`sinks.sql.ddl.plan_table`): a pre-existing table of other types takes
+  the parsed path, whose converters were written for it;
+- the text is :data:`cdc.snapshot.PG_COPY_TEXT` in UTF8 and the target connection's client encoding is UTF8.
+
+Idempotency. The rows go straight into the table (no staging, no merge: that is the gain). A chunk written but
+not recorded as done (a crash in between) is written again by the next run, and a ``merge`` target holds rows
+already: then the COPY meets an existing key (unique violation), the transaction is rolled back, nothing of it
+stays, and None makes the caller write the chunk through ``write`` (upserts by key, as before). After
+:data:`CONFLICTS_TO_STOP` such chunks of a table the sink stops trying the direct COPY for it. A key-less table's whole chunk (``replace``) is ``TRUNCATE``
+then the rows, in the same transaction, as ``write`` does it. ``fence`` runs right before the commit.
+
+Errors are those of ``write``: ``SinkUnavailable`` (retryable) or ``SinkError`` naming the table. Threading:
+the caller's thread, on a connection of the sink's pool (the sink's statement pipeline is not used).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from cdc.errors import TidewaterError
+from cdc.events import TableSchema
+from cdc.snapshot import PG_COPY_TEXT, CopyText
+from sinks.sql.binding import K_INSERT, Binding
+from sinks.sql.ddl import plan_table
+from sinks.sql.errors import is_db_error
+
+if TYPE_CHECKING:
+    from sinks.sql.sink import SQLSink
+
+log = logging.getLogger(__name__)
+
+PASSTHROUGH_TYPES = frozenset({
+    "int2", "int4", "int8", "bool", "text", "varchar", "bpchar", "char", "name", "numeric", "float4", "float8",
+    "date", "time", "timetz", "timestamp", "timestamptz", "interval", "uuid", "bytea", "json", "jsonb",
+})
+"""Upstream base types whose values may pass through as text (see the module docstring)."""
+
+UNIQUE_VIOLATION = "23505"
+READ_SIZE = 1 << 20
+
+
+CONFLICTS_TO_STOP = 2
+"""Chunks of one table whose direct COPY met existing rows after which a sink stops trying it for that table: a
+resumed run meets about one (the chunk each task had committed but not recorded), a ``merge`` target every one
+(each attempt reads the chunk twice)."""
+
+
+class _State:
+    """Per sink: each binding's verdict (None: pass through; else why not), and per table how many chunks met
+    existing rows."""
+
+    def __init__(self) -> None:
+        self.verdicts: dict[tuple[str, TableSchema], str | None] = {}
+        self.conflicts: dict[str, int] = {}
+
+
+_STATES: weakref.WeakKeyDictionary[SQLSink, _State] = weakref.WeakKeyDictionary()
+
+
+def _state(sink: SQLSink) -> _State:
+    st = _STATES.get(sink)
+    if st is None:
+        st = _STATES[sink] = _State()
+    return st
+
+
+def type_refusal(schema: TableSchema) -> str | None:
+    """Why ``schema``'s rows cannot pass through as text whatever the target (None: they can)."""
+    if not schema.columns:
+        return "no columns"
+    odd = [f"{c.name} ({c.type_name or c.base_type})" for c in schema.columns if c.base_type not in PASSTHROUGH_TYPES]
+    return f"column type(s) not passed through as text: {', '.join(odd)}" if odd else None
+
+
+def _target_types(cur: Any, table: str) -> dict[str, str]:
+    cur.execute("SELECT attname, format_type(atttypid, atttypmod) FROM pg_catalog.pg_attribute "
+                "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped", (table,))
+    return {str(n): str(t) for n, t in cur.fetchall()}
+
+
+def _verdict(sink: SQLSink, b: Binding, cur: Any) -> str | None:
+    """Why this binding's rows cannot pass through (None: they can); see the module docstring."""
+    why = type_refusal(b.schema)
+    if why:
+        return why
+    plan = b.plan(K_INSERT, b.names, None)
+    if plan.copy is None:
+        return "its columns' values are checked one by one (a target numeric scale narrower than upstream's)"
+    planned = plan_table(b.schema, "postgresql", target_schema=b.table.schema, target_name=b.table.name)
+    actual = _target_types(cur, sink._statements().table(b.table) % ())  # (% doubled for parameter styles)
+    for col in planned.columns:
+        have = actual.get(b.colmap[col.name])
+        if have != col.ddl_type:
+            return (f"target column {b.colmap[col.name]!r} is {have}, not {col.ddl_type} as the sink creates it "
+                    "for the upstream column")
+    return None
+
+
+class _Blocks:
+    """``read()`` for ``copy_expert``: the next block of the text (any size), b'' at the end."""
+
+    def __init__(self, blocks: Iterator[bytes]) -> None:
+        self._it = blocks
+
+    def read(self, size: int = -1) -> bytes:
+        return next(self._it, b"")
+
+
+def write_copy_text(sink: SQLSink, schema: TableSchema, open_text: Callable[[], CopyText | None],
+                    fence: Callable[[], None] | None, *, replace: bool) -> int | None:
+    """:meth:`sinks.base.Sink.write_copy_text` for ``sink`` (see the module docstring)."""
+    sink._check_open()
+    if sink.dialect != "postgresql" or sink._position is not None or sink._ddl_state.floors:
+        return None
+    st = _state(sink)
+    b: Binding | None = None
+    text: CopyText | None = None
+    try:
+        with sink._engine.connect() as conn:
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None
+            if dbapi.encoding != "UTF8":
+                return None
+            trans = conn.begin()
+            try:
+                b = sink._bind(schema, conn)
+                if st.conflicts.get(b.label, 0) >= CONFLICTS_TO_STOP:
+                    trans.rollback()
+                    return None
+                cur = dbapi.cursor()
+                try:
+                    vkey = (b.label, b.schema)
+                    if vkey not in st.verdicts:
+                        st.verdicts[vkey] = why = _verdict(sink, b, cur)
+                        if why is not None:
+                            log.info("%s: the initial copy of %s parses its rows (no COPY passthrough): %s",
+                                     sink._where(), b.label, why)
+                    if st.verdicts[vkey] is not None:
+                        trans.rollback()
+                        return None
+                    text = open_text()
+                    if text is None or text.format != PG_COPY_TEXT or text.encoding != "UTF8":
+                        trans.rollback()
+                        return None
+                    stmts = sink._statements()
+                    if replace:
+                        cur.execute(stmts.truncate(b.table), ())
+                    copy_sql = stmts.copy_in(stmts.table(b.table), [b.colmap[n] for n in b.names]) % ()
+                    try:
+                        cur.copy_expert(copy_sql, _Blocks(text.blocks), READ_SIZE)
+                    except Exception as exc:
+                        if getattr(exc, "pgcode", None) != UNIQUE_VIOLATION:
+                            raise
+                        trans.rollback()
+                        n = st.conflicts[b.label] = st.conflicts.get(b.label, 0) + 1
+                        if n == CONFLICTS_TO_STOP:
+                            log.info("%s: %s already holds rows of %d chunks of the initial copy (copied before, or "
+                                     "merged): its chunks are upserted by key from now on", sink._where(), b.label, n)
+                        return None
+                    rows = cur.rowcount
+                finally:
+                    cur.close()
+                if fence is not None:
+                    fence()
+                trans.commit()
+                return int(rows)
+            except BaseException as exc:
+                if is_db_error(exc) and sink._classify(exc)[1]:
+                    conn.invalidate(exc if isinstance(exc, Exception) else None)
+                else:
+                    try:
+                        trans.rollback()
+                    except Exception:  # the connection is gone: the server rolls back
+                        conn.invalidate()
+                raise
+    except BaseException as exc:
+        if isinstance(exc, TidewaterError) or not is_db_error(exc):
+            raise
+        raise sink._wrap(exc, b.label if b is not None else str(schema.name)) from exc
+    finally:
+        if text is not None:  # unread or partly read (refused, a conflict, an error): abandon the upstream's COPY
+            close = getattr(text.blocks, "close", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    close()
