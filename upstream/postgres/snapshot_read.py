@@ -30,8 +30,11 @@ and is split as it is). Each row is parsed by :func:`upstream.postgres.types.row
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import logging
+import os
 import queue
 import threading
 from collections.abc import Iterator
@@ -51,7 +54,8 @@ from upstream.postgres.types import parser_for, row_parser
 
 log = logging.getLogger(__name__)
 
-_INVALID_SNAPSHOT = "invalid snapshot identifier"  # malformed name; a well-formed unknown one "does not exist"
+_INVALID_SNAPSHOT = "invalid snapshot identifier"
+TEXT_BLOCK = 1 << 20  # bytes per block of read_chunk_text  # malformed name; a well-formed unknown one "does not exist"
 
 
 class PgSnapshotReader(SnapshotReader):
@@ -254,29 +258,43 @@ class PgSnapshotReader(SnapshotReader):
 
     def _text_blocks(self, schema: TableSchema, chunk: SnapshotChunk, query: sql.Composed, params: list[str]
                      ) -> Iterator[bytes]:
+        """The COPY's bytes through an OS pipe: psycopg2 writes each row into a buffered file (a C call, no Python
+        frame per row) on a helper thread, the consumer reads blocks of :data:`TEXT_BLOCK` bytes. A failed COPY
+        raises after the last block (never a silently short chunk); closing the generator early closes the
+        pipe, which stops the COPY (and the connection, which cannot be trusted any more)."""
         conn = self._connection()
         with conn.cursor() as cur:
             text_query = cur.mogrify(query, params)
-        pipe = _BytesCopyPipe()
+        rfd, wfd = os.pipe()
+        with contextlib.suppress(OSError):  # fewer wake-ups; the default 64 KiB works too
+            fcntl.fcntl(wfd, getattr(fcntl, "F_SETPIPE_SZ", 1031), TEXT_BLOCK)
+        failure: list[BaseException] = []
         what = f"reading chunk {chunk.index} of {schema.name}"
 
         def produce() -> None:
             try:
-                with pg_conn.pg_errors(conn, what), conn.cursor() as cur:
-                    cur.copy_expert(text_query, pipe)
-                pipe.finish()
+                with open(wfd, "wb", buffering=1 << 16) as out, pg_conn.pg_errors(conn, what), \
+                        conn.cursor() as cur:
+                    cur.copy_expert(text_query, out)
             except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
-                pipe.fail(exc)
+                failure.append(exc)
 
         producer = threading.Thread(target=produce, name=f"copy-{schema.name}#{chunk.index}", daemon=True)
         producer.start()
         complete = False
+        inp = open(rfd, "rb", buffering=TEXT_BLOCK)  # noqa: SIM115 - closed below, also when abandoned
         try:
-            yield from pipe.blocks()
+            while True:
+                block = inp.read(TEXT_BLOCK)
+                if not block:
+                    break
+                yield block
+            producer.join()
+            if failure:
+                raise failure[0]
             complete = True
         finally:
-            if not complete:  # abandoned or failed: stop the COPY; the connection cannot be trusted any more
-                pipe.abandon()
+            inp.close()  # abandoned: the producer's next write fails (EPIPE) and ends the COPY
             producer.join(30)
             if not complete:
                 self.close()
@@ -286,32 +304,31 @@ class _Abandoned(Exception):
     """Raised inside ``copy_expert`` when the consumer of the rows went away."""
 
 
-class _PipeBase:
-    """Where ``copy_expert`` writes a chunk's COPY output (psycopg2 calls :meth:`write` once per row: ``str`` for a
-    text stream, ``bytes`` otherwise); the consumer takes it in blocks of about :data:`BLOCK_CHARS` characters
-    (bytes), always ending at a row boundary. At most :data:`QUEUE_BLOCKS` blocks wait: memory is bounded whatever
-    the chunk's size (a key-less table is one chunk), and reading overlaps parsing and writing."""
+class _CopyPipe(io.TextIOBase):
+    """Where ``copy_expert`` writes a chunk's COPY text (psycopg2 calls :meth:`write` once per row, with ``str``
+    because this is a text stream); the consumer takes it in blocks of about :data:`BLOCK_CHARS` characters,
+    always ending at a row boundary. At most :data:`QUEUE_BLOCKS` blocks wait: memory is bounded whatever the
+    chunk's size (a key-less table is one chunk), and reading overlaps parsing and writing."""
 
     BLOCK_CHARS = 1 << 20
     QUEUE_BLOCKS = 4
     _END = object()
-    _EMPTY: Any = ""
 
     def __init__(self) -> None:
         super().__init__()
         self._q: queue.Queue[Any] = queue.Queue(self.QUEUE_BLOCKS)
-        self._parts: list[Any] = []
+        self._parts: list[str] = []
         self._size = 0
         self._abandoned = threading.Event()
 
     def writable(self) -> bool:
         return True
 
-    def write(self, data: Any) -> int:
+    def write(self, data: str) -> int:  # type: ignore[override]
         self._parts.append(data)
         self._size += len(data)
         if self._size >= self.BLOCK_CHARS:
-            self._put(self._EMPTY.join(self._parts))
+            self._put("".join(self._parts))
             self._parts, self._size = [], 0
         return len(data)
 
@@ -327,7 +344,7 @@ class _PipeBase:
 
     def finish(self) -> None:
         if self._parts:
-            self._put(self._EMPTY.join(self._parts))
+            self._put("".join(self._parts))
             self._parts, self._size = [], 0
         self._put(self._END)
 
@@ -341,7 +358,7 @@ class _PipeBase:
     def abandon(self) -> None:
         self._abandoned.set()
 
-    def blocks(self) -> Iterator[Any]:
+    def blocks(self) -> Iterator[str]:
         while True:
             item = self._q.get()
             if item is self._END:
@@ -349,16 +366,6 @@ class _PipeBase:
             if isinstance(item, BaseException):
                 raise item
             yield item
-
-
-class _CopyPipe(_PipeBase, io.TextIOBase):  # type: ignore[misc]
-    """:class:`_PipeBase` of ``str`` (psycopg2 decodes what it writes to a text stream)."""
-
-
-class _BytesCopyPipe(_PipeBase):
-    """:class:`_PipeBase` of ``bytes`` (not a text stream: psycopg2 writes the server's bytes as they are)."""
-
-    _EMPTY = b""
 
 
 def _bad_value(schema: TableSchema, parsers: tuple[Any, ...], texts: list[str | None],

@@ -19,7 +19,7 @@ from cdc.errors import (
 )
 from cdc.errors import error_for_code as _error
 from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
-from cdc.snapshot import SnapshotChunk, TablePlan, plan_from_bounds
+from cdc.snapshot import PG_COPY_TEXT, CopyText, SnapshotChunk, TablePlan, plan_from_bounds
 from sinks.base import Sink
 from spark_jobs.copy import ChunkTask, copy_one, one_line
 from spark_jobs.plan import DEFAULT_CHUNK_ROWS, SnapshotJob, read_job, write_job
@@ -140,3 +140,90 @@ def test_partitions_a_few_per_core_one_for_sqlite() -> None:
     assert partitions(4, 2, "mysql://h/db") == 4  # never more than one per chunk
     assert partitions(100, 2, "sqlite:///t.db") == 1 and partitions(100, 2, "SQLITE:///t.db") == 1
     assert partitions(1, 0, "postgresql://h/db") == 1
+
+
+class TextSink(RecordingSink):
+    """Takes a chunk as text when ``accept`` (and records the text), else refuses it (None) without reading it."""
+
+    def __init__(self, accept: bool) -> None:
+        super().__init__()
+        self.accept = accept
+        self.texts: list[tuple[bytes, bool, bool]] = []
+
+    def write_copy_text(self, schema: TableSchema, open_text: Callable[[], CopyText | None],
+                        fence: Callable[[], None] | None = None, *, replace: bool = False) -> int | None:
+        if not self.accept:
+            return None
+        text = open_text()
+        assert text is not None
+        data = b"".join(text.blocks)
+        if fence is not None:
+            fence()
+        self.texts.append((data, replace, fence is not None))
+        return data.count(b"\n")
+
+
+class TextReader(ListReader):
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        super().__init__(rows)
+        self.text_reads = 0
+        self.released = 0
+
+    def read_chunk_text(self, schema: TableSchema, chunk: SnapshotChunk) -> CopyText | None:
+        self.text_reads += 1
+        data = "".join("\t".join(map(str, r)) + "\n" for r in self.rows).encode()
+        return CopyText(PG_COPY_TEXT, "UTF8", iter([data]))
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def test_a_chunk_goes_as_text_where_the_sink_takes_it_else_parsed() -> None:
+    keyed = plan_from_bounds(SCHEMA.name, 2, 10, ("id",)).chunks[0]
+    whole = plan_from_bounds(SCHEMA.name, 2, 10, None).chunks[0]
+    reader, sink = TextReader([(1, "a"), (2, "b")]), TextSink(accept=True)
+    assert copy_one(reader, sink, ChunkTask(JOB, SCHEMA, keyed), fence=lambda: None) == 2
+    assert copy_one(reader, sink, ChunkTask(JOB, SCHEMA, whole)) == 2
+    assert sink.texts == [(b"1\ta\n2\tb\n", False, True), (b"1\ta\n2\tb\n", True, False)]  # whole: replace
+    assert sink.calls == [] and reader.released == 2  # the table's lock is released after each chunk
+
+    reader, sink = TextReader([(1, "a"), (2, "b")]), TextSink(accept=False)
+    assert copy_one(reader, sink, ChunkTask(JOB, SCHEMA, keyed)) == 2
+    assert reader.text_reads == 0 and len(sink.calls) == 1  # refused: parsed, and the text was never read
+
+
+def test_chunks_are_copied_here_while_spark_starts_and_the_rest_is_left_for_spark() -> None:
+    import threading
+
+    from spark_jobs.copy import ChunkResult
+    from spark_jobs.snapshot import CopyWhileStarting
+
+    chunks = plan_from_bounds(SCHEMA.name, 50, 10, ("id",), [(str(i),) for i in (10, 20, 30, 40)]).chunks
+    tasks = [ChunkTask(JOB, SCHEMA, c) for c in chunks]
+    gate, second = threading.Semaphore(0), threading.Event()
+
+    def copy(it: Iterator[ChunkTask]) -> Iterator[ChunkResult]:
+        for t in it:
+            if t.chunk.index == 1:
+                second.set()
+            assert gate.acquire(timeout=5)
+            yield ChunkResult(t.chunk.table, t.chunk.index, 10)
+
+    local = CopyWhileStarting(tasks, "cf", copy=copy)
+    local.start()
+    gate.release()  # chunk 0 is copied
+    assert second.wait(5)  # chunk 1 is in progress when Spark is up ...
+    threading.Timer(0.2, gate.release).start()  # ... and ends only after finish() was called
+    done, left = local.finish()
+    assert [r.chunk for r in done] == [0, 1], "the chunk in progress is finished, no new one is started"
+    assert [t.chunk.index for t in left] == [2, 3, 4]
+
+    def failing(it: Iterator[ChunkTask]) -> Iterator[ChunkResult]:
+        for t in it:
+            yield ChunkResult(t.chunk.table, t.chunk.index, error_code="CDC:ErrSinkFatal", error="refused")
+            return
+
+    local = CopyWhileStarting(tasks, "cf", copy=failing)
+    local.start()
+    done, left = local.finish()
+    assert len(done) <= 1 and len(done) + len(left) == 5
