@@ -85,3 +85,34 @@ def test_quick_benchmark_prints_tidewater_and_reference_figures(tmp_path: Path) 
     while any(_alive(p) for p in started.values()) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [name for name, p in started.items() if _alive(p)], "servers left running"
+
+
+def test_quick_snapshot_benchmark_copies_verifies_and_prints_its_references(tmp_path: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--workload", "snapshot", "--sink", "postgresql,sqlite",
+         "--json", str(out_json)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr[-4000:]}"
+
+    main = _table(res.stdout, "| sink | rows | tables |")
+    assert [r["sink"] for r in main] == ["postgresql", "sqlite"], res.stdout
+    for row in main:
+        _positive(row, "rows", "Tidewater rows/s", "seconds", "tree peak RSS MB", "capture tree CPU s/M rows",
+                  "dump data-only rows/s", "TW/dump data-only", "dump+restore rows/s", "TW/dump+restore",
+                  "write ceiling rows/s", "TW/write")
+        assert row["rows"] == "2000" and row["verified"] == "row by row", row
+
+    report = json.loads(out_json.read_text())
+    runs = report["snapshot"]["runs"]
+    assert {(r["kind"], r["sink"]) for r in runs} == {
+        ("dump_data", "postgresql"), ("dump", "postgresql"), ("tidewater", "postgresql"), ("ceiling", "postgresql"),
+        ("tidewater", "sqlite"), ("ceiling", "sqlite")}
+    assert all(r["rows_per_s"] > 0 and not r["error"] for r in runs)
+
+    started = json.loads(re.search(r"servers up: (\{.*\})", res.stderr).group(1))  # type: ignore[union-attr]
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in started.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [name for name, p in started.items() if _alive(p)], "servers left running"
