@@ -68,6 +68,7 @@ class ChunkResult:
     seconds: float = 0.0
     error_code: str | None = None
     error: str | None = None
+    as_text: bool = False  # written from the upstream's text, unparsed (Sink.write_copy_text)
 
 
 def one_line(text: str) -> str:
@@ -86,6 +87,12 @@ def _counted(changes: Iterator[RowChange], counter: list[int]) -> Iterator[RowCh
 def copy_one(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Callable[[], None] | None = None) -> int:
     """Copy one chunk in one downstream transaction (``fence`` called before its commit); return the rows
     written (see the module docstring)."""
+    return copy_chunk(reader, sink, task, fence)[0]
+
+
+def copy_chunk(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Callable[[], None] | None = None
+               ) -> tuple[int, bool]:
+    """:func:`copy_one`, and whether the chunk went as text (``Sink.write_copy_text``) rather than parsed."""
     job, schema, chunk = task.job, task.schema, task.chunk
     try:  # the rows as text, unparsed, where the sink stores them exactly as parsed rows (Sink.write_copy_text)
         written = sink.write_copy_text(schema, lambda: reader.read_chunk_text(schema, chunk), fence,
@@ -93,7 +100,7 @@ def copy_one(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Callabl
     finally:
         reader.release()
     if written is not None:
-        return written
+        return written, True
     counter = [0]
     rows = _counted(reader.read_chunk(schema, chunk, commit_ts=job.commit_ts, commit_time=job.commit_time), counter)
     if chunk.whole:  # replace the key-less table's rows, atomically with the copy
@@ -102,7 +109,7 @@ def copy_one(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Callabl
         sink.write(rows, fence)
     finally:
         reader.release()  # the chunk's table lock goes now, not when the task ends (deadlocks with the app's DDL)
-    return counter[0]
+    return counter[0], False
 
 
 def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
@@ -128,7 +135,7 @@ def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
                 def fence(store: SnapshotProgressStore = store, job: SnapshotJob = job, run_id: str = run_id) -> None:
                     store.check_run(job.changefeed, job.span, run_id)
 
-                rows = copy_one(reader, sink, task, fence if run_id else None)
+                rows, as_text = copy_chunk(reader, sink, task, fence if run_id else None)
                 seconds = time.monotonic() - t0
                 store.record_chunk(
                     job.changefeed, job.span, chunk.table_name, chunk.index,
@@ -141,8 +148,9 @@ def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
                 yield ChunkResult(str(chunk.table_name), chunk.index, error_code=code,
                                   error=one_line(f"chunk {chunk.label}: {msg}"))
                 return
-            log.info("%s: chunk %s copied: %d rows in %.2f s", job.label, chunk.label, rows, seconds)
-            yield ChunkResult(str(chunk.table_name), chunk.index, rows, seconds)
+            log.info("%s: chunk %s copied %s: %d rows in %.2f s", job.label, chunk.label,
+                     "as COPY text" if as_text else "parsed", rows, seconds)
+            yield ChunkResult(str(chunk.table_name), chunk.index, rows, seconds, as_text=as_text)
     finally:
         for closer in (reader, sink, client):
             if closer is not None:

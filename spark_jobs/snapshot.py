@@ -215,8 +215,9 @@ def _report(job: SnapshotJob, report: CopyReport, results: list[ChunkResult]) ->
         if r.error is None:
             report.chunks_copied += 1
             report.rows[r.table] = report.rows.get(r.table, 0) + r.rows
-    log.info("%s: copied %d chunk(s), %d rows in %.1f s; %d failed", job.label, report.chunks_copied,
-             report.rows_copied, report.seconds, len(failed))
+    log.info("%s: copied %d chunk(s) (%d as COPY text, the others parsed), %d rows in %.1f s; %d failed", job.label,
+             report.chunks_copied, sum(1 for r in results if r.error is None and r.as_text), report.rows_copied,
+             report.seconds, len(failed))
     if failed:
         first = failed[0]
         more = f" ({len(failed) - 1} more chunk(s) failed)" if len(failed) > 1 else ""
