@@ -26,6 +26,10 @@ and is split as it is). Each row is parsed by :func:`upstream.postgres.types.row
 :func:`~upstream.postgres.types.parser_for` parsers -- the very functions the mounter uses through
 :class:`upstream.postgres.source.PgChangeDecoder` -- and becomes an INSERT :class:`cdc.events.RowChange` with
 ``row`` and ``row_text`` set, as the mounter builds it. No per-row I/O or logging.
+
+Reading as text (:meth:`PgSnapshotReader.read_chunk_text`): the same COPY's bytes, unparsed, for a sink that stores
+them itself (:class:`cdc.snapshot.CopyText`, the initial copy's passthrough into PostgreSQL, ``sinks.sql.bulk``);
+they cross an OS pipe (psycopg2 writes each row into a buffered file: a C call, no Python frame per row).
 """
 
 from __future__ import annotations
