@@ -59,6 +59,9 @@ class SnapshotJob:
     # copy in this process without starting Spark (a copy too small to be worth a JVM and an executor: the
     # capture decides from the planned rows, [snapshot] spark-min-rows)
     local: bool = False
+    # the driver copies chunks itself while the SparkSession starts, and Spark gets the chunks left (False: every
+    # chunk goes through Spark, e.g. to test a cluster)
+    driver_copies: bool = True
 
     def __post_init__(self) -> None:
         try:

@@ -15,7 +15,8 @@ Runs as its own process, never inside a capture's interpreter. Steps of :func:`r
    then all chunks go through one partition, in order. Every task reads its chunks under the same snapshot, writes
    each in one downstream transaction and records it in etcd (:mod:`spark_jobs.copy`). While the SparkSession
    starts (seconds: a JVM, then the executors' Python workers) the driver copies chunks itself, from the front of
-   the list, the same way (:class:`CopyWhileStarting`); Spark gets the chunks left once it is up.
+   the list, the same way (:class:`CopyWhileStarting`); Spark gets the chunks left once it is up, and is not waited
+   for when none is left (a copy of a few seconds does not pay Spark's start-up).
 4. Collect the results: if a chunk failed, raise its error (chunks copied before stay recorded, so running
    the job again copies only the rest).
 
@@ -136,21 +137,27 @@ def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
         results: list[ChunkResult] = list(copy_chunks(iter(tasks)))
         report.seconds = time.monotonic() - t0
         return _report(job, report, results)
-    own = spark is None
     t0 = time.monotonic()
     early: list[ChunkResult] = []
+    starter: _SparkStarter | None = None
     if spark is None:
         # Spark takes seconds to start (a JVM, then the executors' Python workers): meanwhile this process copies
-        # chunks itself, from the front of the list; Spark gets the rest once it is up
-        local = CopyWhileStarting(tasks, job.label)
+        # chunks itself, from the front of the list; Spark gets the rest once it is up, and is not waited for when
+        # nothing is left (its JVM ends with this process: it reads a pipe from it)
+        _STOP.fence_out = lambda: _end_own_run(job, run)  # a SIGTERM from now on fences this run out
+        starter = _SparkStarter(job)
+        mine, tasks = (tasks, []) if job.driver_copies else ([], tasks)
+        local = CopyWhileStarting(mine, job.label, on_idle=starter.ready.set)
         local.start()
+        starter.start()
         try:
-            spark = spark_session(job.spark_master, {**DRIVER_CONF, **job.spark_conf},
-                                  app_name=f"tidewater-snapshot-{job.changefeed}")
+            starter.ready.wait()  # Spark is up (or failed), or this process copied everything (or failed)
         finally:
-            early, tasks = local.finish()
-        _STOP.spark = spark
-        _STOP.fence_out = lambda: _end_own_run(job, run)
+            early, left = local.finish()
+        tasks = left + tasks
+        if tasks and not any(r.error for r in early):
+            spark = starter.session()  # raises SparkUnavailable when it could not start
+            _STOP.spark = spark
     results = early
     try:
         if tasks and not any(r.error for r in early):
@@ -165,21 +172,63 @@ def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
                 raise
         report.seconds = time.monotonic() - t0
     finally:
-        if own:  # also when stopped: ends the Python workers, so nothing keeps writing
+        if starter is not None:  # also when stopped: ends the Python workers, so nothing keeps writing
             _STOP.spark = _STOP.fence_out = None
-            spark.stop()
+            starter.stop()
     return _report(job, report, results)
+
+
+class _SparkStarter:
+    """Builds the job's SparkSession on a daemon thread; ``ready`` is set when it is up or failed (and by whoever
+    else wants the waiter to wake up). :meth:`stop` stops a session that came up; one still starting is left to
+    end with this process."""
+
+    def __init__(self, job: SnapshotJob) -> None:
+        self._job = job
+        self.ready = threading.Event()
+        self._done = threading.Event()
+        self._spark: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="tidewater-spark-start", daemon=True)
+
+    def _run(self) -> None:
+        job = self._job
+        try:
+            self._spark = spark_session(job.spark_master, {**DRIVER_CONF, **job.spark_conf},
+                                        app_name=f"tidewater-snapshot-{job.changefeed}")
+        except BaseException as exc:  # noqa: BLE001 - raised by session() in the caller's thread
+            self._error = exc
+        finally:
+            self._done.set()
+            self.ready.set()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def session(self) -> Any:
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._spark
+
+    def stop(self) -> None:
+        if self._done.is_set() and self._spark is not None:
+            self._spark.stop()
+            self._spark = None
 
 
 class CopyWhileStarting:
     """Copies chunks in this process (:func:`copy_chunks`, one upstream reader, sink and etcd client, on a thread)
     from the front of the pending list while the SparkSession starts; :meth:`finish` lets the chunk in progress end
     (no chunk is left half written: each is one downstream transaction, recorded after its commit) and returns the
-    results and the chunks left for Spark. A failed chunk stops it (its result carries the error)."""
+    results and the chunks left for Spark. A failed chunk stops it (its result carries the error). ``on_idle`` is
+    called when it stops by itself (no chunk left, or one failed)."""
 
     def __init__(self, tasks: list[ChunkTask], label: str,
-                 copy: Callable[[Iterator[ChunkTask]], Iterator[ChunkResult]] = copy_chunks) -> None:
+                 copy: Callable[[Iterator[ChunkTask]], Iterator[ChunkResult]] = copy_chunks,
+                 on_idle: Callable[[], None] | None = None) -> None:
         self._copy = copy
+        self._on_idle = on_idle
         self._pending = collections.deque(tasks)
         self._label = label
         self._stop = threading.Event()
@@ -192,8 +241,12 @@ class CopyWhileStarting:
             yield self._pending.popleft()
 
     def _run(self) -> None:
-        for r in self._copy(self._take()):
-            self._results.append(r)
+        try:
+            for r in self._copy(self._take()):
+                self._results.append(r)
+        finally:  # every chunk copied, a chunk failed, or stopped
+            if self._on_idle is not None:
+                self._on_idle()
 
     def start(self) -> None:
         self._t0 = time.monotonic()
@@ -202,9 +255,9 @@ class CopyWhileStarting:
     def finish(self) -> tuple[list[ChunkResult], list[ChunkTask]]:
         self._stop.set()
         self._thread.join()
-        rows = sum(r.rows for r in self._results)
-        log.info("%s: %d chunk(s), %d rows copied in this process in %.1f s while Spark started", self._label,
-                 len(self._results), rows, time.monotonic() - self._t0)
+        if self._results:
+            log.info("%s: %d chunk(s), %d rows copied in this process in %.1f s while Spark started", self._label,
+                     len(self._results), sum(r.rows for r in self._results), time.monotonic() - self._t0)
         return self._results, list(self._pending)
 
 
@@ -273,7 +326,8 @@ def exit_code(exc: TidewaterError) -> int:
 
 
 class _Stop:
-    """SIGTERM handling: before Spark runs, the signal interrupts at once (KeyboardInterrupt); while Spark runs
+    """SIGTERM handling: before Spark runs, the signal fences the run out (when chunks are being copied in this
+    process while Spark starts) and interrupts at once (KeyboardInterrupt); while Spark runs
     it cancels the running jobs from another thread (a py4j call inside the signal handler would interleave with
     the main thread's own call on the same connection), and :func:`run` turns the cancelled job into a
     KeyboardInterrupt after stopping the SparkContext."""
@@ -287,6 +341,9 @@ class _Stop:
         cls.requested.set()
         spark, fence_out = cls.spark, cls.fence_out
         if spark is None:
+            if fence_out is not None:  # chunks are being copied in this process (Spark starting): none commits more
+                log.info("signal %d: fencing out this run", signum)
+                fence_out()
             raise KeyboardInterrupt(f"signal {signum}")
         log.info("signal %d: fencing out this run and cancelling the Spark jobs", signum)
 

@@ -33,7 +33,8 @@ def test_the_job_copies_through_a_standalone_cluster(pg_server: Any, pg_database
         execute(pg_server, pg_database, "DELETE FROM big WHERE id % 2 = 0")
         job = SnapshotJob(changefeed="cf-cluster", upstream=pg_server.uri(pg_database), sink=target.uri,
                           tables=("public.big",), etcd=(etcd_server.url,), cluster=cluster_id, snapshot=exp.snapshot,
-                          commit_ts=exp.commit_ts, chunk_rows=2000, spark_master=master)
+                          commit_ts=exp.commit_ts, chunk_rows=2000, spark_master=master,
+                          driver_copies=False)  # every chunk through the cluster (not copied while it starts)
         plan = write_job(job, tmp_path / "job.json")
         out = subprocess.run([sys.executable, "-m", "spark_jobs.snapshot", "--plan", str(plan)], cwd="/",
                              capture_output=True, text=True, timeout=240)
