@@ -201,9 +201,11 @@ class KafkaTransport:
         producer = self._producer
         if producer is None:
             return
-        deadline = self.options.delivery_timeout + self.options.request_timeout + 5.0  # kafka-python expires first
+        # Every queued batch was created before now, so kafka-python must have acknowledged or expired it within
+        # delivery-timeout from now; it does not always expire batches in flight to a broker that vanished (seen
+        # after a SIGKILL of the broker: still waiting 11 s later), hence our own deadline.
         try:
-            producer.flush(timeout=deadline)
+            producer.flush(timeout=self.options.delivery_timeout + 1.0)
         except Exception as exc:
             raise self._fail(exc, self._window_topic(), None, doing="waiting for acknowledgements") from exc
         if self._errors:
@@ -218,7 +220,10 @@ class KafkaTransport:
     def _reset_window(self) -> None:
         self._count = self._pending_bytes = 0
         self._window_topics.clear()
-        self._errors.clear()
+        # a new list: errors kafka-python reports late for messages of the old window (aborted, discarded) land in
+        # the old one
+        self._errors = []
+        self._errback = self._errors.append
 
     # ---- transactions ----------------------------------------------------------------------------------
     def begin(self) -> None:
