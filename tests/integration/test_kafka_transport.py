@@ -287,3 +287,13 @@ def test_raw_producer_sanity(kafka_server: KafkaServer, kafka_topic: str) -> Non
         p.send(kafka_topic, b"v", partition=0).get(10)
     finally:
         p.close()
+
+
+def test_producer_ceiling_bench_runs(kafka_server: KafkaServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m bench.kafka_producer`` (the raw producer ceiling later sink benchmarks compare with), tiny."""
+    from bench.kafka_producer import main
+
+    assert main(["--bootstrap", kafka_server.bootstrap, "--messages", "2000", "--runs", "1", "--linger", "0",
+                 "--batch", "262144"]) == 0
+    out = capsys.readouterr().out
+    assert "kafka-python linger_ms=0 batch_size=262144" in out and "sinks.kafka.transport" in out and "msg/s" in out

@@ -242,3 +242,18 @@ def test_closed_transport_refuses_work() -> None:
 def test_wrap_keeps_request_dumps_and_secrets_out() -> None:
     exc = kerr.TopicAlreadyExistsError("Request 'CreateTopicsRequest(...)' failed with response 'X'")
     assert "CreateTopicsRequest" not in str(wrap(exc, "Kafka at k:9092", topic="t"))
+
+
+def test_a_refused_message_inside_a_transaction_leaves_the_producer_usable() -> None:
+    t, _ = make("kafka://k:9092/orders?protocol=canal-json&kafka-transactional=true&max-message-bytes=1024",
+                txn="tw-cf-1")
+    t.begin()
+    t.send("orders", 0, None, b"ok")
+    with pytest.raises(SinkError, match="above the limit"):
+        t.send("orders", 0, None, b"x" * 2000)
+    t.abort()
+    t.begin()
+    t.send("orders", 0, None, b"next")
+    assert t.commit() == 1
+    p = FakeProducer.instances[0]
+    assert len(FakeProducer.instances) == 1 and p.calls == ["init", "begin", "abort", "begin", "commit"]
