@@ -27,6 +27,7 @@ from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
 from capture.snapshot_launcher import check_copy_possible
+from capture.table_copy import request_resync
 from cdc.config import ChangefeedConfig
 from cdc.errors import (
     ChangefeedNotFound,
@@ -432,6 +433,11 @@ class ChangefeedService:
         return self._transition(cf_id, FeedState.NORMAL,
                                 allowed=(FeedState.STOPPED, FeedState.FAILED, FeedState.WARNING, FeedState.NORMAL))
 
+    def resync(self, cf_id: str, tables: list[str]) -> dict[str, Any]:
+        """Copy ``tables`` again while the changefeed streams (``capture.table_copy``); the changefeed after it."""
+        request_resync(self.store, cf_id, tables)
+        return self.describe(cf_id)
+
     def remove(self, cf_id: str) -> dict[str, Any]:
         return self._transition(cf_id, FeedState.REMOVED, allowed=tuple(FeedState))
 
@@ -647,6 +653,7 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
             "error": to_dict(ss.error) if ss and ss.error else None,
             "warnings": len(ss.warnings) if ss else 0,
             "phase": _span_phase(info, ss),
+            "table_copy": _table_copy_view(ss),
         })
     phases = {s["phase"] for s in spans}
     return {
@@ -668,7 +675,17 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
         "error": to_dict(info.error) if info.error else None,
         "warnings": [warning_view(w) for w in st.warnings],
         "spans": spans,
+        "table_copies": [{"table": c.table, "span": c.span, "reason": c.reason, "requested_at": c.requested_at}
+                         for c in info.table_copies],
     }
+
+
+def _table_copy_view(ss: SpanStatus | None) -> dict[str, Any] | None:
+    """A span's table copy (docs/snapshot.md, "Table copies"): its tables and whether it is done; None if none."""
+    snap = ss.snapshot if ss is not None else None
+    if snap is None or not snap.tables:
+        return None
+    return {"tables": list(snap.tables), "phase": snap.phase}
 
 
 def _span_phase(info: ChangefeedInfo, ss: SpanStatus | None) -> str:

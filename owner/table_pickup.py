@@ -69,6 +69,7 @@ class PickUp:
 
     added: list[str] = dataclasses.field(default_factory=list)
     with_rows: list[str] = dataclasses.field(default_factory=list)
+    copied: list[str] = dataclasses.field(default_factory=list)  # added with rows, which a table copy copies
     ineligible: list[str] = dataclasses.field(default_factory=list)
     warnings: list[DataWarning] = dataclasses.field(default_factory=list)
 
@@ -76,14 +77,25 @@ class PickUp:
 CODE_TARGET_CONFLICT = "CDC:WarnTargetNameConflict"
 
 
+CopyRequester = Callable[[ChangefeedInfo, TableName, int], None]
+"""``request(info, table, span)`` stores a table copy of ``table`` for span ``span`` of ``info`` in etcd
+(:meth:`cdc.meta.store.MetaStore.request_table_copies`); raises ``TidewaterError`` when it cannot."""
+
+
 def pick_up_new_tables(up: Upstream, info: ChangefeedInfo, published: dict[int, list[TableName] | None],
-                        target_names: Callable[[str], Callable[[TableName], str]], now: float) -> PickUp:
+                        target_names: Callable[[str], Callable[[TableName], str]], now: float,
+                        request_copy: CopyRequester | None = None) -> PickUp:
     """Add matched tables that are in no publication of ``info`` to their span's publication.
 
     A table is added only if :meth:`upstream.base.Upstream.check_tables` accepts it for that
     publication (its replica identity works once published; its stored generated columns are published
     too) and its target name in the sink is not already that of a published table or of one added
-    earlier in this pass (the same rule ``changefeed create`` applies). Spans are indexed
+    earlier in this pass (the same rule ``changefeed create`` applies).
+
+    Rows the table already held: a changefeed with an initial copy (``[snapshot] mode = "initial"``) copies them
+    with a table copy (``request_copy``), asked for *before* the add when the table holds rows then (so that an
+    owner that dies right after the add leaves the request behind), else right after the add if it counted
+    rows; only when that fails, or the changefeed has no copy, are they reported as unreplicated. Spans are indexed
     ``0..len(info.spans)-1`` (``span-count`` is fixed at creation), so ``span_of(table, len(info.spans))``
     is the creation-time rule.
     """
@@ -140,6 +152,20 @@ def pick_up_new_tables(up: Upstream, info: ChangefeedInfo, published: dict[int, 
             out.warnings.append(DataWarning(CODE_TARGET_CONFLICT, str(table), msg, WarningSeverity.DIVERGENCE,
                                             first_time=now, last_time=now))
             continue
+        requested = False
+        copies = request_copy is not None and info.initial_copy
+        if copies:
+            try:
+                if up.has_rows(up.table_schema(table).relation_id):
+                    assert request_copy is not None
+                    request_copy(info, table, span.index)
+                    requested = True
+            except InvalidArgument:
+                continue  # dropped since it was listed
+            except TidewaterError as exc:
+                log.warning("changefeed=%s: %s not added yet: its table copy could not be requested: %s", info.id,
+                            table, exc)
+                continue
         try:
             outcome = up.add_table(span, table, lock_timeout_ms=LOCK_TIMEOUT_MS, count_cap=COUNT_CAP)
         except TidewaterError as exc:
@@ -153,7 +179,16 @@ def pick_up_new_tables(up: Upstream, info: ChangefeedInfo, published: dict[int, 
             continue
         targets[collision_key(info.sink_uri, target)] = table
         out.added.append(str(table))
-        if outcome:
+        if outcome and not requested and copies:
+            try:
+                assert request_copy is not None
+                request_copy(info, table, span.index)
+                requested = True
+            except TidewaterError as exc:
+                log.warning("changefeed=%s: the table copy of %s could not be requested: %s", info.id, table, exc)
+        if outcome and requested:
+            out.copied.append(str(table))
+        elif outcome:
             out.with_rows.append(str(table))
             out.warnings.append(unreplicated_rows_warning(table, outcome, span.publication, now))
     return out

@@ -34,6 +34,7 @@ from cdc.model import DataWarning, WarningSeverity, merge_warnings
 from cdc.stats import SpanStats
 from cdc.ts import Watermark
 from processor.mounter import Mounter
+from processor.table_hold import PASS, WAIT, TableHold
 from sinks.base import RowSource, Sink
 from sorter.base import SortedTxn, SpanSorter
 from upstream.base import SCHEMA_CHANGE, ChangeDecoder, SpanSource, encode_payload
@@ -68,7 +69,7 @@ class TxnBatcher:
     def __init__(self, txns: Iterable[SortedTxn], mount: Callable[[bytes, int, float], RowChange],
                  max_rows: int, ddl_commits: Container[int] = frozenset(),
                  schema_changes: Callable[[bytes, int, float], list[DdlEvent]] | None = None,
-                 floors: Mapping[str, int] | None = None) -> None:
+                 floors: Mapping[str, int] | None = None, hold: TableHold | None = None) -> None:
         self._it = iter(txns)
         self._peek: SortedTxn | None = next(self._it, None)
         self._mount = mount
@@ -76,6 +77,10 @@ class TxnBatcher:
         # copy already and are dropped; checked only in transactions at or below the highest floor
         self._floors = dict(floors or {})
         self._floor_max = max(self._floors.values(), default=0)
+        # a table copy's hold (processor.table_hold): its tables' changes pass, drop or wait; the transaction
+        # waited before keeps its mounted parts here, so that it is mounted once
+        self._hold = hold
+        self._peek_parts: list[tuple[list[RowChange], list[DdlEvent]]] | None = None
         self._max_rows = max_rows
         self._ddl_commits = ddl_commits
         self._schema_changes = schema_changes
@@ -106,12 +111,15 @@ class TxnBatcher:
             t = self._peek
             if rows and rows >= max_rows:
                 break
-            if t.commit_ts <= self._floor_max:  # (rare: only transactions of the initial copy's window)
+            if t.commit_ts <= self._floor_max or (self._hold is not None and t.commit_ts <= self._hold.floor_max):
+                # (rare: only transactions of a copy's window)
                 if rows and t.commit_ts in ddl_commits:
                     break
-                parts = self._above_floors(t.commit_ts, self._cut(t) if t.commit_ts in ddl_commits else
-                                           [([mount(p, t.commit_ts, t.commit_time) for p in t.payloads], [])])
+                parts = self._filtered(t)
+                if parts is None:  # a change a table copy holds back: the batch ends before its transaction
+                    break
                 self._peek = next(it, None)
+                self._peek_parts = None
                 if any(ddl for _, ddl in parts):  # a schema change of a table above its floor: still a barrier
                     self._parts = parts
                     self._split = Watermark(t.commit_ts, t.commit_time)
@@ -149,6 +157,51 @@ class TxnBatcher:
         yield from rows
         if not self._parts:
             self.last = self._split
+
+    def blocked(self) -> bool:
+        """The next transaction holds a change that a table copy holds back (the caller waits on the hold and
+        asks again; ``next_batch`` would return no row). Sets the hold's ``blocked_at``."""
+        hold, t = self._hold, self._peek
+        if hold is None or t is None or self._parts or t.commit_ts > hold.floor_max:
+            return False
+        if self._filtered(t) is None:
+            hold.blocked_at = t.commit_ts
+            return True
+        return False
+
+    def _filtered(self, t: SortedTxn) -> list[tuple[list[RowChange], list[DdlEvent]]] | None:
+        """Transaction ``t`` (the peeked one) as parts without the changes the floors and the hold drop; None
+        when the hold makes it wait."""
+        parts = self._peek_parts
+        if parts is None:
+            parts = self._peek_parts = (self._cut(t) if t.commit_ts in self._ddl_commits else
+                                        [([self._mount(p, t.commit_ts, t.commit_time) for p in t.payloads], [])])
+        ts = t.commit_ts
+        if ts <= self._floor_max:
+            parts = self._above_floors(ts, parts)
+        hold = self._hold
+        if hold is None or ts > hold.floor_max:
+            return parts
+        out: list[tuple[list[RowChange], list[DdlEvent]]] = []
+        verdict, tables = hold.verdict, hold.tables
+        for rows, ddl in parts:
+            kept_rows: list[RowChange] = []
+            for r in rows:
+                name = str(r.schema.name)
+                v = verdict(name, ts) if name in tables else PASS
+                if v == WAIT:
+                    return None
+                if v == PASS:
+                    kept_rows.append(r)
+            kept_ddl: list[DdlEvent] = []
+            for e in ddl:
+                v = verdict(str(e.table), ts)
+                if v == WAIT:
+                    return None
+                if v == PASS:
+                    kept_ddl.append(e)
+            out.append((kept_rows, kept_ddl))
+        return out
 
     def _above_floors(self, ts: int, parts: list[tuple[list[RowChange], list[DdlEvent]]]
                       ) -> list[tuple[list[RowChange], list[DdlEvent]]]:
@@ -227,6 +280,8 @@ class SpanRunner:
         initial_copy: Callable[[threading.Event], Mapping[str, int]] | None = None,
         floors: Mapping[str, int] | None = None,
         stats: SpanStats | None = None,
+        table_copy: Callable[[threading.Event, SpanRunner], Mapping[str, int]] | None = None,
+        hold: TableHold | None = None,
     ) -> None:
         self.label = label
         self.stats = stats if stats is not None else SpanStats()  # the processor keeps it across restarts
@@ -262,6 +317,10 @@ class SpanRunner:
         self._copied = False
         self._lifecycle = threading.Lock()  # stop() and the copy's hand-over to streaming
         self.floors: dict[str, int] = {k: v for k, v in (floors or {}).items() if v > start.ts}
+        # a table copy (processor.snapshot.InitialCopy with tables) runs beside the stream, which holds back the
+        # copied tables' changes (processor.table_hold); the runner is its StreamGate
+        self.table_copy = table_copy
+        self.hold = hold if hold is not None or table_copy is None else TableHold(())
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -270,6 +329,8 @@ class SpanRunner:
             self._spawn("copy", self._run_copy)
         else:
             self._start_streaming()
+            if self.table_copy is not None:
+                self._spawn("copy", self._run_table_copy)
 
     def _start_streaming(self) -> None:
         for name, target in (("puller", self._run_puller), ("sink", self._run_sink)):
@@ -295,11 +356,35 @@ class SpanRunner:
             self._copied = True
             self._start_streaming()
 
+    @property
+    def table_copying(self) -> bool:
+        """A table copy runs beside the stream (its tables' changes are held back until it is written)."""
+        return self.hold is not None and not self.hold.released
+
+    def _run_table_copy(self) -> None:
+        assert self.table_copy is not None and self.hold is not None
+        floors = self.table_copy(self._stop, self)
+        self.hold.release(floors)
+        log.info("span=%s table copy of %s done; their changes stream again", self.label,
+                 ", ".join(sorted(self.hold.tables)))
+
+    # StreamGate (processor.snapshot) of a table copy
+    def pass_up_to(self, boundary: int, drop: Mapping[str, int]) -> None:
+        assert self.hold is not None
+        self.hold.pass_up_to(boundary, drop)
+        self._wake.set()
+
+    def caught_up(self, boundary: int) -> bool:
+        assert self.hold is not None
+        return self.checkpoint.ts >= boundary or self.hold.blocked_at > boundary
+
     def stop(self, timeout: float = 10.0) -> bool:
         """Stop both threads; True once they have exited (then nothing more reaches the sink)."""
         with self._lifecycle:
             self._stop.set()
         self._wake.set()
+        if self.hold is not None:
+            self.hold.wake()  # a sink thread waiting on the hold sees the stop
         deadline = time.monotonic() + timeout
         for th in self._threads:
             th.join(max(0.0, deadline - time.monotonic()))
@@ -469,9 +554,13 @@ class SpanRunner:
                 if self.floors and self.checkpoint.ts >= max(self.floors.values()):
                     self.floors = {}  # past every floor: nothing more to check
                 batcher = TxnBatcher(self.sorter.read_txns(self.checkpoint.ts, target.ts), mount, self.txn_rows,
-                                     self.source.schema_change_commits(), self._schema_changes(decoder), self.floors)
+                                     self.source.schema_change_commits(), self._schema_changes(decoder), self.floors,
+                                     self.hold)
                 stats = self.stats
                 while batcher.has_more() and not self._stop.is_set():
+                    if self.hold is not None and batcher.blocked():  # a table copy holds its next transaction back
+                        self.hold.wait(self._stop)
+                        continue
                     began = time.monotonic()  # one sink write = one downstream transaction (mount included)
                     written = sink.write(batcher.next_batch(), self._fence)
                     stats.sink_write_seconds.observe(time.monotonic() - began)
