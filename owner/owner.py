@@ -91,9 +91,15 @@ class Owner:
         self._feed: StatusFeed | None = None
         self._resign = threading.Event()
 
-    def _request_copy(self, info: ChangefeedInfo, table: TableName, span: int) -> None:
-        """The upstream watch picked up ``table`` with rows: store a table copy of it (fenced: only as owner)."""
-        self.store.request_table_copies(info.id, [(str(table), span)], "joined", self._clock(), self.election.fence())
+    def _request_copy(self, info: ChangefeedInfo, table: TableName, span: int) -> Callable[[], None]:
+        """The upstream watch picks up ``table`` with rows: store a table copy of it (fenced: only as owner);
+        return what withdraws it."""
+        (copy,) = self.store.request_table_copies(info.id, [(str(table), span)], "joined", self._clock(),
+                                                  self.election.fence())
+
+        def cancel() -> None:
+            self.store.cancel_table_copy(info.id, copy.request, self.election.fence())
+        return cancel
 
     def resign(self) -> bool:
         """Ask the leading owner to step down: its loop returns, it deletes its election key and

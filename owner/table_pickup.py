@@ -19,7 +19,7 @@ from cdc.config import FilterConfig
 from cdc.errors import InvalidArgument, TableNotEligible, TidewaterError
 from cdc.events import TableName
 from cdc.filter import TableFilter
-from cdc.model import ChangefeedInfo, DataWarning, WarningSeverity
+from cdc.model import ChangefeedInfo, DataWarning, SpanInfo, WarningSeverity
 from cdc.spans import span_of
 from owner import partition_watch
 from sinks.factory import open_sink
@@ -77,9 +77,10 @@ class PickUp:
 CODE_TARGET_CONFLICT = "CDC:WarnTargetNameConflict"
 
 
-CopyRequester = Callable[[ChangefeedInfo, TableName, int], None]
+CopyRequester = Callable[[ChangefeedInfo, TableName, int], Callable[[], None]]
 """``request(info, table, span)`` stores a table copy of ``table`` for span ``span`` of ``info`` in etcd
-(:meth:`cdc.meta.store.MetaStore.request_table_copies`); raises ``TidewaterError`` when it cannot."""
+(:meth:`cdc.meta.store.MetaStore.request_table_copies`) and returns what withdraws it (if no span took it up yet);
+raises ``TidewaterError`` when it cannot."""
 
 
 def pick_up_new_tables(up: Upstream, info: ChangefeedInfo, published: dict[int, list[TableName] | None],
@@ -152,46 +153,59 @@ def pick_up_new_tables(up: Upstream, info: ChangefeedInfo, published: dict[int, 
             out.warnings.append(DataWarning(CODE_TARGET_CONFLICT, str(table), msg, WarningSeverity.DIVERGENCE,
                                             first_time=now, last_time=now))
             continue
-        requested = False
         copies = request_copy is not None and info.initial_copy
+        cancel: Callable[[], None] | None = None  # the table copy asked for before the add (undone if not added)
         if copies:
             try:
                 if up.has_rows(up.table_schema(table).relation_id):
                     assert request_copy is not None
-                    request_copy(info, table, span.index)
-                    requested = True
+                    cancel = request_copy(info, table, span.index)
             except InvalidArgument:
                 continue  # dropped since it was listed
             except TidewaterError as exc:
                 log.warning("changefeed=%s: %s not added yet: its table copy could not be requested: %s", info.id,
                             table, exc)
                 continue
-        try:
-            outcome = up.add_table(span, table, lock_timeout_ms=LOCK_TIMEOUT_MS, count_cap=COUNT_CAP)
-        except TidewaterError as exc:
-            if exc.retryable:
-                log.info("changefeed=%s: adding %s to %s deferred: %s", info.id, table, span.publication, exc)
-                continue
-            out.ineligible.append(f"{table} cannot be added to publication {span.publication}: {exc.message}")
-            out.warnings.append(ineligible_table_warning(table, out.ineligible[-1], now))
-            continue
+        outcome = _add(up, info, span, table, out, now)
         if outcome is None:
+            if cancel is not None:
+                _cancel(cancel, info, table)
             continue
         targets[collision_key(info.sink_uri, target)] = table
         out.added.append(str(table))
-        if outcome and not requested and copies:
+        if outcome and cancel is None and copies:
             try:
                 assert request_copy is not None
-                request_copy(info, table, span.index)
-                requested = True
+                cancel = request_copy(info, table, span.index)
             except TidewaterError as exc:
                 log.warning("changefeed=%s: the table copy of %s could not be requested: %s", info.id, table, exc)
-        if outcome and requested:
+        if outcome and cancel is not None:
             out.copied.append(str(table))
         elif outcome:
             out.with_rows.append(str(table))
             out.warnings.append(unreplicated_rows_warning(table, outcome, span.publication, now))
     return out
+
+
+def _add(up: Upstream, info: ChangefeedInfo, span: SpanInfo, table: TableName, out: PickUp, now: float) -> int | None:
+    """``Upstream.add_table``: the rows the table held, or None when it was not added (deferred: tried again at
+    the next inspection; refused: reported in ``out``)."""
+    try:
+        return up.add_table(span, table, lock_timeout_ms=LOCK_TIMEOUT_MS, count_cap=COUNT_CAP)
+    except TidewaterError as exc:
+        if exc.retryable:
+            log.info("changefeed=%s: adding %s to %s deferred: %s", info.id, table, span.publication, exc)
+            return None
+        out.ineligible.append(f"{table} cannot be added to publication {span.publication}: {exc.message}")
+        out.warnings.append(ineligible_table_warning(table, out.ineligible[-1], now))
+        return None
+
+
+def _cancel(cancel: Callable[[], None], info: ChangefeedInfo, table: TableName) -> None:
+    try:
+        cancel()
+    except TidewaterError as exc:  # its span shows it waiting for the table (CDC:ErrTableCopyWaiting)
+        log.warning("changefeed=%s: the table copy of %s (not added) could not be withdrawn: %s", info.id, table, exc)
 
 
 def unusable_new_partitions(up: Upstream, before: partition_watch.Leaves, current: partition_watch.Leaves,

@@ -48,6 +48,13 @@ class CopyStopped(TidewaterError):
     retryable = True
 
 
+class TableCopyWaiting(TidewaterError):
+    """A table copy names a table that exists upstream but is not in its span's publication yet."""
+
+    code = "CDC:ErrTableCopyWaiting"
+    retryable = True
+
+
 @dataclass(frozen=True)
 class CopyRequest:
     """One run of the copy job for one span: what to copy from where to where, under which snapshot."""
@@ -124,6 +131,7 @@ class InitialCopy:
         kept: dict[str, int] = {}
         if self.state.tables:  # a table copy: the tables asked for that the span still publishes
             wanted = set(self.state.tables)
+            self._check_published(wanted - {str(t) for t in tables})
             tables = [t for t in tables if str(t) in wanted]
             kept = {k: v for k, v in self.state.floors.items() if k not in wanted}
         if tables:
@@ -153,6 +161,20 @@ class InitialCopy:
         self.persist(self.state)
         log.info("span=%s initial copy done: %d table(s); streaming from checkpoint", self.label, len(tables))
         return floors
+
+    def _check_published(self, missing: set[str]) -> None:
+        """A table of a table copy that the span does not publish: dropped since (nothing to copy), or not added
+        yet (the owner asks for a joining table's copy just before it adds it): then the copy waits for it, as a
+        retryable error the changefeed shows."""
+        for name in sorted(missing):
+            try:
+                self.upstream.table_schema(TableName.parse(name))
+            except InvalidArgument:
+                continue  # gone upstream: nothing to copy
+            raise TableCopyWaiting(
+                f"span {self.label}: table {name} is to be copied but is not in publication {self.span.publication} "
+                "yet; the copy starts once the owner has added it (if it stays out, see the changefeed's warnings "
+                "for why it is not eligible)")
 
     def _catch_up(self, gate: StreamGate, tables: Sequence[TableName], stop: threading.Event) -> None:
         """A table copy's run, before it plans: the span writes the copied tables' changes up to the first

@@ -278,6 +278,21 @@ class MetaStore:
                 return tuple(added)
         raise MetaStoreError(f"changefeed {cf}: the table copy request kept conflicting with other updates; retry")
 
+    def cancel_table_copy(self, cf: str, request: int, fence: Sequence[Compare] = (), attempts: int = 20) -> bool:
+        """Drop table copy ``request`` of ``cf`` if no span has taken it up yet (it is still listed); True if it
+        was dropped now."""
+        for _ in range(attempts):
+            entry = self.get_changefeed(cf)
+            if entry is None:
+                return False
+            info = entry.value
+            left = tuple(c for c in info.table_copies if c.request != request)
+            if len(left) == len(info.table_copies):
+                return False
+            if self.update_changefeed(replace(info, table_copies=left), entry.mod_revision, fence):
+                return True
+        raise MetaStoreError(f"changefeed {cf}: cancelling table copy {request} kept conflicting; retry")
+
     def delete_changefeed(self, cf: str, fence: Sequence[Compare] = ()) -> None:
         """Delete every key of the changefeed (info, status, assignments, span statuses, schema histories,
         snapshot copy progress) atomically."""
