@@ -319,6 +319,11 @@ class SpanRunner:
         self._wake = threading.Event()
         self._persisted = start.ts
         self._cleaned = start.ts
+        # what the sink was given (the checkpoint is what is durable: the same, except for a sink that buffers
+        # until its flush: Sink.flush_interval)
+        self._written = start
+        self._dirty = False
+        self._last_flush = 0.0
         self._threads: list[threading.Thread] = []
         self.started = time.time()
         # the initial copy (processor.snapshot.InitialCopy) runs first, then the span streams; the copy's
@@ -490,6 +495,29 @@ class SpanRunner:
             return
         log.info("span=%s schema change %s %s", self.label, what, "applied" if applied else "already applied")
 
+    def _settle(self, w: Watermark, rows: int) -> None:
+        """The sink was given every change up to ``w`` (``rows`` of them in the last write): the checkpoint moves
+        there now, or, for a sink that buffers (``Sink.flush_interval``) and holds unflushed rows, at its next
+        flush (:meth:`_flush`)."""
+        self._written = w
+        if rows:
+            self._dirty = True
+        if not self._dirty:
+            self.checkpoint = w
+
+    def _flush(self, sink: Sink, force: bool = False) -> None:
+        """A buffering sink's flush, once ``flush_interval`` passed since the last one (or ``force``): then the
+        checkpoint takes everything written so far."""
+        if not self._dirty:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_flush < sink.flush_interval:
+            return
+        sink.flush(self._fence)
+        self._last_flush = now
+        self._dirty = False
+        self.checkpoint = self._written
+
     def _changefeed_barrier(self, event: DdlEvent) -> None:
         """A DDL that changes which table holds a downstream name (CREATE, DROP, RENAME TABLE) waits until every
         other span of the changefeed has written everything committed before it: the old holder of the name
@@ -546,9 +574,12 @@ class SpanRunner:
                              self.label, applied, self.checkpoint.ts)
             decoder = self.source.decoder()
             mount = Mounter(decoder).mount
+            self._written = self.checkpoint
+            self._last_flush = time.monotonic()
             while not self._stop.is_set():
                 self._wake.wait(0.2)
                 self._wake.clear()
+                self._flush(sink)
                 self._take_warnings(self.source)
                 if self._persisted > self._cleaned:
                     self.sorter.clean(self._persisted)
@@ -557,13 +588,13 @@ class SpanRunner:
                 self._record_schemas([(ts, s.relation_id, s) for ts, s in self.source.take_schema_versions()])
                 if self.target_ts and target.ts > self.target_ts:
                     target = Watermark(self.target_ts, target.time)
-                if target.ts <= self.checkpoint.ts:
-                    if target.ts == self.checkpoint.ts and target.time > self.checkpoint.time:
-                        self.checkpoint = target
+                if target.ts <= self._written.ts:
+                    if target.ts == self._written.ts and target.time > self._written.time:
+                        self._settle(target, 0)
                     continue
-                if self.floors and self.checkpoint.ts >= max(self.floors.values()):
+                if self.floors and self._written.ts >= max(self.floors.values()):
                     self.floors = {}  # past every floor: nothing more to check
-                batcher = TxnBatcher(self.sorter.read_txns(self.checkpoint.ts, target.ts), mount, self.txn_rows,
+                batcher = TxnBatcher(self.sorter.read_txns(self._written.ts, target.ts), mount, self.txn_rows,
                                      self.source.schema_change_commits(), self._schema_changes(decoder), self.floors,
                                      self.hold)
                 stats = self.stats
@@ -584,12 +615,15 @@ class SpanRunner:
                     self._take_warnings(sink)
                     if not batcher.batch_complete:
                         raise RuntimeError(f"sink {type(sink).__name__} returned before consuming its batch")
+                    if batcher.ddl:
+                        self._flush(sink, force=True)  # a DDL is applied after the rows before it are durable
                     for event in batcher.ddl:  # a barrier: the rows before it are written, those after wait
                         self._apply_ddl(sink, event)
                     if batcher.last is not None:
-                        self.checkpoint = batcher.last
+                        self._settle(batcher.last, written)
+                    self._flush(sink)
                 if not self._stop.is_set():
-                    self.checkpoint = target
+                    self._settle(target, 0)
         finally:
             try:
                 sink.close()
