@@ -311,10 +311,16 @@ def _scalar(col: ColumnSchema, cfg: EncoderConfig, optional: bool) -> tuple[dict
         precision, scale = ps
 
         def dec(v: Decimal) -> str:
-            scaled = finite(v).scaleb(scale)
-            if scaled != scaled.to_integral_value():
+            t = finite(v).as_tuple()
+            digits = int("".join(map(str, t.digits)) or "0")
+            shift = int(t.exponent) + scale  # no context arithmetic: exact for any number of digits
+            if shift >= 0:
+                unscaled = digits * 10**shift
+            elif digits % 10**-shift == 0:
+                unscaled = digits // 10**-shift
+            else:
                 raise EncodeError(f"column {col.name!r}: {v} has more than {scale} fraction digits")
-            return _b64(unscaled_bytes(int(scaled)))
+            return _b64(unscaled_bytes(-unscaled if t.sign else unscaled))
 
         return _named("bytes", "org.apache.kafka.connect.data.Decimal", optional,
                       parameters={"scale": str(scale), "connect.decimal.precision": str(precision)}), dec
@@ -431,6 +437,12 @@ def _unscaled(b64: str) -> int:
     return int.from_bytes(X.parse_b64(b64), "big", signed=True)
 
 
+def decimal_of(unscaled: int, scale: int) -> Decimal:
+    """``unscaled * 10**-scale`` exactly (Decimal arithmetic would round to the context's 28 digits)."""
+    t = Decimal(unscaled).as_tuple()
+    return Decimal((t.sign, t.digits, -scale))
+
+
 def _time_value(us: int) -> Any:
     if us >= US_PER_DAY:
         return "24:00:00"
@@ -474,11 +486,11 @@ def decode_value(schema: dict[str, Any], v: Any, col: ColumnSchema | None, cfg: 
         return v
     if t == "bytes":
         if name == "org.apache.kafka.connect.data.Decimal":
-            return Decimal(_unscaled(v)).scaleb(-int(schema["parameters"]["scale"]))
+            return decimal_of(_unscaled(v), int(schema["parameters"]["scale"]))
         raw = X.parse_b64(v)
         return UNCHANGED if raw == placeholder.encode() else raw
     if t == "struct" and name == "io.debezium.data.VariableScaleDecimal":
-        return Decimal(_unscaled(v["value"])).scaleb(-int(v["scale"]))
+        return decimal_of(_unscaled(v["value"]), int(v["scale"]))
     if t in ("float", "double"):
         f = float(v)
         if col is not None and col.base_type == "numeric":
