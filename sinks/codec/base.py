@@ -314,3 +314,29 @@ def split_key_change(change: RowChange) -> tuple[RowChange, RowChange] | None:
     insert = RowChange(OpType.INSERT, change.schema, change.commit_ts, change.commit_time, dict(new), None,
                        dict(change.extra))
     return delete, insert
+
+
+def row_key(change: RowChange, key_idx: Sequence[int]) -> tuple[Any, ...] | None:
+    """The key of the row ``change`` touches (old key for deletes and key changes), as ``RowChange.key_values()``
+    gives it, using the key's column positions ``key_idx`` (cheap for a positional row); None without a key."""
+    schema = change.schema
+    if not schema.has_key:
+        return None
+    row = change.row
+    if row is not None and change.old_values is None:
+        return tuple(row[i] for i in key_idx)
+    src = change.old_values if change.old_values is not None else change.values
+    if src is None:
+        return None
+    return tuple(src.get(k) for k in schema.key)
+
+
+def has_full_row(schema: TableSchema, values: Mapping[str, Any]) -> bool:
+    """True when ``values`` holds every column of ``schema`` (an old row sent in full: REPLICA IDENTITY FULL)."""
+    return len(values) >= len(schema.columns)
+
+
+def quoted_name(table: TableName) -> str:
+    """``"schema"."table"`` in PostgreSQL's quoting (for synthesized statements such as TRUNCATE TABLE)."""
+    return '"' + table.schema.replace('"', '""') + '"."' + table.table.replace('"', '""') + '"'
+

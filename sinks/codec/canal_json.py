@@ -44,6 +44,9 @@ from sinks.codec.base import (
     MessageDecodeError,
     MessageKind,
     RowEventEncoder,
+    has_full_row,
+    quoted_name,
+    row_key,
 )
 from sinks.codec.schema_cache import SchemaCache
 
@@ -127,10 +130,6 @@ def _plan(schema: TableSchema) -> _Plan:
                  _types_json(schema, tuple(range(len(names)))), _types_json(schema, key_idx), head)
 
 
-def _is_full(schema: TableSchema, values: dict[str, Any]) -> bool:
-    return len(values) >= len(schema.columns)
-
-
 class CanalJsonEncoder(RowEventEncoder):
     """canal-json (see the module docstring). One message per row change."""
 
@@ -148,8 +147,8 @@ class CanalJsonEncoder(RowEventEncoder):
         parts = []
         try:
             if row is not None:
-                for pre, conv, v in zip(pieces, convs, row, strict=True):
-                    parts.append(pre + ("null" if v is None else js(conv(v))))
+                parts = [pre + ("null" if v is None else js(conv(v))) for pre, conv, v in zip(pieces, convs, row,
+                                                                                              strict=True)]
             else:
                 assert values is not None
                 names = plan.names
@@ -167,7 +166,7 @@ class CanalJsonEncoder(RowEventEncoder):
         op = change.op
         if op is OpType.TRUNCATE:
             self._out.append(self._ddl_message(change.schema.name, "TRUNCATE",
-                                               f"TRUNCATE TABLE {_quoted(change.schema.name)}", change.commit_ts,
+                                               f"TRUNCATE TABLE {quoted_name(change.schema.name)}", change.commit_ts,
                                                change.commit_time))
             return
         plan = self._plans.get(change.schema)
@@ -180,7 +179,7 @@ class CanalJsonEncoder(RowEventEncoder):
             data = self._object(plan, change.values, None)
             types, kind = plan.full_types, "UPDATE"
             prev = change.old_values
-            if prev is not None and _is_full(schema, prev):
+            if prev is not None and has_full_row(schema, prev):
                 old = self._object(plan, prev, None)
             else:  # the old key: sent when it changed, else the same as the new one
                 known = dict(change.values or {})
@@ -191,19 +190,19 @@ class CanalJsonEncoder(RowEventEncoder):
             prev = change.old_values
             if prev is None:
                 raise EncodeError(f"table {schema.name}: a DELETE without old values (commit Ts {change.commit_ts})")
-            if _is_full(schema, prev):
+            if has_full_row(schema, prev):
                 data, types = self._object(plan, prev, None), plan.full_types
             else:
                 data, types = self._object(plan, prev, None, plan.key_idx), plan.key_types
             old, kind = "null", "DELETE"
         else:  # pragma: no cover - OpType is closed
             raise EncodeError(f"table {schema.name}: unknown change {op!r}")
-        doc = (plan.head + kind + '","es":' + str(int(change.commit_time * 1000)) + ',"ts":'
-               + str(int(self.clock() * 1000)) + ',"sql":""' + types + ',"old":' + old + ',"data":' + data
-               + self._tidb(change.commit_ts))
+        doc = "".join((plan.head, kind, '","es":', str(int(change.commit_time * 1000)), ',"ts":',
+                       str(int(self.clock() * 1000)), ',"sql":""', types, ',"old":', old, ',"data":', data,
+                       self._tidb(change.commit_ts)))
         value = X.go_html_escape(doc).encode()
         self._out.append(Message(None, value, MessageKind.ROW, PROTOCOL, schema.name, change.commit_ts, 1,
-                                 row_key=_row_key(change)))
+                                 row_key=row_key(change, plan.key_idx)))
 
     # -- DDL and watermarks ----------------------------------------------------------------------------------
     def _ddl_message(self, table: TableName, kind: str, query: str, commit_ts: int, commit_time: float) -> Message:
@@ -225,17 +224,6 @@ class CanalJsonEncoder(RowEventEncoder):
                + ',"sql":"","sqlType":null,"mysqlType":null,"data":null,"old":null,"_tidb":{"watermarkTs":'
                + str(watermark.ts) + "}}")
         return Message(None, doc.encode(), MessageKind.WATERMARK, PROTOCOL, None, watermark.ts)
-
-
-def _quoted(table: TableName) -> str:
-    return '"' + table.schema.replace('"', '""') + '"."' + table.table.replace('"', '""') + '"'
-
-
-def _row_key(change: RowChange) -> tuple[Any, ...] | None:
-    try:
-        return change.key_values() if change.schema.has_key else None
-    except (KeyError, AssertionError):
-        return None
 
 
 # ---- decoding ----------------------------------------------------------------------------------------------

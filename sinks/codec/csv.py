@@ -44,8 +44,9 @@ from sinks.codec.base import (
     MessageDecodeError,
     MessageKind,
     RowEventEncoder,
+    row_key,
 )
-from sinks.codec.canal_json import _row_key, canal_text_converter
+from sinks.codec.canal_json import canal_text_converter
 from sinks.codec.schema_cache import SchemaCache
 
 PROTOCOL = "csv"
@@ -94,6 +95,7 @@ class _Plan:
     convs: tuple[Callable[[Any], str], ...]
     meta: dict[str, str]  # op -> 'OP,"table","schema"' (the commit Ts and is-update follow per row)
     header: bytes
+    key_idx: tuple[int, ...]
 
 
 def _plan(schema: TableSchema, cfg: EncoderConfig, quote: Callable[[str], str]) -> _Plan:
@@ -105,8 +107,9 @@ def _plan(schema: TableSchema, cfg: EncoderConfig, quote: Callable[[str], str]) 
     if cfg.csv_output_old_value:
         head.append("ticdc-meta$is-update")
     header = (d.join(head + list(schema.column_names)) + cfg.csv_terminator).encode()
+    key_idx = tuple(schema.column_names.index(k) for k in schema.key) if schema.has_key else ()
     return _Plan(schema, schema.column_names, tuple(_field_converter(c, cfg, quote) for c in schema.columns),
-                 meta, header)
+                 meta, header, key_idx)
 
 
 class CsvEncoder(RowEventEncoder):
@@ -123,6 +126,7 @@ class CsvEncoder(RowEventEncoder):
         self._lines: list[str] = []
         self._rows = 0
         self._last: RowChange | None = None
+        self._last_key: tuple[Any, ...] | None = None
         self._header: bytes | None = None
         self._null = cfg.csv_null
         self._placeholder = self._quote(cfg.unavailable_value_placeholder)
@@ -184,14 +188,15 @@ class CsvEncoder(RowEventEncoder):
             raise EncodeError(f"table {schema.name}: unknown change {op!r}")
         self._rows += 1
         self._last = change
+        self._last_key = row_key(change, plan.key_idx)
 
     def build(self) -> list[Message]:
         if self._lines:
             last = self._last
             assert last is not None
             self._out.append(Message(self._header, "".join(self._lines).encode(), MessageKind.ROW, PROTOCOL,
-                                     last.schema.name, last.commit_ts, self._rows, row_key=_row_key(last)))
-            self._lines, self._rows, self._last, self._header = [], 0, None, None
+                                     last.schema.name, last.commit_ts, self._rows, row_key=self._last_key))
+            self._lines, self._rows, self._last, self._header, self._last_key = [], 0, None, None, None
         return super().build()
 
     def header(self, schema: TableSchema) -> bytes:

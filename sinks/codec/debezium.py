@@ -49,8 +49,9 @@ from sinks.codec.base import (
     MessageDecodeError,
     MessageKind,
     RowEventEncoder,
+    has_full_row,
+    row_key,
 )
-from sinks.codec.canal_json import _is_full, _row_key
 from sinks.codec.schema_cache import SchemaCache
 
 PROTOCOL = "debezium"
@@ -127,7 +128,7 @@ class _Plan:
     key_pieces: tuple[str, ...]
     key_idx: tuple[int, ...]
     key_schema: str | None  # '{"schema":<key schema>,"payload":' or '' (no schema), None: no key
-    value_head: str  # '{"schema":<envelope schema>,"payload":' or ''
+    value_head: bytes  # b'{"schema":<envelope schema>,"payload":' or b''
     source_tail: str  # ',"schema":..,"table":..,"txId":'
 
 
@@ -155,7 +156,7 @@ def _plan(schema: TableSchema, cfg: EncoderConfig) -> _Plan:
         ks = {"type": "struct", "fields": [_f(c.schema, c.name) for c in key_cols], "optional": False,
               "name": prefix + ".Key"}
         key_schema = '{"schema":' + X.json_dumps(ks) + ',"payload":' if cfg.schemas_enable else ""
-    value_head = '{"schema":' + X.json_dumps(envelope) + ',"payload":' if cfg.schemas_enable else ""
+    value_head = ('{"schema":' + X.json_dumps(envelope) + ',"payload":').encode() if cfg.schemas_enable else b""
     source_tail = (',"schema":' + X.json_string(schema.name.schema) + ',"table":' + X.json_string(schema.name.table)
                    + ',"txId":')
     return _Plan(schema, schema.column_names, value_cols, tuple(X.json_string(c.name) + ":" for c in value_cols),
@@ -180,6 +181,12 @@ class DebeziumEncoder(RowEventEncoder):
     # -- pieces ----------------------------------------------------------------------------------------------
     def _struct(self, plan: _Plan, cols: tuple[D.DbzColumn, ...], pieces: tuple[str, ...],
                 values: dict[str, Any] | None, row: tuple[Any, ...] | None, missing_null: bool) -> str:
+        if row is not None:  # fast path: a positional row has no unsent values; errors are located below
+            try:
+                return "{" + ",".join([pre + ("null" if v is None else c.to_json(v))
+                                       for pre, c, v in zip(pieces, cols, row, strict=True)]) + "}"
+            except Exception:  # noqa: BLE001, S110 - redone value by value to name the column
+                pass
         parts = []
         for i, c in enumerate(cols):
             if row is not None:
@@ -208,30 +215,29 @@ class DebeziumEncoder(RowEventEncoder):
     def _key(self, plan: _Plan, values: dict[str, Any] | None, row: tuple[Any, ...] | None) -> bytes | None:
         if plan.key_schema is None:
             return None
-        if row is not None:
-            values = {plan.names[i]: row[i] for i in plan.key_idx}
-        payload = self._struct(plan, plan.key_cols, plan.key_pieces, values, None, False)
+        key_row = tuple(row[i] for i in plan.key_idx) if row is not None else None
+        payload = self._struct(plan, plan.key_cols, plan.key_pieces, values, key_row, False)
         return (plan.key_schema + payload + ("}" if self.config.schemas_enable else "")).encode()
 
     def _source(self, plan: _Plan, change: RowChange) -> str:
         ms, us, ns = _ms_us_ns(change.commit_time)
         xid = change.extra.get("xid")
-        return (self._source_head + str(ms) + ',"snapshot":"' + ("true" if is_snapshot(change) else "false")
-                + '","db":' + self._db + ',"sequence":null,"ts_us":' + str(us) + ',"ts_ns":' + str(ns)
-                + plan.source_tail + ("null" if xid is None else str(int(xid))) + ',"lsn":' + str(change.commit_ts)
-                + ',"xmin":null,"origin":null,"origin_lsn":null}')
+        return "".join((self._source_head, str(ms), ',"snapshot":"', "true" if is_snapshot(change) else "false",
+                        '","db":', self._db, ',"sequence":null,"ts_us":', str(us), ',"ts_ns":', str(ns),
+                        plan.source_tail, "null" if xid is None else str(int(xid)), ',"lsn":', str(change.commit_ts),
+                        ',"xmin":null,"origin":null,"origin_lsn":null}'))
 
     def _value(self, plan: _Plan, before: str, after: str, source: str, op: str) -> bytes:
         ms, us, ns = _ms_us_ns(self.clock())
-        return (plan.value_head + '{"before":' + before + ',"after":' + after + ',"source":' + source
-                + ',"transaction":null,"op":"' + op + '","ts_ms":' + str(ms) + ',"ts_us":' + str(us) + ',"ts_ns":'
-                + str(ns) + self._close).encode()
+        return plan.value_head + "".join((
+            '{"before":', before, ',"after":', after, ',"source":', source, ',"transaction":null,"op":"', op,
+            '","ts_ms":', str(ms), ',"ts_us":', str(us), ',"ts_ns":', str(ns), self._close)).encode()
 
-    def _emit(self, change: RowChange, key: bytes | None, value: bytes | None, kind: MessageKind = MessageKind.ROW,
-              headers: tuple[tuple[str, bytes], ...] = ()) -> None:
+    def _emit(self, plan: _Plan, change: RowChange, key: bytes | None, value: bytes | None,
+              kind: MessageKind = MessageKind.ROW, headers: tuple[tuple[str, bytes], ...] = ()) -> None:
         rows = 1 if kind is MessageKind.ROW else 0
         self._out.append(Message(key, value, kind, PROTOCOL, change.schema.name, change.commit_ts, rows, headers,
-                                 _row_key(change)))
+                                 row_key(change, plan.key_idx)))
 
     # -- rows ------------------------------------------------------------------------------------------------
     def append_row(self, change: RowChange) -> None:
@@ -240,13 +246,13 @@ class DebeziumEncoder(RowEventEncoder):
         schema = plan.schema
         source = self._source(plan, change)
         if op is OpType.TRUNCATE:
-            self._emit(change, None, self._value(plan, "null", "null", source, "t"), MessageKind.DDL)
+            self._emit(plan, change, None, self._value(plan, "null", "null", source, "t"), MessageKind.DDL)
             return
         if op is OpType.INSERT:
             row = change.row
             values = None if row is not None else change.values
             after = self._struct(plan, plan.value_cols, plan.pieces, values, row, False)
-            self._emit(change, self._key(plan, values, row),
+            self._emit(plan, change, self._key(plan, values, row),
                        self._value(plan, "null", after, source, "r" if is_snapshot(change) else "c"))
             return
         if op is OpType.DELETE:
@@ -266,21 +272,21 @@ class DebeziumEncoder(RowEventEncoder):
             assert old_key is not None and new_key is not None
             self._delete(plan, change, prev, source, (("__debezium.newkey", new_key),))
             after = self._struct(plan, plan.value_cols, plan.pieces, new, None, False)
-            self._emit(change, new_key, self._value(plan, "null", after, source, "c"),
+            self._emit(plan, change, new_key, self._value(plan, "null", after, source, "c"),
                        headers=(("__debezium.oldkey", old_key),))
             return
         before = (self._struct(plan, plan.value_cols, plan.pieces, prev, None, True)
-                  if prev is not None and _is_full(schema, prev) else "null")
+                  if prev is not None and has_full_row(schema, prev) else "null")
         after = self._struct(plan, plan.value_cols, plan.pieces, new, None, False)
-        self._emit(change, self._key(plan, new, None), self._value(plan, before, after, source, "u"))
+        self._emit(plan, change, self._key(plan, new, None), self._value(plan, before, after, source, "u"))
 
     def _delete(self, plan: _Plan, change: RowChange, prev: dict[str, Any], source: str,
                 headers: tuple[tuple[str, bytes], ...] = ()) -> None:
         before = self._struct(plan, plan.value_cols, plan.pieces, prev, None, True)
         key = self._key(plan, prev, None)
-        self._emit(change, key, self._value(plan, before, "null", source, "d"), headers=headers)
+        self._emit(plan, change, key, self._value(plan, before, "null", source, "d"), headers=headers)
         if self.config.tombstones_on_delete and key is not None:
-            self._emit(change, key, None, MessageKind.TOMBSTONE)
+            self._emit(plan, change, key, None, MessageKind.TOMBSTONE)
 
     # -- DDL and watermarks ----------------------------------------------------------------------------------
     def encode_ddl(self, event: DdlEvent) -> Message | None:

@@ -39,8 +39,11 @@ from sinks.codec.base import (
     MessageDecodeError,
     MessageKind,
     RowEventEncoder,
+    has_full_row,
+    quoted_name,
+    row_key,
 )
-from sinks.codec.canal_json import _is_full, _quoted, _row_key, canal_text_converter
+from sinks.codec.canal_json import canal_text_converter
 from sinks.codec.schema_cache import SchemaCache
 
 PROTOCOL = "open-protocol"
@@ -127,6 +130,7 @@ class OpenProtocolEncoder(RowEventEncoder):
         self._values: list[bytes] = []
         self._size = 0  # bytes of the open batch (key + value, with the framing)
         self._last: RowChange | None = None
+        self._last_key: tuple[Any, ...] | None = None
 
     # -- framing ---------------------------------------------------------------------------------------------
     def _close(self) -> None:
@@ -135,10 +139,10 @@ class OpenProtocolEncoder(RowEventEncoder):
         last = self._last
         assert last is not None
         self._out.append(Message(_VERSION + b"".join(self._keys), b"".join(self._values), MessageKind.ROW, PROTOCOL,
-                                 last.schema.name, last.commit_ts, len(self._keys), row_key=_row_key(last)))
-        self._keys, self._values, self._size, self._last = [], [], 0, None
+                                 last.schema.name, last.commit_ts, len(self._keys), row_key=self._last_key))
+        self._keys, self._values, self._size, self._last, self._last_key = [], [], 0, None, None
 
-    def _add(self, change: RowChange, key: bytes, value: bytes) -> None:
+    def _add(self, change: RowChange, key: bytes, value: bytes, rkey: tuple[Any, ...] | None) -> None:
         n = len(key) + len(value) + 16
         if self._keys and (len(self._keys) >= self.config.max_batch_size
                            or self._size + 8 + n + 36 > self.config.max_message_bytes):
@@ -147,6 +151,7 @@ class OpenProtocolEncoder(RowEventEncoder):
         self._values.append(_U64.pack(len(value)) + value)
         self._size += n
         self._last = change
+        self._last_key = rkey
 
     def build(self) -> list[Message]:
         self._close()
@@ -175,7 +180,7 @@ class OpenProtocolEncoder(RowEventEncoder):
         op = change.op
         if op is OpType.TRUNCATE:
             self._close()
-            self._out.append(self._ddl(change.schema.name, f"TRUNCATE TABLE {_quoted(change.schema.name)}",
+            self._out.append(self._ddl(change.schema.name, f"TRUNCATE TABLE {quoted_name(change.schema.name)}",
                                        _ACTIONS[DdlKind.TRUNCATE_TABLE], change.commit_ts))
             return
         plan = self._plans.get(change.schema)
@@ -185,7 +190,7 @@ class OpenProtocolEncoder(RowEventEncoder):
             value = '{"u":' + self._columns(plan, None if row is not None else change.values, row) + "}"
         elif op is OpType.UPDATE:
             prev = change.old_values
-            if prev is not None and _is_full(schema, prev):
+            if prev is not None and has_full_row(schema, prev):
                 old = self._columns(plan, prev, None)
             else:
                 known = dict(change.values or {})
@@ -197,12 +202,12 @@ class OpenProtocolEncoder(RowEventEncoder):
             prev = change.old_values
             if prev is None:
                 raise EncodeError(f"table {schema.name}: a DELETE without old values (commit Ts {change.commit_ts})")
-            cols = self._columns(plan, prev, None, None if _is_full(schema, prev) else plan.key_idx)
+            cols = self._columns(plan, prev, None, None if has_full_row(schema, prev) else plan.key_idx)
             value = '{"d":' + cols + "}"
         else:  # pragma: no cover - OpType is closed
             raise EncodeError(f"table {schema.name}: unknown change {op!r}")
         key = b'{"ts":' + str(change.commit_ts).encode() + plan.key_head
-        self._add(change, key, X.go_html_escape(value).encode())
+        self._add(change, key, X.go_html_escape(value).encode(), row_key(change, plan.key_idx))
 
     # -- DDL and watermarks ----------------------------------------------------------------------------------
     def _ddl(self, table: TableName, query: str, action: int, commit_ts: int) -> Message:
