@@ -443,6 +443,21 @@ def decimal_of(unscaled: int, scale: int) -> Decimal:
     return Decimal((t.sign, t.digits, -scale))
 
 
+def _array_placeholder(items: dict[str, Any], placeholder: str) -> list[Any] | None:
+    """The JSON of an unavailable array value with elements ``items`` (see :func:`column`), None when there is none."""
+    raw = placeholder.encode()
+    t, name = items.get("type"), items.get("name")
+    if name == "io.debezium.data.Uuid":
+        return [str(uuid.UUID(bytes=hashlib.md5(raw).digest(), version=3))]  # noqa: S324
+    if t == "string":
+        return [placeholder]
+    if t in ("int16", "int32", "int64") and name is None:
+        return [b if b < 128 else b - 256 for b in raw]
+    if t == "bytes" and name is None:
+        return [base64.b64encode(raw).decode("ascii")]
+    return None
+
+
 def _time_value(us: int) -> Any:
     if us >= US_PER_DAY:
         return "24:00:00"
@@ -458,9 +473,9 @@ def decode_value(schema: dict[str, Any], v: Any, col: ColumnSchema | None, cfg: 
     placeholder = cfg.unavailable_value_placeholder
     t, name = schema.get("type"), schema.get("name")
     if t == "array":
-        if isinstance(v, list) and len(v) == 1 and v[0] == placeholder:
-            return UNCHANGED
         items = schema.get("items") or {}
+        if isinstance(v, list) and v == _array_placeholder(items, placeholder):
+            return UNCHANGED
         elem_col = None if col is None else ColumnSchema(col.name, col.type_oid, col.base_type, False, col.type_name,
                                                          col.type_modifier)
         return [decode_value(items, x, elem_col, cfg) for x in v]

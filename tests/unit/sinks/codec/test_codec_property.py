@@ -74,7 +74,7 @@ def scenarios(draw: st.DrawFn, allow_special_numeric: bool) -> list[RowChange]:
     def row(key: int, allow_unchanged: bool) -> dict[str, Any]:
         out: dict[str, Any] = {"id": key}
         for c, strategy, toastable in cols:
-            if allow_unchanged and toastable and draw(st.integers(0, 4)) == 0:
+            if allow_unchanged and toastable and draw(st.integers(0, 2)) == 0:
                 out[c.name] = UNCHANGED
             else:
                 out[c.name] = draw(st.none() | strategy)

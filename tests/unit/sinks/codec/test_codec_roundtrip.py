@@ -97,3 +97,21 @@ def test_open_protocol_batches_respect_count_and_size() -> None:
             assert m.rows == 1 or m.size <= cfg.max_message_bytes
         got = [e.values["id"] for m in msgs for e in decoder_for("open-protocol", cfg).decode(m.key, m.value)]
         assert got == list(range(12))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("protocol", "cfg"), VARIANTS, ids=lambda v: v if isinstance(v, str) else "")
+def test_unsent_values_of_every_placeholder_shape_round_trip(protocol: str, cfg: EncoderConfig) -> None:
+    """Unchanged TOAST values in each shape the protocols use for them (Debezium: string, bytes, text/int/uuid/bytes
+    arrays) come back as UNCHANGED, also without the message's schema part."""
+    from codec_cases import col
+    from codec_expect import check
+
+    from cdc.events import UNCHANGED, TableName, TableSchema
+
+    schema = TableSchema(TableName("s", "toast"), (
+        col("id", 20, "int8", key=True), col("t", 25, "text"), col("b", 17, "bytea"), col("j", 3802, "jsonb"),
+        col("ta", 1009, "text", array=True), col("ia", 1016, "int8", array=True),
+        col("ua", 2951, "uuid", array=True), col("ba", 1001, "bytea", array=True)), ("id",))
+    new = {"id": 1, **{c.name: UNCHANGED for c in schema.columns[1:]}}
+    check(protocol, cfg, [RowChange(OpType.UPDATE, schema, 7, 1.0, new, None)])
