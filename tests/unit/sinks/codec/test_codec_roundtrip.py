@@ -115,3 +115,22 @@ def test_unsent_values_of_every_placeholder_shape_round_trip(protocol: str, cfg:
         col("ua", 2951, "uuid", array=True), col("ba", 1001, "bytea", array=True)), ("id",))
     new = {"id": 1, **{c.name: UNCHANGED for c in schema.columns[1:]}}
     check(protocol, cfg, [RowChange(OpType.UPDATE, schema, 7, 1.0, new, None)])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(("protocol", "cfg"), VARIANTS, ids=lambda v: v if isinstance(v, str) else "")
+def test_table_without_a_key_round_trips(protocol: str, cfg: EncoderConfig) -> None:
+    """REPLICA IDENTITY FULL without a key: no key anywhere (canal pkNames null, Debezium key null, no handle-key
+    flag), full old rows."""
+    from codec_cases import col
+    from codec_expect import check
+
+    from cdc.events import TableName, TableSchema
+
+    schema = TableSchema(TableName("s", "log"), (col("at", 1184, "timestamptz"), col("msg", 25, "text")),
+                         ("at", "msg"), replica_identity="f", has_key=False)
+    a = {"at": None, "msg": "x"}
+    b = {"at": None, "msg": "y"}
+    check(protocol, cfg, [RowChange(OpType.INSERT, schema, 1, 1.0, dict(a)),
+                          RowChange(OpType.UPDATE, schema, 2, 1.0, dict(b), dict(a)),
+                          RowChange(OpType.DELETE, schema, 3, 1.0, None, dict(b))])
