@@ -260,6 +260,13 @@ class RowEventEncoder(ABC):
         self._out = []
         return out
 
+    def encode_key_only(self, change: RowChange, claim_check_location: str | None = None) -> Message:
+        """The row's message with its key columns only, for a row too large for ``max-message-bytes``: TiCDC's
+        ``handle-key-only`` (marked so; the consumer re-reads the row) or, with ``claim_check_location``, its
+        claim-check message (the full message is stored there by the transport). Returned at once, not buffered.
+        Raises EncodeError when the protocol (or a table without a key) has no such form."""
+        raise EncodeError(f"{self.protocol} has no key-only message form (table {change.schema.name})")
+
     @abstractmethod
     def encode_ddl(self, event: DdlEvent) -> Message | None:
         """The schema change's message (None: the protocol carries no DDL in band)."""

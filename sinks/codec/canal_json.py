@@ -204,6 +204,31 @@ class CanalJsonEncoder(RowEventEncoder):
         self._out.append(Message(None, value, MessageKind.ROW, PROTOCOL, schema.name, change.commit_ts, 1,
                                  row_key=row_key(change, plan.key_idx)))
 
+    def encode_key_only(self, change: RowChange, claim_check_location: str | None = None) -> Message:
+        """TiCDC's large-message forms: ``data`` (and ``old``) with the key columns only, ``sqlType``/``mysqlType``
+        of those, and ``_tidb.onlyHandleKey`` true or ``_tidb.claimCheckLocation`` (needs the TiDB extension)."""
+        schema = change.schema
+        if not self.config.enable_tidb_extension or not schema.has_key or change.op is OpType.TRUNCATE:
+            raise EncodeError(f"table {schema.name}: a key-only canal-json message needs a table with a key and "
+                              "enable-tidb-extension=true")
+        plan = self._plans.get(schema)
+        new = change.values if change.op is not OpType.DELETE else None
+        known_old = {**(new or {}), **(change.old_values or {})}
+        old, kind = "null", {OpType.INSERT: "INSERT", OpType.UPDATE: "UPDATE", OpType.DELETE: "DELETE"}[change.op]
+        if change.op is OpType.DELETE:
+            data = self._object(plan, known_old, None, plan.key_idx)
+        else:
+            data = self._object(plan, new, None, plan.key_idx)
+            if change.op is OpType.UPDATE:
+                old = self._object(plan, known_old, None, plan.key_idx)
+        mark = ('"onlyHandleKey":true' if claim_check_location is None
+                else '"claimCheckLocation":' + X.json_string(claim_check_location))
+        doc = "".join((plan.head, kind, '","es":', str(int(change.commit_time * 1000)), ',"ts":',
+                       str(int(self.clock() * 1000)), ',"sql":""', plan.key_types, ',"old":', old, ',"data":', data,
+                       ',"_tidb":{"commitTs":', str(change.commit_ts), ",", mark, "}}"))
+        return Message(None, X.go_html_escape(doc).encode(), MessageKind.ROW, PROTOCOL, schema.name, change.commit_ts,
+                       1, row_key=row_key(change, plan.key_idx))
+
     # -- DDL and watermarks ----------------------------------------------------------------------------------
     def _ddl_message(self, table: TableName, kind: str, query: str, commit_ts: int, commit_time: float) -> Message:
         doc = ('{"id":0,"database":' + X.json_string(table.schema) + ',"table":' + X.json_string(table.table)
@@ -284,9 +309,8 @@ class CanalJsonDecoder(Decoder):
             values = data
         src = old if old is not None and all(k in old for k in pk) else values
         key = {k: src[k] for k in pk} if src is not None and pk else None
-        return [DecodedEvent(MessageKind.ROW, table, op, commit_ts, commit_time, key, values, old,
-                             extra={"onlyHandleKey": bool(ext.get("onlyHandleKey"))} if ext.get("onlyHandleKey")
-                             else {})]
+        extra = {k: ext[k] for k in ("onlyHandleKey", "claimCheckLocation") if ext.get(k)}
+        return [DecodedEvent(MessageKind.ROW, table, op, commit_ts, commit_time, key, values, old, extra=extra)]
 
     def _parsers(self, table: TableName, mysql_types: dict[str, str]) -> Callable[[str, str], Any]:
         schema = self.schema_of(table)

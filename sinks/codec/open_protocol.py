@@ -209,6 +209,29 @@ class OpenProtocolEncoder(RowEventEncoder):
         key = b'{"ts":' + str(change.commit_ts).encode() + plan.key_head
         self._add(change, key, X.go_html_escape(value).encode(), row_key(change, plan.key_idx))
 
+    def encode_key_only(self, change: RowChange, claim_check_location: str | None = None) -> Message:
+        """TiCDC's large-message forms: the key columns only, the event key marked ``"ohk":true``
+        (handle-key-only) or carrying ``"ccl":LOCATION`` (claim check); a message of its own."""
+        schema = change.schema
+        if not schema.has_key or change.op is OpType.TRUNCATE:
+            raise EncodeError(f"table {schema.name}: a key-only open-protocol message needs a table with a key")
+        plan = self._plans.get(schema)
+        new = change.values if change.op is not OpType.DELETE else None
+        known_old = {**(new or {}), **(change.old_values or {})}
+        if change.op is OpType.DELETE:
+            value = '{"d":' + self._columns(plan, known_old, None, plan.key_idx) + "}"
+        elif change.op is OpType.UPDATE:
+            value = ('{"u":' + self._columns(plan, new, None, plan.key_idx) + ',"p":'
+                     + self._columns(plan, known_old, None, plan.key_idx) + "}")
+        else:
+            value = '{"u":' + self._columns(plan, new, None, plan.key_idx) + "}"
+        mark = b',"ohk":true}' if claim_check_location is None else (
+            ',"ccl":' + X.json_string(claim_check_location) + "}").encode()
+        key = b'{"ts":' + str(change.commit_ts).encode() + plan.key_head[:-1] + mark
+        k, v = self._single(X.go_html_escape(key.decode()).encode(), X.go_html_escape(value).encode())
+        return Message(k, v, MessageKind.ROW, PROTOCOL, schema.name, change.commit_ts, 1,
+                       row_key=row_key(change, plan.key_idx))
+
     # -- DDL and watermarks ----------------------------------------------------------------------------------
     def _ddl(self, table: TableName, query: str, action: int, commit_ts: int) -> Message:
         scm = ',"scm":' + X.json_string(table.schema) if table.schema else ""
@@ -310,7 +333,12 @@ class OpenProtocolDecoder(Decoder):
                 continue
             if t != TYPE_ROW or not isinstance(mv, dict):
                 raise MessageDecodeError(f"open-protocol: unknown event type {t!r}")
-            out.append(self._row(table, mk["ts"], mv))
+            ev = self._row(table, mk["ts"], mv)
+            if mk.get("ohk"):
+                ev.extra["onlyHandleKey"] = True
+            if mk.get("ccl"):
+                ev.extra["claimCheckLocation"] = mk["ccl"]
+            out.append(ev)
         return out
 
     def _row(self, table: TableName, ts: int, mv: dict[str, Any]) -> DecodedEvent:

@@ -134,3 +134,44 @@ def test_table_without_a_key_round_trips(protocol: str, cfg: EncoderConfig) -> N
     check(protocol, cfg, [RowChange(OpType.INSERT, schema, 1, 1.0, dict(a)),
                           RowChange(OpType.UPDATE, schema, 2, 1.0, dict(b), dict(a)),
                           RowChange(OpType.DELETE, schema, 3, 1.0, None, dict(b))])
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("protocol", ["canal-json", "open-protocol"])
+def test_key_only_messages_for_large_rows(protocol: str) -> None:
+    """TiCDC's handle-key-only and claim-check forms: the key columns only, marked, decodable."""
+    big = RowChange(OpType.UPDATE, KV, 42, 1.0, {"id": 2, "body": "x" * 10_000, "n": 1}, {"id": 1})
+    enc, dec = encoder_for(protocol, BASE), decoder_for(protocol, BASE)
+    full = enc.encode_key_only(big)
+    assert full.size < 400 and full.row_key == (1,)
+    (ev,) = dec.decode(full.key, full.value)
+    assert (ev.op, ev.values, ev.old, ev.extra) == (OpType.UPDATE, {"id": 2}, {"id": 1}, {"onlyHandleKey": True})
+    cc = enc.encode_key_only(big, "s3://bucket/cc/0001.json")
+    (ev,) = dec.decode(cc.key, cc.value)
+    assert ev.extra == {"claimCheckLocation": "s3://bucket/cc/0001.json"} and ev.values == {"id": 2}
+
+
+@pytest.mark.unit
+def test_protocols_without_a_key_only_form_refuse_it() -> None:
+    from sinks.codec import EncodeError
+
+    change = RowChange(OpType.INSERT, KV, 42, 1.0, {"id": 2, "body": "x", "n": 1})
+    for protocol in ("debezium", "csv"):
+        with pytest.raises(EncodeError, match="key-only"):
+            encoder_for(protocol, BASE).encode_key_only(change)
+    with pytest.raises(EncodeError, match="enable-tidb-extension"):
+        encoder_for("canal-json", replace(BASE, enable_tidb_extension=False)).encode_key_only(change)
+
+
+@pytest.mark.unit
+def test_key_only_bytes_are_ticdcs() -> None:
+    gone = RowChange(OpType.DELETE, KV, 42, 1.0, None, {"id": 1})
+    canal = encoder_for("canal-json", BASE, clock=lambda: 2.0)
+    assert canal.encode_key_only(gone).value == (
+        b'{"id":0,"database":"app","table":"kv","pkNames":["id"],"isDdl":false,"type":"DELETE","es":1000,"ts":2000,'
+        b'"sql":"","sqlType":{"id":-5},"mysqlType":{"id":"bigint"},"old":null,"data":[{"id":"1"}],'
+        b'"_tidb":{"commitTs":42,"onlyHandleKey":true}}')
+    open_ = encoder_for("open-protocol", BASE)
+    m = open_.encode_key_only(gone, "loc")
+    assert m.key == b"\0" * 7 + b"\1" + b"\0" * 7 + b'2{"ts":42,"scm":"app","tbl":"kv","t":1,"ccl":"loc"}'
+    assert m.value == b"\0" * 7 + b'*{"d":{"id":{"t":8,"h":true,"f":11,"v":1}}}'
