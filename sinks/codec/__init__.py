@@ -11,6 +11,7 @@ How a sink uses an encoder (one encoder per destination, e.g. Kafka topic+partit
         enc.append_row(change)
     for msg in enc.build():                     # in order; msg.kind, msg.size, msg.table, msg.commit_ts, msg.rows
         send(msg.key, msg.value, msg.headers)
+    big = enc.encode_key_only(change, location) # a row over max-message-bytes: TiCDC's key-only / claim-check form
     send(enc.encode_ddl(ddl_event))             # at the barrier; None when the protocol has no in-band DDL
     send(enc.encode_watermark(watermark))       # to every partition; None when the protocol has none
 """
