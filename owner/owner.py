@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from cdc.config import ChangefeedConfig, ServerConfig
 from cdc.errors import ChangefeedNotFound, MetaStoreError, NotOwner, TidewaterError
+from cdc.events import TableName
 from cdc.meta.election import Election
 from cdc.meta.keys import KeyKind
 from cdc.meta.status_feed import StatusFeed
@@ -84,10 +85,21 @@ class Owner:
         self._clock = clock
         self.is_owner = False
         self.terms = 0  # times this capture won the election (metrics: owner changes)
-        self.watcher = UpstreamWatcher(interval=config.upstream_check_interval, gc_ttl=config.gc_ttl)
+        self.watcher = UpstreamWatcher(interval=config.upstream_check_interval, gc_ttl=config.gc_ttl,
+                                       request_copy=self._request_copy)
         self._snapshot: ClusterSnapshot | None = None
         self._feed: StatusFeed | None = None
         self._resign = threading.Event()
+
+    def _request_copy(self, info: ChangefeedInfo, table: TableName, span: int) -> Callable[[], None]:
+        """The upstream watch picks up ``table`` with rows: store a table copy of it (fenced: only as owner);
+        return what withdraws it."""
+        (copy,) = self.store.request_table_copies(info.id, [(str(table), span)], "joined", self._clock(),
+                                                  self.election.fence())
+
+        def cancel() -> None:
+            self.store.cancel_table_copy(info.id, copy.request, self.election.fence())
+        return cancel
 
     def resign(self) -> bool:
         """Ask the leading owner to step down: its loop returns, it deletes its election key and

@@ -37,6 +37,11 @@ Guarantees a sink gives its caller:
   ``SinkUnavailable`` (transient, retry), ``cdc.errors.DdlRejected`` (untranslatable or refused by the
   target: names the DDL text, the table and the reason). ``fence`` as for ``write``. ``skip=True`` records
   a DDL the operator skips knowingly: the target is left as it is, the rest behaves as if applied.
+- Buffering (``flush_interval`` > 0; the storage sink's files): ``write`` may return before its changes are
+  durable; they are durable (and visible) only once ``flush`` returned, which the caller calls at most every
+  ``flush_interval`` seconds while it holds unflushed changes and before every ``apply_ddl``. The caller's
+  checkpoint moves past written changes only after a ``flush``. A crash loses what was not flushed, which the
+  caller replays from its checkpoint. Default: 0, every ``write`` is durable on return and ``flush`` does nothing.
 - Threading: one caller thread at a time. ``close`` releases connections; no call after ``close``.
 """
 
@@ -61,6 +66,12 @@ class Sink(ABC):
     @abstractmethod
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         """Apply whole transactions durably; return the number of row changes applied."""
+
+    flush_interval: float = 0.0
+    """Seconds a buffering sink may hold written changes before ``flush`` (module docstring); 0: none."""
+
+    def flush(self, fence: Callable[[], None] | None = None) -> None:  # noqa: B027 - optional hook
+        """Make everything written so far durable and visible (a buffering sink); ``fence`` as for ``write``."""
 
     def check(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Connect and verify the target is usable; raise SinkUnavailable/SinkError naming the problem."""
