@@ -4,7 +4,7 @@
   ``KafkaTimeoutError``, expired batches), leaders moving, too few in-sync replicas, a producer id the broker no
   longer knows (after a broker restart), and every other error kafka-python marks retriable.
 - :class:`SinkFenced` (retryable): a newer producer took over the transactional id.
-- Fatal (:class:`SinkError`): a message or request too large, authorization or authentication refused, an
+- Fatal (:class:`SinkError`): a message or request too large (``sinks.codec.MessageTooLarge``), authorization or authentication refused, an
   invalid topic, partition count or replication factor, an unsupported feature; anything not known to be
   transient. The message names the topic (and the size and limit for a too-large message) and the fix.
 """
@@ -15,6 +15,7 @@ from kafka import errors as kerr
 
 from cdc.errors import SinkError, SinkFenced, SinkUnavailable, TidewaterError
 from cdc.uri import scrub
+from sinks.codec.base import MessageTooLarge
 
 _UNAVAILABLE = (
     kerr.KafkaConnectionError, kerr.KafkaTimeoutError, kerr.NodeNotReadyError, kerr.RequestTimedOutError,
@@ -47,7 +48,7 @@ def wrap(exc: BaseException, where: str, *, topic: str | None = None, size: int 
                           cause=exc)
     if isinstance(exc, _TOO_LARGE):
         sized = f" ({size} bytes" + (f", limit {limit}" if limit else "") + ")" if size else ""
-        return SinkError(f"{where} refused a message{on}{sized} as too large: raise the topic's max.message.bytes "
+        return MessageTooLarge(f"{where} refused a message{on}{sized} as too large: raise the topic's max.message.bytes "
                          f"(and the brokers' message.max.bytes) or lower max-message-bytes in the sink URI so that "
                          f"the sink refuses it first ({what})", cause=exc)
     if isinstance(exc, kerr.AuthorizationError):

@@ -29,9 +29,10 @@ enable-tls             TLS to the brokers (default false); ca, cert, key: PEM fi
 sasl-mechanism         plain | scram-sha-256 | scram-sha-512, with sasl-user and sasl-password
 =====================  ==========================================================================================
 
-Codec parameters (``enable-tidb-extension``, ``max-batch-size``, ...) are not this module's: they are kept
-unparsed in :attr:`KafkaOptions.codec_params`, and only the names in ``codec_params`` (the caller's list) are
-accepted.
+Codec parameters (``enable-tidb-extension``, ``max-batch-size``, ``schemas-enable``..., the fields of
+``sinks.codec.EncoderConfig`` but the CSV ones) are not this module's: they are kept unparsed in
+:attr:`KafkaOptions.codec_params` for ``EncoderConfig.from_params``, which validates them; other names are
+refused here.
 """
 
 from __future__ import annotations
@@ -39,17 +40,25 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 
 from cdc.errors import InvalidURI
 from cdc.uri import ParsedURI, parse_sink_uri
+from sinks.codec.base import EncoderConfig
 
 PROTOCOLS = ("canal-json", "debezium", "open-protocol")
 COMPRESSIONS = ("none", "gzip", "lz4", "snappy", "zstd")
 SASL_MECHANISMS = {"plain": "PLAIN", "scram-sha-256": "SCRAM-SHA-256", "scram-sha-512": "SCRAM-SHA-512"}
-# parameters the codecs read (TiCDC's names); the KafkaSink passes the codec layer's own list
-CODEC_PARAMS = ("enable-tidb-extension", "max-batch-size")
+
+def _codec_params() -> tuple[str, ...]:
+    """The codec layer's URI parameters (``sinks.codec.EncoderConfig``) that apply to Kafka's protocols: all but the
+    CSV ones (storage sink only) and max-message-bytes (parsed here, and read by the codecs too)."""
+    names = [f.name.replace("_", "-") for f in fields(EncoderConfig)]
+    return tuple(n for n in names if not n.startswith("csv-") and n != "max-message-bytes")
+
+
+CODEC_PARAMS = _codec_params()
 
 DEFAULT_PORT = 9092
 DEFAULT_PARTITIONS = 3  # TiCDC's default partition-num for a topic it creates

@@ -7,7 +7,9 @@ Contract (one caller thread at a time):
   metadata or, when ``max_pending_bytes`` of messages are unacknowledged, until those are. Before queueing it
   checks the message's size (key + value + headers + Kafka's record overhead, as the producer counts it) against
   the topic's limit (``max-message-bytes``, or the topic's ``max.message.bytes`` when smaller): a larger message
-  raises :class:`SinkError` naming the topic, partition, size and limit, and is not sent. The topic is looked up
+  raises ``sinks.codec.MessageTooLarge`` (a :class:`SinkError`) naming the topic, partition, size and limit, and is
+  not sent (the sink, which knows the table and key, checks first with :func:`message_size` and may send the
+  codec's key-only form instead). The topic is looked up
   (and created, if ``auto-create-topic``) on its first use: :meth:`partitions` gives its partition count.
 - ``flush()`` returns only once every message queued since the last ``flush`` is acknowledged (acks=all), and
   returns their number. Messages of one partition are written in ``send`` order, retries included (idempotent
@@ -41,6 +43,7 @@ from typing import Any
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from cdc.errors import SinkError, TidewaterError
+from sinks.codec.base import MessageTooLarge
 from sinks.kafka.errors import describe, wrap
 from sinks.kafka.options import KafkaOptions
 from sinks.kafka.topics import TopicAdmin, TopicInfo
@@ -58,6 +61,13 @@ RECONNECT_BACKOFF_MAX_MS = 1000
 DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024
 _CLOSE_GRACE = 5.0  # seconds close() waits for queued messages
 _OVERHEAD_SLACK = 128  # above Kafka's batch header + record overhead: below this no exact size is computed
+
+
+def message_size(key: bytes | None, value: bytes | None, headers: list[tuple[str, bytes]] | None = None) -> int:
+    """A message's size as the broker limits it: a record batch holding only it (batch header, record overhead,
+    key, value, headers), as kafka-python counts it. ``send`` refuses a message above :meth:`KafkaTransport.topic`'s
+    ``max_message_bytes`` by this count; the codecs' ``Message.size`` (TiCDC's) leaves out the 61-byte batch header."""
+    return int(DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers or []))
 
 
 def client_config(opts: KafkaOptions) -> dict[str, Any]:
@@ -165,9 +175,9 @@ class KafkaTransport:
         info = self._topics.get(topic) or self.topic(topic)
         size = (len(key) if key else 0) + (len(value) if value else 0)
         if headers or size + _OVERHEAD_SLACK > info.max_message_bytes:
-            size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, headers or [])
+            size = message_size(key, value, headers)
             if size > info.max_message_bytes:
-                raise SinkError(
+                raise MessageTooLarge(
                     f"a message for topic {topic} partition {partition} is {size} bytes, above the limit of "
                     f"{info.max_message_bytes} (max-message-bytes={self.options.max_message_bytes}"
                     + (f", the topic's max.message.bytes={info.max_message_bytes}"

@@ -15,6 +15,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 
 from cdc.errors import SinkError, SinkFenced, SinkUnavailable
 from playground.servers import KafkaServer
+from sinks.codec import MessageTooLarge
 from sinks.kafka.options import parse_kafka_uri
 from sinks.kafka.transport import KafkaTransport
 
@@ -122,7 +123,7 @@ def test_oversized_message_names_size_and_limit_and_sends_nothing(kafka_server: 
                                                                   open_transport: Any) -> None:
     t = open_transport(kafka_topic, partition_num="1", max_message_bytes="4096")
     t.check()
-    with pytest.raises(SinkError, match=f"a message for topic {kafka_topic} partition 0 is 5[0-9]{{3}} bytes, above "
+    with pytest.raises(MessageTooLarge, match=f"a message for topic {kafka_topic} partition 0 is 5[0-9]{{3}} bytes, above "
                                         "the limit of 4096 \\(max-message-bytes=4096\\).*not sent"):
         t.send(kafka_topic, 0, b"id=1", b"x" * 5000)
     t.send(kafka_topic, 0, b"id=2", b"y" * 3000)  # under the limit, with its overhead

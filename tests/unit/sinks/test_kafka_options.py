@@ -7,6 +7,7 @@ import pytest
 from cdc.errors import InvalidURI
 from cdc.uri import parse_sink_uri, redact, scrub
 from sinks.kafka.options import (
+    CODEC_PARAMS,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_PARTITIONS,
     KafkaOptions,
@@ -111,12 +112,14 @@ def test_bad_uris(uri: str, message: str) -> None:
         parse_kafka_uri(uri)
 
 
-def test_codec_parameters_are_the_callers_list() -> None:
-    o = parse_kafka_uri(BASE + "&max-batch-size=16&debezium-disable-schema=true",
-                        codec_params=("max-batch-size", "debezium-disable-schema"))
-    assert dict(o.codec_params) == {"max-batch-size": "16", "debezium-disable-schema": "true"}
-    with pytest.raises(InvalidURI, match="unknown parameter.*debezium-disable-schema"):
-        parse_kafka_uri(BASE + "&debezium-disable-schema=true")
+def test_codec_parameters_are_the_codec_layers() -> None:
+    o = parse_kafka_uri(BASE + "&max-batch-size=16&schemas-enable=false&tombstones-on-delete=false")
+    assert dict(o.codec_params) == {"max-batch-size": "16", "schemas-enable": "false", "tombstones-on-delete": "false"}
+    assert "max-message-bytes" not in CODEC_PARAMS  # parsed here (the codecs read it from the query too)
+    with pytest.raises(InvalidURI, match="unknown parameter.*csv-delimiter"):  # the storage sink's
+        parse_kafka_uri(BASE + "&csv-delimiter=;")
+    o = parse_kafka_uri(BASE + "&debezium-disable-schema=true", codec_params=("debezium-disable-schema",))
+    assert dict(o.codec_params) == {"debezium-disable-schema": "true"}
 
 
 def test_durations_and_booleans() -> None:

@@ -11,9 +11,10 @@ from kafka import errors as kerr
 from kafka.future import Future
 
 from cdc.errors import SinkError, SinkFenced, SinkUnavailable
+from sinks.codec import MessageTooLarge
 from sinks.kafka.errors import wrap
 from sinks.kafka.options import parse_kafka_uri
-from sinks.kafka.transport import KafkaTransport, producer_config
+from sinks.kafka.transport import KafkaTransport, message_size, producer_config
 
 pytestmark = pytest.mark.unit
 
@@ -126,16 +127,17 @@ def test_send_and_flush_count_and_keep_order() -> None:
 def test_oversized_message_is_refused_before_sending() -> None:
     t, _ = make("kafka://k:9092/orders?protocol=canal-json&max-message-bytes=1024")
     t.send("orders", 0, None, b"x" * 900)
-    with pytest.raises(SinkError, match=r"topic orders partition 1 is 1[0-9]{3} bytes, above the limit of 1024 "
-                                        r"\(max-message-bytes=1024\).*not sent"):
+    with pytest.raises(MessageTooLarge, match=r"topic orders partition 1 is 1[0-9]{3} bytes, above the limit of "
+                                              r"1024 \(max-message-bytes=1024\).*not sent"):
         t.send("orders", 1, b"key", b"x" * 1000)
+    assert message_size(b"key", b"x" * 1000) > 1024 >= message_size(None, b"x" * 900)
     assert [m[1] for m in FakeProducer.instances[0].sent] == [0]
 
 
 def test_the_topics_smaller_limit_wins() -> None:
     t, _ = make(limits={"orders": 2000})
     assert t.topic("orders").max_message_bytes == 2000
-    with pytest.raises(SinkError, match="the topic's max.message.bytes=2000"):
+    with pytest.raises(MessageTooLarge, match="the topic's max.message.bytes=2000"):
         t.send("orders", 0, None, b"x" * 2500)
 
 
@@ -165,7 +167,7 @@ def test_partition_num_above_the_topics_count_fails() -> None:
     (kerr.KafkaTimeoutError("Expiring 3 record(s) for orders-0"), SinkUnavailable, "unavailable while sending"),
     (kerr.NotEnoughReplicasError(), SinkUnavailable, "unavailable"),
     (kerr.UnknownProducerIdError(), SinkUnavailable, "unavailable"),
-    (kerr.MessageSizeTooLargeError(), SinkError, "refused a message topic orders .*as too large"),
+    (kerr.MessageSizeTooLargeError(), MessageTooLarge, "refused a message topic orders .*as too large"),
     (kerr.TopicAuthorizationFailedError(), SinkError, "not authorized.*Write"),
     (kerr.ProducerFencedError(), SinkFenced, "fenced by a newer one"),
     (kerr.InvalidRequiredAcksError(), SinkError, "failed sending topic orders"),
@@ -249,7 +251,7 @@ def test_a_refused_message_inside_a_transaction_leaves_the_producer_usable() -> 
                 txn="tw-cf-1")
     t.begin()
     t.send("orders", 0, None, b"ok")
-    with pytest.raises(SinkError, match="above the limit"):
+    with pytest.raises(MessageTooLarge, match="above the limit"):
         t.send("orders", 0, None, b"x" * 2000)
     t.abort()
     t.begin()
