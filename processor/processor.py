@@ -376,7 +376,8 @@ class Processor:
                             initial_copy=copy, floors=state.floors if state is not None and copy is None else None,
                             stats=slot.stats if slot is not None else None,
                             table_copy=table_copy,
-                            hold=TableHold(state.tables) if table_copy is not None and state is not None else None)
+                            hold=TableHold(state.tables) if table_copy is not None and state is not None else None,
+                            spans=len(info.spans))
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)
         return runner

@@ -292,6 +292,7 @@ class SpanRunner:
         stats: SpanStats | None = None,
         table_copy: Callable[[threading.Event, SpanRunner], Mapping[str, int]] | None = None,
         hold: TableHold | None = None,
+        spans: int = 1,
     ) -> None:
         self.label = label
         self.stats = stats if stats is not None else SpanStats()  # the processor keeps it across restarts
@@ -304,6 +305,7 @@ class SpanRunner:
         self.target_ts = target_ts  # changefeed target Ts: nothing committed after it is written
         # (changefeed, span index, span start Ts): the sink's exactly-once position (Sink.open_position)
         self.position = position
+        self.spans = spans  # the changefeed's span count (Sink.bind_span)
         self.ddl = ddl if ddl is not None else DdlConfig()
         self._schema_history = schema_history
         self._barrier = barrier  # waits until every other span of the changefeed wrote all before a commit Ts
@@ -324,6 +326,8 @@ class SpanRunner:
         self._written = start
         self._dirty = False
         self._last_flush = 0.0
+        self._published = start.ts  # the last checkpoint given to Sink.publish_resolved
+        self._last_publish = 0.0
         self._threads: list[threading.Thread] = []
         self.started = time.time()
         # the initial copy (processor.snapshot.InitialCopy) runs first, then the span streams; the copy's
@@ -518,6 +522,18 @@ class SpanRunner:
         self._dirty = False
         self.checkpoint = self._written
 
+    def _publish(self, sink: Sink) -> None:
+        """Span watermarks (``Sink.watermark_interval``): the checkpoint, once it moved and the interval passed."""
+        interval = sink.watermark_interval
+        if interval <= 0 or self.checkpoint.ts <= self._published:
+            return
+        now = time.monotonic()
+        if now - self._last_publish < interval:
+            return
+        w = self.checkpoint
+        sink.publish_resolved(w, self._fence)
+        self._published, self._last_publish = w.ts, now
+
     def _changefeed_barrier(self, event: DdlEvent) -> None:
         """A DDL that changes which table holds a downstream name (CREATE, DROP, RENAME TABLE) waits until every
         other span of the changefeed has written everything committed before it: the old holder of the name
@@ -568,6 +584,7 @@ class SpanRunner:
                 sink.set_row_source(source)
             sink.check()
             if self.position is not None:
+                sink.bind_span(self.position[0], self.position[1], self.spans)
                 applied = sink.open_position(*self.position)
                 if applied > self.checkpoint.ts:
                     log.info("span=%s target already holds up to commit %d (checkpoint %d): the replay skips it",
@@ -580,6 +597,7 @@ class SpanRunner:
                 self._wake.wait(0.2)
                 self._wake.clear()
                 self._flush(sink)
+                self._publish(sink)
                 self._take_warnings(self.source)
                 if self._persisted > self._cleaned:
                     self.sorter.clean(self._persisted)
@@ -622,8 +640,10 @@ class SpanRunner:
                     if batcher.last is not None:
                         self._settle(batcher.last, written)
                     self._flush(sink)
+                    self._publish(sink)
                 if not self._stop.is_set():
                     self._settle(target, 0)
+                    self._publish(sink)
         finally:
             try:
                 sink.close()

@@ -42,6 +42,11 @@ Guarantees a sink gives its caller:
   ``flush_interval`` seconds while it holds unflushed changes and before every ``apply_ddl``. The caller's
   checkpoint moves past written changes only after a ``flush``. A crash loses what was not flushed, which the
   caller replays from its checkpoint. Default: 0, every ``write`` is durable on return and ``flush`` does nothing.
+- Span watermarks (``watermark_interval`` > 0; the Kafka sink): after the caller's checkpoint moved, at most every
+  ``watermark_interval`` seconds, it calls ``publish_resolved(checkpoint)``: every change of the span with
+  ``commit_ts <= checkpoint.ts`` is durable downstream, so the sink may tell its readers (a watermark message).
+  ``bind_span(changefeed, span, spans)`` tells the sink which span of how many it writes for, before the first
+  ``write`` (and before ``open_position``). Default: 0, no watermarks; ``bind_span`` does nothing.
 - Threading: one caller thread at a time. ``close`` releases connections; no call after ``close``.
 """
 
@@ -55,6 +60,7 @@ from cdc.config import DdlConfig
 from cdc.errors import DdlRejected
 from cdc.events import DdlEvent, RowChange, TableName, TableSchema
 from cdc.model import DataWarning
+from cdc.ts import Watermark
 
 RowSource = Callable[[TableSchema, Sequence[tuple[Any, ...]]], list[dict[str, Any] | None]]
 """``fetch(schema, keys)``: the current upstream row (all columns by name) for each key, in order, or None
@@ -72,6 +78,16 @@ class Sink(ABC):
 
     def flush(self, fence: Callable[[], None] | None = None) -> None:  # noqa: B027 - optional hook
         """Make everything written so far durable and visible (a buffering sink); ``fence`` as for ``write``."""
+
+    watermark_interval: float = 0.0
+    """Seconds between the span's ``publish_resolved`` calls (module docstring); 0: none."""
+
+    def bind_span(self, changefeed: str, span: int, spans: int) -> None:  # noqa: B027 - optional hook
+        """This sink writes for span ``span`` (0-based) of the ``spans`` spans of ``changefeed``."""
+
+    def publish_resolved(self, watermark: Watermark, fence: Callable[[], None] | None = None) -> None:  # noqa: B027
+        """Every change of the span up to ``watermark.ts`` is durable downstream (``watermark_interval`` > 0 only);
+        ``fence`` as for ``write``."""
 
     def check(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Connect and verify the target is usable; raise SinkUnavailable/SinkError naming the problem."""

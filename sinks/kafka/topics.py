@@ -71,8 +71,10 @@ class TopicAdmin:
                 raise wrap(exc, self._opts.where(), doing="connecting") from exc
         return self._admin
 
-    def ensure(self, topic: str) -> TopicInfo:
-        """The topic as the sink will use it; created first when missing and auto-create-topic allows."""
+    def ensure(self, topic: str, partitions: int | None = None) -> TopicInfo:
+        """The topic as the sink will use it; created first when missing and auto-create-topic allows.
+        ``partitions``: a topic of the sink's own (its metadata topic) created with that many partitions and used
+        with whatever count it has (``partition-num`` does not apply)."""
         opts = self._opts
         try:
             found = self._describe(topic)
@@ -82,11 +84,12 @@ class TopicAdmin:
                     raise SinkError(
                         f"topic {topic!r} does not exist on {opts.where()} and auto-create-topic=false: create it "
                         f"(with {opts.partitions_to_create} partition(s)) or set auto-create-topic=true")
-                created = self._create(topic)
+                created = self._create(topic, partitions)
             if found is None or found[0] == 0:  # just created (here or elsewhere): partitions show shortly
                 found = self._wait_visible(topic)
-            partitions, limit = found
-            return TopicInfo(topic, self._usable(topic, partitions), self._limit(topic, limit), created)
+            count, limit = found
+            usable = count if partitions is not None else self._usable(topic, count)
+            return TopicInfo(topic, usable, self._limit(topic, limit), created)
         except (SinkError, SinkUnavailable):
             raise
         except Exception as exc:
@@ -123,10 +126,11 @@ class TopicAdmin:
         except (KeyError, TypeError, ValueError):
             return None
 
-    def _create(self, topic: str) -> bool:
+    def _create(self, topic: str, partitions: int | None = None) -> bool:
         opts = self._opts
+        partitions = partitions or opts.partitions_to_create
         answer = self._client().create_topics(
-            {topic: {"num_partitions": opts.partitions_to_create, "replication_factor": opts.replication_factor}},
+            {topic: {"num_partitions": partitions, "replication_factor": opts.replication_factor}},
             raise_errors=False)
         (result,) = answer["topics"]
         code = result.get("error_code", 0)
@@ -142,7 +146,7 @@ class TopicAdmin:
                                 "number of brokers, or create the topic yourself") from err
             raise err
         log.info("created topic %s on %s with %d partition(s), replication factor %d", topic, opts.where(),
-                 opts.partitions_to_create, opts.replication_factor)
+                 partitions, opts.replication_factor)
         return True
 
     def _wait_visible(self, topic: str) -> tuple[int, int | None]:

@@ -150,12 +150,13 @@ class KafkaTransport:
         self._closed = False
 
     # ---- topics ----------------------------------------------------------------------------------------
-    def topic(self, topic: str) -> TopicInfo:
-        """The topic as this transport uses it (looked up, or created, on first use)."""
+    def topic(self, topic: str, partitions: int | None = None) -> TopicInfo:
+        """The topic as this transport uses it (looked up, or created, on first use). ``partitions``: a topic of
+        the sink's own, created with that many partitions and used as it is (``TopicAdmin.ensure``)."""
         info = self._topics.get(topic)
         if info is None:
             self._check_open()
-            info = self._topics[topic] = self._admin.ensure(topic)
+            info = self._topics[topic] = self._admin.ensure(topic, partitions)
         return info
 
     def partitions(self, topic: str) -> int:

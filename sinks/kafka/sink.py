@@ -1,0 +1,621 @@
+"""The Kafka sink (``kafka://``): row changes, DDL and watermarks as messages of one protocol (``sinks.codec``),
+dispatched to topics and partitions (``sinks.kafka.dispatcher``), delivered by ``sinks.kafka.transport``.
+
+Guarantees (the :class:`sinks.base.Sink` contract, and what Kafka changes in it):
+
+- ``write(changes)`` takes whole transactions in commit order and returns once every message of them is
+  acknowledged by all in-sync replicas (acks=all, idempotent producer): the span's checkpoint moves only past
+  delivered messages. A key change (an UPDATE whose key differs) is split into a delete of the old key and an
+  insert of the new one before dispatch (TiCDC's rule), so each goes to its own key's partition. Messages of one
+  partition are written in change order, so one key's changes keep their order within its partition (with the
+  ``table`` and ``index-value`` dispatchers; ``ts`` spreads a key over partitions by commit Ts).
+- One encoder per (topic, partition); batching protocols (open-protocol) never mix partitions.
+- ``apply_ddl`` sends the protocol's DDL message after every row before it (those were acknowledged) and before
+  every row after it: canal-json to partition 0 of the table's topic (TiCDC's choice), the other protocols to every
+  partition of it; a TRUNCATE is routed the same way. It returns once acknowledged.
+- **Size**: every message is checked against ``max-message-bytes`` (or the topic's smaller ``max.message.bytes``)
+  before sending. An oversized row is sent in TiCDC's key-only form (``large-message-handle-option=
+  handle-key-only``), or stored in full under ``claim-check-storage-uri`` (a local ``file://`` directory, written
+  and fsynced before the message that points at it is sent) with a key-only message carrying its location
+  (``claim-check``), or fails the write with :class:`sinks.codec.MessageTooLarge` naming the table, the key, the
+  size and the limit (``none``, the default; and always for Debezium, which has no key-only form). Never dropped.
+- **Watermarks**: ``publish_checkpoint(ts, time)`` (the owner, with the changefeed checkpoint) sends a watermark to
+  every partition of every topic in use; it is consistent for any consumer: every change with a commit Ts at or
+  below it is before it in every partition. ``publish_resolved`` (the span, after its checkpoint moved; header
+  ``tidewater-span: i/n``) does the same for one span's changes; with one span (``span-watermarks=auto``) it is
+  consistent for every consumer, with several a consumer must take the minimum over all n spans per partition
+  (``sinks.kafka.consumer`` does).
+- **Duplicates**: at-least-once by default (a write that fails after some messages were acknowledged is replayed
+  in full). Every row and DDL message carries headers ``tidewater-span`` (``i/n``) and ``tidewater-seq`` (its
+  event's position in its transaction, per span), so a consumer can drop replays exactly: ``sinks.kafka.consumer``
+  does. Rows of the initial copy carry no ``tidewater-seq`` (chunks are written in parallel): they are identified
+  by table, commit Ts and key.
+- **Exactly-once** (``kafka-transactional=true``): each ``write``/``apply_ddl``/watermark is one Kafka transaction
+  per span (transactional id ``tidewater-<changefeed>-<span>``), holding the messages and the span's position in
+  the metadata topic (``sinks.kafka.meta``); ``open_position`` reads it back and later calls drop what is already
+  committed, so a ``read_committed`` consumer of a broker with Kafka's transaction semantics sees every change once.
+  Opening the producer fences the span's previous producer (``SinkFenced``, retryable).
+- Errors: brokers unreachable -> :class:`SinkUnavailable` (within ``delivery-timeout``); refused or oversized ->
+  :class:`SinkError`; after an exception nothing of the call counts as delivered (the span replays it).
+- Threading: one caller thread at a time (``publish_checkpoint`` on an instance of its own). ``close`` waits a few
+  seconds for queued messages.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import importlib.util
+import json
+import logging
+import os
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cdc.config import SinkConfig
+from cdc.errors import InvalidArgument, InvalidURI, SinkError
+from cdc.events import DdlEvent, OpType, RowChange, TableName, is_snapshot
+from cdc.ts import Watermark
+from sinks.base import Sink
+from sinks.codec import EncodeError, EncoderConfig, Message, MessageKind, MessageTooLarge, encoder_for
+from sinks.codec.base import RowEventEncoder, split_key_change
+from sinks.kafka.dispatcher import Dispatcher
+from sinks.kafka.options import CODEC_PARAMS, KafkaOptions, parse_kafka_uri
+
+if TYPE_CHECKING:
+    from sinks.kafka.meta import MetaReader
+    from sinks.kafka.transport import KafkaTransport
+
+log = logging.getLogger(__name__)
+
+HEADER_SPAN = "tidewater-span"
+HEADER_SEQ = "tidewater-seq"
+LARGE_MESSAGE_OPTIONS = ("none", "handle-key-only", "claim-check")
+SPAN_WATERMARK_MODES = ("auto", "true", "false")
+SINK_PARAMS = ("large-message-handle-option", "claim-check-storage-uri", "span-watermarks")
+SPAN_WATERMARK_INTERVAL = 1.0  # seconds between a span's watermarks
+BATCH_HEADER = 61  # a record batch's header: message_size() - Message.size
+HEADER_ALLOWANCE = 256  # our headers, left out of the encoders' max-message-bytes
+SEQ_STRIDE = 4  # event positions per change: a split key change's halves and a Debezium key change's records
+DRAIN_ROWS = 2000  # rows appended before the encoders' messages are sent (bounds memory in a big transaction)
+INSTALL_HINT = "pip install 'tidewater[kafka]'"
+
+TransportFactory = Callable[[KafkaOptions, "str | None"], "KafkaTransport"]
+
+
+def _kafka_missing() -> bool:
+    return importlib.util.find_spec("kafka") is None
+
+
+def default_transport(options: KafkaOptions, transactional_id: str | None) -> KafkaTransport:
+    """kafka-python's transport (imported here: the extra ``kafka``)."""
+    try:
+        from sinks.kafka.transport import KafkaTransport
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] == "kafka":
+            raise SinkError(f"the Kafka sink needs kafka-python, which is not installed: {INSTALL_HINT}") from exc
+        raise
+    return KafkaTransport(options, transactional_id=transactional_id)
+
+
+@dataclasses.dataclass(slots=True)
+class _Pending:
+    """A built message waiting to be sent, with the changes it carries and their event positions."""
+
+    msg: Message
+    changes: list[RowChange]
+    seqs: list[int | None]
+
+
+class _Dest:
+    """One (topic, partition): its encoder and what it holds."""
+
+    __slots__ = ("topic", "partition", "enc", "batching", "appended", "out")
+
+    def __init__(self, topic: str, partition: int, enc: RowEventEncoder) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.enc = enc
+        self.batching = enc.batching
+        self.appended: list[tuple[RowChange, int | None]] = []  # batching encoders: appended, not yet built
+        self.out: list[_Pending] = []
+
+
+class KafkaSink(Sink):
+    """Row changes to Kafka (see the module docstring for the guarantees)."""
+
+    publishes_checkpoints = True
+    """The owner calls :meth:`publish_checkpoint` when the changefeed checkpoint advances."""
+
+    def __init__(self, uri: str, config: SinkConfig | None = None, *,
+                 transport_factory: TransportFactory | None = None, clock: Callable[[], float] = time.time) -> None:
+        config = config or SinkConfig()
+        self.options = options = parse_kafka_uri(uri, codec_params=(*CODEC_PARAMS, *SINK_PARAMS))
+        params = dict(options.codec_params)
+        if transport_factory is None and _kafka_missing():
+            raise InvalidArgument(f"the Kafka sink needs kafka-python, which is not installed: {INSTALL_HINT}")
+        self._large = params.pop("large-message-handle-option", "none")
+        if self._large not in LARGE_MESSAGE_OPTIONS:
+            raise InvalidURI(f"sink URI {options.uri!r}: large-message-handle-option={self._large!r} is not supported: "
+                             f"use one of {', '.join(LARGE_MESSAGE_OPTIONS)}")
+        self._claim_dir = _claim_check_dir(params.pop("claim-check-storage-uri", None), self._large, options.uri)
+        self._span_watermarks = params.pop("span-watermarks", "auto").lower()
+        if self._span_watermarks not in SPAN_WATERMARK_MODES:
+            raise InvalidURI(f"sink URI {options.uri!r}: span-watermarks={self._span_watermarks!r}: use auto, true or "
+                             "false")
+        base = EncoderConfig(max_message_bytes=options.max_message_bytes)
+        self.codec = EncoderConfig.from_params(params, base=base)
+        if options.protocol == "debezium" and self._large != "none":
+            raise InvalidURI(f"sink URI {options.uri!r}: large-message-handle-option={self._large} needs a protocol "
+                             "with a key-only form (canal-json or open-protocol); Debezium has none")
+        self._clock = clock
+        self.control = encoder_for(options.protocol, self.codec, clock=clock)  # DDL and watermarks
+        self.dispatcher = Dispatcher(config.dispatchers, options.topic)
+        self._factory = transport_factory or default_transport
+        self._transport: KafkaTransport | None = None
+        self._dests: dict[tuple[str, int], _Dest] = {}
+        self._topics_used: set[str] = set()
+        self._topics_recorded: set[str] = set()
+        self._meta: MetaReader | None = None
+        self._plain: KafkaTransport | None = None  # non-transactional, beside a transactional one
+        # the span this sink writes for (bind_span / open_position)
+        self.changefeed: str | None = None
+        self.span: int | None = None
+        self.spans = 1
+        self._span_header: bytes | None = None
+        self._origin = 0
+        # event positions: per commit Ts, the changes and DDLs seen in it (tidewater-seq) and its DDLs so far
+        self._seq_ts = -1
+        self._pos = 0
+        self._txn_ddls = 0
+        # exactly-once: the position (commit Ts, step) of the span's last committed Kafka transaction
+        self._applied: tuple[int, int] = (0, -1)
+        self._positioned = False
+        self.watermark_interval = 0.0
+        self._closed = False
+
+    # ---- Sink hooks ------------------------------------------------------------------------------------
+    def check(self) -> None:
+        if self.options.transactional and self._transport is None and self.changefeed is None:
+            probe = self._factory(dataclasses.replace(self.options, transactional=False), None)
+            try:
+                probe.check()
+            finally:
+                probe.close()
+            return
+        self._tr().check()
+
+    def target_name(self, table: TableName) -> str:
+        return f"{self.dispatcher.topic(table)}/{table}"
+
+    def bind_span(self, changefeed: str, span: int, spans: int) -> None:
+        """The span this sink writes for: span ``span`` (0-based) of ``spans`` of ``changefeed``; before any write."""
+        self.changefeed, self.span, self.spans = changefeed, span, max(1, spans)
+        self._span_header = f"{span}/{self.spans}".encode()
+        on = self._span_watermarks == "true" or (self._span_watermarks == "auto" and self.spans == 1)
+        self.watermark_interval = SPAN_WATERMARK_INTERVAL if on else 0.0
+
+    def open_position(self, changefeed: str, span: int, origin: int = 0) -> int:
+        if self.changefeed is None or (self.changefeed, self.span) != (changefeed, span):
+            self.bind_span(changefeed, span, self.spans)
+        self._origin = origin
+        if not self.options.transactional:
+            return 0
+        from sinks.kafka.meta import checkpoint_key
+
+        records = self._meta_records(fresh=True)
+        stored = records.get(checkpoint_key(changefeed, span))
+        self._positioned = True
+        if not stored:
+            self._applied = (0, -1)
+            return 0
+        if origin and stored.get("origin") not in (None, origin):
+            log.warning("changefeed=%s span=%d: the Kafka metadata topic holds position %s of an earlier changefeed "
+                        "with this id (origin %s, this one starts at %d); ignored", changefeed, span,
+                        stored.get("ts"), stored.get("origin"), origin)
+            self._applied = (0, -1)
+            return 0
+        self._applied = (int(stored["ts"]), int(stored.get("step", -1)))
+        return self._applied[0]
+
+    # ---- writing rows ----------------------------------------------------------------------------------
+    def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
+        tr = self._tr()
+        txn = self._txn_mode()
+        if txn:
+            tr.begin()
+        try:
+            count, last = self._write(tr, changes, fence)
+            if txn:
+                if last is not None:
+                    self._record_position(tr, last)
+                if fence is not None:
+                    fence()
+                tr.commit()
+                if last is not None:
+                    self._applied = last
+            else:
+                tr.flush()
+            return count
+        except BaseException:
+            self._dests.clear()  # encoders' state is unspecified after an error
+            if txn:
+                tr.abort()
+            raise
+
+    def _write(self, tr: KafkaTransport, changes: Iterable[RowChange], fence: Callable[[], None] | None
+               ) -> tuple[int, tuple[int, int] | None]:
+        count = appended = 0
+        last: tuple[int, int] | None = None
+        applied = self._applied if self._positioned else None
+        for change in changes:
+            ts = change.commit_ts
+            pos = self._position(ts)
+            step = 2 * self._txn_ddls
+            if applied is not None and (ts, step) <= applied:
+                continue  # committed by an earlier transaction of this span
+            base = None if is_snapshot(change) else pos * SEQ_STRIDE
+            if change.op is OpType.TRUNCATE:
+                self._append_all(tr, change, base)
+            else:
+                halves = split_key_change(change)
+                for i, half in enumerate(halves or (change,)):
+                    route = self.dispatcher.route(half.schema)
+                    n = tr.partitions(route.topic)
+                    self._append(tr, route.topic, route.partition(half, n), half,
+                                 None if base is None else base + 2 * i)
+            count += 1
+            last = (ts, step)
+            appended += 1
+            if appended >= DRAIN_ROWS:
+                if fence is not None:
+                    fence()
+                self._drain(tr)
+                appended = 0
+        if fence is not None and appended:
+            fence()
+        self._drain(tr)
+        return count, last
+
+    def _position(self, ts: int) -> int:
+        """The next event position in transaction ``ts`` (row changes and DDL count alike, skipped or not, so a
+        replay numbers every event as the first run did)."""
+        if ts != self._seq_ts:
+            self._seq_ts, self._pos, self._txn_ddls = ts, 0, 0
+        pos = self._pos
+        self._pos += 1
+        return pos
+
+    def _dest(self, tr: KafkaTransport, topic: str, partition: int) -> _Dest:
+        d = self._dests.get((topic, partition))
+        if d is None:
+            limit = tr.topic(topic).max_message_bytes
+            cfg = dataclasses.replace(self.codec, max_message_bytes=max(1024, limit - BATCH_HEADER - HEADER_ALLOWANCE))
+            d = self._dests[(topic, partition)] = _Dest(topic, partition, encoder_for(self.options.protocol, cfg,
+                                                                                        clock=self._clock))
+            if topic not in self._topics_used:
+                self._use_topic(tr, topic)
+        return d
+
+    def _append(self, tr: KafkaTransport, topic: str, partition: int, change: RowChange, seq: int | None) -> None:
+        d = self._dest(tr, topic, partition)
+        d.enc.append_row(change)
+        if d.batching:
+            d.appended.append((change, seq))
+            return
+        k = 0
+        for msg in d.enc.build():
+            if msg.kind is MessageKind.TOMBSTONE or seq is None:
+                d.out.append(_Pending(msg, [change], [None]))
+            else:
+                d.out.append(_Pending(msg, [change], [seq + k]))  # a Debezium key change: two records
+                k += 1
+
+    def _append_all(self, tr: KafkaTransport, change: RowChange, seq: int | None) -> None:
+        """A TRUNCATE: to the partitions a DDL of its table goes to, with one event position."""
+        topic = self.dispatcher.topic(change.table)
+        for p in self._ddl_partitions(tr, topic):
+            d = self._dest(tr, topic, p)
+            d.enc.append_row(change)
+            if d.batching:
+                d.appended.append((change, seq))
+            else:
+                d.out.extend(_Pending(m, [change], [seq]) for m in d.enc.build())
+
+    def _ddl_partitions(self, tr: KafkaTransport, topic: str) -> range:
+        return range(1) if self.options.protocol == "canal-json" else range(tr.partitions(topic))
+
+    def _drain(self, tr: KafkaTransport) -> None:
+        """Build and send every destination's messages (in order per destination)."""
+        for d in self._dests.values():
+            if d.appended:
+                items, d.appended = d.appended, []
+                i = 0
+                for msg in d.enc.build():
+                    take = msg.rows if msg.kind is MessageKind.ROW else (1 if msg.kind is MessageKind.DDL else 0)
+                    chunk = items[i:i + take]
+                    i += take
+                    d.out.append(_Pending(msg, [c for c, _ in chunk], [s for _, s in chunk]))
+                if i != len(items):
+                    raise SinkError(f"internal: {self.options.protocol} built messages for {i} of {len(items)} "
+                                    f"changes on topic {d.topic} partition {d.partition}")
+            if d.out:
+                out, d.out = d.out, []
+                for p in out:
+                    self._send(tr, d, p)
+
+    def _headers(self, msg: Message, seqs: list[int | None]) -> list[tuple[str, bytes]]:
+        headers = list(msg.headers)
+        if self._span_header is not None:
+            headers.append((HEADER_SPAN, self._span_header))
+        known = [s for s in seqs if s is not None]
+        if known and msg.kind is not MessageKind.TOMBSTONE:
+            headers.append((HEADER_SEQ, ",".join(map(str, known)).encode()))
+        return headers
+
+    def _send(self, tr: KafkaTransport, d: _Dest, p: _Pending) -> None:
+        msg = p.msg
+        headers = self._headers(msg, p.seqs)
+        limit = tr.topic(d.topic).max_message_bytes
+        size = (len(msg.key) if msg.key else 0) + (len(msg.value) if msg.value else 0) + 40 * len(headers) + sum(
+            len(k) + len(v) for k, v in headers)
+        if size + 128 >= limit:
+            from sinks.kafka.transport import message_size
+
+            size = message_size(msg.key, msg.value, headers)
+            if size > limit:
+                self._oversized(tr, d, p, size, limit)
+                return
+        tr.send(d.topic, d.partition, msg.key, msg.value, headers)
+
+    # ---- large messages ---------------------------------------------------------------------------------
+    def _oversized(self, tr: KafkaTransport, d: _Dest, p: _Pending, size: int, limit: int) -> None:
+        from sinks.kafka.transport import message_size
+
+        if len(p.changes) > 1:  # a batch that came out larger than the codec counted: one message per row
+            for change, seq in zip(p.changes, p.seqs, strict=True):
+                enc = encoder_for(self.options.protocol, self.codec, clock=self._clock)
+                enc.append_row(change)
+                for msg in enc.build():
+                    self._send(tr, d, _Pending(msg, [change], [seq]))
+            return
+        msg = p.msg
+        change = p.changes[0] if p.changes else None
+        what = (f"table {msg.table}: the {change.op.name if change else msg.kind.value} of key "
+                f"{_key_text(msg, change)} at commit Ts {msg.commit_ts}")
+        if change is None or msg.kind is not MessageKind.ROW or self._large == "none":
+            raise MessageTooLarge(
+                f"{what} is a {size}-byte {self.options.protocol} message, above the limit of {limit} bytes for "
+                f"topic {d.topic}: not sent. Raise max-message-bytes (and the topic's max.message.bytes), or send "
+                "oversized rows in key-only form: large-message-handle-option=handle-key-only or claim-check "
+                "(canal-json, open-protocol)")
+        location = None
+        if self._large == "claim-check":
+            location = self._claim_check(d, msg, p.seqs[0], self._headers(msg, p.seqs))
+        try:
+            small = d.enc.encode_key_only(change, location)
+        except EncodeError as exc:
+            raise MessageTooLarge(f"{what} is a {size}-byte message, above the limit of {limit} bytes for topic "
+                                  f"{d.topic}, and has no key-only form ({exc.message}): not sent") from exc
+        headers = self._headers(small, p.seqs)
+        small_size = message_size(small.key, small.value, headers)
+        if small_size > limit:
+            raise MessageTooLarge(f"{what} is too large even in key-only form ({small_size} bytes, limit {limit} for "
+                                  f"topic {d.topic}): not sent; raise max-message-bytes")
+        log.info("%s: %d bytes over the %d-byte limit, sent %s", what, size, limit,
+                 f"as a claim check ({location})" if location else "in key-only form")
+        tr.send(d.topic, d.partition, small.key, small.value, headers)
+
+    def _claim_check(self, d: _Dest, msg: Message, seq: int | None, headers: list[tuple[str, bytes]]) -> str:
+        """Store the full message durably (write, fsync, rename, fsync the directory); return its location. The
+        name depends only on the event, so a replay overwrites the same file."""
+        assert self._claim_dir is not None
+        span = self.span if self.span is not None else "x"
+        key = "-".join(map(str, msg.row_key or ())) if seq is None else str(seq)
+        name = f"{msg.commit_ts}-{span}-{_safe(key)}.json"
+        directory = self._claim_dir / _safe(d.topic) / str(d.partition)
+        doc = {"key": _b64(msg.key), "value": _b64(msg.value), "headers": [[k, _b64(v)] for k, v in headers],
+               "topic": d.topic, "partition": d.partition, "commit_ts": msg.commit_ts}
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            final = directory / name
+            tmp = directory / f".{name}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(json.dumps(doc).encode())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+            fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise SinkError(f"table {msg.table}: cannot store the claim-check message under {self._claim_dir}: "
+                            f"{exc}") from exc
+        return final.as_uri()
+
+    # ---- DDL ------------------------------------------------------------------------------------------
+    def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
+        ts = event.commit_ts
+        seq = self._position(ts) * SEQ_STRIDE
+        step = 2 * self._txn_ddls + 1
+        self._txn_ddls += 1
+        if self._positioned and (ts, step) <= self._applied:
+            return False
+        if skip:
+            return False
+        msg = self.control.encode_ddl(event)
+        if msg is None:
+            return True
+        tr = self._tr()
+        topics = [self.dispatcher.topic(event.table)]
+        if event.new_table is not None and self.dispatcher.topic(event.new_table) not in topics:
+            topics.append(self.dispatcher.topic(event.new_table))
+        txn = self._txn_mode()
+        if txn:
+            tr.begin()
+        try:
+            for topic in topics:
+                if topic not in self._topics_used:
+                    self._use_topic(tr, topic)
+                headers = self._headers(msg, [seq])
+                for p in self._ddl_partitions(tr, topic):
+                    tr.send(topic, p, msg.key, msg.value, headers)
+            if txn:
+                self._record_position(tr, (ts, step))
+            if fence is not None:
+                fence()
+            if txn:
+                tr.commit()
+                self._applied = (ts, step)
+            else:
+                tr.flush()
+        except BaseException:
+            if txn:
+                tr.abort()
+            raise
+        return True
+
+    # ---- watermarks ------------------------------------------------------------------------------------
+    def publish_resolved(self, watermark: Watermark, fence: Callable[[], None] | None = None) -> None:
+        """The span's checkpoint: a watermark with header ``tidewater-span: i/n`` to every partition of every topic
+        in use (see the module docstring)."""
+        if self.watermark_interval <= 0:
+            return
+        self._broadcast(watermark, self._span_header, fence)
+
+    def publish_checkpoint(self, ts: int, time: float) -> None:
+        """The changefeed checkpoint (the owner, off its main loop): a watermark to every partition of every topic
+        in use. Non-transactional; consistent for every consumer (see the module docstring)."""
+        self._broadcast(Watermark(ts, time), None, None, transactional=False)
+
+    def _broadcast(self, watermark: Watermark, span: bytes | None, fence: Callable[[], None] | None,
+                   transactional: bool | None = None) -> None:
+        msg = self.control.encode_watermark(watermark)
+        if msg is None:
+            return
+        txn = self._txn_mode() if transactional is None else transactional
+        tr = self._tr() if transactional is None or transactional else self._plain_tr()
+        topics = {self.options.topic, *self._topics_used}
+        if self.dispatcher.has_table_topics:
+            topics.update(k[len("topic/"):] for k in self._meta_records(fresh=False, transport=tr)
+                          if k.startswith("topic/"))
+        headers = [(HEADER_SPAN, span)] if span is not None else []
+        if txn:
+            tr.begin()
+        try:
+            for topic in sorted(topics):
+                for p in range(tr.partitions(topic)):
+                    tr.send(topic, p, msg.key, msg.value, headers)
+            if fence is not None:
+                fence()
+            if txn:
+                tr.commit()
+            else:
+                tr.flush()
+        except BaseException:
+            if txn:
+                tr.abort()
+            raise
+
+    # ---- metadata topic ---------------------------------------------------------------------------------
+    def _use_topic(self, tr: KafkaTransport, topic: str) -> None:
+        """``topic`` gets rows: with per-table topics it is recorded in the metadata topic (once per sink), so
+        that watermarks reach it after a restart and from the owner."""
+        self._topics_used.add(topic)
+        if topic == self.options.topic or topic in self._topics_recorded or not self.dispatcher.has_table_topics:
+            return
+        from sinks.kafka.meta import encode, meta_topic_name
+
+        meta = meta_topic_name(self.options.topic)
+        tr.topic(meta, 1)
+        tr.send(meta, 0, f"topic/{topic}".encode(), encode({"since": round(self._clock(), 3)}))
+        self._topics_recorded.add(topic)
+
+    def _record_position(self, tr: KafkaTransport, position: tuple[int, int]) -> None:
+        from sinks.kafka.meta import checkpoint_key, encode, meta_topic_name
+
+        assert self.changefeed is not None and self.span is not None
+        meta = meta_topic_name(self.options.topic)
+        tr.topic(meta, 1)
+        value = {"ts": position[0], "step": position[1], "origin": self._origin, "time": round(self._clock(), 3)}
+        tr.send(meta, 0, checkpoint_key(self.changefeed, self.span).encode(), encode(value))
+
+    def _meta_records(self, *, fresh: bool, transport: KafkaTransport | None = None) -> dict[str, dict[str, Any]]:
+        from sinks.kafka.meta import MetaReader
+
+        tr = transport or self._tr()
+        if self._meta is None:
+            self._meta = MetaReader(self.options)
+            return self._meta.read_all(tr)
+        return self._meta.read_all(tr) if fresh else self._meta.poll()
+
+    # ---- transport ---------------------------------------------------------------------------------------
+    def _txn_mode(self) -> bool:
+        return self.options.transactional and self.changefeed is not None
+
+    def _tr(self) -> KafkaTransport:
+        if self._closed:
+            raise SinkError(f"Kafka sink {self.options.uri} is closed")
+        if self._transport is None:
+            if self.options.transactional and self.changefeed is None:
+                # not bound to a span (the initial copy's writers): plain idempotent producer, at-least-once
+                return self._plain_tr()
+            tid = f"tidewater-{self.changefeed}-{self.span}" if self._txn_mode() else None
+            opts = self.options if tid is not None else dataclasses.replace(self.options, transactional=False)
+            self._transport = self._factory(opts, tid)
+        return self._transport
+
+    def _plain_tr(self) -> KafkaTransport:
+        if not self.options.transactional:
+            return self._tr()
+        if self._plain is None:
+            self._plain = self._factory(dataclasses.replace(self.options, transactional=False), None)
+        return self._plain
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._meta is not None:
+            self._meta.close()
+        for tr in (self._transport, self._plain):
+            if tr is not None:
+                tr.close()
+
+
+def _claim_check_dir(raw: str | None, option: str, shown: str) -> Path | None:
+    if option != "claim-check":
+        if raw:
+            raise InvalidURI(f"sink URI {shown!r}: claim-check-storage-uri is used only with "
+                             "large-message-handle-option=claim-check")
+        return None
+    if not raw:
+        raise InvalidURI(f"sink URI {shown!r}: large-message-handle-option=claim-check needs claim-check-storage-uri="
+                         "file:///a/local/directory (where the full messages are stored)")
+    parsed = urllib.parse.urlsplit(raw)
+    if parsed.scheme != "file" or not parsed.path.startswith("/") or parsed.netloc not in ("", "localhost"):
+        raise InvalidURI(f"sink URI {shown!r}: claim-check-storage-uri={raw!r} must be a local directory as "
+                         "file:///absolute/path (other storages are not supported yet)")
+    return Path(urllib.parse.unquote(parsed.path))
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)[:120]
+
+
+def _key_text(msg: Message, change: RowChange | None) -> str:
+    if msg.row_key is not None:
+        names = change.schema.key if change is not None else ()
+        if len(names) == len(msg.row_key):
+            return "(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, msg.row_key, strict=True)) + ")"
+        return repr(msg.row_key)
+    return "(no key)"
