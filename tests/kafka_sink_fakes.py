@@ -138,3 +138,67 @@ def upd(schema: TableSchema, ts: int, id_: int, v: str, old_id: int | None = Non
 
 def dele(schema: TableSchema, ts: int, id_: int) -> RowChange:
     return RowChange(OpType.DELETE, schema, ts, ts / 1000, None, {"id": id_})
+
+
+class FakeMetaReader:
+    """``sinks.kafka.meta.MetaReader`` over a :class:`FakeBroker` (committed records only)."""
+
+    def __init__(self, broker: FakeBroker, options: KafkaOptions) -> None:
+        from sinks.kafka.meta import meta_topic_name
+
+        self.broker = broker
+        self.topic = meta_topic_name(options.topic)
+        self.records: dict[str, dict[str, Any]] = {}
+        self._offset = 0
+
+    def read_all(self, transport: Any) -> dict[str, dict[str, Any]]:
+        return self.poll()
+
+    def poll(self) -> dict[str, dict[str, Any]]:
+        import json
+
+        self.broker.create(self.topic, 1)
+        part = self.broker.topics[self.topic][0]
+        for r in part[self._offset:]:
+            self.records[r.key.decode()] = json.loads(r.value)
+        self._offset = len(part)
+        return self.records
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryApplier:
+    """A consumer target in memory: tables by key (keyless: lists), and every applied event in order."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.tables: dict[TableName, dict[Any, dict[str, Any]]] = {}
+        self.log: list[Any] = []
+        self.cuts: list[int] = []
+        self.start = start
+
+    def open(self) -> int:
+        return self.start
+
+    def apply(self, events: list[Any], watermark: int, watermark_time: float) -> None:
+        from sinks.codec import MessageKind
+
+        for e in events:
+            ev = e.ev
+            self.log.append(e)
+            rows = self.tables.setdefault(ev.table, {})
+            if ev.op is OpType.TRUNCATE:
+                rows.clear()
+            elif ev.kind is MessageKind.DDL:
+                continue
+            elif ev.op is OpType.DELETE:
+                rows.pop(tuple(sorted((ev.key or {}).items())), None)
+            else:
+                names = sorted(ev.key or {})
+                if ev.op is OpType.UPDATE:
+                    rows.pop(tuple(sorted((ev.key or {}).items())), None)
+                rows[tuple((k, (ev.values or {})[k]) for k in names)] = dict(ev.values or {})
+        self.cuts.append(watermark)
+
+    def close(self) -> None:
+        pass

@@ -99,6 +99,10 @@ class Applier(Protocol):
         """Apply ``events`` (sorted in commit order, all at or below ``watermark``) and record ``watermark``
         atomically where the target allows."""
 
+    def observe(self, event: Event) -> None:
+        """An event at or below the applied watermark, read again (a restarted consumer reads from the start): not
+        to be applied, but it tells the table's columns as the target holds them."""
+
     def close(self) -> None: ...
 
 
@@ -109,7 +113,8 @@ class Stats:
     applied: int = 0  # row and DDL events applied
     watermarks: int = 0
     replayed: int = 0  # dropped: at or below the applied watermark
-    duplicates: int = 0  # dropped: an identity already buffered
+    duplicates: int = 0  # row events dropped: an identity already buffered (a replay)
+    copies: int = 0  # DDL and TRUNCATE events dropped: the same event from another partition (broadcast) or a replay
     cuts: int = 0
 
 
@@ -209,12 +214,16 @@ class Rebuilder:
             event = Event(ev, int(ev.commit_ts), span, seq, record.topic, record.partition, record.offset)
             if event.commit_ts <= self.applied:
                 self.stats.replayed += 1
+                self.applier.observe(event)
                 continue
             if self.dedup:
                 ident = _identity(event)
                 if ident is not None:
                     if ident in self._seen:
-                        self.stats.duplicates += 1
+                        if ev.kind is MessageKind.ROW and ev.op is not OpType.TRUNCATE:
+                            self.stats.duplicates += 1
+                        else:
+                            self.stats.copies += 1
                         continue
                     self._seen.add(ident)
             self._buffer.append(event)
@@ -311,12 +320,32 @@ class SinkApplier:
         self.fetch_row = fetch_row
         self._tables: dict[TableName, TableSchema] = {}
         self._ddl_pending: set[TableName] = set()
+        self._seen_at: dict[TableName, int] = {}  # commit Ts of the event that gave _tables its entry (observe)
         self._version = 0
         self._ddl_seq: dict[int, int] = {}
 
     def open(self) -> int:
         self.sink.check()
         return self.sink.open_position(self.position, 0, 0)
+
+    def observe(self, event: Event) -> None:
+        ev = event.ev
+        if ev.table is None:
+            return
+        if ev.kind is MessageKind.DDL and _is_drop_table(ev):
+            if event.commit_ts >= self._seen_at.get(ev.table, 0):
+                self._tables.pop(ev.table, None)
+                self._seen_at[ev.table] = event.commit_ts
+            return
+        if ev.kind is not MessageKind.ROW or ev.op not in (OpType.INSERT, OpType.UPDATE) or not ev.values \
+                or ev.extra.get("onlyHandleKey") or event.commit_ts < self._seen_at.get(ev.table, 0):
+            return
+        current = self._tables.get(ev.table)
+        if current is None or set(ev.values) != set(current.column_names):
+            self._version += 1
+            base = self.schemas(ev.table) if self.schemas is not None else None
+            self._tables[ev.table] = infer_schema(ev.table, ev.values, tuple(ev.key or ()), base, self._version)
+        self._seen_at[ev.table] = event.commit_ts
 
     def apply(self, events: list[Event], watermark: int, watermark_time: float) -> None:
         rows: list[RowChange] = []

@@ -131,7 +131,8 @@ class KafkaSink(Sink):
     """The owner calls :meth:`publish_checkpoint` when the changefeed checkpoint advances."""
 
     def __init__(self, uri: str, config: SinkConfig | None = None, *,
-                 transport_factory: TransportFactory | None = None, clock: Callable[[], float] = time.time) -> None:
+                 transport_factory: TransportFactory | None = None, clock: Callable[[], float] = time.time,
+                 meta_reader: Callable[[KafkaOptions], MetaReader] | None = None) -> None:
         config = config or SinkConfig()
         self.options = options = parse_kafka_uri(uri, codec_params=(*CODEC_PARAMS, *SINK_PARAMS))
         params = dict(options.codec_params)
@@ -155,6 +156,7 @@ class KafkaSink(Sink):
         self.control = encoder_for(options.protocol, self.codec, clock=clock)  # DDL and watermarks
         self.dispatcher = Dispatcher(config.dispatchers, options.topic)
         self._factory = transport_factory or default_transport
+        self._meta_factory = meta_reader
         self._transport: KafkaTransport | None = None
         self._dests: dict[tuple[str, int], _Dest] = {}
         self._topics_used: set[str] = set()
@@ -550,7 +552,7 @@ class KafkaSink(Sink):
 
         tr = transport or self._tr()
         if self._meta is None:
-            self._meta = MetaReader(self.options)
+            self._meta = (self._meta_factory or MetaReader)(self.options)
             return self._meta.read_all(tr)
         return self._meta.read_all(tr) if fresh else self._meta.poll()
 
