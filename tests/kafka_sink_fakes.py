@@ -175,6 +175,7 @@ class MemoryApplier:
         self.tables: dict[TableName, dict[Any, dict[str, Any]]] = {}
         self.log: list[Any] = []
         self.cuts: list[int] = []
+        self.observed: list[Any] = []
         self.start = start
 
     def open(self) -> int:
@@ -199,6 +200,9 @@ class MemoryApplier:
                     rows.pop(tuple(sorted((ev.key or {}).items())), None)
                 rows[tuple((k, (ev.values or {})[k]) for k in names)] = dict(ev.values or {})
         self.cuts.append(watermark)
+
+    def observe(self, event: Any) -> None:
+        self.observed.append(event)
 
     def close(self) -> None:
         pass
