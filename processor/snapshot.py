@@ -28,8 +28,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from cdc.errors import InvalidArgument, TidewaterError
 from cdc.events import TableName
@@ -70,6 +70,7 @@ class CopyRequest:
     chunk_rows: int
     spark_master: str
     local: bool = False  # small enough to copy without starting Spark (in the job's own process)
+    sink_config: dict[str, Any] = field(default_factory=dict)  # the changefeed's [sink] (e.g. Kafka dispatchers)
 
 
 class CopyLauncher(Protocol):
@@ -145,7 +146,8 @@ class InitialCopy:
                 if pending:
                     request = CopyRequest(self.info.id, self.span.index, self.info.upstream_uri, self.info.sink_uri,
                                           tuple(pending), exp.name, exp.ts, exp.time, self.chunk_rows,
-                                          self.spark_master, local=rows < self.spark_min_rows)
+                                          self.spark_master, local=rows < self.spark_min_rows,
+                                          sink_config=dict(self.info.config.get("sink") or {}))
                     log.info("span=%s copying %d table(s) under snapshot %s (Ts %d)", self.label, len(pending),
                              exp.name, exp.ts)
                     try:

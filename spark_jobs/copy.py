@@ -108,7 +108,7 @@ def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
                 if reader is None:
                     reader = open_upstream(job.upstream).snapshot_reader(job.snapshot, label=job.label)
                 if sink is None:
-                    sink = open_sink(job.sink)
+                    sink = open_sink(job.sink, job.sink_settings)
                     sink.set_bulk_load()  # chunks in any order: the target's foreign keys unchecked while copying
                 if client is None:
                     client = EtcdClient(list(job.etcd))

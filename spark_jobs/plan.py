@@ -18,8 +18,10 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cdc import serde
+from cdc.config import SinkConfig
 from cdc.errors import InvalidArgument, InvalidConfig
 from cdc.events import TableName
 from cdc.meta import keys
@@ -59,6 +61,9 @@ class SnapshotJob:
     # copy in this process without starting Spark (a copy too small to be worth a JVM and an executor: the
     # capture decides from the planned rows, [snapshot] spark-min-rows)
     local: bool = False
+    # the changefeed's [sink] settings (as stored): the copy writes with the same sink configuration as the
+    # stream (a Kafka sink's dispatcher rules)
+    sink_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         try:
@@ -74,6 +79,10 @@ class SnapshotJob:
         if not self.spark_master:
             raise InvalidConfig("snapshot job: spark-master is empty (default: local[*])")
         parse_sink_uri(self.sink)  # InvalidURI (redacted) for a malformed sink
+
+    @property
+    def sink_settings(self) -> SinkConfig:
+        return serde.from_dict(SinkConfig, self.sink_config)
 
     @property
     def table_names(self) -> list[TableName]:

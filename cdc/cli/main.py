@@ -530,6 +530,10 @@ def _add_cli_parser(sub: Any) -> None:
     own_ops = own.add_subparsers(dest="op", required=True)
     own_ops.add_parser("resign", parents=[out], help="make the owner resign (another election follows)")
 
+    from cdc.cli import kafka_consumer
+
+    kafka_consumer.add_parser(groups)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cdc", description="Tidewater change-data-capture")
@@ -557,6 +561,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(generate_key())
         return 0
+    if args.group == "kafka-consumer":  # talks to Kafka and the target, not to a server
+        from cdc.cli import kafka_consumer
+
+        return kafka_consumer.run(args)
     try:
         args.server = make_client(args)
         kind, result = COMMANDS[args.group](args)
