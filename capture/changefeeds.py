@@ -29,7 +29,7 @@ from typing import Any
 from capture.changefeed_view import describe, lag, processor_spans, processor_view, snapshot_view, span_load
 from capture.snapshot_launcher import check_copy_possible
 from capture.table_copy import request_resync
-from cdc.config import ChangefeedConfig
+from cdc.config import TABLE_ARRAYS, ChangefeedConfig
 from cdc.errors import (
     ChangefeedNotFound,
     ChangefeedStateConflict,
@@ -136,6 +136,13 @@ def _check_types(raw: dict[str, Any], defaults: Any, where: str) -> None:
             if not isinstance(value, dict):
                 raise InvalidConfig(f"{where}{key} in the changefeed config must be a table ([{where}{key}])")
             _check_types(value, expected, f"{where}{key}.")
+        elif isinstance(expected, tuple) and (type(defaults), name) in TABLE_ARRAYS:
+            item = TABLE_ARRAYS[(type(defaults), name)]
+            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                raise InvalidConfig(f"{where}{key} in the changefeed config must be an array of tables "
+                                    f"([[{where}{key}]]), got {value!r}")
+            for v in value:
+                _check_types(v, item(), f"{where}{key}.")
         elif isinstance(expected, tuple):
             if "int" in annotations.get(name, ""):
                 if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)

@@ -179,7 +179,7 @@ def _check_keys(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
         sub = names[key].default_factory if names[key].default_factory is not None else None  # type: ignore[misc]
         if isinstance(value, dict) and sub is not None:
             _check_keys(type(sub()), value, f"{where} [{key}]")
-        item = _ITEM_TYPES.get((cls, key))
+        item = TABLE_ARRAYS.get((cls, key))
         if item is not None:
             if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
                 raise InvalidConfig(f"{where}: {key.replace('_', '-')} must be an array of tables "
@@ -189,7 +189,7 @@ def _check_keys(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
     return data
 
 
-_ITEM_TYPES: dict[tuple[type, str], type] = {(SinkConfig, "dispatchers"): DispatcherRule}
+TABLE_ARRAYS: dict[tuple[type, str], type] = {(SinkConfig, "dispatchers"): DispatcherRule}
 """Fields holding arrays of tables (``[[sink.dispatchers]]``): the dataclass of each item, for key checks."""
 
 

@@ -28,8 +28,9 @@ Guarantees (the :class:`sinks.base.Sink` contract, and what Kafka changes in it)
 - **Duplicates**: at-least-once by default (a write that fails after some messages were acknowledged is replayed
   in full). Every row and DDL message carries headers ``tidewater-span`` (``i/n``) and ``tidewater-seq`` (its
   event's position in its transaction, per span), so a consumer can drop replays exactly: ``sinks.kafka.consumer``
-  does. Rows of the initial copy carry no ``tidewater-seq`` (chunks are written in parallel): they are identified
-  by table, commit Ts and key.
+  does. Writes of the initial copy (chunks in parallel, a failed chunk copied again) number their events from the
+  write's start time instead, so an attempt sorts after the one before it and nothing of it is taken for a
+  duplicate (the copy is idempotent by key; a key-less table's chunk is a TRUNCATE and its rows).
 - **Exactly-once** (``kafka-transactional=true``): each ``write``/``apply_ddl``/watermark is one Kafka transaction
   per span (transactional id ``tidewater-<changefeed>-<span>``), holding the messages and the span's position in
   the metadata topic (``sinks.kafka.meta``); ``open_position`` reads it back and later calls drop what is already
@@ -233,6 +234,7 @@ class KafkaSink(Sink):
             count, last = self._write(tr, changes, fence)
             if txn:
                 if last is not None:
+                    tr.flush()  # the rows first: see _record_position
                     self._record_position(tr, last)
                 if fence is not None:
                     fence()
@@ -250,16 +252,22 @@ class KafkaSink(Sink):
 
     def _write(self, tr: KafkaTransport, changes: Iterable[RowChange], fence: Callable[[], None] | None
                ) -> tuple[int, tuple[int, int] | None]:
-        count = appended = 0
+        count = appended = copied = 0
         last: tuple[int, int] | None = None
         applied = self._applied if self._positioned else None
+        copy_base = 0
         for change in changes:
             ts = change.commit_ts
             pos = self._position(ts)
             step = 2 * self._txn_ddls
             if applied is not None and (ts, step) <= applied:
                 continue  # committed by an earlier transaction of this span
-            base = None if is_snapshot(change) else pos * SEQ_STRIDE
+            if self.span is None or is_snapshot(change):  # the initial copy's writers: see _copy_base
+                copy_base = copy_base or _copy_base()
+                base = copy_base + copied * SEQ_STRIDE
+                copied += 1
+            else:
+                base = pos * SEQ_STRIDE
             if change.op is OpType.TRUNCATE:
                 self._append_all(tr, change, base)
             else:
@@ -468,6 +476,7 @@ class KafkaSink(Sink):
                 for p in self._ddl_partitions(tr, topic):
                     tr.send(topic, p, msg.key, msg.value, headers)
             if txn:
+                tr.flush()
                 self._record_position(tr, (ts, step))
             if fence is not None:
                 fence()
@@ -539,6 +548,9 @@ class KafkaSink(Sink):
         self._topics_recorded.add(topic)
 
     def _record_position(self, tr: KafkaTransport, position: tuple[int, int]) -> None:
+        """The span's position, last in its transaction and only after the transaction's messages were acknowledged:
+        under Kafka's semantics the order does not matter (all or nothing), but a broker that lets aborted records
+        through (tansu) then never shows a position whose messages did not all reach it."""
         from sinks.kafka.meta import checkpoint_key, encode, meta_topic_name
 
         assert self.changefeed is not None and self.span is not None
@@ -588,6 +600,14 @@ class KafkaSink(Sink):
         for tr in (self._transport, self._plain):
             if tr is not None:
                 tr.close()
+
+
+def _copy_base() -> int:
+    """Event positions of a write of the initial copy: its chunks are written by several sinks in parallel, and a
+    chunk copied again (after a failure) must come after the earlier attempt in the consumer's order (a key-less
+    table's chunk is a TRUNCATE and its rows), so the positions start at the time of the write in nanoseconds:
+    distinct per write and increasing from one attempt to the next (on one host's clock)."""
+    return time.time_ns() * SEQ_STRIDE
 
 
 def _claim_check_dir(raw: str | None, option: str, shown: str) -> Path | None:

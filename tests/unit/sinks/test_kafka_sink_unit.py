@@ -335,3 +335,30 @@ def test_target_names_are_per_table() -> None:
     sink = make(FakeBroker())
     s = table()
     assert sink.target_name(s.name) == "cdc/public.t" != sink.target_name(table("u").name)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_keyless_chunk_copied_twice_is_consumed_as_the_last_copy(protocol: str) -> None:
+    """The initial copy of a key-less table is a TRUNCATE and the rows in one write, by a sink bound to no span;
+    a failed chunk is copied again. Every attempt sorts after the one before, none is taken for a duplicate."""
+    from cdc.events import SNAPSHOT
+
+    broker = FakeBroker(partitions=3)
+    k = table("k", keyed=False)
+
+    def copy(rows: int) -> list[RowChange]:
+        out = [RowChange(OpType.TRUNCATE, k, 50, 0.05)]
+        for i in range(rows):
+            change = ins(k, 50, i % 3, "same")
+            change.extra[SNAPSHOT] = True
+            out.append(change)
+        return out
+
+    make(broker, protocol, dispatchers=index_value, span=None).write(copy(4))  # the first attempt ...
+    make(broker, protocol, dispatchers=index_value, span=None).write(copy(6))  # ... and the one that counts
+    make(broker, protocol, dispatchers=index_value).publish_resolved(Watermark(50, 0.05))
+    _, applier = rebuild(broker, protocol)
+    rows = [e for e in applier.log if e.ev.kind is MessageKind.ROW and e.ev.op is OpType.INSERT]
+    truncates = [i for i, e in enumerate(applier.log) if e.ev.op is OpType.TRUNCATE]
+    assert len(rows) == 10 and len(truncates) == 2
+    assert [e.ev.op for e in applier.log[truncates[1] + 1:]] == [OpType.INSERT] * 6
