@@ -141,7 +141,14 @@ def test_capture_kills_under_writes_then_the_consumer_rebuilds_the_tables(
     target = f"sqlite:///{tmp_path / 'rebuilt.db'}"
     core = consume(kafka_server, kafka_topic, protocol, target, pg_server.uri(pg_database), checkpoint)
     assert_same(source, target)
-    assert core.stats.duplicates + core.stats.replayed > 0, f"no kill replayed anything: {core.stats}"
+    if "kafka-transactional" in extra:
+        # the sink itself skipped the replays (its position, read back from the metadata topic); what the consumer
+        # dropped on top are aborted records tansu shows (docs/sinks.md: untestable here)
+        skipped = sum(s.log_file.read_text(errors="replace").count("the replay skips it") for s in cluster.servers
+                      if s.log_file.exists())
+        assert skipped > 0, f"no kill replayed anything: {core.stats}"
+    else:
+        assert core.stats.duplicates + core.stats.replayed > 0, f"no kill replayed anything: {core.stats}"
 
 
 def test_broker_frozen_mid_run_warns_then_recovers_and_loses_nothing(
