@@ -4,17 +4,17 @@ What it does (TiCDC's ``cmd/kafka-consumer``, plus exact duplicate removal):
 
 1. Reads every partition of the given topics from the beginning (``read_committed``), decodes each record with the
    protocol's decoder (``sinks.codec``).
-2. **Watermarks**: per partition it keeps the latest *trusted* watermark (one without a ``tidewater-span`` header:
-   the changefeed checkpoint the owner publishes, or any producer's watermark) and the latest watermark of each
-   span (header ``tidewater-span: i/n``). A partition's watermark is the larger of the trusted one and the minimum
+2. **Watermarks**: per partition it keeps the latest *trusted* watermark (one without a ``tidewater`` header: the
+   changefeed checkpoint the owner publishes, or any producer's watermark) and the latest watermark of each span
+   (header ``tidewater: i/n``). A partition's watermark is the larger of the trusted one and the minimum
    over all n spans' (0 until every span has sent one). The **global watermark** is the minimum over all partitions
    of all the topics: every change with a commit Ts at or below it has been read.
 3. Buffers row and DDL events per partition and, when the global watermark advances, applies every buffered event
-   at or below it in commit order ((commit Ts, span, ``tidewater-seq``): the order the upstream committed and the
+   at or below it in commit order ((commit Ts, span, event position): the order the upstream committed and the
    span wrote them; DDL at its place among the rows of its transaction) to the target, in one call.
 4. **Duplicates**: an event at or below the applied watermark is dropped (a replay after the watermark); an event
-   whose identity (span, commit Ts, ``tidewater-seq``; for rows of the initial copy: table, commit Ts, key) was
-   already buffered is dropped (a replay before it, or a broadcast copy of a DDL). With the sink's headers this is
+   whose identity (span, commit Ts, event position from the ``tidewater`` header; without it: table, commit Ts,
+   operation, key) was already buffered is dropped (a replay before it, or a broadcast copy of a DDL). With the sink's headers this is
    exact: each upstream change is applied once, whatever the sink replayed. Streams without the headers (other
    producers) are deduplicated by the watermark only.
 
@@ -52,11 +52,10 @@ from cdc.errors import SinkError
 from cdc.events import ColumnSchema, DdlChange, DdlEvent, DdlKind, OpType, RowChange, TableName, TableSchema
 from sinks.codec import DecodedEvent, Decoder, MessageDecodeError, MessageKind, decoder_for
 from sinks.codec.base import EncoderConfig, SchemaLookup
+from sinks.kafka.headers import HEADER, parse
 
 log = logging.getLogger(__name__)
 
-HEADER_SPAN = "tidewater-span"
-HEADER_SEQ = "tidewater-seq"
 CONSUMER_POSITION = "kafka-consumer"
 
 RowFetcher = Callable[[TableName, dict[str, Any]], dict[str, Any] | None]
@@ -178,10 +177,8 @@ class Rebuilder:
 
     def feed(self, record: Record) -> None:
         self.stats.records += 1
-        headers = {k: v for k, v in record.headers}
-        span_header = headers.get(HEADER_SPAN)
-        span_text = span_header.decode() if span_header else None
-        seqs = [int(s) for s in headers[HEADER_SEQ].decode().split(",")] if HEADER_SEQ in headers else []
+        value = next((v for k, v in record.headers if k == HEADER), None)
+        span_text, seqs = parse(value)
         try:
             events = self.decoder.decode(record.key, record.value)
         except MessageDecodeError as exc:

@@ -22,13 +22,13 @@ Guarantees (the :class:`sinks.base.Sink` contract, and what Kafka changes in it)
 - **Watermarks**: ``publish_checkpoint(ts, time)`` (the owner, with the changefeed checkpoint) sends a watermark to
   every partition of every topic in use; it is consistent for any consumer: every change with a commit Ts at or
   below it is before it in every partition. ``publish_resolved`` (the span, after its checkpoint moved; header
-  ``tidewater-span: i/n``) does the same for one span's changes; with one span (``span-watermarks=auto``) it is
+  ``tidewater: i/n``) does the same for one span's changes; with one span (``span-watermarks=auto``) it is
   consistent for every consumer, with several a consumer must take the minimum over all n spans per partition
   (``sinks.kafka.consumer`` does).
 - **Duplicates**: at-least-once by default (a write that fails after some messages were acknowledged is replayed
-  in full). Every row and DDL message carries headers ``tidewater-span`` (``i/n``) and ``tidewater-seq`` (its
-  event's position in its transaction, per span), so a consumer can drop replays exactly: ``sinks.kafka.consumer``
-  does. Writes of the initial copy (chunks in parallel, a failed chunk copied again) number their events from the
+  in full). Every row and DDL message carries a header ``tidewater`` (``i/n:seq``: its span and its events'
+  positions in their transaction, ``sinks.kafka.headers``), so a consumer can drop replays exactly:
+  ``sinks.kafka.consumer`` does. Writes of the initial copy (chunks in parallel, a failed chunk copied again) number their events from the
   write's start time instead, so an attempt sorts after the one before it and nothing of it is taken for a
   duplicate (the copy is idempotent by key; a key-less table's chunk is a TRUNCATE and its rows).
 - **Exactly-once** (``kafka-transactional=true``): each ``write``/``apply_ddl``/watermark is one Kafka transaction
@@ -58,12 +58,13 @@ from typing import TYPE_CHECKING, Any
 
 from cdc.config import SinkConfig
 from cdc.errors import InvalidArgument, InvalidURI, SinkError
-from cdc.events import DdlEvent, OpType, RowChange, TableName, is_snapshot
+from cdc.events import SNAPSHOT, DdlEvent, OpType, RowChange, TableName, TableSchema
 from cdc.ts import Watermark
 from sinks.base import Sink
 from sinks.codec import EncodeError, EncoderConfig, Message, MessageKind, MessageTooLarge, encoder_for
 from sinks.codec.base import RowEventEncoder, split_key_change
 from sinks.kafka.dispatcher import Dispatcher
+from sinks.kafka.headers import HEADER, row_header, span_value
 from sinks.kafka.options import CODEC_PARAMS, KafkaOptions, parse_kafka_uri
 
 if TYPE_CHECKING:
@@ -72,8 +73,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-HEADER_SPAN = "tidewater-span"
-HEADER_SEQ = "tidewater-seq"
 LARGE_MESSAGE_OPTIONS = ("none", "handle-key-only", "claim-check")
 SPAN_WATERMARK_MODES = ("auto", "true", "false")
 SINK_PARAMS = ("large-message-handle-option", "claim-check-storage-uri", "span-watermarks")
@@ -102,27 +101,18 @@ def default_transport(options: KafkaOptions, transactional_id: str | None) -> Ka
     return KafkaTransport(options, transactional_id=transactional_id)
 
 
-@dataclasses.dataclass(slots=True)
-class _Pending:
-    """A built message waiting to be sent, with the changes it carries and their event positions."""
-
-    msg: Message
-    changes: list[RowChange]
-    seqs: list[int | None]
-
-
 class _Dest:
-    """One (topic, partition): its encoder and what it holds."""
+    """One (topic, partition): its encoder, its message size limit, and the changes appended since the last build
+    with their event positions."""
 
-    __slots__ = ("topic", "partition", "enc", "batching", "appended", "out")
+    __slots__ = ("topic", "partition", "limit", "enc", "items")
 
-    def __init__(self, topic: str, partition: int, enc: RowEventEncoder) -> None:
+    def __init__(self, topic: str, partition: int, limit: int, enc: RowEventEncoder) -> None:
         self.topic = topic
         self.partition = partition
+        self.limit = limit
         self.enc = enc
-        self.batching = enc.batching
-        self.appended: list[tuple[RowChange, int | None]] = []  # batching encoders: appended, not yet built
-        self.out: list[_Pending] = []
+        self.items: list[tuple[RowChange, int]] = []
 
 
 class KafkaSink(Sink):
@@ -160,6 +150,8 @@ class KafkaSink(Sink):
         self._meta_factory = meta_reader
         self._transport: KafkaTransport | None = None
         self._dests: dict[tuple[str, int], _Dest] = {}
+        # per table schema (by id, the schema held): (schema, topic, partitioner, partition count)
+        self._routes: dict[int, tuple[TableSchema, str, Callable[[RowChange, int], int], int]] = {}
         self._topics_used: set[str] = set()
         self._topics_recorded: set[str] = set()
         self._meta: MetaReader | None = None
@@ -170,7 +162,7 @@ class KafkaSink(Sink):
         self.spans = 1
         self._span_header: bytes | None = None
         self._origin = 0
-        # event positions: per commit Ts, the changes and DDLs seen in it (tidewater-seq) and its DDLs so far
+        # event positions: per commit Ts, the changes and DDLs seen in it (event positions) and its DDLs so far
         self._seq_ts = -1
         self._pos = 0
         self._txn_ddls = 0
@@ -197,7 +189,7 @@ class KafkaSink(Sink):
     def bind_span(self, changefeed: str, span: int, spans: int) -> None:
         """The span this sink writes for: span ``span`` (0-based) of ``spans`` of ``changefeed``; before any write."""
         self.changefeed, self.span, self.spans = changefeed, span, max(1, spans)
-        self._span_header = f"{span}/{self.spans}".encode()
+        self._span_header = span_value(span, self.spans)
         on = self._span_watermarks == "true" or (self._span_watermarks == "auto" and self.spans == 1)
         self.watermark_interval = SPAN_WATERMARK_INTERVAL if on else 0.0
 
@@ -246,6 +238,7 @@ class KafkaSink(Sink):
             return count
         except BaseException:
             self._dests.clear()  # encoders' state is unspecified after an error
+            self._routes.clear()
             if txn:
                 tr.abort()
             raise
@@ -256,27 +249,42 @@ class KafkaSink(Sink):
         last: tuple[int, int] | None = None
         applied = self._applied if self._positioned else None
         copy_base = 0
+        unbound = self.span is None
+        routes, dests = self._routes, self._dests
+        debezium = self.options.protocol == "debezium"
+        UPDATE, TRUNCATE = OpType.UPDATE, OpType.TRUNCATE  # noqa: N806 - locals for the loop
         for change in changes:
             ts = change.commit_ts
-            pos = self._position(ts)
+            if ts != self._seq_ts:
+                self._seq_ts, self._pos, self._txn_ddls = ts, 0, 0
+            pos = self._pos
+            self._pos = pos + 1
             step = 2 * self._txn_ddls
             if applied is not None and (ts, step) <= applied:
                 continue  # committed by an earlier transaction of this span
-            if self.span is None or is_snapshot(change):  # the initial copy's writers: see _copy_base
+            if unbound or change.extra.get(SNAPSHOT) is True:  # the initial copy's writers: see _copy_base
                 copy_base = copy_base or _copy_base()
                 base = copy_base + copied * SEQ_STRIDE
                 copied += 1
             else:
                 base = pos * SEQ_STRIDE
-            if change.op is OpType.TRUNCATE:
+            op = change.op
+            if op is TRUNCATE:
                 self._append_all(tr, change, base)
             else:
-                halves = split_key_change(change)
+                halves = split_key_change(change) if op is UPDATE else None
                 for i, half in enumerate(halves or (change,)):
-                    route = self.dispatcher.route(half.schema)
-                    n = tr.partitions(route.topic)
-                    self._append(tr, route.topic, route.partition(half, n), half,
-                                 None if base is None else base + 2 * i)
+                    schema = half.schema
+                    r = routes.get(id(schema))
+                    if r is None or r[0] is not schema:
+                        route = self.dispatcher.route(schema)
+                        r = routes[id(schema)] = (schema, route.topic, route.partition, tr.partitions(route.topic))
+                    key = (r[1], r[2](half, r[3]))
+                    d = dests.get(key) or self._dest(tr, *key)
+                    d.enc.append_row(half)
+                    d.items.append((half, base + 2 * i))
+                    if debezium and halves is None and op is UPDATE and _key_changed(half):
+                        d.items.append((half, base + 1))  # Debezium writes an unsplit key change as two records
             count += 1
             last = (ts, step)
             appended += 1
@@ -304,96 +312,80 @@ class KafkaSink(Sink):
         if d is None:
             limit = tr.topic(topic).max_message_bytes
             cfg = dataclasses.replace(self.codec, max_message_bytes=max(1024, limit - BATCH_HEADER - HEADER_ALLOWANCE))
-            d = self._dests[(topic, partition)] = _Dest(topic, partition, encoder_for(self.options.protocol, cfg,
-                                                                                        clock=self._clock))
+            d = self._dests[(topic, partition)] = _Dest(topic, partition, limit,
+                                                        encoder_for(self.options.protocol, cfg, clock=self._clock))
             if topic not in self._topics_used:
                 self._use_topic(tr, topic)
         return d
 
-    def _append(self, tr: KafkaTransport, topic: str, partition: int, change: RowChange, seq: int | None) -> None:
-        d = self._dest(tr, topic, partition)
-        d.enc.append_row(change)
-        if d.batching:
-            d.appended.append((change, seq))
-            return
-        k = 0
-        for msg in d.enc.build():
-            if msg.kind is MessageKind.TOMBSTONE or seq is None:
-                d.out.append(_Pending(msg, [change], [None]))
-            else:
-                d.out.append(_Pending(msg, [change], [seq + k]))  # a Debezium key change: two records
-                k += 1
-
-    def _append_all(self, tr: KafkaTransport, change: RowChange, seq: int | None) -> None:
+    def _append_all(self, tr: KafkaTransport, change: RowChange, seq: int) -> None:
         """A TRUNCATE: to the partitions a DDL of its table goes to, with one event position."""
         topic = self.dispatcher.topic(change.table)
         for p in self._ddl_partitions(tr, topic):
             d = self._dest(tr, topic, p)
             d.enc.append_row(change)
-            if d.batching:
-                d.appended.append((change, seq))
-            else:
-                d.out.extend(_Pending(m, [change], [seq]) for m in d.enc.build())
+            d.items.append((change, seq))
 
     def _ddl_partitions(self, tr: KafkaTransport, topic: str) -> range:
         return range(1) if self.options.protocol == "canal-json" else range(tr.partitions(topic))
 
     def _drain(self, tr: KafkaTransport) -> None:
-        """Build and send every destination's messages (in order per destination)."""
+        """Build and send every destination's messages (in order per destination), each with the changes (and
+        event positions) it carries: a ROW message ``msg.rows`` of them, a DDL-shaped one (TRUNCATE) one, a
+        tombstone none."""
+        ROW, TOMBSTONE = MessageKind.ROW, MessageKind.TOMBSTONE  # noqa: N806 - locals for the loop
         for d in self._dests.values():
-            if d.appended:
-                items, d.appended = d.appended, []
-                i = 0
-                for msg in d.enc.build():
-                    take = msg.rows if msg.kind is MessageKind.ROW else (1 if msg.kind is MessageKind.DDL else 0)
-                    chunk = items[i:i + take]
-                    i += take
-                    d.out.append(_Pending(msg, [c for c, _ in chunk], [s for _, s in chunk]))
-                if i != len(items):
-                    raise SinkError(f"internal: {self.options.protocol} built messages for {i} of {len(items)} "
-                                    f"changes on topic {d.topic} partition {d.partition}")
-            if d.out:
-                out, d.out = d.out, []
-                for p in out:
-                    self._send(tr, d, p)
+            items = d.items
+            if not items:
+                continue
+            d.items = []
+            i = 0
+            for msg in d.enc.build():
+                kind = msg.kind
+                take = msg.rows if kind is ROW else 0 if kind is TOMBSTONE else 1
+                self._send(tr, d, msg, items[i:i + take] if take != 1 else [items[i]])
+                i += take
+            if i != len(items):
+                raise SinkError(f"internal: {self.options.protocol} built messages for {i} of {len(items)} "
+                                f"changes on topic {d.topic} partition {d.partition}")
 
-    def _headers(self, msg: Message, seqs: list[int | None]) -> list[tuple[str, bytes]]:
-        headers = list(msg.headers)
-        if self._span_header is not None:
-            headers.append((HEADER_SPAN, self._span_header))
-        known = [s for s in seqs if s is not None]
-        if known and msg.kind is not MessageKind.TOMBSTONE:
-            headers.append((HEADER_SEQ, ",".join(map(str, known)).encode()))
+    def _headers(self, msg: Message, items: list[tuple[RowChange, int]]) -> list[tuple[str, bytes]]:
+        """Debezium's own headers, then ``tidewater`` (the span and the event positions of the message's changes,
+        ``sinks.kafka.headers``); a tombstone gets none."""
+        headers = list(msg.headers) if msg.headers else []
+        if items:
+            headers.append(row_header(self._span_header, [s for _, s in items]))
         return headers
 
-    def _send(self, tr: KafkaTransport, d: _Dest, p: _Pending) -> None:
-        msg = p.msg
-        headers = self._headers(msg, p.seqs)
-        limit = tr.topic(d.topic).max_message_bytes
-        size = (len(msg.key) if msg.key else 0) + (len(msg.value) if msg.value else 0) + 40 * len(headers) + sum(
-            len(k) + len(v) for k, v in headers)
-        if size + 128 >= limit:
+    def _ddl_headers(self, msg: Message, seq: int) -> list[tuple[str, bytes]]:
+        return [*msg.headers, row_header(self._span_header, (seq,))]
+
+    def _send(self, tr: KafkaTransport, d: _Dest, msg: Message, items: list[tuple[RowChange, int]]) -> None:
+        headers = self._headers(msg, items)
+        size = (len(msg.key) if msg.key else 0) + (len(msg.value) if msg.value else 0)
+        if size + HEADER_ALLOWANCE + 128 >= d.limit:
             from sinks.kafka.transport import message_size
 
             size = message_size(msg.key, msg.value, headers)
-            if size > limit:
-                self._oversized(tr, d, p, size, limit)
+            if size > d.limit:
+                self._oversized(tr, d, msg, items, size)
                 return
         tr.send(d.topic, d.partition, msg.key, msg.value, headers)
 
     # ---- large messages ---------------------------------------------------------------------------------
-    def _oversized(self, tr: KafkaTransport, d: _Dest, p: _Pending, size: int, limit: int) -> None:
+    def _oversized(self, tr: KafkaTransport, d: _Dest, msg: Message, items: list[tuple[RowChange, int]],
+                   size: int) -> None:
         from sinks.kafka.transport import message_size
 
-        if len(p.changes) > 1:  # a batch that came out larger than the codec counted: one message per row
-            for change, seq in zip(p.changes, p.seqs, strict=True):
+        limit = d.limit
+        if len(items) > 1:  # a batch that came out larger than the codec counted: one message per row
+            for change, seq in items:
                 enc = encoder_for(self.options.protocol, self.codec, clock=self._clock)
                 enc.append_row(change)
-                for msg in enc.build():
-                    self._send(tr, d, _Pending(msg, [change], [seq]))
+                for m in enc.build():
+                    self._send(tr, d, m, [(change, seq)] if m.kind is not MessageKind.TOMBSTONE else [])
             return
-        msg = p.msg
-        change = p.changes[0] if p.changes else None
+        change = items[0][0] if items else None
         what = (f"table {msg.table}: the {change.op.name if change else msg.kind.value} of key "
                 f"{_key_text(msg, change)} at commit Ts {msg.commit_ts}")
         if change is None or msg.kind is not MessageKind.ROW or self._large == "none":
@@ -404,13 +396,13 @@ class KafkaSink(Sink):
                 "(canal-json, open-protocol)")
         location = None
         if self._large == "claim-check":
-            location = self._claim_check(d, msg, p.seqs[0], self._headers(msg, p.seqs))
+            location = self._claim_check(d, msg, items[0][1], self._headers(msg, items))
         try:
             small = d.enc.encode_key_only(change, location)
         except EncodeError as exc:
             raise MessageTooLarge(f"{what} is a {size}-byte message, above the limit of {limit} bytes for topic "
                                   f"{d.topic}, and has no key-only form ({exc.message}): not sent") from exc
-        headers = self._headers(small, p.seqs)
+        headers = self._headers(small, items)
         small_size = message_size(small.key, small.value, headers)
         if small_size > limit:
             raise MessageTooLarge(f"{what} is too large even in key-only form ({small_size} bytes, limit {limit} for "
@@ -419,13 +411,12 @@ class KafkaSink(Sink):
                  f"as a claim check ({location})" if location else "in key-only form")
         tr.send(d.topic, d.partition, small.key, small.value, headers)
 
-    def _claim_check(self, d: _Dest, msg: Message, seq: int | None, headers: list[tuple[str, bytes]]) -> str:
+    def _claim_check(self, d: _Dest, msg: Message, seq: int, headers: list[tuple[str, bytes]]) -> str:
         """Store the full message durably (write, fsync, rename, fsync the directory); return its location. The
         name depends only on the event, so a replay overwrites the same file."""
         assert self._claim_dir is not None
         span = self.span if self.span is not None else "x"
-        key = "-".join(map(str, msg.row_key or ())) if seq is None else str(seq)
-        name = f"{msg.commit_ts}-{span}-{_safe(key)}.json"
+        name = f"{msg.commit_ts}-{span}-{seq}.json"
         directory = self._claim_dir / _safe(d.topic) / str(d.partition)
         doc = {"key": _b64(msg.key), "value": _b64(msg.value), "headers": [[k, _b64(v)] for k, v in headers],
                "topic": d.topic, "partition": d.partition, "commit_ts": msg.commit_ts}
@@ -472,7 +463,7 @@ class KafkaSink(Sink):
             for topic in topics:
                 if topic not in self._topics_used:
                     self._use_topic(tr, topic)
-                headers = self._headers(msg, [seq])
+                headers = self._ddl_headers(msg, seq)
                 for p in self._ddl_partitions(tr, topic):
                     tr.send(topic, p, msg.key, msg.value, headers)
             if txn:
@@ -493,7 +484,7 @@ class KafkaSink(Sink):
 
     # ---- watermarks ------------------------------------------------------------------------------------
     def publish_resolved(self, watermark: Watermark, fence: Callable[[], None] | None = None) -> None:
-        """The span's checkpoint: a watermark with header ``tidewater-span: i/n`` to every partition of every topic
+        """The span's checkpoint: a watermark with header ``tidewater: i/n`` to every partition of every topic
         in use (see the module docstring)."""
         if self.watermark_interval <= 0:
             return
@@ -515,7 +506,7 @@ class KafkaSink(Sink):
         if self.dispatcher.has_table_topics:
             topics.update(k[len("topic/"):] for k in self._meta_records(fresh=False, transport=tr)
                           if k.startswith("topic/"))
-        headers = [(HEADER_SPAN, span)] if span is not None else []
+        headers = [(HEADER, span)] if span is not None else []
         if txn:
             tr.begin()
         try:
@@ -600,6 +591,13 @@ class KafkaSink(Sink):
         for tr in (self._transport, self._plain):
             if tr is not None:
                 tr.close()
+
+
+def _key_changed(change: RowChange) -> bool:
+    old, new = change.old_values, change.values
+    if not old or new is None or not change.schema.has_key:
+        return False
+    return any(k in old and old[k] != new.get(k) for k in change.schema.key)
 
 
 def _copy_base() -> int:
