@@ -15,6 +15,9 @@ Guarantees:
   table) into ``warnings``, a :class:`SpanWarnings` the processor keeps across restarts of the span and
   stores in ``SpanStatus.warnings``. With a ``row_source`` factory, the sink thread gives the sink a fresh
   row source (``Sink.set_row_source``) and closes it (its ``close()``, if any) when the thread ends.
+- Span watermarks: a sink with ``watermark_interval`` > 0 is told which span of how many it serves
+  (``Sink.bind_span``, before ``open_position``) and gets ``publish_resolved(checkpoint)`` after the checkpoint
+  moved, at most every ``watermark_interval`` seconds (so the checkpoint it is given is durable downstream).
 Thread-safety: ``checkpoint``, ``resolved``, ``rows``, ``error`` are read by the processor thread;
 each is a single reference assignment.
 """
