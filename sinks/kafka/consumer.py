@@ -320,6 +320,7 @@ class SinkApplier:
         self._seen_at: dict[TableName, int] = {}  # commit Ts of the event that gave _tables its entry (observe)
         self._version = 0
         self._ddl_seq: dict[int, int] = {}
+        self._rows: list[RowChange] = []  # the cut's rows not yet written
 
     def open(self) -> int:
         self.sink.check()
@@ -345,23 +346,23 @@ class SinkApplier:
         self._seen_at[ev.table] = event.commit_ts
 
     def apply(self, events: list[Event], watermark: int, watermark_time: float) -> None:
-        rows: list[RowChange] = []
+        self._rows = []
         for e in events:
             ev = e.ev
             if ev.kind is MessageKind.DDL and ev.op is not OpType.TRUNCATE:
-                self._flush(rows)
-                rows = []
+                self._flush()
                 self._ddl(e)
                 continue
             change = self._change(e)
             if change is not None:
-                rows.append(change)
-        self._flush(rows)
+                self._rows.append(change)
+        self._flush()
 
-    def _flush(self, rows: list[RowChange]) -> None:
-        """One downstream transaction; the SQL sink records the last row's commit Ts in it (its exactly-once
-        position), and every event of the stream up to that Ts is in this or an earlier cut, so a restart resumes
-        exactly after it."""
+    def _flush(self) -> None:
+        """The rows gathered so far in one downstream transaction; the SQL sink records the last row's commit Ts in
+        it (its exactly-once position), and every event of the stream up to that Ts is in this or an earlier cut,
+        so a restart resumes exactly after it."""
+        rows, self._rows = self._rows, []
         if rows:
             self.sink.write(rows)
 
@@ -394,6 +395,7 @@ class SinkApplier:
             log.warning("table %s: the columns changed without a DDL event (%s -> %s)", before.name,
                         ", ".join(before.column_names), ", ".join(after.column_names))
         self._ddl_pending.discard(before.name)
+        self._flush()  # the rows before it, in their shapes
         old, new = set(before.column_names), set(after.column_names)
         changes = tuple([DdlChange(DdlKind.DROP_COLUMN, c) for c in before.column_names if c not in new]
                         + [DdlChange(DdlKind.ADD_COLUMN, c) for c in after.column_names if c not in old])

@@ -83,8 +83,11 @@ def test_each_protocol_rebuilds_the_table_with_ddl_in_order(kafka_server: KafkaS
     sink.write([RowChange(OpType.UPDATE, s0, 110, 1.1, row(i, name=f"u{i}")) for i in range(1, 11)]
                + [RowChange(OpType.DELETE, s0, 110, 1.1, None, {"id": i}) for i in range(11, 16)])
     sink.write([RowChange(OpType.UPDATE, s0, 115, 1.15, row(99), {"id": 30})])  # a key change: 30 -> 99
+    # one transaction split around its DDL: a row before it, the DDL, a row after it
+    sink.write([RowChange(OpType.INSERT, s0, 120, 1.2, row(45))])
     sink.apply_ddl(DdlEvent(120, 1.2, T, (DdlChange(DdlKind.ADD_COLUMN, "note"),), s0, s1,
                             "ALTER TABLE orders ADD note text"))
+    sink.write([RowChange(OpType.INSERT, s1, 120, 1.2, row(46, True))])
     sink.write([RowChange(OpType.INSERT, s1, 130, 1.3, row(i, True)) for i in range(40, 45)])
     sink.publish_resolved(Watermark(130, 1.3))
     db = tmp_path / "target.db"
@@ -98,7 +101,8 @@ def test_each_protocol_rebuilds_the_table_with_ddl_in_order(kafka_server: KafkaS
     expected = sorted([(i, f"u{i}", str(Decimal(i) / 4), None) for i in range(1, 11)]
                       + [(i, f"n{i}", str(Decimal(i) / 4), None) for i in range(16, 30)]
                       + [(99, "n99", str(Decimal(99) / 4), None)]
-                      + [(i, f"n{i}", str(Decimal(i) / 4), f"note {i}") for i in range(40, 45)])
+                      + [(i, f"n{i}", str(Decimal(i) / 4), f"note {i}") for i in range(40, 45)]
+                      + [(45, "n45", str(Decimal(45) / 4), None), (46, "n46", str(Decimal(46) / 4), "note 46")])
     assert [(r[0], r[1], str(Decimal(str(r[2]))), r[4]) for r in got] == \
         [(i, n, str(Decimal(a)), note) for i, n, a, note in expected]
 
