@@ -10,6 +10,7 @@ key, text, int, numeric, timestamptz, float8) as the mounter hands them over (po
 acknowledged before it returns), dispatched by key over ``--partitions`` partitions. Each sink figure counts from
 the first write to the last acknowledgement. Besides it:
 
+- the same with ``kafka-producer=confluent-kafka`` (librdkafka behind the same sink) when it is installed;
 - "encode only": the same writes into a transport that drops every message (the sink's own Python cost: dispatch,
   encoding, headers, size checks);
 - the producer ceilings: as many messages as the sink sent, of the protocol's average message size, with the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import importlib.util
 import statistics
 import sys
 import tempfile
@@ -197,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
                 sink_rates = [run_sink(uri(f"bench-{uuid.uuid4().hex[:10]}"), rows, args.write_rows)[0]
                               for _ in range(args.runs)]
                 _line(f"{protocol}: KafkaSink.write, acked", sink_rates, "rows/s")
+                if importlib.util.find_spec("confluent_kafka") is not None:
+                    fast = [run_sink(uri(f"bench-{uuid.uuid4().hex[:10]}") + "&kafka-producer=confluent-kafka", rows,
+                                     args.write_rows)[0] for _ in range(args.runs)]
+                    _line(f"{protocol}: KafkaSink.write, acked, kafka-producer=confluent-kafka", fast, "rows/s")
                 value = b"x" * avg
                 ceilings: list[tuple[str, Callable[..., float | None]]] = [
                     ("kafka-python producer (transport settings)", raw_kafka_python),

@@ -91,13 +91,17 @@ def _kafka_missing() -> bool:
 
 
 def default_transport(options: KafkaOptions, transactional_id: str | None) -> KafkaTransport:
-    """kafka-python's transport (imported here: the extra ``kafka``)."""
+    """The transport of ``kafka-producer`` (imported here: the extra ``kafka``; confluent-kafka when asked for)."""
     try:
         from sinks.kafka.transport import KafkaTransport
     except ImportError as exc:
         if (exc.name or "").split(".")[0] == "kafka":
             raise SinkError(f"the Kafka sink needs kafka-python, which is not installed: {INSTALL_HINT}") from exc
         raise
+    if options.producer == "confluent-kafka":
+        from sinks.kafka.confluent import ConfluentTransport
+
+        return ConfluentTransport(options, transactional_id=transactional_id)
     return KafkaTransport(options, transactional_id=transactional_id)
 
 

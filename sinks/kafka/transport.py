@@ -191,8 +191,7 @@ class KafkaTransport:
             self._wait_acked()  # the memory bound: the messages stay counted for the next flush
         producer = self._producer or self._open()
         try:
-            producer.send(topic, value=value, key=key, headers=headers, partition=partition).add_errback(
-                self._errback)
+            self._produce(producer, topic, partition, key, value, headers)
         except Exception as exc:
             raise self._fail(exc, topic, size) from exc
         self._count += 1
@@ -216,7 +215,7 @@ class KafkaTransport:
         # delivery-timeout from now; it does not always expire batches in flight to a broker that vanished (seen
         # after a SIGKILL of the broker: still waiting 11 s later), hence our own deadline.
         try:
-            producer.flush(timeout=self.options.delivery_timeout + 1.0)
+            self._flush_producer(producer, self.options.delivery_timeout + 1.0)
         except Exception as exc:
             raise self._fail(exc, self._window_topic(), None, doing="waiting for acknowledgements") from exc
         if self._errors:
@@ -242,7 +241,7 @@ class KafkaTransport:
         self._need_txn("begin")
         producer = self._producer or self._open()
         try:
-            producer.begin_transaction()
+            self._txn(producer, "begin_transaction")
         except Exception as exc:
             raise self._fail(exc, None, None, doing="beginning a transaction") from exc
         self._in_txn = True
@@ -254,7 +253,7 @@ class KafkaTransport:
             raise SinkError("internal: commit without begin")
         count = self.flush()
         try:
-            self._producer.commit_transaction()
+            self._txn(self._producer, "commit_transaction")
         except Exception as exc:
             raise self._fail(exc, None, None, doing="committing a transaction") from exc
         self._in_txn = False
@@ -270,7 +269,7 @@ class KafkaTransport:
         if producer is None:
             return
         try:
-            producer.abort_transaction()
+            self._txn(producer, "abort_transaction")
         except Exception as exc:  # noqa: BLE001 - the replacement producer's init aborts it on the broker
             log.info("%s: abort failed (%s); the producer is replaced", self.options.where(), describe(exc))
             self._discard()
@@ -288,14 +287,14 @@ class KafkaTransport:
             from kafka import KafkaProducer as factory
         where = self.options.where()
         try:
-            producer = factory(**producer_config(self.options, self.transactional_id))
+            producer = self._new_producer(factory)
         except Exception as exc:
             raise wrap(exc, where, doing="connecting") from exc
         if self.transactional_id is not None:
             try:
-                producer.init_transactions()  # fences older producers of this id; their open transaction aborts
-            except Exception as exc:
-                _close_producer(producer, 0)
+                self._txn(producer, "init_transactions")  # fences older producers of this id; their open
+            except Exception as exc:  # transaction aborts
+                self._close_producer(producer, 0)
                 raise wrap(exc, where, doing=f"initializing transactional id {self.transactional_id}") from exc
         self._producer = producer
         return producer
@@ -317,7 +316,7 @@ class KafkaTransport:
         self._topics.clear()
         self._admin.close()
         if producer is not None:
-            _close_producer(producer, 0)
+            self._close_producer(producer, 0)
 
     def close(self) -> None:
         """Wait up to a few seconds for queued messages, then drop them and release the connections."""
@@ -326,12 +325,29 @@ class KafkaTransport:
         self._closed = True
         producer, self._producer = self._producer, None
         if producer is not None:
-            _close_producer(producer, _CLOSE_GRACE)
+            self._close_producer(producer, _CLOSE_GRACE)
         self._admin.close()
 
     def _check_open(self) -> None:
         if self._closed:
             raise SinkError(f"Kafka transport to {','.join(self.options.brokers)} is closed")
+
+    # ---- the producer library (kafka-python here; sinks.kafka.confluent overrides these) ---------------------
+    def _new_producer(self, factory: Callable[..., Any]) -> Any:
+        return factory(**producer_config(self.options, self.transactional_id))
+
+    def _produce(self, producer: Any, topic: str, partition: int, key: bytes | None, value: bytes | None,
+                 headers: list[tuple[str, bytes]] | None) -> None:
+        producer.send(topic, value=value, key=key, headers=headers, partition=partition).add_errback(self._errback)
+
+    def _flush_producer(self, producer: Any, timeout: float) -> None:
+        producer.flush(timeout=timeout)
+
+    def _txn(self, producer: Any, method: str) -> None:
+        getattr(producer, method)()
+
+    def _close_producer(self, producer: Any, grace: float) -> None:
+        _close_producer(producer, grace)
 
 
 def _close_producer(producer: Any, grace: float) -> None:

@@ -120,9 +120,10 @@ def assert_same(source: Any, target: str) -> None:
     assert all(d.source_rows > 0 for d in diffs), diffs
 
 
-@pytest.mark.parametrize("protocol,extra", [("canal-json", ""), ("open-protocol", ""), ("debezium", ""),
+@pytest.mark.parametrize("protocol,extra", [("canal-json", ""), ("open-protocol", ""),
+                                            ("debezium", "kafka-producer=confluent-kafka"),
                                             ("canal-json", "kafka-transactional=true")],
-                         ids=["canal-json", "open-protocol", "debezium", "canal-json-transactional"])
+                         ids=["canal-json", "open-protocol", "debezium-confluent", "canal-json-transactional"])
 def test_capture_kills_under_writes_then_the_consumer_rebuilds_the_tables(
         cluster: Cluster, kafka_server: KafkaServer, kafka_topic: str, pg_server: PostgresServer, pg_database: str,
         source: Any, tmp_path: Path, protocol: str, extra: str) -> None:

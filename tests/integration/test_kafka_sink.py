@@ -72,11 +72,12 @@ def target_rows(db: Path, columns: str = "id, name, amount, at") -> list[tuple[A
         return conn.execute(f"SELECT {columns} FROM orders ORDER BY id").fetchall()
 
 
-@pytest.mark.parametrize("protocol", ["canal-json", "open-protocol", "debezium"])
+@pytest.mark.parametrize(("protocol", "producer"), [("canal-json", "kafka-python"), ("open-protocol", "kafka-python"),
+                                                    ("debezium", "kafka-python"), ("canal-json", "confluent-kafka")])
 def test_each_protocol_rebuilds_the_table_with_ddl_in_order(kafka_server: KafkaServer, kafka_topic: str,
-                                                            tmp_path: Path, protocol: str, sinks: list[KafkaSink]
-                                                            ) -> None:
-    uri = kafka_server.uri(kafka_topic, protocol=protocol, partition_num="3")
+                                                            tmp_path: Path, protocol: str, producer: str,
+                                                            sinks: list[KafkaSink]) -> None:
+    uri = kafka_server.uri(kafka_topic, protocol=protocol, partition_num="3", kafka_producer=producer)
     sink = open_sink(sinks, uri, dispatchers=(DispatcherRule(("public.*",), "", "index-value"),))
     s0, s1 = schema(), schema(True)
     sink.write([RowChange(OpType.INSERT, s0, 100, 1.0, row(i)) for i in range(1, 31)])
@@ -138,12 +139,14 @@ def test_claim_checked_row_is_rebuilt_in_full(kafka_server: KafkaServer, kafka_t
     assert [(r[0], len(r[1])) for r in target_rows(db)] == [(1, 20_000), (2, 2)]
 
 
+@pytest.mark.parametrize("producer", ["kafka-python", "confluent-kafka"])
 def test_transactional_position_survives_a_restart_and_a_zombie_is_fenced(
-        kafka_server: KafkaServer, kafka_topic: str, tmp_path: Path, sinks: list[KafkaSink]) -> None:
+        kafka_server: KafkaServer, kafka_topic: str, tmp_path: Path, sinks: list[KafkaSink], producer: str) -> None:
     """What tansu can show of exactly-once (docs/sinks.md): commits are visible to read_committed consumers, the
     span's position is read back from the metadata topic, a restart resumes after it, the old producer is
     fenced. (That aborted transactions stay invisible cannot be shown: tansu shows them.)"""
-    uri = kafka_server.uri(kafka_topic, protocol="open-protocol", partition_num="2", kafka_transactional="true")
+    uri = kafka_server.uri(kafka_topic, protocol="open-protocol", partition_num="2", kafka_transactional="true",
+                           kafka_producer=producer)
     s0 = schema()
     old = open_sink(sinks, uri)
     assert old.write([RowChange(OpType.INSERT, s0, 100 + i, 1.0, row(i)) for i in range(10)]) == 10
