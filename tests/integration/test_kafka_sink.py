@@ -164,3 +164,28 @@ def test_transactional_position_survives_a_restart_and_a_zombie_is_fenced(
         applier.close()
     assert [r[0] for r in target_rows(db)] == list(range(12))
     assert core.stats.duplicates == 0
+
+
+def test_the_owner_checkpoint_alone_lets_the_consumer_cut(kafka_server: KafkaServer, kafka_topic: str,
+                                                          tmp_path: Path, sinks: list[KafkaSink]) -> None:
+    """Two spans without span watermarks (span-watermarks=auto, span-count 2): only the changefeed checkpoint, which
+    the owner publishes through its own sink instance (publish_checkpoint, no header), gives the cut points."""
+    uri = kafka_server.uri(kafka_topic, protocol="canal-json", partition_num="2")
+    s0 = schema()
+    a = open_sink(sinks, uri, span=("cf", 0, 2))
+    b = open_sink(sinks, uri, span=("cf", 1, 2))
+    assert a.watermark_interval == b.watermark_interval == 0
+    a.write([RowChange(OpType.INSERT, s0, 100, 1.0, row(1))])
+    b.write([RowChange(OpType.INSERT, s0, 105, 1.05, row(2))])
+    a.write([RowChange(OpType.INSERT, s0, 110, 1.1, row(3))])
+    owner = KafkaSink(uri)
+    sinks.append(owner)
+    assert owner.publishes_checkpoints
+    owner.publish_checkpoint(105, 1.05)  # 110 is written but not yet the changefeed's checkpoint
+    db = tmp_path / "t.db"
+    applier = SinkApplier(f"sqlite:///{db}")
+    try:
+        core = rebuild([kafka_server.bootstrap], [kafka_topic], "canal-json", applier, until=105, timeout=30)
+    finally:
+        applier.close()
+    assert core.applied == 105 and [r[0] for r in target_rows(db)] == [1, 2]
