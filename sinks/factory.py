@@ -24,6 +24,7 @@ SINKS: dict[str, str] = {
     "postgres": "sinks.sql.sink:SQLSink",
     "sqlite": "sinks.sql.sink:SQLSink",
     "blackhole": "sinks.blackhole:BlackholeSink",
+    "file": "sinks.storage.sink:StorageSink",
 }
 
 
