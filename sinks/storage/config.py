@@ -129,7 +129,8 @@ class StorageConfig:
         try:
             encoder = EncoderConfig.from_params(codec)
         except InvalidArgument as exc:
-            raise InvalidURI(f"storage sink URI: {exc.message}") from None
+            raise InvalidURI(f"storage sink URI: {exc.message}; use a valid value (docs/sinks.md, \"Formats\")") \
+                from None
         return cls(parsed.path, protocol, encoder=encoder, **kwargs)  # type: ignore[arg-type]
 
 

@@ -226,6 +226,14 @@ class ParquetRows:
         finally:
             self._reset()
 
+    def abandon(self) -> None:
+        """Give the file up (its writer closed without writing more; errors ignored): the file is discarded."""
+        self._reset()
+        try:
+            self._writer.close()
+        except Exception:  # noqa: BLE001 - the file is removed anyway
+            pass
+
     def close(self) -> None:
         """Write the buffered rows and the footer (the file object stays open)."""
         self._write_group()

@@ -302,6 +302,8 @@ class StorageSink(Sink):
             return
         self._closed = True
         for f in [*self._open.values(), *self._sealed]:
+            if f.parquet is not None and f.f is not None:
+                f.parquet.abandon()
             if f.f is not None:
                 try:
                     f.f.close()
@@ -455,15 +457,21 @@ class StorageSink(Sink):
         temp = self.fs.temp_path(folder, self._tag)
         handle = self.fs.create(temp)
         f = _File(name, schema, ident, version, folder, temp, handle)
-        if self._parquet:
-            f.parquet = ParquetRows(handle, schema)
         self._open[name] = f
+        if self._parquet:
+            try:
+                f.parquet = ParquetRows(handle, schema)
+            except OSError as exc:
+                raise storage_error(exc, self.fs.abs(temp), "writing") from exc
         return f
 
     def _encode(self, f: _File, changes: list[RowChange]) -> None:
         if f.parquet is not None:
-            for ch in changes:
-                write_change(f.parquet, ch)
+            try:
+                for ch in changes:
+                    write_change(f.parquet, ch)
+            except OSError as exc:
+                raise storage_error(exc, self.fs.abs(f.temp), "writing") from exc
             f.rows += len(changes)
             return
         enc = self._encoder
