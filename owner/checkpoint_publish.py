@@ -139,10 +139,11 @@ class CheckpointPublisher:
         now = self._clock()
         with self._lock:
             due = [f for f in self._feeds.values() if f.ts > f.published and f.next_try <= now]
-            waiting = [f.next_try - now for f in self._feeds.values() if f.ts > f.published and f.next_try > now]
         for feed in due:
             self._publish_one(feed)
-        return min(waiting) if waiting else None
+        with self._lock:
+            waiting = [f.next_try - now for f in self._feeds.values() if f.ts > f.published]
+        return max(0.0, min(waiting)) if waiting else None
 
     def _publish_one(self, feed: _Feed) -> None:
         ts, when, info = feed.ts, feed.time, feed.info
