@@ -74,6 +74,18 @@ class LakeChange:
 
 
 @dataclass(frozen=True)
+class Slice:
+    """A unit of reading (one Spark partition): the rows of ``file`` with ``low < commit Ts <= high``, or (``file``
+    None) the TRUNCATE / DROP TABLE versions ``events`` (``(commit Ts, version)``) of ``table``."""
+
+    table: TableName
+    file: DataFile | None
+    low: int
+    high: int
+    events: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
 class LakeOffset:
     """A consumer's position (module docstring). ``files``: data directory -> ``(done, seen)``; ``versions``:
     table directory -> the table versions seen."""
@@ -82,17 +94,23 @@ class LakeOffset:
     files: dict[str, tuple[int, int]] = field(default_factory=dict)
     versions: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"checkpoint": self.checkpoint, "files": {k: list(v) for k, v in sorted(self.files.items())},
+                "versions": {k: list(v) for k, v in sorted(self.versions.items())}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> LakeOffset:
+        if not d:
+            return cls()
+        return cls(int(d.get("checkpoint", 0)), {k: (int(v[0]), int(v[1])) for k, v in d.get("files", {}).items()},
+                   {k: tuple(int(x) for x in v) for k, v in d.get("versions", {}).items()})
+
     def to_json(self) -> str:
-        return json.dumps({"checkpoint": self.checkpoint, "files": {k: list(v) for k, v in sorted(self.files.items())},
-                           "versions": {k: list(v) for k, v in sorted(self.versions.items())}}, sort_keys=True)
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | None) -> LakeOffset:
-        if not text:
-            return cls()
-        d = json.loads(text)
-        return cls(int(d.get("checkpoint", 0)), {k: (int(v[0]), int(v[1])) for k, v in d.get("files", {}).items()},
-                   {k: tuple(int(x) for x in v) for k, v in d.get("versions", {}).items()})
+        return cls.from_dict(json.loads(text) if text else None)
 
 
 class StorageReader:
@@ -237,13 +255,18 @@ class StorageReader:
         return ts
 
     # ---- offsets ------------------------------------------------------------------------------------------
-    def latest_offset(self, previous: LakeOffset | None = None) -> LakeOffset:
-        """The offset at the published checkpoint now (module docstring); ``previous`` saves re-reading files."""
+    def latest_offset(self, previous: LakeOffset | None = None,
+                      tables: Iterable[TableName] | None = None) -> LakeOffset:
+        """The offset at the published checkpoint now (module docstring), of every table or of ``tables``;
+        ``previous`` saves re-reading files done before."""
         previous = previous or LakeOffset()
         ckpt = self.checkpoint() or 0
         files: dict[str, tuple[int, int]] = {}
         versions: dict[str, tuple[int, ...]] = {}
+        wanted = set(tables) if tables is not None else None
         for table in self.tables():
+            if wanted is not None and table not in wanted:
+                continue
             versions[L.table_dir(table)] = tuple(sorted(self.schema_files(table)))
             by_dir: dict[str, list[DataFile]] = {}
             for df in self.data_files(table):
@@ -260,34 +283,49 @@ class StorageReader:
                 files[folder] = (done, dfs[-1].index)
         return LakeOffset(ckpt, files, versions)
 
-    def changes(self, start: LakeOffset, end: LakeOffset,
-                tables: Iterable[TableName] | None = None) -> dict[TableName, list[LakeChange]]:
-        """Per table, the changes after ``start`` up to ``end``, in apply order (module docstring)."""
-        out: dict[TableName, list[LakeChange]] = {}
+    def plan(self, start: LakeOffset, end: LakeOffset, tables: Iterable[TableName] | None = None) -> list[Slice]:
+        """What to read between ``start`` and ``end`` (module docstring): per file, the commit Ts range of its rows
+        that count; per table, its TRUNCATE / DROP TABLE versions in the range. Cheap (no data file is read)."""
+        out: list[Slice] = []
         wanted = set(tables) if tables is not None else None
         for table in self.tables():
             if wanted is not None and table not in wanted:
                 continue
             tdir = L.table_dir(table)
             seen_versions = set(start.versions.get(tdir, ()))
-            known_versions = set(end.versions.get(tdir, ()))
-            changes: list[LakeChange] = []
-            for version, sf in self.schema_files(table).items():
-                if version not in known_versions or not (sf.is_truncate or sf.is_drop):
+            events = []
+            for version in end.versions.get(tdir, ()):
+                sf = self.schema_files(table).get(version)
+                if sf is None or not (sf.is_truncate or sf.is_drop):
                     continue
                 new = version not in seen_versions
                 if sf.commit_ts <= end.checkpoint and (new or sf.commit_ts > start.checkpoint):
-                    changes.append(LakeChange(OpType.TRUNCATE, sf.commit_ts, (sf.commit_ts, version, "", -1, 0)))
+                    events.append((sf.commit_ts, version))
+            if events:
+                out.append(Slice(table, None, -1, end.checkpoint, tuple(sorted(events))))
             for df in self.data_files(table):
                 done, seen = start.files.get(df.dir, (0, 0))
                 end_seen = end.files.get(df.dir, (0, 0))[1]
                 if df.index <= done or df.index > end_seen:
                     continue
-                new = df.index > seen
-                low = -1 if new else start.checkpoint
-                changes.extend(c for c in self.read_file(df) if low < c.commit_ts <= end.checkpoint)
+                out.append(Slice(table, df, -1 if df.index > seen else start.checkpoint, end.checkpoint))
+        return out
+
+    def read_slice(self, s: Slice) -> list[LakeChange]:
+        """The changes of one :class:`Slice`, in file order."""
+        if s.file is None:
+            return [LakeChange(OpType.TRUNCATE, ts, (ts, version, "", -1, 0)) for ts, version in s.events]
+        return [c for c in self.read_file(s.file) if s.low < c.commit_ts <= s.high]
+
+    def changes(self, start: LakeOffset, end: LakeOffset,
+                tables: Iterable[TableName] | None = None) -> dict[TableName, list[LakeChange]]:
+        """Per table, the changes after ``start`` up to ``end``, in apply order (module docstring)."""
+        wanted = set(tables) if tables is not None else None
+        out: dict[TableName, list[LakeChange]] = {t: [] for t in self.tables() if wanted is None or t in wanted}
+        for s in self.plan(start, end, out):
+            out[s.table].extend(self.read_slice(s))
+        for changes in out.values():
             changes.sort(key=lambda c: c.order)
-            out[table] = changes
         return out
 
 
@@ -366,6 +404,11 @@ class TableState:
             return dict(zip(self.schema.column_names, whole, strict=True))
         self.problems.append(f"a delete of a row the table does not hold: {old}")
         return None
+
+    def seed(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Start from ``rows`` (complete rows, e.g. those of a consumer's table that the next changes touch)."""
+        for row in rows:
+            self._add(dict(row))
 
     def rows(self) -> list[dict[str, Any]]:
         """The rows, each with every column of the schema (a column a row lacks is None)."""
