@@ -83,3 +83,20 @@ def test_storage_sink_rebuilds_the_upstream_after_a_sigkill(etcd_server: Any, cl
         assert_files_sane(lake)
     finally:
         cdc.terminate()
+
+
+def test_create_refuses_a_bad_storage_uri_or_an_unusable_directory(cdc_server: CdcServer, pg_server: PostgresServer,
+                                                                   pg_database: str, source: Any,
+                                                                   tmp_path: Path) -> None:
+    from playground.cluster import ApiError
+
+    (tmp_path / "a-file").write_text("not a directory")
+    upstream = pg_server.uri(pg_database)
+    for sink, words in ((f"file://{tmp_path}/lake?protocol=avro", "use protocol=csv"),
+                        (f"file://{tmp_path}/lake", "add ?protocol=csv"),
+                        (f"file://{tmp_path}/lake?protocol=csv&flush-interval=5", "flush-interval"),
+                        (f"file://{tmp_path}/a-file/lake?protocol=csv", str(tmp_path / "a-file"))):
+        with pytest.raises(ApiError) as info:
+            cdc_server.create_changefeed("bad", upstream, sink)
+        assert words in info.value.body.get("error_msg", ""), info.value.body
+    assert not (tmp_path / "lake").exists()
