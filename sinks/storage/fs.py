@@ -178,6 +178,13 @@ class LocalFS:
         except OSError:
             return False
 
+    def links(self, rel: str) -> int:
+        """How many names the file has (2 for a temporary file already published under its final name)."""
+        try:
+            return os.stat(self.abs(rel)).st_nlink
+        except OSError:
+            return 0
+
     def listdir(self, rel: str) -> list[str]:
         """Names in a directory (sorted), empty when it does not exist."""
         path = self.abs(rel)

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -68,6 +69,8 @@ from sinks.storage import layout as L
 from sinks.storage.config import StorageConfig
 from sinks.storage.fs import LocalFS, storage_error
 from sinks.storage.parquet import SPLIT_UPDATE, ParquetRows, write_change
+
+log = logging.getLogger(__name__)
 
 DRAIN_ROWS = 4096  # changes buffered per write() before they are encoded into the files
 CANAL_TERMINATOR = b"\r\n"  # TiCDC's default terminator between canal-json messages in a file
@@ -553,13 +556,17 @@ class StorageSink(Sink):
         width, ext = self.cfg.file_index_width, self.cfg.extension
         for temp, final in pairs:
             folder, name = os.path.split(final)
-            if self.fs.same_file(temp, final) or (redo and not self.fs.exists(temp) and self.fs.exists(final)):
-                pass  # linked before a crash
-            elif not self.fs.exists(temp):
-                raise SinkError(f"storage sink: {self.fs.abs(final)} was to be published from "
-                                f"{self.fs.abs(temp)}, which is gone: rows of commit Ts up to the publish record's "
-                                f"are missing from {self.fs.abs(folder)}")
-            else:
+            if redo and not self.fs.exists(temp):
+                if not self.fs.exists(final):  # published, then removed by someone (a consumer's cleanup)
+                    log.warning("storage sink: %s, published by an earlier flush, is no longer there",
+                                self.fs.abs(final))
+                    continue
+            elif not self.fs.same_file(temp, final) and not (redo and self.fs.links(temp) > 1):
+                # (else linked before a crash: under its name, or under another free index)
+                if not self.fs.exists(temp):
+                    raise SinkError(f"storage sink: {self.fs.abs(final)} was to be published from "
+                                    f"{self.fs.abs(temp)}, which is gone: rows of commit Ts up to the publish "
+                                    f"record's are missing from {self.fs.abs(folder)}")
                 while not self.fs.publish(temp, final):
                     self._next_index[folder] = self._max_index(folder) + 1
                     name = L.data_file_name(self._allocate(folder), ext, width)

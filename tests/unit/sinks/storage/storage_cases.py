@@ -110,7 +110,7 @@ def sorted_rows(schema: TableSchema, rows: list[dict[str, Any]]) -> list[dict[st
 
 class FailingFS(LocalFS):
     """A LocalFS whose primitives fail with ``errno`` on the ``after``-th call (0: the first) of ``op`` (``write``,
-    ``fsync``, ``link``, ``rename``, ``create``), optionally only for paths containing ``path_part``."""
+    ``fsync``, ``link``, ``rename``, ``create``, ``dirsync``), optionally only for paths containing ``path_part``."""
 
     def __init__(self, root: str, op: str = "", err: int = errno.ENOSPC, *, after: int = 0, times: int = 1,
                  path_part: str = "") -> None:
@@ -151,6 +151,10 @@ class FailingFS(LocalFS):
     def _link(self, src: str, dst: str) -> None:
         self._maybe_fail("link", dst)
         super()._link(src, dst)
+
+    def _fsync_dir(self, path: str) -> None:
+        self._maybe_fail("dirsync", path + "/")
+        super()._fsync_dir(path)
 
     def _rename(self, src: str, dst: str) -> None:
         self._maybe_fail("rename", dst)

@@ -168,6 +168,22 @@ def test_a_crash_after_the_publish_record_is_completed_by_the_next_open(tmp_path
     assert not [n for _, _, ns in os.walk(tmp_path) for n in ns if n.endswith(".tmp")]
 
 
+def test_a_crash_after_the_links_publishes_nothing_again(tmp_path: Path) -> None:
+    fs = FailingFS(str(tmp_path), "dirsync", errno.EIO, path_part="/app/kv/99/")
+    s = sink(tmp_path, "csv", fs=fs)
+    s.write([ins(KV, 100, id=1, body="a", n=1)])
+    with pytest.raises(SinkUnavailable):
+        s.flush()  # linked, but the directory sync failed: the temporary names are still there
+    assert data_files(tmp_path) == [f"app/kv/99/CDC{1:020d}.csv"]
+    s = sink(tmp_path, "csv")
+    s.write([ins(KV, 100, id=1, body="a", n=1), ins(KV, 110, id=2, body="b", n=2)])
+    s.flush()
+    s.close()
+    assert data_files(tmp_path) == [f"app/kv/99/CDC{i:020d}.csv" for i in (1, 2)]
+    assert (tmp_path / f"app/kv/99/CDC{2:020d}.csv").read_text().count("\n") == 1
+    assert not [n for _, _, ns in os.walk(tmp_path) for n in ns if n.endswith(".tmp")]
+
+
 def test_a_crash_before_the_publish_record_leaves_only_hidden_files_which_the_next_run_removes(tmp_path: Path) -> None:
     fs = FailingFS(str(tmp_path), "rename", errno.EIO, path_part=".position")
     s = sink(tmp_path, "csv", fs=fs)
