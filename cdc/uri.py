@@ -9,7 +9,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from cdc.errors import InvalidURI, SecretKeyMissing
 
-SINK_SCHEMES = ("mysql", "mariadb", "postgresql", "postgres", "sqlite", "blackhole", "kafka")
+SINK_SCHEMES = ("mysql", "mariadb", "postgresql", "postgres", "sqlite", "blackhole", "kafka", "file")
 UPSTREAM_SCHEMES = ("postgresql", "postgres")
 
 
@@ -143,6 +143,12 @@ def parse_uri(raw: str, *, allowed: tuple[str, ...], what: str) -> ParsedURI:
         return ParsedURI(raw, scheme, None, None, None, None, path, dict(parse_qsl(parts.query)))
     if scheme == "blackhole":
         return ParsedURI(raw, scheme, None, None, None, None, "", dict(parse_qsl(parts.query)))
+    if scheme == "file":
+        # file:///absolute/dir (the storage sink; a host is not supported, local files only)
+        path = unquote(parts.path)
+        if parts.netloc not in ("", "localhost") or not path.startswith("/") or path == "/":
+            raise InvalidURI(f"{what} URI {redact(raw)!r}: use file:///absolute/path/to/dir (a local directory)")
+        return ParsedURI(raw, scheme, None, None, None, None, path.rstrip("/") or "/", dict(parse_qsl(parts.query)))
     if not parts.hostname:
         raise InvalidURI(f"{what} URI {redact(raw)!r} has no host")
     path = unquote(parts.path.lstrip("/"))

@@ -42,6 +42,12 @@ Guarantees a sink gives its caller:
   ``flush_interval`` seconds while it holds unflushed changes and before every ``apply_ddl``. The caller's
   checkpoint moves past written changes only after a ``flush``. A crash loses what was not flushed, which the
   caller replays from its checkpoint. Default: 0, every ``write`` is durable on return and ``flush`` does nothing.
+- Published checkpoints (``publishes_checkpoints``; the storage sink's ``metadata`` file, the Kafka sink's
+  watermarks): the owner calls ``publish_checkpoint(ts, time)`` on a sink instance of its own, from a thread of its
+  own (never from its control loop), each time the changefeed's checkpoint (the minimum over its spans) advances:
+  every commit at or below ``ts`` is durable downstream. Only the latest value is published (calls may skip
+  values, never go backwards); a failure is raised as for ``write``, logged and retried by the owner, and shown in
+  the changefeed's state when it persists (docs/sinks.md). Default: False, never called.
 - Span watermarks (``watermark_interval`` > 0; the Kafka sink): after the caller's checkpoint moved, at most every
   ``watermark_interval`` seconds, it calls ``publish_resolved(checkpoint)``: every change of the span with
   ``commit_ts <= checkpoint.ts`` is durable downstream, so the sink may tell its readers (a watermark message).
@@ -54,7 +60,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from cdc.config import DdlConfig
 from cdc.errors import DdlRejected
@@ -88,6 +94,14 @@ class Sink(ABC):
     def publish_resolved(self, watermark: Watermark, fence: Callable[[], None] | None = None) -> None:  # noqa: B027
         """Every change of the span up to ``watermark.ts`` is durable downstream (``watermark_interval`` > 0 only);
         ``fence`` as for ``write``."""
+
+    publishes_checkpoints: ClassVar[bool] = False
+    """True when the owner should call :meth:`publish_checkpoint` as the changefeed's checkpoint advances."""
+
+    def publish_checkpoint(self, ts: int, commit_time: float = 0.0) -> None:
+        """Publish the changefeed checkpoint ``ts`` (upstream commit time ``commit_time``) downstream (module
+        docstring). Only called when ``publishes_checkpoints``."""
+        raise NotImplementedError(f"{type(self).__name__} publishes no checkpoints")
 
     def check(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Connect and verify the target is usable; raise SinkUnavailable/SinkError naming the problem."""

@@ -25,6 +25,7 @@ SINKS: dict[str, str] = {
     "sqlite": "sinks.sql.sink:SQLSink",
     "blackhole": "sinks.blackhole:BlackholeSink",
     "kafka": "sinks.kafka.sink:KafkaSink",
+    "file": "sinks.storage.sink:StorageSink",
 }
 
 

@@ -6,7 +6,9 @@ This module imports no Spark: :func:`copy_chunks` is a plain function over :clas
 Guarantees of :func:`copy_chunks` (per task, in order):
 
 - Each chunk is read under the job's snapshot (``SnapshotReader.read_chunk``) and written with one
-  ``Sink.write`` call, i.e. one downstream transaction: the chunk is downstream entirely or not at all.
+  ``Sink.write`` call, i.e. one downstream transaction: the chunk is downstream entirely or not at all. A sink that
+  buffers (``Sink.flush_interval``: the storage sink) is flushed right after, so the chunk is durable (its files
+  published) before it is recorded.
   A key-less table's single ``whole`` chunk is written as a TRUNCATE of the table followed by its rows in that
   same transaction, so copying it again replaces the rows instead of duplicating them.
 - The downstream commit is fenced: ``Sink.write``'s ``fence`` checks, right before the commit, that the task's
@@ -90,6 +92,7 @@ def copy_one(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Callabl
         rows = itertools.chain([RowChange(OpType.TRUNCATE, schema, job.commit_ts, job.commit_time)], rows)
     try:
         sink.write(rows, fence)
+        sink.flush(fence)  # a buffering sink (the storage sink's files) makes the chunk durable and visible now
     finally:
         reader.release()  # the chunk's table lock goes now, not when the task ends (deadlocks with the app's DDL)
     return counter[0]

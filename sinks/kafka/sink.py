@@ -494,10 +494,10 @@ class KafkaSink(Sink):
             return
         self._broadcast(watermark, self._span_header, fence)
 
-    def publish_checkpoint(self, ts: int, time: float) -> None:
+    def publish_checkpoint(self, ts: int, commit_time: float = 0.0) -> None:
         """The changefeed checkpoint (the owner, off its main loop): a watermark to every partition of every topic
         in use. Non-transactional; consistent for every consumer (see the module docstring)."""
-        self._broadcast(Watermark(ts, time), None, None, transactional=False)
+        self._broadcast(Watermark(ts, commit_time), None, None, transactional=False)
 
     def _broadcast(self, watermark: Watermark, span: bytes | None, fence: Callable[[], None] | None,
                    transactional: bool | None = None) -> None:

@@ -90,3 +90,27 @@ def test_a_sink_that_does_not_buffer_checkpoints_after_every_write() -> None:
         time.sleep(0.01)
     runner.stop()
     assert runner.checkpoint.ts == 110 and sink.log == [[1]]
+
+
+def test_a_full_disk_under_the_storage_sink_fails_the_span_and_acknowledges_nothing(tmp_path: Any) -> None:
+    """The real storage sink over a file system whose disk is full when files are published: the span fails with
+    a retryable SinkUnavailable naming the path, its checkpoint stays where it started, no data file is visible."""
+    import errno
+
+    from cdc.errors import SinkUnavailable
+    from sinks.storage.sink import StorageSink
+    from tests.unit.sinks.storage.storage_cases import FailingFS
+
+    root = tmp_path / "lake"
+    fs = FailingFS(str(root), "fsync", errno.ENOSPC, path_part="/public/t/", times=10**6)
+    sink = StorageSink(f"file://{root}?protocol=csv&flush-interval=100ms", fs=fs)
+    txns = [SortedTxn(110, 110.0, 1, [row(1)]), SortedTxn(120, 120.0, 1, [row(2)])]
+    runner = SpanRunner("cf/0", DdlSource(130, set()), FakeSorter(txns),  # type: ignore[arg-type]
+                        lambda: sink, Watermark(100, 100.0), txn_rows=1, position=("cf", 0, 100))
+    runner.start()
+    assert runner.failed.wait(10)
+    runner.stop()
+    assert isinstance(runner.error, SinkUnavailable) and runner.error.retryable
+    assert "no space left" in runner.error.message and str(root / "public" / "t") in runner.error.message
+    assert runner.checkpoint.ts == 100
+    assert not [p for p in root.rglob("CDC*") if not p.name.startswith(".")]
