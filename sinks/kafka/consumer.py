@@ -111,6 +111,7 @@ class Stats:
     events: int = 0
     applied: int = 0  # row and DDL events applied
     watermarks: int = 0
+    checkpoints: int = 0  # of them trusted ones (no tidewater header: the changefeed checkpoint)
     replayed: int = 0  # dropped: at or below the applied watermark
     duplicates: int = 0  # row events dropped: an identity already buffered (a replay)
     copies: int = 0  # DDL and TRUNCATE events dropped: the same event from another partition (broadcast) or a replay
@@ -192,6 +193,7 @@ class Rebuilder:
                 if ev.commit_ts is None:
                     raise MessageDecodeError(f"topic {record.topic}: a watermark without its Ts")
                 self.stats.watermarks += 1
+                self.stats.checkpoints += span_text is None
                 self.tracker.observe(tp, int(ev.commit_ts), span_text)
                 if ev.commit_time:
                     self.tracker.times[int(ev.commit_ts)] = ev.commit_time

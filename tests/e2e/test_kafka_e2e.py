@@ -142,6 +142,7 @@ def test_capture_kills_under_writes_then_the_consumer_rebuilds_the_tables(
     target = f"sqlite:///{tmp_path / 'rebuilt.db'}"
     core = consume(kafka_server, kafka_topic, protocol, target, pg_server.uri(pg_database), checkpoint)
     assert_same(source, target)
+    assert core.stats.checkpoints > 0, f"no changefeed checkpoint reached the topic (owner publisher): {core.stats}"
     if "kafka-transactional" in extra:
         # the sink itself skipped the replays (its position, read back from the metadata topic); what the consumer
         # dropped on top are aborted records tansu shows (docs/sinks.md: untestable here)
@@ -190,6 +191,7 @@ def test_broker_frozen_mid_run_warns_then_recovers_and_loses_nothing(
         assert out.returncode == 0, out.stderr[-3000:]
         summary = json.loads(out.stdout)
         assert summary["applied_ts"] >= checkpoint, summary
+        assert summary["checkpoints"] > 0, summary  # the owner published the changefeed checkpoint too
         assert_same(source, target)
     finally:
         broker.stop()
