@@ -1,8 +1,9 @@
 """End to end: PostgreSQL -> `cdc server` -> Kafka (tansu) -> the consumer library -> SQLite, compared row by row.
 
-- Each protocol (and canal-json with kafka-transactional) under concurrent writes and capture SIGKILLs: the etcd
-  checkpoint lags by 2 s, so every kill replays messages the topic already holds; the consumer must apply each
-  change once (a key-less table makes a duplicate or a loss visible as an extra or missing row).
+- Each protocol (and canal-json with kafka-transactional) under concurrent writes and capture SIGKILLs, after an
+  initial copy of the rows that existed at create: the etcd checkpoint lags by 2 s, so every kill replays messages
+  the topic already holds; the consumer must apply each change once (a key-less table makes a duplicate or a loss
+  visible as an extra or missing row).
 - The broker frozen mid-run (SIGSTOP: tansu keeps its data only in memory, so a restart would lose the topic):
   the changefeed goes to `warning`, then recovers; nothing is lost (rebuilt by `cdc cli kafka-consumer`).
 - Bad input: an unknown protocol, a bad dispatcher rule, a missing topic with auto-create off and an unreachable
@@ -129,8 +130,10 @@ def test_capture_kills_under_writes_then_the_consumer_rebuilds_the_tables(
         source: Any, tmp_path: Path, protocol: str, extra: str) -> None:
     params = {"protocol": protocol, "partition_num": "3", **dict(p.split("=") for p in extra.split("&") if p)}
     sink = kafka_server.uri(kafka_topic, **{k.replace("-", "_"): v for k, v in params.items()})
+    for n in range(3):  # rows that exist at create: the initial copy writes them (Debezium: op "r")
+        step(source, n)
     cluster.cdc.create_changefeed("kf", pg_server.uri(pg_database), sink, DISPATCH)
-    with BackgroundWriter(pg_server.connect(pg_database), step, pause=0.02) as wl:
+    with BackgroundWriter(pg_server.connect(pg_database), step, start=3, pause=0.02) as wl:
         time.sleep(2)
         cluster.kill_capture("kf")
         time.sleep(1.5)
