@@ -160,6 +160,7 @@ class ApiServer:
             Route("DELETE", "/api/v2/changefeeds/{changefeed_id}", lambda r, cf: s.remove(cf), 202),
             Route("POST", "/api/v2/changefeeds/{changefeed_id}/pause", lambda r, cf: s.pause(cf)),
             Route("POST", "/api/v2/changefeeds/{changefeed_id}/resume", lambda r, cf: s.resume(cf)),
+            Route("POST", "/api/v2/changefeeds/{changefeed_id}/snapshot", self._resync, 202),
             Route("GET", "/api/v2/captures", lambda r: s.captures()),
             Route("POST", "/api/v2/captures/{capture_id}/drain", lambda r, cid: s.drain_capture(cid), 202),
             Route("GET", "/api/v2/processors", lambda r: _items(s.processors())),
@@ -235,6 +236,16 @@ class ApiServer:
                                                      upstream_uri=body.get("upstream_uri"),
                                                      config=body.get("config"), target_ts=target,
                                                      skip_ddl_ts=skip))
+
+    def _resync(self, req: ApiRequest, cf: str) -> dict[str, Any]:
+        body = _object(req.body)
+        _no_unknown(body, {"tables"})
+        tables = body.get("tables")
+        if not isinstance(tables, list) or not tables or not all(isinstance(t, str) and t.strip() for t in tables):
+            raise InvalidArgument("tables must be a non-empty list of 'schema.name' strings")
+        if len(tables) > 1000:
+            raise InvalidArgument("at most 1000 tables per request")
+        return self.service.resync(cf, tables)
 
     def _resign(self, req: ApiRequest) -> dict[str, Any]:
         """Make the owner resign. On the owner: call ``owner_resign`` and wait until a new owner is

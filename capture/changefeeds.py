@@ -26,8 +26,10 @@ import tomllib
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
+from capture.changefeed_view import describe, lag, processor_spans, processor_view, snapshot_view, span_load
 from capture.snapshot_launcher import check_copy_possible
-from cdc.config import ChangefeedConfig
+from capture.table_copy import request_resync
+from cdc.config import TABLE_ARRAYS, ChangefeedConfig
 from cdc.errors import (
     ChangefeedNotFound,
     ChangefeedStateConflict,
@@ -40,20 +42,16 @@ from cdc.errors import (
 from cdc.events import TableName, TableSchema
 from cdc.filter import TableFilter
 from cdc.meta.snapshot_progress import SnapshotProgressStore
-from cdc.meta.store import ClusterSnapshot, MetaStore
+from cdc.meta.store import MetaStore
 from cdc.model import (
     ChangefeedInfo,
     ChangefeedStatus,
-    DataWarning,
     FeedState,
     SchemaHistory,
     SpanInfo,
-    SpanStatus,
-    span_copying,
     still_copying,
 )
 from cdc.serde import to_dict
-from cdc.snapshot import SnapshotProgress
 from cdc.spans import resource_name, span_of
 from cdc.ts import lsn_to_str
 from cdc.uri import parse_sink_uri, parse_upstream_uri, redact
@@ -138,6 +136,13 @@ def _check_types(raw: dict[str, Any], defaults: Any, where: str) -> None:
             if not isinstance(value, dict):
                 raise InvalidConfig(f"{where}{key} in the changefeed config must be a table ([{where}{key}])")
             _check_types(value, expected, f"{where}{key}.")
+        elif isinstance(expected, tuple) and (type(defaults), name) in TABLE_ARRAYS:
+            item = TABLE_ARRAYS[(type(defaults), name)]
+            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                raise InvalidConfig(f"{where}{key} in the changefeed config must be an array of tables "
+                                    f"([[{where}{key}]]), got {value!r}")
+            for v in value:
+                _check_types(v, item(), f"{where}{key}.")
         elif isinstance(expected, tuple):
             if "int" in annotations.get(name, ""):
                 if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
@@ -365,7 +370,7 @@ class ChangefeedService:
             info = snap.changefeeds[cf_id].value
             st = snap.statuses.get(cf_id) or ChangefeedStatus()
             out.append({"id": cf_id, "state": info.state.value, "checkpoint_ts": st.checkpoint_ts,
-                        "checkpoint": lsn_to_str(st.checkpoint_ts), "checkpoint_lag": _lag(st.checkpoint_time),
+                        "checkpoint": lsn_to_str(st.checkpoint_ts), "checkpoint_lag": lag(st.checkpoint_time),
                         "error": to_dict(info.error), "warnings": len(st.warnings)})
         return out
 
@@ -376,7 +381,7 @@ class ChangefeedService:
         snap = self.store.snapshot()
         owner = snap.owner
         owner_id = owner.capture_id if owner else None
-        load = _span_load(snap)
+        load = span_load(snap)
         return [{"id": c.id, "address": c.advertise_addr, "is_owner": c.id == owner_id, "draining": c.draining,
                  "version": c.version, "start_time": c.start_time, "pid": c.pid, "spans": load.get(c.id, 0)}
                 for _, c in sorted(snap.captures.items())]
@@ -395,24 +400,24 @@ class ChangefeedService:
                 f"go; start another capture first")
         if not self.store.set_capture_draining(capture_id):
             raise CaptureNotFound(f"capture {capture_id!r} is no longer registered")
-        remaining = _span_load(self.store.snapshot()).get(capture_id, 0)
+        remaining = span_load(self.store.snapshot()).get(capture_id, 0)
         return {"id": capture_id, "draining": True, "remaining_spans": remaining}
 
     def processors(self) -> list[dict[str, Any]]:
         """One item per (changefeed, capture) that has spans assigned, sorted."""
         snap = self.store.snapshot()
-        return [_processor(cf, cap, spans, snap) for (cf, cap), spans in sorted(_processor_spans(snap).items())]
+        return [processor_view(cf, cap, spans, snap) for (cf, cap), spans in sorted(processor_spans(snap).items())]
 
     def processor(self, cf_id: str, capture_id: str) -> dict[str, Any]:
         snap = self.store.snapshot()
         if cf_id not in snap.changefeeds:
             raise ChangefeedNotFound(f"changefeed {cf_id!r} does not exist")
-        spans = _processor_spans(snap).get((cf_id, capture_id))
+        spans = processor_spans(snap).get((cf_id, capture_id))
         if not spans:
             if capture_id not in snap.captures:
                 raise CaptureNotFound(f"capture {capture_id!r} is not registered")
             raise ProcessorNotFound(f"capture {capture_id!r} runs no span of changefeed {cf_id!r}")
-        return _processor(cf_id, capture_id, spans, snap)
+        return processor_view(cf_id, capture_id, spans, snap)
 
     # ---- state changes ---------------------------------------------------------------------------
     def pause(self, cf_id: str) -> dict[str, Any]:
@@ -431,6 +436,11 @@ class ChangefeedService:
                     f"silently skip changes: remove it and create it again")
         return self._transition(cf_id, FeedState.NORMAL,
                                 allowed=(FeedState.STOPPED, FeedState.FAILED, FeedState.WARNING, FeedState.NORMAL))
+
+    def resync(self, cf_id: str, tables: list[str]) -> dict[str, Any]:
+        """Copy ``tables`` again while the changefeed streams (``capture.table_copy``); the changefeed after it."""
+        request_resync(self.store, cf_id, tables)
+        return self.describe(cf_id)
 
     def remove(self, cf_id: str) -> dict[str, Any]:
         return self._transition(cf_id, FeedState.REMOVED, allowed=tuple(FeedState))
@@ -531,61 +541,6 @@ def _eligible_tables(up: Upstream, sink: Any, table_filter: TableFilter, upstrea
     return tables, schemas
 
 
-def _span_load(snap: ClusterSnapshot) -> dict[str, int]:
-    load: dict[str, int] = {}
-    for spans in snap.assignments.values():
-        for a in spans.values():
-            load[a.capture_id] = load.get(a.capture_id, 0) + 1
-    return load
-
-
-def _processor_spans(snap: ClusterSnapshot) -> dict[tuple[str, str], list[int]]:
-    out: dict[tuple[str, str], list[int]] = {}
-    for cf, spans in snap.assignments.items():
-        if cf not in snap.changefeeds:
-            continue
-        for index, a in sorted(spans.items()):
-            out.setdefault((cf, a.capture_id), []).append(index)
-    return out
-
-
-def _processor(cf: str, capture_id: str, indexes: list[int], snap: ClusterSnapshot) -> dict[str, Any]:
-    """A processor's view: its spans with their stored checkpoint/resolved Ts; ``running`` and ``error``
-    count only when reported under the current assignment (same capture and epoch)."""
-    statuses = snap.span_statuses.get(cf, {})
-    spans: list[dict[str, Any]] = []
-    errors: list[dict[str, Any]] = []
-    for index in indexes:
-        a = snap.assignments[cf][index]
-        ss = statuses.get(index)
-        current = ss is not None and ss.capture_id == a.capture_id and ss.epoch == a.epoch
-        err = to_dict(ss.error) if current and ss is not None and ss.error else None
-        if err:
-            errors.append({"span": index, **err})
-        spans.append({
-            "index": index, "epoch": a.epoch, "stopping": a.stopping,
-            "checkpoint_ts": ss.checkpoint_ts if ss else None,
-            "checkpoint": lsn_to_str(ss.checkpoint_ts) if ss else None,
-            "checkpoint_lag": _lag(ss.checkpoint_time) if ss else None,
-            "resolved_ts": ss.resolved_ts if ss else None,
-            "resolved_lag": _lag(ss.resolved_time) if ss else None,
-            "running": bool(current and ss is not None and ss.running),
-            "rows": ss.rows if current and ss is not None else 0,
-            "error": err,
-        })
-    checkpoints = [s["checkpoint_ts"] for s in spans if s["checkpoint_ts"] is not None]
-    resolved = [s["resolved_ts"] for s in spans if s["resolved_ts"] is not None]
-    checkpoint = min(checkpoints) if len(checkpoints) == len(spans) else None
-    return {
-        "changefeed_id": cf, "capture_id": capture_id,
-        "address": snap.captures[capture_id].advertise_addr if capture_id in snap.captures else None,
-        "checkpoint_ts": checkpoint,
-        "checkpoint": lsn_to_str(checkpoint) if checkpoint is not None else None,
-        "resolved_ts": min(resolved) if len(resolved) == len(spans) else None,
-        "spans": spans, "errors": errors,
-    }
-
-
 def _check_same_upstream(old: str, new: str) -> None:
     was, now = open_upstream(old).server_identity(), open_upstream(new).server_identity()  # no I/O
     if was != now:
@@ -623,69 +578,3 @@ def _diff(old: ChangefeedInfo, new: ChangefeedInfo) -> dict[str, dict[str, Any]]
             diff[key] = {"old": before.get(key), "new": after.get(key)}
     return diff
 
-
-def _lag(t: float) -> float | None:
-    return round(max(0.0, time.time() - t), 3) if t else None
-
-
-def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments: dict[int, Any],
-             span_statuses: dict[int, Any]) -> dict[str, Any]:
-    st = status or ChangefeedStatus()
-    spans = []
-    for s in info.spans:
-        a = assignments.get(s.index)
-        ss = span_statuses.get(s.index)
-        spans.append({
-            "index": s.index, "slot": s.slot, "publication": s.publication, "start_ts": s.start_ts,
-            "capture": a.capture_id if a else None,
-            "checkpoint_ts": ss.checkpoint_ts if ss else None,
-            "checkpoint": lsn_to_str(ss.checkpoint_ts) if ss else None,
-            "resolved_ts": ss.resolved_ts if ss else None,
-            "running": ss.running if ss else False,
-            "rows": ss.rows if ss else 0,
-            "retained_wal_bytes": st.retained_wal.get(str(s.index)),
-            "error": to_dict(ss.error) if ss and ss.error else None,
-            "warnings": len(ss.warnings) if ss else 0,
-            "phase": _span_phase(info, ss),
-        })
-    phases = {s["phase"] for s in spans}
-    return {
-        "id": info.id,
-        "state": info.state.value,
-        "phase": "snapshot" if "snapshot" in phases else "streaming",
-        "upstream_uri": redact(info.upstream_uri),  # also when sealed with a key this capture lacks
-        "sink_uri": redact(info.sink_uri),
-        "config": info.config,
-        "start_ts": info.start_ts,
-        "target_ts": info.target_ts,
-        "create_time": info.create_time,
-        "checkpoint_ts": st.checkpoint_ts,
-        "checkpoint": lsn_to_str(st.checkpoint_ts),
-        "checkpoint_time": st.checkpoint_time,
-        "checkpoint_lag": _lag(st.checkpoint_time),
-        "resolved_ts": st.resolved_ts,
-        "resolved_lag": _lag(st.resolved_time),
-        "error": to_dict(info.error) if info.error else None,
-        "warnings": [warning_view(w) for w in st.warnings],
-        "spans": spans,
-    }
-
-
-def _span_phase(info: ChangefeedInfo, ss: SpanStatus | None) -> str:
-    """One span's phase: ``snapshot`` until it stored its initial copy as done."""
-    return "snapshot" if span_copying(info, ss) else "streaming"
-
-
-def snapshot_view(p: SnapshotProgress) -> dict[str, Any]:
-    """The initial copy's progress as the API shows it: totals, then per table chunks done / total, rows copied
-    / planned, rows/s and ETA (None while unknown)."""
-    return {"chunks_done": p.chunks_done, "chunks_total": p.chunks_total, "rows_copied": p.rows_copied,
-            "tables": [{"table": t.table, "chunks_done": t.chunks_done, "chunks_total": t.chunks_total,
-                        "rows_copied": t.rows_copied, "rows_planned": t.rows_planned,
-                        "rows_per_second": t.rows_per_second, "eta_seconds": t.eta_seconds} for t in p.tables]}
-
-
-def warning_view(w: DataWarning) -> dict[str, Any]:
-    """A data warning as the API shows it (``last_time``: when last raised, ``first_time`` if only once)."""
-    return {"code": w.code, "table": w.table, "severity": w.severity.value, "count": w.count, "keys": list(w.keys),
-            "first_time": w.first_time, "last_time": w.seen, "message": w.message}

@@ -305,11 +305,18 @@ def snapshot_families(snap: Any, progress: Callable[[str], Any] | None) -> Itera
                              labels=["changefeed", "table"])
     planned = GaugeMetricFamily("tidewater_snapshot_rows_planned", "Rows the table held when its copy was planned",
                                 labels=["changefeed", "table"])
+    copies = GaugeMetricFamily("tidewater_changefeed_table_copies", "Table copies of the changefeed (tables that "
+                               "joined with rows, resyncs) asked for or running while it streams",
+                               labels=["changefeed"])
     if snap is not None:
         for cf_id, entry in snap.changefeeds.items():
-            busy = still_copying(entry.value, snap.span_statuses.get(cf_id, {}))
+            statuses = snap.span_statuses.get(cf_id, {})
+            busy = still_copying(entry.value, statuses)
             phase.add_metric([cf_id], 1.0 if busy else 0.0)
-            if not busy or progress is None:
+            running = sum(len(st.snapshot.tables) for st in statuses.values()
+                          if st is not None and st.snapshot is not None and st.snapshot.phase != "done")
+            copies.add_metric([cf_id], float(running + len(entry.value.table_copies)))
+            if not (busy or running) or progress is None:
                 continue
             try:
                 p = progress(cf_id)
@@ -320,7 +327,7 @@ def snapshot_families(snap: Any, progress: Callable[[str], Any] | None) -> Itera
                 total.add_metric([cf_id, t.table], float(t.chunks_total))
                 rows.add_metric([cf_id, t.table], float(t.rows_copied))
                 planned.add_metric([cf_id, t.table], float(t.rows_planned))
-    yield from (phase, done, total, rows, planned)
+    yield from (phase, done, total, rows, planned, copies)
 
 
 def slot_metrics(reports: list[UpstreamReport]) -> Iterator[Any]:

@@ -109,7 +109,11 @@ _SCHEMAS: dict[str, Any] = {
                        "checkpoint": {"type": "string", "nullable": True},
                        "resolved_ts": {"type": "integer", "nullable": True}, "running": {"type": "boolean"},
                        "rows": {"type": "integer"}, "error": _ref("RunningError"),
-                       "warnings": {"type": "integer", "description": "data warnings stored by this span"}},
+                       "warnings": {"type": "integer", "description": "data warnings stored by this span"},
+                       "table_copy": {"type": "object", "nullable": True,
+                                      "description": "the span's last table copy (joined table or resync)",
+                                      "properties": {"tables": {"type": "array", "items": {"type": "string"}},
+                                                     "phase": {"type": "string", "enum": ["copying", "done"]}}}},
         "additionalProperties": True,
     },
     "Changefeed": {
@@ -130,8 +134,19 @@ _SCHEMAS: dict[str, Any] = {
                          "description": "unacknowledged data warnings of every span and of the owner's upstream "
                                         "watch, oldest first (at most 50)"},
             "spans": {"type": "array", "items": _ref("SpanView")},
+            "table_copies": {"type": "array", "description": "table copies asked for and not yet taken up by their span",
+                             "items": {"type": "object", "properties": {
+                                 "table": {"type": "string"}, "span": {"type": "integer"},
+                                 "reason": {"type": "string", "enum": ["joined", "resync"]},
+                                 "requested_at": {"type": "number"}}}},
         },
         "additionalProperties": True,
+    },
+    "ResyncTables": {
+        "type": "object", "required": ["tables"], "additionalProperties": False,
+        "properties": {"tables": {"type": "array", "minItems": 1, "maxItems": 1000,
+                                  "items": {"type": "string", "minLength": 1, "maxLength": 300},
+                                  "description": "schema.name of replicated tables"}},
     },
     "ChangefeedSummary": {
         "type": "object",
@@ -243,6 +258,15 @@ _PATHS: dict[str, Any] = {
                  "operationId": "pauseChangefeed",
                  "responses": {"200": _json(_ref("Changefeed"), "stopped"),
                                "409": _error("cannot be paused in its state"), **_ERRORS_CF}}},
+    "/api/v2/changefeeds/{changefeed_id}/snapshot": {
+        "parameters": [_CF_PARAM],
+        "post": {"summary": "copy tables again (a resync) while the changefeed streams: each table is emptied "
+                            "downstream and copied under a new snapshot; only its own changes wait meanwhile",
+                 "operationId": "resyncTables",
+                 "requestBody": {"required": True, "content": {"application/json": {"schema": _ref("ResyncTables")}}},
+                 "responses": {"202": _json(_ref("Changefeed"), "the copies are asked for"),
+                               "400": _error("no table, or a table the changefeed does not replicate"),
+                               "409": _error("the changefeed is being removed"), **_ERRORS_CF}}},
     "/api/v2/changefeeds/{changefeed_id}/resume": {
         "parameters": [_CF_PARAM],
         "post": {"summary": "resume (state normal), also from failed once the cause is gone; acknowledges every "

@@ -75,7 +75,8 @@ class SparkCopyLauncher:
                           tables=tuple(str(t) for t in request.tables), etcd=self.etcd, span=request.span,
                           cluster=self.cluster_id, snapshot=request.snapshot, commit_ts=request.commit_ts,
                           commit_time=request.commit_time, chunk_rows=request.chunk_rows,
-                          spark_master=request.spark_master, local=request.local)
+                          spark_master=request.spark_master, local=request.local,
+                          sink_config=dict(request.sink_config))
         proc = launch.start(job, self.dir, die_with_parent=True)
         try:
             started = time.monotonic()

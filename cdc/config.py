@@ -20,6 +20,43 @@ DELIVERY_MODES = ("exactly-once", "at-least-once")
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
+PARTITION_DISPATCHERS = ("default", "table", "index-value", "ts", "columns")
+# TiCDC's topic expression (pkg/sink/dispatcher/topic): [prefix]{schema}[middle{table}][suffix], or a fixed name
+_TOPIC_CHARS = r"[A-Za-z0-9._-]"
+_TOPIC_EXPRESSION = re.compile(rf"{_TOPIC_CHARS}*\{{schema\}}({_TOPIC_CHARS}*\{{table\}})?{_TOPIC_CHARS}*"
+                               rf"|{_TOPIC_CHARS}{{1,249}}")
+
+
+@dataclass(frozen=True)
+class DispatcherRule:
+    """One ``[[sink.dispatchers]]`` rule of a Kafka sink (TiCDC's): the tables ``matcher`` selects (filter rules,
+    ``cdc.filter``) go to ``topic`` (an expression with ``{schema}`` and ``{table}``, or a fixed name; empty: the
+    sink URI's topic), partitioned by ``partition``: ``default``/``table`` (by table name), ``index-value`` (by
+    the row's key), ``ts`` (by commit Ts) or ``columns`` (by the values of ``columns``). The first rule that
+    matches a table decides; tables no rule matches go to the URI's topic, by table."""
+
+    matcher: tuple[str, ...] = ()
+    topic: str = ""
+    partition: str = "default"
+    columns: tuple[str, ...] = ()
+
+    def validate(self, where: str) -> None:
+        if not self.matcher or any(not isinstance(m, str) or not m.strip() for m in self.matcher):
+            raise InvalidConfig(f"{where}: matcher must list table rules, e.g. matcher = ['public.*']")
+        if self.partition not in PARTITION_DISPATCHERS:
+            raise InvalidConfig(f"{where}: partition {self.partition!r} is not a dispatcher: use one of "
+                                f"{', '.join(PARTITION_DISPATCHERS)}")
+        if self.partition == "columns" and not self.columns:
+            raise InvalidConfig(f"{where}: partition = 'columns' needs the columns to hash, e.g. columns = ['id']")
+        if self.columns and self.partition != "columns":
+            raise InvalidConfig(f"{where}: columns are only used with partition = 'columns' (partition is "
+                                f"{self.partition!r}): remove columns or set partition = 'columns'")
+        if self.topic and not _TOPIC_EXPRESSION.fullmatch(self.topic):
+            raise InvalidConfig(f"{where}: topic {self.topic!r} is not a topic expression: use a Kafka topic name "
+                                "(a-z A-Z 0-9 . _ -, at most 249) or [prefix]{schema}[middle{table}][suffix], e.g. "
+                                "topic = 'cdc_{schema}_{table}'")
+
+
 @dataclass(frozen=True)
 class SinkConfig:
     batch_rows: int = 1000  # rows per multi-row statement
@@ -28,6 +65,7 @@ class SinkConfig:
     # same transaction as the rows and skip what is already there on replay; "at-least-once": they don't
     delivery: str = "exactly-once"
     checkpoint_table: str = "tidewater_checkpoint"  # on PostgreSQL in schema "tidewater"
+    dispatchers: tuple[DispatcherRule, ...] = ()  # [[sink.dispatchers]]: Kafka topic and partition rules
 
 
 @dataclass(frozen=True)
@@ -88,6 +126,11 @@ class ChangefeedConfig:
         if not _PLAIN_NAME.fullmatch(self.sink.checkpoint_table):
             raise InvalidConfig("sink.checkpoint-table must be a plain table name (letters, digits, _; at most 63), "
                                 f"got {self.sink.checkpoint_table!r}")
+        for i, rule in enumerate(self.sink.dispatchers):
+            if not isinstance(rule, DispatcherRule):
+                raise InvalidConfig(f"sink.dispatchers[{i}] must be a table ([[sink.dispatchers]] with matcher, "
+                                    "topic, partition)")
+            rule.validate(f"sink.dispatchers[{i}]")
         if not self.filter.rules:
             raise InvalidConfig("filter.rules must not be empty")
         if self.snapshot.mode not in SNAPSHOT_MODES:
@@ -122,6 +165,8 @@ class ChangefeedConfig:
 def _undash(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k.replace("-", "_"): _undash(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_undash(v) for v in obj]
     return obj
 
 
@@ -134,7 +179,18 @@ def _check_keys(cls: type, data: dict[str, Any], where: str) -> dict[str, Any]:
         sub = names[key].default_factory if names[key].default_factory is not None else None  # type: ignore[misc]
         if isinstance(value, dict) and sub is not None:
             _check_keys(type(sub()), value, f"{where} [{key}]")
+        item = TABLE_ARRAYS.get((cls, key))
+        if item is not None:
+            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                raise InvalidConfig(f"{where}: {key.replace('_', '-')} must be an array of tables "
+                                    f"([[...{key.replace('_', '-')}]])")
+            for i, v in enumerate(value):
+                _check_keys(item, v, f"{where} [[{key.replace('_', '-')}]] #{i + 1}")
     return data
+
+
+TABLE_ARRAYS: dict[tuple[type, str], type] = {(SinkConfig, "dispatchers"): DispatcherRule}
+"""Fields holding arrays of tables (``[[sink.dispatchers]]``): the dataclass of each item, for key checks."""
 
 
 @dataclass(frozen=True)

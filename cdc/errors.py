@@ -92,6 +92,14 @@ class SinkUnavailable(TidewaterError):
     http_status = 503
 
 
+class SinkFenced(SinkUnavailable):
+    """The sink's writer was fenced by a newer one with the same identity (a Kafka transactional id taken over
+    by the span's next owner): nothing of the write was committed. Retryable: the span restarts where it is
+    still owned, and a fenced writer whose capture lost the span never restarts it."""
+
+    code = "CDC:ErrSinkFenced"
+
+
 class MetaStoreError(TidewaterError):
     code = "CDC:ErrEtcd"
     retryable = True

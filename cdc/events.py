@@ -111,6 +111,12 @@ class TableSchema:
         raise KeyError(name)
 
 
+SNAPSHOT = "snapshot"
+"""Key of ``RowChange.extra`` that marks a row of the initial copy (value ``True``). Set by the upstream's snapshot
+reader; protocols with a marker for snapshot reads show it (Debezium ``op: "r"``), the others write such a row as
+an insert."""
+
+
 @dataclass(slots=True)
 class RowChange:
     """A typed row change, as delivered to sinks.
@@ -122,6 +128,9 @@ class RowChange:
     - DELETE: ``old_values`` holds at least the key columns.
     - TRUNCATE: no values.
     ``commit_ts`` orders transactions; ``commit_time`` is the upstream commit wall-clock time.
+    ``extra`` carries optional facts about the change: ``extra[SNAPSHOT] is True`` marks a row read by the
+    initial copy (an INSERT of a row that existed when the changefeed was created, not a streamed insert;
+    see :func:`is_snapshot`), ``extra["truncate_options"]`` the option bits of a TRUNCATE.
     """
 
     op: OpType
@@ -152,6 +161,11 @@ class RowChange:
         src = self.old_values if self.old_values is not None else self.values
         assert src is not None
         return tuple(src[k] for k in self.schema.key)
+
+
+def is_snapshot(change: RowChange) -> bool:
+    """True when ``change`` is a row read by the initial copy (``extra[SNAPSHOT]``), not a streamed change."""
+    return change.extra.get(SNAPSHOT) is True
 
 
 # ``values`` is a slot; route it through a property so that a positional ``row`` turns into the dict

@@ -153,6 +153,9 @@ class ChangefeedInfo:
     # the existing rows are copied before the spans stream ([snapshot] mode = "initial" at create; changefeeds
     # created before the snapshot existed have False)
     initial_copy: bool = False
+    # table copies requested and not yet served by their span (the owner drops them once served)
+    table_copies: tuple[TableCopy, ...] = ()
+    table_copy_seq: int = 0  # the last TableCopy.request given (never reused: a span compares against it)
 
     def with_state(self, state: FeedState, *, error: RunningError | None = None, now: float | None = None,
                    **changes: Any) -> ChangefeedInfo:
@@ -197,11 +200,31 @@ class SpanSnapshot:
     changes are already in the copy and are not applied again (keyed tables: the first export's Ts, so every
     change after any chunk's snapshot is replayed, idempotently; a key-less table: the Ts of the one snapshot
     its whole copy was read under, so not one of its rows is applied twice).
+
+    ``tables``: the tables this copy covers; empty for the initial copy (every table of the span), else the
+    tables of a *table copy* (:class:`TableCopy`: a table that joined with rows, or a resync), which runs while
+    the span streams its other tables. ``request``: the highest :attr:`TableCopy.request` the span took up.
     """
 
     phase: str = "copying"
     exports: tuple[tuple[str, int], ...] = ()
     floors: dict[str, int] = field(default_factory=dict)
+    tables: tuple[str, ...] = ()
+    request: int = 0
+
+
+@dataclass(frozen=True)
+class TableCopy:
+    """A request to copy one table's existing rows while its span goes on streaming (docs/snapshot.md, "Table
+    copies"): ``reason`` ``"joined"`` (the owner added a table that already held rows to the span's publication)
+    or ``"resync"`` (``cdc cli changefeed snapshot --table``). ``request`` increases with every request of the
+    changefeed; the span serves every request up to the one in its ``SpanSnapshot.request``."""
+
+    table: str
+    span: int
+    request: int
+    reason: str = "resync"
+    requested_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -270,5 +293,14 @@ def still_copying(info: ChangefeedInfo, statuses: Mapping[int, SpanStatus | None
 
 def span_copying(info: ChangefeedInfo, status: SpanStatus | None) -> bool:
     """Whether one span of ``info`` still copies: an initial copy not stored as ``done`` in its status (or no
-    status reported yet)."""
-    return info.initial_copy and (status is None or status.snapshot is None or status.snapshot.phase != "done")
+    status reported yet). A table copy (``SpanSnapshot.tables``) does not count: the span streams meanwhile."""
+    if not info.initial_copy:
+        return False
+    snap = status.snapshot if status is not None else None
+    return snap is None or (snap.phase != "done" and not snap.tables)
+
+
+def pending_table_copies(info: ChangefeedInfo, span: int, status: SpanSnapshot | None) -> tuple[TableCopy, ...]:
+    """The table copies of span ``span`` that it has not taken up yet (``request`` above its snapshot's)."""
+    served = status.request if status is not None else 0
+    return tuple(c for c in info.table_copies if c.span == span and c.request > served)

@@ -9,7 +9,7 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from cdc.errors import InvalidURI, SecretKeyMissing
 
-SINK_SCHEMES = ("mysql", "mariadb", "postgresql", "postgres", "sqlite", "blackhole")
+SINK_SCHEMES = ("mysql", "mariadb", "postgresql", "postgres", "sqlite", "blackhole", "kafka", "file")
 UPSTREAM_SCHEMES = ("postgresql", "postgres")
 
 
@@ -21,8 +21,10 @@ class ParsedURI:
     password: str | None
     host: str | None
     port: int | None
-    path: str  # database name for SQL URIs (without leading '/'), file path for sqlite
+    path: str  # database name for SQL URIs (without leading '/'), file path for sqlite, topic for kafka
     params: dict[str, str] = field(default_factory=dict)
+    # every (host, port) of a URI that may name several (kafka://h1:9092,h2:9092/topic); host/port are the first
+    hosts: tuple[tuple[str, int | None], ...] = ()
 
     def redacted(self) -> str:
         """The URI with its password replaced, for logs and API output."""
@@ -122,6 +124,8 @@ def parse_uri(raw: str, *, allowed: tuple[str, ...], what: str) -> ParsedURI:
     refuse_sealed(raw, what)
     if not raw or "://" not in raw:
         raise InvalidURI(f"{what} URI {redact(raw or '')!r} is malformed: expected scheme://...")
+    if raw.split("://", 1)[0].lower() == "kafka" and "kafka" in allowed:
+        return _parse_multi_host(raw, "kafka", what)
     try:
         parts = urlsplit(raw)
         port = parts.port
@@ -139,6 +143,12 @@ def parse_uri(raw: str, *, allowed: tuple[str, ...], what: str) -> ParsedURI:
         return ParsedURI(raw, scheme, None, None, None, None, path, dict(parse_qsl(parts.query)))
     if scheme == "blackhole":
         return ParsedURI(raw, scheme, None, None, None, None, "", dict(parse_qsl(parts.query)))
+    if scheme == "file":
+        # file:///absolute/dir (the storage sink; a host is not supported, local files only)
+        path = unquote(parts.path)
+        if parts.netloc not in ("", "localhost") or not path.startswith("/") or path == "/":
+            raise InvalidURI(f"{what} URI {redact(raw)!r}: use file:///absolute/path/to/dir (a local directory)")
+        return ParsedURI(raw, scheme, None, None, None, None, path.rstrip("/") or "/", dict(parse_qsl(parts.query)))
     if not parts.hostname:
         raise InvalidURI(f"{what} URI {redact(raw)!r} has no host")
     path = unquote(parts.path.lstrip("/"))
@@ -158,6 +168,37 @@ def parse_uri(raw: str, *, allowed: tuple[str, ...], what: str) -> ParsedURI:
         path=path,
         params=params,
     )
+
+
+_HOST_PORT = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[^:\[\]]+))(?::(?P<port>[0-9]*))?")
+
+
+def _parse_multi_host(raw: str, scheme: str, what: str) -> ParsedURI:
+    """``scheme://host[:port][,host[:port]...][/path][?query]``: urlsplit reads one host only (its port would be
+    ``9092,h2:9092``). No user information: credentials go in query parameters (``sasl-password``, masked)."""
+    rest = raw.split("://", 1)[1]
+    if "@" in rest.split("?", 1)[0]:
+        raise InvalidURI(f"{what} URI {redact(raw)!r}: a {scheme} URI takes no user or password before the host; "
+                         "use the sasl-user, sasl-password and sasl-mechanism parameters")
+    cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=len(rest))
+    hosts: list[tuple[str, int | None]] = []
+    for item in rest[:cut].split(","):
+        m = _HOST_PORT.fullmatch(item.strip())
+        if m is None:
+            raise InvalidURI(f"{what} URI {redact(raw)!r} is malformed: {item.strip()!r} is not host[:port] "
+                             f"(several brokers: {scheme}://h1:9092,h2:9092/topic)")
+        port_text = m.group("port")
+        port = int(port_text) if port_text else None
+        if port_text == "" or (port is not None and not 0 < port < 65536):
+            raise InvalidURI(f"{what} URI {redact(raw)!r} is malformed: the port of {item.strip()!r} must be 1-65535")
+        hosts.append(((m.group("v6") or m.group("host")).lower(), port))
+    parts = urlsplit(f"{scheme}://x{rest[cut:]}")
+    params = dict(parse_qsl(parts.query))
+    for name, value in params.items():
+        if _SECRET_PARAM.match(f"?{name}="):
+            remember_secret(value)
+    return ParsedURI(raw=raw, scheme=scheme, user=None, password=None, host=hosts[0][0], port=hosts[0][1],
+                     path=unquote(parts.path.lstrip("/")), params=params, hosts=tuple(hosts))
 
 
 def parse_sink_uri(raw: str) -> ParsedURI:

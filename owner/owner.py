@@ -19,11 +19,13 @@ from collections.abc import Callable
 
 from cdc.config import ChangefeedConfig, ServerConfig
 from cdc.errors import ChangefeedNotFound, MetaStoreError, NotOwner, TidewaterError
+from cdc.events import TableName
 from cdc.meta.election import Election
 from cdc.meta.keys import KeyKind
 from cdc.meta.status_feed import StatusFeed
 from cdc.meta.store import ClusterSnapshot, MetaStore
-from cdc.model import ChangefeedInfo, FeedState
+from cdc.model import ChangefeedInfo, ChangefeedStatus, FeedState
+from owner.checkpoint_publish import CheckpointPublisher
 from owner.reconcile import (
     Action,
     Assign,
@@ -84,10 +86,23 @@ class Owner:
         self._clock = clock
         self.is_owner = False
         self.terms = 0  # times this capture won the election (metrics: owner changes)
-        self.watcher = UpstreamWatcher(interval=config.upstream_check_interval, gc_ttl=config.gc_ttl)
+        self.watcher = UpstreamWatcher(interval=config.upstream_check_interval, gc_ttl=config.gc_ttl,
+                                       request_copy=self._request_copy)
         self._snapshot: ClusterSnapshot | None = None
         self._feed: StatusFeed | None = None
         self._resign = threading.Event()
+        # sinks that show the checkpoint downstream (Sink.publishes_checkpoints): published off the loop
+        self.publisher = CheckpointPublisher()
+
+    def _request_copy(self, info: ChangefeedInfo, table: TableName, span: int) -> Callable[[], None]:
+        """The upstream watch picks up ``table`` with rows: store a table copy of it (fenced: only as owner);
+        return what withdraws it."""
+        (copy,) = self.store.request_table_copies(info.id, [(str(table), span)], "joined", self._clock(),
+                                                  self.election.fence())
+
+        def cancel() -> None:
+            self.store.cancel_table_copy(info.id, copy.request, self.election.fence())
+        return cancel
 
     def resign(self) -> bool:
         """Ask the leading owner to step down: its loop returns, it deletes its election key and
@@ -127,10 +142,14 @@ class Owner:
         watch = threading.Thread(target=self.watcher.run, args=(self._infos, term), name="upstream-watch",
                                  daemon=True)
         watch.start()
+        self.publisher = CheckpointPublisher()  # one per term: a new owner publishes what it computes
+        publish = threading.Thread(target=self.publisher.run, args=(term,), name="checkpoint-publish", daemon=True)
+        publish.start()
         try:
             self._lead_loop(stop)
         finally:
             term.set()
+            self.publisher.stop_waiting()
             self.watcher.clear()
 
     def _infos(self) -> list[ChangefeedInfo]:
@@ -195,7 +214,10 @@ class Owner:
         self.watcher.retain(snap.changefeeds)
         retained = {r.changefeed: {str(k): v for k, v in r.retained_bytes().items() if v is not None}
                     for r in self.watcher.reports() if not r.error}
-        found = {cf_id: self.watcher.found_warnings(e.value) for cf_id, e in snap.changefeeds.items()}
+        found = {cf_id: self.watcher.found_warnings(e.value) + self.publisher.warnings(cf_id)
+                 for cf_id, e in snap.changefeeds.items()}
+        for cf_id, e in snap.changefeeds.items():  # (also what an earlier owner may not have published)
+            self._offer_checkpoint(e.value, snap.statuses.get(cf_id))
         actions = reconcile(snap, now, stuck_duration=self.config.error_stuck_duration, retained=retained,
                             upstream_warnings={k: v for k, v in found.items() if v})
         actions += self._upstream_actions(snap, now)
@@ -220,6 +242,11 @@ class Owner:
                 self._apply(action)
             except ChangefeedNotFound:
                 pass  # removed since the snapshot; the next full cycle sees it
+
+    def _offer_checkpoint(self, info: ChangefeedInfo, status: ChangefeedStatus | None) -> None:
+        """Hand a stored changefeed checkpoint to the publisher (owner.checkpoint_publish; cheap, never blocks)."""
+        if status is not None and status.checkpoint_ts and info.state.runs:
+            self.publisher.offer(info, status.checkpoint_ts, status.checkpoint_time)
 
     def _upstream_actions(self, snap: ClusterSnapshot, now: float) -> list[Action]:
         """Turn the upstream watcher's decisions into state changes: a lost slot fails the changefeed
@@ -260,6 +287,9 @@ class Owner:
             revision = s.put_status(action.cf, action.status, fence)
             if self._feed is not None:
                 self._feed.note_status(action.cf, action.status, revision)
+            entry = self._snapshot.changefeeds.get(action.cf) if self._snapshot is not None else None
+            if entry is not None:
+                self._offer_checkpoint(entry.value, action.status)
             return ""
         if isinstance(action, UpdateInfo):
             if s.update_changefeed(action.info, action.expected_mod, fence):
@@ -269,6 +299,7 @@ class Owner:
         if isinstance(action, DropChangefeed):
             self._drop_upstream(action)
             s.delete_changefeed(action.cf, fence)
+            self.publisher.forget(action.cf)
             threading.Thread(target=forget_positions, args=(action.info,), name=f"forget-{action.cf}",
                              daemon=True).start()
             return f"changefeed {action.cf} removed"

@@ -37,6 +37,7 @@ from cdc.model import (
     RunningError,
     SpanAssignment,
     SpanStatus,
+    TableCopy,
     WarningSeverity,
     merge_warnings,
     still_copying,
@@ -135,9 +136,13 @@ def reconcile(snap: ClusterSnapshot, now: float, *, stuck_duration: float = 1800
             actions.append(PutStatus(cf_id, status))
 
         new_info = next_state(info, statuses, status, now, stuck_duration)
+        taken = served_table_copies(info, statuses)
+        if taken:
+            new_info = replace(new_info, table_copies=tuple(c for c in info.table_copies if c not in taken))
         if new_info is not info:
             actions.append(UpdateInfo(cf_id, new_info, entry.mod_revision,
-                                      f"{info.state.value} -> {new_info.state.value}"))
+                                      f"{info.state.value} -> {new_info.state.value}" if new_info.state is not info.state
+                                      else "table copies taken up" if taken else "state details"))
     move = sched.rebalance(actions)
     if move is not None:
         actions.append(move)
@@ -243,6 +248,17 @@ class _Scheduler:
             return None
         cf_id, span, a = sorted(self.candidates[busiest], key=lambda t: (t[0], t[1]))[0]
         return Assign(cf_id, span, replace(a, stopping=True), a)
+
+
+def served_table_copies(info: ChangefeedInfo, statuses: dict[int, SpanStatus]) -> list[TableCopy]:
+    """The table copies of ``info`` that their span has taken up (its stored copy state covers them): they
+    are dropped from the changefeed (the span's status shows the copy from then on)."""
+    out = []
+    for c in info.table_copies:
+        st = statuses.get(c.span)
+        if st is not None and st.snapshot is not None and st.snapshot.request >= c.request:
+            out.append(c)
+    return out
 
 
 def global_watermarks(info: ChangefeedInfo, statuses: dict[int, SpanStatus], old: ChangefeedStatus,

@@ -19,7 +19,7 @@ from cdc.config import FilterConfig
 from cdc.errors import InvalidArgument, TableNotEligible, TidewaterError
 from cdc.events import TableName
 from cdc.filter import TableFilter
-from cdc.model import ChangefeedInfo, DataWarning, WarningSeverity
+from cdc.model import ChangefeedInfo, DataWarning, SpanInfo, WarningSeverity
 from cdc.spans import span_of
 from owner import partition_watch
 from sinks.factory import open_sink
@@ -69,6 +69,7 @@ class PickUp:
 
     added: list[str] = dataclasses.field(default_factory=list)
     with_rows: list[str] = dataclasses.field(default_factory=list)
+    copied: list[str] = dataclasses.field(default_factory=list)  # added with rows, which a table copy copies
     ineligible: list[str] = dataclasses.field(default_factory=list)
     warnings: list[DataWarning] = dataclasses.field(default_factory=list)
 
@@ -76,14 +77,26 @@ class PickUp:
 CODE_TARGET_CONFLICT = "CDC:WarnTargetNameConflict"
 
 
+CopyRequester = Callable[[ChangefeedInfo, TableName, int], Callable[[], None]]
+"""``request(info, table, span)`` stores a table copy of ``table`` for span ``span`` of ``info`` in etcd
+(:meth:`cdc.meta.store.MetaStore.request_table_copies`) and returns what withdraws it (if no span took it up yet);
+raises ``TidewaterError`` when it cannot."""
+
+
 def pick_up_new_tables(up: Upstream, info: ChangefeedInfo, published: dict[int, list[TableName] | None],
-                        target_names: Callable[[str], Callable[[TableName], str]], now: float) -> PickUp:
+                        target_names: Callable[[str], Callable[[TableName], str]], now: float,
+                        request_copy: CopyRequester | None = None) -> PickUp:
     """Add matched tables that are in no publication of ``info`` to their span's publication.
 
     A table is added only if :meth:`upstream.base.Upstream.check_tables` accepts it for that
     publication (its replica identity works once published; its stored generated columns are published
     too) and its target name in the sink is not already that of a published table or of one added
-    earlier in this pass (the same rule ``changefeed create`` applies). Spans are indexed
+    earlier in this pass (the same rule ``changefeed create`` applies).
+
+    Rows the table already held: a changefeed with an initial copy (``[snapshot] mode = "initial"``) copies them
+    with a table copy (``request_copy``), asked for *before* the add when the table holds rows then (so that an
+    owner that dies right after the add leaves the request behind), else right after the add if it counted
+    rows; only when that fails, or the changefeed has no copy, are they reported as unreplicated. Spans are indexed
     ``0..len(info.spans)-1`` (``span-count`` is fixed at creation), so ``span_of(table, len(info.spans))``
     is the creation-time rule.
     """
@@ -140,23 +153,59 @@ def pick_up_new_tables(up: Upstream, info: ChangefeedInfo, published: dict[int, 
             out.warnings.append(DataWarning(CODE_TARGET_CONFLICT, str(table), msg, WarningSeverity.DIVERGENCE,
                                             first_time=now, last_time=now))
             continue
-        try:
-            outcome = up.add_table(span, table, lock_timeout_ms=LOCK_TIMEOUT_MS, count_cap=COUNT_CAP)
-        except TidewaterError as exc:
-            if exc.retryable:
-                log.info("changefeed=%s: adding %s to %s deferred: %s", info.id, table, span.publication, exc)
+        copies = request_copy is not None and info.initial_copy
+        cancel: Callable[[], None] | None = None  # the table copy asked for before the add (undone if not added)
+        if copies:
+            try:
+                if up.has_rows(up.table_schema(table).relation_id):
+                    assert request_copy is not None
+                    cancel = request_copy(info, table, span.index)
+            except InvalidArgument:
+                continue  # dropped since it was listed
+            except TidewaterError as exc:
+                log.warning("changefeed=%s: %s not added yet: its table copy could not be requested: %s", info.id,
+                            table, exc)
                 continue
-            out.ineligible.append(f"{table} cannot be added to publication {span.publication}: {exc.message}")
-            out.warnings.append(ineligible_table_warning(table, out.ineligible[-1], now))
-            continue
+        outcome = _add(up, info, span, table, out, now)
         if outcome is None:
+            if cancel is not None:
+                _cancel(cancel, info, table)
             continue
         targets[collision_key(info.sink_uri, target)] = table
         out.added.append(str(table))
-        if outcome:
+        if outcome and cancel is None and copies:
+            try:
+                assert request_copy is not None
+                cancel = request_copy(info, table, span.index)
+            except TidewaterError as exc:
+                log.warning("changefeed=%s: the table copy of %s could not be requested: %s", info.id, table, exc)
+        if outcome and cancel is not None:
+            out.copied.append(str(table))
+        elif outcome:
             out.with_rows.append(str(table))
             out.warnings.append(unreplicated_rows_warning(table, outcome, span.publication, now))
     return out
+
+
+def _add(up: Upstream, info: ChangefeedInfo, span: SpanInfo, table: TableName, out: PickUp, now: float) -> int | None:
+    """``Upstream.add_table``: the rows the table held, or None when it was not added (deferred: tried again at
+    the next inspection; refused: reported in ``out``)."""
+    try:
+        return up.add_table(span, table, lock_timeout_ms=LOCK_TIMEOUT_MS, count_cap=COUNT_CAP)
+    except TidewaterError as exc:
+        if exc.retryable:
+            log.info("changefeed=%s: adding %s to %s deferred: %s", info.id, table, span.publication, exc)
+            return None
+        out.ineligible.append(f"{table} cannot be added to publication {span.publication}: {exc.message}")
+        out.warnings.append(ineligible_table_warning(table, out.ineligible[-1], now))
+        return None
+
+
+def _cancel(cancel: Callable[[], None], info: ChangefeedInfo, table: TableName) -> None:
+    try:
+        cancel()
+    except TidewaterError as exc:  # its span shows it waiting for the table (CDC:ErrTableCopyWaiting)
+        log.warning("changefeed=%s: the table copy of %s (not added) could not be withdrawn: %s", info.id, table, exc)
 
 
 def unusable_new_partitions(up: Upstream, before: partition_watch.Leaves, current: partition_watch.Leaves,

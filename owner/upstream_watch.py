@@ -58,6 +58,7 @@ from owner.table_pickup import (  # noqa: F401 - filter_rules, collision_key: re
     LOCK_TIMEOUT_MS,
     WARN_TABLE_INELIGIBLE,
     WARN_UNREPLICATED_ROWS,
+    CopyRequester,
     collision_key,
     filter_rules,
     ineligible_table_warning,
@@ -277,12 +278,14 @@ class UpstreamWatcher:
 
     def __init__(self, interval: float = 10.0, gc_ttl: float = 86400.0, clock: Callable[[], float] = time.time,
                  opener: Callable[[str], Upstream] = _inspection_upstream,
-                 target_names: Callable[[str], Callable[[TableName], str]] | None = None) -> None:
+                 target_names: Callable[[str], Callable[[TableName], str]] | None = None,
+                 request_copy: CopyRequester | None = None) -> None:
         self.interval = interval
         self.gc_ttl = gc_ttl
         self._clock = clock
         self._open = opener
         self._target_names = target_names or sink_target_names
+        self._request_copy = request_copy  # a table picked up with rows gets a table copy (owner.table_pickup)
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}
         self._reports: dict[str, UpstreamReport] = {}
@@ -414,7 +417,7 @@ class UpstreamWatcher:
             warnings: list[DataWarning] = []
             if info.state.runs and info.spans:
                 leaves, warnings = self._partition_warnings(up, info, published, started)
-                pickup = pick_up_new_tables(up, info, published, self._target_names, started)
+                pickup = pick_up_new_tables(up, info, published, self._target_names, started, self._request_copy)
                 new, unreplicated, ineligible = pickup.added, pickup.with_rows, pickup.ineligible
                 warnings += pickup.warnings
                 if not up.captures_ddl():

@@ -289,6 +289,50 @@ def sqlalchemy_url(sink_uri: str) -> str:
     return sink_uri
 
 
+def _diff(qualified: str, cols: list[str], key: list[str], src: dict[Any, tuple], src_raw: dict[Any, tuple],
+          numeric: list[int], target: Any, arr_idx: list[int]) -> TableDiff:
+    """Compare the source's canonical rows with ``target`` rows (values in ``cols`` order, then the
+    ``array_dims`` of the array columns ``arr_idx`` when there are any)."""
+    idx = [cols.index(k) for k in key]
+    n = len(cols)
+    fns = _normalizers(n, numeric)
+    dst, dst_raw = {}, {}
+    duplicates = []
+    dst_seen: dict[tuple, int] = {}
+    read = 0
+    for r in target:
+        read += 1
+        nr = [f(x) for f, x in zip(fns, r[:n], strict=True)]
+        for j, i in enumerate(arr_idx):
+            nr[i] = _with_bounds(nr[i], r[n + j])
+        k = _row_key(nr, idx, dst_seen)
+        if idx and k in dst:
+            duplicates.append(k)
+        dst[k] = tuple(nr)
+        dst_raw[k] = tuple(r[:n])
+    diff = TableDiff(qualified, len(src), read, duplicates=_sorted(set(duplicates))[:20])
+    missing = [k for k in src if k not in dst]
+    extra = [k for k in dst if k not in src]
+    diff.losses, diff.surplus = len(missing), len(extra) + len(duplicates)
+    diff.missing = _sorted(missing)[:20]
+    diff.extra = _sorted(extra)[:20]
+    diff.different = _sorted(
+        k for k in src if k in dst and not (
+            rows_equal(src[k], dst[k]) and _text_exact(src_raw[k], dst_raw[k], numeric)))[:20]
+    diff.sample = [(src[k], dst[k]) for k in diff.different[:3]]
+    return diff
+
+
+def compare_rows(pg_conn: Any, qualified: str, rows: Any) -> TableDiff:
+    """Compare the upstream table ``schema.table`` with ``rows`` (dicts by column name, e.g. a table rebuilt from
+    the storage sink's files by ``sinks.storage.reader``), with the same canonical forms as
+    :func:`compare_tables`. Arrays carry no bounds there: one with lower bounds other than 1 differs."""
+    schema, _, table = qualified.partition(".")
+    key = _pg_key(pg_conn, schema, table)
+    cols, src, src_raw, numeric = _source_rows(pg_conn, schema, table, key)
+    return _diff(qualified, cols, key, src, src_raw, numeric, (tuple(r.get(c) for c in cols) for r in rows), [])
+
+
 def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[TableDiff]:
     """Compare ``schema.table`` upstream tables with where the sink put them (see docs/type-mapping.md)."""
     u = parse_sink_uri(sink_uri)
@@ -310,34 +354,7 @@ def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[Table
                 arrays = [c for c in cols if isinstance(t.c[c].type, sa.ARRAY)]
                 res = tconn.execute(sa.select(*[_raw(t.c[c]) for c in cols],
                                               *[sa.func.array_dims(t.c[c]) for c in arrays]))
-                idx = [cols.index(k) for k in key]
-                arr_idx = [cols.index(a) for a in arrays]
-                n = len(cols)
-                fns = _normalizers(n, numeric)
-                dst, dst_raw = {}, {}
-                duplicates = []
-                dst_seen: dict[tuple, int] = {}
-                read = 0
-                for r in res:
-                    read += 1
-                    nr = [f(x) for f, x in zip(fns, r[:n], strict=True)]
-                    for j, i in enumerate(arr_idx):
-                        nr[i] = _with_bounds(nr[i], r[n + j])
-                    k = _row_key(nr, idx, dst_seen)
-                    if idx and k in dst:
-                        duplicates.append(k)
-                    dst[k] = tuple(nr)
-                    dst_raw[k] = tuple(r[:n])
-                diff = TableDiff(qualified, len(src), read, duplicates=_sorted(set(duplicates))[:20])
-                missing = [k for k in src if k not in dst]
-                extra = [k for k in dst if k not in src]
-                diff.losses, diff.surplus = len(missing), len(extra) + len(duplicates)
-                diff.missing = _sorted(missing)[:20]
-                diff.extra = _sorted(extra)[:20]
-                diff.different = _sorted(
-                    k for k in src if k in dst and not (
-                        rows_equal(src[k], dst[k]) and _text_exact(src_raw[k], dst_raw[k], numeric)))[:20]
-                diff.sample = [(src[k], dst[k]) for k in diff.different[:3]]
+                diff = _diff(qualified, cols, key, src, src_raw, numeric, res, [cols.index(a) for a in arrays])
                 out.append(diff)
     finally:
         engine.dispose()

@@ -37,7 +37,7 @@ from cdc.events import TableName
 from cdc.uri import parse_sink_uri
 from playground.compare import sqlalchemy_url
 from sinks.sql.ddl import create_table_sql, mysql_collation, plan_table
-from sinks.sql.sink import DIALECTS
+from sinks.sql.engine import DIALECTS
 from upstream.postgres import catalog
 
 

@@ -31,12 +31,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from cdc.config import ChangefeedConfig, ServerConfig
 from cdc.errors import InvalidArgument, LeaseLost, MetaStoreError, TidewaterError
-from cdc.events import TableSchema
+from cdc.events import TableName, TableSchema
 from cdc.filter import TableFilter
 from cdc.meta.keys import KeyKind
 from cdc.meta.snapshot_progress import SnapshotProgressStore
@@ -50,6 +50,7 @@ from cdc.model import (
     SpanInfo,
     SpanSnapshot,
     SpanStatus,
+    pending_table_copies,
 )
 from cdc.stats import SpanStats
 from cdc.ts import Watermark
@@ -57,9 +58,11 @@ from cdc.uri import scrub
 from processor.recovery import DependencyProbe
 from processor.snapshot import CopyLauncher, CopyStopped, InitialCopy
 from processor.span import SchemaRecorder, SpanRunner, SpanWarnings
+from processor.table_hold import TableHold
 from sinks.factory import open_sink
 from sorter.base import Sorter
 from upstream import open_upstream
+from upstream.base import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -217,6 +220,11 @@ class Processor:
                 slot.runner = None
                 if exited:
                     runner.discard()
+            if (slot.runner is not None and pending_table_copies(info, key[1], slot.snapshot)
+                    and not slot.runner.copying and not slot.runner.table_copying):
+                log.info("span=%s/%d restarts to take up a table copy", key[0], key[1])
+                if slot.runner.stop():
+                    slot.runner = None
             if slot.runner is None and (now >= slot.restart_at or (slot.probe is not None and slot.probe.ready.is_set())):
                 if slot.probe is not None:
                     slot.probe.close()
@@ -340,17 +348,24 @@ class Processor:
         sorter = self.sorter.span(label, memory_budget=config.memory_quota // max(1, len(info.spans)))
         slot = self._slots.get((info.id, span_index))
         copy: InitialCopy | None = None
+        table_copy: InitialCopy | None = None
         state = status.snapshot if status is not None else None
+        progress = SnapshotProgressStore(self.store.client, self.store.cluster_id)
+        if info.initial_copy and (state is None or (state.phase != "done" and not state.tables)):
+            copy = self._initial_copy(info, span, upstream, progress, state, config, label)
+        else:
+            state = self._take_up_table_copies(info, span_index, state, progress)
+            if state is not None and state.phase != "done" and state.tables:
+                def truncate(tables: Sequence[TableName]) -> None:
+                    sink = open_sink(info.sink_uri, config.sink)
+                    try:
+                        sink.truncate_targets(tables)
+                    finally:
+                        sink.close()
+
+                table_copy = self._initial_copy(info, span, upstream, progress, state, config, label, truncate)
         if slot is not None:
             slot.snapshot = state
-        if info.initial_copy and (state is None or state.phase != "done"):
-            if self._copy_launcher is None:
-                raise InvalidArgument(f"span {label} must copy its existing rows first, and this capture cannot run "
-                                      "the copy job")
-            copy = InitialCopy(info, span, upstream, SnapshotProgressStore(self.store.client, self.store.cluster_id),
-                               self._copy_launcher, self._persist_snapshot(info.id, span_index), state,
-                               chunk_rows=config.snapshot.chunk_rows, spark_master=config.snapshot.spark_master,
-                               label=label, spark_min_rows=config.snapshot.spark_min_rows)
         runner = SpanRunner(label, source, sorter, lambda: open_sink(info.sink_uri, config.sink, config.ddl), start,
                             config.sink.txn_rows, fence=self._lease_fence, target_ts=info.target_ts,
                             warnings=slot.warnings if slot is not None else None,
@@ -359,10 +374,40 @@ class Processor:
                             schema_history=self._schema_recorder(info.id),
                             barrier=self._changefeed_barrier(info, span_index) if len(info.spans) > 1 else None,
                             initial_copy=copy, floors=state.floors if state is not None and copy is None else None,
-                            stats=slot.stats if slot is not None else None)
+                            stats=slot.stats if slot is not None else None,
+                            table_copy=table_copy,
+                            hold=TableHold(state.tables) if table_copy is not None and state is not None else None,
+                            spans=len(info.spans))
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)
         return runner
+
+    def _initial_copy(self, info: ChangefeedInfo, span: SpanInfo, upstream: Upstream, progress: SnapshotProgressStore,
+                      state: SpanSnapshot | None, config: ChangefeedConfig, label: str,
+                      truncate: Callable[[Sequence[TableName]], None] | None = None) -> InitialCopy:
+        if self._copy_launcher is None:
+            raise InvalidArgument(f"span {label} must copy existing rows, and this capture cannot run the copy job")
+        return InitialCopy(info, span, upstream, progress, self._copy_launcher,
+                           self._persist_snapshot(info.id, span.index), state,
+                           chunk_rows=config.snapshot.chunk_rows, spark_master=config.snapshot.spark_master,
+                           label=label, spark_min_rows=config.snapshot.spark_min_rows, truncate=truncate)
+
+    @staticmethod
+    def _take_up_table_copies(info: ChangefeedInfo, span: int, state: SpanSnapshot | None,
+                              progress: SnapshotProgressStore) -> SpanSnapshot | None:
+        """A span that has no copy running takes up the table copies asked of it since its last one: their
+        tables' earlier copy records go (before the new state is stored, so a run that dies in between takes
+        them up again), and its snapshot state becomes a table copy of them (stored by the copy's first run)."""
+        pending = pending_table_copies(info, span, state)
+        if not pending or (state is not None and state.phase != "done"):
+            return state
+        tables = tuple(sorted({c.table for c in pending}))
+        for t in tables:
+            progress.forget_table(info.id, span, TableName.parse(t))
+        log.info("span=%s/%d takes up a table copy of %s (%s)", info.id, span, ", ".join(tables),
+                 ", ".join(sorted({c.reason for c in pending})))
+        floors = dict(state.floors) if state is not None else {}
+        return SpanSnapshot("copying", (), floors, tables, max(c.request for c in pending))
 
     def _persist_snapshot(self, cf: str, span: int) -> Callable[[SpanSnapshot], None]:
         """Stores a span's initial-copy state with its status now, under the span's guard; raises when the write

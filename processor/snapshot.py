@@ -23,12 +23,13 @@ returns promptly (:class:`CopyStopped`); every failure is a ``TidewaterError`` n
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from cdc.errors import InvalidArgument, TidewaterError
 from cdc.events import TableName
@@ -47,6 +48,13 @@ class CopyStopped(TidewaterError):
     retryable = True
 
 
+class TableCopyWaiting(TidewaterError):
+    """A table copy names a table that exists upstream but is not in its span's publication yet."""
+
+    code = "CDC:ErrTableCopyWaiting"
+    retryable = True
+
+
 @dataclass(frozen=True)
 class CopyRequest:
     """One run of the copy job for one span: what to copy from where to where, under which snapshot."""
@@ -62,6 +70,7 @@ class CopyRequest:
     chunk_rows: int
     spark_master: str
     local: bool = False  # small enough to copy without starting Spark (in the job's own process)
+    sink_config: dict[str, Any] = field(default_factory=dict)  # the changefeed's [sink] (e.g. Kafka dispatchers)
 
 
 class CopyLauncher(Protocol):
@@ -72,13 +81,32 @@ class CopyLauncher(Protocol):
     def __call__(self, request: CopyRequest, stop: threading.Event) -> None: ...
 
 
+class StreamGate(Protocol):
+    """The streaming span a table copy runs beside (``processor.span.SpanRunner``, through its
+    :class:`processor.table_hold.TableHold`)."""
+
+    def pass_up_to(self, boundary: int, drop: Mapping[str, int]) -> None:
+        """Let the copied tables' changes at or below ``boundary`` pass (those at or below ``drop[table]``: drop)."""
+
+    def caught_up(self, boundary: int) -> bool:
+        """Everything the span streams up to ``boundary`` is written downstream (or it waits before a copied
+        table's change above it, everything before that written)."""
+
+
 class InitialCopy:
     """The copy phase of one span (see the module doc). ``persist(state)`` must store the span's snapshot state
-    durably (the span's status, under the processor's guard) before returning; ``state`` is what is stored."""
+    durably (the span's status, under the processor's guard) before returning; ``state`` is what is stored.
+
+    A *table copy* (``state.tables`` not empty: docs/snapshot.md, "Table copies") copies only those tables, while
+    the span streams (``gate``): each run exports its snapshot, lets the tables' changes up to the first run's
+    snapshot ``B`` pass, waits until the span has written them, empties the targets of the keyed tables it plans
+    now (``truncate``; a key-less table's single chunk replaces its rows anyway), then copies. The floors are the
+    initial copy's, ``B`` being the first export."""
 
     def __init__(self, info: ChangefeedInfo, span: SpanInfo, upstream: Upstream, progress: SnapshotProgressStore,
                  launcher: CopyLauncher, persist: Callable[[SpanSnapshot], None], state: SpanSnapshot | None,
-                 *, chunk_rows: int, spark_master: str, label: str, spark_min_rows: int = 0) -> None:
+                 *, chunk_rows: int, spark_master: str, label: str, spark_min_rows: int = 0,
+                 truncate: Callable[[Sequence[TableName]], None] | None = None) -> None:
         self.info = info
         self.span = span
         self.upstream = upstream
@@ -90,24 +118,36 @@ class InitialCopy:
         self.spark_master = spark_master
         self.spark_min_rows = spark_min_rows
         self.label = label
+        self.truncate = truncate
 
-    def __call__(self, stop: threading.Event) -> dict[str, int]:
-        """Copy what is left; return the floors (table -> Ts) once the span's snapshot is done."""
+    def __call__(self, stop: threading.Event, gate: StreamGate | None = None) -> dict[str, int]:
+        """Copy what is left; return the floors (table -> Ts) once the span's snapshot is done. ``gate``: the
+        span streams meanwhile (a table copy)."""
         if self.state.phase == "done":
             return dict(self.state.floors)
         tables = self.upstream.span_tables(self.span)
         if tables is None:
             raise InvalidArgument(f"span {self.label}: its publication {self.span.publication!r} no longer exists "
                                   "upstream; the changefeed cannot copy or stream: remove it and create it again")
+        kept: dict[str, int] = {}
+        if self.state.tables:  # a table copy: the tables asked for that the span still publishes
+            wanted = set(self.state.tables)
+            self._check_published(wanted - {str(t) for t in tables})
+            tables = [t for t in tables if str(t) in wanted]
+            kept = {k: v for k, v in self.state.floors.items() if k not in wanted}
         if tables:
             with self.upstream.export_snapshot(label=self.label) as exp:
-                self.state = SpanSnapshot("copying", (*self.state.exports, (exp.name, exp.ts)), {})
+                self.state = dataclasses.replace(self.state, phase="copying",
+                                                 exports=(*self.state.exports, (exp.name, exp.ts)), floors=kept)
                 self.persist(self.state)  # before any row is written under it
+                if gate is not None:
+                    self._catch_up(gate, tables, stop)
                 pending, rows = self._plan(tables, exp.name)
                 if pending:
                     request = CopyRequest(self.info.id, self.span.index, self.info.upstream_uri, self.info.sink_uri,
                                           tuple(pending), exp.name, exp.ts, exp.time, self.chunk_rows,
-                                          self.spark_master, local=rows < self.spark_min_rows)
+                                          self.spark_master, local=rows < self.spark_min_rows,
+                                          sink_config=dict(self.info.config.get("sink") or {}))
                     log.info("span=%s copying %d table(s) under snapshot %s (Ts %d)", self.label, len(pending),
                              exp.name, exp.ts)
                     try:
@@ -118,11 +158,43 @@ class InitialCopy:
                         self.progress.end_run(self.info.id, self.span.index)
                         raise
             self.progress.end_run(self.info.id, self.span.index)  # a late process of the job commits nothing more
-        floors = self.floors(tables)
-        self.state = SpanSnapshot("done", self.state.exports, floors)
+        floors = {**kept, **self.floors(tables)}
+        self.state = dataclasses.replace(self.state, phase="done", floors=floors)
         self.persist(self.state)
         log.info("span=%s initial copy done: %d table(s); streaming from checkpoint", self.label, len(tables))
         return floors
+
+    def _check_published(self, missing: set[str]) -> None:
+        """A table of a table copy that the span does not publish: dropped since (nothing to copy), or not added
+        yet (the owner asks for a joining table's copy just before it adds it): then the copy waits for it, as a
+        retryable error the changefeed shows."""
+        for name in sorted(missing):
+            try:
+                self.upstream.table_schema(TableName.parse(name))
+            except InvalidArgument:
+                continue  # gone upstream: nothing to copy
+            raise TableCopyWaiting(
+                f"span {self.label}: table {name} is to be copied but is not in publication {self.span.publication} "
+                "yet; the copy starts once the owner has added it (if it stays out, see the changefeed's warnings "
+                "for why it is not eligible)")
+
+    def _catch_up(self, gate: StreamGate, tables: Sequence[TableName], stop: threading.Event) -> None:
+        """A table copy's run, before it plans: the span writes the copied tables' changes up to the first
+        export ``B`` (a key-less table whose copy is already committed: drops those up to its snapshot), then
+        holds back the rest; once it has written everything up to ``B``, no change of theirs at or below ``B``
+        is written any more by this run, and their copy may begin."""
+        first = self.state.exports[0][1]
+        exports = dict(self.state.exports)
+        drop: dict[str, int] = {}
+        for t in tables:
+            plan = self.progress.get_plan(self.info.id, self.span.index, t)
+            done = self.progress.done_chunks(self.info.id, self.span.index, t).get(0)
+            if plan is not None and not plan.has_key and done is not None and done.snapshot in exports:
+                drop[str(t)] = exports[done.snapshot]
+        gate.pass_up_to(first, drop)
+        while not gate.caught_up(first):
+            if stop.wait(0.1):
+                raise CopyStopped(f"span {self.label} stopped while its table copy waited for the stream")
 
     def _plan(self, tables: Sequence[TableName], snapshot: str) -> tuple[list[TableName], int]:
         """The tables with chunks left to copy, and about how many rows those chunks hold (as planned). A table
@@ -136,7 +208,13 @@ class InitialCopy:
             for t in tables:
                 stored = self.progress.get_plan(cf, span, t)
                 if stored is None:
-                    plan = reader.plan(reader.table_schema(t), self.chunk_rows)
+                    schema = reader.table_schema(t)
+                    if self.truncate is not None and schema.has_key:
+                        # a table copy replaces the rows: extra rows downstream go too (before the plan is
+                        # stored: a run that dies in between empties it again; a key-less table's single chunk
+                        # replaces its rows itself)
+                        self.truncate([t])
+                    plan = reader.plan(schema, self.chunk_rows)
                     stored = self.progress.put_plan(cf, span, plan)
                     if stored is plan and plan.rows == 0:
                         reader.release()

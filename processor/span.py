@@ -15,6 +15,9 @@ Guarantees:
   table) into ``warnings``, a :class:`SpanWarnings` the processor keeps across restarts of the span and
   stores in ``SpanStatus.warnings``. With a ``row_source`` factory, the sink thread gives the sink a fresh
   row source (``Sink.set_row_source``) and closes it (its ``close()``, if any) when the thread ends.
+- Span watermarks: a sink with ``watermark_interval`` > 0 is told which span of how many it serves
+  (``Sink.bind_span``, before ``open_position``) and gets ``publish_resolved(checkpoint)`` after the checkpoint
+  moved, at most every ``watermark_interval`` seconds (so the checkpoint it is given is durable downstream).
 Thread-safety: ``checkpoint``, ``resolved``, ``rows``, ``error`` are read by the processor thread;
 each is a single reference assignment.
 """
@@ -34,6 +37,7 @@ from cdc.model import DataWarning, WarningSeverity, merge_warnings
 from cdc.stats import SpanStats
 from cdc.ts import Watermark
 from processor.mounter import Mounter
+from processor.table_hold import PASS, WAIT, TableHold
 from sinks.base import RowSource, Sink
 from sorter.base import SortedTxn, SpanSorter
 from upstream.base import SCHEMA_CHANGE, ChangeDecoder, SpanSource, encode_payload
@@ -68,7 +72,7 @@ class TxnBatcher:
     def __init__(self, txns: Iterable[SortedTxn], mount: Callable[[bytes, int, float], RowChange],
                  max_rows: int, ddl_commits: Container[int] = frozenset(),
                  schema_changes: Callable[[bytes, int, float], list[DdlEvent]] | None = None,
-                 floors: Mapping[str, int] | None = None) -> None:
+                 floors: Mapping[str, int] | None = None, hold: TableHold | None = None) -> None:
         self._it = iter(txns)
         self._peek: SortedTxn | None = next(self._it, None)
         self._mount = mount
@@ -76,6 +80,10 @@ class TxnBatcher:
         # copy already and are dropped; checked only in transactions at or below the highest floor
         self._floors = dict(floors or {})
         self._floor_max = max(self._floors.values(), default=0)
+        # a table copy's hold (processor.table_hold): its tables' changes pass, drop or wait; the transaction
+        # waited before keeps its mounted parts here, so that it is mounted once
+        self._hold = hold
+        self._peek_parts: list[tuple[list[RowChange], list[DdlEvent]]] | None = None
         self._max_rows = max_rows
         self._ddl_commits = ddl_commits
         self._schema_changes = schema_changes
@@ -106,12 +114,15 @@ class TxnBatcher:
             t = self._peek
             if rows and rows >= max_rows:
                 break
-            if t.commit_ts <= self._floor_max:  # (rare: only transactions of the initial copy's window)
+            if t.commit_ts <= self._floor_max or (self._hold is not None and t.commit_ts <= self._hold.floor_max):
+                # (rare: only transactions of a copy's window)
                 if rows and t.commit_ts in ddl_commits:
                     break
-                parts = self._above_floors(t.commit_ts, self._cut(t) if t.commit_ts in ddl_commits else
-                                           [([mount(p, t.commit_ts, t.commit_time) for p in t.payloads], [])])
+                parts = self._filtered(t)
+                if parts is None:  # a change a table copy holds back: the batch ends before its transaction
+                    break
                 self._peek = next(it, None)
+                self._peek_parts = None
                 if any(ddl for _, ddl in parts):  # a schema change of a table above its floor: still a barrier
                     self._parts = parts
                     self._split = Watermark(t.commit_ts, t.commit_time)
@@ -150,11 +161,66 @@ class TxnBatcher:
         if not self._parts:
             self.last = self._split
 
+    def blocked(self) -> bool:
+        """The next transaction holds a change that a table copy holds back (the caller waits on the hold and
+        asks again; ``next_batch`` would return no row). Sets the hold's ``blocked_at``."""
+        hold, t = self._hold, self._peek
+        if hold is None or t is None or self._parts or t.commit_ts > hold.floor_max:
+            return False
+        if self._filtered(t) is None:
+            hold.blocked_at = t.commit_ts
+            return True
+        return False
+
+    def _filtered(self, t: SortedTxn) -> list[tuple[list[RowChange], list[DdlEvent]]] | None:
+        """Transaction ``t`` (the peeked one) as parts without the changes the floors and the hold drop; None
+        when the hold makes it wait."""
+        parts = self._peek_parts
+        if parts is None:
+            parts = self._peek_parts = (self._cut(t) if t.commit_ts in self._ddl_commits else
+                                        [([self._mount(p, t.commit_ts, t.commit_time) for p in t.payloads], [])])
+        ts = t.commit_ts
+        if ts <= self._floor_max:
+            parts = self._above_floors(ts, parts)
+        hold = self._hold
+        if hold is None or ts > hold.floor_max:
+            return parts
+        out: list[tuple[list[RowChange], list[DdlEvent]]] = []
+        verdict, tables = hold.verdict, hold.tables
+        for rows, ddl in parts:
+            kept_rows: list[RowChange] = []
+            for r in rows:
+                name = str(r.schema.name)
+                v = verdict(name, ts) if name in tables else PASS
+                if v == WAIT:
+                    return None
+                if v == PASS:
+                    kept_rows.append(r)
+            kept_ddl: list[DdlEvent] = []
+            for e in ddl:
+                v = verdict(str(e.table), ts)
+                if v == WAIT:
+                    return None
+                if v == PASS:
+                    kept_ddl.append(e)
+            out.append((kept_rows, kept_ddl))
+        return out
+
     def _above_floors(self, ts: int, parts: list[tuple[list[RowChange], list[DdlEvent]]]
                       ) -> list[tuple[list[RowChange], list[DdlEvent]]]:
         """``parts`` of the transaction committed at ``ts`` without the rows and schema changes of the tables
         whose copy already holds them (their floor is at or above ``ts``)."""
         floors = self._floors
+        for _, ddl in parts:
+            for e in ddl:
+                renamed = [c.new_name for c in e.changes if c.kind is DdlKind.RENAME_TABLE and c.new_name]
+                if any(ts <= floors.get(n, 0) for n in renamed) or (renamed and ts <= floors.get(str(e.table), 0)):
+                    # floors are per table name: a table renamed inside its copy's window cannot be told apart
+                    raise DdlRejected(e.query or "rename table", str(e.table),
+                                      f"the table was renamed to {renamed[0]} while the initial copy ran (commit Ts "
+                                      f"{ts}), so its copied rows and its streamed changes cannot be matched exactly; "
+                                      f"copy it again: cdc cli changefeed snapshot --table {renamed[0]}, then skip "
+                                      f"this DDL (--skip-ddl-ts {ts})", commit_ts=ts)
         return [([r for r in rows if floors.get(str(r.schema.name), 0) < ts],
                  [e for e in ddl if floors.get(str(e.table), 0) < ts]) for rows, ddl in parts]
 
@@ -227,6 +293,9 @@ class SpanRunner:
         initial_copy: Callable[[threading.Event], Mapping[str, int]] | None = None,
         floors: Mapping[str, int] | None = None,
         stats: SpanStats | None = None,
+        table_copy: Callable[[threading.Event, SpanRunner], Mapping[str, int]] | None = None,
+        hold: TableHold | None = None,
+        spans: int = 1,
     ) -> None:
         self.label = label
         self.stats = stats if stats is not None else SpanStats()  # the processor keeps it across restarts
@@ -239,6 +308,7 @@ class SpanRunner:
         self.target_ts = target_ts  # changefeed target Ts: nothing committed after it is written
         # (changefeed, span index, span start Ts): the sink's exactly-once position (Sink.open_position)
         self.position = position
+        self.spans = spans  # the changefeed's span count (Sink.bind_span)
         self.ddl = ddl if ddl is not None else DdlConfig()
         self._schema_history = schema_history
         self._barrier = barrier  # waits until every other span of the changefeed wrote all before a commit Ts
@@ -254,6 +324,13 @@ class SpanRunner:
         self._wake = threading.Event()
         self._persisted = start.ts
         self._cleaned = start.ts
+        # what the sink was given (the checkpoint is what is durable: the same, except for a sink that buffers
+        # until its flush: Sink.flush_interval)
+        self._written = start
+        self._dirty = False
+        self._last_flush = 0.0
+        self._published = start.ts  # the last checkpoint given to Sink.publish_resolved
+        self._last_publish = 0.0
         self._threads: list[threading.Thread] = []
         self.started = time.time()
         # the initial copy (processor.snapshot.InitialCopy) runs first, then the span streams; the copy's
@@ -262,6 +339,10 @@ class SpanRunner:
         self._copied = False
         self._lifecycle = threading.Lock()  # stop() and the copy's hand-over to streaming
         self.floors: dict[str, int] = {k: v for k, v in (floors or {}).items() if v > start.ts}
+        # a table copy (processor.snapshot.InitialCopy with tables) runs beside the stream, which holds back the
+        # copied tables' changes (processor.table_hold); the runner is its StreamGate
+        self.table_copy = table_copy
+        self.hold = hold if hold is not None or table_copy is None else TableHold(())
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -270,6 +351,8 @@ class SpanRunner:
             self._spawn("copy", self._run_copy)
         else:
             self._start_streaming()
+            if self.table_copy is not None:
+                self._spawn("copy", self._run_table_copy)
 
     def _start_streaming(self) -> None:
         for name, target in (("puller", self._run_puller), ("sink", self._run_sink)):
@@ -295,11 +378,35 @@ class SpanRunner:
             self._copied = True
             self._start_streaming()
 
+    @property
+    def table_copying(self) -> bool:
+        """A table copy runs beside the stream (its tables' changes are held back until it is written)."""
+        return self.hold is not None and not self.hold.released
+
+    def _run_table_copy(self) -> None:
+        assert self.table_copy is not None and self.hold is not None
+        floors = self.table_copy(self._stop, self)
+        self.hold.release(floors)
+        log.info("span=%s table copy of %s done; their changes stream again", self.label,
+                 ", ".join(sorted(self.hold.tables)))
+
+    # StreamGate (processor.snapshot) of a table copy
+    def pass_up_to(self, boundary: int, drop: Mapping[str, int]) -> None:
+        assert self.hold is not None
+        self.hold.pass_up_to(boundary, drop)
+        self._wake.set()
+
+    def caught_up(self, boundary: int) -> bool:
+        assert self.hold is not None
+        return self.checkpoint.ts >= boundary or self.hold.blocked_at > boundary
+
     def stop(self, timeout: float = 10.0) -> bool:
         """Stop both threads; True once they have exited (then nothing more reaches the sink)."""
         with self._lifecycle:
             self._stop.set()
         self._wake.set()
+        if self.hold is not None:
+            self.hold.wake()  # a sink thread waiting on the hold sees the stop
         deadline = time.monotonic() + timeout
         for th in self._threads:
             th.join(max(0.0, deadline - time.monotonic()))
@@ -395,6 +502,41 @@ class SpanRunner:
             return
         log.info("span=%s schema change %s %s", self.label, what, "applied" if applied else "already applied")
 
+    def _settle(self, w: Watermark, rows: int) -> None:
+        """The sink was given every change up to ``w`` (``rows`` of them in the last write): the checkpoint moves
+        there now, or, for a sink that buffers (``Sink.flush_interval``) and holds unflushed rows, at its next
+        flush (:meth:`_flush`)."""
+        self._written = w
+        if rows:
+            self._dirty = True
+        if not self._dirty:
+            self.checkpoint = w
+
+    def _flush(self, sink: Sink, force: bool = False) -> None:
+        """A buffering sink's flush, once ``flush_interval`` passed since the last one (or ``force``): then the
+        checkpoint takes everything written so far."""
+        if not self._dirty:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_flush < sink.flush_interval:
+            return
+        sink.flush(self._fence)
+        self._last_flush = now
+        self._dirty = False
+        self.checkpoint = self._written
+
+    def _publish(self, sink: Sink) -> None:
+        """Span watermarks (``Sink.watermark_interval``): the checkpoint, once it moved and the interval passed."""
+        interval = sink.watermark_interval
+        if interval <= 0 or self.checkpoint.ts <= self._published:
+            return
+        now = time.monotonic()
+        if now - self._last_publish < interval:
+            return
+        w = self.checkpoint
+        sink.publish_resolved(w, self._fence)
+        self._published, self._last_publish = w.ts, now
+
     def _changefeed_barrier(self, event: DdlEvent) -> None:
         """A DDL that changes which table holds a downstream name (CREATE, DROP, RENAME TABLE) waits until every
         other span of the changefeed has written everything committed before it: the old holder of the name
@@ -445,15 +587,20 @@ class SpanRunner:
                 sink.set_row_source(source)
             sink.check()
             if self.position is not None:
+                sink.bind_span(self.position[0], self.position[1], self.spans)
                 applied = sink.open_position(*self.position)
                 if applied > self.checkpoint.ts:
                     log.info("span=%s target already holds up to commit %d (checkpoint %d): the replay skips it",
                              self.label, applied, self.checkpoint.ts)
             decoder = self.source.decoder()
             mount = Mounter(decoder).mount
+            self._written = self.checkpoint
+            self._last_flush = time.monotonic()
             while not self._stop.is_set():
                 self._wake.wait(0.2)
                 self._wake.clear()
+                self._flush(sink)
+                self._publish(sink)
                 self._take_warnings(self.source)
                 if self._persisted > self._cleaned:
                     self.sorter.clean(self._persisted)
@@ -462,16 +609,20 @@ class SpanRunner:
                 self._record_schemas([(ts, s.relation_id, s) for ts, s in self.source.take_schema_versions()])
                 if self.target_ts and target.ts > self.target_ts:
                     target = Watermark(self.target_ts, target.time)
-                if target.ts <= self.checkpoint.ts:
-                    if target.ts == self.checkpoint.ts and target.time > self.checkpoint.time:
-                        self.checkpoint = target
+                if target.ts <= self._written.ts:
+                    if target.ts == self._written.ts and target.time > self._written.time:
+                        self._settle(target, 0)
                     continue
-                if self.floors and self.checkpoint.ts >= max(self.floors.values()):
+                if self.floors and self._written.ts >= max(self.floors.values()):
                     self.floors = {}  # past every floor: nothing more to check
-                batcher = TxnBatcher(self.sorter.read_txns(self.checkpoint.ts, target.ts), mount, self.txn_rows,
-                                     self.source.schema_change_commits(), self._schema_changes(decoder), self.floors)
+                batcher = TxnBatcher(self.sorter.read_txns(self._written.ts, target.ts), mount, self.txn_rows,
+                                     self.source.schema_change_commits(), self._schema_changes(decoder), self.floors,
+                                     self.hold)
                 stats = self.stats
                 while batcher.has_more() and not self._stop.is_set():
+                    if self.hold is not None and batcher.blocked():  # a table copy holds its next transaction back
+                        self.hold.wait(self._stop)
+                        continue
                     began = time.monotonic()  # one sink write = one downstream transaction (mount included)
                     written = sink.write(batcher.next_batch(), self._fence)
                     stats.sink_write_seconds.observe(time.monotonic() - began)
@@ -485,12 +636,17 @@ class SpanRunner:
                     self._take_warnings(sink)
                     if not batcher.batch_complete:
                         raise RuntimeError(f"sink {type(sink).__name__} returned before consuming its batch")
+                    if batcher.ddl:
+                        self._flush(sink, force=True)  # a DDL is applied after the rows before it are durable
                     for event in batcher.ddl:  # a barrier: the rows before it are written, those after wait
                         self._apply_ddl(sink, event)
                     if batcher.last is not None:
-                        self.checkpoint = batcher.last
+                        self._settle(batcher.last, written)
+                    self._flush(sink)
+                    self._publish(sink)
                 if not self._stop.is_set():
-                    self.checkpoint = target
+                    self._settle(target, 0)
+                    self._publish(sink)
         finally:
             try:
                 sink.close()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Prepare this checkout for `make test` / `make demo` on a Debian machine (run as root, registries only):
-#   * .venv (python3 -m venv) with the project installed editable, extras $TIDEWATER_EXTRAS (dev,mysql,spark);
+#   * .venv (python3 -m venv) with the project installed editable, extras $TIDEWATER_EXTRAS (dev,mysql,spark,kafka;
+#     kafka is the Kafka sink's kafka-python, dev holds the test servers, the tansu broker included);
 #   * Debian mariadb-server when `mariadbd` is missing (the MariaDB test server);
 #   * Java >= 17 for Spark (pyspark 4.3): Debian openjdk-17-jre-headless when `java -version` is missing or older.
 #     No JDBC driver packages: the Spark jobs read and write through our own Python code, not Spark JDBC.
@@ -13,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 PYTHON=${PYTHON:-python3}
-EXTRAS=${TIDEWATER_EXTRAS:-dev,mysql,spark}
+EXTRAS=${TIDEWATER_EXTRAS:-dev,mysql,spark,kafka}
 VENV=.venv
 STAMP=$VENV/.tidewater-bootstrap
 

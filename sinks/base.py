@@ -37,6 +37,22 @@ Guarantees a sink gives its caller:
   ``SinkUnavailable`` (transient, retry), ``cdc.errors.DdlRejected`` (untranslatable or refused by the
   target: names the DDL text, the table and the reason). ``fence`` as for ``write``. ``skip=True`` records
   a DDL the operator skips knowingly: the target is left as it is, the rest behaves as if applied.
+- Buffering (``flush_interval`` > 0; the storage sink's files): ``write`` may return before its changes are
+  durable; they are durable (and visible) only once ``flush`` returned, which the caller calls at most every
+  ``flush_interval`` seconds while it holds unflushed changes and before every ``apply_ddl``. The caller's
+  checkpoint moves past written changes only after a ``flush``. A crash loses what was not flushed, which the
+  caller replays from its checkpoint. Default: 0, every ``write`` is durable on return and ``flush`` does nothing.
+- Published checkpoints (``publishes_checkpoints``; the storage sink's ``metadata`` file, the Kafka sink's
+  watermarks): the owner calls ``publish_checkpoint(ts, time)`` on a sink instance of its own, from a thread of its
+  own (never from its control loop), each time the changefeed's checkpoint (the minimum over its spans) advances:
+  every commit at or below ``ts`` is durable downstream. Only the latest value is published (calls may skip
+  values, never go backwards); a failure is raised as for ``write``, logged and retried by the owner, and shown in
+  the changefeed's state when it persists (docs/sinks.md). Default: False, never called.
+- Span watermarks (``watermark_interval`` > 0; the Kafka sink): after the caller's checkpoint moved, at most every
+  ``watermark_interval`` seconds, it calls ``publish_resolved(checkpoint)``: every change of the span with
+  ``commit_ts <= checkpoint.ts`` is durable downstream, so the sink may tell its readers (a watermark message).
+  ``bind_span(changefeed, span, spans)`` tells the sink which span of how many it writes for, before the first
+  ``write`` (and before ``open_position``). Default: 0, no watermarks; ``bind_span`` does nothing.
 - Threading: one caller thread at a time. ``close`` releases connections; no call after ``close``.
 """
 
@@ -44,13 +60,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from cdc.config import DdlConfig
 from cdc.errors import DdlRejected
 from cdc.events import DdlEvent, RowChange, TableName, TableSchema
 from cdc.model import DataWarning
 from cdc.snapshot import CopyText
+from cdc.ts import Watermark
 
 RowSource = Callable[[TableSchema, Sequence[tuple[Any, ...]]], list[dict[str, Any] | None]]
 """``fetch(schema, keys)``: the current upstream row (all columns by name) for each key, in order, or None
@@ -62,6 +79,30 @@ class Sink(ABC):
     @abstractmethod
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         """Apply whole transactions durably; return the number of row changes applied."""
+
+    flush_interval: float = 0.0
+    """Seconds a buffering sink may hold written changes before ``flush`` (module docstring); 0: none."""
+
+    def flush(self, fence: Callable[[], None] | None = None) -> None:  # noqa: B027 - optional hook
+        """Make everything written so far durable and visible (a buffering sink); ``fence`` as for ``write``."""
+
+    watermark_interval: float = 0.0
+    """Seconds between the span's ``publish_resolved`` calls (module docstring); 0: none."""
+
+    def bind_span(self, changefeed: str, span: int, spans: int) -> None:  # noqa: B027 - optional hook
+        """This sink writes for span ``span`` (0-based) of the ``spans`` spans of ``changefeed``."""
+
+    def publish_resolved(self, watermark: Watermark, fence: Callable[[], None] | None = None) -> None:  # noqa: B027
+        """Every change of the span up to ``watermark.ts`` is durable downstream (``watermark_interval`` > 0 only);
+        ``fence`` as for ``write``."""
+
+    publishes_checkpoints: ClassVar[bool] = False
+    """True when the owner should call :meth:`publish_checkpoint` as the changefeed's checkpoint advances."""
+
+    def publish_checkpoint(self, ts: int, commit_time: float = 0.0) -> None:
+        """Publish the changefeed checkpoint ``ts`` (upstream commit time ``commit_time``) downstream (module
+        docstring). Only called when ``publishes_checkpoints``."""
+        raise NotImplementedError(f"{type(self).__name__} publishes no checkpoints")
 
     def check(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Connect and verify the target is usable; raise SinkUnavailable/SinkError naming the problem."""

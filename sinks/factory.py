@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 
 from cdc.config import DdlConfig, SinkConfig
-from cdc.errors import InvalidURI
+from cdc.errors import InvalidConfig, InvalidURI
 from cdc.uri import parse_sink_uri
 from sinks.base import Sink
 
@@ -24,6 +24,8 @@ SINKS: dict[str, str] = {
     "postgres": "sinks.sql.sink:SQLSink",
     "sqlite": "sinks.sql.sink:SQLSink",
     "blackhole": "sinks.blackhole:BlackholeSink",
+    "kafka": "sinks.kafka.sink:KafkaSink",
+    "file": "sinks.storage.sink:StorageSink",
 }
 
 
@@ -50,6 +52,9 @@ def open_sink(uri: str, config: SinkConfig | None = None, ddl: DdlConfig | None 
     """A new, unconnected sink for ``uri``; raises InvalidURI for a malformed or unsupported URI. ``ddl``:
     the changefeed's ``[ddl]`` settings (``Sink.set_ddl_config``)."""
     parsed = parse_sink_uri(uri)
+    if config is not None and config.dispatchers and parsed.scheme != "kafka":
+        raise InvalidConfig(f"[[sink.dispatchers]] route rows to Kafka topics and partitions; the sink "
+                            f"{parsed.redacted()} is not a Kafka sink: remove the dispatchers")
     sink = sink_class(parsed.scheme)(uri, config or SinkConfig())
     if ddl is not None:
         sink.set_ddl_config(ddl)

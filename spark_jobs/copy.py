@@ -9,7 +9,9 @@ Guarantees of :func:`copy_chunks` (per task, in order):
   entirely or not at all. Where the sink can store the upstream's text of the rows exactly as it stores the parsed
   rows (``Sink.write_copy_text``: PostgreSQL targets, ``sinks.sql.bulk``), the text is passed through unparsed
   (``SnapshotReader.read_chunk_text``); otherwise, or when the target already holds rows of the chunk, the rows are
-  read parsed (``SnapshotReader.read_chunk``) and written with one ``Sink.write`` call (upserts by key).
+  read parsed (``SnapshotReader.read_chunk``) and written with one ``Sink.write`` call (upserts by key). A sink that
+  buffers (``Sink.flush_interval``: the storage sink) is flushed right after, so the chunk is durable (its files
+  published) before it is recorded.
   A key-less table's single ``whole`` chunk is written as a TRUNCATE of the table followed by its rows in that
   same transaction, so copying it again replaces the rows instead of duplicating them.
 - The downstream commit is fenced: ``Sink.write``'s ``fence`` checks, right before the commit, that the task's
@@ -107,6 +109,7 @@ def copy_chunk(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Calla
         rows = itertools.chain([RowChange(OpType.TRUNCATE, schema, job.commit_ts, job.commit_time)], rows)
     try:
         sink.write(rows, fence)
+        sink.flush(fence)  # a buffering sink (the storage sink's files) makes the chunk durable and visible now
     finally:
         reader.release()  # the chunk's table lock goes now, not when the task ends (deadlocks with the app's DDL)
     return counter[0], False
@@ -125,7 +128,7 @@ def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
                 if reader is None:
                     reader = open_upstream(job.upstream).snapshot_reader(job.snapshot, label=job.label)
                 if sink is None:
-                    sink = open_sink(job.sink)
+                    sink = open_sink(job.sink, job.sink_settings)
                     sink.set_bulk_load()  # chunks in any order: the target's foreign keys unchecked while copying
                 if client is None:
                     client = EtcdClient(list(job.etcd))

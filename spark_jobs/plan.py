@@ -18,8 +18,10 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from cdc import serde
+from cdc.config import SinkConfig
 from cdc.errors import InvalidArgument, InvalidConfig
 from cdc.events import TableName
 from cdc.meta import keys
@@ -62,6 +64,9 @@ class SnapshotJob:
     # the driver copies chunks itself while the SparkSession starts, and Spark gets the chunks left (False: every
     # chunk goes through Spark, e.g. to test a cluster)
     driver_copies: bool = True
+    # the changefeed's [sink] settings (as stored): the copy writes with the same sink configuration as the
+    # stream (a Kafka sink's dispatcher rules)
+    sink_config: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         try:
@@ -77,6 +82,10 @@ class SnapshotJob:
         if not self.spark_master:
             raise InvalidConfig("snapshot job: spark-master is empty (default: local[*])")
         parse_sink_uri(self.sink)  # InvalidURI (redacted) for a malformed sink
+
+    @property
+    def sink_settings(self) -> SinkConfig:
+        return serde.from_dict(SinkConfig, self.sink_config)
 
     @property
     def table_names(self) -> list[TableName]:

@@ -105,7 +105,7 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "")
 def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
     """Copy every chunk of ``job`` not yet recorded in etcd (see the module docstring). ``spark``: a session to
     use (tests share one); None builds one on ``job.spark_master``. Raises ``TidewaterError``."""
-    sink = open_sink(job.sink)
+    sink = open_sink(job.sink, job.sink_settings)
     try:
         sink.check()
     finally:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from playground.servers import EtcdServer, MariaDBServer, PostgresServer
+from playground.servers import EtcdServer, KafkaServer, MariaDBServer, PostgresServer
 
 
 def _unique_name(request: pytest.FixtureRequest, prefix: str, max_len: int) -> str:
@@ -38,6 +38,22 @@ def mariadb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDB
     server = MariaDBServer(tmp_path_factory.mktemp("mariadb")).start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
+    """One tansu broker (memory storage) for the session. A test that stops it must start it again: it comes back
+    empty on the same port."""
+    server = KafkaServer(tmp_path_factory.mktemp("kafka")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def kafka_topic(kafka_server: KafkaServer, request: pytest.FixtureRequest) -> str:
+    """A topic name unique to the test (not created: the test or the sink creates it)."""
+    kafka_server.start()  # no-op unless an earlier test stopped or killed the shared broker
+    return _unique_name(request, "t", 120)
 
 
 @pytest.fixture

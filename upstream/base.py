@@ -359,7 +359,8 @@ class SnapshotReader(ABC):
         """The chunk's rows at the snapshot, ordered by key, as INSERT changes exactly as the mounter makes them
         from the stream (``row`` with the parsed values and ``row_text`` with the upstream's text of each
         value, so a sink writes a copied row and the same row streamed identically), stamped with
-        ``commit_ts``/``commit_time``. The query runs when the iterator is first advanced and its rows
+        ``commit_ts``/``commit_time`` and marked as copied rows (``extra[cdc.events.SNAPSHOT] = True``: Debezium
+        writes them as ``op: "r"``). The query runs when the iterator is first advanced and its rows
         stream (memory stays bounded whatever the chunk's size). Closing the iterator early abandons the read;
         after an abandoned or failed read the reader opens a new transaction at its snapshot (the same exported
         one; a new one of its own when it has no name)."""

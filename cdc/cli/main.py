@@ -182,6 +182,8 @@ def _cmd_changefeed(args: argparse.Namespace) -> Result:
         return "changefeed", _request(s, "GET", path)
     if op in ("pause", "resume"):
         return "changefeed", _request(s, "POST", f"{path}/{op}")
+    if op == "snapshot":
+        return "changefeed", _request(s, "POST", f"{path}/snapshot", {"tables": args.table})
     if op == "update":
         body: dict[str, Any] = {}
         sink = _uri_arg(args, "sink_uri", "", "sink URI", False)
@@ -489,6 +491,12 @@ def _add_cli_parser(sub: Any) -> None:
                            help="show the initial copy's progress until the changefeed streams")
         if name == "remove":
             q.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the removal")
+    r = ops.add_parser("snapshot", parents=[out],
+                       help="copy tables again (resync) while the changefeed streams: each is emptied downstream "
+                            "and copied under a new snapshot; only its own changes wait meanwhile")
+    r.add_argument("--changefeed-id", "-c", required=True)
+    r.add_argument("--table", action="append", required=True, metavar="SCHEMA.NAME",
+                   help="a replicated table (repeat for several)")
     u = ops.add_parser("update", parents=[out], help="change a stopped changefeed; prints the diff")
     u.add_argument("--changefeed-id", "-c", required=True)
     u.add_argument("--sink-uri")
@@ -522,6 +530,10 @@ def _add_cli_parser(sub: Any) -> None:
     own_ops = own.add_subparsers(dest="op", required=True)
     own_ops.add_parser("resign", parents=[out], help="make the owner resign (another election follows)")
 
+    from cdc.cli import kafka_consumer
+
+    kafka_consumer.add_parser(groups)
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="cdc", description="Tidewater change-data-capture")
@@ -549,6 +561,10 @@ def main(argv: list[str] | None = None) -> int:
 
         print(generate_key())
         return 0
+    if args.group == "kafka-consumer":  # talks to Kafka and the target, not to a server
+        from cdc.cli import kafka_consumer
+
+        return kafka_consumer.run(args)
     try:
         args.server = make_client(args)
         kind, result = COMMANDS[args.group](args)

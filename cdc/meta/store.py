@@ -26,7 +26,15 @@ from cdc.errors import ChangefeedExists, ChangefeedNotFound, LeaseLost, MetaStor
 from cdc.meta import keys
 from cdc.meta.etcd import KV, Compare, EtcdClient, Op, Watch, WatchResponse, is_not_found
 from cdc.meta.keys import KeyKind
-from cdc.model import CaptureInfo, ChangefeedInfo, ChangefeedStatus, SchemaHistory, SpanAssignment, SpanStatus
+from cdc.model import (
+    CaptureInfo,
+    ChangefeedInfo,
+    ChangefeedStatus,
+    SchemaHistory,
+    SpanAssignment,
+    SpanStatus,
+    TableCopy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -250,6 +258,40 @@ class MetaStore:
         key = keys.changefeed_info_key(self.cluster_id, info.id)
         return self._fenced(f"update changefeed {info.id}", fence, [Compare(key, "mod", "=", expected_mod)],
                             [Op.put(key, self._info_json(info))])
+
+    def request_table_copies(self, cf: str, tables: Sequence[tuple[str, int]], reason: str, now: float,
+                             fence: Sequence[Compare] = (), attempts: int = 20) -> tuple[TableCopy, ...]:
+        """Add a :class:`cdc.model.TableCopy` for each ``(schema.table, span)`` to changefeed ``cf`` (compare-and-
+        swap, retried on conflicts); return them. ``ChangefeedNotFound`` if it is gone."""
+        for _ in range(attempts):
+            entry = self.get_changefeed(cf)
+            if entry is None:
+                raise ChangefeedNotFound(f"changefeed {cf} does not exist")
+            info = entry.value
+            seq = info.table_copy_seq
+            added = []
+            for table, span in tables:
+                seq += 1
+                added.append(TableCopy(table, span, seq, reason, now))
+            new = replace(info, table_copies=(*info.table_copies, *added), table_copy_seq=seq)
+            if self.update_changefeed(new, entry.mod_revision, fence):
+                return tuple(added)
+        raise MetaStoreError(f"changefeed {cf}: the table copy request kept conflicting with other updates; retry")
+
+    def cancel_table_copy(self, cf: str, request: int, fence: Sequence[Compare] = (), attempts: int = 20) -> bool:
+        """Drop table copy ``request`` of ``cf`` if no span has taken it up yet (it is still listed); True if it
+        was dropped now."""
+        for _ in range(attempts):
+            entry = self.get_changefeed(cf)
+            if entry is None:
+                return False
+            info = entry.value
+            left = tuple(c for c in info.table_copies if c.request != request)
+            if len(left) == len(info.table_copies):
+                return False
+            if self.update_changefeed(replace(info, table_copies=left), entry.mod_revision, fence):
+                return True
+        raise MetaStoreError(f"changefeed {cf}: cancelling table copy {request} kept conflicting; retry")
 
     def delete_changefeed(self, cf: str, fence: Sequence[Compare] = ()) -> None:
         """Delete every key of the changefeed (info, status, assignments, span statuses, schema histories,

@@ -46,7 +46,7 @@ install -m 0644 "$SRC/docs/operations.md" "$SRC/docs/metrics.md" "$DESTDIR/opt/t
 if [ -z "$DESTDIR" ] && [ "${SKIP_VENV:-0}" != 1 ]; then
     log "installing the project into /opt/tidewater/.venv"
     "$PYTHON" -m venv /opt/tidewater/.venv
-    /opt/tidewater/.venv/bin/pip install -q --disable-pip-version-check "$SRC"
+    /opt/tidewater/.venv/bin/pip install -q --disable-pip-version-check "$SRC[kafka]"  # kafka: the Kafka sink
 fi
 
 if [ -z "$DESTDIR" ] && [ -d /run/systemd/system ]; then

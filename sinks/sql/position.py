@@ -26,19 +26,21 @@ Guarantees:
   something else, i.e. another writer (a frozen capture's successor) advanced the span meanwhile. So
   even a writer whose lease fence failed to stop it cannot apply a transaction twice.
 - :func:`forget` deletes a changefeed's rows (``remove``); the table itself stays.
+- :class:`Tracked` wraps one write's changes: drops those at or below the applied Ts, notes the last one.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from cdc.errors import SinkUnavailable
+from cdc.events import RowChange
 
 if TYPE_CHECKING:
     from sinks.sql.sink import SQLSink
@@ -169,3 +171,38 @@ def forget(sink: SQLSink, sql: PositionSQL, changefeed: str) -> int:
         if not sa.inspect(conn).has_table(sql.table, schema=sql.schema):
             return 0
         return int(conn.exec_driver_sql(sql.forget, (changefeed,)).rowcount)
+
+
+class Tracked:
+    """The changes of one ``write`` after the span's applied position: drops the leading changes whose
+    commit Ts is at or below ``applied`` (already downstream; input is ordered by commit Ts) and notes the
+    last change's commit Ts and time once exhausted. Per change it costs one generator step; the
+    comparison runs only until the first change past ``applied``."""
+
+    __slots__ = ("_it", "applied", "skipped", "last_ts", "last_time", "done")
+
+    def __init__(self, changes: Iterable[RowChange], applied: int) -> None:
+        self.applied = applied
+        self.skipped = 0
+        self.last_ts = 0
+        self.last_time = 0.0
+        self.done = False
+        self._it = self._gen(iter(changes))
+
+    def __iter__(self) -> Iterator[RowChange]:
+        return self._it
+
+    def _gen(self, it: Iterator[RowChange]) -> Iterator[RowChange]:
+        applied = self.applied
+        for ch in it:
+            if ch.commit_ts > applied:
+                break
+            self.skipped += 1
+        else:
+            self.done = True
+            return
+        yield ch
+        for ch in it:  # noqa: B020 - ch ends as the call's last change
+            yield ch
+        self.done = True
+        self.last_ts, self.last_time = ch.commit_ts, ch.commit_time

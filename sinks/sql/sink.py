@@ -38,8 +38,9 @@ How rows are sent (fastest measured per operation kind, sink alone, sbtest rows,
   (deletes, partial rows, small groups, rows from other sources) use multi-row statements with parameters.
 - SQLite: ``executemany`` (in-process: no pipelining).
 
-Modules: this one owns the engine, the target catalog (existing and created tables) and error mapping;
-``sinks.sql.writer`` applies one write's changes (windows, net effect from ``sinks.sql.normalize``, order
+Modules: this one owns the sink's state (engine, caches, exactly-once position) and the write transaction;
+``sinks.sql.engine`` builds the engine per dialect, ``sinks.sql.catalog`` finds, reads and creates target
+tables (bindings, foreign keys), ``sinks.sql.errors`` maps driver errors, ``sinks.sql.writer`` applies one write's changes (windows, net effect from ``sinks.sql.normalize``, order
 from ``sinks.sql.fkgraph``), ``sinks.sql.output`` sends them as statements, ``sinks.sql.binding`` binds a
 schema version to its table (converters, statements), ``sinks.sql.pipeline`` runs statements in a worker
 thread.
@@ -54,14 +55,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
-import re
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from cdc.config import DdlConfig, SinkConfig
@@ -71,40 +67,20 @@ from cdc.model import DataWarning, merge_warnings
 from cdc.snapshot import CopyText
 from cdc.uri import parse_sink_uri
 from sinks.base import RowSource, Sink
-from sinks.sql import bulk, targets
+from sinks.sql import bulk, catalog, targets
 from sinks.sql.binding import Binding, KnownTable
-from sinks.sql.ddl import (
-    TargetColumn,
-    create_schema_sql,
-    create_table_sql,
-    mysql_collation,
-    plan_table,
-)
+from sinks.sql.ddl import TargetColumn, mysql_collation
 from sinks.sql.ddl_run import DdlState, apply_ddl, load_ddl_floors
+from sinks.sql.engine import DIALECTS, PARAMS, make_engine, where
 from sinks.sql.errors import classify, is_db_error, wrap
-from sinks.sql.fkgraph import FkGraph, read_foreign_keys
-from sinks.sql.mysql_tls import PARAMS as MYSQL_TLS_PARAMS
-from sinks.sql.mysql_tls import tls_connect_args
+from sinks.sql.fkgraph import FkGraph
 from sinks.sql.pipeline import Pipeline
-from sinks.sql.position import Position, PositionSQL
+from sinks.sql.position import Position, PositionSQL, Tracked
 from sinks.sql.position import forget as forget_position
 from sinks.sql.statements import Statements
 from sinks.sql.writer import Writer
 
 log = logging.getLogger(__name__)
-
-DIALECTS = {"mysql": "mysql", "mariadb": "mysql", "postgresql": "postgresql", "postgres": "postgresql",
-            "sqlite": "sqlite"}
-_PARAMS = {
-    "mysql": ("connect-timeout", *MYSQL_TLS_PARAMS),
-    "postgresql": ("connect-timeout", "sslmode", "sslrootcert", "sslcert", "sslkey"),
-    "sqlite": ("busy-timeout",),
-}
-_MYSQL_SQL_MODE = ("STRICT_TRANS_TABLES,STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZERO_DATE,"
-                   "ERROR_FOR_DIVISION_BY_ZERO,NO_ENGINE_SUBSTITUTION")
-
-_PG_NUMERIC = re.compile(r"numeric\(\d+,(-?\d+)\)")
-_MAX_BINDINGS = 1024  # cached (schema version -> target) bindings before the cache is reset
 
 
 class SQLSink(Sink):
@@ -122,10 +98,10 @@ class SQLSink(Sink):
         if self._uri.scheme not in DIALECTS:
             raise InvalidURI(f"sink URI scheme {self._uri.scheme!r} is not an SQL sink")
         self.dialect = DIALECTS[self._uri.scheme]
-        unknown = sorted(set(self._uri.params) - set(_PARAMS[self.dialect]))
+        unknown = sorted(set(self._uri.params) - set(PARAMS[self.dialect]))
         if unknown:
             raise InvalidURI(f"sink URI {self._uri.redacted()!r}: unknown parameter(s) {', '.join(unknown)} "
-                             f"(accepted: {', '.join(_PARAMS[self.dialect])})")
+                             f"(accepted: {', '.join(PARAMS[self.dialect])})")
         self._config = config or SinkConfig()
         self._batch = max(1, self._config.batch_rows)
         self._bulk_load = False  # set_bulk_load: the initial copy (foreign keys not checked where allowed)
@@ -146,100 +122,18 @@ class SQLSink(Sink):
         self._pipe = Pipeline(threaded=self.dialect != "sqlite")
         self._position: Position | None = None  # exactly-once: set by open_position
         self._closed = False
-        self._fk = FkGraph()  # foreign keys between target tables (see _load_foreign_keys)
+        self._fk = FkGraph()  # foreign keys between target tables (see sinks.sql.catalog.load_foreign_keys)
         self._fk_seen: set[str] = set()  # tables whose foreign keys were read
         self._row_source: RowSource | None = None
         self._warnings: tuple[DataWarning, ...] = ()
         self._ddl_state = DdlState()  # schema changes (sinks.sql.ddl_run)
 
-    # ---- engine --------------------------------------------------------------------------------------
-    def _timeout(self, name: str, default: float) -> float:
-        raw = self._uri.params.get(name)
-        if raw is None:
-            return default
-        try:
-            value = float(raw)
-        except ValueError:
-            raise InvalidURI(f"sink URI {self._uri.redacted()!r}: {name} must be a number of seconds") from None
-        if value <= 0:
-            raise InvalidURI(f"sink URI {self._uri.redacted()!r}: {name} must be positive")
-        return value
-
+    # ---- engine (sinks.sql.engine) ------------------------------------------------------------------
     def _make_engine(self) -> Engine:
-        u = self._uri
-        if self.dialect == "sqlite":
-            busy = self._timeout("busy-timeout", 30.0)
-            engine = sa.create_engine(sa.URL.create("sqlite", database=u.path), pool_pre_ping=True,
-                                      connect_args={"timeout": busy})
-
-            @event.listens_for(engine, "connect")
-            def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-                dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (transactional DDL, IMMEDIATE)
-                cur = dbapi_conn.cursor()
-                try:
-                    cur.execute("PRAGMA journal_mode=WAL")
-                    cur.execute(f"PRAGMA busy_timeout={int(busy * 1000)}")
-                    # SQLite enforces foreign keys (and runs their ON DELETE/UPDATE actions) only when asked
-                    cur.execute("PRAGMA foreign_keys=OFF" if self._bulk_load else "PRAGMA foreign_keys=ON")
-                finally:
-                    cur.close()
-
-            @event.listens_for(engine, "begin")
-            def _on_begin(conn: Connection) -> None:
-                conn.exec_driver_sql("BEGIN IMMEDIATE")  # take the write lock now: no upgrade deadlock
-
-            return engine
-        timeout = int(self._timeout("connect-timeout", 10.0))
-        if self.dialect == "mysql":
-            tls = tls_connect_args(u.params, u.redacted())
-            url = sa.URL.create("mysql+pymysql", username=u.user, password=u.password, host=u.host,
-                                port=u.port or 3306, database=u.path, query={"charset": "utf8mb4"})
-            init = f"SET time_zone = '+00:00', sql_mode = '{_MYSQL_SQL_MODE}'"
-            # pool_reset_on_return=None: every checkout ends its own transaction (write commits or rolls
-            # back, Connection.close rolls back what it began), so the pool's ROLLBACK per return was a
-            # wasted round trip per write.
-            engine = sa.create_engine(url, pool_pre_ping=True, pool_reset_on_return=None,
-                                      isolation_level="READ COMMITTED",
-                                      connect_args={"connect_timeout": timeout, "init_command": init, **tls})
-
-            @event.listens_for(engine, "do_connect")
-            def _do_connect(_dialect: Any, _record: Any, cargs: Any, cparams: Any) -> Any:
-                conn = _pymysql_connection_class()(*cargs, **cparams)
-                if self._bulk_load:
-                    with conn.cursor() as cur:
-                        cur.execute("SET SESSION foreign_key_checks = 0")
-                return conn
-
-            return engine
-        ssl = {k: v for k, v in u.params.items() if k.startswith("ssl")}
-        url = sa.URL.create("postgresql+psycopg2", username=u.user, password=u.password, host=u.host,
-                            port=u.port or 5432, database=u.path or None)
-        engine = sa.create_engine(url, pool_pre_ping=True, pool_reset_on_return=None, connect_args={
-            "connect_timeout": timeout, "application_name": f"tidewater-sink-{os.getpid()}", "options": "-c timezone=UTC", **ssl})
-
-        @event.listens_for(engine, "connect")
-        def _on_pg_connect(dbapi_conn: Any, _record: Any) -> None:
-            if not self._bulk_load:
-                return
-            cur = dbapi_conn.cursor()
-            try:  # foreign keys are triggers that a replica role skips; it needs a superuser (or the SET grant)
-                cur.execute("SET session_replication_role = replica")
-                dbapi_conn.commit()
-            except Exception as exc:  # noqa: BLE001 - the copy then writes with foreign keys checked
-                dbapi_conn.rollback()
-                log.info("%s: foreign keys stay checked during the initial copy (%s): a child row copied before "
-                         "its parent fails the chunk, naming the constraint", self._where(), str(exc).strip()[:200])
-            finally:
-                cur.close()
-
-        return engine
+        return make_engine(self)
 
     def _where(self) -> str:
-        if self.dialect == "sqlite":
-            return f"SQLite database {self._uri.path!r}"
-        kind = "MySQL" if self.dialect == "mysql" else "PostgreSQL"
-        port = self._uri.port or (3306 if self.dialect == "mysql" else 5432)
-        return f"{kind} at {self._uri.host}:{port}"
+        return where(self)
 
     def _statements(self) -> Statements:
         if self._stmts is None:
@@ -325,20 +219,6 @@ class SQLSink(Sink):
         """``labels`` with parent tables before their children (foreign keys read from the target)."""
         return self._fk.order(labels)
 
-    def _load_foreign_keys(self, conn: Connection, tschema: str | None, label: str) -> None:
-        """Read the foreign keys between the tables of target schema ``tschema`` (once per schema, and again
-        when a table not seen then is bound: created or added downstream since)."""
-        cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        try:
-            edges, seen = read_foreign_keys(cur, self._statements(), self.dialect, tschema)
-        finally:
-            cur.close()
-        self._fk.add_all(edges)
-        self._fk_seen |= seen | {label}
-        if edges:
-            log.info("%s: %d foreign key(s) between target tables: deletes go children first, inserts parents "
-                     "first", self._where(), len(edges))
-
     # ---- exactly-once (sinks.sql.position) ----------------------------------------------------------
     def _position_sql(self) -> PositionSQL:
         return PositionSQL(self.dialect, self._engine.dialect.identifier_preparer, self._config.checkpoint_table)
@@ -371,9 +251,9 @@ class SQLSink(Sink):
         self._check_open()
         writer: Writer | None = None
         pos = self._position
-        tracked: _Tracked | None = None
+        tracked: Tracked | None = None
         if pos is not None:
-            changes = tracked = _Tracked(changes, pos.skip_at())
+            changes = tracked = Tracked(changes, pos.skip_at())
         elif self._ddl_state.floors:
             changes = self._ddl_state.drop_replayed(changes)
         try:
@@ -427,147 +307,19 @@ class SQLSink(Sink):
         if self._closed:
             raise SinkError(f"sink {self._uri.redacted()} is closed")
 
-    # ---- tables --------------------------------------------------------------------------------------
+    # ---- tables (sinks.sql.catalog) -----------------------------------------------------------------
     def _bind(self, schema: TableSchema, conn: Connection, before_io: Callable[[], None] | None = None) -> Binding:
         """The binding of ``schema``; ``before_io`` is called before ``conn`` (or the server) is used."""
-        entry = self._bindings.get(id(schema))
-        if entry is not None and entry[0] is schema:
-            return entry[1]
-        if len(self._bindings) > _MAX_BINDINGS:  # callers that make a new schema object per change
-            self._bindings.clear()
-        same = self._bindings_by_value.get(schema)
-        if same is not None:
-            self._bindings[id(schema)] = (schema, same)
-            return same
-        parts = self._target_parts(schema.name)
-        table = self._tables.get(parts)
-        if table is None and self.dialect != "sqlite":
-            if before_io is not None and parts[0] not in self._existing:
-                before_io()
-            table = self._existing_table(conn, *parts)
-        if table is None:
-            if before_io is not None:
-                before_io()
-            if self.dialect == "sqlite":  # one writer per file: DDL inside our (transactional) write
-                table = self._prepare_table(schema, conn)
-            else:  # MySQL DDL commits implicitly: never inside the write transaction
-                with self._engine.connect() as ddl:
-                    ddl.execution_options(isolation_level="AUTOCOMMIT")
-                    table = self._prepare_table(schema, ddl)
-            self._tables[parts] = table
-        if table.label not in self._fk_seen:
-            if before_io is not None:
-                before_io()
-            self._load_foreign_keys(conn, parts[0], table.label)
-        binding = Binding(self, schema, table)
-        if len(self._bindings_by_value) > _MAX_BINDINGS:
-            self._bindings_by_value.clear()
-        self._bindings[id(schema)] = (schema, binding)
-        self._bindings_by_value[schema] = binding
-        return binding
+        return catalog.bind(self, schema, conn, before_io)
 
     def _existing_table(self, conn: Connection, tschema: str | None, tname: str) -> KnownTable | None:
-        """The table as the catalog showed it at this sink's first look at ``tschema``, or None.
-
-        Every base table of the schema is read in three catalog queries on the write connection (no second
-        connection, no per-table round trips: binding 1,000 existing tables took 5-7 s through SQLAlchemy's
-        per-table reflection on PostgreSQL, 1.6 s on MariaDB). Each table is handed out once; a table not
-        seen then (created since, a view, a name the server folds) takes the per-table path."""
-        existing = self._existing.get(tschema)
-        if existing is None:
-            existing = self._existing[tschema] = self._reflect_schema(conn, tschema)
-            log.info("%s has %d existing table(s)%s; they are used as they are", self._where(), len(existing),
-                     f" in schema {tschema}" if tschema else "")
-        found = existing.pop(tname, None)
-        if found is None:
-            return None
-        cols, uniques = found
-        label = f"{tschema}.{tname}" if tschema else tname
-        log.debug("using existing table %s in %s (%d columns)", label, self._where(), len(cols))  # 1,000s at start
-        return KnownTable(label, tschema, tname, cols, uniques, created=False)
-
-    def _reflect_schema(self, conn: Connection, tschema: str | None
-                        ) -> dict[str, tuple[tuple[TargetColumn, ...], list[frozenset[str]]]]:
-        stmts = self._statements()
-        params = () if tschema is None else (tschema,)
-        cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        try:
-            cur.execute(stmts.catalog_tables(), params or None)
-            base = {r[0] for r in cur.fetchall()}
-            cur.execute(stmts.catalog_columns(), params or None)
-            col_rows = [r for r in cur.fetchall() if r[0] in base]
-            cur.execute(stmts.catalog_unique_keys(), params or None)
-            key_rows = cur.fetchall()
-        finally:
-            cur.close()
-        cols: dict[str, list[TargetColumn]] = {}
-        for tname, cname, nullable, typ, scale in col_rows:
-            typ = str(typ)
-            if self.dialect == "postgresql":
-                is_json = typ == "json"  # jsonb has '=', json does not
-                m = _PG_NUMERIC.fullmatch(typ)
-                scale = int(m.group(1)) if m else None
-            else:
-                is_json = typ == "json"
-                scale = int(scale) if typ in ("decimal", "numeric") and scale is not None else None
-            cols.setdefault(tname, []).append(TargetColumn(cname, None, bool(nullable), is_json, scale))
-        indexes: dict[tuple[str, str], list[str | None]] = {}
-        for tname, index, cname in key_rows:
-            indexes.setdefault((tname, index), []).append(cname)
-        uniques: dict[str, list[frozenset[str]]] = {}
-        for (tname, _index), names in indexes.items():
-            if all(n is not None for n in names):  # expression parts cannot serve as a key
-                uniques.setdefault(tname, []).append(frozenset(n for n in names if n is not None))
-        return {t: (tuple(c), uniques.get(t, [])) for t, c in cols.items()}
-
-    def _prepare_table(self, schema: TableSchema, conn: Connection) -> KnownTable:
-        self._statements()  # knows the server's flavour (MySQL collation) once connected
-        tschema, tname = self._target_parts(schema.name)
-        label = self.target_name(schema.name)
-        insp = sa.inspect(conn)
-        if insp.has_table(tname, schema=tschema):
-            return self._reflect(conn, tschema, tname, label)
-        preparer = self._engine.dialect.identifier_preparer
-        if tschema is not None and tschema not in self._schemas_created:
-            self._ddl(conn, create_schema_sql(tschema, preparer))
-            self._schemas_created.add(tschema)
-        planned = plan_table(schema, self.dialect, target_schema=tschema, target_name=tname)
-        self._ddl(conn, create_table_sql(planned, self.dialect, preparer, mysql_collation=self._mysql_collation))
-        log.info("created table %s in %s for upstream %s", label, self._where(), schema.name)
-        return KnownTable(label, planned.schema, planned.name, planned.columns,
-                      [frozenset(planned.key)] if planned.key else [], created=True)
+        return catalog.existing_table(self, conn, tschema, tname)
 
     def _ddl(self, conn: Connection, sql: str) -> None:
-        """Run one ``... IF NOT EXISTS`` statement. PostgreSQL can still report a duplicate when another
-        session creates the same object concurrently (other spans of the changefeed): that is success."""
-        try:
-            conn.exec_driver_sql(sql, ())
-        except sa.exc.DBAPIError as exc:
-            if getattr(exc.orig, "pgcode", None) not in ("23505", "42P06", "42P07"):
-                raise
-            log.info("%s already created concurrently: %s", self._where(), " ".join(str(exc.orig).split()))
+        catalog.run_ddl(self, conn, sql)
 
     def _reflect(self, conn: Connection, tschema: str | None, tname: str, label: str) -> KnownTable:
-        insp = sa.inspect(conn)
-        cols = []
-        for c in insp.get_columns(tname, schema=tschema):
-            typ = c["type"]
-            is_json = isinstance(typ, sa.JSON)
-            if self.dialect == "postgresql":
-                is_json = is_json and type(typ).__name__ == "JSON"  # jsonb has '=', json does not
-            scale = typ.scale if isinstance(typ, sa.Numeric) and not isinstance(typ, sa.Float) else None
-            cols.append(TargetColumn(c["name"], None, bool(c.get("nullable", True)), is_json, scale))
-        uniques: list[frozenset[str]] = []
-        pk = insp.get_pk_constraint(tname, schema=tschema).get("constrained_columns") or []
-        if pk:
-            uniques.append(frozenset(pk))
-        for uc in insp.get_unique_constraints(tname, schema=tschema):
-            uniques.append(frozenset(uc["column_names"]))
-        for ix in insp.get_indexes(tname, schema=tschema):
-            if ix.get("unique") and all(n is not None for n in ix["column_names"]):
-                uniques.append(frozenset(ix["column_names"]))
-        log.info("using existing table %s in %s (%d columns)", label, self._where(), len(cols))
-        return KnownTable(label, tschema, tname, tuple(cols), uniques, created=False)
+        return catalog.reflect(self, conn, tschema, tname, label)
 
     # ---- errors --------------------------------------------------------------------------------------
     def _classify(self, exc: BaseException) -> tuple[bool, bool, Any]:
@@ -576,67 +328,3 @@ class SQLSink(Sink):
 
     def _wrap(self, exc: BaseException, table: str | None) -> TidewaterError:
         return wrap(self.dialect, self._uri, self._where(), exc, table)
-
-
-class _Tracked:
-    """The changes of one ``write`` after the span's applied position: drops the leading changes whose
-    commit Ts is at or below ``applied`` (already downstream; input is ordered by commit Ts) and notes the
-    last change's commit Ts and time once exhausted. Per change it costs one generator step; the
-    comparison runs only until the first change past ``applied``."""
-
-    __slots__ = ("_it", "applied", "skipped", "last_ts", "last_time", "done")
-
-    def __init__(self, changes: Iterable[RowChange], applied: int) -> None:
-        self.applied = applied
-        self.skipped = 0
-        self.last_ts = 0
-        self.last_time = 0.0
-        self.done = False
-        self._it = self._gen(iter(changes))
-
-    def __iter__(self) -> Iterator[RowChange]:
-        return self._it
-
-    def _gen(self, it: Iterator[RowChange]) -> Iterator[RowChange]:
-        applied = self.applied
-        for ch in it:
-            if ch.commit_ts > applied:
-                break
-            self.skipped += 1
-        else:
-            self.done = True
-            return
-        yield ch
-        for ch in it:  # noqa: B020 - ch ends as the call's last change
-            yield ch
-        self.done = True
-        self.last_ts, self.last_time = ch.commit_ts, ch.commit_time
-
-
-_PYMYSQL_CONNECTION: type | None = None
-_PREFERRED_TLS_LOCK = threading.Lock()
-
-
-def _pymysql_connection_class() -> type:
-    """PyMySQL's ``Connection`` sharing one TLS context per process for its default mode (TLS when the
-    server offers it, certificate not verified). PyMySQL builds that context for every connection, which
-    loads the system CA store: ~27 ms per connection here, 1.3 % of a catch-up profile into MariaDB. The
-    context is configured once and never changed afterwards, so sharing it is safe; connections with
-    explicit TLS options still get their own."""
-    global _PYMYSQL_CONNECTION
-    if _PYMYSQL_CONNECTION is None:
-        import pymysql.connections
-
-        class _Connection(pymysql.connections.Connection):  # type: ignore[misc]
-            _preferred_tls: Any = None
-
-            def _create_ssl_ctx(self, sslp: Any) -> Any:
-                if sslp:
-                    return super()._create_ssl_ctx(sslp)
-                with _PREFERRED_TLS_LOCK:
-                    if _Connection._preferred_tls is None:
-                        _Connection._preferred_tls = super()._create_ssl_ctx(sslp)
-                    return _Connection._preferred_tls
-
-        _PYMYSQL_CONNECTION = _Connection
-    return _PYMYSQL_CONNECTION

@@ -221,6 +221,20 @@ def test_every_route_once(cdc_server: CdcServer, pg_server: PostgresServer, pg_d
     a = route("POST", "/api/v2/changefeeds/{changefeed_id}/resume", "/api/v2/changefeeds/routes/resume")
     assert a.status == 200 and a.body["state"] == "normal"
 
+    # a resync of a table: 202; refusals name the table or the field
+    a = route("POST", "/api/v2/changefeeds/{changefeed_id}/snapshot", "/api/v2/changefeeds/routes/snapshot",
+              {"tables": ["public.alpha"]})
+    assert a.status == 202 and a.body["id"] == "routes", a
+    assert [c["table"] for c in a.body["table_copies"]] in (["public.alpha"], []), a.body  # ([]: taken up already)
+    error(call(url, "POST", "/api/v2/changefeeds/routes/snapshot", {"tables": ["public.nope"]}), 400,
+          "CDC:ErrInvalidArgument", "public.nope", "public.alpha")
+    error(call(url, "POST", "/api/v2/changefeeds/routes/snapshot", {"tables": []}), 400, "CDC:ErrInvalidArgument",
+          "tables")
+    error(call(url, "POST", "/api/v2/changefeeds/routes/snapshot", {"table": "public.alpha"}), 400,
+          "CDC:ErrInvalidArgument", "unknown field")
+    error(call(url, "POST", "/api/v2/changefeeds/nope/snapshot", {"tables": ["public.alpha"]}), 404,
+          "CDC:ErrChangefeedNotFound")
+
     # captures and drain
     a = route("GET", "/api/v2/captures", "/api/v2/captures")
     assert a.status == 200 and [(c["id"], c["is_owner"], c["draining"]) for c in a.body] == [(me, True, False)]

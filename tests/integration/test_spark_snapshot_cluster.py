@@ -17,7 +17,7 @@ from spark_jobs.plan import SnapshotJob, write_job
 from tests.snapshot_helpers import at_snapshot, execute, exported_snapshot, pg_target, spark_standalone
 from tests.sql_targets import SqlTarget
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.integration  # ~27 s: in `make test` (issue 10 asks for the cluster run there)
 
 
 @pytest.fixture

@@ -48,7 +48,7 @@ import psycopg2
 from psycopg2 import sql
 
 from cdc.errors import DecodeError, InvalidArgument, SnapshotExpired
-from cdc.events import OpType, RowChange, TableName, TableSchema
+from cdc.events import SNAPSHOT, OpType, RowChange, TableName, TableSchema
 from cdc.snapshot import PG_COPY_TEXT, CopyText, SnapshotChunk, TablePlan, plan_from_bounds
 from upstream.base import SnapshotReader
 from upstream.postgres import catalog
@@ -236,7 +236,7 @@ class PgSnapshotReader(SnapshotReader):
                         row = parse_row(texts)
                     except (ValueError, ArithmeticError) as exc:
                         raise _bad_value(schema, parsers, texts, exc) from exc
-                    yield RowChange(insert, schema, commit_ts, commit_time, None, None, {}, row, texts)
+                    yield RowChange(insert, schema, commit_ts, commit_time, None, None, {SNAPSHOT: True}, row, texts)
             complete = True
         finally:
             if not complete:  # abandoned or failed: stop the COPY; the connection cannot be trusted any more

@@ -9,14 +9,15 @@ from typing import Any
 import pytest
 
 from capture.metrics import snapshot_families
-from cdc.model import SpanInfo, SpanSnapshot, SpanStatus
+from cdc.model import SpanInfo, SpanSnapshot, SpanStatus, TableCopy
 from cdc.snapshot import SnapshotProgress, TableProgress
 
 pytestmark = pytest.mark.unit
 
 
 def _snap(initial: bool, phases: list[str | None]) -> Any:
-    info = SimpleNamespace(initial_copy=initial, spans=tuple(SpanInfo(i, f"s{i}", f"p{i}") for i in range(len(phases))))
+    info = SimpleNamespace(initial_copy=initial, table_copies=(),
+                           spans=tuple(SpanInfo(i, f"s{i}", f"p{i}") for i in range(len(phases))))
     statuses = {i: SpanStatus("c", 1, snapshot=None if p is None else SpanSnapshot(p)) for i, p in enumerate(phases)}
     return SimpleNamespace(changefeeds={"cf": SimpleNamespace(value=info)}, span_statuses={"cf": statuses})
 
@@ -54,3 +55,14 @@ def test_a_streaming_changefeed_has_no_table_series_and_costs_no_read(initial: b
 def test_a_span_that_has_not_reported_yet_still_copies() -> None:
     v = _values(list(snapshot_families(_snap(True, [None]), None)))
     assert v["tidewater_changefeed_snapshot_copying"] == [(("cf",), 1.0)]
+
+
+def test_a_streaming_changefeed_with_a_table_copy_counts_it_and_shows_its_progress() -> None:
+    snap = _snap(True, ["done", "done"])
+    snap.span_statuses["cf"][1] = SpanStatus("c", 1, snapshot=SpanSnapshot("copying", tables=("public.t",), request=2))
+    snap.changefeeds["cf"].value.table_copies = (TableCopy("public.u", 0, 3),)  # asked, not taken up yet
+    v = _values(list(snapshot_families(snap, lambda cf: SnapshotProgress(cf, -1, (
+        TableProgress("1:public.t", 1, 4, 10, 40),)))))
+    assert v["tidewater_changefeed_snapshot_copying"] == [(("cf",), 0.0)]  # it streams: its checkpoint is valid
+    assert v["tidewater_changefeed_table_copies"] == [(("cf",), 2.0)]
+    assert v["tidewater_snapshot_chunks_done"] == [(("cf", "1:public.t"), 1.0)]

@@ -139,7 +139,7 @@ def test_a_schema_change_of_a_table_below_its_floor_is_dropped_one_above_it_stay
     def schema_changes(raw: bytes, ts: int, tm: float) -> list[Any]:
         from types import SimpleNamespace
 
-        return [SimpleNamespace(table="public.t" if raw == b"t" else "public.u", raw=raw)]
+        return [SimpleNamespace(table="public.t" if raw == b"t" else "public.u", raw=raw, changes=())]
 
     b = TxnBatcher(txns, _row("public.t"), max_rows=100, ddl_commits={100, 120}, schema_changes=schema_changes,
                    floors={"public.t": 130})
@@ -149,3 +149,72 @@ def test_a_schema_change_of_a_table_below_its_floor_is_dropped_one_above_it_stay
     assert [r.p for r in before] == [] and [e.raw for e in b.ddl] == [b"u"]
     after, last, _ = drain(b)
     assert [r.p for r in after] == [b"u2"] and last == Watermark(120, 1.2)
+
+
+def _held_txns() -> list[SortedTxn]:
+    return [SortedTxn(100, 1.0, 2, [b"t100", b"u100"]), SortedTxn(150, 1.5, 1, [b"u150"]),
+            SortedTxn(200, 2.0, 2, [b"t200", b"u200"]), SortedTxn(250, 2.5, 1, [b"u250"])]
+
+
+def test_a_table_copy_holds_back_its_tables_changes_until_its_snapshot_is_known_then_above_it_until_released() -> None:
+    from processor.table_hold import TableHold
+
+    hold = TableHold(["public.t"])
+    b = TxnBatcher(_held_txns(), _row("public.t"), max_rows=100, hold=hold)
+    assert b.blocked() and hold.blocked_at == 100  # no snapshot yet: the very first change of t waits
+    hold.pass_up_to(150)
+    assert not b.blocked()
+    rows, last, _ = drain(b)  # t100 is older than the copy's snapshot: written; the batch ends before t200
+    assert [r.p for r in rows] == [b"t100", b"u100", b"u150"] and last == Watermark(150, 1.5)
+    assert b.blocked() and hold.blocked_at == 200 and b.has_more()
+    rows, last, _ = drain(b)  # (asked anyway: nothing, the checkpoint does not move)
+    assert rows == [] and last == Watermark(150, 1.5)
+    hold.release({"public.t": 200})  # the copy holds t up to 200: t200 is dropped, u200 and later pass
+    assert not b.blocked()
+    rows, last, _ = drain(b)
+    assert [r.p for r in rows] == [b"u200", b"u250"] and last == Watermark(250, 2.5) and not b.has_more()
+
+
+def test_a_held_key_less_table_whose_copy_committed_drops_its_changes_up_to_that_snapshot() -> None:
+    from processor.table_hold import DROP, PASS, WAIT, TableHold
+
+    hold = TableHold(["public.t"])
+    hold.pass_up_to(150, {"public.t": 120})
+    assert [hold.verdict("public.t", ts) for ts in (100, 120, 121, 150, 151)] == [DROP, DROP, PASS, PASS, WAIT]
+    assert hold.verdict("public.u", 10**9) == PASS and not hold.released
+    b = TxnBatcher(_held_txns(), _row("public.t"), max_rows=100, hold=hold)
+    rows, _, _ = drain(b)
+    assert [r.p for r in rows] == [b"u100", b"u150"]
+
+
+def test_a_schema_change_of_a_held_table_waits_like_its_rows() -> None:
+    from types import SimpleNamespace
+
+    from processor.table_hold import TableHold
+
+    txns = [SortedTxn(100, 1.0, 1, [b"u1"]), SortedTxn(120, 1.2, 2, [DDL + b"t", b"u2"])]
+    hold = TableHold(["public.t"])
+    hold.pass_up_to(110)
+    b = TxnBatcher(txns, _row("public.t"), max_rows=100, ddl_commits={120}, hold=hold,
+                   schema_changes=lambda raw, ts, tm: [SimpleNamespace(table="public.t", raw=raw)])
+    rows, last, _ = drain(b)
+    assert [r.p for r in rows] == [b"u1"] and last == Watermark(100, 1.0) and b.blocked()
+    hold.release({"public.t": 110})
+    before, _, _ = drain(b)
+    assert before == [] and [e.raw for e in b.ddl] == [b"t"]
+
+
+def test_a_table_renamed_inside_its_copys_window_fails_loudly_naming_the_resync() -> None:
+    from types import SimpleNamespace
+
+    from cdc.errors import DdlRejected
+    from cdc.events import DdlChange, DdlKind
+
+    txns = [SortedTxn(100, 1.0, 1, [DDL + b"t"])]
+    rename = SimpleNamespace(table="public.t", raw=b"t", query="ALTER TABLE t RENAME TO t2",
+                             changes=(DdlChange(DdlKind.RENAME_TABLE, new_name="public.t2"),))
+    b = TxnBatcher(txns, _row("public.t"), max_rows=100, ddl_commits={100}, floors={"public.t2": 150},
+                   schema_changes=lambda raw, ts, tm: [rename])
+    with pytest.raises(DdlRejected) as err:
+        drain(b)
+    assert "cdc cli changefeed snapshot --table public.t2" in err.value.message

@@ -52,7 +52,8 @@ def test_target_names_per_dialect() -> None:
 @pytest.mark.parametrize("uri,message", [
     ("", "malformed"),
     ("no-scheme", "malformed"),
-    ("kafka://127.0.0.1:9092/topic", "not supported"),
+    ("kafka://127.0.0.1:9092/topic", "names no protocol"),
+    ("kafka://127.0.0.1:9092/topic?protocol=avro", "protocol .avro. is not supported"),
     ("ftp://x/y", "not supported"),
     ("mysql://root@127.0.0.1:3306/", "names no database"),
     ("mysql://127.0.0.1:notaport/db", "malformed"),

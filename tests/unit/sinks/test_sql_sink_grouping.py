@@ -304,7 +304,7 @@ def test_a_failed_multi_table_write_leaves_nothing(tmp_path: Path) -> None:
 
 # ---- connections ------------------------------------------------------------------------------------
 def test_pymysql_connections_share_one_default_tls_context() -> None:
-    from sinks.sql.sink import _pymysql_connection_class
+    from sinks.sql.engine import _pymysql_connection_class
 
     cls = _pymysql_connection_class()
     a = cls(host="127.0.0.1", port=1, defer_connect=True)

@@ -227,3 +227,21 @@ def test_chunks_are_copied_here_while_spark_starts_and_the_rest_is_left_for_spar
     local.start()
     done, left = local.finish()
     assert len(done) <= 1 and len(done) + len(left) == 5
+
+
+def test_a_chunk_into_a_buffering_sink_is_flushed_into_a_file_before_copy_one_returns(tmp_path: Path) -> None:
+    from sinks.factory import open_sink
+    from sinks.storage.reader import rebuild
+
+    uri = f"file://{tmp_path}/lake?protocol=csv&date-separator=none&flush-interval=10m"
+    job = SnapshotJob(**{**JOB.__dict__, "commit_ts": 42, "sink": uri})
+    sink = open_sink(job.sink)
+    sink.set_bulk_load()
+    keyed = plan_from_bounds(SCHEMA.name, 2, 10, ("id",)).chunks[0]
+    assert copy_one(ListReader([(1, "a"), (2, "b")]), sink, ChunkTask(job, SCHEMA, keyed)) == 2
+    published = sorted(p.name for p in (tmp_path / "lake").rglob("CDC*.csv"))
+    assert published == [f"CDC{1:020d}.csv"]  # visible without any further call: the copy records it next
+    sink.publish_checkpoint(42)
+    sink.close()
+    _, states = rebuild(uri)
+    assert sorted(r["id"] for r in states[SCHEMA.name].rows()) == [1, 2]

@@ -1,0 +1,149 @@
+"""What the API and the CLI show of changefeeds, spans and processors (views over the stored state; no I/O).
+
+``describe`` is a changefeed as ``GET /api/v2/changefeeds/{id}`` answers it: state, redacted URIs, watermarks and
+their lags, the data warnings, each span with its phase and table copy (docs/api.md)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from cdc.meta.store import ClusterSnapshot
+from cdc.model import ChangefeedInfo, ChangefeedStatus, DataWarning, SpanStatus, span_copying
+from cdc.serde import to_dict
+from cdc.snapshot import SnapshotProgress
+from cdc.ts import lsn_to_str
+from cdc.uri import redact
+
+
+def span_load(snap: ClusterSnapshot) -> dict[str, int]:
+    load: dict[str, int] = {}
+    for spans in snap.assignments.values():
+        for a in spans.values():
+            load[a.capture_id] = load.get(a.capture_id, 0) + 1
+    return load
+
+
+def processor_spans(snap: ClusterSnapshot) -> dict[tuple[str, str], list[int]]:
+    out: dict[tuple[str, str], list[int]] = {}
+    for cf, spans in snap.assignments.items():
+        if cf not in snap.changefeeds:
+            continue
+        for index, a in sorted(spans.items()):
+            out.setdefault((cf, a.capture_id), []).append(index)
+    return out
+
+
+def processor_view(cf: str, capture_id: str, indexes: list[int], snap: ClusterSnapshot) -> dict[str, Any]:
+    """A processor's view: its spans with their stored checkpoint/resolved Ts; ``running`` and ``error``
+    count only when reported under the current assignment (same capture and epoch)."""
+    statuses = snap.span_statuses.get(cf, {})
+    spans: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    for index in indexes:
+        a = snap.assignments[cf][index]
+        ss = statuses.get(index)
+        current = ss is not None and ss.capture_id == a.capture_id and ss.epoch == a.epoch
+        err = to_dict(ss.error) if current and ss is not None and ss.error else None
+        if err:
+            errors.append({"span": index, **err})
+        spans.append({
+            "index": index, "epoch": a.epoch, "stopping": a.stopping,
+            "checkpoint_ts": ss.checkpoint_ts if ss else None,
+            "checkpoint": lsn_to_str(ss.checkpoint_ts) if ss else None,
+            "checkpoint_lag": lag(ss.checkpoint_time) if ss else None,
+            "resolved_ts": ss.resolved_ts if ss else None,
+            "resolved_lag": lag(ss.resolved_time) if ss else None,
+            "running": bool(current and ss is not None and ss.running),
+            "rows": ss.rows if current and ss is not None else 0,
+            "error": err,
+        })
+    checkpoints = [s["checkpoint_ts"] for s in spans if s["checkpoint_ts"] is not None]
+    resolved = [s["resolved_ts"] for s in spans if s["resolved_ts"] is not None]
+    checkpoint = min(checkpoints) if len(checkpoints) == len(spans) else None
+    return {
+        "changefeed_id": cf, "capture_id": capture_id,
+        "address": snap.captures[capture_id].advertise_addr if capture_id in snap.captures else None,
+        "checkpoint_ts": checkpoint,
+        "checkpoint": lsn_to_str(checkpoint) if checkpoint is not None else None,
+        "resolved_ts": min(resolved) if len(resolved) == len(spans) else None,
+        "spans": spans, "errors": errors,
+    }
+
+
+def lag(t: float) -> float | None:
+    return round(max(0.0, time.time() - t), 3) if t else None
+
+
+def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments: dict[int, Any],
+             span_statuses: dict[int, Any]) -> dict[str, Any]:
+    st = status or ChangefeedStatus()
+    spans = []
+    for s in info.spans:
+        a = assignments.get(s.index)
+        ss = span_statuses.get(s.index)
+        spans.append({
+            "index": s.index, "slot": s.slot, "publication": s.publication, "start_ts": s.start_ts,
+            "capture": a.capture_id if a else None,
+            "checkpoint_ts": ss.checkpoint_ts if ss else None,
+            "checkpoint": lsn_to_str(ss.checkpoint_ts) if ss else None,
+            "resolved_ts": ss.resolved_ts if ss else None,
+            "running": ss.running if ss else False,
+            "rows": ss.rows if ss else 0,
+            "retained_wal_bytes": st.retained_wal.get(str(s.index)),
+            "error": to_dict(ss.error) if ss and ss.error else None,
+            "warnings": len(ss.warnings) if ss else 0,
+            "phase": span_phase(info, ss),
+            "table_copy": table_copy_view(ss),
+        })
+    phases = {s["phase"] for s in spans}
+    return {
+        "id": info.id,
+        "state": info.state.value,
+        "phase": "snapshot" if "snapshot" in phases else "streaming",
+        "upstream_uri": redact(info.upstream_uri),  # also when sealed with a key this capture lacks
+        "sink_uri": redact(info.sink_uri),
+        "config": info.config,
+        "start_ts": info.start_ts,
+        "target_ts": info.target_ts,
+        "create_time": info.create_time,
+        "checkpoint_ts": st.checkpoint_ts,
+        "checkpoint": lsn_to_str(st.checkpoint_ts),
+        "checkpoint_time": st.checkpoint_time,
+        "checkpoint_lag": lag(st.checkpoint_time),
+        "resolved_ts": st.resolved_ts,
+        "resolved_lag": lag(st.resolved_time),
+        "error": to_dict(info.error) if info.error else None,
+        "warnings": [warning_view(w) for w in st.warnings],
+        "spans": spans,
+        "table_copies": [{"table": c.table, "span": c.span, "reason": c.reason, "requested_at": c.requested_at}
+                         for c in info.table_copies],
+    }
+
+
+def table_copy_view(ss: SpanStatus | None) -> dict[str, Any] | None:
+    """A span's table copy (docs/snapshot.md, "Table copies"): its tables and whether it is done; None if none."""
+    snap = ss.snapshot if ss is not None else None
+    if snap is None or not snap.tables:
+        return None
+    return {"tables": list(snap.tables), "phase": snap.phase}
+
+
+def span_phase(info: ChangefeedInfo, ss: SpanStatus | None) -> str:
+    """One span's phase: ``snapshot`` until it stored its initial copy as done."""
+    return "snapshot" if span_copying(info, ss) else "streaming"
+
+
+def snapshot_view(p: SnapshotProgress) -> dict[str, Any]:
+    """The initial copy's progress as the API shows it: totals, then per table chunks done / total, rows copied
+    / planned, rows/s and ETA (None while unknown)."""
+    return {"chunks_done": p.chunks_done, "chunks_total": p.chunks_total, "rows_copied": p.rows_copied,
+            "tables": [{"table": t.table, "chunks_done": t.chunks_done, "chunks_total": t.chunks_total,
+                        "rows_copied": t.rows_copied, "rows_planned": t.rows_planned,
+                        "rows_per_second": t.rows_per_second, "eta_seconds": t.eta_seconds} for t in p.tables]}
+
+
+def warning_view(w: DataWarning) -> dict[str, Any]:
+    """A data warning as the API shows it (``last_time``: when last raised, ``first_time`` if only once)."""
+    return {"code": w.code, "table": w.table, "severity": w.severity.value, "count": w.count, "keys": list(w.keys),
+            "first_time": w.first_time, "last_time": w.seen, "message": w.message}

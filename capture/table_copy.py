@@ -1,0 +1,56 @@
+"""``cdc cli changefeed snapshot -c ID --table schema.name``: copy some tables' rows again (a resync) while the
+changefeed goes on streaming (docs/snapshot.md, "Table copies").
+
+The request is stored in the changefeed's info (:meth:`cdc.meta.store.MetaStore.request_table_copies`); the span
+that publishes the table takes it up (``processor.processor``), empties the table downstream and copies it under
+a new snapshot, holding back only that table's changes meanwhile. Refused, naming the fix: an unknown changefeed, a
+table the changefeed does not replicate, a changefeed that is being removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from cdc.errors import ChangefeedNotFound, ChangefeedStateConflict, InvalidArgument
+from cdc.events import TableName
+from cdc.meta.store import MetaStore
+from cdc.model import FeedState, TableCopy
+from upstream import open_upstream
+
+log = logging.getLogger(__name__)
+
+
+def request_resync(store: MetaStore, cf_id: str, tables: Sequence[str]) -> tuple[TableCopy, ...]:
+    """Store a table copy (reason ``resync``) of each of ``tables`` for changefeed ``cf_id``; return them."""
+    if not tables:
+        raise InvalidArgument("name at least one table to copy again (--table schema.name)")
+    entry = store.get_changefeed(cf_id)
+    if entry is None:
+        raise ChangefeedNotFound(f"changefeed {cf_id!r} does not exist")
+    info = entry.value
+    if info.state is FeedState.REMOVED:
+        raise ChangefeedStateConflict(f"changefeed {cf_id!r} is being removed")
+    names = []
+    for raw in tables:
+        if not isinstance(raw, str) or not raw.strip():
+            raise InvalidArgument(f"table names are 'schema.name' strings, got {raw!r}")
+        names.append(TableName.parse(raw.strip()))
+    up = open_upstream(info.upstream_uri)
+    try:
+        where: dict[TableName, int] = {}
+        for span in info.spans:
+            for t in up.span_tables(span) or ():
+                where[t] = span.index
+    finally:
+        up.close()
+    missing = [str(t) for t in names if t not in where]
+    if missing:
+        known = ", ".join(sorted(str(t) for t in where)[:20]) or "none"
+        raise InvalidArgument(f"changefeed {cf_id!r} does not replicate {', '.join(missing)} (it replicates: {known}); "
+                              "name a replicated table, or change the changefeed's filter first")
+    copies = store.request_table_copies(cf_id, [(str(t), where[t]) for t in dict.fromkeys(names)], "resync",
+                                        time.time())
+    log.info("changefeed=%s: table copy asked for %s", cf_id, ", ".join(c.table for c in copies))
+    return copies

@@ -1,0 +1,202 @@
+"""The owner's publisher of changefeed checkpoints to sinks that show them downstream (``Sink.publishes_checkpoints``:
+the storage sink's ``metadata`` file; the Kafka sink's watermarks).
+
+The owner *offers* each changefeed's checkpoint (the minimum over its spans, stored in its ``ChangefeedStatus``) as it
+computes it; a thread of its own publishes, so a slow or unreachable sink never delays the owner's loop.
+
+Guarantees:
+
+- Latest value wins: an offer replaces the one not yet published; a value at or below the last one published by
+  this owner term is not published again (the sink itself never moves backwards either).
+- Only changefeeds whose sink class says ``publishes_checkpoints`` are published; the class is looked up by URI
+  scheme without opening a sink.
+- One sink instance per changefeed, opened on first use and reopened after a failure or a change of sink URI.
+- A failure is logged (the first, then every tenth) and retried with exponential backoff (``retry_min`` ..
+  ``retry_max`` seconds); when the checkpoint could not be published for ``warn_after`` seconds it is shown as a
+  ``notice`` data warning ``CDC:WarnCheckpointNotPublished`` of the changefeed (:meth:`warnings`; the owner merges it
+  into the changefeed's status), whose message says so again once publishing works.
+- ``run`` returns when its stop event is set and closes its sinks; ``forget`` drops a removed changefeed.
+- Time and sink opening are injectable (tests never sleep on a real clock beyond short waits).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from cdc.config import ChangefeedConfig
+from cdc.model import ChangefeedInfo, DataWarning, WarningSeverity
+from cdc.uri import parse_sink_uri, scrub
+from sinks.base import Sink
+from sinks.factory import open_sink, sink_class
+
+log = logging.getLogger(__name__)
+
+WARNING_CODE = "CDC:WarnCheckpointNotPublished"
+WARNING_TABLE = "*"
+
+
+def publishes(sink_uri: str) -> bool:
+    """The sink class of ``sink_uri`` publishes checkpoints (no sink is opened); False for an unusable URI."""
+    try:
+        return sink_class(parse_sink_uri(sink_uri).scheme).publishes_checkpoints
+    except Exception:  # noqa: BLE001 - an unusable URI publishes nothing; its changefeed fails elsewhere
+        return False
+
+
+def _open(info: ChangefeedInfo) -> Sink:
+    return open_sink(info.sink_uri, ChangefeedConfig.from_dict(info.config).sink)
+
+
+@dataclass
+class _Feed:
+    info: ChangefeedInfo
+    ts: int = 0  # the latest offer
+    time: float = 0.0
+    published: int = 0  # the highest value published this term
+    sink: Sink | None = None
+    sink_uri: str = ""
+    failing_since: float = 0.0
+    failures: int = 0
+    error: str = ""
+    next_try: float = 0.0
+    warning: DataWarning | None = None
+
+
+class CheckpointPublisher:
+    """See the module docstring."""
+
+    def __init__(self, *, opener: Callable[[ChangefeedInfo], Sink] = _open, clock: Callable[[], float] = time.time,
+                 retry_min: float = 1.0, retry_max: float = 30.0, warn_after: float = 30.0) -> None:
+        self._opener = opener
+        self._clock = clock
+        self.retry_min, self.retry_max, self.warn_after = retry_min, retry_max, warn_after
+        self._feeds: dict[str, _Feed] = {}
+        self._publishes: dict[str, bool] = {}  # sink URI -> its class publishes checkpoints
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+
+    def offer(self, info: ChangefeedInfo, ts: int, commit_time: float) -> None:
+        """The checkpoint of ``info`` is ``ts`` now (cheap; publishing happens in :meth:`run`)."""
+        if ts <= 0:
+            return
+        does = self._publishes.get(info.sink_uri)
+        if does is None:
+            does = self._publishes[info.sink_uri] = publishes(info.sink_uri)
+        if not does:
+            return
+        with self._lock:
+            feed = self._feeds.get(info.id)
+            if feed is None:
+                feed = self._feeds[info.id] = _Feed(info)
+            feed.info = info
+            if ts <= feed.ts:
+                return
+            feed.ts, feed.time = ts, commit_time
+        self._wake.set()
+
+    def forget(self, changefeed: str) -> None:
+        with self._lock:
+            feed = self._feeds.pop(changefeed, None)
+        if feed is not None:
+            self._close(feed)
+
+    def warnings(self, changefeed: str) -> list[DataWarning]:
+        """The changefeed's publishing warning, if publishing failed for ``warn_after`` seconds (see the module
+        docstring)."""
+        with self._lock:
+            feed = self._feeds.get(changefeed)
+            return [feed.warning] if feed is not None and feed.warning is not None else []
+
+    def published(self, changefeed: str) -> int:
+        with self._lock:
+            feed = self._feeds.get(changefeed)
+            return feed.published if feed is not None else 0
+
+    # ---- the thread ---------------------------------------------------------------------------------------
+    def run(self, stop: threading.Event) -> None:
+        """Publish until ``stop`` is set (a thread target; never raises), then close the sinks."""
+        try:
+            while not stop.is_set():
+                delay = self.publish_due()
+                self._wake.wait(min(delay, 1.0) if delay is not None else 1.0)
+                self._wake.clear()
+        finally:
+            with self._lock:
+                feeds = list(self._feeds.values())
+                self._feeds.clear()
+            for feed in feeds:
+                self._close(feed)
+
+    def stop_waiting(self) -> None:
+        self._wake.set()
+
+    def publish_due(self) -> float | None:
+        """Publish every offer that is due now; return the seconds until the next retry (None: nothing waits)."""
+        now = self._clock()
+        with self._lock:
+            due = [f for f in self._feeds.values() if f.ts > f.published and f.next_try <= now]
+        for feed in due:
+            self._publish_one(feed)
+        with self._lock:
+            waiting = [f.next_try - now for f in self._feeds.values() if f.ts > f.published]
+        return max(0.0, min(waiting)) if waiting else None
+
+    def _publish_one(self, feed: _Feed) -> None:
+        ts, when, info = feed.ts, feed.time, feed.info
+        try:
+            if feed.sink is None or feed.sink_uri != info.sink_uri:
+                self._close(feed)
+                feed.sink = self._opener(info)
+                feed.sink_uri = info.sink_uri
+            feed.sink.publish_checkpoint(ts, when)
+        except Exception as exc:  # noqa: BLE001 - logged, retried, shown when it persists
+            self._failed(feed, exc)
+            return
+        now = self._clock()
+        with self._lock:
+            feed.published = max(feed.published, ts)
+            if feed.failures:
+                log.info("changefeed=%s checkpoint %d published again after %d failure(s)", info.id, ts,
+                         feed.failures)
+                if feed.warning is not None:
+                    feed.warning = DataWarning(
+                        WARNING_CODE, WARNING_TABLE,
+                        f"the sink's published checkpoint was not updated for {now - feed.failing_since:.0f}s "
+                        f"({feed.error}); it is published again since then", WarningSeverity.NOTICE,
+                        first_time=feed.warning.first_time, last_time=now)
+                feed.failures, feed.failing_since, feed.error, feed.next_try = 0, 0.0, "", 0.0
+
+    def _failed(self, feed: _Feed, exc: BaseException) -> None:
+        now = self._clock()
+        self._close(feed)
+        message = scrub(getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}")
+        with self._lock:
+            if not feed.failures:
+                feed.failing_since = now
+            feed.failures += 1
+            feed.error = message
+            feed.next_try = now + min(self.retry_max, self.retry_min * 2 ** min(feed.failures - 1, 16))
+            if now - feed.failing_since >= self.warn_after:
+                first = feed.warning.first_time if feed.warning is not None and "again" not in feed.warning.message \
+                    else feed.failing_since
+                feed.warning = DataWarning(
+                    WARNING_CODE, WARNING_TABLE,
+                    f"the sink's published checkpoint is not updated since {now - feed.failing_since:.0f}s: "
+                    f"{message}; retrying (consumers of the sink see an older checkpoint meanwhile)",
+                    WarningSeverity.NOTICE, first_time=first, last_time=now)
+        if feed.failures == 1 or feed.failures % 10 == 0:
+            log.warning("changefeed=%s publishing checkpoint %d to the sink failed (attempt %d, retrying): %s",
+                        feed.info.id, feed.ts, feed.failures, message)
+
+    @staticmethod
+    def _close(feed: _Feed) -> None:
+        sink, feed.sink = feed.sink, None
+        if sink is not None:
+            try:
+                sink.close()
+            except Exception:  # noqa: BLE001 - closing a sink that failed
+                pass

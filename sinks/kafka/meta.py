@@ -1,0 +1,139 @@
+"""The Kafka sink's metadata topic: ``_tidewater.<topic>`` next to the sink URI's topic, one partition, small JSON
+records, the last record of a key wins (read back in full: compaction is not relied on, tansu has none).
+
+Keys:
+
+- ``checkpoint/<changefeed>/<span>``: ``{"ts", "step", "time", "origin"}``, the position of the span's last Kafka
+  transaction (``kafka-transactional=true``), written inside that transaction so that it commits with the messages
+  or not at all (``KafkaSink.open_position`` reads it back on restart).
+- ``topic/<name>``: a topic the sink's dispatcher rules sent rows to (only with per-table topics): the owner's
+  checkpoint watermarks and a restarted span's watermarks go to every partition of every such topic.
+- ``marker/<uuid>``: written by a reader before it reads, so that it knows when it has read everything committed
+  before it began (end offsets cannot be trusted on every broker: docs/sinks.md, "Test broker").
+
+The topic is created with one partition when missing (and ``auto-create-topic`` allows; otherwise create it).
+Readers use ``read_committed``: on Apache Kafka an aborted transaction's checkpoint is never read back.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from cdc.errors import SinkUnavailable
+from sinks.kafka.errors import wrap
+from sinks.kafka.options import KafkaOptions
+from sinks.kafka.transport import KafkaTransport, client_config
+
+log = logging.getLogger(__name__)
+
+PREFIX = "_tidewater."
+
+
+def meta_topic_name(topic: str) -> str:
+    """``_tidewater.<topic>`` (cut to Kafka's 249 characters)."""
+    return (PREFIX + topic)[:249]
+
+
+def checkpoint_key(changefeed: str, span: int) -> str:
+    return f"checkpoint/{changefeed}/{span}"
+
+
+def encode(value: dict[str, Any]) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
+class MetaReader:
+    """Reads the metadata topic (``read_committed``) incrementally: :meth:`read_all` the first time (up to a
+    marker it writes first), :meth:`poll` for what came since. Holds one consumer until :meth:`close`."""
+
+    def __init__(self, options: KafkaOptions, *, consumer_factory: Callable[..., Any] | None = None,
+                 timeout: float | None = None) -> None:
+        self.options = options
+        self.topic = meta_topic_name(options.topic)
+        self.records: dict[str, dict[str, Any]] = {}
+        self._factory = consumer_factory
+        self._consumer: Any = None
+        self._timeout = timeout if timeout is not None else options.dial_timeout + options.delivery_timeout
+
+    def _open(self) -> Any:
+        if self._consumer is None:
+            factory = self._factory
+            if factory is None:
+                from kafka import KafkaConsumer as factory
+            from kafka import TopicPartition
+
+            try:
+                consumer = factory(**client_config(self.options), isolation_level="read_committed",
+                                   enable_auto_commit=False, group_id=None, auto_offset_reset="earliest",
+                                   consumer_timeout_ms=1000)
+                consumer.assign([TopicPartition(self.topic, 0)])
+                consumer.seek_to_beginning()
+            except Exception as exc:
+                raise wrap(exc, self.options.where(), topic=self.topic, doing="reading the sink's metadata") from exc
+            self._consumer = consumer
+        return self._consumer
+
+    def read_all(self, transport: KafkaTransport) -> dict[str, dict[str, Any]]:
+        """Every key's last record committed before this call (writes a marker through ``transport``, which must
+        not be inside a transaction, then reads up to it)."""
+        marker = f"marker/{uuid.uuid4().hex}"
+        transport.topic(self.topic, 1)
+        if transport.transactional_id is not None:
+            transport.begin()
+            transport.send(self.topic, 0, marker.encode(), b"{}")
+            transport.commit()
+        else:
+            transport.send(self.topic, 0, marker.encode(), b"{}")
+            transport.flush()
+        deadline = time.monotonic() + self._timeout
+        while not self._take(self._fetch(1.0), marker):
+            if time.monotonic() > deadline:
+                self.close()
+                raise SinkUnavailable(f"{self.options.where()}: the sink's metadata topic {self.topic} did not return "
+                                      f"the marker written to it within {self._timeout:g} s")
+        return self.records
+
+    def poll(self) -> dict[str, dict[str, Any]]:
+        """Records that arrived since the last read (merged into :attr:`records`)."""
+        self._take(self._fetch(0.0), None)
+        return self.records
+
+    def _fetch(self, wait: float) -> list[Any]:
+        consumer = self._open()
+        try:
+            batches = consumer.poll(timeout_ms=int(wait * 1000), max_records=10_000)
+        except Exception as exc:
+            self.close()
+            raise wrap(exc, self.options.where(), topic=self.topic, doing="reading the sink's metadata") from exc
+        return [r for records in batches.values() for r in records]
+
+    def _take(self, records: list[Any], marker: str | None) -> bool:
+        seen = False
+        for r in records:
+            key = r.key.decode() if r.key else ""
+            if key.startswith("marker/"):
+                seen = seen or key == marker
+                continue
+            try:
+                value = json.loads(r.value) if r.value else None
+            except ValueError:
+                log.warning("topic %s offset %d: not JSON, ignored", self.topic, r.offset)
+                continue
+            if isinstance(value, dict):
+                self.records[key] = value
+            else:
+                self.records.pop(key, None)
+        return seen
+
+    def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            try:
+                consumer.close()
+            except Exception as exc:  # noqa: BLE001 - closing a broken consumer
+                log.debug("closing the metadata consumer: %s", exc)

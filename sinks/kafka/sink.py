@@ -1,0 +1,645 @@
+"""The Kafka sink (``kafka://``): row changes, DDL and watermarks as messages of one protocol (``sinks.codec``),
+dispatched to topics and partitions (``sinks.kafka.dispatcher``), delivered by ``sinks.kafka.transport``.
+
+Guarantees (the :class:`sinks.base.Sink` contract, and what Kafka changes in it):
+
+- ``write(changes)`` takes whole transactions in commit order and returns once every message of them is
+  acknowledged by all in-sync replicas (acks=all, idempotent producer): the span's checkpoint moves only past
+  delivered messages. A key change (an UPDATE whose key differs) is split into a delete of the old key and an
+  insert of the new one before dispatch (TiCDC's rule), so each goes to its own key's partition. Messages of one
+  partition are written in change order, so one key's changes keep their order within its partition (with the
+  ``table`` and ``index-value`` dispatchers; ``ts`` spreads a key over partitions by commit Ts).
+- One encoder per (topic, partition); batching protocols (open-protocol) never mix partitions.
+- ``apply_ddl`` sends the protocol's DDL message after every row before it (those were acknowledged) and before
+  every row after it: canal-json to partition 0 of the table's topic (TiCDC's choice), the other protocols to every
+  partition of it; a TRUNCATE is routed the same way. It returns once acknowledged.
+- **Size**: every message is checked against ``max-message-bytes`` (or the topic's smaller ``max.message.bytes``)
+  before sending. An oversized row is sent in TiCDC's key-only form (``large-message-handle-option=
+  handle-key-only``), or stored in full under ``claim-check-storage-uri`` (a local ``file://`` directory, written
+  and fsynced before the message that points at it is sent) with a key-only message carrying its location
+  (``claim-check``), or fails the write with :class:`sinks.codec.MessageTooLarge` naming the table, the key, the
+  size and the limit (``none``, the default; and always for Debezium, which has no key-only form). Never dropped.
+- **Watermarks**: ``publish_checkpoint(ts, time)`` (the owner, with the changefeed checkpoint) sends a watermark to
+  every partition of every topic in use; it is consistent for any consumer: every change with a commit Ts at or
+  below it is before it in every partition. ``publish_resolved`` (the span, after its checkpoint moved; header
+  ``tidewater: i/n``) does the same for one span's changes; with one span (``span-watermarks=auto``) it is
+  consistent for every consumer, with several a consumer must take the minimum over all n spans per partition
+  (``sinks.kafka.consumer`` does).
+- **Duplicates**: at-least-once by default (a write that fails after some messages were acknowledged is replayed
+  in full). Every row and DDL message carries a header ``tidewater`` (``i/n:seq``: its span and its events'
+  positions in their transaction, ``sinks.kafka.headers``), so a consumer can drop replays exactly:
+  ``sinks.kafka.consumer`` does. Writes of the initial copy (chunks in parallel, a failed chunk copied again) number their events from the
+  write's start time instead, so an attempt sorts after the one before it and nothing of it is taken for a
+  duplicate (the copy is idempotent by key; a key-less table's chunk is a TRUNCATE and its rows).
+- **Exactly-once** (``kafka-transactional=true``): each ``write``/``apply_ddl``/watermark is one Kafka transaction
+  per span (transactional id ``tidewater-<changefeed>-<span>``), holding the messages and the span's position in
+  the metadata topic (``sinks.kafka.meta``); ``open_position`` reads it back and later calls drop what is already
+  committed, so a ``read_committed`` consumer of a broker with Kafka's transaction semantics sees every change once.
+  Opening the producer fences the span's previous producer (``SinkFenced``, retryable).
+- Errors: brokers unreachable -> :class:`SinkUnavailable` (within ``delivery-timeout``); refused or oversized ->
+  :class:`SinkError`; after an exception nothing of the call counts as delivered (the span replays it).
+- Threading: one caller thread at a time (``publish_checkpoint`` on an instance of its own). ``close`` waits a few
+  seconds for queued messages.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import importlib.util
+import json
+import logging
+import os
+import time
+import urllib.parse
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cdc.config import SinkConfig
+from cdc.errors import InvalidArgument, InvalidURI, SinkError
+from cdc.events import SNAPSHOT, DdlEvent, OpType, RowChange, TableName, TableSchema
+from cdc.ts import Watermark
+from sinks.base import Sink
+from sinks.codec import EncodeError, EncoderConfig, Message, MessageKind, MessageTooLarge, encoder_for
+from sinks.codec.base import RowEventEncoder, split_key_change
+from sinks.kafka.dispatcher import Dispatcher
+from sinks.kafka.headers import HEADER, row_header, span_value
+from sinks.kafka.options import CODEC_PARAMS, KafkaOptions, parse_kafka_uri
+
+if TYPE_CHECKING:
+    from sinks.kafka.meta import MetaReader
+    from sinks.kafka.transport import KafkaTransport
+
+log = logging.getLogger(__name__)
+
+LARGE_MESSAGE_OPTIONS = ("none", "handle-key-only", "claim-check")
+SPAN_WATERMARK_MODES = ("auto", "true", "false")
+SINK_PARAMS = ("large-message-handle-option", "claim-check-storage-uri", "span-watermarks")
+SPAN_WATERMARK_INTERVAL = 1.0  # seconds between a span's watermarks
+BATCH_HEADER = 61  # a record batch's header: message_size() - Message.size
+HEADER_ALLOWANCE = 256  # our headers, left out of the encoders' max-message-bytes
+SEQ_STRIDE = 4  # event positions per change: a split key change's halves and a Debezium key change's records
+DRAIN_ROWS = 2000  # rows appended before the encoders' messages are sent (bounds memory in a big transaction)
+INSTALL_HINT = "pip install 'tidewater[kafka]'"
+
+TransportFactory = Callable[[KafkaOptions, "str | None"], "KafkaTransport"]
+
+
+def _kafka_missing() -> bool:
+    return importlib.util.find_spec("kafka") is None
+
+
+def default_transport(options: KafkaOptions, transactional_id: str | None) -> KafkaTransport:
+    """The transport of ``kafka-producer`` (imported here: the extra ``kafka``; confluent-kafka when asked for)."""
+    try:
+        from sinks.kafka.transport import KafkaTransport
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] == "kafka":
+            raise SinkError(f"the Kafka sink needs kafka-python, which is not installed: {INSTALL_HINT}") from exc
+        raise
+    if options.producer == "confluent-kafka":
+        from sinks.kafka.confluent import ConfluentTransport
+
+        return ConfluentTransport(options, transactional_id=transactional_id)
+    return KafkaTransport(options, transactional_id=transactional_id)
+
+
+class _Dest:
+    """One (topic, partition): its encoder, its message size limit, and the changes appended since the last build
+    with their event positions."""
+
+    __slots__ = ("topic", "partition", "limit", "enc", "items")
+
+    def __init__(self, topic: str, partition: int, limit: int, enc: RowEventEncoder) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.limit = limit
+        self.enc = enc
+        self.items: list[tuple[RowChange, int]] = []
+
+
+class KafkaSink(Sink):
+    """Row changes to Kafka (see the module docstring for the guarantees)."""
+
+    publishes_checkpoints = True
+    """The owner calls :meth:`publish_checkpoint` when the changefeed checkpoint advances."""
+
+    def __init__(self, uri: str, config: SinkConfig | None = None, *,
+                 transport_factory: TransportFactory | None = None, clock: Callable[[], float] = time.time,
+                 meta_reader: Callable[[KafkaOptions], MetaReader] | None = None) -> None:
+        config = config or SinkConfig()
+        self.options = options = parse_kafka_uri(uri, codec_params=(*CODEC_PARAMS, *SINK_PARAMS))
+        params = dict(options.codec_params)
+        if transport_factory is None and _kafka_missing():
+            raise InvalidArgument(f"the Kafka sink needs kafka-python, which is not installed: {INSTALL_HINT}")
+        self._large = params.pop("large-message-handle-option", "none")
+        if self._large not in LARGE_MESSAGE_OPTIONS:
+            raise InvalidURI(f"sink URI {options.uri!r}: large-message-handle-option={self._large!r} is not supported: "
+                             f"use one of {', '.join(LARGE_MESSAGE_OPTIONS)}")
+        self._claim_dir = _claim_check_dir(params.pop("claim-check-storage-uri", None), self._large, options.uri)
+        self._span_watermarks = params.pop("span-watermarks", "auto").lower()
+        if self._span_watermarks not in SPAN_WATERMARK_MODES:
+            raise InvalidURI(f"sink URI {options.uri!r}: span-watermarks={self._span_watermarks!r}: use auto, true or "
+                             "false")
+        base = EncoderConfig(max_message_bytes=options.max_message_bytes)
+        self.codec = EncoderConfig.from_params(params, base=base)
+        if options.protocol == "debezium" and self._large != "none":
+            raise InvalidURI(f"sink URI {options.uri!r}: large-message-handle-option={self._large} needs a protocol "
+                             "with a key-only form (canal-json or open-protocol); Debezium has none")
+        self._clock = clock
+        self.control = encoder_for(options.protocol, self.codec, clock=clock)  # DDL and watermarks
+        self.dispatcher = Dispatcher(config.dispatchers, options.topic)
+        self._factory = transport_factory or default_transport
+        self._meta_factory = meta_reader
+        self._transport: KafkaTransport | None = None
+        self._dests: dict[tuple[str, int], _Dest] = {}
+        # per table schema (by id, the schema held): (schema, topic, partitioner, partition count)
+        self._routes: dict[int, tuple[TableSchema, str, Callable[[RowChange, int], int], int]] = {}
+        self._topics_used: set[str] = set()
+        self._topics_recorded: set[str] = set()
+        self._meta: MetaReader | None = None
+        self._plain: KafkaTransport | None = None  # non-transactional, beside a transactional one
+        # the span this sink writes for (bind_span / open_position)
+        self.changefeed: str | None = None
+        self.span: int | None = None
+        self.spans = 1
+        self._span_header: bytes | None = None
+        self._origin = 0
+        # event positions: per commit Ts, the changes and DDLs seen in it (event positions) and its DDLs so far
+        self._seq_ts = -1
+        self._pos = 0
+        self._txn_ddls = 0
+        # exactly-once: the position (commit Ts, step) of the span's last committed Kafka transaction
+        self._applied: tuple[int, int] = (0, -1)
+        self._positioned = False
+        self.watermark_interval = 0.0
+        self._closed = False
+
+    # ---- Sink hooks ------------------------------------------------------------------------------------
+    def check(self) -> None:
+        if self.options.transactional and self._transport is None and self.changefeed is None:
+            probe = self._factory(dataclasses.replace(self.options, transactional=False), None)
+            try:
+                probe.check()
+            finally:
+                probe.close()
+            return
+        self._tr().check()
+
+    def target_name(self, table: TableName) -> str:
+        return f"{self.dispatcher.topic(table)}/{table}"
+
+    def bind_span(self, changefeed: str, span: int, spans: int) -> None:
+        """The span this sink writes for: span ``span`` (0-based) of ``spans`` of ``changefeed``; before any write."""
+        self.changefeed, self.span, self.spans = changefeed, span, max(1, spans)
+        self._span_header = span_value(span, self.spans)
+        on = self._span_watermarks == "true" or (self._span_watermarks == "auto" and self.spans == 1)
+        self.watermark_interval = SPAN_WATERMARK_INTERVAL if on else 0.0
+
+    def open_position(self, changefeed: str, span: int, origin: int = 0) -> int:
+        if self.changefeed is None or (self.changefeed, self.span) != (changefeed, span):
+            self.bind_span(changefeed, span, self.spans)
+        self._origin = origin
+        if not self.options.transactional:
+            return 0
+        from sinks.kafka.meta import checkpoint_key
+
+        records = self._meta_records(fresh=True)
+        stored = records.get(checkpoint_key(changefeed, span))
+        self._positioned = True
+        if not stored:
+            self._applied = (0, -1)
+            return 0
+        if origin and stored.get("origin") not in (None, origin):
+            log.warning("changefeed=%s span=%d: the Kafka metadata topic holds position %s of an earlier changefeed "
+                        "with this id (origin %s, this one starts at %d); ignored", changefeed, span,
+                        stored.get("ts"), stored.get("origin"), origin)
+            self._applied = (0, -1)
+            return 0
+        self._applied = (int(stored["ts"]), int(stored.get("step", -1)))
+        return self._applied[0]
+
+    # ---- writing rows ----------------------------------------------------------------------------------
+    def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
+        tr = self._tr()
+        txn = self._txn_mode()
+        if txn:
+            tr.begin()
+        try:
+            count, last = self._write(tr, changes, fence)
+            if txn:
+                if last is not None:
+                    tr.flush()  # the rows first: see _record_position
+                    self._record_position(tr, last)
+                if fence is not None:
+                    fence()
+                tr.commit()
+                if last is not None:
+                    self._applied = last
+            else:
+                tr.flush()
+            return count
+        except BaseException:
+            self._dests.clear()  # encoders' state is unspecified after an error
+            self._routes.clear()
+            if txn:
+                tr.abort()
+            raise
+
+    def _write(self, tr: KafkaTransport, changes: Iterable[RowChange], fence: Callable[[], None] | None
+               ) -> tuple[int, tuple[int, int] | None]:
+        count = appended = copied = 0
+        last: tuple[int, int] | None = None
+        applied = self._applied if self._positioned else None
+        copy_base = 0
+        unbound = self.span is None
+        routes, dests = self._routes, self._dests
+        debezium = self.options.protocol == "debezium"
+        UPDATE, TRUNCATE = OpType.UPDATE, OpType.TRUNCATE  # noqa: N806 - locals for the loop
+        for change in changes:
+            ts = change.commit_ts
+            if ts != self._seq_ts:
+                self._seq_ts, self._pos, self._txn_ddls = ts, 0, 0
+            pos = self._pos
+            self._pos = pos + 1
+            step = 2 * self._txn_ddls
+            if applied is not None and (ts, step) <= applied:
+                continue  # committed by an earlier transaction of this span
+            if unbound or change.extra.get(SNAPSHOT) is True:  # the initial copy's writers: see _copy_base
+                copy_base = copy_base or _copy_base()
+                base = copy_base + copied * SEQ_STRIDE
+                copied += 1
+            else:
+                base = pos * SEQ_STRIDE
+            op = change.op
+            if op is TRUNCATE:
+                self._append_all(tr, change, base)
+            else:
+                halves = split_key_change(change) if op is UPDATE else None
+                for i, half in enumerate(halves or (change,)):
+                    schema = half.schema
+                    r = routes.get(id(schema))
+                    if r is None or r[0] is not schema:
+                        route = self.dispatcher.route(schema)
+                        r = routes[id(schema)] = (schema, route.topic, route.partition, tr.partitions(route.topic))
+                    key = (r[1], r[2](half, r[3]))
+                    d = dests.get(key) or self._dest(tr, *key)
+                    d.enc.append_row(half)
+                    d.items.append((half, base + 2 * i))
+                    if debezium and halves is None and op is UPDATE and _key_changed(half):
+                        d.items.append((half, base + 1))  # Debezium writes an unsplit key change as two records
+            count += 1
+            last = (ts, step)
+            appended += 1
+            if appended >= DRAIN_ROWS:
+                if fence is not None:
+                    fence()
+                self._drain(tr)
+                appended = 0
+        if fence is not None and appended:
+            fence()
+        self._drain(tr)
+        return count, last
+
+    def _position(self, ts: int) -> int:
+        """The next event position in transaction ``ts`` (row changes and DDL count alike, skipped or not, so a
+        replay numbers every event as the first run did)."""
+        if ts != self._seq_ts:
+            self._seq_ts, self._pos, self._txn_ddls = ts, 0, 0
+        pos = self._pos
+        self._pos += 1
+        return pos
+
+    def _dest(self, tr: KafkaTransport, topic: str, partition: int) -> _Dest:
+        d = self._dests.get((topic, partition))
+        if d is None:
+            limit = tr.topic(topic).max_message_bytes
+            cfg = dataclasses.replace(self.codec, max_message_bytes=max(1024, limit - BATCH_HEADER - HEADER_ALLOWANCE))
+            d = self._dests[(topic, partition)] = _Dest(topic, partition, limit,
+                                                        encoder_for(self.options.protocol, cfg, clock=self._clock))
+            if topic not in self._topics_used:
+                self._use_topic(tr, topic)
+        return d
+
+    def _append_all(self, tr: KafkaTransport, change: RowChange, seq: int) -> None:
+        """A TRUNCATE: to the partitions a DDL of its table goes to, with one event position."""
+        topic = self.dispatcher.topic(change.table)
+        for p in self._ddl_partitions(tr, topic):
+            d = self._dest(tr, topic, p)
+            d.enc.append_row(change)
+            d.items.append((change, seq))
+
+    def _ddl_partitions(self, tr: KafkaTransport, topic: str) -> range:
+        return range(1) if self.options.protocol == "canal-json" else range(tr.partitions(topic))
+
+    def _drain(self, tr: KafkaTransport) -> None:
+        """Build and send every destination's messages (in order per destination), each with the changes (and
+        event positions) it carries: a ROW message ``msg.rows`` of them, a DDL-shaped one (TRUNCATE) one, a
+        tombstone none."""
+        ROW, TOMBSTONE = MessageKind.ROW, MessageKind.TOMBSTONE  # noqa: N806 - locals for the loop
+        for d in self._dests.values():
+            items = d.items
+            if not items:
+                continue
+            d.items = []
+            i = 0
+            for msg in d.enc.build():
+                kind = msg.kind
+                take = msg.rows if kind is ROW else 0 if kind is TOMBSTONE else 1
+                self._send(tr, d, msg, items[i:i + take] if take != 1 else [items[i]])
+                i += take
+            if i != len(items):
+                raise SinkError(f"internal: {self.options.protocol} built messages for {i} of {len(items)} "
+                                f"changes on topic {d.topic} partition {d.partition}")
+
+    def _headers(self, msg: Message, items: list[tuple[RowChange, int]]) -> list[tuple[str, bytes]]:
+        """Debezium's own headers, then ``tidewater`` (the span and the event positions of the message's changes,
+        ``sinks.kafka.headers``); a tombstone gets none."""
+        headers = list(msg.headers) if msg.headers else []
+        if items:
+            headers.append(row_header(self._span_header, [s for _, s in items]))
+        return headers
+
+    def _ddl_headers(self, msg: Message, seq: int) -> list[tuple[str, bytes]]:
+        return [*msg.headers, row_header(self._span_header, (seq,))]
+
+    def _send(self, tr: KafkaTransport, d: _Dest, msg: Message, items: list[tuple[RowChange, int]]) -> None:
+        headers = self._headers(msg, items)
+        size = (len(msg.key) if msg.key else 0) + (len(msg.value) if msg.value else 0)
+        if size + HEADER_ALLOWANCE + 128 >= d.limit:
+            from sinks.kafka.transport import message_size
+
+            size = message_size(msg.key, msg.value, headers)
+            if size > d.limit:
+                self._oversized(tr, d, msg, items, size)
+                return
+        tr.send(d.topic, d.partition, msg.key, msg.value, headers)
+
+    # ---- large messages ---------------------------------------------------------------------------------
+    def _oversized(self, tr: KafkaTransport, d: _Dest, msg: Message, items: list[tuple[RowChange, int]],
+                   size: int) -> None:
+        from sinks.kafka.transport import message_size
+
+        limit = d.limit
+        if len(items) > 1:  # a batch that came out larger than the codec counted: one message per row
+            for change, seq in items:
+                enc = encoder_for(self.options.protocol, self.codec, clock=self._clock)
+                enc.append_row(change)
+                for m in enc.build():
+                    self._send(tr, d, m, [(change, seq)] if m.kind is not MessageKind.TOMBSTONE else [])
+            return
+        change = items[0][0] if items else None
+        what = (f"table {msg.table}: the {change.op.name if change else msg.kind.value} of key "
+                f"{_key_text(msg, change)} at commit Ts {msg.commit_ts}")
+        if change is None or msg.kind is not MessageKind.ROW or self._large == "none":
+            raise MessageTooLarge(
+                f"{what} is a {size}-byte {self.options.protocol} message, above the limit of {limit} bytes for "
+                f"topic {d.topic}: not sent. Raise max-message-bytes (and the topic's max.message.bytes), or send "
+                "oversized rows in key-only form: large-message-handle-option=handle-key-only or claim-check "
+                "(canal-json, open-protocol)")
+        location = None
+        if self._large == "claim-check":
+            location = self._claim_check(d, msg, items[0][1], self._headers(msg, items))
+        try:
+            small = d.enc.encode_key_only(change, location)
+        except EncodeError as exc:
+            raise MessageTooLarge(f"{what} is a {size}-byte message, above the limit of {limit} bytes for topic "
+                                  f"{d.topic}, and has no key-only form ({exc.message}): not sent") from exc
+        headers = self._headers(small, items)
+        small_size = message_size(small.key, small.value, headers)
+        if small_size > limit:
+            raise MessageTooLarge(f"{what} is too large even in key-only form ({small_size} bytes, limit {limit} for "
+                                  f"topic {d.topic}): not sent; raise max-message-bytes")
+        log.info("%s: %d bytes over the %d-byte limit, sent %s", what, size, limit,
+                 f"as a claim check ({location})" if location else "in key-only form")
+        tr.send(d.topic, d.partition, small.key, small.value, headers)
+
+    def _claim_check(self, d: _Dest, msg: Message, seq: int, headers: list[tuple[str, bytes]]) -> str:
+        """Store the full message durably (write, fsync, rename, fsync the directory); return its location. The
+        name depends only on the event, so a replay overwrites the same file."""
+        assert self._claim_dir is not None
+        span = self.span if self.span is not None else "x"
+        name = f"{msg.commit_ts}-{span}-{seq}.json"
+        directory = self._claim_dir / _safe(d.topic) / str(d.partition)
+        doc = {"key": _b64(msg.key), "value": _b64(msg.value), "headers": [[k, _b64(v)] for k, v in headers],
+               "topic": d.topic, "partition": d.partition, "commit_ts": msg.commit_ts}
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            final = directory / name
+            tmp = directory / f".{name}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(json.dumps(doc).encode())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+            fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            raise SinkError(f"table {msg.table}: cannot store the claim-check message under {self._claim_dir}: "
+                            f"{exc}") from exc
+        return final.as_uri()
+
+    # ---- DDL ------------------------------------------------------------------------------------------
+    def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
+        ts = event.commit_ts
+        seq = self._position(ts) * SEQ_STRIDE
+        step = 2 * self._txn_ddls + 1
+        self._txn_ddls += 1
+        if self._positioned and (ts, step) <= self._applied:
+            return False
+        if skip:
+            return False
+        msg = self.control.encode_ddl(event)
+        if msg is None:
+            return True
+        tr = self._tr()
+        topics = [self.dispatcher.topic(event.table)]
+        if event.new_table is not None and self.dispatcher.topic(event.new_table) not in topics:
+            topics.append(self.dispatcher.topic(event.new_table))
+        txn = self._txn_mode()
+        if txn:
+            tr.begin()
+        try:
+            for topic in topics:
+                if topic not in self._topics_used:
+                    self._use_topic(tr, topic)
+                headers = self._ddl_headers(msg, seq)
+                for p in self._ddl_partitions(tr, topic):
+                    tr.send(topic, p, msg.key, msg.value, headers)
+            if txn:
+                tr.flush()
+                self._record_position(tr, (ts, step))
+            if fence is not None:
+                fence()
+            if txn:
+                tr.commit()
+                self._applied = (ts, step)
+            else:
+                tr.flush()
+        except BaseException:
+            if txn:
+                tr.abort()
+            raise
+        return True
+
+    # ---- watermarks ------------------------------------------------------------------------------------
+    def publish_resolved(self, watermark: Watermark, fence: Callable[[], None] | None = None) -> None:
+        """The span's checkpoint: a watermark with header ``tidewater: i/n`` to every partition of every topic
+        in use (see the module docstring)."""
+        if self.watermark_interval <= 0:
+            return
+        self._broadcast(watermark, self._span_header, fence)
+
+    def publish_checkpoint(self, ts: int, commit_time: float = 0.0) -> None:
+        """The changefeed checkpoint (the owner, off its main loop): a watermark to every partition of every topic
+        in use. Non-transactional; consistent for every consumer (see the module docstring)."""
+        self._broadcast(Watermark(ts, commit_time), None, None, transactional=False)
+
+    def _broadcast(self, watermark: Watermark, span: bytes | None, fence: Callable[[], None] | None,
+                   transactional: bool | None = None) -> None:
+        msg = self.control.encode_watermark(watermark)
+        if msg is None:
+            return
+        txn = self._txn_mode() if transactional is None else transactional
+        tr = self._tr() if transactional is None or transactional else self._plain_tr()
+        topics = {self.options.topic, *self._topics_used}
+        if self.dispatcher.has_table_topics:
+            topics.update(k[len("topic/"):] for k in self._meta_records(fresh=False, transport=tr)
+                          if k.startswith("topic/"))
+        headers = [(HEADER, span)] if span is not None else []
+        if txn:
+            tr.begin()
+        try:
+            for topic in sorted(topics):
+                for p in range(tr.partitions(topic)):
+                    tr.send(topic, p, msg.key, msg.value, headers)
+            if fence is not None:
+                fence()
+            if txn:
+                tr.commit()
+            else:
+                tr.flush()
+        except BaseException:
+            if txn:
+                tr.abort()
+            raise
+
+    # ---- metadata topic ---------------------------------------------------------------------------------
+    def _use_topic(self, tr: KafkaTransport, topic: str) -> None:
+        """``topic`` gets rows: with per-table topics it is recorded in the metadata topic (once per sink), so
+        that watermarks reach it after a restart and from the owner."""
+        self._topics_used.add(topic)
+        if topic == self.options.topic or topic in self._topics_recorded or not self.dispatcher.has_table_topics:
+            return
+        from sinks.kafka.meta import encode, meta_topic_name
+
+        meta = meta_topic_name(self.options.topic)
+        tr.topic(meta, 1)
+        tr.send(meta, 0, f"topic/{topic}".encode(), encode({"since": round(self._clock(), 3)}))
+        self._topics_recorded.add(topic)
+
+    def _record_position(self, tr: KafkaTransport, position: tuple[int, int]) -> None:
+        """The span's position, last in its transaction and only after the transaction's messages were acknowledged:
+        under Kafka's semantics the order does not matter (all or nothing), but a broker that lets aborted records
+        through (tansu) then never shows a position whose messages did not all reach it."""
+        from sinks.kafka.meta import checkpoint_key, encode, meta_topic_name
+
+        assert self.changefeed is not None and self.span is not None
+        meta = meta_topic_name(self.options.topic)
+        tr.topic(meta, 1)
+        value = {"ts": position[0], "step": position[1], "origin": self._origin, "time": round(self._clock(), 3)}
+        tr.send(meta, 0, checkpoint_key(self.changefeed, self.span).encode(), encode(value))
+
+    def _meta_records(self, *, fresh: bool, transport: KafkaTransport | None = None) -> dict[str, dict[str, Any]]:
+        from sinks.kafka.meta import MetaReader
+
+        tr = transport or self._tr()
+        if self._meta is None:
+            self._meta = (self._meta_factory or MetaReader)(self.options)
+            return self._meta.read_all(tr)
+        return self._meta.read_all(tr) if fresh else self._meta.poll()
+
+    # ---- transport ---------------------------------------------------------------------------------------
+    def _txn_mode(self) -> bool:
+        return self.options.transactional and self.changefeed is not None
+
+    def _tr(self) -> KafkaTransport:
+        if self._closed:
+            raise SinkError(f"Kafka sink {self.options.uri} is closed")
+        if self._transport is None:
+            if self.options.transactional and self.changefeed is None:
+                # not bound to a span (the initial copy's writers): plain idempotent producer, at-least-once
+                return self._plain_tr()
+            tid = f"tidewater-{self.changefeed}-{self.span}" if self._txn_mode() else None
+            opts = self.options if tid is not None else dataclasses.replace(self.options, transactional=False)
+            self._transport = self._factory(opts, tid)
+        return self._transport
+
+    def _plain_tr(self) -> KafkaTransport:
+        if not self.options.transactional:
+            return self._tr()
+        if self._plain is None:
+            self._plain = self._factory(dataclasses.replace(self.options, transactional=False), None)
+        return self._plain
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._meta is not None:
+            self._meta.close()
+        for tr in (self._transport, self._plain):
+            if tr is not None:
+                tr.close()
+
+
+def _key_changed(change: RowChange) -> bool:
+    old, new = change.old_values, change.values
+    if not old or new is None or not change.schema.has_key:
+        return False
+    return any(k in old and old[k] != new.get(k) for k in change.schema.key)
+
+
+def _copy_base() -> int:
+    """Event positions of a write of the initial copy: its chunks are written by several sinks in parallel, and a
+    chunk copied again (after a failure) must come after the earlier attempt in the consumer's order (a key-less
+    table's chunk is a TRUNCATE and its rows), so the positions start at the time of the write in nanoseconds:
+    distinct per write and increasing from one attempt to the next (on one host's clock)."""
+    return time.time_ns() * SEQ_STRIDE
+
+
+def _claim_check_dir(raw: str | None, option: str, shown: str) -> Path | None:
+    if option != "claim-check":
+        if raw:
+            raise InvalidURI(f"sink URI {shown!r}: claim-check-storage-uri is used only with "
+                             "large-message-handle-option=claim-check")
+        return None
+    if not raw:
+        raise InvalidURI(f"sink URI {shown!r}: large-message-handle-option=claim-check needs claim-check-storage-uri="
+                         "file:///a/local/directory (where the full messages are stored)")
+    parsed = urllib.parse.urlsplit(raw)
+    if parsed.scheme != "file" or not parsed.path.startswith("/") or parsed.netloc not in ("", "localhost"):
+        raise InvalidURI(f"sink URI {shown!r}: claim-check-storage-uri={raw!r} must be a local directory as "
+                         "file:///absolute/path (other storages are not supported yet)")
+    return Path(urllib.parse.unquote(parsed.path))
+
+
+def _b64(data: bytes | None) -> str | None:
+    return None if data is None else base64.b64encode(data).decode()
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)[:120]
+
+
+def _key_text(msg: Message, change: RowChange | None) -> str:
+    if msg.row_key is not None:
+        names = change.schema.key if change is not None else ()
+        if len(names) == len(msg.row_key):
+            return "(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, msg.row_key, strict=True)) + ")"
+        return repr(msg.row_key)
+    return "(no key)"

@@ -1,0 +1,191 @@
+"""The Kafka sink and the consumer library against a real broker (tansu; docs/sinks.md "Test broker"): each protocol
+rebuilt into SQLite through an SQL sink (DDL and TRUNCATE applied in order, the consumer resuming where it
+stopped), a claim-checked row, transactions (commit visible, the span's position read back from the metadata topic,
+a restart resuming after it, a fenced producer refused)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cdc.config import DispatcherRule, SinkConfig
+from cdc.errors import SinkFenced
+from cdc.events import ColumnSchema, DdlChange, DdlEvent, DdlKind, OpType, RowChange, TableName, TableSchema
+from cdc.ts import Watermark
+from playground.servers import KafkaServer
+from sinks.kafka.consumer import SinkApplier, rebuild
+from sinks.kafka.sink import KafkaSink
+
+pytestmark = pytest.mark.integration
+
+T = TableName("public", "orders")
+
+
+def schema(extra: bool = False) -> TableSchema:
+    cols = [ColumnSchema("id", 20, "int8", False, "bigint", nullable=False, is_key=True),
+            ColumnSchema("name", 25, "text", False, "text"),
+            ColumnSchema("amount", 1700, "numeric", False, "numeric"),
+            ColumnSchema("at", 1184, "timestamptz", False, "timestamp with time zone")]
+    if extra:
+        cols.append(ColumnSchema("note", 25, "text", False, "text"))
+    return TableSchema(T, tuple(cols), ("id",), "d", 4242, 1 if extra else 0)
+
+
+AT = dt.datetime(2026, 1, 2, 3, 4, 5, 678900, tzinfo=dt.UTC)
+
+
+def row(i: int, extra: bool = False, **over: Any) -> dict[str, Any]:
+    values = {"id": i, "name": f"n{i}", "amount": Decimal(i) / 4, "at": AT}
+    if extra:
+        values["note"] = f"note {i}"
+    values.update(over)
+    return values
+
+
+@pytest.fixture
+def sinks() -> Iterator[list[KafkaSink]]:
+    opened: list[KafkaSink] = []
+    yield opened
+    for s in opened:
+        s.close()
+
+
+def open_sink(opened: list[KafkaSink], uri: str, span: tuple[str, int, int] = ("cf", 0, 1),
+              dispatchers: tuple[DispatcherRule, ...] = ()) -> KafkaSink:
+    sink = KafkaSink(uri, SinkConfig(dispatchers=dispatchers))
+    opened.append(sink)
+    sink.check()
+    sink.bind_span(*span)
+    sink.open_position(span[0], span[1], 1)
+    return sink
+
+
+def target_rows(db: Path, columns: str = "id, name, amount, at") -> list[tuple[Any, ...]]:
+    """The target table's rows by key (the columns named: open-protocol orders them by name)."""
+    with sqlite3.connect(db) as conn:
+        return conn.execute(f"SELECT {columns} FROM orders ORDER BY id").fetchall()
+
+
+@pytest.mark.parametrize(("protocol", "producer"), [("canal-json", "kafka-python"), ("open-protocol", "kafka-python"),
+                                                    ("debezium", "kafka-python"), ("canal-json", "confluent-kafka")])
+def test_each_protocol_rebuilds_the_table_with_ddl_in_order(kafka_server: KafkaServer, kafka_topic: str,
+                                                            tmp_path: Path, protocol: str, producer: str,
+                                                            sinks: list[KafkaSink]) -> None:
+    uri = kafka_server.uri(kafka_topic, protocol=protocol, partition_num="3", kafka_producer=producer)
+    sink = open_sink(sinks, uri, dispatchers=(DispatcherRule(("public.*",), "", "index-value"),))
+    s0, s1 = schema(), schema(True)
+    sink.write([RowChange(OpType.INSERT, s0, 100, 1.0, row(i)) for i in range(1, 31)])
+    sink.write([RowChange(OpType.UPDATE, s0, 110, 1.1, row(i, name=f"u{i}")) for i in range(1, 11)]
+               + [RowChange(OpType.DELETE, s0, 110, 1.1, None, {"id": i}) for i in range(11, 16)])
+    sink.write([RowChange(OpType.UPDATE, s0, 115, 1.15, row(99), {"id": 30})])  # a key change: 30 -> 99
+    # one transaction split around its DDL: a row before it, the DDL, a row after it
+    sink.write([RowChange(OpType.INSERT, s0, 120, 1.2, row(45))])
+    sink.apply_ddl(DdlEvent(120, 1.2, T, (DdlChange(DdlKind.ADD_COLUMN, "note"),), s0, s1,
+                            "ALTER TABLE orders ADD note text"))
+    sink.write([RowChange(OpType.INSERT, s1, 120, 1.2, row(46, True))])
+    sink.write([RowChange(OpType.INSERT, s1, 130, 1.3, row(i, True)) for i in range(40, 45)])
+    sink.publish_resolved(Watermark(130, 1.3))
+    db = tmp_path / "target.db"
+    applier = SinkApplier(f"sqlite:///{db}", position=f"kafka:{kafka_topic}")
+    try:
+        core = rebuild([kafka_server.bootstrap], [kafka_topic], protocol, applier, until=130, timeout=30)
+    finally:
+        applier.close()
+    assert core.stats.duplicates == 0
+    got = target_rows(db, "id, name, amount, at, note")
+    expected = sorted([(i, f"u{i}", str(Decimal(i) / 4), None) for i in range(1, 11)]
+                      + [(i, f"n{i}", str(Decimal(i) / 4), None) for i in range(16, 30)]
+                      + [(99, "n99", str(Decimal(99) / 4), None)]
+                      + [(i, f"n{i}", str(Decimal(i) / 4), f"note {i}") for i in range(40, 45)]
+                      + [(45, "n45", str(Decimal(45) / 4), None), (46, "n46", str(Decimal(46) / 4), "note 46")])
+    assert [(r[0], r[1], str(Decimal(str(r[2]))), r[4]) for r in got] == \
+        [(i, n, str(Decimal(a)), note) for i, n, a, note in expected]
+
+    # a TRUNCATE and more rows; the consumer, restarted, resumes after what the target holds
+    sink.write([RowChange(OpType.TRUNCATE, s1, 140, 1.4), RowChange(OpType.INSERT, s1, 140, 1.4, row(7, True))])
+    sink.publish_resolved(Watermark(140, 1.4))
+    applier = SinkApplier(f"sqlite:///{db}", position=f"kafka:{kafka_topic}")
+    try:
+        core = rebuild([kafka_server.bootstrap], [kafka_topic], protocol, applier, until=140, timeout=30)
+    finally:
+        applier.close()
+    assert [r[0] for r in target_rows(db)] == [7]
+    assert core.stats.replayed > 0  # everything up to 130 was read again and skipped
+
+
+def test_claim_checked_row_is_rebuilt_in_full(kafka_server: KafkaServer, kafka_topic: str, tmp_path: Path,
+                                              sinks: list[KafkaSink]) -> None:
+    store = tmp_path / "claims"
+    uri = kafka_server.uri(kafka_topic, protocol="canal-json", max_message_bytes="4096",
+                           large_message_handle_option="claim-check", claim_check_storage_uri=f"file://{store}")
+    sink = open_sink(sinks, uri)
+    s0 = schema()
+    sink.write([RowChange(OpType.INSERT, s0, 100, 1.0, row(1, name="x" * 20_000)),
+                RowChange(OpType.INSERT, s0, 100, 1.0, row(2))])
+    sink.publish_resolved(Watermark(100, 1.0))
+    assert len(list(store.rglob("*.json"))) == 1
+    db = tmp_path / "t.db"
+    applier = SinkApplier(f"sqlite:///{db}")
+    try:
+        rebuild([kafka_server.bootstrap], [kafka_topic], "canal-json", applier, until=100, timeout=30)
+    finally:
+        applier.close()
+    assert [(r[0], len(r[1])) for r in target_rows(db)] == [(1, 20_000), (2, 2)]
+
+
+@pytest.mark.parametrize("producer", ["kafka-python", "confluent-kafka"])
+def test_transactional_position_survives_a_restart_and_a_zombie_is_fenced(
+        kafka_server: KafkaServer, kafka_topic: str, tmp_path: Path, sinks: list[KafkaSink], producer: str) -> None:
+    """What tansu can show of exactly-once (docs/sinks.md): commits are visible to read_committed consumers, the
+    span's position is read back from the metadata topic, a restart resumes after it, the old producer is
+    fenced. (That aborted transactions stay invisible cannot be shown: tansu shows them.)"""
+    uri = kafka_server.uri(kafka_topic, protocol="open-protocol", partition_num="2", kafka_transactional="true",
+                           kafka_producer=producer)
+    s0 = schema()
+    old = open_sink(sinks, uri)
+    assert old.write([RowChange(OpType.INSERT, s0, 100 + i, 1.0, row(i)) for i in range(10)]) == 10
+    new = open_sink(sinks, uri)  # the span moved: the new holder reads the position and fences the old one
+    assert new._applied == (109, 0)  # noqa: SLF001 - the position read back
+    with pytest.raises(SinkFenced):
+        old.write([RowChange(OpType.INSERT, s0, 110, 1.0, row(50))])
+    assert new.write([RowChange(OpType.INSERT, s0, 100 + i, 1.0, row(i)) for i in range(12)]) == 2  # replay
+    new.publish_resolved(Watermark(111, 1.1))
+    db = tmp_path / "t.db"
+    applier = SinkApplier(f"sqlite:///{db}")
+    try:
+        core = rebuild([kafka_server.bootstrap], [kafka_topic], "open-protocol", applier, until=111, timeout=30)
+    finally:
+        applier.close()
+    assert [r[0] for r in target_rows(db)] == list(range(12))
+    assert core.stats.duplicates == 0
+
+
+def test_the_owner_checkpoint_alone_lets_the_consumer_cut(kafka_server: KafkaServer, kafka_topic: str,
+                                                          tmp_path: Path, sinks: list[KafkaSink]) -> None:
+    """Two spans without span watermarks (span-watermarks=auto, span-count 2): only the changefeed checkpoint, which
+    the owner publishes through its own sink instance (publish_checkpoint, no header), gives the cut points."""
+    uri = kafka_server.uri(kafka_topic, protocol="canal-json", partition_num="2")
+    s0 = schema()
+    a = open_sink(sinks, uri, span=("cf", 0, 2))
+    b = open_sink(sinks, uri, span=("cf", 1, 2))
+    assert a.watermark_interval == b.watermark_interval == 0
+    a.write([RowChange(OpType.INSERT, s0, 100, 1.0, row(1))])
+    b.write([RowChange(OpType.INSERT, s0, 105, 1.05, row(2))])
+    a.write([RowChange(OpType.INSERT, s0, 110, 1.1, row(3))])
+    owner = KafkaSink(uri)
+    sinks.append(owner)
+    assert owner.publishes_checkpoints
+    owner.publish_checkpoint(105, 1.05)  # 110 is written but not yet the changefeed's checkpoint
+    db = tmp_path / "t.db"
+    applier = SinkApplier(f"sqlite:///{db}")
+    try:
+        core = rebuild([kafka_server.bootstrap], [kafka_topic], "canal-json", applier, until=105, timeout=30)
+    finally:
+        applier.close()
+    assert core.applied == 105 and [r[0] for r in target_rows(db)] == [1, 2]
