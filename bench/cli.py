@@ -1,6 +1,7 @@
 """``python -m bench``: Tidewater's benchmark, with its references measured in the same run.
 
-    python -m bench [--workload a,b,c,e,snapshot] [--sink blackhole,sqlite,mariadb,postgresql] [--rows N] [--quick]
+    python -m bench [--workload a,b,c,e,snapshot] [--sink blackhole,sqlite,mariadb,postgresql,kafka,file] [--rows N]
+                    [--sink-rows N] [--quick]
                     [--tables N] [--pgbench-seconds S] [--pgbench-scale N] [--lag-rates 5000,10000]
                     [--lag-seconds S] [--big-mb MB] [--snapshot-tables N] [--chunk-rows N] [--spark-master URL]
                     [--profile DIR] [--json FILE] [--work-dir DIR] [--keep]
@@ -13,6 +14,11 @@ prints the result tables (Markdown) on stdout. Progress goes to stderr. Workload
 transaction, and ``snapshot``, the initial copy of existing rows (bench.snapshot), run only when asked for
 (``--workload d``, ``--workload snapshot``). Exit code 0 when every measurement produced a
 figure, 1 otherwise. Everything started is stopped at the end, also on Ctrl-C and SIGTERM.
+
+``--sink kafka`` and ``--sink file`` measure the Kafka and storage sinks' write paths per protocol next to their
+ceilings on the same machine (the kafka-python and confluent-kafka producers on the same broker; the plain file
+write): :mod:`bench.kafka_sink` and :mod:`bench.storage_sink`, run with ``--sink-rows`` (``--quick``: a tiny run). They
+run after the SQL sinks' workloads, or alone when no SQL sink is named.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from bench.report import Report, format_report
 from bench.runner import Options, Runner, machine_info
 
 WORKLOADS = ("a", "b", "c", "d", "e", "snapshot")
+SINK_BENCHES = ("kafka", "file")  # measured by their own write-path benchmarks (module doc)
 QUICK = {"rows": 2000, "tables": 20, "pgbench_seconds": 2.0, "pgbench_scale": 1, "lag_rates": "1000",
          "lag_seconds": 2.0, "big_mb": 4.0}
 
@@ -51,10 +58,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workload", default="a,b,c,e", type=lambda v: _csv(v, WORKLOADS, "--workload"),
                     help="workloads to run (default a,b,c,e; d = one 1 GB transaction, long; snapshot = the initial "
                     "copy of existing rows)")
-    ap.add_argument("--sink", default=",".join(SINK_KINDS), type=lambda v: _csv(v, SINK_KINDS, "--sink"),
-                    help=f"sinks (default {','.join(SINK_KINDS)})")
+    ap.add_argument("--sink", default=",".join(SINK_KINDS),
+                    type=lambda v: _csv(v, SINK_KINDS + SINK_BENCHES, "--sink"),
+                    help=f"sinks (default {','.join(SINK_KINDS)}; also {','.join(SINK_BENCHES)})")
     ap.add_argument("--rows", type=int, help="rows of workloads a, b and e (default 1000000) and of the snapshot "
                     "workload (default 10000000)")
+    ap.add_argument("--sink-rows", type=int, default=100_000, help="rows of the kafka and file sink benchmarks")
     ap.add_argument("--quick", action="store_true", help="a tiny version of everything (seconds, for the smoke test)")
     ap.add_argument("--tables", type=int, help="tables of workload e (default 1000)")
     ap.add_argument("--e-rows", type=int, help="rows of workload e (default: --rows)")
@@ -99,6 +108,28 @@ def _on_sigterm(signum: int, _frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    benches = [k for k in args.sink if k in SINK_BENCHES]
+    args.sink = [k for k in args.sink if k not in SINK_BENCHES]
+    code = _pipeline(args) if args.sink else 0
+    return max(code, *(_sink_bench(kind, args) for kind in benches)) if benches else code
+
+
+def _sink_bench(kind: str, args: argparse.Namespace) -> int:
+    """``--sink kafka`` / ``--sink file``: that sink's write-path benchmark (module doc), its table on stdout."""
+    rows = 5000 if args.quick else args.sink_rows
+    runs = ["--runs", "1"] if args.quick else []
+    print(f"\n## {kind} sink: rows/s per protocol next to its ceilings\n", flush=True)
+    if kind == "kafka":
+        from bench import kafka_sink
+
+        return kafka_sink.main(["--rows", str(rows), "--write-rows", str(min(rows, 20_000)), *runs])
+    from bench import storage_sink
+
+    return storage_sink.main(["--rows", str(rows), "--txn-rows", str(min(rows, 20_000)),
+                              *(["--repeat", "1"] if args.quick else [])])
+
+
+def _pipeline(args: argparse.Namespace) -> int:
 
     def say(msg: str) -> None:
         print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)

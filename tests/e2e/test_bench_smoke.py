@@ -116,3 +116,17 @@ def test_quick_snapshot_benchmark_copies_verifies_and_prints_its_references(tmp_
     while any(_alive(p) for p in started.values()) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [name for name, p in started.items() if _alive(p)], "servers left running"
+
+
+def test_the_kafka_and_file_sink_benchmarks_print_a_figure_per_protocol_and_their_ceilings() -> None:
+    proc = subprocess.run([sys.executable, "-m", "bench", "--sink", "file,kafka", "--quick"], capture_output=True,
+                          text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    for protocol in ("csv", "canal-json", "parquet"):
+        assert re.search(rf"^{protocol}\s+[\d,]+ rows/s wall", out, re.M), out
+    assert re.search(r"^ceiling\s+[\d,]+ rows/s wall", out, re.M), out
+    for protocol in ("canal-json", "open-protocol", "debezium"):
+        assert re.search(rf"^{protocol}: KafkaSink.write, acked\s+[\d,]+ rows/s", out, re.M), out
+        assert re.search(rf"^{protocol}: kafka-python producer .* [\d,]+ msg/s", out, re.M), out
+    assert not any(float(n.replace(",", "")) <= 0 for n in re.findall(r"([\d,]+) (?:rows|msg)/s", out))

@@ -6,7 +6,8 @@ mounter gives inserts), ``--txn`` rows per transaction, ``--txn-rows`` rows per 
 ``flush`` every ``--flush-every`` writes. Prints rows/s and MB/s of wall time and of process CPU time (compare CPU
 time on a loaded host), best of ``--repeat``.
 
-    .venv/bin/python scripts/bench_storage_sink.py [--rows 200000] [--txn 100] [--txn-rows 20000] [--repeat 3]
+    python -m bench.storage_sink [--rows 200000] [--txn 100] [--txn-rows 20000] [--repeat 3]
+    python -m bench --sink file        (the same, from the benchmark's entry point)
 """
 
 from __future__ import annotations
@@ -21,10 +22,8 @@ import time
 from decimal import Decimal
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema  # noqa: E402
-from sinks.storage.sink import StorageSink  # noqa: E402
+from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
+from sinks.storage.sink import StorageSink
 
 SCHEMA = TableSchema(TableName("public", "t"), (
     ColumnSchema("id", 20, "int8", False, "bigint", -1, False, True), ColumnSchema("a", 25, "text"),
@@ -70,15 +69,15 @@ def run_ceiling(root: str, data: bytes, chunks: int) -> tuple[float, float]:
     return time.perf_counter() - w0, time.process_time() - c0
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.storage_sink", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=200_000)
     p.add_argument("--txn", type=int, default=100)
     p.add_argument("--txn-rows", type=int, default=20_000)
     p.add_argument("--flush-every", type=int, default=5)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     changes = rows(args.rows, args.txn)
     base = args.dir or tempfile.mkdtemp(prefix="bench-storage-")
     csv_bytes = b""
@@ -97,7 +96,8 @@ def main() -> None:
           f"{len(csv_bytes) / wall / 1e6:7.1f} MB/s  (the CSV bytes written and fsynced, nothing encoded)")
     if not args.dir:
         shutil.rmtree(base, ignore_errors=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
