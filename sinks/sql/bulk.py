@@ -46,6 +46,7 @@ from cdc.events import TableSchema
 from cdc.snapshot import PG_COPY_TEXT, CopyText
 from sinks.sql.binding import K_INSERT, Binding
 from sinks.sql.ddl import plan_table
+from sinks.sql.engine import abandon
 from sinks.sql.errors import is_db_error
 
 if TYPE_CHECKING:
@@ -189,13 +190,7 @@ def write_copy_text(sink: SQLSink, schema: TableSchema, open_text: Callable[[], 
                 trans.commit()
                 return int(rows)
             except BaseException as exc:
-                if is_db_error(exc) and sink._classify(exc)[1]:
-                    conn.invalidate(exc if isinstance(exc, Exception) else None)
-                else:
-                    try:
-                        trans.rollback()
-                    except Exception:  # the connection is gone: the server rolls back
-                        conn.invalidate()
+                abandon(sink, conn, trans, exc)
                 raise
     except BaseException as exc:
         if isinstance(exc, TidewaterError) or not is_db_error(exc):

@@ -15,6 +15,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from cdc.errors import InvalidURI
+from sinks.sql.errors import is_db_error
 from sinks.sql.mysql_tls import PARAMS as MYSQL_TLS_PARAMS
 from sinks.sql.mysql_tls import tls_connect_args
 
@@ -152,3 +153,15 @@ def _pymysql_connection_class() -> type:
 
         _PYMYSQL_CONNECTION = _Connection
     return _PYMYSQL_CONNECTION
+
+
+def abandon(sink: SQLSink, conn: Connection, trans: Any, exc: BaseException) -> None:
+    """A downstream transaction failed with ``exc``: drop the connection when the failure says it is broken (its
+    server rolls back), else roll back (dropping it if the rollback itself fails). The caller re-raises."""
+    if is_db_error(exc) and sink._classify(exc)[1]:
+        conn.invalidate(exc if isinstance(exc, Exception) else None)
+        return
+    try:
+        trans.rollback()
+    except Exception:  # the connection is gone: the server rolls back
+        conn.invalidate()

@@ -71,7 +71,7 @@ from sinks.sql import bulk, catalog, targets
 from sinks.sql.binding import Binding, KnownTable
 from sinks.sql.ddl import TargetColumn, mysql_collation
 from sinks.sql.ddl_run import DdlState, apply_ddl, load_ddl_floors
-from sinks.sql.engine import DIALECTS, PARAMS, make_engine, where
+from sinks.sql.engine import DIALECTS, PARAMS, abandon, make_engine, where
 from sinks.sql.errors import classify, is_db_error, wrap
 from sinks.sql.fkgraph import FkGraph
 from sinks.sql.pipeline import Pipeline
@@ -279,13 +279,7 @@ class SQLSink(Sink):
                         pos.committed(tracked.last_ts)
                     return count
                 except BaseException as exc:
-                    if is_db_error(exc) and self._classify(exc)[1]:
-                        conn.invalidate(exc if isinstance(exc, Exception) else None)
-                    else:
-                        try:
-                            trans.rollback()
-                        except Exception:  # the connection is gone: the server rolls back
-                            conn.invalidate()
+                    abandon(self, conn, trans, exc)
                     raise
         except BaseException as exc:
             # Tables created inside the failed transaction (SQLite) are gone; re-reflect next time.

@@ -31,8 +31,9 @@ import json
 import re
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from cdc import serde
 from cdc.events import TableName, TableSchema
@@ -232,3 +233,28 @@ def parse_checkpoint(raw: bytes) -> int:
     if not isinstance(value, int):
         raise ValueError("no checkpoint-ts")
     return value
+
+
+class _Listing(Protocol):
+    def listdir(self, rel: str) -> list[str]: ...
+
+    def read(self, rel: str) -> bytes | None: ...
+
+
+def load_schema_files(fs: _Listing, table: TableName, cache: dict[int, SchemaFile],
+                      on_bad: Callable[[str, Exception], None]) -> dict[int, SchemaFile]:
+    """Add to ``cache`` (version -> schema file) the table's schema files on ``fs`` not in it yet; return it. A file
+    named like a schema file that is not one of ours goes to ``on_bad(path, error)`` (raise there, or skip it)."""
+    folder = f"{table_dir(table)}/{TABLE_META}"
+    for name in fs.listdir(folder):
+        parsed = parse_schema_file_name(name)
+        if parsed is None or parsed[0] in cache:
+            continue
+        raw = fs.read(f"{folder}/{name}")
+        if raw is None:
+            continue
+        try:
+            cache[parsed[0]] = parse_definition(table, parsed[0], parsed[1], raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            on_bad(f"{folder}/{name}", exc)
+    return cache

@@ -148,20 +148,10 @@ class StorageReader:
 
     def schema_files(self, table: TableName) -> dict[int, L.SchemaFile]:
         """The table's versions (schema files), by version."""
-        cache = self._schemas.setdefault(table, {})
-        folder = f"{L.table_dir(table)}/{L.TABLE_META}"
-        for name in self.fs.listdir(folder):
-            parsed = L.parse_schema_file_name(name)
-            if parsed is None or parsed[0] in cache:
-                continue
-            raw = self.fs.read(f"{folder}/{name}")
-            if raw is not None:
-                try:
-                    cache[parsed[0]] = L.parse_definition(table, parsed[0], parsed[1], raw)
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise MessageDecodeError(f"{self.fs.abs(folder + '/' + name)}: not a Tidewater schema file: "
-                                             f"{exc}") from exc
-        return cache
+        def bad(path: str, exc: Exception) -> None:
+            raise MessageDecodeError(f"{self.fs.abs(path)}: not a Tidewater schema file: {exc}") from exc
+
+        return L.load_schema_files(self.fs, table, self._schemas.setdefault(table, {}), bad)
 
     def latest_schema(self, table: TableName) -> TableSchema | None:
         files = self.schema_files(table)

@@ -351,20 +351,8 @@ class StorageSink(Sink):
 
     def _files_of(self, table: TableName) -> dict[int, L.SchemaFile]:
         """The table's schema files by version (those on disk, read once, and those queued for the next flush)."""
-        cache = self._schema_files.setdefault(table, {})
-        folder = f"{L.table_dir(table)}/{L.TABLE_META}"
-        for name in self.fs.listdir(folder):
-            parsed = L.parse_schema_file_name(name)
-            if parsed is None or parsed[0] in cache:
-                continue
-            raw = self.fs.read(f"{folder}/{name}")
-            if raw is None:
-                continue
-            try:
-                cache[parsed[0]] = L.parse_definition(table, parsed[0], parsed[1], raw)
-            except (ValueError, KeyError, TypeError):
-                continue  # not one of ours (a TiCDC schema file): never matches a schema of ours
-        return cache
+        # a file that is not one of ours (a TiCDC schema file) never matches a schema of ours: skipped
+        return L.load_schema_files(self.fs, table, self._schema_files.setdefault(table, {}), lambda path, exc: None)
 
     def _write_schema(self, table: TableName, version: int, schema: TableSchema, definition: dict[str, Any],
                       *, queue: bool) -> None:
