@@ -27,8 +27,27 @@ from playground.cluster import ApiError, CdcServer, current_lsn
 from playground.servers import HOST, PostgresServer
 
 
+class Rated:
+    """A timed run of ``rows`` rows in ``seconds`` (``error`` when it failed): its rate, and CPU per million rows."""
+
+    rows: int
+    seconds: float
+    error: str
+
+    @property
+    def ok(self) -> bool:
+        return not self.error and self.seconds > 0
+
+    @property
+    def rows_per_s(self) -> float | None:
+        return self.rows / self.seconds if self.ok else None
+
+    def per_mrows(self, cpu: float | None) -> float | None:
+        return cpu / self.rows * 1e6 if cpu is not None and self.rows and self.ok else None
+
+
 @dataclass
-class Measurement:
+class Measurement(Rated):
     """One consumer catching up on one phase (or one bulk load for a write ceiling)."""
 
     consumer: str  # tidewater | pg_recvlogical | native | write ceiling
@@ -44,16 +63,6 @@ class Measurement:
     error: str = ""
     note: str = ""
 
-    @property
-    def ok(self) -> bool:
-        return not self.error and self.seconds > 0
-
-    @property
-    def rows_per_s(self) -> float | None:
-        return self.rows / self.seconds if self.ok else None
-
-    def per_mrows(self, cpu: float | None) -> float | None:
-        return cpu / self.rows * 1e6 if cpu is not None and self.rows and self.ok else None
 
 
 def _slot_pids(upstream: PostgresServer, db: str, slots: list[str]) -> dict[str, int | None]:

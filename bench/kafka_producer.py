@@ -19,6 +19,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from playground.servers import KafkaServer
 from sinks.kafka.options import parse_kafka_uri
@@ -30,8 +31,14 @@ def _raw(bootstrap: str, topic: str, messages: int, value: bytes, partitions: in
 
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=linger,
                              batch_size=batch, max_in_flight_requests_per_connection=5)
+    return timed_sends(producer, topic, messages, value, partitions)
+
+
+def timed_sends(producer: Any, topic: str, messages: int, value: bytes, partitions: int) -> float:
+    """Messages/s of ``messages`` sends of ``value`` round-robin over ``partitions`` through a kafka-python
+    ``producer``, flushed (one send first, untimed: metadata and connection before the clock); closes it."""
     try:
-        producer.send(topic, value=value, partition=0).get(30)  # metadata and connection before the clock
+        producer.send(topic, value=value, partition=0).get(30)
         t0 = time.perf_counter()
         send = producer.send
         for i in range(messages):

@@ -34,6 +34,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from bench.kafka_producer import timed_sends
 from cdc.config import DispatcherRule, SinkConfig
 from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
 from playground.servers import KafkaServer
@@ -113,17 +114,7 @@ def raw_kafka_python(bootstrap: str, topic: str, messages: int, value: bytes, pa
     from sinks.kafka.transport import producer_config
 
     config = producer_config(parse_kafka_uri(f"kafka://{bootstrap}/{topic}?protocol=canal-json"), None)
-    producer = KafkaProducer(**config)
-    try:
-        producer.send(topic, value=value, partition=0).get(30)
-        t0 = time.perf_counter()
-        send = producer.send
-        for i in range(messages):
-            send(topic, value=value, partition=i % partitions)
-        producer.flush()
-        return messages / (time.perf_counter() - t0)
-    finally:
-        producer.close()
+    return timed_sends(KafkaProducer(**config), topic, messages, value, partitions)
 
 
 def raw_confluent(bootstrap: str, topic: str, messages: int, value: bytes, partitions: int) -> float | None:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.ceiling import export_rows, measure_ceiling
+from bench.consumers import Rated
 from bench.env import BenchEnv
 from bench.procstat import TreeCpu, TreeSampler
 from bench.workloads import SBTEST_COLUMNS, CeilingSource, insert_sql, sbtest_ddl
@@ -50,7 +51,7 @@ LOAD_ROWS_PER_STATEMENT = 500_000
 
 
 @dataclass
-class CopyRun:
+class CopyRun(Rated):
     """One copy of the preloaded rows (Tidewater into one sink, a reference, or a write ceiling)."""
 
     kind: str  # tidewater | dump_data | dump | ceiling
@@ -66,17 +67,6 @@ class CopyRun:
     verified: str = ""
     note: str = ""
     error: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return not self.error and self.seconds > 0
-
-    @property
-    def rows_per_s(self) -> float | None:
-        return self.rows / self.seconds if self.ok else None
-
-    def per_mrows(self, cpu: float | None) -> float | None:
-        return cpu / self.rows * 1e6 if cpu is not None and self.rows and self.ok else None
 
 
 @dataclass

@@ -184,13 +184,12 @@ class InitialCopy:
         holds back the rest; once it has written everything up to ``B``, no change of theirs at or below ``B``
         is written any more by this run, and their copy may begin."""
         first = self.state.exports[0][1]
-        exports = dict(self.state.exports)
         drop: dict[str, int] = {}
         for t in tables:
             plan = self.progress.get_plan(self.info.id, self.span.index, t)
-            done = self.progress.done_chunks(self.info.id, self.span.index, t).get(0)
-            if plan is not None and not plan.has_key and done is not None and done.snapshot in exports:
-                drop[str(t)] = exports[done.snapshot]
+            copied_at = self._keyless_copied_at(t) if plan is not None and not plan.has_key else None
+            if copied_at is not None:
+                drop[str(t)] = copied_at
         gate.pass_up_to(first, drop)
         while not gate.caught_up(first):
             if stop.wait(0.1):
@@ -229,9 +228,14 @@ class InitialCopy:
                     rows += stored.rows * (len(stored.chunks) - done) // len(stored.chunks)
         return pending, rows
 
+    def _keyless_copied_at(self, table: TableName) -> int | None:
+        """The Ts of the exported snapshot a key-less table's single chunk was committed under (None: not copied
+        yet, or under a snapshot these runs did not record)."""
+        done = self.progress.done_chunks(self.info.id, self.span.index, table).get(0)
+        return dict(self.state.exports).get(done.snapshot or "") if done is not None else None
+
     def floors(self, tables: Sequence[TableName]) -> dict[str, int]:
         """Each table's floor from the stored plans and chunks (see the module doc)."""
-        exports = dict(self.state.exports)
         first = self.state.exports[0][1] if self.state.exports else 0
         out: dict[str, int] = {}
         for t in tables:
@@ -239,8 +243,7 @@ class InitialCopy:
             if plan is None or plan.has_key:
                 out[str(t)] = first
                 continue
-            done = self.progress.done_chunks(self.info.id, self.span.index, t).get(0)
-            ts = exports.get(done.snapshot or "") if done is not None else None
+            ts = self._keyless_copied_at(t)
             if ts is None:
                 raise InvalidArgument(
                     f"span {self.label}: the copy of key-less table {t} is not recorded under a known snapshot; it "

@@ -342,7 +342,7 @@ class SpanRunner:
         # a table copy (processor.snapshot.InitialCopy with tables) runs beside the stream, which holds back the
         # copied tables' changes (processor.table_hold); the runner is its StreamGate
         self.table_copy = table_copy
-        self.hold = hold if hold is not None or table_copy is None else TableHold(())
+        self.hold = hold  # (given with table_copy)
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
