@@ -25,13 +25,15 @@ table, snapshot: the message says what to fix), 2 a resource is unavailable (ret
 130 stopped by SIGTERM or SIGINT. On SIGTERM the run first fences itself out in etcd (its tasks commit no further
 chunk), then cancels its Spark jobs and stops the SparkContext (Spark's Python workers end); chunks recorded
 stay done.
-Errors are printed as one line ``snapshot copy failed: [CODE] message``, without a traceback or a password.
+Errors are printed as one line ``snapshot copy failed: [CODE] message``, without a traceback or a password. That
+line (or ``snapshot copy done``/``interrupted``) is the job's last: a JVM it started is killed and reaped first.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import logging
 import os
 import signal
@@ -366,6 +368,31 @@ def _end_own_run(job: SnapshotJob, run: SnapshotRun) -> None:
 _STOP = _Stop
 
 
+def _end_children() -> None:
+    """SIGKILL and reap this process's children that still run (a JVM still starting when the run was stopped or
+    failed, or a gateway JVM left after Spark stopped): the job's last line is then its verdict (nothing prints
+    after it) and nothing it started outlives it."""
+    me = os.getpid()
+    children: list[int] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
+        if len(fields) > 1 and int(fields[1]) == me:
+            children.append(int(entry.name))
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in children:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spark_jobs.snapshot",
                                      description="Copy a span's tables under an upstream snapshot (Spark).")
@@ -380,16 +407,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         job = read_job(args.plan)
         report = run(job)
     except TidewaterError as exc:
+        _end_children()
         print(f"snapshot copy failed: {message(exc)}", file=sys.stderr, flush=True)
         return exit_code(exc)
     except KeyboardInterrupt:
-        print("snapshot copy interrupted; copied chunks stay done: run the job again", file=sys.stderr)
+        _end_children()
+        print("snapshot copy interrupted; copied chunks stay done: run the job again", file=sys.stderr, flush=True)
         return 130
     except Exception as exc:  # noqa: BLE001 - a bug or a foreign error: still one line, no traceback
         log.debug("unexpected error", exc_info=True)
+        _end_children()
         print(f"snapshot copy failed: [CDC:ErrUnknown] {type(exc).__name__}: {one_line(str(exc))[:500]}",
               file=sys.stderr, flush=True)
         return 3
+    _end_children()
     print(f"snapshot copy done: {report.chunks_copied} chunk(s) copied now, {report.chunks_skipped} already done, "
           f"{report.rows_copied} rows in {report.seconds:.1f} s", flush=True)
     return 0
