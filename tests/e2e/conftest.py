@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_workload import SCHEMA, make_sink_uri, server_config
+from e2e_workload import SCHEMA, TARGETS, make_sink_uri, server_config
 
 from playground.cluster import CdcServer
 from playground.servers import EtcdServer, PostgresServer
@@ -36,6 +36,6 @@ def source(pg_server: PostgresServer, pg_database: str, source_schema: str) -> I
     conn.close()
 
 
-@pytest.fixture(params=["sqlite", "mariadb", "postgresql"])
+@pytest.fixture(params=TARGETS)
 def sink_uri(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer) -> str:
     return make_sink_uri(request.param, request, tmp_path, pg_server)

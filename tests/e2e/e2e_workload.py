@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from playground.cluster import CdcServer, current_lsn
 from playground.compare import compare_tables
 from playground.compare_schema import assert_schemas_equal
@@ -233,3 +235,12 @@ def mixed_steps(per_step: int) -> Callable[[Any, int], int]:
         return per_step
     return step
 
+
+TARGETS = ("sqlite", "mariadb", "postgresql")
+
+
+def targets_in_make_test(*kept: str) -> list[Any]:
+    """``sink_uri`` parameters for a test whose behaviour is not the target's (the processor's, the upstream's):
+    the targets in ``kept`` run in ``make test``, the others are marked ``slow`` (``pytest -m slow`` runs them).
+    Use with ``@pytest.mark.parametrize("sink_uri", targets_in_make_test("postgresql"), indirect=True)``."""
+    return [t if t in kept else pytest.param(t, marks=pytest.mark.slow) for t in TARGETS]

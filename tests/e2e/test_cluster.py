@@ -36,7 +36,7 @@ def Workload(pg: PostgresServer, db: str, start: int = 0) -> BackgroundWriter:
     return BackgroundWriter(pg.connect(db), mixed_steps(2), start=start, pause=0.02)
 
 
-@pytest.fixture(params=["mariadb", "postgresql"])
+@pytest.fixture(params=[pytest.param("mariadb", marks=pytest.mark.slow), "postgresql"])  # the drill is the cluster's
 def sink_uri(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer) -> str:
     return make_sink_uri(request.param, request, tmp_path, pg_server)
 

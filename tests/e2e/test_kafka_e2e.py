@@ -121,7 +121,8 @@ def assert_same(source: Any, target: str) -> None:
     assert all(d.source_rows > 0 for d in diffs), diffs
 
 
-@pytest.mark.parametrize("protocol,extra", [("canal-json", ""), ("open-protocol", ""),
+@pytest.mark.parametrize("protocol,extra", [pytest.param("canal-json", "", marks=pytest.mark.slow),
+                                            pytest.param("open-protocol", "", marks=pytest.mark.slow),
                                             ("debezium", "kafka-producer=confluent-kafka"),
                                             ("canal-json", "kafka-transactional=true")],
                          ids=["canal-json", "open-protocol", "debezium-confluent", "canal-json-transactional"])

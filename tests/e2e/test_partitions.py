@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from e2e_workload import assert_converged, run_sql, server_config, wait_for
+from e2e_workload import assert_converged, run_sql, server_config, targets_in_make_test, wait_for
 
 from playground.cluster import CdcServer, current_lsn
 from playground.compare import compare_tables, sqlalchemy_url
@@ -108,6 +108,7 @@ def test_partition_truncate_detach_drop_and_attach_are_repaired_in_the_stream(
     _assert_normal(cdc)
 
 
+@pytest.mark.parametrize("sink_uri", targets_in_make_test("postgresql"), indirect=True)
 def test_without_the_upstream_triggers_partition_divergence_is_warned(
     cdc_fast_watch: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
 ) -> None:

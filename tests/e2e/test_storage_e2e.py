@@ -51,7 +51,8 @@ def assert_files_sane(lake: Path) -> None:
             assert data == list(range(1, len(data) + 1)), (d, data)
 
 
-@pytest.mark.parametrize("protocol", ["csv", "canal-json", "parquet"])
+@pytest.mark.parametrize("protocol", ["csv", pytest.param("canal-json", marks=pytest.mark.slow),
+                                      pytest.param("parquet", marks=pytest.mark.slow)])
 def test_storage_sink_rebuilds_the_upstream_after_a_sigkill(etcd_server: Any, cluster_id: str, tmp_path: Path,
                                                             pg_server: PostgresServer, pg_database: str, source: Any,
                                                             protocol: str) -> None:

@@ -114,10 +114,10 @@ def test_a_table_created_with_rows_joins_with_its_rows_while_the_others_stream(
     assert q["state"] == "normal" and not q["warnings"] and q["table_copies"] == [], q
 
 
+# the resync is the processor's, the same for every target (the joined-table test runs on all)
+@pytest.mark.parametrize("sink_uri", ["postgresql"], indirect=True)
 def test_a_resync_replaces_a_diverged_table_while_the_others_stream(
         cdc: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:
-    if not sink_uri.startswith("postgresql"):
-        pytest.skip("the resync is the processor's, the same for every target (the joined-table test runs on all)")
     run_sql(source, "INSERT INTO big SELECT g, repeat('v', 100) || g, g FROM generate_series(1, 20000) g",
             "INSERT INTO side SELECT g, 's' FROM generate_series(1, 500) g",
             "INSERT INTO bag SELECT g % 100, 's' || (g % 3) FROM generate_series(1, 2000) g")  # duplicates
@@ -150,10 +150,10 @@ def test_a_resync_replaces_a_diverged_table_while_the_others_stream(
     assert q["state"] == "normal" and not q["warnings"] and q["table_copies"] == [], q
 
 
+# the kill/resume protocol is the processor's: one target
+@pytest.mark.parametrize("sink_uri", ["sqlite"], indirect=True)
 def test_a_capture_killed_during_a_table_copy_resumes_it_and_ends_exactly_once(
         cdc: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:
-    if not sink_uri.startswith("sqlite"):
-        pytest.skip("the kill/resume protocol is the processor's: one target")
     run_sql(source, "INSERT INTO big SELECT g, repeat('v', 200) || g, g FROM generate_series(1, 25000) g",
             "INSERT INTO bag SELECT g % 100, 's' || (g % 3) FROM generate_series(1, 2000) g")
     cdc.create_changefeed("tk", pg_server.uri(pg_database), sink_uri,
