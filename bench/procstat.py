@@ -13,22 +13,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from cdc.procs import descendants, stat_fields
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """Fields of /proc/<pid>/stat after the command name (index 0 is the state, field 3 of proc(5))."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    return raw[raw.rindex(")") + 2 :].split()
 
 
 def cpu_seconds(pid: int, children: bool = False) -> float | None:
     """utime + stime of ``pid`` in seconds (plus cutime + cstime of its reaped children if ``children``)."""
-    f = _stat_fields(pid)
+    f = stat_fields(pid)
     if f is None:
         return None
     ticks = int(f[11]) + int(f[12])  # utime, stime (fields 14, 15)
@@ -60,23 +52,6 @@ def reset_peak_rss(pid: int) -> bool:
         return True
     except OSError:
         return False
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (children, grandchildren...), from the ppid in /proc/*/stat."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            f = _stat_fields(int(entry))
-            if f is not None:
-                children.setdefault(int(f[1]), []).append(int(entry))
-    out: list[int] = []
-    todo = [pid]
-    while todo:
-        for child in children.get(todo.pop(), ()):
-            out.append(child)
-            todo.append(child)
-    return out
 
 
 def tree_cpu_seconds(pid: int) -> float:

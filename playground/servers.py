@@ -41,6 +41,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from cdc.procs import alive, children
+
 log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
@@ -378,31 +380,6 @@ def _ensure_pg_user() -> tuple[int, int]:
         raise RuntimeError(error or f"user {PG_USER} still missing after useradd")
 
 
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state, ppid) of a process from /proc, or None if it is gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return fields[0], int(fields[1])
-
-
-def _child_pids(pid: int) -> list[int]:
-    children = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            st = _proc_stat(int(entry))
-            if st is not None and st[1] == pid:
-                children.append(int(entry))
-    return children
-
-
-def _alive(pid: int) -> bool:
-    st = _proc_stat(pid)
-    return st is not None and st[0] not in ("Z", "X")
-
-
 def _traversable_by_others(path: Path) -> bool:
     p = path.resolve()
     return all(d.stat().st_mode & 0o001 for d in [p, *p.parents])
@@ -485,13 +462,13 @@ class PostgresServer(_Server):
         that an immediate ``start()`` never finds the old shared memory still attached.
         """
         pid = self.pid
-        children = _child_pids(pid) if pid is not None else []
+        kids = children(pid) if pid is not None else []
         self._terminate(signal.SIGKILL, 10)
-        for child in children:
+        for child in kids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while any(_alive(c) for c in children) and time.monotonic() < deadline:
+        while any(alive(c) for c in kids) and time.monotonic() < deadline:
             time.sleep(0.02)
 
     def _run_kwargs(self) -> dict[str, Any]:

@@ -40,7 +40,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.procstat import descendants, status_bytes  # noqa: E402
+from bench.procstat import status_bytes  # noqa: E402
+from cdc.procs import descendants  # noqa: E402
 from playground.cluster import CdcServer, current_lsn  # noqa: E402
 from playground.compare import sqlalchemy_url  # noqa: E402
 from playground.servers import EtcdServer, MariaDBServer, PostgresServer  # noqa: E402

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import logging
 import os
 import signal
@@ -50,6 +49,7 @@ from cdc import errors
 from cdc.errors import InvalidArgument, TidewaterError, error_for_code
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
+from cdc.procs import end_children
 from cdc.snapshot import SnapshotRun
 from sinks.factory import open_sink
 from spark_jobs.copy import ChunkResult, ChunkTask, copy_chunks, one_line
@@ -368,31 +368,6 @@ def _end_own_run(job: SnapshotJob, run: SnapshotRun) -> None:
 _STOP = _Stop
 
 
-def _end_children() -> None:
-    """SIGKILL and reap this process's children that still run (a JVM still starting when the run was stopped or
-    failed, or a gateway JVM left after Spark stopped): the job's last line is then its verdict (nothing prints
-    after it) and nothing it started outlives it."""
-    me = os.getpid()
-    children: list[int] = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state, ppid, ...
-        if len(fields) > 1 and int(fields[1]) == me:
-            children.append(int(entry.name))
-    for pid in children:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    for pid in children:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spark_jobs.snapshot",
                                      description="Copy a span's tables under an upstream snapshot (Spark).")
@@ -407,20 +382,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         job = read_job(args.plan)
         report = run(job)
     except TidewaterError as exc:
-        _end_children()
+        end_children()
         print(f"snapshot copy failed: {message(exc)}", file=sys.stderr, flush=True)
         return exit_code(exc)
     except KeyboardInterrupt:
-        _end_children()
+        end_children()
         print("snapshot copy interrupted; copied chunks stay done: run the job again", file=sys.stderr, flush=True)
         return 130
     except Exception as exc:  # noqa: BLE001 - a bug or a foreign error: still one line, no traceback
         log.debug("unexpected error", exc_info=True)
-        _end_children()
+        end_children()
         print(f"snapshot copy failed: [CDC:ErrUnknown] {type(exc).__name__}: {one_line(str(exc))[:500]}",
               file=sys.stderr, flush=True)
         return 3
-    _end_children()
+    end_children()
     print(f"snapshot copy done: {report.chunks_copied} chunk(s) copied now, {report.chunks_skipped} already done, "
           f"{report.rows_copied} rows in {report.seconds:.1f} s", flush=True)
     return 0

@@ -1,5 +1,5 @@
-"""spark_jobs.snapshot: nothing the job started outlives its last line (run in a child interpreter: the helper
-kills every child of the process that calls it, and pytest's own children are the test servers)."""
+"""cdc.procs: the Spark job ends every child before its last line (run in a child interpreter: end_children kills
+every child of the process that calls it, and pytest's own children are the test servers)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ pytestmark = pytest.mark.unit
 
 _SCRIPT = """
 import os, subprocess, sys
-from spark_jobs.snapshot import _end_children
+from cdc.procs import alive, children, descendants, end_children
 kids = [subprocess.Popen(["sleep", "60"]), subprocess.Popen(["sh", "-c", "trap '' TERM; exec sleep 60"])]
-_end_children()
+assert sorted(children(os.getpid())) == sorted(k.pid for k in kids) and all(alive(k.pid) for k in kids)
+assert set(children(os.getpid())) <= set(descendants(os.getpid()))
+end_children()
 print(" ".join(str(k.pid) for k in kids))
 print("gone" if all(k.poll() is not None for k in kids) else "alive")
 """
