@@ -1,0 +1,150 @@
+"""A MariaDB server (Debian's ``mariadbd``) with row binlogs."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Self
+
+from playground.servers.base import (
+    HOST,
+    _port_open,
+    _Server,
+    free_port,
+)
+
+log = logging.getLogger(__name__)
+
+
+MARIADB_DEFAULT_SETTINGS: dict[str, str] = {
+    "binlog-format": "ROW",
+    "binlog-row-metadata": "FULL",
+    "binlog-row-image": "FULL",
+    "server-id": "1",
+    "innodb-flush-log-at-trx-commit": "2",  # survives a process kill, not an OS crash (tests)
+    "skip-name-resolve": "ON",
+}
+
+
+def _find_executable(name: str) -> str | None:
+    return shutil.which(name) or next(
+        (str(p) for p in (Path("/usr/sbin") / name, Path("/usr/bin") / name) if p.exists()), None
+    )
+
+
+class MariaDBServer(_Server):
+    """A MariaDB server (Debian ``mariadb-server``) with binary logging in ROW format, user ``root``, no password.
+
+    Data, socket, binlogs and error log live under ``base_dir/mariadb``.  ``settings`` (``--name=value``
+    options) override :data:`MARIADB_DEFAULT_SETTINGS`.  ``stop()`` is SIGTERM (clean shutdown);
+    ``kill()`` is SIGKILL (crash recovery at next start).
+    """
+
+    def __init__(self, base_dir: Path, *, settings: dict[str, str] | None = None) -> None:
+        self.dir = Path(base_dir) / "mariadb"
+        self.data_dir = self.dir / "data"
+        self.log_path = self.dir / "mariadb.log"
+        self.settings = {**MARIADB_DEFAULT_SETTINGS, **(settings or {})}
+        self.port = free_port()
+        self._initialized = False
+
+    def __repr__(self) -> str:
+        return f"MariaDBServer(127.0.0.1:{self.port}, dir={self.dir})"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.dir / "mariadb.sock"
+
+    def uri(self, db: str = "") -> str:
+        return f"mysql://root@{HOST}:{self.port}/{db}"
+
+    def start(self, timeout: float = 30) -> Self:
+        """Initialize the data directory on first start, start ``mariadbd``, wait until it accepts logins."""
+        if self.running:
+            return self
+        mariadbd = _find_executable("mariadbd")
+        install_db = _find_executable("mariadb-install-db")
+        if mariadbd is None or install_db is None:
+            raise RuntimeError(
+                "MariaDB server binaries (mariadbd, mariadb-install-db) not found: "
+                "run `apt-get install mariadb-server` or `make deps`"
+            )
+        self._mariadbd = mariadbd
+        if not self._initialized:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if not (self.data_dir / "mysql").exists():
+                with open(self.log_path, "ab") as out:
+                    res = subprocess.run(
+                        [install_db, "--no-defaults", "--user=root", f"--datadir={self.data_dir}",
+                         "--auth-root-authentication-method=normal", "--skip-test-db"],
+                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.dir,
+                    )  # fmt: skip
+                if res.returncode != 0:
+                    self._fail(f"mariadb-install-db failed with code {res.returncode}")
+            self._initialized = True
+        self._start_process(timeout)
+        return self
+
+    def _new_ports(self) -> None:
+        self.port = free_port()
+
+    def _launch(self) -> subprocess.Popen[bytes]:
+        argv = [
+            self._mariadbd,
+            "--no-defaults",  # must be the first option
+            "--user=root",
+            f"--datadir={self.data_dir}",
+            f"--port={self.port}",
+            f"--bind-address={HOST}",
+            f"--socket={self.socket_path}",
+            f"--pid-file={self.dir / 'mariadb.pid'}",
+            f"--log-error={self.log_path}",
+            f"--log-bin={self.dir / 'binlog' / 'mariadb-bin'}",
+            *(f"--{k}={v}" for k, v in self.settings.items()),
+        ]
+        (self.dir / "binlog").mkdir(exist_ok=True)
+        return self._popen(argv, cwd=self.dir)
+
+    def _ready(self) -> bool:
+        if not _port_open(self.port):
+            return False
+        import pymysql
+
+        try:
+            pymysql.connect(host=HOST, port=self.port, user="root", connect_timeout=2).close()
+            return True
+        except pymysql.err.MySQLError:
+            return False
+
+    def connect(self, db: str | None = None) -> Any:
+        """A new PyMySQL connection (autocommit, utf8mb4) as ``root``; the caller closes it."""
+        import pymysql
+
+        return pymysql.connect(
+            host=HOST, port=self.port, user="root", database=db, autocommit=True, charset="utf8mb4"
+        )
+
+    def execute(
+        self, sql: str, db: str | None = None, params: Sequence[Any] | dict[str, Any] | None = None
+    ) -> list[tuple[Any, ...]] | None:
+        """Run one statement on a fresh connection; return its rows, or None if it has none."""
+        conn = self.connect(db)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql, params)
+                return list(cur.fetchall()) if cur.description is not None else None
+        finally:
+            conn.close()
+
+    def create_database(self, name: str) -> None:
+        self.execute(f"CREATE DATABASE {_mysql_ident(name)}")
+
+    def drop_database(self, name: str) -> None:
+        self.execute(f"DROP DATABASE IF EXISTS {_mysql_ident(name)}")
+
+
+def _mysql_ident(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
