@@ -1,0 +1,61 @@
+"""spark_jobs.session: a JVM that exits before its gateway is up is started once more, and only once (the
+builder is faked: no JVM starts here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cdc.errors import SparkUnavailable
+from spark_jobs import session
+
+pytestmark = pytest.mark.unit
+
+pyspark_sql = pytest.importorskip("pyspark.sql")
+
+
+class _FakeSession:
+    version = "fake"
+
+    class sparkContext:  # noqa: N801 - the attribute name pyspark uses
+        @staticmethod
+        def setLogLevel(level: str) -> None:  # noqa: N802
+            pass
+
+
+def _builder_failing(monkeypatch: pytest.MonkeyPatch, failures: list[str]) -> list[int]:
+    calls: list[int] = []
+
+    def get_or_create(self: Any) -> Any:
+        calls.append(1)
+        if failures:
+            raise RuntimeError(failures.pop(0))
+        return _FakeSession()
+
+    monkeypatch.setattr(session, "check_spark", lambda: None)
+    monkeypatch.setattr(pyspark_sql.SparkSession.Builder, "getOrCreate", get_or_create)
+    return calls
+
+
+GATEWAY = "[JAVA_GATEWAY_EXITED] Java gateway process exited before sending its port number."
+
+
+def test_a_gateway_that_exits_once_is_started_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _builder_failing(monkeypatch, [GATEWAY])
+    assert isinstance(session.spark_session("local[1]"), _FakeSession)
+    assert len(calls) == 2
+
+
+def test_a_gateway_that_exits_every_time_is_reported_after_the_second_attempt(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _builder_failing(monkeypatch, [GATEWAY] * 5)
+    with pytest.raises(SparkUnavailable, match="JAVA_GATEWAY_EXITED"):
+        session.spark_session("local[1]")
+    assert len(calls) == session.GATEWAY_ATTEMPTS == 2
+
+
+def test_other_start_errors_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _builder_failing(monkeypatch, ["Could not parse Master URL: 'bogus'"])
+    with pytest.raises(SparkUnavailable, match="check spark-master"):
+        session.spark_session("bogus")
+    assert len(calls) == 1
