@@ -18,7 +18,8 @@ Guarantees (the :class:`sinks.base.Sink` contract, and what Kafka changes in it)
   handle-key-only``), or stored in full under ``claim-check-storage-uri`` (a local ``file://`` directory, written
   and fsynced before the message that points at it is sent) with a key-only message carrying its location
   (``claim-check``), or fails the write with :class:`sinks.codec.MessageTooLarge` naming the table, the key, the
-  size and the limit (``none``, the default; and always for Debezium, which has no key-only form). Never dropped.
+  size and the limit (``none``, the default; and always for Debezium, which has no key-only form). Never dropped
+  (:mod:`sinks.kafka.large`).
 - **Watermarks**: ``publish_checkpoint(ts, time)`` (the owner, with the changefeed checkpoint) sends a watermark to
   every partition of every topic in use; it is consistent for any consumer: every change with a commit Ts at or
   below it is before it in every partition. ``publish_resolved`` (the span, after its checkpoint moved; header
@@ -44,16 +45,11 @@ Guarantees (the :class:`sinks.base.Sink` contract, and what Kafka changes in it)
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import importlib.util
-import json
 import logging
-import os
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cdc.config import SinkConfig
@@ -61,10 +57,11 @@ from cdc.errors import InvalidArgument, InvalidURI, SinkError
 from cdc.events import SNAPSHOT, DdlEvent, OpType, RowChange, TableName, TableSchema
 from cdc.ts import Watermark
 from sinks.base import Sink
-from sinks.codec import EncodeError, EncoderConfig, Message, MessageKind, MessageTooLarge, encoder_for
+from sinks.codec import EncoderConfig, Message, MessageKind, encoder_for
 from sinks.codec.base import RowEventEncoder, split_key_change
 from sinks.kafka.dispatcher import Dispatcher
 from sinks.kafka.headers import HEADER, row_header, span_value
+from sinks.kafka.large import LargeMessages
 from sinks.kafka.options import CODEC_PARAMS, KafkaOptions, parse_kafka_uri
 
 if TYPE_CHECKING:
@@ -73,7 +70,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LARGE_MESSAGE_OPTIONS = ("none", "handle-key-only", "claim-check")
 SPAN_WATERMARK_MODES = ("auto", "true", "false")
 SINK_PARAMS = ("large-message-handle-option", "claim-check-storage-uri", "span-watermarks")
 SPAN_WATERMARK_INTERVAL = 1.0  # seconds between a span's watermarks
@@ -133,20 +129,13 @@ class KafkaSink(Sink):
         params = dict(options.codec_params)
         if transport_factory is None and _kafka_missing():
             raise InvalidArgument(f"the Kafka sink needs kafka-python, which is not installed: {INSTALL_HINT}")
-        self._large = params.pop("large-message-handle-option", "none")
-        if self._large not in LARGE_MESSAGE_OPTIONS:
-            raise InvalidURI(f"sink URI {options.uri!r}: large-message-handle-option={self._large!r} is not supported: "
-                             f"use one of {', '.join(LARGE_MESSAGE_OPTIONS)}")
-        self._claim_dir = _claim_check_dir(params.pop("claim-check-storage-uri", None), self._large, options.uri)
+        self._large = LargeMessages.from_params(params, options.protocol, options.uri)
         self._span_watermarks = params.pop("span-watermarks", "auto").lower()
         if self._span_watermarks not in SPAN_WATERMARK_MODES:
             raise InvalidURI(f"sink URI {options.uri!r}: span-watermarks={self._span_watermarks!r}: use auto, true or "
                              "false")
         base = EncoderConfig(max_message_bytes=options.max_message_bytes)
         self.codec = EncoderConfig.from_params(params, base=base)
-        if options.protocol == "debezium" and self._large != "none":
-            raise InvalidURI(f"sink URI {options.uri!r}: large-message-handle-option={self._large} needs a protocol "
-                             "with a key-only form (canal-json or open-protocol); Debezium has none")
         self._clock = clock
         self.control = encoder_for(options.protocol, self.codec, clock=clock)  # DDL and watermarks
         self.dispatcher = Dispatcher(config.dispatchers, options.topic)
@@ -381,7 +370,6 @@ class KafkaSink(Sink):
                    size: int) -> None:
         from sinks.kafka.transport import message_size
 
-        limit = d.limit
         if len(items) > 1:  # a batch that came out larger than the codec counted: one message per row
             for change, seq in items:
                 enc = encoder_for(self.options.protocol, self.codec, clock=self._clock)
@@ -389,59 +377,11 @@ class KafkaSink(Sink):
                 for m in enc.build():
                     self._send(tr, d, m, [(change, seq)] if m.kind is not MessageKind.TOMBSTONE else [])
             return
-        change = items[0][0] if items else None
-        what = (f"table {msg.table}: the {change.op.name if change else msg.kind.value} of key "
-                f"{_key_text(msg, change)} at commit Ts {msg.commit_ts}")
-        if change is None or msg.kind is not MessageKind.ROW or self._large == "none":
-            raise MessageTooLarge(
-                f"{what} is a {size}-byte {self.options.protocol} message, above the limit of {limit} bytes for "
-                f"topic {d.topic}: not sent. Raise max-message-bytes (and the topic's max.message.bytes), or send "
-                "oversized rows in key-only form: large-message-handle-option=handle-key-only or claim-check "
-                "(canal-json, open-protocol)")
-        location = None
-        if self._large == "claim-check":
-            location = self._claim_check(d, msg, items[0][1], self._headers(msg, items))
-        try:
-            small = d.enc.encode_key_only(change, location)
-        except EncodeError as exc:
-            raise MessageTooLarge(f"{what} is a {size}-byte message, above the limit of {limit} bytes for topic "
-                                  f"{d.topic}, and has no key-only form ({exc.message}): not sent") from exc
-        headers = self._headers(small, items)
-        small_size = message_size(small.key, small.value, headers)
-        if small_size > limit:
-            raise MessageTooLarge(f"{what} is too large even in key-only form ({small_size} bytes, limit {limit} for "
-                                  f"topic {d.topic}): not sent; raise max-message-bytes")
-        log.info("%s: %d bytes over the %d-byte limit, sent %s", what, size, limit,
-                 f"as a claim check ({location})" if location else "in key-only form")
+        small, headers = self._large.shrink(
+            msg, items[0][0] if items else None, items[0][1] if items else 0, protocol=self.options.protocol,
+            enc=d.enc, size=size, limit=d.limit, topic=d.topic, partition=d.partition, span=self.span,
+            headers=lambda m: self._headers(m, items), measure=lambda m, h: message_size(m.key, m.value, h))
         tr.send(d.topic, d.partition, small.key, small.value, headers)
-
-    def _claim_check(self, d: _Dest, msg: Message, seq: int, headers: list[tuple[str, bytes]]) -> str:
-        """Store the full message durably (write, fsync, rename, fsync the directory); return its location. The
-        name depends only on the event, so a replay overwrites the same file."""
-        assert self._claim_dir is not None
-        span = self.span if self.span is not None else "x"
-        name = f"{msg.commit_ts}-{span}-{seq}.json"
-        directory = self._claim_dir / _safe(d.topic) / str(d.partition)
-        doc = {"key": _b64(msg.key), "value": _b64(msg.value), "headers": [[k, _b64(v)] for k, v in headers],
-               "topic": d.topic, "partition": d.partition, "commit_ts": msg.commit_ts}
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-            final = directory / name
-            tmp = directory / f".{name}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(json.dumps(doc).encode())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-            fd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        except OSError as exc:
-            raise SinkError(f"table {msg.table}: cannot store the claim-check message under {self._claim_dir}: "
-                            f"{exc}") from exc
-        return final.as_uri()
 
     # ---- DDL ------------------------------------------------------------------------------------------
     def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
@@ -610,36 +550,3 @@ def _copy_base() -> int:
     table's chunk is a TRUNCATE and its rows), so the positions start at the time of the write in nanoseconds:
     distinct per write and increasing from one attempt to the next (on one host's clock)."""
     return time.time_ns() * SEQ_STRIDE
-
-
-def _claim_check_dir(raw: str | None, option: str, shown: str) -> Path | None:
-    if option != "claim-check":
-        if raw:
-            raise InvalidURI(f"sink URI {shown!r}: claim-check-storage-uri is used only with "
-                             "large-message-handle-option=claim-check")
-        return None
-    if not raw:
-        raise InvalidURI(f"sink URI {shown!r}: large-message-handle-option=claim-check needs claim-check-storage-uri="
-                         "file:///a/local/directory (where the full messages are stored)")
-    parsed = urllib.parse.urlsplit(raw)
-    if parsed.scheme != "file" or not parsed.path.startswith("/") or parsed.netloc not in ("", "localhost"):
-        raise InvalidURI(f"sink URI {shown!r}: claim-check-storage-uri={raw!r} must be a local directory as "
-                         "file:///absolute/path (other storages are not supported yet)")
-    return Path(urllib.parse.unquote(parsed.path))
-
-
-def _b64(data: bytes | None) -> str | None:
-    return None if data is None else base64.b64encode(data).decode()
-
-
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)[:120]
-
-
-def _key_text(msg: Message, change: RowChange | None) -> str:
-    if msg.row_key is not None:
-        names = change.schema.key if change is not None else ()
-        if len(names) == len(msg.row_key):
-            return "(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, msg.row_key, strict=True)) + ")"
-        return repr(msg.row_key)
-    return "(no key)"
