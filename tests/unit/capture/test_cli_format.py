@@ -10,17 +10,8 @@ from typing import Any
 
 import pytest
 
-from cdc.cli.main import (
-    CAPTURE_COLUMNS,
-    build_parser,
-    cell,
-    col,
-    emit,
-    format_table,
-    main,
-    render_kv,
-    render_table,
-)
+from cdc.cli.main import build_parser, main
+from cdc.cli.render import CAPTURE_COLUMNS, cell, col, emit, format_table, render_kv, render_table
 
 pytestmark = pytest.mark.unit
 
