@@ -14,7 +14,8 @@ import logging
 import threading
 
 from cdc.errors import MetaStoreError, NotOwner
-from cdc.meta.etcd import KV, Compare, EtcdClient, Op, WatchResponse
+from cdc.meta.etcd import EtcdClient
+from cdc.meta.kv import KV, Compare, Op, WatchResponse
 from cdc.meta.session import Session
 
 log = logging.getLogger(__name__)

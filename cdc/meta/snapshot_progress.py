@@ -23,8 +23,9 @@ from cdc import serde
 from cdc.errors import MetaStoreError, SnapshotSuperseded
 from cdc.events import TableName
 from cdc.meta import keys
-from cdc.meta.etcd import KV, Compare, EtcdClient, Op
+from cdc.meta.etcd import EtcdClient
 from cdc.meta.keys import KeyKind
+from cdc.meta.kv import KV, Compare, Op
 from cdc.snapshot import ChunkDone, SnapshotProgress, SnapshotRun, TablePlan, TableProgress
 
 log = logging.getLogger(__name__)

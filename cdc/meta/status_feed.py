@@ -29,8 +29,9 @@ from dataclasses import replace
 from cdc import serde
 from cdc.errors import MetaStoreError
 from cdc.meta import keys
-from cdc.meta.etcd import Watch, WatchResponse
+from cdc.meta.etcd import Watch
 from cdc.meta.keys import KeyKind
+from cdc.meta.kv import WatchResponse
 from cdc.meta.store import ClusterSnapshot, MetaStore
 from cdc.model import ChangefeedStatus, SpanStatus
 

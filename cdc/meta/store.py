@@ -24,8 +24,9 @@ from cdc import serde
 from cdc.crypto import SecretBox, UnopenableSecret, is_sealed
 from cdc.errors import ChangefeedExists, ChangefeedNotFound, LeaseLost, MetaStoreError, NotOwner
 from cdc.meta import keys
-from cdc.meta.etcd import KV, Compare, EtcdClient, Op, Watch, WatchResponse, is_not_found
+from cdc.meta.etcd import EtcdClient, Watch, is_not_found
 from cdc.meta.keys import KeyKind
+from cdc.meta.kv import KV, Compare, Op, WatchResponse
 from cdc.model import (
     CaptureInfo,
     ChangefeedInfo,

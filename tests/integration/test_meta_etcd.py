@@ -14,7 +14,8 @@ from cdc.errors import ChangefeedExists, ChangefeedNotFound, LeaseLost, MetaStor
 from cdc.meta import etcd as etcd_mod
 from cdc.meta import keys
 from cdc.meta.election import Election
-from cdc.meta.etcd import Compare, EtcdClient, Op, WatchResponse
+from cdc.meta.etcd import EtcdClient
+from cdc.meta.kv import Compare, Op, WatchResponse
 from cdc.meta.session import Session
 from cdc.meta.store import MetaStore
 from cdc.model import (

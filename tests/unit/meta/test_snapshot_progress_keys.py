@@ -7,8 +7,8 @@ import pytest
 from cdc import serde
 from cdc.events import TableName
 from cdc.meta import keys
-from cdc.meta.etcd import KV
 from cdc.meta.keys import KeyKind
+from cdc.meta.kv import KV
 from cdc.meta.snapshot_progress import summarize
 from cdc.snapshot import ChunkDone, SnapshotRun, plan_from_bounds
 

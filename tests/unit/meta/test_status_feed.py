@@ -10,7 +10,7 @@ import pytest
 from cdc import serde
 from cdc.errors import MetaStoreError
 from cdc.meta import keys
-from cdc.meta.etcd import KV, WatchEvent, WatchResponse
+from cdc.meta.kv import KV, WatchEvent, WatchResponse
 from cdc.meta.status_feed import StatusFeed
 from cdc.meta.store import ClusterSnapshot
 from cdc.model import ChangefeedStatus, SpanStatus

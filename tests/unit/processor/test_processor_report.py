@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from cdc.config import ServerConfig
-from cdc.meta.etcd import Compare
+from cdc.meta.kv import Compare
 from cdc.meta.store import ClusterSnapshot, SpanStatusWrite, Versioned
 from cdc.model import ChangefeedInfo, RunningError, SpanAssignment, SpanInfo, SpanStatus
 from cdc.ts import Watermark
