@@ -8,7 +8,8 @@ transactions that every span has published). One Spark partition per file slice 
 the executors; each row is a change: ``_op`` (``I`` insert, ``U`` update, ``D`` delete, ``T`` truncate / drop table),
 ``_commit_ts``, the order columns ``_version``, ``_date``, ``_file``, ``_line``, the table's columns typed
 (:func:`spark_type`) and ``_unavailable`` (columns the upstream did not send). An update that changes the key comes as a
-``D`` of the old key and an ``I`` of the new row.
+``D`` of the old key and an ``I`` of the new row; an update of a key-less table as a ``D`` of its whole old image and an
+``I`` of the new row.
 
 Sink (``foreachBatch``, :func:`merge_batch`): the output directory holds one Parquet directory per applied batch,
 ``v{batch id}``, and ``_current`` naming the latest. A batch reads the current version, folds its changes in commit
@@ -18,8 +19,13 @@ images`` as ``v{batch id}`` and then replaces ``_current`` atomically. Idempoten
 ``_current`` (Spark re-running the last batch after a crash, with the same offsets) changes nothing; a half-written
 ``v{id}`` is overwritten. The two previous versions are kept for readers in flight; older ones are removed.
 
-Read the table with :func:`read_table` (Spark) or :func:`current_path` (any Parquet reader). Limits: tables with a key
-only (a key-less table needs multiset semantics: use ``sinks.storage.reader``); the stream's column set is the table's
+A key-less table (``REPLICA IDENTITY FULL`` upstream) is a multiset: an insert adds a row, a delete removes one row
+equal to its old image (null equal to null), an update does both; the rows a batch touches are those equal to an old
+image, with their duplicates (:func:`_touched`). A delete of a row the table does not hold fails the batch (the lake
+would differ from the upstream), naming the row.
+
+Read the table with :func:`read_table` (Spark) or :func:`current_path` (any Parquet reader). Limits: the stream's
+column set is the table's
 at start (a later DDL that adds columns stops the query with a message: restart it, it continues from its
 checkpoint); ``time`` columns are strings (Spark has no time type), unbounded ``numeric`` strings with the exact
 text, ``uuid`` strings.
@@ -28,8 +34,10 @@ text, ``uuid`` strings.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
+import operator
 import os
 import pickle
 import shutil
@@ -176,9 +184,6 @@ class LakeDataSource(DataSource):
             if cached is None:
                 raise InvalidArgument(f"{FORMAT}: table {table} has no schema file under the sink's directory yet "
                                       f"(start the job once the changefeed has written it)")
-            if not cached.has_key:
-                raise InvalidArgument(f"{FORMAT}: table {table} has no key: the lake job merges by key (rebuild a "
-                                      f"key-less table with sinks.storage.reader)")
             self._cached = cached
         return cached
 
@@ -245,7 +250,11 @@ def slice_rows(reader: StorageReader, s: Slice, schema: TableSchema) -> Iterator
             continue
         values = c.values or {}
         old = c.old
-        if c.op is OpType.UPDATE and old and all(k in old for k in schema.key) and \
+        if c.op is OpType.UPDATE and old and not schema.has_key:  # a multiset: remove the old image, add the new
+            yield ("D", ts, version, date, index, 2 * line, *_values(old, names, convs))
+            yield ("I", ts, version, date, index, 2 * line + 1, *_values(values, names, convs))
+            continue
+        if c.op is OpType.UPDATE and old and schema.has_key and all(k in old for k in schema.key) and \
                 any(old[k] != values.get(k) for k in schema.key):
             yield ("D", ts, version, date, index, 2 * line, *_values({k: old[k] for k in schema.key}, names, convs))
             yield ("I", ts, version, date, index, 2 * line + 1, *_values(values, names, convs))
@@ -314,6 +323,17 @@ def _change(row: Any, names: tuple[str, ...]) -> LakeChange:
                       values)
 
 
+def _touched(changes: list[LakeChange], schema: TableSchema) -> tuple[set[tuple[Any, ...]], tuple[str, ...]]:
+    """The rows of the current version a batch can change, as values of the columns that find them: the keys of
+    every image (keyed table), or the whole old images of deletes and updates (key-less table: a multiset, where an
+    insert only adds a row and a delete or update removes one row equal to its old image, null equal to null)."""
+    if schema.has_key:
+        key = schema.key
+        return {tuple(image[k] for k in key) for c in changes for image in (c.values, c.old) if image is not None}, key
+    names = schema.column_names
+    return {tuple(c.old.get(n) for n in names) for c in changes if c.old}, names
+
+
 def merge_batch(spark: Any, output: str, schema: TableSchema, batch: Any, batch_id: int) -> None:
     """Apply one micro-batch to the output table (module docstring)."""
     current = _current_batch(output)
@@ -324,7 +344,6 @@ def merge_batch(spark: Any, output: str, schema: TableSchema, batch: Any, batch_
     if not rows:
         return
     names = schema.column_names
-    key = list(schema.key)
     struct = table_struct(schema)
     changes = [_change(r, names) for r in rows]
     last_truncate = max((i for i, c in enumerate(changes) if c.op is OpType.TRUNCATE), default=-1)
@@ -335,14 +354,11 @@ def merge_batch(spark: Any, output: str, schema: TableSchema, batch: Any, batch_
         untouched = spark.createDataFrame([], struct)
     else:
         base = spark.read.parquet(base_path)
-        touched: set[tuple[Any, ...]] = set()
-        for c in changes:
-            for image in (c.values, c.old):
-                if image is not None:
-                    touched.add(tuple(image[k] for k in key))
-        keys = spark.createDataFrame(sorted(touched, key=repr), StructType([struct[k] for k in key]))
-        state.seed(r.asDict() for r in base.join(keys, key, "inner").collect())
-        untouched = base.join(keys, key, "left_anti")
+        touched, cols = _touched(changes, schema)
+        keys = spark.createDataFrame(sorted(touched, key=repr), StructType([struct[k] for k in cols]))
+        match = functools.reduce(operator.and_, [base[c].eqNullSafe(keys[c]) for c in cols])
+        state.seed(r.asDict() for r in base.join(keys, match, "left_semi").collect())
+        untouched = base.join(keys, match, "left_anti")
     state.apply(changes)
     if state.problems:
         raise TidewaterError(f"lake {schema.name}: batch {batch_id} cannot be applied exactly: "

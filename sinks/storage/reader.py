@@ -372,8 +372,11 @@ class TableState:
                     if base is None:
                         base = self._rows.get(self._key(values))
                     self._add(self._complete(values, base, c))
+                elif not old:  # no old image: which of the equal rows changed is unknown
+                    self.problems.append(f"commit {c.commit_ts}: an update of a key-less table without its old "
+                                         f"image ({values}): set REPLICA IDENTITY FULL upstream")
                 else:
-                    removed = self._remove(old) if old else None
+                    removed = self._remove(old)
                     self._add(self._complete(values, removed if removed is not None else old, c))
             self._last_deleted = None
 
