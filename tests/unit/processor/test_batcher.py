@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cdc.ts import Watermark
-from processor.span import TxnBatcher
+from processor.batcher import TxnBatcher
 from sorter.base import SortedTxn
 from upstream.base import SCHEMA_CHANGE, encode_payload
 
