@@ -31,11 +31,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cdc.errors import InvalidArgument, TidewaterError
+from cdc.errors import InvalidArgument, SinkError, TidewaterError
 from cdc.events import TableName
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.model import ChangefeedInfo, SpanInfo, SpanSnapshot
-from cdc.snapshot import ChunkDone
+from cdc.snapshot import KEY_DEFERRED, ChunkDone
 from upstream.base import Upstream
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,9 @@ class CopyRequest:
     spark_master: str
     local: bool = False  # small enough to copy without starting Spark (in the job's own process)
     sink_config: dict[str, Any] = field(default_factory=dict)  # the changefeed's [sink] (e.g. Kafka dispatchers)
+    # the initial copy (not a table copy, not merge): a keyed table whose target does not exist yet may be created
+    # without its key, built after the load (docs/snapshot.md, "The key after the load")
+    defer_keys: bool = False
 
 
 class CopyLauncher(Protocol):
@@ -106,7 +109,7 @@ class InitialCopy:
     def __init__(self, info: ChangefeedInfo, span: SpanInfo, upstream: Upstream, progress: SnapshotProgressStore,
                  launcher: CopyLauncher, persist: Callable[[SpanSnapshot], None], state: SpanSnapshot | None,
                  *, chunk_rows: int, spark_master: str, label: str, spark_min_rows: int = 0,
-                 truncate: Callable[[Sequence[TableName]], None] | None = None) -> None:
+                 truncate: Callable[[Sequence[TableName]], None] | None = None, defer_keys: bool = False) -> None:
         self.info = info
         self.span = span
         self.upstream = upstream
@@ -119,6 +122,7 @@ class InitialCopy:
         self.spark_min_rows = spark_min_rows
         self.label = label
         self.truncate = truncate
+        self.defer_keys = defer_keys and truncate is None
 
     def __call__(self, stop: threading.Event, gate: StreamGate | None = None) -> dict[str, int]:
         """Copy what is left; return the floors (table -> Ts) once the span's snapshot is done. ``gate``: the
@@ -147,7 +151,8 @@ class InitialCopy:
                     request = CopyRequest(self.info.id, self.span.index, self.info.upstream_uri, self.info.sink_uri,
                                           tuple(pending), exp.name, exp.ts, exp.time, self.chunk_rows,
                                           self.spark_master, local=rows < self.spark_min_rows,
-                                          sink_config=dict(self.info.config.get("sink") or {}))
+                                          sink_config=dict(self.info.config.get("sink") or {}),
+                                          defer_keys=self.defer_keys and gate is None)
                     log.info("span=%s copying %d table(s) under snapshot %s (Ts %d)", self.label, len(pending),
                              exp.name, exp.ts)
                     try:
@@ -158,6 +163,7 @@ class InitialCopy:
                         self.progress.end_run(self.info.id, self.span.index)
                         raise
             self.progress.end_run(self.info.id, self.span.index)  # a late process of the job commits nothing more
+        self._check_keys_built(tables)
         floors = {**kept, **self.floors(tables)}
         self.state = dataclasses.replace(self.state, phase="done", floors=floors)
         self.persist(self.state)
@@ -223,10 +229,21 @@ class InitialCopy:
                         continue
                 reader.release()  # no lock held on this table while the next one is read (deadlocks)
                 done = len(self.progress.done_chunks(cf, span, t))
-                if done < len(stored.chunks):
+                if done < len(stored.chunks) or stored.key_state == KEY_DEFERRED:  # (the job builds the key)
                     pending.append(t)
                     rows += stored.rows * (len(stored.chunks) - done) // len(stored.chunks)
         return pending, rows
+
+    def _check_keys_built(self, tables: Sequence[TableName]) -> None:
+        """Streaming must never start on a table whose key the copy deferred and did not build (replays are
+        idempotent only by key): the job builds it after the table's last chunk; a job that returned without doing
+        so is a bug, and fails the changefeed naming the table."""
+        for t in tables:
+            plan = self.progress.get_plan(self.info.id, self.span.index, t)
+            if plan is not None and plan.key_state == KEY_DEFERRED:
+                raise SinkError(f"span {self.label}: the copy of table {t} deferred its primary key and the job ended "
+                                "without building it; the table cannot stream without its key. Resume the changefeed "
+                                "(the next run builds it) or resync the table")
 
     def _keyless_copied_at(self, table: TableName) -> int | None:
         """The Ts of the exported snapshot a key-less table's single chunk was committed under (None: not copied

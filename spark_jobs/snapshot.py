@@ -48,9 +48,11 @@ from cdc import errors
 from cdc.errors import InvalidArgument, TidewaterError, error_for_code
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
-from cdc.snapshot import SnapshotRun
+from cdc.snapshot import KEY_DEFERRED, SnapshotRun
+from sinks.base import Sink
 from sinks.factory import open_sink
 from spark_jobs.copy import ChunkResult, ChunkTask, copy_chunks, one_line
+from spark_jobs.deferred import OwedKey, build_keys, prepare_table
 from spark_jobs.plan import SnapshotJob, read_job
 from spark_jobs.session import spark_session
 from upstream import open_upstream
@@ -78,11 +80,15 @@ class CopyReport:
         return sum(self.rows.values())
 
 
-def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "") -> tuple[list[ChunkTask], int]:
-    """The job's pending chunks (not recorded as done) and the number of chunks in its tables' plans."""
+def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "",
+               owed: list[OwedKey] | None = None) -> tuple[list[ChunkTask], int]:
+    """The job's pending chunks (not recorded as done) and the number of chunks in its tables' plans. Tables whose
+    key is (or now becomes) deferred are prepared (``spark_jobs.deferred.prepare_table``: target created, chunks
+    committed with a marker recorded) and appended to ``owed``."""
     tasks: list[ChunkTask] = []
     total = 0
     upstream = open_upstream(job.upstream)
+    sink: Sink | None = None
     try:
         with upstream.snapshot_reader(job.snapshot, label=job.label) as reader:
             for name in job.table_names:
@@ -92,13 +98,22 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "")
                     plan = store.put_plan(job.changefeed, job.span, reader.plan(schema, job.chunk_rows))
                 reader.release()  # no lock kept on one table while the next is read: it could deadlock the app's DDL
                 done = store.done_chunks(job.changefeed, job.span, name)
+                if (job.defer_keys and plan.key_state == "") or plan.key_state == KEY_DEFERRED:
+                    if sink is None:
+                        sink = open_sink(job.sink, job.sink_settings)
+                    plan = prepare_table(job, sink, store, schema, plan, done)
+                deferred = plan.key_state == KEY_DEFERRED
+                if deferred and owed is not None:
+                    owed.append(OwedKey(schema, plan))
                 pending = [c for c in plan.chunks if c.index not in done]
-                log.info("%s: table %s: %d rows planned, %d/%d chunks done", job.label, name, plan.rows,
-                         len(plan.chunks) - len(pending), len(plan.chunks))
+                log.info("%s: table %s: %d rows planned, %d/%d chunks done%s", job.label, name, plan.rows,
+                         len(plan.chunks) - len(pending), len(plan.chunks), ", key deferred" if deferred else "")
                 total += len(plan.chunks)
-                tasks.extend(ChunkTask(job, schema, c, run_id) for c in pending)
+                tasks.extend(ChunkTask(job, schema, c, run_id, deferred) for c in pending)
     finally:
         upstream.close()
+        if sink is not None:
+            sink.close()
     return tasks, total
 
 
@@ -113,13 +128,27 @@ def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
     run = SnapshotRun(uuid.uuid4().hex, time.time(), socket.gethostname(), os.getpid())
     run_id = run.run_id
     client = EtcdClient(list(job.etcd))
+    owed: list[OwedKey] = []
     try:
         store = SnapshotProgressStore(client, job.cluster)
-        tasks, total = plan_tasks(job, store, run_id)
-        if tasks:  # from now on only this run commits chunks of the span (an older one still alive is fenced)
+        if job.defer_keys:  # fence out an older run before tables are found missing and created key-less
+            store.begin_run(job.changefeed, job.span, run)
+        tasks, total = plan_tasks(job, store, run_id, owed)
+        if (tasks or owed) and not job.defer_keys:  # from now on only this run commits chunks of the span
             store.begin_run(job.changefeed, job.span, run)
     finally:
         client.close()
+    report = _copy(job, spark, run, tasks, total)
+    built = build_keys(job, owed, run_id)  # every chunk is copied (else _copy raised)
+    if built:
+        log.info("%s: built the primary key of %d table(s) after their copy: %s", job.label, len(built),
+                 ", ".join(built))
+    return report
+
+
+def _copy(job: SnapshotJob, spark: Any, run: SnapshotRun, tasks: list[ChunkTask], total: int) -> CopyReport:
+    """Copy ``tasks`` (locally, or in Spark with the driver copying while it starts); raise the first failure."""
+    run_id = run.run_id
     report = CopyReport(chunks_total=total, chunks_skipped=total - len(tasks))
     if job.snapshot is None:
         report.unaligned_keyless = sorted({str(t.chunk.table_name) for t in tasks if t.chunk.whole})

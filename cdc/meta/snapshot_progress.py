@@ -16,6 +16,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 
@@ -25,7 +26,15 @@ from cdc.events import TableName
 from cdc.meta import keys
 from cdc.meta.etcd import KV, Compare, EtcdClient, Op
 from cdc.meta.keys import KeyKind
-from cdc.snapshot import ChunkDone, SnapshotProgress, SnapshotRun, TablePlan, TableProgress
+from cdc.snapshot import (
+    KEY_BUILT,
+    KEY_DEFERRED,
+    ChunkDone,
+    SnapshotProgress,
+    SnapshotRun,
+    TablePlan,
+    TableProgress,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +95,24 @@ class SnapshotProgressStore:
         if stored is None:  # deleted in between (changefeed removed): nothing to agree with
             raise MetaStoreError(f"snapshot plan of {plan.table_name} vanished while it was being stored")
         return stored
+
+    def set_key_state(self, cf: str, span: int, plan: TablePlan, state: str) -> TablePlan:
+        """Move the stored plan of ``plan``'s table from ``plan.key_state`` to ``state`` (compare-and-set on the
+        whole stored value: ``"" -> deferred -> built`` only); return the stored plan afterwards. Raises
+        ``MetaStoreError`` when the stored plan is neither ``plan`` nor already in ``state`` (changed or removed
+        under this run)."""
+        order = ("", KEY_DEFERRED, KEY_BUILT)
+        if order.index(state) != order.index(plan.key_state) + 1:
+            raise ValueError(f"key state of {plan.table_name} cannot move from {plan.key_state!r} to {state!r}")
+        key = keys.snapshot_plan_key(self.cluster_id, cf, span, plan.table_name)
+        new = dataclasses.replace(plan, key_state=state)
+        if self.client.txn([Compare(key, "value", "=", serde.to_json(plan))], [Op.put(key, serde.to_json(new))]):
+            return new
+        stored = self.get_plan(cf, span, plan.table_name)
+        if stored is not None and stored.key_state == state and stored.chunks == plan.chunks:
+            return stored
+        raise MetaStoreError(f"snapshot plan of {plan.table_name} changed while its key state was set to {state!r} "
+                             f"(stored: {'none' if stored is None else repr(stored.key_state)})")
 
     # ---- chunks (tasks)
     def record_chunk(self, cf: str, span: int, table: TableName, chunk: int, done: ChunkDone) -> None:

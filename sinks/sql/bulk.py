@@ -121,7 +121,7 @@ def _verdict(sink: SQLSink, b: Binding, cur: Any) -> str | None:
     return None
 
 
-class _Blocks:
+class Blocks:
     """``read()`` for ``copy_expert``: the next block of the text (any size), b'' at the end."""
 
     def __init__(self, blocks: Iterator[bytes]) -> None:
@@ -172,7 +172,7 @@ def write_copy_text(sink: SQLSink, schema: TableSchema, open_text: Callable[[], 
                         cur.execute(stmts.truncate(b.table), ())
                     copy_sql = stmts.copy_in(stmts.table(b.table), [b.colmap[n] for n in b.names]) % ()
                     try:
-                        cur.copy_expert(copy_sql, _Blocks(text.blocks), READ_SIZE)
+                        cur.copy_expert(copy_sql, Blocks(text.blocks), READ_SIZE)
                     except Exception as exc:
                         if getattr(exc, "pgcode", None) != UNIQUE_VIOLATION:
                             raise
