@@ -28,6 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,10 +36,14 @@ from cdc.errors import InvalidArgument, SinkError, TidewaterError
 from cdc.events import TableName
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.model import ChangefeedInfo, SpanInfo, SpanSnapshot
-from cdc.snapshot import KEY_DEFERRED, ChunkDone
+from cdc.snapshot import KEY_DEFERRED, ChunkDone, TablePlan
 from upstream.base import Upstream
 
 log = logging.getLogger(__name__)
+
+
+PLAN_READERS = 4
+"""Upstream connections that plan a span's new tables in parallel (each imports the run's exported snapshot)."""
 
 
 class CopyStopped(TidewaterError):
@@ -202,37 +207,60 @@ class InitialCopy:
                 raise CopyStopped(f"span {self.label} stopped while its table copy waited for the stream")
 
     def _plan(self, tables: Sequence[TableName], snapshot: str) -> tuple[list[TableName], int]:
-        """The tables with chunks left to copy, and about how many rows those chunks hold (as planned). A table
-        planned now (the first run to see it) is planned under
-        ``snapshot`` and its plan stored (the job takes it as it is); one that is empty at ``snapshot`` is
-        recorded as copied right away, so that a span of empty tables starts no job at all."""
+        """The tables with chunks left to copy (or a deferred key to build), and about how many rows those chunks
+        hold (as planned). A table planned now (the first run to see it) is planned under ``snapshot`` and its plan
+        stored (the job takes it as it is); one that is empty at ``snapshot`` is recorded as copied right away, so
+        that a span of empty tables starts no job at all. Tables are planned in parallel, each reader importing
+        ``snapshot`` (:data:`PLAN_READERS` connections): planning is an index scan per table on the upstream."""
         cf, span = self.info.id, self.span.index
+        plans: dict[TableName, TablePlan | None] = {t: self.progress.get_plan(cf, span, t) for t in tables}
+        new = [t for t in tables if plans[t] is None]
+        if new:
+            # a table copy truncates targets through the span's sink (one caller): one reader, in order
+            readers = 1 if self.truncate is not None else min(PLAN_READERS, len(new))
+            groups = [new[i::readers] for i in range(readers)]
+            if readers == 1:
+                plans.update(self._plan_new(groups[0], snapshot))
+            else:
+                with ThreadPoolExecutor(readers, thread_name_prefix="tidewater-plan") as pool:
+                    for got in pool.map(lambda g: self._plan_new(g, snapshot), groups):
+                        plans.update(got)
         pending: list[TableName] = []
         rows = 0
+        for t in tables:
+            stored = plans[t]
+            if stored is None:  # empty at the snapshot: recorded as copied
+                continue
+            done = len(self.progress.done_chunks(cf, span, t))
+            if done < len(stored.chunks) or stored.key_state == KEY_DEFERRED:  # (the job builds the key)
+                pending.append(t)
+                rows += stored.rows * (len(stored.chunks) - done) // len(stored.chunks)
+        return pending, rows
+
+    def _plan_new(self, tables: Sequence[TableName], snapshot: str) -> dict[TableName, TablePlan | None]:
+        """Plan ``tables`` (not planned yet) under ``snapshot`` on one reader and store their plans; a table empty
+        at the snapshot gets its chunks recorded as done and None."""
+        cf, span = self.info.id, self.span.index
+        out: dict[TableName, TablePlan | None] = {}
         with self.upstream.snapshot_reader(snapshot, label=self.label) as reader:
             for t in tables:
-                stored = self.progress.get_plan(cf, span, t)
-                if stored is None:
-                    schema = reader.table_schema(t)
-                    if self.truncate is not None and schema.has_key:
-                        # a table copy replaces the rows: extra rows downstream go too (before the plan is
-                        # stored: a run that dies in between empties it again; a key-less table's single chunk
-                        # replaces its rows itself)
-                        self.truncate([t])
-                    plan = reader.plan(schema, self.chunk_rows)
-                    stored = self.progress.put_plan(cf, span, plan)
-                    if stored is plan and plan.rows == 0:
-                        reader.release()
-                        now = time.time()
-                        for chunk in plan.chunks:
-                            self.progress.record_chunk(cf, span, t, chunk.index, ChunkDone(0, 0.0, now, snapshot))
-                        continue
+                schema = reader.table_schema(t)
+                if self.truncate is not None and schema.has_key:
+                    # a table copy replaces the rows: extra rows downstream go too (before the plan is
+                    # stored: a run that dies in between empties it again; a key-less table's single chunk
+                    # replaces its rows itself)
+                    self.truncate([t])
+                plan = reader.plan(schema, self.chunk_rows)
+                stored = self.progress.put_plan(cf, span, plan)
                 reader.release()  # no lock held on this table while the next one is read (deadlocks)
-                done = len(self.progress.done_chunks(cf, span, t))
-                if done < len(stored.chunks) or stored.key_state == KEY_DEFERRED:  # (the job builds the key)
-                    pending.append(t)
-                    rows += stored.rows * (len(stored.chunks) - done) // len(stored.chunks)
-        return pending, rows
+                if stored is plan and plan.rows == 0:
+                    now = time.time()
+                    for chunk in plan.chunks:
+                        self.progress.record_chunk(cf, span, t, chunk.index, ChunkDone(0, 0.0, now, snapshot))
+                    out[t] = None
+                    continue
+                out[t] = stored
+        return out
 
     def _check_keys_built(self, tables: Sequence[TableName]) -> None:
         """Streaming must never start on a table whose key the copy deferred and did not build (replays are

@@ -23,6 +23,7 @@ not stream while a key is owed (``processor.snapshot``). A duplicate key while b
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -78,6 +79,59 @@ def prepare_table(job: SnapshotJob, sink: Sink, store: SnapshotProgressStore, sc
         log.info("%s: table %s: %d chunk(s) committed by an earlier run but not recorded: recorded from their "
                  "markers, not copied again", job.label, schema.name, found)
     return plan
+
+
+class KeyBuilder:
+    """Builds the owed keys of tables whose chunks are all recorded while the run copies the others (a thread of
+    the driver polling etcd every ``interval`` seconds): a table's index is built while later tables load, instead
+    of every index after the last chunk. :meth:`finish` stops it and, when the copy succeeded, builds the rest (in
+    parallel); the first error of a background build is raised there. A table is built at most once per run, and
+    only when etcd records every one of its chunks (each committed: recorded only after its commit)."""
+
+    def __init__(self, job: SnapshotJob, owed: list[OwedKey], run_id: str, interval: float = 0.25) -> None:
+        self._job = job
+        self._waiting = list(owed)
+        self._run_id = run_id
+        self._interval = interval
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self.built: list[str] = []
+        self._thread = threading.Thread(target=self._loop, name="tidewater-key-builder", daemon=True)
+
+    def start(self) -> KeyBuilder:
+        if self._waiting:
+            self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        job = self._job
+        client = EtcdClient(list(job.etcd))
+        try:
+            store = SnapshotProgressStore(client, job.cluster)
+            while self._waiting and not self._stop.wait(self._interval):
+                for o in list(self._waiting):
+                    if self._stop.is_set():
+                        return
+                    if len(store.done_chunks(job.changefeed, job.span, o.schema.name)) >= len(o.plan.chunks):
+                        self._waiting.remove(o)
+                        self.built.append(_build_one(job, o, self._run_id))
+        except BaseException as exc:  # noqa: BLE001 - raised by finish() in the driver's thread
+            self._error = exc
+        finally:
+            client.close()
+
+    def finish(self, copied: bool) -> list[str]:
+        """Stop the background builds (the one in progress ends first); if ``copied`` (every chunk is recorded)
+        build the keys still owed. Returns the tables whose keys were built by this run."""
+        self._stop.set()
+        if self._thread.ident is not None:  # started
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        if copied:
+            self.built.extend(build_keys(self._job, self._waiting, self._run_id))
+            self._waiting = []
+        return self.built
 
 
 def build_keys(job: SnapshotJob, owed: list[OwedKey], run_id: str) -> list[str]:

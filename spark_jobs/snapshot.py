@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import logging
 import os
 import signal
@@ -52,7 +53,7 @@ from cdc.snapshot import KEY_DEFERRED, SnapshotRun
 from sinks.base import Sink
 from sinks.factory import open_sink
 from spark_jobs.copy import ChunkResult, ChunkTask, copy_chunks, one_line
-from spark_jobs.deferred import OwedKey, build_keys, prepare_table
+from spark_jobs.deferred import KeyBuilder, OwedKey, prepare_table
 from spark_jobs.plan import SnapshotJob, read_job
 from spark_jobs.session import spark_session
 from upstream import open_upstream
@@ -138,8 +139,14 @@ def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
             store.begin_run(job.changefeed, job.span, run)
     finally:
         client.close()
-    report = _copy(job, spark, run, tasks, total)
-    built = build_keys(job, owed, run_id)  # every chunk is copied (else _copy raised)
+    keys = KeyBuilder(job, owed, run_id).start()  # a table's key is built once its last chunk is recorded
+    try:
+        report = _copy(job, spark, run, tasks, total)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the copy's error is the one to report
+            keys.finish(copied=False)
+        raise
+    built = keys.finish(copied=True)  # every chunk is copied (else _copy raised): the keys still owed
     if built:
         log.info("%s: built the primary key of %d table(s) after their copy: %s", job.label, len(built),
                  ", ".join(built))

@@ -223,7 +223,9 @@ def build_key(sink: SQLSink, schema: TableSchema, changefeed: str, span: int,
                                         f"({', '.join(t.key)}) as the copy was to build it; the target was changed "
                                         "during the copy: drop the table and copy it again")
                     if have is None:
-                        cur.execute("SET LOCAL maintenance_work_mem = '256MB'")
+                        # one sort in memory per table; no parallel workers (several tables' keys are built at once)
+                        cur.execute("SET LOCAL maintenance_work_mem = '256MB'; "
+                                    "SET LOCAL max_parallel_maintenance_workers = 0")
                         try:
                             cur.execute(add_key)
                         except Exception as exc:
