@@ -50,6 +50,7 @@ from cdc.errors import InvalidArgument, TidewaterError, error_for_code
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.snapshot import KEY_DEFERRED, SnapshotRun
+from cdc.uri import parse_sink_uri
 from sinks.base import Sink
 from sinks.factory import open_sink
 from spark_jobs.copy import ChunkResult, ChunkTask, copy_chunks, one_line
@@ -99,7 +100,7 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "",
                     plan = store.put_plan(job.changefeed, job.span, reader.plan(schema, job.chunk_rows))
                 reader.release()  # no lock kept on one table while the next is read: it could deadlock the app's DDL
                 done = store.done_chunks(job.changefeed, job.span, name)
-                if (job.defer_keys and plan.key_state == "") or plan.key_state == KEY_DEFERRED:
+                if (job.defer_keys and plan.key_state == "" and _may_defer(job)) or plan.key_state == KEY_DEFERRED:
                     if sink is None:
                         sink = open_sink(job.sink, job.sink_settings)
                     plan = prepare_table(job, sink, store, schema, plan, done)
@@ -116,6 +117,12 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "",
         if sink is not None:
             sink.close()
     return tasks, total
+
+
+def _may_defer(job: SnapshotJob) -> bool:
+    """Whether the job's sink may build keys after the load at all (PostgreSQL, ``sinks.sql.deferred_key``): other
+    sinks are not even opened to ask."""
+    return parse_sink_uri(job.sink).scheme in ("postgresql", "postgres")
 
 
 def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
