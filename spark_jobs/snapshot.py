@@ -35,6 +35,7 @@ import collections
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -174,10 +175,17 @@ def _copy(job: SnapshotJob, spark: Any, run: SnapshotRun, tasks: list[ChunkTask]
         log.info("%s: nothing to copy (%d chunks already done)", job.label, total)
         return report
     if job.local and spark is None:  # too small for a JVM: the same task code, in this process, in order
-        log.info("%s: run %s copying %d chunk(s) of %d in this process (small copy, no Spark)", job.label, run_id,
-                 len(tasks), total)
+        threads = local_threads(job)
+        log.info("%s: run %s copying %d chunk(s) of %d in this process on %d thread(s) (no Spark)", job.label,
+                 run_id, len(tasks), total, threads)
         t0 = time.monotonic()
-        results: list[ChunkResult] = list(copy_chunks(iter(tasks)))
+        idle = threading.Event()
+        copier = CopyWhileStarting(tasks, job.label, on_idle=idle.set, threads=threads)
+        copier.start()
+        try:
+            idle.wait()
+        finally:
+            results, _left = copier.finish()  # (left: only after a failure, which is raised)
         report.seconds = time.monotonic() - t0
         return _report(job, report, results)
     t0 = time.monotonic()
@@ -261,47 +269,75 @@ class _SparkStarter:
 
 
 class CopyWhileStarting:
-    """Copies chunks in this process (:func:`copy_chunks`, one upstream reader, sink and etcd client, on a thread)
-    from the front of the pending list while the SparkSession starts; :meth:`finish` lets the chunk in progress end
-    (no chunk is left half written: each is one downstream transaction, recorded after its commit) and returns the
-    results and the chunks left for Spark. A failed chunk stops it (its result carries the error). ``on_idle`` is
-    called when it stops by itself (no chunk left, or one failed)."""
+    """Copies chunks in this process (:func:`copy_chunks` on ``threads`` threads, each with its own upstream reader,
+    sink and etcd client) from the front of the pending list while the SparkSession starts, or, for a copy without
+    Spark, all of them; :meth:`finish` lets the chunks in progress end (no chunk is left half written: each is one
+    downstream transaction, recorded after its commit) and returns the results and the chunks left for Spark. A
+    failed chunk stops every thread (its result carries the error). ``on_idle`` is called when all threads stopped
+    by themselves (no chunk left, or one failed)."""
 
     def __init__(self, tasks: list[ChunkTask], label: str,
                  copy: Callable[[Iterator[ChunkTask]], Iterator[ChunkResult]] = copy_chunks,
-                 on_idle: Callable[[], None] | None = None) -> None:
+                 on_idle: Callable[[], None] | None = None, threads: int = 1) -> None:
         self._copy = copy
         self._on_idle = on_idle
         self._pending = collections.deque(tasks)
         self._label = label
         self._stop = threading.Event()
         self._results: list[ChunkResult] = []
-        self._thread = threading.Thread(target=self._run, name="tidewater-copy-while-spark-starts", daemon=True)
+        self._lock = threading.Lock()
+        self._running = n = max(1, min(threads, len(tasks)))
+        self._threads = [threading.Thread(target=self._run, name=f"tidewater-copy-in-driver-{i}", daemon=True)
+                         for i in range(n)]
         self._t0 = 0.0
 
     def _take(self) -> Iterator[ChunkTask]:
-        while not self._stop.is_set() and self._pending:
-            yield self._pending.popleft()
+        while not self._stop.is_set():
+            try:
+                task = self._pending.popleft()
+            except IndexError:
+                return
+            yield task
 
     def _run(self) -> None:
         try:
             for r in self._copy(self._take()):
-                self._results.append(r)
+                with self._lock:
+                    self._results.append(r)
+                if r.error is not None:
+                    self._stop.set()  # the other threads take no further chunk
         finally:  # every chunk copied, a chunk failed, or stopped
-            if self._on_idle is not None:
+            with self._lock:
+                self._running -= 1
+                last = self._running == 0
+            if last and self._on_idle is not None:
                 self._on_idle()
 
     def start(self) -> None:
         self._t0 = time.monotonic()
-        self._thread.start()
+        for t in self._threads:
+            t.start()
 
     def finish(self) -> tuple[list[ChunkResult], list[ChunkTask]]:
         self._stop.set()
-        self._thread.join()
+        for t in self._threads:
+            t.join()
         if self._results:
-            log.info("%s: %d chunk(s), %d rows copied in this process in %.1f s while Spark started", self._label,
-                     len(self._results), sum(r.rows for r in self._results), time.monotonic() - self._t0)
+            log.info("%s: %d chunk(s), %d rows copied in this process (%d thread(s)) in %.1f s", self._label,
+                     len(self._results), sum(r.rows for r in self._results), len(self._threads),
+                     time.monotonic() - self._t0)
         return self._results, list(self._pending)
+
+
+def local_threads(job: SnapshotJob) -> int:
+    """Threads of a copy without Spark (``SnapshotJob.local``): as many as a ``local[N]``/``local[*]`` master's
+    cores, since Spark would run as many tasks on the same machine; 1 for SQLite (one writer) and other masters."""
+    if job.sink.lower().startswith("sqlite:"):
+        return 1
+    m = re.fullmatch(r"local\[(\d+|\*)(?:,\s*\d+)?\]", job.spark_master.strip())
+    if m is None:
+        return 1
+    return (os.cpu_count() or 1) if m.group(1) == "*" else max(1, int(m.group(1)))
 
 
 def _report(job: SnapshotJob, report: CopyReport, results: list[ChunkResult]) -> CopyReport:
