@@ -39,7 +39,7 @@ from cdc.errors import SinkError, TidewaterError
 from cdc.events import TableSchema
 from cdc.snapshot import PG_COPY_TEXT, ChunkMarker, CopyText
 from sinks.sql.binding import K_INSERT, Binding, KnownTable
-from sinks.sql.bulk import READ_SIZE, Blocks, type_refusal
+from sinks.sql.bulk import READ_SIZE, Blocks, target_types, type_refusal
 from sinks.sql.catalog import run_ddl
 from sinks.sql.ddl import TargetTable, create_schema_sql, create_table_sql, plan_table
 from sinks.sql.engine import abandon
@@ -110,8 +110,26 @@ def create_target(sink: SQLSink, schema: TableSchema) -> None:
         if t.schema is not None:
             run_ddl(sink, conn, create_schema_sql(t.schema, preparer))
         run_ddl(sink, conn, create_table_sql(keyless, sink.dialect, preparer))
+        _check_columns(sink, conn, t)
     log.info("%s: created table %s without its primary key (built after the copy)", sink._where(),
              sink.target_name(schema.name))
+
+
+def _check_columns(sink: SQLSink, conn: Any, t: TargetTable) -> None:
+    """The table (created now, or found: ``IF NOT EXISTS``) has exactly the planned columns and types, as the COPY
+    passthrough requires, and no primary key on other columns; else ``SinkError`` (something else created it)."""
+    cur = conn.connection.dbapi_connection.cursor()
+    try:
+        name = sink._statements().table(t) % ()
+        actual = target_types(cur, name)
+        pk = _primary_key(cur, name)
+    finally:
+        cur.close()
+    planned = {c.name: c.ddl_type for c in t.columns}
+    if actual != planned or (pk is not None and tuple(pk) != t.key):
+        raise SinkError(f"table {name}: the copy was to create it without its key, but it exists as "
+                        f"{actual} (primary key {pk}) instead of {planned}: it was created behind the copy; drop it "
+                        "and resync the table")
 
 
 def read_markers(sink: SQLSink, changefeed: str, span: int, table: str) -> dict[int, ChunkMarker]:
@@ -236,7 +254,7 @@ def build_key(sink: SQLSink, schema: TableSchema, changefeed: str, span: int,
                                 f"table {label}: building its primary key after the copy failed: "
                                 f"{' '.join(str(exc).split())}. The copy's proof that no chunk landed twice is "
                                 "broken (or the table was written during the copy): the target differs from the "
-                                "upstream; truncate the table and resync it (cdc cli changefeed snapshot --table "
+                                "upstream; drop the target table and resync it (cdc cli changefeed snapshot --table "
                                 f"{schema.name})", cause=exc) from None
                     cur.execute(f"DELETE FROM {_M} WHERE changefeed = %s AND span = %s AND table_name = %s",
                                 (changefeed, span, str(schema.name)))

@@ -232,3 +232,21 @@ def test_a_target_that_exists_keeps_its_key_while_copied(pg_server: Any, pg_data
         finally:
             client.close()
         _equal(pg_server, pg_database, exp.snapshot, pg_server.uri(target))
+
+
+def test_a_table_created_behind_the_copy_is_refused(pg_server: Any, pg_database: str, targets: list[str],
+                                                    etcd_server: Any, cluster_id: str) -> None:
+    _load(pg_server, pg_database)
+    target = targets[0]
+    with exported_snapshot(pg_server, pg_database) as exp:
+        job = _job(pg_server, pg_database, target, exp, etcd_server.url, cluster_id, "cf-behind")
+        client = EtcdClient([etcd_server.url])
+        try:
+            plan_tasks(job, SnapshotProgressStore(client, cluster_id), "", [])  # the key is owed from here on
+        finally:
+            client.close()
+        # someone else's table of that name, of other types (the passthrough would store other values)
+        execute(pg_server, target, "DROP TABLE public.big",
+                "CREATE TABLE public.big (id bigint NOT NULL, k bigint, c text, pad text, ts timestamptz)")
+        with pytest.raises(SinkError, match=r"public.*big.*created behind the copy"):
+            run(job)
