@@ -148,3 +148,39 @@ def test_a_span_never_streams_a_table_whose_key_is_owed() -> None:
     copy.progress = _Progress({T: _plan(KEY_DEFERRED)})  # type: ignore[assignment]
     with pytest.raises(SinkError, match=r"public\.big.*primary key"):
         copy._check_keys_built([T])
+
+
+class _Reader:
+    def __enter__(self) -> _Reader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+
+class _Upstream:
+    def snapshot_reader(self, snapshot: str, *, label: str = "") -> _Reader:
+        return _Reader()
+
+
+class _PlannedProgress(_Progress):
+    def __init__(self, plans: dict[TableName, TablePlan], done: dict[TableName, int]) -> None:
+        super().__init__(plans)
+        self.done = done
+
+    def done_chunks(self, cf: str, span: int, table: TableName) -> dict[int, ChunkDone]:
+        return {i: ChunkDone(100, 1.0, 1.0) for i in range(self.done[table])}
+
+
+def test_a_table_with_every_chunk_done_but_its_key_owed_still_goes_to_the_job() -> None:
+    copy = InitialCopy.__new__(InitialCopy)
+    copy.info = type("I", (), {"id": "cf"})()  # type: ignore[assignment]
+    copy.span = type("S", (), {"index": 0})()  # type: ignore[assignment]
+    copy.label = "cf/0"
+    copy.truncate = None
+    copy.upstream = _Upstream()  # type: ignore[assignment]
+    owed, built, keyed = TableName("public", "owed"), TableName("public", "built"), TableName("public", "keyed")
+    copy.progress = _PlannedProgress(  # type: ignore[assignment]
+        {owed: _plan(KEY_DEFERRED), built: _plan(KEY_BUILT), keyed: _plan("")}, {owed: 4, built: 4, keyed: 4})
+    pending, rows = copy._plan([owed, built, keyed], "snap")
+    assert pending == [owed] and rows == 0  # (a job with nothing to copy: it builds the key)
