@@ -8,7 +8,9 @@ Protocol (docs/snapshot.md, "The copy and the stream"):
    *before* the job may write a row, then has the :class:`CopyLauncher` (the Spark job, launched by the
    capture) copy every table chunk not yet recorded as done, under that snapshot.
 3. When the job succeeds, the run fence is removed (a process of the job that outlived it commits nothing
-   more), each table gets its *floor* and the span's snapshot is ``done``: the span streams from its checkpoint
+   more), every table whose key the copy deferred must have it built (else ``SinkError``: never streamed without
+   its key; such a table counts as pending, so the next run's job builds it), each table gets its *floor* and
+   the span's snapshot is ``done``: the span streams from its checkpoint
    ``S``, and a change of a table at or below its floor is dropped, being in the copy already.
 
 Floors: a keyed table's chunks may have been copied under several snapshots (a run died and another took a new

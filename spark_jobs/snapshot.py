@@ -19,6 +19,12 @@ Runs as its own process, never inside a capture's interpreter. Steps of :func:`r
    for when none is left (a copy of a few seconds does not pay Spark's start-up).
 4. Collect the results: if a chunk failed, raise its error (chunks copied before stay recorded, so running
    the job again copies only the rest).
+5. Tables whose target the copy creates without its primary key (``SnapshotJob.defer_keys``, PostgreSQL:
+   :mod:`spark_jobs.deferred`) are prepared in step 2 (the fact stored in etcd, the table created, chunks committed
+   with a marker but not recorded recorded from it), their chunks commit with markers, and each table's key is built
+   once etcd records all its chunks (during the copy of later tables, the rest after the last chunk); a run with no
+   chunk left still builds a key that is owed.
+A copy without Spark (``SnapshotJob.local``) runs the same task code on :func:`local_threads` threads.
 
 Exit codes of :func:`main`: 0 copied (or nothing left to copy), 1 the job cannot work as given (bad plan, URI,
 table, snapshot: the message says what to fix), 2 a resource is unavailable (retry later), 3 anything else,

@@ -9,7 +9,9 @@ Guarantees:
   for a table wins and is returned to every later caller, so concurrent or repeated jobs agree on the chunks.
 - :meth:`SnapshotProgressStore.record_chunk` is one put, made only after the chunk is durable downstream. A
   crash between the two leaves the chunk unrecorded: it is copied again, which is harmless (keyed rows are
-  upserts; a key-less table's only chunk replaces the table's rows).
+  upserts; a key-less table's only chunk replaces the table's rows), or, for a table whose key is deferred, recorded
+  by the next run from the marker its transaction committed (``sinks.sql.deferred_key``).
+- :meth:`SnapshotProgressStore.set_key_state` moves a plan's ``key_state`` forward only (compare-and-set).
 - Reads are linearizable (etcd); every failure is ``cdc.errors.MetaStoreError``. Thread-safe (stateless
   apart from the client).
 """

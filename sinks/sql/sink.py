@@ -41,7 +41,8 @@ How rows are sent (fastest measured per operation kind, sink alone, sbtest rows,
 Modules: this one owns the sink's state (engine, caches, exactly-once position) and the write transaction;
 ``sinks.sql.engine`` builds the engine per dialect, ``sinks.sql.catalog`` finds, reads and creates target
 tables (bindings, foreign keys), ``sinks.sql.errors`` maps driver errors, ``sinks.sql.writer`` applies one write's changes (windows, net effect from ``sinks.sql.normalize``, order
-from ``sinks.sql.fkgraph``), ``sinks.sql.output`` sends them as statements, ``sinks.sql.binding`` binds a
+from ``sinks.sql.fkgraph``), ``sinks.sql.output`` sends them as statements, ``sinks.sql.bulk`` and
+``sinks.sql.deferred_key`` are the initial copy's COPY passthrough and its tables with the key built after the load, ``sinks.sql.binding`` binds a
 schema version to its table (converters, statements), ``sinks.sql.pipeline`` runs statements in a worker
 thread.
 
