@@ -76,7 +76,7 @@ class SparkCopyLauncher:
                           cluster=self.cluster_id, snapshot=request.snapshot, commit_ts=request.commit_ts,
                           commit_time=request.commit_time, chunk_rows=request.chunk_rows,
                           spark_master=request.spark_master, local=request.local,
-                          sink_config=dict(request.sink_config))
+                          sink_config=dict(request.sink_config), defer_keys=request.defer_keys)
         proc = launch.start(job, self.dir, die_with_parent=True)
         try:
             started = time.monotonic()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from cdc.events import TableName
 
-__all__ = ["PG_COPY_TEXT", "ChunkDone", "CopyText", "SnapshotChunk", "SnapshotProgress", "SnapshotRun", "TablePlan",
+__all__ = ["KEY_BUILT", "KEY_DEFERRED", "PG_COPY_TEXT", "ChunkDone", "ChunkMarker", "CopyText", "SnapshotChunk", "SnapshotProgress", "SnapshotRun", "TablePlan",
            "TableProgress", "plan_from_bounds"]
 
 PG_COPY_TEXT = "postgresql-copy-text"
@@ -80,11 +80,23 @@ class SnapshotChunk:
         return f"{self.schema}.{self.table}#{self.index}"
 
 
+KEY_DEFERRED = "deferred"
+"""``TablePlan.key_state``: the copy created the target table without its primary key; each chunk commits with a
+marker row (:class:`ChunkMarker`) and the key is built once every chunk is done (docs/snapshot.md, "The key after
+the load"). The table must not stream before its key is built."""
+KEY_BUILT = "built"
+"""``TablePlan.key_state``: the deferred key was built exactly as streaming creates it and the markers are gone."""
+
+
 @dataclass(frozen=True, slots=True)
 class TablePlan:
     """The chunks of one table, fixed the first time the table is planned for a (changefeed, span) and kept in
     etcd: a re-run (even under a later snapshot) copies the same ranges, so "chunk i is done" stays
-    meaningful. ``rows`` is how many rows the planning snapshot held (for progress and ETA)."""
+    meaningful. ``rows`` is how many rows the planning snapshot held (for progress and ETA).
+
+    ``key_state``: ``""`` (the target keeps its key while chunks arrive: a chunk copied twice is upserted),
+    :data:`KEY_DEFERRED` or :data:`KEY_BUILT`. It only moves ``"" -> deferred -> built`` (compare-and-set in etcd),
+    and ``deferred`` is stored before the key-less target table is created."""
 
     schema: str
     table: str
@@ -92,6 +104,7 @@ class TablePlan:
     chunk_rows: int
     chunks: tuple[SnapshotChunk, ...]
     has_key: bool = True
+    key_state: str = ""
 
     @property
     def table_name(self) -> TableName:
@@ -127,6 +140,24 @@ class ChunkDone:
     rows: int
     seconds: float
     finished_at: float
+    snapshot: str | None = None
+    commit_ts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkMarker:
+    """The row a chunk of a table whose key is deferred commits in the target, in the same transaction as the
+    chunk's rows (``sinks.sql.deferred_key``). The marker table's primary key is (changefeed, span, table, chunk),
+    so at most one transaction per chunk ever commits: the proof that no chunk lands twice while the target table
+    has no key. ``run`` is the job run that wrote it; ``rows``, ``snapshot`` and ``commit_ts`` are what its
+    :class:`ChunkDone` records (a resumed run records a chunk from its marker when etcd missed it)."""
+
+    changefeed: str
+    span: int
+    table: str
+    chunk: int
+    run: str = ""
+    rows: int = 0
     snapshot: str | None = None
     commit_ts: int = 0
 

@@ -390,7 +390,8 @@ class Processor:
         return InitialCopy(info, span, upstream, progress, self._copy_launcher,
                            self._persist_snapshot(info.id, span.index), state,
                            chunk_rows=config.snapshot.chunk_rows, spark_master=config.snapshot.spark_master,
-                           label=label, spark_min_rows=config.snapshot.spark_min_rows, truncate=truncate)
+                           label=label, spark_min_rows=config.snapshot.spark_min_rows, truncate=truncate,
+                           defer_keys=truncate is None and config.snapshot.on_existing_rows != "merge")
 
     @staticmethod
     def _take_up_table_copies(info: ChangefeedInfo, span: int, state: SpanSnapshot | None,

@@ -8,7 +8,9 @@ Protocol (docs/snapshot.md, "The copy and the stream"):
    *before* the job may write a row, then has the :class:`CopyLauncher` (the Spark job, launched by the
    capture) copy every table chunk not yet recorded as done, under that snapshot.
 3. When the job succeeds, the run fence is removed (a process of the job that outlived it commits nothing
-   more), each table gets its *floor* and the span's snapshot is ``done``: the span streams from its checkpoint
+   more), every table whose key the copy deferred must have it built (else ``SinkError``: never streamed without
+   its key; such a table counts as pending, so the next run's job builds it), each table gets its *floor* and
+   the span's snapshot is ``done``: the span streams from its checkpoint
    ``S``, and a change of a table at or below its floor is dropped, being in the copy already.
 
 Floors: a keyed table's chunks may have been copied under several snapshots (a run died and another took a new
@@ -28,17 +30,22 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cdc.errors import InvalidArgument, TidewaterError
+from cdc.errors import InvalidArgument, SinkError, TidewaterError
 from cdc.events import TableName
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.model import ChangefeedInfo, SpanInfo, SpanSnapshot
-from cdc.snapshot import ChunkDone
+from cdc.snapshot import KEY_DEFERRED, ChunkDone, TablePlan
 from upstream.base import Upstream
 
 log = logging.getLogger(__name__)
+
+
+PLAN_READERS = 4
+"""Upstream connections that plan a span's new tables in parallel (each imports the run's exported snapshot)."""
 
 
 class CopyStopped(TidewaterError):
@@ -71,6 +78,9 @@ class CopyRequest:
     spark_master: str
     local: bool = False  # small enough to copy without starting Spark (in the job's own process)
     sink_config: dict[str, Any] = field(default_factory=dict)  # the changefeed's [sink] (e.g. Kafka dispatchers)
+    # the initial copy (not a table copy, not merge): a keyed table whose target does not exist yet may be created
+    # without its key, built after the load (docs/snapshot.md, "The key after the load")
+    defer_keys: bool = False
 
 
 class CopyLauncher(Protocol):
@@ -106,7 +116,7 @@ class InitialCopy:
     def __init__(self, info: ChangefeedInfo, span: SpanInfo, upstream: Upstream, progress: SnapshotProgressStore,
                  launcher: CopyLauncher, persist: Callable[[SpanSnapshot], None], state: SpanSnapshot | None,
                  *, chunk_rows: int, spark_master: str, label: str, spark_min_rows: int = 0,
-                 truncate: Callable[[Sequence[TableName]], None] | None = None) -> None:
+                 truncate: Callable[[Sequence[TableName]], None] | None = None, defer_keys: bool = False) -> None:
         self.info = info
         self.span = span
         self.upstream = upstream
@@ -119,6 +129,7 @@ class InitialCopy:
         self.spark_min_rows = spark_min_rows
         self.label = label
         self.truncate = truncate
+        self.defer_keys = defer_keys and truncate is None
 
     def __call__(self, stop: threading.Event, gate: StreamGate | None = None) -> dict[str, int]:
         """Copy what is left; return the floors (table -> Ts) once the span's snapshot is done. ``gate``: the
@@ -147,7 +158,8 @@ class InitialCopy:
                     request = CopyRequest(self.info.id, self.span.index, self.info.upstream_uri, self.info.sink_uri,
                                           tuple(pending), exp.name, exp.ts, exp.time, self.chunk_rows,
                                           self.spark_master, local=rows < self.spark_min_rows,
-                                          sink_config=dict(self.info.config.get("sink") or {}))
+                                          sink_config=dict(self.info.config.get("sink") or {}),
+                                          defer_keys=self.defer_keys and gate is None)
                     log.info("span=%s copying %d table(s) under snapshot %s (Ts %d)", self.label, len(pending),
                              exp.name, exp.ts)
                     try:
@@ -158,6 +170,7 @@ class InitialCopy:
                         self.progress.end_run(self.info.id, self.span.index)
                         raise
             self.progress.end_run(self.info.id, self.span.index)  # a late process of the job commits nothing more
+        self._check_keys_built(tables)
         floors = {**kept, **self.floors(tables)}
         self.state = dataclasses.replace(self.state, phase="done", floors=floors)
         self.persist(self.state)
@@ -196,37 +209,71 @@ class InitialCopy:
                 raise CopyStopped(f"span {self.label} stopped while its table copy waited for the stream")
 
     def _plan(self, tables: Sequence[TableName], snapshot: str) -> tuple[list[TableName], int]:
-        """The tables with chunks left to copy, and about how many rows those chunks hold (as planned). A table
-        planned now (the first run to see it) is planned under
-        ``snapshot`` and its plan stored (the job takes it as it is); one that is empty at ``snapshot`` is
-        recorded as copied right away, so that a span of empty tables starts no job at all."""
+        """The tables with chunks left to copy (or a deferred key to build), and about how many rows those chunks
+        hold (as planned). A table planned now (the first run to see it) is planned under ``snapshot`` and its plan
+        stored (the job takes it as it is); one that is empty at ``snapshot`` is recorded as copied right away, so
+        that a span of empty tables starts no job at all. Tables are planned in parallel, each reader importing
+        ``snapshot`` (:data:`PLAN_READERS` connections): planning is an index scan per table on the upstream."""
         cf, span = self.info.id, self.span.index
+        plans: dict[TableName, TablePlan | None] = {t: self.progress.get_plan(cf, span, t) for t in tables}
+        new = [t for t in tables if plans[t] is None]
+        if new:
+            # a table copy truncates targets through the span's sink (one caller): one reader, in order
+            readers = 1 if self.truncate is not None else min(PLAN_READERS, len(new))
+            groups = [new[i::readers] for i in range(readers)]
+            if readers == 1:
+                plans.update(self._plan_new(groups[0], snapshot))
+            else:
+                with ThreadPoolExecutor(readers, thread_name_prefix="tidewater-plan") as pool:
+                    for got in pool.map(lambda g: self._plan_new(g, snapshot), groups):
+                        plans.update(got)
         pending: list[TableName] = []
         rows = 0
+        for t in tables:
+            stored = plans[t]
+            if stored is None:  # empty at the snapshot: recorded as copied
+                continue
+            done = len(self.progress.done_chunks(cf, span, t))
+            if done < len(stored.chunks) or stored.key_state == KEY_DEFERRED:  # (the job builds the key)
+                pending.append(t)
+                rows += stored.rows * (len(stored.chunks) - done) // len(stored.chunks)
+        return pending, rows
+
+    def _plan_new(self, tables: Sequence[TableName], snapshot: str) -> dict[TableName, TablePlan | None]:
+        """Plan ``tables`` (not planned yet) under ``snapshot`` on one reader and store their plans; a table empty
+        at the snapshot gets its chunks recorded as done and None."""
+        cf, span = self.info.id, self.span.index
+        out: dict[TableName, TablePlan | None] = {}
         with self.upstream.snapshot_reader(snapshot, label=self.label) as reader:
             for t in tables:
-                stored = self.progress.get_plan(cf, span, t)
-                if stored is None:
-                    schema = reader.table_schema(t)
-                    if self.truncate is not None and schema.has_key:
-                        # a table copy replaces the rows: extra rows downstream go too (before the plan is
-                        # stored: a run that dies in between empties it again; a key-less table's single chunk
-                        # replaces its rows itself)
-                        self.truncate([t])
-                    plan = reader.plan(schema, self.chunk_rows)
-                    stored = self.progress.put_plan(cf, span, plan)
-                    if stored is plan and plan.rows == 0:
-                        reader.release()
-                        now = time.time()
-                        for chunk in plan.chunks:
-                            self.progress.record_chunk(cf, span, t, chunk.index, ChunkDone(0, 0.0, now, snapshot))
-                        continue
+                schema = reader.table_schema(t)
+                if self.truncate is not None and schema.has_key:
+                    # a table copy replaces the rows: extra rows downstream go too (before the plan is
+                    # stored: a run that dies in between empties it again; a key-less table's single chunk
+                    # replaces its rows itself)
+                    self.truncate([t])
+                plan = reader.plan(schema, self.chunk_rows)
+                stored = self.progress.put_plan(cf, span, plan)
                 reader.release()  # no lock held on this table while the next one is read (deadlocks)
-                done = len(self.progress.done_chunks(cf, span, t))
-                if done < len(stored.chunks):
-                    pending.append(t)
-                    rows += stored.rows * (len(stored.chunks) - done) // len(stored.chunks)
-        return pending, rows
+                if stored is plan and plan.rows == 0:
+                    now = time.time()
+                    for chunk in plan.chunks:
+                        self.progress.record_chunk(cf, span, t, chunk.index, ChunkDone(0, 0.0, now, snapshot))
+                    out[t] = None
+                    continue
+                out[t] = stored
+        return out
+
+    def _check_keys_built(self, tables: Sequence[TableName]) -> None:
+        """Streaming must never start on a table whose key the copy deferred and did not build (replays are
+        idempotent only by key): the job builds it after the table's last chunk; a job that returned without doing
+        so is a bug, and fails the changefeed naming the table."""
+        for t in tables:
+            plan = self.progress.get_plan(self.info.id, self.span.index, t)
+            if plan is not None and plan.key_state == KEY_DEFERRED:
+                raise SinkError(f"span {self.label}: the copy of table {t} deferred its primary key and the job ended "
+                                "without building it; the table cannot stream without its key. Resume the changefeed "
+                                "(the next run builds it) or resync the table")
 
     def _keyless_copied_at(self, table: TableName) -> int | None:
         """The Ts of the exported snapshot a key-less table's single chunk was committed under (None: not copied

@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cdc.config import SinkConfig  # noqa: E402
 from cdc.filter import TableFilter  # noqa: E402
 from cdc.ts import Watermark  # noqa: E402
-from processor.mounter import Mounter  # noqa: E402
 from processor.batcher import TxnBatcher  # noqa: E402
+from processor.mounter import Mounter  # noqa: E402
 from sinks.sql.sink import SQLSink  # noqa: E402
 from sorter.leveldb import LevelDBSorter  # noqa: E402
 from upstream.postgres import pgoutput  # noqa: E402

@@ -63,10 +63,10 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar
 
 from cdc.config import DdlConfig
-from cdc.errors import DdlRejected
+from cdc.errors import DdlRejected, SinkError
 from cdc.events import DdlEvent, RowChange, TableName, TableSchema
 from cdc.model import DataWarning
-from cdc.snapshot import CopyText
+from cdc.snapshot import ChunkMarker, CopyText
 from cdc.ts import Watermark
 
 RowSource = Callable[[TableSchema, Sequence[tuple[Any, ...]]], list[dict[str, Any] | None]]
@@ -143,6 +143,40 @@ class Sink(ABC):
         with ``write``. ``open_text`` is called only when the text may be used (its blocks may be left unread).
         Default: never (None, ``open_text`` not called)."""
         return None
+
+    def defer_key_refusal(self, schema: TableSchema) -> str | None:
+        """Why the initial copy of ``schema`` cannot create its target table without the primary key and build the
+        key after the load (None: it can, provided the target table does not exist yet: :meth:`copy_target_exists`).
+        A sink that can (PostgreSQL: ``sinks.sql.deferred_key``) implements :meth:`create_deferred_target`,
+        :meth:`copy_markers`, :meth:`write_marked_chunk` and :meth:`build_deferred_key` with the guarantees stated
+        there: every chunk commits at most once, with its marker; the key is built exactly as streaming creates it.
+        Default: never."""
+        return "this sink keeps the key while chunks arrive"
+
+    def copy_target_exists(self, schema: TableSchema) -> bool:
+        """Whether ``schema``'s target table exists. Default: True (nothing is created by the copy)."""
+        return True
+
+    def create_deferred_target(self, schema: TableSchema) -> None:
+        """Create ``schema``'s target table without its primary key (and the marker table), if missing."""
+        raise SinkError("this sink cannot defer a table's key")
+
+    def copy_markers(self, changefeed: str, span: int, table: TableName) -> dict[int, ChunkMarker]:
+        """The chunks of ``table`` committed with a marker and not yet cleared by :meth:`build_deferred_key`."""
+        return {}
+
+    def write_marked_chunk(self, schema: TableSchema, open_text: Callable[[], CopyText | None], marker: ChunkMarker,
+                           fence: Callable[[], None] | None = None) -> tuple[int, bool]:
+        """Write one chunk of a table whose key is deferred together with its ``marker``, in one transaction; return
+        (rows, False), or (rows of the committed marker, True) when that chunk was committed before (nothing
+        written now)."""
+        raise SinkError("this sink cannot defer a table's key")
+
+    def build_deferred_key(self, schema: TableSchema, changefeed: str, span: int,
+                           fence: Callable[[], None] | None = None) -> bool:
+        """Build the primary key of ``schema``'s target table as streaming creates it and delete its markers, in one
+        transaction; idempotent (False: the key was there already). A duplicate key raises ``SinkError``."""
+        raise SinkError("this sink cannot defer a table's key")
 
     def truncate_targets(self, tables: Sequence[TableName]) -> None:  # noqa: B027 - optional hook
         """Empty the targets of ``tables`` that exist (``on-existing-rows = "truncate"``), in one transaction

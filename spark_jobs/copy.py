@@ -17,6 +17,10 @@ Guarantees of :func:`copy_chunks` (per task, in order):
 - The downstream commit is fenced: ``Sink.write``'s ``fence`` checks, right before the commit, that the task's
   run is still the span's current run in etcd (:meth:`SnapshotProgressStore.check_run`); a run superseded by a
   newer one, or ended before streaming, commits nothing more (``SnapshotSuperseded``).
+- A chunk of a table whose key is deferred (``ChunkTask.deferred``: the copy created the target table without its
+  primary key) is written as text together with its marker row (``Sink.write_marked_chunk``): the marker's key
+  lets at most one transaction per chunk commit, so a chunk committed but not recorded is not written again (its
+  marker's rows are recorded instead). There is no parsed fallback for it (no key to upsert by).
 - Only after ``write`` returned is the chunk recorded in etcd (:class:`cdc.snapshot.ChunkDone`); a crash in
   between leaves it unrecorded, and copying it again is harmless (upserts by key; the whole-table replace).
 - Nothing is raised for a chunk that fails: the task stops there and returns a :class:`ChunkResult` with the
@@ -38,7 +42,7 @@ from cdc.errors import TidewaterError
 from cdc.events import OpType, RowChange, TableSchema
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
-from cdc.snapshot import ChunkDone, SnapshotChunk
+from cdc.snapshot import ChunkDone, ChunkMarker, SnapshotChunk
 from cdc.uri import redact_text
 from sinks.base import Sink
 from sinks.factory import open_sink
@@ -57,6 +61,7 @@ class ChunkTask:
     schema: TableSchema
     chunk: SnapshotChunk
     run_id: str = ""
+    deferred: bool = False  # the target table's key is deferred: the chunk commits with its marker (text only)
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,15 @@ def copy_chunk(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Calla
                ) -> tuple[int, bool]:
     """:func:`copy_one`, and whether the chunk went as text (``Sink.write_copy_text``) rather than parsed."""
     job, schema, chunk = task.job, task.schema, task.chunk
+    if task.deferred:  # no key to upsert by: the chunk and its marker in one transaction, at most once (as text)
+        marker = ChunkMarker(job.changefeed, job.span, str(chunk.table_name), chunk.index, task.run_id,
+                             snapshot=job.snapshot, commit_ts=job.commit_ts if job.snapshot is not None else 0)
+        try:
+            written, _already = sink.write_marked_chunk(schema, lambda: reader.read_chunk_text(schema, chunk), marker,
+                                                        fence)
+        finally:
+            reader.release()
+        return written, True
     try:  # the rows as text, unparsed, where the sink stores them exactly as parsed rows (Sink.write_copy_text)
         written = sink.write_copy_text(schema, lambda: reader.read_chunk_text(schema, chunk), fence,
                                        replace=chunk.whole)

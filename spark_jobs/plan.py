@@ -67,6 +67,10 @@ class SnapshotJob:
     # the changefeed's [sink] settings (as stored): the copy writes with the same sink configuration as the
     # stream (a Kafka sink's dispatcher rules)
     sink_config: dict[str, Any] = field(default_factory=dict)
+    # a keyed table whose target does not exist when it is first planned is created without its primary key, its
+    # chunks commit with markers and the key is built after its last chunk (docs/snapshot.md, "The key after the
+    # load"); only for the initial copy (never a table copy, a resync or a merge into existing tables)
+    defer_keys: bool = False
 
     def __post_init__(self) -> None:
         try:

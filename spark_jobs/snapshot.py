@@ -19,6 +19,12 @@ Runs as its own process, never inside a capture's interpreter. Steps of :func:`r
    for when none is left (a copy of a few seconds does not pay Spark's start-up).
 4. Collect the results: if a chunk failed, raise its error (chunks copied before stay recorded, so running
    the job again copies only the rest).
+5. Tables whose target the copy creates without its primary key (``SnapshotJob.defer_keys``, PostgreSQL:
+   :mod:`spark_jobs.deferred`) are prepared in step 2 (the fact stored in etcd, the table created, chunks committed
+   with a marker but not recorded recorded from it), their chunks commit with markers, and each table's key is built
+   once etcd records all its chunks (during the copy of later tables, the rest after the last chunk); a run with no
+   chunk left still builds a key that is owed.
+A copy without Spark (``SnapshotJob.local``) runs the same task code on :func:`local_threads` threads.
 
 Exit codes of :func:`main`: 0 copied (or nothing left to copy), 1 the job cannot work as given (bad plan, URI,
 table, snapshot: the message says what to fix), 2 a resource is unavailable (retry later), 3 anything else,
@@ -33,8 +39,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -50,9 +58,12 @@ from cdc.errors import InvalidArgument, TidewaterError, error_for_code
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.procs import end_children
-from cdc.snapshot import SnapshotRun
+from cdc.snapshot import KEY_DEFERRED, SnapshotRun
+from cdc.uri import parse_sink_uri
+from sinks.base import Sink
 from sinks.factory import open_sink
 from spark_jobs.copy import ChunkResult, ChunkTask, copy_chunks, one_line
+from spark_jobs.deferred import KeyBuilder, OwedKey, prepare_table
 from spark_jobs.plan import SnapshotJob, read_job
 from spark_jobs.session import spark_session
 from upstream import open_upstream
@@ -80,11 +91,15 @@ class CopyReport:
         return sum(self.rows.values())
 
 
-def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "") -> tuple[list[ChunkTask], int]:
-    """The job's pending chunks (not recorded as done) and the number of chunks in its tables' plans."""
+def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "",
+               owed: list[OwedKey] | None = None) -> tuple[list[ChunkTask], int]:
+    """The job's pending chunks (not recorded as done) and the number of chunks in its tables' plans. Tables whose
+    key is (or now becomes) deferred are prepared (``spark_jobs.deferred.prepare_table``: target created, chunks
+    committed with a marker recorded) and appended to ``owed``."""
     tasks: list[ChunkTask] = []
     total = 0
     upstream = open_upstream(job.upstream)
+    sink: Sink | None = None
     try:
         with upstream.snapshot_reader(job.snapshot, label=job.label) as reader:
             for name in job.table_names:
@@ -94,14 +109,29 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "")
                     plan = store.put_plan(job.changefeed, job.span, reader.plan(schema, job.chunk_rows))
                 reader.release()  # no lock kept on one table while the next is read: it could deadlock the app's DDL
                 done = store.done_chunks(job.changefeed, job.span, name)
+                if (job.defer_keys and plan.key_state == "" and _may_defer(job)) or plan.key_state == KEY_DEFERRED:
+                    if sink is None:
+                        sink = open_sink(job.sink, job.sink_settings)
+                    plan = prepare_table(job, sink, store, schema, plan, done)
+                deferred = plan.key_state == KEY_DEFERRED
+                if deferred and owed is not None:
+                    owed.append(OwedKey(schema, plan))
                 pending = [c for c in plan.chunks if c.index not in done]
-                log.info("%s: table %s: %d rows planned, %d/%d chunks done", job.label, name, plan.rows,
-                         len(plan.chunks) - len(pending), len(plan.chunks))
+                log.info("%s: table %s: %d rows planned, %d/%d chunks done%s", job.label, name, plan.rows,
+                         len(plan.chunks) - len(pending), len(plan.chunks), ", key deferred" if deferred else "")
                 total += len(plan.chunks)
-                tasks.extend(ChunkTask(job, schema, c, run_id) for c in pending)
+                tasks.extend(ChunkTask(job, schema, c, run_id, deferred) for c in pending)
     finally:
         upstream.close()
+        if sink is not None:
+            sink.close()
     return tasks, total
+
+
+def _may_defer(job: SnapshotJob) -> bool:
+    """Whether the job's sink may build keys after the load at all (PostgreSQL, ``sinks.sql.deferred_key``): other
+    sinks are not even opened to ask."""
+    return parse_sink_uri(job.sink).scheme in ("postgresql", "postgres")
 
 
 def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
@@ -115,13 +145,33 @@ def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
     run = SnapshotRun(uuid.uuid4().hex, time.time(), socket.gethostname(), os.getpid())
     run_id = run.run_id
     client = EtcdClient(list(job.etcd))
+    owed: list[OwedKey] = []
     try:
         store = SnapshotProgressStore(client, job.cluster)
-        tasks, total = plan_tasks(job, store, run_id)
-        if tasks:  # from now on only this run commits chunks of the span (an older one still alive is fenced)
+        if job.defer_keys:  # fence out an older run before tables are found missing and created key-less
+            store.begin_run(job.changefeed, job.span, run)
+        tasks, total = plan_tasks(job, store, run_id, owed)
+        if (tasks or owed) and not job.defer_keys:  # from now on only this run commits chunks of the span
             store.begin_run(job.changefeed, job.span, run)
     finally:
         client.close()
+    keys = KeyBuilder(job, owed, run_id).start()  # a table's key is built once its last chunk is recorded
+    try:
+        report = _copy(job, spark, run, tasks, total)
+    except BaseException:
+        with contextlib.suppress(Exception):  # the copy's error is the one to report
+            keys.finish(copied=False)
+        raise
+    built = keys.finish(copied=True)  # every chunk is copied (else _copy raised): the keys still owed
+    if built:
+        log.info("%s: built the primary key of %d table(s) after their copy: %s", job.label, len(built),
+                 ", ".join(built))
+    return report
+
+
+def _copy(job: SnapshotJob, spark: Any, run: SnapshotRun, tasks: list[ChunkTask], total: int) -> CopyReport:
+    """Copy ``tasks`` (locally, or in Spark with the driver copying while it starts); raise the first failure."""
+    run_id = run.run_id
     report = CopyReport(chunks_total=total, chunks_skipped=total - len(tasks))
     if job.snapshot is None:
         report.unaligned_keyless = sorted({str(t.chunk.table_name) for t in tasks if t.chunk.whole})
@@ -133,10 +183,17 @@ def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:
         log.info("%s: nothing to copy (%d chunks already done)", job.label, total)
         return report
     if job.local and spark is None:  # too small for a JVM: the same task code, in this process, in order
-        log.info("%s: run %s copying %d chunk(s) of %d in this process (small copy, no Spark)", job.label, run_id,
-                 len(tasks), total)
+        threads = local_threads(job)
+        log.info("%s: run %s copying %d chunk(s) of %d in this process on %d thread(s) (no Spark)", job.label,
+                 run_id, len(tasks), total, threads)
         t0 = time.monotonic()
-        results: list[ChunkResult] = list(copy_chunks(iter(tasks)))
+        idle = threading.Event()
+        copier = CopyWhileStarting(tasks, job.label, on_idle=idle.set, threads=threads)
+        copier.start()
+        try:
+            idle.wait()
+        finally:
+            results, _left = copier.finish()  # (left: only after a failure, which is raised)
         report.seconds = time.monotonic() - t0
         return _report(job, report, results)
     t0 = time.monotonic()
@@ -220,47 +277,75 @@ class _SparkStarter:
 
 
 class CopyWhileStarting:
-    """Copies chunks in this process (:func:`copy_chunks`, one upstream reader, sink and etcd client, on a thread)
-    from the front of the pending list while the SparkSession starts; :meth:`finish` lets the chunk in progress end
-    (no chunk is left half written: each is one downstream transaction, recorded after its commit) and returns the
-    results and the chunks left for Spark. A failed chunk stops it (its result carries the error). ``on_idle`` is
-    called when it stops by itself (no chunk left, or one failed)."""
+    """Copies chunks in this process (:func:`copy_chunks` on ``threads`` threads, each with its own upstream reader,
+    sink and etcd client) from the front of the pending list while the SparkSession starts, or, for a copy without
+    Spark, all of them; :meth:`finish` lets the chunks in progress end (no chunk is left half written: each is one
+    downstream transaction, recorded after its commit) and returns the results and the chunks left for Spark. A
+    failed chunk stops every thread (its result carries the error). ``on_idle`` is called when all threads stopped
+    by themselves (no chunk left, or one failed)."""
 
     def __init__(self, tasks: list[ChunkTask], label: str,
                  copy: Callable[[Iterator[ChunkTask]], Iterator[ChunkResult]] = copy_chunks,
-                 on_idle: Callable[[], None] | None = None) -> None:
+                 on_idle: Callable[[], None] | None = None, threads: int = 1) -> None:
         self._copy = copy
         self._on_idle = on_idle
         self._pending = collections.deque(tasks)
         self._label = label
         self._stop = threading.Event()
         self._results: list[ChunkResult] = []
-        self._thread = threading.Thread(target=self._run, name="tidewater-copy-while-spark-starts", daemon=True)
+        self._lock = threading.Lock()
+        self._running = n = max(1, min(threads, len(tasks)))
+        self._threads = [threading.Thread(target=self._run, name=f"tidewater-copy-in-driver-{i}", daemon=True)
+                         for i in range(n)]
         self._t0 = 0.0
 
     def _take(self) -> Iterator[ChunkTask]:
-        while not self._stop.is_set() and self._pending:
-            yield self._pending.popleft()
+        while not self._stop.is_set():
+            try:
+                task = self._pending.popleft()
+            except IndexError:
+                return
+            yield task
 
     def _run(self) -> None:
         try:
             for r in self._copy(self._take()):
-                self._results.append(r)
+                with self._lock:
+                    self._results.append(r)
+                if r.error is not None:
+                    self._stop.set()  # the other threads take no further chunk
         finally:  # every chunk copied, a chunk failed, or stopped
-            if self._on_idle is not None:
+            with self._lock:
+                self._running -= 1
+                last = self._running == 0
+            if last and self._on_idle is not None:
                 self._on_idle()
 
     def start(self) -> None:
         self._t0 = time.monotonic()
-        self._thread.start()
+        for t in self._threads:
+            t.start()
 
     def finish(self) -> tuple[list[ChunkResult], list[ChunkTask]]:
         self._stop.set()
-        self._thread.join()
+        for t in self._threads:
+            t.join()
         if self._results:
-            log.info("%s: %d chunk(s), %d rows copied in this process in %.1f s while Spark started", self._label,
-                     len(self._results), sum(r.rows for r in self._results), time.monotonic() - self._t0)
+            log.info("%s: %d chunk(s), %d rows copied in this process (%d thread(s)) in %.1f s", self._label,
+                     len(self._results), sum(r.rows for r in self._results), len(self._threads),
+                     time.monotonic() - self._t0)
         return self._results, list(self._pending)
+
+
+def local_threads(job: SnapshotJob) -> int:
+    """Threads of a copy without Spark (``SnapshotJob.local``): as many as a ``local[N]``/``local[*]`` master's
+    cores, since Spark would run as many tasks on the same machine; 1 for SQLite (one writer) and other masters."""
+    if job.sink.lower().startswith("sqlite:"):
+        return 1
+    m = re.fullmatch(r"local\[(\d+|\*)(?:,\s*\d+)?\]", job.spark_master.strip())
+    if m is None:
+        return 1
+    return (os.cpu_count() or 1) if m.group(1) == "*" else max(1, int(m.group(1)))
 
 
 def _report(job: SnapshotJob, report: CopyReport, results: list[ChunkResult]) -> CopyReport:

@@ -9,13 +9,16 @@ Guarantees:
   for a table wins and is returned to every later caller, so concurrent or repeated jobs agree on the chunks.
 - :meth:`SnapshotProgressStore.record_chunk` is one put, made only after the chunk is durable downstream. A
   crash between the two leaves the chunk unrecorded: it is copied again, which is harmless (keyed rows are
-  upserts; a key-less table's only chunk replaces the table's rows).
+  upserts; a key-less table's only chunk replaces the table's rows), or, for a table whose key is deferred, recorded
+  by the next run from the marker its transaction committed (``sinks.sql.deferred_key``).
+- :meth:`SnapshotProgressStore.set_key_state` moves a plan's ``key_state`` forward only (compare-and-set).
 - Reads are linearizable (etcd); every failure is ``cdc.errors.MetaStoreError``. Thread-safe (stateless
   apart from the client).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 
@@ -26,7 +29,15 @@ from cdc.meta import keys
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.keys import KeyKind
 from cdc.meta.kv import KV, Compare, Op
-from cdc.snapshot import ChunkDone, SnapshotProgress, SnapshotRun, TablePlan, TableProgress
+from cdc.snapshot import (
+    KEY_BUILT,
+    KEY_DEFERRED,
+    ChunkDone,
+    SnapshotProgress,
+    SnapshotRun,
+    TablePlan,
+    TableProgress,
+)
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +98,24 @@ class SnapshotProgressStore:
         if stored is None:  # deleted in between (changefeed removed): nothing to agree with
             raise MetaStoreError(f"snapshot plan of {plan.table_name} vanished while it was being stored")
         return stored
+
+    def set_key_state(self, cf: str, span: int, plan: TablePlan, state: str) -> TablePlan:
+        """Move the stored plan of ``plan``'s table from ``plan.key_state`` to ``state`` (compare-and-set on the
+        whole stored value: ``"" -> deferred -> built`` only); return the stored plan afterwards. Raises
+        ``MetaStoreError`` when the stored plan is neither ``plan`` nor already in ``state`` (changed or removed
+        under this run)."""
+        order = ("", KEY_DEFERRED, KEY_BUILT)
+        if order.index(state) != order.index(plan.key_state) + 1:
+            raise ValueError(f"key state of {plan.table_name} cannot move from {plan.key_state!r} to {state!r}")
+        key = keys.snapshot_plan_key(self.cluster_id, cf, span, plan.table_name)
+        new = dataclasses.replace(plan, key_state=state)
+        if self.client.txn([Compare(key, "value", "=", serde.to_json(plan))], [Op.put(key, serde.to_json(new))]):
+            return new
+        stored = self.get_plan(cf, span, plan.table_name)
+        if stored is not None and stored.key_state == state and stored.chunks == plan.chunks:
+            return stored
+        raise MetaStoreError(f"snapshot plan of {plan.table_name} changed while its key state was set to {state!r} "
+                             f"(stored: {'none' if stored is None else repr(stored.key_state)})")
 
     # ---- chunks (tasks)
     def record_chunk(self, cf: str, span: int, table: TableName, chunk: int, done: ChunkDone) -> None:

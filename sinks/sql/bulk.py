@@ -97,7 +97,7 @@ def type_refusal(schema: TableSchema) -> str | None:
     return f"column type(s) not passed through as text: {', '.join(odd)}" if odd else None
 
 
-def _target_types(cur: Any, table: str) -> dict[str, str]:
+def target_types(cur: Any, table: str) -> dict[str, str]:
     cur.execute("SELECT attname, format_type(atttypid, atttypmod) FROM pg_catalog.pg_attribute "
                 "WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped", (table,))
     return {str(n): str(t) for n, t in cur.fetchall()}
@@ -112,7 +112,7 @@ def _verdict(sink: SQLSink, b: Binding, cur: Any) -> str | None:
     if plan.copy is None:
         return "its columns' values are checked one by one (a target numeric scale narrower than upstream's)"
     planned = plan_table(b.schema, "postgresql", target_schema=b.table.schema, target_name=b.table.name)
-    actual = _target_types(cur, sink._statements().table(b.table) % ())  # (% doubled for parameter styles)
+    actual = target_types(cur, sink._statements().table(b.table) % ())  # (% doubled for parameter styles)
     for col in planned.columns:
         have = actual.get(b.colmap[col.name])
         if have != col.ddl_type:
@@ -121,7 +121,7 @@ def _verdict(sink: SQLSink, b: Binding, cur: Any) -> str | None:
     return None
 
 
-class _Blocks:
+class Blocks:
     """``read()`` for ``copy_expert``: the next block of the text (any size), b'' at the end."""
 
     def __init__(self, blocks: Iterator[bytes]) -> None:
@@ -172,7 +172,7 @@ def write_copy_text(sink: SQLSink, schema: TableSchema, open_text: Callable[[], 
                         cur.execute(stmts.truncate(b.table), ())
                     copy_sql = stmts.copy_in(stmts.table(b.table), [b.colmap[n] for n in b.names]) % ()
                     try:
-                        cur.copy_expert(copy_sql, _Blocks(text.blocks), READ_SIZE)
+                        cur.copy_expert(copy_sql, Blocks(text.blocks), READ_SIZE)
                     except Exception as exc:
                         if getattr(exc, "pgcode", None) != UNIQUE_VIOLATION:
                             raise

@@ -41,7 +41,8 @@ How rows are sent (fastest measured per operation kind, sink alone, sbtest rows,
 Modules: this one owns the sink's state (engine, caches, exactly-once position) and the write transaction;
 ``sinks.sql.engine`` builds the engine per dialect, ``sinks.sql.catalog`` finds, reads and creates target
 tables (bindings, foreign keys), ``sinks.sql.errors`` maps driver errors, ``sinks.sql.writer`` applies one write's changes (windows, net effect from ``sinks.sql.normalize``, order
-from ``sinks.sql.fkgraph``), ``sinks.sql.output`` sends them as statements, ``sinks.sql.binding`` binds a
+from ``sinks.sql.fkgraph``), ``sinks.sql.output`` sends them as statements, ``sinks.sql.bulk`` and
+``sinks.sql.deferred_key`` are the initial copy's COPY passthrough and its tables with the key built after the load, ``sinks.sql.binding`` binds a
 schema version to its table (converters, statements), ``sinks.sql.pipeline`` runs statements in a worker
 thread.
 
@@ -64,10 +65,10 @@ from cdc.config import DdlConfig, SinkConfig
 from cdc.errors import InvalidURI, SinkError, TidewaterError
 from cdc.events import DdlEvent, RowChange, TableName, TableSchema
 from cdc.model import DataWarning, merge_warnings
-from cdc.snapshot import CopyText
+from cdc.snapshot import ChunkMarker, CopyText
 from cdc.uri import parse_sink_uri
 from sinks.base import RowSource, Sink
-from sinks.sql import bulk, catalog, targets
+from sinks.sql import bulk, catalog, deferred_key, targets
 from sinks.sql.binding import Binding, KnownTable
 from sinks.sql.ddl import TargetColumn, mysql_collation
 from sinks.sql.ddl_run import DdlState, apply_ddl, load_ddl_floors
@@ -208,6 +209,37 @@ class SQLSink(Sink):
     def truncate_targets(self, tables: Sequence[TableName]) -> None:
         targets.truncate_targets(self, tables)
 
+    # ---- the initial copy with the key built after the load (sinks.sql.deferred_key) ------------------
+    def defer_key_refusal(self, schema: TableSchema) -> str | None:
+        return deferred_key.deferrable(self, schema)
+
+    def copy_target_exists(self, schema: TableSchema) -> bool:
+        return self._guarded(lambda: deferred_key.target_exists(self, schema), schema)
+
+    def create_deferred_target(self, schema: TableSchema) -> None:
+        self._guarded(lambda: deferred_key.create_target(self, schema), schema)
+
+    def copy_markers(self, changefeed: str, span: int, table: TableName) -> dict[int, ChunkMarker]:
+        return self._guarded(lambda: deferred_key.read_markers(self, changefeed, span, str(table)), None)
+
+    def write_marked_chunk(self, schema: TableSchema, open_text: Callable[[], CopyText | None], marker: ChunkMarker,
+                           fence: Callable[[], None] | None = None) -> tuple[int, bool]:
+        return deferred_key.write_marked_chunk(self, schema, open_text, marker, fence)
+
+    def build_deferred_key(self, schema: TableSchema, changefeed: str, span: int,
+                           fence: Callable[[], None] | None = None) -> bool:
+        return deferred_key.build_key(self, schema, changefeed, span, fence)
+
+    def _guarded(self, fn: Callable[[], Any], schema: TableSchema | None) -> Any:
+        """``fn()``, a driver error wrapped as ``write`` wraps it."""
+        self._check_open()
+        try:
+            return fn()
+        except Exception as exc:
+            if isinstance(exc, TidewaterError) or not is_db_error(exc):
+                raise
+            raise self._wrap(exc, None if schema is None else self.target_name(schema.name)) from exc
+
     # ---- foreign keys between target tables ----------------------------------------------------------
     def _fk_parents(self, label: str) -> bool:
         return self._fk.has_parents(label)
@@ -241,6 +273,8 @@ class SQLSink(Sink):
     def forget(self, changefeed: str) -> int:
         self._check_open()
         try:
+            if self.dialect == "postgresql":  # markers of an initial copy that never built its keys
+                deferred_key.forget(self, changefeed)
             return forget_position(self, self._position_sql(), changefeed)
         except Exception as exc:
             if isinstance(exc, TidewaterError) or not is_db_error(exc):

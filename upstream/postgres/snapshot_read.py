@@ -146,22 +146,30 @@ class PgSnapshotReader(SnapshotReader):
         name = schema.name
         table = sql.Identifier(name.schema, name.table)
         conn = self._connection()
-        with pg_conn.pg_errors(conn, f"counting the rows of {name}"), conn.cursor() as cur:
-            cur.execute(sql.SQL("SELECT count(*) FROM {}").format(table))
-            rows = int(cur.fetchone()[0])
+        count = sql.SQL("SELECT count(*) FROM {}").format(table)
         if not schema.has_key:
-            return plan_from_bounds(name, rows, chunk_rows, None)
+            with pg_conn.pg_errors(conn, f"counting the rows of {name}"), conn.cursor() as cur:
+                cur.execute(count)
+                return plan_from_bounds(name, int(cur.fetchone()[0]), chunk_rows, None)
+        # one ordered pass over the key (an index-only scan) gives the key of every chunk_rows-th row; the rows
+        # then are chunk_rows per bound before the last bound plus those from the last bound on (a range count of
+        # at most chunk_rows rows): no separate count(*) scan of the whole table
         key = tuple(schema.key)
-        bounds: list[tuple[str, ...]] = []
-        if rows > chunk_rows:
-            keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
-            texts = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in key)
-            query = sql.SQL("SELECT {texts} FROM (SELECT {keys}, row_number() OVER (ORDER BY {keys}) AS rn "
-                            "FROM {table}) AS s WHERE rn > 1 AND (rn - 1) %% %s = 0 ORDER BY rn").format(
-                texts=texts, keys=keys, table=table)
-            with pg_conn.pg_errors(conn, f"planning the chunks of {name}"), conn.cursor() as cur:
-                cur.execute(query, (chunk_rows,))
-                bounds = [tuple(r) for r in cur.fetchall()]
+        keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
+        texts = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in key)
+        query = sql.SQL("SELECT {texts} FROM (SELECT {keys}, row_number() OVER (ORDER BY {keys}) AS rn "
+                        "FROM {table}) AS s WHERE rn > 1 AND (rn - 1) %% %s = 0 ORDER BY rn").format(
+            texts=texts, keys=keys, table=table)
+        with pg_conn.pg_errors(conn, f"planning the chunks of {name}"), conn.cursor() as cur:
+            cur.execute(query, (chunk_rows,))
+            bounds: list[tuple[str, ...]] = [tuple(r) for r in cur.fetchall()]
+            if bounds:
+                bound = sql.SQL(", ").join(sql.SQL("%s::{}").format(cast_type(schema.column(k))) for k in key)
+                cur.execute(sql.SQL("SELECT count(*) FROM {} WHERE ({}) >= ({})").format(table, keys, bound),
+                            bounds[-1])
+            else:
+                cur.execute(count)
+            rows = len(bounds) * chunk_rows + int(cur.fetchone()[0])
         plan = plan_from_bounds(name, rows, chunk_rows, key, bounds)
         log.info("snapshot plan %s: %s rows in %d chunk(s) of %d rows", name, rows, len(plan.chunks), chunk_rows)
         return plan

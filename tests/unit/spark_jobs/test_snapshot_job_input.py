@@ -245,3 +245,52 @@ def test_a_chunk_into_a_buffering_sink_is_flushed_into_a_file_before_copy_one_re
     sink.close()
     _, states = rebuild(uri)
     assert sorted(r["id"] for r in states[SCHEMA.name].rows()) == [1, 2]
+
+
+def test_a_copy_without_spark_runs_on_as_many_threads_as_a_local_master_has_cores() -> None:
+    import dataclasses
+    import threading
+
+    from spark_jobs.copy import ChunkResult
+    from spark_jobs.snapshot import CopyWhileStarting, local_threads
+
+    def job(master: str, sink: str = "postgresql://u@h/t") -> SnapshotJob:
+        return dataclasses.replace(JOB, spark_master=master, sink=sink)
+
+    assert local_threads(job("local[3]")) == 3
+    assert local_threads(job("local[*]")) >= 1
+    assert local_threads(job("local")) == 1
+    assert local_threads(job("spark://h:7077")) == 1
+    assert local_threads(job("local[4]", "sqlite:///t.db")) == 1  # one writer
+
+    chunks = plan_from_bounds(SCHEMA.name, 50, 10, ("id",), [(str(i),) for i in (10, 20, 30, 40)]).chunks
+    tasks = [ChunkTask(JOB, SCHEMA, c) for c in chunks]
+    both = threading.Barrier(2, timeout=5)
+    names: set[str] = set()
+
+    def copy(it: Iterator[ChunkTask]) -> Iterator[ChunkResult]:
+        for n, t in enumerate(it):
+            if n == 0:
+                both.wait()  # two chunks in progress at once
+            names.add(threading.current_thread().name)
+            yield ChunkResult(t.chunk.table, t.chunk.index, 10)
+
+    idle = threading.Event()
+    local = CopyWhileStarting(tasks, "cf", copy=copy, on_idle=idle.set, threads=2)
+    local.start()
+    assert idle.wait(5)
+    done, left = local.finish()
+    assert sorted(r.chunk for r in done) == [0, 1, 2, 3, 4] and left == []
+    assert len(names) == 2
+
+    def failing(it: Iterator[ChunkTask]) -> Iterator[ChunkResult]:
+        for t in it:
+            yield ChunkResult(t.chunk.table, t.chunk.index, error_code="CDC:ErrSinkFatal", error="refused")
+            return
+
+    idle.clear()
+    local = CopyWhileStarting(tasks, "cf", copy=failing, on_idle=idle.set, threads=2)
+    local.start()
+    assert idle.wait(5)  # a failure stops every thread
+    done, left = local.finish()
+    assert 1 <= len(done) <= 2 and len(done) + len(left) == 5
