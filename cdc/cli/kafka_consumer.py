@@ -2,6 +2,13 @@
 
     cdc cli kafka-consumer --broker 127.0.0.1:9092 --topic cdc --protocol canal-json --sink-uri sqlite:///t.db
         [--upstream postgresql://...] [--until-ts TS] [--timeout SECONDS]
+    cdc cli kafka-consumer --kafka-uri 'kafka://b1:9093/cdc?protocol=canal-json&enable-tls=true&ca=/ca.pem&...' \
+        --sink-uri sqlite:///t.db
+
+``--kafka-uri`` (or ``--kafka-uri-file FILE``, or ``$TIDEWATER_KAFKA_URI``: no password in ``ps``) is the
+changefeed's own sink URI: the brokers, the topic (unless ``--topic`` names others), the protocol and its options,
+TLS (``enable-tls``, ``ca``, ``cert``, ``key``, ``insecure-skip-verify``) and SASL (``sasl-mechanism``,
+``sasl-user``, ``sasl-password``) are taken from it, so the consumer decodes what the sink encodes.
 
 Runs until ``--until-ts`` is applied (then prints a JSON summary and exits 0), until ``--timeout`` passes (exit 0
 without ``--until-ts``, 1 with it), or until interrupted. ``--upstream``: exact column types from the upstream's
@@ -17,19 +24,25 @@ import logging
 import signal
 import sys
 import threading
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from cdc.errors import TidewaterError
 from cdc.events import TableName, TableSchema
 from cdc.uri import scrub
 
+if TYPE_CHECKING:
+    from sinks.codec import EncoderConfig
+
 
 def add_parser(groups: Any) -> None:
     p = groups.add_parser("kafka-consumer", help="rebuild tables from a Kafka sink's topics into an SQL target")
-    p.add_argument("--broker", action="append", required=True, help="host:port of a broker (repeatable)")
-    p.add_argument("--topic", action="append", required=True,
+    p.add_argument("--kafka-uri", help="the changefeed's kafka:// sink URI: brokers, topic, protocol, TLS, SASL")
+    p.add_argument("--kafka-uri-file", help="a file whose first line is the kafka:// URI (keeps a password out of ps)")
+    p.add_argument("--broker", action="append", help="host:port of a broker (repeatable; without --kafka-uri)")
+    p.add_argument("--topic", action="append",
                    help="topic to read, every partition (repeatable: the cut is the minimum over all of them)")
-    p.add_argument("--protocol", required=True, choices=("canal-json", "open-protocol", "debezium"))
+    p.add_argument("--protocol", choices=PROTOCOLS)
     p.add_argument("--sink-uri", required=True, help="the target: sqlite:///file.db, postgresql://..., mysql://...")
     p.add_argument("--upstream", help="postgresql://... of the upstream: exact column types and key-only rows")
     p.add_argument("--until-ts", type=int, help="exit once everything up to this commit Ts is applied")
@@ -37,7 +50,51 @@ def add_parser(groups: Any) -> None:
     p.add_argument("--position", help="the consumer's position name in the target (default kafka:<topics>)")
 
 
+PROTOCOLS = ("canal-json", "open-protocol", "debezium")
+ENV_KAFKA_URI = "TIDEWATER_KAFKA_URI"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where the consumer reads: brokers, topics, protocol, its codec options and kafka-python's TLS/SASL settings."""
+
+    brokers: list[str]
+    topics: list[str]
+    protocol: str
+    codec: EncoderConfig | None = None
+    client: dict[str, Any] = field(default_factory=dict)
+
+
+def source_of(args: argparse.Namespace) -> Source:
+    """The :class:`Source` of the arguments; :class:`CliError` (exit 2) naming what is missing or wrong."""
+    from cdc.cli.main import CliError, _uri_arg
+
+    raw = _uri_arg(args, "kafka_uri", ENV_KAFKA_URI, "Kafka sink URI", required=False)
+    if raw is None:
+        if not args.broker or not args.topic or not args.protocol:
+            raise CliError("CDC:ErrUsage", "give --kafka-uri (the changefeed's kafka:// sink URI), or --broker, "
+                           "--topic and --protocol", 2)
+        return Source(list(args.broker), list(args.topic), args.protocol)
+    if args.broker:
+        raise CliError("CDC:ErrUsage", "--broker and --kafka-uri both name brokers: give one of them", 2)
+    from sinks.codec import EncoderConfig
+    from sinks.kafka.options import CODEC_PARAMS, parse_kafka_uri
+    from sinks.kafka.sink import SINK_PARAMS
+    from sinks.kafka.transport import security_config
+
+    try:
+        opts = parse_kafka_uri(raw, codec_params=(*CODEC_PARAMS, *SINK_PARAMS))
+        codec = EncoderConfig.from_params({k: v for k, v in opts.codec_params.items() if k not in SINK_PARAMS},
+                                          base=EncoderConfig(max_message_bytes=opts.max_message_bytes))
+    except TidewaterError as exc:
+        raise CliError(exc.code, exc.message, 2) from exc
+    if args.protocol and args.protocol != opts.protocol:
+        raise CliError("CDC:ErrUsage", f"--protocol {args.protocol} differs from the URI's protocol={opts.protocol}", 2)
+    return Source(list(opts.brokers), list(args.topic or [opts.topic]), opts.protocol, codec, security_config(opts))
+
+
 def run(args: argparse.Namespace) -> int:
+    from cdc.cli.main import CliError
     from sinks.kafka.consumer import SinkApplier, rebuild
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -47,13 +104,18 @@ def run(args: argparse.Namespace) -> int:
     closers: list[Any] = []
     schemas = fetch = None
     try:
+        src = source_of(args)
+    except CliError as exc:
+        print(json.dumps({"error_code": exc.code, "error_msg": scrub(exc.message)}, indent=2), file=sys.stderr)
+        return exc.exit_code
+    try:
         if args.upstream:
             closers, schemas, fetch = _upstream(args.upstream)
-        position = args.position or ("kafka:" + ",".join(args.topic))[:255]
+        position = args.position or ("kafka:" + ",".join(src.topics))[:255]
         applier = SinkApplier(args.sink_uri, position=position, schemas=schemas, fetch_row=fetch)
         try:
-            core = rebuild(args.broker, args.topic, args.protocol, applier, until=args.until_ts, timeout=args.timeout,
-                           schemas=schemas, stop=stop.is_set,
+            core = rebuild(src.brokers, src.topics, src.protocol, applier, until=args.until_ts, timeout=args.timeout,
+                           schemas=schemas, codec=src.codec, client=src.client, stop=stop.is_set,
                            on_cut=lambda c: logging.getLogger("cdc.kafka_consumer").info(
                                "applied up to watermark %d (%d events so far)", c.applied, c.stats.applied))
         except KeyboardInterrupt:

@@ -72,14 +72,21 @@ def message_size(key: bytes | None, value: bytes | None, headers: list[tuple[str
 
 def client_config(opts: KafkaOptions) -> dict[str, Any]:
     """kafka-python settings shared by the producer and the admin client (connection, TLS, SASL, timeouts)."""
-    config: dict[str, Any] = {
+    return {
         "bootstrap_servers": list(opts.brokers),
         "client_id": opts.client_id,
         "request_timeout_ms": int(opts.request_timeout * 1000),
         "bootstrap_timeout_ms": int(opts.dial_timeout * 1000),
         "retry_backoff_ms": RETRY_BACKOFF_MS,
         "reconnect_backoff_max_ms": RECONNECT_BACKOFF_MAX_MS,
+        **security_config(opts),
     }
+
+
+def security_config(opts: KafkaOptions) -> dict[str, Any]:
+    """kafka-python's TLS and SASL settings for ``opts`` (``security_protocol`` always; the producer, the admin
+    client and the consumer library use the same)."""
+    config: dict[str, Any] = {}
     protocol = "PLAINTEXT"
     if opts.tls is not None:
         context = ssl.create_default_context(cafile=opts.tls.ca)

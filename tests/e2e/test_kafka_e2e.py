@@ -188,8 +188,8 @@ def test_broker_frozen_mid_run_warns_then_recovers_and_loses_nothing(
         checkpoint = cdc_server.wait_checkpoint("ko", current_lsn(source), timeout=90)["checkpoint_ts"]
         target = f"sqlite:///{tmp_path / 'rebuilt.db'}"
         out = subprocess.run(
-            [sys.executable, "-m", "cdc", "cli", "kafka-consumer", "--broker", broker.bootstrap, "--topic", topic,
-             "--protocol", "open-protocol", "--sink-uri", target, "--upstream", pg_server.uri(pg_database),
+            [sys.executable, "-m", "cdc", "cli", "kafka-consumer", "--kafka-uri", sink,  # the changefeed's own URI
+             "--sink-uri", target, "--upstream", pg_server.uri(pg_database),
              "--until-ts", str(checkpoint), "--timeout", "90"],
             capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
         assert out.returncode == 0, out.stderr[-3000:]
