@@ -81,6 +81,20 @@ class DdlConfig:
 SNAPSHOT_MODES = ("initial", "none")
 EXISTING_ROWS = ("refuse", "truncate", "merge")
 
+DEFAULT_CHUNK_ROWS = 100_000
+"""``[snapshot] chunk-rows`` when a changefeed (or a snapshot job's plan, ``spark_jobs.plan``) does not say: the one
+default of the copy. docs/benchmarks.md: the chunk-size sweep ("Snapshot copy") found no size from 10k to 200k rows
+faster than another beyond the host's noise once chunks were grouped per task, and every measurement of the copy as
+built ("Initial snapshot": COPY passthrough, key after the load) ran with 100k-row chunks; a chunk's fixed costs
+(its query, a commit, a fence read, an etcd record, a marker row) are half those of 50k-row chunks per row, and a
+re-copied chunk stays small (reading streams, so memory does not depend on the size)."""
+
+DEFAULT_SPARK_MASTER = "local[*]"
+SPARK_MASTER_URL = re.compile(r"^(local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?|yarn|(spark|k8s)://\S+)$")
+"""The master URLs Spark 4 accepts (``mesos://`` was removed in Spark 4.0: the installed pyspark has no Mesos
+scheduler)."""
+SPARK_MASTER_FORMS = "local[*], local[N], spark://host:port (a standalone master), yarn or k8s://https://host:port"
+
 
 @dataclass(frozen=True)
 class SnapshotConfig:
@@ -90,8 +104,8 @@ class SnapshotConfig:
     # a target table that already holds rows: "refuse" (create fails naming it), "truncate" it first, or "merge"
     # (upsert by key over what is there; refused for tables without a key, whose rows would be duplicated)
     on_existing_rows: str = "refuse"
-    chunk_rows: int = 100_000  # rows per chunk (one Spark task, one downstream transaction)
-    spark_master: str = "local[*]"  # any Spark master URL
+    chunk_rows: int = DEFAULT_CHUNK_ROWS  # rows per chunk (one downstream transaction, one etcd record)
+    spark_master: str = DEFAULT_SPARK_MASTER  # any Spark master URL (SPARK_MASTER_URL)
     # fewer rows than this left to copy in a span: the job copies them in its own process without starting Spark
     # (a JVM and its executors cost seconds; measured in docs/benchmarks.md, "Snapshot copy"); 0: always Spark
     spark_min_rows: int = 20_000
@@ -142,8 +156,9 @@ class ChangefeedConfig:
             raise InvalidConfig(f"snapshot.spark-min-rows must be >= 0, got {self.snapshot.spark_min_rows}")
         if self.snapshot.chunk_rows < 1:
             raise InvalidConfig(f"snapshot.chunk-rows must be positive, got {self.snapshot.chunk_rows}")
-        if not self.snapshot.spark_master.strip():
-            raise InvalidConfig("snapshot.spark-master must be a Spark master URL (e.g. local[*], spark://host:7077)")
+        if not isinstance(self.snapshot.spark_master, str) or not SPARK_MASTER_URL.match(self.snapshot.spark_master):
+            raise InvalidConfig(f"snapshot.spark-master {self.snapshot.spark_master!r} is not a Spark master URL: use "
+                                f"{SPARK_MASTER_FORMS}")
         return self
 
     def to_dict(self) -> dict[str, Any]:

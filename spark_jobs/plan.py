@@ -21,18 +21,15 @@ from pathlib import Path
 from typing import Any
 
 from cdc import serde
-from cdc.config import SinkConfig
+from cdc.config import DEFAULT_CHUNK_ROWS, DEFAULT_SPARK_MASTER, SinkConfig
 from cdc.errors import InvalidArgument, InvalidConfig
 from cdc.events import TableName
 from cdc.meta import keys
 from cdc.uri import parse_sink_uri
 
-DEFAULT_CHUNK_ROWS = 50_000
-"""Rows per chunk when the plan does not say (docs/benchmarks.md, "Snapshot copy": 50k-row chunks were as
-fast as 200k-row ones within the noise and faster than 10k-row ones on 2 cores, and keep a re-copied chunk
-small)."""
-
-DEFAULT_SPARK_MASTER = "local[*]"
+# DEFAULT_CHUNK_ROWS: rows per chunk when the plan does not say; one constant with the changefeed's [snapshot]
+# chunk-rows default (cdc.config, where the vocabulary can read it: cdc never imports spark_jobs)
+__all__ = ["DEFAULT_CHUNK_ROWS", "DEFAULT_SPARK_MASTER", "SnapshotJob", "read_job", "write_job"]
 
 
 @dataclass(frozen=True)

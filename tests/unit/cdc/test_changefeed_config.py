@@ -44,3 +44,54 @@ def test_the_api_type_check_accepts_booleans_and_integer_arrays_where_the_config
                        ("[filter]\nrules = [1]", "strings")]:
         with pytest.raises(InvalidConfig, match=named):
             load_config(bad)
+
+
+def test_the_snapshot_defaults_are_one_constant_shared_with_the_job() -> None:
+    from cdc.config import DEFAULT_CHUNK_ROWS, SnapshotConfig
+    from spark_jobs import plan
+
+    snap = ChangefeedConfig.from_toml("").snapshot
+    assert snap == SnapshotConfig()
+    assert (snap.mode, snap.on_existing_rows, snap.chunk_rows, snap.spark_master, snap.spark_min_rows) == (
+        "initial", "refuse", 100_000, "local[*]", 20_000)
+    assert DEFAULT_CHUNK_ROWS == 100_000  # docs/snapshot.md's option table and docs/benchmarks.md say why
+    assert plan.DEFAULT_CHUNK_ROWS is DEFAULT_CHUNK_ROWS  # the job's default is the changefeed's, not a copy
+    job = plan.SnapshotJob(changefeed="cf", upstream="postgresql://u@h/db", sink="sqlite:///t.db", tables=("public.t",),
+                           etcd=("http://127.0.0.1:2379",))
+    assert (job.chunk_rows, job.spark_master) == (snap.chunk_rows, snap.spark_master)
+
+
+@pytest.mark.parametrize("master", ["local", "local[*]", "local[2]", "local[4,2]", "yarn", "spark://h:7077",
+                                    "spark://a:7077,b:7077", "k8s://https://h:6443"])
+def test_spark_master_urls_spark_takes_are_accepted(master: str) -> None:
+    cfg = ChangefeedConfig.from_toml(f'[snapshot]\nspark-master = "{master}"\n')
+    assert cfg.snapshot.spark_master == master
+
+
+@pytest.mark.parametrize(("toml", "named", "fix"), [
+    ('[snapshot]\nmode = "full"', "snapshot.mode", '"initial" or "none"'),
+    ('[snapshot]\nmode = ""', "snapshot.mode", '"initial" or "none"'),
+    ("[snapshot]\nchunk-rows = 0", "snapshot.chunk-rows", "positive"),
+    ("[snapshot]\nchunk-rows = -5", "snapshot.chunk-rows", "positive"),
+    ('[snapshot]\non-existing-rows = "overwrite"', "snapshot.on-existing-rows", "refuse, truncate, merge"),
+    ('[snapshot]\nspark-master = "mesos://h:5050"', "snapshot.spark-master", "spark://host:port"),
+    ('[snapshot]\nspark-master = "http://h:8080"', "snapshot.spark-master", "local[*]"),
+    ('[snapshot]\nspark-master = "local[0]"', "snapshot.spark-master", "local[N]"),
+    ('[snapshot]\nspark-master = ""', "snapshot.spark-master", "local[*]"),
+    ('[snapshot]\nspark-master = "spark:/h:7077"', "snapshot.spark-master", "spark://host:port"),
+    ("[snapshot]\nspark-min-rows = -1", "snapshot.spark-min-rows", ">= 0"),
+    ("[snapshot]\nchunk-size = 10", "chunk-size", "snapshot"),
+])
+def test_a_bad_snapshot_option_is_refused_at_load_naming_it(toml: str, named: str, fix: str) -> None:
+    with pytest.raises(InvalidConfig) as refused:
+        ChangefeedConfig.from_toml(toml)
+    assert named in refused.value.message and fix in refused.value.message, refused.value.message
+
+
+def test_a_bad_snapshot_option_is_refused_by_the_api_loader_too() -> None:
+    from capture.changefeeds import load_config
+
+    with pytest.raises(InvalidConfig, match="snapshot.chunk-rows"):
+        load_config("[snapshot]\nchunk-rows = 0\n")
+    with pytest.raises(InvalidConfig, match="snapshot.spark-master"):
+        load_config('[snapshot]\nspark-master = "mesos://h:5050"\n')
