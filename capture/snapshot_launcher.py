@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import socket
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from cdc.errors import InvalidArgument, InvalidConfig, TidewaterError, error_for_code
+from cdc.config import SPARK_MASTER_FORMS, SPARK_MASTER_URL
+from cdc.errors import InvalidConfig, TidewaterError, error_for_code
 from processor.snapshot import CopyRequest, CopyStopped
 from spark_jobs import launch
 from spark_jobs.plan import SnapshotJob
+from spark_jobs.probe import probe_rpc
 from spark_jobs.session import check_spark
 
 log = logging.getLogger(__name__)
@@ -36,27 +36,32 @@ class SnapshotJobFailed(TidewaterError):
     retryable = True
 
 
-_MASTER = re.compile(r"^(local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?|yarn|(spark|mesos|k8s)://\S+)$")
-_checked: set[str] = set()  # masters found usable by this process (java -version is not free)
+_checked: set[str] = set()  # masters found usable by this process
+_spark_found = [False]  # pyspark and a Java 17 found by this process (java -version is not free)
 
 
 def check_copy_possible(spark_master: str) -> None:
     """Fail ``changefeed create`` up front when the initial copy could not run: pyspark missing, no Java 17, a
-    master URL Spark would refuse, or a ``spark://`` master that does not answer."""
+    master URL Spark would refuse (``InvalidConfig``), or a ``spark://`` address where no Spark master answers
+    Spark's RPC protocol (``SparkUnavailable``: nothing listening, or another server such as a database or the
+    master's web UI; :func:`spark_jobs.probe.probe_rpc`). A master URL that passed is not checked again by this
+    process, except a ``spark://`` one, which is probed on every create (it may have gone away)."""
     if spark_master in _checked:
         return
-    if not _MASTER.match(spark_master):
-        raise InvalidConfig(f"snapshot.spark-master {spark_master!r} is not a Spark master URL: use local[*], "
-                            f"local[N], spark://host:port (a standalone master), yarn or k8s://...")
-    check_spark()
+    if not SPARK_MASTER_URL.match(spark_master):
+        raise InvalidConfig(f"snapshot.spark-master {spark_master!r} is not a Spark master URL: use "
+                            f"{SPARK_MASTER_FORMS}")
+    if not _spark_found[0]:
+        check_spark()
+        _spark_found[0] = True
     if spark_master.startswith("spark://"):
         for hostport in spark_master[len("spark://"):].split(","):
             host, _, port = hostport.rpartition(":")
-            try:
-                socket.create_connection((host, int(port)), timeout=3.0).close()
-            except (OSError, ValueError) as exc:
-                raise InvalidArgument(f"the Spark master {hostport} of snapshot.spark-master does not answer "
-                                      f"({exc}): start it, or use local[*]") from None
+            if not host or not port.isdigit():
+                raise InvalidConfig(f"snapshot.spark-master {spark_master!r}: {hostport!r} is not host:port "
+                                    "(e.g. spark://127.0.0.1:7077)")
+            probe_rpc(host.strip("[]"), int(port))
+        return
     _checked.add(spark_master)
 
 

@@ -56,9 +56,14 @@ def check_spark() -> None:
         raise SparkUnavailable("pyspark is not installed: run scripts/bootstrap.sh (or pip install "
                                "'tidewater[spark]')") from None
     v = java_version()
+    home = os.environ.get("JAVA_HOME")
+    if v is None and home and not os.path.exists(os.path.join(home, "bin", "java")):
+        raise SparkUnavailable(f"JAVA_HOME={home} has no bin/java, and Spark starts only that one: point JAVA_HOME at "
+                               "a Java 17 or newer (e.g. /usr/lib/jvm/java-17-openjdk-amd64) or unset it, or install "
+                               "one (apt-get install openjdk-17-jre-headless)")
     if v is None:
-        raise SparkUnavailable("no Java found for Spark: install Java 17 (apt-get install openjdk-17-jre-headless) "
-                               "or set JAVA_HOME")
+        raise SparkUnavailable("no Java found for Spark (no java on PATH, JAVA_HOME not set): install Java 17 "
+                               "(apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
     if v < MIN_JAVA:
         raise SparkUnavailable(f"Spark needs Java {MIN_JAVA} or newer, found Java {v}: install "
                                "openjdk-17-jre-headless or point JAVA_HOME at a newer Java")
