@@ -189,6 +189,15 @@ class SparkUnavailable(TidewaterError):
     http_status = 503
 
 
+class SparkNoExecutors(SparkUnavailable):
+    """A Spark cluster's master took the copy job but no executor registered for it in time (no worker, or none
+    with the cores and memory the job asks for): without executors the job would wait forever. Retryable: the
+    changefeed shows it as a warning with this reason and runs the job again (copied chunks stay done)."""
+
+    code = "CDC:ErrSparkNoExecutors"
+    retryable = True
+
+
 class SorterError(TidewaterError):
     code = "CDC:ErrSorter"
 

@@ -29,7 +29,11 @@ from cdc.uri import parse_sink_uri
 
 # DEFAULT_CHUNK_ROWS: rows per chunk when the plan does not say; one constant with the changefeed's [snapshot]
 # chunk-rows default (cdc.config, where the vocabulary can read it: cdc never imports spark_jobs)
-__all__ = ["DEFAULT_CHUNK_ROWS", "DEFAULT_SPARK_MASTER", "SnapshotJob", "read_job", "write_job"]
+__all__ = ["DEFAULT_CHUNK_ROWS", "DEFAULT_SPARK_MASTER", "EXECUTOR_TIMEOUT", "SnapshotJob", "read_job", "write_job"]
+
+EXECUTOR_TIMEOUT = 120.0
+"""Seconds a cluster master may take to register the job's first executor (``SnapshotJob.executor_timeout``): a
+standalone worker registers an application's executor within seconds when it has free cores and memory."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,9 @@ class SnapshotJob:
     # chunks commit with markers and the key is built after its last chunk (docs/snapshot.md, "The key after the
     # load"); only for the initial copy (never a table copy, a resync or a merge into existing tables)
     defer_keys: bool = False
+    # seconds a cluster master (spark://, yarn, k8s://) may take to give the job an executor before it fails with
+    # the retryable CDC:ErrSparkNoExecutors (a master without workers would leave the job waiting forever)
+    executor_timeout: float = EXECUTOR_TIMEOUT
 
     def __post_init__(self) -> None:
         try:
@@ -82,6 +89,8 @@ class SnapshotJob:
             raise InvalidConfig("snapshot job: no etcd endpoints for the progress")
         if not self.spark_master:
             raise InvalidConfig("snapshot job: spark-master is empty (default: local[*])")
+        if not self.executor_timeout > 0:
+            raise InvalidConfig(f"snapshot job: executor-timeout must be > 0 seconds, got {self.executor_timeout}")
         parse_sink_uri(self.sink)  # InvalidURI (redacted) for a malformed sink
 
     @property

@@ -217,6 +217,7 @@ def _copy(job: SnapshotJob, spark: Any, run: SnapshotRun, tasks: list[ChunkTask]
         if tasks and not any(r.error for r in early):
             spark = starter.session()  # raises SparkUnavailable when it could not start
             _STOP.spark = spark
+            wait_for_executors(spark, job)
     results = early
     try:
         if tasks and not any(r.error for r in early):
@@ -235,6 +236,35 @@ def _copy(job: SnapshotJob, spark: Any, run: SnapshotRun, tasks: list[ChunkTask]
             _STOP.spark = _STOP.fence_out = None
             starter.stop()
     return _report(job, report, results)
+
+
+def wait_for_executors(spark: Any, job: SnapshotJob, poll: float = 0.5) -> None:
+    """Return once a cluster master gave the job an executor (a ``local`` master runs tasks in the driver: at once);
+    raise the retryable ``SparkNoExecutors`` after ``job.executor_timeout`` seconds without one: a master without
+    workers, or whose workers lack the cores or memory asked for, would otherwise leave the job waiting forever,
+    with nothing to show."""
+    sc = spark.sparkContext
+    master = str(sc.master)
+    if master.startswith("local"):
+        return
+    t0 = time.monotonic()
+    deadline = t0 + job.executor_timeout
+    while True:
+        # the block managers Spark knows: the driver's, then one per executor
+        executors = int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1
+        if executors > 0:
+            log.info("%s: %d executor(s) registered after %.1f s on %s", job.label, executors,
+                     time.monotonic() - t0, master)
+            return
+        if _STOP.requested.is_set():
+            raise KeyboardInterrupt("stop requested")
+        if time.monotonic() >= deadline:
+            raise errors.SparkNoExecutors(
+                f"no Spark executor registered for the copy job within {job.executor_timeout:.0f} s on master {master}: "
+                "the master has no worker, or none with the free cores and memory the job asks for. Fix: start a "
+                f"worker (spark-class org.apache.spark.deploy.worker.Worker {master}) or free its cores; the copy is "
+                "retried (copied chunks stay done)")
+        time.sleep(poll)
 
 
 class _SparkStarter:

@@ -90,9 +90,10 @@ def pg_target(request: pytest.FixtureRequest) -> Iterator[SqlTarget]:
 
 
 @contextlib.contextmanager
-def spark_standalone(work: Any, cores: int = 2) -> Iterator[str]:
-    """A Spark standalone cluster from the pyspark distribution on 127.0.0.1: one master, one worker with
-    ``cores`` cores. Yields the master URL; both processes (own process groups) are stopped afterwards."""
+def spark_standalone(work: Any, cores: int = 2, workers: int = 1, ui_port: int | None = None) -> Iterator[str]:
+    """A Spark standalone cluster from the pyspark distribution on 127.0.0.1: one master (web UI on ``ui_port``,
+    default a free port) and ``workers`` (0 or 1) worker with ``cores`` cores. Yields the master URL; the processes
+    (own process groups) are stopped afterwards."""
     import os
     import signal
     import subprocess
@@ -114,9 +115,17 @@ def spark_standalone(work: Any, cores: int = 2) -> Iterator[str]:
     try:
         procs.append(subprocess.Popen(
             [f"{home}/bin/spark-class", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-             "--port", str(port), "--webui-port", str(free_port())],
+             "--port", str(port), "--webui-port", str(ui_port or free_port())],
             env=env, stdout=open(work / "master.log", "wb"),  # noqa: SIM115 - the child keeps it
             stderr=subprocess.STDOUT, start_new_session=True))
+        if not workers:
+            deadline = time.monotonic() + 90
+            while b"I have been elected leader" not in (work / "master.log").read_bytes():
+                assert all(p.poll() is None for p in procs), (work / "master.log").read_text()[-2000:]
+                assert time.monotonic() < deadline, "the Spark master did not start within 90 s"
+                time.sleep(0.2)
+            yield f"spark://127.0.0.1:{port}"
+            return
         procs.append(subprocess.Popen(
             [f"{home}/bin/spark-class", "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}",
              "--host", "127.0.0.1", "--port", str(free_port()), "--webui-port", str(free_port()),

@@ -43,3 +43,33 @@ def test_the_job_copies_through_a_standalone_cluster(pg_server: Any, pg_database
         with at_snapshot(pg_server, pg_database, exp.snapshot) as snap:
             [diff] = compare_tables(snap, ["public.big"], target.uri)
         assert diff.equal and diff.target_rows == 20000
+
+
+def test_a_master_without_workers_ends_the_job_with_a_retryable_reason(
+        pg_server: Any, pg_database: str, etcd_server: Any, cluster_id: str, tmp_path: Path, target: SqlTarget) -> None:
+    """Without executors the job would wait forever: it fails after its deadline with the retryable
+    CDC:ErrSparkNoExecutors (a warning of the changefeed), exit code 2, naming the fix."""
+    from playground.servers import free_port
+    from spark_jobs.probe import probe_rpc
+
+    execute(pg_server, pg_database, "CREATE TABLE big (id int PRIMARY KEY, v text)",
+            "INSERT INTO big SELECT i, 'x' || i FROM generate_series(1, 100) i")
+    ui = free_port()
+    with spark_standalone(tmp_path / "spark", workers=0, ui_port=ui) as master:
+        host, port = master.removeprefix("spark://").split(":")
+        probe_rpc(host, int(port))  # the master answers Spark's RPC protocol
+        from cdc.errors import SparkUnavailable
+
+        with pytest.raises(SparkUnavailable, match="is not a Spark master"):
+            probe_rpc(host, ui)  # its web UI does not
+        job = SnapshotJob(changefeed="cf-noworker", upstream=pg_server.uri(pg_database), sink=target.uri,
+                          tables=("public.big",), etcd=(etcd_server.url,), cluster=cluster_id, chunk_rows=50,
+                          spark_master=master, driver_copies=False, executor_timeout=5)
+        plan = write_job(job, tmp_path / "job.json")
+        out = subprocess.run([sys.executable, "-m", "spark_jobs.snapshot", "--plan", str(plan)], cwd="/",
+                             capture_output=True, text=True, timeout=180)
+    assert out.returncode == 2, out.stderr[-3000:]
+    last = out.stderr.rstrip().splitlines()[-1]
+    assert last.startswith("snapshot copy failed: [CDC:ErrSparkNoExecutors] no Spark executor registered for the "
+                           f"copy job within 5 s on master {master}"), last
+    assert "start a worker" in last and "Traceback" not in out.stderr
