@@ -126,6 +126,19 @@ class SinkError(TidewaterError):
     code = "CDC:ErrSinkFatal"
 
 
+class DataRejected(SinkError):
+    """The target refused data: a value it cannot store (a column too narrow, out of range, strict mode), a row a
+    constraint of the target refuses (NOT NULL, CHECK, UNIQUE, a foreign key). ``reason`` is the database's (or the
+    value converter's) own words. Fatal: retrying sends the same row again; the target or the row must change. The
+    initial copy names the refused row's table and key (``spark_jobs.rejected``)."""
+
+    code = "CDC:ErrSinkDataRejected"
+
+    def __init__(self, message: str, *, reason: str = "", cause: BaseException | None = None) -> None:
+        super().__init__(message, cause=cause)
+        self.reason = reason or message
+
+
 class DdlRejected(SinkError):
     """A schema change that the sink cannot apply: untranslatable (a narrowing type change, a type or
     feature the target lacks) or rejected by the target. Names the DDL text, the table and the reason; the

@@ -104,6 +104,11 @@ class Sink(ABC):
         docstring). Only called when ``publishes_checkpoints``."""
         raise NotImplementedError(f"{type(self).__name__} publishes no checkpoints")
 
+    rolls_back: ClassVar[bool] = False
+    """True when a ``write`` whose ``fence`` raises leaves nothing of it downstream (one downstream transaction,
+    rolled back: the SQL sinks). The initial copy then writes a refused chunk's rows again in small batches that
+    are always rolled back, to name the row the target refuses (``spark_jobs.rejected``)."""
+
     def check(self) -> None:  # noqa: B027 - optional hook, no-op by default
         """Connect and verify the target is usable; raise SinkUnavailable/SinkError naming the problem."""
 

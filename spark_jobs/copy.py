@@ -23,6 +23,8 @@ Guarantees of :func:`copy_chunks` (per task, in order):
   marker's rows are recorded instead). There is no parsed fallback for it (no key to upsert by).
 - Only after ``write`` returned is the chunk recorded in etcd (:class:`cdc.snapshot.ChunkDone`); a crash in
   between leaves it unrecorded, and copying it again is harmless (upserts by key; the whole-table replace).
+- A chunk the target refuses (``DataRejected``: a constraint, a column too narrow) is searched for the refused row
+  (:mod:`spark_jobs.rejected`: probes that are all rolled back), and its error names the table and the row's key.
 - Nothing is raised for a chunk that fails: the task stops there and returns a :class:`ChunkResult` with the
   error's code and one-line message (the driver turns it back into a ``TidewaterError``), so Spark neither
   retries nor prints a Python traceback; chunks copied before the failure stay recorded.
@@ -38,7 +40,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from cdc.errors import TidewaterError
+from cdc.errors import DataRejected, TidewaterError
 from cdc.events import OpType, RowChange, TableSchema
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
@@ -47,6 +49,7 @@ from cdc.uri import redact_text
 from sinks.base import Sink
 from sinks.factory import open_sink
 from spark_jobs.plan import SnapshotJob
+from spark_jobs.rejected import find_refused_row
 from upstream import open_upstream
 from upstream.base import SnapshotReader
 
@@ -129,6 +132,17 @@ def copy_chunk(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Calla
     return counter[0], False
 
 
+def _refused_row(reader: SnapshotReader, sink: Sink, task: ChunkTask, exc: DataRejected) -> DataRejected:
+    """The error to report for a chunk the target refused: the refused row's, naming its table and key, when the
+    search finds it (:mod:`spark_jobs.rejected`, run only after such a failure), else the chunk's own."""
+    try:
+        return find_refused_row(reader, sink, task, exc) or exc
+    except Exception as search:  # noqa: BLE001 - the chunk's own error is the one to report then
+        log.warning("%s: chunk %s: could not search for the refused row: %s", task.job.label, task.chunk.label,
+                    one_line(str(search)))
+        return exc
+
+
 def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
     """Copy ``tasks`` in order (all of one job) and record each in etcd; see the module docstring."""
     reader: SnapshotReader | None = None
@@ -159,6 +173,8 @@ def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
                     ChunkDone(rows, round(seconds, 6), time.time(), job.snapshot,
                               job.commit_ts if job.snapshot is not None else 0))
             except Exception as exc:  # noqa: BLE001 - reported to the driver, which raises it
+                if isinstance(exc, DataRejected) and reader is not None and sink is not None:
+                    exc = _refused_row(reader, sink, task, exc)
                 code = exc.code if isinstance(exc, TidewaterError) else "CDC:ErrUnknown"
                 msg = exc.message if isinstance(exc, TidewaterError) else f"{type(exc).__name__}: {exc}"
                 log.error("%s: chunk %s failed: [%s] %s", job.label, chunk.label, code, one_line(msg))

@@ -402,6 +402,8 @@ _FIXES = {
                               "done)",
     "CDC:ErrEtcd": "check the etcd endpoints of the plan and that etcd is running, then run the job again",
     "CDC:ErrSinkFatal": "fix the target (or the table it names), then run the job again",
+    "CDC:ErrSinkDataRejected": "make the target take the row (widen the column, relax the constraint) or correct the "
+                               "row upstream, then run the job again (copied chunks stay done)",
 }
 
 

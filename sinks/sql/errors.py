@@ -8,7 +8,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from cdc.errors import SinkError, SinkUnavailable, TidewaterError
+from cdc.errors import DataRejected, SinkError, SinkUnavailable, TidewaterError
 from cdc.uri import ParsedURI
 
 # MySQL error codes that a retry can fix (server gone, lost connection, deadlock, lock wait timeout...).
@@ -16,6 +16,9 @@ _MYSQL_RETRY = frozenset({1040, 1053, 1205, 1213, 1927, 2002, 2003, 2006, 2013, 
 _MYSQL_DISCONNECT = frozenset({1053, 1927, 2002, 2003, 2006, 2013, 2014, 2045, 2055, 4031})
 # PostgreSQL SQLSTATEs a retry can fix: serialization failure, deadlock, shutdown, too many connections...
 _PG_RETRY = frozenset({"40001", "40P01", "57P01", "57P02", "57P03", "53300", "53400", "55P03"})
+# MySQL/MariaDB errors of a value or row the target refuses: NULL into NOT NULL, duplicate entry, out of range, data
+# truncated or too long, an incorrect value (strict mode), a foreign key, a CHECK constraint (MySQL 3819, MariaDB 4025)
+_MYSQL_DATA = frozenset({1048, 1062, 1263, 1264, 1265, 1292, 1366, 1367, 1406, 1451, 1452, 1690, 3140, 3819, 4025})
 _PG_FATAL_CONNECT = ("does not exist", "authentication failed", "no pg_hba.conf entry", "permission denied",
                      "password is required", "too many connections for role")
 
@@ -59,9 +62,23 @@ def classify(dialect: str, exc: BaseException) -> tuple[bool, bool, Any]:
     return False, False, orig
 
 
+def is_data_error(dialect: str, orig: Any) -> bool:
+    """Whether the driver error ``orig`` says the target refused a value or a row (not the connection, a privilege,
+    a missing table): PostgreSQL SQLSTATE classes 22 (data exception) and 23 (integrity constraint), MySQL's
+    :data:`_MYSQL_DATA`, SQLite's ``IntegrityError``."""
+    if dialect == "postgresql":
+        code = getattr(orig, "pgcode", None) or ""
+        return code[:2] in ("22", "23")
+    if dialect == "mysql":
+        code = orig.args[0] if getattr(orig, "args", None) else None
+        return isinstance(code, int) and code in _MYSQL_DATA
+    return isinstance(orig, sqlite3.IntegrityError)
+
+
 def wrap(dialect: str, u: ParsedURI, where: str, exc: BaseException, table: str | None) -> TidewaterError:
-    """``exc`` as our error: SinkUnavailable when a retry can fix it, else SinkError naming ``table`` (or the
-    fix, :func:`hint`). ``where`` names the target for the message (never its password)."""
+    """``exc`` as our error: SinkUnavailable when a retry can fix it, ``DataRejected`` when the target refused a
+    value or row (:func:`is_data_error`), else SinkError naming ``table`` (or the fix, :func:`hint`). ``where`` names
+    the target for the message (never its password)."""
     retryable, _lost, orig = classify(dialect, exc)
     msg = " ".join(str(orig).split())
     if retryable:
@@ -70,6 +87,8 @@ def wrap(dialect: str, u: ParsedURI, where: str, exc: BaseException, table: str 
     if text:
         return SinkError(f"{where}: {text} ({msg})", cause=exc)
     subject = f"writing table {table}" if table else "sink"
+    if is_data_error(dialect, orig):
+        return DataRejected(f"{where}, {subject}: {msg}", reason=msg, cause=exc)
     return SinkError(f"{where}, {subject}: {msg}", cause=exc)
 
 

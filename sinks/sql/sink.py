@@ -94,6 +94,8 @@ class SQLSink(Sink):
     ``ssl-key`` (MySQL, see :mod:`sinks.sql.mysql_tls`), ``busy-timeout`` (seconds, SQLite).
     """
 
+    rolls_back = True  # one downstream transaction per write, rolled back when its fence raises
+
     def __init__(self, uri: str, config: SinkConfig | None = None) -> None:
         self._uri = parse_sink_uri(uri)
         if self._uri.scheme not in DIALECTS:

@@ -3,7 +3,7 @@
 A converter is chosen once per (column, dialect) by :func:`converter` and then called on every non-NULL
 value of that column (``None`` is never passed to it). ``None`` as a converter means "the driver takes the
 value as it is", so the hot path skips the column entirely. Converters never return a lossy value: a value
-the target cannot represent raises :class:`cdc.errors.SinkError` naming the table and column
+the target cannot represent raises :class:`cdc.errors.DataRejected` (a ``SinkError``) naming the table and column
 (docs/type-mapping.md lists every conversion).
 
 A converter may carry a ``fast`` attribute ``(T, f)``: for a value whose type is exactly ``T`` the converter
@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
-from cdc.errors import SinkError
+from cdc.errors import DataRejected
 from cdc.events import ColumnSchema
 
 Converter = Callable[[Any], Any]
@@ -105,7 +105,7 @@ def _json_array(table: str, column: str) -> Converter:
         if isinstance(v, (list, tuple)):
             return array_to_json(v)
         if isinstance(v, str) and v[:1] == "[":
-            raise SinkError(
+            raise DataRejected(
                 f"table {table}: column {column!r} has the array {v[:60]!r} whose lower bound is not 1; a JSON "
                 "array cannot keep array bounds: replicate the table to PostgreSQL, exclude it, or make the "
                 "upstream arrays start at 1")
@@ -168,17 +168,17 @@ def _mysql_numeric(table: str, column: str, scale: int | None) -> Converter:
     def conv(v: Any) -> Any:
         if isinstance(v, Decimal):
             if not v.is_finite():
-                raise SinkError(
+                raise DataRejected(
                     f"table {table}: column {column!r} has value {v} which MySQL/MariaDB DECIMAL cannot store; "
                     "exclude the table or replicate it to PostgreSQL")
             if scale is not None and _too_many_fraction_digits(v, scale):
-                raise SinkError(
+                raise DataRejected(
                     f"table {table}: column {column!r} value {decimal_text(v)} has more than {scale} fractional "
                     f"digits and would be rounded by MySQL/MariaDB DECIMAL(.., {scale}); create the target "
                     "column with a larger scale")
             return v
         if isinstance(v, float) and not math.isfinite(v):
-            raise SinkError(f"table {table}: column {column!r} has value {v} which MySQL/MariaDB cannot store")
+            raise DataRejected(f"table {table}: column {column!r} has value {v} which MySQL/MariaDB cannot store")
         return v
 
     return conv
@@ -188,13 +188,13 @@ def _mysql_float(table: str, column: str) -> Converter:
     def conv(v: Any) -> Any:
         if isinstance(v, float):
             if not math.isfinite(v):
-                raise SinkError(
+                raise DataRejected(
                     f"table {table}: column {column!r} has value {v} which MySQL/MariaDB DOUBLE cannot store "
                     "(no NaN/Infinity); exclude the table or replicate it to PostgreSQL or SQLite")
             return v
         if isinstance(v, Decimal):
             if not v.is_finite():
-                raise SinkError(f"table {table}: column {column!r} has value {v} which MySQL/MariaDB cannot store")
+                raise DataRejected(f"table {table}: column {column!r} has value {v} which MySQL/MariaDB cannot store")
             return float(v)
         return v
 
@@ -239,7 +239,7 @@ def _pg_numeric_scaled(table: str, column: str, scale: int) -> Converter:
             if not v.is_finite():
                 return str(v)
             if _too_many_fraction_digits(v, scale):
-                raise SinkError(
+                raise DataRejected(
                     f"table {table}: column {column!r} value {decimal_text(v)} has more than {scale} fractional "
                     f"digits and would be rounded by the target's numeric(.., {scale}); widen the target column "
                     "(ALTER TABLE ... ALTER COLUMN ... TYPE numeric)")
@@ -314,7 +314,7 @@ def fast_path(conv: Converter) -> tuple[type, Callable[[Any], Any]] | None:
 
 
 def checks_every_value(conv: Converter | None) -> bool:
-    """True when ``conv`` may refuse a value (raise SinkError) that the upstream text would carry into the
+    """True when ``conv`` may refuse a value (raise DataRejected) that the upstream text would carry into the
     target unchanged: such a column must not bypass its converter (PostgreSQL COPY of the upstream text),
     else the target would change the value silently (a narrower numeric scale rounds)."""
     return bool(getattr(conv, "checks", False))
