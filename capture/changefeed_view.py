@@ -136,11 +136,13 @@ def span_phase(info: ChangefeedInfo, ss: SpanStatus | None) -> str:
 
 def snapshot_view(p: SnapshotProgress) -> dict[str, Any]:
     """The initial copy's progress as the API shows it: totals, then per table chunks done / total, rows copied
-    / planned, rows/s and ETA (None while unknown)."""
+    / planned, rows/s and ETA (None while unknown), and ``chunking``: ``key ranges``, or ``whole table (no key)``
+    for a table copied as one chunk."""
     return {"chunks_done": p.chunks_done, "chunks_total": p.chunks_total, "rows_copied": p.rows_copied,
             "tables": [{"table": t.table, "chunks_done": t.chunks_done, "chunks_total": t.chunks_total,
                         "rows_copied": t.rows_copied, "rows_planned": t.rows_planned,
-                        "rows_per_second": t.rows_per_second, "eta_seconds": t.eta_seconds} for t in p.tables]}
+                        "rows_per_second": t.rows_per_second, "eta_seconds": t.eta_seconds,
+                        "chunking": t.chunking} for t in p.tables]}
 
 
 def warning_view(w: DataWarning) -> dict[str, Any]:

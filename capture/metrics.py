@@ -293,7 +293,8 @@ def changefeed_families(snap: Any, now: float) -> Iterator[Any]:
 
 def snapshot_families(snap: Any, progress: Callable[[str], Any] | None) -> Iterator[Any]:
     """Owner-only families of the initial copy (``snap`` None: empty families): whether each changefeed still
-    copies, and per table of a copying changefeed its chunks done / total and rows copied / planned."""
+    copies, and per table of a copying changefeed its chunks done / total, rows copied / planned, rows/s and ETA
+    (the numbers of ``changefeed query``; the last two only once known)."""
     phase = GaugeMetricFamily("tidewater_changefeed_snapshot_copying", "1 while the changefeed copies the rows "
                               "that existed when it was created (it has no checkpoint yet), 0 once it streams",
                               labels=["changefeed"])
@@ -305,6 +306,11 @@ def snapshot_families(snap: Any, progress: Callable[[str], Any] | None) -> Itera
                              labels=["changefeed", "table"])
     planned = GaugeMetricFamily("tidewater_snapshot_rows_planned", "Rows the table held when its copy was planned",
                                 labels=["changefeed", "table"])
+    speed = GaugeMetricFamily("tidewater_snapshot_rows_per_second", "Rows per second the table's copy has run at so far "
+                              "(rows copied over the wall time from its first chunk's start to its last chunk's end)",
+                              labels=["changefeed", "table"])
+    eta = GaugeMetricFamily("tidewater_snapshot_eta_seconds", "Seconds until the table's copy is done at that speed "
+                            "(0 once done; absent until its first chunk is copied)", labels=["changefeed", "table"])
     copies = GaugeMetricFamily("tidewater_changefeed_table_copies", "Table copies of the changefeed (tables that "
                                "joined with rows, resyncs) asked for or running while it streams",
                                labels=["changefeed"])
@@ -327,7 +333,11 @@ def snapshot_families(snap: Any, progress: Callable[[str], Any] | None) -> Itera
                 total.add_metric([cf_id, t.table], float(t.chunks_total))
                 rows.add_metric([cf_id, t.table], float(t.rows_copied))
                 planned.add_metric([cf_id, t.table], float(t.rows_planned))
-    yield from (phase, done, total, rows, planned, copies)
+                if t.rows_per_second is not None:
+                    speed.add_metric([cf_id, t.table], float(t.rows_per_second))
+                if t.eta_seconds is not None:
+                    eta.add_metric([cf_id, t.table], float(t.eta_seconds))
+    yield from (phase, done, total, rows, planned, speed, eta, copies)
 
 
 def slot_metrics(reports: list[UpstreamReport]) -> Iterator[Any]:

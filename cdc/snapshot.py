@@ -177,7 +177,9 @@ class SnapshotRun:
 @dataclass(frozen=True, slots=True)
 class TableProgress:
     """What a person watches per table: chunks done of total, rows copied of the planned rows, rows/s so far
-    (over the chunks' own copy time) and the ETA at that speed (None when unknown)."""
+    (over the chunks' own copy time), the ETA at that speed (None when unknown), and how the table is chunked:
+    :data:`KEY_RANGES`, or :data:`WHOLE_TABLE` for a table without a key (one chunk, one task, one transaction: no
+    progress inside it, no parallelism)."""
 
     table: str
     chunks_done: int
@@ -186,10 +188,16 @@ class TableProgress:
     rows_planned: int
     rows_per_second: float | None = None
     eta_seconds: float | None = None
+    chunking: str = "key ranges"
 
     @property
     def done(self) -> bool:
         return self.chunks_done >= self.chunks_total
+
+
+KEY_RANGES = "key ranges"
+WHOLE_TABLE = "whole table (no key)"
+"""``TableProgress.chunking`` of a table without a key: copied as one chunk (docs/snapshot.md, "Chunking")."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,8 +117,10 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "",
                 if deferred and owed is not None:
                     owed.append(OwedKey(schema, plan))
                 pending = [c for c in plan.chunks if c.index not in done]
-                log.info("%s: table %s: %d rows planned, %d/%d chunks done%s", job.label, name, plan.rows,
-                         len(plan.chunks) - len(pending), len(plan.chunks), ", key deferred" if deferred else "")
+                log.info("%s: table %s: %d rows planned, %d/%d chunks done%s%s", job.label, name, plan.rows,
+                         len(plan.chunks) - len(pending), len(plan.chunks), ", key deferred" if deferred else "",
+                         "" if plan.has_key else ", copied as one chunk: the table has no key (one task, one "
+                         "transaction that replaces the target's rows; no progress inside it)")
                 total += len(plan.chunks)
                 tasks.extend(ChunkTask(job, schema, c, run_id, deferred) for c in pending)
     finally:

@@ -4,6 +4,11 @@ On a terminal: a progress bar per table and one for the whole copy (rich), redra
 a terminal (a pipe, a log, CI): one plain line per change, at most every ``plain_every`` seconds. Either way it
 returns when the changefeed streams (every span's copy done), and raises :class:`WatchEnded` when it stops
 being able to get there (failed, stopped, removed), with the reason.
+
+A changefeed in ``warning`` (the copy failed and is retried: a target or upstream away, no Spark executor, a table
+not published yet) shows the warning's code and message: at once when it appears or changes (not only every
+``plain_every`` seconds), on every plain line while it lasts, and as a line above the bars on a terminal. Without
+it the watch would go on showing the same progress while nothing moves.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from collections.abc import Callable
 from typing import IO, Any
 
 __all__ = ["WatchEnded", "watch"]
+
+WHOLE_TABLE = "whole table (no key)"  # a table's "chunking" in the API's progress (cdc.snapshot.WHOLE_TABLE)
 
 _ENDED = {"failed", "stopped", "removed", "finished"}
 
@@ -25,8 +32,16 @@ class WatchEnded(Exception):
         self.query = query
 
 
+def warning(q: dict[str, Any]) -> str | None:
+    """``[CODE] message`` of a changefeed in ``warning`` (its error is retried), None otherwise."""
+    err = q.get("error") or {}
+    if q.get("state") != "warning" or not err:
+        return None
+    return f"[{err.get('code', '?')}] {' '.join(str(err.get('message', '')).split())}"
+
+
 def summary(q: dict[str, Any]) -> str:
-    """One line: phase, chunks and rows done, speed and ETA of the copy."""
+    """One line: phase, chunks and rows done, speed and ETA of the copy; a warning's code and message."""
     snap = q.get("snapshot") or {}
     tables = snap.get("tables") or []
     speed = sum(t.get("rows_per_second") or 0 for t in tables)
@@ -37,6 +52,9 @@ def summary(q: dict[str, Any]) -> str:
         line += f", {speed:,.0f} rows/s"
     if etas:
         line += f", ETA {max(etas):.0f} s"
+    warn = warning(q)
+    if warn:
+        line += f"; warning, retrying: {warn}"
     return line
 
 
@@ -57,14 +75,17 @@ def watch(fetch: Callable[[], dict[str, Any]], out: IO[str], *, tty: bool | None
         tty = out.isatty()
     if tty:
         return _watch_rich(fetch, out, interval)
-    last_line, last_time = "", 0.0
+    last_line, last_time, last_warning = "", 0.0, None
     while True:
         q = fetch()
         line = summary(q)
+        warn = warning(q)
         now = time.monotonic()
-        if line != last_line and (now - last_time >= plain_every or q.get("phase") == "streaming"):
+        if line != last_line and (not last_line or now - last_time >= plain_every or q.get("phase") == "streaming"
+                                  or warn != last_warning):
             print(line, file=out, flush=True)
             last_line, last_time = line, now
+        last_warning = warn
         if _finished(q):
             return q
         time.sleep(interval)
@@ -80,15 +101,24 @@ def _watch_rich(fetch: Callable[[], dict[str, Any]], out: IO[str], interval: flo
     with Progress(*columns, console=console, transient=False) as bar:
         total = bar.add_task("all tables", total=None, rows="")
         tasks: dict[str, Any] = {}
+        last_warning: str | None = None
         while True:
             q = fetch()
+            warn = warning(q)
+            if warn != last_warning:
+                bar.console.print(f"{q.get('id')}: warning, retrying: {warn}" if warn else f"{q.get('id')}: warning "
+                                  "cleared", markup=False, highlight=False)
+                last_warning = warn
             snap = q.get("snapshot") or {}
             bar.update(total, total=snap.get("chunks_total") or None, completed=snap.get("chunks_done", 0),
-                       rows=f"{snap.get('rows_copied', 0):,} rows", description=f"{q.get('id')} ({q.get('phase')})")
+                       rows=f"{snap.get('rows_copied', 0):,} rows",
+                       description=f"{q.get('id')} ({q.get('phase')}{', warning' if warn else ''})")
             for t in snap.get("tables") or []:
                 name = t["table"]
                 if name not in tasks:
-                    tasks[name] = bar.add_task(name, total=t["chunks_total"], rows="")
+                    whole = t.get("chunking") == WHOLE_TABLE
+                    tasks[name] = bar.add_task(f"{name} (one chunk: no key)" if whole else name,
+                                               total=t["chunks_total"], rows="")
                 speed = f", {t['rows_per_second']:,.0f}/s" if t.get("rows_per_second") else ""
                 bar.update(tasks[name], completed=t["chunks_done"], total=t["chunks_total"],
                            rows=f"{t['rows_copied']:,}/{t['rows_planned']:,} rows{speed}")

@@ -32,6 +32,8 @@ from cdc.meta.kv import KV, Compare, Op
 from cdc.snapshot import (
     KEY_BUILT,
     KEY_DEFERRED,
+    KEY_RANGES,
+    WHOLE_TABLE,
     ChunkDone,
     SnapshotProgress,
     SnapshotRun,
@@ -148,7 +150,7 @@ class SnapshotProgressStore:
 
 def summarize(cf: str, span: int, kvs: Sequence[KV]) -> SnapshotProgress:
     """:class:`SnapshotProgress` from the raw snapshot keys of one range read (tables of several spans are
-    kept apart by span). Rows/s is rows copied over the wall time from the first chunk's start to the last
+    kept apart by span; a key-less table's ``chunking`` says it is one whole chunk). Rows/s is rows copied over the wall time from the first chunk's start to the last
     chunk's finish (so parallel chunks count once); the ETA is the planned rows left at that speed."""
     plans: dict[tuple[int, TableName], TablePlan] = {}
     done: dict[tuple[int, TableName], list[ChunkDone]] = {}
@@ -184,7 +186,8 @@ def summarize(cf: str, span: int, kvs: Sequence[KV]) -> SnapshotProgress:
         elif n_done >= len(plan.chunks):
             eta = 0.0
         label = str(plan.table_name) if span >= 0 else f"{ident[0]}:{plan.table_name}"
-        tables.append(TableProgress(label, n_done, len(plan.chunks), copied, plan.rows, rate, eta))
+        tables.append(TableProgress(label, n_done, len(plan.chunks), copied, plan.rows, rate, eta,
+                                    KEY_RANGES if plan.has_key else WHOLE_TABLE))
     return SnapshotProgress(cf, span, tuple(tables), tuple(runs))
 
 

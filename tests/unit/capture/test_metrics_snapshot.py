@@ -31,14 +31,18 @@ def test_a_copying_changefeed_shows_its_tables_progress() -> None:
 
     def progress(cf: str) -> SnapshotProgress:
         asked.append(cf)
-        return SnapshotProgress(cf, -1, (TableProgress("0:public.t", 3, 8, 150, 400),))
+        return SnapshotProgress(cf, -1, (TableProgress("0:public.t", 3, 8, 150, 400, 50.0, 5.0),
+                                         TableProgress("0:public.u", 0, 2, 0, 90)))  # (no chunk copied yet)
 
     v = _values(list(snapshot_families(_snap(True, ["done", "copying"]), progress)))
     assert v["tidewater_changefeed_snapshot_copying"] == [(("cf",), 1.0)]
-    assert v["tidewater_snapshot_chunks_done"] == [(("cf", "0:public.t"), 3.0)]
-    assert v["tidewater_snapshot_chunks_planned"] == [(("cf", "0:public.t"), 8.0)]
-    assert v["tidewater_snapshot_rows_copied"] == [(("cf", "0:public.t"), 150.0)]
-    assert v["tidewater_snapshot_rows_planned"] == [(("cf", "0:public.t"), 400.0)]
+    assert v["tidewater_snapshot_chunks_done"] == [(("cf", "0:public.t"), 3.0), (("cf", "0:public.u"), 0.0)]
+    assert v["tidewater_snapshot_chunks_planned"] == [(("cf", "0:public.t"), 8.0), (("cf", "0:public.u"), 2.0)]
+    assert v["tidewater_snapshot_rows_copied"] == [(("cf", "0:public.t"), 150.0), (("cf", "0:public.u"), 0.0)]
+    assert v["tidewater_snapshot_rows_planned"] == [(("cf", "0:public.t"), 400.0), (("cf", "0:public.u"), 90.0)]
+    # speed and ETA per copying table, as changefeed query shows them; none for a table not started yet
+    assert v["tidewater_snapshot_rows_per_second"] == [(("cf", "0:public.t"), 50.0)]
+    assert v["tidewater_snapshot_eta_seconds"] == [(("cf", "0:public.t"), 5.0)]
     assert asked == ["cf"]
 
 

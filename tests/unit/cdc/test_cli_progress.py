@@ -45,3 +45,141 @@ def test_a_failed_changefeed_ends_the_watch_with_its_reason() -> None:
     with pytest.raises(WatchEnded, match="is failed: the copy job exited"):
         watch(_feed(_q(1), _q(1, state="failed", error={"message": "the copy job exited"})), io.StringIO(),
               tty=False, interval=0)
+
+
+WARN = {"code": "CDC:ErrSinkUnavailable", "message": "MySQL target shop is unavailable:\nConnection refused",
+        "retryable": True}
+
+
+def test_a_changefeed_in_warning_shows_the_warnings_code_and_message_at_once() -> None:
+    out = io.StringIO()
+    # plain_every is long: a line that only changes progress waits, a warning that appears or goes is printed at once
+    watch(_feed(_q(1), _q(1, state="warning", error=WARN), _q(1, state="warning", error=WARN), _q(2),
+                _q(4, "streaming")), out, tty=False, interval=0, plain_every=3600)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == summary(_q(1))
+    assert lines[1] == ("cf: warning, snapshot: 1/4 chunks, 100 rows copied, 50 rows/s, ETA 6 s; warning, retrying: "
+                        "[CDC:ErrSinkUnavailable] MySQL target shop is unavailable: Connection refused")
+    assert lines[2] == summary(_q(2))  # the warning cleared: shown at once too
+    assert lines[3] == summary(_q(4, "streaming")) and len(lines) == 4
+
+
+def test_a_warning_is_shown_above_the_bars_on_a_terminal() -> None:
+    out = io.StringIO()
+    watch(_feed(_q(1), _q(1, state="warning", error=WARN), _q(4, "streaming")), out, tty=True, interval=0)
+    text = " ".join(out.getvalue().split())
+    assert "cf: warning, retrying: [CDC:ErrSinkUnavailable] MySQL target shop is unavailable: Connection refused" in text
+    assert "cf: warning cleared" in text
+
+
+def test_a_table_without_a_key_is_labelled_as_one_chunk_on_a_terminal() -> None:
+    q = _q(0)
+    q["snapshot"]["tables"].append({"table": "0:public.bag", "chunks_done": 0, "chunks_total": 1, "rows_copied": 0,
+                                    "rows_planned": 300, "rows_per_second": None, "eta_seconds": None,
+                                    "chunking": "whole table (no key)"})
+    out = io.StringIO()
+    watch(_feed(q, _q(4, "streaming")), out, tty=True, interval=0)
+    assert "0:public.bag (one chunk: no key)" in out.getvalue()
+
+
+# ---- the CLI's flags, against a canned server whose answers change from one request to the next --------------
+class Sequenced:
+    """An HTTP server answering each (method, path) with the next of its queued answers (the last one repeats)."""
+
+    def __init__(self, answers: dict[tuple[str, str], list[tuple[int, Any]]]) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.answers = answers
+        self.requests: list[tuple[str, str, Any]] = []
+        me = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self) -> None:
+                n = int(self.headers.get("Content-Length") or 0)
+                me.requests.append((self.command, self.path, json.loads(self.rfile.read(n)) if n else None))
+                queue = me.answers.get((self.command, self.path)) or [(404, {"error_code": "CDC:ErrNotFound",
+                                                                            "error_msg": "no"})]
+                status, payload = queue.pop(0) if len(queue) > 1 else queue[0]
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _answer  # noqa: N815
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server(monkeypatch: pytest.MonkeyPatch) -> Any:
+    import time
+    from types import SimpleNamespace
+
+    from cdc.cli import progress
+
+    monkeypatch.setattr(progress, "time", SimpleNamespace(sleep=lambda s: None, monotonic=time.monotonic))
+    s = Sequenced({})
+    yield s
+    s.close()
+
+
+def test_create_wait_watches_the_copy_until_the_changefeed_streams(server: Sequenced,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from cdc.cli.main import main
+
+    server.answers[("POST", "/api/v2/changefeeds")] = [(200, _q(0))]
+    server.answers[("GET", "/api/v2/changefeeds/cf")] = [
+        (200, _q(0)), (200, _q(1, state="warning", error=WARN)), (200, _q(4, "streaming"))]
+    rc = main(["cli", "--server", server.url, "changefeed", "create", "-c", "cf", "--upstream", "postgresql://u@h/db",
+               "--sink-uri", "sqlite:///t.db", "--wait"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert json.loads(out)["phase"] == "streaming"  # the last query is printed
+    assert "[CDC:ErrSinkUnavailable] MySQL target shop is unavailable" in err  # progress lines on stderr
+    assert [r[:2] for r in server.requests] == [("POST", "/api/v2/changefeeds")] + [
+        ("GET", "/api/v2/changefeeds/cf")] * 3
+
+
+def test_create_without_wait_returns_at_once(server: Sequenced, capsys: pytest.CaptureFixture[str]) -> None:
+    from cdc.cli.main import main
+
+    server.answers[("POST", "/api/v2/changefeeds")] = [(200, _q(0))]
+    assert main(["cli", "--server", server.url, "changefeed", "create", "-c", "cf", "--upstream",
+                 "postgresql://u@h/db", "--sink-uri", "sqlite:///t.db"]) == 0
+    assert [r[0] for r in server.requests] == ["POST"]
+
+
+def test_query_watch_ends_with_exit_code_1_and_the_reason_when_the_changefeed_fails(
+        server: Sequenced, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from cdc.cli.main import main
+
+    failed = {"code": "CDC:ErrSinkDataRejected", "message": "table public.orders: the target refused the row with key "
+              "id=3777", "retryable": False}
+    server.answers[("GET", "/api/v2/changefeeds/cf")] = [(200, _q(1)), (200, _q(1, state="failed", error=failed))]
+    rc = main(["cli", "--server", server.url, "changefeed", "query", "-c", "cf", "--watch"])
+    out, err = capsys.readouterr()
+    assert rc == 1 and out == ""
+    body = json.loads(err[err.index("\n{") + 1:])  # after the progress lines: the error
+    assert body["error_code"] == "CDC:ErrChangefeedNotStreaming"
+    assert "is failed: table public.orders: the target refused the row with key id=3777" in body["error_msg"]
+    assert len(server.requests) == 2
+    # without --watch: one request, the query as it is
+    assert main(["cli", "--server", server.url, "changefeed", "query", "-c", "cf"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "failed" and len(server.requests) == 3

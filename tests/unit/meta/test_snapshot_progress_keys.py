@@ -60,3 +60,22 @@ def test_progress_counts_chunks_rows_rate_and_eta_per_table() -> None:
     assert (up.chunks_done, up.chunks_total, up.rows_per_second, up.eta_seconds) == (0, 1, None, None)
     assert (p.chunks_done, p.chunks_total, p.rows_copied, p.done) == (2, 5, 500, False)
     assert p.runs == (SnapshotRun("r", 99.0),)
+
+
+def test_a_keyless_table_is_shown_as_one_whole_chunk_and_a_keyed_one_by_key_ranges() -> None:
+    from capture.changefeed_view import snapshot_view
+    from cdc.snapshot import KEY_RANGES, WHOLE_TABLE
+
+    bag, big = TableName("public", "bag"), TableName("public", "big")
+    kvs = [KV(keys.snapshot_plan_key("c1", "cf", 0, bag), serde.to_json(plan_from_bounds(bag, 300, 100, None)), 1, 1, 0),
+           KV(keys.snapshot_plan_key("c1", "cf", 0, big),
+              serde.to_json(plan_from_bounds(big, 250, 100, ("id",), [("100",), ("200",)])), 1, 1, 0),
+           KV(keys.snapshot_chunk_key("c1", "cf", 0, big, 0), serde.to_json(ChunkDone(100, 1.0, 1000.0)), 1, 1, 0)]
+    p = summarize("cf", -1, kvs)
+    by = {t.table: t for t in p.tables}
+    assert by["0:public.bag"].chunking == WHOLE_TABLE == "whole table (no key)"
+    assert (by["0:public.bag"].chunks_total, by["0:public.big"].chunking, by["0:public.big"].chunks_total) == (
+        1, KEY_RANGES, 3)
+    shown = {t["table"]: t for t in snapshot_view(p)["tables"]}  # changefeed query and the API show it
+    assert shown["0:public.bag"]["chunking"] == "whole table (no key)" and shown["0:public.big"]["chunking"] == "key ranges"
+    assert shown["0:public.big"]["rows_per_second"] == 100.0 and shown["0:public.big"]["eta_seconds"] == 1.5
