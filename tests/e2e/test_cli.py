@@ -364,6 +364,26 @@ def test_create_refused_when_wal_level_is_not_logical(refusal_env: RefusalEnv, t
         replica.stop()
 
 
+def test_create_refused_when_the_spark_master_is_not_one(refusal_env: RefusalEnv) -> None:
+    """The initial copy could not run: refused up front, exit code 1, one JSON error naming the option and the fix,
+    no traceback, nothing created."""
+    env = refusal_env
+    config = "[filter]\nrules = ['public.good']\n[snapshot]\nspark-master = \"{}\"\n"
+    res = cdc_cli(env.server.url, *create_args(env, "mesos-master", config=config.format("mesos://127.0.0.1:5050")))
+    refused(res, "CDC:ErrInvalidConfig", "snapshot.spark-master", "mesos://127.0.0.1:5050", "spark://host:port")
+    res = cdc_cli(env.server.url, *create_args(env, "no-master", config=config.format(f"spark://127.0.0.1:{CLOSED_PORT}")))
+    refused(res, "CDC:ErrSparkUnavailable", f"127.0.0.1:{CLOSED_PORT} of snapshot.spark-master does not answer",
+            "start the master")
+    api_port = int(env.server.url.rsplit(":", 1)[1])
+    for cf, port in (("pg-master", env.pg.port), ("api-master", api_port)):  # a TCP port where something else listens
+        res = cdc_cli(env.server.url, *create_args(env, cf, config=config.format(f"spark://127.0.0.1:{port}")))
+        refused(res, "CDC:ErrSparkUnavailable", f"127.0.0.1:{port} of snapshot.spark-master is not a Spark master",
+                "port is 7077 by default")
+        assert "Traceback" not in res.stderr
+    for cf in ("mesos-master", "no-master", "pg-master", "api-master"):
+        assert_nothing_left(env, cf)
+
+
 def test_missing_config_file_is_refused(refusal_env: RefusalEnv) -> None:
     args = ["changefeed", "create", "-c", "no-file", "--upstream", refusal_env.upstream,
             "--sink-uri", refusal_env.sink, "--config", str(refusal_env.dir / "does-not-exist.toml")]

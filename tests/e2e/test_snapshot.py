@@ -165,3 +165,38 @@ def test_a_changefeed_paused_during_the_copy_ends_the_job_and_resumes_it(
     assert_converged(cdc, "pz", source, sink_uri, tables=TABLES)
     q = wait_for(cdc, "pz", lambda q: True, "query")
     assert q["state"] == "normal" and q["phase"] == "streaming" and not q["warnings"], q
+
+
+@pytest.mark.parametrize("sink_uri", ["postgresql"], indirect=True)
+def test_a_row_the_target_refuses_fails_the_changefeed_naming_the_table_and_key(
+        cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:
+    """Someone created the target table (empty) with a CHECK the upstream does not have: the copy's chunk is refused,
+    the changefeed is failed (not retried forever) and `cdc cli changefeed query` names the table, the row's key and
+    the database's reason; after the constraint is dropped, resume copies the rest and the target converges."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cdc = cdc_server
+    run_sql(source, "INSERT INTO big SELECT g, 'v' || g, g % 97 FROM generate_series(1, 3000) g",
+            "UPDATE big SET n = -1 WHERE id = 2345")
+    target_db = sink_uri.rsplit("/", 1)[1]
+    pg_server.execute("CREATE TABLE public.big (id int PRIMARY KEY, v text, n int CONSTRAINT n_not_negative "
+                      "CHECK (n >= 0))", db=target_db)
+    cdc.create_changefeed("refused", pg_server.uri(pg_database), sink_uri,
+                          "[filter]\nrules = ['public.big']\n[snapshot]\nchunk-rows = 1000\n")
+    q = wait_for(cdc, "refused", lambda q: q["state"] in ("failed", "warning") or q["phase"] == "streaming",
+                 "the refused copy", timeout=180)
+    assert q["state"] == "failed", q  # fatal at once: the same row would be refused again
+    out = subprocess.run([sys.executable, "-m", "cdc", "cli", "--server", cdc.url, "changefeed", "query", "-c",
+                          "refused"], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    err = json.loads(out.stdout)["error"]
+    assert err["code"] == "CDC:ErrSinkDataRejected", err
+    assert "table public.big: the target refused the row with key id=2345" in err["message"], err
+    assert 'violates check constraint "n_not_negative"' in err["message"] and "Fix:" in err["message"], err
+    pg_server.execute("ALTER TABLE public.big DROP CONSTRAINT n_not_negative", db=target_db)  # the fix
+    cdc.request("POST", "/api/v2/changefeeds/refused/resume")
+    assert_converged(cdc, "refused", source, sink_uri, tables=["public.big"])

@@ -49,7 +49,7 @@ def test_an_array_with_other_bounds_fails_a_json_target_with_table_and_column(
     with source.cursor() as cur:
         cur.execute("INSERT INTO vals (id, grid) VALUES (1, '[0:1]={7,8}')")
     q = wait_state(cdc_server, "bounds", "failed", timeout=120)
-    assert q["error"]["code"] == "CDC:ErrSinkFatal", q["error"]
+    assert q["error"]["code"] == "CDC:ErrSinkDataRejected", q["error"]
     assert "vals" in q["error"]["message"] and "column 'grid'" in q["error"]["message"], q["error"]
     assert "lower bound is not 1" in q["error"]["message"], q["error"]
 
