@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 
 from cdc.errors import SparkUnavailable
 
@@ -30,9 +31,15 @@ _REPLY = struct.Struct(">qbq")  # frame length, type, request id (RpcResponse / 
 _BODY = b"tidewater: is this a Spark master?"
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+def _recv_exactly(sock: socket.socket, n: int, timeout: float) -> bytes:
+    """Up to ``n`` bytes (fewer when the peer closes), within ``timeout`` seconds in all (``TimeoutError``)."""
+    deadline = time.monotonic() + timeout
     out = b""
     while len(out) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("timed out")
+        sock.settimeout(left)
         got = sock.recv(n - len(out))
         if not got:
             break
@@ -56,7 +63,7 @@ def probe_rpc(host: str, port: int, timeout: float = 3.0) -> None:
     try:
         sock.settimeout(timeout)
         sock.sendall(frame)
-        head = _recv_exactly(sock, _REPLY.size)
+        head = _recv_exactly(sock, _REPLY.size, timeout)
     except OSError as exc:  # a reset, a timeout: no Spark RPC server answers that way
         raise SparkUnavailable(f"{where} of snapshot.spark-master is not a Spark master: it did not answer Spark's "
                                f"RPC protocol ({exc}); {fix}") from None

@@ -35,13 +35,15 @@ def _job(pg_server: Any, pg_database: str, etcd_server: Any, cluster_id: str, si
                        local=True)  # the same task code without starting Spark
 
 
-def _run(job: SnapshotJob, tmp_path: Path) -> str:
+def _run(job: SnapshotJob, tmp_path: Path, log: list[str] | None = None) -> str:
     plan = write_job(job, tmp_path / "job.json")
     out = subprocess.run([sys.executable, "-m", "spark_jobs.snapshot", "--plan", str(plan)], cwd=ROOT,
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 3, out.stderr[-3000:]  # neither bad input nor an outage: the target refuses
     assert "Traceback" not in out.stderr
     last = out.stderr.rstrip().splitlines()[-1]
+    if log is not None:
+        log.append(out.stderr)
     assert last.startswith("snapshot copy failed: [CDC:ErrSinkDataRejected] table "), out.stderr[-3000:]
     return last
 
@@ -84,6 +86,11 @@ def test_a_keyless_row_refused_by_not_null_is_named_by_its_values(
     execute(pg_server, pg_database, "CREATE TABLE bag (g int, s text)", "ALTER TABLE bag REPLICA IDENTITY FULL",
             "INSERT INTO bag SELECT g % 10, 's' FROM generate_series(1, 300) g", "INSERT INTO bag VALUES (42, NULL)")
     pg_tgt.execute("CREATE TABLE public.bag (g int, s text NOT NULL)")
-    line = _run(_job(pg_server, pg_database, etcd_server, cluster_id, pg_tgt.uri, "public.bag"), tmp_path)
+    log: list[str] = []
+    line = _run(_job(pg_server, pg_database, etcd_server, cluster_id, pg_tgt.uri, "public.bag"), tmp_path, log)
     assert "table public.bag: the target refused the row with key (g, s)=(42, None)" in line, line
     assert 'null value in column "s"' in line, line
+    # the job's log says the key-less table is one chunk
+    assert "table public.bag: 301 rows planned, 0/1 chunks done, copied as one chunk: the table has no key" in log[0]
+    [(n,)] = pg_tgt.execute("SELECT count(*) FROM public.bag")
+    assert n == 0
