@@ -219,10 +219,10 @@ def _copy(job: SnapshotJob, spark: Any, run: SnapshotRun, tasks: list[ChunkTask]
         if tasks and not any(r.error for r in early):
             spark = starter.session()  # raises SparkUnavailable when it could not start
             _STOP.spark = spark
-            wait_for_executors(spark, job)
     results = early
     try:
         if tasks and not any(r.error for r in early):
+            wait_for_executors(spark, job)  # (a cluster master without workers: a retryable error, not a stall)
             slices = partitions(len(tasks), spark.sparkContext.defaultParallelism, job.sink)
             log.info("%s: run %s copying %d chunk(s) of %d in %d partition(s) on %s", job.label, run_id, len(tasks),
                      total, slices, spark.sparkContext.master)
