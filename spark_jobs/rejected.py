@@ -119,10 +119,9 @@ def find_refused_row(reader: SnapshotReader, sink: Sink, task: Any, first: DataR
             log.info("%s: chunk %s: the target refuses the row %s of %s (found in %d probes, all rolled back)",
                      job.label, chunk.label, key_text(row), table, probes)
             return DataRejected(
-                f"table {table}: the target refused the row with key {key_text(row)} (chunk {chunk.label}): "
-                f"{reason}. Fix: make the target take it (widen the column, relax or drop the constraint, or let "
-                "Tidewater create the table) or correct the row upstream, then resume the changefeed (copied "
-                "chunks stay done)", reason=reason)
+                f"table {table}: the target refused the row with key {key_text(row)}: {reason.rstrip('. ')}. Fix: "
+                "make the target take it (widen the column, relax or drop the constraint, or let Tidewater create "
+                "the table) or correct the row upstream, then resume the changefeed", reason=reason)
     finally:
         close = getattr(rows, "close", None)
         if close is not None:

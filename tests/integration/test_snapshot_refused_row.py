@@ -1,7 +1,8 @@
 """A target that refuses a row of the initial copy names the table and the row's key (spark_jobs.rejected): a CHECK
 constraint someone put on an existing, empty PostgreSQL target table, a MariaDB column too narrow for a value
 (strict mode), a key-less table's row refused by a NOT NULL. The job ends with one line
-``[CDC:ErrSinkDataRejected] table ...: the target refused the row with key ...: <the database's reason>. Fix: ...``,
+``[CDC:ErrSinkDataRejected] chunk ...: table ...: the target refused the row with key ...: <the database's reason>.
+Fix: ...``,
 nothing of the search stays downstream, and chunks copied before stay copied. Real upstream, targets and etcd."""
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def _run(job: SnapshotJob, tmp_path: Path, log: list[str] | None = None) -> str:
     last = out.stderr.rstrip().splitlines()[-1]
     if log is not None:
         log.append(out.stderr)
-    assert last.startswith("snapshot copy failed: [CDC:ErrSinkDataRejected] table "), out.stderr[-3000:]
+    assert last.startswith("snapshot copy failed: [CDC:ErrSinkDataRejected] chunk "), out.stderr[-3000:]
     return last
 
 
@@ -57,7 +58,7 @@ def test_a_check_constraint_on_an_existing_postgresql_target_names_the_row(
     pg_tgt.execute("CREATE TABLE public.orders (id int PRIMARY KEY, qty int CONSTRAINT qty_not_negative "
                    "CHECK (qty >= 0), note text)")
     line = _run(_job(pg_server, pg_database, etcd_server, cluster_id, pg_tgt.uri, "public.orders"), tmp_path)
-    assert "table public.orders: the target refused the row with key id=3777 (chunk public.orders#3)" in line, line
+    assert "chunk public.orders#3: table public.orders: the target refused the row with key id=3777: " in line, line
     assert 'violates check constraint "qty_not_negative"' in line and "Fix: make the target take it" in line, line
     assert "password" not in line.lower()
     # the refused chunk left nothing (neither did the search's probes); chunks before it stay copied
