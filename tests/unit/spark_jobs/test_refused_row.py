@@ -175,3 +175,32 @@ def test_the_copy_reports_the_refused_row_instead_of_the_chunks_error(monkeypatc
     assert result.error_code == "CDC:ErrSinkDataRejected" and recorded == [] and sink.committed == []
     assert result.error is not None and "the row with key (id, region)=(17, 'eu')" in result.error
     assert "pw" not in result.error  # (no URI in it; a URI would be redacted by one_line)
+
+
+def test_a_real_sqlite_target_keeps_nothing_of_the_search(tmp_path: Any) -> None:
+    """The probes through the real SQL sink (SQLite, in process): the CHECK's refusal is DataRejected, every probe is
+    rolled back, and the rows the target took before stay as they were."""
+    import sqlite3
+
+    from sinks.sql.sink import SQLSink
+
+    db = tmp_path / "t.db"
+    conn = sqlite3.connect(db)
+    conn.execute("CREATE TABLE orders (id integer, region text, qty integer CHECK (qty >= 0), PRIMARY KEY (id, region))")
+    conn.execute("INSERT INTO orders VALUES (-1, 'kept', 5)")
+    conn.commit()
+    conn.close()
+    sink = SQLSink(f"sqlite:///{db}")
+    try:
+        with pytest.raises(DataRejected) as first:
+            sink.write(_rows(KEYED, 300, {123}))
+        assert "CHECK constraint failed" in first.value.reason
+        got = find_refused_row(Reader(_rows(KEYED, 300, {123})), sink, _task(KEYED), first.value)
+    finally:
+        sink.close()
+    assert got is not None and "the row with key (id, region)=(123, 'eu'): CHECK constraint failed" in got.message
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("SELECT id, region, qty FROM orders").fetchall() == [(-1, "kept", 5)]
+    finally:
+        conn.close()
