@@ -120,5 +120,9 @@ fi
 log "installing the project into $VENV (extras: $EXTRAS)"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]"
 
+# the snapshot reader's COPY helper (upstream/postgres/copy_out.c): built now rather than by the first copy; without a
+# C compiler the copy falls back to psycopg2's copy_expert (more client CPU per row)
+"$VENV/bin/python" -m upstream.postgres.copy_out >/dev/null || log "COPY helper not built: copies use copy_expert"
+
 echo "$want" > "$STAMP"
 log "done"

@@ -15,7 +15,7 @@ from cdc.snapshot import TablePlan
 from processor.mounter import Mounter, encode_payload
 from tests.snapshot_helpers import execute, exported_snapshot
 from upstream import open_upstream
-from upstream.postgres import catalog
+from upstream.postgres import catalog, snapshot_read
 from upstream.postgres.source import PgChangeDecoder
 
 pytestmark = pytest.mark.integration
@@ -115,8 +115,9 @@ def test_chunks_of_a_composite_key_cover_the_snapshot_exactly(pg_server: Any, pg
         assert {(3, "k3000", "late"), (-1, "a", "late")} <= set(now)
 
 
-def test_a_dense_integer_key_is_planned_in_equal_ranges_and_a_sparse_one_exactly(pg_server: Any,
-                                                                              pg_database: str) -> None:
+def test_a_dense_integer_key_is_planned_in_equal_ranges_and_a_sparse_one_exactly(
+        pg_server: Any, pg_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(snapshot_read, "DENSE_MIN_ROWS", 300)  # (1,000,000 rows: too slow to load here)
     uri = pg_server.uri(pg_database)
     execute(pg_server, pg_database,
             # dense: 1..1000 with every third key gone (667 rows over 1000 keys: spread 1.5)
@@ -142,6 +143,9 @@ def test_a_dense_integer_key_is_planned_in_equal_ranges_and_a_sparse_one_exactly
             s_schema = reader.table_schema(TableName("public", "sparse"))
             s_plan = reader.plan(s_schema, 100)  # the exact ordered pass: 100 rows per chunk but the last
             assert [len(list(reader.read_chunk(s_schema, ch))) for ch in s_plan.chunks] == [100] * 5
+            monkeypatch.setattr(snapshot_read, "DENSE_MIN_ROWS", 1000)  # a smaller table: the exact pass too
+            exact = reader.plan(schema, 100)
+            assert [len(list(reader.read_chunk(schema, ch))) for ch in exact.chunks] == [100] * 6 + [67]
         # the equal ranges read at a later snapshot still cover every row exactly once, the open ends included
         exp.expire()
         with open_upstream(uri).snapshot_reader(None) as later:
