@@ -120,5 +120,14 @@ fi
 log "installing the project into $VENV (extras: $EXTRAS)"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]"
 
+# the snapshot reader's COPY helper (upstream/postgres/copy_out.c): built now rather than by the first copy; without a
+# C compiler the copy falls back to psycopg2's copy_expert (more client CPU per row)
+"$VENV/bin/python" -m upstream.postgres.copy_out >/dev/null || log "COPY helper not built: copies use copy_expert"
+# the Spark driver's class-data archive (spark_jobs/cds.py): the snapshot job's JVM starts with about half the CPU
+case ",$EXTRAS," in *,spark,*)
+    log "archiving the Spark driver's classes (once, ~20 s)"
+    "$VENV/bin/python" -m spark_jobs.cds >/dev/null || log "Spark class-data archive not built: the driver starts without it" ;;
+esac
+
 echo "$want" > "$STAMP"
 log "done"

@@ -3,7 +3,9 @@
 :func:`spark_session` builds (or gets) a session for a master URL (``local[*]`` by default; any Spark master
 works). Before the JVM starts it points ``PYSPARK_PYTHON`` (and the driver's) at the running interpreter, so
 executors run our code with our packages, and sets ``SPARK_LOCAL_IP=127.0.0.1`` unless already set. The UI is
-off and Spark's own log level is ``WARN`` (progress is logged by the job, not by Spark).
+off and Spark's own log level is ``WARN`` (progress is logged by the job, not by Spark). Driver JVM options given in
+``spark.driver.extraJavaOptions`` get this setup's class-data archive (:mod:`spark_jobs.cds`) when one was made for
+them.
 
 Errors: :class:`cdc.errors.SparkUnavailable` naming the cause and the fix (no Java or Java < 17, pyspark not
 installed, a master URL Spark refuses or cannot reach).
@@ -21,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cdc.errors import SparkUnavailable
+from spark_jobs import cds
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +86,10 @@ def spark_session(master: str = "local[*]", conf: Mapping[str, str] | None = Non
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.driver.host", os.environ["SPARK_LOCAL_IP"])
                .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable))
-    for k, v in (conf or {}).items():
+    settings = dict(conf or {})
+    if "spark.driver.extraJavaOptions" in settings:  # a class-data archive made for these options, if there is one
+        settings["spark.driver.extraJavaOptions"] = cds.driver_options(settings["spark.driver.extraJavaOptions"])
+    for k, v in settings.items():
         builder = builder.config(k, v)
     for attempt in range(1, GATEWAY_ATTEMPTS + 1):
         try:

@@ -15,7 +15,7 @@ from cdc.snapshot import TablePlan
 from processor.mounter import Mounter, encode_payload
 from tests.snapshot_helpers import execute, exported_snapshot
 from upstream import open_upstream
-from upstream.postgres import catalog
+from upstream.postgres import catalog, snapshot_read
 from upstream.postgres.source import PgChangeDecoder
 
 pytestmark = pytest.mark.integration
@@ -113,6 +113,44 @@ def test_chunks_of_a_composite_key_cover_the_snapshot_exactly(pg_server: Any, pg
             now = [c.row for chunk in plan.chunks for c in later.read_chunk(schema, chunk)]
         assert len(now) == len(set(now)) == 1000 - 1000 // 7 + 2
         assert {(3, "k3000", "late"), (-1, "a", "late")} <= set(now)
+
+
+def test_a_dense_integer_key_is_planned_in_equal_ranges_and_a_sparse_one_exactly(
+        pg_server: Any, pg_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(snapshot_read, "DENSE_MIN_ROWS", 300)  # (1,000,000 rows: too slow to load here)
+    uri = pg_server.uri(pg_database)
+    execute(pg_server, pg_database,
+            # dense: 1..1000 with every third key gone (667 rows over 1000 keys: spread 1.5)
+            "CREATE TABLE dense (id bigint PRIMARY KEY, v text)",
+            "INSERT INTO dense SELECT i, 'v' || i FROM generate_series(1, 1000) i WHERE i % 3 <> 0",
+            # sparse: 500 rows spread over 500,000 keys, all but 10 bunched at the low end
+            "CREATE TABLE sparse (id int PRIMARY KEY, v text)",
+            "INSERT INTO sparse SELECT i, 'v' FROM generate_series(1, 490) i",
+            "INSERT INTO sparse SELECT i * 50000, 'w' FROM generate_series(1, 10) i")
+    with exported_snapshot(pg_server, pg_database) as exp:
+        # after the export: invisible to the snapshot, but inside (or beyond) the planned ranges
+        execute(pg_server, pg_database, "INSERT INTO dense VALUES (3, 'late'), (5000, 'late'), (-7, 'late')",
+                "DELETE FROM dense WHERE id = 1")
+        with open_upstream(uri).snapshot_reader(exp.snapshot) as reader:
+            schema = reader.table_schema(TableName("public", "dense"))
+            plan = reader.plan(schema, 100)
+            assert plan.rows == 667 and len(plan.chunks) == 7  # ceil(667 / 100) ranges of ceil(1000 / 7) keys
+            assert [ch.lower for ch in plan.chunks] == [None] + [(str(1 + i * 143),) for i in range(1, 7)]
+            assert plan.chunks[-1].upper is None
+            sizes = [len(list(reader.read_chunk(schema, ch))) for ch in plan.chunks]
+            assert sum(sizes) == 667 and max(sizes) <= 2 * 100  # at most DENSE_SPREAD x chunk-rows each
+            assert serde.from_json(TablePlan, serde.to_json(plan)) == plan
+            s_schema = reader.table_schema(TableName("public", "sparse"))
+            s_plan = reader.plan(s_schema, 100)  # the exact ordered pass: 100 rows per chunk but the last
+            assert [len(list(reader.read_chunk(s_schema, ch))) for ch in s_plan.chunks] == [100] * 5
+            monkeypatch.setattr(snapshot_read, "DENSE_MIN_ROWS", 1000)  # a smaller table: the exact pass too
+            exact = reader.plan(schema, 100)
+            assert [len(list(reader.read_chunk(schema, ch))) for ch in exact.chunks] == [100] * 6 + [67]
+        # the equal ranges read at a later snapshot still cover every row exactly once, the open ends included
+        exp.expire()
+        with open_upstream(uri).snapshot_reader(None) as later:
+            now = [c.row[0] for ch in plan.chunks for c in later.read_chunk(schema, ch)]
+        assert sorted(now) == sorted({i for i in range(2, 1001) if i % 3} | {3, 5000, -7})
 
 
 def test_a_table_without_a_key_is_one_whole_chunk(pg_server: Any, pg_database: str) -> None:

@@ -28,8 +28,13 @@ and is split as it is). Each row is parsed by :func:`upstream.postgres.types.row
 ``row`` and ``row_text`` set, as the mounter builds it. No per-row I/O or logging.
 
 Reading as text (:meth:`PgSnapshotReader.read_chunk_text`): the same COPY's bytes, unparsed, for a sink that stores
-them itself (:class:`cdc.snapshot.CopyText`, the initial copy's passthrough into PostgreSQL, ``sinks.sql.bulk``);
-they cross an OS pipe (psycopg2 writes each row into a buffered file: a C call, no Python frame per row).
+them itself (:class:`cdc.snapshot.CopyText`, the initial copy's passthrough into PostgreSQL, ``sinks.sql.bulk``),
+drained from libpq in 1 MiB blocks by :mod:`upstream.postgres.copy_out` (C, no Python call per row); where that helper
+cannot be built, through an OS pipe that psycopg2's ``copy_expert`` writes each row into.
+
+Planning (:meth:`PgSnapshotReader.plan`) of a large table (:data:`DENSE_MIN_ROWS`) whose key is one integer column of
+dense values (:data:`DENSE_SPREAD`) takes equal key ranges from ``count(*)`` and the key's ends instead of the
+ordered pass: chunks of at most twice ``chunk_rows`` rows, planned for a seventh of the upstream's CPU.
 """
 
 from __future__ import annotations
@@ -51,15 +56,22 @@ from cdc.errors import DecodeError, InvalidArgument, SnapshotExpired
 from cdc.events import SNAPSHOT, OpType, RowChange, TableName, TableSchema
 from cdc.snapshot import PG_COPY_TEXT, CopyText, SnapshotChunk, TablePlan, plan_from_bounds
 from upstream.base import SnapshotReader
-from upstream.postgres import catalog
+from upstream.postgres import catalog, copy_out
 from upstream.postgres import conn as pg_conn
 from upstream.postgres.rowfetch import cast_type, copy_unescape
 from upstream.postgres.types import parser_for, row_parser
 
 log = logging.getLogger(__name__)
 
-_INVALID_SNAPSHOT = "invalid snapshot identifier"
-TEXT_BLOCK = 1 << 20  # bytes per block of read_chunk_text  # malformed name; a well-formed unknown one "does not exist"
+_INVALID_SNAPSHOT = "invalid snapshot identifier"  # malformed name; a well-formed unknown one "does not exist"
+TEXT_BLOCK = 1 << 20  # bytes per block of read_chunk_text
+_INTEGER_KEYS = frozenset({"int2", "int4", "int8"})
+DENSE_SPREAD = 2
+"""A single integer key spanning at most this many times the table's rows is planned in equal key ranges (each
+chunk then holds at most this many times ``chunk-rows`` rows); a sparser one by the exact ordered pass."""
+DENSE_MIN_ROWS = 1_000_000
+"""Tables with fewer rows keep the exact ordered pass (it costs them under 0.4 CPU s, and their chunks stay exactly
+``chunk-rows`` rows each); the equal ranges pay off for large tables."""
 
 
 class PgSnapshotReader(SnapshotReader):
@@ -151,10 +163,13 @@ class PgSnapshotReader(SnapshotReader):
             with pg_conn.pg_errors(conn, f"counting the rows of {name}"), conn.cursor() as cur:
                 cur.execute(count)
                 return plan_from_bounds(name, int(cur.fetchone()[0]), chunk_rows, None)
+        key = tuple(schema.key)
+        dense = self._dense_integer_plan(schema, chunk_rows)
+        if dense is not None:
+            return dense
         # one ordered pass over the key (an index-only scan) gives the key of every chunk_rows-th row; the rows
         # then are chunk_rows per bound before the last bound plus those from the last bound on (a range count of
         # at most chunk_rows rows): no separate count(*) scan of the whole table
-        key = tuple(schema.key)
         keys = sql.SQL(", ").join(sql.Identifier(k) for k in key)
         texts = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(k)) for k in key)
         query = sql.SQL("SELECT {texts} FROM (SELECT {keys}, row_number() OVER (ORDER BY {keys}) AS rn "
@@ -172,6 +187,40 @@ class PgSnapshotReader(SnapshotReader):
             rows = len(bounds) * chunk_rows + int(cur.fetchone()[0])
         plan = plan_from_bounds(name, rows, chunk_rows, key, bounds)
         log.info("snapshot plan %s: %s rows in %d chunk(s) of %d rows", name, rows, len(plan.chunks), chunk_rows)
+        return plan
+
+    def _dense_integer_plan(self, schema: TableSchema, chunk_rows: int) -> TablePlan | None:
+        """Equal-width key ranges for a single integer key whose values are dense (``max - min + 1`` at most
+        :data:`DENSE_SPREAD` times the rows) in a table of at least :data:`DENSE_MIN_ROWS` rows: the exact ``count(*)`` (an index-only scan, ~7x cheaper than the
+        ordered pass with ``row_number()``, measured) and the key's ends (two index probes) are all it costs.
+        ``n = ceil(rows / chunk_rows)`` ranges of width ``ceil(span / n)`` hold at most ``DENSE_SPREAD x
+        chunk_rows`` rows each, however the keys are spread inside the span. None: not such a key, or sparse
+        (the caller plans exact bounds)."""
+        if len(schema.key) != 1:
+            return None
+        col = schema.column(schema.key[0])
+        if col.is_array or col.base_type not in _INTEGER_KEYS:
+            return None
+        name = schema.name
+        table = sql.Identifier(name.schema, name.table)
+        k = sql.Identifier(col.name)
+        conn = self._connection()
+        with pg_conn.pg_errors(conn, f"planning the chunks of {name}"), conn.cursor() as cur:
+            cur.execute(sql.SQL("SELECT count(*) FROM {}").format(table))
+            rows = int(cur.fetchone()[0])
+            if rows < DENSE_MIN_ROWS:
+                return None
+            cur.execute(sql.SQL("SELECT min({k}), max({k}) FROM {t}").format(k=k, t=table))
+            low, high = (int(v) for v in cur.fetchone())
+        span = high - low + 1
+        if span > DENSE_SPREAD * rows:
+            return None
+        n = -(-rows // chunk_rows)
+        width = -(-span // n)
+        bounds = [(str(low + i * width),) for i in range(1, n) if low + i * width <= high]
+        plan = plan_from_bounds(name, rows, chunk_rows, (col.name,), bounds)
+        log.info("snapshot plan %s: %s rows in %d equal key range(s) of %d keys (%s..%s)", name, rows,
+                 len(plan.chunks), width, low, high)
         return plan
 
     # ---- reading ---------------------------------------------------------------------------------------
@@ -277,6 +326,9 @@ class PgSnapshotReader(SnapshotReader):
         conn = self._connection()
         with conn.cursor() as cur:
             text_query = cur.mogrify(query, params)
+        if copy_out.available():
+            yield from self._helper_blocks(conn, text_query, f"reading chunk {chunk.index} of {schema.name}")
+            return
         rfd, wfd = os.pipe()
         with contextlib.suppress(OSError):  # fewer wake-ups; the default 64 KiB works too
             fcntl.fcntl(wfd, getattr(fcntl, "F_SETPIPE_SZ", 1031), TEXT_BLOCK)
@@ -309,6 +361,28 @@ class PgSnapshotReader(SnapshotReader):
             inp.close()  # abandoned: the producer's next write fails (EPIPE) and ends the COPY
             producer.join(30)
             if not complete:
+                self.close()
+
+
+    def _helper_blocks(self, conn: Any, text_query: bytes, what: str) -> Iterator[bytes]:
+        """:meth:`_text_blocks` through :class:`upstream.postgres.copy_out.CopyOut` (libpq drained in C, no Python
+        call per row), on the caller's thread: the blocks the target's ``COPY FROM`` takes are read from the
+        upstream's socket as it asks for them (the two servers still overlap through the sockets' buffers)."""
+        out = copy_out.CopyOut(conn, text_query)
+        complete = False
+        try:
+            with pg_conn.pg_errors(conn, what):
+                out.start()
+            while True:
+                with pg_conn.pg_errors(conn, what):
+                    block = out.read(TEXT_BLOCK)
+                if not block:
+                    break
+                yield block
+            complete = True
+        finally:
+            out.close()
+            if not complete:  # failed or abandoned mid-COPY: the connection cannot be trusted any more
                 self.close()
 
 
