@@ -487,6 +487,12 @@ def _end_own_run(job: SnapshotJob, run: SnapshotRun) -> None:
 _STOP = _Stop
 
 
+def _quiet_py4j(record: logging.LogRecord) -> bool:
+    """Drop py4j's own INFO/DEBUG lines (with tracebacks) that it logs through the root logger, e.g. when a JVM still
+    starting is ended because the driver copied every chunk first: an expected end, not a fault to show."""
+    return record.levelno >= logging.WARNING or f"{os.sep}py4j{os.sep}" not in record.pathname
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spark_jobs.snapshot",
                                      description="Copy a span's tables under an upstream snapshot (Spark).")
@@ -496,6 +502,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:  # py4j also logs through the root logger (module-level calls)
+        handler.addFilter(_quiet_py4j)
     signal.signal(signal.SIGTERM, _STOP.handler)  # a stop request: cancel, stop Spark, exit 130
     try:
         job = read_job(args.plan)

@@ -59,3 +59,18 @@ def test_other_start_errors_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(SparkUnavailable, match="check spark-master"):
         session.spark_session("bogus")
     assert len(calls) == 1
+
+
+def test_the_jobs_log_drops_py4j_info_lines_but_keeps_its_warnings_and_everything_else() -> None:
+    import logging
+    import os
+
+    from spark_jobs.snapshot import _quiet_py4j
+
+    def record(level: int, path: str) -> logging.LogRecord:
+        return logging.LogRecord("root", level, path, 1, "Exception while sending command.", None, None)
+
+    py4j = os.path.join("x", "site-packages", "py4j", "java_gateway.py")
+    assert not _quiet_py4j(record(logging.INFO, py4j))  # an abandoned JVM start: expected, not shown
+    assert _quiet_py4j(record(logging.WARNING, py4j)) and _quiet_py4j(record(logging.ERROR, py4j))
+    assert _quiet_py4j(record(logging.INFO, os.path.join("x", "spark_jobs", "snapshot.py")))
