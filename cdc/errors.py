@@ -165,6 +165,19 @@ class SnapshotExpired(UpstreamError):
     code = "CDC:ErrSnapshotExpired"
 
 
+class SnapshotPositionUnknown(TidewaterError):
+    """The copy of a key-less table cannot be placed in the stream: its record carries no commit Ts, or a snapshot
+    name and Ts that are not one export of the span's copy runs (snapshot names repeat after an upstream restart:
+    the name alone proves nothing). Streaming it would drop or duplicate changes, so the span refuses; the record is
+    dropped first, so the next run (``resume``) copies the table again, whole, under a new snapshot."""
+
+    code = "CDC:ErrSnapshotPosition"
+
+    def __init__(self, message: str, *, table: str = "", cause: BaseException | None = None) -> None:
+        super().__init__(message, cause=cause)
+        self.table = table
+
+
 class GCTTLExceeded(TidewaterError):
     """The changefeed was stopped or failed for longer than ``gc-ttl``: the owner dropped its slots (the
     upstream no longer retains its changes), so it can never be resumed, only recreated."""

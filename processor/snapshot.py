@@ -17,7 +17,9 @@ Floors: a keyed table's chunks may have been copied under several snapshots (a r
 snapshot): its floor is the *first* run's Ts, so every change after any chunk's snapshot is applied again in
 commit order, which converges because rows are upserted and deleted by key. A key-less table is copied whole
 under one snapshot (its single chunk replaces the table's rows), and its floor is exactly that snapshot's Ts, so
-not one of its rows is applied twice.
+not one of its rows is applied twice: the Ts its ``ChunkDone`` records, checked to be one of the span's exports
+together with the snapshot name (names repeat after an upstream restart); a record that is not one export is
+refused (:class:`cdc.errors.SnapshotPositionUnknown`) and dropped, so the next run copies the table again.
 
 Guarantees: nothing is written downstream by the span itself during the copy; a stop request ends the job and
 returns promptly (:class:`CopyStopped`); every failure is a ``TidewaterError`` naming what to fix.
@@ -34,7 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cdc.errors import InvalidArgument, SinkError, TidewaterError
+from cdc.errors import InvalidArgument, SinkError, SnapshotPositionUnknown, TidewaterError
 from cdc.events import TableName
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.model import ChangefeedInfo, SpanInfo, SpanSnapshot
@@ -153,7 +155,7 @@ class InitialCopy:
                 self.persist(self.state)  # before any row is written under it
                 if gate is not None:
                     self._catch_up(gate, tables, stop)
-                pending, rows = self._plan(tables, exp.name)
+                pending, rows = self._plan(tables, exp.name, exp.ts)
                 if pending:
                     request = CopyRequest(self.info.id, self.span.index, self.info.upstream_uri, self.info.sink_uri,
                                           tuple(pending), exp.name, exp.ts, exp.time, self.chunk_rows,
@@ -171,7 +173,7 @@ class InitialCopy:
                         raise
             self.progress.end_run(self.info.id, self.span.index)  # a late process of the job commits nothing more
         self._check_keys_built(tables)
-        floors = {**kept, **self.floors(tables)}
+        floors = {**kept, **self._forgetting_unplaced(self.floors, tables)}
         self.state = dataclasses.replace(self.state, phase="done", floors=floors)
         self.persist(self.state)
         log.info("span=%s initial copy done: %d table(s); streaming from checkpoint", self.label, len(tables))
@@ -197,18 +199,35 @@ class InitialCopy:
         holds back the rest; once it has written everything up to ``B``, no change of theirs at or below ``B``
         is written any more by this run, and their copy may begin."""
         first = self.state.exports[0][1]
-        drop: dict[str, int] = {}
-        for t in tables:
-            plan = self.progress.get_plan(self.info.id, self.span.index, t)
-            copied_at = self._keyless_copied_at(t) if plan is not None and not plan.has_key else None
-            if copied_at is not None:
-                drop[str(t)] = copied_at
-        gate.pass_up_to(first, drop)
+        gate.pass_up_to(first, self._forgetting_unplaced(self._copied_keyless, tables))
         while not gate.caught_up(first):
             if stop.wait(0.1):
                 raise CopyStopped(f"span {self.label} stopped while its table copy waited for the stream")
 
-    def _plan(self, tables: Sequence[TableName], snapshot: str) -> tuple[list[TableName], int]:
+    def _copied_keyless(self, tables: Sequence[TableName]) -> dict[str, int]:
+        """The key-less ones of ``tables`` whose single chunk is already committed, with the Ts it was read at."""
+        out: dict[str, int] = {}
+        for t in tables:
+            plan = self.progress.get_plan(self.info.id, self.span.index, t)
+            copied_at = self._keyless_copied_at(t) if plan is not None and not plan.has_key else None
+            if copied_at is not None:
+                out[str(t)] = copied_at
+        return out
+
+    def _forgetting_unplaced(self, fn: Callable[[Sequence[TableName]], dict[str, int]],
+                             tables: Sequence[TableName]) -> dict[str, int]:
+        """``fn(tables)``; when it refuses a key-less table whose copy has no known place in the stream
+        (:class:`SnapshotPositionUnknown`), that table's records go first, so the next run copies it again, whole,
+        under its own snapshot (the whole chunk replaces the target's rows: exact again)."""
+        try:
+            return fn(tables)
+        except SnapshotPositionUnknown as exc:
+            if exc.table:
+                self.progress.forget_table(self.info.id, self.span.index, TableName.parse(exc.table))
+            log.error("span=%s %s", self.label, exc.message)
+            raise
+
+    def _plan(self, tables: Sequence[TableName], snapshot: str, ts: int) -> tuple[list[TableName], int]:
         """The tables with chunks left to copy (or a deferred key to build), and about how many rows those chunks
         hold (as planned). A table planned now (the first run to see it) is planned under ``snapshot`` and its plan
         stored (the job takes it as it is); one that is empty at ``snapshot`` is recorded as copied right away, so
@@ -222,10 +241,10 @@ class InitialCopy:
             readers = 1 if self.truncate is not None else min(PLAN_READERS, len(new))
             groups = [new[i::readers] for i in range(readers)]
             if readers == 1:
-                plans.update(self._plan_new(groups[0], snapshot))
+                plans.update(self._plan_new(groups[0], snapshot, ts))
             else:
                 with ThreadPoolExecutor(readers, thread_name_prefix="tidewater-plan") as pool:
-                    for got in pool.map(lambda g: self._plan_new(g, snapshot), groups):
+                    for got in pool.map(lambda g: self._plan_new(g, snapshot, ts), groups):
                         plans.update(got)
         pending: list[TableName] = []
         rows = 0
@@ -239,9 +258,9 @@ class InitialCopy:
                 rows += stored.rows * (len(stored.chunks) - done) // len(stored.chunks)
         return pending, rows
 
-    def _plan_new(self, tables: Sequence[TableName], snapshot: str) -> dict[TableName, TablePlan | None]:
-        """Plan ``tables`` (not planned yet) under ``snapshot`` on one reader and store their plans; a table empty
-        at the snapshot gets its chunks recorded as done and None."""
+    def _plan_new(self, tables: Sequence[TableName], snapshot: str, ts: int) -> dict[TableName, TablePlan | None]:
+        """Plan ``tables`` (not planned yet) under ``snapshot`` (exported at ``ts``) on one reader and store their
+        plans; a table empty at the snapshot gets its chunks recorded as done (at ``ts``) and None."""
         cf, span = self.info.id, self.span.index
         out: dict[TableName, TablePlan | None] = {}
         with self.upstream.snapshot_reader(snapshot, label=self.label) as reader:
@@ -258,7 +277,7 @@ class InitialCopy:
                 if stored is plan and plan.rows == 0:
                     now = time.time()
                     for chunk in plan.chunks:
-                        self.progress.record_chunk(cf, span, t, chunk.index, ChunkDone(0, 0.0, now, snapshot))
+                        self.progress.record_chunk(cf, span, t, chunk.index, ChunkDone(0, 0.0, now, snapshot, ts))
                     out[t] = None
                     continue
                 out[t] = stored
@@ -277,9 +296,30 @@ class InitialCopy:
 
     def _keyless_copied_at(self, table: TableName) -> int | None:
         """The Ts of the exported snapshot a key-less table's single chunk was committed under (None: not copied
-        yet, or under a snapshot these runs did not record)."""
+        yet). That is the commit Ts its :class:`ChunkDone` records, provided (snapshot name, Ts) is one of the
+        span's exports: a name alone is not enough (PostgreSQL's ``procNumber-lxid-n`` names repeat after an
+        upstream restart). Raises :class:`SnapshotPositionUnknown` when the record has no Ts or its name and Ts
+        are not one export: the copy's place in the stream is unknown, and guessing would drop or duplicate
+        changes."""
         done = self.progress.done_chunks(self.info.id, self.span.index, table).get(0)
-        return dict(self.state.exports).get(done.snapshot or "") if done is not None else None
+        if done is None:
+            return None
+        exports = self.state.exports
+        if done.commit_ts > 0 and done.snapshot is not None and (done.snapshot, done.commit_ts) in exports:
+            return done.commit_ts
+        listed = ", ".join(f"{n} at Ts {ts}" for n, ts in exports) or "none"
+        if done.commit_ts <= 0:
+            why = f"its copy was recorded without the Ts of its snapshot ({done.snapshot or 'no snapshot'})"
+        elif any(ts == done.commit_ts for _, ts in exports) or any(n == done.snapshot for n, _ in exports):
+            why = (f"its copy was recorded under snapshot {done.snapshot} at Ts {done.commit_ts}, and name and Ts "
+                   f"disagree with the snapshots this span exported ({listed})")
+        else:
+            why = (f"its copy was recorded under snapshot {done.snapshot} at Ts {done.commit_ts}, which none of this "
+                   f"span's copy runs exported ({listed})")
+        raise SnapshotPositionUnknown(
+            f"span {self.label}: key-less table {table}: {why}; it cannot be told which of its changes the copy "
+            f"holds, so it does not stream. Its copy record was dropped: `cdc cli changefeed resume -c "
+            f"{self.info.id}` copies it again, whole, under a new snapshot", table=str(table))
 
     def floors(self, tables: Sequence[TableName]) -> dict[str, int]:
         """Each table's floor from the stored plans and chunks (see the module doc)."""
@@ -292,9 +332,9 @@ class InitialCopy:
                 continue
             ts = self._keyless_copied_at(t)
             if ts is None:
-                raise InvalidArgument(
-                    f"span {self.label}: the copy of key-less table {t} is not recorded under a known snapshot; it "
-                    f"cannot be told which of its changes the copy holds. Truncate it downstream and resync it "
-                    f"(cdc cli changefeed snapshot --table {t})")
+                raise SnapshotPositionUnknown(
+                    f"span {self.label}: key-less table {t} has no recorded copy, yet its span's copy ended; it does "
+                    f"not stream. `cdc cli changefeed resume -c {self.info.id}` copies it, whole, under a new "
+                    "snapshot", table=str(t))
             out[str(t)] = ts
         return out
