@@ -178,6 +178,14 @@ class SnapshotPositionUnknown(TidewaterError):
         self.table = table
 
 
+class SnapshotTableChanged(SinkError):
+    """A table's columns or key changed upstream while its copy was under way, and the rows already copied cannot be
+    replaced (``on-existing-rows = "merge"``: the target holds the user's rows). The message names the table, both
+    definitions and the fix."""
+
+    code = "CDC:ErrSnapshotTableChanged"
+
+
 class GCTTLExceeded(TidewaterError):
     """The changefeed was stopped or failed for longer than ``gc-ttl``: the owner dropped its slots (the
     upstream no longer retains its changes), so it can never be resumed, only recreated."""

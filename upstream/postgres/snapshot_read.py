@@ -185,7 +185,8 @@ class PgSnapshotReader(SnapshotReader):
             return sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(cols, table)
         if tuple(schema.key) != chunk.key:
             raise InvalidArgument(f"{schema.name}: chunk {chunk.index} was planned on key {list(chunk.key)}, the "
-                                  f"table's key is now {list(schema.key)}: plan the table again")
+                                  f"table's key is now {list(schema.key)}: the table must be planned again from "
+                                  "the start (the span's next copy run does so)")
         key_cols = [schema.column(k) for k in chunk.key]
         keys = sql.SQL(", ").join(sql.Identifier(k) for k in chunk.key)
         bound = sql.SQL(", ").join(sql.SQL("%s::{}").format(cast_type(c)) for c in key_cols)

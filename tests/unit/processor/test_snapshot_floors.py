@@ -8,143 +8,28 @@ again. Fakes for etcd, the upstream and the job."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from cdc.errors import SnapshotPositionUnknown
-from cdc.events import TableName
-from cdc.model import ChangefeedInfo, SpanInfo, SpanSnapshot
-from cdc.snapshot import ChunkDone, TablePlan, plan_from_bounds
-from processor.snapshot import CopyRequest, InitialCopy
-from upstream.base import ExportedSnapshot
+from cdc.model import SpanSnapshot
+from cdc.snapshot import plan_from_bounds
+from tests.snapshot_copy_fakes import (
+    BAG,
+    KEYED,
+    NAME,
+    Job,
+    Progress,
+    Upstream,
+    bag_plan,
+    done,
+    initial_copy,
+    keyed_plan,
+    table_schema,
+)
 
 pytestmark = pytest.mark.unit
-
-KEYED = TableName("public", "big")
-BAG = TableName("public", "bag")
-NAME = "00000003-00000002-1"  # what PostgreSQL exports again after a restart (procNumber-lxid-n)
-
-
-class Progress:
-    """The parts of SnapshotProgressStore the span uses, in memory."""
-
-    def __init__(self) -> None:
-        self.plans: dict[TableName, TablePlan] = {}
-        self.chunks: dict[TableName, dict[int, ChunkDone]] = {}
-        self.forgotten: list[TableName] = []
-        self.runs_ended = 0
-
-    def get_plan(self, cf: str, span: int, table: TableName) -> TablePlan | None:
-        return self.plans.get(table)
-
-    def put_plan(self, cf: str, span: int, plan: TablePlan) -> TablePlan:
-        return self.plans.setdefault(plan.table_name, plan)
-
-    def done_chunks(self, cf: str, span: int, table: TableName) -> dict[int, ChunkDone]:
-        return dict(self.chunks.get(table, {}))
-
-    def record_chunk(self, cf: str, span: int, table: TableName, chunk: int, done: ChunkDone) -> None:
-        self.chunks.setdefault(table, {})[chunk] = done
-
-    def forget_table(self, cf: str, span: int, table: TableName) -> int:
-        self.forgotten.append(table)
-        return len(self.chunks.pop(table, {})) + (self.plans.pop(table, None) is not None)
-
-    def end_run(self, cf: str, span: int, run: Any = None) -> bool:
-        self.runs_ended += 1
-        return True
-
-
-def keyed_plan() -> TablePlan:
-    return plan_from_bounds(KEYED, 300, 100, ("id",), [("100",), ("200",)])
-
-
-def bag_plan() -> TablePlan:
-    return plan_from_bounds(BAG, 50, 100, None)
-
-
-def done(snapshot: str | None, ts: int) -> ChunkDone:
-    return ChunkDone(10, 0.1, 1.0, snapshot, ts)
-
-
-class Reader:
-    """A snapshot reader of the fake upstream: plans from ``plans`` (by table)."""
-
-    def __init__(self, upstream: Upstream) -> None:
-        self.upstream = upstream
-
-    def __enter__(self) -> Reader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-    def table_schema(self, table: TableName) -> Any:
-        return self.upstream.schemas[table]
-
-    def plan(self, schema: Any, chunk_rows: int) -> TablePlan:
-        return self.upstream.plans[schema.name]
-
-    def release(self) -> None:
-        pass
-
-
-class Upstream:
-    """Exports the snapshots of ``exports`` in turn; the span publishes ``tables``."""
-
-    def __init__(self, tables: list[TableName], exports: list[tuple[str, int]]) -> None:
-        self.tables = tables
-        self.exports = list(exports)
-        self.schemas: dict[TableName, Any] = {}
-        self.plans: dict[TableName, TablePlan] = {}
-
-    def span_tables(self, span: SpanInfo) -> list[TableName]:
-        return list(self.tables)
-
-    @contextlib.contextmanager
-    def export_snapshot(self, *, label: str = "") -> Iterator[ExportedSnapshot]:
-        name, ts = self.exports.pop(0)
-        yield ExportedSnapshot(name, ts, float(ts))
-
-    def snapshot_reader(self, snapshot: str | None = None, *, label: str = "") -> Reader:
-        return Reader(self)
-
-
-class Job:
-    """The launcher: records each request and 'copies' the pending chunks of the tables it is given."""
-
-    def __init__(self, progress: Progress, copy: set[TableName] | None = None) -> None:
-        self.progress = progress
-        self.copy = copy  # None: every pending chunk; else only these tables' (the run is killed after them)
-        self.requests: list[CopyRequest] = []
-
-    def __call__(self, request: CopyRequest, stop: threading.Event) -> None:
-        self.requests.append(request)
-        for t in request.tables:
-            if self.copy is not None and t not in self.copy:
-                continue
-            plan = self.progress.plans[t]
-            for c in plan.chunks:
-                if c.index not in self.progress.chunks.get(t, {}):
-                    self.progress.record_chunk("cf", 0, t, c.index, done(request.snapshot, request.commit_ts))
-        if self.copy is not None:
-            raise RuntimeError("job killed")
-
-
-def initial_copy(progress: Progress, state: SpanSnapshot | None = None, upstream: Upstream | None = None,
-                 job: Job | None = None) -> tuple[InitialCopy, list[SpanSnapshot]]:
-    info = ChangefeedInfo("cf", "postgresql://u@h/db", "sqlite:///t.db", {}, 10, 1.0, 1.0,
-                          (SpanInfo(0, "slot0", "pub0", 10),), initial_copy=True)
-    stored: list[SpanSnapshot] = []
-    copy = InitialCopy(info, info.spans[0], upstream or Upstream([], []), progress,  # type: ignore[arg-type]
-                       job or Job(progress), stored.append, state, chunk_rows=100,  # type: ignore[arg-type]
-                       spark_master="local[1]", label="cf/0")
-    return copy, stored
-
 
 def test_a_keyed_table_floor_is_the_first_export_ts_also_with_chunks_read_under_a_later_one() -> None:
     progress = Progress()
@@ -200,7 +85,7 @@ def test_a_keyless_table_recopied_under_a_later_export_gets_that_exports_ts_and_
     progress = Progress()
     up = Upstream([BAG, KEYED], [("A", 100), ("B", 200)])
     up.plans = {KEYED: keyed_plan(), BAG: bag_plan()}
-    up.schemas = {KEYED: _Schema(KEYED, True), BAG: _Schema(BAG, False)}
+    up.schemas = {KEYED: table_schema(KEYED, True), BAG: table_schema(BAG, False)}
     first, _ = initial_copy(progress, None, up, Job(progress, copy={KEYED}))
     with pytest.raises(RuntimeError, match="killed"):
         first(threading.Event())
@@ -217,7 +102,7 @@ def test_an_empty_keyless_table_is_recorded_at_its_exports_position() -> None:
     progress = Progress()
     up = Upstream([BAG], [(NAME, 100)])
     up.plans = {BAG: plan_from_bounds(BAG, 0, 100, None)}
-    up.schemas = {BAG: _Schema(BAG, False)}
+    up.schemas = {BAG: table_schema(BAG, False)}
     job = Job(progress)
     copy, _ = initial_copy(progress, None, up, job)
     assert copy(threading.Event()) == {"public.bag": 100}
@@ -231,7 +116,7 @@ def test_a_run_that_finds_a_keyless_copy_it_cannot_place_drops_it_and_the_next_r
     progress.chunks = {KEYED: {i: done("A", 100) for i in range(3)}, BAG: {0: done("A", 0)}}  # an older record
     up = Upstream([BAG, KEYED], [("B", 200), ("C", 300)])
     up.plans = {KEYED: keyed_plan(), BAG: bag_plan()}
-    up.schemas = {KEYED: _Schema(KEYED, True), BAG: _Schema(BAG, False)}
+    up.schemas = {KEYED: table_schema(KEYED, True), BAG: table_schema(BAG, False)}
     first, stored = initial_copy(progress, SpanSnapshot("copying", (("A", 100),)), up)
     with pytest.raises(SnapshotPositionUnknown):
         first(threading.Event())
@@ -241,10 +126,3 @@ def test_a_run_that_finds_a_keyless_copy_it_cannot_place_drops_it_and_the_next_r
     second, stored = initial_copy(progress, first.state, up, job)
     assert second(threading.Event()) == {"public.bag": 300, "public.big": 100}
     assert [r.tables for r in job.requests] == [(BAG,)]
-
-
-class _Schema:
-    def __init__(self, name: TableName, has_key: bool) -> None:
-        self.name = name
-        self.has_key = has_key
-        self.key = ("id",) if has_key else ()
