@@ -186,6 +186,15 @@ class SnapshotTableChanged(SinkError):
     code = "CDC:ErrSnapshotTableChanged"
 
 
+class SnapshotTableRewritten(TidewaterError):
+    """A table was truncated or rewritten (an ``ALTER TABLE`` that rewrites it) after the exported snapshot a copy
+    reads it under: PostgreSQL shows such a table empty to older snapshots, so reading it would copy nothing of it.
+    Retryable: the next copy run reads under a fresh snapshot."""
+
+    code = "CDC:ErrSnapshotTableRewritten"
+    retryable = True
+
+
 class GCTTLExceeded(TidewaterError):
     """The changefeed was stopped or failed for longer than ``gc-ttl``: the owner dropped its slots (the
     upstream no longer retains its changes), so it can never be resumed, only recreated."""

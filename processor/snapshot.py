@@ -14,8 +14,9 @@ Protocol (docs/snapshot.md, "The copy and the stream"):
    ``S``, and a change of a table at or below its floor is dropped, being in the copy already.
 
 Floors: a keyed table's chunks may have been copied under several snapshots (a run died and another took a new
-snapshot): its floor is the *first* run's Ts, so every change after any chunk's snapshot is applied again in
-commit order, which converges because rows are upserted and deleted by key. A key-less table is copied whole
+snapshot): its floor is the Ts of the export its plan was made under (the *first* run's, unless the table was
+planned in a later run: new, or copied again because its columns or key changed), so every change after any
+chunk's snapshot is applied again in commit order, which converges because rows are upserted and deleted by key. A key-less table is copied whole
 under one snapshot (its single chunk replaces the table's rows), and its floor is exactly that snapshot's Ts, so
 not one of its rows is applied twice: the Ts its ``ChunkDone`` records, checked to be one of the span's exports
 together with the snapshot name (names repeat after an upstream restart); a record that is not one export is
@@ -307,7 +308,10 @@ class InitialCopy:
                     continue
                 what = (f"table {t} changed upstream while it was being copied: planned as {plan.definition}, "
                         f"{now} at snapshot {snapshot} (Ts {ts})")
-                if self.merge or self.restart_target is None:
+                if self.restart_target is None:
+                    raise SnapshotTableChanged(f"span {self.label}: {what}, and this span cannot remove its target "
+                                               "to copy it again")
+                if self.merge:
                     self.progress.forget_table(cf, span, t)
                     raise SnapshotTableChanged(
                         f"span {self.label}: {what}. Its target holds rows of yours ([snapshot] on-existing-rows = "
