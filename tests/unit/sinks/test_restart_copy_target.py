@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cdc.errors import SinkError
 from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
 from sinks.base import Sink
 from sinks.sql.sink import SQLSink
@@ -59,3 +60,24 @@ def test_a_sink_without_tables_writes_a_truncate_of_the_table_and_flushes() -> N
     sink = _LogSink()
     sink.restart_copy_target(NEW, "cf", 0, 200, 2.0)
     assert sink.log == ["TRUNCATE public.t at 200", "flush"]
+
+
+def test_a_sink_that_knew_the_old_table_reads_it_again_when_a_copy_created_it_anew(tmp_path: Path) -> None:
+    """The span's sink wrote the table before a table copy dropped it and the job created it with the new
+    definition: its next write of the new definition reads the table again instead of failing on a stale picture;
+    a table that really lacks the column still fails, naming it."""
+    path = tmp_path / "t.db"
+    span_sink, job_sink = SQLSink(f"sqlite:///{path}"), SQLSink(f"sqlite:///{path}")
+    try:
+        span_sink.write([RowChange(OpType.INSERT, OLD, 1, values={"id": 1, "v": "a"})])
+        job_sink.restart_copy_target(NEW, "cf", 0, 200, 2.0)
+        job_sink.write([RowChange(OpType.INSERT, NEW, 200, values={"id": 1, "v": "a", "c": 7})])
+        span_sink.write([RowChange(OpType.INSERT, NEW, 300, values={"id": 2, "v": "b", "c": 8})])
+        other = TableSchema(TableName("public", "t"), (*NEW.columns, ColumnSchema("d", 23, "int4")), ("id",))
+        with pytest.raises(SinkError, match="'d'"):
+            span_sink.write([RowChange(OpType.INSERT, other, 400, values={"id": 3, "v": "c", "c": 9, "d": 1})])
+    finally:
+        span_sink.close()
+        job_sink.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT id, v, c FROM t ORDER BY id").fetchall() == [(1, "a", 7), (2, "b", 8)]
