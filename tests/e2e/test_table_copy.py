@@ -232,3 +232,36 @@ def test_a_keyless_table_that_joins_with_rows_ends_equal_as_a_multiset(
     assert diff.equal and diff.source_rows > 2900, diff
     q = wait_for(cdc, "lbag", lambda q: True, "query")
     assert q["state"] == "normal" and not q["warnings"] and q["table_copies"] == [], q
+
+
+@pytest.mark.parametrize("sink_uri", ["postgresql"], indirect=True)
+def test_a_table_altered_between_two_runs_of_its_table_copy_ends_equal(
+        cdc: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:
+    """A resync of ``big`` is killed half way; ``big`` gets a column with a default while the capture is down; the
+    resumed table copy starts over from a new target under its snapshot while ``side`` and ``bag`` stream, and
+    everything ends equal, rows and shapes (the span's own sink, which wrote ``big`` before, reads it anew)."""
+    run_sql(source, "INSERT INTO big SELECT g, repeat('v', 200) || g, g FROM generate_series(1, 25000) g",
+            "INSERT INTO side SELECT g, 's' FROM generate_series(1, 50) g",
+            "INSERT INTO bag SELECT g % 100, 's' || (g % 3) FROM generate_series(1, 2000) g")
+    cdc.create_changefeed("ta", pg_server.uri(pg_database), sink_uri,
+                          "[snapshot]\nchunk-rows = 1000\nspark-min-rows = 100000000\n")
+    wait_for(cdc, "ta", lambda q: q["phase"] == "streaming", "the initial copy", timeout=240)
+    writer_conn = psycopg2.connect(pg_server.dsn(pg_database))
+    with BackgroundWriter(writer_conn, _writes(7, ("big", "side", "bag")), pause=0.01) as writer:
+        cdc.request("POST", "/api/v2/changefeeds/ta/snapshot", {"tables": ["public.big"]})
+        wait_for(cdc, "ta", lambda q: any(s["table_copy"] for s in q["spans"])
+                 and any(t["table"].endswith("public.big") and 0 < t["chunks_done"] < t["chunks_total"] // 2
+                         for t in q["snapshot"]["tables"]), "the table copy of big under way", timeout=120)
+        cdc.kill()
+        run_sql(source, "ALTER TABLE big ADD COLUMN c int DEFAULT 7", "UPDATE big SET c = id WHERE id % 17 = 0")
+        time.sleep(1.0)
+        cdc.start()
+        q = wait_for(cdc, "ta", lambda q: (q["spans"][0]["table_copy"] or {}).get("phase") == "done"
+                     or q["state"] != "normal", "the table copy", timeout=240)
+        assert q["state"] == "normal", q
+        run_sql(source, "UPDATE big SET c = -1 WHERE id % 19 = 0")
+        time.sleep(1.0)
+        writer.finish()
+    assert_converged(cdc, "ta", source, sink_uri, tables=TABLES, schemas=True)
+    q = wait_for(cdc, "ta", lambda q: True, "query")
+    assert q["state"] == "normal" and not q["warnings"], q
