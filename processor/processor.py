@@ -387,6 +387,7 @@ class Processor:
                       truncate: Callable[[Sequence[TableName]], None] | None = None) -> InitialCopy:
         if self._copy_launcher is None:
             raise InvalidArgument(f"span {label} must copy existing rows, and this capture cannot run the copy job")
+
         def restart_target(schema: TableSchema, ts: int, at: float) -> None:
             sink = open_sink(info.sink_uri, config.sink)
             try:
