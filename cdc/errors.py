@@ -178,6 +178,36 @@ class SnapshotExpired(UpstreamError):
     code = "CDC:ErrSnapshotExpired"
 
 
+class SnapshotPositionUnknown(TidewaterError):
+    """The copy of a key-less table cannot be placed in the stream: its record carries no commit Ts, or a snapshot
+    name and Ts that are not one export of the span's copy runs (snapshot names repeat after an upstream restart:
+    the name alone proves nothing). Streaming it would drop or duplicate changes, so the span refuses; the record is
+    dropped first, so the next run (``resume``) copies the table again, whole, under a new snapshot."""
+
+    code = "CDC:ErrSnapshotPosition"
+
+    def __init__(self, message: str, *, table: str = "", cause: BaseException | None = None) -> None:
+        super().__init__(message, cause=cause)
+        self.table = table
+
+
+class SnapshotTableChanged(SinkError):
+    """A table's columns or key changed upstream while its copy was under way, and the rows already copied cannot be
+    replaced (``on-existing-rows = "merge"``: the target holds the user's rows). The message names the table, both
+    definitions and the fix."""
+
+    code = "CDC:ErrSnapshotTableChanged"
+
+
+class SnapshotTableRewritten(TidewaterError):
+    """A table was truncated or rewritten (an ``ALTER TABLE`` that rewrites it) after the exported snapshot a copy
+    reads it under: PostgreSQL shows such a table empty to older snapshots, so reading it would copy nothing of it.
+    Retryable: the next copy run reads under a fresh snapshot."""
+
+    code = "CDC:ErrSnapshotTableRewritten"
+    retryable = True
+
+
 class GCTTLExceeded(TidewaterError):
     """The changefeed was stopped or failed for longer than ``gc-ttl``: the owner dropped its slots (the
     upstream no longer retains its changes), so it can never be resumed, only recreated."""

@@ -199,7 +199,8 @@ class SpanSnapshot:
     *before* the run may write a row. ``floors``: per table (``schema.table``), the Ts at or below which its
     changes are already in the copy and are not applied again (keyed tables: the first export's Ts, so every
     change after any chunk's snapshot is replayed, idempotently; a key-less table: the Ts of the one snapshot
-    its whole copy was read under, so not one of its rows is applied twice).
+    its whole copy was read under -- the Ts its ``ChunkDone`` records, which must be one export here together with
+its name -- so not one of its rows is applied twice).
 
     ``tables``: the tables this copy covers; empty for the initial copy (every table of the span), else the
     tables of a *table copy* (:class:`TableCopy`: a table that joined with rows, or a resync), which runs while

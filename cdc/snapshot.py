@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from cdc.events import TableName
+from cdc.events import TableName, TableSchema
 
 __all__ = ["KEY_BUILT", "KEY_DEFERRED", "PG_COPY_TEXT", "ChunkDone", "ChunkMarker", "CopyText", "SnapshotChunk", "SnapshotProgress", "SnapshotRun", "TablePlan",
-           "TableProgress", "plan_from_bounds"]
+           "TableProgress", "plan_from_bounds", "table_definition"]
 
 PG_COPY_TEXT = "postgresql-copy-text"
 """The format of :class:`CopyText` a PostgreSQL upstream gives: COPY's text format (see :class:`CopyText`)."""
@@ -96,7 +96,13 @@ class TablePlan:
 
     ``key_state``: ``""`` (the target keeps its key while chunks arrive: a chunk copied twice is upserted),
     :data:`KEY_DEFERRED` or :data:`KEY_BUILT`. It only moves ``"" -> deferred -> built`` (compare-and-set in etcd),
-    and ``deferred`` is stored before the key-less target table is created."""
+    and ``deferred`` is stored before the key-less target table is created.
+
+    ``definition`` (:func:`table_definition`) is the table's columns and key at the planning snapshot: every chunk
+    of the plan must be read under a snapshot where the table has that definition (rows of two definitions in one
+    target cannot be told apart), so a run that finds another one plans the table again from a fresh target
+    (docs/snapshot.md, "A table changed between two runs"). ``snapshot``/``ts``: the export the plan was made
+    under (its name and Ts; ``ts`` 0: not recorded). Plans stored before these fields have them empty."""
 
     schema: str
     table: str
@@ -105,10 +111,24 @@ class TablePlan:
     chunks: tuple[SnapshotChunk, ...]
     has_key: bool = True
     key_state: str = ""
+    definition: str = ""
+    snapshot: str | None = None
+    ts: int = 0
 
     @property
     def table_name(self) -> TableName:
         return TableName(self.schema, self.table)
+
+
+def table_definition(schema: TableSchema) -> str:
+    """What a copy's rows depend on of ``schema``, as one comparable string: each column's name, type (with its
+    modifier: ``numeric(10,2)``, ``varchar(20)``) and array-ness, in order, and the key (or that there is none).
+    Two snapshots with the same definition give rows a target created from either can take the same way; nullability
+    of non-key columns and defaults are left out (they change no copied value)."""
+    cols = ", ".join(f"{c.name}:{c.type_name or c.base_type}{'[]' if c.is_array and not c.type_name else ''}"
+                     for c in schema.columns)
+    key = ",".join(schema.key) if schema.has_key else "-"
+    return f"({cols}) key({key})"
 
 
 def plan_from_bounds(table: TableName, rows: int, chunk_rows: int, key: tuple[str, ...] | None,

@@ -387,11 +387,20 @@ class Processor:
                       truncate: Callable[[Sequence[TableName]], None] | None = None) -> InitialCopy:
         if self._copy_launcher is None:
             raise InvalidArgument(f"span {label} must copy existing rows, and this capture cannot run the copy job")
+
+        def restart_target(schema: TableSchema, ts: int, at: float) -> None:
+            sink = open_sink(info.sink_uri, config.sink)
+            try:
+                sink.restart_copy_target(schema, info.id, span.index, ts, at)
+            finally:
+                sink.close()
+
+        merge = truncate is None and config.snapshot.on_existing_rows == "merge"  # (a table copy empties its tables)
         return InitialCopy(info, span, upstream, progress, self._copy_launcher,
                            self._persist_snapshot(info.id, span.index), state,
                            chunk_rows=config.snapshot.chunk_rows, spark_master=config.snapshot.spark_master,
                            label=label, spark_min_rows=config.snapshot.spark_min_rows, truncate=truncate,
-                           defer_keys=truncate is None and config.snapshot.on_existing_rows != "merge")
+                           defer_keys=truncate is None and not merge, restart_target=restart_target, merge=merge)
 
     @staticmethod
     def _take_up_table_copies(info: ChangefeedInfo, span: int, state: SpanSnapshot | None,

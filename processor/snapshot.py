@@ -14,10 +14,13 @@ Protocol (docs/snapshot.md, "The copy and the stream"):
    ``S``, and a change of a table at or below its floor is dropped, being in the copy already.
 
 Floors: a keyed table's chunks may have been copied under several snapshots (a run died and another took a new
-snapshot): its floor is the *first* run's Ts, so every change after any chunk's snapshot is applied again in
-commit order, which converges because rows are upserted and deleted by key. A key-less table is copied whole
+snapshot): its floor is the Ts of the export its plan was made under (the *first* run's, unless the table was
+planned in a later run: new, or copied again because its columns or key changed), so every change after any
+chunk's snapshot is applied again in commit order, which converges because rows are upserted and deleted by key. A key-less table is copied whole
 under one snapshot (its single chunk replaces the table's rows), and its floor is exactly that snapshot's Ts, so
-not one of its rows is applied twice.
+not one of its rows is applied twice: the Ts its ``ChunkDone`` records, checked to be one of the span's exports
+together with the snapshot name (names repeat after an upstream restart); a record that is not one export is
+refused (:class:`cdc.errors.SnapshotPositionUnknown`) and dropped, so the next run copies the table again.
 
 Guarantees: nothing is written downstream by the span itself during the copy; a stop request ends the job and
 returns promptly (:class:`CopyStopped`); every failure is a ``TidewaterError`` naming what to fix.
@@ -34,15 +37,25 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from cdc.errors import InvalidArgument, SinkError, TidewaterError
-from cdc.events import TableName
+from cdc.errors import (
+    InvalidArgument,
+    SinkError,
+    SnapshotPositionUnknown,
+    SnapshotTableChanged,
+    TidewaterError,
+)
+from cdc.events import TableName, TableSchema
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.model import ChangefeedInfo, SpanInfo, SpanSnapshot
-from cdc.snapshot import KEY_DEFERRED, ChunkDone, TablePlan
+from cdc.snapshot import KEY_DEFERRED, ChunkDone, TablePlan, table_definition
 from upstream.base import Upstream
 
 log = logging.getLogger(__name__)
 
+
+RestartTarget = Callable[[TableSchema, int, float], None]
+"""``restart(schema, ts, time)``: remove what earlier runs copied of ``schema``'s table downstream, so that its copy
+starts over under the definition ``schema`` (``Sink.restart_copy_target``; ``ts``/``time``: the current export)."""
 
 PLAN_READERS = 4
 """Upstream connections that plan a span's new tables in parallel (each imports the run's exported snapshot)."""
@@ -111,12 +124,18 @@ class InitialCopy:
     the span streams (``gate``): each run exports its snapshot, lets the tables' changes up to the first run's
     snapshot ``B`` pass, waits until the span has written them, empties the targets of the keyed tables it plans
     now (``truncate``; a key-less table's single chunk replaces its rows anyway), then copies. The floors are the
-    initial copy's, ``B`` being the first export."""
+    initial copy's, ``B`` being the first export.
+
+    A table whose columns or key at this run's snapshot differ from those it was planned with (an ``ALTER TABLE``
+    upstream between two runs) is copied again from the start under this run's snapshot: ``restart_target`` removes
+    its target (and what the copy kept there), its records go, and it is planned anew; its floor is then this run's
+    Ts. With ``merge`` (the target holds the user's rows) that is refused: :class:`SnapshotTableChanged`."""
 
     def __init__(self, info: ChangefeedInfo, span: SpanInfo, upstream: Upstream, progress: SnapshotProgressStore,
                  launcher: CopyLauncher, persist: Callable[[SpanSnapshot], None], state: SpanSnapshot | None,
                  *, chunk_rows: int, spark_master: str, label: str, spark_min_rows: int = 0,
-                 truncate: Callable[[Sequence[TableName]], None] | None = None, defer_keys: bool = False) -> None:
+                 truncate: Callable[[Sequence[TableName]], None] | None = None, defer_keys: bool = False,
+                 restart_target: RestartTarget | None = None, merge: bool = False) -> None:
         self.info = info
         self.span = span
         self.upstream = upstream
@@ -130,6 +149,8 @@ class InitialCopy:
         self.label = label
         self.truncate = truncate
         self.defer_keys = defer_keys and truncate is None
+        self.restart_target = restart_target
+        self.merge = merge
 
     def __call__(self, stop: threading.Event, gate: StreamGate | None = None) -> dict[str, int]:
         """Copy what is left; return the floors (table -> Ts) once the span's snapshot is done. ``gate``: the
@@ -153,7 +174,7 @@ class InitialCopy:
                 self.persist(self.state)  # before any row is written under it
                 if gate is not None:
                     self._catch_up(gate, tables, stop)
-                pending, rows = self._plan(tables, exp.name)
+                pending, rows = self._plan(tables, exp.name, exp.ts, exp.time)
                 if pending:
                     request = CopyRequest(self.info.id, self.span.index, self.info.upstream_uri, self.info.sink_uri,
                                           tuple(pending), exp.name, exp.ts, exp.time, self.chunk_rows,
@@ -171,7 +192,7 @@ class InitialCopy:
                         raise
             self.progress.end_run(self.info.id, self.span.index)  # a late process of the job commits nothing more
         self._check_keys_built(tables)
-        floors = {**kept, **self.floors(tables)}
+        floors = {**kept, **self._forgetting_unplaced(self.floors, tables)}
         self.state = dataclasses.replace(self.state, phase="done", floors=floors)
         self.persist(self.state)
         log.info("span=%s initial copy done: %d table(s); streaming from checkpoint", self.label, len(tables))
@@ -197,35 +218,56 @@ class InitialCopy:
         holds back the rest; once it has written everything up to ``B``, no change of theirs at or below ``B``
         is written any more by this run, and their copy may begin."""
         first = self.state.exports[0][1]
-        drop: dict[str, int] = {}
-        for t in tables:
-            plan = self.progress.get_plan(self.info.id, self.span.index, t)
-            copied_at = self._keyless_copied_at(t) if plan is not None and not plan.has_key else None
-            if copied_at is not None:
-                drop[str(t)] = copied_at
-        gate.pass_up_to(first, drop)
+        gate.pass_up_to(first, self._forgetting_unplaced(self._copied_keyless, tables))
         while not gate.caught_up(first):
             if stop.wait(0.1):
                 raise CopyStopped(f"span {self.label} stopped while its table copy waited for the stream")
 
-    def _plan(self, tables: Sequence[TableName], snapshot: str) -> tuple[list[TableName], int]:
+    def _copied_keyless(self, tables: Sequence[TableName]) -> dict[str, int]:
+        """The key-less ones of ``tables`` whose single chunk is already committed, with the Ts it was read at."""
+        out: dict[str, int] = {}
+        for t in tables:
+            plan = self.progress.get_plan(self.info.id, self.span.index, t)
+            copied_at = self._keyless_copied_at(t) if plan is not None and not plan.has_key else None
+            if copied_at is not None:
+                out[str(t)] = copied_at
+        return out
+
+    def _forgetting_unplaced(self, fn: Callable[[Sequence[TableName]], dict[str, int]],
+                             tables: Sequence[TableName]) -> dict[str, int]:
+        """``fn(tables)``; when it refuses a key-less table whose copy has no known place in the stream
+        (:class:`SnapshotPositionUnknown`), that table's records go first, so the next run copies it again, whole,
+        under its own snapshot (the whole chunk replaces the target's rows: exact again)."""
+        try:
+            return fn(tables)
+        except SnapshotPositionUnknown as exc:
+            if exc.table:
+                self.progress.forget_table(self.info.id, self.span.index, TableName.parse(exc.table))
+            log.error("span=%s %s", self.label, exc.message)
+            raise
+
+    def _plan(self, tables: Sequence[TableName], snapshot: str, ts: int, at: float = 0.0
+              ) -> tuple[list[TableName], int]:
         """The tables with chunks left to copy (or a deferred key to build), and about how many rows those chunks
-        hold (as planned). A table planned now (the first run to see it) is planned under ``snapshot`` and its plan
-        stored (the job takes it as it is); one that is empty at ``snapshot`` is recorded as copied right away, so
-        that a span of empty tables starts no job at all. Tables are planned in parallel, each reader importing
-        ``snapshot`` (:data:`PLAN_READERS` connections): planning is an index scan per table on the upstream."""
+        hold (as planned). A table planned now (the first run to see it, or one whose definition changed since its
+        plan: :meth:`_replan_changed`) is planned under ``snapshot`` and its plan stored (the job takes it as it is);
+        one that is empty at ``snapshot`` is recorded as copied right away, so that a span of empty tables starts no
+        job at all. Tables are planned in parallel, each reader importing ``snapshot`` (:data:`PLAN_READERS`
+        connections): planning is an index scan per table on the upstream."""
         cf, span = self.info.id, self.span.index
         plans: dict[TableName, TablePlan | None] = {t: self.progress.get_plan(cf, span, t) for t in tables}
+        for t in self._replan_changed(plans, snapshot, ts, at):
+            plans[t] = None
         new = [t for t in tables if plans[t] is None]
         if new:
             # a table copy truncates targets through the span's sink (one caller): one reader, in order
             readers = 1 if self.truncate is not None else min(PLAN_READERS, len(new))
             groups = [new[i::readers] for i in range(readers)]
             if readers == 1:
-                plans.update(self._plan_new(groups[0], snapshot))
+                plans.update(self._plan_new(groups[0], snapshot, ts))
             else:
                 with ThreadPoolExecutor(readers, thread_name_prefix="tidewater-plan") as pool:
-                    for got in pool.map(lambda g: self._plan_new(g, snapshot), groups):
+                    for got in pool.map(lambda g: self._plan_new(g, snapshot, ts), groups):
                         plans.update(got)
         pending: list[TableName] = []
         rows = 0
@@ -239,9 +281,54 @@ class InitialCopy:
                 rows += stored.rows * (len(stored.chunks) - done) // len(stored.chunks)
         return pending, rows
 
-    def _plan_new(self, tables: Sequence[TableName], snapshot: str) -> dict[TableName, TablePlan | None]:
-        """Plan ``tables`` (not planned yet) under ``snapshot`` on one reader and store their plans; a table empty
-        at the snapshot gets its chunks recorded as done and None."""
+    def _replan_changed(self, plans: Mapping[TableName, TablePlan | None], snapshot: str, ts: int, at: float
+                        ) -> list[TableName]:
+        """The tables with chunks left whose definition (columns, types, key) at ``snapshot`` is not the one their
+        plan was made with: their chunks so far hold rows of the old definition, in a target created for it, and
+        the chunks left would bring rows of the new one (a target column missing, a key whose ranges mean nothing
+        now). Each is started over: its target removed (``restart_target``, before its records go: a run that dies
+        in between removes it again), its records forgotten; the caller plans it under ``snapshot``, so every row
+        of it is read at one definition and its floor becomes ``ts``. Under ``merge`` the target holds the user's
+        rows and is not removed: :class:`SnapshotTableChanged` names the fix (its records go, so the next run plans
+        it anew). A plan stored without a definition (before it was recorded) is taken as it is."""
+        cf, span = self.info.id, self.span.index
+        left = [t for t, p in plans.items()
+                if p is not None and p.definition and len(self.progress.done_chunks(cf, span, t)) < len(p.chunks)]
+        if not left:
+            return []
+        changed: list[TableName] = []
+        with self.upstream.snapshot_reader(snapshot, label=self.label) as reader:
+            for t in left:
+                schema = reader.table_schema(t)
+                reader.release()
+                plan = plans[t]
+                assert plan is not None
+                now = table_definition(schema)
+                if now == plan.definition:
+                    continue
+                what = (f"table {t} changed upstream while it was being copied: planned as {plan.definition}, "
+                        f"{now} at snapshot {snapshot} (Ts {ts})")
+                if self.restart_target is None:
+                    raise SnapshotTableChanged(f"span {self.label}: {what}, and this span cannot remove its target "
+                                               "to copy it again")
+                if self.merge:
+                    self.progress.forget_table(cf, span, t)
+                    raise SnapshotTableChanged(
+                        f"span {self.label}: {what}. Its target holds rows of yours ([snapshot] on-existing-rows = "
+                        f'"merge"), so the rows copied under the old definition cannot be replaced. Fix: give the '
+                        f"target table the new columns and key, then `cdc cli changefeed resume -c {cf}`: the table is "
+                        "planned again under a new snapshot and its rows merged again (rows the first copy wrote "
+                        "that were deleted upstream since stay)")
+                log.warning("span=%s %s: its copy starts over under this snapshot (target removed, planned again)",
+                            self.label, what)
+                self.restart_target(schema, ts, at)
+                self.progress.forget_table(cf, span, t)
+                changed.append(t)
+        return changed
+
+    def _plan_new(self, tables: Sequence[TableName], snapshot: str, ts: int) -> dict[TableName, TablePlan | None]:
+        """Plan ``tables`` (not planned yet) under ``snapshot`` (exported at ``ts``) on one reader and store their
+        plans; a table empty at the snapshot gets its chunks recorded as done (at ``ts``) and None."""
         cf, span = self.info.id, self.span.index
         out: dict[TableName, TablePlan | None] = {}
         with self.upstream.snapshot_reader(snapshot, label=self.label) as reader:
@@ -252,13 +339,14 @@ class InitialCopy:
                     # stored: a run that dies in between empties it again; a key-less table's single chunk
                     # replaces its rows itself)
                     self.truncate([t])
-                plan = reader.plan(schema, self.chunk_rows)
+                plan = dataclasses.replace(reader.plan(schema, self.chunk_rows), definition=table_definition(schema),
+                                           snapshot=snapshot, ts=ts)
                 stored = self.progress.put_plan(cf, span, plan)
                 reader.release()  # no lock held on this table while the next one is read (deadlocks)
                 if stored is plan and plan.rows == 0:
                     now = time.time()
                     for chunk in plan.chunks:
-                        self.progress.record_chunk(cf, span, t, chunk.index, ChunkDone(0, 0.0, now, snapshot))
+                        self.progress.record_chunk(cf, span, t, chunk.index, ChunkDone(0, 0.0, now, snapshot, ts))
                     out[t] = None
                     continue
                 out[t] = stored
@@ -277,24 +365,50 @@ class InitialCopy:
 
     def _keyless_copied_at(self, table: TableName) -> int | None:
         """The Ts of the exported snapshot a key-less table's single chunk was committed under (None: not copied
-        yet, or under a snapshot these runs did not record)."""
+        yet). That is the commit Ts its :class:`ChunkDone` records, provided (snapshot name, Ts) is one of the
+        span's exports: a name alone is not enough (PostgreSQL's ``procNumber-lxid-n`` names repeat after an
+        upstream restart). Raises :class:`SnapshotPositionUnknown` when the record has no Ts or its name and Ts
+        are not one export: the copy's place in the stream is unknown, and guessing would drop or duplicate
+        changes."""
         done = self.progress.done_chunks(self.info.id, self.span.index, table).get(0)
-        return dict(self.state.exports).get(done.snapshot or "") if done is not None else None
+        if done is None:
+            return None
+        exports = self.state.exports
+        if done.commit_ts > 0 and done.snapshot is not None and (done.snapshot, done.commit_ts) in exports:
+            return done.commit_ts
+        listed = ", ".join(f"{n} at Ts {ts}" for n, ts in exports) or "none"
+        if done.commit_ts <= 0:
+            why = f"its copy was recorded without the Ts of its snapshot ({done.snapshot or 'no snapshot'})"
+        elif any(ts == done.commit_ts for _, ts in exports) or any(n == done.snapshot for n, _ in exports):
+            why = (f"its copy was recorded under snapshot {done.snapshot} at Ts {done.commit_ts}, and name and Ts "
+                   f"disagree with the snapshots this span exported ({listed})")
+        else:
+            why = (f"its copy was recorded under snapshot {done.snapshot} at Ts {done.commit_ts}, which none of this "
+                   f"span's copy runs exported ({listed})")
+        raise SnapshotPositionUnknown(
+            f"span {self.label}: key-less table {table}: {why}; it cannot be told which of its changes the copy "
+            f"holds, so it does not stream. Its copy record was dropped: `cdc cli changefeed resume -c "
+            f"{self.info.id}` copies it again, whole, under a new snapshot", table=str(table))
 
     def floors(self, tables: Sequence[TableName]) -> dict[str, int]:
-        """Each table's floor from the stored plans and chunks (see the module doc)."""
-        first = self.state.exports[0][1] if self.state.exports else 0
+        """Each table's floor from the stored plans and chunks (see the module doc): a keyed table's is the Ts of
+        the export its plan was made under (the first export, unless the table was planned again later: every chunk
+        of its plan was read at that snapshot or a later one), or the first export's when the plan does not record
+        one; a key-less table's is the Ts its whole chunk was read at."""
+        exports = self.state.exports
+        first = exports[0][1] if exports else 0
         out: dict[str, int] = {}
         for t in tables:
             plan = self.progress.get_plan(self.info.id, self.span.index, t)
             if plan is None or plan.has_key:
-                out[str(t)] = first
+                known = plan is not None and plan.ts > 0 and (plan.snapshot, plan.ts) in exports
+                out[str(t)] = plan.ts if plan is not None and known else first
                 continue
             ts = self._keyless_copied_at(t)
             if ts is None:
-                raise InvalidArgument(
-                    f"span {self.label}: the copy of key-less table {t} is not recorded under a known snapshot; it "
-                    f"cannot be told which of its changes the copy holds. Truncate it downstream and resync it "
-                    f"(cdc cli changefeed snapshot --table {t})")
+                raise SnapshotPositionUnknown(
+                    f"span {self.label}: key-less table {t} has no recorded copy, yet its span's copy ended; it does "
+                    f"not stream. `cdc cli changefeed resume -c {self.info.id}` copies it, whole, under a new "
+                    "snapshot", table=str(t))
             out[str(t)] = ts
         return out

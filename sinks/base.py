@@ -64,7 +64,7 @@ from typing import Any, ClassVar
 
 from cdc.config import DdlConfig
 from cdc.errors import DdlRejected, SinkError
-from cdc.events import DdlEvent, RowChange, TableName, TableSchema
+from cdc.events import DdlEvent, OpType, RowChange, TableName, TableSchema
 from cdc.model import DataWarning
 from cdc.snapshot import ChunkMarker, CopyText
 from cdc.ts import Watermark
@@ -186,6 +186,18 @@ class Sink(ABC):
     def truncate_targets(self, tables: Sequence[TableName]) -> None:  # noqa: B027 - optional hook
         """Empty the targets of ``tables`` that exist (``on-existing-rows = "truncate"``), in one transaction
         where the target has them."""
+
+    def restart_copy_target(self, schema: TableSchema, changefeed: str, span: int, commit_ts: int,
+                            commit_time: float) -> None:
+        """The copy of ``schema``'s table starts over under a new definition (its columns or key changed upstream
+        between two runs of its copy; ``schema`` is the new one): remove what the earlier runs wrote of it, so that
+        every row the target ends with is read at one definition, and the copy creates the target from ``schema``
+        as streaming would. Idempotent (a run that dies after it does it again). Default (sinks without tables:
+        Kafka, files): a TRUNCATE of the table is written (``commit_ts``/``commit_time``: the new run's snapshot),
+        as a key-less table's whole chunk starts with one, so a consumer empties the table before the rows come
+        again."""
+        self.write([RowChange(OpType.TRUNCATE, schema, commit_ts, commit_time)])
+        self.flush()
 
     def set_row_source(self, fetch: RowSource | None) -> None:  # noqa: B027 - optional hook
         """Where to read a full upstream row when a partial UPDATE finds no row downstream."""

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -55,10 +56,11 @@ from typing import Any
 
 from cdc import errors
 from cdc.errors import InvalidArgument, TidewaterError, error_for_code
+from cdc.events import TableSchema
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.procs import end_children
-from cdc.snapshot import KEY_DEFERRED, SnapshotRun
+from cdc.snapshot import KEY_DEFERRED, ChunkDone, SnapshotRun, TablePlan, table_definition
 from cdc.uri import parse_sink_uri
 from sinks.base import Sink
 from sinks.factory import open_sink
@@ -106,9 +108,12 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "",
                 schema = reader.table_schema(name)
                 plan = store.get_plan(job.changefeed, job.span, name)
                 if plan is None:
-                    plan = store.put_plan(job.changefeed, job.span, reader.plan(schema, job.chunk_rows))
+                    plan = store.put_plan(job.changefeed, job.span, dataclasses.replace(
+                        reader.plan(schema, job.chunk_rows), definition=table_definition(schema),
+                        snapshot=job.snapshot, ts=job.commit_ts if job.snapshot is not None else 0))
                 reader.release()  # no lock kept on one table while the next is read: it could deadlock the app's DDL
                 done = store.done_chunks(job.changefeed, job.span, name)
+                _check_definition(job, plan, schema, done)
                 if (job.defer_keys and plan.key_state == "" and _may_defer(job)) or plan.key_state == KEY_DEFERRED:
                     if sink is None:
                         sink = open_sink(job.sink, job.sink_settings)
@@ -128,6 +133,17 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "",
         if sink is not None:
             sink.close()
     return tasks, total
+
+
+def _check_definition(job: SnapshotJob, plan: TablePlan, schema: TableSchema, done: dict[int, ChunkDone]) -> None:
+    """Chunks left of a plan made for another definition of the table (columns, types, key) must not be read: their
+    rows would not fit the target the earlier chunks made (the span plans such a table again before it runs the job:
+    ``processor.snapshot.InitialCopy``; this is the job's own guard)."""
+    now = table_definition(schema)
+    if plan.definition and now != plan.definition and len(done) < len(plan.chunks):
+        raise InvalidArgument(f"{job.label}: table {schema.name} was planned as {plan.definition} and is {now} at "
+                              f"snapshot {job.snapshot}; its chunks left cannot be copied into the target the others "
+                              "made. The span plans the table again (a new run); do not run this job by hand")
 
 
 def _may_defer(job: SnapshotJob) -> bool:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from cdc.errors import SinkError
 from cdc.events import TableSchema
 from sinks.sql.binding import Binding, KnownTable
 from sinks.sql.ddl import TargetColumn, create_schema_sql, create_table_sql, plan_table
@@ -42,30 +43,48 @@ def bind(sink: SQLSink, schema: TableSchema, conn: Connection, before_io: Callab
         return same
     parts = sink._target_parts(schema.name)
     table = sink._tables.get(parts)
+    fresh = False  # read from the catalog just now (not remembered from an earlier look)
     if table is None and sink.dialect != "sqlite":
         if before_io is not None and parts[0] not in sink._existing:
             before_io()
         table = existing_table(sink, conn, *parts)
     if table is None:
-        if before_io is not None:
-            before_io()
-        if sink.dialect == "sqlite":  # one writer per file: DDL inside our (transactional) write
-            table = prepare_table(sink, schema, conn)
-        else:  # MySQL DDL commits implicitly: never inside the write transaction
-            with sink._engine.connect() as ddl:
-                ddl.execution_options(isolation_level="AUTOCOMMIT")
-                table = prepare_table(sink, schema, ddl)
-        sink._tables[parts] = table
+        table, fresh = _prepare(sink, schema, conn, before_io), True
     if table.label not in sink._fk_seen:
         if before_io is not None:
             before_io()
         load_foreign_keys(sink, conn, parts[0], table.label)
-    binding = Binding(sink, schema, table)
+    try:
+        binding = Binding(sink, schema, table)
+    except SinkError:
+        if fresh:
+            raise
+        # what this sink knew of the table may be stale: the initial copy drops and creates a table again when its
+        # definition changed upstream (Sink.restart_copy_target, from another sink). Look once more before failing.
+        log.info("%s: table %s does not fit %s as known; reading its definition again", sink._where(), table.label,
+                 schema.name)
+        sink._tables.pop(parts, None)
+        binding = Binding(sink, schema, _prepare(sink, schema, conn, before_io))
     if len(sink._bindings_by_value) > _MAX_BINDINGS:
         sink._bindings_by_value.clear()
     sink._bindings[id(schema)] = (schema, binding)
     sink._bindings_by_value[schema] = binding
     return binding
+
+
+def _prepare(sink: SQLSink, schema: TableSchema, conn: Connection, before_io: Callable[[], None] | None
+             ) -> KnownTable:
+    """The table of ``schema`` as the catalog shows it now, created if missing; remembered."""
+    if before_io is not None:
+        before_io()
+    if sink.dialect == "sqlite":  # one writer per file: DDL inside our (transactional) write
+        table = prepare_table(sink, schema, conn)
+    else:  # MySQL DDL commits implicitly: never inside the write transaction
+        with sink._engine.connect() as ddl:
+            ddl.execution_options(isolation_level="AUTOCOMMIT")
+            table = prepare_table(sink, schema, ddl)
+    sink._tables[sink._target_parts(schema.name)] = table
+    return table
 
 
 def existing_table(sink: SQLSink, conn: Connection, tschema: str | None, tname: str) -> KnownTable | None:

@@ -211,6 +211,10 @@ class SQLSink(Sink):
     def truncate_targets(self, tables: Sequence[TableName]) -> None:
         targets.truncate_targets(self, tables)
 
+    def restart_copy_target(self, schema: TableSchema, changefeed: str, span: int, commit_ts: int,
+                            commit_time: float) -> None:
+        targets.drop_copy_target(self, schema.name, changefeed, span)
+
     # ---- the initial copy with the key built after the load (sinks.sql.deferred_key) ------------------
     def defer_key_refusal(self, schema: TableSchema) -> str | None:
         return deferred_key.deferrable(self, schema)

@@ -1,5 +1,6 @@
 """What ``changefeed create`` asks of an SQL target before the initial copy: which target tables already hold
-rows, and emptying them (``[snapshot] on-existing-rows``). Names follow the sink's routing
+rows, and emptying them (``[snapshot] on-existing-rows``); and dropping a table whose copy starts over under a new
+definition (:func:`drop_copy_target`). Names follow the sink's routing
 (:meth:`sinks.sql.sink.SQLSink.target_name`); a table is found as the sink finds it when it writes (exact name on
 PostgreSQL, case-insensitively on MySQL/MariaDB and SQLite). Not on the hot path: one catalog read per target
 schema and one ``SELECT 1 ... LIMIT 1`` per existing table.
@@ -14,6 +15,8 @@ import sqlalchemy as sa
 
 from cdc.errors import TidewaterError
 from cdc.events import TableName
+from sinks.sql.deferred_key import MARKER_TABLE
+from sinks.sql.position import PG_SCHEMA
 
 if TYPE_CHECKING:
     from sinks.sql.sink import SQLSink
@@ -56,6 +59,29 @@ def truncate_targets(sink: SQLSink, tables: Sequence[TableName]) -> None:
             else:  # (InnoDB refuses TRUNCATE of a referenced table; SQLite has none)
                 for target in targets:
                     conn.exec_driver_sql(f"DELETE FROM {target}")
+    except Exception as exc:
+        if isinstance(exc, TidewaterError):
+            raise
+        raise sink._wrap(exc, None) from exc
+
+
+def drop_copy_target(sink: SQLSink, table: TableName, changefeed: str, span: int) -> None:
+    """Drop the target of ``table`` if it exists, and the chunk markers the copy of ``changefeed``/``span`` kept for
+    it (``sinks.sql.deferred_key``: a stale marker would make a new run record a chunk it never wrote), in one
+    transaction where DDL is transactional (PostgreSQL, SQLite; MySQL commits a DROP by itself, and keeps no markers).
+    The copy then creates the table from the new definition, as streaming would."""
+    try:
+        with sink._engine.begin() as conn:
+            if sink.dialect == "postgresql":
+                markers = f'"{PG_SCHEMA}"."{MARKER_TABLE}"'
+                if conn.exec_driver_sql("SELECT to_regclass(%s) IS NOT NULL", (markers,)).scalar():
+                    conn.exec_driver_sql(f"DELETE FROM {markers} WHERE changefeed = %s AND span = %s AND "
+                                         "table_name = %s", (changefeed, span, str(table)))
+            for _, target in _existing(sink, conn, [table]):
+                conn.exec_driver_sql(f"DROP TABLE {target}")
+        sink._tables.pop(sink._target_parts(table), None)
+        sink._bindings.clear()
+        sink._bindings_by_value.clear()
     except Exception as exc:
         if isinstance(exc, TidewaterError):
             raise

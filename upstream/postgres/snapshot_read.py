@@ -52,7 +52,7 @@ from typing import Any
 import psycopg2
 from psycopg2 import sql
 
-from cdc.errors import DecodeError, InvalidArgument, SnapshotExpired
+from cdc.errors import DecodeError, InvalidArgument, SnapshotExpired, SnapshotTableRewritten
 from cdc.events import SNAPSHOT, OpType, RowChange, TableName, TableSchema
 from cdc.snapshot import PG_COPY_TEXT, CopyText, SnapshotChunk, TablePlan, plan_from_bounds
 from upstream.base import SnapshotReader
@@ -151,6 +151,32 @@ class PgSnapshotReader(SnapshotReader):
     def _at(self) -> str:
         return f" {self.snapshot!r}" if self.snapshot else ""
 
+    def _check_not_rewritten(self, conn: Any, name: TableName) -> None:
+        """Before the table is read at an exported snapshot: lock it (``ACCESS SHARE``, held until :meth:`release`:
+        no rewrite can commit while it is read) and check that its storage is the one the snapshot knows.
+        PostgreSQL's ``TRUNCATE`` and table-rewriting ``ALTER TABLE`` (a column's type, a volatile default) are not
+        MVCC-safe: once committed, the table reads *empty* under a snapshot taken before them, so a chunk read then
+        would be recorded as copied with none of its rows. The snapshot's ``pg_class`` row (read under the
+        snapshot) names the relfilenode it knew, ``pg_relation_filenode`` the current one (the relation cache, after
+        the lock); another one, or no row (the table was replaced), raises the retryable
+        :class:`cdc.errors.SnapshotTableRewritten`: the next run reads under a fresh snapshot (and plans the table
+        again if its definition changed). Without an exported snapshot the transaction is never released between
+        reads, so nothing can rewrite the table in between: no check."""
+        if self.snapshot is None:
+            return
+        table = sql.Identifier(name.schema, name.table)
+        with pg_conn.pg_errors(conn, f"checking the storage of {name} at the snapshot"), conn.cursor() as cur:
+            cur.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(table))
+            cur.execute("SELECT c.relfilenode = pg_relation_filenode(c.oid) FROM pg_class c "
+                        "WHERE c.oid = %s::regclass", (table.as_string(conn),))
+            row = cur.fetchone()
+        if row is None or not row[0]:
+            raise SnapshotTableRewritten(
+                f"table {name} was rewritten or truncated (TRUNCATE, or an ALTER TABLE that rewrites it) after the "
+                f"snapshot {self.snapshot!r} was taken: PostgreSQL shows a rewritten table empty to older snapshots, "
+                "so its rows cannot be read at this one. The copy goes on under a fresh snapshot (chunks recorded "
+                "stay done; a table whose columns or key changed is copied again from the start)")
+
     # ---- planning --------------------------------------------------------------------------------------
     def plan(self, schema: TableSchema, chunk_rows: int) -> TablePlan:
         if chunk_rows < 1:
@@ -158,6 +184,7 @@ class PgSnapshotReader(SnapshotReader):
         name = schema.name
         table = sql.Identifier(name.schema, name.table)
         conn = self._connection()
+        self._check_not_rewritten(conn, name)
         count = sql.SQL("SELECT count(*) FROM {}").format(table)
         if not schema.has_key:
             with pg_conn.pg_errors(conn, f"counting the rows of {name}"), conn.cursor() as cur:
@@ -234,7 +261,8 @@ class PgSnapshotReader(SnapshotReader):
             return sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(cols, table)
         if tuple(schema.key) != chunk.key:
             raise InvalidArgument(f"{schema.name}: chunk {chunk.index} was planned on key {list(chunk.key)}, the "
-                                  f"table's key is now {list(schema.key)}: plan the table again")
+                                  f"table's key is now {list(schema.key)}: the table must be planned again from "
+                                  "the start (the span's next copy run does so)")
         key_cols = [schema.column(k) for k in chunk.key]
         keys = sql.SQL(", ").join(sql.Identifier(k) for k in chunk.key)
         bound = sql.SQL(", ").join(sql.SQL("%s::{}").format(cast_type(c)) for c in key_cols)
@@ -258,6 +286,7 @@ class PgSnapshotReader(SnapshotReader):
     def _rows(self, schema: TableSchema, chunk: SnapshotChunk, query: sql.Composed, params: list[str],
               commit_ts: int, commit_time: float) -> Iterator[RowChange]:
         conn = self._connection()
+        self._check_not_rewritten(conn, schema.name)
         with conn.cursor() as cur:
             text_query = cur.mogrify(query, params)
         pipe = _CopyPipe()
@@ -324,6 +353,7 @@ class PgSnapshotReader(SnapshotReader):
         raises after the last block (never a silently short chunk); closing the generator early closes the
         pipe, which stops the COPY (and the connection, which cannot be trusted any more)."""
         conn = self._connection()
+        self._check_not_rewritten(conn, schema.name)
         with conn.cursor() as cur:
             text_query = cur.mogrify(query, params)
         if copy_out.available():

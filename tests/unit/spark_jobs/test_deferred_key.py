@@ -182,5 +182,5 @@ def test_a_table_with_every_chunk_done_but_its_key_owed_still_goes_to_the_job() 
     owed, built, keyed = TableName("public", "owed"), TableName("public", "built"), TableName("public", "keyed")
     copy.progress = _PlannedProgress(  # type: ignore[assignment]
         {owed: _plan(KEY_DEFERRED), built: _plan(KEY_BUILT), keyed: _plan("")}, {owed: 4, built: 4, keyed: 4})
-    pending, rows = copy._plan([owed, built, keyed], "snap")
+    pending, rows = copy._plan([owed, built, keyed], "snap", 7)
     assert pending == [owed] and rows == 0  # (a job with nothing to copy: it builds the key)

@@ -1,0 +1,128 @@
+"""The floors of the initial copy (processor.snapshot.InitialCopy.floors): which changes of each table the copy holds.
+
+A keyed table's floor is the first export's Ts (every later change is replayed, idempotently by key); a key-less
+table's is exactly the Ts its one whole chunk was read at, found by the position its ChunkDone records, never by the
+snapshot name alone (PostgreSQL's names repeat after an upstream restart). A record whose name and position are not
+one export of the span, or that has no position, is refused loudly and dropped, so the next run copies the table
+again. Fakes for etcd, the upstream and the job."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from cdc.errors import SnapshotPositionUnknown
+from cdc.model import SpanSnapshot
+from cdc.snapshot import plan_from_bounds
+from tests.snapshot_copy_fakes import (
+    BAG,
+    KEYED,
+    NAME,
+    Job,
+    Progress,
+    Upstream,
+    bag_plan,
+    done,
+    initial_copy,
+    keyed_plan,
+    table_schema,
+)
+
+pytestmark = pytest.mark.unit
+
+def test_a_keyed_table_floor_is_the_first_export_ts_also_with_chunks_read_under_a_later_one() -> None:
+    progress = Progress()
+    progress.plans[KEYED] = keyed_plan()
+    progress.chunks[KEYED] = {0: done("A", 100), 1: done("B", 200), 2: done("B", 200)}
+    copy, _ = initial_copy(progress, SpanSnapshot("copying", (("A", 100), ("B", 200))))
+    assert copy.floors([KEYED]) == {"public.big": 100}
+
+
+@pytest.mark.parametrize(("recorded", "floor"), [(("A", 100), 100), (("B", 200), 200)])
+def test_a_keyless_table_floor_is_the_ts_its_whole_chunk_was_read_at(recorded: tuple[str, int], floor: int) -> None:
+    progress = Progress()
+    progress.plans[BAG] = bag_plan()
+    progress.chunks[BAG] = {0: done(*recorded)}
+    copy, _ = initial_copy(progress, SpanSnapshot("copying", (("A", 100), ("B", 200))))
+    assert copy.floors([BAG]) == {"public.bag": floor}
+
+
+@pytest.mark.parametrize("read_at", [100, 300])
+def test_a_repeated_snapshot_name_is_told_apart_by_its_position(read_at: int) -> None:
+    """The upstream restarted between the runs and exported the same name again: the record's Ts decides (a lookup by
+    name took the last export's Ts, 300, for a copy read at 100: every change in (100, 300] would have been lost)."""
+    progress = Progress()
+    progress.plans[BAG] = bag_plan()
+    progress.chunks[BAG] = {0: done(NAME, read_at)}
+    copy, _ = initial_copy(progress, SpanSnapshot("copying", ((NAME, 100), (NAME, 300))))
+    assert copy.floors([BAG]) == {"public.bag": read_at}
+
+
+@pytest.mark.parametrize(("recorded", "why"), [
+    (("B", 100), "disagree"),                 # the Ts of export A under the name of export B
+    ((NAME, 250), "disagree"),                # an exported name at a Ts it was not exported at
+    (("C", 150), "none of this span"),        # neither
+    (("A", 0), "without the Ts"),             # no position recorded
+    ((None, 0), "without the Ts"),
+])
+def test_a_keyless_record_whose_name_and_position_are_not_one_export_is_refused(
+        recorded: tuple[str | None, int], why: str) -> None:
+    progress = Progress()
+    progress.plans[BAG] = bag_plan()
+    progress.chunks[BAG] = {0: done(*recorded)}
+    copy, _ = initial_copy(progress, SpanSnapshot("copying", (("A", 100), ("B", 200), (NAME, 300))))
+    with pytest.raises(SnapshotPositionUnknown, match=why) as err:
+        copy.floors([BAG])
+    assert err.value.table == "public.bag"
+    assert "public.bag" in err.value.message and "cdc cli changefeed resume -c cf" in err.value.message
+    assert not err.value.retryable  # the changefeed fails: loudly, until resumed
+
+
+def test_a_keyless_table_recopied_under_a_later_export_gets_that_exports_ts_and_keyed_ones_keep_the_first() -> None:
+    """Run 1 (export A at 100) copies the keyed table and is killed before the key-less one; run 2 (export B at 200)
+    copies the key-less table whole: its floor is 200, the keyed table's stays 100."""
+    progress = Progress()
+    up = Upstream([BAG, KEYED], [("A", 100), ("B", 200)])
+    up.plans = {KEYED: keyed_plan(), BAG: bag_plan()}
+    up.schemas = {KEYED: table_schema(KEYED, True), BAG: table_schema(BAG, False)}
+    first, _ = initial_copy(progress, None, up, Job(progress, copy={KEYED}))
+    with pytest.raises(RuntimeError, match="killed"):
+        first(threading.Event())
+    assert 0 not in progress.chunks.get(BAG, {}) and progress.runs_ended == 1
+    job = Job(progress)
+    second, stored = initial_copy(progress, first.state, up, job)
+    floors = second(threading.Event())
+    assert floors == {"public.bag": 200, "public.big": 100}
+    assert [r.tables for r in job.requests] == [(BAG,)]  # only what was left
+    assert stored[-1].phase == "done" and stored[-1].exports == (("A", 100), ("B", 200))
+
+
+def test_an_empty_keyless_table_is_recorded_at_its_exports_position() -> None:
+    progress = Progress()
+    up = Upstream([BAG], [(NAME, 100)])
+    up.plans = {BAG: plan_from_bounds(BAG, 0, 100, None)}
+    up.schemas = {BAG: table_schema(BAG, False)}
+    job = Job(progress)
+    copy, _ = initial_copy(progress, None, up, job)
+    assert copy(threading.Event()) == {"public.bag": 100}
+    assert job.requests == []  # nothing to copy: no job at all
+    assert progress.chunks[BAG][0].commit_ts == 100
+
+
+def test_a_run_that_finds_a_keyless_copy_it_cannot_place_drops_it_and_the_next_run_copies_it_again() -> None:
+    progress = Progress()
+    progress.plans = {KEYED: keyed_plan(), BAG: bag_plan()}
+    progress.chunks = {KEYED: {i: done("A", 100) for i in range(3)}, BAG: {0: done("A", 0)}}  # an older record
+    up = Upstream([BAG, KEYED], [("B", 200), ("C", 300)])
+    up.plans = {KEYED: keyed_plan(), BAG: bag_plan()}
+    up.schemas = {KEYED: table_schema(KEYED, True), BAG: table_schema(BAG, False)}
+    first, stored = initial_copy(progress, SpanSnapshot("copying", (("A", 100),)), up)
+    with pytest.raises(SnapshotPositionUnknown):
+        first(threading.Event())
+    assert progress.forgotten == [BAG] and BAG not in progress.plans
+    assert stored[-1].phase == "copying"  # never done: nothing streams
+    job = Job(progress)
+    second, stored = initial_copy(progress, first.state, up, job)
+    assert second(threading.Event()) == {"public.bag": 300, "public.big": 100}
+    assert [r.tables for r in job.requests] == [(BAG,)]
