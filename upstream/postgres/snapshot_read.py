@@ -336,7 +336,7 @@ class PgSnapshotReader(SnapshotReader):
         """The chunk as COPY text (:data:`cdc.snapshot.PG_COPY_TEXT`), the bytes of the same ``COPY (SELECT ...)
         TO STDOUT`` as :meth:`read_chunk`, unparsed; None when the session's client encoding is not UTF8 (the
         bytes would need converting). The connection (and the transaction at the snapshot) is opened now, the
-        COPY runs once ``blocks`` is advanced, through the same bounded pipe of ~1 MB blocks."""
+        COPY runs once ``blocks`` is advanced, in blocks of about 1 MB (:meth:`_text_blocks`)."""
         if chunk.table_name != schema.name:
             raise InvalidArgument(f"chunk of {chunk.table_name} read with the schema of {schema.name}")
         query = self.chunk_query(schema, chunk)
@@ -348,8 +348,9 @@ class PgSnapshotReader(SnapshotReader):
 
     def _text_blocks(self, schema: TableSchema, chunk: SnapshotChunk, query: sql.Composed, params: list[str]
                      ) -> Iterator[bytes]:
-        """The COPY's bytes through an OS pipe: psycopg2 writes each row into a buffered file (a C call, no Python
-        frame per row) on a helper thread, the consumer reads blocks of :data:`TEXT_BLOCK` bytes. A failed COPY
+        """The COPY's bytes in blocks of :data:`TEXT_BLOCK` bytes: drained from libpq in C (:meth:`_helper_blocks`),
+        or, where that helper is not available, through an OS pipe that psycopg2's ``copy_expert`` writes each row
+        into on a helper thread. A failed COPY
         raises after the last block (never a silently short chunk); closing the generator early closes the
         pipe, which stops the COPY (and the connection, which cannot be trusted any more)."""
         conn = self._connection()
