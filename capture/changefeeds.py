@@ -159,6 +159,22 @@ def _check_types(raw: dict[str, Any], defaults: Any, where: str) -> None:
             raise InvalidConfig(f"{where}{key} in the changefeed config must be an integer, got {value!r}")
 
 
+def _old_image_notice(scheme: str, schemas: list[TableSchema]) -> str | None:
+    """For a sink that writes each change as a message (Kafka, files): the tables whose UPDATE and DELETE messages
+    cannot carry the whole old row (PostgreSQL sends it only under REPLICA IDENTITY FULL), so that a consumer that
+    needs before-images (retractions, audit) knows before it reads them (docs/sinks.md, "Old rows")."""
+    if scheme not in ("kafka", "file"):
+        return None
+    partial = sorted(str(s.name) for s in schemas if s.replica_identity != "f")
+    if not partial:
+        return None
+    shown = ", ".join(partial[:10]) + (f" and {len(partial) - 10} more" if len(partial) > 10 else "")
+    return (f"CDC:NoticePartialOldImage: {shown} do not have REPLICA IDENTITY FULL: their UPDATE and DELETE messages "
+            "carry the old key only (Debezium 'before' null for an update, canal-json 'old' the key columns) and "
+            "unchanged TOAST values as the unavailable-value placeholder. Rebuilding tables by key is exact; a consumer "
+            "that needs whole before-images needs ALTER TABLE ... REPLICA IDENTITY FULL on them")
+
+
 class ChangefeedService:
     def __init__(self, store: MetaStore, stop_wait: float = 15.0) -> None:
         self.store = store
@@ -201,7 +217,7 @@ class ChangefeedService:
                 spans = up.create_spans(_span_plans(req.changefeed_id, config.span_count, tables,
                                                     _join_rule(table_filter, config.span_count, sink,
                                                                req.sink_uri, config.sink.delivery)))
-                notice = up.capture_notice
+                notices = [n for n in (up.capture_notice, _old_image_notice(sink_uri.scheme, schemas)) if n]
                 if existing and config.snapshot.on_existing_rows == "truncate":
                     try:
                         sink.truncate_targets(existing)
@@ -235,8 +251,8 @@ class ChangefeedService:
         log.info("changefeed=%s created: %d tables in %d spans, start=%s sink=%s", info.id, len(tables),
                  len(spans), lsn_to_str(start_ts), sink_uri.redacted())
         out = self.describe(info.id)
-        if notice:
-            out["notices"] = [notice]
+        if notices:
+            out["notices"] = notices
         return out
 
     def _drop_spans(self, upstream_uri: str, spans: list[SpanInfo]) -> None:

@@ -62,7 +62,13 @@ def test_storage_sink_rebuilds_the_upstream_after_a_sigkill(etcd_server: Any, cl
     cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, extra_args=server_config(tmp_path))
     cdc.start()
     try:
-        cdc.create_changefeed("lake", pg_server.uri(pg_database), sink, "span-count = 2\n")
+        created = cdc.create_changefeed("lake", pg_server.uri(pg_database), sink, "span-count = 2\n")
+        with pg_server.connect(pg_database) as c, c.cursor() as cur:  # tables whose old images are partial: said
+            cur.execute("SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = "
+                        "c.relnamespace WHERE c.relkind IN ('r', 'p') AND n.nspname = 'public' AND c.relreplident <> 'f'")
+            partial = sorted(r[0] for r in cur.fetchall())
+        notices = [n for n in created.get("notices", []) if n.startswith("CDC:NoticePartialOldImage")]
+        assert bool(notices) == bool(partial) and all(t in notices[0] for t in partial), (partial, created)
         with BackgroundWriter(pg_server.connect(pg_database), mixed_steps(2), start=8, pause=0.01) as writer:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:  # stream for a while, then kill the capture mid-stream
