@@ -243,7 +243,13 @@ def test_a_changefeed_removed_during_its_copy_leaves_nothing_running(
         last.cursor().execute("LOCK TABLE zlock IN SHARE MODE")
         seen: dict[int, str] = {}
         _wait_for_tree("rm", seen, "Spark's JVM", lambda s: any("/bin/java" in c for c in s.values()), 60, cdc)
-        time.sleep(20.0)  # Spark starts in 5-13 s here; the job's own process waits on abig meanwhile
+        # the job's own process waits on abig meanwhile; Spark's session is up when its log says so (5-13 s here)
+        deadline = time.monotonic() + 90
+        while not any("spark session up" in p.read_text(errors="replace")
+                      for p in cdc.base_dir.rglob("snapshot-rm-*.log")):
+            assert time.monotonic() < deadline, f"Spark did not come up for the job\n{cdc.log_tail()}"
+            time.sleep(0.2)
+        time.sleep(1.0)  # the driver hands the chunks after abig to Spark once it is up
         first.rollback()  # abig may be written now: Spark takes the chunks after it
         _wait_for_tree("rm", seen, "Spark's Python daemon", lambda s: any("pyspark.daemon" in c for c in s.values()),
                        60, cdc)
