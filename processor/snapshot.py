@@ -35,10 +35,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from cdc.errors import InvalidArgument, SinkError, TidewaterError
-from cdc.events import TableName
+from cdc.events import TableName, TableSchema
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.model import ChangefeedInfo, SpanInfo, SpanSnapshot
 from cdc.snapshot import KEY_DEFERRED, ChunkDone, TablePlan
+from cdc.ts import Watermark
 from upstream.base import Upstream
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,11 @@ class CopyRequest:
     defer_keys: bool = False
 
 
+Truncate = Callable[[Sequence[TableSchema], Watermark], None]
+"""A table copy's emptying of targets before it copies (``Sink.truncate_targets``): the tables' schemas and the run's
+snapshot (its rows carry that commit Ts)."""
+
+
 class CopyLauncher(Protocol):
     """Runs the copy job for a request and returns when it finished: raises a ``TidewaterError`` saying why it
     failed, or :class:`CopyStopped` after ending it when ``stop`` was set. The capture provides it (the Spark
@@ -116,7 +122,7 @@ class InitialCopy:
     def __init__(self, info: ChangefeedInfo, span: SpanInfo, upstream: Upstream, progress: SnapshotProgressStore,
                  launcher: CopyLauncher, persist: Callable[[SpanSnapshot], None], state: SpanSnapshot | None,
                  *, chunk_rows: int, spark_master: str, label: str, spark_min_rows: int = 0,
-                 truncate: Callable[[Sequence[TableName]], None] | None = None, defer_keys: bool = False) -> None:
+                 truncate: Truncate | None = None, defer_keys: bool = False) -> None:
         self.info = info
         self.span = span
         self.upstream = upstream
@@ -153,7 +159,7 @@ class InitialCopy:
                 self.persist(self.state)  # before any row is written under it
                 if gate is not None:
                     self._catch_up(gate, tables, stop)
-                pending, rows = self._plan(tables, exp.name)
+                pending, rows = self._plan(tables, exp.name, Watermark(exp.ts, exp.time))
                 if pending:
                     request = CopyRequest(self.info.id, self.span.index, self.info.upstream_uri, self.info.sink_uri,
                                           tuple(pending), exp.name, exp.ts, exp.time, self.chunk_rows,
@@ -208,7 +214,7 @@ class InitialCopy:
             if stop.wait(0.1):
                 raise CopyStopped(f"span {self.label} stopped while its table copy waited for the stream")
 
-    def _plan(self, tables: Sequence[TableName], snapshot: str) -> tuple[list[TableName], int]:
+    def _plan(self, tables: Sequence[TableName], snapshot: str, at: Watermark) -> tuple[list[TableName], int]:
         """The tables with chunks left to copy (or a deferred key to build), and about how many rows those chunks
         hold (as planned). A table planned now (the first run to see it) is planned under ``snapshot`` and its plan
         stored (the job takes it as it is); one that is empty at ``snapshot`` is recorded as copied right away, so
@@ -222,10 +228,10 @@ class InitialCopy:
             readers = 1 if self.truncate is not None else min(PLAN_READERS, len(new))
             groups = [new[i::readers] for i in range(readers)]
             if readers == 1:
-                plans.update(self._plan_new(groups[0], snapshot))
+                plans.update(self._plan_new(groups[0], snapshot, at))
             else:
                 with ThreadPoolExecutor(readers, thread_name_prefix="tidewater-plan") as pool:
-                    for got in pool.map(lambda g: self._plan_new(g, snapshot), groups):
+                    for got in pool.map(lambda g: self._plan_new(g, snapshot, at), groups):
                         plans.update(got)
         pending: list[TableName] = []
         rows = 0
@@ -239,7 +245,8 @@ class InitialCopy:
                 rows += stored.rows * (len(stored.chunks) - done) // len(stored.chunks)
         return pending, rows
 
-    def _plan_new(self, tables: Sequence[TableName], snapshot: str) -> dict[TableName, TablePlan | None]:
+    def _plan_new(self, tables: Sequence[TableName], snapshot: str, at: Watermark
+                  ) -> dict[TableName, TablePlan | None]:
         """Plan ``tables`` (not planned yet) under ``snapshot`` on one reader and store their plans; a table empty
         at the snapshot gets its chunks recorded as done and None."""
         cf, span = self.info.id, self.span.index
@@ -250,8 +257,9 @@ class InitialCopy:
                 if self.truncate is not None and schema.has_key:
                     # a table copy replaces the rows: extra rows downstream go too (before the plan is
                     # stored: a run that dies in between empties it again; a key-less table's single chunk
-                    # replaces its rows itself)
-                    self.truncate([t])
+                    # replaces its rows itself). A log-shaped target (Kafka) gets a TRUNCATE at the snapshot's Ts,
+                    # ordered before the copied rows, which carry that Ts
+                    self.truncate([schema], at)
                 plan = reader.plan(schema, self.chunk_rows)
                 stored = self.progress.put_plan(cf, span, plan)
                 reader.release()  # no lock held on this table while the next one is read (deadlocks)

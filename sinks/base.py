@@ -178,9 +178,14 @@ class Sink(ABC):
         transaction; idempotent (False: the key was there already). A duplicate key raises ``SinkError``."""
         raise SinkError("this sink cannot defer a table's key")
 
-    def truncate_targets(self, tables: Sequence[TableName]) -> None:  # noqa: B027 - optional hook
-        """Empty the targets of ``tables`` that exist (``on-existing-rows = "truncate"``), in one transaction
-        where the target has them."""
+    def truncate_targets(  # noqa: B027 - optional hook
+            self, tables: Sequence[TableName], *, schemas: Sequence[TableSchema] = (), at: Watermark | None = None
+    ) -> None:
+        """Empty the targets of ``tables`` that exist (``on-existing-rows = "truncate"``, and a resync before its copy),
+        in one transaction where the target has them. A sink whose readers replay a log (Kafka) writes a TRUNCATE
+        event instead, ordered before the copy's rows: ``schemas`` are the tables' schemas and ``at`` the copy's
+        snapshot (its rows carry ``at.ts`` as commit Ts); such a sink refuses (``SinkError``) when it lacks them
+        rather than leave old rows its readers would keep. Default: nothing to empty (a sink without tables)."""
 
     def set_row_source(self, fetch: RowSource | None) -> None:  # noqa: B027 - optional hook
         """Where to read a full upstream row when a partial UPDATE finds no row downstream."""

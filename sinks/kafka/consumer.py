@@ -171,6 +171,7 @@ class Rebuilder:
         self._seen: set[tuple[Any, ...]] = set()
         self._claim_check = claim_check or read_claim_check
         self._watermark_time = 0.0
+        self._marks: dict[tuple[str, int], int] = {}  # per partition: the highest watermark read so far
 
     def open(self) -> int:
         self.applied = self.applier.open()
@@ -187,6 +188,7 @@ class Rebuilder:
                                      f"{exc.message}") from exc
         tp = (record.topic, record.partition)
         span = int(span_text.partition("/")[0]) if span_text else -1
+        copied = value is not None and value[:1] == b"-"  # a copy writer's (initial copy, table copy)
         i = 0
         for ev in events:
             if ev.kind is MessageKind.WATERMARK:
@@ -195,6 +197,9 @@ class Rebuilder:
                 self.stats.watermarks += 1
                 self.stats.checkpoints += span_text is None
                 self.tracker.observe(tp, int(ev.commit_ts), span_text)
+                # a cut for every change (the changefeed's, or the only span's): a copied row may not follow it
+                if (span_text is None or span_text.endswith("/1")) and ev.commit_ts > self._marks.get(tp, 0):
+                    self._marks[tp] = int(ev.commit_ts)
                 if ev.commit_time:
                     self.tracker.times[int(ev.commit_ts)] = ev.commit_time
                 continue
@@ -211,6 +216,8 @@ class Rebuilder:
                 ev = self._claimed(ev, claim)
             self.stats.events += 1
             event = Event(ev, int(ev.commit_ts), span, seq, record.topic, record.partition, record.offset)
+            if copied and event.commit_ts <= self._marks.get(tp, 0):
+                self._late_copy(event)
             if event.commit_ts <= self.applied:
                 self.stats.replayed += 1
                 self.applier.observe(event)
@@ -226,6 +233,18 @@ class Rebuilder:
                         continue
                     self._seen.add(ident)
             self._buffer.append(event)
+
+    def _late_copy(self, event: Event) -> None:
+        """A copied row (or a copy's TRUNCATE) behind a watermark that covers its commit Ts in its own partition: the
+        sink published a cut before writing it, so every consumer that trusts watermarks may have dropped it (this
+        one would, as a replay). Never silently: the consumer stops, naming it."""
+        ev = event.ev
+        what = "TRUNCATE" if ev.op is OpType.TRUNCATE else f"row {ev.key or ev.values}"
+        raise SinkError(f"topic {event.topic} partition {event.partition} offset {event.offset}: the {what} of "
+                        f"{ev.table} copied at commit Ts {event.commit_ts} comes after watermark "
+                        f"{self._marks.get((event.topic, event.partition), 0)} of that partition, which covers it: "
+                        "a consumer cutting at that watermark misses it. The producer must hold its watermarks below "
+                        "a table copy until it is written (Tidewater does); rebuild this table from a resync")
 
     def _claimed(self, ev: DecodedEvent, location: str) -> DecodedEvent:
         key, value = self._claim_check(location)
@@ -255,7 +274,9 @@ class Rebuilder:
 
 def _identity(e: Event) -> tuple[Any, ...] | None:
     if e.seq is not None:
-        return ("s", e.commit_ts, e.span, e.seq)
+        # copy writers number from nanosecond times per write, and a resync's TRUNCATEs all have position 0: the
+        # table tells them apart
+        return ("s", e.commit_ts, e.span, e.seq) if e.span >= 0 else ("s", e.commit_ts, e.span, e.seq, str(e.ev.table))
     ev = e.ev
     if ev.key:
         return ("k", e.commit_ts, str(ev.table), ev.op, tuple(sorted((k, repr(v)) for k, v in ev.key.items())))

@@ -49,7 +49,7 @@ import dataclasses
 import importlib.util
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cdc.config import SinkConfig
@@ -382,6 +382,34 @@ class KafkaSink(Sink):
             enc=d.enc, size=size, limit=d.limit, topic=d.topic, partition=d.partition, span=self.span,
             headers=lambda m: self._headers(m, items), measure=lambda m, h: message_size(m.key, m.value, h))
         tr.send(d.topic, d.partition, small.key, small.value, headers)
+
+    # ---- a resync's emptying ---------------------------------------------------------------------------
+    def truncate_targets(self, tables: Sequence[TableName], *, schemas: Sequence[TableSchema] = (),
+                         at: Watermark | None = None) -> None:
+        """A table copy that replaces a table's rows (a resync, docs/snapshot.md "Table copies") empties it for the
+        consumers: a TRUNCATE event per table (canal-json/open-protocol TRUNCATE DDL, Debezium ``op: "t"``), routed
+        as the row stream's TRUNCATE, with the copy's snapshot Ts ``at.ts`` (its copied rows carry the same Ts) and
+        event position 0 under the copy writers' header (``-:0``), so a consumer ordering by (commit Ts, span,
+        position) applies it after every change before the copy and before every copied row (whose positions are
+        nanosecond times). The span's watermarks stay below ``at.ts`` until the copy is written (the table hold), so
+        no consumer has cut past it. Refused (``SinkError``) without the schemas and ``at``: old rows must not stay."""
+        if not tables:
+            return
+        by_name = {s.name: s for s in schemas}
+        missing = [str(t) for t in tables if t not in by_name]
+        if at is None or missing:
+            raise SinkError(f"the Kafka sink empties {', '.join(missing or map(str, tables))} for its consumers with a "
+                            "TRUNCATE event, which needs the table's schema and the copy's snapshot Ts; not given, so "
+                            "the copy cannot replace the rows consumers hold")
+        tr = self._tr()
+        try:
+            for t in tables:
+                self._append_all(tr, RowChange(OpType.TRUNCATE, by_name[t], at.ts, at.time), 0)
+            self._drain(tr)
+            tr.flush()
+        except BaseException:
+            self._dests.clear()
+            raise
 
     # ---- DDL ------------------------------------------------------------------------------------------
     def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
