@@ -60,7 +60,7 @@ from sinks.base import Sink
 from sinks.codec import EncoderConfig, Message, MessageKind, encoder_for
 from sinks.codec.base import RowEventEncoder, split_key_change
 from sinks.kafka.dispatcher import Dispatcher
-from sinks.kafka.headers import HEADER, row_header, span_value
+from sinks.kafka.headers import HEADER, ddl_header, row_header, span_value
 from sinks.kafka.large import LargeMessages
 from sinks.kafka.options import CODEC_PARAMS, KafkaOptions, parse_kafka_uri
 
@@ -350,8 +350,14 @@ class KafkaSink(Sink):
             headers.append(row_header(self._span_header, [s for _, s in items]))
         return headers
 
-    def _ddl_headers(self, msg: Message, seq: int) -> list[tuple[str, bytes]]:
-        return [*msg.headers, row_header(self._span_header, (seq,))]
+    def _ddl_headers(self, msg: Message, seq: int, event: DdlEvent) -> list[tuple[str, bytes]]:
+        """The protocol's headers, ``tidewater`` and, for a column-set change, ``tidewater-ddl`` (what the statement
+        does, exactly: a consumer renames instead of dropping and adding; ``sinks.kafka.headers``)."""
+        headers = [*msg.headers, row_header(self._span_header, (seq,))]
+        ddl = ddl_header(event)
+        if ddl is not None:
+            headers.append(ddl)
+        return headers
 
     def _send(self, tr: KafkaTransport, d: _Dest, msg: Message, items: list[tuple[RowChange, int]]) -> None:
         headers = self._headers(msg, items)
@@ -435,7 +441,7 @@ class KafkaSink(Sink):
             for topic in topics:
                 if topic not in self._topics_used:
                     self._use_topic(tr, topic)
-                headers = self._ddl_headers(msg, seq)
+                headers = self._ddl_headers(msg, seq, event)
                 for p in self._ddl_partitions(tr, topic):
                     tr.send(topic, p, msg.key, msg.value, headers)
             if txn:

@@ -12,6 +12,7 @@ from cdc.errors import SinkError
 from cdc.events import TableName
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.snapshot import KEY_BUILT, KEY_DEFERRED, ChunkDone, ChunkMarker, TablePlan, plan_from_bounds
+from cdc.ts import Watermark
 from processor.snapshot import InitialCopy
 from spark_jobs.deferred import prepare_table
 from spark_jobs.plan import SnapshotJob
@@ -182,5 +183,5 @@ def test_a_table_with_every_chunk_done_but_its_key_owed_still_goes_to_the_job() 
     owed, built, keyed = TableName("public", "owed"), TableName("public", "built"), TableName("public", "keyed")
     copy.progress = _PlannedProgress(  # type: ignore[assignment]
         {owed: _plan(KEY_DEFERRED), built: _plan(KEY_BUILT), keyed: _plan("")}, {owed: 4, built: 4, keyed: 4})
-    pending, rows = copy._plan([owed, built, keyed], "snap")
+    pending, rows = copy._plan([owed, built, keyed], "snap", Watermark(100, 1.0))
     assert pending == [owed] and rows == 0  # (a job with nothing to copy: it builds the key)
