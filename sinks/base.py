@@ -187,6 +187,12 @@ class Sink(ABC):
         snapshot (its rows carry ``at.ts`` as commit Ts); such a sink refuses (``SinkError``) when it lacks them
         rather than leave old rows its readers would keep. Default: nothing to empty (a sink without tables)."""
 
+    @classmethod
+    def resync_refusal(cls, uri: str) -> str | None:
+        """Why a resync (``cdc cli changefeed snapshot --table``) cannot work with the sink of ``uri``, naming the fix
+        (None: it can); asked before the resync is stored, without opening the sink. Default: None."""
+        return None
+
     def set_row_source(self, fetch: RowSource | None) -> None:  # noqa: B027 - optional hook
         """Where to read a full upstream row when a partial UPDATE finds no row downstream."""
 

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 from cdc.config import SinkConfig
 from cdc.errors import InvalidArgument, InvalidURI, SinkError
 from cdc.events import SNAPSHOT, DdlEvent, OpType, RowChange, TableName, TableSchema
+from cdc.model import DataWarning
 from cdc.ts import Watermark
 from sinks.base import Sink
 from sinks.codec import EncoderConfig, Message, MessageKind, encoder_for
@@ -63,6 +64,7 @@ from sinks.kafka.dispatcher import Dispatcher
 from sinks.kafka.headers import HEADER, ddl_header, row_header, span_value
 from sinks.kafka.large import LargeMessages
 from sinks.kafka.options import CODEC_PARAMS, KafkaOptions, parse_kafka_uri
+from sinks.kafka.skipped import Skips
 
 if TYPE_CHECKING:
     from sinks.kafka.meta import MetaReader
@@ -130,6 +132,7 @@ class KafkaSink(Sink):
         if transport_factory is None and _kafka_missing():
             raise InvalidArgument(f"the Kafka sink needs kafka-python, which is not installed: {INSTALL_HINT}")
         self._large = LargeMessages.from_params(params, options.protocol, options.uri)
+        self._skips = Skips(options.protocol, EncoderConfig.from_params(params), params, options.uri)
         self._span_watermarks = params.pop("span-watermarks", "auto").lower()
         if self._span_watermarks not in SPAN_WATERMARK_MODES:
             raise InvalidURI(f"sink URI {options.uri!r}: span-watermarks={self._span_watermarks!r}: use auto, true or "
@@ -175,6 +178,10 @@ class KafkaSink(Sink):
                 probe.close()
             return
         self._tr().check()
+
+    def take_warnings(self) -> list[DataWarning]:
+        """Notices of what ``skipped-operations`` / ``include-schema-changes=false`` left out (per table)."""
+        return self._skips.take_warnings()
 
     def target_name(self, table: TableName) -> str:
         return f"{self.dispatcher.topic(table)}/{table}"
@@ -245,6 +252,7 @@ class KafkaSink(Sink):
         unbound = self.span is None
         routes, dests = self._routes, self._dests
         debezium = self.options.protocol == "debezium"
+        skip = self._skips.ops  # skipped-operations (sinks.kafka.skipped): empty unless asked for
         UPDATE, TRUNCATE = OpType.UPDATE, OpType.TRUNCATE  # noqa: N806 - locals for the loop
         for change in changes:
             ts = change.commit_ts
@@ -262,6 +270,10 @@ class KafkaSink(Sink):
             else:
                 base = pos * SEQ_STRIDE
             op = change.op
+            if skip and op in skip and change.extra.get(SNAPSHOT) is not True:  # (a copied row is always written)
+                self._skips.skipped(str(change.table), op)
+                last = (ts, step)
+                continue
             if op is TRUNCATE:
                 self._append_all(tr, change, base)
             else:
@@ -407,6 +419,10 @@ class KafkaSink(Sink):
             raise SinkError(f"the Kafka sink empties {', '.join(missing or map(str, tables))} for its consumers with a "
                             "TRUNCATE event, which needs the table's schema and the copy's snapshot Ts; not given, so "
                             "the copy cannot replace the rows consumers hold")
+        if OpType.TRUNCATE in self._skips.ops:  # (a resync is refused when asked for: resync_refusal)
+            for t in tables:
+                self._skips.skipped(str(t), OpType.TRUNCATE)
+            return
         tr = self._tr()
         try:
             for t in tables:
@@ -416,6 +432,17 @@ class KafkaSink(Sink):
         except BaseException:
             self._dests.clear()
             raise
+
+    @classmethod
+    def resync_refusal(cls, uri: str) -> str | None:
+        """A resync must first empty the table for the consumers: not with ``skipped-operations`` holding ``t``."""
+        options = parse_kafka_uri(uri, codec_params=(*CODEC_PARAMS, *SINK_PARAMS))
+        skipped = EncoderConfig.from_params(dict(options.codec_params)).skipped
+        if "t" in skipped:
+            return ("a resync first empties the table for the consumers with a TRUNCATE event, and this Kafka sink "
+                    "drops TRUNCATE events (skipped-operations holds t): take t out of skipped-operations "
+                    "(changefeed update), or empty the consumers' tables yourself and resync without it")
+        return None
 
     # ---- DDL ------------------------------------------------------------------------------------------
     def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
@@ -429,6 +456,8 @@ class KafkaSink(Sink):
             return False
         msg = self.control.encode_ddl(event)
         if msg is None:
+            if not self._skips.ddl:  # include-schema-changes=false: shown, not only left out
+                self._skips.ddl_left_out(str(event.table), event.query)
             return True
         tr = self._tr()
         topics = [self.dispatcher.topic(event.table)]
