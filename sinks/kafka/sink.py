@@ -518,7 +518,7 @@ class KafkaSink(Sink):
             tr.begin()
         try:
             for topic in sorted(topics):
-                for p in range(tr.partitions(topic)):
+                for p in range(tr.all_partitions(topic)):  # every partition a consumer reads
                     tr.send(topic, p, msg.key, msg.value, headers)
             if fence is not None:
                 fence()
