@@ -104,6 +104,15 @@ class SinkApplier:
                 self._tables.pop(ev.table, None)
                 self._seen_at[ev.table] = event.commit_ts
             return
+        if ev.kind is MessageKind.DDL:  # a column change applied before the restart: the target has that shape
+            changes, columns = event.ddl if event.ddl is not None else (renames_in(ev.query or "", ev.table), {})
+            current = self._tables.get(ev.table)
+            if changes and current is not None and event.commit_ts >= self._seen_at.get(ev.table, 0):
+                after = self._changed(current, changes, columns)
+                if after is not None:
+                    self._tables[ev.table] = after
+                    self._seen_at[ev.table] = event.commit_ts
+            return
         if ev.kind is not MessageKind.ROW or ev.op not in (OpType.INSERT, OpType.UPDATE) or not ev.values \
                 or ev.extra.get("onlyHandleKey") or event.commit_ts < self._seen_at.get(ev.table, 0):
             return
