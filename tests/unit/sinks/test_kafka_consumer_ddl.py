@@ -15,7 +15,7 @@ from cdc.ts import Watermark
 from sinks.kafka.applier import renames_in
 from sinks.kafka.consumer import SinkApplier
 from sinks.kafka.headers import DDL_HEADER, ddl_header, parse_ddl
-from tests.kafka_sink_fakes import FakeBroker, col, ins, table
+from tests.kafka_sink_fakes import FakeBroker, col, dele, ins, table
 from tests.unit.sinks.test_kafka_sink_unit import PROTOCOLS, make, rebuild
 
 pytestmark = pytest.mark.unit
@@ -122,9 +122,10 @@ def test_a_consumer_restarted_after_a_rename_knows_the_new_shape(tmp_path: Path)
     v1 = table()
     v2 = v1.__class__(v1.name, (v1.columns[0], col("w", "text", 25)), v1.key, v1.replica_identity,
                       v1.relation_id, 1)
-    sink.write([ins(v1, 10, 1, "kept")])
+    sink.write([ins(v1, 10, 1, "kept"), ins(v1, 10, 3, "gone")])
     sink.apply_ddl(ddl(v1, v2, [DdlChange(DdlKind.RENAME_COLUMN, "v", "w")], 20, "ALTER TABLE t RENAME v TO w"))
-    sink.publish_resolved(Watermark(20, 0.02))
+    sink.write([dele(v2, 25, 3)])  # the target's position moves past the rename; no row shows the new shape
+    sink.publish_resolved(Watermark(25, 0.025))
     db = tmp_path / "t.db"
     applier = SinkApplier(f"sqlite:///{db}")
     try:
@@ -133,7 +134,7 @@ def test_a_consumer_restarted_after_a_rename_knows_the_new_shape(tmp_path: Path)
         applier.close()
     sink.write([ins(v2, 30, 2, w="new")])
     sink.publish_resolved(Watermark(30, 0.03))
-    applier = SinkApplier(f"sqlite:///{db}")  # restarted: resumes after 20
+    applier = SinkApplier(f"sqlite:///{db}")  # restarted: resumes after 25
     try:
         core, _ = rebuild(broker, "canal-json", applier=applier)  # type: ignore[arg-type]
         assert core.stats.replayed > 0
