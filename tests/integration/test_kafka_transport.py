@@ -65,6 +65,18 @@ def read_back(server: KafkaServer, topic: str, partitions: int, expect: int, *, 
         consumer.close()
 
 
+def topic_config(server: KafkaServer, topic: str, name: str) -> str | None:
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    admin = KafkaAdminClient(bootstrap_servers=server.bootstrap)
+    try:
+        answer = admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, topic, configs=[name])])
+        entry = (answer.get("topic") or {}).get(topic, {}).get(name)
+        return entry["value"] if entry else None
+    finally:
+        admin.close()
+
+
 def topic_partitions(server: KafkaServer, topic: str) -> int | None:
     admin = KafkaAdminClient(bootstrap_servers=server.bootstrap)
     try:
@@ -92,10 +104,11 @@ def test_messages_arrive_in_order_per_partition(kafka_server: KafkaServer, kafka
 def test_topic_auto_created_with_partition_num(kafka_server: KafkaServer, kafka_topic: str, open_transport: Any
                                                ) -> None:
     assert topic_partitions(kafka_server, kafka_topic) is None
-    t = open_transport(kafka_topic, partition_num="5", replication_factor="1")
+    t = open_transport(kafka_topic, partition_num="5", replication_factor="1", max_message_bytes="2097152")
     t.check()
     assert topic_partitions(kafka_server, kafka_topic) == 5
     assert t.partitions(kafka_topic) == 5
+    assert topic_config(kafka_server, kafka_topic, "max.message.bytes") == "2097152"  # as TiCDC creates topics
     other = f"{kafka_topic}-second"
     t.send(other, 4, None, b"to a topic first used by send")  # another topic, created on first use
     assert t.flush() == 1
