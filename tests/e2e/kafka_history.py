@@ -5,7 +5,9 @@
   commit Ts being the commit's end LSN (what Tidewater stamps), the key the key columns' text (a key-less table's:
   the whole row).
 - :func:`read_topic`: every record of a topic as a plain kafka-python ``read_committed`` consumer gets it (no
-  Tidewater header or library used), and :func:`canal_changes` the canal-json data messages as the same tuples.
+  Tidewater header or library used), and the same filtered by the log's own transaction markers (what Apache
+  Kafka's ``read_committed`` returns: tansu 0.6 writes the markers but lets aborted records through);
+  :func:`canal_changes` the canal-json data messages as the same tuples.
 
 The difference of the two multisets is the run's duplicates and losses.
 """
@@ -94,11 +96,65 @@ def read_history(conn: Any, slot: str, keys: dict[str, tuple[str, ...]], *, drop
     return out
 
 
-def read_topic(bootstrap: str, topic: str, *, quiet: float = 3.0, timeout: float = 60.0) -> list[Any]:
-    """Every record of every partition of ``topic``, from the beginning, with ``read_committed``, until nothing new
-    came for ``quiet`` seconds (tansu's end offsets are wrong: read until quiet)."""
-    from kafka import KafkaConsumer, TopicPartition
+class _BatchSpy:
+    """Wraps the record set kafka-python's fetcher unpacks: notes each batch's producer, transactional flag and
+    commit/abort marker (the broker's own transaction record), and changes nothing of what the consumer returns."""
 
+    def __init__(self, records: Any, tp: Any, log: list[tuple[Any, ...]]) -> None:
+        self._records, self._tp, self._log = records, tp, log
+
+    def next_batch(self) -> Any:
+        b = self._records.next_batch()
+        if b is not None and getattr(b, "magic", 0) == 2 and b.has_producer_id():
+            # the marker's record read from a copy of the batch (the fetcher validates and reads the batch itself)
+            abort = next(iter(type(b)(b._buffer))).abort if b.is_control_batch else None  # noqa: SLF001
+            self._log.append((self._tp.topic, self._tp.partition, b.base_offset, b.last_offset, b.producer_id,
+                              b.is_transactional, b.is_control_batch, abort))
+        return b
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._records, name)
+
+
+def not_committed(batches: list[tuple[Any, ...]]) -> dict[tuple[str, int], list[tuple[int, int]]]:
+    """Per partition, the offset ranges of transactional batches that the log's own markers say were aborted, or that
+    no marker ended (an open transaction): what a Kafka broker keeps from ``read_committed`` consumers (its fetch
+    answer lists the aborted transactions; tansu 0.6 writes the markers but does not list them)."""
+    out: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    by_part: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+    for b in batches:
+        by_part.setdefault((b[0], b[1]), []).append(b)
+    for part, items in by_part.items():
+        pending: dict[int, list[tuple[int, int]]] = {}
+        seen: set[int] = set()
+        for _, _, base, last, pid, txn, control, abort in sorted(items, key=lambda b: b[2]):
+            if base in seen:
+                continue  # the same batch fetched twice
+            seen.add(base)
+            if control:
+                ranges = pending.pop(pid, [])
+                if abort:
+                    out.setdefault(part, []).extend(ranges)
+            elif txn:
+                pending.setdefault(pid, []).append((base, last))
+        for ranges in pending.values():
+            out.setdefault(part, []).extend(ranges)
+    return out
+
+
+def read_topic(bootstrap: str, topic: str, *, quiet: float = 3.0, timeout: float = 60.0
+               ) -> tuple[list[Any], list[Any]]:
+    """Every record of every partition of ``topic``, from the beginning, as a plain kafka-python ``read_committed``
+    consumer returns them, until nothing new came for ``quiet`` seconds (tansu's end offsets are wrong: read until
+    quiet); and the same without the records the log's own transaction markers say were aborted or never committed
+    (:func:`not_committed`: what Kafka's ``read_committed`` returns; the same list on a broker that hides them)."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.consumer.fetcher import Fetcher
+
+    batches: list[tuple[Any, ...]] = []
+    cls = Fetcher.PartitionRecords
+    unpack = cls._unpack_records
+    cls._unpack_records = lambda self, tp, records, kd, vd: unpack(self, tp, _BatchSpy(records, tp, batches), kd, vd)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False,
                              group_id=None, auto_offset_reset="earliest")
     try:
@@ -112,9 +168,15 @@ def read_topic(bootstrap: str, topic: str, *, quiet: float = 3.0, timeout: float
             for records in consumer.poll(timeout_ms=300).values():
                 out.extend(records)
                 last = time.monotonic()
-        return out
     finally:
         consumer.close()
+        cls._unpack_records = unpack
+    hidden = not_committed(batches)
+
+    def committed(r: Any) -> bool:
+        return not any(lo <= r.offset <= hi for lo, hi in hidden.get((r.topic, r.partition), ()))
+
+    return out, [r for r in out if committed(r)]
 
 
 def canal_changes(records: list[Any], keys: dict[str, tuple[str, ...]]) -> list[Change]:
