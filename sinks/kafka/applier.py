@@ -125,8 +125,15 @@ class SinkApplier:
 
     def apply(self, events: list[Event], watermark: int, watermark_time: float) -> None:
         self._rows = []
+        copying = False
         for e in events:
             ev = e.ev
+            # a copy's rows (a copy writer's header, or Debezium's op "r") may hit rows the target holds (a chunk
+            # copied again, a resync): written on their own, as upserts, never netted with the stream's changes
+            # around them (an INSERT netted with a later DELETE of the same key would leave the row it replaced)
+            if (e.seq is not None and e.span < 0 or ev.snapshot) is not copying:
+                self._flush()
+                copying = not copying
             if ev.kind is MessageKind.DDL and ev.op is not OpType.TRUNCATE:
                 self._flush()
                 self._ddl(e)
