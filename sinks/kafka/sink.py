@@ -50,7 +50,7 @@ import importlib.util
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from cdc.config import SinkConfig
 from cdc.errors import InvalidArgument, InvalidURI, SinkError
@@ -63,6 +63,7 @@ from sinks.codec.base import RowEventEncoder, split_key_change
 from sinks.kafka.dispatcher import Dispatcher
 from sinks.kafka.headers import HEADER, ddl_header, row_header, span_value
 from sinks.kafka.large import LargeMessages
+from sinks.kafka.metatopic import MetaTopicUse
 from sinks.kafka.options import CODEC_PARAMS, KafkaOptions, parse_kafka_uri
 from sinks.kafka.skipped import Skips
 
@@ -117,7 +118,7 @@ class _Dest:
         self.items: list[tuple[RowChange, int]] = []
 
 
-class KafkaSink(Sink):
+class KafkaSink(MetaTopicUse, Sink):
     """Row changes to Kafka (see the module docstring for the guarantees)."""
 
     publishes_checkpoints = True
@@ -530,41 +531,6 @@ class KafkaSink(Sink):
             if txn:
                 tr.abort()
             raise
-
-    # ---- metadata topic ---------------------------------------------------------------------------------
-    def _use_topic(self, tr: KafkaTransport, topic: str) -> None:
-        """``topic`` gets rows: with per-table topics it is recorded in the metadata topic (once per sink), so
-        that watermarks reach it after a restart and from the owner."""
-        self._topics_used.add(topic)
-        if topic == self.options.topic or topic in self._topics_recorded or not self.dispatcher.has_table_topics:
-            return
-        from sinks.kafka.meta import encode, meta_topic_name
-
-        meta = meta_topic_name(self.options.topic)
-        tr.topic(meta, 1)
-        tr.send(meta, 0, f"topic/{topic}".encode(), encode({"since": round(self._clock(), 3)}))
-        self._topics_recorded.add(topic)
-
-    def _record_position(self, tr: KafkaTransport, position: tuple[int, int]) -> None:
-        """The span's position, last in its transaction and only after the transaction's messages were acknowledged:
-        under Kafka's semantics the order does not matter (all or nothing), but a broker that lets aborted records
-        through (tansu) then never shows a position whose messages did not all reach it."""
-        from sinks.kafka.meta import checkpoint_key, encode, meta_topic_name
-
-        assert self.changefeed is not None and self.span is not None
-        meta = meta_topic_name(self.options.topic)
-        tr.topic(meta, 1)
-        value = {"ts": position[0], "step": position[1], "origin": self._origin, "time": round(self._clock(), 3)}
-        tr.send(meta, 0, checkpoint_key(self.changefeed, self.span).encode(), encode(value))
-
-    def _meta_records(self, *, fresh: bool, transport: KafkaTransport | None = None) -> dict[str, dict[str, Any]]:
-        from sinks.kafka.meta import MetaReader
-
-        tr = transport or self._tr()
-        if self._meta is None:
-            self._meta = (self._meta_factory or MetaReader)(self.options)
-            return self._meta.read_all(tr)
-        return self._meta.read_all(tr) if fresh else self._meta.poll()
 
     # ---- transport ---------------------------------------------------------------------------------------
     def _txn_mode(self) -> bool:
