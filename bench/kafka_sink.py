@@ -79,6 +79,9 @@ class NullTransport:
     def partitions(self, topic: str) -> int:
         return self.n
 
+    def all_partitions(self, topic: str) -> int:
+        return self.n
+
     def check(self) -> None:
         pass
 

@@ -95,6 +95,7 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
             "warnings": len(ss.warnings) if ss else 0,
             "phase": span_phase(info, ss),
             "table_copy": table_copy_view(ss),
+            "watermark_hold_ts": (ss.hold_ts or None) if ss else None,
         })
     phases = {s["phase"] for s in spans}
     return {
@@ -113,6 +114,9 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
         "checkpoint_lag": lag(st.checkpoint_time),
         "resolved_ts": st.resolved_ts,
         "resolved_lag": lag(st.resolved_time),
+        # what the sink's published checkpoint (Kafka watermarks, the storage sink's metadata) is held at while a
+        # table copy runs (None: not held)
+        "published_checkpoint_hold_ts": st.hold_ts if st.hold_ts and st.hold_ts < st.checkpoint_ts else None,
         "error": to_dict(info.error) if info.error else None,
         "warnings": [warning_view(w) for w in st.warnings],
         "spans": spans,

@@ -113,7 +113,10 @@ _SCHEMAS: dict[str, Any] = {
                        "table_copy": {"type": "object", "nullable": True,
                                       "description": "the span's last table copy (joined table or resync)",
                                       "properties": {"tables": {"type": "array", "items": {"type": "string"}},
-                                                     "phase": {"type": "string", "enum": ["copying", "done"]}}}},
+                                                     "phase": {"type": "string", "enum": ["copying", "done"]}}},
+                       "watermark_hold_ts": {"type": "integer", "nullable": True,
+                                             "description": "while a table copy runs: the span's watermarks "
+                                                            "downstream stay at or below this Ts"}},
         "additionalProperties": True,
     },
     "Changefeed": {
@@ -129,6 +132,10 @@ _SCHEMAS: dict[str, Any] = {
             "checkpoint_time": {"type": "number"},
             "checkpoint_lag": {"type": "number", "nullable": True, "description": "seconds"},
             "resolved_ts": {"type": "integer"}, "resolved_lag": {"type": "number", "nullable": True},
+            "published_checkpoint_hold_ts": {
+                "type": "integer", "nullable": True,
+                "description": "while a table copy runs: the checkpoint published to the sink (Kafka watermarks, "
+                               "the storage sink's metadata) is held at this Ts, below the copy's rows"},
             "error": _ref("RunningError"),
             "warnings": {"type": "array", "items": _ref("DataWarning"),
                          "description": "unacknowledged data warnings of every span and of the owner's upstream "

@@ -13,10 +13,12 @@ import logging
 import time
 from collections.abc import Sequence
 
-from cdc.errors import ChangefeedNotFound, ChangefeedStateConflict, InvalidArgument
+from cdc.errors import ChangefeedNotFound, ChangefeedStateConflict, InvalidArgument, TidewaterError
 from cdc.events import TableName
 from cdc.meta.store import MetaStore
 from cdc.model import FeedState, TableCopy
+from cdc.uri import parse_sink_uri
+from sinks.factory import sink_class
 from upstream import open_upstream
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,12 @@ def request_resync(store: MetaStore, cf_id: str, tables: Sequence[str]) -> tuple
         if not isinstance(raw, str) or not raw.strip():
             raise InvalidArgument(f"table names are 'schema.name' strings, got {raw!r}")
         names.append(TableName.parse(raw.strip()))
+    try:
+        why = sink_class(parse_sink_uri(info.sink_uri).scheme).resync_refusal(info.sink_uri)
+    except TidewaterError:
+        why = None  # an unusable sink URI fails the changefeed elsewhere
+    if why is not None:
+        raise InvalidArgument(f"changefeed {cf_id!r} cannot resync: {why}")
     up = open_upstream(info.upstream_uri)
     try:
         where: dict[TableName, int] = {}

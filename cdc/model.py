@@ -177,6 +177,10 @@ class ChangefeedStatus:
     # The owner's own warnings (upstream watch: unreplicated rows of a picked-up table, ineligible tables, ...),
     # kept here so that they survive owner changes; one per (code, table), refreshed by each inspection.
     upstream_warnings: tuple[DataWarning, ...] = ()
+    # The lowest ``SpanStatus.hold_ts`` of its spans (0: none): while a table copy runs, the checkpoint the owner
+    # publishes to the sink (Kafka watermarks, the storage sink's ``metadata``) stays at or below it
+    hold_ts: int = 0
+    hold_time: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -242,6 +246,11 @@ class SpanStatus:
     updated: float = 0.0
     warnings: tuple[DataWarning, ...] = ()  # data warnings of this span (see DataWarning), merged
     snapshot: SpanSnapshot | None = None  # the initial copy (None: the changefeed has none, or not started)
+    # While a table copy of the span runs (docs/snapshot.md, "Table copies"): watermarks downstream, the span's and
+    # the changefeed's published checkpoint, stay at or below this Ts (its copied rows are not all written yet);
+    # 0: no such limit
+    hold_ts: int = 0
+    hold_time: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from owner.reconcile import (
     Unassign,
     UpdateInfo,
     checkpoint_actions,
+    published_checkpoint,
     reconcile,
 )
 from owner.upstream_watch import (
@@ -246,7 +247,7 @@ class Owner:
     def _offer_checkpoint(self, info: ChangefeedInfo, status: ChangefeedStatus | None) -> None:
         """Hand a stored changefeed checkpoint to the publisher (owner.checkpoint_publish; cheap, never blocks)."""
         if status is not None and status.checkpoint_ts and info.state.runs:
-            self.publisher.offer(info, status.checkpoint_ts, status.checkpoint_time)
+            self.publisher.offer(info, *published_checkpoint(status))
 
     def _upstream_actions(self, snap: ClusterSnapshot, now: float) -> list[Action]:
         """Turn the upstream watcher's decisions into state changes: a lost slot fails the changefeed

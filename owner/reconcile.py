@@ -277,11 +277,23 @@ def global_watermarks(info: ChangefeedInfo, statuses: dict[int, SpanStatus], old
     ck_ts, ck_time = max((ck.checkpoint_ts, ck.checkpoint_time), (old.checkpoint_ts, old.checkpoint_time))
     rs_ts, rs_time = max((rs.resolved_ts, rs.resolved_time), (old.resolved_ts, old.resolved_time),
                          (ck_ts, ck_time))
-    if (ck_ts, ck_time, rs_ts, rs_time) == (old.checkpoint_ts, old.checkpoint_time, old.resolved_ts,
-                                            old.resolved_time):
+    held = [s for s in reported if s.hold_ts]
+    hold = min(held, key=lambda s: (s.hold_ts, s.hold_time)) if held else None
+    hold_ts, hold_time = (hold.hold_ts, hold.hold_time) if hold is not None else (0, 0.0)
+    if (ck_ts, ck_time, rs_ts, rs_time, hold_ts, hold_time) == (
+            old.checkpoint_ts, old.checkpoint_time, old.resolved_ts, old.resolved_time, old.hold_ts, old.hold_time):
         return old
     return replace(old, checkpoint_ts=ck_ts, checkpoint_time=ck_time, resolved_ts=rs_ts, resolved_time=rs_time,
-                   updated=now)
+                   hold_ts=hold_ts, hold_time=hold_time, updated=now)
+
+
+def published_checkpoint(status: ChangefeedStatus) -> tuple[int, float]:
+    """The checkpoint the owner may publish to the sink now (``Sink.publish_checkpoint``): the changefeed's, held at
+    ``hold_ts`` while a table copy runs (its copied rows, stamped with the copy's snapshot Ts, are not all written
+    yet: a consumer cutting past them would drop them; docs/snapshot.md, "Table copies")."""
+    if status.hold_ts and status.hold_ts < status.checkpoint_ts:
+        return status.hold_ts, status.hold_time
+    return status.checkpoint_ts, status.checkpoint_time
 
 
 def refresh_warnings(current: tuple[DataWarning, ...], found: list[DataWarning] | tuple[DataWarning, ...]

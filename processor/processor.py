@@ -56,7 +56,7 @@ from cdc.stats import SpanStats
 from cdc.ts import Watermark
 from cdc.uri import scrub
 from processor.recovery import DependencyProbe
-from processor.snapshot import CopyLauncher, CopyStopped, InitialCopy
+from processor.snapshot import CopyLauncher, CopyStopped, InitialCopy, Truncate
 from processor.span import SchemaRecorder, SpanRunner, SpanWarnings
 from processor.table_hold import TableHold
 from sinks.factory import open_sink
@@ -264,8 +264,9 @@ class Processor:
                 moving.append((slot, status))
         if not due:
             return True
-        urgent = any(slot.reported is None or (slot.reported.running, slot.reported.error, slot.reported.warnings)
-                     != (st.running, st.error, st.warnings) for slot, st in due)
+        urgent = any(slot.reported is None or (slot.reported.running, slot.reported.error, slot.reported.warnings,
+                                               slot.reported.hold_ts) != (st.running, st.error, st.warnings, st.hold_ts)
+                     for slot, st in due)
         if not urgent and now - self._last_batch < self.config.checkpoint_min_interval:
             return True  # one batch per checkpoint-min-interval per capture, however many spans are due
         self._last_batch = now
@@ -356,10 +357,10 @@ class Processor:
         else:
             state = self._take_up_table_copies(info, span_index, state, progress)
             if state is not None and state.phase != "done" and state.tables:
-                def truncate(tables: Sequence[TableName]) -> None:
+                def truncate(schemas: Sequence[TableSchema], at: Watermark) -> None:
                     sink = open_sink(info.sink_uri, config.sink)
                     try:
-                        sink.truncate_targets(tables)
+                        sink.truncate_targets([s.name for s in schemas], schemas=schemas, at=at)
                     finally:
                         sink.close()
 
@@ -384,7 +385,7 @@ class Processor:
 
     def _initial_copy(self, info: ChangefeedInfo, span: SpanInfo, upstream: Upstream, progress: SnapshotProgressStore,
                       state: SpanSnapshot | None, config: ChangefeedConfig, label: str,
-                      truncate: Callable[[Sequence[TableName]], None] | None = None) -> InitialCopy:
+                      truncate: Truncate | None = None) -> InitialCopy:
         if self._copy_launcher is None:
             raise InvalidArgument(f"span {label} must copy existing rows, and this capture cannot run the copy job")
 
@@ -489,6 +490,9 @@ class Processor:
                 resolved_ts=runner.resolved.ts, resolved_time=runner.resolved.time,
                 running=runner.alive, error=slot.error, rows=runner.rows, updated=now,
                 warnings=slot.warnings.current(), snapshot=slot.snapshot)
+            limit = runner.watermark_limit
+            if limit is not None:
+                status = replace(status, hold_ts=limit.ts, hold_time=limit.time)
         elif prev is not None:
             status = replace(prev, capture_id=self.capture_id, epoch=slot.assignment.epoch, running=False,
                              error=slot.error, updated=now, warnings=slot.warnings.current(), snapshot=slot.snapshot)
@@ -542,7 +546,7 @@ def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, m
                idle_interval: float, heartbeat: float = 10.0) -> bool:
     """Whether a span's ``status`` should be stored, ``elapsed`` seconds after ``prev`` was.
 
-    - never stored, ``running``, ``error`` or ``warnings`` changed: now;
+    - never stored, ``running``, ``error``, ``warnings`` or ``hold_ts`` changed: now;
     - checkpoint Ts moved (busy span): once ``min_interval`` has passed since the last write, so the
       stored checkpoint trails the span by at most about ``min_interval``;
     - only the checkpoint time or the resolved Ts moved (idle span, keepalives): every ``idle_interval``;
@@ -550,8 +554,9 @@ def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, m
     """
     if prev is None or elapsed >= heartbeat:
         return True
-    if (prev.running, prev.error, prev.warnings) != (status.running, status.error, status.warnings):
-        return True
+    if (prev.running, prev.error, prev.warnings, prev.hold_ts) != (status.running, status.error, status.warnings,
+                                                                   status.hold_ts):
+        return True  # (a table copy's hold released: the owner may publish the checkpoint at once)
     if status.checkpoint_ts > prev.checkpoint_ts:
         return elapsed >= min_interval
     if (status.checkpoint_time, status.resolved_ts) != (prev.checkpoint_time, prev.resolved_ts):

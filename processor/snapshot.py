@@ -48,6 +48,7 @@ from cdc.events import TableName, TableSchema
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.model import ChangefeedInfo, SpanInfo, SpanSnapshot
 from cdc.snapshot import KEY_DEFERRED, ChunkDone, TablePlan, table_definition
+from cdc.ts import Watermark
 from upstream.base import Upstream
 
 log = logging.getLogger(__name__)
@@ -96,6 +97,11 @@ class CopyRequest:
     defer_keys: bool = False
 
 
+Truncate = Callable[[Sequence[TableSchema], Watermark], None]
+"""A table copy's emptying of targets before it copies (``Sink.truncate_targets``): the tables' schemas and the run's
+snapshot (its rows carry that commit Ts)."""
+
+
 class CopyLauncher(Protocol):
     """Runs the copy job for a request and returns when it finished: raises a ``TidewaterError`` saying why it
     failed, or :class:`CopyStopped` after ending it when ``stop`` was set. The capture provides it (the Spark
@@ -134,7 +140,7 @@ class InitialCopy:
     def __init__(self, info: ChangefeedInfo, span: SpanInfo, upstream: Upstream, progress: SnapshotProgressStore,
                  launcher: CopyLauncher, persist: Callable[[SpanSnapshot], None], state: SpanSnapshot | None,
                  *, chunk_rows: int, spark_master: str, label: str, spark_min_rows: int = 0,
-                 truncate: Callable[[Sequence[TableName]], None] | None = None, defer_keys: bool = False,
+                 truncate: Truncate | None = None, defer_keys: bool = False,
                  restart_target: RestartTarget | None = None, merge: bool = False) -> None:
         self.info = info
         self.span = span
@@ -264,10 +270,10 @@ class InitialCopy:
             readers = 1 if self.truncate is not None else min(PLAN_READERS, len(new))
             groups = [new[i::readers] for i in range(readers)]
             if readers == 1:
-                plans.update(self._plan_new(groups[0], snapshot, ts))
+                plans.update(self._plan_new(groups[0], snapshot, ts, at))
             else:
                 with ThreadPoolExecutor(readers, thread_name_prefix="tidewater-plan") as pool:
-                    for got in pool.map(lambda g: self._plan_new(g, snapshot, ts), groups):
+                    for got in pool.map(lambda g: self._plan_new(g, snapshot, ts, at), groups):
                         plans.update(got)
         pending: list[TableName] = []
         rows = 0
@@ -326,9 +332,11 @@ class InitialCopy:
                 changed.append(t)
         return changed
 
-    def _plan_new(self, tables: Sequence[TableName], snapshot: str, ts: int) -> dict[TableName, TablePlan | None]:
-        """Plan ``tables`` (not planned yet) under ``snapshot`` (exported at ``ts``) on one reader and store their
-        plans; a table empty at the snapshot gets its chunks recorded as done (at ``ts``) and None."""
+    def _plan_new(self, tables: Sequence[TableName], snapshot: str, ts: int, at: float
+                  ) -> dict[TableName, TablePlan | None]:
+        """Plan ``tables`` (not planned yet) under ``snapshot`` (exported at ``ts``, upstream time ``at``) on one
+        reader and store their plans; a table empty at the snapshot gets its chunks recorded as done (at ``ts``) and
+        None."""
         cf, span = self.info.id, self.span.index
         out: dict[TableName, TablePlan | None] = {}
         with self.upstream.snapshot_reader(snapshot, label=self.label) as reader:
@@ -337,8 +345,9 @@ class InitialCopy:
                 if self.truncate is not None and schema.has_key:
                     # a table copy replaces the rows: extra rows downstream go too (before the plan is
                     # stored: a run that dies in between empties it again; a key-less table's single chunk
-                    # replaces its rows itself)
-                    self.truncate([t])
+                    # replaces its rows itself). A log-shaped target (Kafka) gets a TRUNCATE at the snapshot's Ts,
+                    # ordered before the copied rows, which carry that Ts
+                    self.truncate([schema], Watermark(ts, at))
                 plan = dataclasses.replace(reader.plan(schema, self.chunk_rows), definition=table_definition(schema),
                                            snapshot=snapshot, ts=ts)
                 stored = self.progress.put_plan(cf, span, plan)

@@ -18,6 +18,13 @@ Guarantees:
 - Span watermarks: a sink with ``watermark_interval`` > 0 is told which span of how many it serves
   (``Sink.bind_span``, before ``open_position``) and gets ``publish_resolved(checkpoint)`` after the checkpoint
   moved, at most every ``watermark_interval`` seconds (so the checkpoint it is given is durable downstream).
+- Watermarks during a table copy (``watermark_limit``): the copy's rows are written by the copy job with the commit
+  Ts of their snapshot ``C`` while the span streams its other tables past ``C``. Until the copy is written (the
+  hold released), no watermark of this span says more than ``watermark_limit``: the span's start checkpoint, or
+  ``B - 1`` once the copy's first snapshot ``B`` is known (every snapshot of the copy is at or above ``B``, and
+  above the start checkpoint: exported after it). The processor stores it in ``SpanStatus.hold_ts`` and the owner
+  holds the changefeed's published checkpoint there too (docs/snapshot.md, "Table copies"), so no consumer cuts
+  past a copied row it has not read yet.
 Thread-safety: ``checkpoint``, ``resolved``, ``rows``, ``error`` are read by the processor thread;
 each is a single reference assignment.
 """
@@ -125,6 +132,7 @@ class SpanRunner:
         self.resolved = start
         self.checkpoint = start
         self.start_ts = start.ts  # the checkpoint this runner started from
+        self.start_time = start.time
         self.rows = 0
         self.warnings = warnings if warnings is not None else SpanWarnings()
         self._row_source = row_source
@@ -205,6 +213,19 @@ class SpanRunner:
         assert self.hold is not None
         self.hold.pass_up_to(boundary, drop)
         self._wake.set()
+
+    @property
+    def watermark_limit(self) -> Watermark | None:
+        """The highest watermark the span's sink may publish while a table copy runs (module docstring); None: no
+        limit."""
+        hold = self.hold
+        if hold is None or hold.released:
+            return None
+        start = Watermark(self.start_ts, self.start_time)
+        boundary = hold.boundary
+        if boundary is not None and boundary - 1 > start.ts:
+            return Watermark(boundary - 1, start.time)
+        return start
 
     def caught_up(self, boundary: int) -> bool:
         assert self.hold is not None
@@ -344,6 +365,11 @@ class SpanRunner:
         if now - self._last_publish < interval:
             return
         w = self.checkpoint
+        limit = self.watermark_limit  # a table copy's rows are not all written yet
+        if limit is not None and w.ts > limit.ts:
+            if limit.ts <= self._published:
+                return
+            w = limit
         sink.publish_resolved(w, self._fence)
         self._published, self._last_publish = w.ts, now
 

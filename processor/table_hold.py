@@ -42,6 +42,11 @@ class TableHold:
         return self._floors is not None
 
     @property
+    def boundary(self) -> int | None:
+        """The copy's first snapshot ``B`` once :meth:`pass_up_to` told it (None before)."""
+        return self._boundary
+
+    @property
     def floor_max(self) -> int:
         """Above this commit Ts no change is dropped or held back any more (only once released)."""
         floors = self._floors

@@ -183,9 +183,20 @@ class Sink(ABC):
         transaction; idempotent (False: the key was there already). A duplicate key raises ``SinkError``."""
         raise SinkError("this sink cannot defer a table's key")
 
-    def truncate_targets(self, tables: Sequence[TableName]) -> None:  # noqa: B027 - optional hook
-        """Empty the targets of ``tables`` that exist (``on-existing-rows = "truncate"``), in one transaction
-        where the target has them."""
+    def truncate_targets(  # noqa: B027 - optional hook
+            self, tables: Sequence[TableName], *, schemas: Sequence[TableSchema] = (), at: Watermark | None = None
+    ) -> None:
+        """Empty the targets of ``tables`` that exist (``on-existing-rows = "truncate"``, and a resync before its copy),
+        in one transaction where the target has them. A sink whose readers replay a log (Kafka) writes a TRUNCATE
+        event instead, ordered before the copy's rows: ``schemas`` are the tables' schemas and ``at`` the copy's
+        snapshot (its rows carry ``at.ts`` as commit Ts); such a sink refuses (``SinkError``) when it lacks them
+        rather than leave old rows its readers would keep. Default: nothing to empty (a sink without tables)."""
+
+    @classmethod
+    def resync_refusal(cls, uri: str) -> str | None:
+        """Why a resync (``cdc cli changefeed snapshot --table``) cannot work with the sink of ``uri``, naming the fix
+        (None: it can); asked before the resync is stored, without opening the sink. Default: None."""
+        return None
 
     def restart_copy_target(self, schema: TableSchema, changefeed: str, span: int, commit_ts: int,
                             commit_time: float) -> None:

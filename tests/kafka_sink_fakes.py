@@ -54,6 +54,9 @@ class FakeTransport:
         return TopicInfo(topic, len(self.broker.topics[topic]), limit)
 
     def partitions(self, topic: str) -> int:
+        return min(self.topic(topic).partitions, self.options.partition_num or 1 << 30)
+
+    def all_partitions(self, topic: str) -> int:
         return self.topic(topic).partitions
 
     def check(self) -> None:

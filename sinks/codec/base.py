@@ -115,6 +115,7 @@ DECIMAL_MODES = ("precise", "string", "double")
 BINARY_MODES = ("bytes", "base64", "base64-url-safe", "hex")
 INTERVAL_MODES = ("numeric", "string")
 CSV_BINARY_ENCODINGS = ("base64", "hex")
+SKIPPABLE = ("c", "u", "d", "t")  # Debezium's skipped.operations codes
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,10 @@ class EncoderConfig:
     interval_handling_mode: str = "numeric"  # [interval-handling-mode] numeric (MicroDuration) | string (ISO 8601)
     schemas_enable: bool = True  # [schemas-enable] Debezium JSON with "schema"/"payload" (JsonConverter default)
     debezium_watermarks: bool = True  # [debezium-watermarks] heartbeat-shaped watermark records
+    # [skipped-operations] Debezium's skipped.operations: c, u, d, t (comma-separated) or none. Debezium's default
+    # is t; Tidewater's none: a skipped change is a consumer's table differing from the upstream (docs/sinks.md)
+    skipped_operations: str = "none"
+    include_schema_changes: bool = True  # [include-schema-changes] Debezium schema-change (DDL) records
     # CSV (TiCDC storage sink)
     csv_delimiter: str = ","  # [csv-delimiter]
     csv_quote: str = '"'  # [csv-quote] empty: no quoting, special characters are backslash-escaped
@@ -169,6 +174,20 @@ class EncoderConfig:
             raise InvalidConfig(f"csv-terminator must be \\r\\n or \\n, not {self.csv_terminator!r}")
         if not self.unavailable_value_placeholder:
             raise InvalidConfig("unavailable-value-placeholder must not be empty")
+        self.skipped  # noqa: B018 - validates skipped-operations
+
+    @property
+    def skipped(self) -> frozenset[str]:
+        """The operations ``skipped-operations`` names (``c``, ``u``, ``d``, ``t``); empty for ``none``."""
+        ops = {o.strip().lower() for o in self.skipped_operations.split(",") if o.strip()}
+        if ops == {"none"} or not ops:
+            return frozenset()
+        bad = ops - set(SKIPPABLE)
+        if bad:
+            raise InvalidConfig(f"skipped-operations={self.skipped_operations!r}: {', '.join(sorted(bad))} is not an "
+                                f"operation; use a comma-separated list of {', '.join(SKIPPABLE)} (c create, u update, "
+                                "d delete, t truncate), or none")
+        return frozenset(ops)
 
     @classmethod
     def from_params(cls, params: Mapping[str, str], base: EncoderConfig | None = None) -> EncoderConfig:

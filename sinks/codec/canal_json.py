@@ -325,6 +325,8 @@ class CanalJsonDecoder(Decoder):
             if text == placeholder:
                 return UNCHANGED
             p = by_name.get(name)
+            if p is None and name in mysql_types:  # a column the schema no longer has (renamed, dropped since)
+                p = by_name[name] = _native_parser(mysql_types[name])
             try:
                 return p(text) if p is not None else text
             except ValueError as e:

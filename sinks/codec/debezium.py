@@ -12,7 +12,8 @@ as the JsonConverter writes the connector's Connect structs (``schemas-enable=fa
   transaction id when the change carries it (``RowChange.extra["xid"]``), else null.
 - ``op``: ``c`` insert, ``u`` update, ``d`` delete, ``r`` a row of the initial copy (``source.snapshot`` ``"true"``;
   Debezium's ``first``/``last`` markers are not written), ``t`` truncate (Debezium skips truncates by default
-  through ``skipped.operations``; Tidewater writes them, as a broadcast DDL-kind message with a null key).
+  through ``skipped.operations``; Tidewater writes them, as a broadcast DDL-kind message with a null key; the Kafka
+  sink's ``skipped-operations`` drops what it names before encoding).
 - ``before``: the full old row with REPLICA IDENTITY FULL; else null for an update and the key columns (others null)
   for a delete, as Debezium writes them. ``after``: the new row; a value the upstream did not send is
   ``unavailable-value-placeholder`` in the shape Debezium uses for the type (``sinks.codec.debezium_values``).
@@ -23,7 +24,8 @@ as the JsonConverter writes the connector's Connect structs (``schemas-enable=fa
   FULL and are all optional otherwise, because a delete then carries no value for them (Debezium writes a type's
   zero there - 0, ``""`` - instead, which is wrong data).
 - DDL: a record in the shape of Debezium's schema change topic (``...postgresql.SchemaChangeKey`` /
-  ``SchemaChangeValue`` with ``ddl`` and ``tableChanges``); the PostgreSQL connector itself has none.
+  ``SchemaChangeValue`` with ``ddl`` and ``tableChanges``); the PostgreSQL connector itself has none
+  (``include-schema-changes=false``: none either, ``encode_ddl`` returns None).
 - Watermark: a heartbeat-shaped record (``io.debezium.connector.common.ServerNameKey`` /
   ``io.debezium.connector.common.Heartbeat`` with ``ts_ms`` and an extra ``watermark_ts``); turn off with
   ``debezium-watermarks=false`` for consumers that accept only change events.
@@ -291,6 +293,8 @@ class DebeziumEncoder(RowEventEncoder):
     # -- DDL and watermarks ----------------------------------------------------------------------------------
     def encode_ddl(self, event: DdlEvent) -> Message | None:
         cfg = self.config
+        if not cfg.include_schema_changes:
+            return None
         table = event.new_table or event.table
         key_schema = {"type": "struct", "fields": [_f(_S, "databaseName")], "optional": False,
                       "name": f"io.debezium.connector.{CONNECTOR}.SchemaChangeKey", "version": 1}

@@ -7,14 +7,25 @@ Value (ASCII):
   events as the first run did). Writers of the initial copy are bound to no span: ``-:<seq>...``.
 - a span's watermark: ``<span>/<spans>``. The changefeed checkpoint's watermarks (the owner's) carry no header.
 
-One header, not two: kafka-python's cost per header is ~2 us per message, a tenth of the sink's budget.
+One header, not two, on row messages: kafka-python's cost per header is ~2 us per message, a tenth of the sink's
+budget. DDL messages (rare) carry a second one, ``tidewater-ddl``, when the DDL changes the column set: JSON
+``{"changes": [[kind, column, new name], ...], "columns": [added column, ...]}`` (the :class:`cdc.events.DdlChange`
+kinds ``add column``, ``drop column``, ``rename column``; each added column as ``cdc.serde`` writes a
+:class:`cdc.events.ColumnSchema`, with its type and default), so that a consumer applies a rename as a rename and
+fills the rows that existed with an added column's default (the protocols' DDL messages carry only the statement).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
+from cdc.events import ColumnSchema, DdlChange, DdlEvent, DdlKind
+from cdc.serde import from_dict, to_dict
+
 HEADER = "tidewater"
+DDL_HEADER = "tidewater-ddl"
+COLUMN_SET = (DdlKind.ADD_COLUMN, DdlKind.DROP_COLUMN, DdlKind.RENAME_COLUMN)
 
 
 def row_header(span: bytes | None, seqs: Sequence[int]) -> tuple[str, bytes]:
@@ -34,3 +45,28 @@ def parse(value: bytes | None) -> tuple[str | None, list[int]]:
     text = value.decode("ascii")
     span, _, seqs = text.partition(":")
     return (None if span in ("", "-") else span), ([int(s) for s in seqs.split(",")] if seqs else [])
+
+
+def ddl_header(event: DdlEvent) -> tuple[str, bytes] | None:
+    """The ``tidewater-ddl`` header of a DDL message (module docstring); None when the DDL changes no column set."""
+    changes = [c for c in event.changes if c.kind in COLUMN_SET]
+    if not changes:
+        return None
+    after = {c.name: c for c in event.after.columns} if event.after is not None else {}
+    added = [to_dict(after[c.column]) for c in changes if c.kind is DdlKind.ADD_COLUMN and c.column in after]
+    doc = {"changes": [[c.kind.value, c.column, c.new_name] for c in changes], "columns": added}
+    return DDL_HEADER, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def parse_ddl(value: bytes | None) -> tuple[tuple[DdlChange, ...], dict[str, ColumnSchema]] | None:
+    """The changes and added columns of a ``tidewater-ddl`` header value (None: no header, or one this version cannot
+    read - then the consumer falls back to the statement)."""
+    if not value:
+        return None
+    try:
+        doc = json.loads(value)
+        changes = tuple(DdlChange(DdlKind(k), c, n) for k, c, n in doc["changes"])
+        columns = [from_dict(ColumnSchema, c) for c in doc.get("columns", ())]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return changes, {c.name: c for c in columns}

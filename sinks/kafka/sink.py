@@ -49,20 +49,23 @@ import dataclasses
 import importlib.util
 import logging
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from cdc.config import SinkConfig
 from cdc.errors import InvalidArgument, InvalidURI, SinkError
 from cdc.events import SNAPSHOT, DdlEvent, OpType, RowChange, TableName, TableSchema
+from cdc.model import DataWarning
 from cdc.ts import Watermark
 from sinks.base import Sink
 from sinks.codec import EncoderConfig, Message, MessageKind, encoder_for
 from sinks.codec.base import RowEventEncoder, split_key_change
 from sinks.kafka.dispatcher import Dispatcher
-from sinks.kafka.headers import HEADER, row_header, span_value
+from sinks.kafka.headers import HEADER, ddl_header, row_header, span_value
 from sinks.kafka.large import LargeMessages
+from sinks.kafka.metatopic import MetaTopicUse
 from sinks.kafka.options import CODEC_PARAMS, KafkaOptions, parse_kafka_uri
+from sinks.kafka.skipped import Skips
 
 if TYPE_CHECKING:
     from sinks.kafka.meta import MetaReader
@@ -115,7 +118,7 @@ class _Dest:
         self.items: list[tuple[RowChange, int]] = []
 
 
-class KafkaSink(Sink):
+class KafkaSink(MetaTopicUse, Sink):
     """Row changes to Kafka (see the module docstring for the guarantees)."""
 
     publishes_checkpoints = True
@@ -130,6 +133,7 @@ class KafkaSink(Sink):
         if transport_factory is None and _kafka_missing():
             raise InvalidArgument(f"the Kafka sink needs kafka-python, which is not installed: {INSTALL_HINT}")
         self._large = LargeMessages.from_params(params, options.protocol, options.uri)
+        self._skips = Skips(options.protocol, EncoderConfig.from_params(params), params, options.uri)
         self._span_watermarks = params.pop("span-watermarks", "auto").lower()
         if self._span_watermarks not in SPAN_WATERMARK_MODES:
             raise InvalidURI(f"sink URI {options.uri!r}: span-watermarks={self._span_watermarks!r}: use auto, true or "
@@ -175,6 +179,10 @@ class KafkaSink(Sink):
                 probe.close()
             return
         self._tr().check()
+
+    def take_warnings(self) -> list[DataWarning]:
+        """Notices of what ``skipped-operations`` / ``include-schema-changes=false`` left out (per table)."""
+        return self._skips.take_warnings()
 
     def target_name(self, table: TableName) -> str:
         return f"{self.dispatcher.topic(table)}/{table}"
@@ -245,6 +253,7 @@ class KafkaSink(Sink):
         unbound = self.span is None
         routes, dests = self._routes, self._dests
         debezium = self.options.protocol == "debezium"
+        skip = self._skips.ops  # skipped-operations (sinks.kafka.skipped): empty unless asked for
         UPDATE, TRUNCATE = OpType.UPDATE, OpType.TRUNCATE  # noqa: N806 - locals for the loop
         for change in changes:
             ts = change.commit_ts
@@ -262,6 +271,10 @@ class KafkaSink(Sink):
             else:
                 base = pos * SEQ_STRIDE
             op = change.op
+            if skip and op in skip and change.extra.get(SNAPSHOT) is not True:  # (a copied row is always written)
+                self._skips.skipped(str(change.table), op)
+                last = (ts, step)
+                continue
             if op is TRUNCATE:
                 self._append_all(tr, change, base)
             else:
@@ -350,8 +363,14 @@ class KafkaSink(Sink):
             headers.append(row_header(self._span_header, [s for _, s in items]))
         return headers
 
-    def _ddl_headers(self, msg: Message, seq: int) -> list[tuple[str, bytes]]:
-        return [*msg.headers, row_header(self._span_header, (seq,))]
+    def _ddl_headers(self, msg: Message, seq: int, event: DdlEvent) -> list[tuple[str, bytes]]:
+        """The protocol's headers, ``tidewater`` and, for a column-set change, ``tidewater-ddl`` (what the statement
+        does, exactly: a consumer renames instead of dropping and adding; ``sinks.kafka.headers``)."""
+        headers = [*msg.headers, row_header(self._span_header, (seq,))]
+        ddl = ddl_header(event)
+        if ddl is not None:
+            headers.append(ddl)
+        return headers
 
     def _send(self, tr: KafkaTransport, d: _Dest, msg: Message, items: list[tuple[RowChange, int]]) -> None:
         headers = self._headers(msg, items)
@@ -383,6 +402,56 @@ class KafkaSink(Sink):
             headers=lambda m: self._headers(m, items), measure=lambda m, h: message_size(m.key, m.value, h))
         tr.send(d.topic, d.partition, small.key, small.value, headers)
 
+    # ---- a resync's emptying ---------------------------------------------------------------------------
+    def restart_copy_target(self, schema: TableSchema, changefeed: str, span: int, commit_ts: int,
+                            commit_time: float) -> None:
+        """The table's copy starts over under a new definition: the same TRUNCATE a resync writes
+        (:meth:`truncate_targets` at the new run's snapshot, ordered before its copied rows), then a flush."""
+        self.truncate_targets([schema.name], schemas=[schema], at=Watermark(commit_ts, commit_time))
+        self.flush()
+
+    def truncate_targets(self, tables: Sequence[TableName], *, schemas: Sequence[TableSchema] = (),
+                         at: Watermark | None = None) -> None:
+        """A table copy that replaces a table's rows (a resync, docs/snapshot.md "Table copies") empties it for the
+        consumers: a TRUNCATE event per table (canal-json/open-protocol TRUNCATE DDL, Debezium ``op: "t"``), routed
+        as the row stream's TRUNCATE, with the copy's snapshot Ts ``at.ts`` (its copied rows carry the same Ts) and
+        event position 0 under the copy writers' header (``-:0``), so a consumer ordering by (commit Ts, span,
+        position) applies it after every change before the copy and before every copied row (whose positions are
+        nanosecond times). The span's watermarks stay below ``at.ts`` until the copy is written (the table hold), so
+        no consumer has cut past it. Refused (``SinkError``) without the schemas and ``at``: old rows must not stay."""
+        if not tables:
+            return
+        by_name = {s.name: s for s in schemas}
+        missing = [str(t) for t in tables if t not in by_name]
+        if at is None or missing:
+            raise SinkError(f"the Kafka sink empties {', '.join(missing or map(str, tables))} for its consumers with a "
+                            "TRUNCATE event, which needs the table's schema and the copy's snapshot Ts; not given, so "
+                            "the copy cannot replace the rows consumers hold")
+        if OpType.TRUNCATE in self._skips.ops:  # (a resync is refused when asked for: resync_refusal)
+            for t in tables:
+                self._skips.skipped(str(t), OpType.TRUNCATE)
+            return
+        tr = self._tr()
+        try:
+            for t in tables:
+                self._append_all(tr, RowChange(OpType.TRUNCATE, by_name[t], at.ts, at.time), 0)
+            self._drain(tr)
+            tr.flush()
+        except BaseException:
+            self._dests.clear()
+            raise
+
+    @classmethod
+    def resync_refusal(cls, uri: str) -> str | None:
+        """A resync must first empty the table for the consumers: not with ``skipped-operations`` holding ``t``."""
+        options = parse_kafka_uri(uri, codec_params=(*CODEC_PARAMS, *SINK_PARAMS))
+        skipped = EncoderConfig.from_params(dict(options.codec_params)).skipped
+        if "t" in skipped:
+            return ("a resync first empties the table for the consumers with a TRUNCATE event, and this Kafka sink "
+                    "drops TRUNCATE events (skipped-operations holds t): take t out of skipped-operations "
+                    "(changefeed update), or empty the consumers' tables yourself and resync without it")
+        return None
+
     # ---- DDL ------------------------------------------------------------------------------------------
     def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
         ts = event.commit_ts
@@ -395,6 +464,8 @@ class KafkaSink(Sink):
             return False
         msg = self.control.encode_ddl(event)
         if msg is None:
+            if not self._skips.ddl:  # include-schema-changes=false: shown, not only left out
+                self._skips.ddl_left_out(str(event.table), event.query)
             return True
         tr = self._tr()
         topics = [self.dispatcher.topic(event.table)]
@@ -407,7 +478,7 @@ class KafkaSink(Sink):
             for topic in topics:
                 if topic not in self._topics_used:
                     self._use_topic(tr, topic)
-                headers = self._ddl_headers(msg, seq)
+                headers = self._ddl_headers(msg, seq, event)
                 for p in self._ddl_partitions(tr, topic):
                     tr.send(topic, p, msg.key, msg.value, headers)
             if txn:
@@ -455,7 +526,7 @@ class KafkaSink(Sink):
             tr.begin()
         try:
             for topic in sorted(topics):
-                for p in range(tr.partitions(topic)):
+                for p in range(tr.all_partitions(topic)):  # every partition a consumer reads
                     tr.send(topic, p, msg.key, msg.value, headers)
             if fence is not None:
                 fence()
@@ -467,41 +538,6 @@ class KafkaSink(Sink):
             if txn:
                 tr.abort()
             raise
-
-    # ---- metadata topic ---------------------------------------------------------------------------------
-    def _use_topic(self, tr: KafkaTransport, topic: str) -> None:
-        """``topic`` gets rows: with per-table topics it is recorded in the metadata topic (once per sink), so
-        that watermarks reach it after a restart and from the owner."""
-        self._topics_used.add(topic)
-        if topic == self.options.topic or topic in self._topics_recorded or not self.dispatcher.has_table_topics:
-            return
-        from sinks.kafka.meta import encode, meta_topic_name
-
-        meta = meta_topic_name(self.options.topic)
-        tr.topic(meta, 1)
-        tr.send(meta, 0, f"topic/{topic}".encode(), encode({"since": round(self._clock(), 3)}))
-        self._topics_recorded.add(topic)
-
-    def _record_position(self, tr: KafkaTransport, position: tuple[int, int]) -> None:
-        """The span's position, last in its transaction and only after the transaction's messages were acknowledged:
-        under Kafka's semantics the order does not matter (all or nothing), but a broker that lets aborted records
-        through (tansu) then never shows a position whose messages did not all reach it."""
-        from sinks.kafka.meta import checkpoint_key, encode, meta_topic_name
-
-        assert self.changefeed is not None and self.span is not None
-        meta = meta_topic_name(self.options.topic)
-        tr.topic(meta, 1)
-        value = {"ts": position[0], "step": position[1], "origin": self._origin, "time": round(self._clock(), 3)}
-        tr.send(meta, 0, checkpoint_key(self.changefeed, self.span).encode(), encode(value))
-
-    def _meta_records(self, *, fresh: bool, transport: KafkaTransport | None = None) -> dict[str, dict[str, Any]]:
-        from sinks.kafka.meta import MetaReader
-
-        tr = transport or self._tr()
-        if self._meta is None:
-            self._meta = (self._meta_factory or MetaReader)(self.options)
-            return self._meta.read_all(tr)
-        return self._meta.read_all(tr) if fresh else self._meta.poll()
 
     # ---- transport ---------------------------------------------------------------------------------------
     def _txn_mode(self) -> bool:

@@ -6,10 +6,12 @@ Guarantees:
   auto-creation off (the admin client's request), and a missing topic is a :class:`SinkError` naming it and the
   fix. (Producers' metadata requests can create topics on some brokers, tansu included, even when told not to:
   the transport sends to a topic only after ``ensure`` found it.)
-- A topic it creates gets ``partition-num`` partitions (3 when not given) and ``replication-factor`` replicas; a
-  topic created concurrently by another span or capture counts as found.
+- A topic it creates gets ``partition-num`` partitions (3 when not given), ``replication-factor`` replicas and
+  ``max.message.bytes`` = ``max-message-bytes`` (as TiCDC creates its topics: the broker then accepts every message
+  the sink may send, and no larger one); a topic created concurrently by another span or capture counts as found.
 - An existing topic with fewer partitions than ``partition-num`` is a :class:`SinkError` (TiCDC's rule: the sink
-  would address partitions that do not exist); with more, the sink uses the first ``partition-num``.
+  would address partitions that do not exist); with more, the sink writes rows to the first ``partition-num`` and
+  watermarks to all of them (``TopicInfo.all_partitions``: consumers read every partition and cut at the minimum).
 - The message size limit is ``max-message-bytes``, lowered to the topic's ``max.message.bytes`` when the broker
   reports a smaller one (Apache Kafka does; tansu reports it only when set at creation, and enforces nothing).
 - Errors: brokers unreachable or not answering -> :class:`SinkUnavailable`; refused (authorization, invalid
@@ -46,6 +48,13 @@ class TopicInfo:
     partitions: int  # partitions the sink writes to: min(the topic's, partition-num when given)
     max_message_bytes: int  # the limit send() enforces
     created: bool = False  # created by this call
+    total: int = 0  # the topic's own partition count (0: the same as ``partitions``)
+
+    @property
+    def all_partitions(self) -> int:
+        """Every partition of the topic: a consumer reads them all, so watermarks go to each (rows only to the
+        first ``partitions``)."""
+        return max(self.total, self.partitions)
 
 
 class TopicAdmin:
@@ -89,7 +98,7 @@ class TopicAdmin:
                 found = self._wait_visible(topic)
             count, limit = found
             usable = count if partitions is not None else self._usable(topic, count)
-            return TopicInfo(topic, usable, self._limit(topic, limit), created)
+            return TopicInfo(topic, usable, self._limit(topic, limit), created, count)
         except (SinkError, SinkUnavailable):
             raise
         except Exception as exc:
@@ -126,12 +135,13 @@ class TopicAdmin:
         except (KeyError, TypeError, ValueError):
             return None
 
-    def _create(self, topic: str, partitions: int | None = None) -> bool:
+    def _create(self, topic: str, own: int | None = None) -> bool:
         opts = self._opts
-        partitions = partitions or opts.partitions_to_create
-        answer = self._client().create_topics(
-            {topic: {"num_partitions": partitions, "replication_factor": opts.replication_factor}},
-            raise_errors=False)
+        partitions = own or opts.partitions_to_create
+        spec: dict[str, Any] = {"num_partitions": partitions, "replication_factor": opts.replication_factor}
+        if own is None:  # a data topic: the broker's limit is the sink's (TiCDC sets it so too)
+            spec["configs"] = {"max.message.bytes": str(opts.max_message_bytes)}
+        answer = self._client().create_topics({topic: spec}, raise_errors=False)
         (result,) = answer["topics"]
         code = result.get("error_code", 0)
         if code == _TOPIC_EXISTS:

@@ -170,6 +170,11 @@ class KafkaTransport:
         """How many partitions of ``topic`` the sink writes to (0 .. n-1)."""
         return self.topic(topic).partitions
 
+    def all_partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has (more than :meth:`partitions` when ``partition-num`` is smaller): where
+        watermarks go."""
+        return self.topic(topic).all_partitions
+
     def check(self) -> None:
         """Connect and look up (or create) the default topic; SinkUnavailable/SinkError naming the problem."""
         info = self.topic(self.options.topic)

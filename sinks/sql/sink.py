@@ -66,6 +66,7 @@ from cdc.errors import InvalidURI, SinkError, TidewaterError
 from cdc.events import DdlEvent, RowChange, TableName, TableSchema
 from cdc.model import DataWarning, merge_warnings
 from cdc.snapshot import ChunkMarker, CopyText
+from cdc.ts import Watermark
 from cdc.uri import parse_sink_uri
 from sinks.base import RowSource, Sink
 from sinks.sql import bulk, catalog, deferred_key, targets
@@ -208,8 +209,9 @@ class SQLSink(Sink):
                         fence: Callable[[], None] | None = None, *, replace: bool = False) -> int | None:
         return bulk.write_copy_text(self, schema, open_text, fence, replace=replace)  # (sinks.sql.bulk)
 
-    def truncate_targets(self, tables: Sequence[TableName]) -> None:
-        targets.truncate_targets(self, tables)
+    def truncate_targets(self, tables: Sequence[TableName], *, schemas: Sequence[TableSchema] = (),
+                         at: Watermark | None = None) -> None:
+        targets.truncate_targets(self, tables)  # at once: readers of a database see its current rows
 
     def restart_copy_target(self, schema: TableSchema, changefeed: str, span: int, commit_ts: int,
                             commit_time: float) -> None:

@@ -61,6 +61,7 @@ from typing import Any, BinaryIO
 from cdc.config import SinkConfig
 from cdc.errors import SinkError, TidewaterError
 from cdc.events import DdlEvent, OpType, RowChange, TableName, TableSchema
+from cdc.ts import Watermark
 from sinks.base import Sink
 from sinks.codec import encoder_for
 from sinks.codec.base import quoted_name
@@ -275,14 +276,24 @@ class StorageSink(Sink):
     def tables_with_rows(self, tables: Sequence[TableName]) -> list[TableName]:
         return [t for t in tables if self._has_data(t)]
 
-    def truncate_targets(self, tables: Sequence[TableName]) -> None:
-        """A new table version per table that has one, recorded like a ``TRUNCATE TABLE`` (module docstring), at
-        the version after its highest: readers empty the table there."""
+    def restart_copy_target(self, schema: TableSchema, changefeed: str, span: int, commit_ts: int,
+                            commit_time: float) -> None:
+        """The table's copy starts over under a new definition: the same TRUNCATE a resync writes
+        (:meth:`truncate_targets` at the new run's snapshot, ordered before its copied rows), then a flush."""
+        self.truncate_targets([schema.name], schemas=[schema], at=Watermark(commit_ts, commit_time))
+        self.flush()
+
+    def truncate_targets(self, tables: Sequence[TableName], *, schemas: Sequence[TableSchema] = (),
+                         at: Watermark | None = None) -> None:
+        """A new table version per table that has one, recorded like a ``TRUNCATE TABLE`` (module docstring): at the
+        version after its highest, or, for a table copy (``at``: its snapshot, whose Ts its copied rows carry), at
+        ``at.ts - 1`` when that is higher (just before the copied rows, which go into that version): readers empty
+        the table there."""
         for t in tables:
             files = self._files_of(t)
             if not files:
                 continue
-            version = max(files) + 1
+            version = max(max(files) + 1, at.ts - 1 if at is not None else 0)
             latest = files[max(files)].schema
             definition = L.table_definition(latest, version, query=f"TRUNCATE TABLE {quoted_name(t)}",
                                             action=L.TRUNCATE_ACTION, commit_ts=version)

@@ -1,5 +1,5 @@
-"""Spark reads the lake: PostgreSQL -> `cdc server` -> storage sink (CSV files), then the Structured Streaming job of
-spark_jobs.lake keeps a Parquet table per upstream table from the files up to the published checkpoint; after each
+"""Spark reads the lake: PostgreSQL -> `cdc server` -> storage sink (CSV files; Parquet files), then the Structured
+Streaming job of spark_jobs.lake keeps a Parquet table per upstream table from the files up to the published checkpoint; after each
 run it equals the upstream row by row. Run twice (the second run incremental, from the query's checkpoint), with
 inserts, updates and deletes in between, also of a key-less table (a multiset with duplicates and nulls); a replayed
 batch id changes nothing."""
@@ -44,12 +44,13 @@ def _assert_lake_equals(conn: Any, outputs: dict[str, Path]) -> None:
         assert diff.equal, f"the lake's {table} differs from the upstream: {diff}"
 
 
+@pytest.mark.parametrize("protocol", ["csv", "parquet"])
 def test_the_lake_job_keeps_parquet_tables_equal_to_the_upstream(spark: Any, etcd_server: Any, cluster_id: str,
                                                                  tmp_path: Path, pg_server: PostgresServer,
-                                                                 pg_database: str, source: Any) -> None:
+                                                                 pg_database: str, source: Any, protocol: str) -> None:
     from spark_jobs import lake
 
-    sink = f"file://{tmp_path / 'files'}?protocol=csv&flush-interval=300ms"
+    sink = f"file://{tmp_path / 'files'}?protocol={protocol}&flush-interval=300ms"
     mixed_workload(source, 6)  # copied at create
     # a key-less table is a multiset: equal rows, nulls, one of two duplicates deleted, a row found by a null updated
     run_sql(source, "CREATE TABLE bag (a int, b text, c numeric)", "ALTER TABLE bag REPLICA IDENTITY FULL",

@@ -10,6 +10,7 @@ import json
 import random
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import psycopg2
 import pytest
 from e2e_workload import BackgroundWriter, assert_converged, run_sql, server_config, wait_for
 
+from cdc.events import TableName
 from playground.cluster import CdcServer
 from playground.compare import compare_tables
 from playground.servers import EtcdServer, PostgresServer
@@ -265,3 +267,180 @@ def test_a_table_altered_between_two_runs_of_its_table_copy_ends_equal(
     assert_converged(cdc, "ta", source, sink_uri, tables=TABLES, schemas=True)
     q = wait_for(cdc, "ta", lambda q: True, "query")
     assert q["state"] == "normal" and not q["warnings"], q
+
+
+# ---- table copies into Kafka and files (docs/sinks.md, "Table copies and resyncs") ------------------------------
+LOG_SINK_CONFIG = "[snapshot]\nchunk-rows = 1000\nspark-min-rows = 1000000\n"  # copies without Spark: the suite's time
+DISPATCH = "[[sink.dispatchers]]\nmatcher = ['public.*']\npartition = 'index-value'\n"
+
+
+def _streaming_writes(seed: int) -> Any:
+    """``side`` in every transaction (the span streams past each copy's snapshot), ``big`` and ``bag`` in every
+    fifth (a resync holds them back), ``late`` not at all (its copy runs while the others stream freely)."""
+    rnd = random.Random(seed)
+
+    def step(conn: Any, n: int) -> int:
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO side VALUES (%s, 's') ON CONFLICT (id) DO UPDATE SET v = side.v || 'x'",
+                        (rnd.randint(1, 500),))
+        conn.commit()
+        if n % 5:
+            return 1
+        with conn.cursor() as cur:
+            cur.execute("INSERT INTO big VALUES (%s, 'w', 1) ON CONFLICT (id) DO UPDATE SET v = 'u' || big.n, "
+                        "n = big.n + 1", (rnd.randint(1, 6000),))
+            cur.execute("DELETE FROM big WHERE id = %s", (rnd.randint(1, 6000),))
+            cur.execute("INSERT INTO bag VALUES (%s, 'new')", (rnd.randint(0, 99),))
+            cur.execute("DELETE FROM bag WHERE ctid = (SELECT ctid FROM bag WHERE g = %s LIMIT 1)",
+                        (rnd.randint(0, 99),))
+        conn.commit()
+        return 2
+    return step
+
+
+class PublishWatch(threading.Thread):
+    """Lists the storage sink's data files every 0.1 s: a file must hold only rows above every ``metadata``
+    checkpoint published before it appeared (the checkpoint a lake reader cuts at), also a table copy's files."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(daemon=True)
+        from sinks.storage.reader import StorageReader
+
+        self.reader = StorageReader(uri)
+        self.seen: set[str] = set()
+        self.violations: list[tuple[str, int, int]] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        before = 0  # read before the previous listing, which did not show the new files yet
+        while not self.halt.wait(0.1):
+            meta = self.reader.checkpoint() or 0
+            for table in self.reader.tables():
+                for df in self.reader.data_files(table):
+                    if df.path in self.seen:
+                        continue
+                    self.seen.add(df.path)
+                    low = min((c.commit_ts for c in self.reader.read_file(df)), default=before + 1)
+                    if low <= before:
+                        self.violations.append((df.path, low, before))
+            before = meta
+
+
+def _inject_a_row_behind_tidewaters_back(kafka: Any, topic: str, upstream: str, ts: int) -> None:
+    """A row the upstream never had, in the topic (another producer, a bug, a skipped DDL: what a resync repairs)."""
+    from kafka import KafkaProducer
+
+    from cdc.cli.kafka_consumer import _upstream
+    from cdc.events import OpType, RowChange, TableName
+    from sinks.codec import EncoderConfig, encoder_for
+
+    closers, schemas, _ = _upstream(upstream)
+    try:
+        schema = schemas(TableName.parse("public.big"))
+    finally:
+        for c in closers:
+            c.close()
+    enc = encoder_for("canal-json", EncoderConfig())
+    enc.append_row(RowChange(OpType.INSERT, schema, ts, time.time(), {"id": -5, "v": "not upstream", "n": 0}))
+    producer = KafkaProducer(bootstrap_servers=[kafka.bootstrap])
+    try:
+        for msg in enc.build():
+            producer.send(topic, key=msg.key, value=msg.value, partition=0)
+        producer.flush()
+    finally:
+        producer.close()
+
+
+@pytest.mark.parametrize("kind", ["kafka", "storage"])
+def test_table_copies_into_kafka_and_files_reach_consumers_that_cut_at_watermarks(
+        cdc: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path,
+        request: pytest.FixtureRequest, kind: str) -> None:
+    """A table that joins with rows and a resync of a keyed and a key-less table, under concurrent writes, into
+    Kafka (rebuilt by the consumer library up to the published checkpoint) and into files (rebuilt up to
+    ``metadata``): equal row by row. The copies' rows carry their snapshot's Ts while the span streams past it; a
+    consumer that had cut past it would drop them (the library stops instead), and a resync's TRUNCATE removes a row
+    the consumers held that the upstream never had."""
+    from playground.cluster import current_lsn
+    from playground.compare import compare_rows
+
+    run_sql(source, "INSERT INTO big SELECT g, 'v' || g, g FROM generate_series(1, 5000) g",
+            "INSERT INTO side SELECT g, 's' FROM generate_series(1, 500) g",
+            "INSERT INTO bag SELECT g % 100, 's' || (g % 3) FROM generate_series(1, 1000) g")
+    up = pg_server.uri(pg_database)
+    if kind == "kafka":
+        kafka, topic = request.getfixturevalue("kafka_server"), request.getfixturevalue("kafka_topic")
+        sink = kafka.uri(topic, protocol="canal-json", partition_num="3")
+        cdc.create_changefeed("tc", up, sink, LOG_SINK_CONFIG + DISPATCH)
+    else:
+        sink = f"file://{tmp_path / 'lake'}?protocol=csv&flush-interval=200ms"
+        cdc.create_changefeed("tc", up, sink, LOG_SINK_CONFIG)
+    wait_for(cdc, "tc", lambda q: q["phase"] == "streaming" and q["checkpoint_ts"] > 0, "the initial copy",
+             timeout=120)
+    watch = PublishWatch(sink) if kind == "storage" else None
+    if watch is not None:
+        watch.start()
+
+    def copied(tables: list[str]) -> Any:
+        return lambda q: q["state"] != "normal" or any(
+            sorted((s["table_copy"] or {}).get("tables") or []) == tables and s["table_copy"]["phase"] == "done"
+            for s in q["spans"])
+
+    try:
+        with BackgroundWriter(psycopg2.connect(pg_server.dsn(pg_database)), _streaming_writes(7), pause=0.01) as w:
+            time.sleep(0.5)
+            source.autocommit = False
+            with source.cursor() as cur:
+                cur.execute("CREATE TABLE late AS SELECT g AS id, 'before ' || g AS v FROM generate_series(1, 4000) g")
+                cur.execute("ALTER TABLE late ADD PRIMARY KEY (id)")
+            source.commit()
+            source.autocommit = True
+            q = wait_for(cdc, "tc", copied(["public.late"]), "the table copy of public.late", timeout=120)
+            assert q["state"] == "normal", q
+            if kind == "kafka":
+                _inject_a_row_behind_tidewaters_back(kafka, topic, up, current_lsn(source))
+            _cli(cdc.url, "changefeed", "snapshot", "-c", "tc", "--table", "public.big", "--table", "public.bag")
+            q = wait_for(cdc, "tc", copied(["public.bag", "public.big"]), "the resync", timeout=120)
+            assert q["state"] == "normal", q
+            time.sleep(1.0)
+            w.finish()
+        run_sql(source, "UPDATE late SET v = v || '!' WHERE id % 10 = 0")  # late streams after its copy
+        lsn = current_lsn(source)
+        info = cdc.wait_checkpoint("tc", lsn, timeout=120)
+        assert info["state"] == "normal" and not info["warnings"], info
+        tables = [*TABLES, "public.late"]
+        if kind == "kafka":
+            from cdc.cli.kafka_consumer import _upstream
+            from sinks.kafka.consumer import SinkApplier, rebuild
+
+            target = f"sqlite:///{tmp_path / 'rebuilt.db'}"
+            closers, schemas, fetch = _upstream(up)
+            applier = SinkApplier(target, position=f"kafka:{topic}", schemas=schemas, fetch_row=fetch)
+            try:
+                rebuild([kafka.bootstrap], [topic], "canal-json", applier, until=info["checkpoint_ts"], timeout=90,
+                        schemas=schemas)
+            finally:
+                applier.close()
+                for c in closers:
+                    c.close()
+            bad = [d for d in compare_tables(source, tables, target) if not d.equal]
+            assert not bad, f"the consumer's tables differ from the upstream: {bad}"
+        else:
+            from sinks.storage.reader import StorageReader
+            from sinks.storage.reader import rebuild as rebuild_files
+
+            deadline = time.monotonic() + 60
+            while (StorageReader(sink).checkpoint() or 0) < lsn and time.monotonic() < deadline:
+                time.sleep(0.2)
+            _, states = rebuild_files(sink)
+            for t in tables:
+                state = states[TableName.parse(t)]
+                assert not state.problems, state.problems[:5]
+                diff = compare_rows(source, t, state.rows())
+                assert diff.equal, f"{t} rebuilt from the files differs from the upstream: {diff}"
+            assert watch is not None
+            time.sleep(0.3)
+            assert not watch.violations, f"files published below an earlier metadata checkpoint: {watch.violations}"
+            assert len(watch.seen) > 3, watch.seen
+    finally:
+        if watch is not None:
+            watch.halt.set()

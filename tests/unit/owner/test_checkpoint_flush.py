@@ -83,3 +83,24 @@ def test_full_cycle_resets_the_pacer() -> None:
     p.notify()
     p.done(5.0)  # the full cycle covered the change
     assert not p.due(5.0) and p.delay(5.0) is None
+
+
+def test_a_table_copy_holds_the_published_checkpoint_not_the_changefeed_checkpoint() -> None:
+    """A span in a table copy reports ``hold_ts``: the changefeed checkpoint goes on (the span streams its other
+    tables), the checkpoint published to the sink (Kafka watermarks, storage metadata) stays at the lowest hold until
+    the copy is written, then catches up."""
+    from dataclasses import replace
+
+    from owner.reconcile import published_checkpoint
+
+    s = snap(info(), {0: 300, 1: 250}, ChangefeedStatus(200, 200.0))
+    s.span_statuses["cf"][0] = replace(s.span_statuses["cf"][0], hold_ts=220, hold_time=220.0)
+    (a,) = checkpoint_actions(s, NOW)
+    assert (a.status.checkpoint_ts, a.status.hold_ts) == (250, 220)
+    assert published_checkpoint(a.status) == (220, 220.0)
+    # the hold alone changes: a new status, so the owner offers the checkpoint it now may publish
+    s = snap(info(), {0: 300, 1: 250}, a.status)
+    (b,) = checkpoint_actions(s, NOW + 1)
+    assert (b.status.checkpoint_ts, b.status.hold_ts) == (250, 0)
+    assert published_checkpoint(b.status) == (250, 250.0)
+    assert published_checkpoint(ChangefeedStatus(250, 250.0, hold_ts=300, hold_time=300.0)) == (250, 250.0)

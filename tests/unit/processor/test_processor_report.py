@@ -65,6 +65,7 @@ class FakeRunner:
         self.stopped = False
         self.acked: list[int] = []
         self.failed = threading.Event()
+        self.watermark_limit: Watermark | None = None  # a table copy's hold (SpanRunner.watermark_limit)
 
     def advance(self, ts: int, t: float | None = None) -> None:
         self.checkpoint = self.resolved = Watermark(ts, float(ts) if t is None else t)
@@ -237,3 +238,15 @@ def test_an_error_clears_once_the_restarted_span_progresses_even_if_the_report_p
                            assignments={"cf": {0: SpanAssignment("cap", 1)}}))
     assert slot.error is None and slot.failures == 0
     assert store.stored[("cf", 0)].error is None
+
+
+def test_a_table_copys_hold_is_stored_and_its_release_reported_at_once() -> None:
+    clock, store = Clock(), FakeStore()
+    p, runners = make(1, clock, store)
+    runners[0].watermark_limit = Watermark(99, 99.0)
+    p.report()
+    assert (store.stored[("cf", 0)].hold_ts, store.stored[("cf", 0)].hold_time) == (99, 99.0)
+    clock.now += 0.01  # well within checkpoint-min-interval
+    runners[0].watermark_limit = None
+    p.report()
+    assert store.stored[("cf", 0)].hold_ts == 0 and len(store.batches) == 2

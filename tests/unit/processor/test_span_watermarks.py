@@ -86,3 +86,50 @@ def test_no_watermarks_without_an_interval() -> None:
     _run(sink, [SortedTxn(110, 110.0, 1, [row(1)])], 120, lambda: sink.durable == [110])
     time.sleep(0.3)
     assert sink.published == []
+
+
+def test_a_table_copy_holds_the_watermarks_below_its_snapshot_until_it_is_written() -> None:
+    """The copy's rows carry its snapshot Ts B (or a later run's) while the span streams its other tables past it:
+    until the copy is written, the span's watermarks stay at the start checkpoint, then at B - 1 once B is known;
+    ``watermark_limit`` (stored as ``SpanStatus.hold_ts`` for the owner) says the same."""
+    import threading
+
+    from processor.table_hold import TableHold
+
+    sink = WatermarkSink(interval=0.02)
+    known, done = threading.Event(), threading.Event()
+
+    def table_copy(stop: threading.Event, gate: Any) -> dict[str, int]:
+        known.wait(5)
+        gate.pass_up_to(130, {})
+        done.wait(5)
+        return {"public.held": 130}
+
+    txns = [SortedTxn(110, 110.0, 1, [row(1)]), SortedTxn(140, 140.0, 1, [row(2)])]
+    runner = SpanRunner("cf/0", DdlSource(150, set()), FakeSorter(txns),  # type: ignore[arg-type]
+                        lambda: sink, Watermark(100, 100.0), txn_rows=1, position=("cf", 0, 100),
+                        table_copy=table_copy, hold=TableHold(["public.held"]))
+    runner.start()
+    try:
+        def until(pred: Callable[[], bool]) -> None:
+            deadline = time.monotonic() + 5
+            while not pred() and time.monotonic() < deadline and not runner.failed.is_set():
+                time.sleep(0.01)
+            assert pred(), (runner.error, runner.checkpoint, sink.published)
+
+        until(lambda: runner.checkpoint.ts == 150)
+        time.sleep(0.1)
+        assert sink.published == [] and runner.watermark_limit == Watermark(100, 100.0)  # nothing above the start
+        known.set()
+        until(lambda: bool(sink.published))
+        time.sleep(0.1)
+        assert [ts for ts, _ in sink.published] == [129] and runner.watermark_limit is not None \
+            and runner.watermark_limit.ts == 129
+        done.set()  # the copy is written: the hold is released, the watermark catches up
+        until(lambda: sink.published[-1][0] == 150)
+        assert runner.watermark_limit is None
+    finally:
+        known.set()
+        done.set()
+        runner.stop()
+    assert runner.error is None, runner.error

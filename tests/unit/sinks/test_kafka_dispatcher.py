@@ -170,3 +170,39 @@ def test_dispatchers_on_a_non_kafka_sink_are_refused() -> None:
 
     with pytest.raises(InvalidConfig, match=r"not a Kafka sink: remove the dispatchers"):
         open_sink("blackhole://", SinkConfig(dispatchers=(rule(),)))
+
+
+def test_known_keys_keep_their_partitions() -> None:
+    """Pinned: an upgrade must not move keys silently (a consumer relying on per-key order across the upgrade would
+    see one key's changes in two partitions). A change here is a compatibility break to announce, not a test to
+    update."""
+    import datetime as dt
+    import uuid
+    from decimal import Decimal
+
+    from cdc.events import TableSchema
+    from tests.kafka_sink_fakes import col
+
+    s = table()
+    by_key = Dispatcher((rule(partition="index-value"),), "cdc").route(s)
+    assert [by_key.partition(ins(s, 1, i), 6) for i in (1, 2, 3, 42, -7, 2**40)] == [2, 0, 4, 4, 3, 5]
+    assert [by_key.partition(ins(s, 1, i), 2**31) for i in (1, 2)] == [789980258, 908031448]
+    assert by_key.partition(dele(s, 2, 42), 6) == 4  # a delete by its old key: the same partition
+
+    orders = TableSchema(TableName("shop", "orders"),
+                         (col("tenant", "text", 25, key=True), col("id", "uuid", 2950, key=True),
+                          col("at", "date", 1082), col("amount", "numeric", 1700)), ("tenant", "id"), "d", 1, 0)
+    rows = [{"tenant": "acme", "id": uuid.UUID(int=1), "at": dt.date(2026, 1, 1), "amount": Decimal("1.50")},
+            {"tenant": "Ünïcode", "id": uuid.UUID("12345678-1234-5678-1234-567812345678"), "at": None,
+             "amount": Decimal("0")},
+            {"tenant": "acme", "id": uuid.UUID(int=2), "at": None, "amount": Decimal("0")}]
+    changes = [RowChange(OpType.INSERT, orders, 1, 0.0, r) for r in rows]
+    composite = Dispatcher((rule(matcher=("shop.*",), partition="index-value"),), "cdc").route(orders)
+    assert [composite.partition(c, 6) for c in changes] == [1, 3, 3]
+    assert [composite.partition(c, 100) for c in changes] == [63, 5, 33]
+    assert [composite.partition(c, 2**31) for c in changes] == [1628501263, 1417192005, 2014946485]
+    columns = Dispatcher((rule(matcher=("shop.*",), partition="columns", columns=("tenant", "amount")),),
+                         "cdc").route(orders)
+    assert [columns.partition(c, 6) for c in changes] == [4, 4, 5]
+    assert [columns.partition(c, 100) for c in changes] == [56, 58, 13]
+    assert [columns.partition(c, 2**31) for c in changes] == [1028586556, 810116810, 1484997465]

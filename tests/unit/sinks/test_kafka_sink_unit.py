@@ -168,6 +168,20 @@ def test_watermarks_reach_every_partition_of_every_topic_in_use() -> None:
                 == (16, None)
 
 
+def test_with_partition_num_below_the_topics_count_rows_use_the_first_and_watermarks_reach_all() -> None:
+    """A consumer reads every partition of the topic and cuts at the minimum: a partition without watermarks would
+    hold it back forever."""
+    broker = FakeBroker(partitions=5)
+    sink = make(broker, "canal-json", "&partition-num=2", dispatchers=index_value)
+    s = table()
+    sink.write([ins(s, 10, i) for i in range(30)])
+    sink.publish_resolved(Watermark(10, 0.01))
+    assert [sum(1 for e, _ in p if e.kind is MessageKind.ROW) for p in decoded(broker, "canal-json")][2:] == [0, 0, 0]
+    assert all(any(e.kind is MessageKind.WATERMARK for e, _ in p) for p in decoded(broker, "canal-json"))
+    core, applier = rebuild(broker, "canal-json")
+    assert core.applied == 10 and len(applier.tables[s.name]) == 30
+
+
 def test_span_watermarks_default_on_for_one_span_off_for_several() -> None:
     broker = FakeBroker()
     assert make(broker, span=("cf", 0, 1)).watermark_interval > 0

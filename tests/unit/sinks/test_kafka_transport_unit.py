@@ -24,6 +24,7 @@ class FakeAdmin:
         self.topics = topics
         self.limits = limits or {}
         self.created: list[tuple[str, int, int]] = []
+        self.configs: dict[str, dict[str, str]] = {}
         self.closed = 0
 
     def describe_topics(self, names: list[str]) -> list[dict[str, Any]]:
@@ -39,9 +40,10 @@ class FakeAdmin:
             return {"topic": {name: {"max.message.bytes": {"value": str(self.limits[name])}}}}
         return {"topic": {name: {}}}
 
-    def create_topics(self, spec: dict[str, dict[str, int]], raise_errors: bool = True) -> dict[str, Any]:
+    def create_topics(self, spec: dict[str, dict[str, Any]], raise_errors: bool = True) -> dict[str, Any]:
         ((name, s),) = spec.items()
         self.created.append((name, s["num_partitions"], s["replication_factor"]))
+        self.configs[name] = dict(s.get("configs", {}))
         self.topics[name] = s["num_partitions"]
         return {"topics": [{"name": name, "error_code": 0}]}
 
@@ -153,6 +155,21 @@ def test_topic_created_with_partition_num_and_replication_factor() -> None:
     t, admin = make("kafka://k:9092/orders?protocol=canal-json&partition-num=6&replication-factor=2", topics={})
     t.check()
     assert admin.created == [("orders", 6, 2)] and t.partitions("orders") == 6
+
+
+def test_a_created_data_topic_takes_max_message_bytes_as_its_limit_and_the_metadata_topic_keeps_the_brokers() -> None:
+    t, admin = make("kafka://k:9092/orders?protocol=canal-json&max-message-bytes=2097152", topics={})
+    t.check()
+    assert admin.configs["orders"] == {"max.message.bytes": "2097152"}
+    t.topic("_tidewater.orders", 1)
+    assert admin.configs["_tidewater.orders"] == {}
+
+
+def test_partition_num_below_the_topics_count_still_reaches_every_partition_with_watermarks() -> None:
+    t, _ = make("kafka://k:9092/orders?protocol=canal-json&partition-num=2", topics={"orders": 5})
+    assert (t.partitions("orders"), t.all_partitions("orders")) == (2, 5)
+    t2, _ = make("kafka://k:9092/orders?protocol=canal-json", topics={"orders": 5})
+    assert (t2.partitions("orders"), t2.all_partitions("orders")) == (5, 5)
 
 
 def test_partition_num_above_the_topics_count_fails() -> None:

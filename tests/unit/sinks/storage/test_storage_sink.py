@@ -433,6 +433,28 @@ def test_tables_with_rows_and_truncate_targets(tmp_path: Path) -> None:
     assert not (tmp_path / "app/bag").exists()
 
 
+def test_a_resyncs_truncate_goes_just_below_the_copys_snapshot_and_the_copy_lands_after_it(tmp_path: Path) -> None:
+    """A table copy empties the table at its snapshot Ts - 1 (``at``): the stream's rows before it are emptied, the
+    copied rows (commit Ts = the snapshot's) go into that version and survive, whatever the reader's batches."""
+    from cdc.events import SNAPSHOT
+    from cdc.ts import Watermark
+
+    s = sink(tmp_path, "csv")
+    s.write([ins(KV, 100, id=1, body="stale", n=1), ins(KV, 400, id=2, body="streamed before the copy", n=2)])
+    s.flush()
+    s.truncate_targets([KV.name], schemas=[KV], at=Watermark(500, 0.5))
+    copier = sink(tmp_path, "csv")
+    row = ins(KV, 500, id=2, body="copied", n=2)
+    row.extra[SNAPSHOT] = True
+    copier.write([row])
+    copier.flush()
+    copier.close()
+    s.publish_checkpoint(500)
+    s.close()
+    assert sorted(L.parse_schema_file_name(n)[0] for n in os.listdir(tmp_path / "app/kv/meta")) == [99, 499]
+    assert rows_of(tmp_path, "csv") == [{"id": 2, "body": "copied", "n": 2}]
+
+
 def test_forget_removes_the_publish_records(tmp_path: Path) -> None:
     s = sink(tmp_path, "csv")
     s.write([ins(KV, 100, id=1, body="a", n=1)])
