@@ -208,6 +208,15 @@ class SnapshotTableRewritten(TidewaterError):
     retryable = True
 
 
+class SnapshotTableAltered(SnapshotTableRewritten):
+    """A table a copy reads was renamed or dropped, or a column it reads was dropped or renamed, after the copy's
+    exported snapshot: PostgreSQL resolves the copy's query against the current catalog, so it no longer runs.
+    Retryable: the next copy run reads under a fresh snapshot, where the table's new definition is planned anew (its
+    copy starts over) or the table, gone, is not copied."""
+
+    code = "CDC:ErrSnapshotTableAltered"
+
+
 class GCTTLExceeded(TidewaterError):
     """The changefeed was stopped or failed for longer than ``gc-ttl``: the owner dropped its slots (the
     upstream no longer retains its changes), so it can never be resumed, only recreated."""

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from cdc import serde
-from cdc.errors import InvalidArgument, SnapshotExpired
+from cdc.errors import InvalidArgument, SnapshotExpired, SnapshotTableAltered
 from cdc.events import OpType, TableName, TableSchema
 from cdc.snapshot import TablePlan
 from processor.mounter import Mounter, encode_payload
@@ -183,7 +183,6 @@ def test_a_big_chunk_streams_and_an_abandoned_or_failed_read_leaves_nothing_behi
     import dataclasses
     import threading
 
-    from cdc.errors import UpstreamError
     from cdc.events import ColumnSchema
 
     uri = pg_server.uri(pg_database)
@@ -199,6 +198,31 @@ def test_a_big_chunk_streams_and_an_abandoned_or_failed_read_leaves_nothing_behi
         assert not [t for t in threading.enumerate() if t.name.startswith("copy-public.s")]
         assert sum(1 for _ in reader.read_chunk(schema, chunk)) == 100000  # reopened
         bad = dataclasses.replace(schema, columns=(*schema.columns, ColumnSchema("gone", 25, "text")))
-        with pytest.raises(UpstreamError, match='reading chunk 0 of public.s failed: .*"gone" does not exist'):
+        with pytest.raises(SnapshotTableAltered, match='reading chunk 0 of public.s failed: .*"gone" does not exist'):
             list(reader.read_chunk(bad, chunk))
         assert sum(1 for _ in reader.read_chunk(schema, chunk)) == 100000
+
+
+@pytest.mark.parametrize("ddl", ["ALTER TABLE t DROP COLUMN qty", "ALTER TABLE t RENAME COLUMN v TO w",
+                                 "ALTER TABLE t RENAME TO t2", "DROP TABLE t"])
+def test_a_table_altered_after_the_snapshot_is_a_retryable_error_and_the_reader_goes_on(
+        pg_server: Any, pg_database: str, ddl: str) -> None:
+    """PostgreSQL resolves the copy's query against the current catalog: a column or table renamed or dropped after
+    the snapshot makes the read fail, retryably (the next run plans the table anew), never fatally; the reader's
+    transaction is not left aborted."""
+    execute(pg_server, pg_database, "CREATE TABLE t (id int PRIMARY KEY, qty int, v text)",
+            "INSERT INTO t SELECT g, g, 'x' FROM generate_series(1, 1000) g", "CREATE TABLE other (id int PRIMARY KEY)",
+            "INSERT INTO other SELECT generate_series(1, 10)")
+    with exported_snapshot(pg_server, pg_database) as exp, \
+            open_upstream(pg_server.uri(pg_database)).snapshot_reader(exp.snapshot) as reader:
+        schema = reader.table_schema(TableName("public", "t"))
+        plan = reader.plan(schema, 300)
+        reader.release()
+        execute(pg_server, pg_database, ddl)
+        for read in (lambda: b"".join(reader.read_chunk_text(schema, plan.chunks[1]).blocks),  # type: ignore[union-attr]
+                     lambda: list(reader.read_chunk(schema, plan.chunks[1]))):
+            with pytest.raises(SnapshotTableAltered) as err:
+                read()
+            assert err.value.retryable and "public.t" in err.value.message
+        other = reader.table_schema(TableName("public", "other"))
+        assert len(list(reader.read_chunk(other, reader.plan(other, 100).chunks[0]))) == 10

@@ -52,7 +52,14 @@ from typing import Any
 import psycopg2
 from psycopg2 import sql
 
-from cdc.errors import DecodeError, InvalidArgument, SnapshotExpired, SnapshotTableRewritten
+from cdc.errors import (
+    DecodeError,
+    InvalidArgument,
+    SnapshotExpired,
+    SnapshotTableAltered,
+    SnapshotTableRewritten,
+    UpstreamError,
+)
 from cdc.events import SNAPSHOT, OpType, RowChange, TableName, TableSchema
 from cdc.snapshot import PG_COPY_TEXT, CopyText, SnapshotChunk, TablePlan, plan_from_bounds
 from upstream.base import SnapshotReader
@@ -66,6 +73,7 @@ log = logging.getLogger(__name__)
 _INVALID_SNAPSHOT = "invalid snapshot identifier"  # malformed name; a well-formed unknown one "does not exist"
 TEXT_BLOCK = 1 << 20  # bytes per block of read_chunk_text
 _INTEGER_KEYS = frozenset({"int2", "int4", "int8"})
+_ALTERED = {"42703": "a column the copy reads was dropped or renamed in", "42P01": "it was renamed or dropped: table"}
 DENSE_SPREAD = 2
 """A single integer key spanning at most this many times the table's rows is planned in equal key ranges (each
 chunk then holds at most this many times ``chunk-rows`` rows); a sparser one by the exact ordered pass."""
@@ -165,17 +173,40 @@ class PgSnapshotReader(SnapshotReader):
         if self.snapshot is None:
             return
         table = sql.Identifier(name.schema, name.table)
-        with pg_conn.pg_errors(conn, f"checking the storage of {name} at the snapshot"), conn.cursor() as cur:
-            cur.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(table))
-            cur.execute("SELECT c.relfilenode = pg_relation_filenode(c.oid) FROM pg_class c "
-                        "WHERE c.oid = %s::regclass", (table.as_string(conn),))
-            row = cur.fetchone()
+        try:
+            with self._read_errors(conn, name, f"checking the storage of {name} at the snapshot"), \
+                    conn.cursor() as cur:
+                cur.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(table))
+                cur.execute("SELECT c.relfilenode = pg_relation_filenode(c.oid) FROM pg_class c "
+                            "WHERE c.oid = %s::regclass", (table.as_string(conn),))
+                row = cur.fetchone()
+        except BaseException:
+            self.close()  # the transaction is aborted: the next read opens another at the snapshot
+            raise
         if row is None or not row[0]:
             raise SnapshotTableRewritten(
                 f"table {name} was rewritten or truncated (TRUNCATE, or an ALTER TABLE that rewrites it) after the "
                 f"snapshot {self.snapshot!r} was taken: PostgreSQL shows a rewritten table empty to older snapshots, "
                 "so its rows cannot be read at this one. The copy goes on under a fresh snapshot (chunks recorded "
                 "stay done; a table whose columns or key changed is copied again from the start)")
+
+    @contextlib.contextmanager
+    def _read_errors(self, conn: Any, name: TableName, what: str) -> Iterator[None]:
+        """``pg_errors`` for reading ``name`` at the snapshot, where an object the query names no longer exists by
+        that name (a column dropped or renamed, the table renamed or dropped after the snapshot: PostgreSQL resolves
+        names against the current catalog) is the retryable :class:`cdc.errors.SnapshotTableAltered`."""
+        try:
+            with pg_conn.pg_errors(conn, what):
+                yield
+        except UpstreamError as exc:
+            code = getattr(exc.__cause__, "pgcode", None)
+            if code not in _ALTERED:
+                raise
+            since = f"after the snapshot {self.snapshot!r} was taken" if self.snapshot else "since its schema was read"
+            raise SnapshotTableAltered(
+                f"{exc.message}: {_ALTERED[code]} {name} {since}. The copy goes on "
+                "under a fresh snapshot (chunks recorded stay done; a table whose columns or key changed is copied "
+                "again from the start, a table dropped is not copied)", cause=exc.__cause__) from None
 
     # ---- planning --------------------------------------------------------------------------------------
     def plan(self, schema: TableSchema, chunk_rows: int) -> TablePlan:
@@ -294,7 +325,7 @@ class PgSnapshotReader(SnapshotReader):
 
         def produce() -> None:
             try:
-                with pg_conn.pg_errors(conn, what), conn.cursor() as cur:
+                with self._read_errors(conn, schema.name, what), conn.cursor() as cur:
                     cur.copy_expert(text_query, pipe)
                 pipe.finish()
             except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
@@ -358,7 +389,7 @@ class PgSnapshotReader(SnapshotReader):
         with conn.cursor() as cur:
             text_query = cur.mogrify(query, params)
         if copy_out.available():
-            yield from self._helper_blocks(conn, text_query, f"reading chunk {chunk.index} of {schema.name}")
+            yield from self._helper_blocks(conn, text_query, schema.name, f"reading chunk {chunk.index} of {schema.name}")
             return
         rfd, wfd = os.pipe()
         with contextlib.suppress(OSError):  # fewer wake-ups; the default 64 KiB works too
@@ -368,7 +399,7 @@ class PgSnapshotReader(SnapshotReader):
 
         def produce() -> None:
             try:
-                with open(wfd, "wb", buffering=1 << 16) as out, pg_conn.pg_errors(conn, what), \
+                with open(wfd, "wb", buffering=1 << 16) as out, self._read_errors(conn, schema.name, what), \
                         conn.cursor() as cur:
                     cur.copy_expert(text_query, out)
             except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which raises it
@@ -395,17 +426,17 @@ class PgSnapshotReader(SnapshotReader):
                 self.close()
 
 
-    def _helper_blocks(self, conn: Any, text_query: bytes, what: str) -> Iterator[bytes]:
+    def _helper_blocks(self, conn: Any, text_query: bytes, name: TableName, what: str) -> Iterator[bytes]:
         """:meth:`_text_blocks` through :class:`upstream.postgres.copy_out.CopyOut` (libpq drained in C, no Python
         call per row), on the caller's thread: the blocks the target's ``COPY FROM`` takes are read from the
         upstream's socket as it asks for them (the two servers still overlap through the sockets' buffers)."""
         out = copy_out.CopyOut(conn, text_query)
         complete = False
         try:
-            with pg_conn.pg_errors(conn, what):
+            with self._read_errors(conn, name, what):
                 out.start()
             while True:
-                with pg_conn.pg_errors(conn, what):
+                with self._read_errors(conn, name, what):
                     block = out.read(TEXT_BLOCK)
                 if not block:
                     break
