@@ -64,7 +64,7 @@ from typing import Any, ClassVar
 
 from cdc.config import DdlConfig
 from cdc.errors import DdlRejected, SinkError
-from cdc.events import DdlEvent, OpType, RowChange, TableName, TableSchema
+from cdc.events import DdlEvent, RowChange, TableName, TableSchema
 from cdc.model import DataWarning
 from cdc.snapshot import ChunkMarker, CopyText
 from cdc.ts import Watermark
@@ -204,10 +204,10 @@ class Sink(ABC):
         between two runs of its copy; ``schema`` is the new one): remove what the earlier runs wrote of it, so that
         every row the target ends with is read at one definition, and the copy creates the target from ``schema``
         as streaming would. Idempotent (a run that dies after it does it again). Default (sinks without tables:
-        Kafka, files): a TRUNCATE of the table is written (``commit_ts``/``commit_time``: the new run's snapshot),
-        as a key-less table's whole chunk starts with one, so a consumer empties the table before the rows come
-        again."""
-        self.write([RowChange(OpType.TRUNCATE, schema, commit_ts, commit_time)])
+        Kafka, files): the TRUNCATE a resync writes, :meth:`truncate_targets` at the new run's snapshot
+        (``commit_ts``/``commit_time``; its copied rows carry that Ts, and the TRUNCATE is ordered before them), then
+        a :meth:`flush`, so a consumer empties the table before the rows come again."""
+        self.truncate_targets([schema.name], schemas=[schema], at=Watermark(commit_ts, commit_time))
         self.flush()
 
     def set_row_source(self, fetch: RowSource | None) -> None:  # noqa: B027 - optional hook

@@ -403,13 +403,6 @@ class KafkaSink(MetaTopicUse, Sink):
         tr.send(d.topic, d.partition, small.key, small.value, headers)
 
     # ---- a resync's emptying ---------------------------------------------------------------------------
-    def restart_copy_target(self, schema: TableSchema, changefeed: str, span: int, commit_ts: int,
-                            commit_time: float) -> None:
-        """The table's copy starts over under a new definition: the same TRUNCATE a resync writes
-        (:meth:`truncate_targets` at the new run's snapshot, ordered before its copied rows), then a flush."""
-        self.truncate_targets([schema.name], schemas=[schema], at=Watermark(commit_ts, commit_time))
-        self.flush()
-
     def truncate_targets(self, tables: Sequence[TableName], *, schemas: Sequence[TableSchema] = (),
                          at: Watermark | None = None) -> None:
         """A table copy that replaces a table's rows (a resync, docs/snapshot.md "Table copies") empties it for the

@@ -276,13 +276,6 @@ class StorageSink(Sink):
     def tables_with_rows(self, tables: Sequence[TableName]) -> list[TableName]:
         return [t for t in tables if self._has_data(t)]
 
-    def restart_copy_target(self, schema: TableSchema, changefeed: str, span: int, commit_ts: int,
-                            commit_time: float) -> None:
-        """The table's copy starts over under a new definition: the same TRUNCATE a resync writes
-        (:meth:`truncate_targets` at the new run's snapshot, ordered before its copied rows), then a flush."""
-        self.truncate_targets([schema.name], schemas=[schema], at=Watermark(commit_ts, commit_time))
-        self.flush()
-
     def truncate_targets(self, tables: Sequence[TableName], *, schemas: Sequence[TableSchema] = (),
                          at: Watermark | None = None) -> None:
         """A new table version per table that has one, recorded like a ``TRUNCATE TABLE`` (module docstring): at the

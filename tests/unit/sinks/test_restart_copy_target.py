@@ -6,13 +6,14 @@ tables write a TRUNCATE of it and flush."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import pytest
 
 from cdc.errors import SinkError
 from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
+from cdc.ts import Watermark
 from sinks.base import Sink
 from sinks.sql.sink import SQLSink
 
@@ -52,11 +53,16 @@ class _LogSink(Sink):
     def flush(self, fence: Callable[[], None] | None = None) -> None:
         self.log.append("flush")
 
+    def truncate_targets(self, tables: Sequence[TableName], *, schemas: Sequence[TableSchema] = (),
+                         at: Watermark | None = None) -> None:
+        assert at is not None and [s.name for s in schemas] == list(tables)
+        self.log += [f"TRUNCATE {t} at {at.ts}" for t in tables]
+
     def close(self) -> None:
         pass
 
 
-def test_a_sink_without_tables_writes_a_truncate_of_the_table_and_flushes() -> None:
+def test_a_sink_without_tables_writes_the_resyncs_truncate_at_the_new_snapshot_and_flushes() -> None:
     sink = _LogSink()
     sink.restart_copy_target(NEW, "cf", 0, 200, 2.0)
     assert sink.log == ["TRUNCATE public.t at 200", "flush"]
