@@ -166,7 +166,8 @@ class PgSnapshotReader(SnapshotReader):
         MVCC-safe: once committed, the table reads *empty* under a snapshot taken before them, so a chunk read then
         would be recorded as copied with none of its rows. The snapshot's ``pg_class`` row (read under the
         snapshot) names the relfilenode it knew, ``pg_relation_filenode`` the current one (the relation cache, after
-        the lock); another one, or no row (the table was replaced), raises the retryable
+        the lock; for a partitioned table, those of its leaf partitions, which hold its rows: a leaf's ``TRUNCATE``
+        hides its rows the same way); another one, or no row (the table was replaced), raises the retryable
         :class:`cdc.errors.SnapshotTableRewritten`: the next run reads under a fresh snapshot (and plans the table
         again if its definition changed). Without an exported snapshot the transaction is never released between
         reads, so nothing can rewrite the table in between: no check."""
@@ -176,14 +177,20 @@ class PgSnapshotReader(SnapshotReader):
         try:
             with self._read_errors(conn, name, f"checking the storage of {name} at the snapshot"), \
                     conn.cursor() as cur:
-                cur.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(table))
-                cur.execute("SELECT c.relfilenode = pg_relation_filenode(c.oid) FROM pg_class c "
-                            "WHERE c.oid = %s::regclass", (table.as_string(conn),))
+                cur.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(table))  # (its partitions too)
+                regclass = table.as_string(conn)
+                cur.execute("SELECT c.relkind, c.relfilenode = pg_relation_filenode(c.oid) FROM pg_class c "
+                            "WHERE c.oid = %s::regclass", (regclass,))
                 row = cur.fetchone()
+                if row is not None and row[0] == "p":  # a partitioned root has no storage: its leaves hold the rows
+                    cur.execute("SELECT coalesce(bool_and(c.relfilenode = pg_relation_filenode(c.oid)), true) "
+                                "FROM pg_partition_tree(%s::regclass) t JOIN pg_class c ON c.oid = t.relid "
+                                "WHERE t.isleaf", (regclass,))
+                    row = ("p", cur.fetchone()[0])
         except BaseException:
             self.close()  # the transaction is aborted: the next read opens another at the snapshot
             raise
-        if row is None or not row[0]:
+        if row is None or not row[1]:
             raise SnapshotTableRewritten(
                 f"table {name} was rewritten or truncated (TRUNCATE, or an ALTER TABLE that rewrites it) after the "
                 f"snapshot {self.snapshot!r} was taken: PostgreSQL shows a rewritten table empty to older snapshots, "
