@@ -162,23 +162,31 @@ class PgSnapshotReader(SnapshotReader):
     def _check_not_rewritten(self, conn: Any, name: TableName) -> None:
         """Before the table is read at an exported snapshot: lock it (``ACCESS SHARE``, held until :meth:`release`:
         no rewrite can commit while it is read) and check that its storage is the one the snapshot knows.
-        PostgreSQL's ``TRUNCATE`` and table-rewriting ``ALTER TABLE`` (a column's type, a volatile default) are not
-        MVCC-safe: once committed, the table reads *empty* under a snapshot taken before them, so a chunk read then
-        would be recorded as copied with none of its rows. The snapshot's ``pg_class`` row (read under the
-        snapshot) names the relfilenode it knew, ``pg_relation_filenode`` the current one (the relation cache, after
-        the lock; for a partitioned table, those of its leaf partitions, which hold its rows: a leaf's ``TRUNCATE``
-        hides its rows the same way); another one, or no row (the table was replaced), raises the retryable
-        :class:`cdc.errors.SnapshotTableRewritten`: the next run reads under a fresh snapshot (and plans the table
-        again if its definition changed). Without an exported snapshot the transaction is never released between
-        reads, so nothing can rewrite the table in between: no check."""
+        A table-rewriting ``ALTER TABLE`` (a column's type, a volatile default) is not MVCC-safe: once committed, the
+        table reads *empty* under a snapshot taken before it, so a chunk read then would be recorded as copied with
+        none of its rows, and the stream does not carry rewritten rows. The snapshot's ``pg_class`` row (read under
+        the snapshot) names the relfilenode it knew, ``pg_relation_filenode`` the current one (the relation cache,
+        after the lock; for a partitioned table, those of its leaf partitions, which hold its rows). When they
+        differ, the table's columns (names and types, the snapshot's ``pg_attribute`` against the current one, read
+        on a connection of its own) tell which kind of statement it was:
+
+        - the same columns: ``TRUNCATE`` (the table reads empty at the snapshot, and the stream replays the TRUNCATE
+          after it: the copy ends exactly as the upstream), or ``VACUUM FULL``, ``CLUSTER``, ``SET TABLESPACE``
+          (MVCC-safe: the rows stay visible to the snapshot). The table is read as the snapshot shows it;
+        - other columns (or no row: the table was replaced): a rewrite. The retryable
+          :class:`cdc.errors.SnapshotTableRewritten`: the next run reads under a fresh snapshot (and plans the table
+          again from the start, its definition having changed).
+
+        Without an exported snapshot the transaction is never released between reads, so nothing can rewrite the
+        table in between: no check."""
         if self.snapshot is None:
             return
         table = sql.Identifier(name.schema, name.table)
+        regclass = table.as_string(conn)
         try:
             with self._read_errors(conn, name, f"checking the storage of {name} at the snapshot"), \
                     conn.cursor() as cur:
                 cur.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(table))  # (its partitions too)
-                regclass = table.as_string(conn)
                 cur.execute("SELECT c.relkind, c.relfilenode = pg_relation_filenode(c.oid) FROM pg_class c "
                             "WHERE c.oid = %s::regclass", (regclass,))
                 row = cur.fetchone()
@@ -187,15 +195,31 @@ class PgSnapshotReader(SnapshotReader):
                                 "FROM pg_partition_tree(%s::regclass) t JOIN pg_class c ON c.oid = t.relid "
                                 "WHERE t.isleaf", (regclass,))
                     row = ("p", cur.fetchone()[0])
+                then = _columns(cur, regclass) if row is not None and not row[1] else None
         except BaseException:
             self.close()  # the transaction is aborted: the next read opens another at the snapshot
             raise
-        if row is None or not row[1]:
-            raise SnapshotTableRewritten(
-                f"table {name} was rewritten or truncated (TRUNCATE, or an ALTER TABLE that rewrites it) after the "
-                f"snapshot {self.snapshot!r} was taken: PostgreSQL shows a rewritten table empty to older snapshots, "
-                "so its rows cannot be read at this one. The copy goes on under a fresh snapshot (chunks recorded "
-                "stay done; a table whose columns or key changed is copied again from the start)")
+        if row is not None and row[1]:
+            return
+        if then is not None and then == self._current_columns(regclass):
+            log.debug("snapshot reader %s: %s has new storage but its columns at snapshot %s (TRUNCATE, VACUUM FULL, "
+                      "CLUSTER): read as the snapshot shows it", self._label, name, self.snapshot)
+            return
+        raise SnapshotTableRewritten(
+            f"table {name} was rewritten (an ALTER TABLE that rewrites it: a column's type, a volatile default) after "
+            f"the snapshot {self.snapshot!r} was taken: PostgreSQL shows a rewritten table empty to older snapshots, "
+            "so its rows cannot be read at this one. The copy goes on under a fresh snapshot (chunks recorded stay "
+            "done; a table whose columns or key changed is copied again from the start)")
+
+    def _current_columns(self, regclass: str) -> list[tuple[str, int]] | None:
+        """The table's columns as committed now (a connection of its own, outside the snapshot)."""
+        conn = pg_conn.connect(self._uri, timeout=self._timeout, application_name="tidewater-snapshot")
+        try:
+            conn.autocommit = True
+            with pg_conn.pg_errors(conn, f"reading the current columns of {regclass}"), conn.cursor() as cur:
+                return _columns(cur, regclass)
+        finally:
+            conn.close()
 
     @contextlib.contextmanager
     def _read_errors(self, conn: Any, name: TableName, what: str) -> Iterator[None]:
@@ -453,6 +477,13 @@ class PgSnapshotReader(SnapshotReader):
             out.close()
             if not complete:  # failed or abandoned mid-COPY: the connection cannot be trusted any more
                 self.close()
+
+
+def _columns(cur: Any, regclass: str) -> list[tuple[str, int]]:
+    """Names and type oids of the table's columns, in order, as the cursor's transaction sees the catalog."""
+    cur.execute("SELECT attname, atttypid FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+                "AND NOT attisdropped ORDER BY attnum", (regclass,))
+    return [(str(n), int(t)) for n, t in cur.fetchall()]
 
 
 class _Abandoned(Exception):
