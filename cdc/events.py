@@ -163,6 +163,14 @@ class RowChange:
         return tuple(src[k] for k in self.schema.key)
 
 
+REPLAYED = "replayed"
+"""Key of ``RowChange.extra`` that marks a change of a table whose copy was read under a later snapshot than the
+change (value ``True``: its commit Ts is between the table's floor and ceiling, ``cdc.model.SpanSnapshot``): the
+target may already hold newer rows than the change was made on. Set by the span's batcher, which hands such changes
+to the sink one upstream transaction per write (a net effect over several transactions would assume the rows were as
+the first found them); applied in order by key, they converge (docs/snapshot.md)."""
+
+
 def is_snapshot(change: RowChange) -> bool:
     """True when ``change`` is a row read by the initial copy (``extra[SNAPSHOT]``), not a streamed change."""
     return change.extra.get(SNAPSHOT) is True

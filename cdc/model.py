@@ -216,6 +216,11 @@ its name -- so not one of its rows is applied twice).
     floors: dict[str, int] = field(default_factory=dict)
     tables: tuple[str, ...] = ()
     request: int = 0
+    # per keyed table whose chunks were read under several snapshots: the highest of their Ts (above its floor).
+    # Its changes in (floor, ceiling] are replayed over rows that may already be newer; one that must take values
+    # PostgreSQL did not send from another row (a key change with unchanged TOAST values under REPLICA IDENTITY
+    # DEFAULT) cannot be applied exactly there and is a data warning (processor.batcher)
+    ceilings: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,23 @@ def table_definition(schema: TableSchema) -> str:
     return f"({cols}) key({key})"
 
 
+FIXED_WIDTH_TYPES = frozenset({
+    "int2", "int4", "int8", "float4", "float8", "bool", "date", "time", "timetz", "timestamp", "timestamptz",
+    "interval", "uuid", "money", "oid", "char", "macaddr", "macaddr8", "point", "tid", "xid", "cid", "pg_lsn",
+})
+"""Base types of a fixed width: PostgreSQL never stores their values out of line, so it always sends them."""
+
+
+def may_leave_values_unsent(schema: TableSchema) -> bool:
+    """Whether the stream may send an UPDATE of ``schema``'s table without some column values (an unchanged value
+    stored out of line: TOAST) and without the old row to take them from: replica identity not FULL and a column of
+    variable width. Replaying such a key change over rows a later snapshot's chunk already holds takes the unsent
+    values from whatever row is at the old key (processor.snapshot: such a table is never copied under two
+    snapshots)."""
+    return schema.replica_identity != "f" and any(c.is_array or c.base_type not in FIXED_WIDTH_TYPES
+                                                  for c in schema.columns)
+
+
 def plan_from_bounds(table: TableName, rows: int, chunk_rows: int, key: tuple[str, ...] | None,
                      bounds: list[tuple[str, ...]] | tuple[tuple[str, ...], ...] = ()) -> TablePlan:
     """The plan of ``table`` from its chunk bounds: ``key`` None (no key) gives one ``whole`` chunk; otherwise

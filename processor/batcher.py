@@ -8,7 +8,7 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from itertools import repeat
 
 from cdc.errors import DdlRejected, DecodeError
-from cdc.events import DdlEvent, DdlKind, RowChange
+from cdc.events import REPLAYED, DdlEvent, DdlKind, RowChange
 from cdc.ts import Watermark
 from processor.table_hold import PASS, WAIT, TableHold
 from sorter.base import SortedTxn
@@ -36,14 +36,20 @@ class TxnBatcher:
     def __init__(self, txns: Iterable[SortedTxn], mount: Callable[[bytes, int, float], RowChange],
                  max_rows: int, ddl_commits: Container[int] = frozenset(),
                  schema_changes: Callable[[bytes, int, float], list[DdlEvent]] | None = None,
-                 floors: Mapping[str, int] | None = None, hold: TableHold | None = None) -> None:
+                 floors: Mapping[str, int] | None = None, hold: TableHold | None = None,
+                 ceilings: Mapping[str, int] | None = None) -> None:
         self._it = iter(txns)
         self._peek: SortedTxn | None = next(self._it, None)
         self._mount = mount
         # the initial copy's floors (cdc.model.SpanSnapshot): a table's changes at or below its floor are in the
         # copy already and are dropped; checked only in transactions at or below the highest floor
         self._floors = dict(floors or {})
-        self._floor_max = max(self._floors.values(), default=0)
+        # ... and its ceilings: a change in (floor, ceiling] of a table is replayed over rows that may already be
+        # newer: marked (cdc.events.REPLAYED), and each transaction holding one is a batch of its own (a sink's net
+        # effect over several transactions assumes the rows were as the first one found them)
+        self._ceilings = {k: v for k, v in (ceilings or {}).items() if v > self._floors.get(k, 0)}
+        self._ceiling_max = max(self._ceilings.values(), default=0)
+        self._floor_max = max([*self._floors.values(), *self._ceilings.values()], default=0)
         # a table copy's hold (processor.table_hold): its tables' changes pass, drop or wait; the transaction
         # waited before keeps its mounted parts here, so that it is mounted once
         self._hold = hold
@@ -80,8 +86,8 @@ class TxnBatcher:
                 break
             if t.commit_ts <= self._floor_max or (self._hold is not None and t.commit_ts <= self._hold.floor_max):
                 # (rare: only transactions of a copy's window)
-                if rows and t.commit_ts in ddl_commits:
-                    break
+                if rows and (t.commit_ts in ddl_commits or t.commit_ts <= self._ceiling_max):
+                    break  # (a replayed transaction: a batch of its own, see _mark_replayed)
                 parts = self._filtered(t)
                 if parts is None:  # a change a table copy holds back: the batch ends before its transaction
                     break
@@ -99,6 +105,8 @@ class TxnBatcher:
                 txns += 1
                 for part_rows, _ in parts:
                     yield from part_rows
+                if t.commit_ts <= self._ceiling_max and any(r.extra.get(REPLAYED) for p, _ in parts for r in p):
+                    break  # (alone in its batch)
                 continue
             if t.commit_ts in ddl_commits:
                 if rows:
@@ -148,6 +156,8 @@ class TxnBatcher:
             parts = self._above_floors(ts, parts)
         hold = self._hold
         if hold is None or ts > hold.floor_max:
+            if self._ceilings:
+                self._mark_replayed(ts, parts)
             return parts
         out: list[tuple[list[RowChange], list[DdlEvent]]] = []
         verdict, tables = hold.verdict, hold.tables
@@ -168,6 +178,8 @@ class TxnBatcher:
                 if v == PASS:
                     kept_ddl.append(e)
             out.append((kept_rows, kept_ddl))
+        if self._ceilings:
+            self._mark_replayed(ts, out)  # (what the hold lets pass: its drops are in the copy)
         return out
 
     def _above_floors(self, ts: int, parts: list[tuple[list[RowChange], list[DdlEvent]]]
@@ -187,6 +199,20 @@ class TxnBatcher:
                                       f"this DDL (--skip-ddl-ts {ts})", commit_ts=ts)
         return [([r for r in rows if floors.get(str(r.schema.name), 0) < ts],
                  [e for e in ddl if floors.get(str(e.table), 0) < ts]) for rows, ddl in parts]
+
+    def _mark_replayed(self, ts: int, parts: list[tuple[list[RowChange], list[DdlEvent]]]) -> None:
+        """Mark the changes of tables copied under several snapshots committed between a table's floor and its
+        ceiling (:data:`cdc.events.REPLAYED`): they are replayed over rows a later snapshot's chunk may already hold
+        newer, one transaction per batch (``next_batch``). A sink's net effect over several transactions assumes the
+        rows were as the first found them: a key that one transaction moves a row into and a later one moves it out
+        of nets to nothing, and a row a later chunk copied at that key stayed (found by a kill during a copy under key
+        rotations: extra rows). One transaction at a time, every change applied by key, converges."""
+        ceilings, floors = self._ceilings, self._floors
+        for rows, _ in parts:
+            for r in rows:
+                name = str(r.schema.name)
+                if floors.get(name, 0) < ts <= ceilings.get(name, 0):
+                    r.extra[REPLAYED] = True
 
     def _cut(self, t: SortedTxn) -> list[tuple[list[RowChange], list[DdlEvent]]]:
         """The transaction as (rows, then DDL) parts; the last part has no DDL."""

@@ -375,6 +375,7 @@ class Processor:
                             schema_history=self._schema_recorder(info.id),
                             barrier=self._changefeed_barrier(info, span_index) if len(info.spans) > 1 else None,
                             initial_copy=copy, floors=state.floors if state is not None and copy is None else None,
+                            ceilings=state.ceilings if state is not None and copy is None else None,
                             stats=slot.stats if slot is not None else None,
                             table_copy=table_copy,
                             hold=TableHold(state.tables) if table_copy is not None and state is not None else None,

@@ -47,7 +47,7 @@ from cdc.errors import (
 from cdc.events import TableName, TableSchema
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.model import ChangefeedInfo, SpanInfo, SpanSnapshot
-from cdc.snapshot import KEY_DEFERRED, ChunkDone, TablePlan, table_definition
+from cdc.snapshot import KEY_DEFERRED, ChunkDone, TablePlan, may_leave_values_unsent, table_definition
 from cdc.ts import Watermark
 from upstream.base import Upstream
 
@@ -149,6 +149,7 @@ class InitialCopy:
         self.launcher = launcher
         self.persist = persist
         self.state = state if state is not None else SpanSnapshot()
+        self.ceilings: dict[str, int] = dict(self.state.ceilings)  # (set when the copy is done)
         self.chunk_rows = chunk_rows
         self.spark_master = spark_master
         self.spark_min_rows = spark_min_rows
@@ -199,7 +200,9 @@ class InitialCopy:
             self.progress.end_run(self.info.id, self.span.index)  # a late process of the job commits nothing more
         self._check_keys_built(tables)
         floors = {**kept, **self._forgetting_unplaced(self.floors, tables)}
-        self.state = dataclasses.replace(self.state, phase="done", floors=floors)
+        kept_ceilings = {k: v for k, v in self.state.ceilings.items() if k in kept}
+        self.ceilings = {**kept_ceilings, **self.chunk_ceilings(tables, floors)}
+        self.state = dataclasses.replace(self.state, phase="done", floors=floors, ceilings=self.ceilings)
         self.persist(self.state)
         log.info("span=%s initial copy done: %d table(s); streaming from checkpoint", self.label, len(tables))
         return floors
@@ -298,8 +301,8 @@ class InitialCopy:
         rows and is not removed: :class:`SnapshotTableChanged` names the fix (its records go, so the next run plans
         it anew). A plan stored without a definition (before it was recorded) is taken as it is."""
         cf, span = self.info.id, self.span.index
-        left = [t for t, p in plans.items()
-                if p is not None and p.definition and len(self.progress.done_chunks(cf, span, t)) < len(p.chunks)]
+        done = {t: len(self.progress.done_chunks(cf, span, t)) for t, p in plans.items() if p is not None}
+        left = [t for t, p in plans.items() if p is not None and (p.definition or p.has_key) and done[t] < len(p.chunks)]
         if not left:
             return []
         changed: list[TableName] = []
@@ -310,7 +313,11 @@ class InitialCopy:
                 plan = plans[t]
                 assert plan is not None
                 now = table_definition(schema)
-                if now == plan.definition:
+                if not plan.definition or now == plan.definition:
+                    if done[t] and plan.has_key and may_leave_values_unsent(schema) and (
+                            self.restart_target is not None or self.merge):
+                        self._restart_split(t, schema, ts, at)
+                        changed.append(t)
                     continue
                 what = (f"table {t} changed upstream while it was being copied: planned as {plan.definition}, "
                         f"{now} at snapshot {snapshot} (Ts {ts})")
@@ -331,6 +338,23 @@ class InitialCopy:
                 self.progress.forget_table(cf, span, t)
                 changed.append(t)
         return changed
+
+    def _restart_split(self, t: TableName, schema: TableSchema, ts: int, at: float) -> None:
+        """A keyed table half copied under an earlier snapshot, whose stream may leave values unsent
+        (:func:`cdc.snapshot.may_leave_values_unsent`): its copy starts over under this run's snapshot, so that all
+        of it is read at one snapshot and nothing is replayed over newer rows. (Chunks read at a later snapshot
+        converge when every replayed change carries its values, one transaction at a time; a key change whose
+        TOASTed values were not sent would take them from whatever row a later chunk put at its old key: measured,
+        rows ended with other rows' values.) Under ``merge`` the target holds the user's rows and stays; the rows the
+        first run copied that were deleted upstream since stay too, as documented for merge."""
+        cf, span = self.info.id, self.span.index
+        log.warning("span=%s table %s was half copied under an earlier snapshot and its changes may leave values "
+                    "unsent (no REPLICA IDENTITY FULL, columns of variable width): its copy starts over under this "
+                    "snapshot (Ts %d)", self.label, t, ts)
+        if not self.merge:
+            assert self.restart_target is not None
+            self.restart_target(schema, ts, at)
+        self.progress.forget_table(cf, span, t)
 
     def _plan_new(self, tables: Sequence[TableName], snapshot: str, ts: int, at: float
                   ) -> dict[TableName, TablePlan | None]:
@@ -399,17 +423,37 @@ class InitialCopy:
             f"holds, so it does not stream. Its copy record was dropped: `cdc cli changefeed resume -c "
             f"{self.info.id}` copies it again, whole, under a new snapshot", table=str(table))
 
+    def chunk_ceilings(self, tables: Sequence[TableName], floors: Mapping[str, int]) -> dict[str, int]:
+        """Per keyed table whose chunks were read under a snapshot later than its floor (a run restarted under a
+        new export): the highest such Ts. Its changes between floor and ceiling are replayed over rows that may
+        already be newer (:attr:`cdc.model.SpanSnapshot.ceilings`)."""
+        out: dict[str, int] = {}
+        for t in tables:
+            plan = self.progress.get_plan(self.info.id, self.span.index, t)
+            if plan is None or not plan.has_key:
+                continue
+            top = max((d.commit_ts for d in self.progress.done_chunks(self.info.id, self.span.index, t).values()),
+                      default=0)
+            if top > floors.get(str(t), 0):
+                out[str(t)] = top
+        return out
+
     def floors(self, tables: Sequence[TableName]) -> dict[str, int]:
-        """Each table's floor from the stored plans and chunks (see the module doc): a keyed table's is the Ts of
-        the export its plan was made under (the first export, unless the table was planned again later: every chunk
-        of its plan was read at that snapshot or a later one), or the first export's when the plan does not record
-        one; a key-less table's is the Ts its whole chunk was read at."""
+        """Each table's floor from the stored plans and chunks (see the module doc): a keyed table's is the lowest
+        Ts its chunks were read at (every change after it is replayed; a table all of whose chunks were read under
+        one snapshot, planned earlier or not, is then exact: no change is replayed over a newer row), else the Ts of
+        the export its plan was made under, else the first export's; a key-less table's is the Ts its whole chunk was
+        read at."""
         exports = self.state.exports
         first = exports[0][1] if exports else 0
         out: dict[str, int] = {}
         for t in tables:
             plan = self.progress.get_plan(self.info.id, self.span.index, t)
             if plan is None or plan.has_key:
+                read_at = [d.commit_ts for d in self.progress.done_chunks(self.info.id, self.span.index, t).values()]
+                if read_at and all(ts > 0 and any(ts == e for _, e in exports) for ts in read_at):
+                    out[str(t)] = min(read_at)
+                    continue
                 known = plan is not None and plan.ts > 0 and (plan.snapshot, plan.ts) in exports
                 out[str(t)] = plan.ts if plan is not None and known else first
                 continue

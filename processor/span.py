@@ -109,6 +109,7 @@ class SpanRunner:
         barrier: Callable[[int, threading.Event], None] | None = None,
         initial_copy: Callable[[threading.Event], Mapping[str, int]] | None = None,
         floors: Mapping[str, int] | None = None,
+        ceilings: Mapping[str, int] | None = None,
         stats: SpanStats | None = None,
         table_copy: Callable[[threading.Event, SpanRunner], Mapping[str, int]] | None = None,
         hold: TableHold | None = None,
@@ -157,6 +158,9 @@ class SpanRunner:
         self._copied = False
         self._lifecycle = threading.Lock()  # stop() and the copy's hand-over to streaming
         self.floors: dict[str, int] = {k: v for k, v in (floors or {}).items() if v > start.ts}
+        # tables copied under several snapshots: changes in (floor, ceiling] are replayed over possibly newer rows
+        # (TxnBatcher: marked cdc.events.REPLAYED, one transaction per batch)
+        self.ceilings: dict[str, int] = {k: v for k, v in (ceilings or {}).items() if v > start.ts}
         # a table copy (processor.snapshot.InitialCopy with tables) runs beside the stream, which holds back the
         # copied tables' changes (processor.table_hold); the runner is its StreamGate
         self.table_copy = table_copy
@@ -193,6 +197,8 @@ class SpanRunner:
             if self._stop.is_set():
                 return
             self.floors = {k: v for k, v in floors.items() if v > self.checkpoint.ts}
+            self.ceilings = {k: v for k, v in getattr(self.initial_copy, "ceilings", {}).items()
+                             if v > self.checkpoint.ts}
             self._copied = True
             self._start_streaming()
 
@@ -204,6 +210,7 @@ class SpanRunner:
     def _run_table_copy(self) -> None:
         assert self.table_copy is not None and self.hold is not None
         floors = self.table_copy(self._stop, self)
+        self.ceilings = {**self.ceilings, **getattr(self.table_copy, "ceilings", {})}  # (read by the next batcher)
         self.hold.release(floors)
         log.info("span=%s table copy of %s done; their changes stream again", self.label,
                  ", ".join(sorted(self.hold.tables)))
@@ -451,9 +458,11 @@ class SpanRunner:
                     continue
                 if self.floors and self._written.ts >= max(self.floors.values()):
                     self.floors = {}  # past every floor: nothing more to check
+                if self.ceilings and self._written.ts >= max(self.ceilings.values()):
+                    self.ceilings = {}
                 batcher = TxnBatcher(self.sorter.read_txns(self._written.ts, target.ts), mount, self.txn_rows,
                                      self.source.schema_change_commits(), self._schema_changes(decoder), self.floors,
-                                     self.hold)
+                                     self.hold, self.ceilings)
                 stats = self.stats
                 while batcher.has_more() and not self._stop.is_set():
                     if self.hold is not None and batcher.blocked():  # a table copy holds its next transaction back

@@ -218,3 +218,31 @@ def test_a_table_renamed_inside_its_copys_window_fails_loudly_naming_the_resync(
     with pytest.raises(DdlRejected) as err:
         drain(b)
     assert "cdc cli changefeed snapshot --table public.t2" in err.value.message
+
+
+# ---- tables copied under several snapshots: changes between floor and ceiling ----------------------------
+def test_changes_between_floor_and_ceiling_are_marked_and_written_one_transaction_at_a_time() -> None:
+    """Between a table's floor (the snapshot its plan was made under) and its ceiling (the last snapshot one of its
+    chunks was read under) changes are replayed over rows that may be newer: marked, each transaction a batch of its
+    own (a net effect over several would assume the rows were as the first found them); above the ceiling, batches
+    as usual; other tables' rows are not marked."""
+    from cdc.events import REPLAYED, OpType, RowChange
+
+    def mount(p: bytes, ts: int, tm: float) -> RowChange:
+        from types import SimpleNamespace
+
+        name = "public.t" if p.startswith(b"t") else "public.u"
+        return RowChange(OpType.INSERT, SimpleNamespace(name=name), ts, values={"p": p})  # type: ignore[arg-type]
+
+    txns = [SortedTxn(90, 0.9, 1, [b"t90"]), SortedTxn(150, 1.5, 2, [b"t150", b"u150"]),
+            SortedTxn(160, 1.6, 1, [b"t160"]), SortedTxn(170, 1.7, 1, [b"u170"]),
+            SortedTxn(250, 2.5, 1, [b"t250"]), SortedTxn(260, 2.6, 1, [b"t260"])]
+    b = TxnBatcher(txns, mount, max_rows=100, floors={"public.t": 100}, ceilings={"public.t": 200})
+    batches = []
+    while b.has_more():
+        batches.append([(r.values["p"], bool(r.extra.get(REPLAYED))) for r in b.next_batch()])
+    assert batches[0] == []  # t90: at or below the floor, in the copy (read, dropped)
+    assert batches[1:] == [[(b"t150", True), (b"u150", False)], [(b"t160", True)],
+                           [(b"u170", False), (b"t250", False), (b"t260", False)]]  # nothing replayed: together
+    b = TxnBatcher(txns, mount, max_rows=100, floors={"public.t": 100}, ceilings={"public.t": 100})
+    assert [r.values["p"] for r in b.next_batch()] == [b"t150", b"u150", b"t160", b"u170", b"t250", b"t260"]

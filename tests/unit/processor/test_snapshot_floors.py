@@ -126,3 +126,18 @@ def test_a_run_that_finds_a_keyless_copy_it_cannot_place_drops_it_and_the_next_r
     second, stored = initial_copy(progress, first.state, up, job)
     assert second(threading.Event()) == {"public.bag": 300, "public.big": 100}
     assert [r.tables for r in job.requests] == [(BAG,)]
+
+
+def test_a_keyed_table_read_under_several_snapshots_gets_a_ceiling_others_none() -> None:
+    """The ceiling (the last snapshot one of its chunks was read under) bounds the window in which replayed changes
+    are checked (processor.batcher): only for a keyed table whose chunks are newer than its floor."""
+    progress = Progress()
+    progress.plans[KEYED] = keyed_plan()
+    progress.chunks[KEYED] = {0: done("A", 100), 1: done("B", 200), 2: done("C", 300)}
+    progress.plans[BAG] = bag_plan()
+    progress.chunks[BAG] = {0: done("B", 200)}
+    copy, _ = initial_copy(progress, SpanSnapshot("copying", (("A", 100), ("B", 200), ("C", 300))))
+    floors = copy.floors([KEYED, BAG])
+    assert copy.chunk_ceilings([KEYED, BAG], floors) == {"public.big": 300}  # key-less: one snapshot, exact
+    progress.chunks[KEYED] = {i: done("A", 100) for i in range(3)}
+    assert copy.chunk_ceilings([KEYED], floors) == {}  # one snapshot: no window
