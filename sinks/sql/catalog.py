@@ -161,13 +161,17 @@ def prepare_table(sink: SQLSink, schema: TableSchema, conn: Connection) -> Known
                   [frozenset(planned.key)] if planned.key else [], created=True)
 
 
+_CONCURRENTLY_CREATED = ("23505", "42P06", "42P07", "42710")  # unique violation (pg_type), duplicate schema/table/type
+
+
 def run_ddl(sink: SQLSink, conn: Connection, sql: str) -> None:
     """Run one ``... IF NOT EXISTS`` statement. PostgreSQL can still report a duplicate when another
-    session creates the same object concurrently (other spans of the changefeed): that is success."""
+    session creates the same object concurrently (other spans of the changefeed, or the copy's tasks writing chunks
+    of one new table: ``type "t" already exists``, 42710, seen in the full suite): that is success."""
     try:
         conn.exec_driver_sql(sql, ())
     except sa.exc.DBAPIError as exc:
-        if getattr(exc.orig, "pgcode", None) not in ("23505", "42P06", "42P07"):
+        if getattr(exc.orig, "pgcode", None) not in _CONCURRENTLY_CREATED:
             raise
         log.info("%s already created concurrently: %s", sink._where(), " ".join(str(exc.orig).split()))
 
