@@ -145,6 +145,16 @@ def test_tables_altered_between_two_runs_of_the_copy_are_copied_again_and_end_eq
     run 2 copies all three again from new targets under its snapshot, while writers go on in both definitions."""
     cdc = cdc_server
     run_sql(source, *PRELOAD)
+    # big's rows go in slowly (1 ms per row: ~1 s per chunk), so that the kill finds it half copied for sure (unslowed
+    # it copies in about a poll interval here); the empty target is what the copy would create, and run 2 drops it
+    tdb = sink_uri.rsplit("/", 1)[1].split("?", 1)[0]
+    for ddl in ("CREATE TABLE big (id integer PRIMARY KEY, v text, n integer)",
+                "CREATE FUNCTION slow_down() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN PERFORM pg_sleep(0.001); RETURN NEW; END $$",
+                "CREATE TRIGGER slow_down BEFORE INSERT ON big FOR EACH ROW EXECUTE FUNCTION slow_down()",
+                "ALTER TABLE big ENABLE ALWAYS TRIGGER slow_down"):  # (the copy writes as session_replication_role
+        # replica, where ordinary triggers do not fire)
+        pg_server.execute(ddl, db=tdb)
     writer_conn = psycopg2.connect(pg_server.dsn(pg_database))
     with BackgroundWriter(writer_conn, _writes(12), pause=0.01) as writer:
         cdc.create_changefeed("alt", pg_server.uri(pg_database), sink_uri,

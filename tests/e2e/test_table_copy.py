@@ -248,6 +248,14 @@ def test_a_table_altered_between_two_runs_of_its_table_copy_ends_equal(
     cdc.create_changefeed("ta", pg_server.uri(pg_database), sink_uri,
                           "[snapshot]\nchunk-rows = 1000\nspark-min-rows = 100000000\n")
     wait_for(cdc, "ta", lambda q: q["phase"] == "streaming", "the initial copy", timeout=240)
+    # the resync's rows go in slowly (1 ms per row: ~1 s per chunk), so that the kill finds it half way for sure
+    # (unslowed it copies 25,000 rows in well under a poll interval here); its restart drops this target table
+    tdb = sink_uri.rsplit("/", 1)[1].split("?", 1)[0]
+    pg_server.execute("CREATE FUNCTION slow_down() RETURNS trigger LANGUAGE plpgsql AS "
+                      "$$ BEGIN PERFORM pg_sleep(0.001); RETURN NEW; END $$", db=tdb)
+    pg_server.execute("CREATE TRIGGER slow_down BEFORE INSERT ON big FOR EACH ROW EXECUTE FUNCTION slow_down()",
+                      db=tdb)
+    pg_server.execute("ALTER TABLE big ENABLE ALWAYS TRIGGER slow_down", db=tdb)  # (also as replica: the copy's role)
     writer_conn = psycopg2.connect(pg_server.dsn(pg_database))
     with BackgroundWriter(writer_conn, _writes(7, ("big", "side", "bag")), pause=0.01) as writer:
         cdc.request("POST", "/api/v2/changefeeds/ta/snapshot", {"tables": ["public.big"]})
