@@ -57,6 +57,15 @@ class WarningSeverity(enum.StrEnum):
     NOTICE = "notice"
 
 
+WARN_TABLE_INELIGIBLE = "CDC:WarnTableIneligible"
+WARN_TARGET_NAME_CONFLICT = "CDC:WarnTargetNameConflict"
+NOT_JOINED_WARNINGS = frozenset({WARN_TABLE_INELIGIBLE, WARN_TARGET_NAME_CONFLICT})
+"""Codes of the warnings that say a table matched by the filter was left out of its span's publication. Their
+condition ends when the table joins (its key fixed, the name clash excluded...): the owner drops them once an upstream
+inspection finds the table published (``owner.reconcile.changefeed_warnings``); what the table missed meanwhile is the
+table copy's or a ``CDC:WarnUnreplicatedRows`` warning's business."""
+
+
 @dataclass(frozen=True)
 class DataWarning:
     """A condition that can make (or made) the target differ from the source, per table and kind.

@@ -219,8 +219,10 @@ class Owner:
                  for cf_id, e in snap.changefeeds.items()}
         for cf_id, e in snap.changefeeds.items():  # (also what an earlier owner may not have published)
             self._offer_checkpoint(e.value, snap.statuses.get(cf_id))
+        published = {r.changefeed: r.published for r in self.watcher.reports()
+                     if not r.error and r.published is not None}
         actions = reconcile(snap, now, stuck_duration=self.config.error_stuck_duration, retained=retained,
-                            upstream_warnings={k: v for k, v in found.items() if v})
+                            upstream_warnings={k: v for k, v in found.items() if v}, published=published)
         actions += self._upstream_actions(snap, now)
         done = []
         for a in actions:

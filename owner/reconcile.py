@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from cdc.meta.store import ClusterSnapshot
 from cdc.model import (
+    NOT_JOINED_WARNINGS,
     ChangefeedInfo,
     ChangefeedStatus,
     DataWarning,
@@ -84,10 +85,12 @@ Action = Assign | Unassign | PutStatus | UpdateInfo | DropChangefeed
 
 def reconcile(snap: ClusterSnapshot, now: float, *, stuck_duration: float = 1800.0,
               remove_grace: float = 3.0, retained: dict[str, dict[str, int]] | None = None,
-              upstream_warnings: dict[str, list[DataWarning]] | None = None) -> list[Action]:
+              upstream_warnings: dict[str, list[DataWarning]] | None = None,
+              published: dict[str, frozenset[str]] | None = None) -> list[Action]:
     """The patches that bring the cluster toward its wanted state (module docstring). ``retained``: WAL
     bytes per changefeed and span from the upstream watch; ``upstream_warnings``: the data warnings of
-    each changefeed's latest upstream report (``owner.upstream_watch.report_warnings``)."""
+    each changefeed's latest upstream report (``owner.upstream_watch.report_warnings``); ``published``: the
+    tables of each changefeed's publications per its latest upstream report (``UpstreamReport.published``)."""
     actions: list[Action] = []
     sched = _Scheduler(snap)
     for cf_id in sorted(snap.changefeeds):
@@ -99,7 +102,8 @@ def reconcile(snap: ClusterSnapshot, now: float, *, stuck_duration: float = 1800
         if not info.state.runs:
             if info.state is not FeedState.REMOVED:
                 old = snap.statuses.get(cf_id) or ChangefeedStatus()
-                status = changefeed_warnings(info, statuses, old, (upstream_warnings or {}).get(cf_id, ()), now)
+                status = changefeed_warnings(info, statuses, old, (upstream_warnings or {}).get(cf_id, ()), now,
+                                             (published or {}).get(cf_id))
                 if status != old:
                     actions.append(PutStatus(cf_id, status))
             for span, a in sorted(assigns.items()):
@@ -131,7 +135,8 @@ def reconcile(snap: ClusterSnapshot, now: float, *, stuck_duration: float = 1800
         status = global_watermarks(info, statuses, old, now)
         if retained and cf_id in retained and retained[cf_id] != status.retained_wal:
             status = replace(status, retained_wal=retained[cf_id], updated=now)
-        status = changefeed_warnings(info, statuses, status, (upstream_warnings or {}).get(cf_id, ()), now)
+        status = changefeed_warnings(info, statuses, status, (upstream_warnings or {}).get(cf_id, ()), now,
+                                     (published or {}).get(cf_id))
         if status != old:
             actions.append(PutStatus(cf_id, status))
 
@@ -314,14 +319,19 @@ def refresh_warnings(current: tuple[DataWarning, ...], found: list[DataWarning] 
 
 
 def changefeed_warnings(info: ChangefeedInfo, statuses: dict[int, SpanStatus], status: ChangefeedStatus,
-                        found: list[DataWarning] | tuple[DataWarning, ...], now: float) -> ChangefeedStatus:
+                        found: list[DataWarning] | tuple[DataWarning, ...], now: float,
+                        published: frozenset[str] | None = None) -> ChangefeedStatus:
     """``status`` with its warnings brought up to date (pure; ``status`` itself when nothing changed):
     ``upstream_warnings`` = the stored ones refreshed with ``found`` (:func:`refresh_warnings`);
     ``warnings`` = those merged with every span's ``SpanStatus.warnings``. Warnings last raised at or before
-    the changefeed's last create/resume are acknowledged and dropped from both."""
+    the changefeed's last create/resume are acknowledged and dropped from both, and so are the
+    :data:`cdc.model.NOT_JOINED_WARNINGS` of tables in ``published`` (the tables of the changefeed's publications
+    now): the table joined since (its rows are then the table copy's, or a ``CDC:WarnUnreplicatedRows``)."""
     since = max(info.resumed_at, info.create_time)
     own = refresh_warnings(tuple(w for w in status.upstream_warnings if w.seen > since),
                            [w for w in found if w.seen > since])
+    if published:
+        own = tuple(w for w in own if not (w.code in NOT_JOINED_WARNINGS and w.table in published))
     spans = [w for _, s in sorted(statuses.items()) for w in s.warnings if w.seen > since]
     merged = merge_warnings(own, spans)
     if (own, merged) == (status.upstream_warnings, status.warnings):

@@ -19,7 +19,14 @@ from cdc.config import FilterConfig
 from cdc.errors import InvalidArgument, TableNotEligible, TidewaterError
 from cdc.events import TableName
 from cdc.filter import TableFilter
-from cdc.model import ChangefeedInfo, DataWarning, SpanInfo, WarningSeverity
+from cdc.model import (
+    WARN_TABLE_INELIGIBLE,
+    WARN_TARGET_NAME_CONFLICT,
+    ChangefeedInfo,
+    DataWarning,
+    SpanInfo,
+    WarningSeverity,
+)
 from cdc.spans import span_of
 from owner import partition_watch
 from sinks.factory import open_sink
@@ -31,7 +38,6 @@ COUNT_CAP = 100_000  # rows of a picked-up table counted under its lock (more: "
 
 # DataWarning codes raised by the pick-up
 WARN_UNREPLICATED_ROWS = "CDC:WarnUnreplicatedRows"
-WARN_TABLE_INELIGIBLE = "CDC:WarnTableIneligible"
 LOCK_TIMEOUT_MS = 1000  # how long adding a new table may hold back its writers
 
 
@@ -74,7 +80,7 @@ class PickUp:
     warnings: list[DataWarning] = dataclasses.field(default_factory=list)
 
 
-CODE_TARGET_CONFLICT = "CDC:WarnTargetNameConflict"
+CODE_TARGET_CONFLICT = WARN_TARGET_NAME_CONFLICT
 
 
 CopyRequester = Callable[[ChangefeedInfo, TableName, int], Callable[[], None]]

@@ -51,7 +51,15 @@ from typing import Any, ClassVar
 
 from cdc.errors import GCTTLExceeded, SlotLost, TidewaterError
 from cdc.events import TableName
-from cdc.model import ChangefeedInfo, DataWarning, FeedState, RunningError, SpanInfo, WarningSeverity
+from cdc.model import (
+    NOT_JOINED_WARNINGS,
+    ChangefeedInfo,
+    DataWarning,
+    FeedState,
+    RunningError,
+    SpanInfo,
+    WarningSeverity,
+)
 from owner import partition_watch
 from owner.table_pickup import (  # noqa: F401 - filter_rules, collision_key: re-exported
     COUNT_CAP,
@@ -115,6 +123,10 @@ class UpstreamReport:
     so a condition found again by every inspection is one warning, not one per inspection.
     Among them: ``CDC:WarnTargetNameConflict`` per table not added because of a target-name collision,
     and the partition warnings of :mod:`owner.partition_watch` (found once, when the change is first seen).
+
+    ``published``: every table in the changefeed's publications after this inspection (``schema.table``; None
+    when a publication is missing or the inspection failed): a table in it has joined, which ends its
+    :data:`cdc.model.NOT_JOINED_WARNINGS`.
     """
 
     changefeed: str
@@ -125,6 +137,7 @@ class UpstreamReport:
     error: str = ""
     unreplicated: tuple[str, ...] = ()
     warnings: list[DataWarning] = field(default_factory=list)
+    published: frozenset[str] | None = None
 
     def retained_bytes(self) -> dict[int, int | None]:
         """Retained WAL bytes per span index (None: unknown, slot missing or invalidated)."""
@@ -401,6 +414,10 @@ class UpstreamWatcher:
                 self._reports[info.id] = report
                 if report.warnings:
                     self._found.setdefault(info.id, {}).update((w.ident, w) for w in report.warnings)
+                if report.published and info.id in self._found:  # ended by the table's joining
+                    found = self._found[info.id]
+                    for ident in [i for i in found if i[0] in NOT_JOINED_WARNINGS and i[1] in report.published]:
+                        del found[ident]
         return report
 
     def _inspect(self, info: ChangefeedInfo, started: float) -> UpstreamReport:
@@ -425,8 +442,11 @@ class UpstreamWatcher:
                 with self._lock:  # the new baseline only once its warnings are in a report (and not forgotten)
                     if info.id in self._last:
                         self._partitions[info.id] = leaves
+            joined = None
+            if all(tables is not None for tables in published.values()):
+                joined = frozenset({str(t) for tables in published.values() for t in tables or ()} | set(new))
             return UpstreamReport(info.id, started, tuple(slots), tuple(new), tuple(ineligible),
-                                  unreplicated=tuple(unreplicated), warnings=warnings)
+                                  unreplicated=tuple(unreplicated), warnings=warnings, published=joined)
         finally:
             up.close()
 

@@ -176,8 +176,10 @@ def test_table_with_a_writer_in_flight_is_added_once_the_writer_commits(
 
 def test_ineligible_new_table_is_reported_not_added(info: ChangefeedInfo, conn: Any) -> None:
     _exec(conn, "CREATE TABLE nokey (a int, b text)")
-    report = UpstreamWatcher().inspect(info)
+    watcher = UpstreamWatcher()
+    report = watcher.inspect(info)
     assert report.new_tables == () and len(report.ineligible) == 1
+    assert report.published is not None and "public.nokey" not in report.published
     assert '"public"."nokey"' in report.ineligible[0] and "PRIMARY KEY" in report.ineligible[0]
     assert all(TableName("public", "nokey") not in (admin.publication_tables(conn, s.publication) or [])
                for s in info.spans)
@@ -187,8 +189,11 @@ def test_ineligible_new_table_is_reported_not_added(info: ChangefeedInfo, conn: 
     assert "PRIMARY KEY" in w.message
     # once fixed, the next inspection picks it up
     _exec(conn, "ALTER TABLE nokey REPLICA IDENTITY FULL")
-    fixed = UpstreamWatcher().inspect(info)
+    fixed = watcher.inspect(info)
     assert fixed.new_tables == ("public.nokey",) and fixed.ineligible == ()
+    # published now: its warning has ended (the owner drops the stored one by the same rule)
+    assert fixed.published is not None and "public.nokey" in fixed.published
+    assert [x.code for x in watcher.found_warnings(info) if x.code != CODE_DDL_NOT_CAPTURED] == []
 
 
 def test_stopped_changefeed_does_not_pick_up_tables(info: ChangefeedInfo, conn: Any) -> None:

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
 from cdc.cli.main import build_parser, main
 from cdc.cli.render import CAPTURE_COLUMNS, cell, col, emit, format_table, render_kv, render_table
+from tests.http_fakes import CannedHttp
 
 pytestmark = pytest.mark.unit
 
@@ -190,40 +189,7 @@ def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) 
 
 
 # ---- against a canned server ------------------------------------------------------------------------
-class Canned:
-    """A tiny HTTP server answering (method, path) with canned (status, body); records requests."""
-
-    def __init__(self, answers: dict[tuple[str, str], tuple[int, Any]]) -> None:
-        self.answers = answers
-        self.requests: list[tuple[str, str, Any]] = []
-        canned = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _answer(self) -> None:
-                n = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(n)) if n else None
-                canned.requests.append((self.command, self.path, body))
-                status, payload = canned.answers.get((self.command, self.path),
-                                                     (404, {"error_code": "CDC:ErrNotFound", "error_msg": "no"}))
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_PUT = do_DELETE = _answer  # noqa: N815
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+Canned = CannedHttp
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from cdc.cli.progress import WatchEnded, summary, watch
+from tests.http_fakes import CannedHttp
 
 pytestmark = pytest.mark.unit
 
@@ -83,44 +84,7 @@ def test_a_table_without_a_key_is_labelled_as_one_chunk_on_a_terminal() -> None:
 
 
 # ---- the CLI's flags, against a canned server whose answers change from one request to the next --------------
-class Sequenced:
-    """An HTTP server answering each (method, path) with the next of its queued answers (the last one repeats)."""
-
-    def __init__(self, answers: dict[tuple[str, str], list[tuple[int, Any]]]) -> None:
-        import json
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        self.answers = answers
-        self.requests: list[tuple[str, str, Any]] = []
-        me = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def _answer(self) -> None:
-                n = int(self.headers.get("Content-Length") or 0)
-                me.requests.append((self.command, self.path, json.loads(self.rfile.read(n)) if n else None))
-                queue = me.answers.get((self.command, self.path)) or [(404, {"error_code": "CDC:ErrNotFound",
-                                                                            "error_msg": "no"})]
-                status, payload = queue.pop(0) if len(queue) > 1 else queue[0]
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = _answer  # noqa: N815
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+Sequenced = CannedHttp
 
 
 @pytest.fixture

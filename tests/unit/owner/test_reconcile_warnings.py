@@ -114,6 +114,35 @@ def test_upstream_warnings_are_stored_once_refreshed_and_survive_without_a_repor
     assert (x.count, x.first_time, x.seen) == (42, NOW - 10, NOW - 1)
 
 
+def test_a_left_out_table_that_joins_ends_its_warning_and_the_state_returns_to_normal() -> None:
+    """WarnTableIneligible / WarnTargetNameConflict say a table is not in its publication: once a report finds it
+    published they end without a resume (a new owner too: stored ones are dropped by the same rule). Other
+    warnings of that table, and the same codes of other tables, stay."""
+    left = w("public.nokey", code="CDC:WarnTableIneligible", keys=())
+    clash = w("public.clash", code="CDC:WarnTargetNameConflict", keys=())
+    rows = w("public.nokey", code="CDC:WarnUnreplicatedRows", count=3, keys=())
+    status, info = run(cf(), {0: ss(), 1: ss(capture="b")}, upstream_warnings={"cf": [left, clash]},
+                       published={"cf": frozenset({"public.other"})})
+    assert status is not None and [x.table for x in status.warnings] == ["public.nokey", "public.clash"]
+    assert info is not None and info.state is FeedState.WARNING
+    # a report finds public.nokey published: its warning ends (also the one the watcher still hands in)
+    healed, same = run(info, {0: ss(), 1: ss(capture="b")}, status, upstream_warnings={"cf": [left, clash]},
+                       published={"cf": frozenset({"public.other", "public.nokey"})})
+    assert healed is not None and [x.code for x in healed.warnings] == ["CDC:WarnTargetNameConflict"]
+    assert same is not None and same.state is FeedState.WARNING  # still: the clash of public.clash holds
+    assert same.error is not None and same.error.code == "CDC:WarnTargetNameConflict"
+    # the clash excluded and the table added with rows nobody copies: that warning is a new one, not healed
+    done, back = run(info, {0: ss(), 1: ss(capture="b")}, healed, upstream_warnings={"cf": [rows]},
+                     published={"cf": frozenset({"public.nokey", "public.clash"})})
+    assert done is not None and [(x.code, x.table) for x in done.warnings] == [("CDC:WarnUnreplicatedRows",
+                                                                               "public.nokey")]
+    # nothing left: normal again by itself
+    clear, normal = run(info, {0: ss(), 1: ss(capture="b")}, healed, published={"cf": frozenset({"public.nokey",
+                                                                                                "public.clash"})})
+    assert clear is not None and clear.warnings == ()
+    assert normal is not None and normal.state is FeedState.NORMAL and normal.error is None
+
+
 def test_refresh_warnings_is_idempotent() -> None:
     a, b = w("public.a", t=1.0), w("public.b", t=2.0)
     once = refresh_warnings((), [a, b])
