@@ -277,9 +277,8 @@ def build_key(sink: SQLSink, schema: TableSchema, changefeed: str, span: int,
 
 def forget(sink: SQLSink, changefeed: str) -> int:
     """Delete ``changefeed``'s markers (``remove``); 0 when there is no marker table."""
-    with sink._engine.connect() as conn:
+    with sink._engine.begin() as conn:  # (the lookup autobegins: one transaction for both)
         if conn.exec_driver_sql("SELECT to_regclass(%s)", (_M,)).scalar() is None:
             return 0
-        with conn.begin():
-            n = conn.exec_driver_sql(f"DELETE FROM {_M} WHERE changefeed = %s", (changefeed,)).rowcount
+        n = conn.exec_driver_sql(f"DELETE FROM {_M} WHERE changefeed = %s", (changefeed,)).rowcount
     return int(n or 0)

@@ -26,6 +26,7 @@ from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.snapshot import KEY_BUILT, KEY_DEFERRED, ChunkMarker
 from playground.compare import compare_tables
 from sinks.factory import open_sink
+from sinks.sql.deferred_key import CREATE_MARKERS
 from spark_jobs.copy import copy_chunk, copy_chunks
 from spark_jobs.deferred import OwedKey
 from spark_jobs.plan import SnapshotJob
@@ -250,3 +251,27 @@ def test_a_table_created_behind_the_copy_is_refused(pg_server: Any, pg_database:
                 "CREATE TABLE public.big (id bigint NOT NULL, k bigint, c text, pad text, ts timestamptz)")
         with pytest.raises(SinkError, match=r"public.*big.*created behind the copy"):
             run(job)
+
+
+def test_remove_deletes_the_changefeeds_markers_and_positions(pg_server: Any, targets: list[str]) -> None:
+    """``Sink.forget`` (run by the owner after ``changefeed remove``) deletes the changefeed's copy markers and its
+    position rows, and only its own: it used to fail once the marker table existed (a second ``begin`` on a
+    connection that had autobegun), leaving both behind with a warning in the log."""
+    target = targets[0]
+    sink = open_sink(pg_server.uri(target), SinkConfig())
+    try:
+        assert sink.forget("cf") == 0  # neither table exists yet
+        sink.open_position("cf", 0)
+        sink.open_position("other", 0)
+        pg_server.execute("CREATE SCHEMA IF NOT EXISTS tidewater", db=target)
+        pg_server.execute(CREATE_MARKERS, db=target)
+        for cf, chunk in (("cf", 0), ("cf", 1), ("other", 0)):
+            pg_server.execute("INSERT INTO tidewater.tidewater_copy_chunk (changefeed, span, table_name, chunk, run, "
+                              f"rows, commit_ts) VALUES ('{cf}', 0, 'public.big', {chunk}, 'r', 10, 1)", db=target)
+        assert sink.forget("cf") == 1  # its position row (the markers are counted apart)
+        assert _markers(pg_server, target) == 1
+        rows = pg_server.execute("SELECT changefeed FROM tidewater.tidewater_copy_chunk", db=target)
+        assert [r[0] for r in rows] == ["other"]
+        assert sink.forget("cf") == 0  # again: nothing left, nothing breaks
+    finally:
+        sink.close()
