@@ -44,7 +44,7 @@ def _assert_lake_equals(conn: Any, outputs: dict[str, Path]) -> None:
         assert diff.equal, f"the lake's {table} differs from the upstream: {diff}"
 
 
-@pytest.mark.parametrize("protocol", ["csv", "parquet"])
+@pytest.mark.parametrize("protocol", ["csv", pytest.param("parquet", marks=pytest.mark.slow)])
 def test_the_lake_job_keeps_parquet_tables_equal_to_the_upstream(spark: Any, etcd_server: Any, cluster_id: str,
                                                                  tmp_path: Path, pg_server: PostgresServer,
                                                                  pg_database: str, source: Any, protocol: str) -> None:
