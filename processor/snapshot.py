@@ -314,7 +314,10 @@ class InitialCopy:
                 assert plan is not None
                 now = table_definition(schema)
                 if not plan.definition or now == plan.definition:
-                    if done[t] and plan.has_key and may_leave_values_unsent(schema) and (
+                    # rows of it may be downstream from an earlier run: chunks recorded, or written and not recorded
+                    # (a SQL chunk committed just before a kill; Kafka and files keep whatever part was sent)
+                    earlier = done[t] > 0 or 0 < plan.ts < ts
+                    if earlier and plan.has_key and may_leave_values_unsent(schema) and (
                             self.restart_target is not None or self.merge):
                         self._restart_split(t, schema, ts, at)
                         changed.append(t)
@@ -340,7 +343,8 @@ class InitialCopy:
         return changed
 
     def _restart_split(self, t: TableName, schema: TableSchema, ts: int, at: float) -> None:
-        """A keyed table half copied under an earlier snapshot, whose stream may leave values unsent
+        """A keyed table planned (and maybe partly copied) under an earlier snapshot, whose stream may leave values
+        unsent
         (:func:`cdc.snapshot.may_leave_values_unsent`): its copy starts over under this run's snapshot, so that all
         of it is read at one snapshot and nothing is replayed over newer rows. (Chunks read at a later snapshot
         converge when every replayed change carries its values, one transaction at a time; a key change whose
@@ -440,10 +444,14 @@ class InitialCopy:
 
     def floors(self, tables: Sequence[TableName]) -> dict[str, int]:
         """Each table's floor from the stored plans and chunks (see the module doc): a keyed table's is the lowest
-        Ts its chunks were read at (every change after it is replayed; a table all of whose chunks were read under
-        one snapshot, planned earlier or not, is then exact: no change is replayed over a newer row), else the Ts of
-        the export its plan was made under, else the first export's; a key-less table's is the Ts its whole chunk was
-        read at."""
+        of the Ts of the export its plan was made under and the Ts its chunks were read at (every change after it is
+        replayed), else the first export's; a key-less table's is the Ts its whole chunk was read at.
+
+        Why the plan's export even when every chunk was recorded under a later one: a run under the plan's export
+        may have written rows of a chunk it never recorded (a SQL chunk committed just before a kill; Kafka and files
+        keep whatever part of a chunk was sent), and a row of those deleted upstream before the later export is in
+        no later chunk: only the replay of its DELETE removes it downstream. (A table whose stream may leave values
+        unsent is copied again whole instead, target emptied: :meth:`_restart_split`, and planned anew.)"""
         exports = self.state.exports
         first = exports[0][1] if exports else 0
         out: dict[str, int] = {}
@@ -451,10 +459,10 @@ class InitialCopy:
             plan = self.progress.get_plan(self.info.id, self.span.index, t)
             if plan is None or plan.has_key:
                 read_at = [d.commit_ts for d in self.progress.done_chunks(self.info.id, self.span.index, t).values()]
-                if read_at and all(ts > 0 and any(ts == e for _, e in exports) for ts in read_at):
-                    out[str(t)] = min(read_at)
-                    continue
                 known = plan is not None and plan.ts > 0 and (plan.snapshot, plan.ts) in exports
+                if read_at and all(ts > 0 and any(ts == e for _, e in exports) for ts in read_at):
+                    out[str(t)] = min(read_at) if not known else min(*read_at, plan.ts)  # type: ignore[union-attr]
+                    continue
                 out[str(t)] = plan.ts if plan is not None and known else first
                 continue
             ts = self._keyless_copied_at(t)

@@ -271,11 +271,14 @@ class Rebuilder:
 
 
 def _identity(e: Event) -> tuple[Any, ...] | None:
-    if e.seq is not None:
-        # copy writers number from nanosecond times per write, and a resync's TRUNCATEs all have position 0: the
-        # table tells them apart
-        return ("s", e.commit_ts, e.span, e.seq) if e.span >= 0 else ("s", e.commit_ts, e.span, e.seq, str(e.ev.table))
     ev = e.ev
+    if e.seq is not None and e.span < 0 and ev.key and ev.kind is MessageKind.ROW and ev.op is not OpType.TRUNCATE:
+        # a copied row of a keyed table: one row per key at one snapshot. Not its position: copy writers number from
+        # the write's start in nanoseconds, so two chunks of one table written in parallel can share positions
+        return ("c", e.commit_ts, str(ev.table), tuple(sorted((k, repr(v)) for k, v in ev.key.items())))
+    if e.seq is not None:
+        # a resync's TRUNCATEs all have position 0, and key-less copies number per write: the table tells them apart
+        return ("s", e.commit_ts, e.span, e.seq) if e.span >= 0 else ("s", e.commit_ts, e.span, e.seq, str(e.ev.table))
     if ev.key:
         return ("k", e.commit_ts, str(ev.table), ev.op, tuple(sorted((k, repr(v)) for k, v in ev.key.items())))
     return None
