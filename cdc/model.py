@@ -62,8 +62,14 @@ WARN_TARGET_NAME_CONFLICT = "CDC:WarnTargetNameConflict"
 NOT_JOINED_WARNINGS = frozenset({WARN_TABLE_INELIGIBLE, WARN_TARGET_NAME_CONFLICT})
 """Codes of the warnings that say a table matched by the filter was left out of its span's publication. Their
 condition ends when the table joins (its key fixed, the name clash excluded...): the owner drops them once an upstream
-inspection finds the table published (``owner.reconcile.changefeed_warnings``); what the table missed meanwhile is the
-table copy's or a ``CDC:WarnUnreplicatedRows`` warning's business."""
+inspection finds the table published (:func:`ended_by_joining`); what the table missed meanwhile is the table copy's
+or a ``CDC:WarnUnreplicatedRows`` warning's business."""
+
+
+def ended_by_joining(code: str, table: str, published: frozenset[str]) -> bool:
+    """Whether the warning ``(code, table)`` says ``table`` was left out of its publication, and ``published`` (the
+    tables of the changefeed's publications now) shows it joined since: the warning's condition has ended."""
+    return code in NOT_JOINED_WARNINGS and table in published
 
 
 @dataclass(frozen=True)
@@ -225,10 +231,10 @@ its name -- so not one of its rows is applied twice).
     floors: dict[str, int] = field(default_factory=dict)
     tables: tuple[str, ...] = ()
     request: int = 0
-    # per keyed table whose chunks were read under several snapshots: the highest of their Ts (above its floor).
-    # Its changes in (floor, ceiling] are replayed over rows that may already be newer; one that must take values
-    # PostgreSQL did not send from another row (a key change with unchanged TOAST values under REPLICA IDENTITY
-    # DEFAULT) cannot be applied exactly there and is a data warning (processor.batcher)
+    # per keyed table whose chunks were read under a snapshot later than its floor: the highest of their Ts. Its
+    # changes in (floor, ceiling] are replayed over rows that may already be newer, one transaction per write
+    # (processor.batcher). A table whose stream may leave values unsent (cdc.snapshot.may_leave_values_unsent) never
+    # has one: it is copied again whole under one snapshot instead (processor.snapshot)
     ceilings: dict[str, int] = field(default_factory=dict)
 
 

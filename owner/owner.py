@@ -213,14 +213,13 @@ class Owner:
     def _cycle(self, snap: ClusterSnapshot, last_line: str) -> str:
         now = self._clock()
         self.watcher.retain(snap.changefeeds)
-        retained = {r.changefeed: {str(k): v for k, v in r.retained_bytes().items() if v is not None}
-                    for r in self.watcher.reports() if not r.error}
+        reports = [r for r in self.watcher.reports() if not r.error]
+        retained = {r.changefeed: {str(k): v for k, v in r.retained_bytes().items() if v is not None} for r in reports}
+        published = {r.changefeed: r.published for r in reports if r.published is not None}
         found = {cf_id: self.watcher.found_warnings(e.value) + self.publisher.warnings(cf_id)
                  for cf_id, e in snap.changefeeds.items()}
         for cf_id, e in snap.changefeeds.items():  # (also what an earlier owner may not have published)
             self._offer_checkpoint(e.value, snap.statuses.get(cf_id))
-        published = {r.changefeed: r.published for r in self.watcher.reports()
-                     if not r.error and r.published is not None}
         actions = reconcile(snap, now, stuck_duration=self.config.error_stuck_duration, retained=retained,
                             upstream_warnings={k: v for k, v in found.items() if v}, published=published)
         actions += self._upstream_actions(snap, now)

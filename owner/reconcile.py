@@ -30,7 +30,6 @@ from dataclasses import dataclass, replace
 
 from cdc.meta.store import ClusterSnapshot
 from cdc.model import (
-    NOT_JOINED_WARNINGS,
     ChangefeedInfo,
     ChangefeedStatus,
     DataWarning,
@@ -40,6 +39,7 @@ from cdc.model import (
     SpanStatus,
     TableCopy,
     WarningSeverity,
+    ended_by_joining,
     merge_warnings,
     still_copying,
 )
@@ -331,7 +331,7 @@ def changefeed_warnings(info: ChangefeedInfo, statuses: dict[int, SpanStatus], s
     own = refresh_warnings(tuple(w for w in status.upstream_warnings if w.seen > since),
                            [w for w in found if w.seen > since])
     if published:
-        own = tuple(w for w in own if not (w.code in NOT_JOINED_WARNINGS and w.table in published))
+        own = tuple(w for w in own if not ended_by_joining(w.code, w.table, published))
     spans = [w for _, s in sorted(statuses.items()) for w in s.warnings if w.seen > since]
     merged = merge_warnings(own, spans)
     if (own, merged) == (status.upstream_warnings, status.warnings):

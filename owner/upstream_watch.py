@@ -52,13 +52,13 @@ from typing import Any, ClassVar
 from cdc.errors import GCTTLExceeded, SlotLost, TidewaterError
 from cdc.events import TableName
 from cdc.model import (
-    NOT_JOINED_WARNINGS,
     ChangefeedInfo,
     DataWarning,
     FeedState,
     RunningError,
     SpanInfo,
     WarningSeverity,
+    ended_by_joining,
 )
 from owner import partition_watch
 from owner.table_pickup import (  # noqa: F401 - filter_rules, collision_key: re-exported
@@ -416,7 +416,7 @@ class UpstreamWatcher:
                     self._found.setdefault(info.id, {}).update((w.ident, w) for w in report.warnings)
                 if report.published and info.id in self._found:  # ended by the table's joining
                     found = self._found[info.id]
-                    for ident in [i for i in found if i[0] in NOT_JOINED_WARNINGS and i[1] in report.published]:
+                    for ident in [i for i in found if ended_by_joining(*i, report.published)]:
                         del found[ident]
         return report
 

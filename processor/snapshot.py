@@ -344,15 +344,14 @@ class InitialCopy:
 
     def _restart_split(self, t: TableName, schema: TableSchema, ts: int, at: float) -> None:
         """A keyed table planned (and maybe partly copied) under an earlier snapshot, whose stream may leave values
-        unsent
-        (:func:`cdc.snapshot.may_leave_values_unsent`): its copy starts over under this run's snapshot, so that all
+        unsent (:func:`cdc.snapshot.may_leave_values_unsent`): its copy starts over under this run's snapshot, so that all
         of it is read at one snapshot and nothing is replayed over newer rows. (Chunks read at a later snapshot
         converge when every replayed change carries its values, one transaction at a time; a key change whose
         TOASTed values were not sent would take them from whatever row a later chunk put at its old key: measured,
         rows ended with other rows' values.) Under ``merge`` the target holds the user's rows and stays; the rows the
         first run copied that were deleted upstream since stay too, as documented for merge."""
         cf, span = self.info.id, self.span.index
-        log.warning("span=%s table %s was half copied under an earlier snapshot and its changes may leave values "
+        log.warning("span=%s table %s was planned under an earlier snapshot, not all of it copied, and its changes may leave values "
                     "unsent (no REPLICA IDENTITY FULL, columns of variable width): its copy starts over under this "
                     "snapshot (Ts %d)", self.label, t, ts)
         if not self.merge:
@@ -459,11 +458,11 @@ class InitialCopy:
             plan = self.progress.get_plan(self.info.id, self.span.index, t)
             if plan is None or plan.has_key:
                 read_at = [d.commit_ts for d in self.progress.done_chunks(self.info.id, self.span.index, t).values()]
-                known = plan is not None and plan.ts > 0 and (plan.snapshot, plan.ts) in exports
+                # the plan's export when it is one of this span's, and the chunks' own when each one is
+                seen = [plan.ts] if plan is not None and plan.ts > 0 and (plan.snapshot, plan.ts) in exports else []
                 if read_at and all(ts > 0 and any(ts == e for _, e in exports) for ts in read_at):
-                    out[str(t)] = min(read_at) if not known else min(*read_at, plan.ts)  # type: ignore[union-attr]
-                    continue
-                out[str(t)] = plan.ts if plan is not None and known else first
+                    seen += read_at
+                out[str(t)] = min(seen, default=first)
                 continue
             ts = self._keyless_copied_at(t)
             if ts is None:

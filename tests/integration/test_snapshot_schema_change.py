@@ -177,12 +177,24 @@ def test_under_merge_an_altered_table_is_refused_and_the_users_target_is_kept(
     assert pg_server.execute("SELECT count(*) FROM big", db=target)[0][0] > 1  # run 1's chunks are still there
 
 
+def _half_read_then(pg_server: Any, db: str, reader: Any, table: str, ddl: str) -> tuple[Any, Any]:
+    """Plan ``public.<table>`` (1,000 rows, ids 1..1000) in two chunks, read the first under the reader's snapshot
+    (500 rows), release it, then run ``ddl`` upstream; returns the schema and the plan."""
+    from cdc.snapshot import plan_from_bounds
+
+    schema = reader.table_schema(TableName("public", table))
+    plan = plan_from_bounds(schema.name, 1000, 500, ("id",), [("501",)])
+    assert len(list(reader.read_chunk(schema, plan.chunks[0]))) == 500
+    reader.release()
+    execute(pg_server, db, ddl)
+    return schema, plan
+
+
 def test_a_table_rewritten_after_the_snapshot_is_refused_not_read_empty(
         pg_server: Any, pg_database: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rewriting ALTER TABLE (or TRUNCATE) committed between two chunk reads under one exported snapshot makes
     PostgreSQL show the table empty to that snapshot: the reader refuses (retryable) instead of copying nothing."""
     from cdc.errors import SnapshotTableRewritten
-    from cdc.snapshot import plan_from_bounds
     from tests.snapshot_helpers import exported_snapshot
     from upstream.postgres.snapshot_read import PgSnapshotReader
 
@@ -191,11 +203,8 @@ def test_a_table_rewritten_after_the_snapshot_is_refused_not_read_empty(
     with exported_snapshot(pg_server, pg_database) as exp:
         reader = PgSnapshotReader(pg_server.uri(pg_database), exp.snapshot)
         try:
-            schema = reader.table_schema(TableName("public", "big"))
-            plan = plan_from_bounds(schema.name, 1000, 500, ("id",), [("501",)])
-            assert len(list(reader.read_chunk(schema, plan.chunks[0]))) == 500
-            reader.release()
-            execute(pg_server, pg_database, "ALTER TABLE big ALTER COLUMN n TYPE bigint")  # rewrites the table
+            schema, plan = _half_read_then(pg_server, pg_database, reader, "big",
+                                           "ALTER TABLE big ALTER COLUMN n TYPE bigint")  # rewrites the table
             with pytest.raises(SnapshotTableRewritten, match="public.big") as err:
                 list(reader.read_chunk(schema, plan.chunks[1]))
             assert err.value.retryable
@@ -216,7 +225,6 @@ def test_a_partitioned_table_is_read_and_a_rewrite_of_its_leaves_after_the_snaps
     snapshot is not refused (it was, on every run, so a changefeed over a partitioned table never finished its copy);
     a rewrite of its leaves after the snapshot is, as for a plain table."""
     from cdc.errors import SnapshotTableRewritten
-    from cdc.snapshot import plan_from_bounds
     from tests.snapshot_helpers import exported_snapshot
     from upstream.postgres.snapshot_read import PgSnapshotReader
 
@@ -227,11 +235,8 @@ def test_a_partitioned_table_is_read_and_a_rewrite_of_its_leaves_after_the_snaps
     with exported_snapshot(pg_server, pg_database) as exp:
         reader = PgSnapshotReader(pg_server.uri(pg_database), exp.snapshot)
         try:
-            schema = reader.table_schema(TableName("public", "m"))
-            plan = plan_from_bounds(schema.name, 1000, 500, ("id",), [("501",)])
-            assert len(list(reader.read_chunk(schema, plan.chunks[0]))) == 500
-            reader.release()
-            execute(pg_server, pg_database, "ALTER TABLE m ALTER COLUMN v TYPE int USING length(v)")  # rewrites
+            schema, plan = _half_read_then(pg_server, pg_database, reader, "m",
+                                           "ALTER TABLE m ALTER COLUMN v TYPE int USING length(v)")  # rewrites
             with pytest.raises(SnapshotTableRewritten, match="public.m"):
                 list(reader.read_chunk(schema, plan.chunks[1]))
             reader.release()
