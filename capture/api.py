@@ -191,7 +191,9 @@ class ApiServer:
 
     def start(self) -> None:
         self._deadlines.start()
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="http-api", daemon=True)
+        # a short poll: stop() waits for serve_forever's next poll (0.5 s by default) on every shutdown
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), name="http-api",
+                                        daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

@@ -229,6 +229,7 @@ class CaptureServer:
         if lost:
             log.error("capture=%s lost its etcd session: stopping all spans and registering again", self.capture_id)
         session_stop.set()
+        self.owner.wake()
         for th in threads:
             th.join(30)
         owner, self.owner = self.owner, None

@@ -113,6 +113,13 @@ class Owner:
         self._resign.set()
         return True
 
+    def wake(self) -> None:
+        """Its ``stop`` was set: end the leading loop's wait for status changes now rather than at the next
+        ``owner-tick`` (a stopping capture resigns at once)."""
+        feed = self._feed
+        if feed is not None:
+            feed.interrupt()
+
     def run(self, stop: threading.Event) -> None:
         """Campaign, lead until deposed or stopped, campaign again."""
         while not stop.is_set():

@@ -70,7 +70,7 @@ class CdcServer:
                 self.get("/api/v2/health", timeout=1)
                 return
             except (ApiError, OSError):
-                time.sleep(0.2)
+                time.sleep(0.05)
         raise RuntimeError(f"cdc server on port {self.port} not healthy after {timeout}s:\n{self.log_tail()}")
 
     def log_tail(self, n: int = 40) -> str:

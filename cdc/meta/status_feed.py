@@ -85,6 +85,10 @@ class StatusFeed:
             kinds, self._kinds = frozenset(self._kinds), set()
         return kinds
 
+    def interrupt(self) -> None:
+        """End a ``wait`` now (it returns what changed so far, possibly nothing): its caller is stopping."""
+        self._changed.set()
+
     def note_status(self, cf: str, status: ChangefeedStatus, revision: int) -> None:
         """The owner stored ``status`` at ``revision``."""
         with self._lock:
