@@ -7,16 +7,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_workload import SCHEMA, TARGETS, make_sink_uri, server_config
+from e2e_workload import FAST_LEASE, SCHEMA, TARGETS, make_sink_uri, server_config
 
 from playground.cluster import CdcServer
 from playground.servers import EtcdServer, PostgresServer
 
 
 @pytest.fixture
-def cdc_server(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path) -> Iterator[CdcServer]:
+def cdc_server(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path,
+               request: pytest.FixtureRequest) -> Iterator[CdcServer]:
+    """A `cdc server`; a test marked ``kills`` (it SIGKILLs and restarts it) gets a short etcd session
+    (``FAST_LEASE``), so the restarted capture does not wait 10 s for the dead one's lease."""
+    extra = FAST_LEASE if request.node.get_closest_marker("kills") else ""
     server = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id,
-                       extra_args=server_config(tmp_path)).start()
+                       extra_args=server_config(tmp_path, extra)).start()
     yield server
     server.terminate()
 

@@ -17,6 +17,9 @@ from playground.compare_schema import assert_schemas_equal
 
 # Faster retries than production (10 s .. 10 min) so that recovery tests finish quickly.
 TEST_SERVER_CONFIG = "error-backoff-min = 1.0\nerror-backoff-max = 5.0\n"
+# A short etcd session for tests that SIGKILL a capture: the restarted one (or the others) takes its spans over
+# once the dead one's lease expires, after session-ttl (10 s by default)
+FAST_LEASE = "session-ttl = 3\netcd-timeout = 1.0\nowner-tick = 0.2\n"
 
 
 def server_config(tmp_path: Path, extra: str = "", *, base: str = TEST_SERVER_CONFIG,

@@ -48,6 +48,7 @@ def _alive(pid: int) -> bool:
     return raw[raw.rindex(")") + 2] not in "ZX"
 
 
+@pytest.mark.slow  # 28 s; the quick snapshot and sink benchmarks below stay in make test
 def test_quick_benchmark_prints_tidewater_and_reference_figures(tmp_path: Path) -> None:
     out_json = tmp_path / "bench.json"
     res = subprocess.run(

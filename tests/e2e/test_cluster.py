@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from e2e_workload import (
+    FAST_LEASE,
     SCHEMA,
     TABLES,
     BackgroundWriter,
@@ -27,7 +28,7 @@ from playground.servers import EtcdServer, PostgresServer
 
 pytestmark = pytest.mark.e2e
 
-FAST = "session-ttl = 3\netcd-timeout = 1.0\nowner-tick = 0.2\ndrain-timeout = 30\n"
+FAST = FAST_LEASE + "drain-timeout = 30\n"
 CONFIG = "span-count = 3\n[filter]\nrules = ['public.*']\n"
 
 

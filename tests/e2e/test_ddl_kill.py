@@ -21,7 +21,7 @@ from playground.cluster import CdcServer
 from playground.compare import sqlalchemy_url
 from playground.servers import PostgresServer
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.kills]
 
 TABLES = ["public.t", "public.u"]
 

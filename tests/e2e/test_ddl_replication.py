@@ -139,6 +139,7 @@ def test_without_the_ddl_trigger_column_changes_come_from_the_stream_and_a_renam
     assert q["error"]["code"] == "CDC:ErrDdlRejected" and "RENAME COLUMN" in q["error"]["message"], q["error"]
 
 
+@pytest.mark.kills
 @pytest.mark.parametrize("sink_uri", targets_in_make_test("postgresql"), indirect=True)
 def test_a_ddl_right_after_a_capture_restart_and_after_a_kill_mid_way(
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str

@@ -77,6 +77,7 @@ def test_changes_made_while_the_capture_was_down_without_the_trigger_are_applied
     assert "name" not in hist[items_oid].as_of(2**63).column_names
 
 
+@pytest.mark.kills
 @pytest.mark.parametrize("sink_uri", targets_in_make_test("postgresql"), indirect=True)
 def test_a_ddl_run_by_a_function_after_a_restart_uses_the_schema_history(
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str,

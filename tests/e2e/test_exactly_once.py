@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from e2e_workload import BackgroundWriter, server_config, wait_for, wait_state
+from e2e_workload import FAST_LEASE, BackgroundWriter, server_config, wait_for, wait_state
 
 from playground.chaos import wait_recovery
 from playground.cluster import CdcServer, current_lsn
@@ -30,8 +30,7 @@ ALTER TABLE log REPLICA IDENTITY FULL;
 """
 TABLES = ["public.log"]
 # fast lease expiry; a slow etcd checkpoint so that the target is always ahead of etcd when a capture dies
-FAST = ("session-ttl = 3\netcd-timeout = 1.0\nowner-tick = 0.2\n"
-        "checkpoint-min-interval = 2.0\ncheckpoint-interval = 2.0\n")
+FAST = (FAST_LEASE + "checkpoint-min-interval = 2.0\ncheckpoint-interval = 2.0\n")
 
 
 @pytest.fixture

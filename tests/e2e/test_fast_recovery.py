@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from e2e_workload import (
+    FAST_LEASE,
     SCHEMA,
     TABLES,
     BackgroundWriter,
@@ -33,7 +34,6 @@ pytestmark = pytest.mark.e2e
 
 # a long backoff: without the probes a span would wait >= 30 s after a failure
 SLOW_BACKOFF = "error-backoff-min = 30.0\nerror-backoff-max = 60.0\n"
-FAST_LEASE = "session-ttl = 3\netcd-timeout = 1.0\nowner-tick = 0.2\nerror-backoff-min = 1.0\nerror-backoff-max = 5.0\n"
 
 
 
@@ -121,7 +121,7 @@ def test_frozen_span_holder_loses_its_slot_to_the_new_holder(
     """SIGSTOP the capture holding the span under continuous writes: once its lease is gone the other
     capture takes the span, ends the frozen walsender (pg_terminate_backend) and replicates on; without
     that, PostgreSQL would refuse it the slot until wal_sender_timeout (60 s)."""
-    args = server_config(tmp_path, FAST_LEASE, base="")
+    args = server_config(tmp_path, FAST_LEASE)
     sink = f"sqlite:///{tmp_path / 'target.db'}"
     first = CdcServer(etcd_server.url, tmp_path / "cdc1", cluster_id=cluster_id, extra_args=args).start()
     second: CdcServer | None = None
@@ -178,9 +178,8 @@ def test_disk_quota_failure_frees_the_spans_disk_and_names_the_need(
     """A transaction larger than the sorter's disk quota fails the span with DiskFull in the changefeed's
     state (usage, quota, path); while the span waits its spill files are gone, so the disk is not kept
     full between attempts; a capture with room then replicates everything (row-by-row compare)."""
-    lease = "session-ttl = 3\netcd-timeout = 1.0\nowner-tick = 0.2\n"
     small = CdcServer(etcd_server.url, tmp_path / "small", cluster_id=cluster_id, extra_args=server_config(
-        tmp_path, lease + SLOW_BACKOFF + "sorter-disk-quota = 2000000\n", base="", name="small.toml")).start()
+        tmp_path, FAST_LEASE + SLOW_BACKOFF + "sorter-disk-quota = 2000000\n", base="", name="small.toml")).start()
     roomy: CdcServer | None = None
     sink = f"sqlite:///{tmp_path / 'target.db'}"
     try:
@@ -194,7 +193,7 @@ def test_disk_quota_failure_frees_the_spans_disk_and_names_the_need(
         spill = small.base_dir / f"data-{small.port}" / "sorter" / "spill"
         wait_for(small, "quota", lambda _q: not any(spill.iterdir()), "spill files removed", timeout=10)
         roomy = CdcServer(etcd_server.url, tmp_path / "roomy", cluster_id=cluster_id,
-                          extra_args=server_config(tmp_path, FAST_LEASE, base="", name="roomy.toml")).start()
+                          extra_args=server_config(tmp_path, FAST_LEASE, name="roomy.toml")).start()
         small.kill()
         assert_converged(roomy, "quota", source, sink)
         wait_state(roomy, "quota", "normal")

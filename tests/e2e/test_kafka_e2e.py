@@ -25,7 +25,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_workload import SCHEMA, TABLES, BackgroundWriter, mixed_workload, server_config, wait_for, wait_state
+from e2e_workload import (
+    FAST_LEASE,
+    SCHEMA,
+    TABLES,
+    BackgroundWriter,
+    mixed_workload,
+    server_config,
+    wait_for,
+    wait_state,
+)
 from kafka_history import canal_changes, open_history, read_history, read_topic
 
 from cdc.cli.kafka_consumer import _upstream
@@ -41,8 +50,7 @@ KEYLESS = "CREATE TABLE log (a int, b text, c int);\nALTER TABLE log REPLICA IDE
 ALL_TABLES = [*TABLES, "public.log"]
 KEYS = {"public.accounts": ("id",), "public.Ledger Entries": ("EntryId",), "public.events": ("id",), "public.log": ()}
 # a slow etcd checkpoint: a killed capture always leaves messages in the topic that its successor sends again
-FAST = ("session-ttl = 3\netcd-timeout = 1.0\nowner-tick = 0.2\n"
-        "checkpoint-min-interval = 2.0\ncheckpoint-interval = 2.0\n")
+FAST = (FAST_LEASE + "checkpoint-min-interval = 2.0\ncheckpoint-interval = 2.0\n")
 DISPATCH = "[[sink.dispatchers]]\nmatcher = ['public.*']\npartition = 'index-value'\n"
 
 

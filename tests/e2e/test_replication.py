@@ -12,11 +12,14 @@ from typing import Any
 
 import pytest
 from e2e_workload import (
+    FAST_LEASE,
     aborted_big_transaction,
     assert_converged,
     big_transaction,
     mixed_workload,
+    server_config,
     streamed_with_rolled_back_savepoint,
+    wait_for,
 )
 
 from playground.cluster import CdcServer
@@ -54,9 +57,12 @@ def test_sigkill_mid_stream_then_restart_converges(
     source: Any,
 ) -> None:
     sink = f"sqlite:///{tmp_path / 'target.db'}"
-    cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id).start()
+    config = server_config(tmp_path, FAST_LEASE)
+    cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, extra_args=config).start()
     try:
         cdc.create_changefeed("kill", pg_server.uri(pg_database), sink)
+        # the big transaction starts once the (empty) initial copy is done: it is streamed, not copied
+        wait_for(cdc, "kill", lambda q: q["phase"] == "streaming", "the initial copy")
         mixed_workload(source, 20)
         writer = threading.Thread(target=big_transaction, args=(pg_server.connect(pg_database), 150_000))
         writer.start()
@@ -67,17 +73,23 @@ def test_sigkill_mid_stream_then_restart_converges(
             if spans[0]["rows"] > 100:
                 break
             time.sleep(0.05)
+        else:
+            raise AssertionError("the big transaction was not being streamed within 60 s")
         cdc.kill()
         writer.join()
         mixed_workload(source, 10, start=20)
-        cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, port=cdc.port).start()
-        time.sleep(0.5)
+        cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, port=cdc.port,
+                        extra_args=config).start()
+        me = cdc.get("/api/v2/status")["id"]
+        wait_for(cdc, "kill", lambda q: all(s["capture"] == me and s["running"] for s in q["spans"]),
+                 "the restarted capture running the span")
         writer = threading.Thread(target=mixed_workload, args=(pg_server.connect(pg_database), 30, 3, 30))
         writer.start()
         time.sleep(1.0)
         cdc.kill()  # second kill, mid small transactions
         writer.join()
-        cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, port=cdc.port).start()
+        cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, port=cdc.port,
+                        extra_args=config).start()
         info = assert_converged(cdc, "kill", source, sink)
         assert info["state"] == "normal"
     finally:

@@ -114,6 +114,7 @@ def _spark_jobs(tag: str) -> list[str]:
 
 
 # one target is enough for the kill/resume protocol (the job's own tests cover every target)
+@pytest.mark.kills
 @pytest.mark.parametrize("sink_uri", ["postgresql"], indirect=True)
 def test_a_capture_killed_mid_copy_resumes_with_the_chunks_left_and_ends_exactly_once(
         cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:

@@ -98,6 +98,7 @@ def _kill_during_big(cdc: CdcServer, cf: str) -> None:
     cdc.kill()  # the job dies with it; its exported snapshot goes with its connection
 
 
+@pytest.mark.kills
 @pytest.mark.parametrize("sink_uri", ["sqlite"], indirect=True)
 def test_a_keyless_table_copied_under_a_second_export_while_writers_run_ends_exact(
         cdc_server: CdcServer, etcd_server: EtcdServer, cluster_id: str, pg_server: PostgresServer,
@@ -136,6 +137,7 @@ def test_a_keyless_table_copied_under_a_second_export_while_writers_run_ends_exa
     assert state.floors["public.big"] in [ts for _, ts in state.exports[1:]], state
 
 
+@pytest.mark.kills
 @pytest.mark.parametrize("sink_uri", ["postgresql"], indirect=True)
 def test_tables_altered_between_two_runs_of_the_copy_are_copied_again_and_end_equal(
         cdc_server: CdcServer, etcd_server: EtcdServer, cluster_id: str, pg_server: PostgresServer,
@@ -384,6 +386,7 @@ def test_columns_dropped_and_renamed_while_the_copy_runs_are_copied_again_and_en
     assert "s2:" in plans["public.zbag"].definition
 
 
+@pytest.mark.kills
 @pytest.mark.parametrize("sink_uri", ["sqlite"], indirect=True)
 def test_key_rotations_during_a_copy_restarted_under_a_new_snapshot_end_equal(
         cdc_server: CdcServer, etcd_server: EtcdServer, cluster_id: str, pg_server: PostgresServer,

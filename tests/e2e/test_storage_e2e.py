@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_workload import TABLES, BackgroundWriter, mixed_steps, mixed_workload, server_config
+from e2e_workload import FAST_LEASE, TABLES, BackgroundWriter, mixed_steps, mixed_workload, server_config
 
 from cdc.events import TableName
 from playground.cluster import CdcServer, current_lsn
@@ -59,7 +59,8 @@ def test_storage_sink_rebuilds_the_upstream_after_a_sigkill(etcd_server: Any, cl
     lake = tmp_path / "lake"
     sink = f"file://{lake}?protocol={protocol}&flush-interval=300ms&file-size=32768"
     mixed_workload(source, 8)  # rows that exist at create: the initial copy writes them into the files
-    cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, extra_args=server_config(tmp_path))
+    cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id,
+                    extra_args=server_config(tmp_path, FAST_LEASE))
     cdc.start()
     try:
         created = cdc.create_changefeed("lake", pg_server.uri(pg_database), sink, "span-count = 2\n")
@@ -79,7 +80,7 @@ def test_storage_sink_rebuilds_the_upstream_after_a_sigkill(etcd_server: Any, cl
             cdc.kill()
             time.sleep(0.5)
             cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, port=cdc.port,
-                            extra_args=server_config(tmp_path)).start()
+                            extra_args=server_config(tmp_path, FAST_LEASE)).start()
             time.sleep(2.0)
             writer.finish()
         lsn = current_lsn(source)

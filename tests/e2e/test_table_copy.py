@@ -17,7 +17,7 @@ from typing import Any
 
 import psycopg2
 import pytest
-from e2e_workload import BackgroundWriter, assert_converged, run_sql, server_config, wait_for
+from e2e_workload import FAST_LEASE, BackgroundWriter, assert_converged, run_sql, server_config, wait_for
 
 from cdc.events import TableName
 from playground.cluster import CdcServer
@@ -42,9 +42,10 @@ def source_schema() -> str:
 
 
 @pytest.fixture
-def cdc(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path) -> Any:
+def cdc(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    lease = FAST_LEASE if request.node.get_closest_marker("kills") else ""
     server = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id,
-                       extra_args=server_config(tmp_path, "upstream-check-interval = 0.5\n")).start()
+                       extra_args=server_config(tmp_path, "upstream-check-interval = 0.5\n" + lease)).start()
     yield server
     server.terminate()
 
@@ -153,6 +154,7 @@ def test_a_resync_replaces_a_diverged_table_while_the_others_stream(
 
 
 # the kill/resume protocol is the processor's: one target
+@pytest.mark.kills
 @pytest.mark.parametrize("sink_uri", ["sqlite"], indirect=True)
 def test_a_capture_killed_during_a_table_copy_resumes_it_and_ends_exactly_once(
         cdc: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:
@@ -236,6 +238,7 @@ def test_a_keyless_table_that_joins_with_rows_ends_equal_as_a_multiset(
     assert q["state"] == "normal" and not q["warnings"] and q["table_copies"] == [], q
 
 
+@pytest.mark.kills
 @pytest.mark.parametrize("sink_uri", ["postgresql"], indirect=True)
 def test_a_table_altered_between_two_runs_of_its_table_copy_ends_equal(
         cdc: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:

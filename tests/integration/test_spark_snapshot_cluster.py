@@ -17,7 +17,7 @@ from spark_jobs.plan import SnapshotJob, write_job
 from tests.snapshot_helpers import at_snapshot, execute, exported_snapshot, pg_target, spark_standalone
 from tests.sql_targets import SqlTarget
 
-pytestmark = pytest.mark.integration  # ~27 s: in `make test` (issue 10 asks for the cluster run there)
+pytestmark = pytest.mark.integration  # the cluster run is in `make test` (issue 10 asks for it there)
 
 
 @pytest.fixture
@@ -45,6 +45,7 @@ def test_the_job_copies_through_a_standalone_cluster(pg_server: Any, pg_database
         assert diff.equal and diff.target_rows == 20000
 
 
+@pytest.mark.slow  # 14 s (the job's executor deadline); the copy through a master and a worker stays in make test
 def test_a_master_without_workers_ends_the_job_with_a_retryable_reason(
         pg_server: Any, pg_database: str, etcd_server: Any, cluster_id: str, tmp_path: Path, target: SqlTarget) -> None:
     """Without executors the job would wait forever: it fails after its deadline with the retryable
