@@ -236,6 +236,10 @@ its name -- so not one of its rows is applied twice).
     # (processor.batcher). A table whose stream may leave values unsent (cdc.snapshot.may_leave_values_unsent) never
     # has one: it is copied again whole under one snapshot instead (processor.snapshot)
     ceilings: dict[str, int] = field(default_factory=dict)
+    # ``[snapshot] on-existing-rows = "merge"``: the tables whose target already held rows when the copy began
+    # (recorded by the first run, before it writes). After the copy their target rows are counted against the
+    # upstream's (processor.merged_rows): rows the upstream does not have stay, and the changefeed says so
+    merged: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from cdc.meta.status_feed import StatusFeed
 from cdc.meta.store import ClusterSnapshot, MetaStore, SpanStatusWrite
 from cdc.model import (
     ChangefeedInfo,
+    DataWarning,
     RunningError,
     SchemaHistory,
     SpanAssignment,
@@ -55,6 +56,7 @@ from cdc.model import (
 from cdc.stats import SpanStats
 from cdc.ts import Watermark
 from cdc.uri import scrub
+from processor.merged_rows import MergedRows
 from processor.recovery import DependencyProbe
 from processor.snapshot import CopyLauncher, CopyStopped, InitialCopy, Truncate
 from processor.span import SchemaRecorder, SpanRunner, SpanWarnings
@@ -353,7 +355,8 @@ class Processor:
         state = status.snapshot if status is not None else None
         progress = SnapshotProgressStore(self.store.client, self.store.cluster_id)
         if info.initial_copy and (state is None or (state.phase != "done" and not state.tables)):
-            copy = self._initial_copy(info, span, upstream, progress, state, config, label)
+            copy = self._initial_copy(info, span, upstream, progress, state, config, label,
+                                      warn=slot.warnings.add if slot is not None else None)
         else:
             state = self._take_up_table_copies(info, span_index, state, progress)
             if state is not None and state.phase != "done" and state.tables:
@@ -386,7 +389,8 @@ class Processor:
 
     def _initial_copy(self, info: ChangefeedInfo, span: SpanInfo, upstream: Upstream, progress: SnapshotProgressStore,
                       state: SpanSnapshot | None, config: ChangefeedConfig, label: str,
-                      truncate: Truncate | None = None) -> InitialCopy:
+                      truncate: Truncate | None = None,
+                      warn: Callable[[list[DataWarning]], None] | None = None) -> InitialCopy:
         if self._copy_launcher is None:
             raise InvalidArgument(f"span {label} must copy existing rows, and this capture cannot run the copy job")
 
@@ -398,11 +402,16 @@ class Processor:
                 sink.close()
 
         merge = truncate is None and config.snapshot.on_existing_rows == "merge"  # (a table copy empties its tables)
+        merged = None
+        if merge:  # the rows the merge keeps that the upstream does not have are counted after the copy
+            merged = MergedRows(info.id, lambda: open_sink(info.sink_uri, config.sink),
+                                warn if warn is not None else (lambda _w: None), label)  # (logged there too)
         return InitialCopy(info, span, upstream, progress, self._copy_launcher,
                            self._persist_snapshot(info.id, span.index), state,
                            chunk_rows=config.snapshot.chunk_rows, spark_master=config.snapshot.spark_master,
                            label=label, spark_min_rows=config.snapshot.spark_min_rows, truncate=truncate,
-                           defer_keys=truncate is None and not merge, restart_target=restart_target, merge=merge)
+                           defer_keys=truncate is None and not merge, restart_target=restart_target, merge=merge,
+                           merged_rows=merged)
 
     @staticmethod
     def _take_up_table_copies(info: ChangefeedInfo, span: int, state: SpanSnapshot | None,

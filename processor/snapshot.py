@@ -49,6 +49,7 @@ from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.model import ChangefeedInfo, SpanInfo, SpanSnapshot
 from cdc.snapshot import KEY_DEFERRED, ChunkDone, TablePlan, may_leave_values_unsent, table_definition
 from cdc.ts import Watermark
+from processor.merged_rows import MergedRows
 from upstream.base import Upstream
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,8 @@ class InitialCopy:
                  launcher: CopyLauncher, persist: Callable[[SpanSnapshot], None], state: SpanSnapshot | None,
                  *, chunk_rows: int, spark_master: str, label: str, spark_min_rows: int = 0,
                  truncate: Truncate | None = None, defer_keys: bool = False,
-                 restart_target: RestartTarget | None = None, merge: bool = False) -> None:
+                 restart_target: RestartTarget | None = None, merge: bool = False,
+                 merged_rows: MergedRows | None = None) -> None:
         self.info = info
         self.span = span
         self.upstream = upstream
@@ -157,7 +159,8 @@ class InitialCopy:
         self.truncate = truncate
         self.defer_keys = defer_keys and truncate is None
         self.restart_target = restart_target
-        self.merge = merge
+        self.merge = merge or merged_rows is not None
+        self.merged_rows = merged_rows  # merge: counts the rows kept that the upstream does not have (after the copy)
 
     def __call__(self, stop: threading.Event, gate: StreamGate | None = None) -> dict[str, int]:
         """Copy what is left; return the floors (table -> Ts) once the span's snapshot is done. ``gate``: the
@@ -176,8 +179,12 @@ class InitialCopy:
             kept = {k: v for k, v in self.state.floors.items() if k not in wanted}
         if tables:
             with self.upstream.export_snapshot(label=self.label) as exp:
+                merged = self.state.merged
+                if self.merged_rows is not None and not self.state.exports and not self.state.tables:
+                    merged = self.merged_rows.holding_rows(tables)  # the first run, before it writes a row
                 self.state = dataclasses.replace(self.state, phase="copying",
-                                                 exports=(*self.state.exports, (exp.name, exp.ts)), floors=kept)
+                                                 exports=(*self.state.exports, (exp.name, exp.ts)), floors=kept,
+                                                 merged=merged)
                 self.persist(self.state)  # before any row is written under it
                 if gate is not None:
                     self._catch_up(gate, tables, stop)
@@ -197,6 +204,7 @@ class InitialCopy:
                         # a stop (pause, move, remove) or a failure; the next run starts a new fence anyway
                         self.progress.end_run(self.info.id, self.span.index)
                         raise
+                self._check_merged(tables, exp.name, exp.ts)
             self.progress.end_run(self.info.id, self.span.index)  # a late process of the job commits nothing more
         self._check_keys_built(tables)
         floors = {**kept, **self._forgetting_unplaced(self.floors, tables)}
@@ -206,6 +214,27 @@ class InitialCopy:
         self.persist(self.state)
         log.info("span=%s initial copy done: %d table(s); streaming from checkpoint", self.label, len(tables))
         return floors
+
+    def _check_merged(self, tables: Sequence[TableName], snapshot: str, ts: int) -> None:
+        """Merge: every chunk is copied; count the rows kept in the targets that held rows (processor.merged_rows),
+        under this run's snapshot, before the span streams. A table is counted exactly when it was planned and all its
+        chunks read under this snapshot; the warnings are stored with the span's ``done`` state."""
+        held = sorted(set(self.state.merged) & {str(t) for t in tables})
+        if self.merged_rows is None or not held:
+            return
+        cf, span = self.info.id, self.span.index
+        exact: set[str] = set()
+        schemas: dict[str, TableSchema] = {}
+        with self.upstream.snapshot_reader(snapshot, label=self.label) as reader:
+            for name in held:
+                t = TableName.parse(name)
+                schemas[name] = reader.table_schema(t)
+                reader.release()
+                plan = self.progress.get_plan(cf, span, t)
+                if plan is not None and plan.ts == ts and all(
+                        d.commit_ts == ts for d in self.progress.done_chunks(cf, span, t).values()):
+                    exact.add(name)
+            self.merged_rows.check(reader, schemas, exact)
 
     def _check_published(self, missing: set[str]) -> None:
         """A table of a table copy that the span does not publish: dropped since (nothing to copy), or not added

@@ -132,6 +132,12 @@ class Sink(ABC):
         without tables (none)."""
         return []
 
+    def count_rows(self, tables: Sequence[TableName]) -> dict[TableName, int] | None:
+        """How many rows the target of each of ``tables`` holds (0 for a target that does not exist), or None
+        when this sink's targets are not tables it can count (a log: Kafka, files). Reads whole tables: not for
+        the hot path (``processor.merged_rows``, once after a merge copy)."""
+        return None
+
     def set_bulk_load(self) -> None:  # noqa: B027 - optional hook
         """This sink writes the initial copy: chunks of one consistent image, in any order and in parallel, so the
         target's foreign keys are not checked while they are written, where the target allows it (they hold again

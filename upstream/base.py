@@ -371,6 +371,11 @@ class SnapshotReader(ABC):
         :meth:`read_chunk`; the query runs when ``blocks`` is first advanced."""
         return None
 
+    def count_rows(self, schema: TableSchema) -> int | None:
+        """How many rows ``schema``'s table holds at the snapshot (a whole-table count: not for the hot path), or
+        None when this reader cannot count them."""
+        return None
+
     def release(self) -> None:  # noqa: B027 - optional: a reader that takes no locks has nothing to release
         """End the current transaction but keep the snapshot: the next call reads under it again. Call between
         tables: a reader that holds its lock on one table while it waits for another's can deadlock with the

@@ -205,6 +205,9 @@ class SQLSink(Sink):
     def tables_with_rows(self, tables: Sequence[TableName]) -> list[TableName]:
         return targets.tables_with_rows(self, tables)  # (sinks.sql.targets)
 
+    def count_rows(self, tables: Sequence[TableName]) -> dict[TableName, int] | None:
+        return targets.count_rows(self, tables)
+
     def write_copy_text(self, schema: TableSchema, open_text: Callable[[], CopyText | None],
                         fence: Callable[[], None] | None = None, *, replace: bool = False) -> int | None:
         return bulk.write_copy_text(self, schema, open_text, fence, replace=replace)  # (sinks.sql.bulk)

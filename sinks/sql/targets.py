@@ -1,5 +1,6 @@
 """What ``changefeed create`` asks of an SQL target before the initial copy: which target tables already hold
-rows, and emptying them (``[snapshot] on-existing-rows``); and dropping a table whose copy starts over under a new
+rows, and emptying them (``[snapshot] on-existing-rows``); how many rows they hold after a merge copy
+(:func:`count_rows`); and dropping a table whose copy starts over under a new
 definition (:func:`drop_copy_target`). Names follow the sink's routing
 (:meth:`sinks.sql.sink.SQLSink.target_name`); a table is found as the sink finds it when it writes (exact name on
 PostgreSQL, case-insensitively on MySQL/MariaDB and SQLite). Not on the hot path: one catalog read per target
@@ -44,6 +45,18 @@ def tables_with_rows(sink: SQLSink, tables: Sequence[TableName]) -> list[TableNa
         with sink._engine.connect() as conn:
             return [t for t, target in _existing(sink, conn, tables)
                     if conn.exec_driver_sql(f"SELECT 1 FROM {target} LIMIT 1").first() is not None]
+    except Exception as exc:
+        if isinstance(exc, TidewaterError):
+            raise
+        raise sink._wrap(exc, None) from exc
+
+
+def count_rows(sink: SQLSink, tables: Sequence[TableName]) -> dict[TableName, int]:
+    try:
+        with sink._engine.connect() as conn:
+            found = dict(_existing(sink, conn, tables))
+            return {t: int(conn.exec_driver_sql(f"SELECT count(*) FROM {found[t]}").scalar() or 0) if t in found else 0
+                    for t in tables}
     except Exception as exc:
         if isinstance(exc, TidewaterError):
             raise

@@ -15,6 +15,7 @@ import pytest
 from e2e_workload import BackgroundWriter, assert_converged, run_sql, wait_for
 
 from playground.cluster import ApiError, CdcServer
+from playground.compare import compare_tables
 from playground.servers import PostgresServer
 
 pytestmark = pytest.mark.e2e
@@ -100,6 +101,70 @@ def test_a_non_empty_target_is_refused_unless_told_what_to_do(
     assert_converged(cdc, "second", source, sink_uri, tables=TABLES)
     q = wait_for(cdc, "second", lambda q: True, "query")
     assert q["state"] == "normal" and not q["warnings"], q
+
+
+def _on_target(sink_uri: str, *statements: str) -> None:
+    import sqlalchemy as sa
+
+    from playground.compare import sqlalchemy_url
+
+    engine = sa.create_engine(sqlalchemy_url(sink_uri))
+    try:
+        with engine.begin() as conn:
+            for stmt in statements:
+                conn.exec_driver_sql(stmt)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("sink_uri", ["sqlite", "mariadb"], indirect=True)
+def test_a_merge_says_how_many_rows_of_the_target_it_kept_until_the_table_is_copied_again(
+        cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:
+    """on-existing-rows = "merge" keeps the target's rows the upstream does not have: the changefeed goes to
+    warning naming the table and how many (not the tables merged without such rows); a resync of that table
+    makes it equal again and resume acknowledges the warning."""
+    cdc = cdc_server
+    run_sql(source, "INSERT INTO big SELECT g, 'v' || g, g FROM generate_series(1, 300) g",
+            "INSERT INTO comp SELECT g, 'b', g FROM generate_series(1, 50) g",
+            "INSERT INTO bag VALUES (1, 'x'), (1, 'x')")
+    cdc.create_changefeed("first", pg_server.uri(pg_database), sink_uri, "[snapshot]\nchunk-rows = 100\n")
+    assert_converged(cdc, "first", source, sink_uri, tables=TABLES)
+    cdc.request("DELETE", "/api/v2/changefeeds/first")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # removal is asynchronous: its span stops, then the changefeed is gone
+        try:
+            cdc.changefeed("first")
+        except ApiError:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("changefeed first not removed within 60 s")
+    # the target now holds rows of its own: 3 keys the upstream lacks in big, a stale value the merge overwrites,
+    # comp with a row changed but none extra, bag emptied (a key-less table can only merge into an empty target)
+    _on_target(sink_uri, "INSERT INTO big VALUES (5001, 'mine', 0), (5002, 'mine', 0), (5003, 'mine', 0)",
+               "UPDATE big SET v = 'stale' WHERE id = 7", "UPDATE comp SET c = -1 WHERE a = 3", "DELETE FROM bag")
+    run_sql(source, "DELETE FROM big WHERE id = 300")  # copied by the first changefeed: the merge keeps it too
+
+    cdc.create_changefeed("merged", pg_server.uri(pg_database), sink_uri,
+                          "[snapshot]\non-existing-rows = \"merge\"\nchunk-rows = 100\n")
+    q = wait_for(cdc, "merged", lambda q: q["phase"] == "streaming" and q["state"] != "normal",
+                 "streaming, in warning")
+    assert q["state"] == "warning", q
+    (w,) = q["warnings"]
+    assert (w["code"], w["table"], w["severity"], w["count"]) == (
+        "CDC:WarnMergedRowsKept", "public.big", "divergence", 4), w
+    assert "on-existing-rows" in w["message"] and "--table public.big" in w["message"], w
+    diffs = {d.table: d for d in compare_tables(source, TABLES, sink_uri)}
+    assert diffs["public.big"].target_rows == diffs["public.big"].source_rows + 4, diffs
+    assert diffs["public.comp"].equal and diffs["public.bag"].equal, diffs  # merged without rows kept
+
+    cdc.request("POST", "/api/v2/changefeeds/merged/snapshot", {"tables": ["public.big"]})
+    wait_for(cdc, "merged", lambda q: q["table_copies"] == [] and all(
+        not s["table_copy"] or s["table_copy"].get("phase") == "done" for s in q["spans"]), "the resync", timeout=120)
+    assert_converged(cdc, "merged", source, sink_uri, tables=TABLES)
+    assert cdc.changefeed("merged")["state"] == "warning"  # until acknowledged
+    cdc.request("POST", "/api/v2/changefeeds/merged/resume")
+    q = wait_for(cdc, "merged", lambda q: q["state"] == "normal" and not q["warnings"], "normal after resume")
 
 
 def _spark_jobs(tag: str) -> list[str]:

@@ -239,6 +239,13 @@ class PgSnapshotReader(SnapshotReader):
                 "under a fresh snapshot (chunks recorded stay done; a table whose columns or key changed is copied "
                 "again from the start, a table dropped is not copied)", cause=exc.__cause__) from None
 
+    def count_rows(self, schema: TableSchema) -> int:
+        name = schema.name
+        conn = self._connection()
+        with self._read_errors(conn, name, f"counting the rows of {name}"), conn.cursor() as cur:
+            cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name.schema, name.table)))
+            return int(cur.fetchone()[0])
+
     # ---- planning --------------------------------------------------------------------------------------
     def plan(self, schema: TableSchema, chunk_rows: int) -> TablePlan:
         if chunk_rows < 1:

@@ -1,0 +1,82 @@
+"""processor.merged_rows: the rows a merge copy keeps are counted per table that held rows, warned as a divergence
+with the count, or as uncountable for a table copied under more than one snapshot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cdc.events import ColumnSchema, TableName, TableSchema
+from cdc.model import DataWarning
+from processor.merged_rows import CODE, MergedRows
+
+pytestmark = pytest.mark.unit
+
+
+def _schema(name: str) -> TableSchema:
+    return TableSchema(TableName.parse(name), (ColumnSchema("id", 23, "int4", is_key=True),), ("id",))
+
+
+class _Sink:
+    def __init__(self, counts: dict[str, int] | None, holding: tuple[str, ...] = ()) -> None:
+        self.counts = counts
+        self.holding = holding
+        self.closed = 0
+
+    def count_rows(self, tables: list[TableName]) -> dict[TableName, int] | None:
+        return None if self.counts is None else {t: self.counts.get(str(t), 0) for t in tables}
+
+    def tables_with_rows(self, tables: list[TableName]) -> list[TableName]:
+        return [t for t in tables if str(t) in self.holding]
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+class _Reader:
+    def __init__(self, counts: dict[str, int]) -> None:
+        self.counts = counts
+        self.released = 0
+
+    def count_rows(self, schema: TableSchema) -> int:
+        return self.counts[str(schema.name)]
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def _check(target: dict[str, int] | None, upstream: dict[str, int], exact: set[str]) -> tuple[list[DataWarning], Any]:
+    sink = _Sink(target)
+    raised: list[DataWarning] = []
+    check = MergedRows("cf", lambda: sink, raised.extend, "cf/0")
+    out = check.check(_Reader(upstream), {t: _schema(t) for t in upstream}, exact)  # type: ignore[arg-type]
+    assert out == raised and sink.closed == 1
+    return out, sink
+
+
+def test_kept_rows_are_counted_per_table_and_tables_without_any_are_not_warned() -> None:
+    out, _ = _check({"public.a": 13, "public.b": 5}, {"public.a": 10, "public.b": 5}, {"public.a", "public.b"})
+    (w,) = out
+    assert (w.code, w.table, w.count, w.severity.value) == (CODE, "public.a", 3, "divergence")
+    assert "13 rows" in w.message and "upstream 10" in w.message and "--table public.a" in w.message
+
+
+def test_a_table_copied_under_several_snapshots_is_warned_as_uncountable() -> None:
+    out, _ = _check({"public.a": 10}, {"public.a": 10}, set())
+    (w,) = out
+    assert w.table == "public.a" and "could not be counted" in w.message
+
+
+def test_a_sink_that_cannot_count_warns_nothing_and_nothing_held_reads_nothing() -> None:
+    assert _check(None, {"public.a": 1}, {"public.a"})[0] == []
+    sink = _Sink({})
+    assert MergedRows("cf", lambda: sink, lambda w: None).check(_Reader({}), {}, set()) == []  # type: ignore[arg-type]
+    assert sink.closed == 0
+
+
+def test_holding_rows_names_the_targets_that_hold_rows() -> None:
+    sink = _Sink({}, holding=("public.b",))
+    check = MergedRows("cf", lambda: sink, lambda w: None)
+    assert check.holding_rows([TableName.parse("public.a"), TableName.parse("public.b")]) == ("public.b",)
+    assert sink.closed == 1
