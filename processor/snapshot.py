@@ -110,6 +110,13 @@ class CopyLauncher(Protocol):
 
     def __call__(self, request: CopyRequest, stop: threading.Event) -> None: ...
 
+    def prepare(self, changefeed: str, span: int, sink_uri: str = "") -> None:
+        """A request for the span (into ``sink_uri``) is likely to come soon: start what it needs (a process) ahead
+        of it. The caller calls :meth:`discard` when it makes no request after all."""
+
+    def discard(self, changefeed: str, span: int) -> None:
+        """No request is coming after :meth:`prepare`: free what it started."""
+
 
 class StreamGate(Protocol):
     """The streaming span a table copy runs beside (``processor.span.SpanRunner``, through its
@@ -178,34 +185,11 @@ class InitialCopy:
             tables = [t for t in tables if str(t) in wanted]
             kept = {k: v for k, v in self.state.floors.items() if k not in wanted}
         if tables:
-            with self.upstream.export_snapshot(label=self.label) as exp:
-                merged = self.state.merged
-                if self.merged_rows is not None and not self.state.exports and not self.state.tables:
-                    merged = self.merged_rows.holding_rows(tables)  # the first run, before it writes a row
-                self.state = dataclasses.replace(self.state, phase="copying",
-                                                 exports=(*self.state.exports, (exp.name, exp.ts)), floors=kept,
-                                                 merged=merged)
-                self.persist(self.state)  # before any row is written under it
-                if gate is not None:
-                    self._catch_up(gate, tables, stop)
-                pending, rows = self._plan(tables, exp.name, exp.ts, exp.time)
-                if pending:
-                    request = CopyRequest(self.info.id, self.span.index, self.info.upstream_uri, self.info.sink_uri,
-                                          tuple(pending), exp.name, exp.ts, exp.time, self.chunk_rows,
-                                          self.spark_master, local=rows < self.spark_min_rows,
-                                          sink_config=dict(self.info.config.get("sink") or {}),
-                                          defer_keys=self.defer_keys and gate is None)
-                    log.info("span=%s copying %d table(s) under snapshot %s (Ts %d)", self.label, len(pending),
-                             exp.name, exp.ts)
-                    try:
-                        self.launcher(request, stop)
-                    except BaseException:
-                        # Spark's Python workers may outlive the job: fence them out, so no chunk commits after
-                        # a stop (pause, move, remove) or a failure; the next run starts a new fence anyway
-                        self.progress.end_run(self.info.id, self.span.index)
-                        raise
-                self._check_merged(tables, exp.name, exp.ts)
-            self.progress.end_run(self.info.id, self.span.index)  # a late process of the job commits nothing more
+            self.launcher.prepare(self.info.id, self.span.index, self.info.sink_uri)  # it starts while this one plans
+            try:
+                self._run(tables, kept, stop, gate)
+            finally:
+                self.launcher.discard(self.info.id, self.span.index)  # (unused: nothing was left to copy, or a failure)
         self._check_keys_built(tables)
         floors = {**kept, **self._forgetting_unplaced(self.floors, tables)}
         kept_ceilings = {k: v for k, v in self.state.ceilings.items() if k in kept}
@@ -214,6 +198,38 @@ class InitialCopy:
         self.persist(self.state)
         log.info("span=%s initial copy done: %d table(s); streaming from checkpoint", self.label, len(tables))
         return floors
+
+    def _run(self, tables: Sequence[TableName], kept: dict[str, int], stop: threading.Event,
+             gate: StreamGate | None) -> None:
+        """One copy run: export a snapshot, record it, plan, and have the launcher copy what is left under it."""
+        with self.upstream.export_snapshot(label=self.label) as exp:
+            merged = self.state.merged
+            if self.merged_rows is not None and not self.state.exports and not self.state.tables:
+                merged = self.merged_rows.holding_rows(tables)  # the first run, before it writes a row
+            self.state = dataclasses.replace(self.state, phase="copying",
+                                             exports=(*self.state.exports, (exp.name, exp.ts)), floors=kept,
+                                             merged=merged)
+            self.persist(self.state)  # before any row is written under it
+            if gate is not None:
+                self._catch_up(gate, tables, stop)
+            pending, rows = self._plan(tables, exp.name, exp.ts, exp.time)
+            if pending:
+                request = CopyRequest(self.info.id, self.span.index, self.info.upstream_uri, self.info.sink_uri,
+                                      tuple(pending), exp.name, exp.ts, exp.time, self.chunk_rows,
+                                      self.spark_master, local=rows < self.spark_min_rows,
+                                      sink_config=dict(self.info.config.get("sink") or {}),
+                                      defer_keys=self.defer_keys and gate is None)
+                log.info("span=%s copying %d table(s) under snapshot %s (Ts %d)", self.label, len(pending),
+                         exp.name, exp.ts)
+                try:
+                    self.launcher(request, stop)
+                except BaseException:
+                    # Spark's Python workers may outlive the job: fence them out, so no chunk commits after
+                    # a stop (pause, move, remove) or a failure; the next run starts a new fence anyway
+                    self.progress.end_run(self.info.id, self.span.index)
+                    raise
+            self._check_merged(tables, exp.name, exp.ts)
+        self.progress.end_run(self.info.id, self.span.index)  # a late process of the job commits nothing more
 
     def _check_merged(self, tables: Sequence[TableName], snapshot: str, ts: int) -> None:
         """Merge: every chunk is copied; count the rows kept in the targets that held rows (processor.merged_rows),

@@ -63,7 +63,7 @@ from cdc.procs import end_children
 from cdc.snapshot import KEY_DEFERRED, ChunkDone, SnapshotRun, TablePlan, table_definition
 from cdc.uri import parse_sink_uri
 from sinks.base import Sink
-from sinks.factory import open_sink
+from sinks.factory import open_sink, sink_class
 from spark_jobs.copy import ChunkResult, ChunkTask, copy_chunks, one_line
 from spark_jobs.deferred import KeyBuilder, OwedKey, prepare_table
 from spark_jobs.plan import SnapshotJob, read_job
@@ -513,8 +513,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spark_jobs.snapshot",
                                      description="Copy a span's tables under an upstream snapshot (Spark).")
     parser.add_argument("--plan", required=True, help="the job's JSON file (spark_jobs.plan.SnapshotJob)")
+    parser.add_argument("--wait", action="store_true",
+                        help="wait for a line on stdin before reading the plan (the capture starts this process ahead "
+                             "of its plan): 'go' runs it, the end of the input exits 0 without doing anything")
+    parser.add_argument("--preload-sink", default="", metavar="SCHEME",
+                        help="with --wait: import the modules of this sink while waiting")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    if args.wait and args.preload_sink:
+        with contextlib.suppress(TidewaterError):  # (an unknown scheme: the job's own check says so)
+            sink_class(args.preload_sink)
+    if args.wait and sys.stdin.readline().strip() != "go":
+        return 0  # not needed after all (nothing to copy, or the span stopped first)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)

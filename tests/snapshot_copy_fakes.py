@@ -113,6 +113,13 @@ class Job:
         self.progress = progress
         self.copy = copy  # None: every pending chunk; else only these tables' (the run is killed after them)
         self.requests: list[CopyRequest] = []
+        self.prepared: list[tuple[str, int]] = []  # prepare() calls not yet discarded
+
+    def prepare(self, changefeed: str, span: int, sink_uri: str = "") -> None:
+        self.prepared.append((changefeed, span))
+
+    def discard(self, changefeed: str, span: int) -> None:
+        self.prepared.remove((changefeed, span))
 
     def __call__(self, request: CopyRequest, stop: threading.Event) -> None:
         self.requests.append(request)

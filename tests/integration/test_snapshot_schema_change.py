@@ -68,6 +68,12 @@ class Launcher:
     def __init__(self, etcd: str, cluster: str, chunks: int | None) -> None:
         self.etcd, self.cluster, self.chunks = etcd, cluster, chunks
 
+    def prepare(self, changefeed: str, span: int, sink_uri: str = "") -> None:
+        pass  # runs in this process: nothing to start ahead
+
+    def discard(self, changefeed: str, span: int) -> None:
+        pass
+
     def __call__(self, request: CopyRequest, stop: threading.Event) -> None:
         job = SnapshotJob(changefeed=request.changefeed, upstream=request.upstream_uri, sink=request.sink_uri,
                           tables=tuple(str(t) for t in request.tables), etcd=(self.etcd,), span=request.span,

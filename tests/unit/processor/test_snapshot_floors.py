@@ -86,15 +86,18 @@ def test_a_keyless_table_recopied_under_a_later_export_gets_that_exports_ts_and_
     up = Upstream([BAG, KEYED], [("A", 100), ("B", 200)])
     up.plans = {KEYED: keyed_plan(), BAG: bag_plan()}
     up.schemas = {KEYED: table_schema(KEYED, True), BAG: table_schema(BAG, False)}
-    first, _ = initial_copy(progress, None, up, Job(progress, copy={KEYED}))
+    killed = Job(progress, copy={KEYED})
+    first, _ = initial_copy(progress, None, up, killed)
     with pytest.raises(RuntimeError, match="killed"):
         first(threading.Event())
     assert 0 not in progress.chunks.get(BAG, {}) and progress.runs_ended == 1
+    assert killed.prepared == []  # the process started ahead of the run is ended with it
     job = Job(progress)
     second, stored = initial_copy(progress, first.state, up, job)
     floors = second(threading.Event())
     assert floors == {"public.bag": 200, "public.big": 100}
     assert [r.tables for r in job.requests] == [(BAG,)]  # only what was left
+    assert job.prepared == []
     assert stored[-1].phase == "done" and stored[-1].exports == (("A", 100), ("B", 200))
 
 
@@ -107,6 +110,7 @@ def test_an_empty_keyless_table_is_recorded_at_its_exports_position() -> None:
     copy, _ = initial_copy(progress, None, up, job)
     assert copy(threading.Event()) == {"public.bag": 100}
     assert job.requests == []  # nothing to copy: no job at all
+    assert job.prepared == []  # and the process started ahead of the plan is ended
     assert progress.chunks[BAG][0].commit_ts == 100
 
 

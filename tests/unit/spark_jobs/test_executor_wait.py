@@ -68,7 +68,7 @@ def test_the_launcher_raises_the_jobs_retryable_error(tmp_path: Any, monkeypatch
         def poll(self) -> int:
             return 2
 
-        def wait(self) -> int:
+        def wait(self, timeout: float | None = None) -> int:
             return 2
 
         def failure(self) -> str:
