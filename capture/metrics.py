@@ -304,7 +304,8 @@ def snapshot_families(snap: Any, progress: Callable[[str], Any] | None) -> Itera
                               labels=["changefeed", "table"])
     rows = GaugeMetricFamily("tidewater_snapshot_rows_copied", "Rows of the table copied by the initial copy",
                              labels=["changefeed", "table"])
-    planned = GaugeMetricFamily("tidewater_snapshot_rows_planned", "Rows the table held when its copy was planned",
+    planned = GaugeMetricFamily("tidewater_snapshot_rows_planned", "Rows the table held when its copy was planned (PostgreSQL's "
+                                "estimate for a large table with a dense integer key)",
                                 labels=["changefeed", "table"])
     speed = GaugeMetricFamily("tidewater_snapshot_rows_per_second", "Rows per second the table's copy has run at so far "
                               "(rows copied over the wall time from its first chunk's start to its last chunk's end)",
