@@ -48,6 +48,21 @@ def run_sql(conn: Any, *statements: str) -> None:
             cur.execute(stmt)
 
 
+def run_on_target(sink_uri: str, *statements: str) -> None:
+    """Run ``statements`` on an SQL target (any kind: SQLAlchemy), in one transaction."""
+    import sqlalchemy as sa
+
+    from playground.compare import sqlalchemy_url
+
+    engine = sa.create_engine(sqlalchemy_url(sink_uri))
+    try:
+        with engine.begin() as conn:
+            for stmt in statements:
+                conn.exec_driver_sql(stmt)
+    finally:
+        engine.dispose()
+
+
 def mixed_workload(conn: Any, txns: int, seed: int = 7, start: int = 0) -> None:
     """Many small transactions of inserts, updates and deletes over several tables."""
     rnd = random.Random(seed)

@@ -20,10 +20,10 @@ import random
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
+from e2e_workload import run_on_target
 
 from playground.cluster import CdcServer, current_lsn
-from playground.compare import compare_tables, sqlalchemy_url
+from playground.compare import compare_tables
 from playground.servers import PostgresServer
 
 pytestmark = pytest.mark.e2e
@@ -151,13 +151,7 @@ class Workload:
 
 
 def create_target_tables(sink_uri: str) -> None:
-    engine = sa.create_engine(sqlalchemy_url(sink_uri))
-    try:
-        with engine.begin() as conn:
-            for ddl in TARGET:
-                conn.exec_driver_sql(ddl)
-    finally:
-        engine.dispose()
+    run_on_target(sink_uri, *TARGET)
 
 
 def assert_equal(cdc: CdcServer, conn: Any, sink_uri: str, burst: int) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg2
 import pytest
-from e2e_workload import BackgroundWriter, assert_converged, run_sql, wait_for
+from e2e_workload import BackgroundWriter, assert_converged, run_on_target, run_sql, wait_for
 
 from playground.cluster import ApiError, CdcServer
 from playground.compare import compare_tables
@@ -103,20 +103,6 @@ def test_a_non_empty_target_is_refused_unless_told_what_to_do(
     assert q["state"] == "normal" and not q["warnings"], q
 
 
-def _on_target(sink_uri: str, *statements: str) -> None:
-    import sqlalchemy as sa
-
-    from playground.compare import sqlalchemy_url
-
-    engine = sa.create_engine(sqlalchemy_url(sink_uri))
-    try:
-        with engine.begin() as conn:
-            for stmt in statements:
-                conn.exec_driver_sql(stmt)
-    finally:
-        engine.dispose()
-
-
 @pytest.mark.parametrize("sink_uri", ["sqlite", "mariadb"], indirect=True)
 def test_a_merge_says_how_many_rows_of_the_target_it_kept_until_the_table_is_copied_again(
         cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:
@@ -141,7 +127,7 @@ def test_a_merge_says_how_many_rows_of_the_target_it_kept_until_the_table_is_cop
         raise AssertionError("changefeed first not removed within 60 s")
     # the target now holds rows of its own: 3 keys the upstream lacks in big, a stale value the merge overwrites,
     # comp with a row changed but none extra, bag emptied (a key-less table can only merge into an empty target)
-    _on_target(sink_uri, "INSERT INTO big VALUES (5001, 'mine', 0), (5002, 'mine', 0), (5003, 'mine', 0)",
+    run_on_target(sink_uri, "INSERT INTO big VALUES (5001, 'mine', 0), (5002, 'mine', 0), (5003, 'mine', 0)",
                "UPDATE big SET v = 'stale' WHERE id = 7", "UPDATE comp SET c = -1 WHERE a = 3", "DELETE FROM bag")
     run_sql(source, "DELETE FROM big WHERE id = 300")  # copied by the first changefeed: the merge keeps it too
 
