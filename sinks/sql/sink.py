@@ -54,9 +54,10 @@ the connection between calls; ``close`` disposes of it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
@@ -154,20 +155,15 @@ class SQLSink(Sink):
         """Connect once; SinkUnavailable if the server cannot be reached, SinkError (with the fix) if the
         database is missing, access is denied or a SQLite file cannot be opened for writing."""
         self._check_open()
-        try:
-            with self._engine.connect() as conn:
-                conn.exec_driver_sql("SELECT 1")
-                self._statements()
-                if self.dialect == "postgresql":
-                    self.pg_temp_ok = bool(conn.exec_driver_sql(
-                        "SELECT has_database_privilege(current_database(), 'TEMP')").scalar())
-                    if not self.pg_temp_ok:
-                        log.info("%s: no TEMP privilege, keyed upserts use multi-row INSERT instead of COPY",
-                                 self._where())
-        except Exception as exc:
-            if isinstance(exc, TidewaterError):
-                raise
-            raise self._wrap(exc, None) from exc
+        with self.errors(), self._engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+            self._statements()
+            if self.dialect == "postgresql":
+                self.pg_temp_ok = bool(conn.exec_driver_sql(
+                    "SELECT has_database_privilege(current_database(), 'TEMP')").scalar())
+                if not self.pg_temp_ok:
+                    log.info("%s: no TEMP privilege, keyed upserts use multi-row INSERT instead of COPY",
+                             self._where())
 
     def target_name(self, table: TableName) -> str:
         """``table`` (MySQL, SQLite: the upstream schema is dropped) or ``schema.table`` (PostgreSQL)."""
@@ -367,3 +363,14 @@ class SQLSink(Sink):
 
     def _wrap(self, exc: BaseException, table: str | None) -> TidewaterError:
         return wrap(self.dialect, self._uri, self._where(), exc, table)
+
+    @contextlib.contextmanager
+    def errors(self) -> Iterator[None]:
+        """A driver error inside is raised as this sink's classified ``TidewaterError`` (``_wrap``); a
+        ``TidewaterError`` passes as it is."""
+        try:
+            yield
+        except TidewaterError:
+            raise
+        except Exception as exc:
+            raise self._wrap(exc, None) from exc

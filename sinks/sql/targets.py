@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from cdc.errors import TidewaterError
 from cdc.events import TableName
 from sinks.sql.deferred_key import MARKER_TABLE
 from sinks.sql.position import PG_SCHEMA
@@ -41,41 +40,26 @@ def _existing(sink: SQLSink, conn: Any, tables: Sequence[TableName]) -> list[tup
 
 
 def tables_with_rows(sink: SQLSink, tables: Sequence[TableName]) -> list[TableName]:
-    try:
-        with sink._engine.connect() as conn:
-            return [t for t, target in _existing(sink, conn, tables)
-                    if conn.exec_driver_sql(f"SELECT 1 FROM {target} LIMIT 1").first() is not None]
-    except Exception as exc:
-        if isinstance(exc, TidewaterError):
-            raise
-        raise sink._wrap(exc, None) from exc
+    with sink.errors(), sink._engine.connect() as conn:
+        return [t for t, target in _existing(sink, conn, tables)
+                if conn.exec_driver_sql(f"SELECT 1 FROM {target} LIMIT 1").first() is not None]
 
 
 def count_rows(sink: SQLSink, tables: Sequence[TableName]) -> dict[TableName, int]:
-    try:
-        with sink._engine.connect() as conn:
-            found = dict(_existing(sink, conn, tables))
-            return {t: int(conn.exec_driver_sql(f"SELECT count(*) FROM {found[t]}").scalar() or 0) if t in found else 0
-                    for t in tables}
-    except Exception as exc:
-        if isinstance(exc, TidewaterError):
-            raise
-        raise sink._wrap(exc, None) from exc
+    with sink.errors(), sink._engine.connect() as conn:
+        found = dict(_existing(sink, conn, tables))
+        return {t: int(conn.exec_driver_sql(f"SELECT count(*) FROM {found[t]}").scalar() or 0) if t in found else 0
+                for t in tables}
 
 
 def truncate_targets(sink: SQLSink, tables: Sequence[TableName]) -> None:
-    try:
-        with sink._engine.begin() as conn:  # one transaction
-            targets = [target for _, target in _existing(sink, conn, tables)]
-            if sink.dialect == "postgresql" and targets:  # one statement: foreign keys among them do not refuse it
-                conn.exec_driver_sql(f"TRUNCATE {', '.join(targets)}")
-            else:  # (InnoDB refuses TRUNCATE of a referenced table; SQLite has none)
-                for target in targets:
-                    conn.exec_driver_sql(f"DELETE FROM {target}")
-    except Exception as exc:
-        if isinstance(exc, TidewaterError):
-            raise
-        raise sink._wrap(exc, None) from exc
+    with sink.errors(), sink._engine.begin() as conn:  # one transaction
+        targets = [target for _, target in _existing(sink, conn, tables)]
+        if sink.dialect == "postgresql" and targets:  # one statement: foreign keys among them do not refuse it
+            conn.exec_driver_sql(f"TRUNCATE {', '.join(targets)}")
+        else:  # (InnoDB refuses TRUNCATE of a referenced table; SQLite has none)
+            for target in targets:
+                conn.exec_driver_sql(f"DELETE FROM {target}")
 
 
 def drop_copy_target(sink: SQLSink, table: TableName, changefeed: str, span: int) -> None:
@@ -83,19 +67,14 @@ def drop_copy_target(sink: SQLSink, table: TableName, changefeed: str, span: int
     it (``sinks.sql.deferred_key``: a stale marker would make a new run record a chunk it never wrote), in one
     transaction where DDL is transactional (PostgreSQL, SQLite; MySQL commits a DROP by itself, and keeps no markers).
     The copy then creates the table from the new definition, as streaming would."""
-    try:
-        with sink._engine.begin() as conn:
-            if sink.dialect == "postgresql":
-                markers = f'"{PG_SCHEMA}"."{MARKER_TABLE}"'
-                if conn.exec_driver_sql("SELECT to_regclass(%s) IS NOT NULL", (markers,)).scalar():
-                    conn.exec_driver_sql(f"DELETE FROM {markers} WHERE changefeed = %s AND span = %s AND "
-                                         "table_name = %s", (changefeed, span, str(table)))
-            for _, target in _existing(sink, conn, [table]):
-                conn.exec_driver_sql(f"DROP TABLE {target}")
-        sink._tables.pop(sink._target_parts(table), None)
-        sink._bindings.clear()
-        sink._bindings_by_value.clear()
-    except Exception as exc:
-        if isinstance(exc, TidewaterError):
-            raise
-        raise sink._wrap(exc, None) from exc
+    with sink.errors(), sink._engine.begin() as conn:
+        if sink.dialect == "postgresql":
+            markers = f'"{PG_SCHEMA}"."{MARKER_TABLE}"'
+            if conn.exec_driver_sql("SELECT to_regclass(%s) IS NOT NULL", (markers,)).scalar():
+                conn.exec_driver_sql(f"DELETE FROM {markers} WHERE changefeed = %s AND span = %s AND "
+                                     "table_name = %s", (changefeed, span, str(table)))
+        for _, target in _existing(sink, conn, [table]):
+            conn.exec_driver_sql(f"DROP TABLE {target}")
+    sink._tables.pop(sink._target_parts(table), None)
+    sink._bindings.clear()
+    sink._bindings_by_value.clear()
