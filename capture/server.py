@@ -73,7 +73,6 @@ def config_changes(old: ServerConfig, new: ServerConfig) -> tuple[dict[str, Any]
             {k: v for k, v in changed.items() if k not in RELOADABLE})
 
 
-
 def _warm_up() -> None:
     """What the first ``changefeed create`` would otherwise do on its request (~0.5 s, measured with py-spy): import
     the PostgreSQL upstream and the SQL sink (SQLAlchemy, psycopg2) and look for Java and pyspark. Run in a thread as
@@ -84,6 +83,7 @@ def _warm_up() -> None:
         open_upstream("postgresql://127.0.0.1/warm-up").close()  # (no I/O: sessions open on first use)
     except Exception as exc:  # noqa: BLE001 - only a head start
         log.debug("warm-up: %s", exc)
+
 
 class AddressInUse(InvalidConfig):
     code = "CDC:ErrAddressInUse"

@@ -64,7 +64,7 @@ class MergedRows:
             return []
         sink = self.open_sink()
         try:
-            counted = sink.count_rows([s.name for s in schemas.values()])
+            counted = sink.count_rows([s.name for n, s in schemas.items() if n in exact])  # (the others: no count)
         finally:
             sink.close()
         if counted is None:
