@@ -81,6 +81,9 @@ class Reader:
     def plan(self, schema: Any, chunk_rows: int) -> TablePlan:
         return self.upstream.plans[schema.name]
 
+    def count_rows(self, schema: Any) -> int:
+        return self.upstream.counts[schema.name]
+
     def release(self) -> None:
         pass
 
@@ -93,6 +96,7 @@ class Upstream:
         self.exports = list(exports)
         self.schemas: dict[TableName, Any] = {}
         self.plans: dict[TableName, TablePlan] = {}
+        self.counts: dict[TableName, int] = {}  # rows at the snapshot (count_rows)
 
     def span_tables(self, span: SpanInfo) -> list[TableName]:
         return list(self.tables)
@@ -147,14 +151,15 @@ class Restarts:
 
 
 def initial_copy(progress: Progress, state: SpanSnapshot | None = None, upstream: Upstream | None = None,
-                 job: Job | None = None, *, restart: Restarts | None = None, merge: bool = False
-                 ) -> tuple[InitialCopy, list[SpanSnapshot]]:
+                 job: Job | None = None, *, restart: Restarts | None = None, merge: bool = False,
+                 merged_rows: Any = None) -> tuple[InitialCopy, list[SpanSnapshot]]:
     info = ChangefeedInfo("cf", "postgresql://u@h/db", "sqlite:///t.db", {}, 10, 1.0, 1.0,
                           (SpanInfo(0, "slot0", "pub0", 10),), initial_copy=True)
     stored: list[SpanSnapshot] = []
     copy = InitialCopy(info, info.spans[0], upstream or Upstream([], []), progress,  # type: ignore[arg-type]
                        job or Job(progress), stored.append, state, chunk_rows=100,  # type: ignore[arg-type]
-                       spark_master="local[1]", label="cf/0", restart_target=restart, merge=merge)
+                       spark_master="local[1]", label="cf/0", restart_target=restart, merge=merge,
+                       merged_rows=merged_rows)
     return copy, stored
 
 

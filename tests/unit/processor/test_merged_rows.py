@@ -1,8 +1,11 @@
 """processor.merged_rows: the rows a merge copy keeps are counted per table that held rows, warned as a divergence
-with the count, or as uncountable for a table copied under more than one snapshot."""
+with the count, or as uncountable for a table copied under more than one snapshot; and how InitialCopy decides which
+(recorded by the first run, counted only when the table was planned and all its chunks read under the last one)."""
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 from typing import Any
 
 import pytest
@@ -10,6 +13,16 @@ import pytest
 from cdc.events import ColumnSchema, TableName, TableSchema
 from cdc.model import DataWarning
 from processor.merged_rows import CODE, MergedRows
+from tests.snapshot_copy_fakes import (
+    KEYED,
+    Job,
+    Progress,
+    Upstream,
+    done,
+    initial_copy,
+    keyed_plan,
+    table_schema,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -80,3 +93,39 @@ def test_holding_rows_names_the_targets_that_hold_rows() -> None:
     check = MergedRows("cf", lambda: sink, lambda w: None)
     assert check.holding_rows([TableName.parse("public.a"), TableName.parse("public.b")]) == ("public.b",)
     assert sink.closed == 1
+
+
+class _KillAfterOne(Job):
+    def __call__(self, request, stop):  # type: ignore[no-untyped-def,override]
+        self.requests.append(request)
+        self.progress.record_chunk("cf", 0, KEYED, 0, done(request.snapshot, request.commit_ts))
+        raise RuntimeError("job killed")
+
+
+@pytest.mark.parametrize(("identity", "counted"), [("d", True), ("f", False)])
+def test_the_copy_counts_a_table_read_under_one_snapshot_and_says_uncountable_otherwise(
+        identity: str, counted: bool) -> None:
+    """Run 1 (export A) records the target that held rows, copies one chunk and dies; run 2 (export B) finishes. A
+    table whose stream may leave values unsent (identity d) is copied again whole under B: counted exactly. Under
+    REPLICA IDENTITY FULL its chunks resume under B over A's: not countable, and said so."""
+    progress = Progress()
+    up = Upstream([KEYED], [("A", 100), ("B", 200)])
+    up.plans = {KEYED: keyed_plan()}
+    up.schemas = {KEYED: dataclasses.replace(table_schema(KEYED, True), replica_identity=identity)}
+    up.counts = {KEYED: 300}
+    sink = _Sink({"public.big": 305}, holding=("public.big",))
+    raised: list[DataWarning] = []
+    merged = MergedRows("cf", lambda: sink, raised.extend, "cf/0")
+    first, _ = initial_copy(progress, None, up, _KillAfterOne(progress), merge=True, merged_rows=merged)
+    with pytest.raises(RuntimeError, match="killed"):
+        first(threading.Event())
+    assert first.state.merged == ("public.big",) and raised == []
+    second, stored = initial_copy(progress, first.state, up, Job(progress), merge=True, merged_rows=merged)
+    second(threading.Event())
+    (w,) = raised
+    assert w.code == CODE and w.table == "public.big"
+    if counted:
+        assert w.count == 5 and "the target has 305 rows, the upstream 300" in w.message
+    else:
+        assert "could not be counted" in w.message
+    assert stored[-1].phase == "done" and stored[-1].merged == ("public.big",)
