@@ -12,7 +12,10 @@ Keys:
   before it began (end offsets cannot be trusted on every broker: docs/sinks.md, "Test broker").
 
 The topic is created with one partition when missing (and ``auto-create-topic`` allows; otherwise create it).
-Readers use ``read_committed``: on Apache Kafka an aborted transaction's checkpoint is never read back.
+Readers use ``read_committed`` and decide transactions from the log's own markers as well
+(:class:`sinks.kafka.txnread.CommittedRecords`): an aborted or undecided transaction's checkpoint is never read back,
+also on a broker that shows aborted records to ``read_committed`` consumers (tansu). Reading one back would make a
+restarted span skip transactions that were never committed.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from cdc.errors import SinkUnavailable
 from sinks.kafka.errors import wrap
 from sinks.kafka.options import KafkaOptions
 from sinks.kafka.transport import KafkaTransport, client_config
+from sinks.kafka.txnread import CommittedRecords
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,7 @@ class MetaReader:
         self.records: dict[str, dict[str, Any]] = {}
         self._factory = consumer_factory
         self._consumer: Any = None
+        self._committed: CommittedRecords | None = None
         self._timeout = timeout if timeout is not None else options.dial_timeout + options.delivery_timeout
 
     def _open(self) -> Any:
@@ -76,6 +81,8 @@ class MetaReader:
             except Exception as exc:
                 raise wrap(exc, self.options.where(), topic=self.topic, doing="reading the sink's metadata") from exc
             self._consumer = consumer
+            # a test's fake consumer has no fetcher to watch: it returns committed records only
+            self._committed = CommittedRecords(consumer) if hasattr(consumer, "_fetcher") else None
         return self._consumer
 
     def read_all(self, transport: KafkaTransport) -> dict[str, dict[str, Any]]:
@@ -110,7 +117,8 @@ class MetaReader:
         except Exception as exc:
             self.close()
             raise wrap(exc, self.options.where(), topic=self.topic, doing="reading the sink's metadata") from exc
-        return [r for records in batches.values() for r in records]
+        records = [r for part in batches.values() for r in part]
+        return self._committed.take(records) if self._committed is not None else records
 
     def _take(self, records: list[Any], marker: str | None) -> bool:
         seen = False
@@ -132,6 +140,7 @@ class MetaReader:
 
     def close(self) -> None:
         consumer, self._consumer = self._consumer, None
+        self._committed = None
         if consumer is not None:
             try:
                 consumer.close()

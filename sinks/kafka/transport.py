@@ -356,7 +356,22 @@ class KafkaTransport:
         producer.flush(timeout=timeout)
 
     def _txn(self, producer: Any, method: str) -> None:
-        getattr(producer, method)()
+        """A transaction call within ``dial-timeout + delivery-timeout``. kafka-python's ``commit_transaction`` and
+        ``abort_transaction`` wait without a bound (an abort by a producer fenced by its successor never ended on
+        tansu), so they are started here and waited for with the deadline; a timeout raises (the caller discards
+        the producer; the broker aborts what it held when the next one opens)."""
+        ends = {"commit_transaction": "begin_commit", "abort_transaction": "begin_abort"}
+        manager = getattr(producer, "_transaction_manager", None)
+        if method not in ends or manager is None:
+            getattr(producer, method)()
+            return
+        result = getattr(manager, ends[method])()
+        producer._sender.wakeup()  # noqa: SLF001 - what kafka-python's own commit/abort does before waiting
+        timeout = self.options.dial_timeout + self.options.delivery_timeout
+        if not result.wait(timeout_ms=int(timeout * 1000)):
+            from kafka.errors import KafkaTimeoutError
+
+            raise KafkaTimeoutError(f"{method} did not complete within {timeout:g} s")
 
     def _close_producer(self, producer: Any, grace: float) -> None:
         _close_producer(producer, grace)

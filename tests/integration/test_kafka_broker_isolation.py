@@ -13,27 +13,12 @@ from typing import Any
 
 import pytest
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka_records import values
 
 from playground.servers import KafkaServer
+from sinks.kafka.txnread import CommittedRecords
 
 pytestmark = pytest.mark.integration
-
-
-def values(server: KafkaServer, topic: str, isolation: str, quiet: float = 1.5) -> list[bytes]:
-    consumer = KafkaConsumer(bootstrap_servers=server.bootstrap, isolation_level=isolation, enable_auto_commit=False)
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        consumer.seek_to_beginning(tp)
-        out: list[bytes] = []
-        last = time.monotonic()
-        while time.monotonic() - last < quiet:
-            for records in consumer.poll(timeout_ms=200).values():
-                out.extend(r.value for r in records)
-                last = time.monotonic()
-        return out
-    finally:
-        consumer.close()
 
 
 def producer(server: KafkaServer, tid: str) -> Any:
@@ -62,6 +47,8 @@ def test_an_aborted_transaction_that_reached_the_broker(kafka_server: KafkaServe
     # answer lists the aborted transaction, tansu's does not). Only records still in the producer at the abort are
     # never seen (they never reach the broker). If this fails, tansu learned Kafka's semantics: update docs/sinks.md
     assert values(kafka_server, kafka_topic, "read_committed") == [b"first", b"aborted", b"second"]
+    # the log's own markers say which were aborted: what Tidewater's readers take (sinks.kafka.txnread)
+    assert values(kafka_server, kafka_topic, "read_committed", markers=True) == [b"first", b"second"]
 
 
 DEAD = """
@@ -98,3 +85,50 @@ def test_a_transaction_left_open_by_a_producer_killed_mid_transaction(kafka_serv
     # measured on tansu 0.6: the dead producer's open transaction becomes VISIBLE to read_committed once its
     # successor initializes the transactional id (Apache Kafka aborts it and hides its records)
     assert values(kafka_server, kafka_topic, "read_committed") == [b"left open", b"after"]
+    assert values(kafka_server, kafka_topic, "read_committed", markers=True) == [b"after"]
+
+
+def test_records_of_an_open_transaction_are_held_until_its_marker(kafka_server: KafkaServer,
+                                                                   kafka_topic: str) -> None:
+    """Markers decide per producer: a plain record written while another producer's transaction is open passes at
+    once; the transaction's records wait for their commit, an aborted one's never come."""
+    plain = KafkaProducer(bootstrap_servers=kafka_server.bootstrap, enable_idempotence=True)
+    a, b = producer(kafka_server, f"a-{kafka_topic}"), producer(kafka_server, f"b-{kafka_topic}")
+    consumer = KafkaConsumer(bootstrap_servers=kafka_server.bootstrap, isolation_level="read_uncommitted",
+                             enable_auto_commit=False)
+    committed = CommittedRecords(consumer)
+    tp = TopicPartition(kafka_topic, 0)
+
+    def read(quiet: float = 1.0) -> list[bytes]:
+        out: list[bytes] = []
+        last = time.monotonic()
+        while time.monotonic() - last < quiet:
+            polled = [r for part in consumer.poll(timeout_ms=200).values() for r in part]
+            if polled:
+                last = time.monotonic()
+            out.extend(r.value for r in committed.take(polled))
+        return out
+
+    try:
+        a.begin_transaction()
+        a.send(kafka_topic, b"a1", partition=0)
+        a.flush()
+        b.begin_transaction()
+        b.send(kafka_topic, b"b1", partition=0)
+        b.flush()
+        plain.send(kafka_topic, b"plain", partition=0)
+        plain.flush()
+        a.send(kafka_topic, b"a2", partition=0)
+        a.flush()
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        assert read() == [b"plain"]
+        assert committed.held == 3
+        b.abort_transaction()
+        a.commit_transaction()
+        assert read() == [b"a1", b"a2"]
+        assert committed.held == 0 and committed.aborted == 1
+    finally:
+        consumer.close()
+        for p in (plain, a, b):
+            p.close()

@@ -6,13 +6,16 @@ a restart resuming after it, a fenced producer refused)."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import sqlite3
+from collections import Counter
 from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka_records import records
 
 from cdc.config import DispatcherRule, SinkConfig
 from cdc.errors import SinkFenced
@@ -164,6 +167,39 @@ def test_transactional_position_survives_a_restart_and_a_zombie_is_fenced(
         applier.close()
     assert [r[0] for r in target_rows(db)] == list(range(12))
     assert core.stats.duplicates == 0
+
+
+def test_a_position_whose_transaction_was_aborted_is_not_read_back(
+        kafka_server: KafkaServer, kafka_topic: str, tmp_path: Path, sinks: list[KafkaSink]) -> None:
+    """A capture that dies after its position reached the metadata topic and before its commit: the broker aborts
+    that transaction when the span's next holder opens its producer. tansu shows the aborted record to read_committed
+    consumers, and the next holder used to take it as its position and skip a transaction never committed (the kill
+    test lost 342 changes for a plain read_committed consumer). The position must be the last committed one."""
+    uri = kafka_server.uri(kafka_topic, protocol="canal-json", partition_num="2", kafka_transactional="true",
+                           dial_timeout="2s", read_timeout="2s", write_timeout="2s", delivery_timeout="3s")
+    s0 = schema()
+    old = open_sink(sinks, uri)
+    assert old.write([RowChange(OpType.INSERT, s0, 100 + i, 1.0, row(i)) for i in range(10)]) == 10
+    taken: list[KafkaSink] = []
+    calls: list[int] = []
+
+    def die_before_commit() -> None:  # the sink's fence: once after the rows, once after the position
+        calls.append(1)
+        if len(calls) < 2:
+            return
+        old._transport.flush()  # noqa: SLF001 - the rows and the position are on the broker, not committed
+        taken.append(open_sink(sinks, uri))  # the next holder: its producer aborts the open transaction
+        raise RuntimeError("killed before the commit")
+
+    with pytest.raises((RuntimeError, SinkFenced)):
+        old.write([RowChange(OpType.INSERT, s0, 110 + i, 1.0, row(10 + i)) for i in range(5)], die_before_commit)
+    new = taken[0]
+    assert new._applied == (109, 0), new._applied  # noqa: SLF001 - not (114, 0): that transaction was aborted
+    assert new.write([RowChange(OpType.INSERT, s0, 100 + i, 1.0, row(i)) for i in range(15)]) == 5  # sent again
+    new.publish_resolved(Watermark(115, 1.2))
+    ids = Counter(row["id"] for r in records(kafka_server, kafka_topic, markers=True, partitions=2)
+                  if r.value and (m := json.loads(r.value)).get("type") == "INSERT" for row in m["data"])
+    assert ids == Counter({str(i): 1 for i in range(15)}), ids  # each row once for a read_committed consumer
 
 
 def test_the_owner_checkpoint_alone_lets_the_consumer_cut(kafka_server: KafkaServer, kafka_topic: str,
