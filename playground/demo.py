@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from cdc.cli.progress import WatchEnded, watch
 from playground.cluster import CdcServer, current_lsn
@@ -116,6 +117,19 @@ def _workload(pg: PostgresServer, db: str, big_rows: int, txns: int, counts: dic
     conn.close()
 
 
+def last_commit_target(conn: Any) -> int:
+    """A WAL position the checkpoint reaches once every commit so far is downstream: the insert position, after
+    which the WAL is made to reach the disk. Records that follow the last commit (hint bits, a standby snapshot)
+    need not be flushed with ``synchronous_commit=off``, and the walsender sends only flushed WAL, so on an idle
+    upstream the checkpoint would stand just below the insert position until the next standby snapshot, up to
+    15 s later; ``pg_log_standby_snapshot()`` (PostgreSQL 16+, superuser) writes one now and has the WAL
+    writer flush it."""
+    target = current_lsn(conn)
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_log_standby_snapshot()")
+    return target
+
+
 def main(argv: list[str] | None = None,
          targets: Mapping[str, Callable[[Path], DemoTarget]] = TARGETS) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -207,7 +221,7 @@ def run(args: argparse.Namespace, target: DemoTarget, sink: str, pg: PostgresSer
             say(f"workload failed: {counts['error']}")
             return False
         wl_end = time.time()
-        target_ts = current_lsn(src)
+        target_ts = last_commit_target(src)
         say(f"workload done in {wl_end - wl_start:.1f}s; waiting for checkpoint >= "
             f"{target_ts >> 32:X}/{target_ts & 0xFFFFFFFF:X}")
         while True:
