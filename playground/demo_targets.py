@@ -11,7 +11,7 @@ holds is read back and compared with the source.
 
 Each target's :meth:`DemoTarget.compare` returns a :class:`Verdict` with the row-by-row comparison of every table
 (``playground.compare``) and whatever the read-back could not apply exactly. A server that cannot start raises
-:class:`TargetUnavailable` naming the server and the fix.
+:class:`ServerUnavailable` naming the server and the fix.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ KAFKA_TOPIC = "demo"
 T = TypeVar("T")
 
 
-class TargetUnavailable(RuntimeError):
+class ServerUnavailable(RuntimeError):
     """A server the demo needs did not start; the message names it and the fix."""
 
 
@@ -43,14 +43,16 @@ class ReadBackFailed(RuntimeError):
     """The target's content could not be read back (the Kafka consumer or the file reader gave up)."""
 
 
-def start_server(what: str, start: Callable[[], T], fix: str = "") -> T:
-    """``start()`` a launcher; its failure (a missing binary or package, a server that did not become ready) is a
-    :class:`TargetUnavailable` saying which server and, with ``fix``, what to do."""
+def start_server(what: str, start: Callable[[], T], fix: str) -> T:
+    """``start()`` a launcher. Its failure is a :class:`ServerUnavailable` saying which server: a missing binary or
+    package names its fix in the launcher's own message, a server that did not become ready comes with its log's
+    last lines, a binary that cannot be run (``OSError``) with ``fix``."""
     try:
         return start()
-    except (RuntimeError, OSError) as exc:  # ServerStartError is a RuntimeError; a binary that cannot run: OSError
-        hint = f"\nfix: {fix}" if fix and fix not in str(exc) else ""
-        raise TargetUnavailable(f"could not start {what}: {exc}{hint}") from exc
+    except RuntimeError as exc:  # ServerStartError is one
+        raise ServerUnavailable(f"could not start {what}: {exc}") from exc
+    except OSError as exc:
+        raise ServerUnavailable(f"could not start {what}: {exc}; {fix}") from exc
 
 
 @dataclass
@@ -118,7 +120,7 @@ class MariaDBTarget(SqlTarget):
 
     def start(self) -> str:
         start_server("the MariaDB target (mariadbd)", self.server.start,
-                     "install it with `apt-get install mariadb-server` (or `make deps`)")
+                     "reinstall it with `apt-get install --reinstall mariadb-server` (or `make deps`)")
         self.server.create_database(DATABASE)
         self.sink_uri = self.server.uri(DATABASE)
         return self.sink_uri
