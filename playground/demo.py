@@ -140,7 +140,6 @@ def main(argv: list[str] | None = None,
     ap.add_argument("--existing-rows", type=int, default=100_000, help="rows per table before the changefeed")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on SIGTERM too
 
     tmp = Path(tempfile.mkdtemp(prefix="tidewater-demo-"))
     say(f"working directory {tmp}")
@@ -253,4 +252,5 @@ def run(args: argparse.Namespace, target: DemoTarget, sink: str, pg: PostgresSer
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run main's cleanup on SIGTERM too
     sys.exit(main())
