@@ -8,7 +8,7 @@ deletes, a rolled-back savepoint, one transaction big enough to be streamed), th
 target back (Kafka: `cdc cli kafka-consumer` into a SQLite file; files: the storage reader) and compares it with
 the source row by row. Exit code 0 only when they are identical, 1 when they differ or the run fails, 2 when a
 server cannot start (the message names the fix), 130 on Ctrl-C. Everything started here is stopped at the end,
-also on Ctrl-C and SIGTERM. ``--txns 5 --big-rows 1000 --existing-rows 100`` is a run of seconds.
+also on Ctrl-C and SIGTERM. ``--txns 30 --big-rows 1000 --existing-rows 100`` is a run of seconds.
 """
 
 from __future__ import annotations
