@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None,
     etcd = EtcdServer(tmp / "etcd")
     pg = PostgresServer(tmp / "pg", settings={"logical_decoding_work_mem": "64kB"})
     cdc: CdcServer | None = None
-    ok = False
+    ok = interrupted = False
     try:
         sink = target.start()  # first: a target that cannot start fails before anything else runs
         say(f"target: {target.description}, sink {sink}")
@@ -169,6 +169,7 @@ def main(argv: list[str] | None = None,
         return 1
     except KeyboardInterrupt:
         say("interrupted: stopping everything")
+        interrupted = True
         return 130
     finally:
         if cdc is not None:
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None,
         target.stop()
         pg.stop()
         etcd.stop()
-        if args.keep or not ok:
+        if args.keep or not (ok or interrupted):  # after a failure: server logs, files, target
             say(f"kept {tmp} for inspection")
         else:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -88,6 +88,8 @@ def test_ctrl_c_stops_every_server_and_exits_130() -> None:
     assert "interrupted: stopping everything" in out, out
     assert "Traceback" not in out, out
     assert_all_stopped(out, 4)
+    work = re.search(r"working directory (\S+)", out)
+    assert work and not Path(work.group(1)).exists(), f"an interrupted demo removes its directory: {out}"
 
 
 class TamperedSqlite(SqliteTarget):
@@ -103,8 +105,8 @@ def test_a_target_that_differs_is_reported_and_exits_1(capsys: pytest.CaptureFix
     rc = demo.main(["--sink", "sqlite", *SMALL], targets={"sqlite": TamperedSqlite})
     out = capsys.readouterr().out
     kept = re.search(r"kept (\S+) for inspection", out)
-    if kept:  # the demo keeps its working directory when the comparison fails
-        shutil.rmtree(kept.group(1), ignore_errors=True)
+    assert kept and Path(kept.group(1), "target.db").exists(), f"a failed demo keeps its target: {out}"
+    shutil.rmtree(kept.group(1), ignore_errors=True)
     assert rc == 1, out
     assert "RESULT: MISMATCH" in out and IDENTICAL not in out, out
     assert re.search(r"compare public\.orders .*DIFFERENT missing=\[\(", out), out
