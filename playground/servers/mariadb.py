@@ -29,7 +29,9 @@ MARIADB_DEFAULT_SETTINGS: dict[str, str] = {
 }
 
 
-def _find_executable(name: str) -> str | None:
+def _find_executable(name: str, bin_dir: Path | None = None) -> str | None:
+    if bin_dir is not None:
+        return shutil.which(name, path=str(bin_dir))
     return shutil.which(name) or next(
         (str(p) for p in (Path("/usr/sbin") / name, Path("/usr/bin") / name) if p.exists()), None
     )
@@ -39,16 +41,20 @@ class MariaDBServer(_Server):
     """A MariaDB server (Debian ``mariadb-server``) with binary logging in ROW format, user ``root``, no password.
 
     Data, socket, binlogs and error log live under ``base_dir/mariadb``.  ``settings`` (``--name=value``
-    options) override :data:`MARIADB_DEFAULT_SETTINGS`.  ``stop()`` is SIGTERM (clean shutdown);
-    ``kill()`` is SIGKILL (crash recovery at next start).
+    options) override :data:`MARIADB_DEFAULT_SETTINGS`.  ``bin_dir`` selects other MariaDB binaries (the directory
+    holding ``mariadbd`` and ``mariadb-install-db``; default: ``$PATH``, ``/usr/sbin``, ``/usr/bin``).  ``stop()``
+    is SIGTERM (clean shutdown); ``kill()`` is SIGKILL (crash recovery at next start).
     """
 
-    def __init__(self, base_dir: Path, *, settings: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, base_dir: Path, *, settings: dict[str, str] | None = None, bin_dir: Path | None = None
+    ) -> None:
         self.dir = Path(base_dir) / "mariadb"
         self.data_dir = self.dir / "data"
         self.log_path = self.dir / "mariadb.log"
         self.settings = {**MARIADB_DEFAULT_SETTINGS, **(settings or {})}
         self.port = free_port()
+        self.bin_dir = Path(bin_dir) if bin_dir is not None else None
         self._initialized = False
 
     def __repr__(self) -> str:
@@ -65,11 +71,12 @@ class MariaDBServer(_Server):
         """Initialize the data directory on first start, start ``mariadbd``, wait until it accepts logins."""
         if self.running:
             return self
-        mariadbd = _find_executable("mariadbd")
-        install_db = _find_executable("mariadb-install-db")
+        mariadbd = _find_executable("mariadbd", self.bin_dir)
+        install_db = _find_executable("mariadb-install-db", self.bin_dir)
         if mariadbd is None or install_db is None:
+            where = f" in {self.bin_dir}" if self.bin_dir is not None else ""
             raise RuntimeError(
-                "MariaDB server binaries (mariadbd, mariadb-install-db) not found: "
+                f"MariaDB server binaries (mariadbd, mariadb-install-db) not found{where}: "
                 "run `apt-get install mariadb-server` or `make deps`"
             )
         self._mariadbd = mariadbd
