@@ -153,22 +153,23 @@ class SnapshotProgressStore:
         start, end = keys.snapshot_chunk_range(self.cluster_id, cf, span, table)
         for _ in range(_FORGET_TRIES):
             revision, kvs = self.client.get_prefix(prefix)
-            redone, planned = CopyRedone(), False
+            redone = CopyRedone()
             chunks: list[ChunkDone] = []
+            guards = [Compare.unchanged_since(prefix, revision)]  # no chunk recorded (nor plan replaced) meanwhile
             for kv in kvs:
                 kind = keys.parse_key(kv.key).kind
                 if kind is KeyKind.SNAPSHOT_CHUNK:
                     chunks.append(_decode(ChunkDone, kv))  # type: ignore[arg-type]
                 elif kind is KeyKind.SNAPSHOT_REDONE:
                     redone = _decode(CopyRedone, kv)  # type: ignore[assignment]
-                else:
-                    planned = True
-            if not chunks and not planned:
+                else:  # the plan: still there (a changefeed removed meanwhile gets no redone record)
+                    guards.append(Compare(plan_key, "mod", "=", kv.mod_revision))
+            if not chunks and len(guards) == 1:
                 return 0
             total = CopyRedone(redone.rows + sum(c.rows for c in chunks), redone.chunks + len(chunks),
                                redone.restarts + 1)
-            if self.client.txn([Compare.unchanged_since(prefix, revision)],
-                               [Op.delete_range(start, end), Op.delete(plan_key), Op.put(redone_key, serde.to_json(total))]):
+            if self.client.txn(guards, [Op.delete_range(start, end), Op.delete(plan_key),
+                                        Op.put(redone_key, serde.to_json(total))]):
                 return len(chunks)
         raise MetaStoreError(f"snapshot records of {table} kept changing while they were being dropped ({_FORGET_TRIES} "
                              "tries): is an earlier copy job of the span still running?")
@@ -237,8 +238,10 @@ def summarize(cf: str, span: int, kvs: Sequence[KV]) -> SnapshotProgress:
         tables.append(TableProgress(label, n_done, len(plan.chunks), again.rows + rows, plan.rows, rate, eta,
                                     KEY_RANGES if plan.has_key else WHOLE_TABLE, again.rows))
     rates = [r for sp in spans.values() if (r := current_rate(sp.chunks)) is not None]
-    etas = [sp.eta() for sp in spans.values() if sp.left or sp.unknown]
-    total_eta = (None if any(e is None for e in etas) else max(etas, default=0.0)) if tables else None  # type: ignore[type-var]
+    etas = [sp.eta() for sp in spans.values() if sp.left or sp.unknown]  # the spans with chunks left
+    total_eta: float | None = None
+    if tables and None not in etas:
+        total_eta = max((e for e in etas if e is not None), default=0.0)
     return SnapshotProgress(cf, span, tuple(tables), tuple(runs), sum(rates) if rates else None, total_eta)
 
 

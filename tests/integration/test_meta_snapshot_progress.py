@@ -4,7 +4,7 @@ are dropped is not lost from the count; other tables and spans are left alone.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -67,32 +67,48 @@ def test_a_table_copied_again_keeps_its_rows_as_redone(client: EtcdClient, clust
     assert store.forget("cf") > 0 and store.progress("cf").tables == ()  # a removed changefeed leaves nothing
 
 
-class _ChunkWhileReading(EtcdClient):
-    """A client that, right after the first read of the table's records, records one more chunk through another
-    client: a late task of an earlier run committing while the records are dropped."""
+class _WhileReading(EtcdClient):
+    """A client that runs ``meanwhile`` (through another client) right after its first read of a prefix: something
+    else changing the table's records while they are dropped."""
 
-    def __init__(self, urls: list[str], late: SnapshotProgressStore) -> None:
+    def __init__(self, urls: list[str], meanwhile: Callable[[], object]) -> None:
         super().__init__(urls, timeout=3.0)
-        self.late: SnapshotProgressStore | None = late
+        self.meanwhile: Callable[[], object] | None = meanwhile
 
     def get_prefix(self, prefix: str, *, below: str | None = None) -> tuple[int, list[KV]]:
         out = super().get_prefix(prefix, below=below)
-        if self.late is not None:
-            self.late.record_chunk("cf", 0, T, 3, ChunkDone(50, 1.0, 20.0, "s1", 5))
-            self.late = None
+        if self.meanwhile is not None:
+            self.meanwhile()
+            self.meanwhile = None
         return out
+
+
+def _forget_while(etcd_server: EtcdServer, cluster_id: str, meanwhile: Callable[[], object]) -> int:
+    racing = _WhileReading([etcd_server.url], meanwhile)
+    try:
+        return SnapshotProgressStore(racing, cluster_id).forget_table("cf", 0, T)
+    finally:
+        racing.close()
 
 
 def test_a_chunk_recorded_while_the_records_are_dropped_is_counted(client: EtcdClient, etcd_server: EtcdServer,
                                                                    cluster_id: str) -> None:
-    SnapshotProgressStore(client, cluster_id).put_plan("cf", 0, _plan(T))
-    SnapshotProgressStore(client, cluster_id).record_chunk("cf", 0, T, 0, ChunkDone(100, 1.0, 10.0, "s1", 5))
-    racing = _ChunkWhileReading([etcd_server.url], SnapshotProgressStore(client, cluster_id))
-    try:
-        assert SnapshotProgressStore(racing, cluster_id).forget_table("cf", 0, T) == 2  # the second try saw both
-    finally:
-        racing.close()
+    store = SnapshotProgressStore(client, cluster_id)
+    store.put_plan("cf", 0, _plan(T))
+    store.record_chunk("cf", 0, T, 0, ChunkDone(100, 1.0, 10.0, "s1", 5))
+    # a late task of an earlier run commits its chunk meanwhile: the second try sees both
+    late = lambda: store.record_chunk("cf", 0, T, 3, ChunkDone(50, 1.0, 20.0, "s1", 5))  # noqa: E731
+    assert _forget_while(etcd_server, cluster_id, late) == 2
     stored = client.get(keys.snapshot_redone_key(cluster_id, "cf", 0, T))
     assert stored is not None
-    assert SnapshotProgressStore(client, cluster_id).progress("cf", 0).rows_copied == 150
     assert serde.from_json(CopyRedone, stored.value) == CopyRedone(rows=150, chunks=2, restarts=1)
+    assert store.progress("cf", 0).rows_copied == 150
+
+
+def test_a_changefeed_removed_while_a_table_is_dropped_gets_no_record_back(client: EtcdClient, etcd_server: EtcdServer,
+                                                                          cluster_id: str) -> None:
+    store = SnapshotProgressStore(client, cluster_id)
+    store.put_plan("cf", 0, _plan(T))
+    store.record_chunk("cf", 0, T, 0, ChunkDone(100, 1.0, 10.0, "s1", 5))
+    assert _forget_while(etcd_server, cluster_id, lambda: store.forget("cf")) == 0
+    assert client.get_prefix(keys.snapshot_prefix(cluster_id, "cf"))[1] == []
