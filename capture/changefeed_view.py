@@ -139,14 +139,17 @@ def span_phase(info: ChangefeedInfo, ss: SpanStatus | None) -> str:
 
 
 def snapshot_view(p: SnapshotProgress) -> dict[str, Any]:
-    """The initial copy's progress as the API shows it: totals, then per table chunks done / total, rows copied
-    / planned, rows/s and ETA (None while unknown), and ``chunking``: ``key ranges``, or ``whole table (no key)``
-    for a table copied as one chunk."""
+    """The initial copy's progress as the API shows it: totals, then per table chunks done / total (the current
+    plan's), rows copied (every row written, over all runs: never goes backwards), of which redone (written under
+    plans dropped since: copied again), rows done of the current plan / planned, rows/s and ETA (None while unknown;
+    never 0 while chunks are left), and ``chunking``: ``key ranges``, or ``whole table (no key)`` for a table copied
+    as one chunk (cdc.meta.snapshot_progress.summarize)."""
     return {"chunks_done": p.chunks_done, "chunks_total": p.chunks_total, "rows_copied": p.rows_copied,
+            "rows_redone": p.rows_redone, "rows_per_second": p.rows_per_second, "eta_seconds": p.eta_seconds,
             "tables": [{"table": t.table, "chunks_done": t.chunks_done, "chunks_total": t.chunks_total,
-                        "rows_copied": t.rows_copied, "rows_planned": t.rows_planned,
-                        "rows_per_second": t.rows_per_second, "eta_seconds": t.eta_seconds,
-                        "chunking": t.chunking} for t in p.tables]}
+                        "rows_copied": t.rows_copied, "rows_redone": t.rows_redone, "rows_done": t.rows_done,
+                        "rows_planned": t.rows_planned, "rows_per_second": t.rows_per_second,
+                        "eta_seconds": t.eta_seconds, "chunking": t.chunking} for t in p.tables]}
 
 
 def warning_view(w: DataWarning) -> dict[str, Any]:

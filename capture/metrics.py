@@ -293,8 +293,9 @@ def changefeed_families(snap: Any, now: float) -> Iterator[Any]:
 
 def snapshot_families(snap: Any, progress: Callable[[str], Any] | None) -> Iterator[Any]:
     """Owner-only families of the initial copy (``snap`` None: empty families): whether each changefeed still
-    copies, and per table of a copying changefeed its chunks done / total, rows copied / planned, rows/s and ETA
-    (the numbers of ``changefeed query``; the last two only once known)."""
+    copies and its copy's ETA, and per table of a copying changefeed its chunks done / total, rows copied (never
+    going backwards) and redone / planned, rows/s and ETA (the numbers of ``changefeed query``; rates and ETAs only
+    once known)."""
     phase = GaugeMetricFamily("tidewater_changefeed_snapshot_copying", "1 while the changefeed copies the rows "
                               "that existed when it was created (it has no checkpoint yet), 0 once it streams",
                               labels=["changefeed"])
@@ -302,16 +303,24 @@ def snapshot_families(snap: Any, progress: Callable[[str], Any] | None) -> Itera
                              labels=["changefeed", "table"])
     total = GaugeMetricFamily("tidewater_snapshot_chunks_planned", "Chunks the table's initial copy was planned in",
                               labels=["changefeed", "table"])
-    rows = GaugeMetricFamily("tidewater_snapshot_rows_copied", "Rows of the table copied by the initial copy",
+    rows = GaugeMetricFamily("tidewater_snapshot_rows_copied", "Rows of the table the initial copy wrote downstream "
+                             "so far, over all its runs (never goes backwards; includes the rows redone)",
                              labels=["changefeed", "table"])
+    redone = GaugeMetricFamily("tidewater_snapshot_rows_redone", "Rows of the table the copy wrote under a plan "
+                               "dropped since (its copy started over: a restart under a new snapshot, a changed "
+                               "definition, a resync); they are copied again", labels=["changefeed", "table"])
     planned = GaugeMetricFamily("tidewater_snapshot_rows_planned", "Rows the table held when its copy was planned (PostgreSQL's "
                                 "estimate for a large table with a dense integer key)",
                                 labels=["changefeed", "table"])
-    speed = GaugeMetricFamily("tidewater_snapshot_rows_per_second", "Rows per second the table's copy has run at so far "
-                              "(rows copied over the wall time from its first chunk's start to its last chunk's end)",
-                              labels=["changefeed", "table"])
+    speed = GaugeMetricFamily("tidewater_snapshot_rows_per_second", "Rows per second the table's copy runs at in "
+                              "its current run (that run's rows over the wall time from its first chunk's start to "
+                              "its last chunk's end)", labels=["changefeed", "table"])
     eta = GaugeMetricFamily("tidewater_snapshot_eta_seconds", "Seconds until the table's copy is done at that speed "
-                            "(0 once done; absent until its first chunk is copied)", labels=["changefeed", "table"])
+                            "(0 once done; absent until a chunk of its current plan gave a rate)",
+                            labels=["changefeed", "table"])
+    cf_eta = GaugeMetricFamily("tidewater_changefeed_snapshot_eta_seconds", "Seconds until the changefeed's copy is "
+                               "done: the slowest span's rows left at its current rate (absent while a span with "
+                               "chunks left has no rate yet)", labels=["changefeed"])
     copies = GaugeMetricFamily("tidewater_changefeed_table_copies", "Table copies of the changefeed (tables that "
                                "joined with rows, resyncs) asked for or running while it streams",
                                labels=["changefeed"])
@@ -333,12 +342,15 @@ def snapshot_families(snap: Any, progress: Callable[[str], Any] | None) -> Itera
                 done.add_metric([cf_id, t.table], float(t.chunks_done))
                 total.add_metric([cf_id, t.table], float(t.chunks_total))
                 rows.add_metric([cf_id, t.table], float(t.rows_copied))
+                redone.add_metric([cf_id, t.table], float(t.rows_redone))
                 planned.add_metric([cf_id, t.table], float(t.rows_planned))
                 if t.rows_per_second is not None:
                     speed.add_metric([cf_id, t.table], float(t.rows_per_second))
                 if t.eta_seconds is not None:
                     eta.add_metric([cf_id, t.table], float(t.eta_seconds))
-    yield from (phase, done, total, rows, planned, speed, eta, copies)
+            if p.eta_seconds is not None:
+                cf_eta.add_metric([cf_id], float(p.eta_seconds))
+    yield from (phase, done, total, rows, redone, planned, speed, eta, cf_eta, copies)
 
 
 def slot_metrics(reports: list[UpstreamReport]) -> Iterator[Any]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from cdc.events import TableName, TableSchema
 
-__all__ = ["KEY_BUILT", "KEY_DEFERRED", "PG_COPY_TEXT", "ChunkDone", "ChunkMarker", "CopyText", "SnapshotChunk", "SnapshotProgress", "SnapshotRun", "TablePlan",
+__all__ = ["KEY_BUILT", "KEY_DEFERRED", "PG_COPY_TEXT", "ChunkDone", "ChunkMarker", "CopyRedone", "CopyText", "SnapshotChunk", "SnapshotProgress", "SnapshotRun", "TablePlan",
            "TableProgress", "plan_from_bounds", "table_definition"]
 
 PG_COPY_TEXT = "postgresql-copy-text"
@@ -212,11 +212,28 @@ class SnapshotRun:
 
 
 @dataclass(frozen=True, slots=True)
+class CopyRedone:
+    """What the copy of one table wrote downstream under plans that were dropped since: its copy started over (its
+    definition changed between two runs, a restart under a new snapshot that must read it whole at one snapshot, a
+    resync, a key-less table whose place in the stream was unknown). Those rows are copied again under the current
+    plan; they are kept here so that the rows a person sees copied never go backwards. ``rows``/``chunks``: the
+    recorded chunks of every dropped plan; ``restarts``: how many plans were dropped."""
+
+    rows: int = 0
+    chunks: int = 0
+    restarts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class TableProgress:
-    """What a person watches per table: chunks done of total, rows copied of the planned rows, rows/s so far
-    (over the chunks' own copy time), the ETA at that speed (None when unknown), and how the table is chunked:
-    :data:`KEY_RANGES`, or :data:`WHOLE_TABLE` for a table without a key (one chunk, one task, one transaction: no
-    progress inside it, no parallelism)."""
+    """What a person watches per table, ``chunks_*`` and ``rows_planned`` being those of the table's current plan:
+    chunks done of total; ``rows_copied``: every row the copy wrote downstream so far, over all runs (it never goes
+    backwards), of which ``rows_redone`` were written under plans dropped since (:class:`CopyRedone`: they are copied
+    again), so :attr:`rows_done` (the current plan's) is what compares with ``rows_planned``; the rows/s the current
+    run's chunks were copied at; the ETA at that speed (None until a chunk of the current plan gave a rate; 0 once
+    every chunk is done; never 0 while chunks are left); and how the table is chunked: :data:`KEY_RANGES`, or
+    :data:`WHOLE_TABLE` for a table without a key (one chunk, one task, one transaction: no progress inside it, no
+    parallelism). A table whose copy is starting over and is not planned again yet has ``chunks_total`` 0."""
 
     table: str
     chunks_done: int
@@ -226,10 +243,16 @@ class TableProgress:
     rows_per_second: float | None = None
     eta_seconds: float | None = None
     chunking: str = "key ranges"
+    rows_redone: int = 0
+
+    @property
+    def rows_done(self) -> int:
+        """Rows of the current plan copied (``rows_copied - rows_redone``)."""
+        return self.rows_copied - self.rows_redone
 
     @property
     def done(self) -> bool:
-        return self.chunks_done >= self.chunks_total
+        return self.chunks_total > 0 and self.chunks_done >= self.chunks_total
 
 
 KEY_RANGES = "key ranges"
@@ -245,6 +268,11 @@ class SnapshotProgress:
     span: int
     tables: tuple[TableProgress, ...] = ()
     runs: tuple[SnapshotRun, ...] = ()  # the job run(s) currently allowed to commit (one per span)
+    rows_per_second: float | None = None
+    """The spans' copies together: each span's rate over its current run's chunks, summed (None: none measured)."""
+    eta_seconds: float | None = None
+    """Until the last span's copy is done, each span's rows left at its own rate (spans copy in parallel); None while
+    a span with chunks left has no measured rate (or a table is not planned yet), 0 once every chunk is done."""
 
     @property
     def chunks_done(self) -> int:
@@ -257,6 +285,10 @@ class SnapshotProgress:
     @property
     def rows_copied(self) -> int:
         return sum(t.rows_copied for t in self.tables)
+
+    @property
+    def rows_redone(self) -> int:
+        return sum(t.rows_redone for t in self.tables)
 
     @property
     def done(self) -> bool:

@@ -9,7 +9,19 @@ from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from cdc.errors import InvalidURI, SecretKeyMissing
 
-SINK_SCHEMES = ("mysql", "mariadb", "postgresql", "postgres", "sqlite", "blackhole", "kafka", "file")
+SINK_URI_FORMS: dict[str, str] = {
+    "mysql": "mysql://user@host:port/db",
+    "mariadb": "mariadb://user@host:port/db",
+    "postgresql": "postgresql://user@host:port/db",
+    "postgres": "postgres://user@host:port/db",
+    "sqlite": "sqlite:///path",
+    "blackhole": "blackhole://",
+    "kafka": "kafka://host:port/topic?protocol=canal-json|debezium|open-protocol",
+    "file": "file:///dir?protocol=csv|canal-json|parquet",
+}
+"""Every sink scheme with the form of its URI (the CLI's help lists them; ``sinks.factory.SINKS`` maps the same
+schemes to their classes: tests/unit/sinks/test_sink_factory.py keeps the two equal)."""
+SINK_SCHEMES = tuple(SINK_URI_FORMS)
 UPSTREAM_SCHEMES = ("postgresql", "postgres")
 
 

@@ -2,7 +2,8 @@
 
 Each scheme maps to a ``"module:Class"`` string that is imported only when a sink of that scheme is
 opened, so that e.g. a blackhole changefeed never imports SQLAlchemy. A new sink is one line in
-:data:`SINKS` (plus its scheme in ``cdc.uri.SINK_SCHEMES``) or a :func:`register_sink` call.
+:data:`SINKS` (plus its scheme and URI form in ``cdc.uri.SINK_URI_FORMS``, which the CLI's help lists) or a
+:func:`register_sink` call.
 
 Every sink class is constructed as ``cls(uri, config)``; construction does no I/O (call ``check()`` to
 connect). Thread-safety: the registry is read-only after import; ``register_sink`` is for start-up code.

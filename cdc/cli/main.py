@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from cdc.cli.render import emit
-from cdc.uri import scrub
+from cdc.uri import SINK_URI_FORMS, scrub
 
 DEFAULT_SERVER = "http://127.0.0.1:8300"
 OUTPUTS = ("json", "table")
@@ -336,8 +336,7 @@ def _add_cli_parser(sub: Any) -> None:
     c = ops.add_parser("create", parents=[out], help="create a changefeed")
     c.add_argument("--upstream", help=f"postgresql://user@host:port/db (or --upstream-file, ${ENV_UPSTREAM})")
     c.add_argument("--upstream-file", help="file whose first line is the upstream URI (keeps it out of `ps`)")
-    c.add_argument("--sink-uri", help="mysql://..., postgresql://..., sqlite:///path, blackhole:// "
-                   f"(or --sink-uri-file, ${ENV_SINK})")
+    c.add_argument("--sink-uri", help=f"{', '.join(SINK_URI_FORMS.values())} (or --sink-uri-file, ${ENV_SINK})")
     c.add_argument("--sink-uri-file", help="file whose first line is the sink URI")
     c.add_argument("--changefeed-id", "-c", required=True)
     c.add_argument("--config", help="changefeed TOML (filter rules, span-count, sink options)")

@@ -13,6 +13,7 @@ it the watch would go on showing the same progress while nothing moves.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import IO, Any
@@ -40,18 +41,24 @@ def warning(q: dict[str, Any]) -> str | None:
     return f"[{err.get('code', '?')}] {' '.join(str(err.get('message', '')).split())}"
 
 
+def rows_text(copied: int, redone: int) -> str:
+    """``N rows copied``, with ``(M redone)`` when M of them were written under a plan dropped since (the copy of
+    their table started over: they are copied again)."""
+    return f"{copied:,} rows copied" + (f" ({redone:,} redone)" if redone else "")
+
+
 def summary(q: dict[str, Any]) -> str:
-    """One line: phase, chunks and rows done, speed and ETA of the copy; a warning's code and message."""
+    """One line: phase, chunks and rows done, speed and ETA of the copy (the API's totals: the ETA only once it
+    can be estimated); a warning's code and message."""
     snap = q.get("snapshot") or {}
-    tables = snap.get("tables") or []
-    speed = sum(t.get("rows_per_second") or 0 for t in tables)
-    etas = [t["eta_seconds"] for t in tables if t.get("eta_seconds") is not None]
+    speed = snap.get("rows_per_second")
+    eta = snap.get("eta_seconds")
     line = (f"{q.get('id')}: {q.get('state')}, {q.get('phase')}: {snap.get('chunks_done', 0)}/"
-            f"{snap.get('chunks_total', 0)} chunks, {snap.get('rows_copied', 0)} rows copied")
+            f"{snap.get('chunks_total', 0)} chunks, {rows_text(snap.get('rows_copied', 0), snap.get('rows_redone', 0))}")
     if speed:
         line += f", {speed:,.0f} rows/s"
-    if etas:
-        line += f", ETA {max(etas):.0f} s"
+    if eta is not None and snap.get("chunks_done", 0) < snap.get("chunks_total", 0):
+        line += f", ETA {math.ceil(eta)} s"
     warn = warning(q)
     if warn:
         line += f"; warning, retrying: {warn}"
@@ -111,7 +118,7 @@ def _watch_rich(fetch: Callable[[], dict[str, Any]], out: IO[str], interval: flo
                 last_warning = warn
             snap = q.get("snapshot") or {}
             bar.update(total, total=snap.get("chunks_total") or None, completed=snap.get("chunks_done", 0),
-                       rows=f"{snap.get('rows_copied', 0):,} rows",
+                       rows=rows_text(snap.get("rows_copied", 0), snap.get("rows_redone", 0)),
                        description=f"{q.get('id')} ({q.get('phase')}{', warning' if warn else ''})")
             for t in snap.get("tables") or []:
                 name = t["table"]
@@ -120,8 +127,10 @@ def _watch_rich(fetch: Callable[[], dict[str, Any]], out: IO[str], interval: flo
                     tasks[name] = bar.add_task(f"{name} (one chunk: no key)" if whole else name,
                                                total=t["chunks_total"], rows="")
                 speed = f", {t['rows_per_second']:,.0f}/s" if t.get("rows_per_second") else ""
-                bar.update(tasks[name], completed=t["chunks_done"], total=t["chunks_total"],
-                           rows=f"{t['rows_copied']:,}/{t['rows_planned']:,} rows{speed}")
+                redone = t.get("rows_redone") or 0
+                again = f" (+{redone:,} redone)" if redone else ""
+                bar.update(tasks[name], completed=t["chunks_done"], total=t["chunks_total"] or None,
+                           rows=f"{t['rows_copied'] - redone:,}/{t['rows_planned']:,} rows{again}{speed}")
             if _finished(q):
                 return q
             time.sleep(interval)

@@ -13,6 +13,7 @@ All keys of a cluster live under ``/tidewater/{cluster}/``::
     /tidewater/{cluster}/snapshot/{cf}/{span}/run               cdc.snapshot.SnapshotRun (the job allowed to commit)
     /tidewater/{cluster}/snapshot/{cf}/{span}/{table}/plan      cdc.snapshot.TablePlan (the table's chunks)
     /tidewater/{cluster}/snapshot/{cf}/{span}/{table}/{chunk}   cdc.snapshot.ChunkDone (chunk copied)
+    /tidewater/{cluster}/snapshot/{cf}/{span}/{table}/redone    cdc.snapshot.CopyRedone (rows of dropped plans)
 
 ``{table}`` is ``schema.table`` with each part percent-encoded (``/``, ``.``, ``%`` and every other character
 outside ``[A-Za-z0-9_-]``), so any PostgreSQL identifier fits in one segment and the dot is unambiguous.
@@ -37,6 +38,7 @@ SCHEMA = "schema"  # sorts after "__cdc_meta__" and "changefeed": MetaStore.snap
 SNAPSHOT = "snapshot"  # sorts after "schema": not read by MetaStore.snapshot() either
 PLAN = "plan"
 RUN = "run"
+REDONE = "redone"
 
 # Cluster and changefeed ids: letters/digits in dash-separated groups (TiCDC's rule).
 _ID_RE = re.compile(r"^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$")
@@ -57,6 +59,7 @@ class KeyKind(enum.Enum):
     SNAPSHOT_PLAN = "snapshot-plan"
     SNAPSHOT_CHUNK = "snapshot-chunk"
     SNAPSHOT_RUN = "snapshot-run"
+    SNAPSHOT_REDONE = "snapshot-redone"
 
 
 _CF_KINDS = {
@@ -67,7 +70,7 @@ _CF_KINDS = {
 }
 _CF_KIND_BY_SEGMENT = {seg: kind for kind, seg in _CF_KINDS.items()}
 _SPAN_KINDS = (KeyKind.SPAN_ASSIGNMENT, KeyKind.SPAN_STATUS)
-_SNAPSHOT_KINDS = (KeyKind.SNAPSHOT_PLAN, KeyKind.SNAPSHOT_CHUNK)  # per table
+_SNAPSHOT_KINDS = (KeyKind.SNAPSHOT_PLAN, KeyKind.SNAPSHOT_CHUNK, KeyKind.SNAPSHOT_REDONE)  # per table
 _SNAPSHOT_ALL = (*_SNAPSHOT_KINDS, KeyKind.SNAPSHOT_RUN)
 _TABLE_SEGMENT_RE = re.compile(r"^[A-Za-z0-9_%-]+\.[A-Za-z0-9_%-]+$")
 
@@ -177,7 +180,7 @@ class EtcdKey:
             return f"{base}{SNAPSHOT}/{self.changefeed}/{self.span}/{RUN}"
         if kind in _SNAPSHOT_KINDS:
             assert self.table is not None
-            last = PLAN if kind is KeyKind.SNAPSHOT_PLAN else str(self.chunk)
+            last = {KeyKind.SNAPSHOT_PLAN: PLAN, KeyKind.SNAPSHOT_REDONE: REDONE}.get(kind) or str(self.chunk)
             return f"{base}{SNAPSHOT}/{self.changefeed}/{self.span}/{table_segment(self.table)}/{last}"
         seg = _CF_KINDS[kind]
         if kind in _SPAN_KINDS:
@@ -214,8 +217,9 @@ def parse_key(key: str) -> EtcdKey:
             if not _SPAN_RE.match(parts[3]):
                 raise ValueError(f"bad span index {parts[3]!r}")
             table = parse_table_segment(parts[4])
-            if parts[5] == PLAN:
-                return EtcdKey(KeyKind.SNAPSHOT_PLAN, cluster, changefeed=parts[2], span=int(parts[3]), table=table)
+            if parts[5] in (PLAN, REDONE):
+                kind = KeyKind.SNAPSHOT_PLAN if parts[5] == PLAN else KeyKind.SNAPSHOT_REDONE
+                return EtcdKey(kind, cluster, changefeed=parts[2], span=int(parts[3]), table=table)
             if not _SPAN_RE.match(parts[5]):
                 raise ValueError(f"bad chunk index {parts[5]!r}")
             return EtcdKey(KeyKind.SNAPSHOT_CHUNK, cluster, changefeed=parts[2], span=int(parts[3]), table=table,
@@ -305,6 +309,17 @@ def snapshot_plan_key(cluster: str, changefeed: str, span: int, table: TableName
 def snapshot_chunk_key(cluster: str, changefeed: str, span: int, table: TableName, chunk: int) -> str:
     return EtcdKey(KeyKind.SNAPSHOT_CHUNK, cluster, changefeed=changefeed, span=span, table=table,
                    chunk=chunk).encode()
+
+
+def snapshot_chunk_range(cluster: str, changefeed: str, span: int, table: TableName) -> tuple[str, str]:
+    """``[start, end)`` holding every chunk key of one table and neither its plan nor its redone key (chunk
+    indexes are decimal digits; ``:`` sorts right after ``9``, ``plan`` and ``redone`` after it)."""
+    prefix = snapshot_table_prefix(cluster, changefeed, span, table)
+    return f"{prefix}0", f"{prefix}:"
+
+
+def snapshot_redone_key(cluster: str, changefeed: str, span: int, table: TableName) -> str:
+    return EtcdKey(KeyKind.SNAPSHOT_REDONE, cluster, changefeed=changefeed, span=span, table=table).encode()
 
 
 # ---- keys -------------------------------------------------------------------------------------------------

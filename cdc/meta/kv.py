@@ -42,7 +42,8 @@ _RESULTS = {
 
 @dataclass(frozen=True)
 class Compare:
-    """A transaction condition: ``<target of key> <op> <value>``.
+    """A transaction condition: ``<target of key> <op> <value>``; with ``prefix``, it must hold for every key under
+    ``key`` (etcd's range compare; it holds when there is none).
 
     A missing key compares as create = mod = version = lease = 0 and never equals any ``value``.
     """
@@ -51,6 +52,7 @@ class Compare:
     target: CompareTarget
     op: CompareOp
     value: int | bytes
+    prefix: bool = False
 
     def __post_init__(self) -> None:
         if self.target not in _TARGETS:
@@ -68,8 +70,15 @@ class Compare:
     def exists(key: str) -> Compare:
         return Compare(key, "create", ">", 0)
 
+    @staticmethod
+    def unchanged_since(prefix: str, revision: int) -> Compare:
+        """No key under ``prefix`` was put after ``revision`` (deletions are not seen)."""
+        return Compare(prefix, "mod", "<", revision + 1, prefix=True)
+
     def to_rpc(self) -> Any:
         c = rpc.Compare(key=self.key.encode(), target=_TARGETS[self.target], result=_RESULTS[self.op])
+        if self.prefix:
+            c.range_end = prefix_range_end(self.key.encode())
         if self.target == "value":
             c.value = self.value  # type: ignore[assignment]
         else:
@@ -80,13 +89,14 @@ class Compare:
 
 @dataclass(frozen=True)
 class Op:
-    """A transaction operation: put a key, delete a key, or delete every key under a prefix."""
+    """A transaction operation: put a key, delete a key, every key under a prefix, or every key in ``[key, end)``."""
 
     kind: Literal["put", "delete"]
     key: str
     value: bytes = b""
     lease: int = 0
     prefix: bool = False
+    end: str = ""
 
     @staticmethod
     def put(key: str, value: bytes, lease: int = 0) -> Op:
@@ -102,6 +112,12 @@ class Op:
             raise ValueError("empty prefix")
         return Op("delete", prefix, prefix=True)
 
+    @staticmethod
+    def delete_range(start: str, end: str) -> Op:
+        if not start < end:
+            raise ValueError(f"empty key range [{start!r}, {end!r})")
+        return Op("delete", start, end=end)
+
     def to_rpc(self) -> Any:
         key = self.key.encode()
         if self.kind == "put":
@@ -110,6 +126,8 @@ class Op:
             req = rpc.DeleteRangeRequest(key=key)
             if self.prefix:
                 req.range_end = prefix_range_end(key)
+            elif self.end:
+                req.range_end = self.end.encode()
             return rpc.RequestOp(request_delete_range=req)
         raise ValueError(f"bad op kind {self.kind!r}")
 

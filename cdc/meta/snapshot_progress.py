@@ -12,6 +12,8 @@ Guarantees:
   upserts; a key-less table's only chunk replaces the table's rows), or, for a table whose key is deferred, recorded
   by the next run from the marker its transaction committed (``sinks.sql.deferred_key``).
 - :meth:`SnapshotProgressStore.set_key_state` moves a plan's ``key_state`` forward only (compare-and-set).
+- :meth:`SnapshotProgressStore.forget_table` drops a table's plan and chunks and adds their rows to the table's
+  :class:`cdc.snapshot.CopyRedone` in the same etcd transaction: the rows copied that progress shows never go back.
 - Reads are linearizable (etcd); every failure is ``cdc.errors.MetaStoreError``. Thread-safe (stateless
   apart from the client).
 """
@@ -35,6 +37,7 @@ from cdc.snapshot import (
     KEY_RANGES,
     WHOLE_TABLE,
     ChunkDone,
+    CopyRedone,
     SnapshotProgress,
     SnapshotRun,
     TablePlan,
@@ -42,6 +45,8 @@ from cdc.snapshot import (
 )
 
 log = logging.getLogger(__name__)
+
+_FORGET_TRIES = 5
 
 
 def _decode(cls: type, kv: KV) -> object:
@@ -138,22 +143,58 @@ class SnapshotProgressStore:
         return self.client.delete_prefix(keys.snapshot_prefix(self.cluster_id, cf, span))
 
     def forget_table(self, cf: str, span: int, table: TableName) -> int:
-        """Delete one table's plan and chunks (a resync copies it again from a new plan)."""
-        return self.client.delete_prefix(keys.snapshot_table_prefix(self.cluster_id, cf, span, table))
+        """Delete one table's plan and chunks (its copy starts over from a new plan: a resync, a changed definition,
+        a restart under a new snapshot); the rows and chunks they recorded are added to the table's
+        :class:`CopyRedone` in the same transaction (retried while a chunk is recorded meanwhile). Returns how many
+        chunk records went."""
+        prefix = keys.snapshot_table_prefix(self.cluster_id, cf, span, table)
+        plan_key = keys.snapshot_plan_key(self.cluster_id, cf, span, table)
+        redone_key = keys.snapshot_redone_key(self.cluster_id, cf, span, table)
+        start, end = keys.snapshot_chunk_range(self.cluster_id, cf, span, table)
+        for _ in range(_FORGET_TRIES):
+            revision, kvs = self.client.get_prefix(prefix)
+            redone = CopyRedone()
+            chunks: list[ChunkDone] = []
+            guards = [Compare.unchanged_since(prefix, revision)]  # no chunk recorded (nor plan replaced) meanwhile
+            for kv in kvs:
+                kind = keys.parse_key(kv.key).kind
+                if kind is KeyKind.SNAPSHOT_CHUNK:
+                    chunks.append(_decode(ChunkDone, kv))  # type: ignore[arg-type]
+                elif kind is KeyKind.SNAPSHOT_REDONE:
+                    redone = _decode(CopyRedone, kv)  # type: ignore[assignment]
+                else:  # the plan: still there (a changefeed removed meanwhile gets no redone record)
+                    guards.append(Compare(plan_key, "mod", "=", kv.mod_revision))
+            if not chunks and len(guards) == 1:
+                return 0
+            total = CopyRedone(redone.rows + sum(c.rows for c in chunks), redone.chunks + len(chunks),
+                               redone.restarts + 1)
+            if self.client.txn(guards, [Op.delete_range(start, end), Op.delete(plan_key),
+                                        Op.put(redone_key, serde.to_json(total))]):
+                return len(chunks)
+        raise MetaStoreError(f"snapshot records of {table} kept changing while they were being dropped ({_FORGET_TRIES} "
+                             "tries): is an earlier copy job of the span still running?")
 
     # ---- progress (API)
     def progress(self, cf: str, span: int | None = None) -> SnapshotProgress:
-        """Per table: chunks done / total, rows copied / planned, rows/s and ETA; one range read."""
+        """Per table: chunks done / total, rows copied (and redone) / planned, rows/s and ETA; one range read."""
         _, kvs = self.client.get_prefix(keys.snapshot_prefix(self.cluster_id, cf, span))
         return summarize(cf, -1 if span is None else span, kvs)
 
 
 def summarize(cf: str, span: int, kvs: Sequence[KV]) -> SnapshotProgress:
     """:class:`SnapshotProgress` from the raw snapshot keys of one range read (tables of several spans are
-    kept apart by span; a key-less table's ``chunking`` says it is one whole chunk). Rows/s is rows copied over the wall time from the first chunk's start to the last
-    chunk's finish (so parallel chunks count once); the ETA is the planned rows left at that speed."""
+    kept apart by span; a key-less table's ``chunking`` says it is one whole chunk).
+
+    ``rows_copied`` counts every row written, the rows of dropped plans (:class:`CopyRedone`) included, so it never
+    goes backwards; chunks and ``rows_planned`` are the current plan's. Rates are measured over the current run
+    only (the chunks read under the snapshot of the latest chunk: a run before a restart, and the time in between,
+    say nothing of this one): its rows over the wall time from its first chunk's start to its last chunk's finish
+    (parallel chunks count once). The ETA is the rows left at that rate: the planned rows not copied yet, or, when
+    the plan's count was an estimate that is already reached, the chunks left at the rows per chunk so far; None
+    until a rate is measured, 0 once every chunk is done, never 0 while a chunk is left."""
     plans: dict[tuple[int, TableName], TablePlan] = {}
     done: dict[tuple[int, TableName], list[ChunkDone]] = {}
+    redone: dict[tuple[int, TableName], CopyRedone] = {}
     runs: list[SnapshotRun] = []
     for kv in kvs:
         try:
@@ -170,25 +211,80 @@ def summarize(cf: str, span: int, kvs: Sequence[KV]) -> SnapshotProgress:
             plans[ident] = _decode(TablePlan, kv)  # type: ignore[assignment]
         elif k.kind is KeyKind.SNAPSHOT_CHUNK:
             done.setdefault(ident, []).append(_decode(ChunkDone, kv))  # type: ignore[arg-type]
-    tables = []
-    for ident in sorted(plans):
-        plan, chunks = plans[ident], done.get(ident, [])
-        copied = sum(c.rows for c in chunks)
-        rate = eta = None
-        if chunks:
-            start = min(c.finished_at - c.seconds for c in chunks)
-            wall = max(c.finished_at for c in chunks) - start
-            if wall > 0:
-                rate = copied / wall
+        elif k.kind is KeyKind.SNAPSHOT_REDONE:
+            redone[ident] = _decode(CopyRedone, kv)  # type: ignore[assignment]
+    tables: list[TableProgress] = []
+    spans: dict[int, _SpanCopy] = {}
+    for ident in sorted(plans.keys() | redone.keys()):
+        plan, again = plans.get(ident), redone.get(ident, CopyRedone())
+        sp = spans.setdefault(ident[0], _SpanCopy())
+        label = str(ident[1]) if span >= 0 else f"{ident[0]}:{ident[1]}"
+        if plan is None:  # its copy starts over and is not planned again yet: only what it wrote before
+            sp.unknown = True
+            tables.append(TableProgress(label, 0, 0, again.rows, 0, None, None, KEY_RANGES, again.rows))
+            continue
+        chunks = done.get(ident, [])
+        sp.chunks.extend(chunks)
+        rows = sum(c.rows for c in chunks)
         n_done = min(len(chunks), len(plan.chunks))
-        if rate and n_done < len(plan.chunks):
-            eta = max(0, plan.rows - copied) / rate
-        elif n_done >= len(plan.chunks):
-            eta = 0.0
-        label = str(plan.table_name) if span >= 0 else f"{ident[0]}:{plan.table_name}"
-        tables.append(TableProgress(label, n_done, len(plan.chunks), copied, plan.rows, rate, eta,
-                                    KEY_RANGES if plan.has_key else WHOLE_TABLE))
-    return SnapshotProgress(cf, span, tuple(tables), tuple(runs))
+        left = _rows_left(plan, rows, n_done)
+        rate = current_rate(chunks)
+        if left is None:
+            eta: float | None = 0.0
+        else:
+            sp.left += left
+            eta = left / rate if rate and left > 0 else None
+            sp.unknown |= left <= 0
+        tables.append(TableProgress(label, n_done, len(plan.chunks), again.rows + rows, plan.rows, rate, eta,
+                                    KEY_RANGES if plan.has_key else WHOLE_TABLE, again.rows))
+    rates = [r for sp in spans.values() if (r := current_rate(sp.chunks)) is not None]
+    etas = [sp.eta() for sp in spans.values() if sp.left or sp.unknown]  # the spans with chunks left
+    total_eta: float | None = None
+    if tables and None not in etas:
+        total_eta = max((e for e in etas if e is not None), default=0.0)
+    return SnapshotProgress(cf, span, tuple(tables), tuple(runs), sum(rates) if rates else None, total_eta)
+
+
+class _SpanCopy:
+    """One span's chunks (of the current plans), rows left, and whether some are unknown (a table not planned)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[ChunkDone] = []
+        self.left = 0.0
+        self.unknown = False
+
+    def eta(self) -> float | None:
+        rate = current_rate(self.chunks)
+        return None if self.unknown or not rate or self.left <= 0 else self.left / rate
+
+
+def _rows_left(plan: TablePlan, rows: int, n_done: int) -> float | None:
+    """Rows of ``plan`` left to copy (None: every chunk is done), given ``rows`` copied in ``n_done`` chunks: the
+    planned rows not copied yet; once those are reached while chunks are left (the planned count of a large table is
+    PostgreSQL's estimate), the chunks left at the rows per chunk so far. 0 when nothing tells (no row copied)."""
+    chunks_left = len(plan.chunks) - n_done
+    if chunks_left <= 0:
+        return None
+    if plan.rows > rows:
+        return float(plan.rows - rows)
+    return rows / n_done * chunks_left if n_done else 0.0
+
+
+def current_rate(chunks: Sequence[ChunkDone]) -> float | None:
+    """Rows/s of the current run among ``chunks``: those read under the snapshot of the chunk that finished last,
+    their rows over the wall time from the first one's start to the last one's finish; None when there is no such
+    chunk, no row or no time."""
+    if not chunks:
+        return None
+    latest = max(chunks, key=lambda c: c.finished_at).snapshot
+    rows, start, end = 0, float("inf"), float("-inf")
+    for c in chunks:
+        if c.snapshot == latest:
+            rows += c.rows
+            start = min(start, c.finished_at - c.seconds)
+            end = max(end, c.finished_at)
+    wall = end - start
+    return rows / wall if rows > 0 and wall > 0 else None
 
 
 def read_progress(client: EtcdClient, cluster_id: str, cf: str, span: int | None = None) -> SnapshotProgress:

@@ -99,8 +99,9 @@ def build() -> Dashboard:
         stat("Data divergence warnings", f'sum(tidewater_data_warnings{{severity="divergence",{CF}}}) or vector(0)'),
     ]
     changefeeds = [
-        series("Initial copy: rows copied / planned",
-               [t(f"sum by (changefeed) (tidewater_snapshot_rows_copied{{{CF}}}) / "
+        series("Initial copy: rows done / planned",
+               [t(f"(sum by (changefeed) (tidewater_snapshot_rows_copied{{{CF}}}) - "
+                  f"sum by (changefeed) (tidewater_snapshot_rows_redone{{{CF}}})) / "
                   f"sum by (changefeed) (tidewater_snapshot_rows_planned{{{CF}}})", "{{changefeed}}"),
                 t(f"max by (changefeed) (tidewater_changefeed_snapshot_copying{{{CF}}})", "{{changefeed}} copying",
                   "B")], "percentunit",

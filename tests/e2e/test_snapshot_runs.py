@@ -87,15 +87,38 @@ def _span_state(etcd: EtcdServer, cluster_id: str, cf: str) -> tuple[SpanSnapsho
     return status.value.snapshot, SnapshotProgressStore(client, cluster_id), client
 
 
-def _kill_during_big(cdc: CdcServer, cf: str) -> None:
-    """SIGKILL the capture while ``big`` (the first table) is half copied, start it again."""
+def _kill_during_big(cdc: CdcServer, cf: str, seen: list[dict[str, Any]] | None = None) -> None:
+    """SIGKILL the capture while ``big`` (the first table) is half copied, start it again. ``seen``: gets the copy's
+    progress of every query made meanwhile."""
     def half(q: dict[str, Any]) -> bool:
+        if seen is not None:
+            seen.append(q["snapshot"])
         big = [t for t in q["snapshot"]["tables"] if t["table"].endswith("public.big")]
         return bool(big) and 0 < big[0]["chunks_done"] < big[0]["chunks_total"] // 2
     q = wait_for(cdc, cf, half, "big half copied", timeout=120)
     zbag = [t for t in q["snapshot"]["tables"] if t["table"].endswith("public.zbag")]
     assert not zbag or zbag[0]["chunks_done"] == 0, q["snapshot"]  # not copied under the first export
     cdc.kill()  # the job dies with it; its exported snapshot goes with its connection
+
+
+def _assert_progress_trustworthy(seen: list[dict[str, Any]]) -> None:
+    """The copy's progress as the API showed it, query after query across the kill and the run after it: rows copied
+    never go backwards (in total and per table), and while chunks are left the ETA is absent or positive, never 0."""
+    assert len(seen) > 5, seen
+    last_total, last_table, measured = 0, {}, 0
+    for snap in seen:
+        assert snap["rows_copied"] >= last_total, (last_total, snap)
+        last_total = snap["rows_copied"]
+        if snap["chunks_done"] < snap["chunks_total"]:
+            assert snap["eta_seconds"] is None or snap["eta_seconds"] > 0, snap
+            measured += snap["eta_seconds"] is not None
+        for t in snap["tables"]:
+            assert t["rows_copied"] >= last_table.get(t["table"], 0), (last_table, snap)
+            last_table[t["table"]] = t["rows_copied"]
+            assert t["rows_copied"] - t["rows_redone"] == t["rows_done"], t
+            if not t["chunks_total"] or t["chunks_done"] < t["chunks_total"]:
+                assert t["eta_seconds"] is None or t["eta_seconds"] > 0, t
+    assert measured, "no ETA was ever estimated while the copy ran"
 
 
 @pytest.mark.kills
@@ -110,11 +133,12 @@ def test_a_keyless_table_copied_under_a_second_export_while_writers_run_ends_exa
         # no Spark (a copy this small runs in the job's process): into SQLite one chunk at a time, in table order
         cdc.create_changefeed("kr", pg_server.uri(pg_database), sink_uri,
                               "[snapshot]\nchunk-rows = 1000\nspark-min-rows = 100000000\n")
-        _kill_during_big(cdc, "kr")
+        seen: list[dict[str, Any]] = []  # the copy's progress as `changefeed query` shows it, across the kill
+        _kill_during_big(cdc, "kr", seen)
         time.sleep(1.5)  # the key-less table's duplicates change between the two exports
         cdc.start()
-        q = wait_for(cdc, "kr", lambda q: q["phase"] == "streaming" or q["state"] != "normal", "the copy",
-                     timeout=240)
+        q = wait_for(cdc, "kr", lambda q: bool(seen.append(q["snapshot"])) or q["phase"] == "streaming"
+                     or q["state"] != "normal", "the copy", timeout=240)
         assert q["state"] == "normal", q
         time.sleep(1.5)  # and after the second export, streamed on top of its copy
         writer.finish()
@@ -135,6 +159,10 @@ def test_a_keyless_table_copied_under_a_second_export_while_writers_run_ends_exa
     # big was half copied under the first export; with a text column under REPLICA IDENTITY DEFAULT its copy started
     # over whole under the second (processor.snapshot, _restart_split): its floor is that one
     assert state.floors["public.big"] in [ts for _, ts in state.exports[1:]], state
+    # so big's rows copied before the kill were copied again: shown as redone, never as fewer rows copied
+    _assert_progress_trustworthy(seen)
+    (big,) = [t for t in seen[-1]["tables"] if t["table"].endswith("public.big")]
+    assert big["rows_redone"] > 0 and big["rows_done"] == big["rows_planned"], big
 
 
 @pytest.mark.kills

@@ -95,3 +95,19 @@ def test_a_keyless_row_refused_by_not_null_is_named_by_its_values(
     assert "table public.bag: 301 rows planned, 0/1 chunks done, copied as one chunk: the table has no key" in log[0]
     [(n,)] = pg_tgt.execute("SELECT count(*) FROM public.bag")
     assert n == 0
+
+
+def test_a_value_with_more_fractional_digits_than_an_existing_postgresql_column_is_refused_not_rounded(
+        pg_server: Any, pg_database: str, etcd_server: Any, cluster_id: str, tmp_path: Path, pg_tgt: SqlTarget) -> None:
+    """The COPY passthrough (sinks/sql/bulk.py) would send the upstream text ``0.000000100`` into the existing
+    ``numeric(10,2)`` target, which PostgreSQL rounds to 0.00 without a word: the chunk is parsed instead, and the
+    value refused (docs/limits.md), naming table, key and column."""
+    execute(pg_server, pg_database, "CREATE TABLE amounts (id int PRIMARY KEY, n numeric(20,9))",
+            "INSERT INTO amounts SELECT g, g * 0.25 FROM generate_series(1, 2500) g",
+            "UPDATE amounts SET n = 0.0000001 WHERE id = 1234")
+    pg_tgt.execute("CREATE TABLE public.amounts (id int PRIMARY KEY, n numeric(10,2))")
+    line = _run(_job(pg_server, pg_database, etcd_server, cluster_id, pg_tgt.uri, "public.amounts"), tmp_path)
+    assert "table public.amounts: the target refused the row with key id=1234: " in line, line
+    assert "column 'n' value 0.000000100 has more than 2 fractional digits" in line, line
+    [(rounded,)] = pg_tgt.execute("SELECT count(*) FROM public.amounts WHERE id = 1234 OR n = 0")
+    assert rounded == 0

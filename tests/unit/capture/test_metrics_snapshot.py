@@ -31,8 +31,9 @@ def test_a_copying_changefeed_shows_its_tables_progress() -> None:
 
     def progress(cf: str) -> SnapshotProgress:
         asked.append(cf)
-        return SnapshotProgress(cf, -1, (TableProgress("0:public.t", 3, 8, 150, 400, 50.0, 5.0),
-                                         TableProgress("0:public.u", 0, 2, 0, 90)))  # (no chunk copied yet)
+        return SnapshotProgress(cf, -1, (TableProgress("0:public.t", 3, 8, 150, 400, 50.0, 5.0, rows_redone=30),
+                                         TableProgress("0:public.u", 0, 2, 0, 90)),  # (no chunk copied yet)
+                                eta_seconds=None)
 
     v = _values(list(snapshot_families(_snap(True, ["done", "copying"]), progress)))
     assert v["tidewater_changefeed_snapshot_copying"] == [(("cf",), 1.0)]
@@ -43,6 +44,9 @@ def test_a_copying_changefeed_shows_its_tables_progress() -> None:
     # speed and ETA per copying table, as changefeed query shows them; none for a table not started yet
     assert v["tidewater_snapshot_rows_per_second"] == [(("cf", "0:public.t"), 50.0)]
     assert v["tidewater_snapshot_eta_seconds"] == [(("cf", "0:public.t"), 5.0)]
+    assert v["tidewater_snapshot_rows_redone"] == [(("cf", "0:public.t"), 30.0), (("cf", "0:public.u"), 0.0)]
+    # public.u has chunks left and no rate yet: the changefeed's ETA is absent (not the max of the tables' ETAs)
+    assert v["tidewater_changefeed_snapshot_eta_seconds"] == []
     assert asked == ["cf"]
 
 

@@ -18,7 +18,9 @@ def _q(done: int, phase: str = "snapshot", state: str = "normal", **extra: Any) 
     tables = [{"table": "0:public.t", "chunks_done": done, "chunks_total": 4, "rows_copied": done * 100,
                "rows_planned": 400, "rows_per_second": 50.0 if done else None, "eta_seconds": (4 - done) * 2.0}]
     return {"id": "cf", "state": state, "phase": phase, "error": extra.get("error"),
-            "snapshot": {"chunks_done": done, "chunks_total": 4, "rows_copied": done * 100, "tables": tables}}
+            "snapshot": {"chunks_done": done, "chunks_total": 4, "rows_copied": done * 100,
+                         "rows_per_second": 50.0 if done else None, "eta_seconds": (4 - done) * 2.0 if done else None,
+                         "tables": tables}}
 
 
 def _feed(*queries: dict[str, Any]) -> Any:
@@ -33,6 +35,26 @@ def test_plain_lines_until_streaming() -> None:
     assert q["phase"] == "streaming"
     assert lines == [summary(_q(0)), summary(_q(1)), summary(_q(4, "streaming"))]  # unchanged lines once
     assert lines[1] == "cf: normal, snapshot: 1/4 chunks, 100 rows copied, 50 rows/s, ETA 6 s"
+    assert lines[0] == "cf: normal, snapshot: 0/4 chunks, 0 rows copied"  # no rate measured yet: no ETA
+
+
+def _restarted() -> dict[str, Any]:
+    """After a restart that dropped the table's plan: 350 rows written so far, 300 of them under the old plan."""
+    q = _q(1)
+    q["snapshot"].update(rows_copied=350, rows_redone=300, eta_seconds=0.2)
+    q["snapshot"]["tables"][0].update(rows_copied=350, rows_redone=300, rows_done=50, eta_seconds=0.2)
+    return q
+
+
+def test_rows_redone_after_a_restart_are_shown_beside_the_rows_copied() -> None:
+    assert summary(_restarted()) == ("cf: normal, snapshot: 1/4 chunks, 350 rows copied (300 redone), 50 rows/s, "
+                                     "ETA 1 s")  # (an ETA under a second is never shown as 0 while chunks are left)
+    out = io.StringIO()
+    last = _restarted()
+    last["phase"] = "streaming"  # (the bars' last drawing stays on the terminal)
+    watch(_feed(_restarted(), last), out, tty=True, interval=0)
+    text = " ".join(out.getvalue().split())
+    assert "350 rows copied (300 redone)" in text and "50/400 rows (+300 redone)" in text
 
 
 def test_bars_on_a_terminal() -> None:

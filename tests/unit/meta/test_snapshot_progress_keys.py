@@ -10,7 +10,7 @@ from cdc.meta import keys
 from cdc.meta.keys import KeyKind
 from cdc.meta.kv import KV
 from cdc.meta.snapshot_progress import summarize
-from cdc.snapshot import ChunkDone, SnapshotRun, plan_from_bounds
+from cdc.snapshot import ChunkDone, CopyRedone, SnapshotRun, plan_from_bounds
 
 pytestmark = pytest.mark.unit
 
@@ -79,3 +79,99 @@ def test_a_keyless_table_is_shown_as_one_whole_chunk_and_a_keyed_one_by_key_rang
     shown = {t["table"]: t for t in snapshot_view(p)["tables"]}  # changefeed query and the API show it
     assert shown["0:public.bag"]["chunking"] == "whole table (no key)" and shown["0:public.big"]["chunking"] == "key ranges"
     assert shown["0:public.big"]["rows_per_second"] == 100.0 and shown["0:public.big"]["eta_seconds"] == 1.5
+
+
+def test_redone_keys_round_trip_and_sort_outside_the_chunk_range() -> None:
+    t = TableName("s", "plan")
+    redone = keys.snapshot_redone_key("c1", "cf-1", 2, t)
+    assert keys.parse_key(redone) == keys.EtcdKey(KeyKind.SNAPSHOT_REDONE, "c1", changefeed="cf-1", span=2, table=t)
+    start, end = keys.snapshot_chunk_range("c1", "cf-1", 2, t)
+    chunks = [keys.snapshot_chunk_key("c1", "cf-1", 2, t, i) for i in (0, 9, 10, 12345)]
+    assert all(start <= k < end for k in chunks)
+    assert not start <= redone < end and not start <= keys.snapshot_plan_key("c1", "cf-1", 2, t) < end
+
+
+T = TableName("public", "t")
+
+
+def _table_keys(plan: object, chunks: dict[int, ChunkDone], redone: CopyRedone | None = None) -> list[KV]:
+    kvs = [_kv(keys.snapshot_plan_key("c1", "cf", 0, T), plan)]
+    kvs += [_kv(keys.snapshot_chunk_key("c1", "cf", 0, T, i), c) for i, c in chunks.items()]
+    if redone is not None:
+        kvs.append(_kv(keys.snapshot_redone_key("c1", "cf", 0, T), redone))
+    return kvs
+
+
+def test_a_restart_that_redoes_the_table_never_takes_rows_copied_back_and_measures_the_new_run() -> None:
+    """Run 1 (snapshot s1) copies 3 of 4 chunks and is killed; run 2 (snapshot s2, 100 s later) drops the plan (its
+    table must be read at one snapshot: forget_table keeps its rows as redone) and copies 1 chunk of the new plan."""
+    plan = plan_from_bounds(T, 400, 100, ("id",), [("101",), ("201",), ("301",)])
+    run1 = {i: ChunkDone(100, 1.0, 10.0 + i, "s1", 5) for i in range(3)}
+    before = summarize("cf", 0, _table_keys(plan, run1))
+    (t1,) = before.tables
+    assert (t1.rows_copied, t1.rows_redone, t1.rows_done, t1.chunks_done) == (300, 0, 300, 3)
+    assert t1.rows_per_second == pytest.approx(100.0) and t1.eta_seconds == pytest.approx(1.0)
+
+    dropped = CopyRedone(rows=300, chunks=3, restarts=1)  # what forget_table stores, atomically with the deletes
+    between = summarize("cf", 0, [_kv(keys.snapshot_redone_key("c1", "cf", 0, T), dropped)])
+    (tb,) = between.tables  # not planned again yet: still shown, with what it wrote, and no ETA
+    assert (tb.rows_copied, tb.rows_redone, tb.chunks_total, tb.eta_seconds, tb.done) == (300, 300, 0, None, False)
+    assert between.eta_seconds is None and not between.done
+
+    run2 = {0: ChunkDone(100, 4.0, 114.0, "s2", 9)}
+    after = summarize("cf", 0, _table_keys(plan, run2, dropped))
+    (t2,) = after.tables
+    assert t2.rows_copied == 400 >= t1.rows_copied  # never backwards: rows written downstream over both runs
+    assert (t2.rows_redone, t2.rows_done, t2.rows_planned, t2.chunks_done, t2.chunks_total) == (300, 100, 400, 1, 4)
+    assert t2.rows_per_second == pytest.approx(25.0)  # run 2's chunk alone (not 400 rows over 104 s)
+    assert t2.eta_seconds == pytest.approx(300 / 25.0)  # the current plan's rows left at run 2's rate
+    assert (after.rows_copied, after.rows_redone) == (400, 300)
+    assert after.eta_seconds == pytest.approx(12.0) and after.rows_per_second == pytest.approx(25.0)
+
+    # run 2 also records a chunk of run 1's snapshot that it found committed (deferred key marker): still run 2's rate
+    run2[1] = ChunkDone(100, 1.0, 50.0, "s1", 5)
+    assert summarize("cf", 0, _table_keys(plan, run2, dropped)).tables[0].rows_per_second == pytest.approx(25.0)
+
+
+def test_the_eta_is_absent_until_measured_and_never_zero_while_chunks_are_left() -> None:
+    a, b = TableName("public", "a"), TableName("public", "b")
+    kvs = [_kv(keys.snapshot_plan_key("c1", "cf", 0, a), plan_from_bounds(a, 200, 100, ("id",), [("101",)])),
+           _kv(keys.snapshot_chunk_key("c1", "cf", 0, a, 0), ChunkDone(100, 1.0, 11.0, "s")),
+           _kv(keys.snapshot_chunk_key("c1", "cf", 0, a, 1), ChunkDone(100, 1.0, 12.0, "s")),
+           _kv(keys.snapshot_plan_key("c1", "cf", 0, b),
+               plan_from_bounds(b, 1100, 100, ("id",), [(str(i * 100),) for i in range(1, 11)]))]
+    p = summarize("cf", 0, kvs)
+    ta, tb = p.tables
+    # 2 of 13 chunks done, all of table a: a is done (0), b has no rate of its own yet; the span's copy (one job for
+    # both) has one: b's 1100 planned rows at 100 rows/s, not 0 (the max of the tables' ETAs was 0 here)
+    assert (p.chunks_done, p.chunks_total) == (2, 13)
+    assert ta.eta_seconds == 0.0 and tb.eta_seconds is None
+    assert p.rows_per_second == pytest.approx(100.0) and p.eta_seconds == pytest.approx(11.0)
+    # before any chunk is copied there is no rate: no ETA at all
+    assert summarize("cf", 0, [kvs[0], kvs[3]]).eta_seconds is None
+
+    # b's planned count was an estimate (1,000,000+ rows, dense key) that the rows copied already passed
+    kvs[3] = _kv(keys.snapshot_plan_key("c1", "cf", 0, b),
+                 plan_from_bounds(b, 150, 100, ("id",), [(str(i * 100),) for i in range(1, 11)]))
+    kvs += [_kv(keys.snapshot_chunk_key("c1", "cf", 0, b, i), ChunkDone(100, 1.0, 12.0 + i, "s")) for i in (0, 1)]
+    p = summarize("cf", 0, kvs)
+    tb = p.tables[1]
+    assert tb.rows_done == 200 > tb.rows_planned and tb.chunks_done == 2
+    assert tb.eta_seconds is not None and tb.eta_seconds > 0  # 9 chunks left at 100 rows a chunk, at 100 rows/s
+    assert tb.eta_seconds == pytest.approx(900 / 100.0)
+    assert p.eta_seconds is not None and p.eta_seconds > 0
+
+    # every chunk done: 0
+    kvs += [_kv(keys.snapshot_chunk_key("c1", "cf", 0, b, i), ChunkDone(1, 1.0, 20.0 + i, "s")) for i in range(2, 11)]
+    p = summarize("cf", 0, kvs)
+    assert p.done and p.eta_seconds == 0.0 and p.tables[1].eta_seconds == 0.0
+
+
+def test_the_changefeed_eta_is_the_slowest_span_at_its_own_rate() -> None:
+    a, b = TableName("public", "a"), TableName("public", "b")
+    kvs = [_kv(keys.snapshot_plan_key("c1", "cf", 0, a), plan_from_bounds(a, 300, 100, ("id",), [("101",), ("201",)])),
+           _kv(keys.snapshot_chunk_key("c1", "cf", 0, a, 0), ChunkDone(100, 1.0, 11.0, "s0")),  # 200 left at 100/s
+           _kv(keys.snapshot_plan_key("c1", "cf", 1, b), plan_from_bounds(b, 300, 100, ("id",), [("101",), ("201",)])),
+           _kv(keys.snapshot_chunk_key("c1", "cf", 1, b, 0), ChunkDone(100, 10.0, 20.0, "s1"))]  # 200 left at 10/s
+    p = summarize("cf", -1, kvs)
+    assert p.eta_seconds == pytest.approx(20.0) and p.rows_per_second == pytest.approx(110.0)
