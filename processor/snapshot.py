@@ -10,8 +10,8 @@ Protocol (docs/snapshot.md, "The copy and the stream"):
 3. When the job succeeds, the run fence is removed (a process of the job that outlived it commits nothing
    more), every table whose key the copy deferred must have it built (else ``SinkError``: never streamed without
    its key; such a table counts as pending, so the next run's job builds it), each table gets its *floor* and
-   the span's snapshot is ``done``: the span streams from its checkpoint
-   ``S``, and a change of a table at or below its floor is dropped, being in the copy already.
+   the span's snapshot is ``done`` (after the copy is announced to the sink's readers: ``announce``, a Kafka sink's
+   consumers check that every chunk arrived): the span streams from its checkpoint ``S``, and a change of a table at or below its floor is dropped, being in the copy already.
 
 Floors: a keyed table's chunks may have been copied under several snapshots (a run died and another took a new
 snapshot): its floor is the Ts of the export its plan was made under (the *first* run's, unless the table was
@@ -47,7 +47,14 @@ from cdc.errors import (
 from cdc.events import TableName, TableSchema
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.model import ChangefeedInfo, SpanInfo, SpanSnapshot
-from cdc.snapshot import KEY_DEFERRED, ChunkDone, TablePlan, may_leave_values_unsent, table_definition
+from cdc.snapshot import (
+    KEY_DEFERRED,
+    ChunkDone,
+    CopiedChunk,
+    TablePlan,
+    may_leave_values_unsent,
+    table_definition,
+)
 from cdc.ts import Watermark
 from processor.merged_rows import MergedRows
 from upstream.base import Upstream
@@ -58,6 +65,10 @@ log = logging.getLogger(__name__)
 RestartTarget = Callable[[TableSchema, int, float], None]
 """``restart(schema, ts, time)``: remove what earlier runs copied of ``schema``'s table downstream, so that its copy
 starts over under the definition ``schema`` (``Sink.restart_copy_target``; ``ts``/``time``: the current export)."""
+
+Announce = Callable[[Sequence[CopiedChunk]], None]
+"""``announce(chunks)``: the copies of the tables of ``chunks`` are complete, these being all their chunks as recorded
+(``Sink.announce_copy``: a Kafka sink tells its consumers, who check that every chunk arrived)."""
 
 PLAN_READERS = 4
 """Upstream connections that plan a span's new tables in parallel (each imports the run's exported snapshot)."""
@@ -150,7 +161,7 @@ class InitialCopy:
                  *, chunk_rows: int, spark_master: str, label: str, spark_min_rows: int = 0,
                  truncate: Truncate | None = None, defer_keys: bool = False,
                  restart_target: RestartTarget | None = None, merge: bool = False,
-                 merged_rows: MergedRows | None = None) -> None:
+                 merged_rows: MergedRows | None = None, announce: Announce | None = None) -> None:
         self.info = info
         self.span = span
         self.upstream = upstream
@@ -168,6 +179,7 @@ class InitialCopy:
         self.restart_target = restart_target
         self.merge = merge or merged_rows is not None
         self.merged_rows = merged_rows  # merge: counts the rows kept that the upstream does not have (after the copy)
+        self.announce = announce
 
     def __call__(self, stop: threading.Event, gate: StreamGate | None = None) -> dict[str, int]:
         """Copy what is left; return the floors (table -> Ts) once the span's snapshot is done. ``gate``: the
@@ -192,6 +204,8 @@ class InitialCopy:
                 self.launcher.discard(self.info.id, self.span.index)  # (unused: nothing was left to copy, or a failure)
         self._check_keys_built(tables)
         floors = {**kept, **self._forgetting_unplaced(self.floors, tables)}
+        if self.announce is not None and tables:  # before the span streams (or releases its hold)
+            self.announce(self.copied_chunks(tables))
         kept_ceilings = {k: v for k, v in self.state.ceilings.items() if k in kept}
         self.ceilings = {**kept_ceilings, **self.chunk_ceilings(tables, floors)}
         self.state = dataclasses.replace(self.state, phase="done", floors=floors, ceilings=self.ceilings)
@@ -470,6 +484,13 @@ class InitialCopy:
             f"span {self.label}: key-less table {table}: {why}; it cannot be told which of its changes the copy "
             f"holds, so it does not stream. Its copy record was dropped: `cdc cli changefeed resume -c "
             f"{self.info.id}` copies it again, whole, under a new snapshot", table=str(table))
+
+    def copied_chunks(self, tables: Sequence[TableName]) -> list[CopiedChunk]:
+        """Every recorded chunk of ``tables``: index, the Ts of the run that wrote it, rows (what a copy's
+        announcement lists)."""
+        cf, span = self.info.id, self.span.index
+        return [CopiedChunk(t, i, d.commit_ts, d.rows) for t in tables
+                for i, d in sorted(self.progress.done_chunks(cf, span, t).items())]
 
     def chunk_ceilings(self, tables: Sequence[TableName], floors: Mapping[str, int]) -> dict[str, int]:
         """Per keyed table whose chunks were read under a snapshot later than its floor (a run restarted under a
