@@ -275,7 +275,7 @@ class Rebuilder:
     def _count_copied(self, event: Event, chunk: int) -> None:
         ev = event.ev
         if ev.kind is MessageKind.ROW and ev.op is not OpType.TRUNCATE and ev.table is not None:
-            self.copies.count(ev.table, event.commit_ts, chunk, event.topic, event.partition)
+            self.copies.count(ev.table, event.commit_ts, chunk, event.topic, event.partition, bool(ev.key))
             self.stats.copied_rows += 1
 
     def _gap(self, tp: tuple[str, int], expected: int, offset: int) -> None:
