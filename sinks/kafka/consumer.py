@@ -202,7 +202,7 @@ class Rebuilder:
         self.stats.records += 1
         tp = (record.topic, record.partition)
         expected = self._next.get(tp, 0)
-        if record.offset != expected and record.offset > expected:
+        if record.offset > expected:
             self._gap(tp, expected, record.offset)
         self._next[tp] = record.offset + 1
         if record.topic in self.meta_topics:
