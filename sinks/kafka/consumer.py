@@ -456,10 +456,13 @@ def rebuild(brokers: Sequence[str], topics: Sequence[str], protocol: str, applie
             if deadline is not None and time.monotonic() > deadline:
                 if until is None:
                     return core
+                waiting = core.copies.waiting_for
                 raise SinkError(f"the consumer of {', '.join(topics)} applied up to watermark {core.applied}, not "
                                 f"{until}, within {timeout:g} s (global watermark {core.watermark}; per partition: "
                                 + ", ".join(f"{t}/{p}={core.tracker.partition((t, p))}" for t, p in partitions)
-                                + ")")
+                                + (")" if waiting is None else
+                                   f"; the cut waits for the announcement of table {waiting[0]}'s copy at Ts "
+                                   f"{waiting[1]} in the metadata topic {meta})"))
             for record in reader.poll(0.5):
                 core.feed(record)
             if not has_meta and time.monotonic() >= next_look:  # (created by the first copy's marker)

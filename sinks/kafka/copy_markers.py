@@ -93,6 +93,7 @@ class CopyCheck:
         self._pending: list[tuple[TableName, int, list[tuple[int, int, int]]]] = []
         self._waiting_since: float | None = None
         self._keyless: set[TableName] = set()  # tables whose copied rows have no key
+        self.waiting_for: tuple[TableName, int] | None = None  # (table, Ts) whose announcement the cut waits for
         self.verified = 0  # chunks compared and found complete
 
     def count(self, table: TableName, ts: int, chunk: int, topic: str, partition: int, keyed: bool = True) -> None:
@@ -143,6 +144,7 @@ class CopyCheck:
             for ts in stamps:
                 if top < ts <= watermark and (lowest is None or ts < lowest[0]):
                     lowest = (ts, table)
+        self.waiting_for = None if lowest is None else (lowest[1], lowest[0])
         if lowest is None:
             self._waiting_since = None
             return None

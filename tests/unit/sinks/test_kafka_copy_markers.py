@@ -174,6 +174,7 @@ def test_the_cut_waits_for_an_announcement_read_behind_the_data_and_then_fails_n
     check = CopyCheck(wait=30.0, clock=lambda: now[0])
     core, applier = consume(broker, "canal-json", copies=check)
     assert core.applied == 0 and applier.cuts == []  # held: the metadata topic may be behind
+    assert check.waiting_for == (s.name, 50)
     now[0] = 10.0
     assert core.advance() == 0
     make(broker, "canal-json", span=None).announce_copy(done)  # read late: the cut goes ahead
