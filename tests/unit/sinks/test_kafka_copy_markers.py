@@ -254,3 +254,19 @@ def _wm(ts: int) -> Any:
     from cdc.ts import Watermark
 
     return Watermark(ts, ts / 1000)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_table_dropped_during_its_copy_does_not_hold_the_cut(protocol: str) -> None:
+    """A table dropped upstream while it was copied is never announced (the span no longer has it); its DROP TABLE in
+    the stream ends the wait for it."""
+    from cdc.events import DdlChange, DdlEvent, DdlKind
+
+    broker = FakeBroker(partitions=2)
+    s = table()
+    copy_chunks(broker, protocol, s, 50, {0: range(6)})
+    span = make(broker, protocol, dispatchers=index_value)
+    span.apply_ddl(DdlEvent(70, 0.07, s.name, (DdlChange(DdlKind.DROP_TABLE),), s, None, "DROP TABLE public.t"))
+    make(broker, protocol, span=None).publish_checkpoint(80, 0.08)
+    core, _ = consume(broker, protocol, copies=CopyCheck(wait=0.0, clock=lambda: 0.0))
+    assert core.applied == 80 and core.stats.chunks_verified == 0
