@@ -190,7 +190,7 @@ class Rebuilder:
         self._watermark_time = 0.0
         self._marks: dict[tuple[str, int], int] = {}  # per partition: the highest watermark read so far
         self.meta_topics = set(meta_topics)  # the sink's metadata topics: copy markers, not data
-        self.copies = copies if copies is not None else CopyCheck()
+        self.copies = copies if copies is not None else CopyCheck(deduplicated=dedup)
         self._next: dict[tuple[str, int], int] = {}  # per partition: the offset expected next
         self._gapped: set[tuple[str, int]] = set()  # partitions whose gap was logged
 
