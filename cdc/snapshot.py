@@ -186,12 +186,14 @@ class CopiedChunk:
     """One chunk of a copy as a log-shaped sink (Kafka) tells its readers about it (docs/sinks.md, "Copy markers"):
     the table, the chunk's index in the table's plan, the commit Ts its rows carry (the snapshot of
     the run that wrote it) and, in a copy's announcement (``Sink.announce_copy``), the rows its :class:`ChunkDone`
-    records. ``Sink.write_copy_chunk`` gets it without rows (the sink counts what it writes)."""
+    records, and ``of``, how many chunks the table's plan has. ``Sink.write_copy_chunk`` gets it without rows and
+``of`` (the sink counts what it writes)."""
 
     table: TableName
     index: int
     commit_ts: int
     rows: int = 0
+    of: int = 0  # in an announcement: the number of chunks of the table's plan (indexes 0 .. of - 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -81,6 +81,14 @@ class CopyStopped(TidewaterError):
     retryable = True
 
 
+class CopyIncomplete(TidewaterError):
+    """The copy job ended successfully, yet a planned chunk is not recorded as copied: never streamed over (the
+    table would be short downstream); the next run copies what is left."""
+
+    code = "CDC:ErrSnapshotIncomplete"
+    retryable = True
+
+
 class TableCopyWaiting(TidewaterError):
     """A table copy names a table that exists upstream but is not in its span's publication yet."""
 
@@ -202,6 +210,7 @@ class InitialCopy:
                 self._run(tables, kept, stop, gate)
             finally:
                 self.launcher.discard(self.info.id, self.span.index)  # (unused: nothing was left to copy, or a failure)
+            self._check_all_copied(tables)
         self._check_keys_built(tables)
         floors = {**kept, **self._forgetting_unplaced(self.floors, tables)}
         if self.announce is not None and tables:  # before the span streams (or releases its hold)
@@ -447,6 +456,24 @@ class InitialCopy:
                 out[t] = stored
         return out
 
+    def _check_all_copied(self, tables: Sequence[TableName]) -> None:
+        """Every chunk of every table's plan is recorded as copied once the job returned without an error; else a job
+        that skipped a chunk would leave its rows out downstream with nothing saying so: :class:`CopyIncomplete`
+        (retryable: the next run copies the chunks left)."""
+        cf, span = self.info.id, self.span.index
+        for t in tables:
+            plan = self.progress.get_plan(cf, span, t)
+            if plan is None:
+                continue
+            done = self.progress.done_chunks(cf, span, t)
+            missing = [c.index for c in plan.chunks if c.index not in done]
+            if missing:
+                shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+                raise CopyIncomplete(
+                    f"span {self.label}: the copy job ended without error, yet {len(missing)} of the {len(plan.chunks)} "
+                    f"chunks of table {t} are not recorded as copied (chunk {shown}): the span does not stream over "
+                    "them; the next run copies what is left (if this repeats, the job loses chunks: report it)")
+
     def _check_keys_built(self, tables: Sequence[TableName]) -> None:
         """Streaming must never start on a table whose key the copy deferred and did not build (replays are
         idempotent only by key): the job builds it after the table's last chunk; a job that returned without doing
@@ -489,8 +516,13 @@ class InitialCopy:
         """Every recorded chunk of ``tables``: index, the Ts of the run that wrote it, rows (what a copy's
         announcement lists)."""
         cf, span = self.info.id, self.span.index
-        return [CopiedChunk(t, i, d.commit_ts, d.rows) for t in tables
-                for i, d in sorted(self.progress.done_chunks(cf, span, t).items())]
+        out = []
+        for t in tables:
+            plan = self.progress.get_plan(cf, span, t)
+            of = len(plan.chunks) if plan is not None else 0
+            out += [CopiedChunk(t, i, d.commit_ts, d.rows, of)
+                    for i, d in sorted(self.progress.done_chunks(cf, span, t).items())]
+        return out
 
     def chunk_ceilings(self, tables: Sequence[TableName], floors: Mapping[str, int]) -> dict[str, int]:
         """Per keyed table whose chunks were read under a snapshot later than its floor (a run restarted under a

@@ -10,7 +10,8 @@ leave a table short with nothing saying so. So:
   (``_tidewater.<topic>``, ``sinks.kafka.meta``), key ``chunk/<schema>.<table>/<ts>/<chunk>``: the table, the commit
   Ts the rows carry (the copy run's snapshot), the chunk, and how many rows it wrote to each (topic, partition);
 - when a table's copy is complete, the span records an **announcement**, key ``copied/<schema>.<table>/<ts>``: every
-  chunk of the table as recorded (index, the Ts of the run that wrote it, rows), before any change of the table after
+  chunk of the table as recorded (index, the Ts of the run that wrote it, rows) and how many chunks its plan has
+  (``of``: a chunk never recorded is told too), before any change of the table after
   the copy and so before any watermark that covers it (``Sink.announce_copy``). A DROP TABLE read in the stream
   stands for an announcement of the table up to its Ts (a table dropped during its copy is never announced).
 
@@ -73,9 +74,11 @@ def chunk_marker(chunk: CopiedChunk, rows: Mapping[Partition, int]) -> tuple[byt
 
 def announcement(table: TableName, chunks: Iterable[CopiedChunk]) -> tuple[bytes, bytes]:
     """Key and value of a table's copy announcement: every chunk as recorded."""
+    chunks = list(chunks)
     listed = sorted([c.index, c.commit_ts, c.rows] for c in chunks)
     ts = max((c[1] for c in listed), default=0)
-    doc = {"schema": table.schema, "table": table.table, "ts": ts, "chunks": listed}
+    of = max((c.of for c in chunks), default=0) or len(listed)
+    doc = {"schema": table.schema, "table": table.table, "ts": ts, "of": of, "chunks": listed}
     return announce_key(table, ts), _encode(doc)
 
 
@@ -92,7 +95,7 @@ class CopyCheck:
         self._copied: dict[TableName, set[int]] = {}  # the Ts of a table's chunk-numbered copied rows
         self._markers: dict[tuple[TableName, int, int], dict[Partition, int]] = {}
         self._announced: dict[TableName, int] = {}  # the highest Ts an announcement of the table covers
-        self._pending: list[tuple[TableName, int, list[tuple[int, int, int]]]] = []
+        self._pending: list[tuple[TableName, int, int, list[tuple[int, int, int]]]] = []
         self._waiting_since: float | None = None
         self._keyless: set[TableName] = set()  # tables whose copied rows have no key
         self.waiting_for: tuple[TableName, int] | None = None  # (table, Ts) whose announcement the cut waits for
@@ -124,12 +127,13 @@ class CopyCheck:
                 self._markers[(table, ts, int(doc["chunk"]))] = rows
                 return
             chunks = [(int(i), int(t), int(n)) for i, t, n in doc["chunks"]]
+            of = int(doc.get("of", len(chunks)))
         except (ValueError, KeyError, TypeError) as exc:
             raise SinkError(f"{where}: a copy record {key.decode(errors='replace')!r} this consumer cannot read "
                             f"({type(exc).__name__}: {exc}); update the consumer to the sink's version") from exc
         if ts > self._announced.get(table, 0):
             self._announced[table] = ts
-        self._pending.append((table, ts, chunks))
+        self._pending.append((table, ts, of, chunks))
 
     def dropped(self, table: TableName, ts: int) -> None:
         """``table`` was dropped at ``ts``: copied rows of it below are not waited for (a table dropped during its
@@ -170,10 +174,15 @@ class CopyCheck:
             return
         read = set(partitions)
         left = []
-        for table, ts, chunks in self._pending:
+        for table, ts, of, chunks in self._pending:
             if ts > watermark:
-                left.append((table, ts, chunks))
+                left.append((table, ts, of, chunks))
                 continue
+            unlisted = sorted(set(range(of)) - {i for i, _, _ in chunks})
+            if unlisted:
+                raise SinkError(f"table {table}: its copy at commit Ts {ts} was announced with {len(chunks)} of its "
+                                f"{of} chunks: chunk {', '.join(map(str, unlisted[:10]))} never copied. Rebuild this "
+                                "table from a resync")
             for index, chunk_ts, rows in chunks:
                 self._verify_chunk(table, index, chunk_ts, rows, read)
         self._pending = left

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from cdc.snapshot import CopiedChunk
+from processor.snapshot import CopyIncomplete, CopyRequest
 from tests.snapshot_copy_fakes import (
     BAG,
     KEYED,
@@ -45,5 +46,29 @@ def test_the_copy_is_announced_with_each_chunks_run_before_the_span_is_done() ->
     assert phase == "copying" and stored[-1].phase == "done"  # announced before the done state was stored
     keyed = progress.chunks[KEYED]
     assert sorted(chunks, key=lambda c: (str(c.table), c.index)) == [
-        CopiedChunk(BAG, 0, 200, progress.chunks[BAG][0].rows),
-        *(CopiedChunk(KEYED, i, 100, keyed[i].rows) for i in sorted(keyed))]
+        CopiedChunk(BAG, 0, 200, progress.chunks[BAG][0].rows, 1),
+        *(CopiedChunk(KEYED, i, 100, keyed[i].rows, 3) for i in sorted(keyed))]
+
+
+class SkippingJob(Job):
+    """A job that ends without error having left a chunk out (what the span must never stream over)."""
+
+    def __call__(self, request: CopyRequest, stop: threading.Event) -> None:
+        super().__call__(request, stop)
+        del self.progress.chunks[KEYED][1]
+
+
+def test_a_job_that_ends_without_copying_a_chunk_is_refused_before_anything_is_announced() -> None:
+    progress = Progress()
+    up = Upstream([KEYED], [("A", 100), ("B", 200)])
+    up.plans = {KEYED: keyed_plan()}
+    up.schemas = {KEYED: table_schema(KEYED, True)}
+    said: list[object] = []
+    copy, stored = initial_copy(progress, None, up, SkippingJob(progress), announce=said.append)
+    with pytest.raises(CopyIncomplete, match=r"1 of the 3 chunks of table public\.big are not recorded as copied "
+                                             r"\(chunk 1\)") as err:
+        copy(threading.Event())
+    assert err.value.retryable and said == [] and stored[-1].phase == "copying"
+    again, stored = initial_copy(progress, copy.state, up, Job(progress), announce=said.append)
+    again(threading.Event())  # the next run copies what was left
+    assert stored[-1].phase == "done" and len(said) == 1

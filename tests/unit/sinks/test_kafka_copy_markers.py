@@ -201,6 +201,17 @@ def test_an_announced_chunk_without_its_marker_stops_the_consumer() -> None:
         consume(broker, "canal-json")
 
 
+def test_an_announcement_that_lacks_a_planned_chunk_stops_the_consumer() -> None:
+    """Chunk 1 of 3 was never copied (nor recorded): the announcement says the plan has 3."""
+    broker = FakeBroker(partitions=2)
+    s = table()
+    done = copy_chunks(broker, "canal-json", s, 50, {0: range(5), 2: range(10, 15)})
+    announce(broker, "canal-json", [CopiedChunk(c.table, c.index, c.commit_ts, c.rows, 3) for c in done], 60)
+    with pytest.raises(SinkError, match=r"table public\.t: its copy at commit Ts 50 was announced with 2 of its 3 "
+                                        r"chunks: chunk 1 never copied"):
+        consume(broker, "canal-json")
+
+
 def test_a_chunk_recorded_empty_needs_no_marker() -> None:
     broker = FakeBroker(partitions=1)
     s = table()
