@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from cdc.events import TableName, TableSchema
 
-__all__ = ["KEY_BUILT", "KEY_DEFERRED", "PG_COPY_TEXT", "ChunkDone", "ChunkMarker", "CopyRedone", "CopyText", "SnapshotChunk", "SnapshotProgress", "SnapshotRun", "TablePlan",
+__all__ = ["KEY_BUILT", "KEY_DEFERRED", "PG_COPY_TEXT", "ChunkDone", "ChunkMarker", "CopiedChunk", "CopyRedone", "CopyText", "SnapshotChunk", "SnapshotProgress", "SnapshotRun", "TablePlan",
            "TableProgress", "plan_from_bounds", "table_definition"]
 
 PG_COPY_TEXT = "postgresql-copy-text"
@@ -179,6 +179,21 @@ class ChunkDone:
     finished_at: float
     snapshot: str | None = None
     commit_ts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CopiedChunk:
+    """One chunk of a copy as a log-shaped sink (Kafka) tells its readers about it (docs/sinks.md, "Copy markers"):
+    the table, the chunk's index in the table's plan, the commit Ts its rows carry (the snapshot of
+    the run that wrote it) and, in a copy's announcement (``Sink.announce_copy``), the rows its :class:`ChunkDone`
+    records, and ``of``, how many chunks the table's plan has. ``Sink.write_copy_chunk`` gets it without rows and
+``of`` (the sink counts what it writes)."""
+
+    table: TableName
+    index: int
+    commit_ts: int
+    rows: int = 0
+    of: int = 0  # in an announcement: the number of chunks of the table's plan (indexes 0 .. of - 1)
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,7 @@ from cdc.model import (
     SpanStatus,
     pending_table_copies,
 )
+from cdc.snapshot import CopiedChunk
 from cdc.stats import SpanStats
 from cdc.ts import Watermark
 from cdc.uri import scrub
@@ -401,6 +402,13 @@ class Processor:
             finally:
                 sink.close()
 
+        def announce(chunks: Sequence[CopiedChunk]) -> None:
+            sink = open_sink(info.sink_uri, config.sink)
+            try:
+                sink.announce_copy(chunks)
+            finally:
+                sink.close()
+
         merge = truncate is None and config.snapshot.on_existing_rows == "merge"  # (a table copy empties its tables)
         merged = None
         if merge:  # the rows the merge keeps that the upstream does not have are counted after the copy
@@ -411,7 +419,7 @@ class Processor:
                            chunk_rows=config.snapshot.chunk_rows, spark_master=config.snapshot.spark_master,
                            label=label, spark_min_rows=config.snapshot.spark_min_rows, truncate=truncate,
                            defer_keys=truncate is None and not merge, restart_target=restart_target, merge=merge,
-                           merged_rows=merged)
+                           merged_rows=merged, announce=announce)
 
     @staticmethod
     def _take_up_table_copies(info: ChangefeedInfo, span: int, state: SpanSnapshot | None,

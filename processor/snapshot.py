@@ -10,8 +10,8 @@ Protocol (docs/snapshot.md, "The copy and the stream"):
 3. When the job succeeds, the run fence is removed (a process of the job that outlived it commits nothing
    more), every table whose key the copy deferred must have it built (else ``SinkError``: never streamed without
    its key; such a table counts as pending, so the next run's job builds it), each table gets its *floor* and
-   the span's snapshot is ``done``: the span streams from its checkpoint
-   ``S``, and a change of a table at or below its floor is dropped, being in the copy already.
+   the span's snapshot is ``done`` (after the copy is announced to the sink's readers: ``announce``, a Kafka sink's
+   consumers check that every chunk arrived): the span streams from its checkpoint ``S``, and a change of a table at or below its floor is dropped, being in the copy already.
 
 Floors: a keyed table's chunks may have been copied under several snapshots (a run died and another took a new
 snapshot): its floor is the Ts of the export its plan was made under (the *first* run's, unless the table was
@@ -47,7 +47,14 @@ from cdc.errors import (
 from cdc.events import TableName, TableSchema
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.model import ChangefeedInfo, SpanInfo, SpanSnapshot
-from cdc.snapshot import KEY_DEFERRED, ChunkDone, TablePlan, may_leave_values_unsent, table_definition
+from cdc.snapshot import (
+    KEY_DEFERRED,
+    ChunkDone,
+    CopiedChunk,
+    TablePlan,
+    may_leave_values_unsent,
+    table_definition,
+)
 from cdc.ts import Watermark
 from processor.merged_rows import MergedRows
 from upstream.base import Upstream
@@ -59,6 +66,10 @@ RestartTarget = Callable[[TableSchema, int, float], None]
 """``restart(schema, ts, time)``: remove what earlier runs copied of ``schema``'s table downstream, so that its copy
 starts over under the definition ``schema`` (``Sink.restart_copy_target``; ``ts``/``time``: the current export)."""
 
+Announce = Callable[[Sequence[CopiedChunk]], None]
+"""``announce(chunks)``: the copies of the tables of ``chunks`` are complete, these being all their chunks as recorded
+(``Sink.announce_copy``: a Kafka sink tells its consumers, who check that every chunk arrived)."""
+
 PLAN_READERS = 4
 """Upstream connections that plan a span's new tables in parallel (each imports the run's exported snapshot)."""
 
@@ -67,6 +78,14 @@ class CopyStopped(TidewaterError):
     """The span was asked to stop (pause, move, remove) during its copy: the job was ended."""
 
     code = "CDC:ErrSnapshotStopped"
+    retryable = True
+
+
+class CopyIncomplete(TidewaterError):
+    """The copy job ended successfully, yet a planned chunk is not recorded as copied: never streamed over (the
+    table would be short downstream); the next run copies what is left."""
+
+    code = "CDC:ErrSnapshotIncomplete"
     retryable = True
 
 
@@ -150,7 +169,7 @@ class InitialCopy:
                  *, chunk_rows: int, spark_master: str, label: str, spark_min_rows: int = 0,
                  truncate: Truncate | None = None, defer_keys: bool = False,
                  restart_target: RestartTarget | None = None, merge: bool = False,
-                 merged_rows: MergedRows | None = None) -> None:
+                 merged_rows: MergedRows | None = None, announce: Announce | None = None) -> None:
         self.info = info
         self.span = span
         self.upstream = upstream
@@ -168,6 +187,7 @@ class InitialCopy:
         self.restart_target = restart_target
         self.merge = merge or merged_rows is not None
         self.merged_rows = merged_rows  # merge: counts the rows kept that the upstream does not have (after the copy)
+        self.announce = announce
 
     def __call__(self, stop: threading.Event, gate: StreamGate | None = None) -> dict[str, int]:
         """Copy what is left; return the floors (table -> Ts) once the span's snapshot is done. ``gate``: the
@@ -190,8 +210,11 @@ class InitialCopy:
                 self._run(tables, kept, stop, gate)
             finally:
                 self.launcher.discard(self.info.id, self.span.index)  # (unused: nothing was left to copy, or a failure)
+            self._check_all_copied(tables)
         self._check_keys_built(tables)
         floors = {**kept, **self._forgetting_unplaced(self.floors, tables)}
+        if self.announce is not None and tables:  # before the span streams (or releases its hold)
+            self.announce(self.copied_chunks(tables))
         kept_ceilings = {k: v for k, v in self.state.ceilings.items() if k in kept}
         self.ceilings = {**kept_ceilings, **self.chunk_ceilings(tables, floors)}
         self.state = dataclasses.replace(self.state, phase="done", floors=floors, ceilings=self.ceilings)
@@ -433,6 +456,24 @@ class InitialCopy:
                 out[t] = stored
         return out
 
+    def _check_all_copied(self, tables: Sequence[TableName]) -> None:
+        """Every chunk of every table's plan is recorded as copied once the job returned without an error; else a job
+        that skipped a chunk would leave its rows out downstream with nothing saying so: :class:`CopyIncomplete`
+        (retryable: the next run copies the chunks left)."""
+        cf, span = self.info.id, self.span.index
+        for t in tables:
+            plan = self.progress.get_plan(cf, span, t)
+            if plan is None:
+                continue
+            done = self.progress.done_chunks(cf, span, t)
+            missing = [c.index for c in plan.chunks if c.index not in done]
+            if missing:
+                shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+                raise CopyIncomplete(
+                    f"span {self.label}: the copy job ended without error, yet {len(missing)} of the {len(plan.chunks)} "
+                    f"chunks of table {t} are not recorded as copied (chunk {shown}): the span does not stream over "
+                    "them; the next run copies what is left (if this repeats, the job loses chunks: report it)")
+
     def _check_keys_built(self, tables: Sequence[TableName]) -> None:
         """Streaming must never start on a table whose key the copy deferred and did not build (replays are
         idempotent only by key): the job builds it after the table's last chunk; a job that returned without doing
@@ -470,6 +511,18 @@ class InitialCopy:
             f"span {self.label}: key-less table {table}: {why}; it cannot be told which of its changes the copy "
             f"holds, so it does not stream. Its copy record was dropped: `cdc cli changefeed resume -c "
             f"{self.info.id}` copies it again, whole, under a new snapshot", table=str(table))
+
+    def copied_chunks(self, tables: Sequence[TableName]) -> list[CopiedChunk]:
+        """Every recorded chunk of ``tables``: index, the Ts of the run that wrote it, rows (what a copy's
+        announcement lists)."""
+        cf, span = self.info.id, self.span.index
+        out = []
+        for t in tables:
+            plan = self.progress.get_plan(cf, span, t)
+            of = len(plan.chunks) if plan is not None else 0
+            out += [CopiedChunk(t, i, d.commit_ts, d.rows, of)
+                    for i, d in sorted(self.progress.done_chunks(cf, span, t).items())]
+        return out
 
     def chunk_ceilings(self, tables: Sequence[TableName], floors: Mapping[str, int]) -> dict[str, int]:
         """Per keyed table whose chunks were read under a snapshot later than its floor (a run restarted under a

@@ -66,7 +66,7 @@ from cdc.config import DdlConfig
 from cdc.errors import DdlRejected, SinkError
 from cdc.events import DdlEvent, RowChange, TableName, TableSchema
 from cdc.model import DataWarning
-from cdc.snapshot import ChunkMarker, CopyText
+from cdc.snapshot import ChunkMarker, CopiedChunk, CopyText
 from cdc.ts import Watermark
 
 RowSource = Callable[[TableSchema, Sequence[tuple[Any, ...]]], list[dict[str, Any] | None]]
@@ -154,6 +154,21 @@ class Sink(ABC):
         with ``write``. ``open_text`` is called only when the text may be used (its blocks may be left unread).
         Default: never (None, ``open_text`` not called)."""
         return None
+
+    def write_copy_chunk(self, changes: Iterable[RowChange], chunk: CopiedChunk,
+                         fence: Callable[[], None] | None = None) -> int:
+        """The copy's parsed path: ``write(changes, fence)`` of the rows of one chunk (``chunk``: its table, index
+        and the commit Ts its rows carry). A sink whose readers replay a log (Kafka) also tells them, after the rows
+        are durable, how many rows of the chunk went where (a *chunk marker*), so that a reader can tell a chunk it
+        received short or not at all. Default: ``write``."""
+        return self.write(changes, fence)
+
+    def announce_copy(self, chunks: Sequence[CopiedChunk]) -> None:  # noqa: B027 - optional hook
+        """The copies of the tables of ``chunks`` are complete: ``chunks`` are all their chunks as recorded (table,
+        index, the commit Ts of the run that wrote each, rows). Called by the span before any change of those tables
+        after the copy is written (and so before any watermark covering it), possibly more than once for one copy (a
+        span restarted after it). A sink whose readers replay a log writes it for them (Kafka: docs/sinks.md, "Copy
+        markers"). Default: nothing to tell."""
 
     def defer_key_refusal(self, schema: TableSchema) -> str | None:
         """Why the initial copy of ``schema`` cannot create its target table without the primary key and build the

@@ -9,7 +9,8 @@ Guarantees of :func:`copy_chunks` (per task, in order):
   entirely or not at all. Where the sink can store the upstream's text of the rows exactly as it stores the parsed
   rows (``Sink.write_copy_text``: PostgreSQL targets, ``sinks.sql.bulk``), the text is passed through unparsed
   (``SnapshotReader.read_chunk_text``); otherwise, or when the target already holds rows of the chunk, the rows are
-  read parsed (``SnapshotReader.read_chunk``) and written with one ``Sink.write`` call (upserts by key). A sink that
+  read parsed (``SnapshotReader.read_chunk``) and written with one ``Sink.write_copy_chunk`` call (``Sink.write``,
+  upserts by key; a Kafka sink adds the chunk's marker for its consumers). A sink that
   buffers (``Sink.flush_interval``: the storage sink) is flushed right after, so the chunk is durable (its files
   published) before it is recorded.
   A key-less table's single ``whole`` chunk is written as a TRUNCATE of the table followed by its rows in that
@@ -44,7 +45,7 @@ from cdc.errors import DataRejected, TidewaterError
 from cdc.events import OpType, RowChange, TableSchema
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
-from cdc.snapshot import ChunkDone, ChunkMarker, SnapshotChunk
+from cdc.snapshot import ChunkDone, ChunkMarker, CopiedChunk, SnapshotChunk
 from cdc.uri import redact_text
 from sinks.base import Sink
 from sinks.factory import open_sink
@@ -124,8 +125,8 @@ def copy_chunk(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Calla
     rows = _counted(reader.read_chunk(schema, chunk, commit_ts=job.commit_ts, commit_time=job.commit_time), counter)
     if chunk.whole:  # replace the key-less table's rows, atomically with the copy
         rows = itertools.chain([RowChange(OpType.TRUNCATE, schema, job.commit_ts, job.commit_time)], rows)
-    try:
-        sink.write(rows, fence)
+    try:  # (a log-shaped sink also records where the chunk's rows went: its chunk marker)
+        sink.write_copy_chunk(rows, CopiedChunk(schema.name, chunk.index, job.commit_ts), fence)
         sink.flush(fence)  # a buffering sink (the storage sink's files) makes the chunk durable and visible now
     finally:
         reader.release()  # the chunk's table lock goes now, not when the task ends (deadlocks with the app's DDL)

@@ -14,6 +14,11 @@ Runs until ``--until-ts`` is applied (then prints a JSON summary and exits 0), u
 without ``--until-ts``, 1 with it), or until interrupted. ``--upstream``: exact column types from the upstream's
 current schemas, and the rows of key-only messages read from it; without it the types are inferred from the
 messages (docs/sinks.md, "Consumer library"). A restart resumes after what the target holds.
+
+Copies are checked (``sinks.kafka.copy_markers``): the consumer reads the sink's metadata topic (``--meta-topic``) and
+stops (exit 1, the error naming the table, the chunk, the topic and partition, expected and seen rows) rather than
+rebuild a table whose copy arrived short. Its summary counts ``chunks_verified``, ``copied_rows`` and the offset
+gaps it saw.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ def add_parser(groups: Any) -> None:
     p.add_argument("--until-ts", type=int, help="exit once everything up to this commit Ts is applied")
     p.add_argument("--timeout", type=float, help="give up after this many seconds")
     p.add_argument("--position", help="the consumer's position name in the target (default kafka:<topics>)")
+    p.add_argument("--meta-topic", help="the sink's metadata topic, read for the copies' chunk markers (default "
+                   "_tidewater.<the sink URI's topic>, or of the first --topic without --kafka-uri)")
 
 
 PROTOCOLS = ("canal-json", "open-protocol", "debezium")
@@ -63,6 +70,7 @@ class Source:
     protocol: str
     codec: EncoderConfig | None = None
     client: dict[str, Any] = field(default_factory=dict)
+    meta_topic: str | None = None  # the sink's metadata topic (None: the first topic's)
 
 
 def source_of(args: argparse.Namespace) -> Source:
@@ -74,10 +82,11 @@ def source_of(args: argparse.Namespace) -> Source:
         if not args.broker or not args.topic or not args.protocol:
             raise CliError("CDC:ErrUsage", "give --kafka-uri (the changefeed's kafka:// sink URI), or --broker, "
                            "--topic and --protocol", 2)
-        return Source(list(args.broker), list(args.topic), args.protocol)
+        return Source(list(args.broker), list(args.topic), args.protocol, meta_topic=args.meta_topic)
     if args.broker:
         raise CliError("CDC:ErrUsage", "--broker and --kafka-uri both name brokers: give one of them", 2)
     from sinks.codec import EncoderConfig
+    from sinks.kafka.meta import meta_topic_name
     from sinks.kafka.options import CODEC_PARAMS, parse_kafka_uri
     from sinks.kafka.sink import SINK_PARAMS
     from sinks.kafka.transport import security_config
@@ -90,7 +99,8 @@ def source_of(args: argparse.Namespace) -> Source:
         raise CliError(exc.code, exc.message, 2) from exc
     if args.protocol and args.protocol != opts.protocol:
         raise CliError("CDC:ErrUsage", f"--protocol {args.protocol} differs from the URI's protocol={opts.protocol}", 2)
-    return Source(list(opts.brokers), list(args.topic or [opts.topic]), opts.protocol, codec, security_config(opts))
+    return Source(list(opts.brokers), list(args.topic or [opts.topic]), opts.protocol, codec, security_config(opts),
+                  args.meta_topic or meta_topic_name(opts.topic))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             core = rebuild(src.brokers, src.topics, src.protocol, applier, until=args.until_ts, timeout=args.timeout,
                            schemas=schemas, codec=src.codec, client=src.client, stop=stop.is_set,
+                           meta_topic=src.meta_topic,
                            on_cut=lambda c: logging.getLogger("cdc.kafka_consumer").info(
                                "applied up to watermark %d (%d events so far)", c.applied, c.stats.applied))
         except KeyboardInterrupt:

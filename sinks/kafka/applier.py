@@ -99,7 +99,7 @@ class SinkApplier:
         ev = event.ev
         if ev.table is None:
             return
-        if ev.kind is MessageKind.DDL and _is_drop_table(ev):
+        if ev.kind is MessageKind.DDL and is_drop_table(ev):
             if event.commit_ts >= self._seen_at.get(ev.table, 0):
                 self._tables.pop(ev.table, None)
                 self._seen_at[ev.table] = event.commit_ts
@@ -203,7 +203,7 @@ class SinkApplier:
         table = ev.table
         if table is None:
             return
-        if _is_drop_table(ev):
+        if is_drop_table(ev):
             before = self._tables.pop(table, None) or (self.schemas(table) if self.schemas is not None else None)
             self._ddl_pending.discard(table)
             if before is not None:
@@ -296,7 +296,8 @@ class SinkApplier:
         self.sink.close()
 
 
-def _is_drop_table(ev: DecodedEvent) -> bool:
+def is_drop_table(ev: DecodedEvent) -> bool:
+    """A DROP TABLE event (canal-json ERASE, open-protocol action 4, or the statement)."""
     if ev.extra.get("type") == "ERASE" or ev.extra.get("action") == 4:
         return True
     return (ev.query or "").lstrip().upper().startswith("DROP TABLE") and "type" not in ev.extra \

@@ -28,6 +28,21 @@ key-only messages). A DDL message's ``tidewater-ddl`` header (``sinks.kafka.head
 A copied row (a copy writer's header ``-:...``) behind a watermark of its partition that covers its commit Ts stops
 the consumer (``SinkError``): a consumer cutting at that watermark would have dropped it as a replay.
 
+**Incomplete copies** (``sinks.kafka.copy_markers``): the consumer also reads the sink's metadata topic
+(``_tidewater.<topic>``) for the copies' chunk markers and announcements, counts the copied rows it received per
+(table, Ts, chunk, partition) - rows it dropped as duplicates not counted - and, before applying a cut that covers an
+announced copy, compares every chunk of it with its marker: a chunk missing or short in a partition (or one with more
+rows than its marker says) stops the consumer with ``SinkError`` naming the table, the chunk, the topic and partition
+and both counts, instead of rebuilding the table short. A cut covering copied rows whose copy was not announced yet
+waits for the announcement (the metadata topic may be read behind the data topics), at most
+``copy_markers.ANNOUNCE_WAIT`` seconds, then stops naming the table.
+
+**Offsets**: a jump in a partition's offsets is counted (``stats.offset_gaps``, ``stats.offsets_skipped``; a jump of
+one offset, the place of a transaction's commit or abort marker, apart as ``stats.txn_marker_gaps``), and the first
+jump of more than one offset in a partition is logged: with a transactional producer aborted transactions also leave
+gaps (a broker that hides them: Apache Kafka), so a gap is not an error by itself; records of a copy lost that way are
+(above).
+
 Threading: one thread. Memory: buffered events above the global watermark (a partition without watermarks holds
 everything back: the sink sends them at least every second per span, and the owner's at each checkpoint).
 """
@@ -48,8 +63,9 @@ from cdc.errors import SinkError
 from cdc.events import ColumnSchema, DdlChange, OpType
 from sinks.codec import DecodedEvent, Decoder, MessageDecodeError, MessageKind, decoder_for
 from sinks.codec.base import EncoderConfig, SchemaLookup
-from sinks.kafka.applier import CONSUMER_POSITION, RowFetcher, SinkApplier, infer_schema
-from sinks.kafka.headers import DDL_HEADER, HEADER, parse, parse_ddl
+from sinks.kafka.applier import CONSUMER_POSITION, RowFetcher, SinkApplier, infer_schema, is_drop_table
+from sinks.kafka.copy_markers import CopyCheck
+from sinks.kafka.headers import DDL_HEADER, HEADER, copy_chunk, parse, parse_ddl
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +128,11 @@ class Stats:
     duplicates: int = 0  # row events dropped: an identity already buffered (a replay)
     copies: int = 0  # DDL and TRUNCATE events dropped: the same event from another partition (broadcast) or a replay
     cuts: int = 0
+    copied_rows: int = 0  # rows of copy chunks counted against their markers
+    chunks_verified: int = 0  # announced copy chunks found complete in every partition
+    offset_gaps: int = 0  # jumps of more than one offset within a partition (or a partition not starting at 0)
+    offsets_skipped: int = 0  # offsets those jumps passed over
+    txn_marker_gaps: int = 0  # jumps of exactly one offset: a transaction's commit or abort marker takes one
 
 
 class WatermarkTracker:
@@ -154,8 +175,8 @@ class Rebuilder:
     """The transport-free core: feed records, then :meth:`advance` to apply what the global watermark covers."""
 
     def __init__(self, decoder: Decoder, applier: Applier, partitions: Iterable[tuple[str, int]], *,
-                 dedup: bool = True, claim_check: Callable[[str], tuple[bytes | None, bytes | None]] | None = None
-                 ) -> None:
+                 dedup: bool = True, claim_check: Callable[[str], tuple[bytes | None, bytes | None]] | None = None,
+                 meta_topics: Iterable[str] = (), copies: CopyCheck | None = None) -> None:
         self.decoder = decoder
         self.applier = applier
         self.partitions = set(partitions)
@@ -168,6 +189,10 @@ class Rebuilder:
         self._claim_check = claim_check or read_claim_check
         self._watermark_time = 0.0
         self._marks: dict[tuple[str, int], int] = {}  # per partition: the highest watermark read so far
+        self.meta_topics = set(meta_topics)  # the sink's metadata topics: copy markers, not data
+        self.copies = copies if copies is not None else CopyCheck(deduplicated=dedup)
+        self._next: dict[tuple[str, int], int] = {}  # per partition: the offset expected next
+        self._gapped: set[tuple[str, int]] = set()  # partitions whose gap was logged
 
     def open(self) -> int:
         self.applied = self.applier.open()
@@ -175,6 +200,15 @@ class Rebuilder:
 
     def feed(self, record: Record) -> None:
         self.stats.records += 1
+        tp = (record.topic, record.partition)
+        expected = self._next.get(tp, 0)
+        if record.offset > expected:
+            self._gap(tp, expected, record.offset)
+        self._next[tp] = record.offset + 1
+        if record.topic in self.meta_topics:
+            self.copies.meta(record.key, record.value,
+                             f"topic {record.topic} partition {record.partition} offset {record.offset}")
+            return
         value = next((v for k, v in record.headers if k == HEADER), None)
         span_text, seqs = parse(value)
         try:
@@ -182,9 +216,9 @@ class Rebuilder:
         except MessageDecodeError as exc:
             raise MessageDecodeError(f"topic {record.topic} partition {record.partition} offset {record.offset}: "
                                      f"{exc.message}") from exc
-        tp = (record.topic, record.partition)
         span = int(span_text.partition("/")[0]) if span_text else -1
         copied = value is not None and value[:1] == b"-"  # a copy writer's (initial copy, table copy)
+        chunk = copy_chunk(value) if copied and value is not None else None  # (a copy chunk's: counted)
         i = 0
         for ev in events:
             if ev.kind is MessageKind.WATERMARK:
@@ -214,10 +248,14 @@ class Rebuilder:
             event = Event(ev, int(ev.commit_ts), span, seq, record.topic, record.partition, record.offset)
             if ev.kind is MessageKind.DDL:
                 event.ddl = parse_ddl(next((v for k, v in record.headers if k == DDL_HEADER), None))
+                if ev.table is not None and is_drop_table(ev):
+                    self.copies.dropped(ev.table, event.commit_ts)
             if copied and event.commit_ts <= self._marks.get(tp, 0):
                 self._late_copy(event)
             if event.commit_ts <= self.applied:
                 self.stats.replayed += 1
+                if chunk is not None:
+                    self._count_copied(event, chunk)
                 self.applier.observe(event)
                 continue
             if self.dedup:
@@ -230,7 +268,28 @@ class Rebuilder:
                             self.stats.copies += 1
                         continue
                     self._seen.add(ident)
+            if chunk is not None:
+                self._count_copied(event, chunk)
             self._buffer.append(event)
+
+    def _count_copied(self, event: Event, chunk: int) -> None:
+        ev = event.ev
+        if ev.kind is MessageKind.ROW and ev.op is not OpType.TRUNCATE and ev.table is not None:
+            self.copies.count(ev.table, event.commit_ts, chunk, event.topic, event.partition, bool(ev.key))
+            self.stats.copied_rows += 1
+
+    def _gap(self, tp: tuple[str, int], expected: int, offset: int) -> None:
+        """Offsets ``expected`` .. ``offset - 1`` of ``tp`` were not delivered (module docstring, "Offsets")."""
+        if offset - expected == 1 and expected > 0:
+            self.stats.txn_marker_gaps += 1
+            return
+        self.stats.offset_gaps += 1
+        self.stats.offsets_skipped += offset - expected
+        if tp not in self._gapped:
+            self._gapped.add(tp)
+            log.warning("topic %s partition %d: offsets %d..%d were not delivered (aborted transactions, or records "
+                        "deleted: retention, compaction); further gaps of this partition are only counted in the "
+                        "consumer's stats", tp[0], tp[1], expected, offset - 1)
 
     def _late_copy(self, event: Event) -> None:
         """A copied row (or a copy's TRUNCATE) behind a watermark that covers its commit Ts in its own partition: the
@@ -260,6 +319,10 @@ class Rebuilder:
         w = self.watermark
         if w <= self.applied:
             return self.applied
+        if self.copies.holds(w) is not None:  # a copy's announcement not read yet (raises once waited too long)
+            return self.applied
+        self.copies.verify(w, self.partitions)  # every announced copy the cut covers: complete, or SinkError
+        self.stats.chunks_verified = self.copies.verified
         ready = sorted((e for e in self._buffer if e.commit_ts <= w), key=Event.order)
         self._buffer = [e for e in self._buffer if e.commit_ts > w]
         self.applier.apply(ready, w, self.tracker.times.get(w, 0.0))
@@ -334,6 +397,24 @@ class KafkaReader:
         self.partitions = found
         return found
 
+    def add_topic(self, topic: str) -> bool:
+        """Read ``topic`` too, from its beginning, if it exists now (the sink's metadata topic); False: it does not.
+        Asks the cluster's topic list (a metadata request for the topic itself would create it on some brokers)."""
+        from kafka import TopicPartition
+
+        if any(t == topic for t, _ in self.partitions):
+            return True
+        if topic not in self._consumer.topics():
+            return False
+        parts = self._consumer.partitions_for_topic(topic)
+        if not parts:
+            return False
+        new = [(topic, p) for p in sorted(parts)]
+        self._consumer.assign([TopicPartition(t, p) for t, p in [*self.partitions, *new]])
+        self._consumer.seek_to_beginning(*(TopicPartition(t, p) for t, p in new))
+        self.partitions = [*self.partitions, *new]
+        return True
+
     def poll(self, timeout: float = 1.0) -> list[Record]:
         batches = self._consumer.poll(timeout_ms=int(timeout * 1000), max_records=20_000)
         out: list[Record] = []
@@ -349,16 +430,23 @@ class KafkaReader:
 def rebuild(brokers: Sequence[str], topics: Sequence[str], protocol: str, applier: Applier, *,
             until: int | None = None, timeout: float | None = None, schemas: SchemaLookup | None = None,
             codec: EncoderConfig | None = None, client: Mapping[str, Any] | None = None, dedup: bool = True,
-            stop: Callable[[], bool] | None = None, on_cut: Callable[[Rebuilder], None] | None = None) -> Rebuilder:
+            stop: Callable[[], bool] | None = None, on_cut: Callable[[Rebuilder], None] | None = None,
+            meta_topic: str | None = None) -> Rebuilder:
     """Read ``topics`` and apply to ``applier`` cut by cut until the applied watermark reaches ``until`` (None: until
     ``stop()`` is true or ``timeout`` passes). Returns the :class:`Rebuilder` (its ``applied`` and ``stats``).
-    Raises :class:`SinkError` when ``until`` is not reached within ``timeout``."""
+    Raises :class:`SinkError` when ``until`` is not reached within ``timeout``. ``meta_topic``: the sink's metadata
+    topic, read for the copies' markers (default ``_tidewater.<first topic>``: the sink URI's topic comes first)."""
+    from sinks.kafka.meta import meta_topic_name
+
     decoder = decoder_for(protocol, codec, schemas=schemas)
     reader = KafkaReader(brokers, topics, client=client)
+    meta = meta_topic or meta_topic_name(topics[0])
     try:
         partitions = reader.assign(timeout or 30.0)
-        core = Rebuilder(decoder, applier, partitions, dedup=dedup)
+        core = Rebuilder(decoder, applier, partitions, dedup=dedup, meta_topics=[meta])
         core.open()
+        has_meta = reader.add_topic(meta)
+        next_look = time.monotonic() + 1.0
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             if until is not None and core.applied >= until:
@@ -368,12 +456,17 @@ def rebuild(brokers: Sequence[str], topics: Sequence[str], protocol: str, applie
             if deadline is not None and time.monotonic() > deadline:
                 if until is None:
                     return core
+                waiting = core.copies.waiting_for
                 raise SinkError(f"the consumer of {', '.join(topics)} applied up to watermark {core.applied}, not "
                                 f"{until}, within {timeout:g} s (global watermark {core.watermark}; per partition: "
                                 + ", ".join(f"{t}/{p}={core.tracker.partition((t, p))}" for t, p in partitions)
-                                + ")")
+                                + (")" if waiting is None else
+                                   f"; the cut waits for the announcement of table {waiting[0]}'s copy at Ts "
+                                   f"{waiting[1]} in the metadata topic {meta})"))
             for record in reader.poll(0.5):
                 core.feed(record)
+            if not has_meta and time.monotonic() >= next_look:  # (created by the first copy's marker)
+                has_meta, next_look = reader.add_topic(meta), time.monotonic() + 1.0
             before = core.applied
             if core.advance() > before and on_cut is not None:
                 on_cut(core)

@@ -4,7 +4,9 @@ Value (ASCII):
 
 - a row or DDL message: ``<span>/<spans>:<seq>[,<seq>...]``: the span that wrote it (0-based) of how many, and the
   event position of each event in it, in order (``sinks.kafka.sink``: per span and commit Ts, a replay numbers its
-  events as the first run did). Writers of the initial copy are bound to no span: ``-:<seq>...``.
+  events as the first run did). Writers of the initial copy are bound to no span: ``-:<seq>...``; a copied row of a
+  chunk (``Sink.write_copy_chunk``) says which: ``-<chunk>:<seq>...`` (the consumer counts them per chunk and
+  partition against the chunk's marker: ``sinks.kafka.copy_markers``).
 - a span's watermark: ``<span>/<spans>``. The changefeed checkpoint's watermarks (the owner's) carry no header.
 
 One header, not two, on row messages: kafka-python's cost per header is ~2 us per message, a tenth of the sink's
@@ -38,13 +40,24 @@ def span_value(span: int, spans: int) -> bytes:
     return f"{span}/{spans}".encode()
 
 
+def copy_value(chunk: int) -> bytes:
+    """The span part of a copied row's header that names its chunk (``-<chunk>``)."""
+    return b"-%d" % chunk
+
+
 def parse(value: bytes | None) -> tuple[str | None, list[int]]:
-    """``(span text "i/n" or None, event positions)`` of a header value (None: no header)."""
+    """``(span text "i/n" or None, event positions)`` of a header value (None: no header, or a copy writer's)."""
     if not value:
         return None, []
     text = value.decode("ascii")
     span, _, seqs = text.partition(":")
-    return (None if span in ("", "-") else span), ([int(s) for s in seqs.split(",")] if seqs else [])
+    return (None if not span or span[0] == "-" else span), ([int(s) for s in seqs.split(",")] if seqs else [])
+
+
+def copy_chunk(value: bytes) -> int | None:
+    """The chunk a copy writer's header (``-<chunk>:...``) names; None: none (``-:...``, or not a copy writer's)."""
+    span = value.partition(b":")[0]
+    return int(span[1:]) if len(span) > 1 and span[:1] == b"-" else None
 
 
 def ddl_header(event: DdlEvent) -> tuple[str, bytes] | None:

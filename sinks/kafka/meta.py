@@ -8,6 +8,9 @@ Keys:
   or not at all (``KafkaSink.open_position`` reads it back on restart).
 - ``topic/<name>``: a topic the sink's dispatcher rules sent rows to (only with per-table topics): the owner's
   checkpoint watermarks and a restarted span's watermarks go to every partition of every such topic.
+- ``chunk/<schema>.<table>/<ts>/<chunk>`` and ``copied/<schema>.<table>/<ts>``: a copy's chunk markers and a table's
+  copy announcement, for the consumers (``sinks.kafka.copy_markers``; written by every sink with a copy, whatever
+  its topics).
 - ``marker/<uuid>``: written by a reader before it reads, so that it knows when it has read everything committed
   before it began (end offsets cannot be trusted on every broker: docs/sinks.md, "Test broker").
 

@@ -1,6 +1,7 @@
 """The Kafka sink's use of its metadata topic ``_tidewater.<topic>`` (``sinks.kafka.meta``: names, encoding, the
-reader): the per-table topics it writes to (so that watermarks reach them after a restart and from the owner) and,
-with ``kafka-transactional``, the span's position, last in each transaction. A mixin of
+reader): the per-table topics it writes to (so that watermarks reach them after a restart and from the owner), the
+copies' chunk markers and announcements (``sinks.kafka.copy_markers``) and, with ``kafka-transactional``, the span's
+position, last in each transaction. A mixin of
 :class:`sinks.kafka.sink.KafkaSink`, kept apart to keep the sink's module about writing; kafka-python is imported
 only when the topic is used (``sinks.kafka.meta``)."""
 
@@ -57,6 +58,18 @@ class MetaTopicUse:
         tr.topic(meta, 1)
         value = {"ts": position[0], "step": position[1], "origin": self._origin, "time": round(self._clock(), 3)}
         tr.send(meta, 0, checkpoint_key(self.changefeed, self.span).encode(), encode(value))
+
+    def _record_copy(self, tr: KafkaTransport, records: list[tuple[bytes, bytes]]) -> None:
+        """A copy's chunk marker or announcement (``sinks.kafka.copy_markers``), acknowledged before returning: the
+        marker after its chunk's rows were (so the copy records the chunk only once its marker is there), the
+        announcement before the span's next change of the table."""
+        from sinks.kafka.meta import meta_topic_name
+
+        meta = meta_topic_name(self.options.topic)
+        tr.topic(meta, 1)
+        for key, value in records:
+            tr.send(meta, 0, key, value)
+        tr.flush()
 
     def _meta_records(self, *, fresh: bool, transport: KafkaTransport | None = None) -> dict[str, dict[str, Any]]:
         from sinks.kafka.meta import MetaReader

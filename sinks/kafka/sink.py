@@ -56,12 +56,14 @@ from cdc.config import SinkConfig
 from cdc.errors import InvalidArgument, InvalidURI, SinkError
 from cdc.events import SNAPSHOT, DdlEvent, OpType, RowChange, TableName, TableSchema
 from cdc.model import DataWarning
+from cdc.snapshot import CopiedChunk
 from cdc.ts import Watermark
 from sinks.base import Sink
 from sinks.codec import EncoderConfig, Message, MessageKind, encoder_for
 from sinks.codec.base import RowEventEncoder, split_key_change
+from sinks.kafka.copy_markers import announcement, chunk_marker
 from sinks.kafka.dispatcher import Dispatcher
-from sinks.kafka.headers import HEADER, ddl_header, row_header, span_value
+from sinks.kafka.headers import HEADER, copy_value, ddl_header, row_header, span_value
 from sinks.kafka.large import LargeMessages
 from sinks.kafka.metatopic import MetaTopicUse
 from sinks.kafka.options import CODEC_PARAMS, KafkaOptions, parse_kafka_uri
@@ -108,7 +110,7 @@ class _Dest:
     """One (topic, partition): its encoder, its message size limit, and the changes appended since the last build
     with their event positions."""
 
-    __slots__ = ("topic", "partition", "limit", "enc", "items")
+    __slots__ = ("topic", "partition", "limit", "enc", "items", "copied")
 
     def __init__(self, topic: str, partition: int, limit: int, enc: RowEventEncoder) -> None:
         self.topic = topic
@@ -116,6 +118,7 @@ class _Dest:
         self.limit = limit
         self.enc = enc
         self.items: list[tuple[RowChange, int]] = []
+        self.copied = 0  # copied rows appended (a copy chunk's count per partition: write_copy_chunk)
 
 
 class KafkaSink(MetaTopicUse, Sink):
@@ -264,7 +267,8 @@ class KafkaSink(MetaTopicUse, Sink):
             step = 2 * self._txn_ddls
             if applied is not None and (ts, step) <= applied:
                 continue  # committed by an earlier transaction of this span
-            if unbound or change.extra.get(SNAPSHOT) is True:  # the initial copy's writers: see _copy_base
+            copying = unbound or change.extra.get(SNAPSHOT) is True
+            if copying:  # the initial copy's writers: see _copy_base
                 copy_base = copy_base or _copy_base()
                 base = copy_base + copied * SEQ_STRIDE
                 copied += 1
@@ -289,6 +293,8 @@ class KafkaSink(MetaTopicUse, Sink):
                     d = dests.get(key) or self._dest(tr, *key)
                     d.enc.append_row(half)
                     d.items.append((half, base + 2 * i))
+                    if copying:
+                        d.copied += 1
                     if debezium and halves is None and op is UPDATE and _key_changed(half):
                         d.items.append((half, base + 1))  # Debezium writes an unsplit key change as two records
             count += 1
@@ -303,6 +309,32 @@ class KafkaSink(MetaTopicUse, Sink):
             fence()
         self._drain(tr)
         return count, last
+
+    def write_copy_chunk(self, changes: Iterable[RowChange], chunk: CopiedChunk,
+                         fence: Callable[[], None] | None = None) -> int:
+        """A copy writer's chunk (``Sink.write_copy_chunk``): its rows as ``write`` sends them, each header naming the
+        chunk (``-<chunk>:...``), then, once they are acknowledged, the chunk's marker in the metadata topic: how many
+        rows went to each partition (``sinks.kafka.copy_markers``). A failure before the marker leaves the chunk
+        unrecorded: the copy writes it again."""
+        for d in self._dests.values():
+            d.copied = 0
+        before = self._span_header
+        self._span_header = copy_value(chunk.index)
+        try:
+            count = self.write(changes, fence)
+        finally:
+            self._span_header = before
+        rows = {(d.topic, d.partition): d.copied for d in self._dests.values() if d.copied}
+        self._record_copy(self._tr(), [chunk_marker(chunk, rows)])
+        return count
+
+    def announce_copy(self, chunks: Sequence[CopiedChunk]) -> None:
+        """The copies of the tables of ``chunks`` are complete (``Sink.announce_copy``): an announcement per table in
+        the metadata topic (``sinks.kafka.copy_markers``), acknowledged together."""
+        by_table: dict[TableName, list[CopiedChunk]] = {}
+        for c in chunks:
+            by_table.setdefault(c.table, []).append(c)
+        self._record_copy(self._tr(), [announcement(t, cs) for t, cs in by_table.items()])
 
     def _position(self, ts: int) -> int:
         """The next event position in transaction ``ts`` (row changes and DDL count alike, skipped or not, so a

@@ -185,6 +185,8 @@ def test_capture_kills_under_writes_then_the_consumer_rebuilds_the_tables(
                    f"consumer library: {core.stats}")
     assert_same(source, target, counted)
     assert core.stats.checkpoints > 0, f"no changefeed checkpoint reached the topic (owner publisher): {core.stats}"
+    # every chunk of the initial copy was checked against its marker (a chunk short or missing stops the consumer)
+    assert core.stats.chunks_verified > 0 and core.stats.copied_rows > 0, core.stats
     if protocol == "debezium":  # the initial copy's rows reach the topic as Debezium reads (op "r")
         reads = [v["payload"] for r in records if r.value and (v := json.loads(r.value)).get("payload")
                  and v["payload"].get("op") == "r"]

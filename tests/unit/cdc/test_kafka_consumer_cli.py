@@ -44,6 +44,15 @@ def test_topics_given_beside_the_uri_replace_its_topic_and_a_plain_uri_is_plaint
     assert src.topics == ["b", "c"] and src.protocol == "debezium" and src.client == {"security_protocol": "PLAINTEXT"}
 
 
+def test_the_metadata_topic_with_the_copy_markers_is_the_sink_uris_unless_named() -> None:
+    """The copies' chunk markers are in ``_tidewater.<the sink URI's topic>`` (docs/sinks.md, "Copy markers"), also
+    when --topic names the dispatchers' topics."""
+    uri = "kafka://127.0.0.1:9092/a?protocol=canal-json"
+    assert source_of(_args("--kafka-uri", uri, "--topic", "b")).meta_topic == "_tidewater.a"
+    assert source_of(_args("--kafka-uri", uri, "--meta-topic", "m")).meta_topic == "m"
+    assert source_of(_args("--broker", "h:1", "--topic", "t", "--protocol", "canal-json")).meta_topic is None
+
+
 def test_the_uri_from_a_file_or_the_environment_keeps_the_password_out_of_ps(tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     f = tmp_path / "kafka.uri"
