@@ -10,13 +10,20 @@ values. Every step ends with a row-by-row and schema compare and no warning on t
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from e2e_workload import assert_converged, run_sql, wait_for
 
-from playground.cluster import CdcServer
-from playground.servers import PostgresServer
+from playground.cluster import CdcServer, current_lsn
+from playground.compare import compare_tables
+from playground.compare_schema import assert_schemas_equal
+from playground.servers import KafkaServer, PostgresServer
 
 pytestmark = pytest.mark.e2e
 
@@ -58,3 +65,30 @@ def test_stable_and_volatile_defaults_fill_the_existing_rows_with_upstreams_valu
     assert tokens > 30 and seen > 1 and created >= 1  # the values really were per row
     q = wait_for(cdc, "fill", lambda q: True, "query")
     assert q["state"] == "normal" and not q["warnings"], q
+
+
+def test_the_kafka_consumer_fills_the_existing_rows_from_the_ddl_header_and_the_upstream(
+        cdc_server: CdcServer, kafka_server: KafkaServer, kafka_topic: str, pg_server: PostgresServer,
+        pg_database: str, source: Any, tmp_path: Path) -> None:
+    run_sql(source, "INSERT INTO orders SELECT g, g FROM generate_series(1, 30) g")
+    sink = kafka_server.uri(kafka_topic, protocol="canal-json", partition_num="2")
+    cdc_server.create_changefeed("kf", pg_server.uri(pg_database), sink)
+    wait_for(cdc_server, "kf", lambda q: q["phase"] == "streaming" and q["checkpoint_ts"] > 0, "the initial copy")
+    run_sql(source, "ALTER TABLE orders ADD COLUMN created_at timestamptz NOT NULL DEFAULT now()",
+            "UPDATE orders SET amount = 0 WHERE id = 1",
+            "ALTER TABLE orders ADD COLUMN token uuid DEFAULT gen_random_uuid()",
+            "DELETE FROM orders WHERE id = 2", "INSERT INTO orders (id, amount) VALUES (31, 31)")
+    checkpoint = cdc_server.wait_checkpoint("kf", current_lsn(source), timeout=90)["checkpoint_ts"]
+    q = cdc_server.changefeed("kf")
+    assert q["state"] == "normal" and not q["warnings"], q
+    target = f"sqlite:///{tmp_path / 'rebuilt.db'}"
+    out = subprocess.run(
+        [sys.executable, "-m", "cdc", "cli", "kafka-consumer", "--kafka-uri", sink, "--sink-uri", target,
+         "--upstream", pg_server.uri(pg_database), "--until-ts", str(checkpoint), "--timeout", "90"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout)["applied_ts"] >= checkpoint
+    assert "WarnDdlDefault" not in out.stderr, out.stderr[-3000:]
+    bad = [d for d in compare_tables(source, TABLES, target) if not d.equal]
+    assert not bad, f"the consumer's tables differ from the upstream: {bad}"
+    assert_schemas_equal(source, TABLES, target)
