@@ -12,8 +12,7 @@ budget. DDL messages (rare) carry a second one, ``tidewater-ddl``, when the DDL 
 ``{"changes": [[kind, column, new name], ...], "columns": [added column, ...], "fills": {column: fill}}`` (the
 :class:`cdc.events.DdlChange` kinds ``add column``, ``drop column``, ``rename column``; each added column as
 ``cdc.serde`` writes a :class:`cdc.events.ColumnSchema`, with its type and default; each added column's
-:class:`cdc.events.ColumnFill` as ``{"value": text or null}``, the value in the text form of the text protocols
-(``sinks.codec.canal_json.canal_text_converter``, read back by ``sinks.codec.text``), or ``{"per_row": true}``),
+:class:`cdc.events.ColumnFill` as ``sinks.codec.fills`` writes it),
 so that a consumer applies a rename as a rename and fills the rows that existed with what they hold upstream (the
 protocols' DDL messages carry only the statement). A consumer that does not know ``fills`` falls back to the
 default expression.
@@ -22,14 +21,12 @@ default expression.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from cdc.events import ColumnFill, ColumnSchema, DdlChange, DdlEvent, DdlKind
 from cdc.serde import from_dict, to_dict
-from sinks.codec import text as X
-from sinks.codec import types as T
-from sinks.codec.canal_json import canal_text_converter
+from sinks.codec.fills import fill_doc, fill_of
 
 HEADER = "tidewater"
 DDL_HEADER = "tidewater-ddl"
@@ -71,17 +68,11 @@ def ddl_header(event: DdlEvent) -> tuple[str, bytes] | None:
     after = {c.name: c for c in event.after.columns} if event.after is not None else {}
     added = [to_dict(after[c.column]) for c in changes if c.kind is DdlKind.ADD_COLUMN and c.column in after]
     doc: dict[str, Any] = {"changes": [[c.kind.value, c.column, c.new_name] for c in changes], "columns": added}
-    fills = {f.column: {"per_row": True} if f.per_row else
-             {"value": None if f.value is None else canal_text_converter(after[f.column])(f.value)}
-             for f in event.fills if f.column in after}
+    fills = {f.column: fill_doc(after[f.column], f) for f in event.fills if f.column in after}
     if fills:
         doc["fills"] = fills
     return DDL_HEADER, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
-
-def _fill_parser(col: ColumnSchema) -> Callable[[str], Any]:
-    kind = T.value_kind(col)
-    return X.array_parser(T.element_kind(col)) if kind == T.K_ARRAY else X.text_parser(kind)
 
 
 def parse_ddl(value: bytes | None) -> DdlHeader | None:
@@ -93,13 +84,7 @@ def parse_ddl(value: bytes | None) -> DdlHeader | None:
         doc = json.loads(value)
         changes = tuple(DdlChange(DdlKind(k), c, n) for k, c, n in doc["changes"])
         columns = {c.name: c for c in (from_dict(ColumnSchema, c) for c in doc.get("columns", ()))}
-        fills = []
-        for name, f in (doc.get("fills") or {}).items():
-            if f.get("per_row"):
-                fills.append(ColumnFill(name, per_row=True))
-            else:
-                text = f.get("value")
-                fills.append(ColumnFill(name, None if text is None else _fill_parser(columns[name])(text)))
+        fills = [fill_of(columns[name], f) for name, f in (doc.get("fills") or {}).items()]
     except (ValueError, KeyError, TypeError, ArithmeticError):
         return None
     return DdlHeader(changes, columns, tuple(fills))
