@@ -28,7 +28,9 @@ Guarantees (in the terms of ``sinks.base``):
   with a TRUNCATE, which starts a new table version each time).
 - **Table versions.** A DDL (``apply_ddl``) writes the schema file of a new table version ``{commit Ts + its position
   in the transaction}`` with TiCDC's ``Query`` and ``Type``; rows after it go to that version's directory. It takes
-  effect at most once: when the schema file is there already it returns False. A TRUNCATE (which CSV and TiCDC's
+  effect at most once: when the schema file is there already it returns False. An ADD COLUMN's one-value fills
+  (``DdlEvent.fills``) go into the schema file (``sinks.storage.layout``: ``Fills``, applied by the reader); per-row
+  values (a volatile default) are not written: ``CDC:WarnDdlDefault`` (``take_warnings``) when the table has rows. A TRUNCATE (which CSV and TiCDC's
   storage format cannot carry as a row) is recorded the way TiCDC records a ``TRUNCATE TABLE`` DDL: a new table
   version whose schema file's ``Query`` is ``TRUNCATE TABLE "s"."t"`` and ``Type`` 11; the rows after it go there.
   A schema the sink meets without a DDL (the first rows of a table, a change of shape the upstream did not report
