@@ -13,8 +13,8 @@ comparing that schema with the one the span's stream had for the table just befo
 Each ADD_COLUMN gets a :class:`cdc.events.ColumnFill` (``DdlEvent.fills``, :func:`fills`): what the rows that
 existed hold upstream in the new column. The message's columns carry PostgreSQL's *missing value* (the one value a
 non-volatile default gave every existing row, ``now()`` included), parsed as a streamed value of the column's type;
-a column with a default (or of a domain type, whose default may apply) but no missing value was filled by a table
-rewrite, one value per row (a volatile default): ``per_row``, read back by key downstream; a column with neither
+a column with a default (or of a domain type, whose default may apply, or an identity column) but no missing value
+was filled by a table rewrite, one value per row (a volatile default): ``per_row``, read back by key downstream; a column with neither
 holds NULL.
 
 The trigger also describes the tables an ALTER TABLE names just before it runs; that description is used as
@@ -153,7 +153,7 @@ def fills(t: dict[str, Any], after: TableSchema, added: list[str]) -> tuple[Colu
             except (ValueError, ArithmeticError) as e:
                 raise DecodeError(f"the value existing rows of {after.name} got in new column {name!r} "
                                   f"({str(missing)[:60]!r}) is not a valid {col.type_name or col.base_type}: {e}") from e
-        elif c[5] is not None or int(c[1]) in domains:
+        elif c[5] is not None or int(c[1]) in domains or (len(c) > 7 and c[7]):  # (identity: a sequence's values)
             out.append(ColumnFill(name, per_row=True))
         else:
             out.append(ColumnFill(name, None))

@@ -93,12 +93,13 @@ def test_an_added_column_carries_what_the_existing_rows_hold_upstream() -> None:
         ["at", "1184", -1, True, "timestamp with time zone", "now()", "2026-11-28 08:06:35.839083+00"],  # STABLE
         ["v", "1184", -1, False, "timestamp with time zone", "clock_timestamp()", None],  # VOLATILE: rewritten
         ["n", "23", -1, False, "integer", None, None],  # no default: NULL
-        ["d", "900", -1, False, "dom", None, None]],  # a domain's default may apply: read back
+        ["d", "900", -1, False, "dom", None, None],  # a domain's default may apply: read back
+        ["i", "23", -1, True, "integer", None, None, True]],  # an identity column: a sequence's values, read back
         [["900", "dom", "d", "N", "0", "23", -1, "11", "integer"]])
     (ev,) = ddl_decode.decode(content, schema(ID), commit_ts=10, commit_time=1.0, seq=0)
     at = datetime.datetime(2026, 11, 28, 8, 6, 35, 839083, tzinfo=datetime.UTC)
     assert ev.fills == (ColumnFill("at", at), ColumnFill("v", per_row=True), ColumnFill("n", None),
-                        ColumnFill("d", per_row=True))
+                        ColumnFill("d", per_row=True), ColumnFill("i", per_row=True))
     assert ev.fill("at") == ColumnFill("at", at) and ev.fill("id") is None
     # a message of a trigger installed before the missing value was sent: a default means "read it back"
     (old,) = ddl_decode.decode(_added([["b", "23", -1, False, "integer", "7"]]), schema(ID), commit_ts=10,

@@ -14,7 +14,7 @@
 -- tidewater.ddl_describe(oid) holds exactly the catalog facts upstream.postgres.catalog.build_schema reads,
 -- so a table described here and one read from the catalog are the same TableSchema.
 
--- Each column: [name, type oid, typmod, NOT NULL, format_type, default expression, missing value]. The missing
+-- Each column: [name, type oid, typmod, NOT NULL, format_type, default expression, missing value, identity]. The missing
 -- value (pg_attribute.attmissingval, as text) is the one value PostgreSQL gave every existing row when a column was
 -- added with a non-volatile default (now(), current_user, a constant) without rewriting the table; null when it has
 -- none (a table rewrite clears it). The text is rendered under the session settings of every Tidewater upstream
@@ -25,14 +25,15 @@ LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' S
     WITH cols AS (
         SELECT a.attnum, a.attname, a.atttypid, a.atttypmod, a.attnotnull, format_type(a.atttypid, a.atttypmod) AS fmt,
                pg_get_expr(d.adbin, d.adrelid) AS def,
-               CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END AS missing
+               CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END AS missing,
+               a.attidentity <> '' AS ident
         FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
         WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated IN ('', 's')
     )
     SELECT json_build_object(
         'oid', c.oid, 'schema', n.nspname, 'table', c.relname, 'relkind', c.relkind,
         'persistence', c.relpersistence, 'is_partition', c.relispartition, 'replident', c.relreplident,
-        'columns', (SELECT coalesce(json_agg(json_build_array(attname, atttypid, atttypmod, attnotnull, fmt, def, missing)
+        'columns', (SELECT coalesce(json_agg(json_build_array(attname, atttypid, atttypmod, attnotnull, fmt, def, missing, ident)
                                              ORDER BY attnum), '[]') FROM cols),
         'types', (WITH RECURSIVE t(oid) AS (
                       SELECT DISTINCT atttypid FROM cols
