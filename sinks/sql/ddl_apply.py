@@ -45,6 +45,7 @@ from typing import Any
 
 from cdc.errors import DdlRejected
 from cdc.events import ColumnFill, ColumnSchema, DdlEvent, DdlKind, TableName, TableSchema
+from sinks.sql.binding import scale_to_check
 from sinks.sql.ddl import (
     TargetColumn,
     TargetTable,
@@ -433,7 +434,7 @@ class Translator:
             steps.append(self._reread(ev, parts, col, guards))
         elif told is not None:
             if told.value is not None:
-                steps.append(Step(FILL, parts, fill, (self._param(col, told.value, parts),), guards=guards))
+                steps.append(Step(FILL, parts, fill, (self._param(col, told.value, parts, ev.after),), guards=guards))
         elif not dv.known:
             steps.append(Step(FILL, parts, f"SELECT 1 FROM {self.name(parts)} LIMIT 1", guards=guards, note=dv.reason))
         elif dv.value is not None:
@@ -466,10 +467,18 @@ class Translator:
         return Step(REREAD, parts, guards=guards, note=f"its default {col.default} gave each upstream row its own value",
                     reread=Reread(f"SELECT {', '.join(q(k) for k in key)} FROM {t}",
                                   f"UPDATE {t} SET {q(col.name)} = {self.ph} WHERE {where}", schema, col.name,
-                                  converter(col, self.dialect, table=t)))
+                                  self._converter(col, parts, after)))
 
-    def _param(self, col: ColumnSchema, value: Any, parts: Parts) -> Any:
-        conv = converter(col, self.dialect, table=self.name(parts))
+    def _converter(self, col: ColumnSchema, parts: Parts, after: TableSchema | None) -> Callable[[Any], Any] | None:
+        """The converter rows of ``col`` get (a DECIMAL scale the values may exceed is checked, as binding does:
+        a fill is never rounded by the target)."""
+        scale = None
+        if after is not None and col.name in after.column_names:
+            scale = scale_to_check(col, self.plan(after, parts).column(col.name))
+        return converter(col, self.dialect, table=self.name(parts), scale=scale)
+
+    def _param(self, col: ColumnSchema, value: Any, parts: Parts, after: TableSchema | None = None) -> Any:
+        conv = self._converter(col, parts, after)
         return value if conv is None else conv(value)
 
     def _reshape(self, ev: DdlEvent, parts: Parts) -> list[Step]:
@@ -520,7 +529,7 @@ class Translator:
                     rereads.append(c)
                 exprs.append("NULL" if told.per_row or told.value is None else "?")
                 if not told.per_row and told.value is not None:
-                    params.append(self._param(c, told.value, parts))
+                    params.append(self._param(c, told.value, parts, after))
                 continue
             dv = default_value(c, known_schema=bool(ev.query))
             if dv.known and dv.value is not None:
