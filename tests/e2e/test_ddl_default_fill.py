@@ -130,3 +130,26 @@ def test_the_storage_reader_fills_the_existing_rows_from_the_schema_file(
                  "the warning")
     (w,) = [w for w in q["warnings"] if w["code"] == "CDC:WarnDdlDefault"]
     assert w["table"] == "public.orders" and "token" in w["message"], w
+
+
+def test_without_the_ddl_trigger_the_existing_rows_are_read_back_from_the_upstream(
+        cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path) -> None:
+    """No event trigger (no superuser): the ADD COLUMN is seen only at the first row that has the column, with no
+    word of the default; the rows that existed are read back by key (measured before: they kept NULL downstream and
+    the changefeed said nothing but the notice)."""
+    from upstream.postgres import capture_objects
+
+    sink = f"sqlite:///{tmp_path / 'target.db'}"
+    cdc_server.create_changefeed("nt", pg_server.uri(pg_database), sink)
+    slots = [s for (s,) in pg_server.execute("SELECT slot_name FROM pg_replication_slots WHERE database = "
+                                             "current_database()", db=pg_database)]
+    assert capture_objects.uninstall(source, *slots)
+    wait_for(cdc_server, "nt", lambda q: any(w["code"] == "CDC:NoticeDdlNotCaptured" for w in q["warnings"]),
+             "the notice", timeout=90)
+    run_sql(source, "INSERT INTO orders SELECT g, g FROM generate_series(1, 10) g",
+            "ALTER TABLE orders ADD COLUMN created_at timestamptz NOT NULL DEFAULT now(), "
+            "ADD COLUMN token uuid DEFAULT gen_random_uuid()",
+            "INSERT INTO orders (id, amount) VALUES (11, 11)", "UPDATE orders SET amount = 0 WHERE id = 1")
+    assert_converged(cdc_server, "nt", source, sink, tables=TABLES, schemas=True)
+    q = wait_for(cdc_server, "nt", lambda q: True, "query")
+    assert q["state"] == "normal" and [w["code"] for w in q["warnings"]] == ["CDC:NoticeDdlNotCaptured"], q

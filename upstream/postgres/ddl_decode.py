@@ -207,8 +207,9 @@ def from_relations(before: TableSchema, after: TableSchema, *, commit_ts: int, c
     """The fallback without the DDL trigger: a schema change seen only as a new Relation message (its column
     list; key, nullability and types enriched from the catalog when the span read it). Added, dropped and
     retyped columns are derived; a column gone while another appeared may be a rename or a drop plus an add,
-    and guessing wrong loses the column's values downstream: :class:`Ambiguous`. Defaults are unknown (the
-    sink warns for added columns)."""
+    and guessing wrong loses the column's values downstream: :class:`Ambiguous`. What the rows that existed got in
+    an added column is unknown here (no missing value, and the default may be volatile), but the upstream holds it:
+    every added column is a ``per_row`` fill, read back by key (a table without a key: the sink warns)."""
     changes = diff(before, after)
     kinds = {c.kind for c in changes}
     if DdlKind.DROP_COLUMN in kinds and DdlKind.ADD_COLUMN in kinds:
@@ -217,4 +218,5 @@ def from_relations(before: TableSchema, after: TableSchema, *, commit_ts: int, c
     if not changes:
         return []
     query = f"(seen in the replication stream only) {', '.join(c.kind.value + ' ' + (c.column or '') for c in changes)}"
-    return [DdlEvent(commit_ts, commit_time, before.name, tuple(changes), before, after, query, seq)]
+    fills = tuple(ColumnFill(c.column, per_row=True) for c in changes if c.kind is DdlKind.ADD_COLUMN and c.column)
+    return [DdlEvent(commit_ts, commit_time, before.name, tuple(changes), before, after, query, seq, fills=fills)]

@@ -112,3 +112,12 @@ def test_an_added_column_carries_what_the_existing_rows_hold_upstream() -> None:
     with pytest.raises(ddl_decode.DecodeError, match="not a valid integer"):
         ddl_decode.decode(_added([["b", "23", -1, False, "integer", "7", "x"]]), schema(ID), commit_ts=10,
                           commit_time=1.0, seq=0)
+
+
+def test_a_column_seen_only_in_the_stream_is_read_back_from_the_upstream() -> None:
+    from cdc.events import ColumnFill
+
+    (ev,) = ddl_decode.from_relations(schema(ID, A), schema(ID, A, B), commit_ts=10, commit_time=1.0, seq=0)
+    assert ev.kinds == (DdlKind.ADD_COLUMN,) and ev.fills == (ColumnFill("b", per_row=True),)
+    (dropped,) = ddl_decode.from_relations(schema(ID, A, B), schema(ID, A), commit_ts=10, commit_time=1.0, seq=0)
+    assert dropped.fills == ()
