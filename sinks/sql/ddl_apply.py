@@ -44,7 +44,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from cdc.errors import DdlRejected
-from cdc.events import ColumnFill, ColumnSchema, DdlEvent, DdlKind, TableName, TableSchema
+from cdc.events import ColumnSchema, DdlEvent, DdlKind, TableName, TableSchema
 from sinks.sql.binding import scale_to_check
 from sinks.sql.ddl import (
     TargetColumn,
@@ -429,7 +429,7 @@ class Translator:
         dv = default_value(col, known_schema=bool(ev.query))
         guards = (Guard("table", parts), Guard("column", parts, col.name))
         fill = f"UPDATE {self.name(parts)} SET {self.q(col.name)} = {self.ph}"
-        told = self._told(ev, col)
+        told = ev.fill(col.name)
         if told is not None and told.per_row:
             steps.append(self._reread(ev, parts, col, guards))
         elif told is not None:
@@ -440,17 +440,6 @@ class Translator:
         elif dv.value is not None:
             steps.append(Step(FILL, parts, fill, (self._param(col, dv.value, parts),), guards=guards))
         return steps
-
-    @staticmethod
-    def _told(ev: DdlEvent, col: ColumnSchema) -> ColumnFill | None:
-        """The event's fill of added column ``col``; a per-row one of a constant default is that constant (a table
-        rewritten for another change of the same command: no need to read it back)."""
-        told = ev.fill(col.name)
-        if told is not None and told.per_row and col.default:
-            dv = default_value(col)
-            if dv.known:
-                return ColumnFill(col.name, dv.value)
-        return told
 
     def _reread(self, ev: DdlEvent, parts: Parts, col: ColumnSchema, guards: tuple[Guard, ...]) -> Step:
         """The REREAD step of an added column whose rows each got their own value upstream; a FILL with the reason
@@ -523,7 +512,7 @@ class Translator:
             if src in before_names and c.name not in added:
                 exprs.append(self.q(src))
                 continue
-            told = self._told(ev, c)
+            told = ev.fill(c.name)
             if told is not None:
                 if told.per_row:
                     rereads.append(c)

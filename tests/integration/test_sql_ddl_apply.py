@@ -213,7 +213,7 @@ def test_added_columns_get_the_value_or_the_per_row_values_the_event_says_upstre
         assert repl.sink.take_warnings() == []
         repl.compare("t")
         repl.same_as_fresh("t")
-        assert fetch.queries == 2  # u (k is the constant 5) and v: one batch each
+        assert fetch.queries == 3  # u, k and v: one batch of keys each
 
     # a table without a key cannot be read back by key; without a row source nothing can be read back
     repl.up("CREATE TABLE nk (n int, m text)")

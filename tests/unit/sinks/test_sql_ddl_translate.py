@@ -226,15 +226,15 @@ def test_fills_the_event_carries_become_an_update_or_a_read_back_by_key() -> Non
                                               ColumnFill("k", per_row=True)))
     steps = translate("mysql", added).steps
     fills = [s for s in steps if s.kind in (FILL, REREAD)]
-    assert [s.kind for s in fills] == [FILL, REREAD, FILL]  # k: a constant needs no read-back
+    assert [s.kind for s in fills] == [FILL, REREAD, REREAD]  # k: per row as the event says (the default now may
+    # not be the one the rows got: a schema seen in the stream only is enriched from the catalog of a later time)
     assert fills[0].params == ("2026-11-28 08:06:35.839083",) and not fills[0].note  # as rows: UTC text
     rr = fills[1].reread
     assert rr is not None and rr.schema.column_names == ("id", "u") and rr.update.endswith("WHERE `id` = %s")
-    assert fills[2].params == (5,)
     # no key to read back by: the reason, raised as a warning when the table has rows
     keyless = dataclasses.replace(added, before=table(ID, key=()), after=table(ID, at, u, k, key=()))
-    (note,) = [s.note for s in translate("postgresql", keyless).steps if s.kind == FILL and s.note]
-    assert "no key" in note
+    notes = [s.note for s in translate("postgresql", keyless).steps if s.kind == FILL and s.note]
+    assert len(notes) == 2 and all("no key" in n for n in notes), notes
     # a value the target DECIMAL would round is refused, as a row's would be
     big = col("big", "numeric", "numeric")
     wide = dataclasses.replace(ev(K.ADD_COLUMN, table(ID), table(ID, big), DdlChange(K.ADD_COLUMN, "big")),
