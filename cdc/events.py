@@ -259,6 +259,23 @@ class DdlChange:
 
 
 @dataclass(frozen=True, slots=True)
+class ColumnFill:
+    """What the rows that existed before an ADD COLUMN hold upstream in the new column (``DdlEvent.fills``).
+
+    - ``per_row`` False: every such row got ``value`` (the mounter's Python value for the column's type; None is
+      NULL): a constant default, or a STABLE one (``now()``, ``current_user``) that PostgreSQL evaluated once and
+      stored as the column's missing value.
+    - ``per_row`` True: each row got its own value (a VOLATILE default such as ``clock_timestamp()``,
+      ``gen_random_uuid()``, ``nextval()``: the table was rewritten, and a rewrite is not in the stream): a sink
+      reads the values back from the upstream by key (``sinks.base.RowSource``).
+    A column of an event without a fill for it: unknown (the sink falls back to the default expression)."""
+
+    column: str
+    value: Any = None
+    per_row: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class DdlEvent:
     """A schema change of one upstream table at an exact position in the stream.
 
@@ -270,7 +287,9 @@ class DdlEvent:
     ``before`` is the table's schema just before the DDL (None for CREATE_TABLE), ``after`` just after it
     (None for DROP_TABLE); both carry ``ColumnSchema.default`` where the upstream has one. ``changes``
     lists what changed, in the order a sink should apply it; ``query`` is the upstream statement text (for
-    messages and for sinks that forward DDL text, never for execution on another dialect).
+    messages and for sinks that forward DDL text, never for execution on another dialect). ``fills`` says, for
+    the ADD_COLUMN changes whose values the upstream told, what the rows that existed hold in the new column
+    (:class:`ColumnFill`).
     """
 
     commit_ts: int
@@ -282,6 +301,14 @@ class DdlEvent:
     query: str = ""
     seq: int = 0
     new_table: TableName | None = None
+    fills: tuple[ColumnFill, ...] = ()
+
+    def fill(self, column: str) -> ColumnFill | None:
+        """The fill of added column ``column``, None when the event does not say."""
+        for f in self.fills:
+            if f.column == column:
+                return f
+        return None
 
     @property
     def kinds(self) -> tuple[DdlKind, ...]:

@@ -475,7 +475,7 @@ def ddl_not_captured_notice(now: float) -> DataWarning:
         CODE_DDL_NOT_CAPTURED, "*",
         "schema changes are seen only through the replication stream: Tidewater's DDL event triggers are not "
         "installed or are disabled upstream (creating them needs a superuser). Added, dropped and retyped columns "
-        "and table renames are still applied (at the first row after them; defaults of added columns unknown); a "
+        "and table renames are still applied (at the first row after them; the rows that existed get an added column's values read back by key); a "
         "column RENAME fails the changefeed; not seen at all: CREATE TABLE (tables are picked up later, their "
         "earlier rows reported), DROP TABLE, key changes that change no column, defaults, NOT NULL, indexes. "
         "Fix: recreate the changefeed as a superuser, or re-enable the triggers (ALTER EVENT TRIGGER "

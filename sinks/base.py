@@ -35,7 +35,9 @@ Guarantees a sink gives its caller:
   not count the transaction as downstream because its first part is). The DDL takes effect at most once:
   ``apply_ddl`` returns False when the target already holds it (a replay after a crash). Errors:
   ``SinkUnavailable`` (transient, retry), ``cdc.errors.DdlRejected`` (untranslatable or refused by the
-  target: names the DDL text, the table and the reason). ``fence`` as for ``write``. ``skip=True`` records
+  target: names the DDL text, the table and the reason). ``fence`` as for ``write``. An ADD COLUMN's
+  ``DdlEvent.fills`` say what the rows that existed hold upstream in the new column: a sink gives them that value,
+  or reads per-row values back through the row source (``set_row_source``), else raises ``CDC:WarnDdlDefault``. ``skip=True`` records
   a DDL the operator skips knowingly: the target is left as it is, the rest behaves as if applied.
 - Buffering (``flush_interval`` > 0; the storage sink's files): ``write`` may return before its changes are
   durable; they are durable (and visible) only once ``flush`` returned, which the caller calls at most every

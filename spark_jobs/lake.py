@@ -242,6 +242,10 @@ def slice_rows(reader: StorageReader, s: Slice, schema: TableSchema) -> Iterator
                                   f"continues from its checkpoint with the new columns")
     for c in reader.read_slice(s):
         ts, version, date, index, line = c.order
+        if c.fill:  # not applied here yet (docs/limits.md): the rows before the ADD COLUMN keep NULL
+            log.warning("lake %s: the values of new column(s) %s for the rows before table version %d are not applied "
+                        "by the lake job", s.table, ", ".join(c.values or ()), version)
+            continue
         if c.op is OpType.TRUNCATE:
             yield ("T", ts, version, date, index, line, *nulls, None)
             continue

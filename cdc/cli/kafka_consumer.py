@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     closers: list[Any] = []
-    schemas = fetch = None
+    schemas = fetch = reader = None
     try:
         src = source_of(args)
     except CliError as exc:
@@ -121,8 +121,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.upstream:
             closers, schemas, fetch = _upstream(args.upstream)
+            reader = closers[0]
         position = args.position or ("kafka:" + ",".join(src.topics))[:255]
-        applier = SinkApplier(args.sink_uri, position=position, schemas=schemas, fetch_row=fetch)
+        applier = SinkApplier(args.sink_uri, position=position, schemas=schemas, fetch_row=fetch, row_source=reader)
         try:
             core = rebuild(src.brokers, src.topics, src.protocol, applier, until=args.until_ts, timeout=args.timeout,
                            schemas=schemas, codec=src.codec, client=src.client, stop=stop.is_set,

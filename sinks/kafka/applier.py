@@ -8,8 +8,8 @@ docs/sinks.md). DDL:
 - TRUNCATE is applied at its place among the rows; DROP TABLE drops the target table.
 - A column-set change (ADD, DROP, RENAME COLUMN) is applied exactly at its place when the DDL message says what it
   is: the Kafka sink's ``tidewater-ddl`` header (``sinks.kafka.headers``: the elementary changes, and each added
-  column's exact type and default, so the target fills the rows that existed with a constant default as the
-  upstream did), or, from other producers, a statement that is one ``ALTER TABLE ... RENAME COLUMN a TO b`` of that
+  column's exact type and default, and what the rows that existed hold in it: one value, or one per row, which
+  ``row_source`` (the upstream's, ``--upstream``) reads back by key; without it such a DDL stops the consumer), or, from other producers, a statement that is one ``ALTER TABLE ... RENAME COLUMN a TO b`` of that
   table. A rename is then a rename: the column keeps its values.
 - Any other DDL marks the table, and the next row whose column set differs becomes ADD/DROP COLUMN downstream (a
   rename seen that way would lose the column's values: the consumer logs it as a warning).
@@ -31,8 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 from cdc.errors import SinkError
 from cdc.events import ColumnSchema, DdlChange, DdlEvent, DdlKind, OpType, RowChange, TableName, TableSchema
+from sinks.base import RowSource
 from sinks.codec import DecodedEvent, MessageKind
 from sinks.codec.base import SchemaLookup
+from sinks.kafka.headers import DdlHeader
 
 if TYPE_CHECKING:
     from sinks.kafka.consumer import Event
@@ -77,10 +79,13 @@ class SinkApplier:
     """Applies cuts to an SQL target through ``sinks.factory`` (see the module docstring)."""
 
     def __init__(self, sink_uri: str, *, position: str = CONSUMER_POSITION, schemas: SchemaLookup | None = None,
-                 fetch_row: RowFetcher | None = None, open_sink: Callable[[str], Any] | None = None) -> None:
+                 fetch_row: RowFetcher | None = None, open_sink: Callable[[str], Any] | None = None,
+                 row_source: RowSource | None = None) -> None:
         if open_sink is None:
             from sinks.factory import open_sink
         self.sink = open_sink(sink_uri)
+        self.row_source = row_source  # re-reads a volatile default's values (DdlEvent.fills), as the span's sink does
+        self.sink.set_row_source(row_source)
         self.position = position
         self.schemas = schemas
         self.fetch_row = fetch_row
@@ -105,7 +110,7 @@ class SinkApplier:
                 self._seen_at[ev.table] = event.commit_ts
             return
         if ev.kind is MessageKind.DDL:  # a column change applied before the restart: the target has that shape
-            changes, columns = event.ddl if event.ddl is not None else (renames_in(ev.query or "", ev.table), {})
+            changes, columns, _ = event.ddl or DdlHeader(renames_in(ev.query or "", ev.table), {})
             current = self._tables.get(ev.table)
             if changes and current is not None and event.commit_ts >= self._seen_at.get(ev.table, 0):
                 after = self._changed(current, changes, columns)
@@ -211,13 +216,18 @@ class SinkApplier:
                                              (DdlChange(DdlKind.DROP_TABLE),), before, None, ev.query or "",
                                              self._next_ddl_seq(e.commit_ts)))
             return
-        changes, columns = e.ddl if e.ddl is not None else (renames_in(ev.query or "", table), {})
+        changes, columns, fills = e.ddl or DdlHeader(renames_in(ev.query or "", table), {})
         current = self._tables.get(table)
         if changes and current is not None:
             after = self._changed(current, changes, columns)
             if after is not None:
+                per_row = [f.column for f in fills if f.per_row]
+                if per_row and self.row_source is None:
+                    raise SinkError(f"table {table}: the rows that existed before the DDL at commit Ts {e.commit_ts} "
+                                    f"each got their own value of column(s) {', '.join(per_row)} upstream (a volatile "
+                                    "default); give the consumer the upstream (--upstream) to read them back")
                 self.sink.apply_ddl(DdlEvent(e.commit_ts, ev.commit_time or 0.0, table, changes, current, after,
-                                             ev.query or "", self._next_ddl_seq(e.commit_ts)))
+                                             ev.query or "", self._next_ddl_seq(e.commit_ts), fills=fills))
                 self._tables[table] = after
                 self._ddl_pending.discard(table)
                 return

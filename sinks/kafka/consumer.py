@@ -60,12 +60,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cdc.errors import SinkError
-from cdc.events import ColumnSchema, DdlChange, OpType
+from cdc.events import OpType
 from sinks.codec import DecodedEvent, Decoder, MessageDecodeError, MessageKind, decoder_for
 from sinks.codec.base import EncoderConfig, SchemaLookup
 from sinks.kafka.applier import CONSUMER_POSITION, RowFetcher, SinkApplier, infer_schema, is_drop_table
 from sinks.kafka.copy_markers import CopyCheck
-from sinks.kafka.headers import DDL_HEADER, HEADER, copy_chunk, parse, parse_ddl
+from sinks.kafka.headers import DDL_HEADER, HEADER, DdlHeader, copy_chunk, parse, parse_ddl
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class Event:
     topic: str
     partition: int
     offset: int
-    ddl: tuple[tuple[DdlChange, ...], dict[str, ColumnSchema]] | None = None  # a DDL's tidewater-ddl header
+    ddl: DdlHeader | None = None  # a DDL's tidewater-ddl header
 
     def order(self) -> tuple[int, int, int, int, int]:
         return (self.commit_ts, self.span, -1 if self.seq is None else self.seq, self.partition, self.offset)

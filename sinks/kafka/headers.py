@@ -11,23 +11,36 @@ Value (ASCII):
 
 One header, not two, on row messages: kafka-python's cost per header is ~2 us per message, a tenth of the sink's
 budget. DDL messages (rare) carry a second one, ``tidewater-ddl``, when the DDL changes the column set: JSON
-``{"changes": [[kind, column, new name], ...], "columns": [added column, ...]}`` (the :class:`cdc.events.DdlChange`
-kinds ``add column``, ``drop column``, ``rename column``; each added column as ``cdc.serde`` writes a
-:class:`cdc.events.ColumnSchema`, with its type and default), so that a consumer applies a rename as a rename and
-fills the rows that existed with an added column's default (the protocols' DDL messages carry only the statement).
+``{"changes": [[kind, column, new name], ...], "columns": [added column, ...], "fills": {column: fill}}`` (the
+:class:`cdc.events.DdlChange` kinds ``add column``, ``drop column``, ``rename column``; each added column as
+``cdc.serde`` writes a :class:`cdc.events.ColumnSchema`, with its type and default; each added column's
+:class:`cdc.events.ColumnFill` as ``sinks.codec.fills`` writes it),
+so that a consumer applies a rename as a rename and fills the rows that existed with what they hold upstream (the
+protocols' DDL messages carry only the statement). A consumer that does not know ``fills`` falls back to the
+default expression.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
-from cdc.events import ColumnSchema, DdlChange, DdlEvent, DdlKind
+from cdc.events import ColumnFill, ColumnSchema, DdlChange, DdlEvent, DdlKind
 from cdc.serde import from_dict, to_dict
+from sinks.codec.fills import fill_doc, fill_of
 
 HEADER = "tidewater"
 DDL_HEADER = "tidewater-ddl"
 COLUMN_SET = (DdlKind.ADD_COLUMN, DdlKind.DROP_COLUMN, DdlKind.RENAME_COLUMN)
+
+
+class DdlHeader(NamedTuple):
+    """A ``tidewater-ddl`` header: the column-set changes, the added columns by name, their fills."""
+
+    changes: tuple[DdlChange, ...]
+    columns: dict[str, ColumnSchema]
+    fills: tuple[ColumnFill, ...] = ()
 
 
 def row_header(span: bytes | None, seqs: Sequence[int]) -> tuple[str, bytes]:
@@ -67,19 +80,24 @@ def ddl_header(event: DdlEvent) -> tuple[str, bytes] | None:
         return None
     after = {c.name: c for c in event.after.columns} if event.after is not None else {}
     added = [to_dict(after[c.column]) for c in changes if c.kind is DdlKind.ADD_COLUMN and c.column in after]
-    doc = {"changes": [[c.kind.value, c.column, c.new_name] for c in changes], "columns": added}
+    doc: dict[str, Any] = {"changes": [[c.kind.value, c.column, c.new_name] for c in changes], "columns": added}
+    fills = {f.column: fill_doc(after[f.column], f) for f in event.fills if f.column in after}
+    if fills:
+        doc["fills"] = fills
     return DDL_HEADER, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def parse_ddl(value: bytes | None) -> tuple[tuple[DdlChange, ...], dict[str, ColumnSchema]] | None:
-    """The changes and added columns of a ``tidewater-ddl`` header value (None: no header, or one this version cannot
-    read - then the consumer falls back to the statement)."""
+
+def parse_ddl(value: bytes | None) -> DdlHeader | None:
+    """The changes, added columns and fills of a ``tidewater-ddl`` header value (None: no header, or one this version
+    cannot read - then the consumer falls back to the statement)."""
     if not value:
         return None
     try:
         doc = json.loads(value)
         changes = tuple(DdlChange(DdlKind(k), c, n) for k, c, n in doc["changes"])
-        columns = [from_dict(ColumnSchema, c) for c in doc.get("columns", ())]
-    except (ValueError, KeyError, TypeError):
+        columns = {c.name: c for c in (from_dict(ColumnSchema, c) for c in doc.get("columns", ()))}
+        fills = [fill_of(columns[name], f) for name, f in (doc.get("fills") or {}).items()]
+    except (ValueError, KeyError, TypeError, ArithmeticError):
         return None
-    return changes, {c.name: c for c in columns}
+    return DdlHeader(changes, columns, tuple(fills))

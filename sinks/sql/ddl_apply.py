@@ -14,9 +14,13 @@ same function streaming's CREATE TABLE uses. So:
   of the upstream key) drop the old primary key, re-plan the columns whose type or nullability the key
   changes, and add the new one.
 
-ADD COLUMN with a default fills the rows already downstream with the default's value when the default is
-a constant (a literal with casts); a volatile default (``now()``, ``nextval()``, ``random()``...) or another
-expression cannot reproduce upstream's values: the rows keep NULL and the runner raises a
+ADD COLUMN fills the rows already downstream with what they hold upstream (``DdlEvent.fill``): the one value
+every row got (a constant or a STABLE default such as ``now()``, PostgreSQL's missing value) in an UPDATE; for a
+VOLATILE default (each row its own value) a REREAD step reads the values back from the upstream by the downstream
+rows' keys (``sinks.base.RowSource``) and updates them; later changes in the stream carry full rows and win. An
+event that does not say (no event trigger, a consumer's event) falls back to the default expression: a constant is
+filled, anything else leaves NULL. Where the values cannot be had (an unknown or untranslatable default, a
+table without a key to re-read by, no row source), the rows keep NULL and the runner raises a
 ``CDC:WarnDdlDefault`` divergence warning when the table has rows.
 
 Every step carries *guards* (catalog conditions: the table, a column or an index exists or not) that the
@@ -35,12 +39,13 @@ import datetime
 import re
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from cdc.errors import DdlRejected
 from cdc.events import ColumnSchema, DdlEvent, DdlKind, TableName, TableSchema
+from sinks.sql.binding import scale_to_check
 from sinks.sql.ddl import (
     TargetColumn,
     TargetTable,
@@ -56,7 +61,8 @@ from sinks.sql.values import converter
 Parts = tuple[str | None, str]  # (target schema or None, target table)
 
 # step kinds
-SQL, FILL, DROP_PK, REBUILD, RESCALE, EMPTY = "sql", "fill", "drop pk", "rebuild", "rescale", "must be empty"
+SQL, FILL, DROP_PK, REBUILD, RESCALE, EMPTY, REREAD = ("sql", "fill", "drop pk", "rebuild", "rescale", "must be empty",
+                                                      "re-read")
 
 # kinds that change nothing downstream by the type mapping's rules (see the module docstring)
 NO_OP_KINDS = frozenset({DdlKind.SET_DEFAULT, DdlKind.DROP_DEFAULT, DdlKind.SET_NOT_NULL, DdlKind.DROP_NOT_NULL,
@@ -87,6 +93,19 @@ class Rebuild:
 
 
 @dataclass(frozen=True, slots=True)
+class Reread:
+    """A volatile default's per-row values: ``select`` lists the keys of the rows downstream, ``schema`` (the key
+    columns and ``column``) is what the row source reads upstream, ``update`` sets ``column`` by key (parameters:
+    the value converted by ``convert``, then the key as read downstream)."""
+
+    select: str
+    update: str
+    schema: TableSchema
+    column: str
+    convert: Callable[[Any], Any] | None
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     kind: str
     table: Parts
@@ -95,6 +114,7 @@ class Step:
     guards: tuple[Guard, ...] = ()
     note: str = ""  # FILL without a value: why the existing rows cannot get upstream's values
     rebuild: Rebuild | None = None
+    reread: Reread | None = None
 
 
 @dataclass
@@ -234,7 +254,7 @@ class Translator:
         out = DdlPlan(touched={parts})
         kinds = set(ev.kinds)
         if self.dialect == "sqlite" and self._needs_rebuild(ev):
-            out.steps.append(self._rebuild(ev, parts))
+            out.steps += self._rebuild(ev, parts)
             kinds -= {DdlKind.DROP_COLUMN, DdlKind.ALTER_COLUMN_TYPE, DdlKind.ADD_PRIMARY_KEY,
                       DdlKind.DROP_PRIMARY_KEY, DdlKind.ADD_COLUMN, DdlKind.RENAME_COLUMN}
         reshaped = False
@@ -409,14 +429,45 @@ class Translator:
         dv = default_value(col, known_schema=bool(ev.query))
         guards = (Guard("table", parts), Guard("column", parts, col.name))
         fill = f"UPDATE {self.name(parts)} SET {self.q(col.name)} = {self.ph}"
-        if not dv.known:
+        told = ev.fill(col.name)
+        if told is not None and told.per_row:
+            steps.append(self._reread(ev, parts, col, guards))
+        elif told is not None:
+            if told.value is not None:
+                steps.append(Step(FILL, parts, fill, (self._param(col, told.value, parts, ev.after),), guards=guards))
+        elif not dv.known:
             steps.append(Step(FILL, parts, f"SELECT 1 FROM {self.name(parts)} LIMIT 1", guards=guards, note=dv.reason))
         elif dv.value is not None:
             steps.append(Step(FILL, parts, fill, (self._param(col, dv.value, parts),), guards=guards))
         return steps
 
-    def _param(self, col: ColumnSchema, value: Any, parts: Parts) -> Any:
-        conv = converter(col, self.dialect, table=self.name(parts))
+    def _reread(self, ev: DdlEvent, parts: Parts, col: ColumnSchema, guards: tuple[Guard, ...]) -> Step:
+        """The REREAD step of an added column whose rows each got their own value upstream; a FILL with the reason
+        (a warning when the table has rows) when there is no key to read them by."""
+        after = self._need(ev, ev.after)
+        key = self.plan(after, parts).key
+        if not after.has_key or not key:
+            return Step(FILL, parts, f"SELECT 1 FROM {self.name(parts)} LIMIT 1", guards=guards,
+                        note=f"its default {col.default} gave each upstream row its own value, and the table has no "
+                             "key to read them back by")
+        t, q = self.name(parts), self.q
+        schema = replace(after, columns=tuple(after.column(k) for k in key) + (col,))
+        where = " AND ".join(f"{q(k)} = {self.ph}" for k in key)
+        return Step(REREAD, parts, guards=guards, note=f"its default {col.default} gave each upstream row its own value",
+                    reread=Reread(f"SELECT {', '.join(q(k) for k in key)} FROM {t}",
+                                  f"UPDATE {t} SET {q(col.name)} = {self.ph} WHERE {where}", schema, col.name,
+                                  self._converter(col, parts, after)))
+
+    def _converter(self, col: ColumnSchema, parts: Parts, after: TableSchema | None) -> Callable[[Any], Any] | None:
+        """The converter rows of ``col`` get (a DECIMAL scale the values may exceed is checked, as binding does:
+        a fill is never rounded by the target)."""
+        scale = None
+        if after is not None and col.name in after.column_names:
+            scale = scale_to_check(col, self.plan(after, parts).column(col.name))
+        return converter(col, self.dialect, table=self.name(parts), scale=scale)
+
+    def _param(self, col: ColumnSchema, value: Any, parts: Parts, after: TableSchema | None = None) -> Any:
+        conv = self._converter(col, parts, after)
         return value if conv is None else conv(value)
 
     def _reshape(self, ev: DdlEvent, parts: Parts) -> list[Step]:
@@ -447,7 +498,7 @@ class Translator:
                               guards=(*on, Guard("pk", parts, exists=False))))
         return steps
 
-    def _rebuild(self, ev: DdlEvent, parts: Parts) -> Step:
+    def _rebuild(self, ev: DdlEvent, parts: Parts) -> list[Step]:
         before, after = self._need(ev, ev.before), self._need(ev, ev.after)
         new = self.plan(after, parts)
         temp = f"_tidewater_rebuild_{parts[1]}"
@@ -455,10 +506,19 @@ class Translator:
         before_names = set(before.column_names)
         added = {ch.column for ch in ev.changes if ch.kind == DdlKind.ADD_COLUMN}
         exprs, params, warn = [], [], []
+        rereads: list[ColumnSchema] = []
         for c in after.columns:
             src = self._old_name(ev, c.name)
             if src in before_names and c.name not in added:
                 exprs.append(self.q(src))
+                continue
+            told = ev.fill(c.name)
+            if told is not None:
+                if told.per_row:
+                    rereads.append(c)
+                exprs.append("NULL" if told.per_row or told.value is None else "?")
+                if not told.per_row and told.value is not None:
+                    params.append(self._param(c, told.value, parts, after))
                 continue
             dv = default_value(c, known_schema=bool(ev.query))
             if dv.known and dv.value is not None:
@@ -471,8 +531,10 @@ class Translator:
         cols = tuple(c.name for c in new.columns)
         copy = (f"INSERT INTO {self.q(temp)} ({', '.join(self.q(c) for c in cols)}) "
                 f"SELECT {', '.join(exprs)} FROM {self.name(parts)}")
-        return Step(REBUILD, parts, guards=(Guard("table", parts),), note="; ".join(warn),
-                    rebuild=Rebuild(temp, created, copy, tuple(params), cols))
+        guards = (Guard("table", parts),)
+        return [Step(REBUILD, parts, guards=guards, note="; ".join(warn),
+                     rebuild=Rebuild(temp, created, copy, tuple(params), cols)),
+                *(self._reread(ev, parts, c, (*guards, Guard("column", parts, c.name))) for c in rereads)]
 
     def _index(self, ev: DdlEvent, parts: Parts, kind: DdlKind, ix: Any) -> list[Step]:
         q, t = self.q, self.name(parts)

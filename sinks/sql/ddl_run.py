@@ -43,7 +43,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from cdc.config import DdlConfig
-from cdc.errors import DdlRejected, SinkError, TidewaterError
+from cdc.errors import DdlRejected, SinkError, TidewaterError, UpstreamUnavailable
 from cdc.events import DdlEvent, RowChange
 from cdc.model import DataWarning
 from sinks.sql.ddl_apply import (
@@ -51,6 +51,7 @@ from sinks.sql.ddl_apply import (
     EMPTY,
     FILL,
     REBUILD,
+    REREAD,
     RESCALE,
     DdlPlan,
     Guard,
@@ -70,6 +71,7 @@ log = logging.getLogger(__name__)
 
 RECORD_TABLE = "tidewater_ddl"
 WARN_DEFAULT = "CDC:WarnDdlDefault"
+REREAD_BATCH = 500  # keys per upstream read of a volatile default's values
 LOCK_TIMEOUT = 60  # seconds a DDL waits for a lock downstream before it fails with SinkUnavailable (retried)
 _WIDE = Context(prec=2000)  # numeric has at most 1000 digits before and 16383 after the point upstream
 
@@ -308,6 +310,8 @@ def _run(sink: SQLSink, conn: Connection, step: Step, ev: DdlEvent, query: str) 
                 conn.exec_driver_sql(f"ALTER TABLE {t} DROP CONSTRAINT {sink._statements().q(pk)}", ())
     elif step.kind == REBUILD:
         _rebuild(sink, conn, step, ev, query)
+    elif step.kind == REREAD:
+        _reread(sink, conn, step, ev)
     elif step.kind == RESCALE:
         exp = Decimal(1).scaleb(-int(step.params[0]))
         rows = conn.exec_driver_sql(step.sql, ()).fetchall()
@@ -316,6 +320,42 @@ def _run(sink: SQLSink, conn: Connection, step: Step, ev: DdlEvent, query: str) 
             conn.exec_driver_sql(step.params[1], fixed)
     else:
         conn.exec_driver_sql(step.sql, ())
+
+
+def _reread(sink: SQLSink, conn: Connection, step: Step, ev: DdlEvent) -> None:
+    """A volatile default's values: the keys of the rows downstream, their current upstream values of the new
+    column through the sink's row source (``REREAD_BATCH`` keys per read), one UPDATE per batch. A row the upstream
+    no longer has is left (its DELETE is later in the stream); a later change of a row carries its full row and wins.
+    No row source, or an upstream that cannot say (the column or table gone since): the rows keep NULL, with the
+    warning. An unreachable upstream raises ``UpstreamUnavailable`` (retried: the DDL is applied again)."""
+    rr = step.reread
+    assert rr is not None
+    keys = [tuple(r) for r in conn.exec_driver_sql(rr.select, ()).fetchall()]
+    if not keys:
+        return
+    source = sink.row_source
+    if source is None:
+        _warn(sink, ev, f"column {rr.column}: {step.note}, and this sink has no upstream to read them from")
+        return
+    convert = rr.convert
+    done = 0
+    for start in range(0, len(keys), REREAD_BATCH):
+        batch = keys[start:start + REREAD_BATCH]
+        try:
+            rows = source(rr.schema, batch)
+        except UpstreamUnavailable:
+            raise
+        except TidewaterError as exc:
+            _warn(sink, ev, f"column {rr.column}: {step.note}, and reading them back from the upstream failed "
+                            f"({exc.message})")
+            return
+        params = [((row[rr.column] if convert is None or row[rr.column] is None else convert(row[rr.column])), *key)
+                  for key, row in zip(batch, rows, strict=True) if row is not None]
+        if params:
+            conn.exec_driver_sql(rr.update, params)
+            done += len(params)
+    log.info("DDL on %s: column %s of %d existing row(s) read back from the upstream (%d gone there since)",
+             ev.table, rr.column, done, len(keys) - done)
 
 
 def _finite(v: Any) -> bool:

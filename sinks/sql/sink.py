@@ -184,6 +184,12 @@ class SQLSink(Sink):
     def set_row_source(self, fetch: RowSource | None) -> None:
         self._row_source = fetch
 
+    @property
+    def row_source(self) -> RowSource | None:
+        """The row source given by ``set_row_source`` (None: none): also re-reads the values a volatile default
+        gave the rows that existed before an ADD COLUMN (``sinks.sql.ddl_run``)."""
+        return self._row_source
+
     def _add_warning(self, w: DataWarning) -> None:
         log.warning("table %s: %s (%s; first keys %s)", w.table, w.message, w.code, ", ".join(w.keys))
         self._warnings = merge_warnings(self._warnings, [w])

@@ -22,7 +22,8 @@ described as canal-json describes them (``ColumnType`` the MySQL type, upper cas
 for NOT NULL, ``ColumnIsPk`` ``"true"`` for key columns; no ``ColumnDefault``: PostgreSQL's default is an expression,
 not a MySQL value), plus one object TiCDC's readers ignore, ``TidewaterTable``: the exact PostgreSQL table
 (``cdc.events.TableSchema`` as JSON) and the commit Ts of the change that made the version, from which readers
-decode values exactly.
+decode values exactly, and, for an ADD COLUMN, ``Fills``: what the rows that existed hold in each new column
+(``sinks.codec.fills``), which the reader (``sinks.storage.reader``) gives the rows it holds at that version.
 """
 
 from __future__ import annotations
@@ -31,13 +32,14 @@ import json
 import re
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cdc import serde
-from cdc.events import TableName, TableSchema
+from cdc.events import ColumnFill, TableName, TableSchema
 from sinks.codec import types as T
+from sinks.codec.fills import fill_doc, fill_of
 from sinks.codec.text import go_html_escape
 
 METADATA = "metadata"
@@ -168,10 +170,13 @@ def definition_checksum(definition: dict[str, Any]) -> int:
 
 
 def table_definition(schema: TableSchema, version: int, *, query: str = "", action: int = 0, commit_ts: int = 0,
-                     seq: int = 0) -> dict[str, Any]:
-    """The schema file's content (module docstring) for ``schema`` at table version ``version``."""
+                     seq: int = 0, fills: Sequence[ColumnFill] = ()) -> dict[str, Any]:
+    """The schema file's content (module docstring) for ``schema`` at table version ``version``; ``fills``: what the
+    rows that existed before an ADD COLUMN hold in the new columns (``Fills``, ``sinks.codec.fills``' form)."""
     cols = [_column(c, schema) for c in schema.columns]
-    ext = {"CommitTs": commit_ts, "Seq": seq, "Schema": serde.to_dict(schema)}
+    ext: dict[str, Any] = {"CommitTs": commit_ts, "Seq": seq, "Schema": serde.to_dict(schema)}
+    if fills:
+        ext["Fills"] = {f.column: fill_doc(schema.column(f.column), f) for f in fills}
     return {"Table": schema.name.table, "Schema": schema.name.schema, "Version": DEFINITION_VERSION,
             "TableVersion": version, "Query": query, "Type": action, "TableColumns": cols or None,
             "TableColumnsTotal": len(cols), EXTENSION_KEY: ext}
@@ -198,6 +203,7 @@ class SchemaFile:
     action: int
     commit_ts: int
     seq: int
+    fills: tuple[ColumnFill, ...] = ()  # what the rows before an ADD COLUMN of this version hold in the new columns
 
     @property
     def identity(self) -> str:
@@ -219,8 +225,12 @@ def parse_definition(table: TableName, version: int, checksum: int, raw: bytes) 
     if not isinstance(ext, dict) or "Schema" not in ext:
         raise ValueError("a schema file without the TidewaterTable object (not written by Tidewater)")
     schema = serde.from_dict(TableSchema, ext["Schema"])
+    try:
+        fills = tuple(fill_of(schema.column(name), doc) for name, doc in (ext.get("Fills") or {}).items())
+    except (KeyError, TypeError, AttributeError, ArithmeticError) as exc:
+        raise ValueError(f"malformed Fills ({exc!r})") from exc
     return SchemaFile(table, version, checksum, schema, d.get("Query") or "", int(d.get("Type") or 0),
-                      int(ext.get("CommitTs") or 0), int(ext.get("Seq") or 0))
+                      int(ext.get("CommitTs") or 0), int(ext.get("Seq") or 0), fills)
 
 
 def checkpoint_document(ts: int) -> bytes:

@@ -24,8 +24,11 @@ that, incrementally:
   the upstream did not send) is counted in :attr:`TableState.problems`, never guessed silently.
 - :func:`rebuild` does all of it at once (tests, small directories).
 
-The same code runs in the Spark lake job (``spark_jobs.lake``). Limits: a column added by a DDL is NULL in rows
-written before it (its PostgreSQL default is an expression the reader does not evaluate); a renamed table's rows
+An ADD COLUMN version whose schema file carries ``Fills`` (``sinks.storage.layout``) is an event too: the rows
+held at that point get the values the upstream gave the rows that existed (a constant or a STABLE default such as
+``now()``). The same code runs in the Spark lake job (``spark_jobs.lake``). Limits: the Spark lake job does not
+apply fills yet (rows written before such a DDL keep NULL there); a column added with a VOLATILE default is NULL in
+rows written before it (the storage sink raises ``CDC:WarnDdlDefault``); a renamed table's rows
 stay under its old name, as TiCDC's consumer leaves them; files must carry the commit Ts (CSV
 ``csv-include-commit-ts``, canal-json ``enable-tidb-extension``, both on by default).
 """
@@ -71,6 +74,9 @@ class LakeChange:
     values: dict[str, Any] | None = None
     old: dict[str, Any] | None = None
     key: tuple[Any, ...] | None = None
+    fill: bool = False
+    """An ADD COLUMN version's fills (op UPDATE, ``values`` the new columns' values): every row held at this point
+    gets them (the rows written before the DDL lack those columns)."""
 
 
 @dataclass(frozen=True)
@@ -286,7 +292,7 @@ class StorageReader:
             events = []
             for version in end.versions.get(tdir, ()):
                 sf = self.schema_files(table).get(version)
-                if sf is None or not (sf.is_truncate or sf.is_drop):
+                if sf is None or not (sf.is_truncate or sf.is_drop or sf.fills):
                     continue
                 new = version not in seen_versions
                 if sf.commit_ts <= end.checkpoint and (new or sf.commit_ts > start.checkpoint):
@@ -304,7 +310,11 @@ class StorageReader:
     def read_slice(self, s: Slice) -> list[LakeChange]:
         """The changes of one :class:`Slice`, in file order."""
         if s.file is None:
-            return [LakeChange(OpType.TRUNCATE, ts, (ts, version, "", -1, 0)) for ts, version in s.events]
+            files = self.schema_files(s.table)
+            return [LakeChange(OpType.TRUNCATE, ts, (ts, version, "", -1, 0)) if not files[version].fills else
+                    LakeChange(OpType.UPDATE, ts, (ts, version, "", -1, 0),
+                               {f.column: f.value for f in files[version].fills}, fill=True)
+                    for ts, version in s.events]
         return [c for c in self.read_file(s.file) if s.low < c.commit_ts <= s.high]
 
     def changes(self, start: LakeOffset, end: LakeOffset,
@@ -348,6 +358,9 @@ class TableState:
     def apply(self, changes: Sequence[LakeChange]) -> None:
         for c in changes:
             op = c.op
+            if c.fill:
+                self._fill(c.values or {})
+                continue
             if op is OpType.TRUNCATE:
                 self._rows.clear()
                 self._bag.clear()
@@ -379,6 +392,23 @@ class TableState:
                     removed = self._remove(old)
                     self._add(self._complete(values, removed if removed is not None else old, c))
             self._last_deleted = None
+
+    def _fill(self, values: dict[str, Any]) -> None:
+        """An ADD COLUMN's fills: the rows held now existed before it and get the values upstream gave them."""
+        if self.keyed:
+            for row in self._rows.values():
+                for name, v in values.items():
+                    row.setdefault(name, v)
+            return
+        index = {n: i for i, n in enumerate(self.schema.column_names)}
+        filled: Counter[tuple[Any, ...]] = Counter()
+        for whole, n in self._bag.items():
+            row = list(whole)
+            for name, v in values.items():
+                if name in index and row[index[name]] is None:
+                    row[index[name]] = v
+            filled[tuple(row)] += n
+        self._bag = filled
 
     def _add(self, row: dict[str, Any]) -> None:
         if self.keyed:

@@ -28,7 +28,9 @@ Guarantees (in the terms of ``sinks.base``):
   with a TRUNCATE, which starts a new table version each time).
 - **Table versions.** A DDL (``apply_ddl``) writes the schema file of a new table version ``{commit Ts + its position
   in the transaction}`` with TiCDC's ``Query`` and ``Type``; rows after it go to that version's directory. It takes
-  effect at most once: when the schema file is there already it returns False. A TRUNCATE (which CSV and TiCDC's
+  effect at most once: when the schema file is there already it returns False. An ADD COLUMN's one-value fills
+  (``DdlEvent.fills``) go into the schema file (``sinks.storage.layout``: ``Fills``, applied by the reader); per-row
+  values (a volatile default) are not written: ``CDC:WarnDdlDefault`` (``take_warnings``) when the table has rows. A TRUNCATE (which CSV and TiCDC's
   storage format cannot carry as a row) is recorded the way TiCDC records a ``TRUNCATE TABLE`` DDL: a new table
   version whose schema file's ``Query`` is ``TRUNCATE TABLE "s"."t"`` and ``Type`` 11; the rows after it go there.
   A schema the sink meets without a DDL (the first rows of a table, a change of shape the upstream did not report
@@ -61,6 +63,7 @@ from typing import Any, BinaryIO
 from cdc.config import SinkConfig
 from cdc.errors import SinkError, TidewaterError
 from cdc.events import DdlEvent, OpType, RowChange, TableName, TableSchema
+from cdc.model import DataWarning
 from cdc.ts import Watermark
 from sinks.base import Sink
 from sinks.codec import encoder_for
@@ -74,6 +77,7 @@ from sinks.storage.parquet import SPLIT_UPDATE, ParquetRows, write_change
 log = logging.getLogger(__name__)
 
 DRAIN_ROWS = 4096  # changes buffered per write() before they are encoded into the files
+WARN_DEFAULT = "CDC:WarnDdlDefault"  # the SQL sinks' code for rows an ADD COLUMN leaves without upstream's values
 CANAL_TERMINATOR = b"\r\n"  # TiCDC's default terminator between canal-json messages in a file
 PARQUET_ROW_BYTES = 64  # estimate of an unwritten Parquet row, for file-size
 
@@ -133,6 +137,7 @@ class StorageSink(Sink):
         self._bulk = False
         self._tag = "w"
         self._position: tuple[str, int, int] | None = None
+        self._warnings: list[DataWarning] = []
         self._skipping = False
         self._pos_ts = self._pos_count = self._skip_seen = 0
         self._w_ts = self._w_count = 0  # the last change written, and how many changes of its commit Ts
@@ -265,13 +270,24 @@ class StorageSink(Sink):
         if version in files:
             self._tables[name] = _Table(version, ident)
             return False
+        fills = tuple(f for f in event.fills if not f.per_row)
         definition = L.table_definition(schema, version, query=event.query, action=ddl_action(event),
-                                        commit_ts=event.commit_ts, seq=event.seq)
+                                        commit_ts=event.commit_ts, seq=event.seq, fills=fills)
         if fence is not None:
             fence()
         self._write_schema(name, version, schema, definition, queue=False)
         self._tables[name] = _Table(version, ident)
+        per_row = [f.column for f in event.fills if f.per_row]
+        if per_row and self._has_data(name):
+            self._warnings.append(DataWarning(
+                WARN_DEFAULT, str(name), f"{event.query or ', '.join(event.kinds)}: the rows written before it get no "
+                f"value in new column(s) {', '.join(per_row)}: upstream gave each row its own value (a volatile "
+                "default), which the storage sink does not write; later changes of a row carry its values"))
         return True
+
+    def take_warnings(self) -> list[DataWarning]:
+        out, self._warnings = self._warnings, []
+        return out
 
     def tables_with_rows(self, tables: Sequence[TableName]) -> list[TableName]:
         return [t for t in tables if self._has_data(t)]

@@ -20,6 +20,7 @@ import pytest
 from cdc.config import DdlConfig, SinkConfig
 from cdc.errors import DdlRejected
 from cdc.events import (
+    ColumnFill,
     ColumnSchema,
     DdlChange,
     DdlEvent,
@@ -144,13 +145,13 @@ class Repl:
         self.sink.write(changes)
 
     def ddl(self, table: str, sql: str, *changes: DdlChange, new_table: str | None = None,
-            expect: bool = True) -> DdlEvent:
+            expect: bool = True, fills: tuple[ColumnFill, ...] = ()) -> DdlEvent:
         before = self.schema(table)
         self.up(sql)
         after = self.schema(new_table or table)
         self.ts += 10
         ev = DdlEvent(self.ts, 0.0, TableName.parse(table), tuple(changes), before, after, sql,
-                      new_table=TableName.parse(new_table) if new_table else None)
+                      new_table=TableName.parse(new_table) if new_table else None, fills=fills)
         assert self.sink.apply_ddl(ev) is expect
         if self.crash_replay:  # the steps ran, the record did not (MariaDB's crash window): replay converges
             rec = "tidewater.tidewater_ddl" if self.target.kind == "postgresql" else "tidewater_ddl"
@@ -190,6 +191,42 @@ def test_add_column_with_defaults_fills_existing_rows(repl: Repl) -> None:
     assert repl.sink.take_warnings() == []
     repl.compare("t")
     repl.same_as_fresh("t")
+
+
+def test_added_columns_get_the_value_or_the_per_row_values_the_event_says_upstream_gave_them(
+        repl: Repl, pg_server: Any) -> None:
+    from upstream.postgres.rowfetch import RowFetcher
+
+    (db,), = repl.up("SELECT current_database()")
+    with RowFetcher(pg_server.uri(db)) as fetch:
+        repl.sink.set_row_source(fetch)
+        (at,), = repl.up("SELECT now()")
+        repl.ddl("t", "ALTER TABLE t ADD COLUMN at timestamptz NOT NULL DEFAULT now()", DdlChange(K.ADD_COLUMN, "at"),
+                 fills=(ColumnFill("at", at),))
+        repl.up("UPDATE t SET at = %s", (at,))  # (the value the trigger would have read from attmissingval)
+        repl.ddl("t", "ALTER TABLE t ADD COLUMN u uuid DEFAULT gen_random_uuid(), ADD COLUMN k int DEFAULT 5",
+                 DdlChange(K.ADD_COLUMN, "u"), DdlChange(K.ADD_COLUMN, "k"),
+                 fills=(ColumnFill("u", per_row=True), ColumnFill("k", per_row=True)))
+        # a rebuild on SQLite (a column dropped in the same event), then the values read back
+        repl.ddl("t", "ALTER TABLE t DROP COLUMN a, ADD COLUMN v timestamptz DEFAULT clock_timestamp()",
+                 DdlChange(K.DROP_COLUMN, "a"), DdlChange(K.ADD_COLUMN, "v"), fills=(ColumnFill("v", per_row=True),))
+        assert repl.sink.take_warnings() == []
+        repl.compare("t")
+        repl.same_as_fresh("t")
+        assert fetch.queries == 3  # u, k and v: one batch of keys each
+
+    # a table without a key cannot be read back by key; without a row source nothing can be read back
+    repl.up("CREATE TABLE nk (n int, m text)")
+    repl.up("ALTER TABLE nk REPLICA IDENTITY FULL")
+    repl.dml("nk", "INSERT INTO nk VALUES (1, 'x'), (1, 'x') RETURNING *")
+    repl.ddl("nk", "ALTER TABLE nk ADD COLUMN v float8 DEFAULT random()", DdlChange(K.ADD_COLUMN, "v"),
+             fills=(ColumnFill("v", per_row=True),))
+    repl.sink.set_row_source(None)
+    repl.ddl("t", "ALTER TABLE t ADD COLUMN w float8 DEFAULT random()", DdlChange(K.ADD_COLUMN, "w"),
+             fills=(ColumnFill("w", per_row=True),))
+    nk, t = sorted(repl.sink.take_warnings(), key=lambda w: w.table)
+    assert (nk.code, nk.table) == ("CDC:WarnDdlDefault", "public.nk") and "no key" in nk.message, nk
+    assert (t.code, t.table) == ("CDC:WarnDdlDefault", "public.t") and "no upstream" in t.message, t
 
 
 def test_add_column_with_a_volatile_default_is_a_divergence_warning(repl: Repl) -> None:

@@ -10,6 +10,13 @@ comparing that schema with the one the span's stream had for the table just befo
 - same column, other type or type modifier -> ALTER_COLUMN_TYPE; nullability -> SET/DROP NOT NULL;
 - another key -> DROP_PRIMARY_KEY (if it had one), ADD_PRIMARY_KEY (if it has one).
 
+Each ADD_COLUMN gets a :class:`cdc.events.ColumnFill` (``DdlEvent.fills``, :func:`fills`): what the rows that
+existed hold upstream in the new column. The message's columns carry PostgreSQL's *missing value* (the one value a
+non-volatile default gave every existing row, ``now()`` included), parsed as a streamed value of the column's type;
+a column with a default (or of a domain type, whose default may apply, or an identity column) but no missing value
+was filled by a table rewrite, one value per row (a volatile default): ``per_row``, read back by key downstream; a column with neither
+holds NULL.
+
 The trigger also describes the tables an ALTER TABLE names just before it runs; that description is used as
 ``before`` when present. Otherwise ``before`` is the span's last schema of the table; unknown (no schema of
 the table in the stream yet, after a restart, and the statement did not name it plainly) for anything but a CREATE:
@@ -23,8 +30,9 @@ import json
 from typing import Any
 
 from cdc.errors import DecodeError
-from cdc.events import DdlChange, DdlEvent, DdlKind, IndexSpec, TableName, TableSchema
+from cdc.events import ColumnFill, DdlChange, DdlEvent, DdlKind, IndexSpec, TableName, TableSchema
 from upstream.postgres import catalog
+from upstream.postgres.types import parser_for
 
 CREATE_TAGS = frozenset({"CREATE TABLE", "CREATE TABLE AS", "SELECT INTO"})
 
@@ -118,11 +126,38 @@ def decode(content: bytes | dict[str, Any], before: TableSchema | None, *, commi
             raise ValuesRewritten(f"a type change with USING rewrote the values of {after.name} upstream; the "
                                   f"stream carries none of the rewritten rows, so the target would keep the old values")
         new_table = after.name if after.name != before.name else None
-        return [DdlEvent(commit_ts, commit_time, before.name, tuple(changes), before, after, query, seq, new_table)]
+        added = [c.column for c in changes if c.kind is DdlKind.ADD_COLUMN and c.column]
+        return [DdlEvent(commit_ts, commit_time, before.name, tuple(changes), before, after, query, seq, new_table,
+                         fills(t, after, added))]
     except DecodeError:
         raise
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise DecodeError(f"malformed tidewater.ddl message ({e!r})") from e
+
+
+def fills(t: dict[str, Any], after: TableSchema, added: list[str]) -> tuple[ColumnFill, ...]:
+    """The fill of each ``added`` column of the described table ``t`` (module docstring). A missing value that does
+    not parse as the column's type raises ``DecodeError`` (the message is then malformed, never guessed)."""
+    if not added:
+        return ()
+    described = {str(c[0]): c for c in t["columns"]}
+    domains = {int(r[0]) for r in t["types"] or [] if r[2] == "d"}
+    out = []
+    for name in added:
+        c = described[name]
+        col = after.column(name)
+        missing = c[6] if len(c) > 6 else None
+        if missing is not None:
+            try:
+                out.append(ColumnFill(name, parser_for(col.base_type, col.is_array)(str(missing))))
+            except (ValueError, ArithmeticError) as e:
+                raise DecodeError(f"the value existing rows of {after.name} got in new column {name!r} "
+                                  f"({str(missing)[:60]!r}) is not a valid {col.type_name or col.base_type}: {e}") from e
+        elif c[5] is not None or int(c[1]) in domains or (len(c) > 7 and c[7]):  # (identity: a sequence's values)
+            out.append(ColumnFill(name, per_row=True))
+        else:
+            out.append(ColumnFill(name, None))
+    return tuple(out)
 
 
 def index_change(doc: dict[str, Any]) -> DdlChange | None:
@@ -172,8 +207,9 @@ def from_relations(before: TableSchema, after: TableSchema, *, commit_ts: int, c
     """The fallback without the DDL trigger: a schema change seen only as a new Relation message (its column
     list; key, nullability and types enriched from the catalog when the span read it). Added, dropped and
     retyped columns are derived; a column gone while another appeared may be a rename or a drop plus an add,
-    and guessing wrong loses the column's values downstream: :class:`Ambiguous`. Defaults are unknown (the
-    sink warns for added columns)."""
+    and guessing wrong loses the column's values downstream: :class:`Ambiguous`. What the rows that existed got in
+    an added column is unknown here (no missing value, and the default may be volatile), but the upstream holds it:
+    every added column is a ``per_row`` fill, read back by key (a table without a key: the sink warns)."""
     changes = diff(before, after)
     kinds = {c.kind for c in changes}
     if DdlKind.DROP_COLUMN in kinds and DdlKind.ADD_COLUMN in kinds:
@@ -182,4 +218,5 @@ def from_relations(before: TableSchema, after: TableSchema, *, commit_ts: int, c
     if not changes:
         return []
     query = f"(seen in the replication stream only) {', '.join(c.kind.value + ' ' + (c.column or '') for c in changes)}"
-    return [DdlEvent(commit_ts, commit_time, before.name, tuple(changes), before, after, query, seq)]
+    fills = tuple(ColumnFill(c.column, per_row=True) for c in changes if c.kind is DdlKind.ADD_COLUMN and c.column)
+    return [DdlEvent(commit_ts, commit_time, before.name, tuple(changes), before, after, query, seq, fills=fills)]

@@ -109,9 +109,32 @@ def test_the_ddl_header_round_trips_and_is_absent_for_other_ddl() -> None:
     v2 = v1.__class__(v1.name, (*v1.columns, d), v1.key, v1.replica_identity, v1.relation_id, 1)
     name, value = ddl_header(ddl(v1, v2, [DdlChange(DdlKind.ADD_COLUMN, "d")], 5, "x"))  # type: ignore[misc]
     assert name == DDL_HEADER
-    assert parse_ddl(value) == ((DdlChange(DdlKind.ADD_COLUMN, "d"),), {"d": d})
+    assert parse_ddl(value) == ((DdlChange(DdlKind.ADD_COLUMN, "d"),), {"d": d}, ())
     assert ddl_header(ddl(v1, v1, [DdlChange(DdlKind.SET_NOT_NULL, "v")], 5, "x")) is None
     assert parse_ddl(b"not json") is None and parse_ddl(None) is None
+
+
+def test_the_ddl_header_carries_what_the_existing_rows_hold_in_added_columns() -> None:
+    import dataclasses
+    import datetime
+    import uuid
+    from decimal import Decimal
+
+    from cdc.events import ColumnFill
+
+    v1 = table()
+    added = (col("at", "timestamptz", 1184), col("n", "numeric", 1700), col("u", "uuid", 2950),
+             col("tags", "int4", 1007), col("w", "timestamptz", 1184), col("e", "text", 25))
+    added = (*added[:3], dataclasses.replace(added[3], is_array=True), *added[4:])
+    v2 = v1.__class__(v1.name, (*v1.columns, *added), v1.key, v1.replica_identity, v1.relation_id, 1)
+    at = datetime.datetime(2026, 11, 28, 8, 6, 35, 839083, tzinfo=datetime.UTC)
+    fills = (ColumnFill("at", at), ColumnFill("n", Decimal("1.50")), ColumnFill("u", uuid.UUID(int=7)),
+             ColumnFill("tags", [1, 2]), ColumnFill("w", per_row=True), ColumnFill("e", None))
+    event = dataclasses.replace(ddl(v1, v2, [DdlChange(DdlKind.ADD_COLUMN, c.name) for c in added], 5, "x"),
+                                fills=fills)
+    _, value = ddl_header(event)  # type: ignore[misc]
+    parsed = parse_ddl(value)
+    assert parsed is not None and parsed.fills == fills
 
 
 def test_a_consumer_restarted_after_a_rename_knows_the_new_shape(tmp_path: Path) -> None:

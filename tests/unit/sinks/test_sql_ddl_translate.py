@@ -207,3 +207,37 @@ def test_an_event_without_the_schemas_it_needs_is_rejected() -> None:
 def test_a_column_change_without_its_column_name_is_rejected() -> None:
     with pytest.raises(DdlRejected, match="does not name its column"):
         translate("postgresql", ev(K.RENAME_COLUMN, table(ID, A), table(ID, A), DdlChange(K.RENAME_COLUMN, "a")))
+
+
+def test_fills_the_event_carries_become_an_update_or_a_read_back_by_key() -> None:
+    import dataclasses
+
+    from cdc.errors import DataRejected
+    from cdc.events import ColumnFill
+    from sinks.sql.ddl_apply import REREAD
+
+    at = col("at", "timestamptz", "timestamp with time zone", default="now()")
+    u = col("u", "uuid", "uuid", default="gen_random_uuid()")
+    k = col("k", "int4", "integer", default="5")
+    when = datetime.datetime(2026, 11, 28, 8, 6, 35, 839083, tzinfo=datetime.UTC)
+    added = ev(K.ADD_COLUMN, table(ID), table(ID, at, u, k), DdlChange(K.ADD_COLUMN, "at"), DdlChange(K.ADD_COLUMN, "u"),
+               DdlChange(K.ADD_COLUMN, "k"))
+    added = dataclasses.replace(added, fills=(ColumnFill("at", when), ColumnFill("u", per_row=True),
+                                              ColumnFill("k", per_row=True)))
+    steps = translate("mysql", added).steps
+    fills = [s for s in steps if s.kind in (FILL, REREAD)]
+    assert [s.kind for s in fills] == [FILL, REREAD, REREAD]  # k: per row as the event says (the default now may
+    # not be the one the rows got: a schema seen in the stream only is enriched from the catalog of a later time)
+    assert fills[0].params == ("2026-11-28 08:06:35.839083",) and not fills[0].note  # as rows: UTC text
+    rr = fills[1].reread
+    assert rr is not None and rr.schema.column_names == ("id", "u") and rr.update.endswith("WHERE `id` = %s")
+    # no key to read back by: the reason, raised as a warning when the table has rows
+    keyless = dataclasses.replace(added, before=table(ID, key=()), after=table(ID, at, u, k, key=()))
+    notes = [s.note for s in translate("postgresql", keyless).steps if s.kind == FILL and s.note]
+    assert len(notes) == 2 and all("no key" in n for n in notes), notes
+    # a value the target DECIMAL would round is refused, as a row's would be
+    big = col("big", "numeric", "numeric")
+    wide = dataclasses.replace(ev(K.ADD_COLUMN, table(ID), table(ID, big), DdlChange(K.ADD_COLUMN, "big")),
+                               fills=(ColumnFill("big", Decimal("1." + "1" * 40)),))
+    with pytest.raises(DataRejected, match="fractional digits"):
+        translate("mysql", wide)

@@ -63,3 +63,20 @@ def test_values_spark_cannot_hold_are_refused(tmp_path: Path) -> None:
     (sl,) = reader.plan(LakeOffset(), reader.latest_offset())
     with pytest.raises(InvalidArgument, match="has no Spark"):
         list(slice_rows(reader, sl, ALL))
+
+
+def test_an_add_column_fill_is_not_turned_into_a_row(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The lake job does not apply fills yet (docs/limits.md): it says so, and never writes one as an upsert."""
+    from cdc.events import ColumnFill, DdlChange, DdlEvent, DdlKind
+    from tests.unit.sinks.storage.storage_cases import KV2
+
+    s = sink(tmp_path, "csv")
+    s.write([ins(KV, 100, id=1, body="a", n=1)])
+    s.flush()
+    s.apply_ddl(DdlEvent(110, 0.11, KV.name, (DdlChange(DdlKind.ADD_COLUMN, "note"),), KV, KV2, "ADD COLUMN note", 0,
+                         fills=(ColumnFill("note", "x"),)))
+    s.publish_checkpoint(110)
+    s.close()
+    reader = StorageReader(uri(tmp_path, "csv"))
+    rows = [r for sl in reader.plan(LakeOffset(), reader.latest_offset()) for r in slice_rows(reader, sl, KV2)]
+    assert [r[0] for r in rows] == ["I"] and "not applied by the lake job" in caplog.text

@@ -4,7 +4,8 @@
 -- before it and the rows after it (upstream/postgres/ddl_decode.py reads it; docs/ddl.md).
 --
 -- Message: {"v": 1, "tag": command tag, "object_type": ..., "identity": ..., "query": current_query(),
---   "table": tidewater.ddl_describe(oid), "before": the same before an ALTER TABLE, when found,
+--   "table": tidewater.ddl_describe(oid) (each column with its missing value: the fill of an added column),
+--   "before": the same before an ALTER TABLE, when found,
 --   "joined": the span publications a CREATE TABLE joined (tidewater.ddl_join),
 --   "index": tidewater.ddl_index of the index a CREATE INDEX made}
 --   {"v": 1, "tag": "DROP INDEX", "table": ..., "index": the index as it was, "index_dropped": true}
@@ -13,18 +14,26 @@
 -- tidewater.ddl_describe(oid) holds exactly the catalog facts upstream.postgres.catalog.build_schema reads,
 -- so a table described here and one read from the catalog are the same TableSchema.
 
+-- Each column: [name, type oid, typmod, NOT NULL, format_type, default expression, missing value, identity]. The missing
+-- value (pg_attribute.attmissingval, as text) is the one value PostgreSQL gave every existing row when a column was
+-- added with a non-volatile default (now(), current_user, a constant) without rewriting the table; null when it has
+-- none (a table rewrite clears it). The text is rendered under the session settings of every Tidewater upstream
+-- connection and of the walsender (upstream.postgres.conn.SESSION_SETTINGS), so it parses as a streamed value does.
 CREATE OR REPLACE FUNCTION tidewater.ddl_describe(rel oid) RETURNS json
-LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp SET TimeZone = 'UTC' SET DateStyle = 'ISO'
+    SET IntervalStyle = 'postgres' SET extra_float_digits = 3 SET bytea_output = 'hex' AS $$
     WITH cols AS (
         SELECT a.attnum, a.attname, a.atttypid, a.atttypmod, a.attnotnull, format_type(a.atttypid, a.atttypmod) AS fmt,
-               pg_get_expr(d.adbin, d.adrelid) AS def
+               pg_get_expr(d.adbin, d.adrelid) AS def,
+               CASE WHEN a.atthasmissing THEN (a.attmissingval::text::text[])[1] END AS missing,
+               a.attidentity <> '' AS ident
         FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
         WHERE a.attrelid = rel AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated IN ('', 's')
     )
     SELECT json_build_object(
         'oid', c.oid, 'schema', n.nspname, 'table', c.relname, 'relkind', c.relkind,
         'persistence', c.relpersistence, 'is_partition', c.relispartition, 'replident', c.relreplident,
-        'columns', (SELECT coalesce(json_agg(json_build_array(attname, atttypid, atttypmod, attnotnull, fmt, def)
+        'columns', (SELECT coalesce(json_agg(json_build_array(attname, atttypid, atttypmod, attnotnull, fmt, def, missing, ident)
                                              ORDER BY attnum), '[]') FROM cols),
         'types', (WITH RECURSIVE t(oid) AS (
                       SELECT DISTINCT atttypid FROM cols

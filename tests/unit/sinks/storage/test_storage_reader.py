@@ -121,3 +121,35 @@ def test_text_protocols_keep_values_parquet_refuses(tmp_path: Path, protocol: st
     _, states = rebuild(uri(tmp_path, protocol))
     (row,) = states[ALL.name].rows()
     assert row["c_date"] == "0044-03-15 BC" and row["c_ts"] == "infinity" and row["id"] == 2
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_add_column_schema_file_fills_the_rows_held_before_it(tmp_path: Path, protocol: str) -> None:
+    from cdc.events import ColumnFill, DdlChange, DdlEvent, DdlKind
+    from tests.unit.sinks.storage.storage_cases import BAG, KV2
+
+    bag2 = BAG.__class__(BAG.name, (*BAG.columns, KV2.column("note")), ("a", "b", "note"), "f", 2, 2, False)
+    s = sink(tmp_path, protocol)
+    s.write([ins(KV, 100, id=1, body="a", n=1), ins(KV, 100, id=2, body="b", n=2), ins(BAG, 100, a=1, b="x"),
+             ins(BAG, 100, a=1, b="x")])
+    s.flush()
+    for before, after in ((KV, KV2), (BAG, bag2)):
+        s.apply_ddl(DdlEvent(110, 0.11, before.name, (DdlChange(DdlKind.ADD_COLUMN, "note"),), before, after,
+                             "ALTER TABLE ... ADD COLUMN note varchar(32) DEFAULT current_user", 0,
+                             fills=(ColumnFill("note", "alice"),)))
+    assert s.take_warnings() == []
+    s.write([ins(KV2, 120, id=3, body="c", n=3, note=None), upd(KV2, 120, {"id": 2}, id=2, body="b", n=2, note="z"),
+             ins(bag2, 120, a=2, b="y", note=None)])
+    s.flush()
+    s.apply_ddl(DdlEvent(130, 0.13, KV.name, (DdlChange(DdlKind.ADD_COLUMN, "v"),), KV2, KV2, "ADD COLUMN v ... "
+                         "DEFAULT clock_timestamp()", 0, fills=(ColumnFill("v", per_row=True),)))
+    (w,) = s.take_warnings()  # each row's own value is not in the files: said, not silent
+    assert w.code == "CDC:WarnDdlDefault" and w.table == "app.kv" and "clock_timestamp" in w.message
+    s.publish_checkpoint(130)
+    s.close()
+    _, states = rebuild(uri(tmp_path, protocol))
+    assert sorted_rows(KV2, states[KV.name].rows()) == [
+        {"id": 1, "body": "a", "n": 1, "note": "alice"}, {"id": 2, "body": "b", "n": 2, "note": "z"},
+        {"id": 3, "body": "c", "n": 3, "note": None}]
+    assert sorted(states[BAG.name].rows(), key=repr) == [{"a": 1, "b": "x", "note": "alice"}] * 2 + [
+        {"a": 2, "b": "y", "note": None}]
