@@ -120,8 +120,8 @@ def test_a_transaction_not_listed_as_holding_ddl_is_never_looked_into() -> None:
 def _row(table: str) -> Any:
     from types import SimpleNamespace
 
-    return lambda p, ts, tm: SimpleNamespace(schema=SimpleNamespace(name=table if p.startswith(b"t") else "public.u"),
-                                             p=p, ts=ts)
+    return lambda p, ts, tm: SimpleNamespace(
+        schema=SimpleNamespace(name=table if p.startswith(b"t") else "public.u", relation_id=0), p=p, ts=ts)
 
 
 def test_rows_at_or_below_their_tables_floor_are_dropped_and_the_rest_kept_in_order() -> None:
@@ -139,7 +139,8 @@ def test_a_schema_change_of_a_table_below_its_floor_is_dropped_one_above_it_stay
     def schema_changes(raw: bytes, ts: int, tm: float) -> list[Any]:
         from types import SimpleNamespace
 
-        return [SimpleNamespace(table="public.t" if raw == b"t" else "public.u", raw=raw, changes=())]
+        return [SimpleNamespace(table="public.t" if raw == b"t" else "public.u", raw=raw, changes=(),
+                                before=None, after=None)]
 
     b = TxnBatcher(txns, _row("public.t"), max_rows=100, ddl_commits={100, 120}, schema_changes=schema_changes,
                    floors={"public.t": 130})
@@ -196,7 +197,8 @@ def test_a_schema_change_of_a_held_table_waits_like_its_rows() -> None:
     hold = TableHold(["public.t"])
     hold.pass_up_to(110)
     b = TxnBatcher(txns, _row("public.t"), max_rows=100, ddl_commits={120}, hold=hold,
-                   schema_changes=lambda raw, ts, tm: [SimpleNamespace(table="public.t", raw=raw)])
+                   schema_changes=lambda raw, ts, tm: [SimpleNamespace(table="public.t", raw=raw, before=None,
+                                                                       after=None)])
     rows, last, _ = drain(b)
     assert [r.p for r in rows] == [b"u1"] and last == Watermark(100, 1.0) and b.blocked()
     hold.release({"public.t": 110})
@@ -211,7 +213,7 @@ def test_a_table_renamed_inside_its_copys_window_fails_loudly_naming_the_resync(
     from cdc.events import DdlChange, DdlKind
 
     txns = [SortedTxn(100, 1.0, 1, [DDL + b"t"])]
-    rename = SimpleNamespace(table="public.t", raw=b"t", query="ALTER TABLE t RENAME TO t2",
+    rename = SimpleNamespace(table="public.t", raw=b"t", query="ALTER TABLE t RENAME TO t2", before=None, after=None,
                              changes=(DdlChange(DdlKind.RENAME_TABLE, new_name="public.t2"),))
     b = TxnBatcher(txns, _row("public.t"), max_rows=100, ddl_commits={100}, floors={"public.t2": 150},
                    schema_changes=lambda raw, ts, tm: [rename])
@@ -232,7 +234,7 @@ def test_changes_between_floor_and_ceiling_are_marked_and_written_one_transactio
         from types import SimpleNamespace
 
         name = "public.t" if p.startswith(b"t") else "public.u"
-        return RowChange(OpType.INSERT, SimpleNamespace(name=name), ts, values={"p": p})  # type: ignore[arg-type]
+        return RowChange(OpType.INSERT, SimpleNamespace(name=name, relation_id=0), ts, values={"p": p})  # type: ignore[arg-type]
 
     txns = [SortedTxn(90, 0.9, 1, [b"t90"]), SortedTxn(150, 1.5, 2, [b"t150", b"u150"]),
             SortedTxn(160, 1.6, 1, [b"t160"]), SortedTxn(170, 1.7, 1, [b"u170"]),
