@@ -318,9 +318,12 @@ class InitialCopy:
         new = [t for t in tables if plans[t] is None]
         if new:
             # plans of tables the span no longer has under that name: a table renamed since it was planned is
-            # found among them by its relation oid when it is planned under its new name (_forget_renamed)
-            renamed = {p.oid: p for p in self.progress.all_plans(cf, span).values()
-                       if p.oid and p.table_name not in plans}
+            # found among them by its relation oid when it is planned under its new name (_forget_renamed). Only in
+            # the initial copy: ``tables`` is then every table of the span, and nothing streamed yet, so the old
+            # name's target holds only what the copy wrote (after it, the stream has renamed the target itself, and
+            # a table copy's ``tables`` are only those it copies: another table's plan is not an orphan)
+            renamed = {} if self.state.tables else {
+                p.oid: p for p in self.progress.all_plans(cf, span).values() if p.oid and p.table_name not in plans}
             # a table copy truncates targets through the span's sink (one caller): one reader, in order
             readers = 1 if self.truncate is not None else min(PLAN_READERS, len(new))
             groups = [new[i::readers] for i in range(readers)]

@@ -200,3 +200,15 @@ def test_a_table_renamed_between_two_runs_of_a_merge_is_refused_naming_the_fix()
     with pytest.raises(SnapshotTableChanged, match="rename the target table public.bag to public.bag2"):
         copy(threading.Event())
     assert restart.calls == [] and BAG not in progress.plans
+
+
+def test_a_table_copy_never_takes_another_tables_plan_for_a_renamed_ones() -> None:
+    """A table copy plans only its tables, and the stream has applied every rename downstream already: the plan of a
+    table it does not copy, stored under a name that now belongs to another relation, is no orphan; nothing is
+    removed."""
+    progress, up, restart = _renamed_between_runs()
+    progress.chunks[BAG2] = {}
+    copy, _ = initial_copy(progress, SpanSnapshot("copying", (), {"public.big": 100}, ("public.bag2",)), up,
+                           restart=restart)
+    copy(threading.Event())
+    assert restart.calls == [] and BAG in progress.plans
