@@ -47,10 +47,6 @@ class TableFloors:
     def __repr__(self) -> str:
         return f"TableFloors({self._names!r}, oids={self._oids!r})"
 
-    def as_dicts(self) -> tuple[dict[str, int], dict[str, int]]:
-        """``(name -> Ts, name -> oid)``: the form stored in :class:`cdc.model.SpanSnapshot`."""
-        return dict(self._names), dict(self._oids)
-
     def above(self, ts: int) -> TableFloors:
         """Only the tables whose Ts is above ``ts`` (a span that starts from checkpoint ``ts`` needs no other)."""
         return TableFloors({n: v for n, v in self._names.items() if v > ts}, self._oids)
