@@ -219,7 +219,8 @@ class SpanSnapshot:
     changes are already in the copy and are not applied again (keyed tables: the first export's Ts, so every
     change after any chunk's snapshot is replayed, idempotently; a key-less table: the Ts of the one snapshot
     its whole copy was read under -- the Ts its ``ChunkDone`` records, which must be one export here together with
-its name -- so not one of its rows is applied twice).
+its name -- so not one of its rows is applied twice). ``oids``: each of those tables' relation oid, by which the
+    stream finds its floor whatever the table is called by then (a rename inside the copy's window).
 
     ``tables``: the tables this copy covers; empty for the initial copy (every table of the span), else the
     tables of a *table copy* (:class:`TableCopy`: a table that joined with rows, or a resync), which runs while
@@ -236,6 +237,11 @@ its name -- so not one of its rows is applied twice).
     # (processor.batcher). A table whose stream may leave values unsent (cdc.snapshot.may_leave_values_unsent) never
     # has one: it is copied again whole under one snapshot instead (processor.snapshot)
     ceilings: dict[str, int] = field(default_factory=dict)
+    # per table of ``floors`` (and ``ceilings``): its relation oid at the snapshot its copy was read under. The stream
+    # finds a change's floor by the oid its Relation message carries, so a table renamed (ALTER TABLE .. RENAME,
+    # SET SCHEMA) inside its copy's window keeps its floor (processor.floors). A table without one here (records
+    # stored before oids were) is found by name
+    oids: dict[str, int] = field(default_factory=dict)
     # ``[snapshot] on-existing-rows = "merge"``: the tables whose target already held rows when the copy began
     # (recorded by the first run, before it writes). After the copy their target rows are counted against the
     # upstream's (processor.merged_rows): rows the upstream does not have stay, and the changefeed says so

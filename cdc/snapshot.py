@@ -102,7 +102,9 @@ class TablePlan:
     of the plan must be read under a snapshot where the table has that definition (rows of two definitions in one
     target cannot be told apart), so a run that finds another one plans the table again from a fresh target
     (docs/snapshot.md, "A table changed between two runs"). ``snapshot``/``ts``: the export the plan was made
-    under (its name and Ts; ``ts`` 0: not recorded). Plans stored before these fields have them empty."""
+    under (its name and Ts; ``ts`` 0: not recorded). ``oid``: the table's relation oid at that snapshot (0: not
+    recorded), by which its floor is found in the stream and a rename between two runs is recognised. Plans stored
+    before these fields have them empty."""
 
     schema: str
     table: str
@@ -114,6 +116,7 @@ class TablePlan:
     definition: str = ""
     snapshot: str | None = None
     ts: int = 0
+    oid: int = 0
 
     @property
     def table_name(self) -> TableName:

@@ -10,6 +10,7 @@ from itertools import repeat
 from cdc.errors import DdlRejected, DecodeError
 from cdc.events import REPLAYED, DdlEvent, DdlKind, RowChange
 from cdc.ts import Watermark
+from processor.floors import TableFloors, ddl_relation_id
 from processor.table_hold import PASS, WAIT, TableHold
 from sorter.base import SortedTxn
 from upstream.base import SCHEMA_CHANGE, encode_payload
@@ -36,20 +37,22 @@ class TxnBatcher:
     def __init__(self, txns: Iterable[SortedTxn], mount: Callable[[bytes, int, float], RowChange],
                  max_rows: int, ddl_commits: Container[int] = frozenset(),
                  schema_changes: Callable[[bytes, int, float], list[DdlEvent]] | None = None,
-                 floors: Mapping[str, int] | None = None, hold: TableHold | None = None,
-                 ceilings: Mapping[str, int] | None = None) -> None:
+                 floors: TableFloors | Mapping[str, int] | None = None, hold: TableHold | None = None,
+                 ceilings: TableFloors | Mapping[str, int] | None = None) -> None:
         self._it = iter(txns)
         self._peek: SortedTxn | None = next(self._it, None)
         self._mount = mount
-        # the initial copy's floors (cdc.model.SpanSnapshot): a table's changes at or below its floor are in the
-        # copy already and are dropped; checked only in transactions at or below the highest floor
-        self._floors = dict(floors or {})
+        # the initial copy's floors (cdc.model.SpanSnapshot; processor.floors: by relation oid, so a table renamed
+        # inside its copy's window keeps its floor): a table's changes at or below its floor are in the copy already
+        # and are dropped; checked only in transactions at or below the highest floor
+        self._floors = floors if isinstance(floors, TableFloors) else TableFloors(floors)
         # ... and its ceilings: a change in (floor, ceiling] of a table is replayed over rows that may already be
         # newer: marked (cdc.events.REPLAYED), and each transaction holding one is a batch of its own (a sink's net
         # effect over several transactions assumes the rows were as the first one found them)
-        self._ceilings = {k: v for k, v in (ceilings or {}).items() if v > self._floors.get(k, 0)}
-        self._ceiling_max = max(self._ceilings.values(), default=0)
-        self._floor_max = max([*self._floors.values(), *self._ceilings.values()], default=0)
+        self._ceilings = (ceilings if isinstance(ceilings, TableFloors) else TableFloors(ceilings)).above_floors(
+            self._floors)
+        self._ceiling_max = self._ceilings.top
+        self._floor_max = max(self._floors.top, self._ceilings.top)
         # a table copy's hold (processor.table_hold): its tables' changes pass, drop or wait; the transaction
         # waited before keeps its mounted parts here, so that it is mounted once
         self._hold = hold
@@ -190,15 +193,17 @@ class TxnBatcher:
         for _, ddl in parts:
             for e in ddl:
                 renamed = [c.new_name for c in e.changes if c.kind is DdlKind.RENAME_TABLE and c.new_name]
-                if any(ts <= floors.get(n, 0) for n in renamed) or (renamed and ts <= floors.get(str(e.table), 0)):
-                    # floors are per table name: a table renamed inside its copy's window cannot be told apart
+                if renamed and not floors.by_oid(ddl_relation_id(e)) and (
+                        any(ts <= floors.named(n) for n in renamed) or ts <= floors.named(str(e.table))):
+                    # a floor recorded by name only (a record stored before oids were): a table renamed inside its
+                    # copy's window cannot be told apart
                     raise DdlRejected(e.query or "rename table", str(e.table),
                                       f"the table was renamed to {renamed[0]} while the initial copy ran (commit Ts "
                                       f"{ts}), so its copied rows and its streamed changes cannot be matched exactly; "
                                       f"copy it again: cdc cli changefeed snapshot --table {renamed[0]}, then skip "
                                       f"this DDL (--skip-ddl-ts {ts})", commit_ts=ts)
-        return [([r for r in rows if floors.get(str(r.schema.name), 0) < ts],
-                 [e for e in ddl if floors.get(str(e.table), 0) < ts]) for rows, ddl in parts]
+        of, of_ddl = floors.of, floors.of_ddl
+        return [([r for r in rows if of(r.schema) < ts], [e for e in ddl if of_ddl(e) < ts]) for rows, ddl in parts]
 
     def _mark_replayed(self, ts: int, parts: list[tuple[list[RowChange], list[DdlEvent]]]) -> None:
         """Mark the changes of tables copied under several snapshots committed between a table's floor and its
@@ -207,11 +212,10 @@ class TxnBatcher:
         rows were as the first found them: a key that one transaction moves a row into and a later one moves it out
         of nets to nothing, and a row a later chunk copied at that key stayed (found by a kill during a copy under key
         rotations: extra rows). One transaction at a time, every change applied by key, converges."""
-        ceilings, floors = self._ceilings, self._floors
+        ceiling, floor = self._ceilings.of, self._floors.of
         for rows, _ in parts:
             for r in rows:
-                name = str(r.schema.name)
-                if floors.get(name, 0) < ts <= ceilings.get(name, 0):
+                if floor(r.schema) < ts <= ceiling(r.schema):
                     r.extra[REPLAYED] = True
 
     def _cut(self, t: SortedTxn) -> list[tuple[list[RowChange], list[DdlEvent]]]:

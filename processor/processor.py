@@ -57,6 +57,7 @@ from cdc.snapshot import CopiedChunk
 from cdc.stats import SpanStats
 from cdc.ts import Watermark
 from cdc.uri import scrub
+from processor.floors import TableFloors
 from processor.merged_rows import MergedRows
 from processor.recovery import DependencyProbe
 from processor.snapshot import CopyLauncher, CopyStopped, InitialCopy, Truncate
@@ -378,8 +379,10 @@ class Processor:
                             position=(info.id, span_index, span.start_ts), ddl=config.ddl,
                             schema_history=self._schema_recorder(info.id),
                             barrier=self._changefeed_barrier(info, span_index) if len(info.spans) > 1 else None,
-                            initial_copy=copy, floors=state.floors if state is not None and copy is None else None,
-                            ceilings=state.ceilings if state is not None and copy is None else None,
+                            initial_copy=copy,
+                            floors=TableFloors(state.floors, state.oids) if state is not None and copy is None else None,
+                            ceilings=(TableFloors(state.ceilings, state.oids) if state is not None and copy is None
+                                      else None),
                             stats=slot.stats if slot is not None else None,
                             table_copy=table_copy,
                             hold=TableHold(state.tables) if table_copy is not None and state is not None else None,
@@ -436,7 +439,8 @@ class Processor:
         log.info("span=%s/%d takes up a table copy of %s (%s)", info.id, span, ", ".join(tables),
                  ", ".join(sorted({c.reason for c in pending})))
         floors = dict(state.floors) if state is not None else {}
-        return SpanSnapshot("copying", (), floors, tables, max(c.request for c in pending))
+        oids = dict(state.oids) if state is not None else {}
+        return SpanSnapshot("copying", (), floors, tables, max(c.request for c in pending), oids=oids)
 
     def _persist_snapshot(self, cf: str, span: int) -> Callable[[SpanSnapshot], None]:
         """Stores a span's initial-copy state with its status now, under the span's guard; raises when the write

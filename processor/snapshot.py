@@ -178,6 +178,7 @@ class InitialCopy:
         self.persist = persist
         self.state = state if state is not None else SpanSnapshot()
         self.ceilings: dict[str, int] = dict(self.state.ceilings)  # (set when the copy is done)
+        self.oids: dict[str, int] = dict(self.state.oids)  # each floor's relation oid (set when the copy is done)
         self.chunk_rows = chunk_rows
         self.spark_master = spark_master
         self.spark_min_rows = spark_min_rows
@@ -217,7 +218,9 @@ class InitialCopy:
             self.announce(self.copied_chunks(tables))
         kept_ceilings = {k: v for k, v in self.state.ceilings.items() if k in kept}
         self.ceilings = {**kept_ceilings, **self.chunk_ceilings(tables, floors)}
-        self.state = dataclasses.replace(self.state, phase="done", floors=floors, ceilings=self.ceilings)
+        self.oids = {**{k: v for k, v in self.state.oids.items() if k in kept}, **self.table_oids(tables)}
+        self.state = dataclasses.replace(self.state, phase="done", floors=floors, ceilings=self.ceilings,
+                                         oids=self.oids)
         self.persist(self.state)
         log.info("span=%s initial copy done: %d table(s); streaming from checkpoint", self.label, len(tables))
         return floors
@@ -337,14 +340,21 @@ class InitialCopy:
             plans[t] = None
         new = [t for t in tables if plans[t] is None]
         if new:
+            # plans of tables the span no longer has under that name: a table renamed since it was planned is
+            # found among them by its relation oid when it is planned under its new name (_forget_renamed). Only in
+            # the initial copy: ``tables`` is then every table of the span, and nothing streamed yet, so the old
+            # name's target holds only what the copy wrote (after it, the stream has renamed the target itself, and
+            # a table copy's ``tables`` are only those it copies: another table's plan is not an orphan)
+            renamed = {} if self.state.tables else {
+                p.oid: p for p in self.progress.all_plans(cf, span).values() if p.oid and p.table_name not in plans}
             # a table copy truncates targets through the span's sink (one caller): one reader, in order
             readers = 1 if self.truncate is not None else min(PLAN_READERS, len(new))
             groups = [new[i::readers] for i in range(readers)]
             if readers == 1:
-                plans.update(self._plan_new(groups[0], snapshot, ts, at))
+                plans.update(self._plan_new(groups[0], snapshot, ts, at, renamed))
             else:
                 with ThreadPoolExecutor(readers, thread_name_prefix="tidewater-plan") as pool:
-                    for got in pool.map(lambda g: self._plan_new(g, snapshot, ts, at), groups):
+                    for got in pool.map(lambda g: self._plan_new(g, snapshot, ts, at, renamed), groups):
                         plans.update(got)
         pending: list[TableName] = []
         rows = 0
@@ -427,16 +437,20 @@ class InitialCopy:
             self.restart_target(schema, ts, at)
         self.progress.forget_table(cf, span, t)
 
-    def _plan_new(self, tables: Sequence[TableName], snapshot: str, ts: int, at: float
-                  ) -> dict[TableName, TablePlan | None]:
+    def _plan_new(self, tables: Sequence[TableName], snapshot: str, ts: int, at: float,
+                  renamed: Mapping[int, TablePlan] | None = None) -> dict[TableName, TablePlan | None]:
         """Plan ``tables`` (not planned yet) under ``snapshot`` (exported at ``ts``, upstream time ``at``) on one
-        reader and store their plans; a table empty at the snapshot gets its chunks recorded as done (at ``ts``) and
-        None."""
+        reader and store their plans, with each table's relation oid; a table empty at the snapshot gets its chunks
+        recorded as done (at ``ts``) and None. ``renamed``: by relation oid, the stored plans of names the span no
+        longer has; a table planned here under one of those oids was renamed since (:meth:`_forget_renamed`)."""
         cf, span = self.info.id, self.span.index
         out: dict[TableName, TablePlan | None] = {}
         with self.upstream.snapshot_reader(snapshot, label=self.label) as reader:
             for t in tables:
                 schema = reader.table_schema(t)
+                old = (renamed or {}).get(schema.relation_id) if schema.relation_id else None
+                if old is not None:
+                    self._forget_renamed(old, schema, ts, at)
                 if self.truncate is not None and schema.has_key:
                     # a table copy replaces the rows: extra rows downstream go too (before the plan is
                     # stored: a run that dies in between empties it again; a key-less table's single chunk
@@ -444,7 +458,7 @@ class InitialCopy:
                     # ordered before the copied rows, which carry that Ts
                     self.truncate([schema], Watermark(ts, at))
                 plan = dataclasses.replace(reader.plan(schema, self.chunk_rows), definition=table_definition(schema),
-                                           snapshot=snapshot, ts=ts)
+                                           snapshot=snapshot, ts=ts, oid=schema.relation_id)
                 stored = self.progress.put_plan(cf, span, plan)
                 reader.release()  # no lock held on this table while the next one is read (deadlocks)
                 if stored is plan and plan.rows == 0:
@@ -473,6 +487,38 @@ class InitialCopy:
                     f"span {self.label}: the copy job ended without error, yet {len(missing)} of the {len(plan.chunks)} "
                     f"chunks of table {t} are not recorded as copied (chunk {shown}): the span does not stream over "
                     "them; the next run copies what is left (if this repeats, the job loses chunks: report it)")
+
+    def _forget_renamed(self, old: TablePlan, schema: TableSchema, ts: int, at: float) -> None:
+        """``schema``'s table was planned by an earlier run under the name of ``old`` (same relation oid) and renamed
+        since (``ALTER TABLE .. RENAME``, ``SET SCHEMA``). What that run copied went to a target of the old name;
+        the table is copied again, whole, under its new name and this run's snapshot (its floor is then this run's
+        Ts, found by oid, so its changes under the old name up to it, and the rename, are in the copy). So the old
+        target is removed (``restart_target``, before the old records go: a run that dies in between removes it
+        again) and the old records go. Under ``merge`` the old target holds the user's rows and is not removed:
+        :class:`SnapshotTableChanged` names the fix (the old records go, so the resumed run merges it again)."""
+        cf, span = self.info.id, self.span.index
+        what = (f"table {old.table_name} was renamed to {schema.name} while it was being copied (relation oid "
+                f"{schema.relation_id})")
+        if self.merge or self.restart_target is None:
+            self.progress.forget_table(cf, span, old.table_name)
+            raise SnapshotTableChanged(
+                f"span {self.label}: {what}, and its target {old.table_name} holds rows of yours ([snapshot] "
+                f'on-existing-rows = "merge") or cannot be removed. Fix: rename the target table {old.table_name} to '
+                f"{schema.name} too, then `cdc cli changefeed resume -c {cf}`: the table is planned again under a new "
+                "snapshot and its rows merged again")
+        log.warning("span=%s %s: its copy starts over under its new name (old target removed)", self.label, what)
+        self.restart_target(dataclasses.replace(schema, name=old.table_name), ts, at)
+        self.progress.forget_table(cf, span, old.table_name)
+
+    def table_oids(self, tables: Sequence[TableName]) -> dict[str, int]:
+        """Each table's relation oid at the snapshot its plan was made under (tables whose plan has none: left
+        out; their floors are found by name)."""
+        out: dict[str, int] = {}
+        for t in tables:
+            plan = self.progress.get_plan(self.info.id, self.span.index, t)
+            if plan is not None and plan.oid:
+                out[str(t)] = plan.oid
+        return out
 
     def _check_keys_built(self, tables: Sequence[TableName]) -> None:
         """Streaming must never start on a table whose key the copy deferred and did not build (replays are

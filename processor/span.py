@@ -43,6 +43,7 @@ from cdc.model import DataWarning, WarningSeverity, merge_warnings
 from cdc.stats import SpanStats
 from cdc.ts import Watermark
 from processor.batcher import TxnBatcher
+from processor.floors import TableFloors
 from processor.mounter import Mounter
 from processor.table_hold import TableHold
 from sinks.base import RowSource, Sink
@@ -108,8 +109,8 @@ class SpanRunner:
         schema_history: SchemaRecorder | None = None,
         barrier: Callable[[int, threading.Event], None] | None = None,
         initial_copy: Callable[[threading.Event], Mapping[str, int]] | None = None,
-        floors: Mapping[str, int] | None = None,
-        ceilings: Mapping[str, int] | None = None,
+        floors: TableFloors | None = None,
+        ceilings: TableFloors | None = None,
         stats: SpanStats | None = None,
         table_copy: Callable[[threading.Event, SpanRunner], Mapping[str, int]] | None = None,
         hold: TableHold | None = None,
@@ -157,10 +158,11 @@ class SpanRunner:
         self.initial_copy = initial_copy
         self._copied = False
         self._lifecycle = threading.Lock()  # stop() and the copy's hand-over to streaming
-        self.floors: dict[str, int] = {k: v for k, v in (floors or {}).items() if v > start.ts}
+        # (per relation oid, processor.floors: a table renamed inside its copy's window keeps its floor)
+        self.floors = (floors or TableFloors()).above(start.ts)
         # tables copied under several snapshots: changes in (floor, ceiling] are replayed over possibly newer rows
         # (TxnBatcher: marked cdc.events.REPLAYED, one transaction per batch)
-        self.ceilings: dict[str, int] = {k: v for k, v in (ceilings or {}).items() if v > start.ts}
+        self.ceilings = (ceilings or TableFloors()).above(start.ts)
         # a table copy (processor.snapshot.InitialCopy with tables) runs beside the stream, which holds back the
         # copied tables' changes (processor.table_hold); the runner is its StreamGate
         self.table_copy = table_copy
@@ -196,9 +198,9 @@ class SpanRunner:
         with self._lifecycle:
             if self._stop.is_set():
                 return
-            self.floors = {k: v for k, v in floors.items() if v > self.checkpoint.ts}
-            self.ceilings = {k: v for k, v in getattr(self.initial_copy, "ceilings", {}).items()
-                             if v > self.checkpoint.ts}
+            oids = getattr(self.initial_copy, "oids", {})
+            self.floors = TableFloors(floors, oids).above(self.checkpoint.ts)
+            self.ceilings = TableFloors(getattr(self.initial_copy, "ceilings", {}), oids).above(self.checkpoint.ts)
             self._copied = True
             self._start_streaming()
 
@@ -210,7 +212,11 @@ class SpanRunner:
     def _run_table_copy(self) -> None:
         assert self.table_copy is not None and self.hold is not None
         floors = self.table_copy(self._stop, self)
-        self.ceilings = {**self.ceilings, **getattr(self.table_copy, "ceilings", {})}  # (read by the next batcher)
+        oids = getattr(self.table_copy, "oids", {})
+        # (read by the next batcher; the copied tables' floors also by oid: a rename inside the copy's window keeps
+        # its floor once the hold is released)
+        self.ceilings = self.ceilings.merged(TableFloors(getattr(self.table_copy, "ceilings", {}), oids))
+        self.floors = self.floors.merged(TableFloors(floors, oids).above(self.checkpoint.ts))
         self.hold.release(floors)
         log.info("span=%s table copy of %s done; their changes stream again", self.label,
                  ", ".join(sorted(self.hold.tables)))
@@ -456,10 +462,10 @@ class SpanRunner:
                     if target.ts == self._written.ts and target.time > self._written.time:
                         self._settle(target, 0)
                     continue
-                if self.floors and self._written.ts >= max(self.floors.values()):
-                    self.floors = {}  # past every floor: nothing more to check
-                if self.ceilings and self._written.ts >= max(self.ceilings.values()):
-                    self.ceilings = {}
+                if self.floors and self._written.ts >= self.floors.top:
+                    self.floors = TableFloors()  # past every floor: nothing more to check
+                if self.ceilings and self._written.ts >= self.ceilings.top:
+                    self.ceilings = TableFloors()
                 batcher = TxnBatcher(self.sorter.read_txns(self._written.ts, target.ts), mount, self.txn_rows,
                                      self.source.schema_change_commits(), self._schema_changes(decoder), self.floors,
                                      self.hold, self.ceilings)

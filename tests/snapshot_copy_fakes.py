@@ -32,6 +32,9 @@ class Progress:
     def get_plan(self, cf: str, span: int, table: TableName) -> TablePlan | None:
         return self.plans.get(table)
 
+    def all_plans(self, cf: str, span: int) -> dict[TableName, TablePlan]:
+        return dict(self.plans)
+
     def put_plan(self, cf: str, span: int, plan: TablePlan) -> TablePlan:
         return self.plans.setdefault(plan.table_name, plan)
 

@@ -96,6 +96,16 @@ class SnapshotProgressStore:
         kv = self.client.get(keys.snapshot_plan_key(self.cluster_id, cf, span, table))
         return None if kv is None else _decode(TablePlan, kv)  # type: ignore[return-value]
 
+    def all_plans(self, cf: str, span: int) -> dict[TableName, TablePlan]:
+        """Every stored plan of the span, by table name (one range read)."""
+        _, kvs = self.client.get_prefix(keys.snapshot_prefix(self.cluster_id, cf, span))
+        out: dict[TableName, TablePlan] = {}
+        for kv in kvs:
+            if keys.parse_key(kv.key).kind is KeyKind.SNAPSHOT_PLAN:
+                plan: TablePlan = _decode(TablePlan, kv)  # type: ignore[assignment]
+                out[plan.table_name] = plan
+        return out
+
     def put_plan(self, cf: str, span: int, plan: TablePlan) -> TablePlan:
         """Store ``plan`` unless the table has one already; return the stored one (ours or the earlier)."""
         key = keys.snapshot_plan_key(self.cluster_id, cf, span, plan.table_name)

@@ -122,13 +122,21 @@ def _verdict(sink: SQLSink, b: Binding, cur: Any) -> str | None:
 
 
 class Blocks:
-    """``read()`` for ``copy_expert``: the next block of the text (any size), b'' at the end."""
+    """``read()`` for ``copy_expert``: the next block of the text (any size), b'' at the end. ``error``: what the
+    upstream's side raised (psycopg2 turns an exception of ``read()`` into a driver error of the target's COPY that
+    names it only in its text: the caller raises this one instead, with its own class, e.g. the retryable
+    ``SnapshotTableAltered`` of a table renamed since the snapshot)."""
 
     def __init__(self, blocks: Iterator[bytes]) -> None:
         self._it = blocks
+        self.error: BaseException | None = None
 
     def read(self, size: int = -1) -> bytes:
-        return next(self._it, b"")
+        try:
+            return next(self._it, b"")
+        except BaseException as exc:
+            self.error = exc
+            raise
 
 
 def write_copy_text(sink: SQLSink, schema: TableSchema, open_text: Callable[[], CopyText | None],
@@ -171,9 +179,12 @@ def write_copy_text(sink: SQLSink, schema: TableSchema, open_text: Callable[[], 
                     if replace:
                         cur.execute(stmts.truncate(b.table), ())
                     copy_sql = stmts.copy_in(stmts.table(b.table), [b.colmap[n] for n in b.names]) % ()
+                    blocks = Blocks(text.blocks)
                     try:
-                        cur.copy_expert(copy_sql, Blocks(text.blocks), READ_SIZE)
+                        cur.copy_expert(copy_sql, blocks, READ_SIZE)
                     except Exception as exc:
+                        if blocks.error is not None:  # the upstream's read failed, not the target
+                            raise blocks.error from exc
                         if getattr(exc, "pgcode", None) != UNIQUE_VIOLATION:
                             raise
                         trans.rollback()

@@ -317,6 +317,35 @@ def test_a_refusing_fence_commits_nothing(upstream: Upstream, pg_server: Any, pg
         reader.close()
 
 
+def test_an_error_of_the_upstreams_side_of_a_chunk_is_raised_as_itself(upstream: Upstream, pg_server: Any,
+                                                                        pg_targets: list[str]) -> None:
+    """The chunk's text fails half way on the upstream's side (here the retryable CDC:ErrSnapshotTableAltered of a
+    table renamed since the snapshot): psycopg2 turns an exception of ``read()`` into a driver error of the target's
+    COPY ("error in .read() call"), which the sink classified as its own fatal error, failing the changefeed for good
+    instead of retrying under a fresh snapshot. It is raised as itself now, and nothing of the chunk is committed."""
+    from cdc.errors import SnapshotTableAltered
+    from cdc.snapshot import PG_COPY_TEXT, CopyText
+
+    upstream.sql("CREATE TABLE r (id int PRIMARY KEY, v text)")
+    db = pg_targets[0]
+    reader = PgSnapshotReader(pg_server.uri(upstream.db))
+    sink = open_sink(pg_server.uri(db), SinkConfig())
+
+    def blocks() -> Iterator[bytes]:
+        yield b"1\tone\n2\ttwo\n"
+        raise SnapshotTableAltered("relation \"public.r\" does not exist: it was renamed or dropped")
+
+    try:
+        schema = reader.table_schema(TableName("public", "r"))
+        reader.release()
+        with pytest.raises(SnapshotTableAltered, match="renamed or dropped"):
+            sink.write_copy_text(schema, lambda: CopyText(PG_COPY_TEXT, "UTF8", blocks()))
+        assert pg_server.execute("SELECT count(*) FROM public.r", db=db) == [(0,)]
+    finally:
+        sink.close()
+        reader.close()
+
+
 @pytest.fixture
 def upstream(pg_server: Any, pg_database: str) -> Iterator[Upstream]:
     u = Upstream(pg_server, pg_database)

@@ -120,8 +120,8 @@ def test_a_transaction_not_listed_as_holding_ddl_is_never_looked_into() -> None:
 def _row(table: str) -> Any:
     from types import SimpleNamespace
 
-    return lambda p, ts, tm: SimpleNamespace(schema=SimpleNamespace(name=table if p.startswith(b"t") else "public.u"),
-                                             p=p, ts=ts)
+    return lambda p, ts, tm: SimpleNamespace(
+        schema=SimpleNamespace(name=table if p.startswith(b"t") else "public.u", relation_id=0), p=p, ts=ts)
 
 
 def test_rows_at_or_below_their_tables_floor_are_dropped_and_the_rest_kept_in_order() -> None:
@@ -139,7 +139,8 @@ def test_a_schema_change_of_a_table_below_its_floor_is_dropped_one_above_it_stay
     def schema_changes(raw: bytes, ts: int, tm: float) -> list[Any]:
         from types import SimpleNamespace
 
-        return [SimpleNamespace(table="public.t" if raw == b"t" else "public.u", raw=raw, changes=())]
+        return [SimpleNamespace(table="public.t" if raw == b"t" else "public.u", raw=raw, changes=(),
+                                before=None, after=None)]
 
     b = TxnBatcher(txns, _row("public.t"), max_rows=100, ddl_commits={100, 120}, schema_changes=schema_changes,
                    floors={"public.t": 130})
@@ -196,7 +197,8 @@ def test_a_schema_change_of_a_held_table_waits_like_its_rows() -> None:
     hold = TableHold(["public.t"])
     hold.pass_up_to(110)
     b = TxnBatcher(txns, _row("public.t"), max_rows=100, ddl_commits={120}, hold=hold,
-                   schema_changes=lambda raw, ts, tm: [SimpleNamespace(table="public.t", raw=raw)])
+                   schema_changes=lambda raw, ts, tm: [SimpleNamespace(table="public.t", raw=raw, before=None,
+                                                                       after=None)])
     rows, last, _ = drain(b)
     assert [r.p for r in rows] == [b"u1"] and last == Watermark(100, 1.0) and b.blocked()
     hold.release({"public.t": 110})
@@ -211,7 +213,7 @@ def test_a_table_renamed_inside_its_copys_window_fails_loudly_naming_the_resync(
     from cdc.events import DdlChange, DdlKind
 
     txns = [SortedTxn(100, 1.0, 1, [DDL + b"t"])]
-    rename = SimpleNamespace(table="public.t", raw=b"t", query="ALTER TABLE t RENAME TO t2",
+    rename = SimpleNamespace(table="public.t", raw=b"t", query="ALTER TABLE t RENAME TO t2", before=None, after=None,
                              changes=(DdlChange(DdlKind.RENAME_TABLE, new_name="public.t2"),))
     b = TxnBatcher(txns, _row("public.t"), max_rows=100, ddl_commits={100}, floors={"public.t2": 150},
                    schema_changes=lambda raw, ts, tm: [rename])
@@ -232,7 +234,7 @@ def test_changes_between_floor_and_ceiling_are_marked_and_written_one_transactio
         from types import SimpleNamespace
 
         name = "public.t" if p.startswith(b"t") else "public.u"
-        return RowChange(OpType.INSERT, SimpleNamespace(name=name), ts, values={"p": p})  # type: ignore[arg-type]
+        return RowChange(OpType.INSERT, SimpleNamespace(name=name, relation_id=0), ts, values={"p": p})  # type: ignore[arg-type]
 
     txns = [SortedTxn(90, 0.9, 1, [b"t90"]), SortedTxn(150, 1.5, 2, [b"t150", b"u150"]),
             SortedTxn(160, 1.6, 1, [b"t160"]), SortedTxn(170, 1.7, 1, [b"u170"]),
@@ -246,3 +248,89 @@ def test_changes_between_floor_and_ceiling_are_marked_and_written_one_transactio
                            [(b"u170", False), (b"t250", False), (b"t260", False)]]  # nothing replayed: together
     b = TxnBatcher(txns, mount, max_rows=100, floors={"public.t": 100}, ceilings={"public.t": 100})
     assert [r.values["p"] for r in b.next_batch()] == [b"t150", b"u150", b"t160", b"u170", b"t250", b"t260"]
+
+
+# ---- floors by relation oid: a table renamed inside its copy's window ----------------------------------------------
+def _schema(name: str, oid: int) -> Any:
+    from cdc.events import ColumnSchema, TableName, TableSchema
+
+    return TableSchema(TableName.parse(name), (ColumnSchema("g", 23, "int4"),), ("g",), "f", relation_id=oid,
+                       has_key=False)
+
+
+def _renamed_bag() -> tuple[list[SortedTxn], Any, Any]:
+    """A key-less table, relation 7001, renamed public.bag -> public.bag2 at Ts 120, with an insert under each name
+    before its floor (150) and one after; public.u (relation 7002) beside it. And a DROP of public.gone (relation
+    7003, unknown to the copy) whose name a copied table (relation 7004) took afterwards."""
+    from cdc.events import DdlChange, DdlEvent, DdlKind, OpType, RowChange
+
+    names = {b"b": ("public.bag", 7001), b"B": ("public.bag2", 7001), b"u": ("public.u", 7002),
+             b"g": ("public.gone", 7003), b"G": ("public.gone", 7004)}
+
+    def mount(p: bytes, ts: int, tm: float) -> RowChange:
+        return RowChange(OpType.INSERT, _schema(*names[p[:1]]), ts, values={"g": 1}, extra={"p": p})
+
+    def ddl(raw: bytes, ts: int, tm: float) -> list[DdlEvent]:
+        if raw == b"rename":
+            return [DdlEvent(ts, tm, _schema("public.bag", 7001).name,
+                             (DdlChange(DdlKind.RENAME_TABLE, new_name="public.bag2"),), _schema("public.bag", 7001),
+                             _schema("public.bag2", 7001), "ALTER TABLE bag RENAME TO bag2")]
+        return [DdlEvent(ts, tm, _schema("public.gone", 7003).name, (DdlChange(DdlKind.DROP_TABLE),),
+                         _schema("public.gone", 7003), None, "DROP TABLE gone")]
+
+    txns = [SortedTxn(100, 1.0, 3, [b"b100", b"u100", b"g100"]), SortedTxn(110, 1.1, 1, [DDL + b"drop"]),
+            SortedTxn(120, 1.2, 1, [DDL + b"rename"]), SortedTxn(130, 1.3, 3, [b"B130", b"u130", b"G130"]),
+            SortedTxn(200, 2.0, 2, [b"B200", b"u200"])]
+    return txns, mount, ddl
+
+
+def _stream(b: TxnBatcher) -> tuple[list[bytes], list[str]]:
+    rows: list[bytes] = []
+    ddl: list[str] = []
+    while b.has_more():
+        rows += [r.extra["p"] for r in b.next_batch()]
+        ddl += [e.query for e in b.ddl]
+    return rows, ddl
+
+
+def test_a_table_renamed_inside_its_copys_window_keeps_its_floor_found_by_relation_oid() -> None:
+    """The copy recorded public.bag2 (relation 7001) at Ts 150: its changes under the old name and the rename are in the
+    copy and are dropped like those under the new name; only the one after the floor streams. By name (main before
+    this), b100 escaped the floor: a row the copy held was applied a second time."""
+    from processor.floors import TableFloors
+
+    txns, mount, ddl = _renamed_bag()
+    floors = TableFloors({"public.bag2": 150, "public.u": 100, "public.gone": 150},
+                         {"public.bag2": 7001, "public.u": 7002, "public.gone": 7004})
+    b = TxnBatcher(txns, mount, max_rows=100, ddl_commits={110, 120}, schema_changes=ddl, floors=floors)
+    rows, queries = _stream(b)
+    # the dropped relation 7003 is not one the copy recorded: its name's floor applies (the copy shows it gone)
+    assert rows == [b"u130", b"B200", b"u200"] and queries == []
+
+
+def test_a_floor_recorded_without_an_oid_is_found_by_name_and_a_rename_into_it_fails_loudly() -> None:
+    """Records stored before oids were (SpanSnapshot.oids empty): found by name, and a rename inside the window cannot
+    be matched: CDC:ErrDdlRejected naming the resync, as before."""
+    from cdc.errors import DdlRejected
+
+    txns, mount, ddl = _renamed_bag()
+    b = TxnBatcher(txns, mount, max_rows=100, ddl_commits={110, 120}, schema_changes=ddl,
+                   floors={"public.bag2": 150, "public.u": 100})
+    with pytest.raises(DdlRejected, match="cdc cli changefeed snapshot --table public.bag2"):
+        _stream(b)
+
+
+def test_ceilings_are_found_by_relation_oid_too() -> None:
+    """A keyed table read under two snapshots and renamed between: its changes in (floor, ceiling] under either name are
+    marked replayed and handed out one transaction at a time."""
+    from cdc.events import REPLAYED
+    from processor.floors import TableFloors
+
+    txns, mount, ddl = _renamed_bag()
+    oids = {"public.bag2": 7001}
+    b = TxnBatcher(txns[2:], mount, max_rows=100, ddl_commits={120}, schema_changes=ddl,
+                   floors=TableFloors({"public.bag2": 110}, oids), ceilings=TableFloors({"public.bag2": 140}, oids))
+    marked: list[tuple[bytes, bool]] = []
+    while b.has_more():
+        marked += [(r.extra["p"], bool(r.extra.get(REPLAYED))) for r in b.next_batch()]
+    assert marked == [(b"B130", True), (b"u130", False), (b"G130", False), (b"B200", False), (b"u200", False)]

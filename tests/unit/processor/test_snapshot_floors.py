@@ -8,19 +8,22 @@ again. Fakes for etcd, the upstream and the job."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
 
-from cdc.errors import SnapshotPositionUnknown
+from cdc.errors import SnapshotPositionUnknown, SnapshotTableChanged
+from cdc.events import TableName
 from cdc.model import SpanSnapshot
-from cdc.snapshot import plan_from_bounds
+from cdc.snapshot import plan_from_bounds, table_definition
 from tests.snapshot_copy_fakes import (
     BAG,
     KEYED,
     NAME,
     Job,
     Progress,
+    Restarts,
     Upstream,
     bag_plan,
     done,
@@ -145,3 +148,67 @@ def test_a_keyed_table_read_under_several_snapshots_gets_a_ceiling_others_none()
     assert copy.chunk_ceilings([KEYED, BAG], floors) == {"public.big": 300}  # key-less: one snapshot, exact
     progress.chunks[KEYED] = {i: done("A", 100) for i in range(3)}
     assert copy.chunk_ceilings([KEYED], floors) == {}  # one snapshot: no window
+
+
+# ---- relation oids: floors found by oid, a table renamed between two runs --------------------------------------
+BAG2 = TableName("public", "bag2")
+
+
+def _renamed_between_runs(merge: bool = False) -> tuple[Progress, Upstream, Restarts]:
+    """Run 1 (export A at 100) planned ``public.bag`` (relation 7001) and copied its whole chunk (a committed chunk's
+    rows are in the target ``bag``), then died; the table was renamed to ``bag2`` before run 2 (export B at 200)."""
+    progress = Progress()
+    progress.plans[BAG] = dataclasses.replace(bag_plan(), ts=100, snapshot="A", oid=7001)
+    progress.chunks[BAG] = {0: done("A", 100)}
+    up = Upstream([KEYED, BAG2], [("B", 200)])
+    up.plans = {KEYED: keyed_plan(), BAG2: plan_from_bounds(BAG2, 50, 100, None)}
+    up.schemas = {KEYED: dataclasses.replace(table_schema(KEYED, True), relation_id=7000),
+                  BAG2: dataclasses.replace(table_schema(BAG2, False), relation_id=7001)}
+    progress.plans[KEYED] = dataclasses.replace(keyed_plan(), ts=100, snapshot="A", oid=7000,
+                                                definition=table_definition(up.schemas[KEYED]))
+    progress.chunks[KEYED] = {i: done("A", 100) for i in range(3)}
+    return progress, up, Restarts(progress)
+
+
+def test_each_floor_is_stored_with_its_tables_relation_oid() -> None:
+    progress, up, restart = _renamed_between_runs()
+    del progress.plans[BAG], progress.chunks[BAG]
+    up.tables = [KEYED]
+    copy, stored = initial_copy(progress, SpanSnapshot("copying", (("A", 100),)), up, restart=restart)
+    assert copy(threading.Event()) == {"public.big": 100}
+    assert stored[-1].oids == {"public.big": 7000} == copy.oids
+
+
+def test_a_table_renamed_between_two_runs_is_copied_again_under_its_new_name_and_its_old_target_removed() -> None:
+    """Its old target is removed before its old records go, it is planned (with its oid) and copied whole under the
+    new run's snapshot: its floor, found by oid, covers its changes under the old name and the rename. Left as it
+    was, the target kept a stale ``bag`` beside ``bag2`` and etcd a plan of a table the span no longer has."""
+    progress, up, restart = _renamed_between_runs()
+    job = Job(progress)
+    copy, stored = initial_copy(progress, SpanSnapshot("copying", (("A", 100),)), up, job, restart=restart)
+    assert copy(threading.Event()) == {"public.big": 100, "public.bag2": 200}
+    assert progress.events == ["restart public.bag", "forget public.bag"] and restart.calls == [(BAG, 200)]
+    assert BAG not in progress.plans and progress.plans[BAG2].oid == 7001
+    assert [r.tables for r in job.requests] == [(BAG2,)]
+    assert stored[-1].oids == {"public.big": 7000, "public.bag2": 7001}
+
+
+def test_a_table_renamed_between_two_runs_of_a_merge_is_refused_naming_the_fix() -> None:
+    """Under merge the old target holds the user's rows: not removed; the records go, the fix is named."""
+    progress, up, restart = _renamed_between_runs()
+    copy, _ = initial_copy(progress, SpanSnapshot("copying", (("A", 100),)), up, restart=restart, merge=True)
+    with pytest.raises(SnapshotTableChanged, match="rename the target table public.bag to public.bag2"):
+        copy(threading.Event())
+    assert restart.calls == [] and BAG not in progress.plans
+
+
+def test_a_table_copy_never_takes_another_tables_plan_for_a_renamed_ones() -> None:
+    """A table copy plans only its tables, and the stream has applied every rename downstream already: the plan of a
+    table it does not copy, stored under a name that now belongs to another relation, is no orphan; nothing is
+    removed."""
+    progress, up, restart = _renamed_between_runs()
+    progress.chunks[BAG2] = {}
+    copy, _ = initial_copy(progress, SpanSnapshot("copying", (), {"public.big": 100}, ("public.bag2",)), up,
+                           restart=restart)
+    copy(threading.Event())
+    assert restart.calls == [] and BAG in progress.plans
