@@ -199,3 +199,17 @@ def canal_changes(records: list[Any], keys: dict[str, tuple[str, ...]]) -> list[
             out.append((ts, table, msg["type"], tuple((c, text.get(c, NULL)) for c in key) if key
                         else tuple(sorted(text.items()))))
     return out
+
+
+def dump_topics(bootstrap: str, topic: str, path: Any) -> None:
+    """Every record of ``topic`` and of its metadata topic, by partition and offset, with headers (a failed run's
+    post-mortem: which offsets the broker holds against what the producers were acknowledged)."""
+    from sinks.kafka.meta import meta_topic_name
+
+    with open(path, "w") as f:
+        for name in (topic, meta_topic_name(topic)):
+            records, _ = read_topic(bootstrap, name, quiet=1.5)
+            for r in sorted(records, key=lambda r: (r.partition, r.offset)):
+                f.write(f"{name} {r.partition} {r.offset} {dict(r.headers or [])} {r.key!r} "
+                        f"{(r.value or b'')[:400]!r}\n")
+    print(f"the topics' records are in {path}")

@@ -35,7 +35,7 @@ from e2e_workload import (
     wait_for,
     wait_state,
 )
-from kafka_history import canal_changes, open_history, read_history, read_topic
+from kafka_history import canal_changes, dump_topics, open_history, read_history, read_topic
 
 from cdc.cli.kafka_consumer import _upstream
 from playground.chaos import wait_recovery
@@ -160,7 +160,11 @@ def test_capture_kills_under_writes_then_the_consumer_rebuilds_the_tables(
     assert wl.txns > 20, wl.txns
     checkpoint = cluster.cdc.wait_checkpoint("kf", current_lsn(source), timeout=120)["checkpoint_ts"]
     target = f"sqlite:///{tmp_path / 'rebuilt.db'}"
-    core = consume(kafka_server, kafka_topic, protocol, target, pg_server.uri(pg_database), checkpoint)
+    try:
+        core = consume(kafka_server, kafka_topic, protocol, target, pg_server.uri(pg_database), checkpoint)
+    except Exception:  # keep what the topics held for the post-mortem (tansu keeps nothing after the session)
+        dump_topics(kafka_server.bootstrap, kafka_topic, tmp_path / "topics.txt")
+        raise
     records, committed = read_topic(kafka_server.bootstrap, kafka_topic)
     duplicates: Counter[Any] = Counter()
     losses: Counter[Any] = Counter()
