@@ -26,7 +26,8 @@ def records(server: KafkaServer, topic: str, isolation: str = "read_committed", 
         committed = CommittedRecords(consumer) if markers else None
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
+        for tp in tps:  # from offset 0, not the broker's EARLIEST (tansu: sinks/kafka/logstart.py)
+            consumer.seek(tp, 0)
         out: list[Any] = []
         last = time.monotonic()
         while time.monotonic() - last < quiet:

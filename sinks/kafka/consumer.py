@@ -66,6 +66,7 @@ from sinks.codec.base import EncoderConfig, SchemaLookup
 from sinks.kafka.applier import CONSUMER_POSITION, RowFetcher, SinkApplier, infer_schema, is_drop_table
 from sinks.kafka.copy_markers import CopyCheck
 from sinks.kafka.headers import DDL_HEADER, HEADER, DdlHeader, copy_chunk, parse, parse_ddl
+from sinks.kafka.logstart import RESET, out_of_range, seek_to_start
 
 log = logging.getLogger(__name__)
 
@@ -373,7 +374,7 @@ class KafkaReader:
             from kafka import KafkaConsumer as consumer_factory
         self.topics = list(topics)
         self._consumer = consumer_factory(bootstrap_servers=list(brokers), isolation_level="read_committed",
-                                          enable_auto_commit=False, group_id=None, auto_offset_reset="earliest",
+                                          enable_auto_commit=False, group_id=None, auto_offset_reset=RESET,
                                           **dict(client or {}))
         self.partitions: list[tuple[str, int]] = []
 
@@ -392,8 +393,9 @@ class KafkaReader:
                     raise SinkError(f"topic {topic} does not exist (or shows no partitions) after {timeout:g} s")
                 time.sleep(0.2)
             found.extend((topic, p) for p in sorted(parts))
-        self._consumer.assign([TopicPartition(t, p) for t, p in found])
-        self._consumer.seek_to_beginning()
+        tps = [TopicPartition(t, p) for t, p in found]
+        self._consumer.assign(tps)
+        seek_to_start(self._consumer, tps)  # not the broker's EARLIEST: sinks.kafka.logstart
         self.partitions = found
         return found
 
@@ -411,12 +413,18 @@ class KafkaReader:
             return False
         new = [(topic, p) for p in sorted(parts)]
         self._consumer.assign([TopicPartition(t, p) for t, p in [*self.partitions, *new]])
-        self._consumer.seek_to_beginning(*(TopicPartition(t, p) for t, p in new))
+        seek_to_start(self._consumer, [TopicPartition(t, p) for t, p in new])
         self.partitions = [*self.partitions, *new]
         return True
 
     def poll(self, timeout: float = 1.0) -> list[Record]:
-        batches = self._consumer.poll(timeout_ms=int(timeout * 1000), max_records=20_000)
+        try:
+            batches = self._consumer.poll(timeout_ms=int(timeout * 1000), max_records=20_000)
+        except Exception as exc:
+            err = out_of_range(exc, "the Kafka consumer")
+            if err is not None:
+                raise err from exc
+            raise
         out: list[Record] = []
         for tp, records in batches.items():
             for r in records:

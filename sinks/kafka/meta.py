@@ -32,6 +32,7 @@ from typing import Any
 
 from cdc.errors import SinkUnavailable
 from sinks.kafka.errors import wrap
+from sinks.kafka.logstart import RESET, out_of_range, seek_to_start
 from sinks.kafka.options import KafkaOptions
 from sinks.kafka.transport import KafkaTransport, client_config
 from sinks.kafka.txnread import CommittedRecords
@@ -77,10 +78,11 @@ class MetaReader:
 
             try:
                 consumer = factory(**client_config(self.options), isolation_level="read_committed",
-                                   enable_auto_commit=False, group_id=None, auto_offset_reset="earliest",
+                                   enable_auto_commit=False, group_id=None, auto_offset_reset=RESET,
                                    consumer_timeout_ms=1000)
-                consumer.assign([TopicPartition(self.topic, 0)])
-                consumer.seek_to_beginning()
+                tps = [TopicPartition(self.topic, 0)]
+                consumer.assign(tps)
+                seek_to_start(consumer, tps)  # not the broker's EARLIEST: sinks.kafka.logstart
             except Exception as exc:
                 raise wrap(exc, self.options.where(), topic=self.topic, doing="reading the sink's metadata") from exc
             self._consumer = consumer
@@ -119,7 +121,8 @@ class MetaReader:
             batches = consumer.poll(timeout_ms=int(wait * 1000), max_records=10_000)
         except Exception as exc:
             self.close()
-            raise wrap(exc, self.options.where(), topic=self.topic, doing="reading the sink's metadata") from exc
+            err = out_of_range(exc, f"{self.options.where()}: the sink's metadata topic")
+            raise err or wrap(exc, self.options.where(), topic=self.topic, doing="reading the sink's metadata") from exc
         records = [r for part in batches.values() for r in part]
         return self._committed.take(records) if self._committed is not None else records
 

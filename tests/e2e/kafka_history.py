@@ -161,7 +161,8 @@ def read_topic(bootstrap: str, topic: str, *, quiet: float = 3.0, timeout: float
         parts = consumer.partitions_for_topic(topic) or set()
         tps = [TopicPartition(topic, p) for p in sorted(parts)]
         consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
+        for tp in tps:  # from offset 0, not the broker's EARLIEST (tansu: sinks/kafka/logstart.py)
+            consumer.seek(tp, 0)
         out: list[Any] = []
         last, deadline = time.monotonic(), time.monotonic() + timeout
         while time.monotonic() - last < quiet and time.monotonic() < deadline:

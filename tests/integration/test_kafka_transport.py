@@ -53,7 +53,8 @@ def read_back(server: KafkaServer, topic: str, partitions: int, expect: int, *, 
     try:
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
+        for tp in tps:  # from offset 0, not the broker's EARLIEST (tansu: sinks/kafka/logstart.py)
+            consumer.seek(tp, 0)
         out: dict[int, list[tuple[bytes | None, bytes | None]]] = {p: [] for p in range(partitions)}
         got, deadline = 0, time.monotonic() + timeout
         while got < expect and time.monotonic() < deadline:
