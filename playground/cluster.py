@@ -55,8 +55,11 @@ class CdcServer:
                 "--log-file", str(self.log_file), *self.extra_args]
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         with open(self.log_file, "ab") as err:
+            # a session of its own, as the other servers' (playground.servers.base): a terminal's Ctrl-C reaches the
+            # one who started it, who stops it in order; it used to reach the server too, which then went away
+            # under the demo's next request (a traceback instead of "interrupted", exit 1 instead of 130)
             self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env,
-                                         cwd=str(Path(__file__).resolve().parent.parent))
+                                         cwd=str(Path(__file__).resolve().parent.parent), start_new_session=True)
         if wait:
             self.wait_healthy(timeout)
         return self
