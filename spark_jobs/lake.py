@@ -242,9 +242,14 @@ def slice_rows(reader: StorageReader, s: Slice, schema: TableSchema) -> Iterator
                                   f"continues from its checkpoint with the new columns")
     for c in reader.read_slice(s):
         ts, version, date, index, line = c.order
-        if c.fill:  # not applied here yet (docs/limits.md): the rows before the ADD COLUMN keep NULL
-            log.warning("lake %s: the values of new column(s) %s for the rows before table version %d are not applied "
-                        "by the lake job", s.table, ", ".join(c.values or ()), version)
+        if c.fill:  # not applied here yet (docs/limits.md): stop rather than keep NULL where the source has values
+            given = sorted(k for k, v in (c.values or {}).items() if v is not None)
+            if given:
+                raise InvalidArgument(
+                    f"{FORMAT}: table {s.table}: column(s) {given} were added at table version {version} with values "
+                    "for the rows that existed before (ADD COLUMN ... DEFAULT), which the lake job cannot apply yet: "
+                    "its rows of the table would keep NULL there. Read this table with the storage reader "
+                    "(sinks.storage.reader, `rebuild`), which applies them")
             continue
         if c.op is OpType.TRUNCATE:
             yield ("T", ts, version, date, index, line, *nulls, None)

@@ -27,7 +27,7 @@ that, incrementally:
 An ADD COLUMN version whose schema file carries ``Fills`` (``sinks.storage.layout``) is an event too: the rows
 held at that point get the values the upstream gave the rows that existed (a constant or a STABLE default such as
 ``now()``). The same code runs in the Spark lake job (``spark_jobs.lake``). Limits: the Spark lake job does not
-apply fills yet (rows written before such a DDL keep NULL there); a column added with a VOLATILE default is NULL in
+apply fills yet (it stops, naming the table and the columns); a column added with a VOLATILE default is NULL in
 rows written before it (the storage sink raises ``CDC:WarnDdlDefault``); a renamed table's rows
 stay under its old name, as TiCDC's consumer leaves them; files must carry the commit Ts (CSV
 ``csv-include-commit-ts``, canal-json ``enable-tidb-extension``, both on by default).
