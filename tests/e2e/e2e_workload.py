@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -262,3 +266,17 @@ def targets_in_make_test(*kept: str) -> list[Any]:
     the targets in ``kept`` run in ``make test``, the others are marked ``slow`` (``pytest -m slow`` runs them).
     Use with ``@pytest.mark.parametrize("sink_uri", targets_in_make_test("postgresql"), indirect=True)``."""
     return [t if t in kept else pytest.param(t, marks=pytest.mark.slow) for t in TARGETS]
+
+
+def kafka_consumer(sink: str, target: str, upstream: str, until: int) -> tuple[dict[str, Any], str]:
+    """``cdc cli kafka-consumer`` from the changefeed's own sink URI into ``target`` up to ``until``, with the
+    upstream's schemas; fails the test unless it exits 0 having applied ``until``. Returns its JSON summary and its
+    stderr."""
+    out = subprocess.run(
+        [sys.executable, "-m", "cdc", "cli", "kafka-consumer", "--kafka-uri", sink, "--sink-uri", target,
+         "--upstream", upstream, "--until-ts", str(until), "--timeout", "90"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    assert summary["applied_ts"] >= until, summary
+    return summary, out.stderr
