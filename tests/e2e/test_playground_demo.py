@@ -53,10 +53,17 @@ def assert_all_stopped(output: str, servers: int) -> None:
 
 @pytest.mark.parametrize("sink,servers", [("kafka", 4), ("file", 3), ("mariadb", 4), ("postgresql", 4)])
 def test_a_small_demo_run_into_each_target_ends_identical_and_stops_everything(sink: str, servers: int) -> None:
-    run = subprocess.run(demo_argv(sink), cwd=REPO, capture_output=True, text=True, timeout=240)
-    out = run.stdout + run.stderr
-    assert run.returncode == 0, out
-    lines = run.stdout.splitlines()
+    proc = subprocess.Popen(demo_argv(sink), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:  # Ctrl-C first: the demo stops its servers (a SIGKILL would orphan them)
+        os.killpg(proc.pid, signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        pytest.fail(f"the demo into {sink} did not end within 240 s: {stdout}{stderr}")
+    out = stdout + stderr
+    assert proc.returncode == 0, out
+    lines = stdout.splitlines()
     assert any(line.endswith(IDENTICAL) for line in lines), out
     assert sum(" EQUAL" in line for line in lines if "] compare public." in line) == 3, out
     assert "Traceback" not in out
