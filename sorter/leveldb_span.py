@@ -1,6 +1,7 @@
 """One span's part of the capture's LevelDB sorter (``sorter.leveldb`` describes the design): open transactions
 buffered per xid or spilled, committed ones queued as segments in commit order (in memory, or packed into one
-LevelDB value when the sink lags), read lazily in order and cleaned once checkpointed."""
+LevelDB value when the sink lags), read lazily in order and cleaned once checkpointed. It writes through the capture's
+:class:`sorter.storage.SorterStorage` (the database, the spill directory, disk accounting)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import logging
 import threading
 from bisect import bisect_right
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from operator import itemgetter
+from typing import Any
 
-from cdc.errors import DiskFull, SorterError
+from cdc.errors import SorterError
 from sorter.base import SortedTxn, SpanSorter
 from sorter.encoding import (
     U64_MAX,
@@ -24,12 +26,12 @@ from sorter.encoding import (
     unpack_segment,
 )
 from sorter.spillfile import SpillFile
-from sorter.storage import _DB_ERRORS, _ROW_OVERHEAD, _TS, _delete_in_batches, _storage_error
-
-if TYPE_CHECKING:
-    from sorter.leveldb import LevelDBSorter
+from sorter.storage import DB_ERRORS, SorterStorage, delete_in_batches, storage_error
 
 log = logging.getLogger(__name__)
+
+_ROW_OVERHEAD = 64  # Python bookkeeping per buffered row (list slots, int refs), roughly
+_TS = itemgetter(0)
 
 
 class _OpenTxn:
@@ -79,17 +81,19 @@ class LevelDBSpanSorter(SpanSorter):
     ``clean``. LevelDB itself is safe for concurrent writes and reads.
     """
 
-    def __init__(self, owner: LevelDBSorter, span_key: str, memory_budget: int) -> None:
+    def __init__(self, storage: SorterStorage, span_key: str, memory_budget: int, *, spill_rows: int,
+                 spill_bytes: int, batch_bytes: int) -> None:
         self.span_key = span_key
-        self._owner = owner
-        self._db = owner.db
-        self._path = owner.path
+        self._storage = storage
+        self._db = storage.db  # the handle as of the last call: taken again once closed (a reopen, _handle)
+        self._gate = storage.gate
+        self._path = storage.path
         self._uid = span_uid(span_key)
         self._cprefix = committed_prefix(self._uid)
-        self._spill_rows = owner.spill_rows
-        self._spill_bytes = owner.spill_bytes
+        self._spill_rows = spill_rows
+        self._spill_bytes = spill_bytes
         self._half_budget = max(1, memory_budget // 2)
-        self._batch_bytes = owner.batch_bytes
+        self._batch_bytes = batch_bytes
         # puller-thread state
         self._txns: dict[int, _OpenTxn] = {}
         self._buffered = 0
@@ -118,8 +122,8 @@ class LevelDBSpanSorter(SpanSorter):
         n = len(payload) + _ROW_OVERHEAD
         spill_txn = len(txn.payloads) + 1 >= self._spill_rows or txn.nbytes + n >= self._spill_bytes
         spill_all = not spill_txn and self._buffered + n > self._half_budget
-        if (spill_txn or spill_all) and self._owner.disk_quota > 0:
-            self._owner.check_quota(f"span {self.span_key}: spilling transaction {xid}")
+        if (spill_txn or spill_all) and self._storage.disk_quota > 0:
+            self._storage.check_quota(f"span {self.span_key}: spilling transaction {xid}")
         txn.subs.append(subxid)
         txn.payloads.append(payload)
         txn.nbytes += n
@@ -169,8 +173,8 @@ class LevelDBSpanSorter(SpanSorter):
             raise SorterError(
                 f"span {self.span_key}: commit_ts {commit_ts} does not follow {self._last_commit_ts}"
             )
-        if self._db.closed:
-            raise self._db_error(RuntimeError("Database is closed"), f"use of span {self.span_key}")
+        if self._db.closed and self._handle().closed:
+            raise self._storage.db_error(RuntimeError("Database is closed"), f"use of span {self.span_key}")
         txn = self._txns.get(xid)
         if txn is None or (txn.spill is None and not txn.payloads):
             self._txns.pop(xid, None)
@@ -235,16 +239,16 @@ class LevelDBSpanSorter(SpanSorter):
         txns = seg.txns
         if txns is None:
             return
-        if self._owner.disk_quota > 0:
-            self._owner.check_quota(f"span {self.span_key}: storing committed transactions")
+        if self._storage.disk_quota > 0:
+            self._storage.check_quota(f"span {self.span_key}: storing committed transactions")
         key = segment_key(self._uid, seg.first_ts)
         value = pack_segment([(t.commit_ts, t.commit_time, t.payloads) for t in txns])
         try:
-            with self._owner.gate.shared():
-                self._db.put(key, value)
-        except _DB_ERRORS as e:
-            raise self._db_error(e, f"write of span {self.span_key}", len(value)) from e
-        self._owner.note_written(len(value))
+            with self._gate.shared():
+                self._handle().put(key, value)
+        except DB_ERRORS as e:
+            raise self._storage.db_error(e, f"write of span {self.span_key}", len(value)) from e
+        self._storage.note_written(len(value))
         with self._lock:
             published = not seg.dropped
             if published:
@@ -256,7 +260,7 @@ class LevelDBSpanSorter(SpanSorter):
             self._delete_keys([key], "clean")
 
     def clear(self) -> None:
-        self._owner.reopen_if_needed()
+        self._storage.reopen_if_needed()
         self._txns.clear()
         self._buffered = 0
         self._last_commit_ts = -1
@@ -267,11 +271,7 @@ class LevelDBSpanSorter(SpanSorter):
             self._committed_bytes = 0
             self._clean_floor = -1
         # spill files first: removing them needs no free space, while LevelDB's deletes are writes
-        try:  # every spill file of this span: open and committed transactions, earlier runs
-            for f in self._owner.spill_dir.glob(f"{self._uid.hex()}-*.spill"):
-                f.unlink(missing_ok=True)
-        except OSError as e:
-            raise _storage_error(e, self._owner.spill_dir, f"clear of span {self.span_key}") from e
+        self._storage.remove_spill_files(self._uid, f"clear of span {self.span_key}")
         prefix = self._cprefix
         size = self._approximate_size(prefix, prefix_end(prefix))
         self._delete_range(prefix, "clear")
@@ -296,8 +296,8 @@ class LevelDBSpanSorter(SpanSorter):
     def read_txns(self, after_ts: int, upto_ts: int) -> Iterator[SortedTxn]:
         if not check_range(after_ts, upto_ts):
             return iter(())
-        if self._db.closed:
-            raise self._db_error(RuntimeError("Database is closed"), f"use of span {self.span_key}")
+        if self._db.closed and self._handle().closed:
+            raise self._storage.db_error(RuntimeError("Database is closed"), f"use of span {self.span_key}")
         picked: list[tuple[_Segment, list[SortedTxn] | None, bytes | None]] = []
         with self._lock:
             after_ts = max(after_ts, self._clean_floor)
@@ -324,14 +324,14 @@ class LevelDBSpanSorter(SpanSorter):
                 yield from txns
             elif key is not None:
                 try:
-                    with self._owner.gate.shared():
-                        value = self._db.get(key)
+                    with self._gate.shared():
+                        value = self._handle().get(key)
                     if value is None:
                         raise SorterError(f"sorter at {self._path}: segment {key.hex()} of span "
                                           f"{self.span_key} is missing")
                     unpacked = unpack_segment(value)
-                except _DB_ERRORS as e:
-                    raise self._db_error(e, f"read of span {self.span_key}") from e
+                except DB_ERRORS as e:
+                    raise self._storage.db_error(e, f"read of span {self.span_key}") from e
                 del value
                 for ts, tm, payloads in unpacked:
                     if after_ts < ts <= upto_ts:  # one C-level sum per transaction, for metrics
@@ -345,8 +345,8 @@ class LevelDBSpanSorter(SpanSorter):
     def _spilled(self, spill: SpillFile, aborted: dict[int, int]) -> Iterator[bytes]:
         try:
             yield from spill.read(aborted)
-        except _DB_ERRORS as e:
-            raise _storage_error(e, spill.path, f"read of span {self.span_key}") from e
+        except DB_ERRORS as e:
+            raise storage_error(e, spill.path, f"read of span {self.span_key}") from e
 
     def clean(self, upto_ts: int) -> None:
         check_u64("upto_ts", upto_ts)
@@ -379,66 +379,61 @@ class LevelDBSpanSorter(SpanSorter):
     def _spill(self, txn: _OpenTxn) -> None:
         """Append the buffer of ``txn`` to its spill file and empty it."""
         if txn.spill is None:
-            txn.spill = SpillFile(self._owner.next_spill_path(self._uid))
+            txn.spill = SpillFile(self._storage.new_spill_path(self._uid))
         try:
             txn.spill.append(txn.subs, txn.payloads)
-        except _DB_ERRORS as e:
-            raise _storage_error(e, txn.spill.path, f"spill of span {self.span_key}", txn.nbytes) from e
-        self._owner.note_written(txn.nbytes)
+        except DB_ERRORS as e:
+            raise storage_error(e, txn.spill.path, f"spill of span {self.span_key}", txn.nbytes) from e
+        self._storage.note_written(txn.nbytes)
         self._buffered -= txn.nbytes
         txn.spilled_bytes += txn.nbytes - _ROW_OVERHEAD * len(txn.payloads)
         txn.nbytes = 0
         txn.subs = []
         txn.payloads = []
 
-    def _db_error(self, e: BaseException, what: str, needed: int = 0) -> SorterError:
-        """Our error for a failed LevelDB call. Out of space: ``DiskFull``, and the database is reopened at
-        the next span start (LevelDB's error is sticky). A handle left closed by a failed reopen: ``DiskFull``
-        too (the span restarts); closed by ``close()``: ``SorterError``."""
-        if isinstance(e, RuntimeError) and not self._owner.closed:  # a failed reopen left it closed
-            return DiskFull(f"sorter at {self._path} could not be reopened after running out of space "
-                            f"({what}); the span restarts", cause=e)
-        if isinstance(e, RuntimeError):
-            return SorterError(f"sorter at {self._path} is closed ({what})", cause=e)
-        err = _storage_error(e, self._path, what, needed)
-        if isinstance(err, DiskFull):
-            self._owner.note_out_of_space()
-        return err
+    def _handle(self) -> Any:
+        """The database handle: the one last used, or the storage's current one once that is closed (reopened
+        after running out of space; when the storage itself is closed, the closed one, which then raises)."""
+        if self._db.closed:
+            self._db = self._storage.db
+        return self._db
 
     def _unlink(self, spill: SpillFile, what: str) -> None:
         try:
             spill.unlink()
         except OSError as e:
-            raise _storage_error(e, spill.path, f"{what} of span {self.span_key}") from e
+            raise storage_error(e, spill.path, f"{what} of span {self.span_key}") from e
 
     def _delete_keys(self, keys: list[bytes], what: str) -> None:
         try:
-            with self._owner.gate.shared():
-                _delete_in_batches(self._db, keys)
-        except _DB_ERRORS as e:
-            raise self._db_error(e, f"{what} of span {self.span_key}") from e
+            with self._gate.shared():
+                delete_in_batches(self._handle(), keys)
+        except DB_ERRORS as e:
+            raise self._storage.db_error(e, f"{what} of span {self.span_key}") from e
 
     def _delete_range(self, prefix: bytes, what: str) -> None:
         """Delete every key starting with ``prefix``."""
         try:
-            with self._owner.gate.shared(), self._db.iterator(prefix=prefix, include_value=False) as keys:
-                _delete_in_batches(self._db, keys)  # the iterator is a snapshot: safe to delete
-        except _DB_ERRORS as e:
-            raise self._db_error(e, f"{what} of span {self.span_key}") from e
+            with self._gate.shared():
+                db = self._handle()
+                with db.iterator(prefix=prefix, include_value=False) as keys:
+                    delete_in_batches(db, keys)  # the iterator is a snapshot: safe to delete
+        except DB_ERRORS as e:
+            raise self._storage.db_error(e, f"{what} of span {self.span_key}") from e
 
     def _approximate_size(self, start: bytes, stop: bytes | None) -> int:
         """On-disk (table file) bytes of ``[start, stop)``; data still in the memtable counts 0."""
-        if self._owner.compact_after_bytes <= 0:
+        if self._storage.compact_after_bytes <= 0:
             return 0
         try:
-            with self._owner.gate.shared():
-                return int(self._db.approximate_size(start, stop or b"\xff"))
-        except _DB_ERRORS as e:
-            raise self._db_error(e, f"size estimate of span {self.span_key}") from e
+            with self._gate.shared():
+                return int(self._handle().approximate_size(start, stop or b"\xff"))
+        except DB_ERRORS as e:
+            raise self._storage.db_error(e, f"size estimate of span {self.span_key}") from e
 
     def _add_deleted(self, nbytes: int) -> bool:
         """Account deleted bytes; True when enough accumulated to compact (and resets the count)."""
-        threshold = self._owner.compact_after_bytes
+        threshold = self._storage.compact_after_bytes
         if threshold <= 0:
             return False
         self._deleted_since_compact += nbytes
@@ -450,7 +445,7 @@ class LevelDBSpanSorter(SpanSorter):
     def _compact(self, start: bytes, stop: bytes | None) -> None:
         """Compact ``[start, stop)`` so that the space of deleted entries returns to the disk."""
         try:
-            with self._owner.gate.shared():
-                self._db.compact_range(start=start, stop=stop)
-        except _DB_ERRORS as e:
-            raise self._db_error(e, f"compaction of span {self.span_key}") from e
+            with self._gate.shared():
+                self._handle().compact_range(start=start, stop=stop)
+        except DB_ERRORS as e:
+            raise self._storage.db_error(e, f"compaction of span {self.span_key}") from e

@@ -15,7 +15,8 @@ import pytest
 
 from cdc.errors import DiskFull, SorterError
 from sorter import encoding as enc
-from sorter.leveldb import LevelDBSorter, _storage_error
+from sorter.leveldb import LevelDBSorter
+from sorter.storage import storage_error
 
 pytestmark = pytest.mark.unit
 
@@ -23,7 +24,7 @@ MAX = enc.U64_MAX
 
 
 def keys_with_prefix(s: LevelDBSorter, prefix: bytes) -> list[bytes]:
-    return list(s.db.iterator(prefix=prefix, include_value=False))
+    return list(s.storage.db.iterator(prefix=prefix, include_value=False))
 
 
 def c_keys(s: LevelDBSorter, span_key: str) -> list[bytes]:
@@ -197,7 +198,7 @@ def test_disk_quota_refuses_before_changing_anything(tmp_path: Path) -> None:
     sp.add(1, 1, b"ok")
     sp.commit(1, 10, 1.0)
     s.disk_quota = 1  # now over quota
-    s._quota_checked_at = float("-inf")
+    s.storage._quota_checked_at = float("-inf")
     for i in range(99):
         sp.add(2, 2, b"%d" % i)  # buffering in memory needs no disk
     with pytest.raises(DiskFull, match="quota"):
@@ -215,14 +216,14 @@ def test_disk_quota_refuses_before_changing_anything(tmp_path: Path) -> None:
 
 def test_storage_errors_are_translated_with_the_path() -> None:
     path = Path("/data/sorter")
-    full = _storage_error(
+    full = storage_error(
         plyvel.IOError("IO error: /data/sorter/000005.log: No space left on device"), path, "x"
     )
     assert isinstance(full, DiskFull) and "/data/sorter" in str(full)
     assert "free there" in str(full) and "--data-dir" in str(full)
-    assert "needed 4096 bytes" in str(_storage_error(OSError(28, "ENOSPC"), path, "x", 4096))
-    assert isinstance(_storage_error(OSError(28, "ENOSPC"), path, "x"), DiskFull)
-    other = _storage_error(plyvel.CorruptionError("Corruption: bad block"), path, "read")
+    assert "needed 4096 bytes" in str(storage_error(OSError(28, "ENOSPC"), path, "x", 4096))
+    assert isinstance(storage_error(OSError(28, "ENOSPC"), path, "x"), DiskFull)
+    other = storage_error(plyvel.CorruptionError("Corruption: bad block"), path, "read")
     assert type(other) is SorterError and "/data/sorter" in str(other) and "bad block" in str(other)
 
 
@@ -269,7 +270,7 @@ def test_clean_gives_disk_space_back(tmp_path: Path) -> None:
         for j in range(1000):
             sp.add(ts, ts, noise[j * 1000 : j * 1000 + 1000])
         sp.commit(ts, ts, float(ts))
-    s.db.compact_range()
+    s.storage.db.compact_range()
     full = s.disk_bytes()
     assert full > 10 << 20
     sp.clean(20)
