@@ -27,7 +27,7 @@ import logging
 import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cdc.errors import SinkError
 from cdc.events import ColumnSchema, DdlChange, DdlEvent, DdlKind, OpType, RowChange, TableName, TableSchema
@@ -35,9 +35,7 @@ from sinks.base import RowSource
 from sinks.codec import DecodedEvent, MessageKind
 from sinks.codec.base import SchemaLookup
 from sinks.kafka.headers import DdlHeader
-
-if TYPE_CHECKING:
-    from sinks.kafka.consumer import Event
+from sinks.kafka.target import Event, is_drop_table
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +74,8 @@ def infer_schema(table: TableName, values: Mapping[str, Any], key: Sequence[str]
 
 
 class SinkApplier:
-    """Applies cuts to an SQL target through ``sinks.factory`` (see the module docstring)."""
+    """Applies cuts to an SQL target through ``sinks.factory`` (see the module docstring); a
+    :class:`sinks.kafka.target.Applier`."""
 
     def __init__(self, sink_uri: str, *, position: str = CONSUMER_POSITION, schemas: SchemaLookup | None = None,
                  fetch_row: RowFetcher | None = None, open_sink: Callable[[str], Any] | None = None,
@@ -304,16 +303,6 @@ class SinkApplier:
 
     def close(self) -> None:
         self.sink.close()
-
-
-def is_drop_table(ev: DecodedEvent) -> bool:
-    """A DROP TABLE event (canal-json ERASE, open-protocol action 4, or the statement)."""
-    if ev.extra.get("type") == "ERASE" or ev.extra.get("action") == 4:
-        return True
-    return (ev.query or "").lstrip().upper().startswith("DROP TABLE") and "type" not in ev.extra \
-        and "action" not in ev.extra
-
-
 
 
 _IDENT = r'(?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)'

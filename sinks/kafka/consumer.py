@@ -18,12 +18,13 @@ What it does (TiCDC's ``cmd/kafka-consumer``, plus exact duplicate removal):
    exact: each upstream change is applied once, whatever the sink replayed. Streams without the headers (other
    producers) are deduplicated by the watermark only.
 
-Targets (:class:`Applier`): :class:`sinks.kafka.applier.SinkApplier` writes through any SQL sink of ``sinks.factory``
+Targets (:class:`sinks.kafka.target.Applier`, handed :class:`sinks.kafka.target.Event` s in commit order):
+:class:`sinks.kafka.applier.SinkApplier` writes through any SQL sink of ``sinks.factory``
 (``sqlite:///``, ``postgresql://``, ``mysql://``), one downstream transaction per cut, storing the applied watermark
 in the target in the same transaction (the SQL sink's exactly-once position), so a restarted consumer resumes exactly
 where it stopped; tables are created and altered as the events show them (its module docstring: schemas, DDL,
 key-only messages). A DDL message's ``tidewater-ddl`` header (``sinks.kafka.headers``) rides on its
-:class:`Event` (``ddl``).
+:class:`~sinks.kafka.target.Event` (``ddl``).
 
 A copied row (a copy writer's header ``-:...``) behind a watermark of its partition that covers its commit Ts stops
 the consumer (``SinkError``): a consumer cutting at that watermark would have dropped it as a replay.
@@ -57,21 +58,22 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from cdc.errors import SinkError
 from cdc.events import OpType
 from sinks.codec import DecodedEvent, Decoder, MessageDecodeError, MessageKind, decoder_for
 from sinks.codec.base import EncoderConfig, SchemaLookup
-from sinks.kafka.applier import CONSUMER_POSITION, RowFetcher, SinkApplier, infer_schema, is_drop_table
+from sinks.kafka.applier import SinkApplier  # noqa: F401 - for cdc/cli/kafka_consumer.py only, see below
 from sinks.kafka.copy_markers import CopyCheck
-from sinks.kafka.headers import DDL_HEADER, HEADER, DdlHeader, copy_chunk, parse, parse_ddl
+from sinks.kafka.headers import DDL_HEADER, HEADER, copy_chunk, parse, parse_ddl
 from sinks.kafka.logstart import RESET, out_of_range, seek_to_start
+from sinks.kafka.target import Applier, Event, is_drop_table
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CONSUMER_POSITION", "Applier", "Event", "Rebuilder", "Record", "RowFetcher", "SinkApplier", "Stats",
-           "WatermarkTracker", "infer_schema", "rebuild"]
+# SinkApplier is imported above only because cdc/cli/kafka_consumer.py still imports it from here (that module is being
+# moved to cli/ on another branch); it goes once that importer names sinks.kafka.applier. Nothing else may use it.
 
 
 @dataclasses.dataclass(slots=True)
@@ -84,38 +86,6 @@ class Record:
     key: bytes | None
     value: bytes | None
     headers: Sequence[tuple[str, bytes]] = ()
-
-
-@dataclasses.dataclass(slots=True)
-class Event:
-    """A decoded row or DDL event with where it came from and its place in commit order."""
-
-    ev: DecodedEvent
-    commit_ts: int
-    span: int
-    seq: int | None
-    topic: str
-    partition: int
-    offset: int
-    ddl: DdlHeader | None = None  # a DDL's tidewater-ddl header
-
-    def order(self) -> tuple[int, int, int, int, int]:
-        return (self.commit_ts, self.span, -1 if self.seq is None else self.seq, self.partition, self.offset)
-
-
-class Applier(Protocol):
-    def open(self) -> int:
-        """Prepare the target; return the watermark it already holds (0: none)."""
-
-    def apply(self, events: list[Event], watermark: int, watermark_time: float) -> None:
-        """Apply ``events`` (sorted in commit order, all at or below ``watermark``) and record ``watermark``
-        atomically where the target allows."""
-
-    def observe(self, event: Event) -> None:
-        """An event at or below the applied watermark, read again (a restarted consumer reads from the start): not
-        to be applied, but it tells the table's columns as the target holds them."""
-
-    def close(self) -> None: ...
 
 
 @dataclasses.dataclass

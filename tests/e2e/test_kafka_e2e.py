@@ -41,7 +41,8 @@ from playground.chaos import wait_recovery
 from playground.cluster import ApiError, CdcServer, current_lsn
 from playground.compare import compare_tables
 from playground.servers import EtcdServer, KafkaServer, PostgresServer
-from sinks.kafka.consumer import SinkApplier, rebuild
+from sinks.kafka.applier import SinkApplier
+from sinks.kafka.consumer import rebuild
 
 pytestmark = pytest.mark.e2e
 

@@ -421,7 +421,8 @@ def test_table_copies_into_kafka_and_files_reach_consumers_that_cut_at_watermark
         tables = [*TABLES, "public.late"]
         if kind == "kafka":
             from cdc.cli.kafka_consumer import _upstream
-            from sinks.kafka.consumer import SinkApplier, rebuild
+            from sinks.kafka.applier import SinkApplier
+            from sinks.kafka.consumer import rebuild
 
             target = f"sqlite:///{tmp_path / 'rebuilt.db'}"
             closers, schemas, fetch = _upstream(up)

@@ -18,7 +18,8 @@ from cdc.events import SNAPSHOT, ColumnSchema, OpType, RowChange, TableName, Tab
 from cdc.snapshot import CopiedChunk
 from playground.servers import KafkaServer
 from sinks.codec import decoder_for
-from sinks.kafka.consumer import KafkaReader, Rebuilder, Record, SinkApplier, rebuild
+from sinks.kafka.applier import SinkApplier
+from sinks.kafka.consumer import KafkaReader, Rebuilder, Record, rebuild
 from sinks.kafka.headers import HEADER, copy_chunk
 from sinks.kafka.meta import meta_topic_name
 from sinks.kafka.sink import KafkaSink

@@ -22,7 +22,8 @@ from cdc.errors import SinkFenced
 from cdc.events import ColumnSchema, DdlChange, DdlEvent, DdlKind, OpType, RowChange, TableName, TableSchema
 from cdc.ts import Watermark
 from playground.servers import KafkaServer
-from sinks.kafka.consumer import SinkApplier, rebuild
+from sinks.kafka.applier import SinkApplier
+from sinks.kafka.consumer import rebuild
 from sinks.kafka.sink import KafkaSink
 
 pytestmark = pytest.mark.integration

@@ -12,8 +12,7 @@ import pytest
 
 from cdc.events import DdlChange, DdlEvent, DdlKind, TableName
 from cdc.ts import Watermark
-from sinks.kafka.applier import renames_in
-from sinks.kafka.consumer import SinkApplier
+from sinks.kafka.applier import SinkApplier, renames_in
 from sinks.kafka.headers import DDL_HEADER, ddl_header, parse_ddl
 from tests.kafka_sink_fakes import FakeBroker, col, dele, ins, table
 from tests.unit.sinks.test_kafka_sink_unit import PROTOCOLS, make, rebuild

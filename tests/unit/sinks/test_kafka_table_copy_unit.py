@@ -117,7 +117,7 @@ def test_copied_rows_over_rows_the_target_holds_are_upserts_not_netted_with_late
     row the target held)."""
     import sqlite3
 
-    from sinks.kafka.consumer import SinkApplier
+    from sinks.kafka.applier import SinkApplier
 
     broker = FakeBroker(partitions=1)
     s = table()
