@@ -64,6 +64,7 @@ from cdc.snapshot import KEY_DEFERRED, ChunkDone, SnapshotRun, TablePlan, table_
 from cdc.uri import parse_sink_uri
 from sinks.base import Sink
 from sinks.factory import open_sink, sink_class
+from spark_jobs.cds import DRIVER_JAVA_OPTIONS
 from spark_jobs.copy import ChunkResult, ChunkTask, copy_chunks, one_line
 from spark_jobs.deferred import KeyBuilder, OwedKey, prepare_table
 from spark_jobs.plan import SnapshotJob, read_job
@@ -434,11 +435,9 @@ def message(exc: TidewaterError) -> str:
     return f"[{exc.code}] {text}"
 
 
-DRIVER_CONF = {"spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
-"""Spark settings of the job unless its ``spark_conf`` sets them: the driver JVM only schedules (no row enters a JVM:
-tasks read and write in their Python workers), so its client JIT and serial GC are enough, and they start it with
-~35 % less CPU (measured here: 6.5 instead of 10 CPU seconds to the first stage, 0.7 s sooner), CPU that the
-databases need on a small machine."""
+DRIVER_CONF = {"spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS}
+"""Spark settings of the job unless its ``spark_conf`` sets them: the driver JVM options of ``spark_jobs.cds``
+(``DRIVER_JAVA_OPTIONS``: less CPU to start; the class-data archive ``make deps`` builds is for them)."""
 
 PARTITIONS_PER_CORE = 3
 
