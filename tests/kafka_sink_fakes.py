@@ -144,7 +144,7 @@ def dele(schema: TableSchema, ts: int, id_: int) -> RowChange:
 
 
 class FakeMetaReader:
-    """``sinks.kafka.meta.MetaReader`` over a :class:`FakeBroker` (committed records only)."""
+    """``sinks.kafka.metaread.MetaReader`` over a :class:`FakeBroker` (committed records only)."""
 
     def __init__(self, broker: FakeBroker, options: KafkaOptions) -> None:
         from sinks.kafka.meta import meta_topic_name

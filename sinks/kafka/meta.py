@@ -15,29 +15,23 @@ Keys:
   before it began (end offsets cannot be trusted on every broker: docs/sinks.md, "Test broker").
 
 The topic is created with one partition when missing (and ``auto-create-topic`` allows; otherwise create it).
-Readers use ``read_committed`` and decide transactions from the log's own markers as well
-(:class:`sinks.kafka.txnread.CommittedRecords`): an aborted or undecided transaction's checkpoint is never read back,
-also on a broker that shows aborted records to ``read_committed`` consumers (tansu). Reading one back would make a
-restarted span skip transactions that were never committed.
+Readers use ``read_committed`` and never read back an aborted or undecided transaction's records
+(``sinks.kafka.metaread``).
+
+This module holds the layout above and :class:`MetaTopic`, the sink's side of the topic (what it records there and
+reads back). It imports no Kafka client: writes go through the transport the sink passes, reads through the
+reader it is given (``sinks.kafka.metaread.MetaReader``).
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import time
-import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any, Protocol
 
-from cdc.errors import SinkUnavailable
-from sinks.kafka.errors import wrap
-from sinks.kafka.logstart import RESET, out_of_range, seek_to_start
-from sinks.kafka.options import KafkaOptions
-from sinks.kafka.transport import KafkaTransport, client_config
-from sinks.kafka.txnread import CommittedRecords
-
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from sinks.kafka.options import KafkaOptions
+    from sinks.kafka.transport import KafkaTransport
 
 PREFIX = "_tidewater."
 
@@ -55,100 +49,86 @@ def encode(value: dict[str, Any]) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
 
 
-class MetaReader:
-    """Reads the metadata topic (``read_committed``) incrementally: :meth:`read_all` the first time (up to a
-    marker it writes first), :meth:`poll` for what came since. Holds one consumer until :meth:`close`."""
+class Reader(Protocol):
+    """What :class:`MetaTopic` reads through (``sinks.kafka.metaread.MetaReader``, or a test's fake)."""
 
-    def __init__(self, options: KafkaOptions, *, consumer_factory: Callable[..., Any] | None = None,
-                 timeout: float | None = None) -> None:
+    def read_all(self, transport: KafkaTransport) -> dict[str, dict[str, Any]]: ...
+
+    def poll(self) -> dict[str, dict[str, Any]]: ...
+
+    def close(self) -> None: ...
+
+
+class MetaTopic:
+    """The Kafka sink's side of its metadata topic (see the module docstring): it records the per-table topics rows
+    went to (so that watermarks reach them after a restart and from the owner), the span's position with
+    ``kafka-transactional`` (last in each transaction), the copies' chunk markers and announcements
+    (``sinks.kafka.copy_markers``), and reads them back.
+
+    Writes go through the transport each call is given (the sink's, inside its transaction when it has one); reads
+    through one reader made by ``reader(options)`` on first use, kept until :meth:`close`. One caller thread at a time
+    (the sink's)."""
+
+    def __init__(self, options: KafkaOptions, *, table_topics: bool, clock: Callable[[], float],
+                 reader: Callable[[KafkaOptions], Reader]) -> None:
         self.options = options
-        self.topic = meta_topic_name(options.topic)
-        self.records: dict[str, dict[str, Any]] = {}
-        self._factory = consumer_factory
-        self._consumer: Any = None
-        self._committed: CommittedRecords | None = None
-        self._timeout = timeout if timeout is not None else options.dial_timeout + options.delivery_timeout
+        self.name = meta_topic_name(options.topic)
+        self._table_topics = table_topics  # the dispatcher sends some tables to topics of their own
+        self._clock = clock
+        self._reader_factory = reader
+        self._reader: Reader | None = None
+        self._used: set[str] = set()
+        self._recorded: set[str] = set()
 
-    def _open(self) -> Any:
-        if self._consumer is None:
-            factory = self._factory
-            if factory is None:
-                from kafka import KafkaConsumer as factory
-            from kafka import TopicPartition
+    def use_topic(self, tr: KafkaTransport, topic: str) -> None:
+        """Rows or DDL go to ``topic``: remembered for the watermarks and, with per-table topics, recorded in the
+        metadata topic (once per sink), so that watermarks reach it after a restart and from the owner."""
+        if topic in self._used:
+            return
+        self._used.add(topic)
+        if topic == self.options.topic or topic in self._recorded or not self._table_topics:
+            return
+        tr.topic(self.name, 1)
+        tr.send(self.name, 0, f"topic/{topic}".encode(), encode({"since": round(self._clock(), 3)}))
+        self._recorded.add(topic)
 
-            try:
-                consumer = factory(**client_config(self.options), isolation_level="read_committed",
-                                   enable_auto_commit=False, group_id=None, auto_offset_reset=RESET,
-                                   consumer_timeout_ms=1000)
-                tps = [TopicPartition(self.topic, 0)]
-                consumer.assign(tps)
-                seek_to_start(consumer, tps)  # not the broker's EARLIEST: sinks.kafka.logstart
-            except Exception as exc:
-                raise wrap(exc, self.options.where(), topic=self.topic, doing="reading the sink's metadata") from exc
-            self._consumer = consumer
-            # a test's fake consumer has no fetcher to watch: it returns committed records only
-            self._committed = CommittedRecords(consumer) if hasattr(consumer, "_fetcher") else None
-        return self._consumer
+    def watermark_topics(self, tr: KafkaTransport) -> set[str]:
+        """Every topic a watermark goes to: the URI's, those this sink used and, with per-table topics, those any
+        run recorded (read through ``tr`` the first time, then what arrived since)."""
+        topics = {self.options.topic, *self._used}
+        if self._table_topics:
+            topics.update(k[len("topic/"):] for k in self._records(tr, fresh=False) if k.startswith("topic/"))
+        return topics
 
-    def read_all(self, transport: KafkaTransport) -> dict[str, dict[str, Any]]:
-        """Every key's last record committed before this call (writes a marker through ``transport``, which must
-        not be inside a transaction, then reads up to it)."""
-        marker = f"marker/{uuid.uuid4().hex}"
-        transport.topic(self.topic, 1)
-        if transport.transactional_id is not None:
-            transport.begin()
-            transport.send(self.topic, 0, marker.encode(), b"{}")
-            transport.commit()
-        else:
-            transport.send(self.topic, 0, marker.encode(), b"{}")
-            transport.flush()
-        deadline = time.monotonic() + self._timeout
-        while not self._take(self._fetch(1.0), marker):
-            if time.monotonic() > deadline:
-                self.close()
-                raise SinkUnavailable(f"{self.options.where()}: the sink's metadata topic {self.topic} did not return "
-                                      f"the marker written to it within {self._timeout:g} s")
-        return self.records
+    def record_position(self, tr: KafkaTransport, changefeed: str, span: int, position: tuple[int, int],
+                        origin: int) -> None:
+        """The span's position, last in its transaction and only after the transaction's messages were acknowledged:
+        under Kafka's semantics the order does not matter (all or nothing), but a broker that lets aborted records
+        through (tansu) then never shows a position whose messages did not all reach it."""
+        tr.topic(self.name, 1)
+        value = {"ts": position[0], "step": position[1], "origin": origin, "time": round(self._clock(), 3)}
+        tr.send(self.name, 0, checkpoint_key(changefeed, span).encode(), encode(value))
 
-    def poll(self) -> dict[str, dict[str, Any]]:
-        """Records that arrived since the last read (merged into :attr:`records`)."""
-        self._take(self._fetch(0.0), None)
-        return self.records
+    def stored_position(self, tr: KafkaTransport, changefeed: str, span: int) -> dict[str, Any] | None:
+        """The span's last committed position as :meth:`record_position` stored it (everything committed before this
+        call read through ``tr``), None when there is none."""
+        return self._records(tr, fresh=True).get(checkpoint_key(changefeed, span)) or None
 
-    def _fetch(self, wait: float) -> list[Any]:
-        consumer = self._open()
-        try:
-            batches = consumer.poll(timeout_ms=int(wait * 1000), max_records=10_000)
-        except Exception as exc:
-            self.close()
-            err = out_of_range(exc, f"{self.options.where()}: the sink's metadata topic")
-            raise err or wrap(exc, self.options.where(), topic=self.topic, doing="reading the sink's metadata") from exc
-        records = [r for part in batches.values() for r in part]
-        return self._committed.take(records) if self._committed is not None else records
+    def record_copy(self, tr: KafkaTransport, records: Iterable[tuple[bytes, bytes]]) -> None:
+        """A copy's chunk marker or announcement (``sinks.kafka.copy_markers``), acknowledged before returning: the
+        marker after its chunk's rows were (so the copy records the chunk only once its marker is there), the
+        announcement before the span's next change of the table."""
+        tr.topic(self.name, 1)
+        for key, value in records:
+            tr.send(self.name, 0, key, value)
+        tr.flush()
 
-    def _take(self, records: list[Any], marker: str | None) -> bool:
-        seen = False
-        for r in records:
-            key = r.key.decode() if r.key else ""
-            if key.startswith("marker/"):
-                seen = seen or key == marker
-                continue
-            try:
-                value = json.loads(r.value) if r.value else None
-            except ValueError:
-                log.warning("topic %s offset %d: not JSON, ignored", self.topic, r.offset)
-                continue
-            if isinstance(value, dict):
-                self.records[key] = value
-            else:
-                self.records.pop(key, None)
-        return seen
+    def _records(self, tr: KafkaTransport, *, fresh: bool) -> dict[str, dict[str, Any]]:
+        if self._reader is None:
+            self._reader = self._reader_factory(self.options)
+            return self._reader.read_all(tr)
+        return self._reader.read_all(tr) if fresh else self._reader.poll()
 
     def close(self) -> None:
-        consumer, self._consumer = self._consumer, None
-        self._committed = None
-        if consumer is not None:
-            try:
-                consumer.close()
-            except Exception as exc:  # noqa: BLE001 - closing a broken consumer
-                log.debug("closing the metadata consumer: %s", exc)
+        if self._reader is not None:
+            self._reader.close()

@@ -65,12 +65,11 @@ from sinks.kafka.copy_markers import announcement, chunk_marker
 from sinks.kafka.dispatcher import Dispatcher
 from sinks.kafka.headers import HEADER, copy_value, ddl_header, row_header, span_value
 from sinks.kafka.large import LargeMessages
-from sinks.kafka.metatopic import MetaTopicUse
+from sinks.kafka.meta import MetaTopic, Reader
 from sinks.kafka.options import CODEC_PARAMS, KafkaOptions, parse_kafka_uri
 from sinks.kafka.skipped import Skips
 
 if TYPE_CHECKING:
-    from sinks.kafka.meta import MetaReader
     from sinks.kafka.transport import KafkaTransport
 
 log = logging.getLogger(__name__)
@@ -106,6 +105,13 @@ def default_transport(options: KafkaOptions, transactional_id: str | None) -> Ka
     return KafkaTransport(options, transactional_id=transactional_id)
 
 
+def default_meta_reader(options: KafkaOptions) -> Reader:
+    """The metadata topic's reader (imported here: the extra ``kafka``)."""
+    from sinks.kafka.metaread import MetaReader
+
+    return MetaReader(options)
+
+
 class _Dest:
     """One (topic, partition): its encoder, its message size limit, and the changes appended since the last build
     with their event positions."""
@@ -121,7 +127,7 @@ class _Dest:
         self.copied = 0  # copied rows appended (a copy chunk's count per partition: write_copy_chunk)
 
 
-class KafkaSink(MetaTopicUse, Sink):
+class KafkaSink(Sink):
     """Row changes to Kafka (see the module docstring for the guarantees)."""
 
     publishes_checkpoints = True
@@ -129,7 +135,7 @@ class KafkaSink(MetaTopicUse, Sink):
 
     def __init__(self, uri: str, config: SinkConfig | None = None, *,
                  transport_factory: TransportFactory | None = None, clock: Callable[[], float] = time.time,
-                 meta_reader: Callable[[KafkaOptions], MetaReader] | None = None) -> None:
+                 meta_reader: Callable[[KafkaOptions], Reader] | None = None) -> None:
         config = config or SinkConfig()
         self.options = options = parse_kafka_uri(uri, codec_params=(*CODEC_PARAMS, *SINK_PARAMS))
         params = dict(options.codec_params)
@@ -147,14 +153,12 @@ class KafkaSink(MetaTopicUse, Sink):
         self.control = encoder_for(options.protocol, self.codec, clock=clock)  # DDL and watermarks
         self.dispatcher = Dispatcher(config.dispatchers, options.topic)
         self._factory = transport_factory or default_transport
-        self._meta_factory = meta_reader
+        self.meta = MetaTopic(options, table_topics=self.dispatcher.has_table_topics, clock=clock,
+                              reader=meta_reader or default_meta_reader)
         self._transport: KafkaTransport | None = None
         self._dests: dict[tuple[str, int], _Dest] = {}
         # per table schema (by id, the schema held): (schema, topic, partitioner, partition count)
         self._routes: dict[int, tuple[TableSchema, str, Callable[[RowChange, int], int], int]] = {}
-        self._topics_used: set[str] = set()
-        self._topics_recorded: set[str] = set()
-        self._meta: MetaReader | None = None
         self._plain: KafkaTransport | None = None  # non-transactional, beside a transactional one
         # the span this sink writes for (bind_span / open_position)
         self.changefeed: str | None = None
@@ -203,10 +207,7 @@ class KafkaSink(MetaTopicUse, Sink):
         self._origin = origin
         if not self.options.transactional:
             return 0
-        from sinks.kafka.meta import checkpoint_key
-
-        records = self._meta_records(fresh=True)
-        stored = records.get(checkpoint_key(changefeed, span))
+        stored = self.meta.stored_position(self._tr(), changefeed, span)
         self._positioned = True
         if not stored:
             self._applied = (0, -1)
@@ -230,7 +231,7 @@ class KafkaSink(MetaTopicUse, Sink):
             count, last = self._write(tr, changes, fence)
             if txn:
                 if last is not None:
-                    tr.flush()  # the rows first: see _record_position
+                    tr.flush()  # the rows first: see MetaTopic.record_position
                     self._record_position(tr, last)
                 if fence is not None:
                     fence()
@@ -325,7 +326,7 @@ class KafkaSink(MetaTopicUse, Sink):
         finally:
             self._span_header = before
         rows = {(d.topic, d.partition): d.copied for d in self._dests.values() if d.copied}
-        self._record_copy(self._tr(), [chunk_marker(chunk, rows)])
+        self.meta.record_copy(self._tr(), [chunk_marker(chunk, rows)])
         return count
 
     def announce_copy(self, chunks: Sequence[CopiedChunk]) -> None:
@@ -334,7 +335,7 @@ class KafkaSink(MetaTopicUse, Sink):
         by_table: dict[TableName, list[CopiedChunk]] = {}
         for c in chunks:
             by_table.setdefault(c.table, []).append(c)
-        self._record_copy(self._tr(), [announcement(t, cs) for t, cs in by_table.items()])
+        self.meta.record_copy(self._tr(), [announcement(t, cs) for t, cs in by_table.items()])
 
     def _position(self, ts: int) -> int:
         """The next event position in transaction ``ts`` (row changes and DDL count alike, skipped or not, so a
@@ -352,8 +353,7 @@ class KafkaSink(MetaTopicUse, Sink):
             cfg = dataclasses.replace(self.codec, max_message_bytes=max(1024, limit - BATCH_HEADER - HEADER_ALLOWANCE))
             d = self._dests[(topic, partition)] = _Dest(topic, partition, limit,
                                                         encoder_for(self.options.protocol, cfg, clock=self._clock))
-            if topic not in self._topics_used:
-                self._use_topic(tr, topic)
+            self.meta.use_topic(tr, topic)
         return d
 
     def _append_all(self, tr: KafkaTransport, change: RowChange, seq: int) -> None:
@@ -501,8 +501,7 @@ class KafkaSink(MetaTopicUse, Sink):
             tr.begin()
         try:
             for topic in topics:
-                if topic not in self._topics_used:
-                    self._use_topic(tr, topic)
+                self.meta.use_topic(tr, topic)
                 headers = self._ddl_headers(msg, seq, event)
                 for p in self._ddl_partitions(tr, topic):
                     tr.send(topic, p, msg.key, msg.value, headers)
@@ -542,10 +541,7 @@ class KafkaSink(MetaTopicUse, Sink):
             return
         txn = self._txn_mode() if transactional is None else transactional
         tr = self._tr() if transactional is None or transactional else self._plain_tr()
-        topics = {self.options.topic, *self._topics_used}
-        if self.dispatcher.has_table_topics:
-            topics.update(k[len("topic/"):] for k in self._meta_records(fresh=False, transport=tr)
-                          if k.startswith("topic/"))
+        topics = self.meta.watermark_topics(tr)
         headers = [(HEADER, span)] if span is not None else []
         if txn:
             tr.begin()
@@ -563,6 +559,10 @@ class KafkaSink(MetaTopicUse, Sink):
             if txn:
                 tr.abort()
             raise
+
+    def _record_position(self, tr: KafkaTransport, position: tuple[int, int]) -> None:
+        assert self.changefeed is not None and self.span is not None
+        self.meta.record_position(tr, self.changefeed, self.span, position, self._origin)
 
     # ---- transport ---------------------------------------------------------------------------------------
     def _txn_mode(self) -> bool:
@@ -591,8 +591,7 @@ class KafkaSink(MetaTopicUse, Sink):
         if self._closed:
             return
         self._closed = True
-        if self._meta is not None:
-            self._meta.close()
+        self.meta.close()
         for tr in (self._transport, self._plain):
             if tr is not None:
                 tr.close()

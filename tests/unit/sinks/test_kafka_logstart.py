@@ -12,7 +12,7 @@ from kafka.errors import OffsetOutOfRangeError
 
 from cdc.errors import SinkError
 from sinks.kafka.consumer import KafkaReader
-from sinks.kafka.meta import MetaReader
+from sinks.kafka.metaread import MetaReader
 from sinks.kafka.options import parse_kafka_uri
 
 pytestmark = pytest.mark.unit
