@@ -59,7 +59,6 @@ __all__ = [
     "RowReader",
     "SCHEMA_CHANGE",
     "SlotState",
-    "SnapshotChunk",
     "SnapshotReader",
     "SpanPlan",
     "SpanSource",

@@ -17,8 +17,9 @@ from typing import Any
 import psycopg2
 import pytest
 
+from cdc.errors import DecodeError
 from playground.servers import PostgresServer
-from upstream.postgres import capture_objects, partition_messages, pgoutput
+from upstream.postgres import capture_objects, partition_messages, pgoutput, pgoutput_messages
 from upstream.postgres.conn import connect
 
 pytestmark = pytest.mark.integration
@@ -102,13 +103,13 @@ class Downstream:
                           f"'proto_version', '1', 'publication_names', '{PUB}', 'messages', 'true')")
         for (raw,) in data:
             m = pgoutput.decode(bytes(raw), False)
-            if isinstance(m, pgoutput.Relation):
+            if isinstance(m, pgoutput_messages.Relation):
                 self.key_pos = [i for i, c in enumerate(m.columns) if c.is_key]
-            elif isinstance(m, pgoutput.Change | pgoutput.Truncate):
-                raw_change = m.raw if isinstance(m, pgoutput.Change) else pgoutput.truncate_raw(m.relids[0], m.options)
+            elif isinstance(m, pgoutput_messages.Change | pgoutput_messages.Truncate):
+                raw_change = m.raw if isinstance(m, pgoutput_messages.Change) else pgoutput.truncate_raw(m.relids[0], m.options)
                 p = pgoutput.parse_change(raw_change)
                 self.apply(p.kind, p.new if p.kind in "IU" else None, p.old if p.kind in "UD" else None)
-            elif isinstance(m, pgoutput.LogicalMessage) and m.prefix == partition_messages.PREFIX:
+            elif isinstance(m, pgoutput_messages.LogicalMessage) and m.prefix == partition_messages.PREFIX:
                 assert m.transactional
                 msg = partition_messages.parse(m.content)
                 self.messages.append(msg)
@@ -293,7 +294,7 @@ def test_parse_refuses_malformed_content() -> None:
     for bad in (b"", b"{}", b'{"v": 1, "op": "delete"}', b'{"v": 2, "op": "lost"}',
                 b'{"v": 1, "op": "upsert", "root_oid": "1", "root": ["s", "t"], "replident": "d", '
                 b'"columns": [["a", "23", -1, true]], "rows": [["1", "2"]]}'):
-        with pytest.raises(pgoutput.DecodeError):
+        with pytest.raises(DecodeError):
             partition_messages.parse(bad)
 
 

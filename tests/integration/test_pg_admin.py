@@ -17,7 +17,7 @@ from cdc.errors import InvalidArgument, InvalidURI, TableNotEligible, UpstreamNo
 from cdc.events import TableName
 from cdc.ts import str_to_lsn
 from playground.servers import PostgresServer
-from upstream.postgres import admin, catalog
+from upstream.postgres import admin, catalog, eligibility
 from upstream.postgres.conn import connect
 
 pytestmark = pytest.mark.integration
@@ -335,7 +335,7 @@ def test_weird_identifiers(conn: Any) -> None:
     assert schema.name == WEIRD
     assert schema.column_names == ("Mixed Col", "sp ace", 'quo"te', "ünïcødé")
     assert schema.key == ('quo"te', "Mixed Col")
-    assert admin.check_tables(conn, [WEIRD]) == [schema]
+    assert eligibility.check_tables(conn, [WEIRD]) == [schema]
 
 
 def test_keys_and_replica_identity(conn: Any) -> None:
@@ -389,7 +389,7 @@ def test_check_tables(conn: Any) -> None:
         "ALTER TABLE nothing_t REPLICA IDENTITY NOTHING",
     )
     good, full_t = TableName("public", "good"), TableName("public", "full_t")
-    schemas = admin.check_tables(conn, [full_t, good])
+    schemas = eligibility.check_tables(conn, [full_t, good])
     assert [x.name for x in schemas] == [full_t, good]
     assert schemas[1] == catalog.table_schema(conn, good)
 
@@ -399,7 +399,7 @@ def test_check_tables(conn: Any) -> None:
         TableName("public", "nothing_t"),
     ]
     with pytest.raises(TableNotEligible) as ei:
-        admin.check_tables(conn, [good, *bad])
+        eligibility.check_tables(conn, [good, *bad])
     msg = str(ei.value)
     assert "good" not in msg
     fixes = re.findall(r" or ALTER TABLE (.+?) REPLICA IDENTITY FULL", msg)
@@ -410,10 +410,10 @@ def test_check_tables(conn: Any) -> None:
     assert 'ALTER TABLE "public"."nothing_t" ADD PRIMARY KEY' not in msg
     for t in fixes:  # the hints are valid SQL
         _exec(conn, f"ALTER TABLE {t} REPLICA IDENTITY FULL")
-    assert [x.has_key for x in admin.check_tables(conn, bad)] == [False, False, True]
+    assert [x.has_key for x in eligibility.check_tables(conn, bad)] == [False, False, True]
 
     with pytest.raises(InvalidArgument) as ei2:
-        admin.check_tables(conn, [good, TableName("public", "ghost"), TableName("x y", "z")])
+        eligibility.check_tables(conn, [good, TableName("public", "ghost"), TableName("x y", "z")])
     assert not isinstance(ei2.value, TableNotEligible)
     assert '"public"."ghost"' in str(ei2.value) and '"x y"."z"' in str(ei2.value)
 
@@ -430,17 +430,17 @@ def test_check_tables_rejects_views_unlogged_and_bad_partitions(conn: Any) -> No
         "ALTER TABLE pfull REPLICA IDENTITY FULL",
     )
     ppk = TableName("public", "ppk")
-    assert admin.check_tables(conn, [ppk])[0].key == ("id", "k")
+    assert eligibility.check_tables(conn, [ppk])[0].key == ("id", "k")
     with pytest.raises(TableNotEligible) as ei:
-        admin.check_tables(conn, [TableName("public", "v"), TableName("public", "ul")])
+        eligibility.check_tables(conn, [TableName("public", "v"), TableName("public", "ul")])
     msg = str(ei.value)
     assert '"public"."v" is a view' in msg
     assert 'ALTER TABLE "public"."ul" SET LOGGED' in msg
     # REPLICA IDENTITY on a partitioned table does not reach its partitions: the leaf is named
     with pytest.raises(TableNotEligible, match=r'ALTER TABLE "public"."pfull_1" REPLICA IDENTITY FULL'):
-        admin.check_tables(conn, [TableName("public", "pfull")])
+        eligibility.check_tables(conn, [TableName("public", "pfull")])
     _exec(conn, "ALTER TABLE pfull_1 REPLICA IDENTITY FULL")
-    assert admin.check_tables(conn, [TableName("public", "pfull")])[0].replica_identity == "f"
+    assert eligibility.check_tables(conn, [TableName("public", "pfull")])[0].replica_identity == "f"
 
 
 # ---- publications --------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 from cdc.errors import TableNotEligible
 from cdc.events import TableName
 from playground.servers import PostgresServer
-from upstream.postgres import admin, catalog, pgoutput
+from upstream.postgres import admin, catalog, eligibility, pgoutput, pgoutput_messages
 from upstream.postgres.conn import connect
 
 pytestmark = pytest.mark.integration
@@ -38,7 +38,7 @@ def _exec(conn: Any, *statements: str) -> None:
 
 def _refusal(conn: Any, table: str) -> str:
     with pytest.raises(TableNotEligible) as ei:
-        admin.check_tables(conn, [TableName("public", table)])
+        eligibility.check_tables(conn, [TableName("public", table)])
     return ei.value.message
 
 
@@ -79,7 +79,7 @@ def test_deferrable_primary_key_names_an_existing_candidate_index(conn: Any) -> 
            'ALTER TABLE "public"."dpk2" REPLICA IDENTITY FULL')
     assert msg.endswith("fix with " + fix)
     _exec(conn, fix.split(" or ")[0])  # the hint is valid SQL and makes the table eligible
-    schema = admin.check_tables(conn, [TableName("public", "dpk2")])[0]
+    schema = eligibility.check_tables(conn, [TableName("public", "dpk2")])[0]
     assert (schema.key, schema.has_key, schema.replica_identity) == (("u",), True, "i")
     assert admin.create_publication(conn, "tw_dpk2", [TableName("public", "dpk2")])
     _exec(conn, "UPDATE dpk2 SET v = 5", "DELETE FROM dpk2")  # writes keep working once published
@@ -88,7 +88,7 @@ def test_deferrable_primary_key_names_an_existing_candidate_index(conn: Any) -> 
 def test_full_with_deferrable_primary_key_is_accepted_and_keyed_by_it(conn: Any) -> None:
     _exec(conn, "CREATE TABLE fdpk (id int PRIMARY KEY DEFERRABLE, v int)",
           "ALTER TABLE fdpk REPLICA IDENTITY FULL", "INSERT INTO fdpk VALUES (1, 1), (2, 2)")
-    schema = admin.check_tables(conn, [TableName("public", "fdpk")])[0]
+    schema = eligibility.check_tables(conn, [TableName("public", "fdpk")])[0]
     # FULL sends whole old rows; the key the sink upserts by is the primary key (unique at every commit)
     assert (schema.key, schema.has_key, schema.replica_identity) == (("id",), True, "f")
     assert [c.is_key for c in schema.columns] == [True, False]
@@ -110,7 +110,7 @@ def test_partition_with_deferrable_key_is_named(conn: Any) -> None:
                         'INDEX <a non-deferrable unique index on NOT NULL columns> or ALTER TABLE "public"."pd_1" '
                         'REPLICA IDENTITY FULL')
     _exec(conn, "ALTER TABLE pd_1 REPLICA IDENTITY FULL")
-    assert admin.check_tables(conn, [TableName("public", "pd")])[0].key == ("id", "k")
+    assert eligibility.check_tables(conn, [TableName("public", "pd")])[0].key == ("id", "k")
 
 
 def test_identity_index_cannot_be_deferrable(conn: Any) -> None:
@@ -128,13 +128,13 @@ def test_key_on_a_generated_column_works_with_tidewater_publications(conn: Any) 
         conn, "gk", "UPDATE gk SET v = 3")
     # ... so check_tables refuses it for such a publication, naming the columns
     with pytest.raises(TableNotEligible) as ei:
-        admin.check_tables(conn, [TableName("public", "gk")], publish_generated=False)
+        eligibility.check_tables(conn, [TableName("public", "gk")], publish_generated=False)
     assert str(ei.value).endswith(
         '"public"."gk" has stored generated column(s) "id" and its publication was created without '
         'publish_generated_columns = stored: they would be missing downstream (and a replica identity containing '
         'one makes UPDATE/DELETE fail); upgrade to PostgreSQL 18, or exclude "public"."gk" with the filter')
     # Tidewater's own publications publish them (PostgreSQL 18): accepted, and the writes keep working
-    schema = admin.check_tables(conn, [TableName("public", "gk")])[0]
+    schema = eligibility.check_tables(conn, [TableName("public", "gk")])[0]
     assert schema.column_names == ("a", "id", "v") and schema.key == ("id",)
     assert admin.create_publication(conn, "tw_gk", [TableName("public", "gk")])
     assert admin.publication_publishes_generated(conn, "tw_gk") is True
@@ -165,7 +165,7 @@ def test_virtual_generated_column_is_refused(conn: Any) -> None:
         'STORED), or exclude "public"."gv" with the filter')
     _exec(conn, 'ALTER TABLE gv DROP COLUMN "Tw ice"', 'ALTER TABLE gv ADD COLUMN "Tw ice" int GENERATED ALWAYS AS '
                 '(a * 2) STORED')
-    assert admin.check_tables(conn, [TableName("public", "gv")])[0].column_names == ("id", "a", "Tw ice")
+    assert eligibility.check_tables(conn, [TableName("public", "gv")])[0].column_names == ("id", "a", "Tw ice")
 
 
 def test_catalog_schema_matches_the_relation_message(conn: Any) -> None:
@@ -186,9 +186,9 @@ def test_catalog_schema_matches_the_relation_message(conn: Any) -> None:
             messages = [pgoutput.decode(bytes(r[0]), False) for r in cur.fetchall()]
     finally:
         admin.drop_slot(conn, slot)
-    (rel,) = [m for m in messages if isinstance(m, pgoutput.Relation)]
+    (rel,) = [m for m in messages if isinstance(m, pgoutput_messages.Relation)]
     schema = catalog.table_schema(conn, table)
     assert [c.name for c in rel.columns] == list(schema.column_names) == ["id", "a", "s1", "b", "s2"]
     assert [c.type_oid for c in rel.columns] == [c.type_oid for c in schema.columns]
-    (change,) = [pgoutput.parse_change(m.raw) for m in messages if isinstance(m, pgoutput.Change)]
+    (change,) = [pgoutput.parse_change(m.raw) for m in messages if isinstance(m, pgoutput_messages.Change)]
     assert change.new == ["1", "5", "10", "b", "x5"]

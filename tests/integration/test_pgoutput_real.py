@@ -14,7 +14,8 @@ import pytest
 from psycopg2.extras import LogicalReplicationConnection
 
 from cdc.events import UNCHANGED
-from upstream.postgres.pgoutput import (
+from upstream.postgres.pgoutput import decode, parse_change
+from upstream.postgres.pgoutput_messages import (
     Begin,
     Change,
     Commit,
@@ -28,8 +29,6 @@ from upstream.postgres.pgoutput import (
     StreamStop,
     Truncate,
     TypeMsg,
-    decode,
-    parse_change,
 )
 
 pytestmark = pytest.mark.integration

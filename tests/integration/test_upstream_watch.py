@@ -24,7 +24,7 @@ from owner.upstream_watch import (
     release_slots,
 )
 from playground.servers import PostgresServer, free_port
-from upstream.postgres import admin, pgoutput
+from upstream.postgres import admin, pgoutput, pgoutput_messages
 from upstream.postgres.conn import connect
 
 pytestmark = pytest.mark.integration
@@ -411,8 +411,8 @@ def test_partition_changes_are_reported_between_looks(info: ChangefeedInfo, conn
         cur.execute("SELECT data FROM pg_logical_slot_peek_binary_changes(%s, NULL, NULL, 'proto_version', '1', "
                     "'publication_names', %s)", (span.slot, span.publication))
         messages = [pgoutput.decode(bytes(row[0]), False) for row in cur.fetchall()]
-    assert any(isinstance(m, pgoutput.Change) for m in messages)  # the row written after the add
-    assert not any(isinstance(m, pgoutput.Truncate) for m in messages)
+    assert any(isinstance(m, pgoutput_messages.Change) for m in messages)  # the row written after the add
+    assert not any(isinstance(m, pgoutput_messages.Truncate) for m in messages)
 
 
 def test_table_is_not_added_while_target_names_cannot_be_checked(info: ChangefeedInfo, conn: Any) -> None:

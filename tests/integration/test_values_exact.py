@@ -23,7 +23,7 @@ from cdc.events import RowChange, TableSchema
 from playground.compare import compare_tables
 from processor.mounter import Mounter, encode_payload
 from sinks.factory import open_sink
-from upstream.postgres import catalog, pgoutput
+from upstream.postgres import catalog, pgoutput, pgoutput_messages
 from upstream.postgres.source import PgChangeDecoder, merge_schema
 
 pytestmark = pytest.mark.integration
@@ -65,14 +65,14 @@ class Upstream:
                 select.select([self.cur], [], [], 0.5)
                 continue
             m = pgoutput.decode(raw.payload, False)
-            if isinstance(m, pgoutput.Change):
+            if isinstance(m, pgoutput_messages.Change):
                 version = self.versions[m.relid]
                 out.append(self.mounter.mount(encode_payload(version, m.raw), raw.data_start, 0.0))
-            elif isinstance(m, pgoutput.Relation):
+            elif isinstance(m, pgoutput_messages.Relation):
                 version = len(self.schemas) + 1
                 self.schemas[version] = merge_schema(m, catalog.table_schema(self.conn, m.relid), version)
                 self.versions[m.relid] = version
-            elif isinstance(m, pgoutput.Commit):
+            elif isinstance(m, pgoutput_messages.Commit):
                 commits -= 1
                 self.cur.send_feedback(flush_lsn=raw.data_start)
         return out

@@ -17,8 +17,8 @@ arrive under the partitioned table's name and schema, and on PostgreSQL 18+ also
 ``publish_generated_columns = stored`` so that stored generated columns arrive as plain columns with
 their computed values (see :func:`publishes_generated`).
 
-Which tables may be published at all is :mod:`upstream.postgres.eligibility` (:func:`check_tables`,
-re-exported here): run it before any publication is touched.
+Which tables may be published at all is :mod:`upstream.postgres.eligibility`
+(:func:`~upstream.postgres.eligibility.check_tables`): run it before any publication is touched.
 """
 
 from __future__ import annotations
@@ -39,11 +39,7 @@ from cdc.events import TableName
 from cdc.ts import str_to_lsn
 from upstream.base import JoinRule
 from upstream.postgres.conn import describe_conn, pg_errors
-from upstream.postgres.eligibility import (  # noqa: F401 - check_tables re-exported
-    GENERATED_COLUMNS_VERSION,
-    check_tables,
-    publishes_generated,
-)
+from upstream.postgres.eligibility import publishes_generated
 
 MIN_SERVER_VERSION = 140000
 PLUGIN = "pgoutput"
@@ -211,7 +207,7 @@ def create_publication(conn: Any, name: str, tables: list[TableName]) -> bool:
     Idempotent: an existing publication with exactly these tables is accepted (and switched to
     ``publish_via_partition_root``, and on PostgreSQL 18+ ``publish_generated_columns = stored``, if
     needed). One that differs (other tables, FOR ALL TABLES, FOR
-    TABLES IN SCHEMA) raises :class:`cdc.errors.InvalidArgument`. Run :func:`check_tables` first.
+    TABLES IN SCHEMA) raises :class:`cdc.errors.InvalidArgument`. Run ``eligibility.check_tables`` first.
     """
     _check_publication_name(name)
     wanted = sorted(set(tables))

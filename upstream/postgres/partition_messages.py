@@ -30,9 +30,10 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from cdc.errors import DecodeError
 from cdc.events import TableName, TableSchema
 from cdc.model import DataWarning, WarningSeverity
-from upstream.postgres.pgoutput import DecodeError, Relation, RelationColumn
+from upstream.postgres.pgoutput_messages import Relation, RelationColumn
 
 PREFIX = "tidewater.rows"
 CODE_LOST = "CDC:WarnPartitionRowsLost"

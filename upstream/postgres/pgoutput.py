@@ -19,7 +19,7 @@ message (or one made by :func:`truncate_raw`) later, when the row is mounted.
 Guarantees: pure functions, no I/O, no global state, thread-safe. Every malformed input (unknown type
 byte, truncated or over-long buffer, bad tuple marker, invalid UTF-8) raises
 :class:`cdc.errors.DecodeError` naming the type byte and the length; nothing else escapes.
-The message dataclasses live in :mod:`upstream.postgres.pgoutput_messages` (re-exported here).
+The message types it returns are :mod:`upstream.postgres.pgoutput_messages`.
 Two-phase messages (Begin Prepare, Prepare, Commit Prepared, Rollback Prepared, Stream Prepare) are
 rejected with DecodeError: Tidewater never enables ``two_phase``.
 """
@@ -32,33 +32,7 @@ from typing import Any
 from cdc.errors import DecodeError
 from cdc.events import UNCHANGED
 from upstream.base import ParsedChange  # the interface's type: parse_change returns it
-
-__all__ = [
-    "PG_EPOCH_UNIX",
-    "Begin",
-    "Change",
-    "Commit",
-    "LogicalMessage",
-    "Message",
-    "Origin",
-    "ParsedChange",
-    "Relation",
-    "RelationColumn",
-    "StreamAbort",
-    "StreamCommit",
-    "StreamStart",
-    "StreamStop",
-    "Truncate",
-    "TypeMsg",
-    "decode",
-    "insert_values",
-    "parse_change",
-    "pg_time_to_unix",
-    "truncate_raw",
-]
-
-from upstream.postgres.pgoutput_messages import (  # the message types, re-exported
-    PG_EPOCH_UNIX,
+from upstream.postgres.pgoutput_messages import (
     Begin,
     Change,
     Commit,

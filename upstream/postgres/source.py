@@ -29,13 +29,13 @@ from cdc.filter import TableFilter
 from cdc.model import DataWarning
 from cdc.ts import Watermark
 from upstream.base import SCHEMA_CHANGE, ChangeBuffer, ChangeDecoder, Parser, SpanSource, encode_payload
-from upstream.postgres import catalog, ddl_stream, partition_messages, pgoutput, types
+from upstream.postgres import catalog, ddl_stream, partition_messages, pgoutput, pgoutput_messages, types
 from upstream.postgres.stream import Keepalive, ReplicationStream
 
 log = logging.getLogger(__name__)
 
 
-def merge_schema(rel: pgoutput.Relation, current: TableSchema | None, version: int,
+def merge_schema(rel: pgoutput_messages.Relation, current: TableSchema | None, version: int,
                  described: TableSchema | None = None) -> TableSchema:
     """The schema of a Relation message: its column list (authoritative for decoding tuples) enriched
     with the catalog's nullability and type names where the catalog still agrees.
@@ -73,7 +73,7 @@ def merge_schema(rel: pgoutput.Relation, current: TableSchema | None, version: i
                        rel.relid, version, has_key)
 
 
-def describes(schema: TableSchema, rel: pgoutput.Relation) -> bool:
+def describes(schema: TableSchema, rel: pgoutput_messages.Relation) -> bool:
     """Whether ``schema`` is a table exactly as ``rel`` shows it: same name, replica identity, columns (names,
     type oids and modifiers, in order) and, unless the identity is FULL (which flags every column), the same
     key columns."""
@@ -199,7 +199,7 @@ class PgSpanSource(SpanSource):
         return ver if ver is not None else self._seeded.get(relid)
 
     # ---- message handlers (not per row) ------------------------------------------------------------
-    def _on_relation(self, rel: pgoutput.Relation, xid: int = 0, subxid: int = 0) -> None:
+    def _on_relation(self, rel: pgoutput_messages.Relation, xid: int = 0, subxid: int = 0) -> None:
         """A new schema version. When the table's columns changed and no DDL message came for it since its last
         version (no DDL trigger upstream, or it was disabled), a schema change derived from the two versions is
         stored before the rows that use the new one (the fallback of docs/ddl.md)."""
@@ -250,7 +250,7 @@ class PgSpanSource(SpanSource):
                         self.label, name, exc)
             return None
 
-    def _on_message(self, m: pgoutput.LogicalMessage, xid: int, subxid: int) -> None:
+    def _on_message(self, m: pgoutput_messages.LogicalMessage, xid: int, subxid: int) -> None:
         """A ``pg_logical_emit_message`` record. Partition repair messages (:mod:`partition_messages`) of a root
         this span carries become Insert/Delete changes of the root in the message's (sub)transaction, at its
         position; a ``lost`` marker becomes a data warning (:meth:`take_warnings`). Other prefixes carry
@@ -283,7 +283,7 @@ class PgSpanSource(SpanSource):
         log.info("span=%s partition %s of %s: %d row(s) %s (%s)", self.label, msg.leaf, msg.root, len(msg.changes),
                  "deleted" if msg.op == "delete" else "upserted", msg.reason)
 
-    def _on_ddl(self, m: pgoutput.LogicalMessage, xid: int, subxid: int) -> None:
+    def _on_ddl(self, m: pgoutput_messages.LogicalMessage, xid: int, subxid: int) -> None:
         """A schema change (``ddl_stream``) of a table this span carries: stored at its position in the transaction
         as a :data:`~upstream.base.SCHEMA_CHANGE` payload with the table's schema version before it, and the
         transaction remembered so that the span cuts it there (:meth:`schema_change_commits`)."""
@@ -359,7 +359,8 @@ class PgSpanSource(SpanSource):
         txn_xid = 0
         stream_xid = 0
         resolved = self.start
-        change_t, begin_t, commit_t = pgoutput.Change, pgoutput.Begin, pgoutput.Commit
+        change_t, begin_t = pgoutput_messages.Change, pgoutput_messages.Begin
+        commit_t = pgoutput_messages.Commit
         relid_of = pgoutput.plain_change_relid
         add = buffer.add
         prefixes: dict[int, bytes] = {}  # schema version -> its encoded payload prefix
@@ -391,30 +392,30 @@ class PgSpanSource(SpanSource):
                     if m.ts > resolved.ts or (m.ts == resolved.ts and m.time > resolved.time):
                         resolved = Watermark(max(m.ts, resolved.ts), max(m.time, resolved.time))
                         on_resolved(resolved)
-                elif t is pgoutput.StreamStart:
+                elif t is pgoutput_messages.StreamStart:
                     stream_xid = m.xid
-                elif t is pgoutput.StreamStop:
+                elif t is pgoutput_messages.StreamStop:
                     stream_xid = 0
-                elif t is pgoutput.StreamCommit:
+                elif t is pgoutput_messages.StreamCommit:
                     resolved = self._commit(buffer, m.xid, m.end_lsn, m.commit_time, skip_upto, resolved,
                                             on_resolved)
-                elif t is pgoutput.StreamAbort:
+                elif t is pgoutput_messages.StreamAbort:
                     buffer.abort(m.xid, m.subxid)
                     if m.xid == m.subxid:
                         self._ddl_seq.pop(m.xid, None)
-                elif t is pgoutput.Relation:
+                elif t is pgoutput_messages.Relation:
                     if m.xid is None:
                         self._on_relation(m, txn_xid, txn_xid)
                     else:
                         self._on_relation(m, stream_xid, m.xid)
-                elif t is pgoutput.Truncate:
+                elif t is pgoutput_messages.Truncate:
                     xid = txn_xid if m.xid is None else stream_xid
                     sub = xid if m.xid is None else m.xid
                     for relid in m.relids:
                         ver = relver.get(relid)
                         if ver is not None:
                             add(xid, sub, encode_payload(ver, pgoutput.truncate_raw(relid, m.options)))
-                elif t is pgoutput.LogicalMessage:
+                elif t is pgoutput_messages.LogicalMessage:
                     # HOOK: pg_logical_emit_message records (partition repair, DDL) -> _on_message
                     if m.xid is None:
                         self._on_message(m, txn_xid, txn_xid)

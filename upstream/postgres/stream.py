@@ -39,7 +39,7 @@ import psycopg2
 
 from cdc.errors import SlotLost, UpstreamUnavailable
 from cdc.ts import lsn_to_str
-from upstream.postgres import pgoutput
+from upstream.postgres import pgoutput, pgoutput_messages
 from upstream.postgres.conn import classify_error, connect, describe_conn, probe
 
 APPLICATION_PREFIX = "tidewater:"  # + capture id: the application_name of a span's walsender connection
@@ -231,13 +231,13 @@ class ReplicationStream:
                     continue
                 m = decode(buf, in_stream)
                 t = type(m)
-                if t is pgoutput.StreamStart:
+                if t is pgoutput_messages.StreamStart:
                     in_stream = True
-                elif t is pgoutput.StreamStop:
+                elif t is pgoutput_messages.StreamStop:
                     in_stream = False
-                elif t is pgoutput.Begin:
+                elif t is pgoutput_messages.Begin:
                     in_txn = True
-                elif t is pgoutput.Commit:
+                elif t is pgoutput_messages.Commit:
                     in_txn = False
                 yield m
                 continue

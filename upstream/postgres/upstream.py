@@ -24,7 +24,7 @@ from cdc.model import SpanInfo
 from cdc.ts import Watermark, lsn_to_str
 from cdc.uri import parse_upstream_uri
 from upstream.base import ExportedSnapshot, JoinRule, PartitionLeaf, SlotState, SpanPlan, Upstream
-from upstream.postgres import admin, capture_objects, catalog
+from upstream.postgres import admin, capture_objects, catalog, eligibility
 from upstream.postgres import conn as pg_conn
 from upstream.postgres.rowfetch import RowFetcher
 from upstream.postgres.snapshot_read import PgSnapshotReader
@@ -92,14 +92,14 @@ class PostgresUpstream(Upstream):
     def check_tables(self, tables: Sequence[TableName], *, publication: str | None = None) -> list[TableSchema]:
         conn = self._session()
         if publication is None:
-            return admin.check_tables(conn, list(tables))
+            return eligibility.check_tables(conn, list(tables))
         if publication not in self._gencols:
             self._gencols[publication] = admin.publication_publishes_generated(conn, publication)
-        return admin.check_tables(conn, list(tables), publish_generated=bool(self._gencols[publication]))
+        return eligibility.check_tables(conn, list(tables), publish_generated=bool(self._gencols[publication]))
 
     def check_partition(self, leaf: TableName) -> None:
         # the leaf's columns are its root's, whose generated columns the publication already accepted
-        admin.check_tables(self._session(), [leaf], publish_generated=True)
+        eligibility.check_tables(self._session(), [leaf], publish_generated=True)
 
     # ---- per-span resources ------------------------------------------------------------------------
     def create_spans(self, plans: Sequence[SpanPlan]) -> list[SpanInfo]:

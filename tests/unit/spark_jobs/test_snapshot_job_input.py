@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from cdc.config import DEFAULT_CHUNK_ROWS
 from cdc.errors import (
     InvalidArgument,
     InvalidConfig,
@@ -22,7 +23,7 @@ from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
 from cdc.snapshot import PG_COPY_TEXT, CopyText, SnapshotChunk, TablePlan, plan_from_bounds
 from sinks.base import Sink
 from spark_jobs.copy import ChunkTask, copy_one, one_line
-from spark_jobs.plan import DEFAULT_CHUNK_ROWS, SnapshotJob, read_job, write_job
+from spark_jobs.plan import SnapshotJob, read_job, write_job
 from spark_jobs.snapshot import exit_code, message
 from upstream.base import SnapshotReader
 

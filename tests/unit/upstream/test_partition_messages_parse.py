@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from cdc.errors import DecodeError
 from cdc.events import ColumnSchema, TableName, TableSchema
 from upstream.postgres import partition_messages, pgoutput
 
@@ -71,5 +72,5 @@ def test_same_columns_compares_names_types_and_order() -> None:
     message("upsert", [[1, "2024-01-05", "a"]]),  # values are text
 ])
 def test_malformed_messages_raise_decode_error(bad: bytes) -> None:
-    with pytest.raises(pgoutput.DecodeError):
+    with pytest.raises(DecodeError):
         partition_messages.parse(bad)

@@ -29,7 +29,7 @@ from tests.pgoutput_wire import (
     enc_truncate,
     enc_update,
 )
-from upstream.postgres import pgoutput
+from upstream.postgres import pgoutput, pgoutput_messages
 from upstream.postgres.source import PgSpanSource
 from upstream.postgres.stream import Keepalive
 
@@ -38,7 +38,7 @@ pytestmark = pytest.mark.unit
 INT4, TEXT = 23, 25
 COLS = [(1, "id", INT4, -1), (0, "v", TEXT, -1)]
 MAX = (1 << 64) - 1
-T0 = pgoutput.pg_time_to_unix(0)  # commit time 0 on the wire
+T0 = pgoutput_messages.pg_time_to_unix(0)  # commit time 0 on the wire
 
 
 class FakeStream:
@@ -57,9 +57,9 @@ class FakeStream:
                 yield w
                 continue
             m = pgoutput.decode(w, in_stream)
-            if isinstance(m, pgoutput.StreamStart):
+            if isinstance(m, pgoutput_messages.StreamStart):
                 in_stream = True
-            elif isinstance(m, pgoutput.StreamStop):
+            elif isinstance(m, pgoutput_messages.StreamStop):
                 in_stream = False
             yield m
 
@@ -155,7 +155,7 @@ def test_logical_messages_reach_the_hook_with_their_transaction_and_store_nothin
     calls: list[tuple[str, bytes, int, int]] = []
 
     class Hooked(PgSpanSource):
-        def _on_message(self, m: pgoutput.LogicalMessage, xid: int, subxid: int) -> None:
+        def _on_message(self, m: pgoutput_messages.LogicalMessage, xid: int, subxid: int) -> None:
             assert self.buffer is not None  # the hook may add to the buffer run() feeds
             calls.append((m.prefix, m.content, xid, subxid))
 

@@ -29,13 +29,14 @@ from tests.pgoutput_wire import (
     enc_update,
     strip_xid,
 )
-from upstream.postgres.pgoutput import (
+from upstream.base import ParsedChange
+from upstream.postgres.pgoutput import decode, parse_change, truncate_raw
+from upstream.postgres.pgoutput_messages import (
     Begin,
     Change,
     Commit,
     LogicalMessage,
     Origin,
-    ParsedChange,
     Relation,
     RelationColumn,
     StreamAbort,
@@ -44,10 +45,7 @@ from upstream.postgres.pgoutput import (
     StreamStop,
     Truncate,
     TypeMsg,
-    decode,
-    parse_change,
     pg_time_to_unix,
-    truncate_raw,
 )
 
 pytestmark = pytest.mark.unit
