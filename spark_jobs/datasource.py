@@ -28,10 +28,10 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StringType, StructField, StructType
 
 from cdc import serde
+from cdc.config import DEFAULT_CHUNK_ROWS
 from cdc.errors import InvalidArgument
 from cdc.events import TableName, TableSchema
 from cdc.snapshot import SnapshotChunk, TablePlan
-from spark_jobs.plan import DEFAULT_CHUNK_ROWS
 from upstream import open_upstream
 
 FORMAT = "tidewater_snapshot"

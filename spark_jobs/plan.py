@@ -29,7 +29,6 @@ from cdc.uri import parse_sink_uri
 
 # DEFAULT_CHUNK_ROWS: rows per chunk when the plan does not say; one constant with the changefeed's [snapshot]
 # chunk-rows default (cdc.config, where the vocabulary can read it: cdc never imports spark_jobs)
-__all__ = ["DEFAULT_CHUNK_ROWS", "DEFAULT_SPARK_MASTER", "EXECUTOR_TIMEOUT", "SnapshotJob", "read_job", "write_job"]
 
 EXECUTOR_TIMEOUT = 120.0
 """Seconds a cluster master may take to register the job's first executor (``SnapshotJob.executor_timeout``): a
