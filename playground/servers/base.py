@@ -1,4 +1,4 @@
-"""What every launcher shares: ports, logs, the process bookkeeping of :class:`_Server` and the stop at exit
+"""What every launcher shares: ports, logs, the process bookkeeping of :class:`Server` and the stop at exit
 (the guarantees are listed in :mod:`playground.servers`)."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def free_port() -> int:
 
 
 # ---- shared helpers ---------------------------------------------------------------------------------------
-_live: set[_Server] = set()
+_live: set[Server] = set()
 _live_lock = threading.Lock()
 _private_dirs: set[Path] = set()  # removed at interpreter exit, after every server has stopped
 
@@ -81,6 +81,11 @@ def _stop_all_at_exit() -> None:
 atexit.register(_stop_all_at_exit)
 
 
+def remove_at_exit(path: Path) -> None:
+    """Remove the directory ``path`` at interpreter exit, after every server has stopped."""
+    _private_dirs.add(path)
+
+
 def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -89,14 +94,14 @@ def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _package_dir(module: str, hint: str) -> Path:
+def package_dir(module: str, hint: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(f"Python package {module!r} is not installed; run `make deps` ({hint})")
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _port_open(port: int) -> bool:
+def port_open(port: int) -> bool:
     try:
         with socket.create_connection((HOST, port), timeout=0.5):
             return True
@@ -104,7 +109,7 @@ def _port_open(port: int) -> bool:
         return False
 
 
-class _Server:
+class Server:
     """Process bookkeeping shared by the launchers (subclasses implement ``_launch`` and ``_ready``)."""
 
     log_path: Path

