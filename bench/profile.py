@@ -107,7 +107,7 @@ _COMPONENTS = (  # (file path fragment of the leaf frame, component), first matc
 )
 
 
-def _component(frame: dict[str, object]) -> str:
+def component_of(frame: dict[str, object]) -> str:
     file = "/" + str(frame.get("file", "") or "")
     for fragment, name in _COMPONENTS:  # matched at a directory boundary: /tmp/wt-sorter/x.py is no sorter
         if (fragment if fragment.startswith("<") else "/" + fragment) in file:
@@ -136,7 +136,7 @@ def summarise(path: Path, top: int = 30) -> ProfileSummary:
     root to the leaf; the root frame names the thread, ``thread (<tid>): <name>``)."""
     doc = json.loads(Path(path).read_text())
     frames = [_label(f) for f in doc["shared"]["frames"]]
-    comps = [_component(f) for f in doc["shared"]["frames"]]
+    comps = [component_of(f) for f in doc["shared"]["frames"]]
     comp_c: Counter[str] = Counter()
     is_thread = [str(f.get("name", "")).startswith("thread (") for f in doc["shared"]["frames"]]
     self_c: Counter[str] = Counter()

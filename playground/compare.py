@@ -161,7 +161,7 @@ def rows_equal(a: tuple, b: tuple) -> bool:
     return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
 
 
-def _with_bounds(value: Any, dims: str | None) -> Any:
+def with_bounds(value: Any, dims: str | None) -> Any:
     """An array whose lower bounds are not all 1 (``array_dims`` ``[0:2]``) keeps them in its canonical
     form, so that a target that dropped them differs."""
     if value is None or dims is None or all(b.split(":")[0] == "1" for b in dims.strip("[]").split("][")):
@@ -169,7 +169,7 @@ def _with_bounds(value: Any, dims: str | None) -> Any:
     return f"{dims}={value}"
 
 
-def _text_exact(src: tuple, dst_raw: tuple, numeric: list[int]) -> bool:
+def text_exact(src: tuple, dst_raw: tuple, numeric: list[int]) -> bool:
     """numeric columns stored as text downstream hold exactly the upstream's text (scale and trailing
     zeros included, never exponent notation): ``1.50`` is not ``1.5``."""
     for i in numeric:
@@ -253,7 +253,7 @@ def _source_rows(pg_conn: Any, schema: str, table: str, key: list[str]
         for r in cur:
             nr = [f(x) for f, x in zip(fns, r[:ncols], strict=True)]
             for j, i in enumerate(arr_idx):
-                nr[i] = _with_bounds(nr[i], r[ncols + j])
+                nr[i] = with_bounds(nr[i], r[ncols + j])
             k = _row_key(nr, idx, seen)
             rows[k] = tuple(nr)
             raw[k] = tuple(r[:ncols])
@@ -304,7 +304,7 @@ def _diff(qualified: str, cols: list[str], key: list[str], src: dict[Any, tuple]
         read += 1
         nr = [f(x) for f, x in zip(fns, r[:n], strict=True)]
         for j, i in enumerate(arr_idx):
-            nr[i] = _with_bounds(nr[i], r[n + j])
+            nr[i] = with_bounds(nr[i], r[n + j])
         k = _row_key(nr, idx, dst_seen)
         if idx and k in dst:
             duplicates.append(k)
@@ -318,7 +318,7 @@ def _diff(qualified: str, cols: list[str], key: list[str], src: dict[Any, tuple]
     diff.extra = _sorted(extra)[:20]
     diff.different = _sorted(
         k for k in src if k in dst and not (
-            rows_equal(src[k], dst[k]) and _text_exact(src_raw[k], dst_raw[k], numeric)))[:20]
+            rows_equal(src[k], dst[k]) and text_exact(src_raw[k], dst_raw[k], numeric)))[:20]
     diff.sample = [(src[k], dst[k]) for k in diff.different[:3]]
     return diff
 

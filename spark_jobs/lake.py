@@ -317,7 +317,7 @@ def _set_current(output: str, batch_id: int, path: str) -> None:
         os.close(fd)
 
 
-def _change(row: Any, names: tuple[str, ...]) -> LakeChange:
+def lake_change(row: Any, names: tuple[str, ...]) -> LakeChange:
     """A source row (collected) -> the reader's change (unsent values UNCHANGED)."""
     op = row["_op"]
     order = tuple(row[c] for c in ORDER)
@@ -354,7 +354,7 @@ def merge_batch(spark: Any, output: str, schema: TableSchema, batch: Any, batch_
         return
     names = schema.column_names
     struct = table_struct(schema)
-    changes = [_change(r, names) for r in rows]
+    changes = [lake_change(r, names) for r in rows]
     last_truncate = max((i for i, c in enumerate(changes) if c.op is OpType.TRUNCATE), default=-1)
     base_path = current_path(output)
     state = TableState(schema)

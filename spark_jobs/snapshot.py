@@ -114,7 +114,7 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "",
                         snapshot=job.snapshot, ts=job.commit_ts if job.snapshot is not None else 0))
                 reader.release()  # no lock kept on one table while the next is read: it could deadlock the app's DDL
                 done = store.done_chunks(job.changefeed, job.span, name)
-                _check_definition(job, plan, schema, done)
+                check_definition(job, plan, schema, done)
                 if (job.defer_keys and plan.key_state == "" and _may_defer(job)) or plan.key_state == KEY_DEFERRED:
                     if sink is None:
                         sink = open_sink(job.sink, job.sink_settings)
@@ -136,7 +136,7 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "",
     return tasks, total
 
 
-def _check_definition(job: SnapshotJob, plan: TablePlan, schema: TableSchema, done: dict[int, ChunkDone]) -> None:
+def check_definition(job: SnapshotJob, plan: TablePlan, schema: TableSchema, done: dict[int, ChunkDone]) -> None:
     """Chunks left of a plan made for another definition of the table (columns, types, key) must not be read: their
     rows would not fit the target the earlier chunks made (the span plans such a table again before it runs the job:
     ``processor.snapshot.InitialCopy``; this is the job's own guard)."""
@@ -502,7 +502,7 @@ def _end_own_run(job: SnapshotJob, run: SnapshotRun) -> None:
 _STOP = _Stop
 
 
-def _quiet_py4j(record: logging.LogRecord) -> bool:
+def quiet_py4j(record: logging.LogRecord) -> bool:
     """Drop py4j's own INFO/DEBUG lines (with tracebacks) that it logs through the root logger, e.g. when a JVM still
     starting is ended because the driver copied every chunk first: an expected end, not a fault to show."""
     return record.levelno >= logging.WARNING or f"{os.sep}py4j{os.sep}" not in record.pathname
@@ -528,7 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
     for handler in logging.getLogger().handlers:  # py4j also logs through the root logger (module-level calls)
-        handler.addFilter(_quiet_py4j)
+        handler.addFilter(quiet_py4j)
     signal.signal(signal.SIGTERM, _STOP.handler)  # a stop request: cancel, stop Spark, exit 130
     try:
         job = read_job(args.plan)

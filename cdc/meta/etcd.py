@@ -84,7 +84,7 @@ def is_not_found(e: MetaStoreError) -> bool:
 
 
 # ---- the client ------------------------------------------------------------------------------------------
-def _op_of(what: str) -> str:
+def op_of(what: str) -> str:
     """The operation of a ``_call`` description without its key: ``get prefix /a`` -> ``range_prefix``,
     ``lease keepalive 1f`` -> ``lease_keepalive``, ``txn`` -> ``txn`` (a bounded label value)."""
     words = what.split(" ")
@@ -134,16 +134,16 @@ class EtcdClient:
 
     def _call(self, what: str, fn: Callable[[grpc.Channel, float], Any], *, retry_timeout: bool = True,
               timeout: float | None = None) -> Any:
-        """``_call_endpoints``, timed into ``stats`` under the operation's name (``_op_of``), failures by the
+        """``_call_endpoints``, timed into ``stats`` under the operation's name (``op_of``), failures by the
         gRPC code of the last attempt."""
         began = time.monotonic()
         try:
             result = self._call_endpoints(what, fn, retry_timeout=retry_timeout, timeout=timeout)
         except MetaStoreError as exc:
             code = _code(exc.__cause__)
-            self.stats.observe(_op_of(what), time.monotonic() - began, code.name if code is not None else "UNKNOWN")
+            self.stats.observe(op_of(what), time.monotonic() - began, code.name if code is not None else "UNKNOWN")
             raise
-        self.stats.observe(_op_of(what), time.monotonic() - began)
+        self.stats.observe(op_of(what), time.monotonic() - began)
         return result
 
     def _call_endpoints(self, what: str, fn: Callable[[grpc.Channel, float], Any], *, retry_timeout: bool = True,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from bench.profile import _component
+from bench.profile import component_of
 
 pytestmark = pytest.mark.unit
 
@@ -18,4 +18,4 @@ pytestmark = pytest.mark.unit
     ("/somewhere/else.py", "other"),
 ])
 def test_component_of_a_frame(file: str, component: str) -> None:
-    assert _component({"file": file}) == component
+    assert component_of({"file": file}) == component

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cdc.errors import MetaStoreError
-from cdc.meta.etcd import EtcdClient, _op_of
+from cdc.meta.etcd import EtcdClient, op_of
 from playground.servers import free_port
 
 pytestmark = pytest.mark.unit
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.unit
     ("lease grant", "lease_grant"), ("lease keepalive 7f3a", "lease_keepalive"), ("lease revoke 7f3a", "lease_revoke"),
 ])
 def test_operation_names_drop_keys_and_ids(what: str, op: str) -> None:
-    assert _op_of(what) == op
+    assert op_of(what) == op
 
 
 def test_failed_request_is_timed_and_counted_by_code() -> None:

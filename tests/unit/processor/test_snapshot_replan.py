@@ -18,7 +18,7 @@ from cdc.events import ColumnSchema, TableName
 from cdc.model import SpanSnapshot
 from cdc.snapshot import ChunkDone, TablePlan, plan_from_bounds, table_definition
 from spark_jobs.plan import SnapshotJob
-from spark_jobs.snapshot import _check_definition
+from spark_jobs.snapshot import check_definition
 from tests.snapshot_copy_fakes import (
     BAG,
     KEYED,
@@ -138,10 +138,10 @@ def test_the_job_refuses_chunks_left_of_a_plan_made_for_another_definition() -> 
     plan = dataclasses.replace(keyed_plan(), definition=table_definition(table_schema(KEYED, True)))
     now = table_schema(KEYED, True, C)
     with pytest.raises(InvalidArgument, match="planned as"):
-        _check_definition(job, plan, now, {0: ChunkDone(1, 0.1, 1.0)})
-    _check_definition(job, plan, now, {i: ChunkDone(1, 0.1, 1.0) for i in range(3)})  # nothing left to read
-    _check_definition(job, dataclasses.replace(plan, definition=""), now, {})  # a plan from before: as it is
-    _check_definition(job, plan, table_schema(KEYED, True), {})
+        check_definition(job, plan, now, {0: ChunkDone(1, 0.1, 1.0)})
+    check_definition(job, plan, now, {i: ChunkDone(1, 0.1, 1.0) for i in range(3)})  # nothing left to read
+    check_definition(job, dataclasses.replace(plan, definition=""), now, {})  # a plan from before: as it is
+    check_definition(job, plan, table_schema(KEYED, True), {})
 
 
 def test_keyed_floor_falls_back_to_the_first_export_for_a_plan_without_a_known_export() -> None:

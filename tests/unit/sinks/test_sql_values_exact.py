@@ -13,7 +13,7 @@ import pytest
 
 from cdc.errors import SinkError
 from cdc.events import ColumnSchema, TableName, TableSchema
-from playground.compare import _text_exact, _with_bounds, exact_number, norm, norm_numeric, rows_equal
+from playground.compare import exact_number, norm, norm_numeric, rows_equal, text_exact, with_bounds
 from sinks.sql.ddl import plan_table
 from sinks.sql.values import checks_every_value, converter, decimal_text, fast_path, text_path
 from upstream.postgres.types import parser_for
@@ -131,17 +131,17 @@ def test_compare_numbers_exactly() -> None:
 
 def test_compare_numeric_text_exactly() -> None:
     src = (Decimal("1.50"), Decimal("0.0000001"))
-    assert _text_exact(src, ("1.50", "0.0000001"), [0, 1])
-    assert not _text_exact(src, ("1.5", "0.0000001"), [0, 1])  # trailing zero lost
-    assert not _text_exact(src, ("1.50", "1E-7"), [0, 1])  # exponent notation
-    assert _text_exact(src, (Decimal("1.500"), Decimal("1E-7")), [0, 1])  # typed DECIMAL: by value
+    assert text_exact(src, ("1.50", "0.0000001"), [0, 1])
+    assert not text_exact(src, ("1.5", "0.0000001"), [0, 1])  # trailing zero lost
+    assert not text_exact(src, ("1.50", "1E-7"), [0, 1])  # exponent notation
+    assert text_exact(src, (Decimal("1.500"), Decimal("1E-7")), [0, 1])  # typed DECIMAL: by value
 
 
 def test_compare_arrays_with_bounds_and_json_elements() -> None:
-    assert _with_bounds(norm([1, 2, 3]), "[1:3]") == norm([1, 2, 3])
-    assert _with_bounds(norm([1, 2, 3]), "[0:2]") != norm([1, 2, 3])
-    assert _with_bounds(norm([[1], [2]]), "[1:2][0:0]") != norm([[1], [2]])
-    assert _with_bounds(None, "[0:2]") is None
+    assert with_bounds(norm([1, 2, 3]), "[1:3]") == norm([1, 2, 3])
+    assert with_bounds(norm([1, 2, 3]), "[0:2]") != norm([1, 2, 3])
+    assert with_bounds(norm([[1], [2]]), "[1:2][0:0]") != norm([[1], [2]])
+    assert with_bounds(None, "[0:2]") is None
     ts = dt.datetime(2024, 2, 29, 10, 0, 0, 5, tzinfo=dt.UTC)
     assert norm([Decimal("1.50"), ts, b"\x01", -0.0, math.nan]) == \
         norm('["1.50", "2024-02-29 10:00:00.000005+00:00", "\\\\x01", 0.0, "NaN"]')

@@ -19,7 +19,7 @@ from pyspark.sql.types import (
 from cdc.errors import InvalidArgument
 from cdc.events import UNCHANGED
 from sinks.storage.reader import LakeOffset, StorageReader
-from spark_jobs.lake import _change, slice_rows, spark_type, table_struct
+from spark_jobs.lake import lake_change, slice_rows, spark_type, table_struct
 from tests.unit.sinks.codec.codec_cases import ALL, ROW1, ROW2
 from tests.unit.sinks.storage.storage_cases import KV, dele, ins, sink, trunc, upd, uri
 
@@ -49,7 +49,7 @@ def test_slice_rows(tmp_path: Path, protocol: str) -> None:
                    ("I", 110, (2, None, 2), ["body"]), ("D", 120, (2, None, None), ["body", "n"]),
                    ("T", 130, (None, None, None), None), ("I", 130, (3, "c", 3), None)]
     fields = ["_op", "_commit_ts", "_version", "_date", "_file", "_line", "id", "body", "n", "_unavailable"]
-    change = _change(dict(zip(fields, rows[2], strict=True)), KV.column_names)
+    change = lake_change(dict(zip(fields, rows[2], strict=True)), KV.column_names)
     assert change.values == {"id": 2, "body": UNCHANGED, "n": 2}
 
 

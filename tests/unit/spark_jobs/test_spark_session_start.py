@@ -65,12 +65,12 @@ def test_the_jobs_log_drops_py4j_info_lines_but_keeps_its_warnings_and_everythin
     import logging
     import os
 
-    from spark_jobs.snapshot import _quiet_py4j
+    from spark_jobs.snapshot import quiet_py4j
 
     def record(level: int, path: str) -> logging.LogRecord:
         return logging.LogRecord("root", level, path, 1, "Exception while sending command.", None, None)
 
     py4j = os.path.join("x", "site-packages", "py4j", "java_gateway.py")
-    assert not _quiet_py4j(record(logging.INFO, py4j))  # an abandoned JVM start: expected, not shown
-    assert _quiet_py4j(record(logging.WARNING, py4j)) and _quiet_py4j(record(logging.ERROR, py4j))
-    assert _quiet_py4j(record(logging.INFO, os.path.join("x", "spark_jobs", "snapshot.py")))
+    assert not quiet_py4j(record(logging.INFO, py4j))  # an abandoned JVM start: expected, not shown
+    assert quiet_py4j(record(logging.WARNING, py4j)) and quiet_py4j(record(logging.ERROR, py4j))
+    assert quiet_py4j(record(logging.INFO, os.path.join("x", "spark_jobs", "snapshot.py")))
