@@ -59,14 +59,15 @@ from cdc.model import DataWarning
 from cdc.snapshot import CopiedChunk
 from cdc.ts import Watermark
 from sinks.base import Sink
-from sinks.codec import EncoderConfig, Message, MessageKind, encoder_for
-from sinks.codec.base import RowEventEncoder, split_key_change
+from sinks.codec import EncoderConfig, Message, encoder_for
+from sinks.codec.base import split_key_change
 from sinks.kafka.copy_markers import announcement, chunk_marker
 from sinks.kafka.dispatcher import Dispatcher
 from sinks.kafka.headers import HEADER, copy_value, ddl_header, row_header, span_value
 from sinks.kafka.large import LargeMessages
 from sinks.kafka.meta import MetaTopic, Reader
 from sinks.kafka.options import CODEC_PARAMS, KafkaOptions, parse_kafka_uri
+from sinks.kafka.outbox import Dest, Outbox
 from sinks.kafka.skipped import Skips
 
 if TYPE_CHECKING:
@@ -77,8 +78,6 @@ log = logging.getLogger(__name__)
 SPAN_WATERMARK_MODES = ("auto", "true", "false")
 SINK_PARAMS = ("large-message-handle-option", "claim-check-storage-uri", "span-watermarks")
 SPAN_WATERMARK_INTERVAL = 1.0  # seconds between a span's watermarks
-BATCH_HEADER = 61  # a record batch's header: message_size() - Message.size
-HEADER_ALLOWANCE = 256  # our headers, left out of the encoders' max-message-bytes
 SEQ_STRIDE = 4  # event positions per change: a split key change's halves and a Debezium key change's records
 DRAIN_ROWS = 2000  # rows appended before the encoders' messages are sent (bounds memory in a big transaction)
 INSTALL_HINT = "pip install 'tidewater[kafka]'"
@@ -112,21 +111,6 @@ def default_meta_reader(options: KafkaOptions) -> Reader:
     return MetaReader(options)
 
 
-class _Dest:
-    """One (topic, partition): its encoder, its message size limit, and the changes appended since the last build
-    with their event positions."""
-
-    __slots__ = ("topic", "partition", "limit", "enc", "items", "copied")
-
-    def __init__(self, topic: str, partition: int, limit: int, enc: RowEventEncoder) -> None:
-        self.topic = topic
-        self.partition = partition
-        self.limit = limit
-        self.enc = enc
-        self.items: list[tuple[RowChange, int]] = []
-        self.copied = 0  # copied rows appended (a copy chunk's count per partition: write_copy_chunk)
-
-
 class KafkaSink(Sink):
     """Row changes to Kafka (see the module docstring for the guarantees)."""
 
@@ -150,13 +134,13 @@ class KafkaSink(Sink):
         base = EncoderConfig(max_message_bytes=options.max_message_bytes)
         self.codec = EncoderConfig.from_params(params, base=base)
         self._clock = clock
+        self.out = Outbox(options.protocol, self.codec, self._large, clock=clock)  # row messages to partitions
         self.control = encoder_for(options.protocol, self.codec, clock=clock)  # DDL and watermarks
         self.dispatcher = Dispatcher(config.dispatchers, options.topic)
         self._factory = transport_factory or default_transport
         self.meta = MetaTopic(options, table_topics=self.dispatcher.has_table_topics, clock=clock,
                               reader=meta_reader or default_meta_reader)
         self._transport: KafkaTransport | None = None
-        self._dests: dict[tuple[str, int], _Dest] = {}
         # per table schema (by id, the schema held): (schema, topic, partitioner, partition count)
         self._routes: dict[int, tuple[TableSchema, str, Callable[[RowChange, int], int], int]] = {}
         self._plain: KafkaTransport | None = None  # non-transactional, beside a transactional one
@@ -242,7 +226,7 @@ class KafkaSink(Sink):
                 tr.flush()
             return count
         except BaseException:
-            self._dests.clear()  # encoders' state is unspecified after an error
+            self.out.clear()  # encoders' state is unspecified after an error
             self._routes.clear()
             if txn:
                 tr.abort()
@@ -255,7 +239,7 @@ class KafkaSink(Sink):
         applied = self._applied if self._positioned else None
         copy_base = 0
         unbound = self.span is None
-        routes, dests = self._routes, self._dests
+        routes, dests = self._routes, self.out.dests
         debezium = self.options.protocol == "debezium"
         skip = self._skips.ops  # skipped-operations (sinks.kafka.skipped): empty unless asked for
         UPDATE, TRUNCATE = OpType.UPDATE, OpType.TRUNCATE  # noqa: N806 - locals for the loop
@@ -304,11 +288,11 @@ class KafkaSink(Sink):
             if appended >= DRAIN_ROWS:
                 if fence is not None:
                     fence()
-                self._drain(tr)
+                self.out.drain(tr, self._span_header, self.span)
                 appended = 0
         if fence is not None and appended:
             fence()
-        self._drain(tr)
+        self.out.drain(tr, self._span_header, self.span)
         return count, last
 
     def write_copy_chunk(self, changes: Iterable[RowChange], chunk: CopiedChunk,
@@ -317,16 +301,14 @@ class KafkaSink(Sink):
         chunk (``-<chunk>:...``), then, once they are acknowledged, the chunk's marker in the metadata topic: how many
         rows went to each partition (``sinks.kafka.copy_markers``). A failure before the marker leaves the chunk
         unrecorded: the copy writes it again."""
-        for d in self._dests.values():
-            d.copied = 0
+        self.out.reset_copied()
         before = self._span_header
         self._span_header = copy_value(chunk.index)
         try:
             count = self.write(changes, fence)
         finally:
             self._span_header = before
-        rows = {(d.topic, d.partition): d.copied for d in self._dests.values() if d.copied}
-        self.meta.record_copy(self._tr(), [chunk_marker(chunk, rows)])
+        self.meta.record_copy(self._tr(), [chunk_marker(chunk, self.out.copied())])
         return count
 
     def announce_copy(self, chunks: Sequence[CopiedChunk]) -> None:
@@ -346,14 +328,9 @@ class KafkaSink(Sink):
         self._pos += 1
         return pos
 
-    def _dest(self, tr: KafkaTransport, topic: str, partition: int) -> _Dest:
-        d = self._dests.get((topic, partition))
-        if d is None:
-            limit = tr.topic(topic).max_message_bytes
-            cfg = dataclasses.replace(self.codec, max_message_bytes=max(1024, limit - BATCH_HEADER - HEADER_ALLOWANCE))
-            d = self._dests[(topic, partition)] = _Dest(topic, partition, limit,
-                                                        encoder_for(self.options.protocol, cfg, clock=self._clock))
-            self.meta.use_topic(tr, topic)
+    def _dest(self, tr: KafkaTransport, topic: str, partition: int) -> Dest:
+        d = self.out.dest(tr, topic, partition)
+        self.meta.use_topic(tr, topic)  # (watermarks reach every topic in use)
         return d
 
     def _append_all(self, tr: KafkaTransport, change: RowChange, seq: int) -> None:
@@ -367,34 +344,6 @@ class KafkaSink(Sink):
     def _ddl_partitions(self, tr: KafkaTransport, topic: str) -> range:
         return range(1) if self.options.protocol == "canal-json" else range(tr.partitions(topic))
 
-    def _drain(self, tr: KafkaTransport) -> None:
-        """Build and send every destination's messages (in order per destination), each with the changes (and
-        event positions) it carries: a ROW message ``msg.rows`` of them, a DDL-shaped one (TRUNCATE) one, a
-        tombstone none."""
-        ROW, TOMBSTONE = MessageKind.ROW, MessageKind.TOMBSTONE  # noqa: N806 - locals for the loop
-        for d in self._dests.values():
-            items = d.items
-            if not items:
-                continue
-            d.items = []
-            i = 0
-            for msg in d.enc.build():
-                kind = msg.kind
-                take = msg.rows if kind is ROW else 0 if kind is TOMBSTONE else 1
-                self._send(tr, d, msg, items[i:i + take] if take != 1 else [items[i]])
-                i += take
-            if i != len(items):
-                raise SinkError(f"internal: {self.options.protocol} built messages for {i} of {len(items)} "
-                                f"changes on topic {d.topic} partition {d.partition}")
-
-    def _headers(self, msg: Message, items: list[tuple[RowChange, int]]) -> list[tuple[str, bytes]]:
-        """Debezium's own headers, then ``tidewater`` (the span and the event positions of the message's changes,
-        ``sinks.kafka.headers``); a tombstone gets none."""
-        headers = list(msg.headers) if msg.headers else []
-        if items:
-            headers.append(row_header(self._span_header, [s for _, s in items]))
-        return headers
-
     def _ddl_headers(self, msg: Message, seq: int, event: DdlEvent) -> list[tuple[str, bytes]]:
         """The protocol's headers, ``tidewater`` and, for a column-set change, ``tidewater-ddl`` (what the statement
         does, exactly: a consumer renames instead of dropping and adding; ``sinks.kafka.headers``)."""
@@ -403,36 +352,6 @@ class KafkaSink(Sink):
         if ddl is not None:
             headers.append(ddl)
         return headers
-
-    def _send(self, tr: KafkaTransport, d: _Dest, msg: Message, items: list[tuple[RowChange, int]]) -> None:
-        headers = self._headers(msg, items)
-        size = (len(msg.key) if msg.key else 0) + (len(msg.value) if msg.value else 0)
-        if size + HEADER_ALLOWANCE + 128 >= d.limit:
-            from sinks.kafka.transport import message_size
-
-            size = message_size(msg.key, msg.value, headers)
-            if size > d.limit:
-                self._oversized(tr, d, msg, items, size)
-                return
-        tr.send(d.topic, d.partition, msg.key, msg.value, headers)
-
-    # ---- large messages ---------------------------------------------------------------------------------
-    def _oversized(self, tr: KafkaTransport, d: _Dest, msg: Message, items: list[tuple[RowChange, int]],
-                   size: int) -> None:
-        from sinks.kafka.transport import message_size
-
-        if len(items) > 1:  # a batch that came out larger than the codec counted: one message per row
-            for change, seq in items:
-                enc = encoder_for(self.options.protocol, self.codec, clock=self._clock)
-                enc.append_row(change)
-                for m in enc.build():
-                    self._send(tr, d, m, [(change, seq)] if m.kind is not MessageKind.TOMBSTONE else [])
-            return
-        small, headers = self._large.shrink(
-            msg, items[0][0] if items else None, items[0][1] if items else 0, protocol=self.options.protocol,
-            enc=d.enc, size=size, limit=d.limit, topic=d.topic, partition=d.partition, span=self.span,
-            headers=lambda m: self._headers(m, items), measure=lambda m, h: message_size(m.key, m.value, h))
-        tr.send(d.topic, d.partition, small.key, small.value, headers)
 
     # ---- a resync's emptying ---------------------------------------------------------------------------
     def truncate_targets(self, tables: Sequence[TableName], *, schemas: Sequence[TableSchema] = (),
@@ -460,10 +379,10 @@ class KafkaSink(Sink):
         try:
             for t in tables:
                 self._append_all(tr, RowChange(OpType.TRUNCATE, by_name[t], at.ts, at.time), 0)
-            self._drain(tr)
+            self.out.drain(tr, self._span_header, self.span)
             tr.flush()
         except BaseException:
-            self._dests.clear()
+            self.out.clear()
             raise
 
     @classmethod
