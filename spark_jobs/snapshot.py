@@ -222,7 +222,7 @@ def _copy(job: SnapshotJob, spark: Any, run: SnapshotRun, tasks: list[ChunkTask]
         # Spark takes seconds to start (a JVM, then the executors' Python workers): meanwhile this process copies
         # chunks itself, from the front of the list; Spark gets the rest once it is up, and is not waited for when
         # nothing is left (its JVM ends with this process: it reads a pipe from it)
-        _STOP.fence_out = lambda: _end_own_run(job, run)  # a SIGTERM from now on fences this run out
+        _Stop.fence_out = lambda: _end_own_run(job, run)  # a SIGTERM from now on fences this run out
         starter = _SparkStarter(job)
         mine, tasks = (tasks, []) if job.driver_copies else ([], tasks)
         local = CopyWhileStarting(mine, job.label, on_idle=starter.ready.set)
@@ -235,7 +235,7 @@ def _copy(job: SnapshotJob, spark: Any, run: SnapshotRun, tasks: list[ChunkTask]
         tasks = left + tasks
         if tasks and not any(r.error for r in early):
             spark = starter.session()  # raises SparkUnavailable when it could not start
-            _STOP.spark = spark
+            _Stop.spark = spark
     results = early
     try:
         if tasks and not any(r.error for r in early):
@@ -246,13 +246,13 @@ def _copy(job: SnapshotJob, spark: Any, run: SnapshotRun, tasks: list[ChunkTask]
             try:
                 results = early + spark.sparkContext.parallelize(tasks, slices).mapPartitions(copy_chunks).collect()
             except Exception:
-                if _STOP.requested.is_set():  # the jobs were cancelled on request (SIGTERM)
+                if _Stop.requested.is_set():  # the jobs were cancelled on request (SIGTERM)
                     raise KeyboardInterrupt("stop requested") from None
                 raise
         report.seconds = time.monotonic() - t0
     finally:
         if starter is not None:  # also when stopped: ends the Python workers, so nothing keeps writing
-            _STOP.spark = _STOP.fence_out = None
+            _Stop.spark = _Stop.fence_out = None
             starter.stop()
     return _report(job, report, results)
 
@@ -275,7 +275,7 @@ def wait_for_executors(spark: Any, job: SnapshotJob, poll: float = 0.5) -> None:
             log.info("%s: %d executor(s) registered after %.1f s on %s", job.label, executors,
                      time.monotonic() - t0, master)
             return
-        if _STOP.requested.is_set():
+        if _Stop.requested.is_set():
             raise KeyboardInterrupt("stop requested")
         if time.monotonic() >= deadline:
             raise errors.SparkNoExecutors(
@@ -499,9 +499,6 @@ def _end_own_run(job: SnapshotJob, run: SnapshotRun) -> None:
         log.warning("%s: could not fence out run %s: %s", job.label, run.run_id, exc)
 
 
-_STOP = _Stop
-
-
 def quiet_py4j(record: logging.LogRecord) -> bool:
     """Drop py4j's own INFO/DEBUG lines (with tracebacks) that it logs through the root logger, e.g. when a JVM still
     starting is ended because the driver copied every chunk first: an expected end, not a fault to show."""
@@ -529,7 +526,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     for handler in logging.getLogger().handlers:  # py4j also logs through the root logger (module-level calls)
         handler.addFilter(quiet_py4j)
-    signal.signal(signal.SIGTERM, _STOP.handler)  # a stop request: cancel, stop Spark, exit 130
+    signal.signal(signal.SIGTERM, _Stop.handler)  # a stop request: cancel, stop Spark, exit 130
     try:
         job = read_job(args.plan)
         report = run(job)

@@ -48,7 +48,7 @@ from psycopg2 import sql
 
 from cdc.errors import InvalidArgument
 from cdc.events import ColumnSchema, TableName, TableSchema
-from upstream.base import PartitionLeaf  # noqa: F401 - re-exported (the interface's type)
+from upstream.base import PartitionLeaf
 from upstream.postgres.conn import pg_errors
 
 PG_CATALOG_NAMESPACE = 11  # oid of pg_catalog
