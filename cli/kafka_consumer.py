@@ -19,6 +19,9 @@ Copies are checked (``sinks.kafka.copy_markers``): the consumer reads the sink's
 stops (exit 1, the error naming the table, the chunk, the topic and partition, expected and seen rows) rather than
 rebuild a table whose copy arrived short. Its summary counts ``chunks_verified``, ``copied_rows`` and the offset
 gaps it saw.
+
+Its flags are parsed with every other command's in :mod:`cli.main`, which imports this module (kafka-python with it)
+only when the command runs.
 """
 
 from __future__ import annotations
