@@ -25,7 +25,7 @@ class ApiError(RuntimeError):
 
 
 class CdcServer:
-    """One `cdc server` subprocess (python -m cdc server ...) on 127.0.0.1."""
+    """One `cdc server` subprocess (python -m cli server ...) on 127.0.0.1."""
 
     def __init__(self, etcd_url: str, base_dir: Path, cluster_id: str = "default", port: int | None = None,
                  extra_args: list[str] | None = None, *, tls: ssl.SSLContext | None = None, token: str = "",
@@ -50,7 +50,7 @@ class CdcServer:
 
     def start(self, wait: bool = True, timeout: float = 30.0) -> CdcServer:
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "cdc", "server", "--etcd", self.etcd_url, "--addr", f"127.0.0.1:{self.port}",
+        argv = [sys.executable, "-m", "cli", "server", "--etcd", self.etcd_url, "--addr", f"127.0.0.1:{self.port}",
                 "--data-dir", str(self.base_dir / f"data-{self.port}"), "--cluster-id", self.cluster_id,
                 "--log-file", str(self.log_file), *self.extra_args]
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from cdc.cli.progress import WatchEnded, watch
+from cli.progress import WatchEnded, watch
 from playground.cluster import CdcServer, current_lsn
 from playground.demo_targets import (
     TARGETS,
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None,
         pg.execute(SCHEMA, db="shop")
         say(f"PostgreSQL up at {pg.uri('shop')} (wal_level=logical)")
         cdc = CdcServer(etcd.url, tmp / "cdc")
-        start_server("the cdc server", cdc.start, "check that `python -m cdc server --help` runs in this checkout")
+        start_server("the cdc server", cdc.start, "check that `python -m cli server --help` runs in this checkout")
         say(f"cdc server up at {cdc.url} (log {cdc.log_file})")
         ok = run(args, target, sink, pg, cdc)
     except ServerUnavailable as exc:

@@ -169,7 +169,7 @@ class KafkaTarget(DemoTarget):
         return self.sink_uri
 
     def consumer_argv(self, upstream_uri: str, until: int) -> list[str]:
-        return [sys.executable, "-m", "cdc", "cli", "kafka-consumer", "--kafka-uri", self.sink_uri,
+        return [sys.executable, "-m", "cli", "cli", "kafka-consumer", "--kafka-uri", self.sink_uri,
                 "--sink-uri", self.consumer_db, "--upstream", upstream_uri, "--until-ts", str(until),
                 "--timeout", f"{self.consumer_timeout:g}"]
 

@@ -64,16 +64,12 @@ from cdc.errors import SinkError
 from cdc.events import OpType
 from sinks.codec import DecodedEvent, Decoder, MessageDecodeError, MessageKind, decoder_for
 from sinks.codec.base import EncoderConfig, SchemaLookup
-from sinks.kafka.applier import SinkApplier  # noqa: F401 - for cdc/cli/kafka_consumer.py only, see below
 from sinks.kafka.copy_markers import CopyCheck
 from sinks.kafka.headers import DDL_HEADER, HEADER, copy_chunk, parse, parse_ddl
 from sinks.kafka.logstart import RESET, out_of_range, seek_to_start
 from sinks.kafka.target import Applier, Event, is_drop_table
 
 log = logging.getLogger(__name__)
-
-# SinkApplier is imported above only because cdc/cli/kafka_consumer.py still imports it from here (that module is being
-# moved to cli/ on another branch); it goes once that importer names sinks.kafka.applier. Nothing else may use it.
 
 
 @dataclasses.dataclass(slots=True)

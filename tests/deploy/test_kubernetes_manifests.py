@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from cdc.cli.main import build_parser
 from cdc.config import ServerConfig
+from cli.main import build_parser
 
 pytestmark = pytest.mark.deploy
 
@@ -92,7 +92,7 @@ def test_captures_command_probes_drain_and_volumes(name: str) -> None:
     assert c["command"] == ["cdc"]
     args = build_parser().parse_args(argv)  # argparse exits on an unknown flag
     assert args.command == "server"
-    help_text = subprocess.run([sys.executable, "-m", "cdc", "server", "--help"], capture_output=True, text=True,
+    help_text = subprocess.run([sys.executable, "-m", "cli", "server", "--help"], capture_output=True, text=True,
                                timeout=60, cwd=ROOT).stdout
     for flag in re.findall(r"(--[a-z-]+)", " ".join(c["args"])):
         assert flag in help_text, flag

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from cdc.cli.main import build_parser
 from cdc.config import ServerConfig
+from cli.main import build_parser
 
 pytestmark = [pytest.mark.deploy,
               pytest.mark.skipif(shutil.which("systemd-analyze") is None,

@@ -273,7 +273,7 @@ def kafka_consumer(sink: str, target: str, upstream: str, until: int) -> tuple[d
     upstream's schemas; fails the test unless it exits 0 having applied ``until``. Returns its JSON summary and its
     stderr."""
     out = subprocess.run(
-        [sys.executable, "-m", "cdc", "cli", "kafka-consumer", "--kafka-uri", sink, "--sink-uri", target,
+        [sys.executable, "-m", "cli", "cli", "kafka-consumer", "--kafka-uri", sink, "--sink-uri", target,
          "--upstream", upstream, "--until-ts", str(until), "--timeout", "90"],
         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.returncode == 0, out.stderr[-3000:]

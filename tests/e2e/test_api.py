@@ -89,7 +89,7 @@ class CliResult:
 
 
 def cdc_cli(url: str, *args: str) -> CliResult:
-    proc = subprocess.run([sys.executable, "-m", "cdc", "cli", "--server", url, *args], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "cli", "cli", "--server", url, *args], capture_output=True,
                           text=True, timeout=120, cwd=REPO)
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
 

@@ -47,7 +47,7 @@ def no_secret(text: str, where: str) -> None:
 
 
 def cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cdc", "cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli", "cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env={**os.environ, **env})
 
 
@@ -172,7 +172,7 @@ def test_busy_addr_is_one_clear_line(etcd_server: EtcdServer, cluster_id: str, t
         taken.listen()
         port = taken.getsockname()[1]
         t0 = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "cdc", "server", "--etcd", etcd_server.url, "--addr",
+        proc = subprocess.run([sys.executable, "-m", "cli", "server", "--etcd", etcd_server.url, "--addr",
                                f"127.0.0.1:{port}", "--data-dir", str(tmp_path / "d"), "--cluster-id", cluster_id],
                               capture_output=True, text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 1, proc

@@ -1,4 +1,4 @@
-"""End to end through the real `cdc` command line: `python -m cdc cli ...` subprocesses against a real
+"""End to end through the real `cdc` command line: `python -m cli cli ...` subprocesses against a real
 `cdc server` (real etcd, real PostgreSQL slots), asserting on exit codes and the JSON they print.
 
 The happy path walks a changefeed through create / list / query / pause / resume / remove and checks
@@ -73,7 +73,7 @@ class CliResult:
 
 def cdc_cli(server_url: str, *args: str, timeout: float = 120.0) -> CliResult:
     """Run `cdc cli --server URL ARGS...` as a subprocess."""
-    argv = [sys.executable, "-m", "cdc", "cli", "--server", server_url, *args]
+    argv = [sys.executable, "-m", "cli", "cli", "--server", server_url, *args]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=REPO)
     return CliResult(argv, proc.returncode, proc.stdout, proc.stderr)
 

@@ -32,7 +32,7 @@ WATCH = "upstream-check-interval = 0.5\n"
 
 
 def _cli(url: str, *args: str) -> str:
-    out = subprocess.run([sys.executable, "-m", "cdc", "cli", "--server", url, *args], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "cli", "cli", "--server", url, *args], capture_output=True,
                          text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     return out.stdout

@@ -36,7 +36,7 @@ from e2e_workload import (
 )
 from kafka_history import canal_changes, dump_topics, open_history, read_history, read_topic
 
-from cdc.cli.kafka_consumer import _upstream
+from cli.kafka_consumer import _upstream
 from playground.chaos import wait_recovery
 from playground.cluster import ApiError, CdcServer, current_lsn
 from playground.compare import compare_tables

@@ -138,7 +138,7 @@ def test_notify_reload_probes_drain_and_etcd_outage(cluster_id: str, tmp_path: P
         b = CdcServer(etcd.url, tmp_path / "cdc", cluster_id=cluster_id, extra_args=["--config", str(config)])
         config.write_text(BASE)
         b.start()
-        r = subprocess.run([sys.executable, "-m", "cdc", "cli", "--server", a.url, "capture", "drain", "--self",
+        r = subprocess.run([sys.executable, "-m", "cli", "cli", "--server", a.url, "capture", "drain", "--self",
                             "--wait", "10"], capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["draining"] is True

@@ -241,7 +241,7 @@ def test_a_row_the_target_refuses_fails_the_changefeed_naming_the_table_and_key(
     q = wait_for(cdc, "refused", lambda q: q["state"] in ("failed", "warning") or q["phase"] == "streaming",
                  "the refused copy", timeout=180)
     assert q["state"] == "failed", q  # fatal at once: the same row would be refused again
-    out = subprocess.run([sys.executable, "-m", "cdc", "cli", "--server", cdc.url, "changefeed", "query", "-c",
+    out = subprocess.run([sys.executable, "-m", "cli", "cli", "--server", cdc.url, "changefeed", "query", "-c",
                           "refused"], capture_output=True, text=True, timeout=60,
                          cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr

@@ -51,7 +51,7 @@ def cdc(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path, request: pytes
 
 
 def _cli(url: str, *args: str) -> Any:
-    proc = subprocess.run([sys.executable, "-m", "cdc", "cli", "--server", url, *args], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "cli", "cli", "--server", url, *args], capture_output=True,
                           text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc
     return json.loads(proc.stdout)
@@ -341,8 +341,8 @@ def _inject_a_row_behind_tidewaters_back(kafka: Any, topic: str, upstream: str, 
     """A row the upstream never had, in the topic (another producer, a bug, a skipped DDL: what a resync repairs)."""
     from kafka import KafkaProducer
 
-    from cdc.cli.kafka_consumer import _upstream
     from cdc.events import OpType, RowChange, TableName
+    from cli.kafka_consumer import _upstream
     from sinks.codec import EncoderConfig, encoder_for
 
     closers, schemas, _ = _upstream(upstream)
@@ -420,7 +420,7 @@ def test_table_copies_into_kafka_and_files_reach_consumers_that_cut_at_watermark
         assert info["state"] == "normal" and not info["warnings"], info
         tables = [*TABLES, "public.late"]
         if kind == "kafka":
-            from cdc.cli.kafka_consumer import _upstream
+            from cli.kafka_consumer import _upstream
             from sinks.kafka.applier import SinkApplier
             from sinks.kafka.consumer import rebuild
 

@@ -114,8 +114,8 @@ def test_blackhole_counts_and_discards() -> None:
 def test_every_sink_scheme_is_in_the_uri_rules_and_in_create_help(capsys: pytest.CaptureFixture[str]) -> None:
     """The factory's schemes, the URI parser's and those ``changefeed create --help`` lists are one list (kafka://
     and file:// were once missing from the help)."""
-    from cdc.cli.main import build_parser
     from cdc.uri import SINK_SCHEMES, SINK_URI_FORMS
+    from cli.main import build_parser
 
     assert set(SINK_SCHEMES) == set(factory.SINKS) == set(SINK_URI_FORMS)
     with pytest.raises(SystemExit):

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from cdc.cli.main import build_parser, main
-from cdc.cli.render import CAPTURE_COLUMNS, cell, col, emit, format_table, render_kv, render_table
+from cli.main import build_parser, main
+from cli.render import CAPTURE_COLUMNS, cell, col, emit, format_table, render_kv, render_table
 from tests.http_fakes import CannedHttp
 
 pytestmark = pytest.mark.unit

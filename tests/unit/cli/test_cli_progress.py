@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from cdc.cli.progress import WatchEnded, summary, watch
+from cli.progress import WatchEnded, summary, watch
 from tests.http_fakes import CannedHttp
 
 pytestmark = pytest.mark.unit
@@ -114,7 +114,7 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Any:
     import time
     from types import SimpleNamespace
 
-    from cdc.cli import progress
+    from cli import progress
 
     monkeypatch.setattr(progress, "time", SimpleNamespace(sleep=lambda s: None, monotonic=time.monotonic))
     s = Sequenced({})
@@ -126,7 +126,7 @@ def test_create_wait_watches_the_copy_until_the_changefeed_streams(server: Seque
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from cdc.cli.main import main
+    from cli.main import main
 
     server.answers[("POST", "/api/v2/changefeeds")] = [(200, _q(0))]
     server.answers[("GET", "/api/v2/changefeeds/cf")] = [
@@ -142,7 +142,7 @@ def test_create_wait_watches_the_copy_until_the_changefeed_streams(server: Seque
 
 
 def test_create_without_wait_returns_at_once(server: Sequenced, capsys: pytest.CaptureFixture[str]) -> None:
-    from cdc.cli.main import main
+    from cli.main import main
 
     server.answers[("POST", "/api/v2/changefeeds")] = [(200, _q(0))]
     assert main(["cli", "--server", server.url, "changefeed", "create", "-c", "cf", "--upstream",
@@ -154,7 +154,7 @@ def test_query_watch_ends_with_exit_code_1_and_the_reason_when_the_changefeed_fa
         server: Sequenced, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
-    from cdc.cli.main import main
+    from cli.main import main
 
     failed = {"code": "CDC:ErrSinkDataRejected", "message": "table public.orders: the target refused the row with key "
               "id=3777", "retryable": False}

@@ -19,6 +19,9 @@ Copies are checked (``sinks.kafka.copy_markers``): the consumer reads the sink's
 stops (exit 1, the error naming the table, the chunk, the topic and partition, expected and seen rows) rather than
 rebuild a table whose copy arrived short. Its summary counts ``chunks_verified``, ``copied_rows`` and the offset
 gaps it saw.
+
+Its flags are parsed with every other command's in :mod:`cli.main`, which imports this module (kafka-python with it)
+only when the command runs.
 """
 
 from __future__ import annotations
@@ -30,34 +33,21 @@ import signal
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cdc.errors import TidewaterError
 from cdc.events import TableName, TableSchema
 from cdc.uri import scrub
+from cli.args import CliError, uri_arg
+from sinks.codec import EncoderConfig
+from sinks.kafka.applier import SinkApplier
+from sinks.kafka.consumer import rebuild
+from sinks.kafka.meta import meta_topic_name
+from sinks.kafka.options import CODEC_PARAMS, parse_kafka_uri
+from sinks.kafka.sink import SINK_PARAMS
+from sinks.kafka.transport import security_config
+from upstream import open_upstream
 
-if TYPE_CHECKING:
-    from sinks.codec import EncoderConfig
-
-
-def add_parser(groups: Any) -> None:
-    p = groups.add_parser("kafka-consumer", help="rebuild tables from a Kafka sink's topics into an SQL target")
-    p.add_argument("--kafka-uri", help="the changefeed's kafka:// sink URI: brokers, topic, protocol, TLS, SASL")
-    p.add_argument("--kafka-uri-file", help="a file whose first line is the kafka:// URI (keeps a password out of ps)")
-    p.add_argument("--broker", action="append", help="host:port of a broker (repeatable; without --kafka-uri)")
-    p.add_argument("--topic", action="append",
-                   help="topic to read, every partition (repeatable: the cut is the minimum over all of them)")
-    p.add_argument("--protocol", choices=PROTOCOLS)
-    p.add_argument("--sink-uri", required=True, help="the target: sqlite:///file.db, postgresql://..., mysql://...")
-    p.add_argument("--upstream", help="postgresql://... of the upstream: exact column types and key-only rows")
-    p.add_argument("--until-ts", type=int, help="exit once everything up to this commit Ts is applied")
-    p.add_argument("--timeout", type=float, help="give up after this many seconds")
-    p.add_argument("--position", help="the consumer's position name in the target (default kafka:<topics>)")
-    p.add_argument("--meta-topic", help="the sink's metadata topic, read for the copies' chunk markers (default "
-                   "_tidewater.<the sink URI's topic>, or of the first --topic without --kafka-uri)")
-
-
-PROTOCOLS = ("canal-json", "open-protocol", "debezium")
 ENV_KAFKA_URI = "TIDEWATER_KAFKA_URI"
 
 
@@ -75,9 +65,7 @@ class Source:
 
 def source_of(args: argparse.Namespace) -> Source:
     """The :class:`Source` of the arguments; :class:`CliError` (exit 2) naming what is missing or wrong."""
-    from cdc.cli.main import CliError, _uri_arg
-
-    raw = _uri_arg(args, "kafka_uri", ENV_KAFKA_URI, "Kafka sink URI", required=False)
+    raw = uri_arg(args, "kafka_uri", ENV_KAFKA_URI, "Kafka sink URI", required=False)
     if raw is None:
         if not args.broker or not args.topic or not args.protocol:
             raise CliError("CDC:ErrUsage", "give --kafka-uri (the changefeed's kafka:// sink URI), or --broker, "
@@ -85,12 +73,6 @@ def source_of(args: argparse.Namespace) -> Source:
         return Source(list(args.broker), list(args.topic), args.protocol, meta_topic=args.meta_topic)
     if args.broker:
         raise CliError("CDC:ErrUsage", "--broker and --kafka-uri both name brokers: give one of them", 2)
-    from sinks.codec import EncoderConfig
-    from sinks.kafka.meta import meta_topic_name
-    from sinks.kafka.options import CODEC_PARAMS, parse_kafka_uri
-    from sinks.kafka.sink import SINK_PARAMS
-    from sinks.kafka.transport import security_config
-
     try:
         opts = parse_kafka_uri(raw, codec_params=(*CODEC_PARAMS, *SINK_PARAMS))
         codec = EncoderConfig.from_params({k: v for k, v in opts.codec_params.items() if k not in SINK_PARAMS},
@@ -104,9 +86,6 @@ def source_of(args: argparse.Namespace) -> Source:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cdc.cli.main import CliError
-    from sinks.kafka.consumer import SinkApplier, rebuild
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     stop = threading.Event()
@@ -145,8 +124,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _upstream(uri: str) -> tuple[list[Any], Any, Any]:
-    from upstream import open_upstream
-
     up = open_upstream(uri)
     cache: dict[TableName, TableSchema | None] = {}
     reader = up.row_source(label="kafka-consumer")

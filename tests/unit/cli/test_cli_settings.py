@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cdc.cli.main import CliError, _uri_arg, build_parser, main, make_client
+from cli.args import CliError, uri_arg
+from cli.main import build_parser, main, make_client
 
 pytestmark = pytest.mark.unit
 
@@ -53,13 +54,13 @@ def test_uris_from_files_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     (tmp_path / "up.uri").write_text("postgresql://repl:Pa%40ss@db1/shop\n")
     args = build_parser().parse_args(["cli", "changefeed", "create", "-c", "x", "--upstream-file",
                                       str(tmp_path / "up.uri")])
-    assert _uri_arg(args, "upstream", "TIDEWATER_UPSTREAM_URI", "upstream URI", True) == \
+    assert uri_arg(args, "upstream", "TIDEWATER_UPSTREAM_URI", "upstream URI", True) == \
         "postgresql://repl:Pa%40ss@db1/shop"
     monkeypatch.setenv("TIDEWATER_SINK_URI", "mysql://app:S3cret-pw@db2/shop")
-    assert _uri_arg(args, "sink_uri", "TIDEWATER_SINK_URI", "sink URI", True) == "mysql://app:S3cret-pw@db2/shop"
+    assert uri_arg(args, "sink_uri", "TIDEWATER_SINK_URI", "sink URI", True) == "mysql://app:S3cret-pw@db2/shop"
     monkeypatch.delenv("TIDEWATER_SINK_URI")
     with pytest.raises(CliError, match="--sink-uri-file FILE or \\$TIDEWATER_SINK_URI") as exc:
-        _uri_arg(args, "sink_uri", "TIDEWATER_SINK_URI", "sink URI", True)
+        uri_arg(args, "sink_uri", "TIDEWATER_SINK_URI", "sink URI", True)
     assert exc.value.exit_code == 2
     # an unreachable server: the error names the server, never the password of the URI being sent
     monkeypatch.setenv("TIDEWATER_SINK_URI", "mysql://app:S3cret-pw@db2/shop")

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from cdc.cli.kafka_consumer import ENV_KAFKA_URI, source_of
-from cdc.cli.main import CliError, build_parser, main
+from cli.args import CliError
+from cli.kafka_consumer import ENV_KAFKA_URI, source_of
+from cli.main import build_parser, main
 from tests.tls_material import make_tls_material
 
 pytestmark = pytest.mark.unit

@@ -1,5 +1,0 @@
-import sys
-
-from cdc.cli.main import main
-
-sys.exit(main())
