@@ -63,6 +63,7 @@ from processor.recovery import DependencyProbe
 from processor.snapshot import CopyLauncher, CopyStopped, InitialCopy, Truncate
 from processor.span import SchemaRecorder, SpanRunner, SpanWarnings
 from processor.table_hold import TableHold
+from sinks.copy_roles import CopyAnnouncer, CopyTargets
 from sinks.factory import open_sink
 from sorter.base import Sorter
 from upstream import open_upstream
@@ -365,7 +366,8 @@ class Processor:
                 def truncate(schemas: Sequence[TableSchema], at: Watermark) -> None:
                     sink = open_sink(info.sink_uri, config.sink)
                     try:
-                        sink.truncate_targets([s.name for s in schemas], schemas=schemas, at=at)
+                        if isinstance(sink, CopyTargets):  # (else no target holds rows to empty)
+                            sink.truncate_targets([s.name for s in schemas], schemas=schemas, at=at)
                     finally:
                         sink.close()
 
@@ -401,14 +403,16 @@ class Processor:
         def restart_target(schema: TableSchema, ts: int, at: float) -> None:
             sink = open_sink(info.sink_uri, config.sink)
             try:
-                sink.restart_copy_target(schema, info.id, span.index, ts, at)
+                if isinstance(sink, CopyTargets):  # (else nothing of the earlier runs stays downstream)
+                    sink.restart_copy_target(schema, info.id, span.index, ts, at)
             finally:
                 sink.close()
 
         def announce(chunks: Sequence[CopiedChunk]) -> None:
             sink = open_sink(info.sink_uri, config.sink)
             try:
-                sink.announce_copy(chunks)
+                if isinstance(sink, CopyAnnouncer):  # (else its readers have nothing to be told)
+                    sink.announce_copy(chunks)
             finally:
                 sink.close()
 

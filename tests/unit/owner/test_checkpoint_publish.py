@@ -6,16 +6,14 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from cdc.errors import SinkUnavailable
-from cdc.events import RowChange
 from cdc.model import ChangefeedInfo, SpanInfo, WarningSeverity
 from owner.checkpoint_publish import WARNING_CODE, CheckpointPublisher, publishes
-from sinks.base import Sink
+from sinks.testing import MemoryCheckpointSink
 
 pytestmark = pytest.mark.unit
 
@@ -23,24 +21,6 @@ pytestmark = pytest.mark.unit
 def info(sink_uri: str = "file:///tmp/lake?protocol=csv", cf: str = "cf") -> ChangefeedInfo:
     return ChangefeedInfo(id=cf, upstream_uri="postgresql://u@h/db", sink_uri=sink_uri, config={}, start_ts=100,
                           start_time=1.0, create_time=1.0, spans=(SpanInfo(0, "s0", "p0", 100),))
-
-
-class FakeSink(Sink):
-    publishes_checkpoints = True
-
-    def __init__(self, log: list[int], fail: Callable[[], bool]) -> None:
-        self.log, self.fail, self.closed = log, fail, False
-
-    def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
-        return 0
-
-    def publish_checkpoint(self, ts: int, commit_time: float = 0.0) -> None:
-        if self.fail():
-            raise SinkUnavailable("storage sink: no space left on the device writing /lake/metadata")
-        self.log.append(ts)
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class Clock:
@@ -52,11 +32,11 @@ class Clock:
 
 
 def publisher(log: list[int], fail: Callable[[], bool] = lambda: False, clock: Clock | None = None
-              ) -> tuple[CheckpointPublisher, list[FakeSink]]:
-    opened: list[FakeSink] = []
+              ) -> tuple[CheckpointPublisher, list[MemoryCheckpointSink]]:
+    opened: list[MemoryCheckpointSink] = []
 
-    def opener(_info: ChangefeedInfo) -> Sink:
-        s = FakeSink(log, fail)
+    def opener(_info: ChangefeedInfo) -> MemoryCheckpointSink:
+        s = MemoryCheckpointSink(fail, log, "storage sink: no space left on the device writing /lake/metadata")
         opened.append(s)
         return s
 

@@ -1,4 +1,4 @@
-"""SpanRunner with a sink that buffers until its flush (``Sink.flush_interval``, the storage sink): the checkpoint
+"""SpanRunner with a sink that buffers until its flush (``sinks.base.BufferedSink``, the storage sink): the checkpoint
 moves past written rows only once a flush made them durable, the rows before a DDL are flushed before it, and a
 sink without buffering is unchanged (checkpoint after every write)."""
 
@@ -13,6 +13,7 @@ import pytest
 from cdc.events import DdlEvent, RowChange
 from cdc.ts import Watermark
 from processor.span import SpanRunner
+from sinks.base import BufferedSink
 from sorter.base import SortedTxn
 from tests.unit.processor.test_span_ddl import DdlSource, RecordingSink, row
 from tests.unit.processor.test_span_warnings import FakeSorter
@@ -21,7 +22,7 @@ from upstream.base import SCHEMA_CHANGE, encode_payload
 pytestmark = pytest.mark.unit
 
 
-class BufferingSink(RecordingSink):
+class BufferingSink(RecordingSink, BufferedSink):
     def __init__(self, interval: float) -> None:
         super().__init__()
         self.flush_interval = interval

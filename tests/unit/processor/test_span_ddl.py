@@ -14,7 +14,7 @@ from cdc.errors import DdlRejected
 from cdc.events import DdlChange, DdlEvent, DdlKind, RowChange, TableName
 from cdc.ts import Watermark
 from processor.span import SchemaRecorder, SpanRunner
-from sinks.base import Sink
+from sinks.testing import MemoryDdlSink
 from sorter.base import SortedTxn
 from tests.pgoutput_wire import enc_insert
 from tests.unit.processor.test_span_warnings import SCHEMA, FakeSorter, FakeSource
@@ -44,10 +44,12 @@ class DdlSource(FakeSource):
         return DdlDecoder(lambda version: SCHEMA)
 
 
-class RecordingSink(Sink):
+class RecordingSink(MemoryDdlSink):
+    """The DDL twin (``sinks.testing``), its row ids per write and its DDLs in one ``log``."""
+
     def __init__(self, reject: bool = False) -> None:
+        super().__init__("the target has no such type" if reject else None)
         self.log: list[Any] = []
-        self.reject = reject
 
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         rows = [c.values["id"] for c in changes]
@@ -55,12 +57,9 @@ class RecordingSink(Sink):
         return len(rows)
 
     def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
-        if self.reject and not skip:
-            raise DdlRejected(event.query, str(event.table), "the target has no such type", commit_ts=event.commit_ts)
+        super().apply_ddl(event, fence, skip=skip)
         self.log.append(("skip" if skip else "ddl", event.changes[0].column))
         return True
-
-    def close(self) -> None: ...
 
 
 def row(i: int) -> bytes:

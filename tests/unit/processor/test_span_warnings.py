@@ -18,7 +18,7 @@ from cdc.model import ChangefeedInfo, DataWarning, SpanAssignment, SpanInfo, Spa
 from cdc.ts import Watermark
 from processor.mounter import encode_payload
 from processor.span import SpanRunner, SpanWarnings
-from sinks.base import RowSource, Sink
+from sinks.testing import MemoryRowSourceSink
 from sorter.base import SortedTxn
 from tests.pgoutput_wire import enc_insert
 from tests.unit.processor.test_processor_report import MIN, Clock, FakeRunner, FakeStore, make
@@ -149,28 +149,13 @@ class FakeSorter:
         return [t for t in self.txns if after < t.commit_ts <= upto]
 
 
-class WarningSink(Sink):
-    """Raises one warning per write (keyed by the rows it got); records the row source it was given."""
-
-    def __init__(self) -> None:
-        self.source: RowSource | None = None
-        self.pending: list[DataWarning] = []
-        self.closed = False
+class WarningSink(MemoryRowSourceSink):
+    """The row-source twin (``sinks.testing``), raising one warning per write (keyed by the rows it got)."""
 
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         rows = list(changes)
-        self.pending.append(w(t=time.time(), count=len(rows), keys=tuple(str(r.values["id"]) for r in rows)))
-        return len(rows)
-
-    def take_warnings(self) -> list[DataWarning]:
-        out, self.pending = self.pending, []
-        return out
-
-    def set_row_source(self, fetch: RowSource | None) -> None:
-        self.source = fetch
-
-    def close(self) -> None:
-        self.closed = True
+        self.warn(w(t=time.time(), count=len(rows), keys=tuple(str(r.values["id"]) for r in rows)))
+        return super().write(rows, fence)
 
 
 class FakeRowSource:
@@ -205,7 +190,7 @@ def test_runner_collects_sink_warnings_after_each_write_and_wires_the_row_source
     (merged,) = shared.current()
     assert merged.count == 5 + 3 and merged.keys == ("old", "110", "120", "130")
     assert runner.warnings is shared
-    assert len(sources) == 1 and sink.source is sources[0]
+    assert len(sources) == 1 and sink.row_source is sources[0]
     assert sources[0].closed and sink.closed
 
 

@@ -1,4 +1,4 @@
-"""SpanRunner and span watermarks (``Sink.watermark_interval``, the Kafka sink): the sink learns its span and the span
+"""SpanRunner and span watermarks (``sinks.base.WatermarkSink``, the Kafka sink): the sink learns its span and the span
 count before ``open_position``, and ``publish_resolved`` gets only checkpoints (durable downstream), at most once per
 interval, never one it already got; a buffering sink's watermark waits for its flush."""
 
@@ -13,6 +13,8 @@ import pytest
 from cdc.events import RowChange
 from cdc.ts import Watermark
 from processor.span import SpanRunner
+from sinks.base import BufferedSink
+from sinks.base import WatermarkSink as WatermarkRole
 from sorter.base import SortedTxn
 from tests.unit.processor.test_span_ddl import DdlSource, RecordingSink, row
 from tests.unit.processor.test_span_warnings import FakeSorter
@@ -20,7 +22,7 @@ from tests.unit.processor.test_span_warnings import FakeSorter
 pytestmark = pytest.mark.unit
 
 
-class WatermarkSink(RecordingSink):
+class WatermarkSink(RecordingSink, BufferedSink, WatermarkRole):
     def __init__(self, interval: float, flush_interval: float = 0.0) -> None:
         super().__init__()
         self.watermark_interval = interval
