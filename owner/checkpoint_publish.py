@@ -16,7 +16,8 @@ Guarantees:
   ``notice`` data warning ``CDC:WarnCheckpointNotPublished`` of the changefeed (:meth:`warnings`; the owner merges it
   into the changefeed's status), whose message says so again once publishing works.
 - ``run`` returns when its stop event is set and closes its sinks; ``forget`` drops a removed changefeed.
-- Time and sink opening are injectable (tests never sleep on a real clock beyond short waits).
+- Sinks come from the capture's factory (``sinks.base.SinkOpener``); time and sink opening are injectable (tests
+  never sleep on a real clock beyond short waits).
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ from cdc.config import ChangefeedConfig
 from cdc.errors import SinkError
 from cdc.model import ChangefeedInfo, DataWarning, WarningSeverity
 from cdc.uri import parse_sink_uri, scrub
-from sinks.base import CheckpointSink
-from sinks.factory import open_sink, supports
+from sinks.base import CheckpointSink, SinkOpener
 
 log = logging.getLogger(__name__)
 
@@ -40,16 +40,16 @@ WARNING_CODE = "CDC:WarnCheckpointNotPublished"
 WARNING_TABLE = "*"
 
 
-def publishes(sink_uri: str) -> bool:
+def publishes(sinks: SinkOpener, sink_uri: str) -> bool:
     """The sink class of ``sink_uri`` publishes checkpoints (no sink is opened); False for an unusable URI."""
     try:
-        return supports(sink_uri, CheckpointSink)
+        return sinks.supports(sink_uri, CheckpointSink)
     except Exception:  # noqa: BLE001 - an unusable URI publishes nothing; its changefeed fails elsewhere
         return False
 
 
-def _open(info: ChangefeedInfo) -> CheckpointSink:
-    sink = open_sink(info.sink_uri, ChangefeedConfig.from_dict(info.config).sink)
+def _open(sinks: SinkOpener, info: ChangefeedInfo) -> CheckpointSink:
+    sink = sinks.open(info.sink_uri, ChangefeedConfig.from_dict(info.config).sink)
     if not isinstance(sink, CheckpointSink):  # (offer asked the class first)
         sink.close()
         raise SinkError(f"the sink {parse_sink_uri(info.sink_uri).redacted()} publishes no checkpoints")
@@ -74,9 +74,11 @@ class _Feed:
 class CheckpointPublisher:
     """See the module docstring."""
 
-    def __init__(self, *, opener: Callable[[ChangefeedInfo], CheckpointSink] = _open, clock: Callable[[], float] = time.time,
-                 retry_min: float = 1.0, retry_max: float = 30.0, warn_after: float = 30.0) -> None:
-        self._opener = opener
+    def __init__(self, sinks: SinkOpener, *, opener: Callable[[ChangefeedInfo], CheckpointSink] | None = None,
+                 clock: Callable[[], float] = time.time, retry_min: float = 1.0, retry_max: float = 30.0,
+                 warn_after: float = 30.0) -> None:
+        self._sinks = sinks
+        self._opener = opener or (lambda info: _open(sinks, info))
         self._clock = clock
         self.retry_min, self.retry_max, self.warn_after = retry_min, retry_max, warn_after
         self._feeds: dict[str, _Feed] = {}
@@ -90,7 +92,7 @@ class CheckpointPublisher:
             return
         does = self._publishes.get(info.sink_uri)
         if does is None:
-            does = self._publishes[info.sink_uri] = publishes(info.sink_uri)
+            does = self._publishes[info.sink_uri] = publishes(self._sinks, info.sink_uri)
         if not does:
             return
         with self._lock:

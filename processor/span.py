@@ -39,6 +39,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from cdc.config import DdlConfig
 from cdc.errors import DdlRejected, LeaseLost, TidewaterError
@@ -95,53 +96,87 @@ class SpanWarnings:
         return self._warnings
 
 
+@dataclass(frozen=True)
+class SinkPlan:
+    """What the span's sink thread writes, and into what.
+
+    ``open`` opens the span's sink (a ``sinks.base.TxnSink`` with whatever other roles it has; the sink thread checks
+    it, then closes it when it ends). ``txn_rows``: rows per downstream transaction of small upstream ones.
+    ``position``: (changefeed, span index, span start Ts), the sink's exactly-once position (``open_position``);
+    ``spans``: the changefeed's span count (``WatermarkSink.bind_span``). ``row_source`` opens a fresh row source for
+    a ``RowSourceUser`` sink. ``ddl``: the changefeed's ``[ddl]`` settings (what to skip). ``target_ts``: the
+    changefeed's target Ts (0: none): nothing committed after it is written.
+    """
+
+    open: Callable[[], TxnSink]
+    txn_rows: int
+    position: tuple[str, int, int] | None = None
+    spans: int = 1
+    row_source: Callable[[], RowSource] | None = None
+    ddl: DdlConfig = field(default_factory=DdlConfig)
+    target_ts: int = 0
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """The span's copies (``processor.snapshot.InitialCopy``). ``initial``: the initial copy, run before the span
+    streams (its floors then drop the changes it already holds). Otherwise ``floors``/``ceilings`` are the stored ones
+    of earlier copies (per relation oid, ``processor.floors``: changes in (floor, ceiling] are replayed over possibly
+    newer rows), and ``table``, with its ``hold``, is a table copy that runs beside the stream, which holds back the
+    copied tables' changes (``processor.table_hold``; the runner is its ``StreamGate``)."""
+
+    initial: Callable[[threading.Event], Mapping[str, int]] | None = None
+    floors: TableFloors | None = None
+    ceilings: TableFloors | None = None
+    table: Callable[[threading.Event, SpanRunner], Mapping[str, int]] | None = None
+    hold: TableHold | None = None
+
+
+@dataclass(frozen=True)
+class SpanHooks:
+    """What the span calls back into, and what its processor keeps across restarts of the span.
+
+    ``fence`` refuses a downstream commit (the capture's lease); ``schema_history`` stores schema versions;
+    ``barrier(ts, stop)`` waits until every other span of the changefeed wrote all before ``ts`` (None: one span).
+    ``warnings`` and ``stats`` outlive the runner (None: the runner's own)."""
+
+    fence: Callable[[], None] | None = None
+    schema_history: SchemaRecorder | None = None
+    barrier: Callable[[int, threading.Event], None] | None = None
+    warnings: SpanWarnings | None = None
+    stats: SpanStats | None = None
+
+
 class SpanRunner:
-    def __init__(
-        self,
-        label: str,
-        source: SpanSource,
-        sorter: SpanSorter,
-        sink_factory: Callable[[], TxnSink],
-        start: Watermark,
-        txn_rows: int,
-        fence: Callable[[], None] | None = None,
-        target_ts: int = 0,
-        warnings: SpanWarnings | None = None,
-        row_source: Callable[[], RowSource] | None = None,
-        position: tuple[str, int, int] | None = None,
-        ddl: DdlConfig | None = None,
-        schema_history: SchemaRecorder | None = None,
-        barrier: Callable[[int, threading.Event], None] | None = None,
-        initial_copy: Callable[[threading.Event], Mapping[str, int]] | None = None,
-        floors: TableFloors | None = None,
-        ceilings: TableFloors | None = None,
-        stats: SpanStats | None = None,
-        table_copy: Callable[[threading.Event, SpanRunner], Mapping[str, int]] | None = None,
-        hold: TableHold | None = None,
-        spans: int = 1,
-    ) -> None:
+    """One span's threads (module docstring), built from its source, its sorter, what its sink thread writes
+    (:class:`SinkPlan`), its copies (:class:`CopyPlan`) and its hooks into the processor (:class:`SpanHooks`)."""
+
+    def __init__(self, label: str, start: Watermark, source: SpanSource, sorter: SpanSorter, sink: SinkPlan,
+                 copy: CopyPlan | None = None, hooks: SpanHooks | None = None) -> None:
+        copy = copy or CopyPlan()
+        hooks = hooks or SpanHooks()
         self.label = label
-        self.stats = stats if stats is not None else SpanStats()  # the processor keeps it across restarts
+        self.stats = hooks.stats if hooks.stats is not None else SpanStats()  # the processor keeps it across restarts
         self.error_stage = ""  # "puller" or "sink": the thread whose failure stopped the span
         self.source = source
         self.sorter = sorter
-        self._sink_factory = sink_factory
-        self._outer_fence = fence
-        self.txn_rows = txn_rows
-        self.target_ts = target_ts  # changefeed target Ts: nothing committed after it is written
+        self._sink_factory = sink.open
+        self._outer_fence = hooks.fence
+        self.txn_rows = sink.txn_rows
+        self.target_ts = sink.target_ts  # changefeed target Ts: nothing committed after it is written
         # (changefeed, span index, span start Ts): the sink's exactly-once position (TxnSink.open_position)
-        self.position = position
-        self.spans = spans  # the changefeed's span count (WatermarkSink.bind_span)
-        self.ddl = ddl if ddl is not None else DdlConfig()
-        self._schema_history = schema_history
-        self._barrier = barrier  # waits until every other span of the changefeed wrote all before a commit Ts
+        self.position = sink.position
+        self.spans = sink.spans  # the changefeed's span count (WatermarkSink.bind_span)
+        self.ddl = sink.ddl
+        self._schema_history = hooks.schema_history
+        self._barrier = hooks.barrier  # waits until every other span of the changefeed wrote all before a commit Ts
         self.resolved = start
         self.checkpoint = start
         self.start_ts = start.ts  # the checkpoint this runner started from
         self.start_time = start.time
         self.rows = 0
-        self.warnings = warnings if warnings is not None else SpanWarnings()
-        self._row_source = row_source
+        self.warnings = hooks.warnings if hooks.warnings is not None else SpanWarnings()
+        self._row_source = sink.row_source
         self.error: BaseException | None = None
         self.failed = threading.Event()
         self._stop = threading.Event()
@@ -159,18 +194,18 @@ class SpanRunner:
         self.started = time.time()
         # the initial copy (processor.snapshot.InitialCopy) runs first, then the span streams; the copy's
         # floors drop the changes it already holds (TxnBatcher)
-        self.initial_copy = initial_copy
+        self.initial_copy = copy.initial
         self._copied = False
         self._lifecycle = threading.Lock()  # stop() and the copy's hand-over to streaming
         # (per relation oid, processor.floors: a table renamed inside its copy's window keeps its floor)
-        self.floors = (floors or TableFloors()).above(start.ts)
+        self.floors = (copy.floors or TableFloors()).above(start.ts)
         # tables copied under several snapshots: changes in (floor, ceiling] are replayed over possibly newer rows
         # (TxnBatcher: marked cdc.events.REPLAYED, one transaction per batch)
-        self.ceilings = (ceilings or TableFloors()).above(start.ts)
+        self.ceilings = (copy.ceilings or TableFloors()).above(start.ts)
         # a table copy (processor.snapshot.InitialCopy with tables) runs beside the stream, which holds back the
         # copied tables' changes (processor.table_hold); the runner is its StreamGate
-        self.table_copy = table_copy
-        self.hold = hold  # (given with table_copy)
+        self.table_copy = copy.table
+        self.hold = copy.hold  # (given with table_copy)
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:

@@ -18,6 +18,7 @@ fails its test. Subclass a twin to record more or to refuse something; combine t
 | :class:`MemoryTextCopySink` | ``MemoryCopySink`` + ``TextCopy`` |
 | :class:`MemoryAnnouncerSink` | ``MemorySink`` + ``CopyAnnouncer`` |
 | :class:`MemoryDeferredKeySink` | ``MemorySink`` + ``DeferredKeyCopy`` |
+| :class:`MemorySinks` | a ``SinkOpener`` (the factory the capture hands to the owner and the processor) of twins |
 
 Threading: like the sinks they stand for, one caller thread at a time.
 """
@@ -387,3 +388,21 @@ class MemoryDeferredKeySink(MemorySink, DeferredKeyCopy):
         self.markers.clear()
         self.calls.append(("build", str(schema.name)))
         return True
+
+
+class MemorySinks:
+    """A ``sinks.base.SinkOpener`` handing out twins: ``open`` makes a ``kind`` (default :class:`MemorySink`; ``make``,
+    if given, builds it from the URI instead) and keeps it in ``opened``; ``supports`` answers for ``kind``."""
+
+    def __init__(self, kind: type[TxnSink] = MemorySink, make: Callable[[str], TxnSink] | None = None) -> None:
+        self.kind = kind
+        self.make = make or (lambda _uri: kind())
+        self.opened: list[TxnSink] = []
+
+    def open(self, uri: str, config: Any = None, ddl: Any = None) -> TxnSink:
+        sink = self.make(uri)
+        self.opened.append(sink)
+        return sink
+
+    def supports(self, uri: str, role: type) -> bool:
+        return issubclass(self.kind, role)

@@ -13,9 +13,13 @@ import pytest
 
 from cdc.model import ChangefeedInfo, SpanInfo, WarningSeverity
 from owner.checkpoint_publish import WARNING_CODE, CheckpointPublisher, publishes
+from sinks.factory import SinkFactory
 from sinks.testing import MemoryCheckpointSink
+from upstream import open_upstream
 
 pytestmark = pytest.mark.unit
+
+SINKS = SinkFactory()  # what the capture hands to the owner
 
 
 def info(sink_uri: str = "file:///tmp/lake?protocol=csv", cf: str = "cf") -> ChangefeedInfo:
@@ -40,7 +44,7 @@ def publisher(log: list[int], fail: Callable[[], bool] = lambda: False, clock: C
         opened.append(s)
         return s
 
-    return CheckpointPublisher(opener=opener, clock=clock or Clock(), retry_min=1.0, retry_max=8.0,
+    return CheckpointPublisher(SINKS, opener=opener, clock=clock or Clock(), retry_min=1.0, retry_max=8.0,
                                warn_after=30.0), opened
 
 
@@ -56,8 +60,8 @@ def test_latest_value_wins_and_nothing_twice() -> None:
 
 
 def test_only_sinks_that_publish_checkpoints() -> None:
-    assert publishes("file:///tmp/x?protocol=csv")
-    assert not publishes("blackhole://") and not publishes("sqlite:///tmp/x.db") and not publishes("nonsense")
+    assert publishes(SINKS, "file:///tmp/x?protocol=csv")
+    assert not publishes(SINKS, "blackhole://") and not publishes(SINKS, "sqlite:///tmp/x.db") and not publishes(SINKS, "nonsense")
     log: list[int] = []
     p, opened = publisher(log)
     p.offer(info("blackhole://"), 200, 1.0)
@@ -118,7 +122,7 @@ def test_the_thread_publishes_and_closes_its_sinks_when_stopped() -> None:
 
 
 def test_the_storage_sinks_metadata(tmp_path: Path) -> None:
-    p = CheckpointPublisher()
+    p = CheckpointPublisher(SINKS)
     p.offer(info(f"file://{tmp_path}/lake?protocol=parquet"), 12345, 1.0)
     p.publish_due()
     assert json.loads((tmp_path / "lake" / "metadata").read_text()) == {"checkpoint-ts": 12345}
@@ -140,7 +144,8 @@ def test_the_owner_offers_each_stored_checkpoint() -> None:
         def fence(self) -> object:
             return object()
 
-    owner = Owner(Store(), Election(), "c1", ServerConfig(), lambda: True)  # type: ignore[arg-type]
+    owner = Owner(Store(), Election(), "c1", ServerConfig(), lambda: True,  # type: ignore[arg-type]
+                  sinks=SINKS, open_upstream=open_upstream)
     log: list[int] = []
     owner.publisher, _ = publisher(log)
     owner._snapshot = ClusterSnapshot(revision=1, changefeeds={"cf": Versioned(info(), 1)})

@@ -13,7 +13,7 @@ from cdc.config import DdlConfig
 from cdc.errors import DdlRejected
 from cdc.events import DdlChange, DdlEvent, DdlKind, RowChange, TableName
 from cdc.ts import Watermark
-from processor.span import SchemaRecorder, SpanRunner
+from processor.span import SchemaRecorder, SinkPlan, SpanHooks, SpanRunner
 from sinks.testing import MemoryDdlSink
 from sorter.base import SortedTxn
 from tests.pgoutput_wire import enc_insert
@@ -71,8 +71,9 @@ def run(sink: RecordingSink, ddl: DdlConfig | None = None, source: DdlSource | N
     txns = [SortedTxn(110, 110.0, 1, [row(1)]),
             SortedTxn(120, 120.0, 4, [row(2), encode_payload(SCHEMA_CHANGE, b"c"), row(3), row(4)]),
             SortedTxn(130, 130.0, 1, [row(5)])]
-    runner = SpanRunner("cf/0", source or DdlSource(130, {120}), FakeSorter(txns),  # type: ignore[arg-type]
-                        lambda: sink, Watermark(100, 100.0), txn_rows=10, ddl=ddl, schema_history=history)
+    runner = SpanRunner("cf/0", Watermark(100, 100.0), source or DdlSource(130, {120}),  # type: ignore[arg-type]
+                        FakeSorter(txns), SinkPlan(lambda: sink, txn_rows=10, ddl=ddl or DdlConfig()),
+                        hooks=SpanHooks(schema_history=history))
     runner.start()
     deadline = time.monotonic() + 10
     while runner.checkpoint.ts < 130 and time.monotonic() < deadline and not runner.failed.is_set():
@@ -158,8 +159,8 @@ def test_a_ddl_changing_table_names_waits_at_the_changefeed_barrier_with_everyth
 
     txns = [SortedTxn(110, 110.0, 1, [row(1)]),
             SortedTxn(120, 120.0, 3, [row(2), encode_payload(SCHEMA_CHANGE, what), row(3)])]
-    r = SpanRunner("cf/0", DropSource(120, {120}), FakeSorter(txns), lambda: sink,  # type: ignore[arg-type]
-                   Watermark(100, 100.0), txn_rows=10, barrier=barrier)
+    r = SpanRunner("cf/0", Watermark(100, 100.0), DropSource(120, {120}), FakeSorter(txns),  # type: ignore[arg-type]
+                   SinkPlan(lambda: sink, txn_rows=10), hooks=SpanHooks(barrier=barrier))
     runner.append(r)
     r.start()
     deadline = time.monotonic() + 10

@@ -17,7 +17,7 @@ from cdc.meta.store import ClusterSnapshot, Versioned
 from cdc.model import ChangefeedInfo, DataWarning, SpanAssignment, SpanInfo, SpanStatus, WarningSeverity
 from cdc.ts import Watermark
 from processor.mounter import encode_payload
-from processor.span import SpanRunner, SpanWarnings
+from processor.span import SinkPlan, SpanHooks, SpanRunner, SpanWarnings
 from sinks.testing import MemoryRowSourceSink
 from sorter.base import SortedTxn
 from tests.pgoutput_wire import enc_insert
@@ -179,8 +179,8 @@ def test_runner_collects_sink_warnings_after_each_write_and_wires_the_row_source
         return sources[-1]
 
     shared = SpanWarnings((w(t=1.0, count=5, keys=("old",)),))
-    runner = SpanRunner("cf/0", FakeSource(130), FakeSorter(txns), lambda: sink,  # type: ignore[arg-type]
-                        Watermark(100, 100.0), txn_rows=1, warnings=shared, row_source=source)
+    runner = SpanRunner("cf/0", Watermark(100, 100.0), FakeSource(130), FakeSorter(txns),  # type: ignore[arg-type]
+                        SinkPlan(lambda: sink, txn_rows=1, row_source=source), hooks=SpanHooks(warnings=shared))
     runner.start()
     deadline = time.monotonic() + 10
     while runner.checkpoint.ts < 130 and time.monotonic() < deadline and not runner.failed.is_set():
@@ -198,8 +198,8 @@ def test_warnings_the_stream_carried_reach_the_span_without_a_write() -> None:
     lost = DataWarning("CDC:WarnPartitionRowsLost", "public.m", "rows lost", "divergence", first_time=time.time(),
                        last_time=time.time())
     shared = SpanWarnings()
-    runner = SpanRunner("cf/0", FakeSource(100, [lost]), FakeSorter([]), WarningSink,  # type: ignore[arg-type]
-                        Watermark(100, 100.0), txn_rows=1, warnings=shared)
+    runner = SpanRunner("cf/0", Watermark(100, 100.0), FakeSource(100, [lost]), FakeSorter([]),  # type: ignore[arg-type]
+                        SinkPlan(WarningSink, txn_rows=1), hooks=SpanHooks(warnings=shared))
     runner.start()
     deadline = time.monotonic() + 10
     while not shared.current() and time.monotonic() < deadline:
