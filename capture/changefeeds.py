@@ -57,7 +57,8 @@ from cdc.ts import lsn_to_str
 from cdc.uri import parse_sink_uri, parse_upstream_uri, redact
 from owner.table_pickup import collision_key
 from owner.upstream_watch import can_resume
-from sinks.base import Sink
+from sinks.base import TxnSink
+from sinks.copy_roles import CopyTargets, ExistingRows
 from sinks.factory import open_sink
 from upstream import open_upstream
 from upstream.base import JoinRule, SpanPlan, Upstream
@@ -218,7 +219,7 @@ class ChangefeedService:
                                                     _join_rule(table_filter, config.span_count, sink,
                                                                req.sink_uri, config.sink.delivery)))
                 notices = [n for n in (up.capture_notice, _old_image_notice(sink_uri.scheme, schemas)) if n]
-                if existing and config.snapshot.on_existing_rows == "truncate":
+                if existing and config.snapshot.on_existing_rows == "truncate" and isinstance(sink, CopyTargets):
                     try:
                         sink.truncate_targets(existing)
                     except TidewaterError:
@@ -486,12 +487,12 @@ def _span_plans(cf_id: str, span_count: int, tables: list[TableName], join: Join
                      tuple(t for t in tables if span_of(t, span_count) == i), join) for i in range(span_count)]
 
 
-def _existing_rows(sink: Sink, tables: list[TableName], schemas: list[TableSchema],
+def _existing_rows(sink: TxnSink, tables: list[TableName], schemas: list[TableSchema],
                    config: ChangefeedConfig) -> list[TableName]:
     """The tables whose target already holds rows, when the initial copy may write over them; refused (naming
     them and the option) unless ``[snapshot] on-existing-rows`` says what to do. ``merge`` upserts by key over
     the rows there, which a table without a key cannot do (its copied rows would be added to them)."""
-    existing = sink.tables_with_rows(tables)
+    existing = sink.tables_with_rows(tables) if isinstance(sink, ExistingRows) else []  # (else: no tables)
     how = config.snapshot.on_existing_rows
     if existing and how == "refuse":
         raise InvalidArgument(
@@ -509,7 +510,7 @@ def _existing_rows(sink: Sink, tables: list[TableName], schemas: list[TableSchem
     return existing
 
 
-def _join_rule(table_filter: TableFilter, span_count: int, sink: Sink, sink_uri: str, delivery: str) -> JoinRule:
+def _join_rule(table_filter: TableFilter, span_count: int, sink: TxnSink, sink_uri: str, delivery: str) -> JoinRule:
     """How a table created later joins a span in its creating transaction: the changefeed's filter and span
     count, whether the sink's names can clash (it drops the upstream schema; compared case-folded), and
     whether key-less tables may join (not under at-least-once delivery, as ``changefeed create`` refuses)."""

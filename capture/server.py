@@ -50,7 +50,7 @@ from cdc.meta.store import MetaStore
 from cdc.model import CaptureInfo
 from owner.owner import Owner
 from processor.processor import Processor, SpanView
-from sinks.factory import sink_class
+from sinks.factory import SinkFactory, sink_class
 from sorter.leveldb import LevelDBSorter
 from upstream import open_upstream
 
@@ -224,11 +224,15 @@ class CaptureServer:
             self._ready_sent = True
         session_stop = threading.Event()
         election = Election(self.client, session, owner_prefix(self.config.cluster_id))
-        self.owner = Owner(self.store, election, self.capture_id, self.config, session_alive=session.alive.is_set)
+        # the wiring: owner and processor get the sink and upstream factories from here (they import neither)
+        sinks = SinkFactory()
+        self.owner = Owner(self.store, election, self.capture_id, self.config, session_alive=session.alive.is_set,
+                           sinks=sinks, open_upstream=open_upstream)
         self.processor = Processor(self.store, self.capture_id, self.sorter, self.config, lambda: session.lease_id,
                                    lease_deadline=lambda: session.deadline,
                                    copy_launcher=SparkCopyLauncher(self.config.etcd, self.config.cluster_id,
-                                                                   self.config.data_dir))
+                                                                   self.config.data_dir),
+                                   sinks=sinks, open_upstream=open_upstream)
         threads = [
             threading.Thread(target=self.owner.run, args=(session_stop,), name="owner", daemon=True),
             threading.Thread(target=self.processor.run, args=(session_stop,), name="processor", daemon=True),

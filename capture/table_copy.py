@@ -18,6 +18,7 @@ from cdc.events import TableName
 from cdc.meta.store import MetaStore
 from cdc.model import FeedState, TableCopy
 from cdc.uri import parse_sink_uri
+from sinks.copy_roles import ResyncRefusal
 from sinks.factory import sink_class
 from upstream import open_upstream
 
@@ -40,7 +41,8 @@ def request_resync(store: MetaStore, cf_id: str, tables: Sequence[str]) -> tuple
             raise InvalidArgument(f"table names are 'schema.name' strings, got {raw!r}")
         names.append(TableName.parse(raw.strip()))
     try:
-        why = sink_class(parse_sink_uri(info.sink_uri).scheme).resync_refusal(info.sink_uri)
+        cls = sink_class(parse_sink_uri(info.sink_uri).scheme)
+        why = cls.resync_refusal(info.sink_uri) if issubclass(cls, ResyncRefusal) else None
     except TidewaterError:
         why = None  # an unusable sink URI fails the changefeed elsewhere
     if why is not None:

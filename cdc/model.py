@@ -76,7 +76,7 @@ def ended_by_joining(code: str, table: str, published: frozenset[str]) -> bool:
 class DataWarning:
     """A condition that can make (or made) the target differ from the source, per table and kind.
 
-    Raised by sinks (``sinks.base.Sink.take_warnings``), by the owner's upstream watcher (rows of a newly
+    Raised by sinks (``sinks.base.TxnSink.take_warnings``), by the owner's upstream watcher (rows of a newly
     added table, a target-name collision) and by the processor; stored in ``SpanStatus.warnings`` /
     ``ChangefeedStatus.warnings`` and shown by ``changefeed query``, the API and the metric
     ``tidewater_data_warnings``. Never only a log line (the first rule: never silently wrong).

@@ -188,8 +188,8 @@ class ChunkDone:
 class CopiedChunk:
     """One chunk of a copy as a log-shaped sink (Kafka) tells its readers about it (docs/sinks.md, "Copy markers"):
     the table, the chunk's index in the table's plan, the commit Ts its rows carry (the snapshot of
-    the run that wrote it) and, in a copy's announcement (``Sink.announce_copy``), the rows its :class:`ChunkDone`
-    records, and ``of``, how many chunks the table's plan has. ``Sink.write_copy_chunk`` gets it without rows and
+    the run that wrote it) and, in a copy's announcement (``CopyAnnouncer.announce_copy``), the rows its :class:`ChunkDone`
+    records, and ``of``, how many chunks the table's plan has. ``CopyAnnouncer.write_copy_chunk`` gets it without rows and
 ``of`` (the sink counts what it writes)."""
 
     table: TableName

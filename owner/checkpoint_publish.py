@@ -1,4 +1,4 @@
-"""The owner's publisher of changefeed checkpoints to sinks that show them downstream (``Sink.publishes_checkpoints``:
+"""The owner's publisher of changefeed checkpoints to sinks that show them downstream (``sinks.base.CheckpointSink``:
 the storage sink's ``metadata`` file; the Kafka sink's watermarks).
 
 The owner *offers* each changefeed's checkpoint (the minimum over its spans, stored in its ``ChangefeedStatus``) as it
@@ -8,15 +8,16 @@ Guarantees:
 
 - Latest value wins: an offer replaces the one not yet published; a value at or below the last one published by
   this owner term is not published again (the sink itself never moves backwards either).
-- Only changefeeds whose sink class says ``publishes_checkpoints`` are published; the class is looked up by URI
-  scheme without opening a sink.
+- Only changefeeds whose sink class is a ``CheckpointSink`` are published; the class is looked up by URI scheme
+  without opening a sink.
 - One sink instance per changefeed, opened on first use and reopened after a failure or a change of sink URI.
 - A failure is logged (the first, then every tenth) and retried with exponential backoff (``retry_min`` ..
   ``retry_max`` seconds); when the checkpoint could not be published for ``warn_after`` seconds it is shown as a
   ``notice`` data warning ``CDC:WarnCheckpointNotPublished`` of the changefeed (:meth:`warnings`; the owner merges it
   into the changefeed's status), whose message says so again once publishing works.
 - ``run`` returns when its stop event is set and closes its sinks; ``forget`` drops a removed changefeed.
-- Time and sink opening are injectable (tests never sleep on a real clock beyond short waits).
+- Sinks come from the capture's factory (``sinks.base.SinkOpener``); time and sink opening are injectable (tests
+  never sleep on a real clock beyond short waits).
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cdc.config import ChangefeedConfig
+from cdc.errors import SinkError
 from cdc.model import ChangefeedInfo, DataWarning, WarningSeverity
 from cdc.uri import parse_sink_uri, scrub
-from sinks.base import Sink
-from sinks.factory import open_sink, sink_class
+from sinks.base import CheckpointSink, SinkOpener
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +40,20 @@ WARNING_CODE = "CDC:WarnCheckpointNotPublished"
 WARNING_TABLE = "*"
 
 
-def publishes(sink_uri: str) -> bool:
+def publishes(sinks: SinkOpener, sink_uri: str) -> bool:
     """The sink class of ``sink_uri`` publishes checkpoints (no sink is opened); False for an unusable URI."""
     try:
-        return sink_class(parse_sink_uri(sink_uri).scheme).publishes_checkpoints
+        return sinks.supports(sink_uri, CheckpointSink)
     except Exception:  # noqa: BLE001 - an unusable URI publishes nothing; its changefeed fails elsewhere
         return False
 
 
-def _open(info: ChangefeedInfo) -> Sink:
-    return open_sink(info.sink_uri, ChangefeedConfig.from_dict(info.config).sink)
+def _open(sinks: SinkOpener, info: ChangefeedInfo) -> CheckpointSink:
+    sink = sinks.open(info.sink_uri, ChangefeedConfig.from_dict(info.config).sink)
+    if not isinstance(sink, CheckpointSink):  # (offer asked the class first)
+        sink.close()
+        raise SinkError(f"the sink {parse_sink_uri(info.sink_uri).redacted()} publishes no checkpoints")
+    return sink
 
 
 @dataclass
@@ -57,7 +62,7 @@ class _Feed:
     ts: int = 0  # the latest offer
     time: float = 0.0
     published: int = 0  # the highest value published this term
-    sink: Sink | None = None
+    sink: CheckpointSink | None = None
     sink_uri: str = ""
     failing_since: float = 0.0
     failures: int = 0
@@ -69,9 +74,11 @@ class _Feed:
 class CheckpointPublisher:
     """See the module docstring."""
 
-    def __init__(self, *, opener: Callable[[ChangefeedInfo], Sink] = _open, clock: Callable[[], float] = time.time,
-                 retry_min: float = 1.0, retry_max: float = 30.0, warn_after: float = 30.0) -> None:
-        self._opener = opener
+    def __init__(self, sinks: SinkOpener, *, opener: Callable[[ChangefeedInfo], CheckpointSink] | None = None,
+                 clock: Callable[[], float] = time.time, retry_min: float = 1.0, retry_max: float = 30.0,
+                 warn_after: float = 30.0) -> None:
+        self._sinks = sinks
+        self._opener = opener or (lambda info: _open(sinks, info))
         self._clock = clock
         self.retry_min, self.retry_max, self.warn_after = retry_min, retry_max, warn_after
         self._feeds: dict[str, _Feed] = {}
@@ -85,7 +92,7 @@ class CheckpointPublisher:
             return
         does = self._publishes.get(info.sink_uri)
         if does is None:
-            does = self._publishes[info.sink_uri] = publishes(info.sink_uri)
+            does = self._publishes[info.sink_uri] = publishes(self._sinks, info.sink_uri)
         if not does:
             return
         with self._lock:

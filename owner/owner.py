@@ -46,21 +46,21 @@ from owner.upstream_watch import (
     mark_released,
     release_slots,
 )
-from sinks.factory import open_sink
-from upstream import open_upstream
+from sinks.base import PositionStore, SinkOpener
+from upstream.base import Upstream
 
 log = logging.getLogger(__name__)
 
 
-def forget_positions(info: ChangefeedInfo) -> None:
+def forget_positions(sinks: SinkOpener, info: ChangefeedInfo) -> None:
     """Best effort after ``remove``: delete the changefeed's rows from the sink's position table (exactly-once
     delivery, sinks.sql.position). Runs in its own thread so that an unreachable sink never delays the
     owner or the removal; a failure is logged with the statement to run by hand. The table itself stays."""
     try:
         config = ChangefeedConfig.from_dict(info.config).sink
-        sink = open_sink(info.sink_uri, config)
+        sink = sinks.open(info.sink_uri, config)
         try:
-            n = sink.forget(info.id)
+            n = sink.forget(info.id) if isinstance(sink, PositionStore) else 0  # (else it stores no positions)
         finally:
             sink.close()
         if n:
@@ -77,9 +77,15 @@ _OWNER_WAKE = frozenset({KeyKind.SPAN_STATUS, KeyKind.CHANGEFEED_INFO, KeyKind.C
 
 
 class Owner:
+    """The owner role of one capture (module docstring). ``sinks`` and ``open_upstream`` are the capture's
+    factories (``capture.server`` wires them): the owner opens sinks and upstreams only through them."""
+
     def __init__(self, store: MetaStore, election: Election, capture_id: str, config: ServerConfig,
-                 session_alive: Callable[[], bool], clock: Callable[[], float] = time.time) -> None:
+                 session_alive: Callable[[], bool], clock: Callable[[], float] = time.time, *,
+                 sinks: SinkOpener, open_upstream: Callable[..., Upstream]) -> None:
         self.store = store
+        self._sinks = sinks
+        self._open_upstream = open_upstream
         self.election = election
         self._session_alive = session_alive
         self.capture_id = capture_id
@@ -87,13 +93,13 @@ class Owner:
         self._clock = clock
         self.is_owner = False
         self.terms = 0  # times this capture won the election (metrics: owner changes)
-        self.watcher = UpstreamWatcher(interval=config.upstream_check_interval, gc_ttl=config.gc_ttl,
-                                       request_copy=self._request_copy)
+        self.watcher = UpstreamWatcher(open_upstream, sinks, interval=config.upstream_check_interval,
+                                       gc_ttl=config.gc_ttl, request_copy=self._request_copy)
         self._snapshot: ClusterSnapshot | None = None
         self._feed: StatusFeed | None = None
         self._resign = threading.Event()
-        # sinks that show the checkpoint downstream (Sink.publishes_checkpoints): published off the loop
-        self.publisher = CheckpointPublisher()
+        # sinks that show the checkpoint downstream (sinks.base.CheckpointSink): published off the loop
+        self.publisher = CheckpointPublisher(sinks)
 
     def _request_copy(self, info: ChangefeedInfo, table: TableName, span: int) -> Callable[[], None]:
         """The upstream watch picks up ``table`` with rows: store a table copy of it (fenced: only as owner);
@@ -150,7 +156,7 @@ class Owner:
         watch = threading.Thread(target=self.watcher.run, args=(self._infos, term), name="upstream-watch",
                                  daemon=True)
         watch.start()
-        self.publisher = CheckpointPublisher()  # one per term: a new owner publishes what it computes
+        self.publisher = CheckpointPublisher(self._sinks)  # one per term: a new owner publishes what it computes
         publish = threading.Thread(target=self.publisher.run, args=(term,), name="checkpoint-publish", daemon=True)
         publish.start()
         try:
@@ -275,7 +281,7 @@ class Owner:
                                               "gc-ttl exceeded: releasing the upstream slots"))
                 else:
                     try:
-                        release_slots(info)
+                        release_slots(info, self._open_upstream)
                         self.watcher.forget(cf_id)
                         log.error("changefeed=%s: slots %s released after gc-ttl; the changefeed must be recreated",
                                   cf_id, [s.slot for s in info.spans])
@@ -309,7 +315,7 @@ class Owner:
             self._drop_upstream(action)
             s.delete_changefeed(action.cf, fence)
             self.publisher.forget(action.cf)
-            threading.Thread(target=forget_positions, args=(action.info,), name=f"forget-{action.cf}",
+            threading.Thread(target=forget_positions, args=(self._sinks, action.info), name=f"forget-{action.cf}",
                              daemon=True).start()
             return f"changefeed {action.cf} removed"
         raise TypeError(action)
@@ -320,7 +326,7 @@ class Owner:
         logged as an error, so that an unreachable upstream cannot pin a removed changefeed forever."""
         info = action.info
         try:
-            with open_upstream(info.upstream_uri) as up:
+            with self._open_upstream(info.upstream_uri) as up:
                 up.drop_spans(info.spans, timeout=10)
         except TidewaterError as exc:
             if self._clock() - info.state_since < 300:

@@ -293,7 +293,7 @@ def global_watermarks(info: ChangefeedInfo, statuses: dict[int, SpanStatus], old
 
 
 def published_checkpoint(status: ChangefeedStatus) -> tuple[int, float]:
-    """The checkpoint the owner may publish to the sink now (``Sink.publish_checkpoint``): the changefeed's, held at
+    """The checkpoint the owner may publish to the sink now (``CheckpointSink.publish_checkpoint``): the changefeed's, held at
     ``hold_ts`` while a table copy runs (its copied rows, stamped with the copy's snapshot Ts, are not all written
     yet: a consumer cutting past them would drop them; docs/snapshot.md, "Table copies")."""
     if status.hold_ts and status.hold_ts < status.checkpoint_ts:

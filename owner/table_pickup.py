@@ -29,7 +29,7 @@ from cdc.model import (
 )
 from cdc.spans import span_of
 from owner import partition_watch
-from sinks.factory import open_sink
+from sinks.base import SinkOpener
 from upstream.base import Upstream
 
 log = logging.getLogger(__name__)
@@ -254,9 +254,9 @@ def collision_key(sink_uri: str, target: str) -> str:
     return target
 
 
-def sink_target_names(sink_uri: str) -> Callable[[TableName], str]:
-    """``target_name`` of the sink for ``sink_uri`` (an unconnected sink: no I/O; closed again)."""
-    sink = open_sink(sink_uri)
+def sink_target_names(sinks: SinkOpener, sink_uri: str) -> Callable[[TableName], str]:
+    """``target_name`` of the sink for ``sink_uri`` (an unconnected sink from ``sinks``: no I/O; closed again)."""
+    sink = sinks.open(sink_uri)
     try:
         return sink.target_name
     finally:

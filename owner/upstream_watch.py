@@ -75,7 +75,7 @@ from owner.table_pickup import (  # noqa: F401 - filter_rules, collision_key: re
     unreplicated_rows_warning,
     unusable_new_partitions,
 )
-from upstream import open_upstream
+from sinks.base import SinkOpener
 from upstream.base import SlotState, Upstream
 
 log = logging.getLogger(__name__)
@@ -262,9 +262,9 @@ def can_resume(info: ChangefeedInfo) -> str | None:
             "the upstream no longer keeps the changes after its checkpoint. Remove it and create it again")
 
 
-def release_slots(info: ChangefeedInfo, opener: Callable[[str], Upstream] = open_upstream) -> None:
-    """Drop every slot and publication of ``info`` (idempotent; a session still streaming from a slot
-    is ended, waiting at most 10 s per slot). Raises :class:`cdc.errors.TidewaterError` if the
+def release_slots(info: ChangefeedInfo, opener: Callable[[str], Upstream]) -> None:
+    """Drop every slot and publication of ``info`` through ``opener`` (the capture's ``open_upstream``); idempotent
+    (a session still streaming from a slot is ended, waiting at most 10 s per slot). Raises :class:`cdc.errors.TidewaterError` if the
     upstream cannot be reached or a drop fails: the caller retries later; what was dropped stays dropped."""
     with opener(info.upstream_uri) as up:
         for span in up.drop_spans(info.spans, timeout=10):
@@ -272,32 +272,33 @@ def release_slots(info: ChangefeedInfo, opener: Callable[[str], Upstream] = open
                         info.id, span.index, span.slot, span.publication)
 
 
-def _inspection_upstream(uri: str) -> Upstream:
-    """The watcher's default: every query of an inspection bounded by ``STATEMENT_TIMEOUT_MS``."""
-    return open_upstream(uri, statement_timeout=STATEMENT_TIMEOUT_MS / 1000)
+def inspection_opener(open_upstream: Callable[..., Upstream]) -> Callable[[str], Upstream]:
+    """The watcher's default opener: ``open_upstream`` (the capture's) with every query of an inspection bounded by
+    ``STATEMENT_TIMEOUT_MS``."""
+    return lambda uri: open_upstream(uri, statement_timeout=STATEMENT_TIMEOUT_MS / 1000)
 
 
 # ---- the watcher --------------------------------------------------------------------------------------
 class UpstreamWatcher:
     """Rate-limited inspections of changefeeds' upstreams, keeping the latest report of each.
 
-    ``opener(uri)`` returns the :class:`upstream.base.Upstream` an inspection uses (closed after it; default:
-    :func:`upstream.open_upstream` with every query bounded by ``STATEMENT_TIMEOUT_MS``); ``clock`` gives
-    ``checked_at``. ``gc_ttl`` is only carried for
-    :meth:`decide`. ``target_names(sink_uri)`` returns the sink's ``target_name`` function (default:
-    that of an unconnected sink from :func:`sinks.factory.open_sink`; asked only when a new table is
-    about to be added).
+    ``open_upstream`` and ``sinks`` are the capture's factories (the owner never imports them). ``opener(uri)``
+    returns the :class:`upstream.base.Upstream` an inspection uses (closed after it; default: ``open_upstream`` with
+    every query bounded by ``STATEMENT_TIMEOUT_MS``); ``clock`` gives ``checked_at``. ``gc_ttl`` is only carried for
+    :meth:`decide`. ``target_names(sink_uri)`` returns the sink's ``target_name`` function (default: that of an
+    unconnected sink from ``sinks``; asked only when a new table is about to be added).
     """
 
-    def __init__(self, interval: float = 10.0, gc_ttl: float = 86400.0, clock: Callable[[], float] = time.time,
-                 opener: Callable[[str], Upstream] = _inspection_upstream,
+    def __init__(self, open_upstream: Callable[..., Upstream], sinks: SinkOpener, interval: float = 10.0,
+                 gc_ttl: float = 86400.0, clock: Callable[[], float] = time.time,
+                 opener: Callable[[str], Upstream] | None = None,
                  target_names: Callable[[str], Callable[[TableName], str]] | None = None,
                  request_copy: CopyRequester | None = None) -> None:
         self.interval = interval
         self.gc_ttl = gc_ttl
         self._clock = clock
-        self._open = opener
-        self._target_names = target_names or sink_target_names
+        self._open = opener or inspection_opener(open_upstream)
+        self._target_names = target_names or (lambda sink_uri: sink_target_names(sinks, sink_uri))
         self._request_copy = request_copy  # a table picked up with rows gets a table copy (owner.table_pickup)
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}

@@ -61,11 +61,11 @@ from processor.floors import TableFloors
 from processor.merged_rows import MergedRows
 from processor.recovery import DependencyProbe
 from processor.snapshot import CopyLauncher, CopyStopped, InitialCopy, Truncate
-from processor.span import SchemaRecorder, SpanRunner, SpanWarnings
+from processor.span import CopyPlan, SchemaRecorder, SinkPlan, SpanHooks, SpanRunner, SpanWarnings
 from processor.table_hold import TableHold
-from sinks.factory import open_sink
+from sinks.base import SinkOpener
+from sinks.copy_roles import CopyAnnouncer, CopyTargets
 from sorter.base import Sorter
-from upstream import open_upstream
 from upstream.base import Upstream
 
 log = logging.getLogger(__name__)
@@ -101,11 +101,17 @@ class _Slot:
 
 
 class Processor:
+    """The processor role of one capture (module docstring). ``sinks`` and ``open_upstream`` are the capture's
+    factories (``capture.server`` wires them): the processor opens sinks and upstreams only through them."""
+
     def __init__(self, store: MetaStore, capture_id: str, sorter: Sorter, config: ServerConfig,
                  lease: Callable[[], int], lease_deadline: Callable[[], float] | None = None,
                  clock: Callable[[], float] = time.time, probe_interval: float = 1.0,
-                 copy_launcher: CopyLauncher | None = None) -> None:
+                 copy_launcher: CopyLauncher | None = None, *, sinks: SinkOpener,
+                 open_upstream: Callable[..., Upstream]) -> None:
         self.store = store
+        self._sinks = sinks
+        self._open_upstream = open_upstream
         self._copy_launcher = copy_launcher  # runs the initial copy's job (the capture launches the Spark job)
         self._store_lock = threading.Lock()  # status writes come from the tick and from a span's copy thread
         self.capture_id = capture_id
@@ -301,13 +307,13 @@ class Processor:
         config = ChangefeedConfig.from_dict(info.config)
 
         def sink() -> None:
-            s = open_sink(info.sink_uri, config.sink)
+            s = self._sinks.open(info.sink_uri, config.sink)
             try:
                 s.probe()
             finally:
                 s.close()
 
-        upstream = open_upstream(info.upstream_uri).probe  # its own short connection per probe
+        upstream = self._open_upstream(info.upstream_uri).probe  # its own short connection per probe
         return DependencyProbe(f"{info.id}/{span_index}", {"sink": sink, "upstream": upstream},
                                self._probe_interval).start()
 
@@ -344,7 +350,7 @@ class Processor:
         else:
             start = Watermark(span.start_ts, info.start_time)
         label = f"{info.id}/{span_index}"
-        upstream = open_upstream(info.upstream_uri)  # no I/O: the source and the row sources open their own
+        upstream = self._open_upstream(info.upstream_uri)  # no I/O: the source and the row sources open their own
         # opening it takes the slot over from a holder that lost the span (upstream.base.SpanSource)
         source = upstream.span_source(span, start, TableFilter(config.filter.rules), label=label,
                                       holder=self.capture_id)
@@ -363,30 +369,30 @@ class Processor:
             state = self._take_up_table_copies(info, span_index, state, progress)
             if state is not None and state.phase != "done" and state.tables:
                 def truncate(schemas: Sequence[TableSchema], at: Watermark) -> None:
-                    sink = open_sink(info.sink_uri, config.sink)
+                    sink = self._sinks.open(info.sink_uri, config.sink)
                     try:
-                        sink.truncate_targets([s.name for s in schemas], schemas=schemas, at=at)
+                        if isinstance(sink, CopyTargets):  # (else no target holds rows to empty)
+                            sink.truncate_targets([s.name for s in schemas], schemas=schemas, at=at)
                     finally:
                         sink.close()
 
                 table_copy = self._initial_copy(info, span, upstream, progress, state, config, label, truncate)
         if slot is not None:
             slot.snapshot = state
-        runner = SpanRunner(label, source, sorter, lambda: open_sink(info.sink_uri, config.sink, config.ddl), start,
-                            config.sink.txn_rows, fence=self._lease_fence, target_ts=info.target_ts,
-                            warnings=slot.warnings if slot is not None else None,
-                            row_source=lambda: upstream.row_source(label=label),
-                            position=(info.id, span_index, span.start_ts), ddl=config.ddl,
-                            schema_history=self._schema_recorder(info.id),
-                            barrier=self._changefeed_barrier(info, span_index) if len(info.spans) > 1 else None,
-                            initial_copy=copy,
-                            floors=TableFloors(state.floors, state.oids) if state is not None and copy is None else None,
-                            ceilings=(TableFloors(state.ceilings, state.oids) if state is not None and copy is None
-                                      else None),
-                            stats=slot.stats if slot is not None else None,
-                            table_copy=table_copy,
-                            hold=TableHold(state.tables) if table_copy is not None and state is not None else None,
-                            spans=len(info.spans))
+        sink = SinkPlan(lambda: self._sinks.open(info.sink_uri, config.sink, config.ddl), config.sink.txn_rows,
+                        position=(info.id, span_index, span.start_ts), spans=len(info.spans),
+                        row_source=lambda: upstream.row_source(label=label), ddl=config.ddl, target_ts=info.target_ts)
+        stored = state is not None and copy is None  # (the floors of earlier copies; an initial copy makes its own)
+        copies = CopyPlan(initial=copy,
+                          floors=TableFloors(state.floors, state.oids) if stored and state is not None else None,
+                          ceilings=TableFloors(state.ceilings, state.oids) if stored and state is not None else None,
+                          table=table_copy,
+                          hold=TableHold(state.tables) if table_copy is not None and state is not None else None)
+        hooks = SpanHooks(fence=self._lease_fence, schema_history=self._schema_recorder(info.id),
+                          barrier=self._changefeed_barrier(info, span_index) if len(info.spans) > 1 else None,
+                          warnings=slot.warnings if slot is not None else None,
+                          stats=slot.stats if slot is not None else None)
+        runner = SpanRunner(label, start, source, sorter, sink, copies, hooks)
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)
         return runner
@@ -399,23 +405,25 @@ class Processor:
             raise InvalidArgument(f"span {label} must copy existing rows, and this capture cannot run the copy job")
 
         def restart_target(schema: TableSchema, ts: int, at: float) -> None:
-            sink = open_sink(info.sink_uri, config.sink)
+            sink = self._sinks.open(info.sink_uri, config.sink)
             try:
-                sink.restart_copy_target(schema, info.id, span.index, ts, at)
+                if isinstance(sink, CopyTargets):  # (else nothing of the earlier runs stays downstream)
+                    sink.restart_copy_target(schema, info.id, span.index, ts, at)
             finally:
                 sink.close()
 
         def announce(chunks: Sequence[CopiedChunk]) -> None:
-            sink = open_sink(info.sink_uri, config.sink)
+            sink = self._sinks.open(info.sink_uri, config.sink)
             try:
-                sink.announce_copy(chunks)
+                if isinstance(sink, CopyAnnouncer):  # (else its readers have nothing to be told)
+                    sink.announce_copy(chunks)
             finally:
                 sink.close()
 
         merge = truncate is None and config.snapshot.on_existing_rows == "merge"  # (a table copy empties its tables)
         merged = None
         if merge:  # the rows the merge keeps that the upstream does not have are counted after the copy
-            merged = MergedRows(info.id, lambda: open_sink(info.sink_uri, config.sink),
+            merged = MergedRows(info.id, lambda: self._sinks.open(info.sink_uri, config.sink),
                                 warn if warn is not None else (lambda _w: None), label)  # (logged there too)
         return InitialCopy(info, span, upstream, progress, self._copy_launcher,
                            self._persist_snapshot(info.id, span.index), state,

@@ -64,11 +64,11 @@ log = logging.getLogger(__name__)
 
 RestartTarget = Callable[[TableSchema, int, float], None]
 """``restart(schema, ts, time)``: remove what earlier runs copied of ``schema``'s table downstream, so that its copy
-starts over under the definition ``schema`` (``Sink.restart_copy_target``; ``ts``/``time``: the current export)."""
+starts over under the definition ``schema`` (``CopyTargets.restart_copy_target``; ``ts``/``time``: the current export)."""
 
 Announce = Callable[[Sequence[CopiedChunk]], None]
 """``announce(chunks)``: the copies of the tables of ``chunks`` are complete, these being all their chunks as recorded
-(``Sink.announce_copy``: a Kafka sink tells its consumers, who check that every chunk arrived)."""
+(``CopyAnnouncer.announce_copy``: a Kafka sink tells its consumers, who check that every chunk arrived)."""
 
 PLAN_READERS = 4
 """Upstream connections that plan a span's new tables in parallel (each imports the run's exported snapshot)."""
@@ -118,7 +118,7 @@ class CopyRequest:
 
 
 Truncate = Callable[[Sequence[TableSchema], Watermark], None]
-"""A table copy's emptying of targets before it copies (``Sink.truncate_targets``): the tables' schemas and the run's
+"""A table copy's emptying of targets before it copies (``CopyTargets.truncate_targets``): the tables' schemas and the run's
 snapshot (its rows carry that commit Ts)."""
 
 

@@ -6,18 +6,22 @@ Guarantees:
 - The upstream slot is acked (``persisted``) only with a checkpoint the processor has stored in etcd.
 - Whole upstream transactions are handed to the sink; several small ones may share a downstream
   transaction (up to ``sink.txn_rows`` rows), a large one is streamed in one call.
-- With ``position`` the sink is opened for exactly-once delivery (``Sink.open_position``): a replay from
+- With ``position`` the sink is opened for exactly-once delivery (``TxnSink.open_position``): a replay from
   an etcd checkpoint older than what the target holds is skipped by the sink, never applied twice.
 - Any error stops both threads; ``error`` holds it and ``failed`` is set. A failed runner is discarded
   and a new one restarts the span from its persisted checkpoint (the sorter is cleared on start, and by
   ``discard()`` when the processor discards a failed runner).
 - Data warnings: after every successful ``write`` the sink's ``take_warnings()`` are merged (by code and
   table) into ``warnings``, a :class:`SpanWarnings` the processor keeps across restarts of the span and
-  stores in ``SpanStatus.warnings``. With a ``row_source`` factory, the sink thread gives the sink a fresh
-  row source (``Sink.set_row_source``) and closes it (its ``close()``, if any) when the thread ends.
-- Span watermarks: a sink with ``watermark_interval`` > 0 is told which span of how many it serves
-  (``Sink.bind_span``, before ``open_position``) and gets ``publish_resolved(checkpoint)`` after the checkpoint
-  moved, at most every ``watermark_interval`` seconds (so the checkpoint it is given is durable downstream).
+  stores in ``SpanStatus.warnings``. With a ``row_source`` factory, the sink thread gives a sink that re-reads
+  missing rows (``sinks.base.RowSourceUser``) a fresh row source and closes it (its ``close()``, if any) when
+  the thread ends.
+- Sink roles (``sinks.base``): rows go through ``TxnSink.write``; a ``BufferedSink`` is flushed as below; a
+  schema change goes to ``DdlSink.apply_ddl`` (a sink without that role rejects every DDL: ``DdlRejected``).
+- Span watermarks (``sinks.base.WatermarkSink``): the sink is told which span of how many it serves
+  (``bind_span``, before ``open_position``) and, with ``watermark_interval`` > 0, gets
+  ``publish_resolved(checkpoint)`` after the checkpoint moved, at most every ``watermark_interval`` seconds (so the
+  checkpoint it is given is durable downstream).
 - Watermarks during a table copy (``watermark_limit``): the copy's rows are written by the copy job with the commit
   Ts of their snapshot ``C`` while the span streams its other tables past ``C``. Until the copy is written (the
   hold released), no watermark of this span says more than ``watermark_limit``: the span's start checkpoint, or
@@ -35,6 +39,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from cdc.config import DdlConfig
 from cdc.errors import DdlRejected, LeaseLost, TidewaterError
@@ -46,7 +51,7 @@ from processor.batcher import TxnBatcher
 from processor.floors import TableFloors
 from processor.mounter import Mounter
 from processor.table_hold import TableHold
-from sinks.base import RowSource, Sink
+from sinks.base import BufferedSink, RowSource, RowSourceUser, TxnSink, WatermarkSink, apply_ddl
 from sorter.base import SpanSorter
 from upstream.base import ChangeDecoder, SpanSource
 
@@ -91,53 +96,87 @@ class SpanWarnings:
         return self._warnings
 
 
+@dataclass(frozen=True)
+class SinkPlan:
+    """What the span's sink thread writes, and into what.
+
+    ``open`` opens the span's sink (a ``sinks.base.TxnSink`` with whatever other roles it has; the sink thread checks
+    it, then closes it when it ends). ``txn_rows``: rows per downstream transaction of small upstream ones.
+    ``position``: (changefeed, span index, span start Ts), the sink's exactly-once position (``open_position``);
+    ``spans``: the changefeed's span count (``WatermarkSink.bind_span``). ``row_source`` opens a fresh row source for
+    a ``RowSourceUser`` sink. ``ddl``: the changefeed's ``[ddl]`` settings (what to skip). ``target_ts``: the
+    changefeed's target Ts (0: none): nothing committed after it is written.
+    """
+
+    open: Callable[[], TxnSink]
+    txn_rows: int
+    position: tuple[str, int, int] | None = None
+    spans: int = 1
+    row_source: Callable[[], RowSource] | None = None
+    ddl: DdlConfig = field(default_factory=DdlConfig)
+    target_ts: int = 0
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """The span's copies (``processor.snapshot.InitialCopy``). ``initial``: the initial copy, run before the span
+    streams (its floors then drop the changes it already holds). Otherwise ``floors``/``ceilings`` are the stored ones
+    of earlier copies (per relation oid, ``processor.floors``: changes in (floor, ceiling] are replayed over possibly
+    newer rows), and ``table``, with its ``hold``, is a table copy that runs beside the stream, which holds back the
+    copied tables' changes (``processor.table_hold``; the runner is its ``StreamGate``)."""
+
+    initial: Callable[[threading.Event], Mapping[str, int]] | None = None
+    floors: TableFloors | None = None
+    ceilings: TableFloors | None = None
+    table: Callable[[threading.Event, SpanRunner], Mapping[str, int]] | None = None
+    hold: TableHold | None = None
+
+
+@dataclass(frozen=True)
+class SpanHooks:
+    """What the span calls back into, and what its processor keeps across restarts of the span.
+
+    ``fence`` refuses a downstream commit (the capture's lease); ``schema_history`` stores schema versions;
+    ``barrier(ts, stop)`` waits until every other span of the changefeed wrote all before ``ts`` (None: one span).
+    ``warnings`` and ``stats`` outlive the runner (None: the runner's own)."""
+
+    fence: Callable[[], None] | None = None
+    schema_history: SchemaRecorder | None = None
+    barrier: Callable[[int, threading.Event], None] | None = None
+    warnings: SpanWarnings | None = None
+    stats: SpanStats | None = None
+
+
 class SpanRunner:
-    def __init__(
-        self,
-        label: str,
-        source: SpanSource,
-        sorter: SpanSorter,
-        sink_factory: Callable[[], Sink],
-        start: Watermark,
-        txn_rows: int,
-        fence: Callable[[], None] | None = None,
-        target_ts: int = 0,
-        warnings: SpanWarnings | None = None,
-        row_source: Callable[[], RowSource] | None = None,
-        position: tuple[str, int, int] | None = None,
-        ddl: DdlConfig | None = None,
-        schema_history: SchemaRecorder | None = None,
-        barrier: Callable[[int, threading.Event], None] | None = None,
-        initial_copy: Callable[[threading.Event], Mapping[str, int]] | None = None,
-        floors: TableFloors | None = None,
-        ceilings: TableFloors | None = None,
-        stats: SpanStats | None = None,
-        table_copy: Callable[[threading.Event, SpanRunner], Mapping[str, int]] | None = None,
-        hold: TableHold | None = None,
-        spans: int = 1,
-    ) -> None:
+    """One span's threads (module docstring), built from its source, its sorter, what its sink thread writes
+    (:class:`SinkPlan`), its copies (:class:`CopyPlan`) and its hooks into the processor (:class:`SpanHooks`)."""
+
+    def __init__(self, label: str, start: Watermark, source: SpanSource, sorter: SpanSorter, sink: SinkPlan,
+                 copy: CopyPlan | None = None, hooks: SpanHooks | None = None) -> None:
+        copy = copy or CopyPlan()
+        hooks = hooks or SpanHooks()
         self.label = label
-        self.stats = stats if stats is not None else SpanStats()  # the processor keeps it across restarts
+        self.stats = hooks.stats if hooks.stats is not None else SpanStats()  # the processor keeps it across restarts
         self.error_stage = ""  # "puller" or "sink": the thread whose failure stopped the span
         self.source = source
         self.sorter = sorter
-        self._sink_factory = sink_factory
-        self._outer_fence = fence
-        self.txn_rows = txn_rows
-        self.target_ts = target_ts  # changefeed target Ts: nothing committed after it is written
-        # (changefeed, span index, span start Ts): the sink's exactly-once position (Sink.open_position)
-        self.position = position
-        self.spans = spans  # the changefeed's span count (Sink.bind_span)
-        self.ddl = ddl if ddl is not None else DdlConfig()
-        self._schema_history = schema_history
-        self._barrier = barrier  # waits until every other span of the changefeed wrote all before a commit Ts
+        self._sink_factory = sink.open
+        self._outer_fence = hooks.fence
+        self.txn_rows = sink.txn_rows
+        self.target_ts = sink.target_ts  # changefeed target Ts: nothing committed after it is written
+        # (changefeed, span index, span start Ts): the sink's exactly-once position (TxnSink.open_position)
+        self.position = sink.position
+        self.spans = sink.spans  # the changefeed's span count (WatermarkSink.bind_span)
+        self.ddl = sink.ddl
+        self._schema_history = hooks.schema_history
+        self._barrier = hooks.barrier  # waits until every other span of the changefeed wrote all before a commit Ts
         self.resolved = start
         self.checkpoint = start
         self.start_ts = start.ts  # the checkpoint this runner started from
         self.start_time = start.time
         self.rows = 0
-        self.warnings = warnings if warnings is not None else SpanWarnings()
-        self._row_source = row_source
+        self.warnings = hooks.warnings if hooks.warnings is not None else SpanWarnings()
+        self._row_source = sink.row_source
         self.error: BaseException | None = None
         self.failed = threading.Event()
         self._stop = threading.Event()
@@ -145,28 +184,28 @@ class SpanRunner:
         self._persisted = start.ts
         self._cleaned = start.ts
         # what the sink was given (the checkpoint is what is durable: the same, except for a sink that buffers
-        # until its flush: Sink.flush_interval)
+        # until its flush: BufferedSink)
         self._written = start
         self._dirty = False
         self._last_flush = 0.0
-        self._published = start.ts  # the last checkpoint given to Sink.publish_resolved
+        self._published = start.ts  # the last checkpoint given to WatermarkSink.publish_resolved
         self._last_publish = 0.0
         self._threads: list[threading.Thread] = []
         self.started = time.time()
         # the initial copy (processor.snapshot.InitialCopy) runs first, then the span streams; the copy's
         # floors drop the changes it already holds (TxnBatcher)
-        self.initial_copy = initial_copy
+        self.initial_copy = copy.initial
         self._copied = False
         self._lifecycle = threading.Lock()  # stop() and the copy's hand-over to streaming
         # (per relation oid, processor.floors: a table renamed inside its copy's window keeps its floor)
-        self.floors = (floors or TableFloors()).above(start.ts)
+        self.floors = (copy.floors or TableFloors()).above(start.ts)
         # tables copied under several snapshots: changes in (floor, ceiling] are replayed over possibly newer rows
         # (TxnBatcher: marked cdc.events.REPLAYED, one transaction per batch)
-        self.ceilings = (ceilings or TableFloors()).above(start.ts)
+        self.ceilings = (copy.ceilings or TableFloors()).above(start.ts)
         # a table copy (processor.snapshot.InitialCopy with tables) runs beside the stream, which holds back the
         # copied tables' changes (processor.table_hold); the runner is its StreamGate
-        self.table_copy = table_copy
-        self.hold = hold  # (given with table_copy)
+        self.table_copy = copy.table
+        self.hold = copy.hold  # (given with table_copy)
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -318,7 +357,7 @@ class SpanRunner:
                 raise
         return decode
 
-    def _apply_ddl(self, sink: Sink, event: DdlEvent) -> None:
+    def _apply_ddl(self, sink: TxnSink, event: DdlEvent) -> None:
         """Apply one schema change downstream, or skip it knowingly (``[ddl] mode = "ignore"``, its commit Ts in
         ``[ddl] skip-ts``, or ``on-error = "skip"`` after the sink rejected it): a skipped DDL is recorded by the
         sink (replays leave it) and raised as a warning naming it, never only logged."""
@@ -329,17 +368,17 @@ class SpanRunner:
         if table is not None and table.relation_id:  # the table's new shape, even when not applied downstream
             self._record_schemas([(event.commit_ts, table.relation_id, event.after)])
         if self.ddl.mode == "ignore" or event.commit_ts in self.ddl.skip_ts:
-            sink.apply_ddl(event, self._fence, skip=True)
+            apply_ddl(sink, event, self._fence, skip=True)
             why = "[ddl] mode = \"ignore\"" if self.ddl.mode == "ignore" else "its commit Ts is in [ddl] skip-ts"
             self._ddl_warning("CDC:NoticeDdlSkipped", event, f"schema change {what} not applied downstream: {why}",
                               WarningSeverity.NOTICE)
             return
         try:
-            applied = sink.apply_ddl(event, self._fence)
+            applied = apply_ddl(sink, event, self._fence)
         except DdlRejected as exc:
             if self.ddl.on_error != "skip":
                 raise
-            sink.apply_ddl(event, self._fence, skip=True)
+            apply_ddl(sink, event, self._fence, skip=True)
             self._ddl_warning("CDC:WarnDdlSkipped", event, f"schema change {what} was rejected downstream and skipped "
                               f"([ddl] on-error = \"skip\"): {exc.message}; the target's schema now differs from "
                               f"the upstream's", WarningSeverity.DIVERGENCE)
@@ -348,7 +387,7 @@ class SpanRunner:
 
     def _settle(self, w: Watermark, rows: int) -> None:
         """The sink was given every change up to ``w`` (``rows`` of them in the last write): the checkpoint moves
-        there now, or, for a sink that buffers (``Sink.flush_interval``) and holds unflushed rows, at its next
+        there now, or, for a sink that buffers (``BufferedSink``) and holds unflushed rows, at its next
         flush (:meth:`_flush`)."""
         self._written = w
         if rows:
@@ -356,21 +395,24 @@ class SpanRunner:
         if not self._dirty:
             self.checkpoint = w
 
-    def _flush(self, sink: Sink, force: bool = False) -> None:
+    def _flush(self, sink: TxnSink, force: bool = False) -> None:
         """A buffering sink's flush, once ``flush_interval`` passed since the last one (or ``force``): then the
-        checkpoint takes everything written so far."""
+        checkpoint takes everything written so far (at once for a sink that does not buffer)."""
         if not self._dirty:
             return
         now = time.monotonic()
-        if not force and now - self._last_flush < sink.flush_interval:
-            return
-        sink.flush(self._fence)
+        if isinstance(sink, BufferedSink):
+            if not force and now - self._last_flush < sink.flush_interval:
+                return
+            sink.flush(self._fence)
         self._last_flush = now
         self._dirty = False
         self.checkpoint = self._written
 
-    def _publish(self, sink: Sink) -> None:
-        """Span watermarks (``Sink.watermark_interval``): the checkpoint, once it moved and the interval passed."""
+    def _publish(self, sink: TxnSink) -> None:
+        """Span watermarks (``WatermarkSink``): the checkpoint, once it moved and the interval passed."""
+        if not isinstance(sink, WatermarkSink):
+            return
         interval = sink.watermark_interval
         if interval <= 0 or self.checkpoint.ts <= self._published:
             return
@@ -406,7 +448,7 @@ class SpanRunner:
         self.warnings.add([DataWarning(code, str(event.table), message, severity, first_time=now, last_time=now)])
         log.warning("span=%s %s", self.label, message)
 
-    def _take_warnings(self, origin: SpanSource | Sink) -> None:
+    def _take_warnings(self, origin: SpanSource | TxnSink) -> None:
         new = origin.take_warnings()
         if new:
             self.warnings.add(new)
@@ -431,12 +473,13 @@ class SpanRunner:
         sink = self._sink_factory()
         source: RowSource | None = None
         try:
-            if self._row_source is not None:
+            if self._row_source is not None and isinstance(sink, RowSourceUser):
                 source = self._row_source()
                 sink.set_row_source(source)
             sink.check()
             if self.position is not None:
-                sink.bind_span(self.position[0], self.position[1], self.spans)
+                if isinstance(sink, WatermarkSink):
+                    sink.bind_span(self.position[0], self.position[1], self.spans)
                 applied = sink.open_position(*self.position)
                 if applied > self.checkpoint.ts:
                     log.info("span=%s target already holds up to commit %d (checkpoint %d): the replay skips it",

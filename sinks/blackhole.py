@@ -1,8 +1,8 @@
 """``blackhole://``: a sink that counts row changes and discards them (benchmarks, tests).
 
 Guarantees: ``write`` consumes the whole iterable and returns how many changes it held; nothing is
-stored, so every write is trivially "durable"; it stores no positions (``open_position`` returns 0,
-``forget`` does nothing); schema changes are counted and discarded like rows. Not thread-safe (one caller, as the contract says).
+stored, so every write is trivially "durable"; it stores no positions (``open_position`` returns 0; not a
+``PositionStore``); schema changes are counted and discarded like rows (``DdlSink``); no other role. Not thread-safe (one caller, as the contract says).
 """
 
 from __future__ import annotations
@@ -12,17 +12,24 @@ from collections.abc import Callable, Iterable
 from cdc.config import SinkConfig
 from cdc.errors import SinkError
 from cdc.events import DdlEvent, RowChange
+from cdc.model import DataWarning
 from cdc.uri import parse_sink_uri
-from sinks.base import Sink
+from sinks.base import DdlSink, TxnSink
 
 
-class BlackholeSink(Sink):
+class BlackholeSink(TxnSink, DdlSink):
     def __init__(self, uri: str = "blackhole://", config: SinkConfig | None = None) -> None:
         parse_sink_uri(uri)
         self.rows = 0  # row changes written since construction
         self.writes = 0  # write calls
         self.ddls = 0  # schema changes "applied" (discarded, like the rows)
         self._closed = False
+
+    def check(self) -> None:
+        """Nothing to connect to."""
+
+    def take_warnings(self) -> list[DataWarning]:
+        return []  # nothing is stored, so nothing can differ
 
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         if self._closed:
@@ -44,9 +51,6 @@ class BlackholeSink(Sink):
 
     def open_position(self, changefeed: str, span: int, origin: int = 0) -> int:
         return 0  # nothing is stored, so nothing is ever downstream already
-
-    def forget(self, changefeed: str) -> int:
-        return 0
 
     def close(self) -> None:
         self._closed = True

@@ -7,19 +7,19 @@ Guarantees of :func:`copy_chunks` (per task, in order):
 
 - Each chunk is read under the job's snapshot and written in one downstream transaction: the chunk is downstream
   entirely or not at all. Where the sink can store the upstream's text of the rows exactly as it stores the parsed
-  rows (``Sink.write_copy_text``: PostgreSQL targets, ``sinks.sql.bulk``), the text is passed through unparsed
+  rows (``sinks.copy_roles.TextCopy``: PostgreSQL targets, ``sinks.sql.bulk``), the text is passed through unparsed
   (``SnapshotReader.read_chunk_text``); otherwise, or when the target already holds rows of the chunk, the rows are
-  read parsed (``SnapshotReader.read_chunk``) and written with one ``Sink.write_copy_chunk`` call (``Sink.write``,
-  upserts by key; a Kafka sink adds the chunk's marker for its consumers). A sink that
-  buffers (``Sink.flush_interval``: the storage sink) is flushed right after, so the chunk is durable (its files
-  published) before it is recorded.
+  read parsed (``SnapshotReader.read_chunk``) and written with one ``TxnSink.write`` call (upserts by key; a
+  ``CopyAnnouncer``, the Kafka sink, writes them with ``write_copy_chunk``, which adds the chunk's marker for its
+  consumers). A ``BufferedSink`` (the storage sink) is flushed right after, so the chunk is durable (its files
+  published) before it is recorded. A ``BulkLoad`` sink is told it loads a copy before its first chunk.
   A key-less table's single ``whole`` chunk is written as a TRUNCATE of the table followed by its rows in that
   same transaction, so copying it again replaces the rows instead of duplicating them.
-- The downstream commit is fenced: ``Sink.write``'s ``fence`` checks, right before the commit, that the task's
+- The downstream commit is fenced: ``TxnSink.write``'s ``fence`` checks, right before the commit, that the task's
   run is still the span's current run in etcd (:meth:`SnapshotProgressStore.check_run`); a run superseded by a
   newer one, or ended before streaming, commits nothing more (``SnapshotSuperseded``).
 - A chunk of a table whose key is deferred (``ChunkTask.deferred``: the copy created the target table without its
-  primary key) is written as text together with its marker row (``Sink.write_marked_chunk``): the marker's key
+  primary key) is written as text together with its marker row (``DeferredKeyCopy.write_marked_chunk``): the marker's key
   lets at most one transaction per chunk commit, so a chunk committed but not recorded is not written again (its
   marker's rows are recorded instead). There is no parsed fallback for it (no key to upsert by).
 - Only after ``write`` returned is the chunk recorded in etcd (:class:`cdc.snapshot.ChunkDone`); a crash in
@@ -41,13 +41,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from cdc.errors import DataRejected, TidewaterError
+from cdc.errors import DataRejected, SinkError, TidewaterError
 from cdc.events import OpType, RowChange, TableSchema
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.snapshot import ChunkDone, ChunkMarker, CopiedChunk, SnapshotChunk
 from cdc.uri import redact_text
-from sinks.base import Sink
+from sinks.base import BufferedSink, TxnSink
+from sinks.copy_roles import BulkLoad, CopyAnnouncer, DeferredKeyCopy, TextCopy
 from sinks.factory import open_sink
 from spark_jobs.plan import SnapshotJob
 from spark_jobs.rejected import find_refused_row
@@ -79,7 +80,7 @@ class ChunkResult:
     seconds: float = 0.0
     error_code: str | None = None
     error: str | None = None
-    as_text: bool = False  # written from the upstream's text, unparsed (Sink.write_copy_text)
+    as_text: bool = False  # written from the upstream's text, unparsed (TextCopy.write_copy_text)
 
 
 def one_line(text: str) -> str:
@@ -95,17 +96,19 @@ def _counted(changes: Iterator[RowChange], counter: list[int]) -> Iterator[RowCh
     counter[0] = n
 
 
-def copy_one(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Callable[[], None] | None = None) -> int:
+def copy_one(reader: SnapshotReader, sink: TxnSink, task: ChunkTask, fence: Callable[[], None] | None = None) -> int:
     """Copy one chunk in one downstream transaction (``fence`` called before its commit); return the rows
     written (see the module docstring)."""
     return copy_chunk(reader, sink, task, fence)[0]
 
 
-def copy_chunk(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Callable[[], None] | None = None
+def copy_chunk(reader: SnapshotReader, sink: TxnSink, task: ChunkTask, fence: Callable[[], None] | None = None
                ) -> tuple[int, bool]:
-    """:func:`copy_one`, and whether the chunk went as text (``Sink.write_copy_text``) rather than parsed."""
+    """:func:`copy_one`, and whether the chunk went as text (``TextCopy.write_copy_text``) rather than parsed."""
     job, schema, chunk = task.job, task.schema, task.chunk
     if task.deferred:  # no key to upsert by: the chunk and its marker in one transaction, at most once (as text)
+        if not isinstance(sink, DeferredKeyCopy):
+            raise SinkError(f"table {schema.name}: its key is deferred, and this sink cannot defer a table's key")
         marker = ChunkMarker(job.changefeed, job.span, str(chunk.table_name), chunk.index, task.run_id,
                              snapshot=job.snapshot, commit_ts=job.commit_ts if job.snapshot is not None else 0)
         try:
@@ -114,9 +117,9 @@ def copy_chunk(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Calla
         finally:
             reader.release()
         return written, True
-    try:  # the rows as text, unparsed, where the sink stores them exactly as parsed rows (Sink.write_copy_text)
+    try:  # the rows as text, unparsed, where the sink stores them exactly as parsed rows (TextCopy.write_copy_text)
         written = sink.write_copy_text(schema, lambda: reader.read_chunk_text(schema, chunk), fence,
-                                       replace=chunk.whole)
+                                       replace=chunk.whole) if isinstance(sink, TextCopy) else None
     finally:
         reader.release()
     if written is not None:
@@ -126,14 +129,18 @@ def copy_chunk(reader: SnapshotReader, sink: Sink, task: ChunkTask, fence: Calla
     if chunk.whole:  # replace the key-less table's rows, atomically with the copy
         rows = itertools.chain([RowChange(OpType.TRUNCATE, schema, job.commit_ts, job.commit_time)], rows)
     try:  # (a log-shaped sink also records where the chunk's rows went: its chunk marker)
-        sink.write_copy_chunk(rows, CopiedChunk(schema.name, chunk.index, job.commit_ts), fence)
-        sink.flush(fence)  # a buffering sink (the storage sink's files) makes the chunk durable and visible now
+        if isinstance(sink, CopyAnnouncer):
+            sink.write_copy_chunk(rows, CopiedChunk(schema.name, chunk.index, job.commit_ts), fence)
+        else:
+            sink.write(rows, fence)
+        if isinstance(sink, BufferedSink):
+            sink.flush(fence)  # (the storage sink's files) the chunk is durable and visible now
     finally:
         reader.release()  # the chunk's table lock goes now, not when the task ends (deadlocks with the app's DDL)
     return counter[0], False
 
 
-def _refused_row(reader: SnapshotReader, sink: Sink, task: ChunkTask, exc: DataRejected) -> DataRejected:
+def _refused_row(reader: SnapshotReader, sink: TxnSink, task: ChunkTask, exc: DataRejected) -> DataRejected:
     """The error to report for a chunk the target refused: the refused row's, naming its table and key, when the
     search finds it (:mod:`spark_jobs.rejected`, run only after such a failure), else the chunk's own."""
     try:
@@ -147,7 +154,7 @@ def _refused_row(reader: SnapshotReader, sink: Sink, task: ChunkTask, exc: DataR
 def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
     """Copy ``tasks`` in order (all of one job) and record each in etcd; see the module docstring."""
     reader: SnapshotReader | None = None
-    sink: Sink | None = None
+    sink: TxnSink | None = None
     client: EtcdClient | None = None
     try:
         for task in tasks:
@@ -158,7 +165,8 @@ def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
                     reader = open_upstream(job.upstream).snapshot_reader(job.snapshot, label=job.label)
                 if sink is None:
                     sink = open_sink(job.sink, job.sink_settings)
-                    sink.set_bulk_load()  # chunks in any order: the target's foreign keys unchecked while copying
+                    if isinstance(sink, BulkLoad):
+                        sink.set_bulk_load()  # chunks in any order: the target's foreign keys unchecked while copying
                 if client is None:
                     client = EtcdClient(list(job.etcd))
                 store = SnapshotProgressStore(client, job.cluster)

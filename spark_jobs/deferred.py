@@ -3,17 +3,17 @@
 Per table, in the driver, before the run copies (:func:`prepare_table`):
 
 1. A keyed table planned for the first time by an initial copy (``SnapshotJob.defer_keys``), with no chunk done,
-   whose target table does not exist and whose rows can pass through as text (``Sink.defer_key_refusal``): its
+   whose target table does not exist and whose rows can pass through as text (``DeferredKeyCopy.defer_key_refusal``): its
    plan's ``key_state`` becomes ``deferred`` in etcd (compare-and-set) *before* the key-less target table is
-   created (``Sink.create_deferred_target``). So whoever finds the table key-less also finds the fact that its key
+   created (``DeferredKeyCopy.create_deferred_target``). So whoever finds the table key-less also finds the fact that its key
    is owed, in etcd, durably.
 2. A table whose key is deferred: the target table is created if missing (a crash between 1 and its creation),
    and every chunk whose marker is in the target but that etcd does not record (a crash between the chunk's commit
    and its record) is recorded now from its marker: it is never copied again.
 
-Its chunks are then written with their markers (``spark_jobs.copy``, ``Sink.write_marked_chunk``: at most one
+Its chunks are then written with their markers (``spark_jobs.copy``, ``DeferredKeyCopy.write_marked_chunk``: at most one
 transaction per chunk commits). After the run copied every chunk, :func:`build_keys` builds each deferred table's
-key (``Sink.build_deferred_key``: the key as streaming creates it and the markers deleted, one transaction, fenced
+key (``DeferredKeyCopy.build_deferred_key``: the key as streaming creates it and the markers deleted, one transaction, fenced
 on the run) and only then stores ``key_state = built``. Every step is idempotent: a run killed at any point leaves
 either chunks to copy or a key to build, and the next run (even one with no chunk left) finishes it; the span does
 not stream while a key is owed (``processor.snapshot``). A duplicate key while building it fails the job with
@@ -33,7 +33,8 @@ from cdc.events import TableSchema
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.snapshot import KEY_BUILT, KEY_DEFERRED, ChunkDone, TablePlan
-from sinks.base import Sink
+from sinks.base import TxnSink
+from sinks.copy_roles import DeferredKeyCopy
 from sinks.factory import open_sink
 from spark_jobs.plan import SnapshotJob
 
@@ -48,13 +49,14 @@ class OwedKey:
     plan: TablePlan
 
 
-def prepare_table(job: SnapshotJob, sink: Sink, store: SnapshotProgressStore, schema: TableSchema, plan: TablePlan,
+def prepare_table(job: SnapshotJob, sink: TxnSink, store: SnapshotProgressStore, schema: TableSchema, plan: TablePlan,
                   done: dict[int, ChunkDone]) -> TablePlan:
     """Steps 1 and 2 of the module docstring for one table; returns its plan as stored now. ``done`` (the chunks
     etcd records) gets the chunks recorded from their markers."""
     cf, span = job.changefeed, job.span
     if plan.key_state == "" and job.defer_keys and plan.has_key and not done:
-        why = sink.defer_key_refusal(schema)
+        why = sink.defer_key_refusal(schema) if isinstance(sink, DeferredKeyCopy) else \
+            "this sink keeps the key while chunks arrive"
         if why is None and not sink.copy_target_exists(schema):
             plan = store.set_key_state(cf, span, plan, KEY_DEFERRED)
             log.info("%s: table %s: its target is created without its primary key, built after the copy",
@@ -63,6 +65,8 @@ def prepare_table(job: SnapshotJob, sink: Sink, store: SnapshotProgressStore, sc
             log.info("%s: table %s keeps its key while copied: %s", job.label, schema.name, why)
     if plan.key_state != KEY_DEFERRED:
         return plan
+    if not isinstance(sink, DeferredKeyCopy):
+        raise SinkError(f"table {schema.name}: its key is deferred, and this sink cannot defer a table's key")
     sink.create_deferred_target(schema)
     found = 0
     for index, m in sorted(sink.copy_markers(cf, span, schema.name).items()):
@@ -164,6 +168,8 @@ def _build_one(job: SnapshotJob, owed: OwedKey, run_id: str) -> str:
         def fence() -> None:
             store.check_run(cf, span, run_id)
 
+        if not isinstance(sink, DeferredKeyCopy):
+            raise SinkError(f"table {owed.schema.name}: its key is deferred, and this sink cannot build it")
         sink.build_deferred_key(owed.schema, cf, span, fence if run_id else None)
         store.set_key_state(cf, span, plan, KEY_BUILT)
         log.info("%s: table %s: primary key built after the copy in %.1f s", job.label, owed.schema.name,

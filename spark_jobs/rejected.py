@@ -6,8 +6,8 @@ the database's message names at best a column and a position in a statement. A p
 row's key. :func:`find_refused_row` finds it, only after a chunk failed (the copy's happy path pays nothing):
 
 1. The chunk is read again, parsed (``SnapshotReader.read_chunk``, under the job's snapshot, the same rows), and
-   written in batches of :data:`PROBE_ROWS` rows through ``Sink.write`` with a fence that always raises, so every
-   probe is rolled back and nothing of the search stays downstream (``Sink.rolls_back``; sinks that cannot take a
+   written in batches of :data:`PROBE_ROWS` rows through ``TxnSink.write`` with a fence that always raises, so every
+   probe is rolled back and nothing of the search stays downstream (``sinks.base.AtomicTxnSink``; sinks that cannot take a
    write back are not searched). A key-less table's whole chunk is probed after the same ``TRUNCATE`` its copy
    starts with (rolled back too).
 2. In the first batch the target refuses, the shortest refused prefix is found by bisection (about 10 probes for
@@ -31,7 +31,7 @@ from typing import Any
 
 from cdc.errors import DataRejected, TidewaterError
 from cdc.events import OpType, RowChange
-from sinks.base import Sink
+from sinks.base import AtomicTxnSink, TxnSink
 from upstream.base import SnapshotReader
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,7 @@ def _accept(*_: object) -> None:
     raise _Accepted
 
 
-def probe(sink: Sink, rows: Sequence[RowChange]) -> TidewaterError | None:
+def probe(sink: TxnSink, rows: Sequence[RowChange]) -> TidewaterError | None:
     """Write ``rows`` in one downstream transaction that is always rolled back; the error the target raised, or None
     when it took them all."""
     try:
@@ -83,12 +83,12 @@ def key_text(row: RowChange) -> str:
     return f"({', '.join(names)})=({', '.join(_shown(values.get(n)) for n in names)})"
 
 
-def find_refused_row(reader: SnapshotReader, sink: Sink, task: Any, first: DataRejected) -> DataRejected | None:
+def find_refused_row(reader: SnapshotReader, sink: TxnSink, task: Any, first: DataRejected) -> DataRejected | None:
     """The row of ``task``'s chunk the target refuses, as a ``DataRejected`` naming table, key, reason and fix; None
     when it cannot be told (see the module docstring). ``first`` is the chunk's own error. Raises nothing but
     ``TidewaterError`` (reading the chunk again may fail: the caller keeps ``first`` then)."""
     job, schema, chunk = task.job, task.schema, task.chunk
-    if not sink.rolls_back or getattr(task, "deferred", False):
+    if not isinstance(sink, AtomicTxnSink) or getattr(task, "deferred", False):
         return None
     head = [RowChange(OpType.TRUNCATE, schema, job.commit_ts, job.commit_time)] if chunk.whole else []
     rows = reader.read_chunk(schema, chunk, commit_ts=job.commit_ts, commit_time=job.commit_time)

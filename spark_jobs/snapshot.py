@@ -62,7 +62,7 @@ from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.procs import end_children
 from cdc.snapshot import KEY_DEFERRED, ChunkDone, SnapshotRun, TablePlan, table_definition
 from cdc.uri import parse_sink_uri
-from sinks.base import Sink
+from sinks.base import TxnSink
 from sinks.factory import open_sink, sink_class
 from spark_jobs.cds import DRIVER_JAVA_OPTIONS
 from spark_jobs.copy import ChunkResult, ChunkTask, copy_chunks, one_line
@@ -102,7 +102,7 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "",
     tasks: list[ChunkTask] = []
     total = 0
     upstream = open_upstream(job.upstream)
-    sink: Sink | None = None
+    sink: TxnSink | None = None
     try:
         with upstream.snapshot_reader(job.snapshot, label=job.label) as reader:
             for name in job.table_names:

@@ -84,7 +84,7 @@ class SnapshotProgressStore:
 
     def check_run(self, cf: str, span: int, run_id: str) -> None:
         """Raise ``SnapshotSuperseded`` unless ``run_id`` is the span's current run (the fence of each chunk's
-        downstream commit: ``Sink.write(..., fence=...)``)."""
+        downstream commit: ``TxnSink.write(..., fence=...)``)."""
         run = self.current_run(cf, span)
         if run is None or run.run_id != run_id:
             now = "no run" if run is None else f"run {run.run_id}"

@@ -58,9 +58,10 @@ from cdc.events import SNAPSHOT, DdlEvent, OpType, RowChange, TableName, TableSc
 from cdc.model import DataWarning
 from cdc.snapshot import CopiedChunk
 from cdc.ts import Watermark
-from sinks.base import Sink
+from sinks.base import CheckpointSink, DdlSink, TxnSink, WatermarkSink
 from sinks.codec import EncoderConfig, Message, encoder_for
 from sinks.codec.base import split_key_change
+from sinks.copy_roles import CopyAnnouncer, CopyTargets, ResyncRefusal
 from sinks.kafka.copy_markers import announcement, chunk_marker
 from sinks.kafka.dispatcher import Dispatcher
 from sinks.kafka.headers import HEADER, copy_value, ddl_header, row_header, span_value
@@ -111,11 +112,8 @@ def default_meta_reader(options: KafkaOptions) -> Reader:
     return MetaReader(options)
 
 
-class KafkaSink(Sink):
+class KafkaSink(TxnSink, DdlSink, CheckpointSink, WatermarkSink, CopyAnnouncer, CopyTargets, ResyncRefusal):
     """Row changes to Kafka (see the module docstring for the guarantees)."""
-
-    publishes_checkpoints = True
-    """The owner calls :meth:`publish_checkpoint` when the changefeed checkpoint advances."""
 
     def __init__(self, uri: str, config: SinkConfig | None = None, *,
                  transport_factory: TransportFactory | None = None, clock: Callable[[], float] = time.time,

@@ -69,7 +69,8 @@ from cdc.model import DataWarning, merge_warnings
 from cdc.snapshot import ChunkMarker, CopyText
 from cdc.ts import Watermark
 from cdc.uri import parse_sink_uri
-from sinks.base import RowSource, Sink
+from sinks.base import AtomicTxnSink, DdlSettings, DdlSink, PositionStore, RowSource, RowSourceUser
+from sinks.copy_roles import BulkLoad, CopyTargets, DeferredKeyCopy, ExistingRows, RowCounts, TextCopy
 from sinks.sql import bulk, catalog, deferred_key, targets
 from sinks.sql.binding import Binding, KnownTable
 from sinks.sql.ddl import TargetColumn, mysql_collation
@@ -86,7 +87,8 @@ from sinks.sql.writer import Writer
 log = logging.getLogger(__name__)
 
 
-class SQLSink(Sink):
+class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser, BulkLoad, TextCopy, DeferredKeyCopy,
+              CopyTargets, ExistingRows, RowCounts):
     """Writes row changes to ``mysql://``, ``mariadb://``, ``postgresql://`` or ``sqlite:///`` targets.
 
     Target names: MySQL and SQLite put upstream ``schema.table`` into ``table`` of the URI's database
@@ -95,8 +97,6 @@ class SQLSink(Sink):
     ``sslmode``/``sslrootcert``/``sslcert``/``sslkey`` (PostgreSQL), ``ssl-mode``/``ssl-ca``/``ssl-cert``/
     ``ssl-key`` (MySQL, see :mod:`sinks.sql.mysql_tls`), ``busy-timeout`` (seconds, SQLite).
     """
-
-    rolls_back = True  # one downstream transaction per write, rolled back when its fence raises
 
     def __init__(self, uri: str, config: SinkConfig | None = None) -> None:
         self._uri = parse_sink_uri(uri)

@@ -8,7 +8,7 @@ parameter           default      meaning
 =================== ============ =================================================================================
 ``protocol``        (required)   ``csv``, ``canal-json`` (one message per line) or ``parquet`` (typed columns)
 ``flush-interval``  ``5s``       a Go duration (``500ms``, ``5s``, ``1m``) between 100 ms and 10 min: how long
-                                 written rows may wait before their files are published (``Sink.flush_interval``)
+                                 written rows may wait before their files are published (``BufferedSink.flush_interval``)
 ``file-size``       ``67108864`` bytes after which a table's file is closed and the next one begun (at a write
                                  boundary: only whole transactions are in a file), between 1 KiB and 512 MiB
 ``date-separator``  ``day``      ``none``, ``year``, ``month`` or ``day``: the ``{date}`` directory (UTC)

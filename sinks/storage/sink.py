@@ -65,10 +65,11 @@ from cdc.errors import SinkError, TidewaterError
 from cdc.events import DdlEvent, OpType, RowChange, TableName, TableSchema
 from cdc.model import DataWarning
 from cdc.ts import Watermark
-from sinks.base import Sink
+from sinks.base import BufferedSink, CheckpointSink, DdlSink, PositionStore, TxnSink
 from sinks.codec import encoder_for
 from sinks.codec.base import quoted_name
 from sinks.codec.open_protocol import ddl_action
+from sinks.copy_roles import BulkLoad, CopyTargets, ExistingRows
 from sinks.storage import layout as L
 from sinks.storage.config import StorageConfig
 from sinks.storage.fs import LocalFS, storage_error
@@ -109,10 +110,8 @@ def position_path(changefeed: str, span: int) -> str:
     return f"{L.POSITIONS}/{changefeed}/{span}.position"
 
 
-class StorageSink(Sink):
+class StorageSink(TxnSink, BufferedSink, PositionStore, DdlSink, CheckpointSink, BulkLoad, CopyTargets, ExistingRows):
     """See the module docstring."""
-
-    publishes_checkpoints = True
 
     def __init__(self, uri: str, config: SinkConfig | None = None, *, fs: LocalFS | None = None,
                  clock: Callable[[], float] = time.time) -> None:

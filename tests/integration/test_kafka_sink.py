@@ -22,6 +22,7 @@ from cdc.errors import SinkFenced
 from cdc.events import ColumnSchema, DdlChange, DdlEvent, DdlKind, OpType, RowChange, TableName, TableSchema
 from cdc.ts import Watermark
 from playground.servers import KafkaServer
+from sinks.base import CheckpointSink
 from sinks.kafka.applier import SinkApplier
 from sinks.kafka.consumer import rebuild
 from sinks.kafka.sink import KafkaSink
@@ -217,7 +218,7 @@ def test_the_owner_checkpoint_alone_lets_the_consumer_cut(kafka_server: KafkaSer
     a.write([RowChange(OpType.INSERT, s0, 110, 1.1, row(3))])
     owner = KafkaSink(uri)
     sinks.append(owner)
-    assert owner.publishes_checkpoints
+    assert isinstance(owner, CheckpointSink)
     owner.publish_checkpoint(105, 1.05)  # 110 is written but not yet the changefeed's checkpoint
     db = tmp_path / "t.db"
     applier = SinkApplier(f"sqlite:///{db}")

@@ -441,18 +441,15 @@ def test_sqlite_rebuild_keeps_rows_keys_and_foreign_keys(source: Any, tmp_path: 
 
 
 def test_non_sql_sinks_refuse_ddl_clearly() -> None:
-    from sinks.base import Sink
+    from sinks.base import apply_ddl
+    from sinks.testing import MemorySink
 
-    class Plain(Sink):
-        def write(self, changes: Any, fence: Any = None) -> int:
-            return 0
-
-        def close(self) -> None:
-            pass
+    class Plain(MemorySink):  # a sink without the DdlSink role
+        pass
 
     ev = DdlEvent(5, 0.0, TableName("public", "t"), (DdlChange(K.DROP_TABLE),), None, None, "DROP TABLE t")
     with pytest.raises(DdlRejected, match="Plain does not apply schema changes"):
-        Plain().apply_ddl(ev)
+        apply_ddl(Plain(), ev)
 
 
 def test_a_refused_fence_leaves_the_target_unchanged(repl: Repl, target: Target) -> None:

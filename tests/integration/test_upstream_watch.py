@@ -24,8 +24,12 @@ from owner.upstream_watch import (
     release_slots,
 )
 from playground.servers import PostgresServer, free_port
+from sinks.factory import SinkFactory
+from upstream import open_upstream
 from upstream.postgres import admin, pgoutput, pgoutput_messages
 from upstream.postgres.conn import connect
+
+SINKS = SinkFactory()  # what the capture hands to the owner
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +99,7 @@ def info(pg_server: PostgresServer, pg_database: str, conn: Any) -> Iterator[Cha
 
 
 def test_inspect_reports_slots_and_retained_wal_grows(info: ChangefeedInfo, conn: Any) -> None:
-    w = UpstreamWatcher()
+    w = UpstreamWatcher(open_upstream, SINKS)
     first = w.inspect(info)
     assert first.error == "" and [s.span for s in first.slots] == [0, 1]
     for s, span in zip(first.slots, info.spans, strict=True):
@@ -119,7 +123,7 @@ def test_new_matching_tables_join_the_publication_of_their_span(info: Changefeed
     t0, t1 = _table_in_span("fresh", 0), _table_in_span("fresh", 1)
     _exec(conn, *(f"CREATE TABLE {t.table} (id int PRIMARY KEY, v text)" for t in (t0, t1)),
           "CREATE TABLE skip_me (id int PRIMARY KEY)", "CREATE TABLE other.later (id int PRIMARY KEY)")
-    report = UpstreamWatcher().inspect(info)
+    report = UpstreamWatcher(open_upstream, SINKS).inspect(info)
     assert report.error == ""
     assert sorted(report.new_tables) == sorted([str(t0), str(t1)])
     assert report.unreplicated == () and report.ineligible == ()
@@ -135,7 +139,7 @@ def test_new_matching_tables_join_the_publication_of_their_span(info: Changefeed
     _exec(conn, f"INSERT INTO {t0.table} VALUES (1, 'after-add-marker')")
     assert b"after-add-marker" in _streamed(conn, info.spans[0].slot, info.spans[0].publication)
     # a second inspection has nothing new to do
-    again = UpstreamWatcher().inspect(info)
+    again = UpstreamWatcher(open_upstream, SINKS).inspect(info)
     assert again.new_tables == () and again.error == ""
 
 
@@ -144,7 +148,7 @@ def test_rows_written_before_the_pickup_are_reported_unreplicated(info: Changefe
     span = info.spans[1]
     _exec(conn, f"CREATE TABLE {t.table} (id int PRIMARY KEY, v text)",
           f"INSERT INTO {t.table} VALUES (1, 'before-add-marker')")
-    report = UpstreamWatcher().inspect(info)
+    report = UpstreamWatcher(open_upstream, SINKS).inspect(info)
     assert report.new_tables == (str(t),) and report.unreplicated == (str(t),)
     assert decide(info, report, time.time(), 86400) is None  # a data warning, not a decision
     (w,) = _found(report)
@@ -162,21 +166,21 @@ def test_table_with_a_writer_in_flight_is_added_once_the_writer_commits(
     try:
         _exec(writer, "BEGIN", f"INSERT INTO {t.table} VALUES (1, 'in-flight-marker')")
         started = time.monotonic()
-        blocked = UpstreamWatcher().inspect(info)  # SHARE lock not granted within lock_timeout: retried later
+        blocked = UpstreamWatcher(open_upstream, SINKS).inspect(info)  # SHARE lock not granted within lock_timeout: retried later
         assert time.monotonic() - started < 10
         assert blocked.error == "" and blocked.new_tables == ()
         assert t not in (admin.publication_tables(conn, info.spans[0].publication) or [])
         _exec(writer, "COMMIT")
     finally:
         writer.close()
-    report = UpstreamWatcher().inspect(info)
+    report = UpstreamWatcher(open_upstream, SINKS).inspect(info)
     assert report.new_tables == (str(t),) and report.unreplicated == (str(t),)
     assert [(w.table, w.count) for w in _found(report)] == [(str(t), 1)]
 
 
 def test_ineligible_new_table_is_reported_not_added(info: ChangefeedInfo, conn: Any) -> None:
     _exec(conn, "CREATE TABLE nokey (a int, b text)")
-    watcher = UpstreamWatcher()
+    watcher = UpstreamWatcher(open_upstream, SINKS)
     report = watcher.inspect(info)
     assert report.new_tables == () and len(report.ineligible) == 1
     assert report.published is not None and "public.nokey" not in report.published
@@ -199,7 +203,7 @@ def test_ineligible_new_table_is_reported_not_added(info: ChangefeedInfo, conn: 
 def test_stopped_changefeed_does_not_pick_up_tables(info: ChangefeedInfo, conn: Any) -> None:
     stopped = info.with_state(FeedState.STOPPED, now=time.time() - 1)
     _exec(conn, "CREATE TABLE later (id int PRIMARY KEY)")
-    report = UpstreamWatcher().inspect(stopped)
+    report = UpstreamWatcher(open_upstream, SINKS).inspect(stopped)
     assert report.error == "" and report.new_tables == () and all(s.exists for s in report.slots)
     assert all(TableName("public", "later") not in (admin.publication_tables(conn, s.publication) or [])
                for s in info.spans)
@@ -207,13 +211,13 @@ def test_stopped_changefeed_does_not_pick_up_tables(info: ChangefeedInfo, conn: 
 
 def test_dropped_slot_and_publication_are_reported_and_fail_the_changefeed(info: ChangefeedInfo, conn: Any) -> None:
     admin.drop_slot(conn, info.spans[1].slot)
-    report = UpstreamWatcher().inspect(info)
+    report = UpstreamWatcher(open_upstream, SINKS).inspect(info)
     assert [(s.exists, s.retained_bytes is None) for s in report.slots] == [(True, False), (False, True)]
     d = decide(info, report, time.time(), 86400)
     assert isinstance(d, FailSlotLost) and info.spans[1].slot in d.reason and info.spans[0].slot not in d.reason
 
     admin.drop_publication(conn, info.spans[0].publication)
-    report = UpstreamWatcher().inspect(info)
+    report = UpstreamWatcher(open_upstream, SINKS).inspect(info)
     assert [s.publication_exists for s in report.slots] == [False, True]
     d = decide(info, report, time.time(), 86400)
     assert isinstance(d, FailSlotLost) and info.spans[0].publication in d.reason
@@ -221,14 +225,14 @@ def test_dropped_slot_and_publication_are_reported_and_fail_the_changefeed(info:
 
 def test_release_slots_drops_everything(info: ChangefeedInfo, conn: Any) -> None:
     stopped = info.with_state(FeedState.STOPPED, now=time.time() - 100)
-    w = UpstreamWatcher(gc_ttl=50)
+    w = UpstreamWatcher(open_upstream, SINKS, gc_ttl=50)
     d = decide(stopped, w.inspect(stopped), time.time(), w.gc_ttl)
     assert isinstance(d, ReleaseAfterGcTtl)
-    release_slots(stopped)
+    release_slots(stopped, open_upstream)
     for s in info.spans:
         assert admin.slot_info(conn, s.slot) is None
         assert admin.publication_tables(conn, s.publication) is None
-    release_slots(stopped)  # idempotent
+    release_slots(stopped, open_upstream)  # idempotent
     assert w.decide(stopped, time.time()) is not None  # the old report still shows the slots ...
     assert all(not s.exists for s in w.inspect(stopped).slots)
     assert w.decide(stopped, time.time()) is None  # ... a fresh one has nothing left to release
@@ -257,8 +261,8 @@ def test_release_slots_terminates_an_active_consumer(info: ChangefeedInfo, pg_se
         deadline = time.monotonic() + 10
         while not _active(conn, span.slot) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert UpstreamWatcher().inspect(info).slots[0].active
-        release_slots(info)
+        assert UpstreamWatcher(open_upstream, SINKS).inspect(info).slots[0].active
+        release_slots(info, open_upstream)
         assert admin.slot_info(conn, span.slot) is None
     finally:
         stop.set()
@@ -268,7 +272,7 @@ def test_release_slots_terminates_an_active_consumer(info: ChangefeedInfo, pg_se
 
 def test_unreachable_upstream_gives_an_error_report(info: ChangefeedInfo) -> None:
     dead = dataclasses.replace(info, upstream_uri=f"postgresql://postgres@127.0.0.1:{free_port()}/x")
-    w = UpstreamWatcher()
+    w = UpstreamWatcher(open_upstream, SINKS)
     report = w.inspect(dead)
     assert report.error and "127.0.0.1" in report.error and report.slots == ()
     assert decide(dead, report, time.time(), 0) is None
@@ -287,7 +291,7 @@ def _published(conn: Any, info: ChangefeedInfo) -> set[TableName]:
 
 def test_deferrable_key_table_is_not_picked_up(info: ChangefeedInfo, conn: Any) -> None:
     _exec(conn, "CREATE TABLE dpk (id int PRIMARY KEY DEFERRABLE, v int)", "INSERT INTO dpk VALUES (1, 1)")
-    report = UpstreamWatcher().inspect(info)
+    report = UpstreamWatcher(open_upstream, SINKS).inspect(info)
     assert report.new_tables == ()
     assert report.ineligible == (
         'table "public"."dpk" has a DEFERRABLE primary key, which PostgreSQL cannot use as replica identity: once '
@@ -305,12 +309,12 @@ def test_keyless_table_is_not_picked_up_by_an_at_least_once_changefeed(info: Cha
     cf = dataclasses.replace(cf, config={**cf.config, "sink": {"delivery": "at-least-once"}})
     _exec(conn, "CREATE TABLE fullrow (a int, b text)", "ALTER TABLE fullrow REPLICA IDENTITY FULL",
           "CREATE TABLE keyed (id int PRIMARY KEY)", "DROP TABLE other.ignored")
-    report = UpstreamWatcher().inspect(cf)
+    report = UpstreamWatcher(open_upstream, SINKS).inspect(cf)
     assert report.new_tables == ("public.keyed",)
     assert [(w.code, w.table) for w in _found(report)] == [("CDC:WarnTableIneligible", "public.fullrow")]
     assert "a replay after a fault would duplicate its rows" in _found(report)[0].message
     # with the default exactly-once delivery the same table is picked up
-    assert UpstreamWatcher().inspect(_sqlite_info(info, tmp_path)).new_tables == ("public.fullrow",)
+    assert UpstreamWatcher(open_upstream, SINKS).inspect(_sqlite_info(info, tmp_path)).new_tables == ("public.fullrow",)
 
 
 def test_table_with_a_taken_target_name_is_not_picked_up(info: ChangefeedInfo, conn: Any, tmp_path: Any) -> None:
@@ -319,7 +323,7 @@ def test_table_with_a_taken_target_name_is_not_picked_up(info: ChangefeedInfo, c
     _exec(conn, f"CREATE TABLE other.{base.table} (id int PRIMARY KEY)", "CREATE TABLE other.solo (id int PRIMARY KEY)",
           "CREATE TABLE public.twin (id int PRIMARY KEY)", "CREATE TABLE other.twin (id int PRIMARY KEY)",
           "DROP TABLE other.ignored")
-    report = UpstreamWatcher().inspect(cf)
+    report = UpstreamWatcher(open_upstream, SINKS).inspect(cf)
     # other.solo and the first of the twins (other.twin sorts before public.twin) are added
     assert sorted(report.new_tables) == ["other.solo", "other.twin"]
     msg_base = (f"other.{base.table} would land on {base.table!r} in the sink, where public.{base.table} already "
@@ -335,7 +339,7 @@ def test_table_with_a_taken_target_name_is_not_picked_up(info: ChangefeedInfo, c
     assert TableName("other", base.table) not in published and TableName("public", "twin") not in published
     assert decide(cf, report, time.time(), 86400) is None  # a warning, not a failure
     # a sink that keeps the schema (blackhole: schema.table) has no collision: both are added
-    report2 = UpstreamWatcher().inspect(dataclasses.replace(cf, sink_uri="blackhole://"))
+    report2 = UpstreamWatcher(open_upstream, SINKS).inspect(dataclasses.replace(cf, sink_uri="blackhole://"))
     assert sorted(report2.new_tables) == [f"other.{base.table}", "public.twin"] and report2.ineligible == ()
 
 
@@ -343,7 +347,7 @@ def test_generated_columns_of_picked_up_tables_are_streamed(info: ChangefeedInfo
     t = _table_in_span("gen", 0)
     span = info.spans[0]
     _exec(conn, f"CREATE TABLE {t.table} (id int PRIMARY KEY, a int, s int GENERATED ALWAYS AS (a * 7) STORED)")
-    assert UpstreamWatcher().inspect(info).new_tables == (str(t),)
+    assert UpstreamWatcher(open_upstream, SINKS).inspect(info).new_tables == (str(t),)
     _exec(conn, f"INSERT INTO {t.table} (id, a) VALUES (1, 6)")  # s = 42
     streamed = _streamed(conn, span.slot, span.publication)
     assert b"\x00s\x00\x00\x00\x00\x17" in streamed and b"t\x00\x00\x00\x0242" in streamed  # column s in Relation, value 42
@@ -355,7 +359,7 @@ def test_picked_up_table_with_generated_columns_into_an_old_publication_is_refus
     _exec(conn, f"ALTER PUBLICATION {span.publication} SET (publish_generated_columns = none)")
     t = _table_in_span("oldgen", 1)
     _exec(conn, f"CREATE TABLE {t.table} (a int, id int GENERATED ALWAYS AS (a * 2) STORED PRIMARY KEY)")
-    report = UpstreamWatcher().inspect(info)
+    report = UpstreamWatcher(open_upstream, SINKS).inspect(info)
     assert report.new_tables == () and len(report.ineligible) == 1
     assert "its publication was created without publish_generated_columns = stored" in report.ineligible[0]
     _exec(conn, f"INSERT INTO {t.table} (a) VALUES (1)", f"UPDATE {t.table} SET a = 2")  # writes keep working
@@ -370,7 +374,7 @@ def test_partition_changes_are_reported_between_looks(info: ChangefeedInfo, conn
           f"CREATE TABLE {r}_c PARTITION OF {r} FOR VALUES FROM (20) TO (30)",
           f"CREATE TABLE {r}_d PARTITION OF {r} FOR VALUES FROM (30) TO (40)",
           f"INSERT INTO {r} SELECT g, g % 40, 'x' FROM generate_series(1, 80) g")
-    w = UpstreamWatcher()
+    w = UpstreamWatcher(open_upstream, SINKS)
     first = w.inspect(info)
     assert first.new_tables == (str(root),)
     # picked up with rows: those 80 are not replicated (said once); the partitions are the baseline
@@ -422,7 +426,7 @@ def test_table_is_not_added_while_target_names_cannot_be_checked(info: Changefee
         raise InvalidURI("sink URI scheme 'nope' is not supported")
 
     _exec(conn, "CREATE TABLE unchecked (id int PRIMARY KEY)")
-    report = UpstreamWatcher(target_names=broken).inspect(info)
+    report = UpstreamWatcher(open_upstream, SINKS, target_names=broken).inspect(info)
     assert report.error == "" and report.new_tables == () and all(s.exists for s in report.slots)
     assert report.ineligible == ("public.unchecked is not added: its target name in the sink cannot be checked "
                                  "(sink URI scheme 'nope' is not supported)",)
@@ -434,7 +438,7 @@ def test_new_partition_without_identity_is_warned_with_the_fix(info: ChangefeedI
     r = root.table
     _exec(conn, f"CREATE TABLE {r} (a int, k int) PARTITION BY RANGE (k)", f"ALTER TABLE {r} REPLICA IDENTITY FULL",
           f"CREATE TABLE {r}_1 PARTITION OF {r} FOR VALUES FROM (0) TO (10)", f"ALTER TABLE {r}_1 REPLICA IDENTITY FULL")
-    w = UpstreamWatcher()
+    w = UpstreamWatcher(open_upstream, SINKS)
     assert w.inspect(info).new_tables == (str(root),)
     assert _found(w.inspect(info)) == []
     _exec(conn, f"CREATE TABLE {r}_2 PARTITION OF {r} FOR VALUES FROM (10) TO (20)", f"INSERT INTO {r} VALUES (1, 12)")
@@ -459,7 +463,7 @@ def test_target_names_differing_only_in_case_collide_in_sqlite(info: ChangefeedI
     _exec(conn, 'CREATE TABLE other."Mixed" (id int PRIMARY KEY)', "CREATE TABLE public.mixed (id int PRIMARY KEY)",
           'CREATE TABLE other."Ä" (id int PRIMARY KEY)', 'CREATE TABLE public."ä" (id int PRIMARY KEY)',
           "DROP TABLE other.ignored")
-    report = UpstreamWatcher().inspect(cf)
+    report = UpstreamWatcher(open_upstream, SINKS).inspect(cf)
     # SQLite folds ASCII letters only (measured): "Mixed"/"mixed" are one table there, "Ä"/"ä" are two
     assert sorted(report.new_tables) == ["other.Mixed", "other.Ä", "public.ä"]
     assert report.ineligible == (
@@ -467,7 +471,7 @@ def test_target_names_differing_only_in_case_collide_in_sqlite(info: ChangefeedI
         "two tables would mix); it is not added: exclude one of them with the changefeed's filter",)
     # into PostgreSQL (schema kept, exact names) nothing collides
     pg = dataclasses.replace(cf, sink_uri="postgresql://u@127.0.0.1:1/x")
-    assert UpstreamWatcher().inspect(pg).new_tables == ("public.mixed",)
+    assert UpstreamWatcher(open_upstream, SINKS).inspect(pg).new_tables == ("public.mixed",)
 
 
 def test_a_failed_look_does_not_swallow_a_partition_change(info: ChangefeedInfo, conn: Any) -> None:
@@ -483,7 +487,7 @@ def test_a_failed_look_does_not_swallow_a_partition_change(info: ChangefeedInfo,
             raise RuntimeError("watcher bug")
         return str
 
-    w = UpstreamWatcher(target_names=names)
+    w = UpstreamWatcher(open_upstream, SINKS, target_names=names)
     assert w.inspect(info).new_tables == (str(root),)
     assert _found(w.inspect(info)) == []  # baseline
     _exec(conn, f"ALTER TABLE {r} DETACH PARTITION {r}_2", "CREATE TABLE later_one (id int PRIMARY KEY)")

@@ -6,41 +6,25 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from cdc.errors import SinkUnavailable
-from cdc.events import RowChange
 from cdc.model import ChangefeedInfo, SpanInfo, WarningSeverity
 from owner.checkpoint_publish import WARNING_CODE, CheckpointPublisher, publishes
-from sinks.base import Sink
+from sinks.factory import SinkFactory
+from sinks.testing import MemoryCheckpointSink
+from upstream import open_upstream
 
 pytestmark = pytest.mark.unit
+
+SINKS = SinkFactory()  # what the capture hands to the owner
 
 
 def info(sink_uri: str = "file:///tmp/lake?protocol=csv", cf: str = "cf") -> ChangefeedInfo:
     return ChangefeedInfo(id=cf, upstream_uri="postgresql://u@h/db", sink_uri=sink_uri, config={}, start_ts=100,
                           start_time=1.0, create_time=1.0, spans=(SpanInfo(0, "s0", "p0", 100),))
-
-
-class FakeSink(Sink):
-    publishes_checkpoints = True
-
-    def __init__(self, log: list[int], fail: Callable[[], bool]) -> None:
-        self.log, self.fail, self.closed = log, fail, False
-
-    def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
-        return 0
-
-    def publish_checkpoint(self, ts: int, commit_time: float = 0.0) -> None:
-        if self.fail():
-            raise SinkUnavailable("storage sink: no space left on the device writing /lake/metadata")
-        self.log.append(ts)
-
-    def close(self) -> None:
-        self.closed = True
 
 
 class Clock:
@@ -52,15 +36,15 @@ class Clock:
 
 
 def publisher(log: list[int], fail: Callable[[], bool] = lambda: False, clock: Clock | None = None
-              ) -> tuple[CheckpointPublisher, list[FakeSink]]:
-    opened: list[FakeSink] = []
+              ) -> tuple[CheckpointPublisher, list[MemoryCheckpointSink]]:
+    opened: list[MemoryCheckpointSink] = []
 
-    def opener(_info: ChangefeedInfo) -> Sink:
-        s = FakeSink(log, fail)
+    def opener(_info: ChangefeedInfo) -> MemoryCheckpointSink:
+        s = MemoryCheckpointSink(fail, log, "storage sink: no space left on the device writing /lake/metadata")
         opened.append(s)
         return s
 
-    return CheckpointPublisher(opener=opener, clock=clock or Clock(), retry_min=1.0, retry_max=8.0,
+    return CheckpointPublisher(SINKS, opener=opener, clock=clock or Clock(), retry_min=1.0, retry_max=8.0,
                                warn_after=30.0), opened
 
 
@@ -76,8 +60,8 @@ def test_latest_value_wins_and_nothing_twice() -> None:
 
 
 def test_only_sinks_that_publish_checkpoints() -> None:
-    assert publishes("file:///tmp/x?protocol=csv")
-    assert not publishes("blackhole://") and not publishes("sqlite:///tmp/x.db") and not publishes("nonsense")
+    assert publishes(SINKS, "file:///tmp/x?protocol=csv")
+    assert not publishes(SINKS, "blackhole://") and not publishes(SINKS, "sqlite:///tmp/x.db") and not publishes(SINKS, "nonsense")
     log: list[int] = []
     p, opened = publisher(log)
     p.offer(info("blackhole://"), 200, 1.0)
@@ -138,7 +122,7 @@ def test_the_thread_publishes_and_closes_its_sinks_when_stopped() -> None:
 
 
 def test_the_storage_sinks_metadata(tmp_path: Path) -> None:
-    p = CheckpointPublisher()
+    p = CheckpointPublisher(SINKS)
     p.offer(info(f"file://{tmp_path}/lake?protocol=parquet"), 12345, 1.0)
     p.publish_due()
     assert json.loads((tmp_path / "lake" / "metadata").read_text()) == {"checkpoint-ts": 12345}
@@ -160,7 +144,8 @@ def test_the_owner_offers_each_stored_checkpoint() -> None:
         def fence(self) -> object:
             return object()
 
-    owner = Owner(Store(), Election(), "c1", ServerConfig(), lambda: True)  # type: ignore[arg-type]
+    owner = Owner(Store(), Election(), "c1", ServerConfig(), lambda: True,  # type: ignore[arg-type]
+                  sinks=SINKS, open_upstream=open_upstream)
     log: list[int] = []
     owner.publisher, _ = publisher(log)
     owner._snapshot = ClusterSnapshot(revision=1, changefeeds={"cf": Versioned(info(), 1)})

@@ -25,6 +25,8 @@ from owner.upstream_watch import (
     report_warnings,
     unreplicated_rows_warning,
 )
+from sinks.factory import SinkFactory
+from upstream import open_upstream
 
 pytestmark = pytest.mark.unit
 
@@ -227,7 +229,7 @@ def test_unreachable_upstream_is_reported_not_raised_and_rate_limited() -> None:
         raise UpstreamUnavailable("cannot connect to PostgreSQL 127.0.0.1:1/db: refused")
 
     clock = Clock(NOW)
-    w = UpstreamWatcher(interval=10.0, gc_ttl=DAY, clock=clock, opener=opener)
+    w = UpstreamWatcher(open_upstream, SinkFactory(), interval=10.0, gc_ttl=DAY, clock=clock, opener=opener)
     info = cf()
     assert w.due("cf", NOW) and w.latest("cf") is None
     r = w.inspect(info)
@@ -254,7 +256,7 @@ def test_watcher_bug_becomes_an_error_report() -> None:
         def close(self) -> None:
             pass
 
-    w = UpstreamWatcher(clock=Clock(NOW), opener=lambda uri: BrokenUpstream())  # type: ignore[arg-type,return-value]
+    w = UpstreamWatcher(open_upstream, SinkFactory(), clock=Clock(NOW), opener=lambda uri: BrokenUpstream())  # type: ignore[arg-type,return-value]
     r = w.inspect(cf())
     assert "boom" in r.error
     w.forget("cf")
@@ -265,7 +267,7 @@ def test_watcher_keeps_warnings_found_once_until_forgotten() -> None:
     """Rows of a table are reported only by the inspection that added it: a later inspection must not make
     the owner miss them; a condition found again is one warning (the newest); acknowledged ones are left out."""
     clock = [NOW]
-    watcher = UpstreamWatcher(clock=lambda: clock[0])
+    watcher = UpstreamWatcher(open_upstream, SinkFactory(), clock=lambda: clock[0])
     rows = unreplicated_rows_warning(TableName("public", "late"), 3, "pub1", NOW)
     inel = ineligible_table_warning(TableName("public", "nokey"), "no key", NOW)
     script = [report(warnings=[rows, inel]), report(warnings=[]),

@@ -13,6 +13,7 @@ import pytest
 from cdc.events import ColumnSchema, TableName, TableSchema
 from cdc.model import DataWarning
 from processor.merged_rows import CODE, MergedRows
+from sinks.testing import MemoryCopySink
 from tests.snapshot_copy_fakes import (
     KEYED,
     Job,
@@ -31,17 +32,13 @@ def _schema(name: str) -> TableSchema:
     return TableSchema(TableName.parse(name), (ColumnSchema("id", 23, "int4", is_key=True),), ("id",))
 
 
-class _Sink:
+class _Sink(MemoryCopySink):
+    """The copy twin (``sinks.testing``): ``counts`` rows per target table (None: it cannot count), ``holding`` tables
+    holding rows; ``closed`` counts the closes (the test's ``open_sink`` hands the same sink out again)."""
+
     def __init__(self, counts: dict[str, int] | None, holding: tuple[str, ...] = ()) -> None:
-        self.counts = counts
-        self.holding = holding
-        self.closed = 0
-
-    def count_rows(self, tables: list[TableName]) -> dict[TableName, int] | None:
-        return None if self.counts is None else {t: self.counts.get(str(t), 0) for t in tables}
-
-    def tables_with_rows(self, tables: list[TableName]) -> list[TableName]:
-        return [t for t in tables if str(t) in self.holding]
+        super().__init__({**dict.fromkeys(holding, 1), **(counts or {})}, countable=counts is not None)
+        self.closed = 0  # type: ignore[assignment]
 
     def close(self) -> None:
         self.closed += 1

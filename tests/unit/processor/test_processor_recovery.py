@@ -18,8 +18,10 @@ from cdc.model import ChangefeedInfo, SpanAssignment, SpanInfo, SpanStatus
 from cdc.ts import Watermark
 from processor.processor import Processor
 from processor.recovery import DependencyProbe
-from processor.span import SpanRunner
+from processor.span import SinkPlan, SpanRunner
+from sinks.testing import MemorySinks
 from sorter.leveldb import LevelDBSorter
+from upstream import open_upstream
 
 pytestmark = pytest.mark.unit
 
@@ -63,7 +65,8 @@ class Switch:
 class RecoveringProcessor(Processor):
     def __init__(self, store: FakeStore, clock: Clock, probes: dict[str, Callable[[], None]]) -> None:
         super().__init__(store, "cap", sorter=None, config=ServerConfig(error_backoff_min=30.0),  # type: ignore[arg-type]
-                         lease=lambda: 7, clock=clock, probe_interval=0.05)
+                         lease=lambda: 7, clock=clock, probe_interval=0.05, sinks=MemorySinks(),
+                         open_upstream=open_upstream)
         self.runners: list[FailingRunner] = []
         self.probes = probes
 
@@ -185,7 +188,7 @@ def test_discarding_a_failed_runner_removes_its_spill_files(tmp_path: Path) -> N
             sp.add(2, 2, b"y%d" % i)
         sp.commit(2, 10, 1.0)
         assert list(sorter.spill_dir.iterdir())
-        runner = SpanRunner("cf/0", None, sp, lambda: None, Watermark(1, 0.0), 100)  # type: ignore[arg-type]
+        runner = SpanRunner("cf/0", Watermark(1, 0.0), None, sp, SinkPlan(lambda: None, 100))  # type: ignore[arg-type]
         runner.discard()
         assert list(sorter.spill_dir.iterdir()) == []
         assert list(sp.read(-1, 2**64 - 1)) == [] and sp.pending_txns() == 0
@@ -208,7 +211,7 @@ def test_restart_resumes_from_the_checkpoint_stored_at_the_failure_even_if_the_s
 
 def test_a_capture_whose_lease_may_be_gone_starts_no_span() -> None:
     p = Processor(FakeStore(), "cap", sorter=None, config=ServerConfig(), lease=lambda: 7,  # type: ignore[arg-type]
-                  lease_deadline=lambda: time.monotonic() - 1)
+                  lease_deadline=lambda: time.monotonic() - 1, sinks=MemorySinks(), open_upstream=open_upstream)
     with pytest.raises(LeaseLost):
         p._start(INFO, 0, None)
 

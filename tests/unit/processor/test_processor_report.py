@@ -16,6 +16,8 @@ from cdc.meta.store import ClusterSnapshot, SpanStatusWrite, Versioned
 from cdc.model import ChangefeedInfo, RunningError, SpanAssignment, SpanInfo, SpanStatus
 from cdc.ts import Watermark
 from processor.processor import Processor, _Slot, report_due
+from sinks.testing import MemorySinks
+from upstream import open_upstream
 
 pytestmark = pytest.mark.unit
 
@@ -107,7 +109,8 @@ class Clock:
 
 
 def make(spans: int, clock: Clock, store: FakeStore) -> tuple[Processor, list[FakeRunner]]:
-    p = Processor(store, "cap", sorter=None, config=ServerConfig(), lease=lambda: 7, clock=clock)  # type: ignore[arg-type]
+    p = Processor(store, "cap", sorter=None, config=ServerConfig(), lease=lambda: 7, clock=clock,  # type: ignore[arg-type]
+                  sinks=MemorySinks(), open_upstream=open_upstream)
     runners = []
     for i in range(spans):
         r = FakeRunner(100)

@@ -1,4 +1,4 @@
-"""SpanRunner with a sink that buffers until its flush (``Sink.flush_interval``, the storage sink): the checkpoint
+"""SpanRunner with a sink that buffers until its flush (``sinks.base.BufferedSink``, the storage sink): the checkpoint
 moves past written rows only once a flush made them durable, the rows before a DDL are flushed before it, and a
 sink without buffering is unchanged (checkpoint after every write)."""
 
@@ -12,7 +12,8 @@ import pytest
 
 from cdc.events import DdlEvent, RowChange
 from cdc.ts import Watermark
-from processor.span import SpanRunner
+from processor.span import SinkPlan, SpanRunner
+from sinks.base import BufferedSink
 from sorter.base import SortedTxn
 from tests.unit.processor.test_span_ddl import DdlSource, RecordingSink, row
 from tests.unit.processor.test_span_warnings import FakeSorter
@@ -21,7 +22,7 @@ from upstream.base import SCHEMA_CHANGE, encode_payload
 pytestmark = pytest.mark.unit
 
 
-class BufferingSink(RecordingSink):
+class BufferingSink(RecordingSink, BufferedSink):
     def __init__(self, interval: float) -> None:
         super().__init__()
         self.flush_interval = interval
@@ -48,8 +49,8 @@ class BufferingSink(RecordingSink):
 
 def _run(sink: BufferingSink, txns: list[SortedTxn], resolved: int, commits: set[int], until: Callable[[], bool],
          txn_rows: int = 1) -> SpanRunner:
-    runner = SpanRunner("cf/0", DdlSource(resolved, commits), FakeSorter(txns),  # type: ignore[arg-type]
-                        lambda: sink, Watermark(100, 100.0), txn_rows=txn_rows)
+    runner = SpanRunner("cf/0", Watermark(100, 100.0), DdlSource(resolved, commits), FakeSorter(txns),  # type: ignore[arg-type]
+                        SinkPlan(lambda: sink, txn_rows=txn_rows))
     sink.runner = runner
     runner.start()
     deadline = time.monotonic() + 10
@@ -82,8 +83,8 @@ def test_rows_before_a_ddl_are_flushed_before_it() -> None:
 def test_a_sink_that_does_not_buffer_checkpoints_after_every_write() -> None:
     sink = RecordingSink()
     txns = [SortedTxn(110, 110.0, 1, [row(1)])]
-    runner = SpanRunner("cf/0", DdlSource(110, set()), FakeSorter(txns),  # type: ignore[arg-type]
-                        lambda: sink, Watermark(100, 100.0), txn_rows=1)
+    runner = SpanRunner("cf/0", Watermark(100, 100.0), DdlSource(110, set()), FakeSorter(txns),  # type: ignore[arg-type]
+                        SinkPlan(lambda: sink, txn_rows=1))
     runner.start()
     deadline = time.monotonic() + 10
     while runner.checkpoint.ts < 110 and time.monotonic() < deadline:
@@ -105,8 +106,8 @@ def test_a_full_disk_under_the_storage_sink_fails_the_span_and_acknowledges_noth
     fs = FailingFS(str(root), "fsync", errno.ENOSPC, path_part="/public/t/", times=10**6)
     sink = StorageSink(f"file://{root}?protocol=csv&flush-interval=100ms", fs=fs)
     txns = [SortedTxn(110, 110.0, 1, [row(1)]), SortedTxn(120, 120.0, 1, [row(2)])]
-    runner = SpanRunner("cf/0", DdlSource(130, set()), FakeSorter(txns),  # type: ignore[arg-type]
-                        lambda: sink, Watermark(100, 100.0), txn_rows=1, position=("cf", 0, 100))
+    runner = SpanRunner("cf/0", Watermark(100, 100.0), DdlSource(130, set()), FakeSorter(txns),  # type: ignore[arg-type]
+                        SinkPlan(lambda: sink, txn_rows=1, position=("cf", 0, 100)))
     runner.start()
     assert runner.failed.wait(10)
     runner.stop()

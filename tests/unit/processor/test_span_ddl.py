@@ -13,8 +13,8 @@ from cdc.config import DdlConfig
 from cdc.errors import DdlRejected
 from cdc.events import DdlChange, DdlEvent, DdlKind, RowChange, TableName
 from cdc.ts import Watermark
-from processor.span import SchemaRecorder, SpanRunner
-from sinks.base import Sink
+from processor.span import SchemaRecorder, SinkPlan, SpanHooks, SpanRunner
+from sinks.testing import MemoryDdlSink
 from sorter.base import SortedTxn
 from tests.pgoutput_wire import enc_insert
 from tests.unit.processor.test_span_warnings import SCHEMA, FakeSorter, FakeSource
@@ -44,10 +44,12 @@ class DdlSource(FakeSource):
         return DdlDecoder(lambda version: SCHEMA)
 
 
-class RecordingSink(Sink):
+class RecordingSink(MemoryDdlSink):
+    """The DDL twin (``sinks.testing``), its row ids per write and its DDLs in one ``log``."""
+
     def __init__(self, reject: bool = False) -> None:
+        super().__init__("the target has no such type" if reject else None)
         self.log: list[Any] = []
-        self.reject = reject
 
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         rows = [c.values["id"] for c in changes]
@@ -55,12 +57,9 @@ class RecordingSink(Sink):
         return len(rows)
 
     def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
-        if self.reject and not skip:
-            raise DdlRejected(event.query, str(event.table), "the target has no such type", commit_ts=event.commit_ts)
+        super().apply_ddl(event, fence, skip=skip)
         self.log.append(("skip" if skip else "ddl", event.changes[0].column))
         return True
-
-    def close(self) -> None: ...
 
 
 def row(i: int) -> bytes:
@@ -72,8 +71,9 @@ def run(sink: RecordingSink, ddl: DdlConfig | None = None, source: DdlSource | N
     txns = [SortedTxn(110, 110.0, 1, [row(1)]),
             SortedTxn(120, 120.0, 4, [row(2), encode_payload(SCHEMA_CHANGE, b"c"), row(3), row(4)]),
             SortedTxn(130, 130.0, 1, [row(5)])]
-    runner = SpanRunner("cf/0", source or DdlSource(130, {120}), FakeSorter(txns),  # type: ignore[arg-type]
-                        lambda: sink, Watermark(100, 100.0), txn_rows=10, ddl=ddl, schema_history=history)
+    runner = SpanRunner("cf/0", Watermark(100, 100.0), source or DdlSource(130, {120}),  # type: ignore[arg-type]
+                        FakeSorter(txns), SinkPlan(lambda: sink, txn_rows=10, ddl=ddl or DdlConfig()),
+                        hooks=SpanHooks(schema_history=history))
     runner.start()
     deadline = time.monotonic() + 10
     while runner.checkpoint.ts < 130 and time.monotonic() < deadline and not runner.failed.is_set():
@@ -159,8 +159,8 @@ def test_a_ddl_changing_table_names_waits_at_the_changefeed_barrier_with_everyth
 
     txns = [SortedTxn(110, 110.0, 1, [row(1)]),
             SortedTxn(120, 120.0, 3, [row(2), encode_payload(SCHEMA_CHANGE, what), row(3)])]
-    r = SpanRunner("cf/0", DropSource(120, {120}), FakeSorter(txns), lambda: sink,  # type: ignore[arg-type]
-                   Watermark(100, 100.0), txn_rows=10, barrier=barrier)
+    r = SpanRunner("cf/0", Watermark(100, 100.0), DropSource(120, {120}), FakeSorter(txns),  # type: ignore[arg-type]
+                   SinkPlan(lambda: sink, txn_rows=10), hooks=SpanHooks(barrier=barrier))
     runner.append(r)
     r.start()
     deadline = time.monotonic() + 10

@@ -17,8 +17,8 @@ from cdc.meta.store import ClusterSnapshot, Versioned
 from cdc.model import ChangefeedInfo, DataWarning, SpanAssignment, SpanInfo, SpanStatus, WarningSeverity
 from cdc.ts import Watermark
 from processor.mounter import encode_payload
-from processor.span import SpanRunner, SpanWarnings
-from sinks.base import RowSource, Sink
+from processor.span import SinkPlan, SpanHooks, SpanRunner, SpanWarnings
+from sinks.testing import MemoryRowSourceSink
 from sorter.base import SortedTxn
 from tests.pgoutput_wire import enc_insert
 from tests.unit.processor.test_processor_report import MIN, Clock, FakeRunner, FakeStore, make
@@ -149,28 +149,13 @@ class FakeSorter:
         return [t for t in self.txns if after < t.commit_ts <= upto]
 
 
-class WarningSink(Sink):
-    """Raises one warning per write (keyed by the rows it got); records the row source it was given."""
-
-    def __init__(self) -> None:
-        self.source: RowSource | None = None
-        self.pending: list[DataWarning] = []
-        self.closed = False
+class WarningSink(MemoryRowSourceSink):
+    """The row-source twin (``sinks.testing``), raising one warning per write (keyed by the rows it got)."""
 
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         rows = list(changes)
-        self.pending.append(w(t=time.time(), count=len(rows), keys=tuple(str(r.values["id"]) for r in rows)))
-        return len(rows)
-
-    def take_warnings(self) -> list[DataWarning]:
-        out, self.pending = self.pending, []
-        return out
-
-    def set_row_source(self, fetch: RowSource | None) -> None:
-        self.source = fetch
-
-    def close(self) -> None:
-        self.closed = True
+        self.warn(w(t=time.time(), count=len(rows), keys=tuple(str(r.values["id"]) for r in rows)))
+        return super().write(rows, fence)
 
 
 class FakeRowSource:
@@ -194,8 +179,8 @@ def test_runner_collects_sink_warnings_after_each_write_and_wires_the_row_source
         return sources[-1]
 
     shared = SpanWarnings((w(t=1.0, count=5, keys=("old",)),))
-    runner = SpanRunner("cf/0", FakeSource(130), FakeSorter(txns), lambda: sink,  # type: ignore[arg-type]
-                        Watermark(100, 100.0), txn_rows=1, warnings=shared, row_source=source)
+    runner = SpanRunner("cf/0", Watermark(100, 100.0), FakeSource(130), FakeSorter(txns),  # type: ignore[arg-type]
+                        SinkPlan(lambda: sink, txn_rows=1, row_source=source), hooks=SpanHooks(warnings=shared))
     runner.start()
     deadline = time.monotonic() + 10
     while runner.checkpoint.ts < 130 and time.monotonic() < deadline and not runner.failed.is_set():
@@ -205,7 +190,7 @@ def test_runner_collects_sink_warnings_after_each_write_and_wires_the_row_source
     (merged,) = shared.current()
     assert merged.count == 5 + 3 and merged.keys == ("old", "110", "120", "130")
     assert runner.warnings is shared
-    assert len(sources) == 1 and sink.source is sources[0]
+    assert len(sources) == 1 and sink.row_source is sources[0]
     assert sources[0].closed and sink.closed
 
 
@@ -213,8 +198,8 @@ def test_warnings_the_stream_carried_reach_the_span_without_a_write() -> None:
     lost = DataWarning("CDC:WarnPartitionRowsLost", "public.m", "rows lost", "divergence", first_time=time.time(),
                        last_time=time.time())
     shared = SpanWarnings()
-    runner = SpanRunner("cf/0", FakeSource(100, [lost]), FakeSorter([]), WarningSink,  # type: ignore[arg-type]
-                        Watermark(100, 100.0), txn_rows=1, warnings=shared)
+    runner = SpanRunner("cf/0", Watermark(100, 100.0), FakeSource(100, [lost]), FakeSorter([]),  # type: ignore[arg-type]
+                        SinkPlan(WarningSink, txn_rows=1), hooks=SpanHooks(warnings=shared))
     runner.start()
     deadline = time.monotonic() + 10
     while not shared.current() and time.monotonic() < deadline:

@@ -1,4 +1,4 @@
-"""SpanRunner and span watermarks (``Sink.watermark_interval``, the Kafka sink): the sink learns its span and the span
+"""SpanRunner and span watermarks (``sinks.base.WatermarkSink``, the Kafka sink): the sink learns its span and the span
 count before ``open_position``, and ``publish_resolved`` gets only checkpoints (durable downstream), at most once per
 interval, never one it already got; a buffering sink's watermark waits for its flush."""
 
@@ -12,7 +12,9 @@ import pytest
 
 from cdc.events import RowChange
 from cdc.ts import Watermark
-from processor.span import SpanRunner
+from processor.span import CopyPlan, SinkPlan, SpanRunner
+from sinks.base import BufferedSink
+from sinks.base import WatermarkSink as WatermarkRole
 from sorter.base import SortedTxn
 from tests.unit.processor.test_span_ddl import DdlSource, RecordingSink, row
 from tests.unit.processor.test_span_warnings import FakeSorter
@@ -20,7 +22,7 @@ from tests.unit.processor.test_span_warnings import FakeSorter
 pytestmark = pytest.mark.unit
 
 
-class WatermarkSink(RecordingSink):
+class WatermarkSink(RecordingSink, BufferedSink, WatermarkRole):
     def __init__(self, interval: float, flush_interval: float = 0.0) -> None:
         super().__init__()
         self.watermark_interval = interval
@@ -52,8 +54,8 @@ class WatermarkSink(RecordingSink):
 
 
 def _run(sink: WatermarkSink, txns: list[SortedTxn], resolved: int, until: Callable[[], bool]) -> SpanRunner:
-    runner = SpanRunner("cf/0", DdlSource(resolved, set()), FakeSorter(txns),  # type: ignore[arg-type]
-                        lambda: sink, Watermark(100, 100.0), txn_rows=1, position=("cf", 2, 100), spans=3)
+    runner = SpanRunner("cf/0", Watermark(100, 100.0), DdlSource(resolved, set()), FakeSorter(txns),  # type: ignore[arg-type]
+                        SinkPlan(lambda: sink, txn_rows=1, position=("cf", 2, 100), spans=3))
     runner.start()
     deadline = time.monotonic() + 10
     while not until() and time.monotonic() < deadline and not runner.failed.is_set():
@@ -106,9 +108,9 @@ def test_a_table_copy_holds_the_watermarks_below_its_snapshot_until_it_is_writte
         return {"public.held": 130}
 
     txns = [SortedTxn(110, 110.0, 1, [row(1)]), SortedTxn(140, 140.0, 1, [row(2)])]
-    runner = SpanRunner("cf/0", DdlSource(150, set()), FakeSorter(txns),  # type: ignore[arg-type]
-                        lambda: sink, Watermark(100, 100.0), txn_rows=1, position=("cf", 0, 100),
-                        table_copy=table_copy, hold=TableHold(["public.held"]))
+    runner = SpanRunner("cf/0", Watermark(100, 100.0), DdlSource(150, set()), FakeSorter(txns),  # type: ignore[arg-type]
+                        SinkPlan(lambda: sink, txn_rows=1, position=("cf", 0, 100)),
+                        CopyPlan(table=table_copy, hold=TableHold(["public.held"])))
     runner.start()
     try:
         def until(pred: Callable[[], bool]) -> None:

@@ -1,4 +1,4 @@
-"""``Sink.restart_copy_target``: a table whose copy starts over under a new definition loses what the earlier runs
+"""``CopyTargets.restart_copy_target``: a table whose copy starts over under a new definition loses what the earlier runs
 wrote of it. SQL: the target table is dropped (SQLite file here; the PostgreSQL path with its chunk markers is in
 tests/integration/test_snapshot_schema_change.py), so the next write creates it from the new schema; sinks without
 tables write a TRUNCATE of it and flush."""
@@ -14,8 +14,10 @@ import pytest
 from cdc.errors import SinkError
 from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
 from cdc.ts import Watermark
-from sinks.base import Sink
+from sinks.base import BufferedSink
+from sinks.copy_roles import CopyTargets
 from sinks.sql.sink import SQLSink
+from sinks.testing import MemorySink
 
 pytestmark = pytest.mark.unit
 
@@ -41,8 +43,12 @@ def test_the_sql_target_is_dropped_and_created_again_from_the_new_definition(tmp
         assert conn.execute("SELECT id, v, c FROM t").fetchall() == [(2, "b", 5)]
 
 
-class _LogSink(Sink):
+class _LogSink(MemorySink, BufferedSink, CopyTargets):
+    """A buffering sink without tables (Kafka, files) on the write twin (``sinks.testing``): one log of what it got."""
+
     def __init__(self) -> None:
+        super().__init__()
+        self.flush_interval = 0.0
         self.log: list[str] = []
 
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
@@ -57,9 +63,6 @@ class _LogSink(Sink):
                          at: Watermark | None = None) -> None:
         assert at is not None and [s.name for s in schemas] == list(tables)
         self.log += [f"TRUNCATE {t} at {at.ts}" for t in tables]
-
-    def close(self) -> None:
-        pass
 
 
 def test_a_sink_without_tables_writes_the_resyncs_truncate_at_the_new_snapshot_and_flushes() -> None:

@@ -13,6 +13,7 @@ from cdc.events import TableName
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.snapshot import KEY_BUILT, KEY_DEFERRED, ChunkDone, ChunkMarker, TablePlan, plan_from_bounds
 from processor.snapshot import InitialCopy
+from sinks.testing import MemoryDeferredKeySink
 from spark_jobs.deferred import prepare_table
 from spark_jobs.plan import SnapshotJob
 
@@ -27,26 +28,17 @@ class Schema:
     key = ("id",)
 
 
-class FakeSink:
+class FakeSink(MemoryDeferredKeySink):
+    """The deferred-key twin (``sinks.testing``), the creation of its target logged with the store's steps."""
+
     def __init__(self, exists: bool = False, refusal: str | None = None,
                  markers: dict[int, ChunkMarker] | None = None, log: list[str] | None = None) -> None:
-        self.exists = exists
-        self.refusal = refusal
-        self.markers = markers or {}
+        super().__init__(exists, refusal, markers)
         self.log = log if log is not None else []
-
-    def defer_key_refusal(self, schema: Any) -> str | None:
-        return self.refusal
-
-    def copy_target_exists(self, schema: Any) -> bool:
-        return self.exists
 
     def create_deferred_target(self, schema: Any) -> None:
         self.log.append("create")
-        self.exists = True
-
-    def copy_markers(self, cf: str, span: int, table: TableName) -> dict[int, ChunkMarker]:
-        return dict(self.markers)
+        super().create_deferred_target(schema)
 
 
 class FakeStore:

@@ -13,7 +13,7 @@ import pytest
 from cdc.errors import DataRejected, SinkUnavailable
 from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
 from cdc.snapshot import SnapshotChunk
-from sinks.base import Sink
+from sinks.testing import MemoryAtomicSink, MemorySink
 from spark_jobs import copy as copy_mod
 from spark_jobs import rejected
 from spark_jobs.copy import ChunkTask
@@ -60,32 +60,19 @@ class Reader:
         pass
 
 
-class Target(Sink):
-    """A transactional target with a CHECK (qty >= 0 / s <> 'neg'): a write is refused at its first bad row, a
-    write whose fence raises is rolled back; ``committed`` holds what was committed."""
-
-    rolls_back = True
+class Target(MemoryAtomicSink):
+    """A transactional target with a CHECK (qty >= 0 / s <> 'neg') on the atomic twin (``sinks.testing``): a write is
+    refused at its first bad row, a write whose fence raises is rolled back; ``committed`` holds what was committed,
+    ``attempts`` counts the writes."""
 
     def __init__(self, refuse: Callable[[RowChange], bool] | None = None) -> None:
-        self.committed: list[RowChange] = []
-        self.writes = 0
-        self.refuse = refuse or (lambda r: (r.values or {}).get("qty") == -1 or (r.values or {}).get("s") == "neg")
+        bad = refuse or (lambda r: (r.values or {}).get("qty") == -1 or (r.values or {}).get("s") == "neg")
+        super().__init__(lambda r: 'new row violates check constraint "chk"' if r.op is OpType.INSERT and bad(r)
+                         else None)
 
-    def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
-        self.writes += 1
-        rows = list(changes)
-        pos = [r for r in rows if r.op is OpType.INSERT]
-        for i, r in enumerate(pos, start=1):
-            if self.refuse(r):
-                raise DataRejected(f"target t, writing table {r.schema.name}: new row violates check constraint at "
-                                   f"row {i} of the statement", reason="new row violates check constraint \"chk\"")
-        if fence is not None:
-            fence()
-        self.committed.extend(pos)
-        return len(pos)
-
-    def close(self) -> None:
-        pass
+    @property
+    def committed(self) -> list[RowChange]:
+        return [r for r in self.rows if r.op is OpType.INSERT]
 
 
 def _task(schema: TableSchema, whole: bool = False) -> ChunkTask:
@@ -102,7 +89,7 @@ def test_the_refused_row_is_found_and_nothing_of_the_search_stays(bad: int) -> N
     assert f"table public.orders: the target refused the row with key (id, region)=({bad}, 'eu')" in got.message
     assert 'new row violates check constraint "chk"' in got.message and "Fix:" in got.message
     assert sink.committed == []  # every probe was rolled back
-    assert sink.writes <= 2500 // rejected.PROBE_ROWS + 1 + 12  # batches up to the refused one, a bisection, alone
+    assert sink.attempts <= 2500 // rejected.PROBE_ROWS + 1 + 12  # batches up to the refused one, a bisection, alone
     assert reader.reads == 1 and reader.released == 1
 
 
@@ -142,8 +129,8 @@ def test_nothing_is_named_when_no_row_is_refused_parsed_or_the_target_fails_othe
 
 
 def test_a_sink_that_cannot_roll_back_or_a_deferred_key_is_not_searched() -> None:
-    class Kafka(Target):
-        rolls_back = False
+    class Kafka(MemorySink):  # (not an AtomicTxnSink: its writes are not rolled back)
+        pass
 
     reader = Reader(_rows(KEYED, 5, {1}))
     assert find_refused_row(reader, Kafka(), _task(KEYED), DataRejected("x")) is None

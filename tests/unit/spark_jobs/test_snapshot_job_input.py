@@ -21,7 +21,7 @@ from cdc.errors import (
 from cdc.errors import error_for_code as _error
 from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
 from cdc.snapshot import PG_COPY_TEXT, CopyText, SnapshotChunk, TablePlan, plan_from_bounds
-from sinks.base import Sink
+from sinks.testing import MemorySink, MemoryTextCopySink
 from spark_jobs.copy import ChunkTask, copy_one, one_line
 from spark_jobs.plan import SnapshotJob, read_job, write_job
 from spark_jobs.snapshot import exit_code, message
@@ -102,9 +102,12 @@ class ListReader(SnapshotReader):
         pass
 
 
-class RecordingSink(Sink):
+class RecordingSink(MemorySink):
+    """The write twin (``sinks.testing``) recording each write's changes and whether it was fenced."""
+
     def __init__(self) -> None:
-        self.calls: list[tuple[list[RowChange], bool]] = []
+        super().__init__()
+        self.calls: list[tuple[list[RowChange], bool]] = []  # type: ignore[assignment]
 
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         batch = list(changes)
@@ -112,9 +115,6 @@ class RecordingSink(Sink):
             fence()
         self.calls.append((batch, fence is not None))
         return len(batch)
-
-    def close(self) -> None:
-        pass
 
 
 def test_a_chunk_is_one_write_and_a_keyless_chunk_replaces_the_table() -> None:
@@ -143,27 +143,6 @@ def test_partitions_a_few_per_core_one_for_sqlite() -> None:
     assert partitions(1, 0, "postgresql://h/db") == 1
 
 
-class TextSink(RecordingSink):
-    """Takes a chunk as text when ``accept`` (and records the text), else refuses it (None) without reading it."""
-
-    def __init__(self, accept: bool) -> None:
-        super().__init__()
-        self.accept = accept
-        self.texts: list[tuple[bytes, bool, bool]] = []
-
-    def write_copy_text(self, schema: TableSchema, open_text: Callable[[], CopyText | None],
-                        fence: Callable[[], None] | None = None, *, replace: bool = False) -> int | None:
-        if not self.accept:
-            return None
-        text = open_text()
-        assert text is not None
-        data = b"".join(text.blocks)
-        if fence is not None:
-            fence()
-        self.texts.append((data, replace, fence is not None))
-        return data.count(b"\n")
-
-
 class TextReader(ListReader):
     def __init__(self, rows: list[tuple[Any, ...]]) -> None:
         super().__init__(rows)
@@ -182,13 +161,13 @@ class TextReader(ListReader):
 def test_a_chunk_goes_as_text_where_the_sink_takes_it_else_parsed() -> None:
     keyed = plan_from_bounds(SCHEMA.name, 2, 10, ("id",)).chunks[0]
     whole = plan_from_bounds(SCHEMA.name, 2, 10, None).chunks[0]
-    reader, sink = TextReader([(1, "a"), (2, "b")]), TextSink(accept=True)
+    reader, sink = TextReader([(1, "a"), (2, "b")]), MemoryTextCopySink(accept=True)
     assert copy_one(reader, sink, ChunkTask(JOB, SCHEMA, keyed), fence=lambda: None) == 2
     assert copy_one(reader, sink, ChunkTask(JOB, SCHEMA, whole)) == 2
     assert sink.texts == [(b"1\ta\n2\tb\n", False, True), (b"1\ta\n2\tb\n", True, False)]  # whole: replace
     assert sink.calls == [] and reader.released == 2  # the table's lock is released after each chunk
 
-    reader, sink = TextReader([(1, "a"), (2, "b")]), TextSink(accept=False)
+    reader, sink = TextReader([(1, "a"), (2, "b")]), MemoryTextCopySink(accept=False)
     assert copy_one(reader, sink, ChunkTask(JOB, SCHEMA, keyed)) == 2
     assert reader.text_reads == 0 and len(sink.calls) == 1  # refused: parsed, and the text was never read
 
