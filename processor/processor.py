@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 
 from cdc.config import ChangefeedConfig, ServerConfig
 from cdc.errors import InvalidArgument, LeaseLost, MetaStoreError, TidewaterError
-from cdc.events import TableName, TableSchema
+from cdc.events import DdlEvent, TableName, TableSchema
 from cdc.filter import TableFilter
 from cdc.meta.keys import KeyKind
 from cdc.meta.snapshot_progress import SnapshotProgressStore
@@ -57,6 +57,7 @@ from cdc.snapshot import CopiedChunk
 from cdc.stats import SpanStats
 from cdc.ts import Watermark
 from cdc.uri import scrub
+from processor.barrier import copied_after, ddl_names
 from processor.floors import TableFloors
 from processor.merged_rows import MergedRows
 from processor.recovery import DependencyProbe
@@ -389,7 +390,7 @@ class Processor:
                           table=table_copy,
                           hold=TableHold(state.tables) if table_copy is not None and state is not None else None)
         hooks = SpanHooks(fence=self._lease_fence, schema_history=self._schema_recorder(info.id),
-                          barrier=self._changefeed_barrier(info, span_index) if len(info.spans) > 1 else None,
+                          barrier=self._changefeed_barrier(info, span_index, progress) if len(info.spans) > 1 else None,
                           warnings=slot.warnings if slot is not None else None,
                           stats=slot.stats if slot is not None else None)
         runner = SpanRunner(label, start, source, sorter, sink, copies, hooks)
@@ -477,12 +478,17 @@ class Processor:
             self.store.put_schema_histories(cf, list(by_table.values()))
         return record
 
-    def _changefeed_barrier(self, info: ChangefeedInfo, span_index: int) -> Callable[[int, threading.Event], None]:
+    def _changefeed_barrier(self, info: ChangefeedInfo, span_index: int, progress: SnapshotProgressStore
+                            ) -> Callable[[DdlEvent, threading.Event], list[str]]:
         """Waits (polling the stored span statuses) until every other span of ``info`` has a checkpoint at or
-        above ``ts - 1``: it wrote everything committed before ``ts`` (``SpanRunner._changefeed_barrier``)."""
+        above ``ts - 1``: it wrote everything committed before the DDL's commit Ts ``ts``
+        (``SpanRunner._changefeed_barrier``). Then returns the tables whose names the DDL changes that another span's
+        copy planned under a snapshot *after* ``ts`` (:func:`copied_after`): such a copy already wrote what the name
+        holds after this DDL, so applying it would destroy or mix rows."""
         label = f"{info.id}/{span_index}"
 
-        def wait(ts: int, stop: threading.Event) -> None:
+        def wait(event: DdlEvent, stop: threading.Event) -> list[str]:
+            ts = event.commit_ts
             announced = False
             while not stop.is_set():
                 behind = []
@@ -495,12 +501,14 @@ class Processor:
                 if not behind:
                     if announced:
                         log.info("span=%s passes the changefeed barrier at commit %d", label, ts)
-                    return
+                    others = [s.index for s in info.spans if s.index != span_index]
+                    return copied_after(progress, info.id, others, ddl_names(event), ts)
                 if not announced:
                     log.info("span=%s waits at a changefeed barrier (DDL at commit %d) for span(s) %s", label, ts,
                              behind)
                     announced = True
                 stop.wait(0.5)
+            return []
         return wait
 
     def _lease_fence(self) -> None:

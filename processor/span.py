@@ -42,7 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from cdc.config import DdlConfig
-from cdc.errors import DdlRejected, LeaseLost, TidewaterError
+from cdc.errors import DdlRejected, LeaseLost, SnapshotTableChanged, TidewaterError
 from cdc.events import DdlEvent, DdlKind, TableSchema
 from cdc.model import DataWarning, WarningSeverity, merge_warnings
 from cdc.stats import SpanStats
@@ -137,12 +137,14 @@ class SpanHooks:
     """What the span calls back into, and what its processor keeps across restarts of the span.
 
     ``fence`` refuses a downstream commit (the capture's lease); ``schema_history`` stores schema versions;
-    ``barrier(ts, stop)`` waits until every other span of the changefeed wrote all before ``ts`` (None: one span).
+    ``barrier(event, stop)`` waits until every other span of the changefeed wrote all before the commit Ts of the
+    name-changing DDL ``event`` (None: one span), then returns what contradicts applying it: a description per table
+    whose name it changes that another span's copy already wrote *as of a later Ts* (empty: none).
     ``warnings`` and ``stats`` outlive the runner (None: the runner's own)."""
 
     fence: Callable[[], None] | None = None
     schema_history: SchemaRecorder | None = None
-    barrier: Callable[[int, threading.Event], None] | None = None
+    barrier: Callable[[DdlEvent, threading.Event], list[str]] | None = None
     warnings: SpanWarnings | None = None
     stats: SpanStats | None = None
 
@@ -362,12 +364,21 @@ class SpanRunner:
         ``[ddl] skip-ts``, or ``on-error = "skip"`` after the sink rejected it): a skipped DDL is recorded by the
         sink (replays leave it) and raised as a warning naming it, never only logged."""
         what = f"{event.query or ', '.join(event.kinds)} on {event.table} (commit Ts {event.commit_ts})"
+        conflicts = []
         if self._barrier is not None and NAME_CHANGES.intersection(event.kinds):
-            self._changefeed_barrier(event)
+            conflicts = self._changefeed_barrier(event)
         table = event.after if event.after is not None else event.before
         if table is not None and table.relation_id:  # the table's new shape, even when not applied downstream
             self._record_schemas([(event.commit_ts, table.relation_id, event.after)])
-        if self.ddl.mode == "ignore" or event.commit_ts in self.ddl.skip_ts:
+        skipped = self.ddl.mode == "ignore" or event.commit_ts in self.ddl.skip_ts
+        if conflicts and not skipped:
+            raise SnapshotTableChanged(
+                f"span {self.label}: schema change {what} cannot be applied: {'; '.join(conflicts)}. Applying it "
+                "would remove or change rows that copy wrote (a table was renamed onto that name while its copy "
+                "ran, so the copy ran ahead of this changefeed barrier). Fix: skip this DDL (`cdc cli changefeed "
+                f"update -c {self.label.rsplit('/', 1)[0]} --skip-ddl-ts {event.commit_ts}`, then `resume`), then copy "
+                "the tables it names again (`cdc cli changefeed snapshot --table ...`) so their targets are rebuilt")
+        if skipped:
             apply_ddl(sink, event, self._fence, skip=True)
             why = "[ddl] mode = \"ignore\"" if self.ddl.mode == "ignore" else "its commit Ts is in [ddl] skip-ts"
             self._ddl_warning("CDC:NoticeDdlSkipped", event, f"schema change {what} not applied downstream: {why}",
@@ -428,7 +439,7 @@ class SpanRunner:
         sink.publish_resolved(w, self._fence)
         self._published, self._last_publish = w.ts, now
 
-    def _changefeed_barrier(self, event: DdlEvent) -> None:
+    def _changefeed_barrier(self, event: DdlEvent) -> list[str]:
         """A DDL that changes which table holds a downstream name (CREATE, DROP, RENAME TABLE) waits until every
         other span of the changefeed has written everything committed before it: the old holder of the name
         may live in another span (``DROP TABLE b; ALTER TABLE a RENAME TO b`` with ``a`` and ``b`` in two
@@ -439,9 +450,10 @@ class SpanRunner:
         if below > self.checkpoint.ts:
             self.checkpoint = Watermark(below, self.checkpoint.time)
         assert self._barrier is not None
-        self._barrier(event.commit_ts, self._stop)
+        conflicts = self._barrier(event, self._stop)
         if self._stop.is_set():
             raise LeaseLost(f"span {self.label} stopped while waiting at the changefeed barrier of a DDL")
+        return conflicts
 
     def _ddl_warning(self, code: str, event: DdlEvent, message: str, severity: WarningSeverity) -> None:
         now = time.time()

@@ -154,8 +154,9 @@ def test_a_ddl_changing_table_names_waits_at_the_changefeed_barrier_with_everyth
     calls: list[tuple[int, int, list[Any]]] = []
     runner: list[SpanRunner] = []
 
-    def barrier(ts: int, stop: Any) -> None:
-        calls.append((ts, runner[0].checkpoint.ts, list(sink.log)))
+    def barrier(event: Any, stop: Any) -> list[str]:
+        calls.append((event.commit_ts, runner[0].checkpoint.ts, list(sink.log)))
+        return []
 
     txns = [SortedTxn(110, 110.0, 1, [row(1)]),
             SortedTxn(120, 120.0, 3, [row(2), encode_payload(SCHEMA_CHANGE, what), row(3)])]
@@ -170,3 +171,33 @@ def test_a_ddl_changing_table_names_waits_at_the_changefeed_barrier_with_everyth
     assert r.error is None and r.checkpoint.ts == 120
     # the barrier is asked with every earlier transaction written and the checkpoint just below the DDL's
     assert calls == ([(120, 119, [[1], [2]])] if waits else [])
+
+
+@pytest.mark.parametrize("skip_ts", [(), (120,)])
+def test_a_name_changing_ddl_that_another_spans_copy_ran_ahead_of_fails_the_span_unless_skipped_knowingly(
+    skip_ts: tuple[int, ...]
+) -> None:
+    """The barrier reports that another span's copy wrote the DDL's table as of a later Ts: applying the DROP would
+    remove the copied rows, so the span fails naming the table and the fix, and applies nothing; with the DDL's
+    commit Ts in ``[ddl] skip-ts`` (the fix) it is skipped and the span goes on."""
+    sink = RecordingSink()
+
+    def barrier(event: Any, stop: Any) -> list[str]:
+        return [f"span cf/1 copied table {event.table} as of Ts 130, after this DDL"]
+
+    txns = [SortedTxn(110, 110.0, 1, [row(1)]),
+            SortedTxn(120, 120.0, 3, [row(2), encode_payload(SCHEMA_CHANGE, b"drop"), row(3)])]
+    r = SpanRunner("cf/0", Watermark(100, 100.0), DropSource(120, {120}), FakeSorter(txns),  # type: ignore[arg-type]
+                   SinkPlan(lambda: sink, txn_rows=10, ddl=DdlConfig(skip_ts=skip_ts)), hooks=SpanHooks(barrier=barrier))
+    r.start()
+    deadline = time.monotonic() + 10
+    while r.checkpoint.ts < 120 and time.monotonic() < deadline and not r.failed.is_set():
+        time.sleep(0.01)
+    r.stop()
+    if skip_ts:
+        assert r.error is None and r.checkpoint.ts == 120
+        assert sink.log[-1] == [3]
+    else:
+        assert r.error is not None and r.error.code == "CDC:ErrSnapshotTableChanged" and not r.error.retryable
+        assert "public.t" in str(r.error) and "--skip-ddl-ts 120" in str(r.error)
+        assert not any(isinstance(e, DdlEvent) for e in sink.log) and r.checkpoint.ts < 120
