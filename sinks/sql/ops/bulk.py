@@ -18,8 +18,8 @@ word for word, and otherwise returns None (the caller parses the rows and calls 
 - the ``INSERT`` plan of all columns has a COPY form (as above: a narrower numeric scale of an existing target
   is checked value by value, so never passed through);
 - the target table's column types are exactly those the sink creates for the upstream columns
-  (``format_type`` compared with :func:`sinks.sql.dialect.typemap.plan_table`): a pre-existing table of other types takes
-  the parsed path, whose converters were written for it;
+  (``format_type`` compared with :func:`sinks.sql.dialect.typemap.plan_table`): a pre-existing table of other
+  types takes the parsed path, whose converters were written for it;
 - the text is :data:`cdc.snapshot.PG_COPY_TEXT` in UTF8 and the target connection's client encoding is UTF8.
 
 Idempotency. The rows go straight into the table (no staging, no merge: that is the gain). A chunk written but
@@ -161,8 +161,9 @@ class CopyPassthrough:
                             trans.rollback()
                             n = self._conflicts[b.label] = self._conflicts.get(b.label, 0) + 1
                             if n == CONFLICTS_TO_STOP:
-                                log.info("%s: %s already holds rows of %d chunks of the initial copy (copied before, or "
-                                         "merged): its chunks are upserted by key from now on", target.where, b.label, n)
+                                log.info("%s: %s already holds rows of %d chunks of the initial copy (copied before, "
+                                         "or merged): its chunks are upserted by key from now on", target.where,
+                                         b.label, n)
                             return None
                         rows = cur.rowcount
                     finally:

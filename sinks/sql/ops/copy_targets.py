@@ -1,9 +1,8 @@
 """What ``changefeed create`` asks of an SQL target before the initial copy: which target tables already hold
 rows, and emptying them (``[snapshot] on-existing-rows``); how many rows they hold after a merge copy
-(:func:`count_rows`); and dropping a table whose copy starts over under a new
-definition (:func:`drop_copy_target`). Names follow the sink's routing
-(:meth:`sinks.sql.target.connection.Target.target_name`); a table is found as the sink finds it when it writes (exact name on
-PostgreSQL, case-insensitively on MySQL/MariaDB and SQLite). Not on the hot path: one catalog read per target
+(:func:`count_rows`); and dropping a table whose copy starts over under a new definition (:func:`drop_copy_target`).
+Names follow the sink's routing (:meth:`sinks.sql.target.connection.Target.target_name`); a table is found as the
+sink finds it when it writes (exact name on PostgreSQL, case-insensitively on MySQL/MariaDB and SQLite). Not on the hot path: one catalog read per target
 schema and one ``SELECT 1 ... LIMIT 1`` per existing table.
 """
 

@@ -7,16 +7,16 @@ into a heap and building the index once (docs/benchmarks.md). The key is what ma
 twice. It is a *marker row* per chunk in ``tidewater.tidewater_copy_chunk``, whose primary key is (changefeed,
 span, table, chunk), committed in the chunk's own transaction:
 
-- :meth:`DeferredKey.create_target` creates the table exactly as streaming would (``sinks.sql.dialect.typemap.plan_table``,
-  ``create_table_sql``: same columns, types, NOT NULL key columns) but without its ``PRIMARY KEY``, and the marker
-  table. The caller stores the fact "key deferred" durably (``TablePlan.key_state``) *before* calling it.
-- :meth:`DeferredKey.write_marked_chunk`: ``COPY`` of the chunk's upstream text (the passthrough of ``sinks.sql.ops.bulk``, same
-  conditions), then ``INSERT`` of the chunk's marker ``ON CONFLICT DO NOTHING``, then the fence, then commit. Two
+- :meth:`DeferredKey.create_target` creates the table exactly as streaming would
+  (``sinks.sql.dialect.typemap.plan_table``, ``create_table_sql``: same columns, types, NOT NULL key columns) but
+  without its ``PRIMARY KEY``, and the marker table. The caller stores the fact "key deferred" durably (``TablePlan.key_state``) *before* calling it.
+- :meth:`DeferredKey.write_marked_chunk`: ``COPY`` of the chunk's upstream text (the passthrough of
+  ``sinks.sql.ops.bulk``, same conditions), then ``INSERT`` of the chunk's marker ``ON CONFLICT DO NOTHING``, then the fence, then commit. Two
   transactions writing the same chunk serialise on the marker's key: the second waits for the first and, if the
   first committed, inserts nothing and is rolled back with all its rows (``already`` is returned). So every chunk
   is in the table at most once, committed together with its marker.
-- :meth:`DeferredKey.read_markers`: the markers of a table (a resumed run records in etcd the chunks whose marker is there and
-  never copies them again).
+- :meth:`DeferredKey.read_markers`: the markers of a table (a resumed run records in etcd the chunks whose marker
+  is there and never copies them again).
 - :meth:`DeferredKey.build_key`, once every chunk is done: in one transaction, ``ALTER TABLE .. ADD PRIMARY KEY (key)``
   (unnamed, as the streaming ``CREATE TABLE``: PostgreSQL picks the same constraint and index name), delete the
   table's markers, fence, commit. Idempotent: a table whose primary key exists already on exactly the key columns
