@@ -91,7 +91,7 @@ _COMPONENTS = (  # (file path fragment of the leaf frame, component), first matc
     ("plyvel", "sorter (LevelDB)"),
     ("processor/span.py", "batcher and span loop"),
     ("processor/mounter.py", "mounter"),
-    ("sinks/sql/values.py", "sink: value conversion"),
+    ("sinks/sql/dialect/values.py", "sink: value conversion"),
     ("sinks/", "sink: statements and driver calls (sqlite3 in C included)"),
     ("pymysql/", "driver: PyMySQL"),
     ("socket.py", "driver: socket I/O"),

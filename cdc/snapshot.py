@@ -202,7 +202,7 @@ class CopiedChunk:
 @dataclass(frozen=True, slots=True)
 class ChunkMarker:
     """The row a chunk of a table whose key is deferred commits in the target, in the same transaction as the
-    chunk's rows (``sinks.sql.deferred_key``). The marker table's primary key is (changefeed, span, table, chunk),
+    chunk's rows (``sinks.sql.ops.deferred_key``). The marker table's primary key is (changefeed, span, table, chunk),
     so at most one transaction per chunk ever commits: the proof that no chunk lands twice while the target table
     has no key. ``run`` is the job run that wrote it; ``rows``, ``snapshot`` and ``commit_ts`` are what its
     :class:`ChunkDone` records (a resumed run records a chunk from its marker when etcd missed it)."""

@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 def forget_positions(sinks: SinkOpener, info: ChangefeedInfo) -> None:
     """Best effort after ``remove``: delete the changefeed's rows from the sink's position table (exactly-once
-    delivery, sinks.sql.position). Runs in its own thread so that an unreachable sink never delays the
+    delivery, sinks.sql.target.position). Runs in its own thread so that an unreachable sink never delays the
     owner or the removal; a failure is logged with the statement to run by hand. The table itself stays."""
     try:
         config = ChangefeedConfig.from_dict(info.config).sink

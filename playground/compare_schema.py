@@ -6,7 +6,7 @@ from one the sink creates fresh from the upstream's current schema (docs/ddl.md,
 For each table :func:`compare_schemas` therefore
 
 - reads the upstream's current schema (``upstream.postgres.catalog.table_schema``, the catalog facts the
-  capture uses), plans its target table with :func:`sinks.sql.ddl.plan_table` for the target's dialect and
+  capture uses), plans its target table with :func:`sinks.sql.dialect.typemap.plan_table` for the target's dialect and
   creates that plan as a *temporary* table on the target itself (``create_table_sql``, with the collation
   the sink uses on MySQL/MariaDB), so that the expected types are the target's own spelling of the mapped
   types (``INT`` is ``int(11)`` on MariaDB, ``integer`` on PostgreSQL);
@@ -36,8 +36,8 @@ import sqlalchemy as sa
 from cdc.events import TableName
 from cdc.uri import parse_sink_uri
 from playground.compare import sqlalchemy_url
-from sinks.sql.ddl import create_table_sql, mysql_collation, plan_table
-from sinks.sql.engine import DIALECTS
+from sinks.sql.dialect.typemap import create_table_sql, mysql_collation, plan_table
+from sinks.sql.target.connection import DIALECTS
 from upstream.postgres import catalog
 
 

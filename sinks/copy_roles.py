@@ -40,7 +40,7 @@ class BulkLoad(ABC):
 
 
 class TextCopy(ABC):
-    """A sink that can store the upstream's text of a chunk unparsed (PostgreSQL targets: ``sinks.sql.bulk``)."""
+    """A sink that can store the upstream's text of a chunk unparsed (PostgreSQL targets: ``sinks.sql.ops.bulk``)."""
 
     @abstractmethod
     def write_copy_text(self, schema: TableSchema, open_text: Callable[[], CopyText | None],
@@ -73,7 +73,7 @@ class CopyAnnouncer(ABC):
 
 class DeferredKeyCopy(ABC):
     """A sink that can create a copied table without its primary key and build the key after the load
-    (PostgreSQL: ``sinks.sql.deferred_key``).
+    (PostgreSQL: ``sinks.sql.ops.deferred_key``).
 
     Guarantees: every chunk commits at most once, with its marker (``write_marked_chunk``); the key is built exactly
     as streaming creates it (``build_deferred_key``), and a duplicate key raises ``SinkError``.

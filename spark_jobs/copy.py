@@ -7,7 +7,7 @@ Guarantees of :func:`copy_chunks` (per task, in order):
 
 - Each chunk is read under the job's snapshot and written in one downstream transaction: the chunk is downstream
   entirely or not at all. Where the sink can store the upstream's text of the rows exactly as it stores the parsed
-  rows (``sinks.copy_roles.TextCopy``: PostgreSQL targets, ``sinks.sql.bulk``), the text is passed through unparsed
+  rows (``sinks.copy_roles.TextCopy``: PostgreSQL targets, ``sinks.sql.ops.bulk``), the text is passed through unparsed
   (``SnapshotReader.read_chunk_text``); otherwise, or when the target already holds rows of the chunk, the rows are
   read parsed (``SnapshotReader.read_chunk``) and written with one ``TxnSink.write`` call (upserts by key; a
   ``CopyAnnouncer``, the Kafka sink, writes them with ``write_copy_chunk``, which adds the chunk's marker for its

@@ -148,7 +148,7 @@ def check_definition(job: SnapshotJob, plan: TablePlan, schema: TableSchema, don
 
 
 def _may_defer(job: SnapshotJob) -> bool:
-    """Whether the job's sink may build keys after the load at all (PostgreSQL, ``sinks.sql.deferred_key``): other
+    """Whether the job's sink may build keys after the load at all (PostgreSQL, ``sinks.sql.ops.deferred_key``): other
     sinks are not even opened to ask."""
     return parse_sink_uri(job.sink).scheme in ("postgresql", "postgres")
 

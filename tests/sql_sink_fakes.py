@@ -6,9 +6,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from cdc.events import TableSchema
-from sinks.sql.binding import KnownTable
-from sinks.sql.ddl import plan_table
+from sinks.sql.dialect.typemap import plan_table
 from sinks.sql.sink import SQLSink
+from sinks.sql.target.binding import KnownTable
 
 
 class FakeCursor:
@@ -48,9 +48,9 @@ def assume_tables(sink: SQLSink, dialect: str, *schemas: TableSchema, target_nam
     for s in schemas:
         name = target_name or s.name.table
         planned = plan_table(s, dialect, target_schema=tschema, target_name=name)
-        sink._tables[(tschema, name)] = KnownTable(name, planned.schema, planned.name, planned.columns,
-                                               [frozenset(planned.key)] if planned.key else [], created=True)
-        sink._fk_seen.add(name)  # no foreign keys to read (tests add edges with sink._fk.add)
+        # no foreign keys to read (tests add edges with sink.catalog.fk.add)
+        sink.catalog.assume(KnownTable(name, planned.schema, planned.name, planned.columns,
+                                       [frozenset(planned.key)] if planned.key else [], created=True))
 
 
 def fake_connection(cur: Any) -> Any:

@@ -10,7 +10,7 @@ Guarantees:
 - :meth:`SnapshotProgressStore.record_chunk` is one put, made only after the chunk is durable downstream. A
   crash between the two leaves the chunk unrecorded: it is copied again, which is harmless (keyed rows are
   upserts; a key-less table's only chunk replaces the table's rows), or, for a table whose key is deferred, recorded
-  by the next run from the marker its transaction committed (``sinks.sql.deferred_key``).
+  by the next run from the marker its transaction committed (``sinks.sql.ops.deferred_key``).
 - :meth:`SnapshotProgressStore.set_key_state` moves a plan's ``key_state`` forward only (compare-and-set).
 - :meth:`SnapshotProgressStore.forget_table` drops a table's plan and chunks and adds their rows to the table's
   :class:`cdc.snapshot.CopyRedone` in the same etcd transaction: the rows copied that progress shows never go back.

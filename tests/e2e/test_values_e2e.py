@@ -75,7 +75,7 @@ def test_a_copied_row_and_the_same_row_streamed_are_stored_identically(
         cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str,
         tmp_path: Path) -> None:
     """Rows 1..: copied by the initial snapshot (into PostgreSQL: the upstream's COPY text passed through, see
-    sinks/sql/bulk.py); rows 1001..: the same values streamed in one transaction; rows 2001..: streamed one row per
+    sinks/sql/ops/bulk.py); rows 1001..: the same values streamed in one transaction; rows 2001..: streamed one row per
     transaction. Every stored value of a row must be the same in the three, and the whole equal to the upstream."""
     import sqlalchemy as sa
 

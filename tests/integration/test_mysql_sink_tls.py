@@ -12,8 +12,8 @@ import pytest
 
 from cdc.errors import TidewaterError
 from playground.servers import MariaDBServer
-from sinks.sql.mysql_tls import tls_connect_args
 from sinks.sql.sink import SQLSink
+from sinks.sql.target.mysql_tls import tls_connect_args
 from tests.tls_material import TlsMaterial, make_tls_material
 
 pytestmark = pytest.mark.integration

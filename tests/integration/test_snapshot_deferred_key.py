@@ -26,7 +26,7 @@ from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.snapshot import KEY_BUILT, KEY_DEFERRED, ChunkMarker
 from playground.compare import compare_tables
 from sinks.factory import open_sink
-from sinks.sql.deferred_key import CREATE_MARKERS
+from sinks.sql.ops.deferred_key import CREATE_MARKERS
 from spark_jobs.copy import copy_chunk, copy_chunks
 from spark_jobs.deferred import OwedKey
 from spark_jobs.plan import SnapshotJob

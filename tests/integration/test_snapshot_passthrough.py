@@ -1,4 +1,4 @@
-"""The initial copy's COPY passthrough into PostgreSQL (sinks/sql/bulk.py) stores exactly what streaming stores.
+"""The initial copy's COPY passthrough into PostgreSQL (sinks/sql/ops/bulk.py) stores exactly what streaming stores.
 
 The same edge rows reach three PostgreSQL target databases: streamed through the real path (pgoutput -> our
 decoder and mounter -> the SQL sink) in one write, which sends a group of 32+ rows through the sink's COPY of

@@ -99,7 +99,7 @@ def test_a_keyless_row_refused_by_not_null_is_named_by_its_values(
 
 def test_a_value_with_more_fractional_digits_than_an_existing_postgresql_column_is_refused_not_rounded(
         pg_server: Any, pg_database: str, etcd_server: Any, cluster_id: str, tmp_path: Path, pg_tgt: SqlTarget) -> None:
-    """The COPY passthrough (sinks/sql/bulk.py) would send the upstream text ``0.000000100`` into the existing
+    """The COPY passthrough (sinks/sql/ops/bulk.py) would send the upstream text ``0.000000100`` into the existing
     ``numeric(10,2)`` target, which PostgreSQL rounds to 0.00 without a word: the chunk is parsed instead, and the
     value refused (docs/limits.md), naming table, key and column."""
     execute(pg_server, pg_database, "CREATE TABLE amounts (id int PRIMARY KEY, n numeric(20,9))",

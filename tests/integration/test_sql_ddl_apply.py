@@ -540,7 +540,7 @@ def test_a_ddl_blocked_by_a_downstream_lock_fails_retryably(repl: Repl, target: 
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     if target.kind == "sqlite":
         pytest.skip("SQLite waits busy-timeout for its single writer lock, as writes do")
-    import sinks.sql.ddl_run as ddl_run
+    import sinks.sql.ops.ddl_run as ddl_run
     from cdc.errors import SinkUnavailable
 
     monkeypatch.setattr(ddl_run, "LOCK_TIMEOUT", 1)

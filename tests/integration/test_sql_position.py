@@ -1,4 +1,4 @@
-"""Exactly-once delivery (sinks.sql.position) against SQLite, MariaDB and PostgreSQL: the applied position
+"""Exactly-once delivery (sinks.sql.target.position) against SQLite, MariaDB and PostgreSQL: the applied position
 commits with the rows, a replay skips what the target holds (no duplicates in a table without a key), a
 second writer of the same span is refused, remove forgets, and at-least-once stores nothing."""
 

@@ -648,17 +648,17 @@ def test_existing_tables_read_from_the_catalog_equal_per_table_reflection(target
         target.execute(sql)
     names = ["c1", "c2", "c3"] + (["c4"] if target.kind == "postgresql" else [])
     tschema = "public" if target.kind == "postgresql" else None
-    engine = sink._engine
+    engine = sink.target.engine
     with engine.connect() as conn:
         for name in names:
-            fast = sink._existing_table(conn, tschema, name)
-            slow = sink._reflect(conn, tschema, name, name if tschema is None else f"{tschema}.{name}")
+            fast = sink.catalog.existing_table(conn, tschema, name)
+            slow = sink.catalog.reflect(conn, tschema, name, name if tschema is None else f"{tschema}.{name}")
             assert fast is not None
             assert (fast.label, fast.schema, fast.name, fast.columns) == (slow.label, slow.schema, slow.name, slow.columns)
             assert set(fast.uniques) == set(slow.uniques)
-        assert sink._existing_table(conn, tschema, "c1") is None  # handed out once: the next look is per table
-        assert sink._existing_table(conn, tschema, "nope") is None
-        assert sink._existing_table(conn, tschema, "cv") is None  # a view: the per-table path decides
+        assert sink.catalog.existing_table(conn, tschema, "c1") is None  # handed out once: the next look is per table
+        assert sink.catalog.existing_table(conn, tschema, "nope") is None
+        assert sink.catalog.existing_table(conn, tschema, "cv") is None  # a view: the per-table path decides
 
 
 def test_no_connection_is_left_inside_a_transaction(target: Target) -> None:
@@ -738,11 +738,11 @@ def test_postgres_copy_of_upstream_text_stores_what_the_typed_path_stores(postgr
     copied = table(f"copy_{suffix}", *NASTY_COLUMNS, has_key=has_key)
     typed = table(f"typed_{suffix}", *NASTY_COLUMNS, has_key=has_key)
     rows = nasty_rows(60)
-    from sinks.sql import writer as writer_module
+    from sinks.sql.ops.output import Output
 
     copies: list[str] = []
-    real_copy = writer_module.Writer._copy_in
-    monkeypatch.setattr(writer_module.Writer, "_copy_in",
+    real_copy = Output.copy_in
+    monkeypatch.setattr(Output, "copy_in",
                         lambda self, sql, data: (copies.append(sql), real_copy(self, sql, data))[1])
     sink = postgres.sink()
     try:
@@ -787,7 +787,7 @@ def test_postgres_without_temp_privilege_upserts_through_insert_not_copy(postgre
                  for i in range(100)])
         s.write([RowChange(OpType.UPDATE, users, 2, row=(i, f"m{i}", -i), row_text=(str(i), f"m{i}", str(-i)))
                  for i in range(100)])
-        assert s.pg_temp_ok is False
+        assert s.target.pg_temp_ok is False
     finally:
         s.close()
     got = postgres.rows("users", order="id")

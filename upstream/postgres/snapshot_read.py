@@ -28,7 +28,7 @@ and is split as it is). Each row is parsed by :func:`upstream.postgres.types.row
 ``row`` and ``row_text`` set, as the mounter builds it. No per-row I/O or logging.
 
 Reading as text (:meth:`PgSnapshotReader.read_chunk_text`): the same COPY's bytes, unparsed, for a sink that stores
-them itself (:class:`cdc.snapshot.CopyText`, the initial copy's passthrough into PostgreSQL, ``sinks.sql.bulk``),
+them itself (:class:`cdc.snapshot.CopyText`, the initial copy's passthrough into PostgreSQL, ``sinks.sql.ops.bulk``),
 drained from libpq in 1 MiB blocks by :mod:`upstream.postgres.copy_out` (C, no Python call per row); where that helper
 cannot be built, through an OS pipe that psycopg2's ``copy_expert`` writes each row into.
 

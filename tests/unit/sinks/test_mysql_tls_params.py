@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from cdc.errors import InvalidURI
-from sinks.sql.mysql_tls import tls_connect_args
 from sinks.sql.sink import SQLSink
+from sinks.sql.target.mysql_tls import tls_connect_args
 from tests.tls_material import TlsMaterial, make_tls_material
 
 pytestmark = pytest.mark.unit

@@ -1,4 +1,4 @@
-"""sinks.sql.bulk without servers: which schemas may pass through as text, and what a refusal costs (nothing read)."""
+"""sinks.sql.ops.bulk without servers: which schemas may pass through as text, and what a refusal costs (nothing read)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from cdc.config import SinkConfig
 from cdc.events import ColumnSchema, TableName, TableSchema
 from sinks.factory import open_sink
-from sinks.sql.bulk import PASSTHROUGH_TYPES, type_refusal
+from sinks.sql.ops.bulk import PASSTHROUGH_TYPES, type_refusal
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""DDL translation for the SQL sink (sinks.sql.ddl_apply), pure: upstream defaults as values, the widening
+"""DDL translation for the SQL sink (sinks.sql.dialect.ddl), pure: upstream defaults as values, the widening
 rules, and per-dialect statements whose column types are exactly those of streaming's CREATE TABLE."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from cdc.config import ChangefeedConfig
 from cdc.errors import DdlRejected
 from cdc.events import ColumnSchema, DdlChange, DdlEvent, DdlKind, IndexSpec, TableName, TableSchema
-from sinks.sql.ddl import plan_table
-from sinks.sql.ddl_apply import FILL, REBUILD, RESCALE, SQL, Translator, default_value, widening_refusal
+from sinks.sql.dialect.ddl import FILL, REBUILD, RESCALE, SQL, Translator, default_value, widening_refusal
+from sinks.sql.dialect.typemap import plan_table
 
 pytestmark = pytest.mark.unit
 K = DdlKind
@@ -214,7 +214,7 @@ def test_fills_the_event_carries_become_an_update_or_a_read_back_by_key() -> Non
 
     from cdc.errors import DataRejected
     from cdc.events import ColumnFill
-    from sinks.sql.ddl_apply import REREAD
+    from sinks.sql.dialect.ddl import REREAD
 
     at = col("at", "timestamptz", "timestamp with time zone", default="now()")
     u = col("u", "uuid", "uuid", default="gen_random_uuid()")

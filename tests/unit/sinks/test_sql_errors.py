@@ -1,5 +1,5 @@
 """The SQL sink's error mapping: a value or row the target refuses is ``DataRejected`` (fatal, the database's reason
-kept), an outage stays retryable, a missing database or privilege keeps its fix (sinks.sql.errors)."""
+kept), an outage stays retryable, a missing database or privilege keeps its fix (sinks.sql.dialect.errors)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from cdc.errors import DataRejected, SinkError, SinkUnavailable
 from cdc.uri import parse_sink_uri
-from sinks.sql.errors import is_data_error, wrap
+from sinks.sql.dialect.errors import is_data_error, wrap
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The normalisation of a window (sinks.sql.normalize) as a pure function, and the SQLite sink applying the
+"""The normalisation of a window (sinks.sql.dialect.normalize) as a pure function, and the SQLite sink applying the
 shared apply-order scenarios (tests/sql_apply_scenarios.py) in one write each."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 
 from cdc.config import SinkConfig
 from cdc.events import UNCHANGED, OpType, RowChange
-from sinks.sql.normalize import normalize_keyed, normalize_keyless
+from sinks.sql.dialect.normalize import normalize_keyed, normalize_keyless
 from sinks.sql.sink import SQLSink
 from tests.sql_apply_scenarios import DEF, FULL, NOKEY, SCENARIOS, Scenario, dele, ins, row, upd
 
@@ -177,7 +177,7 @@ def test_random_deferred_key_permutations_end_like_upstream(tmp_path: Path, seed
 
 
 def test_fk_graph_orders_parents_first_and_keeps_cycles_in_the_given_order() -> None:
-    from sinks.sql.fkgraph import FkGraph
+    from sinks.sql.dialect.fkgraph import FkGraph
 
     g = FkGraph()
     g.add_all([("child", "parent"), ("grandchild", "child"), ("parent", "parent"), ("x", "y"), ("y", "x")])

@@ -4,7 +4,7 @@ below the applied position, passes everything after it, and knows the call's las
 import pytest
 
 from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
-from sinks.sql.position import Tracked
+from sinks.sql.target.position import Tracked
 
 pytestmark = pytest.mark.unit
 

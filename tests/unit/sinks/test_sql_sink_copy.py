@@ -9,10 +9,9 @@ import pytest
 
 from cdc.config import SinkConfig
 from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
-from sinks.sql.output import COPY_MIN_ROWS, _copy_text, _last_per_key_texts
-from sinks.sql.pipeline import Pipeline
+from sinks.sql.ops.output import COPY_MIN_ROWS, copy_text, last_per_key_texts
 from sinks.sql.sink import SQLSink
-from sinks.sql.writer import Writer
+from sinks.sql.target.pipeline import Pipeline
 from tests.sql_sink_fakes import assume_tables, fake_connection
 
 pytestmark = pytest.mark.unit
@@ -52,24 +51,24 @@ NASTY = ["", None, "plain", "back\\slash", "\\\\", "tab\tx", "\t", "new\nline", 
 
 def test_copy_text_round_trips_every_nasty_value() -> None:
     rows = [(a, b, c) for a in NASTY for b in NASTY[:6] for c in (None, "x")]
-    data = _copy_text(rows)
+    data = copy_text(rows)
     assert parse_copy_text(data, 3) == rows
     assert data.count("\n") == len(rows)  # one line per row: no raw newline inside a value
 
 
 def test_copy_text_plain_rows_are_joined_as_they_are() -> None:
-    assert _copy_text([("1", "a b", ""), ("2", "c", "d")]) == "1\ta b\t\n2\tc\td\n"
-    assert _copy_text([("1", None), ("\\", "\t")]) == "1\t\\N\n\\\\\t\\t\n"
-    assert _copy_text([]) == ""
+    assert copy_text([("1", "a b", ""), ("2", "c", "d")]) == "1\ta b\t\n2\tc\td\n"
+    assert copy_text([("1", None), ("\\", "\t")]) == "1\t\\N\n\\\\\t\\t\n"
+    assert copy_text([]) == ""
 
 
 def test_last_per_key_texts_keeps_the_last_row_of_each_key() -> None:
     rows = [(1, "a"), (2, "b"), (1, "c"), ([1, 2], "d"), ([1, 2], "e")]
     texts = [("1", "a"), ("2", "b"), ("1", "c"), ("{1,2}", "d"), ("{1,2}", "e")]
-    assert _last_per_key_texts(rows, texts, (0,)) == [("2", "b"), ("1", "c"), ("{1,2}", "e")]
-    assert _last_per_key_texts(rows[:2], texts[:2], (0,)) is texts[:2] or \
-        _last_per_key_texts(rows[:2], texts[:2], (0,)) == texts[:2]
-    assert _last_per_key_texts(rows, texts, (0, 1)) == texts
+    assert last_per_key_texts(rows, texts, (0,)) == [("2", "b"), ("1", "c"), ("{1,2}", "e")]
+    assert last_per_key_texts(rows[:2], texts[:2], (0,)) is texts[:2] or \
+        last_per_key_texts(rows[:2], texts[:2], (0,)) == texts[:2]
+    assert last_per_key_texts(rows, texts, (0, 1)) == texts
 
 
 class CopyCursor:
@@ -100,13 +99,13 @@ K, H = schema("k"), schema("h", has_key=False)
 
 def write(changes: list[RowChange], writes: int = 1) -> list[tuple[str, str, Any]]:
     sink = SQLSink("postgresql://u:p@127.0.0.1:1/db", SinkConfig())
-    sink._pipe = Pipeline(threaded=False)
+    sink.target.pipeline = Pipeline(threaded=False)
     cur = CopyCursor()
     try:
         assume_tables(sink, "postgresql", K, H)
         conn = fake_connection(cur)
         for _ in range(writes):
-            Writer(sink, conn, sink._statements()).run(changes)
+            sink.writer(conn).run(changes)
     finally:
         sink.close()
     return cur.calls

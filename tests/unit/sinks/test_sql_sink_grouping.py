@@ -16,9 +16,8 @@ import pytest
 from cdc.config import SinkConfig
 from cdc.errors import SinkError
 from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
-from sinks.sql.pipeline import Pipeline
 from sinks.sql.sink import SQLSink
-from sinks.sql.writer import Writer
+from sinks.sql.target.pipeline import Pipeline
 from tests.sql_sink_fakes import URIS, FakeCursor, assume_tables, fake_connection
 
 pytestmark = pytest.mark.unit
@@ -66,7 +65,7 @@ def send(dialect: str, changes: Any, *, batch_rows: int = 1000, txn_rows: int = 
         assume_tables(sink, dialect, A, B, C, KEYLESS)
         cur = cur or FakeCursor()
         conn = fake_connection(cur)
-        Writer(sink, conn, sink._statements()).run(changes)
+        sink.writer(conn).run(changes)
         return cur.calls
     finally:
         sink.close()
@@ -150,11 +149,11 @@ def test_pending_changes_are_bounded_and_windows_end_at_transaction_boundaries(d
             yield RowChange(OpType.UPDATE, tables[i % 3], ts, values={"id": i, "name": "x", "score": 0})
 
     sink = SQLSink(URIS[dialect], SinkConfig(batch_rows=10, txn_rows=10))  # bound: max(batch, txn) changes
-    sink._pipe = Pipeline(threaded=False)  # statements run when flushed (the pipeline's bound: its own tests)
+    sink.target.pipeline = Pipeline(threaded=False)  # statements run when flushed (the pipeline's bound: its own tests)
     try:
         assume_tables(sink, dialect, *tables)
         conn = fake_connection(cur)
-        Writer(sink, conn, sink._statements()).run(changes())
+        sink.writer(conn).run(changes())
     finally:
         sink.close()
     # windows end at the first transaction boundary with >= 10 pending: after 12, 24, 36 changes; then the
@@ -180,7 +179,7 @@ def test_an_error_names_the_table_whose_group_failed(dialect: str) -> None:
     try:
         assume_tables(sink, dialect, A, B)
         conn = fake_connection(cur)
-        w = Writer(sink, conn, sink._statements())
+        w = sink.writer(conn)
         with pytest.raises(RuntimeError):
             w.run([ins(B, 1), ins(A, 1), ins(A, 2)])  # b's group is flushed at the end, after a's was started
         assert w.current == "b"
@@ -304,9 +303,9 @@ def test_a_failed_multi_table_write_leaves_nothing(tmp_path: Path) -> None:
 
 # ---- connections ------------------------------------------------------------------------------------
 def test_pymysql_connections_share_one_default_tls_context() -> None:
-    from sinks.sql.engine import _pymysql_connection_class
+    from sinks.sql.target.connection import pymysql_connection_class
 
-    cls = _pymysql_connection_class()
+    cls = pymysql_connection_class()
     a = cls(host="127.0.0.1", port=1, defer_connect=True)
     b = cls(host="127.0.0.1", port=1, defer_connect=True)
     assert a.ssl and not a._ssl_required  # still opportunistic TLS, as PyMySQL's default

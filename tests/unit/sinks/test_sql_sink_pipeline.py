@@ -14,9 +14,9 @@ import pytest
 
 from cdc.config import SinkConfig
 from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
-from sinks.sql.pipeline import Pipeline
+from sinks.sql.ops.writer import Writer
 from sinks.sql.sink import SQLSink
-from sinks.sql.writer import Writer
+from sinks.sql.target.pipeline import Pipeline
 from tests.sql_sink_fakes import URIS, assume_tables, fake_connection
 
 pytestmark = pytest.mark.unit
@@ -106,7 +106,7 @@ def make_sink(dialect: str, **config: Any) -> SQLSink:
 
 def run(sink: SQLSink, cur: SlowCursor, changes: Any) -> Writer:
     conn = fake_connection(cur)
-    writer = Writer(sink, conn, sink._statements())
+    writer = sink.writer(conn)
     writer.run(changes)
     return writer
 
@@ -123,7 +123,7 @@ def mixed(n: int) -> list[RowChange]:
 def test_statements_run_in_a_worker_in_submit_order_one_at_a_time(dialect: str) -> None:
     changes = mixed(90)
     sink = make_sink(dialect, batch_rows=5, txn_rows=15)
-    sink._pipe = Pipeline(threaded=False)
+    sink.target.pipeline = Pipeline(threaded=False)
     inline = SlowCursor()
     try:
         run(sink, inline, changes)
@@ -133,14 +133,14 @@ def test_statements_run_in_a_worker_in_submit_order_one_at_a_time(dialect: str) 
     cur = SlowCursor(delay=0.002)
     try:
         run(sink, cur, changes)
-        assert sink._pipe._thread is not None and sink._pipe._thread.is_alive()
+        assert sink.target.pipeline.worker is not None and sink.target.pipeline.worker.is_alive()
     finally:
         sink.close()
-    assert sink._pipe._thread is not None and not sink._pipe._thread.is_alive()  # close stops the worker
+    assert sink.target.pipeline.worker is not None and not sink.target.pipeline.worker.is_alive()  # close stops the worker
     assert statements(cur) == statements(inline) and len(statements(cur)) == 18
     assert cur.overlaps == 0
     caller = threading.get_ident()
-    assert {t for kind, _, t in cur.calls if kind == "execute"} == {sink._pipe._thread.ident} != {caller}
+    assert {t for kind, _, t in cur.calls if kind == "execute"} == {sink.target.pipeline.worker.ident} != {caller}
     assert cur.calls[-1] == ("close", "", caller)  # closed by the caller after the last statement ran
 
 
@@ -168,13 +168,13 @@ def test_a_failed_statement_is_raised_with_its_table_and_later_ones_never_run(di
     cur = SlowCursor(delay=0.001, fail_on=1)  # the second statement: table b's first
     sink = make_sink(dialect, batch_rows=3, txn_rows=1000)
     conn = fake_connection(cur)
-    writer = Writer(sink, conn, sink._statements())
+    writer = sink.writer(conn)
     changes = [ins(A, i) for i in range(3)] + [ins(B, i) for i in range(3)] + [ins(C, i) for i in range(30)]
     try:
         with pytest.raises(DriverError, match="statement 1 failed"):
             writer.run(changes)
         assert writer.current == "b"
-        assert sink._pipe._jobs == collections_empty()
+        assert sink.target.pipeline.queued() == 0
         # the statements after the failed one were dropped (at most the pipeline depth were queued)
         assert len(statements(cur)) == 2 and cur.overlaps == 0
         assert cur.calls[-1][0] == "close"
@@ -184,12 +184,6 @@ def test_a_failed_statement_is_raised_with_its_table_and_later_ones_never_run(di
         assert len(statements(cur2)) == 1
     finally:
         sink.close()
-
-
-def collections_empty() -> Any:
-    import collections
-
-    return collections.deque()
 
 
 def test_an_earlier_statement_failure_wins_over_a_later_caller_error() -> None:
@@ -203,7 +197,7 @@ def test_an_earlier_statement_failure_wins_over_a_later_caller_error() -> None:
         raise ValueError("the caller's own failure")
 
     conn = fake_connection(cur)
-    writer = Writer(sink, conn, sink._statements())
+    writer = sink.writer(conn)
     try:
         with pytest.raises(DriverError) as info:
             writer.run(changes())

@@ -14,7 +14,6 @@ import pytest
 from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
 from processor.mounter import Mounter, encode_payload
 from sinks.sql.sink import SQLSink
-from sinks.sql.writer import Writer
 from tests.sql_sink_fakes import URIS, FakeCursor, assume_tables, fake_connection
 from upstream.postgres.source import PgChangeDecoder
 
@@ -85,7 +84,7 @@ def send(dialect: str, s: TableSchema, changes: list[RowChange]) -> list[tuple[s
         assume_tables(sink, dialect, s, target_name="t")
         cur = FakeCursor()
         conn = fake_connection(cur)
-        Writer(sink, conn, sink._statements()).run(changes)
+        sink.writer(conn).run(changes)
         return cur.calls
     finally:
         sink.close()
@@ -166,12 +165,12 @@ TEXTS = ["2026-11-22 01:02:03", "2026-11-22 01:02:03.1", "2026-11-22 01:02:03.12
 
 @pytest.mark.parametrize("text", TEXTS)
 def test_timestamp_text_paths_equal_formatting_the_parsed_value(text: str) -> None:
-    from sinks.sql.values import _sqlite_temporal, _timestamp_text, _timestamptz_text
+    from sinks.sql.dialect.values import sqlite_temporal, timestamp_text, timestamptz_text
     from upstream.postgres.types import parser_for
 
-    for base, t, g in (("timestamp", text, _timestamp_text), ("timestamptz", text + "+00", _timestamptz_text)):
+    for base, t, g in (("timestamp", text, timestamp_text), ("timestamptz", text + "+00", timestamptz_text)):
         value = parser_for(base, False)(t)
-        assert g(t) == _sqlite_temporal(value), (base, t)
+        assert g(t) == sqlite_temporal(value), (base, t)
 
 
 @pytest.mark.parametrize("text", ["infinity", "-infinity", "2026-11-22 01:02:03+05:30", "2026-11-22 01:02:03+00 BC",
@@ -179,9 +178,9 @@ def test_timestamp_text_paths_equal_formatting_the_parsed_value(text: str) -> No
                                   "2026-11-22 01:02+00", "2026-11-22 01:02:03.+00", "2026-11-22 01:02:03.1234567+00",
                                   "12026-11-22 01:02:03+00", "2026-11-22 01:02:03"])
 def test_timestamptz_text_path_declines_other_shapes(text: str) -> None:
-    from sinks.sql.values import _timestamptz_text
+    from sinks.sql.dialect.values import timestamptz_text
 
-    assert _timestamptz_text(text) is None
+    assert timestamptz_text(text) is None
 
 
 def test_text_path_used_only_when_every_row_has_text() -> None:

@@ -14,8 +14,8 @@ import pytest
 from cdc.errors import SinkError
 from cdc.events import ColumnSchema, TableName, TableSchema
 from playground.compare import exact_number, norm, norm_numeric, rows_equal, text_exact, with_bounds
-from sinks.sql.ddl import plan_table
-from sinks.sql.values import checks_every_value, converter, decimal_text, fast_path, text_path
+from sinks.sql.dialect.typemap import plan_table
+from sinks.sql.dialect.values import checks_every_value, converter, decimal_text, fast_path, text_path
 from upstream.postgres.types import parser_for
 
 pytestmark = pytest.mark.unit

@@ -13,7 +13,7 @@ import pytest
 from pymysql.constants import SERVER_STATUS
 
 from cdc.events import ColumnSchema
-from sinks.sql.values import (
+from sinks.sql.dialect.values import (
     _mysql_timestamp,
     _mysql_timestamptz_text,
     converter,

@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 
 from cdc.events import ColumnSchema
-from sinks.sql.values import converter
+from sinks.sql.dialect.values import converter
 
 pytestmark = pytest.mark.unit
 

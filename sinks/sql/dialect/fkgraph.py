@@ -1,18 +1,14 @@
 """Foreign keys between target tables, as the target's catalog shows them, and the apply order they imply.
 
-Read once per sink and target schema (PostgreSQL ``pg_constraint``, MySQL ``information_schema``
-``REFERENTIAL_CONSTRAINTS``/``KEY_COLUMN_USAGE``, SQLite ``PRAGMA foreign_key_list``), and again for a
-table the sink creates or sees for the first time later. Edges point from a child table to the parent it
-references; both are downstream table labels (``schema.name`` on PostgreSQL, ``name`` elsewhere).
+The edges are read by :func:`sinks.sql.target.catalog.read_foreign_keys` (once per target schema, and again for
+a table the sink creates or sees for the first time later); this module only keeps and orders them (no I/O). Edges
+point from a child table to the parent it references; both are downstream table labels (``schema.name`` on
+PostgreSQL, ``name`` elsewhere).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from sinks.sql.statements import Statements
 
 
 class FkGraph:
@@ -86,34 +82,3 @@ class FkGraph:
         self._orders[key] = out
         return out
 
-
-def read_foreign_keys(cur: Any, stmts: Statements, dialect: str, tschema: str | None
-                      ) -> tuple[list[tuple[Any, ...]], set[str]]:
-    """The foreign keys between the tables of target schema ``tschema`` read on cursor ``cur`` (SQLite:
-    ``PRAGMA foreign_key_list``; MySQL: ``information_schema``; PostgreSQL: ``pg_constraint``), as
-    :meth:`FkGraph.add_all` edges ``(child, parent[, child columns, parent columns])``, and the labels of
-    every table seen."""
-    cols: dict[tuple[str, str, str], list[tuple[str, str]]] = {}  # (child, parent, fk id) -> pairs
-    if dialect == "sqlite":
-        cur.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
-        tables = [r[0] for r in cur.fetchall()]
-        for t in tables:
-            cur.execute(f"PRAGMA foreign_key_list({stmts.q(t)})")
-            for fid, _seq, parent, frm, to, *_ in cur.fetchall():
-                cols.setdefault((t, parent, str(fid)), []).append((frm, to))
-        seen = set(tables)
-    elif dialect == "mysql":
-        cur.execute(stmts.catalog_foreign_keys())
-        for name, child, parent, ccol, pcol in cur.fetchall():
-            cols.setdefault((str(child), str(parent), str(name)), []).append((ccol, pcol))
-        cur.execute(stmts.catalog_tables())
-        seen = {r[0] for r in cur.fetchall()}
-    else:
-        cur.execute(stmts.catalog_foreign_keys(), (tschema, tschema))
-        for name, cs, c, ps, p, ccol, pcol in cur.fetchall():
-            cols.setdefault((f"{cs}.{c}", f"{ps}.{p}", str(name)), []).append((ccol, pcol))
-        cur.execute(stmts.catalog_tables(), (tschema,))
-        seen = {f"{tschema}.{r[0]}" for r in cur.fetchall()}
-    edges = [(c, p, tuple(x for x, _ in pairs), tuple(y for _, y in pairs))
-             if all(x and y for x, y in pairs) else (c, p) for (c, p, _), pairs in cols.items()]
-    return edges, seen

@@ -287,7 +287,7 @@ def _same_text(t: str) -> str:
     return t
 
 
-def _sqlite_temporal(v: Any) -> Any:
+def sqlite_temporal(v: Any) -> Any:
     if isinstance(v, dt.datetime):
         return iso_datetime(v)
     if isinstance(v, dt.time):
@@ -340,7 +340,7 @@ def _iso_text(t: str, offset: str, suffix: str) -> str | None:
     return t[:n] + "000000"[: 26 - n] + suffix
 
 
-def _timestamptz_text(t: str) -> str | None:
+def timestamptz_text(t: str) -> str | None:
     # TimeZone UTC: the parsed value is UTC, iso_datetime appends +00:00. Six fractional digits first.
     if len(t) == 29 and t[26:] == "+00" and t[19] == "." and t[10] == " " and t[4] == "-" and t[7] == "-" \
             and t[13] == ":" and t[16] == ":":
@@ -348,7 +348,7 @@ def _timestamptz_text(t: str) -> str | None:
     return _iso_text(t, "+00", "+00:00")
 
 
-def _timestamp_text(t: str) -> str | None:
+def timestamp_text(t: str) -> str | None:
     return _iso_text(t, "", "")
 
 
@@ -363,17 +363,17 @@ def _mysql_timestamptz_text(t: str) -> str | None:
 _sqlite_numeric.fast = (Decimal, decimal_text)  # type: ignore[attr-defined]
 # numeric_out's text is already the exact decimal text decimal_text() makes of the parsed value.
 _sqlite_numeric.from_text = (Decimal, _same_text)  # type: ignore[attr-defined]
-_SQLITE_TIMESTAMPTZ = _with_fast(_sqlite_temporal, dt.datetime, iso_datetime)
-_SQLITE_TIMESTAMPTZ.from_text = (dt.datetime, _timestamptz_text)  # type: ignore[attr-defined]
-_SQLITE_TIMESTAMP = _with_fast(_sqlite_temporal, dt.datetime, iso_datetime)
-_SQLITE_TIMESTAMP.from_text = (dt.datetime, _timestamp_text)  # type: ignore[attr-defined]
-_SQLITE_DATE = _with_fast(_sqlite_temporal, dt.date, dt.date.isoformat)
-_SQLITE_TIME = _with_fast(_sqlite_temporal, dt.time, iso_time)
+_SQLITE_TIMESTAMPTZ = _with_fast(sqlite_temporal, dt.datetime, iso_datetime)
+_SQLITE_TIMESTAMPTZ.from_text = (dt.datetime, timestamptz_text)  # type: ignore[attr-defined]
+_SQLITE_TIMESTAMP = _with_fast(sqlite_temporal, dt.datetime, iso_datetime)
+_SQLITE_TIMESTAMP.from_text = (dt.datetime, timestamp_text)  # type: ignore[attr-defined]
+_SQLITE_DATE = _with_fast(sqlite_temporal, dt.date, dt.date.isoformat)
+_SQLITE_TIME = _with_fast(sqlite_temporal, dt.time, iso_time)
 # MySQL: both timestamp types from the upstream text (TimeZone UTC), as _mysql_timestamp formats them.
 _MYSQL_TIMESTAMPTZ = _with_fast(_mysql_timestamp, dt.datetime, _mysql_timestamp)
 _MYSQL_TIMESTAMPTZ.from_text = (dt.datetime, _mysql_timestamptz_text)  # type: ignore[attr-defined]
 _MYSQL_TIMESTAMP = _with_fast(_mysql_timestamp, dt.datetime, _mysql_timestamp)
-_MYSQL_TIMESTAMP.from_text = (dt.datetime, _timestamp_text)  # type: ignore[attr-defined]
+_MYSQL_TIMESTAMP.from_text = (dt.datetime, timestamp_text)  # type: ignore[attr-defined]
 _UUID_TO_STR = _with_fast(lambda v: str(v) if isinstance(v, uuid.UUID) else v, uuid.UUID, str)
 
 

@@ -37,6 +37,16 @@ class Pipeline:
         self._thread: threading.Thread | None = None
         self._stop = False
 
+    @property
+    def worker(self) -> threading.Thread | None:
+        """The worker thread (None until the first threaded job; it ends once closed)."""
+        return self._thread
+
+    def queued(self) -> int:
+        """Jobs queued or running now."""
+        with self._cond:
+            return len(self._jobs)
+
     def submit(self, table: str | None, fn: Callable[..., Any], *args: Any) -> bool:
         """Run ``fn(*args)`` after every job submitted before. False (``fn`` dropped) when an earlier job
         failed: the caller then takes the error with :meth:`quiesce`."""

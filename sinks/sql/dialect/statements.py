@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sinks.sql.ddl import TargetTable, qualified
+from sinks.sql.dialect.typemap import TargetTable, qualified
 
 
 class Statements:

@@ -1,17 +1,19 @@
 """The SQL sink's statement output: sends groups of rows of one table as statements on one connection
 (multi-row statements, COPY on PostgreSQL, literal rows on MySQL, ``executemany`` on SQLite), through the
-sink's statement pipeline. :class:`sinks.sql.writer.Writer` decides *what* to send; this decides *how*."""
+target's statement pipeline. :class:`sinks.sql.ops.writer.Writer` decides *what* to send; this decides *how*."""
 
 from __future__ import annotations
 
 import io
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.engine import Connection
 
 from cdc.errors import SinkError
-from sinks.sql.binding import (
+from sinks.sql.dialect.statements import Statements
+from sinks.sql.dialect.values import mysql_literal_function
+from sinks.sql.target.binding import (
     K_DELETE,
     K_INSERT,
     K_UPSERT,
@@ -20,11 +22,7 @@ from sinks.sql.binding import (
     convert_params,
     convert_rows,
 )
-from sinks.sql.statements import Statements
-from sinks.sql.values import mysql_literal_function
-
-if TYPE_CHECKING:
-    from sinks.sql.sink import SQLSink
+from sinks.sql.target.pipeline import Pipeline
 
 MYSQL_STATEMENT_BYTES = 1_000_000  # well below MariaDB's 16 MB max_allowed_packet (characters, not bytes)
 # PostgreSQL: groups of at least this many rows that all came with their upstream text go through COPY
@@ -32,16 +30,20 @@ COPY_MIN_ROWS = 32
 
 
 class Output:
-    """Statements of one ``write`` call on one connection, in order, through the sink's pipeline."""
+    """Statements of one ``write`` call on one connection, in order, through ``pipe``.
 
-    def __init__(self, sink: SQLSink, conn: Connection, stmts: Statements) -> None:
-        self.sink = sink
+    Statements are submitted to the pipeline (they run in its worker while the caller builds the next one);
+    :meth:`exists`, :meth:`count_existing`, :meth:`delete_key` and :meth:`update_key` read results, so they run
+    in the caller's thread once the pipeline is idle (the caller syncs first: :meth:`sync`). ``current`` names the
+    table being written, or whose statement failed, for error messages. :meth:`close` closes the cursor."""
+
+    def __init__(self, conn: Connection, stmts: Statements, pipe: Pipeline, batch: int) -> None:
         self.conn = conn
-        self.dialect = sink.dialect
+        self.dialect = stmts.dialect
         self.stmts = stmts
-        self.batch = sink._batch
+        self.batch = batch  # rows per statement
         self.cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
-        self.pipe = sink._pipe  # statements run there, in order; reads and the caller's commit drain it first
+        self.pipe = pipe  # statements run there, in order; reads and the caller's commit drain it first
         self.current: str | None = None  # table being written (or whose statement failed), for error messages
         self._delete_sql: dict[tuple[int, int], str] = {}
         self._staged: set[str] = set()  # staging tables made sure of in this write (PostgreSQL)
@@ -53,24 +55,24 @@ class Output:
 
             self._execute_batch: Callable[..., Any] = psycopg2.extras.execute_batch
 
-    def _sync(self) -> None:
+    def sync(self) -> None:
         """Wait until every submitted statement ran; raise the first failure, naming its table."""
         error = self.pipe.quiesce()
         if error is not None:
             self.current = error[1]
             raise error[0]
 
-    def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on the connection after the statements before it (for table ``current``)."""
         if not self.pipe.submit(self.current, fn, *args):
-            self._sync()
+            self.sync()
 
-    def _exists(self, b: Binding, key: Sequence[Any]) -> bool:
-        self.cur.execute(self.stmts.exists_key(b.table), self._key_params(b, tuple(key)))
+    def exists(self, b: Binding, key: Sequence[Any]) -> bool:
+        self.cur.execute(self.stmts.exists_key(b.table), self.key_params(b, tuple(key)))
         return self.cur.fetchone() is not None
 
     # ---- output --------------------------------------------------------------------------------------
-    def _apply(self, b: Binding, kind: int, names: tuple[str, ...],
+    def apply(self, b: Binding, kind: int, names: tuple[str, ...],
                extra: tuple[tuple[str, ...], tuple[str, ...]] | None,
                rows: list[tuple[Any, ...]], texts: list[Any] | None) -> None:
         """Send ``rows`` as statements of at most ``batch_rows`` rows each."""
@@ -92,7 +94,7 @@ class Output:
         copy = plan.copy
         if copy is not None and texts is not None and len(texts) == len(rows) >= COPY_MIN_ROWS:
             if kind == K_UPSERT:
-                texts = _last_per_key_texts(rows, texts, plan.key_idx)  # ON CONFLICT touches a row once
+                texts = last_per_key_texts(rows, texts, plan.key_idx)  # ON CONFLICT touches a row once
             self._copy_rows(copy, texts)
             return
         if kind == K_UPSERT:
@@ -108,32 +110,32 @@ class Output:
         else:
             params = convert_params(rows, plan.convert)
             if self.dialect == "postgresql":
-                self._submit(self._execute_batch, self.cur, plan.sql, params, len(params))  # page_size
+                self.submit(self._execute_batch, self.cur, plan.sql, params, len(params))  # page_size
             else:
-                self._submit(self.cur.executemany, plan.sql, params)
+                self.submit(self.cur.executemany, plan.sql, params)
 
     def _copy_rows(self, copy: tuple[str, str | None, str | None], texts: list[Any]) -> None:
         """PostgreSQL: the rows' upstream texts through COPY, into the table (plain inserts) or into the
         session's staging table, merged into the table by one INSERT .. SELECT .. ON CONFLICT."""
         copy_sql, stage_sql, merge_sql = copy
-        data = _copy_text(texts)
+        data = copy_text(texts)
         if stage_sql is not None and stage_sql not in self._staged:  # once per write: a rollback drops it
             self._staged.add(stage_sql)
-            self._submit(self.cur.execute, stage_sql)
-        self._submit(self._copy_in, copy_sql, data)
+            self.submit(self.cur.execute, stage_sql)
+        self.submit(self.copy_in, copy_sql, data)
         if merge_sql is not None:
-            self._submit(self.cur.execute, merge_sql)
+            self.submit(self.cur.execute, merge_sql)
 
-    def _copy_in(self, sql: str, data: str) -> None:
+    def copy_in(self, sql: str, data: str) -> None:
         self.cur.copy_expert(sql, io.StringIO(data), max(1, len(data)))  # encoded in the client encoding
 
     def _insert_rows(self, plan: Plan, params: list[Any]) -> None:
         if self.dialect == "postgresql":  # one multi-row statement, formatted by psycopg2 in one call
-            self._submit(self.cur.execute, plan.many(len(params)), [v for r in params for v in r])
+            self.submit(self.cur.execute, plan.many(len(params)), [v for r in params for v in r])
         elif self.dialect == "mysql":
             self._mysql_insert(plan, params)
         else:  # sqlite3 loops in C
-            self._submit(self.cur.executemany, plan.sql, params)
+            self.submit(self.cur.executemany, plan.sql, params)
 
     def _mysql_insert(self, plan: Plan, params: list[Any]) -> None:
         """Multi-row INSERTs of literal rows, at most ``MYSQL_STATEMENT_BYTES`` each (like PyMySQL's
@@ -151,26 +153,26 @@ class Output:
         for r in params:
             text = render(r)
             if rows and size + len(text) > MYSQL_STATEMENT_BYTES:
-                self._submit(self.cur.execute, head + ",".join(rows) + tail)
+                self.submit(self.cur.execute, head + ",".join(rows) + tail)
                 rows, size = [], len(head) + len(tail)
             rows.append(text)
             size += len(text) + 1
         if rows:
-            self._submit(self.cur.execute, head + ",".join(rows) + tail)
+            self.submit(self.cur.execute, head + ",".join(rows) + tail)
 
     def _delete_keys(self, b: Binding, keys: list[Any]) -> None:
         if self.dialect == "sqlite":
-            self._submit(self.cur.executemany, self.stmts.delete_key(b.table), keys)
+            self.submit(self.cur.executemany, self.stmts.delete_key(b.table), keys)
             return
         n = len(keys)
         sql = self._delete_sql.get((id(b), n))
         if sql is None:
             sql = self.stmts.delete_keys(b.table, n)
             self._delete_sql[(id(b), n)] = sql
-        self._submit(self.cur.execute, sql, [v for k in keys for v in k])
+        self.submit(self.cur.execute, sql, [v for k in keys for v in k])
 
-    def _count_existing(self, b: Binding, keys: list[Any]) -> int:
-        self._sync()  # reads results: the statements before it first, then this one in this thread
+    def count_existing(self, b: Binding, keys: list[Any]) -> int:
+        self.sync()  # reads results: the statements before it first, then this one in this thread
         self.current = b.label
         if self.dialect == "sqlite":
             sql = self.stmts.exists_key(b.table)
@@ -182,8 +184,36 @@ class Output:
         self.cur.execute(self.stmts.select_keys(b.table, len(keys)), [v for k in keys for v in k])
         return len(self.cur.fetchall())
 
-    def _key_params(self, b: Binding, key: tuple[Any, ...]) -> list[Any]:
+    def key_params(self, b: Binding, key: tuple[Any, ...]) -> list[Any]:
         return list(b.key_convert(key) if b.key_convert else key)
+
+    def delete_key(self, b: Binding, key: tuple[Any, ...]) -> None:
+        """Delete the row of ``key`` now, in the caller's thread (after :meth:`sync`)."""
+        self.cur.execute(self.stmts.delete_key(b.table), self.key_params(b, key))
+
+    def update_key(self, b: Binding, sets: list[str], values: Sequence[Any], old: tuple[Any, ...]) -> int:
+        """``UPDATE .. SET sets = values WHERE key = old`` now, in the caller's thread (after :meth:`sync`); returns
+        the row count."""
+        self.cur.execute(self.stmts.update_key(b.table, sets), list(values) + self.key_params(b, old))
+        return int(self.cur.rowcount)
+
+    def truncate(self, bs: list[Binding], cascade: bool) -> None:
+        """Empty the tables of ``bs`` (parents first): one ``TRUNCATE`` on PostgreSQL, else ``DELETE FROM`` each,
+        children first."""
+        if self.dialect == "postgresql":
+            self.current = bs[0].label
+            self.submit(self.cur.execute, self.stmts.truncate_many([b.table for b in bs], cascade), ())
+            return
+        for b in reversed(bs):
+            self.current = b.label
+            self.submit(self.cur.execute, self.stmts.truncate(b.table), ())
+
+    def close(self) -> None:
+        """Close the cursor (a lost connection: ignored, the caller maps the original error)."""
+        try:
+            self.cur.close()
+        except Exception:  # a lost connection: the caller maps the original error
+            pass
 
 
 def _check_keys_not_null(rows: list[tuple[Any, ...]], key_idx: tuple[int, ...], label: str) -> None:
@@ -220,7 +250,7 @@ def _copy_value(v: str | None) -> str:
     return v.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
-def _copy_text(texts: Sequence[Sequence[str | None]]) -> str:
+def copy_text(texts: Sequence[Sequence[str | None]]) -> str:
     """Rows of upstream text as COPY text-format data (one line per row, tab-separated, NULL as ``\\N``)."""
     lines = []
     append = lines.append
@@ -236,7 +266,7 @@ def _copy_text(texts: Sequence[Sequence[str | None]]) -> str:
     return "\n".join(lines)
 
 
-def _last_per_key_texts(rows: list[tuple[Any, ...]], texts: list[Any], key_idx: tuple[int, ...]) -> list[Any]:
+def last_per_key_texts(rows: list[tuple[Any, ...]], texts: list[Any], key_idx: tuple[int, ...]) -> list[Any]:
     """``texts`` of the last row per key (as :func:`_last_per_key`, for texts parallel to ``rows``)."""
     if not key_idx:
         return texts

@@ -9,7 +9,7 @@ Apply rules (docs/architecture.md, "Apply rules: normalisation and ordering"):
   updates or deletes pending (its key may be DEFERRABLE upstream), only at 16 times the bound
   (docs/limits.md).
 * At the end of a window each table's changes are collapsed to their net effect per key
-  (``sinks.sql.normalize``), then applied: every delete of an old image (child tables first, by the target's
+  (``sinks.sql.dialect.normalize``), then applied: every delete of an old image (child tables first, by the target's
   foreign keys), then per table, parent tables first: key moves (``UPDATE .. SET key``), in-place partial
   updates, inserts/upserts of new images.
 * Fast path: a table that has only seen INSERTs in the window (and has no foreign-key parent among the
@@ -26,23 +26,17 @@ Apply rules (docs/architecture.md, "Apply rules: normalisation and ordering"):
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from cdc.config import SinkConfig
 from cdc.errors import SinkError
 from cdc.events import UNCHANGED, OpType, RowChange
 from cdc.model import DataWarning, WarningSeverity
-from sinks.sql.binding import (
-    K_DELETE,
-    K_DELETE_ONE,
-    K_INSERT,
-    K_UPDATE_ONE,
-    K_UPSERT,
-    Binding,
-)
-from sinks.sql.normalize import (
+from sinks.base import RowSource
+from sinks.sql.dialect.normalize import (
     Image,
     KeyedNet,
     KeylessNet,
@@ -51,11 +45,18 @@ from sinks.sql.normalize import (
     normalize_keyless,
     same_image,
 )
-from sinks.sql.output import Output, distinct_keys
-from sinks.sql.statements import Statements
-
-if TYPE_CHECKING:
-    from sinks.sql.sink import SQLSink
+from sinks.sql.dialect.statements import Statements
+from sinks.sql.ops.output import Output, distinct_keys
+from sinks.sql.target.binding import (
+    K_DELETE,
+    K_DELETE_ONE,
+    K_INSERT,
+    K_UPDATE_ONE,
+    K_UPSERT,
+    Binding,
+)
+from sinks.sql.target.catalog import Catalog
+from sinks.sql.target.pipeline import Pipeline
 
 log = logging.getLogger(__name__)
 
@@ -88,41 +89,58 @@ class TableBuf:
         self.events = None
 
 
-class Writer(Output):
-    """Applies one ``write`` call on one connection (rules in the module docstring)."""
+class Writer:
+    """Applies one ``write`` call on one connection (rules in the module docstring).
 
-    def __init__(self, sink: SQLSink, conn: Connection, stmts: Statements) -> None:
-        super().__init__(sink, conn, stmts)
+    Tables are bound through ``catalog`` (its foreign keys order them); statements go out through an
+    :class:`Output` on ``conn`` and ``pipeline``. ``row_source`` re-reads rows that a partial update misses
+    downstream (None: none); ``warn`` receives the data warnings. ``current`` names the table being written, or
+    whose statement failed, for the caller's error message."""
+
+    def __init__(self, conn: Connection, stmts: Statements, catalog: Catalog, pipeline: Pipeline, config: SinkConfig,
+                 row_source: RowSource | None, warn: Callable[[DataWarning], None]) -> None:
+        self.conn = conn
+        self.catalog = catalog
+        self.batch = max(1, config.batch_rows)
+        self.out = Output(conn, stmts, pipeline, self.batch)
+        self.row_source = row_source
+        self.warn = warn
         self._win: dict[str, TableBuf] = {}  # by downstream table (label), in order of first change
         self._truncs: list[Binding] = []  # TRUNCATEs of the current transaction not sent yet
         self._cascade = False  # one of them had CASCADE upstream
         self._pending = 0  # changes pending in the window
-        self._bound = max(self.batch, sink._config.txn_rows)
+        self._bound = max(self.batch, config.txn_rows)
         self._hold = False  # a FULL-identity keyed table has updates/deletes pending: cut only at 16x
         self._cut_at = 2 * self._bound  # pending changes at which one transaction is cut
         # after a cut inside the current transaction: new images of FULL-identity keyed tables written
         self._flushed_full: dict[str, dict[Any, dict[str, Any]]] = {}
+
+    @property
+    def current(self) -> str | None:
+        return self.out.current
+
+    @current.setter
+    def current(self, table: str | None) -> None:
+        self.out.current = table
 
     # ---- intake --------------------------------------------------------------------------------------
     def run(self, changes: Iterable[RowChange]) -> int:
         """Apply ``changes``; returns their count once every statement has executed (the caller commits).
         On any error the pipeline is idle when this raises, and a failed statement's error wins over a
         later error of the caller's thread (it came first), with ``current`` naming its table."""
+        out = self.out
         try:
             count = self._run(changes)
-            self._sync()
+            out.sync()
             return count
         except BaseException as exc:
-            error = self.pipe.quiesce()  # nothing runs on the connection when the caller rolls back
+            error = out.pipe.quiesce()  # nothing runs on the connection when the caller rolls back
             if error is not None and isinstance(exc, Exception):
-                self.current = error[1]
+                out.current = error[1]
                 raise error[0]  # noqa: B904 - the earlier failure; the caller's error stays as its context
             raise
         finally:
-            try:
-                self.cur.close()
-            except Exception:  # a lost connection: the caller maps the original error
-                pass
+            out.close()
 
     def _buf(self, b: Binding, truncate: bool) -> TableBuf:
         buf = self._win.get(b.label)
@@ -136,7 +154,7 @@ class Writer(Output):
             self._emit_window()  # another column set mid-window: apply what came before
             buf = None
         if buf is None:
-            early = not (b.keyed and b.schema.replica_identity == "f") and not self.sink._fk_parents(b.label)
+            early = not (b.keyed and b.schema.replica_identity == "f") and not self.catalog.fk.has_parents(b.label)
             buf = self._win[b.label] = TableBuf(b, early)
         return buf
 
@@ -166,8 +184,8 @@ class Writer(Output):
                 last_schema = None
             schema = ch.schema
             if schema is not last_schema or buf is None:  # (a new window resets last_schema)
-                self.current = str(schema.name)
-                b = self.sink._bind(schema, self.conn, self._sync)
+                self.out.current = str(schema.name)
+                b = self.catalog.bind(schema, self.conn, self.out.sync)
                 buf = self._buf(b, ch.op == TRUNCATE)
                 last_schema = schema
             assert b is not None
@@ -232,23 +250,17 @@ class Writer(Output):
         self._pending -= len(rows)
         b = buf.b
         assert buf.names is not None
-        self._apply(b, K_UPSERT if b.keyed else K_INSERT, buf.names, None, rows, texts)
+        self.out.apply(b, K_UPSERT if b.keyed else K_INSERT, buf.names, None, rows, texts)
 
     # ---- a window's net effect -----------------------------------------------------------------------
     def _emit_truncates(self) -> None:
         """One statement for the TRUNCATEs of one transaction (children first where they become deletes)."""
-        tables = self.sink._fk_order([b.label for b in self._truncs])
+        tables = self.catalog.fk.order([b.label for b in self._truncs])
         by_label = {b.label: b for b in self._truncs}
         self._truncs = []
         bs = [by_label[t] for t in tables]
         cascade, self._cascade = self._cascade, False
-        if self.dialect == "postgresql":
-            self.current = bs[0].label
-            self._submit(self.cur.execute, self.stmts.truncate_many([b.table for b in bs], cascade), ())
-            return
-        for b in reversed(bs):
-            self.current = b.label
-            self._submit(self.cur.execute, self.stmts.truncate(b.table), ())
+        self.out.truncate(bs, cascade)
 
     def _check_cut(self, b: Binding, ch: RowChange) -> None:
         """After a cut inside this transaction, a "-" of a FULL-identity keyed table whose key was written
@@ -291,20 +303,20 @@ class Writer(Output):
         self._cut_at = 2 * self._bound
         if not bufs:
             return
-        order = [bufs[label] for label in self.sink._fk_order(list(bufs))]  # parents first
+        order = [bufs[label] for label in self.catalog.fk.order(list(bufs))]  # parents first
         nets: list[tuple[TableBuf, KeyedNet | KeylessNet | None, list[tuple[Any, Image]], bool]] = []
         for buf in order:
             b = buf.b
             if buf.events is None:
                 nets.append((buf, None, [], False))
                 continue
-            self.current = b.label
+            self.out.current = b.label
             if b.keyed:
                 net: KeyedNet | KeylessNet = normalize_keyed(
                     b.names, b.key, b.schema.replica_identity == "f", buf.names, buf.rows, buf.texts, buf.events,
                     buf.updates)
                 moves: list[tuple[Any, Image]] = []
-                parent = self.sink._is_fk_parent(b.label)
+                parent = self.catalog.fk.is_parent(b.label)
                 for old, img in net.moves:
                     if parent or (img.src == old and img.partial):
                         moves.append((old, img))
@@ -331,7 +343,7 @@ class Writer(Output):
             b = buf.b
             if isinstance(net, KeyedNet):
                 if net.deletes:
-                    self._apply(b, K_DELETE, b.key, None, net.deletes, None)
+                    self.out.apply(b, K_DELETE, b.key, None, net.deletes, None)
                 if b.label in early:
                     self._apply_updates(b, *early[b.label])
             elif net.deletes:
@@ -340,12 +352,12 @@ class Writer(Output):
                     match, nulls, mrow = _match_parts(old)
                     groups.setdefault((match, nulls), []).append(mrow)
                 for (match, nulls), rows in groups.items():
-                    self._apply(b, K_DELETE_ONE, match, ((), nulls), rows, None)
+                    self.out.apply(b, K_DELETE_ONE, match, ((), nulls), rows, None)
         for buf, net, moves, sequential in nets:  # new images: parents first
             b = buf.b
             if net is None:
                 assert buf.names is not None
-                self._apply(b, K_UPSERT if b.keyed else K_INSERT, buf.names, None, buf.rows, buf.texts)
+                self.out.apply(b, K_UPSERT if b.keyed else K_INSERT, buf.names, None, buf.rows, buf.texts)
             elif sequential:
                 self._apply_sequential(buf)
             elif isinstance(net, KeyedNet):
@@ -360,7 +372,7 @@ class Writer(Output):
                 for vals, old in net.updates:
                     match, nulls, mrow = _match_parts(old)
                     names = tuple(k for k, v in vals.items() if v is not UNCHANGED)
-                    self._apply(b, K_UPDATE_ONE, names, (match, nulls), [tuple(vals[k] for k in names) + mrow], None)
+                    self.out.apply(b, K_UPDATE_ONE, names, (match, nulls), [tuple(vals[k] for k in names) + mrow], None)
                 self._apply_images(b, K_INSERT, net.inserts)
 
     def _apply_updates(self, b: Binding, patches: list[dict[str, Any]], updates: list[Image]) -> None:
@@ -374,7 +386,7 @@ class Writer(Output):
         deletes (a reference moved away from a parent row that then goes): every one except those that
         reference a parent row new in this window, which wait for the parent's inserts (they are left in
         the net). Without column information for a foreign key whose parent has new rows, all wait."""
-        fk = self.sink._fk
+        fk = self.catalog.fk
         out: dict[str, tuple[list[dict[str, Any]], list[Image]]] = {}
         bufs = {buf.b.label: (buf, net, moves) for buf, net, moves, _ in nets}
         new_keys: dict[str, set[Any]] = {}
@@ -448,33 +460,33 @@ class Writer(Output):
                 else:
                     texts.append(img.text)
         for names, (rows, texts) in groups.items():
-            self._apply(b, kind, names, None, rows, texts)
+            self.out.apply(b, kind, names, None, rows, texts)
 
     # ---- key moves, partial updates, missing rows (synchronous: they read results) -------------------
     def _apply_moves(self, b: Binding, moves: list[tuple[Any, Image]]) -> None:
         """Rows whose key changed and nothing else happened to either key: ``UPDATE .. SET key = new ..
         WHERE key = old`` (so ON UPDATE CASCADE downstream acts, and unsent columns stay). When the new key
         already exists downstream (a replay) the old row is deleted and the image upserted instead."""
-        self._sync()
-        self.current = b.label
+        out = self.out
+        out.sync()
+        out.current = b.label
         for old, img in moves:
             names, row = img.defined()
             new_key = tuple(img.values[k] for k in b.key)
-            if self._exists(b, new_key):
-                self.cur.execute(self.stmts.delete_key(b.table), self._key_params(b, tuple(old)))
+            if out.exists(b, new_key):
+                out.delete_key(b, tuple(old))
                 self._upsert_or_patch(b, img, names, row)
                 continue
             plan = b.plan(K_UPSERT, names, None)
             values = plan.convert(row) if plan.convert else row
             sets = [b.colmap[n] for n in names]
-            self.cur.execute(self.stmts.update_key(b.table, sets), list(values) + self._key_params(b, tuple(old)))
-            if not self.cur.rowcount:  # the old row is missing downstream
+            if not out.update_key(b, sets, values, tuple(old)):  # the old row is missing downstream
                 self._upsert_or_patch(b, img, names, row)
 
     def _upsert_or_patch(self, b: Binding, img: Image, names: tuple[str, ...], row: tuple[Any, ...]) -> None:
         if not img.partial and len(names) >= b.ncols:
-            self._apply(b, K_UPSERT, names, None, [row], None)
-            self._sync()
+            self.out.apply(b, K_UPSERT, names, None, [row], None)
+            self.out.sync()
         else:
             self._apply_patches(b, [dict(zip(names, row, strict=True))])
 
@@ -492,18 +504,18 @@ class Writer(Output):
 
     def _patch_rows(self, b: Binding, names: tuple[str, ...], kidx: list[int], rows: list[tuple[Any, ...]]) -> None:
         keys = distinct_keys([tuple(r[i] for i in kidx) for r in rows])
-        if self._count_existing(b, [self._key_params(b, k) for k in keys]) < len(keys):
-            present = {k: self._exists(b, k) for k in keys} if _hashable_keys(keys) else None
+        if self.out.count_existing(b, [self.out.key_params(b, k) for k in keys]) < len(keys):
+            present = {k: self.out.exists(b, k) for k in keys} if _hashable_keys(keys) else None
             if present is None:  # array keys
-                missing = [k for k in keys if not self._exists(b, k)]
+                missing = [k for k in keys if not self.out.exists(b, k)]
                 rows = [r for r in rows if tuple(r[i] for i in kidx) not in missing]
             else:
                 missing = [k for k, p in present.items() if not p]
                 rows = [r for r in rows if present[tuple(r[i] for i in kidx)]]
             self._missing(b, missing)
         if rows:
-            self._apply(b, K_UPSERT, names, None, rows, None)
-            self._sync()
+            self.out.apply(b, K_UPSERT, names, None, rows, None)
+            self.out.sync()
 
     def _missing(self, b: Binding, keys: list[tuple[Any, ...]]) -> None:
         """Partial updates whose row is missing downstream: write the current upstream row when the sink
@@ -511,11 +523,11 @@ class Writer(Output):
         record a warning either way."""
         if not keys:
             return
-        source = self.sink._row_source
+        source = self.row_source
         shown = tuple(str(k[0] if len(k) == 1 else k) for k in keys[: DataWarning.MAX_KEYS])
         table = str(b.schema.name)
         if source is None:
-            self.sink._add_warning(DataWarning(
+            self.warn(DataWarning(
                 MISSING_ROW, table, f"{len(keys)} updated row(s) missing downstream were not written: the update "
                 "did not carry every column (unchanged TOAST values) and no upstream row source is set",
                 WarningSeverity.DIVERGENCE, len(keys), shown))
@@ -523,9 +535,9 @@ class Writer(Output):
         fetched = source(b.schema, keys)
         rows = [tuple(r.get(n) for n in b.names) for r in fetched if r is not None]
         if rows:
-            self._apply(b, K_UPSERT, b.names, None, rows, None)
-            self._sync()
-        self.sink._add_warning(DataWarning(
+            self.out.apply(b, K_UPSERT, b.names, None, rows, None)
+            self.out.sync()
+        self.warn(DataWarning(
             MISSING_ROW, table, f"{len(keys)} updated row(s) were missing downstream; {len(rows)} re-read from the "
             "upstream and written (the others are gone upstream)", WarningSeverity.NOTICE, len(keys), shown))
 
@@ -534,27 +546,27 @@ class Writer(Output):
         (key rotations of rows with unchanged TOAST values, replica identity DEFAULT): applied change by
         change, which is correct because such keys are immediate upstream."""
         b = buf.b
-        self.current = b.label
+        self.out.current = b.label
         if buf.rows:
             assert buf.names is not None
-            self._apply(b, K_UPSERT, buf.names, None, buf.rows, buf.texts)
+            self.out.apply(b, K_UPSERT, buf.names, None, buf.rows, buf.texts)
         for ch in buf.events or ():
             net = normalize_keyed(b.names, b.key, False, None, (), None, [ch])
-            self._sync()
+            self.out.sync()
             if net.deletes:
-                self._apply(b, K_DELETE, b.key, None, net.deletes, None)
+                self.out.apply(b, K_DELETE, b.key, None, net.deletes, None)
             for old, img in net.moves:
-                if img.partial or self.sink._is_fk_parent(b.label):
+                if img.partial or self.catalog.fk.is_parent(b.label):
                     self._apply_moves(b, [(old, img)])
                 else:
-                    self._apply(b, K_DELETE, b.key, None, [old], None)
+                    self.out.apply(b, K_DELETE, b.key, None, [old], None)
                     self._apply_images(b, K_UPSERT, [img])
             self._apply_updates(b, net.patches, net.updates)
             self._apply_images(b, K_UPSERT, [i for i in net.upserts if not i.partial])
             for img in net.upserts:
                 if img.partial:  # the row it came from is gone downstream
                     self._missing(b, [tuple(img.values[k] for k in b.key)])
-        self._sync()
+        self.out.sync()
 
 def _match_parts(old: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[Any, ...]]:
     """Split an old row into (non-NULL column names, NULL column names, non-NULL values); skips UNCHANGED."""

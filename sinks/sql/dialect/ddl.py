@@ -1,9 +1,9 @@
 """Schema changes for the SQL sink: a :class:`cdc.events.DdlEvent` translated into the statements of one
-dialect (pure functions, no I/O; :mod:`sinks.sql.ddl_run` executes them). docs/ddl.md has the table of what
+dialect (pure functions, no I/O; :mod:`sinks.sql.ops.ddl_run` executes them). docs/ddl.md has the table of what
 each DDL kind does on each target.
 
 The rule that keeps altered tables and freshly created ones indistinguishable: every column type, the
-nullability and the key come from :func:`sinks.sql.ddl.plan_table` of the event's ``after`` schema, the
+nullability and the key come from :func:`sinks.sql.dialect.typemap.plan_table` of the event's ``after`` schema, the
 same function streaming's CREATE TABLE uses. So:
 
 - column types are ``plan_table``'s; a type change alters a column only when the planned type changes;
@@ -45,8 +45,7 @@ from typing import Any
 
 from cdc.errors import DdlRejected
 from cdc.events import ColumnSchema, DdlEvent, DdlKind, TableName, TableSchema
-from sinks.sql.binding import scale_to_check
-from sinks.sql.ddl import (
+from sinks.sql.dialect.typemap import (
     TargetColumn,
     TargetTable,
     char_length,
@@ -55,8 +54,9 @@ from sinks.sql.ddl import (
     numeric_precision_scale,
     plan_table,
     qualified,
+    scale_to_check,
 )
-from sinks.sql.values import converter
+from sinks.sql.dialect.values import converter
 
 Parts = tuple[str | None, str]  # (target schema or None, target table)
 

@@ -34,16 +34,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from cdc.errors import SinkUnavailable
 from cdc.events import RowChange
-
-if TYPE_CHECKING:
-    from sinks.sql.sink import SQLSink
+from sinks.sql.target.connection import Target
 
 log = logging.getLogger(__name__)
 
@@ -96,29 +94,29 @@ class PositionSQL:
 class Position:
     """One span's applied position in one SQL sink (see the module docstring for the guarantees)."""
 
-    def __init__(self, sink: SQLSink, sql: PositionSQL, changefeed: str, span: int, origin: int) -> None:
-        self._sink = sink
+    def __init__(self, target: Target, sql: PositionSQL, changefeed: str, span: int, origin: int) -> None:
+        self._target = target
         self.sql = sql
         self.changefeed = changefeed
         self.span = span
         self.origin = origin
         self.applied = 0  # commit Ts of the last transaction downstream, as this sink last read or wrote it
-        # a DDL's commit Ts whose transaction continues after the DDL (sinks.sql.ddl_run): its remaining rows
+        # a DDL's commit Ts whose transaction continues after the DDL (sinks.sql.ops.ddl_run): its remaining rows
         # are written although ``applied`` may already be that Ts, and ``_on_reopened`` marks them done
         self.reopened = 0
         self._on_reopened: Callable[[Connection], Any] | None = None
 
     def open(self) -> int:
         """Create the table and the span's row if missing; read and return the applied commit Ts."""
-        sink, sql = self._sink, self.sql
-        if sink.dialect != "sqlite":  # DDL commits implicitly on MySQL: never inside a data transaction
-            with sink._engine.connect() as ddl:
+        target, sql = self._target, self.sql
+        if target.dialect != "sqlite":  # DDL commits implicitly on MySQL: never inside a data transaction
+            with target.engine.connect() as ddl:
                 ddl.execution_options(isolation_level="AUTOCOMMIT")
                 if sql.create_schema:
-                    sink._ddl(ddl, sql.create_schema)
-                sink._ddl(ddl, sql.create_table)
-        with sink._engine.begin() as conn:
-            if sink.dialect == "sqlite":
+                    target.run_ddl(ddl, sql.create_schema)
+                target.run_ddl(ddl, sql.create_table)
+        with target.engine.begin() as conn:
+            if target.dialect == "sqlite":
                 conn.exec_driver_sql(sql.create_table, ())
             key = (self.changefeed, self.span)
             conn.exec_driver_sql(sql.insert, (*key, self.origin))
@@ -165,9 +163,9 @@ class Position:
         return conn.exec_driver_sql(self.sql.record, params).rowcount
 
 
-def forget(sink: SQLSink, sql: PositionSQL, changefeed: str) -> int:
+def forget(target: Target, sql: PositionSQL, changefeed: str) -> int:
     """Delete ``changefeed``'s rows; returns how many went (0 when the table does not exist)."""
-    with sink._engine.begin() as conn:
+    with target.engine.begin() as conn:
         if not sa.inspect(conn).has_table(sql.table, schema=sql.schema):
             return 0
         return int(conn.exec_driver_sql(sql.forget, (changefeed,)).rowcount)

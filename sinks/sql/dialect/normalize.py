@@ -1,6 +1,6 @@
 """Net effect of a window of row changes on one table (pure functions, no I/O).
 
-A *window* is a run of whole upstream transactions (see ``sinks.sql.writer``). Applying its changes one by
+A *window* is a run of whole upstream transactions (see ``sinks.sql.ops.writer``). Applying its changes one by
 one as "delete old key, upsert new key" loses rows when keys swap or rotate (``UPDATE t SET id = 3 - id``
 with a DEFERRABLE key, or a rotation through a temporary key in several statements). Instead each key is
 collapsed to its net effect, and the writer applies every delete of an old image before any insert of a

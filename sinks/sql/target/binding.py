@@ -1,18 +1,17 @@
 """One upstream schema version bound to its downstream table: column mapping, value converters and the
-cached statements (plans) the writer sends."""
+cached statements (plans) the writer sends. No I/O: :class:`sinks.sql.target.catalog.Catalog` makes and caches
+bindings from what it read of the target."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from cdc.errors import SinkError
-from cdc.events import ColumnSchema, TableSchema
-from sinks.sql.ddl import TargetColumn, TargetTable, numeric_precision_scale
-from sinks.sql.values import Converter, checks_every_value, converter, fast_path, text_path
-
-if TYPE_CHECKING:
-    from sinks.sql.sink import SQLSink
+from cdc.events import TableSchema
+from sinks.sql.dialect.statements import Statements
+from sinks.sql.dialect.typemap import TargetColumn, TargetTable, scale_to_check
+from sinks.sql.dialect.values import Converter, checks_every_value, converter, fast_path, text_path
 
 # group kinds: what one statement does with its rows
 K_UPSERT, K_INSERT, K_DELETE, K_DELETE_ONE, K_UPDATE_ONE = range(5)
@@ -111,18 +110,24 @@ def convert_rows(plan: Plan, rows: list[tuple[Any, ...]], texts: list[Any] | Non
 
 
 class Binding:
-    """One upstream schema version bound to its downstream table: name mapping, converters, statements."""
+    """One upstream schema version bound to its downstream table: name mapping, converters, statements.
 
-    def __init__(self, sink: SQLSink, schema: TableSchema, table: KnownTable) -> None:
+    ``stmts`` builds the target's statements; ``stage_ids`` numbers the PostgreSQL staging tables of COPY upserts
+    (shared by the bindings of one sink); ``temp_ok``: the session may create them. ``SinkError`` when the table
+    lacks a column of the schema or a unique key on its key."""
+
+    def __init__(self, schema: TableSchema, table: KnownTable, stmts: Statements, stage_ids: Iterator[int], *,
+                 temp_ok: bool) -> None:
         self.schema = schema
         self.label = table.label
         self.keyed = schema.has_key and bool(schema.key)
         self.key = tuple(schema.key) if self.keyed else ()
         self.ncols = len(schema.columns)
         self.names = schema.column_names  # the order of RowChange.row
-        self.stmts = sink._statements()
+        self.stmts = stmts
+        dialect = stmts.dialect
         exact = {c.name: c for c in table.columns}
-        folded = {c.name.casefold(): c for c in table.columns} if sink.dialect != "postgresql" else {}
+        folded = {c.name.casefold(): c for c in table.columns} if dialect != "postgresql" else {}
         self.colmap: dict[str, str] = {}
         missing = []
         targets: dict[str, TargetColumn] = {}
@@ -145,11 +150,11 @@ class Binding:
                 f"key of upstream {schema.name}: upserts by key need one (ALTER TABLE ... ADD PRIMARY KEY)")
         self.table = TargetTable(table.schema, table.name, table.columns, dkey)
         self.convs: dict[str, Converter | None] = {
-            c.name: converter(c, sink.dialect, table=table.label, scale=scale_to_check(c, targets[c.name]))
+            c.name: converter(c, dialect, table=table.label, scale=scale_to_check(c, targets[c.name]))
             for c in schema.columns}
         self._plans: dict[tuple[Any, ...], Plan] = {}
-        self._stage_ids = sink._stage_ids
-        self._temp_ok = sink.pg_temp_ok is not False
+        self._stage_ids = stage_ids
+        self._temp_ok = temp_ok
         self.key_convert = row_function(
             len(self.key), {i: c for i, k in enumerate(self.key) if (c := self.convs.get(k)) is not None})
 
@@ -203,12 +208,4 @@ class Binding:
                           s.upsert_from(t, d, stage) % ())
         self._plans[pk] = p
         return p
-
-
-def scale_to_check(col: ColumnSchema, target: TargetColumn) -> int | None:
-    """The target DECIMAL scale when upstream values may have more fractional digits, else None."""
-    if target.scale is None or col.base_type != "numeric" or col.is_array:
-        return None
-    ps = numeric_precision_scale(col)
-    return target.scale if ps is None or ps[1] > target.scale else None
 

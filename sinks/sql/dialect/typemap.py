@@ -305,3 +305,11 @@ def create_table_sql(table: TargetTable, dialect: str, preparer: Any, *, mysql_c
 
 def create_schema_sql(schema: str, preparer: Any) -> str:
     return f"CREATE SCHEMA IF NOT EXISTS {preparer.quote_identifier(schema)}"
+
+
+def scale_to_check(col: ColumnSchema, target: TargetColumn) -> int | None:
+    """The target DECIMAL scale when upstream values may have more fractional digits, else None."""
+    if target.scale is None or col.base_type != "numeric" or col.is_array:
+        return None
+    ps = numeric_precision_scale(col)
+    return target.scale if ps is None or ps[1] > target.scale else None
