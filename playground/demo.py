@@ -254,4 +254,7 @@ def run(args: argparse.Namespace, target: DemoTarget, sink: str, pg: PostgresSer
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run main's cleanup on SIGTERM too
+    # Ctrl-C stops the demo even when it was started with SIGINT ignored (a script's background job inherits
+    # "ignore", and Python then installs no KeyboardInterrupt handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.exit(main())
