@@ -12,8 +12,8 @@ leave a table short with nothing saying so. So:
 - when a table's copy is complete, the span records an **announcement**, key ``copied/<schema>.<table>/<ts>``: every
   chunk of the table as recorded (index, the Ts of the run that wrote it, rows) and how many chunks its plan has
   (``of``: a chunk never recorded is told too), before any change of the table after
-  the copy and so before any watermark that covers it (``Sink.announce_copy``). A DROP TABLE read in the stream
-  stands for an announcement of the table up to its Ts (a table dropped during its copy is never announced).
+  the copy and so before any watermark that covers it (``CopyAnnouncer.announce_copy``). A DROP TABLE read in the
+  stream stands for an announcement of the table up to its Ts (a table dropped during its copy is never announced).
 
 Nothing is added to the data topics but the chunk number in a header, so consumers of canal-json, Debezium and
 open-protocol that know nothing of Tidewater see exactly the records they saw before; the metadata topic is Tidewater's

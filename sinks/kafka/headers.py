@@ -5,8 +5,8 @@ Value (ASCII):
 - a row or DDL message: ``<span>/<spans>:<seq>[,<seq>...]``: the span that wrote it (0-based) of how many, and the
   event position of each event in it, in order (``sinks.kafka.sink``: per span and commit Ts, a replay numbers its
   events as the first run did). Writers of the initial copy are bound to no span: ``-:<seq>...``; a copied row of a
-  chunk (``Sink.write_copy_chunk``) says which: ``-<chunk>:<seq>...`` (the consumer counts them per chunk and
-  partition against the chunk's marker: ``sinks.kafka.copy_markers``).
+  chunk (``CopyAnnouncer.write_copy_chunk``) says which: ``-<chunk>:<seq>...`` (the consumer counts them per chunk
+  and partition against the chunk's marker: ``sinks.kafka.copy_markers``).
 - a span's watermark: ``<span>/<spans>``. The changefeed checkpoint's watermarks (the owner's) carry no header.
 
 One header, not two, on row messages: kafka-python's cost per header is ~2 us per message, a tenth of the sink's

@@ -1,7 +1,8 @@
 """The Kafka sink (``kafka://``): row changes, DDL and watermarks as messages of one protocol (``sinks.codec``),
 dispatched to topics and partitions (``sinks.kafka.dispatcher``), delivered by ``sinks.kafka.transport``.
 
-Guarantees (the :class:`sinks.base.Sink` contract, and what Kafka changes in it):
+Guarantees (the contracts of its roles in :mod:`sinks.base` and :mod:`sinks.copy_roles`, and what Kafka changes in
+them):
 
 - ``write(changes)`` takes whole transactions in commit order and returns once every message of them is
   acknowledged by all in-sync replicas (acks=all, idempotent producer): the span's checkpoint moves only past
@@ -158,7 +159,7 @@ class KafkaSink(TxnSink, DdlSink, CheckpointSink, WatermarkSink, CopyAnnouncer, 
         self.watermark_interval = 0.0
         self._closed = False
 
-    # ---- Sink hooks ------------------------------------------------------------------------------------
+    # ---- the roles (sinks.base, sinks.copy_roles) ------------------------------------------------------
     def check(self) -> None:
         if self.options.transactional and self._transport is None and self.changefeed is None:
             probe = self._factory(dataclasses.replace(self.options, transactional=False), None)
@@ -295,10 +296,10 @@ class KafkaSink(TxnSink, DdlSink, CheckpointSink, WatermarkSink, CopyAnnouncer, 
 
     def write_copy_chunk(self, changes: Iterable[RowChange], chunk: CopiedChunk,
                          fence: Callable[[], None] | None = None) -> int:
-        """A copy writer's chunk (``Sink.write_copy_chunk``): its rows as ``write`` sends them, each header naming the
-        chunk (``-<chunk>:...``), then, once they are acknowledged, the chunk's marker in the metadata topic: how many
-        rows went to each partition (``sinks.kafka.copy_markers``). A failure before the marker leaves the chunk
-        unrecorded: the copy writes it again."""
+        """A copy writer's chunk (``CopyAnnouncer.write_copy_chunk``): its rows as ``write`` sends them, each header
+        naming the chunk (``-<chunk>:...``), then, once they are acknowledged, the chunk's marker in the metadata topic:
+        how many rows went to each partition (``sinks.kafka.copy_markers``). A failure before the marker leaves the
+        chunk unrecorded: the copy writes it again."""
         self.out.reset_copied()
         before = self._span_header
         self._span_header = copy_value(chunk.index)
@@ -310,8 +311,8 @@ class KafkaSink(TxnSink, DdlSink, CheckpointSink, WatermarkSink, CopyAnnouncer, 
         return count
 
     def announce_copy(self, chunks: Sequence[CopiedChunk]) -> None:
-        """The copies of the tables of ``chunks`` are complete (``Sink.announce_copy``): an announcement per table in
-        the metadata topic (``sinks.kafka.copy_markers``), acknowledged together."""
+        """The copies of the tables of ``chunks`` are complete (``CopyAnnouncer.announce_copy``): an announcement per
+        table in the metadata topic (``sinks.kafka.copy_markers``), acknowledged together."""
         by_table: dict[TableName, list[CopiedChunk]] = {}
         for c in chunks:
             by_table.setdefault(c.table, []).append(c)

@@ -1,6 +1,6 @@
 """The SQL sink: MySQL/MariaDB (PyMySQL), PostgreSQL (psycopg2) and SQLite through SQLAlchemy Core.
 
-Guarantees (on top of :class:`sinks.base.Sink`):
+Guarantees (on top of the contracts of its roles: :mod:`sinks.base`, :mod:`sinks.copy_roles`):
 - One downstream transaction per ``write`` call, committed before ``write`` returns; on any error it is
   rolled back and nothing of the call is visible. The iterable is consumed lazily and applied in chunks
   of ``config.batch_rows`` rows inside that transaction, so memory stays bounded for huge transactions.
@@ -111,7 +111,7 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         self._passthrough = CopyPassthrough(self.target, self.catalog)
         self._deferred = DeferredKey(self.target, self.catalog)
 
-    # ---- Sink API ------------------------------------------------------------------------------------
+    # ---- the roles (sinks.base, sinks.copy_roles) ----------------------------------------------------
     def check(self) -> None:
         """Connect once; SinkUnavailable if the server cannot be reached, SinkError (with the fix) if the
         database is missing, access is denied or a SQLite file cannot be opened for writing."""

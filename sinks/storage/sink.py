@@ -143,7 +143,7 @@ class StorageSink(TxnSink, BufferedSink, PositionStore, DdlSink, CheckpointSink,
         self._flushed = (0, 0)
         self._closed = False
 
-    # ---- the Sink contract --------------------------------------------------------------------------------
+    # ---- the roles (sinks.base, sinks.copy_roles) ---------------------------------------------------------
     def check(self) -> None:
         self.fs.check_writable()
 

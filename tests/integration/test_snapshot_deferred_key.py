@@ -254,8 +254,8 @@ def test_a_table_created_behind_the_copy_is_refused(pg_server: Any, pg_database:
 
 
 def test_remove_deletes_the_changefeeds_markers_and_positions(pg_server: Any, targets: list[str]) -> None:
-    """``Sink.forget`` (run by the owner after ``changefeed remove``) deletes the changefeed's copy markers and its
-    position rows, and only its own: it used to fail once the marker table existed (a second ``begin`` on a
+    """``PositionStore.forget`` (run by the owner after ``changefeed remove``) deletes the changefeed's copy markers and
+    its position rows, and only its own: it used to fail once the marker table existed (a second ``begin`` on a
     connection that had autobegun), leaving both behind with a warning in the log."""
     target = targets[0]
     sink = open_sink(pg_server.uri(target), SinkConfig())

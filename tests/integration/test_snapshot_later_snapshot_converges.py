@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 
 
 def replay(pg_server: Any, db: str, slot: str, sink_uri: str, table: TableName, txns: int) -> None:
-    """Apply the ``txns`` transactions the slot holds, in commit order, one ``Sink.write`` per transaction (what the
+    """Apply the ``txns`` transactions the slot holds, in commit order, one ``TxnSink.write`` per transaction (what the
     span does once streaming starts). Polls: with ``synchronous_commit=off`` the slot sees a commit only once
     its WAL is flushed, a moment later."""
     conn = pg_server.connect(db)

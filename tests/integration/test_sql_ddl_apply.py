@@ -1,7 +1,7 @@
-"""Schema changes applied by the SQL sink (``Sink.apply_ddl``) on real MariaDB, PostgreSQL and SQLite targets.
+"""Schema changes applied by the SQL sink (``DdlSink.apply_ddl``) on real MariaDB, PostgreSQL and SQLite targets.
 
 Each test runs the same statements on a real PostgreSQL *source*: its DML (rows read back with RETURNING, as
-stored upstream) goes to the sink through ``Sink.write``, its DDL is run upstream and handed to the sink as
+stored upstream) goes to the sink through ``TxnSink.write``, its DDL is run upstream and handed to the sink as
 a hand-built ``DdlEvent`` whose ``before``/``after`` schemas are read from the source's catalog. Every test
 ends with the row-by-row compare of playground/compare.py, and the tests that change a table's shape check
 that the altered downstream table is indistinguishable from a table the sink creates fresh from the new

@@ -1,5 +1,5 @@
-"""The initial copy's bulk path into PostgreSQL (:meth:`sinks.base.Sink.write_copy_text`): a chunk's rows as the
-upstream's COPY text, streamed unparsed into ``COPY table (columns) FROM STDIN`` in one target transaction.
+"""The initial copy's bulk path into PostgreSQL (:meth:`sinks.copy_roles.TextCopy.write_copy_text`): a chunk's rows
+as the upstream's COPY text, streamed unparsed into ``COPY table (columns) FROM STDIN`` in one target transaction.
 
 Why the result is exactly what streaming stores. For rows that carry their upstream text (every INSERT the
 mounter makes, and every copied row), the sink's ordinary PostgreSQL path already sends that text through COPY:
@@ -111,8 +111,8 @@ class CopyPassthrough:
 
     def write(self, schema: TableSchema, open_text: Callable[[], CopyText | None], fence: Callable[[], None] | None, *,
               replace: bool, tracks_position: bool) -> int | None:
-        """:meth:`sinks.base.Sink.write_copy_text` (see the module docstring); ``tracks_position``: the sink has an
-        exactly-once position or DDL floors (then None)."""
+        """:meth:`sinks.copy_roles.TextCopy.write_copy_text` (see the module docstring); ``tracks_position``: the
+        sink has an exactly-once position or DDL floors (then None)."""
         target = self._target
         target.check_open()
         if target.dialect != "postgresql" or tracks_position:

@@ -82,7 +82,8 @@ class Catalog:
             if fresh:
                 raise
             # what this sink knew of the table may be stale: the initial copy drops and creates a table again when its
-            # definition changed upstream (Sink.restart_copy_target, from another sink). Look once more before failing.
+            # definition changed upstream (CopyTargets.restart_copy_target, from another sink). Look once more before
+            # failing.
             log.info("%s: table %s does not fit %s as known; reading its definition again", target.where, table.label,
                      schema.name)
             self._tables.pop(parts, None)

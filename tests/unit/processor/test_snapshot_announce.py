@@ -1,7 +1,7 @@
-"""A span announces its tables' complete copies (processor.snapshot.InitialCopy ``announce``, ``Sink.announce_copy``)
-before its snapshot is ``done`` - before it streams, so before any watermark covering the copy - listing every chunk
-as etcd records it: the run (Ts) each was written under and its rows (docs/sinks.md, "Copy markers"). Fakes for
-etcd, the upstream and the job."""
+"""A span announces its tables' complete copies (processor.snapshot.InitialCopy ``announce``,
+``CopyAnnouncer.announce_copy``) before its snapshot is ``done`` - before it streams, so before any watermark covering
+the copy - listing every chunk as etcd records it: the run (Ts) each was written under and its rows (docs/sinks.md,
+"Copy markers"). Fakes for etcd, the upstream and the job."""
 
 from __future__ import annotations
 

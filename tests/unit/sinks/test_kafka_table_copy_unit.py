@@ -147,8 +147,8 @@ def test_copied_rows_over_rows_the_target_holds_are_upserts_not_netted_with_late
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_a_copy_started_over_truncates_before_its_rows_like_a_resync(protocol: str) -> None:
-    """A table whose definition changed between two runs of its copy (Sink.restart_copy_target): the TRUNCATE comes
-    with the new run's snapshot Ts under the copy writers' header, before the rows copied again."""
+    """A table whose definition changed between two runs of its copy (CopyTargets.restart_copy_target): the TRUNCATE
+    comes with the new run's snapshot Ts under the copy writers' header, before the rows copied again."""
     broker = FakeBroker(partitions=2)
     s = table()
     job = make(broker, protocol, dispatchers=index_value, span=None)
