@@ -166,7 +166,7 @@ def test_ddl_under_continuous_writes_on_tables_of_two_spans_ends_equal(
     # two tables per span; the table renamed onto stock comes from the other span
     assert span("orders") == span("stock") != span("users") == span("audit") == span("fresh")
     cdc = cdc_server
-    cdc.create_changefeed("conc", pg_server.uri(pg_database), sink_uri, config=f"span-count = {SPANS}\n")
+    cdc.create_changefeed("conc", pg_server.uri(pg_database), sink_uri, config=f"span-count = {SPANS}\n", snapshot="none")
     run_sql(source, *FILL)
     conn = pg_server.connect(pg_database)
     conn.autocommit = False
@@ -220,7 +220,7 @@ def test_rows_decoded_after_a_later_key_change_committed_keep_the_key_of_their_t
     The rows between DROP PRIMARY KEY and ADD PRIMARY KEY have no key; the table's Relation message before them
     must not take the key the catalog has *now* (after the ADD)."""
     cdc = cdc_server
-    cdc.create_changefeed("key", pg_server.uri(pg_database), sink_uri, config=f"span-count = {SPANS}\n")
+    cdc.create_changefeed("key", pg_server.uri(pg_database), sink_uri, config=f"span-count = {SPANS}\n", snapshot="none")
     run_sql(source, *FILL)
     tables = ["public.audit", "public.stock"]
     assert_converged(cdc, "key", source, sink_uri, tables=tables, schemas=True)
