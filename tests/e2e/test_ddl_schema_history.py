@@ -42,6 +42,9 @@ def _histories(etcd_server: EtcdServer, cluster_id: str, cf: str) -> dict[int, A
         return MetaStore(client, cluster_id).get_schema_histories(cf)
 
 
+# the history is the stream's; every target applies column changes made without the trigger in
+# test_ddl_replication.py::test_without_the_ddl_trigger_column_changes_come_from_the_stream_and_a_rename_is_refused
+@pytest.mark.parametrize("sink_uri", targets_in_make_test("postgresql"), indirect=True)
 def test_changes_made_while_the_capture_was_down_without_the_trigger_are_applied_after_the_restart(
     cdc_server: CdcServer, etcd_server: EtcdServer, cluster_id: str, pg_server: PostgresServer, pg_database: str,
     source: Any, sink_uri: str,
@@ -103,6 +106,7 @@ def test_a_ddl_run_by_a_function_after_a_restart_uses_the_schema_history(
     assert q["state"] == "normal" and not q["warnings"], q
 
 
+@pytest.mark.parametrize("sink_uri", targets_in_make_test("postgresql"), indirect=True)  # etcd keys only: the target plays no part
 def test_removing_the_changefeed_removes_its_schema_history(
     cdc_server: CdcServer, etcd_server: EtcdServer, pg_server: PostgresServer, pg_database: str, source: Any,
     sink_uri: str,
