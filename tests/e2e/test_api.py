@@ -459,7 +459,7 @@ def test_changefeed_list_and_query_as_tables(cdc_server: CdcServer, pg_server: P
     cfg = tmp_path / "cf.toml"
     cfg.write_text("span-count = 2\n")
     created = ok(cdc_cli(url, "changefeed", "create", "-c", "tbl", "--upstream", pg_server.uri(pg_database),
-                         "--sink-uri", "blackhole://", "--config", str(cfg)))
+                         "--sink-uri", "blackhole://", "--config", str(cfg), "--snapshot", "none"))
     res = cdc_cli(url, "--output", "table", "changefeed", "list")
     assert res.rc == 0, res
     rows = table_lines(res.stdout)
