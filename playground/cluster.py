@@ -120,9 +120,14 @@ class CdcServer:
     def changefeed(self, cf: str) -> dict[str, Any]:
         return self.get(f"/api/v2/changefeeds/{cf}")
 
-    def create_changefeed(self, cf: str, upstream: str, sink: str, config: str = "") -> dict[str, Any]:
-        return self.request("POST", "/api/v2/changefeeds",
-                            {"changefeed_id": cf, "upstream_uri": upstream, "sink_uri": sink, "config": config})
+    def create_changefeed(self, cf: str, upstream: str, sink: str, config: str = "", *,
+                          snapshot: str | None = None) -> dict[str, Any]:
+        """``snapshot``: ``"initial"`` or ``"none"`` overrides the config's ``[snapshot] mode`` (``cdc cli changefeed
+        create --snapshot``); ``None`` leaves it to the config (default: the initial copy)."""
+        body = {"changefeed_id": cf, "upstream_uri": upstream, "sink_uri": sink, "config": config}
+        if snapshot is not None:
+            body["snapshot"] = snapshot
+        return self.request("POST", "/api/v2/changefeeds", body)
 
     def wait_checkpoint(self, cf: str, lsn: int, timeout: float = 120.0) -> dict[str, Any]:
         """Wait until the changefeed's global checkpoint reaches ``lsn``; return the last query."""

@@ -376,7 +376,7 @@ def test_processors_resign_forwarding_and_drain(cdc_server: CdcServer, etcd_serv
         cfg = tmp_path / "cf.toml"
         cfg.write_text("span-count = 2\n")
         ok(cdc_cli(first.url, "changefeed", "create", "-c", "two", "--upstream", pg_server.uri(pg_database),
-                   "--sink-uri", f"sqlite:///{tmp_path / 't.db'}", "--config", str(cfg)))
+                   "--sink-uri", f"sqlite:///{tmp_path / 't.db'}", "--config", str(cfg), "--snapshot", "none"))
         ids = {s.get("/api/v2/status")["id"]: s for s in (first, second)}
         assert len(ids) == 2
 
@@ -459,7 +459,7 @@ def test_changefeed_list_and_query_as_tables(cdc_server: CdcServer, pg_server: P
     cfg = tmp_path / "cf.toml"
     cfg.write_text("span-count = 2\n")
     created = ok(cdc_cli(url, "changefeed", "create", "-c", "tbl", "--upstream", pg_server.uri(pg_database),
-                         "--sink-uri", "blackhole://", "--config", str(cfg)))
+                         "--sink-uri", "blackhole://", "--config", str(cfg), "--snapshot", "none"))
     res = cdc_cli(url, "--output", "table", "changefeed", "list")
     assert res.rc == 0, res
     rows = table_lines(res.stdout)

@@ -219,7 +219,7 @@ def test_a_capture_without_the_key_is_loud_and_recovers(etcd_server: EtcdServer,
     conn = pg_server.connect(pg_database)
     target = tmp_path / "t.db"
     try:
-        good.create_changefeed("k", pg_server.uri(pg_database), f"sqlite:///{target}", "span-count = 2\n")
+        good.create_changefeed("k", pg_server.uri(pg_database), f"sqlite:///{target}", "span-count = 2\n", snapshot="none")
         deadline = time.monotonic() + 60
         cf: dict[str, Any] = {}
         while time.monotonic() < deadline:

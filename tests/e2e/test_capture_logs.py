@@ -32,7 +32,7 @@ def test_healthy_then_unhealthy_capture_log(etcd_server: EtcdServer, pg_server: 
     conn = pg_server.connect(pg_database)
     sink = pg_server.uri(sink_db).replace("postgres@", "postgres:Sink-pw-123@", 1)
     try:
-        server.create_changefeed("orders", pg_server.uri(pg_database), sink)
+        server.create_changefeed("orders", pg_server.uri(pg_database), sink, snapshot="none")
         with conn.cursor() as cur:
             cur.execute("INSERT INTO orders SELECT g, 'item ' || g FROM generate_series(1, 100) g")
         server.wait_checkpoint("orders", current_lsn(conn))

@@ -163,7 +163,7 @@ def test_changefeed_lifecycle_through_the_cli(
     try:
         # create
         created = ok(cdc_cli(url, "changefeed", "create", "--changefeed-id", "orders-feed", "--upstream", upstream,
-                             "--sink-uri", sink, "--config", str(cf_toml)))
+                             "--sink-uri", sink, "--config", str(cf_toml), "--snapshot", "none"))
         assert created["id"] == "orders-feed"
         assert created["state"] == "normal"
         assert created["config"]["filter"]["rules"] == ["public.*", "!public.tmp_*"]

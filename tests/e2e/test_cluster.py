@@ -69,7 +69,7 @@ def drill(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path, pg_server: P
     source = pg_server.connect(pg_database)
     recoveries: list[float] = []
     try:
-        servers[0].create_changefeed("ha", pg_server.uri(pg_database), sink_uri, CONFIG)
+        servers[0].create_changefeed("ha", pg_server.uri(pg_database), sink_uri, CONFIG, snapshot="none")
         with Workload(pg_server, pg_database) as wl:
             time.sleep(3)
             for victim_is_owner in kills:
@@ -122,7 +122,7 @@ def test_frozen_capture_writes_nothing_after_its_span_is_reassigned(
     servers = [first]
     source = pg_server.connect(pg_database)
     try:
-        first.create_changefeed("fence", pg_server.uri(pg_database), sink, "[filter]\nrules = ['public.accounts']\n")
+        first.create_changefeed("fence", pg_server.uri(pg_database), sink, "[filter]\nrules = ['public.accounts']\n", snapshot="none")
         mixed_workload(source, 3)
         first.wait_checkpoint("fence", 0)
         assert_converged(first, "fence", source, sink, ["public.accounts"])

@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg2
 import pytest
-from e2e_workload import assert_converged, run_sql, server_config, wait_for
+from e2e_workload import assert_converged, run_sql, server_config, targets_in_make_test, wait_for
 
 from cdc.events import TableName
 from cdc.spans import span_of
@@ -157,6 +157,9 @@ def _wait_published(source: Any, table: str, timeout: float = 30.0) -> None:
             time.sleep(0.2)
 
 
+# the barrier across spans is the processor's and the owner's; every DDL kind on every target:
+# test_ddl_kinds.py, test_ddl_replication.py, tests/integration/test_sql_ddl_apply.py
+@pytest.mark.parametrize("sink_uri", targets_in_make_test("postgresql"), indirect=True)
 def test_ddl_under_continuous_writes_on_tables_of_two_spans_ends_equal(
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
 ) -> None:
@@ -166,7 +169,7 @@ def test_ddl_under_continuous_writes_on_tables_of_two_spans_ends_equal(
     # two tables per span; the table renamed onto stock comes from the other span
     assert span("orders") == span("stock") != span("users") == span("audit") == span("fresh")
     cdc = cdc_server
-    cdc.create_changefeed("conc", pg_server.uri(pg_database), sink_uri, config=f"span-count = {SPANS}\n")
+    cdc.create_changefeed("conc", pg_server.uri(pg_database), sink_uri, config=f"span-count = {SPANS}\n", snapshot="none")
     run_sql(source, *FILL)
     conn = pg_server.connect(pg_database)
     conn.autocommit = False
@@ -213,6 +216,7 @@ def test_ddl_under_continuous_writes_on_tables_of_two_spans_ends_equal(
     assert q["state"] == "normal" and not q["warnings"], q
 
 
+@pytest.mark.parametrize("sink_uri", targets_in_make_test("postgresql"), indirect=True)  # decoding upstream; keys on every target: test_ddl_kinds.py
 def test_rows_decoded_after_a_later_key_change_committed_keep_the_key_of_their_time(
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
 ) -> None:
@@ -220,7 +224,7 @@ def test_rows_decoded_after_a_later_key_change_committed_keep_the_key_of_their_t
     The rows between DROP PRIMARY KEY and ADD PRIMARY KEY have no key; the table's Relation message before them
     must not take the key the catalog has *now* (after the ADD)."""
     cdc = cdc_server
-    cdc.create_changefeed("key", pg_server.uri(pg_database), sink_uri, config=f"span-count = {SPANS}\n")
+    cdc.create_changefeed("key", pg_server.uri(pg_database), sink_uri, config=f"span-count = {SPANS}\n", snapshot="none")
     run_sql(source, *FILL)
     tables = ["public.audit", "public.stock"]
     assert_converged(cdc, "key", source, sink_uri, tables=tables, schemas=True)

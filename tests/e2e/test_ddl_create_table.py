@@ -73,7 +73,7 @@ def _indexes(sink: str, table: str) -> dict[str, tuple[tuple[str, ...], bool]]:
 def test_create_and_drop_index_replay_downstream_with_replicate_indexes(
         cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:
     cdc = cdc_server
-    cdc.create_changefeed("ix", pg_server.uri(pg_database), sink_uri, "[ddl]\nreplicate-indexes = true\n")
+    cdc.create_changefeed("ix", pg_server.uri(pg_database), sink_uri, "[ddl]\nreplicate-indexes = true\n", snapshot="none")
     run_sql(source, "INSERT INTO base SELECT g, 'b' || g FROM generate_series(1, 20) g")
     assert_converged(cdc, "ix", source, sink_uri, tables=["public.base"], schemas=True)
 
@@ -99,7 +99,7 @@ def test_create_and_drop_index_replay_downstream_with_replicate_indexes(
 def test_indexes_are_not_replayed_by_default(
         cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:
     cdc = cdc_server
-    cdc.create_changefeed("noix", pg_server.uri(pg_database), sink_uri)
+    cdc.create_changefeed("noix", pg_server.uri(pg_database), sink_uri, snapshot="none")
     run_sql(source, "INSERT INTO base VALUES (1, 'a')", "CREATE INDEX base_v_idx ON base (v)",
             "INSERT INTO base VALUES (2, 'b')")
     assert_converged(cdc, "noix", source, sink_uri, tables=["public.base"], schemas=True)

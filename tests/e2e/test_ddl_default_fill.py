@@ -38,7 +38,7 @@ def test_stable_and_volatile_defaults_fill_the_existing_rows_with_upstreams_valu
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
 ) -> None:
     cdc = cdc_server
-    cdc.create_changefeed("fill", pg_server.uri(pg_database), sink_uri)
+    cdc.create_changefeed("fill", pg_server.uri(pg_database), sink_uri, snapshot="none")
     run_sql(source, "INSERT INTO orders SELECT g, g FROM generate_series(1, 40) g")
     assert_converged(cdc, "fill", source, sink_uri, tables=TABLES, schemas=True)
 
@@ -131,7 +131,7 @@ def test_without_the_ddl_trigger_the_existing_rows_are_read_back_from_the_upstre
     from upstream.postgres import capture_objects
 
     sink = f"sqlite:///{tmp_path / 'target.db'}"
-    cdc_server.create_changefeed("nt", pg_server.uri(pg_database), sink)
+    cdc_server.create_changefeed("nt", pg_server.uri(pg_database), sink, snapshot="none")
     slots = [s for (s,) in pg_server.execute("SELECT slot_name FROM pg_replication_slots WHERE database = "
                                              "current_database()", db=pg_database)]
     assert capture_objects.uninstall(source, *slots)

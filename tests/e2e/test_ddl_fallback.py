@@ -27,7 +27,7 @@ def test_without_the_triggers_the_changefeed_says_what_it_cannot_see_and_a_table
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
 ) -> None:
     cdc = cdc_server
-    cdc.create_changefeed("fb", pg_server.uri(pg_database), sink_uri, config="[filter]\nrules = ['public.*']\n")
+    cdc.create_changefeed("fb", pg_server.uri(pg_database), sink_uri, config="[filter]\nrules = ['public.*']\n", snapshot="none")
     slots = [s for (s,) in pg_server.execute("SELECT slot_name FROM pg_replication_slots WHERE database = "
                                              "current_database()", db=pg_database)]
     assert capture_objects.uninstall(source, *slots)

@@ -79,7 +79,7 @@ def _wait(pred: Any, what: str, timeout: float = 60.0) -> None:
 def test_a_kill_before_the_target_applied_the_ddl(
         cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:
     cdc = cdc_server
-    cdc.create_changefeed("kb", pg_server.uri(pg_database), sink_uri)
+    cdc.create_changefeed("kb", pg_server.uri(pg_database), sink_uri, snapshot="none")
     run_sql(source, "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g", "INSERT INTO u VALUES (1, 'u')")
     assert_converged(cdc, "kb", source, sink_uri, tables=TABLES, schemas=True)
 
@@ -103,7 +103,7 @@ def test_a_kill_after_the_target_applied_the_ddl(
     if sink_uri.startswith("sqlite"):
         pytest.skip("SQLite locks the whole file: no lock holds the rows after a DDL without holding the DDL")
     cdc = cdc_server
-    cdc.create_changefeed("ka", pg_server.uri(pg_database), sink_uri)
+    cdc.create_changefeed("ka", pg_server.uri(pg_database), sink_uri, snapshot="none")
     run_sql(source, "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 20) g", "INSERT INTO u VALUES (1, 'u')")
     assert_converged(cdc, "ka", source, sink_uri, tables=TABLES, schemas=True)
 

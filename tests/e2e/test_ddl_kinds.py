@@ -47,7 +47,7 @@ def test_key_default_not_null_widening_truncate_and_multi_table_ddl_transactions
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
 ) -> None:
     cdc = cdc_server
-    cdc.create_changefeed("kinds", pg_server.uri(pg_database), sink_uri)
+    cdc.create_changefeed("kinds", pg_server.uri(pg_database), sink_uri, snapshot="none")
     run_sql(source, *FILL)
     assert_converged(cdc, "kinds", source, sink_uri, tables=TABLES, schemas=True)
 

@@ -38,7 +38,7 @@ def test_column_and_table_ddl_interleaved_with_rows_end_equal(
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str, tmp_path: Path
 ) -> None:
     cdc = cdc_server
-    cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
+    cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri, snapshot="none")
     run_sql(source, *FILL)
     run_sql(source, "UPDATE items SET qty = qty + 1 WHERE id <= 10", "INSERT INTO other VALUES (11, 'o11')")
     assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"], schemas=True)
@@ -77,7 +77,7 @@ def test_a_ddl_the_target_rejects_fails_the_changefeed_and_skip_ddl_ts_moves_on(
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
 ) -> None:
     cdc = cdc_server
-    cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
+    cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri, snapshot="none")
     run_sql(source, *FILL)
     assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"], schemas=True)
     # a narrowing type change is refused downstream (there, values could be cut); these values fit
@@ -109,7 +109,7 @@ def test_a_type_change_that_rewrites_values_upstream_is_refused_loudly(
 ) -> None:
     """ALTER TYPE ... USING rewrites every row upstream and the stream carries none of it: never silent."""
     cdc = cdc_server
-    cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
+    cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri, snapshot="none")
     run_sql(source, *FILL)
     assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items"], schemas=True)
     run_sql(source, "ALTER TABLE items ALTER COLUMN name TYPE text USING upper(name)")
@@ -121,7 +121,7 @@ def test_without_the_ddl_trigger_column_changes_come_from_the_stream_and_a_renam
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
 ) -> None:
     cdc = cdc_server
-    cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
+    cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri, snapshot="none")
     # as for a user who may not create event triggers: nothing of Tidewater's is installed upstream
     slots = [s for (s,) in pg_server.execute("SELECT slot_name FROM pg_replication_slots WHERE database = "
                                              "current_database()", db=pg_database)]
@@ -148,7 +148,7 @@ def test_a_ddl_right_after_a_capture_restart_and_after_a_kill_mid_way(
     table as it was before the command, so the DDL still applies. A SIGKILL right after a DDL commits replays
     it from the checkpoint: applied once, rows after it exactly once."""
     cdc = cdc_server
-    cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri)
+    cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri, snapshot="none")
     run_sql(source, *FILL)
     assert_converged(cdc, "ddl", source, sink_uri, tables=["public.items", "public.other"], schemas=True)
     cdc.terminate()

@@ -42,12 +42,15 @@ def _histories(etcd_server: EtcdServer, cluster_id: str, cf: str) -> dict[int, A
         return MetaStore(client, cluster_id).get_schema_histories(cf)
 
 
+# the history is the stream's; every target applies column changes made without the trigger in
+# test_ddl_replication.py::test_without_the_ddl_trigger_column_changes_come_from_the_stream_and_a_rename_is_refused
+@pytest.mark.parametrize("sink_uri", targets_in_make_test("postgresql"), indirect=True)
 def test_changes_made_while_the_capture_was_down_without_the_trigger_are_applied_after_the_restart(
     cdc_server: CdcServer, etcd_server: EtcdServer, cluster_id: str, pg_server: PostgresServer, pg_database: str,
     source: Any, sink_uri: str,
 ) -> None:
     cdc = cdc_server
-    cdc.create_changefeed("hist", pg_server.uri(pg_database), sink_uri)
+    cdc.create_changefeed("hist", pg_server.uri(pg_database), sink_uri, snapshot="none")
     slots = [s for (s,) in pg_server.execute("SELECT slot_name FROM pg_replication_slots WHERE database = "
                                              "current_database()", db=pg_database)]
     assert capture_objects.uninstall(source, *slots)  # as for a user who may not create event triggers
@@ -85,7 +88,7 @@ def test_a_ddl_run_by_a_function_after_a_restart_uses_the_schema_history(
     """Migration tools run DDL from functions: the statement text does not name the table, so the trigger cannot
     describe it beforehand, and right after a restart the stream has not shown the idle table either."""
     cdc = cdc_server
-    cdc.create_changefeed("hist", pg_server.uri(pg_database), sink_uri)
+    cdc.create_changefeed("hist", pg_server.uri(pg_database), sink_uri, snapshot="none")
     run_sql(source, "INSERT INTO items SELECT g, 'i' || g, g FROM generate_series(1, 20) g",
             "INSERT INTO quiet VALUES (1, 'a')")
     assert_converged(cdc, "hist", source, sink_uri, tables=TABLES, schemas=True)
@@ -103,12 +106,13 @@ def test_a_ddl_run_by_a_function_after_a_restart_uses_the_schema_history(
     assert q["state"] == "normal" and not q["warnings"], q
 
 
+@pytest.mark.parametrize("sink_uri", targets_in_make_test("postgresql"), indirect=True)  # etcd keys only: the target plays no part
 def test_removing_the_changefeed_removes_its_schema_history(
     cdc_server: CdcServer, etcd_server: EtcdServer, pg_server: PostgresServer, pg_database: str, source: Any,
     sink_uri: str,
 ) -> None:
     cdc = cdc_server
-    cdc.create_changefeed("hist", pg_server.uri(pg_database), sink_uri)
+    cdc.create_changefeed("hist", pg_server.uri(pg_database), sink_uri, snapshot="none")
     assert len(_histories(etcd_server, cdc.cluster_id, "hist")) == 2
     cdc.request("DELETE", "/api/v2/changefeeds/hist")  # the owner removes it (202: asynchronously)
     deadline = time.monotonic() + 60

@@ -152,7 +152,7 @@ def test_keyless_table_exactly_once_through_kills_and_outages(
         maria.create_database("target")
         sink = maria.uri("target")
         precreate_target(sink)
-        sandbox.cdc.create_changefeed("eo", pg_server.uri(pg_database), sink)
+        sandbox.cdc.create_changefeed("eo", pg_server.uri(pg_database), sink, snapshot="none")
         with KeylessWorkload(pg_server, pg_database) as wl:
             time.sleep(2)
             for _ in range(2):
@@ -195,7 +195,7 @@ def test_keyless_exactly_once_many_kills(sandbox: Sandbox, pg_server: PostgresSe
         target.create_database("target")
         sink = target.uri("target")
         precreate_target(sink)
-        sandbox.cdc.create_changefeed("eo", pg_server.uri(pg_database), sink, "span-count = 2\n")
+        sandbox.cdc.create_changefeed("eo", pg_server.uri(pg_database), sink, "span-count = 2\n", snapshot="none")
         with KeylessWorkload(pg_server, pg_database) as wl:
             time.sleep(2)
             for round_ in range(5):
@@ -226,7 +226,7 @@ def test_keyless_exactly_once_when_the_sink_disk_fills(sandbox: Sandbox, pg_serv
     try:
         sink = f"sqlite:///{mnt / 'target.db'}"
         precreate_target(sink)
-        sandbox.cdc.create_changefeed("eo", pg_server.uri(pg_database), sink)
+        sandbox.cdc.create_changefeed("eo", pg_server.uri(pg_database), sink, snapshot="none")
         with KeylessWorkload(pg_server, pg_database) as wl:
             time.sleep(2)
             filler = mnt / "filler"

@@ -27,7 +27,7 @@ def test_sink_outage_warns_retries_and_loses_nothing(cdc_server: CdcServer, pg_s
     try:
         maria.create_database("target")
         sink = maria.uri("target")
-        cdc_server.create_changefeed("outage", pg_server.uri(pg_database), sink)
+        cdc_server.create_changefeed("outage", pg_server.uri(pg_database), sink, snapshot="none")
         mixed_workload(source, 10)
         assert_converged(cdc_server, "outage", source, sink)
 
@@ -58,7 +58,7 @@ def test_frozen_capture_loses_lease_reregisters_and_continues(etcd_server: Any, 
                     extra_args=server_config(tmp_path, "session-ttl = 3\netcd-timeout = 1.0\nowner-tick = 0.2\n")).start()
     sink = f"sqlite:///{tmp_path / 'target.db'}"
     try:
-        cdc.create_changefeed("frozen", pg_server.uri(pg_database), sink)
+        cdc.create_changefeed("frozen", pg_server.uri(pg_database), sink, snapshot="none")
         mixed_workload(source, 5)
         assert_converged(cdc, "frozen", source, sink)
         (before,) = cdc.get("/api/v2/captures")
@@ -88,7 +88,7 @@ def test_frozen_capture_loses_lease_reregisters_and_continues(etcd_server: Any, 
 def test_idle_upstream_keeps_checkpoint_lag_small(cdc_server: CdcServer, pg_server: PostgresServer,
                                                   pg_database: str, source: Any, tmp_path: Path) -> None:
     sink = f"sqlite:///{tmp_path / 'target.db'}"
-    cdc_server.create_changefeed("idle", pg_server.uri(pg_database), sink)
+    cdc_server.create_changefeed("idle", pg_server.uri(pg_database), sink, snapshot="none")
     mixed_workload(source, 3)
     assert_converged(cdc_server, "idle", source, sink)
     time.sleep(8)  # nothing is written upstream: keepalives must keep the watermarks moving

@@ -56,7 +56,7 @@ def test_sink_outage_recovers_within_seconds_of_the_sink_returning(
     try:
         maria.create_database("target")
         sink = maria.uri("target")
-        cdc.create_changefeed("outage", pg_server.uri(pg_database), sink)
+        cdc.create_changefeed("outage", pg_server.uri(pg_database), sink, snapshot="none")
         mixed_workload(source, 5)
         assert_converged(cdc, "outage", source, sink)
 
@@ -91,7 +91,7 @@ def test_upstream_restart_recovers_within_seconds(etcd_server: EtcdServer, clust
     try:
         upstream.execute(SCHEMA)
         source = upstream.connect()
-        cdc.create_changefeed("uprestart", upstream.uri(), sink)
+        cdc.create_changefeed("uprestart", upstream.uri(), sink, snapshot="none")
         mixed_workload(source, 5)
         assert_converged(cdc, "uprestart", source, sink)
         source.close()
@@ -126,7 +126,7 @@ def test_frozen_span_holder_loses_its_slot_to_the_new_holder(
     first = CdcServer(etcd_server.url, tmp_path / "cdc1", cluster_id=cluster_id, extra_args=args).start()
     second: CdcServer | None = None
     try:
-        first.create_changefeed("frozen", pg_server.uri(pg_database), sink)
+        first.create_changefeed("frozen", pg_server.uri(pg_database), sink, snapshot="none")
         mixed_workload(source, 3)
         assert_converged(first, "frozen", source, sink)
         (cap1,) = first.get("/api/v2/captures")
@@ -183,7 +183,7 @@ def test_disk_quota_failure_frees_the_spans_disk_and_names_the_need(
     roomy: CdcServer | None = None
     sink = f"sqlite:///{tmp_path / 'target.db'}"
     try:
-        small.create_changefeed("quota", pg_server.uri(pg_database), sink)
+        small.create_changefeed("quota", pg_server.uri(pg_database), sink, snapshot="none")
         mixed_workload(source, 3)
         assert_converged(small, "quota", source, sink)
         big_transaction(source, 60_000)

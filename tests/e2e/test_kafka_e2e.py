@@ -213,7 +213,7 @@ def test_broker_frozen_mid_run_warns_then_recovers_and_loses_nothing(
         topic = "outage"
         sink = broker.uri(topic, protocol="open-protocol", partition_num="2", delivery_timeout="3s",
                           read_timeout="2s", write_timeout="2s", dial_timeout="2s")
-        cdc_server.create_changefeed("ko", pg_server.uri(pg_database), sink)
+        cdc_server.create_changefeed("ko", pg_server.uri(pg_database), sink, snapshot="none")
         for n in range(5):
             step(source, n)
         cdc_server.wait_checkpoint("ko", current_lsn(source), timeout=60)
@@ -264,7 +264,7 @@ def test_bad_input_fails_create_or_the_changefeed_with_the_reason(
 
     # an oversized row: the changefeed fails naming the table and the key; nothing of it is sent
     sink = kafka_server.uri(kafka_topic, protocol="canal-json", max_message_bytes="4096")
-    cdc_server.create_changefeed("big", up, sink)
+    cdc_server.create_changefeed("big", up, sink, snapshot="none")
     with source.cursor() as cur:
         cur.execute("INSERT INTO accounts (id, owner, note) VALUES (4242, %s, 'big')", ("x" * 10_000,))
     q = wait_for(cdc_server, "big", lambda q: q["state"] in ("failed", "warning") and q.get("error"),

@@ -48,24 +48,21 @@ def test_target_ts_finishes_and_writes_nothing_after_it(cdc_server: CdcServer, p
 
 
 def test_unretryable_sink_error_fails_then_resume_after_fix(cdc_server: CdcServer, pg_server: PostgresServer,
-                                                            pg_database: str, source: Any, tmp_path: Path) -> None:
-    maria = MariaDBServer(tmp_path / "maria").start()
-    try:
-        maria.create_database("target")
-        # an existing target table that lacks a column: no retry can fix that, a human must
-        maria.execute("CREATE TABLE accounts (id int PRIMARY KEY, owner text)", db="target")
-        sink = maria.uri("target")
-        cdc_server.request("POST", "/api/v2/changefeeds", {
-            "changefeed_id": "broken", "upstream_uri": pg_server.uri(pg_database), "sink_uri": sink,
-            "config": "[filter]\nrules = ['public.accounts']\n"})
-        mixed_workload(source, 3)
-        q = wait_state(cdc_server, "broken", "failed")
-        assert q["error"]["code"] == "CDC:ErrSinkFatal", q["error"]
-        assert "accounts" in q["error"]["message"]
-        maria.execute("DROP TABLE accounts", db="target")  # the fix: let Tidewater create it
-        cdc_server.request("POST", "/api/v2/changefeeds/broken/resume")
-        wait_state(cdc_server, "broken", "normal")
-        info = assert_converged(cdc_server, "broken", source, sink, ["public.accounts"])
-        assert info["state"] == "normal"
-    finally:
-        maria.stop()
+                                                            pg_database: str, source: Any,
+                                                            mariadb_server: MariaDBServer, mariadb_database: str) -> None:
+    maria, target = mariadb_server, mariadb_database  # the session's server: this test never stops it
+    # an existing target table that lacks a column: no retry can fix that, a human must
+    maria.execute("CREATE TABLE accounts (id int PRIMARY KEY, owner text)", db=target)
+    sink = maria.uri(target)
+    cdc_server.request("POST", "/api/v2/changefeeds", {
+        "changefeed_id": "broken", "upstream_uri": pg_server.uri(pg_database), "sink_uri": sink,
+        "config": "[filter]\nrules = ['public.accounts']\n"})
+    mixed_workload(source, 3)
+    q = wait_state(cdc_server, "broken", "failed")
+    assert q["error"]["code"] == "CDC:ErrSinkFatal", q["error"]
+    assert "accounts" in q["error"]["message"]
+    maria.execute("DROP TABLE accounts", db=target)  # the fix: let Tidewater create it
+    cdc_server.request("POST", "/api/v2/changefeeds/broken/resume")
+    wait_state(cdc_server, "broken", "normal")
+    info = assert_converged(cdc_server, "broken", source, sink, ["public.accounts"])
+    assert info["state"] == "normal"

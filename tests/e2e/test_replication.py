@@ -35,7 +35,7 @@ pytestmark = pytest.mark.e2e
 def test_mixed_workload_big_and_aborted_transactions(
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
 ) -> None:
-    cdc_server.create_changefeed("cf1", pg_server.uri(pg_database), sink_uri)
+    cdc_server.create_changefeed("cf1", pg_server.uri(pg_database), sink_uri, snapshot="none")
     mixed_workload(source, 60)
     big_transaction(source, 30_000)
     aborted_big_transaction(source, 20_000)
@@ -60,7 +60,7 @@ def test_sigkill_mid_stream_then_restart_converges(
     config = server_config(tmp_path, FAST_LEASE)
     cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, extra_args=config).start()
     try:
-        cdc.create_changefeed("kill", pg_server.uri(pg_database), sink)
+        cdc.create_changefeed("kill", pg_server.uri(pg_database), sink, snapshot="none")
         # the big transaction starts once the (empty) initial copy is done: it is streamed, not copied
         wait_for(cdc, "kill", lambda q: q["phase"] == "streaming", "the initial copy")
         mixed_workload(source, 20)
@@ -100,7 +100,7 @@ def test_pause_resume(
     cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path
 ) -> None:
     sink = f"sqlite:///{tmp_path / 'target.db'}"
-    cdc_server.create_changefeed("pr", pg_server.uri(pg_database), sink)
+    cdc_server.create_changefeed("pr", pg_server.uri(pg_database), sink, snapshot="none")
     mixed_workload(source, 10)
     assert_converged(cdc_server, "pr", source, sink)
     paused = cdc_server.request("POST", "/api/v2/changefeeds/pr/pause")
@@ -125,7 +125,7 @@ def test_remove_drops_slot_publication_and_keys(
     cluster_id: str,
 ) -> None:
     sink = f"sqlite:///{tmp_path / 'target.db'}"
-    info = cdc_server.create_changefeed("rm", pg_server.uri(pg_database), sink)
+    info = cdc_server.create_changefeed("rm", pg_server.uri(pg_database), sink, snapshot="none")
     slot, pub = info["spans"][0]["slot"], info["spans"][0]["publication"]
     mixed_workload(source, 5)
     assert_converged(cdc_server, "rm", source, sink)

@@ -32,7 +32,7 @@ def test_dropped_slot_fails_the_changefeed_loudly(etcd_server: EtcdServer, clust
     cdc = _server(etcd_server, cluster_id, tmp_path)
     sink = f"sqlite:///{tmp_path / 'target.db'}"
     try:
-        info = cdc.create_changefeed("lost", pg_server.uri(pg_database), sink)
+        info = cdc.create_changefeed("lost", pg_server.uri(pg_database), sink, snapshot="none")
         mixed_workload(source, 3)
         assert_converged(cdc, "lost", source, sink)
         admin.drop_slot(source, info["spans"][0]["slot"], timeout=10)  # someone drops it (or a failover loses it)
@@ -50,7 +50,7 @@ def test_gc_ttl_releases_slots_of_a_stopped_changefeed(etcd_server: EtcdServer, 
     cdc = _server(etcd_server, cluster_id, tmp_path, "--gc-ttl", "3")
     sink = f"sqlite:///{tmp_path / 'target.db'}"
     try:
-        info = cdc.create_changefeed("gc", pg_server.uri(pg_database), sink)
+        info = cdc.create_changefeed("gc", pg_server.uri(pg_database), sink, snapshot="none")
         slot = info["spans"][0]["slot"]
         mixed_workload(source, 3)
         assert_converged(cdc, "gc", source, sink)

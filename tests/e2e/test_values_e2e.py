@@ -30,7 +30,7 @@ def source_schema() -> str:
 
 def test_edge_values_replicate_exactly(cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str,
                                        source: Any, sink_uri: str) -> None:
-    cdc_server.create_changefeed("vals", pg_server.uri(pg_database), sink_uri)
+    cdc_server.create_changefeed("vals", pg_server.uri(pg_database), sink_uri, snapshot="none")
     with source.cursor() as cur:
         cur.execute("INSERT INTO vals VALUES "
                     "(1, 0.0000001, 0.0000001, '-0', 1.50, 'happy', '{sad,ok}', '{{1,2},{3,4}}', '{0.0000001,1.50}'),"
@@ -45,7 +45,7 @@ def test_edge_values_replicate_exactly(cdc_server: CdcServer, pg_server: Postgre
 def test_an_array_with_other_bounds_fails_a_json_target_with_table_and_column(
         cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path) -> None:
     sink = f"sqlite:///{tmp_path / 'target.db'}"
-    cdc_server.create_changefeed("bounds", pg_server.uri(pg_database), sink)
+    cdc_server.create_changefeed("bounds", pg_server.uri(pg_database), sink, snapshot="none")
     with source.cursor() as cur:
         cur.execute("INSERT INTO vals (id, grid) VALUES (1, '[0:1]={7,8}')")
     q = wait_state(cdc_server, "bounds", "failed", timeout=120)
