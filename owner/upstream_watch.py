@@ -61,18 +61,10 @@ from cdc.model import (
     ended_by_joining,
 )
 from owner import partition_watch
-from owner.table_pickup import (  # noqa: F401 - filter_rules, collision_key: re-exported
-    COUNT_CAP,
-    LOCK_TIMEOUT_MS,
-    WARN_TABLE_INELIGIBLE,
-    WARN_UNREPLICATED_ROWS,
+from owner.table_pickup import (
     CopyRequester,
-    collision_key,
-    filter_rules,
-    ineligible_table_warning,
     pick_up_new_tables,
     sink_target_names,
-    unreplicated_rows_warning,
     unusable_new_partitions,
 )
 from sinks.base import SinkOpener

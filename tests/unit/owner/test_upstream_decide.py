@@ -10,6 +10,7 @@ import pytest
 from cdc.errors import GCTTLExceeded, SlotLost, UpstreamUnavailable
 from cdc.events import TableName
 from cdc.model import ChangefeedInfo, FeedState, RunningError, SpanInfo, WarningSeverity
+from owner.table_pickup import filter_rules, ineligible_table_warning, unreplicated_rows_warning
 from owner.upstream_watch import (
     FailSlotLost,
     ReleaseAfterGcTtl,
@@ -18,12 +19,9 @@ from owner.upstream_watch import (
     UpstreamWatcher,
     can_resume,
     decide,
-    filter_rules,
-    ineligible_table_warning,
     is_released,
     mark_released,
     report_warnings,
-    unreplicated_rows_warning,
 )
 from sinks.factory import SinkFactory
 from upstream import open_upstream

@@ -16,12 +16,12 @@ from cdc.events import ColumnSchema, RowChange, TableName, TableSchema
 from cdc.meta.store import ClusterSnapshot, Versioned
 from cdc.model import ChangefeedInfo, DataWarning, SpanAssignment, SpanInfo, SpanStatus, WarningSeverity
 from cdc.ts import Watermark
-from processor.mounter import encode_payload
 from processor.span import SinkPlan, SpanHooks, SpanRunner, SpanWarnings
 from sinks.testing import MemoryRowSourceSink
 from sorter.base import SortedTxn
 from tests.pgoutput_wire import enc_insert
 from tests.unit.processor.test_processor_report import MIN, Clock, FakeRunner, FakeStore, make
+from upstream.base import encode_payload
 from upstream.postgres.source import PgChangeDecoder
 
 pytestmark = pytest.mark.unit
