@@ -160,7 +160,7 @@ def _check_types(raw: dict[str, Any], defaults: Any, where: str) -> None:
             raise InvalidConfig(f"{where}{key} in the changefeed config must be an integer, got {value!r}")
 
 
-def _old_image_notice(scheme: str, schemas: list[TableSchema]) -> str | None:
+def old_image_notice(scheme: str, schemas: list[TableSchema]) -> str | None:
     """For a sink that writes each change as a message (Kafka, files): the tables whose UPDATE and DELETE messages
     cannot carry the whole old row (PostgreSQL sends it only under REPLICA IDENTITY FULL), so that a consumer that
     needs before-images (retractions, audit) knows before it reads them (docs/sinks.md, "Old rows")."""
@@ -218,7 +218,7 @@ class ChangefeedService:
                 spans = up.create_spans(_span_plans(req.changefeed_id, config.span_count, tables,
                                                     _join_rule(table_filter, config.span_count, sink,
                                                                req.sink_uri, config.sink.delivery)))
-                notices = [n for n in (up.capture_notice, _old_image_notice(sink_uri.scheme, schemas)) if n]
+                notices = [n for n in (up.capture_notice, old_image_notice(sink_uri.scheme, schemas)) if n]
                 if existing and config.snapshot.on_existing_rows == "truncate" and isinstance(sink, CopyTargets):
                     try:
                         sink.truncate_targets(existing)

@@ -157,7 +157,7 @@ class CaptureServer:
         p = self.processor
         if p is None:
             return []
-        return [(k[0], k[1], s.runner) for k, s in list(p._slots.items()) if s.runner is not None]
+        return [(v.changefeed, v.span, v.runner) for v in p.span_views() if v.runner is not None]
 
     def _status(self) -> dict[str, Any]:
         return {"id": self.capture_id, "version": VERSION, "pid": os.getpid(), "addr": self.config.addr,

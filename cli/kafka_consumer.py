@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         return exc.exit_code
     try:
         if args.upstream:
-            closers, schemas, fetch = _upstream(args.upstream)
+            closers, schemas, fetch = upstream_lookups(args.upstream)
             reader = closers[0]
         position = args.position or ("kafka:" + ",".join(src.topics))[:255]
         applier = SinkApplier(args.sink_uri, position=position, schemas=schemas, fetch_row=fetch, row_source=reader)
@@ -123,7 +123,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _upstream(uri: str) -> tuple[list[Any], Any, Any]:
+def upstream_lookups(uri: str) -> tuple[list[Any], Any, Any]:
+    """What the consumer needs of the upstream at ``uri``: ``(closers, schemas, fetch)``, the things to close
+    when done (the row reader first), the table schema lookup (cached; None for a table it cannot read) and the
+    fetch of one current row by key (None if it is gone)."""
     up = open_upstream(uri)
     cache: dict[TableName, TableSchema | None] = {}
     reader = up.row_source(label="kafka-consumer")

@@ -238,7 +238,7 @@ class Owner:
         actions += self._upstream_actions(snap, now)
         done = []
         for a in actions:
-            did = self._apply(a)
+            did = self.apply(a, snap)
             if did and isinstance(a, UpdateInfo) and _log_state_change(snap, a):
                 did = ""  # said on its own line
             done.append(did)
@@ -254,7 +254,7 @@ class Owner:
             return
         for action in checkpoint_actions(feed.overlay(snap), self._clock()):
             try:
-                self._apply(action)
+                self.apply(action, snap)
             except ChangefeedNotFound:
                 pass  # removed since the snapshot; the next full cycle sees it
 
@@ -289,7 +289,10 @@ class Owner:
                         log.warning("changefeed=%s: releasing slots failed, will retry: %s", cf_id, exc)
         return actions
 
-    def _apply(self, action: Action) -> str:
+    def apply(self, action: Action, snap: ClusterSnapshot | None) -> str:
+        """Carry out one reconcile action under the owner's fence; ``snap`` is the snapshot it was decided from
+        (a stored checkpoint is offered for publishing with that snapshot's changefeed info). Returns what it
+        did, for the cycle's one log line ("" if nothing worth saying)."""
         fence = self.election.fence()
         s = self.store
         if isinstance(action, Assign):
@@ -302,7 +305,7 @@ class Owner:
             revision = s.put_status(action.cf, action.status, fence)
             if self._feed is not None:
                 self._feed.note_status(action.cf, action.status, revision)
-            entry = self._snapshot.changefeeds.get(action.cf) if self._snapshot is not None else None
+            entry = snap.changefeeds.get(action.cf) if snap is not None else None
             if entry is not None:
                 self._offer_checkpoint(entry.value, action.status)
             return ""

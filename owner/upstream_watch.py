@@ -61,18 +61,10 @@ from cdc.model import (
     ended_by_joining,
 )
 from owner import partition_watch
-from owner.table_pickup import (  # noqa: F401 - filter_rules, collision_key: re-exported
-    COUNT_CAP,
-    LOCK_TIMEOUT_MS,
-    WARN_TABLE_INELIGIBLE,
-    WARN_UNREPLICATED_ROWS,
+from owner.table_pickup import (
     CopyRequester,
-    collision_key,
-    filter_rules,
-    ineligible_table_warning,
     pick_up_new_tables,
     sink_target_names,
-    unreplicated_rows_warning,
     unusable_new_partitions,
 )
 from sinks.base import SinkOpener
@@ -293,13 +285,16 @@ class UpstreamWatcher:
                  gc_ttl: float = 86400.0, clock: Callable[[], float] = time.time,
                  opener: Callable[[str], Upstream] | None = None,
                  target_names: Callable[[str], Callable[[TableName], str]] | None = None,
-                 request_copy: CopyRequester | None = None) -> None:
+                 request_copy: CopyRequester | None = None,
+                 look: Callable[[ChangefeedInfo, float], UpstreamReport] | None = None) -> None:
         self.interval = interval
         self.gc_ttl = gc_ttl
         self._clock = clock
         self._open = opener or inspection_opener(open_upstream)
         self._target_names = target_names or (lambda sink_uri: sink_target_names(sinks, sink_uri))
         self._request_copy = request_copy  # a table picked up with rows gets a table copy (owner.table_pickup)
+        # one look at a changefeed's upstream: (info, started) -> report; a test may script the reports
+        self._look = look or self._inspect
         self._lock = threading.Lock()
         self._last: dict[str, float] = {}
         self._reports: dict[str, UpstreamReport] = {}
@@ -391,7 +386,7 @@ class UpstreamWatcher:
         with self._lock:
             self._last[info.id] = started
         try:
-            report = self._inspect(info, started)
+            report = self._look(info, started)
         except TidewaterError as exc:
             report = UpstreamReport(info.id, started, (), error=str(exc))
         except Exception as exc:  # noqa: BLE001 - a watcher bug must not take the owner down

@@ -34,9 +34,9 @@ from typing import Any
 
 from cdc.errors import DecodeError
 from cdc.events import UNCHANGED, OpType, RowChange, TableSchema
-from upstream.base import ChangeDecoder, Parser, decode_payload, encode_payload
+from upstream.base import ChangeDecoder, Parser
 
-__all__ = ["Mounter", "decode_payload", "encode_payload"]
+__all__ = ["Mounter"]
 
 _STR_OR_NULL = frozenset((str, type(None)))  # text values and NULLs only: no UNCHANGED, no binary value
 _unpack_version = struct.Struct(">I").unpack_from  # the schema version prefix of upstream.base.encode_payload

@@ -84,7 +84,10 @@ class SpanView:
 
 
 @dataclass
-class _Slot:
+class Slot:
+    """One span this processor holds, as :attr:`Processor.slots` keeps it: its assignment, its runner (None while
+    it backs off), restart and report state, and what outlives a restart of the runner (warnings, stats)."""
+
     cf: str
     span: int
     assignment: SpanAssignment
@@ -122,7 +125,7 @@ class Processor:
         self._lease_deadline = lease_deadline
         self._clock = clock
         self._probe_interval = probe_interval  # seconds between probes of a failed span's dependencies; 0: none
-        self._slots: dict[tuple[str, int], _Slot] = {}
+        self.slots: dict[tuple[str, int], Slot] = {}  # (changefeed, span) -> Slot; changed only by tick()
         self._last_batch = float("-inf")  # clock time of the last report batch
         self._etcd_ok = False  # report passes between ticks only while etcd answers (no retry storm)
         self.draining = False  # this capture is marked draining in etcd (as of the last tick; readiness)
@@ -162,8 +165,8 @@ class Processor:
 
     def close(self) -> None:
         """Stop every span, reporting final checkpoints where the fence still allows it."""
-        for key in list(self._slots):
-            slot = self._slots.pop(key)
+        for key in list(self.slots):
+            slot = self.slots.pop(key)
             if slot.probe is not None:
                 slot.probe.close()
             if slot.runner is not None:
@@ -174,10 +177,10 @@ class Processor:
     def span_views(self) -> list[SpanView]:
         """Every span this capture holds (running, or failed and waiting to restart), for metrics; safe to
         call from another thread (a copy of the slot table; each view is read-only)."""
-        return [SpanView(k[0], k[1], s.stats, s.runner) for k, s in list(self._slots.items())]
+        return [SpanView(k[0], k[1], s.stats, s.runner) for k, s in list(self.slots.items())]
 
     def running_spans(self) -> list[tuple[str, int]]:
-        return sorted(k for k, s in self._slots.items() if s.runner is not None and not s.runner.stopped)
+        return sorted(k for k, s in self.slots.items() if s.runner is not None and not s.runner.stopped)
 
     def tick(self, snap: ClusterSnapshot) -> None:
         now = self._clock()
@@ -192,7 +195,7 @@ class Processor:
                 if assignment.capture_id == self.capture_id:
                     wanted[(cf_id, span)] = (entry.value, assignment)
 
-        for key, slot in list(self._slots.items()):
+        for key, slot in list(self.slots.items()):
             want = wanted.get(key)
             if want is None or (want[1].epoch, want[1].capture_id) != (slot.assignment.epoch, slot.assignment.capture_id):
                 if slot.runner is not None:
@@ -200,12 +203,12 @@ class Processor:
                     slot.runner.stop()
                 if slot.probe is not None:
                     slot.probe.close()
-                del self._slots[key]
+                del self.slots[key]
 
         for key, (info, assignment) in wanted.items():
-            slot = self._slots.get(key)
+            slot = self.slots.get(key)
             if slot is None:
-                slot = self._slots[key] = _Slot(key[0], key[1], assignment)
+                slot = self.slots[key] = Slot(key[0], key[1], assignment)
                 slot.reported = snap.span_statuses.get(key[0], {}).get(key[1])
                 slot.warnings = SpanWarnings(slot.reported.warnings if slot.reported is not None else ())
                 slot.snapshot = slot.reported.snapshot if slot.reported is not None else None
@@ -241,7 +244,7 @@ class Processor:
                     slot.probe.close()
                     slot.probe = None
                 try:
-                    slot.runner = self._start(info, key[1], _newest(snap.span_statuses.get(key[0], {}).get(key[1]),
+                    slot.runner = self.start_runner(info, key[1], _newest(snap.span_statuses.get(key[0], {}).get(key[1]),
                                                                     slot.reported))
                     slot.stats.started(after_failure=slot.failures > 0)
                 except TidewaterError as exc:
@@ -261,9 +264,9 @@ class Processor:
         refused by its guard (the span was moved or paused, or the lease is gone): with ``stop_fenced``
         that span is stopped at once, otherwise the caller re-reads the assignments first."""
         now = self._clock()
-        due: list[tuple[_Slot, SpanStatus]] = []
-        moving: list[tuple[_Slot, SpanStatus]] = []
-        for slot in self._slots.values():
+        due: list[tuple[Slot, SpanStatus]] = []
+        moving: list[tuple[Slot, SpanStatus]] = []
+        for slot in self.slots.values():
             if slot.runner is None or slot.runner.stopped:
                 continue
             status = self._status(slot, now)
@@ -285,14 +288,14 @@ class Processor:
         due += moving
         return all(r is not False for r in self._store(due, now, stop_fenced))
 
-    def _failed(self, slot: _Slot, info: ChangefeedInfo, exc: BaseException | None, now: float,
+    def _failed(self, slot: Slot, info: ChangefeedInfo, exc: BaseException | None, now: float,
                 stage: str = "") -> None:
         """Record a failure of the span: error, next restart time, probes; store its status at once (with
         the checkpoint of ``slot.runner`` if it is still set). ``stage``: puller, sink or start (metrics)."""
         slot.failures += 1
         delay = self._backoff(slot.failures)
         slot.restart_at = now + delay
-        slot.error = _running_error(exc, self.capture_id, slot.span, now)
+        slot.error = running_error(exc, self.capture_id, slot.span, now)
         slot.stats.failed(stage or "unknown", slot.error.code, slot.restart_at, slot.failures)
         log.warning("span=%s/%d failed (%s); restarting in %.0fs, or once the dependency that failed is back",
                     slot.cf, slot.span, slot.error.message, delay)
@@ -321,7 +324,7 @@ class Processor:
     def _backoff(self, failures: int) -> float:
         return min(self.config.error_backoff_max, self.config.error_backoff_min * 2 ** (failures - 1))
 
-    def _stop_for_move(self, slot: _Slot, assignment: SpanAssignment) -> None:
+    def _stop_for_move(self, slot: Slot, assignment: SpanAssignment) -> None:
         """First phase of a move or pause: stop the span, then confirm ``running=False`` (with its final
         checkpoint) under the stopping assignment, so that the owner may hand the span elsewhere."""
         if slot.runner is not None:
@@ -340,7 +343,8 @@ class Processor:
             slot.runner = None
 
     # ---- helpers ---------------------------------------------------------------------------------
-    def _start(self, info: ChangefeedInfo, span_index: int, status: SpanStatus | None) -> SpanRunner:
+    def start_runner(self, info: ChangefeedInfo, span_index: int, status: SpanStatus | None) -> SpanRunner:
+        """Build and start the runner of one span (called by tick(); a subclass may build another runner)."""
         # a capture whose lease may be gone must not start a span: it would take the slot over (below) from
         # the span's rightful new holder
         self._lease_fence()
@@ -358,7 +362,7 @@ class Processor:
         histories = self.store.get_schema_histories(info.id)
         source.seed_schemas([s for h in histories.values() if (s := h.as_of(start.ts)) is not None])
         sorter = self.sorter.span(label, memory_budget=config.memory_quota // max(1, len(info.spans)))
-        slot = self._slots.get((info.id, span_index))
+        slot = self.slots.get((info.id, span_index))
         copy: InitialCopy | None = None
         table_copy: InitialCopy | None = None
         state = status.snapshot if status is not None else None
@@ -456,7 +460,7 @@ class Processor:
         is refused (the span was moved or paused, the lease is gone) or etcd fails: the copy must not go on
         without its state stored."""
         def persist(state: SpanSnapshot) -> None:
-            slot = self._slots.get((cf, span))
+            slot = self.slots.get((cf, span))
             if slot is None:
                 raise CopyStopped(f"span {cf}/{span} is no longer assigned to capture {self.capture_id}")
             slot.snapshot = state
@@ -517,7 +521,7 @@ class Processor:
         if self._lease_deadline is not None and time.monotonic() >= self._lease_deadline() - 1.0:
             raise LeaseLost(f"capture {self.capture_id}: etcd lease may have expired; not committing downstream")
 
-    def _status(self, slot: _Slot, now: float) -> SpanStatus:
+    def _status(self, slot: Slot, now: float) -> SpanStatus:
         """The span's status as it would be stored now; its checkpoint never below the stored one."""
         runner = slot.runner
         prev = slot.reported
@@ -541,12 +545,12 @@ class Processor:
             status = replace(status, checkpoint_ts=prev.checkpoint_ts, checkpoint_time=prev.checkpoint_time)
         return status
 
-    def _report(self, slot: _Slot) -> bool:
+    def _report(self, slot: Slot) -> bool:
         """Store the span's status now (state changes: failure, stop, final checkpoint)."""
         now = self._clock()
         return self._store([(slot, self._status(slot, now))], now)[0] is True
 
-    def _store(self, due: list[tuple[_Slot, SpanStatus]], now: float,
+    def _store(self, due: list[tuple[Slot, SpanStatus]], now: float,
                stop_fenced: bool = True) -> list[bool | None]:
         """Store the statuses; per span True (stored), False (its guard failed) or None (etcd error)."""
         if not due:
@@ -554,7 +558,7 @@ class Processor:
         with self._store_lock:
             return self._store_locked(due, now, stop_fenced)
 
-    def _store_locked(self, due: list[tuple[_Slot, SpanStatus]], now: float,
+    def _store_locked(self, due: list[tuple[Slot, SpanStatus]], now: float,
                       stop_fenced: bool) -> list[bool | None]:
         try:
             guards = [self.store.processor_guard(slot.cf, slot.span, slot.assignment, self._lease())
@@ -616,7 +620,7 @@ def _span_info(info: ChangefeedInfo, index: int) -> SpanInfo:
     raise TidewaterError(f"changefeed {info.id} has no span {index}")
 
 
-def _running_error(exc: BaseException | None, capture_id: str, span: int, now: float) -> RunningError:
+def running_error(exc: BaseException | None, capture_id: str, span: int, now: float) -> RunningError:
     """The span's error as stored in etcd and shown by the API: its message scrubbed of any secret."""
     if isinstance(exc, TidewaterError):
         return RunningError(exc.code, scrub(exc.message), now, capture_id, span, exc.retryable)

@@ -46,6 +46,11 @@ class DependencyProbe:
         self._thread.start()
         return self
 
+    @property
+    def probing(self) -> bool:
+        """True while the probe's thread runs (it ends on close(), once ready, or after healthy_rounds)."""
+        return self._thread.is_alive()
+
     def close(self) -> None:
         """Stop probing (returns at once; a probe in progress finishes in its own thread)."""
         self._closed.set()

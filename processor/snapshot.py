@@ -212,7 +212,7 @@ class InitialCopy:
             finally:
                 self.launcher.discard(self.info.id, self.span.index)  # (unused: nothing was left to copy, or a failure)
             self._check_all_copied(tables)
-        self._check_keys_built(tables)
+        self.check_keys_built(tables)
         floors = {**kept, **self._forgetting_unplaced(self.floors, tables)}
         if self.announce is not None and tables:  # before the span streams (or releases its hold)
             self.announce(self.copied_chunks(tables))
@@ -238,7 +238,7 @@ class InitialCopy:
             self.persist(self.state)  # before any row is written under it
             if gate is not None:
                 self._catch_up(gate, tables, stop)
-            pending, rows = self._plan(tables, exp.name, exp.ts, exp.time)
+            pending, rows = self.plan_tables(tables, exp.name, exp.ts, exp.time)
             if pending:
                 request = CopyRequest(self.info.id, self.span.index, self.info.upstream_uri, self.info.sink_uri,
                                       tuple(pending), exp.name, exp.ts, exp.time, self.chunk_rows,
@@ -326,7 +326,7 @@ class InitialCopy:
             log.error("span=%s %s", self.label, exc.message)
             raise
 
-    def _plan(self, tables: Sequence[TableName], snapshot: str, ts: int, at: float = 0.0
+    def plan_tables(self, tables: Sequence[TableName], snapshot: str, ts: int, at: float = 0.0
               ) -> tuple[list[TableName], int]:
         """The tables with chunks left to copy (or a deferred key to build), and about how many rows those chunks
         hold (as planned). A table planned now (the first run to see it, or one whose definition changed since its
@@ -520,7 +520,7 @@ class InitialCopy:
                 out[str(t)] = plan.oid
         return out
 
-    def _check_keys_built(self, tables: Sequence[TableName]) -> None:
+    def check_keys_built(self, tables: Sequence[TableName]) -> None:
         """Streaming must never start on a table whose key the copy deferred and did not build (replays are
         idempotent only by key): the job builds it after the table's last chunk; a job that returned without doing
         so is a bug, and fails the changefeed naming the table."""

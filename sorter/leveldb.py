@@ -42,6 +42,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +77,7 @@ class LevelDBSorter(Sorter):
         lru_cache_size: int = 8 << 20,
         block_size: int = 16 << 10,
         fresh: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if spill_rows < 1 or spill_bytes < 1 or batch_bytes < 1 or memory_budget < 1:
             raise ValueError("spill_rows, spill_bytes, batch_bytes and memory_budget must be positive")
@@ -89,7 +92,7 @@ class LevelDBSorter(Sorter):
             "create_if_missing": True, "write_buffer_size": write_buffer_size, "lru_cache_size": lru_cache_size,
             "block_size": block_size, "compression": "snappy"}
         self.storage = SorterStorage(self.path, db_options, disk_quota=disk_quota,
-                                     compact_after_bytes=compact_after_bytes, fresh=fresh)
+                                     compact_after_bytes=compact_after_bytes, fresh=fresh, clock=clock)
         self.spill_dir = self.storage.spill_dir
         log.info("sorter opened at %s (fresh=%s, disk_quota=%d)", self.path, fresh, disk_quota)
 

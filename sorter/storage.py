@@ -18,7 +18,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +29,8 @@ from sorter.gate import Gate
 
 log = logging.getLogger(__name__)
 
-_DELETE_BATCH_KEYS = 10_000
-_QUOTA_RECHECK_S = 0.25
+DELETE_BATCH_KEYS = 10_000
+QUOTA_RECHECK_S = 0.25  # seconds between measurements of the disk use for the quota
 _OUT_OF_SPACE = ("no space left", "disk quota exceeded", "file too large")
 _OUT_OF_SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
@@ -65,11 +65,11 @@ def _free_bytes(path: Path) -> str:
 
 
 def delete_in_batches(db: Any, keys: Iterable[bytes]) -> None:
-    """Delete ``keys`` in write batches of at most ``_DELETE_BATCH_KEYS`` (plyvel has no range delete)."""
+    """Delete ``keys`` in write batches of at most ``DELETE_BATCH_KEYS`` (plyvel has no range delete)."""
     wb = db.write_batch()
     for n, key in enumerate(keys, 1):
         wb.delete(key)
-        if n % _DELETE_BATCH_KEYS == 0:
+        if n % DELETE_BATCH_KEYS == 0:
             wb.write()
             wb.clear()
     wb.write()
@@ -100,7 +100,7 @@ class SorterStorage:
     """
 
     def __init__(self, path: Path, db_options: dict[str, Any], *, disk_quota: int, compact_after_bytes: int,
-                 fresh: bool) -> None:
+                 fresh: bool, clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
         self.spill_dir = path / "spill"
         self.disk_quota = disk_quota
@@ -110,6 +110,7 @@ class SorterStorage:
         self._db_options = db_options
         self._lock = threading.Lock()
         self._reopen_needed = False  # LevelDB ran out of space: its error is sticky until reopened
+        self._clock = clock  # when the disk use was last measured for the quota (tests inject a fake one)
         self._quota_checked_at = float("-inf")
         self._disk_estimate = 0
         self._serials = itertools.count()
@@ -190,8 +191,8 @@ class SorterStorage:
         """Raise DiskFull when ``disk_quota`` is set and exceeded (file sizes, refreshed every 0.25 s)."""
         if self.disk_quota <= 0:
             return
-        now = time.monotonic()
-        if now - self._quota_checked_at >= _QUOTA_RECHECK_S:
+        now = self._clock()
+        if now - self._quota_checked_at >= QUOTA_RECHECK_S:
             self._disk_estimate = self.disk_bytes()
             self._quota_checked_at = now
         if self._disk_estimate > self.disk_quota:

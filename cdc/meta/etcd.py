@@ -117,6 +117,11 @@ class EtcdClient:
         self._watches: set[Watch] = set()
         self.stats = EtcdStats()  # request latency and failures by operation (capture.metrics)
 
+    @property
+    def endpoint(self) -> str:
+        """The endpoint (``host:port``) the client calls first now: the last one that answered."""
+        return self.endpoints[self._current]
+
     # -- plumbing
     def _channel(self, idx: int) -> grpc.Channel:
         with self._lock:

@@ -70,7 +70,7 @@ class StatusFeed:
             return
         self.close()
         try:
-            self._watch = self._store.watch(snap.revision + 1, self._on_events, self._on_error)
+            self._watch = self._store.watch(snap.revision + 1, self.on_events, self._on_error)
             self._broken = False
         except MetaStoreError as exc:
             log.warning("status watch not established (checkpoints aggregate at owner-tick meanwhile): %s", exc)
@@ -124,7 +124,8 @@ class StatusFeed:
             w.cancel()
 
     # ---- watch thread ----------------------------------------------------------------------------
-    def _on_events(self, resp: WatchResponse) -> None:
+    def on_events(self, resp: WatchResponse) -> None:
+        """The watch's callback (called on its thread; tests call it with the events a watch would deliver)."""
         woken: set[KeyKind] = set()
         for ev in resp.events:
             try:

@@ -184,6 +184,12 @@ class KafkaSink(TxnSink, DdlSink, CheckpointSink, WatermarkSink, CopyAnnouncer, 
         on = self._span_watermarks == "true" or (self._span_watermarks == "auto" and self.spans == 1)
         self.watermark_interval = SPAN_WATERMARK_INTERVAL if on else 0.0
 
+    @property
+    def applied(self) -> tuple[int, int]:
+        """The span's position, ``(commit Ts, step)``: the last one committed, or read back by :meth:`open_position`
+        (``(0, -1)``: none)."""
+        return self._applied
+
     def open_position(self, changefeed: str, span: int, origin: int = 0) -> int:
         if self.changefeed is None or (self.changefeed, self.span) != (changefeed, span):
             self.bind_span(changefeed, span, self.spans)

@@ -90,6 +90,11 @@ class CommittedRecords:
         self.aborted = 0  # records dropped: their transaction's marker says abort
         self.batches = 0  # batches seen (a test's proof that the hook works)
 
+    def saw(self, batches: Iterable[Batch]) -> None:
+        """Record batches as read from the log (what the fetcher hook reports; a test without a fetcher gives them
+        here), to be decided at the next :meth:`take`."""
+        self._seen.extend(batches)
+
     def take(self, records: Iterable[Any]) -> list[Any]:
         """The records among ``records`` (and held from earlier calls) that are known committed now."""
         for b in self._seen:

@@ -36,7 +36,7 @@ from e2e_workload import (
 )
 from kafka_history import canal_changes, dump_topics, open_history, read_history, read_topic
 
-from cli.kafka_consumer import _upstream
+from cli.kafka_consumer import upstream_lookups
 from playground.chaos import wait_recovery
 from playground.cluster import ApiError, CdcServer, current_lsn
 from playground.compare import compare_tables
@@ -115,7 +115,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 def consume(server: KafkaServer, topic: str, protocol: str, target: str, upstream: str, until: int) -> Any:
     """The consumer library with the upstream's schemas (exact types), up to ``until``; returns its core."""
-    closers, schemas, fetch = _upstream(upstream)
+    closers, schemas, fetch = upstream_lookups(upstream)
     applier = SinkApplier(target, position=f"kafka:{topic}", schemas=schemas, fetch_row=fetch)
     try:
         return rebuild([server.bootstrap], [topic], protocol, applier, until=until, timeout=90, schemas=schemas)

@@ -342,10 +342,10 @@ def _inject_a_row_behind_tidewaters_back(kafka: Any, topic: str, upstream: str, 
     from kafka import KafkaProducer
 
     from cdc.events import OpType, RowChange, TableName
-    from cli.kafka_consumer import _upstream
+    from cli.kafka_consumer import upstream_lookups
     from sinks.codec import EncoderConfig, encoder_for
 
-    closers, schemas, _ = _upstream(upstream)
+    closers, schemas, _ = upstream_lookups(upstream)
     try:
         schema = schemas(TableName.parse("public.big"))
     finally:
@@ -420,12 +420,12 @@ def test_table_copies_into_kafka_and_files_reach_consumers_that_cut_at_watermark
         assert info["state"] == "normal" and not info["warnings"], info
         tables = [*TABLES, "public.late"]
         if kind == "kafka":
-            from cli.kafka_consumer import _upstream
+            from cli.kafka_consumer import upstream_lookups
             from sinks.kafka.applier import SinkApplier
             from sinks.kafka.consumer import rebuild
 
             target = f"sqlite:///{tmp_path / 'rebuilt.db'}"
-            closers, schemas, fetch = _upstream(up)
+            closers, schemas, fetch = upstream_lookups(up)
             applier = SinkApplier(target, position=f"kafka:{topic}", schemas=schemas, fetch_row=fetch)
             try:
                 core = rebuild([kafka.bootstrap], [topic], "canal-json", applier, until=info["checkpoint_ts"],

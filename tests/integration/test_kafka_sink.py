@@ -25,7 +25,7 @@ from playground.servers import KafkaServer
 from sinks.base import CheckpointSink
 from sinks.kafka.applier import SinkApplier
 from sinks.kafka.consumer import rebuild
-from sinks.kafka.sink import KafkaSink
+from sinks.kafka.sink import KafkaSink, default_transport
 
 pytestmark = pytest.mark.integration
 
@@ -62,8 +62,8 @@ def sinks() -> Iterator[list[KafkaSink]]:
 
 
 def open_sink(opened: list[KafkaSink], uri: str, span: tuple[str, int, int] = ("cf", 0, 1),
-              dispatchers: tuple[DispatcherRule, ...] = ()) -> KafkaSink:
-    sink = KafkaSink(uri, SinkConfig(dispatchers=dispatchers))
+              dispatchers: tuple[DispatcherRule, ...] = (), transport_factory: Any = None) -> KafkaSink:
+    sink = KafkaSink(uri, SinkConfig(dispatchers=dispatchers), transport_factory=transport_factory)
     opened.append(sink)
     sink.check()
     sink.bind_span(*span)
@@ -156,7 +156,7 @@ def test_transactional_position_survives_a_restart_and_a_zombie_is_fenced(
     old = open_sink(sinks, uri)
     assert old.write([RowChange(OpType.INSERT, s0, 100 + i, 1.0, row(i)) for i in range(10)]) == 10
     new = open_sink(sinks, uri)  # the span moved: the new holder reads the position and fences the old one
-    assert new._applied == (109, 0)  # noqa: SLF001 - the position read back
+    assert new.applied == (109, 0)  # the position read back
     with pytest.raises(SinkFenced):
         old.write([RowChange(OpType.INSERT, s0, 110, 1.0, row(50))])
     assert new.write([RowChange(OpType.INSERT, s0, 100 + i, 1.0, row(i)) for i in range(12)]) == 2  # replay
@@ -180,7 +180,13 @@ def test_a_position_whose_transaction_was_aborted_is_not_read_back(
     uri = kafka_server.uri(kafka_topic, protocol="canal-json", partition_num="2", kafka_transactional="true",
                            dial_timeout="2s", read_timeout="2s", write_timeout="2s", delivery_timeout="3s")
     s0 = schema()
-    old = open_sink(sinks, uri)
+    producers: list[tuple[str | None, Any]] = []  # (transactional id, transport) of the old sink
+
+    def keep(options: Any, tid: str | None) -> Any:
+        producers.append((tid, default_transport(options, tid)))
+        return producers[-1][1]
+
+    old = open_sink(sinks, uri, transport_factory=keep)
     assert old.write([RowChange(OpType.INSERT, s0, 100 + i, 1.0, row(i)) for i in range(10)]) == 10
     taken: list[KafkaSink] = []
     calls: list[int] = []
@@ -189,14 +195,15 @@ def test_a_position_whose_transaction_was_aborted_is_not_read_back(
         calls.append(1)
         if len(calls) < 2:
             return
-        old._transport.flush()  # noqa: SLF001 - the rows and the position are on the broker, not committed
+        (producer,) = [t for tid, t in producers if tid]  # the span's transactional producer
+        producer.flush()  # the rows and the position are on the broker, not committed
         taken.append(open_sink(sinks, uri))  # the next holder: its producer aborts the open transaction
         raise RuntimeError("killed before the commit")
 
     with pytest.raises((RuntimeError, SinkFenced)):
         old.write([RowChange(OpType.INSERT, s0, 110 + i, 1.0, row(10 + i)) for i in range(5)], die_before_commit)
     new = taken[0]
-    assert new._applied == (109, 0), new._applied  # noqa: SLF001 - not (114, 0): that transaction was aborted
+    assert new.applied == (109, 0), new.applied  # not (114, 0): that transaction was aborted
     assert new.write([RowChange(OpType.INSERT, s0, 100 + i, 1.0, row(i)) for i in range(15)]) == 5  # sent again
     new.publish_resolved(Watermark(115, 1.2))
     ids = Counter(row["id"] for r in records(kafka_server, kafka_topic, markers=True, partitions=2)

@@ -180,7 +180,7 @@ def test_failover_to_next_endpoint_and_errors_name_the_endpoint(
         k = keys.cluster_prefix(cluster_id) + "fo"
         c.put(k, b"1")  # first endpoint refuses, the second answers
         assert c.get(k).value == b"1"  # type: ignore[union-attr]
-        assert c.endpoints[c._current] == etcd_server.url.removeprefix("http://")
+        assert c.endpoint == etcd_server.url.removeprefix("http://")
     with EtcdClient([dead], timeout=1) as c, pytest.raises(MetaStoreError) as ei:
         started = time.monotonic()
         c.get("/tidewater/x")
@@ -306,7 +306,7 @@ def test_session_lost_when_etcd_unreachable_for_ttl(own_etcd: EtcdServer) -> Non
         assert s.lost.wait(TTL + 3)
         # Lost no later than TTL after the last successful refresh (<= TTL after the kill, plus slack).
         assert len(lost_at) == 1 and lost_at[0] - killed <= TTL + 1.0
-        assert lost_at[0] - killed >= TTL - s._interval - 0.2  # and not before the TTL could have run out
+        assert lost_at[0] - killed >= TTL - s.refresh_interval - 0.2  # and not before the TTL could have run out
         assert "no successful refresh" in s.lost_reason
         s.close()
 

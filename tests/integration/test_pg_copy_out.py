@@ -106,7 +106,7 @@ def test_a_killed_upstream_session_is_unavailable_and_an_abandoned_read_closes_t
         blocks = iter(text.blocks)
         assert len(next(blocks)) == copy_out.BLOCK
         blocks.close()  # type: ignore[attr-defined]
-        assert reader._conn is None
+        assert reader.backend_pid is None  # the abandoned read dropped its session
         again = reader.read_chunk_text(schema, chunk)
         assert again is not None and sum(len(b) for b in again.blocks) > 200000 * 200
         # the upstream session killed mid-read: a retryable error, never a short chunk
@@ -114,7 +114,7 @@ def test_a_killed_upstream_session_is_unavailable_and_an_abandoned_read_closes_t
         assert text is not None
         blocks = iter(text.blocks)
         next(blocks)
-        pid = reader._conn.get_backend_pid()
+        pid = reader.backend_pid
         killer = pg_server.connect(pg_database)
         killer.autocommit = True
         with killer.cursor() as cur:

@@ -12,9 +12,10 @@ from cdc import serde
 from cdc.errors import InvalidArgument, SnapshotExpired, SnapshotTableAltered
 from cdc.events import OpType, TableName, TableSchema
 from cdc.snapshot import TablePlan
-from processor.mounter import Mounter, encode_payload
+from processor.mounter import Mounter
 from tests.snapshot_helpers import execute, exported_snapshot
 from upstream import open_upstream
+from upstream.base import encode_payload
 from upstream.postgres import catalog, snapshot_read
 from upstream.postgres.source import PgChangeDecoder
 

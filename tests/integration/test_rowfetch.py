@@ -14,7 +14,8 @@ import pytest
 
 from cdc.errors import TidewaterError
 from cdc.events import TableName, TableSchema
-from processor.mounter import Mounter, encode_payload
+from processor.mounter import Mounter
+from upstream.base import encode_payload
 from upstream.postgres import catalog
 from upstream.postgres.conn import connect
 from upstream.postgres.rowfetch import RowFetcher

@@ -16,12 +16,13 @@ from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.snapshot import SnapshotRun
 from playground.compare import compare_tables
-from processor.mounter import Mounter, encode_payload
+from processor.mounter import Mounter
 from sinks.factory import open_sink
 from spark_jobs.copy import copy_chunks
 from spark_jobs.plan import SnapshotJob
 from spark_jobs.snapshot import plan_tasks
 from tests.snapshot_helpers import execute, exported_snapshot
+from upstream.base import encode_payload
 from upstream.postgres import catalog, pgoutput
 from upstream.postgres.pgoutput_messages import Begin, Commit
 from upstream.postgres.source import PgChangeDecoder

@@ -21,8 +21,9 @@ from cdc.config import SinkConfig
 from cdc.errors import SinkError
 from cdc.events import RowChange, TableSchema
 from playground.compare import compare_tables
-from processor.mounter import Mounter, encode_payload
+from processor.mounter import Mounter
 from sinks.factory import open_sink
+from upstream.base import encode_payload
 from upstream.postgres import catalog, pgoutput, pgoutput_messages
 from upstream.postgres.source import PgChangeDecoder, merge_schema
 

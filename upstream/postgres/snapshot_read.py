@@ -94,6 +94,11 @@ class PgSnapshotReader(SnapshotReader):
         self._in_txn = False  # a transaction at the snapshot is open on _conn
 
     # ---- session ---------------------------------------------------------------------------------------
+    @property
+    def backend_pid(self) -> int | None:
+        """The PID of the upstream session the reader holds (None: it holds none, e.g. after an abandoned read)."""
+        return None if self._conn is None else self._conn.get_backend_pid()
+
     def release(self) -> None:
         """End the transaction (its table locks); the next read begins another at the same exported snapshot. With
         no snapshot name each transaction would see its own snapshot: then the transaction is kept."""

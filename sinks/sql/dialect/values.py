@@ -201,7 +201,7 @@ def _mysql_float(table: str, column: str) -> Converter:
     return conv
 
 
-def _mysql_timestamp(v: Any) -> Any:
+def mysql_timestamp(v: Any) -> Any:
     """A datetime as the text of its naive UTC value, ``YYYY-MM-DD HH:MM:SS.ffffff`` (MySQL takes DATETIME
     and TIMESTAMP values as such strings; the literal is the one a naive datetime renders to); anything
     else as it is."""
@@ -352,8 +352,8 @@ def timestamp_text(t: str) -> str | None:
     return _iso_text(t, "", "")
 
 
-def _mysql_timestamptz_text(t: str) -> str | None:
-    # The UTC value without its offset: what _mysql_timestamp makes of the parsed value.
+def mysql_timestamptz_text(t: str) -> str | None:
+    # The UTC value without its offset: what mysql_timestamp makes of the parsed value.
     if len(t) == 29 and t[26:] == "+00" and t[19] == "." and t[10] == " " and t[4] == "-" and t[7] == "-" \
             and t[13] == ":" and t[16] == ":":
         return t[:26]
@@ -369,10 +369,10 @@ _SQLITE_TIMESTAMP = _with_fast(sqlite_temporal, dt.datetime, iso_datetime)
 _SQLITE_TIMESTAMP.from_text = (dt.datetime, timestamp_text)  # type: ignore[attr-defined]
 _SQLITE_DATE = _with_fast(sqlite_temporal, dt.date, dt.date.isoformat)
 _SQLITE_TIME = _with_fast(sqlite_temporal, dt.time, iso_time)
-# MySQL: both timestamp types from the upstream text (TimeZone UTC), as _mysql_timestamp formats them.
-_MYSQL_TIMESTAMPTZ = _with_fast(_mysql_timestamp, dt.datetime, _mysql_timestamp)
-_MYSQL_TIMESTAMPTZ.from_text = (dt.datetime, _mysql_timestamptz_text)  # type: ignore[attr-defined]
-_MYSQL_TIMESTAMP = _with_fast(_mysql_timestamp, dt.datetime, _mysql_timestamp)
+# MySQL: both timestamp types from the upstream text (TimeZone UTC), as mysql_timestamp formats them.
+_MYSQL_TIMESTAMPTZ = _with_fast(mysql_timestamp, dt.datetime, mysql_timestamp)
+_MYSQL_TIMESTAMPTZ.from_text = (dt.datetime, mysql_timestamptz_text)  # type: ignore[attr-defined]
+_MYSQL_TIMESTAMP = _with_fast(mysql_timestamp, dt.datetime, mysql_timestamp)
 _MYSQL_TIMESTAMP.from_text = (dt.datetime, timestamp_text)  # type: ignore[attr-defined]
 _UUID_TO_STR = _with_fast(lambda v: str(v) if isinstance(v, uuid.UUID) else v, uuid.UUID, str)
 

@@ -75,7 +75,7 @@ def test_watch_starts_after_the_snapshot_and_only_once() -> None:
 def test_overlay_applies_newer_values_without_touching_the_snapshot() -> None:
     f, _ = feed()
     s = base()
-    f._on_events(WatchResponse(11, [span_put("cf", 1, 9, 11), status_put("cf", 6, 11)]))
+    f.on_events(WatchResponse(11, [span_put("cf", 1, 9, 11), status_put("cf", 6, 11)]))
     o = f.overlay(s)
     assert o.span_statuses["cf"][1].checkpoint_ts == 9 and o.span_statuses["cf"][0].checkpoint_ts == 5
     assert o.statuses["cf"].checkpoint_ts == 6
@@ -84,15 +84,15 @@ def test_overlay_applies_newer_values_without_touching_the_snapshot() -> None:
 
 def test_only_span_status_events_wake_the_owner() -> None:
     f, _ = feed()
-    f._on_events(WatchResponse(11, [status_put("cf", 6, 11)]))
+    f.on_events(WatchResponse(11, [status_put("cf", 6, 11)]))
     assert not f.wait(0)
-    f._on_events(WatchResponse(12, [span_put("cf", 0, 7, 12)]))
+    f.on_events(WatchResponse(12, [span_put("cf", 0, 7, 12)]))
     assert f.wait(0) and not f.wait(0)
 
 
 def test_values_older_than_a_new_snapshot_are_dropped() -> None:
     f, _ = feed()
-    f._on_events(WatchResponse(11, [span_put("cf", 1, 9, 11)]))
+    f.on_events(WatchResponse(11, [span_put("cf", 1, 9, 11)]))
     newer = base(11)
     newer.span_statuses["cf"][1] = SpanStatus("a", 1, 9)
     f.follow(newer)
@@ -105,16 +105,16 @@ def test_own_write_is_seen_before_its_event_and_never_replaced_by_an_older_one()
     f, _ = feed()
     f.note_status("cf", ChangefeedStatus(8), 15)
     assert f.overlay(base()).statuses["cf"].checkpoint_ts == 8
-    f._on_events(WatchResponse(14, [status_put("cf", 7, 14)]))  # an older write delivered late
+    f.on_events(WatchResponse(14, [status_put("cf", 7, 14)]))  # an older write delivered late
     assert f.overlay(base()).statuses["cf"].checkpoint_ts == 8
-    f._on_events(WatchResponse(15, [status_put("cf", 8, 15)]))
-    f._on_events(WatchResponse(16, [status_put("cf", 9, 16)]))
+    f.on_events(WatchResponse(15, [status_put("cf", 8, 15)]))
+    f.on_events(WatchResponse(16, [status_put("cf", 9, 16)]))
     assert f.overlay(base()).statuses["cf"].checkpoint_ts == 9
 
 
 def test_deletes_remove_keys() -> None:
     f, _ = feed()
-    f._on_events(WatchResponse(11, [WatchEvent("delete", KV(keys.span_status_key(C, "cf", 0), b"", 0, 11, 0)),
+    f.on_events(WatchResponse(11, [WatchEvent("delete", KV(keys.span_status_key(C, "cf", 0), b"", 0, 11, 0)),
                                     WatchEvent("delete", KV(keys.changefeed_status_key(C, "cf"), b"", 0, 11, 0))]))
     o = f.overlay(base())
     assert 0 not in o.span_statuses["cf"] and "cf" not in o.statuses
@@ -122,7 +122,7 @@ def test_deletes_remove_keys() -> None:
 
 def test_undecodable_and_foreign_keys_are_ignored() -> None:
     f, _ = feed()
-    f._on_events(WatchResponse(11, [WatchEvent("put", KV(keys.span_status_key(C, "cf", 0), b"{nope", 11, 11, 0)),
+    f.on_events(WatchResponse(11, [WatchEvent("put", KV(keys.span_status_key(C, "cf", 0), b"{nope", 11, 11, 0)),
                                     WatchEvent("put", KV("/tidewater/c1/whatever", b"x", 11, 11, 0))]))
     assert f.overlay(base()).span_statuses["cf"][0].checkpoint_ts == 5
 

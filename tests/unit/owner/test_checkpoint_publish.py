@@ -148,8 +148,8 @@ def test_the_owner_offers_each_stored_checkpoint() -> None:
                   sinks=SINKS, open_upstream=open_upstream)
     log: list[int] = []
     owner.publisher, _ = publisher(log)
-    owner._snapshot = ClusterSnapshot(revision=1, changefeeds={"cf": Versioned(info(), 1)})
-    owner._apply(PutStatus("cf", ChangefeedStatus(300, 3.0)))
-    owner._apply(PutStatus("cf", ChangefeedStatus(0, 0.0)))  # no checkpoint yet (a span still copying)
+    snap = ClusterSnapshot(revision=1, changefeeds={"cf": Versioned(info(), 1)})
+    owner.apply(PutStatus("cf", ChangefeedStatus(300, 3.0)), snap)
+    owner.apply(PutStatus("cf", ChangefeedStatus(0, 0.0)), snap)  # no checkpoint yet (a span still copying)
     owner.publisher.publish_due()
     assert log == [300]

@@ -10,6 +10,7 @@ import pytest
 from cdc.errors import GCTTLExceeded, SlotLost, UpstreamUnavailable
 from cdc.events import TableName
 from cdc.model import ChangefeedInfo, FeedState, RunningError, SpanInfo, WarningSeverity
+from owner.table_pickup import filter_rules, ineligible_table_warning, unreplicated_rows_warning
 from owner.upstream_watch import (
     FailSlotLost,
     ReleaseAfterGcTtl,
@@ -18,12 +19,9 @@ from owner.upstream_watch import (
     UpstreamWatcher,
     can_resume,
     decide,
-    filter_rules,
-    ineligible_table_warning,
     is_released,
     mark_released,
     report_warnings,
-    unreplicated_rows_warning,
 )
 from sinks.factory import SinkFactory
 from upstream import open_upstream
@@ -267,12 +265,12 @@ def test_watcher_keeps_warnings_found_once_until_forgotten() -> None:
     """Rows of a table are reported only by the inspection that added it: a later inspection must not make
     the owner miss them; a condition found again is one warning (the newest); acknowledged ones are left out."""
     clock = [NOW]
-    watcher = UpstreamWatcher(open_upstream, SinkFactory(), clock=lambda: clock[0])
     rows = unreplicated_rows_warning(TableName("public", "late"), 3, "pub1", NOW)
     inel = ineligible_table_warning(TableName("public", "nokey"), "no key", NOW)
     script = [report(warnings=[rows, inel]), report(warnings=[]),
               report(warnings=[dataclasses.replace(inel, first_time=NOW + 2)])]
-    watcher._inspect = lambda info, started: script.pop(0)  # type: ignore[method-assign]
+    watcher = UpstreamWatcher(open_upstream, SinkFactory(), clock=lambda: clock[0],
+                              look=lambda info, started: script.pop(0))
     info = cf()
     for _ in range(3):
         watcher.inspect(info)

@@ -16,7 +16,8 @@ import pytest
 
 from cdc.errors import DecodeError
 from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
-from processor.mounter import Mounter, decode_payload, encode_payload
+from processor.mounter import Mounter
+from upstream.base import decode_payload, encode_payload
 from upstream.postgres.source import PgChangeDecoder
 
 pytestmark = pytest.mark.unit

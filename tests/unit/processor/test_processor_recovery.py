@@ -70,7 +70,7 @@ class RecoveringProcessor(Processor):
         self.runners: list[FailingRunner] = []
         self.probes = probes
 
-    def _start(self, info: ChangefeedInfo, span_index: int, status: SpanStatus | None) -> FailingRunner:  # type: ignore[override]
+    def start_runner(self, info: ChangefeedInfo, span_index: int, status: SpanStatus | None) -> FailingRunner:  # type: ignore[override]
         r = FailingRunner(status.checkpoint_ts if status is not None else 100)
         self.runners.append(r)
         return r
@@ -116,7 +116,7 @@ def test_a_span_restarts_once_the_failed_dependency_is_back_not_at_the_backoff_s
     p.runners[0].advance(150)
     p.runners[0].fail(SinkUnavailable("sink down"))
     p.tick(snap_with(store))
-    slot = p._slots[("cf", 0)]
+    slot = p.slots[("cf", 0)]
     assert slot.probe is not None and slot.restart_at == clock.now + 30.0
     wait_until(lambda: sink.calls >= 3)
     clock.now += 1
@@ -138,7 +138,7 @@ def test_an_error_the_probes_do_not_see_keeps_its_backoff() -> None:
     p.tick(snap_with(store))
     p.runners[0].fail(DiskFull("sorter disk full"))
     p.tick(snap_with(store))
-    slot = p._slots[("cf", 0)]
+    slot = p.slots[("cf", 0)]
     assert slot.probe is not None
     wait_until(lambda: slot.probe is not None and slot.probe.rounds >= 3)
     clock.now += 29
@@ -156,7 +156,7 @@ def test_an_unretryable_error_is_not_probed() -> None:
     p.tick(snap_with(store))
     p.runners[0].fail(TidewaterError("fatal"))
     p.tick(snap_with(store))
-    assert p._slots[("cf", 0)].probe is None
+    assert p.slots[("cf", 0)].probe is None
     p.close()
 
 
@@ -173,7 +173,7 @@ def test_probe_sets_ready_only_after_a_down_then_up_transition() -> None:
         probe.close()
     healthy = DependencyProbe("cf/1", {"sink": Switch()}, interval=0.02, healthy_rounds=3).start()
     try:
-        wait_until(lambda: not healthy._thread.is_alive())
+        wait_until(lambda: not healthy.probing)
         assert healthy.rounds == 3 and not healthy.ready.is_set(), "stops probing what was never away"
     finally:
         healthy.close()
@@ -213,7 +213,7 @@ def test_a_capture_whose_lease_may_be_gone_starts_no_span() -> None:
     p = Processor(FakeStore(), "cap", sorter=None, config=ServerConfig(), lease=lambda: 7,  # type: ignore[arg-type]
                   lease_deadline=lambda: time.monotonic() - 1, sinks=MemorySinks(), open_upstream=open_upstream)
     with pytest.raises(LeaseLost):
-        p._start(INFO, 0, None)
+        p.start_runner(INFO, 0, None)
 
 
 def test_span_stopped_by_a_fenced_status_write_restarts_when_still_assigned_here() -> None:

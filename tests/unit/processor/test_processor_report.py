@@ -15,7 +15,7 @@ from cdc.meta.kv import Compare
 from cdc.meta.store import ClusterSnapshot, SpanStatusWrite, Versioned
 from cdc.model import ChangefeedInfo, RunningError, SpanAssignment, SpanInfo, SpanStatus
 from cdc.ts import Watermark
-from processor.processor import Processor, _Slot, report_due
+from processor.processor import Processor, Slot, report_due
 from sinks.testing import MemorySinks
 from upstream import open_upstream
 
@@ -114,8 +114,8 @@ def make(spans: int, clock: Clock, store: FakeStore) -> tuple[Processor, list[Fa
     runners = []
     for i in range(spans):
         r = FakeRunner(100)
-        slot = _Slot("cf", i, SpanAssignment("cap", 1), runner=r)  # type: ignore[arg-type]
-        p._slots[("cf", i)] = slot
+        slot = Slot("cf", i, SpanAssignment("cap", 1), runner=r)  # type: ignore[arg-type]
+        p.slots[("cf", i)] = slot
         runners.append(r)
     return p, runners
 
@@ -177,8 +177,8 @@ def test_fenced_write_is_not_acked_and_stops_only_when_asked() -> None:
 def test_reported_checkpoint_never_moves_backwards() -> None:
     clock, store = Clock(), FakeStore()
     p, runners = make(1, clock, store)
-    p._slots[("cf", 0)].reported = st(500)
-    p._slots[("cf", 0)].last_report = clock.now - 20
+    p.slots[("cf", 0)].reported = st(500)
+    p.slots[("cf", 0)].last_report = clock.now - 20
     p.report()
     assert store.stored[("cf", 0)].checkpoint_ts == 500
 
@@ -228,7 +228,7 @@ def test_an_error_clears_once_the_restarted_span_progresses_even_if_the_report_p
     before the tick looks: progress is measured from the runner's start, not from the stored status."""
     clock, store = Clock(), FakeStore()
     p, runners = make(1, clock, store)
-    slot = p._slots[("cf", 0)]
+    slot = p.slots[("cf", 0)]
     slot.error = RunningError("CDC:ErrSinkUnavailable", "sink down", clock.now, "cap", 0)
     p.report()
     runners[0].advance(150)

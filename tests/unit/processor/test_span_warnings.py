@@ -16,12 +16,12 @@ from cdc.events import ColumnSchema, RowChange, TableName, TableSchema
 from cdc.meta.store import ClusterSnapshot, Versioned
 from cdc.model import ChangefeedInfo, DataWarning, SpanAssignment, SpanInfo, SpanStatus, WarningSeverity
 from cdc.ts import Watermark
-from processor.mounter import encode_payload
 from processor.span import SinkPlan, SpanHooks, SpanRunner, SpanWarnings
 from sinks.testing import MemoryRowSourceSink
 from sorter.base import SortedTxn
 from tests.pgoutput_wire import enc_insert
 from tests.unit.processor.test_processor_report import MIN, Clock, FakeRunner, FakeStore, make
+from upstream.base import encode_payload
 from upstream.postgres.source import PgChangeDecoder
 
 pytestmark = pytest.mark.unit
@@ -63,7 +63,7 @@ def test_a_new_warning_is_stored_at_once_even_inside_the_batch_interval() -> Non
     p.report()
     assert store.stored[("cf", 0)].warnings == ()
     clock.now += MIN / 4  # a report pass well inside checkpoint-min-interval
-    p._slots[("cf", 0)].warnings.add([w(t=clock.now)])
+    p.slots[("cf", 0)].warnings.add([w(t=clock.now)])
     p.report()
     assert [x.table for x in store.stored[("cf", 0)].warnings] == ["public.t"]
     batches = len(store.batches)
@@ -84,13 +84,13 @@ def test_warnings_come_from_the_stored_status_and_survive_a_restart_then_clear_o
         started.append(r)
         return r
 
-    p._start = start  # type: ignore[method-assign]
+    p.start_runner = start  # type: ignore[method-assign]
     stored = SpanStatus("other-capture", 1, 100, 1.0, warnings=(w(t=900.0, count=7),))
     snap = ClusterSnapshot(revision=1, changefeeds={"cf": Versioned(info(), 1)},
                            assignments={"cf": {0: SpanAssignment("cap", 2)}}, span_statuses={"cf": {0: stored}})
     p.tick(snap)
     assert [x.count for x in store.stored[("cf", 0)].warnings] == [7]
-    slot = p._slots[("cf", 0)]
+    slot = p.slots[("cf", 0)]
     slot.warnings.add([w(t=clock.now, count=1)])
     # the runner is discarded (a failure); the restarted one reports the same (merged) warnings
     slot.runner = None

@@ -71,5 +71,5 @@ def test_the_metadata_reader_starts_at_offset_0_too() -> None:
     made: list[FakeConsumer] = []
     reader = MetaReader(parse_kafka_uri("kafka://b:9092/cdc?protocol=canal-json"),
                         consumer_factory=lambda **c: made.append(FakeConsumer(**c)) or made[-1])
-    reader._open()  # noqa: SLF001 - the consumer it reads with
+    assert reader.poll() == {}  # opens the consumer it reads with
     assert made[0].seeks == {TopicPartition("_tidewater.cdc", 0): 0} and not made[0].beginning_asked

@@ -23,6 +23,7 @@ from sinks.kafka.sink import KafkaSink
 from tests.kafka_sink_fakes import (
     FakeBroker,
     FakeMetaReader,
+    FakeTransport,
     MemoryApplier,
     col,
     factory,
@@ -343,7 +344,9 @@ def test_transaction_aborted_on_failure_leaves_nothing() -> None:
 
     with pytest.raises(SinkUnavailable):
         sink.write([ins(table(), 10, 1)], fence)
-    assert broker.records("cdc") == [] and sink._tr().aborts == 1  # type: ignore[attr-defined]
+    (tr,) = [t for t in FakeTransport.instances if t.broker is broker]  # the sink's transactional producer
+    assert tr.transactional_id == "tidewater-cf-0"
+    assert broker.records("cdc") == [] and tr.aborts == 1
 
 
 def test_target_names_are_per_table() -> None:

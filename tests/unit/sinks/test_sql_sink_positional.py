@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
-from processor.mounter import Mounter, encode_payload
+from processor.mounter import Mounter
 from sinks.sql.sink import SQLSink
 from tests.sql_sink_fakes import URIS, FakeCursor, assume_tables, fake_connection
+from upstream.base import encode_payload
 from upstream.postgres.source import PgChangeDecoder
 
 pytestmark = pytest.mark.unit

@@ -14,10 +14,10 @@ from pymysql.constants import SERVER_STATUS
 
 from cdc.events import ColumnSchema
 from sinks.sql.dialect.values import (
-    _mysql_timestamp,
-    _mysql_timestamptz_text,
     converter,
     mysql_literal_function,
+    mysql_timestamp,
+    mysql_timestamptz_text,
     text_path,
 )
 from upstream.postgres.types import parser_for
@@ -108,7 +108,7 @@ def test_timestamp_converter_renders_the_old_literal() -> None:
                 if tz is not None and tz is not dt.UTC and d.year in (1, 9999):
                     continue  # outside Python's range once in UTC
                 out = conv(v)
-                assert out == _mysql_timestamp(v)
+                assert out == mysql_timestamp(v)
                 assert lit(out) == old_literal(v), (base, v)
                 naive = v if tz is None else v.astimezone(dt.UTC).replace(tzinfo=None)
                 if naive.microsecond:  # PyMySQL drops a zero fraction; otherwise the very same text
@@ -141,7 +141,7 @@ def test_mysql_timestamp_text_paths_equal_converting_the_parsed_value(text: str)
                                   "12026-11-22 01:02:03+00", "2026-11-22 01:02:03", "2026-11-22 01:02:03.123456+01",
                                   "2026-11-22 01:02:03.123456-00"])
 def test_mysql_timestamptz_text_path_declines_other_shapes(text: str) -> None:
-    assert _mysql_timestamptz_text(text) is None
+    assert mysql_timestamptz_text(text) is None
 
 
 ROW_VALUES = [None, True, False, 0, -7, 2**70, 1.5, -0.0, "", "plain", "it's", "nul\0", "日本", Decimal("1.50"),

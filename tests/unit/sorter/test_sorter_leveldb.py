@@ -16,7 +16,7 @@ import pytest
 from cdc.errors import DiskFull, SorterError
 from sorter import encoding as enc
 from sorter.leveldb import LevelDBSorter
-from sorter.storage import storage_error
+from sorter.storage import QUOTA_RECHECK_S, storage_error
 
 pytestmark = pytest.mark.unit
 
@@ -193,12 +193,14 @@ def test_closed_sorter_refuses_work(s: LevelDBSorter) -> None:
 
 
 def test_disk_quota_refuses_before_changing_anything(tmp_path: Path) -> None:
-    s = LevelDBSorter(tmp_path / "sorter", spill_rows=100, disk_quota=10_000_000, batch_bytes=1)
+    now = [0.0]
+    s = LevelDBSorter(tmp_path / "sorter", spill_rows=100, disk_quota=10_000_000, batch_bytes=1,
+                      clock=lambda: now[0])
     sp = s.span("cf/0")
     sp.add(1, 1, b"ok")
     sp.commit(1, 10, 1.0)
     s.disk_quota = 1  # now over quota
-    s.storage._quota_checked_at = float("-inf")
+    now[0] += QUOTA_RECHECK_S  # the next check measures the disk use again
     for i in range(99):
         sp.add(2, 2, b"%d" % i)  # buffering in memory needs no disk
     with pytest.raises(DiskFull, match="quota"):
@@ -314,7 +316,7 @@ def test_memory_stays_bounded_for_a_huge_streamed_transaction(tmp_path: Path) ->
 def test_clear_deletes_segments_in_bounded_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sorter.storage as mod
 
-    monkeypatch.setattr(mod, "_DELETE_BATCH_KEYS", 3)
+    monkeypatch.setattr(mod, "DELETE_BATCH_KEYS", 3)
     s = LevelDBSorter(tmp_path / "sorter", memory_budget=300, batch_bytes=1)  # pack from the 3rd commit
     sp, other = s.span("cf/0"), s.span("cf/1")
     for t in range(1, 11):

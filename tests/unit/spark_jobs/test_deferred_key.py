@@ -1,5 +1,5 @@
 """The key built after the load, decided and reconciled by the job's driver (spark_jobs.deferred.prepare_table) and
-guarded by the span (processor.snapshot.InitialCopy._check_keys_built), with fakes for the sink and etcd."""
+guarded by the span (processor.snapshot.InitialCopy.check_keys_built), with fakes for the sink and etcd."""
 
 from __future__ import annotations
 
@@ -136,10 +136,10 @@ def test_a_span_never_streams_a_table_whose_key_is_owed() -> None:
     copy.label = "cf/0"
     other = TableName("public", "other")
     copy.progress = _Progress({T: _plan(KEY_BUILT), other: _plan("")})  # type: ignore[assignment]
-    copy._check_keys_built([T, other])
+    copy.check_keys_built([T, other])
     copy.progress = _Progress({T: _plan(KEY_DEFERRED)})  # type: ignore[assignment]
     with pytest.raises(SinkError, match=r"public\.big.*primary key"):
-        copy._check_keys_built([T])
+        copy.check_keys_built([T])
 
 
 class _Reader:
@@ -174,5 +174,5 @@ def test_a_table_with_every_chunk_done_but_its_key_owed_still_goes_to_the_job() 
     owed, built, keyed = TableName("public", "owed"), TableName("public", "built"), TableName("public", "keyed")
     copy.progress = _PlannedProgress(  # type: ignore[assignment]
         {owed: _plan(KEY_DEFERRED), built: _plan(KEY_BUILT), keyed: _plan("")}, {owed: 4, built: 4, keyed: 4})
-    pending, rows = copy._plan([owed, built, keyed], "snap", 7)
+    pending, rows = copy.plan_tables([owed, built, keyed], "snap", 7)
     assert pending == [owed] and rows == 0  # (a job with nothing to copy: it builds the key)
