@@ -76,6 +76,11 @@ def as_kafka_python(err: Any) -> BaseException:
     """A librdkafka ``KafkaError`` (or ``KafkaException``) as the kafka-python exception of the same meaning."""
     from confluent_kafka import KafkaError, KafkaException
 
+    # a fatal error (e.g. _FENCED) that flush() sets while it still serves delivery reports makes the next C call of a
+    # callback fail with SystemError("... returned a result with an exception set") caused by the KafkaException:
+    # the error that happened is that cause (seen as ErrSinkFatal where a zombie producer must be SinkFenced)
+    while isinstance(err, SystemError) and isinstance(err.__cause__, KafkaException):
+        err = err.__cause__
     if isinstance(err, KafkaException):
         err = err.args[0] if err.args else None
     if not isinstance(err, KafkaError):

@@ -40,6 +40,23 @@ def test_fencing_maps_to_kafka_pythons_fenced_error() -> None:
     assert isinstance(as_kafka_python(KafkaError(KafkaError._FENCED)), kerr.ProducerFencedError)
 
 
+def test_a_fatal_error_that_flush_reports_as_a_systemerror_keeps_its_meaning() -> None:
+    """flush() of a fenced transactional producer sets KafkaException(_FENCED) and still serves delivery reports;
+    the callback's next C call then fails with SystemError caused by it (seen in the zombie-fencing integration test,
+    run alone): it must still map to the fenced error, so the sink says SinkFenced, not ErrSinkFatal."""
+    fenced = KafkaException(KafkaError(KafkaError._FENCED))
+    try:
+        try:
+            raise fenced
+        except KafkaException as cause:
+            raise SystemError("<method 'code' of 'KafkaError' objects> returned a result with an exception set") \
+                from cause
+    except SystemError as exc:
+        raised = exc
+    assert isinstance(as_kafka_python(raised), kerr.ProducerFencedError)
+    assert isinstance(wrap(as_kafka_python(raised), "Kafka at h:1", topic="t"), SinkFenced)
+
+
 def test_config_mirrors_the_transport_settings() -> None:
     opts = parse_kafka_uri("kafka://h1:9092,h2:9093/t?protocol=canal-json&kafka-producer=confluent-kafka"
                            "&max-message-bytes=2097152&delivery-timeout=20s&compression=gzip&kafka-transactional=true"
