@@ -8,10 +8,14 @@
 - the final table's definition (columns, NOT NULL, constraints and their names, indexes) is the one the sink's
   streaming CREATE TABLE makes, also for a table name long enough that PostgreSQL truncates the key's name;
 - a duplicate row in a key-less target (a broken proof) fails the run loudly naming the table, and the key stays
-  owed; a table that exists before the copy keeps its key while copied."""
+  owed; a table that exists before the copy keeps its key while copied;
+- an error of the upstream's side of a marked chunk (a column renamed after the export, the upstream session
+  terminated mid-chunk, a reader raising after rows went into the COPY) is raised as itself, retryable, with nothing
+  of the chunk nor its marker committed."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,7 +23,7 @@ from typing import Any
 import pytest
 
 from cdc.config import SinkConfig
-from cdc.errors import SinkError
+from cdc.errors import SinkError, SnapshotTableAltered, TidewaterError, UpstreamUnavailable
 from cdc.events import TableName
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
@@ -274,4 +278,128 @@ def test_remove_deletes_the_changefeeds_markers_and_positions(pg_server: Any, ta
         assert [r[0] for r in rows] == ["other"]
         assert sink.forget("cf") == 0  # again: nothing left, nothing breaks
     finally:
+        sink.close()
+
+
+def _marked_chunk_setup(pg_server: Any, db: str, target: str, ddl: str) -> tuple[Any, Any, Any]:
+    """(sink, schema, chunk) of ``public.r`` (one chunk), its key-less target created as the copy creates it."""
+    execute(pg_server, db, ddl)
+    sink = open_sink(pg_server.uri(target), SinkConfig())
+    reader = PgSnapshotReader(pg_server.uri(db))
+    try:
+        schema = reader.table_schema(TableName("public", "r"))
+        (chunk,) = reader.plan(schema, 1_000_000).chunks
+    finally:
+        reader.close()
+    sink.create_deferred_target(schema)
+    return sink, schema, chunk
+
+
+def _marker(chunk: Any) -> ChunkMarker:
+    return ChunkMarker("cf-read-error", 0, str(chunk.table_name), chunk.index, "run-1", 0, None, 0)
+
+
+@pytest.mark.parametrize("error", [SnapshotTableAltered, UpstreamUnavailable])
+def test_an_error_of_the_upstreams_side_of_a_marked_chunk_is_raised_as_itself(
+        pg_server: Any, pg_database: str, targets: list[str], error: type[TidewaterError]) -> None:
+    """The chunk's text fails half way on the upstream's side, after rows went into the target's COPY: psycopg2
+    turns an exception of ``read()`` into a driver error of the target's COPY ("COPY from stdin failed: error in
+    .read() call"), which the sink wrapped as its own fatal CDC:ErrSinkFatal, failing the changefeed for good instead
+    of retrying (a column renamed after the snapshot: CDC:ErrSnapshotTableAltered; the upstream gone mid-chunk:
+    CDC:ErrUpstreamUnavailable). The reader's own error is raised, with its code, retryability and cause; nothing of
+    the chunk nor its marker is committed, and the chunk is written whole by the next attempt."""
+    from cdc.snapshot import PG_COPY_TEXT, CopyText
+
+    target = targets[0]
+    sink, schema, chunk = _marked_chunk_setup(pg_server, pg_database, target,
+                                              "CREATE TABLE r (id int PRIMARY KEY, v text)")
+    cause = RuntimeError("the upstream's own failure")
+
+    def failing() -> Iterator[bytes]:
+        yield b"".join(b"%d\tv%d\n" % (i, i) for i in range(1, 1001))
+        raise error("reading chunk 0 of public.r failed", cause=cause)
+
+    def good() -> Iterator[bytes]:
+        yield b"".join(b"%d\tv%d\n" % (i, i) for i in range(1, 1001))
+
+    try:
+        with pytest.raises(error) as err:
+            sink.write_marked_chunk(schema, lambda: CopyText(PG_COPY_TEXT, "UTF8", failing()), _marker(chunk))
+        assert type(err.value) is error and err.value.code == error.code and err.value.retryable, err.value
+        assert err.value.__cause__ is cause, err.value.__cause__
+        assert pg_server.execute("SELECT count(*) FROM public.r", db=target) == [(0,)]
+        assert _markers(pg_server, target) == 0
+        assert sink.write_marked_chunk(schema, lambda: CopyText(PG_COPY_TEXT, "UTF8", good()), _marker(chunk)) \
+            == (1000, False)  # the connection and the table are fine: the next attempt copies the chunk
+        assert pg_server.execute("SELECT count(*) FROM public.r", db=target) == [(1000,)]
+    finally:
+        sink.close()
+
+
+def test_a_column_renamed_after_the_snapshot_fails_a_marked_chunk_retryably(
+        pg_server: Any, pg_database: str, targets: list[str]) -> None:
+    """tests/e2e/test_ddl_concurrent.py[postgresql]: a column the copy reads is renamed after the export; the chunk's
+    COPY of the upstream, run when the target's COPY asks for its first block, fails with the retryable
+    CDC:ErrSnapshotTableAltered, which reached the span as the sink's fatal CDC:ErrSinkFatal ("error in .read()
+    call") and failed the changefeed instead of copying on under a fresh snapshot."""
+    target = targets[0]
+    execute(pg_server, pg_database, "CREATE TABLE r (id int PRIMARY KEY, v text)",
+            "INSERT INTO r SELECT g, 'v' || g FROM generate_series(1, 500) g")
+    sink = open_sink(pg_server.uri(target), SinkConfig())
+    try:
+        with exported_snapshot(pg_server, pg_database) as exp:
+            reader = PgSnapshotReader(pg_server.uri(pg_database), exp.snapshot)
+            try:
+                schema = reader.table_schema(TableName("public", "r"))
+                (chunk,) = reader.plan(schema, 1000).chunks
+                reader.release()
+                sink.create_deferred_target(schema)
+                execute(pg_server, pg_database, "ALTER TABLE r RENAME COLUMN v TO w")
+                with pytest.raises(SnapshotTableAltered) as err:
+                    sink.write_marked_chunk(schema, lambda: reader.read_chunk_text(schema, chunk), _marker(chunk))
+            finally:
+                reader.close()
+        assert err.value.code == "CDC:ErrSnapshotTableAltered" and err.value.retryable, err.value
+        assert 'column "v" does not exist' in err.value.message and ".read() call" not in err.value.message, err.value
+        assert pg_server.execute("SELECT count(*) FROM public.r", db=target) == [(0,)]
+        assert _markers(pg_server, target) == 0
+    finally:
+        sink.close()
+
+
+def test_an_upstream_session_killed_mid_chunk_fails_a_marked_chunk_retryably(
+        pg_server: Any, pg_database: str, targets: list[str]) -> None:
+    """The upstream's session is terminated after the first block of a ~10 MB chunk went into the target's COPY: the
+    reader's CDC:ErrUpstreamUnavailable (retryable) is what the chunk raises, not the target's fatal error, and none of
+    the rows already sent is committed."""
+    target = targets[0]
+    sink, schema, chunk = _marked_chunk_setup(
+        pg_server, pg_database, target,
+        "CREATE TABLE r (id int PRIMARY KEY, v text); "
+        "INSERT INTO r SELECT g, repeat('x', 100) FROM generate_series(1, 100000) g")
+    reader = PgSnapshotReader(pg_server.uri(pg_database))
+    sent: list[int] = []
+
+    def open_text() -> Any:
+        text = reader.read_chunk_text(schema, chunk)
+        assert text is not None
+
+        def blocks() -> Iterator[bytes]:
+            for block in text.blocks:
+                sent.append(len(block))
+                yield block
+                if len(sent) == 1:
+                    pg_server.execute("SELECT pg_terminate_backend(%s)", params=(reader.backend_pid,))
+
+        return dataclasses.replace(text, blocks=blocks())
+
+    try:
+        with pytest.raises(UpstreamUnavailable) as err:
+            sink.write_marked_chunk(schema, open_text, _marker(chunk))
+        assert err.value.code == "CDC:ErrUpstreamUnavailable" and err.value.retryable, err.value
+        assert sent and sent[0] > 0
+        assert pg_server.execute("SELECT count(*) FROM public.r", db=target) == [(0,)]
+        assert _markers(pg_server, target) == 0
+    finally:
+        reader.close()
         sink.close()

@@ -7,11 +7,12 @@ and copied through the passthrough (the upstream's ``COPY ... TO STDOUT`` text s
 STDIN``). Every stored value must be identical in the three (each row's text under the same session settings,
 and the column types), and the copy must equal the upstream row by row (playground/compare.py). Then the
 refusals (types without a proven text path, a target of other types, another client encoding), a chunk copied
-twice (upserted, never duplicated), a key-less table's whole chunk copied twice (replaced), and a fence that
-refuses (nothing committed)."""
+twice (upserted, never duplicated), a key-less table's whole chunk copied twice (replaced), a fence that
+refuses (nothing committed), and an error of the upstream's side of the chunk (raised as itself, nothing committed)."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,9 +20,9 @@ from typing import Any
 import pytest
 
 from cdc.config import SinkConfig
-from cdc.errors import SnapshotSuperseded
+from cdc.errors import SnapshotSuperseded, SnapshotTableAltered, TidewaterError, UpstreamUnavailable
 from cdc.events import TableName, TableSchema
-from cdc.snapshot import SnapshotChunk
+from cdc.snapshot import PG_COPY_TEXT, CopyText, SnapshotChunk
 from playground.compare import compare_tables
 from sinks.factory import open_sink
 from spark_jobs.copy import ChunkTask, copy_one
@@ -317,30 +318,74 @@ def test_a_refusing_fence_commits_nothing(upstream: Upstream, pg_server: Any, pg
         reader.close()
 
 
+@pytest.mark.parametrize("error", [SnapshotTableAltered, UpstreamUnavailable])
 def test_an_error_of_the_upstreams_side_of_a_chunk_is_raised_as_itself(upstream: Upstream, pg_server: Any,
-                                                                        pg_targets: list[str]) -> None:
-    """The chunk's text fails half way on the upstream's side (here the retryable CDC:ErrSnapshotTableAltered of a
-    table renamed since the snapshot): psycopg2 turns an exception of ``read()`` into a driver error of the target's
-    COPY ("error in .read() call"), which the sink classified as its own fatal error, failing the changefeed for good
-    instead of retrying under a fresh snapshot. It is raised as itself now, and nothing of the chunk is committed."""
-    from cdc.errors import SnapshotTableAltered
-    from cdc.snapshot import PG_COPY_TEXT, CopyText
-
+                                                                        pg_targets: list[str],
+                                                                        error: type[TidewaterError]) -> None:
+    """The chunk's text fails half way on the upstream's side (the retryable CDC:ErrSnapshotTableAltered of a table
+    renamed since the snapshot, CDC:ErrUpstreamUnavailable of an upstream session lost mid-chunk): psycopg2 turns an
+    exception of ``read()`` into a driver error of the target's COPY ("error in .read() call"), which the sink
+    classified as its own fatal error, failing the changefeed for good instead of retrying under a fresh snapshot. It
+    is raised as itself now (class, code, retryability and its own cause, not the driver's error), nothing of the
+    chunk is committed, and the next attempt copies it."""
     upstream.sql("CREATE TABLE r (id int PRIMARY KEY, v text)")
     db = pg_targets[0]
     reader = PgSnapshotReader(pg_server.uri(upstream.db))
     sink = open_sink(pg_server.uri(db), SinkConfig())
+    cause = RuntimeError("the upstream's own failure")
 
-    def blocks() -> Iterator[bytes]:
-        yield b"1\tone\n2\ttwo\n"
-        raise SnapshotTableAltered("relation \"public.r\" does not exist: it was renamed or dropped")
+    def blocks(fail: bool) -> Iterator[bytes]:
+        yield b"".join(b"%d\tv%d\n" % (i, i) for i in range(1, 1001))
+        if fail:
+            raise error("relation \"public.r\" does not exist: it was renamed or dropped", cause=cause)
 
     try:
         schema = reader.table_schema(TableName("public", "r"))
         reader.release()
-        with pytest.raises(SnapshotTableAltered, match="renamed or dropped"):
-            sink.write_copy_text(schema, lambda: CopyText(PG_COPY_TEXT, "UTF8", blocks()))
+        with pytest.raises(error, match="renamed or dropped") as err:
+            sink.write_copy_text(schema, lambda: CopyText(PG_COPY_TEXT, "UTF8", blocks(True)))
+        assert type(err.value) is error and err.value.code == error.code and err.value.retryable, err.value
+        assert err.value.__cause__ is cause, err.value.__cause__
         assert pg_server.execute("SELECT count(*) FROM public.r", db=db) == [(0,)]
+        assert sink.write_copy_text(schema, lambda: CopyText(PG_COPY_TEXT, "UTF8", blocks(False))) == 1000
+    finally:
+        sink.close()
+        reader.close()
+
+
+def test_an_upstream_session_killed_mid_chunk_is_retryable_and_commits_nothing(upstream: Upstream, pg_server: Any,
+                                                                               pg_targets: list[str]) -> None:
+    """The upstream's session is terminated once the first block of a ~10 MB chunk went into the target's COPY: the
+    chunk raises the reader's retryable CDC:ErrUpstreamUnavailable, not the target's fatal error, and none of the
+    rows already sent is committed."""
+    upstream.sql("CREATE TABLE k (id int PRIMARY KEY, v text); "
+                 "INSERT INTO k SELECT g, repeat('x', 100) FROM generate_series(1, 100000) g")
+    db = pg_targets[0]
+    reader = PgSnapshotReader(pg_server.uri(upstream.db))
+    sink = open_sink(pg_server.uri(db), SinkConfig())
+    sent: list[int] = []
+    try:
+        schema = reader.table_schema(TableName("public", "k"))
+        (chunk,) = _chunks(reader, schema, 1_000_000)
+
+        def open_text() -> CopyText | None:
+            text = reader.read_chunk_text(schema, chunk)
+            assert text is not None
+
+            def blocks() -> Iterator[bytes]:
+                for block in text.blocks:
+                    sent.append(len(block))
+                    yield block
+                    if len(sent) == 1:
+                        pg_server.execute("SELECT pg_terminate_backend(%s)", params=(reader.backend_pid,))
+
+            return dataclasses.replace(text, blocks=blocks())
+
+        with pytest.raises(UpstreamUnavailable) as err:
+            sink.write_copy_text(schema, open_text)
+        assert err.value.code == "CDC:ErrUpstreamUnavailable" and err.value.retryable, err.value
+        assert sent and sent[0] > 0
+        assert pg_server.execute("SELECT count(*) FROM public.k", db=db) == [(0,)]
     finally:
         sink.close()
         reader.close()

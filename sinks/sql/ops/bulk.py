@@ -29,7 +29,8 @@ stays, and None makes the caller write the chunk through ``write`` (upserts by k
 :data:`CONFLICTS_TO_STOP` such chunks of a table the sink stops trying the direct COPY for it. A key-less table's whole chunk (``replace``) is ``TRUNCATE``
 then the rows, in the same transaction, as ``write`` does it. ``fence`` runs right before the commit.
 
-Errors are those of ``write``: ``SinkUnavailable`` (retryable) or ``SinkError`` naming the table. Threading:
+Errors are those of ``write``: ``SinkUnavailable`` (retryable) or ``SinkError`` naming the table; an error of the
+upstream's side of the chunk (reading ``text.blocks``) is raised as itself (:meth:`Blocks.copy_from`). Threading:
 the caller's thread, on a connection of the sink's pool (the sink's statement pipeline is not used).
 """
 
@@ -82,10 +83,9 @@ def target_types(cur: Any, table: str) -> dict[str, str]:
 
 
 class Blocks:
-    """``read()`` for ``copy_expert``: the next block of the text (any size), b'' at the end. ``error``: what the
-    upstream's side raised (psycopg2 turns an exception of ``read()`` into a driver error of the target's COPY that
-    names it only in its text: the caller raises this one instead, with its own class, e.g. the retryable
-    ``SnapshotTableAltered`` of a table renamed since the snapshot)."""
+    """``read()`` for ``copy_expert``: the next block of the text (any size), b'' at the end. ``error``: what reading
+    the blocks raised (the upstream's side of the chunk). Run the COPY with :meth:`copy_from`, which raises that error
+    as itself."""
 
     def __init__(self, blocks: Iterator[bytes]) -> None:
         self._it = blocks
@@ -97,6 +97,22 @@ class Blocks:
         except BaseException as exc:
             self.error = exc
             raise
+
+    def copy_from(self, cur: Any, sql: str) -> None:
+        """``cur.copy_expert(sql)`` (a ``COPY ... FROM STDIN``) fed these blocks. psycopg2 turns an exception of
+        ``read()`` into a driver error of the target's COPY ("COPY from stdin failed: error in .read() call: ..."),
+        which names the upstream's error only in its text: wrapped as the target's, the retryable
+        ``SnapshotTableAltered`` of a column renamed since the snapshot, or the ``UpstreamUnavailable`` of an upstream
+        session lost mid-chunk, became the target's fatal ``SinkError``. So when reading failed, the exception that
+        reading raised is raised instead, as it is (its class, code, retryability and cause; the driver's error is its
+        context). The caller rolls the transaction back as after any error: the target's COPY was aborted by then."""
+        try:
+            cur.copy_expert(sql, self, READ_SIZE)
+        except Exception:
+            error = self.error
+            if error is None:  # the target's error
+                raise
+            raise error  # noqa: B904 - the reader's own exception with its own cause; the driver's is its context
 
 
 class CopyPassthrough:
@@ -152,12 +168,10 @@ class CopyPassthrough:
                         copy_sql = stmts.copy_in(stmts.table(b.table), [b.colmap[n] for n in b.names]) % ()
                         blocks = Blocks(text.blocks)
                         try:
-                            cur.copy_expert(copy_sql, blocks, READ_SIZE)
+                            blocks.copy_from(cur, copy_sql)
                         except Exception as exc:
-                            if blocks.error is not None:  # the upstream's read failed, not the target
-                                raise blocks.error from exc
-                            if getattr(exc, "pgcode", None) != UNIQUE_VIOLATION:
-                                raise
+                            if exc is blocks.error or getattr(exc, "pgcode", None) != UNIQUE_VIOLATION:
+                                raise  # (the upstream's side failed, or the target did otherwise)
                             trans.rollback()
                             n = self._conflicts[b.label] = self._conflicts.get(b.label, 0) + 1
                             if n == CONFLICTS_TO_STOP:

@@ -11,7 +11,8 @@ span, table, chunk), committed in the chunk's own transaction:
   (``sinks.sql.dialect.typemap.plan_table``, ``create_table_sql``: same columns, types, NOT NULL key columns) but
   without its ``PRIMARY KEY``, and the marker table. The caller stores the fact "key deferred" durably (``TablePlan.key_state``) *before* calling it.
 - :meth:`DeferredKey.write_marked_chunk`: ``COPY`` of the chunk's upstream text (the passthrough of
-  ``sinks.sql.ops.bulk``, same conditions), then ``INSERT`` of the chunk's marker ``ON CONFLICT DO NOTHING``, then the fence, then commit. Two
+  ``sinks.sql.ops.bulk``, same conditions; an error of the upstream's side of the chunk is raised as itself,
+  ``Blocks.copy_from``), then ``INSERT`` of the chunk's marker ``ON CONFLICT DO NOTHING``, then the fence, then commit. Two
   transactions writing the same chunk serialise on the marker's key: the second waits for the first and, if the
   first committed, inserts nothing and is rolled back with all its rows (``already`` is returned). So every chunk
   is in the table at most once, committed together with its marker.
@@ -40,7 +41,7 @@ from cdc.events import TableSchema
 from cdc.snapshot import PG_COPY_TEXT, ChunkMarker, CopyText
 from sinks.sql.dialect.errors import is_db_error
 from sinks.sql.dialect.typemap import TargetTable, create_schema_sql, create_table_sql, plan_table
-from sinks.sql.ops.bulk import READ_SIZE, Blocks, target_types, type_refusal
+from sinks.sql.ops.bulk import Blocks, target_types, type_refusal
 from sinks.sql.target.binding import K_INSERT, Binding, KnownTable
 from sinks.sql.target.catalog import Catalog
 from sinks.sql.target.connection import Target
@@ -177,8 +178,8 @@ class DeferredKey:
                                             "whose key is deferred")
                         stmts = target.statements()
                         t = self.planned(schema)
-                        cur.copy_expert(stmts.copy_in(stmts.table(t), list(schema.column_names)) % (), Blocks(text.blocks),
-                                        READ_SIZE)
+                        # (an error of the upstream's side of the chunk is raised as itself: Blocks.copy_from)
+                        Blocks(text.blocks).copy_from(cur, stmts.copy_in(stmts.table(t), list(schema.column_names)) % ())
                         rows = int(cur.rowcount)
                         cur.execute(f"INSERT INTO {_M} (changefeed, span, table_name, chunk, run, rows, snapshot, "
                                     "commit_ts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
