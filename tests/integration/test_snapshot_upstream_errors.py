@@ -142,7 +142,7 @@ def test_an_upstream_error_mid_chunk_is_raised_as_itself_on_every_target_and_com
     """The exception the reader raised is the one the copy raises (never the target's wrapping of it), with its code
     and retryability: a SnapshotTableAltered mid-chunk (retryable, its own cause); the upstream session terminated
     mid-chunk (the reader's error; CDC:ErrUpstreamUnavailable, retryable, on the text path, whose reader classifies
-    it so: for the parsed path's reader see the xfail below)."""
+    it so: for the parsed path's reader see the test below)."""
     tgt, path = target
     reader, err = _copy_failing_chunk(pg_server, pg_database, tgt, how, path)
     assert err is reader.raised, (err, reader.raised)
@@ -156,10 +156,6 @@ def test_an_upstream_error_mid_chunk_is_raised_as_itself_on_every_target_and_com
         assert err.code.startswith("CDC:ErrUpstream"), err
 
 
-@pytest.mark.xfail(reason="the reader's parsed path (copy_expert on a helper thread) mostly gets psycopg2.DatabaseError "
-                          "'error with status PGRES_COPY_OUT and no message from the libpq' for a session terminated "
-                          "mid-COPY, which upstream.postgres.conn.classify_error makes the fatal CDC:ErrUpstreamFatal "
-                          "(a reader-side classification, not the sink's wrapping)", strict=False)
 def test_an_upstream_session_killed_mid_parsed_chunk_is_retryable(pg_server: Any, pg_database: str,
                                                                   tmp_path: Any) -> None:
     tgt = SqlTarget("sqlite", None, str(tmp_path / "target.db"))

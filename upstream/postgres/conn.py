@@ -260,7 +260,12 @@ def pg_errors(conn: Any, what: str) -> Iterator[None]:
     try:
         yield
     except psycopg2.Error as exc:
-        raise classify_error(exc, describe_conn(conn), what) from exc
+        err = classify_error(exc, describe_conn(conn), what)
+        if type(err) is UpstreamError and getattr(exc, "pgcode", None) is None and getattr(conn, "closed", 0):
+            # no SQLSTATE and the session is gone (a backend terminated mid-COPY gives "error with status
+            # PGRES_COPY_OUT and no message from the libpq"): the connection was lost, not the request refused
+            err = UpstreamUnavailable(err.message, cause=exc)
+        raise err from exc
 
 
 def probe(uri: str, timeout: float = 2.0) -> None:
