@@ -78,7 +78,8 @@ class ProfileSummary:
     components: list[tuple[str, float]]  # (component of the leaf frame, seconds), most first
 
 
-_PACKAGES = ("cdc", "capture", "owner", "processor", "sorter", "sinks", "upstream", "playground", "bench")
+_PACKAGES = ("cdc", "cli", "capture", "owner", "processor", "sorter", "sinks", "upstream", "spark_jobs", "playground",
+             "bench")
 
 
 _COMPONENTS = (  # (file path fragment of the leaf frame, component), first match wins
@@ -86,9 +87,9 @@ _COMPONENTS = (  # (file path fragment of the leaf frame, component), first matc
     ("upstream/postgres/source.py", "puller"),
     ("upstream/postgres/", "pgoutput decode and value parsers"),
     ("psycopg2/", "replication stream (psycopg2)"),
-    ("processor/puller.py", "puller"),
     ("sorter/", "sorter (LevelDB)"),
     ("plyvel", "sorter (LevelDB)"),
+    ("processor/batcher.py", "batcher and span loop"),
     ("processor/span.py", "batcher and span loop"),
     ("processor/mounter.py", "mounter"),
     ("sinks/sql/dialect/values.py", "sink: value conversion"),
