@@ -177,8 +177,14 @@ class DeferredKey:
                                             "whose key is deferred")
                         stmts = target.statements()
                         t = self.planned(schema)
-                        cur.copy_expert(stmts.copy_in(stmts.table(t), list(schema.column_names)) % (), Blocks(text.blocks),
-                                        READ_SIZE)
+                        blocks = Blocks(text.blocks)
+                        try:
+                            cur.copy_expert(stmts.copy_in(stmts.table(t), list(schema.column_names)) % (), blocks,
+                                            READ_SIZE)
+                        except Exception as exc:
+                            if blocks.error is not None:  # the upstream's read failed (e.g. the retryable
+                                raise blocks.error from exc  # SnapshotTableAltered of a table renamed), not the target
+                            raise
                         rows = int(cur.rowcount)
                         cur.execute(f"INSERT INTO {_M} (changefeed, span, table_name, chunk, run, rows, snapshot, "
                                     "commit_ts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
