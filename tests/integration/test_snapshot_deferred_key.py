@@ -220,6 +220,42 @@ def test_a_duplicate_key_fails_the_copy_loudly(pg_server: Any, pg_database: str,
             client.close()
 
 
+def test_an_error_of_the_upstreams_side_of_a_deferred_chunk_is_raised_as_itself(
+        pg_server: Any, pg_database: str, targets: list[str], etcd_server: Any, cluster_id: str) -> None:
+    """A chunk of a table whose key is deferred fails half way on the upstream's side (the retryable
+    CDC:ErrSnapshotTableAltered of a table renamed since the snapshot: tests/e2e/test_ddl_barrier_copy.py). psycopg2
+    turns an exception of ``read()`` into a driver error of the target's COPY, which the sink classified as its own
+    fatal error (CDC:ErrSinkFatal, "fix the target"), failing the changefeed for good instead of copying again under a
+    fresh snapshot. It is raised as itself, as in the passthrough (sinks/sql/ops/bulk.py), and nothing of the chunk
+    (rows or marker) is committed."""
+    from cdc.errors import SnapshotTableAltered
+    from cdc.snapshot import PG_COPY_TEXT, CopyText
+
+    _load(pg_server, pg_database)
+    target = targets[0]
+    cf = "cf-altered"
+    with exported_snapshot(pg_server, pg_database) as exp:
+        job = _job(pg_server, pg_database, target, exp, etcd_server.url, cluster_id, cf)
+        client = EtcdClient([etcd_server.url])
+        sink = open_sink(pg_server.uri(target), SinkConfig())
+        try:
+            tasks, _ = plan_tasks(job, SnapshotProgressStore(client, cluster_id), "", [])  # big created key-less
+            task = next(t for t in tasks if t.deferred and str(t.chunk.table_name) == "public.big")
+
+            def blocks() -> Iterator[bytes]:
+                yield b"1\t1\tc\tpad\t2026-01-01 00:00:01\n"
+                raise SnapshotTableAltered('relation "public.big" does not exist: it was renamed or dropped')
+
+            marker = ChunkMarker(cf, 0, "public.big", task.chunk.index, "run")
+            with pytest.raises(SnapshotTableAltered, match="renamed or dropped"):
+                sink.write_marked_chunk(task.schema, lambda: CopyText(PG_COPY_TEXT, "UTF8", blocks()), marker)
+            assert pg_server.execute("SELECT count(*) FROM public.big", db=target) == [(0,)]
+            assert _markers(pg_server, target) == 0
+        finally:
+            sink.close()
+            client.close()
+
+
 def test_a_target_that_exists_keeps_its_key_while_copied(pg_server: Any, pg_database: str, targets: list[str],
                                                          etcd_server: Any, cluster_id: str) -> None:
     _load(pg_server, pg_database)
