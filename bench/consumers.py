@@ -25,6 +25,7 @@ from bench.procstat import LastCpu, TreeSampler, cpu_seconds, reset_peak_rss, st
 from cdc.ts import lsn_to_str, str_to_lsn
 from playground.cluster import ApiError, CdcServer, current_lsn
 from playground.servers import HOST, PostgresServer
+from sinks.sql.target.position import DEFAULT_TABLE, PG_SCHEMA
 
 
 class Rated:
@@ -192,6 +193,35 @@ class TidewaterFeed:
         pids = [p for p in _slot_pids(self.upstream, self.db, self.slots).values() if p is not None]
         cpus = [cpu_seconds(p) for p in pids]
         return sum(c for c in cpus if c is not None) if pids else None
+
+
+class TargetPosition:
+    """The commit Ts a SQL target holds for one changefeed: the lowest ``commit_ts`` of its spans in the
+    exactly-once position table (``sinks.sql.target.position``), committed with the rows it covers. Reads on
+    one autocommit connection (each read sees the latest commit); ``None`` until every span has a row."""
+
+    def __init__(self, conn: Any, kind: str, changefeed: str, spans: int) -> None:
+        self.conn, self.changefeed, self.spans = conn, changefeed, spans
+        table = f"{PG_SCHEMA}.{DEFAULT_TABLE}" if kind == "postgresql" else DEFAULT_TABLE
+        mark = "?" if kind == "sqlite" else "%s"
+        self.sql = f"SELECT min(commit_ts), count(*) FROM {table} WHERE changefeed = {mark}"
+        if kind == "mariadb":
+            conn.autocommit(True)
+
+    def __call__(self) -> int | None:
+        cur = self.conn.cursor()
+        try:
+            cur.execute(self.sql, (self.changefeed,))
+            low, n = cur.fetchone()
+        except Exception:  # noqa: BLE001 - the table appears with the sink's first write
+            return None
+        finally:
+            cur.close()
+        return int(low) if n >= self.spans and low is not None else None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.close()
 
 
 class Profiler:

@@ -4,12 +4,16 @@ A :class:`PacedWriter` thread inserts workload (a)'s rows in 100-row transaction
 transaction ``k`` is due at ``start + k * 100 / rate``; a writer that falls behind does not sleep, and the
 achieved rate is reported). Meanwhile the lag is sampled every 100 ms:
 
-* Tidewater: ``checkpoint_lag`` of ``GET /api/v2/changefeeds/{id}`` (seconds; now minus the upstream time
-  of the changefeed checkpoint). Its resolution is bounded by the server's ``checkpoint-interval`` and
-  ``owner-tick``, which is part of what a user sees.
-* native logical replication: the same definition computed by the benchmark: now minus the commit time
-  of the last upstream transaction the subscriber has applied (its replication origin's ``remote_lsn``
-  against the LSN the writer read inside each transaction).
+* native logical replication: *apply lag*, now minus the commit time of the last upstream transaction the
+  subscriber has applied (its replication origin's ``remote_lsn`` against the LSN the writer read inside
+  each transaction).
+* Tidewater into a SQL target: the same *apply lag*, from the exactly-once position the sink commits with
+  the rows (``tidewater_checkpoint``, the lowest ``commit_ts`` of the changefeed's spans), read from the
+  target on its own connection: directly comparable with native's.
+* Tidewater, every sink: *checkpoint lag*, ``checkpoint_lag`` of ``GET /api/v2/changefeeds/{id}`` (now minus
+  the upstream time of the changefeed checkpoint). What the API, the dashboard and the alerts show; its
+  resolution is bounded by the server's ``checkpoint-interval`` and ``owner-tick`` (etcd round trips), so it
+  trails the apply lag by up to about one owner tick.
 
 Percentiles use the nearest-rank method over the samples taken while the writer ran.
 """
@@ -20,6 +24,7 @@ import bisect
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,9 +46,11 @@ class LagResult:
     achieved: float = 0.0  # rows/s written
     seconds: float = 0.0
     samples: int = 0
-    p50: float | None = None
+    p50: float | None = None  # checkpoint lag (Tidewater) / apply lag (native)
     p99: float | None = None
     max: float | None = None
+    apply_p50: float | None = None  # apply lag (native's definition; Tidewater into SQL targets only)
+    apply_p99: float | None = None
     cpu_pct: float | None = None  # capture CPU while the writer ran, % of one core
     error: str = ""
 
@@ -109,6 +116,16 @@ class PacedWriter(threading.Thread):
             conn.close()
 
 
+def apply_lag(writer: PacedWriter, applied_lsn: int, now: float, caught_up_at: float) -> float | None:
+    """Now minus the commit time of the last of ``writer``'s transactions at or below ``applied_lsn`` (the time
+    the writing started when none is); None before the first commit."""
+    commits = list(writer.commits)  # appended by the writer thread; a copy is consistent enough
+    if not commits:
+        return None
+    i = bisect.bisect_right([c[0] for c in commits], applied_lsn) - 1
+    return now - (commits[i][1] if i >= 0 else caught_up_at)
+
+
 def _summarise(res: LagResult, lags: list[float], writer: PacedWriter) -> LagResult:
     res.samples = len(lags)
     res.p50, res.p99 = percentile(lags, 50), percentile(lags, 99)
@@ -119,13 +136,14 @@ def _summarise(res: LagResult, lags: list[float], writer: PacedWriter) -> LagRes
 
 
 def lag_tidewater(feed: TidewaterFeed, capture_pid: int, table: str, first_id: int, rate: int, seconds: float,
-                  timeout: float) -> tuple[LagResult, int]:
+                  timeout: float, applied: Callable[[], int | None] | None = None) -> tuple[LagResult, int]:
     """Resume ``feed``, wait until it is caught up, write at ``rate`` for ``seconds`` while sampling its
-    checkpoint lag, wait until it has caught up with the writes, pause it. Returns the result and the next
-    free id."""
+    checkpoint lag (and, given ``applied``, which returns the commit Ts the target holds, its apply lag), wait
+    until it has caught up with the writes, pause it. Returns the result and the next free id."""
     res = LagResult("tidewater", feed.sink, rate)
     writer = PacedWriter(feed.upstream, feed.db, table, first_id, rate, seconds)
     lags: list[float] = []
+    applies: list[float] = []
     try:
         feed.resume()
         conn = feed.upstream.connect(feed.db)
@@ -134,9 +152,15 @@ def lag_tidewater(feed: TidewaterFeed, capture_pid: int, table: str, first_id: i
         finally:
             conn.close()
         cpu0 = cpu_seconds(capture_pid)
+        caught_up_at = time.time()
         writer.start()
         while writer.is_alive():
             t = time.monotonic()
+            if applied is not None:
+                lsn = applied()
+                lag = apply_lag(writer, lsn, time.time(), caught_up_at) if lsn is not None else None
+                if lag is not None:
+                    applies.append(lag)
             info: dict[str, Any] = feed.cdc.get(f"/api/v2/changefeeds/{feed.cf_id}", timeout=5)
             if info.get("checkpoint_lag") is not None:
                 lags.append(float(info["checkpoint_lag"]))
@@ -149,6 +173,7 @@ def lag_tidewater(feed: TidewaterFeed, capture_pid: int, table: str, first_id: i
             res.cpu_pct = 100 * (cpu1 - cpu0) / writer.elapsed
         feed.wait(writer.end_lsn, timeout)
         _summarise(res, lags, writer)
+        res.apply_p50, res.apply_p99 = percentile(applies, 50), percentile(applies, 99)
     except Exception as exc:  # noqa: BLE001 - reported in the table
         res.error = f"{type(exc).__name__}: {exc}"
     finally:
@@ -177,18 +202,16 @@ def lag_native(sub: NativeSubscription, table: str, first_id: int, rate: int, se
         writer.start()
         while writer.is_alive():
             t = time.monotonic()
-            applied = sub.applied_lsn()
-            now = time.time()
-            commits = list(writer.commits)  # appended by the writer thread; a copy is consistent enough
-            i = bisect.bisect_right([c[0] for c in commits], applied) - 1
-            if commits:
-                lags.append(now - (commits[i][1] if i >= 0 else caught_up_at))
+            lag = apply_lag(writer, sub.applied_lsn(), time.time(), caught_up_at)
+            if lag is not None:
+                lags.append(lag)
             time.sleep(max(0.0, SAMPLE_INTERVAL - (time.monotonic() - t)))
         writer.join()
         if writer.error is not None:
             raise writer.error
         sub.wait(writer.end_lsn, timeout)
         _summarise(res, lags, writer)
+        res.apply_p50, res.apply_p99 = res.p50, res.p99
     except Exception as exc:  # noqa: BLE001
         res.error = f"{type(exc).__name__}: {exc}"
     finally:

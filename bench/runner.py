@@ -29,6 +29,7 @@ from bench.consumers import (
     Measurement,
     NativeSubscription,
     Profiler,
+    TargetPosition,
     TidewaterFeed,
     create_recv_slot,
     drop_slot,
@@ -280,12 +281,18 @@ class Runner:
                 feed = self._feed(key, db, consumer)
                 stack.callback(feed.remove)
                 next_id = self._warm_up(feed, db)
+                applied = None
+                if consumer in ("postgresql", "mariadb", "sqlite"):
+                    applied = TargetPosition(self.env.target_connection(consumer, key), consumer, feed.cf_id,
+                                             len(feed.slots))
+                    stack.callback(applied.close)
                 for rate in o.lag_rates:
                     say(f"[lag] Tidewater -> {consumer} at {rate} rows/s for {o.lag_seconds:g}s")
                     res, next_id = lag_tidewater(feed, self.env.capture_pid, "sbtest", next_id, rate, o.lag_seconds,
-                                                 o.timeout)
+                                                 o.timeout, applied)
                     results.append(res)
-                    say(f"[lag]   p50 {res.p50} p99 {res.p99} max {res.max} {res.error}")
+                    say(f"[lag]   checkpoint p50 {res.p50} p99 {res.p99} max {res.max}; apply p50 {res.apply_p50} "
+                        f"p99 {res.apply_p99} {res.error}")
         return results
 
     def _warm_up(self, feed: TidewaterFeed, db: str, rows: int = 1000) -> int:
