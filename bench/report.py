@@ -174,6 +174,65 @@ def big_table(results: list[BigTxnResult], refs: PhaseReport | None) -> str:
     return _table(cols, rows)
 
 
+# The speed issue's goals (issue 22): (what, workload or rate, goal, higher is better)
+GOALS_NATIVE = {"a": 1.0, "b": 1.5, "c": 1.5}  # PG -> PG / native logical replication
+GOALS_LOAD_DATA = {"a": 0.5, "b": 0.4, "c": 0.4}  # PG -> MariaDB / LOAD DATA LOCAL INFILE of the same rows
+GOAL_READ = 0.9  # blackhole / pg_recvlogical
+GOAL_LAG_RATE, GOAL_LAG_P50, GOAL_LAG_P99 = 10000, 0.03, 0.1  # apply lag into PostgreSQL and MariaDB, seconds
+GOAL_BIG_MB, GOAL_ANON_MB = 1024.0, 150.0  # capture anonymous memory during a 1 GB transaction
+GOALS_COPY = {"postgresql": 1.0, "mariadb": 0.7}  # initial copy / pg_dump | psql of the same tables
+
+
+def goals_table(rep: Report) -> str:
+    """Each goal of the speed issue that this run measured: the figure, the goal and whether it is met (figures
+    come from the tables above, measured in this run; a goal this run did not measure has no line)."""
+    rows: list[list[str]] = []
+
+    def add(what: str, value: float | None, goal: float, higher: bool, digits: int = 2, ref: str = "-") -> None:
+        if value is None:
+            return
+        met = value >= goal if higher else value <= goal
+        rows.append([what, f"{value:.{digits}f}", ref, (">= " if higher else "<= ") + f"{goal:g}",
+                     "yes" if met else "NO"])
+
+    for p in rep.phases:
+        read = p.recv.rows_per_s if p.recv else None
+        native = p.native.rows_per_s if p.native else None
+        pg, maria, bh = (p.tidewater.get(k) for k in ("postgresql", "mariadb", "blackhole"))
+        if p.workload in GOALS_NATIVE and pg is not None and pg.ok and native:
+            add(f"PG -> PG / native logical replication ({p.workload})", pg.rows_per_s / native,
+                GOALS_NATIVE[p.workload], True, ref=num(native))
+        ceil = p.ceiling.get("mariadb")
+        if p.workload in GOALS_LOAD_DATA and maria is not None and maria.ok and ceil is not None and ceil.rows_per_s:
+            add(f"PG -> MariaDB / LOAD DATA ({p.workload})", maria.rows_per_s / ceil.rows_per_s,
+                GOALS_LOAD_DATA[p.workload], True, ref=num(ceil.rows_per_s))
+        if p.workload != "d" and bh is not None and bh.ok and read:
+            add(f"blackhole / pg_recvlogical ({p.workload})", bh.rows_per_s / read, GOAL_READ, True, ref=num(read))
+    native_lag = {r.offered: r for r in rep.lag if r.consumer == "native" and not r.error}
+    for r in rep.lag:
+        if r.consumer == "native" or r.error or r.offered != GOAL_LAG_RATE or r.sink not in ("postgresql", "mariadb"):
+            continue
+        n = native_lag.get(r.offered)
+        add(f"apply lag p50 s at {r.offered} rows/s -> {r.sink}", r.apply_p50, GOAL_LAG_P50, False, 3,
+            num(n.apply_p50, 3) if n else "-")
+        add(f"apply lag p99 s at {r.offered} rows/s -> {r.sink}", r.apply_p99, GOAL_LAG_P99, False, 3,
+            num(n.apply_p99, 3) if n else "-")
+    for b in rep.big:
+        if not b.error and b.anon_peak and b.size_mb >= GOAL_BIG_MB:
+            add(f"capture anonymous memory MB, {b.size_mb:g} MB transaction -> {b.sink}", b.anon_peak / MiB,
+                GOAL_ANON_MB, False, 0)
+    if rep.snapshot is not None:
+        dump = rep.snapshot.find("dump")
+        for sink, goal in GOALS_COPY.items():
+            run = rep.snapshot.find("tidewater", sink)
+            if run is not None and not run.error and dump is not None and not dump.error and dump.rows_per_s:
+                add(f"initial copy -> {sink} / pg_dump | psql", (run.rows_per_s or 0) / dump.rows_per_s, goal, True,
+                    ref=num(dump.rows_per_s))
+    if not rows:
+        return ""
+    return _table(("goal (issue 22)", "measured", "reference", "goal", "met"), rows)
+
+
 def format_report(rep: Report, sinks: list[str]) -> str:
     out = [f"Tidewater benchmark, {rep.started}; " + ", ".join(f"{k} {v}" for k, v in rep.machine.items()), ""]
     timed = [p for p in rep.phases if p.workload != "d"]
@@ -191,6 +250,10 @@ def format_report(rep: Report, sinks: list[str]) -> str:
             out += [detail_table([refs], sinks), ""]
     if rep.snapshot is not None:
         out += [format_snapshot(rep.snapshot)]
+    goals = goals_table(rep)
+    if goals:
+        out += ["## Goals of the speed issue (ratios and figures of this run; reference = native, LOAD DATA, "
+                "pg_recvlogical or pg_dump | psql rows/s, or native's lag)", "", goals, ""]
     if rep.notes:
         out += ["## Notes", ""] + [f"- {n}" for n in rep.notes] + [""]
     if rep.errors:
