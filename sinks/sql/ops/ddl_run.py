@@ -233,16 +233,11 @@ class DdlRunner:
         target = self._target
         self.changefeed = changefeed
         schema = PG_SCHEMA if target.dialect == "postgresql" else None
-        try:
-            with target.engine.begin() as conn:
-                if not sa.inspect(conn).has_table(RECORD_TABLE, schema=schema):
-                    return 0  # no DDL applied yet (the table is created by the first one)
-                rec = RecordSQL(target.dialect, target.engine.dialect.identifier_preparer)
-                rows = conn.exec_driver_sql(rec.floors, (self.changefeed,)).fetchall()
-        except Exception as exc:
-            if isinstance(exc, TidewaterError) or not is_db_error(exc):
-                raise
-            raise target.wrap(exc, RECORD_TABLE) from exc
+        with target.transaction(RECORD_TABLE) as conn:
+            if not sa.inspect(conn).has_table(RECORD_TABLE, schema=schema):
+                return 0  # no DDL applied yet (the table is created by the first one)
+            rec = RecordSQL(target.dialect, target.engine.dialect.identifier_preparer)
+            rows = conn.exec_driver_sql(rec.floors, (self.changefeed,)).fetchall()
         self.floors = {str(t): int(ts) for t, ts in rows}
         return 0
 

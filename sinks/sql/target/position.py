@@ -115,7 +115,7 @@ class Position:
                 if sql.create_schema:
                     target.run_ddl(ddl, sql.create_schema)
                 target.run_ddl(ddl, sql.create_table)
-        with target.engine.begin() as conn:
+        with target.transaction(sql.label) as conn:
             if target.dialect == "sqlite":
                 conn.exec_driver_sql(sql.create_table, ())
             key = (self.changefeed, self.span)
@@ -165,7 +165,7 @@ class Position:
 
 def forget(target: Target, sql: PositionSQL, changefeed: str) -> int:
     """Delete ``changefeed``'s rows; returns how many went (0 when the table does not exist)."""
-    with target.engine.begin() as conn:
+    with target.transaction(sql.label) as conn:
         if not sa.inspect(conn).has_table(sql.table, schema=sql.schema):
             return 0
         return int(conn.exec_driver_sql(sql.forget, (changefeed,)).rowcount)
