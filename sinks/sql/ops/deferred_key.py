@@ -44,7 +44,7 @@ from sinks.sql.ops.bulk import Blocks, target_types, type_refusal
 from sinks.sql.target.binding import K_INSERT, Binding, KnownTable
 from sinks.sql.target.catalog import Catalog
 from sinks.sql.target.connection import Target
-from sinks.sql.target.position import PG_SCHEMA
+from sinks.sql.target.own_table import PG_SCHEMA
 
 log = logging.getLogger(__name__)
 
