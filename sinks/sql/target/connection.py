@@ -1,7 +1,8 @@
 """One SQL target: the sink URI and its parameters, the SQLAlchemy engine per dialect with its connect hooks
 (session settings, the initial copy's unchecked foreign keys), the shared PyMySQL TLS context, the statement
 builder of the server's flavour, the statement pipeline of the sink's connection, the routing of upstream names to
-target tables, and driver errors as this target's classified ``TidewaterError`` (:mod:`sinks.sql.dialect.errors`).
+target tables, driver errors as this target's classified ``TidewaterError`` (:mod:`sinks.sql.dialect.errors`), and
+the one frame of a transaction on the target (:meth:`Target.transaction`: begin, fence, commit, abandon, wrap).
 
 Threading: one caller thread at a time (the sink's); ``close`` may be called from any thread once the caller is
 done. The engine's pool keeps the connection between calls; ``close`` stops the pipeline's worker and disposes of
