@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,7 +13,10 @@ import psycopg2
 import psycopg2.extras
 import pytest
 
+from cdc.events import TableSchema
+from cdc.snapshot import CopyText, SnapshotChunk
 from tests.sql_targets import SqlTarget
+from upstream.postgres.snapshot_read import PgSnapshotReader
 
 
 @dataclass
@@ -75,6 +79,27 @@ def execute(pg_server: Any, db: str, *statements: str) -> None:
                 cur.execute(s)
     finally:
         conn.close()
+
+
+def text_killed_after_first_block(pg_server: Any, reader: PgSnapshotReader, schema: TableSchema,
+                                  chunk: SnapshotChunk, sent: list[int]) -> Callable[[], CopyText]:
+    """An ``open_text`` for a sink's chunk write: ``chunk``'s COPY text from ``reader`` whose upstream session is
+    terminated (``pg_terminate_backend``) as soon as its first block was handed on; ``sent`` gets each block's size."""
+
+    def open_text() -> CopyText:
+        text = reader.read_chunk_text(schema, chunk)
+        assert text is not None
+
+        def blocks() -> Iterator[bytes]:
+            for block in text.blocks:
+                sent.append(len(block))
+                yield block
+                if len(sent) == 1:
+                    pg_server.execute("SELECT pg_terminate_backend(%s)", params=(reader.backend_pid,))
+
+        return dataclasses.replace(text, blocks=blocks())
+
+    return open_text
 
 
 def pg_target(request: pytest.FixtureRequest) -> Iterator[SqlTarget]:

@@ -120,6 +120,18 @@ def _ms_us_ns(seconds: float) -> tuple[int, int, int]:
     return us // 1000, us, us * 1000
 
 
+def _json_converter(cfg: EncoderConfig, key_schema: dict[str, Any], key_payload: dict[str, Any],
+                    value_schema: dict[str, Any], value_payload: dict[str, Any]) -> tuple[bytes, bytes]:
+    """Key and value as Kafka Connect's JsonConverter writes them: ``{"schema": .., "payload": ..}`` with
+    ``schemas-enable`` (its default), else the payloads alone."""
+    if cfg.schemas_enable:
+        key = X.json_dumps({"schema": key_schema, "payload": key_payload})
+        value = X.json_dumps({"schema": value_schema, "payload": value_payload})
+    else:
+        key, value = X.json_dumps(key_payload), X.json_dumps(value_payload)
+    return key.encode(), value.encode()
+
+
 @dataclass(slots=True)
 class _Plan:
     schema: TableSchema
@@ -312,13 +324,8 @@ class DebeziumEncoder(RowEventEncoder):
                   "lsn": event.commit_ts, "xmin": None, "origin": None, "origin_lsn": None}
         payload = {"source": source, "ts_ms": _ms_us_ns(self.clock())[0], "databaseName": cfg.debezium_database,
                    "schemaName": table.schema, "ddl": event.query, "tableChanges": _table_changes(event, table)}
-        key_payload = {"databaseName": cfg.debezium_database}
-        if cfg.schemas_enable:
-            key = X.json_dumps({"schema": key_schema, "payload": key_payload})
-            value = X.json_dumps({"schema": value_schema, "payload": payload})
-        else:
-            key, value = X.json_dumps(key_payload), X.json_dumps(payload)
-        return Message(key.encode(), value.encode(), MessageKind.DDL, PROTOCOL, table, event.commit_ts)
+        key, value = _json_converter(cfg, key_schema, {"databaseName": cfg.debezium_database}, value_schema, payload)
+        return Message(key, value, MessageKind.DDL, PROTOCOL, table, event.commit_ts)
 
     def encode_watermark(self, watermark: Watermark) -> Message | None:
         cfg = self.config
@@ -328,14 +335,9 @@ class DebeziumEncoder(RowEventEncoder):
                       "name": "io.debezium.connector.common.ServerNameKey", "version": 1}
         value_schema = {"type": "struct", "fields": [_f(_L, "ts_ms"), _f(_L, "watermark_ts")], "optional": False,
                         "name": "io.debezium.connector.common.Heartbeat", "version": 1}
-        key_payload = {"serverName": cfg.debezium_server_name}
         payload = {"ts_ms": _ms_us_ns(watermark.time)[0], "watermark_ts": watermark.ts}
-        if cfg.schemas_enable:
-            key = X.json_dumps({"schema": key_schema, "payload": key_payload})
-            value = X.json_dumps({"schema": value_schema, "payload": payload})
-        else:
-            key, value = X.json_dumps(key_payload), X.json_dumps(payload)
-        return Message(key.encode(), value.encode(), MessageKind.WATERMARK, PROTOCOL, None, watermark.ts)
+        key, value = _json_converter(cfg, key_schema, {"serverName": cfg.debezium_server_name}, value_schema, payload)
+        return Message(key, value, MessageKind.WATERMARK, PROTOCOL, None, watermark.ts)
 
 
 def _table_struct(schema: TableSchema) -> dict[str, Any]:

@@ -46,11 +46,12 @@ them):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from cdc.config import SinkConfig
@@ -111,6 +112,13 @@ def default_meta_reader(options: KafkaOptions) -> Reader:
     from sinks.kafka.metaread import MetaReader
 
     return MetaReader(options)
+
+
+@dataclasses.dataclass
+class Sending:
+    """What the body of :meth:`KafkaSink._sending` hands its frame: the span's position it sent up to (None: none)."""
+
+    position: tuple[int, int] | None = None
 
 
 class KafkaSink(TxnSink, DdlSink, CheckpointSink, WatermarkSink, CopyAnnouncer, CopyTargets, ResyncRefusal):
@@ -214,28 +222,15 @@ class KafkaSink(TxnSink, DdlSink, CheckpointSink, WatermarkSink, CopyAnnouncer, 
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         tr = self._tr()
         txn = self._txn_mode()
-        if txn:
-            tr.begin()
         try:
-            count, last = self._write(tr, changes, fence)
-            if txn:
-                if last is not None:
-                    tr.flush()  # the rows first: see MetaTopic.record_position
-                    self._record_position(tr, last)
-                if fence is not None:
-                    fence()
-                tr.commit()
-                if last is not None:
-                    self._applied = last
-            else:
-                tr.flush()
-            return count
+            # (without a transaction _write fences each batch it sends, and nothing is left to fence at the end)
+            with self._sending(tr, txn, fence if txn else None) as sending:
+                count, sending.position = self._write(tr, changes, fence)
         except BaseException:
             self.out.clear()  # encoders' state is unspecified after an error
             self._routes.clear()
-            if txn:
-                tr.abort()
             raise
+        return count
 
     def _write(self, tr: KafkaTransport, changes: Iterable[RowChange], fence: Callable[[], None] | None
                ) -> tuple[int, tuple[int, int] | None]:
@@ -420,29 +415,13 @@ class KafkaSink(TxnSink, DdlSink, CheckpointSink, WatermarkSink, CopyAnnouncer, 
         topics = [self.dispatcher.topic(event.table)]
         if event.new_table is not None and self.dispatcher.topic(event.new_table) not in topics:
             topics.append(self.dispatcher.topic(event.new_table))
-        txn = self._txn_mode()
-        if txn:
-            tr.begin()
-        try:
+        with self._sending(tr, self._txn_mode(), fence) as sending:
+            sending.position = (ts, step)
             for topic in topics:
                 self.meta.use_topic(tr, topic)
                 headers = self._ddl_headers(msg, seq, event)
                 for p in self._ddl_partitions(tr, topic):
                     tr.send(topic, p, msg.key, msg.value, headers)
-            if txn:
-                tr.flush()
-                self._record_position(tr, (ts, step))
-            if fence is not None:
-                fence()
-            if txn:
-                tr.commit()
-                self._applied = (ts, step)
-            else:
-                tr.flush()
-        except BaseException:
-            if txn:
-                tr.abort()
-            raise
         return True
 
     # ---- watermarks ------------------------------------------------------------------------------------
@@ -467,16 +446,33 @@ class KafkaSink(TxnSink, DdlSink, CheckpointSink, WatermarkSink, CopyAnnouncer, 
         tr = self._tr() if transactional is None or transactional else self._plain_tr()
         topics = self.meta.watermark_topics(tr)
         headers = [(HEADER, span)] if span is not None else []
-        if txn:
-            tr.begin()
-        try:
+        with self._sending(tr, txn, fence):
             for topic in sorted(topics):
                 for p in range(tr.all_partitions(topic)):  # every partition a consumer reads
                     tr.send(topic, p, msg.key, msg.value, headers)
+
+    @contextlib.contextmanager
+    def _sending(self, tr: KafkaTransport, txn: bool, fence: Callable[[], None] | None) -> Iterator[Sending]:
+        """The frame of one send of the sink: in a Kafka transaction when ``txn`` (begun first). When the body returns:
+        with a transaction and a ``position`` set by the body, the messages are flushed and the span's position is
+        recorded in the same transaction (:meth:`MetaTopic.record_position`); then ``fence()``; then the commit (and
+        ``position`` is the applied one), or without a transaction a flush. When anything raises, the transaction is
+        aborted (nothing of it is read by consumers) and the error raised."""
+        sending = Sending()
+        if txn:
+            tr.begin()
+        try:
+            yield sending
+            position = sending.position
+            if txn and position is not None:
+                tr.flush()  # the messages first: see MetaTopic.record_position
+                self._record_position(tr, position)
             if fence is not None:
                 fence()
             if txn:
                 tr.commit()
+                if position is not None:
+                    self._applied = position
             else:
                 tr.flush()
         except BaseException:

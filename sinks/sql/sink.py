@@ -65,14 +65,13 @@ from collections.abc import Callable, Iterable, Sequence
 from sqlalchemy.engine import Connection
 
 from cdc.config import DdlConfig, SinkConfig
-from cdc.errors import SinkError, TidewaterError
+from cdc.errors import SinkError
 from cdc.events import DdlEvent, RowChange, TableName, TableSchema
 from cdc.model import DataWarning, merge_warnings
 from cdc.snapshot import ChunkMarker, CopyText
 from cdc.ts import Watermark
 from sinks.base import AtomicTxnSink, DdlSettings, DdlSink, PositionStore, RowSource, RowSourceUser
 from sinks.copy_roles import BulkLoad, CopyTargets, DeferredKeyCopy, ExistingRows, RowCounts, TextCopy
-from sinks.sql.dialect.errors import is_db_error
 from sinks.sql.ops import copy_targets
 from sinks.sql.ops.bulk import CopyPassthrough
 from sinks.sql.ops.ddl_run import DdlRunner
@@ -175,10 +174,12 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         return self._deferred.refusal(schema, tracks_position=self._tracks_position())
 
     def copy_target_exists(self, schema: TableSchema) -> bool:
-        return self.target.guarded(lambda: self._deferred.target_exists(schema), schema.name)
+        target = self.target
+        return target.guarded(lambda: self._deferred.target_exists(schema), target.target_name(schema.name))
 
     def create_deferred_target(self, schema: TableSchema) -> None:
-        self.target.guarded(lambda: self._deferred.create_target(schema), schema.name)
+        target = self.target
+        target.guarded(lambda: self._deferred.create_target(schema), target.target_name(schema.name))
 
     def copy_markers(self, changefeed: str, span: int, table: TableName) -> dict[int, ChunkMarker]:
         return self.target.guarded(lambda: self._deferred.read_markers(changefeed, span, str(table)), None)
@@ -203,25 +204,14 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         if self._config.delivery == "at-least-once":
             return self._ddl.load_floors(changefeed)  # 0; rows from before an applied DDL are replays
         pos = Position(self.target, self._position_sql(), changefeed, span, origin)
-        try:
-            applied = pos.open()
-        except Exception as exc:
-            if isinstance(exc, TidewaterError) or not is_db_error(exc):
-                raise
-            raise self.target.wrap(exc, pos.sql.label) from exc
+        applied = self.target.guarded(pos.open, pos.sql.label)  # (its table's creation, then its transaction)
         self._position = pos
         return applied
 
     def forget(self, changefeed: str) -> int:
-        self.target.check_open()
-        try:
-            if self.dialect == "postgresql":  # markers of an initial copy that never built its keys
-                self._deferred.forget(changefeed)
-            return forget_position(self.target, self._position_sql(), changefeed)
-        except Exception as exc:
-            if isinstance(exc, TidewaterError) or not is_db_error(exc):
-                raise
-            raise self.target.wrap(exc, self._config.checkpoint_table) from exc
+        if self.dialect == "postgresql":  # markers of an initial copy that never built its keys
+            self._deferred.forget(changefeed)
+        return forget_position(self.target, self._position_sql(), changefeed)
 
     # ---- writes ----------------------------------------------------------------------------------------
     def writer(self, conn: Connection) -> Writer:
@@ -240,35 +230,25 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         elif self._ddl.floors:
             changes = self._ddl.drop_replayed(changes)
         try:
-            with target.engine.connect() as conn:
-                trans = conn.begin()
-                try:
-                    writer = self.writer(conn)
-                    count = writer.run(changes)
-                    if tracked is not None and pos is not None:
-                        if not tracked.done:
-                            raise SinkError("internal: the writer returned before consuming its changes")
-                        if tracked.skipped:
-                            log.info("changefeed=%s span=%d: skipped %d change(s) already downstream (commit <= %d)",
-                                     pos.changefeed, pos.span, tracked.skipped, pos.applied)
-                        if tracked.last_ts:
-                            writer.current = pos.sql.label
-                            pos.record(conn, tracked.last_ts, tracked.last_time)
-                    if fence is not None:
-                        fence()
-                    trans.commit()
-                    if tracked is not None and pos is not None and tracked.last_ts:
-                        pos.committed(tracked.last_ts)
-                    return count
-                except BaseException as exc:
-                    target.abandon(conn, trans, exc)
-                    raise
-        except BaseException as exc:
+            with target.transaction(lambda: writer.current if writer else None, fence=fence) as conn:
+                writer = self.writer(conn)
+                count = writer.run(changes)
+                if tracked is not None and pos is not None:
+                    if not tracked.done:
+                        raise SinkError("internal: the writer returned before consuming its changes")
+                    if tracked.skipped:
+                        log.info("changefeed=%s span=%d: skipped %d change(s) already downstream (commit <= %d)",
+                                 pos.changefeed, pos.span, tracked.skipped, pos.applied)
+                    if tracked.last_ts:
+                        writer.current = pos.sql.label
+                        pos.record(conn, tracked.last_ts, tracked.last_time)
+        except BaseException:
             # Tables created inside the failed transaction (SQLite) are gone; re-reflect next time.
             self.catalog.forget_all()
-            if isinstance(exc, TidewaterError) or not is_db_error(exc):
-                raise
-            raise target.wrap(exc, writer.current if writer else None) from exc
+            raise
+        if tracked is not None and pos is not None and tracked.last_ts:
+            pos.committed(tracked.last_ts)  # (the transaction committed, after the fence)
+        return count
 
     def close(self) -> None:
         self.target.close()

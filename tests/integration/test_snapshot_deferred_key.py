@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -35,7 +34,7 @@ from spark_jobs.copy import copy_chunk, copy_chunks
 from spark_jobs.deferred import OwedKey
 from spark_jobs.plan import SnapshotJob
 from spark_jobs.snapshot import plan_tasks, run
-from tests.snapshot_helpers import at_snapshot, execute, exported_snapshot
+from tests.snapshot_helpers import at_snapshot, execute, exported_snapshot, text_killed_after_first_block
 from upstream.postgres.snapshot_read import PgSnapshotReader
 
 pytestmark = pytest.mark.integration
@@ -415,23 +414,10 @@ def test_an_upstream_session_killed_mid_chunk_fails_a_marked_chunk_retryably(
         "INSERT INTO r SELECT g, repeat('x', 100) FROM generate_series(1, 100000) g")
     reader = PgSnapshotReader(pg_server.uri(pg_database))
     sent: list[int] = []
-
-    def open_text() -> Any:
-        text = reader.read_chunk_text(schema, chunk)
-        assert text is not None
-
-        def blocks() -> Iterator[bytes]:
-            for block in text.blocks:
-                sent.append(len(block))
-                yield block
-                if len(sent) == 1:
-                    pg_server.execute("SELECT pg_terminate_backend(%s)", params=(reader.backend_pid,))
-
-        return dataclasses.replace(text, blocks=blocks())
-
     try:
         with pytest.raises(UpstreamUnavailable) as err:
-            sink.write_marked_chunk(schema, open_text, _marker(chunk))
+            sink.write_marked_chunk(schema, text_killed_after_first_block(pg_server, reader, schema, chunk, sent),
+                                    _marker(chunk))
         assert err.value.code == "CDC:ErrUpstreamUnavailable" and err.value.retryable, err.value
         assert sent and sent[0] > 0
         assert pg_server.execute("SELECT count(*) FROM public.r", db=target) == [(0,)]

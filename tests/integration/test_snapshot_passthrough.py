@@ -12,7 +12,6 @@ refuses (nothing committed), and an error of the upstream's side of the chunk (r
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -28,6 +27,7 @@ from sinks.factory import open_sink
 from spark_jobs.copy import ChunkTask, copy_one
 from spark_jobs.plan import SnapshotJob
 from tests.integration.test_values_exact import Upstream
+from tests.snapshot_helpers import text_killed_after_first_block
 from upstream.base import SnapshotReader
 from upstream.postgres.snapshot_read import PgSnapshotReader
 
@@ -367,22 +367,8 @@ def test_an_upstream_session_killed_mid_chunk_is_retryable_and_commits_nothing(u
     try:
         schema = reader.table_schema(TableName("public", "k"))
         (chunk,) = _chunks(reader, schema, 1_000_000)
-
-        def open_text() -> CopyText | None:
-            text = reader.read_chunk_text(schema, chunk)
-            assert text is not None
-
-            def blocks() -> Iterator[bytes]:
-                for block in text.blocks:
-                    sent.append(len(block))
-                    yield block
-                    if len(sent) == 1:
-                        pg_server.execute("SELECT pg_terminate_backend(%s)", params=(reader.backend_pid,))
-
-            return dataclasses.replace(text, blocks=blocks())
-
         with pytest.raises(UpstreamUnavailable) as err:
-            sink.write_copy_text(schema, open_text)
+            sink.write_copy_text(schema, text_killed_after_first_block(pg_server, reader, schema, chunk, sent))
         assert err.value.code == "CDC:ErrUpstreamUnavailable" and err.value.retryable, err.value
         assert sent and sent[0] > 0
         assert pg_server.execute("SELECT count(*) FROM public.k", db=db) == [(0,)]

@@ -51,6 +51,18 @@ def iso_time(v: dt.time) -> str:
     return v.isoformat(timespec="microseconds")
 
 
+def temporal_text(v: Any) -> Any:
+    """A datetime, time or date in its ISO text (:func:`iso_datetime`, :func:`iso_time`, ``date.isoformat``);
+    anything else as it is."""
+    if isinstance(v, dt.datetime):
+        return iso_datetime(v)
+    if isinstance(v, dt.time):
+        return iso_time(v)
+    if isinstance(v, dt.date):
+        return v.isoformat()
+    return v
+
+
 def _float_text(v: float) -> str:
     if math.isnan(v):
         return "NaN"
@@ -77,12 +89,8 @@ def _json_element(v: Any) -> Any:
         return v if math.isfinite(v) else _float_text(v)
     if isinstance(v, Decimal):
         return decimal_text(v)
-    if isinstance(v, dt.datetime):
-        return iso_datetime(v)
-    if isinstance(v, dt.time):
-        return iso_time(v)
-    if isinstance(v, dt.date):
-        return v.isoformat()
+    if isinstance(v, (dt.date, dt.time)):
+        return temporal_text(v)
     if isinstance(v, (bytes, bytearray, memoryview)):
         return "\\x" + bytes(v).hex()
     if isinstance(v, list):
@@ -155,11 +163,9 @@ def _generic_text(v: Any) -> Any:
     """Fallback for values of unexpected Python types in text-like columns."""
     if isinstance(v, (str, int, float, bytes)):
         return v
-    if isinstance(v, dt.datetime):
-        return iso_datetime(v)
-    if isinstance(v, dt.time):
-        return iso_time(v)
-    if isinstance(v, (dt.date, Decimal, uuid.UUID)):
+    if isinstance(v, (dt.date, dt.time)):
+        return temporal_text(v)
+    if isinstance(v, (Decimal, uuid.UUID)):
         return str(v)
     return v
 
@@ -287,16 +293,6 @@ def _same_text(t: str) -> str:
     return t
 
 
-def sqlite_temporal(v: Any) -> Any:
-    if isinstance(v, dt.datetime):
-        return iso_datetime(v)
-    if isinstance(v, dt.time):
-        return iso_time(v)
-    if isinstance(v, dt.date):
-        return v.isoformat()
-    return v
-
-
 def _with_fast(conv: Converter, typ: type, fn: Callable[[Any], Any]) -> Converter:
     """A wrapper of ``conv`` (same results) that declares the fast path ``(typ, fn)``."""
 
@@ -363,12 +359,12 @@ def mysql_timestamptz_text(t: str) -> str | None:
 _sqlite_numeric.fast = (Decimal, decimal_text)  # type: ignore[attr-defined]
 # numeric_out's text is already the exact decimal text decimal_text() makes of the parsed value.
 _sqlite_numeric.from_text = (Decimal, _same_text)  # type: ignore[attr-defined]
-_SQLITE_TIMESTAMPTZ = _with_fast(sqlite_temporal, dt.datetime, iso_datetime)
+_SQLITE_TIMESTAMPTZ = _with_fast(temporal_text, dt.datetime, iso_datetime)
 _SQLITE_TIMESTAMPTZ.from_text = (dt.datetime, timestamptz_text)  # type: ignore[attr-defined]
-_SQLITE_TIMESTAMP = _with_fast(sqlite_temporal, dt.datetime, iso_datetime)
+_SQLITE_TIMESTAMP = _with_fast(temporal_text, dt.datetime, iso_datetime)
 _SQLITE_TIMESTAMP.from_text = (dt.datetime, timestamp_text)  # type: ignore[attr-defined]
-_SQLITE_DATE = _with_fast(sqlite_temporal, dt.date, dt.date.isoformat)
-_SQLITE_TIME = _with_fast(sqlite_temporal, dt.time, iso_time)
+_SQLITE_DATE = _with_fast(temporal_text, dt.date, dt.date.isoformat)
+_SQLITE_TIME = _with_fast(temporal_text, dt.time, iso_time)
 # MySQL: both timestamp types from the upstream text (TimeZone UTC), as mysql_timestamp formats them.
 _MYSQL_TIMESTAMPTZ = _with_fast(mysql_timestamp, dt.datetime, mysql_timestamp)
 _MYSQL_TIMESTAMPTZ.from_text = (dt.datetime, mysql_timestamptz_text)  # type: ignore[attr-defined]

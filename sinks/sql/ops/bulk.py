@@ -41,10 +41,8 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cdc.errors import TidewaterError
 from cdc.events import TableSchema
 from cdc.snapshot import PG_COPY_TEXT, CopyText
-from sinks.sql.dialect.errors import is_db_error
 from sinks.sql.dialect.typemap import plan_table
 from sinks.sql.target.binding import K_INSERT, Binding
 from sinks.sql.target.catalog import Catalog
@@ -136,63 +134,49 @@ class CopyPassthrough:
         b: Binding | None = None
         text: CopyText | None = None
         try:
-            with target.engine.connect() as conn:
+            with target.transaction(lambda: b.label if b is not None else str(schema.name), fence=fence) as conn:
                 dbapi = conn.connection.dbapi_connection
                 assert dbapi is not None
                 if dbapi.encoding != "UTF8":
+                    conn.rollback()
                     return None
-                trans = conn.begin()
-                try:
-                    b = self._catalog.bind(schema, conn)
-                    if self._conflicts.get(b.label, 0) >= CONFLICTS_TO_STOP:
-                        trans.rollback()
+                b = self._catalog.bind(schema, conn)
+                if self._conflicts.get(b.label, 0) >= CONFLICTS_TO_STOP:
+                    conn.rollback()
+                    return None
+                with dbapi.cursor() as cur:
+                    vkey = (b.label, b.schema)
+                    if vkey not in self._verdicts:
+                        self._verdicts[vkey] = why = self._verdict(b, cur)
+                        if why is not None:
+                            log.info("%s: the initial copy of %s parses its rows (no COPY passthrough): %s",
+                                     target.where, b.label, why)
+                    if self._verdicts[vkey] is not None:
+                        conn.rollback()
                         return None
-                    cur = dbapi.cursor()
+                    text = open_text()
+                    if text is None or text.format != PG_COPY_TEXT or text.encoding != "UTF8":
+                        conn.rollback()
+                        return None
+                    stmts = target.statements()
+                    if replace:
+                        cur.execute(stmts.truncate(b.table), ())
+                    copy_sql = stmts.copy_in(stmts.table(b.table), [b.colmap[n] for n in b.names]) % ()
+                    blocks = Blocks(text.blocks)
                     try:
-                        vkey = (b.label, b.schema)
-                        if vkey not in self._verdicts:
-                            self._verdicts[vkey] = why = self._verdict(b, cur)
-                            if why is not None:
-                                log.info("%s: the initial copy of %s parses its rows (no COPY passthrough): %s",
-                                         target.where, b.label, why)
-                        if self._verdicts[vkey] is not None:
-                            trans.rollback()
-                            return None
-                        text = open_text()
-                        if text is None or text.format != PG_COPY_TEXT or text.encoding != "UTF8":
-                            trans.rollback()
-                            return None
-                        stmts = target.statements()
-                        if replace:
-                            cur.execute(stmts.truncate(b.table), ())
-                        copy_sql = stmts.copy_in(stmts.table(b.table), [b.colmap[n] for n in b.names]) % ()
-                        blocks = Blocks(text.blocks)
-                        try:
-                            blocks.copy_from(cur, copy_sql)
-                        except Exception as exc:
-                            if exc is blocks.error or getattr(exc, "pgcode", None) != UNIQUE_VIOLATION:
-                                raise  # (the upstream's side failed, or the target did otherwise)
-                            trans.rollback()
-                            n = self._conflicts[b.label] = self._conflicts.get(b.label, 0) + 1
-                            if n == CONFLICTS_TO_STOP:
-                                log.info("%s: %s already holds rows of %d chunks of the initial copy (copied before, "
-                                         "or merged): its chunks are upserted by key from now on", target.where,
-                                         b.label, n)
-                            return None
-                        rows = cur.rowcount
-                    finally:
-                        cur.close()
-                    if fence is not None:
-                        fence()
-                    trans.commit()
-                    return int(rows)
-                except BaseException as exc:
-                    target.abandon(conn, trans, exc)
-                    raise
-        except BaseException as exc:
-            if isinstance(exc, TidewaterError) or not is_db_error(exc):
-                raise
-            raise target.wrap(exc, b.label if b is not None else str(schema.name)) from exc
+                        blocks.copy_from(cur, copy_sql)
+                    except Exception as exc:
+                        if exc is blocks.error or getattr(exc, "pgcode", None) != UNIQUE_VIOLATION:
+                            raise  # (the upstream's side failed, or the target did otherwise)
+                        conn.rollback()
+                        n = self._conflicts[b.label] = self._conflicts.get(b.label, 0) + 1
+                        if n == CONFLICTS_TO_STOP:
+                            log.info("%s: %s already holds rows of %d chunks of the initial copy (copied before, "
+                                     "or merged): its chunks are upserted by key from now on", target.where,
+                                     b.label, n)
+                        return None
+                    rows = int(cur.rowcount)
+            return rows  # committed (after the fence)
         finally:
             if text is not None:  # unread or partly read (refused, a conflict, an error): abandon the upstream's COPY
                 close = getattr(text.blocks, "close", None)

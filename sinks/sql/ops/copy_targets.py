@@ -17,7 +17,7 @@ from cdc.events import TableName
 from sinks.sql.ops.deferred_key import MARKER_TABLE
 from sinks.sql.target.catalog import Catalog
 from sinks.sql.target.connection import Target
-from sinks.sql.target.position import PG_SCHEMA
+from sinks.sql.target.own_table import PG_SCHEMA
 
 
 def _existing(target: Target, conn: Any, tables: Sequence[TableName]) -> list[tuple[TableName, str]]:

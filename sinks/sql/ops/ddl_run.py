@@ -63,7 +63,8 @@ from sinks.sql.dialect.errors import is_db_error
 from sinks.sql.dialect.values import decimal_text
 from sinks.sql.target.catalog import Catalog
 from sinks.sql.target.connection import Target
-from sinks.sql.target.position import PG_SCHEMA, Position
+from sinks.sql.target.own_table import PG_SCHEMA, OwnTable
+from sinks.sql.target.position import Position
 
 log = logging.getLogger(__name__)
 
@@ -74,29 +75,22 @@ LOCK_TIMEOUT = 60  # seconds a DDL waits for a lock downstream before it fails w
 _WIDE = Context(prec=2000)  # numeric has at most 1000 digits before and 16383 after the point upstream
 
 
-class RecordSQL:
-    """The statements of one dialect for the DDL record table."""
+class RecordSQL(OwnTable):
+    """The record table of one dialect (:class:`OwnTable`) and its statements."""
 
     def __init__(self, dialect: str, preparer: Any) -> None:
-        q = preparer.quote
-        self.schema = PG_SCHEMA if dialect == "postgresql" else None
-        self.label = f"{self.schema}.{RECORD_TABLE}" if self.schema else RECORD_TABLE
-        name = f"{q(self.schema)}.{q(RECORD_TABLE)}" if self.schema else q(RECORD_TABLE)
-        p = "?" if dialect == "sqlite" else "%s"
-        text, big, now = {"postgresql": ("text", "bigint", "now()"),
-                          "mysql": ("longtext", "bigint", "UTC_TIMESTAMP(6)"),
-                          "sqlite": ("TEXT", "INTEGER", "strftime('%Y-%m-%d %H:%M:%f', 'now')")}[dialect]
-        stamp = {"postgresql": "timestamptz", "mysql": "datetime(6)", "sqlite": "TEXT"}[dialect]
-        self.create_schema = f"CREATE SCHEMA IF NOT EXISTS {q(PG_SCHEMA)}" if self.schema else None
-        self.create_table = (
-            f"CREATE TABLE IF NOT EXISTS {name} (changefeed varchar(255) NOT NULL, commit_ts {big} NOT NULL, "
-            f"seq integer NOT NULL, table_name {text} NOT NULL, kinds {text} NOT NULL, query {text} NOT NULL, "
-            f"rows_done integer NOT NULL, applied_at {stamp} NOT NULL, PRIMARY KEY (changefeed, commit_ts, seq))")
-        if dialect == "mysql":
-            self.create_table += " DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        text, big, stamp = {"postgresql": ("text", "bigint", "timestamptz"),
+                            "mysql": ("longtext", "bigint", "datetime(6)"),
+                            "sqlite": ("TEXT", "INTEGER", "TEXT")}[dialect]
+        super().__init__(dialect, preparer, RECORD_TABLE,
+                         f"changefeed varchar(255) NOT NULL, commit_ts {big} NOT NULL, seq integer NOT NULL, "
+                         f"table_name {text} NOT NULL, kinds {text} NOT NULL, query {text} NOT NULL, "
+                         f"rows_done integer NOT NULL, applied_at {stamp} NOT NULL, "
+                         "PRIMARY KEY (changefeed, commit_ts, seq)")
+        name, p = self.name, self.p
         self.select = f"SELECT rows_done FROM {name} WHERE changefeed = {p} AND commit_ts = {p} AND seq = {p}"
         self.insert = (f"INSERT INTO {name} (changefeed, commit_ts, seq, table_name, kinds, query, rows_done, "
-                       f"applied_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, 0, {now})")
+                       f"applied_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, 0, {self.now})")
         self.floors = f"SELECT table_name, max(commit_ts) FROM {name} WHERE changefeed = {p} GROUP BY table_name"
         self.mark_done = f"UPDATE {name} SET rows_done = 1 WHERE changefeed = {p} AND commit_ts = {p} AND rows_done = 0"
 
@@ -233,16 +227,11 @@ class DdlRunner:
         target = self._target
         self.changefeed = changefeed
         schema = PG_SCHEMA if target.dialect == "postgresql" else None
-        try:
-            with target.engine.begin() as conn:
-                if not sa.inspect(conn).has_table(RECORD_TABLE, schema=schema):
-                    return 0  # no DDL applied yet (the table is created by the first one)
-                rec = RecordSQL(target.dialect, target.engine.dialect.identifier_preparer)
-                rows = conn.exec_driver_sql(rec.floors, (self.changefeed,)).fetchall()
-        except Exception as exc:
-            if isinstance(exc, TidewaterError) or not is_db_error(exc):
-                raise
-            raise target.wrap(exc, RECORD_TABLE) from exc
+        with target.transaction(RECORD_TABLE) as conn:
+            if not sa.inspect(conn).has_table(RECORD_TABLE, schema=schema):
+                return 0  # no DDL applied yet (the table is created by the first one)
+            rec = RecordSQL(target.dialect, target.engine.dialect.identifier_preparer)
+            rows = conn.exec_driver_sql(rec.floors, (self.changefeed,)).fetchall()
         self.floors = {str(t): int(ts) for t, ts in rows}
         return 0
 
@@ -255,12 +244,7 @@ class DdlRunner:
                 conn.exec_driver_sql("SELECT 1")
             target.statements()  # the server's flavour (MySQL collation) is known once connected
             rec = RecordSQL(target.dialect, target.engine.dialect.identifier_preparer)
-            if target.dialect != "sqlite":
-                with target.engine.connect() as ddl:
-                    ddl.execution_options(isolation_level="AUTOCOMMIT")
-                    if rec.create_schema:
-                        target.run_ddl(ddl, rec.create_schema)
-                    target.run_ddl(ddl, rec.create_table)
+            rec.create(target)  # (MySQL, PostgreSQL: autocommit; SQLite: in the DDL's transaction)
             self._record = rec
         return rec
 

@@ -36,16 +36,15 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from cdc.errors import SinkError, TidewaterError
+from cdc.errors import SinkError
 from cdc.events import TableSchema
 from cdc.snapshot import PG_COPY_TEXT, ChunkMarker, CopyText
-from sinks.sql.dialect.errors import is_db_error
 from sinks.sql.dialect.typemap import TargetTable, create_schema_sql, create_table_sql, plan_table
 from sinks.sql.ops.bulk import Blocks, target_types, type_refusal
 from sinks.sql.target.binding import K_INSERT, Binding, KnownTable
 from sinks.sql.target.catalog import Catalog
 from sinks.sql.target.connection import Target
-from sinks.sql.target.position import PG_SCHEMA
+from sinks.sql.target.own_table import PG_SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -163,50 +162,35 @@ class DeferredKey:
             raise SinkError(f"table {label}: the copy deferred its key but cannot copy it as text: {why}")
         text: CopyText | None = None
         try:
-            with target.engine.connect() as conn:
+            with target.transaction(label, fence=fence) as conn:
                 dbapi = conn.connection.dbapi_connection
                 assert dbapi is not None
                 if dbapi.encoding != "UTF8":
                     raise SinkError(f"table {label}: the target connection's encoding is {dbapi.encoding}, not UTF8")
-                trans = conn.begin()
-                try:
-                    cur = dbapi.cursor()
-                    try:
-                        text = open_text()
-                        if text is None or text.format != PG_COPY_TEXT or text.encoding != "UTF8":
-                            raise SinkError(f"table {label}: the upstream gave no UTF8 COPY text for a chunk of a table "
-                                            "whose key is deferred")
-                        stmts = target.statements()
-                        t = self.planned(schema)
-                        # (an error of the upstream's side of the chunk is raised as itself: Blocks.copy_from)
-                        Blocks(text.blocks).copy_from(cur, stmts.copy_in(stmts.table(t), list(schema.column_names)) % ())
-                        rows = int(cur.rowcount)
-                        cur.execute(f"INSERT INTO {_M} (changefeed, span, table_name, chunk, run, rows, snapshot, "
-                                    "commit_ts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                                    (marker.changefeed, marker.span, marker.table, marker.chunk, marker.run, rows,
-                                     marker.snapshot, marker.commit_ts))
-                        inserted = cur.rowcount == 1
-                    finally:
-                        cur.close()
-                    if not inserted:  # another transaction committed this chunk: ours goes, rows and all
-                        trans.rollback()
-                        have = self.read_markers(marker.changefeed, marker.span, marker.table).get(marker.chunk)
-                        if have is None:
-                            raise SinkError(f"table {label}: chunk {marker.chunk}'s marker conflicted but is not there")
-                        log.info("%s: chunk %s#%d is in %s already (run %s): not copied again", target.where,
-                                 marker.table, marker.chunk, label, have.run)
-                        return have.rows, True
-                    if fence is not None:
-                        fence()
-                    trans.commit()
-                    return rows, False
-                except BaseException as exc:
-                    target.abandon(conn, trans, exc)
-                    raise
-        except BaseException as exc:
-            if isinstance(exc, TidewaterError) or not is_db_error(exc):
-                raise
-            raise target.wrap(exc, label) from exc
+                with dbapi.cursor() as cur:
+                    text = open_text()
+                    if text is None or text.format != PG_COPY_TEXT or text.encoding != "UTF8":
+                        raise SinkError(f"table {label}: the upstream gave no UTF8 COPY text for a chunk of a table "
+                                        "whose key is deferred")
+                    stmts = target.statements()
+                    t = self.planned(schema)
+                    # (an error of the upstream's side of the chunk is raised as itself: Blocks.copy_from)
+                    Blocks(text.blocks).copy_from(cur, stmts.copy_in(stmts.table(t), list(schema.column_names)) % ())
+                    rows = int(cur.rowcount)
+                    cur.execute(f"INSERT INTO {_M} (changefeed, span, table_name, chunk, run, rows, snapshot, "
+                                "commit_ts) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                                (marker.changefeed, marker.span, marker.table, marker.chunk, marker.run, rows,
+                                 marker.snapshot, marker.commit_ts))
+                    inserted = cur.rowcount == 1
+                if not inserted:  # another transaction committed this chunk: ours goes, rows and all
+                    conn.rollback()
+                    have = self.read_markers(marker.changefeed, marker.span, marker.table).get(marker.chunk)
+                    if have is None:
+                        raise SinkError(f"table {label}: chunk {marker.chunk}'s marker conflicted but is not there")
+                    log.info("%s: chunk %s#%d is in %s already (run %s): not copied again", target.where,
+                             marker.table, marker.chunk, label, have.run)
+                    return have.rows, True
+            return rows, False  # committed (after the fence)
         finally:
             if text is not None:
                 close = getattr(text.blocks, "close", None)
@@ -226,49 +210,33 @@ class DeferredKey:
         stmts = target.statements()
         table = stmts.table(t) % ()
         add_key = f"ALTER TABLE {stmts.table(t)} ADD PRIMARY KEY ({', '.join(stmts.q(k) for k in t.key)})" % ()
-        try:
-            with target.engine.connect() as conn:
-                dbapi = conn.connection.dbapi_connection
-                assert dbapi is not None
-                trans = conn.begin()
-                try:
-                    cur = dbapi.cursor()
+        with target.transaction(label, fence=fence) as conn:
+            dbapi = conn.connection.dbapi_connection
+            assert dbapi is not None
+            with dbapi.cursor() as cur:
+                have = _primary_key(cur, table)
+                if have is not None and tuple(have) != t.key:
+                    raise SinkError(f"table {label}: its primary key is ({', '.join(have)}), not "
+                                    f"({', '.join(t.key)}) as the copy was to build it; the target was changed "
+                                    "during the copy: drop the table and copy it again")
+                if have is None:
+                    # one sort in memory per table; no parallel workers (several tables' keys are built at once)
+                    cur.execute("SET LOCAL maintenance_work_mem = '256MB'; "
+                                "SET LOCAL max_parallel_maintenance_workers = 0")
                     try:
-                        have = _primary_key(cur, table)
-                        if have is not None and tuple(have) != t.key:
-                            raise SinkError(f"table {label}: its primary key is ({', '.join(have)}), not "
-                                            f"({', '.join(t.key)}) as the copy was to build it; the target was changed "
-                                            "during the copy: drop the table and copy it again")
-                        if have is None:
-                            # one sort in memory per table; no parallel workers (several tables' keys are built at once)
-                            cur.execute("SET LOCAL maintenance_work_mem = '256MB'; "
-                                        "SET LOCAL max_parallel_maintenance_workers = 0")
-                            try:
-                                cur.execute(add_key)
-                            except Exception as exc:
-                                code = getattr(exc, "pgcode", None)
-                                if code not in (UNIQUE_VIOLATION, NOT_NULL_VIOLATION):
-                                    raise
-                                raise SinkError(
-                                    f"table {label}: building its primary key after the copy failed: "
-                                    f"{' '.join(str(exc).split())}. The copy's proof that no chunk landed twice is "
-                                    "broken (or the table was written during the copy): the target differs from the "
-                                    "upstream; drop the target table and resync it (cdc cli changefeed snapshot --table "
-                                    f"{schema.name})", cause=exc) from None
-                        cur.execute(f"DELETE FROM {_M} WHERE changefeed = %s AND span = %s AND table_name = %s",
-                                    (changefeed, span, str(schema.name)))
-                    finally:
-                        cur.close()
-                    if fence is not None:
-                        fence()
-                    trans.commit()
-                except BaseException as exc:
-                    target.abandon(conn, trans, exc)
-                    raise
-        except BaseException as exc:
-            if isinstance(exc, TidewaterError) or not is_db_error(exc):
-                raise
-            raise target.wrap(exc, label) from exc
+                        cur.execute(add_key)
+                    except Exception as exc:
+                        code = getattr(exc, "pgcode", None)
+                        if code not in (UNIQUE_VIOLATION, NOT_NULL_VIOLATION):
+                            raise
+                        raise SinkError(
+                            f"table {label}: building its primary key after the copy failed: "
+                            f"{' '.join(str(exc).split())}. The copy's proof that no chunk landed twice is "
+                            "broken (or the table was written during the copy): the target differs from the "
+                            "upstream; drop the target table and resync it (cdc cli changefeed snapshot --table "
+                            f"{schema.name})", cause=exc) from None
+                cur.execute(f"DELETE FROM {_M} WHERE changefeed = %s AND span = %s AND table_name = %s",
+                            (changefeed, span, str(schema.name)))
         log.info("%s: %s primary key of %s (%s); its copy markers are gone", target.where,
                  "built the" if have is None else "found the", label, ", ".join(t.key))
         return have is None
@@ -276,7 +244,7 @@ class DeferredKey:
     def forget(self, changefeed: str) -> int:
         """Delete ``changefeed``'s markers (``remove``); 0 when there is no marker table."""
         target = self._target
-        with target.engine.begin() as conn:  # (the lookup autobegins: one transaction for both)
+        with target.transaction(f"{PG_SCHEMA}.{MARKER_TABLE}") as conn:
             if conn.exec_driver_sql("SELECT to_regclass(%s)", (_M,)).scalar() is None:
                 return 0
             n = conn.exec_driver_sql(f"DELETE FROM {_M} WHERE changefeed = %s", (changefeed,)).rowcount

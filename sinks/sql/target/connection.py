@@ -1,7 +1,8 @@
 """One SQL target: the sink URI and its parameters, the SQLAlchemy engine per dialect with its connect hooks
 (session settings, the initial copy's unchecked foreign keys), the shared PyMySQL TLS context, the statement
 builder of the server's flavour, the statement pipeline of the sink's connection, the routing of upstream names to
-target tables, and driver errors as this target's classified ``TidewaterError`` (:mod:`sinks.sql.dialect.errors`).
+target tables, driver errors as this target's classified ``TidewaterError`` (:mod:`sinks.sql.dialect.errors`), and
+the one frame of a transaction on the target (:meth:`Target.transaction`: begin, fence, commit, abandon, wrap).
 
 Threading: one caller thread at a time (the sink's); ``close`` may be called from any thread once the caller is
 done. The engine's pool keeps the connection between calls; ``close`` stops the pipeline's worker and disposes of
@@ -128,9 +129,32 @@ class Target:
                 raise
             log.info("%s already created concurrently: %s", self.where, " ".join(str(exc.orig).split()))
 
-    def abandon(self, conn: Connection, trans: Any, exc: BaseException) -> None:
-        """A downstream transaction failed with ``exc``: drop the connection when the failure says it is broken
-        (its server rolls back), else roll back (dropping it if the rollback itself fails). The caller re-raises."""
+    @contextlib.contextmanager
+    def transaction(self, label: str | Callable[[], str | None] | None = None, *,
+                    fence: Callable[[], None] | None = None) -> Iterator[Connection]:
+        """One transaction of this (open) target on a connection of the engine's pool: yields the connection with
+        the transaction begun. When the body returns, ``fence()`` runs and then the transaction commits, unless the
+        body ended it itself (``conn.rollback()``: nothing of it stays; the frame then neither fences nor commits).
+        When the body, the fence or the commit raises, the transaction is abandoned (rolled back, or the connection
+        dropped when the error says it is broken: its server rolls back) and the error raised: a driver error as this
+        target's classified ``TidewaterError`` naming ``label`` (:meth:`wrap`; a callable is asked then, for a
+        table known only inside the body), anything else as it is. Raises ``SinkError`` on a closed target."""
+        self.check_open()
+        with self._driver_errors(label), self.engine.connect() as conn:
+            trans = conn.begin()
+            try:
+                yield conn
+                if trans.is_active:
+                    if fence is not None:
+                        fence()
+                    trans.commit()
+            except BaseException as exc:
+                self._abandon(conn, trans, exc)
+                raise
+
+    def _abandon(self, conn: Connection, trans: Any, exc: BaseException) -> None:
+        """A transaction failed with ``exc``: drop the connection when the failure says it is broken (its server rolls
+        back), else roll back (dropping it if the rollback itself fails). The caller re-raises."""
         if is_db_error(exc) and self.classify(exc)[1]:
             conn.invalidate(exc if isinstance(exc, Exception) else None)
             return
@@ -171,15 +195,23 @@ class Target:
         except Exception as exc:
             raise self.wrap(exc, None) from exc
 
-    def guarded(self, fn: Callable[[], Any], table: TableName | None) -> Any:
-        """``fn()`` on an open target; a driver error is wrapped naming ``table``'s target, as ``write`` wraps it."""
+    def guarded(self, fn: Callable[[], Any], label: str | None) -> Any:
+        """``fn()`` on an open target; a driver error is raised as :meth:`wrap` makes it, naming target table
+        ``label``, as :meth:`transaction` does (a ``TidewaterError``, or any other exception, passes as it is)."""
         self.check_open()
-        try:
+        with self._driver_errors(label):
             return fn()
-        except Exception as exc:
+
+    @contextlib.contextmanager
+    def _driver_errors(self, label: str | Callable[[], str | None] | None) -> Iterator[None]:
+        """A driver error inside is raised as :meth:`wrap` makes it, naming ``label`` (a callable: asked then); a
+        ``TidewaterError``, or any other exception, passes as it is."""
+        try:
+            yield
+        except BaseException as exc:
             if isinstance(exc, TidewaterError) or not is_db_error(exc):
                 raise
-            raise self.wrap(exc, None if table is None else self.target_name(table)) from exc
+            raise self.wrap(exc, label() if callable(label) else label) from exc
 
     # ---- the engine --------------------------------------------------------------------------------------
     def _timeout(self, name: str, default: float) -> float:

@@ -42,42 +42,34 @@ from sqlalchemy.engine import Connection
 from cdc.errors import SinkUnavailable
 from cdc.events import RowChange
 from sinks.sql.target.connection import Target
+from sinks.sql.target.own_table import OwnTable
 
 log = logging.getLogger(__name__)
 
-PG_SCHEMA = "tidewater"
 DEFAULT_TABLE = "tidewater_checkpoint"
 
 
-class PositionSQL:
-    """The statements of one dialect for the position table (parameters in the driver's paramstyle)."""
+class PositionSQL(OwnTable):
+    """The position table of one dialect (:class:`OwnTable`) and its statements (parameters in the driver's
+    paramstyle)."""
 
     def __init__(self, dialect: str, preparer: sa.sql.compiler.IdentifierPreparer, table: str) -> None:
         q = preparer.quote
-        self.dialect = dialect
-        self.table = table
-        self.schema = PG_SCHEMA if dialect == "postgresql" else None
-        self.label = f"{self.schema}.{table}" if self.schema else table
-        name = f"{q(self.schema)}.{q(table)}" if self.schema else q(table)
-        p = "?" if dialect == "sqlite" else "%s"
         if dialect == "postgresql":
             types = ("varchar(255)", "integer", "bigint", "timestamptz", "bigint", "timestamptz")
-            now, at = "now()", f"to_timestamp({p})"
         elif dialect == "mysql":
             types = ("varchar(255)", "int", "bigint", "datetime(6)", "bigint", "datetime(6)")
-            now, at = "UTC_TIMESTAMP(6)", f"FROM_UNIXTIME({p})"
         else:
             types = ("TEXT", "INTEGER", "INTEGER", "TEXT", "INTEGER", "TEXT")
-            now, at = "strftime('%Y-%m-%d %H:%M:%f', 'now')", f"strftime('%Y-%m-%d %H:%M:%f', {p}, 'unixepoch')"
         cf, sp, ts, ct, origin, upd = (q(c) for c in ("changefeed", "span", "commit_ts", "commit_time",
                                                          "origin_ts", "updated_at"))
-        self.create_schema = f"CREATE SCHEMA IF NOT EXISTS {q(PG_SCHEMA)}" if self.schema else None
-        self.create_table = (
-            f"CREATE TABLE IF NOT EXISTS {name} ({cf} {types[0]} NOT NULL, {sp} {types[1]} NOT NULL, "
-            f"{ts} {types[2]} NOT NULL, {ct} {types[3]} NULL, {origin} {types[4]} NOT NULL, "
-            f"{upd} {types[5]} NOT NULL, PRIMARY KEY ({cf}, {sp}))")
-        if dialect == "mysql":
-            self.create_table += " DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        super().__init__(dialect, preparer, table,
+                         f"{cf} {types[0]} NOT NULL, {sp} {types[1]} NOT NULL, {ts} {types[2]} NOT NULL, "
+                         f"{ct} {types[3]} NULL, {origin} {types[4]} NOT NULL, {upd} {types[5]} NOT NULL, "
+                         f"PRIMARY KEY ({cf}, {sp})")
+        name, p, now = self.name, self.p, self.now
+        at = {"postgresql": f"to_timestamp({p})", "mysql": f"FROM_UNIXTIME({p})",
+              "sqlite": f"strftime('%Y-%m-%d %H:%M:%f', {p}, 'unixepoch')"}[dialect]
         ignore = {"postgresql": ("INSERT INTO", f" ON CONFLICT ({cf}, {sp}) DO NOTHING"),
                   "mysql": ("INSERT INTO", f" ON DUPLICATE KEY UPDATE {sp} = {sp}"),
                   "sqlite": ("INSERT OR IGNORE INTO", "")}[dialect]
@@ -109,13 +101,8 @@ class Position:
     def open(self) -> int:
         """Create the table and the span's row if missing; read and return the applied commit Ts."""
         target, sql = self._target, self.sql
-        if target.dialect != "sqlite":  # DDL commits implicitly on MySQL: never inside a data transaction
-            with target.engine.connect() as ddl:
-                ddl.execution_options(isolation_level="AUTOCOMMIT")
-                if sql.create_schema:
-                    target.run_ddl(ddl, sql.create_schema)
-                target.run_ddl(ddl, sql.create_table)
-        with target.engine.begin() as conn:
+        sql.create(target)  # (MySQL, PostgreSQL: autocommit)
+        with target.transaction(sql.label) as conn:
             if target.dialect == "sqlite":
                 conn.exec_driver_sql(sql.create_table, ())
             key = (self.changefeed, self.span)
@@ -165,7 +152,7 @@ class Position:
 
 def forget(target: Target, sql: PositionSQL, changefeed: str) -> int:
     """Delete ``changefeed``'s rows; returns how many went (0 when the table does not exist)."""
-    with target.engine.begin() as conn:
+    with target.transaction(sql.label) as conn:
         if not sa.inspect(conn).has_table(sql.table, schema=sql.schema):
             return 0
         return int(conn.exec_driver_sql(sql.forget, (changefeed,)).rowcount)
