@@ -25,7 +25,8 @@ from bench.procstat import LastCpu, TreeSampler, cpu_seconds, reset_peak_rss, st
 from cdc.ts import lsn_to_str, str_to_lsn
 from playground.cluster import ApiError, CdcServer, current_lsn
 from playground.servers import HOST, PostgresServer
-from sinks.sql.target.position import DEFAULT_TABLE, PG_SCHEMA
+from sinks.sql.target.own_table import PG_SCHEMA
+from sinks.sql.target.position import DEFAULT_TABLE
 
 
 class Rated:
