@@ -23,10 +23,6 @@ sinks/sql/ops/deferred_key.py; tests/integration/test_snapshot_deferred_key.py).
 
 from __future__ import annotations
 
-import json
-import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,14 +31,16 @@ import pytest
 from e2e_workload import assert_converged, make_sink_uri, run_sql, wait_for
 
 from cdc.events import TableName
+from cdc.meta.etcd import EtcdClient
+from cdc.meta.snapshot_progress import SnapshotProgressStore
+from cdc.meta.store import MetaStore
+from cdc.model import SpanSnapshot
 from cdc.spans import span_of
 from playground.cluster import CdcServer, current_lsn
-from playground.compare import compare_tables
-from playground.servers import PostgresServer
+from playground.servers import EtcdServer, PostgresServer
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
 SPANS = 2
 SCHEMA = """
 CREATE TABLE stock (id int PRIMARY KEY, v text);
@@ -69,13 +67,6 @@ def sink_uri(request: pytest.FixtureRequest, tmp_path: Path, pg_server: Postgres
     return make_sink_uri(request.param, request, tmp_path, pg_server)
 
 
-def _cli(cdc: CdcServer, *args: str) -> Any:
-    proc = subprocess.run([sys.executable, "-m", "cli", "cli", "--server", cdc.url, *args], capture_output=True,
-                          text=True, timeout=60, cwd=REPO)
-    assert proc.returncode == 0, proc
-    return json.loads(proc.stdout)
-
-
 def _waiting_on_lock(pg_server: PostgresServer, db: str) -> int:
     """Backends of ``db`` waiting for a lock on ``audit`` (the copy job's chunks)."""
     ((n,),) = pg_server.execute(
@@ -85,8 +76,9 @@ def _waiting_on_lock(pg_server: PostgresServer, db: str) -> int:
     return int(n)
 
 
-def test_a_copy_that_ran_ahead_of_a_changefeed_barrier_fails_the_changefeed_and_the_named_fix_ends_equal(
-    cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
+def test_a_table_renamed_onto_another_spans_name_during_its_initial_copy_is_copied_as_planned_and_ends_equal(
+    cdc_server: CdcServer, etcd_server: EtcdServer, cluster_id: str, pg_server: PostgresServer, pg_database: str,
+    source: Any, sink_uri: str
 ) -> None:
     def span(t: str) -> int:
         return span_of(TableName("public", t), SPANS)
@@ -121,50 +113,39 @@ def test_a_copy_that_ran_ahead_of_a_changefeed_barrier_fails_the_changefeed_and_
         holder.rollback()
         holder.close()
 
-    # span 1's next run copies stock (once fresh) as of a Ts after the DDL; span 0 must not apply its DROP on it
+    # span 1's job reads fresh by its relation oid, as of the snapshot its copy was planned under (before the DDL),
+    # into the downstream fresh; span 1 then streams the rename, which waits at the changefeed barrier until span 0
+    # has applied its DROP TABLE stock. Nothing is refused, nothing skipped
     def settled(q: dict[str, Any]) -> bool:
-        if q["state"] == "normal" and q["checkpoint_ts"] >= after:  # past the DDL: the drop was applied
-            diffs = [d for d in compare_tables(source, ["public.stock"], sink_uri) if not d.equal]
-            raise AssertionError(f"the changefeed went normal past the DDL: downstream stock {diffs}")
-        return q["state"] == "failed"
-    q = wait_for(cdc, "cpy", settled, "state failed", timeout=120)
-    err = q["error"]
-    assert err["code"] == "CDC:ErrSnapshotTableChanged", err
-    msg = err["message"]
-    m = re.search(r"--skip-ddl-ts (\d+)", msg)
-    assert m is not None, msg
-    ts = int(m.group(1))
-    assert before < ts <= after, (before, ts, after, msg)
-    assert "span cpy/1 copied table public.stock as of Ts" in msg and "DROP TABLE stock" in msg, msg
-    assert "cdc cli changefeed snapshot --table" in msg, msg
-    # the drop was not applied: downstream stock holds what span 1 copied (with span 0's old rows: resynced below)
-    ((copied,),) = pg_server.execute("SELECT count(*) FROM public.stock WHERE id > 100", db=tdb)
-    assert copied == 30
-
-    # the fix the error names: skip that DDL, resume. The owner moves the table now named stock to the span its name
-    # hashes to (span 0), whose stream then meets the rename at its own Ts with the same refusal: skipped the same way
-    skipped = [ts]
-    for _ in range(2):
-        _cli(cdc, "changefeed", "update", "-c", "cpy", "--skip-ddl-ts", str(skipped[-1]))
-        _cli(cdc, "changefeed", "resume", "-c", "cpy")
-        q = wait_for(cdc, "cpy", lambda q: q["state"] == "failed" or (
-            q["state"] == "normal" and q["checkpoint_ts"] >= after), "the DDL skipped", timeout=120)
-        if q["state"] == "normal":
-            break
-        err = q["error"]
-        assert err["code"] == "CDC:ErrSnapshotTableChanged" and "public.stock" in err["message"], err
-        m = re.search(r"--skip-ddl-ts (\d+)", err["message"])
-        assert m is not None and int(m.group(1)) not in skipped and before < int(m.group(1)) <= after, err
-        skipped.append(int(m.group(1)))
-    assert q["state"] == "normal", (skipped, q)
-    q = _cli(cdc, "changefeed", "snapshot", "-c", "cpy", "--table", "public.stock")
-    assert [c["table"] for c in q["table_copies"]] == ["public.stock"], q
-    wait_for(cdc, "cpy", lambda q: not q["table_copies"] and all(
-        (s["table_copy"] or {}).get("phase", "done") == "done" for s in q["spans"]), "the resync of public.stock",
-        timeout=120)
-    run_sql(source, "INSERT INTO stock VALUES (200, 'after the resync')", "UPDATE orders SET v = 'x' WHERE id = 1")
+        err = (q.get("error") or {}).get("code", "")
+        assert q["state"] != "failed" and "SnapshotTable" not in err, (q["state"], q.get("error"), cdc.log_tail())
+        return q["state"] == "normal" and q["checkpoint_ts"] >= after and all(
+            s["phase"] == "streaming" for s in q["spans"])
+    wait_for(cdc, "cpy", settled, "both spans past the DDL", timeout=180)
+    state, progress, client = _span_state(etcd_server, cluster_id, "cpy", 1)
+    try:
+        plan = progress.get_plan("cpy", 1, TableName("public", "fresh"))
+        renamed = progress.get_plan("cpy", 1, TableName("public", "stock"))
+    finally:
+        client.close()
+    # copied once, under its old name and the first export (before the DDL): not planned again under a later one
+    assert plan is not None and renamed is None, (plan, renamed)
+    assert plan.ts == state.exports[0][1] < before and len(state.exports) == 1, (plan, state)
+    assert state.floors["public.fresh"] == plan.ts and state.oids["public.fresh"] == plan.oid, state
+    run_sql(source, "INSERT INTO stock VALUES (200, 'after the rename')", "UPDATE orders SET v = 'x' WHERE id = 1")
     assert_converged(cdc, "cpy", source, sink_uri, tables=TABLES)
+    ((copied,),) = pg_server.execute("SELECT count(*) FROM public.stock WHERE id BETWEEN 101 AND 130", db=tdb)
+    assert copied == 30
     ((fresh,),) = pg_server.execute("SELECT count(*) FROM pg_tables WHERE tablename = 'fresh'", db=tdb)
-    assert fresh == 0  # the renamed-away name is gone downstream
+    assert fresh == 0  # the renamed-away name is gone downstream (the stream renamed it)
     q = cdc.changefeed("cpy")
-    assert q["state"] == "normal" and {w["code"] for w in q["warnings"]} <= {"CDC:NoticeDdlSkipped"}, q
+    assert q["state"] == "normal" and not q["warnings"], q
+
+
+def _span_state(etcd: EtcdServer, cluster_id: str, cf: str, span: int) -> tuple[SpanSnapshot, SnapshotProgressStore,
+                                                                                 Any]:
+    """Span ``span``'s stored copy state and a progress store on a client of its own (the caller closes it)."""
+    client = EtcdClient([etcd.url])
+    status = MetaStore(client, cluster_id).get_span_status(cf, span)
+    assert status is not None and status.value.snapshot is not None, status
+    return status.value.snapshot, SnapshotProgressStore(client, cluster_id), client
