@@ -6,8 +6,11 @@ through the stream: it writes a table as of its snapshot's Ts at once. When a ta
 copy ran (``DROP TABLE b; ALTER TABLE a RENAME TO b`` with ``a`` being copied in one span and ``b`` in another), the
 copy can write ``b`` as of a Ts *after* that DDL before the other span has applied its side of it (dropping its own
 ``b``), and that span then drops the copied rows: the changefeed said ``normal`` with ``b`` empty downstream (seen
-under load in tests/e2e/test_ddl_concurrent.py). Until the copy is ordered with the barrier, the span about to
-apply such a DDL checks the copy plans of the other spans and refuses it, naming the tables, instead of applying it.
+under load in tests/e2e/test_ddl_concurrent.py). A copy run reads a renamed table by its relation oid under the
+snapshot it was planned at (``upstream.postgres.snapshot_read``), so it no longer gets ahead by itself; a run that
+*restarts* after the rename cannot import its old snapshot again and copies the table under its new name at a later
+one. Until the copy is ordered with the barrier, the span about to apply such a DDL checks the copy plans of the
+other spans and refuses it, naming the tables, instead of applying it (docs/ddl.md, "Still refused loudly").
 """
 
 from __future__ import annotations
