@@ -32,14 +32,19 @@ def ddl_names(event: DdlEvent) -> list[TableName]:
 
 def copied_after(progress: SnapshotProgressStore, changefeed: str, spans: Iterable[int], names: Iterable[TableName],
                  ts: int) -> list[str]:
-    """For each of ``names`` that one of ``spans`` planned its copy of under a snapshot after commit Ts ``ts``: a
-    sentence naming the span, table and Ts (empty: no copy ran ahead of ``ts``). One etcd read per span and name;
-    asked only at name-changing DDLs of changefeeds with several spans."""
+    """For each of ``names`` that one of ``spans`` planned its copy of under a snapshot after commit Ts ``ts``, or
+    copied chunks of under one (a run that restarted: its chunks left are read under the new run's snapshot): a
+    sentence naming the span, table and Ts (empty: no copy ran ahead of ``ts``). Two etcd reads per span and planned
+    name; asked only at name-changing DDLs of changefeeds with several spans."""
     out = []
     names = list(names)
     for span in spans:
         for name in names:
             plan = progress.get_plan(changefeed, span, name)
-            if plan is not None and plan.ts > ts:
-                out.append(f"span {changefeed}/{span} copied table {name} as of Ts {plan.ts}, after this DDL")
+            if plan is None:
+                continue
+            read = max((d.commit_ts for d in progress.done_chunks(changefeed, span, name).values()), default=0)
+            if max(plan.ts, read) > ts:
+                out.append(f"span {changefeed}/{span} copied table {name} as of Ts {max(plan.ts, read)}, after this "
+                           "DDL")
     return out

@@ -57,7 +57,7 @@ from cdc.snapshot import (
 )
 from cdc.ts import Watermark
 from processor.merged_rows import MergedRows
-from upstream.base import Upstream
+from upstream.base import Upstream, planned_schema
 
 log = logging.getLogger(__name__)
 
@@ -214,6 +214,8 @@ class InitialCopy:
             orphans = self._renamed_after_boundary(now)
             if not self.state.exports:  # the first run: the names the stream gives the targets up to B
                 self.state = dataclasses.replace(self.state, names=now)
+        elif self.state.exports:  # a later run of the initial copy
+            tables = self._keep_renamed(tables)
         if tables:
             self.launcher.prepare(self.info.id, self.span.index, self.info.sink_uri)  # it starts while this one plans
             try:
@@ -286,6 +288,49 @@ class InitialCopy:
                         d.commit_ts == ts for d in self.progress.done_chunks(cf, span, t).values()):
                     exact.add(name)
             self.merged_rows.check(reader, schemas, exact)
+
+    def _keep_renamed(self, tables: Sequence[TableName]) -> list[TableName]:
+        """A later run of the initial copy: ``tables`` (the span's, by their names now), a table renamed since an
+        earlier run planned it (``ALTER TABLE .. RENAME``, ``SET SCHEMA``; found by the plan's relation oid) given
+        back its planned name where its copy can go on as planned. That is a keyed table whose definition is still
+        the plan's and whose replay carries every value (not :func:`cdc.snapshot.may_leave_values_unsent`), outside
+        ``merge``: its chunks left are read by oid under this run's snapshot into the target of the planned name, its
+        floor stays the plan's Ts (below the rename), and the stream replays the rename over it, as any change after
+        a chunk's snapshot ("A chunk read at a later snapshot converges"). The copy so writes no name the table took
+        after its plan, and does not run ahead of another span's changefeed barrier at the rename (docs/ddl.md).
+        Any other such table keeps its new name: it is copied again whole under it (:meth:`_forget_renamed`)."""
+        cf, span = self.info.id, self.span.index
+        names = {str(t) for t in tables}
+        orphans = {p.oid: p for p in self.progress.all_plans(cf, span).values()
+                   if p.oid and str(p.table_name) not in names}
+        if not orphans:
+            return list(tables)
+        out: list[TableName] = []
+        for t in tables:
+            plan = None if self.progress.get_plan(cf, span, t) is not None else self._adoptable(t, orphans)
+            if plan is not None:
+                log.warning("span=%s table %s was renamed to %s since its copy was planned (relation oid %d): its "
+                            "copy goes on as planned, under its planned name; the stream renames the target",
+                            self.label, plan.table_name, t, plan.oid)
+                out.append(plan.table_name)
+            else:
+                out.append(t)
+        return sorted(out, key=str)
+
+    def _adoptable(self, t: TableName, orphans: Mapping[int, TablePlan]) -> TablePlan | None:
+        """The plan of ``orphans`` made for table ``t`` under its earlier name, if its copy can go on under it
+        (:meth:`_keep_renamed`); else None."""
+        if self.merge:
+            return None
+        try:
+            schema = self.upstream.table_schema(t)
+        except InvalidArgument:
+            return None  # (gone meanwhile)
+        plan = orphans.get(schema.relation_id)
+        if (plan is None or not plan.has_key or not plan.definition or plan.definition != table_definition(schema)
+                or may_leave_values_unsent(schema)):
+            return None
+        return plan
 
     def _renamed_after_boundary(self, now: Mapping[str, str]) -> dict[int, TableName]:
         """A later run of a table copy: the tables of ``now`` (asked name -> name now) whose name at the first export
@@ -434,10 +479,10 @@ class InitialCopy:
         changed: list[TableName] = []
         with self.upstream.snapshot_reader(snapshot, label=self.label) as reader:
             for t in left:
-                schema = reader.table_schema(t)
-                reader.release()
                 plan = plans[t]
                 assert plan is not None
+                schema = planned_schema(reader, t, plan.oid)  # (kept under its planned name: _keep_renamed)
+                reader.release()
                 now = table_definition(schema)
                 if not plan.definition or now == plan.definition:
                     # rows of it may be downstream from an earlier run: chunks recorded, or written and not recorded

@@ -172,6 +172,13 @@ class PgSnapshotReader(SnapshotReader):
             raise InvalidArgument(f"{exc.message} (at the snapshot{self._at()}): check the table list of the "
                                   "snapshot copy") from None
 
+    def relation_schema(self, oid: int) -> TableSchema | None:
+        conn = self._connection()
+        try:
+            return catalog.table_schema(conn, oid)  # (the snapshot's catalog: the name it had then)
+        except InvalidArgument:
+            return None
+
     def _at(self) -> str:
         return f" {self.snapshot!r}" if self.snapshot else ""
 
