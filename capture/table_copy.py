@@ -21,6 +21,7 @@ from cdc.uri import parse_sink_uri
 from sinks.copy_roles import ResyncRefusal
 from sinks.factory import sink_class
 from upstream import open_upstream
+from upstream.base import Upstream
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +54,24 @@ def request_resync(store: MetaStore, cf_id: str, tables: Sequence[str]) -> tuple
         for span in info.spans:
             for t in up.span_tables(span) or ():
                 where[t] = span.index
+        missing = [str(t) for t in names if t not in where]
+        if missing:
+            known = ", ".join(sorted(str(t) for t in where)[:20]) or "none"
+            raise InvalidArgument(f"changefeed {cf_id!r} does not replicate {', '.join(missing)} (it replicates: "
+                                  f"{known}); name a replicated table, or change the changefeed's filter first")
+        # each table's relation oid now: the span finds the table by it if it is renamed before its copy begins
+        oids = {str(t): _oid(up, t) for t in names}
     finally:
         up.close()
-    missing = [str(t) for t in names if t not in where]
-    if missing:
-        known = ", ".join(sorted(str(t) for t in where)[:20]) or "none"
-        raise InvalidArgument(f"changefeed {cf_id!r} does not replicate {', '.join(missing)} (it replicates: {known}); "
-                              "name a replicated table, or change the changefeed's filter first")
     copies = store.request_table_copies(cf_id, [(str(t), where[t]) for t in dict.fromkeys(names)], "resync",
-                                        time.time())
+                                        time.time(), oids=oids)
     log.info("changefeed=%s: table copy asked for %s", cf_id, ", ".join(c.table for c in copies))
     return copies
+
+
+def _oid(up: Upstream, table: TableName) -> int:
+    """``table``'s relation oid now (0: gone meanwhile; the span's copy then says what it finds)."""
+    try:
+        return up.table_schema(table).relation_id
+    except InvalidArgument:
+        return 0

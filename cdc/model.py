@@ -246,6 +246,11 @@ its name -- so not one of its rows is applied twice). ``oids``: each of those ta
     # (recorded by the first run, before it writes). After the copy their target rows are counted against the
     # upstream's (processor.merged_rows): rows the upstream does not have stay, and the changefeed says so
     merged: tuple[str, ...] = ()
+    # a table copy's tables that its first run found renamed (ALTER TABLE .. RENAME, SET SCHEMA) since they were asked
+    # for: the name asked for -> the name at the first export ``B``, which the stream has given the target by then. A
+    # later run that finds the table under yet another name knows the stream still holds that rename (above ``B``):
+    # the target under this name is removed and the table copied under its new one (processor.snapshot)
+    names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -253,13 +258,16 @@ class TableCopy:
     """A request to copy one table's existing rows while its span goes on streaming (docs/snapshot.md, "Table
     copies"): ``reason`` ``"joined"`` (the owner added a table that already held rows to the span's publication)
     or ``"resync"`` (``cdc cli changefeed snapshot --table``). ``request`` increases with every request of the
-    changefeed; the span serves every request up to the one in its ``SpanSnapshot.request``."""
+    changefeed; the span serves every request up to the one in its ``SpanSnapshot.request``. ``oid``: the table's
+    relation oid when it was asked for (0: unknown), by which the span finds it if it is renamed before its copy
+    takes it up (docs/snapshot.md, "A table renamed while it is copied")."""
 
     table: str
     span: int
     request: int
     reason: str = "resync"
     requested_at: float = 0.0
+    oid: int = 0
 
 
 @dataclass(frozen=True)

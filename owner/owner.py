@@ -101,11 +101,11 @@ class Owner:
         # sinks that show the checkpoint downstream (sinks.base.CheckpointSink): published off the loop
         self.publisher = CheckpointPublisher(sinks)
 
-    def _request_copy(self, info: ChangefeedInfo, table: TableName, span: int) -> Callable[[], None]:
-        """The upstream watch picks up ``table`` with rows: store a table copy of it (fenced: only as owner);
-        return what withdraws it."""
+    def _request_copy(self, info: ChangefeedInfo, table: TableName, span: int, oid: int) -> Callable[[], None]:
+        """The upstream watch picks up ``table`` (relation ``oid``) with rows: store a table copy of it (fenced: only
+        as owner); return what withdraws it."""
         (copy,) = self.store.request_table_copies(info.id, [(str(table), span)], "joined", self._clock(),
-                                                  self.election.fence())
+                                                  self.election.fence(), oids={str(table): oid})
 
         def cancel() -> None:
             self.store.cancel_table_copy(info.id, copy.request, self.election.fence())

@@ -83,8 +83,9 @@ class PickUp:
 CODE_TARGET_CONFLICT = WARN_TARGET_NAME_CONFLICT
 
 
-CopyRequester = Callable[[ChangefeedInfo, TableName, int], Callable[[], None]]
-"""``request(info, table, span)`` stores a table copy of ``table`` for span ``span`` of ``info`` in etcd
+CopyRequester = Callable[[ChangefeedInfo, TableName, int, int], Callable[[], None]]
+"""``request(info, table, span, oid)`` stores a table copy of ``table`` (relation ``oid``: the span finds it by that oid
+if it is renamed before its copy begins) for span ``span`` of ``info`` in etcd
 (:meth:`cdc.meta.store.MetaStore.request_table_copies`) and returns what withdraws it (if no span took it up yet);
 raises ``TidewaterError`` when it cannot."""
 
@@ -161,11 +162,13 @@ def pick_up_new_tables(up: Upstream, info: ChangefeedInfo, published: dict[int, 
             continue
         copies = request_copy is not None and info.initial_copy
         cancel: Callable[[], None] | None = None  # the table copy asked for before the add (undone if not added)
+        oid = 0
         if copies:
             try:
-                if up.has_rows(up.table_schema(table).relation_id):
+                oid = up.table_schema(table).relation_id
+                if up.has_rows(oid):
                     assert request_copy is not None
-                    cancel = request_copy(info, table, span.index)
+                    cancel = request_copy(info, table, span.index, oid)
             except InvalidArgument:
                 continue  # dropped since it was listed
             except TidewaterError as exc:
@@ -182,7 +185,7 @@ def pick_up_new_tables(up: Upstream, info: ChangefeedInfo, published: dict[int, 
         if outcome and cancel is None and copies:
             try:
                 assert request_copy is not None
-                cancel = request_copy(info, table, span.index)
+                cancel = request_copy(info, table, span.index, oid)
             except TidewaterError as exc:
                 log.warning("changefeed=%s: the table copy of %s could not be requested: %s", info.id, table, exc)
         if outcome and cancel is not None:

@@ -6,8 +6,11 @@ through the stream: it writes a table as of its snapshot's Ts at once. When a ta
 copy ran (``DROP TABLE b; ALTER TABLE a RENAME TO b`` with ``a`` being copied in one span and ``b`` in another), the
 copy can write ``b`` as of a Ts *after* that DDL before the other span has applied its side of it (dropping its own
 ``b``), and that span then drops the copied rows: the changefeed said ``normal`` with ``b`` empty downstream (seen
-under load in tests/e2e/test_ddl_concurrent.py). Until the copy is ordered with the barrier, the span about to
-apply such a DDL checks the copy plans of the other spans and refuses it, naming the tables, instead of applying it.
+under load in tests/e2e/test_ddl_concurrent.py). A copy run reads a renamed table by its relation oid under the
+snapshot it was planned at (``upstream.postgres.snapshot_read``), so it no longer gets ahead by itself; a run that
+*restarts* after the rename cannot import its old snapshot again and copies the table under its new name at a later
+one. Until the copy is ordered with the barrier, the span about to apply such a DDL checks the copy plans of the
+other spans and refuses it, naming the tables, instead of applying it (docs/ddl.md, "Still refused loudly").
 """
 
 from __future__ import annotations
@@ -29,14 +32,19 @@ def ddl_names(event: DdlEvent) -> list[TableName]:
 
 def copied_after(progress: SnapshotProgressStore, changefeed: str, spans: Iterable[int], names: Iterable[TableName],
                  ts: int) -> list[str]:
-    """For each of ``names`` that one of ``spans`` planned its copy of under a snapshot after commit Ts ``ts``: a
-    sentence naming the span, table and Ts (empty: no copy ran ahead of ``ts``). One etcd read per span and name;
-    asked only at name-changing DDLs of changefeeds with several spans."""
+    """For each of ``names`` that one of ``spans`` planned its copy of under a snapshot after commit Ts ``ts``, or
+    copied chunks of under one (a run that restarted: its chunks left are read under the new run's snapshot): a
+    sentence naming the span, table and Ts (empty: no copy ran ahead of ``ts``). Two etcd reads per span and planned
+    name; asked only at name-changing DDLs of changefeeds with several spans."""
     out = []
     names = list(names)
     for span in spans:
         for name in names:
             plan = progress.get_plan(changefeed, span, name)
-            if plan is not None and plan.ts > ts:
-                out.append(f"span {changefeed}/{span} copied table {name} as of Ts {plan.ts}, after this DDL")
+            if plan is None:
+                continue
+            read = max((d.commit_ts for d in progress.done_chunks(changefeed, span, name).values()), default=0)
+            if max(plan.ts, read) > ts:
+                out.append(f"span {changefeed}/{span} copied table {name} as of Ts {max(plan.ts, read)}, after this "
+                           "DDL")
     return out

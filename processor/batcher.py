@@ -163,19 +163,19 @@ class TxnBatcher:
                 self._mark_replayed(ts, parts)
             return parts
         out: list[tuple[list[RowChange], list[DdlEvent]]] = []
-        verdict, tables = hold.verdict, hold.tables
+        verdict, tables, oids = hold.verdict, hold.tables, hold.oids
         for rows, ddl in parts:
             kept_rows: list[RowChange] = []
             for r in rows:
-                name = str(r.schema.name)
-                v = verdict(name, ts) if name in tables else PASS
+                name, oid = str(r.schema.name), r.schema.relation_id
+                v = verdict(name, ts, oid) if name in tables or oid in oids else PASS
                 if v == WAIT:
                     return None
                 if v == PASS:
                     kept_rows.append(r)
             kept_ddl: list[DdlEvent] = []
             for e in ddl:
-                v = verdict(str(e.table), ts)
+                v = verdict(str(e.table), ts, ddl_relation_id(e))
                 if v == WAIT:
                     return None
                 if v == PASS:

@@ -371,7 +371,7 @@ class Processor:
             copy = self._initial_copy(info, span, upstream, progress, state, config, label,
                                       warn=slot.warnings.add if slot is not None else None)
         else:
-            state = self._take_up_table_copies(info, span_index, state, progress)
+            state = self._take_up_table_copies(info, span_index, state, progress, upstream)
             if state is not None and state.phase != "done" and state.tables:
                 def truncate(schemas: Sequence[TableSchema], at: Watermark) -> None:
                     sink = self._sinks.open(info.sink_uri, config.sink)
@@ -392,7 +392,8 @@ class Processor:
                           floors=TableFloors(state.floors, state.oids) if stored and state is not None else None,
                           ceilings=TableFloors(state.ceilings, state.oids) if stored and state is not None else None,
                           table=table_copy,
-                          hold=TableHold(state.tables) if table_copy is not None and state is not None else None)
+                          hold=TableHold(state.tables, oids=state.oids)
+                          if table_copy is not None and state is not None else None)
         hooks = SpanHooks(fence=self._lease_fence, schema_history=self._schema_recorder(info.id),
                           barrier=self._changefeed_barrier(info, span_index, progress) if len(info.spans) > 1 else None,
                           warnings=slot.warnings if slot is not None else None,
@@ -439,20 +440,35 @@ class Processor:
 
     @staticmethod
     def _take_up_table_copies(info: ChangefeedInfo, span: int, state: SpanSnapshot | None,
-                              progress: SnapshotProgressStore) -> SpanSnapshot | None:
+                              progress: SnapshotProgressStore, upstream: Upstream) -> SpanSnapshot | None:
         """A span that has no copy running takes up the table copies asked of it since its last one: their
         tables' earlier copy records go (before the new state is stored, so a run that dies in between takes
-        them up again), and its snapshot state becomes a table copy of them (stored by the copy's first run)."""
+        them up again), and its snapshot state becomes a table copy of them (stored by the copy's first run),
+        with each table's relation oid (the request's, else the table's of that name now), by which the hold and
+        the copy find it when it is renamed (docs/snapshot.md, "A table renamed while it is copied")."""
         pending = pending_table_copies(info, span, state)
         if not pending or (state is not None and state.phase != "done"):
             return state
         tables = tuple(sorted({c.table for c in pending}))
+        asked = {c.table: c.oid for c in sorted(pending, key=lambda c: c.request) if c.oid}
+        taken: dict[str, int] = {}
+        for t in tables:
+            oid = asked.get(t, 0)
+            if not oid:
+                try:
+                    oid = upstream.table_schema(TableName.parse(t)).relation_id
+                except InvalidArgument:
+                    oid = 0  # gone (or renamed) and asked for without an oid: the copy says what it finds
+            taken[t] = oid
         for t in tables:
             progress.forget_table(info.id, span, TableName.parse(t))
         log.info("span=%s/%d takes up a table copy of %s (%s)", info.id, span, ", ".join(tables),
                  ", ".join(sorted({c.reason for c in pending})))
         floors = dict(state.floors) if state is not None else {}
-        oids = dict(state.oids) if state is not None else {}
+        oids = {**(dict(state.oids) if state is not None else {}), **{t: o for t, o in taken.items() if o}}
+        for t, o in taken.items():
+            if not o:
+                oids.pop(t, None)  # (an earlier copy's oid of that name is no longer the table's)
         return SpanSnapshot("copying", (), floors, tables, max(c.request for c in pending), oids=oids)
 
     def _persist_snapshot(self, cf: str, span: int) -> Callable[[SpanSnapshot], None]:

@@ -57,7 +57,7 @@ from cdc.snapshot import (
 )
 from cdc.ts import Watermark
 from processor.merged_rows import MergedRows
-from upstream.base import Upstream
+from upstream.base import Upstream, planned_schema
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,9 @@ class StreamGate(Protocol):
     """The streaming span a table copy runs beside (``processor.span.SpanRunner``, through its
     :class:`processor.table_hold.TableHold`)."""
 
-    def pass_up_to(self, boundary: int, drop: Mapping[str, int]) -> None:
-        """Let the copied tables' changes at or below ``boundary`` pass (those at or below ``drop[table]``: drop)."""
+    def pass_up_to(self, boundary: int, drop: Mapping[str, int], oids: Mapping[str, int] | None = None) -> None:
+        """Let the copied tables' changes at or below ``boundary`` pass (those at or below ``drop[table]``: drop;
+        ``oids``: those tables' relation oids, by which the hold finds them)."""
 
     def caught_up(self, boundary: int) -> bool:
         """Everything the span streams up to ``boundary`` is written downstream (or it waits before a copied
@@ -200,15 +201,25 @@ class InitialCopy:
             raise InvalidArgument(f"span {self.label}: its publication {self.span.publication!r} no longer exists "
                                   "upstream; the changefeed cannot copy or stream: remove it and create it again")
         kept: dict[str, int] = {}
+        orphans: dict[int, TableName] = {}
+        now: dict[str, str] = {}
         if self.state.tables:  # a table copy: the tables asked for that the span still publishes
             wanted = set(self.state.tables)
-            self._check_published(wanted - {str(t) for t in tables})
-            tables = [t for t in tables if str(t) in wanted]
-            kept = {k: v for k, v in self.state.floors.items() if k not in wanted}
+            published = {str(t) for t in tables}
+            now = self._renamed_since(wanted - published, published)
+            self._check_published(wanted - published - set(now))
+            tables = [t for t in tables if str(t) in wanted or str(t) in now.values()]
+            kept = {k: v for k, v in self.state.floors.items()
+                    if k not in wanted and k not in now.values() and k not in self.state.names.values()}
+            orphans = self._renamed_after_boundary(now)
+            if not self.state.exports:  # the first run: the names the stream gives the targets up to B
+                self.state = dataclasses.replace(self.state, names=now)
+        elif self.state.exports:  # a later run of the initial copy
+            tables = self._keep_renamed(tables)
         if tables:
             self.launcher.prepare(self.info.id, self.span.index, self.info.sink_uri)  # it starts while this one plans
             try:
-                self._run(tables, kept, stop, gate)
+                self._run(tables, kept, stop, gate, orphans)
             finally:
                 self.launcher.discard(self.info.id, self.span.index)  # (unused: nothing was left to copy, or a failure)
             self._check_all_copied(tables)
@@ -226,7 +237,7 @@ class InitialCopy:
         return floors
 
     def _run(self, tables: Sequence[TableName], kept: dict[str, int], stop: threading.Event,
-             gate: StreamGate | None) -> None:
+             gate: StreamGate | None, orphans: Mapping[int, TableName] | None = None) -> None:
         """One copy run: export a snapshot, record it, plan, and have the launcher copy what is left under it."""
         with self.upstream.export_snapshot(label=self.label) as exp:
             merged = self.state.merged
@@ -238,7 +249,7 @@ class InitialCopy:
             self.persist(self.state)  # before any row is written under it
             if gate is not None:
                 self._catch_up(gate, tables, stop)
-            pending, rows = self.plan_tables(tables, exp.name, exp.ts, exp.time)
+            pending, rows = self.plan_tables(tables, exp.name, exp.ts, exp.time, orphans)
             if pending:
                 request = CopyRequest(self.info.id, self.span.index, self.info.upstream_uri, self.info.sink_uri,
                                       tuple(pending), exp.name, exp.ts, exp.time, self.chunk_rows,
@@ -278,6 +289,86 @@ class InitialCopy:
                     exact.add(name)
             self.merged_rows.check(reader, schemas, exact)
 
+    def _keep_renamed(self, tables: Sequence[TableName]) -> list[TableName]:
+        """A later run of the initial copy: ``tables`` (the span's, by their names now), a table renamed since an
+        earlier run planned it (``ALTER TABLE .. RENAME``, ``SET SCHEMA``; found by the plan's relation oid) given
+        back its planned name where its copy can go on as planned. That is a keyed table whose definition is still
+        the plan's and whose replay carries every value (not :func:`cdc.snapshot.may_leave_values_unsent`), outside
+        ``merge``: its chunks left are read by oid under this run's snapshot into the target of the planned name, its
+        floor stays the plan's Ts (below the rename), and the stream replays the rename over it, as any change after
+        a chunk's snapshot ("A chunk read at a later snapshot converges"). The copy so writes no name the table took
+        after its plan, and does not run ahead of another span's changefeed barrier at the rename (docs/ddl.md).
+        Any other such table keeps its new name: it is copied again whole under it (:meth:`_forget_renamed`)."""
+        cf, span = self.info.id, self.span.index
+        names = {str(t) for t in tables}
+        orphans = {p.oid: p for p in self.progress.all_plans(cf, span).values()
+                   if p.oid and str(p.table_name) not in names}
+        if not orphans:
+            return list(tables)
+        out: list[TableName] = []
+        for t in tables:
+            plan = None if self.progress.get_plan(cf, span, t) is not None else self._adoptable(t, orphans)
+            if plan is not None:
+                log.warning("span=%s table %s was renamed to %s since its copy was planned (relation oid %d): its "
+                            "copy goes on as planned, under its planned name; the stream renames the target",
+                            self.label, plan.table_name, t, plan.oid)
+                out.append(plan.table_name)
+            else:
+                out.append(t)
+        return sorted(out, key=str)
+
+    def _adoptable(self, t: TableName, orphans: Mapping[int, TablePlan]) -> TablePlan | None:
+        """The plan of ``orphans`` made for table ``t`` under its earlier name, if its copy can go on under it
+        (:meth:`_keep_renamed`); else None."""
+        if self.merge:
+            return None
+        try:
+            schema = self.upstream.table_schema(t)
+        except InvalidArgument:
+            return None  # (gone meanwhile)
+        plan = orphans.get(schema.relation_id)
+        if (plan is None or not plan.has_key or not plan.definition or plan.definition != table_definition(schema)
+                or may_leave_values_unsent(schema)):
+            return None
+        return plan
+
+    def _renamed_after_boundary(self, now: Mapping[str, str]) -> dict[int, TableName]:
+        """A later run of a table copy: the tables of ``now`` (asked name -> name now) whose name at the first export
+        ``B`` (:attr:`SpanSnapshot.names`, else the name asked for) is not their name now, by relation oid, with that
+        name. They were renamed after ``B``: the hold keeps that rename back, so their target downstream still has the
+        name of ``B`` (and what an earlier run copied into it); each is copied under its new name and this run's
+        snapshot, whose floor drops the held rename, so the old target is removed first (:meth:`_forget_renamed`)."""
+        out: dict[int, TableName] = {}
+        if not self.state.exports:
+            return out
+        for asked, name in now.items():
+            then = self.state.names.get(asked, asked)
+            oid = self.state.oids.get(asked, 0)
+            if then != name and oid:
+                out[oid] = TableName.parse(then)
+        return out
+
+    def _renamed_since(self, missing: set[str], published: set[str]) -> dict[str, str]:
+        """Of a table copy's tables that the span no longer publishes under the name they were asked for: those
+        renamed since (``ALTER TABLE .. RENAME``, ``SET SCHEMA``), found by the relation oid recorded when the copy
+        was asked for or taken up (:attr:`SpanSnapshot.oids`), with the name the span publishes them under now: they
+        are copied under it (the hold holds them by oid). A table renamed out of the span's publication, or whose oid
+        is not known: left to :meth:`_check_published`."""
+        out: dict[str, str] = {}
+        for old in sorted(missing):
+            oid = self.state.oids.get(old, 0)
+            if not oid:
+                continue
+            try:
+                name = str(self.upstream.table_schema(oid).name)
+            except InvalidArgument:
+                continue  # gone upstream
+            if name in published:
+                log.warning("span=%s table %s (relation oid %d) to be copied is called %s now: copied under that "
+                            "name", self.label, old, oid, name)
+                out[old] = name
+        return out
+
     def _check_published(self, missing: set[str]) -> None:
         """A table of a table copy that the span does not publish: dropped since (nothing to copy), or not added
         yet (the owner asks for a joining table's copy just before it adds it): then the copy waits for it, as a
@@ -298,7 +389,7 @@ class InitialCopy:
         holds back the rest; once it has written everything up to ``B``, no change of theirs at or below ``B``
         is written any more by this run, and their copy may begin."""
         first = self.state.exports[0][1]
-        gate.pass_up_to(first, self._forgetting_unplaced(self._copied_keyless, tables))
+        gate.pass_up_to(first, self._forgetting_unplaced(self._copied_keyless, tables), self.table_oids(tables))
         while not gate.caught_up(first):
             if stop.wait(0.1):
                 raise CopyStopped(f"span {self.label} stopped while its table copy waited for the stream")
@@ -326,8 +417,8 @@ class InitialCopy:
             log.error("span=%s %s", self.label, exc.message)
             raise
 
-    def plan_tables(self, tables: Sequence[TableName], snapshot: str, ts: int, at: float = 0.0
-              ) -> tuple[list[TableName], int]:
+    def plan_tables(self, tables: Sequence[TableName], snapshot: str, ts: int, at: float = 0.0,
+                    orphans: Mapping[int, TableName] | None = None) -> tuple[list[TableName], int]:
         """The tables with chunks left to copy (or a deferred key to build), and about how many rows those chunks
         hold (as planned). A table planned now (the first run to see it, or one whose definition changed since its
         plan: :meth:`_replan_changed`) is planned under ``snapshot`` and its plan stored (the job takes it as it is);
@@ -345,8 +436,10 @@ class InitialCopy:
             # the initial copy: ``tables`` is then every table of the span, and nothing streamed yet, so the old
             # name's target holds only what the copy wrote (after it, the stream has renamed the target itself, and
             # a table copy's ``tables`` are only those it copies: another table's plan is not an orphan)
-            renamed = {} if self.state.tables else {
-                p.oid: p for p in self.progress.all_plans(cf, span).values() if p.oid and p.table_name not in plans}
+            # (a table copy: only its own tables renamed after its first export, ``orphans``)
+            renamed = dict(orphans or {}) if self.state.tables else {
+                p.oid: p.table_name for p in self.progress.all_plans(cf, span).values()
+                if p.oid and p.table_name not in plans}
             # a table copy truncates targets through the span's sink (one caller): one reader, in order
             readers = 1 if self.truncate is not None else min(PLAN_READERS, len(new))
             groups = [new[i::readers] for i in range(readers)]
@@ -386,10 +479,10 @@ class InitialCopy:
         changed: list[TableName] = []
         with self.upstream.snapshot_reader(snapshot, label=self.label) as reader:
             for t in left:
-                schema = reader.table_schema(t)
-                reader.release()
                 plan = plans[t]
                 assert plan is not None
+                schema = planned_schema(reader, t, plan.oid)  # (kept under its planned name: _keep_renamed)
+                reader.release()
                 now = table_definition(schema)
                 if not plan.definition or now == plan.definition:
                     # rows of it may be downstream from an earlier run: chunks recorded, or written and not recorded
@@ -438,11 +531,12 @@ class InitialCopy:
         self.progress.forget_table(cf, span, t)
 
     def _plan_new(self, tables: Sequence[TableName], snapshot: str, ts: int, at: float,
-                  renamed: Mapping[int, TablePlan] | None = None) -> dict[TableName, TablePlan | None]:
+                  renamed: Mapping[int, TableName] | None = None) -> dict[TableName, TablePlan | None]:
         """Plan ``tables`` (not planned yet) under ``snapshot`` (exported at ``ts``, upstream time ``at``) on one
         reader and store their plans, with each table's relation oid; a table empty at the snapshot gets its chunks
-        recorded as done (at ``ts``) and None. ``renamed``: by relation oid, the stored plans of names the span no
-        longer has; a table planned here under one of those oids was renamed since (:meth:`_forget_renamed`)."""
+        recorded as done (at ``ts``) and None. ``renamed``: by relation oid, names the span no longer has whose target
+        holds what the copy (or, for a table copy, the stream) wrote; a table planned here under one of those oids
+        was renamed since (:meth:`_forget_renamed`)."""
         cf, span = self.info.id, self.span.index
         out: dict[TableName, TablePlan | None] = {}
         with self.upstream.snapshot_reader(snapshot, label=self.label) as reader:
@@ -488,27 +582,28 @@ class InitialCopy:
                     f"chunks of table {t} are not recorded as copied (chunk {shown}): the span does not stream over "
                     "them; the next run copies what is left (if this repeats, the job loses chunks: report it)")
 
-    def _forget_renamed(self, old: TablePlan, schema: TableSchema, ts: int, at: float) -> None:
-        """``schema``'s table was planned by an earlier run under the name of ``old`` (same relation oid) and renamed
-        since (``ALTER TABLE .. RENAME``, ``SET SCHEMA``). What that run copied went to a target of the old name;
+    def _forget_renamed(self, old_name: TableName, schema: TableSchema, ts: int, at: float) -> None:
+        """``schema``'s table was planned by an earlier run under the name ``old_name`` (same relation oid; a table
+        copy: had that name at its first export) and renamed since (``ALTER TABLE .. RENAME``, ``SET SCHEMA``). What
+        that run copied (a table copy: what the stream wrote) went to a target of the old name;
         the table is copied again, whole, under its new name and this run's snapshot (its floor is then this run's
         Ts, found by oid, so its changes under the old name up to it, and the rename, are in the copy). So the old
         target is removed (``restart_target``, before the old records go: a run that dies in between removes it
         again) and the old records go. Under ``merge`` the old target holds the user's rows and is not removed:
         :class:`SnapshotTableChanged` names the fix (the old records go, so the resumed run merges it again)."""
         cf, span = self.info.id, self.span.index
-        what = (f"table {old.table_name} was renamed to {schema.name} while it was being copied (relation oid "
+        what = (f"table {old_name} was renamed to {schema.name} while it was being copied (relation oid "
                 f"{schema.relation_id})")
         if self.merge or self.restart_target is None:
-            self.progress.forget_table(cf, span, old.table_name)
+            self.progress.forget_table(cf, span, old_name)
             raise SnapshotTableChanged(
-                f"span {self.label}: {what}, and its target {old.table_name} holds rows of yours ([snapshot] "
-                f'on-existing-rows = "merge") or cannot be removed. Fix: rename the target table {old.table_name} to '
+                f"span {self.label}: {what}, and its target {old_name} holds rows of yours ([snapshot] "
+                f'on-existing-rows = "merge") or cannot be removed. Fix: rename the target table {old_name} to '
                 f"{schema.name} too, then `cdc cli changefeed resume -c {cf}`: the table is planned again under a new "
                 "snapshot and its rows merged again")
         log.warning("span=%s %s: its copy starts over under its new name (old target removed)", self.label, what)
-        self.restart_target(dataclasses.replace(schema, name=old.table_name), ts, at)
-        self.progress.forget_table(cf, span, old.table_name)
+        self.restart_target(dataclasses.replace(schema, name=old_name), ts, at)
+        self.progress.forget_table(cf, span, old_name)
 
     def table_oids(self, tables: Sequence[TableName]) -> dict[str, int]:
         """Each table's relation oid at the snapshot its plan was made under (tables whose plan has none: left

@@ -258,14 +258,14 @@ class SpanRunner:
         # its floor once the hold is released)
         self.ceilings = self.ceilings.merged(TableFloors(getattr(self.table_copy, "ceilings", {}), oids))
         self.floors = self.floors.merged(TableFloors(floors, oids).above(self.checkpoint.ts))
-        self.hold.release(floors)
+        self.hold.release(floors, oids)
         log.info("span=%s table copy of %s done; their changes stream again", self.label,
                  ", ".join(sorted(self.hold.tables)))
 
     # StreamGate (processor.snapshot) of a table copy
-    def pass_up_to(self, boundary: int, drop: Mapping[str, int]) -> None:
+    def pass_up_to(self, boundary: int, drop: Mapping[str, int], oids: Mapping[str, int] | None = None) -> None:
         assert self.hold is not None
-        self.hold.pass_up_to(boundary, drop)
+        self.hold.pass_up_to(boundary, drop, oids)
         self._wake.set()
 
     @property

@@ -70,6 +70,7 @@ from spark_jobs.deferred import KeyBuilder, OwedKey, prepare_table
 from spark_jobs.plan import SnapshotJob, read_job
 from spark_jobs.session import spark_session
 from upstream import open_upstream
+from upstream.base import planned_schema
 
 log = logging.getLogger(__name__)
 
@@ -106,8 +107,9 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "",
     try:
         with upstream.snapshot_reader(job.snapshot, label=job.label) as reader:
             for name in job.table_names:
-                schema = reader.table_schema(name)
                 plan = store.get_plan(job.changefeed, job.span, name)
+                # (a table renamed since its plan: found by the plan's oid, copied under the plan's name)
+                schema = planned_schema(reader, name, plan.oid if plan is not None else 0)
                 if plan is None:
                     plan = store.put_plan(job.changefeed, job.span, dataclasses.replace(
                         reader.plan(schema, job.chunk_rows), definition=table_definition(schema),

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from cdc.errors import InvalidArgument
 from cdc.events import ColumnSchema, TableName, TableSchema
 from cdc.model import ChangefeedInfo, SpanInfo, SpanSnapshot
 from cdc.snapshot import ChunkDone, TablePlan, plan_from_bounds
@@ -79,7 +80,12 @@ class Reader:
         pass
 
     def table_schema(self, table: TableName) -> Any:
+        if table not in self.upstream.schemas:
+            raise InvalidArgument(f"table {table} does not exist in the upstream database")
         return self.upstream.schemas[table]
+
+    def relation_schema(self, oid: int) -> Any:
+        return next((s for s in self.upstream.schemas.values() if s.relation_id == oid), None)
 
     def plan(self, schema: Any, chunk_rows: int) -> TablePlan:
         return self.upstream.plans[schema.name]
@@ -103,6 +109,13 @@ class Upstream:
 
     def span_tables(self, span: SpanInfo) -> list[TableName]:
         return list(self.tables)
+
+    def table_schema(self, table: TableName | int) -> Any:
+        found = (self.schemas.get(table) if isinstance(table, TableName) else
+                 next((s for s in self.schemas.values() if s.relation_id == table), None))
+        if found is None:
+            raise InvalidArgument(f"table {table} does not exist in the upstream database")
+        return found
 
     @contextlib.contextmanager
     def export_snapshot(self, *, label: str = "") -> Iterator[ExportedSnapshot]:

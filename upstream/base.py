@@ -33,6 +33,7 @@ How a new upstream plugs in: implement these (the snapshot reader is optional) i
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 import threading
 from abc import ABC, abstractmethod
@@ -326,6 +327,20 @@ class RowReader(Protocol):
     def close(self) -> None: ...
 
 
+def planned_schema(reader: SnapshotReader, name: TableName, oid: int = 0) -> TableSchema:
+    """The schema at ``reader``'s snapshot of a table an earlier snapshot's plan named ``name`` (relation ``oid``, 0:
+    unknown): by name; when no table has that name at this snapshot, relation ``oid``'s (renamed since the plan), under
+    ``name``, the name its copy writes (docs/snapshot.md, "A table renamed between two runs"). Its reads go by the oid
+    the schema carries. ``InvalidArgument`` when neither is found."""
+    try:
+        return reader.table_schema(name)
+    except InvalidArgument:
+        found = reader.relation_schema(oid) if oid else None
+        if found is None:
+            raise
+    return dataclasses.replace(found, name=name)
+
+
 class SnapshotReader(ABC):
     """Reads tables as they were at one upstream snapshot, in key-range chunks (docs/snapshot.md).
 
@@ -345,6 +360,12 @@ class SnapshotReader(ABC):
     @abstractmethod
     def table_schema(self, table: TableName) -> TableSchema:
         """``table``'s schema at the snapshot (as ``Upstream.table_schema`` describes it)."""
+
+    def relation_schema(self, oid: int) -> TableSchema | None:
+        """The schema of relation ``oid`` at the snapshot, under the name it had then (None: none, or this reader
+        cannot look relations up by oid)."""
+        return None
+
 
     @abstractmethod
     def plan(self, schema: TableSchema, chunk_rows: int) -> TablePlan:

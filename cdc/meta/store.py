@@ -16,7 +16,7 @@ Thread-safe (stateless apart from the client).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
 
@@ -261,9 +261,11 @@ class MetaStore:
                             [Op.put(key, self._info_json(info))])
 
     def request_table_copies(self, cf: str, tables: Sequence[tuple[str, int]], reason: str, now: float,
-                             fence: Sequence[Compare] = (), attempts: int = 20) -> tuple[TableCopy, ...]:
+                             fence: Sequence[Compare] = (), attempts: int = 20,
+                             oids: Mapping[str, int] | None = None) -> tuple[TableCopy, ...]:
         """Add a :class:`cdc.model.TableCopy` for each ``(schema.table, span)`` to changefeed ``cf`` (compare-and-
-        swap, retried on conflicts); return them. ``ChangefeedNotFound`` if it is gone."""
+        swap, retried on conflicts); return them. ``oids``: the tables' relation oids where known.
+        ``ChangefeedNotFound`` if it is gone."""
         for _ in range(attempts):
             entry = self.get_changefeed(cf)
             if entry is None:
@@ -273,7 +275,7 @@ class MetaStore:
             added = []
             for table, span in tables:
                 seq += 1
-                added.append(TableCopy(table, span, seq, reason, now))
+                added.append(TableCopy(table, span, seq, reason, now, (oids or {}).get(table, 0)))
             new = replace(info, table_copies=(*info.table_copies, *added), table_copy_seq=seq)
             if self.update_changefeed(new, entry.mod_revision, fence):
                 return tuple(added)

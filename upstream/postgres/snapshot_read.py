@@ -27,6 +27,17 @@ and is split as it is). Each row is parsed by :func:`upstream.postgres.types.row
 :class:`upstream.postgres.source.PgChangeDecoder` -- and becomes an INSERT :class:`cdc.events.RowChange` with
 ``row`` and ``row_text`` set, as the mounter builds it. No per-row I/O or logging.
 
+Naming the table (:meth:`PgSnapshotReader._locked_name`): PostgreSQL resolves a query's table *name* against the
+current catalog, not the snapshot's, so a table renamed (``ALTER TABLE .. RENAME``, ``SET SCHEMA``) after the snapshot
+could no longer be read under its name at the snapshot. A schema that carries its relation oid (every schema the
+reader or the catalog gives) is read by that oid instead: its current name is looked up by oid in the relation cache
+(``pg_identify_object_as_address``, which reads the current catalog), the table is locked under it (``ACCESS SHARE``:
+no rename, drop or rewrite can commit until the transaction ends) and looked up again, and the queries name it so.
+The rows are still the snapshot's (the heap is the same relation), so a copy planned under a snapshot keeps being
+read as of that snapshot, under the name the table had then downstream, however it is called now
+(docs/snapshot.md, "A table renamed while it is copied"). A table dropped since has no current name: the retryable
+:class:`cdc.errors.SnapshotTableAltered`, as before.
+
 Reading as text (:meth:`PgSnapshotReader.read_chunk_text`): the same COPY's bytes, unparsed, for a sink that stores
 them itself (:class:`cdc.snapshot.CopyText`, the initial copy's passthrough into PostgreSQL, ``sinks.sql.ops.bulk``),
 drained from libpq in 1 MiB blocks by :mod:`upstream.postgres.copy_out` (C, no Python call per row); where that helper
@@ -161,12 +172,58 @@ class PgSnapshotReader(SnapshotReader):
             raise InvalidArgument(f"{exc.message} (at the snapshot{self._at()}): check the table list of the "
                                   "snapshot copy") from None
 
+    def relation_schema(self, oid: int) -> TableSchema | None:
+        conn = self._connection()
+        try:
+            return catalog.table_schema(conn, oid)  # (the snapshot's catalog: the name it had then)
+        except InvalidArgument:
+            return None
+
     def _at(self) -> str:
         return f" {self.snapshot!r}" if self.snapshot else ""
+
+    def _locked_name(self, conn: Any, schema: TableSchema) -> TableName:
+        """The name ``schema``'s table is to be queried under in this transaction: at an exported snapshot, when the
+        schema carries its relation oid, the table's *current* name (module doc, "Naming the table"), with the table
+        locked (``ACCESS SHARE``, held until :meth:`release`) under it, so it cannot be renamed, dropped or rewritten
+        before the transaction ends; else ``schema.name`` as it is. Raises the retryable
+        :class:`cdc.errors.SnapshotTableAltered` when the relation no longer exists, or keeps being renamed."""
+        name, oid = schema.name, schema.relation_id
+        if self.snapshot is None or not oid:
+            return name
+        for _ in range(5):
+            try:
+                with self._read_errors(conn, name, f"looking up the current name of {name} (relation oid {oid})"), \
+                        conn.cursor() as cur:
+                    now = _current_name(cur, oid)
+                    if now is None:
+                        break
+                    cur.execute(sql.SQL("LOCK TABLE {} IN ACCESS SHARE MODE").format(
+                        sql.Identifier(now.schema, now.table)))
+                    if _current_name(cur, oid) == now:  # (locked: it stays so until the transaction ends)
+                        if now != name:
+                            log.info("snapshot reader %s: %s (relation oid %d) is called %s now: read under that "
+                                     "name at snapshot %s", self._label, name, oid, now, self.snapshot)
+                        return now
+            except SnapshotTableAltered:  # renamed between the look-up and the lock: look again
+                self.close()
+                conn = self._connection()
+                continue
+            except BaseException:
+                self.close()  # the transaction is aborted: the next read opens another at the snapshot
+                raise
+            self.release()  # renamed in between: the lock is on another table (or none), start again
+            conn = self._connection()
+        self.close()
+        raise SnapshotTableAltered(
+            f"table {name} (relation oid {oid}) was dropped, or keeps being renamed, after the snapshot "
+            f"{self.snapshot!r} was taken: its rows cannot be read at this snapshot. The copy goes on under a fresh "
+            "snapshot (a table dropped is not copied)")
 
     def _check_not_rewritten(self, conn: Any, name: TableName) -> None:
         """Before the table is read at an exported snapshot: lock it (``ACCESS SHARE``, held until :meth:`release`:
         no rewrite can commit while it is read) and check that its storage is the one the snapshot knows.
+        ``name``: the table's current name (:meth:`_locked_name`).
         A table-rewriting ``ALTER TABLE`` (a column's type, a volatile default) is not MVCC-safe: once committed, the
         table reads *empty* under a snapshot taken before it, so a chunk read then would be recorded as copied with
         none of its rows, and the stream does not carry rewritten rows. The snapshot's ``pg_class`` row (read under
@@ -247,8 +304,9 @@ class PgSnapshotReader(SnapshotReader):
     def count_rows(self, schema: TableSchema) -> int:
         name = schema.name
         conn = self._connection()
+        now = self._locked_name(conn, schema)
         with self._read_errors(conn, name, f"counting the rows of {name}"), conn.cursor() as cur:
-            cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(name.schema, name.table)))
+            cur.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(now.schema, now.table)))
             return int(cur.fetchone()[0])
 
     # ---- planning --------------------------------------------------------------------------------------
@@ -256,16 +314,17 @@ class PgSnapshotReader(SnapshotReader):
         if chunk_rows < 1:
             raise InvalidArgument(f"chunk-rows must be at least 1, got {chunk_rows}")
         name = schema.name
-        table = sql.Identifier(name.schema, name.table)
         conn = self._connection()
-        self._check_not_rewritten(conn, name)
+        now = self._locked_name(conn, schema)  # (the plan keeps the snapshot's name: the target's)
+        table = sql.Identifier(now.schema, now.table)
+        self._check_not_rewritten(conn, now)
         count = sql.SQL("SELECT count(*) FROM {}").format(table)
         if not schema.has_key:
             with pg_conn.pg_errors(conn, f"counting the rows of {name}"), conn.cursor() as cur:
                 cur.execute(count)
                 return plan_from_bounds(name, int(cur.fetchone()[0]), chunk_rows, None)
         key = tuple(schema.key)
-        dense = self._dense_integer_plan(schema, chunk_rows)
+        dense = self._dense_integer_plan(schema, chunk_rows, now)
         if dense is not None:
             return dense
         # one ordered pass over the key (an index-only scan) gives the key of every chunk_rows-th row; the rows
@@ -290,7 +349,7 @@ class PgSnapshotReader(SnapshotReader):
         log.info("snapshot plan %s: %s rows in %d chunk(s) of %d rows", name, rows, len(plan.chunks), chunk_rows)
         return plan
 
-    def _dense_integer_plan(self, schema: TableSchema, chunk_rows: int) -> TablePlan | None:
+    def _dense_integer_plan(self, schema: TableSchema, chunk_rows: int, now: TableName) -> TablePlan | None:
         """Equal-width key ranges for a single integer key whose values are dense (``max - min + 1`` at most
         :data:`DENSE_SPREAD` times the rows) in a table of at least :data:`DENSE_MIN_ROWS` rows. The rows are
         PostgreSQL's estimate (``pg_class.reltuples``) when it says so, else the exact ``count(*)`` (an index-only
@@ -299,14 +358,14 @@ class PgSnapshotReader(SnapshotReader):
         at most ``width`` rows (the keys are distinct integers), about ``DENSE_SPREAD x chunk_rows`` at most, and
         together they cover every key, so an estimate off the mark only makes chunks larger or smaller (the plan's
         ``rows``, shown as the rows planned, is then that estimate). None: not such a key, or sparse (the caller
-        plans exact bounds)."""
+        plans exact bounds). ``now``: the name the table is queried under (:meth:`_locked_name`)."""
         if len(schema.key) != 1:
             return None
         col = schema.column(schema.key[0])
         if col.is_array or col.base_type not in _INTEGER_KEYS:
             return None
         name = schema.name
-        table = sql.Identifier(name.schema, name.table)
+        table = sql.Identifier(now.schema, now.table)
         k = sql.Identifier(col.name)
         conn = self._connection()
         with pg_conn.pg_errors(conn, f"planning the chunks of {name}"), conn.cursor() as cur:
@@ -339,11 +398,12 @@ class PgSnapshotReader(SnapshotReader):
 
     # ---- reading ---------------------------------------------------------------------------------------
     @staticmethod
-    def chunk_query(schema: TableSchema, chunk: SnapshotChunk) -> sql.Composed:
+    def chunk_query(schema: TableSchema, chunk: SnapshotChunk, now: TableName | None = None) -> sql.Composed:
         """``COPY (SELECT ... WHERE <key range> ORDER BY <key>) TO STDOUT`` of ``chunk`` (parameters: the lower
-        bound's values, then the upper bound's)."""
+        bound's values, then the upper bound's); ``now``: the table's current name, when it is not ``schema``'s."""
         cols = sql.SQL(", ").join(sql.Identifier(c.name) for c in schema.columns)
-        table = sql.Identifier(schema.name.schema, schema.name.table)
+        at = now or schema.name
+        table = sql.Identifier(at.schema, at.table)
         if chunk.whole:
             return sql.SQL("COPY (SELECT {} FROM {}) TO STDOUT").format(cols, table)
         if tuple(schema.key) != chunk.key:
@@ -373,7 +433,10 @@ class PgSnapshotReader(SnapshotReader):
     def _rows(self, schema: TableSchema, chunk: SnapshotChunk, query: sql.Composed, params: list[str],
               commit_ts: int, commit_time: float) -> Iterator[RowChange]:
         conn = self._connection()
-        self._check_not_rewritten(conn, schema.name)
+        now = self._locked_name(conn, schema)
+        self._check_not_rewritten(conn, now)
+        if now != schema.name:
+            query = self.chunk_query(schema, chunk, now)
         with conn.cursor() as cur:
             text_query = cur.mogrify(query, params)
         pipe = _CopyPipe()
@@ -441,7 +504,10 @@ class PgSnapshotReader(SnapshotReader):
         raises after the last block (never a silently short chunk); closing the generator early closes the
         pipe, which stops the COPY (and the connection, which cannot be trusted any more)."""
         conn = self._connection()
-        self._check_not_rewritten(conn, schema.name)
+        now = self._locked_name(conn, schema)
+        self._check_not_rewritten(conn, now)
+        if now != schema.name:
+            query = self.chunk_query(schema, chunk, now)
         with conn.cursor() as cur:
             text_query = cur.mogrify(query, params)
         if copy_out.available():
@@ -502,6 +568,18 @@ class PgSnapshotReader(SnapshotReader):
             out.close()
             if not complete:  # failed or abandoned mid-COPY: the connection cannot be trusted any more
                 self.close()
+
+
+def _current_name(cur: Any, oid: int) -> TableName | None:
+    """The name relation ``oid`` has in the current catalog (the relation cache, not the transaction's snapshot:
+    ``pg_identify_object_as_address``), None when it no longer exists."""
+    cur.execute("SELECT object_names FROM pg_catalog.pg_identify_object_as_address('pg_catalog.pg_class'::regclass, "
+                "%s, 0)", (oid,))
+    row = cur.fetchone()
+    names = row[0] if row is not None else None
+    if not names or len(names) != 2 or names[1] is None:
+        return None
+    return TableName(names[0], names[1])
 
 
 def _columns(cur: Any, regclass: str) -> list[tuple[str, int]]:

@@ -206,6 +206,46 @@ def test_a_schema_change_of_a_held_table_waits_like_its_rows() -> None:
     assert before == [] and [e.raw for e in b.ddl] == [b"t"]
 
 
+def test_a_held_table_is_found_by_its_relation_oid_under_any_name_and_only_that_relation() -> None:
+    """docs/snapshot.md, "A table renamed while it is copied": the hold knows ``public.t`` as relation 7. Its changes
+    and its rename under the new name ``public.t2`` (same oid) wait like those under the old one; a new relation that
+    took the old name (oid 9) is not held. The copy recorded its floor under the name the table had at its snapshot
+    (``public.t2``) with the oid: the hold matches it by oid, dropping what the copy holds. Held by name (as before),
+    ``t2``'s changes escaped the hold and were written before the copy's rows."""
+    from types import SimpleNamespace
+
+    from cdc.events import OpType, RowChange
+    from processor.table_hold import DROP, PASS, WAIT, TableHold
+
+    names = {b"t": ("public.t", 7), b"n": ("public.t2", 7), b"x": ("public.t", 9), b"u": ("public.u", 8)}
+
+    def mount(p: bytes, ts: int, tm: float) -> RowChange:
+        name, oid = names[p[:1]]
+        return RowChange(OpType.INSERT, SimpleNamespace(name=name, relation_id=oid), ts,  # type: ignore[arg-type]
+                         values={"p": p})
+
+    hold = TableHold(["public.t"], oids={"public.t": 7})
+    assert [hold.verdict(*a) for a in (("public.t2", 1, 7), ("public.t", 1, 9), ("public.t", 1, 0))] == [WAIT, PASS,
+                                                                                                      WAIT]
+    hold.pass_up_to(110)
+    txns = [SortedTxn(100, 1.0, 2, [b"t100", b"u100"]), SortedTxn(120, 1.2, 2, [DDL + b"t", b"u120"]),
+            SortedTxn(130, 1.3, 2, [b"n130", b"x130"]), SortedTxn(200, 2.0, 1, [b"n200"])]
+    rename = SimpleNamespace(table="public.t", raw=b"t", query="ALTER TABLE t RENAME TO t2", changes=(),
+                             before=SimpleNamespace(relation_id=7), after=SimpleNamespace(relation_id=7, name="public.t2"))
+    b = TxnBatcher(txns, mount, max_rows=100, ddl_commits={120}, hold=hold,
+                   schema_changes=lambda raw, ts, tm: [rename])
+    rows, last, _ = drain(b)
+    assert [r.values["p"] for r in rows] == [b"t100", b"u100"] and last == Watermark(100, 1.0) and b.blocked()
+    assert hold.blocked_at == 120  # the rename of t waits
+    hold.release({"public.t2": 130}, {"public.t2": 7})  # recorded under its name at the copy's snapshot
+    assert hold.verdict("public.t2", 130, 7) == DROP and hold.verdict("public.t2", 131, 7) == PASS
+    out: list[bytes] = []
+    while b.has_more():
+        got, _, _ = drain(b)
+        out += [r.values["p"] for r in got]
+    assert out == [b"u120", b"x130", b"n200"] and b.ddl == [], out  # t's rename and n130 are in the copy
+
+
 def test_a_table_renamed_inside_its_copys_window_fails_loudly_naming_the_resync() -> None:
     from types import SimpleNamespace
 
