@@ -45,7 +45,7 @@ def source_schema() -> str:
     return SCHEMA
 
 
-@pytest.fixture(params=["postgresql", "sqlite"])
+@pytest.fixture(params=["postgresql", "sqlite", "mariadb"])
 def sink_uri(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer) -> str:
     return make_sink_uri(request.param, request, tmp_path, pg_server)
 
