@@ -30,7 +30,7 @@ from upstream.postgres import ddl_decode
 PREFIX = "tidewater.ddl"
 CODE_NOT_CAPTURED = "CDC:WarnDdlNotCaptured"
 
-_HEAD = struct.Struct(">IHB")  # before version, seq, seq is local to the span
+_HEAD = struct.Struct(">IIB")  # before version, seq, seq is local to the span
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +86,8 @@ def after(content: bytes) -> TableSchema | None:
 def pack(before_version: int, seq: int, content: bytes, *, local: bool = False) -> bytes:
     """The stored form (module docstring). ``local``: ``seq`` is unique only within the span (``DdlEvent.seq_local``).
     The sorter is cleared when a span starts, so the form never outlives the process that wrote it."""
-    if seq > 0xFFFF:
-        raise DecodeError(f"more than {0xFFFF} schema changes in one transaction")
+    if seq > 0x7FFF_FFFF:  # (the record's seq column downstream is a 32-bit integer)
+        raise DecodeError(f"more than {0x7FFF_FFFF} schema changes in one transaction")
     return _HEAD.pack(before_version, seq, 1 if local else 0) + content
 
 
