@@ -158,6 +158,15 @@ class DdlRejected(SinkError):
         self.commit_ts = commit_ts
 
 
+class DdlOrderUnknown(SinkError):
+    """Two spans of a changefeed hold name-changing DDLs (CREATE, DROP, RENAME TABLE) of one upstream transaction, and
+    at least one of them has no known position in it (seen in the stream alone, without the DDL trigger): applying
+    them in the wrong order would put rows under the wrong name downstream, so neither is applied. The message names
+    the tables, the commit Ts and the fix."""
+
+    code = "CDC:ErrDdlOrderUnknown"
+
+
 class UpstreamError(TidewaterError):
     code = "CDC:ErrUpstreamFatal"
 

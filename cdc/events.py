@@ -280,9 +280,15 @@ class DdlEvent:
     """A schema change of one upstream table at an exact position in the stream.
 
     ``commit_ts`` is the commit Ts of the upstream transaction that ran the DDL and ``seq`` the DDL's
-    position among the DDL events of that transaction (0, 1, ...): ``(commit_ts, seq)`` is unique and is
-    what a sink records to apply a DDL at most once in effect. Rows of the same transaction that were
-    written before the DDL come before it in the stream; rows after it, after it.
+    position in that transaction as the upstream ran it (0, 1, ...), counted over *all* its DDL statements, also
+    those of tables other spans carry: every span of a changefeed gives a DDL the same ``seq``, so
+    ``(commit_ts, seq)`` is unique across the changefeed (what a sink records to apply a DDL at most once in
+    effect) and orders the DDLs of one transaction across spans (the changefeed barrier, docs/ddl.md). Several
+    events of one statement share its ``seq`` (they are of one table, so of one span). ``seq_local``: the event
+    has no such position (a schema change the span derived from the stream alone, without a DDL message, or any
+    later one of its transaction in that span): its ``seq`` is unique only within the span and orders nothing
+    across spans. Rows of the same transaction that were written before the DDL come before it in the stream;
+    rows after it, after it.
 
     ``before`` is the table's schema just before the DDL (None for CREATE_TABLE), ``after`` just after it
     (None for DROP_TABLE); both carry ``ColumnSchema.default`` where the upstream has one. ``changes``
@@ -302,6 +308,7 @@ class DdlEvent:
     seq: int = 0
     new_table: TableName | None = None
     fills: tuple[ColumnFill, ...] = ()
+    seq_local: bool = False
 
     def fill(self, column: str) -> ColumnFill | None:
         """The fill of added column ``column``, None when the event does not say."""

@@ -289,6 +289,11 @@ class SpanStatus:
     # 0: no such limit
     hold_ts: int = 0
     hold_time: float = 0.0
+    # While the span waits at a changefeed barrier (docs/ddl.md, "Changefeed barrier"): the commit Ts and the position in
+    # its transaction (DdlEvent.seq; -1: no position known, DdlEvent.seq_local) of the name-changing DDL it waits to
+    # apply. It has applied every DDL of its own before that one. 0: not waiting.
+    barrier_ts: int = 0
+    barrier_seq: int = 0
 
 
 @dataclass(frozen=True)

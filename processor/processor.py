@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from cdc.config import ChangefeedConfig, ServerConfig
-from cdc.errors import InvalidArgument, LeaseLost, MetaStoreError, TidewaterError
+from cdc.errors import DdlOrderUnknown, InvalidArgument, LeaseLost, MetaStoreError, TidewaterError
 from cdc.events import DdlEvent, TableName, TableSchema
 from cdc.filter import TableFilter
 from cdc.meta.keys import KeyKind
@@ -57,7 +57,7 @@ from cdc.snapshot import CopiedChunk
 from cdc.stats import SpanStats
 from cdc.ts import Watermark
 from cdc.uri import scrub
-from processor.barrier import copied_after, ddl_names
+from processor.barrier import UNORDERED, OtherSpan, barrier_position, barrier_verdict, copied_after, ddl_names
 from processor.floors import TableFloors
 from processor.merged_rows import MergedRows
 from processor.recovery import DependencyProbe
@@ -278,9 +278,7 @@ class Processor:
                 moving.append((slot, status))
         if not due:
             return True
-        urgent = any(slot.reported is None or (slot.reported.running, slot.reported.error, slot.reported.warnings,
-                                               slot.reported.hold_ts) != (st.running, st.error, st.warnings, st.hold_ts)
-                     for slot, st in due)
+        urgent = any(slot.reported is None or _urgent_fields(slot.reported) != _urgent_fields(st) for slot, st in due)
         if not urgent and now - self._last_batch < self.config.checkpoint_min_interval:
             return True  # one batch per checkpoint-min-interval per capture, however many spans are due
         self._last_batch = now
@@ -500,32 +498,50 @@ class Processor:
 
     def _changefeed_barrier(self, info: ChangefeedInfo, span_index: int, progress: SnapshotProgressStore
                             ) -> Callable[[DdlEvent, threading.Event], list[str]]:
-        """Waits (polling the stored span statuses) until every other span of ``info`` has a checkpoint at or
-        above ``ts - 1``: it wrote everything committed before the DDL's commit Ts ``ts``
-        (``SpanRunner._changefeed_barrier``). Then returns the tables whose names the DDL changes that another span's
-        copy planned under a snapshot *after* ``ts`` (:func:`copied_after`): such a copy already wrote what the name
-        holds after this DDL, so applying it would destroy or mix rows."""
+        """Waits (polling the stored span statuses every 0.5 s) until the wait rule of ``processor.barrier`` lets the
+        DDL at ``(commit Ts, seq)`` pass: every other span of ``info`` wrote all of that commit Ts, or waits at a later
+        DDL of its transaction (``SpanStatus.barrier_ts``/``barrier_seq``, published by ``SpanRunner``). Then returns
+        the tables whose names the DDL changes that another span's copy planned under a snapshot *after* the commit Ts
+        (:func:`copied_after`): such a copy already wrote what the name holds after this DDL, so applying it would
+        destroy or mix rows. Raises ``DdlOrderUnknown`` when the DDL has no position across spans and another span
+        waits at a DDL of the same transaction."""
         label = f"{info.id}/{span_index}"
 
         def wait(event: DdlEvent, stop: threading.Event) -> list[str]:
-            ts = event.commit_ts
+            ts, seq = barrier_position(event)
             announced = False
             while not stop.is_set():
-                behind = []
+                others = []
                 for s in info.spans:
                     if s.index == span_index:
                         continue
                     st = self.store.get_span_status(info.id, s.index)
-                    if max(s.start_ts, st.value.checkpoint_ts if st is not None else 0) < ts - 1:
-                        behind.append(s.index)
-                if not behind:
+                    v = st.value if st is not None else None
+                    others.append(OtherSpan(s.index, max(s.start_ts, v.checkpoint_ts if v is not None else 0),
+                                            v.barrier_ts if v is not None else 0, v.barrier_seq if v is not None else 0))
+                verdict = barrier_verdict(span_index, ts, seq, others)
+                if verdict.unordered:
+                    names = ", ".join(str(n) for n in ddl_names(event))
+                    spans = ", ".join(f"{info.id}/{i}" for i in verdict.unordered)
+                    raise DdlOrderUnknown(
+                        f"span {label}: schema change {event.query or ', '.join(event.kinds)!r} on {names} (commit Ts "
+                        f"{ts}) changes which table holds a downstream name, and span(s) {spans} wait(s) at another "
+                        "such DDL of the same upstream transaction; this one was seen in the stream alone (without "
+                        "Tidewater's DDL trigger), so their order in the transaction is unknown and applying them in "
+                        "the wrong order would put rows under the wrong name downstream. Fix: skip the DDLs of that "
+                        f"transaction (`cdc cli changefeed update -c {info.id} --skip-ddl-ts {ts}`, then `resume`), "
+                        "make the downstream tables match the upstream's names by hand or resync them (`cdc cli "
+                        "changefeed snapshot --table ...`), and install the DDL trigger (a superuser for the "
+                        "changefeed's upstream user) so DDLs carry their order")
+                if verdict.proceed:
                     if announced:
-                        log.info("span=%s passes the changefeed barrier at commit %d", label, ts)
-                    others = [s.index for s in info.spans if s.index != span_index]
-                    return copied_after(progress, info.id, others, ddl_names(event), ts)
+                        log.info("span=%s passes the changefeed barrier at commit %d, DDL %s", label, ts,
+                                 "of unknown position" if seq == UNORDERED else seq)
+                    others_idx = [s.index for s in info.spans if s.index != span_index]
+                    return copied_after(progress, info.id, others_idx, ddl_names(event), ts)
                 if not announced:
-                    log.info("span=%s waits at a changefeed barrier (DDL at commit %d) for span(s) %s", label, ts,
-                             behind)
+                    log.info("span=%s waits at a changefeed barrier (DDL %s at commit %d) for span(s) %s", label,
+                             "of unknown position" if seq == UNORDERED else seq, ts, verdict.behind)
                     announced = True
                 stop.wait(0.5)
             return []
@@ -548,10 +564,13 @@ class Processor:
                 resolved_ts=runner.resolved.ts, resolved_time=runner.resolved.time,
                 running=runner.alive, error=slot.error, rows=runner.rows, updated=now,
                 warnings=slot.warnings.current(), snapshot=slot.snapshot)
+            barrier = getattr(runner, "barrier_at", None)  # (read once: the sink thread sets it)
+            if barrier is not None:
+                status = replace(status, barrier_ts=barrier[0], barrier_seq=barrier[1])
             limit = runner.watermark_limit
             if limit is not None:
                 status = replace(status, hold_ts=limit.ts, hold_time=limit.time)
-        elif prev is not None:
+        elif prev is not None:  # (a barrier position it stored stays true of the past: processor.barrier)
             status = replace(prev, capture_id=self.capture_id, epoch=slot.assignment.epoch, running=False,
                              error=slot.error, updated=now, warnings=slot.warnings.current(), snapshot=slot.snapshot)
         else:
@@ -604,7 +623,8 @@ def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, m
                idle_interval: float, heartbeat: float = 10.0) -> bool:
     """Whether a span's ``status`` should be stored, ``elapsed`` seconds after ``prev`` was.
 
-    - never stored, ``running``, ``error``, ``warnings`` or ``hold_ts`` changed: now;
+    - never stored, ``running``, ``error``, ``warnings``, ``hold_ts`` or the barrier position changed: now (another
+      span's barrier waits for the barrier position);
     - checkpoint Ts moved (busy span): once ``min_interval`` has passed since the last write, so the
       stored checkpoint trails the span by at most about ``min_interval``;
     - only the checkpoint time or the resolved Ts moved (idle span, keepalives): every ``idle_interval``;
@@ -612,14 +632,18 @@ def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, m
     """
     if prev is None or elapsed >= heartbeat:
         return True
-    if (prev.running, prev.error, prev.warnings, prev.hold_ts) != (status.running, status.error, status.warnings,
-                                                                   status.hold_ts):
+    if _urgent_fields(prev) != _urgent_fields(status):
         return True  # (a table copy's hold released: the owner may publish the checkpoint at once)
     if status.checkpoint_ts > prev.checkpoint_ts:
         return elapsed >= min_interval
     if (status.checkpoint_time, status.resolved_ts) != (prev.checkpoint_time, prev.resolved_ts):
         return elapsed >= idle_interval
     return False
+
+
+def _urgent_fields(status: SpanStatus) -> tuple[object, ...]:
+    """What of a span's status is stored at once when it changes (``report_due``)."""
+    return (status.running, status.error, status.warnings, status.hold_ts, status.barrier_ts, status.barrier_seq)
 
 
 def _newest(a: SpanStatus | None, b: SpanStatus | None) -> SpanStatus | None:

@@ -42,11 +42,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from cdc.config import DdlConfig
-from cdc.errors import DdlRejected, LeaseLost, SnapshotTableChanged, TidewaterError
+from cdc.errors import DdlOrderUnknown, DdlRejected, LeaseLost, SnapshotTableChanged, TidewaterError
 from cdc.events import DdlEvent, DdlKind, TableSchema
 from cdc.model import DataWarning, WarningSeverity, merge_warnings
 from cdc.stats import SpanStats
 from cdc.ts import Watermark
+from processor.barrier import barrier_position
 from processor.batcher import TxnBatcher
 from processor.floors import TableFloors
 from processor.mounter import Mounter
@@ -137,9 +138,12 @@ class SpanHooks:
     """What the span calls back into, and what its processor keeps across restarts of the span.
 
     ``fence`` refuses a downstream commit (the capture's lease); ``schema_history`` stores schema versions;
-    ``barrier(event, stop)`` waits until every other span of the changefeed wrote all before the commit Ts of the
-    name-changing DDL ``event`` (None: one span), then returns what contradicts applying it: a description per table
-    whose name it changes that another span's copy already wrote *as of a later Ts* (empty: none).
+    ``barrier(event, stop)`` waits until the name-changing DDL ``event`` may be applied: every other span of the
+    changefeed wrote all before its commit Ts and applied every DDL before it in its transaction (the wait rule of
+    ``processor.barrier``; None: one span), then returns what contradicts applying it: a description per table
+    whose name it changes that another span's copy already wrote *as of a later Ts* (empty: none). It raises
+    ``DdlOrderUnknown`` when ``event`` has no position in its transaction across spans and another span waits at a
+    DDL of the same transaction.
     ``warnings`` and ``stats`` outlive the runner (None: the runner's own)."""
 
     fence: Callable[[], None] | None = None
@@ -172,6 +176,9 @@ class SpanRunner:
         self.ddl = sink.ddl
         self._schema_history = hooks.schema_history
         self._barrier = hooks.barrier  # waits until every other span of the changefeed wrote all before a commit Ts
+        # (commit Ts, seq) of the name-changing DDL the sink thread waits at a changefeed barrier to apply (None: it
+        # does not wait); the processor stores it in SpanStatus.barrier_ts/barrier_seq (processor.barrier)
+        self.barrier_at: tuple[int, int] | None = None
         self.resolved = start
         self.checkpoint = start
         self.start_ts = start.ts  # the checkpoint this runner started from
@@ -365,12 +372,16 @@ class SpanRunner:
         sink (replays leave it) and raised as a warning naming it, never only logged."""
         what = f"{event.query or ', '.join(event.kinds)} on {event.table} (commit Ts {event.commit_ts})"
         conflicts = []
+        skipped = self.ddl.mode == "ignore" or event.commit_ts in self.ddl.skip_ts
         if self._barrier is not None and NAME_CHANGES.intersection(event.kinds):
-            conflicts = self._changefeed_barrier(event)
+            try:
+                conflicts = self._changefeed_barrier(event)
+            except DdlOrderUnknown:
+                if not skipped:  # (skipped: it changes nothing downstream, its order does not matter)
+                    raise
         table = event.after if event.after is not None else event.before
         if table is not None and table.relation_id:  # the table's new shape, even when not applied downstream
             self._record_schemas([(event.commit_ts, table.relation_id, event.after)])
-        skipped = self.ddl.mode == "ignore" or event.commit_ts in self.ddl.skip_ts
         if conflicts and not skipped:
             raise SnapshotTableChanged(
                 f"span {self.label}: schema change {what} cannot be applied: {'; '.join(conflicts)}. Applying it "
@@ -441,16 +452,23 @@ class SpanRunner:
 
     def _changefeed_barrier(self, event: DdlEvent) -> list[str]:
         """A DDL that changes which table holds a downstream name (CREATE, DROP, RENAME TABLE) waits until every
-        other span of the changefeed has written everything committed before it: the old holder of the name
-        may live in another span (``DROP TABLE b; ALTER TABLE a RENAME TO b`` with ``a`` and ``b`` in two
-        spans must not rename onto a ``b`` that the other span has not dropped yet). Everything of this span
-        before the DDL's transaction is written, so its checkpoint moves to just below it first: spans waiting
-        at their own such DDL see it, and the earliest barrier always proceeds (no deadlock)."""
+        other span of the changefeed has written everything committed before it and applied every DDL before it in
+        its own transaction: the old holder of the name may live in another span (``DROP TABLE b; ALTER TABLE a
+        RENAME TO b`` with ``a`` and ``b`` in two spans must not rename onto a ``b`` that the other span has not
+        dropped yet, also when both statements are in one transaction). Everything of this span before the DDL's
+        transaction is written, so its checkpoint moves to just below it first, and every DDL of this span before it
+        is applied, so it then publishes where it waits (:attr:`barrier_at`, ``processor.barrier.barrier_position``):
+        spans waiting at their own such DDL see both, and the least waiting position always proceeds (no deadlock;
+        the proof is in ``processor.barrier``)."""
         below = event.commit_ts - 1
         if below > self.checkpoint.ts:
             self.checkpoint = Watermark(below, self.checkpoint.time)
         assert self._barrier is not None
-        conflicts = self._barrier(event, self._stop)
+        self.barrier_at = barrier_position(event)  # (after the checkpoint: a reader sees it with that or a later one)
+        try:
+            conflicts = self._barrier(event, self._stop)
+        finally:
+            self.barrier_at = None
         if self._stop.is_set():
             raise LeaseLost(f"span {self.label} stopped while waiting at the changefeed barrier of a DDL")
         return conflicts

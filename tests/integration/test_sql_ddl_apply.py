@@ -9,6 +9,7 @@ schema (column names, types, nullability, defaults, key: playground/compare_sche
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ import psycopg2
 import pytest
 
 from cdc.config import DdlConfig, SinkConfig
-from cdc.errors import DdlRejected
+from cdc.errors import DdlRejected, SinkError
 from cdc.events import (
     ColumnFill,
     ColumnSchema,
@@ -630,3 +631,28 @@ def test_a_table_moved_to_another_schema_follows_the_routing(repl: Repl, target:
         assert "t" not in target.tables()
     else:
         assert "t" in target.tables()
+
+
+def test_a_record_of_another_tables_ddl_at_the_same_position_is_never_taken_for_this_one(
+        repl: Repl, target: Target) -> None:
+    """Two DDLs given one (commit Ts, seq) (two spans that each numbered a transaction's DDLs on their own, before
+    DdlEvent.seq counted the whole transaction): the second was taken for a replay of the first and silently not
+    applied. Now it fails loudly, naming both tables, and the target is unchanged."""
+    repl.up("CREATE TABLE u (id int PRIMARY KEY, b text)")
+    repl.dml("u", "INSERT INTO u VALUES (1, 'one') RETURNING *")
+    repl.sink.open_position("cf", 0)
+    ts = repl.ts + 10
+    t_before, u_before = repl.schema("t"), repl.schema("u")
+    repl.up("ALTER TABLE t ADD COLUMN c int")
+    repl.up("ALTER TABLE u ADD COLUMN d int")
+    t_after, u_after = repl.schema("t"), repl.schema("u")
+    first = DdlEvent(ts, 0.0, TableName("public", "t"), (DdlChange(K.ADD_COLUMN, "c"),), t_before, t_after,
+                     "ALTER TABLE t ADD COLUMN c int", 0)
+    clash = DdlEvent(ts, 0.0, TableName("public", "u"), (DdlChange(K.ADD_COLUMN, "d"),), u_before, u_after,
+                     "ALTER TABLE u ADD COLUMN d int", 0)
+    assert repl.sink.apply_ddl(first) is True
+    with pytest.raises(SinkError, match="holds a schema change of table public.t") as e:
+        repl.sink.apply_ddl(clash)
+    assert "public.u" in str(e.value)
+    assert repl.sink.apply_ddl(dataclasses.replace(clash, seq=1)) is True  # its own position: applied
+    repl.same_as_fresh("u")

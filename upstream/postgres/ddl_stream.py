@@ -5,7 +5,9 @@ transactional logical message with prefix :data:`PREFIX` and a JSON document des
 table after it (:mod:`upstream.postgres.ddl_decode` reads it). The span source stores it in the sorter, in
 its transaction, as an ``upstream.base.SCHEMA_CHANGE`` payload whose raw part is :func:`pack`: the schema
 version the table had just before the DDL in this stream (0: none seen yet), the DDL's sequence number in its
-transaction, and the message content. The decoder turns it into ``DdlEvent`` s once the transaction's commit
+transaction (``cdc.events.DdlEvent.seq``: its position among all the transaction's ``tidewater.ddl`` messages, which
+every span sees, so the same in every span), whether that number is local to the span (``DdlEvent.seq_local``), and
+the message content. The decoder turns it into ``DdlEvent`` s once the transaction's commit
 Ts is known (:func:`events`).
 
 Guarantees: :func:`about` and :func:`unpack` are pure and raise ``DecodeError`` on malformed input.
@@ -13,6 +15,7 @@ Guarantees: :func:`about` and :func:`unpack` are pure and raise ``DecodeError`` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from collections.abc import Callable
@@ -27,7 +30,7 @@ from upstream.postgres import ddl_decode
 PREFIX = "tidewater.ddl"
 CODE_NOT_CAPTURED = "CDC:WarnDdlNotCaptured"
 
-_HEAD = struct.Struct(">IH")
+_HEAD = struct.Struct(">IIB")  # before version, seq, seq is local to the span
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,15 +83,20 @@ def after(content: bytes) -> TableSchema | None:
         return None
 
 
-def pack(before_version: int, seq: int, content: bytes) -> bytes:
-    return _HEAD.pack(before_version, seq) + content
+def pack(before_version: int, seq: int, content: bytes, *, local: bool = False) -> bytes:
+    """The stored form (module docstring). ``local``: ``seq`` is unique only within the span (``DdlEvent.seq_local``).
+    The sorter is cleared when a span starts, so the form never outlives the process that wrote it."""
+    if seq > 0x7FFF_FFFF:  # (the record's seq column downstream is a 32-bit integer)
+        raise DecodeError(f"more than {0x7FFF_FFFF} schema changes in one transaction")
+    return _HEAD.pack(before_version, seq, 1 if local else 0) + content
 
 
-def unpack(raw: bytes) -> tuple[int, int, bytes]:
+def unpack(raw: bytes) -> tuple[int, int, bool, bytes]:
+    """(schema version before, seq, seq is local to the span, message content)."""
     if len(raw) < _HEAD.size:
         raise DecodeError(f"stored schema change too short ({len(raw)} bytes)")
-    before, seq = _HEAD.unpack_from(raw)
-    return before, seq, raw[_HEAD.size:]
+    before, seq, local = _HEAD.unpack_from(raw)
+    return before, seq, bool(local), raw[_HEAD.size:]
 
 
 def fallback(relid: int, table: TableName, after_version: int) -> bytes:
@@ -98,8 +106,9 @@ def fallback(relid: int, table: TableName, after_version: int) -> bytes:
 
 
 def events(content: bytes, before: TableSchema | None, commit_ts: int, commit_time: float, seq: int, *,
-           schemas: Callable[[int], TableSchema] | None = None) -> list[DdlEvent]:
-    """The DDL events of one stored message (``ddl_decode``), for a transaction committed at ``commit_ts``.
+           schemas: Callable[[int], TableSchema] | None = None, local: bool = False) -> list[DdlEvent]:
+    """The DDL events of one stored message (``ddl_decode``), for a transaction committed at ``commit_ts``;
+    ``local``: their ``seq`` orders nothing across spans (``DdlEvent.seq_local``).
 
     A change the stream cannot compare (no earlier schema of the table in it) raises ``DdlRejected`` naming the
     statement, table and commit Ts: the operator applies it downstream by hand and skips it
@@ -109,9 +118,11 @@ def events(content: bytes, before: TableSchema | None, commit_ts: int, commit_ti
         if isinstance(doc, dict) and doc.get("fallback"):
             if schemas is None or before is None:
                 raise DecodeError("a schema change from Relation messages needs both schema versions")
-            return ddl_decode.from_relations(before, schemas(int(doc["fallback"]["after_version"])),
-                                             commit_ts=commit_ts, commit_time=commit_time, seq=seq)
-        return ddl_decode.decode(content, before, commit_ts=commit_ts, commit_time=commit_time, seq=seq)
+            out = ddl_decode.from_relations(before, schemas(int(doc["fallback"]["after_version"])),
+                                            commit_ts=commit_ts, commit_time=commit_time, seq=seq)
+        else:
+            out = ddl_decode.decode(content, before, commit_ts=commit_ts, commit_time=commit_time, seq=seq)
+        return [dataclasses.replace(ev, seq_local=True) for ev in out] if local else out
     except (ddl_decode.UnknownBefore, ddl_decode.ValuesRewritten, ddl_decode.Ambiguous) as e:
         doc = json.loads(content)
         t = ddl_decode.message_table({"table": doc["fallback"]} if doc.get("fallback") else doc)

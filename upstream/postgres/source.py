@@ -115,9 +115,9 @@ class PgChangeDecoder(ChangeDecoder):
         return self._schemas(version)
 
     def schema_changes(self, raw: bytes, commit_ts: int, commit_time: float) -> list[DdlEvent]:
-        before, seq, content = ddl_stream.unpack(raw)
+        before, seq, local, content = ddl_stream.unpack(raw)
         return ddl_stream.events(content, self._schemas(before) if before else None, commit_ts, commit_time, seq,
-                                 schemas=self._schemas)
+                                 schemas=self._schemas, local=local)
 
     def parser(self, column: ColumnSchema) -> Parser:
         return types.parser_for(column.base_type, column.is_array)
@@ -149,7 +149,13 @@ class PgSpanSource(SpanSource):
         self._next_version = 1
         self._decoder = PgChangeDecoder(self.schema)
         self.buffer: ChangeBuffer | None = None  # the buffer ``run`` feeds (for the message hook)
-        self._ddl_seq: dict[int, int] = {}  # xid -> schema changes stored so far in that transaction
+        # xid -> the transaction's DDL position so far (DdlEvent.seq): every tidewater.ddl message, also of tables
+        # this span does not carry (every span sees them all, so every span counts the same), plus the schema changes
+        # this span derived itself (fallback), after which its numbers are local (_ddl_local)
+        self._ddl_seq: dict[int, int] = {}
+        self._ddl_local: set[int] = set()  # xids with a schema change derived here: later seqs are local to the span
+        self._ddl_sub_first: dict[int, tuple[int, int]] = {}  # streamed subxid -> (xid, seq of its first DDL message)
+        self._ddl_held: set[int] = set()  # xids with a schema change stored in this span
         self._ddl_commits: set[int] = set()
         self._ddl_described: set[int] = set()  # relids with a DDL message since their last schema version
         self._ddl_after: dict[int, TableSchema | None] = {}  # relid -> the table after its last DDL message
@@ -235,10 +241,11 @@ class PgSpanSource(SpanSource):
         old_cols = [(c.name, c.type_oid, c.type_modifier) for c in prev.columns]
         if prev.name == name and old_cols == [(c.name, c.type_oid, c.type_modifier) for c in schema.columns]:
             return  # (a table renamed is a schema change too: its rows would land on another name downstream)
-        seq = self._ddl_seq.get(xid, 0)
-        self._ddl_seq[xid] = seq + 1
+        seq = self._take_seq(xid, subxid)
+        self._ddl_local.add(xid)
+        self._ddl_held.add(xid)
         self.buffer.add(xid, subxid, encode_payload(SCHEMA_CHANGE, ddl_stream.pack(
-            previous, seq, ddl_stream.fallback(rel.relid, name, version))))
+            previous, seq, ddl_stream.fallback(rel.relid, name, version), local=True)))
 
     def _catalog_schema(self, relid: int, name: TableName) -> TableSchema | None:
         if self._catalog_conn is None:
@@ -286,7 +293,9 @@ class PgSpanSource(SpanSource):
     def _on_ddl(self, m: pgoutput_messages.LogicalMessage, xid: int, subxid: int) -> None:
         """A schema change (``ddl_stream``) of a table this span carries: stored at its position in the transaction
         as a :data:`~upstream.base.SCHEMA_CHANGE` payload with the table's schema version before it, and the
-        transaction remembered so that the span cuts it there (:meth:`schema_change_commits`)."""
+        transaction remembered so that the span cuts it there (:meth:`schema_change_commits`). Every message takes
+        the transaction's next DDL position (:meth:`_take_seq`), also one of a table this span does not carry."""
+        seq = self._take_seq(xid, subxid)
         about = ddl_stream.about(m.content)
         if about.error:
             with self._warnings_lock:
@@ -305,12 +314,39 @@ class PgSpanSource(SpanSource):
                      about.table, about.query[:200])
             return
         assert self.buffer is not None
-        seq = self._ddl_seq.get(xid, 0)
-        self._ddl_seq[xid] = seq + 1
         before = self._last_schema(about.relid) or 0
         self._ddl_described.add(about.relid)  # its next Relation message is this DDL's, no fallback
         self._ddl_after[about.relid] = ddl_stream.after(m.content)
-        self.buffer.add(xid, subxid, encode_payload(SCHEMA_CHANGE, ddl_stream.pack(before, seq, m.content)))
+        self._ddl_held.add(xid)
+        self.buffer.add(xid, subxid, encode_payload(SCHEMA_CHANGE, ddl_stream.pack(
+            before, seq, m.content, local=xid in self._ddl_local)))
+
+    def _take_seq(self, xid: int, subxid: int) -> int:
+        """The next DDL position (``DdlEvent.seq``) of transaction ``xid``. Every span counts the same: the messages
+        of a subtransaction rolled back are not sent when the transaction is sent at its commit, and when it was
+        streamed before, its abort (:meth:`_abort_sub`) takes its positions back, so the next message gets the same
+        number in both cases."""
+        seq = self._ddl_seq.get(xid, 0)
+        self._ddl_seq[xid] = seq + 1
+        if subxid != xid and subxid not in self._ddl_sub_first:
+            self._ddl_sub_first[subxid] = (xid, seq)
+        return seq
+
+    def _abort_sub(self, xid: int, subxid: int) -> None:
+        """A streamed subtransaction rolled back: everything decoded since its first DDL message belongs to it or to
+        its own subtransactions (one backend runs them in turn), so the count goes back to that message's number (the
+        lowest of the aborted ones: a parent's abort may come before or after its children's)."""
+        first = self._ddl_sub_first.pop(subxid, None)
+        if first is not None and first[0] == xid and xid in self._ddl_seq:
+            self._ddl_seq[xid] = min(self._ddl_seq[xid], first[1])
+
+    def _forget_txn(self, xid: int) -> None:
+        """The transaction ended (committed, aborted): its DDL counting state goes."""
+        self._ddl_seq.pop(xid, None)
+        self._ddl_local.discard(xid)
+        if self._ddl_sub_first:
+            for sub in [k for k, v in self._ddl_sub_first.items() if v[0] == xid]:
+                del self._ddl_sub_first[sub]
 
     def schema_change_commits(self) -> set[int]:
         return self._ddl_commits
@@ -401,8 +437,12 @@ class PgSpanSource(SpanSource):
                                             on_resolved)
                 elif t is pgoutput_messages.StreamAbort:
                     buffer.abort(m.xid, m.subxid)
-                    if m.xid == m.subxid:
-                        self._ddl_seq.pop(m.xid, None)
+                    if self._ddl_seq:
+                        if m.xid == m.subxid:
+                            self._forget_txn(m.xid)
+                            self._ddl_held.discard(m.xid)
+                        else:
+                            self._abort_sub(m.xid, m.subxid)
                 elif t is pgoutput_messages.Relation:
                     if m.xid is None:
                         self._on_relation(m, txn_xid, txn_xid)
@@ -436,8 +476,12 @@ class PgSpanSource(SpanSource):
             with self._warnings_lock:
                 self._versions.extend((end_lsn, s) for s in self._unrecorded)
             self._unrecorded = []
-        if self._ddl_seq and self._ddl_seq.pop(xid, None) is not None and end_lsn > skip_upto:
-            self._ddl_commits.add(end_lsn)  # before the buffer commit: the span must not read it uncut
+        if self._ddl_seq:
+            self._forget_txn(xid)
+            if xid in self._ddl_held:
+                self._ddl_held.discard(xid)
+                if end_lsn > skip_upto:
+                    self._ddl_commits.add(end_lsn)  # before the buffer commit: the span must not read it uncut
         if end_lsn <= skip_upto:
             buffer.abort(xid, xid)  # already downstream before the restart
             return resolved

@@ -7,7 +7,7 @@ database elsewhere), one row per applied DDL:
 =============  ===================================================================================
 changefeed     changefeed id of the span's position (``""`` when exactly-once is off)
 commit_ts      commit Ts of the upstream transaction that ran the DDL (primary key with ``seq``)
-seq            the DDL's position among the DDL events of that transaction
+seq            the DDL's position in that transaction (``DdlEvent.seq``: the same in every span of a changefeed)
 table_name     upstream table, kinds, query: for humans
 rows_done      1 once a write committed rows of the DDL's transaction that come after it (see below)
 applied_at     when it was applied (the target's clock, UTC)
@@ -26,6 +26,8 @@ Guarantees:
   position to that transaction's commit Ts): after the DDL the position is *reopened* for that commit Ts so
   that the next ``write`` applies the transaction's remaining rows; that write sets ``rows_done`` in its own
   transaction. A replay that finds the record without ``rows_done`` reopens the position again.
+- A record at the DDL's position that names another table is never taken for this DDL: the call fails
+  (``SinkError``, naming both) instead of skipping it as applied.
 - After every call (applied, already applied or failed) the sink forgets what it cached about the tables
   the DDL touches (reflected columns and keys, bindings with their statements, the foreign-key graph), so
   the next rows bind to the table's new shape; the rows after a DDL carry the new ``TableSchema``.
@@ -88,7 +90,8 @@ class RecordSQL(OwnTable):
                          f"rows_done integer NOT NULL, applied_at {stamp} NOT NULL, "
                          "PRIMARY KEY (changefeed, commit_ts, seq)")
         name, p = self.name, self.p
-        self.select = f"SELECT rows_done FROM {name} WHERE changefeed = {p} AND commit_ts = {p} AND seq = {p}"
+        self.select = (f"SELECT rows_done, table_name FROM {name} WHERE changefeed = {p} AND commit_ts = {p} "
+                       f"AND seq = {p}")
         self.insert = (f"INSERT INTO {name} (changefeed, commit_ts, seq, table_name, kinds, query, rows_done, "
                        f"applied_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, 0, {self.now})")
         self.floors = f"SELECT table_name, max(commit_ts) FROM {name} WHERE changefeed = {p} GROUP BY table_name"
@@ -181,8 +184,8 @@ class DdlRunner:
                                 conn.exec_driver_sql(rec.create_table, ())
                             else:  # a lock held downstream fails the DDL (retryable) instead of blocking the span
                                 conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}s'", ())
-                            row = conn.exec_driver_sql(rec.select, (cf, ev.commit_ts, ev.seq)).first()
-                            state = None if row is None else int(row[0])
+                            state = _state(conn.exec_driver_sql(rec.select, (cf, ev.commit_ts, ev.seq)).first(),
+                                           ev, target.where)
                             if state is None:
                                 touched |= plan.touched
                                 for step in plan.steps:
@@ -251,8 +254,7 @@ class DdlRunner:
     def _read_state(self, rec: RecordSQL, cf: str, ev: DdlEvent) -> int | None:
         target = self._target
         with target.engine.begin() as conn:
-            row = conn.exec_driver_sql(rec.select, (cf, ev.commit_ts, ev.seq)).first()
-        return None if row is None else int(row[0])
+            return _state(conn.exec_driver_sql(rec.select, (cf, ev.commit_ts, ev.seq)).first(), ev, target.where)
 
     def _translate(self, ev: DdlEvent) -> DdlPlan:
         target = self._target
@@ -394,6 +396,20 @@ class DdlRunner:
         else:
             raise SinkError(f"internal: unknown DDL guard {g.what!r}")
         return found == g.exists
+
+
+def _state(row: Any, ev: DdlEvent, where: str) -> int | None:
+    """The record's ``rows_done`` for ``ev`` (None: not applied yet). A record at the same position of *another*
+    table is never taken for this DDL (that skipped it silently when two spans numbered the DDLs of one transaction
+    each on their own): it fails loudly instead."""
+    if row is None:
+        return None
+    if str(row[1]) != str(ev.table):
+        raise SinkError(f"the DDL record of {where} holds a schema change of table {row[1]} at commit Ts {ev.commit_ts}, "
+                        f"seq {ev.seq}, the position of this one ({ev.query or ', '.join(ev.kinds)!r} on {ev.table}): "
+                        "two DDLs were given one position, and taking this one for applied would lose it. Not applied; "
+                        "apply it downstream by hand, then skip it (`--skip-ddl-ts`), and report this as a bug")
+    return int(row[0])
 
 
 def _record_row(cf: str, ev: DdlEvent, query: str) -> tuple[Any, ...]:

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pytest
 
 from cdc.config import ServerConfig
+from cdc.errors import DdlOrderUnknown
+from cdc.events import DdlChange, DdlEvent, DdlKind, TableName
 from cdc.meta.kv import Compare
 from cdc.meta.store import ClusterSnapshot, SpanStatusWrite, Versioned
 from cdc.model import ChangefeedInfo, RunningError, SpanAssignment, SpanInfo, SpanStatus
@@ -68,6 +71,7 @@ class FakeRunner:
         self.acked: list[int] = []
         self.failed = threading.Event()
         self.watermark_limit: Watermark | None = None  # a table copy's hold (SpanRunner.watermark_limit)
+        self.barrier_at: tuple[int, int] | None = None  # where it waits at a changefeed barrier (SpanRunner)
 
     def advance(self, ts: int, t: float | None = None) -> None:
         self.checkpoint = self.resolved = Watermark(ts, float(ts) if t is None else t)
@@ -253,3 +257,76 @@ def test_a_table_copys_hold_is_stored_and_its_release_reported_at_once() -> None
     runners[0].watermark_limit = None
     p.report()
     assert store.stored[("cf", 0)].hold_ts == 0 and len(store.batches) == 2
+
+
+def test_where_a_span_waits_at_a_changefeed_barrier_is_stored_at_once_and_cleared_at_once() -> None:
+    """Other spans' barriers wait for it (processor.barrier): not at the checkpoint's cadence."""
+    clock, store = Clock(), FakeStore()
+    p, runners = make(1, clock, store)
+    p.report()
+    clock.now += 0.01  # well within checkpoint-min-interval
+    runners[0].advance(119)
+    runners[0].barrier_at = (120, 3)
+    p.report()
+    s = store.stored[("cf", 0)]
+    assert (s.checkpoint_ts, s.barrier_ts, s.barrier_seq) == (119, 120, 3) and len(store.batches) == 2
+    clock.now += 0.01
+    runners[0].barrier_at = None
+    p.report()
+    assert store.stored[("cf", 0)].barrier_ts == 0 and len(store.batches) == 3
+
+
+# ---- the changefeed barrier's wait over the stored statuses --------------------------------------------------------
+class NoPlans:
+    def get_plan(self, changefeed: str, span: int, table: object) -> None:
+        return None
+
+
+@dataclass
+class StatusStore(FakeStore):
+    def get_span_status(self, cf: str, span: int) -> Versioned[SpanStatus] | None:
+        s = self.stored.get((cf, span))
+        return None if s is None else Versioned(s, 1)
+
+
+def barrier_wait(store: StatusStore) -> Any:
+    info = ChangefeedInfo(id="cf", upstream_uri="postgresql://u@h/db", sink_uri="blackhole://", config={},
+                          start_ts=100, start_time=0.0, create_time=0.0,
+                          spans=(SpanInfo(0, "s0", "p0", 100), SpanInfo(1, "s1", "p1", 100)))
+    p = Processor(store, "cap", sorter=None, config=ServerConfig(), lease=lambda: 7,  # type: ignore[arg-type]
+                  sinks=MemorySinks(), open_upstream=open_upstream)
+    return p._changefeed_barrier(info, 0, NoPlans())  # type: ignore[arg-type]
+
+
+def drop(seq: int, local: bool = False) -> DdlEvent:
+    return DdlEvent(120, 0.0, TableName("public", "dst"), (DdlChange(DdlKind.DROP_TABLE),), None, None,
+                    "DROP TABLE dst", seq, seq_local=local)
+
+
+def test_the_barrier_passes_once_the_other_span_waits_at_a_later_ddl_of_the_transaction() -> None:
+    store = StatusStore()
+    store.stored[("cf", 1)] = replace(st(119), barrier_ts=120, barrier_seq=1)
+    assert barrier_wait(store)(drop(0), threading.Event()) == []
+
+
+def test_the_barrier_waits_while_the_other_span_may_still_hold_an_earlier_ddl_of_the_transaction() -> None:
+    store = StatusStore()
+    store.stored[("cf", 1)] = replace(st(119), barrier_ts=120, barrier_seq=0)  # the DROP in span 1 first
+    stop = threading.Event()
+    result: list[Any] = []
+    t = threading.Thread(target=lambda: result.append(barrier_wait(store)(drop(1), stop)))
+    t.start()
+    t.join(1.2)
+    assert t.is_alive() and not result  # still waiting (polls every 0.5 s)
+    store.stored[("cf", 1)] = st(120)  # span 1 applied its DROP and wrote the rest of the transaction
+    t.join(2.0)
+    assert not t.is_alive() and result == [[]]
+
+
+def test_a_ddl_without_a_position_meeting_another_span_at_its_commit_fails_naming_tables_ts_and_fix() -> None:
+    store = StatusStore()
+    store.stored[("cf", 1)] = replace(st(119), barrier_ts=120, barrier_seq=2)
+    with pytest.raises(DdlOrderUnknown) as e:
+        barrier_wait(store)(drop(0, local=True), threading.Event())
+    assert "public.dst" in str(e.value) and "commit Ts 120" in str(e.value) and "cf/1" in str(e.value)
+    assert "--skip-ddl-ts 120" in str(e.value) and e.value.code == "CDC:ErrDdlOrderUnknown"

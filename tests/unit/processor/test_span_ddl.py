@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from cdc.config import DdlConfig
-from cdc.errors import DdlRejected
+from cdc.errors import DdlOrderUnknown, DdlRejected
 from cdc.events import DdlChange, DdlEvent, DdlKind, RowChange, TableName
 from cdc.ts import Watermark
 from processor.span import SchemaRecorder, SinkPlan, SpanHooks, SpanRunner
@@ -201,3 +201,57 @@ def test_a_name_changing_ddl_that_another_spans_copy_ran_ahead_of_fails_the_span
         assert r.error is not None and r.error.code == "CDC:ErrSnapshotTableChanged" and not r.error.retryable
         assert "public.t" in str(r.error) and "--skip-ddl-ts 120" in str(r.error)
         assert not any(isinstance(e, DdlEvent) for e in sink.log) and r.checkpoint.ts < 120
+
+
+def test_a_span_publishes_where_it_waits_at_the_changefeed_barrier_only_while_it_waits() -> None:
+    """``barrier_at`` (stored as ``SpanStatus.barrier_ts``/``barrier_seq``, read by the other spans' barriers:
+    processor.barrier) is the DDL's (commit Ts, seq), set with the checkpoint already just below it, and gone once the
+    span passed."""
+    sink = RecordingSink()
+    seen: list[tuple[Any, int]] = []
+    runner: list[SpanRunner] = []
+
+    def barrier(event: Any, stop: Any) -> list[str]:
+        seen.append((runner[0].barrier_at, runner[0].checkpoint.ts))
+        return []
+
+    txns = [SortedTxn(110, 110.0, 1, [row(1)]),
+            SortedTxn(120, 120.0, 3, [row(2), encode_payload(SCHEMA_CHANGE, b"drop"), row(3)])]
+    r = SpanRunner("cf/0", Watermark(100, 100.0), DropSource(120, {120}), FakeSorter(txns),  # type: ignore[arg-type]
+                   SinkPlan(lambda: sink, txn_rows=10), hooks=SpanHooks(barrier=barrier))
+    runner.append(r)
+    r.start()
+    deadline = time.monotonic() + 10
+    while r.checkpoint.ts < 120 and time.monotonic() < deadline and not r.failed.is_set():
+        time.sleep(0.01)
+    r.stop()
+    assert r.error is None and seen == [((120, 0), 119)] and r.barrier_at is None
+
+
+@pytest.mark.parametrize("skip_ts", [(), (120,)])
+def test_a_ddl_whose_order_against_another_spans_is_unknown_fails_the_span_unless_skipped_knowingly(
+    skip_ts: tuple[int, ...]
+) -> None:
+    """The barrier refuses a DROP without a position across spans that meets another span's name-changing DDL of
+    the same transaction (``CDC:ErrDdlOrderUnknown``): nothing is applied, the span fails; skipped knowingly (the
+    fix), it goes on."""
+    sink = RecordingSink()
+
+    def barrier(event: Any, stop: Any) -> list[str]:
+        raise DdlOrderUnknown(f"span cf/0: schema change on {event.table} (commit Ts 120): order unknown; fix: "
+                              "--skip-ddl-ts 120")
+
+    txns = [SortedTxn(110, 110.0, 1, [row(1)]),
+            SortedTxn(120, 120.0, 3, [row(2), encode_payload(SCHEMA_CHANGE, b"drop"), row(3)])]
+    r = SpanRunner("cf/0", Watermark(100, 100.0), DropSource(120, {120}), FakeSorter(txns),  # type: ignore[arg-type]
+                   SinkPlan(lambda: sink, txn_rows=10, ddl=DdlConfig(skip_ts=skip_ts)), hooks=SpanHooks(barrier=barrier))
+    r.start()
+    deadline = time.monotonic() + 10
+    while r.checkpoint.ts < 120 and time.monotonic() < deadline and not r.failed.is_set():
+        time.sleep(0.01)
+    r.stop()
+    if skip_ts:
+        assert r.error is None and r.checkpoint.ts == 120 and ("skip", "drop") in sink.log
+    else:
+        assert r.error is not None and r.error.code == "CDC:ErrDdlOrderUnknown" and not r.error.retryable
+        assert not any(isinstance(e, tuple) for e in sink.log) and r.checkpoint.ts < 120

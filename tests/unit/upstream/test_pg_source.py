@@ -3,6 +3,7 @@ does: plain changes raw, everything else decoded) into a sorter, and the resolve
 
 from __future__ import annotations
 
+import json
 import struct
 import threading
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from tests.pgoutput_wire import (
     enc_truncate,
     enc_update,
 )
+from upstream.base import SCHEMA_CHANGE, decode_payload
 from upstream.postgres import pgoutput, pgoutput_messages
 from upstream.postgres.source import PgSpanSource
 from upstream.postgres.stream import Keepalive
@@ -43,6 +45,8 @@ T0 = pgoutput_messages.pg_time_to_unix(0)  # commit time 0 on the wire
 
 class FakeStream:
     """Yields what ReplicationStream.messages yields for the given wire messages (and Keepalives as is)."""
+
+    publication = "tidewater_pub_cf_0"
 
     def __init__(self, wire: list[Any]) -> None:
         self.wire = wire
@@ -327,3 +331,60 @@ def test_a_relation_sent_again_keeps_its_type_modifier_and_makes_no_schema_chang
                  enc_insert(None, 7, ["1", "a", "2"]))]
     source, sorter = run_seeded(wire, [old])
     assert asked == [7] and source.schema_change_commits() == {10}
+
+
+# ---- DDL positions (DdlEvent.seq): the same in every span ------------------------------------------------------------
+def drop_msg(xid: int | None, lsn: int, relid: int, table: str) -> bytes:
+    doc = {"v": 1, "dropped": {"oid": relid, "schema": "public", "table": table}, "query": f"DROP TABLE {table}"}
+    return enc_message(xid, 1, lsn, "tidewater.ddl", json.dumps(doc).encode())
+
+
+def ddl_events(source: PgSpanSource, sorter: Any) -> list[tuple[int, str, int, bool]]:
+    """(commit Ts, table, seq, seq_local) of every schema change stored."""
+    out = []
+    for t in sorter.read_txns(-1, MAX):
+        for p in t.payloads:
+            version, raw = decode_payload(p)
+            if version == SCHEMA_CHANGE:
+                for ev in source.decoder().schema_changes(raw, t.commit_ts, t.commit_time):
+                    out.append((t.commit_ts, ev.table.table, ev.seq, ev.seq_local))
+    return out
+
+
+def test_a_ddls_position_counts_every_ddl_message_of_its_transaction_also_of_tables_other_spans_carry() -> None:
+    """Span of ``t`` (filter ``public.t``): the DROP of ``u`` (another span's) comes first in the transaction, so the
+    DROP of ``t`` is at position 1 here, as in the span of ``u``: ``(commit Ts, seq)`` is one position changefeed-wide
+    (before, each span counted only its own DDLs: both were seq 0, and the sink took the second for a replay)."""
+    wire = [enc_relation(None, 7, "public", "t", "d", COLS),
+            *txn(100, 1000, enc_insert(None, 7, ["1", "a"]), drop_msg(None, 990, 8, "u"), drop_msg(None, 991, 7, "t")),
+            *txn(101, 2000, drop_msg(None, 1990, 9, "w"))]
+    source, sorter, _ = run(wire, rules=("public.t",))
+    assert ddl_events(source, sorter) == [(1000, "t", 1, False)]
+    assert source.schema_change_commits() == {1000}  # (2000 holds no DDL of this span: not cut)
+
+
+def test_a_streamed_subtransaction_rolled_back_gives_its_ddl_positions_back() -> None:
+    """Streamed before its commit, a transaction shows the DDL message of a subtransaction that is then rolled back;
+    sent at its commit instead (another span, another memory budget) it never shows it. Both count the same."""
+    streamed = [enc_relation(None, 7, "public", "t", "d", COLS),
+                enc_stream_start(500, True), drop_msg(501, 1500, 8, "u"), enc_insert(502, 7, ["1", "a"]),
+                drop_msg(502, 1501, 9, "w"), pgoutput_stream_stop(),
+                enc_stream_abort(500, 502), enc_stream_abort(500, 501),  # (a child's abort before its parent's)
+                enc_stream_start(500, False), enc_insert(500, 7, ["2", "b"]), drop_msg(503, 1502, 8, "u"),
+                drop_msg(503, 1503, 7, "t"), pgoutput_stream_stop(),
+                enc_stream_commit(500, 0, 1999, 2000, 0)]
+    sent_at_commit = [enc_relation(None, 7, "public", "t", "d", COLS),
+                      *txn(500, 2000, enc_insert(None, 7, ["2", "b"]), drop_msg(None, 1502, 8, "u"),
+                           drop_msg(None, 1503, 7, "t"))]
+    for wire in (streamed, sent_at_commit):
+        source, sorter, _ = run(wire, rules=("public.t",))
+        assert ddl_events(source, sorter) == [(2000, "t", 1, False)]
+
+
+def test_after_a_schema_change_derived_from_the_stream_alone_the_positions_are_local_to_the_span() -> None:
+    cols2 = [*COLS, (0, "w", INT4, -1)]
+    wire = [enc_relation(None, 7, "public", "t", "d", COLS), *txn(1, 10, enc_insert(None, 7, ["1", "a"])),
+            enc_begin(19, 0, 2), enc_relation(None, 7, "public", "t", "d", cols2), enc_insert(None, 7, ["2", "b", "5"]),
+            drop_msg(None, 18, 7, "t"), enc_commit(0, 19, 20, 0)]
+    source, sorter, _ = run(wire)
+    assert ddl_events(source, sorter) == [(20, "t", 0, True), (20, "t", 1, True)]
