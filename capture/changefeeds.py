@@ -237,18 +237,18 @@ class ChangefeedService:
             id=req.changefeed_id, upstream_uri=req.upstream_uri, sink_uri=req.sink_uri, config=config.to_dict(),
             start_ts=start_ts, start_time=now, create_time=now, spans=tuple(spans), target_ts=req.target_ts,
             state=FeedState.NORMAL, state_since=now, initial_copy=config.snapshot.mode == "initial")
+        # each table's schema as the changefeed starts (read before the slots: never newer than the start), stored
+        # with the info, never after it: a span that started without them and has streamed no row of a table took
+        # the table's DROP for one from before it joined the span and left it out (the old rows stayed downstream)
+        histories = [SchemaHistory(s.relation_id).with_version(start_ts, s, 0, span=span_of(s.name, len(spans)))
+                     for s in schemas if s.relation_id]
         try:
             # with an initial copy, nothing is downstream yet: no checkpoint until every span's copy is done
             ck = 0 if info.initial_copy else start_ts
-            self.store.create_changefeed(info, ChangefeedStatus(ck, now, ck, now, now))
+            self.store.create_changefeed(info, ChangefeedStatus(ck, now, ck, now, now), histories)
         except TidewaterError:
             self._drop_spans(req.upstream_uri, spans)
             raise
-        try:  # each table's schema as the changefeed starts (read before the slots: never newer than the start)
-            self.store.put_schema_histories(info.id, [SchemaHistory(s.relation_id).with_version(start_ts, s, 0)
-                                                      for s in schemas if s.relation_id])
-        except TidewaterError as exc:  # the spans still learn each table's schema from the stream
-            log.warning("changefeed=%s: could not store the tables' first schema history: %s", info.id, exc)
         log.info("changefeed=%s created: %d tables in %d spans, start=%s sink=%s", info.id, len(tables),
                  len(spans), lsn_to_str(start_ts), sink_uri.redacted())
         out = self.describe(info.id)

@@ -298,10 +298,12 @@ class SpanStatus:
 
 @dataclass(frozen=True)
 class SchemaVersion:
-    """One table's schema from commit Ts ``ts`` on; ``schema`` None: the table was dropped at ``ts``."""
+    """One table's schema from commit Ts ``ts`` on; ``schema`` None: the table was dropped at ``ts``. ``span``: the
+    index of the span that replicated the table from ``ts`` on (-1: not recorded, versions stored before it was)."""
 
     ts: int
     schema: TableSchema | None
+    span: int = -1
 
 
 @dataclass(frozen=True)
@@ -324,11 +326,21 @@ class SchemaHistory:
             found = v.schema
         return found
 
-    def with_version(self, ts: int, schema: TableSchema | None, keep_after: int) -> SchemaHistory:
-        """This history plus ``schema`` at ``ts`` (replacing one at the same ``ts``), without what no restart
-        can need any more: of the versions at or below ``keep_after`` (the span's stored checkpoint) only the
-        last is kept."""
-        versions = sorted([v for v in self.versions if v.ts != ts] + [SchemaVersion(ts, schema)], key=lambda v: v.ts)
+    def span_as_of(self, ts: int) -> int:
+        """The span that replicated the table at commit Ts ``ts`` (that of the version valid then); -1 if unknown."""
+        found = -1
+        for v in self.versions:
+            if v.ts > ts:
+                break
+            found = v.span
+        return found
+
+    def with_version(self, ts: int, schema: TableSchema | None, keep_after: int, span: int = -1) -> SchemaHistory:
+        """This history plus ``schema`` at ``ts`` as span ``span`` saw it (replacing one at the same ``ts``), without
+        what no restart can need any more: of the versions at or below ``keep_after`` (the span's stored checkpoint)
+        only the last is kept."""
+        versions = sorted([v for v in self.versions if v.ts != ts] + [SchemaVersion(ts, schema, span)],
+                          key=lambda v: v.ts)
         old = [v for v in versions if v.ts <= keep_after]
         return SchemaHistory(self.relid, tuple(old[-1:] + [v for v in versions if v.ts > keep_after]))
 

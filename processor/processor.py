@@ -31,7 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from cdc.config import ChangefeedConfig, ServerConfig
@@ -54,6 +54,7 @@ from cdc.model import (
     pending_table_copies,
 )
 from cdc.snapshot import CopiedChunk
+from cdc.spans import span_of
 from cdc.stats import SpanStats
 from cdc.ts import Watermark
 from cdc.uri import scrub
@@ -102,6 +103,25 @@ class Slot:
     warnings: SpanWarnings = field(default_factory=SpanWarnings)  # kept across restarts of the runner
     snapshot: SpanSnapshot | None = None  # the span's initial copy state (stored with its status)
     stats: SpanStats = field(default_factory=SpanStats)  # metrics, kept across restarts of the runner
+
+
+def history_at(histories: Iterable[SchemaHistory], ts: int, span: int, spans: int) -> tuple[list[TableSchema], list[int]]:
+    """What span ``span`` of ``spans`` starting at ``ts`` is seeded with (``SpanSource.seed_schemas``): every table's
+    schema as of ``ts``, and the oids of the tables the history gives to this span then. Their DDL concerns the span
+    even once they left its publication (a DROP TABLE committed before ``ts``, decoded after it). A version stored
+    before versions named their span gives the table to the span its name hashes to, where create and the table
+    join place it."""
+    schemas: list[TableSchema] = []
+    carried: list[int] = []
+    for h in histories:
+        schema = h.as_of(ts)
+        if schema is None:
+            continue
+        schemas.append(schema)
+        at = h.span_as_of(ts)
+        if at == span or (at < 0 and span_of(schema.name, spans) == span):
+            carried.append(h.relid)
+    return schemas, carried
 
 
 class Processor:
@@ -357,8 +377,8 @@ class Processor:
         # opening it takes the slot over from a holder that lost the span (upstream.base.SpanSource)
         source = upstream.span_source(span, start, TableFilter(config.filter.rules), label=label,
                                       holder=self.capture_id)
-        histories = self.store.get_schema_histories(info.id)
-        source.seed_schemas([s for h in histories.values() if (s := h.as_of(start.ts)) is not None])
+        source.seed_schemas(*history_at(self.store.get_schema_histories(info.id).values(), start.ts, span_index,
+                                        len(info.spans)))
         sorter = self.sorter.span(label, memory_budget=config.memory_quota // max(1, len(info.spans)))
         slot = self.slots.get((info.id, span_index))
         copy: InitialCopy | None = None
@@ -392,7 +412,7 @@ class Processor:
                           table=table_copy,
                           hold=TableHold(state.tables, oids=state.oids)
                           if table_copy is not None and state is not None else None)
-        hooks = SpanHooks(fence=self._lease_fence, schema_history=self._schema_recorder(info.id),
+        hooks = SpanHooks(fence=self._lease_fence, schema_history=self._schema_recorder(info.id, span_index),
                           barrier=self._changefeed_barrier(info, span_index, progress) if len(info.spans) > 1 else None,
                           warnings=slot.warnings if slot is not None else None,
                           stats=slot.stats if slot is not None else None)
@@ -485,14 +505,14 @@ class Processor:
                 raise CopyStopped(f"span {cf}/{span}: its status write was fenced off (moved, paused or lease lost)")
         return persist
 
-    def _schema_recorder(self, cf: str) -> SchemaRecorder:
-        """Stores a span's schema versions in the changefeed's schema history (docs/ddl.md). A table belongs to
-        one span, so read-modify-write per table races with no other processor."""
+    def _schema_recorder(self, cf: str, span: int) -> SchemaRecorder:
+        """Stores span ``span``'s schema versions in the changefeed's schema history (docs/ddl.md), as that span's.
+        A table belongs to one span, so read-modify-write per table races with no other processor."""
         def record(versions: list[tuple[int, int, TableSchema | None]], keep_after: int) -> None:
             by_table: dict[int, SchemaHistory] = {}
             for ts, relid, schema in versions:
                 h = by_table.get(relid) or self.store.get_schema_history(cf, relid) or SchemaHistory(relid)
-                by_table[relid] = h.with_version(ts, schema, keep_after)
+                by_table[relid] = h.with_version(ts, schema, keep_after, span)
             self.store.put_schema_histories(cf, list(by_table.values()))
         return record
 

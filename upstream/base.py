@@ -37,7 +37,7 @@ import dataclasses
 import struct
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -301,12 +301,15 @@ class SpanSource(ABC):
         into the stream), and forget them. Any thread. Default: none."""
         return []
 
-    def seed_schemas(self, schemas: Iterable[TableSchema]) -> None:
+    def seed_schemas(self, schemas: Iterable[TableSchema], carried: Collection[int] | None = None) -> None:
         """Before ``run``: the schema history's view of the tables at the start watermark (``cdc.model.
         SchemaHistory.as_of``). The source compares the first schema the stream shows of such a table with it
         (a change made while the span was down is a schema change like any other) and uses it as the schema
         *before* a DDL that the stream itself has not described yet. Tables not carried by the span are
-        ignored. Default: not used."""
+        ignored. ``carried``: the oids of the tables the history says this span replicated at the start
+        (``SchemaHistory.span_as_of``; None: not known). A DDL of such a table concerns the span even when the
+        table has left the span's upstream table set since (a DROP TABLE committed before the start and decoded
+        after it must be applied). Default: not used."""
         return None
 
     def take_schema_versions(self) -> list[tuple[int, TableSchema]]:

@@ -63,6 +63,8 @@ class SpanStatusWrite:
 # Span statuses per etcd transaction: each adds one put and at most one distinct compare (the assignment);
 # etcd's default --max-txn-ops is 128 for puts and compares alike.
 SPAN_STATUSES_PER_TXN = 64
+# Schema histories per etcd transaction (a wide table's history is a few KiB: far below etcd's request size limit)
+SCHEMA_HISTORIES_PER_TXN = 64
 
 
 @dataclass(frozen=True)
@@ -228,18 +230,35 @@ class MetaStore:
         raise MetaStoreError(f"capture {capture_id}: registration kept changing while marking it draining")
 
     # ---- changefeeds
-    def create_changefeed(self, info: ChangefeedInfo, status: ChangefeedStatus) -> None:
-        """Create info and status atomically; also clears leftover span keys of an earlier changefeed
-        with the same id. Raises ``ChangefeedExists`` if the id is taken."""
+    def create_changefeed(self, info: ChangefeedInfo, status: ChangefeedStatus,
+                          histories: Sequence[SchemaHistory] = ()) -> None:
+        """Create info and status, with each table's first schema history (``histories``), so that no span can
+        start without them: whoever sees the info sees them. Clears leftover keys of an earlier changefeed with
+        the same id first. Raises ``ChangefeedExists`` if the id is taken.
+
+        Up to ``SCHEMA_HISTORIES_PER_TXN`` histories go into the transaction that creates the info (atomic). More
+        are stored before it, ``SCHEMA_HISTORIES_PER_TXN`` per transaction, each only while the info is still
+        absent; a create that fails after them leaves them behind without an info, where nothing reads them and
+        the next create of the id clears them."""
         cf = info.id
         info_key = keys.changefeed_info_key(self.cluster_id, cf)
+        absent = [Compare.absent(info_key)]
+        # (a separate transaction: etcd refuses a put inside a prefix the same transaction deletes)
+        if not self.client.txn(absent, [Op.delete_prefix(keys.schema_history_prefix(self.cluster_id, cf))]):
+            raise ChangefeedExists(f"changefeed {cf} already exists")
+        puts = [Op.put(keys.schema_history_key(self.cluster_id, cf, h.relid), serde.to_json(h))
+                for h in histories if not h.gone]
+        last = len(puts) - (len(puts) - 1) % SCHEMA_HISTORIES_PER_TXN - 1 if puts else 0
+        for i in range(0, last, SCHEMA_HISTORIES_PER_TXN):
+            if not self.client.txn(absent, puts[i:i + SCHEMA_HISTORIES_PER_TXN]):
+                raise ChangefeedExists(f"changefeed {cf} already exists")
         ok = self.client.txn(
-            [Compare.absent(info_key)],
+            absent,
             [Op.put(info_key, self._info_json(info)),
              Op.put(keys.changefeed_status_key(self.cluster_id, cf), serde.to_json(status)),
              Op.delete_prefix(keys.assignment_prefix(self.cluster_id, cf)),
              Op.delete_prefix(keys.span_status_prefix(self.cluster_id, cf)),
-             Op.delete_prefix(keys.schema_history_prefix(self.cluster_id, cf))])
+             *puts[last:]])
         if not ok:
             raise ChangefeedExists(f"changefeed {cf} already exists")
 
@@ -321,9 +340,9 @@ class MetaStore:
         """Store (or, when :attr:`SchemaHistory.gone`, delete) tables' histories, 64 per etcd transaction; only
         while the changefeed exists (a removed changefeed's processor must not leave keys behind)."""
         exists = [Compare.exists(keys.changefeed_info_key(self.cluster_id, cf))]
-        for i in range(0, len(histories), 64):
+        for i in range(0, len(histories), SCHEMA_HISTORIES_PER_TXN):
             ops = []
-            for h in histories[i:i + 64]:
+            for h in histories[i:i + SCHEMA_HISTORIES_PER_TXN]:
                 key = keys.schema_history_key(self.cluster_id, cf, h.relid)
                 ops.append(Op.delete(key) if h.gone else Op.put(key, serde.to_json(h)))
             self.client.commit(exists, ops)

@@ -570,3 +570,32 @@ def test_schema_histories_live_beside_the_snapshot_and_go_with_the_changefeed(st
     assert store.get_schema_history("cf1", 7) is None
     store.delete_changefeed("cf1")
     assert store.get_schema_histories("cf1") == {}
+
+
+@pytest.mark.parametrize("tables", [3, 64, 65, 150])  # in the creating transaction; more than one transaction's worth
+def test_create_stores_the_first_schema_histories_no_later_than_the_info(store: MetaStore, tables: int) -> None:
+    """Whoever sees the changefeed's info (the owner, then a span starting) sees each table's first schema history:
+    every history key was written at or before the info key's revision (docs/ddl.md, "Schema history")."""
+    from cdc.events import ColumnSchema, TableName, TableSchema
+    from cdc.model import SchemaHistory
+
+    client = store.client
+
+    def history(relid: int) -> SchemaHistory:
+        schema = TableSchema(TableName("public", f"t{relid}"), (ColumnSchema("id", 23, "int4"),), ("id",),
+                             relation_id=relid)
+        return SchemaHistory(relid).with_version(100, schema, 0, span=relid % 2)
+
+    # leftovers of an earlier changefeed with the id (not removed through delete_changefeed) go
+    client.put(keys.schema_history_key(store.cluster_id, "cf", 9999), serde.to_json(history(9999)))
+    wanted = [history(i) for i in range(1, tables + 1)]
+    store.create_changefeed(make_info("cf"), ChangefeedStatus(), wanted)
+    info_kv = client.get(keys.changefeed_info_key(store.cluster_id, "cf"))
+    assert info_kv is not None
+    _, kvs = client.get_prefix(keys.schema_history_prefix(store.cluster_id, "cf"))
+    assert len(kvs) == tables and max(kv.mod_revision for kv in kvs) <= info_kv.create_revision
+    assert store.get_schema_histories("cf") == {h.relid: h for h in wanted}
+    # a second create of the id changes nothing of the first one's histories
+    with pytest.raises(ChangefeedExists):
+        store.create_changefeed(make_info("cf"), ChangefeedStatus(), [history(1).with_version(200, None, 0)])
+    assert store.get_schema_histories("cf") == {h.relid: h for h in wanted}

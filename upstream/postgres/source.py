@@ -21,7 +21,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from cdc.events import ColumnSchema, DdlEvent, TableName, TableSchema
@@ -161,7 +161,8 @@ class PgSpanSource(SpanSource):
         self._ddl_after: dict[int, TableSchema | None] = {}  # relid -> the table after its last DDL message
         self._carried_by_join: set[int] = set()  # relids that joined the span by a DDL message (CREATE TABLE)
         self._carried: set[int] = set()  # relids this span replicates (asked by partition repair and DDL messages)
-        self._started_with: set[int] | None = None  # the publication's tables when the span started  # relid -> this span replicates it (partition repair messages)
+        self._started_with: set[int] | None = None  # the publication's tables when the span started
+        self._carried_at_start: set[int] = set()  # relids the schema history gives this span at its start
         self._warnings: list[DataWarning] = []
         self._warnings_lock = threading.Lock()
         self._seeded: dict[int, int] = {}  # relid -> schema version from the schema history (seed_schemas)
@@ -186,13 +187,19 @@ class PgSpanSource(SpanSource):
     def schema(self, version: int) -> TableSchema:
         return self._schemas[version]
 
-    def seed_schemas(self, schemas: Iterable[TableSchema]) -> None:
+    def seed_schemas(self, schemas: Iterable[TableSchema], carried: Collection[int] | None = None) -> None:
+        """See :meth:`upstream.base.SpanSource.seed_schemas`. With ``carried``, only those tables' seeded schemas
+        count as recorded by this span: the first schema the stream shows of another one (a table moved to this
+        span by ``changefeed update``) is recorded again, as this span's."""
+        if carried is not None:
+            self._carried_at_start.update(carried)
         for schema in schemas:
             version = self._next_version
             self._next_version += 1
             self._schemas[version] = dataclasses.replace(schema, version=version)
             self._seeded[schema.relation_id] = version
-            self._known[schema.relation_id] = schema
+            if carried is None or schema.relation_id in self._carried_at_start:
+                self._known[schema.relation_id] = schema
 
     def take_schema_versions(self) -> list[tuple[int, TableSchema]]:
         with self._warnings_lock:
@@ -353,14 +360,27 @@ class PgSpanSource(SpanSource):
 
     def _carries(self, root: TableName, relid: int) -> bool:
         """Whether this span replicates ``root``: it has seen its Relation, or the root matches the filter and
-        is in the span's publication. Only a yes is remembered: a table is added to a publication later (the
-        owner's pick-up), and the messages that ask are rare (partition repair, DDL)."""
+        is in the span's publication (now, or when the span started), or the schema history says this span
+        replicated it at its start and the table no longer exists upstream. The last is a table dropped before
+        the start whose DROP TABLE the span decodes now (its message, and any DDL of the table before it): the
+        drop took it out of the publication, so only what the span replicated before can say the DDL is its own.
+        A table that still exists and left the publication was moved to another span (or out of the changefeed)
+        by ``changefeed update``: that span's publication answers for it. Only a yes is remembered: a table is
+        added to a publication later (the owner's pick-up), and the messages that ask are rare (partition repair,
+        DDL)."""
         if relid in self._relation_version or relid in self._carried:
             return True
-        if self.filter.match(root) and self._in_publication(relid):
+        if not self.filter.match(root):
+            return False
+        if self._in_publication(relid) or (relid in self._carried_at_start and not self._exists(relid)):
             self._carried.add(relid)
             return True
         return False
+
+    def _exists(self, relid: int) -> bool:
+        if self._catalog_conn is None:
+            self._catalog_conn = self._catalog_conn_factory()
+        return catalog.relation_info(self._catalog_conn, relid) is not None
 
     def _in_publication(self, relid: int) -> bool:
         """Whether ``relid`` is in the span's publication now, or was when the span started (a DROP TABLE's

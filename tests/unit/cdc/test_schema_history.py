@@ -40,3 +40,12 @@ def test_versions_no_restart_can_need_are_pruned_and_a_past_drop_is_gone() -> No
 def test_round_trips_through_json() -> None:
     h = SchemaHistory(7).with_version(10, A, 0).with_version(20, None, 0)
     assert serde.from_json(SchemaHistory, serde.to_json(h)) == h
+
+
+def test_the_span_that_replicated_the_table_is_the_one_of_the_version_valid_then() -> None:
+    h = SchemaHistory(7).with_version(10, A, 0, span=1).with_version(20, B, 0, span=0).with_version(30, None, 0, 0)
+    assert (h.span_as_of(9), h.span_as_of(10), h.span_as_of(25), h.span_as_of(30)) == (-1, 1, 0, 0)
+    assert SchemaHistory(7).with_version(10, A, 0).span_as_of(10) == -1  # stored before spans were recorded
+    assert serde.from_json(SchemaHistory, serde.to_json(h)) == h
+    old = b'{"relid": 7, "versions": [{"ts": 10, "schema": null}]}'  # a value written by an earlier version
+    assert serde.from_json(SchemaHistory, old).span_as_of(10) == -1

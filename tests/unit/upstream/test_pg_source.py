@@ -188,11 +188,12 @@ def _relation_schema(cols: list[tuple[int, str, int, int]]) -> Any:
     return merge_schema(pgoutput.decode(enc_relation(None, 7, "public", "t", "d", cols), False), None, 99)
 
 
-def run_seeded(wire: list[Any], seed: list[Any], start: int = 0) -> tuple[PgSpanSource, Any]:
+def run_seeded(wire: list[Any], seed: list[Any], start: int = 0,
+               carried: list[int] | None = None) -> tuple[PgSpanSource, Any]:
     sorter = MemorySorter().span("cf/0")
     source = PgSpanSource(FakeStream(wire), TableFilter(("*.*",)), Watermark(start, 0.0),  # type: ignore[arg-type]
                           lambda: None, "cf/0")
-    source.seed_schemas(seed)
+    source.seed_schemas(seed, carried)
     source.run(sorter, threading.Event(), lambda w: None)
     return source, sorter
 
@@ -218,6 +219,17 @@ def test_a_table_as_the_history_knows_it_stores_no_new_version_and_no_schema_cha
     assert 10 not in source.schema_change_commits()
     assert source.take_schema_versions() == []
     assert rows(source, sorter) == [(10, "INSERT", {"id": 1, "v": "a"})]
+
+
+def test_a_table_the_history_gives_another_span_is_recorded_again_as_this_spans_at_its_first_relation() -> None:
+    """(a table moved here by changefeed update, or a history stored before versions named their span: from then
+    on the history says this span replicates it, which decides whether its DROP TABLE concerns this span)"""
+    wire = [*txn(1, 10, enc_relation(None, 7, "public", "t", "d", COLS), enc_insert(None, 7, ["1", "a"]))]
+    source, _ = run_seeded(wire, [_relation_schema(COLS)], carried=[])
+    assert 10 not in source.schema_change_commits()  # the same shape: no schema change
+    assert [(ts, s.column_names) for ts, s in source.take_schema_versions()] == [(10, ("id", "v"))]
+    source, _ = run_seeded(wire, [_relation_schema(COLS)], carried=[7])
+    assert source.take_schema_versions() == []
 
 
 def test_a_table_first_seen_in_the_stream_gets_its_first_history_version_at_that_commit() -> None:
