@@ -1,0 +1,300 @@
+"""Parallel apply: one ``write`` call's upstream transactions on several downstream connections at once
+(``[sink] worker-count`` > 1; MySQL/MariaDB and PostgreSQL. SQLite has one writer per file: worker-count is
+ignored there and every write takes the one-connection path).
+
+What a write does with N workers:
+
+* Its changes are read into memory up to ``2 * max(batch-rows, txn-rows)`` changes (the span's batcher hands whole
+  transactions up to ``txn-rows`` per write, so only a write holding one transaction larger than that bound goes
+  past it). Past the bound, or when the write's transactions all conflict, or while a transaction continues after
+  its DDL (``Position.reopened``), the write takes today's path: one downstream transaction, streamed, the writer's
+  rules unchanged (a huge transaction is cut only as ``sinks.sql.ops.writer`` documents). So an upstream transaction
+  is never split across workers or downstream transactions beyond what the writer already does.
+* Each transaction's keys (:func:`keys_of`): per row image touched (old and new), one key per target unique key
+  (primary key included) ``(table, columns, values)``; a table-wide key instead for tables whose rows cannot be
+  told apart safely: without a key, with a unique key besides the key while the upstream logs only the key of old
+  rows (replica identity not FULL), with a target unique key on columns the upstream does not have, with a
+  foreign key to or from another target table (the tables of one foreign-key component share one key: such tables
+  go to one worker, so a target that checks foreign keys immediately never sees a child before its parent), a key
+  value that holds an unsent (TOAST) column, and every table a TRUNCATE in the write touches (a barrier for that
+  table; a DDL never shares a write with rows: the span applies it between writes). On MySQL/MariaDB text key values
+  are compared case- and accent-folded (a case-insensitive collation makes 'a' and 'A' one key downstream).
+* :func:`sinks.sql.dialect.conflicts.partition` splits the transactions into at most N lists of whole conflict
+  components; each list is applied in commit order by a :class:`~sinks.sql.ops.writer.Writer` (windows and net
+  effect as on one connection) in one downstream transaction on its own connection and statement pipeline, in
+  its own thread, and committed by that worker after the span's fence as soon as it is applied; once every one
+  committed, one more transaction moves the span's position to the write's last commit Ts (exactly-once, below).
+
+Guarantees: per key, upstream order (conflicting transactions are in one list, in order, and the next write starts
+after this one committed everything); a transaction is applied whole in one downstream transaction. Across keys a
+reader downstream may see a later transaction before an unrelated earlier one, during a write (worker-count 1 never
+shows that). Exactly-once (``sinks.sql.target.position``, "Several apply workers"): each worker's transaction holds
+the span's position row in share mode, checks it, and records its transactions in the applied table before their
+rows; a crash between the workers' commits leaves some transactions recorded above the position, which the restart
+skips; a zombie writer racing its successor fails on the position check or on the applied table's key, so no
+transaction is applied twice and none is skipped.
+
+Threads: the caller's thread reads, keys and partitions the write and binds its schemas (the catalog's tables are
+read or created by that thread only, before the workers start: workers find every binding cached), then waits;
+worker threads apply and commit (a worker's connection and pipeline are its own; the fence and the row source are
+called by one worker at a time); the caller moves the position.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import unicodedata
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from cdc.config import SinkConfig
+from cdc.errors import TidewaterError
+from cdc.events import UNCHANGED, OpType, RowChange
+from cdc.model import DataWarning
+from sinks.base import RowSource
+from sinks.sql.dialect.conflicts import partition
+from sinks.sql.dialect.errors import is_db_error
+from sinks.sql.dialect.normalize import hashable_key
+from sinks.sql.ops.writer import Writer
+from sinks.sql.target.binding import Binding
+from sinks.sql.target.catalog import Catalog
+from sinks.sql.target.connection import Target
+from sinks.sql.target.pipeline import Pipeline
+from sinks.sql.target.position import Position
+
+log = logging.getLogger(__name__)
+
+
+class Txn:
+    """One upstream transaction of a write: its changes, in order."""
+
+    __slots__ = ("commit_ts", "commit_time", "changes")
+
+    def __init__(self, commit_ts: int, commit_time: float) -> None:
+        self.commit_ts = commit_ts
+        self.commit_time = commit_time
+        self.changes: list[RowChange] = []
+
+
+class KeyPlan:
+    """How one binding's rows are keyed: ``table`` (a table-wide key, or None) or the column indexes of each
+    unique key (positional rows) and their names (dict rows)."""
+
+    __slots__ = ("label", "table", "uniques", "positions")
+
+    def __init__(self, b: Binding, catalog: Catalog) -> None:
+        self.label = b.label
+        fk = catalog.fk
+        self.table: Hashable | None = None
+        if fk.has_parents(b.label) or fk.is_parent(b.label):
+            self.table = ("fk", fk_component(catalog, b.label))
+        elif (not b.keyed or b.unique_unmapped
+              or (len(b.unique_keys) > 1 and b.schema.replica_identity != "f")):
+            self.table = ("table", b.label)
+        self.uniques = b.unique_keys
+        self.positions = tuple(tuple(b.names.index(c) for c in u) for u in b.unique_keys)
+
+
+def fk_component(catalog: Catalog, label: str) -> str:
+    """The smallest label of the tables linked to ``label`` by target foreign keys (either direction)."""
+    fk = catalog.fk
+    seen = {label}
+    todo = [label]
+    while todo:
+        t = todo.pop()
+        for u in itertools.chain(fk.parents.get(t, ()), fk.children.get(t, ())):
+            if u not in seen:
+                seen.add(u)
+                todo.append(u)
+    return min(seen)
+
+
+def fold_text(v: Any) -> Any:
+    """A text value as a case- and accent-insensitive collation compares it (MySQL/MariaDB keys)."""
+    if isinstance(v, str):
+        return "".join(c for c in unicodedata.normalize("NFKD", v.casefold()) if not unicodedata.combining(c)).rstrip()
+    return v
+
+
+def keys_of(txn: Txn, plans: dict[int, KeyPlan], fold: bool, truncated: set[str]) -> tuple[set[Hashable], set[str]]:
+    """The keys of ``txn`` (module docstring) and the labels of the tables it touches. ``plans`` by id of the
+    change's schema; ``truncated`` gains the tables it truncates (the caller adds their table key afterwards)."""
+    keys: set[Hashable] = set()
+    tables: set[str] = set()
+    TRUNCATE = OpType.TRUNCATE
+    for ch in txn.changes:
+        plan = plans[id(ch.schema)]
+        label = plan.label
+        tables.add(label)
+        if ch.op == TRUNCATE:
+            truncated.add(label)
+            keys.add(("table", label))
+            continue
+        if plan.table is not None:
+            keys.add(plan.table)
+            continue
+        row = ch.row
+        if row is not None:
+            for u, pos in zip(plan.uniques, plan.positions, strict=True):
+                vals = tuple(row[i] for i in pos)
+                if None not in vals:
+                    keys.add((label, u, hashable_key(tuple(map(fold_text, vals)) if fold else vals)))
+        else:
+            for img in (ch.values, ch.old_values):
+                if img is None:
+                    continue
+                for u in plan.uniques:
+                    vals = tuple(img.get(c) for c in u)
+                    if UNCHANGED in vals:
+                        keys.add(("table", label))
+                        break
+                    if None not in vals:
+                        keys.add((label, u, hashable_key(tuple(map(fold_text, vals)) if fold else vals)))
+    return keys, tables
+
+
+class ParallelApply:
+    """Applies a write's transactions on ``workers`` connections (module docstring). ``serial(changes)`` is the
+    one-connection write that a write falls back to."""
+
+    def __init__(self, target: Target, catalog: Catalog, config: SinkConfig, workers: int,
+                 warn: Callable[[DataWarning], None]) -> None:
+        self.target = target
+        self.catalog = catalog
+        self.config = config
+        self.workers = workers
+        self.warn = warn
+        self.limit = 2 * max(config.batch_rows, config.txn_rows)
+        self.pipelines = [Pipeline(threaded=True) for _ in range(workers)]
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sql-apply")
+        self._call_lock = threading.Lock()  # the row source and the fence: one worker at a time
+        self.parallel_writes = 0  # writes applied on more than one connection (for tests and stats)
+
+    def read(self, changes: Iterable[RowChange], skip_at: int) -> tuple[list[Txn], Iterator[RowChange] | None]:
+        """The write's transactions above ``skip_at``, or ([], the whole stream) past the bound."""
+        it = iter(changes)
+        txns: list[Txn] = []
+        n = 0
+        cur: Txn | None = None
+        limit = self.limit
+        buffered: list[RowChange] = []
+        for ch in it:
+            ts = ch.commit_ts
+            if ts <= skip_at:
+                continue
+            if cur is None or ts != cur.commit_ts:
+                cur = Txn(ts, ch.commit_time)
+                txns.append(cur)
+            cur.changes.append(ch)
+            n += 1
+            if n > limit:
+                buffered = [c for t in txns for c in t.changes]
+                return [], itertools.chain(buffered, it)
+        return txns, None
+
+    def plan(self, txns: list[Txn], conn: Connection) -> list[list[int]]:
+        """Bind every schema of the write (on ``conn``, outside a transaction) and split it over the workers. Key
+        plans are made after every binding, since binding a table may reveal foreign keys of tables bound before."""
+        catalog = self.catalog
+        bindings: dict[int, Binding] = {}
+        for t in txns:
+            for ch in t.changes:
+                sid = id(ch.schema)
+                if sid not in bindings:
+                    bindings[sid] = catalog.bind(ch.schema, conn)
+        plans = {sid: KeyPlan(b, catalog) for sid, b in bindings.items()}
+        fold = self.target.dialect == "mysql"
+        truncated: set[str] = set()
+        keyed = [keys_of(t, plans, fold, truncated) for t in txns]
+        if truncated:
+            for keys, tables in keyed:
+                for label in tables & truncated:
+                    keys.add(("table", label))
+        return partition([k for k, _ in keyed], self.workers, [len(t.changes) for t in txns])
+
+    def apply(self, txns: list[Txn], lists: list[list[int]], pos: Position | None, fence: Callable[[], None] | None,
+              row_source: RowSource | None) -> int:
+        """Apply ``lists`` (from :meth:`plan`) concurrently, each worker committing its own transaction after the
+        fence, then move the position once every one committed. The fence and the row source (one upstream session)
+        are called by one worker at a time. The first error is raised once every worker finished; workers that
+        committed stay committed (recorded in the applied table: a restart skips them)."""
+        if row_source is not None:
+            row_source = self._locked(row_source)
+        worker_fence = self._locked(fence) if fence is not None else None
+        futures = [self._pool.submit(self._work, k, [txns[i] for i in lst], pos, row_source, worker_fence)
+                   for k, lst in enumerate(lists)]
+        error: BaseException | None = None
+        count = 0
+        for f in futures:
+            try:
+                count += f.result()
+            except BaseException as exc:  # noqa: BLE001 - the first one is raised below
+                if error is None:
+                    error = exc
+        if error is not None:
+            self.catalog.forget_all()
+            raise error
+        self.parallel_writes += 1
+        if pos is not None:
+            target = self.target
+            last = txns[-1]
+            with target.engine.connect() as conn:
+                trans = conn.begin()
+                try:
+                    pos.record(conn, last.commit_ts, last.commit_time)
+                    if fence is not None:
+                        fence()
+                    trans.commit()
+                except BaseException as exc:
+                    target.abandon(conn, trans, exc)
+                    if isinstance(exc, TidewaterError) or not is_db_error(exc):
+                        raise
+                    raise target.wrap(exc, pos.sql.label) from exc
+            pos.committed(last.commit_ts)
+        return count
+
+    def _locked(self, fn: Callable[..., Any]) -> Any:
+        lock = self._call_lock
+
+        def call(*args: Any) -> Any:
+            with lock:
+                return fn(*args)
+        return call
+
+    def _work(self, k: int, txns: list[Txn], pos: Position | None, row_source: RowSource | None,
+              fence: Callable[[], None] | None) -> int:
+        """Worker ``k``: its transactions in one downstream transaction, committed after the fence. Committing at
+        once (not after every worker applied) matters: a worker may wait for a lock another one holds (InnoDB's
+        next-key locks of unique checks span keys), which a commit barrier would turn into a wait until the lock
+        timeout."""
+        target = self.target
+        writer: Writer | None = None
+        with target.engine.connect() as conn:
+            trans = conn.begin()
+            try:
+                if pos is not None:
+                    pos.hold(conn)
+                    pos.mark(conn, [t.commit_ts for t in txns])
+                writer = Writer(conn, target.statements(), self.catalog, self.pipelines[k], self.config, row_source,
+                                self.warn)
+                n = writer.run(itertools.chain.from_iterable(t.changes for t in txns))
+                if fence is not None:
+                    fence()
+                trans.commit()
+                return n
+            except BaseException as exc:
+                target.abandon(conn, trans, exc)
+                if isinstance(exc, TidewaterError) or not is_db_error(exc):
+                    raise
+                raise target.wrap(exc, writer.current if writer else None) from exc
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for p in self.pipelines:
+            p.close()
+
