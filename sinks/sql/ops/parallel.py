@@ -144,8 +144,8 @@ def keys_of(txn: Txn, plans: dict[int, KeyPlan], fold: bool, truncated: set[str]
                 vals = tuple(row[i] for i in pos)
                 if None not in vals:
                     keys.add((label, u, hashable_key(tuple(map(fold_text, vals)) if fold else vals)))
-        else:
-            for img in (ch.values, ch.old_values):
+        if row is None or ch.old_values is not None:
+            for img in ((ch.values, ch.old_values) if row is None else (ch.old_values,)):
                 if img is None:
                     continue
                 for u in plan.uniques:
@@ -183,9 +183,11 @@ class ParallelApply:
         cur: Txn | None = None
         limit = self.limit
         buffered: list[RowChange] = []
+        skipped = 0
         for ch in it:
             ts = ch.commit_ts
             if ts <= skip_at:
+                skipped += 1
                 continue
             if cur is None or ts != cur.commit_ts:
                 cur = Txn(ts, ch.commit_time)
@@ -195,6 +197,9 @@ class ParallelApply:
             if n > limit:
                 buffered = [c for t in txns for c in t.changes]
                 return [], itertools.chain(buffered, it)
+        if skipped:
+            log.info("%s: skipped %d change(s) already downstream (commit <= %d)", self.target.where, skipped,
+                     skip_at)
         return txns, None
 
     def plan(self, txns: list[Txn], conn: Connection) -> list[list[int]]:
@@ -239,6 +244,9 @@ class ParallelApply:
         if error is not None:
             self.catalog.forget_all()
             raise error
+        if not self.parallel_writes:  # once per sink: that this span's writes do go to several connections
+            log.info("%s: first write applied on %d connections (worker-count %d)%s", self.target.where, len(lists),
+                     self.workers, f", changefeed={pos.changefeed} span={pos.span}" if pos is not None else "")
         self.parallel_writes += 1
         if pos is not None:
             target = self.target

@@ -180,7 +180,7 @@ class Position:
             if self.parallel:
                 self.done = {int(r[0]) for r in conn.exec_driver_sql(sql.select_done, (*key, applied))}
                 if self.done:
-                    log.info("changefeed=%s span=%d: %d transaction(s) above position %d are applied already "
+                    log.info("changefeed=%s span=%d: %d transaction(s) above position %d are already downstream "
                              "(applied table %s): the replay skips them", self.changefeed, self.span, len(self.done),
                              applied, sql.applied_label)
         self.applied = applied
