@@ -34,6 +34,33 @@ rows; a crash between the workers' commits leaves some transactions recorded abo
 skips; a zombie writer racing its successor fails on the position check or on the applied table's key, so no
 transaction is applied twice and none is skipped.
 
+Why this is exact, with a zombie (a frozen capture Z that wakes up after its successor S took the span; both use the
+same target):
+
+1. A writer starts a transaction T only once every earlier transaction conflicting with T is committed downstream:
+   earlier in its own list (same downstream transaction or committed before it), or in an earlier write (the span
+   calls ``write`` only after the previous one returned, i.e. every worker committed), or at or below the position
+   / in the applied table when the writer opened (committed by definition).
+2. T's applied row and T's rows commit together or not at all, and the row's primary key lets only one of Z and S
+   commit T: the second inserter waits on the first's uncommitted row (PostgreSQL and InnoDB unique checks), then
+   fails on the duplicate (``SinkUnavailable``, its whole downstream transaction rolled back, the span restarts and
+   reads the target again), or goes on if the first rolled back. A writer whose worker failed never applies a later
+   transaction of that list, so by 1 it never applies T2 after a T1 it could not commit.
+3. Applied rows are deleted only by the transaction that moves the position past them (compare-and-set, as with one
+   worker). Every worker transaction share-locks the position row and checks that it still holds what its writer
+   last read: so it runs either before the move (which waits for its commit) or after it (and fails). A writer that
+   read the position before a compaction can therefore never insert, unnoticed, an applied row for a transaction
+   the compaction already covered.
+4. Writes of a parallel sink that take the one-connection path record their transactions too (those known before
+   the rows, first; a streamed write's others after its rows, before its compare-and-set), so 2 covers them.
+
+From 1 and 2: every transaction is committed downstream exactly once and, per key, in upstream order, whichever of Z
+and S applies it. Across keys Z and S may interleave as two workers of one writer would.
+
+Compared with TiCDC (``pkg/causality``: a transaction waits only for its own conflicting predecessors, across workers,
+as they finish, streaming over writes), a write here is a barrier: whole conflict components go to one worker, and
+the next write starts after the slowest worker of this one committed.
+
 Threads: the caller's thread reads, keys and partitions the write and binds its schemas (the catalog's tables are
 read or created by that thread only, before the workers start: workers find every binding cached), then waits;
 worker threads apply and commit (a worker's connection and pipeline are its own; the fence and the row source are
