@@ -259,7 +259,7 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
                 with target.engine.connect() as conn:
                     trans = conn.begin()  # (the catalog's raw cursors would leave a transaction open otherwise)
                     try:
-                        lists = parallel.plan(txns, conn)
+                        rounds = parallel.plan(txns, conn)
                     finally:
                         trans.rollback()
             except BaseException as exc:
@@ -267,8 +267,8 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
                 if isinstance(exc, TidewaterError) or not is_db_error(exc):
                     raise
                 raise target.wrap(exc, None) from exc
-            if len(lists) > 1:
-                return parallel.apply(txns, lists, pos, fence, self._row_source)
+            if len(rounds) > 1 or len(rounds[0]) > 1:
+                return parallel.apply(txns, rounds, pos, fence, self._row_source)
         return self._write_one([ch for t in txns for ch in t.changes], fence, [t.commit_ts for t in txns])
 
     @property

@@ -19,8 +19,10 @@ What a write does with N workers:
   value that holds an unsent (TOAST) column, and every table a TRUNCATE in the write touches (a barrier for that
   table; a DDL never shares a write with rows: the span applies it between writes). On MySQL/MariaDB text key values
   are compared case- and accent-folded (a case-insensitive collation makes 'a' and 'A' one key downstream).
-* :func:`sinks.sql.dialect.conflicts.partition` splits the transactions into at most N lists of whole conflict
-  components; each list is applied in commit order by a :class:`~sinks.sql.ops.writer.Writer` (windows and net
+* :func:`sinks.sql.dialect.conflicts.schedule` splits the transactions into rounds of at most N lists: one round
+  of whole conflict components, or (when transactions chain into one big component, e.g. updates of random keys)
+  one round per conflict level, whose transactions never conflict; rounds run one after the other, each committed
+  before the next starts. Each list is applied in commit order by a :class:`~sinks.sql.ops.writer.Writer` (windows and net
   effect as on one connection) in one downstream transaction on its own connection and statement pipeline, in
   its own thread, and committed by that worker after the span's fence as soon as it is applied; once every one
   committed, one more transaction moves the span's position to the write's last commit Ts (exactly-once, below).
@@ -38,7 +40,7 @@ Why this is exact, with a zombie (a frozen capture Z that wakes up after its suc
 same target):
 
 1. A writer starts a transaction T only once every earlier transaction conflicting with T is committed downstream:
-   earlier in its own list (same downstream transaction or committed before it), or in an earlier write (the span
+   earlier in its own list (same downstream transaction), in an earlier round, or in an earlier write (the span
    calls ``write`` only after the previous one returned, i.e. every worker committed), or at or below the position
    / in the applied table when the writer opened (committed by definition).
 2. T's applied row and T's rows commit together or not at all, and the row's primary key lets only one of Z and S
@@ -59,7 +61,7 @@ and S applies it. Across keys Z and S may interleave as two workers of one write
 
 Compared with TiCDC (``pkg/causality``: a transaction waits only for its own conflicting predecessors, across workers,
 as they finish, streaming over writes), a write here is a barrier: whole conflict components go to one worker, and
-the next write starts after the slowest worker of this one committed.
+the next round or write starts after the slowest worker of this one committed.
 
 Threads: the caller's thread reads, keys and partitions the write and binds its schemas (the catalog's tables are
 read or created by that thread only, before the workers start: workers find every binding cached), then waits;
@@ -84,7 +86,7 @@ from cdc.errors import TidewaterError
 from cdc.events import UNCHANGED, OpType, RowChange
 from cdc.model import DataWarning
 from sinks.base import RowSource
-from sinks.sql.dialect.conflicts import partition
+from sinks.sql.dialect.conflicts import schedule
 from sinks.sql.dialect.errors import is_db_error
 from sinks.sql.dialect.normalize import hashable_key
 from sinks.sql.ops.writer import Writer
@@ -95,6 +97,11 @@ from sinks.sql.target.pipeline import Pipeline
 from sinks.sql.target.position import Position
 
 log = logging.getLogger(__name__)
+
+# a round's fixed cost in changes, for choosing between components and levels (conflicts.schedule): per worker a
+# begin, the position check, the applied rows and a commit, ~4 round trips, ~5 ms at the ~50k changes/s one
+# connection applies
+ROUND_COST = 250
 
 
 class Txn:
@@ -229,8 +236,9 @@ class ParallelApply:
                      skip_at)
         return txns, None
 
-    def plan(self, txns: list[Txn], conn: Connection) -> list[list[int]]:
-        """Bind every schema of the write (on ``conn``, outside a transaction) and split it over the workers. Key
+    def plan(self, txns: list[Txn], conn: Connection) -> list[list[list[int]]]:
+        """Bind every schema of the write (on ``conn``, outside a transaction) and split it into rounds of lists
+        over the workers (:func:`sinks.sql.dialect.conflicts.schedule`). Key
         plans are made after every binding, since binding a table may reveal foreign keys of tables bound before."""
         catalog = self.catalog
         bindings: dict[int, Binding] = {}
@@ -247,33 +255,36 @@ class ParallelApply:
             for keys, tables in keyed:
                 for label in tables & truncated:
                     keys.add(("table", label))
-        return partition([k for k, _ in keyed], self.workers, [len(t.changes) for t in txns])
+        return schedule([k for k, _ in keyed], self.workers, [len(t.changes) for t in txns], ROUND_COST)
 
-    def apply(self, txns: list[Txn], lists: list[list[int]], pos: Position | None, fence: Callable[[], None] | None,
-              row_source: RowSource | None) -> int:
-        """Apply ``lists`` (from :meth:`plan`) concurrently, each worker committing its own transaction after the
-        fence, then move the position once every one committed. The fence and the row source (one upstream session)
-        are called by one worker at a time. The first error is raised once every worker finished; workers that
-        committed stay committed (recorded in the applied table: a restart skips them)."""
+    def apply(self, txns: list[Txn], rounds: list[list[list[int]]], pos: Position | None,
+              fence: Callable[[], None] | None, row_source: RowSource | None) -> int:
+        """Apply ``rounds`` (from :meth:`plan`) one after the other, the lists of a round concurrently, each worker
+        committing its own transaction after the fence; then move the position once every one committed. The
+        fence and the row source (one upstream session) are called by one worker at a time. The first error of a
+        round is raised once its every worker finished (no later round starts); workers that committed stay
+        committed (recorded in the applied table: a restart skips them)."""
         if row_source is not None:
             row_source = self._locked(row_source)
         worker_fence = self._locked(fence) if fence is not None else None
-        futures = [self._pool.submit(self._work, k, [txns[i] for i in lst], pos, row_source, worker_fence)
-                   for k, lst in enumerate(lists)]
-        error: BaseException | None = None
         count = 0
-        for f in futures:
-            try:
-                count += f.result()
-            except BaseException as exc:  # noqa: BLE001 - the first one is raised below
-                if error is None:
-                    error = exc
-        if error is not None:
-            self.catalog.forget_all()
-            raise error
+        for lists in rounds:
+            futures = [self._pool.submit(self._work, k, [txns[i] for i in lst], pos, row_source, worker_fence)
+                       for k, lst in enumerate(lists)]
+            error: BaseException | None = None
+            for f in futures:
+                try:
+                    count += f.result()
+                except BaseException as exc:  # noqa: BLE001 - the first one is raised below
+                    if error is None:
+                        error = exc
+            if error is not None:
+                self.catalog.forget_all()
+                raise error
         if not self.parallel_writes:  # once per sink: that this span's writes do go to several connections
-            log.info("%s: first write applied on %d connections (worker-count %d)%s", self.target.where, len(lists),
-                     self.workers, f", changefeed={pos.changefeed} span={pos.span}" if pos is not None else "")
+            log.info("%s: first write applied on %d connections in %d round(s) (worker-count %d)%s",
+                     self.target.where, max(len(lists) for lists in rounds), len(rounds), self.workers,
+                     f", changefeed={pos.changefeed} span={pos.span}" if pos is not None else "")
         self.parallel_writes += 1
         if pos is not None:
             target = self.target

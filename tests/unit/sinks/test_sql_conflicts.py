@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from sinks.sql.dialect.conflicts import components, partition
+from sinks.sql.dialect.conflicts import components, levels, partition, schedule
 
 
 def _reference_components(keys: list[set[object]]) -> list[int]:
@@ -104,3 +104,53 @@ def test_random_against_reference(seed: int) -> None:
     keys = [{rnd.randrange(space) for _ in range(rnd.randint(0, 4))} for _ in range(n)]
     weights = [rnd.randint(1, 100) for _ in range(n)]
     _check(keys, rnd.randint(1, 8), weights)
+
+
+def _reference_levels(keys: list[set[object]]) -> list[int]:
+    out: list[int] = []
+    for j in range(len(keys)):
+        out.append(max((out[i] + 1 for i in range(j) if keys[i] & keys[j]), default=0))
+    return out
+
+
+def _check_schedule(keys: list[set[object]], workers: int, weights: list[int] | None, round_cost: int
+                    ) -> list[list[list[int]]]:
+    rounds = schedule(keys, workers, weights, round_cost)
+    where: dict[int, tuple[int, int]] = {}
+    for r, lists in enumerate(rounds):
+        assert 0 < len(lists) <= workers
+        for k, lst in enumerate(lists):
+            assert lst and lst == sorted(lst)
+            for i in lst:
+                assert i not in where, "every transaction once"
+                where[i] = (r, k)
+    assert sorted(where) == list(range(len(keys)))
+    for i in range(len(keys)):
+        for j in range(i + 1, len(keys)):
+            if keys[i] & keys[j]:
+                (ri, ki), (rj, kj) = where[i], where[j]
+                assert ri < rj or (ri == rj and ki == kj), f"{j} may run before {i} committed"
+    return rounds
+
+
+def test_levels_of_a_chain_and_independents() -> None:
+    assert levels([{"a"}, {"a", "b"}, {"c"}, {"b"}, {"a"}]) == [0, 1, 0, 2, 2]
+
+
+def test_a_giant_component_goes_by_levels() -> None:
+    # every transaction shares a key with the next one only: one component, two levels
+    keys = [{i, i + 1} for i in range(0, 40, 2)] + [{i + 1, i + 2} for i in range(0, 40, 2)]
+    rounds = _check_schedule(keys, 4, None, 0)
+    assert len(rounds) == 2 and all(len(lists) == 4 for lists in rounds)
+    # a key all transactions share: levels would be one round per transaction; components win
+    assert schedule([{0, i} for i in range(10)], 4, None, 1) == [[list(range(10))]]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_random_levels_and_schedule_against_reference(seed: int) -> None:
+    rnd = random.Random(1000 + seed)
+    n = rnd.randint(0, 60)
+    space = rnd.choice([5, 20, 100, 1000])
+    keys = [{rnd.randrange(space) for _ in range(rnd.randint(0, 4))} for _ in range(n)]
+    assert levels(keys) == _reference_levels(keys)
+    _check_schedule(keys, rnd.randint(1, 8), [rnd.randint(1, 100) for _ in range(n)], rnd.choice([0, 10, 1000]))
