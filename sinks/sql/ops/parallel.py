@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import operator
 import threading
 import unicodedata
 from collections.abc import Callable, Hashable, Iterable, Iterator
@@ -116,10 +117,10 @@ class Txn:
 
 
 class KeyPlan:
-    """How one binding's rows are keyed: ``table`` (a table-wide key, or None) or the column indexes of each
-    unique key (positional rows) and their names (dict rows)."""
+    """How one binding's rows are keyed: ``table`` (a table-wide key, or None) or, per unique key, its tag
+    ``(label, columns)``, its columns (dict rows) and a getter of its values from a positional row."""
 
-    __slots__ = ("label", "table", "uniques", "positions")
+    __slots__ = ("label", "table", "uniques")
 
     def __init__(self, b: Binding, catalog: Catalog) -> None:
         self.label = b.label
@@ -130,8 +131,8 @@ class KeyPlan:
         elif (not b.keyed or b.unique_unmapped
               or (len(b.unique_keys) > 1 and b.schema.replica_identity != "f")):
             self.table = ("table", b.label)
-        self.uniques = b.unique_keys
-        self.positions = tuple(tuple(b.names.index(c) for c in u) for u in b.unique_keys)
+        self.uniques = tuple(((b.label, u), u, operator.itemgetter(*(b.names.index(c) for c in u)), len(u) == 1)
+                             for u in b.unique_keys)
 
 
 def fk_component(catalog: Catalog, label: str) -> str:
@@ -156,39 +157,63 @@ def fold_text(v: Any) -> Any:
 
 
 def keys_of(txn: Txn, plans: dict[int, KeyPlan], fold: bool, truncated: set[str]) -> tuple[set[Hashable], set[str]]:
-    """The keys of ``txn`` (module docstring) and the labels of the tables it touches. ``plans`` by id of the
-    change's schema; ``truncated`` gains the tables it truncates (the caller adds their table key afterwards)."""
+    """The keys of ``txn`` (module docstring): ``(tag, values)`` per unique key value, or table-wide keys; and the
+    labels of the tables it touches. ``plans`` by id of the change's schema; ``truncated`` gains the tables it
+    truncates (the caller adds their table key to every transaction touching them). On the hot path: per row one
+    getter call and one set insertion per unique key."""
     keys: set[Hashable] = set()
+    add = keys.add
     tables: set[str] = set()
     TRUNCATE = OpType.TRUNCATE
+    last_sid = -1
+    plan: KeyPlan | None = None
     for ch in txn.changes:
-        plan = plans[id(ch.schema)]
-        label = plan.label
-        tables.add(label)
+        sid = id(ch.schema)
+        if sid != last_sid:
+            plan = plans[sid]
+            last_sid = sid
+            tables.add(plan.label)
+        assert plan is not None
         if ch.op == TRUNCATE:
-            truncated.add(label)
-            keys.add(("table", label))
+            truncated.add(plan.label)
+            add(("table", plan.label))
             continue
         if plan.table is not None:
-            keys.add(plan.table)
+            add(plan.table)
             continue
         row = ch.row
         if row is not None:
-            for u, pos in zip(plan.uniques, plan.positions, strict=True):
-                vals = tuple(row[i] for i in pos)
-                if None not in vals:
-                    keys.add((label, u, hashable_key(tuple(map(fold_text, vals)) if fold else vals)))
-        if row is None or ch.old_values is not None:
-            for img in ((ch.values, ch.old_values) if row is None else (ch.old_values,)):
-                if img is None:
+            for tag, _cols, get, single in plan.uniques:
+                vals = (get(row),) if single else get(row)
+                if None in vals:
                     continue
-                for u in plan.uniques:
-                    vals = tuple(img.get(c) for c in u)
-                    if UNCHANGED in vals:
-                        keys.add(("table", label))
-                        break
-                    if None not in vals:
-                        keys.add((label, u, hashable_key(tuple(map(fold_text, vals)) if fold else vals)))
+                if fold:
+                    vals = tuple(map(fold_text, vals))
+                try:
+                    add((tag, vals))
+                except TypeError:  # arrays: lists
+                    add((tag, hashable_key(vals)))
+            if ch.old_values is None:
+                continue
+            images: tuple[dict[str, Any] | None, ...] = (ch.old_values,)
+        else:
+            images = (ch.values, ch.old_values)
+        for img in images:
+            if img is None:
+                continue
+            for tag, cols, _get, _single in plan.uniques:
+                vals = tuple(img.get(c) for c in cols)
+                if UNCHANGED in vals:
+                    add(("table", plan.label))
+                    break
+                if None in vals:
+                    continue
+                if fold:
+                    vals = tuple(map(fold_text, vals))
+                try:
+                    add((tag, vals))
+                except TypeError:
+                    add((tag, hashable_key(vals)))
     return keys, tables
 
 
