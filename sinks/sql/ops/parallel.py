@@ -23,7 +23,7 @@ What a write does with N workers:
   of whole conflict components, or (when transactions chain into one big component, e.g. updates of random keys)
   one round per conflict level, whose transactions never conflict; rounds run one after the other, each committed
   before the next starts. Each list is applied in commit order by a :class:`~sinks.sql.ops.writer.Writer` (windows and net
-  effect as on one connection) in one downstream transaction on its own connection and statement pipeline, in
+  effect as on one connection) in one downstream transaction on its own connection (statements run in the worker thread), in
   its own thread, and committed by that worker after the span's fence as soon as it is applied; once every one
   committed, one more transaction moves the span's position to the write's last commit Ts (exactly-once, below).
 
@@ -65,8 +65,8 @@ the next round or write starts after the slowest worker of this one committed.
 
 Threads: the caller's thread reads, keys and partitions the write and binds its schemas (the catalog's tables are
 read or created by that thread only, before the workers start: workers find every binding cached), then waits;
-worker threads apply and commit (a worker's connection and pipeline are its own; the fence and the row source are
-called by one worker at a time); the caller moves the position.
+worker threads apply and commit (a worker's connection is its own, and its statements run in its thread; the fence
+and the row source are called by one worker at a time); the caller moves the position.
 """
 
 from __future__ import annotations
@@ -229,7 +229,9 @@ class ParallelApply:
         self.workers = workers
         self.warn = warn
         self.limit = 2 * max(config.batch_rows, config.txn_rows)
-        self.pipelines = [Pipeline(threaded=True) for _ in range(workers)]
+        # each worker runs its statements in its own thread (no pipeline thread per worker: the workers overlap one
+        # another; a second thread each measured more capture CPU per row for no more rows/s)
+        self.pipelines = [Pipeline(threaded=False) for _ in range(workers)]
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sql-apply")
         self._call_lock = threading.Lock()  # the row source and the fence: one worker at a time
         self.parallel_writes = 0  # writes applied on more than one connection (for tests and stats)
