@@ -22,10 +22,10 @@ What a write does with N workers:
 * :func:`sinks.sql.dialect.conflicts.schedule` splits the transactions into rounds of at most N lists: one round
   of whole conflict components, or (when transactions chain into one big component, e.g. updates of random keys)
   one round per conflict level, whose transactions never conflict; rounds run one after the other, each committed
-  before the next starts. Each list is applied in commit order by a :class:`~sinks.sql.ops.writer.Writer` (windows and net
-  effect as on one connection) in one downstream transaction on its own connection (statements run in the worker thread), in
-  its own thread, and committed by that worker after the span's fence as soon as it is applied; once every one
-  committed, one more transaction moves the span's position to the write's last commit Ts (exactly-once, below).
+  before the next starts. Each list is applied in commit order by a :class:`~sinks.sql.ops.writer.Writer` (windows
+  and net effect as on one connection) in one downstream transaction on its own connection, in its own thread (which
+  runs the statements too), and committed by that worker after the span's fence as soon as it is applied; once every
+  one committed, one more transaction moves the span's position to the write's last commit Ts (exactly-once, below).
 
 Guarantees: per key, upstream order (conflicting transactions are in one list, in order, and the next write starts
 after this one committed everything); a transaction is applied whole in one downstream transaction. Across keys a
