@@ -79,7 +79,7 @@ from sinks.sql.ops import copy_targets
 from sinks.sql.ops.bulk import CopyPassthrough
 from sinks.sql.ops.ddl_run import DdlRunner
 from sinks.sql.ops.deferred_key import DeferredKey
-from sinks.sql.ops.parallel import ParallelApply
+from sinks.sql.ops.parallel import ParallelApply, Txn, collector_paused
 from sinks.sql.ops.writer import Writer
 from sinks.sql.target.catalog import Catalog
 from sinks.sql.target.connection import Target
@@ -249,9 +249,17 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         if pos is None and self._ddl.floors:
             changes = self._ddl.drop_replayed(changes)
         parallel = self._parallel
-        txns, rest = parallel.read(changes, pos.skip_at() if pos is not None else 0)
-        if rest is not None:
-            return self._write_one(rest, fence)
+        with collector_paused():  # while the write's changes are held in memory (not for a streamed one)
+            txns, rest = parallel.read(changes, pos.skip_at() if pos is not None else 0)
+            if rest is None:
+                return self._write_parallel(parallel, txns, fence)
+        return self._write_one(rest, fence)
+
+    def _write_parallel(self, parallel: ParallelApply, txns: list[Txn], fence: Callable[[], None] | None) -> int:
+        """A write's transactions (in memory) on several workers (:mod:`sinks.sql.ops.parallel`), or on one
+        connection when they do not split."""
+        target = self.target
+        pos = self._position
         if not txns:
             return self._write_one((), fence)
         if pos is None or not pos.reopened:

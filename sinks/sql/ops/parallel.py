@@ -71,6 +71,8 @@ and the row source are called by one worker at a time); the caller moves the pos
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import logging
 import operator
@@ -103,6 +105,34 @@ log = logging.getLogger(__name__)
 # begin, the position check, the applied rows and a commit, ~4 round trips, ~5 ms at the ~50k changes/s one
 # connection applies
 ROUND_COST = 250
+
+
+_gc_lock = threading.Lock()
+_gc_paused = 0  # writes (of any span of this process) holding the cyclic collector off
+_gc_owned = False  # the collector was enabled when the first of them began (so the last one enables it again)
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Hold Python's cyclic garbage collector off while a write's changes are held in memory. Buffered changes
+    survive their allocation, so the collector runs every few hundred allocations and its older generations scan
+    the whole capture heap: measured 1.8 -> 6.2 us/row of sink CPU with 4 workers and a 300k-object heap (1,773
+    collections per 180k rows, none on the streamed one-connection path). Memory is bounded by the write; cycles
+    made meanwhile are collected once the last paused write ends. Process-wide (the collector is), counted so that
+    concurrent spans enable it again only after the last one."""
+    global _gc_paused, _gc_owned
+    with _gc_lock:
+        _gc_paused += 1
+        if _gc_paused == 1:
+            _gc_owned = gc.isenabled()
+            gc.disable()
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_paused -= 1
+            if _gc_paused == 0 and _gc_owned:
+                gc.enable()
 
 
 class Txn:
