@@ -83,6 +83,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--no-native", action="store_true", help="skip the native logical replication reference")
     ap.add_argument("--server-config", type=Path, help="TOML for the cdc server (default: its defaults)")
     ap.add_argument("--changefeed-config", type=Path, help="changefeed TOML (default: its defaults)")
+    ap.add_argument("--worker-count", type=int, help="[sink] worker-count of the changefeeds (SQL sinks: apply "
+                    "connections per span; default: the changefeed config's, else 1)")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds any one catch-up may take")
     ap.add_argument("--profile", type=Path, metavar="DIR", help="py-spy profile of the capture for each Tidewater "
                     "catch-up into DIR (slows the capture: not for baseline figures)")
@@ -142,7 +144,8 @@ def _pipeline(args: argparse.Namespace) -> int:
         pgbench_seconds=args.pgbench_seconds, pgbench_scale=args.pgbench_scale, pgbench_clients=args.pgbench_clients,
         lag_rates=args.lag_rates, lag_seconds=args.lag_seconds, big_mb=args.big_mb, timeout=args.timeout, e_rows=args.e_rows or 0,
         work_dir=work, server_config=args.server_config.read_text() if args.server_config else "",
-        changefeed_config=args.changefeed_config.read_text() if args.changefeed_config else "",
+        changefeed_config=with_worker_count(args.changefeed_config.read_text() if args.changefeed_config else "",
+                                            args.worker_count),
         native=not args.no_native, profile_dir=args.profile, snapshot_rows=args.snapshot_rows,
         snapshot_tables=args.snapshot_tables, chunk_rows=args.chunk_rows, spark_master=args.spark_master,
         compare_rows=args.compare_rows,
@@ -191,3 +194,15 @@ def _complete(report: Report) -> bool:
     if snap is not None and (snap.errors or any(r.error or r.verified.startswith("NO") for r in snap.runs)):
         return False
     return all(not r.error for r in report.lag) and all(not r.error for r in report.big)
+
+
+def with_worker_count(config: str, workers: int | None) -> str:
+    """``config`` (changefeed TOML) with ``[sink] worker-count = workers`` (None: unchanged)."""
+    if workers is None:
+        return config
+    line = f"worker-count = {workers}\n"
+    lines = config.splitlines(keepends=True)
+    for i, text in enumerate(lines):
+        if text.strip() == "[sink]":
+            return "".join(lines[:i + 1] + [line] + lines[i + 1:])
+    return config + ("\n" if config and not config.endswith("\n") else "") + "[sink]\n" + line

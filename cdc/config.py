@@ -66,6 +66,9 @@ class SinkConfig:
     delivery: str = "exactly-once"
     checkpoint_table: str = "tidewater_checkpoint"  # on PostgreSQL in schema "tidewater"
     dispatchers: tuple[DispatcherRule, ...] = ()  # [[sink.dispatchers]]: Kafka topic and partition rules
+    # SQL sinks (MySQL/MariaDB, PostgreSQL): downstream connections applying non-conflicting transactions of a write
+    # at once (sinks.sql.ops.parallel); 1: one connection, transaction-consistent states downstream. SQLite: always 1
+    worker_count: int = 1
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class DdlConfig:
     on_error: str = "fail"  # a DDL the sink cannot apply: "fail" the changefeed, or "skip" it (divergence warning)
     skip_ts: tuple[int, ...] = ()  # commit Ts of DDL transactions to skip knowingly (changefeed update --skip-ddl-ts)
 
+
+MAX_SINK_WORKERS = 8  # [sink] worker-count (each is a downstream connection; the engine pool holds 5 + 10)
 
 SNAPSHOT_MODES = ("initial", "none")
 EXISTING_ROWS = ("refuse", "truncate", "merge")
@@ -135,6 +140,9 @@ class ChangefeedConfig:
             raise InvalidConfig(f"ddl.skip-ts must list positive commit Ts, got {list(self.ddl.skip_ts)!r}")
         if self.sink.batch_rows < 1 or self.sink.txn_rows < 1:
             raise InvalidConfig("sink.batch-rows and sink.txn-rows must be positive")
+        if not isinstance(self.sink.worker_count, int) or not 1 <= self.sink.worker_count <= MAX_SINK_WORKERS:
+            raise InvalidConfig(f"sink.worker-count must be between 1 and {MAX_SINK_WORKERS}, got "
+                                f"{self.sink.worker_count!r}")
         if self.sink.delivery not in DELIVERY_MODES:
             raise InvalidConfig(f"sink.delivery must be one of {', '.join(DELIVERY_MODES)}, got {self.sink.delivery!r}")
         if not _PLAIN_NAME.fullmatch(self.sink.checkpoint_table):

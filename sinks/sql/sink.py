@@ -59,8 +59,10 @@ pool keeps the connection between calls; ``close`` disposes of it.
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Callable, Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from sqlalchemy.engine import Connection
 
@@ -76,10 +78,11 @@ from sinks.sql.ops import copy_targets
 from sinks.sql.ops.bulk import CopyPassthrough
 from sinks.sql.ops.ddl_run import DdlRunner
 from sinks.sql.ops.deferred_key import DeferredKey
+from sinks.sql.ops.parallel import ParallelApply, Txn, collector_paused
 from sinks.sql.ops.writer import Writer
 from sinks.sql.target.catalog import Catalog
 from sinks.sql.target.connection import Target
-from sinks.sql.target.position import Position, PositionSQL, Tracked
+from sinks.sql.target.position import Position, PositionSQL, Tracked, skip_done
 from sinks.sql.target.position import forget as forget_position
 
 log = logging.getLogger(__name__)
@@ -109,6 +112,10 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         self._ddl = DdlRunner(self.target, self.catalog, self._add_warning)
         self._passthrough = CopyPassthrough(self.target, self.catalog)
         self._deferred = DeferredKey(self.target, self.catalog)
+        self._warn_lock = threading.Lock()  # apply workers add warnings from their threads
+        workers = self._config.worker_count if self.dialect != "sqlite" else 1
+        self._parallel = ParallelApply(self.target, self.catalog, self._config, workers, self._add_warning) \
+            if workers > 1 else None
 
     # ---- the roles (sinks.base, sinks.copy_roles) ----------------------------------------------------
     def check(self) -> None:
@@ -123,7 +130,8 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
     def take_warnings(self) -> list[DataWarning]:
         """Warnings raised since the last call (merged by code and table). A write that failed and is
         retried may count its warning twice."""
-        out, self._warnings = list(self._warnings), ()
+        with self._warn_lock:
+            out, self._warnings = list(self._warnings), ()
         return out
 
     def set_row_source(self, fetch: RowSource | None) -> None:
@@ -133,7 +141,8 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
 
     def _add_warning(self, w: DataWarning) -> None:
         log.warning("table %s: %s (%s; first keys %s)", w.table, w.message, w.code, ", ".join(w.keys))
-        self._warnings = merge_warnings(self._warnings, [w])
+        with self._warn_lock:
+            self._warnings = merge_warnings(self._warnings, [w])
 
     def set_ddl_config(self, config: DdlConfig) -> None:
         self._ddl.config = config
@@ -203,7 +212,8 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         self.target.check_open()
         if self._config.delivery == "at-least-once":
             return self._ddl.load_floors(changefeed)  # 0; rows from before an applied DDL are replays
-        pos = Position(self.target, self._position_sql(), changefeed, span, origin)
+        pos = Position(self.target, self._position_sql(), changefeed, span, origin,
+                       parallel=self._parallel is not None)
         applied = self.target.guarded(pos.open, pos.sql.label)  # (its table's creation, then its transaction)
         self._position = pos
         return applied
@@ -222,16 +232,81 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         target = self.target
         target.check_open()
+        pos = self._position
+        if pos is not None and pos.done:
+            changes = skip_done(changes, pos.done)  # applied by workers before a crash (parallel apply)
+        if self._parallel is None:
+            return self._write_one(changes, fence)
+        if pos is None and self._ddl.floors:
+            changes = self._ddl.drop_replayed(changes)
+        parallel = self._parallel
+        with collector_paused():  # while the write's changes are held in memory (not for a streamed one)
+            txns, rest = parallel.read(changes, pos.skip_at() if pos is not None else 0)
+            if rest is None:
+                return self._write_parallel(parallel, txns, fence)
+        return self._write_one(rest, fence)
+
+    def _write_parallel(self, parallel: ParallelApply, txns: list[Txn], fence: Callable[[], None] | None) -> int:
+        """A write's transactions (in memory) on several workers (:mod:`sinks.sql.ops.parallel`), or on one
+        connection when they do not split."""
+        target = self.target
+        pos = self._position
+        if not txns:
+            return self._write_one((), fence)
+        if pos is None or not pos.reopened:
+            def plan() -> list[list[list[int]]]:
+                with target.engine.connect() as conn:
+                    trans = conn.begin()  # (the catalog's raw cursors would leave a transaction open otherwise)
+                    try:
+                        return parallel.plan(txns, conn)
+                    finally:
+                        trans.rollback()
+
+            try:
+                rounds = target.guarded(plan, None)
+            except BaseException:
+                self.catalog.forget_all()
+                raise
+            if len(rounds) > 1 or len(rounds[0]) > 1:
+                return parallel.apply(txns, rounds, pos, fence, self._row_source)
+        return self._write_one([ch for t in txns for ch in t.changes], fence, [t.commit_ts for t in txns])
+
+    @property
+    def parallel_writes(self) -> int:
+        """Writes applied on more than one downstream connection so far (0 with worker-count 1, and on SQLite)."""
+        return self._parallel.parallel_writes if self._parallel is not None else 0
+
+    def _write_one(self, changes: Iterable[RowChange], fence: Callable[[], None] | None,
+                   known: list[int] | None = None) -> int:
+        """One downstream transaction on one connection (the only path with worker-count 1). With several workers
+        (``pos.parallel``) its transactions are recorded in the applied table too, since a zombie's workers may race
+        this write: those in ``known`` (or else the first one) before any row, the rest of a streamed write after
+        its rows (a zombie racing a streamed write is then refused by the position's compare-and-set or the applied
+        table's key, possibly after a statement of its rows failed on what the other writer applied: rolled back
+        either way)."""
+        target = self.target
         writer: Writer | None = None
         pos = self._position
         tracked: Tracked | None = None
+        early: list[int] = []
+        late: list[int] | None = None
         if pos is not None:
+            if pos.parallel:
+                if known is None:
+                    it = iter(changes)
+                    first = next(it, None)
+                    known = [first.commit_ts] if first is not None else []
+                    late = []
+                    changes = _note_commits(itertools.chain([first], it) if first is not None else (), late)
+                early = [ts for ts in known if ts > pos.skip_at()]
             changes = tracked = Tracked(changes, pos.skip_at())
         elif self._ddl.floors:
             changes = self._ddl.drop_replayed(changes)
         try:
             with target.transaction(lambda: writer.current if writer else None, fence=fence) as conn:
                 writer = self.writer(conn)
+                if early and pos is not None:
+                    pos.mark(conn, early)
                 count = writer.run(changes)
                 if tracked is not None and pos is not None:
                     if not tracked.done:
@@ -241,6 +316,9 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
                                  pos.changefeed, pos.span, tracked.skipped, pos.applied)
                     if tracked.last_ts:
                         writer.current = pos.sql.label
+                        if late:
+                            done = set(early)
+                            pos.mark(conn, [ts for ts in late if ts > tracked.applied and ts not in done])
                         pos.record(conn, tracked.last_ts, tracked.last_time)
         except BaseException:
             # Tables created inside the failed transaction (SQLite) are gone; re-reflect next time.
@@ -251,4 +329,16 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         return count
 
     def close(self) -> None:
+        if self._parallel is not None:
+            self._parallel.close()
         self.target.close()
+
+
+def _note_commits(changes: Iterable[RowChange], out: list[int]) -> Iterator[RowChange]:
+    """``changes``, appending each new commit Ts to ``out`` as it passes."""
+    last = None
+    for ch in changes:
+        if ch.commit_ts != last:
+            last = ch.commit_ts
+            out.append(last)
+        yield ch

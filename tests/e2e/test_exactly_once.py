@@ -6,6 +6,8 @@ replays transactions that are already downstream: the target's position must ski
 
 from __future__ import annotations
 
+import contextlib
+import random
 import subprocess
 import time
 import uuid
@@ -27,8 +29,10 @@ pytestmark = pytest.mark.e2e
 SCHEMA = """
 CREATE TABLE log (a int, b text, c int);
 ALTER TABLE log REPLICA IDENTITY FULL;
+CREATE TABLE kv (id int PRIMARY KEY, n int NOT NULL, b text);
 """
 TABLES = ["public.log"]
+PARALLEL = "[sink]\nworker-count = 4\n"
 # fast lease expiry; a slow etcd checkpoint so that the target is always ahead of etcd when a capture dies
 FAST = (FAST_LEASE + "checkpoint-min-interval = 2.0\ncheckpoint-interval = 2.0\n")
 
@@ -55,18 +59,44 @@ def _keyless_step(conn: Any, t: int) -> int:
     return 1
 
 
+def _keyed_step(conn: Any, t: int) -> int:
+    """One transaction on ``kv``: a new row, updates of three keys drawn from the rows so far (some transactions
+    conflict, most do not), every 7th transaction a delete."""
+    conn.autocommit = False
+    rnd = random.Random(t)
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO kv VALUES (%s, 0, 'k')", (t,))
+        for _ in range(3):
+            cur.execute("UPDATE kv SET n = n + 1, b = %s WHERE id = %s", (f"t{t}", rnd.randrange(t + 1)))
+        if t % 7 == 6:
+            cur.execute("DELETE FROM kv WHERE id = %s", (rnd.randrange(t + 1),))
+    conn.commit()
+    return 1
+
+
+def KeyedWorkload(pg: PostgresServer, db: str) -> BackgroundWriter:
+    """Small keyed transactions on ``kv`` beside the key-less ones: what several apply workers split."""
+    return BackgroundWriter(pg.connect(db), _keyed_step, pause=0.005)
+
+
+def parallel_writes(servers: list[CdcServer]) -> int:
+    return sum(s.log_file.read_text(errors="replace").count("first write applied on") for s in servers
+               if s.log_file.exists())
+
+
 def KeylessWorkload(pg: PostgresServer, db: str) -> BackgroundWriter:
     """Small transactions on the key-less ``log`` table from a background thread (see :func:`_keyless_step`)."""
     return BackgroundWriter(pg.connect(db), _keyless_step, pause=0.01)
 
 
-def assert_exact(cdc: CdcServer, cf: str, source: Any, sink_uri: str, timeout: float = 120.0) -> None:
+def assert_exact(cdc: CdcServer, cf: str, source: Any, sink_uri: str, timeout: float = 120.0,
+                 tables: list[str] = TABLES) -> None:
     """Wait until the changefeed passed the upstream's WAL position, then count every full-row image."""
     cdc.wait_checkpoint(cf, current_lsn(source), timeout=timeout)
-    (diff,) = compare_tables(source, TABLES, sink_uri)
-    assert diff.source_rows > 0, diff
-    assert (diff.surplus, diff.losses) == (0, 0), f"duplicates/losses downstream: {diff}"
-    assert diff.equal and diff.source_rows == diff.target_rows, diff
+    for diff in compare_tables(source, tables, sink_uri):
+        assert diff.source_rows > 0, diff
+        assert (diff.surplus, diff.losses) == (0, 0), f"duplicates/losses downstream: {diff}"
+        assert diff.equal and diff.source_rows == diff.target_rows, diff
 
 
 def precreate_target(sink_uri: str) -> None:
@@ -144,16 +174,22 @@ def sandbox(tmp_path: Path) -> Iterator[Sandbox]:
     box.close()
 
 
+@pytest.mark.parametrize("workers", [1, pytest.param(4, marks=pytest.mark.slow)])
 def test_keyless_table_exactly_once_through_kills_and_outages(
-        sandbox: Sandbox, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path) -> None:
-    """The default-suite run: two capture SIGKILLs, one etcd SIGKILL, one MariaDB outage; then remove."""
+        sandbox: Sandbox, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path,
+        workers: int) -> None:
+    """The default-suite run: two capture SIGKILLs, one etcd SIGKILL, one MariaDB outage; then remove. With 4 apply
+    workers a keyed workload runs beside the key-less one (the key-less table's transactions all conflict), and
+    both tables end equal."""
     maria = MariaDBServer(tmp_path / "maria").start()
     try:
         maria.create_database("target")
         sink = maria.uri("target")
         precreate_target(sink)
-        sandbox.cdc.create_changefeed("eo", pg_server.uri(pg_database), sink, snapshot="none")
-        with KeylessWorkload(pg_server, pg_database) as wl:
+        sandbox.cdc.create_changefeed("eo", pg_server.uri(pg_database), sink, PARALLEL if workers > 1 else "",
+                                      snapshot="none")
+        with KeylessWorkload(pg_server, pg_database) as wl, (
+                KeyedWorkload(pg_server, pg_database) if workers > 1 else contextlib.nullcontext()) as kwl:
             time.sleep(2)
             for _ in range(2):
                 sandbox.kill_capture("eo")
@@ -166,9 +202,13 @@ def test_keyless_table_exactly_once_through_kills_and_outages(
             wait_state(sandbox.cdc, "eo", "normal", timeout=90)
             time.sleep(1)
             wl.finish()
+            if kwl is not None:
+                kwl.finish()
         assert wl.txns > 50, wl.txns
-        assert_exact(sandbox.cdc, "eo", source, sink)
+        assert_exact(sandbox.cdc, "eo", source, sink, tables=TABLES + (["public.kv"] if workers > 1 else []))
         assert skipped_replays(sandbox.servers) > 0, "no kill replayed anything: the test proves nothing"
+        if workers > 1:
+            assert parallel_writes(sandbox.servers) > 0, "no write went to several connections"
         assert positions(sink, "eo"), "no position stored in the target"
         # remove deletes the changefeed's positions from the target (the table stays)
         sandbox.cdc.request("DELETE", "/api/v2/changefeeds/eo")
@@ -181,9 +221,10 @@ def test_keyless_table_exactly_once_through_kills_and_outages(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("workers", [1, 4])
 @pytest.mark.parametrize("kind", ["postgresql", "mariadb"])
 def test_keyless_exactly_once_many_kills(sandbox: Sandbox, pg_server: PostgresServer, pg_database: str,
-                                         source: Any, tmp_path: Path, kind: str) -> None:
+                                         source: Any, tmp_path: Path, kind: str, workers: int) -> None:
     """Longer: five capture SIGKILLs, two etcd SIGKILLs, two sink outages (own target server), two spans."""
     # synchronous_commit=on: a target that loses commits it acknowledged (the test default is off) loses data
     # that no position can bring back, since the slot was confirmed past it
@@ -195,8 +236,10 @@ def test_keyless_exactly_once_many_kills(sandbox: Sandbox, pg_server: PostgresSe
         target.create_database("target")
         sink = target.uri("target")
         precreate_target(sink)
-        sandbox.cdc.create_changefeed("eo", pg_server.uri(pg_database), sink, "span-count = 2\n", snapshot="none")
-        with KeylessWorkload(pg_server, pg_database) as wl:
+        sandbox.cdc.create_changefeed("eo", pg_server.uri(pg_database), sink,
+                                      "span-count = 2\n" + (PARALLEL if workers > 1 else ""), snapshot="none")
+        with KeylessWorkload(pg_server, pg_database) as wl, (
+                KeyedWorkload(pg_server, pg_database) if workers > 1 else contextlib.nullcontext()) as kwl:
             time.sleep(2)
             for round_ in range(5):
                 sandbox.kill_capture("eo")
@@ -209,8 +252,13 @@ def test_keyless_exactly_once_many_kills(sandbox: Sandbox, pg_server: PostgresSe
                     target.start()
                     wait_state(sandbox.cdc, "eo", "normal", timeout=90)
             wl.finish()
-        assert_exact(sandbox.cdc, "eo", source, sink, timeout=180)
+            if kwl is not None:
+                kwl.finish()
+        assert_exact(sandbox.cdc, "eo", source, sink, timeout=180,
+                     tables=TABLES + (["public.kv"] if workers > 1 else []))
         assert skipped_replays(sandbox.servers) > 0
+        if workers > 1:
+            assert parallel_writes(sandbox.servers) > 0, "no write went to several connections"
     finally:
         target.stop()
 

@@ -149,6 +149,17 @@ class Binding:
                 f"target table {table.label} has no primary key or unique index on ({', '.join(dkey)}), the "
                 f"key of upstream {schema.name}: upserts by key need one (ALTER TABLE ... ADD PRIMARY KEY)")
         self.table = TargetTable(table.schema, table.name, table.columns, dkey)
+        # the target's unique keys (primary key included) in upstream column names, sorted; ``unique_unmapped``:
+        # one of them has a column no upstream column maps to (parallel apply then cannot key rows by it)
+        upstream = {t: u for u, t in self.colmap.items()}
+        uniques = set()
+        self.unique_unmapped = False
+        for u in table.uniques:
+            if all(c in upstream for c in u):
+                uniques.add(tuple(sorted(upstream[c] for c in u)))
+            else:
+                self.unique_unmapped = True
+        self.unique_keys: tuple[tuple[str, ...], ...] = tuple(sorted(uniques))
         self.convs: dict[str, Converter | None] = {
             c.name: converter(c, dialect, table=table.label, scale=scale_to_check(c, targets[c.name]))
             for c in schema.columns}

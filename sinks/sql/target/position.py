@@ -25,8 +25,29 @@ Guarantees:
   (retryable: the span restarts, reads the position again and skips what is there) when the row holds
   something else, i.e. another writer (a frozen capture's successor) advanced the span meanwhile. So
   even a writer whose lease fence failed to stop it cannot apply a transaction twice.
-- :func:`forget` deletes a changefeed's rows (``remove``); the table itself stays.
+- :func:`forget` deletes a changefeed's rows (``remove``), and those of the applied table; the tables stay.
 - :class:`Tracked` wraps one write's changes: drops those at or below the applied Ts, notes the last one.
+
+Several apply workers (``[sink] worker-count`` > 1, :mod:`sinks.sql.ops.parallel`): one write's transactions are
+applied in several downstream transactions that commit independently, so the position alone cannot say which of
+the transactions above it are downstream after a crash between those commits. Then (``Position(parallel=True)``):
+
+- a second small table, the *applied table* (``<checkpoint-table>_applied``, next to the position table), holds one
+  row (changefeed, span, commit_ts) per upstream transaction applied above the position; primary key all three.
+  Each worker's downstream transaction first takes the span's position row in share mode and checks it still
+  holds ``applied`` (:meth:`Position.hold`: a successor that moved the position makes an old writer fail here,
+  and a position move waits for the workers that hold it), then inserts its transactions' rows
+  (:meth:`Position.mark`) before their changes, all in that one transaction: a duplicate key means another writer
+  (a fenced-off zombie, or its successor) applied that transaction already, and raises :class:`SinkUnavailable`
+  (rolled back, the span restarts and reads again). No transaction is applied twice, even by a writer whose
+  lease fence failed: both writers insert the same (changefeed, span, commit_ts) and only one commits it (the
+  second waits on the first's uncommitted row, then fails on the duplicate).
+- the position moves (:meth:`Position.record`, compare-and-set as above) only after every worker of the write
+  committed, i.e. to the end of a contiguous prefix of applied transactions, and in the same transaction deletes the
+  applied rows at or below it (compaction). A transaction at or below the position is never looked up in the
+  applied table: a writer that read the position before that compaction fails :meth:`Position.hold` instead.
+- :meth:`Position.open` also reads the applied rows above the position (``done``): a restart skips them
+  (:func:`skip_done`), and applies everything else above the position.
 """
 
 from __future__ import annotations
@@ -81,13 +102,32 @@ class PositionSQL(OwnTable):
         self.record = (f"UPDATE {name} SET {ts} = {p}, {ct} = {at}, {upd} = {now} "
                        f"WHERE {cf} = {p} AND {sp} = {p} AND {ts} = {p}")
         self.forget = f"DELETE FROM {name} WHERE {cf} = {p}"
+        # share-lock the span's row and read its Ts (a worker's transaction, parallel apply)
+        lock = "FOR SHARE" if dialect == "postgresql" else "LOCK IN SHARE MODE" if dialect == "mysql" else ""
+        self.hold = f"SELECT {ts} FROM {name} WHERE {cf} = {p} AND {sp} = {p} {lock}".rstrip()
+        # the applied table (parallel apply): one row per upstream transaction applied above the position
+        self.applied = OwnTable(dialect, preparer, table[:55] + "_applied",
+                                f"{cf} {types[0]} NOT NULL, {sp} {types[1]} NOT NULL, {ts} {types[2]} NOT NULL, "
+                                f"PRIMARY KEY ({cf}, {sp}, {ts})")
+        aname = self.applied.name
+        self.applied_table, self.applied_label, self.applied_name = self.applied.table, self.applied.label, aname
+        self.create_applied = self.applied.create_table
+        self.mark_head = f"INSERT INTO {aname} ({cf}, {sp}, {ts}) VALUES "
+        self.mark_row = f"({p}, {p}, {p})"
+        self.select_done = f"SELECT {ts} FROM {aname} WHERE {cf} = {p} AND {sp} = {p} AND {ts} > {p}"
+        self.compact = f"DELETE FROM {aname} WHERE {cf} = {p} AND {sp} = {p} AND {ts} <= {p}"
+        self.clear_span = f"DELETE FROM {aname} WHERE {cf} = {p} AND {sp} = {p}"
+        self.forget_applied = f"DELETE FROM {aname} WHERE {cf} = {p}"
 
 
 class Position:
     """One span's applied position in one SQL sink (see the module docstring for the guarantees)."""
 
-    def __init__(self, target: Target, sql: PositionSQL, changefeed: str, span: int, origin: int) -> None:
+    def __init__(self, target: Target, sql: PositionSQL, changefeed: str, span: int, origin: int, *,
+                 parallel: bool = False) -> None:
         self._target = target
+        self.parallel = parallel  # several apply workers: the applied table is kept (module docstring)
+        self.done: set[int] = set()  # commit Ts above ``applied`` found in the applied table (parallel)
         self.sql = sql
         self.changefeed = changefeed
         self.span = span
@@ -102,9 +142,13 @@ class Position:
         """Create the table and the span's row if missing; read and return the applied commit Ts."""
         target, sql = self._target, self.sql
         sql.create(target)  # (MySQL, PostgreSQL: autocommit)
+        if self.parallel:
+            sql.applied.create(target)
         with target.transaction(sql.label) as conn:
             if target.dialect == "sqlite":
                 conn.exec_driver_sql(sql.create_table, ())
+                if self.parallel:
+                    conn.exec_driver_sql(sql.create_applied, ())
             key = (self.changefeed, self.span)
             conn.exec_driver_sql(sql.insert, (*key, self.origin))
             row = conn.exec_driver_sql(sql.select, key).one()
@@ -114,9 +158,45 @@ class Position:
                             "(origin %d, this one starts at %d); reset to 0", self.changefeed, self.span,
                             sql.label, applied, origin, self.origin)
                 conn.exec_driver_sql(sql.reset, (self.origin, *key))
+                if self.parallel:
+                    conn.exec_driver_sql(sql.clear_span, key)
                 applied = 0
+            if self.parallel:
+                self.done = {int(r[0]) for r in conn.exec_driver_sql(sql.select_done, (*key, applied))}
+                if self.done:
+                    log.info("changefeed=%s span=%d: %d transaction(s) above position %d are already downstream "
+                             "(applied table %s): the replay skips them", self.changefeed, self.span, len(self.done),
+                             applied, sql.applied_label)
         self.applied = applied
         return applied
+
+    def hold(self, conn: Connection) -> None:
+        """Inside a worker's open transaction: share-lock the span's position row and check that it still holds
+        ``applied`` (else :class:`SinkUnavailable`: another writer moved it)."""
+        row = conn.exec_driver_sql(self.sql.hold, (self.changefeed, self.span)).first()
+        if row is None or int(row[0]) != self.applied:
+            raise SinkUnavailable(
+                f"changefeed={self.changefeed} span={self.span}: the applied position in {self.sql.label} is no "
+                f"longer {self.applied} (another writer advanced this span, or the row was deleted); "
+                "rolled back, the span restarts from the position the target holds")
+
+    def mark(self, conn: Connection, commits: list[int]) -> None:
+        """Inside a worker's open transaction: one applied row per upstream transaction ``commits``;
+        :class:`SinkUnavailable` when one is there already (applied by another writer)."""
+        sql = self.sql
+        key = (self.changefeed, self.span)
+        for i in range(0, len(commits), 1000):
+            chunk = commits[i:i + 1000]
+            params: list[Any] = []
+            for ts in chunk:
+                params.extend((*key, ts))
+            try:
+                conn.exec_driver_sql(sql.mark_head + ", ".join([sql.mark_row] * len(chunk)), tuple(params))
+            except sa.exc.IntegrityError as exc:
+                raise SinkUnavailable(
+                    f"changefeed={self.changefeed} span={self.span}: a transaction of commits {chunk[0]}..{chunk[-1]} "
+                    f"is in {sql.applied_label} already (another writer applied it); rolled back, the span restarts "
+                    "and skips what is there") from exc
 
     def skip_at(self) -> int:
         """Changes with a commit Ts at or below this are already downstream (``applied``, except for a
@@ -136,12 +216,16 @@ class Position:
                 f"changefeed={self.changefeed} span={self.span}: the applied position in {self.sql.label} is no "
                 f"longer {self.applied} (another writer advanced this span, or the row was deleted); "
                 "rolled back, the span restarts from the position the target holds")
+        if self.parallel:
+            conn.exec_driver_sql(self.sql.compact, (self.changefeed, self.span, commit_ts))
         if self._on_reopened is not None and commit_ts >= self.reopened:
             self._on_reopened(conn)
 
     def committed(self, commit_ts: int) -> None:
         """The transaction that recorded ``commit_ts`` committed."""
         self.applied = commit_ts
+        if self.done:
+            self.done = {ts for ts in self.done if ts > commit_ts}
         if commit_ts >= self.reopened:
             self.reopened, self._on_reopened = 0, None
 
@@ -153,9 +237,19 @@ class Position:
 def forget(target: Target, sql: PositionSQL, changefeed: str) -> int:
     """Delete ``changefeed``'s rows; returns how many went (0 when the table does not exist)."""
     with target.transaction(sql.label) as conn:
-        if not sa.inspect(conn).has_table(sql.table, schema=sql.schema):
+        inspector = sa.inspect(conn)
+        if inspector.has_table(sql.applied_table, schema=sql.schema):
+            conn.exec_driver_sql(sql.forget_applied, (changefeed,))
+        if not inspector.has_table(sql.table, schema=sql.schema):
             return 0
         return int(conn.exec_driver_sql(sql.forget, (changefeed,)).rowcount)
+
+
+def skip_done(changes: Iterable[RowChange], done: set[int]) -> Iterator[RowChange]:
+    """``changes`` without those of the transactions in ``done`` (applied already, parallel apply)."""
+    for ch in changes:
+        if ch.commit_ts not in done:
+            yield ch
 
 
 class Tracked:

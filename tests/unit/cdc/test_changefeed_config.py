@@ -17,6 +17,8 @@ def test_defaults_and_dashed_keys() -> None:
     assert (cfg.sink.delivery, cfg.sink.checkpoint_table) == ("exactly-once", "tidewater_checkpoint")
     cfg = ChangefeedConfig.from_toml('[sink]\ndelivery = "at-least-once"\ncheckpoint-table = "cdc_pos"\n')
     assert (cfg.sink.delivery, cfg.sink.checkpoint_table) == ("at-least-once", "cdc_pos")
+    assert ChangefeedConfig().sink.worker_count == 1
+    assert ChangefeedConfig.from_toml("[sink]\nworker-count = 4\n").sink.worker_count == 4
 
 
 @pytest.mark.parametrize(("toml", "named"), [
@@ -24,6 +26,9 @@ def test_defaults_and_dashed_keys() -> None:
     ("span-count = 65", "span-count"),
     ("memory-quota = 1000", "memory-quota"),
     ("[sink]\nbatch-rows = 0", "batch-rows"),
+    ("[sink]\nworker-count = 0", "sink.worker-count"),
+    ("[sink]\nworker-count = 9", "sink.worker-count"),
+    ('[sink]\nworker-count = "4"', "sink.worker-count"),
     ("[filter]\nrules = []", "filter.rules"),
     ('[sink]\ndelivery = "exactly-twice"', "sink.delivery"),
     ('[sink]\ncheckpoint-table = "x; DROP TABLE y"', "sink.checkpoint-table"),
