@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from cdc.config import ChangefeedConfig
 from cdc.meta.store import ClusterSnapshot
 from cdc.model import ChangefeedInfo, ChangefeedStatus, DataWarning, SpanStatus, span_copying
 from cdc.serde import to_dict
@@ -75,6 +76,32 @@ def lag(t: float) -> float | None:
     return round(max(0.0, time.time() - t), 3) if t else None
 
 
+ONE_WRITER_SINKS = ("sqlite", "blackhole", "kafka", "file")  # sinks that ignore [sink] worker-count
+
+
+def consistency_view(info: ChangefeedInfo) -> dict[str, Any]:
+    """What a reader of the target may see (docs/architecture.md, "What a reader downstream sees"): ``transaction``
+    (every state it sees existed upstream: one span, one apply connection) or ``per-key`` (each key's changes in
+    upstream order; across spans or apply workers a later transaction may become visible before an unrelated
+    earlier one), with the span count and the apply workers of the sink."""
+    try:
+        workers = ChangefeedConfig.from_dict(info.config).sink.worker_count
+    except Exception:  # noqa: BLE001 - a config stored by an older version: its default
+        workers = 1
+    scheme = info.sink_uri.split(":", 1)[0].split("+", 1)[0].lower()
+    if scheme in ONE_WRITER_SINKS:
+        workers = 1  # SQLite has one writer per file; Kafka and files write in order per span (a sealed URI: as set)
+    spans = len(info.spans)
+    if spans <= 1 and workers <= 1:
+        return {"mode": "transaction", "spans": spans, "apply_workers": workers,
+                "detail": "every state a reader of the target sees existed upstream (one span, one apply connection)"}
+    why = " and ".join(w for w in (f"{spans} spans" if spans > 1 else "", f"{workers} apply workers"
+                                   if workers > 1 else "") if w)
+    return {"mode": "per-key", "spans": spans, "apply_workers": workers,
+            "detail": f"each key's changes in upstream order; across keys ({why}) a later transaction may become "
+                      "visible before an unrelated earlier one"}
+
+
 def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments: dict[int, Any],
              span_statuses: dict[int, Any]) -> dict[str, Any]:
     st = status or ChangefeedStatus()
@@ -105,6 +132,7 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
         "upstream_uri": redact(info.upstream_uri),  # also when sealed with a key this capture lacks
         "sink_uri": redact(info.sink_uri),
         "config": info.config,
+        "consistency": consistency_view(info),
         "start_ts": info.start_ts,
         "target_ts": info.target_ts,
         "create_time": info.create_time,

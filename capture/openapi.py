@@ -132,6 +132,11 @@ _SCHEMAS: dict[str, Any] = {
             "checkpoint_time": {"type": "number"},
             "checkpoint_lag": {"type": "number", "nullable": True, "description": "seconds"},
             "resolved_ts": {"type": "integer"}, "resolved_lag": {"type": "number", "nullable": True},
+            "consistency": {
+                "type": "object", "description": "what a reader of the target may see (docs/architecture.md)",
+                "properties": {"mode": {"type": "string", "enum": ["transaction", "per-key"]},
+                               "spans": {"type": "integer"}, "apply_workers": {"type": "integer"},
+                               "detail": {"type": "string"}}},
             "published_checkpoint_hold_ts": {
                 "type": "integer", "nullable": True,
                 "description": "while a table copy runs: the checkpoint published to the sink (Kafka watermarks, "

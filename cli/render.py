@@ -85,12 +85,17 @@ DIFF_COLUMNS: list[Column] = [
     col("field", "field"), col("old", "old"), col("new", "new")]
 
 
+def _consistency(c: dict[str, Any] | None) -> str | None:
+    return f"{c.get('mode')}: {c.get('detail')}" if c else None
+
+
 def _changefeed_text(cf: dict[str, Any]) -> str:
     pairs = [("id", cf.get("id")), ("state", cf.get("state")), ("upstream", cf.get("upstream_uri")),
              ("sink", cf.get("sink_uri")), ("start ts", cf.get("start_ts")), ("target ts", cf.get("target_ts")),
              ("checkpoint", cf.get("checkpoint")), ("checkpoint ts", cf.get("checkpoint_ts")),
              ("checkpoint lag", _lag(cf.get("checkpoint_lag"))), ("resolved ts", cf.get("resolved_ts")),
-             ("resolved lag", _lag(cf.get("resolved_lag"))), ("error", cf.get("error"))]
+             ("resolved lag", _lag(cf.get("resolved_lag"))), ("consistency", _consistency(cf.get("consistency"))),
+             ("error", cf.get("error"))]
     text = render_kv(pairs) + "\n\n" + render_table(cf.get("spans") or [], SPAN_COLUMNS)
     warnings = cf.get("warnings") or []
     if warnings:

@@ -1,0 +1,33 @@
+"""capture.changefeed_view.consistency_view: what a reader of the target may see, from spans, sink and worker-count."""
+
+import pytest
+
+from capture.changefeed_view import consistency_view, describe
+from cdc.model import ChangefeedInfo, SpanInfo
+
+pytestmark = pytest.mark.unit
+
+
+def _info(sink: str, spans: int, config: dict) -> ChangefeedInfo:
+    return ChangefeedInfo("cf", "postgresql://u@h/db", sink, config, 1, 0.0, 0.0,
+                          spans=tuple(SpanInfo(i, f"s{i}", f"p{i}") for i in range(spans)))
+
+
+@pytest.mark.parametrize(("sink", "spans", "config", "mode", "workers"), [
+    ("postgresql://u@h/t", 1, {}, "transaction", 1),
+    ("postgresql://u@h/t", 1, {"sink": {"worker_count": 4}}, "per-key", 4),
+    ("mysql://u@h/t", 2, {}, "per-key", 1),
+    ("sqlite:///t.db", 1, {"sink": {"worker_count": 4}}, "transaction", 1),  # one writer per file
+    ("kafka://h:9092/t?protocol=canal-json", 1, {"sink": {"worker_count": 4}}, "transaction", 1),
+])
+def test_mode_follows_spans_and_apply_workers(sink: str, spans: int, config: dict, mode: str, workers: int) -> None:
+    c = consistency_view(_info(sink, spans, config))
+    assert (c["mode"], c["spans"], c["apply_workers"]) == (mode, spans, workers)
+    if mode == "per-key":
+        assert "later transaction may become visible" in c["detail"]
+
+
+def test_the_changefeed_view_carries_it() -> None:
+    view = describe(_info("postgresql://u@h/t", 3, {"sink": {"worker_count": 2}}), None, {}, {})
+    assert view["consistency"]["mode"] == "per-key"
+    assert "3 spans and 2 apply workers" in view["consistency"]["detail"]
