@@ -19,7 +19,7 @@ lint: deps
 	$(VENV)/bin/lint-imports
 
 test: lint
-	$(VENV)/bin/pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup --durations=20 $(PYTEST_ARGS)
 
 # The demo into another target: make demo SINK=kafka|file|mariadb|postgresql (default sqlite), e.g. a short run:
 # make demo SINK=kafka DEMO_ARGS="--txns 30 --big-rows 1000 --existing-rows 100"
