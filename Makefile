@@ -2,6 +2,9 @@
 SHELL := /bin/bash
 VENV := .venv
 PYTEST_ARGS ?=
+# pytest-xdist workers: each has its own servers (tests/conftest.py); Spark tests share one worker (loadgroup).
+# TEST_WORKERS=0 runs in this process, serially (docs/testing.md)
+TEST_WORKERS ?= 2
 BENCH_ARGS ?=
 SINK ?= sqlite
 DEMO_ARGS ?=
@@ -16,7 +19,7 @@ lint: deps
 	$(VENV)/bin/lint-imports
 
 test: lint
-	$(VENV)/bin/pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup --durations=20 $(PYTEST_ARGS)
 
 # The demo into another target: make demo SINK=kafka|file|mariadb|postgresql (default sqlite), e.g. a short run:
 # make demo SINK=kafka DEMO_ARGS="--txns 30 --big-rows 1000 --existing-rows 100"

@@ -1,4 +1,10 @@
-"""Shared fixtures: real servers on 127.0.0.1 (started on first use, stopped at session end)."""
+"""Shared fixtures: real servers on 127.0.0.1 (started on first use, stopped at session end).
+
+Under pytest-xdist (``make test`` runs two workers) every worker is a session of its own: it starts its own servers
+on free ports with data under its own ``tmp_path_factory`` directory, and every name a test creates in them
+(database, topic, cluster id) is unique anyway. The tests that use the ``spark`` fixture are put in one
+``xdist_group``, so that ``--dist loadgroup`` runs them all on one worker, against one SparkSession (one JVM).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,17 @@ from collections.abc import Iterator
 import pytest
 
 from playground.servers import EtcdServer, KafkaServer, MariaDBServer, PostgresServer
+
+SPARK_GROUP = "spark"
+"""The ``xdist_group`` of every test that uses the ``spark`` fixture."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that use the session's SparkSession go to one xdist worker (``--dist loadgroup``): one JVM, started
+    once, instead of one per worker. Without xdist the mark does nothing."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
 
 
 def _unique_name(request: pytest.FixtureRequest, prefix: str, max_len: int) -> str:

@@ -153,14 +153,16 @@ def test_a_merge_says_how_many_rows_of_the_target_it_kept_until_the_table_is_cop
     q = wait_for(cdc, "merged", lambda q: q["state"] == "normal" and not q["warnings"], "normal after resume")
 
 
-def _spark_jobs(tag: str) -> list[str]:
-    """Processes of changefeed ``tag``'s snapshot job still running: the job and everything in its process group
-    (its Spark JVM and Python workers)."""
+def _spark_jobs(cdc: CdcServer, tag: str) -> list[str]:
+    """Processes of changefeed ``tag``'s snapshot job of ``cdc`` still running: the job and everything in its
+    process group (its Spark JVM and Python workers). Only jobs whose plan is under ``cdc``'s directory count: other
+    xdist workers and other suites on the host run changefeeds of the same name."""
     import subprocess
 
     rows = [line.split(None, 2) for line in
             subprocess.run(["ps", "-eo", "pid=,pgid=,args="], capture_output=True, text=True).stdout.splitlines()]
-    jobs = {r[0] for r in rows if len(r) == 3 and f"/snapshot-{tag}-" in r[2] and "--plan" in r[2]}
+    jobs = {r[0] for r in rows if len(r) == 3 and f"/snapshot-{tag}-" in r[2] and "--plan" in r[2]
+            and f"{cdc.base_dir}/" in r[2]}
     return [r[2][:120] for r in rows if len(r) == 3 and (r[0] in jobs or r[1] in jobs)]
 
 
@@ -203,9 +205,9 @@ def test_a_changefeed_paused_during_the_copy_ends_the_job_and_resumes_it(
     wait_for(cdc, "pz", lambda q: q["snapshot"]["chunks_done"] > 0, "the copy under way", timeout=120)
     cdc.request("POST", "/api/v2/changefeeds/pz/pause")
     deadline = time.monotonic() + 30
-    while _spark_jobs("pz") and time.monotonic() < deadline:
+    while _spark_jobs(cdc, "pz") and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _spark_jobs("pz") == [], "the snapshot job still runs after pause"
+    assert _spark_jobs(cdc, "pz") == [], "the snapshot job still runs after pause"
     time.sleep(2.0)  # a chunk a Spark worker was writing when the job ended is refused at its commit (the fence)
     done = cdc.changefeed("pz")["snapshot"]["chunks_done"]
     time.sleep(3.0)

@@ -234,11 +234,14 @@ def _procs() -> dict[int, tuple[int, str]]:
     return out
 
 
-def _job_tree(cf: str) -> dict[int, str]:
-    """The snapshot job of changefeed ``cf`` and every process descended from it (its Spark JVM, the JVM's Python
-    daemon -- in a process group of its own -- and the daemon's workers): pid -> command line."""
+def _job_tree(cdc: CdcServer, cf: str) -> dict[int, str]:
+    """The snapshot job of changefeed ``cf`` of ``cdc`` and every process descended from it (its Spark JVM, the
+    JVM's Python daemon -- in a process group of its own -- and the daemon's workers): pid -> command line. Only a
+    job whose plan is under ``cdc``'s directory counts: other xdist workers and other suites on the host run
+    changefeeds of the same name."""
     procs = _procs()
-    tree = {pid: cmd for pid, (_, cmd) in procs.items() if f"/snapshot-{cf}-" in cmd and "--plan" in cmd}
+    tree = {pid: cmd for pid, (_, cmd) in procs.items()
+            if f"/snapshot-{cf}-" in cmd and "--plan" in cmd and f"{cdc.base_dir}/" in cmd}
     grew = True
     while grew:
         grew = False
@@ -258,7 +261,7 @@ def _wait_for_tree(cf: str, seen: dict[int, str], what: str, found: Any, timeout
     deadline = time.monotonic() + timeout
     while not found(seen):
         assert time.monotonic() < deadline, f"{what} not seen under the job of {cf}: {seen}\n{cdc.log_tail()}"
-        seen.update(_job_tree(cf))
+        seen.update(_job_tree(cdc, cf))
         time.sleep(0.2)
 
 
@@ -297,15 +300,15 @@ def test_a_changefeed_removed_during_its_copy_leaves_nothing_running(
         _wait_for_tree("rm", seen, "Spark's Python daemon", lambda s: any("pyspark.daemon" in c for c in s.values()),
                        60, cdc)
         time.sleep(2.0)  # a worker reaches zlock's chunk and waits for its lock
-        seen.update(_job_tree("rm"))
+        seen.update(_job_tree(cdc, "rm"))
         q = cdc.changefeed("rm")
         assert q["phase"] == "snapshot" and q["snapshot"]["chunks_done"] < q["snapshot"]["chunks_total"], q
         cdc.request("DELETE", "/api/v2/changefeeds/rm")
         deadline = time.monotonic() + 60
-        while (_still_running(seen) or _job_tree("rm")) and time.monotonic() < deadline:
+        while (_still_running(seen) or _job_tree(cdc, "rm")) and time.monotonic() < deadline:
             time.sleep(0.5)
         assert _still_running(seen) == [], "processes of the copy outlived the remove"
-        assert _job_tree("rm") == {}, "a snapshot job of the removed changefeed runs"
+        assert _job_tree(cdc, "rm") == {}, "a snapshot job of the removed changefeed runs"
         slots_sql = "SELECT slot_name, temporary FROM pg_replication_slots WHERE database = %s"
         deadline = time.monotonic() + 15  # (it goes with the copy thread's replication connection, a moment later)
         while (temporary := [s for s in pg_server.execute(slots_sql, params=(pg_database,)) if s[1]]) \
