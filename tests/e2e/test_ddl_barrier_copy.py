@@ -90,6 +90,45 @@ def _waiting_on_lock(pg_server: PostgresServer, db: str) -> int:
     return int(n)
 
 
+def _rename_while_span_1_copies(cdc: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any,
+                                 sink_uri: str, *, fresh_full: bool, kill: bool) -> tuple[int, int]:
+    """Create the changefeed with span 1's copy held inside audit's chunks (a lock on the target's audit) before it
+    read fresh, then `DROP TABLE stock; ALTER TABLE fresh RENAME TO stock` (two transactions) and, with ``kill``,
+    SIGKILL the capture before the lock is released. Returns the LSNs before and after the DDL."""
+    def span(t: str) -> int:
+        return span_of(TableName("public", t), SPANS)
+
+    assert span("stock") == span("orders") == 0 and span("fresh") == span("audit") == 1
+    tdb = sink_uri.rsplit("/", 1)[1].split("?")[0]
+    pg_server.execute("CREATE TABLE audit (id int PRIMARY KEY, v text)", db=tdb)  # empty: create accepts it
+    if fresh_full:
+        run_sql(source, "ALTER TABLE fresh REPLICA IDENTITY FULL")
+    holder = pg_server.connect(tdb)
+    holder.autocommit = False
+    try:
+        holder.cursor().execute("LOCK TABLE audit IN SHARE MODE")  # span 1's copy waits inside audit's chunks
+        cdc.create_changefeed("cpy", pg_server.uri(pg_database), sink_uri, config=CONFIG)
+        # span 0 copied stock (before the DDL: its DROP comes through its stream); span 1's job waits on audit with
+        # both threads, fresh not read yet
+        wait_for(cdc, "cpy", lambda q: q["spans"][0]["phase"] == "streaming", "span 0's copy", timeout=120)
+        run_sql(source, "UPDATE stock SET v = v || ' updated' WHERE id = 1")  # a row of stock streamed before its DROP
+        deadline = time.monotonic() + 60
+        while _waiting_on_lock(pg_server, tdb) < 2:
+            assert time.monotonic() < deadline, f"span 1's copy did not reach audit\n{cdc.log_tail()}"
+            time.sleep(0.2)
+        q = cdc.changefeed("cpy")
+        assert q["spans"][1]["phase"] == "snapshot", q
+        before = current_lsn(source)
+        run_sql(source, "DROP TABLE stock", "ALTER TABLE fresh RENAME TO stock")  # (two transactions)
+        after = current_lsn(source)
+        if kill:
+            cdc.kill()  # span 1's job has not read fresh yet: its next run plans under a new snapshot
+    finally:
+        holder.rollback()
+        holder.close()
+    return before, after
+
+
 @pytest.mark.parametrize("restart", [False, pytest.param(True, marks=pytest.mark.kills)],
                          ids=["as-planned", "restarted-keyed"])
 def test_a_table_renamed_onto_another_spans_name_during_its_initial_copy_is_copied_as_planned_and_ends_equal(
@@ -102,42 +141,10 @@ def test_a_table_renamed_onto_another_spans_name_during_its_initial_copy_is_copi
     by its plan's oid and goes on under the planned name and plan (processor/snapshot.py ``_keep_renamed``), reading
     its chunks under its own snapshot into the downstream ``fresh``; the floor stays the plan's Ts, so the stream
     replays the rename over them. Without that the run copies ``stock`` after the DDL and is refused (next test)."""
-    def span(t: str) -> int:
-        return span_of(TableName("public", t), SPANS)
-
-    assert span("stock") == span("orders") == 0 and span("fresh") == span("audit") == 1
     cdc = cdc_server
     tdb = sink_uri.rsplit("/", 1)[1].split("?")[0]
-    pg_server.execute("CREATE TABLE audit (id int PRIMARY KEY, v text)", db=tdb)  # empty: create accepts it
-    if restart:
-        run_sql(source, "ALTER TABLE fresh REPLICA IDENTITY FULL")
-    holder = pg_server.connect(tdb)
-    holder.autocommit = False
-    try:
-        holder.cursor().execute("LOCK TABLE audit IN SHARE MODE")  # span 1's copy waits inside audit's chunks
-        cdc.create_changefeed("cpy", pg_server.uri(pg_database), sink_uri, config=CONFIG)
-        # span 0 copied stock (before the DDL: its DROP comes through its stream); span 1's job waits on audit with
-        # both threads, fresh not read yet
-        wait_for(cdc, "cpy", lambda q: q["spans"][0]["phase"] == "streaming", "span 0's copy", timeout=120)
-        # a row of stock streamed by span 0 before the DROP: its stream then knows the table (a Relation message).
-        # Else it depends on the table's first schema history, which `changefeed create` stores only after the
-        # changefeed is visible: a span started before that treats the DROP as a change from before the table
-        # joined it and drops it silently ("not replicated"; seen once in six runs here)
-        run_sql(source, "UPDATE stock SET v = v || ' updated' WHERE id = 1")
-        deadline = time.monotonic() + 60
-        while _waiting_on_lock(pg_server, tdb) < 2:
-            assert time.monotonic() < deadline, f"span 1's copy did not reach audit\n{cdc.log_tail()}"
-            time.sleep(0.2)
-        q = cdc.changefeed("cpy")
-        assert q["spans"][1]["phase"] == "snapshot", q
-        before = current_lsn(source)
-        run_sql(source, "DROP TABLE stock", "ALTER TABLE fresh RENAME TO stock")  # (two transactions)
-        after = current_lsn(source)
-        if restart:
-            cdc.kill()
-    finally:
-        holder.rollback()
-        holder.close()
+    before, after = _rename_while_span_1_copies(cdc, pg_server, pg_database, source, sink_uri, fresh_full=restart,
+                                                kill=restart)
     if restart:
         time.sleep(1.0)
         cdc.start()
@@ -183,39 +190,10 @@ def test_a_copy_restarted_after_the_rename_runs_ahead_of_the_barrier_is_refused_
     table now named ``stock`` to the span its name hashes to, span 0, whose restarted stream may then meet the rename
     too, at its own Ts, with the same refusal: the fix is followed again for it; one or two rounds.) Without the
     guard this ends ``normal`` with ``stock`` empty downstream."""
-    def span(t: str) -> int:
-        return span_of(TableName("public", t), SPANS)
-
-    assert span("stock") == span("orders") == 0 and span("fresh") == span("audit") == 1
     cdc = cdc_server
     tdb = sink_uri.rsplit("/", 1)[1].split("?")[0]
-    pg_server.execute("CREATE TABLE audit (id int PRIMARY KEY, v text)", db=tdb)  # empty: create accepts it
-    holder = pg_server.connect(tdb)
-    holder.autocommit = False
-    try:
-        holder.cursor().execute("LOCK TABLE audit IN SHARE MODE")  # span 1's copy waits inside audit's chunks
-        cdc.create_changefeed("cpy", pg_server.uri(pg_database), sink_uri, config=CONFIG)
-        # span 0 copied stock (before the DDL: its DROP comes through its stream); span 1's job waits on audit with
-        # both threads, fresh not read yet
-        wait_for(cdc, "cpy", lambda q: q["spans"][0]["phase"] == "streaming", "span 0's copy", timeout=120)
-        # a row of stock streamed by span 0 before the DROP: its stream then knows the table (a Relation message).
-        # Else it depends on the table's first schema history, which `changefeed create` stores only after the
-        # changefeed is visible: a span started before that treats the DROP as a change from before the table
-        # joined it and drops it silently ("not replicated"; seen once in six runs here)
-        run_sql(source, "UPDATE stock SET v = v || ' updated' WHERE id = 1")
-        deadline = time.monotonic() + 60
-        while _waiting_on_lock(pg_server, tdb) < 2:
-            assert time.monotonic() < deadline, f"span 1's copy did not reach audit\n{cdc.log_tail()}"
-            time.sleep(0.2)
-        q = cdc.changefeed("cpy")
-        assert q["spans"][1]["phase"] == "snapshot", q
-        before = current_lsn(source)
-        run_sql(source, "DROP TABLE stock", "ALTER TABLE fresh RENAME TO stock")  # (two transactions)
-        after = current_lsn(source)
-        cdc.kill()  # span 1's job has not read fresh yet: the next run plans it under a new snapshot
-    finally:
-        holder.rollback()
-        holder.close()
+    before, after = _rename_while_span_1_copies(cdc, pg_server, pg_database, source, sink_uri, fresh_full=False,
+                                                kill=True)
     time.sleep(1.0)
     cdc.start()
 

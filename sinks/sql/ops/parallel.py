@@ -192,6 +192,15 @@ def keys_of(txn: Txn, plans: dict[int, KeyPlan], fold: bool, truncated: set[str]
     keys: set[Hashable] = set()
     add = keys.add
     tables: set[str] = set()
+
+    def add_unique(tag: Hashable, vals: tuple[Any, ...]) -> None:
+        if fold:
+            vals = tuple(map(fold_text, vals))
+        try:
+            add((tag, vals))
+        except TypeError:  # arrays: lists
+            add((tag, hashable_key(vals)))
+
     TRUNCATE = OpType.TRUNCATE
     last_sid = -1
     plan: KeyPlan | None = None
@@ -213,14 +222,8 @@ def keys_of(txn: Txn, plans: dict[int, KeyPlan], fold: bool, truncated: set[str]
         if row is not None:
             for tag, _cols, get, single in plan.uniques:
                 vals = (get(row),) if single else get(row)
-                if None in vals:
-                    continue
-                if fold:
-                    vals = tuple(map(fold_text, vals))
-                try:
-                    add((tag, vals))
-                except TypeError:  # arrays: lists
-                    add((tag, hashable_key(vals)))
+                if None not in vals:
+                    add_unique(tag, vals)
             if ch.old_values is None:
                 continue
             images: tuple[dict[str, Any] | None, ...] = (ch.old_values,)
@@ -234,14 +237,8 @@ def keys_of(txn: Txn, plans: dict[int, KeyPlan], fold: bool, truncated: set[str]
                 if UNCHANGED in vals:
                     add(("table", plan.label))
                     break
-                if None in vals:
-                    continue
-                if fold:
-                    vals = tuple(map(fold_text, vals))
-                try:
-                    add((tag, vals))
-                except TypeError:
-                    add((tag, hashable_key(vals)))
+                if None not in vals:
+                    add_unique(tag, vals)
     return keys, tables
 
 
