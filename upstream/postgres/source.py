@@ -29,7 +29,15 @@ from cdc.filter import TableFilter
 from cdc.model import DataWarning
 from cdc.ts import Watermark
 from upstream.base import SCHEMA_CHANGE, ChangeBuffer, ChangeDecoder, Parser, SpanSource, encode_payload
-from upstream.postgres import catalog, ddl_stream, partition_messages, pgoutput, pgoutput_messages, types
+from upstream.postgres import (
+    catalog,
+    ddl_stream,
+    partition_messages,
+    pgoutput,
+    pgoutput_messages,
+    rowcodec,
+    types,
+)
 from upstream.postgres.stream import Keepalive, ReplicationStream
 
 log = logging.getLogger(__name__)
@@ -100,16 +108,25 @@ class PgChangeDecoder(ChangeDecoder):
     """Decodes stored pgoutput changes (non-streamed Insert/Update/Delete, or :func:`pgoutput.truncate_raw`)
     with the text parsers of :mod:`upstream.postgres.types`. ``schemas(version)`` resolves schema versions.
 
-    The per-row members are the plain module functions (``decoder.parse_change is pgoutput.parse_change``):
-    binding them costs nothing per row.
+    The per-row members are the plain functions of ``codec`` (:mod:`upstream.postgres.rowcodec`: C when it is
+    available, else the pure-Python reference; both give the same values), set on the instance: binding them
+    costs nothing per row.
     """
 
+    # the class's own are the reference implementation; __init__ puts the codec's on the instance
     parse_change = staticmethod(pgoutput.parse_change)
     insert_values = staticmethod(pgoutput.insert_values)
+    plain_row = staticmethod(pgoutput.plain_row)
     row_parser = staticmethod(types.row_parser)
 
-    def __init__(self, schemas: Callable[[int], TableSchema]) -> None:
+    def __init__(self, schemas: Callable[[int], TableSchema], codec: rowcodec.RowCodec | None = None) -> None:
         self._schemas = schemas
+        self.codec = codec = codec or rowcodec.best()
+        self.parse_change = codec.parse_change  # type: ignore[method-assign]
+        self.insert_values = codec.insert_values  # type: ignore[method-assign]
+        self.plain_row = codec.plain_row  # type: ignore[method-assign]
+        self.row_parser = codec.row_parser  # type: ignore[method-assign]
+        self.plain_mounter = codec.plain_mounter  # type: ignore[method-assign]
 
     def schema(self, version: int) -> TableSchema:
         return self._schemas(version)
@@ -127,7 +144,8 @@ class PgSpanSource(SpanSource):
     """One span's pgoutput stream into a :class:`~upstream.base.ChangeBuffer` (see the module docstring).
 
     ``catalog_conn()`` opens an ordinary connection, used to enrich Relation messages with the catalog's key,
-    nullability and type names (opened on the first Relation message, closed when ``run`` ends).
+    nullability and type names (opened on the first Relation message, closed when ``run`` ends). ``codec``: the
+    per-row functions (:func:`upstream.postgres.rowcodec.best` when None) of ``run`` and of :meth:`decoder`.
     """
 
     def __init__(
@@ -137,6 +155,7 @@ class PgSpanSource(SpanSource):
         start: Watermark,
         catalog_conn: Callable[[], Any],
         label: str,
+        codec: rowcodec.RowCodec | None = None,
     ) -> None:
         self.stream = stream
         self.filter = table_filter
@@ -147,7 +166,7 @@ class PgSpanSource(SpanSource):
         self._schemas: dict[int, TableSchema] = {}
         self._relation_version: dict[int, int] = {}
         self._next_version = 1
-        self._decoder = PgChangeDecoder(self.schema)
+        self._decoder = PgChangeDecoder(self.schema, codec)
         self.buffer: ChangeBuffer | None = None  # the buffer ``run`` feeds (for the message hook)
         self._ddl_seq: dict[int, int] = {}  # xid -> schema changes stored so far in that transaction
         self._ddl_commits: set[int] = set()
@@ -361,7 +380,7 @@ class PgSpanSource(SpanSource):
         resolved = self.start
         change_t, begin_t = pgoutput_messages.Change, pgoutput_messages.Begin
         commit_t = pgoutput_messages.Commit
-        relid_of = pgoutput.plain_change_relid
+        relid_of = self._decoder.codec.plain_change_relid
         add = buffer.add
         prefixes: dict[int, bytes] = {}  # schema version -> its encoded payload prefix
         try:

@@ -16,6 +16,7 @@ from cdc.filter import TableFilter
 from cdc.ts import Watermark
 from processor.mounter import Mounter
 from sorter.memory import MemorySorter
+from tests import rowcodecs
 from tests.pgoutput_wire import (
     enc_begin,
     enc_commit,
@@ -30,10 +31,17 @@ from tests.pgoutput_wire import (
     enc_update,
 )
 from upstream.postgres import pgoutput, pgoutput_messages
+from upstream.postgres.rowcodec import RowCodec
 from upstream.postgres.source import PgSpanSource
 from upstream.postgres.stream import Keepalive
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True, params=rowcodecs.NAMES)
+def codec(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> RowCodec:
+    """Every test here runs over both implementations of the per-row functions (tests/rowcodecs.py)."""
+    return rowcodecs.use(request.param, monkeypatch)
 
 INT4, TEXT = 23, 25
 COLS = [(1, "id", INT4, -1), (0, "v", TEXT, -1)]
