@@ -335,3 +335,25 @@ def test_a_relation_sent_again_keeps_its_type_modifier_and_makes_no_schema_chang
                  enc_insert(None, 7, ["1", "a", "2"]))]
     source, sorter = run_seeded(wire, [old])
     assert asked == [7] and source.schema_change_commits() == {10}
+
+
+def test_runs_of_plain_changes_keep_stream_order_around_other_messages() -> None:
+    """The puller hands plain changes to the buffer in runs (add_many): a run ends before any other message of the
+    transaction (a truncate, a Relation message that stores a schema change) and at its size limit, so the buffer
+    holds every change in stream order."""
+    from upstream.base import SCHEMA_CHANGE, decode_payload
+
+    cols2 = [*COLS, (0, "w", INT4, -1)]
+    first = [enc_insert(None, 7, [str(i), "a"]) for i in range(2500)]  # more than one run
+    wire = [enc_relation(None, 7, "public", "t", "d", COLS),
+            *txn(1, 10, *first, enc_truncate(None, 0, [7]), enc_insert(None, 7, ["9000", "b"]),
+                 enc_relation(None, 7, "public", "t", "d", cols2), enc_insert(None, 7, ["9001", "c", "5"]),
+                 enc_update(None, 7, ["9001", "d", "6"]))]
+    source, sorter, _ = run(wire)
+    (t,) = list(sorter.read_txns(-1, MAX))
+    got = [decode_payload(p) for p in t.payloads]
+    assert [v for v, _ in got] == [1] * 2502 + [SCHEMA_CHANGE, 2, 2]
+    assert [raw for _, raw in got[:2500]] == first
+    assert [raw for _, raw in got[2500:2502]] == [pgoutput.truncate_raw(7, 0), enc_insert(None, 7, ["9000", "b"])]
+    assert [raw for _, raw in got[2503:]] == [enc_insert(None, 7, ["9001", "c", "5"]),
+                                             enc_update(None, 7, ["9001", "d", "6"])]
