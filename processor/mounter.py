@@ -34,12 +34,13 @@ from typing import Any
 
 from cdc.errors import DecodeError
 from cdc.events import UNCHANGED, OpType, RowChange, TableSchema
-from upstream.base import ChangeDecoder, Parser
+from upstream.base import ChangeDecoder, Mount, Parser, PlainPlan
 
 __all__ = ["Mounter"]
 
 _STR_OR_NULL = frozenset((str, type(None)))  # text values and NULLs only: no UNCHANGED, no binary value
 _unpack_version = struct.Struct(">I").unpack_from  # the schema version prefix of upstream.base.encode_payload
+_PLAIN_OPS = {"I": OpType.INSERT, "U": OpType.UPDATE}  # ChangeDecoder.plain_row's kinds
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,11 +104,20 @@ class Mounter:
     table (and the column, when one is at fault).
     """
 
+    mount: Mount
+    """``mount(payload, commit_ts, commit_time) -> RowChange``: mount one stored payload of a transaction committed at
+    ``commit_ts``/``commit_time``. Pure apart from the per-version cache; raises :class:`DecodeError` (see the class
+    doc). The decoder's :meth:`~upstream.base.ChangeDecoder.plain_mounter` over this class's own function (which
+    mounts every payload, plain rows included): the same RowChange either way, plain rows without a Python call
+    where the decoder has compiled code."""
+
     def __init__(self, decoder: ChangeDecoder) -> None:
         self._decoder = decoder
         self._parse_change = decoder.parse_change
-        self._insert_values = decoder.insert_values
+        self._plain_row = decoder.plain_row
         self._plans: dict[int, _Plan] = {}
+        self._plain_plans: dict[int, PlainPlan] = {}  # what decoder.plain_mounter needs of each planned version
+        self.mount = decoder.plain_mounter(self._plain_plans, self._mount)
 
     # ---- planning -----------------------------------------------------------------------------
     def _plan(self, version: int) -> _Plan:
@@ -127,6 +137,7 @@ class Mounter:
         key = tuple((index[k], k, parsers[index[k]]) for k in schema.key)
         plan = _Plan(schema, names, parsers, decoder.row_parser(parsers), key, len(names))
         self._plans[version] = plan
+        self._plain_plans[version] = (schema, schema.relation_id, plan.parse_row, plan.ncols)
         return plan
 
     # ---- row building ----------------------------------------------------------------------------
@@ -189,29 +200,19 @@ class Mounter:
         )
 
     # ---- public -------------------------------------------------------------------------------
-    def mount(self, payload: bytes, commit_ts: int, commit_time: float) -> RowChange:
-        """Mount one stored payload of a transaction committed at ``commit_ts``/``commit_time``.
-
-        Pure apart from the per-version cache; raises :class:`DecodeError` (see the class doc).
-        """
+    def _mount(self, payload: bytes, commit_ts: int, commit_time: float) -> RowChange:
+        """:attr:`mount` in Python, for every payload."""
         if len(payload) < 5:
             raise DecodeError(f"sorter payload too short ({len(payload)} bytes)")
         version = _unpack_version(payload)[0]
         plan = self._plans.get(version) or self._plan(version)
-        ins = self._insert_values(payload, 4)  # an insert: the common case, fused
-        if ins is not None:
-            relid, new = ins
+        # the common case, fused (one call of the decoder): an insert, or an update of nothing but its new row, all
+        # text values that parse; anything else (and every error) takes the general path below
+        plain = self._plain_row(payload, 4, plan.parse_row, plan.ncols)
+        if plain is not None:
             schema = plan.schema
-            if relid == schema.relation_id or not schema.relation_id:
-                row: tuple[Any, ...] | None = None
-                if len(new) == plan.ncols and _STR_OR_NULL.issuperset(map(type, new)):
-                    try:
-                        row = plan.parse_row(new)
-                    except Exception:  # noqa: BLE001 - _values below locates and reports it
-                        row = None
-                if row is None:
-                    row = self._values(plan, new, version, "new")
-                return _positional(OpType.INSERT, schema, commit_ts, commit_time, row, new)
+            if plain[1] == schema.relation_id or not schema.relation_id:
+                return _positional(_PLAIN_OPS[plain[0]], schema, commit_ts, commit_time, plain[2], plain[3])
         pc = self._parse_change(payload[4:])
         schema = plan.schema
         if schema.relation_id and pc.relid != schema.relation_id:

@@ -5,13 +5,17 @@ table ``t (id int primary key, a text, b int, c numeric(10,2), d timestamptz)`` 
 /work/helpers/prof_catchup.py — through the real ``PgSpanSource.run`` (upstream.postgres.source) into a LevelDB sorter, then drains
 the sorter the way ``SpanRunner._run_sink`` does (clean, read, whole-transaction batches of
 ``txn_rows``, ``Mounter.mount``, ``SQLSink.write``). Prints wall time and thread CPU time of both
-phases; CPU time is what to compare on a loaded host.
+phases; CPU time is what to compare on a loaded host. Between the two it also times, in thread CPU per row, the
+sink thread's stages alone: reading the sorter (``read_txns``, every payload) and mounting every payload
+(``Mounter.mount``); ``write`` is the sink phase less those two (the batcher and the sink's own work).
 
     .venv/bin/python scripts/bench_hotpath.py [--rows 300000] [--txn 100] [--txn-rows 20000]
-        [--batch-rows 1000] [--sink URI] [--repeat 3]
+        [--batch-rows 1000] [--sink URI] [--repeat 3] [--codec c|python]
 
-Without ``--sink`` it writes to a fresh SQLite file in a temporary directory. With a ``mysql://`` or
-``postgresql://`` URI the table ``t`` is dropped first. Profile it with
+Without ``--sink`` it writes to a fresh SQLite file in a temporary directory; ``--sink blackhole://`` discards
+the rows (the sink phase is then the batcher and the mounter). With a ``mysql://`` or ``postgresql://`` URI the
+table ``t`` is dropped first. ``--codec`` picks the implementation of the per-row functions
+(upstream.postgres.rowcodec: ``c``, or the pure-Python reference ``python``; default: the best available). Profile it with
 ``.venv/bin/py-spy record -r 200 -f raw -o prof.txt -- .venv/bin/python scripts/bench_hotpath.py``.
 
 On a loaded host, count instructions instead of time: ``--perf-phase sink`` (or ``puller``) switches
@@ -43,6 +47,7 @@ from cdc.filter import TableFilter  # noqa: E402
 from cdc.ts import Watermark  # noqa: E402
 from processor.batcher import TxnBatcher  # noqa: E402
 from processor.mounter import Mounter  # noqa: E402
+from sinks.blackhole import BlackholeSink  # noqa: E402
 from sinks.sql.sink import SQLSink  # noqa: E402
 from sorter.leveldb import LevelDBSorter  # noqa: E402
 from upstream.postgres import pgoutput  # noqa: E402
@@ -120,7 +125,7 @@ def no_catalog() -> Any:
 def drop_target(uri: str) -> None:
     import sqlalchemy as sa
 
-    if uri.startswith("sqlite"):
+    if uri.startswith(("sqlite", "blackhole")):
         return
     scheme = "mysql+pymysql" if uri.startswith(("mysql", "mariadb")) else "postgresql+psycopg2"
     eng = sa.create_engine(scheme + uri[uri.index("://"):])
@@ -156,11 +161,13 @@ class PerfControl:
 
 
 def run_once(payloads: list[bytes], rows: int, end_lsn: int, sink_uri: str, txn_rows: int, batch_rows: int,
-             work: Path, perf: PerfControl) -> dict[str, float]:
+             work: Path, perf: PerfControl, codec: Any = None) -> dict[str, float]:
     sorter = LevelDBSorter(work / "sorter", fresh=True)
     sp = sorter.span("bench/0")
     sp.clear()
-    puller = PgSpanSource(FakeStream(payloads), TableFilter(["*.*"]), Watermark(0, 0.0), no_catalog, "bench")  # type: ignore[arg-type]
+    extra = {} if codec is None else {"codec": codec}
+    puller = PgSpanSource(FakeStream(payloads), TableFilter(["*.*"]), Watermark(0, 0.0), no_catalog, "bench",  # type: ignore[arg-type]
+                          **extra)
     resolved: list[Watermark] = []
     stop = threading.Event()
     perf.start("puller")
@@ -170,8 +177,22 @@ def run_once(payloads: list[bytes], rows: int, end_lsn: int, sink_uri: str, txn_
     perf.stop("puller")
     assert resolved and resolved[-1].ts == end_lsn, (resolved[-1:], end_lsn)
 
+    # the sink thread's stages alone: read every payload from the sorter; read and mount every payload (nothing kept)
+    c4 = time.thread_time()
+    for t in sp.read_txns(0, resolved[-1].ts):
+        for _p in t.payloads:
+            pass
+    c5 = time.thread_time()
+    mount_alone = Mounter(puller.decoder()).mount
+    for t in sp.read_txns(0, resolved[-1].ts):
+        ts, tm = t.commit_ts, t.commit_time
+        for p in t.payloads:
+            mount_alone(p, ts, tm)
+    c6 = time.thread_time()
+
     drop_target(sink_uri)
-    sink = SQLSink(sink_uri, SinkConfig(batch_rows=batch_rows, txn_rows=txn_rows))
+    sink: Any = (BlackholeSink() if sink_uri.startswith("blackhole")
+                 else SQLSink(sink_uri, SinkConfig(batch_rows=batch_rows, txn_rows=txn_rows)))
     sink.check()
     mount_fn = Mounter(puller.decoder()).mount
     written = 0
@@ -189,7 +210,8 @@ def run_once(payloads: list[bytes], rows: int, end_lsn: int, sink_uri: str, txn_
     sink.close()
     sorter.close()
     assert written == rows, (written, rows)
-    return {"pull_wall": t1 - t0, "pull_cpu": c1 - c0, "sink_wall": t3 - t2, "sink_cpu": c3 - c2}
+    return {"pull_wall": t1 - t0, "pull_cpu": c1 - c0, "sink_wall": t3 - t2, "sink_cpu": c3 - c2,
+            "read_cpu": c5 - c4, "mount_cpu": (c6 - c5) - (c5 - c4)}
 
 
 def main() -> None:
@@ -202,7 +224,15 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--perf-phase", choices=["puller", "sink"], help="count only this phase (with --perf-ctl)")
     ap.add_argument("--perf-ctl", help="CTL_FIFO,ACK_FIFO of perf stat --control (see above)")
+    ap.add_argument("--codec", choices=["c", "python"], help="per-row functions (default: the best available)")
     args = ap.parse_args()
+    codec = None
+    if args.codec:
+        from upstream.postgres import rowcodec
+
+        codec = rowcodec.PYTHON if args.codec == "python" else rowcodec.native()
+        if codec is None:
+            raise SystemExit("the C row codec is not available here (see the log)")
     perf = PerfControl(args.perf_ctl, args.perf_phase)
     payloads, end_lsn = build_wal(args.rows, args.txn)
     tmp = Path(tempfile.mkdtemp(prefix="bench-hotpath-"))
@@ -211,11 +241,14 @@ def main() -> None:
             work = tmp / str(r)
             work.mkdir()
             uri = args.sink or f"sqlite:///{work}/t.db"
-            m = run_once(payloads, args.rows, end_lsn, uri, args.txn_rows, args.batch_rows, work, perf)
+            m = run_once(payloads, args.rows, end_lsn, uri, args.txn_rows, args.batch_rows, work, perf, codec)
             n = args.rows
+            us = {k: 1e6 * v / n for k, v in m.items()}
             print(f"run {r + 1}: puller {n / m['pull_wall']:>9,.0f} rows/s wall {n / m['pull_cpu']:>9,.0f} rows/s cpu | "
                   f"sink {n / m['sink_wall']:>9,.0f} rows/s wall {n / m['sink_cpu']:>9,.0f} rows/s cpu "
-                  f"({1e6 * m['sink_cpu'] / n:.1f} us/row)", flush=True)
+                  f"({us['sink_cpu']:.1f} us/row) | us/row cpu: puller {us['pull_cpu']:.2f} read {us['read_cpu']:.2f} "
+                  f"mount {us['mount_cpu']:.2f} write {us['sink_cpu'] - us['read_cpu'] - us['mount_cpu']:.2f}",
+                  flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

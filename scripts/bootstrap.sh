@@ -123,6 +123,14 @@ log "installing the project into $VENV (extras: $EXTRAS)"
 # the snapshot reader's COPY helper (upstream/postgres/copy_out.c): built now rather than by the first copy; without a
 # C compiler the copy falls back to psycopg2's copy_expert (more client CPU per row)
 "$VENV/bin/python" -m upstream.postgres.copy_out >/dev/null || log "COPY helper not built: copies use copy_expert"
+# the row codec (upstream/postgres/rowcodec.c, a CPython extension: the compiler and this Python's headers): pgoutput
+# tuples and values decoded in C; without it rows are decoded by the pure-Python reference (same values, more CPU)
+if ! "$VENV/bin/python" -c 'import pathlib, sysconfig, sys; sys.exit(not (pathlib.Path(sysconfig.get_paths()["include"]) / "Python.h").is_file())'; then
+    pyver=$("$VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+    log "installing python${pyver}-dev (apt): the row codec needs Python.h"
+    apt_install "python${pyver}-dev" || apt_install python3-dev || log "no Python headers: rows are decoded in Python"
+fi
+"$VENV/bin/python" -m upstream.postgres.rowcodec >/dev/null || log "row codec not built: rows are decoded in Python"
 # the Spark driver's class-data archive (spark_jobs/cds.py): the snapshot job's JVM starts with about half the CPU
 case ",$EXTRAS," in *,spark,*)
     log "archiving the Spark driver's classes (once, ~20 s)"

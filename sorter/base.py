@@ -70,6 +70,13 @@ class SpanSorter(ABC):
     def add(self, xid: int, subxid: int, payload: bytes) -> None:
         """Buffer one change of (sub)transaction ``subxid`` of top-level transaction ``xid``."""
 
+    def add_many(self, xid: int, subxid: int, payloads: list[bytes]) -> None:
+        """``add(xid, subxid, p)`` for each of ``payloads`` in order, with the same effect (spills included); one
+        call for a run of changes of one (sub)transaction. Default: a loop of ``add``."""
+        add = self.add
+        for p in payloads:
+            add(xid, subxid, p)
+
     @abstractmethod
     def abort(self, xid: int, subxid: int) -> None:
         """Drop a rolled-back subtransaction (``subxid != xid``) or the whole transaction."""

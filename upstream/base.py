@@ -52,11 +52,13 @@ from cdc.ts import Watermark
 __all__ = [
     "ChangeBuffer",
     "ChangeDecoder",
+    "Mount",
     "ParsedChange",
     "Parser",
     "ExportedSnapshot",
     "JoinRule",
     "PartitionLeaf",
+    "PlainPlan",
     "RowReader",
     "SCHEMA_CHANGE",
     "SlotState",
@@ -70,6 +72,13 @@ __all__ = [
 
 Parser = Callable[[str], Any]
 """Text value of a column as the upstream renders it -> Python value."""
+
+Mount = Callable[[bytes, int, float], RowChange]
+"""The mounter's per-row function: ``mount(payload, commit_ts, commit_time)`` (:meth:`ChangeDecoder.plain_mounter`)."""
+
+PlainPlan = tuple[TableSchema, int, Callable[[Sequence[Any]], tuple[Any, ...]], int]
+"""What :meth:`ChangeDecoder.plain_mounter` knows of a schema version: ``(schema, relation id or 0, parse_row,
+ncols)``."""
 
 
 # ---- stored payloads ------------------------------------------------------------------------------------
@@ -209,6 +218,8 @@ class ChangeBuffer(Protocol):
 
     def add(self, xid: int, subxid: int, payload: bytes) -> None: ...
 
+    def add_many(self, xid: int, subxid: int, payloads: list[bytes]) -> None: ...
+
     def abort(self, xid: int, subxid: int) -> None: ...
 
     def commit(self, xid: int, commit_ts: int, commit_time: float) -> None: ...
@@ -240,6 +251,36 @@ class ChangeDecoder(ABC):
     def insert_values(self, payload: bytes, offset: int) -> tuple[int, list[Any]] | None:
         """Fast path: ``(relid, new values)`` when ``payload[offset:]`` is a well-formed insert, else None
         (then :meth:`parse_change` raises the precise error, or handles the other kinds)."""
+
+    def plain_row(self, payload: bytes, offset: int, parse_row: Callable[[Sequence[Any]], tuple[Any, ...]],
+                  ncols: int) -> tuple[str, int, tuple[Any, ...], list[Any]] | None:
+        """Fast path of the mounter: ``(kind, relid, parse_row(values), values)`` when ``payload[offset:]`` is a
+        well-formed insert (kind 'I') or an update that carries nothing but its new row (kind 'U'), of ``ncols``
+        values that are all ``str`` or ``None`` and that ``parse_row`` (a :meth:`row_parser` of this decoder)
+        parses; else None (then :meth:`parse_change` handles it, or raises the precise error). Default: inserts
+        through :meth:`insert_values`. Meant to be bound once, like the other per-row members."""
+        ins = self.insert_values(payload, offset)
+        if ins is None:
+            return None
+        relid, new = ins
+        if len(new) != ncols or not all(v is None or type(v) is str for v in new):
+            return None
+        try:
+            row = parse_row(new)
+        except Exception:  # noqa: BLE001 - the caller's general path reports it
+            return None
+        return "I", relid, row, new
+
+    def plain_mounter(self, plans: dict[int, PlainPlan], general: Mount) -> Mount:
+        """The mounter's per-row function with its plain rows (those of :meth:`plain_row`) mounted by this decoder.
+
+        ``plans`` maps a schema version to ``(schema, relation id or 0 for any, parse_row, ncols)`` (the mounter
+        fills it as it meets versions; ``parse_row`` one of this decoder's :meth:`row_parser`); ``general`` is the
+        mounter's own function. The result is called as ``mount(payload, commit_ts, commit_time)`` and returns what
+        ``general`` returns for every payload: a plain row of a version in ``plans`` becomes the RowChange the
+        mounter builds for it (INSERT or UPDATE, ``row`` and ``row_text`` set, ``values`` built lazily, an empty
+        ``extra``); everything else is ``general``'s. Default: ``general`` itself."""
+        return general
 
     @abstractmethod
     def parser(self, column: ColumnSchema) -> Parser:

@@ -39,6 +39,9 @@ class Buffer:
     def add(self, xid: int, subxid: int, payload: bytes) -> None:
         self.open.setdefault(xid, []).append(payload)
 
+    def add_many(self, xid: int, subxid: int, payloads: list[bytes]) -> None:
+        self.open.setdefault(xid, []).extend(payloads)
+
     def abort(self, xid: int, subxid: int) -> None:
         if xid == subxid:
             self.open.pop(xid, None)

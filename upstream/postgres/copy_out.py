@@ -7,8 +7,8 @@ drains ``PQgetCopyData`` into a 1 MiB buffer per :meth:`CopyOut.read` call in C 
 released): 0.10 us per row, and the blocks go straight to the target's ``COPY FROM``.
 
 The C file is compiled on first use with the system's C compiler (``$CC``, ``cc`` or ``gcc``; ``make deps`` builds
-it ahead) into the package directory when it is writable, else ``$XDG_CACHE_HOME/tidewater`` (``~/.cache``), under a
-name carrying the source's hash; it has no Python API and no libpq headers: libpq's functions are passed in as
+it ahead) by :mod:`upstream.postgres.cbuild` (the package directory or the user's cache, a name carrying the
+source's hash); it has no Python API and no libpq headers: libpq's functions are passed in as
 pointers from the libpq psycopg2 itself runs on. Without a compiler, a writable directory or that libpq,
 :func:`available` is False (said once in the log) and callers keep the ``copy_expert`` path: same bytes, more CPU.
 
@@ -20,10 +20,7 @@ error. After an error or an abandoned read the connection is mid-protocol: close
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -31,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import psycopg2
+
+from upstream.postgres import cbuild
 
 log = logging.getLogger(__name__)
 
@@ -106,37 +105,10 @@ def _libpq_path() -> str | None:
     return None
 
 
-def _build_dirs() -> list[Path]:
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tidewater"
-    return [_SOURCE.parent, cache]
-
-
 def build() -> Path:
     """The compiled helper's path, compiling it if no build of this source exists yet; raises ``OSError`` (no
     compiler, no writable directory, a compile error)."""
-    code = _SOURCE.read_bytes()
-    name = f"_copy_out-{hashlib.sha256(code + sys.platform.encode()).hexdigest()[:16]}.so"
-    for d in _build_dirs():
-        if (d / name).is_file():
-            return d / name
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise OSError("no C compiler (cc or gcc; or set CC)")
-    errors = []
-    for d in _build_dirs():
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            tmp = d / f"{name}.{os.getpid()}.{threading.get_ident()}.tmp"
-            proc = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(_SOURCE)],
-                                  capture_output=True, text=True, timeout=120, check=False)
-            if proc.returncode != 0:
-                tmp.unlink(missing_ok=True)
-                raise OSError(f"{cc} failed: {' '.join(proc.stderr.split())[:300]}")
-            os.replace(tmp, d / name)  # atomic: a concurrent builder's file is the same
-            return d / name
-        except OSError as exc:
-            errors.append(f"{d}: {exc}")
-    raise OSError("; ".join(errors))
+    return cbuild.build(_SOURCE, "_copy_out")
 
 
 def _load() -> _Lib | None:

@@ -27,6 +27,7 @@ rejected with DecodeError: Tidewater never enables ``two_phase``.
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cdc.errors import DecodeError
@@ -91,9 +92,10 @@ for _cls, _builder in ((Change, _ChangeBuilder), (ParsedChange, _ParsedChangeBui
         raise RuntimeError(f"{_builder.__name__} slots differ from {_cls.__name__}")
 
 
-def _parsed(
+def parsed_change(
     kind: str, relid: int, new: list[Any] | None, old: list[Any] | None, old_kind: str | None, opts: int
 ) -> ParsedChange:
+    """``ParsedChange(kind, relid, new, old, old_kind, opts)``, built without the frozen dataclass's __init__."""
     o: Any = _ParsedChangeBuilder(kind, relid, new, old, old_kind, opts)
     o.__class__ = ParsedChange
     return o
@@ -409,6 +411,36 @@ def insert_values(buf: bytes, offset: int) -> tuple[int, list[Any]] | None:
     return (relid, new) if pos == len(buf) else None
 
 
+_STR_OR_NULL = frozenset((str, type(None)))
+
+
+def plain_row(buf: bytes, offset: int, parse_row: Callable[[Sequence[Any]], tuple[Any, ...]],
+              ncols: int) -> tuple[str, int, tuple[Any, ...], list[Any]] | None:
+    """Fast path of the mounter for a row that needs nothing but its new tuple: an Insert, or an Update without an
+    old tuple, starting at ``buf[offset]``, whose ``ncols`` values are all text or NULL and all parse with
+    ``parse_row``: ``(kind 'I' or 'U', relid, parse_row(values), values)``.
+
+    Returns None for anything else (another message kind, an old tuple, an unchanged TOAST or binary value, a
+    column count other than ``ncols``, a value ``parse_row`` refuses, a malformed message): the caller's general
+    path (:func:`parse_change`) handles it and reports errors precisely. Pure and thread-safe.
+    """
+    try:
+        t = buf[offset]
+        if (t != _I and t != _U) or buf[offset + 5] != _N:
+            return None
+        (relid,) = _u32_from(buf, offset + 1)
+        new, pos = _tuple(buf, offset + 6)
+    except (DecodeError, IndexError, ValueError, struct.error):
+        return None
+    if pos != len(buf) or len(new) != ncols or not _STR_OR_NULL.issuperset(map(type, new)):
+        return None
+    try:
+        row = parse_row(new)
+    except Exception:  # noqa: BLE001 - the general path locates and reports the value
+        return None
+    return ("I" if t == _I else "U"), relid, row, new
+
+
 def parse_change(raw: bytes) -> ParsedChange:
     """Parse a normalised (non-streamed form) Insert/Update/Delete/Truncate message.
 
@@ -445,7 +477,7 @@ def parse_change(raw: bytes) -> ParsedChange:
             new, pos = _tuple(raw, pos)
             if pos != len(raw):
                 raise _error(raw, "length mismatch")
-            return _parsed("U", relid, new, old, old_kind, 0)
+            return parsed_change("U", relid, new, old, old_kind, 0)
         if t == _D:
             (relid,) = _u32_from(raw, 1)
             mark = raw[5]
@@ -454,12 +486,12 @@ def parse_change(raw: bytes) -> ParsedChange:
             old, pos = _tuple(raw, 6)
             if pos != len(raw):
                 raise _error(raw, "length mismatch")
-            return _parsed("D", relid, None, old, "K" if mark == _K else "O", 0)
+            return parsed_change("D", relid, None, old, "K" if mark == _K else "O", 0)
         if t == ord("T"):
             tr = _truncate(raw, False, False)
             if not tr.relids:
                 raise _error(raw, "no relation ids")
-            return _parsed("T", tr.relids[0], None, None, None, tr.options)
+            return parsed_change("T", tr.relids[0], None, None, None, tr.options)
         raise _error(raw, "not a change message")
     except DecodeError:
         raise

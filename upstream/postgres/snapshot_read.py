@@ -22,7 +22,8 @@ blocks (memory is bounded whatever the chunk's size, and the server's COPY overl
 abandoned read stops the COPY and closes the connection): the values are the types' output text -- the same
 text pgoutput sends for the same row -- with COPY's backslash escapes, which are undone
 (:func:`upstream.postgres.rowfetch.copy_unescape`; a line without a backslash has neither escapes nor NULLs
-and is split as it is). Each row is parsed by :func:`upstream.postgres.types.row_parser` over the columns'
+and is split as it is). Each row is parsed by the row parser of :func:`upstream.postgres.rowcodec.best` (C where it
+builds, else :func:`upstream.postgres.types.row_parser`: the same values) over the columns'
 :func:`~upstream.postgres.types.parser_for` parsers -- the very functions the mounter uses through
 :class:`upstream.postgres.source.PgChangeDecoder` -- and becomes an INSERT :class:`cdc.events.RowChange` with
 ``row`` and ``row_text`` set, as the mounter builds it. No per-row I/O or logging.
@@ -74,10 +75,10 @@ from cdc.errors import (
 from cdc.events import SNAPSHOT, OpType, RowChange, TableName, TableSchema
 from cdc.snapshot import PG_COPY_TEXT, CopyText, SnapshotChunk, TablePlan, plan_from_bounds
 from upstream.base import SnapshotReader
-from upstream.postgres import catalog, copy_out
+from upstream.postgres import catalog, copy_out, rowcodec
 from upstream.postgres import conn as pg_conn
 from upstream.postgres.rowfetch import cast_type, copy_unescape
-from upstream.postgres.types import parser_for, row_parser
+from upstream.postgres.types import parser_for
 
 log = logging.getLogger(__name__)
 
@@ -453,7 +454,7 @@ class PgSnapshotReader(SnapshotReader):
         producer = threading.Thread(target=produce, name=f"copy-{schema.name}#{chunk.index}", daemon=True)
         producer.start()
         parsers = tuple(parser_for(c.base_type, c.is_array) for c in schema.columns)
-        parse_row = row_parser(parsers)
+        parse_row = rowcodec.best().row_parser(parsers)
         ncols = len(parsers)
         insert = OpType.INSERT
         complete = False

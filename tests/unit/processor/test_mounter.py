@@ -17,10 +17,18 @@ import pytest
 from cdc.errors import DecodeError
 from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
 from processor.mounter import Mounter
+from tests import rowcodecs
 from upstream.base import decode_payload, encode_payload
+from upstream.postgres.rowcodec import RowCodec
 from upstream.postgres.source import PgChangeDecoder
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True, params=rowcodecs.NAMES)
+def codec(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> RowCodec:
+    """Every test here runs over both implementations of the per-row functions (tests/rowcodecs.py)."""
+    return rowcodecs.use(request.param, monkeypatch)
 
 RELID = 16384
 U = object()  # marks an unchanged TOAST column in test tuples

@@ -17,6 +17,7 @@ from cdc.filter import TableFilter
 from cdc.ts import Watermark
 from processor.mounter import Mounter
 from sorter.memory import MemorySorter
+from tests import rowcodecs
 from tests.pgoutput_wire import (
     enc_begin,
     enc_commit,
@@ -32,10 +33,17 @@ from tests.pgoutput_wire import (
 )
 from upstream.base import SCHEMA_CHANGE, decode_payload
 from upstream.postgres import pgoutput, pgoutput_messages
+from upstream.postgres.rowcodec import RowCodec
 from upstream.postgres.source import PgSpanSource
 from upstream.postgres.stream import Keepalive
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True, params=rowcodecs.NAMES)
+def codec(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> RowCodec:
+    """Every test here runs over both implementations of the per-row functions (tests/rowcodecs.py)."""
+    return rowcodecs.use(request.param, monkeypatch)
 
 INT4, TEXT = 23, 25
 COLS = [(1, "id", INT4, -1), (0, "v", TEXT, -1)]
@@ -400,3 +408,25 @@ def test_after_a_schema_change_derived_from_the_stream_alone_the_positions_are_l
             drop_msg(None, 18, 7, "t"), enc_commit(0, 19, 20, 0)]
     source, sorter, _ = run(wire)
     assert ddl_events(source, sorter) == [(20, "t", 0, True), (20, "t", 1, True)]
+
+
+def test_runs_of_plain_changes_keep_stream_order_around_other_messages() -> None:
+    """The puller hands plain changes to the buffer in runs (add_many): a run ends before any other message of the
+    transaction (a truncate, a Relation message that stores a schema change) and at its size limit, so the buffer
+    holds every change in stream order."""
+    from upstream.base import SCHEMA_CHANGE, decode_payload
+
+    cols2 = [*COLS, (0, "w", INT4, -1)]
+    first = [enc_insert(None, 7, [str(i), "a"]) for i in range(2500)]  # more than one run
+    wire = [enc_relation(None, 7, "public", "t", "d", COLS),
+            *txn(1, 10, *first, enc_truncate(None, 0, [7]), enc_insert(None, 7, ["9000", "b"]),
+                 enc_relation(None, 7, "public", "t", "d", cols2), enc_insert(None, 7, ["9001", "c", "5"]),
+                 enc_update(None, 7, ["9001", "d", "6"]))]
+    source, sorter, _ = run(wire)
+    (t,) = list(sorter.read_txns(-1, MAX))
+    got = [decode_payload(p) for p in t.payloads]
+    assert [v for v, _ in got] == [1] * 2502 + [SCHEMA_CHANGE, 2, 2]
+    assert [raw for _, raw in got[:2500]] == first
+    assert [raw for _, raw in got[2500:2502]] == [pgoutput.truncate_raw(7, 0), enc_insert(None, 7, ["9000", "b"])]
+    assert [raw for _, raw in got[2503:]] == [enc_insert(None, 7, ["9001", "c", "5"]),
+                                             enc_update(None, 7, ["9001", "d", "6"])]

@@ -11,13 +11,37 @@ import random
 import uuid
 from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
 
 from cdc.errors import DecodeError
+from tests import rowcodecs
+from upstream.postgres.rowcodec import RowCodec
 from upstream.postgres.types import BUILTIN_TYPES, parse_value, parser_for
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True, params=rowcodecs.NAMES)
+def codec(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> RowCodec:
+    """Every test here runs over both implementations of the per-row functions (tests/rowcodecs.py): with the C one,
+    ``parse_value`` parses a one-column row with the codec's row parser (where the C value parsers run)."""
+    c = rowcodecs.use(request.param, monkeypatch)
+
+    def parse_value(base_type: str, is_array: bool, text: str | None) -> Any:
+        if text is None:
+            return None
+        parse_row = c.row_parser((parser_for(base_type, is_array),))
+        try:
+            return parse_row([text])[0]
+        except (ValueError, ArithmeticError) as e:  # as types.parse_value says it
+            kind = f"{base_type}[]" if is_array else base_type
+            raise DecodeError(f"cannot parse {kind} value {text[:60]!r}: {e}", cause=e) from e
+
+    if request.param != "python":
+        monkeypatch.setitem(globals(), "parse_value", parse_value)
+    return c
 
 
 # ---- OIDs ---------------------------------------------------------------------------------------------
@@ -516,9 +540,8 @@ ROW_TEXTS = ["42", "it's", "-1.50", "2026-11-22 01:02:03.5+00", "héllo", "t", "
              "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11", "ab  ", "happy"]
 
 
-def test_row_parser_equals_parsing_each_column() -> None:
-    from upstream.postgres.types import row_parser
-
+def test_row_parser_equals_parsing_each_column(codec: RowCodec) -> None:
+    row_parser = codec.row_parser
     parsers = tuple(parser_for(t, a) for t, a in ROW_TYPES)
     parse = row_parser(parsers)
     rng = random.Random(7)
@@ -532,9 +555,8 @@ def test_row_parser_equals_parsing_each_column() -> None:
     assert row_parser(())([]) == ()
 
 
-def test_row_parser_raises_the_parsers_error() -> None:
-    from upstream.postgres.types import row_parser
-
+def test_row_parser_raises_the_parsers_error(codec: RowCodec) -> None:
+    row_parser = codec.row_parser
     parse = row_parser((parser_for("text", False), parser_for("int4", False), parser_for("numeric", False)))
     with pytest.raises(ValueError):
         parse(["x", "twelve", "1"])

@@ -10,6 +10,7 @@ import pytest
 
 from cdc.errors import DecodeError
 from cdc.events import UNCHANGED
+from tests import rowcodecs
 from tests.pgoutput_wire import (
     TS_UNIX,
     TS_US,
@@ -47,8 +48,15 @@ from upstream.postgres.pgoutput_messages import (
     TypeMsg,
     pg_time_to_unix,
 )
+from upstream.postgres.rowcodec import RowCodec
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True, params=rowcodecs.NAMES)
+def codec(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> RowCodec:
+    """Every test here runs over both implementations of the per-row functions (tests/rowcodecs.py)."""
+    return rowcodecs.use(request.param, monkeypatch, globals())
 
 BIG_XID = 0xFFFF_FFF0  # above 2**31: must come back unsigned
 BIG_OID = 0xFFFF_FF00

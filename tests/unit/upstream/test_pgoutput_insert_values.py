@@ -7,10 +7,18 @@ import struct
 import pytest
 
 from cdc.events import UNCHANGED
+from tests import rowcodecs
 from tests.pgoutput_wire import enc_tuple
 from upstream.postgres.pgoutput import insert_values, parse_change
+from upstream.postgres.rowcodec import RowCodec
 
 pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(autouse=True, params=rowcodecs.NAMES)
+def codec(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> RowCodec:
+    """Every test here runs over both implementations of the per-row functions (tests/rowcodecs.py)."""
+    return rowcodecs.use(request.param, monkeypatch, globals())
 
 
 INSERT = b"I" + struct.pack(">I", 77) + b"N" + enc_tuple(["1", None, "é", "", UNCHANGED])

@@ -1,0 +1,154 @@
+"""The per-row functions of the PostgreSQL change path, in two implementations with the same results.
+
+Per stored row the span runs a handful of functions: the puller reads each Insert/Update/Delete's relation id
+(:func:`pgoutput.plain_change_relid`), and the mounter parses the row's tuple (:func:`pgoutput.plain_row`,
+:func:`pgoutput.insert_values`, :func:`pgoutput.parse_change`) and its text values (:func:`types.row_parser`).
+A :class:`RowCodec` names one implementation of all five:
+
+- :data:`PYTHON`: the pure-Python functions of :mod:`upstream.postgres.pgoutput` and :mod:`upstream.postgres.types`,
+  the reference;
+- :func:`native`: the same functions in C (``rowcodec.c``, a CPython extension module), several times faster per
+  row (docs/benchmarks.md, "Issue 22 item 5").
+
+The C functions compute exactly what the Python ones return, or call them: C handles only well-formed messages
+given as ``bytes`` and text values in PostgreSQL's canonical output forms (integers, floats, booleans, dates, times,
+timestamps, timestamps with the ``+00`` offset of the UTC sessions Tidewater opens); anything else (a malformed
+message, an odd value, a parser it does not know) goes to the Python function it stands in for, which decides or
+raises the precise error. ``tests/unit/upstream/test_rowcodec_equivalence.py`` compares both on generated rows of
+every column type, and the decoder and mounter tests run over both.
+
+The C file is compiled with the system's C compiler and this interpreter's headers on first use (``make deps``
+builds it ahead; :mod:`upstream.postgres.cbuild`). Without a compiler, the headers or a writable directory,
+:func:`native` is None (said once in the log) and :func:`best` is :data:`PYTHON`: the same values, more CPU.
+``TIDEWATER_ROWCODEC=python`` in the environment chooses :data:`PYTHON` too.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from cdc.events import UNCHANGED, OpType, RowChange
+from upstream.base import Mount, ParsedChange, PlainPlan
+from upstream.postgres import cbuild, pgoutput, types
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("rowcodec.c")
+_MODULE = "upstream.postgres._rowcodec"  # PyInit__rowcodec
+
+
+@dataclass(frozen=True)
+class RowCodec:
+    """One implementation of the per-row functions (see the module docstring); every member is a plain function,
+    meant to be bound to a local once."""
+
+    name: str
+    plain_change_relid: Callable[[bytes], int]
+    insert_values: Callable[[bytes, int], tuple[int, list[Any]] | None]
+    parse_change: Callable[[bytes], ParsedChange]
+    plain_row: Callable[[bytes, int, Callable[[Sequence[Any]], tuple[Any, ...]], int],
+                        tuple[str, int, tuple[Any, ...], list[Any]] | None]
+    row_parser: Callable[[Sequence[types.Parser]], Callable[[Sequence[Any]], tuple[Any, ...]]]
+    plain_mounter: Callable[[dict[int, PlainPlan], Mount], Mount]
+
+
+def general_mounter(plans: dict[int, PlainPlan], general: Mount) -> Mount:
+    """The pure-Python :meth:`ChangeDecoder.plain_mounter <upstream.base.ChangeDecoder.plain_mounter>`: the
+    mounter's own function, unchanged."""
+    return general
+
+
+PYTHON = RowCodec("python", pgoutput.plain_change_relid, pgoutput.insert_values, pgoutput.parse_change,
+                  pgoutput.plain_row, types.row_parser, general_mounter)
+
+
+def build() -> Path:
+    """The compiled module's path, compiling it if no build of this source exists yet; raises ``OSError``."""
+    return cbuild.build(_SOURCE, "_rowcodec", cbuild.python_flags(), tag=sys.implementation.cache_tag +
+                        str(sys.version_info[:2]) + (sys.abiflags if hasattr(sys, "abiflags") else ""))
+
+
+def _import(path: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(_MODULE, str(path))
+    spec = importlib.util.spec_from_file_location(_MODULE, path, loader=loader)
+    if spec is None:
+        raise ImportError(f"cannot load {path}")
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+def _codec(mod: ModuleType) -> RowCodec:
+    mod.configure(UNCHANGED, pgoutput.plain_change_relid, pgoutput.insert_values, pgoutput.parse_change,
+                  pgoutput.plain_row, pgoutput.parsed_change)
+    codes = {types.parser_for("text", False): mod.TEXT, int: mod.INT, float: mod.FLOAT,
+             types.parser_for("bool", False): mod.BOOL, types.parser_for("date", False): mod.DATE,
+             types.parser_for("time", False): mod.TIME, types.parser_for("timestamp", False): mod.TIMESTAMP,
+             types.parser_for("timestamptz", False): mod.TIMESTAMPTZ}
+    call = mod.CALL
+    row_parser_cls = mod.RowParser
+    py_row_parser = types.row_parser
+
+    def row_parser(parsers: Sequence[types.Parser]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+        """:func:`types.row_parser` in C: known parsers run in C, the others are called (see the module doc)."""
+        ps = tuple(parsers)
+        return row_parser_cls(bytes(codes.get(p, call) for p in ps), ps, py_row_parser(ps))  # type: ignore[no-any-return]
+
+    plain_mounter = mod.PlainMounter
+    if not mod.configure_rows(RowChange, OpType.INSERT, OpType.UPDATE):  # pragma: no cover - RowChange changed
+        log.warning("the C row codec does not know RowChange's slots: rows are mounted in Python")
+        plain_mounter = general_mounter
+    return RowCodec("c", mod.plain_change_relid, mod.insert_values, mod.parse_change, mod.plain_row, row_parser,
+                    plain_mounter)
+
+
+_lock = threading.Lock()
+_native: RowCodec | None = None
+_why_not: str | None = None
+
+
+def native() -> RowCodec | None:
+    """The C implementation, compiled and loaded on first call; None when it cannot be built or loaded here (the
+    reason is logged once)."""
+    global _native, _why_not
+    with _lock:
+        if _native is not None or _why_not is not None:
+            return _native
+        try:
+            _native = _codec(_import(build()))
+        except (OSError, ImportError, AttributeError, subprocess.SubprocessError) as exc:
+            _why_not = str(exc)
+            log.info("row decoding runs in Python (more CPU per row): the C row codec is not available: %s", _why_not)
+        return _native
+
+
+def best() -> RowCodec:
+    """:func:`native` when available (and not switched off by ``TIDEWATER_ROWCODEC=python``), else :data:`PYTHON`."""
+    if os.environ.get("TIDEWATER_ROWCODEC", "").lower() == "python":
+        return PYTHON
+    return native() or PYTHON
+
+
+def main() -> int:
+    """``python -m upstream.postgres.rowcodec``: build the module now (``make deps``), print where it is."""
+    try:
+        print(build())
+    except OSError as exc:
+        print(f"C row codec not built (rows are decoded in Python): {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
