@@ -598,10 +598,9 @@ class Writer:
         parent = self.catalog.fk.is_parent(b.label)
         i, n = 0, len(events)
         while i < n:
-            ch = events[i]
-            if full:
-                j = i + 1
-                ts = ch.commit_ts
+            j = i + 1
+            if full:  # one transaction at a time
+                ts = events[i].commit_ts
                 while j < n and events[j].commit_ts == ts:
                     j += 1
                 txn = events[i:j]
@@ -616,9 +615,10 @@ class Writer:
                     self._apply_net_in_order(b, normalize_keyed(b.names, b.key, True, None, (), None, txn))
                     i = j
                     continue
-            self.out.sync()
-            self._apply_net_in_order(b, normalize_keyed(b.names, b.key, False, None, (), None, [ch]))
-            i += 1
+            for ch in events[i:j]:
+                self.out.sync()
+                self._apply_net_in_order(b, normalize_keyed(b.names, b.key, False, None, (), None, [ch]))
+            i = j
         self.out.sync()
 
     def _apply_net_in_order(self, b: Binding, net: KeyedNet) -> None:
