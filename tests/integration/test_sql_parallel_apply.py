@@ -126,9 +126,8 @@ class Model:
                         del self.plain[k]
                         self.plain[n] = v
                         ch(OpType.UPDATE, PLAIN, {"id": n, "v": v}, {"id": k})
-            elif pick < 0.55:  # a second unique key: codes freed by a delete are taken by later inserts
-                # (a code moved by an UPDATE is never reused: the writer's window cannot order such moves within one
-                # table, with one worker too)
+            elif pick < 0.55:  # a second unique key: codes freed by a delete or an UPDATE are taken by later inserts
+                # (a value moving between rows in one window: sinks.sql.dialect.unique_moves)
                 k = rnd.randrange(20)
                 if k not in self.uniq:
                     if self.free_codes and rnd.random() < 0.7:
@@ -141,6 +140,7 @@ class Model:
                     code, old_v = self.uniq[k]
                     new = self.fresh_code()
                     self.uniq[k] = (new, v)
+                    self.free_codes.append(code)
                     ch(OpType.UPDATE, UNIQ, {"id": k, "code": new, "v": v}, {"id": k, "code": code, "v": old_v})
                 else:
                     code, old_v = self.uniq.pop(k)

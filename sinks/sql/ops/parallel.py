@@ -77,7 +77,6 @@ import itertools
 import logging
 import operator
 import threading
-import unicodedata
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -90,6 +89,7 @@ from cdc.model import DataWarning
 from sinks.base import RowSource
 from sinks.sql.dialect.conflicts import schedule
 from sinks.sql.dialect.normalize import hashable_key
+from sinks.sql.dialect.unique_moves import fold_text
 from sinks.sql.ops.writer import Writer
 from sinks.sql.target.binding import Binding
 from sinks.sql.target.catalog import Catalog
@@ -175,13 +175,6 @@ def fk_component(catalog: Catalog, label: str) -> str:
                 seen.add(u)
                 todo.append(u)
     return min(seen)
-
-
-def fold_text(v: Any) -> Any:
-    """A text value as a case- and accent-insensitive collation compares it (MySQL/MariaDB keys)."""
-    if isinstance(v, str):
-        return "".join(c for c in unicodedata.normalize("NFKD", v.casefold()) if not unicodedata.combining(c)).rstrip()
-    return v
 
 
 def keys_of(txn: Txn, plans: dict[int, KeyPlan], fold: bool, truncated: set[str]) -> tuple[set[Hashable], set[str]]:

@@ -12,6 +12,11 @@ Apply rules (docs/architecture.md, "Apply rules: normalisation and ordering"):
   (``sinks.sql.dialect.normalize``), then applied: every delete of an old image (child tables first, by the target's
   foreign keys), then per table, parent tables first: key moves (``UPDATE .. SET key``), in-place partial
   updates, inserts/upserts of new images.
+* A table with a second unique key (a target unique key besides the upserted key) whose values may move
+  between its rows in the window (``sinks.sql.dialect.unique_moves``, decided once per window and table) is
+  applied in upstream order instead: plain rows in runs without a repeated key, then change by change (a FULL
+  identity transaction that swaps keys as its own net effect). Plain rows of such a table, flushed early or at
+  the window's end, always go in those runs (a statement keeps one row per key).
 * Fast path: a table that has only seen INSERTs in the window (and has no foreign-key parent among the
   target's tables, and is not a FULL-identity keyed table) keeps plain rows and sends them every
   ``batch_rows`` rows, as a sequential prefix of its changes (an INSERT's key cannot exist upstream at that
@@ -46,6 +51,7 @@ from sinks.sql.dialect.normalize import (
     same_image,
 )
 from sinks.sql.dialect.statements import Statements
+from sinks.sql.dialect.unique_moves import deferred_key_swap, moves_unique_value
 from sinks.sql.ops.output import Output, distinct_keys
 from sinks.sql.target.binding import (
     K_DELETE,
@@ -250,7 +256,32 @@ class Writer:
         self._pending -= len(rows)
         b = buf.b
         assert buf.names is not None
-        self.out.apply(b, K_UPSERT if b.keyed else K_INSERT, buf.names, None, rows, texts)
+        if b.keyed:
+            self._upsert_in_order(b, buf.names, rows, texts)
+        else:
+            self.out.apply(b, K_INSERT, buf.names, None, rows, texts)
+
+    def _upsert_in_order(self, b: Binding, names: tuple[str, ...], rows: list[tuple[Any, ...]],
+                         texts: list[Any] | None) -> None:
+        """Upsert whole rows as the sequence they are. A statement keeps only the last row of a key (ON CONFLICT
+        touches a row once), which is its net effect; for a table with a second unique key, whose values may move
+        between rows, the rows go in runs without a repeated key instead (each run in order: the target checks
+        each row's unique keys after the rows before it in the statement)."""
+        if not b.other_uniques or len(rows) < 2:
+            self.out.apply(b, K_UPSERT, names, None, rows, texts)
+            return
+        kidx = [names.index(k) for k in b.key]
+        seen: set[Any] = set()
+        start = 0
+        for i, r in enumerate(rows):
+            k = _freeze_key(tuple(r[j] for j in kidx))
+            if k in seen:
+                self.out.apply(b, K_UPSERT, names, None, rows[start:i],
+                               texts[start:i] if texts is not None else None)
+                seen = set()
+                start = i
+            seen.add(k)
+        self.out.apply(b, K_UPSERT, names, None, rows[start:], texts[start:] if texts is not None else None)
 
     # ---- a window's net effect -----------------------------------------------------------------------
     def _emit_truncates(self) -> None:
@@ -323,7 +354,10 @@ class Writer:
                     else:
                         net.deletes.append(old)
                         net.upserts.append(img)
-                sequential = any(img.src is not None and img.partial for img in net.upserts)
+                sequential = any(img.src is not None and img.partial for img in net.upserts) or (
+                    bool(b.other_uniques) and moves_unique_value(
+                        b.key, b.other_uniques, b.schema.replica_identity == "f", buf.names, buf.rows, buf.updates,
+                        buf.events, b.ncols, self.out.dialect == "mysql", parent))
                 nets.append((buf, net, moves, sequential))
             else:
                 try:
@@ -357,7 +391,10 @@ class Writer:
             b = buf.b
             if net is None:
                 assert buf.names is not None
-                self.out.apply(b, K_UPSERT if b.keyed else K_INSERT, buf.names, None, buf.rows, buf.texts)
+                if b.keyed:
+                    self._upsert_in_order(b, buf.names, buf.rows, buf.texts)
+                else:
+                    self.out.apply(b, K_INSERT, buf.names, None, buf.rows, buf.texts)
             elif sequential:
                 self._apply_sequential(buf)
             elif isinstance(net, KeyedNet):
@@ -542,31 +579,69 @@ class Writer:
             "upstream and written (the others are gone upstream)", WarningSeverity.NOTICE, len(keys), shown))
 
     def _apply_sequential(self, buf: TableBuf) -> None:
-        """A table whose new images need unsent columns of downstream rows that the window also replaces
-        (key rotations of rows with unchanged TOAST values, replica identity DEFAULT): applied change by
-        change, which is correct because such keys are immediate upstream."""
+        """A table applied in upstream order instead of as the window's net effect: change by change, which is
+        correct because its keys are immediate upstream. Taken when its new images need unsent columns of
+        downstream rows that the window also replaces (key rotations of rows with unchanged TOAST values, replica
+        identity DEFAULT), or when a value of a second unique key may move between its rows in the window
+        (``sinks.sql.dialect.unique_moves``). The whole rows that came first go in runs without a repeated key
+        (:meth:`_upsert_in_order`). A REPLICA IDENTITY FULL table's key may be DEFERRABLE upstream: a transaction
+        whose changes take a key another row gives up later in it (a statement-level key swap) is applied as its
+        own net effect; if that transaction also moves a second unique value between rows, no order is known
+        that the target accepts and the write fails naming the table (docs/limits.md)."""
         b = buf.b
         self.out.current = b.label
         if buf.rows:
             assert buf.names is not None
-            self.out.apply(b, K_UPSERT, buf.names, None, buf.rows, buf.texts)
-        for ch in buf.events or ():
-            net = normalize_keyed(b.names, b.key, False, None, (), None, [ch])
-            self.out.sync()
-            if net.deletes:
-                self.out.apply(b, K_DELETE, b.key, None, net.deletes, None)
-            for old, img in net.moves:
-                if img.partial or self.catalog.fk.is_parent(b.label):
-                    self._apply_moves(b, [(old, img)])
-                else:
-                    self.out.apply(b, K_DELETE, b.key, None, [old], None)
-                    self._apply_images(b, K_UPSERT, [img])
-            self._apply_updates(b, net.patches, net.updates)
-            self._apply_images(b, K_UPSERT, [i for i in net.upserts if not i.partial])
-            for img in net.upserts:
-                if img.partial:  # the row it came from is gone downstream
-                    self._missing(b, [tuple(img.values[k] for k in b.key)])
+            self._upsert_in_order(b, buf.names, buf.rows, buf.texts)
+        events = buf.events or ()
+        full = b.keyed and b.schema.replica_identity == "f"
+        parent = self.catalog.fk.is_parent(b.label)
+        i, n = 0, len(events)
+        while i < n:
+            j = i + 1
+            if full:  # one transaction at a time
+                ts = events[i].commit_ts
+                while j < n and events[j].commit_ts == ts:
+                    j += 1
+                txn = events[i:j]
+                if len(txn) > 1 and deferred_key_swap(b.key, b.ncols, txn):
+                    if b.other_uniques and moves_unique_value(b.key, b.other_uniques, True, None, (), (), txn,
+                                                              b.ncols, self.out.dialect == "mysql", parent):
+                        raise SinkError(
+                            f"table {b.label}: one upstream transaction (commit {ts}) both swaps keys (a DEFERRABLE "
+                            "key) and moves a value of a second unique key between rows; it cannot be applied "
+                            "change by change nor as its net effect (docs/limits.md)")
+                    self.out.sync()
+                    self._apply_net_in_order(b, normalize_keyed(b.names, b.key, True, None, (), None, txn))
+                    i = j
+                    continue
+            for ch in events[i:j]:
+                self.out.sync()
+                self._apply_net_in_order(b, normalize_keyed(b.names, b.key, False, None, (), None, [ch]))
+            i = j
         self.out.sync()
+
+    def _apply_net_in_order(self, b: Binding, net: KeyedNet) -> None:
+        """One change's (or one transaction's) net effect: deletes (with the old keys of moves that become delete +
+        upsert), key moves, updates, upserts."""
+        deletes, moves, upserts = list(net.deletes), [], []
+        parent = self.catalog.fk.is_parent(b.label)
+        for old, img in net.moves:
+            if img.partial or parent:
+                moves.append((old, img))
+            else:
+                deletes.append(old)
+                upserts.append(img)
+        if deletes:
+            self.out.apply(b, K_DELETE, b.key, None, deletes, None)
+        if moves:
+            self._apply_moves(b, moves)
+        self._apply_updates(b, net.patches, net.updates)
+        self._apply_images(b, K_UPSERT, upserts + [i for i in net.upserts if not i.partial])
+        for img in net.upserts:
+            if img.partial:  # the row it came from is gone downstream
+                self._missing(b, [tuple(img.values[k] for k in b.key)])
+
 
 def _match_parts(old: dict[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...], tuple[Any, ...]]:
     """Split an old row into (non-NULL column names, NULL column names, non-NULL values); skips UNCHANGED."""

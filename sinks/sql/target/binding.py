@@ -160,6 +160,9 @@ class Binding:
             else:
                 self.unique_unmapped = True
         self.unique_keys: tuple[tuple[str, ...], ...] = tuple(sorted(uniques))
+        # the unique keys besides the key (a value of one may move between rows: sinks.sql.dialect.unique_moves)
+        own = tuple(sorted(self.key))
+        self.other_uniques: tuple[tuple[str, ...], ...] = tuple(u for u in self.unique_keys if u != own)
         self.convs: dict[str, Converter | None] = {
             c.name: converter(c, dialect, table=table.label, scale=scale_to_check(c, targets[c.name]))
             for c in schema.columns}

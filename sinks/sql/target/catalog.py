@@ -246,6 +246,8 @@ class Catalog:
         for ix in insp.get_indexes(tname, schema=tschema):
             if ix.get("unique") and all(n is not None for n in ix["column_names"]):
                 uniques.append(frozenset(ix["column_names"]))
+        if self._target.dialect == "sqlite":  # SQLAlchemy reports no inline ``col UNIQUE`` (an automatic index)
+            uniques += [u for u in sqlite_unique_indexes(conn, tname) if u not in uniques]
         log.info("using existing table %s in %s (%d columns)", label, self._target.where, len(cols))
         return KnownTable(label, tschema, tname, tuple(cols), uniques, created=False)
 
@@ -263,6 +265,19 @@ class Catalog:
         if edges:
             log.info("%s: %d foreign key(s) between target tables: deletes go children first, inserts parents "
                      "first", self._target.where, len(edges))
+
+
+def sqlite_unique_indexes(conn: Connection, tname: str) -> list[frozenset[str]]:
+    """The column sets of every unique index of SQLite table ``tname`` (automatic ones of inline ``UNIQUE`` and
+    ``PRIMARY KEY`` constraints included; indexes on expressions left out)."""
+    q = conn.dialect.identifier_preparer.quote_identifier
+    out = []
+    for r in conn.exec_driver_sql(f"PRAGMA index_list({q(tname)})").fetchall():
+        if r[2]:  # (seq, name, unique, origin, partial)
+            cols = [c[2] for c in conn.exec_driver_sql(f"PRAGMA index_info({q(r[1])})").fetchall()]
+            if cols and None not in cols and not r[4]:
+                out.append(frozenset(cols))
+    return out
 
 
 def read_foreign_keys(cur: Any, stmts: Statements, dialect: str, tschema: str | None
