@@ -113,13 +113,18 @@ class LevelDBSpanSorter(SpanSorter):
         self._half_budget = max(1, memory_budget // 2)
 
     # -- puller thread ------------------------------------------------------------------------------
-    def add(self, xid: int, subxid: int, payload: bytes) -> None:
+    def _open_txn(self, xid: int, subxid: int) -> _OpenTxn:
+        """Transaction ``xid``'s buffer (created at its first change); both ids checked as unsigned 64-bit."""
         if not (0 <= xid <= U64_MAX and 0 <= subxid <= U64_MAX):
             check_u64("xid", xid)
             check_u64("subxid", subxid)
         txn = self._txns.get(xid)
         if txn is None:
             txn = self._txns[xid] = _OpenTxn()
+        return txn
+
+    def add(self, xid: int, subxid: int, payload: bytes) -> None:
+        txn = self._open_txn(xid, subxid)
         n = len(payload) + _ROW_OVERHEAD
         spill_txn = len(txn.payloads) + 1 >= self._spill_rows or txn.nbytes + n >= self._spill_bytes
         spill_all = not spill_txn and self._buffered + n > self._half_budget
@@ -141,12 +146,7 @@ class LevelDBSpanSorter(SpanSorter):
         threshold of ``add`` is reached by its last payload, hence by none (rows and bytes only grow)."""
         if not payloads:
             return
-        if not (0 <= xid <= U64_MAX and 0 <= subxid <= U64_MAX):
-            check_u64("xid", xid)
-            check_u64("subxid", subxid)
-        txn = self._txns.get(xid)
-        if txn is None:
-            txn = self._txns[xid] = _OpenTxn()
+        txn = self._open_txn(xid, subxid)
         n = len(payloads)
         nbytes = sum(map(len, payloads)) + _ROW_OVERHEAD * n
         if (len(txn.payloads) + n < self._spill_rows and txn.nbytes + nbytes < self._spill_bytes

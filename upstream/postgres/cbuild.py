@@ -18,6 +18,7 @@ import subprocess
 import sys
 import sysconfig
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -67,3 +68,14 @@ def build(source: Path, stem: str, flags: list[str] | None = None, *, tag: str =
         except OSError as exc:
             errors.append(f"{d}: {exc}")
     raise OSError("; ".join(errors))
+
+
+def build_main(build_it: Callable[[], Path], missing: str) -> int:
+    """A build module's ``python -m`` entry (``make deps``): build now and print where; on failure say ``missing``
+    (what falls back to what) with the reason on stderr and return 1."""
+    try:
+        print(build_it())
+    except OSError as exc:
+        print(f"{missing}: {exc}", file=sys.stderr)
+        return 1
+    return 0

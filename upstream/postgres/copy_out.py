@@ -22,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import logging
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -207,12 +206,7 @@ class CopyOut:
 
 def main() -> int:
     """``python -m upstream.postgres.copy_out``: build the helper now (``make deps``), print where it is."""
-    try:
-        print(build())
-    except OSError as exc:
-        print(f"COPY helper not built (snapshot reads fall back to copy_expert): {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return cbuild.build_main(build, "COPY helper not built (snapshot reads fall back to copy_expert)")
 
 
 if __name__ == "__main__":

@@ -142,12 +142,7 @@ def best() -> RowCodec:
 
 def main() -> int:
     """``python -m upstream.postgres.rowcodec``: build the module now (``make deps``), print where it is."""
-    try:
-        print(build())
-    except OSError as exc:
-        print(f"C row codec not built (rows are decoded in Python): {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return cbuild.build_main(build, "C row codec not built (rows are decoded in Python)")
 
 
 if __name__ == "__main__":
