@@ -62,6 +62,23 @@ def classify(dialect: str, exc: BaseException) -> tuple[bool, bool, Any]:
     return False, False, orig
 
 
+def is_deadlock(exc: BaseException) -> bool:
+    """Whether ``exc`` (a driver error, a SQLAlchemy wrapper of one, or our error caused by one) is the server's
+    deadlock verdict: MySQL/MariaDB 1213, PostgreSQL SQLSTATE 40P01. The server rolled the whole transaction back, so
+    running it again from its start is safe."""
+    seen = 0
+    cur: BaseException | None = exc
+    while cur is not None and seen < 4:
+        orig = cur.orig if isinstance(cur, sa.exc.DBAPIError) and cur.orig is not None else cur
+        if getattr(orig, "pgcode", None) == "40P01":
+            return True
+        args = getattr(orig, "args", None)
+        if type(orig).__module__.startswith("pymysql") and args and args[0] == 1213:
+            return True
+        cur, seen = cur.__cause__, seen + 1
+    return False
+
+
 def is_data_error(dialect: str, orig: Any) -> bool:
     """Whether the driver error ``orig`` says the target refused a value or a row (not the connection, a privilege,
     a missing table): PostgreSQL SQLSTATE classes 22 (data exception) and 23 (integrity constraint), MySQL's

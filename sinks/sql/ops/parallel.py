@@ -77,6 +77,7 @@ import itertools
 import logging
 import operator
 import threading
+import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -84,10 +85,12 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from cdc.config import SinkConfig
+from cdc.errors import SinkUnavailable
 from cdc.events import UNCHANGED, OpType, RowChange
 from cdc.model import DataWarning
 from sinks.base import RowSource
 from sinks.sql.dialect.conflicts import schedule
+from sinks.sql.dialect.errors import is_deadlock
 from sinks.sql.dialect.normalize import hashable_key
 from sinks.sql.dialect.unique_moves import fold_text
 from sinks.sql.ops.writer import Writer
@@ -103,6 +106,9 @@ log = logging.getLogger(__name__)
 # begin, the position check, the applied rows and a commit, ~4 round trips, ~5 ms at the ~50k changes/s one
 # connection applies
 ROUND_COST = 250
+# a worker's transaction chosen as a deadlock victim is run again this many times (20, 40, 80 ms apart...) before the
+# write fails (SinkUnavailable: the span restarts)
+DEADLOCK_RETRIES = 4
 
 
 _gc_lock = threading.Lock()
@@ -253,6 +259,7 @@ class ParallelApply:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sql-apply")
         self._call_lock = threading.Lock()  # the row source and the fence: one worker at a time
         self.parallel_writes = 0  # writes applied on more than one connection (for tests and stats)
+        self.deadlocks = 0  # worker transactions run again after the server chose them as a deadlock victim
 
     def read(self, changes: Iterable[RowChange], skip_at: int) -> tuple[list[Txn], Iterator[RowChange] | None]:
         """The write's transactions above ``skip_at``, or ([], the whole stream) past the bound."""
@@ -353,6 +360,23 @@ class ParallelApply:
         once (not after every worker applied) matters: a worker may wait for a lock another one holds (InnoDB's
         next-key locks of unique checks span keys), which a commit barrier would turn into a wait until the lock
         timeout."""
+        for attempt in range(DEADLOCK_RETRIES + 1):
+            try:
+                return self._work_once(k, txns, pos, row_source, fence)
+            except SinkUnavailable as exc:
+                # Workers apply transactions without a common key, yet InnoDB's next-key locks of unique checks (and
+                # PostgreSQL's row locks of FK checks) can still cross: the server picks a victim and rolls its whole
+                # transaction back, so it is run again from its start (its applied marks went with it)
+                if attempt == DEADLOCK_RETRIES or not is_deadlock(exc):
+                    raise
+                self.deadlocks += 1
+                log.info("%s: worker %d's transaction was a deadlock victim; running it again (attempt %d of %d)",
+                         self.target.where, k, attempt + 2, DEADLOCK_RETRIES + 1)
+                time.sleep(0.02 * (2 ** attempt))
+        raise AssertionError("unreachable")
+
+    def _work_once(self, k: int, txns: list[Txn], pos: Position | None, row_source: RowSource | None,
+                   fence: Callable[[], None] | None) -> int:
         target = self.target
         writer: Writer | None = None
         with target.transaction(lambda: writer.current if writer else None, fence=fence) as conn:
