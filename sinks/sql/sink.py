@@ -235,10 +235,10 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         pos = self._position
         if pos is not None and pos.done:
             changes = skip_done(changes, pos.done)  # applied by workers before a crash (parallel apply)
+        elif pos is None and self._ddl.floors:
+            changes = self._ddl.drop_replayed(changes)  # (at-least-once: no position, replays dropped by DDL floors)
         if self._parallel is None:
             return self._write_one(changes, fence)
-        if pos is None and self._ddl.floors:
-            changes = self._ddl.drop_replayed(changes)
         parallel = self._parallel
         with collector_paused():  # while the write's changes are held in memory (not for a streamed one)
             txns, rest = parallel.read(changes, pos.skip_at() if pos is not None else 0)
@@ -300,8 +300,6 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
                     changes = _note_commits(itertools.chain([first], it) if first is not None else (), late)
                 early = [ts for ts in known if ts > pos.skip_at()]
             changes = tracked = Tracked(changes, pos.skip_at())
-        elif self._ddl.floors:
-            changes = self._ddl.drop_replayed(changes)
         try:
             with target.transaction(lambda: writer.current if writer else None, fence=fence) as conn:
                 writer = self.writer(conn)
