@@ -199,7 +199,10 @@ def test_tables_altered_between_two_runs_of_the_copy_are_copied_again_and_end_eq
         q = wait_for(cdc, "alt", lambda q: q["phase"] == "streaming" or q["state"] != "normal", "the copy",
                      timeout=240)
         assert q["state"] == "normal", q
-        run_sql(source, "UPDATE big SET c = id WHERE id % 13 = 0", "INSERT INTO zbag VALUES (1, 'after', 'y')")
+        # (the set-wide UPDATE takes big's SHARE ROW EXCLUSIVE lock first, so that it waits for the writer's open
+        # transaction instead of locking rows under it: else PostgreSQL may pick the writer as a deadlock victim)
+        run_sql(source, "LOCK TABLE big IN SHARE ROW EXCLUSIVE MODE; UPDATE big SET c = id WHERE id % 13 = 0",
+                "INSERT INTO zbag VALUES (1, 'after', 'y')")
         time.sleep(1.0)
         writer.finish()
     assert_converged(cdc, "alt", source, sink_uri, tables=TABLES, schemas=True)

@@ -408,13 +408,16 @@ def test_a_table_altered_between_two_runs_of_its_table_copy_ends_equal(
                  and any(t["table"].endswith("public.big") and 0 < t["chunks_done"] < t["chunks_total"] // 2
                          for t in q["snapshot"]["tables"]), "the table copy of big under way", timeout=120)
         cdc.kill()
-        run_sql(source, "ALTER TABLE big ADD COLUMN c int DEFAULT 7", "UPDATE big SET c = id WHERE id % 17 = 0")
+        # (the set-wide UPDATEs take big's SHARE ROW EXCLUSIVE lock first: they wait for the writer's open transaction
+        # instead of locking rows under it, which made PostgreSQL pick the writer as a deadlock victim once)
+        run_sql(source, "ALTER TABLE big ADD COLUMN c int DEFAULT 7",
+                "LOCK TABLE big IN SHARE ROW EXCLUSIVE MODE; UPDATE big SET c = id WHERE id % 17 = 0")
         time.sleep(1.0)
         cdc.start()
         q = wait_for(cdc, "ta", lambda q: (q["spans"][0]["table_copy"] or {}).get("phase") == "done"
                      or q["state"] != "normal", "the table copy", timeout=240)
         assert q["state"] == "normal", q
-        run_sql(source, "UPDATE big SET c = -1 WHERE id % 19 = 0")
+        run_sql(source, "LOCK TABLE big IN SHARE ROW EXCLUSIVE MODE; UPDATE big SET c = -1 WHERE id % 19 = 0")
         time.sleep(1.0)
         writer.finish()
     assert_converged(cdc, "ta", source, sink_uri, tables=TABLES, schemas=True)
