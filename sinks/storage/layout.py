@@ -170,11 +170,14 @@ def definition_checksum(definition: dict[str, Any]) -> int:
 
 
 def table_definition(schema: TableSchema, version: int, *, query: str = "", action: int = 0, commit_ts: int = 0,
-                     seq: int = 0, fills: Sequence[ColumnFill] = ()) -> dict[str, Any]:
+                     seq: int = 0, fills: Sequence[ColumnFill] = (), ddl: bool = False) -> dict[str, Any]:
     """The schema file's content (module docstring) for ``schema`` at table version ``version``; ``fills``: what the
-    rows that existed before an ADD COLUMN hold in the new columns (``Fills``, ``sinks.codec.fills``' form)."""
+    rows that existed before an ADD COLUMN hold in the new columns (``Fills``, ``sinks.codec.fills``' form);
+    ``ddl``: the version is the DDL at ``(commit_ts, seq)`` (``Ddl``: how a replay of that DDL finds it)."""
     cols = [_column(c, schema) for c in schema.columns]
     ext: dict[str, Any] = {"CommitTs": commit_ts, "Seq": seq, "Schema": serde.to_dict(schema)}
+    if ddl:
+        ext["Ddl"] = True
     if fills:
         ext["Fills"] = {f.column: fill_doc(schema.column(f.column), f) for f in fills}
     return {"Table": schema.name.table, "Schema": schema.name.schema, "Version": DEFINITION_VERSION,
@@ -204,6 +207,7 @@ class SchemaFile:
     commit_ts: int
     seq: int
     fills: tuple[ColumnFill, ...] = ()  # what the rows before an ADD COLUMN of this version hold in the new columns
+    ddl: bool = False  # made by the DDL at (commit_ts, seq) (files written before this flag: see ``made_by_ddl``)
 
     @property
     def identity(self) -> str:
@@ -212,6 +216,13 @@ class SchemaFile:
     @property
     def is_truncate(self) -> bool:
         return self.action == TRUNCATE_ACTION
+
+    def made_by_ddl(self, commit_ts: int, seq: int) -> bool:
+        """This version is the one the DDL at ``(commit_ts, seq)`` made (so a replay of it writes nothing). Files
+        written before the ``Ddl`` flag existed are recognised by the old rule, version ``commit_ts + seq``."""
+        if (self.commit_ts, self.seq) != (commit_ts, seq) or self.is_truncate:
+            return False
+        return self.ddl or self.version == commit_ts + seq
 
     @property
     def is_drop(self) -> bool:
@@ -230,7 +241,7 @@ def parse_definition(table: TableName, version: int, checksum: int, raw: bytes) 
     except (KeyError, TypeError, AttributeError, ArithmeticError) as exc:
         raise ValueError(f"malformed Fills ({exc!r})") from exc
     return SchemaFile(table, version, checksum, schema, d.get("Query") or "", int(d.get("Type") or 0),
-                      int(ext.get("CommitTs") or 0), int(ext.get("Seq") or 0), fills)
+                      int(ext.get("CommitTs") or 0), int(ext.get("Seq") or 0), fills, bool(ext.get("Ddl")))
 
 
 def checkpoint_document(ts: int) -> bytes:

@@ -27,8 +27,10 @@ Guarantees (in the terms of ``sinks.base``):
   published again (harmless: every chunk of a keyed table upserts by key; a key-less table's single chunk begins
   with a TRUNCATE, which starts a new table version each time).
 - **Table versions.** A DDL (``apply_ddl``) writes the schema file of a new table version ``{commit Ts + its position
-  in the transaction}`` with TiCDC's ``Query`` and ``Type``; rows after it go to that version's directory. It takes
-  effect at most once: when the schema file is there already it returns False. An ADD COLUMN's one-value fills
+  in the transaction}`` (raised above every version of an earlier commit: versions follow commit order also after
+  a transaction of hundreds of DDLs) with TiCDC's ``Query`` and ``Type``; rows after it go to that version's
+  directory. It takes effect at most once: when a schema file records that DDL (its ``CommitTs``, ``Seq`` and
+  ``Ddl``) it returns False. An ADD COLUMN's one-value fills
   (``DdlEvent.fills``) go into the schema file (``sinks.storage.layout``: ``Fills``, applied by the reader); per-row
   values (a volatile default) are not written: ``CDC:WarnDdlDefault`` (``take_warnings``) when the table has rows. A TRUNCATE (which CSV and TiCDC's
   storage format cannot carry as a row) is recorded the way TiCDC records a ``TRUNCATE TABLE`` DDL: a new table
@@ -261,17 +263,18 @@ class StorageSink(TxnSink, BufferedSink, PositionStore, DdlSink, CheckpointSink,
         if schema is None:
             return True
         name = schema.name
-        version = self._claim(name, event.commit_ts + event.seq)
         files = self._files_of(name)
         ident = self._identity(schema)
         if event.before is not None and event.before.name != name:
             self._tables.pop(event.before.name, None)
-        if version in files:
-            self._tables[name] = _Table(version, ident)
+        done = [v for v, sf in files.items() if sf.made_by_ddl(event.commit_ts, event.seq)]
+        if done:  # a replay
+            self._tables[name] = _Table(max(done), ident)
             return False
+        version = self._ddl_version(name, event, files)
         fills = tuple(f for f in event.fills if not f.per_row)
         definition = L.table_definition(schema, version, query=event.query, action=ddl_action(event),
-                                        commit_ts=event.commit_ts, seq=event.seq, fills=fills)
+                                        commit_ts=event.commit_ts, seq=event.seq, fills=fills, ddl=True)
         if fence is not None:
             fence()
         self._write_schema(name, version, schema, definition, queue=False)
@@ -362,6 +365,18 @@ class StorageSink(TxnSink, BufferedSink, PositionStore, DdlSink, CheckpointSink,
             ident = self._identities[schema] = L.schema_identity(schema)
         return ident
 
+    def _ddl_version(self, name: TableName, event: DdlEvent, files: dict[int, L.SchemaFile]) -> int:
+        """The table version of a DDL applied for the first time: ``commit_ts + seq`` (``seq`` counts the DDLs of
+        its transaction changefeed-wide, so two spans' DDLs of one transaction on one table name never meet),
+        raised above every version made by an earlier commit (a transaction of many DDLs can push its last
+        ones' versions past a later commit's Ts: the later DDL must still be the later, higher version, or readers
+        would take the older schema as the table's current one), and past any version taken already."""
+        earlier = max((v for v, sf in files.items() if sf.commit_ts < event.commit_ts), default=-1)
+        version = max(event.commit_ts + event.seq, earlier + 1)
+        while version in files:
+            version += 1
+        return self._claim(name, version)
+
     def _claim(self, table: TableName, version: int) -> int:
         while (table, version) in self._claimed:
             version += 1
@@ -384,7 +399,8 @@ class StorageSink(TxnSink, BufferedSink, PositionStore, DdlSink, CheckpointSink,
             self.fs.write_atomic(rel, data, replace=False)
         ext = definition[L.EXTENSION_KEY]
         self._files_of(table)[version] = L.SchemaFile(table, version, checksum, schema, definition["Query"],
-                                                      definition["Type"], ext["CommitTs"], ext["Seq"])
+                                                      definition["Type"], ext["CommitTs"], ext["Seq"],
+                                                      ddl=bool(ext.get("Ddl")))
 
     def _version_for(self, schema: TableSchema, ts: int) -> int:
         """The table version of rows with ``schema`` committed at ``ts`` (module docstring)."""

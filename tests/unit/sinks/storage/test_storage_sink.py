@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cdc.errors import InvalidURI, SinkError, SinkUnavailable
-from cdc.events import DdlChange, DdlEvent, DdlKind
+from cdc.events import ColumnSchema, DdlChange, DdlEvent, DdlKind, TableSchema
 from sinks.factory import open_sink
 from sinks.storage import layout as L
 from sinks.storage.reader import StorageReader, rebuild
@@ -301,6 +301,39 @@ def test_a_ddl_is_a_new_table_version_at_most_once(tmp_path: Path, protocol: str
     assert [f.split("/")[2] for f in data_files(tmp_path)] == ["121", "121", "99"]
     _, states = rebuild(uri(tmp_path, protocol), [KV.name])
     assert [r["note"] for r in sorted_rows(KV2, states[KV.name].rows())] == [None, None, "x", None, "y"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_ddl_after_a_transaction_of_many_ddls_is_still_the_later_version(tmp_path: Path, protocol: str) -> None:
+    """``seq`` counts every DDL of a transaction, changefeed-wide: the 501st DDL of a migration committed at 1000
+    used to become version 1500, above the next DDL of the same table committed at 1200 (version 1200), so readers
+    took the older schema as the table's current one (and a replay could not tell them apart)."""
+    kv3 = TableSchema(KV.name, (*KV2.columns, ColumnSchema("extra", 23, "int4", False, "int4", -1, True, False)),
+                      ("id",), relation_id=1, version=3)
+    s = sink(tmp_path, protocol)
+    s.write([ins(KV, 900, id=1, body="a", n=1)])
+    s.flush()
+    assert s.apply_ddl(_ddl(1000, 500)) is True
+    s.write([ins(KV2, 1100, id=2, body="b", n=2, note="x")])
+    s.flush()
+    later = DdlEvent(1200, 1.2, KV.name, (DdlChange(DdlKind.ADD_COLUMN, "extra"),), KV2, kv3,
+                     "ALTER TABLE app.kv ADD COLUMN extra int4", 0)
+    assert s.apply_ddl(later) is True
+    s.write([ins(kv3, 1300, id=3, body="c", n=3, note="y", extra=7)])
+    s.flush()
+    s.publish_checkpoint(1300)
+    s.close()
+    versions = {v: sf for v, sf in StorageReader(uri(tmp_path, protocol)).schema_files(KV.name).items()}
+    by_ts = sorted(versions.values(), key=lambda sf: (sf.commit_ts, sf.seq, sf.version))
+    assert [sf.version for sf in by_ts] == sorted(sf.version for sf in by_ts)  # versions follow commit order
+    assert StorageReader(uri(tmp_path, protocol)).latest_schema(KV.name) == kv3
+    s = sink(tmp_path, protocol)  # a replay of both DDLs writes nothing
+    assert s.apply_ddl(_ddl(1000, 500)) is False and s.apply_ddl(later) is False
+    s.close()
+    assert len(StorageReader(uri(tmp_path, protocol)).schema_files(KV.name)) == len(versions)
+    _, states = rebuild(uri(tmp_path, protocol), [KV.name])
+    assert [(r["id"], r.get("note"), r.get("extra")) for r in sorted_rows(kv3, states[KV.name].rows())] == \
+        [(1, None, None), (2, "x", None), (3, "y", 7)]
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
