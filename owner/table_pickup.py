@@ -95,6 +95,13 @@ def pick_up_new_tables(up: Upstream, info: ChangefeedInfo, published: dict[int, 
                         request_copy: CopyRequester | None = None) -> PickUp:
     """Add matched tables that are in no publication of ``info`` to their span's publication.
 
+    ``published`` (each span's tables, by name) was read before the tables are listed here, one query after
+    another, so a table renamed in between (``DROP TABLE b; ALTER TABLE a RENAME TO b``: ``a`` in one span, ``b``
+    hashing to another) looks new under its new name. Such a table is never added to a second span, nor copied
+    or reported as holding unreplicated rows: before a copy is asked for, the table's relation is looked up in
+    every publication of ``info``, and the add itself checks that again under the table's lock
+    (:meth:`upstream.base.Upstream.add_table` with ``spans``).
+
     A table is added only if :meth:`upstream.base.Upstream.check_tables` accepts it for that
     publication (its replica identity works once published; its stored generated columns are published
     too) and its target name in the sink is not already that of a published table or of one added
@@ -166,6 +173,8 @@ def pick_up_new_tables(up: Upstream, info: ChangefeedInfo, published: dict[int, 
         if copies:
             try:
                 oid = up.table_schema(table).relation_id
+                if up.carrying_spans(oid, info.spans):
+                    continue  # renamed onto this name since the publications were read: its span carries it
                 if up.has_rows(oid):
                     assert request_copy is not None
                     cancel = request_copy(info, table, span.index, oid)
@@ -198,9 +207,10 @@ def pick_up_new_tables(up: Upstream, info: ChangefeedInfo, published: dict[int, 
 
 def _add(up: Upstream, info: ChangefeedInfo, span: SpanInfo, table: TableName, out: PickUp, now: float) -> int | None:
     """``Upstream.add_table``: the rows the table held, or None when it was not added (deferred: tried again at
-    the next inspection; refused: reported in ``out``)."""
+    the next inspection; refused: reported in ``out``; carried by a span of ``info`` already: a table renamed onto
+    this name since the caller read the publications, nothing to do)."""
     try:
-        return up.add_table(span, table, lock_timeout_ms=LOCK_TIMEOUT_MS, count_cap=COUNT_CAP)
+        return up.add_table(span, table, lock_timeout_ms=LOCK_TIMEOUT_MS, count_cap=COUNT_CAP, spans=info.spans)
     except TidewaterError as exc:
         if exc.retryable:
             log.info("changefeed=%s: adding %s to %s deferred: %s", info.id, table, span.publication, exc)

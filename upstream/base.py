@@ -553,11 +553,21 @@ class Upstream(ABC):
         """The upstream's current write position (commit Ts units)."""
 
     @abstractmethod
-    def add_table(self, span: SpanInfo, table: TableName, *, lock_timeout_ms: int, count_cap: int) -> int | None:
+    def add_table(self, span: SpanInfo, table: TableName, *, lock_timeout_ms: int, count_cap: int,
+                  spans: Sequence[SpanInfo] = ()) -> int | None:
         """Add ``table`` to ``span``'s table set atomically with respect to the table's writers: every change
         committed after the add is streamed, none before. Returns how many rows the table held then (counted
         up to ``count_cap``: those rows will never be streamed), None when nothing was done (the table's
-        writers could not be held back within ``lock_timeout_ms``, or it is already in the set)."""
+        writers could not be held back within ``lock_timeout_ms``, or it is already in the set of ``span`` or
+        of one of ``spans``, the changefeed's others). Whether it is, is decided for the table the name denotes
+        while its writers are held back: a table renamed onto the name since the caller read the sets (``DROP
+        TABLE b; ALTER TABLE a RENAME TO b``) is found in the set of the span that carries it, and never added to
+        a second one."""
+
+    @abstractmethod
+    def carrying_spans(self, relation_id: int, spans: Sequence[SpanInfo]) -> list[int]:
+        """The indexes of those of ``spans`` whose table set holds relation ``relation_id`` now (sorted). By
+        relation, not by name: a rename does not change the answer."""
 
     # -- inspection of partitioned tables
     @abstractmethod

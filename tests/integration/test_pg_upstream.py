@@ -102,4 +102,21 @@ def test_eligibility_and_add_table(up: Upstream, conn: Any) -> None:
     assert up.span_tables(span) == [A, C]
     assert up.has_rows(up.table_schema(C).relation_id) and up.relation_exists(up.table_schema(A).relation_id)
     assert not up.relation_exists(1)
-    up.drop_spans([span])
+    s1, p1 = _names()
+    (other,) = up.create_spans([SpanPlan(1, s1, p1, (B,))])
+    oid = up.table_schema(C).relation_id
+    assert up.carrying_spans(oid, [span, other]) == [0] and up.carrying_spans(oid, [other]) == []
+    # carried by another span of the changefeed: not added to a second one
+    assert up.add_table(other, C, lock_timeout_ms=1000, count_cap=10, spans=[span]) is None
+    assert up.span_tables(other) == [B]
+    with conn.cursor() as cur:  # by relation, not by name
+        cur.execute("ALTER TABLE uc RENAME TO uc_renamed")
+    try:
+        assert up.carrying_spans(oid, [span, other]) == [0]
+        renamed = TableName("public", "uc_renamed")
+        assert up.add_table(other, renamed, lock_timeout_ms=1000, count_cap=10, spans=[span]) is None
+        assert up.span_tables(other) == [B] and up.span_tables(span) == [A, renamed]
+    finally:
+        with conn.cursor() as cur:
+            cur.execute("ALTER TABLE uc_renamed RENAME TO uc")
+    up.drop_spans([span, other])

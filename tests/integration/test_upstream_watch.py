@@ -28,6 +28,7 @@ from sinks.factory import SinkFactory
 from upstream import open_upstream
 from upstream.postgres import admin, pgoutput, pgoutput_messages
 from upstream.postgres.conn import connect
+from upstream.postgres.upstream import PostgresUpstream
 
 SINKS = SinkFactory()  # what the capture hands to the owner
 
@@ -495,3 +496,44 @@ def test_a_failed_look_does_not_swallow_a_partition_change(info: ChangefeedInfo,
     assert "watcher bug" in w.inspect(info).error  # the look that saw the detach failed
     broken.clear()
     assert [x.code for x in _found(w.inspect(info))] == ["CDC:WarnPartitionDetached"]
+
+
+class _RenameBetweenReads(PostgresUpstream):
+    """The real upstream, with ``DROP TABLE b; ALTER TABLE a RENAME TO b`` run by another session right after the
+    inspection read span 0's tables: the interleaving of an application's DDL with one look that made the owner add
+    ``a`` (under its new name ``b``) to the publication of ``b``'s span as a new table holding rows (seen as a
+    ``CDC:WarnUnreplicatedRows`` warning in tests/e2e/test_ddl_barrier.py under load)."""
+
+    ddl: tuple[str, ...] = ()
+    conn: Any = None
+
+    def span_tables(self, span: SpanInfo) -> list[TableName] | None:
+        tables = super().span_tables(span)
+        if span.index == 0 and self.ddl:
+            _exec(self.conn, *self.ddl)
+            self.ddl = ()
+        return tables
+
+
+@pytest.mark.parametrize("initial_copy", [False, True])
+def test_a_table_renamed_during_a_look_onto_another_spans_name_stays_in_its_span(
+        info: ChangefeedInfo, conn: Any, initial_copy: bool) -> None:
+    a, b = _table_in_span("base", 0), _table_in_span("base", 1)  # (the fixture's tables: one per span)
+    _exec(conn, f"INSERT INTO {a.table} VALUES (1, 'a row')")
+    cf = dataclasses.replace(info, initial_copy=initial_copy)
+    up = _RenameBetweenReads(cf.upstream_uri)
+    up.conn, up.ddl = conn, (f"DROP TABLE {b.table}", f"ALTER TABLE {a.table} RENAME TO {b.table}")
+    requested: list[tuple[TableName, int]] = []
+
+    def request_copy(info: ChangefeedInfo, table: TableName, span: int, oid: int) -> Any:
+        requested.append((table, span))
+        return lambda: None
+
+    report = UpstreamWatcher(open_upstream, SINKS, opener=lambda uri: up, request_copy=request_copy).inspect(cf)
+    assert up.ddl == () and report.error == ""  # the rename did run between the reads
+    assert report.new_tables == () and report.unreplicated == () and _found(report) == [], report
+    assert requested == []  # no table copy of a table its own span streams
+    assert admin.publication_tables(conn, cf.spans[0].publication) == [b]  # the renamed table, still in span 0
+    assert admin.publication_tables(conn, cf.spans[1].publication) == []  # not in span 1 as well
+    again = UpstreamWatcher(open_upstream, SINKS, request_copy=request_copy).inspect(cf)
+    assert again.new_tables == () and _found(again) == [] and requested == []

@@ -504,15 +504,32 @@ def current_wal_lsn(conn: Any) -> int:
         return str_to_lsn(cur.fetchone()[0])
 
 
+def publications_listing(conn: Any, oid: int, names: Sequence[str]) -> list[str]:
+    """Those of publications ``names`` that list relation ``oid`` explicitly (sorted). By relation, not by name:
+    a rename of the table does not change the answer."""
+    with pg_errors(conn, f"reading the publications of relation {oid}"), conn.cursor() as cur:
+        return _publications_listing(cur, oid, names)
+
+
+def _publications_listing(cur: Any, oid: int, names: Sequence[str]) -> list[str]:
+    cur.execute("SELECT p.pubname FROM pg_catalog.pg_publication_rel pr "
+                "JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid "
+                "WHERE pr.prrelid = %s AND p.pubname = ANY(%s) ORDER BY 1", (int(oid), list(names)))
+    return [r[0] for r in cur.fetchall()]
+
+
 def add_table_locked(conn: Any, publication: str, table: TableName, *, lock_timeout_ms: int,
-                     count_cap: int) -> int | None:
+                     count_cap: int, others: Sequence[str] = ()) -> int | None:
     """Add ``table`` to ``publication`` in one transaction holding ``SHARE`` lock on the table.
 
     The lock waits for the table's in-flight writers and holds back new ones until the commit, so the
     rows seen here are exactly those committed before the table joined the publication; every later
     change is streamed. Returns how many rows the table already held (they will not be streamed; counted
     up to ``count_cap``, so the writers wait for at most that scan), 0 if it was empty, None if nothing was
-    done (the lock was not granted within ``lock_timeout_ms``, or the table is already in the publication).
+    done (the lock was not granted within ``lock_timeout_ms``, or the table is already in the publication or in
+    one of the publications ``others``). That check is made under the lock, on the relation the name then
+    denotes: a rename or drop needs a stronger lock, so the name cannot move to another relation before the
+    commit (a table renamed onto ``table`` since the caller listed the publications is found in its own).
     ``conn`` must be in autocommit mode.
     """
     ident = sql.Identifier(table.schema, table.table)
@@ -521,12 +538,8 @@ def add_table_locked(conn: Any, publication: str, table: TableName, *, lock_time
         try:
             cur.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_ms)}")
             cur.execute(sql.SQL("LOCK TABLE {} IN SHARE MODE").format(ident))
-            cur.execute(
-                "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel pr "
-                "JOIN pg_catalog.pg_publication p ON p.oid = pr.prpubid "
-                "WHERE p.pubname = %s AND pr.prrelid = %s::regclass)",
-                (publication, ident.as_string(conn)))
-            if cur.fetchone()[0]:
+            cur.execute("SELECT %s::regclass::oid", (ident.as_string(conn),))
+            if _publications_listing(cur, cur.fetchone()[0], [publication, *others]):
                 cur.execute("ROLLBACK")
                 return None
             cur.execute(sql.SQL("SELECT count(*) FROM (SELECT 1 FROM {} LIMIT %s) AS r").format(ident),

@@ -211,9 +211,14 @@ class PostgresUpstream(Upstream):
     def current_position(self) -> int:
         return admin.current_wal_lsn(self._session())
 
-    def add_table(self, span: SpanInfo, table: TableName, *, lock_timeout_ms: int, count_cap: int) -> int | None:
+    def add_table(self, span: SpanInfo, table: TableName, *, lock_timeout_ms: int, count_cap: int,
+                  spans: Sequence[SpanInfo] = ()) -> int | None:
         return admin.add_table_locked(self._session(), span.publication, table, lock_timeout_ms=lock_timeout_ms,
-                                      count_cap=count_cap)
+                                      count_cap=count_cap, others=[s.publication for s in spans])
+
+    def carrying_spans(self, relation_id: int, spans: Sequence[SpanInfo]) -> list[int]:
+        listing = set(admin.publications_listing(self._session(), relation_id, [s.publication for s in spans]))
+        return sorted(s.index for s in spans if s.publication in listing)
 
     # ---- partitions --------------------------------------------------------------------------------
     def partition_leaves(self, spans: Sequence[SpanInfo]) -> list[PartitionLeaf]:
