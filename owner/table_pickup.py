@@ -159,6 +159,8 @@ def pick_up_new_tables(up: Upstream, info: ChangefeedInfo, published: dict[int, 
             targets = {collision_key(info.sink_uri, target_of(t)): t for t in sorted(in_pubs)}
         target = target_of(table)
         other = targets.get(collision_key(info.sink_uri, target))
+        if other is not None and not _still_carried(up, info, other):
+            continue  # renamed or dropped since the publications were read: decided again at the next look
         if other is not None:
             msg = (f"{table} would land on {target!r} in the sink, where {other} already lands as "
                    f"{target_of(other)!r} (the rows of two tables would mix); it is not added: exclude one of them "
@@ -203,6 +205,15 @@ def pick_up_new_tables(up: Upstream, info: ChangefeedInfo, published: dict[int, 
             out.with_rows.append(str(table))
             out.warnings.append(unreplicated_rows_warning(table, outcome, span.publication, now))
     return out
+
+
+def _still_carried(up: Upstream, info: ChangefeedInfo, table: TableName) -> bool:
+    """``table`` (read from a publication before the tables were listed) still names a table a span of ``info``
+    carries: a target-name conflict with it is real, not one with a table renamed away in between."""
+    try:
+        return bool(up.carrying_spans(up.table_schema(table).relation_id, info.spans))
+    except InvalidArgument:
+        return False  # no table of that name any more
 
 
 def _add(up: Upstream, info: ChangefeedInfo, span: SpanInfo, table: TableName, out: PickUp, now: float) -> int | None:

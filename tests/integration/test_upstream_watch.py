@@ -537,3 +537,22 @@ def test_a_table_renamed_during_a_look_onto_another_spans_name_stays_in_its_span
     assert admin.publication_tables(conn, cf.spans[1].publication) == []  # not in span 1 as well
     again = UpstreamWatcher(open_upstream, SINKS, request_copy=request_copy).inspect(cf)
     assert again.new_tables == () and _found(again) == [] and requested == []
+
+
+def test_a_table_renamed_away_during_a_look_is_no_target_name_conflict(
+        info: ChangefeedInfo, conn: Any, tmp_path: Any) -> None:
+    """The publications are read before the tables are listed: ``ALTER TABLE a RENAME TO a_old; CREATE TABLE "A"``
+    between the two made the new ``"A"`` look like it would land on the target of ``a`` (SQLite folds case), a
+    ``CDC:WarnTargetNameConflict`` that no table caused. It is decided again at the next look instead."""
+    a = _table_in_span("base", 0)
+    cf = _sqlite_info(info, tmp_path)
+    up = _RenameBetweenReads(cf.upstream_uri)
+    up.conn = conn
+    up.ddl = (f"ALTER TABLE {a.table} RENAME TO {a.table}_old", f'CREATE TABLE public."{a.table.upper()}" (id int '
+              "PRIMARY KEY)")
+    report = UpstreamWatcher(open_upstream, SINKS, opener=lambda uri: up).inspect(cf)
+    assert up.ddl == () and report.error == ""  # the DDL did run between the reads
+    assert report.ineligible == () and _found(report) == [], report
+    again = UpstreamWatcher(open_upstream, SINKS).inspect(cf)
+    assert f"public.{a.table.upper()}" in again.new_tables and again.ineligible == (), again
+    assert TableName("public", f"{a.table}_old") in _published(conn, cf)  # still carried, under its new name
