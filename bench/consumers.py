@@ -56,7 +56,8 @@ class Measurement(Rated):
     sink: str  # sink kind for tidewater and write ceilings, "" otherwise
     rows: int  # upstream row changes of the phase (or rows loaded)
     seconds: float = 0.0
-    cpu_s: float | None = None  # the consumer's own process(es): capture, pg_recvlogical, apply workers, loader
+    cpu_s: float | None = None  # the consumer's own process(es): capture (with its children), pg_recvlogical, apply
+    # workers, loader
     tree_cpu_s: float | None = None  # capture with its descendants
     walsender_cpu_s: float | None = None  # the upstream walsender(s) decoding for it
     rss_peak: int | None = None  # capture VmHWM during the catch-up (bytes)
@@ -265,8 +266,13 @@ def measure_tidewater(feed: TidewaterFeed, capture_pid: int, target_lsn: int, ro
         watch(info)
         m.walsender_cpu_s = walsender.total() if watched else None
         cpu1 = cpu_seconds(capture_pid)
-        m.cpu_s = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
+        own = cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None
         m.tree_cpu_s = tree_cpu_seconds(capture_pid) - tree0
+        # the capture's CPU is all its processes' (span source processes with puller-process = true: live ones, and
+        # those it reaped meanwhile through its cutime)
+        m.cpu_s = m.tree_cpu_s if own is not None else None
+        if own is not None and m.tree_cpu_s - own > 0.05 * max(own, 0.01):
+            m.note = f"capture process alone {own / rows * 1e6:.1f} CPU s/M rows" if rows else m.note
         m.rss_peak = status_bytes(capture_pid, ("VmHWM",)).get("VmHWM")
         if not hwm_reset:
             m.note = "VmHWM not reset (peak since the capture started)"

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.consumers import NativeSubscription, TidewaterFeed
-from bench.procstat import cpu_seconds
+from bench.procstat import tree_cpu_seconds
 from bench.workloads import ROWS_PER_TXN, insert_sql
 from cdc.ts import str_to_lsn
 from playground.cluster import current_lsn
@@ -151,7 +151,7 @@ def lag_tidewater(feed: TidewaterFeed, capture_pid: int, table: str, first_id: i
             feed.wait(current_lsn(conn), timeout)
         finally:
             conn.close()
-        cpu0 = cpu_seconds(capture_pid)
+        cpu0 = tree_cpu_seconds(capture_pid)  # (all the capture's processes)
         caught_up_at = time.time()
         writer.start()
         while writer.is_alive():
@@ -166,7 +166,7 @@ def lag_tidewater(feed: TidewaterFeed, capture_pid: int, table: str, first_id: i
                 lags.append(float(info["checkpoint_lag"]))
             time.sleep(max(0.0, SAMPLE_INTERVAL - (time.monotonic() - t)))
         writer.join()
-        cpu1 = cpu_seconds(capture_pid)
+        cpu1 = tree_cpu_seconds(capture_pid)
         if writer.error is not None:
             raise writer.error
         if cpu0 is not None and cpu1 is not None and writer.elapsed:

@@ -63,7 +63,7 @@ VERSION = "0.1.0"
 # shape connections, files, the lease timing invariant or a running loop: changing them needs a restart.
 RELOADABLE = ("log_level", "gc_ttl", "upstream_check_interval", "error_backoff_min", "error_backoff_max",
               "error_stuck_duration", "checkpoint_interval", "checkpoint_min_interval", "drain_timeout",
-              "sorter_disk_quota")
+              "sorter_disk_quota", "puller_process")
 
 
 def config_changes(old: ServerConfig, new: ServerConfig) -> tuple[dict[str, Any], dict[str, Any]]:

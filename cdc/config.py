@@ -265,6 +265,9 @@ class ServerConfig:
     log_max_bytes: int = 0  # rotate --log-file beyond this size (0: never; e.g. logrotate or journald does it)
     log_backups: int = 5  # rotated files kept
     log_warn_interval: float = 60.0  # the same warning at most once per this many seconds (then a count)
+    # a span's source (reading and decoding the upstream's stream) in a process of its own, so that one busy span uses
+    # two cores (processor/source_process.py; docs/operations.md, "Server settings"); applies to spans started after
+    puller_process: bool = False
 
     def validate(self) -> ServerConfig:
         if self.session_ttl < 3:
@@ -293,6 +296,8 @@ class ServerConfig:
             raise InvalidConfig("max-body-bytes must be >= 1024, request-timeout > 0 and max-connections >= 1")
         if self.log_format not in ("text", "json"):
             raise InvalidConfig(f"log-format must be \"text\" or \"json\", got {self.log_format!r}")
+        if not isinstance(self.puller_process, bool):
+            raise InvalidConfig(f"puller-process must be true or false, got {self.puller_process!r}")
         if self.log_max_bytes < 0 or self.log_backups < 0 or self.log_warn_interval < 0:
             raise InvalidConfig("log-max-bytes, log-backups and log-warn-interval must not be negative")
         return self

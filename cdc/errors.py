@@ -275,6 +275,11 @@ def error_for_code(code: str | None, message: str) -> TidewaterError:
     while stack:
         cls = stack.pop()
         if cls.code == code:
-            return cls(message)
+            try:
+                return cls(message)
+            except TypeError:  # a class whose __init__ takes other arguments (DdlRejected): its kind and the message
+                err = cls.__new__(cls, message)
+                TidewaterError.__init__(err, message)
+                return err
         stack.extend(cls.__subclasses__())
     return TidewaterError(message)

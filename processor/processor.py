@@ -63,6 +63,7 @@ from processor.floors import TableFloors
 from processor.merged_rows import MergedRows
 from processor.recovery import DependencyProbe
 from processor.snapshot import CopyLauncher, CopyStopped, InitialCopy, Truncate
+from processor.source_process import ChildSpanSource
 from processor.span import CopyPlan, SchemaRecorder, SinkPlan, SpanHooks, SpanRunner, SpanWarnings
 from processor.table_hold import TableHold
 from sinks.base import SinkOpener
@@ -379,6 +380,8 @@ class Processor:
                                       holder=self.capture_id)
         source.seed_schemas(*history_at(self.store.get_schema_histories(info.id).values(), start.ts, span_index,
                                         len(info.spans)))
+        if self.config.puller_process and source.runs_in_child:  # (a source that cannot runs in a thread)
+            source = ChildSpanSource(source, label)
         sorter = self.sorter.span(label, memory_budget=config.memory_quota // max(1, len(info.spans)))
         slot = self.slots.get((info.id, span_index))
         copy: InitialCopy | None = None

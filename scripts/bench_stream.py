@@ -8,7 +8,9 @@ and wall time per row of:
 - ``read_message``: psycopg2's ``read_message`` loop alone (the floor: libpq, psycopg2's message objects, the
   waits for the walsender);
 - ``messages``: :meth:`ReplicationStream.messages` (adds our classification of each message);
-- ``puller``: :meth:`PgSpanSource.run` into a LevelDB sorter (adds the relation lookup and the sorter).
+- ``puller``: :meth:`PgSpanSource.run` into a LevelDB sorter (adds the relation lookup and the sorter);
+- ``child``: the same in a process of its own (``puller-process = true``, ``processor.source_process``): this
+  thread applies the child's batches to the sorter; the child's CPU is printed beside it.
 
     .venv/bin/python scripts/bench_stream.py [--rows 300000] [--repeat 3] [--codec c|python]
 
@@ -18,7 +20,9 @@ Wall time is the walsender's pace (it decodes slower than we read); compare CPU.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
+import resource
 import select
 import shutil
 import sys
@@ -38,6 +42,7 @@ from bench.workloads import insert_sql, sbtest_ddl  # noqa: E402
 from cdc.filter import TableFilter  # noqa: E402
 from cdc.ts import Watermark  # noqa: E402
 from playground.servers import PostgresServer  # noqa: E402
+from processor.source_process import ChildSpanSource  # noqa: E402
 from sorter.leveldb import LevelDBSorter  # noqa: E402
 from upstream.postgres.source import PgSpanSource  # noqa: E402
 from upstream.postgres.stream import Keepalive, ReplicationStream  # noqa: E402
@@ -87,6 +92,27 @@ def puller(srv: PostgresServer, slot: str, target: int, work: Path, codec: Any) 
         sorter.close()
 
 
+def child(srv: PostgresServer, slot: str, target: int, work: Path, codec: Any) -> None:
+    """The puller as ``puller-process = true`` runs it: :meth:`PgSpanSource.run` in a child process, its batches
+    applied here to the LevelDB sorter (the child's CPU is printed on its own)."""
+    stream = ReplicationStream(srv.uri(), slot, "p", 0, label=slot)
+    sorter = LevelDBSorter(work / f"sorter-{slot}", fresh=True)
+    try:
+        span = sorter.span("bench/0")
+        span.clear()
+        extra = {} if codec is None else {"codec": codec}
+        source = ChildSpanSource(PgSpanSource(stream, TableFilter(["*.*"]), Watermark(0, 0.0),
+                                              functools.partial(psycopg2.connect, srv.dsn()), slot, **extra), slot)
+        stop = threading.Event()
+        source.open()
+        try:
+            source.run(span, stop, lambda w: stop.set() if w.ts >= target else None)
+        finally:
+            source.close()
+    finally:
+        sorter.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=300_000)
@@ -104,7 +130,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-stream-"))
     srv = PostgresServer(work / "pg", settings=UPSTREAM_SETTINGS).start()
     try:
-        passes = [("read_message", read_message), ("messages", messages), ("puller", puller)]
+        passes = [("read_message", read_message), ("messages", messages), ("puller", puller), ("child", child)]
         slots = [f"s{r}_{i}" for r in range(args.repeat) for i in range(len(passes))]
         conn = psycopg2.connect(srv.dsn())
         with conn.cursor() as cur:
@@ -126,10 +152,14 @@ def main() -> None:
         for r in range(args.repeat):
             out = []
             for name, fn in passes:
+                k0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 c0, t0 = time.thread_time(), time.perf_counter()
                 fn(srv, next(it), target, work, codec)
                 c1, t1 = time.thread_time(), time.perf_counter()
-                out.append(f"{name} {1e6 * (c1 - c0) / args.rows:.2f} cpu {1e6 * (t1 - t0) / args.rows:.2f} wall")
+                k1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                kid = (k1.ru_utime + k1.ru_stime) - (k0.ru_utime + k0.ru_stime)
+                also = f" + child {1e6 * kid / args.rows:.2f} cpu" if kid > 0 else ""
+                out.append(f"{name} {1e6 * (c1 - c0) / args.rows:.2f} cpu{also} {1e6 * (t1 - t0) / args.rows:.2f} wall")
             print(f"run {r + 1} us/row: " + " | ".join(out), flush=True)
     finally:
         srv.stop()

@@ -112,3 +112,44 @@ def enc_stream_abort(xid: int, subxid: int, lsn: int | None = None, ts: int | No
 
 def strip_xid(msg: bytes) -> bytes:
     return msg[:1] + msg[5:]
+
+
+class WireStream:
+    """A ``ReplicationStream`` stand-in that yields what ``ReplicationStream.messages`` yields for the given wire
+    messages (plain changes raw, everything else decoded; ``Keepalive`` objects as they are), then ends. Picklable
+    (module level): a span source built on it can run in a process of its own (``processor.source_process``)."""
+
+    publication = "tidewater_pub_cf_0"
+
+    def __init__(self, wire: list[Any]) -> None:
+        self.wire = wire
+
+    def open(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def ack(self, lsn: int) -> None: ...
+
+    def messages(self, stop: Any) -> Any:
+        from upstream.postgres import pgoutput, pgoutput_messages
+        from upstream.postgres.stream import Keepalive
+
+        in_stream = False
+        for w in self.wire:
+            if isinstance(w, Keepalive):
+                yield w
+                continue
+            if not in_stream and w[0] in pgoutput.PLAIN_CHANGE_TYPES:
+                yield w
+                continue
+            m = pgoutput.decode(w, in_stream)
+            if isinstance(m, pgoutput_messages.StreamStart):
+                in_stream = True
+            elif isinstance(m, pgoutput_messages.StreamStop):
+                in_stream = False
+            yield m
+
+
+def no_catalog() -> None:
+    """A span source's catalog connection factory for tests without a server (picklable, unlike a lambda)."""
+    return None

@@ -360,6 +360,25 @@ class SpanSource(ABC):
         does. Any thread. Default: none."""
         return []
 
+    # -- running ``run`` in a process of its own (processor.source_process) ------------------------------------
+    #: True when this source can run in a child process: it is picklable before ``open()`` (with what
+    #: ``seed_schemas`` gave it), and :meth:`take_state` / :meth:`put_state` carry to the parent's instance everything
+    #: ``run`` learns that the parent's readers need (:meth:`decoder`, :meth:`schema_change_commits`,
+    #: :meth:`take_warnings`, :meth:`take_schema_versions`). A source that leaves it False always runs in a thread.
+    runs_in_child: bool = False
+
+    def take_state(self) -> object:
+        """Child side: what ``run`` learned since the last call that the parent's readers need (schema versions,
+        schema-change commits, warnings, ...), picklable; None when nothing. Called from any thread of the child
+        while ``run`` goes on: it must be safe against ``run``'s own changes. The child sends it *before* the buffer
+        operations it took with it, so the parent knows every schema version a change it buffers was encoded with
+        (state a little ahead of the buffer is allowed: the contracts above only say "before")."""
+        return None
+
+    def put_state(self, state: object) -> None:  # noqa: B027 - a source without state has nothing to put
+        """Parent side: merge a :meth:`take_state` result of the child's instance into this one (which is never
+        opened). Called from the parent's puller thread while the sink thread reads."""
+
 
 class RowReader(Protocol):
     """``sinks.base.RowSource`` with a ``close``: ``reader(schema, keys)`` returns, per key in order, the

@@ -192,6 +192,68 @@ class PgSpanSource(SpanSource):
         self._unrecorded: list[TableSchema] = []  # new schemas since the last commit
         self._versions: list[tuple[int, TableSchema]] = []  # (commit Ts, schema) not yet taken
         self.resolved = start
+        # process mode (take_state / put_state): schema versions below this were sent to (or pickled for) the parent;
+        # the schema-change commits in the order they were found, and how many of them were sent
+        self._sent_version = 0
+        self._ddl_commit_log: list[int] = []
+        self._sent_ddl_commits = 0
+
+    # ---- a process of its own (upstream.base.SpanSource.runs_in_child) -----------------------------------------
+    runs_in_child = True
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable before ``open()``: no connection, lock, buffer or compiled codec crosses (the codec is chosen
+        again by name in the other process)."""
+        state = self.__dict__.copy()
+        for name in ("_decoder", "_warnings_lock", "_catalog_conn", "buffer"):
+            state.pop(name, None)
+        state["_codec_name"] = self._decoder.codec.name
+        state["_sent_version"] = self._next_version  # the other process starts with every version so far
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        codec_name = state.pop("_codec_name")
+        self.__dict__.update(state)
+        codec = rowcodec.best()
+        if codec.name != codec_name:
+            codec = rowcodec.PYTHON if codec_name == "python" else (rowcodec.native() or rowcodec.PYTHON)
+        self._decoder = PgChangeDecoder(self.schema, codec)
+        self._warnings_lock = threading.Lock()
+        self._catalog_conn = None
+        self.buffer = None
+
+    def take_state(self) -> object:
+        """Schema versions made since the last call (in version order; one allocated but not stored yet waits for
+        the next call), schema-change commits, data warnings and schema versions to record (these two are taken:
+        in the child nobody else takes them). None when there is nothing. Safe beside ``run``: it only reads dict
+        entries and list prefixes ``run`` has finished writing, and takes the lists under their lock."""
+        schemas: dict[int, TableSchema] = {}
+        v, top = self._sent_version, self._next_version
+        while v < top:
+            schema = self._schemas.get(v)
+            if schema is None:
+                break
+            schemas[v] = schema
+            v += 1
+        self._sent_version = v
+        n = len(self._ddl_commit_log)
+        commits = self._ddl_commit_log[self._sent_ddl_commits:n]
+        self._sent_ddl_commits = n
+        with self._warnings_lock:
+            warnings, self._warnings = self._warnings, []
+            versions, self._versions = self._versions, []
+        if not (schemas or commits or warnings or versions):
+            return None
+        return schemas, commits, warnings, versions
+
+    def put_state(self, state: object) -> None:
+        schemas, commits, warnings, versions = state  # type: ignore[misc]
+        self._schemas.update(schemas)
+        self._ddl_commits.update(commits)
+        if warnings or versions:
+            with self._warnings_lock:
+                self._warnings.extend(warnings)
+                self._versions.extend(versions)
 
     # ---- SpanSource --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -536,6 +598,7 @@ class PgSpanSource(SpanSource):
                 self._ddl_held.discard(xid)
                 if end_lsn > skip_upto:
                     self._ddl_commits.add(end_lsn)  # before the buffer commit: the span must not read it uncut
+                    self._ddl_commit_log.append(end_lsn)
         if end_lsn <= skip_upto:
             buffer.abort(xid, xid)  # already downstream before the restart
             return resolved

@@ -93,6 +93,17 @@ class ReplicationStream:
         self._last_sample = 0.0
         self._last_time = 0.0
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable before ``open()`` (the span source may run in a process of its own): no connection or lock."""
+        state = self.__dict__.copy()
+        del state["_ack_lock"]
+        state["_conn"] = state["_cur"] = state["_side"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._ack_lock = threading.Lock()
+
     # ---- control ---------------------------------------------------------------------------------
     def ack(self, lsn: int) -> None:
         """Allow the upstream to forget commits <= lsn (sent with the next feedback)."""

@@ -10,6 +10,7 @@ Errors: psycopg2's become :class:`cdc.errors.TidewaterError` subclasses in :mod:
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -241,8 +242,8 @@ class PostgresUpstream(Upstream):
                     holder: str) -> PgSpanSource:
         stream = ReplicationStream(self.uri, span.slot, span.publication, start.ts, label=label, holder=holder,
                                    takeover=True)
-        uri = self.uri
-        return PgSpanSource(stream, table_filter, start, lambda: pg_conn.connect(uri), label)
+        # (a partial, not a lambda: the source is pickled when it runs in a process of its own)
+        return PgSpanSource(stream, table_filter, start, functools.partial(pg_conn.connect, self.uri), label)
 
     def row_source(self, *, label: str = "") -> RowFetcher:
         return RowFetcher(self.uri, label=label)

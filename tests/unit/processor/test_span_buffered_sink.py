@@ -19,7 +19,7 @@ from tests.unit.processor.test_span_ddl import DdlSource, RecordingSink, row
 from tests.unit.processor.test_span_warnings import FakeSorter
 from upstream.base import SCHEMA_CHANGE, encode_payload
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("source_mode")]
 
 
 class BufferingSink(RecordingSink, BufferedSink):
@@ -62,13 +62,15 @@ def _run(sink: BufferingSink, txns: list[SortedTxn], resolved: int, commits: set
 
 
 def test_the_checkpoint_waits_for_the_flush_of_a_buffering_sink() -> None:
-    sink = BufferingSink(interval=0.6)
+    # (an interval long enough for the resolved watermark to arrive within it also from a source process that is
+    # slow to start on a loaded host: both writes fall into the first interval)
+    sink = BufferingSink(interval=3.0)
     txns = [SortedTxn(110, 110.0, 1, [row(1)]), SortedTxn(120, 120.0, 1, [row(2)])]
     began = time.monotonic()
     runner = _run(sink, txns, 130, set(), lambda: bool(sink.flushes) and sink.runner.checkpoint.ts == 130)
     assert sink.flushes == [[1, 2]] and runner.checkpoint.ts == 130
     assert sink.checkpoint_at_write == [100, 100]  # nothing durable before the flush
-    assert time.monotonic() - began >= 0.5  # (the flush waited for its interval)
+    assert time.monotonic() - began >= 2.5  # (the flush waited for its interval)
 
 
 def test_rows_before_a_ddl_are_flushed_before_it() -> None:

@@ -21,7 +21,7 @@ from tests.unit.processor.test_span_warnings import SCHEMA, FakeSorter, FakeSour
 from upstream.base import SCHEMA_CHANGE, encode_payload
 from upstream.postgres.source import PgChangeDecoder
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("source_mode")]
 
 T = TableName("public", "t")
 

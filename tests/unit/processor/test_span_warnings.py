@@ -24,7 +24,7 @@ from tests.unit.processor.test_processor_report import MIN, Clock, FakeRunner, F
 from upstream.base import encode_payload
 from upstream.postgres.source import PgChangeDecoder
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("source_mode")]
 
 SCHEMA = TableSchema(TableName("public", "t"), (ColumnSchema("id", 23, "int4", is_key=True, nullable=False),),
                      ("id",), relation_id=16384)
@@ -106,7 +106,15 @@ def test_warnings_come_from_the_stored_status_and_survive_a_restart_then_clear_o
 
 # ---- SpanRunner: take_warnings after each write, row source in the sink thread ---------------------------
 class FakeSource:
-    """A span source whose stream is resolved up to ``resolved`` at once (the sorter holds the data)."""
+    """A span source whose stream is resolved up to ``resolved`` at once (the sorter holds the data). It can run in a
+    process of its own (``source_mode``): it is picklable and the parent's instance holds all it has."""
+
+    runs_in_child = True
+
+    def take_state(self) -> object:
+        return None
+
+    def put_state(self, state: object) -> None: ...
 
     def __init__(self, resolved: int, warnings: list[DataWarning] | None = None) -> None:
         self._resolved = resolved
@@ -144,6 +152,15 @@ class FakeSorter:
     def clear(self) -> None: ...
 
     def clean(self, ts: int) -> None: ...
+
+    # (the ChangeBuffer a source feeds: the fake sources add nothing, the transactions are given above)
+    def add(self, xid: int, subxid: int, payload: bytes) -> None: ...
+
+    def add_many(self, xid: int, subxid: int, payloads: list[bytes]) -> None: ...
+
+    def abort(self, xid: int, subxid: int) -> None: ...
+
+    def commit(self, xid: int, commit_ts: int, commit_time: float) -> None: ...
 
     def read_txns(self, after: int, upto: int) -> Iterable[SortedTxn]:
         return [t for t in self.txns if after < t.commit_ts <= upto]

@@ -19,7 +19,7 @@ from sorter.base import SortedTxn
 from tests.unit.processor.test_span_ddl import DdlSource, RecordingSink, row
 from tests.unit.processor.test_span_warnings import FakeSorter
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.usefixtures("source_mode")]
 
 
 class WatermarkSink(RecordingSink, BufferedSink, WatermarkRole):
