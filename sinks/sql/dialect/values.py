@@ -457,7 +457,9 @@ def mysql_literal_function(connection: Any) -> Callable[[Any], str]:
     """A function rendering one (already converted) value as a MySQL literal for ``connection``.
 
     Its attribute ``rows(types)`` returns a function rendering a whole row, ``(lit1,lit2,...)``, exactly as
-    ``"(" + ",".join(map(literal, row)) + ")"`` for any row, fastest for rows whose value types are ``types``.
+    ``"(" + ",".join(map(literal, row)) + ")"`` for any row, fastest for rows whose value types are ``types``;
+    ``plain_str`` is True when a str is rendered by PyMySQL's escape_string rules (backslash escapes on), False
+    when it goes to ``connection.escape`` (NO_BACKSLASH_ESCAPES).
 
     Faster than PyMySQL's generic ``escape`` for the types the sink sends (str, int, Decimal, float,
     naive date/time/datetime, None), with the same escaping rules; anything else (bytes...) and any
@@ -535,6 +537,7 @@ def mysql_literal_function(connection: Any) -> Callable[[Any], str]:
         return fn
 
     literal.rows = rows  # type: ignore[attr-defined]
+    literal.plain_str = plain_str  # type: ignore[attr-defined]
     return literal
 
 

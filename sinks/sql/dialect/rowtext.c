@@ -1,0 +1,404 @@
+/* The SQL sink's per-row text rendering in C (sinks/sql/dialect/rowtext.py compiles and loads this).
+ *
+ * A CPython extension module with the same functions as the pure-Python reference in rowtext.py:
+ *   copy_text(texts)                                   rows of upstream text as COPY text-format data (PostgreSQL)
+ *   mysql_statements(params, head, tail, limit, literal, plain_str)
+ *                                                      multi-row INSERT statements of literal rows (MySQL/MariaDB)
+ * The rule that keeps the results the Python ones: C renders only the values it recognises exactly (exact types:
+ * None, bool, int, str, float, Decimal, naive datetime/date/time); every other value goes to the Python ``literal``
+ * function, and any input of a shape C does not expect (a row that is not a tuple or list, a text that is not a str,
+ * a str that is not encodable as UTF-8, a literal that is not a str) makes the whole call run the Python reference
+ * (handed over by configure()), which returns the same result or raises the precise error.
+ *
+ * Text is assembled as UTF-8 and decoded once at the end: every character either function adds or escapes is ASCII,
+ * and no byte of a multi-byte UTF-8 sequence is ASCII, so escaping byte by byte is escaping character by character.
+ * MySQL statement sizes are counted in characters, as the reference counts them.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <datetime.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static PyObject *py_copy_text = NULL;        /* rowtext.copy_text_py */
+static PyObject *py_mysql_statements = NULL; /* rowtext.mysql_statements_py */
+static PyObject *DecimalType = NULL;         /* decimal.Decimal */
+
+/* ---- a growing UTF-8 buffer ---------------------------------------------------------------------------------- */
+typedef struct {
+    char *p;
+    Py_ssize_t n, cap;
+} Buf;
+
+static int buf_grow(Buf *b, Py_ssize_t need) {
+    if (b->n + need <= b->cap) return 1;
+    Py_ssize_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->n + need) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return 0;
+        }
+        cap *= 2;
+    }
+    char *p = PyMem_Realloc(b->p, (size_t)cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 1;
+}
+
+static inline int buf_put(Buf *b, const char *s, Py_ssize_t n) {
+    if (!buf_grow(b, n)) return 0;
+    memcpy(b->p + b->n, s, (size_t)n);
+    b->n += n;
+    return 1;
+}
+
+static inline int buf_byte(Buf *b, char c) {
+    if (b->n >= b->cap && !buf_grow(b, 1)) return 0;
+    b->p[b->n++] = c;
+    return 1;
+}
+
+/* ---- COPY text ------------------------------------------------------------------------------------------------ */
+/* One value in COPY's text format (NULL as \N; backslash, tab, newline and CR escaped). 1 done; 0 error set;
+ * -1 not recognised (not a str, or not encodable). */
+static int copy_value(Buf *b, PyObject *v) {
+    if (v == Py_None) return buf_put(b, "\\N", 2);
+    if (!PyUnicode_CheckExact(v)) return -1;
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(v, &n);
+    if (s == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    if (!buf_grow(b, 2 * n)) return 0;
+    char *o = b->p + b->n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char c = s[i];
+        switch (c) {
+        case '\\': *o++ = '\\'; *o++ = '\\'; break;
+        case '\t': *o++ = '\\'; *o++ = 't'; break;
+        case '\n': *o++ = '\\'; *o++ = 'n'; break;
+        case '\r': *o++ = '\\'; *o++ = 'r'; break;
+        default: *o++ = c;
+        }
+    }
+    b->n = o - b->p;
+    return 1;
+}
+
+/* 1 done; 0 error set; -1 not recognised */
+static int copy_rows(Buf *b, PyObject *texts) {
+    PyObject *seq = PySequence_Fast(texts, "");
+    if (seq == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    Py_ssize_t nrows = PySequence_Fast_GET_SIZE(seq);
+    PyObject **rows = PySequence_Fast_ITEMS(seq);
+    int rc = 1;
+    for (Py_ssize_t r = 0; r < nrows && rc == 1; r++) {
+        PyObject *t = rows[r];
+        if (!PyTuple_CheckExact(t) && !PyList_CheckExact(t)) {
+            rc = -1;
+            break;
+        }
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(t);
+        PyObject **vals = PySequence_Fast_ITEMS(t);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i && !buf_byte(b, '\t')) { rc = 0; break; }
+            rc = copy_value(b, vals[i]);
+            if (rc != 1) break;
+        }
+        if (rc == 1 && !buf_byte(b, '\n')) rc = 0;
+    }
+    Py_DECREF(seq);
+    return rc;
+}
+
+static PyObject *rt_copy_text(PyObject *self, PyObject *texts) {
+    if (py_copy_text == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "rowtext: configure() was not called");
+        return NULL;
+    }
+    Buf b = {NULL, 0, 0};
+    int rc = copy_rows(&b, texts);
+    PyObject *out = NULL;
+    if (rc == 1) out = PyUnicode_DecodeUTF8(b.p ? b.p : "", b.n, "strict");
+    PyMem_Free(b.p);
+    if (rc == -1) return PyObject_CallOneArg(py_copy_text, texts);
+    return out;
+}
+
+/* ---- MySQL literals -------------------------------------------------------------------------------------------- */
+/* One value as a MySQL literal, appended to b; *chars += its length in characters. 1 done; 0 error set; -1 not
+ * recognised (the caller runs the Python reference for the whole call). */
+static int mysql_value(Buf *b, Py_ssize_t *chars, PyObject *v, PyObject *literal, int plain_str) {
+    char tmp[64];
+    int k;
+    PyTypeObject *t = Py_TYPE(v);
+    if (v == Py_None) {
+        *chars += 4;
+        return buf_put(b, "NULL", 4);
+    }
+    if (t == &PyBool_Type) {
+        *chars += 1;
+        return buf_byte(b, v == Py_True ? '1' : '0');
+    }
+    if (t == &PyLong_Type) {
+        int overflow = 0;
+        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (!overflow && !(x == -1 && PyErr_Occurred())) {
+            k = snprintf(tmp, sizeof tmp, "%lld", x);
+            *chars += k;
+            return buf_put(b, tmp, k);
+        }
+        PyErr_Clear();
+        goto call;  /* (int.__repr__ through literal: its own limits and errors) */
+    }
+    if (t == &PyUnicode_Type && plain_str) {
+        Py_ssize_t n;
+        const char *s = PyUnicode_AsUTF8AndSize(v, &n);
+        if (s == NULL) {
+            PyErr_Clear();
+            return -1;
+        }
+        if (!buf_grow(b, 2 * n + 2)) return 0;
+        char *o = b->p + b->n;
+        Py_ssize_t extra = 0;
+        *o++ = '\'';
+        for (Py_ssize_t i = 0; i < n; i++) {
+            char c = s[i];
+            switch (c) {  /* pymysql.converters.escape_string's table */
+            case '\0': *o++ = '\\'; *o++ = '0'; extra++; break;
+            case '\n': *o++ = '\\'; *o++ = 'n'; extra++; break;
+            case '\r': *o++ = '\\'; *o++ = 'r'; extra++; break;
+            case '\x1a': *o++ = '\\'; *o++ = 'Z'; extra++; break;
+            case '"': *o++ = '\\'; *o++ = '"'; extra++; break;
+            case '\'': *o++ = '\\'; *o++ = '\''; extra++; break;
+            case '\\': *o++ = '\\'; *o++ = '\\'; extra++; break;
+            default: *o++ = c;
+            }
+        }
+        *o++ = '\'';
+        b->n = o - b->p;
+        *chars += PyUnicode_GET_LENGTH(v) + extra + 2;
+        return 1;
+    }
+    if (t == &PyFloat_Type) {
+        double d = PyFloat_AS_DOUBLE(v);
+        if (!isfinite(d)) goto call;  /* (raises there: MySQL has no NaN/Infinity) */
+        PyObject *r = PyObject_Repr(v);
+        if (r == NULL) return 0;
+        Py_ssize_t n;
+        const char *s = PyUnicode_AsUTF8AndSize(r, &n);
+        int ok = s != NULL && buf_put(b, s, n);
+        if (ok && memchr(s, 'e', (size_t)n) == NULL) {
+            ok = buf_put(b, "e0", 2);  /* a DOUBLE literal, not a DECIMAL one */
+            n += 2;
+        }
+        *chars += n;
+        Py_DECREF(r);
+        return ok;
+    }
+    if (PyDateTime_CheckExact(v)) {
+        if (PyDateTime_DATE_GET_TZINFO(v) != Py_None) goto call;
+        k = snprintf(tmp, sizeof tmp, "'%04d-%02d-%02d %02d:%02d:%02d.%06d'", PyDateTime_GET_YEAR(v),
+                     PyDateTime_GET_MONTH(v), PyDateTime_GET_DAY(v), PyDateTime_DATE_GET_HOUR(v),
+                     PyDateTime_DATE_GET_MINUTE(v), PyDateTime_DATE_GET_SECOND(v), PyDateTime_DATE_GET_MICROSECOND(v));
+        *chars += k;
+        return buf_put(b, tmp, k);
+    }
+    if (PyDate_CheckExact(v)) {
+        k = snprintf(tmp, sizeof tmp, "'%04d-%02d-%02d'", PyDateTime_GET_YEAR(v), PyDateTime_GET_MONTH(v),
+                     PyDateTime_GET_DAY(v));
+        *chars += k;
+        return buf_put(b, tmp, k);
+    }
+    if (PyTime_CheckExact(v)) {
+        if (PyDateTime_TIME_GET_TZINFO(v) != Py_None) goto call;
+        k = snprintf(tmp, sizeof tmp, "'%02d:%02d:%02d.%06d'", PyDateTime_TIME_GET_HOUR(v),
+                     PyDateTime_TIME_GET_MINUTE(v), PyDateTime_TIME_GET_SECOND(v),
+                     PyDateTime_TIME_GET_MICROSECOND(v));
+        *chars += k;
+        return buf_put(b, tmp, k);
+    }
+    if ((PyObject *)t == DecimalType) {
+        /* str() unless it chose exponent notation or v is not finite (no final digit): then literal decides */
+        PyObject *s = PyObject_Str(v);
+        if (s == NULL) return 0;
+        Py_ssize_t n;
+        const char *u = PyUnicode_AsUTF8AndSize(s, &n);
+        if (u == NULL) {
+            Py_DECREF(s);
+            return 0;
+        }
+        if (n > 0 && memchr(u, 'E', (size_t)n) == NULL && u[n - 1] >= '0' && u[n - 1] <= '9') {
+            int ok = buf_put(b, u, n);
+            *chars += n;
+            Py_DECREF(s);
+            return ok;
+        }
+        Py_DECREF(s);
+        goto call;
+    }
+call:;
+    PyObject *r = PyObject_CallOneArg(literal, v);
+    if (r == NULL) return 0;
+    if (!PyUnicode_CheckExact(r)) {
+        Py_DECREF(r);
+        return -1;
+    }
+    Py_ssize_t n;
+    const char *s = PyUnicode_AsUTF8AndSize(r, &n);
+    if (s == NULL) {
+        PyErr_Clear();
+        Py_DECREF(r);
+        return -1;
+    }
+    int ok = buf_put(b, s, n);
+    *chars += PyUnicode_GET_LENGTH(r);
+    Py_DECREF(r);
+    return ok;
+}
+
+/* Appends b->p[from:to] as one statement head + rows + tail to out. */
+static int emit(PyObject *out, const char *head, Py_ssize_t nhead, Buf *rows, const char *tail, Py_ssize_t ntail,
+                Buf *stmt) {
+    stmt->n = 0;
+    if (!buf_put(stmt, head, nhead) || !buf_put(stmt, rows->p, rows->n) || !buf_put(stmt, tail, ntail)) return 0;
+    PyObject *s = PyUnicode_DecodeUTF8(stmt->p, stmt->n, "strict");
+    if (s == NULL) return 0;
+    int rc = PyList_Append(out, s);
+    Py_DECREF(s);
+    return rc == 0;
+}
+
+/* 1 done (*result set); 0 error set; -1 not recognised */
+static int mysql_run(PyObject *params, PyObject *head, PyObject *tail, Py_ssize_t limit, PyObject *literal,
+                     int plain_str, PyObject **result) {
+    Py_ssize_t nhead, ntail;
+    const char *h = PyUnicode_AsUTF8AndSize(head, &nhead);
+    const char *tl = h ? PyUnicode_AsUTF8AndSize(tail, &ntail) : NULL;
+    if (tl == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    PyObject *seq = PySequence_Fast(params, "");
+    if (seq == NULL) {
+        PyErr_Clear();
+        return -1;
+    }
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        Py_DECREF(seq);
+        return 0;
+    }
+    Buf rows = {NULL, 0, 0}, stmt = {NULL, 0, 0};
+    Py_ssize_t nrows = PySequence_Fast_GET_SIZE(seq), pending = 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t base = PyUnicode_GET_LENGTH(head) + PyUnicode_GET_LENGTH(tail), size = base;
+    int rc = 1;
+    for (Py_ssize_t r = 0; r < nrows; r++) {
+        PyObject *row = items[r];
+        if (!PyTuple_CheckExact(row) && !PyList_CheckExact(row)) {
+            rc = -1;
+            break;
+        }
+        Py_ssize_t start = rows.n, chars = 2;
+        if (pending && !buf_byte(&rows, ',')) { rc = 0; break; }
+        Py_ssize_t text_at = rows.n;
+        if (!buf_byte(&rows, '(')) { rc = 0; break; }
+        /* (a list row may change under a literal() call: re-read its size each time) */
+        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(row); i++) {
+            if (i) {
+                if (!buf_byte(&rows, ',')) { rc = 0; break; }
+                chars++;
+            }
+            PyObject *v = PySequence_Fast_GET_ITEM(row, i);
+            Py_INCREF(v);
+            rc = mysql_value(&rows, &chars, v, literal, plain_str);
+            Py_DECREF(v);
+            if (rc != 1) break;
+        }
+        if (rc != 1) break;
+        if (!buf_byte(&rows, ')')) { rc = 0; break; }
+        if (pending && size + chars > limit) {  /* this row starts the next statement */
+            Py_ssize_t len = rows.n - text_at;
+            rows.n = start;
+            if (!emit(out, h, nhead, &rows, tl, ntail, &stmt)) { rc = 0; break; }
+            memmove(rows.p, rows.p + text_at, (size_t)len);
+            rows.n = len;
+            pending = 0;
+            size = base;
+        }
+        pending++;
+        size += chars + 1;
+    }
+    if (rc == 1 && pending && !emit(out, h, nhead, &rows, tl, ntail, &stmt)) rc = 0;
+    PyMem_Free(rows.p);
+    PyMem_Free(stmt.p);
+    Py_DECREF(seq);
+    if (rc == 1)
+        *result = out;
+    else
+        Py_DECREF(out);
+    return rc;
+}
+
+static PyObject *rt_mysql_statements(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "mysql_statements(params, head, tail, limit, literal, plain_str)");
+        return NULL;
+    }
+    if (py_mysql_statements == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "rowtext: configure() was not called");
+        return NULL;
+    }
+    PyObject *params = args[0], *head = args[1], *tail = args[2], *literal = args[4];
+    Py_ssize_t limit = PyLong_AsSsize_t(args[3]);
+    int plain_str = PyObject_IsTrue(args[5]);
+    if ((limit == -1 || plain_str < 0) && PyErr_Occurred()) return NULL;
+    int rc = -1;
+    PyObject *result = NULL;
+    if (PyUnicode_CheckExact(head) && PyUnicode_CheckExact(tail))
+        rc = mysql_run(params, head, tail, limit, literal, plain_str, &result);
+    if (rc == 1) return result;
+    if (rc == 0) return NULL;
+    return PyObject_Vectorcall(py_mysql_statements, args, 5, NULL);  /* (the reference takes no plain_str) */
+}
+
+static PyObject *rt_configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "configure(copy_text, mysql_statements, Decimal)");
+        return NULL;
+    }
+    Py_XSETREF(py_copy_text, Py_NewRef(args[0]));
+    Py_XSETREF(py_mysql_statements, Py_NewRef(args[1]));
+    Py_XSETREF(DecimalType, Py_NewRef(args[2]));
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", (PyCFunction)(void (*)(void))rt_configure, METH_FASTCALL, "hand over the Python references"},
+    {"copy_text", (PyCFunction)rt_copy_text, METH_O, "rowtext.copy_text_py in C"},
+    {"mysql_statements", (PyCFunction)(void (*)(void))rt_mysql_statements, METH_FASTCALL,
+     "rowtext.mysql_statements_py in C"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "_rowtext", "the SQL sink's per-row text rendering in C", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__rowtext(void) {
+    PyDateTime_IMPORT;
+    if (PyDateTimeAPI == NULL) return NULL;
+    return PyModule_Create(&moduledef);
+}
