@@ -94,11 +94,8 @@ static int copy_value(Buf *b, PyObject *v) {
 
 /* 1 done; 0 error set; -1 not recognised */
 static int copy_rows(Buf *b, PyObject *texts) {
-    PyObject *seq = PySequence_Fast(texts, "");
-    if (seq == NULL) {
-        PyErr_Clear();
-        return -1;
-    }
+    if (!PyList_CheckExact(texts) && !PyTuple_CheckExact(texts)) return -1;  /* (an iterator would be consumed) */
+    PyObject *seq = Py_NewRef(texts);
     Py_ssize_t nrows = PySequence_Fast_GET_SIZE(seq);
     PyObject **rows = PySequence_Fast_ITEMS(seq);
     int rc = 1;
@@ -279,6 +276,41 @@ static int emit(PyObject *out, const char *head, Py_ssize_t nhead, Buf *rows, co
     return rc == 0;
 }
 
+/* One row appended to rows (a statement emitted first when it would pass limit). 1 done; 0 error; -1 not recognised */
+static int mysql_row(Buf *rowsb, Buf *stmt, PyObject *out, PyObject *row, const char *h, Py_ssize_t nhead,
+                     const char *tl, Py_ssize_t ntail, Py_ssize_t limit, PyObject *literal, int plain_str,
+                     Py_ssize_t *pending, Py_ssize_t *size, Py_ssize_t base) {
+    Buf *b = rowsb;
+    Py_ssize_t start = b->n, chars = 2;
+    if (*pending && !buf_byte(b, ',')) return 0;
+    Py_ssize_t text_at = b->n;
+    if (!buf_byte(b, '(')) return 0;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(row); i++) {
+        if (i) {
+            if (!buf_byte(b, ',')) return 0;
+            chars++;
+        }
+        PyObject *v = PySequence_Fast_GET_ITEM(row, i);
+        Py_INCREF(v);
+        int rc = mysql_value(b, &chars, v, literal, plain_str);
+        Py_DECREF(v);
+        if (rc != 1) return rc;
+    }
+    if (!buf_byte(b, ')')) return 0;
+    if (*pending && *size + chars > limit) {  /* this row starts the next statement */
+        Py_ssize_t len = b->n - text_at;
+        b->n = start;
+        if (!emit(out, h, nhead, b, tl, ntail, stmt)) return 0;
+        memmove(b->p, b->p + text_at, (size_t)len);
+        b->n = len;
+        *pending = 0;
+        *size = base;
+    }
+    (*pending)++;
+    *size += chars + 1;
+    return 1;
+}
+
 /* 1 done (*result set); 0 error set; -1 not recognised */
 static int mysql_run(PyObject *params, PyObject *head, PyObject *tail, Py_ssize_t limit, PyObject *literal,
                      int plain_str, PyObject **result) {
@@ -289,56 +321,29 @@ static int mysql_run(PyObject *params, PyObject *head, PyObject *tail, Py_ssize_
         PyErr_Clear();
         return -1;
     }
-    PyObject *seq = PySequence_Fast(params, "");
-    if (seq == NULL) {
-        PyErr_Clear();
-        return -1;
-    }
+    if (!PyList_CheckExact(params) && !PyTuple_CheckExact(params)) return -1;  /* (an iterator would be consumed) */
+    PyObject *seq = Py_NewRef(params);
     PyObject *out = PyList_New(0);
     if (out == NULL) {
         Py_DECREF(seq);
         return 0;
     }
     Buf rows = {NULL, 0, 0}, stmt = {NULL, 0, 0};
-    Py_ssize_t nrows = PySequence_Fast_GET_SIZE(seq), pending = 0;
-    PyObject **items = PySequence_Fast_ITEMS(seq);
+    Py_ssize_t pending = 0;
     Py_ssize_t base = PyUnicode_GET_LENGTH(head) + PyUnicode_GET_LENGTH(tail), size = base;
     int rc = 1;
-    for (Py_ssize_t r = 0; r < nrows; r++) {
-        PyObject *row = items[r];
+    /* (literal() may run any code: the lists are re-read and the row held, as Python's loops do) */
+    for (Py_ssize_t r = 0; r < PySequence_Fast_GET_SIZE(seq); r++) {
+        PyObject *row = PySequence_Fast_GET_ITEM(seq, r);
         if (!PyTuple_CheckExact(row) && !PyList_CheckExact(row)) {
             rc = -1;
             break;
         }
-        Py_ssize_t start = rows.n, chars = 2;
-        if (pending && !buf_byte(&rows, ',')) { rc = 0; break; }
-        Py_ssize_t text_at = rows.n;
-        if (!buf_byte(&rows, '(')) { rc = 0; break; }
-        /* (a list row may change under a literal() call: re-read its size each time) */
-        for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(row); i++) {
-            if (i) {
-                if (!buf_byte(&rows, ',')) { rc = 0; break; }
-                chars++;
-            }
-            PyObject *v = PySequence_Fast_GET_ITEM(row, i);
-            Py_INCREF(v);
-            rc = mysql_value(&rows, &chars, v, literal, plain_str);
-            Py_DECREF(v);
-            if (rc != 1) break;
-        }
+        Py_INCREF(row);
+        rc = mysql_row(&rows, &stmt, out, row, h, nhead, tl, ntail, limit, literal, plain_str, &pending, &size,
+                       base);
+        Py_DECREF(row);
         if (rc != 1) break;
-        if (!buf_byte(&rows, ')')) { rc = 0; break; }
-        if (pending && size + chars > limit) {  /* this row starts the next statement */
-            Py_ssize_t len = rows.n - text_at;
-            rows.n = start;
-            if (!emit(out, h, nhead, &rows, tl, ntail, &stmt)) { rc = 0; break; }
-            memmove(rows.p, rows.p + text_at, (size_t)len);
-            rows.n = len;
-            pending = 0;
-            size = base;
-        }
-        pending++;
-        size += chars + 1;
     }
     if (rc == 1 && pending && !emit(out, h, nhead, &rows, tl, ntail, &stmt)) rc = 0;
     PyMem_Free(rows.p);
