@@ -4,6 +4,7 @@
  *   copy_text(texts)                                   rows of upstream text as COPY text-format data (PostgreSQL)
  *   mysql_statements(params, head, tail, limit, literal, plain_str)
  *                                                      multi-row INSERT statements of literal rows (MySQL/MariaDB)
+ *   RowConverter(fallback, with_text, specs)         sinks.sql.target.binding.row_function's generated function
  * The rule that keeps the results the Python ones: C renders only the values it recognises exactly (exact types:
  * None, bool, int, str, float, Decimal, naive datetime/date/time); every other value goes to the Python ``literal``
  * function, and any input of a shape C does not expect (a row that is not a tuple or list, a text that is not a str,
@@ -378,6 +379,201 @@ static PyObject *rt_mysql_statements(PyObject *self, PyObject *const *args, Py_s
     return PyObject_Vectorcall(py_mysql_statements, args, 5, NULL);  /* (the reference takes no plain_str) */
 }
 
+/* ---- parameter rows: the generated row functions of sinks.sql.target.binding.row_function ----------------------- */
+/* Per column, what the generated lambda computes (values.py: fast_path, text_path, keeps):
+ *   (g(s[i]) if type(r[i]) is U else None) or (f(r[i]) if type(r[i]) is T else (None if r[i] is None else
+ *   (r[i] if type(r[i]) is K and r[i].<keep>() else c(r[i]))))
+ * each part only where the converter declares it. g may be one of the text functions below, run in C on an ASCII
+ * str (any other argument: the Python function). */
+enum { G_CALL = 0, G_SAME = 1, G_TIMESTAMPTZ = 2, G_TIMESTAMP = 3, G_MYSQL_TIMESTAMPTZ = 4 };
+
+typedef struct {
+    PyObject *conv;        /* NULL: the value as it is */
+    PyObject *fast_t, *fast_f;
+    PyObject *text_t, *text_g;
+    int gcode;
+    PyObject *keep_t, *keep_m;  /* r is returned as it is when type(r) is keep_t and r.keep_m() is true */
+} Col;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t n;
+    int with_text;
+    PyObject *fallback;  /* the generated Python function */
+    PyObject *specs;
+    Col *cols;
+} RowConv;
+
+/* values._iso_text on an ASCII str: NULL with no error set when not recognised (the result is None) */
+static PyObject *iso_text(PyObject *t, const char *offset, const char *suffix) {
+    Py_ssize_t len = PyUnicode_GET_LENGTH(t), lo = (Py_ssize_t)strlen(offset), ls = (Py_ssize_t)strlen(suffix);
+    const char *c = (const char *)PyUnicode_DATA(t);
+    Py_ssize_t n = len - lo;
+    if (n < 19 || n > 26 || n == 20 || c[4] != '-' || c[7] != '-' || c[10] != ' ' || c[13] != ':' || c[16] != ':' ||
+        memcmp(c + n, offset, (size_t)lo) != 0)
+        return NULL;
+    char out[64];
+    if (n == 19) {
+        memcpy(out, c, 19);
+        memcpy(out + 19, ".000000", 7);
+        memcpy(out + 26, suffix, (size_t)ls);
+        return PyUnicode_FromStringAndSize(out, 26 + ls);
+    }
+    if (c[19] != '.') return NULL;
+    memcpy(out, c, (size_t)n);
+    memset(out + n, '0', (size_t)(26 - n));
+    memcpy(out + 26, suffix, (size_t)ls);
+    return PyUnicode_FromStringAndSize(out, 26 + ls);
+}
+
+/* g(s): a new reference (Py_None for None), NULL on error */
+static PyObject *text_fn(Col *col, PyObject *s) {
+    if (col->gcode == G_SAME) return Py_NewRef(s);
+    if (col->gcode != G_CALL && PyUnicode_CheckExact(s) && PyUnicode_IS_ASCII(s)) {
+        PyObject *r;
+        if (col->gcode == G_TIMESTAMPTZ)
+            r = iso_text(s, "+00", "+00:00");
+        else if (col->gcode == G_TIMESTAMP)
+            r = iso_text(s, "", "");
+        else
+            r = iso_text(s, "+00", "");
+        if (r != NULL || PyErr_Occurred()) return r;
+        Py_RETURN_NONE;
+    }
+    return PyObject_CallOneArg(col->text_g, s);
+}
+
+/* one converted value (new reference); NULL on error; *bad = 1: s[i] is not there (the Python function decides) */
+static PyObject *convert_value(Col *col, PyObject *v, PyObject *s, Py_ssize_t i, int *bad) {
+    PyObject *t = (PyObject *)Py_TYPE(v);
+    if (col->conv == NULL) return Py_NewRef(v);
+    if (col->text_g != NULL && t == col->text_t) {
+        if (s == NULL || i >= PySequence_Fast_GET_SIZE(s)) {
+            *bad = 1;
+            return NULL;
+        }
+        PyObject *x = text_fn(col, PySequence_Fast_GET_ITEM(s, i));
+        if (x == NULL) return NULL;
+        int truth = PyObject_IsTrue(x);
+        if (truth < 0) {
+            Py_DECREF(x);
+            return NULL;
+        }
+        if (truth) return x;
+        Py_DECREF(x);
+    }
+    if (col->fast_f != NULL && t == col->fast_t) return PyObject_CallOneArg(col->fast_f, v);
+    if (v == Py_None) Py_RETURN_NONE;
+    if (col->keep_m != NULL && t == col->keep_t) {
+        PyObject *k = PyObject_CallMethodNoArgs(v, col->keep_m);
+        if (k == NULL) return NULL;
+        int truth = PyObject_IsTrue(k);
+        Py_DECREF(k);
+        if (truth < 0) return NULL;
+        if (truth) return Py_NewRef(v);
+    }
+    return PyObject_CallOneArg(col->conv, v);
+}
+
+static PyObject *rowconv_call(RowConv *self, PyObject *args, PyObject *kwargs) {
+    Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+    if (kwargs != NULL || nargs != (self->with_text ? 2 : 1)) return PyObject_Call(self->fallback, args, kwargs);
+    PyObject *r = PyTuple_GET_ITEM(args, 0), *s = self->with_text ? PyTuple_GET_ITEM(args, 1) : NULL;
+    if ((!PyTuple_CheckExact(r) && !PyList_CheckExact(r)) ||
+        (s != NULL && !PyTuple_CheckExact(s) && !PyList_CheckExact(s)))
+        return PyObject_Call(self->fallback, args, NULL);
+    Py_INCREF(r);
+    Py_XINCREF(s);
+    PyObject *out = PyTuple_New(self->n);
+    int bad = 0;
+    for (Py_ssize_t i = 0; out != NULL && i < self->n; i++) {
+        if (i >= PySequence_Fast_GET_SIZE(r)) {
+            bad = 1;
+            break;
+        }
+        PyObject *v = PySequence_Fast_GET_ITEM(r, i);
+        Py_INCREF(v);
+        PyObject *x = convert_value(&self->cols[i], v, s, i, &bad);
+        Py_DECREF(v);
+        if (x == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, i, x);
+    }
+    Py_DECREF(r);
+    Py_XDECREF(s);
+    if (bad) {
+        Py_XDECREF(out);
+        return PyObject_Call(self->fallback, args, NULL);
+    }
+    return out;
+}
+
+static void rowconv_dealloc(RowConv *self) {
+    PyMem_Free(self->cols);  /* (borrowed from specs) */
+    Py_XDECREF(self->specs);
+    Py_XDECREF(self->fallback);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *none_null(PyObject *o) { return o == Py_None ? NULL : o; }
+
+/* RowConverter(fallback, with_text, specs): specs a tuple of per column (conv, fast_t, fast_f, text_t, text_g,
+ * gcode, keep_t, keep_m), None where a part is absent */
+static PyObject *rowconv_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *fallback, *specs;
+    int with_text;
+    if (!PyArg_ParseTuple(args, "OpO!", &fallback, &with_text, &PyTuple_Type, &specs)) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(specs);
+    Col *cols = PyMem_Calloc((size_t)(n ? n : 1), sizeof(Col));
+    if (cols == NULL) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *sp = PyTuple_GET_ITEM(specs, i);
+        if (!PyTuple_Check(sp) || PyTuple_GET_SIZE(sp) != 8) {
+            PyMem_Free(cols);
+            PyErr_SetString(PyExc_TypeError, "RowConverter: a spec is a tuple of 8");
+            return NULL;
+        }
+        Col *c = &cols[i];
+        c->conv = none_null(PyTuple_GET_ITEM(sp, 0));
+        c->fast_t = PyTuple_GET_ITEM(sp, 1);
+        c->fast_f = none_null(PyTuple_GET_ITEM(sp, 2));
+        c->text_t = PyTuple_GET_ITEM(sp, 3);
+        c->text_g = none_null(PyTuple_GET_ITEM(sp, 4));
+        c->gcode = (int)PyLong_AsLong(PyTuple_GET_ITEM(sp, 5));
+        c->keep_t = PyTuple_GET_ITEM(sp, 6);
+        c->keep_m = none_null(PyTuple_GET_ITEM(sp, 7));
+        if (c->gcode < 0 || c->gcode > G_MYSQL_TIMESTAMPTZ) {
+            PyMem_Free(cols);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "RowConverter: unknown text code");
+            return NULL;
+        }
+    }
+    RowConv *self = (RowConv *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        PyMem_Free(cols);
+        return NULL;
+    }
+    self->n = n;
+    self->with_text = with_text;
+    self->fallback = Py_NewRef(fallback);
+    self->specs = Py_NewRef(specs);
+    self->cols = cols;
+    return (PyObject *)self;
+}
+
+static PyTypeObject RowConvType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_rowtext.RowConverter",
+    .tp_basicsize = sizeof(RowConv),
+    .tp_dealloc = (destructor)rowconv_dealloc,
+    .tp_call = (ternaryfunc)rowconv_call,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "binding.row_function's generated function in C (rowtext.py)",
+    .tp_new = rowconv_new,
+};
+
 static PyObject *rt_configure(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 3) {
         PyErr_SetString(PyExc_TypeError, "configure(copy_text, mysql_statements, Decimal)");
@@ -405,5 +601,12 @@ static struct PyModuleDef moduledef = {
 PyMODINIT_FUNC PyInit__rowtext(void) {
     PyDateTime_IMPORT;
     if (PyDateTimeAPI == NULL) return NULL;
-    return PyModule_Create(&moduledef);
+    if (PyType_Ready(&RowConvType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL) return NULL;
+    if (PyModule_AddObjectRef(m, "RowConverter", (PyObject *)&RowConvType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -6,6 +6,9 @@ goes as multi-row INSERT statements of literal rows (:func:`mysql_statements_py`
 Python). A :class:`RowText` names one implementation of both:
 
 - :data:`PYTHON`: the pure-Python functions of this module, the reference;
+and turns a generated parameter row function (:func:`sinks.sql.target.binding.row_function`: converters per column,
+with their fast and text paths) into one that runs in C (``row_converter``).
+
 - :func:`native`: the same functions in C (``rowtext.c``, a CPython extension module), several times faster per
   row (docs/benchmarks.md, "Issue 22 item 5: the SQL sink's write in C").
 
@@ -37,6 +40,7 @@ from types import ModuleType
 from typing import Any
 
 from cdc import cbuild
+from sinks.sql.dialect import values
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +104,16 @@ class RowText:
     name: str
     copy_text: Callable[[Sequence[Sequence[str | None]]], str]
     mysql_statements: Callable[[Sequence[Sequence[Any]], str, str, int, Callable[[Any], str]], list[str]]
+    row_converter: Callable[[int, dict[int, values.Converter], bool, Callable[..., Any]], Callable[..., Any]]
 
 
-PYTHON = RowText("python", copy_text_py, mysql_statements_py)
+def python_row_converter(n: int, convs: dict[int, values.Converter], with_text: bool,
+                         fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The generated row function ``fn`` (:func:`sinks.sql.target.binding.row_function`) as it is."""
+    return fn
+
+
+PYTHON = RowText("python", copy_text_py, mysql_statements_py, python_row_converter)
 
 
 def build() -> Path:
@@ -131,7 +142,29 @@ def _rowtext(mod: ModuleType) -> RowText:
         return c_statements(params, head, tail, limit, literal,  # type: ignore[no-any-return]
                             getattr(literal, "plain_str", False))
 
-    return RowText("c", mod.copy_text, mysql_statements)
+    # the text paths C runs itself (on an ASCII str; anything else goes to the function)
+    gcodes = {values.same_text: 1, values.timestamptz_text: 2, values.timestamp_text: 3,
+              values.mysql_timestamptz_text: 4}
+    row_converter_cls = mod.RowConverter
+
+    def row_converter(n: int, convs: dict[int, values.Converter], with_text: bool,
+                      fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn``, a generated row function of ``convs`` (``binding.row_function``), in C: the same parts in the
+        same order (text path, fast path, None, converter), with the converters' ``keeps`` and the text functions
+        C knows run in C; every other part calls the Python function."""
+        specs = []
+        for i in range(n):
+            conv = convs.get(i)
+            if conv is None:
+                specs.append((None,) * 5 + (0, None, None))
+                continue
+            fast_t, fast_f = values.fast_path(conv) or (None, None)
+            text_t, text_g = (values.text_path(conv) if with_text else None) or (None, None)
+            keep_t, keep_m = values.keeps(conv) or (None, None)
+            specs.append((conv, fast_t, fast_f, text_t, text_g, gcodes.get(text_g, 0), keep_t, keep_m))
+        return row_converter_cls(fn, with_text, tuple(specs))  # type: ignore[no-any-return]
+
+    return RowText("c", mod.copy_text, mysql_statements, row_converter)
 
 
 _lock = threading.Lock()

@@ -189,3 +189,97 @@ def test_copy_text_equals_the_reference(c_text: rowtext.RowText) -> None:
             assert outcome(c_text.copy_text, iter(items)) == outcome(rowtext.PYTHON.copy_text, iter(items)), case
             continue
         assert outcome(c_text.copy_text, texts) == outcome(rowtext.PYTHON.copy_text, texts), (case, texts)
+
+
+BASE_TYPES = ["int2", "int4", "int8", "bool", "bytea", "xid8", "numeric", "float4", "float8", "timestamptz", "timestamp",
+              "date", "time", "uuid", "text", "varchar", "json", "jsonb", "interval", "timetz", "money", "inet"]
+TEXTS = ["2026-11-22 01:02:03.5+00", "2026-11-22 01:02:03.12+00", "2026-11-22 01:02:03.123+00",
+         "2026-11-22 01:02:03.1234+00", "2026-11-22 01:02:03.12345+00", "2026-11-22 01:02:03.12345",
+         "2026-11-22 01:02:03.1234", "2026-11-22 01:02:03.123456", "2026-11-22 01:02:03+00", "2026-11-22 01:02:03.123456+00",
+         "2026-11-22 01:02:03.1234567+00", "2026-11-22 01:02:03.5", "2026-11-22 01:02:03", "2026-11-22 01:02:03.+00",
+         "2026-11-22 01:02:03,5+00", "2026-11-22T01:02:03+00", "2026-11-22 01:02:03.5+05", "2026-11-22 01:02:03.5+00:00",
+         "12026-11-22 01:02:03+00", "2026-11-22 01:02:03.5+00 BC", "2026-11-22 01:02:0é+00", "２026-11-22 01:02:03+00",
+         "", "x", "1.50", "NaN", "abc" * 10, "\ud800"]
+
+
+def shown(result: tuple[str, Any]) -> Any:
+    """An outcome with each value as (its type, its repr or, for an int, itself: a repr may refuse 5,000 digits)."""
+    kind, v = result
+    if kind != "ok":
+        return result
+    return type(v), [(type(x), x if type(x) is int else repr(x)) for x in v]
+
+
+def converted(rng: random.Random) -> Any:
+    """A value of a type the mounter makes, or not."""
+    kind = rng.randrange(8)
+    if kind == 0:
+        return dt.datetime(2026, 11, 22, 1, 2, 3, rng.choice([0, 500000]), tzinfo=rng.choice([None, dt.UTC]))
+    if kind == 1:
+        return rng.choice([Decimal("1.50"), Decimal("NaN"), Decimal("-Infinity"), Decimal("1E-7"),
+                           Decimal("9" * 100 + ".001"), Decimal("sNaN")])
+    if kind == 2:
+        return rng.choice([1.5, -0.0, 0.0, float("nan"), float("inf"), 2**64, True])
+    return value(rng)
+
+
+@pytest.mark.parametrize("dialect", ["mysql", "postgresql", "sqlite"])
+def test_row_converters_equal_the_generated_functions(c_text: rowtext.RowText, dialect: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from cdc.events import ColumnSchema
+    from sinks.sql.target.binding import row_function
+    from sinks.sql.dialect.values import converter
+
+    monkeypatch.setenv("TIDEWATER_ROWTEXT", "python")  # row_function's own (generated) functions
+    rng = random.Random(SEED + len(dialect))
+    for case in range(400):
+        n = rng.randrange(1, 7)
+        convs = {}
+        for i in range(n):
+            base = rng.choice(BASE_TYPES)
+            col = ColumnSchema(f"c{i}", 0, base, is_array=rng.random() < 0.1)
+            conv = converter(col, dialect, table="t", scale=rng.choice([None, None, 0, 2]))
+            if conv is not None:
+                convs[i] = conv
+        for with_text in (False, True):
+            fn = row_function(n, convs, with_text=with_text)
+            if fn is None:
+                continue
+            cfn = c_text.row_converter(n, convs, with_text, fn)
+            for _ in range(20):
+                row: Any = [converted(rng) for _ in range(n)]
+                if rng.random() < 0.05:
+                    row = row[:rng.randrange(n)]  # too short
+                row = rng.choice([tuple, list])(row)
+                args: tuple[Any, ...] = (row,)
+                if with_text:
+                    text: Any = [rng.choice(TEXTS) if rng.random() < 0.9 else rng.choice([None, 5, b"x"])
+                                 for _ in range(n)]
+                    if rng.random() < 0.05:
+                        text = text[:rng.randrange(n)]  # too short
+                    args = (row, rng.choice([tuple, list])(text))
+                expected = outcome(fn, *args)
+                got = outcome(cfn, *args)
+                assert shown(got) == shown(expected), (case, dialect, convs, args)
+
+
+def test_keeps_is_the_converters_own_result() -> None:
+    """A converter's ``keeps`` (C returns such a value as it is) holds for every value of that type it accepts."""
+    from cdc.events import ColumnSchema
+    from sinks.sql.dialect.values import converter, keeps
+
+    found = 0
+    for dialect in ("mysql", "postgresql", "sqlite"):
+        for base in BASE_TYPES:
+            for scale in (None, 0, 2):
+                conv = converter(ColumnSchema("c", 0, base), dialect, table="t", scale=scale)
+                k = keeps(conv) if conv is not None else None
+                if k is None:
+                    continue
+                found += 1
+                typ, method = k
+                for text in DECIMALS:
+                    v = typ(text)
+                    if getattr(v, method)():
+                        assert conv(v) is v
+    assert found >= 2
