@@ -24,8 +24,10 @@ import pymysql
 import pytest
 from pymysql.constants import SERVER_STATUS
 
+from cdc.events import ColumnSchema
 from sinks.sql.dialect import rowtext
-from sinks.sql.dialect.values import mysql_literal_function
+from sinks.sql.dialect.values import converter, keeps, mysql_literal_function
+from sinks.sql.target.binding import row_function
 from tests import rowtexts
 
 pytestmark = pytest.mark.unit
@@ -226,10 +228,6 @@ def converted(rng: random.Random) -> Any:
 @pytest.mark.parametrize("dialect", ["mysql", "postgresql", "sqlite"])
 def test_row_converters_equal_the_generated_functions(c_text: rowtext.RowText, dialect: str,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from cdc.events import ColumnSchema
-    from sinks.sql.target.binding import row_function
-    from sinks.sql.dialect.values import converter
-
     monkeypatch.setenv("TIDEWATER_ROWTEXT", "python")  # row_function's own (generated) functions
     rng = random.Random(SEED + len(dialect))
     for case in range(400):
@@ -265,9 +263,6 @@ def test_row_converters_equal_the_generated_functions(c_text: rowtext.RowText, d
 
 def test_keeps_is_the_converters_own_result() -> None:
     """A converter's ``keeps`` (C returns such a value as it is) holds for every value of that type it accepts."""
-    from cdc.events import ColumnSchema
-    from sinks.sql.dialect.values import converter, keeps
-
     found = 0
     for dialect in ("mysql", "postgresql", "sqlite"):
         for base in BASE_TYPES:
