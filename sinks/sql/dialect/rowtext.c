@@ -65,6 +65,24 @@ static inline int buf_byte(Buf *b, char c) {
     return 1;
 }
 
+/* The UTF-8 bytes of str v: its own data when ASCII, else a temporary encoding in *tmp (the caller releases it; no
+ * UTF-8 copy is cached on the row's str, which lives as long as the batch). NULL with no error set: not encodable
+ * (a lone surrogate). */
+static const char *utf8_of(PyObject *v, Py_ssize_t *n, PyObject **tmp) {
+    *tmp = NULL;
+    if (PyUnicode_IS_ASCII(v)) {
+        *n = PyUnicode_GET_LENGTH(v);
+        return (const char *)PyUnicode_DATA(v);
+    }
+    *tmp = PyUnicode_AsUTF8String(v);
+    if (*tmp == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    *n = PyBytes_GET_SIZE(*tmp);
+    return PyBytes_AS_STRING(*tmp);
+}
+
 /* ---- COPY text ------------------------------------------------------------------------------------------------ */
 /* One value in COPY's text format (NULL as \N; backslash, tab, newline and CR escaped). 1 done; 0 error set;
  * -1 not recognised (not a str, or not encodable). */
@@ -72,12 +90,13 @@ static int copy_value(Buf *b, PyObject *v) {
     if (v == Py_None) return buf_put(b, "\\N", 2);
     if (!PyUnicode_CheckExact(v)) return -1;
     Py_ssize_t n;
-    const char *s = PyUnicode_AsUTF8AndSize(v, &n);
-    if (s == NULL) {
-        PyErr_Clear();
-        return -1;
+    PyObject *tmp;
+    const char *s = utf8_of(v, &n, &tmp);
+    if (s == NULL) return -1;
+    if (!buf_grow(b, 2 * n)) {
+        Py_XDECREF(tmp);
+        return 0;
     }
-    if (!buf_grow(b, 2 * n)) return 0;
     char *o = b->p + b->n;
     for (Py_ssize_t i = 0; i < n; i++) {
         char c = s[i];
@@ -90,6 +109,7 @@ static int copy_value(Buf *b, PyObject *v) {
         }
     }
     b->n = o - b->p;
+    Py_XDECREF(tmp);
     return 1;
 }
 
@@ -161,12 +181,13 @@ static int mysql_value(Buf *b, Py_ssize_t *chars, PyObject *v, PyObject *literal
     }
     if (t == &PyUnicode_Type && plain_str) {
         Py_ssize_t n;
-        const char *s = PyUnicode_AsUTF8AndSize(v, &n);
-        if (s == NULL) {
-            PyErr_Clear();
-            return -1;
+        PyObject *enc;
+        const char *s = utf8_of(v, &n, &enc);
+        if (s == NULL) return -1;
+        if (!buf_grow(b, 2 * n + 2)) {
+            Py_XDECREF(enc);
+            return 0;
         }
-        if (!buf_grow(b, 2 * n + 2)) return 0;
         char *o = b->p + b->n;
         Py_ssize_t extra = 0;
         *o++ = '\'';
@@ -186,6 +207,7 @@ static int mysql_value(Buf *b, Py_ssize_t *chars, PyObject *v, PyObject *literal
         *o++ = '\'';
         b->n = o - b->p;
         *chars += PyUnicode_GET_LENGTH(v) + extra + 2;
+        Py_XDECREF(enc);
         return 1;
     }
     if (t == &PyFloat_Type) {
@@ -253,19 +275,20 @@ call:;
         return -1;
     }
     Py_ssize_t n;
-    const char *s = PyUnicode_AsUTF8AndSize(r, &n);
+    PyObject *enc;
+    const char *s = utf8_of(r, &n, &enc);
     if (s == NULL) {
-        PyErr_Clear();
         Py_DECREF(r);
         return -1;
     }
     int ok = buf_put(b, s, n);
     *chars += PyUnicode_GET_LENGTH(r);
+    Py_XDECREF(enc);
     Py_DECREF(r);
     return ok;
 }
 
-/* Appends b->p[from:to] as one statement head + rows + tail to out. */
+/* Appends one statement, head + the rows in rows + tail, to out. */
 static int emit(PyObject *out, const char *head, Py_ssize_t nhead, Buf *rows, const char *tail, Py_ssize_t ntail,
                 Buf *stmt) {
     stmt->n = 0;

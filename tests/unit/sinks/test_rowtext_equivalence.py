@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import sys
 import uuid
 from decimal import Decimal
 from enum import IntEnum
@@ -278,3 +279,14 @@ def test_keeps_is_the_converters_own_result() -> None:
                     if getattr(v, method)():
                         assert conv(v) is v
     assert found >= 2
+
+
+def test_rendering_leaves_no_utf8_copy_on_the_rows_strings(c_text: rowtext.RowText) -> None:
+    """A row's str lives as long as its batch: C must not cache a UTF-8 copy on it (that would double the memory of
+    non-ASCII text held by a batch in flight); ``sys.getsizeof`` counts such a cache."""
+    lit = mysql_literal_function(connection(0))
+    texts = ["żółw 🐢 'x'" * 100, "日本語\\" * 50]
+    sizes = [sys.getsizeof(t) for t in texts]
+    c_text.copy_text([tuple(texts)])
+    c_text.mysql_statements([tuple(texts)], "H", "T", 10**6, lit)
+    assert [sys.getsizeof(t) for t in texts] == sizes
