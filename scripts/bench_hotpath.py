@@ -7,10 +7,15 @@ the sorter the way ``SpanRunner._run_sink`` does (clean, read, whole-transaction
 ``txn_rows``, ``Mounter.mount``, ``SQLSink.write``). Prints wall time and thread CPU time of both
 phases; CPU time is what to compare on a loaded host. Between the two it also times, in thread CPU per row, the
 sink thread's stages alone: reading the sorter (``read_txns``, every payload) and mounting every payload
-(``Mounter.mount``); ``write`` is the sink phase less those two (the batcher and the sink's own work).
+(``Mounter.mount``); ``write`` is the sink phase less those two (the batcher and the sink's own work). "sink
+phase, all threads" is the process CPU of the sink phase: the sink thread and the SQL sink's statement pipeline
+thread (the driver's work: psycopg2's COPY, PyMySQL's send), where the other numbers count the sink thread alone.
 
     .venv/bin/python scripts/bench_hotpath.py [--rows 300000] [--txn 100] [--txn-rows 20000]
         [--batch-rows 1000] [--sink URI] [--repeat 3] [--codec c|python]
+
+``TIDEWATER_ROWTEXT=python`` in the environment makes the SQL sink render its rows in Python
+(sinks.sql.dialect.rowtext) instead of C.
 
 Without ``--sink`` it writes to a fresh SQLite file in a temporary directory; ``--sink blackhole://`` discards
 the rows (the sink phase is then the batcher and the mounter). With a ``mysql://`` or ``postgresql://`` URI the
@@ -197,7 +202,7 @@ def run_once(payloads: list[bytes], rows: int, end_lsn: int, sink_uri: str, txn_
     mount_fn = Mounter(puller.decoder()).mount
     written = 0
     perf.start("sink")
-    t2, c2 = time.perf_counter(), time.thread_time()
+    t2, c2, p2 = time.perf_counter(), time.thread_time(), time.process_time()
     checkpoint = Watermark(0, 0.0)
     target = resolved[-1]
     batcher = TxnBatcher(sp.read_txns(checkpoint.ts, target.ts), mount_fn, txn_rows)
@@ -205,12 +210,13 @@ def run_once(payloads: list[bytes], rows: int, end_lsn: int, sink_uri: str, txn_
         written += sink.write(batcher.next_batch(), lambda: None)
         assert batcher.last is not None
         sp.clean(batcher.last.ts)  # the sink thread cleans what the processor persisted (one batch behind)
-    t3, c3 = time.perf_counter(), time.thread_time()
+    t3, c3, p3 = time.perf_counter(), time.thread_time(), time.process_time()
     perf.stop("sink")
     sink.close()
     sorter.close()
     assert written == rows, (written, rows)
     return {"pull_wall": t1 - t0, "pull_cpu": c1 - c0, "sink_wall": t3 - t2, "sink_cpu": c3 - c2,
+            "sink_proc": p3 - p2,
             "read_cpu": c5 - c4, "mount_cpu": (c6 - c5) - (c5 - c4)}
 
 
@@ -247,7 +253,8 @@ def main() -> None:
             print(f"run {r + 1}: puller {n / m['pull_wall']:>9,.0f} rows/s wall {n / m['pull_cpu']:>9,.0f} rows/s cpu | "
                   f"sink {n / m['sink_wall']:>9,.0f} rows/s wall {n / m['sink_cpu']:>9,.0f} rows/s cpu "
                   f"({us['sink_cpu']:.1f} us/row) | us/row cpu: puller {us['pull_cpu']:.2f} read {us['read_cpu']:.2f} "
-                  f"mount {us['mount_cpu']:.2f} write {us['sink_cpu'] - us['read_cpu'] - us['mount_cpu']:.2f}",
+                  f"mount {us['mount_cpu']:.2f} write {us['sink_cpu'] - us['read_cpu'] - us['mount_cpu']:.2f} | "
+                  f"sink phase, all threads {us['sink_proc']:.2f}",
                   flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -187,6 +187,8 @@ def _mysql_numeric(table: str, column: str, scale: int | None) -> Converter:
             raise DataRejected(f"table {table}: column {column!r} has value {v} which MySQL/MariaDB cannot store")
         return v
 
+    if scale is None:
+        conv.keeps = (Decimal, "is_finite")  # type: ignore[attr-defined]
     return conv
 
 
@@ -225,6 +227,9 @@ def _pg_numeric(v: Any) -> Any:
     if isinstance(v, Decimal) and not v.is_finite():
         return str(v)
     return v
+
+
+_pg_numeric.keeps = (Decimal, "is_finite")  # type: ignore[attr-defined]
 
 
 def _too_many_fraction_digits(v: Decimal, scale: int) -> bool:
@@ -289,7 +294,8 @@ def _sqlite_numeric(v: Any) -> Any:
     return v
 
 
-def _same_text(t: str) -> str:
+def same_text(t: str) -> str:
+    """The text as it is (a text path whose upstream text is already the converted value)."""
     return t
 
 
@@ -302,6 +308,12 @@ def _with_fast(conv: Converter, typ: type, fn: Callable[[Any], Any]) -> Converte
     wrapped.fast = (typ, fn)  # type: ignore[attr-defined]
     wrapped.__name__ = getattr(conv, "__name__", "converter")
     return wrapped
+
+
+def keeps(conv: Converter) -> tuple[type, str] | None:
+    """``(T, m)`` when ``conv(v) is v`` for every value of exact type ``T`` whose ``v.m()`` is true, else None (lets
+    compiled row functions skip calling ``conv`` for such values: sinks.sql.dialect.rowtext)."""
+    return getattr(conv, "keeps", None)
 
 
 def fast_path(conv: Converter) -> tuple[type, Callable[[Any], Any]] | None:
@@ -358,7 +370,7 @@ def mysql_timestamptz_text(t: str) -> str | None:
 
 _sqlite_numeric.fast = (Decimal, decimal_text)  # type: ignore[attr-defined]
 # numeric_out's text is already the exact decimal text decimal_text() makes of the parsed value.
-_sqlite_numeric.from_text = (Decimal, _same_text)  # type: ignore[attr-defined]
+_sqlite_numeric.from_text = (Decimal, same_text)  # type: ignore[attr-defined]
 _SQLITE_TIMESTAMPTZ = _with_fast(temporal_text, dt.datetime, iso_datetime)
 _SQLITE_TIMESTAMPTZ.from_text = (dt.datetime, timestamptz_text)  # type: ignore[attr-defined]
 _SQLITE_TIMESTAMP = _with_fast(temporal_text, dt.datetime, iso_datetime)
@@ -457,7 +469,9 @@ def mysql_literal_function(connection: Any) -> Callable[[Any], str]:
     """A function rendering one (already converted) value as a MySQL literal for ``connection``.
 
     Its attribute ``rows(types)`` returns a function rendering a whole row, ``(lit1,lit2,...)``, exactly as
-    ``"(" + ",".join(map(literal, row)) + ")"`` for any row, fastest for rows whose value types are ``types``.
+    ``"(" + ",".join(map(literal, row)) + ")"`` for any row, fastest for rows whose value types are ``types``;
+    ``plain_str`` is True when a str is rendered by PyMySQL's escape_string rules (backslash escapes on), False
+    when it goes to ``connection.escape`` (NO_BACKSLASH_ESCAPES).
 
     Faster than PyMySQL's generic ``escape`` for the types the sink sends (str, int, Decimal, float,
     naive date/time/datetime, None), with the same escaping rules; anything else (bytes...) and any
@@ -535,6 +549,7 @@ def mysql_literal_function(connection: Any) -> Callable[[Any], str]:
         return fn
 
     literal.rows = rows  # type: ignore[attr-defined]
+    literal.plain_str = plain_str  # type: ignore[attr-defined]
     return literal
 
 

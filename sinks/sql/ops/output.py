@@ -11,6 +11,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from cdc.errors import SinkError
+from sinks.sql.dialect import rowtext
 from sinks.sql.dialect.statements import Statements
 from sinks.sql.dialect.values import mysql_literal_function
 from sinks.sql.target.binding import (
@@ -37,8 +38,10 @@ class Output:
     in the caller's thread once the pipeline is idle (the caller syncs first: :meth:`sync`). ``current`` names the
     table being written, or whose statement failed, for error messages. :meth:`close` closes the cursor."""
 
-    def __init__(self, conn: Connection, stmts: Statements, pipe: Pipeline, batch: int) -> None:
+    def __init__(self, conn: Connection, stmts: Statements, pipe: Pipeline, batch: int,
+                 text: rowtext.RowText | None = None) -> None:
         self.conn = conn
+        self.text = text or rowtext.best()  # renders COPY data and MySQL literal rows (C where it builds)
         self.dialect = stmts.dialect
         self.stmts = stmts
         self.batch = batch  # rows per statement
@@ -118,7 +121,7 @@ class Output:
         """PostgreSQL: the rows' upstream texts through COPY, into the table (plain inserts) or into the
         session's staging table, merged into the table by one INSERT .. SELECT .. ON CONFLICT."""
         copy_sql, stage_sql, merge_sql = copy
-        data = copy_text(texts)
+        data = self.text.copy_text(texts)
         if stage_sql is not None and stage_sql not in self._staged:  # once per write: a rollback drops it
             self._staged.add(stage_sql)
             self.submit(self.cur.execute, stage_sql)
@@ -139,26 +142,13 @@ class Output:
 
     def _mysql_insert(self, plan: Plan, params: list[Any]) -> None:
         """Multi-row INSERTs of literal rows, at most ``MYSQL_STATEMENT_BYTES`` each (like PyMySQL's
-        executemany, with a faster literal renderer)."""
+        executemany, with a faster literal renderer: :mod:`sinks.sql.dialect.rowtext`)."""
         assert plan.parts is not None
         head, tail = plan.parts
         lit = self._literal
         assert lit is not None
-        if not params:
-            return
-        # one renderer generated for the group's value types: the same text as joining literal() of each value
-        render = lit.rows(tuple(map(type, params[0])))  # type: ignore[attr-defined]
-        rows: list[str] = []
-        size = len(head) + len(tail)
-        for r in params:
-            text = render(r)
-            if rows and size + len(text) > MYSQL_STATEMENT_BYTES:
-                self.submit(self.cur.execute, head + ",".join(rows) + tail)
-                rows, size = [], len(head) + len(tail)
-            rows.append(text)
-            size += len(text) + 1
-        if rows:
-            self.submit(self.cur.execute, head + ",".join(rows) + tail)
+        for sql in self.text.mysql_statements(params, head, tail, MYSQL_STATEMENT_BYTES, lit):
+            self.submit(self.cur.execute, sql)
 
     def _delete_keys(self, b: Binding, keys: list[Any]) -> None:
         if self.dialect == "sqlite":
@@ -241,29 +231,6 @@ def _last_per_key(rows: list[tuple[Any, ...]], key_idx: tuple[int, ...]) -> list
     except TypeError:  # array keys
         last = {tuple(_hashable(r[j]) for j in key_idx): r for r in rows}
     return rows if len(last) == len(rows) else list(last.values())
-
-
-def _copy_value(v: str | None) -> str:
-    """One value in COPY's text format: NULL as ``\\N``; backslash, tab, newline and CR escaped."""
-    if v is None:
-        return "\\N"
-    return v.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
-
-
-def copy_text(texts: Sequence[Sequence[str | None]]) -> str:
-    """Rows of upstream text as COPY text-format data (one line per row, tab-separated, NULL as ``\\N``)."""
-    lines = []
-    append = lines.append
-    for t in texts:
-        if None not in t:
-            line = "\t".join(t)
-            # nothing to escape: no backslash, newline, CR, and no tab other than the separators
-            if "\\" not in line and "\n" not in line and "\r" not in line and line.count("\t") == len(t) - 1:
-                append(line)
-                continue
-        append("\t".join(map(_copy_value, t)))
-    lines.append("")
-    return "\n".join(lines)
 
 
 def last_per_key_texts(rows: list[tuple[Any, ...]], texts: list[Any], key_idx: tuple[int, ...]) -> list[Any]:

@@ -9,6 +9,7 @@ from typing import Any
 
 from cdc.errors import SinkError
 from cdc.events import TableSchema
+from sinks.sql.dialect import rowtext
 from sinks.sql.dialect.statements import Statements
 from sinks.sql.dialect.typemap import TargetColumn, TargetTable, scale_to_check
 from sinks.sql.dialect.values import Converter, checks_every_value, converter, fast_path, text_path
@@ -68,7 +69,8 @@ def row_function(n: int, convs: dict[int, Converter], *, with_text: bool = False
     common values of a column cost one call of ``f`` (often a builtin) instead of the converter's type tests.
     ``with_text``: the function takes ``(row, upstream text)`` and uses the converters' text paths
     (``values.text_path``), falling back to the value when ``g`` does not recognise the text; None when no
-    converter has a text path.
+    converter has a text path. Where the C row renderer builds, the function runs in C
+    (:mod:`sinks.sql.dialect.rowtext`: the same results, the converters still called where C does not know them).
     """
     if not convs:
         return None
@@ -94,7 +96,8 @@ def row_function(n: int, convs: dict[int, Converter], *, with_text: bool = False
     if with_text and not texts:
         return None
     args = "r, s" if with_text else "r"
-    return eval(f"lambda {args}: (" + ", ".join(parts) + ",)", namespace)  # indices only, no data
+    fn = eval(f"lambda {args}: (" + ", ".join(parts) + ",)", namespace)  # indices only, no data
+    return rowtext.best().row_converter(n, convs, with_text, fn)  # (in C where it builds: the same results)
 
 
 def convert_params(rows: Sequence[Sequence[Any]], fn: RowFn | None) -> list[Any]:

@@ -9,9 +9,11 @@ import pytest
 
 from cdc.config import SinkConfig
 from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
-from sinks.sql.ops.output import COPY_MIN_ROWS, copy_text, last_per_key_texts
+from sinks.sql.dialect.rowtext import RowText
+from sinks.sql.ops.output import COPY_MIN_ROWS, last_per_key_texts
 from sinks.sql.sink import SQLSink
 from sinks.sql.target.pipeline import Pipeline
+from tests import rowtexts
 from tests.sql_sink_fakes import assume_tables, fake_connection
 
 pytestmark = pytest.mark.unit
@@ -49,14 +51,21 @@ NASTY = ["", None, "plain", "back\\slash", "\\\\", "tab\tx", "\t", "new\nline", 
          "\\.", ".", "żółw 🐢", "end\\", "\\x00ff", '{"a\\"b",NULL}', '{"k": "v\\n"}', "a\tb\nc\rd\\e"]
 
 
-def test_copy_text_round_trips_every_nasty_value() -> None:
+@pytest.fixture(params=rowtexts.NAMES)
+def renderer(request: pytest.FixtureRequest) -> RowText:
+    return rowtexts.rowtext_named(request.param)
+
+
+def test_copy_text_round_trips_every_nasty_value(renderer: RowText) -> None:
+    copy_text = renderer.copy_text
     rows = [(a, b, c) for a in NASTY for b in NASTY[:6] for c in (None, "x")]
     data = copy_text(rows)
     assert parse_copy_text(data, 3) == rows
     assert data.count("\n") == len(rows)  # one line per row: no raw newline inside a value
 
 
-def test_copy_text_plain_rows_are_joined_as_they_are() -> None:
+def test_copy_text_plain_rows_are_joined_as_they_are(renderer: RowText) -> None:
+    copy_text = renderer.copy_text
     assert copy_text([("1", "a b", ""), ("2", "c", "d")]) == "1\ta b\t\n2\tc\td\n"
     assert copy_text([("1", None), ("\\", "\t")]) == "1\t\\N\n\\\\\t\\t\n"
     assert copy_text([]) == ""
