@@ -131,6 +131,9 @@ if ! "$VENV/bin/python" -c 'import pathlib, sysconfig, sys; sys.exit(not (pathli
     apt_install "python${pyver}-dev" || apt_install python3-dev || log "no Python headers: rows are decoded in Python"
 fi
 "$VENV/bin/python" -m upstream.postgres.rowcodec >/dev/null || log "row codec not built: rows are decoded in Python"
+# the initial copy's literal rows for MySQL/MariaDB targets (sinks/sql/dialect/copy_literals.c, same needs); without it
+# those chunks are parsed in Python (same rows, more CPU)
+"$VENV/bin/python" -m sinks.sql.dialect.copy_literals >/dev/null || log "C literal rows not built: MySQL copies parse rows"
 # the Spark driver's class-data archive (spark_jobs/cds.py): the snapshot job's JVM starts with about half the CPU
 case ",$EXTRAS," in *,spark,*)
     log "archiving the Spark driver's classes (once, ~20 s)"

@@ -11,10 +11,11 @@ from typing import Any
 import psycopg2
 import pytest
 
+from cdc import cbuild
 from cdc.errors import UpstreamError, UpstreamUnavailable
 from cdc.events import TableName
 from tests.snapshot_helpers import execute
-from upstream.postgres import cbuild, copy_out
+from upstream.postgres import copy_out
 from upstream.postgres.snapshot_read import PgSnapshotReader
 
 pytestmark = pytest.mark.integration
@@ -157,7 +158,7 @@ def test_without_the_helper_the_reader_sends_the_same_bytes(pg_server: Any, pg_d
 
 def test_build_says_why_it_cannot(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    monkeypatch.setattr(cbuild, "build_dirs", lambda: [tmp_path / "a"])
+    monkeypatch.setattr(cbuild, "build_dirs", lambda package: [tmp_path / "a"])
     with pytest.raises(OSError) as err:
         copy_out.build()
     assert "no-such-cc" in str(err.value)

@@ -7,7 +7,7 @@ drains ``PQgetCopyData`` into a 1 MiB buffer per :meth:`CopyOut.read` call in C 
 released): 0.10 us per row, and the blocks go straight to the target's ``COPY FROM``.
 
 The C file is compiled on first use with the system's C compiler (``$CC``, ``cc`` or ``gcc``; ``make deps`` builds
-it ahead) by :mod:`upstream.postgres.cbuild` (the package directory or the user's cache, a name carrying the
+it ahead) by :mod:`cdc.cbuild` (the package directory or the user's cache, a name carrying the
 source's hash); it has no Python API and no libpq headers: libpq's functions are passed in as
 pointers from the libpq psycopg2 itself runs on. Without a compiler, a writable directory or that libpq,
 :func:`available` is False (said once in the log) and callers keep the ``copy_expert`` path: same bytes, more CPU.
@@ -28,7 +28,7 @@ from typing import Any
 
 import psycopg2
 
-from upstream.postgres import cbuild
+from cdc import cbuild
 
 log = logging.getLogger(__name__)
 

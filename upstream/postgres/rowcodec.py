@@ -18,7 +18,7 @@ raises the precise error. ``tests/unit/upstream/test_rowcodec_equivalence.py`` c
 every column type, and the decoder and mounter tests run over both.
 
 The C file is compiled with the system's C compiler and this interpreter's headers on first use (``make deps``
-builds it ahead; :mod:`upstream.postgres.cbuild`). Without a compiler, the headers or a writable directory,
+builds it ahead; :mod:`cdc.cbuild`). Without a compiler, the headers or a writable directory,
 :func:`native` is None (said once in the log) and :func:`best` is :data:`PYTHON`: the same values, more CPU.
 ``TIDEWATER_ROWCODEC=python`` in the environment chooses :data:`PYTHON` too.
 """
@@ -38,9 +38,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from cdc import cbuild
 from cdc.events import UNCHANGED, OpType, RowChange
 from upstream.base import Mount, ParsedChange, PlainPlan
-from upstream.postgres import cbuild, pgoutput, types
+from upstream.postgres import pgoutput, types
 
 log = logging.getLogger(__name__)
 

@@ -1,12 +1,13 @@
-"""Compiling one of this package's C files with the system's C compiler, once per source version.
+"""Compiling one of the project's C files with the system's C compiler, once per source version.
 
-The built library goes into the package directory when it is writable, else ``$XDG_CACHE_HOME/tidewater``
+The built library goes into the source's own directory when it is writable, else ``$XDG_CACHE_HOME/tidewater``
 (``~/.cache``), under ``<stem>-<hash>.so`` where the hash covers the source, the platform and the compiler flags
 (for a CPython extension, also the interpreter's ABI), so a changed source or another Python builds anew and a
 build is never loaded by the wrong interpreter. Builds are atomic (a temporary file renamed into place), so
 concurrent builders of the same source are harmless. Nothing built is committed (``.gitignore``); ``make deps``
 (scripts/bootstrap.sh) builds ahead, else the first use does. Used by :mod:`upstream.postgres.copy_out` (a plain
-shared library loaded with ctypes) and :mod:`upstream.postgres.rowcodec` (a CPython extension module).
+shared library loaded with ctypes), :mod:`upstream.postgres.rowcodec` and :mod:`sinks.sql.dialect.copy_literals`
+(CPython extension modules).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def build_dirs() -> list[Path]:
-    """Where builds are looked for and written, in order: the package directory, then the user's cache."""
+def build_dirs(package: Path) -> list[Path]:
+    """Where builds of a source in ``package`` are looked for and written, in order: that directory, then the
+    user's cache."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tidewater"
-    return [Path(__file__).parent, cache]
+    return [package, cache]
 
 
 def python_flags() -> list[str]:
@@ -46,7 +48,7 @@ def build(source: Path, stem: str, flags: list[str] | None = None, *, tag: str =
     code = source.read_bytes()
     salt = (sys.platform + "\0" + "\0".join(extra) + "\0" + tag).encode() if extra or tag else sys.platform.encode()
     name = f"{stem}-{hashlib.sha256(code + salt).hexdigest()[:16]}.so"
-    dirs = build_dirs()
+    dirs = build_dirs(source.parent)
     for d in dirs:
         if (d / name).is_file():
             return d / name
