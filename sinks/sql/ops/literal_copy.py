@@ -107,7 +107,7 @@ class LiteralCopy:
                             return None
                         for body in bodies:
                             if not pipe.submit(b.label, cur.execute, head + body + tail):
-                                break  # an earlier statement failed: raised by drain below
+                                pipe.drain()  # an earlier statement failed: raised here
                     pipe.drain()
                 finally:
                     error = pipe.quiesce()  # (nothing runs on the connection past this point)
