@@ -33,6 +33,7 @@ from capture.api import ApiServer
 from capture.changefeeds import ChangefeedService
 from capture.health import Health
 from capture.httpguard import ApiSecurity
+from capture.incarnation import Incarnation
 from capture.logsetup import set_capture_id
 from capture.metrics import CaptureCollector, CaptureProcessState, make_registry
 from capture.sdnotify import Notifier
@@ -107,6 +108,9 @@ class CaptureServer:
         self.store = MetaStore(self.client, config.cluster_id, SecretBox.from_config(config.secret_key_file))
         data_dir = Path(config.data_dir)
         data_dir.mkdir(parents=True, exist_ok=True)
+        # one process per data directory; the lease its previous process left is revoked by the first session
+        self.incarnation = Incarnation(data_dir)
+        self._previous_lease = self.incarnation.previous_lease(config.cluster_id, config.etcd)
         # fresh: the sorter is a cache; spans rebuild it from their checkpoints (nothing to keep)
         self.sorter = LevelDBSorter(data_dir / "sorter", disk_quota=config.sorter_disk_quota, fresh=True)
         self.service = ChangefeedService(self.store)
@@ -128,6 +132,7 @@ class CaptureServer:
                                  forward_tls=security.forward_tls)
         except OSError as exc:
             self.sorter.close()
+            self.incarnation.close()
             raise AddressInUse(f"cannot listen on {config.addr}: {exc.strerror or exc} (another cdc server? "
                                "choose another --addr)") from exc
         self._exposure = security.exposure_warning(config.addr)
@@ -198,6 +203,7 @@ class CaptureServer:
             self.api.stop()
             self.sorter.close()
             self.client.close()
+            self.incarnation.close()
             log.info("cdc server stopped")
         return 0
 
@@ -205,8 +211,15 @@ class CaptureServer:
         self.capture_id = str(uuid.uuid4())
         self._collector.capture_id = self.capture_id
         set_capture_id(self.capture_id)
+        previous = self._previous_lease
+        if previous is not None:  # the process that used this data directory before is gone (capture.incarnation)
+            self.client.revoke_lease(previous)  # (etcd unavailable: raised, and the next session tries again)
+            self._previous_lease = None
+            log.info("revoked lease %x of this data directory's previous process: its captures, election key and "
+                     "spans are released now instead of after session-ttl", previous)
         session = Session(self.client, self.config.session_ttl)
         self.session = session
+        self.incarnation.record(self.config.cluster_id, self.config.etcd, session.lease_id)
         self.process.sessions += 1
         info = CaptureInfo(self.capture_id, self.config.addr, VERSION, time.time(), os.getpid())
         self.store.register_capture(info, session.lease_id)

@@ -134,6 +134,9 @@ fi
 # the SQL sink's row renderer (sinks/sql/dialect/rowtext.c, a CPython extension like the row codec): COPY text and
 # MySQL literal rows; without it the same text is rendered in Python
 "$VENV/bin/python" -m sinks.sql.dialect.rowtext >/dev/null || log "row renderer not built: the SQL sink renders rows in Python"
+# the initial copy's literal rows for MySQL/MariaDB targets (sinks/sql/dialect/copy_literals.c, same needs); without it
+# those chunks are parsed in Python (same rows, more CPU)
+"$VENV/bin/python" -m sinks.sql.dialect.copy_literals >/dev/null || log "C literal rows not built: MySQL copies parse rows"
 # the Spark driver's class-data archive (spark_jobs/cds.py): the snapshot job's JVM starts with about half the CPU
 case ",$EXTRAS," in *,spark,*)
     log "archiving the Spark driver's classes (once, ~20 s)"

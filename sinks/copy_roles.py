@@ -40,7 +40,8 @@ class BulkLoad(ABC):
 
 
 class TextCopy(ABC):
-    """A sink that can store the upstream's text of a chunk unparsed (PostgreSQL targets: ``sinks.sql.ops.bulk``)."""
+    """A sink that can store the upstream's text of a chunk without a Python object per row (PostgreSQL targets:
+    ``sinks.sql.ops.bulk``; MySQL/MariaDB: literal rows rendered in C, ``sinks.sql.ops.literal_copy``)."""
 
     @abstractmethod
     def write_copy_text(self, schema: TableSchema, open_text: Callable[[], CopyText | None],

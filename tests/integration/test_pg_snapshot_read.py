@@ -187,6 +187,16 @@ def test_a_table_without_a_key_is_one_whole_chunk(pg_server: Any, pg_database: s
         assert len(list(reader.read_chunk(schema, plan.chunks[0]))) == 50
 
 
+def test_a_one_column_row_holding_the_empty_string_is_read_not_skipped(pg_server: Any, pg_database: str) -> None:
+    """COPY writes such a row as an empty line; the parsed read used to skip empty lines, so the row was lost."""
+    uri = pg_server.uri(pg_database)
+    execute(pg_server, pg_database, "CREATE TABLE one (k text PRIMARY KEY)", "INSERT INTO one VALUES (''), ('a'), (' ')")
+    with open_upstream(uri).snapshot_reader() as reader:
+        schema = reader.table_schema(TableName("public", "one"))
+        (chunk,) = reader.plan(schema, 10).chunks
+        assert [ch.row for ch in reader.read_chunk(schema, chunk)] == [("",), (" ",), ("a",)]
+
+
 def test_an_expired_snapshot_and_a_missing_table_are_clear_errors(pg_server: Any, pg_database: str) -> None:
     uri = pg_server.uri(pg_database)
     execute(pg_server, pg_database, "CREATE TABLE e (id int PRIMARY KEY)")

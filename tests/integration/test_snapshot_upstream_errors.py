@@ -38,7 +38,8 @@ AFTER_ROWS = 5000  # parsed rows read (several of the sink's 1000-row statements
 CAUSE = RuntimeError("the upstream's own failure")
 
 
-@pytest.fixture(params=[("postgresql", "text"), ("postgresql", "parsed"), ("mariadb", "parsed"), ("sqlite", "parsed")],
+@pytest.fixture(params=[("postgresql", "text"), ("postgresql", "parsed"), ("mariadb", "text"), ("mariadb", "parsed"),
+                        ("sqlite", "parsed")],
                 ids=lambda p: f"{p[0]}-{p[1]}")
 def target(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[tuple[SqlTarget, str]]:
     """(the target, the path its chunk takes): PostgreSQL's is a database of its own (``pg_database`` is the

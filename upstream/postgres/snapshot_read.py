@@ -460,9 +460,10 @@ class PgSnapshotReader(SnapshotReader):
         complete = False
         try:
             for block in pipe.blocks():
-                for line in block.split("\n"):
-                    if not line:
-                        continue
+                lines = block.split("\n")  # whole rows, each ended by a newline
+                if not lines[-1]:
+                    lines.pop()
+                for line in lines:  # (an empty line is a row: one column holding the empty string)
                     if "\\" in line:
                         texts: list[str | None] = [copy_unescape(f) for f in line.split("\t")]
                     else:

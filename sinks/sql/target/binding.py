@@ -166,9 +166,10 @@ class Binding:
         # the unique keys besides the key (a value of one may move between rows: sinks.sql.dialect.unique_moves)
         own = tuple(sorted(self.key))
         self.other_uniques: tuple[tuple[str, ...], ...] = tuple(u for u in self.unique_keys if u != own)
+        # the target scale each upstream column's values are checked against (None: not checked)
+        self.scales: dict[str, int | None] = {c.name: scale_to_check(c, targets[c.name]) for c in schema.columns}
         self.convs: dict[str, Converter | None] = {
-            c.name: converter(c, dialect, table=table.label, scale=scale_to_check(c, targets[c.name]))
-            for c in schema.columns}
+            c.name: converter(c, dialect, table=table.label, scale=self.scales[c.name]) for c in schema.columns}
         self._plans: dict[tuple[Any, ...], Plan] = {}
         self._stage_ids = stage_ids
         self._temp_ok = temp_ok

@@ -1,0 +1,151 @@
+"""The initial copy's rows into MySQL/MariaDB without a Python object per row: PostgreSQL COPY text straight to the
+literal rows of a multi-row ``INSERT``, in C (``copy_literals.c``, a CPython extension module).
+
+The sink's parsed path (``SnapshotReader.read_chunk`` -> ``RowChange`` -> converters -> ``mysql_literal_function``)
+spends a few microseconds of Python per row; the C function makes the same literal text from the COPY text directly.
+It is the parsed path's exact stand-in, never a second opinion:
+
+- Only columns whose upstream base type is in :data:`KINDS` (not arrays) are rendered; a table with any other column
+  is not (:func:`column_kinds` is None) and its chunks take the parsed path.
+- A value is rendered only in the forms PostgreSQL's output function writes for its type (with the reader session's
+  settings: ISO dates, UTC, ``extra_float_digits = 3``), producing exactly the literal the parsed path makes of it;
+  anything else in a chunk (NaN, infinities, a numeric with non-zero digits beyond the target's scale, BC or 5-digit
+  years, an offset other than ``+00``, a backslash in a non-text value, a wrong column count) makes
+  :meth:`LiteralRows.feed` return None, and the caller writes the chunk through the parsed path, which stores it or
+  raises the precise error (``DataRejected`` for a narrower scale, never a rounded value).
+- ``tests/unit/sinks/test_copy_literals_equivalence.py`` compares it with the parsed path's functions on generated
+  values of every kind and on odd forms: the same bytes, or C declines.
+
+The C file is compiled with the system's compiler on first use (``make deps`` builds it ahead: ``python -m
+sinks.sql.dialect.copy_literals``; :mod:`cdc.cbuild`). Where it cannot be built, :func:`native` is None (said once in
+the log) and every chunk takes the parsed path: the same rows, more CPU. ``TIDEWATER_COPY_LITERALS=python`` chooses
+the parsed path too.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from cdc import cbuild
+from cdc.events import TableSchema
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("copy_literals.c")
+_MODULE = "sinks.sql.dialect._copy_literals"  # PyInit__copy_literals
+
+KINDS = {
+    "int2": "INT", "int4": "INT", "int8": "INT", "bool": "BOOL", "text": "TEXT", "varchar": "TEXT", "bpchar": "TEXT",
+    "name": "TEXT", "numeric": "NUMERIC", "float4": "FLOAT", "float8": "FLOAT", "date": "DATE", "time": "TIME",
+    "timestamp": "TIMESTAMP", "timestamptz": "TIMESTAMPTZ", "uuid": "UUID",
+}
+"""Upstream base types the C renderer knows, by its kind names (the others: the parsed path)."""
+
+
+def build() -> Path:
+    """The compiled module's path, compiling it if no build of this source exists yet; raises ``OSError``."""
+    return cbuild.build(_SOURCE, "_copy_literals", cbuild.python_flags(), tag=sys.implementation.cache_tag +
+                        str(sys.version_info[:2]) + (sys.abiflags if hasattr(sys, "abiflags") else ""))
+
+
+def _import(path: Path) -> ModuleType:
+    loader = importlib.machinery.ExtensionFileLoader(_MODULE, str(path))
+    spec = importlib.util.spec_from_file_location(_MODULE, path, loader=loader)
+    if spec is None:
+        raise ImportError(f"cannot load {path}")
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+_lock = threading.Lock()
+_native: ModuleType | None = None
+_why_not: str | None = None
+
+
+def native() -> ModuleType | None:
+    """The C module, compiled and loaded on first call; None when it cannot be built or loaded here, or
+    ``TIDEWATER_COPY_LITERALS=python`` (the reason is logged once)."""
+    global _native, _why_not
+    if os.environ.get("TIDEWATER_COPY_LITERALS", "").lower() == "python":
+        return None
+    with _lock:
+        if _native is not None or _why_not is not None:
+            return _native
+        try:
+            _native = _import(build())
+        except (OSError, ImportError, subprocess.SubprocessError) as exc:
+            _why_not = str(exc)
+            log.info("the initial copy into MySQL/MariaDB parses its rows in Python (more CPU per row): the C "
+                     "literal renderer is not available: %s", _why_not)
+        return _native
+
+
+def column_kinds(schema: TableSchema) -> bytes | None:
+    """The C kinds of ``schema``'s columns, or None when a column is not rendered in C (or C is not available)."""
+    mod = native()
+    if mod is None or not schema.columns:
+        return None
+    out = []
+    for c in schema.columns:
+        name = None if c.is_array else KINDS.get(c.base_type)
+        if name is None:
+            return None
+        out.append(getattr(mod, name))
+    return bytes(out)
+
+
+class LiteralRows:
+    """Turns a chunk's COPY text, fed in blocks cut anywhere, into bodies of literal rows ``(..),(..)`` for ``INSERT
+    .. VALUES <body> ..``, each of at most ``max_rows`` rows and ``max_bytes`` bytes. ``rows``: lines rendered so far.
+    Not thread-safe (one chunk, one thread)."""
+
+    def __init__(self, kinds: bytes, scales: Sequence[int | None], max_bytes: int, max_rows: int) -> None:
+        mod = native()
+        if mod is None:
+            raise RuntimeError("the C literal renderer is not available")
+        self._render: Any = mod.render
+        self._kinds = kinds
+        self._scales = tuple(-1 if s is None else int(s) for s in scales)
+        self._max_bytes = max_bytes
+        self._max_rows = max_rows
+        self._carry = b""
+        self.rows = 0
+
+    def feed(self, block: bytes) -> list[bytes] | None:
+        """The bodies of the whole lines completed by ``block``; None: a line holds a value C does not render
+        exactly as the parsed path (the chunk must be written through that path)."""
+        cut = block.rfind(b"\n")
+        if cut < 0:
+            self._carry += block
+            return []
+        data = self._carry + block[:cut + 1] if self._carry else block[:cut + 1]
+        self._carry = block[cut + 1:]
+        bodies, n = self._render(data, self._kinds, self._scales, self._max_bytes, self._max_rows)
+        if bodies is None:
+            return None
+        self.rows += n
+        return bodies  # type: ignore[no-any-return]
+
+    def finish(self) -> bool:
+        """True when the text ended with a whole line (COPY's always does); False: a partial last line was left."""
+        return not self._carry
+
+
+def main() -> int:
+    """``python -m sinks.sql.dialect.copy_literals``: build the module now (``make deps``), print where it is."""
+    return cbuild.build_main(build, "C literal renderer not built (the initial copy into MySQL parses rows in Python)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
