@@ -1,0 +1,219 @@
+"""The verification job: compare tables upstream and downstream at one upstream snapshot, chunk by chunk, on Spark
+(docs/verify.md). ``python -m spark_jobs.verify --plan FILE [--out FILE]``.
+
+Steps of :func:`verify_tables`:
+
+1. Open one :class:`upstream.base.SnapshotReader` at the job's snapshot (the exported snapshot at Ts ``ts``); for
+   each table read its schema and plan its key-range chunks with the copy's planner (``SnapshotReader.plan``).
+   A table whose key types the target cannot range-read (:func:`spark_jobs.verify_chunk.bounds_supported`) is one
+   range. The reader is closed before Spark runs.
+2. Checksums: one Spark task per chunk (``sc.parallelize(tasks, n).map(checksum_task)``): each reads its range
+   on both sides and returns two (rows, 64-bit multiset sum) pairs (:class:`cdc.verify.ChunkSum`); no row reaches
+   the driver.
+3. Drill-down: only the chunks whose checksums differ, again one task each (``drill_task``), return their differing
+   keys (:class:`cdc.verify.RowDiff`).
+4. Per table: a key listed missing in one chunk and extra in another with the same row hash is the same row read
+   in another range downstream (a target whose key order differs) and is no difference; the target's total rows
+   (``count(*)`` in the same read snapshot) must equal the rows the chunks read, or the table is not called equal
+   (a range order that left target rows unread). The verdict lists at most ``cap`` keys, counting the rest.
+
+Without a SparkSession (``spark=None``) the same task functions run in this process, one chunk after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cdc import serde
+from cdc.config import DEFAULT_CHUNK_ROWS, DEFAULT_SPARK_MASTER
+from cdc.errors import TidewaterError
+from cdc.events import TableName, TableSchema
+from cdc.snapshot import TablePlan, plan_from_bounds
+from cdc.verify import (
+    DEFAULT_CAP,
+    DIFFERENT,
+    EXTRA,
+    INEXACT,
+    MISSING,
+    ChunkSum,
+    RowDiff,
+    TableVerdict,
+    VerifyReport,
+)
+from sinks.sql.target.connection import Target
+from spark_jobs.verify_chunk import (
+    ChunkDrill,
+    VerifyTask,
+    bounds_supported,
+    checksum_task,
+    drill_task,
+    end_read,
+    open_read,
+    table_ref,
+)
+from upstream import open_upstream
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VerifyJob:
+    """What to compare. ``snapshot``: the upstream's exported snapshot (None: each reader its own, only for data at
+    rest) and ``ts`` its position; ``target_snapshot``: a PostgreSQL target's exported snapshot (None: each task
+    reads the target's current state); ``consistency`` goes into the report as it is (see
+    :class:`cdc.verify.VerifyReport`)."""
+
+    upstream: str
+    sink: str
+    tables: tuple[str, ...]
+    snapshot: str | None = None
+    ts: int = 0
+    target_snapshot: str | None = None
+    changefeed: str = ""
+    consistency: str = "none"
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    cap: int = DEFAULT_CAP
+    spark_master: str = DEFAULT_SPARK_MASTER
+    spark_conf: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Table:
+    schema: TableSchema
+    plan: TablePlan
+
+
+def plan_tables(job: VerifyJob, dialect: str) -> list[_Table]:
+    """Schemas and chunk plans of the job's tables at its snapshot (step 1)."""
+    out = []
+    with open_upstream(job.upstream) as up, up.snapshot_reader(job.snapshot, label="verify") as reader:
+        for name in job.tables:
+            schema = reader.table_schema(TableName.parse(name))
+            plan = reader.plan(schema, job.chunk_rows)
+            if not bounds_supported(schema, dialect):
+                log.info("verify %s: the target cannot range-read key %s: one range", name, list(schema.key))
+                plan = plan_from_bounds(schema.name, plan.rows, job.chunk_rows, tuple(schema.key), ())
+            reader.release()
+            out.append(_Table(schema, plan))
+    return out
+
+
+def _run(spark: Any, fn: Callable[[bytes], bytes], payloads: list[bytes]) -> list[bytes]:
+    if not payloads:
+        return []
+    if spark is None:
+        return [fn(p) for p in payloads]
+    return list(spark.sparkContext.parallelize(payloads, len(payloads)).map(fn).collect())
+
+
+def target_counts(job: VerifyJob, target: Target, tables: list[_Table]) -> dict[str, int]:
+    """Each table's rows in the target, read the way the tasks read it (same snapshot where there is one)."""
+    raw = open_read(target, job.target_snapshot)
+    try:
+        cur = raw.cursor()
+        counts = {}
+        for t in tables:
+            cur.execute(f"SELECT count(*) FROM {table_ref(target, t.schema)}")
+            counts[str(t.schema.name)] = int(cur.fetchone()[0])
+        cur.close()
+        return counts
+    finally:
+        end_read(raw)
+
+
+def verdict(table: str, sums: list[ChunkSum], drills: list[ChunkDrill], target_total: int, cap: int) -> TableVerdict:
+    """One table's verdict from its chunks' checksums and drill-downs (step 4)."""
+    diffs = [d for drill in drills for d in drill.diffs]
+    missing = {(d.key, d.row_hash): d for d in diffs if d.kind == MISSING}
+    moved = {(d.key, d.row_hash) for d in diffs if d.kind == EXTRA} & set(missing)
+    kept: list[RowDiff] = []
+    for d in diffs:
+        if d.kind in (MISSING, EXTRA) and (d.key, d.row_hash) in moved:
+            continue
+        kept.append(d)
+    # a key missing from one range and extra in another with other values: one row, different values
+    missing_keys = {d.key for d in kept if d.kind == MISSING}
+    extra_keys = {d.key for d in kept if d.kind == EXTRA}
+    both = missing_keys & extra_keys
+    if both:
+        kept = [d for d in kept if not (d.kind in (MISSING, EXTRA) and d.key in both)]
+        kept.extend(RowDiff(DIFFERENT, k) for k in both)
+    kept.sort(key=lambda d: (d.kind, [("" if v is None else v) for v in d.key]))
+    read = sum(s.target_rows for s in sums)
+    note = ""
+    if read != target_total:
+        note = (f"the target holds {target_total} rows but its key ranges read {read}: its key order differs from "
+                "the upstream's, rows were not compared")
+    counts = {k: sum(1 for d in kept if d.kind == k) for k in (MISSING, EXTRA, DIFFERENT, INEXACT)}
+    return TableVerdict(table, sum(s.source_rows for s in sums), target_total, len(sums),
+                        sum(1 for s in sums if not s.equal), counts[MISSING], counts[EXTRA], counts[DIFFERENT],
+                        counts[INEXACT], tuple(kept[:cap]), max(0, len(kept) - cap), note)
+
+
+def verify_tables(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
+    """Compare the job's tables (see the module docstring). Errors: the ``TidewaterError`` of the side that failed
+    (the upstream's snapshot gone, the target unreachable, a table missing upstream)."""
+    started = time.monotonic()
+    target = Target(job.sink)
+    try:
+        tables = plan_tables(job, target.dialect)
+        tasks: list[tuple[str, int, bytes]] = []
+        for t in tables:
+            schema_json = serde.to_json(t.schema).decode()
+            for chunk in t.plan.chunks:
+                task = VerifyTask(job.upstream, job.sink, job.snapshot, job.target_snapshot, schema_json,
+                                  serde.to_json(chunk).decode())
+                tasks.append((str(t.schema.name), chunk.index, serde.to_json(task)))
+        sums = [serde.from_json(ChunkSum, raw) for raw in _run(spark, checksum_task, [p for _, _, p in tasks])]
+        differing = [p for (_, _, p), s in zip(tasks, sums, strict=True) if not s.equal]
+        log.info("verify %s: %d chunk(s) of %d table(s) compared, %d differ", job.changefeed or "-", len(sums),
+                 len(tables), len(differing))
+        drills = [serde.from_json(ChunkDrill, raw) for raw in _run(spark, drill_task, differing)]
+        totals = target_counts(job, target, tables)
+    finally:
+        target.close()
+    verdicts = []
+    for t in tables:
+        name = str(t.schema.name)
+        verdicts.append(verdict(name, [s for s in sums if s.table == name], [d for d in drills if d.table == name],
+                                totals[name], job.cap))
+    return VerifyReport(job.ts, job.consistency, tuple(verdicts), changefeed=job.changefeed,
+                        seconds=round(time.monotonic() - started, 3))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m spark_jobs.verify --plan FILE [--out FILE]``: the report as JSON on stdout (or in ``--out``);
+    the exit code is the report's (:attr:`cdc.verify.VerifyReport.exit_code`)."""
+    parser = argparse.ArgumentParser(prog="python -m spark_jobs.verify", description=__doc__.split("\n")[0])
+    parser.add_argument("--plan", required=True, help="the VerifyJob as JSON")
+    parser.add_argument("--out", help="write the report here instead of stdout")
+    parser.add_argument("--local", action="store_true", help="run the tasks in this process, without Spark")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        job = serde.from_json(VerifyJob, Path(args.plan).read_bytes())
+        spark = None
+        if not args.local:
+            from spark_jobs.session import spark_session
+
+            spark = spark_session(job.spark_master, job.spark_conf, app_name="tidewater-verify")
+        report = verify_tables(job, spark=spark)
+    except TidewaterError as exc:
+        report = VerifyReport(error=f"[{exc.code}] {exc}")
+    raw = serde.to_json(report)
+    if args.out:
+        Path(args.out).write_bytes(raw)
+    else:
+        sys.stdout.write(raw.decode() + "\n")
+    return report.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
