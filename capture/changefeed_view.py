@@ -10,7 +10,7 @@ from typing import Any
 
 from cdc.config import ChangefeedConfig
 from cdc.meta.store import ClusterSnapshot
-from cdc.model import ChangefeedInfo, ChangefeedStatus, DataWarning, SpanStatus, span_copying
+from cdc.model import ChangefeedInfo, ChangefeedStatus, DataWarning, SpanStatus, VerifyHold, span_copying
 from cdc.serde import to_dict
 from cdc.snapshot import SnapshotProgress
 from cdc.ts import lsn_to_str
@@ -123,6 +123,7 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
             "phase": span_phase(info, ss),
             "table_copy": table_copy_view(ss),
             "watermark_hold_ts": (ss.hold_ts or None) if ss else None,
+            "verify_held_ts": (ss.held_ts or None) if ss and ss.held_id else None,
         })
     phases = {s["phase"] for s in spans}
     return {
@@ -151,6 +152,15 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
         "table_copies": [{"table": c.table, "span": c.span, "reason": c.reason, "requested_at": c.requested_at}
                          for c in info.table_copies],
     }
+
+
+def hold_view(hold: VerifyHold | None, now: float) -> dict[str, Any] | None:
+    """A ``changefeed verify`` hold of the changefeed (docs/verify.md, "The hold"): its point (``ts`` 0: the spans
+    stop where they are), holder, deadline and whether it is still obeyed (an expired one is ignored); None if none."""
+    if hold is None:
+        return None
+    return {"id": hold.id, "ts": hold.ts, "holder": hold.holder, "deadline": hold.deadline, "created": hold.created,
+            "active": hold.active(now)}
 
 
 def table_copy_view(ss: SpanStatus | None) -> dict[str, Any] | None:

@@ -26,7 +26,15 @@ import tomllib
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
-from capture.changefeed_view import describe, lag, processor_spans, processor_view, snapshot_view, span_load
+from capture.changefeed_view import (
+    describe,
+    hold_view,
+    lag,
+    processor_spans,
+    processor_view,
+    snapshot_view,
+    span_load,
+)
 from capture.snapshot_launcher import check_copy_possible
 from capture.table_copy import request_resync
 from cdc.config import TABLE_ARRAYS, ChangefeedConfig
@@ -375,6 +383,7 @@ class ChangefeedService:
         info = entry.value
         out = describe(info, snap.statuses.get(cf_id), snap.assignments.get(cf_id, {}),
                        snap.span_statuses.get(cf_id, {}))
+        out["verify_hold"] = hold_view(snap.holds.get(cf_id), time.time())
         if info.initial_copy:
             out["snapshot"] = snapshot_view(SnapshotProgressStore(self.store.client, self.store.cluster_id)
                                             .progress(cf_id))

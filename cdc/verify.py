@@ -97,6 +97,8 @@ class VerifyReport:
     error: str = ""
     changefeed: str = ""
     seconds: float = 0.0
+    hold_seconds: float = 0.0  # how long the changefeed's spans stood still (0: no hold)
+    note: str = ""  # what the reader must know about the point compared (e.g. a stopped changefeed's checkpoint)
 
     @property
     def equal(self) -> bool:

@@ -23,10 +23,12 @@ Without a SparkSession (``spark=None``) the same task functions run in this proc
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ from cdc import serde
 from cdc.config import DEFAULT_CHUNK_ROWS, DEFAULT_SPARK_MASTER
 from cdc.errors import TidewaterError
 from cdc.events import TableName, TableSchema
+from cdc.meta.etcd import EtcdClient
+from cdc.meta.store import MetaStore
 from cdc.snapshot import TablePlan, plan_from_bounds
 from cdc.verify import (
     DEFAULT_CAP,
@@ -58,6 +62,7 @@ from spark_jobs.verify_chunk import (
     open_read,
     table_ref,
 )
+from spark_jobs.verify_hold import VerifyHoldSession
 from upstream import open_upstream
 
 log = logging.getLogger(__name__)
@@ -82,6 +87,12 @@ class VerifyJob:
     cap: int = DEFAULT_CAP
     spark_master: str = DEFAULT_SPARK_MASTER
     spark_conf: dict[str, str] = field(default_factory=dict)
+    # with a changefeed: where its keys are (the hold, its spans' statuses), the hold's deadline (seconds, renewed
+    # while the job lives) and how long the spans may take to hold
+    etcd: tuple[str, ...] = ()
+    cluster: str = "default"
+    hold_ttl: float = 30.0
+    hold_timeout: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -188,6 +199,71 @@ def verify_tables(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
                         seconds=round(time.monotonic() - started, 3))
 
 
+@contextlib.contextmanager
+def target_snapshot(sink: str) -> Iterator[str | None]:
+    """A PostgreSQL target's state now, exported (``pg_export_snapshot`` of a repeatable-read transaction kept open
+    for the block) for the tasks to read under; None for a target without shareable snapshots (MySQL, SQLite)."""
+    target = Target(sink)
+    try:
+        if target.dialect != "postgresql":
+            yield None
+            return
+        raw = target.engine.raw_connection()
+        try:
+            raw.rollback()
+            raw.dbapi_connection.set_session(isolation_level="REPEATABLE READ", readonly=True)
+            cur = raw.cursor()
+            cur.execute("SELECT pg_export_snapshot()")
+            name = str(cur.fetchone()[0])
+            cur.close()
+            yield name
+        finally:
+            end_read(raw)
+    finally:
+        target.close()
+
+
+def verify_changefeed(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
+    """Compare a changefeed's tables at one upstream position (docs/verify.md). A running changefeed is held
+    (:class:`spark_jobs.verify_hold.VerifyHoldSession`) at the Ts ``Y`` of a snapshot exported while its spans stood
+    still; a PostgreSQL target is then exported and the hold released before any chunk is read, other targets keep
+    it until their chunks are read. A stopped or failed changefeed is compared without a hold: the report says
+    ``checkpoint`` and, when the upstream moved past its checkpoint, that the differences may be those changes."""
+    started = time.monotonic()
+    with EtcdClient(list(job.etcd)) as client:
+        store = MetaStore(client, job.cluster)
+        entry = store.get_changefeed(job.changefeed)
+        if entry is None:
+            return VerifyReport(error=f"changefeed {job.changefeed} does not exist", changefeed=job.changefeed)
+        info = entry.value
+        spans = [s.index for s in info.spans]
+        with open_upstream(job.upstream) as up:
+            if not info.state.runs:
+                status = store.get_status(job.changefeed)
+                checkpoint = status.value.checkpoint_ts if status is not None else 0
+                with up.export_snapshot(label=f"verify-{job.changefeed}") as exp:
+                    report = verify_tables(dataclasses.replace(job, snapshot=exp.name, ts=exp.ts,
+                                                               consistency="checkpoint"), spark=spark)
+                if exp.ts > checkpoint:
+                    report = dataclasses.replace(report, note=(
+                        f"changefeed {info.state.value} at checkpoint {checkpoint}: compared with the upstream at "
+                        f"{exp.ts}; a difference may be a change the changefeed has not applied"))
+                return dataclasses.replace(report, seconds=round(time.monotonic() - started, 3))
+            with VerifyHoldSession(store, job.changefeed, spans, ttl=job.hold_ttl, timeout=job.hold_timeout) as hold:
+                hold.freeze()
+                with up.export_snapshot(label=f"verify-{job.changefeed}") as exp:
+                    hold.hold_at(exp.ts)
+                    with target_snapshot(job.sink) as tsnap:
+                        if tsnap is not None:
+                            hold.release()  # the target's state at Y is exported: the changefeed goes on
+                        report = verify_tables(dataclasses.replace(job, snapshot=exp.name, ts=exp.ts,
+                                                                   target_snapshot=tsnap, consistency="hold"),
+                                               spark=spark)
+                hold.release()
+            return dataclasses.replace(report, hold_seconds=round(hold.held_seconds, 3),
+                                       seconds=round(time.monotonic() - started, 3))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m spark_jobs.verify --plan FILE [--out FILE]``: the report as JSON on stdout (or in ``--out``);
     the exit code is the report's (:attr:`cdc.verify.VerifyReport.exit_code`)."""
@@ -204,9 +280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from spark_jobs.session import spark_session
 
             spark = spark_session(job.spark_master, job.spark_conf, app_name="tidewater-verify")
-        report = verify_tables(job, spark=spark)
+        report = verify_changefeed(job, spark=spark) if job.changefeed and job.etcd else verify_tables(job, spark=spark)
     except TidewaterError as exc:
-        report = VerifyReport(error=f"[{exc.code}] {exc}")
+        report = VerifyReport(error=str(exc))
+    except KeyboardInterrupt:
+        report = VerifyReport(error="interrupted (the hold, if any, was released)")
     raw = serde.to_json(report)
     if args.out:
         Path(args.out).write_bytes(raw)

@@ -8,6 +8,7 @@ All keys of a cluster live under ``/tidewater/{cluster}/``::
     /tidewater/{cluster}/changefeed/status/{cf}                 ChangefeedStatus
     /tidewater/{cluster}/changefeed/assign/{cf}/{span}          SpanAssignment
     /tidewater/{cluster}/changefeed/span/{cf}/{span}            SpanStatus
+    /tidewater/{cluster}/changefeed/hold/{cf}                   VerifyHold (changefeed verify)
     /tidewater/{cluster}/schema/{cf}/{relid}                    SchemaHistory (after every other key:
                                                                  MetaStore.snapshot() does not read it)
     /tidewater/{cluster}/snapshot/{cf}/{span}/run               cdc.snapshot.SnapshotRun (the job allowed to commit)
@@ -55,6 +56,7 @@ class KeyKind(enum.Enum):
     CHANGEFEED_STATUS = "changefeed-status"
     SPAN_ASSIGNMENT = "span-assignment"
     SPAN_STATUS = "span-status"
+    CHANGEFEED_HOLD = "changefeed-hold"
     SCHEMA_HISTORY = "schema-history"
     SNAPSHOT_PLAN = "snapshot-plan"
     SNAPSHOT_CHUNK = "snapshot-chunk"
@@ -67,6 +69,7 @@ _CF_KINDS = {
     KeyKind.CHANGEFEED_STATUS: "status",
     KeyKind.SPAN_ASSIGNMENT: "assign",
     KeyKind.SPAN_STATUS: "span",
+    KeyKind.CHANGEFEED_HOLD: "hold",
 }
 _CF_KIND_BY_SEGMENT = {seg: kind for kind, seg in _CF_KINDS.items()}
 _SPAN_KINDS = (KeyKind.SPAN_ASSIGNMENT, KeyKind.SPAN_STATUS)
@@ -337,6 +340,10 @@ def changefeed_info_key(cluster: str, changefeed: str) -> str:
 
 def changefeed_status_key(cluster: str, changefeed: str) -> str:
     return EtcdKey(KeyKind.CHANGEFEED_STATUS, cluster, changefeed=changefeed).encode()
+
+
+def hold_key(cluster: str, changefeed: str) -> str:
+    return EtcdKey(KeyKind.CHANGEFEED_HOLD, cluster, changefeed=changefeed).encode()
 
 
 def assignment_key(cluster: str, changefeed: str, span: int) -> str:
