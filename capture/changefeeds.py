@@ -37,6 +37,7 @@ from capture.changefeed_view import (
 )
 from capture.snapshot_launcher import check_copy_possible
 from capture.table_copy import request_resync
+from capture.verify_runs import VerifyRuns
 from cdc.config import TABLE_ARRAYS, ChangefeedConfig
 from cdc.errors import (
     ChangefeedNotFound,
@@ -188,6 +189,7 @@ class ChangefeedService:
     def __init__(self, store: MetaStore, stop_wait: float = 15.0) -> None:
         self.store = store
         self.stop_wait = stop_wait  # update: how long to wait for the spans of a paused changefeed to stop
+        self.verify_runs: VerifyRuns | None = None  # changefeed verify jobs (wired by the capture's server)
 
     # ---- create ----------------------------------------------------------------------------------
     def create(self, req: CreateRequest) -> dict[str, Any]:

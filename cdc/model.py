@@ -8,6 +8,7 @@ Each model is a dataclass serialised with ``cdc.serde`` as JSON. Who writes what
 - ``SpanStatus``: the processor running the span (checkpoint and resolved Ts of the span, and the
   ``DataWarning``s its sink raised).
 - ``VerifyHold``: ``changefeed verify`` (spark_jobs.verify_hold), read by the processors and the API.
+- ``VerifyRun``: a ``changefeed verify`` job: the capture that launched it, then the job itself (its report).
 """
 
 from __future__ import annotations
@@ -396,3 +397,27 @@ def pending_table_copies(info: ChangefeedInfo, span: int, status: SpanSnapshot |
     """The table copies of span ``span`` that it has not taken up yet (``request`` above its snapshot's)."""
     served = status.request if status is not None else 0
     return tuple(c for c in info.table_copies if c.span == span and c.request > served)
+
+
+VERIFY_RUNNING = "running"
+VERIFY_DONE = "done"
+VERIFY_FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class VerifyRun:
+    """One ``changefeed verify`` job (docs/verify.md): ``state`` ``running``, then ``done`` with ``report`` (a
+    ``cdc.verify.VerifyReport`` as a dict; its own ``error`` when it could not compare) or ``failed`` with ``error``
+    (the job process died before it wrote a report). ``chunks_done``/``chunks``: progress of its comparison;
+    ``capture``: the capture that launched it (it can stop it)."""
+
+    id: str
+    state: str = VERIFY_RUNNING
+    started: float = 0.0
+    finished: float = 0.0
+    tables: tuple[str, ...] = ()
+    capture: str = ""
+    chunks: int = 0
+    chunks_done: int = 0
+    report: dict[str, Any] | None = None
+    error: str = ""

@@ -152,6 +152,8 @@ def _cmd_changefeed(args: argparse.Namespace) -> Result:
         return "changefeed", _request(s, "POST", f"{path}/{op}")
     if op == "snapshot":
         return "changefeed", _request(s, "POST", f"{path}/snapshot", {"tables": args.table})
+    if op == "verify":
+        return "verify", _verify(s, path, args)
     if op == "update":
         body: dict[str, Any] = {}
         sink = uri_arg(args, "sink_uri", "", "sink URI", False)
@@ -184,6 +186,53 @@ def _cmd_changefeed(args: argparse.Namespace) -> Result:
         raise CliError("CDC:ErrTimeout", f"changefeed {args.changefeed_id} is marked removed but the owner has not "
                        f"finished dropping its slots within {args.timeout}s; state: {result.get('state')}")
     raise CliError("CDC:ErrUsage", f"unknown changefeed command {op}", 2)
+
+
+VERIFY_EQUAL, VERIFY_DIFFERS, VERIFY_COULD_NOT_RUN = 0, 1, 2
+
+
+def verify_exit_code(run: dict[str, Any]) -> int:
+    """``changefeed verify``'s exit code: 0 every table equal, 1 some table differs, 2 it could not run."""
+    report = run.get("report")
+    if run.get("state") != "done" or not isinstance(report, dict) or report.get("error"):
+        return VERIFY_COULD_NOT_RUN
+    tables = report.get("tables") or []
+    differs = any(t.get(k) for t in tables for k in ("missing", "extra", "different", "inexact", "note"))
+    return VERIFY_DIFFERS if differs else VERIFY_EQUAL
+
+
+def _verify(client: Client, path: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Start a verify job and wait for its report (progress on stderr); Ctrl-C stops the job (it releases its hold)
+    and exits 130. A refused request or an unreachable server: exit 2 (could not run)."""
+    body: dict[str, Any] = {}
+    if args.tables:
+        body["tables"] = [t.strip() for t in args.tables.split(",") if t.strip()]
+    if args.chunk_rows is not None:
+        body["chunk_rows"] = args.chunk_rows
+    try:
+        run = _request(client, "POST", f"{path}/verify", body)
+    except CliError as exc:
+        raise CliError(exc.code, exc.message, VERIFY_COULD_NOT_RUN) from None
+    run_path = f"{path}/verify/{_seg(str(run['id']))}"
+    deadline = time.monotonic() + args.timeout
+    try:
+        while run.get("state") == "running":
+            if time.monotonic() >= deadline:
+                _request(client, "DELETE", run_path)
+                raise CliError("CDC:ErrTimeout", f"verify run {run['id']} took longer than {args.timeout}s: "
+                               "stopped", VERIFY_COULD_NOT_RUN)
+            time.sleep(0.5)
+            try:
+                run = _request(client, "GET", run_path)
+            except CliError as exc:
+                raise CliError(exc.code, exc.message, VERIFY_COULD_NOT_RUN) from None
+    except KeyboardInterrupt:
+        try:
+            _request(client, "DELETE", run_path, timeout=10)
+        except CliError:
+            pass  # the hold expires by its deadline
+        raise CliError("CDC:ErrInterrupted", f"verify run {run['id']} stopped (its hold released)", 130) from None
+    return run
 
 
 def _watch(server: str, path: str) -> dict[str, Any]:
@@ -329,6 +378,13 @@ def _add_cli_parser(sub: Any) -> None:
     r.add_argument("--changefeed-id", "-c", required=True)
     r.add_argument("--table", action="append", required=True, metavar="SCHEMA.NAME",
                    help="a replicated table (repeat for several)")
+    v = ops.add_parser("verify", parents=[out],
+                       help="compare the target with the upstream at one consistent point, chunk by chunk on Spark; "
+                            "exit 0 equal, 1 differs, 2 could not run")
+    v.add_argument("--changefeed-id", "-c", required=True)
+    v.add_argument("--tables", metavar="SCHEMA.NAME,...", help="replicated tables to compare (default: all)")
+    v.add_argument("--chunk-rows", type=int, help="rows per compared chunk (default: [snapshot] chunk-rows)")
+    v.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds to wait for the report")
     u = ops.add_parser("update", parents=[out], help="change a stopped changefeed; prints the diff")
     u.add_argument("--changefeed-id", "-c", required=True)
     u.add_argument("--sink-uri")
@@ -421,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         args.server = make_client(args)
         kind, result = COMMANDS[args.group](args)
         print(emit(kind, result, args.output))
-        return 0
+        return verify_exit_code(result) if kind == "verify" else 0
     except CliError as exc:
         print(json.dumps({"error_code": exc.code, "error_msg": scrub(exc.message)}, indent=2), file=sys.stderr)
         return exc.exit_code

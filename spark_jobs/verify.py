@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -33,12 +34,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+
 from cdc import serde
 from cdc.config import DEFAULT_CHUNK_ROWS, DEFAULT_SPARK_MASTER
 from cdc.errors import TidewaterError
 from cdc.events import TableName, TableSchema
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.store import MetaStore
+from cdc.model import VERIFY_DONE, VerifyRun
 from cdc.snapshot import TablePlan, plan_from_bounds
 from cdc.verify import (
     DEFAULT_CAP,
@@ -93,6 +97,11 @@ class VerifyJob:
     cluster: str = "default"
     hold_ttl: float = 30.0
     hold_timeout: float = 60.0
+    # the VerifyRun this job reports to in etcd ("": none, the report goes to stdout or --out only)
+    run_id: str = ""
+    # fewer planned rows than this: the chunks are compared in this process, Spark is not started (a JVM and its
+    # executors cost more than such a comparison; the changefeed's [snapshot] spark-min-rows)
+    spark_min_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -122,6 +131,17 @@ def _run(spark: Any, fn: Callable[[bytes], bytes], payloads: list[bytes]) -> lis
     if spark is None:
         return [fn(p) for p in payloads]
     return list(spark.sparkContext.parallelize(payloads, len(payloads)).map(fn).collect())
+
+
+def missing_tables(target: Target, tables: list[_Table]) -> dict[str, tuple[_Table, str]]:
+    """The tables that do not exist in the target: name -> (table, its target name)."""
+    inspector = sa.inspect(target.engine)
+    out = {}
+    for t in tables:
+        tschema, tname = target.target_parts(t.schema.name)
+        if not inspector.has_table(tname, schema=tschema):
+            out[str(t.schema.name)] = (t, target.target_name(t.schema.name))
+    return out
 
 
 def target_counts(job: VerifyJob, target: Target, tables: list[_Table]) -> dict[str, int]:
@@ -169,12 +189,18 @@ def verdict(table: str, sums: list[ChunkSum], drills: list[ChunkDrill], target_t
 
 
 def verify_tables(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
-    """Compare the job's tables (see the module docstring). Errors: the ``TidewaterError`` of the side that failed
-    (the upstream's snapshot gone, the target unreachable, a table missing upstream)."""
+    """Compare the job's tables (see the module docstring). ``spark``: a SparkSession, None (no Spark), or a function
+    that makes one, called only when the tables planned hold at least ``job.spark_min_rows`` rows. Errors: the
+    ``TidewaterError`` of the side that failed (the upstream's snapshot gone, the target unreachable, a table missing
+    upstream)."""
     started = time.monotonic()
     target = Target(job.sink)
     try:
         tables = plan_tables(job, target.dialect)
+        absent = missing_tables(target, tables)
+        tables = [t for t in tables if str(t.schema.name) not in absent]
+        if callable(spark):  # a factory: started only for a comparison worth it
+            spark = spark() if sum(t.plan.rows for t in tables) >= job.spark_min_rows else None
         tasks: list[tuple[str, int, bytes]] = []
         for t in tables:
             schema_json = serde.to_json(t.schema).decode()
@@ -190,11 +216,15 @@ def verify_tables(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
         totals = target_counts(job, target, tables)
     finally:
         target.close()
-    verdicts = []
+    verdicts = [TableVerdict(name, t.plan.rows, 0, len(t.plan.chunks), len(t.plan.chunks), missing=t.plan.rows,
+                             note=f"the target has no table {target_name}: every upstream row is missing"
+                                  + (" (rows planned: an estimate)" if t.plan.rows else ""))
+                for name, (t, target_name) in absent.items()]
     for t in tables:
         name = str(t.schema.name)
         verdicts.append(verdict(name, [s for s in sums if s.table == name], [d for d in drills if d.table == name],
                                 totals[name], job.cap))
+    verdicts.sort(key=lambda v: job.tables.index(v.table) if v.table in job.tables else len(job.tables))
     return VerifyReport(job.ts, job.consistency, tuple(verdicts), changefeed=job.changefeed,
                         seconds=round(time.monotonic() - started, 3))
 
@@ -264,6 +294,23 @@ def verify_changefeed(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
                                        seconds=round(time.monotonic() - started, 3))
 
 
+def _interrupt(_signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _store_report(job: VerifyJob, report: VerifyReport) -> None:
+    """The job's outcome into its VerifyRun (the launching capture marks it failed if this never happens)."""
+    try:
+        with EtcdClient(list(job.etcd)) as client:
+            store = MetaStore(client, job.cluster)
+            run = store.get_verify_run(job.changefeed, job.run_id) or VerifyRun(job.run_id, tables=job.tables)
+            store.put_verify_run(job.changefeed, dataclasses.replace(
+                run, state=VERIFY_DONE, finished=time.time(), report=serde.to_dict(report),
+                chunks=sum(t.chunks for t in report.tables), chunks_done=sum(t.chunks for t in report.tables)))
+    except TidewaterError as exc:
+        log.error("verify changefeed=%s run=%s: report not stored: %s", job.changefeed, job.run_id, exc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m spark_jobs.verify --plan FILE [--out FILE]``: the report as JSON on stdout (or in ``--out``);
     the exit code is the report's (:attr:`cdc.verify.VerifyReport.exit_code`)."""
@@ -273,19 +320,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--local", action="store_true", help="run the tasks in this process, without Spark")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, _interrupt)  # stopped by its capture (the CLI's Ctrl-C): release the hold first
+    job: VerifyJob | None = None
     try:
         job = serde.from_json(VerifyJob, Path(args.plan).read_bytes())
-        spark = None
+        spark: Any = None
         if not args.local:
             from spark_jobs.session import spark_session
 
-            spark = spark_session(job.spark_master, job.spark_conf, app_name="tidewater-verify")
+            conf = job.spark_conf
+            master = job.spark_master
+
+            def spark() -> Any:
+                return spark_session(master, conf, app_name="tidewater-verify")
         report = verify_changefeed(job, spark=spark) if job.changefeed and job.etcd else verify_tables(job, spark=spark)
     except TidewaterError as exc:
         report = VerifyReport(error=str(exc))
     except KeyboardInterrupt:
         report = VerifyReport(error="interrupted (the hold, if any, was released)")
+    except Exception as exc:  # noqa: BLE001 - a driver's or Spark's error: the report says it, the job exits 2
+        log.exception("verify failed")
+        report = VerifyReport(error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:1000]}")
     raw = serde.to_json(report)
+    if job is not None and job.run_id and job.etcd:
+        _store_report(job, report)
     if args.out:
         Path(args.out).write_bytes(raw)
     else:

@@ -37,6 +37,7 @@ from cdc.model import (
     SpanStatus,
     TableCopy,
     VerifyHold,
+    VerifyRun,
 )
 
 log = logging.getLogger(__name__)
@@ -325,6 +326,7 @@ class MetaStore:
             Op.delete(keys.changefeed_info_key(self.cluster_id, cf)),
             Op.delete(keys.changefeed_status_key(self.cluster_id, cf)),
             Op.delete(keys.hold_key(self.cluster_id, cf)),
+            Op.delete_prefix(keys.verify_prefix(self.cluster_id, cf)),
             Op.delete_prefix(keys.assignment_prefix(self.cluster_id, cf)),
             Op.delete_prefix(keys.span_status_prefix(self.cluster_id, cf)),
             Op.delete_prefix(keys.schema_history_prefix(self.cluster_id, cf)),
@@ -355,6 +357,14 @@ class MetaStore:
         if kv is None or _decode(VerifyHold, kv).id != hold_id:
             return False
         return self.client.txn([Compare(key, "mod", "=", kv.mod_revision)], [Op.delete(key)])
+
+    def put_verify_run(self, cf: str, run: VerifyRun) -> None:
+        """Store a verify job's state (the launching capture, then the job itself)."""
+        self.client.put(keys.verify_run_key(self.cluster_id, cf, run.id), serde.to_json(run))
+
+    def get_verify_run(self, cf: str, run: str) -> VerifyRun | None:
+        kv = self.client.get(keys.verify_run_key(self.cluster_id, cf, run))
+        return None if kv is None else _decode(VerifyRun, kv)
 
     # ---- schema history (processors)
     def get_schema_histories(self, cf: str) -> dict[int, SchemaHistory]:
