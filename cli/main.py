@@ -153,7 +153,10 @@ def _cmd_changefeed(args: argparse.Namespace) -> Result:
     if op == "snapshot":
         return "changefeed", _request(s, "POST", f"{path}/snapshot", {"tables": args.table})
     if op == "verify":
-        return "verify", _verify(s, path, args)
+        run = _verify(s, path, args, args.tables)
+        if args.repair and verify_exit_code(run) == VERIFY_DIFFERS:
+            run = _repair(s, path, args, run)
+        return "verify", run
     if op == "update":
         body: dict[str, Any] = {}
         sink = uri_arg(args, "sink_uri", "", "sink URI", False)
@@ -201,12 +204,44 @@ def verify_exit_code(run: dict[str, Any]) -> int:
     return VERIFY_DIFFERS if differs else VERIFY_EQUAL
 
 
-def _verify(client: Client, path: str, args: argparse.Namespace) -> dict[str, Any]:
+def _repair(client: Client, path: str, args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
+    """``--repair``: resync (``changefeed snapshot``) every table that differs -- not those whose only differences
+    are values no target can hold exactly, which a copy cannot change --, wait until the copies are done, verify
+    those tables again; the second run is the result (its ``repaired`` lists the tables, ``before`` the first
+    report)."""
+    tables = [t for t in run["report"]["tables"]
+              if any(t.get(k) for k in ("missing", "extra", "different", "note"))]
+    names = [t["table"] for t in tables]
+    if not names:
+        return run
+    try:
+        _request(client, "POST", f"{path}/snapshot", {"tables": names})
+        deadline = time.monotonic() + args.timeout
+        while True:
+            q = _request(client, "GET", path)
+            if q.get("state") not in ("normal", "warning"):
+                raise CliError("CDC:ErrChangefeedNotStreaming", f"the resync of {', '.join(names)} stopped: the "
+                               f"changefeed is {q.get('state')} ({q.get('error')})", VERIFY_COULD_NOT_RUN)
+            pending = [c for c in q.get("table_copies") or [] if c.get("table") in names]
+            copying = [s for s in q.get("spans") or [] if (s.get("table_copy") or {}).get("phase") == "copying"]
+            if not pending and not copying:
+                break
+            if time.monotonic() >= deadline:
+                raise CliError("CDC:ErrTimeout", f"the resync of {', '.join(names)} took longer than {args.timeout}s",
+                               VERIFY_COULD_NOT_RUN)
+            time.sleep(0.5)
+    except CliError as exc:
+        raise CliError(exc.code, exc.message, VERIFY_COULD_NOT_RUN) from None
+    again = _verify(client, path, args, ",".join(names))
+    return {**again, "repaired": names, "before": run["report"]}
+
+
+def _verify(client: Client, path: str, args: argparse.Namespace, tables: str | None) -> dict[str, Any]:
     """Start a verify job and wait for its report (progress on stderr); Ctrl-C stops the job (it releases its hold)
     and exits 130. A refused request or an unreachable server: exit 2 (could not run)."""
     body: dict[str, Any] = {}
-    if args.tables:
-        body["tables"] = [t.strip() for t in args.tables.split(",") if t.strip()]
+    if tables:
+        body["tables"] = [t.strip() for t in tables.split(",") if t.strip()]
     if args.chunk_rows is not None:
         body["chunk_rows"] = args.chunk_rows
     try:
@@ -385,6 +420,9 @@ def _add_cli_parser(sub: Any) -> None:
     v.add_argument("--tables", metavar="SCHEMA.NAME,...", help="replicated tables to compare (default: all)")
     v.add_argument("--chunk-rows", type=int, help="rows per compared chunk (default: [snapshot] chunk-rows)")
     v.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds to wait for the report")
+    v.add_argument("--repair", action="store_true",
+                   help="resync the tables that differ (changefeed snapshot), then verify them again; the exit code "
+                        "is the second verification's")
     u = ops.add_parser("update", parents=[out], help="change a stopped changefeed; prints the diff")
     u.add_argument("--changefeed-id", "-c", required=True)
     u.add_argument("--sink-uri")

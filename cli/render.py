@@ -137,7 +137,8 @@ def _verify_text(run: dict[str, Any]) -> str:
     pairs = [("run", run.get("id")), ("state", run.get("state")), ("changefeed", report.get("changefeed")),
              ("compared at ts", report.get("ts")), ("consistency", report.get("consistency")),
              ("hold seconds", report.get("hold_seconds")), ("seconds", report.get("seconds")),
-             ("note", report.get("note") or None), ("error", report.get("error") or run.get("error") or None)]
+             ("note", report.get("note") or None), ("error", report.get("error") or run.get("error") or None),
+             ("repaired (resynced, then verified again)", ", ".join(run.get("repaired") or []) or None)]
     text = render_kv(pairs)
     if tables:
         text += "\n\n" + render_table(tables, VERIFY_COLUMNS)

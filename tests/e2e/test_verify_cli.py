@@ -1,6 +1,7 @@
 """``cdc cli changefeed verify`` end to end: the CLI asks a real `cdc server` (POST /api/v2/changefeeds/{id}/verify),
 which launches the verify job; the CLI polls the run and exits 0 when equal, 1 when a table differs (naming the keys),
-2 when the verification cannot run (a table the changefeed does not replicate)."""
+2 when the verification cannot run (a table the changefeed does not replicate); ``--repair`` resyncs the table that
+differs and verifies it again (exit 0), ending in a row-by-row compare."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import pytest
 from e2e_workload import run_on_target
 
 from playground.cluster import CdcServer, current_lsn
+from playground.compare import compare_tables
 from playground.servers import PostgresServer
 
 pytestmark = pytest.mark.e2e
@@ -69,6 +71,15 @@ def test_cli_verify_exit_codes_and_report(cdc_server: CdcServer, pg_server: Post
 
     code, out, err = cli(cdc_server, "-c", "cf-cli", "--tables", "public.kv", "--output", "table")
     assert code == 1 and "different" in out and "42" in out, (out, err)
+
+    code, run, err = cli(cdc_server, "-c", "cf-cli", "--chunk-rows", "200", "--repair")
+    assert code == 0, (run, err)
+    assert run["repaired"] == ["public.kv"], run
+    assert [t["table"] for t in run["before"]["tables"] if t["diffs"]] == ["public.kv"]
+    assert [(t["table"], t["source_rows"], t["target_rows"]) for t in run["report"]["tables"]] == [
+        ("public.kv", 900, 900)]
+    (d,) = compare_tables(source, ["public.kv"], sink)
+    assert d.equal, d
 
     code, out, err = cli(cdc_server, "-c", "cf-cli", "--tables", "public.nope")
     assert code == 2 and "does not replicate public.nope" in err, (out, err)
