@@ -10,7 +10,15 @@ from typing import Any
 
 from cdc.config import ChangefeedConfig
 from cdc.meta.store import ClusterSnapshot
-from cdc.model import ChangefeedInfo, ChangefeedStatus, DataWarning, SpanStatus, VerifyHold, span_copying
+from cdc.model import (
+    ChangefeedInfo,
+    ChangefeedStatus,
+    DataWarning,
+    SpanStatus,
+    VerifyHold,
+    VerifyRun,
+    span_copying,
+)
 from cdc.serde import to_dict
 from cdc.snapshot import SnapshotProgress
 from cdc.ts import lsn_to_str
@@ -161,6 +169,25 @@ def hold_view(hold: VerifyHold | None, now: float) -> dict[str, Any] | None:
         return None
     return {"id": hold.id, "ts": hold.ts, "holder": hold.holder, "deadline": hold.deadline, "created": hold.created,
             "active": hold.active(now)}
+
+
+VERIFY_RUNS_SHOWN = 5
+
+
+def verify_runs_view(runs: list[VerifyRun]) -> list[dict[str, Any]]:
+    """The changefeed's last ``changefeed verify`` runs (docs/verify.md), newest last: state, phase and chunks of a
+    running one, whether a finished one found the tables equal (the whole report: GET .../verify/{id})."""
+    out = []
+    for r in runs[-VERIFY_RUNS_SHOWN:]:
+        report = r.report or {}
+        tables = report.get("tables") or []
+        differs = [t.get("table") for t in tables
+                   if any(t.get(k) for k in ("missing", "extra", "different", "inexact", "note"))]
+        out.append({"id": r.id, "state": r.state, "phase": r.phase, "chunks": r.chunks, "chunks_done": r.chunks_done,
+                    "started": r.started, "finished": r.finished or None,
+                    "equal": (not differs and not report.get("error")) if r.report is not None else None,
+                    "differing_tables": differs, "error": report.get("error") or r.error or None})
+    return out
 
 
 def table_copy_view(ss: SpanStatus | None) -> dict[str, Any] | None:

@@ -34,6 +34,7 @@ from capture.changefeed_view import (
     processor_view,
     snapshot_view,
     span_load,
+    verify_runs_view,
 )
 from capture.snapshot_launcher import check_copy_possible
 from capture.table_copy import request_resync
@@ -386,6 +387,7 @@ class ChangefeedService:
         out = describe(info, snap.statuses.get(cf_id), snap.assignments.get(cf_id, {}),
                        snap.span_statuses.get(cf_id, {}))
         out["verify_hold"] = hold_view(snap.holds.get(cf_id), time.time())
+        out["verify_runs"] = verify_runs_view(self.store.list_verify_runs(cf_id))
         if info.initial_copy:
             out["snapshot"] = snapshot_view(SnapshotProgressStore(self.store.client, self.store.cluster_id)
                                             .progress(cf_id))

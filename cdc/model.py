@@ -408,7 +408,7 @@ VERIFY_FAILED = "failed"
 class VerifyRun:
     """One ``changefeed verify`` job (docs/verify.md): ``state`` ``running``, then ``done`` with ``report`` (a
     ``cdc.verify.VerifyReport`` as a dict; its own ``error`` when it could not compare) or ``failed`` with ``error``
-    (the job process died before it wrote a report). ``chunks_done``/``chunks``: progress of its comparison;
+    (the job process died before it wrote a report). ``phase``, ``chunks_done``/``chunks``: progress of its comparison;
     ``capture``: the capture that launched it (it can stop it)."""
 
     id: str
@@ -421,3 +421,7 @@ class VerifyRun:
     chunks_done: int = 0
     report: dict[str, Any] | None = None
     error: str = ""
+    # what the job does now: "holding" (the changefeed), "checksums", "drill-down" (chunks_done of chunks); and the
+    # rows of the tables planned (for a rate and an ETA)
+    phase: str = ""
+    rows: int = 0

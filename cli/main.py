@@ -28,6 +28,7 @@ from cdc.uri import SINK_URI_FORMS, scrub
 from cli.args import CliError, read_secret_file, uri_arg
 from cli.progress import WatchEnded, watch
 from cli.render import emit
+from cli.verify_progress import VerifyProgress
 
 DEFAULT_SERVER = "http://127.0.0.1:8300"
 OUTPUTS = ("json", "table")
@@ -250,8 +251,10 @@ def _verify(client: Client, path: str, args: argparse.Namespace, tables: str | N
         raise CliError(exc.code, exc.message, VERIFY_COULD_NOT_RUN) from None
     run_path = f"{path}/verify/{_seg(str(run['id']))}"
     deadline = time.monotonic() + args.timeout
+    shown = VerifyProgress(sys.stderr)
     try:
         while run.get("state") == "running":
+            shown.show(run)
             if time.monotonic() >= deadline:
                 _request(client, "DELETE", run_path)
                 raise CliError("CDC:ErrTimeout", f"verify run {run['id']} took longer than {args.timeout}s: "
@@ -267,6 +270,8 @@ def _verify(client: Client, path: str, args: argparse.Namespace, tables: str | N
         except CliError:
             pass  # the hold expires by its deadline
         raise CliError("CDC:ErrInterrupted", f"verify run {run['id']} stopped (its hold released)", 130) from None
+    finally:
+        shown.close()
     return run
 
 

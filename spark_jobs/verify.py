@@ -28,6 +28,7 @@ import dataclasses
 import logging
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from cdc.errors import TidewaterError
 from cdc.events import TableName, TableSchema
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.store import MetaStore
-from cdc.model import VERIFY_DONE, VerifyRun
+from cdc.model import VERIFY_DONE, VERIFY_RUNNING, VerifyRun
 from cdc.snapshot import TablePlan, plan_from_bounds
 from cdc.verify import (
     DEFAULT_CAP,
@@ -125,12 +126,53 @@ def plan_tables(job: VerifyJob, dialect: str) -> list[_Table]:
     return out
 
 
-def _run(spark: Any, fn: Callable[[bytes], bytes], payloads: list[bytes]) -> list[bytes]:
+Progress = Callable[..., None]
+"""``progress(phase, tasks done, tasks[, rows planned])``: called as tasks finish (``checksums``, then
+``drill-down``; the rows once the tables are planned)."""
+
+PROGRESS_POLL = 1.0
+"""Seconds between two looks at Spark's status tracker while a phase runs on Spark."""
+
+
+def _run(spark: Any, fn: Callable[[bytes], bytes], payloads: list[bytes], phase: str = "",
+         progress: Progress | None = None) -> list[bytes]:
+    """``fn`` of every payload, one Spark task each (in this process without Spark), with ``progress``."""
     if not payloads:
         return []
+    total = len(payloads)
     if spark is None:
-        return [fn(p) for p in payloads]
-    return list(spark.sparkContext.parallelize(payloads, len(payloads)).map(fn).collect())
+        out = []
+        for p in payloads:
+            out.append(fn(p))
+            if progress is not None:
+                progress(phase, len(out), total)
+        return out
+    sc = spark.sparkContext
+    group = f"tidewater-verify-{phase}-{time.monotonic_ns()}"
+    sc.setJobGroup(group, f"verify {phase}")
+    done = threading.Event()
+
+    def watch() -> None:  # tasks finished, from Spark's status tracker (the tasks themselves report nothing)
+        tracker = sc.statusTracker()
+        while not done.wait(PROGRESS_POLL):
+            finished = 0
+            for job_id in tracker.getJobIdsForGroup(group):
+                info = tracker.getJobInfo(job_id)
+                for stage_id in (info.stageIds if info is not None else ()):
+                    stage = tracker.getStageInfo(stage_id)
+                    finished += stage.numCompletedTasks if stage is not None else 0
+            if progress is not None:
+                progress(phase, min(finished, total), total)
+
+    watcher = threading.Thread(target=watch, name=f"verify-progress-{phase}", daemon=True)
+    if progress is not None:
+        watcher.start()
+    try:
+        return list(sc.parallelize(payloads, total).map(fn).collect())
+    finally:
+        done.set()
+        if progress is not None:
+            progress(phase, total, total)
 
 
 def missing_tables(target: Target, tables: list[_Table]) -> dict[str, tuple[_Table, str]]:
@@ -188,7 +230,7 @@ def verdict(table: str, sums: list[ChunkSum], drills: list[ChunkDrill], target_t
                         counts[INEXACT], tuple(kept[:cap]), max(0, len(kept) - cap), note)
 
 
-def verify_tables(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
+def verify_tables(job: VerifyJob, *, spark: Any = None, progress: Progress | None = None) -> VerifyReport:
     """Compare the job's tables (see the module docstring). ``spark``: a SparkSession, None (no Spark), or a function
     that makes one, called only when the tables planned hold at least ``job.spark_min_rows`` rows. Errors: the
     ``TidewaterError`` of the side that failed (the upstream's snapshot gone, the target unreachable, a table missing
@@ -199,6 +241,8 @@ def verify_tables(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
         tables = plan_tables(job, target.dialect)
         absent = missing_tables(target, tables)
         tables = [t for t in tables if str(t.schema.name) not in absent]
+        if progress is not None:
+            progress("checksums", 0, sum(len(t.plan.chunks) for t in tables), sum(t.plan.rows for t in tables))
         if callable(spark):  # a factory: started only for a comparison worth it
             spark = spark() if sum(t.plan.rows for t in tables) >= job.spark_min_rows else None
         tasks: list[tuple[str, int, bytes]] = []
@@ -208,11 +252,12 @@ def verify_tables(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
                 task = VerifyTask(job.upstream, job.sink, job.snapshot, job.target_snapshot, schema_json,
                                   serde.to_json(chunk).decode())
                 tasks.append((str(t.schema.name), chunk.index, serde.to_json(task)))
-        sums = [serde.from_json(ChunkSum, raw) for raw in _run(spark, checksum_task, [p for _, _, p in tasks])]
+        sums = [serde.from_json(ChunkSum, raw)
+                for raw in _run(spark, checksum_task, [p for _, _, p in tasks], "checksums", progress)]
         differing = [p for (_, _, p), s in zip(tasks, sums, strict=True) if not s.equal]
         log.info("verify %s: %d chunk(s) of %d table(s) compared, %d differ", job.changefeed or "-", len(sums),
                  len(tables), len(differing))
-        drills = [serde.from_json(ChunkDrill, raw) for raw in _run(spark, drill_task, differing)]
+        drills = [serde.from_json(ChunkDrill, raw) for raw in _run(spark, drill_task, differing, "drill-down", progress)]
         totals = target_counts(job, target, tables)
     finally:
         target.close()
@@ -253,6 +298,34 @@ def target_snapshot(sink: str) -> Iterator[str | None]:
         target.close()
 
 
+class RunProgress:
+    """The job's progress into its ``VerifyRun`` in etcd (phase, tasks done of tasks), at most every ``every`` seconds
+    within a phase; a failed write is only logged (progress is advice, the report is what counts)."""
+
+    def __init__(self, store: MetaStore, job: VerifyJob, every: float = 1.0) -> None:
+        self.store = store
+        self.job = job
+        self.every = every
+        self._last = (0.0, "")
+        self._lock = threading.Lock()
+
+    def __call__(self, phase: str, done: int, total: int, rows: int = 0) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if phase == self._last[1] and now - self._last[0] < self.every and done < total:
+                return
+            self._last = (now, phase)
+            try:
+                run = self.store.get_verify_run(self.job.changefeed, self.job.run_id)
+                if run is None or run.state != VERIFY_RUNNING:
+                    return
+                self.store.put_verify_run(self.job.changefeed, dataclasses.replace(
+                    run, phase=phase, chunks=total, chunks_done=done, rows=rows or run.rows))
+            except TidewaterError as exc:
+                log.warning("verify changefeed=%s run=%s: progress not stored: %s", self.job.changefeed,
+                            self.job.run_id, exc)
+
+
 def verify_changefeed(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
     """Compare a changefeed's tables at one upstream position (docs/verify.md). A running changefeed is held
     (:class:`spark_jobs.verify_hold.VerifyHoldSession`) at the Ts ``Y`` of a snapshot exported while its spans stood
@@ -267,19 +340,23 @@ def verify_changefeed(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
             return VerifyReport(error=f"changefeed {job.changefeed} does not exist", changefeed=job.changefeed)
         info = entry.value
         spans = [s.index for s in info.spans]
+        progress = RunProgress(store, job) if job.run_id else None
         with open_upstream(job.upstream) as up:
             if not info.state.runs:
                 status = store.get_status(job.changefeed)
                 checkpoint = status.value.checkpoint_ts if status is not None else 0
                 with up.export_snapshot(label=f"verify-{job.changefeed}") as exp:
                     report = verify_tables(dataclasses.replace(job, snapshot=exp.name, ts=exp.ts,
-                                                               consistency="checkpoint"), spark=spark)
+                                                               consistency="checkpoint"), spark=spark,
+                                           progress=progress)
                 if exp.ts > checkpoint:
                     report = dataclasses.replace(report, note=(
                         f"changefeed {info.state.value} at checkpoint {checkpoint}: compared with the upstream at "
                         f"{exp.ts}; a difference may be a change the changefeed has not applied"))
                 return dataclasses.replace(report, seconds=round(time.monotonic() - started, 3))
             with VerifyHoldSession(store, job.changefeed, spans, ttl=job.hold_ttl, timeout=job.hold_timeout) as hold:
+                if progress is not None:
+                    progress("holding", 0, 0)
                 hold.freeze()
                 with up.export_snapshot(label=f"verify-{job.changefeed}") as exp:
                     hold.hold_at(exp.ts)
@@ -288,7 +365,7 @@ def verify_changefeed(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
                             hold.release()  # the target's state at Y is exported: the changefeed goes on
                         report = verify_tables(dataclasses.replace(job, snapshot=exp.name, ts=exp.ts,
                                                                    target_snapshot=tsnap, consistency="hold"),
-                                               spark=spark)
+                                               spark=spark, progress=progress)
                 hold.release()
             return dataclasses.replace(report, hold_seconds=round(hold.held_seconds, 3),
                                        seconds=round(time.monotonic() - started, 3))

@@ -362,6 +362,11 @@ class MetaStore:
         """Store a verify job's state (the launching capture, then the job itself)."""
         self.client.put(keys.verify_run_key(self.cluster_id, cf, run.id), serde.to_json(run))
 
+    def list_verify_runs(self, cf: str) -> list[VerifyRun]:
+        """The changefeed's verify runs, oldest first."""
+        _, kvs = self.client.get_prefix(keys.verify_prefix(self.cluster_id, cf))
+        return sorted((_decode(VerifyRun, kv) for kv in kvs), key=lambda r: r.started)
+
     def get_verify_run(self, cf: str, run: str) -> VerifyRun | None:
         kv = self.client.get(keys.verify_run_key(self.cluster_id, cf, run))
         return None if kv is None else _decode(VerifyRun, kv)

@@ -58,13 +58,17 @@ def test_cli_verify_exit_codes_and_report(cdc_server: CdcServer, pg_server: Post
     assert report["consistency"] == "hold" and report["ts"] > 0
     assert [(t["table"], t["source_rows"], t["target_rows"], t["chunks"]) for t in report["tables"]] == [
         ("public.kv", 900, 900, 5), ("public.nokey", 50, 50, 1)]
-    assert cdc_server.changefeed("cf-cli")["verify_hold"] is None  # released
+    q = cdc_server.changefeed("cf-cli")
+    assert q["verify_hold"] is None  # released
+    assert [(r["id"], r["state"], r["equal"], r["chunks_done"]) for r in q["verify_runs"]] == [
+        (run["id"], "done", True, 6)]  # changefeed query shows the runs
 
     run_on_target(sink, "UPDATE kv SET n = 1.5 WHERE id = 42", "DELETE FROM kv WHERE id = 500",
                   "INSERT INTO kv (id, v) VALUES (1000, 'extra')")
     code, run, err = cli(cdc_server, "-c", "cf-cli", "--chunk-rows", "200", "--tables", "public.kv")
     assert code == 1, (run, err)
     (kv,) = run["report"]["tables"]
+    assert cdc_server.changefeed("cf-cli")["verify_runs"][-1]["differing_tables"] == ["public.kv"]
     assert [(d["kind"], d["key"], d["columns"]) for d in kv["diffs"]] == [
         ("different", ["42"], ["n"]), ("extra", ["1000"], []), ("missing", ["500"], [])]
     assert (kv["chunks"], kv["chunks_differing"]) == (5, 3)

@@ -53,10 +53,10 @@ def preload(pg_server: Any, db: str) -> None:
             "INSERT INTO vnk SELECT i % 10, 'same' FROM generate_series(1, 120) i")
 
 
-def verify(pg_server: Any, db: str, target: SqlTarget, spark: Any) -> VerifyReport:
+def verify(pg_server: Any, db: str, target: SqlTarget, spark: Any, progress: Any = None) -> VerifyReport:
     with exported_snapshot(pg_server, db) as exp:
         return verify_tables(VerifyJob(upstream=pg_server.uri(db), sink=target.uri, tables=TABLES,
-                                       snapshot=exp.snapshot, chunk_rows=400), spark=spark)
+                                       snapshot=exp.snapshot, chunk_rows=400), spark=spark, progress=progress)
 
 
 def test_equal_tables_then_an_injected_divergence_named_key_by_key(
@@ -79,7 +79,12 @@ def test_equal_tables_then_an_injected_divergence_named_key_by_key(
     target.execute(f"DELETE FROM {orders} WHERE id = 1000")
     target.execute(f"INSERT INTO {orders} (id, customer) VALUES (2500, 'extra')")
     target.execute(f"INSERT INTO {nk} (a, b) VALUES (3, 'same')")
-    report = verify(pg_server, pg_database, target, spark)
+    calls: list[tuple[Any, ...]] = []
+    report = verify(pg_server, pg_database, target, spark, lambda *a: calls.append(a))
+    # progress: the rows planned, then the tasks of each phase as Spark finishes them, each phase ending complete
+    assert calls[0] == ("checksums", 0, 10, 3620)
+    assert [c[:3] for c in calls if c[1] == c[2]] == [("checksums", 10, 10), ("drill-down", 4, 4)]
+    assert all(c[1] <= c[2] for c in calls)
     assert report.exit_code == EXIT_DIFFERS
     by = {t.table: t for t in report.tables}
     o = by["public.vorders"]
