@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_workload import run_on_target
+from e2e_workload import run_on_target, wait_for
 
 from playground.cluster import CdcServer, current_lsn
 from playground.compare import compare_tables
@@ -87,3 +87,24 @@ def test_cli_verify_exit_codes_and_report(cdc_server: CdcServer, pg_server: Post
 
     code, out, err = cli(cdc_server, "-c", "cf-cli", "--tables", "public.nope")
     assert code == 2 and "does not replicate public.nope" in err, (out, err)
+
+
+def test_a_stopped_changefeed_is_compared_at_its_checkpoint_without_a_hold(
+        cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path) -> None:
+    sink = f"sqlite:///{tmp_path / 'target.db'}"
+    cdc_server.create_changefeed("cf-stop", pg_server.uri(pg_database), sink)
+    cdc_server.wait_checkpoint("cf-stop", current_lsn(source), timeout=180)
+    cdc_server.request("POST", "/api/v2/changefeeds/cf-stop/pause")
+    wait_for(cdc_server, "cf-stop", lambda q: q["state"] == "stopped" and not any(s["running"] for s in q["spans"]),
+             "stopped")
+    code, run, err = cli(cdc_server, "-c", "cf-stop", "--tables", "public.kv")
+    assert code == 0, (run, err)
+    assert run["report"]["consistency"] == "checkpoint" and run["report"]["hold_seconds"] == 0
+    assert cdc_server.changefeed("cf-stop")["verify_hold"] is None  # never held
+    with source.cursor() as cur:
+        cur.execute("INSERT INTO kv (id, v) VALUES (5000, 'after the pause')")
+    code, run, err = cli(cdc_server, "-c", "cf-stop", "--tables", "public.kv")
+    assert code == 1, (run, err)
+    report = run["report"]
+    assert "changefeed stopped at checkpoint" in report["note"] and "not applied" in report["note"], report
+    assert [(d["kind"], d["key"]) for d in report["tables"][0]["diffs"]] == [("missing", ["5000"])]
