@@ -98,3 +98,25 @@ def test_the_chunk_checksum_is_an_order_free_multiset_sum() -> None:
     assert row_hash(("2", None)) != row_hash(("2", "")) != row_hash(("2", "None"))
     assert add_hash(total, hashes[0]) != total  # a duplicated row changes the sum (key-less tables)
     assert 0 <= add_hash((1 << 64) - 1, 5) < (1 << 64)
+
+
+def test_copy_text_lines_hash_the_same_whatever_the_pieces() -> None:
+    from spark_jobs.verify_chunk import LineSums
+
+    text = b"1\ta\t\\N\n2\t\xc3\xa9\t1.50\n3\t\\\\N\t\n"
+    whole = LineSums()
+    whole.write(text)
+    whole.close()
+    for cut in range(1, len(text)):
+        parts = LineSums()
+        parts.write(text[:cut])
+        parts.write(text[cut:].decode("utf-8", "surrogateescape").encode("utf-8", "surrogateescape"))
+        parts.close()
+        assert (parts.rows, parts.sum) == (whole.rows, whole.sum) == (3, whole.sum)
+    other = LineSums()
+    other.write(text.replace(b"1.50", b"1.5"))
+    assert other.sum != whole.sum  # the text with its scale
+    cut = LineSums()
+    cut.write(b"1\ta\n2\tb")
+    with pytest.raises(ValueError):
+        cut.close()
