@@ -79,8 +79,11 @@ class VerifyHoldSession:
                 log.warning("changefeed=%s verify hold %d not renewed: %s", self.cf, self.id, exc)
 
     def _wait(self, what: str, done: Callable[[SpanStatus], bool]) -> dict[int, SpanStatus]:
+        """Poll the span statuses until ``done`` holds for every span; VerifyHoldFailed after ``timeout`` seconds
+        in which no span's checkpoint moved (a lagging changefeed catching up to the point is waited for)."""
         deadline = time.monotonic() + self.timeout
         statuses: dict[int, SpanStatus] = {}
+        seen: dict[int, int] = {}
         while True:
             statuses = {}
             for span in self.spans:
@@ -90,8 +93,13 @@ class VerifyHoldSession:
             late = [s for s in self.spans if s not in statuses or not done(statuses[s])]
             if not late:
                 return statuses
+            moved = {s: statuses[s].checkpoint_ts for s in late if s in statuses}
+            if any(ts > seen.get(s, ts) for s, ts in moved.items()):
+                deadline = time.monotonic() + self.timeout  # catching up: wait on
+            seen.update(moved)
             if time.monotonic() >= deadline:
-                raise VerifyHoldFailed(f"changefeed {self.cf}: span(s) {late} did not {what} within {self.timeout:.0f} s "
+                raise VerifyHoldFailed(f"changefeed {self.cf}: span(s) {late} did not {what} (no progress for "
+                                       f"{self.timeout:.0f} s) "
                                  "(a span that is not running, retries an error or waits at a DDL barrier cannot "
                                  "hold): nothing was compared")
             time.sleep(POLL)
