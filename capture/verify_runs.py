@@ -93,8 +93,8 @@ class VerifyRuns:
             f.write(serde.to_json(job))
         log_path = self.dir / f"{run.id}.log"
         with open(log_path, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.verify", "--plan", str(plan),
-                                     "--out", str(self.dir / f"{run.id}.report.json")],
+            # (no --out: the report goes to etcd only; on stdout it would land in the log)
+            proc = subprocess.Popen([sys.executable, "-m", "spark_jobs.verify", "--plan", str(plan), "--out", os.devnull],
                                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)
         with self._lock:
