@@ -161,6 +161,11 @@ class ApiServer:
             Route("POST", "/api/v2/changefeeds/{changefeed_id}/pause", lambda r, cf: s.pause(cf)),
             Route("POST", "/api/v2/changefeeds/{changefeed_id}/resume", lambda r, cf: s.resume(cf)),
             Route("POST", "/api/v2/changefeeds/{changefeed_id}/snapshot", self._resync, 202),
+            Route("POST", "/api/v2/changefeeds/{changefeed_id}/verify", self._verify, 202),
+            Route("GET", "/api/v2/changefeeds/{changefeed_id}/verify/{run_id}",
+                  lambda r, cf, run: self._verify_runs().get(cf, run)),
+            Route("DELETE", "/api/v2/changefeeds/{changefeed_id}/verify/{run_id}",
+                  lambda r, cf, run: self._verify_runs().stop(cf, run), 202),
             Route("GET", "/api/v2/captures", lambda r: s.captures()),
             Route("POST", "/api/v2/captures/{capture_id}/drain", lambda r, cid: s.drain_capture(cid), 202),
             Route("GET", "/api/v2/processors", lambda r: _items(s.processors())),
@@ -248,6 +253,28 @@ class ApiServer:
         if len(tables) > 1000:
             raise InvalidArgument("at most 1000 tables per request")
         return self.service.resync(cf, tables)
+
+    def _verify_runs(self) -> Any:
+        runs = getattr(self.service, "verify_runs", None)
+        if runs is None:
+            raise NotWired("this capture runs no verify jobs (none is wired in)")
+        return runs
+
+    def _verify(self, req: ApiRequest, cf: str) -> dict[str, Any]:
+        """Start a ``changefeed verify`` job (docs/verify.md): 202 with its run (poll ``GET .../verify/{id}``)."""
+        body = _object(req.body) if req.body is not None else {}
+        _no_unknown(body, {"tables", "chunk_rows"})
+        tables = body.get("tables")
+        if tables is not None and (not isinstance(tables, list) or not tables
+                                   or not all(isinstance(t, str) and t.strip() for t in tables)):
+            raise InvalidArgument("tables must be a non-empty list of 'schema.name' strings (or absent: every table)")
+        if tables is not None and len(tables) > 1000:
+            raise InvalidArgument("at most 1000 tables per request")
+        chunk_rows = body.get("chunk_rows")
+        if chunk_rows is not None and (not isinstance(chunk_rows, int) or isinstance(chunk_rows, bool)
+                                       or chunk_rows < 1):
+            raise InvalidArgument("chunk_rows must be a positive integer")
+        return self._verify_runs().start(cf, tables, chunk_rows)
 
     def _resign(self, req: ApiRequest) -> dict[str, Any]:
         """Make the owner resign. On the owner: call ``owner_resign`` and wait until a new owner is

@@ -10,7 +10,15 @@ from typing import Any
 
 from cdc.config import ChangefeedConfig
 from cdc.meta.store import ClusterSnapshot
-from cdc.model import ChangefeedInfo, ChangefeedStatus, DataWarning, SpanStatus, span_copying
+from cdc.model import (
+    ChangefeedInfo,
+    ChangefeedStatus,
+    DataWarning,
+    SpanStatus,
+    VerifyHold,
+    VerifyRun,
+    span_copying,
+)
 from cdc.serde import to_dict
 from cdc.snapshot import SnapshotProgress
 from cdc.ts import lsn_to_str
@@ -123,6 +131,7 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
             "phase": span_phase(info, ss),
             "table_copy": table_copy_view(ss),
             "watermark_hold_ts": (ss.hold_ts or None) if ss else None,
+            "verify_held_ts": (ss.held_ts or None) if ss and ss.held_id else None,
         })
     phases = {s["phase"] for s in spans}
     return {
@@ -151,6 +160,34 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
         "table_copies": [{"table": c.table, "span": c.span, "reason": c.reason, "requested_at": c.requested_at}
                          for c in info.table_copies],
     }
+
+
+def hold_view(hold: VerifyHold | None, now: float) -> dict[str, Any] | None:
+    """A ``changefeed verify`` hold of the changefeed (docs/verify.md, "The hold"): its point (``ts`` 0: the spans
+    stop where they are), holder, deadline and whether it is still obeyed (an expired one is ignored); None if none."""
+    if hold is None:
+        return None
+    return {"id": hold.id, "ts": hold.ts, "holder": hold.holder, "deadline": hold.deadline, "created": hold.created,
+            "active": hold.active(now)}
+
+
+VERIFY_RUNS_SHOWN = 5
+
+
+def verify_runs_view(runs: list[VerifyRun]) -> list[dict[str, Any]]:
+    """The changefeed's last ``changefeed verify`` runs (docs/verify.md), newest last: state, phase and chunks of a
+    running one, whether a finished one found the tables equal (the whole report: GET .../verify/{id})."""
+    out = []
+    for r in runs[-VERIFY_RUNS_SHOWN:]:
+        report = r.report or {}
+        tables = report.get("tables") or []
+        differs = [t.get("table") for t in tables
+                   if any(t.get(k) for k in ("missing", "extra", "different", "inexact", "note"))]
+        out.append({"id": r.id, "state": r.state, "phase": r.phase, "chunks": r.chunks, "chunks_done": r.chunks_done,
+                    "started": r.started, "finished": r.finished or None,
+                    "equal": (not differs and not report.get("error")) if r.report is not None else None,
+                    "differing_tables": differs, "error": report.get("error") or r.error or None})
+    return out
 
 
 def table_copy_view(ss: SpanStatus | None) -> dict[str, Any] | None:

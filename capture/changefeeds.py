@@ -26,9 +26,19 @@ import tomllib
 from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
-from capture.changefeed_view import describe, lag, processor_spans, processor_view, snapshot_view, span_load
+from capture.changefeed_view import (
+    describe,
+    hold_view,
+    lag,
+    processor_spans,
+    processor_view,
+    snapshot_view,
+    span_load,
+    verify_runs_view,
+)
 from capture.snapshot_launcher import check_copy_possible
 from capture.table_copy import request_resync
+from capture.verify_runs import VerifyRuns
 from cdc.config import TABLE_ARRAYS, ChangefeedConfig
 from cdc.errors import (
     ChangefeedNotFound,
@@ -180,6 +190,7 @@ class ChangefeedService:
     def __init__(self, store: MetaStore, stop_wait: float = 15.0) -> None:
         self.store = store
         self.stop_wait = stop_wait  # update: how long to wait for the spans of a paused changefeed to stop
+        self.verify_runs: VerifyRuns | None = None  # changefeed verify jobs (wired by the capture's server)
 
     # ---- create ----------------------------------------------------------------------------------
     def create(self, req: CreateRequest) -> dict[str, Any]:
@@ -375,6 +386,8 @@ class ChangefeedService:
         info = entry.value
         out = describe(info, snap.statuses.get(cf_id), snap.assignments.get(cf_id, {}),
                        snap.span_statuses.get(cf_id, {}))
+        out["verify_hold"] = hold_view(snap.holds.get(cf_id), time.time())
+        out["verify_runs"] = verify_runs_view(self.store.list_verify_runs(cf_id))
         if info.initial_copy:
             out["snapshot"] = snapshot_view(SnapshotProgressStore(self.store.client, self.store.cluster_id)
                                             .progress(cf_id))

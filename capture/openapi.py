@@ -27,6 +27,8 @@ def _error(description: str) -> dict[str, Any]:
 
 _CF_PARAM = {"name": "changefeed_id", "in": "path", "required": True, "description": "changefeed id",
              "schema": {"type": "string", "pattern": "^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$"}}
+_RUN_PARAM = {"name": "run_id", "in": "path", "required": True, "description": "verify run id",
+              "schema": {"type": "string", "pattern": "^[a-f0-9]{1,32}$"}}
 _CAPTURE_PARAM = {"name": "capture_id", "in": "path", "required": True, "description": "capture id",
                   "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"}}
 
@@ -160,6 +162,26 @@ _SCHEMAS: dict[str, Any] = {
                                   "items": {"type": "string", "minLength": 1, "maxLength": 300},
                                   "description": "schema.name of replicated tables"}},
     },
+    "VerifyRequest": {
+        "type": "object", "additionalProperties": False,
+        "properties": {"tables": {"type": "array", "minItems": 1, "maxItems": 1000,
+                                  "items": {"type": "string", "minLength": 1, "maxLength": 300},
+                                  "description": "schema.name of replicated tables (absent: every table)"},
+                       "chunk_rows": {"type": "integer", "minimum": 1,
+                                      "description": "rows per compared chunk (default: [snapshot] chunk-rows)"}},
+    },
+    "VerifyRun": {
+        "type": "object",
+        "description": "a changefeed verify job (docs/verify.md); report: per table rows each side, chunks compared "
+                       "and differing, the differing keys (capped, with a count beyond the cap); exit_code in the "
+                       "CLI: 0 equal, 1 differs, 2 could not run",
+        "properties": {"id": {"type": "string"}, "state": {"type": "string", "enum": ["running", "done", "failed"]},
+                       "started": {"type": "number"}, "finished": {"type": "number"},
+                       "tables": {"type": "array", "items": {"type": "string"}}, "capture": {"type": "string"},
+                       "chunks": {"type": "integer"}, "chunks_done": {"type": "integer"},
+                       "report": {"type": "object", "nullable": True}, "error": {"type": "string"}},
+        "additionalProperties": True,
+    },
     "ChangefeedSummary": {
         "type": "object",
         "properties": {"id": {"type": "string"}, "state": {"type": "string"}, "checkpoint_ts": {"type": "integer"},
@@ -279,6 +301,25 @@ _PATHS: dict[str, Any] = {
                  "responses": {"202": _json(_ref("Changefeed"), "the copies are asked for"),
                                "400": _error("no table, or a table the changefeed does not replicate"),
                                "409": _error("the changefeed is being removed"), **_ERRORS_CF}}},
+    "/api/v2/changefeeds/{changefeed_id}/verify": {
+        "parameters": [_CF_PARAM],
+        "post": {"summary": "start a verify job: the target compared with the upstream at one consistent point, "
+                            "chunk by chunk on Spark (the changefeed is held at that point for as short as it can)",
+                 "operationId": "verifyChangefeed",
+                 "requestBody": {"required": False,
+                                 "content": {"application/json": {"schema": _ref("VerifyRequest")}}},
+                 "responses": {"202": _json(_ref("VerifyRun"), "started: poll it by its id"),
+                               "400": _error("a table the changefeed does not replicate, or not a SQL target"),
+                               "409": _error("the changefeed is being removed"), **_ERRORS_CF}}},
+    "/api/v2/changefeeds/{changefeed_id}/verify/{run_id}": {
+        "parameters": [_CF_PARAM, _RUN_PARAM],
+        "get": {"summary": "a verify job: running, done (with its report) or failed", "operationId": "getVerifyRun",
+                "responses": {"200": _json(_ref("VerifyRun"), "the job"),
+                              "404": _error("no such run (CDC:ErrVerifyRunNotFound)")}},
+        "delete": {"summary": "stop a running verify job of this capture (it releases its hold first)",
+                   "operationId": "stopVerifyRun",
+                   "responses": {"202": _json(_ref("VerifyRun"), "asked to stop"),
+                                 "404": _error("not a running job of this capture (CDC:ErrVerifyRunNotFound)")}}},
     "/api/v2/changefeeds/{changefeed_id}/resume": {
         "parameters": [_CF_PARAM],
         "post": {"summary": "resume (state normal), also from failed once the cause is gone; acknowledges every "

@@ -39,6 +39,7 @@ from capture.metrics import CaptureCollector, CaptureProcessState, make_registry
 from capture.sdnotify import Notifier
 from capture.snapshot_launcher import SparkCopyLauncher
 from capture.snapshot_launcher import warm_up as warm_up_spark
+from capture.verify_runs import VerifyRuns
 from cdc.config import ServerConfig
 from cdc.crypto import SecretBox
 from cdc.errors import InvalidConfig, MetaStoreError, TidewaterError
@@ -114,6 +115,7 @@ class CaptureServer:
         # fresh: the sorter is a cache; spans rebuild it from their checkpoints (nothing to keep)
         self.sorter = LevelDBSorter(data_dir / "sorter", disk_quota=config.sorter_disk_quota, fresh=True)
         self.service = ChangefeedService(self.store)
+        self.service.verify_runs = VerifyRuns(self.store, config.etcd, data_dir, lambda: self.capture_id)
         self.process = CaptureProcessState(
             session_alive=self._session_alive, etcd=self.client.stats, data_dir=str(data_dir),
             sorter_disk_quota=config.sorter_disk_quota, version=VERSION, addr=config.addr)
@@ -201,6 +203,7 @@ class CaptureServer:
             self.notifier.notify("STOPPING=1", "STATUS=stopping")
             watchdog_stop.set()
             self.api.stop()
+            self.service.verify_runs.close()  # (a job stopped by SIGTERM releases its hold)
             self.sorter.close()
             self.client.close()
             self.incarnation.close()

@@ -268,6 +268,22 @@ class DiskFull(SorterError):
     retryable = True
 
 
+class VerifyRunNotFound(TidewaterError):
+    """No such ``changefeed verify`` run (or, to stop one: not a running job of the capture asked)."""
+
+    code = "CDC:ErrVerifyRunNotFound"
+    http_status = 404
+
+
+class VerifyHoldFailed(TidewaterError):
+    """``changefeed verify`` could not hold the changefeed at one point (another verification holds it, a span did
+    not answer in time, or one applied past the point): nothing was compared (docs/verify.md, "The hold")."""
+
+    code = "CDC:ErrVerifyHold"
+    retryable = True
+    http_status = 409
+
+
 def error_for_code(code: str | None, message: str) -> TidewaterError:
     """The ``TidewaterError`` subclass whose code is ``code`` (an error that crossed a process boundary as code
     and message: a Spark task's, the snapshot job's), so that it keeps its kind and whether it is retryable."""

@@ -7,6 +7,8 @@ Each model is a dataclass serialised with ``cdc.serde`` as JSON. Who writes what
 - ``SpanAssignment``: the owner only.
 - ``SpanStatus``: the processor running the span (checkpoint and resolved Ts of the span, and the
   ``DataWarning``s its sink raised).
+- ``VerifyHold``: ``changefeed verify`` (spark_jobs.verify_hold), read by the processors and the API.
+- ``VerifyRun``: a ``changefeed verify`` job: the capture that launched it, then the job itself (its report).
 """
 
 from __future__ import annotations
@@ -294,6 +296,32 @@ class SpanStatus:
     # apply. It has applied every DDL of its own before that one. 0: not waiting.
     barrier_ts: int = 0
     barrier_seq: int = 0
+    # The verify hold this span obeys (docs/verify.md, "The hold"): ``held_id`` the VerifyHold.id, ``held_ts`` the
+    # commit Ts up to which it applied everything and then stopped applying (its checkpoint). 0: not holding.
+    held_id: int = 0
+    held_ts: int = 0
+
+
+@dataclass(frozen=True)
+class VerifyHold:
+    """``changefeed verify`` asks the changefeed's spans to stop applying (docs/verify.md, "The hold").
+
+    ``ts`` 0 (first phase): every span stops applying where it is (after its current downstream transaction); ``ts``
+    > 0 (second phase): every span applies everything up to commit Ts ``ts``, nothing after it, and waits. Reading
+    the upstream and sorting go on; no slot is confirmed past the span's checkpoint. Each span reports the hold it
+    obeys in ``SpanStatus.held_id``/``held_ts`` once it holds. ``deadline`` (unix time): after it the hold is ignored
+    (a verifier that died never stops a changefeed for longer); deleting the key releases it at once. ``id``: a new
+    one per verification (a span never mistakes a later hold's phase for an earlier one); ``holder``: who holds it
+    (host, pid), for ``changefeed query``."""
+
+    id: int
+    deadline: float
+    ts: int = 0
+    holder: str = ""
+    created: float = 0.0
+
+    def active(self, now: float) -> bool:
+        return now < self.deadline
 
 
 @dataclass(frozen=True)
@@ -369,3 +397,31 @@ def pending_table_copies(info: ChangefeedInfo, span: int, status: SpanSnapshot |
     """The table copies of span ``span`` that it has not taken up yet (``request`` above its snapshot's)."""
     served = status.request if status is not None else 0
     return tuple(c for c in info.table_copies if c.span == span and c.request > served)
+
+
+VERIFY_RUNNING = "running"
+VERIFY_DONE = "done"
+VERIFY_FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class VerifyRun:
+    """One ``changefeed verify`` job (docs/verify.md): ``state`` ``running``, then ``done`` with ``report`` (a
+    ``cdc.verify.VerifyReport`` as a dict; its own ``error`` when it could not compare) or ``failed`` with ``error``
+    (the job process died before it wrote a report). ``phase``, ``chunks_done``/``chunks``: progress of its comparison;
+    ``capture``: the capture that launched it (it can stop it)."""
+
+    id: str
+    state: str = VERIFY_RUNNING
+    started: float = 0.0
+    finished: float = 0.0
+    tables: tuple[str, ...] = ()
+    capture: str = ""
+    chunks: int = 0
+    chunks_done: int = 0
+    report: dict[str, Any] | None = None
+    error: str = ""
+    # what the job does now: "holding" (the changefeed), "checksums", "drill-down" (chunks_done of chunks); and the
+    # rows of the tables planned (for a rate and an ETA)
+    phase: str = ""
+    rows: int = 0

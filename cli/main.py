@@ -28,6 +28,7 @@ from cdc.uri import SINK_URI_FORMS, scrub
 from cli.args import CliError, read_secret_file, uri_arg
 from cli.progress import WatchEnded, watch
 from cli.render import emit
+from cli.verify_progress import VerifyProgress
 
 DEFAULT_SERVER = "http://127.0.0.1:8300"
 OUTPUTS = ("json", "table")
@@ -152,6 +153,11 @@ def _cmd_changefeed(args: argparse.Namespace) -> Result:
         return "changefeed", _request(s, "POST", f"{path}/{op}")
     if op == "snapshot":
         return "changefeed", _request(s, "POST", f"{path}/snapshot", {"tables": args.table})
+    if op == "verify":
+        run = _verify(s, path, args, args.tables)
+        if args.repair and verify_exit_code(run) == VERIFY_DIFFERS:
+            run = _repair(s, path, args, run)
+        return "verify", run
     if op == "update":
         body: dict[str, Any] = {}
         sink = uri_arg(args, "sink_uri", "", "sink URI", False)
@@ -184,6 +190,89 @@ def _cmd_changefeed(args: argparse.Namespace) -> Result:
         raise CliError("CDC:ErrTimeout", f"changefeed {args.changefeed_id} is marked removed but the owner has not "
                        f"finished dropping its slots within {args.timeout}s; state: {result.get('state')}")
     raise CliError("CDC:ErrUsage", f"unknown changefeed command {op}", 2)
+
+
+VERIFY_EQUAL, VERIFY_DIFFERS, VERIFY_COULD_NOT_RUN = 0, 1, 2
+
+
+def verify_exit_code(run: dict[str, Any]) -> int:
+    """``changefeed verify``'s exit code: 0 every table equal, 1 some table differs, 2 it could not run."""
+    report = run.get("report")
+    if run.get("state") != "done" or not isinstance(report, dict) or report.get("error"):
+        return VERIFY_COULD_NOT_RUN
+    tables = report.get("tables") or []
+    differs = any(t.get(k) for t in tables for k in ("missing", "extra", "different", "inexact", "note"))
+    return VERIFY_DIFFERS if differs else VERIFY_EQUAL
+
+
+def _repair(client: Client, path: str, args: argparse.Namespace, run: dict[str, Any]) -> dict[str, Any]:
+    """``--repair``: resync (``changefeed snapshot``) every table that differs -- not those whose only differences
+    are values no target can hold exactly, which a copy cannot change --, wait until the copies are done, verify
+    those tables again; the second run is the result (its ``repaired`` lists the tables, ``before`` the first
+    report)."""
+    tables = [t for t in run["report"]["tables"]
+              if any(t.get(k) for k in ("missing", "extra", "different", "note"))]
+    names = [t["table"] for t in tables]
+    if not names:
+        return run
+    try:
+        _request(client, "POST", f"{path}/snapshot", {"tables": names})
+        deadline = time.monotonic() + args.timeout
+        while True:
+            q = _request(client, "GET", path)
+            if q.get("state") not in ("normal", "warning"):
+                raise CliError("CDC:ErrChangefeedNotStreaming", f"the resync of {', '.join(names)} stopped: the "
+                               f"changefeed is {q.get('state')} ({q.get('error')})", VERIFY_COULD_NOT_RUN)
+            pending = [c for c in q.get("table_copies") or [] if c.get("table") in names]
+            copying = [s for s in q.get("spans") or [] if (s.get("table_copy") or {}).get("phase") == "copying"]
+            if not pending and not copying:
+                break
+            if time.monotonic() >= deadline:
+                raise CliError("CDC:ErrTimeout", f"the resync of {', '.join(names)} took longer than {args.timeout}s",
+                               VERIFY_COULD_NOT_RUN)
+            time.sleep(0.5)
+    except CliError as exc:
+        raise CliError(exc.code, exc.message, VERIFY_COULD_NOT_RUN) from None
+    again = _verify(client, path, args, ",".join(names))
+    return {**again, "repaired": names, "before": run["report"]}
+
+
+def _verify(client: Client, path: str, args: argparse.Namespace, tables: str | None) -> dict[str, Any]:
+    """Start a verify job and wait for its report (progress on stderr); Ctrl-C stops the job (it releases its hold)
+    and exits 130. A refused request or an unreachable server: exit 2 (could not run)."""
+    body: dict[str, Any] = {}
+    if tables:
+        body["tables"] = [t.strip() for t in tables.split(",") if t.strip()]
+    if args.chunk_rows is not None:
+        body["chunk_rows"] = args.chunk_rows
+    try:
+        run = _request(client, "POST", f"{path}/verify", body)
+    except CliError as exc:
+        raise CliError(exc.code, exc.message, VERIFY_COULD_NOT_RUN) from None
+    run_path = f"{path}/verify/{_seg(str(run['id']))}"
+    deadline = time.monotonic() + args.timeout
+    shown = VerifyProgress(sys.stderr)
+    try:
+        while run.get("state") == "running":
+            shown.show(run)
+            if time.monotonic() >= deadline:
+                _request(client, "DELETE", run_path)
+                raise CliError("CDC:ErrTimeout", f"verify run {run['id']} took longer than {args.timeout}s: "
+                               "stopped", VERIFY_COULD_NOT_RUN)
+            time.sleep(0.5)
+            try:
+                run = _request(client, "GET", run_path)
+            except CliError as exc:
+                raise CliError(exc.code, exc.message, VERIFY_COULD_NOT_RUN) from None
+    except KeyboardInterrupt:
+        try:
+            _request(client, "DELETE", run_path, timeout=10)
+        except CliError:
+            pass  # the hold expires by its deadline
+        raise CliError("CDC:ErrInterrupted", f"verify run {run['id']} stopped (its hold released)", 130) from None
+    finally:
+        shown.close()
+    return run
 
 
 def _watch(server: str, path: str) -> dict[str, Any]:
@@ -329,6 +418,16 @@ def _add_cli_parser(sub: Any) -> None:
     r.add_argument("--changefeed-id", "-c", required=True)
     r.add_argument("--table", action="append", required=True, metavar="SCHEMA.NAME",
                    help="a replicated table (repeat for several)")
+    v = ops.add_parser("verify", parents=[out],
+                       help="compare the target with the upstream at one consistent point, chunk by chunk on Spark; "
+                            "exit 0 equal, 1 differs, 2 could not run")
+    v.add_argument("--changefeed-id", "-c", required=True)
+    v.add_argument("--tables", metavar="SCHEMA.NAME,...", help="replicated tables to compare (default: all)")
+    v.add_argument("--chunk-rows", type=int, help="rows per compared chunk (default: [snapshot] chunk-rows)")
+    v.add_argument("--timeout", type=float, default=24 * 3600.0, help="seconds to wait for the report")
+    v.add_argument("--repair", action="store_true",
+                   help="resync the tables that differ (changefeed snapshot), then verify them again; the exit code "
+                        "is the second verification's")
     u = ops.add_parser("update", parents=[out], help="change a stopped changefeed; prints the diff")
     u.add_argument("--changefeed-id", "-c", required=True)
     u.add_argument("--sink-uri")
@@ -421,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         args.server = make_client(args)
         kind, result = COMMANDS[args.group](args)
         print(emit(kind, result, args.output))
-        return 0
+        return verify_exit_code(result) if kind == "verify" else 0
     except CliError as exc:
         print(json.dumps({"error_code": exc.code, "error_msg": scrub(exc.message)}, indent=2), file=sys.stderr)
         return exc.exit_code

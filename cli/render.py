@@ -120,6 +120,37 @@ def _update_text(result: dict[str, Any]) -> str:
     return render_table(rows, DIFF_COLUMNS)
 
 
+VERIFY_COLUMNS: list[Column] = [
+    col("table", "table"), col("source rows", "source_rows"), col("target rows", "target_rows"),
+    col("chunks", "chunks"), col("differing", "chunks_differing"), col("missing", "missing"), col("extra", "extra"),
+    col("different", "different"), col("inexact", "inexact"), col("note", "note")]
+VERIFY_DIFF_COLUMNS: list[Column] = [
+    col("table", "table"), col("kind", "kind"), ("key", lambda r: ", ".join("NULL" if k is None else str(k)
+                                                                         for k in r.get("key") or [])),
+    ("columns", lambda r: ", ".join(r.get("columns") or []) or None)]
+
+
+def _verify_text(run: dict[str, Any]) -> str:
+    """A verify run: its outcome, a table per table, then the differing keys (capped per table)."""
+    report = run.get("report") or {}
+    tables = report.get("tables") or []
+    pairs = [("run", run.get("id")), ("state", run.get("state")), ("changefeed", report.get("changefeed")),
+             ("compared at ts", report.get("ts")), ("consistency", report.get("consistency")),
+             ("hold seconds", report.get("hold_seconds")), ("seconds", report.get("seconds")),
+             ("note", report.get("note") or None), ("error", report.get("error") or run.get("error") or None),
+             ("repaired (resynced, then verified again)", ", ".join(run.get("repaired") or []) or None)]
+    text = render_kv(pairs)
+    if tables:
+        text += "\n\n" + render_table(tables, VERIFY_COLUMNS)
+        diffs = [{"table": t.get("table"), **d} for t in tables for d in t.get("diffs") or []]
+        if diffs:
+            text += "\n\n" + render_table(diffs, VERIFY_DIFF_COLUMNS)
+        more = {t.get("table"): t.get("more") for t in tables if t.get("more")}
+        for table, n in more.items():
+            text += f"\n... and {n} more differing key(s) of {table} (--output json lists the same)"
+    return text
+
+
 def format_table(kind: str, result: Any) -> str:
     """The ``--output table`` text of a command result (``kind`` from the command)."""
     if kind == "changefeeds":
@@ -134,6 +165,8 @@ def format_table(kind: str, result: Any) -> str:
         return _processor_text(result)
     if kind == "update":
         return _update_text(result)
+    if kind == "verify":
+        return _verify_text(result)
     if isinstance(result, dict):
         return render_kv(list(result.items()))
     return cell(result)

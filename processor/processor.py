@@ -157,8 +157,8 @@ class Processor:
         every ``checkpoint-min-interval / 4`` stores the statuses that are due (see ``report_due``)."""
         log.info("processor started capture=%s", self.capture_id)
         poll = self.config.checkpoint_min_interval / 4
-        # assignment changes (a span given to or taken from this capture) run the next tick early
-        feed = StatusFeed(self.store, frozenset({KeyKind.SPAN_ASSIGNMENT}))
+        # assignment changes (a span given to or taken from this capture) and verify holds run the next tick early
+        feed = StatusFeed(self.store, frozenset({KeyKind.SPAN_ASSIGNMENT, KeyKind.CHANGEFEED_HOLD}))
         next_tick = last_tick = 0.0
         try:
             while not stop.is_set():
@@ -270,6 +270,10 @@ class Processor:
                     slot.stats.started(after_failure=slot.failures > 0)
                 except TidewaterError as exc:
                     self._failed(slot, info, exc, now, "start")
+            set_hold = getattr(slot.runner, "set_verify_hold", None)
+            if set_hold is not None:  # a verify hold obeyed until its deadline (docs/verify.md, "The hold")
+                hold = snap.holds.get(key[0])
+                set_hold((hold.id, hold.ts) if hold is not None and hold.active(now) else None)
             if slot.runner is not None and slot.error is not None and slot.runner.checkpoint.ts > slot.runner.start_ts:
                 # progress since the restart: the error is over (the report pass may already have stored that
                 # progress, still with the error, so the stored checkpoint is no measure of it)
@@ -590,6 +594,9 @@ class Processor:
             barrier = getattr(runner, "barrier_at", None)  # (read once: the sink thread sets it)
             if barrier is not None:
                 status = replace(status, barrier_ts=barrier[0], barrier_seq=barrier[1])
+            held = getattr(runner, "verify_held", None)  # (read once: the sink thread sets it)
+            if held is not None:
+                status = replace(status, held_id=held[0], held_ts=held[1])
             limit = runner.watermark_limit
             if limit is not None:
                 status = replace(status, hold_ts=limit.ts, hold_time=limit.time)
@@ -646,8 +653,9 @@ def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, m
                idle_interval: float, heartbeat: float = 10.0) -> bool:
     """Whether a span's ``status`` should be stored, ``elapsed`` seconds after ``prev`` was.
 
-    - never stored, ``running``, ``error``, ``warnings``, ``hold_ts`` or the barrier position changed: now (another
-      span's barrier waits for the barrier position);
+    - never stored, ``running``, ``error``, ``warnings``, ``hold_ts``, the barrier position or the verify hold obeyed
+      (``held_id``/``held_ts``) changed: now (another span's barrier waits for the barrier position, a verifier for
+      the hold);
     - checkpoint Ts moved (busy span): once ``min_interval`` has passed since the last write, so the
       stored checkpoint trails the span by at most about ``min_interval``;
     - only the checkpoint time or the resolved Ts moved (idle span, keepalives): every ``idle_interval``;
@@ -666,7 +674,8 @@ def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, m
 
 def _urgent_fields(status: SpanStatus) -> tuple[object, ...]:
     """What of a span's status is stored at once when it changes (``report_due``)."""
-    return (status.running, status.error, status.warnings, status.hold_ts, status.barrier_ts, status.barrier_seq)
+    return (status.running, status.error, status.warnings, status.hold_ts, status.barrier_ts, status.barrier_seq,
+            status.held_id, status.held_ts)
 
 
 def _newest(a: SpanStatus | None, b: SpanStatus | None) -> SpanStatus | None:

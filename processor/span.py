@@ -29,6 +29,11 @@ Guarantees:
   above the start checkpoint: exported after it). The processor stores it in ``SpanStatus.hold_ts`` and the owner
   holds the changefeed's published checkpoint there too (docs/snapshot.md, "Table copies"), so no consumer cuts
   past a copied row it has not read yet.
+- A verify hold (``changefeed verify``, docs/verify.md "The hold"; :meth:`SpanRunner.set_verify_hold`): while the
+  processor passes one, the sink thread applies nothing past its point -- ``(id, 0)``: where the span is (a write
+  in progress ends after its downstream transaction); ``(id, ts)``: everything up to commit Ts ``ts`` -- and once its
+  checkpoint is exactly there sets ``verify_held`` to ``(id, point)``, which the processor stores in
+  ``SpanStatus.held_id``/``held_ts``. Reading and sorting go on; the slot is confirmed only up to the checkpoint.
 Thread-safety: ``checkpoint``, ``resolved``, ``rows``, ``error`` are read by the processor thread;
 each is a single reference assignment.
 """
@@ -198,6 +203,12 @@ class SpanRunner:
         self._dirty = False
         self._last_flush = 0.0
         self._published = start.ts  # the last checkpoint given to WatermarkSink.publish_resolved
+        # a verify hold (module docstring): (hold id, Ts; 0: where the span is) set by the processor thread, the
+        # point a freeze stopped at (hold id, Ts) fixed by the sink thread, and (hold id, Ts) once the checkpoint is
+        # exactly at the hold's point (read by the processor thread; single reference assignments)
+        self.verify_hold: tuple[int, int] | None = None
+        self._frozen: tuple[int, int] | None = None
+        self.verify_held: tuple[int, int] | None = None
         self._last_publish = 0.0
         self._threads: list[threading.Thread] = []
         self.started = time.time()
@@ -329,6 +340,34 @@ class SpanRunner:
             raise LeaseLost(f"span {self.label} is stopping: its last batch is not committed")
         if self._outer_fence is not None:
             self._outer_fence()
+
+    def set_verify_hold(self, hold: tuple[int, int] | None) -> None:
+        """Obey the verify hold ``(id, ts)`` (``ts`` 0: stop where the span is), or none (module docstring)."""
+        if hold != self.verify_hold:
+            self.verify_hold = hold
+            self._wake.set()
+
+    def _hold_point(self) -> int | None:
+        """The commit Ts the sink thread may apply up to under the current verify hold (None: no hold)."""
+        hold = self.verify_hold
+        if hold is None:
+            self._frozen = None
+            self.verify_held = None
+            return None
+        hold_id, ts = hold
+        if ts == 0:
+            if self._frozen is None or self._frozen[0] != hold_id:
+                self._frozen = (hold_id, self._written.ts)
+            point = self._frozen[1]
+        else:
+            point = ts
+        if self.checkpoint.ts == point or (self.checkpoint.ts > point and self._written.ts > point):
+            # at the point, or already past it (a span restarted from a later checkpoint): the verifier compares
+            # held_ts with its point and refuses a span that went past it
+            self.verify_held = (hold_id, self.checkpoint.ts)
+        else:
+            self.verify_held = None
+        return point
 
     def persisted(self, ts: int) -> None:
         """The processor stored checkpoint ``ts`` in etcd: the upstream may now forget it."""
@@ -531,6 +570,9 @@ class SpanRunner:
                 self._record_schemas([(ts, s.relation_id, s) for ts, s in self.source.take_schema_versions()])
                 if self.target_ts and target.ts > self.target_ts:
                     target = Watermark(self.target_ts, target.time)
+                point = self._hold_point()
+                if point is not None and target.ts > point:
+                    target = Watermark(point, target.time) if point > self._written.ts else self._written
                 if target.ts <= self._written.ts:
                     if target.ts == self._written.ts and target.time > self._written.time:
                         self._settle(target, 0)
@@ -543,7 +585,12 @@ class SpanRunner:
                                      self.source.schema_change_commits(), self._schema_changes(decoder), self.floors,
                                      self.hold, self.ceilings)
                 stats = self.stats
+                frozen = False
                 while batcher.has_more() and not self._stop.is_set():
+                    hold = self.verify_hold
+                    if hold is not None and hold[1] == 0:
+                        frozen = True  # a verify hold's first phase: stop after the transactions written so far
+                        break
                     if self.hold is not None and batcher.blocked():  # a table copy holds its next transaction back
                         self.hold.wait(self._stop)
                         continue
@@ -568,9 +615,10 @@ class SpanRunner:
                         self._settle(batcher.last, written)
                     self._flush(sink)
                     self._publish(sink)
-                if not self._stop.is_set():
+                if not self._stop.is_set() and not frozen:
                     self._settle(target, 0)
                     self._publish(sink)
+                self._hold_point()
         finally:
             try:
                 sink.close()

@@ -8,12 +8,14 @@ All keys of a cluster live under ``/tidewater/{cluster}/``::
     /tidewater/{cluster}/changefeed/status/{cf}                 ChangefeedStatus
     /tidewater/{cluster}/changefeed/assign/{cf}/{span}          SpanAssignment
     /tidewater/{cluster}/changefeed/span/{cf}/{span}            SpanStatus
+    /tidewater/{cluster}/changefeed/hold/{cf}                   VerifyHold (changefeed verify)
     /tidewater/{cluster}/schema/{cf}/{relid}                    SchemaHistory (after every other key:
                                                                  MetaStore.snapshot() does not read it)
     /tidewater/{cluster}/snapshot/{cf}/{span}/run               cdc.snapshot.SnapshotRun (the job allowed to commit)
     /tidewater/{cluster}/snapshot/{cf}/{span}/{table}/plan      cdc.snapshot.TablePlan (the table's chunks)
     /tidewater/{cluster}/snapshot/{cf}/{span}/{table}/{chunk}   cdc.snapshot.ChunkDone (chunk copied)
     /tidewater/{cluster}/snapshot/{cf}/{span}/{table}/redone    cdc.snapshot.CopyRedone (rows of dropped plans)
+    /tidewater/{cluster}/verify/{cf}/{run}                      VerifyRun (changefeed verify; not read by snapshot())
 
 ``{table}`` is ``schema.table`` with each part percent-encoded (``/``, ``.``, ``%`` and every other character
 outside ``[A-Za-z0-9_-]``), so any PostgreSQL identifier fits in one segment and the dot is unambiguous.
@@ -39,6 +41,7 @@ SNAPSHOT = "snapshot"  # sorts after "schema": not read by MetaStore.snapshot() 
 PLAN = "plan"
 RUN = "run"
 REDONE = "redone"
+VERIFY = "verify"  # sorts after "snapshot": not read by MetaStore.snapshot() either
 
 # Cluster and changefeed ids: letters/digits in dash-separated groups (TiCDC's rule).
 _ID_RE = re.compile(r"^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$")
@@ -46,6 +49,7 @@ _ID_RE = re.compile(r"^[a-zA-Z0-9]+(-[a-zA-Z0-9]+)*$")
 _CAPTURE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 _SPAN_RE = re.compile(r"^(0|[1-9][0-9]*)$")
 _LEASE_RE = re.compile(r"^[1-9a-f][0-9a-f]*$")
+_RUN_RE = re.compile(r"^[a-f0-9]{1,32}$")
 
 
 class KeyKind(enum.Enum):
@@ -55,11 +59,13 @@ class KeyKind(enum.Enum):
     CHANGEFEED_STATUS = "changefeed-status"
     SPAN_ASSIGNMENT = "span-assignment"
     SPAN_STATUS = "span-status"
+    CHANGEFEED_HOLD = "changefeed-hold"
     SCHEMA_HISTORY = "schema-history"
     SNAPSHOT_PLAN = "snapshot-plan"
     SNAPSHOT_CHUNK = "snapshot-chunk"
     SNAPSHOT_RUN = "snapshot-run"
     SNAPSHOT_REDONE = "snapshot-redone"
+    VERIFY_RUN = "verify-run"
 
 
 _CF_KINDS = {
@@ -67,6 +73,7 @@ _CF_KINDS = {
     KeyKind.CHANGEFEED_STATUS: "status",
     KeyKind.SPAN_ASSIGNMENT: "assign",
     KeyKind.SPAN_STATUS: "span",
+    KeyKind.CHANGEFEED_HOLD: "hold",
 }
 _CF_KIND_BY_SEGMENT = {seg: kind for kind, seg in _CF_KINDS.items()}
 _SPAN_KINDS = (KeyKind.SPAN_ASSIGNMENT, KeyKind.SPAN_STATUS)
@@ -128,6 +135,7 @@ class EtcdKey:
     relid: int = 0
     table: TableName | None = None
     chunk: int = -1
+    run: str = ""
 
     def __post_init__(self) -> None:
         _check_cluster(self.cluster)
@@ -146,7 +154,12 @@ class EtcdKey:
                 raise ValueError(f"schema-history key needs a positive table oid, got {self.relid}")
         elif self.relid:
             raise ValueError(f"{kind.value} key takes no table oid")
-        if kind in _CF_KINDS or kind is KeyKind.SCHEMA_HISTORY or kind in _SNAPSHOT_ALL:
+        if kind is KeyKind.VERIFY_RUN:
+            if not _RUN_RE.match(self.run):
+                raise ValueError(f"verify-run key needs a run id of 1-32 lower-case hex digits, got {self.run!r}")
+        elif self.run:
+            raise ValueError(f"{kind.value} key takes no run id")
+        if kind in _CF_KINDS or kind is KeyKind.SCHEMA_HISTORY or kind in _SNAPSHOT_ALL or kind is KeyKind.VERIFY_RUN:
             _check_changefeed(self.changefeed)
         elif self.changefeed:
             raise ValueError(f"{kind.value} key takes no changefeed id")
@@ -176,6 +189,8 @@ class EtcdKey:
             return f"{base}{META}/owner/{self.owner_lease:x}"
         if kind is KeyKind.SCHEMA_HISTORY:
             return f"{base}{SCHEMA}/{self.changefeed}/{self.relid}"
+        if kind is KeyKind.VERIFY_RUN:
+            return f"{base}{VERIFY}/{self.changefeed}/{self.run}"
         if kind is KeyKind.SNAPSHOT_RUN:
             return f"{base}{SNAPSHOT}/{self.changefeed}/{self.span}/{RUN}"
         if kind in _SNAPSHOT_KINDS:
@@ -209,6 +224,8 @@ def parse_key(key: str) -> EtcdKey:
             if not _SPAN_RE.match(parts[3]):
                 raise ValueError(f"bad table oid {parts[3]!r}")
             return EtcdKey(KeyKind.SCHEMA_HISTORY, cluster, changefeed=parts[2], relid=int(parts[3]))
+        elif len(parts) == 4 and parts[1] == VERIFY:
+            return EtcdKey(KeyKind.VERIFY_RUN, cluster, changefeed=parts[2], run=parts[3])
         elif len(parts) == 5 and parts[1] == SNAPSHOT and parts[4] == RUN:
             if not _SPAN_RE.match(parts[3]):
                 raise ValueError(f"bad span index {parts[3]!r}")
@@ -337,6 +354,18 @@ def changefeed_info_key(cluster: str, changefeed: str) -> str:
 
 def changefeed_status_key(cluster: str, changefeed: str) -> str:
     return EtcdKey(KeyKind.CHANGEFEED_STATUS, cluster, changefeed=changefeed).encode()
+
+
+def verify_run_key(cluster: str, changefeed: str, run: str) -> str:
+    return EtcdKey(KeyKind.VERIFY_RUN, cluster, changefeed=changefeed, run=run).encode()
+
+
+def verify_prefix(cluster: str, changefeed: str) -> str:
+    return f"{cluster_prefix(cluster)}{VERIFY}/{_check_changefeed(changefeed)}/"
+
+
+def hold_key(cluster: str, changefeed: str) -> str:
+    return EtcdKey(KeyKind.CHANGEFEED_HOLD, cluster, changefeed=changefeed).encode()
 
 
 def assignment_key(cluster: str, changefeed: str, span: int) -> str:

@@ -16,6 +16,7 @@ Thread-safe (stateless apart from the client).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Generic, TypeVar
@@ -35,6 +36,8 @@ from cdc.model import (
     SpanAssignment,
     SpanStatus,
     TableCopy,
+    VerifyHold,
+    VerifyRun,
 )
 
 log = logging.getLogger(__name__)
@@ -86,6 +89,7 @@ class ClusterSnapshot:
     statuses: dict[str, ChangefeedStatus] = field(default_factory=dict)
     assignments: dict[str, dict[int, SpanAssignment]] = field(default_factory=dict)
     span_statuses: dict[str, dict[int, SpanStatus]] = field(default_factory=dict)
+    holds: dict[str, VerifyHold] = field(default_factory=dict)  # changefeed -> its verify hold (expired ones too)
     mod_revisions: dict[str, int] = field(default_factory=dict)  # raw key -> mod revision, every key
 
     @property
@@ -321,10 +325,51 @@ class MetaStore:
         self._fenced(f"delete changefeed {cf}", fence, [], [
             Op.delete(keys.changefeed_info_key(self.cluster_id, cf)),
             Op.delete(keys.changefeed_status_key(self.cluster_id, cf)),
+            Op.delete(keys.hold_key(self.cluster_id, cf)),
+            Op.delete_prefix(keys.verify_prefix(self.cluster_id, cf)),
             Op.delete_prefix(keys.assignment_prefix(self.cluster_id, cf)),
             Op.delete_prefix(keys.span_status_prefix(self.cluster_id, cf)),
             Op.delete_prefix(keys.schema_history_prefix(self.cluster_id, cf)),
             Op.delete_prefix(keys.snapshot_prefix(self.cluster_id, cf))])
+
+    # ---- verify holds (changefeed verify; docs/verify.md)
+    def put_hold(self, cf: str, hold: VerifyHold) -> bool:
+        """Store ``hold`` as the changefeed's only hold: when there is none, or the one there has the same id (its next
+        phase, a new deadline), or has expired by its own deadline. False: the changefeed is gone, or another live
+        verification holds it."""
+        key = keys.hold_key(self.cluster_id, cf)
+        kv = self.client.get(key)
+        present = None if kv is None else _decode(VerifyHold, kv)
+        if present is not None and present.id != hold.id and present.active(time.time()):
+            return False
+        guard = [Compare.absent(key)] if kv is None else [Compare(key, "mod", "=", kv.mod_revision)]
+        return self.client.txn([Compare.exists(keys.changefeed_info_key(self.cluster_id, cf)), *guard],
+                               [Op.put(key, serde.to_json(hold))])
+
+    def get_hold(self, cf: str) -> VerifyHold | None:
+        kv = self.client.get(keys.hold_key(self.cluster_id, cf))
+        return None if kv is None else _decode(VerifyHold, kv)
+
+    def release_hold(self, cf: str, hold_id: int) -> bool:
+        """Delete the changefeed's hold if it is still hold ``hold_id`` (a later verification's stays)."""
+        key = keys.hold_key(self.cluster_id, cf)
+        kv = self.client.get(key)
+        if kv is None or _decode(VerifyHold, kv).id != hold_id:
+            return False
+        return self.client.txn([Compare(key, "mod", "=", kv.mod_revision)], [Op.delete(key)])
+
+    def put_verify_run(self, cf: str, run: VerifyRun) -> None:
+        """Store a verify job's state (the launching capture, then the job itself)."""
+        self.client.put(keys.verify_run_key(self.cluster_id, cf, run.id), serde.to_json(run))
+
+    def list_verify_runs(self, cf: str) -> list[VerifyRun]:
+        """The changefeed's verify runs, oldest first."""
+        _, kvs = self.client.get_prefix(keys.verify_prefix(self.cluster_id, cf))
+        return sorted((_decode(VerifyRun, kv) for kv in kvs), key=lambda r: r.started)
+
+    def get_verify_run(self, cf: str, run: str) -> VerifyRun | None:
+        kv = self.client.get(keys.verify_run_key(self.cluster_id, cf, run))
+        return None if kv is None else _decode(VerifyRun, kv)
 
     # ---- schema history (processors)
     def get_schema_histories(self, cf: str) -> dict[int, SchemaHistory]:
@@ -457,6 +502,8 @@ class MetaStore:
                 snap.assignments.setdefault(k.changefeed, {})[k.span] = _decode(SpanAssignment, kv)
             elif k.kind is KeyKind.SPAN_STATUS:
                 snap.span_statuses.setdefault(k.changefeed, {})[k.span] = _decode(SpanStatus, kv)
+            elif k.kind is KeyKind.CHANGEFEED_HOLD:
+                snap.holds[k.changefeed] = _decode(VerifyHold, kv)
         snap.owner_candidates.sort(key=lambda c: c.create_revision)
         return snap
 

@@ -259,6 +259,30 @@ def test_every_route_once(cdc_server: CdcServer, pg_server: PostgresServer, pg_d
     error(call(url, "GET", "/api/v2/processors/routes/someone-else"), 404, "CDC:ErrCaptureNotFound")
     error(call(url, "GET", f"/api/v2/processors/nope/{me}"), 404, "CDC:ErrChangefeedNotFound")
 
+    # verify: a job polled to its report; a finished job cannot be stopped
+    a = route("POST", "/api/v2/changefeeds/{changefeed_id}/verify", "/api/v2/changefeeds/routes/verify",
+              {"tables": ["public.alpha"], "chunk_rows": 100})
+    assert a.status == 202 and a.body["state"] == "running" and a.body["tables"] == ["public.alpha"], a
+    run = a.body["id"]
+
+    def verified() -> Any:
+        body = call(url, "GET", f"/api/v2/changefeeds/routes/verify/{run}").body
+        return body if body["state"] != "running" else None
+
+    done = wait_for("the verify report", verified, timeout=120)
+    assert done["state"] == "done" and done["report"] is not None, done.get("error")
+    a = route("GET", "/api/v2/changefeeds/{changefeed_id}/verify/{run_id}", f"/api/v2/changefeeds/routes/verify/{run}")
+    assert a.status == 200 and a.body["id"] == run
+    a = route("DELETE", "/api/v2/changefeeds/{changefeed_id}/verify/{run_id}",
+              f"/api/v2/changefeeds/routes/verify/{run}")
+    error(a, 404, "CDC:ErrVerifyRunNotFound", "not running")
+    error(call(url, "POST", "/api/v2/changefeeds/routes/verify", {"tables": ["public.nope"]}), 400,
+          "CDC:ErrInvalidArgument", "public.nope")
+    error(call(url, "POST", "/api/v2/changefeeds/routes/verify", {"chunk_rows": 0}), 400, "CDC:ErrInvalidArgument",
+          "chunk_rows")
+    error(call(url, "GET", "/api/v2/changefeeds/routes/verify/abc"), 404, "CDC:ErrVerifyRunNotFound")
+    error(call(url, "POST", "/api/v2/changefeeds/nope/verify", {}), 404, "CDC:ErrChangefeedNotFound")
+
     # unknown route 404, known path with another method 405
     error(call(url, "GET", "/api/v2/nothing-here"), 404, "CDC:ErrNotFound", "/api/v2/nothing-here")
     error(call(url, "DELETE", "/api/v2/captures"), 405, "CDC:ErrMethodNotAllowed", "GET")
