@@ -1,0 +1,341 @@
+"""A span's MySQL/MariaDB change stream: the row binlog, grouped into whole transactions, into the sorter.
+
+:class:`MySqlSpanSource` reads the binlog over its own replication connection (``pymysqlreplication``, its own
+``server_id``) from the span's start position (:mod:`upstream.mysql.positions`: the start Ts *is* the file and
+position after the last transaction already downstream) and turns its events into buffer operations:
+
+- a GTID event (MariaDB; MySQL's GTID event and ``BEGIN``) opens a transaction; its row events (of tables the
+  filter selects in the span's database) are rendered to text (:mod:`upstream.mysql.types`) and stored
+  (:mod:`upstream.mysql.payload`); the XID event (or a ``COMMIT`` query, non-transactional engines) commits it at
+  Ts = (file sequence << 32) | the XID event's end position, with the event's timestamp as commit time;
+- a transaction without rows of the span commits nothing but still advances the resolved watermark, and so do the
+  server's heartbeats (``master_heartbeat_period``) on an idle server;
+- a schema change (any statement other than transaction control) naming a table the span carries is refused with
+  a DecodeError: DDL is not replicated from MySQL yet, and rows after it would be decoded with a stale schema;
+- a value its column's type cannot hold exactly (zero dates, TIME outside a day...) is refused with a DecodeError
+  naming the table, column and binlog position; a table whose binlog columns differ from the schema the span
+  decodes it with (a DDL while the span was down) likewise.
+
+Any stream error ends ``run`` with ``UpstreamUnavailable``; the caller restarts the span from its checkpoint. The
+library's own silent reconnect is never trusted: a changed stream connection is such an error too.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import (
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    QueryEvent,
+    RotateEvent,
+    XidEvent,
+)
+from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+from cdc.errors import DecodeError, SlotLost, TidewaterError, UpstreamUnavailable
+from cdc.events import ColumnSchema, TableName, TableSchema
+from cdc.filter import TableFilter
+from cdc.ts import Watermark, lsn_to_str
+from upstream.base import ChangeBuffer, ChangeDecoder, ParsedChange, Parser, SpanSource, encode_payload
+from upstream.mysql import admin, catalog, payload, positions
+from upstream.mysql.conn import stream_settings
+from upstream.postgres import types as text_types
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_SECONDS = 1.0
+_NOT_DDL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|XA\s)", re.IGNORECASE)
+_IDENT = re.compile(r"(`(?:[^`]|``)+`|[A-Za-z0-9_$]+)(?:\s*\.\s*(`(?:[^`]|``)+`|[A-Za-z0-9_$]+))?")
+
+
+def _unquote(part: str) -> str:
+    return part[1:-1].replace("``", "`") if part.startswith("`") else part
+
+
+def named_tables(query: str, default_schema: str) -> set[TableName]:
+    """Every ``name`` or ``schema.name`` the statement mentions (a superset of the tables it changes)."""
+    out: set[TableName] = set()
+    for m in _IDENT.finditer(query):
+        a, b = m.group(1), m.group(2)
+        out.add(TableName(_unquote(a), _unquote(b)) if b else TableName(default_schema, _unquote(a)))
+    return out
+
+
+class MySqlChangeDecoder(ChangeDecoder):
+    """Decodes stored MySQL changes (:mod:`upstream.mysql.payload`); values are text parsed with
+    :mod:`upstream.postgres.types` (the vocabulary's types, see :mod:`upstream.mysql.types`)."""
+
+    row_parser = staticmethod(text_types.row_parser)  # type: ignore[assignment]
+
+    def __init__(self, schemas: Callable[[int], TableSchema]) -> None:
+        self._schemas = schemas
+
+    def schema(self, version: int) -> TableSchema:
+        return self._schemas(version)
+
+    def parse_change(self, raw: bytes) -> ParsedChange:
+        return payload.parse(raw)
+
+    def insert_values(self, payload_bytes: bytes, offset: int) -> tuple[int, list[Any]] | None:
+        return payload.insert_values(payload_bytes, offset)
+
+    def parser(self, column: ColumnSchema) -> Parser:
+        return text_types.parser_for(column.base_type, column.is_array)
+
+
+class _Table:
+    """A table the span decodes: its schema version, column names and value renderers."""
+
+    __slots__ = ("version", "relid", "names", "renderers", "name")
+
+    def __init__(self, name: TableName, version: int, relid: int, names: tuple[str, ...],
+                 renderers: tuple[Any, ...]) -> None:
+        self.name, self.version, self.relid, self.names, self.renderers = name, version, relid, names, renderers
+
+
+class MySqlSpanSource(SpanSource):
+    """One span's binlog into a :class:`~upstream.base.ChangeBuffer` (see the module docstring).
+
+    ``uri``: the upstream; ``database``: the span's schema; ``server_id``: this replication connection's id (unique
+    per span and distinct from the server's own).
+    """
+
+    def __init__(self, uri: str, database: str, where: str, server_id: int, table_filter: TableFilter,
+                 start: Watermark, label: str, *, connect: Callable[[], Any]) -> None:
+        self.uri = uri
+        self.database = database
+        self.where = where
+        self.server_id = server_id
+        self.filter = table_filter
+        self.start = start
+        self.label = label
+        self._connect = connect
+        self._schemas: dict[int, TableSchema] = {}
+        self._tables: dict[TableName, _Table] = {}
+        self._next_version = 1
+        self._decoder = MySqlChangeDecoder(self.schema)
+        self._stream: BinLogStreamReader | None = None
+        self._ctl: Any = None
+        self._closed = threading.Event()
+        self._start_file: str | None = None
+        self._start_pos = 0
+        self._carried: set[TableName] = set()  # the span's tables when it started (a DDL of one is refused)
+
+    # ---- SpanSource --------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Find the start position's binlog file (``SlotLost`` when it was purged)."""
+        seq, pos = positions.split_ts(self.start.ts)
+        self._ctl = self._connect()
+        files = [f for f, _ in admin.binary_logs(self._ctl, self.where)]
+        name = positions.file_name(files, seq)
+        if name is None:
+            raise SlotLost(f"span={self.label}: binlog file #{seq} of the checkpoint {lsn_to_str(self.start.ts)} is no "
+                           f"longer on MySQL {self.where} (purged; files now: {files[:1]}..{files[-1:]}): changes "
+                           f"after the checkpoint may be lost; recreate the changefeed")
+        self._start_file, self._start_pos = name, max(pos, 4)
+        self._carried = {t for t in catalog.list_tables(self._ctl, self.where, self.database) if self.filter.match(t)}
+        self._closed.clear()
+
+    def close(self) -> None:
+        self._closed.set()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:  # noqa: BLE001 - closing a broken stream
+                pass
+        ctl, self._ctl = self._ctl, None
+        if ctl is not None:
+            try:
+                ctl.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def ack(self, ts: int) -> None:
+        """Nothing to confirm upstream: the server keeps binlogs by its own retention (``binlog_expire_logs_seconds``),
+        and the checkpoint Ts is the resume position."""
+
+    def decoder(self) -> MySqlChangeDecoder:
+        return self._decoder
+
+    def schema(self, version: int) -> TableSchema:
+        return self._schemas[version]
+
+    # ---- tables ------------------------------------------------------------------------------------
+    def _table(self, name: TableName, columns: list[str], where: str) -> _Table:
+        """The span's decoding of ``name`` (read from the catalog on first sight); DecodeError when its binlog
+        columns are not the catalog's (a DDL the span cannot place) or a column cannot be replicated."""
+        t = self._tables.get(name)
+        if t is None:
+            facts = catalog.table_facts(self._ctl, self.where, name)
+            refusals = [f"{c.name}: {c.refusal()}" for c in facts.columns if c.refusal()]
+            if refusals:
+                raise DecodeError(f"span={self.label} table {name}: {'; '.join(refusals)}")
+            version = self._next_version
+            self._next_version += 1
+            schema = self._schemas[version] = facts.schema(version)
+            t = self._tables[name] = _Table(name, version, schema.relation_id, tuple(c.name for c in facts.columns),
+                                            facts.renderers())
+        if tuple(columns) != t.names:
+            raise DecodeError(
+                f"span={self.label} table {name} at binlog {where}: the binlog row has columns {list(columns)} but the "
+                f"table is decoded with {list(t.names)} (its schema changed: DDL is not replicated from MySQL yet)")
+        return t
+
+    def _render(self, t: _Table, row: dict[str, Any], none_sources: dict[str, str], where: str) -> list[str | None]:
+        out: list[str | None] = []
+        for name, render in zip(t.names, t.renderers, strict=True):
+            v = row[name]
+            if v is None:
+                why = none_sources.get(name, "null")
+                if why != "null":
+                    raise DecodeError(f"span={self.label} table {t.name} column {name} at binlog {where}: a value "
+                                      f"that cannot be replicated exactly ({why}: e.g. a zero date); fix the row "
+                                      f"upstream or exclude the table")
+                out.append(None)
+                continue
+            try:
+                out.append(render(v))
+            except ValueError as exc:
+                raise DecodeError(f"span={self.label} table {t.name} column {name} at binlog {where}: {exc}; it cannot "
+                                  f"be replicated exactly") from exc
+        return out
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    def _reader(self) -> BinLogStreamReader:
+        assert self._ctl is not None and self._start_file is not None
+        return BinLogStreamReader(
+            stream_settings(self.uri), server_id=self.server_id, log_file=self._start_file, log_pos=self._start_pos,
+            resume_stream=True, blocking=True, is_mariadb=False,  # True would ignore file/pos (GTID mode)
+            slave_heartbeat=HEARTBEAT_SECONDS, only_schemas=None,
+            only_events=[MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, RotateEvent, HeartbeatLogEvent,
+                         WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent])
+
+    def run(self, buffer: ChangeBuffer, stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
+        if self._ctl is None:
+            raise UpstreamUnavailable(f"span={self.label}: run before open")
+        stream = self._stream = self._reader()
+        try:
+            self._loop(stream, buffer, stop, on_resolved)
+        except TidewaterError:
+            raise
+        except (pymysql.MySQLError, OSError, EOFError, AttributeError) as exc:
+            if self._closed.is_set() or stop.is_set():
+                return
+            raise UpstreamUnavailable(f"span={self.label}: binlog stream from MySQL {self.where} broke: {exc}") from exc
+        except (NotImplementedError, UnicodeDecodeError, ValueError, KeyError) as exc:
+            raise DecodeError(f"span={self.label}: binlog event from MySQL {self.where} cannot be decoded: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            try:
+                stream.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _loop(self, stream: BinLogStreamReader, buffer: ChangeBuffer, stop: threading.Event,
+              on_resolved: Callable[[Watermark], None]) -> None:
+        db, filt = self.database, self.filter
+        skip_upto = self.start.ts
+        resolved = self.start
+        xid = 0
+        in_txn = False
+        has_rows = False
+        conn_seen: Any = None
+        add = buffer.add
+        to_ts = positions.to_ts
+        prefixes: dict[int, bytes] = {}
+        while not stop.is_set() and not self._closed.is_set():
+            ev = stream.fetchone()
+            if self._closed.is_set() or stop.is_set():
+                return
+            if ev is None:
+                raise UpstreamUnavailable(f"span={self.label}: the binlog stream from MySQL {self.where} ended")
+            conn = stream._stream_connection  # noqa: SLF001 - the library's reconnect must not go unnoticed
+            if conn_seen is None:
+                conn_seen = conn
+            elif conn is not conn_seen:
+                raise UpstreamUnavailable(f"span={self.label}: the binlog client reconnected by itself; restarting the "
+                                          f"span from its checkpoint")
+            t = type(ev)
+            if t is WriteRowsEvent or t is UpdateRowsEvent or t is DeleteRowsEvent:
+                name = TableName(ev.schema, ev.table)
+                if name.schema != db or not filt.match(name):
+                    continue
+                where = f"{stream.log_file}:{ev.packet.log_pos}"
+                tbl = self._table(name, [c.name for c in ev.columns], where)
+                prefix = prefixes.get(tbl.version)
+                if prefix is None:
+                    prefix = prefixes[tbl.version] = encode_payload(tbl.version, b"")
+                render, relid = self._render, tbl.relid
+                if t is WriteRowsEvent:
+                    for r in ev.rows:
+                        add(xid, xid, prefix + payload.encode(b"I", relid, render(tbl, r["values"], r["none_sources"],
+                                                                                  where), None))
+                elif t is DeleteRowsEvent:
+                    for r in ev.rows:
+                        add(xid, xid, prefix + payload.encode(b"D", relid, None, render(
+                            tbl, r["values"], r["none_sources"], where)))
+                else:
+                    for r in ev.rows:
+                        add(xid, xid, prefix + payload.encode(
+                            b"U", relid, render(tbl, r["after_values"], r.get("after_none_sources", {}), where),
+                            render(tbl, r["before_values"], r.get("before_none_sources", {}), where)))
+                has_rows = True
+                continue
+            if t is XidEvent:
+                resolved = self._commit(buffer, xid, has_rows, to_ts(stream.log_file, ev.packet.log_pos),
+                                        float(ev.timestamp), skip_upto, resolved, on_resolved)
+                in_txn = has_rows = False
+            elif t is MariadbGtidEvent or t is GtidEvent:
+                if in_txn and has_rows:
+                    buffer.abort(xid, xid)  # (a transaction never ends without its XID: cannot happen)
+                xid += 1
+                in_txn, has_rows = True, False
+            elif t is QueryEvent:
+                query = ev.query if isinstance(ev.query, str) else bytes(ev.query).decode(errors="replace")
+                if query.strip().upper() == "BEGIN":
+                    in_txn = True
+                    continue
+                if not _NOT_DDL.match(query):
+                    self._check_ddl(query, ev.schema, stream.log_file, ev.packet.log_pos)
+                if query.strip().upper() == "COMMIT" or not _NOT_DDL.match(query):
+                    # a COMMIT (non-transactional tables) or a DDL (committed by itself) ends the transaction
+                    resolved = self._commit(buffer, xid, has_rows, to_ts(stream.log_file, ev.packet.log_pos),
+                                            float(ev.timestamp), skip_upto, resolved, on_resolved)
+                    in_txn = has_rows = False
+            elif t is HeartbeatLogEvent and not in_txn:
+                ts = to_ts(stream.log_file, ev.packet.log_pos) if ev.packet.log_pos else 0
+                if ts > resolved.ts:
+                    resolved = Watermark(ts, max(time.time(), resolved.time))
+                    on_resolved(resolved)
+
+    def _check_ddl(self, query: str, schema: Any, log_file: str, pos: int) -> None:
+        default = schema.decode() if isinstance(schema, bytes) else str(schema or "")
+        hit = sorted(str(n) for n in named_tables(query, default) if n in self._tables or n in self._carried)
+        if hit:
+            raise DecodeError(
+                f"span={self.label}: schema change of {', '.join(hit)} at binlog {log_file}:{pos} "
+                f"({query[:200]!r}): DDL is not replicated from MySQL/MariaDB yet, and rows after it cannot be "
+                f"decoded with the schema the span has; recreate the changefeed after the change "
+                f"(docs/upstream-mysql.md)")
+
+    def _commit(self, buffer: ChangeBuffer, xid: int, has_rows: bool, ts: int, commit_time: float, skip_upto: int,
+                resolved: Watermark, on_resolved: Callable[[Watermark], None]) -> Watermark:
+        if has_rows:
+            if ts <= skip_upto:
+                buffer.abort(xid, xid)  # already downstream before the restart
+                return resolved
+            buffer.commit(xid, ts, commit_time)
+        if ts > resolved.ts:
+            resolved = Watermark(ts, max(commit_time, resolved.time))
+            on_resolved(resolved)
+        return resolved
