@@ -49,7 +49,7 @@ def connect_kwargs(uri: ParsedURI, timeout: float) -> dict[str, Any]:
 def stream_settings(uri_text: str, timeout: float = 5.0) -> dict[str, Any]:
     """The connection settings of a binlog stream (``pymysqlreplication``'s ``connection_settings``)."""
     kw = connect_kwargs(parse_upstream_uri(uri_text), timeout)
-    return {"host": kw["host"], "port": kw["port"], "user": kw["user"], "passwd": kw["password"],
+    return {"host": kw["host"], "port": kw["port"], "user": kw["user"], "password": kw["password"],
             "connect_timeout": timeout, "charset": "utf8mb4"}
 
 

@@ -10,8 +10,8 @@ position after the last transaction already downstream) and turns its events int
   Ts = (file sequence << 32) | the XID event's end position, with the event's timestamp as commit time;
 - a transaction without rows of the span commits nothing but still advances the resolved watermark, and so do the
   server's heartbeats (``master_heartbeat_period``) on an idle server;
-- a schema change (any statement other than transaction control) naming a table the span carries is refused with
-  a DecodeError: DDL is not replicated from MySQL yet, and rows after it would be decoded with a stale schema;
+- a schema change (any statement other than transaction control and CREATE TABLE) naming a table the span carries
+  is refused with a DecodeError: DDL is not replicated from MySQL yet, and rows after it would be decoded with a stale schema;
 - a value its column's type cannot hold exactly (zero dates, TIME outside a day...) is refused with a DecodeError
   naming the table, column and binlog position; a table whose binlog columns differ from the schema the span
   decodes it with (a DDL while the span was down) likewise.
@@ -46,14 +46,18 @@ from cdc.events import ColumnSchema, TableName, TableSchema
 from cdc.filter import TableFilter
 from cdc.ts import Watermark, lsn_to_str
 from upstream.base import ChangeBuffer, ChangeDecoder, ParsedChange, Parser, SpanSource, encode_payload
-from upstream.mysql import admin, catalog, payload, positions
+from upstream.mysql import admin, catalog, payload, positions, types
 from upstream.mysql.conn import stream_settings
 from upstream.postgres import types as text_types
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
+_INTEGER_FIELDS = frozenset({1, 2, 3, 8, 9})  # TINY, SHORT, LONG, LONGLONG, INT24
 _NOT_DDL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|XA\s)", re.IGNORECASE)
+# a new table changes nothing the span decodes (its rows are checked against the catalog's schema); CREATE OR REPLACE
+# drops one first, so it is not exempt
+_CREATE_TABLE = re.compile(r"^\s*CREATE\s+(TEMPORARY\s+)?TABLE\s", re.IGNORECASE)
 _IDENT = re.compile(r"(`(?:[^`]|``)+`|[A-Za-z0-9_$]+)(?:\s*\.\s*(`(?:[^`]|``)+`|[A-Za-z0-9_$]+))?")
 
 
@@ -95,11 +99,13 @@ class MySqlChangeDecoder(ChangeDecoder):
 class _Table:
     """A table the span decodes: its schema version, column names and value renderers."""
 
-    __slots__ = ("version", "relid", "names", "renderers", "name")
+    __slots__ = ("version", "relid", "names", "renderers", "name", "data_types", "unsigned", "checked")
 
     def __init__(self, name: TableName, version: int, relid: int, names: tuple[str, ...],
-                 renderers: tuple[Any, ...]) -> None:
+                 renderers: tuple[Any, ...], data_types: tuple[str, ...], unsigned: tuple[bool, ...]) -> None:
         self.name, self.version, self.relid, self.names, self.renderers = name, version, relid, names, renderers
+        self.data_types, self.unsigned = data_types, unsigned
+        self.checked: Any = None  # the table map's column list last checked against (one check per table map)
 
 
 class MySqlSpanSource(SpanSource):
@@ -143,6 +149,9 @@ class MySqlSpanSource(SpanSource):
                            f"after the checkpoint may be lost; recreate the changefeed")
         self._start_file, self._start_pos = name, max(pos, 4)
         self._carried = {t for t in catalog.list_tables(self._ctl, self.where, self.database) if self.filter.match(t)}
+        for t in sorted(self._carried, key=str):  # the schemas as of now: rows before a DDL since fail the check
+            if t not in self._tables:
+                self._load(t)
         self._closed.clear()
 
     def close(self) -> None:
@@ -171,24 +180,39 @@ class MySqlSpanSource(SpanSource):
         return self._schemas[version]
 
     # ---- tables ------------------------------------------------------------------------------------
-    def _table(self, name: TableName, columns: list[str], where: str) -> _Table:
-        """The span's decoding of ``name`` (read from the catalog on first sight); DecodeError when its binlog
-        columns are not the catalog's (a DDL the span cannot place) or a column cannot be replicated."""
+    def _load(self, name: TableName) -> _Table:
+        """The span's decoding of ``name`` from the catalog now (DecodeError for a column it cannot replicate)."""
+        facts = catalog.table_facts(self._ctl, self.where, name)
+        refusals = [f"{c.name}: {c.refusal()}" for c in facts.columns if c.refusal()]
+        if refusals:
+            raise DecodeError(f"span={self.label} table {name}: {'; '.join(refusals)}")
+        version = self._next_version
+        self._next_version += 1
+        schema = self._schemas[version] = facts.schema(version)
+        t = self._tables[name] = _Table(name, version, schema.relation_id, tuple(c.name for c in facts.columns),
+                                        facts.renderers(), tuple(c.data_type for c in facts.columns),
+                                        tuple("unsigned" in c.column_type.lower() for c in facts.columns))
+        return t
+
+    def _table(self, name: TableName, columns: list[Any], where: str) -> _Table:
+        """The span's decoding of ``name`` (read when the span opened, or on first sight for a table created since);
+        DecodeError when the binlog's columns (names, types, signedness) are not those it decodes with: the table's
+        schema changed where the span cannot place it (DDL is not replicated yet)."""
         t = self._tables.get(name)
         if t is None:
-            facts = catalog.table_facts(self._ctl, self.where, name)
-            refusals = [f"{c.name}: {c.refusal()}" for c in facts.columns if c.refusal()]
-            if refusals:
-                raise DecodeError(f"span={self.label} table {name}: {'; '.join(refusals)}")
-            version = self._next_version
-            self._next_version += 1
-            schema = self._schemas[version] = facts.schema(version)
-            t = self._tables[name] = _Table(name, version, schema.relation_id, tuple(c.name for c in facts.columns),
-                                            facts.renderers())
-        if tuple(columns) != t.names:
-            raise DecodeError(
-                f"span={self.label} table {name} at binlog {where}: the binlog row has columns {list(columns)} but the "
-                f"table is decoded with {list(t.names)} (its schema changed: DDL is not replicated from MySQL yet)")
+            t = self._load(name)
+        if t.checked is not columns:
+            names = tuple(c.name for c in columns)
+            bad = names != t.names or not all(
+                types.binlog_type_matches(dt, c.type) and (not hasattr(c, "unsigned") or bool(c.unsigned) == u
+                                                           or c.type not in _INTEGER_FIELDS)
+                for dt, u, c in zip(t.data_types, t.unsigned, columns, strict=True))
+            if bad:
+                raise DecodeError(
+                    f"span={self.label} table {name} at binlog {where}: the binlog row has columns "
+                    f"{[(c.name, c.type) for c in columns]} but the table is decoded as {list(zip(t.names, t.data_types, strict=False))} "
+                    f"(its schema changed: DDL is not replicated from MySQL yet)")
+            t.checked = columns
         return t
 
     def _render(self, t: _Table, row: dict[str, Any], none_sources: dict[str, str], where: str) -> list[str | None]:
@@ -271,7 +295,7 @@ class MySqlSpanSource(SpanSource):
                 if name.schema != db or not filt.match(name):
                     continue
                 where = f"{stream.log_file}:{ev.packet.log_pos}"
-                tbl = self._table(name, [c.name for c in ev.columns], where)
+                tbl = self._table(name, ev.columns, where)
                 prefix = prefixes.get(tbl.version)
                 if prefix is None:
                     prefix = prefixes[tbl.version] = encode_payload(tbl.version, b"")
@@ -313,12 +337,17 @@ class MySqlSpanSource(SpanSource):
                                             float(ev.timestamp), skip_upto, resolved, on_resolved)
                     in_txn = has_rows = False
             elif t is HeartbeatLogEvent and not in_txn:
+                # the server sends one only when it has nothing more to send: every commit up to its position is
+                # here, and the upstream was at that position now
                 ts = to_ts(stream.log_file, ev.packet.log_pos) if ev.packet.log_pos else 0
-                if ts > resolved.ts:
-                    resolved = Watermark(ts, max(time.time(), resolved.time))
+                now = time.time()
+                if ts > resolved.ts or now > resolved.time:
+                    resolved = Watermark(max(ts, resolved.ts), max(now, resolved.time))
                     on_resolved(resolved)
 
     def _check_ddl(self, query: str, schema: Any, log_file: str, pos: int) -> None:
+        if _CREATE_TABLE.match(query):
+            return
         default = schema.decode() if isinstance(schema, bytes) else str(schema or "")
         hit = sorted(str(n) for n in named_tables(query, default) if n in self._tables or n in self._carried)
         if hit:

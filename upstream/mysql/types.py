@@ -114,6 +114,23 @@ def column_schema(name: str, data_type: str, column_type: str, *, nullable: bool
     return ColumnSchema(name, _OID[base], base, False, type_name, modifier, nullable and not is_key, is_key)
 
 
+# binlog field types (MySQL's enum_field_types) each supported DATA_TYPE is written with
+_BINLOG_TYPES: dict[str, frozenset[int]] = {
+    "tinyint": frozenset({1}), "smallint": frozenset({2}), "mediumint": frozenset({9}), "int": frozenset({3}),
+    "integer": frozenset({3}), "bigint": frozenset({8}), "decimal": frozenset({246}), "float": frozenset({4}),
+    "double": frozenset({5}), "char": frozenset({254}), "varchar": frozenset({15}), "binary": frozenset({254}),
+    "varbinary": frozenset({15}), "date": frozenset({10}), "datetime": frozenset({12, 18}),
+    "timestamp": frozenset({7, 17}), "time": frozenset({11, 19}), "year": frozenset({13}),
+    **{t: frozenset({252}) for t in (*_TEXTS, "tinyblob", "blob", "mediumblob", "longblob")},
+}
+
+
+def binlog_type_matches(data_type: str, field_type: int) -> bool:
+    """Whether a binlog column of ``field_type`` can be a column of ``data_type`` (a mismatch: the table's schema
+    changed since the span read it)."""
+    return field_type in _BINLOG_TYPES.get(data_type.lower(), frozenset())
+
+
 # ---- renderers -------------------------------------------------------------------------------------------
 def _int(v: Any) -> str:
     if type(v) is not int:
@@ -157,17 +174,24 @@ def _text(v: Any) -> str:
     return v
 
 
+def _bytes(v: Any) -> bytes:
+    """The library hands an empty binary value over as ``''`` (CPython decodes b'' without looking the codec
+    up); any other ``str`` for a binary column is refused."""
+    if type(v) is bytes:
+        return v
+    if v == "":
+        return b""
+    raise ValueError(f"binary value delivered as {type(v).__name__}")
+
+
 def _bytea(v: Any) -> str:
-    if type(v) is not bytes:
-        raise ValueError(f"binary value delivered as {type(v).__name__}")
+    v = _bytes(v)
     return "\\x" + v.hex()
 
 
 def _binary(n: int) -> Render:
     def render(v: Any) -> str:
-        if type(v) is not bytes:
-            raise ValueError(f"binary value delivered as {type(v).__name__}")
-        return "\\x" + v.ljust(n, b"\0").hex()  # the binlog drops BINARY(n)'s trailing 0x00 padding
+        return "\\x" + _bytes(v).ljust(n, b"\0").hex()  # the binlog drops BINARY(n)'s trailing 0x00 padding
     return render
 
 
