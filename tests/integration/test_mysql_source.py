@@ -303,3 +303,29 @@ def test_a_purged_start_file_is_a_lost_slot(mariadb_server: MariaDBServer, db: s
     with pytest.raises(SlotLost, match="no longer on MySQL"):
         src.open()
     src.close()
+
+
+def test_rows_of_a_non_transactional_table_survive_a_rollback_and_xa_is_refused(
+        mariadb_server: MariaDBServer, db: str) -> None:
+    mariadb_server.execute(f"CREATE TABLE {db}.myi (id INT PRIMARY KEY) ENGINE=MyISAM")
+    mariadb_server.execute(f"CREATE TABLE {db}.inno (id INT PRIMARY KEY) ENGINE=InnoDB")
+    ts0 = start_ts(mariadb_server, db)
+    conn = mariadb_server.connect(db)
+    with conn.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute("INSERT INTO inno VALUES (1)")
+        cur.execute("INSERT INTO myi VALUES (1)")  # kept upstream by the ROLLBACK
+        cur.execute("ROLLBACK")
+        cur.execute("XA START 'x1'")
+        cur.execute("INSERT INTO inno VALUES (2)")
+        cur.execute("XA END 'x1'")
+        cur.execute("XA PREPARE 'x1'")
+        cur.execute("XA COMMIT 'x1'")
+        cur.execute("INSERT INTO inno VALUES (3)")
+    conn.close()
+    assert mariadb_server.execute(f"SELECT id FROM {db}.myi") == [(1,)]
+    src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    th.join(20)
+    stop_source(src, th, stop)
+    assert [rows_of(src, c[2]) for c in rec.commits] == [[("I", {"id": 1}, None)]]
+    assert len(errors) == 1 and isinstance(errors[0], DecodeError) and "XA" in str(errors[0]), errors

@@ -321,7 +321,12 @@ class MySqlSpanSource(SpanSource):
                 in_txn = has_rows = False
             elif t is MariadbGtidEvent or t is GtidEvent:
                 if in_txn and has_rows:
-                    buffer.abort(xid, xid)  # (a transaction never ends without its XID: cannot happen)
+                    # a transaction whose end the span did not see (an XA transaction prepared, then committed by a
+                    # later event group): its rows are neither committed nor dropped silently
+                    raise DecodeError(
+                        f"span={self.label}: the transaction before binlog {stream.log_file}:{ev.packet.log_pos} has "
+                        f"rows but no commit the span understands (an XA transaction?): XA transactions are not "
+                        f"replicated from MySQL/MariaDB yet")
                 xid += 1
                 in_txn, has_rows = True, False
             elif t is QueryEvent:
@@ -331,8 +336,11 @@ class MySqlSpanSource(SpanSource):
                     continue
                 if not _NOT_DDL.match(query):
                     self._check_ddl(query, ev.schema, stream.log_file, ev.packet.log_pos)
-                if query.strip().upper() == "COMMIT" or not _NOT_DDL.match(query):
-                    # a COMMIT (non-transactional tables) or a DDL (committed by itself) ends the transaction
+                word = query.strip().upper()
+                if word in ("COMMIT", "ROLLBACK") or not _NOT_DDL.match(query):
+                    # a COMMIT (non-transactional tables) or a DDL (committed by itself) ends the transaction; so
+                    # does a ROLLBACK, whose logged rows are those of non-transactional tables: they stay changed
+                    # upstream, so they are committed downstream too
                     resolved = self._commit(buffer, xid, has_rows, to_ts(stream.log_file, ev.packet.log_pos),
                                             float(ev.timestamp), skip_upto, resolved, on_resolved)
                     in_txn = has_rows = False
