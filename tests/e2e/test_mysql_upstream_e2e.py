@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from e2e_workload import FAST_LEASE, run_on_target, server_config, wait_for
 
 from playground.cluster import CdcServer
-from playground.compare import compare_mysql_tables
+from playground.compare import compare_mysql_tables, sqlalchemy_url
 from playground.servers import MariaDBServer, PostgresServer
 from upstream.mysql.positions import to_ts
 
@@ -161,3 +162,58 @@ def test_a_broken_binlog_connection_restarts_the_span_from_its_checkpoint(
     log = cdc_server.log_file.read_text(errors="replace")
     # the library's silent reconnect (or the broken stream) was a span error, and the span restarted
     assert "the binlog client reconnected by itself" in log or "binlog stream from MySQL" in log, log[-3000:]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ddl_target(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer) -> str:
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'target.db'}"
+    db = f"target_{uuid.uuid4().hex[:10]}"
+    pg_server.start()
+    pg_server.create_database(db)
+    return pg_server.uri(db)
+
+
+def test_add_and_drop_column_and_drop_table_reach_the_target(
+        cdc_server: CdcServer, mariadb_server: MariaDBServer, mariadb_database: str, ddl_target: str) -> None:
+    db = mariadb_database
+    for stmt in SCHEMA:
+        mariadb_server.execute(stmt, db=db)
+    mariadb_server.execute("CREATE TABLE gone (id INT PRIMARY KEY)", db=db)
+    cdc_server.create_changefeed("ddl", mariadb_server.uri(db), ddl_target, snapshot="none")
+    conn = mariadb_server.connect(db)
+    mixed(conn, 10, seed=6)
+    mariadb_server.execute("INSERT INTO gone VALUES (1)", db=db)
+    with conn.cursor() as cur:
+        cur.execute("ALTER TABLE accounts ADD COLUMN tier VARCHAR(10) NOT NULL DEFAULT 'basic', "
+                    "ADD COLUMN score DECIMAL(8,3) DEFAULT 2.5 AFTER owner")
+        cur.execute("UPDATE accounts SET tier = 'gold', score = 9.125 WHERE id % 3 = 0")
+        cur.execute("ALTER TABLE items DROP COLUMN tag")
+        cur.execute("DROP TABLE gone")
+    mixed_after = [("INSERT INTO accounts (id, owner, tier, score) VALUES (%s, %s, %s, %s)", (10_000 + i, f"late {i}",
+                                                                                           "silver", None))
+                   for i in range(5)]
+    with conn.cursor() as cur:
+        for sql, args in mixed_after:
+            cur.execute(sql, args)
+        cur.execute("INSERT INTO items (sku, qty) VALUES ('after-drop', 1)")
+    conn.close()
+    info = cdc_server.wait_checkpoint("ddl", binlog_end(mariadb_server), timeout=120)
+    assert info["state"] in ("normal", "warning") and not info.get("error"), info
+    conn = mariadb_server.connect(db)
+    try:
+        diffs = compare_mysql_tables(conn, [f"{db}.{t}" for t in TABLES], ddl_target)
+    finally:
+        conn.close()
+    assert all(d.equal for d in diffs), diffs
+    engine = sa.create_engine(sqlalchemy_url(ddl_target))
+    try:
+        schema = db if ddl_target.startswith("postgresql") else None
+        names = sa.inspect(engine).get_table_names(schema=schema)
+        item_cols = [c["name"] for c in sa.inspect(engine).get_columns("items", schema=schema)]
+        account_cols = [c["name"] for c in sa.inspect(engine).get_columns("accounts", schema=schema)]
+    finally:
+        engine.dispose()
+    assert "gone" not in names and {"accounts", "items"} <= set(names), names
+    assert item_cols == ["sku", "qty"], item_cols
+    assert {"tier", "score"} <= set(account_cols), account_cols

@@ -19,7 +19,7 @@ from cdc.model import SpanInfo
 from cdc.ts import Watermark
 from playground.servers import MariaDBServer
 from upstream import open_upstream
-from upstream.base import SpanPlan, decode_payload
+from upstream.base import SCHEMA_CHANGE, SpanPlan, decode_payload
 from upstream.mysql.positions import split_ts
 
 TYPES_TABLE = """
@@ -230,21 +230,65 @@ def test_values_a_type_cannot_hold_exactly_are_refused(mariadb_server: MariaDBSe
     assert fragment in str(errors[0]) and "types" in str(errors[0]), errors[0]
 
 
-def test_a_schema_change_of_a_replicated_table_is_refused(mariadb_server: MariaDBServer, db: str) -> None:
-    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
+def test_add_and_drop_column_and_drop_table_are_schema_changes_at_their_position(
+        mariadb_server: MariaDBServer, db: str) -> None:
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(10)) DEFAULT CHARSET utf8mb4")
     ts0 = start_ts(mariadb_server, db)
     src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
-    mariadb_server.execute(f"INSERT INTO {db}.t VALUES (1)")
-    mariadb_server.execute(f"CREATE TABLE {db}.newer (id INT PRIMARY KEY)")  # a new table: no harm
-    mariadb_server.execute(f"INSERT INTO {db}.newer VALUES (5)")
-    wait_for(lambda: len(rec.commits) == 2)
-    mariadb_server.execute(f"ALTER TABLE {db}.t ADD COLUMN c INT")
+    mariadb_server.execute(f"INSERT INTO {db}.t VALUES (1, 'a')")
+    mariadb_server.execute(f"CREATE TABLE {db}.newer (id INT PRIMARY KEY)")  # a new table: no schema change
+    mariadb_server.execute(f"ALTER TABLE {db}.t ADD COLUMN c VARCHAR(5) NOT NULL DEFAULT 'x', ADD d DECIMAL(6,2) "
+                           f"DEFAULT 1.5 AFTER id")
+    mariadb_server.execute(f"INSERT INTO {db}.t (id, v, c, d) VALUES (2, 'b', 'y', NULL)")
+    mariadb_server.execute(f"ALTER TABLE {db}.t DROP COLUMN v")
+    mariadb_server.execute(f"UPDATE {db}.t SET c = 'z' WHERE id = 1")
+    mariadb_server.execute(f"DROP TABLE {db}.t")
+    wait_for(lambda: len(rec.commits) == 6 or bool(errors))
+    stop_source(src, th, stop)
+    assert not errors, errors
+    dec = src.decoder()
+    ddl_ts = [c[0] for c in rec.commits if decode_payload(c[2][0])[0] == SCHEMA_CHANGE]
+    assert ddl_ts == [rec.commits[i][0] for i in (1, 3, 5)]
+    assert set(ddl_ts) <= src.schema_change_commits()
+    add, drop_col, drop_table = (dec.schema_changes(decode_payload(rec.commits[i][2][0])[1], rec.commits[i][0], 0.0)
+                                 for i in (1, 3, 5))
+    [add] = add
+    assert [(c.kind.value, c.column) for c in add.changes] == [("add column", "c"), ("add column", "d")]
+    assert add.before is not None and add.after is not None
+    assert add.before.column_names == ("id", "v") and add.after.column_names == ("id", "d", "v", "c")
+    assert add.fill("c").value == "x" and add.fill("d").value == Decimal("1.50")
+    assert add.commit_ts == rec.commits[1][0] and add.seq == 0
+    assert rows_of(src, rec.commits[0][2]) == [("I", {"id": 1, "v": "a"}, None)]
+    assert rows_of(src, rec.commits[2][2]) == [("I", {"id": 2, "d": None, "v": "b", "c": "y"}, None)]
+    [drop_col] = drop_col
+    assert [(c.kind.value, c.column) for c in drop_col.changes] == [("drop column", "v")]
+    assert rows_of(src, rec.commits[4][2]) == [("U", {"id": 1, "d": Decimal("1.50"), "c": "z"},
+                                               {"id": 1, "d": Decimal("1.50"), "c": "x"})]
+    [drop_table] = drop_table
+    assert drop_table.kinds == ("drop table",) and drop_table.after is None
+    versions = src.take_schema_versions()
+    assert [(ts, s.column_names) for ts, s in versions] == [(ddl_ts[0], ("id", "d", "v", "c")),
+                                                            (ddl_ts[1], ("id", "d", "c"))]
+
+
+@pytest.mark.parametrize("statement", [
+    "ALTER TABLE {db}.t MODIFY v INT", "ALTER TABLE {db}.t RENAME COLUMN v TO w", "TRUNCATE TABLE {db}.t",
+    "RENAME TABLE {db}.t TO {db}.t2", "ALTER TABLE {db}.t ADD COLUMN e ENUM('a')",
+    "ALTER TABLE {db}.t ADD COLUMN n INT NOT NULL",
+])
+def test_other_schema_changes_of_a_replicated_table_are_refused(mariadb_server: MariaDBServer, db: str,
+                                                                statement: str) -> None:
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(10))")
+    ts0 = start_ts(mariadb_server, db)
+    src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    mariadb_server.execute(f"INSERT INTO {db}.t VALUES (1, '2')")
+    wait_for(lambda: len(rec.commits) == 1)
+    mariadb_server.execute(statement.format(db=db))
     th.join(20)
     stop_source(src, th, stop)
-    assert len(rec.commits) == 2, errors
-    assert rows_of(src, rec.commits[1][2]) == [("I", {"id": 5}, None)]
+    assert len(rec.commits) == 1, errors
     assert len(errors) == 1 and isinstance(errors[0], DecodeError), errors
-    assert f"schema change of {db}.t" in str(errors[0]) and "ALTER TABLE" in str(errors[0])
+    assert f"schema change of {db}.t" in str(errors[0]) and "cannot be replicated" in str(errors[0])
 
 
 def test_rows_older_than_a_schema_change_made_while_the_span_was_down_are_refused(

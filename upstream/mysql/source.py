@@ -22,6 +22,7 @@ library's own silent reconnect is never trusted: a changed stream connection is 
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import threading
@@ -42,11 +43,19 @@ from pymysqlreplication.event import (
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from cdc.errors import DecodeError, SlotLost, TidewaterError, UpstreamUnavailable
-from cdc.events import ColumnSchema, TableName, TableSchema
+from cdc.events import ColumnFill, ColumnSchema, DdlChange, DdlEvent, DdlKind, TableName, TableSchema
 from cdc.filter import TableFilter
 from cdc.ts import Watermark, lsn_to_str
-from upstream.base import ChangeBuffer, ChangeDecoder, ParsedChange, Parser, SpanSource, encode_payload
-from upstream.mysql import admin, catalog, payload, positions, types
+from upstream.base import (
+    SCHEMA_CHANGE,
+    ChangeBuffer,
+    ChangeDecoder,
+    ParsedChange,
+    Parser,
+    SpanSource,
+    encode_payload,
+)
+from upstream.mysql import admin, catalog, ddl, payload, positions, types
 from upstream.mysql.conn import stream_settings
 from upstream.postgres import types as text_types
 
@@ -89,6 +98,22 @@ class MySqlChangeDecoder(ChangeDecoder):
     def parse_change(self, raw: bytes) -> ParsedChange:
         return payload.parse(raw)
 
+    def schema_changes(self, raw: bytes, commit_ts: int, commit_time: float) -> list[DdlEvent]:
+        """The DdlEvent of a schema change the span stored (:meth:`MySqlSpanSource._store_ddl`)."""
+        try:
+            doc = json.loads(raw)
+            before = self._schemas(doc["before"])
+            after = self._schemas(doc["after"]) if doc["after"] else None
+            fills = []
+            for col, text in doc["fills"]:
+                assert after is not None
+                fills.append(ColumnFill(col, None if text is None else self.parser(after.column(col))(text)))
+            return [DdlEvent(commit_ts, commit_time, TableName(*doc["table"]),
+                             tuple(DdlChange(DdlKind(k), c) for k, c in doc["changes"]), before, after, doc["query"],
+                             int(doc["seq"]), fills=tuple(fills))]
+        except (ValueError, KeyError, TypeError, AssertionError, ArithmeticError) as exc:
+            raise DecodeError(f"malformed MySQL schema change payload: {exc}") from exc
+
     def insert_values(self, payload_bytes: bytes, offset: int) -> tuple[int, list[Any]] | None:
         return payload.insert_values(payload_bytes, offset)
 
@@ -99,12 +124,15 @@ class MySqlChangeDecoder(ChangeDecoder):
 class _Table:
     """A table the span decodes: its schema version, column names and value renderers."""
 
-    __slots__ = ("version", "relid", "names", "renderers", "name", "data_types", "unsigned", "checked")
+    __slots__ = ("version", "relid", "names", "renderers", "name", "data_types", "unsigned", "checked", "facts")
 
-    def __init__(self, name: TableName, version: int, relid: int, names: tuple[str, ...],
-                 renderers: tuple[Any, ...], data_types: tuple[str, ...], unsigned: tuple[bool, ...]) -> None:
-        self.name, self.version, self.relid, self.names, self.renderers = name, version, relid, names, renderers
-        self.data_types, self.unsigned = data_types, unsigned
+    def __init__(self, facts: catalog.TableFacts, version: int, relid: int) -> None:
+        self.facts = facts
+        self.name, self.version, self.relid = facts.name, version, relid
+        self.names = tuple(c.name for c in facts.columns)
+        self.renderers = facts.renderers()
+        self.data_types = tuple(c.data_type for c in facts.columns)
+        self.unsigned = tuple("unsigned" in c.column_type.lower() for c in facts.columns)
         self.checked: Any = None  # the table map's column list last checked against (one check per table map)
 
 
@@ -135,6 +163,11 @@ class MySqlSpanSource(SpanSource):
         self._start_file: str | None = None
         self._start_pos = 0
         self._carried: set[TableName] = set()  # the span's tables when it started (a DDL of one is refused)
+        self._ddl_seq = -1  # the open transaction's last schema change position (DdlEvent.seq)
+        self._ddl_commits: set[int] = set()
+        self._unrecorded: list[TableSchema] = []  # schema versions of the open transaction
+        self._versions: list[tuple[int, TableSchema]] = []
+        self._versions_lock = threading.Lock()
 
     # ---- SpanSource --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -179,6 +212,14 @@ class MySqlSpanSource(SpanSource):
     def schema(self, version: int) -> TableSchema:
         return self._schemas[version]
 
+    def schema_change_commits(self) -> set[int]:
+        return self._ddl_commits
+
+    def take_schema_versions(self) -> list[tuple[int, TableSchema]]:
+        with self._versions_lock:
+            out, self._versions = self._versions, []
+        return out
+
     # ---- tables ------------------------------------------------------------------------------------
     def _load(self, name: TableName) -> _Table:
         """The span's decoding of ``name`` from the catalog now (DecodeError for a column it cannot replicate)."""
@@ -186,12 +227,14 @@ class MySqlSpanSource(SpanSource):
         refusals = [f"{c.name}: {c.refusal()}" for c in facts.columns if c.refusal()]
         if refusals:
             raise DecodeError(f"span={self.label} table {name}: {'; '.join(refusals)}")
+        return self._install(facts)
+
+    def _install(self, facts: catalog.TableFacts) -> _Table:
+        """A new schema version of ``facts``' table, used from now on in the stream."""
         version = self._next_version
         self._next_version += 1
         schema = self._schemas[version] = facts.schema(version)
-        t = self._tables[name] = _Table(name, version, schema.relation_id, tuple(c.name for c in facts.columns),
-                                        facts.renderers(), tuple(c.data_type for c in facts.columns),
-                                        tuple("unsigned" in c.column_type.lower() for c in facts.columns))
+        t = self._tables[facts.name] = _Table(facts, version, schema.relation_id)
         return t
 
     def _table(self, name: TableName, columns: list[Any], where: str) -> _Table:
@@ -273,6 +316,7 @@ class MySqlSpanSource(SpanSource):
         xid = 0
         in_txn = False
         has_rows = False
+        ddl_txn = False  # the open transaction stored a schema change
         conn_seen: Any = None
         add = buffer.add
         to_ts = positions.to_ts
@@ -316,9 +360,9 @@ class MySqlSpanSource(SpanSource):
                 has_rows = True
                 continue
             if t is XidEvent:
-                resolved = self._commit(buffer, xid, has_rows, to_ts(stream.log_file, ev.packet.log_pos),
+                resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(stream.log_file, ev.packet.log_pos),
                                         float(ev.timestamp), skip_upto, resolved, on_resolved)
-                in_txn = has_rows = False
+                in_txn = has_rows = ddl_txn = False
             elif t is MariadbGtidEvent or t is GtidEvent:
                 if in_txn and has_rows:
                     # a transaction whose end the span did not see (an XA transaction prepared, then committed by a
@@ -334,16 +378,17 @@ class MySqlSpanSource(SpanSource):
                 if query.strip().upper() == "BEGIN":
                     in_txn = True
                     continue
-                if not _NOT_DDL.match(query):
-                    self._check_ddl(query, ev.schema, stream.log_file, ev.packet.log_pos)
+                if not _NOT_DDL.match(query) and self._on_ddl(query, ev.schema, stream.log_file, ev.packet.log_pos,
+                                                              buffer, xid):
+                    has_rows = ddl_txn = True
                 word = query.strip().upper()
                 if word in ("COMMIT", "ROLLBACK") or not _NOT_DDL.match(query):
                     # a COMMIT (non-transactional tables) or a DDL (committed by itself) ends the transaction; so
                     # does a ROLLBACK, whose logged rows are those of non-transactional tables: they stay changed
                     # upstream, so they are committed downstream too
-                    resolved = self._commit(buffer, xid, has_rows, to_ts(stream.log_file, ev.packet.log_pos),
+                    resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(stream.log_file, ev.packet.log_pos),
                                             float(ev.timestamp), skip_upto, resolved, on_resolved)
-                    in_txn = has_rows = False
+                    in_txn = has_rows = ddl_txn = False
             elif t is HeartbeatLogEvent and not in_txn:
                 # the server sends one only when it has nothing more to send: every commit up to its position is
                 # here, and the upstream was at that position now
@@ -353,20 +398,75 @@ class MySqlSpanSource(SpanSource):
                     resolved = Watermark(max(ts, resolved.ts), max(now, resolved.time))
                     on_resolved(resolved)
 
-    def _check_ddl(self, query: str, schema: Any, log_file: str, pos: int) -> None:
+    def _on_ddl(self, query: str, schema: Any, log_file: str, pos: int, buffer: ChangeBuffer, xid: int) -> bool:
+        """A statement that is not transaction control. One naming a table the span carries is either a schema
+        change :mod:`upstream.mysql.ddl` understands (stored in transaction ``xid`` as a SCHEMA_CHANGE payload, the
+        table's new decoding used from here on; returns True) or refused with a DecodeError naming it."""
         if _CREATE_TABLE.match(query):
-            return
+            return False
         default = schema.decode() if isinstance(schema, bytes) else str(schema or "")
-        hit = sorted(str(n) for n in named_tables(query, default) if n in self._tables or n in self._carried)
-        if hit:
+        hit = sorted((n for n in named_tables(query, default) if n in self._tables or n in self._carried), key=str)
+        if not hit:
+            return False
+        where = f"{log_file}:{pos}"
+        try:
+            dropped = ddl.dropped_tables(query, default)
+            if dropped is not None:
+                return self._drop_tables([TableName(s, t) for s, t in dropped], query, buffer, xid)
+            m = ddl.ALTER.match(query)
+            if m is not None:
+                name = TableName(*ddl.split_name(m.group("name"), default))
+                t = self._tables.get(name)
+                if t is None:
+                    return False  # another table's ALTER that merely mentions one of ours
+                return self._alter(t, query, buffer, xid)
+            raise ddl.Unsupported("only ALTER TABLE ... ADD/DROP COLUMN and DROP TABLE are replicated yet")
+        except ddl.Unsupported as exc:
             raise DecodeError(
-                f"span={self.label}: schema change of {', '.join(hit)} at binlog {log_file}:{pos} "
-                f"({query[:200]!r}): DDL is not replicated from MySQL/MariaDB yet, and rows after it cannot be "
-                f"decoded with the schema the span has; recreate the changefeed after the change "
-                f"(docs/upstream-mysql.md)")
+                f"span={self.label}: schema change of {', '.join(map(str, hit))} at binlog {where} "
+                f"({query[:200]!r}) cannot be replicated: {exc}; rows after it cannot be decoded with the schema the "
+                f"span has (docs/upstream-mysql.md)") from exc
 
-    def _commit(self, buffer: ChangeBuffer, xid: int, has_rows: bool, ts: int, commit_time: float, skip_upto: int,
-                resolved: Watermark, on_resolved: Callable[[Watermark], None]) -> Watermark:
+    def _store_ddl(self, buffer: ChangeBuffer, xid: int, doc: dict[str, Any]) -> None:
+        self._ddl_seq = seq = getattr(self, "_ddl_seq", -1) + 1
+        doc["seq"] = seq
+        buffer.add(xid, xid, encode_payload(SCHEMA_CHANGE, json.dumps(doc).encode()))
+
+    def _alter(self, t: _Table, query: str, buffer: ChangeBuffer, xid: int) -> bool:
+        before = self._schemas[t.version]
+        cols, changes, added = ddl.parse_alter(query, t.facts.columns, before.key if before.has_key else ())
+        facts = catalog.TableFacts(t.name, cols, t.facts.primary, t.facts.unique_not_null)
+        fills = []
+        for a in added:
+            col = next(c for c in cols if c.name == a.column)
+            fills.append([a.column, types.default_text(col.data_type, col.char_len, col.scale, a.fill)])
+        new = self._install(facts)
+        self._unrecorded.append(self._schemas[new.version])
+        self._store_ddl(buffer, xid, {"table": [t.name.schema, t.name.table], "before": t.version,
+                                      "after": new.version, "changes": changes, "query": query, "fills": fills})
+        return True
+
+    def _drop_tables(self, names: list[TableName], query: str, buffer: ChangeBuffer, xid: int) -> bool:
+        stored = False
+        for n in names:
+            t = self._tables.pop(n, None)
+            self._carried.discard(n)
+            if t is None:
+                continue
+            self._store_ddl(buffer, xid, {"table": [n.schema, n.table], "before": t.version, "after": 0,
+                                          "changes": [["drop table", None]], "query": query, "fills": []})
+            stored = True
+        return stored
+
+    def _commit(self, buffer: ChangeBuffer, xid: int, has_rows: bool, ddl_txn: bool, ts: int, commit_time: float,
+                skip_upto: int, resolved: Watermark, on_resolved: Callable[[Watermark], None]) -> Watermark:
+        self._ddl_seq = -1
+        if self._unrecorded:  # valid from this commit on
+            with self._versions_lock:
+                self._versions.extend((ts, s) for s in self._unrecorded)
+            self._unrecorded = []
+        if ddl_txn and ts > skip_upto:
+            self._ddl_commits.add(ts)  # before the buffer commit: the span must not read it uncut
         if has_rows:
             if ts <= skip_upto:
                 buffer.abort(xid, xid)  # already downstream before the restart

@@ -37,6 +37,7 @@ Pure functions, no I/O; renderers are built once per schema version.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Callable
 from datetime import UTC, date, datetime, timedelta
@@ -259,3 +260,24 @@ def renderer(data_type: str, column_type: str, char_len: int | None) -> Render:
     if dt == "time":
         return _time
     raise ValueError(f"type {column_type} is not supported")
+
+
+_INT_DEFAULT = re.compile(r"^-?[0-9]+$")
+
+
+def default_text(data_type: str, char_len: int | None, scale: int | None, literal: str | None) -> str | None:
+    """The text form of the value an added column's DEFAULT ``literal`` gives the existing rows (None: NULL), as
+    the stream would render the stored value; ValueError (``ddl.Unsupported``'s base) for a default whose stored
+    value Tidewater does not reproduce exactly yet."""
+    if literal is None:
+        return None
+    dt = data_type.lower()
+    if dt in _INTS and _INT_DEFAULT.match(literal):
+        return str(int(literal))
+    if dt == "decimal":
+        return format(Decimal(literal).quantize(Decimal(1).scaleb(-(scale or 0))), "f")
+    if dt == "varchar" or dt in _TEXTS:
+        return literal
+    if dt == "char":
+        return literal.rstrip(" ")
+    raise ValueError(f"a DEFAULT {literal!r} of a {data_type} column added to existing rows is not replicated yet")
