@@ -373,3 +373,44 @@ def test_rows_of_a_non_transactional_table_survive_a_rollback_and_xa_is_refused(
     stop_source(src, th, stop)
     assert [rows_of(src, c[2]) for c in rec.commits] == [[("I", {"id": 1}, None)]]
     assert len(errors) == 1 and isinstance(errors[0], DecodeError) and "XA" in str(errors[0]), errors
+
+
+def test_a_span_restarted_before_an_alter_decodes_older_rows_with_the_recorded_schema(
+        mariadb_server: MariaDBServer, db: str) -> None:
+    """Restart across ALTER TABLE: seeded with the schema history at its start (what the processor does), the span
+    decodes the rows written before a later ADD/DROP COLUMN and DROP TABLE as they were written."""
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(10), y YEAR) DEFAULT CHARSET utf8mb4")
+    mariadb_server.execute(f"CREATE TABLE {db}.old (id INT PRIMARY KEY, note TEXT)")
+    with open_upstream(mariadb_server.uri(db)) as up:
+        before = {s.name.table: s for s in up.check_tables(up.list_tables())}
+        ts0 = up.create_spans([SpanPlan(0, "slot_src", "pub", tuple(up.list_tables()))])[0].start_ts
+    mariadb_server.execute(f"INSERT INTO {db}.t VALUES (1, 'a', 2001)")
+    mariadb_server.execute(f"INSERT INTO {db}.old VALUES (1, 'x')")
+    mariadb_server.execute(f"ALTER TABLE {db}.t ADD COLUMN c INT DEFAULT 7, DROP COLUMN v")
+    mariadb_server.execute(f"INSERT INTO {db}.t VALUES (2, 2002, 8)")
+    mariadb_server.execute(f"DROP TABLE {db}.old")
+    up = open_upstream(mariadb_server.uri(db))
+    src = up.span_source(SpanInfo(0, "slot_src", "pub", ts0), Watermark(ts0, 0.0), TableFilter(("*.*",)),
+                         label="test", holder="test")
+    src.seed_schemas(before.values())
+    src.open()
+    rec, stop, errors = Recorder(), threading.Event(), []
+    th = threading.Thread(target=lambda: _run(src, rec, stop, errors), daemon=True)
+    th.start()
+    wait_for(lambda: len(rec.commits) == 5 or bool(errors))
+    stop_source(src, th, stop)
+    assert not errors, errors
+    assert rows_of(src, rec.commits[0][2]) == [("I", {"id": 1, "v": "a", "y": 2001}, None)]
+    assert rows_of(src, rec.commits[1][2]) == [("I", {"id": 1, "note": "x"}, None)]
+    [alter] = src.decoder().schema_changes(decode_payload(rec.commits[2][2][0])[1], rec.commits[2][0], 0.0)
+    assert alter.before.column_names == ("id", "v", "y") and alter.after.column_names == ("id", "y", "c")
+    assert rows_of(src, rec.commits[3][2]) == [("I", {"id": 2, "y": 2002, "c": 8}, None)]
+    [drop] = src.decoder().schema_changes(decode_payload(rec.commits[4][2][0])[1], rec.commits[4][0], 0.0)
+    assert drop.kinds == ("drop table",) and str(drop.table) == f"{db}.old"
+
+
+def _run(src: Any, rec: Recorder, stop: threading.Event, errors: list[BaseException]) -> None:
+    try:
+        src.run(rec, stop, lambda w: None)
+    except BaseException as exc:  # noqa: BLE001 - the test inspects it
+        errors.append(exc)

@@ -127,3 +127,27 @@ def table_facts(conn: Any, where: str, name: TableName) -> TableFacts:
         elif not any(n for _, n, _ in parts):
             unique.append((idx, names))
     return TableFacts(name, cols, primary, tuple(unique))
+
+
+def _same(a: ColumnSchema, b: ColumnSchema) -> bool:
+    return (a.name, a.base_type, a.type_name, a.type_modifier) == (b.name, b.base_type, b.type_name, b.type_modifier)
+
+
+def facts_as_of(schema: TableSchema, now: TableFacts | None) -> TableFacts:
+    """The facts of ``schema`` (a recorded version, e.g. the schema history's at a span's start): each column the
+    catalog shows ``now`` the same way keeps the catalog's exact MySQL type; any other (dropped or changed since)
+    gets the type :func:`upstream.mysql.types.facts_of` names. The key is the recorded one."""
+    current = {c.name: c for c in now.columns} if now is not None else {}
+    cols: list[ColumnFacts] = []
+    for col in schema.columns:
+        c = current.get(col.name)
+        if c is not None and _same(col, types.column_schema(
+                c.name, c.data_type, c.column_type, nullable=c.nullable, is_key=False, char_len=c.char_len,
+                precision=c.precision, scale=c.scale, fsp=c.fsp)):
+            cols.append(ColumnFacts(c.name, c.data_type, c.column_type, col.nullable, c.extra, c.char_len,
+                                    c.precision, c.scale, c.fsp))
+            continue
+        dt, ct, n, p, sc, fsp = types.facts_of(col)
+        cols.append(ColumnFacts(col.name, dt, ct, col.nullable, "", n, p, sc, fsp))
+    key = tuple(schema.key) if schema.has_key else ()
+    return TableFacts(schema.name, tuple(cols), key, ())

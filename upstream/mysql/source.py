@@ -27,7 +27,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import pymysql
@@ -168,6 +168,7 @@ class MySqlSpanSource(SpanSource):
         self._unrecorded: list[TableSchema] = []  # schema versions of the open transaction
         self._versions: list[tuple[int, TableSchema]] = []
         self._versions_lock = threading.Lock()
+        self._seeds: dict[TableName, TableSchema] = {}  # seed_schemas
 
     # ---- SpanSource --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -182,9 +183,18 @@ class MySqlSpanSource(SpanSource):
                            f"after the checkpoint may be lost; recreate the changefeed")
         self._start_file, self._start_pos = name, max(pos, 4)
         self._carried = {t for t in catalog.list_tables(self._ctl, self.where, self.database) if self.filter.match(t)}
-        for t in sorted(self._carried, key=str):  # the schemas as of now: rows before a DDL since fail the check
-            if t not in self._tables:
+        for t in sorted(self._carried, key=str):
+            if t in self._tables:
+                continue
+            seeded = self._seeds.get(t)
+            if seeded is None:  # the schema as of now: rows before a DDL since fail the table map check
                 self._load(t)
+            else:  # the schema history's at the start: rows before a later DDL decode as they were written
+                self._install(catalog.facts_as_of(seeded, catalog.table_facts(self._ctl, self.where, t)))
+        for t, seeded in sorted(self._seeds.items(), key=lambda kv: str(kv[0])):
+            if t not in self._tables:  # dropped since the start: its rows and its DROP TABLE are still to come
+                self._carried.add(t)
+                self._install(catalog.facts_as_of(seeded, None))
         self._closed.clear()
 
     def close(self) -> None:
@@ -211,6 +221,14 @@ class MySqlSpanSource(SpanSource):
 
     def schema(self, version: int) -> TableSchema:
         return self._schemas[version]
+
+    def seed_schemas(self, schemas: Iterable[TableSchema], carried: Collection[int] | None = None) -> None:
+        """The schema history's view of the tables at the start watermark: :meth:`open` decodes each such table of
+        the span's database with it instead of the catalog's schema of now, so a span restarted before an ALTER
+        decodes the rows written before it with the columns they have."""
+        for s in schemas:
+            if s.name.schema == self.database and self.filter.match(s.name):
+                self._seeds[s.name] = s
 
     def schema_change_commits(self) -> set[int]:
         return self._ddl_commits

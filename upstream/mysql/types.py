@@ -281,3 +281,41 @@ def default_text(data_type: str, char_len: int | None, scale: int | None, litera
     if dt == "char":
         return literal.rstrip(" ")
     raise ValueError(f"a DEFAULT {literal!r} of a {data_type} column added to existing rows is not replicated yet")
+
+
+def facts_of(column: ColumnSchema) -> tuple[str, str, int | None, int | None, int | None, int | None]:
+    """``(data_type, column_type, char_len, precision, scale, fsp)`` of a MySQL column that :func:`column_schema`
+    describes as ``column``, for a column the catalog no longer shows as such (dropped or changed since a recorded
+    schema version). Where several MySQL types share one description (TINYINT/SMALLINT/YEAR, CHAR/VARCHAR,
+    BINARY/VARBINARY/BLOB, BIGINT UNSIGNED/DECIMAL(20,0)) it names one of them; the span's check of every table map
+    against the binlog's own column types then refuses the others, loudly, rather than decoding them as another
+    type."""
+    base, tm = column.base_type, column.type_modifier
+    if base == "int2":
+        return "smallint", "smallint", None, None, None, None
+    if base == "int4":
+        return "int", "int", None, None, None, None
+    if base == "int8":
+        return "bigint", "bigint", None, None, None, None
+    if base == "numeric":
+        p, sc = ((tm - 4) >> 16) & 0xFFFF, (tm - 4) & 0xFFFF
+        return "decimal", f"decimal({p},{sc})", None, p, sc, None
+    if base == "float4":
+        return "float", "float", None, None, None, None
+    if base == "float8":
+        return "double", "double", None, None, None, None
+    if base == "varchar":
+        return "varchar", f"varchar({tm - 4})", tm - 4, None, None, None
+    if base == "text":
+        return "longtext", "longtext", None, None, None, None
+    if base == "bytea":
+        return "longblob", "longblob", None, None, None, None
+    if base == "date":
+        return "date", "date", None, None, None, None
+    if base == "timestamp":
+        return "datetime", f"datetime({max(tm, 0)})", None, None, None, max(tm, 0)
+    if base == "timestamptz":
+        return "timestamp", f"timestamp({max(tm, 0)})", None, None, None, max(tm, 0)
+    if base == "time":
+        return "time", f"time({max(tm, 0)})", None, None, None, max(tm, 0)
+    raise ValueError(f"column {column.name}: type {column.type_name or base} is not a MySQL column's")
