@@ -10,11 +10,13 @@ position after the last transaction already downstream) and turns its events int
   Ts = (file sequence << 32) | the XID event's end position, with the event's timestamp as commit time;
 - a transaction without rows of the span commits nothing but still advances the resolved watermark, and so do the
   server's heartbeats (``master_heartbeat_period``) on an idle server;
-- a schema change (any statement other than transaction control and CREATE TABLE) naming a table the span carries
-  is refused with a DecodeError: DDL is not replicated from MySQL yet, and rows after it would be decoded with a stale schema;
+- a schema change naming a table the span carries (any statement other than transaction control and CREATE
+  TABLE) is stored at its position as a SCHEMA_CHANGE when :mod:`upstream.mysql.ddl` understands it (ADD/DROP
+  COLUMN, DROP TABLE), the rows after it decoded with the new schema version; any other is refused with a
+  DecodeError naming it;
 - a value its column's type cannot hold exactly (zero dates, TIME outside a day...) is refused with a DecodeError
   naming the table, column and binlog position; a table whose binlog columns differ from the schema the span
-  decodes it with (a DDL while the span was down) likewise.
+  decodes it with (the seeded schema history's at the start, else the catalog's) likewise.
 
 Any stream error ends ``run`` with ``UpstreamUnavailable``; the caller restarts the span from its checkpoint. The
 library's own silent reconnect is never trusted: a changed stream connection is such an error too.
@@ -258,7 +260,7 @@ class MySqlSpanSource(SpanSource):
     def _table(self, name: TableName, columns: list[Any], where: str) -> _Table:
         """The span's decoding of ``name`` (read when the span opened, or on first sight for a table created since);
         DecodeError when the binlog's columns (names, types, signedness) are not those it decodes with: the table's
-        schema changed where the span cannot place it (DDL is not replicated yet)."""
+        schema changed where the span cannot place it)."""
         t = self._tables.get(name)
         if t is None:
             t = self._load(name)
@@ -272,7 +274,7 @@ class MySqlSpanSource(SpanSource):
                 raise DecodeError(
                     f"span={self.label} table {name} at binlog {where}: the binlog row has columns "
                     f"{[(c.name, c.type) for c in columns]} but the table is decoded as {list(zip(t.names, t.data_types, strict=False))} "
-                    f"(its schema changed: DDL is not replicated from MySQL yet)")
+                    f"(its schema changed where the span cannot place the change)")
             t.checked = columns
         return t
 

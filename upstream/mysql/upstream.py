@@ -7,7 +7,7 @@ the database's tables the changefeed's filter selects). Retention is the server'
 a span whose checkpoint's binlog file was purged fails with ``SlotLost``.
 
 What this stage does not do yet (refused loudly, docs/upstream-mysql.md): more than one span per changefeed, the
-initial copy (``--snapshot none`` is required), DDL (a schema change of a replicated table fails the span),
+initial copy (``--snapshot none`` is required), DDL other than ADD/DROP COLUMN and DROP TABLE (fails the span),
 partitioned-table inspection. Errors: PyMySQL's become ``TidewaterError`` subclasses in :mod:`upstream.mysql.conn`.
 """
 
