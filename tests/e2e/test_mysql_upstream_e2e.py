@@ -247,3 +247,38 @@ def test_a_changefeed_resumed_after_an_alter_decodes_the_older_rows_as_written(
     finally:
         conn.close()
     assert all(d.equal for d in diffs), f"{diffs}\n{cdc_server.log_tail(60)}"
+
+
+TYPES = """CREATE TABLE types (
+  id BIGINT UNSIGNED PRIMARY KEY, ti TINYINT, tu TINYINT UNSIGNED, si SMALLINT, su SMALLINT UNSIGNED, mi MEDIUMINT,
+  iu INT UNSIGNED, bi BIGINT, d DECIMAL(65,30), d2 DECIMAL(10,2), fl FLOAT, db DOUBLE, c CHAR(5), v VARCHAR(20),
+  t TEXT, tl TEXT CHARACTER SET latin1, b BLOB, vb VARBINARY(10), bn BINARY(4), dd DATE, dt DATETIME(6),
+  ts TIMESTAMP(3) NULL, tm TIME(2), y YEAR, j JSON) DEFAULT CHARSET utf8mb4"""
+
+
+def test_every_supported_type_reaches_each_sql_target_exactly(
+        cdc_server: CdcServer, mariadb_server: MariaDBServer, mariadb_database: str, target: str) -> None:
+    db = mariadb_database
+    mariadb_server.execute(TYPES, db=db)
+    cdc_server.create_changefeed("types", mariadb_server.uri(db), target, snapshot="none")
+    rows = [
+        (18446744073709551615, -128, 255, -32768, 65535, -8388608, 4294967295, -9223372036854775808,
+         "-12345678901234567890123456789012345.123456789012345678901234567890", "1.50", 1.1, 0.1, "ab", "héllo 😀",
+         "long\ntext", "café", b"\x00\xff\x00", b"\x00\x01", b"a", "2024-02-29", "2024-01-02 03:04:05.123456",
+         "2038-01-19 03:14:07.999", "23:59:59.99", 2155, '{"a": [1, 2]}'),
+        (0, 0, 0, 0, 0, 0, 0, 0, "0", "0", 0.0, -2.5e-300, "", "", "", "", b"", b"", b"\x00\x00\x00\x00", "1000-01-01",
+         "1000-01-01 00:00:00", "1970-01-01 00:00:01", "00:00:00", 1901, "[]"),
+        (7,) + (None,) * 24,
+    ]
+    conn = mariadb_server.connect(db)
+    with conn.cursor() as cur:
+        cur.execute("SET time_zone = '+00:00'")
+        cur.executemany(f"INSERT INTO types VALUES ({', '.join(['%s'] * 25)})", rows)
+        cur.execute("UPDATE types SET v = 'changed', d2 = 99999999.99 WHERE id = 0")
+    info = cdc_server.wait_checkpoint("types", binlog_end(mariadb_server), timeout=120)
+    assert not info.get("error"), info
+    try:
+        [diff] = compare_mysql_tables(conn, [f"{db}.types"], target)
+    finally:
+        conn.close()
+    assert diff.equal and diff.source_rows == 3, diff
