@@ -282,3 +282,44 @@ def test_every_supported_type_reaches_each_sql_target_exactly(
     finally:
         conn.close()
     assert diff.equal and diff.source_rows == 3, diff
+
+
+def test_a_large_transaction_killed_mid_stream_converges(
+        etcd_server: Any, cluster_id: str, tmp_path: Path, mariadb_server: MariaDBServer,
+        mariadb_database: str) -> None:
+    db = mariadb_database
+    for stmt in SCHEMA:
+        mariadb_server.execute(stmt, db=db)
+    target = f"sqlite:///{tmp_path / 'target.db'}"
+    config = server_config(tmp_path, FAST_LEASE)
+    cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, extra_args=config).start()
+    try:
+        cdc.create_changefeed("big", mariadb_server.uri(db), target, snapshot="none")
+        mixed(mariadb_server.connect(db), 5, seed=11)
+        big = ("INSERT INTO accounts (id, owner, balance, note, data) SELECT 100000 + seq, CONCAT('bulk ', seq), "
+               "seq / 100, REPEAT('x', seq % 50), UNHEX(HEX(seq)) FROM seq_1_to_120000")
+        writer = threading.Thread(target=mariadb_server.execute, args=(big, db))
+        writer.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if cdc.changefeed("big")["spans"][0]["rows"] > 1000:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"the large transaction was not being streamed: {cdc.log_tail()}")
+        cdc.kill()
+        writer.join()
+        mixed(mariadb_server.connect(db), 5, seed=12, start=5)
+        cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, port=cdc.port,
+                        extra_args=config).start()
+        info = cdc.wait_checkpoint("big", binlog_end(mariadb_server), timeout=300)
+        assert not info.get("error"), info
+        conn = mariadb_server.connect(db)
+        try:
+            diffs = compare_mysql_tables(conn, [f"{db}.{t}" for t in TABLES], target)
+        finally:
+            conn.close()
+        assert all(d.equal for d in diffs), diffs
+        assert diffs[0].source_rows > 90_000  # (the later deletes of mixed() remove 2/11 of them)
+    finally:
+        cdc.terminate()
