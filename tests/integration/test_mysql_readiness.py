@@ -112,3 +112,21 @@ def test_spans_start_at_the_binlog_end_and_more_than_one_span_is_refused(own_mar
             up.create_spans([SpanPlan(0, "s0", "p0", tables), SpanPlan(1, "s1", "p1", ())])
         with pytest.raises(InvalidArgument, match="--snapshot none"):
             up.check_copy()
+
+
+def test_a_replica_holding_the_span_server_id_is_a_clash(own_mariadb: MariaDBServer) -> None:
+    from pymysqlreplication import BinLogStreamReader
+
+    from upstream.mysql.upstream import span_server_id
+
+    reader = BinLogStreamReader({"host": "127.0.0.1", "port": own_mariadb.port, "user": "root", "password": ""},
+                                server_id=span_server_id("slot_clash"), blocking=True,
+                                report_slave="replica-host")
+    try:
+        reader.fetchone()  # registers and starts dumping
+        with open_upstream(own_mariadb.uri("shop")) as up:
+            with pytest.raises(UpstreamNotReady, match=f"server_id {span_server_id('slot_clash')} is connected"):
+                up.create_spans([SpanPlan(0, "slot_clash", "pub", tuple(up.list_tables()))])
+            up.create_spans([SpanPlan(0, "slot_other", "pub", tuple(up.list_tables()))])
+    finally:
+        reader.close()

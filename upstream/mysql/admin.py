@@ -112,3 +112,14 @@ def gtid_at(conn: Any, where: str, log_file: str, pos: int) -> str | None:
     except Exception:  # noqa: BLE001 - MySQL has no BINLOG_GTID_POS: the GTID is informative only
         return None
     return None if row is None or row[0] is None else str(row[0])
+
+
+def replica_server_ids(conn: Any, where: str) -> set[int] | None:
+    """The ``server_id`` of every replica registered with the server now (``SHOW SLAVE HOSTS``; None when this user
+    may not list them)."""
+    try:
+        with mysql_errors(where, "listing the replicas"), conn.cursor() as cur:
+            cur.execute("SHOW SLAVE HOSTS")
+            return {int(r[0]) for r in cur.fetchall()}
+    except Exception:  # noqa: BLE001 - REPLICATION MASTER ADMIN missing: the clash shows when the span starts
+        return None

@@ -106,11 +106,17 @@ class MySqlUpstream(Upstream):
                 f"(one binlog connection carries every table)")
         conn = self._session()
         own = admin.variables(conn, self.where).get("server_id", "")
+        replicas = admin.replica_server_ids(conn, self.where) or set()
         for p in plans:
             sid = span_server_id(p.slot)
             if own == str(sid):
                 raise UpstreamNotReady(f"MySQL {self.where}: its server_id {own} is the one span {p.index} would use; "
                                        f"change the server's server_id")
+            if sid in replicas:
+                raise UpstreamNotReady(
+                    f"MySQL {self.where}: a replica with server_id {sid} is connected, the id span {p.index} of this "
+                    f"changefeed would use (the server would disconnect one of them): change that replica's "
+                    f"server_id, or choose another changefeed id")
         log_file, pos = admin.master_position(conn, self.where)
         ts = positions.to_ts(log_file, pos)
         return [SpanInfo(p.index, p.slot, p.publication, ts) for p in plans]
