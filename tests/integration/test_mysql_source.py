@@ -414,3 +414,31 @@ def _run(src: Any, rec: Recorder, stop: threading.Event, errors: list[BaseExcept
         src.run(rec, stop, lambda w: None)
     except BaseException as exc:  # noqa: BLE001 - the test inspects it
         errors.append(exc)
+
+
+def test_a_table_created_later_that_cannot_be_replicated_is_a_data_warning(
+        mariadb_server: MariaDBServer, db: str) -> None:
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
+    ts0 = start_ts(mariadb_server, db)
+    src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    mariadb_server.execute(f"CREATE TABLE {db}.nokey (a INT)")
+    mariadb_server.execute(f"CREATE TABLE {db}.colors (id INT PRIMARY KEY, c ENUM('r', 'g'))")
+    mariadb_server.execute(f"CREATE TABLE {db}.fine (id INT PRIMARY KEY)")
+    conn = mariadb_server.connect(db)
+    with conn.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute("INSERT INTO nokey VALUES (1), (2)")
+        cur.execute("INSERT INTO colors VALUES (1, 'r')")
+        cur.execute("INSERT INTO fine VALUES (1)")
+        cur.execute("INSERT INTO t VALUES (1)")
+        cur.execute("COMMIT")
+    conn.close()
+    wait_for(lambda: len(rec.commits) == 1 or bool(errors))
+    stop_source(src, th, stop)
+    assert not errors, errors
+    assert rows_of(src, rec.commits[0][2]) == [("I", {"id": 1}, None), ("I", {"id": 1}, None)]
+    warnings = {w.table: w for w in src.take_warnings()}
+    assert set(warnings) == {f"{db}.nokey", f"{db}.colors"}, warnings
+    assert "has no primary key" in warnings[f"{db}.nokey"].message
+    assert "enum('r','g')" in warnings[f"{db}.colors"].message
+    assert all(w.code == "CDC:WarnTableIneligible" for w in warnings.values())

@@ -47,6 +47,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, Write
 from cdc.errors import DecodeError, SlotLost, TidewaterError, UpstreamUnavailable
 from cdc.events import ColumnFill, ColumnSchema, DdlChange, DdlEvent, DdlKind, TableName, TableSchema
 from cdc.filter import TableFilter
+from cdc.model import WARN_TABLE_INELIGIBLE, DataWarning, WarningSeverity
 from cdc.ts import Watermark, lsn_to_str
 from upstream.base import (
     SCHEMA_CHANGE,
@@ -57,7 +58,7 @@ from upstream.base import (
     SpanSource,
     encode_payload,
 )
-from upstream.mysql import admin, catalog, ddl, payload, positions, types
+from upstream.mysql import admin, catalog, ddl, eligibility, payload, positions, types
 from upstream.mysql.conn import stream_settings
 from upstream.postgres import types as text_types
 
@@ -171,6 +172,8 @@ class MySqlSpanSource(SpanSource):
         self._versions: list[tuple[int, TableSchema]] = []
         self._versions_lock = threading.Lock()
         self._seeds: dict[TableName, TableSchema] = {}  # seed_schemas
+        self._ineligible: dict[TableName, str] = {}  # tables created since that cannot be replicated -> why
+        self._warnings: list[DataWarning] = []
 
     # ---- SpanSource --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -257,13 +260,24 @@ class MySqlSpanSource(SpanSource):
         t = self._tables[facts.name] = _Table(facts, version, schema.relation_id)
         return t
 
-    def _table(self, name: TableName, columns: list[Any], where: str) -> _Table:
+    def _table(self, name: TableName, columns: list[Any], where: str) -> _Table | None:
         """The span's decoding of ``name`` (read when the span opened, or on first sight for a table created since);
         DecodeError when the binlog's columns (names, types, signedness) are not those it decodes with: the table's
-        schema changed where the span cannot place it)."""
+        schema changed where the span cannot place it). None for a table created since that cannot be replicated
+        (no key, a column type not replicated): its rows are skipped and counted in a data warning, as the owner's
+        pick-up does for PostgreSQL."""
         t = self._tables.get(name)
         if t is None:
-            t = self._load(name)
+            if name in self._ineligible:
+                self._warn_ineligible(name, self._ineligible[name])
+                return None
+            facts = catalog.table_facts(self._ctl, self.where, name)
+            problems = eligibility.problems_of(facts)
+            if problems:
+                self._ineligible[name] = "; ".join(problems)
+                self._warn_ineligible(name, self._ineligible[name])
+                return None
+            t = self._install(facts)
         if t.checked is not columns:
             names = tuple(c.name for c in columns)
             bad = names != t.names or not all(
@@ -277,6 +291,20 @@ class MySqlSpanSource(SpanSource):
                     f"(its schema changed where the span cannot place the change)")
             t.checked = columns
         return t
+
+    def _warn_ineligible(self, name: TableName, reason: str) -> None:
+        now = time.time()
+        with self._versions_lock:
+            self._warnings.append(DataWarning(
+                WARN_TABLE_INELIGIBLE, str(name),
+                f"table {name} was created after the changefeed and matches its filter but is not replicated: "
+                f"{reason}. Its rows are skipped; recreate the changefeed once the table is fixed, or exclude it with "
+                f"the filter", WarningSeverity.DIVERGENCE, 1, (), first_time=now, last_time=now))
+
+    def take_warnings(self) -> list[DataWarning]:
+        with self._versions_lock:
+            out, self._warnings = self._warnings, []
+        return out
 
     def _render(self, t: _Table, row: dict[str, Any], none_sources: dict[str, str], where: str) -> list[str | None]:
         out: list[str | None] = []
@@ -360,6 +388,8 @@ class MySqlSpanSource(SpanSource):
                     continue
                 where = f"{stream.log_file}:{ev.packet.log_pos}"
                 tbl = self._table(name, ev.columns, where)
+                if tbl is None:
+                    continue
                 prefix = prefixes.get(tbl.version)
                 if prefix is None:
                     prefix = prefixes[tbl.version] = encode_payload(tbl.version, b"")
