@@ -442,3 +442,29 @@ def test_a_table_created_later_that_cannot_be_replicated_is_a_data_warning(
     assert "has no primary key" in warnings[f"{db}.nokey"].message
     assert "enum('r','g')" in warnings[f"{db}.colors"].message
     assert all(w.code == "CDC:WarnTableIneligible" for w in warnings.values())
+
+
+def test_columns_dropped_since_the_start_take_their_type_from_the_binlog(mariadb_server: MariaDBServer, db: str) -> None:
+    """A column the catalog no longer has is known only by its recorded description (varbinary, blob and binary(n)
+    are all bytea; tinyint, smallint and year all smallint): its binlog column decides how its values render."""
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, vb VARBINARY(8), bn BINARY(3), ti TINYINT, "
+                           f"y YEAR, ch CHAR(4))")
+    with open_upstream(mariadb_server.uri(db)) as up:
+        before = up.check_tables(up.list_tables())
+        ts0 = up.create_spans([SpanPlan(0, "slot_src", "pub", tuple(up.list_tables()))])[0].start_ts
+    mariadb_server.execute(f"INSERT INTO {db}.t VALUES (1, x'0102', x'05', -3, 2000, 'ab')")
+    mariadb_server.execute(f"ALTER TABLE {db}.t DROP COLUMN vb, DROP COLUMN bn, DROP COLUMN ti, DROP COLUMN y, "
+                           f"DROP COLUMN ch")
+    up = open_upstream(mariadb_server.uri(db))
+    src = up.span_source(SpanInfo(0, "slot_src", "pub", ts0), Watermark(ts0, 0.0), TableFilter(("*.*",)),
+                         label="test", holder="test")
+    src.seed_schemas(before)
+    src.open()
+    rec, stop, errors = Recorder(), threading.Event(), []
+    th = threading.Thread(target=lambda: _run(src, rec, stop, errors), daemon=True)
+    th.start()
+    wait_for(lambda: len(rec.commits) == 2 or bool(errors))
+    stop_source(src, th, stop)
+    assert not errors, errors
+    assert rows_of(src, rec.commits[0][2]) == [
+        ("I", {"id": 1, "vb": b"\x01\x02", "bn": b"\x05\x00\x00", "ti": -3, "y": 2000, "ch": "ab"}, None)]

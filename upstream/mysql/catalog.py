@@ -19,6 +19,10 @@ from cdc.events import ColumnSchema, TableName, TableSchema
 from upstream.mysql import types
 from upstream.mysql.conn import mysql_errors
 
+GUESSED = "tidewater: guessed"
+"""``ColumnFacts.extra`` of a column whose MySQL type was guessed from a recorded description (:func:`facts_as_of`):
+the span takes its renderer from the binlog's own column (``types.guessed_renderer``)."""
+
 
 def relation_id(name: TableName) -> int:
     """The relation id of ``schema.table`` (stable across restarts and captures; 31 bits, never 0)."""
@@ -148,6 +152,6 @@ def facts_as_of(schema: TableSchema, now: TableFacts | None) -> TableFacts:
                                     c.precision, c.scale, c.fsp))
             continue
         dt, ct, n, p, sc, fsp = types.facts_of(col)
-        cols.append(ColumnFacts(col.name, dt, ct, col.nullable, "", n, p, sc, fsp))
+        cols.append(ColumnFacts(col.name, dt, ct, col.nullable, GUESSED, n, p, sc, fsp))
     key = tuple(schema.key) if schema.has_key else ()
     return TableFacts(schema.name, tuple(cols), key, ())

@@ -127,7 +127,8 @@ class MySqlChangeDecoder(ChangeDecoder):
 class _Table:
     """A table the span decodes: its schema version, column names and value renderers."""
 
-    __slots__ = ("version", "relid", "names", "renderers", "name", "data_types", "unsigned", "checked", "facts")
+    __slots__ = ("version", "relid", "names", "renderers", "name", "data_types", "unsigned", "checked", "facts",
+                 "guessed")
 
     def __init__(self, facts: catalog.TableFacts, version: int, relid: int) -> None:
         self.facts = facts
@@ -136,6 +137,7 @@ class _Table:
         self.renderers = facts.renderers()
         self.data_types = tuple(c.data_type for c in facts.columns)
         self.unsigned = tuple("unsigned" in c.column_type.lower() for c in facts.columns)
+        self.guessed = tuple(c.extra == catalog.GUESSED for c in facts.columns)
         self.checked: Any = None  # the table map's column list last checked against (one check per table map)
 
 
@@ -280,14 +282,28 @@ class MySqlSpanSource(SpanSource):
             t = self._install(facts)
         if t.checked is not columns:
             names = tuple(c.name for c in columns)
-            bad = names != t.names or not all(
-                types.binlog_type_matches(dt, c.type) and (not hasattr(c, "unsigned") or bool(c.unsigned) == u
-                                                           or c.type not in _INTEGER_FIELDS)
-                for dt, u, c in zip(t.data_types, t.unsigned, columns, strict=True))
+            bad = names != t.names
+            if not bad:
+                renderers = list(t.renderers)
+                for i, (dt, u, c, g) in enumerate(zip(t.data_types, t.unsigned, columns, t.guessed, strict=True)):
+                    if g:  # the recorded description only: the binlog's column says which MySQL type it is
+                        r = types.guessed_renderer(self._schemas[t.version].columns[i].base_type, c.type,
+                                                   bool(getattr(c, "unsigned", False)),
+                                                   getattr(c, "character_set_name", None) == "binary",
+                                                   int(getattr(c, "max_length", 0) or 0))
+                        if r is None:
+                            bad = True
+                            break
+                        renderers[i] = r
+                    elif not types.binlog_type_matches(dt, c.type) or (
+                            c.type in _INTEGER_FIELDS and hasattr(c, "unsigned") and bool(c.unsigned) != u):
+                        bad = True
+                        break
+                t.renderers = tuple(renderers)
             if bad:
                 raise DecodeError(
                     f"span={self.label} table {name} at binlog {where}: the binlog row has columns "
-                    f"{[(c.name, c.type) for c in columns]} but the table is decoded as {list(zip(t.names, t.data_types, strict=False))} "
+                    f"{[(c.name, c.type) for c in columns]} but the table is decoded as {list(zip(t.names, t.data_types, strict=True))} "
                     f"(its schema changed where the span cannot place the change)")
             t.checked = columns
         return t

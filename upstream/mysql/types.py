@@ -319,3 +319,33 @@ def facts_of(column: ColumnSchema) -> tuple[str, str, int | None, int | None, in
     if base == "time":
         return "time", f"time({max(tm, 0)})", None, None, None, max(tm, 0)
     raise ValueError(f"column {column.name}: type {column.type_name or base} is not a MySQL column's")
+
+
+_FIELD_INTS = {1: ("int2", "int2"), 2: ("int2", "int4"), 9: ("int4", "int4"), 3: ("int4", "int8"), 8: ("int8", "numeric")}
+_FIELD_FIXED: dict[int, tuple[str, Render]] = {
+    246: ("numeric", _decimal), 4: ("float4", _float4), 5: ("float8", _float8), 10: ("date", _date),
+    12: ("timestamp", _datetime), 18: ("timestamp", _datetime), 7: ("timestamptz", _timestamp),
+    17: ("timestamptz", _timestamp), 11: ("time", _time), 19: ("time", _time),
+}
+
+
+def guessed_renderer(base_type: str, field_type: int, unsigned: bool, binary: bool, max_length: int) -> Render | None:
+    """For a column known only by its recorded description (``base_type``; :func:`facts_of` guessed its MySQL type):
+    the renderer of the binlog column that carries it (``field_type``, signedness, binary character set, maximum
+    length in bytes), or None when no MySQL column described as ``base_type`` is written that way."""
+    if field_type in _FIELD_INTS:
+        return _int if _FIELD_INTS[field_type][1 if unsigned else 0] == base_type else None
+    if field_type == 13:
+        return _year if base_type == "int2" else None
+    if field_type in _FIELD_FIXED:
+        base, render = _FIELD_FIXED[field_type]
+        return render if base == base_type else None
+    if field_type in (15, 254, 252):
+        if binary:
+            if base_type != "bytea":
+                return None
+            return _binary(max_length) if field_type == 254 else _bytea
+        if field_type == 252:
+            return _text if base_type == "text" else None
+        return _text if base_type == "varchar" else None
+    return None
