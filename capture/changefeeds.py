@@ -224,6 +224,7 @@ class ChangefeedService:
                                                    config.sink.delivery)
                 existing: list[TableName] = []
                 if config.snapshot.mode == "initial":
+                    up.check_copy()
                     check_copy_possible(config.snapshot.spark_master)
                     existing = _existing_rows(sink, tables, schemas, config)
                 spans = up.create_spans(_span_plans(req.changefeed_id, config.span_count, tables,

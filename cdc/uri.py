@@ -22,7 +22,7 @@ SINK_URI_FORMS: dict[str, str] = {
 """Every sink scheme with the form of its URI (the CLI's help lists them; ``sinks.factory.SINKS`` maps the same
 schemes to their classes: tests/unit/sinks/test_sink_factory.py keeps the two equal)."""
 SINK_SCHEMES = tuple(SINK_URI_FORMS)
-UPSTREAM_SCHEMES = ("postgresql", "postgres")
+UPSTREAM_SCHEMES = ("postgresql", "postgres", "mysql", "mariadb")
 
 
 @dataclass(frozen=True)

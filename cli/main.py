@@ -388,7 +388,7 @@ def _add_cli_parser(sub: Any) -> None:
     cf = groups.add_parser("changefeed", help="manage changefeeds")
     ops = cf.add_subparsers(dest="op", required=True)
     c = ops.add_parser("create", parents=[out], help="create a changefeed")
-    c.add_argument("--upstream", help=f"postgresql://user@host:port/db (or --upstream-file, ${ENV_UPSTREAM})")
+    c.add_argument("--upstream", help=f"postgresql://user@host:port/db or mysql://user@host:port/db (or --upstream-file, ${ENV_UPSTREAM})")
     c.add_argument("--upstream-file", help="file whose first line is the upstream URI (keeps it out of `ps`)")
     c.add_argument("--sink-uri", help=f"{', '.join(SINK_URI_FORMS.values())} (or --sink-uri-file, ${ENV_SINK})")
     c.add_argument("--sink-uri-file", help="file whose first line is the sink URI")

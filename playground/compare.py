@@ -360,3 +360,67 @@ def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[Table
         engine.dispose()
     return out
 
+
+
+# ---- a MySQL/MariaDB upstream ------------------------------------------------------------------------------
+def _mysql_source_rows(my_conn: Any, schema: str, table: str
+                       ) -> tuple[list[str], list[str], dict[Any, tuple], dict[Any, tuple], list[int]]:
+    """Like :func:`_source_rows` for a MySQL/MariaDB table (session time zone UTC): columns, key, canonical rows,
+    raw rows, numeric column indexes (DECIMAL and BIGINT UNSIGNED, which Tidewater carries as numeric). TIME values
+    (``timedelta``) are compared as times of day, the only ones the upstream replicates."""
+    with my_conn.cursor() as cur:
+        cur.execute("SET time_zone = '+00:00'")
+        cur.execute("SELECT COLUMN_NAME, DATA_TYPE, COLUMN_TYPE, COLUMN_KEY FROM information_schema.COLUMNS "
+                    "WHERE TABLE_SCHEMA = %s AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION", (schema, table))
+        kinds = cur.fetchall()
+        cur.execute("SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = %s AND "
+                    "TABLE_NAME = %s AND INDEX_NAME = 'PRIMARY' ORDER BY SEQ_IN_INDEX", (schema, table))
+        key = [r[0] for r in cur.fetchall()]
+    cols = [k[0] for k in kinds]
+    numeric = [i for i, k in enumerate(kinds)
+               if k[1] == "decimal" or (k[1] == "bigint" and "unsigned" in str(k[2]).lower())]
+    times = [i for i, k in enumerate(kinds) if k[1] == "time"]
+    fns = _normalizers(len(cols), numeric)
+    idx = [cols.index(k) for k in key]
+    q = lambda n: "`" + n.replace("`", "``") + "`"  # noqa: E731
+    rows, raw = {}, {}
+    seen: dict[tuple, int] = {}
+    with my_conn.cursor() as cur:
+        cur.execute(f"SELECT {', '.join(map(q, cols))} FROM {q(schema)}.{q(table)}")
+        for r in cur.fetchall():
+            r = list(r)
+            for i in numeric:
+                if isinstance(r[i], int):
+                    r[i] = decimal.Decimal(r[i])
+            for i in times:
+                if isinstance(r[i], dt.timedelta):
+                    r[i] = (dt.datetime.min + r[i]).time()
+            nr = [f(x) for f, x in zip(fns, r, strict=True)]
+            k = _row_key(nr, idx, seen)
+            rows[k] = tuple(nr)
+            raw[k] = tuple(r)
+    return cols, key, rows, raw, numeric
+
+
+def compare_mysql_tables(my_conn: Any, tables: list[str], sink_uri: str) -> list[TableDiff]:
+    """:func:`compare_tables` for a MySQL/MariaDB upstream (``my_conn``: a PyMySQL connection): ``db.table`` names,
+    whose target tables are named ``table`` in MySQL/SQLite targets and ``db.table`` in PostgreSQL ones."""
+    u = parse_sink_uri(sink_uri)
+    engine = sa.create_engine(sqlalchemy_url(sink_uri))
+    out = []
+    try:
+        with engine.connect() as tconn:
+            for qualified in tables:
+                schema, _, table = qualified.partition(".")
+                cols, key, src, src_raw, numeric = _mysql_source_rows(my_conn, schema, table)
+                target_schema = schema if u.scheme in ("postgresql", "postgres") else None
+                try:
+                    t = sa.Table(table, sa.MetaData(), autoload_with=tconn, schema=target_schema)
+                except sa.exc.NoSuchTableError:
+                    out.append(TableDiff(qualified, len(src), 0, missing=_sorted(src)[:20], losses=len(src)))
+                    continue
+                res = tconn.execute(sa.select(*[_raw(t.c[c]) for c in cols]))
+                out.append(_diff(qualified, cols, key, src, src_raw, numeric, res, []))
+    finally:
+        engine.dispose()
+    return out

@@ -18,6 +18,8 @@ from upstream.base import Upstream
 _REGISTRY: dict[str, str] = {
     "postgres": "upstream.postgres.upstream:PostgresUpstream",
     "postgresql": "upstream.postgres.upstream:PostgresUpstream",
+    "mysql": "upstream.mysql.upstream:MySqlUpstream",
+    "mariadb": "upstream.mysql.upstream:MySqlUpstream",
 }
 
 

@@ -1,7 +1,7 @@
 """The upstream interface: everything the capture, the owner and the processor need from a source database.
 
 ``upstream.open_upstream(uri)`` returns an :class:`Upstream` for the URI's scheme (``postgres://`` and
-``postgresql://``: :mod:`upstream.postgres`). Callers never see a driver object: what crosses this interface
+``postgresql://``: :mod:`upstream.postgres`; ``mysql://`` and ``mariadb://``: :mod:`upstream.mysql`). Callers never see a driver object: what crosses this interface
 is the vocabulary of ``cdc`` (``TableName``, ``TableSchema``, ``SpanInfo``, ``Watermark``, ``RowChange``'s
 parts) and the small typed dataclasses below. Every method raises only :class:`cdc.errors.TidewaterError`
 subclasses: ``UpstreamUnavailable`` (retryable: unreachable, connection lost, lock or serialization
@@ -512,6 +512,11 @@ class Upstream(ABC):
     def check_ready(self, *, slots_needed: int = 1) -> dict[str, Any]:
         """Raise ``UpstreamNotReady`` listing every problem with its fix unless the upstream can serve
         ``slots_needed`` more spans to this user; return the facts checked (for messages)."""
+
+    def check_copy(self) -> None:  # noqa: B027 - optional: an upstream that copies has nothing to refuse
+        """Raise ``InvalidArgument`` (naming the fix) unless this upstream can copy existing rows (the initial copy,
+        :meth:`export_snapshot` and :meth:`snapshot_reader`); ``changefeed create`` asks before it creates anything
+        when the changefeed is to copy them. Default: it can."""
 
     @abstractmethod
     def probe(self, timeout: float = 2.0) -> None:

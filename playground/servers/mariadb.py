@@ -47,8 +47,10 @@ class MariaDBServer(Server):
     """
 
     def __init__(
-        self, base_dir: Path, *, settings: dict[str, str] | None = None, bin_dir: Path | None = None
+        self, base_dir: Path, *, settings: dict[str, str] | None = None, bin_dir: Path | None = None,
+        log_bin: bool = True,
     ) -> None:
+        self.log_bin = log_bin
         self.dir = Path(base_dir) / "mariadb"
         self.data_dir = self.dir / "data"
         self.log_path = self.dir / "mariadb.log"
@@ -109,7 +111,7 @@ class MariaDBServer(Server):
             f"--socket={self.socket_path}",
             f"--pid-file={self.dir / 'mariadb.pid'}",
             f"--log-error={self.log_path}",
-            f"--log-bin={self.dir / 'binlog' / 'mariadb-bin'}",
+            *([f"--log-bin={self.dir / 'binlog' / 'mariadb-bin'}"] if self.log_bin else []),
             *(f"--{k}={v}" for k, v in self.settings.items()),
         ]
         (self.dir / "binlog").mkdir(exist_ok=True)

@@ -161,9 +161,12 @@ def _parse(uri: str | ParsedURI) -> ParsedURI:
     if isinstance(uri, ParsedURI):
         return uri
     try:
-        return parse_upstream_uri(uri)
+        parsed = parse_upstream_uri(uri)
     except InvalidURI as exc:
         raise InvalidURI(redact_uri(exc.message)) from None
+    if parsed.scheme not in ("postgresql", "postgres"):  # another upstream's URI (mysql://)
+        raise InvalidURI(f"not a PostgreSQL URI: {parsed.redacted()!r}: use postgresql://user@host:port/dbname")
+    return parsed
 
 
 def connect(

@@ -1,0 +1,470 @@
+"""The MySQL/MariaDB span source (upstream.mysql.source) against a real MariaDB binlog: whole transactions in commit
+order at increasing Ts, exact values, resume after a checkpoint, heartbeats on an idle server, loud refusals."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, date, datetime
+from datetime import time as dtime
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from cdc.errors import DecodeError, SlotLost, UpstreamUnavailable
+from cdc.filter import TableFilter
+from cdc.model import SpanInfo
+from cdc.ts import Watermark
+from playground.servers import MariaDBServer
+from upstream import open_upstream
+from upstream.base import SCHEMA_CHANGE, SpanPlan, decode_payload
+from upstream.mysql.positions import split_ts
+
+TYPES_TABLE = """
+CREATE TABLE {db}.types (
+  id BIGINT UNSIGNED PRIMARY KEY, ti TINYINT, tu TINYINT UNSIGNED, si SMALLINT, su SMALLINT UNSIGNED,
+  mi MEDIUMINT, iu INT UNSIGNED, bi BIGINT, d DECIMAL(65,30), d2 DECIMAL(10,2), fl FLOAT, db DOUBLE,
+  c CHAR(5), v VARCHAR(20), t TEXT, tl TEXT CHARACTER SET latin1, b BLOB, vb VARBINARY(10), bn BINARY(4),
+  dd DATE, dt DATETIME(6), dt0 DATETIME, ts TIMESTAMP(3) NULL, tm TIME(2), y YEAR, j JSON) DEFAULT CHARSET utf8mb4
+"""
+
+
+class Recorder:
+    """A ChangeBuffer that keeps what the source hands it (the system under test is the source)."""
+
+    def __init__(self) -> None:
+        self.open: dict[int, list[bytes]] = {}
+        self.commits: list[tuple[int, float, list[bytes]]] = []
+        self.aborts: list[int] = []
+        self.lock = threading.Lock()
+
+    def add(self, xid: int, subxid: int, payload: bytes) -> None:
+        self.open.setdefault(xid, []).append(payload)
+
+    def add_many(self, xid: int, subxid: int, payloads: list[bytes]) -> None:
+        self.open.setdefault(xid, []).extend(payloads)
+
+    def abort(self, xid: int, subxid: int) -> None:
+        self.open.pop(xid, None)
+        self.aborts.append(xid)
+
+    def commit(self, xid: int, commit_ts: int, commit_time: float) -> None:
+        with self.lock:
+            self.commits.append((commit_ts, commit_time, self.open.pop(xid, [])))
+
+
+def start_source(uri: str, start_ts: int, *, slot: str = "slot_src") -> tuple[Any, Recorder, list[Watermark],
+                                                                           threading.Thread, threading.Event,
+                                                                           list[BaseException]]:
+    up = open_upstream(uri)
+    src = up.span_source(SpanInfo(0, slot, "pub", start_ts), Watermark(start_ts, 0.0), TableFilter(("*.*",)),
+                         label="test", holder="test")
+    src.open()
+    rec = Recorder()
+    resolved: list[Watermark] = []
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            src.run(rec, stop, resolved.append)
+        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+            errors.append(exc)
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return src, rec, resolved, th, stop, errors
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def stop_source(src: Any, th: threading.Thread, stop: threading.Event) -> None:
+    stop.set()
+    src.close()
+    th.join(10)
+    assert not th.is_alive()
+
+
+def _parse(columns: Any, parsers: list[Any], vals: list[Any] | None) -> dict[str, Any] | None:
+    if vals is None:
+        return None
+    return {c.name: (None if v is None else p(v)) for c, p, v in zip(columns, parsers, vals, strict=True)}
+
+
+def rows_of(src: Any, payloads: list[bytes]) -> list[tuple[str, dict[str, Any] | None, dict[str, Any] | None]]:
+    """(kind, new, old) of each stored change, values parsed as the mounter parses them."""
+    dec = src.decoder()
+    out = []
+    for p in payloads:
+        ver, raw = decode_payload(p)
+        schema = dec.schema(ver)
+        pc = dec.parse_change(raw)
+        parsers = [dec.parser(c) for c in schema.columns]
+        out.append((pc.kind, _parse(schema.columns, parsers, pc.new), _parse(schema.columns, parsers, pc.old)))
+    return out
+
+
+@pytest.fixture
+def db(mariadb_server: MariaDBServer, mariadb_database: str) -> Iterator[str]:
+    yield mariadb_database
+
+
+def start_ts(mariadb_server: MariaDBServer, db: str) -> int:
+    with open_upstream(mariadb_server.uri(db)) as up:
+        return up.create_spans([SpanPlan(0, "slot_src", "pub", tuple(up.list_tables()))])[0].start_ts
+
+
+def test_transactions_arrive_whole_in_commit_order_and_resume_after_the_checkpoint(
+        mariadb_server: MariaDBServer, db: str) -> None:
+    mariadb_server.execute(f"CREATE TABLE {db}.acct (id INT PRIMARY KEY, bal DECIMAL(12,2), note VARCHAR(30))")
+    mariadb_server.execute(f"CREATE TABLE {db}.other (id INT PRIMARY KEY)")
+    ts0 = start_ts(mariadb_server, db)
+    conn = mariadb_server.connect(db)
+    with conn.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.executemany("INSERT INTO acct VALUES (%s, %s, %s)", [(i, Decimal(i) / 4, f"n{i}") for i in range(5)])
+        cur.execute("COMMIT")
+        cur.execute("BEGIN")
+        cur.execute("UPDATE acct SET bal = bal + 1, note = NULL WHERE id = 1")
+        cur.execute("DELETE FROM acct WHERE id = 2")
+        cur.execute("INSERT INTO other VALUES (7)")
+        cur.execute("COMMIT")
+        cur.execute("INSERT INTO acct VALUES (10, 0.5, '')")  # autocommit: its own transaction
+    src, rec, resolved, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    try:
+        wait_for(lambda: len(rec.commits) >= 3)
+        wait_for(lambda: bool(resolved) and resolved[-1].ts >= rec.commits[2][0])
+    finally:
+        stop_source(src, th, stop)
+    assert not errors, errors
+    tss = [c[0] for c in rec.commits]
+    assert tss == sorted(tss) and len(set(tss)) == 3 and tss[0] > ts0
+    first = rows_of(src, rec.commits[0][2])
+    assert [(k, n["id"], n["bal"], n["note"]) for k, n, _ in first] == [
+        ("I", i, Decimal(i) / 4 if i % 4 else Decimal(i // 4), f"n{i}") for i in range(5)]
+    assert str(first[1][1]["bal"]) == "0.25" and str(first[0][1]["bal"]) == "0.00"  # the column's scale kept
+    second = rows_of(src, rec.commits[1][2])
+    assert [(k, (n or o)["id"]) for k, n, o in second] == [("U", 1), ("D", 2), ("I", 7)]
+    assert second[0][1]["note"] is None and second[0][2]["note"] == "n1" and second[0][1]["bal"] == Decimal("1.25")
+    third = rows_of(src, rec.commits[2][2])
+    assert third == [("I", {"id": 10, "bal": Decimal("0.50"), "note": ""}, None)]
+    assert abs(rec.commits[0][1] - time.time()) < 120  # the commit's wall-clock time
+
+    # a restart from the first transaction's Ts delivers exactly the later ones
+    src2, rec2, _, th2, stop2, errors2 = start_source(mariadb_server.uri(db), tss[0])
+    try:
+        wait_for(lambda: len(rec2.commits) >= 2)
+        time.sleep(0.5)
+    finally:
+        stop_source(src2, th2, stop2)
+    assert not errors2, errors2
+    assert [c[0] for c in rec2.commits] == tss[1:]
+    assert rows_of(src2, rec2.commits[1][2]) == third
+
+
+def test_every_supported_type_arrives_exactly(mariadb_server: MariaDBServer, db: str) -> None:
+    mariadb_server.execute(TYPES_TABLE.format(db=db))
+    ts0 = start_ts(mariadb_server, db)
+    mariadb_server.execute(
+        f"INSERT INTO {db}.types VALUES (18446744073709551615, -128, 255, -32768, 65535, -8388608, 4294967295, "
+        f"-9223372036854775808, '-12345678901234567890123456789012345.123456789012345678901234567890', 1.50, 1.1, "
+        f"0.1, 'ab', 'héllo 😀', 'long\ntext', 'café', x'00ff00', x'0001', x'6100', '2024-02-29', "
+        f"'2024-01-02 03:04:05.123456', '9999-12-31 23:59:59', '2038-01-19 03:14:07.999', '23:59:59.99', 2155, "
+        f"'{{\"a\": [1, 2]}}')")
+    mariadb_server.execute(f"INSERT INTO {db}.types (id, t, b, y) VALUES (0, '', x'', 0)")
+    src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    try:
+        wait_for(lambda: len(rec.commits) >= 2 or bool(errors))
+    finally:
+        stop_source(src, th, stop)
+    assert not errors, errors
+    [(_, full, _)] = rows_of(src, rec.commits[0][2])
+    assert full == {
+        "id": Decimal(18446744073709551615), "ti": -128, "tu": 255, "si": -32768, "su": 65535, "mi": -8388608,
+        "iu": 4294967295, "bi": -9223372036854775808,
+        "d": Decimal("-12345678901234567890123456789012345.123456789012345678901234567890"), "d2": Decimal("1.50"),
+        "fl": 1.1, "db": 0.1, "c": "ab", "v": "héllo 😀", "t": "long\ntext", "tl": "café", "b": b"\x00\xff\x00",
+        "vb": b"\x00\x01", "bn": b"a\x00\x00\x00", "dd": date(2024, 2, 29), "dt": datetime(2024, 1, 2, 3, 4, 5, 123456),
+        "dt0": datetime(9999, 12, 31, 23, 59, 59), "ts": datetime(2038, 1, 19, 3, 14, 7, 999000, tzinfo=UTC),
+        "tm": dtime(23, 59, 59, 990000), "y": 2155, "j": '{"a": [1, 2]}'}
+    [(_, empty, _)] = rows_of(src, rec.commits[1][2])
+    assert empty["t"] == "" and empty["b"] == b"" and empty["y"] == 0 and empty["v"] is None and empty["dd"] is None
+    # the row reader gives the same values as the stream for the same row
+    with open_upstream(mariadb_server.uri(db)) as up:
+        reader = up.row_source()
+        try:
+            [now] = reader(src.decoder().schema(1), [(Decimal(18446744073709551615),)])
+            assert now == full
+        finally:
+            reader.close()
+
+
+@pytest.mark.parametrize(("value_sql", "fragment"), [
+    ("dd = '0000-00-00'", "out of date range"),
+    ("dt0 = '0000-00-00 00:00:00'", "out of datetime"),
+    ("ts = '0000-00-00 00:00:00'", "zero TIMESTAMP"),
+    ("tm = '-01:00:00'", "outside 00:00:00..23:59:59.999999"),
+    ("tm = '25:00:00'", "outside 00:00:00..23:59:59.999999"),
+])
+def test_values_a_type_cannot_hold_exactly_are_refused(mariadb_server: MariaDBServer, db: str, value_sql: str,
+                                                       fragment: str) -> None:
+    mariadb_server.execute(TYPES_TABLE.format(db=db))
+    ts0 = start_ts(mariadb_server, db)
+    conn = mariadb_server.connect(db)
+    with conn.cursor() as cur:
+        cur.execute("SET sql_mode = ''")
+        cur.execute(f"INSERT INTO types SET id = 1, {value_sql}")
+    conn.close()
+    src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    th.join(20)
+    stop_source(src, th, stop)
+    assert rec.commits == []
+    assert len(errors) == 1 and isinstance(errors[0], DecodeError), errors
+    assert fragment in str(errors[0]) and "types" in str(errors[0]), errors[0]
+
+
+def test_add_and_drop_column_and_drop_table_are_schema_changes_at_their_position(
+        mariadb_server: MariaDBServer, db: str) -> None:
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(10)) DEFAULT CHARSET utf8mb4")
+    ts0 = start_ts(mariadb_server, db)
+    src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    mariadb_server.execute(f"INSERT INTO {db}.t VALUES (1, 'a')")
+    mariadb_server.execute(f"CREATE TABLE {db}.newer (id INT PRIMARY KEY)")  # a new table: no schema change
+    mariadb_server.execute(f"ALTER TABLE {db}.t ADD COLUMN c VARCHAR(5) NOT NULL DEFAULT 'x', ADD d DECIMAL(6,2) "
+                           f"DEFAULT 1.5 AFTER id")
+    mariadb_server.execute(f"INSERT INTO {db}.t (id, v, c, d) VALUES (2, 'b', 'y', NULL)")
+    mariadb_server.execute(f"ALTER TABLE {db}.t DROP COLUMN v")
+    mariadb_server.execute(f"UPDATE {db}.t SET c = 'z' WHERE id = 1")
+    mariadb_server.execute(f"DROP TABLE {db}.t")
+    wait_for(lambda: len(rec.commits) == 6 or bool(errors))
+    stop_source(src, th, stop)
+    assert not errors, errors
+    dec = src.decoder()
+    ddl_ts = [c[0] for c in rec.commits if decode_payload(c[2][0])[0] == SCHEMA_CHANGE]
+    assert ddl_ts == [rec.commits[i][0] for i in (1, 3, 5)]
+    assert set(ddl_ts) <= src.schema_change_commits()
+    add, drop_col, drop_table = (dec.schema_changes(decode_payload(rec.commits[i][2][0])[1], rec.commits[i][0], 0.0)
+                                 for i in (1, 3, 5))
+    [add] = add
+    assert [(c.kind.value, c.column) for c in add.changes] == [("add column", "c"), ("add column", "d")]
+    assert add.before is not None and add.after is not None
+    assert add.before.column_names == ("id", "v") and add.after.column_names == ("id", "d", "v", "c")
+    assert add.fill("c").value == "x" and add.fill("d").value == Decimal("1.50")
+    assert add.commit_ts == rec.commits[1][0] and add.seq == 0
+    assert rows_of(src, rec.commits[0][2]) == [("I", {"id": 1, "v": "a"}, None)]
+    assert rows_of(src, rec.commits[2][2]) == [("I", {"id": 2, "d": None, "v": "b", "c": "y"}, None)]
+    [drop_col] = drop_col
+    assert [(c.kind.value, c.column) for c in drop_col.changes] == [("drop column", "v")]
+    assert rows_of(src, rec.commits[4][2]) == [("U", {"id": 1, "d": Decimal("1.50"), "c": "z"},
+                                               {"id": 1, "d": Decimal("1.50"), "c": "x"})]
+    [drop_table] = drop_table
+    assert drop_table.kinds == ("drop table",) and drop_table.after is None
+    versions = src.take_schema_versions()
+    assert [(ts, s.column_names) for ts, s in versions] == [(ddl_ts[0], ("id", "d", "v", "c")),
+                                                            (ddl_ts[1], ("id", "d", "c"))]
+
+
+@pytest.mark.parametrize("statement", [
+    "ALTER TABLE {db}.t MODIFY v INT", "ALTER TABLE {db}.t RENAME COLUMN v TO w", "TRUNCATE TABLE {db}.t",
+    "RENAME TABLE {db}.t TO {db}.t2", "ALTER TABLE {db}.t ADD COLUMN e ENUM('a')",
+    "ALTER TABLE {db}.t ADD COLUMN n INT NOT NULL",
+])
+def test_other_schema_changes_of_a_replicated_table_are_refused(mariadb_server: MariaDBServer, db: str,
+                                                                statement: str) -> None:
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(10))")
+    ts0 = start_ts(mariadb_server, db)
+    src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    mariadb_server.execute(f"INSERT INTO {db}.t VALUES (1, '2')")
+    wait_for(lambda: len(rec.commits) == 1)
+    mariadb_server.execute(statement.format(db=db))
+    th.join(20)
+    stop_source(src, th, stop)
+    assert len(rec.commits) == 1, errors
+    assert len(errors) == 1 and isinstance(errors[0], DecodeError), errors
+    assert f"schema change of {db}.t" in str(errors[0]) and "cannot be replicated" in str(errors[0])
+
+
+def test_rows_older_than_a_schema_change_made_while_the_span_was_down_are_refused(
+        mariadb_server: MariaDBServer, db: str) -> None:
+    """The span reads the schema when it opens; rows written before a later ALTER do not fit it: refused, never
+    decoded with the wrong columns (restart across DDL is issue 23 item 4)."""
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(10))")
+    ts0 = start_ts(mariadb_server, db)
+    mariadb_server.execute(f"INSERT INTO {db}.t VALUES (1, '12')")
+    mariadb_server.execute(f"ALTER TABLE {db}.t MODIFY v INT")  # same names, another type
+    src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    th.join(20)
+    stop_source(src, th, stop)
+    assert rec.commits == []
+    assert len(errors) == 1 and isinstance(errors[0], DecodeError), errors
+    assert "its schema changed" in str(errors[0])
+
+
+def test_idle_server_heartbeats_advance_the_resolved_ts(mariadb_server: MariaDBServer, db: str) -> None:
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
+    ts0 = start_ts(mariadb_server, db)
+    mariadb_server.execute(f"CREATE TABLE {db}.unrelated (id INT PRIMARY KEY)")  # moves the binlog end
+    src, _, resolved, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    try:
+        wait_for(lambda: len(resolved) >= 1 or bool(errors))
+        assert not errors, errors
+        first = resolved[-1]
+        wait_for(lambda: resolved[-1].time > first.time)  # nothing was written: only heartbeats
+    finally:
+        stop_source(src, th, stop)
+    assert not errors, errors
+    with open_upstream(mariadb_server.uri(db)) as up:
+        assert resolved[-1].ts <= up.current_position()
+    assert resolved[0].ts > ts0
+
+
+def test_a_broken_stream_is_an_error_never_a_silent_reconnect(mariadb_server: MariaDBServer, db: str) -> None:
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
+    ts0 = start_ts(mariadb_server, db)
+    src, _, resolved, th, stop, errors = start_source(mariadb_server.uri(db), ts0, slot="slot_kill")
+    wait_for(lambda: any("Binlog Dump" in str(r[4]) for r in mariadb_server.execute("SHOW PROCESSLIST") or []))
+    for r in mariadb_server.execute("SHOW PROCESSLIST") or []:
+        if "Binlog Dump" in str(r[4]):
+            mariadb_server.execute(f"KILL {int(r[0])}")
+    th.join(20)
+    stop_source(src, th, stop)
+    assert len(errors) == 1 and isinstance(errors[0], UpstreamUnavailable), errors
+
+
+def test_a_purged_start_file_is_a_lost_slot(mariadb_server: MariaDBServer, db: str) -> None:
+    with open_upstream(mariadb_server.uri(db)) as up:
+        seq, _ = split_ts(up.current_position())
+    src = open_upstream(mariadb_server.uri(db)).span_source(SpanInfo(0, "s", "p", (seq + 1000) << 32),
+                                                            Watermark((seq + 1000) << 32, 0), TableFilter(("*.*",)),
+                                                            label="t", holder="h")
+    with pytest.raises(SlotLost, match="no longer on MySQL"):
+        src.open()
+    src.close()
+
+
+def test_rows_of_a_non_transactional_table_survive_a_rollback_and_xa_is_refused(
+        mariadb_server: MariaDBServer, db: str) -> None:
+    mariadb_server.execute(f"CREATE TABLE {db}.myi (id INT PRIMARY KEY) ENGINE=MyISAM")
+    mariadb_server.execute(f"CREATE TABLE {db}.inno (id INT PRIMARY KEY) ENGINE=InnoDB")
+    ts0 = start_ts(mariadb_server, db)
+    conn = mariadb_server.connect(db)
+    with conn.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute("INSERT INTO inno VALUES (1)")
+        cur.execute("INSERT INTO myi VALUES (1)")  # kept upstream by the ROLLBACK
+        cur.execute("ROLLBACK")
+        cur.execute("XA START 'x1'")
+        cur.execute("INSERT INTO inno VALUES (2)")
+        cur.execute("XA END 'x1'")
+        cur.execute("XA PREPARE 'x1'")
+        cur.execute("XA COMMIT 'x1'")
+        cur.execute("INSERT INTO inno VALUES (3)")
+    conn.close()
+    assert mariadb_server.execute(f"SELECT id FROM {db}.myi") == [(1,)]
+    src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    th.join(20)
+    stop_source(src, th, stop)
+    assert [rows_of(src, c[2]) for c in rec.commits] == [[("I", {"id": 1}, None)]]
+    assert len(errors) == 1 and isinstance(errors[0], DecodeError) and "XA" in str(errors[0]), errors
+
+
+def test_a_span_restarted_before_an_alter_decodes_older_rows_with_the_recorded_schema(
+        mariadb_server: MariaDBServer, db: str) -> None:
+    """Restart across ALTER TABLE: seeded with the schema history at its start (what the processor does), the span
+    decodes the rows written before a later ADD/DROP COLUMN and DROP TABLE as they were written."""
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(10), y YEAR) DEFAULT CHARSET utf8mb4")
+    mariadb_server.execute(f"CREATE TABLE {db}.old (id INT PRIMARY KEY, note TEXT)")
+    with open_upstream(mariadb_server.uri(db)) as up:
+        before = {s.name.table: s for s in up.check_tables(up.list_tables())}
+        ts0 = up.create_spans([SpanPlan(0, "slot_src", "pub", tuple(up.list_tables()))])[0].start_ts
+    mariadb_server.execute(f"INSERT INTO {db}.t VALUES (1, 'a', 2001)")
+    mariadb_server.execute(f"INSERT INTO {db}.old VALUES (1, 'x')")
+    mariadb_server.execute(f"ALTER TABLE {db}.t ADD COLUMN c INT DEFAULT 7, DROP COLUMN v")
+    mariadb_server.execute(f"INSERT INTO {db}.t VALUES (2, 2002, 8)")
+    mariadb_server.execute(f"DROP TABLE {db}.old")
+    up = open_upstream(mariadb_server.uri(db))
+    src = up.span_source(SpanInfo(0, "slot_src", "pub", ts0), Watermark(ts0, 0.0), TableFilter(("*.*",)),
+                         label="test", holder="test")
+    src.seed_schemas(before.values())
+    src.open()
+    rec, stop, errors = Recorder(), threading.Event(), []
+    th = threading.Thread(target=lambda: _run(src, rec, stop, errors), daemon=True)
+    th.start()
+    wait_for(lambda: len(rec.commits) == 5 or bool(errors))
+    stop_source(src, th, stop)
+    assert not errors, errors
+    assert rows_of(src, rec.commits[0][2]) == [("I", {"id": 1, "v": "a", "y": 2001}, None)]
+    assert rows_of(src, rec.commits[1][2]) == [("I", {"id": 1, "note": "x"}, None)]
+    [alter] = src.decoder().schema_changes(decode_payload(rec.commits[2][2][0])[1], rec.commits[2][0], 0.0)
+    assert alter.before.column_names == ("id", "v", "y") and alter.after.column_names == ("id", "y", "c")
+    assert rows_of(src, rec.commits[3][2]) == [("I", {"id": 2, "y": 2002, "c": 8}, None)]
+    [drop] = src.decoder().schema_changes(decode_payload(rec.commits[4][2][0])[1], rec.commits[4][0], 0.0)
+    assert drop.kinds == ("drop table",) and str(drop.table) == f"{db}.old"
+
+
+def _run(src: Any, rec: Recorder, stop: threading.Event, errors: list[BaseException]) -> None:
+    try:
+        src.run(rec, stop, lambda w: None)
+    except BaseException as exc:  # noqa: BLE001 - the test inspects it
+        errors.append(exc)
+
+
+def test_a_table_created_later_that_cannot_be_replicated_is_a_data_warning(
+        mariadb_server: MariaDBServer, db: str) -> None:
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
+    ts0 = start_ts(mariadb_server, db)
+    src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    mariadb_server.execute(f"CREATE TABLE {db}.nokey (a INT)")
+    mariadb_server.execute(f"CREATE TABLE {db}.colors (id INT PRIMARY KEY, c ENUM('r', 'g'))")
+    mariadb_server.execute(f"CREATE TABLE {db}.fine (id INT PRIMARY KEY)")
+    conn = mariadb_server.connect(db)
+    with conn.cursor() as cur:
+        cur.execute("BEGIN")
+        cur.execute("INSERT INTO nokey VALUES (1), (2)")
+        cur.execute("INSERT INTO colors VALUES (1, 'r')")
+        cur.execute("INSERT INTO fine VALUES (1)")
+        cur.execute("INSERT INTO t VALUES (1)")
+        cur.execute("COMMIT")
+    conn.close()
+    wait_for(lambda: len(rec.commits) == 1 or bool(errors))
+    stop_source(src, th, stop)
+    assert not errors, errors
+    assert rows_of(src, rec.commits[0][2]) == [("I", {"id": 1}, None), ("I", {"id": 1}, None)]
+    warnings = {w.table: w for w in src.take_warnings()}
+    assert set(warnings) == {f"{db}.nokey", f"{db}.colors"}, warnings
+    assert "has no primary key" in warnings[f"{db}.nokey"].message
+    assert "enum('r','g')" in warnings[f"{db}.colors"].message
+    assert all(w.code == "CDC:WarnTableIneligible" for w in warnings.values())
+
+
+def test_columns_dropped_since_the_start_take_their_type_from_the_binlog(mariadb_server: MariaDBServer, db: str) -> None:
+    """A column the catalog no longer has is known only by its recorded description (varbinary, blob and binary(n)
+    are all bytea; tinyint, smallint and year all smallint): its binlog column decides how its values render."""
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, vb VARBINARY(8), bn BINARY(3), ti TINYINT, "
+                           f"y YEAR, ch CHAR(4))")
+    with open_upstream(mariadb_server.uri(db)) as up:
+        before = up.check_tables(up.list_tables())
+        ts0 = up.create_spans([SpanPlan(0, "slot_src", "pub", tuple(up.list_tables()))])[0].start_ts
+    mariadb_server.execute(f"INSERT INTO {db}.t VALUES (1, x'0102', x'05', -3, 2000, 'ab')")
+    mariadb_server.execute(f"ALTER TABLE {db}.t DROP COLUMN vb, DROP COLUMN bn, DROP COLUMN ti, DROP COLUMN y, "
+                           f"DROP COLUMN ch")
+    up = open_upstream(mariadb_server.uri(db))
+    src = up.span_source(SpanInfo(0, "slot_src", "pub", ts0), Watermark(ts0, 0.0), TableFilter(("*.*",)),
+                         label="test", holder="test")
+    src.seed_schemas(before)
+    src.open()
+    rec, stop, errors = Recorder(), threading.Event(), []
+    th = threading.Thread(target=lambda: _run(src, rec, stop, errors), daemon=True)
+    th.start()
+    wait_for(lambda: len(rec.commits) == 2 or bool(errors))
+    stop_source(src, th, stop)
+    assert not errors, errors
+    assert rows_of(src, rec.commits[0][2]) == [
+        ("I", {"id": 1, "vb": b"\x01\x02", "bn": b"\x05\x00\x00", "ti": -3, "y": 2000, "ch": "ab"}, None)]

@@ -1,0 +1,125 @@
+"""Readiness of a MySQL/MariaDB upstream and its binlog positions.
+
+:func:`check_upstream` lists *every* problem with its fix in one :class:`cdc.errors.UpstreamNotReady`: binary
+logging off, ``binlog_format`` not ROW, ``binlog_row_image`` not FULL, ``binlog_row_metadata`` not FULL (where the
+server has it: MariaDB 10.5+, MySQL 8.0.1+; without it the binlog carries no column names or character sets), and
+missing privileges (REPLICATION SLAVE and REPLICATION CLIENT/BINLOG MONITOR on ``*.*``, SELECT on the database).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from cdc.errors import UpstreamNotReady
+from upstream.mysql.conn import mysql_errors
+
+_GRANT = re.compile(r"^GRANT (?P<privs>.+?) ON (?P<obj>\S+) TO ", re.IGNORECASE)
+_VARIABLES = ("log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "server_id", "version")
+
+
+def variables(conn: Any, where: str) -> dict[str, str]:
+    """The server variables readiness depends on (a missing one is absent from the dict)."""
+    with mysql_errors(where, "reading server variables"), conn.cursor() as cur:
+        cur.execute("SHOW GLOBAL VARIABLES WHERE Variable_name IN (" + ", ".join(["%s"] * len(_VARIABLES)) + ")",
+                    _VARIABLES)
+        return {str(k).lower(): str(v) for k, v in cur.fetchall()}
+
+
+def _unquote(ident: str) -> str:
+    return ident[1:-1].replace("``", "`") if ident.startswith("`") and ident.endswith("`") else ident
+
+
+def privileges(conn: Any, where: str, database: str) -> tuple[set[str], set[str], str]:
+    """``(global privileges, privileges on database.*, current user)`` from ``SHOW GRANTS`` (upper case; ``ALL
+    PRIVILEGES`` kept as such)."""
+    with mysql_errors(where, "reading the user's grants"), conn.cursor() as cur:
+        cur.execute("SELECT CURRENT_USER()")
+        user = str(cur.fetchone()[0])
+        cur.execute("SHOW GRANTS")
+        lines = [str(r[0]) for r in cur.fetchall()]
+    glob: set[str] = set()
+    on_db: set[str] = set()
+    for line in lines:
+        m = _GRANT.match(line)
+        if m is None:
+            continue
+        obj = m.group("obj")
+        privs = {p.strip().upper() for p in re.sub(r"\([^)]*\)", "", m.group("privs")).split(",")}
+        schema, _, table = obj.partition(".")
+        if obj == "*.*":
+            glob |= privs
+        elif table == "*" and _unquote(schema) == database:
+            on_db |= privs
+    return glob, on_db, user
+
+
+def check_upstream(conn: Any, where: str, database: str) -> dict[str, Any]:
+    """Raise ``UpstreamNotReady`` listing every problem with its fix unless the server's binlog can feed a
+    changefeed of ``database`` for this user; return the facts checked."""
+    v = variables(conn, where)
+    glob, on_db, user = privileges(conn, where, database)
+    problems: list[str] = []
+    if v.get("log_bin", "OFF").upper() not in ("ON", "1"):
+        problems.append("binary logging is off: start the server with --log-bin (and --server-id)")
+    if v.get("binlog_format", "").upper() != "ROW":
+        problems.append(f"binlog_format is {v.get('binlog_format')!r}: SET GLOBAL binlog_format = 'ROW' (and "
+                        f"binlog_format = ROW in the server's configuration)")
+    if v.get("binlog_row_image", "").upper() != "FULL":
+        problems.append(f"binlog_row_image is {v.get('binlog_row_image')!r}: SET GLOBAL binlog_row_image = 'FULL' "
+                        f"(and in the server's configuration); a minimal image leaves columns out of the rows")
+    if "binlog_row_metadata" in v and v["binlog_row_metadata"].upper() != "FULL":
+        problems.append(f"binlog_row_metadata is {v['binlog_row_metadata']!r}: SET GLOBAL binlog_row_metadata = "
+                        f"'FULL' (and in the server's configuration); without it the binlog names no columns")
+    all_global = "ALL PRIVILEGES" in glob
+    missing: list[str] = []
+    if not all_global and "REPLICATION SLAVE" not in glob and "REPLICATION REPLICA" not in glob:
+        missing.append("REPLICATION SLAVE")
+    if not all_global and not glob & {"REPLICATION CLIENT", "BINLOG MONITOR", "SUPER"}:
+        missing.append("REPLICATION CLIENT")
+    if missing:
+        problems.append(f"user {user} lacks {' and '.join(missing)}: GRANT {', '.join(missing)} ON *.* TO {user}")
+    if not (all_global or "SELECT" in glob or on_db & {"SELECT", "ALL PRIVILEGES"}):
+        problems.append(f"user {user} cannot read database `{database}`: GRANT SELECT ON `{database}`.* TO {user}")
+    if problems:
+        raise UpstreamNotReady(f"MySQL {where} is not ready for binlog replication: " + "; ".join(problems))
+    return {**v, "user": user, "database": database}
+
+
+def master_position(conn: Any, where: str) -> tuple[str, int]:
+    """``(file, position)`` of the server's binlog end now (``SHOW MASTER STATUS``)."""
+    with mysql_errors(where, "reading the binlog position"), conn.cursor() as cur:
+        cur.execute("SHOW MASTER STATUS")
+        row = cur.fetchone()
+    if row is None:
+        raise UpstreamNotReady(f"MySQL {where}: SHOW MASTER STATUS shows no binlog (binary logging is off)")
+    return str(row[0]), int(row[1])
+
+
+def binary_logs(conn: Any, where: str) -> list[tuple[str, int]]:
+    """``SHOW BINARY LOGS``: every binlog file the server still has, with its size."""
+    with mysql_errors(where, "listing the binlog files"), conn.cursor() as cur:
+        cur.execute("SHOW BINARY LOGS")
+        return [(str(r[0]), int(r[1])) for r in cur.fetchall()]
+
+
+def gtid_at(conn: Any, where: str, log_file: str, pos: int) -> str | None:
+    """MariaDB's GTID position at ``(log_file, pos)`` (``BINLOG_GTID_POS``; None where the server has none)."""
+    try:
+        with mysql_errors(where, "reading the GTID position"), conn.cursor() as cur:
+            cur.execute("SELECT BINLOG_GTID_POS(%s, %s)", (log_file, pos))
+            row = cur.fetchone()
+    except Exception:  # noqa: BLE001 - MySQL has no BINLOG_GTID_POS: the GTID is informative only
+        return None
+    return None if row is None or row[0] is None else str(row[0])
+
+
+def replica_server_ids(conn: Any, where: str) -> set[int] | None:
+    """The ``server_id`` of every replica registered with the server now (``SHOW SLAVE HOSTS``; None when this user
+    may not list them)."""
+    try:
+        with mysql_errors(where, "listing the replicas"), conn.cursor() as cur:
+            cur.execute("SHOW SLAVE HOSTS")
+            return {int(r[0]) for r in cur.fetchall()}
+    except Exception:  # noqa: BLE001 - REPLICATION MASTER ADMIN missing: the clash shows when the span starts
+        return None

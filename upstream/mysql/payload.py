@@ -1,0 +1,88 @@
+"""The stored form of one MySQL row change (``raw`` after the schema version, :func:`upstream.base.encode_payload`).
+
+``kind`` (1 byte: ``I``, ``U``, ``D``), the relation id (4 bytes, big-endian), then the new row (``I``, ``U``) and
+the old row (``U``, ``D``), each as a 2-byte column count followed by, per column, a 4-byte signed length (-1:
+NULL) and that many bytes of UTF-8 text (the value's text form, :mod:`upstream.mysql.types`). Old rows are always
+whole (``binlog_row_image = FULL``), so a parsed change's ``old_kind`` is ``'O'``.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+from cdc.errors import DecodeError
+from upstream.base import ParsedChange
+
+_HEAD = struct.Struct(">cI")
+_COUNT = struct.Struct(">H")
+_LEN = struct.Struct(">i")
+_NULL = _LEN.pack(-1)
+
+
+def _tuple(values: Sequence[str | None]) -> bytes:
+    parts = [_COUNT.pack(len(values))]
+    for v in values:
+        if v is None:
+            parts.append(_NULL)
+        else:
+            b = v.encode()
+            parts.append(_LEN.pack(len(b)))
+            parts.append(b)
+    return b"".join(parts)
+
+
+def encode(kind: bytes, relid: int, new: Sequence[str | None] | None, old: Sequence[str | None] | None) -> bytes:
+    """One change: ``kind`` ``b'I'`` (``new``), ``b'U'`` (``new`` and ``old``) or ``b'D'`` (``old``)."""
+    out = _HEAD.pack(kind, relid)
+    if new is not None:
+        out += _tuple(new)
+    if old is not None:
+        out += _tuple(old)
+    return out
+
+
+def _read_tuple(raw: bytes, off: int) -> tuple[list[Any], int]:
+    (n,) = _COUNT.unpack_from(raw, off)
+    off += 2
+    vals: list[Any] = []
+    for _ in range(n):
+        (ln,) = _LEN.unpack_from(raw, off)
+        off += 4
+        if ln < 0:
+            vals.append(None)
+        else:
+            vals.append(raw[off:off + ln].decode())
+            off += ln
+    return vals, off
+
+
+def parse(raw: bytes) -> ParsedChange:
+    """The change :func:`encode` stored (DecodeError when malformed)."""
+    try:
+        kind_b, relid = _HEAD.unpack_from(raw, 0)
+        kind = kind_b.decode()
+        off = _HEAD.size
+        new = old = None
+        if kind in ("I", "U"):
+            new, off = _read_tuple(raw, off)
+        if kind in ("U", "D"):
+            old, off = _read_tuple(raw, off)
+        if kind not in ("I", "U", "D") or off != len(raw):
+            raise ValueError(f"kind {kind!r}, {len(raw) - off} trailing bytes")
+    except (struct.error, UnicodeDecodeError, ValueError) as exc:
+        raise DecodeError(f"malformed MySQL change payload ({len(raw)} bytes): {exc}") from exc
+    return ParsedChange(kind, relid, new, old, "O" if old is not None else None, 0)
+
+
+def insert_values(payload: bytes, offset: int) -> tuple[int, list[Any]] | None:
+    """``(relid, new values)`` when ``payload[offset:]`` is a well-formed insert, else None."""
+    if payload[offset:offset + 1] != b"I":
+        return None
+    try:
+        pc = parse(payload[offset:])
+    except DecodeError:
+        return None
+    assert pc.new is not None
+    return pc.relid, pc.new

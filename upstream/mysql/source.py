@@ -1,0 +1,544 @@
+"""A span's MySQL/MariaDB change stream: the row binlog, grouped into whole transactions, into the sorter.
+
+:class:`MySqlSpanSource` reads the binlog over its own replication connection (``pymysqlreplication``, its own
+``server_id``) from the span's start position (:mod:`upstream.mysql.positions`: the start Ts *is* the file and
+position after the last transaction already downstream) and turns its events into buffer operations:
+
+- a GTID event (MariaDB; MySQL's GTID event and ``BEGIN``) opens a transaction; its row events (of tables the
+  filter selects in the span's database) are rendered to text (:mod:`upstream.mysql.types`) and stored
+  (:mod:`upstream.mysql.payload`); the XID event (or a ``COMMIT`` query, non-transactional engines) commits it at
+  Ts = (file sequence << 32) | the XID event's end position, with the event's timestamp as commit time;
+- a transaction without rows of the span commits nothing but still advances the resolved watermark, and so do the
+  server's heartbeats (``master_heartbeat_period``) on an idle server;
+- a schema change naming a table the span carries (any statement other than transaction control and CREATE
+  TABLE) is stored at its position as a SCHEMA_CHANGE when :mod:`upstream.mysql.ddl` understands it (ADD/DROP
+  COLUMN, DROP TABLE), the rows after it decoded with the new schema version; any other is refused with a
+  DecodeError naming it;
+- a value its column's type cannot hold exactly (zero dates, TIME outside a day...) is refused with a DecodeError
+  naming the table, column and binlog position; a table whose binlog columns differ from the schema the span
+  decodes it with (the seeded schema history's at the start, else the catalog's) likewise.
+
+Any stream error ends ``run`` with ``UpstreamUnavailable``; the caller restarts the span from its checkpoint. The
+library's own silent reconnect is never trusted: a changed stream connection is such an error too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Collection, Iterable
+from typing import Any
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.event import (
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    QueryEvent,
+    RotateEvent,
+    XidEvent,
+)
+from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+
+from cdc.errors import DecodeError, SlotLost, TidewaterError, UpstreamUnavailable
+from cdc.events import ColumnFill, ColumnSchema, DdlChange, DdlEvent, DdlKind, TableName, TableSchema
+from cdc.filter import TableFilter
+from cdc.model import WARN_TABLE_INELIGIBLE, DataWarning, WarningSeverity
+from cdc.ts import Watermark, lsn_to_str
+from upstream.base import (
+    SCHEMA_CHANGE,
+    ChangeBuffer,
+    ChangeDecoder,
+    ParsedChange,
+    Parser,
+    SpanSource,
+    encode_payload,
+)
+from upstream.mysql import admin, catalog, ddl, eligibility, payload, positions, types
+from upstream.mysql.conn import stream_settings
+from upstream.postgres import types as text_types
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_SECONDS = 1.0
+_INTEGER_FIELDS = frozenset({1, 2, 3, 8, 9})  # TINY, SHORT, LONG, LONGLONG, INT24
+_NOT_DDL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|XA\s)", re.IGNORECASE)
+# a new table changes nothing the span decodes (its rows are checked against the catalog's schema); CREATE OR REPLACE
+# drops one first, so it is not exempt
+_CREATE_TABLE = re.compile(r"^\s*CREATE\s+(TEMPORARY\s+)?TABLE\s", re.IGNORECASE)
+_IDENT = re.compile(r"(`(?:[^`]|``)+`|[A-Za-z0-9_$]+)(?:\s*\.\s*(`(?:[^`]|``)+`|[A-Za-z0-9_$]+))?")
+
+
+def _unquote(part: str) -> str:
+    return part[1:-1].replace("``", "`") if part.startswith("`") else part
+
+
+def named_tables(query: str, default_schema: str) -> set[TableName]:
+    """Every ``name`` or ``schema.name`` the statement mentions (a superset of the tables it changes)."""
+    out: set[TableName] = set()
+    for m in _IDENT.finditer(query):
+        a, b = m.group(1), m.group(2)
+        out.add(TableName(_unquote(a), _unquote(b)) if b else TableName(default_schema, _unquote(a)))
+    return out
+
+
+class MySqlChangeDecoder(ChangeDecoder):
+    """Decodes stored MySQL changes (:mod:`upstream.mysql.payload`); values are text parsed with
+    :mod:`upstream.postgres.types` (the vocabulary's types, see :mod:`upstream.mysql.types`)."""
+
+    row_parser = staticmethod(text_types.row_parser)  # type: ignore[assignment]
+
+    def __init__(self, schemas: Callable[[int], TableSchema]) -> None:
+        self._schemas = schemas
+
+    def schema(self, version: int) -> TableSchema:
+        return self._schemas(version)
+
+    def parse_change(self, raw: bytes) -> ParsedChange:
+        return payload.parse(raw)
+
+    def schema_changes(self, raw: bytes, commit_ts: int, commit_time: float) -> list[DdlEvent]:
+        """The DdlEvent of a schema change the span stored (:meth:`MySqlSpanSource._store_ddl`)."""
+        try:
+            doc = json.loads(raw)
+            before = self._schemas(doc["before"])
+            after = self._schemas(doc["after"]) if doc["after"] else None
+            fills = []
+            for col, text in doc["fills"]:
+                assert after is not None
+                fills.append(ColumnFill(col, None if text is None else self.parser(after.column(col))(text)))
+            return [DdlEvent(commit_ts, commit_time, TableName(*doc["table"]),
+                             tuple(DdlChange(DdlKind(k), c) for k, c in doc["changes"]), before, after, doc["query"],
+                             int(doc["seq"]), fills=tuple(fills))]
+        except (ValueError, KeyError, TypeError, AssertionError, ArithmeticError) as exc:
+            raise DecodeError(f"malformed MySQL schema change payload: {exc}") from exc
+
+    def insert_values(self, payload_bytes: bytes, offset: int) -> tuple[int, list[Any]] | None:
+        return payload.insert_values(payload_bytes, offset)
+
+    def parser(self, column: ColumnSchema) -> Parser:
+        return text_types.parser_for(column.base_type, column.is_array)
+
+
+class _Table:
+    """A table the span decodes: its schema version, column names and value renderers."""
+
+    __slots__ = ("version", "relid", "names", "renderers", "name", "data_types", "unsigned", "checked", "facts",
+                 "guessed")
+
+    def __init__(self, facts: catalog.TableFacts, version: int, relid: int) -> None:
+        self.facts = facts
+        self.name, self.version, self.relid = facts.name, version, relid
+        self.names = tuple(c.name for c in facts.columns)
+        self.renderers = facts.renderers()
+        self.data_types = tuple(c.data_type for c in facts.columns)
+        self.unsigned = tuple("unsigned" in c.column_type.lower() for c in facts.columns)
+        self.guessed = tuple(c.extra == catalog.GUESSED for c in facts.columns)
+        self.checked: Any = None  # the table map's column list last checked against (one check per table map)
+
+
+class MySqlSpanSource(SpanSource):
+    """One span's binlog into a :class:`~upstream.base.ChangeBuffer` (see the module docstring).
+
+    ``uri``: the upstream; ``database``: the span's schema; ``server_id``: this replication connection's id (unique
+    per span and distinct from the server's own).
+    """
+
+    def __init__(self, uri: str, database: str, where: str, server_id: int, table_filter: TableFilter,
+                 start: Watermark, label: str, *, connect: Callable[[], Any]) -> None:
+        self.uri = uri
+        self.database = database
+        self.where = where
+        self.server_id = server_id
+        self.filter = table_filter
+        self.start = start
+        self.label = label
+        self._connect = connect
+        self._schemas: dict[int, TableSchema] = {}
+        self._tables: dict[TableName, _Table] = {}
+        self._next_version = 1
+        self._decoder = MySqlChangeDecoder(self.schema)
+        self._stream: BinLogStreamReader | None = None
+        self._ctl: Any = None
+        self._closed = threading.Event()
+        self._start_file: str | None = None
+        self._start_pos = 0
+        self._carried: set[TableName] = set()  # the span's tables when it started (a DDL of one is refused)
+        self._ddl_seq = -1  # the open transaction's last schema change position (DdlEvent.seq)
+        self._ddl_commits: set[int] = set()
+        self._unrecorded: list[TableSchema] = []  # schema versions of the open transaction
+        self._versions: list[tuple[int, TableSchema]] = []
+        self._versions_lock = threading.Lock()
+        self._seeds: dict[TableName, TableSchema] = {}  # seed_schemas
+        self._ineligible: dict[TableName, str] = {}  # tables created since that cannot be replicated -> why
+        self._warnings: list[DataWarning] = []
+
+    # ---- SpanSource --------------------------------------------------------------------------------
+    def open(self) -> None:
+        """Find the start position's binlog file (``SlotLost`` when it was purged)."""
+        seq, pos = positions.split_ts(self.start.ts)
+        self._ctl = self._connect()
+        files = [f for f, _ in admin.binary_logs(self._ctl, self.where)]
+        name = positions.file_name(files, seq)
+        if name is None:
+            raise SlotLost(f"span={self.label}: binlog file #{seq} of the checkpoint {lsn_to_str(self.start.ts)} is no "
+                           f"longer on MySQL {self.where} (purged; files now: {files[:1]}..{files[-1:]}): changes "
+                           f"after the checkpoint may be lost; recreate the changefeed")
+        self._start_file, self._start_pos = name, max(pos, 4)
+        self._carried = {t for t in catalog.list_tables(self._ctl, self.where, self.database) if self.filter.match(t)}
+        for t in sorted(self._carried, key=str):
+            if t in self._tables:
+                continue
+            seeded = self._seeds.get(t)
+            if seeded is None:  # the schema as of now: rows before a DDL since fail the table map check
+                self._load(t)
+            else:  # the schema history's at the start: rows before a later DDL decode as they were written
+                self._install(catalog.facts_as_of(seeded, catalog.table_facts(self._ctl, self.where, t)))
+        for t, seeded in sorted(self._seeds.items(), key=lambda kv: str(kv[0])):
+            if t not in self._tables:  # dropped since the start: its rows and its DROP TABLE are still to come
+                self._carried.add(t)
+                self._install(catalog.facts_as_of(seeded, None))
+        self._closed.clear()
+
+    def close(self) -> None:
+        self._closed.set()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                stream.close()
+            except Exception:  # noqa: BLE001 - closing a broken stream
+                pass
+        ctl, self._ctl = self._ctl, None
+        if ctl is not None:
+            try:
+                ctl.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def ack(self, ts: int) -> None:
+        """Nothing to confirm upstream: the server keeps binlogs by its own retention (``binlog_expire_logs_seconds``),
+        and the checkpoint Ts is the resume position."""
+
+    def decoder(self) -> MySqlChangeDecoder:
+        return self._decoder
+
+    def schema(self, version: int) -> TableSchema:
+        return self._schemas[version]
+
+    def seed_schemas(self, schemas: Iterable[TableSchema], carried: Collection[int] | None = None) -> None:
+        """The schema history's view of the tables at the start watermark: :meth:`open` decodes each such table of
+        the span's database with it instead of the catalog's schema of now, so a span restarted before an ALTER
+        decodes the rows written before it with the columns they have."""
+        for s in schemas:
+            if s.name.schema == self.database and self.filter.match(s.name):
+                self._seeds[s.name] = s
+
+    def schema_change_commits(self) -> set[int]:
+        return self._ddl_commits
+
+    def take_schema_versions(self) -> list[tuple[int, TableSchema]]:
+        with self._versions_lock:
+            out, self._versions = self._versions, []
+        return out
+
+    # ---- tables ------------------------------------------------------------------------------------
+    def _load(self, name: TableName) -> _Table:
+        """The span's decoding of ``name`` from the catalog now (DecodeError for a column it cannot replicate)."""
+        facts = catalog.table_facts(self._ctl, self.where, name)
+        refusals = [f"{c.name}: {c.refusal()}" for c in facts.columns if c.refusal()]
+        if refusals:
+            raise DecodeError(f"span={self.label} table {name}: {'; '.join(refusals)}")
+        return self._install(facts)
+
+    def _install(self, facts: catalog.TableFacts) -> _Table:
+        """A new schema version of ``facts``' table, used from now on in the stream."""
+        version = self._next_version
+        self._next_version += 1
+        schema = self._schemas[version] = facts.schema(version)
+        t = self._tables[facts.name] = _Table(facts, version, schema.relation_id)
+        return t
+
+    def _table(self, name: TableName, columns: list[Any], where: str) -> _Table | None:
+        """The span's decoding of ``name`` (read when the span opened, or on first sight for a table created since);
+        DecodeError when the binlog's columns (names, types, signedness) are not those it decodes with: the table's
+        schema changed where the span cannot place it). None for a table created since that cannot be replicated
+        (no key, a column type not replicated): its rows are skipped and counted in a data warning, as the owner's
+        pick-up does for PostgreSQL."""
+        t = self._tables.get(name)
+        if t is None:
+            if name in self._ineligible:
+                self._warn_ineligible(name, self._ineligible[name])
+                return None
+            facts = catalog.table_facts(self._ctl, self.where, name)
+            problems = eligibility.problems_of(facts)
+            if problems:
+                self._ineligible[name] = "; ".join(problems)
+                self._warn_ineligible(name, self._ineligible[name])
+                return None
+            t = self._install(facts)
+        if t.checked is not columns:
+            names = tuple(c.name for c in columns)
+            bad = names != t.names
+            if not bad:
+                renderers = list(t.renderers)
+                for i, (dt, u, c, g) in enumerate(zip(t.data_types, t.unsigned, columns, t.guessed, strict=True)):
+                    if g:  # the recorded description only: the binlog's column says which MySQL type it is
+                        r = types.guessed_renderer(self._schemas[t.version].columns[i].base_type, c.type,
+                                                   bool(getattr(c, "unsigned", False)),
+                                                   getattr(c, "character_set_name", None) == "binary",
+                                                   int(getattr(c, "max_length", 0) or 0))
+                        if r is None:
+                            bad = True
+                            break
+                        renderers[i] = r
+                    elif not types.binlog_type_matches(dt, c.type) or (
+                            c.type in _INTEGER_FIELDS and hasattr(c, "unsigned") and bool(c.unsigned) != u):
+                        bad = True
+                        break
+                t.renderers = tuple(renderers)
+            if bad:
+                raise DecodeError(
+                    f"span={self.label} table {name} at binlog {where}: the binlog row has columns "
+                    f"{[(c.name, c.type) for c in columns]} but the table is decoded as {list(zip(t.names, t.data_types, strict=True))} "
+                    f"(its schema changed where the span cannot place the change)")
+            t.checked = columns
+        return t
+
+    def _warn_ineligible(self, name: TableName, reason: str) -> None:
+        now = time.time()
+        with self._versions_lock:
+            self._warnings.append(DataWarning(
+                WARN_TABLE_INELIGIBLE, str(name),
+                f"table {name} was created after the changefeed and matches its filter but is not replicated: "
+                f"{reason}. Its rows are skipped; recreate the changefeed once the table is fixed, or exclude it with "
+                f"the filter", WarningSeverity.DIVERGENCE, 1, (), first_time=now, last_time=now))
+
+    def take_warnings(self) -> list[DataWarning]:
+        with self._versions_lock:
+            out, self._warnings = self._warnings, []
+        return out
+
+    def _render(self, t: _Table, row: dict[str, Any], none_sources: dict[str, str], where: str) -> list[str | None]:
+        out: list[str | None] = []
+        for name, render in zip(t.names, t.renderers, strict=True):
+            v = row[name]
+            if v is None:
+                why = none_sources.get(name, "null")
+                if why != "null":
+                    raise DecodeError(f"span={self.label} table {t.name} column {name} at binlog {where}: a value "
+                                      f"that cannot be replicated exactly ({why}: e.g. a zero date); fix the row "
+                                      f"upstream or exclude the table")
+                out.append(None)
+                continue
+            try:
+                out.append(render(v))
+            except ValueError as exc:
+                raise DecodeError(f"span={self.label} table {t.name} column {name} at binlog {where}: {exc}; it cannot "
+                                  f"be replicated exactly") from exc
+        return out
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    def _reader(self) -> BinLogStreamReader:
+        assert self._ctl is not None and self._start_file is not None
+        return BinLogStreamReader(
+            stream_settings(self.uri), server_id=self.server_id, log_file=self._start_file, log_pos=self._start_pos,
+            resume_stream=True, blocking=True, is_mariadb=False,  # True would ignore file/pos (GTID mode)
+            slave_heartbeat=HEARTBEAT_SECONDS, only_schemas=None,
+            only_events=[MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, RotateEvent, HeartbeatLogEvent,
+                         WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent])
+
+    def run(self, buffer: ChangeBuffer, stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
+        if self._ctl is None:
+            raise UpstreamUnavailable(f"span={self.label}: run before open")
+        stream = self._stream = self._reader()
+        try:
+            self._loop(stream, buffer, stop, on_resolved)
+        except TidewaterError:
+            raise
+        except (pymysql.MySQLError, OSError, EOFError, AttributeError) as exc:
+            if self._closed.is_set() or stop.is_set():
+                return
+            raise UpstreamUnavailable(f"span={self.label}: binlog stream from MySQL {self.where} broke: {exc}") from exc
+        except (NotImplementedError, UnicodeDecodeError, ValueError, KeyError) as exc:
+            raise DecodeError(f"span={self.label}: binlog event from MySQL {self.where} cannot be decoded: "
+                              f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            try:
+                stream.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def _loop(self, stream: BinLogStreamReader, buffer: ChangeBuffer, stop: threading.Event,
+              on_resolved: Callable[[Watermark], None]) -> None:
+        db, filt = self.database, self.filter
+        skip_upto = self.start.ts
+        resolved = self.start
+        xid = 0
+        in_txn = False
+        has_rows = False
+        ddl_txn = False  # the open transaction stored a schema change
+        conn_seen: Any = None
+        add = buffer.add
+        to_ts = positions.to_ts
+        prefixes: dict[int, bytes] = {}
+        while not stop.is_set() and not self._closed.is_set():
+            ev = stream.fetchone()
+            if self._closed.is_set() or stop.is_set():
+                return
+            if ev is None:
+                raise UpstreamUnavailable(f"span={self.label}: the binlog stream from MySQL {self.where} ended")
+            conn = stream._stream_connection  # noqa: SLF001 - the library's reconnect must not go unnoticed
+            if conn_seen is None:
+                conn_seen = conn
+            elif conn is not conn_seen:
+                raise UpstreamUnavailable(f"span={self.label}: the binlog client reconnected by itself; restarting the "
+                                          f"span from its checkpoint")
+            t = type(ev)
+            if t is WriteRowsEvent or t is UpdateRowsEvent or t is DeleteRowsEvent:
+                name = TableName(ev.schema, ev.table)
+                if name.schema != db or not filt.match(name):
+                    continue
+                where = f"{stream.log_file}:{ev.packet.log_pos}"
+                tbl = self._table(name, ev.columns, where)
+                if tbl is None:
+                    continue
+                prefix = prefixes.get(tbl.version)
+                if prefix is None:
+                    prefix = prefixes[tbl.version] = encode_payload(tbl.version, b"")
+                render, relid = self._render, tbl.relid
+                if t is WriteRowsEvent:
+                    for r in ev.rows:
+                        add(xid, xid, prefix + payload.encode(b"I", relid, render(tbl, r["values"], r["none_sources"],
+                                                                                  where), None))
+                elif t is DeleteRowsEvent:
+                    for r in ev.rows:
+                        add(xid, xid, prefix + payload.encode(b"D", relid, None, render(
+                            tbl, r["values"], r["none_sources"], where)))
+                else:
+                    for r in ev.rows:
+                        add(xid, xid, prefix + payload.encode(
+                            b"U", relid, render(tbl, r["after_values"], r.get("after_none_sources", {}), where),
+                            render(tbl, r["before_values"], r.get("before_none_sources", {}), where)))
+                has_rows = True
+                continue
+            if t is XidEvent:
+                resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(stream.log_file, ev.packet.log_pos),
+                                        float(ev.timestamp), skip_upto, resolved, on_resolved)
+                in_txn = has_rows = ddl_txn = False
+            elif t is MariadbGtidEvent or t is GtidEvent:
+                if in_txn and has_rows:
+                    # a transaction whose end the span did not see (an XA transaction prepared, then committed by a
+                    # later event group): its rows are neither committed nor dropped silently
+                    raise DecodeError(
+                        f"span={self.label}: the transaction before binlog {stream.log_file}:{ev.packet.log_pos} has "
+                        f"rows but no commit the span understands (an XA transaction?): XA transactions are not "
+                        f"replicated from MySQL/MariaDB yet")
+                xid += 1
+                in_txn, has_rows = True, False
+            elif t is QueryEvent:
+                query = ev.query if isinstance(ev.query, str) else bytes(ev.query).decode(errors="replace")
+                if query.strip().upper() == "BEGIN":
+                    in_txn = True
+                    continue
+                if not _NOT_DDL.match(query) and self._on_ddl(query, ev.schema, stream.log_file, ev.packet.log_pos,
+                                                              buffer, xid):
+                    has_rows = ddl_txn = True
+                word = query.strip().upper()
+                if word in ("COMMIT", "ROLLBACK") or not _NOT_DDL.match(query):
+                    # a COMMIT (non-transactional tables) or a DDL (committed by itself) ends the transaction; so
+                    # does a ROLLBACK, whose logged rows are those of non-transactional tables: they stay changed
+                    # upstream, so they are committed downstream too
+                    resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(stream.log_file, ev.packet.log_pos),
+                                            float(ev.timestamp), skip_upto, resolved, on_resolved)
+                    in_txn = has_rows = ddl_txn = False
+            elif t is HeartbeatLogEvent and not in_txn:
+                # the server sends one only when it has nothing more to send: every commit up to its position is
+                # here, and the upstream was at that position now
+                ts = to_ts(stream.log_file, ev.packet.log_pos) if ev.packet.log_pos else 0
+                now = time.time()
+                if ts > resolved.ts or now > resolved.time:
+                    resolved = Watermark(max(ts, resolved.ts), max(now, resolved.time))
+                    on_resolved(resolved)
+
+    def _on_ddl(self, query: str, schema: Any, log_file: str, pos: int, buffer: ChangeBuffer, xid: int) -> bool:
+        """A statement that is not transaction control. One naming a table the span carries is either a schema
+        change :mod:`upstream.mysql.ddl` understands (stored in transaction ``xid`` as a SCHEMA_CHANGE payload, the
+        table's new decoding used from here on; returns True) or refused with a DecodeError naming it."""
+        if _CREATE_TABLE.match(query):
+            return False
+        default = schema.decode() if isinstance(schema, bytes) else str(schema or "")
+        hit = sorted((n for n in named_tables(query, default) if n in self._tables or n in self._carried), key=str)
+        if not hit:
+            return False
+        where = f"{log_file}:{pos}"
+        try:
+            dropped = ddl.dropped_tables(query, default)
+            if dropped is not None:
+                return self._drop_tables([TableName(s, t) for s, t in dropped], query, buffer, xid)
+            m = ddl.ALTER.match(query)
+            if m is not None:
+                name = TableName(*ddl.split_name(m.group("name"), default))
+                t = self._tables.get(name)
+                if t is None:
+                    return False  # another table's ALTER that merely mentions one of ours
+                return self._alter(t, query, buffer, xid)
+            raise ddl.Unsupported("only ALTER TABLE ... ADD/DROP COLUMN and DROP TABLE are replicated yet")
+        except ddl.Unsupported as exc:
+            raise DecodeError(
+                f"span={self.label}: schema change of {', '.join(map(str, hit))} at binlog {where} "
+                f"({query[:200]!r}) cannot be replicated: {exc}; rows after it cannot be decoded with the schema the "
+                f"span has (docs/upstream-mysql.md)") from exc
+
+    def _store_ddl(self, buffer: ChangeBuffer, xid: int, doc: dict[str, Any]) -> None:
+        self._ddl_seq = seq = getattr(self, "_ddl_seq", -1) + 1
+        doc["seq"] = seq
+        buffer.add(xid, xid, encode_payload(SCHEMA_CHANGE, json.dumps(doc).encode()))
+
+    def _alter(self, t: _Table, query: str, buffer: ChangeBuffer, xid: int) -> bool:
+        before = self._schemas[t.version]
+        cols, changes, added = ddl.parse_alter(query, t.facts.columns, before.key if before.has_key else ())
+        facts = catalog.TableFacts(t.name, cols, t.facts.primary, t.facts.unique_not_null)
+        fills = []
+        for a in added:
+            col = next(c for c in cols if c.name == a.column)
+            fills.append([a.column, types.default_text(col.data_type, col.char_len, col.scale, a.fill)])
+        new = self._install(facts)
+        self._unrecorded.append(self._schemas[new.version])
+        self._store_ddl(buffer, xid, {"table": [t.name.schema, t.name.table], "before": t.version,
+                                      "after": new.version, "changes": changes, "query": query, "fills": fills})
+        return True
+
+    def _drop_tables(self, names: list[TableName], query: str, buffer: ChangeBuffer, xid: int) -> bool:
+        stored = False
+        for n in names:
+            t = self._tables.pop(n, None)
+            self._carried.discard(n)
+            if t is None:
+                continue
+            self._store_ddl(buffer, xid, {"table": [n.schema, n.table], "before": t.version, "after": 0,
+                                          "changes": [["drop table", None]], "query": query, "fills": []})
+            stored = True
+        return stored
+
+    def _commit(self, buffer: ChangeBuffer, xid: int, has_rows: bool, ddl_txn: bool, ts: int, commit_time: float,
+                skip_upto: int, resolved: Watermark, on_resolved: Callable[[Watermark], None]) -> Watermark:
+        self._ddl_seq = -1
+        if self._unrecorded:  # valid from this commit on
+            with self._versions_lock:
+                self._versions.extend((ts, s) for s in self._unrecorded)
+            self._unrecorded = []
+        if ddl_txn and ts > skip_upto:
+            self._ddl_commits.add(ts)  # before the buffer commit: the span must not read it uncut
+        if has_rows:
+            if ts <= skip_upto:
+                buffer.abort(xid, xid)  # already downstream before the restart
+                return resolved
+            buffer.commit(xid, ts, commit_time)
+        if ts > resolved.ts:
+            resolved = Watermark(ts, max(commit_time, resolved.time))
+            on_resolved(resolved)
+        return resolved

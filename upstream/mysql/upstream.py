@@ -1,0 +1,167 @@
+"""MySQL and MariaDB behind the upstream interface (:class:`upstream.base.Upstream`): ``mysql://user:pass@host:port/db``.
+
+A span reads the server's row binlog over a replication connection of its own (:mod:`upstream.mysql.source`, its
+``server_id`` derived from the span's slot name). There are no server-side objects: the span's *slot* is the binlog
+position its checkpoint Ts encodes (:mod:`upstream.mysql.positions`), its *publication* a label (the table set is
+the database's tables the changefeed's filter selects). Retention is the server's (``binlog_expire_logs_seconds``):
+a span whose checkpoint's binlog file was purged fails with ``SlotLost``.
+
+What this stage does not do yet (refused loudly, docs/upstream-mysql.md): more than one span per changefeed, the
+initial copy (``--snapshot none`` is required), DDL other than ADD/DROP COLUMN and DROP TABLE (fails the span),
+partitioned-table inspection. Errors: PyMySQL's become ``TidewaterError`` subclasses in :mod:`upstream.mysql.conn`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from cdc.errors import InvalidArgument, UpstreamNotReady
+from cdc.events import TableName, TableSchema
+from cdc.filter import TableFilter
+from cdc.model import SpanInfo
+from cdc.ts import Watermark
+from cdc.uri import parse_upstream_uri
+from upstream.base import JoinRule, PartitionLeaf, SlotState, SpanPlan, Upstream
+from upstream.mysql import admin, catalog, eligibility, positions
+from upstream.mysql import conn as my_conn
+from upstream.mysql.rowfetch import RowFetcher
+from upstream.mysql.source import MySqlSpanSource
+
+
+def span_server_id(slot: str) -> int:
+    """The replication ``server_id`` of the span whose slot is ``slot`` (stable; in 0x40000000..0x7FFFFFFF, away from
+    the small ids servers are usually given)."""
+    return 0x4000_0000 | (zlib.crc32(slot.encode()) & 0x3FFF_FFFF)
+
+
+class MySqlUpstream(Upstream):
+    """``open_upstream("mysql://...")``. ``timeout``: seconds to connect; ``statement_timeout`` is accepted for the
+    interface (inspections) and bounds nothing yet."""
+
+    def __init__(self, uri: str, *, timeout: float = 5.0, statement_timeout: float | None = None,
+                 connect: Callable[..., Any] = my_conn.connect) -> None:
+        super().__init__(uri)
+        self._timeout = timeout
+        self._connect = connect
+        self._conn: Any = None
+        parsed = parse_upstream_uri(uri)
+        self.database = parsed.path
+        self.where = my_conn.describe_uri(parsed)
+
+    def _session(self) -> Any:
+        if self._conn is None:
+            self._conn = self._connect(self.uri, timeout=self._timeout)
+        return self._conn
+
+    def close(self) -> None:
+        c, self._conn = self._conn, None
+        if c is not None:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - closing a broken connection
+                pass
+
+    def server_identity(self) -> tuple[str, int, str]:
+        u = parse_upstream_uri(self.uri)
+        return (u.host or "").lower(), u.port or my_conn.DEFAULT_PORT, u.path
+
+    # ---- readiness ---------------------------------------------------------------------------------
+    def check_ready(self, *, slots_needed: int = 1) -> dict[str, Any]:
+        return admin.check_upstream(self._session(), self.where, self.database)
+
+    def probe(self, timeout: float = 2.0) -> None:
+        my_conn.probe(self.uri, timeout)
+
+    def check_copy(self) -> None:
+        raise InvalidArgument(
+            f"MySQL upstream {self.where}: the initial copy of existing rows is not implemented for MySQL/MariaDB yet; "
+            f"create the changefeed with --snapshot none (only changes committed after it are replicated)")
+
+    # ---- tables ------------------------------------------------------------------------------------
+    def list_tables(self) -> list[TableName]:
+        return catalog.list_tables(self._session(), self.where, self.database)
+
+    def table_schema(self, table: TableName | int) -> TableSchema:
+        if isinstance(table, int):
+            for t in self.list_tables():
+                if catalog.relation_id(t) == table:
+                    return self.table_schema(t)
+            raise InvalidArgument(f"no table with relation id {table} in MySQL {self.where}")
+        return catalog.table_facts(self._session(), self.where, table).schema()
+
+    def check_tables(self, tables: Sequence[TableName], *, publication: str | None = None) -> list[TableSchema]:
+        return eligibility.check_tables(self._session(), self.where, list(tables))[0]
+
+    def check_partition(self, leaf: TableName) -> None:
+        raise InvalidArgument(f"MySQL {self.where}: partitions are not listed separately ({leaf})")
+
+    # ---- per-span resources ------------------------------------------------------------------------
+    def create_spans(self, plans: Sequence[SpanPlan]) -> list[SpanInfo]:
+        if len(plans) != 1:
+            raise InvalidArgument(
+                f"MySQL upstream {self.where}: span-count = {len(plans)} is not supported yet; use span-count = 1 "
+                f"(one binlog connection carries every table)")
+        conn = self._session()
+        own = admin.variables(conn, self.where).get("server_id", "")
+        replicas = admin.replica_server_ids(conn, self.where) or set()
+        for p in plans:
+            sid = span_server_id(p.slot)
+            if own == str(sid):
+                raise UpstreamNotReady(f"MySQL {self.where}: its server_id {own} is the one span {p.index} would use; "
+                                       f"change the server's server_id")
+            if sid in replicas:
+                raise UpstreamNotReady(
+                    f"MySQL {self.where}: a replica with server_id {sid} is connected, the id span {p.index} of this "
+                    f"changefeed would use (the server would disconnect one of them): change that replica's "
+                    f"server_id, or choose another changefeed id")
+        log_file, pos = admin.master_position(conn, self.where)
+        ts = positions.to_ts(log_file, pos)
+        return [SpanInfo(p.index, p.slot, p.publication, ts) for p in plans]
+
+    def drop_spans(self, spans: Sequence[SpanInfo], *, timeout: float = 30.0) -> list[SpanInfo]:
+        return list(spans)  # nothing lives upstream
+
+    @contextmanager
+    def align_spans(self, spans: Sequence[SpanInfo], wanted: Mapping[int, Sequence[TableName]], *,
+                    label: str = "", join: JoinRule | None = None) -> Iterator[list[TableName]]:
+        yield self.list_tables()
+
+    def span_tables(self, span: SpanInfo) -> list[TableName] | None:
+        """Every table of the database (the span applies the changefeed's filter itself; one span only)."""
+        return self.list_tables()
+
+    def slot_state(self, slot: str) -> SlotState | None:
+        return SlotState(slot, False, None, None, None, "binlog", False)
+
+    def current_position(self) -> int:
+        return positions.to_ts(*admin.master_position(self._session(), self.where))
+
+    def add_table(self, span: SpanInfo, table: TableName, *, lock_timeout_ms: int, count_cap: int) -> int | None:
+        return None  # every table of the database is in the span's set already (span_tables)
+
+    def partition_leaves(self, spans: Sequence[SpanInfo]) -> list[PartitionLeaf]:
+        return []
+
+    def captures_ddl(self) -> bool:
+        """The binlog carries every schema change at its position (a QUERY event), so there is nothing it cannot see
+        (the span refuses a DDL of a replicated table for now, loudly)."""
+        return True
+
+    def relation_exists(self, oid: int) -> bool:
+        return any(catalog.relation_id(t) == oid for t in self.list_tables())
+
+    def has_rows(self, oid: int) -> bool:
+        return False
+
+    # ---- data plane --------------------------------------------------------------------------------
+    def span_source(self, span: SpanInfo, start: Watermark, table_filter: TableFilter, *, label: str,
+                    holder: str) -> MySqlSpanSource:
+        uri, timeout = self.uri, self._timeout
+        return MySqlSpanSource(uri, self.database, self.where, span_server_id(span.slot), table_filter, start, label,
+                               connect=lambda: my_conn.connect(uri, timeout=timeout))
+
+    def row_source(self, *, label: str = "") -> RowFetcher:
+        return RowFetcher(self.uri, label=label)
