@@ -139,8 +139,13 @@ class MySqlUpstream(Upstream):
     def current_position(self) -> int:
         return positions.to_ts(*admin.master_position(self._session(), self.where))
 
-    def add_table(self, span: SpanInfo, table: TableName, *, lock_timeout_ms: int, count_cap: int) -> int | None:
+    def add_table(self, span: SpanInfo, table: TableName, *, lock_timeout_ms: int, count_cap: int,
+                  spans: Sequence[SpanInfo] = ()) -> int | None:
         return None  # every table of the database is in the span's set already (span_tables)
+
+    def carrying_spans(self, relation_id: int, spans: Sequence[SpanInfo]) -> list[int]:
+        """Every table of the database is in the set of every span (one span only: ``span_tables``)."""
+        return sorted(s.index for s in spans) if self.relation_exists(relation_id) else []
 
     def partition_leaves(self, spans: Sequence[SpanInfo]) -> list[PartitionLeaf]:
         return []
