@@ -13,6 +13,7 @@ shared library loaded with ctypes), :mod:`upstream.postgres.rowcodec`, :mod:`sin
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -20,7 +21,13 @@ import sys
 import sysconfig
 import threading
 from collections.abc import Callable
+from importlib.machinery import ExtensionFileLoader
+from importlib.util import module_from_spec, spec_from_file_location
 from pathlib import Path
+from types import ModuleType
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
 
 
 def build_dirs(package: Path) -> list[Path]:
@@ -81,3 +88,49 @@ def build_main(build_it: Callable[[], Path], missing: str) -> int:
         print(f"{missing}: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+class Extension(Generic[T]):
+    """One of the project's C files as a CPython extension module (``module``, whose init function is
+    ``PyInit_<stem>``), compiled for this interpreter and loaded once per process on first use, then turned by
+    ``adapt`` into what its Python module hands out. :meth:`get` is thread-safe and never raises: when the module
+    cannot be built or loaded (no compiler, no headers, a compile error, a missing symbol) it returns None from then
+    on, and the reason (``why_not``) is logged once at INFO with ``fallback`` (what runs instead)."""
+
+    def __init__(self, source: Path, module: str, adapt: Callable[[ModuleType], T], fallback: str) -> None:
+        self.source = source
+        self.module = module
+        self.stem = module.rsplit(".", 1)[-1]
+        self._adapt = adapt
+        self._fallback = fallback
+        self._lock = threading.Lock()
+        self._value: T | None = None
+        self.why_not: str | None = None
+
+    def build(self) -> Path:
+        """The compiled module's path, compiling it if no build of this source exists yet; raises ``OSError``."""
+        tag = sys.implementation.cache_tag + str(sys.version_info[:2]) + getattr(sys, "abiflags", "")
+        return build(self.source, self.stem, python_flags(), tag=tag)
+
+    def get(self) -> T | None:
+        with self._lock:
+            if self._value is not None or self.why_not is not None:
+                return self._value
+            try:
+                path = self.build()
+                loader = ExtensionFileLoader(self.module, str(path))
+                spec = spec_from_file_location(self.module, path, loader=loader)
+                if spec is None:
+                    raise ImportError(f"cannot load {path}")
+                mod = module_from_spec(spec)
+                loader.exec_module(mod)
+                self._value = self._adapt(mod)
+            except (OSError, ImportError, AttributeError, subprocess.SubprocessError) as exc:
+                self.why_not = str(exc)
+                logging.getLogger(__name__).info("%s: %s is not available: %s", self._fallback, self.source.name,
+                                                 self.why_not)
+            return self._value
+
+    def main(self, missing: str) -> int:
+        """The module's ``python -m`` entry (``make deps``): :func:`build_main`."""
+        return build_main(self.build, missing)

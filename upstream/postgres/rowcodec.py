@@ -25,13 +25,8 @@ builds it ahead; :mod:`cdc.cbuild`). Without a compiler, the headers or a writab
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import logging
 import os
-import subprocess
-import sys
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +39,6 @@ from upstream.base import Mount, ParsedChange, PlainPlan
 from upstream.postgres import pgoutput, types
 
 log = logging.getLogger(__name__)
-
-_SOURCE = Path(__file__).with_name("rowcodec.c")
-_MODULE = "upstream.postgres._rowcodec"  # PyInit__rowcodec
 
 
 @dataclass(frozen=True)
@@ -74,22 +66,6 @@ PYTHON = RowCodec("python", pgoutput.plain_change_relid, pgoutput.insert_values,
                   pgoutput.plain_row, types.row_parser, general_mounter)
 
 
-def build() -> Path:
-    """The compiled module's path, compiling it if no build of this source exists yet; raises ``OSError``."""
-    return cbuild.build(_SOURCE, "_rowcodec", cbuild.python_flags(), tag=sys.implementation.cache_tag +
-                        str(sys.version_info[:2]) + (sys.abiflags if hasattr(sys, "abiflags") else ""))
-
-
-def _import(path: Path) -> ModuleType:
-    loader = importlib.machinery.ExtensionFileLoader(_MODULE, str(path))
-    spec = importlib.util.spec_from_file_location(_MODULE, path, loader=loader)
-    if spec is None:
-        raise ImportError(f"cannot load {path}")
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
-
 def _codec(mod: ModuleType) -> RowCodec:
     mod.configure(UNCHANGED, pgoutput.plain_change_relid, pgoutput.insert_values, pgoutput.parse_change,
                   pgoutput.plain_row, pgoutput.parsed_change)
@@ -114,24 +90,14 @@ def _codec(mod: ModuleType) -> RowCodec:
                     plain_mounter)
 
 
-_lock = threading.Lock()
-_native: RowCodec | None = None
-_why_not: str | None = None
+_EXT = cbuild.Extension(Path(__file__).with_name("rowcodec.c"), "upstream.postgres._rowcodec", _codec,
+                        "row decoding runs in Python (more CPU per row)")
 
 
 def native() -> RowCodec | None:
     """The C implementation, compiled and loaded on first call; None when it cannot be built or loaded here (the
     reason is logged once)."""
-    global _native, _why_not
-    with _lock:
-        if _native is not None or _why_not is not None:
-            return _native
-        try:
-            _native = _codec(_import(build()))
-        except (OSError, ImportError, AttributeError, subprocess.SubprocessError) as exc:
-            _why_not = str(exc)
-            log.info("row decoding runs in Python (more CPU per row): the C row codec is not available: %s", _why_not)
-        return _native
+    return _EXT.get()
 
 
 def best() -> RowCodec:
@@ -143,7 +109,7 @@ def best() -> RowCodec:
 
 def main() -> int:
     """``python -m upstream.postgres.rowcodec``: build the module now (``make deps``), print where it is."""
-    return cbuild.build_main(build, "C row codec not built (rows are decoded in Python)")
+    return _EXT.main("C row codec not built (rows are decoded in Python)")
 
 
 if __name__ == "__main__":

@@ -24,13 +24,7 @@ the parsed path too.
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import logging
 import os
-import subprocess
-import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -38,11 +32,6 @@ from typing import Any
 
 from cdc import cbuild
 from cdc.events import TableSchema
-
-log = logging.getLogger(__name__)
-
-_SOURCE = Path(__file__).with_name("copy_literals.c")
-_MODULE = "sinks.sql.dialect._copy_literals"  # PyInit__copy_literals
 
 KINDS = {
     "int2": "INT", "int4": "INT", "int8": "INT", "bool": "BOOL", "text": "TEXT", "varchar": "TEXT", "bpchar": "TEXT",
@@ -52,43 +41,16 @@ KINDS = {
 """Upstream base types the C renderer knows, by its kind names (the others: the parsed path)."""
 
 
-def build() -> Path:
-    """The compiled module's path, compiling it if no build of this source exists yet; raises ``OSError``."""
-    return cbuild.build(_SOURCE, "_copy_literals", cbuild.python_flags(), tag=sys.implementation.cache_tag +
-                        str(sys.version_info[:2]) + (sys.abiflags if hasattr(sys, "abiflags") else ""))
-
-
-def _import(path: Path) -> ModuleType:
-    loader = importlib.machinery.ExtensionFileLoader(_MODULE, str(path))
-    spec = importlib.util.spec_from_file_location(_MODULE, path, loader=loader)
-    if spec is None:
-        raise ImportError(f"cannot load {path}")
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
-
-_lock = threading.Lock()
-_native: ModuleType | None = None
-_why_not: str | None = None
+_EXT = cbuild.Extension(Path(__file__).with_name("copy_literals.c"), "sinks.sql.dialect._copy_literals",
+                        lambda mod: mod, "the initial copy into MySQL/MariaDB parses its rows in Python (more CPU per row)")
 
 
 def native() -> ModuleType | None:
     """The C module, compiled and loaded on first call; None when it cannot be built or loaded here, or
     ``TIDEWATER_COPY_LITERALS=python`` (the reason is logged once)."""
-    global _native, _why_not
     if os.environ.get("TIDEWATER_COPY_LITERALS", "").lower() == "python":
         return None
-    with _lock:
-        if _native is not None or _why_not is not None:
-            return _native
-        try:
-            _native = _import(build())
-        except (OSError, ImportError, subprocess.SubprocessError) as exc:
-            _why_not = str(exc)
-            log.info("the initial copy into MySQL/MariaDB parses its rows in Python (more CPU per row): the C "
-                     "literal renderer is not available: %s", _why_not)
-        return _native
+    return _EXT.get()
 
 
 def column_kinds(schema: TableSchema) -> bytes | None:
@@ -144,7 +106,7 @@ class LiteralRows:
 
 def main() -> int:
     """``python -m sinks.sql.dialect.copy_literals``: build the module now (``make deps``), print where it is."""
-    return cbuild.build_main(build, "C literal renderer not built (the initial copy into MySQL parses rows in Python)")
+    return _EXT.main("C literal renderer not built (the initial copy into MySQL parses rows in Python)")
 
 
 if __name__ == "__main__":

@@ -25,13 +25,7 @@ the headers or a writable directory, :func:`native` is None (said once in the lo
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
-import logging
 import os
-import subprocess
-import sys
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -41,11 +35,6 @@ from typing import Any
 
 from cdc import cbuild
 from sinks.sql.dialect import values
-
-log = logging.getLogger(__name__)
-
-_SOURCE = Path(__file__).with_name("rowtext.c")
-_MODULE = "sinks.sql.dialect._rowtext"  # PyInit__rowtext
 
 
 def _copy_value(v: str | None) -> str:
@@ -116,22 +105,6 @@ def python_row_converter(n: int, convs: dict[int, values.Converter], with_text: 
 PYTHON = RowText("python", copy_text_py, mysql_statements_py, python_row_converter)
 
 
-def build() -> Path:
-    """The compiled module's path, compiling it if no build of this source exists yet; raises ``OSError``."""
-    return cbuild.build(_SOURCE, "_rowtext", cbuild.python_flags(), tag=sys.implementation.cache_tag +
-                        str(sys.version_info[:2]) + (sys.abiflags if hasattr(sys, "abiflags") else ""))
-
-
-def _import(path: Path) -> ModuleType:
-    loader = importlib.machinery.ExtensionFileLoader(_MODULE, str(path))
-    spec = importlib.util.spec_from_file_location(_MODULE, path, loader=loader)
-    if spec is None:
-        raise ImportError(f"cannot load {path}")
-    mod = importlib.util.module_from_spec(spec)
-    loader.exec_module(mod)
-    return mod
-
-
 def _rowtext(mod: ModuleType) -> RowText:
     mod.configure(copy_text_py, mysql_statements_py, Decimal)
     c_statements = mod.mysql_statements
@@ -167,25 +140,14 @@ def _rowtext(mod: ModuleType) -> RowText:
     return RowText("c", mod.copy_text, mysql_statements, row_converter)
 
 
-_lock = threading.Lock()
-_native: RowText | None = None
-_why_not: str | None = None
+_EXT = cbuild.Extension(Path(__file__).with_name("rowtext.c"), "sinks.sql.dialect._rowtext", _rowtext,
+                        "the SQL sink renders rows in Python (more CPU per row)")
 
 
 def native() -> RowText | None:
     """The C implementation, compiled and loaded on first call; None when it cannot be built or loaded here (the
     reason is logged once)."""
-    global _native, _why_not
-    with _lock:
-        if _native is not None or _why_not is not None:
-            return _native
-        try:
-            _native = _rowtext(_import(build()))
-        except (OSError, ImportError, AttributeError, subprocess.SubprocessError) as exc:
-            _why_not = str(exc)
-            log.info("the SQL sink renders rows in Python (more CPU per row): the C row renderer is not available: %s",
-                     _why_not)
-        return _native
+    return _EXT.get()
 
 
 def best() -> RowText:
@@ -197,7 +159,7 @@ def best() -> RowText:
 
 def main() -> int:
     """``python -m sinks.sql.dialect.rowtext``: build the module now (``make deps``), print where it is."""
-    return cbuild.build_main(build, "C row renderer not built (the SQL sink renders rows in Python)")
+    return _EXT.main("C row renderer not built (the SQL sink renders rows in Python)")
 
 
 if __name__ == "__main__":
