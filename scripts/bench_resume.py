@@ -8,7 +8,8 @@ position when nothing was written (issue 22: the fixed cost in every catch-up ``
 Starts etcd, an upstream PostgreSQL, a target PostgreSQL and one ``cdc server`` on 127.0.0.1, creates one
 changefeed of one table, and then ``--resumes`` times: pause (until its slot has no reader, then ``--settle``
 seconds more: 0, the default, resumes at once as ``python -m bench`` does, so the pause's second phase may still
-be under way), insert one row upstream, resume, and poll the target every 5 ms for the row. Then the same number of resumes with nothing to
+be under way; negative: resume as soon as the pause request returns, while the span is still stopping), insert one
+row upstream, resume, and poll the target every 5 ms for the row. Then the same number of resumes with nothing to
 replicate (a flushed logical message moves the WAL), polling the changefeed's checkpoint every 5 ms. Prints each time
 and the medians. ``--log-phases`` prints, per resume, the capture's log lines after the resume with their offset
 in ms (the phases: owner assignment, span start, first write, status stored). Everything it starts is stopped.
@@ -51,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--resumes", type=int, default=10)
     ap.add_argument("--sink", choices=("postgresql", "blackhole"), default="postgresql")
     ap.add_argument("--settle", type=float, default=0.0,
-                    help="seconds between the slot going inactive and the resume (0: at once, as the bench)")
+                    help="seconds between the slot going inactive and the resume (0: at once, as the bench; "
+                         "negative: resume as soon as the pause request returns, before the span stopped)")
     ap.add_argument("--unflushed", action="store_true",
                     help="leave the logical message unflushed, as python -m bench did before (WAL writer delay)")
     ap.add_argument("--log-phases", action="store_true", help="print the capture's log lines of each resume")
@@ -86,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
 
         def pause() -> None:
             cdc.request("POST", f"/api/v2/changefeeds/{cf}/pause")
+            if args.settle < 0:  # resume while the pause is under way: the span's stop is not confirmed yet
+                return
             wait_slots_inactive(up, "src", slots)
             time.sleep(args.settle)
 
