@@ -168,14 +168,16 @@ class TidewaterFeed:
         fixed cost included in every catch-up figure (owner tick, span start, checkpoint interval)."""
         conn = self.upstream.connect(self.db)
         try:
-            with conn.cursor() as cur:  # new WAL past the checkpoint, so that there is something to reach
-                cur.execute("SELECT pg_logical_emit_message(false, 'bench-idle', '')")
+            with conn.cursor() as cur:  # new WAL past the checkpoint, so that there is something to reach; flushed
+                # (PostgreSQL 17+): unflushed, a walsender saw it only after the WAL writer's next round (up to
+                # wal_writer_delay, 200 ms), which this figure counted as Tidewater's
+                cur.execute("SELECT pg_logical_emit_message(false, 'bench-idle', '', true)")
             lsn = current_lsn(conn)
         finally:
             conn.close()
         t0 = time.monotonic()
         self.resume()
-        self.wait(lsn, timeout, poll=0.25)
+        self.wait(lsn, timeout, poll=0.02)  # (0.25 s polls added up to 0.25 s to a ~0.2 s figure)
         seconds = time.monotonic() - t0
         self.pause()
         return seconds

@@ -4,7 +4,10 @@ A cycle is one sentence (Patroni): read one snapshot of the cluster, ``reconcile
 commit each patch as an etcd transaction fenced by the election key, and log one line when something
 changed. A deposed owner's writes fail their fence (``NotOwner``) and it steps down. Between two
 cycles (``owner-tick``) the changefeed checkpoints are re-aggregated as soon as span statuses change
-(``cdc.meta.status_feed`` watch), at most every ``owner-flush-interval``.
+(``cdc.meta.status_feed`` watch), at most every ``owner-flush-interval``. A change of a changefeed's info
+or of the captures, and a holder's confirmation that it stopped a span it was asked to stop (the second
+phase of a move, ``reconcile.stops_confirmed``), run the next cycle early (``owner-flush-interval`` after
+the last one), so that a resume, pause or span move does not wait for ``owner-tick``.
 
 Guarantees: every owner write carries ``election.fence()``; the loop never blocks on the upstream for
 longer than one slot drop; it never calls a processor (they talk through etcd only).
@@ -37,6 +40,7 @@ from owner.reconcile import (
     checkpoint_actions,
     published_checkpoint,
     reconcile,
+    stops_confirmed,
 )
 from owner.upstream_watch import (
     FailSlotLost,
@@ -93,6 +97,8 @@ class Owner:
         self._clock = clock
         self.is_owner = False
         self.terms = 0  # times this capture won the election (metrics: owner changes)
+        self.cycles = 0  # full cycles run as owner (a snapshot read and reconciled), all terms
+        self.status_writes = 0  # changefeed statuses written (or tried), all terms: the checkpoint pacing counts them
         self.watcher = UpstreamWatcher(open_upstream, sinks, interval=config.upstream_check_interval,
                                        gc_ttl=config.gc_ttl, request_copy=self._request_copy)
         self._snapshot: ClusterSnapshot | None = None
@@ -191,13 +197,20 @@ class Owner:
                     if mono >= next_cycle or snap is None:
                         next_cycle = mono + self.config.owner_tick
                         last_cycle = mono
+                        writes = self.status_writes
                         snap = self._snapshot = self.store.snapshot()
-                        last_line = self._cycle(snap, last_line)
-                        pacer.done(mono)
+                        try:
+                            last_line = self._cycle(snap, last_line)
+                        finally:  # it covers every status change so far; only a status it wrote starts the spacing
+                            pacer.done(mono, wrote=self.status_writes > writes)
+                        self.cycles += 1
                         feed.follow(snap)
                     elif pacer.due(mono):
-                        pacer.done(mono)
-                        self._flush_checkpoints(feed, snap)
+                        writes = self.status_writes
+                        try:
+                            self._flush_checkpoints(feed, snap)
+                        finally:  # (a write that failed counts: etcd errors are not retried faster than the spacing)
+                            pacer.done(mono, wrote=self.status_writes > writes)
                 except NotOwner:
                     log.warning("capture=%s lost ownership (fenced write refused); stepping down", self.capture_id)
                     return
@@ -219,6 +232,10 @@ class Owner:
                         next_cycle = min(next_cycle, last_cycle + self.config.owner_flush_interval)
                     elif kinds:
                         pacer.notify()
+                        if snap is not None and stops_confirmed(snap, feed.overlay(snap)):
+                            # a holder stopped a span it was asked to stop: reassign (or unassign) it now, not
+                            # at the next tick (a span move, pause + resume, drain waits for this)
+                            next_cycle = min(next_cycle, last_cycle + self.config.owner_flush_interval)
         finally:
             self._feed = None
             feed.close()
@@ -302,6 +319,7 @@ class Owner:
             s.delete_assignment(action.cf, action.span, fence)
             return f"span {action.cf}/{action.span} unassigned"
         if isinstance(action, PutStatus):
+            self.status_writes += 1
             revision = s.put_status(action.cf, action.status, fence)
             if self._feed is not None:
                 self._feed.note_status(action.cf, action.status, revision)

@@ -173,9 +173,13 @@ def checkpoint_actions(snap: ClusterSnapshot, now: float) -> list[PutStatus]:
 
 class FlushPacer:
     """When the owner aggregates checkpoints between its full cycles: as soon as a span status changed
-    (``notify``), but never sooner than ``min_interval`` after the previous aggregation, so a cluster
-    with many spans reporting at different moments costs at most ``1 / min_interval`` aggregations (and
-    status writes per changefeed) per second. Pure: the caller passes its monotonic clock."""
+    (``notify``), but never sooner than ``min_interval`` after the previous aggregation that wrote a status
+    (``done``), so a cluster with many spans reporting at different moments costs at most ``1 / min_interval``
+    status writes per changefeed per second. An aggregation that wrote nothing (``done(wrote=False)``: no changefeed's
+    watermarks moved, e.g. a span reported that it runs) does not hold back the next one, so the status that
+    does move a checkpoint right after it is aggregated at once (a resumed span's first checkpoint); such
+    aggregations are bounded by the span status writes, which the processors pace. Pure: the caller passes its
+    monotonic clock."""
 
     def __init__(self, min_interval: float) -> None:
         self.min_interval = min_interval
@@ -186,10 +190,13 @@ class FlushPacer:
         """A span status changed since the last aggregation."""
         self.pending = True
 
-    def done(self, now: float) -> None:
-        """An aggregation ran at ``now`` (the full cycle counts too: it covers every change before it)."""
+    def done(self, now: float, wrote: bool = True) -> None:
+        """An aggregation ran at ``now`` (the full cycle counts too: it covers every change before it); ``wrote``
+        False: it wrote nothing, the changes so far are covered but the spacing is not restarted (an aggregation
+        that failed counts as one that wrote: etcd errors are not retried faster than the spacing)."""
         self.pending = False
-        self._last = now
+        if wrote:
+            self._last = now
 
     def due(self, now: float) -> bool:
         return self.pending and now >= self._last + self.min_interval
@@ -204,6 +211,21 @@ class FlushPacer:
 def _stopped(a: SpanAssignment, st: SpanStatus | None) -> bool:
     """The holder confirmed that it stopped the span for this very assignment."""
     return st is not None and st.capture_id == a.capture_id and st.epoch == a.epoch and not st.running
+
+
+def stops_confirmed(snap: ClusterSnapshot, newer: ClusterSnapshot) -> bool:
+    """Whether ``newer`` (``snap`` with the span statuses written since, ``StatusFeed.overlay``) holds a holder's
+    confirmation that it stopped a span for a ``stopping`` assignment of ``snap`` that ``snap`` itself does not
+    hold yet: the second phase of that move, pause or drain (reassign or unassign, decided by ``reconcile``) can
+    run now rather than at the next ``owner-tick``. A confirmation ``snap`` already holds is not new: a second
+    phase that could not run then (no capture to take the span) does not wake the owner again."""
+    for cf_id, spans in snap.assignments.items():
+        old = snap.span_statuses.get(cf_id, {})
+        new = newer.span_statuses.get(cf_id, {})
+        for span, a in spans.items():
+            if a.stopping and _stopped(a, new.get(span)) and not _stopped(a, old.get(span)):
+                return True
+    return False
 
 
 class _Scheduler:

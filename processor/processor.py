@@ -6,8 +6,9 @@ backoff; while a failed span waits, its sink and upstream are probed about once 
 (``processor.recovery``) and it restarts at the next tick once the dependency that was away is back.
 Between ticks a report pass (every ``checkpoint-min-interval / 4``) stores every running span's
 resolved and checkpoint watermarks as a ``SpanStatus`` when ``report_due`` says so: a moving checkpoint
-at most every ``checkpoint-min-interval``, an idle one every ``checkpoint-interval``; all due spans of
-the capture go into one etcd transaction (``MetaStore.put_span_statuses``).
+at most every ``checkpoint-min-interval`` (its first move after the runner started at once), an idle one
+every ``checkpoint-interval``; all due spans of the capture go into one etcd transaction
+(``MetaStore.put_span_statuses``).
 
 Guarantees:
 - Fencing: every ``SpanStatus`` write is an etcd transaction conditioned on this capture's key still
@@ -150,6 +151,7 @@ class Processor:
         self._last_batch = float("-inf")  # clock time of the last report batch
         self._etcd_ok = False  # report passes between ticks only while etcd answers (no retry storm)
         self.draining = False  # this capture is marked draining in etcd (as of the last tick; readiness)
+        self._wake_reports: Callable[[], None] = lambda: None  # ends the loop's wait for the next report pass
 
     # ---- loop ------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -159,6 +161,8 @@ class Processor:
         poll = self.config.checkpoint_min_interval / 4
         # assignment changes (a span given to or taken from this capture) and verify holds run the next tick early
         feed = StatusFeed(self.store, frozenset({KeyKind.SPAN_ASSIGNMENT, KeyKind.CHANGEFEED_HOLD}))
+        # a span's first checkpoint move (SpanHooks.first_move) ends the wait: its status is stored at once
+        self._wake_reports = feed.interrupt
         next_tick = last_tick = 0.0
         try:
             while not stop.is_set():
@@ -297,13 +301,15 @@ class Processor:
             status = self._status(slot, now)
             if report_due(slot.reported, status, now - slot.last_report,
                           min_interval=self.config.checkpoint_min_interval,
-                          idle_interval=self.config.checkpoint_interval):
+                          idle_interval=self.config.checkpoint_interval, started_at=slot.runner.start_ts):
                 due.append((slot, status))
             elif slot.reported is not None and status.checkpoint_ts > slot.reported.checkpoint_ts:
                 moving.append((slot, status))
         if not due:
             return True
-        urgent = any(slot.reported is None or _urgent_fields(slot.reported) != _urgent_fields(st) for slot, st in due)
+        urgent = any(slot.reported is None or _urgent_fields(slot.reported) != _urgent_fields(st)
+                     or _first_move(slot.reported, st, slot.runner.start_ts if slot.runner is not None else None)
+                     for slot, st in due)
         if not urgent and now - self._last_batch < self.config.checkpoint_min_interval:
             return True  # one batch per checkpoint-min-interval per capture, however many spans are due
         self._last_batch = now
@@ -422,7 +428,8 @@ class Processor:
         hooks = SpanHooks(fence=self._lease_fence, schema_history=self._schema_recorder(info.id, span_index),
                           barrier=self._changefeed_barrier(info, span_index, progress) if len(info.spans) > 1 else None,
                           warnings=slot.warnings if slot is not None else None,
-                          stats=slot.stats if slot is not None else None)
+                          stats=slot.stats if slot is not None else None,
+                          first_move=lambda: self._wake_reports())
         runner = SpanRunner(label, start, source, sorter, sink, copies, hooks)
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)
@@ -650,12 +657,15 @@ class Processor:
 
 
 def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, min_interval: float,
-               idle_interval: float, heartbeat: float = 10.0) -> bool:
+               idle_interval: float, heartbeat: float = 10.0, started_at: int | None = None) -> bool:
     """Whether a span's ``status`` should be stored, ``elapsed`` seconds after ``prev`` was.
 
     - never stored, ``running``, ``error``, ``warnings``, ``hold_ts``, the barrier position or the verify hold obeyed
       (``held_id``/``held_ts``) changed: now (another span's barrier waits for the barrier position, a verifier for
       the hold);
+    - the checkpoint Ts moved for the first time past ``started_at`` (the checkpoint the span's runner started from):
+      now, so that the changefeed checkpoint moves as soon as a resumed, restarted or moved span has caught up with
+      anything, not ``min_interval`` after the report that said it runs (once per start of a runner);
     - checkpoint Ts moved (busy span): once ``min_interval`` has passed since the last write, so the
       stored checkpoint trails the span by at most about ``min_interval``;
     - only the checkpoint time or the resolved Ts moved (idle span, keepalives): every ``idle_interval``;
@@ -666,7 +676,7 @@ def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, m
     if _urgent_fields(prev) != _urgent_fields(status):
         return True  # (a table copy's hold released: the owner may publish the checkpoint at once)
     if status.checkpoint_ts > prev.checkpoint_ts:
-        return elapsed >= min_interval
+        return elapsed >= min_interval or _first_move(prev, status, started_at)
     if (status.checkpoint_time, status.resolved_ts) != (prev.checkpoint_time, prev.resolved_ts):
         return elapsed >= idle_interval
     return False
@@ -676,6 +686,12 @@ def _urgent_fields(status: SpanStatus) -> tuple[object, ...]:
     """What of a span's status is stored at once when it changes (``report_due``)."""
     return (status.running, status.error, status.warnings, status.hold_ts, status.barrier_ts, status.barrier_seq,
             status.held_id, status.held_ts)
+
+
+def _first_move(prev: SpanStatus | None, status: SpanStatus, started_at: int | None) -> bool:
+    """``status`` is the first to store a checkpoint past ``started_at`` (the runner's start) after ``prev``."""
+    return (started_at is not None and prev is not None and prev.checkpoint_ts <= started_at
+            < status.checkpoint_ts)
 
 
 def _newest(a: SpanStatus | None, b: SpanStatus | None) -> SpanStatus | None:

@@ -149,13 +149,16 @@ class SpanHooks:
     whose name it changes that another span's copy already wrote *as of a later Ts* (empty: none). It raises
     ``DdlOrderUnknown`` when ``event`` has no position in its transaction across spans and another span waits at a
     DDL of the same transaction.
-    ``warnings`` and ``stats`` outlive the runner (None: the runner's own)."""
+    ``warnings`` and ``stats`` outlive the runner (None: the runner's own).
+    ``first_move`` is called (on the sink thread, once per runner) when the checkpoint first passes the start: the
+    processor stores that status at once (``processor.processor.report_due``); it must not block."""
 
     fence: Callable[[], None] | None = None
     schema_history: SchemaRecorder | None = None
     barrier: Callable[[DdlEvent, threading.Event], list[str]] | None = None
     warnings: SpanWarnings | None = None
     stats: SpanStats | None = None
+    first_move: Callable[[], None] | None = None
 
 
 class SpanRunner:
@@ -187,6 +190,7 @@ class SpanRunner:
         self.resolved = start
         self.checkpoint = start
         self.start_ts = start.ts  # the checkpoint this runner started from
+        self._first_move = hooks.first_move  # called once the checkpoint passed start_ts (then None)
         self.start_time = start.time
         self.rows = 0
         self.warnings = hooks.warnings if hooks.warnings is not None else SpanWarnings()
@@ -454,7 +458,7 @@ class SpanRunner:
         if rows:
             self._dirty = True
         if not self._dirty:
-            self.checkpoint = w
+            self._advance(w)
 
     def _flush(self, sink: TxnSink, force: bool = False) -> None:
         """A buffering sink's flush, once ``flush_interval`` passed since the last one (or ``force``): then the
@@ -468,7 +472,14 @@ class SpanRunner:
             sink.flush(self._fence)
         self._last_flush = now
         self._dirty = False
-        self.checkpoint = self._written
+        self._advance(self._written)
+
+    def _advance(self, w: Watermark) -> None:
+        """The checkpoint moves to ``w`` (everything up to it is durable downstream)."""
+        self.checkpoint = w
+        if self._first_move is not None and w.ts > self.start_ts:
+            first_move, self._first_move = self._first_move, None
+            first_move()
 
     def _publish(self, sink: TxnSink) -> None:
         """Span watermarks (``WatermarkSink``): the checkpoint, once it moved and the interval passed."""

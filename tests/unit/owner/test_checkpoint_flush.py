@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cdc.meta.store import ClusterSnapshot, Versioned
-from cdc.model import ChangefeedInfo, ChangefeedStatus, FeedState, SpanInfo, SpanStatus
-from owner.reconcile import FlushPacer, PutStatus, checkpoint_actions, reconcile
+from cdc.model import ChangefeedInfo, ChangefeedStatus, FeedState, SpanAssignment, SpanInfo, SpanStatus
+from owner.reconcile import FlushPacer, PutStatus, checkpoint_actions, reconcile, stops_confirmed
 
 pytestmark = pytest.mark.unit
 
@@ -104,3 +106,35 @@ def test_a_table_copy_holds_the_published_checkpoint_not_the_changefeed_checkpoi
     assert (b.status.checkpoint_ts, b.status.hold_ts) == (250, 0)
     assert published_checkpoint(b.status) == (250, 250.0)
     assert published_checkpoint(ChangefeedStatus(250, 250.0, hold_ts=300, hold_time=300.0)) == (250, 250.0)
+
+
+def test_stops_confirmed_only_for_a_new_confirmation_of_a_stopping_assignment() -> None:
+    base = ClusterSnapshot(revision=3, changefeeds={"cf": Versioned(info(), 1)},
+                           assignments={"cf": {0: SpanAssignment("a", 4, stopping=True), 1: SpanAssignment("a", 4)}})
+    base.span_statuses = {"cf": {0: SpanStatus("a", 4, 100, running=True), 1: SpanStatus("a", 4, 100, running=True)}}
+
+    def newer(span: int, status: SpanStatus) -> ClusterSnapshot:
+        return replace(base, span_statuses={"cf": {**base.span_statuses["cf"], span: status}})
+
+    assert stops_confirmed(base, newer(0, SpanStatus("a", 4, 120, running=False)))
+    assert not stops_confirmed(base, newer(0, SpanStatus("a", 4, 120, running=True))), "still running"
+    assert not stops_confirmed(base, newer(0, SpanStatus("a", 3, 120, running=False))), "an older epoch"
+    assert not stops_confirmed(base, newer(1, SpanStatus("a", 4, 120, running=False))), "not asked to stop"
+    done = newer(0, SpanStatus("a", 4, 120, running=False))
+    assert not stops_confirmed(done, done), "a confirmation the snapshot already holds is not new"
+
+
+def test_pacer_aggregation_that_wrote_nothing_does_not_hold_back_the_next() -> None:
+    # a resumed span first reports that it runs (nothing to write), then its first checkpoint: that one is
+    # aggregated at once, not min_interval after the aggregation that wrote nothing
+    p = FlushPacer(0.1)
+    p.done(10.0)  # the full cycle that assigned the span
+    p.notify()
+    assert p.delay(10.01) == pytest.approx(0.09), "a change right after a cycle that wrote waits for the spacing"
+    p.done(10.1, wrote=False)
+    assert not p.due(10.12), "nothing pending"
+    p.notify()
+    assert p.due(10.12) and p.delay(10.12) == 0.0
+    p.done(10.12)
+    p.notify()
+    assert not p.due(10.15), "after a write, the spacing holds"

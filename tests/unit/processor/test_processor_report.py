@@ -202,6 +202,8 @@ def test_tick_reports_through_the_same_batch() -> None:
 def test_busy_spans_share_one_cadence_even_when_their_commits_interleave() -> None:
     clock, store = Clock(), FakeStore()
     p, runners = make(8, clock, store)
+    for r in runners:  # steady state: every runner moved past its start long ago (a first move is stored at once)
+        r.start_ts = 50
     p.report()
     for step in range(1, 41):  # 2 s; each pass only one span (round robin) receives a commit
         clock.now += 0.05
@@ -330,3 +332,30 @@ def test_a_ddl_without_a_position_meeting_another_span_at_its_commit_fails_namin
         barrier_wait(store)(drop(0, local=True), threading.Event())
     assert "public.dst" in str(e.value) and "commit Ts 120" in str(e.value) and "cf/1" in str(e.value)
     assert "--skip-ddl-ts 120" in str(e.value) and e.value.code == "CDC:ErrDdlOrderUnknown"
+
+
+def test_first_checkpoint_move_after_start_is_immediate_once() -> None:
+    # the runner started from checkpoint 5: its first move past it is stored at once (the changefeed checkpoint
+    # after a resume or a span move), the next ones at the busy cadence again
+    assert report_due(st(5), st(6), 0.01, min_interval=MIN, idle_interval=IDLE, started_at=5)
+    assert not report_due(st(6), st(7), 0.01, min_interval=MIN, idle_interval=IDLE, started_at=5)
+    assert not due(st(5), st(6), 0.01), "without a start, the busy cadence"
+
+
+def test_report_stores_the_first_move_after_the_start_report_without_waiting() -> None:
+    clock, store = Clock(), FakeStore()
+    p, (runner,) = make(1, clock, store)
+    p.slots[("cf", 0)].reported = st(100, running=False)  # stored by the previous holder (paused)
+    assert p.report()  # running=True: stored at once
+    assert store.stored[("cf", 0)].running and store.stored[("cf", 0)].checkpoint_ts == 100
+    clock.now += 0.05  # one report pass later, well within checkpoint-min-interval
+    runner.advance(130)
+    p.report()
+    assert store.stored[("cf", 0)].checkpoint_ts == 130, "the first move is not held back by the start report"
+    clock.now += 0.05
+    runner.advance(160)
+    p.report()
+    assert store.stored[("cf", 0)].checkpoint_ts == 130, "later moves at most every checkpoint-min-interval"
+    clock.now += MIN
+    p.report()
+    assert store.stored[("cf", 0)].checkpoint_ts == 160

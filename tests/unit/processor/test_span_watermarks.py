@@ -12,7 +12,7 @@ import pytest
 
 from cdc.events import RowChange
 from cdc.ts import Watermark
-from processor.span import CopyPlan, SinkPlan, SpanRunner
+from processor.span import CopyPlan, SinkPlan, SpanHooks, SpanRunner
 from sinks.base import BufferedSink
 from sinks.base import WatermarkSink as WatermarkRole
 from sorter.base import SortedTxn
@@ -135,3 +135,21 @@ def test_a_table_copy_holds_the_watermarks_below_its_snapshot_until_it_is_writte
         done.set()
         runner.stop()
     assert runner.error is None, runner.error
+
+
+def test_first_move_hook_fires_once_when_the_checkpoint_passes_the_start() -> None:
+    # the processor stores a resumed span's first checkpoint at once (SpanHooks.first_move wakes its report pass)
+    sink = WatermarkSink(interval=0.0)
+    moved: list[int] = []
+    txns = [SortedTxn(110, 110.0, 1, [row(1)]), SortedTxn(120, 120.0, 1, [row(2)])]
+    runner = SpanRunner("cf/0", Watermark(100, 100.0), DdlSource(150, set()), FakeSorter(txns),  # type: ignore[arg-type]
+                        SinkPlan(lambda: sink, txn_rows=1, position=("cf", 2, 100), spans=3),
+                        hooks=SpanHooks(first_move=lambda: moved.append(runner.checkpoint.ts)))
+    runner.start()
+    deadline = time.monotonic() + 10
+    while runner.checkpoint.ts < 150 and time.monotonic() < deadline and not runner.failed.is_set():
+        time.sleep(0.01)
+    runner.stop()
+    assert runner.error is None, runner.error
+    assert runner.checkpoint.ts == 150
+    assert len(moved) == 1 and moved[0] > 100, moved
