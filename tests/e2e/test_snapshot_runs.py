@@ -88,6 +88,31 @@ def _span_state(etcd: EtcdServer, cluster_id: str, cf: str) -> tuple[SpanSnapsho
     return status.value.snapshot, SnapshotProgressStore(client, cluster_id), client
 
 
+def _slow_big(pg_server: PostgresServer, sink_uri: str) -> None:
+    """Create the target's ``big`` (what the copy would create) with a trigger that slows each row's insert (~0.3 ms),
+    so that a test finds ``big`` half copied for sure: unslowed, its 61 chunks go in about a second, inside two of
+    the tests' polls (a fresh-clone run missed the window); slowed, the first half takes ~9 s. A restarted copy
+    drops and creates the target anew."""
+    if sink_uri.startswith("sqlite:"):
+        import sqlite3
+
+        conn = sqlite3.connect(sink_uri.split("sqlite:///", 1)[1])
+        conn.executescript(  # SQLite has no sleep: each row counts to 2,000 (~0.3 ms)
+            "CREATE TABLE big (id INTEGER PRIMARY KEY, v TEXT, n INTEGER);"
+            "CREATE TRIGGER slow_down BEFORE INSERT ON big BEGIN SELECT count(*) FROM (WITH RECURSIVE c(x) AS "
+            "(SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 2000) SELECT x FROM c); END;")
+        conn.close()
+        return
+    tdb = sink_uri.rsplit("/", 1)[1].split("?", 1)[0]
+    for ddl in ("CREATE TABLE big (id integer PRIMARY KEY, v text, n integer)",
+                "CREATE FUNCTION slow_down() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN PERFORM pg_sleep(0.0003); RETURN NEW; END $$",
+                "CREATE TRIGGER slow_down BEFORE INSERT ON big FOR EACH ROW EXECUTE FUNCTION slow_down()",
+                "ALTER TABLE big ENABLE ALWAYS TRIGGER slow_down"):  # (the copy writes as session_replication_role
+        # replica, where ordinary triggers do not fire)
+        pg_server.execute(ddl, db=tdb)
+
+
 def _kill_during_big(cdc: CdcServer, cf: str, seen: list[dict[str, Any]] | None = None) -> None:
     """SIGKILL the capture while ``big`` (the first table) is half copied, start it again. ``seen``: gets the copy's
     progress of every query made meanwhile."""
@@ -132,6 +157,7 @@ def test_a_keyless_table_copied_under_a_second_export_while_writers_run_ends_exa
     writer_conn = psycopg2.connect(pg_server.dsn(pg_database))
     with BackgroundWriter(writer_conn, _writes(11), pause=0.005) as writer:
         # no Spark (a copy this small runs in the job's process): into SQLite one chunk at a time, in table order
+        _slow_big(pg_server, sink_uri)
         cdc.create_changefeed("kr", pg_server.uri(pg_database), sink_uri,
                               "[snapshot]\nchunk-rows = 1000\nspark-min-rows = 100000000\n")
         seen: list[dict[str, Any]] = []  # the copy's progress as `changefeed query` shows it, across the kill
@@ -176,16 +202,7 @@ def test_tables_altered_between_two_runs_of_the_copy_are_copied_again_and_end_eq
     run 2 copies all three again from new targets under its snapshot, while writers go on in both definitions."""
     cdc = cdc_server
     run_sql(source, *PRELOAD)
-    # big's rows go in slowly (1 ms per row: ~1 s per chunk), so that the kill finds it half copied for sure (unslowed
-    # it copies in about a poll interval here); the empty target is what the copy would create, and run 2 drops it
-    tdb = sink_uri.rsplit("/", 1)[1].split("?", 1)[0]
-    for ddl in ("CREATE TABLE big (id integer PRIMARY KEY, v text, n integer)",
-                "CREATE FUNCTION slow_down() RETURNS trigger LANGUAGE plpgsql AS "
-                "$$ BEGIN PERFORM pg_sleep(0.001); RETURN NEW; END $$",
-                "CREATE TRIGGER slow_down BEFORE INSERT ON big FOR EACH ROW EXECUTE FUNCTION slow_down()",
-                "ALTER TABLE big ENABLE ALWAYS TRIGGER slow_down"):  # (the copy writes as session_replication_role
-        # replica, where ordinary triggers do not fire)
-        pg_server.execute(ddl, db=tdb)
+    _slow_big(pg_server, sink_uri)  # run 2 drops it
     writer_conn = psycopg2.connect(pg_server.dsn(pg_database))
     with BackgroundWriter(writer_conn, _writes(12), pause=0.01) as writer:
         cdc.create_changefeed("alt", pg_server.uri(pg_database), sink_uri,
@@ -402,6 +419,7 @@ def test_columns_dropped_and_renamed_while_the_copy_runs_are_copied_again_and_en
 
     writer_conn = psycopg2.connect(pg_server.dsn(pg_database))
     with BackgroundWriter(writer_conn, step, pause=0.005) as writer:
+        _slow_big(pg_server, sink_uri)
         cdc.create_changefeed("ddl", pg_server.uri(pg_database), sink_uri,
                               "[snapshot]\nchunk-rows = 1000\nspark-min-rows = 100000000\n")
 
@@ -461,6 +479,7 @@ def test_key_rotations_during_a_copy_restarted_under_a_new_snapshot_end_equal(
 
     writer_conn = psycopg2.connect(pg_server.dsn(pg_database))
     with BackgroundWriter(writer_conn, step, pause=0.01) as writer:
+        _slow_big(pg_server, sink_uri)
         cdc.create_changefeed("km", pg_server.uri(pg_database), sink_uri,
                               "[snapshot]\nchunk-rows = 1000\nspark-min-rows = 100000000\n")
         _kill_during_big(cdc, "km")
@@ -537,6 +556,7 @@ def test_a_keyless_table_renamed_inside_its_copys_window_gets_no_change_twice(
 
     writer_conn = psycopg2.connect(pg_server.dsn(pg_database))
     with BackgroundWriter(writer_conn, step, pause=0.005) as writer:
+        _slow_big(pg_server, sink_uri)
         cdc.create_changefeed("rn", pg_server.uri(pg_database), sink_uri,
                               "[snapshot]\nchunk-rows = 1000\nspark-min-rows = 100000000\n")
 
