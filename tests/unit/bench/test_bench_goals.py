@@ -1,5 +1,7 @@
 """bench.report.goals_table: each measured goal of the speed issue with its figure, reference and verdict."""
 
+import re
+
 import pytest
 
 from bench.consumers import Measurement
@@ -16,7 +18,7 @@ def _m(consumer: str, sink: str, rows: int, seconds: float) -> Measurement:
 def _rows(table: str) -> dict[str, list[str]]:
     out = {}
     for line in table.splitlines()[2:]:
-        cells = [c.strip() for c in line.strip("|").split("|")]
+        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip("|"))]
         out[cells[0]] = cells[1:]
     return out
 
@@ -52,3 +54,15 @@ def test_a_failed_measurement_gives_no_goal_line() -> None:
                                                     tidewater={"postgresql": bad})])
     assert goals_table(rep) == ""
     assert "## Goals" not in format_report(rep, ["postgresql"])
+
+
+def test_the_copy_goals_are_against_pg_dump_with_the_targets_own_loader_beside() -> None:
+    from bench.snapshot import CopyRun, SnapshotReport
+
+    snap = SnapshotReport(1000, 1, runs=[CopyRun("dump", "postgresql", "pg_dump | psql", 1000, 1.0),
+                                         CopyRun("tidewater", "postgresql", "Tidewater -> postgresql", 1000, 1.25),
+                                         CopyRun("tidewater", "mariadb", "Tidewater -> mariadb", 1000, 2.0),
+                                         CopyRun("ceiling", "mariadb", "write ceiling mariadb", 1000, 0.5)])
+    rows = _rows(goals_table(Report("now", {}, {}, snapshot=snap)))
+    assert rows["initial copy -> postgresql / pg_dump | psql"] == ["0.80", "1000", ">= 1", "NO"]
+    assert rows["initial copy -> mariadb / pg_dump | psql"] == ["0.50", "1000; LOAD DATA 2000 (0.25x)", ">= 0.7", "NO"]
