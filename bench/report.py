@@ -227,8 +227,7 @@ def goals_table(rep: Report) -> str:
             run = rep.snapshot.find("tidewater", sink)
             if run is not None and not run.error and dump is not None and not dump.error and dump.rows_per_s:
                 add(f"initial copy -> {sink} / pg_dump \\| psql",  # (a pipe escaped in a markdown cell)
-                (run.rows_per_s or 0) / dump.rows_per_s, goal, True,
-                    ref=num(dump.rows_per_s))
+                    (run.rows_per_s or 0) / dump.rows_per_s, goal, True, ref=num(dump.rows_per_s))
                 ceil = rep.snapshot.find("ceiling", sink)  # the goal's "next to": the target's own bulk loader
                 if ceil is not None and not ceil.error and ceil.rows_per_s:
                     loader = "LOAD DATA" if sink == "mariadb" else "COPY FROM STDIN"
