@@ -52,7 +52,10 @@ class Catalog:
 
     # ---- bindings ----------------------------------------------------------------------------------------
     def bind(self, schema: TableSchema, conn: Connection, before_io: Callable[[], None] | None = None) -> Binding:
-        """The binding of ``schema``; ``before_io`` is called before ``conn`` (or the server) is used."""
+        """The binding of ``schema``; ``before_io`` is called before ``conn`` (or the server) is used. A table is read
+        from the catalog once: another schema version of it (PostgreSQL's pgoutput describes a table again after any
+        cache invalidation upstream, an ANALYZE say, and each description is a new version) binds without I/O until
+        :meth:`forget_tables` (or another ``forget_*``) drops what is known of it."""
         entry = self._bindings.get(id(schema))
         if entry is not None and entry[0] is schema:
             return entry[1]
@@ -70,6 +73,8 @@ class Catalog:
             if before_io is not None and parts[0] not in self._existing:
                 before_io()
             table = self.existing_table(conn, *parts)
+            if table is not None:  # known from now on: a later schema version of the table needs no catalog read
+                self._tables[parts] = table
         if table is None:
             table, fresh = self._prepare(schema, conn, before_io), True
         if table.label not in self._fk_seen:
