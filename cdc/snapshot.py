@@ -12,6 +12,7 @@ type (numeric scale, float digits, timestamps) and the reader casts it back to t
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -39,6 +40,19 @@ class CopyText:
     format: str
     encoding: str
     blocks: Iterator[bytes]
+
+    @property
+    def pg_utf8(self) -> bool:
+        """:data:`PG_COPY_TEXT` in ``UTF8``: the only text a passthrough path takes as it is."""
+        return self.format == PG_COPY_TEXT and self.encoding == "UTF8"
+
+    def abandon(self) -> None:
+        """Close ``blocks`` when it can be closed (an unread or partly read text: the upstream's COPY is abandoned);
+        never raises (called on the way out of an error, or after everything was read, where it does nothing)."""
+        close = getattr(self.blocks, "close", None)
+        if close is not None:
+            with contextlib.suppress(Exception):  # abandoning: the caller's own outcome stands
+                close()
 
 
 @dataclass(frozen=True, slots=True)

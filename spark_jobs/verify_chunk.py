@@ -25,7 +25,7 @@ from typing import Any
 
 from cdc import serde
 from cdc.events import ColumnSchema, TableSchema
-from cdc.snapshot import PG_COPY_TEXT, SnapshotChunk
+from cdc.snapshot import SnapshotChunk
 from cdc.verify import DIFFERENT, EXTRA, INEXACT, MISSING, ChunkSum, RowDiff
 from sinks.sql.target.connection import Target
 from spark_jobs.verify_values import INEXACT as INEXACT_FORM
@@ -266,12 +266,17 @@ def _text_sums(sides: _Sides) -> ChunkSum | None:
     if target is None or target.dialect != "postgresql" or sides.raw.dbapi_connection.encoding != "UTF8":
         return None
     text = sides.reader.read_chunk_text(sides.schema, sides.chunk)
-    if text is None or text.format != PG_COPY_TEXT or text.encoding != "UTF8":
+    if text is None:
         return None
-    up = LineSums()
-    for block in text.blocks:
-        up.write(block)
-    up.close()
+    try:
+        if not text.pg_utf8:
+            return None
+        up = LineSums()
+        for block in text.blocks:
+            up.write(block)
+        up.close()
+    finally:
+        text.abandon()  # (declined or failed part-way: the upstream's COPY is not left open)
     sql, params = range_query(target, sides.schema, sides.chunk)
     cur = sides.raw.cursor()
     try:

@@ -36,13 +36,12 @@ the caller's thread, on a connection of the sink's pool (the sink's statement pi
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from cdc.events import TableSchema
-from cdc.snapshot import PG_COPY_TEXT, CopyText
+from cdc.snapshot import CopyText
 from sinks.sql.dialect.typemap import plan_table
 from sinks.sql.target.binding import K_INSERT, Binding
 from sinks.sql.target.catalog import Catalog
@@ -155,7 +154,7 @@ class CopyPassthrough:
                         conn.rollback()
                         return None
                     text = open_text()
-                    if text is None or text.format != PG_COPY_TEXT or text.encoding != "UTF8":
+                    if text is None or not text.pg_utf8:
                         conn.rollback()
                         return None
                     stmts = target.statements()
@@ -179,10 +178,7 @@ class CopyPassthrough:
             return rows  # committed (after the fence)
         finally:
             if text is not None:  # unread or partly read (refused, a conflict, an error): abandon the upstream's COPY
-                close = getattr(text.blocks, "close", None)
-                if close is not None:
-                    with contextlib.suppress(Exception):
-                        close()
+                text.abandon()
 
     def _verdict(self, b: Binding, cur: Any) -> str | None:
         """Why this binding's rows cannot pass through (None: they can); see the module docstring."""

@@ -31,14 +31,13 @@ Only PostgreSQL targets without an exactly-once position or DDL floors (the copy
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from cdc.errors import SinkError
 from cdc.events import TableSchema
-from cdc.snapshot import PG_COPY_TEXT, ChunkMarker, CopyText
+from cdc.snapshot import ChunkMarker, CopyText
 from sinks.sql.dialect.typemap import TargetTable, create_schema_sql, create_table_sql, plan_table
 from sinks.sql.ops.bulk import Blocks, target_types, type_refusal
 from sinks.sql.target.binding import K_INSERT, Binding, KnownTable
@@ -169,7 +168,7 @@ class DeferredKey:
                     raise SinkError(f"table {label}: the target connection's encoding is {dbapi.encoding}, not UTF8")
                 with dbapi.cursor() as cur:
                     text = open_text()
-                    if text is None or text.format != PG_COPY_TEXT or text.encoding != "UTF8":
+                    if text is None or not text.pg_utf8:
                         raise SinkError(f"table {label}: the upstream gave no UTF8 COPY text for a chunk of a table "
                                         "whose key is deferred")
                     stmts = target.statements()
@@ -193,10 +192,7 @@ class DeferredKey:
             return rows, False  # committed (after the fence)
         finally:
             if text is not None:
-                close = getattr(text.blocks, "close", None)
-                if close is not None:
-                    with contextlib.suppress(Exception):
-                        close()
+                text.abandon()
 
     def build_key(self, schema: TableSchema, changefeed: str, span: int,
                   fence: Callable[[], None] | None) -> bool:

@@ -26,13 +26,12 @@ of the upstream's side (reading ``text.blocks``) is raised as itself. Statements
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
 from cdc.events import TableSchema
-from cdc.snapshot import PG_COPY_TEXT, CopyText
+from cdc.snapshot import CopyText
 from sinks.sql.dialect.copy_literals import LiteralRows, column_kinds
 from sinks.sql.target.binding import K_UPSERT, Binding
 from sinks.sql.target.catalog import Catalog
@@ -88,7 +87,7 @@ class LiteralCopy:
                     conn.rollback()
                     return None
                 text = open_text()
-                if text is None or text.format != PG_COPY_TEXT or text.encoding != "UTF8":
+                if text is None or not text.pg_utf8:
                     conn.rollback()
                     return None
                 parts = b.plan(K_UPSERT, b.names, None).parts
@@ -119,10 +118,7 @@ class LiteralCopy:
             return rows.rows  # committed (after the fence)
         finally:
             if text is not None:  # unread or partly read (declined, an error): abandon the upstream's COPY
-                close = getattr(text.blocks, "close", None)
-                if close is not None:
-                    with contextlib.suppress(Exception):
-                        close()
+                text.abandon()
 
     @staticmethod
     def _verdict(b: Binding) -> str | None:
