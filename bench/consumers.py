@@ -60,12 +60,29 @@ class Measurement(Rated):
     # workers, loader
     tree_cpu_s: float | None = None  # capture with its descendants
     walsender_cpu_s: float | None = None  # the upstream walsender(s) decoding for it
+    target_cpu_s: float | None = None  # the target server's process tree (all its backends) while it ran
     rss_peak: int | None = None  # capture VmHWM during the catch-up (bytes)
     tree_rss_peak: int | None = None  # highest sampled RSS of the capture's process tree (bytes)
     replicated_rows: int | None = None  # rows the changefeed reports written (check)
     error: str = ""
     note: str = ""
 
+
+
+class TargetCpu:
+    """CPU seconds a target server's process tree (postmaster or mariadbd, with every backend, live or reaped)
+    spends from construction to :meth:`spent`: the server's own work for what was applied, next to the
+    consumer's. The tree includes the server's background processes (checkpointer, WAL writer, InnoDB's
+    threads), which work for the writes too; an idle server costs ~0."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self.start = tree_cpu_seconds(pid) if pid is not None else None
+
+    def spent(self) -> float | None:
+        if self.pid is None or self.start is None:
+            return None
+        return tree_cpu_seconds(self.pid) - self.start
 
 
 def _slot_pids(upstream: PostgresServer, db: str, slots: list[str]) -> dict[str, int | None]:
@@ -237,10 +254,12 @@ class Profiler:
 
 def measure_tidewater(feed: TidewaterFeed, capture_pid: int, target_lsn: int, rows: int, timeout: float,
                       profiler: Profiler | None = None, name: str = "",
-                      say: Callable[[str], None] | None = None) -> Measurement:
+                      say: Callable[[str], None] | None = None, target_pid: int | None = None) -> Measurement:
     """Resume ``feed`` (paused, with the phase's WAL waiting in its slot), time it until its checkpoint
-    covers ``target_lsn``, measure the capture's CPU and memory meanwhile, pause it again."""
+    covers ``target_lsn``, measure the capture's CPU and memory meanwhile (and, given ``target_pid``, the target
+    server's), pause it again."""
     m = Measurement("tidewater", feed.sink, rows)
+    target = TargetCpu(target_pid)
     hwm_reset = reset_peak_rss(capture_pid)
     cpu0 = cpu_seconds(capture_pid)
     tree0 = tree_cpu_seconds(capture_pid)
@@ -279,6 +298,7 @@ def measure_tidewater(feed: TidewaterFeed, capture_pid: int, target_lsn: int, ro
         if not hwm_reset:
             m.note = "VmHWM not reset (peak since the capture started)"
         m.replicated_rows = int(sum(s.get("rows") or 0 for s in info["spans"]))
+        m.target_cpu_s = target.spent()
     except Exception as exc:  # noqa: BLE001 - reported in the table, the run goes on
         m.error = f"{type(exc).__name__}: {exc}"
     finally:
@@ -360,10 +380,13 @@ class NativeSubscription:
                 time.sleep(poll)
 
 
-def measure_native(sub: NativeSubscription, target_lsn: int, rows: int, timeout: float) -> Measurement:
+def measure_native(sub: NativeSubscription, target_lsn: int, rows: int, timeout: float,
+                   target_pid: int | None = None) -> Measurement:
     """Enable the (disabled) subscription, time it until it has applied everything up to ``target_lsn``,
-    disable it again. CPU: its apply workers (subscriber) and its walsender (upstream)."""
+    disable it again. CPU: its apply workers (subscriber), its walsender (upstream) and, given ``target_pid``
+    (the subscriber's postmaster), the subscriber's whole process tree (apply workers included)."""
     m = Measurement("native", "", rows)
+    target = TargetCpu(target_pid)
     apply_cpu, walsender_cpu = LastCpu(), LastCpu()
     seen: set[int] = set()
 
@@ -385,6 +408,7 @@ def measure_native(sub: NativeSubscription, target_lsn: int, rows: int, timeout:
         watch()
         m.cpu_s = apply_cpu.total()
         m.walsender_cpu_s = walsender_cpu.total()
+        m.target_cpu_s = target.spent()
     except Exception as exc:  # noqa: BLE001
         m.error = f"{type(exc).__name__}: {exc}"
     finally:

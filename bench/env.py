@@ -111,6 +111,12 @@ class BenchEnv:
                 out[name] = server.pid
         return out
 
+    def target_server_pid(self, kind: str) -> int | None:
+        """The server process of the ``kind`` target (postgresql: the subscriber's postmaster, mariadb: mariadbd);
+        None for targets without a server (sqlite, blackhole) or a server not running."""
+        server = {"postgresql": self.subscriber, "mariadb": self.mariadb}.get(kind)
+        return server.pid if server is not None else None
+
     # ---- targets ------------------------------------------------------------------------------------
     def target_db(self, scenario: str) -> str:
         return f"tw_{scenario}"

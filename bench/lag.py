@@ -2,25 +2,26 @@
 
 A :class:`PacedWriter` thread inserts workload (a)'s rows in 100-row transactions at a fixed rate (the
 transaction ``k`` is due at ``start + k * 100 / rate``; a writer that falls behind does not sleep, and the
-achieved rate is reported). Meanwhile the lag is sampled every 100 ms:
+achieved rate is reported). Meanwhile:
 
-* native logical replication: *apply lag*, now minus the commit time of the last upstream transaction the
-  subscriber has applied (its replication origin's ``remote_lsn`` against the LSN the writer read inside
-  each transaction).
-* Tidewater into a SQL target: the same *apply lag*, from the exactly-once position the sink commits with
-  the rows (``tidewater_checkpoint``, the lowest ``commit_ts`` of the changefeed's spans), read from the
-  target on its own connection: directly comparable with native's.
-* Tidewater, every sink: *checkpoint lag*, ``checkpoint_lag`` of ``GET /api/v2/changefeeds/{id}`` (now minus
-  the upstream time of the changefeed checkpoint). What the API, the dashboard and the alerts show; its
-  resolution is bounded by the server's ``checkpoint-interval`` and ``owner-tick`` (etcd round trips), so it
-  trails the apply lag by up to about one owner tick.
+* *apply latency*, per transaction: the time a consumer was first seen holding the transaction minus the time
+  its upstream COMMIT returned, the consumer's applied position polled every 5 ms on a connection of its own
+  (:class:`ApplyLatencies`). Native logical replication: its replication origin's ``remote_lsn``; Tidewater
+  into a SQL target: the exactly-once position the sink commits with the rows (``tidewater_checkpoint``, the
+  lowest ``commit_ts`` of the changefeed's spans); both against the LSN the writer read inside each
+  transaction, so the two figures are directly comparable. Per transaction, not "now minus the last applied
+  commit" sampled every 100 ms: that sample is phase-locked to the writer's 100 ms cadence at 1,000 rows/s
+  and read anywhere from the true latency to 100 ms more, whichever consumer it sampled.
+* Tidewater, every sink: *checkpoint lag*, ``checkpoint_lag`` of ``GET /api/v2/changefeeds/{id}`` sampled every
+  100 ms (now minus the upstream time of the changefeed checkpoint). What the API, the dashboard and the alerts
+  show; its resolution is bounded by the server's ``checkpoint-interval`` and ``owner-tick`` (etcd round
+  trips), so it trails the apply latency by up to about one owner tick.
 
 Percentiles use the nearest-rank method over the samples taken while the writer ran.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 import threading
 import time
@@ -35,7 +36,8 @@ from cdc.ts import str_to_lsn
 from playground.cluster import current_lsn
 from playground.servers import PostgresServer
 
-SAMPLE_INTERVAL = 0.1
+SAMPLE_INTERVAL = 0.1  # checkpoint-lag samples (the API)
+POLL_INTERVAL = 0.005  # applied-position polls (apply latency)
 
 
 @dataclass
@@ -116,14 +118,54 @@ class PacedWriter(threading.Thread):
             conn.close()
 
 
-def apply_lag(writer: PacedWriter, applied_lsn: int, now: float, caught_up_at: float) -> float | None:
-    """Now minus the commit time of the last of ``writer``'s transactions at or below ``applied_lsn`` (the time
-    the writing started when none is); None before the first commit."""
-    commits = list(writer.commits)  # appended by the writer thread; a copy is consistent enough
-    if not commits:
-        return None
-    i = bisect.bisect_right([c[0] for c in commits], applied_lsn) - 1
-    return now - (commits[i][1] if i >= 0 else caught_up_at)
+class ApplyLatencies:
+    """Per-transaction apply latency of one consumer against a :class:`PacedWriter`: each transaction's latency
+    is the time of the first :meth:`observe` whose applied position covers its LSN minus the time its COMMIT
+    returned upstream (never negative; resolution: the caller's poll interval)."""
+
+    def __init__(self, writer: PacedWriter) -> None:
+        self.writer = writer
+        self.values: list[float] = []
+        self._next = 0  # the first of the writer's transactions not seen applied yet
+
+    def observe(self, applied_lsn: int | None, now: float) -> None:
+        """The consumer holds everything up to ``applied_lsn`` (None: not known yet) at ``now``."""
+        if applied_lsn is None:
+            return
+        commits = self.writer.commits  # appended by the writer thread after each COMMIT
+        n = len(commits)
+        while self._next < n and commits[self._next][0] <= applied_lsn:
+            self.values.append(max(0.0, now - commits[self._next][1]))
+            self._next += 1
+
+    @property
+    def complete(self) -> bool:
+        """Every transaction the writer committed has been seen applied."""
+        return self._next >= len(self.writer.commits)
+
+
+def _poll(writer: PacedWriter, latencies: ApplyLatencies, applied: Callable[[], int | None] | None,
+          sample: Callable[[], None], on_end: Callable[[], None], timeout: float) -> None:
+    """While ``writer`` runs: poll ``applied`` every :data:`POLL_INTERVAL` into ``latencies`` and call ``sample``
+    every :data:`SAMPLE_INTERVAL`; ``on_end`` once the writer has stopped; then go on polling until every written
+    transaction was seen applied (or ``timeout``)."""
+    next_sample = 0.0
+    deadline: float | None = None
+    while True:
+        t = time.monotonic()
+        alive = writer.is_alive()
+        if not alive and deadline is None:
+            on_end()
+            deadline = t + timeout
+        if applied is not None:
+            latencies.observe(applied(), time.time())
+        if alive and t >= next_sample:
+            sample()
+            next_sample = t + SAMPLE_INTERVAL
+        if not alive and (applied is None or latencies.complete or t > deadline):
+            return
+        step = POLL_INTERVAL if applied is not None else SAMPLE_INTERVAL
+        time.sleep(max(0.0, step - (time.monotonic() - t)))
 
 
 def _summarise(res: LagResult, lags: list[float], writer: PacedWriter) -> LagResult:
@@ -143,7 +185,14 @@ def lag_tidewater(feed: TidewaterFeed, capture_pid: int, table: str, first_id: i
     res = LagResult("tidewater", feed.sink, rate)
     writer = PacedWriter(feed.upstream, feed.db, table, first_id, rate, seconds)
     lags: list[float] = []
-    applies: list[float] = []
+    latencies = ApplyLatencies(writer)
+    cpu: list[float | None] = []
+
+    def sample() -> None:
+        info: dict[str, Any] = feed.cdc.get(f"/api/v2/changefeeds/{feed.cf_id}", timeout=5)
+        if info.get("checkpoint_lag") is not None:
+            lags.append(float(info["checkpoint_lag"]))
+
     try:
         feed.resume()
         conn = feed.upstream.connect(feed.db)
@@ -151,29 +200,18 @@ def lag_tidewater(feed: TidewaterFeed, capture_pid: int, table: str, first_id: i
             feed.wait(current_lsn(conn), timeout)
         finally:
             conn.close()
-        cpu0 = tree_cpu_seconds(capture_pid)  # (all the capture's processes)
-        caught_up_at = time.time()
+        cpu.append(tree_cpu_seconds(capture_pid))  # (all the capture's processes)
         writer.start()
-        while writer.is_alive():
-            t = time.monotonic()
-            if applied is not None:
-                lsn = applied()
-                lag = apply_lag(writer, lsn, time.time(), caught_up_at) if lsn is not None else None
-                if lag is not None:
-                    applies.append(lag)
-            info: dict[str, Any] = feed.cdc.get(f"/api/v2/changefeeds/{feed.cf_id}", timeout=5)
-            if info.get("checkpoint_lag") is not None:
-                lags.append(float(info["checkpoint_lag"]))
-            time.sleep(max(0.0, SAMPLE_INTERVAL - (time.monotonic() - t)))
+        _poll(writer, latencies, applied, sample, lambda: cpu.append(tree_cpu_seconds(capture_pid)), timeout)
         writer.join()
-        cpu1 = tree_cpu_seconds(capture_pid)
         if writer.error is not None:
             raise writer.error
+        cpu0, cpu1 = cpu[0], cpu[-1]
         if cpu0 is not None and cpu1 is not None and writer.elapsed:
             res.cpu_pct = 100 * (cpu1 - cpu0) / writer.elapsed
         feed.wait(writer.end_lsn, timeout)
         _summarise(res, lags, writer)
-        res.apply_p50, res.apply_p99 = percentile(applies, 50), percentile(applies, 99)
+        res.apply_p50, res.apply_p99 = percentile(latencies.values, 50), percentile(latencies.values, 99)
     except Exception as exc:  # noqa: BLE001 - reported in the table
         res.error = f"{type(exc).__name__}: {exc}"
     finally:
@@ -190,7 +228,7 @@ def lag_native(sub: NativeSubscription, table: str, first_id: int, rate: int, se
     """The same offered load with the native subscription enabled; lag computed from what it applied."""
     res = LagResult("native", "postgresql", rate)
     writer = PacedWriter(sub.upstream, sub.up_db, table, first_id, rate, seconds)
-    lags: list[float] = []
+    latencies = ApplyLatencies(writer)
     try:
         sub.enable()
         conn = sub.upstream.connect(sub.up_db)
@@ -198,19 +236,13 @@ def lag_native(sub: NativeSubscription, table: str, first_id: int, rate: int, se
             sub.wait(current_lsn(conn), timeout)
         finally:
             conn.close()
-        caught_up_at = time.time()
         writer.start()
-        while writer.is_alive():
-            t = time.monotonic()
-            lag = apply_lag(writer, sub.applied_lsn(), time.time(), caught_up_at)
-            if lag is not None:
-                lags.append(lag)
-            time.sleep(max(0.0, SAMPLE_INTERVAL - (time.monotonic() - t)))
+        _poll(writer, latencies, sub.applied_lsn, lambda: None, lambda: None, timeout)
         writer.join()
         if writer.error is not None:
             raise writer.error
         sub.wait(writer.end_lsn, timeout)
-        _summarise(res, lags, writer)
+        _summarise(res, latencies.values, writer)
         res.apply_p50, res.apply_p99 = res.p50, res.p99
     except Exception as exc:  # noqa: BLE001
         res.error = f"{type(exc).__name__}: {exc}"

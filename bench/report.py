@@ -106,14 +106,17 @@ def main_table(phases: list[PhaseReport], sinks: list[str]) -> str:
 
 
 def detail_table(phases: list[PhaseReport], sinks: list[str]) -> str:
-    """Every measurement: seconds, rows/s, CPU per million rows of the consumer and of its walsender."""
-    cols = ("workload", "what", "rows", "seconds", "rows/s", "own CPU s/M rows", "walsender CPU s/M rows", "note")
+    """Every measurement: seconds, rows/s, CPU per million rows of the consumer, of its walsender and of the target
+    server (native: the subscriber's whole tree, its apply worker included; Tidewater and the bulk loads: the
+    target server's tree, i.e. the statements' server side)."""
+    cols = ("workload", "what", "rows", "seconds", "rows/s", "own CPU s/M rows", "walsender CPU s/M rows",
+            "target server CPU s/M rows", "note")
     rows: list[list[str]] = []
     for p in phases:
         if p.write is not None:
             w = p.write
             rows.append([p.workload, "upstream writes (nothing reading)", str(w.rows), num(w.seconds, 2),
-                         num(w.rows / w.seconds if w.seconds else None), "-", "-", w.detail or p.label])
+                         num(w.rows / w.seconds if w.seconds else None), "-", "-", "-", w.detail or p.label])
         ms: list[tuple[str, Measurement | None]] = [("pg_recvlogical (read ceiling)", p.recv),
                                                     ("native PG->PG subscription", p.native)]
         ms += [(f"Tidewater -> {s}", p.tidewater.get(s)) for s in sinks]
@@ -126,17 +129,19 @@ def detail_table(phases: list[PhaseReport], sinks: list[str]) -> str:
                 note = (note + "; " if note else "") + f"changefeed reports {m.replicated_rows} rows"
             if what.startswith("write ceiling"):
                 rows.append([p.workload, f"{what} ({m.note or '-'})", str(m.rows), num(m.seconds, 2),
-                             num(m.rows_per_s), "-", "-", m.error])
+                             num(m.rows_per_s), "-", "-", num(m.per_mrows(m.target_cpu_s), 1), m.error])
                 continue
             rows.append([p.workload, what, str(m.rows), num(m.seconds, 2), num(m.rows_per_s),
-                         num(m.per_mrows(m.cpu_s), 1), num(m.per_mrows(m.walsender_cpu_s), 1), note])
+                         num(m.per_mrows(m.cpu_s), 1), num(m.per_mrows(m.walsender_cpu_s), 1),
+                         num(m.per_mrows(m.target_cpu_s), 1), note])
     return _table(cols, rows)
 
 
 def lag_table(results: list[LagResult]) -> str:
-    """Apply lag (native's definition: now minus the commit time of the last transaction the target holds) next
-    to native's, and Tidewater's checkpoint lag (what its API and alerts show; bench.lag)."""
-    cols = ("offered rows/s", "consumer", "achieved rows/s", "samples", "apply p50 s", "apply p99 s",
+    """Apply latency per transaction (first seen applied minus its upstream commit; the same for native and
+    Tidewater) next to native's, and Tidewater's checkpoint lag (what its API and alerts show; bench.lag)."""
+    cols = ("offered rows/s", "consumer", "achieved rows/s", "samples (native: txns; Tidewater: API)", "apply p50 s",
+            "apply p99 s",
             "apply p99 / native p99", "checkpoint p50 s", "checkpoint p99 s", "checkpoint max s", "capture CPU %")
     native = {r.offered: r.p99 for r in results if r.consumer == "native" and not r.error}
     rows = []
@@ -245,7 +250,7 @@ def format_report(rep: Report, sinks: list[str]) -> str:
                 "up to the workload's last commit; every consumer reads the same WAL, one at a time)", "",
                 main_table(timed, sinks), "", "### Details", "", detail_table(timed, sinks), ""]
     if rep.lag:
-        out += ["## Lag under a fixed offered rate (workload (a), sampled every 100 ms)", "", lag_table(rep.lag), ""]
+        out += ["## Lag under a fixed offered rate (workload (a); apply: per transaction, polled every 5 ms; checkpoint: the API sampled every 100 ms)", "", lag_table(rep.lag), ""]
     if rep.big:
         refs = next((p for p in rep.phases if p.workload == "d"), None)
         out += ["## One big transaction (d): Tidewater via scripts/bench_big_txn.py (live), references in "

@@ -206,11 +206,13 @@ class Runner:
                 drop_slot(self.up, db, recv_slot)
                 self._said(key, "pg_recvlogical", rep.recv)
                 if sub is not None:
-                    rep.native = measure_native(sub, w.target_lsn, w.rows, o.timeout)
+                    rep.native = measure_native(sub, w.target_lsn, w.rows, o.timeout,
+                                                target_pid=self.env.target_server_pid("postgresql"))
                     self._said(key, "native", rep.native)
                 for sink, feed in feeds.items():
                     rep.tidewater[sink] = measure_tidewater(feed, self.env.capture_pid, w.target_lsn, w.rows,
-                                                            o.timeout, self.profiler, f"{phase.name}-{sink}", say)
+                                                            o.timeout, self.profiler, f"{phase.name}-{sink}", say,
+                                                            target_pid=self.env.target_server_pid(sink))
                     self._said(key, f"Tidewater -> {sink}", rep.tidewater[sink])
                 self._ceilings(rep, key, db, phase.ceiling)
                 reports.append(rep)

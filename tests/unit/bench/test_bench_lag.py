@@ -1,4 +1,4 @@
-"""bench.lag's apply lag (native's definition) and bench.consumers.TargetPosition on a real SQLite position table."""
+"""bench.lag's per-transaction apply latency and bench.consumers.TargetPosition on a real SQLite position table."""
 
 import sqlite3
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from bench.consumers import TargetPosition
-from bench.lag import PacedWriter, apply_lag
+from bench.lag import ApplyLatencies, PacedWriter
 from sinks.sql.target.position import DEFAULT_TABLE
 
 pytestmark = pytest.mark.unit
@@ -18,12 +18,23 @@ def _writer(commits: list[tuple[int, float]]) -> PacedWriter:
     return w
 
 
-def test_apply_lag_is_now_minus_the_commit_time_of_the_last_applied_transaction() -> None:
-    w = _writer([(100, 10.0), (200, 10.5), (300, 11.0)])
-    assert apply_lag(w, 250, now=12.0, caught_up_at=9.0) == pytest.approx(1.5)  # 200 is the last one at or below
-    assert apply_lag(w, 300, now=12.0, caught_up_at=9.0) == pytest.approx(1.0)
-    assert apply_lag(w, 99, now=12.0, caught_up_at=9.0) == pytest.approx(3.0)  # none applied: since writing began
-    assert apply_lag(_writer([]), 500, now=12.0, caught_up_at=9.0) is None
+def test_apply_latency_is_per_transaction_first_seen_applied_minus_its_commit_time() -> None:
+    w = _writer([(100, 10.0), (200, 10.5)])
+    lat = ApplyLatencies(w)
+    lat.observe(None, now=10.2)  # position not known yet: nothing seen
+    lat.observe(99, now=10.3)
+    assert lat.values == [] and not lat.complete
+    lat.observe(150, now=10.4)  # the first one is applied
+    lat.observe(150, now=10.6)  # seen again: counted once
+    assert lat.values == pytest.approx([0.4])
+    w.commits.append((300, 11.0))  # the writer goes on
+    lat.observe(300, now=11.25)  # both later ones at once, each against its own commit time
+    assert lat.values == pytest.approx([0.4, 0.75, 0.25]) and lat.complete
+    lat.observe(1000, now=10.9)
+    assert len(lat.values) == 3
+    late = ApplyLatencies(_writer([(100, 10.0)]))
+    late.observe(100, now=9.9)  # a commit seen applied before the writer's clock read after COMMIT: not negative
+    assert late.values == [0.0]
 
 
 def test_target_position_reads_the_lowest_span_position_once_every_span_has_one(tmp_path: Path) -> None:
