@@ -88,6 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=3600, help="seconds any one catch-up may take")
     ap.add_argument("--profile", type=Path, metavar="DIR", help="py-spy profile of the capture for each Tidewater "
                     "catch-up into DIR (slows the capture: not for baseline figures)")
+    ap.add_argument("--profile-idle", action="store_true", help="with --profile: sample waiting threads too (py-spy "
+                    "--idle), to see what each thread waits for")
     ap.add_argument("--json", type=Path, help="also write every result to this JSON file")
     ap.add_argument("--work-dir", type=Path, help="directory for the servers' data (default: a new temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -157,7 +159,7 @@ def _pipeline(args: argparse.Namespace) -> int:
         if args.profile is not None:
             from bench.profile import PySpyProfiler
 
-            profiler = PySpyProfiler(args.profile, say=say)
+            profiler = PySpyProfiler(args.profile, say=say, idle=args.profile_idle)
         # the snapshot workload's pg_dump | psql reference needs the PostgreSQL target server
         pg_target = opts.native or "snapshot" in opts.workloads
         with BenchEnv(work / "servers", opts.sinks, opts.server_config, native=pg_target) as env:

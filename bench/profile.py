@@ -32,9 +32,11 @@ def py_spy_binary() -> str | None:
 
 
 class PySpyProfiler(Profiler):
-    def __init__(self, out_dir: Path, rate: int = 100, say: Callable[[str], None] = lambda _m: None) -> None:
+    def __init__(self, out_dir: Path, rate: int = 100, say: Callable[[str], None] = lambda _m: None,
+                 idle: bool = False) -> None:
         self.out_dir = Path(out_dir)
         self.rate = rate
+        self.idle = idle  # also sample threads that wait (py-spy --idle): where the time goes, not only the CPU
         self.say = say
         self.files: list[Path] = []
         binary = py_spy_binary()
@@ -47,7 +49,7 @@ class PySpyProfiler(Profiler):
         path = self.out_dir / f"{name}.speedscope.json"
         log = open(self.out_dir / f"{name}.py-spy.log", "wb")  # noqa: SIM115 - closed by stop()
         proc = subprocess.Popen([self.binary, "record", "--pid", str(pid), "--rate", str(self.rate), "--nonblocking",
-                                 "--threads", "--format", "speedscope", "--output", str(path)],
+                                 "--threads", "--format", "speedscope", "--output", str(path)] + (["--idle"] if self.idle else []),
                                 stdout=log, stderr=subprocess.STDOUT)
         time.sleep(0.5)  # attach before the catch-up starts
 

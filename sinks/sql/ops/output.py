@@ -28,6 +28,13 @@ from sinks.sql.target.pipeline import Pipeline
 MYSQL_STATEMENT_BYTES = 1_000_000  # well below MariaDB's 16 MB max_allowed_packet (characters, not bytes)
 # PostgreSQL: groups of at least this many rows that all came with their upstream text go through COPY
 COPY_MIN_ROWS = 32
+# PostgreSQL, fresh rows (upstream INSERTs) of a keyed table: direct COPYs (each under a savepoint) per downstream
+# transaction at most (a released savepoint that wrote keeps a subtransaction id: PostgreSQL caches 64 per backend,
+# past that every snapshot of the server looks subtransactions up in pg_subtrans), and how many of a table's direct
+# COPYs may meet an existing key before that table always merges through its staging table
+FRESH_COPIES_PER_TXN = 32
+FRESH_CONFLICTS_TO_STOP = 3
+SAVEPOINT = "tidewater_fresh"
 
 
 class Output:
@@ -50,13 +57,16 @@ class Output:
         self.current: str | None = None  # table being written (or whose statement failed), for error messages
         self._delete_sql: dict[tuple[int, int], str] = {}
         self._staged: set[str] = set()  # staging tables made sure of in this write (PostgreSQL)
+        self._fresh_left = FRESH_COPIES_PER_TXN  # direct COPYs under a savepoint left in this transaction
         # made now, while the connection is idle (it reads the connection's status)
         self._literal: Callable[[Any], str] | None = (
             mysql_literal_function(self.cur.connection) if self.dialect == "mysql" else None)
         if self.dialect == "postgresql":
+            import psycopg2.errors
             import psycopg2.extras
 
             self._execute_batch: Callable[..., Any] = psycopg2.extras.execute_batch
+            self._unique_violation: type[Exception] = psycopg2.errors.UniqueViolation
 
     def sync(self) -> None:
         """Wait until every submitted statement ran; raise the first failure, naming its table."""
@@ -76,27 +86,34 @@ class Output:
 
     # ---- output --------------------------------------------------------------------------------------
     def apply(self, b: Binding, kind: int, names: tuple[str, ...],
-               extra: tuple[tuple[str, ...], tuple[str, ...]] | None,
-               rows: list[tuple[Any, ...]], texts: list[Any] | None) -> None:
-        """Send ``rows`` as statements of at most ``batch_rows`` rows each."""
+              extra: tuple[tuple[str, ...], tuple[str, ...]] | None,
+              rows: list[tuple[Any, ...]], texts: list[Any] | None, *, fresh: bool = False) -> None:
+        """Send ``rows`` as statements of at most ``batch_rows`` rows each. ``fresh`` (upserts): every row is an
+        upstream INSERT, so the target most likely lacks its key; on PostgreSQL such rows with their upstream text
+        go by COPY straight into the table (:meth:`_copy_fresh`) instead of through the staging merge."""
         if not rows:
             return
         batch = self.batch
         if len(rows) <= batch:
-            self._apply_chunk(b, kind, names, extra, rows, texts)
+            self._apply_chunk(b, kind, names, extra, rows, texts, fresh)
             return
         for i in range(0, len(rows), batch):
             part = texts[i:i + batch] if texts is not None and len(texts) == len(rows) else None
-            self._apply_chunk(b, kind, names, extra, rows[i:i + batch], part)
+            self._apply_chunk(b, kind, names, extra, rows[i:i + batch], part, fresh)
 
     def _apply_chunk(self, b: Binding, kind: int, names: tuple[str, ...],
                      extra: tuple[tuple[str, ...], tuple[str, ...]] | None,
-                     rows: list[tuple[Any, ...]], texts: list[Any] | None) -> None:
+                     rows: list[tuple[Any, ...]], texts: list[Any] | None, fresh: bool = False) -> None:
         self.current = b.label
         plan = b.plan(kind, names, extra)
         copy = plan.copy
         if copy is not None and texts is not None and len(texts) == len(rows) >= COPY_MIN_ROWS:
             if kind == K_UPSERT:
+                if (fresh and plan.copy_direct is not None and self._fresh_left > 0
+                        and b.copy_conflicts < FRESH_CONFLICTS_TO_STOP):
+                    self._fresh_left -= 1
+                    self.submit(self._copy_fresh, b, plan, self.text.copy_text(texts), rows, texts)
+                    return
                 texts = last_per_key_texts(rows, texts, plan.key_idx)  # ON CONFLICT touches a row once
             self._copy_rows(copy, texts)
             return
@@ -128,6 +145,32 @@ class Output:
         self.submit(self.copy_in, copy_sql, data)
         if merge_sql is not None:
             self.submit(self.cur.execute, merge_sql)
+
+    def _copy_fresh(self, b: Binding, plan: Plan, data: str, rows: list[tuple[Any, ...]], texts: list[Any]) -> None:
+        """Pipeline side of a fresh group: ``COPY`` straight into the table under a savepoint -- a plain insert, about
+        half the server's work of the staging merge (``COPY`` into the staging table, ``INSERT .. SELECT .. ON
+        CONFLICT``, ``TRUNCATE``). The table's unique index on the key (``Binding`` requires one) makes a row
+        whose key the target holds already (a table copied while it streamed, a resync, rows that were there
+        before the changefeed) fail the COPY with a unique violation; then nothing of the COPY stays (rolled back
+        to the savepoint) and the same rows go through the merge, as every upsert did before. Any other error is
+        raised as the COPY's."""
+        cur = self.cur
+        assert plan.copy is not None and plan.copy_direct is not None
+        cur.execute(f"SAVEPOINT {SAVEPOINT}")
+        try:
+            self.copy_in(plan.copy_direct, data)
+        except self._unique_violation:
+            cur.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
+            cur.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
+            b.copy_conflicts += 1
+            copy_sql, stage_sql, merge_sql = plan.copy
+            assert stage_sql is not None and merge_sql is not None
+            cur.execute(stage_sql)  # (IF NOT EXISTS: this thread does not see the caller's ``_staged``)
+            # ON CONFLICT touches a row once: each key's last row, as the merge path sends them
+            self.copy_in(copy_sql, self.text.copy_text(last_per_key_texts(rows, texts, plan.key_idx)))
+            cur.execute(merge_sql)
+            return
+        cur.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
 
     def copy_in(self, sql: str, data: str) -> None:
         self.cur.copy_expert(sql, io.StringIO(data), max(1, len(data)))  # encoded in the client encoding

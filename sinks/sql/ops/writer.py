@@ -251,24 +251,25 @@ class Writer:
 
     def _flush_rows(self, buf: TableBuf) -> None:
         """Send a table's plain INSERT rows now (a sequential prefix of its changes)."""
-        rows, texts = buf.rows, buf.texts
+        rows, texts, fresh = buf.rows, buf.texts, not buf.updates
         buf.rows, buf.texts, buf.updates = [], [], []
         self._pending -= len(rows)
         b = buf.b
         assert buf.names is not None
         if b.keyed:
-            self._upsert_in_order(b, buf.names, rows, texts)
+            self._upsert_in_order(b, buf.names, rows, texts, fresh)
         else:
             self.out.apply(b, K_INSERT, buf.names, None, rows, texts)
 
     def _upsert_in_order(self, b: Binding, names: tuple[str, ...], rows: list[tuple[Any, ...]],
-                         texts: list[Any] | None) -> None:
+                         texts: list[Any] | None, fresh: bool = False) -> None:
         """Upsert whole rows as the sequence they are. A statement keeps only the last row of a key (ON CONFLICT
         touches a row once), which is its net effect; for a table with a second unique key, whose values may move
         between rows, the rows go in runs without a repeated key instead (each run in order: the target checks
-        each row's unique keys after the rows before it in the statement)."""
+        each row's unique keys after the rows before it in the statement). ``fresh``: every row is an upstream
+        INSERT (no in-place UPDATE among them), so the target most likely lacks their keys (``Output.apply``)."""
         if not b.other_uniques or len(rows) < 2:
-            self.out.apply(b, K_UPSERT, names, None, rows, texts)
+            self.out.apply(b, K_UPSERT, names, None, rows, texts, fresh=fresh)
             return
         kidx = [names.index(k) for k in b.key]
         seen: set[Any] = set()
@@ -392,7 +393,7 @@ class Writer:
             if net is None:
                 assert buf.names is not None
                 if b.keyed:
-                    self._upsert_in_order(b, buf.names, buf.rows, buf.texts)
+                    self._upsert_in_order(b, buf.names, buf.rows, buf.texts, not buf.updates)
                 else:
                     self.out.apply(b, K_INSERT, buf.names, None, buf.rows, buf.texts)
             elif sequential:

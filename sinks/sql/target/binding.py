@@ -39,7 +39,7 @@ class Plan:
     """A group's statement: ``sql`` for one row, ``many(n)`` for n rows in one statement (PostgreSQL),
     ``parts`` = (head, tail) around literal rows, ``%`` not doubled (MySQL's literal fast path)."""
 
-    __slots__ = ("sql", "convert", "convert_text", "key_idx", "parts", "copy", "_build", "_many")
+    __slots__ = ("sql", "convert", "convert_text", "key_idx", "parts", "copy", "copy_direct", "_build", "_many")
 
     def __init__(self, sql: str, convert: RowFn | None, key_idx: tuple[int, ...],
                  build: Callable[[int], str] | None = None, parts: tuple[str, str] | None = None,
@@ -51,6 +51,9 @@ class Plan:
         self.parts = parts
         # PostgreSQL, rows with their upstream text: (COPY statement, staging table DDL, merge) or None
         self.copy: tuple[str, str | None, str | None] | None = None
+        # PostgreSQL upserts with a staging merge: COPY straight into the table, for rows whose keys the target most
+        # likely lacks (``sinks.sql.ops.output.Output``: under a savepoint, the merge when a key exists)
+        self.copy_direct: str | None = None
         self._build = build
         self._many: dict[int, str] = {}
 
@@ -171,6 +174,8 @@ class Binding:
         self.convs: dict[str, Converter | None] = {
             c.name: converter(c, dialect, table=table.label, scale=self.scales[c.name]) for c in schema.columns}
         self._plans: dict[tuple[Any, ...], Plan] = {}
+        # fresh rows' direct COPYs that met an existing key (sinks.sql.ops.output): past a few, the table always merges
+        self.copy_conflicts = 0
         self._stage_ids = stage_ids
         self._temp_ok = temp_ok
         self.key_convert = row_function(
@@ -224,6 +229,7 @@ class Binding:
                 stage = f"tidewater_stage_{next(self._stage_ids)}"
                 p.copy = (s.copy_in(s.q(stage), d) % (), s.stage_table(t, d, stage) % (),
                           s.upsert_from(t, d, stage) % ())
+                p.copy_direct = s.copy_in(s.table(t), d) % ()
         self._plans[pk] = p
         return p
 
