@@ -801,19 +801,20 @@ def test_postgres_fresh_inserts_copy_straight_into_the_table_and_merge_where_a_k
     copies: list[str] = []
     real_copy = Output.copy_in
     monkeypatch.setattr(Output, "copy_in", lambda self, sql, data: (copies.append(sql), real_copy(self, sql, data))[1])
-    sink = postgres.sink()
+    sink = postgres.sink(batch_rows=50)
     try:
         sink.write([_fresh(USERS, 1000 + i, f"x{i}") for i in range(100)])
-        assert copies == ['COPY "public"."users" ("id", "name", "score") FROM STDIN']  # straight in, no staging
+        assert copies == ['SAVEPOINT tidewater_fresh; COPY "public"."users" ("id", "name", "score") FROM STDIN'] * 2
         staged = postgres.execute("SELECT count(*) FROM pg_class WHERE relname LIKE 'tidewater_stage%%'")
-        assert staged == [(0,)]
-        postgres.execute("INSERT INTO public.users VALUES (10, 'before', -1), (55, 'before', -1), (99, 'before', -1)")
+        assert staged == [(0,)]  # no staging table was made
+        postgres.execute("INSERT INTO public.users VALUES (55, 'before', -1), (99, 'before', -1)")
         copies.clear()
-        # one transaction: ids 0..99 (three of them exist downstream), and 5 inserted twice (a stream that repeats
-        # an INSERT: the last one wins, as with the merge)
+        # one transaction in groups of 50: ids 0..49 (new downstream), 50..99 (two exist downstream), then 5 again
+        # (a stream that repeats an INSERT: the last one wins, as with the merge). Only the second group's COPY is
+        # rolled back (to its own savepoint) and merged; the first group's rows stay.
         sink.write([_fresh(USERS, i, f"n{i}") for i in range(100)] + [_fresh(USERS, 5, "again")])
-        assert len(copies) == 2 and copies[0].startswith('COPY "public"."users"')
-        assert "tidewater_stage" in copies[1]  # the conflict: the same rows through the merge
+        assert len(copies) == 3 and all('COPY "public"."users"' in c for c in copies[:2])
+        assert "tidewater_stage" in copies[2]  # the conflict: the same rows through the merge
     finally:
         sink.close()
     want = sorted([(i, "again" if i == 5 else f"n{i}", i) for i in range(100)]
@@ -838,7 +839,7 @@ def test_postgres_fresh_copies_per_transaction_are_capped_then_merge(postgres: T
         sink.write([_fresh(USERS, i, f"n{i}") for i in range(groups * output.COPY_MIN_ROWS)])
     finally:
         sink.close()
-    direct = [c for c in copies if c.startswith('COPY "public"."users"')]
+    direct = [c for c in copies if 'COPY "public"."users"' in c]
     assert len(direct) == output.FRESH_COPIES_PER_TXN and len(copies) == groups
     assert postgres.rows("users", order="id") == [(i, f"n{i}", i) for i in range(groups * output.COPY_MIN_ROWS)]
 

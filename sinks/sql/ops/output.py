@@ -156,12 +156,12 @@ class Output:
         raised as the COPY's."""
         cur = self.cur
         assert plan.copy is not None and plan.copy_direct is not None
-        cur.execute(f"SAVEPOINT {SAVEPOINT}")
         try:
-            self.copy_in(plan.copy_direct, data)
+            # one round trip: the savepoint rides with the COPY (a name used again nests a new savepoint, the one a
+            # rollback returns to; none is released: the transaction's end releases them all)
+            self.copy_in(f"SAVEPOINT {SAVEPOINT}; {plan.copy_direct}", data)
         except self._unique_violation:
             cur.execute(f"ROLLBACK TO SAVEPOINT {SAVEPOINT}")
-            cur.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
             b.copy_conflicts += 1
             copy_sql, stage_sql, merge_sql = plan.copy
             assert stage_sql is not None and merge_sql is not None
@@ -169,8 +169,6 @@ class Output:
             # ON CONFLICT touches a row once: each key's last row, as the merge path sends them
             self.copy_in(copy_sql, self.text.copy_text(last_per_key_texts(rows, texts, plan.key_idx)))
             cur.execute(merge_sql)
-            return
-        cur.execute(f"RELEASE SAVEPOINT {SAVEPOINT}")
 
     def copy_in(self, sql: str, data: str) -> None:
         self.cur.copy_expert(sql, io.StringIO(data), max(1, len(data)))  # encoded in the client encoding
