@@ -52,6 +52,7 @@ from cdc.meta.store import MetaStore
 from cdc.model import CaptureInfo
 from owner.owner import Owner
 from processor.processor import Processor, SpanView
+from processor.source_process import SPAWNER
 from sinks.factory import SinkFactory, sink_class
 from sorter.leveldb import LevelDBSorter
 from upstream import open_upstream
@@ -350,6 +351,8 @@ class CaptureServer:
             owner.watcher.interval = config.upstream_check_interval
         if processor is not None:
             processor.config = config
+        if not config.puller_process:
+            SPAWNER.drop_spare()  # the child started for the next span would wait for one that never takes it
 
 
 def _probe_addr(addr: str) -> None:

@@ -330,6 +330,14 @@ class Spawner:
         assert isinstance(spare, Started)
         return spare
 
+    def drop_spare(self) -> None:
+        """End the spare child, if any (``puller-process`` turned off by a reload: no span will take it). A spare being
+        started right now is kept; the next call ends it."""
+        with self._lock:
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            spare.discard()
+
     def _ask(self, preload: str, done: threading.Event | None, out: list[Any]) -> None:
         with self._wake:
             if self._thread is None:

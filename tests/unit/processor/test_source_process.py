@@ -269,3 +269,19 @@ def test_the_child_dies_with_its_parent_even_when_it_never_writes(tmp_path: Path
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+
+
+def test_drop_spare_ends_the_spare_child() -> None:
+    """``puller-process`` turned off by a SIGHUP (capture.server.Server.apply_config): the child started for the next
+    span is ended, not left waiting for a span that runs its source in a thread."""
+    spawner = Spawner()
+    first = spawner.take(__name__)
+    deadline = time.monotonic() + 10
+    while spawner.spare is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    spare = spawner.spare
+    assert spare is not None and spare.proc.poll() is None
+    spawner.drop_spare()
+    assert spawner.spare is None and spare.proc.returncode is not None  # ended and reaped
+    spawner.drop_spare()  # none left: nothing to do
+    first.discard()
