@@ -7,7 +7,8 @@ inserts, 1/4 deletes, on as many preloaded rows) or as 100-row INSERT transactio
 that binlog range three ways, one after the other, and prints wall time, CPU time and rows/s of each:
 
 1. ``mariadb-binlog --read-from-remote-server`` to /dev/null (the read ceiling of ``python -m bench --upstream
-   mariadb``);
+   mariadb``: row events printed as base64, not decoded), and once more with ``--verbose`` (every row decoded into
+   commented pseudo-SQL: a decoding reference in C);
 2. ``pymysqlreplication`` alone: ``BinLogStreamReader`` with the source's settings, every row event's ``rows``
    decoded and nothing else (the reference client's own cost);
 3. the span source (``upstream.mysql.source.MySqlSpanSource.run``, through ``open_upstream``) into a buffer that
@@ -26,6 +27,7 @@ import argparse
 import cProfile
 import pstats
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -115,18 +117,20 @@ def timed(what: str, rows: int, fn: Any) -> None:
           f"{rows / cpu if cpu else 0:>9.0f} rows/s CPU {extra or ''}", flush=True)
 
 
-def read_ceiling(server: MariaDBServer, start: int, end: int) -> str:
+def read_ceiling(server: MariaDBServer, start: int, end: int, rows: int, *extra: str) -> str:
     (first, spos), (last, epos) = file_of(server, start), file_of(server, end)
     assert first == last, "one binlog file expected"
     exe = shutil.which("mariadb-binlog") or "mysqlbinlog"
     argv = [exe, "--no-defaults", "--read-from-remote-server", f"--host={HOST}", f"--port={server.port}",
-            "--user=root", f"--start-position={spos}", f"--stop-position={epos}", first]
-    t0 = time.monotonic()
-    res = subprocess.run(argv, stdout=subprocess.DEVNULL, check=True)
-    seconds = time.monotonic() - t0
+            "--user=root", f"--start-position={spos}", f"--stop-position={epos}", *extra, first]
+    r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.monotonic()
+    subprocess.run(argv, stdout=subprocess.DEVNULL, check=True)
+    wall, r1 = time.monotonic() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     text = subprocess.run(argv, stdout=subprocess.PIPE, check=True).stdout  # untimed: what it read and wrote
-    return (f"(child process: {seconds:.2f} s, exit {res.returncode}; {(epos - spos) / 1e6:.1f} MB of binlog, "
-            f"{len(text) / 1e6:.1f} MB of text, {text.count(b'# at ')} events)")
+    return (f"{wall:7.2f} s wall {cpu:7.2f} s CPU {rows / wall:>9.0f} rows/s wall "
+            f"{rows / cpu if cpu else 0:>9.0f} rows/s CPU (the child process; {(epos - spos) / 1e6:.1f} MB of "
+            f"binlog, {len(text) / 1e6:.1f} MB of text)")
 
 
 def library_only(server: MariaDBServer, start: int, end: int) -> str:
@@ -201,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
         server.start()
         start, end = write(server, args.rows, args.shape)
         print(f"{args.rows} row changes ({args.shape}) in binlog {start:X}..{end:X}", flush=True)
-        timed("mariadb-binlog to /dev/null", args.rows, lambda: read_ceiling(server, start, end))
+        for extra in ((), ("--verbose",)):
+            what = "mariadb-binlog" + (" --verbose (rows decoded)" if extra else "") + " to /dev/null"
+            print(f"{what:<48} {read_ceiling(server, start, end, args.rows, *extra)}", flush=True)
         timed("pymysqlreplication alone (rows decoded)", args.rows, lambda: library_only(server, start, end))
         prof = cProfile.Profile() if args.profile else None
         timed("span source -> counting buffer" + (" (cProfile)" if prof else ""), args.rows,
