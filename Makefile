@@ -7,6 +7,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 BENCH_ARGS ?=
 SINK ?= sqlite
+UPSTREAM ?= postgresql
 DEMO_ARGS ?=
 
 .PHONY: deps lint test demo bench deploy-assets
@@ -23,8 +24,9 @@ test: lint
 
 # The demo into another target: make demo SINK=kafka|file|mariadb|postgresql (default sqlite), e.g. a short run:
 # make demo SINK=kafka DEMO_ARGS="--txns 30 --big-rows 1000 --existing-rows 100"
+# From a MariaDB upstream (row binlog; SQL targets only): make demo UPSTREAM=mariadb SINK=mariadb (docs/demo.md)
 demo: deps
-	$(VENV)/bin/python -m playground.demo --sink $(SINK) $(DEMO_ARGS)
+	$(VENV)/bin/python -m playground.demo --upstream $(UPSTREAM) --sink $(SINK) $(DEMO_ARGS)
 
 # Benchmark with references (docs/benchmarks.md), e.g. make bench BENCH_ARGS="--workload a --sink sqlite"
 bench: deps

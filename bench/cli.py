@@ -1,6 +1,6 @@
 """``python -m bench``: Tidewater's benchmark, with its references measured in the same run.
 
-    python -m bench [--workload a,b,c,e,snapshot] [--sink blackhole,sqlite,mariadb,postgresql,kafka,file] [--rows N]
+    python -m bench [--upstream postgresql|mariadb] [--workload a,b,c,e,o,snapshot] [--sink blackhole,sqlite,mariadb,postgresql,kafka,file] [--rows N]
                     [--sink-rows N] [--quick]
                     [--tables N] [--pgbench-seconds S] [--pgbench-scale N] [--lag-rates 5000,10000]
                     [--lag-seconds S] [--big-mb MB] [--snapshot-tables N] [--chunk-rows N] [--spark-master URL]
@@ -19,6 +19,10 @@ figure, 1 otherwise. Everything started is stopped at the end, also on Ctrl-C an
 ceilings on the same machine (the kafka-python and confluent-kafka producers on the same broker; the plain file
 write): :mod:`bench.kafka_sink` and :mod:`bench.storage_sink`, run with ``--sink-rows`` (``--quick``: a tiny run). They
 run after the SQL sinks' workloads, or alone when no SQL sink is named.
+
+``--upstream mariadb`` writes workloads (a), (b) and (o), single-row OLTP transactions, into a MariaDB upstream and
+measures Tidewater per sink next to ``mariadb-binlog`` reading the same binlog to /dev/null and a native MariaDB
+replica catching up on it (:mod:`bench.mariadb_run`); no lag runs, no write ceilings.
 """
 
 from __future__ import annotations
@@ -35,10 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.env import SINK_KINDS, BenchEnv
+from bench.mariadb_run import WORKLOADS as MARIADB_WORKLOADS
 from bench.report import Report, format_report
 from bench.runner import Options, Runner, machine_info
 
-WORKLOADS = ("a", "b", "c", "d", "e", "snapshot")
+WORKLOADS = ("a", "b", "c", "d", "e", "o", "snapshot")
+UPSTREAMS = ("postgresql", "mariadb")
 SINK_BENCHES = ("kafka", "file")  # measured by their own write-path benchmarks (module doc)
 QUICK = {"rows": 2000, "tables": 20, "pgbench_seconds": 2.0, "pgbench_scale": 1, "lag_rates": "1000",
          "lag_seconds": 2.0, "big_mb": 4.0}
@@ -55,9 +61,12 @@ def _csv(value: str, allowed: tuple[str, ...], what: str) -> list[str]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", default="a,b,c,e", type=lambda v: _csv(v, WORKLOADS, "--workload"),
+    ap.add_argument("--upstream", choices=UPSTREAMS, default="postgresql",
+                    help="the upstream the workloads are written into (default postgresql; mariadb: workloads a, b "
+                    "and o next to mariadb-binlog and a native MariaDB replica, bench.mariadb_run)")
+    ap.add_argument("--workload", type=lambda v: _csv(v, WORKLOADS, "--workload"),
                     help="workloads to run (default a,b,c,e; d = one 1 GB transaction, long; snapshot = the initial "
-                    "copy of existing rows)")
+                    "copy of existing rows; --upstream mariadb: a,b,o (default), o = single-row OLTP transactions)")
     ap.add_argument("--sink", default=",".join(SINK_KINDS),
                     type=lambda v: _csv(v, SINK_KINDS + SINK_BENCHES, "--sink"),
                     help=f"sinks (default {','.join(SINK_KINDS)}; also {','.join(SINK_BENCHES)})")
@@ -94,6 +103,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--work-dir", type=Path, help="directory for the servers' data (default: a new temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
     args = ap.parse_args(argv)
+    if args.workload is None:
+        args.workload = list(MARIADB_WORKLOADS) if args.upstream == "mariadb" else ["a", "b", "c", "e"]
+    if args.upstream == "mariadb":
+        bad = [w for w in args.workload if w not in MARIADB_WORKLOADS]
+        if bad:
+            ap.error(f"--upstream mariadb runs the workloads {','.join(MARIADB_WORKLOADS)}, not {','.join(bad)}")
+        args.lag_rates = "none"  # the lag runs are written into PostgreSQL
+    elif "o" in args.workload:
+        ap.error("workload o (single-row OLTP transactions) is written into MariaDB: add --upstream mariadb")
     args.snapshot_rows = args.rows if args.rows is not None else (QUICK["rows"] if args.quick else 10_000_000)
     if args.lag_rates is None and set(args.workload) <= {"d", "snapshot"}:
         args.lag_rates = "none"  # the lag runs measure workload (a)'s rows: not asked for
@@ -114,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     benches = [k for k in args.sink if k in SINK_BENCHES]
     args.sink = [k for k in args.sink if k not in SINK_BENCHES]
-    code = _pipeline(args) if args.sink else 0
+    pipeline = _mariadb_pipeline if args.upstream == "mariadb" else _pipeline
+    code = pipeline(args) if args.sink else 0
     return max(code, *(_sink_bench(kind, args) for kind in benches)) if benches else code
 
 
@@ -176,6 +195,48 @@ def _pipeline(args: argparse.Namespace) -> int:
         elif args.keep:
             say(f"kept {work}")
     print(format_report(report, opts.sinks))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report.to_dict(), indent=1))
+    return 0 if _complete(report) else 1
+
+
+def _mariadb_pipeline(args: argparse.Namespace) -> int:
+    """``--upstream mariadb``: bench.mariadb_run's scenarios, the same report, JSON and exit code."""
+    from bench.mariadb_run import MariaDBBenchEnv, MariaDBRunner
+
+    def say(msg: str) -> None:
+        print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="tidewater-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    config = with_worker_count(args.changefeed_config.read_text() if args.changefeed_config else "",
+                               args.worker_count)
+    say(f"work directory {work}; upstream mariadb; workloads {','.join(args.workload)}; sinks {','.join(args.sink)}")
+    report: Report | None = None
+    try:
+        profiler = None
+        if args.profile is not None:
+            from bench.profile import PySpyProfiler
+
+            profiler = PySpyProfiler(args.profile, say=say, idle=args.profile_idle)
+        server_config = args.server_config.read_text() if args.server_config else ""
+        with MariaDBBenchEnv(work / "servers", args.sink, server_config) as env:
+            say(f"servers up: {json.dumps(env.pids())}")
+            report = Report(time.strftime("%Y-%m-%d %H:%M:%S %Z"), _jsonable(vars(args)), machine_info(env),
+                            upstream="mariadb")
+            report.machine["load average at start"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+            t0 = time.monotonic()
+            MariaDBRunner(env, args.sink, args.workload, args.rows, args.timeout, say, config,
+                          native=not args.no_native, compare_rows=args.compare_rows, profiler=profiler).run(report)
+            report.notes.append(f"run took {time.monotonic() - t0:.0f}s; load average (1, 5, 15 min) at the end "
+                                + " ".join(f"{x:.1f}" for x in os.getloadavg()))
+    finally:
+        if not args.keep and args.work_dir is None:
+            shutil.rmtree(work, ignore_errors=True)
+        elif args.keep:
+            say(f"kept {work}")
+    print(format_report(report, args.sink))
     if args.json is not None:
         args.json.write_text(json.dumps(report.to_dict(), indent=1))
     return 0 if _complete(report) else 1

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from bench.procstat import LastCpu, TreeSampler, cpu_seconds, reset_peak_rss, status_bytes, tree_cpu_seconds
 from cdc.ts import lsn_to_str, str_to_lsn
@@ -210,6 +210,10 @@ class TidewaterFeed:
                     return
                 time.sleep(0.2)
 
+    def reader_pids(self) -> list[int]:
+        """The upstream processes reading for this changefeed now (its slots' walsenders)."""
+        return [p for p in _slot_pids(self.upstream, self.db, self.slots).values() if p is not None]
+
     def walsender_cpu(self) -> float | None:
         pids = [p for p in _slot_pids(self.upstream, self.db, self.slots).values() if p is not None]
         cpus = [cpu_seconds(p) for p in pids]
@@ -252,7 +256,24 @@ class Profiler:
         raise NotImplementedError
 
 
-def measure_tidewater(feed: TidewaterFeed, capture_pid: int, target_lsn: int, rows: int, timeout: float,
+class Feed(Protocol):
+    """What :func:`measure_tidewater` drives: a paused changefeed of the capture under test (:class:`TidewaterFeed`
+    for a PostgreSQL upstream, ``bench.mariadb_refs.MariaDBFeed`` for MariaDB)."""
+
+    cf_id: str
+    sink: str
+
+    def resume(self) -> None: ...
+
+    def pause(self) -> None: ...
+
+    def wait(self, lsn: int, timeout: float, poll: float = 0.1,
+             on_poll: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]: ...
+
+    def reader_pids(self) -> list[int]: ...
+
+
+def measure_tidewater(feed: Feed, capture_pid: int, target_lsn: int, rows: int, timeout: float,
                       profiler: Profiler | None = None, name: str = "",
                       say: Callable[[str], None] | None = None, target_pid: int | None = None) -> Measurement:
     """Resume ``feed`` (paused, with the phase's WAL waiting in its slot), time it until its checkpoint
@@ -274,8 +295,8 @@ def measure_tidewater(feed: TidewaterFeed, capture_pid: int, target_lsn: int, ro
             next_report[0] += 30
             done = sum(s.get("rows") or 0 for s in info["spans"])
             say(f"    {feed.cf_id}: {done} of {rows} rows, checkpoint {info['checkpoint']}, state {info['state']}")
-        for pid in _slot_pids(feed.upstream, feed.db, feed.slots).values():
-            if pid is not None and pid not in watched:
+        for pid in feed.reader_pids():
+            if pid not in watched:
                 watched.add(pid)
                 walsender.watch(pid)
 

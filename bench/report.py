@@ -7,6 +7,7 @@ so that the tables can be read back by tools (tests/e2e/test_bench_smoke.py does
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,7 @@ class Report:
     snapshot: SnapshotReport | None = None
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    upstream: str = "postgresql"  # postgresql | mariadb: which references the phases' recv and native are
 
     def to_dict(self) -> dict[str, Any]:
         def conv(o: Any) -> Any:
@@ -105,7 +107,12 @@ def main_table(phases: list[PhaseReport], sinks: list[str]) -> str:
     return _table(MAIN_COLUMNS, rows)
 
 
-def detail_table(phases: list[PhaseReport], sinks: list[str]) -> str:
+# the references' names per upstream: (read ceiling, native replication)
+REFERENCES = {"postgresql": ("pg_recvlogical (read ceiling)", "native PG->PG subscription"),
+              "mariadb": ("mariadb-binlog to /dev/null (read ceiling)", "native MariaDB replica (catch-up)")}
+
+
+def detail_table(phases: list[PhaseReport], sinks: list[str], upstream: str = "postgresql") -> str:
     """Every measurement: seconds, rows/s, CPU per million rows of the consumer, of its walsender and of the target
     server (native: the subscriber's whole tree, its apply worker included; Tidewater and the bulk loads: the
     target server's tree, i.e. the statements' server side)."""
@@ -117,8 +124,8 @@ def detail_table(phases: list[PhaseReport], sinks: list[str]) -> str:
             w = p.write
             rows.append([p.workload, "upstream writes (nothing reading)", str(w.rows), num(w.seconds, 2),
                          num(w.rows / w.seconds if w.seconds else None), "-", "-", "-", w.detail or p.label])
-        ms: list[tuple[str, Measurement | None]] = [("pg_recvlogical (read ceiling)", p.recv),
-                                                    ("native PG->PG subscription", p.native)]
+        read_name, native_name = REFERENCES[upstream]
+        ms: list[tuple[str, Measurement | None]] = [(read_name, p.recv), (native_name, p.native)]
         ms += [(f"Tidewater -> {s}", p.tidewater.get(s)) for s in sinks]
         ms += [(f"write ceiling {s}", p.ceiling.get(s)) for s in sinks]
         for what, m in ms:
@@ -188,6 +195,26 @@ GOAL_BIG_MB, GOAL_ANON_MB = 1024.0, 150.0  # capture anonymous memory during a 1
 GOALS_COPY = {"postgresql": 1.0, "mariadb": 0.7}  # initial copy / pg_dump | psql of the same tables
 
 
+# issue 23 item 7, a MariaDB upstream: blackhole / mariadb-binlog, MariaDB -> MariaDB / the native replica, and the
+# single-row transactions' rate into blackhole (rows/s)
+GOAL_MY_READ, GOAL_MY_NATIVE, GOAL_MY_SINGLE_ROW = 0.8, 1.0, 50_000.0
+
+
+def _mariadb_goals(rep: Report, add: Callable[..., None]) -> None:
+    for p in rep.phases:
+        read = p.recv.rows_per_s if p.recv else None
+        native = p.native.rows_per_s if p.native else None
+        maria, bh = p.tidewater.get("mariadb"), p.tidewater.get("blackhole")
+        if bh is not None and bh.ok and read:
+            add(f"blackhole / mariadb-binlog ({p.workload})", (bh.rows_per_s or 0) / read, GOAL_MY_READ, True,
+                ref=num(read))
+        if maria is not None and maria.ok and native:
+            add(f"MariaDB -> MariaDB / native replica ({p.workload})", (maria.rows_per_s or 0) / native,
+                GOAL_MY_NATIVE, True, ref=num(native))
+        if p.workload == "o" and bh is not None and bh.ok:
+            add("single-row transactions -> blackhole, rows/s (o)", bh.rows_per_s, GOAL_MY_SINGLE_ROW, True, 0)
+
+
 def goals_table(rep: Report) -> str:
     """Each goal of the speed issue that this run measured: the figure, the goal and whether it is met (figures
     come from the tables above, measured in this run; a goal this run did not measure has no line)."""
@@ -199,6 +226,10 @@ def goals_table(rep: Report) -> str:
         met = value >= goal if higher else value <= goal
         rows.append([what, f"{value:.{digits}f}", ref, (">= " if higher else "<= ") + f"{goal:g}",
                      "yes" if met else "NO"])
+
+    if rep.upstream == "mariadb":
+        _mariadb_goals(rep, add)
+        return _table(("goal (issue 23)", "measured", "reference", "goal", "met"), rows) if rows else ""
 
     for p in rep.phases:
         read = p.recv.rows_per_s if p.recv else None
@@ -247,8 +278,8 @@ def format_report(rep: Report, sinks: list[str]) -> str:
     timed = [p for p in rep.phases if p.workload != "d"]
     if timed:
         out += ["## Throughput (catch-up: rows / seconds from starting the consumer until it has everything "
-                "up to the workload's last commit; every consumer reads the same WAL, one at a time)", "",
-                main_table(timed, sinks), "", "### Details", "", detail_table(timed, sinks), ""]
+                "up to the workload's last commit; every consumer reads the same WAL (MariaDB: binlog), one at a time)", "",
+                main_table(timed, sinks), "", "### Details", "", detail_table(timed, sinks, rep.upstream), ""]
     if rep.lag:
         out += ["## Lag under a fixed offered rate (workload (a); apply: per transaction, polled every 5 ms; checkpoint: the API sampled every 100 ms)", "", lag_table(rep.lag), ""]
     if rep.big:

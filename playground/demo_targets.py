@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from cdc.events import TableName
-from playground.compare import TableDiff, compare_rows, compare_tables
+from playground.compare import TableDiff, compare_mysql_tables, compare_rows, compare_tables
 from playground.servers import KafkaServer, MariaDBServer, PostgresServer
 
 DATABASE = "shop"  # the database the SQL targets replicate into
@@ -99,6 +99,10 @@ class SqlTarget(DemoTarget):
 
     def compare(self, source: Any, upstream_uri: str, tables: list[str], until: int) -> Verdict:
         return Verdict(compare_tables(source, tables, self.sink_uri))
+
+    def compare_mysql(self, source: Any, tables: list[str]) -> Verdict:
+        """:meth:`compare` for a MySQL/MariaDB upstream: ``source`` a PyMySQL connection, ``tables`` ``db.table``."""
+        return Verdict(compare_mysql_tables(source, tables, self.sink_uri))
 
 
 class SqliteTarget(SqlTarget):

@@ -63,6 +63,13 @@ class MariaDBServer(Server):
         return f"MariaDBServer(127.0.0.1:{self.port}, dir={self.dir})"
 
     @property
+    def tmp_dir(self) -> Path:
+        """The server's own temporary directory. In the shared /tmp, ``mariadb-install-db`` failed once with
+        ``Error on delete of '/tmp/#sql-temptable-25d1-1-26.MAI'`` while another server bootstrapped at the same time
+        (the name holds a pid, which need not be unique on a host shared by sandboxes)."""
+        return self.dir / "tmp"
+
+    @property
     def socket_path(self) -> Path:
         return self.dir / "mariadb.sock"
 
@@ -84,10 +91,12 @@ class MariaDBServer(Server):
         self._mariadbd = mariadbd
         if not self._initialized:
             self.dir.mkdir(parents=True, exist_ok=True)
+            self.tmp_dir.mkdir(exist_ok=True)
             if not (self.data_dir / "mysql").exists():
                 with open(self.log_path, "ab") as out:
                     res = subprocess.run(
                         [install_db, "--no-defaults", "--user=root", f"--datadir={self.data_dir}",
+                         f"--tmpdir={self.tmp_dir}",
                          "--auth-root-authentication-method=normal", "--skip-test-db"],
                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=self.dir,
                     )  # fmt: skip
@@ -111,6 +120,7 @@ class MariaDBServer(Server):
             f"--socket={self.socket_path}",
             f"--pid-file={self.dir / 'mariadb.pid'}",
             f"--log-error={self.log_path}",
+            f"--tmpdir={self.tmp_dir}",
             *([f"--log-bin={self.dir / 'binlog' / 'mariadb-bin'}"] if self.log_bin else []),
             *(f"--{k}={v}" for k, v in self.settings.items()),
         ]

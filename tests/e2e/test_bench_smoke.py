@@ -70,7 +70,7 @@ def test_quick_benchmark_prints_tidewater_and_reference_figures(tmp_path: Path) 
     lag = _table(res.stdout, "| offered rows/s | consumer |")
     assert {r["consumer"] for r in lag} == {"native PG->PG", "Tidewater -> blackhole", "Tidewater -> sqlite"}
     for row in lag:
-        _positive(row, "achieved rows/s", "samples")
+        _positive(row, "achieved rows/s", "samples (native: txns; Tidewater: API)")
         if row["consumer"] != "Tidewater -> blackhole":  # apply lag: native's and the SQL target's position
             _positive(row, "apply p50 s", "apply p99 s")
         if row["consumer"] != "native PG->PG":  # checkpoint lag: what the API shows
@@ -135,3 +135,54 @@ def test_the_kafka_and_file_sink_benchmarks_print_a_figure_per_protocol_and_thei
         assert re.search(rf"^{protocol}: KafkaSink.write, acked\s+[\d,]+ rows/s", out, re.M), out
         assert re.search(rf"^{protocol}: kafka-python producer .* [\d,]+ msg/s", out, re.M), out
     assert not any(float(n.replace(",", "")) <= 0 for n in re.findall(r"([\d,]+) (?:rows|msg)/s", out))
+
+
+def test_quick_mariadb_upstream_benchmark_prints_its_references_goals_and_compares(tmp_path: Path) -> None:
+    """`--upstream mariadb` (issue 23 item 7): workloads a, b and o from a MariaDB upstream into blackhole and
+    MariaDB, each next to mariadb-binlog and a native replica measured in the same run, the goal table, and every
+    target (the replica too) compared with the upstream row by row."""
+    out_json = tmp_path / "bench.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "bench", "--upstream", "mariadb", "--quick", "--sink", "blackhole,mariadb",
+         "--json", str(out_json)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr[-4000:]}"
+
+    main = _table(res.stdout, "| workload | sink |")
+    assert [(r["workload"], r["sink"]) for r in main] == [
+        (w, s) for w in ("a", "b", "o") for s in ("blackhole", "mariadb")], res.stdout
+    for row in main:
+        _positive(row, "rows", "Tidewater rows/s", "capture CPU s/M rows", "read ceiling rows/s", "TW/read",
+                  "native rows/s", "TW/native")
+    details = _table(res.stdout, "| workload | what |")
+    whats = {r["what"] for r in details}
+    assert {"mariadb-binlog to /dev/null (read ceiling)", "native MariaDB replica (catch-up)"} <= whats, whats
+
+    goals = _table(res.stdout, "| goal (issue 23) |")
+    names = [g["goal (issue 23)"] for g in goals]
+    for w in ("a", "b", "o"):
+        assert f"blackhole / mariadb-binlog ({w})" in names and f"MariaDB -> MariaDB / native replica ({w})" in names
+    assert "single-row transactions -> blackhole, rows/s (o)" in names, names
+    for g in goals:
+        _positive(g, "measured")
+        assert g["met"] in ("yes", "NO"), g
+
+    for key in ("ab", "o"):  # every SQL target and the replica, row by row
+        for who in ("mariadb", "native replica"):
+            assert re.search(rf"- \[{key}\] {who}: 2\d\d\d rows, equal to the upstream row by row", res.stdout), \
+                res.stdout
+
+    report = json.loads(out_json.read_text())
+    assert report["upstream"] == "mariadb"
+    assert [p["workload"] for p in report["phases"]] == ["a", "b", "o"]
+    for phase in report["phases"]:
+        assert phase["recv"]["rows_per_s"] > 0 and phase["native"]["rows_per_s"] > 0
+        assert all(m["replicated_rows"] == phase["rows"] for m in phase["tidewater"].values()), phase
+
+    started = json.loads(re.search(r"servers up: (\{.*\})", res.stderr).group(1))  # type: ignore[union-attr]
+    assert {"cdc server", "etcd", "upstream", "replica"} <= set(started)
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in started.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [name for name, p in started.items() if _alive(p)], "servers left running"

@@ -28,8 +28,8 @@ SMALL = ["--txns", "30", "--big-rows", "1000", "--existing-rows", "100"]
 IDENTICAL = "RESULT: source and target are identical"
 
 
-def demo_argv(sink: str) -> list[str]:
-    return [sys.executable, "-m", "playground.demo", "--sink", sink, *SMALL]
+def demo_argv(sink: str, upstream: str = "postgresql") -> list[str]:
+    return [sys.executable, "-m", "playground.demo", "--upstream", upstream, "--sink", sink, *SMALL]
 
 
 def ports_of(output: str) -> set[int]:
@@ -53,21 +53,34 @@ def assert_all_stopped(output: str, servers: int) -> None:
 
 @pytest.mark.parametrize("sink,servers", [("kafka", 4), ("file", 3), ("mariadb", 4), ("postgresql", 4)])
 def test_a_small_demo_run_into_each_target_ends_identical_and_stops_everything(sink: str, servers: int) -> None:
-    proc = subprocess.Popen(demo_argv(sink), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    run_demo(sink, servers, "postgresql", "public.")
+
+
+@pytest.mark.parametrize("sink,servers", [("sqlite", 3), ("mariadb", 4), ("postgresql", 4)])
+def test_the_demo_from_a_mariadb_upstream_ends_identical_and_stops_everything(sink: str, servers: int) -> None:
+    """`make demo UPSTREAM=mariadb` (issue 23 item 8): the binlog of a MariaDB upstream into each SQL target."""
+    out = run_demo(sink, servers, "mariadb", "shop.")
+    assert "MariaDB up at mysql://root@127.0.0.1:" in out, out
+
+
+def run_demo(sink: str, servers: int, upstream: str, schema: str) -> str:
+    """A small demo run: exit 0, every table compared EQUAL, no traceback, every server stopped; its output."""
+    proc = subprocess.Popen(demo_argv(sink, upstream), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=240)
     except subprocess.TimeoutExpired:  # Ctrl-C first: the demo stops its servers (a SIGKILL would orphan them)
         os.killpg(proc.pid, signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
-        pytest.fail(f"the demo into {sink} did not end within 240 s: {stdout}{stderr}")
+        pytest.fail(f"the demo from {upstream} into {sink} did not end within 240 s: {stdout}{stderr}")
     out = stdout + stderr
     assert proc.returncode == 0, out
     lines = stdout.splitlines()
     assert any(line.endswith(IDENTICAL) for line in lines), out
-    assert sum(" EQUAL" in line for line in lines if "] compare public." in line) == 3, out
+    assert sum(" EQUAL" in line for line in lines if f"] compare {schema}" in line) == 3, out
     assert "Traceback" not in out
     assert_all_stopped(out, servers)
+    return out
 
 
 def test_ctrl_c_stops_every_server_and_exits_130() -> None:
@@ -125,3 +138,33 @@ def test_a_target_that_differs_is_reported_and_exits_1(capsys: pytest.CaptureFix
     assert "RESULT: MISMATCH" in out and IDENTICAL not in out, out
     assert re.search(r"compare public\.orders .*DIFFERENT missing=\[\(", out), out
     assert_all_stopped(out, 3)
+
+
+class TamperedSqliteFromMariaDB(SqliteTarget):
+    """The SQLite target with one order deleted behind the changefeed's back before the MariaDB upstream's compare."""
+
+    def compare_mysql(self, source: Any, tables: list[str]) -> Verdict:
+        with sqlite3.connect(self.sink_uri.removeprefix("sqlite:///")) as conn:
+            conn.execute("DELETE FROM orders WHERE id = (SELECT min(id) FROM orders)")
+        return super().compare_mysql(source, tables)
+
+
+def test_a_target_that_differs_from_the_mariadb_upstream_is_reported_and_exits_1(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    rc = demo.main(["--upstream", "mariadb", "--sink", "sqlite", *SMALL],
+                   targets={"sqlite": TamperedSqliteFromMariaDB})
+    out = capsys.readouterr().out
+    kept = re.search(r"kept (\S+) for inspection", out)
+    assert kept, out
+    shutil.rmtree(kept.group(1), ignore_errors=True)
+    assert rc == 1, out
+    assert "RESULT: MISMATCH" in out and IDENTICAL not in out, out
+    assert re.search(r"compare shop\.orders .*DIFFERENT missing=\[\(", out), out
+    assert_all_stopped(out, 3)
+
+
+def test_a_mariadb_upstream_into_kafka_or_files_is_refused_with_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    for sink in ("kafka", "file"):
+        assert demo.main(["--upstream", "mariadb", "--sink", sink, *SMALL]) == 2
+        out = capsys.readouterr().out
+        assert "replicates into sqlite, mariadb, postgresql only" in out and "working directory" not in out, out
