@@ -435,6 +435,10 @@ class UpstreamWatcher:
                 warnings += pickup.warnings
                 if not up.captures_ddl():
                     warnings.append(ddl_not_captured_notice(started))
+            retention = up.retention_notice(self.gc_ttl)
+            if retention is not None:  # (also while stopped: that is when it bites)
+                warnings.append(DataWarning(CODE_RETENTION_SHORT, "*", retention, WarningSeverity.NOTICE,
+                                            first_time=started, last_time=started))
                 with self._lock:  # the new baseline only once its warnings are in a report (and not forgotten)
                     if info.id in self._last:
                         self._partitions[info.id] = leaves
@@ -462,6 +466,7 @@ class UpstreamWatcher:
 
 
 CODE_DDL_NOT_CAPTURED = "CDC:NoticeDdlNotCaptured"
+CODE_RETENTION_SHORT = "CDC:NoticeRetentionShort"  # the upstream may drop a stopped changefeed's position before gc-ttl
 
 
 def ddl_not_captured_notice(now: float) -> DataWarning:

@@ -18,6 +18,12 @@ position after the last transaction already downstream) and turns its events int
   naming the table, column and binlog position; a table whose binlog columns differ from the schema the span
   decodes it with (the seeded schema history's at the start, else the catalog's) likewise.
 
+Resume (:mod:`upstream.mysql.resume`): the source keeps the GTID of every commit it passes until the processor has
+stored a checkpoint past it (one small tuple per transaction), so :meth:`MySqlSpanSource.resume_token` gives the GTID
+state and binlog position after any checkpoint. Started with a token of the same server it continues at the token's
+file and position; with a token of another server (a promoted replica) it checks that the server contains the
+token's GTID state and still has what follows, then streams from that GTID state with the Ts epoch one higher.
+
 Any stream error ends ``run`` with ``UpstreamUnavailable``; the caller restarts the span from its checkpoint. The
 library's own silent reconnect is never trusted: a changed stream connection is such an error too.
 """
@@ -60,6 +66,7 @@ from upstream.base import (
 )
 from upstream.mysql import admin, catalog, ddl, eligibility, payload, positions, types
 from upstream.mysql.conn import stream_settings
+from upstream.mysql.resume import GtidState, ResumePoint
 from upstream.postgres import types as text_types
 
 log = logging.getLogger(__name__)
@@ -149,7 +156,7 @@ class MySqlSpanSource(SpanSource):
     """
 
     def __init__(self, uri: str, database: str, where: str, server_id: int, table_filter: TableFilter,
-                 start: Watermark, label: str, *, connect: Callable[[], Any]) -> None:
+                 start: Watermark, label: str, *, connect: Callable[[], Any], resume: str | None = None) -> None:
         self.uri = uri
         self.database = database
         self.where = where
@@ -176,19 +183,45 @@ class MySqlSpanSource(SpanSource):
         self._seeds: dict[TableName, TableSchema] = {}  # seed_schemas
         self._ineligible: dict[TableName, str] = {}  # tables created since that cannot be replicated -> why
         self._warnings: list[DataWarning] = []
+        # resume positions (resume_token): the token given, the state at the start and the GTID of each commit since
+        self.resume = resume
+        self._epoch = positions.epoch_of(start.ts)
+        self._server_id: int | None = None  # (set by open)
+        self._start_gtid: str | None = None  # a takeover streams from this GTID state, not a file position
+        self._binlog_base = ""
+        self._base_pos_ts = start.ts
+        self._base_state: dict[int, tuple[int, int]] = {}
+        self._base_token: str | None = resume
+        self._marks: list[tuple[int, int, int, int]] = []  # (commit Ts, domain, server_id, seq_no) per commit
+        self._marks_lock = threading.Lock()
+        self._gtid: tuple[int, int, int] | None = None  # the open transaction's (domain, server_id, seq_no)
 
     # ---- SpanSource --------------------------------------------------------------------------------
     def open(self) -> None:
-        """Find the start position's binlog file (``SlotLost`` when it was purged)."""
-        seq, pos = positions.split_ts(self.start.ts)
+        """Find where to start: the start position's binlog file (``SlotLost`` when it was purged) on the server the
+        resume token was read from; on another server, the token's GTID state (``SlotLost`` naming what the server
+        lacks)."""
         self._ctl = self._connect()
+        point = ResumePoint.decode(self.resume) if self.resume else None
+        sid = admin.server_id(self._ctl, self.where)
         files = [f for f, _ in admin.binary_logs(self._ctl, self.where)]
-        name = positions.file_name(files, seq)
-        if name is None:
-            raise SlotLost(f"span={self.label}: binlog file #{seq} of the checkpoint {lsn_to_str(self.start.ts)} is no "
-                           f"longer on MySQL {self.where} (purged; files now: {files[:1]}..{files[-1:]}): changes "
-                           f"after the checkpoint may be lost; recreate the changefeed")
-        self._start_file, self._start_pos = name, max(pos, 4)
+        if files:
+            self._binlog_base = files[-1].rpartition(".")[0]
+        if point is not None and point.server_id != sid:
+            self._take_over(point, sid)
+        else:
+            seq, pos = positions.split_ts(self.start.ts)
+            if point is not None and positions.epoch_of(self.start.ts) == point.epoch and point.file:
+                seq, pos = positions.file_sequence(point.file), point.pos  # (the last commit at or before the start)
+            name = positions.file_name(files, seq)
+            if name is None:
+                raise SlotLost(f"span={self.label}: binlog file #{seq} of the checkpoint {lsn_to_str(self.start.ts)} is "
+                               f"no longer on MySQL {self.where} (purged; files now: {files[:1]}..{files[-1:]}): "
+                               f"changes after the checkpoint may be lost; recreate the changefeed")
+            self._start_file, self._start_pos, self._start_gtid = name, max(pos, 4), None
+            gtid = point.gtid if point is not None else admin.gtid_at(self._ctl, self.where, name, max(pos, 4))
+            self._base_state = dict(GtidState.parse(gtid or "").domains)
+        self._server_id = sid
         self._carried = {t for t in catalog.list_tables(self._ctl, self.where, self.database) if self.filter.match(t)}
         for t in sorted(self._carried, key=str):
             if t in self._tables:
@@ -203,6 +236,75 @@ class MySqlSpanSource(SpanSource):
                 self._carried.add(t)
                 self._install(catalog.facts_as_of(seeded, None))
         self._closed.clear()
+
+    def _take_over(self, point: ResumePoint, sid: int) -> None:
+        """Continue on a server other than the token's (a promoted replica): from the token's GTID state, one Ts epoch
+        higher, after checking the server holds that state and everything after it."""
+        if point.epoch >= positions.MAX_EPOCH:
+            raise SlotLost(f"span={self.label}: the changefeed moved to another upstream server {point.epoch} times, "
+                           f"the most its Ts encoding counts (docs/upstream-mysql.md); recreate the changefeed")
+        problems = admin.takeover_problems(self._ctl, self.where, point.gtid)
+        if problems:
+            raise SlotLost(f"span={self.label}: MySQL {self.where} (server_id {sid}) cannot continue the stream read "
+                           f"from server_id {point.server_id} after GTID {point.gtid or '(none)'}: "
+                           f"{'; '.join(problems)}; changes after the checkpoint would be lost")
+        self._epoch = point.epoch + 1
+        self._start_file, self._start_pos, self._start_gtid = None, 4, point.gtid
+        self._base_state = dict(GtidState.parse(point.gtid).domains)
+        log.info("span=%s continues on MySQL %s (server_id %d) after GTID %s, Ts epoch %d (was server_id %d)",
+                 self.label, self.where, sid, point.gtid, self._epoch, point.server_id)
+
+    def check_target_ahead(self, applied_ts: int) -> None:
+        """After a takeover the Ts of the old server's transactions are not those the new server's stream carries:
+        a target holding commits of the old server past the checkpoint (its capture ended before it stored the
+        checkpoint, then the changefeed was moved) would get them again. Refused: ``SlotLost``."""
+        if self._start_gtid is not None and positions.epoch_of(applied_ts) < self._epoch:
+            raise SlotLost(
+                f"span={self.label}: the target already holds transactions of the previous upstream server up to Ts "
+                f"{lsn_to_str(applied_ts)}, past the checkpoint {lsn_to_str(self.start.ts)} whose GTID state "
+                f"({self._start_gtid}) the new server continues from: they cannot be told apart on the new server and "
+                f"would be applied twice. Recreate the changefeed (or resync the target); to avoid this, pause a "
+                f"changefeed only while its spans run, so each stores its final checkpoint, before moving it")
+
+    def resume_token(self, ts: int) -> str | None:
+        """The :class:`~upstream.mysql.resume.ResumePoint` after every commit with Ts <= ``ts`` (module docstring): the
+        binlog position of the last such commit (or the start) and the GTID state there. Before ``open``, or while
+        nothing was committed since a takeover, the token it was given."""
+        with self._marks_lock:
+            sid = self._server_id
+            if sid is None or ts < self._base_pos_ts:
+                return self._base_token
+            pos_ts = self._base_pos_ts
+            state: dict[int, tuple[int, int]] | None = None
+            for m_ts, d, s, n in self._marks:
+                if m_ts > ts:
+                    break
+                if state is None:
+                    state = dict(self._base_state)
+                state[d] = (s, n)
+                pos_ts = m_ts
+            if state is None:
+                if self._base_token is not None:
+                    return self._base_token
+                state = self._base_state
+        if positions.epoch_of(pos_ts) != self._epoch:
+            return self._base_token  # (a takeover that has not committed anything yet)
+        seq, pos = positions.split_ts(pos_ts)
+        return ResumePoint(self._epoch, sid, f"{self._binlog_base}.{seq:06d}", pos, str(GtidState(state))).encode()
+
+    def _fold(self, upto: int) -> None:
+        """Forget the marks of commits at or below ``upto`` (a stored checkpoint): fold them into the base state."""
+        with self._marks_lock:
+            marks = self._marks
+            i = 0
+            while i < len(marks) and marks[i][0] <= upto:
+                m_ts, d, s, n = marks[i]
+                self._base_state[d] = (s, n)
+                self._base_pos_ts = m_ts
+                self._base_token = None
+                i += 1
+            if i:
+                del marks[:i]
 
     def close(self) -> None:
         self._closed.set()
@@ -220,8 +322,9 @@ class MySqlSpanSource(SpanSource):
                 pass
 
     def ack(self, ts: int) -> None:
-        """Nothing to confirm upstream: the server keeps binlogs by its own retention (``binlog_expire_logs_seconds``),
-        and the checkpoint Ts is the resume position."""
+        """Nothing to confirm upstream (the server keeps binlogs by its own retention, ``binlog_expire_logs_seconds``);
+        the GTIDs of commits up to the stored checkpoint ``ts`` are no longer needed one by one."""
+        self._fold(ts)
 
     def decoder(self) -> MySqlChangeDecoder:
         return self._decoder
@@ -343,16 +446,19 @@ class MySqlSpanSource(SpanSource):
 
     # ---- the loop ----------------------------------------------------------------------------------
     def _reader(self) -> BinLogStreamReader:
-        assert self._ctl is not None and self._start_file is not None
+        assert self._ctl is not None
+        if self._start_gtid is not None:  # a takeover: MariaDB's GTID mode (slave_connect_state)
+            where: dict[str, Any] = {"auto_position": self._start_gtid, "is_mariadb": True}
+        else:  # is_mariadb=True would ignore file/pos (GTID mode)
+            where = {"log_file": self._start_file, "log_pos": self._start_pos, "is_mariadb": False}
         return BinLogStreamReader(
-            stream_settings(self.uri), server_id=self.server_id, log_file=self._start_file, log_pos=self._start_pos,
-            resume_stream=True, blocking=True, is_mariadb=False,  # True would ignore file/pos (GTID mode)
+            stream_settings(self.uri), server_id=self.server_id, resume_stream=True, blocking=True, **where,
             slave_heartbeat=HEARTBEAT_SECONDS, only_schemas=None,
             only_events=[MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, RotateEvent, HeartbeatLogEvent,
                          WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent])
 
     def run(self, buffer: ChangeBuffer, stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
-        if self._ctl is None:
+        if self._ctl is None or (self._start_file is None and self._start_gtid is None):
             raise UpstreamUnavailable(f"span={self.label}: run before open")
         stream = self._stream = self._reader()
         try:
@@ -384,6 +490,7 @@ class MySqlSpanSource(SpanSource):
         conn_seen: Any = None
         add = buffer.add
         to_ts = positions.to_ts
+        epoch = self._epoch
         prefixes: dict[int, bytes] = {}
         while not stop.is_set() and not self._closed.is_set():
             ev = stream.fetchone()
@@ -426,10 +533,12 @@ class MySqlSpanSource(SpanSource):
                 has_rows = True
                 continue
             if t is XidEvent:
-                resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(stream.log_file, ev.packet.log_pos),
+                resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(stream.log_file, ev.packet.log_pos, epoch),
                                         float(ev.timestamp), skip_upto, resolved, on_resolved)
                 in_txn = has_rows = ddl_txn = False
             elif t is MariadbGtidEvent or t is GtidEvent:
+                if t is MariadbGtidEvent:
+                    self._gtid = (ev.domain_id, ev.server_id, ev.gtid_seq_no)
                 if in_txn and has_rows:
                     # a transaction whose end the span did not see (an XA transaction prepared, then committed by a
                     # later event group): its rows are neither committed nor dropped silently
@@ -452,13 +561,13 @@ class MySqlSpanSource(SpanSource):
                     # a COMMIT (non-transactional tables) or a DDL (committed by itself) ends the transaction; so
                     # does a ROLLBACK, whose logged rows are those of non-transactional tables: they stay changed
                     # upstream, so they are committed downstream too
-                    resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(stream.log_file, ev.packet.log_pos),
+                    resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(stream.log_file, ev.packet.log_pos, epoch),
                                             float(ev.timestamp), skip_upto, resolved, on_resolved)
                     in_txn = has_rows = ddl_txn = False
             elif t is HeartbeatLogEvent and not in_txn:
                 # the server sends one only when it has nothing more to send: every commit up to its position is
                 # here, and the upstream was at that position now
-                ts = to_ts(stream.log_file, ev.packet.log_pos) if ev.packet.log_pos else 0
+                ts = to_ts(stream.log_file, ev.packet.log_pos, epoch) if ev.packet.log_pos else 0
                 now = time.time()
                 if ts > resolved.ts or now > resolved.time:
                     resolved = Watermark(max(ts, resolved.ts), max(now, resolved.time))
@@ -527,6 +636,10 @@ class MySqlSpanSource(SpanSource):
     def _commit(self, buffer: ChangeBuffer, xid: int, has_rows: bool, ddl_txn: bool, ts: int, commit_time: float,
                 skip_upto: int, resolved: Watermark, on_resolved: Callable[[Watermark], None]) -> Watermark:
         self._ddl_seq = -1
+        gtid, self._gtid = self._gtid, None
+        if gtid is not None and ts > self._base_pos_ts:  # (before on_resolved: a checkpoint at ts finds its GTID)
+            with self._marks_lock:
+                self._marks.append((ts, *gtid))
         if self._unrecorded:  # valid from this commit on
             with self._versions_lock:
                 self._versions.extend((ts, s) for s in self._unrecorded)

@@ -27,6 +27,7 @@ from cdc.uri import parse_upstream_uri
 from upstream.base import JoinRule, PartitionLeaf, SlotState, SpanPlan, Upstream
 from upstream.mysql import admin, catalog, eligibility, positions
 from upstream.mysql import conn as my_conn
+from upstream.mysql.resume import ResumePoint
 from upstream.mysql.rowfetch import RowFetcher
 from upstream.mysql.source import MySqlSpanSource
 
@@ -74,6 +75,18 @@ class MySqlUpstream(Upstream):
 
     def probe(self, timeout: float = 2.0) -> None:
         my_conn.probe(self.uri, timeout)
+
+    def retention_notice(self, keep_seconds: float) -> str | None:
+        """The server's binlog retention (``binlog_expire_logs_seconds``, else ``expire_logs_days``; 0: forever) when it
+        is shorter than ``keep_seconds``: a changefeed stopped longer loses its position (``SlotLost``)."""
+        kept = admin.binlog_retention_seconds(self._session(), self.where)
+        if kept is None or kept >= keep_seconds:
+            return None
+        return (f"MySQL {self.where} keeps binlog files for {kept:.0f}s (binlog_expire_logs_seconds / expire_logs_days), "
+                f"less than gc-ttl ({keep_seconds:.0f}s): a changefeed stopped or lagging longer than {kept:.0f}s "
+                f"loses the binlog after its checkpoint and must be recreated. Fix: SET GLOBAL "
+                f"binlog_expire_logs_seconds = {int(keep_seconds)} (or 0: keep forever), and in the server's "
+                f"configuration")
 
     def check_copy(self) -> None:
         raise InvalidArgument(
@@ -163,10 +176,34 @@ class MySqlUpstream(Upstream):
 
     # ---- data plane --------------------------------------------------------------------------------
     def span_source(self, span: SpanInfo, start: Watermark, table_filter: TableFilter, *, label: str,
-                    holder: str) -> MySqlSpanSource:
+                    holder: str, resume: str | None = None) -> MySqlSpanSource:
+        """``resume``: a :class:`~upstream.mysql.resume.ResumePoint` token (on this server: its file and position; read
+        from another server: its GTID state, :meth:`check_takeover`)."""
         uri, timeout = self.uri, self._timeout
         return MySqlSpanSource(uri, self.database, self.where, span_server_id(span.slot), table_filter, start, label,
-                               connect=lambda: my_conn.connect(uri, timeout=timeout))
+                               connect=lambda: my_conn.connect(uri, timeout=timeout), resume=resume)
+
+    def check_takeover(self, spans: Sequence[SpanInfo], tokens: Mapping[int, str | None]) -> None:
+        """Every span's token names a MariaDB GTID state that this server's binlog contains (a replica with
+        ``log_slave_updates``) and still holds what follows; ``InvalidArgument`` naming the missing GTIDs otherwise
+        (and for a span without a token: it never stored one, resume it once on its old server first)."""
+        conn = self._session()
+        sid = admin.server_id(conn, self.where)
+        problems = []
+        for span in spans:
+            token = tokens.get(span.index)
+            if not token:
+                problems.append(f"span {span.index} has no GTID position stored with its checkpoint (it was stored "
+                                f"before checkpoints carried one): resume the changefeed once on its old upstream")
+                continue
+            point = ResumePoint.decode(token)
+            if point.server_id == sid:
+                continue  # (the same server under another address: it continues at its file and position)
+            problems += [f"span {span.index} (checkpoint after GTID {point.gtid or '(none)'}): {p}"
+                         for p in admin.takeover_problems(conn, self.where, point.gtid)]
+        if problems:
+            raise InvalidArgument(f"MySQL {self.where} (server_id {sid}) cannot continue this changefeed: "
+                                  + "; ".join(problems))
 
     def row_source(self, *, label: str = "") -> RowFetcher:
         return RowFetcher(self.uri, label=label)
