@@ -210,3 +210,29 @@ def test_a_replica_whose_binlog_was_purged_past_the_token_is_refused(
     wait_for(purged)
     with open_upstream(replica.uri(DB)) as up, pytest.raises(InvalidArgument, match="no longer holds what follows"):
         up.check_takeover([SpanInfo(0, "slot_gtid", "pub", ts0)], {0: token})
+
+
+def test_a_server_of_another_topology_with_higher_sequence_numbers_is_refused(
+        pair: tuple[MariaDBServer, MariaDBServer], tmp_path: Path) -> None:
+    """Its domain 0 is further along than the token's, but the token's GTID is not in its binlog: the server's own
+    answer to a strict GTID dump decides."""
+    primary, _ = pair
+    other = MariaDBServer(tmp_path / "other", settings={"server-id": "3"}).start()
+    try:
+        other.create_database(DB)
+        other.execute(f"CREATE TABLE {DB}.acct (id INT PRIMARY KEY, bal INT, note VARCHAR(20))")
+        write(other, range(0, 20), 1)
+        ts0 = start_ts(primary, DB)
+        write(primary, range(0, 2), 1)
+        src, rec, resolved, th, stop, errors = source(primary.uri(DB), ts0, None)
+        try:
+            wait_for(lambda: len(rec.commits) >= 2)
+            token = src.resume_token(rec.commits[-1][0])
+        finally:
+            stop_source(src, th, stop)
+        assert not errors, errors
+        span = SpanInfo(0, "slot_gtid", "pub", ts0)
+        with open_upstream(other.uri(DB)) as up, pytest.raises(InvalidArgument, match="not in the master's binlog"):
+            up.check_takeover([span], {0: token})
+    finally:
+        other.stop()

@@ -93,6 +93,22 @@ def named_tables(query: str, default_schema: str) -> set[TableName]:
     return out
 
 
+def gtid_start_refusal(uri: str, server_id: int, gtid: str) -> str | None:
+    """What the MariaDB server at ``uri`` answers a replica (``server_id``) that asks to stream after GTID state
+    ``gtid`` in strict mode: None when it accepts, else its refusal (e.g. the GTID is not in its binlog: a server of
+    another replication topology, whose own sequence numbers merely happen to be higher). Reads nothing but the
+    first event of the dump."""
+    reader = BinLogStreamReader(stream_settings(uri), server_id=server_id, auto_position=gtid, is_mariadb=True,
+                                blocking=False, only_events=[RotateEvent])
+    try:
+        reader.fetchone()
+        return None
+    except pymysql.MySQLError as exc:
+        return str(exc.args[1] if len(exc.args) > 1 else exc)
+    finally:
+        reader.close()
+
+
 class MySqlChangeDecoder(ChangeDecoder):
     """Decodes stored MySQL changes (:mod:`upstream.mysql.payload`); values are text parsed with
     :mod:`upstream.postgres.types` (the vocabulary's types, see :mod:`upstream.mysql.types`)."""
@@ -244,6 +260,9 @@ class MySqlSpanSource(SpanSource):
             raise SlotLost(f"span={self.label}: the changefeed moved to another upstream server {point.epoch} times, "
                            f"the most its Ts encoding counts (docs/upstream-mysql.md); recreate the changefeed")
         problems = admin.takeover_problems(self._ctl, self.where, point.gtid)
+        if not problems:  # the server's own word: is that exact GTID in its binlog (same topology)?
+            refusal = gtid_start_refusal(self.uri, self.server_id, point.gtid)
+            problems = [refusal] if refusal else []
         if problems:
             raise SlotLost(f"span={self.label}: MySQL {self.where} (server_id {sid}) cannot continue the stream read "
                            f"from server_id {point.server_id} after GTID {point.gtid or '(none)'}: "

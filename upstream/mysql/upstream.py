@@ -29,7 +29,7 @@ from upstream.mysql import admin, catalog, eligibility, positions
 from upstream.mysql import conn as my_conn
 from upstream.mysql.resume import ResumePoint
 from upstream.mysql.rowfetch import RowFetcher
-from upstream.mysql.source import MySqlSpanSource
+from upstream.mysql.source import MySqlSpanSource, gtid_start_refusal
 
 
 def span_server_id(slot: str) -> int:
@@ -199,8 +199,11 @@ class MySqlUpstream(Upstream):
             point = ResumePoint.decode(token)
             if point.server_id == sid:
                 continue  # (the same server under another address: it continues at its file and position)
-            problems += [f"span {span.index} (checkpoint after GTID {point.gtid or '(none)'}): {p}"
-                         for p in admin.takeover_problems(conn, self.where, point.gtid)]
+            found = admin.takeover_problems(conn, self.where, point.gtid)
+            if not found:  # the server's own word: is that exact GTID in its binlog (same topology)?
+                refusal = gtid_start_refusal(self.uri, span_server_id(span.slot), point.gtid)
+                found = [refusal] if refusal else []
+            problems += [f"span {span.index} (checkpoint after GTID {point.gtid or '(none)'}): {p}" for p in found]
         if problems:
             raise InvalidArgument(f"MySQL {self.where} (server_id {sid}) cannot continue this changefeed: "
                                   + "; ".join(problems))
