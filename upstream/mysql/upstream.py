@@ -4,7 +4,9 @@ A span reads the server's row binlog over a replication connection of its own (:
 ``server_id`` derived from the span's slot name). There are no server-side objects: the span's *slot* is the binlog
 position its checkpoint Ts encodes (:mod:`upstream.mysql.positions`), its *publication* a label (the table set is
 the database's tables the changefeed's filter selects). Retention is the server's (``binlog_expire_logs_seconds``):
-a span whose checkpoint's binlog file was purged fails with ``SlotLost``.
+a span whose checkpoint's binlog file was purged fails with ``SlotLost``. Each checkpoint also stores the span's
+resume token (:mod:`upstream.mysql.resume`: GTID state and file/position), with which a promoted replica continues
+the changefeed (:meth:`MySqlUpstream.check_takeover`, ``changefeed update --upstream``).
 
 What this stage does not do yet (refused loudly, docs/upstream-mysql.md): more than one span per changefeed, the
 initial copy (``--snapshot none`` is required), DDL other than ADD/DROP COLUMN and DROP TABLE (fails the span),
