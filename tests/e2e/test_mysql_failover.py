@@ -163,3 +163,53 @@ def test_update_to_a_replica_missing_gtids_is_refused_and_changes_nothing(
         assert cdc.changefeed("lag")["upstream_uri"] == primary.uri(DB)
     finally:
         cdc.terminate()
+
+
+def test_a_target_ahead_of_the_stored_checkpoint_is_refused_after_the_move_never_applied_twice(
+        etcd_server: Any, cluster_id: str, tmp_path: Path, pair: tuple[MariaDBServer, MariaDBServer]) -> None:
+    """The capture is killed after writing transactions downstream but before storing their checkpoint (a long
+    checkpoint-min-interval), and the primary dies with it: the changefeed is paused and moved without ever running
+    on the old server again. Those transactions' old Ts cannot be matched on the replica, so the span fails loudly
+    instead of applying them a second time."""
+    primary, replica = pair
+    target = f"sqlite:///{tmp_path / 'target.db'}"
+    config = server_config(tmp_path, FAST_LEASE + "checkpoint-min-interval = 60\ncheckpoint-interval = 60\n")
+    cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, extra_args=config).start()
+    try:
+        cdc.create_changefeed("ahead", primary.uri(DB), target, snapshot="none")
+        mixed(primary.connect(DB), 3, seed=7)
+        first = wait_for(cdc, "ahead", lambda q: q["spans"][0]["checkpoint_ts"] and q["spans"][0]["checkpoint_ts"]
+                         > q["spans"][0]["start_ts"], "the first checkpoint stored")["spans"][0]["checkpoint_ts"]
+        mixed(primary.connect(DB), 10, seed=8, start=3)
+
+        def target_has_all() -> bool:
+            conn = primary.connect(DB)
+            try:
+                return all(d.equal for d in compare_mysql_tables(conn, [f"{DB}.{t}" for t in TABLES], target))
+            finally:
+                conn.close()
+
+        deadline = time.monotonic() + 60
+        while not target_has_all():
+            assert time.monotonic() < deadline, cdc.log_tail()
+            time.sleep(0.2)
+        assert cdc.changefeed("ahead")["spans"][0]["checkpoint_ts"] == first  # etcd lags the target
+        cdc.kill()
+        replica.catch_up(primary)
+        primary.stop()  # the old server is gone with the capture
+        cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, port=cdc.port,
+                        extra_args=config).start()
+        rc, out, err = cli(cdc, "changefeed", "pause", "-c", "ahead")
+        assert rc == 0, (out, err)
+        wait_for(cdc, "ahead", lambda q: not any(s["running"] for s in q["spans"]), "the span stopped")
+        replica.promote()
+        rc, out, err = cli(cdc, "changefeed", "update", "-c", "ahead", "--upstream", replica.uri(DB))
+        assert rc == 0, (out, err)
+        rc, out, err = cli(cdc, "changefeed", "resume", "-c", "ahead")
+        assert rc == 0, (out, err)
+        q = wait_for(cdc, "ahead", lambda q: "previous upstream server" in json.dumps(q.get("error")), "the refusal",
+                     timeout=90)
+        assert q["state"] == "failed", q
+        assert_same(replica, target, cdc)  # the target was left exactly as the old primary ended
+    finally:
+        cdc.terminate()
