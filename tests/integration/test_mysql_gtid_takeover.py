@@ -19,7 +19,7 @@ from cdc.ts import Watermark
 from playground.servers import MariaDBServer
 from upstream import open_upstream
 from upstream.mysql.positions import epoch_of
-from upstream.mysql.resume import ResumePoint
+from upstream.mysql.resume import GtidState, ResumePoint
 
 pytestmark = pytest.mark.integration
 
@@ -236,3 +236,42 @@ def test_a_server_of_another_topology_with_higher_sequence_numbers_is_refused(
             up.check_takeover([span], {0: token})
     finally:
         other.stop()
+
+
+def test_every_commits_token_is_the_servers_own_gtid_position_there_across_domains_and_acks(
+        pair: tuple[MariaDBServer, MariaDBServer]) -> None:
+    """Transactions in two GTID domains, interleaved: the token of each commit Ts names the GTID state MariaDB itself
+    gives for that binlog position (BINLOG_GTID_POS), before and after the source was told checkpoints are stored."""
+    primary, _ = pair
+    ts0 = start_ts(primary, DB)
+    conn = primary.connect(DB)
+    try:
+        with conn.cursor() as cur:
+            for i in range(12):
+                cur.execute("SET SESSION gtid_domain_id = %s", (5 if i % 3 == 1 else 0,))
+                cur.execute("INSERT INTO acct VALUES (%s, 1, 'x')", (i,))
+    finally:
+        conn.close()
+    src, rec, resolved, th, stop, errors = source(primary.uri(DB), ts0, None)
+    try:
+        wait_for(lambda: len(rec.commits) >= 12)
+        wait_for(lambda: bool(resolved) and resolved[-1].ts >= rec.commits[11][0])
+        tss = [c[0] for c in rec.commits]
+
+        def check(ts: int) -> None:
+            point = ResumePoint.decode(src.resume_token(ts) or "")
+            assert point.epoch == 0 and point.server_id == 1
+            [(truth,)] = primary.execute(f"SELECT BINLOG_GTID_POS('{point.file}', {point.pos})") or []
+            assert GtidState.parse(point.gtid) == GtidState.parse(truth), (ts, point, truth)
+
+        for ts in tss:
+            check(ts)
+        assert "5-1-" in ResumePoint.decode(src.resume_token(tss[-1]) or "").gtid
+        src.ack(tss[4])  # stored checkpoints: the marks up to them are folded into the base
+        src.ack(tss[7])
+        for ts in tss[7:]:
+            check(ts)
+        assert src.resume_token(tss[7] - 1) is None  # below a stored checkpoint: never asked, not known
+    finally:
+        stop_source(src, th, stop)
+    assert not errors, errors

@@ -35,6 +35,8 @@ import logging
 import re
 import threading
 import time
+from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
@@ -208,7 +210,13 @@ class MySqlSpanSource(SpanSource):
         self._base_pos_ts = start.ts
         self._base_state: dict[int, tuple[int, int]] = {}
         self._base_token: str | None = resume
-        self._marks: list[tuple[int, int, int, int]] = []  # (commit Ts, domain, server_id, seq_no) per commit
+        # per commit since the base (until a stored checkpoint passes it): commit Ts, domain, server_id, seq_no in
+        # parallel arrays (no object per transaction kept: a backlog of millions of commits costs 24 bytes each)
+        self._mark_ts = array("Q")
+        self._mark_dom = array("L")
+        self._mark_srv = array("L")
+        self._mark_seq = array("Q")
+        self._mark_domains: set[int] = set()  # the domains among the marks
         self._marks_lock = threading.Lock()
         self._gtid: tuple[int, int, int] | None = None  # the open transaction's (domain, server_id, seq_no)
 
@@ -293,37 +301,47 @@ class MySqlSpanSource(SpanSource):
             sid = self._server_id
             if sid is None or ts < self._base_pos_ts:
                 return self._base_token
-            pos_ts = self._base_pos_ts
-            state: dict[int, tuple[int, int]] | None = None
-            for m_ts, d, s, n in self._marks:
-                if m_ts > ts:
-                    break
-                if state is None:
-                    state = dict(self._base_state)
-                state[d] = (s, n)
-                pos_ts = m_ts
-            if state is None:
+            k = bisect_right(self._mark_ts, ts)  # the marks at or below ts: [0, k)
+            if k == 0:
                 if self._base_token is not None:
                     return self._base_token
-                state = self._base_state
+                pos_ts, state = self._base_pos_ts, self._base_state
+            else:
+                pos_ts, state = self._mark_ts[k - 1], self._state_upto(k)
         if positions.epoch_of(pos_ts) != self._epoch:
             return self._base_token  # (a takeover that has not committed anything yet)
         seq, pos = positions.split_ts(pos_ts)
         return ResumePoint(self._epoch, sid, f"{self._binlog_base}.{seq:06d}", pos, str(GtidState(state))).encode()
 
+    def _state_upto(self, k: int) -> dict[int, tuple[int, int]]:
+        """The GTID state after the first ``k`` marks (under the lock): the base, then the last mark of each domain
+        (found from the end: one step per mark only until every domain among the marks is seen, one usually)."""
+        state = dict(self._base_state)
+        todo = set(self._mark_domains)
+        i = k - 1
+        while todo and i >= 0:
+            d = self._mark_dom[i]
+            if d in todo:
+                todo.discard(d)
+                state[d] = (self._mark_srv[i], self._mark_seq[i])
+            i -= 1
+        return state
+
     def _fold(self, upto: int) -> None:
         """Forget the marks of commits at or below ``upto`` (a stored checkpoint): fold them into the base state."""
         with self._marks_lock:
-            marks = self._marks
-            i = 0
-            while i < len(marks) and marks[i][0] <= upto:
-                m_ts, d, s, n = marks[i]
-                self._base_state[d] = (s, n)
-                self._base_pos_ts = m_ts
-                self._base_token = None
-                i += 1
-            if i:
-                del marks[:i]
+            k = bisect_right(self._mark_ts, upto)
+            if not k:
+                return
+            self._base_state = self._state_upto(k)
+            self._base_pos_ts = self._mark_ts[k - 1]
+            self._base_token = None
+            for arr in (self._mark_ts, self._mark_dom, self._mark_srv, self._mark_seq):
+                del arr[:k]
+            if not self._mark_ts:
+                self._mark_domains.clear()
+            elif len(self._mark_domains) > 1:  # (one domain, the usual case: nothing to recount)
+                self._mark_domains = set(self._mark_dom)
 
     def close(self) -> None:
         self._closed.set()
@@ -657,8 +675,14 @@ class MySqlSpanSource(SpanSource):
         self._ddl_seq = -1
         gtid, self._gtid = self._gtid, None
         if gtid is not None and ts > self._base_pos_ts:  # (before on_resolved: a checkpoint at ts finds its GTID)
+            d, srv, seq = gtid
             with self._marks_lock:
-                self._marks.append((ts, *gtid))
+                self._mark_ts.append(ts)
+                self._mark_dom.append(d)
+                self._mark_srv.append(srv)
+                self._mark_seq.append(seq)
+                if d not in self._mark_domains:
+                    self._mark_domains.add(d)
         if self._unrecorded:  # valid from this commit on
             with self._versions_lock:
                 self._versions.extend((ts, s) for s in self._unrecorded)
