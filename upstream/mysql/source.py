@@ -213,8 +213,8 @@ class MySqlSpanSource(SpanSource):
         # per commit since the base (until a stored checkpoint passes it): commit Ts, domain, server_id, seq_no in
         # parallel arrays (no object per transaction kept: a backlog of millions of commits costs 24 bytes each)
         self._mark_ts = array("Q")
-        self._mark_dom = array("L")
-        self._mark_srv = array("L")
+        self._mark_dom = array("I")
+        self._mark_srv = array("I")
         self._mark_seq = array("Q")
         self._mark_domains: set[int] = set()  # the domains among the marks
         self._marks_lock = threading.Lock()
