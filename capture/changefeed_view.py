@@ -122,6 +122,8 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
             "capture": a.capture_id if a else None,
             "checkpoint_ts": ss.checkpoint_ts if ss else None,
             "checkpoint": lsn_to_str(ss.checkpoint_ts) if ss else None,
+            # the upstream's own position after the checkpoint (opaque: MySQL's GTID state and binlog file/position)
+            "resume_token": ss.resume_token if ss else None,
             "resolved_ts": ss.resolved_ts if ss else None,
             "running": ss.running if ss else False,
             "rows": ss.rows if ss else 0,

@@ -191,6 +191,7 @@ class ChangefeedService:
         self.store = store
         self.stop_wait = stop_wait  # update: how long to wait for the spans of a paused changefeed to stop
         self.verify_runs: VerifyRuns | None = None  # changefeed verify jobs (wired by the capture's server)
+        self.gc_ttl = 86400.0  # the servers' gc-ttl (wired and reloaded by the capture's server): create's notices
 
     # ---- create ----------------------------------------------------------------------------------
     def create(self, req: CreateRequest) -> dict[str, Any]:
@@ -230,7 +231,8 @@ class ChangefeedService:
                 spans = up.create_spans(_span_plans(req.changefeed_id, config.span_count, tables,
                                                     _join_rule(table_filter, config.span_count, sink,
                                                                req.sink_uri, config.sink.delivery)))
-                notices = [n for n in (up.capture_notice, old_image_notice(sink_uri.scheme, schemas)) if n]
+                notices = [n for n in (up.capture_notice, old_image_notice(sink_uri.scheme, schemas),
+                                       up.retention_notice(self.gc_ttl)) if n]
                 if existing and config.snapshot.on_existing_rows == "truncate" and isinstance(sink, CopyTargets):
                     try:
                         sink.truncate_targets(existing)
@@ -307,7 +309,7 @@ class ChangefeedService:
         upstream_raw = old.upstream_uri if req.upstream_uri is None else req.upstream_uri
         sink_uri = parse_sink_uri(sink_raw)
         parse_upstream_uri(upstream_raw)
-        _check_same_upstream(old.upstream_uri, upstream_raw)
+        takeover = _check_same_upstream(old.upstream_uri, upstream_raw)
         config = ChangefeedConfig.from_dict(old.config) if req.config is None else load_config(req.config)
         if req.skip_ddl_ts is not None:  # TiCDC's ignore-txn-start-ts, for one DDL the target rejects
             if req.skip_ddl_ts <= 0:
@@ -340,6 +342,10 @@ class ChangefeedService:
         try:
             sink.check()
             with open_upstream(upstream_raw) as up:
+                if takeover:  # another server (a promoted replica): it must hold every span's resume position
+                    statuses = self.store.snapshot().span_statuses.get(cf_id, {})
+                    up.check_takeover(old.spans, {s.index: statuses[s.index].resume_token if s.index in statuses
+                                                  else None for s in old.spans})
                 tables, _ = _eligible_tables(up, sink, table_filter, upstream_raw, sink_uri.redacted(),
                                              config.sink.delivery)
                 new = replace(old, sink_uri=sink_raw, upstream_uri=upstream_raw, config=config.to_dict(),
@@ -572,14 +578,21 @@ def _eligible_tables(up: Upstream, sink: Any, table_filter: TableFilter, upstrea
     return tables, schemas
 
 
-def _check_same_upstream(old: str, new: str) -> None:
-    was, now = open_upstream(old).server_identity(), open_upstream(new).server_identity()  # no I/O
-    if was != now:
-        h, p, d = was
-        raise InvalidArgument(
-            f"the upstream URI may change only its user, password or options, not the server or database: the "
-            f"changefeed's slots and publications live in {h}:{p}/{d} (new URI: "
-            f"{parse_upstream_uri(new).redacted()}); create a new changefeed for another upstream")
+def _check_same_upstream(old: str, new: str) -> bool:
+    """False when ``new`` names the same upstream as ``old`` (host, port and database); True when it names another
+    server with the same database and the same kind of upstream (a promoted replica: the caller asks it
+    ``Upstream.check_takeover``); ``InvalidArgument`` otherwise."""
+    up_old, up_new = open_upstream(old), open_upstream(new)  # no I/O
+    was, now = up_old.server_identity(), up_new.server_identity()
+    if was == now:
+        return False
+    if was[2] == now[2] and type(up_old) is type(up_new) and type(up_old).check_takeover is not Upstream.check_takeover:
+        return True
+    h, p, d = was
+    raise InvalidArgument(
+        f"the upstream URI may change only its user, password or options, not the server or database: the "
+        f"changefeed's slots and publications live in {h}:{p}/{d} (new URI: "
+        f"{parse_upstream_uri(new).redacted()}); create a new changefeed for another upstream")
 
 
 def _flatten(prefix: str, value: Any, out: dict[str, Any]) -> None:

@@ -109,6 +109,10 @@ _SCHEMAS: dict[str, Any] = {
                        "start_ts": {"type": "integer"}, "capture": {"type": "string", "nullable": True},
                        "checkpoint_ts": {"type": "integer", "nullable": True},
                        "checkpoint": {"type": "string", "nullable": True},
+                       "resume_token": {"type": "string", "nullable": True,
+                                        "description": "the upstream's own resume position after the checkpoint, "
+                                                       "opaque (MySQL/MariaDB: JSON with the GTID state and the "
+                                                       "binlog file/position); null: none"},
                        "resolved_ts": {"type": "integer", "nullable": True}, "running": {"type": "boolean"},
                        "rows": {"type": "integer"}, "error": _ref("RunningError"),
                        "warnings": {"type": "integer", "description": "data warnings stored by this span"},

@@ -116,6 +116,7 @@ class CaptureServer:
         # fresh: the sorter is a cache; spans rebuild it from their checkpoints (nothing to keep)
         self.sorter = LevelDBSorter(data_dir / "sorter", disk_quota=config.sorter_disk_quota, fresh=True)
         self.service = ChangefeedService(self.store)
+        self.service.gc_ttl = config.gc_ttl
         self.service.verify_runs = VerifyRuns(self.store, config.etcd, data_dir, lambda: self.capture_id)
         self.process = CaptureProcessState(
             session_alive=self._session_alive, etcd=self.client.stats, data_dir=str(data_dir),
@@ -344,6 +345,7 @@ class CaptureServer:
         logging.getLogger().setLevel(getattr(logging, config.log_level.upper(), logging.INFO))
         self.sorter.disk_quota = config.sorter_disk_quota
         self.process.sorter_disk_quota = config.sorter_disk_quota
+        self.service.gc_ttl = config.gc_ttl
         owner, processor = self.owner, self.processor
         if owner is not None:
             owner.config = config

@@ -300,6 +300,10 @@ class SpanStatus:
     # commit Ts up to which it applied everything and then stopped applying (its checkpoint). 0: not holding.
     held_id: int = 0
     held_ts: int = 0
+    # The upstream's own resume position after checkpoint_ts (upstream.base.SpanSource.resume_token: opaque here;
+    # MySQL/MariaDB: the GTID state and binlog file/position, upstream/mysql/resume.py), always the one of this
+    # checkpoint_ts; None: the upstream needs none, or a status stored before tokens existed
+    resume_token: str | None = None
 
 
 @dataclass(frozen=True)

@@ -432,7 +432,8 @@ def _add_cli_parser(sub: Any) -> None:
     u.add_argument("--changefeed-id", "-c", required=True)
     u.add_argument("--sink-uri")
     u.add_argument("--sink-uri-file", help="file whose first line is the new sink URI")
-    u.add_argument("--upstream", help="same server and database, e.g. new credentials")
+    u.add_argument("--upstream", help="same server and database, e.g. new credentials; or, for MariaDB, a promoted "
+                                      "replica holding the changefeed's GTIDs (docs/upstream-mysql.md, failover)")
     u.add_argument("--upstream-file", help="file whose first line is the new upstream URI")
     u.add_argument("--config", help="a whole changefeed TOML (span-count cannot change)")
     u.add_argument("--target-ts", type=int)

@@ -438,6 +438,10 @@ class UpstreamWatcher:
                 with self._lock:  # the new baseline only once its warnings are in a report (and not forgotten)
                     if info.id in self._last:
                         self._partitions[info.id] = leaves
+            retention = up.retention_notice(self.gc_ttl)
+            if retention is not None:  # (also while stopped: that is when it bites)
+                warnings.append(DataWarning(CODE_RETENTION_SHORT, "*", retention, WarningSeverity.NOTICE,
+                                            first_time=started, last_time=started))
             joined = None
             if all(tables is not None for tables in published.values()):
                 joined = frozenset({str(t) for tables in published.values() for t in tables or ()} | set(new))
@@ -462,6 +466,7 @@ class UpstreamWatcher:
 
 
 CODE_DDL_NOT_CAPTURED = "CDC:NoticeDdlNotCaptured"
+CODE_RETENTION_SHORT = "CDC:NoticeRetentionShort"  # the upstream may drop a stopped changefeed's position before gc-ttl
 
 
 def ddl_not_captured_notice(now: float) -> DataWarning:

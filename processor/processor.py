@@ -379,15 +379,17 @@ class Processor:
         self._lease_fence()
         span = _span_info(info, span_index)
         config = ChangefeedConfig.from_dict(info.config)
+        resume: str | None = None
         if status is not None and status.checkpoint_ts >= span.start_ts:
             start = Watermark(status.checkpoint_ts, status.checkpoint_time)
+            resume = status.resume_token  # (stored with exactly that checkpoint: _status)
         else:
             start = Watermark(span.start_ts, info.start_time)
         label = f"{info.id}/{span_index}"
         upstream = self._open_upstream(info.upstream_uri)  # no I/O: the source and the row sources open their own
         # opening it takes the slot over from a holder that lost the span (upstream.base.SpanSource)
         source = upstream.span_source(span, start, TableFilter(config.filter.rules), label=label,
-                                      holder=self.capture_id)
+                                      holder=self.capture_id, resume=resume)
         source.seed_schemas(*history_at(self.store.get_schema_histories(info.id).values(), start.ts, span_index,
                                         len(info.spans)))
         if self.config.puller_process and source.runs_in_child:  # (a source that cannot runs in a thread)
@@ -592,9 +594,12 @@ class Processor:
         runner = slot.runner
         prev = slot.reported
         if runner is not None:
+            checkpoint = runner.checkpoint  # (read once: the sink thread moves it; the token must be this one's)
+            token_of = getattr(runner, "resume_token", None)  # (a runner of the span's source: SpanRunner)
             status = SpanStatus(
                 capture_id=self.capture_id, epoch=slot.assignment.epoch,
-                checkpoint_ts=runner.checkpoint.ts, checkpoint_time=runner.checkpoint.time,
+                checkpoint_ts=checkpoint.ts, checkpoint_time=checkpoint.time,
+                resume_token=token_of(checkpoint.ts) if token_of is not None else None,
                 resolved_ts=runner.resolved.ts, resolved_time=runner.resolved.time,
                 running=runner.alive, error=slot.error, rows=runner.rows, updated=now,
                 warnings=slot.warnings.current(), snapshot=slot.snapshot)
@@ -613,8 +618,11 @@ class Processor:
         else:
             status = SpanStatus(capture_id=self.capture_id, epoch=slot.assignment.epoch, error=slot.error,
                                 updated=now, warnings=slot.warnings.current(), snapshot=slot.snapshot)
-        if prev is not None and status.checkpoint_ts < prev.checkpoint_ts:
-            status = replace(status, checkpoint_ts=prev.checkpoint_ts, checkpoint_time=prev.checkpoint_time)
+        if prev is not None and status.checkpoint_ts < prev.checkpoint_ts:  # never below the stored checkpoint
+            status = replace(status, checkpoint_ts=prev.checkpoint_ts, checkpoint_time=prev.checkpoint_time,
+                             resume_token=prev.resume_token)
+        elif prev is not None and status.checkpoint_ts == prev.checkpoint_ts and status.resume_token is None:
+            status = replace(status, resume_token=prev.resume_token)  # never without the token stored with it
         return status
 
     def _report(self, slot: Slot) -> bool:

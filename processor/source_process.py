@@ -176,6 +176,10 @@ class ChildSpanSource(SpanSource):
     def take_warnings(self) -> list[DataWarning]:
         return self.inner.take_warnings()
 
+    def resume_token(self, ts: int) -> str | None:
+        """The inner source's (what it learns while it runs must reach this instance by ``put_state``)."""
+        return self.inner.resume_token(ts)
+
     def seed_schemas(self, schemas: Iterable[TableSchema], carried: Collection[int] | None = None) -> None:
         self.inner.seed_schemas(schemas, carried)  # (before open: the child gets them with the pickled source)
 

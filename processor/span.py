@@ -215,6 +215,7 @@ class SpanRunner:
         self.verify_held: tuple[int, int] | None = None
         self._last_publish = 0.0
         self._threads: list[threading.Thread] = []
+        self._source_open = threading.Event()  # the puller thread opened the source
         self.started = time.time()
         # the initial copy (processor.snapshot.InitialCopy) runs first, then the span streams; the copy's
         # floors drop the changes it already holds (TxnBatcher)
@@ -372,6 +373,10 @@ class SpanRunner:
         else:
             self.verify_held = None
         return point
+
+    def resume_token(self, ts: int) -> str | None:
+        """The source's resume token of checkpoint ``ts`` (``SpanSource.resume_token``; stored beside it)."""
+        return self.source.resume_token(ts)
 
     def persisted(self, ts: int) -> None:
         """The processor stored checkpoint ``ts`` in etcd: the upstream may now forget it."""
@@ -547,6 +552,7 @@ class SpanRunner:
 
     def _run_puller(self) -> None:
         self.source.open()
+        self._source_open.set()
         self.source.run(self.sorter, self._stop, self._on_resolved)
 
     def _run_sink(self) -> None:
@@ -564,6 +570,10 @@ class SpanRunner:
                 if applied > self.checkpoint.ts:
                     log.info("span=%s target already holds up to commit %d (checkpoint %d): the replay skips it",
                              self.label, applied, self.checkpoint.ts)
+                    while not self._source_open.wait(0.2):  # (the puller thread opens it)
+                        if self._stop.is_set():
+                            return
+                    self.source.check_target_ahead(applied)  # can it replay them under the same Ts?
             decoder = self.source.decoder()
             mount = Mounter(decoder).mount
             self._written = self.checkpoint

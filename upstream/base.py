@@ -337,6 +337,19 @@ class SpanSource(ABC):
         Default: none."""
         return frozenset()
 
+    def resume_token(self, ts: int) -> str | None:
+        """The upstream's own resume position after every transaction with commit Ts <= ``ts`` (a checkpoint this
+        source passed to ``on_resolved``, or the start), as an opaque string the caller stores beside the checkpoint
+        and gives back to :meth:`Upstream.span_source` (``resume``) when the span restarts there; None when this
+        upstream needs none (the Ts is its position) or does not know it yet. Any thread. Default: None."""
+        return None
+
+    def check_target_ahead(self, applied_ts: int) -> None:  # noqa: B027 - optional: Ts that never change
+        """After ``open``: the target already holds every transaction up to commit Ts ``applied_ts``, past the start
+        (the sink skips them by commit Ts when they are streamed again). Raise (``SlotLost``, naming the fix) when
+        this source cannot stream them again under the same commit Ts (MySQL: it continues on another server, whose
+        Ts are new): they would be applied twice. Called by the span's sink thread. Default: its Ts are stable."""
+
     def take_warnings(self) -> list[DataWarning]:
         """Data warnings the stream itself carried since the last call (e.g. rows the upstream could not put
         into the stream), and forget them. Any thread. Default: none."""
@@ -518,6 +531,13 @@ class Upstream(ABC):
         :meth:`export_snapshot` and :meth:`snapshot_reader`); ``changefeed create`` asks before it creates anything
         when the changefeed is to copy them. Default: it can."""
 
+    def retention_notice(self, keep_seconds: float) -> str | None:
+        """Why this upstream may discard a stopped changefeed's position before ``keep_seconds`` (the servers'
+        gc-ttl: how long a stopped or failed changefeed keeps it) have passed, with the fix; None when it keeps it
+        at least that long (PostgreSQL: a slot retains its WAL until dropped). ``changefeed create`` shows it and
+        the owner's look keeps it in the changefeed's warnings. Default: None."""
+        return None
+
     @abstractmethod
     def probe(self, timeout: float = 2.0) -> None:
         """Cheap reachability check on its own short-lived connection (raises ``UpstreamUnavailable``)."""
@@ -621,9 +641,20 @@ class Upstream(ABC):
     # -- data plane
     @abstractmethod
     def span_source(self, span: SpanInfo, start: Watermark, table_filter: TableFilter, *, label: str,
-                    holder: str) -> SpanSource:
+                    holder: str, resume: str | None = None) -> SpanSource:
         """The change stream of ``span`` from ``start`` (see :class:`SpanSource`), not yet opened. ``holder``
-        names this capture to the upstream (shown when another one finds the slot taken)."""
+        names this capture to the upstream (shown when another one finds the slot taken). ``resume``: the
+        :meth:`SpanSource.resume_token` stored with the checkpoint ``start`` (None: none stored, e.g. a checkpoint
+        written before tokens existed; then ``start.ts`` alone says where to continue, on the same server)."""
+
+    def check_takeover(self, spans: Sequence[SpanInfo], tokens: Mapping[int, str | None]) -> None:
+        """This upstream is another server than the one ``spans`` were read from (``changefeed update --upstream``
+        with a new host or port: a promoted replica). Raise ``InvalidArgument`` naming what is missing unless every
+        span can continue here exactly after its checkpoint from its resume token (``tokens[span.index]``): the
+        server holds every transaction the token names, and still has everything after it. Default: an upstream
+        whose positions are its own cannot be continued elsewhere."""
+        raise InvalidArgument(f"{type(self).__name__}: a changefeed cannot continue on another server; create a new "
+                              f"changefeed for it")
 
     @abstractmethod
     def row_source(self, *, label: str = "") -> RowReader:

@@ -158,6 +158,39 @@ class MariaDBServer(Server):
         finally:
             conn.close()
 
+    def replicate_from(self, primary: MariaDBServer, timeout: float = 30) -> Self:
+        """Make this (started) server a GTID replica of ``primary`` (``CHANGE MASTER ... MASTER_USE_GTID =
+        slave_pos``, ``START SLAVE``) and wait until it has applied the primary's binlog up to its position now.
+        Start it with ``log-slave-updates`` (and a ``server-id`` of its own) for its binlog to hold what it applies:
+        :meth:`replica_of` does."""
+        self.execute(f"CHANGE MASTER TO MASTER_HOST = '{HOST}', MASTER_PORT = {primary.port}, MASTER_USER = 'root', "
+                     f"MASTER_PASSWORD = '', MASTER_USE_GTID = slave_pos, MASTER_CONNECT_RETRY = 1")
+        self.execute("START SLAVE")
+        self.catch_up(primary, timeout)
+        return self
+
+    def catch_up(self, primary: MariaDBServer, timeout: float = 30) -> None:
+        """Wait until this replica has applied every transaction ``primary`` has binlogged so far."""
+        [(pos,)] = primary.execute("SELECT @@gtid_binlog_pos") or [("",)]
+        [(res,)] = self.execute("SELECT MASTER_GTID_WAIT(%s, %s)", params=(pos, timeout)) or [(-1,)]
+        if res != 0:
+            status = self.execute("SHOW SLAVE STATUS")
+            raise RuntimeError(f"replica {self!r} did not reach GTID {pos} of {primary!r} in {timeout}s: {status}")
+
+    def promote(self) -> None:
+        """Stop replicating and forget the primary (``STOP SLAVE; RESET SLAVE ALL``): this server takes writes of its
+        own from now on, continuing the GTID sequence with its own server_id."""
+        self.execute("STOP SLAVE")
+        self.execute("RESET SLAVE ALL")
+
+    @classmethod
+    def replica_of(cls, primary: MariaDBServer, base_dir: Path, *, server_id: int = 2) -> MariaDBServer:
+        """A new server under ``base_dir`` with ``log-slave-updates`` and ``server-id``, started and replicating from
+        ``primary`` by GTID (:meth:`replicate_from`)."""
+        replica = cls(base_dir, settings={**primary.settings, "server-id": str(server_id), "log-slave-updates": "ON"},
+                      bin_dir=primary.bin_dir)
+        return replica.start().replicate_from(primary)
+
     def create_database(self, name: str) -> None:
         self.execute(f"CREATE DATABASE {_mysql_ident(name)}")
 

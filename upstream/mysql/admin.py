@@ -13,6 +13,7 @@ from typing import Any
 
 from cdc.errors import UpstreamNotReady
 from upstream.mysql.conn import mysql_errors
+from upstream.mysql.resume import GtidState
 
 _GRANT = re.compile(r"^GRANT (?P<privs>.+?) ON (?P<obj>\S+) TO ", re.IGNORECASE)
 _VARIABLES = ("log_bin", "binlog_format", "binlog_row_image", "binlog_row_metadata", "server_id", "version")
@@ -123,3 +124,53 @@ def replica_server_ids(conn: Any, where: str) -> set[int] | None:
             return {int(r[0]) for r in cur.fetchall()}
     except Exception:  # noqa: BLE001 - REPLICATION MASTER ADMIN missing: the clash shows when the span starts
         return None
+
+
+def server_id(conn: Any, where: str) -> int:
+    """The server's ``@@server_id`` (a replica's differs from its primary's: it tells the servers apart)."""
+    with mysql_errors(where, "reading the server_id"), conn.cursor() as cur:
+        cur.execute("SELECT @@server_id")
+        return int(cur.fetchone()[0])
+
+
+def gtid_binlog_pos(conn: Any, where: str) -> str | None:
+    """MariaDB's ``@@gtid_binlog_pos``: the GTID of the last transaction of each domain in the server's binlog (None:
+    the server has no such variable, e.g. MySQL)."""
+    try:
+        with mysql_errors(where, "reading the GTID position"), conn.cursor() as cur:
+            cur.execute("SELECT @@gtid_binlog_pos")
+            row = cur.fetchone()
+    except Exception:  # noqa: BLE001 - MySQL: no MariaDB GTID
+        return None
+    return None if row is None or row[0] is None else str(row[0])
+
+
+def takeover_problems(conn: Any, where: str, wanted: str) -> list[str]:
+    """Why this server cannot continue a stream after MariaDB GTID state ``wanted`` (empty: it can): the GTIDs it
+    lacks (its binlog position must contain ``wanted``: ``log_slave_updates`` on a replica), and the domains whose
+    transactions right after ``wanted`` its binlog no longer holds (purged)."""
+    state = GtidState.parse(wanted)
+    if not state.domains:
+        return ["the checkpoint names no GTID (the changefeed was read from a server without MariaDB GTIDs)"]
+    have = gtid_binlog_pos(conn, where)
+    if have is None:
+        return ["the server has no MariaDB GTID position (@@gtid_binlog_pos): failover by GTID needs MariaDB"]
+    problems = [f"its binlog lacks {m}" for m in state.missing_in(GtidState.parse(have))]
+    files = binary_logs(conn, where)
+    if files:
+        oldest = gtid_at(conn, where, files[0][0], 4)
+        if oldest is not None:
+            problems += [f"its binlog no longer holds what follows: {m}" for m in state.after(GtidState.parse(oldest))]
+    return problems
+
+
+def binlog_retention_seconds(conn: Any, where: str) -> float | None:
+    """How long the server keeps binlog files (``binlog_expire_logs_seconds``, else ``expire_logs_days``); None:
+    forever (0 or unset)."""
+    with mysql_errors(where, "reading the binlog retention"), conn.cursor() as cur:
+        cur.execute("SHOW GLOBAL VARIABLES WHERE Variable_name IN ('binlog_expire_logs_seconds', 'expire_logs_days')")
+        v = {str(k).lower(): str(val) for k, val in cur.fetchall()}
+    seconds = float(v.get("binlog_expire_logs_seconds") or 0)
+    if seconds <= 0:
+        seconds = float(v.get("expire_logs_days") or 0) * 86400
+    return seconds if seconds > 0 else None

@@ -18,6 +18,12 @@ position after the last transaction already downstream) and turns its events int
   naming the table, column and binlog position; a table whose binlog columns differ from the schema the span
   decodes it with (the seeded schema history's at the start, else the catalog's) likewise.
 
+Resume (:mod:`upstream.mysql.resume`): the source keeps the GTID of every commit it passes until the processor has
+stored a checkpoint past it (one small tuple per transaction), so :meth:`MySqlSpanSource.resume_token` gives the GTID
+state and binlog position after any checkpoint. Started with a token of the same server it continues at the token's
+file and position; with a token of another server (a promoted replica) it checks that the server contains the
+token's GTID state and still has what follows, then streams from that GTID state with the Ts epoch one higher.
+
 Any stream error ends ``run`` with ``UpstreamUnavailable``; the caller restarts the span from its checkpoint. The
 library's own silent reconnect is never trusted: a changed stream connection is such an error too.
 """
@@ -29,6 +35,8 @@ import logging
 import re
 import threading
 import time
+from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
@@ -60,6 +68,7 @@ from upstream.base import (
 )
 from upstream.mysql import admin, catalog, ddl, eligibility, payload, positions, types
 from upstream.mysql.conn import stream_settings
+from upstream.mysql.resume import GtidState, ResumePoint
 from upstream.postgres import types as text_types
 
 log = logging.getLogger(__name__)
@@ -84,6 +93,22 @@ def named_tables(query: str, default_schema: str) -> set[TableName]:
         a, b = m.group(1), m.group(2)
         out.add(TableName(_unquote(a), _unquote(b)) if b else TableName(default_schema, _unquote(a)))
     return out
+
+
+def gtid_start_refusal(uri: str, server_id: int, gtid: str) -> str | None:
+    """What the MariaDB server at ``uri`` answers a replica (``server_id``) that asks to stream after GTID state
+    ``gtid`` in strict mode: None when it accepts, else its refusal (e.g. the GTID is not in its binlog: a server of
+    another replication topology, whose own sequence numbers merely happen to be higher). Reads nothing but the
+    first event of the dump."""
+    reader = BinLogStreamReader(stream_settings(uri), server_id=server_id, auto_position=gtid, is_mariadb=True,
+                                blocking=False, only_events=[RotateEvent])
+    try:
+        reader.fetchone()
+        return None
+    except pymysql.MySQLError as exc:
+        return str(exc.args[1] if len(exc.args) > 1 else exc)
+    finally:
+        reader.close()
 
 
 class MySqlChangeDecoder(ChangeDecoder):
@@ -149,7 +174,7 @@ class MySqlSpanSource(SpanSource):
     """
 
     def __init__(self, uri: str, database: str, where: str, server_id: int, table_filter: TableFilter,
-                 start: Watermark, label: str, *, connect: Callable[[], Any]) -> None:
+                 start: Watermark, label: str, *, connect: Callable[[], Any], resume: str | None = None) -> None:
         self.uri = uri
         self.database = database
         self.where = where
@@ -176,19 +201,51 @@ class MySqlSpanSource(SpanSource):
         self._seeds: dict[TableName, TableSchema] = {}  # seed_schemas
         self._ineligible: dict[TableName, str] = {}  # tables created since that cannot be replicated -> why
         self._warnings: list[DataWarning] = []
+        # resume positions (resume_token): the token given, the state at the start and the GTID of each commit since
+        self.resume = resume
+        self._epoch = positions.epoch_of(start.ts)
+        self._server_id: int | None = None  # (set by open)
+        self._start_gtid: str | None = None  # a takeover streams from this GTID state, not a file position
+        self._binlog_base = ""
+        self._base_pos_ts = start.ts
+        self._base_state: dict[int, tuple[int, int]] = {}
+        self._base_token: str | None = resume
+        # per commit since the base (until a stored checkpoint passes it): commit Ts, domain, server_id, seq_no in
+        # parallel arrays (no object per transaction kept: a backlog of millions of commits costs 24 bytes each)
+        self._mark_ts = array("Q")
+        self._mark_dom = array("I")
+        self._mark_srv = array("I")
+        self._mark_seq = array("Q")
+        self._mark_domains: set[int] = set()  # the domains among the marks
+        self._marks_lock = threading.Lock()
+        self._gtid: tuple[int, int, int] | None = None  # the open transaction's (domain, server_id, seq_no)
 
     # ---- SpanSource --------------------------------------------------------------------------------
     def open(self) -> None:
-        """Find the start position's binlog file (``SlotLost`` when it was purged)."""
-        seq, pos = positions.split_ts(self.start.ts)
+        """Find where to start: the start position's binlog file (``SlotLost`` when it was purged) on the server the
+        resume token was read from; on another server, the token's GTID state (``SlotLost`` naming what the server
+        lacks)."""
         self._ctl = self._connect()
+        point = ResumePoint.decode(self.resume) if self.resume else None
+        sid = admin.server_id(self._ctl, self.where)
         files = [f for f, _ in admin.binary_logs(self._ctl, self.where)]
-        name = positions.file_name(files, seq)
-        if name is None:
-            raise SlotLost(f"span={self.label}: binlog file #{seq} of the checkpoint {lsn_to_str(self.start.ts)} is no "
-                           f"longer on MySQL {self.where} (purged; files now: {files[:1]}..{files[-1:]}): changes "
-                           f"after the checkpoint may be lost; recreate the changefeed")
-        self._start_file, self._start_pos = name, max(pos, 4)
+        if files:
+            self._binlog_base = files[-1].rpartition(".")[0]
+        if point is not None and point.server_id != sid:
+            self._take_over(point, sid)
+        else:
+            seq, pos = positions.split_ts(self.start.ts)
+            if point is not None and positions.epoch_of(self.start.ts) == point.epoch and point.file:
+                seq, pos = positions.file_sequence(point.file), point.pos  # (the last commit at or before the start)
+            name = positions.file_name(files, seq)
+            if name is None:
+                raise SlotLost(f"span={self.label}: binlog file #{seq} of the checkpoint {lsn_to_str(self.start.ts)} is "
+                               f"no longer on MySQL {self.where} (purged; files now: {files[:1]}..{files[-1:]}): "
+                               f"changes after the checkpoint may be lost; recreate the changefeed")
+            self._start_file, self._start_pos, self._start_gtid = name, max(pos, 4), None
+            gtid = point.gtid if point is not None else admin.gtid_at(self._ctl, self.where, name, max(pos, 4))
+            self._base_state = dict(GtidState.parse(gtid or "").domains)
+        self._server_id = sid
         self._carried = {t for t in catalog.list_tables(self._ctl, self.where, self.database) if self.filter.match(t)}
         for t in sorted(self._carried, key=str):
             if t in self._tables:
@@ -203,6 +260,88 @@ class MySqlSpanSource(SpanSource):
                 self._carried.add(t)
                 self._install(catalog.facts_as_of(seeded, None))
         self._closed.clear()
+
+    def _take_over(self, point: ResumePoint, sid: int) -> None:
+        """Continue on a server other than the token's (a promoted replica): from the token's GTID state, one Ts epoch
+        higher, after checking the server holds that state and everything after it."""
+        if point.epoch >= positions.MAX_EPOCH:
+            raise SlotLost(f"span={self.label}: the changefeed moved to another upstream server {point.epoch} times, "
+                           f"the most its Ts encoding counts (docs/upstream-mysql.md); recreate the changefeed")
+        problems = admin.takeover_problems(self._ctl, self.where, point.gtid)
+        if not problems:  # the server's own word: is that exact GTID in its binlog (same topology)?
+            refusal = gtid_start_refusal(self.uri, self.server_id, point.gtid)
+            problems = [refusal] if refusal else []
+        if problems:
+            raise SlotLost(f"span={self.label}: MySQL {self.where} (server_id {sid}) cannot continue the stream read "
+                           f"from server_id {point.server_id} after GTID {point.gtid or '(none)'}: "
+                           f"{'; '.join(problems)}; changes after the checkpoint would be lost")
+        self._epoch = point.epoch + 1
+        self._start_file, self._start_pos, self._start_gtid = None, 4, point.gtid
+        self._base_state = dict(GtidState.parse(point.gtid).domains)
+        log.info("span=%s continues on MySQL %s (server_id %d) after GTID %s, Ts epoch %d (was server_id %d)",
+                 self.label, self.where, sid, point.gtid, self._epoch, point.server_id)
+
+    def check_target_ahead(self, applied_ts: int) -> None:
+        """After a takeover the Ts of the old server's transactions are not those the new server's stream carries:
+        a target holding commits of the old server past the checkpoint (its capture ended before it stored the
+        checkpoint, then the changefeed was moved) would get them again. Refused: ``SlotLost``."""
+        if self._start_gtid is not None and positions.epoch_of(applied_ts) < self._epoch:
+            raise SlotLost(
+                f"span={self.label}: the target already holds transactions of the previous upstream server up to Ts "
+                f"{lsn_to_str(applied_ts)}, past the checkpoint {lsn_to_str(self.start.ts)} whose GTID state "
+                f"({self._start_gtid}) the new server continues from: they cannot be told apart on the new server and "
+                f"would be applied twice. Recreate the changefeed (or resync the target); to avoid this, pause a "
+                f"changefeed only while its spans run, so each stores its final checkpoint, before moving it")
+
+    def resume_token(self, ts: int) -> str | None:
+        """The :class:`~upstream.mysql.resume.ResumePoint` after every commit with Ts <= ``ts`` (module docstring): the
+        binlog position of the last such commit (or the start) and the GTID state there. Before ``open``, or while
+        nothing was committed since a takeover, the token it was given."""
+        with self._marks_lock:
+            sid = self._server_id
+            if sid is None or ts < self._base_pos_ts:
+                return self._base_token
+            k = bisect_right(self._mark_ts, ts)  # the marks at or below ts: [0, k)
+            if k == 0:
+                if self._base_token is not None:
+                    return self._base_token
+                pos_ts, state = self._base_pos_ts, self._base_state
+            else:
+                pos_ts, state = self._mark_ts[k - 1], self._state_upto(k)
+        if positions.epoch_of(pos_ts) != self._epoch:
+            return self._base_token  # (a takeover that has not committed anything yet)
+        seq, pos = positions.split_ts(pos_ts)
+        return ResumePoint(self._epoch, sid, f"{self._binlog_base}.{seq:06d}", pos, str(GtidState(state))).encode()
+
+    def _state_upto(self, k: int) -> dict[int, tuple[int, int]]:
+        """The GTID state after the first ``k`` marks (under the lock): the base, then the last mark of each domain
+        (found from the end: one step per mark only until every domain among the marks is seen, one usually)."""
+        state = dict(self._base_state)
+        todo = set(self._mark_domains)
+        i = k - 1
+        while todo and i >= 0:
+            d = self._mark_dom[i]
+            if d in todo:
+                todo.discard(d)
+                state[d] = (self._mark_srv[i], self._mark_seq[i])
+            i -= 1
+        return state
+
+    def _fold(self, upto: int) -> None:
+        """Forget the marks of commits at or below ``upto`` (a stored checkpoint): fold them into the base state."""
+        with self._marks_lock:
+            k = bisect_right(self._mark_ts, upto)
+            if not k:
+                return
+            self._base_state = self._state_upto(k)
+            self._base_pos_ts = self._mark_ts[k - 1]
+            self._base_token = None
+            for arr in (self._mark_ts, self._mark_dom, self._mark_srv, self._mark_seq):
+                del arr[:k]
+            if not self._mark_ts:
+                self._mark_domains.clear()
+            elif len(self._mark_domains) > 1:  # (one domain, the usual case: nothing to recount)
+                self._mark_domains = set(self._mark_dom)
 
     def close(self) -> None:
         self._closed.set()
@@ -220,8 +359,9 @@ class MySqlSpanSource(SpanSource):
                 pass
 
     def ack(self, ts: int) -> None:
-        """Nothing to confirm upstream: the server keeps binlogs by its own retention (``binlog_expire_logs_seconds``),
-        and the checkpoint Ts is the resume position."""
+        """Nothing to confirm upstream (the server keeps binlogs by its own retention, ``binlog_expire_logs_seconds``);
+        the GTIDs of commits up to the stored checkpoint ``ts`` are no longer needed one by one."""
+        self._fold(ts)
 
     def decoder(self) -> MySqlChangeDecoder:
         return self._decoder
@@ -343,16 +483,19 @@ class MySqlSpanSource(SpanSource):
 
     # ---- the loop ----------------------------------------------------------------------------------
     def _reader(self) -> BinLogStreamReader:
-        assert self._ctl is not None and self._start_file is not None
+        assert self._ctl is not None
+        if self._start_gtid is not None:  # a takeover: MariaDB's GTID mode (slave_connect_state)
+            where: dict[str, Any] = {"auto_position": self._start_gtid, "is_mariadb": True}
+        else:  # is_mariadb=True would ignore file/pos (GTID mode)
+            where = {"log_file": self._start_file, "log_pos": self._start_pos, "is_mariadb": False}
         return BinLogStreamReader(
-            stream_settings(self.uri), server_id=self.server_id, log_file=self._start_file, log_pos=self._start_pos,
-            resume_stream=True, blocking=True, is_mariadb=False,  # True would ignore file/pos (GTID mode)
+            stream_settings(self.uri), server_id=self.server_id, resume_stream=True, blocking=True, **where,
             slave_heartbeat=HEARTBEAT_SECONDS, only_schemas=None,
             only_events=[MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, RotateEvent, HeartbeatLogEvent,
                          WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent])
 
     def run(self, buffer: ChangeBuffer, stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
-        if self._ctl is None:
+        if self._ctl is None or (self._start_file is None and self._start_gtid is None):
             raise UpstreamUnavailable(f"span={self.label}: run before open")
         stream = self._stream = self._reader()
         try:
@@ -384,6 +527,7 @@ class MySqlSpanSource(SpanSource):
         conn_seen: Any = None
         add = buffer.add
         to_ts = positions.to_ts
+        epoch = self._epoch
         prefixes: dict[int, bytes] = {}
         while not stop.is_set() and not self._closed.is_set():
             ev = stream.fetchone()
@@ -426,10 +570,12 @@ class MySqlSpanSource(SpanSource):
                 has_rows = True
                 continue
             if t is XidEvent:
-                resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(stream.log_file, ev.packet.log_pos),
+                resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(stream.log_file, ev.packet.log_pos, epoch),
                                         float(ev.timestamp), skip_upto, resolved, on_resolved)
                 in_txn = has_rows = ddl_txn = False
             elif t is MariadbGtidEvent or t is GtidEvent:
+                if t is MariadbGtidEvent:
+                    self._gtid = (ev.domain_id, ev.server_id, ev.gtid_seq_no)
                 if in_txn and has_rows:
                     # a transaction whose end the span did not see (an XA transaction prepared, then committed by a
                     # later event group): its rows are neither committed nor dropped silently
@@ -452,13 +598,13 @@ class MySqlSpanSource(SpanSource):
                     # a COMMIT (non-transactional tables) or a DDL (committed by itself) ends the transaction; so
                     # does a ROLLBACK, whose logged rows are those of non-transactional tables: they stay changed
                     # upstream, so they are committed downstream too
-                    resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(stream.log_file, ev.packet.log_pos),
+                    resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(stream.log_file, ev.packet.log_pos, epoch),
                                             float(ev.timestamp), skip_upto, resolved, on_resolved)
                     in_txn = has_rows = ddl_txn = False
             elif t is HeartbeatLogEvent and not in_txn:
                 # the server sends one only when it has nothing more to send: every commit up to its position is
                 # here, and the upstream was at that position now
-                ts = to_ts(stream.log_file, ev.packet.log_pos) if ev.packet.log_pos else 0
+                ts = to_ts(stream.log_file, ev.packet.log_pos, epoch) if ev.packet.log_pos else 0
                 now = time.time()
                 if ts > resolved.ts or now > resolved.time:
                     resolved = Watermark(max(ts, resolved.ts), max(now, resolved.time))
@@ -527,6 +673,16 @@ class MySqlSpanSource(SpanSource):
     def _commit(self, buffer: ChangeBuffer, xid: int, has_rows: bool, ddl_txn: bool, ts: int, commit_time: float,
                 skip_upto: int, resolved: Watermark, on_resolved: Callable[[Watermark], None]) -> Watermark:
         self._ddl_seq = -1
+        gtid, self._gtid = self._gtid, None
+        if gtid is not None and ts > self._base_pos_ts:  # (before on_resolved: a checkpoint at ts finds its GTID)
+            d, srv, seq = gtid
+            with self._marks_lock:
+                self._mark_ts.append(ts)
+                self._mark_dom.append(d)
+                self._mark_srv.append(srv)
+                self._mark_seq.append(seq)
+                if d not in self._mark_domains:
+                    self._mark_domains.add(d)
         if self._unrecorded:  # valid from this commit on
             with self._versions_lock:
                 self._versions.extend((ts, s) for s in self._unrecorded)

@@ -4,7 +4,9 @@ A span reads the server's row binlog over a replication connection of its own (:
 ``server_id`` derived from the span's slot name). There are no server-side objects: the span's *slot* is the binlog
 position its checkpoint Ts encodes (:mod:`upstream.mysql.positions`), its *publication* a label (the table set is
 the database's tables the changefeed's filter selects). Retention is the server's (``binlog_expire_logs_seconds``):
-a span whose checkpoint's binlog file was purged fails with ``SlotLost``.
+a span whose checkpoint's binlog file was purged fails with ``SlotLost``. Each checkpoint also stores the span's
+resume token (:mod:`upstream.mysql.resume`: GTID state and file/position), with which a promoted replica continues
+the changefeed (:meth:`MySqlUpstream.check_takeover`, ``changefeed update --upstream``).
 
 What this stage does not do yet (refused loudly, docs/upstream-mysql.md): more than one span per changefeed, the
 initial copy (``--snapshot none`` is required), DDL other than ADD/DROP COLUMN and DROP TABLE (fails the span),
@@ -27,8 +29,9 @@ from cdc.uri import parse_upstream_uri
 from upstream.base import JoinRule, PartitionLeaf, SlotState, SpanPlan, Upstream
 from upstream.mysql import admin, catalog, eligibility, positions
 from upstream.mysql import conn as my_conn
+from upstream.mysql.resume import ResumePoint
 from upstream.mysql.rowfetch import RowFetcher
-from upstream.mysql.source import MySqlSpanSource
+from upstream.mysql.source import MySqlSpanSource, gtid_start_refusal
 
 
 def span_server_id(slot: str) -> int:
@@ -74,6 +77,18 @@ class MySqlUpstream(Upstream):
 
     def probe(self, timeout: float = 2.0) -> None:
         my_conn.probe(self.uri, timeout)
+
+    def retention_notice(self, keep_seconds: float) -> str | None:
+        """The server's binlog retention (``binlog_expire_logs_seconds``, else ``expire_logs_days``; 0: forever) when it
+        is shorter than ``keep_seconds``: a changefeed stopped longer loses its position (``SlotLost``)."""
+        kept = admin.binlog_retention_seconds(self._session(), self.where)
+        if kept is None or kept >= keep_seconds:
+            return None
+        return (f"MySQL {self.where} keeps binlog files for {kept:.0f}s (binlog_expire_logs_seconds / expire_logs_days), "
+                f"less than gc-ttl ({keep_seconds:.0f}s): a changefeed stopped or lagging longer than {kept:.0f}s "
+                f"loses the binlog after its checkpoint and must be recreated. Fix: SET GLOBAL "
+                f"binlog_expire_logs_seconds = {int(keep_seconds)} (or 0: keep forever), and in the server's "
+                f"configuration")
 
     def check_copy(self) -> None:
         raise InvalidArgument(
@@ -163,10 +178,37 @@ class MySqlUpstream(Upstream):
 
     # ---- data plane --------------------------------------------------------------------------------
     def span_source(self, span: SpanInfo, start: Watermark, table_filter: TableFilter, *, label: str,
-                    holder: str) -> MySqlSpanSource:
+                    holder: str, resume: str | None = None) -> MySqlSpanSource:
+        """``resume``: a :class:`~upstream.mysql.resume.ResumePoint` token (on this server: its file and position; read
+        from another server: its GTID state, :meth:`check_takeover`)."""
         uri, timeout = self.uri, self._timeout
         return MySqlSpanSource(uri, self.database, self.where, span_server_id(span.slot), table_filter, start, label,
-                               connect=lambda: my_conn.connect(uri, timeout=timeout))
+                               connect=lambda: my_conn.connect(uri, timeout=timeout), resume=resume)
+
+    def check_takeover(self, spans: Sequence[SpanInfo], tokens: Mapping[int, str | None]) -> None:
+        """Every span's token names a MariaDB GTID state that this server's binlog contains (a replica with
+        ``log_slave_updates``) and still holds what follows; ``InvalidArgument`` naming the missing GTIDs otherwise
+        (and for a span without a token: it never stored one, resume it once on its old server first)."""
+        conn = self._session()
+        sid = admin.server_id(conn, self.where)
+        problems = []
+        for span in spans:
+            token = tokens.get(span.index)
+            if not token:
+                problems.append(f"span {span.index} has no GTID position stored with its checkpoint (it was stored "
+                                f"before checkpoints carried one): resume the changefeed once on its old upstream")
+                continue
+            point = ResumePoint.decode(token)
+            if point.server_id == sid:
+                continue  # (the same server under another address: it continues at its file and position)
+            found = admin.takeover_problems(conn, self.where, point.gtid)
+            if not found:  # the server's own word: is that exact GTID in its binlog (same topology)?
+                refusal = gtid_start_refusal(self.uri, span_server_id(span.slot), point.gtid)
+                found = [refusal] if refusal else []
+            problems += [f"span {span.index} (checkpoint after GTID {point.gtid or '(none)'}): {p}" for p in found]
+        if problems:
+            raise InvalidArgument(f"MySQL {self.where} (server_id {sid}) cannot continue this changefeed: "
+                                  + "; ".join(problems))
 
     def row_source(self, *, label: str = "") -> RowFetcher:
         return RowFetcher(self.uri, label=label)

@@ -239,7 +239,8 @@ class PostgresUpstream(Upstream):
 
     # ---- data plane --------------------------------------------------------------------------------
     def span_source(self, span: SpanInfo, start: Watermark, table_filter: TableFilter, *, label: str,
-                    holder: str) -> PgSpanSource:
+                    holder: str, resume: str | None = None) -> PgSpanSource:
+        """(``resume`` is ignored: the slot keeps PostgreSQL's position, the checkpoint's LSN is it.)"""
         stream = ReplicationStream(self.uri, span.slot, span.publication, start.ts, label=label, holder=holder,
                                    takeover=True)
         # (a partial, not a lambda: the source is pickled when it runs in a process of its own)
