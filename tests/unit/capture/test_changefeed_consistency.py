@@ -31,3 +31,25 @@ def test_the_changefeed_view_carries_it() -> None:
     view = describe(_info("postgresql://u@h/t", 3, {"sink": {"worker_count": 2}}), None, {}, {})
     assert view["consistency"]["mode"] == "per-key"
     assert "3 spans and 2 apply workers" in view["consistency"]["detail"]
+
+
+def test_snapshot_mode_is_shown_with_its_interval_and_syncpoint() -> None:
+    c = consistency_view(_info("postgresql://u@h/t", 3, {"consistency": {"mode": "snapshot", "interval": 2.5,
+                                                                         "syncpoint": True}}))
+    assert (c["mode"], c["spans"], c["interval"], c["syncpoint"]) == ("snapshot", 3, 2.5, True)
+    assert "tidewater_syncpoint" in c["detail"]
+
+
+@pytest.mark.parametrize("sink", ["kafka://h:9092/t?protocol=canal-json", "file:///tmp/x?protocol=csv",
+                                  "blackhole://"])
+def test_snapshot_mode_is_refused_for_sinks_that_cannot_apply_barriers(sink: str) -> None:
+    from capture.changefeeds import check_consistency
+    from cdc.config import ChangefeedConfig
+    from cdc.errors import InvalidConfig
+
+    config = ChangefeedConfig.from_toml('[consistency]\nmode = "snapshot"\n')
+    with pytest.raises(InvalidConfig, match="not available for"):
+        check_consistency(config, sink)
+    check_consistency(ChangefeedConfig(), sink)  # the default mode: any sink
+    for sql in ("postgresql://u@h/t", "mysql://u@h/t", "sqlite:///t.db"):
+        check_consistency(config, sql)
