@@ -26,7 +26,7 @@ from playground.cluster import CdcServer, current_lsn
 from playground.compare import compare_tables, sqlalchemy_url
 from playground.servers import EtcdServer, PostgresServer
 
-pytestmark = [pytest.mark.e2e, pytest.mark.kills]
+pytestmark = pytest.mark.e2e
 
 TABLES = ("acct0", "acct1", "acct2", "acct4", "acct6", "acct9")  # two per span with span-count = 3
 SPANS = {t: span_of(TableName("public", t), 3) for t in TABLES}
