@@ -69,7 +69,7 @@ from sqlalchemy.engine import Connection
 
 from cdc.config import DdlConfig, SinkConfig
 from cdc.errors import SinkError
-from cdc.events import DdlEvent, RowChange, TableName, TableSchema
+from cdc.events import DdlEvent, DdlKind, RowChange, TableName, TableSchema
 from cdc.model import DataWarning, merge_warnings
 from cdc.snapshot import ChunkMarker, CopyText
 from cdc.ts import Watermark
@@ -99,6 +99,9 @@ from sinks.sql.target.position import forget as forget_position
 from sinks.sql.target.staging import StageSQL
 
 log = logging.getLogger(__name__)
+
+STAGING_DDL = frozenset({DdlKind.CREATE_TABLE, DdlKind.CREATE_INDEX, DdlKind.DROP_INDEX, DdlKind.OTHER})
+"""Schema changes a staging sink applies at once: none changes a table that staged rows may be waiting for."""
 
 
 class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser, BarrierSink, BulkLoad, TextCopy,
@@ -166,8 +169,9 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
     def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
         """Apply a schema change once, translated for the dialect: see :mod:`sinks.sql.ops.ddl_run`. A staging sink
         (``[consistency] mode = "snapshot"``) refuses it: the change would reach the real table before the staged
-        rows written under the old schema (docs/consistency.md, "Limits")."""
-        if self._stager is not None and not skip:
+        rows written under the old schema (docs/consistency.md, "Limits"), unless it changes no existing row's shape
+        (:data:`STAGING_DDL`: a new table, an index, a comment), which is applied at once."""
+        if self._stager is not None and not skip and not STAGING_DDL.issuperset(event.kinds):
             raise SinkError(f"the schema change of {event.table} at commit {event.commit_ts} "
                             f"({event.query[:80]!r}): schema changes are not applied under [consistency] mode = "
                             "\"snapshot\" in this version (the staged rows before it would be applied after it); "

@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from cdc.config import SinkConfig
 from cdc.errors import LeaseLost, SinkError, SinkUnavailable
-from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
+from cdc.events import ColumnSchema, DdlChange, DdlEvent, DdlKind, OpType, RowChange, TableName, TableSchema
 from playground.compare import sqlalchemy_url
 from sinks.factory import open_sink
 from sinks.sql.sink import SQLSink
@@ -302,4 +302,44 @@ def test_a_coordinator_killed_mid_apply(target: Target, tmp_path: Path) -> None:
     nxt.close()
     assert target.balances() == bank.at(bank.ts)
     assert target.syncpoints() == [first, bank.ts]
+    assert target.staged() == []
+
+
+NEW = TableSchema(TableName("public", "opened"), (ColumnSchema("id", 23, "int4", nullable=False, is_key=True),
+                                                  ColumnSchema("note", 25, "text")), ("id",))
+
+
+def test_a_new_table_mid_transaction_and_a_refused_schema_change(target: Target) -> None:
+    """A CREATE TABLE changes no staged row's shape: applied at once, and the rest of its transaction (split at it)
+    is staged after the first part and applied with it in one barrier. An ADD COLUMN would reach the real table
+    before the staged rows of the old shape: refused, loudly."""
+    bank = Bank(6)
+    bank.opening()
+    stage_all(target, bank, 0, bank.ts)
+    ts = bank.ts + 10
+    sink = target.sink()
+    sink.stage_barriers()
+    sink.open_position("cf", 0, origin=ORIGIN)
+    before = [RowChange(OpType.UPDATE, SCHEMAS[0], ts, float(ts), values={"id": 1, "balance": 900})]
+    sink.write(before)  # the transaction's rows before its DDL
+    create = DdlEvent(ts, float(ts), NEW.name, (DdlChange(DdlKind.CREATE_TABLE),), None, NEW,
+                      query="CREATE TABLE opened (id int PRIMARY KEY, note text)")
+    assert sink.apply_ddl(create)
+    after = [RowChange(OpType.INSERT, NEW, ts, float(ts), values={"id": i, "note": f"n{i}"}) for i in range(3)]
+    assert sink.write(after) == 3  # the rest of the same transaction, staged after its first part
+    assert sink.write(after) == 0  # (a replay: skipped)
+    add = DdlEvent(ts + 10, float(ts + 10), SCHEMAS[0].name, (DdlChange(DdlKind.ADD_COLUMN, "memo"),), SCHEMAS[0],
+                   SCHEMAS[0], query="ALTER TABLE acct0 ADD COLUMN memo text")
+    with pytest.raises(SinkError, match="not applied under"):
+        sink.apply_ddl(add)
+    sink.close()
+    new = "public.opened" if target.kind == "postgresql" else "opened"
+    assert target.query(f"SELECT count(*) FROM {new}") == [(0,)]  # the table exists, its rows wait for the barrier
+    coordinator = target.sink()
+    coordinator.apply_barrier("cf", ORIGIN, ts, float(ts), history=False)
+    coordinator.close()
+    assert sorted(target.query(f"SELECT id, note FROM {new}")) == [(i, f"n{i}") for i in range(3)]
+    expected = bank.at(bank.ts)
+    expected[(0, 1)] = 900
+    assert target.balances() == expected
     assert target.staged() == []

@@ -67,13 +67,17 @@ class Stager:
 
     def write(self, position: Position, changes: Iterable[RowChange], fence: Fence | None) -> int:
         """Stage ``changes`` above ``position`` and move it, in one downstream transaction."""
-        if position.done or position.reopened:
+        if position.done:
             raise SinkError(f"changefeed={position.changefeed} span={position.span}: staged writes do not take "
-                            "transactions applied out of order (parallel apply) or reopened after a DDL")
-        tracked = Tracked(changes, position.applied)
+                            "transactions applied out of order (parallel apply)")
+        tracked = Tracked(changes, position.skip_at())
         stage = self._stage
         with self._target.transaction(stage.label, fence=fence) as conn:
-            count = stage.stage_changes(conn, position.changefeed, position.span, tracked)
+            resume = (0, 0)
+            if position.skip_at() < position.applied:  # the rest of a transaction split at its DDL
+                resume = (position.applied, stage.next_piece(conn, position.changefeed, position.span,
+                                                             position.applied))
+            count = stage.stage_changes(conn, position.changefeed, position.span, tracked, resume=resume)
             if not tracked.done:
                 raise SinkError("internal: the staging write returned before consuming its changes")
             if tracked.last_ts:

@@ -96,6 +96,7 @@ class StageSQL:
                           f"AND ({ts}, {sp}, {seq}) > ({p}, {p}, {p}) ORDER BY {ts}, {sp}, {seq} LIMIT {PAGE_PIECES}")
         self.drop_staged = f"DELETE FROM {stage} WHERE {cf} = {p} AND {ts} <= {p}"
         self.count_staged = f"SELECT count(*), min({ts}), max({ts}) FROM {stage} WHERE {cf} = {p}"
+        self.max_seq = f"SELECT max({seq}) FROM {stage} WHERE {cf} = {p} AND {sp} = {p} AND {ts} = {p}"
         self.clear_span = f"DELETE FROM {stage} WHERE {cf} = {p} AND {sp} = {p} AND {ts} > {p}"
         self.forget_stage = f"DELETE FROM {stage} WHERE {cf} = {p}"
         at = {"postgresql": f"to_timestamp({p})", "mysql": f"FROM_UNIXTIME({p})",
@@ -117,8 +118,10 @@ class StageSQL:
         return self.stage.create_table, self.syncpoint.create_table
 
     # ---- the span's side ------------------------------------------------------------------------------------
-    def stage_changes(self, conn: Connection, changefeed: str, span: int, changes: Iterable[RowChange]) -> int:
-        """Stage ``changes`` (ordered by commit Ts) in ``conn``'s open transaction; returns how many."""
+    def stage_changes(self, conn: Connection, changefeed: str, span: int, changes: Iterable[RowChange], *,
+                      resume: tuple[int, int] = (0, 0)) -> int:
+        """Stage ``changes`` (ordered by commit Ts) in ``conn``'s open transaction; returns how many. ``resume``:
+        (commit Ts, first piece number) of a transaction whose first part is staged already (split at a DDL)."""
         count = 0
         rows: list[Any] = []
         pending = 0
@@ -133,7 +136,10 @@ class StageSQL:
                     if pending >= _INSERT_ROWS:
                         self._insert(conn, rows, pending)
                         rows, pending = [], 0
-                seq = seq + 1 if ch.commit_ts == ts else 0
+                if ch.commit_ts == ts:
+                    seq += 1
+                else:
+                    seq = resume[1] if ch.commit_ts == resume[0] else 0
                 ts, when, piece = ch.commit_ts, ch.commit_time, []
             piece.append(ch)
         if piece:
@@ -146,6 +152,11 @@ class StageSQL:
 
     def _insert(self, conn: Connection, params: list[Any], pieces: int) -> None:
         conn.exec_driver_sql(self.insert_head + ", ".join([self.insert_row] * pieces), tuple(params))
+
+    def next_piece(self, conn: Connection, changefeed: str, span: int, commit_ts: int) -> int:
+        """The number of the next piece of the span's transaction ``commit_ts`` (0: none staged)."""
+        row = conn.exec_driver_sql(self.max_seq, (changefeed, span, commit_ts)).first()
+        return int(row[0]) + 1 if row is not None and row[0] is not None else 0
 
     def clear_above(self, conn: Connection, changefeed: str, span: int, ts: int) -> None:
         """Delete the span's staged pieces above ``ts`` (an earlier changefeed's, when its position was reset)."""
