@@ -34,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from cdc.config import ChangefeedConfig, ConsistencyConfig
 from cdc.errors import SinkError
@@ -110,7 +111,8 @@ class BarrierCoordinator:
         self._wall = wall
         self.retry_min, self.retry_max, self.warn_after = retry_min, retry_max, warn_after
         self._feeds: dict[str, BarrierFeed] = {}
-        self._configs: dict[int, ConsistencyConfig | None] = {}  # id(info.config) -> parsed (offers are frequent)
+        # changefeed -> (its config as stored, parsed): offers are frequent, a config rarely changes
+        self._configs: dict[str, tuple[dict[str, Any], ConsistencyConfig | None]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
 
@@ -118,12 +120,10 @@ class BarrierCoordinator:
         """Every span of ``info`` staged up to ``ts`` (cheap; applying happens in :meth:`run`)."""
         if ts <= 0:
             return
-        key = id(info.config)
-        if key not in self._configs:
-            if len(self._configs) > 1024:
-                self._configs.clear()
-            self._configs[key] = consistency(info)
-        config = self._configs[key]
+        cached = self._configs.get(info.id)
+        if cached is None or (cached[0] is not info.config and cached[0] != info.config):
+            cached = self._configs[info.id] = (info.config, consistency(info))
+        config = cached[1]
         if config is None:
             return
         with self._lock:
@@ -141,6 +141,7 @@ class BarrierCoordinator:
     def forget(self, changefeed: str) -> None:
         with self._lock:
             feed = self._feeds.pop(changefeed, None)
+        self._configs.pop(changefeed, None)
         if feed is not None:
             self._close(feed)
 

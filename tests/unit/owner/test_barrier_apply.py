@@ -158,3 +158,15 @@ def test_readers_see_whole_barriers_only() -> None:
     coord.apply_due()
     assert [c.commit_ts for c in stage.visible] == sorted(c.commit_ts for c in stage.visible)
     assert len(stage.visible) == 18 and stage.staged == []
+
+
+def test_a_config_changed_to_another_mode_is_read_again() -> None:
+    """(A changed config is a new dict: never taken for the one parsed before.)"""
+    stage, clock = MemoryStage(), Clock()
+    coord, _ = coordinator(stage, clock)
+    coord.offer(info({}), 200, 2.0)
+    coord.apply_due()
+    assert stage.barriers == []
+    coord.offer(info(dict(SNAPSHOT)), 300, 3.0)
+    coord.apply_due()
+    assert stage.barriers == [("cf", 300, False)]
