@@ -19,6 +19,10 @@ Guarantees (on top of the contracts of its roles: :mod:`sinks.base`, :mod:`sinks
 - Exactly-once after :meth:`open_position` (default ``delivery``): the span's applied commit Ts is moved in
   the target's position table inside each write's transaction, after its rows and before the fence and
   commit (compare-and-set, :mod:`sinks.sql.target.position`); changes at or below it are dropped unapplied.
+- ``[consistency] mode = "snapshot"`` (``BarrierSink``, :mod:`sinks.sql.ops.barrier`): after ``stage_barriers`` a
+  ``write`` stages its changes in ``tidewater_stage`` with the position instead of applying them; ``apply_barrier``
+  applies everything staged up to a barrier in one transaction with its ``tidewater_syncpoint`` row
+  (docs/consistency.md). The default mode's write path is unchanged.
 - Missing target tables are created from the upstream schema (docs/type-mapping.md); existing ones are used
   as they are (columns and a unique key checked), altered only by ``apply_ddl`` (docs/ddl.md).
 - TRUNCATE is ``DELETE FROM`` on MySQL/SQLite (MySQL's TRUNCATE would commit implicitly) and

@@ -249,7 +249,8 @@ def test_snapshot_mode_has_no_torn_reads(cluster: Cluster, pg_server: PostgresSe
     assert len(poller.errors) <= len(poller.totals) // 10, poller.errors[:5]
 
 
-@pytest.mark.parametrize("kind", ["postgresql"])
+@pytest.mark.parametrize("kind", ["postgresql", pytest.param("mariadb", marks=pytest.mark.slow),
+                                  pytest.param("sqlite", marks=pytest.mark.slow)])
 def test_default_mode_reports_torn_reads(cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any,
                                          tmp_path: Path, request: pytest.FixtureRequest, kind: str,
                                          record_property: Any) -> None:
