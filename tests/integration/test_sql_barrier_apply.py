@@ -7,7 +7,9 @@ money between accounts of two spans, so each span stages half of it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import pickle
 import random
 import signal
 import subprocess
@@ -24,9 +26,11 @@ import sqlalchemy as sa
 from cdc.config import SinkConfig
 from cdc.errors import LeaseLost, SinkError, SinkUnavailable
 from cdc.events import ColumnSchema, DdlChange, DdlEvent, DdlKind, OpType, RowChange, TableName, TableSchema
+from cdc.model import ChangefeedInfo, SpanInfo
 from playground.compare import sqlalchemy_url
 from sinks.factory import open_sink
 from sinks.sql.sink import SQLSink
+from spark_jobs.verify import VerifyJob, wait_for_barrier
 
 pytestmark = pytest.mark.integration
 
@@ -234,8 +238,6 @@ def test_a_foreign_staged_row_is_refused(target: Target) -> None:
     bank = Bank(4)
     bank.opening()
     stage_all(target, bank, 0, bank.ts)
-    import pickle
-
     evil = pickle.dumps([os.system])  # names posix.system
     engine = sa.create_engine(sqlalchemy_url(target.uri))
     p = "?" if target.kind == "sqlite" else "%s"
@@ -343,3 +345,21 @@ def test_a_new_table_mid_transaction_and_a_refused_schema_change(target: Target)
     expected[(0, 1)] = 900
     assert target.balances() == expected
     assert target.staged() == []
+
+
+def test_verify_waits_for_the_barrier_of_its_hold(target: Target) -> None:
+    """``changefeed verify`` holds the spans at a point; in snapshot mode they have only *staged* up to it: the job
+    compares once the target shows that barrier, and says so when it does not come."""
+    bank = Bank(7)
+    bank.opening()
+    stage_all(target, bank, 0, bank.ts)
+    info = ChangefeedInfo("cf", "postgresql://u@h/db", target.uri, {"consistency": {"mode": "snapshot"}}, ORIGIN,
+                          0.0, 0.0, spans=tuple(SpanInfo(i, f"s{i}", f"p{i}", ORIGIN) for i in range(SPANS)))
+    job = VerifyJob(upstream="postgresql://u@h/db", sink=target.uri, tables=(), changefeed="cf", hold_timeout=0.5)
+    with pytest.raises(SinkUnavailable, match="not yet the held point"):
+        wait_for_barrier(job, info, bank.ts)
+    coordinator = target.sink()
+    coordinator.apply_barrier("cf", ORIGIN, bank.ts, float(bank.ts), history=False)
+    coordinator.close()
+    wait_for_barrier(job, info, bank.ts)  # returns at once
+    wait_for_barrier(job, dataclasses.replace(info, config={}), bank.ts + 100)  # the default mode: nothing to wait for
