@@ -120,6 +120,16 @@ def consistency_view(info: ChangefeedInfo) -> dict[str, Any]:
                       "visible before an unrelated earlier one"}
 
 
+def barrier_view(view: dict[str, Any], status: ChangefeedStatus) -> dict[str, Any]:
+    """Snapshot mode: the consistency view with the barrier readers of the target see (``barrier_ts``, ``barrier``,
+    ``barrier_lag``: seconds since its upstream commit; None before the first one), as the owner last stored it."""
+    if view["mode"] != "snapshot":
+        return view
+    ts = status.barrier_ts or None
+    return {**view, "barrier_ts": ts, "barrier": lsn_to_str(ts) if ts else None,
+            "barrier_lag": lag(status.barrier_time) if ts and status.barrier_time else None}
+
+
 def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments: dict[int, Any],
              span_statuses: dict[int, Any]) -> dict[str, Any]:
     st = status or ChangefeedStatus()
@@ -151,7 +161,7 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
         "upstream_uri": redact(info.upstream_uri),  # also when sealed with a key this capture lacks
         "sink_uri": redact(info.sink_uri),
         "config": info.config,
-        "consistency": consistency_view(info),
+        "consistency": barrier_view(consistency_view(info), st),
         "start_ts": info.start_ts,
         "target_ts": info.target_ts,
         "create_time": info.create_time,

@@ -76,6 +76,7 @@ class BarrierFeed:
     ts: int = 0  # the latest offer: every span staged up to it
     time: float = 0.0
     applied: int = 0  # the barrier the target shows, as this owner last saw it (0: not read yet)
+    applied_time: float = 0.0  # its upstream commit time
     last_apply: float | None = None  # the clock when the last barrier was applied (None: none this term)
     next_try: float = 0.0
     failures: int = 0
@@ -155,9 +156,13 @@ class BarrierCoordinator:
 
     def applied(self, changefeed: str) -> int:
         """The barrier the target shows, as this owner last applied or read it (0: unknown)."""
+        return self.applied_point(changefeed)[0]
+
+    def applied_point(self, changefeed: str) -> tuple[int, float]:
+        """(barrier, its upstream commit time) the target shows as this owner last applied it ((0, 0.0): unknown)."""
         with self._lock:
             feed = self._feeds.get(changefeed)
-            return feed.applied if feed is not None else 0
+            return (feed.applied, feed.applied_time) if feed is not None else (0, 0.0)
 
     # ---- the thread ---------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
@@ -204,7 +209,8 @@ class BarrierCoordinator:
             return
         now = self._clock()
         with self._lock:
-            feed.applied = max(feed.applied, done.barrier_ts)
+            if done.barrier_ts > feed.applied:
+                feed.applied, feed.applied_time = done.barrier_ts, when if done.barrier_ts == ts else 0.0
             feed.last_apply = now
             feed.applies += 1
             feed.changes += done.changes

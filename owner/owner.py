@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from cdc.config import ChangefeedConfig, ServerConfig
 from cdc.errors import ChangefeedNotFound, MetaStoreError, NotOwner, TidewaterError
@@ -332,6 +333,9 @@ class Owner:
             return f"span {action.cf}/{action.span} unassigned"
         if isinstance(action, PutStatus):
             self.status_writes += 1
+            barrier, barrier_time = self.barriers.applied_point(action.cf)
+            if barrier > action.status.barrier_ts:  # (snapshot mode: what readers see, carried by this write)
+                action = PutStatus(action.cf, replace(action.status, barrier_ts=barrier, barrier_time=barrier_time))
             revision = s.put_status(action.cf, action.status, fence)
             if self._feed is not None:
                 self._feed.note_status(action.cf, action.status, revision)

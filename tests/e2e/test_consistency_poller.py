@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from e2e_workload import FAST_LEASE, BackgroundWriter, server_config
+from e2e_workload import FAST_LEASE, BackgroundWriter, server_config, wait_for
 
 from cdc.events import TableName
 from cdc.spans import span_of
@@ -233,6 +233,8 @@ def run_bank(cluster: Cluster, pg_server: PostgresServer, pg_database: str, sour
     info = cdc.changefeed("bank")
     assert info["state"] == "normal", info
     assert info["consistency"]["mode"] == ("snapshot" if mode == "snapshot" else "per-key")
+    if mode == "snapshot":  # changefeed query shows the barrier readers see (carried by the owner's status writes)
+        wait_for(cdc, "bank", lambda q: (q["consistency"]["barrier_ts"] or 0) >= end, "query shows the barrier")
     return poller
 
 
