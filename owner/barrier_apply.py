@@ -22,7 +22,8 @@ Guarantees:
   ``retry_max`` seconds); when no barrier could be applied for ``warn_after`` seconds the changefeed gets the
   ``divergence`` data warning ``CDC:WarnBarrierNotApplied`` (the target stays at an older state than the changefeed
   checkpoint says: :meth:`warnings`, merged by the owner into the changefeed's status), naming the barrier the target
-  shows and the error. Warnings the apply itself raised (``take_warnings``: a row missing downstream, a value that
+  shows and the error; once a barrier is applied again its message says so (the state stays ``warning`` until the
+  operator resumes the changefeed, as for every divergence warning). Warnings the apply itself raised (``take_warnings``: a row missing downstream, a value that
   cannot be stored exactly) are kept for the term and shown the same way.
 - ``run`` returns when its stop event is set and closes its sinks. Time and sink opening are injectable.
 """
@@ -219,8 +220,13 @@ class BarrierCoordinator:
             if feed.failures:
                 log.info("changefeed=%s barrier %d applied again after %d failure(s)", info.id, done.barrier_ts,
                          feed.failures)
+                if feed.warning is not None:  # (the owner keeps the stored one: it must say that it ended)
+                    feed.warning = DataWarning(
+                        WARNING_CODE, WARNING_TABLE,
+                        f"no barrier was applied downstream for {now - feed.failing_since:.0f}s ({feed.error}); "
+                        f"barriers are applied again since then (barrier {done.barrier_ts})",
+                        WarningSeverity.DIVERGENCE, first_time=feed.warning.first_time, last_time=self._wall())
                 feed.failures, feed.failing_since, feed.error, feed.next_try = 0, 0.0, "", 0.0
-                feed.warning = None
 
     def _failed(self, feed: BarrierFeed, exc: BaseException) -> None:
         now = self._clock()
@@ -229,6 +235,8 @@ class BarrierCoordinator:
         with self._lock:
             if not feed.failures:
                 feed.failing_since = now
+                if feed.warning is not None and "again since" in feed.warning.message:
+                    feed.warning = None  # (a new outage: its own warning, counted from now)
             feed.failures += 1
             feed.error = message
             feed.next_try = now + min(self.retry_max, self.retry_min * 2 ** min(feed.failures - 1, 16))

@@ -112,7 +112,9 @@ def test_failures_back_off_and_persisting_ones_are_a_divergence_warning() -> Non
     failing[0] = False
     clock.now += 8
     coord.apply_due()
-    assert stage.barriers == [("cf", 200, False)] and coord.warnings("cf") == []
+    assert stage.barriers == [("cf", 200, False)]
+    (w,) = coord.warnings("cf")  # the owner keeps the stored warning: it must say that the outage ended
+    assert w.code == WARNING_CODE and "applied again since then (barrier 200)" in w.message
 
 
 def test_a_recreated_changefeed_starts_afresh_and_forget_drops_it() -> None:
