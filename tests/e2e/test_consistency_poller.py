@@ -353,3 +353,39 @@ def test_owner_killed_mid_apply_leaves_the_previous_barrier(
     assert poller.torn == [], f"{len(poller.torn)} of {len(poller.totals)} reads saw a total that never existed"
     for diff in compare_tables(source, [f"public.{t}" for t in (*TABLES, "trip")], sink_uri):
         assert diff.equal and diff.source_rows == diff.target_rows, diff
+
+
+def test_a_barrier_the_target_refuses_shows_in_the_changefeed_state(
+        cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path,
+        request: pytest.FixtureRequest) -> None:
+    """The target refuses a row of a barrier (a CHECK constraint the upstream does not have): the target stays at the
+    previous barrier, whole, and after 30 s without a barrier the changefeed is ``warning`` with
+    ``CDC:WarnBarrierNotApplied`` naming the barrier it shows and the target's error, never only a log line."""
+    sink_uri = target_of("postgresql", request, tmp_path, pg_server)
+    precreate(sink_uri, "ALTER TABLE public.acct1 ADD CONSTRAINT small CHECK (balance < 100000)")
+    config = 'span-count = 3\n[consistency]\nmode = "snapshot"\ninterval = 0.5\n'
+    cdc = cluster.any()
+    cdc.create_changefeed("bank", pg_server.uri(pg_database), sink_uri, config, snapshot="none")
+    with source.cursor() as cur:
+        cur.execute("BEGIN")
+        for t in TABLES:
+            cur.execute(f"INSERT INTO {t} SELECT g, {START} FROM generate_series(0, {ACCOUNTS - 1}) g")
+        cur.execute("COMMIT")
+    opened = current_lsn(source)
+    wait_for(cdc, "bank", lambda q: (q["consistency"]["barrier_ts"] or 0) >= opened, "the opening barrier")
+    with source.cursor() as cur:  # a transfer the target refuses: acct1's balance over its CHECK
+        cur.execute("BEGIN")
+        cur.execute("UPDATE acct0 SET balance = balance - 200000 WHERE id = 1")
+        cur.execute("UPDATE acct1 SET balance = balance + 200000 WHERE id = 1")
+        cur.execute("COMMIT")
+    refused = current_lsn(source)
+    q = wait_for(cdc, "bank", lambda q: q["state"] == "warning", "state warning", timeout=90)
+    shown = barriers(sink_uri, "bank")
+    assert opened <= shown[-1] < refused
+    codes = {w["code"]: w for w in q["warnings"]} if isinstance(q["warnings"], list) else {}
+    assert "CDC:WarnBarrierNotApplied" in codes, q
+    message = codes["CDC:WarnBarrierNotApplied"]["message"]
+    assert f"shows barrier {shown[-1]}" in message and "small" in message, message
+    time.sleep(2)
+    assert barriers(sink_uri, "bank") == shown  # the previous barrier, whole: neither half of the transfer
+    assert target_query(sink_uri, "SELECT sum(balance) FROM public.acct0")[0][0] == ACCOUNTS * START
