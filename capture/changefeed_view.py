@@ -88,18 +88,28 @@ ONE_WRITER_SINKS = ("sqlite", "blackhole", "kafka", "file")  # sinks that ignore
 
 
 def consistency_view(info: ChangefeedInfo) -> dict[str, Any]:
-    """What a reader of the target may see (docs/architecture.md, "What a reader downstream sees"): ``transaction``
+    """What a reader of the target may see (docs/architecture.md, "What a reader downstream sees"; docs/consistency.md):
+    ``snapshot`` (``[consistency] mode = "snapshot"``: whole barriers only, with its interval and syncpoint setting),
+    ``transaction``
     (every state it sees existed upstream: one span, one apply connection) or ``per-key`` (each key's changes in
     upstream order; across spans or apply workers a later transaction may become visible before an unrelated
     earlier one), with the span count and the apply workers of the sink."""
     try:
-        workers = ChangefeedConfig.from_dict(info.config).sink.worker_count
+        config = ChangefeedConfig.from_dict(info.config)
     except Exception:  # noqa: BLE001 - a config stored by an older version: its default
-        workers = 1
+        config = ChangefeedConfig()
+    workers = config.sink.worker_count
+    spans = len(info.spans)
+    if config.consistency.snapshot:
+        return {"mode": "snapshot", "spans": spans, "apply_workers": 1, "interval": config.consistency.interval,
+                "syncpoint": config.consistency.syncpoint,
+                "detail": f"the target moves from one upstream state to the next: every {config.consistency.interval:g}"
+                          "s, everything up to a barrier (the changefeed checkpoint) becomes visible in one "
+                          "transaction; the barrier it shows is the latest barrier_ts of this changefeed in "
+                          "tidewater_syncpoint (docs/consistency.md)"}
     scheme = info.sink_uri.split(":", 1)[0].split("+", 1)[0].lower()
     if scheme in ONE_WRITER_SINKS:
         workers = 1  # SQLite has one writer per file; Kafka and files write in order per span (a sealed URI: as set)
-    spans = len(info.spans)
     if spans <= 1 and workers <= 1:
         return {"mode": "transaction", "spans": spans, "apply_workers": workers,
                 "detail": "every state a reader of the target sees existed upstream (one span, one apply connection)"}
@@ -108,6 +118,16 @@ def consistency_view(info: ChangefeedInfo) -> dict[str, Any]:
     return {"mode": "per-key", "spans": spans, "apply_workers": workers,
             "detail": f"each key's changes in upstream order; across keys ({why}) a later transaction may become "
                       "visible before an unrelated earlier one"}
+
+
+def barrier_view(view: dict[str, Any], status: ChangefeedStatus) -> dict[str, Any]:
+    """Snapshot mode: the consistency view with the barrier readers of the target see (``barrier_ts``, ``barrier``,
+    ``barrier_lag``: seconds since its upstream commit; None before the first one), as the owner last stored it."""
+    if view["mode"] != "snapshot":
+        return view
+    ts = status.barrier_ts or None
+    return {**view, "barrier_ts": ts, "barrier": lsn_to_str(ts) if ts else None,
+            "barrier_lag": lag(status.barrier_time) if ts and status.barrier_time else None}
 
 
 def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments: dict[int, Any],
@@ -143,7 +163,7 @@ def describe(info: ChangefeedInfo, status: ChangefeedStatus | None, assignments:
         "upstream_uri": redact(info.upstream_uri),  # also when sealed with a key this capture lacks
         "sink_uri": redact(info.sink_uri),
         "config": info.config,
-        "consistency": consistency_view(info),
+        "consistency": barrier_view(consistency_view(info), st),
         "start_ts": info.start_ts,
         "target_ts": info.target_ts,
         "create_time": info.create_time,

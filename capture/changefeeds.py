@@ -67,9 +67,9 @@ from cdc.ts import lsn_to_str
 from cdc.uri import parse_sink_uri, parse_upstream_uri, redact
 from owner.table_pickup import collision_key
 from owner.upstream_watch import can_resume
-from sinks.base import TxnSink
+from sinks.base import BarrierSink, TxnSink
 from sinks.copy_roles import CopyTargets, ExistingRows
-from sinks.factory import open_sink
+from sinks.factory import open_sink, supports
 from upstream import open_upstream
 from upstream.base import JoinRule, SpanPlan, Upstream
 
@@ -170,6 +170,19 @@ def _check_types(raw: dict[str, Any], defaults: Any, where: str) -> None:
             raise InvalidConfig(f"{where}{key} in the changefeed config must be an integer, got {value!r}")
 
 
+def check_consistency(config: ChangefeedConfig, sink_uri: str) -> None:
+    """``[consistency] mode = "snapshot"`` needs a sink that applies whole barriers (``sinks.base.BarrierSink``):
+    :class:`InvalidConfig` naming the sink otherwise (docs/consistency.md)."""
+    if not config.consistency.snapshot:
+        return
+    if not supports(sink_uri, BarrierSink):
+        scheme = parse_sink_uri(sink_uri).scheme
+        raise InvalidConfig(
+            f"[consistency] mode = \"snapshot\" is not available for {scheme}:// sinks in this version: only SQL "
+            "targets (postgresql://, mysql://, mariadb://, sqlite://) apply whole barriers so far; use mode = "
+            "\"default\" (docs/consistency.md)")
+
+
 def old_image_notice(scheme: str, schemas: list[TableSchema]) -> str | None:
     """For a sink that writes each change as a message (Kafka, files): the tables whose UPDATE and DELETE messages
     cannot carry the whole old row (PostgreSQL sends it only under REPLICA IDENTITY FULL), so that a consumer that
@@ -209,6 +222,7 @@ class ChangefeedService:
                 "target-ts cannot go with an initial copy: the copy reads the tables as they are when it runs, which "
                 "may be after target-ts, so rows committed after it would reach the target; create the changefeed "
                 "with --snapshot none (the rows that exist are then not copied) or without target-ts")
+        check_consistency(config, req.sink_uri)
         table_filter = TableFilter(config.filter.rules)
         if req.target_ts < 0:
             raise InvalidArgument("target-ts must be >= 0")
@@ -321,6 +335,13 @@ class ChangefeedService:
                 f"span-count is fixed when a changefeed is created: {cf_id!r} has {len(old.spans)} span(s), the "
                 f"new config says {config.span_count}; set span-count = {len(old.spans)} (to change it, create a "
                 f"new changefeed)")
+        old_mode = ChangefeedConfig.from_dict(old.config).consistency.mode
+        if config.consistency.mode != old_mode:
+            raise InvalidConfig(
+                f"consistency.mode is fixed when a changefeed is created: {cf_id!r} has {old_mode!r}, the new config "
+                f"says {config.consistency.mode!r} (changes staged for a barrier would be left behind, or applied "
+                f"outside one); to change it, create a new changefeed")
+        check_consistency(config, sink_raw)
         target_ts = old.target_ts if req.target_ts is None else req.target_ts
         if target_ts < 0:
             raise InvalidArgument("target-ts must be >= 0")

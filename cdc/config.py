@@ -116,6 +116,50 @@ class SnapshotConfig:
     spark_min_rows: int = 20_000
 
 
+CONSISTENCY_MODES = ("default", "snapshot")
+
+
+@dataclass(frozen=True)
+class ConsistencyConfig:
+    """``[consistency]``: what a reader of the target may see (docs/consistency.md).
+
+    ``default``: each key's changes in upstream order, transaction-consistent with one span and one apply worker
+    (nothing extra is written). ``snapshot``: the target moves only from one upstream-consistent state to the next:
+    spans stage their changes in the target, and every ``interval`` seconds one coordinator makes everything up to a
+    global barrier visible in one downstream transaction, with a row in ``tidewater_syncpoint`` (``syncpoint``
+    must then be true: the barrier record is what makes a half-applied barrier recoverable)."""
+
+    mode: str = "default"
+    interval: float = 1.0  # seconds between barriers (snapshot mode)
+    syncpoint: bool = False  # write tidewater_syncpoint rows (implied by snapshot mode; default mode: not yet)
+
+    @property
+    def snapshot(self) -> bool:
+        return self.mode == "snapshot"
+
+    def validate(self, sink: SinkConfig) -> None:
+        if self.mode not in CONSISTENCY_MODES:
+            raise InvalidConfig(f"consistency.mode must be \"default\" or \"snapshot\", got {self.mode!r}")
+        if isinstance(self.interval, bool) or not isinstance(self.interval, int | float) \
+                or not 0.05 <= self.interval <= 3600:
+            raise InvalidConfig(f"consistency.interval must be between 0.05 and 3600 seconds, got {self.interval!r}")
+        if not isinstance(self.syncpoint, bool):
+            raise InvalidConfig(f"consistency.syncpoint must be true or false, got {self.syncpoint!r}")
+        if not self.snapshot:
+            if self.syncpoint:
+                raise InvalidConfig("consistency.syncpoint = true needs consistency.mode = \"snapshot\" in this "
+                                    "version (syncpoints of the default mode are not built yet): set mode = "
+                                    "\"snapshot\" or leave syncpoint out")
+            return
+        if sink.delivery != "exactly-once":
+            raise InvalidConfig("consistency.mode = \"snapshot\" needs sink.delivery = \"exactly-once\" (the staged "
+                                "changes are written exactly once, with the span's position)")
+        if sink.worker_count != 1:
+            raise InvalidConfig(f"consistency.mode = \"snapshot\" does not take sink.worker-count = "
+                                f"{sink.worker_count} yet: each barrier is applied by one coordinator on one "
+                                "connection; set worker-count = 1")
+
+
 @dataclass(frozen=True)
 class ChangefeedConfig:
     """The changefeed TOML. Keys use dashes in TOML (``span-count``) and underscores here."""
@@ -126,6 +170,7 @@ class ChangefeedConfig:
     sink: SinkConfig = field(default_factory=SinkConfig)
     ddl: DdlConfig = field(default_factory=DdlConfig)
     snapshot: SnapshotConfig = field(default_factory=SnapshotConfig)
+    consistency: ConsistencyConfig = field(default_factory=ConsistencyConfig)
 
     def validate(self) -> ChangefeedConfig:
         if not 1 <= self.span_count <= 64:
@@ -167,6 +212,7 @@ class ChangefeedConfig:
         if not isinstance(self.snapshot.spark_master, str) or not SPARK_MASTER_URL.match(self.snapshot.spark_master):
             raise InvalidConfig(f"snapshot.spark-master {self.snapshot.spark_master!r} is not a Spark master URL: use "
                                 f"{SPARK_MASTER_FORMS}")
+        self.consistency.validate(self.sink)
         return self
 
     def to_dict(self) -> dict[str, Any]:

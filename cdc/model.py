@@ -198,6 +198,10 @@ class ChangefeedStatus:
     # publishes to the sink (Kafka watermarks, the storage sink's ``metadata``) stays at or below it
     hold_ts: int = 0
     hold_time: float = 0.0
+    # [consistency] mode = "snapshot": the latest barrier the owner's coordinator applied downstream (what readers of
+    # the target see; docs/consistency.md) and its upstream commit time; carried by the owner's next status write
+    barrier_ts: int = 0
+    barrier_time: float = 0.0
 
 
 @dataclass(frozen=True)

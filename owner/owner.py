@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from cdc.config import ChangefeedConfig, ServerConfig
 from cdc.errors import ChangefeedNotFound, MetaStoreError, NotOwner, TidewaterError
@@ -28,6 +29,7 @@ from cdc.meta.keys import KeyKind
 from cdc.meta.status_feed import StatusFeed
 from cdc.meta.store import ClusterSnapshot, MetaStore
 from cdc.model import ChangefeedInfo, ChangefeedStatus, FeedState
+from owner.barrier_apply import BarrierCoordinator
 from owner.checkpoint_publish import CheckpointPublisher
 from owner.reconcile import (
     Action,
@@ -106,6 +108,8 @@ class Owner:
         self._resign = threading.Event()
         # sinks that show the checkpoint downstream (sinks.base.CheckpointSink): published off the loop
         self.publisher = CheckpointPublisher(sinks)
+        # snapshot-mode changefeeds ([consistency]): their staged changes made visible in whole barriers, off the loop
+        self.barriers = BarrierCoordinator(sinks)
 
     def _request_copy(self, info: ChangefeedInfo, table: TableName, span: int, oid: int) -> Callable[[], None]:
         """The upstream watch picks up ``table`` (relation ``oid``) with rows: store a table copy of it (fenced: only
@@ -165,11 +169,15 @@ class Owner:
         self.publisher = CheckpointPublisher(self._sinks)  # one per term: a new owner publishes what it computes
         publish = threading.Thread(target=self.publisher.run, args=(term,), name="checkpoint-publish", daemon=True)
         publish.start()
+        self.barriers = BarrierCoordinator(self._sinks)  # one per term: it reads the target's barrier head afresh
+        barriers = threading.Thread(target=self.barriers.run, args=(term,), name="barrier-apply", daemon=True)
+        barriers.start()
         try:
             self._lead_loop(stop)
         finally:
             term.set()
             self.publisher.stop_waiting()
+            self.barriers.stop_waiting()
             self.watcher.clear()
 
     def _infos(self) -> list[ChangefeedInfo]:
@@ -247,7 +255,7 @@ class Owner:
         retained = {r.changefeed: {str(k): v for k, v in r.retained_bytes().items() if v is not None} for r in reports}
         published = {r.changefeed: r.published for r in reports if r.published is not None}
         found = {cf_id: self.watcher.found_warnings(e.value) + self.publisher.warnings(cf_id)
-                 for cf_id, e in snap.changefeeds.items()}
+                 + self.barriers.warnings(cf_id) for cf_id, e in snap.changefeeds.items()}
         for cf_id, e in snap.changefeeds.items():  # (also what an earlier owner may not have published)
             self._offer_checkpoint(e.value, snap.statuses.get(cf_id))
         actions = reconcile(snap, now, stuck_duration=self.config.error_stuck_duration, retained=retained,
@@ -276,9 +284,14 @@ class Owner:
                 pass  # removed since the snapshot; the next full cycle sees it
 
     def _offer_checkpoint(self, info: ChangefeedInfo, status: ChangefeedStatus | None) -> None:
-        """Hand a stored changefeed checkpoint to the publisher (owner.checkpoint_publish; cheap, never blocks)."""
-        if status is not None and status.checkpoint_ts and info.state.runs:
-            self.publisher.offer(info, *published_checkpoint(status))
+        """Hand a stored changefeed checkpoint to the publisher (owner.checkpoint_publish) and, whatever the state
+        (staged changes below it are final), to the barrier coordinator (owner.barrier_apply); cheap, never blocks."""
+        if status is None or not status.checkpoint_ts:
+            return
+        point = published_checkpoint(status)
+        self.barriers.offer(info, *point)
+        if info.state.runs:
+            self.publisher.offer(info, *point)
 
     def _upstream_actions(self, snap: ClusterSnapshot, now: float) -> list[Action]:
         """Turn the upstream watcher's decisions into state changes: a lost slot fails the changefeed
@@ -320,6 +333,9 @@ class Owner:
             return f"span {action.cf}/{action.span} unassigned"
         if isinstance(action, PutStatus):
             self.status_writes += 1
+            barrier, barrier_time = self.barriers.applied_point(action.cf)
+            if barrier > action.status.barrier_ts:  # (snapshot mode: what readers see, carried by this write)
+                action = PutStatus(action.cf, replace(action.status, barrier_ts=barrier, barrier_time=barrier_time))
             revision = s.put_status(action.cf, action.status, fence)
             if self._feed is not None:
                 self._feed.note_status(action.cf, action.status, revision)
@@ -336,6 +352,7 @@ class Owner:
             self._drop_upstream(action)
             s.delete_changefeed(action.cf, fence)
             self.publisher.forget(action.cf)
+            self.barriers.forget(action.cf)
             threading.Thread(target=forget_positions, args=(self._sinks, action.info), name=f"forget-{action.cf}",
                              daemon=True).start()
             return f"changefeed {action.cf} removed"

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from cdc.config import ChangefeedConfig, ServerConfig
-from cdc.errors import DdlOrderUnknown, InvalidArgument, LeaseLost, MetaStoreError, TidewaterError
+from cdc.errors import DdlOrderUnknown, InvalidArgument, LeaseLost, MetaStoreError, SinkError, TidewaterError
 from cdc.events import DdlEvent, TableName, TableSchema
 from cdc.filter import TableFilter
 from cdc.meta.keys import KeyKind
@@ -67,7 +67,7 @@ from processor.snapshot import CopyLauncher, CopyStopped, InitialCopy, Truncate
 from processor.source_process import ChildSpanSource
 from processor.span import CopyPlan, SchemaRecorder, SinkPlan, SpanHooks, SpanRunner, SpanWarnings
 from processor.table_hold import TableHold
-from sinks.base import SinkOpener
+from sinks.base import BarrierSink, SinkOpener, TxnSink
 from sinks.copy_roles import CopyAnnouncer, CopyTargets
 from sorter.base import Sorter
 from upstream.base import Upstream
@@ -417,7 +417,7 @@ class Processor:
                 table_copy = self._initial_copy(info, span, upstream, progress, state, config, label, truncate)
         if slot is not None:
             slot.snapshot = state
-        sink = SinkPlan(lambda: self._sinks.open(info.sink_uri, config.sink, config.ddl), config.sink.txn_rows,
+        sink = SinkPlan(lambda: open_span_sink(self._sinks, info.sink_uri, config), config.sink.txn_rows,
                         position=(info.id, span_index, span.start_ts), spans=len(info.spans),
                         row_source=lambda: upstream.row_source(label=label), ddl=config.ddl, target_ts=info.target_ts)
         stored = state is not None and copy is None  # (the floors of earlier copies; an initial copy makes its own)
@@ -721,3 +721,17 @@ def running_error(exc: BaseException | None, capture_id: str, span: int, now: fl
     if isinstance(exc, TidewaterError):
         return RunningError(exc.code, scrub(exc.message), now, capture_id, span, exc.retryable)
     return RunningError("CDC:ErrInternal", scrub(f"{type(exc).__name__}: {exc}"), now, capture_id, span, True)
+
+
+def open_span_sink(sinks: SinkOpener, sink_uri: str, config: ChangefeedConfig) -> TxnSink:
+    """A span's sink: with ``[consistency] mode = "snapshot"`` one that stages its writes for the owner's barriers
+    (``sinks.base.BarrierSink.stage_barriers``); a sink without that role fails the span (``SinkError``: applying
+    directly would show readers states the upstream never had)."""
+    sink = sinks.open(sink_uri, config.sink, config.ddl)
+    if config.consistency.snapshot:
+        if not isinstance(sink, BarrierSink):
+            sink.close()
+            raise SinkError(f"the sink {type(sink).__name__} cannot apply whole barriers: [consistency] mode = "
+                            "\"snapshot\" needs an SQL target (docs/consistency.md)")
+        sink.stage_barriers()
+    return sink

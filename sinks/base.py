@@ -16,6 +16,7 @@ something does not claim the role, and the caller does what the contract says fo
 | :class:`RowSourceUser` | ``set_row_source`` | span | SQL |
 | :class:`CheckpointSink` | ``publish_checkpoint`` | owner (``owner.checkpoint_publish``) | Kafka, storage |
 | :class:`WatermarkSink` | ``watermark_interval``, ``bind_span``, ``publish_resolved`` | span | Kafka |
+| :class:`BarrierSink` | ``stage_barriers``, ``apply_barrier``, ``applied_barrier`` | span, owner (``owner.barrier_apply``) | SQL |
 
 The roles of the initial copy are in :mod:`sinks.copy_roles`; in-memory twins of every role for unit tests are
 in :mod:`sinks.testing`.
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cdc.config import DdlConfig, SinkConfig
@@ -223,6 +225,51 @@ class CheckpointSink(ABC):
     @abstractmethod
     def publish_checkpoint(self, ts: int, commit_time: float = 0.0) -> None:
         """Publish the changefeed checkpoint ``ts`` (upstream commit time ``commit_time``) downstream."""
+
+
+@dataclass(frozen=True)
+class BarrierApplied:
+    """What :meth:`BarrierSink.apply_barrier` did: the barrier the target now shows (``barrier_ts``), the staged changes
+    and pieces it applied in that call (0 when the barrier was applied already)."""
+
+    barrier_ts: int
+    changes: int = 0
+    pieces: int = 0
+
+
+class BarrierSink(ABC):
+    """A sink that applies a changefeed in whole barriers (``[consistency] mode = "snapshot"``, docs/consistency.md).
+
+    Guarantees:
+
+    - A span's instance on which ``stage_barriers()`` was called (before ``open_position``) stages each ``write``
+      instead of applying it: exactly once, the staged changes and the span's position in one downstream transaction,
+      invisible to readers of the target. ``apply_ddl`` on it refuses (``SinkError``) a schema change it cannot order
+      with the barriers.
+    - ``apply_barrier(changefeed, origin, barrier_ts, barrier_time, history=...)`` (the coordinator: the owner's
+      instance, which gets no ``write``): in ONE downstream transaction, applies every staged change of the changefeed
+      at or below ``barrier_ts`` to the real tables in commit order, records the barrier (``tidewater_syncpoint``:
+      barrier Ts, upstream and downstream time; earlier rows kept only with ``history``) and drops the staged changes
+      it applied. The caller must pass only a barrier every span has staged up to (the changefeed checkpoint of
+      a changefeed whose spans all stage). A crash or error leaves the target at the previous barrier; the same or a
+      later barrier applied again finishes it. A barrier at or below the one applied does nothing. Two coordinators
+      racing on one changefeed: one commits, the other rolls back with ``SinkUnavailable``. ``origin`` is the
+      changefeed's start Ts: a barrier record of an earlier changefeed with the same id is not trusted.
+    - ``applied_barrier(changefeed, origin)``: the barrier the target shows (0: none yet).
+    """
+
+    @abstractmethod
+    def stage_barriers(self) -> None:
+        """From now on ``write`` stages (see the class docstring); before ``open_position``."""
+
+    @abstractmethod
+    def apply_barrier(self, changefeed: str, origin: int, barrier_ts: int, barrier_time: float, *, history: bool,
+                      fence: Fence | None = None) -> BarrierApplied:
+        """Make everything staged at or below ``barrier_ts`` visible at once (class docstring)."""
+
+    @abstractmethod
+    def applied_barrier(self, changefeed: str, origin: int) -> int:
+        """The barrier the target shows for ``changefeed`` (0: none)."""
 
 
 class WatermarkSink(ABC):

@@ -14,6 +14,7 @@ fails its test. Subclass a twin to record more or to refuse something; combine t
 | :class:`MemoryBufferedSink` | ``MemoryDdlSink`` + ``BufferedSink`` |
 | :class:`MemoryWatermarkSink` | ``MemoryBufferedSink`` + ``WatermarkSink`` (``flush_interval`` 0: every write durable) |
 | :class:`MemoryCheckpointSink` | ``MemorySink`` + ``CheckpointSink`` (``fail`` makes a publish raise) |
+| :class:`MemoryBarrierSink` | ``MemorySink`` + ``BarrierSink`` over a shared :class:`MemoryStage` (``fail``: apply raises) |
 | :class:`MemoryCopySink` | ``MemorySink`` + ``BulkLoad``, ``CopyTargets``, ``ExistingRows``, ``RowCounts`` |
 | :class:`MemoryTextCopySink` | ``MemoryCopySink`` + ``TextCopy`` |
 | :class:`MemoryAnnouncerSink` | ``MemorySink`` + ``CopyAnnouncer`` |
@@ -35,6 +36,8 @@ from cdc.snapshot import ChunkMarker, CopiedChunk, CopyText
 from cdc.ts import Watermark
 from sinks.base import (
     AtomicTxnSink,
+    BarrierApplied,
+    BarrierSink,
     BufferedSink,
     CheckpointSink,
     DdlSink,
@@ -265,6 +268,68 @@ class MemoryCheckpointSink(MemorySink, CheckpointSink):
         if self.fail():
             raise SinkUnavailable(self.failure)
         self.checkpoints.append(ts)
+
+
+class MemoryStage:
+    """The target of :class:`MemoryBarrierSink` twins, shared by a changefeed's span sinks and its coordinator's:
+    ``staged`` changes (not visible), ``visible`` changes (applied by barriers, in order), ``barriers`` applied (as
+    ``(changefeed, barrier Ts, history)``, one per applying call), ``applied`` per changefeed with its origin."""
+
+    def __init__(self) -> None:
+        self.staged: list[tuple[str, RowChange]] = []
+        self.visible: list[RowChange] = []
+        self.barriers: list[tuple[str, int, bool]] = []
+        self.applied: dict[str, tuple[int, int]] = {}  # changefeed -> (origin, barrier)
+
+
+class MemoryBarrierSink(MemorySink, BarrierSink):
+    """The barrier role in memory over a shared :class:`MemoryStage`: after ``stage_barriers`` a ``write`` stages (and
+    moves the position); ``apply_barrier`` moves the staged changes at or below the barrier to ``visible`` in commit
+    order, all or nothing (``fence`` runs before anything moves; while ``fail()`` is true it raises
+    ``SinkUnavailable``)."""
+
+    def __init__(self, stage: MemoryStage | None = None, fail: Callable[[], bool] | None = None) -> None:
+        super().__init__()
+        self.stage = stage if stage is not None else MemoryStage()
+        self.fail = fail or (lambda: False)
+        self.staging = False
+        self._changefeed = ""
+
+    def stage_barriers(self) -> None:
+        self.staging = True
+
+    def open_position(self, changefeed: str, span: int, origin: int = 0) -> int:
+        self._changefeed = changefeed
+        return super().open_position(changefeed, span, origin)
+
+    def _commit(self, changes: list[RowChange]) -> None:
+        if self.staging:
+            self.stage.staged.extend((self._changefeed, c) for c in changes)
+        else:
+            super()._commit(changes)
+
+    def apply_barrier(self, changefeed: str, origin: int, barrier_ts: int, barrier_time: float, *, history: bool,
+                      fence: Fence | None = None) -> BarrierApplied:
+        self._usable()
+        stage = self.stage
+        done = self.applied_barrier(changefeed, origin)
+        if barrier_ts <= done:
+            return BarrierApplied(done)
+        if self.fail():
+            raise SinkUnavailable("memory sink: the target went away applying a barrier")
+        if fence is not None:
+            fence()
+        mine = sorted((c for cf, c in stage.staged if cf == changefeed and c.commit_ts <= barrier_ts),
+                      key=lambda c: c.commit_ts)
+        stage.staged = [(cf, c) for cf, c in stage.staged if cf != changefeed or c.commit_ts > barrier_ts]
+        stage.visible.extend(mine)
+        stage.barriers.append((changefeed, barrier_ts, history))
+        stage.applied[changefeed] = (origin, barrier_ts)
+        return BarrierApplied(barrier_ts, len(mine), len(mine))
+
+    def applied_barrier(self, changefeed: str, origin: int) -> int:
+        held = self.stage.applied.get(changefeed)
+        return held[1] if held is not None and held[0] == origin else 0
 
 
 class MemoryCopySink(MemorySink, BulkLoad, CopyTargets, ExistingRows, RowCounts):

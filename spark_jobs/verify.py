@@ -38,12 +38,12 @@ from typing import Any
 import sqlalchemy as sa
 
 from cdc import serde
-from cdc.config import DEFAULT_CHUNK_ROWS, DEFAULT_SPARK_MASTER
-from cdc.errors import TidewaterError
+from cdc.config import DEFAULT_CHUNK_ROWS, DEFAULT_SPARK_MASTER, ChangefeedConfig
+from cdc.errors import SinkUnavailable, TidewaterError
 from cdc.events import TableName, TableSchema
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.store import MetaStore
-from cdc.model import VERIFY_DONE, VERIFY_RUNNING, VerifyRun
+from cdc.model import VERIFY_DONE, VERIFY_RUNNING, ChangefeedInfo, VerifyRun
 from cdc.snapshot import TablePlan, plan_from_bounds
 from cdc.verify import (
     DEFAULT_CAP,
@@ -56,6 +56,8 @@ from cdc.verify import (
     TableVerdict,
     VerifyReport,
 )
+from sinks.base import BarrierSink
+from sinks.factory import open_sink
 from sinks.sql.target.connection import Target
 from spark_jobs.verify_chunk import (
     ChunkDrill,
@@ -275,6 +277,31 @@ def verify_tables(job: VerifyJob, *, spark: Any = None, progress: Progress | Non
 
 
 @contextlib.contextmanager
+def wait_for_barrier(job: VerifyJob, info: ChangefeedInfo, ts: int, poll: float = 0.2) -> None:
+    """A ``[consistency] mode = "snapshot"`` changefeed's spans held at ``ts`` have *staged* up to it; the target shows
+    it once the owner's coordinator has applied that barrier (docs/consistency.md): wait for it (``hold_timeout``),
+    else raise ``SinkUnavailable`` (comparing earlier would report the staged changes as differences)."""
+    try:
+        snapshot_mode = ChangefeedConfig.from_dict(info.config).consistency.snapshot
+    except TidewaterError:
+        snapshot_mode = False
+    if not snapshot_mode:
+        return
+    sink = open_sink(job.sink, ChangefeedConfig.from_dict(info.config).sink)
+    try:
+        if not isinstance(sink, BarrierSink):
+            return
+        deadline = time.monotonic() + job.hold_timeout
+        while (applied := sink.applied_barrier(info.id, info.start_ts)) < ts:
+            if time.monotonic() >= deadline:
+                raise SinkUnavailable(f"changefeed {info.id}: the target shows barrier {applied}, not yet the held "
+                                      f"point {ts}, after {job.hold_timeout:.0f}s (is the owner's coordinator "
+                                      "applying barriers? see the changefeed's warnings); not compared")
+            time.sleep(poll)
+    finally:
+        sink.close()
+
+
 def target_snapshot(sink: str) -> Iterator[str | None]:
     """A PostgreSQL target's state now, exported (``pg_export_snapshot`` of a repeatable-read transaction kept open
     for the block) for the tasks to read under; None for a target without shareable snapshots (MySQL, SQLite)."""
@@ -360,6 +387,7 @@ def verify_changefeed(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
                 hold.freeze()
                 with up.export_snapshot(label=f"verify-{job.changefeed}") as exp:
                     hold.hold_at(exp.ts)
+                    wait_for_barrier(job, info, exp.ts)
                     with target_snapshot(job.sink) as tsnap:
                         if tsnap is not None:
                             hold.release()  # the target's state at Y is exported: the changefeed goes on

@@ -19,6 +19,10 @@ Guarantees (on top of the contracts of its roles: :mod:`sinks.base`, :mod:`sinks
 - Exactly-once after :meth:`open_position` (default ``delivery``): the span's applied commit Ts is moved in
   the target's position table inside each write's transaction, after its rows and before the fence and
   commit (compare-and-set, :mod:`sinks.sql.target.position`); changes at or below it are dropped unapplied.
+- ``[consistency] mode = "snapshot"`` (``BarrierSink``, :mod:`sinks.sql.ops.barrier`): after ``stage_barriers`` a
+  ``write`` stages its changes in ``tidewater_stage`` with the position instead of applying them; ``apply_barrier``
+  applies everything staged up to a barrier in one transaction with its ``tidewater_syncpoint`` row
+  (docs/consistency.md). The default mode's write path is unchanged.
 - Missing target tables are created from the upstream schema (docs/type-mapping.md); existing ones are used
   as they are (columns and a unique key checked), altered only by ``apply_ddl`` (docs/ddl.md).
 - TRUNCATE is ``DELETE FROM`` on MySQL/SQLite (MySQL's TRUNCATE would commit implicitly) and
@@ -69,13 +73,23 @@ from sqlalchemy.engine import Connection
 
 from cdc.config import DdlConfig, SinkConfig
 from cdc.errors import SinkError
-from cdc.events import DdlEvent, RowChange, TableName, TableSchema
+from cdc.events import DdlEvent, DdlKind, RowChange, TableName, TableSchema
 from cdc.model import DataWarning, merge_warnings
 from cdc.snapshot import ChunkMarker, CopyText
 from cdc.ts import Watermark
-from sinks.base import AtomicTxnSink, DdlSettings, DdlSink, PositionStore, RowSource, RowSourceUser
+from sinks.base import (
+    AtomicTxnSink,
+    BarrierApplied,
+    BarrierSink,
+    DdlSettings,
+    DdlSink,
+    PositionStore,
+    RowSource,
+    RowSourceUser,
+)
 from sinks.copy_roles import BulkLoad, CopyTargets, DeferredKeyCopy, ExistingRows, RowCounts, TextCopy
 from sinks.sql.ops import copy_targets
+from sinks.sql.ops.barrier import BarrierApply, Stager
 from sinks.sql.ops.bulk import CopyPassthrough
 from sinks.sql.ops.ddl_run import DdlRunner
 from sinks.sql.ops.deferred_key import DeferredKey
@@ -86,12 +100,16 @@ from sinks.sql.target.catalog import Catalog
 from sinks.sql.target.connection import Target
 from sinks.sql.target.position import Position, PositionSQL, Tracked, skip_done
 from sinks.sql.target.position import forget as forget_position
+from sinks.sql.target.staging import StageSQL
 
 log = logging.getLogger(__name__)
 
+STAGING_DDL = frozenset({DdlKind.CREATE_TABLE, DdlKind.CREATE_INDEX, DdlKind.DROP_INDEX, DdlKind.OTHER})
+"""Schema changes a staging sink applies at once: none changes a table that staged rows may be waiting for."""
 
-class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser, BulkLoad, TextCopy, DeferredKeyCopy,
-              CopyTargets, ExistingRows, RowCounts):
+
+class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser, BarrierSink, BulkLoad, TextCopy,
+              DeferredKeyCopy, CopyTargets, ExistingRows, RowCounts):
     """Writes row changes to ``mysql://``, ``mariadb://``, ``postgresql://`` or ``sqlite:///`` targets.
 
     Target names: MySQL and SQLite put upstream ``schema.table`` into ``table`` of the URI's database
@@ -119,6 +137,8 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         workers = self._config.worker_count if self.dialect != "sqlite" else 1
         self._parallel = ParallelApply(self.target, self.catalog, self._config, workers, self._add_warning) \
             if workers > 1 else None
+        self._stager: Stager | None = None  # [consistency] mode = "snapshot": set by stage_barriers
+        self._barriers: BarrierApply | None = None  # the coordinator's, on first apply_barrier
 
     # ---- the roles (sinks.base, sinks.copy_roles) ----------------------------------------------------
     def check(self) -> None:
@@ -151,7 +171,16 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         self._ddl.config = config
 
     def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
-        """Apply a schema change once, translated for the dialect: see :mod:`sinks.sql.ops.ddl_run`."""
+        """Apply a schema change once, translated for the dialect: see :mod:`sinks.sql.ops.ddl_run`. A staging sink
+        (``[consistency] mode = "snapshot"``) refuses it: the change would reach the real table before the staged
+        rows written under the old schema (docs/consistency.md, "Limits"), unless it changes no existing row's shape
+        (:data:`STAGING_DDL`: a new table, an index, a comment), which is applied at once."""
+        if self._stager is not None and not skip and not STAGING_DDL.issuperset(event.kinds):
+            raise SinkError(f"the schema change of {event.table} at commit {event.commit_ts} "
+                            f"({event.query[:80]!r}): schema changes are not applied under [consistency] mode = "
+                            "\"snapshot\" in this version (the staged rows before it would be applied after it); "
+                            "apply it downstream by hand, then skip it with changefeed update --skip-ddl-ts, or "
+                            "recreate the changefeed with mode = \"default\"")
         return self._ddl.apply(event, fence, skip=skip, position=self._position, row_source=self._row_source)
 
     def set_bulk_load(self) -> None:
@@ -221,13 +250,45 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         pos = Position(self.target, self._position_sql(), changefeed, span, origin,
                        parallel=self._parallel is not None)
         applied = self.target.guarded(pos.open, pos.sql.label)  # (its table's creation, then its transaction)
+        if self._stager is not None:
+            stager = self._stager
+            self.target.guarded(lambda: stager.open(pos), None)
         self._position = pos
         return applied
 
     def forget(self, changefeed: str) -> int:
         if self.dialect == "postgresql":  # markers of an initial copy that never built its keys
             self._deferred.forget(changefeed)
+        stage = self._stage_sql()
+        with self.target.transaction(stage.label) as conn:  # staged changes and barriers (snapshot mode)
+            stage.forget(conn, changefeed)
         return forget_position(self.target, self._position_sql(), changefeed)
+
+    # ---- [consistency] mode = "snapshot" (sinks.sql.ops.barrier) -------------------------------------------
+    def _stage_sql(self) -> StageSQL:
+        return StageSQL(self.dialect, self.target.engine.dialect.identifier_preparer)
+
+    def stage_barriers(self) -> None:
+        if self._position is not None:
+            raise SinkError("internal: stage_barriers() must be called before open_position()")
+        if self._parallel is not None:
+            raise SinkError("[consistency] mode = \"snapshot\" takes one apply worker (sink.worker-count = 1)")
+        self._stager = Stager(self.target, self._stage_sql())
+
+    def apply_barrier(self, changefeed: str, origin: int, barrier_ts: int, barrier_time: float, *, history: bool,
+                      fence: Callable[[], None] | None = None) -> BarrierApplied:
+        self.target.check_open()
+        return self._barrier_apply().apply(changefeed, origin, barrier_ts, barrier_time, history=history,
+                                           fence=fence)
+
+    def applied_barrier(self, changefeed: str, origin: int) -> int:
+        self.target.check_open()
+        return self._barrier_apply().applied(changefeed, origin)
+
+    def _barrier_apply(self) -> BarrierApply:
+        if self._barriers is None:
+            self._barriers = BarrierApply(self.target, self._position_sql(), self._stage_sql(), self.writer)
+        return self._barriers
 
     # ---- writes ----------------------------------------------------------------------------------------
     def writer(self, conn: Connection) -> Writer:
@@ -243,6 +304,10 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
             changes = skip_done(changes, pos.done)  # applied by workers before a crash (parallel apply)
         elif pos is None and self._ddl.floors:
             changes = self._ddl.drop_replayed(changes)  # (at-least-once: no position, replays dropped by DDL floors)
+        if self._stager is not None:
+            if pos is None:
+                raise SinkError("internal: a staging write needs open_position() first")
+            return self._stager.write(pos, changes, fence)
         if self._parallel is None:
             return self._write_one(changes, fence)
         parallel = self._parallel

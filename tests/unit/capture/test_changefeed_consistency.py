@@ -1,9 +1,14 @@
 """capture.changefeed_view.consistency_view: what a reader of the target may see, from spans, sink and worker-count."""
 
+import time
+
 import pytest
 
 from capture.changefeed_view import consistency_view, describe
-from cdc.model import ChangefeedInfo, SpanInfo
+from capture.changefeeds import check_consistency
+from cdc.config import ChangefeedConfig
+from cdc.errors import InvalidConfig
+from cdc.model import ChangefeedInfo, ChangefeedStatus, SpanInfo
 
 pytestmark = pytest.mark.unit
 
@@ -31,3 +36,32 @@ def test_the_changefeed_view_carries_it() -> None:
     view = describe(_info("postgresql://u@h/t", 3, {"sink": {"worker_count": 2}}), None, {}, {})
     assert view["consistency"]["mode"] == "per-key"
     assert "3 spans and 2 apply workers" in view["consistency"]["detail"]
+
+
+def test_snapshot_mode_is_shown_with_its_interval_and_syncpoint() -> None:
+    c = consistency_view(_info("postgresql://u@h/t", 3, {"consistency": {"mode": "snapshot", "interval": 2.5,
+                                                                         "syncpoint": True}}))
+    assert (c["mode"], c["spans"], c["interval"], c["syncpoint"]) == ("snapshot", 3, 2.5, True)
+    assert "tidewater_syncpoint" in c["detail"]
+
+
+@pytest.mark.parametrize("sink", ["kafka://h:9092/t?protocol=canal-json", "file:///tmp/x?protocol=csv",
+                                  "blackhole://"])
+def test_snapshot_mode_is_refused_for_sinks_that_cannot_apply_barriers(sink: str) -> None:
+    config = ChangefeedConfig.from_toml('[consistency]\nmode = "snapshot"\n')
+    with pytest.raises(InvalidConfig, match="not available for"):
+        check_consistency(config, sink)
+    check_consistency(ChangefeedConfig(), sink)  # the default mode: any sink
+    for sql in ("postgresql://u@h/t", "mysql://u@h/t", "sqlite:///t.db"):
+        check_consistency(config, sql)
+
+
+def test_snapshot_mode_shows_the_barrier_readers_see() -> None:
+    info = _info("postgresql://u@h/t", 3, {"consistency": {"mode": "snapshot"}})
+    view = describe(info, ChangefeedStatus(checkpoint_ts=500), {}, {})["consistency"]
+    assert (view["barrier_ts"], view["barrier"], view["barrier_lag"]) == (None, None, None)  # none applied yet
+    status = ChangefeedStatus(checkpoint_ts=0x3000020, barrier_ts=0x3000010, barrier_time=time.time() - 2)
+    view = describe(info, status, {}, {})["consistency"]
+    assert view["barrier_ts"] == 0x3000010 and view["barrier"] == "0/3000010"
+    assert 1.5 < view["barrier_lag"] < 10
+    assert "barrier_ts" not in describe(_info("postgresql://u@h/t", 3, {}), status, {}, {})["consistency"]

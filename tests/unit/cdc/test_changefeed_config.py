@@ -100,3 +100,27 @@ def test_a_bad_snapshot_option_is_refused_by_the_api_loader_too() -> None:
         load_config("[snapshot]\nchunk-rows = 0\n")
     with pytest.raises(InvalidConfig, match="snapshot.spark-master"):
         load_config('[snapshot]\nspark-master = "mesos://h:5050"\n')
+
+
+def test_consistency_section() -> None:
+    assert ChangefeedConfig().consistency.mode == "default"
+    cfg = ChangefeedConfig.from_toml('[consistency]\nmode = "snapshot"\ninterval = 2\nsyncpoint = true\n')
+    assert (cfg.consistency.mode, cfg.consistency.interval, cfg.consistency.syncpoint) == ("snapshot", 2.0, True)
+    assert cfg.consistency.snapshot
+    assert ChangefeedConfig.from_dict(cfg.to_dict()) == cfg
+    assert ChangefeedConfig.from_dict({}).consistency == ChangefeedConfig().consistency  # stored by older versions
+
+
+@pytest.mark.parametrize(("toml", "named"), [
+    ('[consistency]\nmode = "strict"', "consistency.mode"),
+    ('[consistency]\nmode = "snapshot"\ninterval = 0', "consistency.interval"),
+    ('[consistency]\nmode = "snapshot"\ninterval = "1s"', "consistency.interval"),
+    ("[consistency]\nsyncpoint = true", "consistency.syncpoint"),  # default mode: not built yet, refused loudly
+    ('[consistency]\nmode = "snapshot"\nsyncpoint = 1', "consistency.syncpoint"),
+    ('[consistency]\nmode = "snapshot"\n[sink]\ndelivery = "at-least-once"', "exactly-once"),
+    ('[consistency]\nmode = "snapshot"\n[sink]\nworker-count = 4', "worker-count"),
+    ('[consistency]\nmod = "snapshot"', "mod"),
+])
+def test_invalid_consistency_names_the_key(toml: str, named: str) -> None:
+    with pytest.raises(InvalidConfig, match=named):
+        ChangefeedConfig.from_toml(toml)

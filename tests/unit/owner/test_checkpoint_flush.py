@@ -138,3 +138,13 @@ def test_pacer_aggregation_that_wrote_nothing_does_not_hold_back_the_next() -> N
     p.done(10.12)
     p.notify()
     assert not p.due(10.15), "after a write, the spacing holds"
+
+
+def test_the_applied_barrier_is_kept_by_every_status_write() -> None:
+    """(Snapshot mode: the owner sets barrier_ts on a write; later writes computed from that status keep it.)"""
+    old = ChangefeedStatus(200, 200.0, barrier_ts=180, barrier_time=180.0)
+    s = snap(info(), {0: 300, 1: 250}, old)
+    (a,) = checkpoint_actions(s, NOW)
+    assert (a.status.checkpoint_ts, a.status.barrier_ts, a.status.barrier_time) == (250, 180, 180.0)
+    (full,) = [x for x in reconcile(s, NOW) if isinstance(x, PutStatus)]
+    assert full.status.barrier_ts == 180

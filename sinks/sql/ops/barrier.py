@@ -1,0 +1,145 @@
+"""``[consistency] mode = "snapshot"`` in an SQL target (docs/consistency.md): a span's staging write, and the
+coordinator's apply of one barrier.
+
+Guarantees (the contract of ``sinks.base.BarrierSink``):
+
+- :meth:`Stager.write` stages one ``write``'s changes above the span's position and moves the position, in one
+  downstream transaction (fenced): exactly once, as a direct write, but nothing of it in the real tables.
+- :meth:`BarrierApply.apply` makes every staged change at or below a barrier visible in one downstream transaction:
+  it first moves the changefeed's barrier head (the position row of span :data:`BARRIER_SPAN` in the position table,
+  compare-and-set: a racing coordinator waits on that row and then fails with ``SinkUnavailable``), then applies the
+  staged changes through the sink's ordinary writer (windows of whole transactions, net effect per key, foreign-key
+  order: set-based multi-row statements, COPY on PostgreSQL), records the barrier in ``tidewater_syncpoint`` and
+  deletes the staged pieces, and commits. Any failure rolls all of it back: the target shows the previous barrier
+  and the staged rows are still there for the next attempt (this or another coordinator).
+- The head is opened (read, created when missing) on first use and again after any failure, so a coordinator never
+  trusts a head value another one may have moved.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from sqlalchemy.engine import Connection
+
+from cdc.errors import SinkError
+from cdc.events import RowChange
+from sinks.base import BarrierApplied, Fence
+from sinks.sql.ops.writer import Writer
+from sinks.sql.target.connection import Target
+from sinks.sql.target.position import Position, PositionSQL, Tracked
+from sinks.sql.target.staging import StageSQL
+
+log = logging.getLogger(__name__)
+
+BARRIER_SPAN = -1
+"""The span index of a changefeed's barrier head in the position table (spans are 0 and up)."""
+
+
+def create_tables(target: Target, stage: StageSQL, conn: Connection | None = None) -> None:
+    """The staging and syncpoint tables, if missing: autocommit (MySQL, PostgreSQL), or inside ``conn``'s open
+    transaction (SQLite)."""
+    if target.dialect == "sqlite":
+        if conn is not None:
+            for statement in stage.create_tables:
+                conn.exec_driver_sql(statement, ())
+        return
+    stage.create(target)
+
+
+class Stager:
+    """The staging write of one span's sink (module docstring); ``position`` is the span's exactly-once position."""
+
+    def __init__(self, target: Target, stage: StageSQL) -> None:
+        self._target = target
+        self._stage = stage
+
+    def open(self, position: Position) -> None:
+        """Create the tables if missing and delete the span's staged pieces above its position: those can only be
+        an earlier changefeed's of the same id (its position was reset), since a piece commits with the position."""
+        target, stage = self._target, self._stage
+        create_tables(target, stage)
+        with target.transaction(stage.label) as conn:
+            create_tables(target, stage, conn)
+            stage.clear_above(conn, position.changefeed, position.span, position.applied)
+
+    def write(self, position: Position, changes: Iterable[RowChange], fence: Fence | None) -> int:
+        """Stage ``changes`` above ``position`` and move it, in one downstream transaction."""
+        if position.done:
+            raise SinkError(f"changefeed={position.changefeed} span={position.span}: staged writes do not take "
+                            "transactions applied out of order (parallel apply)")
+        tracked = Tracked(changes, position.skip_at())
+        stage = self._stage
+        with self._target.transaction(stage.label, fence=fence) as conn:
+            resume = (0, 0)
+            if position.skip_at() < position.applied:  # the rest of a transaction split at its DDL
+                resume = (position.applied, stage.next_piece(conn, position.changefeed, position.span,
+                                                             position.applied))
+            count = stage.stage_changes(conn, position.changefeed, position.span, tracked, resume=resume)
+            if not tracked.done:
+                raise SinkError("internal: the staging write returned before consuming its changes")
+            if tracked.last_ts:
+                position.record(conn, tracked.last_ts, tracked.last_time)
+        if tracked.last_ts:
+            position.committed(tracked.last_ts)
+        return count
+
+
+class BarrierApply:
+    """The coordinator's apply of barriers into one target (module docstring). ``writer(conn)`` builds the sink's
+    writer inside ``conn``'s transaction; ``history`` keeps every syncpoint row."""
+
+    def __init__(self, target: Target, positions: PositionSQL, stage: StageSQL,
+                 writer: Callable[[Connection], Writer]) -> None:
+        self._target = target
+        self._positions = positions
+        self._stage = stage
+        self._writer = writer
+        self._heads: dict[str, Position] = {}
+
+    def _head(self, changefeed: str, origin: int) -> Position:
+        head = self._heads.get(changefeed)
+        if head is None or head.origin != origin:
+            head = Position(self._target, self._positions, changefeed, BARRIER_SPAN, origin)
+            self._target.guarded(head.open, self._positions.label)
+            create_tables(self._target, self._stage)
+            self._heads[changefeed] = head
+        return head
+
+    def applied(self, changefeed: str, origin: int) -> int:
+        """The barrier the target shows (re-read)."""
+        self._heads.pop(changefeed, None)
+        return self._head(changefeed, origin).applied
+
+    def apply(self, changefeed: str, origin: int, barrier: int, barrier_time: float, *, history: bool,
+              fence: Fence | None = None) -> BarrierApplied:
+        """Apply ``barrier`` (module docstring)."""
+        head = self._head(changefeed, origin)
+        if barrier <= head.applied:
+            return BarrierApplied(head.applied)
+        target, stage = self._target, self._stage
+        writer: Writer | None = None
+        started = time.monotonic()
+        try:
+            with target.transaction(lambda: writer.current if writer is not None else stage.label,
+                                    fence=fence) as conn:
+                create_tables(target, stage, conn)
+                head.record(conn, barrier, barrier_time)  # first: the row lock orders racing coordinators
+                writer = self._writer(conn)
+                pipeline = target.pipeline
+                changes = writer.run(stage.read(conn, changefeed, barrier, pipeline.drain))
+                writer.current = stage.label
+                pieces = stage.finish(conn, changefeed, barrier, barrier_time, history=history)
+        except BaseException:
+            self._heads.pop(changefeed, None)  # read it again: another coordinator may have moved it
+            raise
+        head.committed(barrier)
+        log.info("changefeed=%s barrier %d applied: %d change(s) from %d staged piece(s) in %.3fs", changefeed,
+                 barrier, changes, pieces, time.monotonic() - started)
+        return BarrierApplied(barrier, changes, pieces)
+
+    def forget(self, changefeed: str) -> None:
+        """Drop what is cached of ``changefeed`` (its rows go with the position table's, ``forget``)."""
+        self._heads.pop(changefeed, None)
