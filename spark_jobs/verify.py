@@ -276,7 +276,6 @@ def verify_tables(job: VerifyJob, *, spark: Any = None, progress: Progress | Non
                         seconds=round(time.monotonic() - started, 3))
 
 
-@contextlib.contextmanager
 def wait_for_barrier(job: VerifyJob, info: ChangefeedInfo, ts: int, poll: float = 0.2) -> None:
     """A ``[consistency] mode = "snapshot"`` changefeed's spans held at ``ts`` have *staged* up to it; the target shows
     it once the owner's coordinator has applied that barrier (docs/consistency.md): wait for it (``hold_timeout``),
@@ -302,6 +301,7 @@ def wait_for_barrier(job: VerifyJob, info: ChangefeedInfo, ts: int, poll: float 
         sink.close()
 
 
+@contextlib.contextmanager
 def target_snapshot(sink: str) -> Iterator[str | None]:
     """A PostgreSQL target's state now, exported (``pg_export_snapshot`` of a repeatable-read transaction kept open
     for the block) for the tasks to read under; None for a target without shareable snapshots (MySQL, SQLite)."""
