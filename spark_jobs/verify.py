@@ -163,8 +163,8 @@ def _run(spark: Any, fn: Callable[[bytes], bytes], payloads: list[bytes], phase:
                 for stage_id in (info.stageIds if info is not None else ()):
                     stage = tracker.getStageInfo(stage_id)
                     finished += stage.numCompletedTasks if stage is not None else 0
-            if progress is not None:
-                progress(phase, min(finished, total), total)
+            if progress is not None and finished < total:  # (complete: said once, below, when collect returned)
+                progress(phase, finished, total)
 
     watcher = threading.Thread(target=watch, name=f"verify-progress-{phase}", daemon=True)
     if progress is not None:
@@ -174,6 +174,7 @@ def _run(spark: Any, fn: Callable[[bytes], bytes], payloads: list[bytes], phase:
     finally:
         done.set()
         if progress is not None:
+            watcher.join()  # a look in flight reports before the end, never after it
             progress(phase, total, total)
 
 
