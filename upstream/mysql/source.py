@@ -435,7 +435,7 @@ class MySqlSpanSource(SpanSource):
                             bad = True
                             break
                         renderers[i] = r
-                    elif not types.binlog_type_matches(dt, c.type) or (
+                    elif not types.binlog_type_matches(dt, c.type, c) or (
                             c.type in _INTEGER_FIELDS and hasattr(c, "unsigned") and bool(c.unsigned) != u):
                         bad = True
                         break
@@ -468,6 +468,9 @@ class MySqlSpanSource(SpanSource):
             v = row[name]
             if v is None:
                 why = none_sources.get(name, "null")
+                if why == "empty set" and t.data_types[t.names.index(name)] == "set":
+                    out.append("")  # the binlog client's None for a SET with no member: the empty set
+                    continue
                 if why != "null":
                     raise DecodeError(f"span={self.label} table {t.name} column {name} at binlog {where}: a value "
                                       f"that cannot be replicated exactly ({why}: e.g. a zero date); fix the row "
