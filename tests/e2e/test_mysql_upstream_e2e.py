@@ -323,3 +323,79 @@ def test_a_large_transaction_killed_mid_stream_converges(
         assert diffs[0].source_rows > 90_000  # (the later deletes of mixed() remove 2/11 of them)
     finally:
         cdc.terminate()
+
+
+def target_rows(target: str, sql: str) -> list[tuple[Any, ...]]:
+    """The rows of ``sql`` on an SQL target ([] when its table does not exist)."""
+    engine = sa.create_engine(sqlalchemy_url(target))
+    try:
+        with engine.connect() as conn:
+            try:
+                return [tuple(r) for r in conn.exec_driver_sql(sql)]
+            except sa.exc.DBAPIError:
+                return []
+    finally:
+        engine.dispose()
+
+
+MORE_TYPES = """CREATE TABLE more (
+  id INT PRIMARY KEY, b1 BIT(1), b13 BIT(13), b64 BIT(64), e ENUM('small', 'it''s', 'large') NULL,
+  s SET('r', 'g', 'b') NULL, j JSON, gs INT AS (id * 2) STORED, gv VARCHAR(30) AS (CONCAT(e, '/', s)) VIRTUAL,
+  lt VARCHAR(10) CHARACTER SET latin1, ub BIGINT UNSIGNED, d DECIMAL(65,30)) DEFAULT CHARSET utf8mb4"""
+
+
+def test_bit_enum_set_json_and_generated_columns_reach_each_sql_target_exactly(
+        cdc_server: CdcServer, mariadb_server: MariaDBServer, mariadb_database: str, target: str) -> None:
+    """BIT(n) lands as bit(n) text ('0101'; PostgreSQL: bit(n)), ENUM/SET as their member text (the empty SET and
+    ENUM's invalid '' distinct from NULL), MariaDB's JSON as its text, generated columns as plain columns holding the
+    upstream's computed values (the VIRTUAL one too: it is in MariaDB's FULL row image)."""
+    db = mariadb_database
+    mariadb_server.execute(MORE_TYPES, db=db)
+    cdc_server.create_changefeed("more", mariadb_server.uri(db), target, snapshot="none")
+    conn = mariadb_server.connect(db)
+    with conn.cursor() as cur:
+        cur.execute("SET sql_mode = ''")  # lets ENUM take its invalid value '' (index 0)
+        cur.executemany("INSERT INTO more (id, b1, b13, b64, e, s, j, lt, ub, d) VALUES "
+                        "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", [
+                            (1, b"\x01", b"\x10\x01", b"\xff" * 8, "it's", "b,r", '{"k": [1, "x"], "z": null}',
+                             "café", 2**63, "12345678901234567890123456789012345.123456789012345678901234567890"),
+                            (2, b"\x00", b"\x00\x00", b"\x00" * 8, "", "", "[]", "", 0, "0"),
+                            (3, None, None, None, None, None, None, None, None, None),
+                            (4, b"\x01", b"\x00\x05", b"\x80" + b"\x00" * 7, "nope", "g", "null", "x", 2**64 - 1,
+                             "-0.000000000000000000000000000001")])
+        cur.execute("UPDATE more SET e = 'large', s = 'g,b,r', b13 = b'1111111111111', j = '{\"a\": 1}' WHERE id = 2")
+        cur.execute("UPDATE more SET s = '', e = NULL WHERE id = 1")
+        cur.execute("DELETE FROM more WHERE id = 3")
+        cur.execute("INSERT INTO more (id, s) VALUES (5, 'r')")
+    info = cdc_server.wait_checkpoint("more", binlog_end(mariadb_server), timeout=120)
+    assert not info.get("error") and info["state"] == "normal", info
+    try:
+        [diff] = compare_mysql_tables(conn, [f"{db}.more"], target)
+    finally:
+        conn.close()
+    assert diff.equal and diff.source_rows == 4, diff
+    table = f'"{db}".more' if target.startswith("postgresql") else "more"
+    got = target_rows(target, f"SELECT id, s, e, gv FROM {table} ORDER BY id")
+    assert got == [(1, "", None, None), (2, "r,g,b", "large", "large/r,g,b"),
+                                        (4, "g", "", "/g"), (5, "r", None, None)], got
+
+
+def test_a_zero_date_fails_the_changefeed_naming_table_column_and_reason(
+        cdc_server: CdcServer, mariadb_server: MariaDBServer, mariadb_database: str, tmp_path: Path) -> None:
+    """Zero dates have no exact value in any target: the changefeed fails, its state names the table, the column
+    and why; the row is never written changed (or skipped silently)."""
+    db = mariadb_database
+    mariadb_server.execute("CREATE TABLE dates (id INT PRIMARY KEY, d DATE, dt DATETIME)", db=db)
+    target = f"sqlite:///{tmp_path / 'target.db'}"
+    cdc_server.create_changefeed("zero", mariadb_server.uri(db), target, snapshot="none")
+    conn = mariadb_server.connect(db)
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO dates VALUES (1, '2024-01-01', '2024-01-01 10:00:00')")
+        cur.execute("SET sql_mode = ''")
+        cur.execute("INSERT INTO dates VALUES (2, '0000-00-00', '2024-01-01 10:00:00')")
+    conn.close()
+    info = wait_for(cdc_server, "zero", lambda q: bool(q.get("error")), "the changefeed failing on the zero date")
+    error = str(info.get("error"))
+    assert f"{db}.dates" in error and "column d" in error and "date" in error, info
+    assert info["state"] in ("failed", "error", "warning"), info
+    assert target_rows(target, "SELECT COUNT(*) FROM dates WHERE id = 2") in ([(0,)], [])
