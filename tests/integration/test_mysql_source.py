@@ -272,7 +272,8 @@ def test_add_and_drop_column_and_drop_table_are_schema_changes_at_their_position
 
 
 @pytest.mark.parametrize("statement", [
-    "ALTER TABLE {db}.t MODIFY v INT", "ALTER TABLE {db}.t RENAME COLUMN v TO w", "TRUNCATE TABLE {db}.t",
+    "ALTER TABLE {db}.t DROP PRIMARY KEY", "ALTER TABLE {db}.t ADD INDEX p (v(3))",
+    "CREATE OR REPLACE TABLE {db}.t (id INT PRIMARY KEY)", "ALTER TABLE {db}.t ADD COLUMN g INT AS (id + 1) VIRTUAL",
     "RENAME TABLE {db}.t TO {db}.t2", "ALTER TABLE {db}.t ADD COLUMN e POINT",
     "ALTER TABLE {db}.t ADD COLUMN e ENUM('a', 'b') DEFAULT 'b'",
     "ALTER TABLE {db}.t ADD COLUMN n INT NOT NULL",
@@ -519,3 +520,76 @@ def test_bit_enum_set_json_and_generated_columns_arrive_exactly(mariadb_server: 
             assert reader(schema, [(1,), (2,), (3,), (4,)]) == [rows[1], rows[2], rows[3], rows[4]]
         finally:
             reader.close()
+
+
+def test_modify_change_rename_column_index_and_truncate_are_schema_changes_at_their_position(
+        mariadb_server: MariaDBServer, db: str) -> None:
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v VARCHAR(10), n INT, k INT) "
+                           f"DEFAULT CHARSET utf8mb4")
+    ts0 = start_ts(mariadb_server, db)
+    src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    for stmt in [
+        "INSERT INTO {db}.t VALUES (1, 'a', 5, 1)",
+        "ALTER TABLE {db}.t MODIFY COLUMN n BIGINT, CHANGE v w VARCHAR(20) NOT NULL, RENAME COLUMN k TO kk",
+        "INSERT INTO {db}.t VALUES (2, 'bb', 9223372036854775807, 2)",
+        "ALTER TABLE {db}.t ADD INDEX by_w (w), ADD UNIQUE KEY u_n (n DESC)",
+        "CREATE INDEX by_kk ON {db}.t (kk, w)",
+        "DROP INDEX by_kk ON {db}.t",
+        "ALTER TABLE {db}.t DROP INDEX by_w",
+        "TRUNCATE TABLE {db}.t",
+        "INSERT INTO {db}.t VALUES (3, 'c', 3, 3)",
+    ]:
+        mariadb_server.execute(stmt.format(db=db))
+    wait_for(lambda: len(rec.commits) == 9 or bool(errors))
+    stop_source(src, th, stop)
+    assert not errors, errors
+    dec = src.decoder()
+    events = [dec.schema_changes(decode_payload(c[2][0])[1], c[0], 0.0)[0] for c in rec.commits
+              if decode_payload(c[2][0])[0] == SCHEMA_CHANGE]
+    assert {c[0] for c in rec.commits if decode_payload(c[2][0])[0] == SCHEMA_CHANGE} <= src.schema_change_commits()
+    shapes = [[(c.kind.value, c.column, c.new_name, c.index and (c.index.name, c.index.columns, c.index.unique))
+               for c in e.changes] for e in events]
+    assert shapes == [
+        [("alter column type", "n", None, None), ("rename column", "v", "w", None), ("alter column type", "w", None, None),
+         ("rename column", "k", "kk", None)],
+        [("create index", None, None, ("by_w", ("w",), False)), ("create index", None, None, ("u_n", ("n",), True))],
+        [("create index", None, None, ("by_kk", ("kk", "w"), False))],
+        [("drop index", None, None, ("by_kk", (), False))],
+        [("drop index", None, None, ("by_w", (), False))],
+        [("truncate table", None, None, None)],
+    ]
+    modify = events[0]
+    assert modify.before.column_names == ("id", "v", "n", "k") and modify.after.column_names == ("id", "w", "n", "kk")
+    assert modify.after.column("n").type_name == "bigint" and modify.after.column("w").type_name == "character varying(20)"
+    assert rows_of(src, rec.commits[0][2]) == [("I", {"id": 1, "v": "a", "n": 5, "k": 1}, None)]
+    assert rows_of(src, rec.commits[2][2]) == [("I", {"id": 2, "w": "bb", "n": 9223372036854775807, "kk": 2}, None)]
+    assert rows_of(src, rec.commits[8][2]) == [("I", {"id": 3, "w": "c", "n": 3, "kk": 3}, None)]
+    assert events[5].before is events[5].after or events[5].before == events[5].after
+
+
+def test_a_span_restarted_before_a_modify_decodes_older_rows_with_the_recorded_types(
+        mariadb_server: MariaDBServer, db: str) -> None:
+    """Restart across MODIFY/CHANGE: rows written before the change decode with the types they were written with
+    (the binlog's own column decides), rows after it with the new ones."""
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, n SMALLINT, v VARCHAR(5)) DEFAULT CHARSET utf8mb4")
+    with open_upstream(mariadb_server.uri(db)) as up:
+        before = up.check_tables(up.list_tables())
+        ts0 = up.create_spans([SpanPlan(0, "slot_src", "pub", tuple(up.list_tables()))])[0].start_ts
+    mariadb_server.execute(f"INSERT INTO {db}.t VALUES (1, -7, 'abc')")
+    mariadb_server.execute(f"ALTER TABLE {db}.t MODIFY n BIGINT, CHANGE v w VARCHAR(30)")
+    mariadb_server.execute(f"INSERT INTO {db}.t VALUES (2, 9000000000, 'long enough text')")
+    up = open_upstream(mariadb_server.uri(db))
+    src = up.span_source(SpanInfo(0, "slot_src", "pub", ts0), Watermark(ts0, 0.0), TableFilter(("*.*",)),
+                         label="test", holder="test")
+    src.seed_schemas(before)
+    src.open()
+    rec, stop, errors = Recorder(), threading.Event(), []
+    th = threading.Thread(target=lambda: _run(src, rec, stop, errors), daemon=True)
+    th.start()
+    wait_for(lambda: len(rec.commits) == 3 or bool(errors))
+    stop_source(src, th, stop)
+    assert not errors, errors
+    assert rows_of(src, rec.commits[0][2]) == [("I", {"id": 1, "n": -7, "v": "abc"}, None)]
+    [ev] = src.decoder().schema_changes(decode_payload(rec.commits[1][2][0])[1], rec.commits[1][0], 0.0)
+    assert [c.kind.value for c in ev.changes] == ["alter column type", "rename column", "alter column type"]
+    assert rows_of(src, rec.commits[2][2]) == [("I", {"id": 2, "n": 9000000000, "w": "long enough text"}, None)]

@@ -53,7 +53,16 @@ from pymysqlreplication.event import (
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
 from cdc.errors import DecodeError, SlotLost, TidewaterError, UpstreamUnavailable
-from cdc.events import ColumnFill, ColumnSchema, DdlChange, DdlEvent, DdlKind, TableName, TableSchema
+from cdc.events import (
+    ColumnFill,
+    ColumnSchema,
+    DdlChange,
+    DdlEvent,
+    DdlKind,
+    IndexSpec,
+    TableName,
+    TableSchema,
+)
 from cdc.filter import TableFilter
 from cdc.model import WARN_TABLE_INELIGIBLE, DataWarning, WarningSeverity
 from cdc.ts import Watermark, lsn_to_str
@@ -93,6 +102,17 @@ def named_tables(query: str, default_schema: str) -> set[TableName]:
         a, b = m.group(1), m.group(2)
         out.add(TableName(_unquote(a), _unquote(b)) if b else TableName(default_schema, _unquote(a)))
     return out
+
+
+def _change(doc: list[Any]) -> DdlChange:
+    """A stored ``[kind, column, new_name?, [index name, columns, unique]?]`` as a DdlChange."""
+    ix = doc[3] if len(doc) > 3 else None
+    return DdlChange(DdlKind(doc[0]), doc[1], doc[2] if len(doc) > 2 else None,
+                     IndexSpec(ix[0], tuple(ix[1]), bool(ix[2])) if ix else None)
+
+
+def _change_doc(c: ddl.Change) -> list[Any]:
+    return [c.kind, c.column, c.new_name, [c.index[0], list(c.index[1]), c.index[2]] if c.index else None]
 
 
 def gtid_start_refusal(uri: str, server_id: int, gtid: str) -> str | None:
@@ -137,7 +157,7 @@ class MySqlChangeDecoder(ChangeDecoder):
                 assert after is not None
                 fills.append(ColumnFill(col, None if text is None else self.parser(after.column(col))(text)))
             return [DdlEvent(commit_ts, commit_time, TableName(*doc["table"]),
-                             tuple(DdlChange(DdlKind(k), c) for k, c in doc["changes"]), before, after, doc["query"],
+                             tuple(_change(ch) for ch in doc["changes"]), before, after, doc["query"],
                              int(doc["seq"]), fills=tuple(fills))]
         except (ValueError, KeyError, TypeError, AssertionError, ArithmeticError) as exc:
             raise DecodeError(f"malformed MySQL schema change payload: {exc}") from exc
@@ -628,6 +648,17 @@ class MySqlSpanSource(SpanSource):
             dropped = ddl.dropped_tables(query, default)
             if dropped is not None:
                 return self._drop_tables([TableName(s, t) for s, t in dropped], query, buffer, xid)
+            truncated = ddl.truncated_table(query, default)
+            if truncated is not None:
+                return self._same_shape(TableName(*truncated), ddl.Change("truncate table"), query, buffer, xid)
+            indexed = ddl.index_target(query, default)
+            if indexed is not None:
+                t = self._tables.get(TableName(*indexed))
+                if t is None:
+                    return False
+                found = ddl.index_statement(query, default, bool(t.facts.primary), [c.name for c in t.facts.columns])
+                assert found is not None
+                return self._same_shape(t.name, found[1], query, buffer, xid)
             m = ddl.ALTER.match(query)
             if m is not None:
                 name = TableName(*ddl.split_name(m.group("name"), default))
@@ -635,7 +666,8 @@ class MySqlSpanSource(SpanSource):
                 if t is None:
                     return False  # another table's ALTER that merely mentions one of ours
                 return self._alter(t, query, buffer, xid)
-            raise ddl.Unsupported("only ALTER TABLE ... ADD/DROP COLUMN and DROP TABLE are replicated yet")
+            raise ddl.Unsupported("only ALTER TABLE (ADD/DROP/MODIFY/CHANGE/RENAME COLUMN, ADD/DROP INDEX), "
+                                  "CREATE/DROP INDEX, TRUNCATE and DROP TABLE are replicated yet")
         except ddl.Unsupported as exc:
             raise DecodeError(
                 f"span={self.label}: schema change of {', '.join(map(str, hit))} at binlog {where} "
@@ -649,8 +681,11 @@ class MySqlSpanSource(SpanSource):
 
     def _alter(self, t: _Table, query: str, buffer: ChangeBuffer, xid: int) -> bool:
         before = self._schemas[t.version]
-        cols, changes, added = ddl.parse_alter(query, t.facts.columns, before.key if before.has_key else ())
-        facts = catalog.TableFacts(t.name, cols, t.facts.primary, t.facts.unique_not_null)
+        cols, changes, added = ddl.parse_alter(query, t.facts.columns, before.key if before.has_key else (),
+                                               has_primary=bool(t.facts.primary))
+        renamed = {c.column: c.new_name for c in changes if c.kind == "rename column"}
+        facts = catalog.TableFacts(t.name, cols, tuple(renamed.get(k, k) for k in t.facts.primary),
+                                   tuple((n, tuple(renamed.get(k, k) for k in ks)) for n, ks in t.facts.unique_not_null))
         fills = []
         for a in added:
             col = next(c for c in cols if c.name == a.column)
@@ -658,7 +693,18 @@ class MySqlSpanSource(SpanSource):
         new = self._install(facts)
         self._unrecorded.append(self._schemas[new.version])
         self._store_ddl(buffer, xid, {"table": [t.name.schema, t.name.table], "before": t.version,
-                                      "after": new.version, "changes": changes, "query": query, "fills": fills})
+                                      "after": new.version, "changes": [_change_doc(c) for c in changes],
+                                      "query": query, "fills": fills})
+        return True
+
+    def _same_shape(self, name: TableName, change: ddl.Change, query: str, buffer: ChangeBuffer, xid: int) -> bool:
+        """A schema change that leaves the table's columns as they are (TRUNCATE, an index): stored with the
+        current version before and after."""
+        t = self._tables.get(name)
+        if t is None:
+            return False
+        self._store_ddl(buffer, xid, {"table": [name.schema, name.table], "before": t.version, "after": t.version,
+                                      "changes": [_change_doc(change)], "query": query, "fills": []})
         return True
 
     def _drop_tables(self, names: list[TableName], query: str, buffer: ChangeBuffer, xid: int) -> bool:
