@@ -52,7 +52,14 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
-from cdc.errors import DecodeError, SlotLost, TidewaterError, UpstreamUnavailable
+from cdc.errors import (
+    DdlRejected,
+    DecodeError,
+    InvalidArgument,
+    SlotLost,
+    TidewaterError,
+    UpstreamUnavailable,
+)
 from cdc.events import (
     ColumnFill,
     ColumnSchema,
@@ -150,6 +157,10 @@ class MySqlChangeDecoder(ChangeDecoder):
         """The DdlEvent of a schema change the span stored (:meth:`MySqlSpanSource._store_ddl`)."""
         try:
             doc = json.loads(raw)
+            if doc.get("refused"):  # a statement the span could not translate (MySqlSpanSource._refuse)
+                raise DdlRejected(doc["query"], ".".join(doc["table"]), f"{doc['refused']}; the span decodes the "
+                                  f"rows after it with the table as the upstream's catalog showed it then. Apply the "
+                                  f"change downstream by hand, then skip it", commit_ts=commit_ts)
             before = self._schemas(doc["before"])
             after = self._schemas(doc["after"]) if doc["after"] else None
             fills = []
@@ -669,10 +680,34 @@ class MySqlSpanSource(SpanSource):
             raise ddl.Unsupported("only ALTER TABLE (ADD/DROP/MODIFY/CHANGE/RENAME COLUMN, ADD/DROP INDEX), "
                                   "CREATE/DROP INDEX, TRUNCATE and DROP TABLE are replicated yet")
         except ddl.Unsupported as exc:
-            raise DecodeError(
-                f"span={self.label}: schema change of {', '.join(map(str, hit))} at binlog {where} "
-                f"({query[:200]!r}) cannot be replicated: {exc}; rows after it cannot be decoded with the schema the "
-                f"span has (docs/upstream-mysql.md)") from exc
+            return self._refuse(hit, query, f"cannot be replicated: {exc} (at binlog {where})", buffer, xid)
+
+    def _refuse(self, hit: list[TableName], query: str, reason: str, buffer: ChangeBuffer, xid: int) -> bool:
+        """A statement naming ``hit`` tables that cannot be translated: stored as a refused schema change (the
+        decoder raises ``DdlRejected`` for it at its commit Ts, which fails the changefeed or is skipped like a DDL
+        the sink rejects, docs/ddl.md), and each table's decoding re-read from the catalog, so the rows after it
+        decode with the columns the table has now; the table-map check refuses them loudly where those are not
+        the columns the binlog row has (a later change of the table). A table gone from the catalog (RENAME TABLE)
+        is no longer carried; one that cannot be replicated any more has its rows skipped with a data warning."""
+        stored = False
+        for n in hit:
+            if n not in self._tables:
+                continue
+            stored = True
+            self._store_ddl(buffer, xid, {"table": [n.schema, n.table], "refused": reason, "query": query})
+            del self._tables[n]
+            try:
+                facts = catalog.table_facts(self._ctl, self.where, n)
+            except InvalidArgument:
+                self._carried.discard(n)
+                continue
+            problems = eligibility.problems_of(facts)
+            if problems:
+                self._ineligible[n] = "; ".join(problems)
+                continue
+            self._unrecorded.append(self._schemas[self._install(facts).version])
+        log.warning("span=%s schema change %r refused: %s", self.label, query[:200], reason)
+        return stored
 
     def _store_ddl(self, buffer: ChangeBuffer, xid: int, doc: dict[str, Any]) -> None:
         self._ddl_seq = seq = getattr(self, "_ddl_seq", -1) + 1
