@@ -562,8 +562,8 @@ def test_modify_change_rename_column_index_and_truncate_are_schema_changes_at_th
     shapes = [[(c.kind.value, c.column, c.new_name, c.index and (c.index.name, c.index.columns, c.index.unique))
                for c in e.changes] for e in events]
     assert shapes == [
-        [("alter column type", "n", None, None), ("rename column", "v", "w", None), ("alter column type", "w", None, None),
-         ("rename column", "k", "kk", None)],
+        [("rename column", "v", "w", None), ("rename column", "k", "kk", None), ("alter column type", "n", None, None),
+         ("alter column type", "w", None, None)],
         [("create index", None, None, ("by_w", ("w",), False)), ("create index", None, None, ("u_n", ("n",), True))],
         [("create index", None, None, ("by_kk", ("kk", "w"), False))],
         [("drop index", None, None, ("by_kk", (), False))],
@@ -603,5 +603,5 @@ def test_a_span_restarted_before_a_modify_decodes_older_rows_with_the_recorded_t
     assert not errors, errors
     assert rows_of(src, rec.commits[0][2]) == [("I", {"id": 1, "n": -7, "v": "abc"}, None)]
     [ev] = src.decoder().schema_changes(decode_payload(rec.commits[1][2][0])[1], rec.commits[1][0], 0.0)
-    assert [c.kind.value for c in ev.changes] == ["alter column type", "rename column", "alter column type"]
+    assert [c.kind.value for c in ev.changes] == ["rename column", "alter column type", "alter column type"]
     assert rows_of(src, rec.commits[2][2]) == [("I", {"id": 2, "n": 9000000000, "w": "long enough text"}, None)]

@@ -249,6 +249,9 @@ def parse_alter(query: str, columns: tuple[ColumnFacts, ...], key: tuple[str, ..
         else:
             raise Unsupported(f"{spec[:80]!r} is not replicated yet (only ADD/DROP/MODIFY/CHANGE/RENAME COLUMN and "
                               f"ADD/DROP INDEX)")
+    # renames first: MySQL resolves every clause against the old names, and a sink applies type changes by the new
+    # names (the SQL sinks reshape every changed column at the event's first type change)
+    changes.sort(key=lambda c: c.kind != "rename column")
     return tuple(cols), changes, added
 
 
