@@ -412,6 +412,14 @@ def _mysql_source_rows(my_conn: Any, schema: str, table: str
     return cols, key, rows, raw, numeric
 
 
+def compare_mysql_rows(my_conn: Any, qualified: str, rows: Any) -> TableDiff:
+    """:func:`compare_rows` for a MySQL/MariaDB upstream table ``db.table`` (``rows``: dicts by column name, e.g. a
+    table rebuilt from the storage sink's files)."""
+    schema, _, table = qualified.partition(".")
+    cols, key, src, src_raw, numeric = _mysql_source_rows(my_conn, schema, table)
+    return _diff(qualified, cols, key, src, src_raw, numeric, (tuple(r.get(c) for c in cols) for r in rows), [])
+
+
 def compare_mysql_tables(my_conn: Any, tables: list[str], sink_uri: str) -> list[TableDiff]:
     """:func:`compare_tables` for a MySQL/MariaDB upstream (``my_conn``: a PyMySQL connection): ``db.table`` names,
     whose target tables are named ``table`` in MySQL/SQLite targets and ``db.table`` in PostgreSQL ones."""
