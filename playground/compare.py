@@ -19,6 +19,7 @@ import datetime as dt
 import decimal
 import json
 import math
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -363,6 +364,11 @@ def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[Table
 
 
 # ---- a MySQL/MariaDB upstream ------------------------------------------------------------------------------
+def _bit_width(column_type: str) -> int:
+    m = re.match(r"bit\((\d+)\)", column_type.strip().lower())
+    return int(m.group(1)) if m else 1
+
+
 def _mysql_source_rows(my_conn: Any, schema: str, table: str
                        ) -> tuple[list[str], list[str], dict[Any, tuple], dict[Any, tuple], list[int]]:
     """Like :func:`_source_rows` for a MySQL/MariaDB table (session time zone UTC): columns, key, canonical rows,
@@ -380,6 +386,7 @@ def _mysql_source_rows(my_conn: Any, schema: str, table: str
     numeric = [i for i, k in enumerate(kinds)
                if k[1] == "decimal" or (k[1] == "bigint" and "unsigned" in str(k[2]).lower())]
     times = [i for i, k in enumerate(kinds) if k[1] == "time"]
+    bits = {i: _bit_width(str(k[2])) for i, k in enumerate(kinds) if k[1] == "bit"}
     fns = _normalizers(len(cols), numeric)
     idx = [cols.index(k) for k in key]
     q = lambda n: "`" + n.replace("`", "``") + "`"  # noqa: E731
@@ -395,11 +402,22 @@ def _mysql_source_rows(my_conn: Any, schema: str, table: str
             for i in times:
                 if isinstance(r[i], dt.timedelta):
                     r[i] = (dt.datetime.min + r[i]).time()
+            for i, width in bits.items():
+                if isinstance(r[i], bytes):  # BIT(n) is carried as bit(n): compared as its n-character text
+                    r[i] = format(int.from_bytes(r[i], "big"), f"0{width}b")
             nr = [f(x) for f, x in zip(fns, r, strict=True)]
             k = _row_key(nr, idx, seen)
             rows[k] = tuple(nr)
             raw[k] = tuple(r)
     return cols, key, rows, raw, numeric
+
+
+def compare_mysql_rows(my_conn: Any, qualified: str, rows: Any) -> TableDiff:
+    """:func:`compare_rows` for a MySQL/MariaDB upstream table ``db.table`` (``rows``: dicts by column name, e.g. a
+    table rebuilt from the storage sink's files)."""
+    schema, _, table = qualified.partition(".")
+    cols, key, src, src_raw, numeric = _mysql_source_rows(my_conn, schema, table)
+    return _diff(qualified, cols, key, src, src_raw, numeric, (tuple(r.get(c) for c in cols) for r in rows), [])
 
 
 def compare_mysql_tables(my_conn: Any, tables: list[str], sink_uri: str) -> list[TableDiff]:

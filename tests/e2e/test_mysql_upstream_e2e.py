@@ -323,3 +323,140 @@ def test_a_large_transaction_killed_mid_stream_converges(
         assert diffs[0].source_rows > 90_000  # (the later deletes of mixed() remove 2/11 of them)
     finally:
         cdc.terminate()
+
+
+def target_rows(target: str, sql: str) -> list[tuple[Any, ...]]:
+    """The rows of ``sql`` on an SQL target ([] when its table does not exist)."""
+    engine = sa.create_engine(sqlalchemy_url(target))
+    try:
+        with engine.connect() as conn:
+            try:
+                return [tuple(r) for r in conn.exec_driver_sql(sql)]
+            except sa.exc.DBAPIError:
+                return []
+    finally:
+        engine.dispose()
+
+
+MORE_TYPES = """CREATE TABLE more (
+  id INT PRIMARY KEY, b1 BIT(1), b13 BIT(13), b64 BIT(64), e ENUM('small', 'it''s', 'large') NULL,
+  s SET('r', 'g', 'b') NULL, j JSON, gs INT AS (id * 2) STORED, gv VARCHAR(30) AS (CONCAT(e, '/', s)) VIRTUAL,
+  lt VARCHAR(10) CHARACTER SET latin1, ub BIGINT UNSIGNED, d DECIMAL(65,30)) DEFAULT CHARSET utf8mb4"""
+
+
+def test_bit_enum_set_json_and_generated_columns_reach_each_sql_target_exactly(
+        cdc_server: CdcServer, mariadb_server: MariaDBServer, mariadb_database: str, target: str) -> None:
+    """BIT(n) lands as bit(n) text ('0101'; PostgreSQL: bit(n)), ENUM/SET as their member text (the empty SET and
+    ENUM's invalid '' distinct from NULL), MariaDB's JSON as its text, generated columns as plain columns holding the
+    upstream's computed values (the VIRTUAL one too: it is in MariaDB's FULL row image)."""
+    db = mariadb_database
+    mariadb_server.execute(MORE_TYPES, db=db)
+    cdc_server.create_changefeed("more", mariadb_server.uri(db), target, snapshot="none")
+    conn = mariadb_server.connect(db)
+    with conn.cursor() as cur:
+        cur.execute("SET sql_mode = ''")  # lets ENUM take its invalid value '' (index 0)
+        cur.executemany("INSERT INTO more (id, b1, b13, b64, e, s, j, lt, ub, d) VALUES "
+                        "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", [
+                            (1, b"\x01", b"\x10\x01", b"\xff" * 8, "it's", "b,r", '{"k": [1, "x"], "z": null}',
+                             "café", 2**63, "12345678901234567890123456789012345.123456789012345678901234567890"),
+                            (2, b"\x00", b"\x00\x00", b"\x00" * 8, "", "", "[]", "", 0, "0"),
+                            (3, None, None, None, None, None, None, None, None, None),
+                            (4, b"\x01", b"\x00\x05", b"\x80" + b"\x00" * 7, "nope", "g", "null", "x", 2**64 - 1,
+                             "-0.000000000000000000000000000001")])
+        cur.execute("UPDATE more SET e = 'large', s = 'g,b,r', b13 = b'1111111111111', j = '{\"a\": 1}' WHERE id = 2")
+        cur.execute("UPDATE more SET s = '', e = NULL WHERE id = 1")
+        cur.execute("DELETE FROM more WHERE id = 3")
+        cur.execute("INSERT INTO more (id, s) VALUES (5, 'r')")
+    info = cdc_server.wait_checkpoint("more", binlog_end(mariadb_server), timeout=120)
+    assert not info.get("error") and info["state"] == "normal", info
+    try:
+        [diff] = compare_mysql_tables(conn, [f"{db}.more"], target)
+    finally:
+        conn.close()
+    assert diff.equal and diff.source_rows == 4, diff
+    table = f'"{db}".more' if target.startswith("postgresql") else "more"
+    got = target_rows(target, f"SELECT id, s, e, gv FROM {table} ORDER BY id")
+    assert got == [(1, "", None, None), (2, "r,g,b", "large", "large/r,g,b"),
+                                        (4, "g", "", "/g"), (5, "r", None, None)], got
+
+
+def test_a_zero_date_fails_the_changefeed_naming_table_column_and_reason(
+        cdc_server: CdcServer, mariadb_server: MariaDBServer, mariadb_database: str, tmp_path: Path) -> None:
+    """Zero dates have no exact value in any target: the changefeed fails, its state names the table, the column
+    and why; the row is never written changed (or skipped silently)."""
+    db = mariadb_database
+    mariadb_server.execute("CREATE TABLE dates (id INT PRIMARY KEY, d DATE, dt DATETIME)", db=db)
+    target = f"sqlite:///{tmp_path / 'target.db'}"
+    cdc_server.create_changefeed("zero", mariadb_server.uri(db), target, snapshot="none")
+    conn = mariadb_server.connect(db)
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO dates VALUES (1, '2024-01-01', '2024-01-01 10:00:00')")
+        cur.execute("SET sql_mode = ''")
+        cur.execute("INSERT INTO dates VALUES (2, '0000-00-00', '2024-01-01 10:00:00')")
+    conn.close()
+    info = wait_for(cdc_server, "zero", lambda q: bool(q.get("error")), "the changefeed failing on the zero date")
+    error = str(info.get("error"))
+    assert f"{db}.dates" in error and "column d" in error and "date" in error, info
+    assert info["state"] in ("failed", "error", "warning"), info
+    assert target_rows(target, "SELECT COUNT(*) FROM dates WHERE id = 2") in ([(0,)], [])
+
+
+def test_modify_change_rename_index_and_truncate_reach_each_sql_target_and_a_refused_ddl_is_skippable(
+        cdc_server: CdcServer, mariadb_server: MariaDBServer, mariadb_database: str, target: str) -> None:
+    """MODIFY (widening), CHANGE, RENAME COLUMN, ADD/DROP INDEX, CREATE/DROP INDEX and TRUNCATE go through the
+    barrier to the target; a statement Tidewater cannot translate (a generated column added) fails the changefeed
+    with CDC:ErrDdlRejected naming it, and is skipped knowingly with --skip-ddl-ts after the operator applied it to
+    the target by hand; every phase ends in a row-by-row compare."""
+    import re
+
+    db = mariadb_database
+    mariadb_server.execute("CREATE TABLE d (id INT PRIMARY KEY, v VARCHAR(10), n INT, k INT) DEFAULT CHARSET utf8mb4",
+                           db=db)
+    mariadb_server.execute("CREATE TABLE tr (id INT PRIMARY KEY, note TEXT)", db=db)
+    cdc_server.create_changefeed("mddl", mariadb_server.uri(db), target, snapshot="none")
+    conn = mariadb_server.connect(db)
+    with conn.cursor() as cur:
+        cur.executemany("INSERT INTO d VALUES (%s, %s, %s, %s)", [(i, f"v{i}", i * 10, i % 3) for i in range(20)])
+        cur.executemany("INSERT INTO tr VALUES (%s, %s)", [(i, f"old {i}") for i in range(10)])
+        cur.execute("ALTER TABLE d MODIFY COLUMN n BIGINT, CHANGE v w VARCHAR(40), RENAME COLUMN k TO kk")
+        cur.execute("INSERT INTO d VALUES (100, 'a longer value than ten', 9223372036854775807, 5)")
+        cur.execute("UPDATE d SET n = n * 1000000000 WHERE id < 5")
+        cur.execute("ALTER TABLE d ADD INDEX by_w (w), ADD UNIQUE KEY u_n (n)")
+        cur.execute("CREATE INDEX by_kk ON d (kk)")
+        cur.execute("DROP INDEX by_kk ON d")
+        cur.execute("ALTER TABLE d DROP INDEX by_w")
+        cur.execute("TRUNCATE TABLE tr")
+        cur.executemany("INSERT INTO tr VALUES (%s, %s)", [(i, f"new {i}") for i in range(5, 8)])
+    info = cdc_server.wait_checkpoint("mddl", binlog_end(mariadb_server), timeout=120)
+    assert not info.get("error") and info["state"] == "normal", (info.get("error") or {}).get("message")
+    diffs = compare_mysql_tables(conn, [f"{db}.d", f"{db}.tr"], target)
+    assert all(x.equal for x in diffs) and [x.source_rows for x in diffs] == [21, 3], diffs
+    # a statement that cannot be translated: failed loudly, at its commit Ts
+    with conn.cursor() as cur:
+        cur.execute("ALTER TABLE d ADD COLUMN g BIGINT AS (id * 2) STORED")
+        cur.execute("INSERT INTO d (id, w, n, kk) VALUES (200, 'after', 2, 2)")
+    q = wait_for(cdc_server, "mddl", lambda q: q["state"] == "failed", "state failed", timeout=90)
+    assert q["error"]["code"] == "CDC:ErrDdlRejected", q["error"]
+    assert "ADD COLUMN g" in q["error"]["message"] and f"{db}.d" in q["error"]["message"], q["error"]
+    ts = int(re.search(r"--skip-ddl-ts (\d+)", q["error"]["message"]).group(1))  # type: ignore[union-attr]
+    assert target_rows(target, f"SELECT COUNT(*) FROM {_target_table(target, db, 'd')} WHERE id = 200") == [(0,)]
+    # the operator applies it downstream by hand (a plain column: the target never computes it), then skips it
+    run_on_target(target, f"ALTER TABLE {_target_table(target, db, 'd')} ADD COLUMN g BIGINT")
+    run_on_target(target, f"UPDATE {_target_table(target, db, 'd')} SET g = id * 2")
+    cdc_server.request("PUT", "/api/v2/changefeeds/mddl", {"skip_ddl_ts": ts})
+    cdc_server.request("POST", "/api/v2/changefeeds/mddl/resume")
+    with conn.cursor() as cur:
+        cur.execute("UPDATE d SET n = n + 1 WHERE id % 4 = 0 AND id < 100")
+    info = cdc_server.wait_checkpoint("mddl", binlog_end(mariadb_server), timeout=120)
+    shown = [*info.get("warnings", []), *([info["error"]] if info.get("error") else [])]
+    assert all(w["code"] in ("CDC:NoticeDdlSkipped", "CDC:WarnDdlSkipped") for w in shown), shown
+    assert any(str(ts) in w["message"] for w in shown), shown  # the skip stays visible in the state
+    try:
+        diffs = compare_mysql_tables(conn, [f"{db}.d", f"{db}.tr"], target)
+    finally:
+        conn.close()
+    assert all(x.equal for x in diffs) and diffs[0].source_rows == 22, diffs
+
+
+def _target_table(target: str, db: str, table: str) -> str:
+    return f'"{db}".{table}' if target.startswith("postgresql") else table

@@ -52,8 +52,24 @@ from pymysqlreplication.event import (
 )
 from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
 
-from cdc.errors import DecodeError, SlotLost, TidewaterError, UpstreamUnavailable
-from cdc.events import ColumnFill, ColumnSchema, DdlChange, DdlEvent, DdlKind, TableName, TableSchema
+from cdc.errors import (
+    DdlRejected,
+    DecodeError,
+    InvalidArgument,
+    SlotLost,
+    TidewaterError,
+    UpstreamUnavailable,
+)
+from cdc.events import (
+    ColumnFill,
+    ColumnSchema,
+    DdlChange,
+    DdlEvent,
+    DdlKind,
+    IndexSpec,
+    TableName,
+    TableSchema,
+)
 from cdc.filter import TableFilter
 from cdc.model import WARN_TABLE_INELIGIBLE, DataWarning, WarningSeverity
 from cdc.ts import Watermark, lsn_to_str
@@ -95,6 +111,17 @@ def named_tables(query: str, default_schema: str) -> set[TableName]:
     return out
 
 
+def _change(doc: list[Any]) -> DdlChange:
+    """A stored ``[kind, column, new_name?, [index name, columns, unique]?]`` as a DdlChange."""
+    ix = doc[3] if len(doc) > 3 else None
+    return DdlChange(DdlKind(doc[0]), doc[1], doc[2] if len(doc) > 2 else None,
+                     IndexSpec(ix[0], tuple(ix[1]), bool(ix[2])) if ix else None)
+
+
+def _change_doc(c: ddl.Change) -> list[Any]:
+    return [c.kind, c.column, c.new_name, [c.index[0], list(c.index[1]), c.index[2]] if c.index else None]
+
+
 def gtid_start_refusal(uri: str, server_id: int, gtid: str) -> str | None:
     """What the MariaDB server at ``uri`` answers a replica (``server_id``) that asks to stream after GTID state
     ``gtid`` in strict mode: None when it accepts, else its refusal (e.g. the GTID is not in its binlog: a server of
@@ -130,6 +157,10 @@ class MySqlChangeDecoder(ChangeDecoder):
         """The DdlEvent of a schema change the span stored (:meth:`MySqlSpanSource._store_ddl`)."""
         try:
             doc = json.loads(raw)
+            if doc.get("refused"):  # a statement the span could not translate (MySqlSpanSource._refuse)
+                raise DdlRejected(doc["query"], ".".join(doc["table"]), f"{doc['refused']}; the span decodes the "
+                                  f"rows after it with the table as the upstream's catalog showed it then. Apply the "
+                                  f"change downstream by hand, then skip it", commit_ts=commit_ts)
             before = self._schemas(doc["before"])
             after = self._schemas(doc["after"]) if doc["after"] else None
             fills = []
@@ -137,7 +168,7 @@ class MySqlChangeDecoder(ChangeDecoder):
                 assert after is not None
                 fills.append(ColumnFill(col, None if text is None else self.parser(after.column(col))(text)))
             return [DdlEvent(commit_ts, commit_time, TableName(*doc["table"]),
-                             tuple(DdlChange(DdlKind(k), c) for k, c in doc["changes"]), before, after, doc["query"],
+                             tuple(_change(ch) for ch in doc["changes"]), before, after, doc["query"],
                              int(doc["seq"]), fills=tuple(fills))]
         except (ValueError, KeyError, TypeError, AssertionError, ArithmeticError) as exc:
             raise DecodeError(f"malformed MySQL schema change payload: {exc}") from exc
@@ -435,7 +466,7 @@ class MySqlSpanSource(SpanSource):
                             bad = True
                             break
                         renderers[i] = r
-                    elif not types.binlog_type_matches(dt, c.type) or (
+                    elif not types.binlog_type_matches(dt, c.type, c) or (
                             c.type in _INTEGER_FIELDS and hasattr(c, "unsigned") and bool(c.unsigned) != u):
                         bad = True
                         break
@@ -468,6 +499,9 @@ class MySqlSpanSource(SpanSource):
             v = row[name]
             if v is None:
                 why = none_sources.get(name, "null")
+                if why == "empty set" and t.data_types[t.names.index(name)] == "set":
+                    out.append("")  # the binlog client's None for a SET with no member: the empty set
+                    continue
                 if why != "null":
                     raise DecodeError(f"span={self.label} table {t.name} column {name} at binlog {where}: a value "
                                       f"that cannot be replicated exactly ({why}: e.g. a zero date); fix the row "
@@ -625,6 +659,17 @@ class MySqlSpanSource(SpanSource):
             dropped = ddl.dropped_tables(query, default)
             if dropped is not None:
                 return self._drop_tables([TableName(s, t) for s, t in dropped], query, buffer, xid)
+            truncated = ddl.truncated_table(query, default)
+            if truncated is not None:
+                return self._same_shape(TableName(*truncated), ddl.Change("truncate table"), query, buffer, xid)
+            indexed = ddl.index_target(query, default)
+            if indexed is not None:
+                t = self._tables.get(TableName(*indexed))
+                if t is None:
+                    return False
+                found = ddl.index_statement(query, default, bool(t.facts.primary), [c.name for c in t.facts.columns])
+                assert found is not None
+                return self._same_shape(t.name, found[1], query, buffer, xid)
             m = ddl.ALTER.match(query)
             if m is not None:
                 name = TableName(*ddl.split_name(m.group("name"), default))
@@ -632,12 +677,37 @@ class MySqlSpanSource(SpanSource):
                 if t is None:
                     return False  # another table's ALTER that merely mentions one of ours
                 return self._alter(t, query, buffer, xid)
-            raise ddl.Unsupported("only ALTER TABLE ... ADD/DROP COLUMN and DROP TABLE are replicated yet")
+            raise ddl.Unsupported("only ALTER TABLE (ADD/DROP/MODIFY/CHANGE/RENAME COLUMN, ADD/DROP INDEX), "
+                                  "CREATE/DROP INDEX, TRUNCATE and DROP TABLE are replicated yet")
         except ddl.Unsupported as exc:
-            raise DecodeError(
-                f"span={self.label}: schema change of {', '.join(map(str, hit))} at binlog {where} "
-                f"({query[:200]!r}) cannot be replicated: {exc}; rows after it cannot be decoded with the schema the "
-                f"span has (docs/upstream-mysql.md)") from exc
+            return self._refuse(hit, query, f"cannot be replicated: {exc} (at binlog {where})", buffer, xid)
+
+    def _refuse(self, hit: list[TableName], query: str, reason: str, buffer: ChangeBuffer, xid: int) -> bool:
+        """A statement naming ``hit`` tables that cannot be translated: stored as a refused schema change (the
+        decoder raises ``DdlRejected`` for it at its commit Ts, which fails the changefeed or is skipped like a DDL
+        the sink rejects, docs/ddl.md), and each table's decoding re-read from the catalog, so the rows after it
+        decode with the columns the table has now; the table-map check refuses them loudly where those are not
+        the columns the binlog row has (a later change of the table). A table gone from the catalog (RENAME TABLE)
+        is no longer carried; one that cannot be replicated any more has its rows skipped with a data warning."""
+        stored = False
+        for n in hit:
+            if n not in self._tables:
+                continue
+            stored = True
+            self._store_ddl(buffer, xid, {"table": [n.schema, n.table], "refused": reason, "query": query})
+            del self._tables[n]
+            try:
+                facts = catalog.table_facts(self._ctl, self.where, n)
+            except InvalidArgument:
+                self._carried.discard(n)
+                continue
+            problems = eligibility.problems_of(facts)
+            if problems:
+                self._ineligible[n] = "; ".join(problems)
+                continue
+            self._unrecorded.append(self._schemas[self._install(facts).version])
+        log.warning("span=%s schema change %r refused: %s", self.label, query[:200], reason)
+        return stored
 
     def _store_ddl(self, buffer: ChangeBuffer, xid: int, doc: dict[str, Any]) -> None:
         self._ddl_seq = seq = getattr(self, "_ddl_seq", -1) + 1
@@ -646,8 +716,11 @@ class MySqlSpanSource(SpanSource):
 
     def _alter(self, t: _Table, query: str, buffer: ChangeBuffer, xid: int) -> bool:
         before = self._schemas[t.version]
-        cols, changes, added = ddl.parse_alter(query, t.facts.columns, before.key if before.has_key else ())
-        facts = catalog.TableFacts(t.name, cols, t.facts.primary, t.facts.unique_not_null)
+        cols, changes, added = ddl.parse_alter(query, t.facts.columns, before.key if before.has_key else (),
+                                               has_primary=bool(t.facts.primary))
+        renamed = {c.column: c.new_name for c in changes if c.kind == "rename column"}
+        facts = catalog.TableFacts(t.name, cols, tuple(renamed.get(k, k) for k in t.facts.primary),
+                                   tuple((n, tuple(renamed.get(k, k) for k in ks)) for n, ks in t.facts.unique_not_null))
         fills = []
         for a in added:
             col = next(c for c in cols if c.name == a.column)
@@ -655,7 +728,18 @@ class MySqlSpanSource(SpanSource):
         new = self._install(facts)
         self._unrecorded.append(self._schemas[new.version])
         self._store_ddl(buffer, xid, {"table": [t.name.schema, t.name.table], "before": t.version,
-                                      "after": new.version, "changes": changes, "query": query, "fills": fills})
+                                      "after": new.version, "changes": [_change_doc(c) for c in changes],
+                                      "query": query, "fills": fills})
+        return True
+
+    def _same_shape(self, name: TableName, change: ddl.Change, query: str, buffer: ChangeBuffer, xid: int) -> bool:
+        """A schema change that leaves the table's columns as they are (TRUNCATE, an index): stored with the
+        current version before and after."""
+        t = self._tables.get(name)
+        if t is None:
+            return False
+        self._store_ddl(buffer, xid, {"table": [name.schema, name.table], "before": t.version, "after": t.version,
+                                      "changes": [_change_doc(change)], "query": query, "fills": []})
         return True
 
     def _drop_tables(self, names: list[TableName], query: str, buffer: ChangeBuffer, xid: int) -> bool:

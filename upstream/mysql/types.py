@@ -24,11 +24,21 @@ DATETIME(fsp)                                  timestamp(fsp)                ``Y
 TIMESTAMP(fsp)                                 timestamptz(fsp)              the same, in UTC, ``+00``
 TIME(fsp)                                      time(fsp)                     ``HH:MM:SS[.ffffff]``
 YEAR                                           int2                          the year (0 for ``0000``)
+BIT(n)                                         bit(n)                        n characters ``0``/``1``, most
+                                                                             significant bit first
+ENUM('a',...)                                  text                          the member (``''``: the invalid
+                                                                             value, index 0)
+SET('a',...)                                   text                          the members in definition order,
+                                                                             comma-separated (``''``: empty set)
 =============================================  ============================  ===================================
 
-Refused (first rule: never a changed value): a column of any other type (BIT, ENUM, SET, GEOMETRY, MySQL's
-binary JSON, INET6, UUID...) or a generated column is refused by ``changefeed create``
-(:func:`column_refusal`); a *value* that its type cannot hold exactly raises ``ValueError`` from its renderer
+Generated columns (STORED and VIRTUAL) are replicated as plain columns of their type holding the value the
+upstream computed: MariaDB's FULL row image carries both kinds, so the target never recomputes an expression
+(a target column is a plain column; TiCDC and Debezium likewise ship the upstream's value).
+
+Refused (first rule: never a changed value): a column of any other type (GEOMETRY, MySQL's binary JSON, INET6,
+UUID...) and an ENUM/SET with a member that is not ASCII (the reference client decodes the binlog's member names
+as UTF-8 and turns any other into ``''``) are refused by ``changefeed create`` (:func:`column_refusal`); a *value* that its type cannot hold exactly raises ``ValueError`` from its renderer
 (zero dates ``0000-00-00``, zero TIMESTAMPs, TIME outside ``00:00:00``-``23:59:59.999999``, text that did not
 decode in its character set), which the span reports as a decode error naming the table and column.
 
@@ -50,7 +60,7 @@ Render = Callable[[Any], str]
 """One binlog value (never None) -> its text form; raises ValueError for a value that cannot be kept exactly."""
 
 # PostgreSQL type OIDs of the base types used here (upstream.postgres.types)
-_OID = {"int2": 21, "int4": 23, "int8": 20, "numeric": 1700, "float4": 700, "float8": 701, "varchar": 1043,
+_OID = {"bit": 1560, "int2": 21, "int4": 23, "int8": 20, "numeric": 1700, "float4": 700, "float8": 701, "varchar": 1043,
         "text": 25, "bytea": 17, "date": 1082, "time": 1083, "timestamp": 1114, "timestamptz": 1184}
 
 _INTS = {  # DATA_TYPE -> (signed base, unsigned base)
@@ -61,16 +71,33 @@ _INT_NAMES = {"int2": "smallint", "int4": "integer", "int8": "bigint"}
 _TEXTS = frozenset({"tinytext", "text", "mediumtext", "longtext", "json"})
 _BLOBS = frozenset({"binary", "varbinary", "tinyblob", "blob", "mediumblob", "longblob"})
 SUPPORTED = frozenset({*_INTS, "decimal", "float", "double", "char", "varchar", *_TEXTS, *_BLOBS, "date",
-                       "datetime", "timestamp", "time", "year"})
+                       "datetime", "timestamp", "time", "year", "bit", "enum", "set"})
+_MEMBER = re.compile(r"'((?:[^'\\]|''|\\.)*)'")
+_BIT_LEN = re.compile(r"^bit\s*\(\s*(\d+)\s*\)", re.IGNORECASE)
+
+
+def members(column_type: str) -> tuple[str, ...]:
+    """The members of ``enum('a','b')`` / ``set('a','b')`` (``information_schema.COLUMNS.COLUMN_TYPE``), in
+    definition order."""
+    body = column_type[column_type.index("(") + 1:column_type.rindex(")")]
+    return tuple(m.replace("''", "'").replace("\\\\", "\\") for m in _MEMBER.findall(body))
+
+
+def bit_length(column_type: str) -> int:
+    """n of ``bit(n)`` (``bit`` alone is ``bit(1)``)."""
+    m = _BIT_LEN.match(column_type.strip())
+    return int(m.group(1)) if m else 1
 
 
 def column_refusal(data_type: str, column_type: str, extra: str) -> str | None:
     """Why a column cannot be replicated yet (None: it can). ``data_type``/``column_type``/``extra`` as in
-    ``information_schema.COLUMNS``."""
-    if "GENERATED" in extra.upper():
-        return f"generated column ({extra.lower()}): generated columns are not replicated from MySQL/MariaDB yet"
-    if data_type.lower() not in SUPPORTED:
+    ``information_schema.COLUMNS``. Generated columns are replicated like any other (see the module doc)."""
+    dt = data_type.lower()
+    if dt not in SUPPORTED:
         return f"type {column_type} is not replicated from MySQL/MariaDB yet (docs/upstream-mysql.md)"
+    if dt in ("enum", "set") and not all(m.isascii() for m in members(column_type)):
+        return (f"type {column_type}: ENUM/SET members that are not ASCII are not replicated yet (the binlog "
+                f"client decodes member names as UTF-8 only; docs/upstream-mysql.md)")
     return None
 
 
@@ -88,6 +115,11 @@ def column_schema(name: str, data_type: str, column_type: str, *, nullable: bool
             type_name = _INT_NAMES[base]
     elif dt == "year":
         base, type_name = "int2", "smallint"
+    elif dt == "bit":
+        n = bit_length(column_type)
+        base, type_name, modifier = "bit", f"bit({n})", n
+    elif dt in ("enum", "set"):
+        base, type_name = "text", "text"
     elif dt == "decimal":
         p, s = precision or 10, scale or 0
         base, type_name, modifier = "numeric", f"numeric({p},{s})", ((p << 16) | s) + 4
@@ -121,15 +153,23 @@ _BINLOG_TYPES: dict[str, frozenset[int]] = {
     "integer": frozenset({3}), "bigint": frozenset({8}), "decimal": frozenset({246}), "float": frozenset({4}),
     "double": frozenset({5}), "char": frozenset({254}), "varchar": frozenset({15}), "binary": frozenset({254}),
     "varbinary": frozenset({15}), "date": frozenset({10}), "datetime": frozenset({12, 18}),
-    "timestamp": frozenset({7, 17}), "time": frozenset({11, 19}), "year": frozenset({13}),
+    "timestamp": frozenset({7, 17}), "time": frozenset({11, 19}), "year": frozenset({13}), "bit": frozenset({16}),
+    "enum": frozenset({247}), "set": frozenset({248}),
     **{t: frozenset({252}) for t in (*_TEXTS, "tinyblob", "blob", "mediumblob", "longblob")},
 }
 
 
-def binlog_type_matches(data_type: str, field_type: int) -> bool:
+def binlog_type_matches(data_type: str, field_type: int, column: Any = None) -> bool:
     """Whether a binlog column of ``field_type`` can be a column of ``data_type`` (a mismatch: the table's schema
-    changed since the span read it)."""
-    return field_type in _BINLOG_TYPES.get(data_type.lower(), frozenset())
+    changed since the span read it). For ENUM/SET the binlog client's ``column`` must also carry the member names
+    (from ``binlog_row_metadata=FULL``): without them it delivers every value as NULL or the empty set."""
+    if field_type not in _BINLOG_TYPES.get(data_type.lower(), frozenset()):
+        return False
+    if field_type == 247:
+        return bool(getattr(column, "enum_values", None))
+    if field_type == 248:
+        return bool(getattr(column, "set_values", None))
+    return True
 
 
 # ---- renderers -------------------------------------------------------------------------------------------
@@ -232,9 +272,51 @@ def _time(v: Any) -> str:
     return f"{text}.{v.microseconds:06d}" if v.microseconds else text
 
 
+def _bit(n: int) -> Render:
+    def render(v: Any) -> str:
+        if type(v) is str and len(v) == n and not v.strip("01"):
+            return v  # the binlog client's form: n characters, most significant bit first
+        if type(v) is bytes and len(v) == (n + 7) // 8:
+            return format(int.from_bytes(v, "big"), f"0{n}b")  # SELECT's form: big-endian bytes
+        raise ValueError(f"not a BIT({n}) value: {v!r}")
+    return render
+
+
+def _enum(allowed: tuple[str, ...]) -> Render:
+    valid = frozenset(("", *allowed))
+
+    def render(v: Any) -> str:
+        if type(v) is not str or v not in valid:
+            raise ValueError(f"not a member of the ENUM: {v!r}")
+        return v
+    return render
+
+
+def _set(allowed: tuple[str, ...]) -> Render:
+    valid = frozenset(allowed)
+
+    def render(v: Any) -> str:
+        if type(v) is str:  # SELECT's form: already the members in definition order
+            picked = set(v.split(",")) if v else set()
+        elif isinstance(v, set | frozenset):  # the binlog client's form: an unordered set of members
+            picked = v
+        else:
+            raise ValueError(f"not a SET value: {v!r}")
+        if not picked <= valid:
+            raise ValueError(f"not members of the SET: {sorted(picked - valid)!r}")
+        return ",".join(m for m in allowed if m in picked)
+    return render
+
+
 def renderer(data_type: str, column_type: str, char_len: int | None) -> Render:
     """The text renderer of one supported column's non-NULL binlog values."""
     dt = data_type.lower()
+    if dt == "bit":
+        return _bit(bit_length(column_type))
+    if dt == "enum":
+        return _enum(members(column_type))
+    if dt == "set":
+        return _set(members(column_type))
     if dt in _INTS:
         return _int
     if dt == "year":
@@ -312,6 +394,8 @@ def facts_of(column: ColumnSchema) -> tuple[str, str, int | None, int | None, in
         return "longblob", "longblob", None, None, None, None
     if base == "date":
         return "date", "date", None, None, None, None
+    if base == "bit":
+        return "bit", f"bit({max(tm, 1)})", None, None, None, None
     if base == "timestamp":
         return "datetime", f"datetime({max(tm, 0)})", None, None, None, max(tm, 0)
     if base == "timestamptz":

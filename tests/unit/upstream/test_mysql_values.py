@@ -78,8 +78,8 @@ def test_values_a_type_cannot_hold_exactly_raise(data_type: str, value: object, 
 
 
 @pytest.mark.parametrize(("data_type", "column_type", "extra"), [
-    ("enum", "enum('a')", ""), ("set", "set('a')", ""), ("bit", "bit(3)", ""), ("geometry", "geometry", ""),
-    ("int", "int(11)", "VIRTUAL GENERATED"), ("int", "int(11)", "STORED GENERATED"),
+    ("enum", "enum('a','é')", ""), ("set", "set('ü')", ""), ("geometry", "geometry", ""), ("inet6", "inet6", ""),
+    ("point", "point", ""),
 ])
 def test_unsupported_columns_are_refused_with_a_reason(data_type: str, column_type: str, extra: str) -> None:
     assert types.column_refusal(data_type, column_type, extra)
@@ -92,3 +92,28 @@ def test_relation_ids_are_stable_nonzero_31_bit() -> None:
     a = relation_id(TableName("shop", "items"))
     assert a == relation_id(TableName("shop", "items")) and 0 < a < 2**31
     assert a != relation_id(TableName("shop", "items2"))
+
+
+@pytest.mark.parametrize(("data_type", "column_type", "extra"), [
+    ("enum", "enum('a','it''s')", ""), ("set", "set('a','b')", ""), ("bit", "bit(3)", ""),
+    ("int", "int(11)", "VIRTUAL GENERATED"), ("int", "int(11)", "STORED GENERATED"),
+])
+def test_bit_enum_set_and_generated_columns_are_replicated(data_type: str, column_type: str, extra: str) -> None:
+    assert types.column_refusal(data_type, column_type, extra) is None
+
+
+def test_bit_enum_and_set_values_render_exactly_or_raise() -> None:
+    bit = types.renderer("bit", "bit(10)", None)
+    assert bit("0000000101") == "0000000101" and bit(b"\x00\x05") == "0000000101" and bit(b"\x03\xff") == "1" * 10
+    for bad in ("101", b"\x05", 5):
+        with pytest.raises(ValueError, match="BIT"):
+            bit(bad)
+    assert types.members("enum('a','it''s','')") == ("a", "it's", "")
+    enum = types.renderer("enum", "enum('a','it''s')", None)
+    assert enum("it's") == "it's" and enum("") == ""
+    with pytest.raises(ValueError, match="ENUM"):
+        enum("b")
+    st = types.renderer("set", "set('r','g','b')", None)
+    assert st({"b", "r"}) == "r,b" and st("r,b") == "r,b" and st("") == "" and st(set()) == ""
+    with pytest.raises(ValueError, match="SET"):
+        st({"x"})
