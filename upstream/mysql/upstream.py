@@ -26,11 +26,12 @@ from cdc.filter import TableFilter
 from cdc.model import SpanInfo
 from cdc.ts import Watermark
 from cdc.uri import parse_upstream_uri
-from upstream.base import JoinRule, PartitionLeaf, SlotState, SpanPlan, Upstream
-from upstream.mysql import admin, catalog, eligibility, positions
+from upstream.base import ExportedSnapshot, JoinRule, PartitionLeaf, SlotState, SpanPlan, Upstream
+from upstream.mysql import admin, catalog, eligibility, positions, snapshot_read
 from upstream.mysql import conn as my_conn
 from upstream.mysql.resume import ResumePoint
 from upstream.mysql.rowfetch import RowFetcher
+from upstream.mysql.snapshot_read import MySqlSnapshotReader
 from upstream.mysql.source import MySqlSpanSource, gtid_start_refusal
 
 
@@ -90,10 +91,6 @@ class MySqlUpstream(Upstream):
                 f"binlog_expire_logs_seconds = {int(keep_seconds)} (or 0: keep forever), and in the server's "
                 f"configuration")
 
-    def check_copy(self) -> None:
-        raise InvalidArgument(
-            f"MySQL upstream {self.where}: the initial copy of existing rows is not implemented for MySQL/MariaDB yet; "
-            f"create the changefeed with --snapshot none (only changes committed after it are replicated)")
 
     # ---- tables ------------------------------------------------------------------------------------
     def list_tables(self) -> list[TableName]:
@@ -212,3 +209,13 @@ class MySqlUpstream(Upstream):
 
     def row_source(self, *, label: str = "") -> RowFetcher:
         return RowFetcher(self.uri, label=label)
+
+    @contextmanager
+    def export_snapshot(self, *, label: str = "") -> Iterator[ExportedSnapshot]:
+        """The binlog end now as the copy run's position (:func:`upstream.mysql.snapshot_read.export_position`):
+        MySQL cannot share a snapshot between connections, so each reader opens its own at a position >= this one
+        and says which (``SnapshotReader.read_ts``). Nothing is held on the server while the block runs."""
+        yield snapshot_read.export_position(self._session(), self.where)
+
+    def snapshot_reader(self, snapshot: str | None = None, *, label: str = "") -> MySqlSnapshotReader:
+        return MySqlSnapshotReader(self.uri, snapshot, label=label, timeout=self._timeout)
