@@ -509,6 +509,11 @@ class Upstream(ABC):
     """
 
     capture_notice: str | None = None
+    #: every change the stream sends carries every column's value (MySQL/MariaDB: ``binlog_row_image = FULL``, checked
+    #: at create), so a key change replayed over a later snapshot's copy never takes a value from another row: a
+    #: half-copied keyed table goes on chunk by chunk under a new snapshot (docs/snapshot.md). False: PostgreSQL,
+    #: whose unchanged TOASTed values are not sent
+    sends_whole_rows: bool = False
     """Set by :meth:`create_spans` when the upstream could not install what puts otherwise invisible changes into
     the stream (PostgreSQL: event triggers for partition repair and DDL need a superuser): why, and what the
     changefeed does without it. ``changefeed create`` shows it."""

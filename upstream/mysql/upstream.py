@@ -45,6 +45,8 @@ class MySqlUpstream(Upstream):
     """``open_upstream("mysql://...")``. ``timeout``: seconds to connect; ``statement_timeout`` is accepted for the
     interface (inspections) and bounds nothing yet."""
 
+    sends_whole_rows = True  # (binlog_row_image = FULL: admin.check_upstream refuses any other)
+
     def __init__(self, uri: str, *, timeout: float = 5.0, statement_timeout: float | None = None,
                  connect: Callable[..., Any] = my_conn.connect) -> None:
         super().__init__(uri)
