@@ -187,3 +187,39 @@ def test_a_capture_killed_mid_copy_goes_on_chunk_by_chunk_and_ends_equal(
     finally:
         writer.join()
         cdc.terminate()
+
+
+def test_a_resync_replaces_a_diverged_table_while_writes_go_on(
+        etcd_server: Any, cluster_id: str, tmp_path: Path, mariadb_server: MariaDBServer,
+        mariadb_database: str) -> None:
+    """``changefeed snapshot --table`` (the API's resync) of a MySQL changefeed: the target's accounts, changed behind
+    Tidewater's back, is emptied and copied again under writes, and ends equal."""
+    db = mariadb_database
+    for stmt in SCHEMA:
+        mariadb_server.execute(stmt, db=db)
+    preload(mariadb_server, db)
+    sink = f"sqlite:///{tmp_path / 'target.db'}"
+    cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id,
+                    extra_args=server_config(tmp_path, FAST_LEASE)).start()
+    try:
+        cdc.create_changefeed("rs", mariadb_server.uri(db), sink, "[snapshot]\nchunk-rows = 2000\n")
+        converged(cdc, "rs", mariadb_server, db, sink)
+        run_on_target(sink, "DELETE FROM accounts WHERE id % 7 = 0")
+        run_on_target(sink, "UPDATE accounts SET owner = 'wrong' WHERE id % 11 = 0")
+        run_on_target(sink, "INSERT INTO accounts (id, owner) VALUES (-1, 'extra')")
+        writer = threading.Thread(target=churn, args=(mariadb_server.connect(db), 400, 7, 0.01))
+        writer.start()
+        try:
+            cdc.request("POST", "/api/v2/changefeeds/rs/snapshot", {"tables": [f"{db}.accounts"]})
+            wait_for(cdc, "rs", lambda q: any(s["table_copy"] for s in q["spans"]), "the table copy taken up")
+            q = wait_for(cdc, "rs", lambda q: all((s["table_copy"] or {}).get("phase") == "done" for s in q["spans"]
+                                                   if s["table_copy"]) or q["state"] != "normal",
+                         "the table copy", timeout=180)
+            assert q["state"] == "normal", q
+        finally:
+            writer.join()
+        converged(cdc, "rs", mariadb_server, db, sink)
+        q = wait_for(cdc, "rs", lambda q: True, "query")
+        assert q["state"] == "normal" and not q["warnings"] and q["table_copies"] == [], q
+    finally:
+        cdc.terminate()
