@@ -143,3 +143,23 @@ def test_each_reader_sees_exactly_the_commits_up_to_its_binlog_position_under_wr
 def test_a_name_that_is_not_a_binlog_position_is_refused(mariadb_server: MariaDBServer, mariadb_database: str) -> None:
     with open_upstream(mariadb_server.uri(mariadb_database)) as up, pytest.raises(InvalidArgument):
         up.snapshot_reader("00000003-00000002-1", label="t")
+
+
+def test_verify_refuses_an_upstream_whose_readers_cannot_share_a_snapshot(
+        mariadb_server: MariaDBServer, mariadb_database: str, tmp_path: Any) -> None:
+    """``cdc verify`` compares the upstream at the held snapshot's Ts: a MySQL reader stands at its own (later)
+    position, so a chunk compare is refused loudly instead of reporting rows changed meanwhile as differences."""
+    from cdc import serde
+    from spark_jobs.verify_chunk import VerifyTask, checksum_chunk
+
+    db = mariadb_database
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY, v INT)")
+    mariadb_server.execute(f"INSERT INTO {db}.t VALUES (1, 1)")
+    with open_upstream(mariadb_server.uri(db)) as up, up.export_snapshot(label="t") as exp:
+        with up.snapshot_reader(exp.name) as reader:
+            schema = reader.table_schema(TableName(db, "t"))
+            [chunk] = reader.plan(schema, 10).chunks
+        task = VerifyTask(mariadb_server.uri(db), f"sqlite:///{tmp_path / 'x.db'}", exp.name, None,
+                          serde.to_json(schema).decode(), serde.to_json(chunk).decode())
+        with pytest.raises(InvalidArgument, match="cannot share one exported snapshot"):
+            checksum_chunk(task)
