@@ -8,9 +8,11 @@ a span whose checkpoint's binlog file was purged fails with ``SlotLost``. Each c
 resume token (:mod:`upstream.mysql.resume`: GTID state and file/position), with which a promoted replica continues
 the changefeed (:meth:`MySqlUpstream.check_takeover`, ``changefeed update --upstream``).
 
-What this stage does not do yet (refused loudly, docs/upstream-mysql.md): more than one span per changefeed, the
-initial copy (``--snapshot none`` is required), DDL other than ADD/DROP COLUMN and DROP TABLE (fails the span),
-partitioned-table inspection. Errors: PyMySQL's become ``TidewaterError`` subclasses in :mod:`upstream.mysql.conn`.
+The initial copy reads through :mod:`upstream.mysql.snapshot_read` (each reader its own consistent snapshot at a
+known binlog position; :meth:`MySqlUpstream.export_snapshot` is only the position the run starts from).
+
+What this stage does not do yet (refused loudly, docs/upstream-mysql.md): more than one span per changefeed,
+DDL other than ADD/DROP COLUMN and DROP TABLE (fails the span), partitioned-table inspection. Errors: PyMySQL's become ``TidewaterError`` subclasses in :mod:`upstream.mysql.conn`.
 """
 
 from __future__ import annotations
