@@ -328,9 +328,14 @@ class InitialCopy:
             return None  # (gone meanwhile)
         plan = orphans.get(schema.relation_id)
         if (plan is None or not plan.has_key or not plan.definition or plan.definition != table_definition(schema)
-                or may_leave_values_unsent(schema)):
+                or self._values_may_be_unsent(schema)):
             return None
         return plan
+
+    def _values_may_be_unsent(self, schema: TableSchema) -> bool:
+        """:func:`cdc.snapshot.may_leave_values_unsent`, unless the upstream's stream always sends whole rows
+        (``Upstream.sends_whole_rows``: MySQL/MariaDB), whose half-copied tables go on chunk by chunk."""
+        return not self.upstream.sends_whole_rows and may_leave_values_unsent(schema)
 
     def _renamed_after_boundary(self, now: Mapping[str, str]) -> dict[int, TableName]:
         """A later run of a table copy: the tables of ``now`` (asked name -> name now) whose name at the first export
@@ -488,7 +493,7 @@ class InitialCopy:
                     # rows of it may be downstream from an earlier run: chunks recorded, or written and not recorded
                     # (a SQL chunk committed just before a kill; Kafka and files keep whatever part was sent)
                     earlier = done[t] > 0 or 0 < plan.ts < ts
-                    if earlier and plan.has_key and may_leave_values_unsent(schema) and (
+                    if earlier and plan.has_key and self._values_may_be_unsent(schema) and (
                             self.restart_target is not None or self.merge):
                         self._restart_split(t, schema, ts, at)
                         changed.append(t)

@@ -102,42 +102,61 @@ def copy_one(reader: SnapshotReader, sink: TxnSink, task: ChunkTask, fence: Call
     return copy_chunk(reader, sink, task, fence)[0]
 
 
+def chunk_commit_ts(reader: SnapshotReader, job: SnapshotJob) -> int:
+    """The Ts a chunk read now by ``reader`` carries and is recorded with: the reader's own transaction's
+    (``SnapshotReader.read_ts``, an upstream whose readers each take a snapshot at a position >= the export's:
+    MySQL/MariaDB), else the job's export's; 0 without an exported snapshot."""
+    if job.snapshot is None:
+        return 0
+    own = reader.read_ts()
+    return job.commit_ts if own is None else own
+
+
 def copy_chunk(reader: SnapshotReader, sink: TxnSink, task: ChunkTask, fence: Callable[[], None] | None = None
                ) -> tuple[int, bool]:
     """:func:`copy_one`, and whether the chunk went as text (``TextCopy.write_copy_text``) rather than parsed."""
+    return copy_chunk_at(reader, sink, task, fence)[:2]
+
+
+def copy_chunk_at(reader: SnapshotReader, sink: TxnSink, task: ChunkTask, fence: Callable[[], None] | None = None
+                  ) -> tuple[int, bool, int]:
+    """:func:`copy_chunk`, and the Ts the chunk was read at (:func:`chunk_commit_ts`: record it with that)."""
     job, schema, chunk = task.job, task.schema, task.chunk
     if task.deferred:  # no key to upsert by: the chunk and its marker in one transaction, at most once (as text)
         if not isinstance(sink, DeferredKeyCopy):
             raise SinkError(f"table {schema.name}: its key is deferred, and this sink cannot defer a table's key")
+        at = chunk_commit_ts(reader, job)
         marker = ChunkMarker(job.changefeed, job.span, str(chunk.table_name), chunk.index, task.run_id,
-                             snapshot=job.snapshot, commit_ts=job.commit_ts if job.snapshot is not None else 0)
+                             snapshot=job.snapshot, commit_ts=at)
         try:
             written, _already = sink.write_marked_chunk(schema, lambda: reader.read_chunk_text(schema, chunk), marker,
                                                         fence)
         finally:
             reader.release()
-        return written, True
+        return written, True, at
     try:  # the rows as text, unparsed, where the sink stores them exactly as parsed rows (TextCopy.write_copy_text)
         written = sink.write_copy_text(schema, lambda: reader.read_chunk_text(schema, chunk), fence,
                                        replace=chunk.whole) if isinstance(sink, TextCopy) else None
     finally:
         reader.release()
     if written is not None:
-        return written, True
+        return written, True, job.commit_ts if job.snapshot is not None else 0
     counter = [0]
-    rows = _counted(reader.read_chunk(schema, chunk, commit_ts=job.commit_ts, commit_time=job.commit_time), counter)
+    at = chunk_commit_ts(reader, job)  # (opens the read's transaction: stamped with the Ts it reads at)
+    stamp = at or job.commit_ts
+    rows = _counted(reader.read_chunk(schema, chunk, commit_ts=stamp, commit_time=job.commit_time), counter)
     if chunk.whole:  # replace the key-less table's rows, atomically with the copy
-        rows = itertools.chain([RowChange(OpType.TRUNCATE, schema, job.commit_ts, job.commit_time)], rows)
+        rows = itertools.chain([RowChange(OpType.TRUNCATE, schema, stamp, job.commit_time)], rows)
     try:  # (a log-shaped sink also records where the chunk's rows went: its chunk marker)
         if isinstance(sink, CopyAnnouncer):
-            sink.write_copy_chunk(rows, CopiedChunk(schema.name, chunk.index, job.commit_ts), fence)
+            sink.write_copy_chunk(rows, CopiedChunk(schema.name, chunk.index, stamp), fence)
         else:
             sink.write(rows, fence)
         if isinstance(sink, BufferedSink):
             sink.flush(fence)  # (the storage sink's files) the chunk is durable and visible now
     finally:
         reader.release()  # the chunk's table lock goes now, not when the task ends (deadlocks with the app's DDL)
-    return counter[0], False
+    return counter[0], False, at
 
 
 def _refused_row(reader: SnapshotReader, sink: TxnSink, task: ChunkTask, exc: DataRejected) -> DataRejected:
@@ -175,12 +194,10 @@ def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
                 def fence(store: SnapshotProgressStore = store, job: SnapshotJob = job, run_id: str = run_id) -> None:
                     store.check_run(job.changefeed, job.span, run_id)
 
-                rows, as_text = copy_chunk(reader, sink, task, fence if run_id else None)
+                rows, as_text, at = copy_chunk_at(reader, sink, task, fence if run_id else None)
                 seconds = time.monotonic() - t0
-                store.record_chunk(
-                    job.changefeed, job.span, chunk.table_name, chunk.index,
-                    ChunkDone(rows, round(seconds, 6), time.time(), job.snapshot,
-                              job.commit_ts if job.snapshot is not None else 0))
+                store.record_chunk(job.changefeed, job.span, chunk.table_name, chunk.index,
+                                   ChunkDone(rows, round(seconds, 6), time.time(), job.snapshot, at))
             except Exception as exc:  # noqa: BLE001 - reported to the driver, which raises it
                 if isinstance(exc, DataRejected) and reader is not None and sink is not None:
                     exc = _refused_row(reader, sink, task, exc)

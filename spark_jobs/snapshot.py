@@ -70,7 +70,7 @@ from spark_jobs.deferred import KeyBuilder, OwedKey, prepare_table
 from spark_jobs.plan import SnapshotJob, read_job
 from spark_jobs.session import spark_session
 from upstream import open_upstream
-from upstream.base import planned_schema
+from upstream.base import SnapshotReader, planned_schema
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "",
                 reader.release()  # no lock kept on one table while the next is read: it could deadlock the app's DDL
                 done = store.done_chunks(job.changefeed, job.span, name)
                 check_definition(job, plan, schema, done)
-                if (job.defer_keys and plan.key_state == "" and _may_defer(job)) or plan.key_state == KEY_DEFERRED:
+                if (job.defer_keys and plan.key_state == "" and _may_defer(job, reader)) or plan.key_state == KEY_DEFERRED:
                     if sink is None:
                         sink = open_sink(job.sink, job.sink_settings)
                     plan = prepare_table(job, sink, store, schema, plan, done)
@@ -149,10 +149,11 @@ def check_definition(job: SnapshotJob, plan: TablePlan, schema: TableSchema, don
                               "made. The span plans the table again (a new run); do not run this job by hand")
 
 
-def _may_defer(job: SnapshotJob) -> bool:
+def _may_defer(job: SnapshotJob, reader: SnapshotReader) -> bool:
     """Whether the job's sink may build keys after the load at all (PostgreSQL, ``sinks.sql.ops.deferred_key``): other
-    sinks are not even opened to ask."""
-    return parse_sink_uri(job.sink).scheme in ("postgresql", "postgres")
+    sinks are not even opened to ask; and whether the upstream reads chunks as text (a deferred chunk is written
+    only so: ``SnapshotReader.reads_text``; a MySQL upstream's copy keeps the target's key while it loads)."""
+    return reader.reads_text and parse_sink_uri(job.sink).scheme in ("postgresql", "postgres")
 
 
 def run(job: SnapshotJob, *, spark: Any = None) -> CopyReport:

@@ -100,6 +100,8 @@ class Reader:
 class Upstream:
     """Exports the snapshots of ``exports`` in turn; the span publishes ``tables``."""
 
+    sends_whole_rows = False  # (upstream.base.Upstream's: PostgreSQL's rule for values left unsent applies)
+
     def __init__(self, tables: list[TableName], exports: list[tuple[str, int]]) -> None:
         self.tables = tables
         self.exports = list(exports)

@@ -432,6 +432,9 @@ class SnapshotReader(ABC):
     """
 
     snapshot: str | None = None
+    #: :meth:`read_chunk_text` gives the rows as text (a copy whose target's key is deferred needs it: there is no
+    #: parsed fallback for such a chunk); False: it always returns None
+    reads_text: bool = False
 
     @abstractmethod
     def table_schema(self, table: TableName) -> TableSchema:
@@ -460,6 +463,14 @@ class SnapshotReader(ABC):
         stream (memory stays bounded whatever the chunk's size). Closing the iterator early abandons the read;
         after an abandoned or failed read the reader opens a new transaction at its snapshot (the same exported
         one; a new one of its own when it has no name)."""
+
+    def read_ts(self) -> int | None:
+        """The Ts the reader's current transaction sees (opening it if none is open; it stays open until
+        :meth:`release`), when that may be *later* than the exported snapshot's ``ts``: an upstream that cannot
+        share one snapshot between connections (MySQL/MariaDB) gives each transaction a snapshot of its own at a
+        known position >= the export's. The copy stamps and records a chunk read in that transaction with it
+        (keyed tables converge: docs/snapshot.md). None (the default, no I/O): exactly the imported snapshot."""
+        return None
 
     def read_chunk_text(self, schema: TableSchema, chunk: SnapshotChunk) -> CopyText | None:
         """The same rows as :meth:`read_chunk`, as text in bulk (:class:`cdc.snapshot.CopyText`: no row is parsed),
@@ -498,6 +509,11 @@ class Upstream(ABC):
     """
 
     capture_notice: str | None = None
+    #: every change the stream sends carries every column's value (MySQL/MariaDB: ``binlog_row_image = FULL``, checked
+    #: at create), so a key change replayed over a later snapshot's copy never takes a value from another row: a
+    #: half-copied keyed table goes on chunk by chunk under a new snapshot (docs/snapshot.md). False: PostgreSQL,
+    #: whose unchanged TOASTed values are not sent
+    sends_whole_rows: bool = False
     """Set by :meth:`create_spans` when the upstream could not install what puts otherwise invisible changes into
     the stream (PostgreSQL: event triggers for partition repair and DDL need a superuser): why, and what the
     changefeed does without it. ``changefeed create`` shows it."""

@@ -84,11 +84,33 @@ def test_a_table_without_key_is_named_with_the_fix(env: Any) -> None:
     assert listed(env) == []
 
 
-def test_the_initial_copy_is_refused_until_it_exists_and_a_ready_upstream_is_accepted(env: Any) -> None:
-    refused(create(env, "with-copy"), "CDC:ErrInvalidArgument", "--snapshot none")
-    assert listed(env) == []
+def test_a_ready_upstream_is_accepted(env: Any) -> None:
+    # (the initial copy is accepted too since it exists: tests/e2e/test_mysql_initial_copy.py)
     rc, out, err = create(env, "ok", "--snapshot", "none")
     assert rc == 0, (out, err)
     assert json.loads(out)["id"] == "ok"
     rc, _, err = cli(env[0], "changefeed", "remove", "-c", "ok")
     assert rc == 0, err
+
+
+def test_create_with_the_initial_copy_and_wait_returns_once_the_rows_are_copied(env: Any) -> None:
+    """``changefeed create --wait`` from MariaDB: the copy's progress until it streams, exit code 0, and by then the
+    target holds every row, equal row by row."""
+    from playground.compare import compare_mysql_tables
+
+    server, upstream, base = env
+    upstream.execute("CREATE TABLE shop.copied (id INT PRIMARY KEY, v VARCHAR(20), d DECIMAL(10,3))")
+    upstream.execute("INSERT INTO shop.copied SELECT seq, CONCAT('v', seq), seq / 8 FROM seq_1_to_2500", db="shop")
+    try:
+        rc, out, err = create(env, "waited", "--wait")
+        assert rc == 0, (out, err)
+        assert "chunks" in out + err, (out, err)  # the progress was shown
+        conn = upstream.connect("shop")
+        try:
+            [diff] = compare_mysql_tables(conn, ["shop.copied"], f"sqlite:///{base / 'waited.db'}")
+        finally:
+            conn.close()
+        assert diff.equal and diff.source_rows == 2500, diff
+    finally:
+        cli(server, "changefeed", "remove", "-c", "waited")
+        upstream.execute("DROP TABLE shop.copied")

@@ -7,7 +7,8 @@ makes of the same data. A value the stream would refuse (a zero date) raises ``D
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -19,16 +20,38 @@ from upstream.mysql.conn import describe_uri, mysql_errors
 from upstream.postgres import types as text_types
 
 
-def _q(ident: str) -> str:
+def quoted(ident: str) -> str:
+    """``ident`` as a MySQL identifier (backquoted)."""
     return "`" + ident.replace("`", "``") + "`"
 
 
-def _param(v: Any) -> Any:
+def bind_value(v: Any) -> Any:
+    """A parsed value (the vocabulary's) as a PyMySQL query parameter (TIMESTAMP values as UTC: the session's zone)."""
     if isinstance(v, datetime) and v.tzinfo is not None:
         return v.astimezone(UTC).replace(tzinfo=None)
     if isinstance(v, bytes | bytearray):
         return bytes(v)
     return v
+
+
+@dataclass(frozen=True, slots=True)
+class ColumnReaders:
+    """Per column of a schema, in its order: the renderer of a value as ``SELECT`` returns it to the text the binlog
+    stream renders, and the vocabulary's parser of that text (the pair that makes a read row equal a streamed one)."""
+
+    render: tuple[Callable[[Any], str], ...]
+    parse: tuple[Callable[[str], Any], ...]
+
+
+def column_readers(conn: Any, where: str, schema: TableSchema) -> ColumnReaders:
+    """:class:`ColumnReaders` of ``schema``'s columns (the renderers from the table's catalog facts now)."""
+    facts = catalog.table_facts(conn, where, schema.name)
+    renderers = dict(zip((c.name for c in facts.columns), facts.renderers(), strict=True))
+    missing = [c.name for c in schema.columns if c.name not in renderers]
+    if missing:
+        raise DecodeError(f"table {schema.name}: column(s) {', '.join(missing)} no longer exist upstream")
+    return ColumnReaders(tuple(renderers[c.name] for c in schema.columns),
+                         tuple(text_types.parser_for(c.base_type, c.is_array) for c in schema.columns))
 
 
 class RowFetcher:
@@ -43,24 +66,22 @@ class RowFetcher:
     def __call__(self, schema: TableSchema, keys: Sequence[tuple[Any, ...]]) -> list[dict[str, Any] | None]:
         if self._conn is None:
             self._conn = conn.connect(self.uri)
-        facts = catalog.table_facts(self._conn, self.where, schema.name)
-        renderers = dict(zip((c.name for c in facts.columns), facts.renderers(), strict=True))
+        readers = column_readers(self._conn, self.where, schema)
         names = [c.name for c in schema.columns]
-        parsers = [text_types.parser_for(c.base_type, c.is_array) for c in schema.columns]
-        sql = (f"SELECT {', '.join(_q(n) for n in names)} FROM {_q(schema.name.schema)}.{_q(schema.name.table)} "
-               f"WHERE " + " AND ".join(f"{_q(k)} = %s" for k in schema.key))
+        sql = (f"SELECT {', '.join(quoted(n) for n in names)} FROM {quoted(schema.name.schema)}."
+               f"{quoted(schema.name.table)} WHERE " + " AND ".join(f"{quoted(k)} = %s" for k in schema.key))
         out: list[dict[str, Any] | None] = []
         with mysql_errors(self.where, f"reading rows of {schema.name}"), self._conn.cursor() as cur:
             for key in keys:
-                cur.execute(sql, [_param(v) for v in key])
+                cur.execute(sql, [bind_value(v) for v in key])
                 row = cur.fetchone()
                 if row is None:
                     out.append(None)
                     continue
                 vals: dict[str, Any] = {}
-                for n, p, v in zip(names, parsers, row, strict=True):
+                for n, r, p, v in zip(names, readers.render, readers.parse, row, strict=True):
                     try:
-                        vals[n] = None if v is None else p(renderers[n](v))
+                        vals[n] = None if v is None else p(r(v))
                     except (ValueError, ArithmeticError) as exc:
                         raise DecodeError(f"table {schema.name} column {n}: {exc}") from exc
                 out.append(vals)

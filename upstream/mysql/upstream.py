@@ -8,9 +8,11 @@ a span whose checkpoint's binlog file was purged fails with ``SlotLost``. Each c
 resume token (:mod:`upstream.mysql.resume`: GTID state and file/position), with which a promoted replica continues
 the changefeed (:meth:`MySqlUpstream.check_takeover`, ``changefeed update --upstream``).
 
-What this stage does not do yet (refused loudly, docs/upstream-mysql.md): more than one span per changefeed, the
-initial copy (``--snapshot none`` is required), DDL other than ADD/DROP COLUMN and DROP TABLE (fails the span),
-partitioned-table inspection. Errors: PyMySQL's become ``TidewaterError`` subclasses in :mod:`upstream.mysql.conn`.
+The initial copy reads through :mod:`upstream.mysql.snapshot_read` (each reader its own consistent snapshot at a
+known binlog position; :meth:`MySqlUpstream.export_snapshot` is only the position the run starts from).
+
+What this stage does not do yet (refused loudly, docs/upstream-mysql.md): more than one span per changefeed,
+DDL other than ADD/DROP COLUMN and DROP TABLE (fails the span), partitioned-table inspection. Errors: PyMySQL's become ``TidewaterError`` subclasses in :mod:`upstream.mysql.conn`.
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from cdc.filter import TableFilter
 from cdc.model import SpanInfo
 from cdc.ts import Watermark
 from cdc.uri import parse_upstream_uri
-from upstream.base import JoinRule, PartitionLeaf, SlotState, SpanPlan, Upstream
-from upstream.mysql import admin, catalog, eligibility, positions
+from upstream.base import ExportedSnapshot, JoinRule, PartitionLeaf, SlotState, SpanPlan, Upstream
+from upstream.mysql import admin, catalog, eligibility, positions, snapshot_read
 from upstream.mysql import conn as my_conn
 from upstream.mysql.resume import ResumePoint
 from upstream.mysql.rowfetch import RowFetcher
+from upstream.mysql.snapshot_read import MySqlSnapshotReader
 from upstream.mysql.source import MySqlSpanSource, gtid_start_refusal
 
 
@@ -43,6 +46,8 @@ def span_server_id(slot: str) -> int:
 class MySqlUpstream(Upstream):
     """``open_upstream("mysql://...")``. ``timeout``: seconds to connect; ``statement_timeout`` is accepted for the
     interface (inspections) and bounds nothing yet."""
+
+    sends_whole_rows = True  # (binlog_row_image = FULL: admin.check_upstream refuses any other)
 
     def __init__(self, uri: str, *, timeout: float = 5.0, statement_timeout: float | None = None,
                  connect: Callable[..., Any] = my_conn.connect) -> None:
@@ -90,10 +95,6 @@ class MySqlUpstream(Upstream):
                 f"binlog_expire_logs_seconds = {int(keep_seconds)} (or 0: keep forever), and in the server's "
                 f"configuration")
 
-    def check_copy(self) -> None:
-        raise InvalidArgument(
-            f"MySQL upstream {self.where}: the initial copy of existing rows is not implemented for MySQL/MariaDB yet; "
-            f"create the changefeed with --snapshot none (only changes committed after it are replicated)")
 
     # ---- tables ------------------------------------------------------------------------------------
     def list_tables(self) -> list[TableName]:
@@ -212,3 +213,13 @@ class MySqlUpstream(Upstream):
 
     def row_source(self, *, label: str = "") -> RowFetcher:
         return RowFetcher(self.uri, label=label)
+
+    @contextmanager
+    def export_snapshot(self, *, label: str = "") -> Iterator[ExportedSnapshot]:
+        """The binlog end now as the copy run's position (:func:`upstream.mysql.snapshot_read.export_position`):
+        MySQL cannot share a snapshot between connections, so each reader opens its own at a position >= this one
+        and says which (``SnapshotReader.read_ts``). Nothing is held on the server while the block runs."""
+        yield snapshot_read.export_position(self._session(), self.where)
+
+    def snapshot_reader(self, snapshot: str | None = None, *, label: str = "") -> MySqlSnapshotReader:
+        return MySqlSnapshotReader(self.uri, snapshot, label=label, timeout=self._timeout)

@@ -97,6 +97,8 @@ DENSE_MIN_ROWS = 1_000_000
 class PgSnapshotReader(SnapshotReader):
     """``PostgresUpstream.snapshot_reader(name)``: see the module docstring and :class:`SnapshotReader`."""
 
+    reads_text = True
+
     def __init__(self, uri: str, snapshot: str | None = None, *, label: str = "", timeout: float = 5.0) -> None:
         self._uri = uri
         self.snapshot = snapshot
