@@ -366,6 +366,7 @@ def verify_changefeed(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
                         f"changefeed {info.state.value} at checkpoint {checkpoint}: compared with the upstream at "
                         f"{exp.ts}; a difference may be a change the changefeed has not applied"))
                 return dataclasses.replace(report, seconds=round(time.monotonic() - started, 3))
+            spark = spark_before_hold(job, spark)
             with VerifyHoldSession(store, job.changefeed, spans, ttl=job.hold_ttl, timeout=job.hold_timeout) as hold:
                 if progress is not None:
                     progress("holding", 0, 0)
@@ -381,6 +382,24 @@ def verify_changefeed(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
                 hold.release()
             return dataclasses.replace(report, hold_seconds=round(hold.held_seconds, 3),
                                        seconds=round(time.monotonic() - started, 3))
+
+
+def spark_before_hold(job: VerifyJob, spark: Any) -> Any:
+    """The SparkSession (or None) a held comparison will use, started now when the target keeps the hold while its
+    chunks are read (MySQL/MariaDB, SQLite): otherwise the JVM's start (half a minute on a loaded host) would stand
+    inside the hold. Decided by the rows planned without a snapshot (the plan's estimate), as
+    :func:`verify_tables` decides; a PostgreSQL target (released before any chunk) keeps the factory."""
+    if not callable(spark):
+        return spark
+    target = Target(job.sink)
+    try:
+        dialect = target.dialect
+    finally:
+        target.close()
+    if dialect == "postgresql":
+        return spark
+    rows = sum(t.plan.rows for t in plan_tables(dataclasses.replace(job, snapshot=None), dialect))
+    return spark() if rows >= job.spark_min_rows else None
 
 
 def _lake_spark(spark: Any) -> Any:
