@@ -1,6 +1,6 @@
 """``python -m bench``: Tidewater's benchmark, with its references measured in the same run.
 
-    python -m bench [--upstream postgresql|mariadb] [--workload a,b,c,e,o,snapshot] [--sink blackhole,sqlite,mariadb,postgresql,kafka,file] [--rows N]
+    python -m bench [--upstream postgresql|mariadb] [--workload a,b,c,e,o,snapshot,verify] [--sink blackhole,sqlite,mariadb,postgresql,kafka,file] [--rows N]
                     [--sink-rows N] [--quick]
                     [--tables N] [--pgbench-seconds S] [--pgbench-scale N] [--lag-rates 5000,10000]
                     [--lag-seconds S] [--big-mb MB] [--snapshot-tables N] [--chunk-rows N] [--spark-master URL]
@@ -12,7 +12,8 @@ consumer catching up on the same WAL (Tidewater per sink, ``pg_recvlogical``, na
 replication) and the bulk-load ceiling of each target; then the lag under fixed offered rates; and
 prints the result tables (Markdown) on stdout. Progress goes to stderr. Workload (d), the 1 GB
 transaction, and ``snapshot``, the initial copy of existing rows (bench.snapshot), run only when asked for
-(``--workload d``, ``--workload snapshot``). Exit code 0 when every measurement produced a
+(``--workload d``, ``--workload snapshot``), and so does ``verify``, ``changefeed verify`` of existing rows under a
+writer next to a ``count(*)`` + md5 scan of both sides (bench.verify; PostgreSQL and MariaDB targets). Exit code 0 when every measurement produced a
 figure, 1 otherwise. Everything started is stopped at the end, also on Ctrl-C and SIGTERM.
 
 ``--sink kafka`` and ``--sink file`` measure the Kafka and storage sinks' write paths per protocol next to their
@@ -42,8 +43,9 @@ from bench.env import SINK_KINDS, BenchEnv
 from bench.mariadb_run import WORKLOADS as MARIADB_WORKLOADS
 from bench.report import Report, format_report
 from bench.runner import Options, Runner, machine_info
+from bench.verify import complete as verify_complete
 
-WORKLOADS = ("a", "b", "c", "d", "e", "o", "snapshot")
+WORKLOADS = ("a", "b", "c", "d", "e", "o", "snapshot", "verify")
 UPSTREAMS = ("postgresql", "mariadb")
 SINK_BENCHES = ("kafka", "file")  # measured by their own write-path benchmarks (module doc)
 QUICK = {"rows": 2000, "tables": 20, "pgbench_seconds": 2.0, "pgbench_scale": 1, "lag_rates": "1000",
@@ -66,12 +68,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "and o next to mariadb-binlog and a native MariaDB replica, bench.mariadb_run)")
     ap.add_argument("--workload", type=lambda v: _csv(v, WORKLOADS, "--workload"),
                     help="workloads to run (default a,b,c,e; d = one 1 GB transaction, long; snapshot = the initial "
-                    "copy of existing rows; --upstream mariadb: a,b,o (default), o = single-row OLTP transactions)")
+                    "copy of existing rows; verify = changefeed verify of existing rows under a writer; --upstream mariadb: a,b,o (default), o = single-row OLTP transactions)")
     ap.add_argument("--sink", default=",".join(SINK_KINDS),
                     type=lambda v: _csv(v, SINK_KINDS + SINK_BENCHES, "--sink"),
                     help=f"sinks (default {','.join(SINK_KINDS)}; also {','.join(SINK_BENCHES)})")
     ap.add_argument("--rows", type=int, help="rows of workloads a, b and e (default 1000000) and of the snapshot "
-                    "workload (default 10000000)")
+                    "and verify workloads (default 10000000)")
+    ap.add_argument("--verify-write-rate", type=int, default=1000, help="rows/s of inserts the verify workload "
+                    "writes upstream while it verifies (default 1000)")
     ap.add_argument("--sink-rows", type=int, default=100_000, help="rows of the kafka and file sink benchmarks")
     ap.add_argument("--quick", action="store_true", help="a tiny version of everything (seconds, for the smoke test)")
     ap.add_argument("--tables", type=int, help="tables of workload e (default 1000)")
@@ -113,7 +117,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     elif "o" in args.workload:
         ap.error("workload o (single-row OLTP transactions) is written into MariaDB: add --upstream mariadb")
     args.snapshot_rows = args.rows if args.rows is not None else (QUICK["rows"] if args.quick else 10_000_000)
-    if args.lag_rates is None and set(args.workload) <= {"d", "snapshot"}:
+    if args.lag_rates is None and set(args.workload) <= {"d", "snapshot", "verify"}:
         args.lag_rates = "none"  # the lag runs measure workload (a)'s rows: not asked for
     defaults: dict[str, Any] = {"rows": 1_000_000, "tables": 1000, "pgbench_seconds": 30.0, "pgbench_scale": 4,
                                 "lag_rates": "5000,10000", "lag_seconds": 20.0, "big_mb": 1024.0}
@@ -169,7 +173,7 @@ def _pipeline(args: argparse.Namespace) -> int:
                                             args.worker_count),
         native=not args.no_native, profile_dir=args.profile, snapshot_rows=args.snapshot_rows,
         snapshot_tables=args.snapshot_tables, chunk_rows=args.chunk_rows, spark_master=args.spark_master,
-        compare_rows=args.compare_rows,
+        compare_rows=args.compare_rows, verify_write_rate=args.verify_write_rate,
     )
     say(f"work directory {work}; workloads {','.join(opts.workloads)}; sinks {','.join(opts.sinks)}")
     report: Report | None = None
@@ -180,7 +184,7 @@ def _pipeline(args: argparse.Namespace) -> int:
 
             profiler = PySpyProfiler(args.profile, say=say, idle=args.profile_idle)
         # the snapshot workload's pg_dump | psql reference needs the PostgreSQL target server
-        pg_target = opts.native or "snapshot" in opts.workloads
+        pg_target = opts.native or bool({"snapshot", "verify"} & set(opts.workloads))
         with BenchEnv(work / "servers", opts.sinks, opts.server_config, native=pg_target) as env:
             say(f"servers up: {json.dumps(env.pids())}")
             report = Report(time.strftime("%Y-%m-%d %H:%M:%S %Z"), _jsonable(vars(args)), machine_info(env))
@@ -255,6 +259,8 @@ def _complete(report: Report) -> bool:
             return False
     snap = report.snapshot
     if snap is not None and (snap.errors or any(r.error or r.verified.startswith("NO") for r in snap.runs)):
+        return False
+    if report.verify is not None and not verify_complete(report.verify):
         return False
     return all(not r.error for r in report.lag) and all(not r.error for r in report.big)
 

@@ -15,6 +15,7 @@ from bench.bigtxn import BigTxnResult
 from bench.consumers import Measurement
 from bench.lag import LagResult
 from bench.snapshot import CopyRun, SnapshotReport, format_snapshot
+from bench.verify import ScanRun, VerifyReport, VerifyRunResult, format_verify
 from bench.workloads import WriteResult
 
 MiB = 1 << 20
@@ -44,6 +45,7 @@ class Report:
     lag: list[LagResult] = field(default_factory=list)
     big: list[BigTxnResult] = field(default_factory=list)
     snapshot: SnapshotReport | None = None
+    verify: VerifyReport | None = None
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     upstream: str = "postgresql"  # postgresql | mariadb: which references the phases' recv and native are
@@ -52,7 +54,7 @@ class Report:
         def conv(o: Any) -> Any:
             if dataclasses.is_dataclass(o) and not isinstance(o, type):
                 d = {f.name: conv(getattr(o, f.name)) for f in dataclasses.fields(o)}
-                if isinstance(o, Measurement | CopyRun):
+                if isinstance(o, Measurement | CopyRun | ScanRun | VerifyRunResult):
                     d["rows_per_s"] = o.rows_per_s
                 return d
             if isinstance(o, dict):
@@ -290,6 +292,8 @@ def format_report(rep: Report, sinks: list[str]) -> str:
             out += [detail_table([refs], sinks), ""]
     if rep.snapshot is not None:
         out += [format_snapshot(rep.snapshot)]
+    if rep.verify is not None:
+        out += [format_verify(rep.verify)]
     goals = goals_table(rep)
     if goals:
         out += ["## Goals of the speed issue (ratios and figures of this run; reference = native, LOAD DATA, "

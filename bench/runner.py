@@ -41,6 +41,7 @@ from bench.env import BenchEnv
 from bench.lag import LagResult, lag_native, lag_tidewater
 from bench.report import PhaseReport, Report
 from bench.snapshot import SnapshotBench
+from bench.verify import VerifyBench
 from bench.workloads import (
     CeilingSource,
     InsertsUpdates,
@@ -78,6 +79,7 @@ class Options:
     profile_dir: Path | None = None
     snapshot_rows: int = 10_000_000
     snapshot_tables: int = 4
+    verify_write_rate: int = 1000  # rows/s the upstream writer offers during the verify workload
     chunk_rows: int | None = None
     spark_master: str | None = None
     compare_rows: int = 200_000
@@ -342,6 +344,11 @@ class Runner:
                 self.env, self.say, rows=o.snapshot_rows, tables=o.snapshot_tables, sinks=o.sinks, timeout=o.timeout,
                 work_dir=o.work_dir, cf_config=o.changefeed_config, chunk_rows=o.chunk_rows,
                 spark_master=o.spark_master, compare_rows=o.compare_rows).run()
+        if "verify" in wl:
+            report.verify = VerifyBench(
+                self.env, self.say, rows=o.snapshot_rows, sinks=o.sinks, timeout=o.timeout,
+                cf_config=o.changefeed_config, chunk_rows=o.chunk_rows, spark_master=o.spark_master,
+                write_rate=o.verify_write_rate).run()
         report.notes[:0] = self.notes
         return report
 

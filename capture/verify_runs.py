@@ -34,6 +34,7 @@ from cdc.meta.store import MetaStore
 from cdc.model import VERIFY_FAILED, VERIFY_RUNNING, FeedState, VerifyRun
 from cdc.uri import parse_sink_uri
 from spark_jobs.verify import VerifyJob
+from spark_jobs.verify_lake import LAKE_SCHEMES
 from upstream import open_upstream
 
 log = logging.getLogger(__name__)
@@ -65,9 +66,9 @@ class VerifyRuns:
         if is_sealed(info.upstream_uri) or is_sealed(info.sink_uri):
             raise InvalidArgument(f"changefeed {cf!r}: its URIs are sealed with a key this capture does not hold")
         scheme = parse_sink_uri(info.sink_uri).scheme
-        if scheme not in SQL_SCHEMES:
+        if scheme not in SQL_SCHEMES and scheme not in LAKE_SCHEMES:
             raise InvalidArgument(f"changefeed {cf!r}: verify compares SQL targets (PostgreSQL, MySQL/MariaDB, "
-                                  f"SQLite); its sink is {scheme}://")
+                                  f"SQLite) and the storage sink's lake (file://); its sink is {scheme}://")
         if chunk_rows is not None and chunk_rows < 1:
             raise InvalidArgument(f"chunk-rows must be at least 1, got {chunk_rows}")
         config = ChangefeedConfig.from_dict(info.config)

@@ -209,12 +209,20 @@ def _repair(client: Client, path: str, args: argparse.Namespace, run: dict[str, 
     """``--repair``: resync (``changefeed snapshot``) every table that differs -- not those whose only differences
     are values no target can hold exactly, which a copy cannot change --, wait until the copies are done, verify
     those tables again; the second run is the result (its ``repaired`` lists the tables, ``before`` the first
-    report)."""
+    report). A storage sink is refused (stderr and ``repair_refused``; the exit code stays 1, the differences)."""
     tables = [t for t in run["report"]["tables"]
               if any(t.get(k) for k in ("missing", "extra", "different", "note"))]
     names = [t["table"] for t in tables]
     if not names:
         return run
+    sink = str(_request(client, "GET", path).get("sink_uri") or "")
+    if sink.startswith("file:"):
+        reason = (f"--repair refused for {', '.join(names)}: the changefeed's sink is a storage sink (file://), whose "
+                  "files are an append-only change log that a resync cannot rewrite (a copy would append the whole "
+                  "table after the wrong changes). Rebuild the lake from a new changefeed's files, or remove the "
+                  "verifier's lake (<sink dir>/.tidewater-verify/<changefeed>) if only the lake is wrong")
+        print(reason, file=sys.stderr)
+        return {**run, "repair_refused": reason}
     try:
         _request(client, "POST", f"{path}/snapshot", {"tables": names})
         deadline = time.monotonic() + args.timeout

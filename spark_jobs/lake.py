@@ -2,7 +2,8 @@
 storage sink's files (``python -m spark_jobs.lake --sink URI --table s.t --output DIR --checkpoint DIR``).
 
 Source: the Python streaming data source ``format("tidewater_lake")`` (options ``uri``: the storage sink URI,
-``table``: ``schema.table``). Its offsets are :class:`sinks.storage.reader.LakeOffset`\\ s: each micro-batch covers the
+``table``: ``schema.table``; optional ``until``: a commit Ts the stream never goes past, for a table state at exactly
+that point, ``changefeed verify``'s). Its offsets are :class:`sinks.storage.reader.LakeOffset`\\ s: each micro-batch covers the
 changes between the previous published ``metadata`` checkpoint and the current one, and nothing above it (only whole
 transactions that every span has published). One Spark partition per file slice (:meth:`StorageReader.plan`), read in
 the executors; each row is a change: ``_op`` (``I`` insert, ``U`` update, ``D`` delete, ``T`` truncate / drop table),
@@ -169,6 +170,11 @@ def _options(options: dict[str, str]) -> tuple[str, TableName]:
     return uri, TableName.parse(table)
 
 
+def _until(options: dict[str, str]) -> int | None:
+    raw = options.get("until")
+    return int(raw) if raw else None
+
+
 class LakeDataSource(DataSource):
     """``format("tidewater_lake")``: see the module docstring."""
 
@@ -199,6 +205,7 @@ class LakeStreamReader(DataSourceStreamReader):
 
     def __init__(self, options: dict[str, str], schema: TableSchema) -> None:
         self.uri, self.table = _options(options)
+        self.until = _until(options)
         self.schema_json = serde.to_json(schema)
         self._reader: StorageReader | None = None
 
@@ -212,7 +219,7 @@ class LakeStreamReader(DataSourceStreamReader):
         return LakeOffset().to_dict()
 
     def latestOffset(self, start: dict, limit: Any) -> dict:  # noqa: N802 - Spark's name
-        return self.reader.latest_offset(LakeOffset.from_dict(start), [self.table]).to_dict()
+        return self.reader.latest_offset(LakeOffset.from_dict(start), [self.table], self.until).to_dict()
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         slices = self.reader.plan(LakeOffset.from_dict(start), LakeOffset.from_dict(end), [self.table])
@@ -383,12 +390,14 @@ def merge_batch(spark: Any, output: str, schema: TableSchema, batch: Any, batch_
     log.info("lake %s: batch %d applied (%d changes) -> %s", schema.name, batch_id, len(changes), path)
 
 
-def start(spark: Any, sink_uri: str, table: str, output: str, checkpoint: str, *, trigger_seconds: float = 5.0) -> Any:
-    """Start the streaming query (returns the ``StreamingQuery``)."""
+def start(spark: Any, sink_uri: str, table: str, output: str, checkpoint: str, *, trigger_seconds: float = 5.0,
+          until: int | None = None) -> Any:
+    """Start the streaming query (returns the ``StreamingQuery``); ``until``: apply nothing past this commit Ts."""
     spark.dataSource.register(LakeDataSource)
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     schema = StorageReader(sink_uri).latest_schema(TableName.parse(table))
-    source = spark.readStream.format(FORMAT).option("uri", sink_uri).option("table", table).load()
+    reader = spark.readStream.format(FORMAT).option("uri", sink_uri).option("table", table)
+    source = (reader.option("until", str(until)) if until is not None else reader).load()
     if schema is None:
         raise InvalidArgument(f"{FORMAT}: table {table} has no schema file yet")
     os.makedirs(output, exist_ok=True)
@@ -400,9 +409,11 @@ def start(spark: Any, sink_uri: str, table: str, output: str, checkpoint: str, *
             .start())
 
 
-def run_available(spark: Any, sink_uri: str, table: str, output: str, checkpoint: str) -> None:
-    """Apply everything published so far, then stop (tests, cron-style runs)."""
-    query = start(spark, sink_uri, table, output, checkpoint, trigger_seconds=0.5)
+def run_available(spark: Any, sink_uri: str, table: str, output: str, checkpoint: str, *,
+                  until: int | None = None) -> None:
+    """Apply everything published so far (``until``: up to that commit Ts, no further), then stop (tests,
+    cron-style runs, ``changefeed verify``)."""
+    query = start(spark, sink_uri, table, output, checkpoint, trigger_seconds=0.5, until=until)
     try:
         query.processAllAvailable()
     finally:

@@ -45,6 +45,7 @@ from cdc.meta.etcd import EtcdClient
 from cdc.meta.store import MetaStore
 from cdc.model import VERIFY_DONE, VERIFY_RUNNING, ChangefeedInfo, VerifyRun
 from cdc.snapshot import TablePlan, plan_from_bounds
+from cdc.uri import parse_sink_uri
 from cdc.verify import (
     DEFAULT_CAP,
     DIFFERENT,
@@ -60,6 +61,7 @@ from sinks.base import BarrierSink
 from sinks.factory import open_sink
 from sinks.sql.target.connection import Target
 from spark_jobs.verify_chunk import (
+    LAKE,
     ChunkDrill,
     VerifyTask,
     bounds_supported,
@@ -70,6 +72,7 @@ from spark_jobs.verify_chunk import (
     table_ref,
 )
 from spark_jobs.verify_hold import VerifyHoldSession
+from spark_jobs.verify_lake import LAKE_SCHEMES, build_lake, lake_count, published, wait_published
 from upstream import open_upstream
 
 log = logging.getLogger(__name__)
@@ -105,6 +108,9 @@ class VerifyJob:
     # fewer planned rows than this: the chunks are compared in this process, Spark is not started (a JVM and its
     # executors cost more than such a comparison; the changefeed's [snapshot] spark-min-rows)
     spark_min_rows: int = 0
+    # a storage sink: each table's lake Parquet version at ``ts`` (spark_jobs.verify_lake; "" no version yet),
+    # set by verify_changefeed once the lake is built; None: a SQL target
+    lake: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -239,10 +245,10 @@ def verify_tables(job: VerifyJob, *, spark: Any = None, progress: Progress | Non
     ``TidewaterError`` of the side that failed (the upstream's snapshot gone, the target unreachable, a table missing
     upstream)."""
     started = time.monotonic()
-    target = Target(job.sink)
+    target = Target(job.sink) if job.lake is None else None
     try:
-        tables = plan_tables(job, target.dialect)
-        absent = missing_tables(target, tables)
+        tables = plan_tables(job, target.dialect if target is not None else LAKE)
+        absent = missing_tables(target, tables) if target is not None else {}
         tables = [t for t in tables if str(t.schema.name) not in absent]
         if progress is not None:
             progress("checksums", 0, sum(len(t.plan.chunks) for t in tables), sum(t.plan.rows for t in tables))
@@ -253,7 +259,8 @@ def verify_tables(job: VerifyJob, *, spark: Any = None, progress: Progress | Non
             schema_json = serde.to_json(t.schema).decode()
             for chunk in t.plan.chunks:
                 task = VerifyTask(job.upstream, job.sink, job.snapshot, job.target_snapshot, schema_json,
-                                  serde.to_json(chunk).decode())
+                                  serde.to_json(chunk).decode(),
+                                  None if job.lake is None else job.lake.get(str(t.schema.name), ""))
                 tasks.append((str(t.schema.name), chunk.index, serde.to_json(task)))
         sums = [serde.from_json(ChunkSum, raw)
                 for raw in _run(spark, checksum_task, [p for _, _, p in tasks], "checksums", progress)]
@@ -261,9 +268,11 @@ def verify_tables(job: VerifyJob, *, spark: Any = None, progress: Progress | Non
         log.info("verify %s: %d chunk(s) of %d table(s) compared, %d differ", job.changefeed or "-", len(sums),
                  len(tables), len(differing))
         drills = [serde.from_json(ChunkDrill, raw) for raw in _run(spark, drill_task, differing, "drill-down", progress)]
-        totals = target_counts(job, target, tables)
+        totals = (target_counts(job, target, tables) if target is not None else
+                  {str(t.schema.name): lake_count((job.lake or {}).get(str(t.schema.name), "")) for t in tables})
     finally:
-        target.close()
+        if target is not None:
+            target.close()
     verdicts = [TableVerdict(name, t.plan.rows, 0, len(t.plan.chunks), len(t.plan.chunks), missing=t.plan.rows,
                              note=f"the target has no table {target_name}: every upstream row is missing"
                                   + (" (rows planned: an estimate)" if t.plan.rows else ""))
@@ -369,6 +378,9 @@ def verify_changefeed(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
         info = entry.value
         spans = [s.index for s in info.spans]
         progress = RunProgress(store, job) if job.run_id else None
+        if parse_sink_uri(job.sink).scheme in LAKE_SCHEMES:
+            return verify_lake(job, store, info.state.runs, spans, spark=_lake_spark(spark), progress=progress,
+                               started=started)
         with open_upstream(job.upstream) as up:
             if not info.state.runs:
                 status = store.get_status(job.changefeed)
@@ -382,6 +394,7 @@ def verify_changefeed(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
                         f"changefeed {info.state.value} at checkpoint {checkpoint}: compared with the upstream at "
                         f"{exp.ts}; a difference may be a change the changefeed has not applied"))
                 return dataclasses.replace(report, seconds=round(time.monotonic() - started, 3))
+            spark = spark_before_hold(job, spark)
             with VerifyHoldSession(store, job.changefeed, spans, ttl=job.hold_ttl, timeout=job.hold_timeout) as hold:
                 if progress is not None:
                     progress("holding", 0, 0)
@@ -398,6 +411,73 @@ def verify_changefeed(job: VerifyJob, *, spark: Any = None) -> VerifyReport:
                 hold.release()
             return dataclasses.replace(report, hold_seconds=round(hold.held_seconds, 3),
                                        seconds=round(time.monotonic() - started, 3))
+
+
+def spark_before_hold(job: VerifyJob, spark: Any) -> Any:
+    """The SparkSession (or None) a held comparison will use, started now when the target keeps the hold while its
+    chunks are read (MySQL/MariaDB, SQLite): otherwise the JVM's start (half a minute on a loaded host) would stand
+    inside the hold. Decided by the rows planned without a snapshot (the plan's estimate), as
+    :func:`verify_tables` decides; a PostgreSQL target (released before any chunk) keeps the factory."""
+    if not callable(spark):
+        return spark
+    target = Target(job.sink)
+    try:
+        dialect = target.dialect
+    finally:
+        target.close()
+    if dialect == "postgresql":
+        return spark
+    rows = sum(t.plan.rows for t in plan_tables(dataclasses.replace(job, snapshot=None), dialect))
+    return spark() if rows >= job.spark_min_rows else None
+
+
+def _lake_spark(spark: Any) -> Any:
+    """The SparkSession that builds a storage sink's lake (started before any hold: a JVM takes seconds)."""
+    if spark is None:
+        raise TidewaterError("a storage sink is verified through its lake, which Spark builds (spark_jobs.lake): "
+                             "this job runs without Spark (--local)")
+    return spark() if callable(spark) else spark
+
+
+def verify_lake(job: VerifyJob, store: MetaStore, runs: bool, spans: list[int], *, spark: Any,
+                progress: Progress | None = None, started: float | None = None) -> VerifyReport:
+    """Compare a storage sink's lake with the upstream at one point (docs/verify.md, "A storage sink: the lake").
+
+    A running changefeed is frozen and held at the Ts ``Y`` of an upstream snapshot exported while it stood still,
+    as for a SQL target; once every span applied up to ``Y`` the sink's ``metadata`` checkpoint reaches ``Y``
+    (:func:`spark_jobs.verify_lake.wait_published`): every change at or below ``Y`` is in a published file, so the
+    hold is released there, before any Spark work, and the lake job applies the files cut at exactly ``Y``
+    (whole transactions, nothing after). The lake's Parquet version at ``Y`` is then compared chunk by chunk with
+    the upstream under the snapshot. A stopped or failed changefeed: the lake at the sink's published checkpoint
+    ``C``, the upstream at a fresh snapshot; ``note`` says so when the upstream moved past ``C``."""
+    started = time.monotonic() if started is None else started
+    with open_upstream(job.upstream) as up:
+        if not runs:
+            cut = published(job.sink)
+            with up.export_snapshot(label=f"verify-{job.changefeed}") as exp:
+                paths = build_lake(spark, job.sink, job.changefeed, job.tables, cut)
+                report = verify_tables(dataclasses.replace(job, snapshot=exp.name, ts=exp.ts, lake=paths,
+                                                           consistency="checkpoint"), spark=spark, progress=progress)
+            if exp.ts > cut:
+                report = dataclasses.replace(report, note=(
+                    f"changefeed stopped: its storage sink's lake at the published checkpoint {cut}, compared with "
+                    f"the upstream at {exp.ts}; a difference may be a change the changefeed has not published"))
+            return dataclasses.replace(report, seconds=round(time.monotonic() - started, 3))
+        with VerifyHoldSession(store, job.changefeed, spans, ttl=job.hold_ttl, timeout=job.hold_timeout) as hold:
+            if progress is not None:
+                progress("holding", 0, 0)
+            hold.freeze()
+            with up.export_snapshot(label=f"verify-{job.changefeed}") as exp:
+                hold.hold_at(exp.ts)
+                published_at = wait_published(job.sink, exp.ts, job.hold_timeout)
+                hold.release()  # every change up to Y is in a published file: the lake is cut there
+                log.info("verify changefeed=%s: held at %d, metadata %d, released after %.3fs", job.changefeed,
+                         exp.ts, published_at, hold.held_seconds)
+                paths = build_lake(spark, job.sink, job.changefeed, job.tables, exp.ts)
+                report = verify_tables(dataclasses.replace(job, snapshot=exp.name, ts=exp.ts, lake=paths,
+                                                           consistency="hold"), spark=spark, progress=progress)
+        return dataclasses.replace(report, hold_seconds=round(hold.held_seconds, 3),
+                                   seconds=round(time.monotonic() - started, 3))
 
 
 def _interrupt(_signum: int, _frame: Any) -> None:

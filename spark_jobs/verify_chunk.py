@@ -29,6 +29,7 @@ from cdc.events import ColumnSchema, TableSchema
 from cdc.snapshot import SnapshotChunk
 from cdc.verify import DIFFERENT, EXTRA, INEXACT, MISSING, ChunkSum, RowDiff
 from sinks.sql.target.connection import Target
+from spark_jobs.verify_lake import lake_rows
 from spark_jobs.verify_values import INEXACT as INEXACT_FORM
 from spark_jobs.verify_values import PG_TEXT_SETTINGS, RowForms, add_hash, key_text, row_hash
 from upstream import open_upstream
@@ -38,9 +39,12 @@ FETCH_ROWS = 2000
 
 _INT_KEYS = frozenset({"int2", "int4", "int8", "oid", "xid", "cid"})
 _TEXT_KEYS = frozenset({"text", "varchar", "bpchar", "name", "char"})
+LAKE = "lake"
+"""The dialect of a storage sink's lake (spark_jobs.verify_lake): Parquet read with pyarrow."""
 _BOUND_TYPES = {
     "mysql": _INT_KEYS | _TEXT_KEYS | {"numeric", "date", "timestamp", "timestamptz", "uuid"},
     "sqlite": _INT_KEYS | _TEXT_KEYS,
+    LAKE: _INT_KEYS | _TEXT_KEYS | {"date"},  # (numeric may be a string column there, timestamptz zoned)
 }
 
 
@@ -48,7 +52,8 @@ _BOUND_TYPES = {
 class VerifyTask:
     """One chunk to compare: where both sides are, the snapshots to read them under (``target_snapshot``: a
     PostgreSQL target's exported snapshot, None: the target's current state), the table's schema (JSON) and the
-    chunk (JSON)."""
+    chunk (JSON). ``lake``: a storage sink's target side, the table's lake Parquet version at the point
+    (spark_jobs.verify_lake; "" a table with no version yet, read as empty); None for a SQL target."""
 
     upstream: str
     sink: str
@@ -56,6 +61,7 @@ class VerifyTask:
     target_snapshot: str | None
     schema_json: str
     chunk_json: str
+    lake: str | None = None
 
     @property
     def schema(self) -> TableSchema:
@@ -96,6 +102,19 @@ def bound_value(col: ColumnSchema, text: str) -> Any:
         v = dt.datetime.fromisoformat(text)
         return v.astimezone(dt.UTC).replace(tzinfo=None) if v.tzinfo is not None else v
     return text
+
+
+def lake_range(schema: TableSchema, chunk: SnapshotChunk) -> tuple[tuple[str, ...], list[Any] | None,
+                                                                   list[Any] | None]:
+    """``chunk``'s key range for :func:`spark_jobs.verify_lake.lake_rows`: (key columns, lower, upper) with the
+    bounds parsed as :func:`bound_value` parses them (no key: the whole table)."""
+    if chunk.whole or (chunk.lower is None and chunk.upper is None):
+        return (), None, None
+    cols = [schema.column(k) for k in chunk.key]
+
+    def parse(bound: Any) -> list[Any] | None:
+        return None if bound is None else [bound_value(c, t) for c, t in zip(cols, bound, strict=True)]
+    return tuple(chunk.key), parse(chunk.lower), parse(chunk.upper)
 
 
 def _quote(target: Target, name: str) -> str:
@@ -205,6 +224,7 @@ class _Sides:
     def __init__(self, task: VerifyTask) -> None:
         self.schema = task.schema
         self.chunk = task.chunk
+        self.lake = task.lake
         self.up = open_upstream(task.upstream)
         self.target: Target | None = None
         self.raw: Any = None
@@ -215,9 +235,12 @@ class _Sides:
                     "cdc verify cannot compare this upstream yet: its readers cannot share one exported snapshot "
                     "(MySQL/MariaDB: each takes its own, at a later binlog position than the held one), so rows "
                     "changed meanwhile would show as differences")
-            self.target = Target(task.sink)
-            self.forms = RowForms(self.schema, self.target.dialect)
-            self.raw = open_read(self.target, task.target_snapshot)
+            if self.lake is not None:
+                self.forms = RowForms(self.schema, LAKE)
+            else:
+                self.target = Target(task.sink)
+                self.forms = RowForms(self.schema, self.target.dialect)
+                self.raw = open_read(self.target, task.target_snapshot)
         except BaseException:
             self.close()
             raise
@@ -227,8 +250,12 @@ class _Sides:
             yield self.forms.upstream(change.row or (), change.row_text or ())
 
     def downstream(self) -> Iterator[tuple[Any, ...]]:
-        assert self.target is not None
-        for r in target_rows(self.raw, self.target, self.schema, self.chunk):
+        if self.lake is not None:
+            rows: Iterator[tuple[Any, ...]] = lake_rows(self.lake, self.schema, *lake_range(self.schema, self.chunk))
+        else:
+            assert self.target is not None
+            rows = target_rows(self.raw, self.target, self.schema, self.chunk)
+        for r in rows:
             yield self.forms.target(r)
 
     def close(self) -> None:

@@ -14,7 +14,8 @@ Two modes, chosen by the target's dialect:
   type's output function on both sides, so equal text is equal value for every type, arrays with their bounds,
   numeric with its scale.
 * ``mysql`` (MySQL/MariaDB) and ``sqlite``: per upstream base type (:func:`column_forms`), see the table in
-  docs/verify.md. A value the target cannot hold as it is upstream (a ``timestamp`` of ``infinity``, ``24:00:00``, an
+  docs/verify.md; ``lake`` (a storage sink's lake, Parquet read with pyarrow) as ``mysql``, except ``float4``:
+  a Parquet FLOAT, so both sides are compared as the float32 they round to. A value the target cannot hold as it is upstream (a ``timestamp`` of ``infinity``, ``24:00:00``, an
   array with lower bounds other than 1 -- the upstream parser gives them as text) is *inexact*: its canonical
   form is :data:`INEXACT` on the upstream side, which equals nothing, so the row is reported, never called equal.
 
@@ -30,6 +31,7 @@ import decimal
 import hashlib
 import json
 import math
+import struct
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -79,6 +81,11 @@ def _float(v: Any) -> Any:
     if math.isinf(f):
         return "Infinity" if f > 0 else "-Infinity"
     return 0.0 if f == 0 else f  # -0.0 is 0.0: MariaDB and SQLite drop the sign (docs/type-mapping.md)
+
+
+def _float32(v: Any) -> Any:
+    f = _float(v)
+    return f if isinstance(f, str) else struct.unpack("<f", struct.pack("<f", f))[0]
 
 
 def _decimal_value(v: Any) -> Any:
@@ -173,6 +180,8 @@ def column_forms(col: ColumnSchema, dialect: str) -> tuple[Canon, Canon]:
         if dialect == "sqlite":  # stored as the exact upstream text, scale and trailing zeros included
             return _null(lambda v: v if isinstance(v, str) else format(v, "f")), _null(_str)
         return _null(_decimal_value), _null(_decimal_value)
+    if base == "float4" and dialect == "lake":  # a Parquet FLOAT: both sides as the float32 they round to
+        return _null(_float32), _null(_float32)
     if base in _FLOATS:
         return _null(_float), _null(_float)
     if base == "bool":

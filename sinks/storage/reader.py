@@ -252,11 +252,18 @@ class StorageReader:
 
     # ---- offsets ------------------------------------------------------------------------------------------
     def latest_offset(self, previous: LakeOffset | None = None,
-                      tables: Iterable[TableName] | None = None) -> LakeOffset:
+                      tables: Iterable[TableName] | None = None, until: int | None = None) -> LakeOffset:
         """The offset at the published checkpoint now (module docstring), of every table or of ``tables``;
-        ``previous`` saves re-reading files done before."""
+        ``previous`` saves re-reading files done before. ``until``: cut at this Ts instead when the published
+        checkpoint is past it (exact: every change at or below a published checkpoint is in the files listed now,
+        so the cut holds the whole transactions up to ``until`` and nothing after it; once ``previous`` is at the
+        cut, it is returned as it is, so a stream cut there ends instead of planning empty batches of later files)."""
         previous = previous or LakeOffset()
         ckpt = self.checkpoint() or 0
+        if until is not None:
+            ckpt = min(ckpt, until)
+            if previous.checkpoint >= ckpt:
+                return previous  # cut reached: the files published since hold only later changes (no new offset)
         files: dict[str, tuple[int, int]] = {}
         versions: dict[str, tuple[int, ...]] = {}
         wanted = set(tables) if tables is not None else None

@@ -186,3 +186,35 @@ def test_quick_mariadb_upstream_benchmark_prints_its_references_goals_and_compar
     while any(_alive(p) for p in started.values()) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [name for name, p in started.items() if _alive(p)], "servers left running"
+
+
+def test_quick_verify_benchmark_prints_rows_per_s_next_to_the_read_ceiling_with_hold_and_lag(tmp_path: Path) -> None:
+    """`--workload verify` (issue 24 item 7): changefeed verify of the preloaded rows under a writer, into PostgreSQL
+    and MariaDB, next to the count(*) + md5 scan of both sides measured in the same run; the hold and the lag."""
+    out_json = tmp_path / "bench.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--workload", "verify", "--sink", "postgresql,mariadb",
+         "--no-native", "--json", str(out_json)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr[-4000:]}"
+
+    table = _table(res.stdout, "| sink | rows compared |")
+    assert [r["sink"] for r in table] == ["postgresql", "mariadb"], res.stdout
+    for row in table:
+        _positive(row, "chunks", "verify s (request -> report)", "job s", "verify rows/s", "hold s",
+                  "checkpoint lag max during s", "writer rows/s")
+        assert re.fullmatch(r"\d+\.\d+(e-\d+)?", row["verify/ceiling"]), row
+        assert int(row["rows compared"]) >= 2000 and row["verdict"] == "equal", row  # (and the writer's rows)
+        assert re.fullmatch(r"\d+ \(\d+\.\d \+ \d+\.\d\)", row["read ceiling rows/s (upstream s + target s)"]), row
+
+    report = json.loads(out_json.read_text())
+    runs = report["verify"]["runs"]
+    assert [r["sink"] for r in runs] == ["postgresql", "mariadb"]
+    assert all(r["rows_per_s"] > 0 and r["ceiling"]["rows_per_s"] > 0 and not r["error"] for r in runs), runs
+
+    started = json.loads(re.search(r"servers up: (\{.*\})", res.stderr).group(1))  # type: ignore[union-attr]
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in started.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [name for name, p in started.items() if _alive(p)], "servers left running"

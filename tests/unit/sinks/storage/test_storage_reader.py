@@ -60,6 +60,31 @@ def test_incremental_offsets_hold_back_rows_above_the_checkpoint(tmp_path: Path,
     assert not state.problems
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_offset_cut_at_until_holds_the_changes_up_to_it_and_stays_there(tmp_path: Path, protocol: str) -> None:
+    """``changefeed verify`` of a storage sink: the lake at exactly its point Y while metadata moves past Y."""
+    changes = [ins(KV, 100, id=1, body="a", n=1), ins(KV, 110, id=2, body="b", n=2),
+               upd(KV, 120, {"id": 1}, id=1, body="c", n=3), dele(KV, 130, id=2), ins(KV, 140, id=5, body="d", n=4)]
+    s = sink(tmp_path, protocol)
+    s.write(changes[:4])
+    s.flush()
+    s.publish_checkpoint(130)
+    reader = StorageReader(uri(tmp_path, protocol))
+    state = TableState(KV)
+    o1 = reader.latest_offset(until=120)
+    assert o1.checkpoint == 120
+    _apply(reader, LakeOffset(), o1, state)
+    assert sorted_rows(KV, state.rows()) == Model(KV).apply(changes[:3]).result()
+    s.write(changes[4:])
+    s.flush()
+    s.publish_checkpoint(140)
+    assert reader.latest_offset(o1, until=120) == o1  # the cut reached: no new offset, the stream ends there
+    o2 = reader.latest_offset(o1)
+    _apply(reader, o1, o2, state)
+    s.close()
+    assert sorted_rows(KV, state.rows()) == Model(KV).apply(changes).result() and not state.problems
+
+
 def test_a_file_published_after_the_checkpoint_passed_its_rows_still_counts(tmp_path: Path) -> None:
     """A table copy publishes chunks at its snapshot's Ts, which the checkpoint may have passed already."""
     s = sink(tmp_path, "csv")
