@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cdc.config import ChangefeedConfig, ConsistencyConfig
-from cdc.errors import SinkError
 from cdc.model import ChangefeedInfo, DataWarning, WarningSeverity, merge_warnings
-from cdc.uri import parse_sink_uri, scrub
+from cdc.uri import scrub
+from owner.sink_worker import SinkHandle, open_as, retry_delay, run_worker
 from sinks.base import BarrierSink, SinkOpener
 
 log = logging.getLogger(__name__)
@@ -57,15 +57,6 @@ def consistency(info: ChangefeedInfo) -> ConsistencyConfig | None:
     except Exception:  # noqa: BLE001 - see the docstring
         return None
     return c if c.snapshot else None
-
-
-def _open(sinks: SinkOpener, info: ChangefeedInfo) -> BarrierSink:
-    sink = sinks.open(info.sink_uri, ChangefeedConfig.from_dict(info.config).sink)
-    if not isinstance(sink, BarrierSink):
-        sink.close()
-        raise SinkError(f"the sink {parse_sink_uri(info.sink_uri).redacted()} cannot apply whole barriers "
-                        "([consistency] mode = \"snapshot\")")
-    return sink
 
 
 @dataclass
@@ -85,8 +76,7 @@ class BarrierFeed:
     error: str = ""
     warning: DataWarning | None = None
     found: tuple[DataWarning, ...] = ()  # raised by the applies of this term
-    sink: BarrierSink | None = None
-    sink_uri: str = ""
+    sink: SinkHandle[BarrierSink] = field(default_factory=SinkHandle)
     applies: int = 0
     changes: int = field(default=0)
 
@@ -108,7 +98,8 @@ class BarrierCoordinator:
     def __init__(self, sinks: SinkOpener, *, opener: Callable[[ChangefeedInfo], BarrierSink] | None = None,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
                  retry_min: float = 1.0, retry_max: float = 30.0, warn_after: float = 30.0) -> None:
-        self._opener = opener or (lambda info: _open(sinks, info))
+        self._opener = opener or (lambda info: open_as(
+            sinks, info, BarrierSink, 'cannot apply whole barriers ([consistency] mode = "snapshot")'))
         self._clock = clock
         self._wall = wall
         self.retry_min, self.retry_max, self.warn_after = retry_min, retry_max, warn_after
@@ -132,7 +123,7 @@ class BarrierCoordinator:
             feed = self._feeds.get(info.id)
             if feed is None or feed.info.start_ts != info.start_ts:  # (a changefeed recreated under this id)
                 if feed is not None:
-                    self._close(feed)
+                    feed.sink.close()
                 feed = self._feeds[info.id] = BarrierFeed(info, config)
             feed.info, feed.config = info, config
             if ts <= feed.ts:
@@ -145,7 +136,7 @@ class BarrierCoordinator:
             feed = self._feeds.pop(changefeed, None)
         self._configs.pop(changefeed, None)
         if feed is not None:
-            self._close(feed)
+            feed.sink.close()
 
     def warnings(self, changefeed: str) -> list[DataWarning]:
         """The changefeed's coordinator warnings (module docstring)."""
@@ -168,17 +159,14 @@ class BarrierCoordinator:
     # ---- the thread ---------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Apply until ``stop`` is set (a thread target; never raises), then close the sinks."""
-        try:
-            while not stop.is_set():
-                delay = self.apply_due()
-                self._wake.wait(min(delay, 1.0) if delay is not None else 1.0)
-                self._wake.clear()
-        finally:
-            with self._lock:
-                feeds = list(self._feeds.values())
-                self._feeds.clear()
-            for feed in feeds:
-                self._close(feed)
+        run_worker(stop, self._wake, self.apply_due, self._close_all)
+
+    def _close_all(self) -> None:
+        with self._lock:
+            feeds = list(self._feeds.values())
+            self._feeds.clear()
+        for feed in feeds:
+            feed.sink.close()
 
     def stop_waiting(self) -> None:
         self._wake.set()
@@ -199,12 +187,9 @@ class BarrierCoordinator:
         with self._lock:
             ts, when, info, config = feed.ts, feed.time, feed.info, feed.config
         try:
-            if feed.sink is None or feed.sink_uri != info.sink_uri:
-                self._close(feed)
-                feed.sink = self._opener(info)
-                feed.sink_uri = info.sink_uri
-            done = feed.sink.apply_barrier(info.id, info.start_ts, ts, when, history=config.syncpoint)
-            found = feed.sink.take_warnings()
+            sink = feed.sink.get(info, self._opener)
+            done = sink.apply_barrier(info.id, info.start_ts, ts, when, history=config.syncpoint)
+            found = sink.take_warnings()
         except Exception as exc:  # noqa: BLE001 - logged, retried, shown when it persists
             self._failed(feed, exc)
             return
@@ -230,7 +215,7 @@ class BarrierCoordinator:
 
     def _failed(self, feed: BarrierFeed, exc: BaseException) -> None:
         now = self._clock()
-        self._close(feed)
+        feed.sink.close()
         message = scrub(getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}")
         with self._lock:
             if not feed.failures:
@@ -239,7 +224,7 @@ class BarrierCoordinator:
                     feed.warning = None  # (a new outage: its own warning, counted from now)
             feed.failures += 1
             feed.error = message
-            feed.next_try = now + min(self.retry_max, self.retry_min * 2 ** min(feed.failures - 1, 16))
+            feed.next_try = now + retry_delay(feed.failures, self.retry_min, self.retry_max)
             if now - feed.failing_since >= self.warn_after:
                 wall = self._wall()
                 first = feed.warning.first_time if feed.warning is not None else wall
@@ -252,12 +237,3 @@ class BarrierCoordinator:
         if feed.failures == 1 or feed.failures % 10 == 0:
             log.warning("changefeed=%s applying barrier %d downstream failed (attempt %d, retrying): %s",
                         feed.info.id, feed.ts, feed.failures, message)
-
-    @staticmethod
-    def _close(feed: BarrierFeed) -> None:
-        sink, feed.sink = feed.sink, None
-        if sink is not None:
-            try:
-                sink.close()
-            except Exception:  # noqa: BLE001 - closing a sink that failed
-                pass

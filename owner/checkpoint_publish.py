@@ -26,12 +26,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from cdc.config import ChangefeedConfig
-from cdc.errors import SinkError
 from cdc.model import ChangefeedInfo, DataWarning, WarningSeverity
-from cdc.uri import parse_sink_uri, scrub
+from cdc.uri import scrub
+from owner.sink_worker import SinkHandle, open_as, retry_delay, run_worker
 from sinks.base import CheckpointSink, SinkOpener
 
 log = logging.getLogger(__name__)
@@ -48,22 +47,13 @@ def publishes(sinks: SinkOpener, sink_uri: str) -> bool:
         return False
 
 
-def _open(sinks: SinkOpener, info: ChangefeedInfo) -> CheckpointSink:
-    sink = sinks.open(info.sink_uri, ChangefeedConfig.from_dict(info.config).sink)
-    if not isinstance(sink, CheckpointSink):  # (offer asked the class first)
-        sink.close()
-        raise SinkError(f"the sink {parse_sink_uri(info.sink_uri).redacted()} publishes no checkpoints")
-    return sink
-
-
 @dataclass
 class _Feed:
     info: ChangefeedInfo
     ts: int = 0  # the latest offer
     time: float = 0.0
     published: int = 0  # the highest value published this term
-    sink: CheckpointSink | None = None
-    sink_uri: str = ""
+    sink: SinkHandle[CheckpointSink] = field(default_factory=SinkHandle)
     failing_since: float = 0.0
     failures: int = 0
     error: str = ""
@@ -78,7 +68,8 @@ class CheckpointPublisher:
                  clock: Callable[[], float] = time.time, retry_min: float = 1.0, retry_max: float = 30.0,
                  warn_after: float = 30.0) -> None:
         self._sinks = sinks
-        self._opener = opener or (lambda info: _open(sinks, info))
+        self._opener = opener or (  # (offer asked the class first)
+            lambda info: open_as(sinks, info, CheckpointSink, "publishes no checkpoints"))
         self._clock = clock
         self.retry_min, self.retry_max, self.warn_after = retry_min, retry_max, warn_after
         self._feeds: dict[str, _Feed] = {}
@@ -109,7 +100,7 @@ class CheckpointPublisher:
         with self._lock:
             feed = self._feeds.pop(changefeed, None)
         if feed is not None:
-            self._close(feed)
+            feed.sink.close()
 
     def warnings(self, changefeed: str) -> list[DataWarning]:
         """The changefeed's publishing warning, if publishing failed for ``warn_after`` seconds (see the module
@@ -126,17 +117,14 @@ class CheckpointPublisher:
     # ---- the thread ---------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Publish until ``stop`` is set (a thread target; never raises), then close the sinks."""
-        try:
-            while not stop.is_set():
-                delay = self.publish_due()
-                self._wake.wait(min(delay, 1.0) if delay is not None else 1.0)
-                self._wake.clear()
-        finally:
-            with self._lock:
-                feeds = list(self._feeds.values())
-                self._feeds.clear()
-            for feed in feeds:
-                self._close(feed)
+        run_worker(stop, self._wake, self.publish_due, self._close_all)
+
+    def _close_all(self) -> None:
+        with self._lock:
+            feeds = list(self._feeds.values())
+            self._feeds.clear()
+        for feed in feeds:
+            feed.sink.close()
 
     def stop_waiting(self) -> None:
         self._wake.set()
@@ -155,11 +143,7 @@ class CheckpointPublisher:
     def _publish_one(self, feed: _Feed) -> None:
         ts, when, info = feed.ts, feed.time, feed.info
         try:
-            if feed.sink is None or feed.sink_uri != info.sink_uri:
-                self._close(feed)
-                feed.sink = self._opener(info)
-                feed.sink_uri = info.sink_uri
-            feed.sink.publish_checkpoint(ts, when)
+            feed.sink.get(info, self._opener).publish_checkpoint(ts, when)
         except Exception as exc:  # noqa: BLE001 - logged, retried, shown when it persists
             self._failed(feed, exc)
             return
@@ -179,14 +163,14 @@ class CheckpointPublisher:
 
     def _failed(self, feed: _Feed, exc: BaseException) -> None:
         now = self._clock()
-        self._close(feed)
+        feed.sink.close()
         message = scrub(getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}")
         with self._lock:
             if not feed.failures:
                 feed.failing_since = now
             feed.failures += 1
             feed.error = message
-            feed.next_try = now + min(self.retry_max, self.retry_min * 2 ** min(feed.failures - 1, 16))
+            feed.next_try = now + retry_delay(feed.failures, self.retry_min, self.retry_max)
             if now - feed.failing_since >= self.warn_after:
                 first = feed.warning.first_time if feed.warning is not None and "again" not in feed.warning.message \
                     else feed.failing_since
@@ -198,12 +182,3 @@ class CheckpointPublisher:
         if feed.failures == 1 or feed.failures % 10 == 0:
             log.warning("changefeed=%s publishing checkpoint %d to the sink failed (attempt %d, retrying): %s",
                         feed.info.id, feed.ts, feed.failures, message)
-
-    @staticmethod
-    def _close(feed: _Feed) -> None:
-        sink, feed.sink = feed.sink, None
-        if sink is not None:
-            try:
-                sink.close()
-            except Exception:  # noqa: BLE001 - closing a sink that failed
-                pass

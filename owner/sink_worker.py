@@ -1,0 +1,81 @@
+"""What the owner's per-changefeed sink workers share (``owner.checkpoint_publish``: published checkpoints;
+``owner.barrier_apply``: snapshot-mode barriers): each keeps one sink per changefeed, drives it from a thread of its
+own that wakes on offers, and retries a failing sink with exponential backoff.
+
+Guarantees:
+
+- :class:`SinkHandle`: one sink per changefeed, opened on first use and reopened after :meth:`SinkHandle.close` (a
+  failure closes it: a sink that failed is never reused) or when the changefeed's sink URI changed; closing never
+  raises.
+- :func:`open_as`: the changefeed's sink opened by the capture's factory, refused (closed, ``SinkError`` naming the
+  sink without its password) when it does not play the worker's role.
+- :func:`retry_delay`: ``retry_min * 2 ** (failures - 1)`` capped at ``retry_max`` seconds.
+- :func:`run_worker`: calls ``step`` until ``stop`` is set, sleeping until the delay ``step`` returns (at most 1 s;
+  None: nothing waits) or until ``wake`` is set; ``on_exit`` runs once at the end, whatever happened.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from cdc.config import ChangefeedConfig
+from cdc.errors import SinkError
+from cdc.model import ChangefeedInfo
+from cdc.uri import parse_sink_uri
+from sinks.base import SinkOpener
+
+S = TypeVar("S")  # the sink role the worker drives (every sink the factory opens has close())
+
+
+class SinkHandle(Generic[S]):
+    """One changefeed's sink (module docstring)."""
+
+    __slots__ = ("sink", "uri")
+
+    def __init__(self) -> None:
+        self.sink: S | None = None
+        self.uri = ""
+
+    def get(self, info: ChangefeedInfo, opener: Callable[[ChangefeedInfo], S]) -> S:
+        """The open sink of ``info``'s sink URI (opened now when there is none or the URI changed)."""
+        if self.sink is None or self.uri != info.sink_uri:
+            self.close()
+            self.sink = opener(info)
+            self.uri = info.sink_uri
+        return self.sink
+
+    def close(self) -> None:
+        sink, self.sink = self.sink, None
+        if sink is not None:
+            try:
+                sink.close()  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - closing a sink that failed
+                pass
+
+
+def open_as(sinks: SinkOpener, info: ChangefeedInfo, role: type[S], lacks: str) -> S:
+    """``info``'s sink, which must be a ``role``; else ``SinkError``: "the sink URI ``lacks``"."""
+    sink = sinks.open(info.sink_uri, ChangefeedConfig.from_dict(info.config).sink)
+    if not isinstance(sink, role):
+        sink.close()
+        raise SinkError(f"the sink {parse_sink_uri(info.sink_uri).redacted()} {lacks}")
+    return sink
+
+
+def retry_delay(failures: int, retry_min: float, retry_max: float) -> float:
+    """Seconds before the next try after ``failures`` failures in a row (module docstring)."""
+    return min(retry_max, retry_min * 2 ** min(failures - 1, 16))
+
+
+def run_worker(stop: threading.Event, wake: threading.Event, step: Callable[[], float | None],
+               on_exit: Callable[[], None]) -> None:
+    """The worker thread's loop (module docstring)."""
+    try:
+        while not stop.is_set():
+            delay = step()
+            wake.wait(min(delay, 1.0) if delay is not None else 1.0)
+            wake.clear()
+    finally:
+        on_exit()
