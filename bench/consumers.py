@@ -128,6 +128,19 @@ class WalNudger:
 
 
 # ---- Tidewater ------------------------------------------------------------------------------------------
+def remove_changefeed(cdc: CdcServer, cf_id: str, timeout: float = 60) -> None:
+    """Remove the changefeed and wait until the API no longer knows it (best effort: a bench cleaning up)."""
+    with contextlib.suppress(ApiError, OSError):
+        cdc.request("DELETE", f"/api/v2/changefeeds/{cf_id}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                cdc.changefeed(cf_id)
+            except ApiError:
+                return
+            time.sleep(0.2)
+
+
 class TidewaterFeed:
     """One changefeed of the ``cdc server`` under test, from the scenario's upstream database to one sink."""
 
@@ -200,15 +213,7 @@ class TidewaterFeed:
         return seconds
 
     def remove(self) -> None:
-        with contextlib.suppress(ApiError, OSError):
-            self.cdc.request("DELETE", f"/api/v2/changefeeds/{self.cf_id}")
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    self.cdc.changefeed(self.cf_id)
-                except ApiError:
-                    return
-                time.sleep(0.2)
+        remove_changefeed(self.cdc, self.cf_id)
 
     def reader_pids(self) -> list[int]:
         """The upstream processes reading for this changefeed now (its slots' walsenders)."""

@@ -89,6 +89,10 @@ class BenchEnv:
             self.mariadb = MariaDBServer(self.work / "mariadb-target", settings={"local-infile": "ON"})
             self._stack.callback(self.mariadb.stop)
             self.mariadb.start()
+        self.start_cdc()
+
+    def start_cdc(self) -> None:
+        """The one ``cdc server`` under test (with ``server_config`` as its config file), stopped with the rest."""
         extra: list[str] = []
         if self.server_config:
             cfg = self.work / "server.toml"

@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.consumers import Measurement, TargetCpu
-from playground.cluster import ApiError, CdcServer
+from bench.consumers import Measurement, TargetCpu, remove_changefeed
+from playground.cluster import CdcServer
 from playground.servers import HOST, MariaDBServer
 from upstream.mysql.positions import split_ts, to_ts
 
@@ -120,15 +120,7 @@ class MariaDBFeed:
         return seconds
 
     def remove(self) -> None:
-        with contextlib.suppress(ApiError, OSError):
-            self.cdc.request("DELETE", f"/api/v2/changefeeds/{self.cf_id}")
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    self.cdc.changefeed(self.cf_id)
-                except ApiError:
-                    return
-                time.sleep(0.2)
+        remove_changefeed(self.cdc, self.cf_id)
 
     def reader_pids(self) -> list[int]:
         """None: a binlog dump is a thread of ``mariadbd``, not a process of its own (its CPU is not split out)."""

@@ -44,7 +44,6 @@ from bench.mariadb_refs import (
 )
 from bench.report import PhaseReport, Report
 from bench.workloads import ROWS_PER_TXN, WriteResult
-from playground.cluster import CdcServer
 from playground.compare import compare_mysql_tables
 from playground.servers import EtcdServer, MariaDBServer, PostgresServer
 
@@ -86,14 +85,7 @@ class MariaDBBenchEnv(BenchEnv):
             self.subscriber = PostgresServer(self.work / "pg-target", settings={"autovacuum": "off"})
             self._stack.callback(self.subscriber.stop)
             self.subscriber.start()
-        extra: list[str] = []
-        if self.server_config:
-            cfg = self.work / "server.toml"
-            cfg.write_text(self.server_config)
-            extra = ["--config", str(cfg)]
-        self.cdc = CdcServer(self.etcd.url, self.work / "cdc", cluster_id="bench", extra_args=extra)
-        self._stack.callback(self.cdc.terminate)
-        self.cdc.start()
+        self.start_cdc()
 
     @property
     def up(self) -> MariaDBServer:
