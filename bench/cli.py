@@ -36,9 +36,11 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.consumers import Profiler
 from bench.env import SINK_KINDS, BenchEnv
 from bench.mariadb_run import WORKLOADS as MARIADB_WORKLOADS
 from bench.report import Report, format_report
@@ -156,14 +158,53 @@ def _sink_bench(kind: str, args: argparse.Namespace) -> int:
                               *(["--repeat", "1"] if args.quick else [])])
 
 
-def _pipeline(args: argparse.Namespace) -> int:
+def _say(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
-    def say(msg: str) -> None:
-        print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
+def _work_dir(args: argparse.Namespace) -> Path:
+    """The run's work directory (made now); SIGTERM ends the run through the same cleanup as Ctrl-C."""
     signal.signal(signal.SIGTERM, _on_sigterm)
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="tidewater-bench-"))
+    work: Path = args.work_dir or Path(tempfile.mkdtemp(prefix="tidewater-bench-"))
     work.mkdir(parents=True, exist_ok=True)
+    return work
+
+
+def _profiler(args: argparse.Namespace) -> Profiler | None:
+    if args.profile is None:
+        return None
+    from bench.profile import PySpyProfiler
+
+    return PySpyProfiler(args.profile, say=_say, idle=args.profile_idle)
+
+
+def _timed(report: Report, run: Callable[[], None]) -> None:
+    """``run`` with the load average before and after it and its duration in the report's machine info and notes."""
+    report.machine["load average at start"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    t0 = time.monotonic()
+    run()
+    report.notes.append(f"run took {time.monotonic() - t0:.0f}s; load average (1, 5, 15 min) at the end "
+                        + " ".join(f"{x:.1f}" for x in os.getloadavg()))
+
+
+def _clean_up(args: argparse.Namespace, work: Path) -> None:
+    if not args.keep and args.work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    elif args.keep:
+        _say(f"kept {work}")
+
+
+def _emit(args: argparse.Namespace, report: Report | None, sinks: list[str]) -> int:
+    """Print the report (and its JSON); 0 when every measurement produced a figure."""
+    print(format_report(report, sinks))
+    if args.json is not None:
+        args.json.write_text(json.dumps(report.to_dict(), indent=1))
+    return 0 if _complete(report) else 1
+
+
+def _pipeline(args: argparse.Namespace) -> int:
+    say = _say
+    work = _work_dir(args)
     opts = Options(
         workloads=args.workload, sinks=args.sink, rows=args.rows, tables=args.tables,
         pgbench_seconds=args.pgbench_seconds, pgbench_scale=args.pgbench_scale, pgbench_clients=args.pgbench_clients,
@@ -178,72 +219,41 @@ def _pipeline(args: argparse.Namespace) -> int:
     say(f"work directory {work}; workloads {','.join(opts.workloads)}; sinks {','.join(opts.sinks)}")
     report: Report | None = None
     try:
-        profiler = None
-        if args.profile is not None:
-            from bench.profile import PySpyProfiler
-
-            profiler = PySpyProfiler(args.profile, say=say, idle=args.profile_idle)
+        profiler = _profiler(args)
         # the snapshot workload's pg_dump | psql reference needs the PostgreSQL target server
         pg_target = opts.native or bool({"snapshot", "verify"} & set(opts.workloads))
         with BenchEnv(work / "servers", opts.sinks, opts.server_config, native=pg_target) as env:
             say(f"servers up: {json.dumps(env.pids())}")
             report = Report(time.strftime("%Y-%m-%d %H:%M:%S %Z"), _jsonable(vars(args)), machine_info(env))
-            report.machine["load average at start"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
-            t0 = time.monotonic()
-            Runner(opts, env, say, profiler).run(report)
-            report.notes.append(f"run took {time.monotonic() - t0:.0f}s; load average (1, 5, 15 min) at the end "
-                                + " ".join(f"{x:.1f}" for x in os.getloadavg()))
+            _timed(report, lambda: Runner(opts, env, say, profiler).run(report))
     finally:
-        if not args.keep and args.work_dir is None:
-            shutil.rmtree(work, ignore_errors=True)
-        elif args.keep:
-            say(f"kept {work}")
-    print(format_report(report, opts.sinks))
-    if args.json is not None:
-        args.json.write_text(json.dumps(report.to_dict(), indent=1))
-    return 0 if _complete(report) else 1
+        _clean_up(args, work)
+    return _emit(args, report, opts.sinks)
 
 
 def _mariadb_pipeline(args: argparse.Namespace) -> int:
     """``--upstream mariadb``: bench.mariadb_run's scenarios, the same report, JSON and exit code."""
     from bench.mariadb_run import MariaDBBenchEnv, MariaDBRunner
 
-    def say(msg: str) -> None:
-        print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    work = args.work_dir or Path(tempfile.mkdtemp(prefix="tidewater-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
+    say = _say
+    work = _work_dir(args)
     config = with_worker_count(args.changefeed_config.read_text() if args.changefeed_config else "",
                                args.worker_count)
     say(f"work directory {work}; upstream mariadb; workloads {','.join(args.workload)}; sinks {','.join(args.sink)}")
     report: Report | None = None
     try:
-        profiler = None
-        if args.profile is not None:
-            from bench.profile import PySpyProfiler
-
-            profiler = PySpyProfiler(args.profile, say=say, idle=args.profile_idle)
+        profiler = _profiler(args)
         server_config = args.server_config.read_text() if args.server_config else ""
         with MariaDBBenchEnv(work / "servers", args.sink, server_config) as env:
             say(f"servers up: {json.dumps(env.pids())}")
             report = Report(time.strftime("%Y-%m-%d %H:%M:%S %Z"), _jsonable(vars(args)), machine_info(env),
                             upstream="mariadb")
-            report.machine["load average at start"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
-            t0 = time.monotonic()
-            MariaDBRunner(env, args.sink, args.workload, args.rows, args.timeout, say, config,
-                          native=not args.no_native, compare_rows=args.compare_rows, profiler=profiler).run(report)
-            report.notes.append(f"run took {time.monotonic() - t0:.0f}s; load average (1, 5, 15 min) at the end "
-                                + " ".join(f"{x:.1f}" for x in os.getloadavg()))
+            _timed(report, lambda: MariaDBRunner(env, args.sink, args.workload, args.rows, args.timeout, say, config,
+                                                 native=not args.no_native, compare_rows=args.compare_rows,
+                                                 profiler=profiler).run(report))
     finally:
-        if not args.keep and args.work_dir is None:
-            shutil.rmtree(work, ignore_errors=True)
-        elif args.keep:
-            say(f"kept {work}")
-    print(format_report(report, args.sink))
-    if args.json is not None:
-        args.json.write_text(json.dumps(report.to_dict(), indent=1))
-    return 0 if _complete(report) else 1
+        _clean_up(args, work)
+    return _emit(args, report, args.sink)
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
