@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 from e2e_workload import FAST_LEASE, server_config, wait_for
-from test_mysql_upstream_e2e import SCHEMA, TABLES, mixed
+from test_mysql_upstream_e2e import SCHEMA, TABLES, binlog_end, mixed
 
 from playground.cluster import CdcServer
 from playground.compare import compare_mysql_tables
 from playground.servers import MariaDBServer, PostgresServer
-from upstream.mysql.positions import epoch_of, to_ts
+from upstream.mysql.positions import epoch_of
 from upstream.mysql.resume import ResumePoint
 
 pytestmark = pytest.mark.e2e
@@ -66,11 +66,6 @@ def cli(cdc: CdcServer, *args: str) -> tuple[int, Any, str]:
                           text=True, timeout=120, cwd=REPO)
     out = json.loads(proc.stdout) if proc.returncode == 0 and proc.stdout.strip() else proc.stdout
     return proc.returncode, out, proc.stderr
-
-
-def binlog_end(server: MariaDBServer, epoch: int) -> int:
-    [(log_file, pos, *_)] = server.execute("SHOW MASTER STATUS") or []
-    return to_ts(log_file, int(pos), epoch)
 
 
 def assert_same(server: MariaDBServer, target: str, cdc: CdcServer) -> None:

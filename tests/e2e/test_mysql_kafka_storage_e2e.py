@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from e2e_workload import kafka_consumer
+from test_mysql_upstream_e2e import binlog_end
 
 from cdc.events import TableName
 from playground.cluster import CdcServer
 from playground.compare import compare_mysql_rows, compare_mysql_tables
 from playground.servers import KafkaServer, MariaDBServer
 from sinks.storage.reader import StorageReader, rebuild
-from upstream.mysql.positions import to_ts
 
 pytestmark = pytest.mark.e2e
 
@@ -36,11 +36,6 @@ ROWS = [
      "1000-01-01 00:00:00", "1970-01-01 00:00:01", "00:00:00", 1901, "[]", b"\x00\x00", "small", ""),
     (7,) + (None,) * 22,
 ]
-
-
-def binlog_end(server: MariaDBServer) -> int:
-    [(log_file, pos, *_)] = server.execute("SHOW MASTER STATUS") or []
-    return to_ts(log_file, int(pos))
 
 
 def write(server: MariaDBServer, db: str) -> None:

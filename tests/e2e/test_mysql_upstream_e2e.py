@@ -59,14 +59,16 @@ def mixed(conn: Any, txns: int, seed: int, start: int = 0, pause: float = 0.0) -
                 time.sleep(pause)
 
 
-def binlog_end(server: MariaDBServer) -> int:
+def binlog_end(server: MariaDBServer, epoch: int = 0) -> int:
+    """The Ts of the server's binlog end now, as a changefeed in its ``epoch``-th upstream server numbers it."""
     [(log_file, pos, *_)] = server.execute("SHOW MASTER STATUS") or []
-    return to_ts(log_file, int(pos))
+    return to_ts(log_file, int(pos), epoch)
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
 def target(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer,
            mariadb_server: MariaDBServer) -> str:
+    """A fresh target database on the session's PostgreSQL and MariaDB servers, or a SQLite file."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'target.db'}"
     db = f"target_{uuid.uuid4().hex[:10]}"
