@@ -148,6 +148,25 @@ def _relation_names(msgs: list[Message]) -> dict[int, Relation]:
     return {m.relid: m for m in msgs if type(m) is Relation}
 
 
+def _without_resent_schema(msgs: list[Message]) -> list[Message]:
+    """``msgs`` less each Type or Relation message identical to the last one sent for its oid.
+
+    pgoutput sends them again whenever the walsender's relcache entry is invalidated, which another
+    session can cause at any time (autovacuum's analyze updating pg_class, a shared-invalidation queue
+    reset on a busy server: seen once in CI as a TypeMsg+Relation pair between two deletes). The protocol
+    allows that and the decoder takes it; the test asserts the order of everything else."""
+    last: dict[tuple[type, int], Message] = {}
+    out: list[Message] = []
+    for m in msgs:
+        if type(m) is Relation or type(m) is TypeMsg:
+            key = (type(m), m.relid if type(m) is Relation else m.oid)
+            if last.get(key) == m:
+                continue
+            last[key] = m
+        out.append(m)
+    return out
+
+
 # ---- an ordinary transaction ----------------------------------------------------------------------
 
 
@@ -185,7 +204,7 @@ def test_ordinary_transaction_all_messages_and_values(
     cur.execute("COMMIT")
     cur.execute("TRUNCATE items, hist RESTART IDENTITY")
 
-    msgs = s.read_until(lambda m: type(m) is Truncate)
+    msgs = _without_resent_schema(s.read_until(lambda m: type(m) is Truncate))
     kinds = [type(m).__name__ if type(m) is not Change else m.kind for m in msgs]
     # one transaction, then the truncate in its own transaction (TRUNCATE makes the schema be re-sent)
     assert kinds[:13] == [
@@ -293,7 +312,7 @@ def test_logical_messages(pg_server: Any, pg_database: str, open_stream: Any) ->
     (lsn_tx,) = cur.fetchone()
     cur.execute("INSERT INTO t VALUES (1)")
     cur.execute("COMMIT")
-    msgs = s.read_until(lambda m: type(m) is Commit)
+    msgs = _without_resent_schema(s.read_until(lambda m: type(m) is Commit))
     assert [type(m) for m in msgs] == [LogicalMessage, Begin, LogicalMessage, Relation, Change, Commit]
     lsn_of = lambda text: int(text.split("/")[0], 16) << 32 | int(text.split("/")[1], 16)  # noqa: E731
     assert msgs[0] == LogicalMessage(None, 0, lsn_of(lsn_nontx), "tw-nontx", b"outside")
