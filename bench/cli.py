@@ -3,7 +3,7 @@
     python -m bench [--upstream postgresql|mariadb] [--workload a,b,c,e,o,snapshot,verify] [--sink blackhole,sqlite,mariadb,postgresql,kafka,file] [--rows N]
                     [--sink-rows N] [--quick]
                     [--tables N] [--pgbench-seconds S] [--pgbench-scale N] [--lag-rates 5000,10000]
-                    [--lag-seconds S] [--big-mb MB] [--snapshot-tables N] [--chunk-rows N] [--spark-master URL]
+                    [--lag-seconds S] [--consistency default,snapshot] [--barrier-interval S] [--big-mb MB] [--snapshot-tables N] [--chunk-rows N] [--spark-master URL]
                     [--profile DIR] [--json FILE] [--work-dir DIR] [--keep]
 
 Starts its own etcd, upstream PostgreSQL 18, a second PostgreSQL (native subscriber and ``postgresql://``
@@ -24,6 +24,10 @@ run after the SQL sinks' workloads, or alone when no SQL sink is named.
 ``--upstream mariadb`` writes workloads (a), (b) and (o), single-row OLTP transactions, into a MariaDB upstream and
 measures Tidewater per sink next to ``mariadb-binlog`` reading the same binlog to /dev/null and a native MariaDB
 replica catching up on it (:mod:`bench.mariadb_run`); no lag runs, no write ceilings.
+
+``--consistency default,snapshot`` measures, for each SQL sink, a changefeed in ``[consistency] mode = "snapshot"``
+(``--barrier-interval``) beside the default one in the same run: workload (a)'s catch-up and the lag runs, with
+the lag a reader of the target sees (:mod:`bench.consistency`, docs/consistency.md).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.consistency import MODES as CONSISTENCY_MODES
+from bench.consistency import SNAPSHOT_SINKS
 from bench.consumers import Profiler
 from bench.env import SINK_KINDS, BenchEnv
 from bench.mariadb_run import WORKLOADS as MARIADB_WORKLOADS
@@ -88,6 +94,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--lag-rates", help="offered rates in rows/s for the lag runs, comma-separated "
                     "(default 5000,10000; 'none' to skip)")
     ap.add_argument("--lag-seconds", type=float, help="seconds of writing per lag run (default 20)")
+    ap.add_argument("--consistency", default="default", type=lambda v: _csv(v, CONSISTENCY_MODES, "--consistency"),
+                    help="changefeed consistency modes measured side by side, each SQL sink getting a changefeed per "
+                    "mode (default: default; snapshot: [consistency] mode = \"snapshot\", SQL sinks only)")
+    ap.add_argument("--barrier-interval", type=float, default=1.0, help="[consistency] interval of the snapshot-mode "
+                    "changefeeds, seconds (default 1)")
     ap.add_argument("--big-mb", type=float, help="size of workload d's transaction in MiB (default 1024)")
     ap.add_argument("--snapshot-tables", type=int, default=4, help="tables the snapshot workload's rows are "
                     "spread over (default 4)")
@@ -116,8 +127,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if bad:
             ap.error(f"--upstream mariadb runs the workloads {','.join(MARIADB_WORKLOADS)}, not {','.join(bad)}")
         args.lag_rates = "none"  # the lag runs are written into PostgreSQL
+        if args.consistency != ["default"]:
+            ap.error("--consistency is measured with the PostgreSQL upstream's workload (a) and lag runs")
     elif "o" in args.workload:
         ap.error("workload o (single-row OLTP transactions) is written into MariaDB: add --upstream mariadb")
+    if "snapshot" in args.consistency and not set(args.sink) & set(SNAPSHOT_SINKS):
+        ap.error(f"--consistency snapshot needs a SQL sink ({','.join(SNAPSHOT_SINKS)})")
     args.snapshot_rows = args.rows if args.rows is not None else (QUICK["rows"] if args.quick else 10_000_000)
     if args.lag_rates is None and set(args.workload) <= {"d", "snapshot", "verify"}:
         args.lag_rates = "none"  # the lag runs measure workload (a)'s rows: not asked for
@@ -215,6 +230,7 @@ def _pipeline(args: argparse.Namespace) -> int:
         native=not args.no_native, profile_dir=args.profile, snapshot_rows=args.snapshot_rows,
         snapshot_tables=args.snapshot_tables, chunk_rows=args.chunk_rows, spark_master=args.spark_master,
         compare_rows=args.compare_rows, verify_write_rate=args.verify_write_rate,
+        consistency=args.consistency, barrier_interval=args.barrier_interval,
     )
     say(f"work directory {work}; workloads {','.join(opts.workloads)}; sinks {','.join(opts.sinks)}")
     report: Report | None = None
@@ -225,10 +241,12 @@ def _pipeline(args: argparse.Namespace) -> int:
         with BenchEnv(work / "servers", opts.sinks, opts.server_config, native=pg_target) as env:
             say(f"servers up: {json.dumps(env.pids())}")
             report = Report(time.strftime("%Y-%m-%d %H:%M:%S %Z"), _jsonable(vars(args)), machine_info(env))
+            if "snapshot" in opts.consistency:
+                report.consistency, report.barrier_interval = opts.variants, opts.barrier_interval
             _timed(report, lambda: Runner(opts, env, say, profiler).run(report))
     finally:
         _clean_up(args, work)
-    return _emit(args, report, opts.sinks)
+    return _emit(args, report, opts.labels)
 
 
 def _mariadb_pipeline(args: argparse.Namespace) -> int:

@@ -27,6 +27,7 @@ from playground.cluster import ApiError, CdcServer, current_lsn
 from playground.servers import HOST, PostgresServer
 from sinks.sql.target.own_table import PG_SCHEMA
 from sinks.sql.target.position import DEFAULT_TABLE
+from sinks.sql.target.staging import SYNCPOINT_TABLE
 
 
 class Rated:
@@ -149,6 +150,8 @@ class TidewaterFeed:
         self.cdc, self.upstream, self.db = cdc, upstream, db
         self.cf_id, self.sink, self.sink_uri, self.config = cf_id, sink, sink_uri, config
         self.slots: list[str] = []
+        # snapshot mode: the barrier the target shows (SyncpointPosition); wait() then also waits for it
+        self.visible: Callable[[], int | None] | None = None
 
     def create(self, timeout: float = 300) -> None:
         """Create the changefeed and wait until its pipeline is up (checkpoint past the current LSN)."""
@@ -168,7 +171,8 @@ class TidewaterFeed:
 
     def wait(self, lsn: int, timeout: float, poll: float = 0.1,
              on_poll: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        """Wait until the changefeed checkpoint reaches ``lsn``; raise if it fails or times out."""
+        """Wait until the changefeed checkpoint reaches ``lsn`` and, given :attr:`visible` (snapshot mode), until the
+        target shows a barrier at or past it (what a reader sees); raise if it fails or times out."""
         deadline = time.monotonic() + timeout
         with WalNudger(self.upstream, self.db):
             while True:
@@ -176,7 +180,11 @@ class TidewaterFeed:
                 if on_poll is not None:
                     on_poll(info)
                 if info["checkpoint_ts"] >= lsn:
-                    return info
+                    if self.visible is None:
+                        return info
+                    shown = self.visible()
+                    if shown is not None and shown >= lsn:
+                        return info
                 if info["state"] == "failed":
                     raise RuntimeError(f"changefeed {self.cf_id} failed: {info.get('error')}")
                 if time.monotonic() > deadline:
@@ -223,6 +231,36 @@ class TidewaterFeed:
         pids = [p for p in _slot_pids(self.upstream, self.db, self.slots).values() if p is not None]
         cpus = [cpu_seconds(p) for p in pids]
         return sum(c for c in cpus if c is not None) if pids else None
+
+
+class SyncpointPosition:
+    """The barrier a SQL target shows for one snapshot-mode changefeed: the highest ``barrier_ts`` of its
+    ``tidewater_syncpoint`` rows, committed in the barrier's one transaction with the rows it makes visible (what a
+    reader of the real tables sees; docs/consistency.md). Reads on one autocommit connection; ``None`` until the
+    first barrier is applied."""
+
+    def __init__(self, conn: Any, kind: str, changefeed: str) -> None:
+        self.conn, self.changefeed = conn, changefeed
+        table = f"{PG_SCHEMA}.{SYNCPOINT_TABLE}" if kind == "postgresql" else SYNCPOINT_TABLE
+        mark = "?" if kind == "sqlite" else "%s"
+        self.sql = f"SELECT max(barrier_ts) FROM {table} WHERE changefeed = {mark}"
+        if kind == "mariadb":
+            conn.autocommit(True)
+
+    def __call__(self) -> int | None:
+        cur = self.conn.cursor()
+        try:
+            cur.execute(self.sql, (self.changefeed,))
+            (ts,) = cur.fetchone()
+        except Exception:  # noqa: BLE001 - the table appears with the first barrier
+            return None
+        finally:
+            cur.close()
+        return int(ts) if ts is not None else None
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.conn.close()
 
 
 class TargetPosition:

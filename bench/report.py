@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.bigtxn import BigTxnResult
+from bench.consistency import Variant, consistency_table
 from bench.consumers import Measurement
 from bench.lag import LagResult
 from bench.snapshot import CopyRun, SnapshotReport, format_snapshot
@@ -49,6 +50,9 @@ class Report:
     errors: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     upstream: str = "postgresql"  # postgresql | mariadb: which references the phases' recv and native are
+    # --consistency with snapshot: the variants measured side by side and the snapshot-mode barrier interval
+    consistency: list[Variant] = field(default_factory=list)
+    barrier_interval: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         def conv(o: Any) -> Any:
@@ -100,7 +104,7 @@ def main_table(phases: list[PhaseReport], sinks: list[str]) -> str:
             if tw is None:
                 continue
             rate = tw.rows_per_s
-            ceil = p.ceiling.get(sink)
+            ceil = p.ceiling.get(sink.split(" ")[0])  # (a variant label "postgresql snapshot": its sink's ceiling)
             write = ceil.rows_per_s if ceil else None
             rows.append([p.workload, sink, str(p.rows), num(rate), num(tw.per_mrows(tw.cpu_s), 1),
                          mb(tw.rss_peak) if tw.ok else "-", mb(tw.tree_rss_peak) if tw.ok else "-",
@@ -284,6 +288,13 @@ def format_report(rep: Report, sinks: list[str]) -> str:
                 main_table(timed, sinks), "", "### Details", "", detail_table(timed, sinks, rep.upstream), ""]
     if rep.lag:
         out += ["## Lag under a fixed offered rate (workload (a); apply: per transaction, polled every 5 ms; checkpoint: the API sampled every 100 ms)", "", lag_table(rep.lag), ""]
+    if rep.consistency:
+        catch_up = next((p.tidewater for p in rep.phases if p.workload == "a"), {})
+        out += ["## Consistency modes side by side (workload (a); issue 25, docs/consistency.md): catch-up until "
+                "readers see the last commit (snapshot: its barrier is applied), visible lag = until a transaction is "
+                "visible to readers (snapshot: the barrier's tidewater_syncpoint row; default: the exactly-once "
+                "position), checkpoint lag = the API's (snapshot: staged)", "",
+                consistency_table(catch_up, rep.lag, rep.consistency, rep.barrier_interval), ""]
     if rep.big:
         refs = next((p for p in rep.phases if p.workload == "d"), None)
         out += ["## One big transaction (d): Tidewater via scripts/bench_big_txn.py (live), references in "

@@ -20,15 +20,17 @@ import subprocess
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench import bigtxn
 from bench.ceiling import export_rows, measure_ceiling
+from bench.consistency import Variant, variants, with_consistency
 from bench.consumers import (
     Measurement,
     NativeSubscription,
     Profiler,
+    SyncpointPosition,
     TargetPosition,
     TidewaterFeed,
     create_recv_slot,
@@ -83,6 +85,18 @@ class Options:
     chunk_rows: int | None = None
     spark_master: str | None = None
     compare_rows: int = 200_000
+    consistency: list[str] = field(default_factory=lambda: ["default"])  # modes measured side by side (bench.consistency)
+    barrier_interval: float = 1.0  # [consistency] interval of the snapshot-mode changefeeds
+
+    @property
+    def variants(self) -> list[Variant]:
+        """One changefeed per sink and mode of the throughput and lag runs (bench.consistency)."""
+        return variants(self.sinks, self.consistency)
+
+    @property
+    def labels(self) -> list[str]:
+        """The variants' names in the result tables."""
+        return [v.label for v in self.variants]
 
 
 def code_version() -> str:
@@ -135,12 +149,26 @@ class Runner:
         assert self.env.upstream is not None
         return self.env.upstream
 
-    def _feed(self, key: str, db: str, sink: str) -> TidewaterFeed:
+    def _feed(self, key: str, db: str, sink: str, variant: Variant | None = None,
+              stack: contextlib.ExitStack | None = None) -> TidewaterFeed:
+        """A paused changefeed from ``db`` into ``sink`` (its own target of ``key``); a snapshot-mode ``variant`` gets
+        a target of its own and waits, whenever the feed is waited for, until the target shows the barrier."""
         assert self.env.cdc is not None
-        self.env.prepare_target(sink, key)
-        feed = TidewaterFeed(self.env.cdc, self.up, db, f"bench-{key}-{sink}".replace("_", "-"), sink, self.env.sink_uri(sink, key),
-                             self.opts.changefeed_config)
+        snapshot = variant is not None and variant.snapshot
+        tkey = variant.target_key(key) if variant is not None else key
+        self.env.prepare_target(sink, tkey)
+        config = self.opts.changefeed_config
+        if snapshot:
+            config = with_consistency(config, self.opts.barrier_interval)
+        cf_id = f"bench-{key}-{sink}{'-snapshot' if snapshot else ''}".replace("_", "-")
+        feed = TidewaterFeed(self.env.cdc, self.up, db, cf_id, sink, self.env.sink_uri(sink, tkey), config)
         feed.create(self.opts.timeout)
+        if snapshot:
+            visible = SyncpointPosition(self.env.target_connection(sink, tkey), sink, cf_id)
+            if stack is not None:
+                stack.callback(visible.close)
+            feed.visible = visible
+            feed.wait(feed.info()["checkpoint_ts"], self.opts.timeout)  # the first barrier is applied
         feed.pause()
         return feed
 
@@ -177,14 +205,14 @@ class Runner:
             publication = f"bench_pub_{key}"
             self.up.execute(f"CREATE PUBLICATION {publication} FOR ALL TABLES", db=db)
             sub = self._native(scn, key, db, publication, stack)
-            feeds: dict[str, TidewaterFeed] = {}
-            for sink in o.sinks:
-                stack.callback(self.env.drop_target, sink, key)
+            feeds: dict[str, TidewaterFeed] = {}  # by variant label
+            for v in o.variants if tidewater else [Variant(s, "default", s) for s in o.sinks]:
+                stack.callback(self.env.drop_target, v.sink, v.target_key(key))
                 if tidewater:
-                    feeds[sink] = self._feed(key, db, sink)
-                    stack.callback(feeds[sink].remove)
+                    feeds[v.label] = self._feed(key, db, v.sink, v, stack)
+                    stack.callback(feeds[v.label].remove)
                 else:
-                    self.env.prepare_target(sink, key)
+                    self.env.prepare_target(v.sink, key)
             recv_slot = f"bench_recv_{key}"
             stack.callback(drop_slot, self.up, db, recv_slot)
             say(f"[{key}] {scn.title}: schema, publication, subscription and {len(feeds)} changefeeds ready in "
@@ -211,11 +239,12 @@ class Runner:
                     rep.native = measure_native(sub, w.target_lsn, w.rows, o.timeout,
                                                 target_pid=self.env.target_server_pid("postgresql"))
                     self._said(key, "native", rep.native)
-                for sink, feed in feeds.items():
-                    rep.tidewater[sink] = measure_tidewater(feed, self.env.capture_pid, w.target_lsn, w.rows,
-                                                            o.timeout, self.profiler, f"{phase.name}-{sink}", say,
-                                                            target_pid=self.env.target_server_pid(sink))
-                    self._said(key, f"Tidewater -> {sink}", rep.tidewater[sink])
+                for label, feed in feeds.items():
+                    rep.tidewater[label] = measure_tidewater(feed, self.env.capture_pid, w.target_lsn, w.rows,
+                                                             o.timeout, self.profiler,
+                                                             f"{phase.name}-{label}".replace(" ", "-"), say,
+                                                             target_pid=self.env.target_server_pid(feed.sink))
+                    self._said(key, f"Tidewater -> {label}", rep.tidewater[label])
                 self._ceilings(rep, key, db, phase.ceiling)
                 reports.append(rep)
         return reports
@@ -263,10 +292,12 @@ class Runner:
         run, so that no removal work (slot drop, sorter cleanup) lands in another consumer's run."""
         o, say = self.opts, self.say
         results: list[LagResult] = []
-        consumers = (["native"] if o.native and self.env.subscriber is not None else []) + list(o.sinks)
+        consumers: list[Variant | str] = ["native"] if o.native and self.env.subscriber is not None else []
+        consumers += o.variants
         with contextlib.ExitStack() as stack:
             for consumer in consumers:
-                key = f"lag_{consumer}"
+                # each consumer its own upstream database: a snapshot variant's key is its target's
+                key = f"lag_{consumer}" if isinstance(consumer, str) else consumer.target_key(f"lag_{consumer.sink}")
                 scn = _SbtestOnly()
                 db = self._upstream_db(scn, key, stack)
                 next_id = 1
@@ -281,19 +312,24 @@ class Runner:
                         results.append(res)
                         say(f"[lag]   p50 {res.p50} p99 {res.p99} max {res.max} {res.error}")
                     continue
-                stack.callback(self.env.drop_target, consumer, key)
-                feed = self._feed(key, db, consumer)
+                assert isinstance(consumer, Variant)
+                sink, tkey = consumer.sink, consumer.target_key(key)
+                stack.callback(self.env.drop_target, sink, tkey)
+                feed = self._feed(key, db, sink, consumer, stack)
                 stack.callback(feed.remove)
                 next_id = self._warm_up(feed, db)
-                applied = None
-                if consumer in ("postgresql", "mariadb", "sqlite"):
-                    applied = TargetPosition(self.env.target_connection(consumer, key), consumer, feed.cf_id,
-                                             len(feed.slots))
-                    stack.callback(applied.close)
+                # apply lag: what a reader of the target sees (snapshot mode: the barrier, not the staged position)
+                applied: Callable[[], int | None] | None = feed.visible
+                if applied is None and sink in ("postgresql", "mariadb", "sqlite"):
+                    position = TargetPosition(self.env.target_connection(sink, tkey), sink, feed.cf_id,
+                                              len(feed.slots))
+                    stack.callback(position.close)
+                    applied = position
                 for rate in o.lag_rates:
-                    say(f"[lag] Tidewater -> {consumer} at {rate} rows/s for {o.lag_seconds:g}s")
+                    say(f"[lag] Tidewater -> {consumer.label} at {rate} rows/s for {o.lag_seconds:g}s")
                     res, next_id = lag_tidewater(feed, self.env.capture_pid, "sbtest", next_id, rate, o.lag_seconds,
                                                  o.timeout, applied)
+                    res.sink = consumer.label
                     results.append(res)
                     say(f"[lag]   checkpoint p50 {res.p50} p99 {res.p99} max {res.max}; apply p50 {res.apply_p50} "
                         f"p99 {res.apply_p99} {res.error}")

@@ -123,6 +123,42 @@ def test_quick_snapshot_benchmark_copies_verifies_and_prints_its_references(tmp_
     assert not [name for name, p in started.items() if _alive(p)], "servers left running"
 
 
+def test_quick_consistency_benchmark_prints_snapshot_mode_beside_the_default(tmp_path: Path) -> None:
+    """`--consistency default,snapshot` (issue 25 item 5): workload (a)'s catch-up and the lag run of a snapshot-mode
+    changefeed beside a default one into the same PostgreSQL target server, in one run: rows/s, capture and target
+    CPU per M rows, the lag readers see (snapshot: the barrier's tidewater_syncpoint row) and the barrier interval."""
+    out_json = tmp_path / "bench.json"
+    res = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--workload", "a", "--sink", "postgresql", "--no-native",
+         "--consistency", "default,snapshot", "--barrier-interval", "0.5", "--json", str(out_json)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert res.returncode == 0, f"exit {res.returncode}\nstdout:\n{res.stdout}\nstderr:\n{res.stderr[-4000:]}"
+
+    table = _table(res.stdout, "| mode | sink | barrier interval s |")
+    assert [(r["mode"], r["sink"]) for r in table] == [("default", "postgresql"), ("snapshot", "postgresql")], \
+        res.stdout
+    for row in table:
+        _positive(row, "catch-up rows/s", "capture CPU s/M rows", "target CPU s/M rows", "offered rows/s",
+                  "visible lag p99 s", "checkpoint lag p99 s")
+    assert [r["barrier interval s"] for r in table] == ["-", "0.5"], table
+    main = _table(res.stdout, "| workload | sink |")
+    assert [r["sink"] for r in main] == ["postgresql", "postgresql snapshot"], res.stdout
+
+    report = json.loads(out_json.read_text())
+    assert [(v["sink"], v["mode"]) for v in report["consistency"]] == [("postgresql", "default"),
+                                                                       ("postgresql", "snapshot")]
+    assert report["barrier_interval"] == 0.5
+    lag = {r["sink"]: r for r in report["lag"]}
+    assert set(lag) == {"postgresql", "postgresql snapshot"} and all(not r["error"] for r in lag.values()), lag
+
+    started = json.loads(re.search(r"servers up: (\{.*\})", res.stderr).group(1))  # type: ignore[union-attr]
+    deadline = time.monotonic() + 15
+    while any(_alive(p) for p in started.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [name for name, p in started.items() if _alive(p)], "servers left running"
+
+
 def test_the_kafka_and_file_sink_benchmarks_print_a_figure_per_protocol_and_their_ceilings() -> None:
     proc = subprocess.run([sys.executable, "-m", "bench", "--sink", "file,kafka", "--quick"], capture_output=True,
                           text=True, timeout=300, cwd=REPO)

@@ -1,9 +1,11 @@
 """Issue 25's proof by a poller: a bank-transfer workload over six account tables in three spans (every transfer
 moves money between tables of two different spans in one upstream transaction), a poller summing every balance in
-the target 25+ times a second for the whole run, two capture SIGKILLs (so the owner, which coordinates the barriers,
-dies once at least) with restarts. In ``[consistency] mode = "snapshot"`` every read must return the constant total
-(or 0, before the barrier of the opening transaction); the default mode runs the same test and reports how many reads
-were torn. Both end equal to the upstream row by row."""
+the target 25+ times a second for the whole run, two capture SIGKILLs while transfers run, first a capture that is
+not the owner, then the one holding the owner role (the barrier coordinator), each restarted, and, on PostgreSQL and
+MariaDB targets (a server of the test's own), a restart of the target server (stopped, down 2 s, started). In
+``[consistency] mode = "snapshot"`` every read must return the constant total (or 0, before the barrier of the
+opening transaction); the default mode runs the same test and reports how many reads were torn. Both end equal to the
+upstream row by row."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from cdc.events import TableName
 from cdc.spans import span_of
 from playground.cluster import CdcServer, current_lsn
 from playground.compare import compare_tables, sqlalchemy_url
-from playground.servers import EtcdServer, PostgresServer
+from playground.servers import EtcdServer, MariaDBServer, PostgresServer
 
 pytestmark = pytest.mark.e2e
 
@@ -60,7 +62,8 @@ def transfer(conn: Any, n: int) -> int:
 
 class Poller:
     """Sums every balance of the target in one statement, as often as it can up to 50 times a second, from a thread
-    of this process (SQLite: the same process reads the file the capture writes)."""
+    of this process (SQLite: the same process reads the file the capture writes). A failed read is counted in
+    ``errors``; on a server target the connection is then dropped and opened again 0.2 s later (a target restart)."""
 
     def __init__(self, sink_uri: str) -> None:
         self.sink_uri = sink_uri
@@ -73,12 +76,14 @@ class Poller:
             f"(SELECT COALESCE(SUM(balance), 0) FROM {'public.' if pg else ''}{t})" for t in TABLES)
         self.thread = threading.Thread(target=self._run, daemon=True)
 
-    def _read_loop(self, read: Any) -> None:
+    def _read_loop(self, read: Any, reconnect: bool = False) -> None:
         while not self.stop.is_set():
             t0 = time.monotonic()
             try:
                 self.totals.append(int(read()))
             except Exception as exc:  # noqa: BLE001 - counted: a target restarting, a busy SQLite file
+                if reconnect:
+                    raise
                 self.errors.append(f"{type(exc).__name__}: {exc}"[:200])
             time.sleep(max(0.0, 0.02 - (time.monotonic() - t0)))
 
@@ -94,8 +99,14 @@ class Poller:
             else:
                 engine = sa.create_engine(sqlalchemy_url(self.sink_uri), isolation_level="AUTOCOMMIT")
                 try:
-                    with engine.connect() as conn:
-                        self._read_loop(lambda: conn.exec_driver_sql(self.sql).scalar())
+                    while not self.stop.is_set():
+                        try:
+                            with engine.connect() as conn:
+                                self._read_loop(lambda: conn.exec_driver_sql(self.sql).scalar(), reconnect=True)
+                        except Exception as exc:  # noqa: BLE001 - counted; the target restarting
+                            self.errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                            engine.dispose()
+                            time.sleep(0.2)
                 finally:
                     engine.dispose()
         finally:
@@ -125,6 +136,29 @@ def target_of(kind: str, request: pytest.FixtureRequest, tmp_path: Path, pg_serv
     server = request.getfixturevalue("mariadb_server") if kind == "mariadb" else pg_server
     server.create_database(db)
     return str(server.uri(db))
+
+
+@pytest.fixture
+def restartable(tmp_path: Path) -> Iterator[dict[str, PostgresServer | MariaDBServer]]:
+    """Target servers of the test's own, by kind, started on first use (``own_target``), so that the test can stop and
+    start one mid-run without touching the session's servers (the PostgreSQL one is the source)."""
+    servers: dict[str, PostgresServer | MariaDBServer] = {}
+    yield servers
+    for server in servers.values():
+        server.stop()
+
+
+def own_target(kind: str, tmp_path: Path, servers: dict[str, PostgresServer | MariaDBServer]
+               ) -> tuple[str, PostgresServer | MariaDBServer]:
+    """A new target database on a server of the test's own (``restartable``) and that server."""
+    server = servers.get(kind)
+    if server is None:
+        server = (PostgresServer(tmp_path / "target-pg") if kind == "postgresql"
+                  else MariaDBServer(tmp_path / "target-maria"))
+        servers[kind] = server.start()
+    db = f"target_{uuid.uuid4().hex[:10]}"
+    server.create_database(db)
+    return str(server.uri(db)), server
 
 
 def precreate(sink_uri: str, *extra: str) -> None:
@@ -182,6 +216,19 @@ class Cluster:
         time.sleep(1.0)
         self.servers[i].start()
 
+    def owner(self) -> int:
+        """The index of the capture holding the owner role (waits up to 30 s for one)."""
+        deadline = time.monotonic() + 30
+        while True:
+            for i, s in enumerate(self.servers):
+                try:
+                    if s.proc is not None and s.proc.poll() is None and s.get("/api/v2/status")["is_owner"]:
+                        return i
+                except Exception:  # noqa: BLE001 - a capture starting
+                    pass
+            assert time.monotonic() < deadline, "no owner in 30 s"
+            time.sleep(0.2)
+
     def close(self) -> None:
         for s in self.servers:
             s.kill()
@@ -195,7 +242,8 @@ def cluster(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
 
 
 def run_bank(cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str,
-             mode: str) -> Poller:
+             mode: str, target: PostgresServer | MariaDBServer | None = None) -> Poller:
+    """The bank run (module docstring); ``target``: the target's server, restarted mid-run."""
     precreate(sink_uri)
     config = f'span-count = 3\n[consistency]\nmode = "{mode}"\ninterval = 0.5\n'
     cluster.any().create_changefeed("bank", pg_server.uri(pg_database), sink_uri, config, snapshot="none")
@@ -210,11 +258,18 @@ def run_bank(cluster: Cluster, pg_server: PostgresServer, pg_database: str, sour
         for w in writers:
             w.start()
         try:
-            time.sleep(6)
-            cluster.kill(0)
-            time.sleep(6)
-            cluster.kill(1)
-            time.sleep(6)
+            time.sleep(5)
+            cluster.kill(1 - cluster.owner())  # a capture that is not the owner (spans only)
+            time.sleep(5)
+            cluster.kill(cluster.owner())  # the owner: the barrier coordinator, its apply maybe in flight
+            time.sleep(5)
+            if target is not None:
+                failed = len(poller.errors)
+                target.stop()  # (fast shutdown: every session of the spans, the coordinator and the poller ends)
+                time.sleep(2)
+                target.start()
+                time.sleep(4)
+                assert len(poller.errors) > failed, "the poller never saw the target down"
         finally:
             for w in writers:
                 w.finish()
@@ -230,8 +285,7 @@ def run_bank(cluster: Cluster, pg_server: PostgresServer, pg_database: str, sour
         time.sleep(0.5)  # a few reads of the final state
     for diff in compare_tables(source, [f"public.{t}" for t in TABLES], sink_uri):
         assert diff.equal and diff.source_rows == diff.target_rows == ACCOUNTS, diff
-    info = cdc.changefeed("bank")
-    assert info["state"] == "normal", info
+    info = wait_for(cdc, "bank", lambda q: q["state"] == "normal", "state normal")  # (a restart's warning cleared)
     assert info["consistency"]["mode"] == ("snapshot" if mode == "snapshot" else "per-key")
     if mode == "snapshot":  # changefeed query shows the barrier readers see (carried by the owner's status writes)
         wait_for(cdc, "bank", lambda q: (q["consistency"]["barrier_ts"] or 0) >= end, "query shows the barrier")
@@ -240,11 +294,19 @@ def run_bank(cluster: Cluster, pg_server: PostgresServer, pg_database: str, sour
 
 @pytest.mark.parametrize("kind", ["postgresql", "mariadb", "sqlite"])
 def test_snapshot_mode_has_no_torn_reads(cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any,
-                                         tmp_path: Path, request: pytest.FixtureRequest, kind: str) -> None:
-    sink_uri = target_of(kind, request, tmp_path, pg_server)
-    poller = run_bank(cluster, pg_server, pg_database, source, sink_uri, "snapshot")
+                                         tmp_path: Path, request: pytest.FixtureRequest, kind: str,
+                                         restartable: dict[str, PostgresServer | MariaDBServer]) -> None:
+    """Snapshot mode through a non-owner kill, an owner kill and (server targets) a target restart: every read sees
+    the constant total, the target ends equal row by row."""
+    target = None
+    if kind == "sqlite":
+        sink_uri = target_of(kind, request, tmp_path, pg_server)
+    else:
+        sink_uri, target = own_target(kind, tmp_path, restartable)
+    poller = run_bank(cluster, pg_server, pg_database, source, sink_uri, "snapshot", target)
     print(f"\n{kind} snapshot mode: {len(poller.totals)} reads ({poller.rate:.1f}/s), {len(poller.torn)} torn, "
-          f"{len(poller.errors)} failed, {len(barriers(sink_uri, 'bank'))} syncpoint row(s)")
+          f"{len(poller.errors)} failed, {len(barriers(sink_uri, 'bank'))} syncpoint row(s)"
+          + (", target restarted" if target is not None else ""))
     assert poller.rate >= READS_PER_SECOND, poller.errors[:5]
     assert TOTAL in poller.totals
     assert poller.torn == [], f"{len(poller.torn)} of {len(poller.totals)} reads saw a total that never existed"
@@ -281,16 +343,6 @@ APPLYING = {  # the coordinator's session is inside the trigger's sleep
 }
 
 
-def owner_index(cluster: Cluster) -> int:
-    for i, s in enumerate(cluster.servers):
-        try:
-            if s.proc is not None and s.proc.poll() is None and s.get("/api/v2/status")["is_owner"]:
-                return i
-        except Exception:  # noqa: BLE001 - a capture starting
-            pass
-    raise AssertionError("no owner")
-
-
 @pytest.mark.parametrize("kind", ["postgresql", "mariadb"])
 def test_owner_killed_mid_apply_leaves_the_previous_barrier(
         cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path,
@@ -324,7 +376,7 @@ def test_owner_killed_mid_apply_leaves_the_previous_barrier(
                 assert time.monotonic() < deadline, "the barrier with the slow row was never applied"
                 time.sleep(0.1)
             before = barriers(sink_uri, "bank")
-            owner = owner_index(cluster)
+            owner = cluster.owner()
             cluster.servers[owner].kill()
             killed = time.monotonic()
             # the barrier's transaction died with its session: the previous barrier, none of the new one
