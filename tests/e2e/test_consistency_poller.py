@@ -39,10 +39,12 @@ WRITERS = 4
 READS_PER_SECOND = 20  # at least, over the whole run
 
 
+BANK_SCHEMA = "".join(f"CREATE TABLE {t} (id int PRIMARY KEY, balance bigint NOT NULL);\n" for t in TABLES)
+
+
 @pytest.fixture
 def source_schema() -> str:
-    return "".join(f"CREATE TABLE {t} (id int PRIMARY KEY, balance bigint NOT NULL);\n" for t in TABLES) + \
-        "CREATE TABLE trip (id int PRIMARY KEY);\n"  # a row the target takes seconds to insert (the kill test)
+    return BANK_SCHEMA + "CREATE TABLE trip (id int PRIMARY KEY);\n"  # a row the target takes seconds to insert
 
 
 def transfer(conn: Any, n: int) -> int:
