@@ -233,63 +233,68 @@ class TidewaterFeed:
         return sum(c for c in cpus if c is not None) if pids else None
 
 
-class SyncpointPosition:
-    """The barrier a SQL target shows for one snapshot-mode changefeed: the highest ``barrier_ts`` of its
-    ``tidewater_syncpoint`` rows, committed in the barrier's one transaction with the rows it makes visible (what a
-    reader of the real tables sees; docs/consistency.md). Reads on one autocommit connection; ``None`` until the
-    first barrier is applied."""
+class TargetQuery:
+    """One aggregate row read again and again from a Tidewater table in a SQL target (``table`` in the sink's
+    ``tidewater`` schema on PostgreSQL, in its database elsewhere), filtered by changefeed, on one autocommit
+    connection (each read sees the latest commit). ``row()`` is ``None`` while the table does not exist yet."""
 
-    def __init__(self, conn: Any, kind: str, changefeed: str) -> None:
+    def __init__(self, conn: Any, kind: str, changefeed: str, select: str, table: str) -> None:
         self.conn, self.changefeed = conn, changefeed
-        table = f"{PG_SCHEMA}.{SYNCPOINT_TABLE}" if kind == "postgresql" else SYNCPOINT_TABLE
+        qualified = f"{PG_SCHEMA}.{table}" if kind == "postgresql" else table
         mark = "?" if kind == "sqlite" else "%s"
-        self.sql = f"SELECT max(barrier_ts) FROM {table} WHERE changefeed = {mark}"
+        self.sql = f"SELECT {select} FROM {qualified} WHERE changefeed = {mark}"
         if kind == "mariadb":
             conn.autocommit(True)
 
-    def __call__(self) -> int | None:
+    def row(self) -> tuple[Any, ...] | None:
         cur = self.conn.cursor()
         try:
             cur.execute(self.sql, (self.changefeed,))
-            (ts,) = cur.fetchone()
-        except Exception:  # noqa: BLE001 - the table appears with the first barrier
+            return tuple(cur.fetchone())
+        except Exception:  # noqa: BLE001 - the table appears with the sink's first write / first barrier
             return None
         finally:
             cur.close()
-        return int(ts) if ts is not None else None
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self.conn.close()
+
+
+class SyncpointPosition:
+    """The barrier a SQL target shows for one snapshot-mode changefeed: the highest ``barrier_ts`` of its
+    ``tidewater_syncpoint`` rows, committed in the barrier's one transaction with the rows it makes visible (what a
+    reader of the real tables sees; docs/consistency.md). ``None`` until the first barrier is applied."""
+
+    def __init__(self, conn: Any, kind: str, changefeed: str) -> None:
+        self.query = TargetQuery(conn, kind, changefeed, "max(barrier_ts)", SYNCPOINT_TABLE)
+
+    def __call__(self) -> int | None:
+        row = self.query.row()
+        return int(row[0]) if row is not None and row[0] is not None else None
+
+    def close(self) -> None:
+        self.query.close()
 
 
 class TargetPosition:
     """The commit Ts a SQL target holds for one changefeed: the lowest ``commit_ts`` of its spans in the
-    exactly-once position table (``sinks.sql.target.position``), committed with the rows it covers. Reads on
-    one autocommit connection (each read sees the latest commit); ``None`` until every span has a row."""
+    exactly-once position table (``sinks.sql.target.position``), committed with the rows it covers. ``None`` until
+    every span has a row."""
 
     def __init__(self, conn: Any, kind: str, changefeed: str, spans: int) -> None:
-        self.conn, self.changefeed, self.spans = conn, changefeed, spans
-        table = f"{PG_SCHEMA}.{DEFAULT_TABLE}" if kind == "postgresql" else DEFAULT_TABLE
-        mark = "?" if kind == "sqlite" else "%s"
-        self.sql = f"SELECT min(commit_ts), count(*) FROM {table} WHERE changefeed = {mark}"
-        if kind == "mariadb":
-            conn.autocommit(True)
+        self.spans = spans
+        self.query = TargetQuery(conn, kind, changefeed, "min(commit_ts), count(*)", DEFAULT_TABLE)
 
     def __call__(self) -> int | None:
-        cur = self.conn.cursor()
-        try:
-            cur.execute(self.sql, (self.changefeed,))
-            low, n = cur.fetchone()
-        except Exception:  # noqa: BLE001 - the table appears with the sink's first write
+        row = self.query.row()
+        if row is None:
             return None
-        finally:
-            cur.close()
+        low, n = row
         return int(low) if n >= self.spans and low is not None else None
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.conn.close()
+        self.query.close()
 
 
 class Profiler:
