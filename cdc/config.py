@@ -147,9 +147,10 @@ class ConsistencyConfig:
             raise InvalidConfig(f"consistency.syncpoint must be true or false, got {self.syncpoint!r}")
         if not self.snapshot:
             if self.syncpoint:
-                raise InvalidConfig("consistency.syncpoint = true needs consistency.mode = \"snapshot\" in this "
-                                    "version (syncpoints of the default mode are not built yet): set mode = "
-                                    "\"snapshot\" or leave syncpoint out")
+                raise InvalidConfig("consistency.syncpoint = true needs consistency.mode = \"snapshot\": a SQL "
+                                    "target has no read as of a past time, so a default-mode syncpoint row could "
+                                    "not be read back as a state (docs/consistency.md); set mode = \"snapshot\" "
+                                    "(every barrier recorded, readers see whole barriers) or leave syncpoint out")
             return
         if sink.delivery != "exactly-once":
             raise InvalidConfig("consistency.mode = \"snapshot\" needs sink.delivery = \"exactly-once\" (the staged "

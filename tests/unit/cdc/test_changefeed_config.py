@@ -115,7 +115,7 @@ def test_consistency_section() -> None:
     ('[consistency]\nmode = "strict"', "consistency.mode"),
     ('[consistency]\nmode = "snapshot"\ninterval = 0', "consistency.interval"),
     ('[consistency]\nmode = "snapshot"\ninterval = "1s"', "consistency.interval"),
-    ("[consistency]\nsyncpoint = true", "consistency.syncpoint"),  # default mode: not built yet, refused loudly
+    ("[consistency]\nsyncpoint = true", "consistency.syncpoint"),  # default mode: refused, pointing to snapshot mode
     ('[consistency]\nmode = "snapshot"\nsyncpoint = 1', "consistency.syncpoint"),
     ('[consistency]\nmode = "snapshot"\n[sink]\ndelivery = "at-least-once"', "exactly-once"),
     ('[consistency]\nmode = "snapshot"\n[sink]\nworker-count = 4', "worker-count"),
