@@ -605,3 +605,55 @@ def test_a_span_restarted_before_a_modify_decodes_older_rows_with_the_recorded_t
     [ev] = src.decoder().schema_changes(decode_payload(rec.commits[1][2][0])[1], rec.commits[1][0], 0.0)
     assert [c.kind.value for c in ev.changes] == ["rename column", "alter column type", "alter column type"]
     assert rows_of(src, rec.commits[2][2]) == [("I", {"id": 2, "n": 9000000000, "w": "long enough text"}, None)]
+
+
+def test_a_session_with_a_partial_row_image_is_never_stored_as_full_rows(mariadb_server: MariaDBServer,
+                                                                        db: str) -> None:
+    """``SET SESSION binlog_row_image = MINIMAL`` / ``NOBLOB``: the binlog rows lack columns. The span stores what was
+    not carried as UNCHANGED (never NULL), an UPDATE's unwritten after-image column from its before image, a
+    partial old row as key only ('K'), and says so in a notice naming the table and keys."""
+    from cdc.events import UNCHANGED
+    from upstream.mysql.row_image import WARN_PARTIAL_ROW_IMAGE
+
+    mariadb_server.execute(f"CREATE TABLE {db}.pi (id INT PRIMARY KEY, a INT, b TEXT, c INT DEFAULT 7)")
+    ts0 = start_ts(mariadb_server, db)
+    conn = mariadb_server.connect(db)
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO pi VALUES (1, 1, 'one', 1)")  # FULL
+        cur.execute("SET SESSION binlog_row_image = MINIMAL")
+        cur.execute("INSERT INTO pi (id, a) VALUES (2, 2)")
+        cur.execute("UPDATE pi SET a = 5 WHERE id = 1")
+        cur.execute("DELETE FROM pi WHERE id = 2")
+        cur.execute("SET SESSION binlog_row_image = NOBLOB")
+        cur.execute("UPDATE pi SET c = 8 WHERE id = 1")
+        cur.execute("SET SESSION binlog_row_image = MINIMAL")
+        cur.execute("UPDATE pi SET id = 3 WHERE id = 1")  # a key change: a DELETE and a partial INSERT
+    src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    try:
+        wait_for(lambda: len(rec.commits) >= 6 or bool(errors))
+    finally:
+        stop_source(src, th, stop)
+    assert not errors, errors
+    dec = src.decoder()
+    got = []
+    for _, _, payloads in rec.commits:
+        for p in payloads:
+            ver, raw = decode_payload(p)
+            pc = dec.parse_change(raw)
+            got.append((pc.kind, pc.new, pc.old, pc.old_kind))
+    U = UNCHANGED
+    assert got == [
+        ("I", ["1", "1", "one", "1"], None, None),
+        ("I", ["2", "2", U, U], None, None),  # MINIMAL insert: b and c were not carried (NULL and the default 7)
+        ("U", ["1", "5", U, U], ["1", U, U, U], "K"),  # the key from the before image; b, c unknown
+        ("D", None, ["2", U, U, U], "K"),
+        ("U", ["1", "5", U, "8"], ["1", "5", U, "1"], "K"),  # NOBLOB: the TEXT column not carried
+        ("D", None, ["1", U, U, U], "K"),
+        ("I", ["3", U, U, U], None, None),
+    ], got
+    warnings = src.take_warnings()
+    assert {w.code for w in warnings} == {WARN_PARTIAL_ROW_IMAGE}, warnings
+    assert all(w.table == f"{db}.pi" and w.severity == "notice" for w in warnings), warnings
+    [w] = warnings  # one per table, merged until taken
+    assert w.count == 5 and w.keys == ("2", "1"), w
+    assert "binlog_row_image" in w.message and "columns not carried: a, b, c" in w.message, w.message

@@ -61,6 +61,7 @@ from cdc.errors import (
     UpstreamUnavailable,
 )
 from cdc.events import (
+    UNCHANGED,
     ColumnFill,
     ColumnSchema,
     DdlChange,
@@ -82,7 +83,7 @@ from upstream.base import (
     SpanSource,
     encode_payload,
 )
-from upstream.mysql import admin, catalog, ddl, eligibility, payload, positions, types
+from upstream.mysql import admin, catalog, ddl, eligibility, payload, positions, row_image, types
 from upstream.mysql.conn import stream_settings
 from upstream.mysql.resume import GtidState, ResumePoint
 from upstream.postgres import types as text_types
@@ -488,16 +489,29 @@ class MySqlSpanSource(SpanSource):
                 f"{reason}. Its rows are skipped; recreate the changefeed once the table is fixed, or exclude it with "
                 f"the filter", WarningSeverity.DIVERGENCE, 1, (), first_time=now, last_time=now))
 
+    def _add_warning(self, w: DataWarning) -> None:
+        """Queue ``w`` for :meth:`take_warnings`, merged into a queued one of its (code, table) (under the lock)."""
+        for i, q in enumerate(self._warnings):
+            if q.ident == w.ident:
+                self._warnings[i] = q.merge(w)
+                return
+        self._warnings.append(w)
+
     def take_warnings(self) -> list[DataWarning]:
         with self._versions_lock:
             out, self._warnings = self._warnings, []
         return out
 
-    def _render(self, t: _Table, row: dict[str, Any], none_sources: dict[str, str], where: str) -> list[str | None]:
-        out: list[str | None] = []
+    def _render(self, t: _Table, row: dict[str, Any], none_sources: dict[str, str], where: str,
+                absent: Collection[int] = ()) -> list[Any]:
+        """The row's values as text (None: NULL); ``UNCHANGED`` for the columns ``absent`` from a partial image."""
+        out: list[Any] = []
         for name, render in zip(t.names, t.renderers, strict=True):
             v = row[name]
             if v is None:
+                if absent and t.names.index(name) in absent:
+                    out.append(UNCHANGED)
+                    continue
                 why = none_sources.get(name, "null")
                 if why == "empty set" and t.data_types[t.names.index(name)] == "set":
                     out.append("")  # the binlog client's None for a SET with no member: the empty set
@@ -587,6 +601,14 @@ class MySqlSpanSource(SpanSource):
                 prefix = prefixes.get(tbl.version)
                 if prefix is None:
                     prefix = prefixes[tbl.version] = encode_payload(tbl.version, b"")
+                partial = row_image.partial_image(len(tbl.names), ev.columns_present_bitmap,
+                                                  getattr(ev, "columns_present_bitmap2", None),
+                                                  has_before=t is not WriteRowsEvent)
+                if partial is not None:  # binlog_row_image not FULL in the writing session
+                    self._add_partial(tbl, b"I" if t is WriteRowsEvent else b"D" if t is DeleteRowsEvent else b"U",
+                                      ev.rows, partial, where, buffer, xid, prefix)
+                    has_rows = True
+                    continue
                 render, relid = self._render, tbl.relid
                 if t is WriteRowsEvent:
                     for r in ev.rows:
@@ -643,6 +665,62 @@ class MySqlSpanSource(SpanSource):
                 if ts > resolved.ts or now > resolved.time:
                     resolved = Watermark(max(ts, resolved.ts), max(now, resolved.time))
                     on_resolved(resolved)
+
+    def _add_partial(self, tbl: _Table, kind: bytes, rows: list[dict[str, Any]], partial: row_image.PartialImage,
+                     where: str, buffer: ChangeBuffer, xid: int, prefix: bytes) -> None:
+        """The rows of a row event whose image is partial (:mod:`upstream.mysql.row_image`), never stored as full: an
+        absent column is ``UNCHANGED`` (an UPDATE's absent after value taken from its before image where that has it),
+        an old row with an absent value holds the key only, a key-changing UPDATE with an absent value is a DELETE and
+        a partial INSERT; a data warning (notice) names the table and keys. A
+        before image (or an INSERT's row) without every key column cannot name its row: DecodeError naming the
+        table, the key and why."""
+        render = self._render
+        key_idx = [tbl.names.index(k) for k in self._schemas[tbl.version].key]
+        keys: list[str] = []
+        for r in rows:
+            new: list[Any] | None = None
+            old: list[Any] | None = None
+            if kind == b"I":
+                new = render(tbl, r["values"], r["none_sources"], where, partial.after)
+            elif kind == b"D":
+                old = render(tbl, r["values"], r["none_sources"], where, partial.before)
+            else:
+                old = render(tbl, r["before_values"], r.get("before_none_sources", {}), where, partial.before)
+                new = row_image.complete_after(old, render(tbl, r["after_values"], r.get("after_none_sources", {}),
+                                                           where, partial.after))
+            ident = old if old is not None else new
+            assert ident is not None
+            lacking = row_image.missing_key(ident, key_idx)
+            if lacking:
+                raise DecodeError(
+                    f"span={self.label} table {tbl.name} at binlog {where}: a row event with a partial row image (the "
+                    f"writing session's binlog_row_image is not FULL) lacks key column(s) "
+                    f"{', '.join(tbl.names[i] for i in lacking)} of the key ({', '.join(tbl.names[i] for i in key_idx)}) "
+                    f"the changefeed replicates by, so its row cannot be named; set binlog_row_image=FULL in every "
+                    f"writing session, then resync the table")
+            if len(keys) < DataWarning.MAX_KEYS:
+                kv = [ident[i] for i in key_idx]
+                keys.append(str(kv[0]) if len(kv) == 1 else str(tuple(kv)))
+            if (kind == b"U" and new is not None and old is not None and UNCHANGED in new
+                    and any(new[i] != old[i] for i in key_idx)):
+                # a key change without every value: a DELETE of the old key and a partial INSERT of the new one, so
+                # that no sink takes the values not carried from the row at the old key downstream (over a later
+                # snapshot's copy that may be another row, docs/snapshot.md condition 2); the new row's are re-read
+                buffer.add(xid, xid, prefix + payload.encode_partial(b"D", tbl.relid, None, old))
+                buffer.add(xid, xid, prefix + payload.encode_partial(b"I", tbl.relid, new, None))
+                continue
+            buffer.add(xid, xid, prefix + payload.encode_partial(kind, tbl.relid, new, old))
+        absent = sorted({tbl.names[i] for i in partial.before + partial.after})
+        now = time.time()
+        with self._versions_lock:
+            self._add_warning(DataWarning(
+                row_image.WARN_PARTIAL_ROW_IMAGE, str(tbl.name),
+                f"row changes of table {tbl.name} came with a partial row image (the writing session's "
+                f"binlog_row_image is not FULL; last at binlog {where}, columns not carried: {', '.join(absent)}): "
+                f"SQL targets keep the columns the event did not carry and re-read a row missing downstream from the "
+                f"upstream by key; Kafka and storage messages carry the unavailable-value placeholder for them. Set "
+                f"binlog_row_image=FULL in the writing sessions", WarningSeverity.NOTICE, len(rows), tuple(keys),
+                first_time=now, last_time=now))
 
     def _on_ddl(self, query: str, schema: Any, log_file: str, pos: int, buffer: ChangeBuffer, xid: int) -> bool:
         """A statement that is not transaction control. One naming a table the span carries is either a schema

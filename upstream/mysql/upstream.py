@@ -47,7 +47,10 @@ class MySqlUpstream(Upstream):
     """``open_upstream("mysql://...")``. ``timeout``: seconds to connect; ``statement_timeout`` is accepted for the
     interface (inspections) and bounds nothing yet."""
 
-    sends_whole_rows = True  # (binlog_row_image = FULL: admin.check_upstream refuses any other)
+    # binlog_row_image = FULL is checked at create; a session's partial image (upstream.mysql.row_image) never reaches
+    # a sink as a key change: it is a DELETE and an INSERT whose values not carried are re-read, never taken from
+    # the row at the old key
+    sends_whole_rows = True
 
     def __init__(self, uri: str, *, timeout: float = 5.0, statement_timeout: float | None = None,
                  connect: Callable[..., Any] = my_conn.connect) -> None:
