@@ -236,20 +236,24 @@ def test_add_and_drop_column_and_drop_table_are_schema_changes_at_their_position
     ts0 = start_ts(mariadb_server, db)
     src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
     mariadb_server.execute(f"INSERT INTO {db}.t VALUES (1, 'a')")
-    mariadb_server.execute(f"CREATE TABLE {db}.newer (id INT PRIMARY KEY)")  # a new table: no schema change
+    mariadb_server.execute(f"CREATE TABLE {db}.newer (id INT PRIMARY KEY)")  # a new table: a create table event
     mariadb_server.execute(f"ALTER TABLE {db}.t ADD COLUMN c VARCHAR(5) NOT NULL DEFAULT 'x', ADD d DECIMAL(6,2) "
                            f"DEFAULT 1.5 AFTER id")
     mariadb_server.execute(f"INSERT INTO {db}.t (id, v, c, d) VALUES (2, 'b', 'y', NULL)")
     mariadb_server.execute(f"ALTER TABLE {db}.t DROP COLUMN v")
     mariadb_server.execute(f"UPDATE {db}.t SET c = 'z' WHERE id = 1")
     mariadb_server.execute(f"DROP TABLE {db}.t")
-    wait_for(lambda: len(rec.commits) == 6 or bool(errors))
+    wait_for(lambda: len(rec.commits) == 7 or bool(errors))
     stop_source(src, th, stop)
     assert not errors, errors
     dec = src.decoder()
+    created = rec.commits.pop(1)
+    [create] = dec.schema_changes(decode_payload(created[2][0])[1], created[0], 0.0)
+    assert create.kinds == ("create table",) and create.before is None and create.table.table == "newer"
+    assert create.after is not None and create.after.column_names == ("id",) and create.after.key == ("id",)
     ddl_ts = [c[0] for c in rec.commits if decode_payload(c[2][0])[0] == SCHEMA_CHANGE]
     assert ddl_ts == [rec.commits[i][0] for i in (1, 3, 5)]
-    assert set(ddl_ts) <= src.schema_change_commits()
+    assert set(ddl_ts) | {created[0]} <= src.schema_change_commits()
     add, drop_col, drop_table = (dec.schema_changes(decode_payload(rec.commits[i][2][0])[1], rec.commits[i][0], 0.0)
                                  for i in (1, 3, 5))
     [add] = add
@@ -267,7 +271,7 @@ def test_add_and_drop_column_and_drop_table_are_schema_changes_at_their_position
     [drop_table] = drop_table
     assert drop_table.kinds == ("drop table",) and drop_table.after is None
     versions = src.take_schema_versions()
-    assert [(ts, s.column_names) for ts, s in versions] == [(ddl_ts[0], ("id", "d", "v", "c")),
+    assert [(ts, s.column_names) for ts, s in versions] == [(created[0], ("id",)), (ddl_ts[0], ("id", "d", "v", "c")),
                                                             (ddl_ts[1], ("id", "d", "c"))]
 
 
@@ -447,11 +451,14 @@ def test_a_table_created_later_that_cannot_be_replicated_is_a_data_warning(
         cur.execute("INSERT INTO t VALUES (1)")
         cur.execute("COMMIT")
     conn.close()
-    wait_for(lambda: len(rec.commits) == 1 or bool(errors))
+    wait_for(lambda: len(rec.commits) == 2 or bool(errors))
     stop_source(src, th, stop)
     assert not errors, errors
-    assert rows_of(src, rec.commits[0][2]) == [("I", {"id": 1}, None), ("I", {"id": 1}, None)]
-    warnings = {w.table: w for w in src.take_warnings()}
+    [(_, _, [created])] = rec.commits[:1]  # only the table that can be replicated is created downstream
+    [create] = src.decoder().schema_changes(decode_payload(created)[1], rec.commits[0][0], 0.0)
+    assert create.kinds == ("create table",) and create.table.table == "fine"
+    assert rows_of(src, rec.commits[1][2]) == [("I", {"id": 1}, None), ("I", {"id": 1}, None)]
+    warnings = {w.table: w for w in src.take_warnings()}  # (at the create, merged with the rows' own)
     assert set(warnings) == {f"{db}.nokey", f"{db}.colors"}, warnings
     assert "has no primary key" in warnings[f"{db}.nokey"].message
     assert "enum('r','é')" in warnings[f"{db}.colors"].message and "ASCII" in warnings[f"{db}.colors"].message

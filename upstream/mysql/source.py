@@ -10,10 +10,10 @@ position after the last transaction already downstream) and turns its events int
   Ts = (file sequence << 32) | the XID event's end position, with the event's timestamp as commit time;
 - a transaction without rows of the span commits nothing but still advances the resolved watermark, and so do the
   server's heartbeats (``master_heartbeat_period``) on an idle server;
-- a schema change naming a table the span carries (any statement other than transaction control and CREATE
-  TABLE) is stored at its position as a SCHEMA_CHANGE when :mod:`upstream.mysql.ddl` understands it (ADD/DROP
-  COLUMN, DROP TABLE), the rows after it decoded with the new schema version; any other is refused with a
-  DecodeError naming it;
+- a schema change naming a table the span carries (any statement other than transaction control) is stored at its
+  position as a SCHEMA_CHANGE when :mod:`upstream.mysql.ddl` understands it (ADD/DROP COLUMN, DROP TABLE, ...), the
+  rows after it decoded with the new schema version; any other is refused with a DecodeError naming it; a CREATE
+  TABLE of a table the filter selects is a ``create table`` schema change (its columns from the catalog);
 - a value its column's type cannot hold exactly (zero dates, TIME outside a day...) is refused with a DecodeError
   naming the table, column and binlog position; a table whose binlog columns differ from the schema the span
   decodes it with (the seeded schema history's at the start, else the catalog's) likewise.
@@ -162,8 +162,8 @@ class MySqlChangeDecoder(ChangeDecoder):
                 raise DdlRejected(doc["query"], ".".join(doc["table"]), f"{doc['refused']}; the span decodes the "
                                   f"rows after it with the table as the upstream's catalog showed it then. Apply the "
                                   f"change downstream by hand, then skip it", commit_ts=commit_ts)
-            before = self._schemas(doc["before"])
-            after = self._schemas(doc["after"]) if doc["after"] else None
+            before = self._schemas(doc["before"]) if doc["before"] else None  # (0: CREATE TABLE)
+            after = self._schemas(doc["after"]) if doc["after"] else None  # (0: DROP TABLE)
             fills = []
             for col, text in doc["fills"]:
                 assert after is not None
@@ -279,6 +279,8 @@ class MySqlSpanSource(SpanSource):
             self._base_state = dict(GtidState.parse(gtid or "").domains)
         self._server_id = sid
         self._carried = {t for t in catalog.list_tables(self._ctl, self.where, self.database) if self.filter.match(t)}
+        if self._seeds:  # the history knows every table at the start: one it lacks was created after it, and its
+            self._carried &= set(self._seeds)  # CREATE TABLE, replayed, is its create event (else its first row)
         for t in sorted(self._carried, key=str):
             if t in self._tables:
                 continue
@@ -483,7 +485,7 @@ class MySqlSpanSource(SpanSource):
     def _warn_ineligible(self, name: TableName, reason: str) -> None:
         now = time.time()
         with self._versions_lock:
-            self._warnings.append(DataWarning(
+            self._add_warning(DataWarning(
                 WARN_TABLE_INELIGIBLE, str(name),
                 f"table {name} was created after the changefeed and matches its filter but is not replicated: "
                 f"{reason}. Its rows are skipped; recreate the changefeed once the table is fixed, or exclude it with "
@@ -726,9 +728,16 @@ class MySqlSpanSource(SpanSource):
         """A statement that is not transaction control. One naming a table the span carries is either a schema
         change :mod:`upstream.mysql.ddl` understands (stored in transaction ``xid`` as a SCHEMA_CHANGE payload, the
         table's new decoding used from here on; returns True) or refused with a DecodeError naming it."""
-        if _CREATE_TABLE.match(query):
-            return False
         default = schema.decode() if isinstance(schema, bytes) else str(schema or "")
+        created = ddl.created_table(query, default)
+        if created is not None:
+            name = TableName(created.schema, created.table)
+            if name not in self._tables and name not in self._carried:
+                return self._create_table(name, created, query, buffer, xid, f"{log_file}:{pos}")
+            if not created.replace:
+                return False  # IF NOT EXISTS of a table that exists: nothing changed
+        elif _CREATE_TABLE.match(query):
+            return False  # CREATE TEMPORARY TABLE
         hit = sorted((n for n in named_tables(query, default) if n in self._tables or n in self._carried), key=str)
         if not hit:
             return False
@@ -759,6 +768,38 @@ class MySqlSpanSource(SpanSource):
                                   "CREATE/DROP INDEX, TRUNCATE and DROP TABLE are replicated yet")
         except ddl.Unsupported as exc:
             return self._refuse(hit, query, f"cannot be replicated: {exc} (at binlog {where})", buffer, xid)
+
+    def _create_table(self, name: TableName, created: ddl.Created, query: str, buffer: ChangeBuffer, xid: int,
+                      where: str) -> bool:
+        """``CREATE TABLE`` of a table the span does not carry yet: when the filter selects it, a ``create table``
+        schema change with the table's columns as the catalog shows them (stored in transaction ``xid``; the
+        table is carried from here on, its rows checked against those columns by the table-map check), so an empty
+        table appears downstream too. A table that cannot be replicated (no primary or unique NOT NULL key, a
+        column type not replicated) gets the ``CDC:WarnTableIneligible`` data warning now, and its rows are skipped
+        (:meth:`_table`). A table gone from the catalog since (dropped or renamed later in the binlog) is left to its
+        first row, as before: the span fails loudly there if it has rows."""
+        if name.schema != self.database or not self.filter.match(name):
+            return False
+        try:
+            facts = catalog.table_facts(self._ctl, self.where, name)
+        except InvalidArgument:
+            log.info("span=%s table %s created at binlog %s is no longer in the catalog; no create event",
+                     self.label, name, where)
+            return False
+        problems = eligibility.problems_of(facts)
+        if problems:
+            self._ineligible[name] = "; ".join(problems)
+            self._warn_ineligible(name, self._ineligible[name])
+            return False
+        self._ineligible.pop(name, None)
+        t = self._install(facts)
+        self._carried.add(name)
+        self._unrecorded.append(self._schemas[t.version])
+        self._store_ddl(buffer, xid, {"table": [name.schema, name.table], "before": 0, "after": t.version,
+                                      "changes": [["create table", None]], "query": query, "fills": []})
+        log.info("span=%s table %s created at binlog %s (%s): replicated from here on", self.label, name, where,
+                 created.how)
+        return True
 
     def _refuse(self, hit: list[TableName], query: str, reason: str, buffer: ChangeBuffer, xid: int) -> bool:
         """A statement naming ``hit`` tables that cannot be translated: stored as a refused schema change (the
