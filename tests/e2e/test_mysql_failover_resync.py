@@ -44,7 +44,8 @@ def copy_positions(etcd: Any, cluster_id: str, cf: str, table: str) -> tuple[lis
 
 def churn(conn: Any, txns: int, seed: int, pause: float, base: int) -> None:
     """test_mysql_initial_copy's churn (updates, key moves across chunks, deletes, inserts), its new keys from
-    ``base`` on, so that several runs do not collide."""
+    ``base`` on, so that several runs do not collide; each moved row moves on in the next transaction (the replay
+    over a later chunk must go one transaction at a time there, docs/snapshot.md condition 1)."""
     rnd = random.Random(seed)
     try:
         with conn.cursor() as cur:
@@ -55,6 +56,8 @@ def churn(conn: Any, txns: int, seed: int, pause: float, base: int) -> None:
                                 "seen = NOW(3) WHERE id = %s", (rnd.randrange(ROWS),))
                 cur.execute("DELETE FROM accounts WHERE id = %s", (rnd.randrange(ROWS),))
                 cur.execute("UPDATE IGNORE accounts SET id = %s WHERE id = %s", (base + ROWS + t, rnd.randrange(ROWS)))
+                # and the row the previous transaction moved moves on: a key a row moved into and out of again
+                cur.execute("UPDATE IGNORE accounts SET id = id + 1000000 WHERE id = %s", (base + ROWS + t - 1,))
                 cur.execute("INSERT INTO accounts (id, owner, balance) VALUES (%s, %s, %s)", (base + t, f"n {t}", t / 4))
                 cur.execute("INSERT INTO items VALUES (%s, %s, %s) ON DUPLICATE KEY UPDATE qty = qty + 1",
                             (f"sku-{t % 13}", t, bytes([t % 256])))
