@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from cdc.errors import DdlRejected, DecodeError, SlotLost, UpstreamUnavailable
+from cdc.events import TableName
 from cdc.filter import TableFilter
 from cdc.model import SpanInfo
 from cdc.ts import Watermark
@@ -664,3 +665,34 @@ def test_a_session_with_a_partial_row_image_is_never_stored_as_full_rows(mariadb
     [w] = warnings  # one per table, merged until taken
     assert w.count == 5 and w.keys == ("2", "1"), w
     assert "binlog_row_image" in w.message and "columns not carried: a, b, c" in w.message, w.message
+
+
+def test_a_span_restarted_before_a_create_table_replays_its_create_event(mariadb_server: MariaDBServer,
+                                                                         db: str) -> None:
+    """The span starts (from the schema history) before a CREATE TABLE that is in the catalog by then: the table is
+    not taken from the catalog at open, so the replayed CREATE TABLE is its create event again (an empty table a
+    crash kept from the target still reaches it)."""
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
+    ts0 = start_ts(mariadb_server, db)
+    mariadb_server.execute(f"CREATE TABLE {db}.newer (id INT PRIMARY KEY, v VARCHAR(5))")
+    with open_upstream(mariadb_server.uri(db)) as up:
+        seeded = up.table_schema(TableName(db, "t"))
+    up = open_upstream(mariadb_server.uri(db))
+    src = up.span_source(SpanInfo(0, "slot_src", "pub", ts0), Watermark(ts0, 0.0), TableFilter(("*.*",)),
+                         label="test", holder="test")
+    src.seed_schemas([seeded])  # the history at ts0: t only
+    src.open()
+    rec = Recorder()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    th = threading.Thread(target=lambda: src.run(rec, stop, lambda w: None), daemon=True)
+    th.start()
+    try:
+        wait_for(lambda: len(rec.commits) >= 1 or bool(errors))
+    finally:
+        stop_source(src, th, stop)
+    assert not errors, errors
+    [(ts, _, [payload])] = rec.commits
+    [create] = src.decoder().schema_changes(decode_payload(payload)[1], ts, 0.0)
+    assert create.kinds == ("create table",) and create.table == TableName(db, "newer")
+    assert create.after is not None and create.after.column_names == ("id", "v")
