@@ -93,8 +93,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 1.0
 _INTEGER_FIELDS = frozenset({1, 2, 3, 8, 9})  # TINY, SHORT, LONG, LONGLONG, INT24
 _NOT_DDL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|XA\s)", re.IGNORECASE)
-# a new table changes nothing the span decodes (its rows are checked against the catalog's schema); CREATE OR REPLACE
-# drops one first, so it is not exempt
+# CREATE TEMPORARY TABLE (ddl.created_table names every other CREATE TABLE): a session's own table, never replicated
 _CREATE_TABLE = re.compile(r"^\s*CREATE\s+(TEMPORARY\s+)?TABLE\s", re.IGNORECASE)
 _IDENT = re.compile(r"(`(?:[^`]|``)+`|[A-Za-z0-9_$]+)(?:\s*\.\s*(`(?:[^`]|``)+`|[A-Za-z0-9_$]+))?")
 
