@@ -20,13 +20,15 @@ from playground.servers import MariaDBServer
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(params=["sqlite", "mariadb"])
-def partial_target(request: pytest.FixtureRequest, tmp_path: Path, mariadb_server: MariaDBServer) -> str:
+@pytest.fixture(params=["sqlite", "mariadb", "mariadb-2-workers"])
+def partial_target(request: pytest.FixtureRequest, tmp_path: Path, mariadb_server: MariaDBServer
+                   ) -> tuple[str, str]:
+    """A target and the changefeed's config (``[sink] worker-count = 2``: the parallel apply)."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'target.db'}"
+        return f"sqlite:///{tmp_path / 'target.db'}", ""
     db = f"target_{uuid.uuid4().hex[:10]}"
     mariadb_server.create_database(db)
-    return mariadb_server.uri(db)
+    return mariadb_server.uri(db), "[sink]\nworker-count = 2\n" if request.param.endswith("workers") else ""
 
 
 def partial_writes(conn: Any, image: str, seed: int, base: int) -> None:
@@ -52,13 +54,15 @@ def partial_writes(conn: Any, image: str, seed: int, base: int) -> None:
 
 
 def test_partial_row_images_are_never_applied_as_full_rows(
-        cdc_server: CdcServer, mariadb_server: MariaDBServer, mariadb_database: str, partial_target: str) -> None:
+        cdc_server: CdcServer, mariadb_server: MariaDBServer, mariadb_database: str,
+        partial_target: tuple[str, str]) -> None:
     db = mariadb_database
+    target, config = partial_target
     mariadb_server.execute("CREATE TABLE p (id INT PRIMARY KEY, a INT DEFAULT 42, b VARCHAR(40), c INT DEFAULT 7, "
                            "blob_col BLOB, d DATETIME(3) DEFAULT '2020-01-01 00:00:00.5') DEFAULT CHARSET utf8mb4",
                            db=db)
     mariadb_server.execute("CREATE TABLE q (code VARCHAR(10) NOT NULL, n INT, note TEXT, UNIQUE KEY (code))", db=db)
-    cdc_server.create_changefeed("pi", mariadb_server.uri(db), partial_target, snapshot="none")
+    cdc_server.create_changefeed("pi", mariadb_server.uri(db), target, config, snapshot="none")
     conn = mariadb_server.connect(db)
     try:
         partial_writes(conn, "FULL", 1, 0)
@@ -74,7 +78,7 @@ def test_partial_row_images_are_never_applied_as_full_rows(
     assert not info.get("error"), info
     conn = mariadb_server.connect(db)
     try:
-        diffs = compare_mysql_tables(conn, [f"{db}.p", f"{db}.q"], partial_target)
+        diffs = compare_mysql_tables(conn, [f"{db}.p", f"{db}.q"], target)
     finally:
         conn.close()
     assert all(d.equal for d in diffs), f"{diffs}\n{cdc_server.log_tail(60)}"
@@ -85,3 +89,4 @@ def test_partial_row_images_are_never_applied_as_full_rows(
     assert {w["table"] for w in notices} == {f"{db}.p", f"{db}.q"}, q["warnings"]
     assert all(w["severity"] == "notice" and w["keys"] and "binlog_row_image" in w["message"] for w in notices)
     assert q["state"] == "normal", q
+    assert q["consistency"]["apply_workers"] == (2 if config else 1), q["consistency"]  # (the parallel apply)
