@@ -10,7 +10,8 @@ converts every text value with the column's parser, both through the source's
 Mapping (TiCDC's RowChangedEvent, with PostgreSQL's replica identity made explicit):
 
 - INSERT: ``values`` = the full new row; also given positionally as ``row`` (schema column order; the
-  dict is built only when ``values`` is read), with the text pgoutput sent as ``row_text``.
+  dict is built only when ``values`` is read), with the text pgoutput sent as ``row_text``. An insert whose
+  image lacks columns (a MySQL partial row image: ``UNCHANGED`` values) has ``values`` only, never ``row``.
 - UPDATE: ``values`` = the new row. A column the upstream did not send (unchanged TOAST value) is
   ``UNCHANGED`` — except when the old row was sent in full (REPLICA IDENTITY FULL, tuple kind 'O'):
   then it takes the old row's value, which is the same datum. A key column that is ``UNCHANGED`` in
@@ -224,6 +225,8 @@ class Mounter:
         if kind == "I":
             assert pc.new is not None
             new = pc.new
+            if UNCHANGED in new:  # (a MySQL partial row image) not a whole row: no ``row``
+                return RowChange(OpType.INSERT, schema, commit_ts, commit_time, self._row(plan, new, version, "new"))
             return _positional(OpType.INSERT, schema, commit_ts, commit_time, self._values(plan, new, version, "new"), new)
         if kind == "U":
             assert pc.new is not None

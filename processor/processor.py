@@ -402,7 +402,7 @@ class Processor:
         progress = SnapshotProgressStore(self.store.client, self.store.cluster_id)
         if info.initial_copy and (state is None or (state.phase != "done" and not state.tables)):
             copy = self._initial_copy(info, span, upstream, progress, state, config, label,
-                                      warn=slot.warnings.add if slot is not None else None)
+                                      warn=slot.warnings.add if slot is not None else None, resume=resume)
         else:
             state = self._take_up_table_copies(info, span_index, state, progress, upstream)
             if state is not None and state.phase != "done" and state.tables:
@@ -414,7 +414,8 @@ class Processor:
                     finally:
                         sink.close()
 
-                table_copy = self._initial_copy(info, span, upstream, progress, state, config, label, truncate)
+                table_copy = self._initial_copy(info, span, upstream, progress, state, config, label, truncate,
+                                                resume=resume)
         if slot is not None:
             slot.snapshot = state
         sink = SinkPlan(lambda: open_span_sink(self._sinks, info.sink_uri, config), config.sink.txn_rows,
@@ -440,7 +441,8 @@ class Processor:
     def _initial_copy(self, info: ChangefeedInfo, span: SpanInfo, upstream: Upstream, progress: SnapshotProgressStore,
                       state: SpanSnapshot | None, config: ChangefeedConfig, label: str,
                       truncate: Truncate | None = None,
-                      warn: Callable[[list[DataWarning]], None] | None = None) -> InitialCopy:
+                      warn: Callable[[list[DataWarning]], None] | None = None,
+                      resume: str | None = None) -> InitialCopy:
         if self._copy_launcher is None:
             raise InvalidArgument(f"span {label} must copy existing rows, and this capture cannot run the copy job")
 
@@ -470,7 +472,7 @@ class Processor:
                            chunk_rows=config.snapshot.chunk_rows, spark_master=config.snapshot.spark_master,
                            label=label, spark_min_rows=config.snapshot.spark_min_rows, truncate=truncate,
                            defer_keys=truncate is None and not merge, restart_target=restart_target, merge=merge,
-                           merged_rows=merged, announce=announce)
+                           merged_rows=merged, announce=announce, resume=resume)
 
     @staticmethod
     def _take_up_table_copies(info: ChangefeedInfo, span: int, state: SpanSnapshot | None,

@@ -170,8 +170,10 @@ class InitialCopy:
                  *, chunk_rows: int, spark_master: str, label: str, spark_min_rows: int = 0,
                  truncate: Truncate | None = None, defer_keys: bool = False,
                  restart_target: RestartTarget | None = None, merge: bool = False,
-                 merged_rows: MergedRows | None = None, announce: Announce | None = None) -> None:
+                 merged_rows: MergedRows | None = None, announce: Announce | None = None,
+                 resume: str | None = None) -> None:
         self.info = info
+        self.resume = resume  # the span's resume token at its start: the exports are numbered as its stream's Ts
         self.span = span
         self.upstream = upstream
         self.progress = progress
@@ -239,7 +241,7 @@ class InitialCopy:
     def _run(self, tables: Sequence[TableName], kept: dict[str, int], stop: threading.Event,
              gate: StreamGate | None, orphans: Mapping[int, TableName] | None = None) -> None:
         """One copy run: export a snapshot, record it, plan, and have the launcher copy what is left under it."""
-        with self.upstream.export_snapshot(label=self.label) as exp:
+        with self.upstream.export_snapshot(label=self.label, resume=self.resume) as exp:
             merged = self.state.merged
             if self.merged_rows is not None and not self.state.exports and not self.state.tables:
                 merged = self.merged_rows.holding_rows(tables)  # the first run, before it writes a row

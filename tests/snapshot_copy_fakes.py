@@ -120,7 +120,7 @@ class Upstream:
         return found
 
     @contextlib.contextmanager
-    def export_snapshot(self, *, label: str = "") -> Iterator[ExportedSnapshot]:
+    def export_snapshot(self, *, label: str = "", resume: str | None = None) -> Iterator[ExportedSnapshot]:
         name, ts = self.exports.pop(0)
         yield ExportedSnapshot(name, ts, float(ts))
 

@@ -676,13 +676,19 @@ class Upstream(ABC):
     def row_source(self, *, label: str = "") -> RowReader:
         """A read-only :class:`RowReader` on its own connection (opened on first use)."""
 
-    def export_snapshot(self, *, label: str = "") -> AbstractContextManager[ExportedSnapshot]:
+    def export_snapshot(self, *, label: str = "", resume: str | None = None
+                        ) -> AbstractContextManager[ExportedSnapshot]:
         """Context manager: a snapshot of the whole database that readers in other processes can import for as
         long as the block runs, with its exact position ``ts`` in the commit order (the snapshot holds exactly
         the commits with Ts <= ``ts``), so that changes at or below ``ts`` are known to be in a copy read under
         it. Costs the upstream one extra retained position while it lasts (PostgreSQL: a temporary logical
         slot, dropped with its session, also if this process dies). ``UpstreamUnavailable`` /
-        ``UpstreamNotReady`` (no slot free) as for the spans' resources."""
+        ``UpstreamNotReady`` (no slot free) as for the spans' resources.
+
+        ``resume``: the resume token (:meth:`SpanSource.resume_token`) of the span the copy belongs to, as last
+        stored; ``ts`` (and the readers' Ts) are then numbered as that span's stream numbers its commits, also
+        where that depends on the stream's history (MySQL: the Ts epoch raised when the changefeed moved to
+        another server). None: a stream that starts now (a new changefeed)."""
         raise NotImplementedError(f"{type(self).__name__} cannot export a snapshot")
 
     def snapshot_reader(self, snapshot: str | None = None, *, label: str = "") -> SnapshotReader:

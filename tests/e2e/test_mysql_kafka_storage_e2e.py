@@ -82,6 +82,8 @@ def test_storage_sink_carries_mysql_schemas_and_types_exactly(
     sink = f"file://{tmp_path / 'lake'}?protocol=canal-json&flush-interval=300ms"
     cdc_server.create_changefeed("ms", mariadb_server.uri(db), sink, snapshot="none")
     write(mariadb_server, db)
+    # a table created empty: its CREATE TABLE is a DDL event, which the storage sink writes as the table's schema file
+    mariadb_server.execute("CREATE TABLE later (id INT PRIMARY KEY, note VARCHAR(20), amount DECIMAL(9,2))", db=db)
     end = binlog_end(mariadb_server)
     info = cdc_server.wait_checkpoint("ms", end, timeout=120)
     assert info["state"] == "normal" and not info.get("error"), info
@@ -90,6 +92,9 @@ def test_storage_sink_carries_mysql_schemas_and_types_exactly(
     while (reader.checkpoint() or 0) < end:
         assert time.monotonic() < deadline, f"metadata checkpoint {reader.checkpoint()} < {end}"
         time.sleep(0.2)
+    [created] = reader.schema_files(TableName(db, "later")).values()
+    assert created.ddl and created.query.startswith("CREATE TABLE later"), created
+    assert created.schema.column_names == ("id", "note", "amount") and created.schema.key == ("id",), created
     _, states = rebuild(sink)
     state = states[TableName(db, "mix")]
     assert not state.problems, state.problems[:5]

@@ -163,3 +163,25 @@ def test_verify_refuses_an_upstream_whose_readers_cannot_share_a_snapshot(
                           serde.to_json(schema).decode(), serde.to_json(chunk).decode())
         with pytest.raises(InvalidArgument, match="cannot share one exported snapshot"):
             checksum_chunk(task)
+
+
+def test_the_export_and_its_readers_are_numbered_in_the_stream_epoch_of_the_resume_token(
+        mariadb_server: MariaDBServer, mariadb_database: str) -> None:
+    """After a failover the stream's Ts carry epoch + 1 (upstream.mysql.positions): a copy exported for that span
+    (its resume token read from another server, or already from this one) and its readers are in that epoch."""
+    from upstream.mysql.positions import epoch_of, split_ts
+    from upstream.mysql.resume import ResumePoint
+
+    db = mariadb_database
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
+    [(sid,)] = mariadb_server.execute("SELECT @@server_id") or []
+    other = ResumePoint(2, int(sid) + 100, "mariadb-bin.000007", 4, "0-9-5").encode()  # read from another server
+    same = ResumePoint(3, int(sid), "mariadb-bin.000001", 4, "").encode()  # already read from this one
+    with open_upstream(mariadb_server.uri(db)) as up:
+        with up.export_snapshot(label="t") as plain:
+            assert epoch_of(plain.ts) == 0
+        for token, epoch in ((other, 3), (same, 3), (None, 0)):
+            with up.export_snapshot(label="t", resume=token) as exp:
+                assert epoch_of(exp.ts) == epoch and split_ts(exp.ts) == split_ts(plain.ts), (token, exp)
+                with up.snapshot_reader(exp.name, label="t") as reader:
+                    assert epoch_of(reader.read_ts()) == epoch and reader.read_ts() >= exp.ts

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from cdc.errors import DdlRejected, DecodeError, SlotLost, UpstreamUnavailable
+from cdc.events import TableName
 from cdc.filter import TableFilter
 from cdc.model import SpanInfo
 from cdc.ts import Watermark
@@ -236,20 +237,24 @@ def test_add_and_drop_column_and_drop_table_are_schema_changes_at_their_position
     ts0 = start_ts(mariadb_server, db)
     src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
     mariadb_server.execute(f"INSERT INTO {db}.t VALUES (1, 'a')")
-    mariadb_server.execute(f"CREATE TABLE {db}.newer (id INT PRIMARY KEY)")  # a new table: no schema change
+    mariadb_server.execute(f"CREATE TABLE {db}.newer (id INT PRIMARY KEY)")  # a new table: a create table event
     mariadb_server.execute(f"ALTER TABLE {db}.t ADD COLUMN c VARCHAR(5) NOT NULL DEFAULT 'x', ADD d DECIMAL(6,2) "
                            f"DEFAULT 1.5 AFTER id")
     mariadb_server.execute(f"INSERT INTO {db}.t (id, v, c, d) VALUES (2, 'b', 'y', NULL)")
     mariadb_server.execute(f"ALTER TABLE {db}.t DROP COLUMN v")
     mariadb_server.execute(f"UPDATE {db}.t SET c = 'z' WHERE id = 1")
     mariadb_server.execute(f"DROP TABLE {db}.t")
-    wait_for(lambda: len(rec.commits) == 6 or bool(errors))
+    wait_for(lambda: len(rec.commits) == 7 or bool(errors))
     stop_source(src, th, stop)
     assert not errors, errors
     dec = src.decoder()
+    created = rec.commits.pop(1)
+    [create] = dec.schema_changes(decode_payload(created[2][0])[1], created[0], 0.0)
+    assert create.kinds == ("create table",) and create.before is None and create.table.table == "newer"
+    assert create.after is not None and create.after.column_names == ("id",) and create.after.key == ("id",)
     ddl_ts = [c[0] for c in rec.commits if decode_payload(c[2][0])[0] == SCHEMA_CHANGE]
     assert ddl_ts == [rec.commits[i][0] for i in (1, 3, 5)]
-    assert set(ddl_ts) <= src.schema_change_commits()
+    assert set(ddl_ts) | {created[0]} <= src.schema_change_commits()
     add, drop_col, drop_table = (dec.schema_changes(decode_payload(rec.commits[i][2][0])[1], rec.commits[i][0], 0.0)
                                  for i in (1, 3, 5))
     [add] = add
@@ -267,7 +272,7 @@ def test_add_and_drop_column_and_drop_table_are_schema_changes_at_their_position
     [drop_table] = drop_table
     assert drop_table.kinds == ("drop table",) and drop_table.after is None
     versions = src.take_schema_versions()
-    assert [(ts, s.column_names) for ts, s in versions] == [(ddl_ts[0], ("id", "d", "v", "c")),
+    assert [(ts, s.column_names) for ts, s in versions] == [(created[0], ("id",)), (ddl_ts[0], ("id", "d", "v", "c")),
                                                             (ddl_ts[1], ("id", "d", "c"))]
 
 
@@ -447,11 +452,14 @@ def test_a_table_created_later_that_cannot_be_replicated_is_a_data_warning(
         cur.execute("INSERT INTO t VALUES (1)")
         cur.execute("COMMIT")
     conn.close()
-    wait_for(lambda: len(rec.commits) == 1 or bool(errors))
+    wait_for(lambda: len(rec.commits) == 2 or bool(errors))
     stop_source(src, th, stop)
     assert not errors, errors
-    assert rows_of(src, rec.commits[0][2]) == [("I", {"id": 1}, None), ("I", {"id": 1}, None)]
-    warnings = {w.table: w for w in src.take_warnings()}
+    [(_, _, [created])] = rec.commits[:1]  # only the table that can be replicated is created downstream
+    [create] = src.decoder().schema_changes(decode_payload(created)[1], rec.commits[0][0], 0.0)
+    assert create.kinds == ("create table",) and create.table.table == "fine"
+    assert rows_of(src, rec.commits[1][2]) == [("I", {"id": 1}, None), ("I", {"id": 1}, None)]
+    warnings = {w.table: w for w in src.take_warnings()}  # (at the create, merged with the rows' own)
     assert set(warnings) == {f"{db}.nokey", f"{db}.colors"}, warnings
     assert "has no primary key" in warnings[f"{db}.nokey"].message
     assert "enum('r','é')" in warnings[f"{db}.colors"].message and "ASCII" in warnings[f"{db}.colors"].message
@@ -605,3 +613,86 @@ def test_a_span_restarted_before_a_modify_decodes_older_rows_with_the_recorded_t
     [ev] = src.decoder().schema_changes(decode_payload(rec.commits[1][2][0])[1], rec.commits[1][0], 0.0)
     assert [c.kind.value for c in ev.changes] == ["rename column", "alter column type", "alter column type"]
     assert rows_of(src, rec.commits[2][2]) == [("I", {"id": 2, "n": 9000000000, "w": "long enough text"}, None)]
+
+
+def test_a_session_with_a_partial_row_image_is_never_stored_as_full_rows(mariadb_server: MariaDBServer,
+                                                                        db: str) -> None:
+    """``SET SESSION binlog_row_image = MINIMAL`` / ``NOBLOB``: the binlog rows lack columns. The span stores what was
+    not carried as UNCHANGED (never NULL), an UPDATE's unwritten after-image column from its before image, a
+    partial old row as key only ('K'), and says so in a notice naming the table and keys."""
+    from cdc.events import UNCHANGED
+    from upstream.mysql.row_image import WARN_PARTIAL_ROW_IMAGE
+
+    mariadb_server.execute(f"CREATE TABLE {db}.pi (id INT PRIMARY KEY, a INT, b TEXT, c INT DEFAULT 7)")
+    ts0 = start_ts(mariadb_server, db)
+    conn = mariadb_server.connect(db)
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO pi VALUES (1, 1, 'one', 1)")  # FULL
+        cur.execute("SET SESSION binlog_row_image = MINIMAL")
+        cur.execute("INSERT INTO pi (id, a) VALUES (2, 2)")
+        cur.execute("UPDATE pi SET a = 5 WHERE id = 1")
+        cur.execute("DELETE FROM pi WHERE id = 2")
+        cur.execute("SET SESSION binlog_row_image = NOBLOB")
+        cur.execute("UPDATE pi SET c = 8 WHERE id = 1")
+        cur.execute("SET SESSION binlog_row_image = MINIMAL")
+        cur.execute("UPDATE pi SET id = 3 WHERE id = 1")  # a key change: a DELETE and a partial INSERT
+    src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    try:
+        wait_for(lambda: len(rec.commits) >= 6 or bool(errors))
+    finally:
+        stop_source(src, th, stop)
+    assert not errors, errors
+    dec = src.decoder()
+    got = []
+    for _, _, payloads in rec.commits:
+        for p in payloads:
+            ver, raw = decode_payload(p)
+            pc = dec.parse_change(raw)
+            got.append((pc.kind, pc.new, pc.old, pc.old_kind))
+    U = UNCHANGED
+    assert got == [
+        ("I", ["1", "1", "one", "1"], None, None),
+        ("I", ["2", "2", U, U], None, None),  # MINIMAL insert: b and c were not carried (NULL and the default 7)
+        ("U", ["1", "5", U, U], ["1", U, U, U], "K"),  # the key from the before image; b, c unknown
+        ("D", None, ["2", U, U, U], "K"),
+        ("U", ["1", "5", U, "8"], ["1", "5", U, "1"], "K"),  # NOBLOB: the TEXT column not carried
+        ("D", None, ["1", U, U, U], "K"),
+        ("I", ["3", U, U, U], None, None),
+    ], got
+    warnings = src.take_warnings()
+    assert {w.code for w in warnings} == {WARN_PARTIAL_ROW_IMAGE}, warnings
+    assert all(w.table == f"{db}.pi" and w.severity == "notice" for w in warnings), warnings
+    [w] = warnings  # one per table, merged until taken
+    assert w.count == 5 and w.keys == ("2", "1"), w
+    assert "binlog_row_image" in w.message and "columns not carried: a, b, c" in w.message, w.message
+
+
+def test_a_span_restarted_before_a_create_table_replays_its_create_event(mariadb_server: MariaDBServer,
+                                                                         db: str) -> None:
+    """The span starts (from the schema history) before a CREATE TABLE that is in the catalog by then: the table is
+    not taken from the catalog at open, so the replayed CREATE TABLE is its create event again (an empty table a
+    crash kept from the target still reaches it)."""
+    mariadb_server.execute(f"CREATE TABLE {db}.t (id INT PRIMARY KEY)")
+    ts0 = start_ts(mariadb_server, db)
+    mariadb_server.execute(f"CREATE TABLE {db}.newer (id INT PRIMARY KEY, v VARCHAR(5))")
+    with open_upstream(mariadb_server.uri(db)) as up:
+        seeded = up.table_schema(TableName(db, "t"))
+    up = open_upstream(mariadb_server.uri(db))
+    src = up.span_source(SpanInfo(0, "slot_src", "pub", ts0), Watermark(ts0, 0.0), TableFilter(("*.*",)),
+                         label="test", holder="test")
+    src.seed_schemas([seeded])  # the history at ts0: t only
+    src.open()
+    rec = Recorder()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    th = threading.Thread(target=lambda: src.run(rec, stop, lambda w: None), daemon=True)
+    th.start()
+    try:
+        wait_for(lambda: len(rec.commits) >= 1 or bool(errors))
+    finally:
+        stop_source(src, th, stop)
+    assert not errors, errors
+    [(ts, _, [payload])] = rec.commits
+    [create] = src.decoder().schema_changes(decode_payload(payload)[1], ts, 0.0)
+    assert create.kinds == ("create table",) and create.table == TableName(db, "newer")
+    assert create.after is not None and create.after.column_names == ("id", "v")

@@ -18,6 +18,8 @@ Understood (everything else that names a replicated table is refused by the span
   may be a unique index, which the change could replace) and for prefix or expression parts.
 - ``TRUNCATE [TABLE] t``: ``truncate table`` (its removed rows are not in the binlog).
 - ``DROP TABLE [IF EXISTS] t[, t2...]``.
+- ``CREATE TABLE`` of a new table (also ``... LIKE other`` and ``... SELECT``): :func:`created_table` names it; the
+  span reads its columns from the catalog.
 
 :func:`parse_alter` returns the table's columns after the statement (``catalog.ColumnFacts``) and what changed;
 the span turns them into a new schema version and a :class:`cdc.events.DdlEvent`. Pure functions, no I/O.
@@ -54,6 +56,10 @@ CREATE_INDEX = re.compile(rf"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?P<unique>UNIQUE\
                           re.IGNORECASE)
 DROP_INDEX = re.compile(rf"^\s*DROP\s+INDEX\s+(?:IF\s+EXISTS\s+)?(?P<index>{_IDENT})\s+ON\s+{_NAME}\s*;?\s*$",
                         re.IGNORECASE)
+CREATE_TABLE = re.compile(rf"^\s*CREATE\s+(?P<replace>OR\s+REPLACE\s+)?(?P<temporary>TEMPORARY\s+)?TABLE\s+"
+                          rf"(?:IF\s+NOT\s+EXISTS\s+)?{_NAME}(?P<rest>.*)$", re.IGNORECASE | re.DOTALL)
+_LIKE = re.compile(r"^\s*\(?\s*LIKE\b", re.IGNORECASE)
+_SELECT = re.compile(r"\bSELECT\b", re.IGNORECASE)
 _DEFAULT = re.compile(r"DEFAULT\s+(?P<v>NULL|'(?:[^'\\]|\\.|'')*'|-?[0-9]+(?:\.[0-9]+)?)", re.IGNORECASE)
 _POSITION = re.compile(rf"\b(?:FIRST|AFTER\s+(?P<after>{_IDENT}))\s*$", re.IGNORECASE)
 _ALLOWED_WORDS = re.compile(
@@ -333,6 +339,30 @@ def index_target(query: str, default_schema: str) -> tuple[str, str] | None:
     """The table of an index statement (None: not one)."""
     m = CREATE_INDEX.match(query) or DROP_INDEX.match(query)
     return None if m is None else split_name(m.group("name"), default_schema)
+
+
+@dataclass(frozen=True, slots=True)
+class Created:
+    """A ``CREATE TABLE`` statement: the table, how its columns are given (``"columns"``: a definition list,
+    ``"like"``: ``LIKE other``, ``"select"``: ``... SELECT``, whose rows follow as row events) and whether it is
+    ``CREATE OR REPLACE`` (which drops a table of that name first)."""
+
+    schema: str
+    table: str
+    how: str
+    replace: bool
+
+
+def created_table(query: str, default_schema: str) -> Created | None:
+    """The table a ``CREATE [OR REPLACE] TABLE [IF NOT EXISTS]`` statement creates; None for another statement and
+    for ``CREATE TEMPORARY TABLE`` (a session's own table, never in the row binlog)."""
+    m = CREATE_TABLE.match(query)
+    if m is None or m.group("temporary"):
+        return None
+    schema, table = split_name(m.group("name"), default_schema)
+    rest = m.group("rest")
+    how = "like" if _LIKE.match(rest) else "select" if _SELECT.search(rest) else "columns"
+    return Created(schema, table, how, bool(m.group("replace")))
 
 
 def dropped_tables(query: str, default_schema: str) -> list[tuple[str, str]] | None:

@@ -12,7 +12,8 @@ it starts its transaction and reads ``SHOW MASTER STATUS`` (needs RELOAD), never
 Guarantees:
 
 - Every transaction of a reader sees exactly the commits with Ts <= :meth:`MySqlSnapshotReader.read_ts` (its
-  binlog position as a Ts, :mod:`upstream.mysql.positions`), and that Ts is >= the exported position
+  binlog position as a Ts, :mod:`upstream.mysql.positions`, in the exported position's Ts epoch: after a failover
+  the stream's, :meth:`upstream.mysql.upstream.MySqlUpstream.export_snapshot`), and that Ts is >= the exported position
   (``mysql-binlog:<ts>``) the reader was made for: readers of one copy run may stand at *later* positions than the
   export, one per transaction (a transaction ends with :meth:`release`, between chunks, so that no metadata lock is
   held while the application waits for it). The copy records each chunk with the Ts it was read at; its keyed
@@ -62,10 +63,11 @@ def name_ts(name: str) -> int:
     return int(name[len(NAME_PREFIX):])
 
 
-def export_position(conn: Any, where: str) -> ExportedSnapshot:
-    """The position a copy run starts from: the binlog end now. Every reader opened after this returns stands at
-    or after it. Holds nothing on the server."""
-    ts = positions.to_ts(*admin.master_position(conn, where))
+def export_position(conn: Any, where: str, epoch: int = 0) -> ExportedSnapshot:
+    """The position a copy run starts from: the binlog end now, as a Ts of ``epoch`` (the stream's on this server).
+    Every reader opened after this returns stands at or after it, in the same epoch (it takes it from the name).
+    Holds nothing on the server."""
+    ts = positions.to_ts(*admin.master_position(conn, where), epoch)
     return ExportedSnapshot(snapshot_name(ts), ts, time.time())
 
 
@@ -116,7 +118,7 @@ class MySqlSnapshotReader(SnapshotReader):
                     log_file, pos = admin.master_position(conn, self.where)
                 finally:
                     cur.execute("UNLOCK TABLES")
-        ts = positions.to_ts(str(log_file), int(pos or 0))
+        ts = positions.to_ts(str(log_file), int(pos or 0), positions.epoch_of(self._floor or 0))
         if self._floor is not None and ts < self._floor:
             raise UpstreamError(f"MySQL {self.where}: a consistent snapshot at binlog Ts {ts} is before the copy's "
                                 f"exported position {self._floor} (another server behind the same address?)")

@@ -10,10 +10,10 @@ position after the last transaction already downstream) and turns its events int
   Ts = (file sequence << 32) | the XID event's end position, with the event's timestamp as commit time;
 - a transaction without rows of the span commits nothing but still advances the resolved watermark, and so do the
   server's heartbeats (``master_heartbeat_period``) on an idle server;
-- a schema change naming a table the span carries (any statement other than transaction control and CREATE
-  TABLE) is stored at its position as a SCHEMA_CHANGE when :mod:`upstream.mysql.ddl` understands it (ADD/DROP
-  COLUMN, DROP TABLE), the rows after it decoded with the new schema version; any other is refused with a
-  DecodeError naming it;
+- a schema change naming a table the span carries (any statement other than transaction control) is stored at its
+  position as a SCHEMA_CHANGE when :mod:`upstream.mysql.ddl` understands it (ADD/DROP COLUMN, DROP TABLE, ...), the
+  rows after it decoded with the new schema version; any other is refused with a DecodeError naming it; a CREATE
+  TABLE of a table the filter selects is a ``create table`` schema change (its columns from the catalog);
 - a value its column's type cannot hold exactly (zero dates, TIME outside a day...) is refused with a DecodeError
   naming the table, column and binlog position; a table whose binlog columns differ from the schema the span
   decodes it with (the seeded schema history's at the start, else the catalog's) likewise.
@@ -61,6 +61,7 @@ from cdc.errors import (
     UpstreamUnavailable,
 )
 from cdc.events import (
+    UNCHANGED,
     ColumnFill,
     ColumnSchema,
     DdlChange,
@@ -82,7 +83,7 @@ from upstream.base import (
     SpanSource,
     encode_payload,
 )
-from upstream.mysql import admin, catalog, ddl, eligibility, payload, positions, types
+from upstream.mysql import admin, catalog, ddl, eligibility, payload, positions, row_image, types
 from upstream.mysql.conn import stream_settings
 from upstream.mysql.resume import GtidState, ResumePoint
 from upstream.postgres import types as text_types
@@ -92,8 +93,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT_SECONDS = 1.0
 _INTEGER_FIELDS = frozenset({1, 2, 3, 8, 9})  # TINY, SHORT, LONG, LONGLONG, INT24
 _NOT_DDL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|XA\s)", re.IGNORECASE)
-# a new table changes nothing the span decodes (its rows are checked against the catalog's schema); CREATE OR REPLACE
-# drops one first, so it is not exempt
+# CREATE TEMPORARY TABLE (ddl.created_table names every other CREATE TABLE): a session's own table, never replicated
 _CREATE_TABLE = re.compile(r"^\s*CREATE\s+(TEMPORARY\s+)?TABLE\s", re.IGNORECASE)
 _IDENT = re.compile(r"(`(?:[^`]|``)+`|[A-Za-z0-9_$]+)(?:\s*\.\s*(`(?:[^`]|``)+`|[A-Za-z0-9_$]+))?")
 
@@ -161,8 +161,8 @@ class MySqlChangeDecoder(ChangeDecoder):
                 raise DdlRejected(doc["query"], ".".join(doc["table"]), f"{doc['refused']}; the span decodes the "
                                   f"rows after it with the table as the upstream's catalog showed it then. Apply the "
                                   f"change downstream by hand, then skip it", commit_ts=commit_ts)
-            before = self._schemas(doc["before"])
-            after = self._schemas(doc["after"]) if doc["after"] else None
+            before = self._schemas(doc["before"]) if doc["before"] else None  # (0: CREATE TABLE)
+            after = self._schemas(doc["after"]) if doc["after"] else None  # (0: DROP TABLE)
             fills = []
             for col, text in doc["fills"]:
                 assert after is not None
@@ -278,6 +278,8 @@ class MySqlSpanSource(SpanSource):
             self._base_state = dict(GtidState.parse(gtid or "").domains)
         self._server_id = sid
         self._carried = {t for t in catalog.list_tables(self._ctl, self.where, self.database) if self.filter.match(t)}
+        if self._seeds:  # the history knows every table at the start: one it lacks was created after it, and its
+            self._carried &= set(self._seeds)  # CREATE TABLE, replayed, is its create event (else its first row)
         for t in sorted(self._carried, key=str):
             if t in self._tables:
                 continue
@@ -482,22 +484,35 @@ class MySqlSpanSource(SpanSource):
     def _warn_ineligible(self, name: TableName, reason: str) -> None:
         now = time.time()
         with self._versions_lock:
-            self._warnings.append(DataWarning(
+            self._add_warning(DataWarning(
                 WARN_TABLE_INELIGIBLE, str(name),
                 f"table {name} was created after the changefeed and matches its filter but is not replicated: "
                 f"{reason}. Its rows are skipped; recreate the changefeed once the table is fixed, or exclude it with "
                 f"the filter", WarningSeverity.DIVERGENCE, 1, (), first_time=now, last_time=now))
+
+    def _add_warning(self, w: DataWarning) -> None:
+        """Queue ``w`` for :meth:`take_warnings`, merged into a queued one of its (code, table) (under the lock)."""
+        for i, q in enumerate(self._warnings):
+            if q.ident == w.ident:
+                self._warnings[i] = q.merge(w)
+                return
+        self._warnings.append(w)
 
     def take_warnings(self) -> list[DataWarning]:
         with self._versions_lock:
             out, self._warnings = self._warnings, []
         return out
 
-    def _render(self, t: _Table, row: dict[str, Any], none_sources: dict[str, str], where: str) -> list[str | None]:
-        out: list[str | None] = []
+    def _render(self, t: _Table, row: dict[str, Any], none_sources: dict[str, str], where: str,
+                absent: Collection[int] = ()) -> list[Any]:
+        """The row's values as text (None: NULL); ``UNCHANGED`` for the columns ``absent`` from a partial image."""
+        out: list[Any] = []
         for name, render in zip(t.names, t.renderers, strict=True):
             v = row[name]
             if v is None:
+                if absent and t.names.index(name) in absent:
+                    out.append(UNCHANGED)
+                    continue
                 why = none_sources.get(name, "null")
                 if why == "empty set" and t.data_types[t.names.index(name)] == "set":
                     out.append("")  # the binlog client's None for a SET with no member: the empty set
@@ -587,6 +602,14 @@ class MySqlSpanSource(SpanSource):
                 prefix = prefixes.get(tbl.version)
                 if prefix is None:
                     prefix = prefixes[tbl.version] = encode_payload(tbl.version, b"")
+                partial = row_image.partial_image(len(tbl.names), ev.columns_present_bitmap,
+                                                  getattr(ev, "columns_present_bitmap2", None),
+                                                  has_before=t is not WriteRowsEvent)
+                if partial is not None:  # binlog_row_image not FULL in the writing session
+                    self._add_partial(tbl, b"I" if t is WriteRowsEvent else b"D" if t is DeleteRowsEvent else b"U",
+                                      ev.rows, partial, where, buffer, xid, prefix)
+                    has_rows = True
+                    continue
                 render, relid = self._render, tbl.relid
                 if t is WriteRowsEvent:
                     for r in ev.rows:
@@ -644,13 +667,76 @@ class MySqlSpanSource(SpanSource):
                     resolved = Watermark(max(ts, resolved.ts), max(now, resolved.time))
                     on_resolved(resolved)
 
+    def _add_partial(self, tbl: _Table, kind: bytes, rows: list[dict[str, Any]], partial: row_image.PartialImage,
+                     where: str, buffer: ChangeBuffer, xid: int, prefix: bytes) -> None:
+        """The rows of a row event whose image is partial (:mod:`upstream.mysql.row_image`), never stored as full: an
+        absent column is ``UNCHANGED`` (an UPDATE's absent after value taken from its before image where that has it),
+        an old row with an absent value holds the key only, a key-changing UPDATE with an absent value is a DELETE and
+        a partial INSERT; a data warning (notice) names the table and keys. A
+        before image (or an INSERT's row) without every key column cannot name its row: DecodeError naming the
+        table, the key and why."""
+        render = self._render
+        key_idx = [tbl.names.index(k) for k in self._schemas[tbl.version].key]
+        keys: list[str] = []
+        for r in rows:
+            new: list[Any] | None = None
+            old: list[Any] | None = None
+            if kind == b"I":
+                new = render(tbl, r["values"], r["none_sources"], where, partial.after)
+            elif kind == b"D":
+                old = render(tbl, r["values"], r["none_sources"], where, partial.before)
+            else:
+                old = render(tbl, r["before_values"], r.get("before_none_sources", {}), where, partial.before)
+                new = row_image.complete_after(old, render(tbl, r["after_values"], r.get("after_none_sources", {}),
+                                                           where, partial.after))
+            ident = old if old is not None else new
+            assert ident is not None
+            lacking = row_image.missing_key(ident, key_idx)
+            if lacking:
+                raise DecodeError(
+                    f"span={self.label} table {tbl.name} at binlog {where}: a row event with a partial row image (the "
+                    f"writing session's binlog_row_image is not FULL) lacks key column(s) "
+                    f"{', '.join(tbl.names[i] for i in lacking)} of the key ({', '.join(tbl.names[i] for i in key_idx)}) "
+                    f"the changefeed replicates by, so its row cannot be named; set binlog_row_image=FULL in every "
+                    f"writing session, then resync the table")
+            if len(keys) < DataWarning.MAX_KEYS:
+                kv = [ident[i] for i in key_idx]
+                keys.append(str(kv[0]) if len(kv) == 1 else str(tuple(kv)))
+            if (kind == b"U" and new is not None and old is not None and UNCHANGED in new
+                    and any(new[i] != old[i] for i in key_idx)):
+                # a key change without every value: a DELETE of the old key and a partial INSERT of the new one, so
+                # that no sink takes the values not carried from the row at the old key downstream (over a later
+                # snapshot's copy that may be another row, docs/snapshot.md condition 2); the new row's are re-read
+                buffer.add(xid, xid, prefix + payload.encode_partial(b"D", tbl.relid, None, old))
+                buffer.add(xid, xid, prefix + payload.encode_partial(b"I", tbl.relid, new, None))
+                continue
+            buffer.add(xid, xid, prefix + payload.encode_partial(kind, tbl.relid, new, old))
+        absent = sorted({tbl.names[i] for i in partial.before + partial.after})
+        now = time.time()
+        with self._versions_lock:
+            self._add_warning(DataWarning(
+                row_image.WARN_PARTIAL_ROW_IMAGE, str(tbl.name),
+                f"row changes of table {tbl.name} came with a partial row image (the writing session's "
+                f"binlog_row_image is not FULL; last at binlog {where}, columns not carried: {', '.join(absent)}): "
+                f"SQL targets keep the columns the event did not carry and re-read a row missing downstream from the "
+                f"upstream by key; Kafka and storage messages carry the unavailable-value placeholder for them. Set "
+                f"binlog_row_image=FULL in the writing sessions", WarningSeverity.NOTICE, len(rows), tuple(keys),
+                first_time=now, last_time=now))
+
     def _on_ddl(self, query: str, schema: Any, log_file: str, pos: int, buffer: ChangeBuffer, xid: int) -> bool:
         """A statement that is not transaction control. One naming a table the span carries is either a schema
         change :mod:`upstream.mysql.ddl` understands (stored in transaction ``xid`` as a SCHEMA_CHANGE payload, the
         table's new decoding used from here on; returns True) or refused with a DecodeError naming it."""
-        if _CREATE_TABLE.match(query):
-            return False
         default = schema.decode() if isinstance(schema, bytes) else str(schema or "")
+        created = ddl.created_table(query, default)
+        if created is not None:
+            name = TableName(created.schema, created.table)
+            if name not in self._tables and name not in self._carried:
+                return self._create_table(name, created, query, buffer, xid, f"{log_file}:{pos}")
+            if not created.replace:
+                return False  # IF NOT EXISTS of a table that exists: nothing changed
+        elif _CREATE_TABLE.match(query):
+            return False  # CREATE TEMPORARY TABLE
         hit = sorted((n for n in named_tables(query, default) if n in self._tables or n in self._carried), key=str)
         if not hit:
             return False
@@ -681,6 +767,38 @@ class MySqlSpanSource(SpanSource):
                                   "CREATE/DROP INDEX, TRUNCATE and DROP TABLE are replicated yet")
         except ddl.Unsupported as exc:
             return self._refuse(hit, query, f"cannot be replicated: {exc} (at binlog {where})", buffer, xid)
+
+    def _create_table(self, name: TableName, created: ddl.Created, query: str, buffer: ChangeBuffer, xid: int,
+                      where: str) -> bool:
+        """``CREATE TABLE`` of a table the span does not carry yet: when the filter selects it, a ``create table``
+        schema change with the table's columns as the catalog shows them (stored in transaction ``xid``; the
+        table is carried from here on, its rows checked against those columns by the table-map check), so an empty
+        table appears downstream too. A table that cannot be replicated (no primary or unique NOT NULL key, a
+        column type not replicated) gets the ``CDC:WarnTableIneligible`` data warning now, and its rows are skipped
+        (:meth:`_table`). A table gone from the catalog since (dropped or renamed later in the binlog) is left to its
+        first row, as before: the span fails loudly there if it has rows."""
+        if name.schema != self.database or not self.filter.match(name):
+            return False
+        try:
+            facts = catalog.table_facts(self._ctl, self.where, name)
+        except InvalidArgument:
+            log.info("span=%s table %s created at binlog %s is no longer in the catalog; no create event",
+                     self.label, name, where)
+            return False
+        problems = eligibility.problems_of(facts)
+        if problems:
+            self._ineligible[name] = "; ".join(problems)
+            self._warn_ineligible(name, self._ineligible[name])
+            return False
+        self._ineligible.pop(name, None)
+        t = self._install(facts)
+        self._carried.add(name)
+        self._unrecorded.append(self._schemas[t.version])
+        self._store_ddl(buffer, xid, {"table": [name.schema, name.table], "before": 0, "after": t.version,
+                                      "changes": [["create table", None]], "query": query, "fills": []})
+        log.info("span=%s table %s created at binlog %s (%s): replicated from here on", self.label, name, where,
+                 created.how)
+        return True
 
     def _refuse(self, hit: list[TableName], query: str, reason: str, buffer: ChangeBuffer, xid: int) -> bool:
         """A statement naming ``hit`` tables that cannot be translated: stored as a refused schema change (the

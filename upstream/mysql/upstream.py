@@ -47,7 +47,10 @@ class MySqlUpstream(Upstream):
     """``open_upstream("mysql://...")``. ``timeout``: seconds to connect; ``statement_timeout`` is accepted for the
     interface (inspections) and bounds nothing yet."""
 
-    sends_whole_rows = True  # (binlog_row_image = FULL: admin.check_upstream refuses any other)
+    # binlog_row_image = FULL is checked at create; a session's partial image (upstream.mysql.row_image) never reaches
+    # a sink as a key change: it is a DELETE and an INSERT whose values not carried are re-read, never taken from
+    # the row at the old key
+    sends_whole_rows = True
 
     def __init__(self, uri: str, *, timeout: float = 5.0, statement_timeout: float | None = None,
                  connect: Callable[..., Any] = my_conn.connect) -> None:
@@ -215,11 +218,21 @@ class MySqlUpstream(Upstream):
         return RowFetcher(self.uri, label=label)
 
     @contextmanager
-    def export_snapshot(self, *, label: str = "") -> Iterator[ExportedSnapshot]:
+    def export_snapshot(self, *, label: str = "", resume: str | None = None) -> Iterator[ExportedSnapshot]:
         """The binlog end now as the copy run's position (:func:`upstream.mysql.snapshot_read.export_position`):
         MySQL cannot share a snapshot between connections, so each reader opens its own at a position >= this one
-        and says which (``SnapshotReader.read_ts``). Nothing is held on the server while the block runs."""
-        yield snapshot_read.export_position(self._session(), self.where)
+        and says which (``SnapshotReader.read_ts``). Nothing is held on the server while the block runs.
+
+        Its Ts is in the Ts epoch of the span's stream on this server (:mod:`upstream.mysql.positions`): the epoch
+        of ``resume``, one higher when ``resume`` was read from another server (the stream's takeover raises it
+        likewise), so that floors and ceilings compare with the stream's Ts after a failover (the readers take the
+        epoch from the name)."""
+        conn = self._session()
+        epoch = 0
+        if resume is not None:
+            point = ResumePoint.decode(resume)
+            epoch = point.epoch + (1 if point.server_id != admin.server_id(conn, self.where) else 0)
+        yield snapshot_read.export_position(conn, self.where, epoch)
 
     def snapshot_reader(self, snapshot: str | None = None, *, label: str = "") -> MySqlSnapshotReader:
         return MySqlSnapshotReader(self.uri, snapshot, label=label, timeout=self._timeout)

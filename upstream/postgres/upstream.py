@@ -250,7 +250,7 @@ class PostgresUpstream(Upstream):
         return RowFetcher(self.uri, label=label)
 
     @contextmanager
-    def export_snapshot(self, *, label: str = "") -> Iterator[ExportedSnapshot]:
+    def export_snapshot(self, *, label: str = "", resume: str | None = None) -> Iterator[ExportedSnapshot]:
         """A temporary slot created with ``(SNAPSHOT 'export')`` on a replication connection of its own, which
         stays idle (the snapshot's lifetime) until the block ends; the slot goes with the connection, also if
         this process dies. Its consistent point is the snapshot's Ts: the snapshot holds exactly the

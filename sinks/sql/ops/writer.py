@@ -25,7 +25,8 @@ Apply rules (docs/architecture.md, "Apply rules: normalisation and ordering"):
   statement (``TRUNCATE a, b`` on PostgreSQL; ``DELETE FROM`` each, children first, elsewhere) before the
   next change.
 * A partial update (UNCHANGED columns) whose row is missing downstream is never completed with NULLs: the
-  row is re-read through the sink's row source, else left out, and a ``DataWarning`` says so.
+  row is re-read through the sink's row source, else left out, and a ``DataWarning`` says so. So is an INSERT
+  with UNCHANGED columns (a MySQL partial row image; never a plain row): its known columns are a patch.
 """
 
 from __future__ import annotations
@@ -206,8 +207,8 @@ class Writer:
             if self._truncs:
                 self._emit_truncates()
             self._pending += 1
-            if buf.events is None and (op == INSERT or (
-                    op == UPDATE and ch.old_values is None and ch.row is not None and b.keyed)):
+            if buf.events is None and ((op == INSERT and (ch.row is not None or UNCHANGED not in (ch.values or {}).values()))
+                                       or (op == UPDATE and ch.old_values is None and ch.row is not None and b.keyed)):
                 # whole rows (an in-place UPDATE of a keyed table sends every column when ``row`` is set)
                 row = ch.row
                 if row is not None:  # positional: every column, in schema order (see RowChange.row)
@@ -567,7 +568,8 @@ class Writer:
         if source is None:
             self.warn(DataWarning(
                 MISSING_ROW, table, f"{len(keys)} updated row(s) missing downstream were not written: the update "
-                "did not carry every column (unchanged TOAST values) and no upstream row source is set",
+                "did not carry every column (unchanged TOAST values, a MySQL partial row image) and no upstream row "
+                "source is set",
                 WarningSeverity.DIVERGENCE, len(keys), shown))
             return
         fetched = source(b.schema, keys)
