@@ -309,6 +309,16 @@ class SpanStatus:
     # checkpoint_ts; None: the upstream needs none, or a status stored before tokens existed
     resume_token: str | None = None
 
+    @property
+    def covered_ts(self) -> int:
+        """Every transaction of the span with a commit Ts at or below this is durable downstream: its checkpoint, or,
+        while it waits at a barrier at commit Ts ``B`` (``barrier_ts``; it wrote everything before ``B`` first),
+        ``B - 1``. The changefeed checkpoint and the changefeed barrier's rule count this; the span's own restart
+        point stays ``checkpoint_ts``: ``B - 1`` is inside ``B``'s commit record, and PostgreSQL skips a transaction
+        whose commit record starts before the point a slot is read from, so a span restarted from ``B - 1`` would
+        lose ``B``."""
+        return max(self.checkpoint_ts, self.barrier_ts - 1) if self.barrier_ts else self.checkpoint_ts
+
 
 @dataclass(frozen=True)
 class VerifyHold:

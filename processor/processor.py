@@ -554,7 +554,7 @@ class Processor:
                         continue
                     st = self.store.get_span_status(info.id, s.index)
                     v = st.value if st is not None else None
-                    others.append(OtherSpan(s.index, max(s.start_ts, v.checkpoint_ts if v is not None else 0),
+                    others.append(OtherSpan(s.index, max(s.start_ts, v.covered_ts if v is not None else 0),
                                             v.barrier_ts if v is not None else 0, v.barrier_seq if v is not None else 0))
                 verdict = barrier_verdict(span_index, ts, seq, others)
                 if verdict.unordered:

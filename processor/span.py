@@ -198,8 +198,9 @@ class SpanRunner:
         self.barrier_origin = sink.barrier_origin  # (snapshot mode) the changefeed's start Ts: see _barrier_wait
         self._schema_history = hooks.schema_history
         self._barrier = hooks.barrier  # waits until every other span of the changefeed wrote all before a commit Ts
-        # (commit Ts, seq) of the name-changing DDL the sink thread waits at a changefeed barrier to apply (None: it
-        # does not wait); the processor stores it in SpanStatus.barrier_ts/barrier_seq (processor.barrier)
+        # (commit Ts, seq) of the DDL the sink thread waits at a barrier to apply (the changefeed barrier of a
+        # name-changing one, or snapshot mode's applied barrier; None: it does not wait); the processor stores it in
+        # SpanStatus.barrier_ts/barrier_seq (processor.barrier), which then counts as a checkpoint of commit Ts - 1
         self.barrier_at: tuple[int, int] | None = None
         self.resolved = start
         self.checkpoint = start
@@ -528,14 +529,12 @@ class SpanRunner:
         RENAME TO b`` with ``a`` and ``b`` in two spans must not rename onto a ``b`` that the other span has not
         dropped yet, also when both statements are in one transaction). Everything of this span before the DDL's
         transaction is written, so its checkpoint moves to just below it first, and every DDL of this span before it
-        is applied, so it then publishes where it waits (:attr:`barrier_at`, ``processor.barrier.barrier_position``):
-        spans waiting at their own such DDL see both, and the least waiting position always proceeds (no deadlock;
-        the proof is in ``processor.barrier``)."""
-        below = event.commit_ts - 1
-        if below > self.checkpoint.ts:
-            self.checkpoint = Watermark(below, self.checkpoint.time)
+        is applied, so it then publishes where it waits (:attr:`barrier_at`, ``processor.barrier.barrier_position``),
+        which counts as a checkpoint of ``B - 1`` (``cdc.model.SpanStatus.covered_ts``; the stored checkpoint itself
+        stays a safe restart point below ``B``): spans waiting at their own such DDL see both, and the least waiting
+        position always proceeds (no deadlock; the proof is in ``processor.barrier``)."""
         assert self._barrier is not None
-        self.barrier_at = barrier_position(event)  # (after the checkpoint: a reader sees it with that or a later one)
+        self.barrier_at = barrier_position(event)
         try:
             conflicts = self._barrier(event, self._stop)
         finally:
@@ -548,30 +547,36 @@ class SpanRunner:
         """``[consistency] mode = "snapshot"``: a schema change that alters a table's shape is applied to the real
         table only once the target shows the barrier ``B - 1`` just before its transaction ``B``, so every staged row
         of the old shape is applied before it (``sinks.base.BarrierSink``). Everything of this span before ``B`` is
-        staged, so the checkpoint moves to ``B - 1`` first (the changefeed checkpoint, and with it the barrier, can then
-        get there; it cannot pass it while this span waits, so the DDL lands between barriers ``B - 1`` and ``B``).
-        Polls the target's barrier every 0.2 s; a stop raises ``LeaseLost`` (the span restarts from its checkpoint and
-        waits again; a DDL applied before the stop is found in the record and not applied twice)."""
+        staged, so it publishes where it waits (:attr:`barrier_at`), which counts as ``B - 1`` in the changefeed
+        checkpoint (``cdc.model.SpanStatus.covered_ts``): the barrier can get there, and cannot pass it while this span
+        waits, so the DDL lands between barriers ``B - 1`` and ``B``. The stored checkpoint is not moved to ``B - 1``:
+        that is inside ``B``'s commit record, and a PostgreSQL slot read from there skips ``B`` (seen: a span restarted
+        after such a checkpoint lost its DDL). Polls the target's barrier every 0.2 s; a stop raises ``LeaseLost`` (the
+        span restarts from its checkpoint and waits again; a DDL applied before the stop is found in the record and not
+        applied twice)."""
         if not isinstance(sink, BarrierSink):
             raise DdlRejected(event.query or ", ".join(event.kinds), str(event.table),
                               f"{type(sink).__name__} does not apply barriers", commit_ts=event.commit_ts)
         assert self.position is not None and self.barrier_origin is not None
         below = event.commit_ts - 1
-        if below > self.checkpoint.ts:
-            self.checkpoint = Watermark(below, self.checkpoint.time)
         changefeed, origin = self.position[0], self.barrier_origin
         shown = sink.applied_barrier(changefeed, origin)
-        if shown < below:
-            log.info("span=%s schema change on %s at commit %d waits for barrier %d (the target shows %d)", self.label,
-                     event.table, event.commit_ts, below, shown)
-            began = time.monotonic()
+        if shown >= below:
+            return
+        log.info("span=%s schema change on %s at commit %d waits for barrier %d (the target shows %d)", self.label,
+                 event.table, event.commit_ts, below, shown)
+        began = time.monotonic()
+        self.barrier_at = barrier_position(event)
+        try:
             while shown < below:
                 if self._stop.wait(0.2):
                     raise LeaseLost(f"span {self.label} stopped while its schema change at commit {event.commit_ts} "
                                     f"waited for barrier {below}")
                 shown = sink.applied_barrier(changefeed, origin)
-            log.info("span=%s barrier %d applied after %.1fs: applying the schema change on %s", self.label, shown,
-                     time.monotonic() - began, event.table)
+        finally:
+            self.barrier_at = None
+        log.info("span=%s barrier %d applied after %.1fs: applying the schema change on %s", self.label, shown,
+                 time.monotonic() - began, event.table)
 
     def _ddl_warning(self, code: str, event: DdlEvent, message: str, severity: WarningSeverity) -> None:
         now = time.time()

@@ -1,6 +1,6 @@
 """SpanRunner of a snapshot-mode changefeed (``SinkPlan.barrier_origin``) at a schema change that alters a table's
-shape: everything before the DDL's transaction staged, the checkpoint moved to just below it, the DDL applied only once
-the target shows that barrier (never before), then the rows after it staged. A DDL that alters no shape is applied at
+shape: everything before the DDL's transaction staged, the span published as waiting there (counted as a checkpoint
+just below it), the DDL applied only once the target shows that barrier (never before), then the rows after it staged. A DDL that alters no shape is applied at
 once, without waiting."""
 
 from __future__ import annotations
@@ -63,7 +63,10 @@ def until(cond: Callable[[], bool], runner: SpanRunner, timeout: float = 10.0) -
 def test_a_shape_change_waits_for_the_barrier_just_before_its_transaction() -> None:
     runner, sink, stage = start(DdlKind.ADD_COLUMN)
     try:
-        until(lambda: runner.checkpoint.ts == 119, runner)  # (so that the changefeed checkpoint can reach 119)
+        # it waits where the processor stores it (counted as checkpoint 119: cdc.model.SpanStatus.covered_ts), its
+        # checkpoint at the last whole transaction before the DDL's (a safe restart point)
+        until(lambda: runner.barrier_at == (120, 0), runner)
+        assert runner.checkpoint.ts == 110
         time.sleep(0.5)
         assert sink.ddls == []  # not before the barrier
         assert [c.values["id"] for _, c in stage.staged] == [1]
@@ -73,6 +76,7 @@ def test_a_shape_change_waits_for_the_barrier_just_before_its_transaction() -> N
         assert sink.ddls == []
         coordinator.apply_barrier("cf", ORIGIN, 119, 119.0, history=False)
         until(lambda: runner.checkpoint.ts == 130, runner)
+        assert runner.barrier_at is None
         assert [e.commit_ts for e, _ in sink.ddls] == [120]
         assert [c.values["id"] for c in stage.visible] == [1]  # applied before the DDL
         assert [c.values["id"] for _, c in stage.staged] == [2, 3]  # the rows after it, staged
