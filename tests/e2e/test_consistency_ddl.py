@@ -13,13 +13,14 @@ while the next DDL waits for it, then runs a DDL again right after a capture res
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from e2e_workload import BackgroundWriter, wait_for
+from e2e_workload import FAST_LEASE, BackgroundWriter, server_config, wait_for
 from test_consistency_poller import (  # noqa: F401 - cluster: a fixture
     ACCOUNTS,
     BANK_SCHEMA,
@@ -39,7 +40,7 @@ from cdc.events import TableName
 from cdc.spans import span_of
 from playground.cluster import CdcServer, current_lsn
 from playground.compare import compare_tables, sqlalchemy_url
-from playground.servers import PostgresServer
+from playground.servers import EtcdServer, PostgresServer
 
 pytestmark = pytest.mark.e2e
 
@@ -276,3 +277,36 @@ def test_kills_around_a_schema_change_apply_it_exactly_once(
         "ALTER TABLE acct0 ADD COLUMN note text DEFAULT 'n/a'", "ALTER TABLE acct1 ADD COLUMN extra int DEFAULT 7",
         "ALTER TABLE log_a ADD COLUMN w int DEFAULT 1"]
     wait_for(cdc, "bank", lambda q: q["state"] == "normal", "state normal")
+
+
+@pytest.fixture
+def one_span(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[CdcServer]:
+    cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=f"sddl-{uuid.uuid4().hex[:8]}",
+                    extra_args=server_config(tmp_path, FAST_LEASE)).start()
+    yield cdc
+    cdc.kill()
+
+
+def test_rows_before_a_schema_change_in_its_transaction_fail_the_changefeed_loudly(
+        one_span: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path,
+        request: pytest.FixtureRequest) -> None:
+    """``BEGIN; INSERT INTO log_a ..; ALTER TABLE log_a ADD COLUMN ..; COMMIT`` in snapshot mode: the INSERT is staged in
+    the old shape and would be applied after the ADD COLUMN, so the changefeed fails, its error naming the table, the
+    commit Ts and the statement (in the API, not only in a log), and the DDL is not applied downstream."""
+    sink_uri = target_of("postgresql", request, tmp_path, pg_server)
+    one_span.create_changefeed("one", pg_server.uri(pg_database), sink_uri,
+                               '[consistency]\nmode = "snapshot"\ninterval = 0.2\n', snapshot="none")
+    with source.cursor() as cur:
+        cur.execute("INSERT INTO log_a VALUES (1, 'before')")
+        cur.execute("BEGIN")
+        cur.execute("INSERT INTO log_a VALUES (2, 'same transaction')")
+        cur.execute("ALTER TABLE log_a ADD COLUMN w int DEFAULT 1")
+        cur.execute("COMMIT")
+    ddl_ts = current_lsn(source)
+    info = wait_for(one_span, "one", lambda q: q["state"] == "failed", "state failed", timeout=60)
+    message = info["error"]["message"]
+    assert "public.log_a" in message and "ALTER TABLE log_a ADD COLUMN w int DEFAULT 1" in message, message
+    assert "changed rows of public.log_a before it" in message, message
+    commit = int(message.split(" at commit ")[1].split(" ")[0])
+    assert commit <= ddl_ts
+    assert "w" not in (target_columns(sink_uri, "log_a") or [])
