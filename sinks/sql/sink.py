@@ -22,7 +22,8 @@ Guarantees (on top of the contracts of its roles: :mod:`sinks.base`, :mod:`sinks
 - ``[consistency] mode = "snapshot"`` (``BarrierSink``, :mod:`sinks.sql.ops.barrier`): after ``stage_barriers`` a
   ``write`` stages its changes in ``tidewater_stage`` with the position instead of applying them; ``apply_barrier``
   applies everything staged up to a barrier in one transaction with its ``tidewater_syncpoint`` row
-  (docs/consistency.md). The default mode's write path is unchanged.
+  (docs/consistency.md). A schema change that alters a table's shape is applied by a staging sink only once the
+  target shows the barrier just before its transaction (``apply_ddl``). The default mode's write path is unchanged.
 - Missing target tables are created from the upstream schema (docs/type-mapping.md); existing ones are used
   as they are (columns and a unique key checked), altered only by ``apply_ddl`` (docs/ddl.md).
 - TRUNCATE is ``DELETE FROM`` on MySQL/SQLite (MySQL's TRUNCATE would commit implicitly) and
