@@ -270,8 +270,11 @@ def test_kills_around_a_schema_change_apply_it_exactly_once(
         converge(cdc, source, sink_uri, (*TABLES, "log_a"))
         time.sleep(0.3)
     side.conn.close()
+    replayed = sum(line.count("not applied again") for s in cluster.servers
+                   for line in s.log_file.read_text(errors="replace").splitlines() if "log_a" in line)
     print(f"\nkills around DDLs: {len(poller.totals)} reads ({poller.rate:.1f}/s), {len(poller.torn)} torn, "
-          f"{len(poller.errors)} failed; the span was still waiting at the kill: {waited}")
+          f"{len(poller.errors)} failed; the span was still waiting at the kill: {waited}; the restarted span found "
+          f"the DDL of kill 3 applied {replayed} time(s)")
     assert poller.torn == [], f"{len(poller.torn)} of {len(poller.totals)} reads saw a total that never existed"
     assert [q for _, _, q in ddl_records(sink_uri)] == [
         "ALTER TABLE acct0 ADD COLUMN note text DEFAULT 'n/a'", "ALTER TABLE acct1 ADD COLUMN extra int DEFAULT 7",
