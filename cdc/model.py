@@ -295,9 +295,11 @@ class SpanStatus:
     # 0: no such limit
     hold_ts: int = 0
     hold_time: float = 0.0
-    # While the span waits at a changefeed barrier (docs/ddl.md, "Changefeed barrier"): the commit Ts and the position in
-    # its transaction (DdlEvent.seq; -1: no position known, DdlEvent.seq_local) of the name-changing DDL it waits to
-    # apply. It has applied every DDL of its own before that one. 0: not waiting.
+    # While the span waits at a changefeed barrier (docs/ddl.md, "Changefeed barrier"), or in snapshot mode for the
+    # barrier before a DDL (docs/consistency.md, "Schema changes in snapshot mode"): the commit Ts and the position in
+    # its transaction (DdlEvent.seq; -1: no position known, DdlEvent.seq_local) of the DDL it waits to apply. It has
+    # written everything before that commit Ts and applied every DDL of its own before that one (covered_ts). 0: not
+    # waiting.
     barrier_ts: int = 0
     barrier_seq: int = 0
     # The verify hold this span obeys (docs/verify.md, "The hold"): ``held_id`` the VerifyHold.id, ``held_ts`` the
