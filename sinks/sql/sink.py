@@ -310,16 +310,8 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
 
     def _barrier_apply(self) -> BarrierApply:
         if self._barriers is None:
-            self._barriers = BarrierApply(self.target, self._position_sql(), self._stage_sql(), self.writer,
-                                          self._ddl_since_last_barrier)
+            self._barriers = BarrierApply(self.target, self._position_sql(), self._stage_sql(), self.writer)
         return self._barriers
-
-    def _ddl_since_last_barrier(self, conn: Connection, changefeed: str) -> None:
-        """Inside a barrier's transaction: when a span applied a schema change since the last barrier (the record of
-        applied DDL moved), forget every table known (the staged rows of the new shape bind to the tables as they are
-        now; the spans' sinks forget theirs when they apply it, this is the coordinator's)."""
-        if self._ddl.record_moved(conn, changefeed):
-            self.catalog.forget_all()
 
     # ---- writes ----------------------------------------------------------------------------------------
     def writer(self, conn: Connection) -> Writer:

@@ -75,12 +75,13 @@ class Side:
 STEPS = [  # (name, table written before it, the DDL, a write after it, table written after it)
     ("add column", "log_a", "ALTER TABLE acct0 ADD COLUMN note text DEFAULT 'n/a'",
      "UPDATE acct0 SET note = 'set' WHERE id = 1", "log_a"),
-    ("add column in another span", "log_b", "ALTER TABLE acct1 ADD COLUMN extra int DEFAULT 7",
-     "UPDATE acct1 SET extra = 8 WHERE id = 2", "log_b"),
+    ("add column in another span", "log_b", "ALTER TABLE acct1 ADD COLUMN extra numeric(10,2) DEFAULT 7",
+     "UPDATE acct1 SET extra = 8.25 WHERE id = 2", "log_b"),
     ("rename column", "log_a", "ALTER TABLE acct1 RENAME COLUMN extra TO extra2",
-     "UPDATE acct1 SET extra2 = 9 WHERE id = 3", "log_a"),
-    ("type change", "log_b", "ALTER TABLE acct1 ALTER COLUMN extra2 TYPE bigint",
-     "UPDATE acct1 SET extra2 = 10000000000 WHERE id = 4", "log_b"),
+     "UPDATE acct1 SET extra2 = 9.5 WHERE id = 3", "log_a"),
+    # (a wider scale: the coordinator, which bound acct1 with scale 2 before, must apply 4 digits exactly)
+    ("type change", "log_b", "ALTER TABLE acct1 ALTER COLUMN extra2 TYPE numeric(14,4)",
+     "UPDATE acct1 SET extra2 = 12.3456 WHERE id = 4", "log_b"),
     ("drop column", "log_a", "ALTER TABLE acct0 DROP COLUMN note", "", "log_a"),
     ("truncate", "log_a", "TRUNCATE log_a", "", "log_a"),
     ("rename table", "log_a", "ALTER TABLE log_a RENAME TO log_c", "", "log_c"),

@@ -96,18 +96,14 @@ class Stager:
 
 class BarrierApply:
     """The coordinator's apply of barriers into one target (module docstring). ``writer(conn)`` builds the sink's
-    writer inside ``conn``'s transaction; ``opened(conn, changefeed)``, when given, is called in each barrier's
-    transaction right after its head moved, before any staged change is read (the sink forgets tables a schema change
-    altered); ``history`` keeps every syncpoint row."""
+    writer inside ``conn``'s transaction; ``history`` keeps every syncpoint row."""
 
     def __init__(self, target: Target, positions: PositionSQL, stage: StageSQL,
-                 writer: Callable[[Connection], Writer],
-                 opened: Callable[[Connection, str], None] | None = None) -> None:
+                 writer: Callable[[Connection], Writer]) -> None:
         self._target = target
         self._positions = positions
         self._stage = stage
         self._writer = writer
-        self._opened = opened
         self._heads: dict[str, Position] = {}
 
     def _head(self, changefeed: str, origin: int) -> Position:
@@ -138,8 +134,6 @@ class BarrierApply:
                                     fence=fence) as conn:
                 create_tables(target, stage, conn)
                 head.record(conn, barrier, barrier_time)  # first: the row lock orders racing coordinators
-                if self._opened is not None:
-                    self._opened(conn, changefeed)  # (a schema change applied since the last barrier)
                 writer = self._writer(conn)
                 pipeline = target.pipeline
                 changes = writer.run(stage.read(conn, changefeed, barrier, pipeline.drain))

@@ -95,7 +95,6 @@ class RecordSQL(OwnTable):
         self.insert = (f"INSERT INTO {name} (changefeed, commit_ts, seq, table_name, kinds, query, rows_done, "
                        f"applied_at) VALUES ({p}, {p}, {p}, {p}, {p}, {p}, 0, {self.now})")
         self.floors = f"SELECT table_name, max(commit_ts) FROM {name} WHERE changefeed = {p} GROUP BY table_name"
-        self.moved = f"SELECT count(*), max(commit_ts) FROM {name} WHERE changefeed = {p}"
         self.mark_done = f"UPDATE {name} SET rows_done = 1 WHERE changefeed = {p} AND commit_ts = {p} AND rows_done = 0"
 
 
@@ -114,7 +113,6 @@ class DdlRunner:
         self.floors: dict[str, int] = {}
         self._record: RecordSQL | None = None
         self._warnings: list[DataWarning] = []  # of the DDL being applied
-        self._seen: dict[str, tuple[int, int]] = {}  # per changefeed: (records, last commit Ts) at record_moved
 
     def drop_replayed(self, changes: Iterable[RowChange]) -> Iterator[RowChange]:
         """At-least-once after a restart: the leading changes of a table older than its last applied DDL are
@@ -229,25 +227,6 @@ class DdlRunner:
     def state(self, changefeed: str, ev: DdlEvent) -> int | None:
         """The record's ``rows_done`` for ``ev`` of ``changefeed`` (None: not applied yet)."""
         return self._read_state(self._record_sql(), changefeed, ev)
-
-    def record_moved(self, conn: Connection, changefeed: str) -> bool:
-        """Inside ``conn``'s open transaction: whether the record of ``changefeed`` holds another DDL than at this
-        runner's last call (True on the first call). A DDL only adds a record, so a count or a top commit Ts that
-        differs means one was applied since (by any sink of the target)."""
-        target = self._target
-        rec = self._record
-        if rec is None:  # (no other connection while the caller's transaction is open: SQLite would be locked)
-            rec = RecordSQL(target.dialect, target.engine.dialect.identifier_preparer)
-            rec.create(target)  # (MySQL, PostgreSQL: autocommit; SQLite: below, in the transaction)
-            if target.dialect != "sqlite":
-                self._record = rec
-        if target.dialect == "sqlite":
-            conn.exec_driver_sql(rec.create_table, ())
-        row = conn.exec_driver_sql(rec.moved, (changefeed,)).first()
-        now = (int(row[0]), int(row[1] or 0)) if row is not None else (0, 0)
-        moved = self._seen.get(changefeed) != now
-        self._seen[changefeed] = now
-        return moved
 
     def load_floors(self, changefeed: str) -> int:
         """At-least-once delivery of ``changefeed``: read its floors from the record (see
