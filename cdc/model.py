@@ -295,9 +295,11 @@ class SpanStatus:
     # 0: no such limit
     hold_ts: int = 0
     hold_time: float = 0.0
-    # While the span waits at a changefeed barrier (docs/ddl.md, "Changefeed barrier"): the commit Ts and the position in
-    # its transaction (DdlEvent.seq; -1: no position known, DdlEvent.seq_local) of the name-changing DDL it waits to
-    # apply. It has applied every DDL of its own before that one. 0: not waiting.
+    # While the span waits at a changefeed barrier (docs/ddl.md, "Changefeed barrier"), or in snapshot mode for the
+    # barrier before a DDL (docs/consistency.md, "Schema changes in snapshot mode"): the commit Ts and the position in
+    # its transaction (DdlEvent.seq; -1: no position known, DdlEvent.seq_local) of the DDL it waits to apply. It has
+    # written everything before that commit Ts and applied every DDL of its own before that one (covered_ts). 0: not
+    # waiting.
     barrier_ts: int = 0
     barrier_seq: int = 0
     # The verify hold this span obeys (docs/verify.md, "The hold"): ``held_id`` the VerifyHold.id, ``held_ts`` the
@@ -308,6 +310,16 @@ class SpanStatus:
     # MySQL/MariaDB: the GTID state and binlog file/position, upstream/mysql/resume.py), always the one of this
     # checkpoint_ts; None: the upstream needs none, or a status stored before tokens existed
     resume_token: str | None = None
+
+    @property
+    def covered_ts(self) -> int:
+        """Every transaction of the span with a commit Ts at or below this is durable downstream: its checkpoint, or,
+        while it waits at a barrier at commit Ts ``B`` (``barrier_ts``; it wrote everything before ``B`` first),
+        ``B - 1``. The changefeed checkpoint and the changefeed barrier's rule count this; the span's own restart
+        point stays ``checkpoint_ts``: ``B - 1`` is inside ``B``'s commit record, and PostgreSQL skips a transaction
+        whose commit record starts before the point a slot is read from, so a span restarted from ``B - 1`` would
+        lose ``B``."""
+        return max(self.checkpoint_ts, self.barrier_ts - 1) if self.barrier_ts else self.checkpoint_ts
 
 
 @dataclass(frozen=True)

@@ -290,7 +290,8 @@ def served_table_copies(info: ChangefeedInfo, statuses: dict[int, SpanStatus]) -
 
 def global_watermarks(info: ChangefeedInfo, statuses: dict[int, SpanStatus], old: ChangefeedStatus,
                       now: float) -> ChangefeedStatus:
-    """Minimum over all spans; unchanged while a span has never reported; never backwards. While a span still
+    """Minimum over all spans (of ``SpanStatus.covered_ts``: a span waiting at a DDL's barrier at ``B`` has written
+    everything before ``B``); unchanged while a span has never reported; never backwards. While a span still
     copies its existing rows (``ChangefeedInfo.initial_copy``) the changefeed has no checkpoint yet: the commits
     before its start are not all downstream until every span's copy is done (docs/snapshot.md)."""
     spans = [statuses.get(s.index) for s in info.spans]
@@ -299,9 +300,9 @@ def global_watermarks(info: ChangefeedInfo, statuses: dict[int, SpanStatus], old
     if still_copying(info, statuses):
         return old
     reported = [s for s in spans if s is not None]
-    ck = min(reported, key=lambda s: (s.checkpoint_ts, s.checkpoint_time))
+    ck = min(reported, key=lambda s: (s.covered_ts, s.checkpoint_time))  # (a span waiting at a barrier: B - 1)
     rs = min(reported, key=lambda s: (s.resolved_ts, s.resolved_time))
-    ck_ts, ck_time = max((ck.checkpoint_ts, ck.checkpoint_time), (old.checkpoint_ts, old.checkpoint_time))
+    ck_ts, ck_time = max((ck.covered_ts, ck.checkpoint_time), (old.checkpoint_ts, old.checkpoint_time))
     rs_ts, rs_time = max((rs.resolved_ts, rs.resolved_time), (old.resolved_ts, old.resolved_time),
                          (ck_ts, ck_time))
     held = [s for s in reported if s.hold_ts]

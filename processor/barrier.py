@@ -5,7 +5,9 @@
 ``DdlEvent.seq``: its place among all DDLs of transaction ``B``, the same in every span) may be applied once every
 other span of the changefeed, as last stored in etcd, either
 
-- has a checkpoint ``>= B``: it wrote all of transaction ``B``, its DDLs at ``B`` included; or
+- has a checkpoint ``>= B``: it wrote all of transaction ``B``, its DDLs at ``B`` included (a span waiting at a
+  barrier at ``B'`` counts as checkpoint ``B' - 1``: ``cdc.model.SpanStatus.covered_ts``; its stored checkpoint stays
+  a restart point below ``B'``, since one inside ``B'``'s commit record makes PostgreSQL skip ``B'``); or
 - waits at a barrier ``(B, s')`` with ``(s', its index) > (s, this index)``: a span publishes where it waits
   (``SpanStatus.barrier_ts`` / ``barrier_seq``) only after applying all its earlier DDLs, so it applied all of its
   DDLs at ``B`` before ``s'``, hence all before ``s``; and it cannot apply ``s'`` before this span applied ``s``.
@@ -17,7 +19,7 @@ positions only grow, and each one remains true of the past once it moved on), so
 
 *The smallest waiting position always proceeds* (no deadlock): let ``(B, s, i)`` be the least (commit Ts, seq, span
 index) at which any span waits. Every other span either waits at a larger position: at ``B`` with a larger
-``(seq, index)`` (the second case), or at ``B' > B``, where it lowered its checkpoint to ``B' - 1 >= B`` before waiting
+``(seq, index)`` (the second case), or at ``B' > B``, where it counts as checkpoint ``B' - 1 >= B`` while waiting
 (the first case); or it does not wait, so nothing of the barrier holds it: it streams until its checkpoint passes
 ``B`` or it waits itself, at a position that is then either larger (above) or the new least one. So the least
 waiting span's condition becomes true unless a span is stopped or failed, which must hold the barrier back. The span

@@ -418,9 +418,10 @@ class Processor:
                                                 resume=resume)
         if slot is not None:
             slot.snapshot = state
-        sink = SinkPlan(lambda: open_span_sink(self._sinks, info.sink_uri, config), config.sink.txn_rows,
+        sink = SinkPlan(lambda: open_span_sink(self._sinks, info.sink_uri, config, info.start_ts), config.sink.txn_rows,
                         position=(info.id, span_index, span.start_ts), spans=len(info.spans),
-                        row_source=lambda: upstream.row_source(label=label), ddl=config.ddl, target_ts=info.target_ts)
+                        row_source=lambda: upstream.row_source(label=label), ddl=config.ddl, target_ts=info.target_ts,
+                        barrier_origin=info.start_ts if config.consistency.snapshot else None)
         stored = state is not None and copy is None  # (the floors of earlier copies; an initial copy makes its own)
         copies = CopyPlan(initial=copy,
                           floors=TableFloors(state.floors, state.oids) if stored and state is not None else None,
@@ -555,7 +556,7 @@ class Processor:
                         continue
                     st = self.store.get_span_status(info.id, s.index)
                     v = st.value if st is not None else None
-                    others.append(OtherSpan(s.index, max(s.start_ts, v.checkpoint_ts if v is not None else 0),
+                    others.append(OtherSpan(s.index, max(s.start_ts, v.covered_ts if v is not None else 0),
                                             v.barrier_ts if v is not None else 0, v.barrier_seq if v is not None else 0))
                 verdict = barrier_verdict(span_index, ts, seq, others)
                 if verdict.unordered:
@@ -725,15 +726,15 @@ def running_error(exc: BaseException | None, capture_id: str, span: int, now: fl
     return RunningError("CDC:ErrInternal", scrub(f"{type(exc).__name__}: {exc}"), now, capture_id, span, True)
 
 
-def open_span_sink(sinks: SinkOpener, sink_uri: str, config: ChangefeedConfig) -> TxnSink:
+def open_span_sink(sinks: SinkOpener, sink_uri: str, config: ChangefeedConfig, origin: int = 0) -> TxnSink:
     """A span's sink: with ``[consistency] mode = "snapshot"`` one that stages its writes for the owner's barriers
-    (``sinks.base.BarrierSink.stage_barriers``); a sink without that role fails the span (``SinkError``: applying
-    directly would show readers states the upstream never had)."""
+    (``sinks.base.BarrierSink.stage_barriers``, ``origin``: the changefeed's start Ts); a sink without that role fails
+    the span (``SinkError``: applying directly would show readers states the upstream never had)."""
     sink = sinks.open(sink_uri, config.sink, config.ddl)
     if config.consistency.snapshot:
         if not isinstance(sink, BarrierSink):
             sink.close()
             raise SinkError(f"the sink {type(sink).__name__} cannot apply whole barriers: [consistency] mode = "
                             "\"snapshot\" needs an SQL target (docs/consistency.md)")
-        sink.stage_barriers()
+        sink.stage_barriers(origin)
     return sink

@@ -57,7 +57,16 @@ from processor.batcher import TxnBatcher
 from processor.floors import TableFloors
 from processor.mounter import Mounter
 from processor.table_hold import TableHold
-from sinks.base import BufferedSink, RowSource, RowSourceUser, TxnSink, WatermarkSink, apply_ddl
+from sinks.base import (
+    BarrierSink,
+    BufferedSink,
+    RowSource,
+    RowSourceUser,
+    TxnSink,
+    WatermarkSink,
+    apply_ddl,
+    waits_for_barrier,
+)
 from sorter.base import SpanSorter
 from upstream.base import ChangeDecoder, SpanSource
 
@@ -111,7 +120,10 @@ class SinkPlan:
     ``position``: (changefeed, span index, span start Ts), the sink's exactly-once position (``open_position``);
     ``spans``: the changefeed's span count (``WatermarkSink.bind_span``). ``row_source`` opens a fresh row source for
     a ``RowSourceUser`` sink. ``ddl``: the changefeed's ``[ddl]`` settings (what to skip). ``target_ts``: the
-    changefeed's target Ts (0: none): nothing committed after it is written.
+    changefeed's target Ts (0: none): nothing committed after it is written. ``barrier_origin``: the changefeed's start
+    Ts when the sink stages for barriers (``[consistency] mode = "snapshot"``, ``sinks.base.BarrierSink``; None: it
+    does not): a schema change that alters a table's shape then waits for the barrier just before its transaction
+    (``SpanRunner._barrier_wait``).
     """
 
     open: Callable[[], TxnSink]
@@ -121,6 +133,7 @@ class SinkPlan:
     row_source: Callable[[], RowSource] | None = None
     ddl: DdlConfig = field(default_factory=DdlConfig)
     target_ts: int = 0
+    barrier_origin: int | None = None
 
 
 @dataclass(frozen=True)
@@ -182,10 +195,12 @@ class SpanRunner:
         self.position = sink.position
         self.spans = sink.spans  # the changefeed's span count (WatermarkSink.bind_span)
         self.ddl = sink.ddl
+        self.barrier_origin = sink.barrier_origin  # (snapshot mode) the changefeed's start Ts: see _barrier_wait
         self._schema_history = hooks.schema_history
         self._barrier = hooks.barrier  # waits until every other span of the changefeed wrote all before a commit Ts
-        # (commit Ts, seq) of the name-changing DDL the sink thread waits at a changefeed barrier to apply (None: it
-        # does not wait); the processor stores it in SpanStatus.barrier_ts/barrier_seq (processor.barrier)
+        # (commit Ts, seq) of the DDL the sink thread waits at a barrier to apply (the changefeed barrier of a
+        # name-changing one, or snapshot mode's applied barrier; None: it does not wait); the processor stores it in
+        # SpanStatus.barrier_ts/barrier_seq (processor.barrier), which then counts as a checkpoint of commit Ts - 1
         self.barrier_at: tuple[int, int] | None = None
         self.resolved = start
         self.checkpoint = start
@@ -443,6 +458,8 @@ class SpanRunner:
             self._ddl_warning("CDC:NoticeDdlSkipped", event, f"schema change {what} not applied downstream: {why}",
                               WarningSeverity.NOTICE)
             return
+        if self.barrier_origin is not None and waits_for_barrier(event):
+            self._barrier_wait(sink, event)
         try:
             applied = apply_ddl(sink, event, self._fence)
         except DdlRejected as exc:
@@ -512,14 +529,12 @@ class SpanRunner:
         RENAME TO b`` with ``a`` and ``b`` in two spans must not rename onto a ``b`` that the other span has not
         dropped yet, also when both statements are in one transaction). Everything of this span before the DDL's
         transaction is written, so its checkpoint moves to just below it first, and every DDL of this span before it
-        is applied, so it then publishes where it waits (:attr:`barrier_at`, ``processor.barrier.barrier_position``):
-        spans waiting at their own such DDL see both, and the least waiting position always proceeds (no deadlock;
-        the proof is in ``processor.barrier``)."""
-        below = event.commit_ts - 1
-        if below > self.checkpoint.ts:
-            self.checkpoint = Watermark(below, self.checkpoint.time)
+        is applied, so it then publishes where it waits (:attr:`barrier_at`, ``processor.barrier.barrier_position``),
+        which counts as a checkpoint of ``B - 1`` (``cdc.model.SpanStatus.covered_ts``; the stored checkpoint itself
+        stays a safe restart point below ``B``): spans waiting at their own such DDL see both, and the least waiting
+        position always proceeds (no deadlock; the proof is in ``processor.barrier``)."""
         assert self._barrier is not None
-        self.barrier_at = barrier_position(event)  # (after the checkpoint: a reader sees it with that or a later one)
+        self.barrier_at = barrier_position(event)
         try:
             conflicts = self._barrier(event, self._stop)
         finally:
@@ -527,6 +542,41 @@ class SpanRunner:
         if self._stop.is_set():
             raise LeaseLost(f"span {self.label} stopped while waiting at the changefeed barrier of a DDL")
         return conflicts
+
+    def _barrier_wait(self, sink: TxnSink, event: DdlEvent) -> None:
+        """``[consistency] mode = "snapshot"``: a schema change that alters a table's shape is applied to the real
+        table only once the target shows the barrier ``B - 1`` just before its transaction ``B``, so every staged row
+        of the old shape is applied before it (``sinks.base.BarrierSink``). Everything of this span before ``B`` is
+        staged, so it publishes where it waits (:attr:`barrier_at`), which counts as ``B - 1`` in the changefeed
+        checkpoint (``cdc.model.SpanStatus.covered_ts``): the barrier can get there, and cannot pass it while this span
+        waits, so the DDL lands between barriers ``B - 1`` and ``B``. The stored checkpoint is not moved to ``B - 1``:
+        that is inside ``B``'s commit record, and a PostgreSQL slot read from there skips ``B`` (seen: a span restarted
+        after such a checkpoint lost its DDL). Polls the target's barrier every 0.2 s; a stop raises ``LeaseLost`` (the
+        span restarts from its checkpoint and waits again; a DDL applied before the stop is found in the record and not
+        applied twice)."""
+        if not isinstance(sink, BarrierSink):
+            raise DdlRejected(event.query or ", ".join(event.kinds), str(event.table),
+                              f"{type(sink).__name__} does not apply barriers", commit_ts=event.commit_ts)
+        assert self.position is not None and self.barrier_origin is not None
+        below = event.commit_ts - 1
+        changefeed, origin = self.position[0], self.barrier_origin
+        shown = sink.applied_barrier(changefeed, origin)
+        if shown >= below:
+            return
+        log.info("span=%s schema change on %s at commit %d waits for barrier %d (the target shows %d)", self.label,
+                 event.table, event.commit_ts, below, shown)
+        began = time.monotonic()
+        self.barrier_at = barrier_position(event)
+        try:
+            while shown < below:
+                if self._stop.wait(0.2):
+                    raise LeaseLost(f"span {self.label} stopped while its schema change at commit {event.commit_ts} "
+                                    f"waited for barrier {below}")
+                shown = sink.applied_barrier(changefeed, origin)
+        finally:
+            self.barrier_at = None
+        log.info("span=%s barrier %d applied after %.1fs: applying the schema change on %s", self.label, shown,
+                 time.monotonic() - began, event.table)
 
     def _ddl_warning(self, code: str, event: DdlEvent, message: str, severity: WarningSeverity) -> None:
         now = time.time()

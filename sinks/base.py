@@ -43,7 +43,7 @@ from typing import Any, Protocol
 
 from cdc.config import DdlConfig, SinkConfig
 from cdc.errors import DdlRejected
-from cdc.events import DdlEvent, RowChange, TableName, TableSchema
+from cdc.events import DdlEvent, DdlKind, RowChange, TableName, TableSchema
 from cdc.model import DataWarning
 from cdc.ts import Watermark
 
@@ -237,15 +237,32 @@ class BarrierApplied:
     pieces: int = 0
 
 
+BARRIER_FREE_DDL = frozenset({DdlKind.CREATE_TABLE, DdlKind.CREATE_INDEX, DdlKind.DROP_INDEX, DdlKind.OTHER})
+"""Schema changes a staging sink (:class:`BarrierSink`) applies at once: none changes the shape of a table that staged
+rows may be waiting for. Any other one waits until the target shows the barrier just before its transaction."""
+
+
+def waits_for_barrier(event: DdlEvent) -> bool:
+    """Whether a staging sink applies ``event`` only after the barrier just before its transaction
+    (:data:`BARRIER_FREE_DDL`)."""
+    return not BARRIER_FREE_DDL.issuperset(event.kinds)
+
+
 class BarrierSink(ABC):
     """A sink that applies a changefeed in whole barriers (``[consistency] mode = "snapshot"``, docs/consistency.md).
 
     Guarantees:
 
-    - A span's instance on which ``stage_barriers()`` was called (before ``open_position``) stages each ``write``
+    - A span's instance on which ``stage_barriers(origin)`` was called (before ``open_position``) stages each ``write``
       instead of applying it: exactly once, the staged changes and the span's position in one downstream transaction,
-      invisible to readers of the target. ``apply_ddl`` on it refuses (``SinkError``) a schema change it cannot order
-      with the barriers.
+      invisible to readers of the target. ``apply_ddl`` on it applies a schema change that is in
+      :data:`BARRIER_FREE_DDL` at once; any other one only once the target shows a barrier at or above the commit Ts
+      just before the DDL's transaction (``applied_barrier``: every staged row of the old shape is then in the real
+      tables), which the caller waits for (the span moves its checkpoint to just below the DDL's transaction, so the
+      barrier can get there). Called before that, it refuses (``SinkError``, internal), and it refuses (``SinkError``
+      naming the table, commit Ts and statement) a DDL whose transaction staged rows of the DDL's table(s) before it in
+      this span: those rows have the old shape and would reach the real table with the barrier of that transaction,
+      after the DDL.
     - ``apply_barrier(changefeed, origin, barrier_ts, barrier_time, history=...)`` (the coordinator: the owner's
       instance, which gets no ``write``): in ONE downstream transaction, applies every staged change of the changefeed
       at or below ``barrier_ts`` to the real tables in commit order, records the barrier (``tidewater_syncpoint``:
@@ -259,8 +276,10 @@ class BarrierSink(ABC):
     """
 
     @abstractmethod
-    def stage_barriers(self) -> None:
-        """From now on ``write`` stages (see the class docstring); before ``open_position``."""
+    def stage_barriers(self, origin: int = 0) -> None:
+        """From now on ``write`` stages (see the class docstring); before ``open_position``. ``origin``: the
+        changefeed's start Ts, the one its coordinator passes to ``apply_barrier`` (``apply_ddl`` reads the applied
+        barrier with it)."""
 
     @abstractmethod
     def apply_barrier(self, changefeed: str, origin: int, barrier_ts: int, barrier_time: float, *, history: bool,

@@ -14,7 +14,7 @@ fails its test. Subclass a twin to record more or to refuse something; combine t
 | :class:`MemoryBufferedSink` | ``MemoryDdlSink`` + ``BufferedSink`` |
 | :class:`MemoryWatermarkSink` | ``MemoryBufferedSink`` + ``WatermarkSink`` (``flush_interval`` 0: every write durable) |
 | :class:`MemoryCheckpointSink` | ``MemorySink`` + ``CheckpointSink`` (``fail`` makes a publish raise) |
-| :class:`MemoryBarrierSink` | ``MemorySink`` + ``BarrierSink`` over a shared :class:`MemoryStage` (``fail``: apply raises) |
+| :class:`MemoryBarrierSink` | ``MemoryDdlSink`` + ``BarrierSink`` over a shared :class:`MemoryStage` (``fail``: apply raises) |
 | :class:`MemoryCopySink` | ``MemorySink`` + ``BulkLoad``, ``CopyTargets``, ``ExistingRows``, ``RowCounts`` |
 | :class:`MemoryTextCopySink` | ``MemoryCopySink`` + ``TextCopy`` |
 | :class:`MemoryAnnouncerSink` | ``MemorySink`` + ``CopyAnnouncer`` |
@@ -47,6 +47,7 @@ from sinks.base import (
     RowSourceUser,
     TxnSink,
     WatermarkSink,
+    waits_for_barrier,
 )
 from sinks.copy_roles import (
     BulkLoad,
@@ -282,7 +283,7 @@ class MemoryStage:
         self.applied: dict[str, tuple[int, int]] = {}  # changefeed -> (origin, barrier)
 
 
-class MemoryBarrierSink(MemorySink, BarrierSink):
+class MemoryBarrierSink(MemoryDdlSink, BarrierSink):
     """The barrier role in memory over a shared :class:`MemoryStage`: after ``stage_barriers`` a ``write`` stages (and
     moves the position); ``apply_barrier`` moves the staged changes at or below the barrier to ``visible`` in commit
     order, all or nothing (``fence`` runs before anything moves; while ``fail()`` is true it raises
@@ -294,9 +295,21 @@ class MemoryBarrierSink(MemorySink, BarrierSink):
         self.fail = fail or (lambda: False)
         self.staging = False
         self._changefeed = ""
+        self._origin = 0
 
-    def stage_barriers(self) -> None:
+    def stage_barriers(self, origin: int = 0) -> None:
         self.staging = True
+        self._origin = origin
+
+    def apply_ddl(self, event: DdlEvent, fence: Fence | None = None, *, skip: bool = False) -> bool:
+        """As ``MemorySink``'s; staging, a DDL that waits for its barrier (``sinks.base.waits_for_barrier``) is refused
+        until the stage shows the barrier just before its transaction (the order ``sinks.base.BarrierSink`` needs)."""
+        if self.staging and not skip and waits_for_barrier(event):
+            shown = self.applied_barrier(self._changefeed, self._origin)
+            if shown < event.commit_ts - 1:
+                raise SinkError(f"memory sink: schema change at commit {event.commit_ts} before barrier "
+                                f"{event.commit_ts - 1} (the stage shows {shown})")
+        return super().apply_ddl(event, fence, skip=skip)
 
     def open_position(self, changefeed: str, span: int, origin: int = 0) -> int:
         self._changefeed = changefeed

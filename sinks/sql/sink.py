@@ -22,7 +22,8 @@ Guarantees (on top of the contracts of its roles: :mod:`sinks.base`, :mod:`sinks
 - ``[consistency] mode = "snapshot"`` (``BarrierSink``, :mod:`sinks.sql.ops.barrier`): after ``stage_barriers`` a
   ``write`` stages its changes in ``tidewater_stage`` with the position instead of applying them; ``apply_barrier``
   applies everything staged up to a barrier in one transaction with its ``tidewater_syncpoint`` row
-  (docs/consistency.md). The default mode's write path is unchanged.
+  (docs/consistency.md). A schema change that alters a table's shape is applied by a staging sink only once the
+  target shows the barrier just before its transaction (``apply_ddl``). The default mode's write path is unchanged.
 - Missing target tables are created from the upstream schema (docs/type-mapping.md); existing ones are used
   as they are (columns and a unique key checked), altered only by ``apply_ddl`` (docs/ddl.md).
 - TRUNCATE is ``DELETE FROM`` on MySQL/SQLite (MySQL's TRUNCATE would commit implicitly) and
@@ -73,7 +74,7 @@ from sqlalchemy.engine import Connection
 
 from cdc.config import DdlConfig, SinkConfig
 from cdc.errors import SinkError
-from cdc.events import DdlEvent, DdlKind, RowChange, TableName, TableSchema
+from cdc.events import DdlEvent, RowChange, TableName, TableSchema
 from cdc.model import DataWarning, merge_warnings
 from cdc.snapshot import ChunkMarker, CopyText
 from cdc.ts import Watermark
@@ -86,6 +87,7 @@ from sinks.base import (
     PositionStore,
     RowSource,
     RowSourceUser,
+    waits_for_barrier,
 )
 from sinks.copy_roles import BulkLoad, CopyTargets, DeferredKeyCopy, ExistingRows, RowCounts, TextCopy
 from sinks.sql.ops import copy_targets
@@ -103,10 +105,6 @@ from sinks.sql.target.position import forget as forget_position
 from sinks.sql.target.staging import StageSQL
 
 log = logging.getLogger(__name__)
-
-STAGING_DDL = frozenset({DdlKind.CREATE_TABLE, DdlKind.CREATE_INDEX, DdlKind.DROP_INDEX, DdlKind.OTHER})
-"""Schema changes a staging sink applies at once: none changes a table that staged rows may be waiting for."""
-
 
 class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser, BarrierSink, BulkLoad, TextCopy,
               DeferredKeyCopy, CopyTargets, ExistingRows, RowCounts):
@@ -138,6 +136,7 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         self._parallel = ParallelApply(self.target, self.catalog, self._config, workers, self._add_warning) \
             if workers > 1 else None
         self._stager: Stager | None = None  # [consistency] mode = "snapshot": set by stage_barriers
+        self._stage_origin = 0  # the changefeed's start Ts (stage_barriers): the applied barrier is read with it
         self._barriers: BarrierApply | None = None  # the coordinator's, on first apply_barrier
 
     # ---- the roles (sinks.base, sinks.copy_roles) ----------------------------------------------------
@@ -172,16 +171,39 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
 
     def apply_ddl(self, event: DdlEvent, fence: Callable[[], None] | None = None, *, skip: bool = False) -> bool:
         """Apply a schema change once, translated for the dialect: see :mod:`sinks.sql.ops.ddl_run`. A staging sink
-        (``[consistency] mode = "snapshot"``) refuses it: the change would reach the real table before the staged
-        rows written under the old schema (docs/consistency.md, "Limits"), unless it changes no existing row's shape
-        (:data:`STAGING_DDL`: a new table, an index, a comment), which is applied at once."""
-        if self._stager is not None and not skip and not STAGING_DDL.issuperset(event.kinds):
-            raise SinkError(f"the schema change of {event.table} at commit {event.commit_ts} "
-                            f"({event.query[:80]!r}): schema changes are not applied under [consistency] mode = "
-                            "\"snapshot\" in this version (the staged rows before it would be applied after it); "
-                            "apply it downstream by hand, then skip it with changefeed update --skip-ddl-ts, or "
-                            "recreate the changefeed with mode = \"default\"")
+        (``[consistency] mode = "snapshot"``) applies one that changes no existing row's shape
+        (``sinks.base.BARRIER_FREE_DDL``: a new table, an index, a comment) at once, and any other one only once the
+        target shows the barrier just before its transaction (``sinks.base.BarrierSink``; the span waits for it):
+        every staged row of the old shape is then applied. It refuses one whose own transaction staged rows of its
+        table(s) before it in this span (old shape, applied with that transaction's barrier, after the DDL), naming
+        the table, the commit Ts and the statement (docs/consistency.md, "Schema changes")."""
+        if self._stager is not None and not skip and waits_for_barrier(event):
+            self._check_staged_ddl(event)
         return self._ddl.apply(event, fence, skip=skip, position=self._position, row_source=self._row_source)
+
+    def _check_staged_ddl(self, event: DdlEvent) -> None:
+        """The staging sink's conditions for applying ``event`` now (:meth:`apply_ddl`); nothing to check when the
+        record shows it applied (a replay: the runner skips it)."""
+        pos, stager = self._position, self._stager
+        if pos is None or stager is None:
+            raise SinkError("internal: a staging sink applies a schema change only after open_position()")
+        target = self.target
+        if target.guarded(lambda: self._ddl.state(pos.changefeed, event), str(event.table)) is not None:
+            return
+        what = f"the schema change of {event.table} at commit {event.commit_ts} ({event.query[:80]!r})"
+        shown = self.applied_barrier(pos.changefeed, self._stage_origin)
+        if shown < event.commit_ts - 1 or shown >= event.commit_ts:
+            raise SinkError(f"internal: {what} is applied under [consistency] mode = \"snapshot\" only when the target "
+                            f"shows barrier {event.commit_ts - 1}, the one just before its transaction; it shows "
+                            f"{shown}")
+        names = {str(t) for t in (event.table, event.new_table) if t is not None}
+        before = target.guarded(lambda: stager.tables_staged(pos, event.commit_ts), str(event.table)) & names
+        if before:
+            raise SinkError(f"{what}: its transaction changed rows of {', '.join(sorted(before))} before it, and under "
+                            "[consistency] mode = \"snapshot\" those rows are staged in the table's old shape and "
+                            "applied with the transaction's barrier, after the schema change: not applied. Commit the "
+                            "rows and the schema change in separate upstream transactions, or recreate the changefeed "
+                            "with mode = \"default\" (docs/consistency.md, \"Schema changes\")")
 
     def set_bulk_load(self) -> None:
         self.target.bulk_load = True  # read by the connect hooks: before the first connection
@@ -268,12 +290,13 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
     def _stage_sql(self) -> StageSQL:
         return StageSQL(self.dialect, self.target.engine.dialect.identifier_preparer)
 
-    def stage_barriers(self) -> None:
+    def stage_barriers(self, origin: int = 0) -> None:
         if self._position is not None:
             raise SinkError("internal: stage_barriers() must be called before open_position()")
         if self._parallel is not None:
             raise SinkError("[consistency] mode = \"snapshot\" takes one apply worker (sink.worker-count = 1)")
         self._stager = Stager(self.target, self._stage_sql())
+        self._stage_origin = origin
 
     def apply_barrier(self, changefeed: str, origin: int, barrier_ts: int, barrier_time: float, *, history: bool,
                       fence: Callable[[], None] | None = None) -> BarrierApplied:

@@ -78,3 +78,38 @@ def test_a_rename_onto_a_name_dropped_in_another_span_waits_for_that_span(
     assert_converged(cdc, "bar", source, sink_uri, tables=["public.dst"], schemas=True)
     q = wait_for(cdc, "bar", lambda q: True, "query")
     assert q["state"] == "normal" and not q["warnings"], q
+
+
+def test_a_capture_killed_while_a_span_waits_at_the_barrier_loses_nothing(
+    cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str
+) -> None:
+    """``DROP TABLE src`` waits at the barrier while the span of ``dst`` is held back (the lock), and the capture is
+    SIGKILLed and restarted then. The waiting span counts as just below the DROP's commit (``SpanStatus.covered_ts``)
+    but its stored checkpoint, where it restarts and what its slot is confirmed up to, stays below that transaction: a
+    checkpoint at its commit Ts - 1 (inside the commit record) made PostgreSQL skip the whole transaction on restart
+    (seen: the restart began at exactly that LSN), and the DROP was lost, ``src`` staying downstream with the changefeed
+    ``normal`` (a RENAME was caught later by the stream's Relation message, a DROP cannot be)."""
+    cdc = cdc_server
+    cdc.create_changefeed("bar", pg_server.uri(pg_database), sink_uri, config="span-count = 2\n", snapshot="none")
+    run_sql(source, *FILL)
+    assert_converged(cdc, "bar", source, sink_uri, tables=["public.src", "public.dst"], schemas=True)
+    target_db = sink_uri.rsplit("/", 1)[1].split("?")[0]
+    holder = pg_server.connect(target_db)
+    holder.autocommit = False
+    with holder.cursor() as cur:
+        cur.execute("LOCK TABLE public.dst IN ACCESS EXCLUSIVE MODE")
+    try:
+        run_sql(source, "INSERT INTO dst VALUES (100, 'held back')", "DROP TABLE src",
+                "INSERT INTO dst VALUES (101, 'after the drop')")
+        time.sleep(4)  # the span of src waits at the DROP's barrier; its status (and slot) stored meanwhile
+        cdc.kill()
+    finally:
+        holder.commit()
+        holder.close()
+    cdc.start()
+    assert_converged(cdc, "bar", source, sink_uri, tables=["public.dst"], schemas=True)
+    q = wait_for(cdc, "bar", lambda q: q["state"] == "normal", "state normal")
+    assert not q["warnings"], q
+    # (the checkpoint passed the DROP's commit: it is applied, or lost)
+    assert pg_server.execute("SELECT to_regclass('public.src') IS NULL", db=target_db) == [(True,)], \
+        "DROP TABLE src never reached the target"

@@ -65,6 +65,13 @@ class Stager:
             create_tables(target, stage, conn)
             stage.clear_above(conn, position.changefeed, position.span, position.applied)
 
+    def tables_staged(self, position: Position, commit_ts: int) -> set[str]:
+        """The upstream tables (``str(TableName)``) of the changes the span staged under ``commit_ts`` (read back
+        from the target: also those staged before a restart). Decodes the pieces: asked only at a schema change."""
+        stage = self._stage
+        with self._target.transaction(stage.label) as conn:
+            return {str(ch.schema.name) for ch in stage.staged_at(conn, position.changefeed, position.span, commit_ts)}
+
     def write(self, position: Position, changes: Iterable[RowChange], fence: Fence | None) -> int:
         """Stage ``changes`` above ``position`` and move it, in one downstream transaction."""
         if position.done:

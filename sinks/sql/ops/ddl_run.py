@@ -224,6 +224,10 @@ class DdlRunner:
             pos.reopen(ev.commit_ts, lambda conn: conn.exec_driver_sql(rec.mark_done, (cf, ev.commit_ts)))
         return applied
 
+    def state(self, changefeed: str, ev: DdlEvent) -> int | None:
+        """The record's ``rows_done`` for ``ev`` of ``changefeed`` (None: not applied yet)."""
+        return self._read_state(self._record_sql(), changefeed, ev)
+
     def load_floors(self, changefeed: str) -> int:
         """At-least-once delivery of ``changefeed``: read its floors from the record (see
         :meth:`drop_replayed`); returns 0 (no position)."""
@@ -254,6 +258,8 @@ class DdlRunner:
     def _read_state(self, rec: RecordSQL, cf: str, ev: DdlEvent) -> int | None:
         target = self._target
         with target.engine.begin() as conn:
+            if target.dialect == "sqlite":  # (created inside a transaction there: OwnTable)
+                conn.exec_driver_sql(rec.create_table, ())
             return _state(conn.exec_driver_sql(rec.select, (cf, ev.commit_ts, ev.seq)).first(), ev, target.where)
 
     def _translate(self, ev: DdlEvent) -> DdlPlan:

@@ -96,6 +96,8 @@ class StageSQL:
                           f"AND ({ts}, {sp}, {seq}) > ({p}, {p}, {p}) ORDER BY {ts}, {sp}, {seq} LIMIT {PAGE_PIECES}")
         self.drop_staged = f"DELETE FROM {stage} WHERE {cf} = {p} AND {ts} <= {p}"
         self.count_staged = f"SELECT count(*), min({ts}), max({ts}) FROM {stage} WHERE {cf} = {p}"
+        self.span_pieces = (f"SELECT {pl} FROM {stage} WHERE {cf} = {p} AND {sp} = {p} AND {ts} = {p} "
+                            f"ORDER BY {seq}")
         self.max_seq = f"SELECT max({seq}) FROM {stage} WHERE {cf} = {p} AND {sp} = {p} AND {ts} = {p}"
         self.clear_span = f"DELETE FROM {stage} WHERE {cf} = {p} AND {sp} = {p} AND {ts} > {p}"
         self.forget_stage = f"DELETE FROM {stage} WHERE {cf} = {p}"
@@ -157,6 +159,11 @@ class StageSQL:
         """The number of the next piece of the span's transaction ``commit_ts`` (0: none staged)."""
         row = conn.exec_driver_sql(self.max_seq, (changefeed, span, commit_ts)).first()
         return int(row[0]) + 1 if row is not None and row[0] is not None else 0
+
+    def staged_at(self, conn: Connection, changefeed: str, span: int, commit_ts: int) -> Iterator[RowChange]:
+        """The changes the span staged under ``commit_ts``, in order (decoded one piece at a time)."""
+        for row in conn.exec_driver_sql(self.span_pieces, (changefeed, span, commit_ts)).fetchall():
+            yield from stage_codec.decode(bytes(row[0]))
 
     def clear_above(self, conn: Connection, changefeed: str, span: int, ts: int) -> None:
         """Delete the span's staged pieces above ``ts`` (an earlier changefeed's, when its position was reset)."""

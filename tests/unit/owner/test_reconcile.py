@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from cdc.meta.store import ClusterSnapshot, Versioned
@@ -138,6 +140,21 @@ def test_global_watermarks_are_minimums_and_never_go_back() -> None:
     # a span reporting an older checkpoint (e.g. restarted elsewhere) does not pull the global one back
     s.statuses["cf"] = put.status
     s.span_statuses["cf"][1] = span_status(170, 170)
+    assert not [a for a in reconcile(s, NOW) if isinstance(a, PutStatus)]
+
+
+def test_a_span_waiting_at_a_ddl_barrier_counts_as_just_below_it() -> None:
+    """A span waiting at a DDL of commit Ts 190 wrote everything before it but keeps its checkpoint (160) a safe
+    restart point: the changefeed checkpoint counts it as 189 (SpanStatus.covered_ts), and keeps that after the span
+    restarted from 160."""
+    waiting = replace(span_status(160, 300), barrier_ts=190, barrier_seq=0)
+    assert waiting.covered_ts == 189 and span_status(160, 300).covered_ts == 160
+    s = snap(cf(), assignments={0: SpanAssignment("a", 1), 1: SpanAssignment("b", 1)},
+             span_statuses={0: span_status(200, 300), 1: waiting})
+    (put,) = [a for a in reconcile(s, NOW) if isinstance(a, PutStatus)]
+    assert put.status.checkpoint_ts == 189
+    s.statuses["cf"] = put.status
+    s.span_statuses["cf"][1] = span_status(160, 300)  # restarted: not waiting (yet)
     assert not [a for a in reconcile(s, NOW) if isinstance(a, PutStatus)]
 
 
