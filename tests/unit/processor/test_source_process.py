@@ -195,10 +195,20 @@ def test_a_full_pipe_blocks_the_child(tmp_path: Path) -> None:
     child = ChildSpanSource(EndlessSource(str(progress)), "cf/0")
     child.open()
     try:
-        time.sleep(1.5)
-        held = int(progress.read_text()) if progress.exists() else 0
+        # the child's start (a process, its imports) takes seconds on a loaded host: wait for its first rows, then
+        # until it stands still for a whole second (blocked on the full pipe), instead of reading it at a fixed time
         bound = 3 * max(BATCH_ROWS, BATCH_BYTES // 1024) + PIPE_BYTES // 1024 + 64
-        assert 0 < held <= bound, f"the child went on to {held} rows with nobody reading (bound {bound})"
+        deadline = time.monotonic() + 60
+        held, still_since = 0, time.monotonic()
+        while time.monotonic() < deadline:
+            now = int(progress.read_text()) if progress.exists() else 0
+            assert now <= bound, f"the child went on to {now} rows with nobody reading (bound {bound})"
+            if now != held or now == 0:
+                held, still_since = now, time.monotonic()
+            elif time.monotonic() - still_since >= 1.0:
+                break
+            time.sleep(0.05)
+        assert 0 < held <= bound, f"the child never stood still within 60 s: {held} rows (bound {bound})"
         stop = threading.Event()
         threading.Timer(0.3, stop.set).start()
         child.run(MemorySorter().span("cf/0"), stop, lambda w: None)  # drains, then stops it

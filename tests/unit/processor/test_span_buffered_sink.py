@@ -57,7 +57,9 @@ def _run(sink: BufferingSink, txns: list[SortedTxn], resolved: int, commits: set
                         SinkPlan(lambda: sink, txn_rows=txn_rows))
     sink.runner = runner
     runner.start()
-    deadline = time.monotonic() + 10
+    # (a bound, not a timing: a source process slow to start on a loaded host, then two flush intervals of the
+    # buffered sink, took more than the 10 s this was once)
+    deadline = time.monotonic() + 60
     while not until() and time.monotonic() < deadline and not runner.failed.is_set():
         time.sleep(0.01)
     runner.stop()
