@@ -17,7 +17,10 @@ budget. DDL messages (rare) carry a second one, ``tidewater-ddl``, when the DDL 
 :class:`cdc.events.ColumnFill` as ``sinks.codec.fills`` writes it),
 so that a consumer applies a rename as a rename and fills the rows that existed with what they hold upstream (the
 protocols' DDL messages carry only the statement). A consumer that does not know ``fills`` falls back to the
-default expression.
+default expression. A CREATE TABLE carries it too: ``{"changes": [["create table", null, null]], "columns": [],
+"table": schema}``, the new table's :class:`cdc.events.TableSchema` as ``cdc.serde`` writes it (exact column types,
+key, defaults), so that a consumer creates the table at its place, also when it stays empty (a consumer of an older
+version reads ``changes`` it cannot apply and keeps creating the table at its first row).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from cdc.events import ColumnFill, ColumnSchema, DdlChange, DdlEvent, DdlKind
+from cdc.events import ColumnFill, ColumnSchema, DdlChange, DdlEvent, DdlKind, TableSchema
 from cdc.serde import from_dict, to_dict
 from sinks.codec.fills import fill_doc, fill_of
 
@@ -36,11 +39,13 @@ COLUMN_SET = (DdlKind.ADD_COLUMN, DdlKind.DROP_COLUMN, DdlKind.RENAME_COLUMN)
 
 
 class DdlHeader(NamedTuple):
-    """A ``tidewater-ddl`` header: the column-set changes, the added columns by name, their fills."""
+    """A ``tidewater-ddl`` header: the column-set changes, the added columns by name, their fills; for a CREATE
+    TABLE, the new table's schema (``table``, else None)."""
 
     changes: tuple[DdlChange, ...]
     columns: dict[str, ColumnSchema]
     fills: tuple[ColumnFill, ...] = ()
+    table: TableSchema | None = None
 
 
 def row_header(span: bytes | None, seqs: Sequence[int]) -> tuple[str, bytes]:
@@ -74,7 +79,11 @@ def copy_chunk(value: bytes) -> int | None:
 
 
 def ddl_header(event: DdlEvent) -> tuple[str, bytes] | None:
-    """The ``tidewater-ddl`` header of a DDL message (module docstring); None when the DDL changes no column set."""
+    """The ``tidewater-ddl`` header of a DDL message (module docstring); None when the DDL neither creates the table
+    nor changes its column set."""
+    if DdlKind.CREATE_TABLE in event.kinds and event.after is not None:
+        doc = {"changes": [[DdlKind.CREATE_TABLE.value, None, None]], "columns": [], "table": to_dict(event.after)}
+        return DDL_HEADER, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
     changes = [c for c in event.changes if c.kind in COLUMN_SET]
     if not changes:
         return None
@@ -87,7 +96,6 @@ def ddl_header(event: DdlEvent) -> tuple[str, bytes] | None:
     return DDL_HEADER, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-
 def parse_ddl(value: bytes | None) -> DdlHeader | None:
     """The changes, added columns and fills of a ``tidewater-ddl`` header value (None: no header, or one this version
     cannot read - then the consumer falls back to the statement)."""
@@ -98,6 +106,7 @@ def parse_ddl(value: bytes | None) -> DdlHeader | None:
         changes = tuple(DdlChange(DdlKind(k), c, n) for k, c, n in doc["changes"])
         columns = {c.name: c for c in (from_dict(ColumnSchema, c) for c in doc.get("columns", ()))}
         fills = [fill_of(columns[name], f) for name, f in (doc.get("fills") or {}).items()]
+        table = from_dict(TableSchema, doc["table"]) if doc.get("table") else None
     except (ValueError, KeyError, TypeError, ArithmeticError):
         return None
-    return DdlHeader(changes, columns, tuple(fills))
+    return DdlHeader(changes, columns, tuple(fills), table)
