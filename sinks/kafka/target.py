@@ -1,7 +1,8 @@
 """What the consumer library (``sinks.kafka.consumer``) hands the target it rebuilds tables in: the decoded
 :class:`Event` with its place in commit order, the :class:`Applier` protocol a target implements
 (``sinks.kafka.applier.SinkApplier`` for SQL targets, or any other), and :func:`is_drop_table`, how both sides tell a
-DROP TABLE event (and :func:`is_create_table`, a CREATE TABLE one). No I/O; the consumer and its targets import this, never each other."""
+DROP TABLE event (:func:`is_create_table`: a CREATE TABLE one). No I/O; the consumer and its targets import this,
+never each other."""
 
 from __future__ import annotations
 

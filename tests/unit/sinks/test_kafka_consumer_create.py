@@ -100,12 +100,38 @@ def test_a_target_table_of_another_shape_stops_the_consumer_naming_both(tmp_path
     assert sqlite_columns(db, "e") == [("id", "INTEGER", 1), ("price", "numeric", 0)]  # left as it was
 
 
-def test_without_the_header_the_first_row_creates_the_table(tmp_path: Path) -> None:
+def test_from_another_producer_the_first_row_creates_the_table(tmp_path: Path) -> None:
     broker = feed("canal-json")
-    for part in broker.topics["cdc"]:  # another producer: no tidewater-ddl header
+    for part in broker.topics["cdc"]:  # another producer: no Tidewater header
+        for r in part:
+            r.headers = []
+    db = tmp_path / "t.db"
+    applier = SinkApplier(f"sqlite:///{db}", schemas=lambda t: EMPTY if t == E else None)
+    try:
+        rebuild(broker, "canal-json", applier=applier)  # type: ignore[arg-type]
+    finally:
+        applier.close()
+    assert sqlite_columns(db, "e") == []  # documented: an empty table of another producer is not created
+    assert sqlite_rows(db, "SELECT id, v FROM t ORDER BY id") == [(1, "a"), (2, "b"), (3, "c")]
+
+
+def strip_ddl_headers(broker: FakeBroker) -> None:
+    for part in broker.topics["cdc"]:
         for r in part:
             r.headers = [(k, v) for k, v in r.headers if k != DDL_HEADER]
+
+
+@pytest.mark.parametrize("protocol", ("canal-json", "open-protocol"))
+def test_a_tidewater_create_without_the_schema_takes_the_upstream_lookups(protocol: str, tmp_path: Path) -> None:
+    """A topic of an older sink (its CREATE messages carry the tidewater header, not the schema): with the schema
+    lookup (``--upstream``) the empty table is created from it; without, the first row still decides."""
+    broker = feed(protocol)
+    strip_ddl_headers(broker)
     db = tmp_path / "t.db"
-    apply_all(broker, "canal-json", db)
-    assert sqlite_columns(db, "e") == []  # documented: an empty table of another producer is not created
+    applier = SinkApplier(f"sqlite:///{db}", schemas=lambda t: EMPTY if t == E else None)
+    try:
+        rebuild(broker, protocol, applier=applier)  # type: ignore[arg-type]
+    finally:
+        applier.close()
+    assert sqlite_columns(db, "e") == [("id", "INTEGER", 1), ("price", "TEXT", 0), ("label", "TEXT", 0)]
     assert sqlite_rows(db, "SELECT id, v FROM t ORDER BY id") == [(1, "a"), (2, "b"), (3, "c")]
