@@ -69,6 +69,7 @@ def test_the_create_header_round_trips_the_table_schema() -> None:
     name, value = ddl_header(create(EMPTY, 10))  # type: ignore[misc]
     assert name == DDL_HEADER
     assert parse_ddl(value) == DdlHeader((DdlChange(DdlKind.CREATE_TABLE),), {}, (), EMPTY)
+    assert b'"is_array"' not in value and b'"default"' not in value  # fields at their defaults are left out
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
