@@ -13,7 +13,10 @@ TLS (``enable-tls``, ``ca``, ``cert``, ``key``, ``insecure-skip-verify``) and SA
 Runs until ``--until-ts`` is applied (then prints a JSON summary and exits 0), until ``--timeout`` passes (exit 0
 without ``--until-ts``, 1 with it), or until interrupted. ``--upstream``: exact column types from the upstream's
 current schemas, and the rows of key-only messages read from it; without it the types are inferred from the
-messages (docs/sinks.md, "Consumer library"). A restart resumes after what the target holds.
+messages (docs/sinks.md, "Consumer library"). A table is created at its CREATE TABLE message from the schema in the
+Tidewater sink's ``tidewater-ddl`` header (so an empty one too; a target table of another shape stops the consumer,
+exit 1, naming both shapes), and, from other producers, at its first row. A restart resumes after what the target
+holds.
 
 Copies are checked (``sinks.kafka.copy_markers``): the consumer reads the sink's metadata topic (``--meta-topic``) and
 stops (exit 1, the error naming the table, the chunk, the topic and partition, expected and seen rows) rather than

@@ -14,6 +14,7 @@ something does not claim the role, and the caller does what the contract says fo
 | :class:`DdlSink` | ``apply_ddl`` | span (at a barrier) | all |
 | :class:`DdlSettings` | ``set_ddl_config`` | ``sinks.factory.open_sink`` | SQL |
 | :class:`RowSourceUser` | ``set_row_source`` | span | SQL |
+| :class:`TableShapes` | ``table_shape`` | Kafka consumer (``sinks.kafka.applier``) | SQL |
 | :class:`CheckpointSink` | ``publish_checkpoint`` | owner (``owner.checkpoint_publish``) | Kafka, storage |
 | :class:`WatermarkSink` | ``watermark_interval``, ``bind_span``, ``publish_resolved`` | span | Kafka |
 | :class:`BarrierSink` | ``stage_barriers``, ``apply_barrier``, ``applied_barrier`` | span, owner (``owner.barrier_apply``) | SQL |
@@ -209,6 +210,34 @@ class RowSourceUser(ABC):
     @abstractmethod
     def set_row_source(self, fetch: RowSource | None) -> None:
         """Where to read a full upstream row when a partial UPDATE finds no row downstream (None: nowhere)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableShape:
+    """A target table as its catalog shows it: ``name`` (as ``TxnSink.target_name`` gives it), its column names in
+    order, and each unique key (the primary key, unique constraints and indexes) as a set of column names."""
+
+    name: str
+    columns: tuple[str, ...]
+    uniques: tuple[frozenset[str], ...]
+
+    def fits(self, schema: TableSchema) -> bool:
+        """The table has exactly ``schema``'s columns, in its order, and, when ``schema`` has a key, a unique key on
+        exactly those columns (the column types are not compared: a target dialect maps them its own way)."""
+        return self.columns == schema.column_names and (not schema.has_key or frozenset(schema.key) in self.uniques)
+
+    def __str__(self) -> str:
+        keys = "; ".join("unique (" + ", ".join(sorted(u)) + ")" for u in self.uniques)
+        return f"{self.name} ({', '.join(self.columns)}{'; ' + keys if keys else ''})"
+
+
+class TableShapes(ABC):
+    """A sink that reads the shape of a target table from the target's catalog, now (no cache): the Kafka consumer
+    tells a replayed CREATE TABLE (the table is there, same shape) from a conflicting one."""
+
+    @abstractmethod
+    def table_shape(self, table: TableName) -> TableShape | None:
+        """The target table upstream ``table`` is written to, None when the target has no such table."""
 
 
 class CheckpointSink(ABC):

@@ -5,6 +5,14 @@ Schemas: with a :data:`sinks.codec.base.SchemaLookup` (e.g. the upstream's), exa
 from the decoded values (:func:`infer_schema`: the messages' column set, types from the Python values; lossy, see
 docs/sinks.md). DDL:
 
+- CREATE TABLE with the Kafka sink's ``tidewater-ddl`` header (which carries the new table's schema) creates the
+  target table at its place among the rows, from that schema (exact column types; the SQL sink's translation of a
+  create), so a table that stays empty upstream is there downstream too. A Tidewater CREATE message without the
+  schema (a sink of an older version) takes the ``schemas`` lookup's when given. A target table already there with
+  the same columns and key (``sinks.base.TableShape.fits``: a replay, e.g. the consumer restarted from an earlier
+  watermark) is used as it is; one of another shape stops the consumer (``SinkError`` naming the table and both
+  shapes), never written in the wrong shape. Other producers' CREATE messages (no header) create nothing: the table
+  is created at its first row, as its columns show it (an upstream table that stays empty is missing downstream).
 - TRUNCATE is applied at its place among the rows; DROP TABLE drops the target table.
 - A column-set change (ADD, DROP, RENAME COLUMN) is applied exactly at its place when the DDL message says what it
   is: the Kafka sink's ``tidewater-ddl`` header (``sinks.kafka.headers``: the elementary changes, and each added
@@ -31,11 +39,11 @@ from typing import Any
 
 from cdc.errors import SinkError
 from cdc.events import ColumnSchema, DdlChange, DdlEvent, DdlKind, OpType, RowChange, TableName, TableSchema
-from sinks.base import RowSource
+from sinks.base import RowSource, TableShapes
 from sinks.codec import DecodedEvent, MessageKind
 from sinks.codec.base import SchemaLookup
 from sinks.kafka.headers import DdlHeader
-from sinks.kafka.target import Event, is_drop_table
+from sinks.kafka.target import Event, is_create_table, is_drop_table
 
 log = logging.getLogger(__name__)
 
@@ -108,8 +116,14 @@ class SinkApplier:
                 self._tables.pop(ev.table, None)
                 self._seen_at[ev.table] = event.commit_ts
             return
+        created = self._created(event) if ev.kind is MessageKind.DDL else None
+        if created is not None:  # created before the restart: the target has that shape
+            if event.commit_ts >= self._seen_at.get(ev.table, 0):
+                self._tables[ev.table] = created
+                self._seen_at[ev.table] = event.commit_ts
+            return
         if ev.kind is MessageKind.DDL:  # a column change applied before the restart: the target has that shape
-            changes, columns, _ = event.ddl or DdlHeader(renames_in(ev.query or "", ev.table), {})
+            changes, columns = (event.ddl or DdlHeader(renames_in(ev.query or "", ev.table), {}))[:2]
             current = self._tables.get(ev.table)
             if changes and current is not None and event.commit_ts >= self._seen_at.get(ev.table, 0):
                 after = self._changed(current, changes, columns)
@@ -215,7 +229,11 @@ class SinkApplier:
                                              (DdlChange(DdlKind.DROP_TABLE),), before, None, ev.query or "",
                                              self._next_ddl_seq(e.commit_ts)))
             return
-        changes, columns, fills = e.ddl or DdlHeader(renames_in(ev.query or "", table), {})
+        created = self._created(e)
+        if created is not None:
+            self._create(e, created)
+            return
+        changes, columns, fills = (e.ddl or DdlHeader(renames_in(ev.query or "", table), {}))[:3]
         current = self._tables.get(table)
         if changes and current is not None:
             after = self._changed(current, changes, columns)
@@ -231,6 +249,39 @@ class SinkApplier:
                 self._ddl_pending.discard(table)
                 return
         self._ddl_pending.add(table)
+
+    def _created(self, e: Event) -> TableSchema | None:
+        """The schema of the table a CREATE TABLE event creates (module docstring), None when it is not one or the
+        consumer does not know the schema (then the first row creates the table)."""
+        ev = e.ev
+        assert ev.table is not None
+        schema = e.ddl.table if e.ddl is not None else None
+        if schema is None and e.seq is not None and self.schemas is not None and is_create_table(ev):
+            schema = self.schemas(ev.table)  # a Tidewater sink of an older version: no schema in the header
+        if schema is None:
+            return None
+        self._version += 1
+        return dataclasses.replace(schema, name=ev.table, version=self._version)
+
+    def _create(self, e: Event, schema: TableSchema) -> None:
+        """Create the target table of a CREATE TABLE event; a replay where it is there in that shape, a stop
+        (``SinkError``) where it is there in another one."""
+        ev, table = e.ev, schema.name
+        shape = self.sink.table_shape(table) if isinstance(self.sink, TableShapes) else None
+        if shape is None:
+            self.sink.apply_ddl(DdlEvent(e.commit_ts, ev.commit_time or 0.0, table, (DdlChange(DdlKind.CREATE_TABLE),),
+                                         None, schema, ev.query or "", self._next_ddl_seq(e.commit_ts)))
+        elif shape.fits(schema):
+            log.info("table %s: created at commit Ts %d, and target table %s is already there with its columns and "
+                     "key (a replay): used as it is", table, e.commit_ts, shape.name)
+        else:
+            raise SinkError(f"table {table}: CREATE TABLE at commit Ts {e.commit_ts} makes it {shape_of(schema)}, but "
+                            f"the target already has table {shape} (another incarnation of it, or a table made "
+                            "there): not written in the wrong shape; drop or rename the target table, or move it "
+                            "aside, and restart the consumer")
+        self._tables[table] = schema
+        self._seen_at[table] = e.commit_ts
+        self._ddl_pending.discard(table)
 
     def _changed(self, current: TableSchema, changes: Sequence[DdlChange], columns: Mapping[str, ColumnSchema]
                  ) -> TableSchema | None:
@@ -303,6 +354,12 @@ class SinkApplier:
 
     def close(self) -> None:
         self.sink.close()
+
+
+def shape_of(schema: TableSchema) -> str:
+    """``schema`` for humans, as an error message names it: ``(id bigint, v text; key (id))``."""
+    cols = ", ".join(f"{c.name} {c.type_name or c.base_type}" for c in schema.columns)
+    return f"({cols}; key ({', '.join(schema.key)}))" if schema.has_key else f"({cols}; no key)"
 
 
 _IDENT = r'(?:"(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_$]*)'

@@ -17,16 +17,20 @@ budget. DDL messages (rare) carry a second one, ``tidewater-ddl``, when the DDL 
 :class:`cdc.events.ColumnFill` as ``sinks.codec.fills`` writes it),
 so that a consumer applies a rename as a rename and fills the rows that existed with what they hold upstream (the
 protocols' DDL messages carry only the statement). A consumer that does not know ``fills`` falls back to the
-default expression.
+default expression. A CREATE TABLE carries it too: ``{"changes": [["create table", null, null]], "columns": [],
+"table": schema}``, the new table's :class:`cdc.events.TableSchema` as ``cdc.serde`` writes it (exact column types,
+key, defaults; each column without the fields at their dataclass defaults), so that a consumer creates the table at its place, also when it stays empty (a consumer of an older
+version reads ``changes`` it cannot apply and keeps creating the table at its first row).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from cdc.events import ColumnFill, ColumnSchema, DdlChange, DdlEvent, DdlKind
+from cdc.events import ColumnFill, ColumnSchema, DdlChange, DdlEvent, DdlKind, TableSchema
 from cdc.serde import from_dict, to_dict
 from sinks.codec.fills import fill_doc, fill_of
 
@@ -36,11 +40,13 @@ COLUMN_SET = (DdlKind.ADD_COLUMN, DdlKind.DROP_COLUMN, DdlKind.RENAME_COLUMN)
 
 
 class DdlHeader(NamedTuple):
-    """A ``tidewater-ddl`` header: the column-set changes, the added columns by name, their fills."""
+    """A ``tidewater-ddl`` header: the column-set changes, the added columns by name, their fills; for a CREATE
+    TABLE, the new table's schema (``table``, else None)."""
 
     changes: tuple[DdlChange, ...]
     columns: dict[str, ColumnSchema]
     fills: tuple[ColumnFill, ...] = ()
+    table: TableSchema | None = None
 
 
 def row_header(span: bytes | None, seqs: Sequence[int]) -> tuple[str, bytes]:
@@ -74,7 +80,11 @@ def copy_chunk(value: bytes) -> int | None:
 
 
 def ddl_header(event: DdlEvent) -> tuple[str, bytes] | None:
-    """The ``tidewater-ddl`` header of a DDL message (module docstring); None when the DDL changes no column set."""
+    """The ``tidewater-ddl`` header of a DDL message (module docstring); None when the DDL neither creates the table
+    nor changes its column set."""
+    if DdlKind.CREATE_TABLE in event.kinds and event.after is not None:
+        doc = {"changes": [[DdlKind.CREATE_TABLE.value, None, None]], "columns": [], "table": _table_doc(event.after)}
+        return DDL_HEADER, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
     changes = [c for c in event.changes if c.kind in COLUMN_SET]
     if not changes:
         return None
@@ -87,6 +97,14 @@ def ddl_header(event: DdlEvent) -> tuple[str, bytes] | None:
     return DDL_HEADER, json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+def _table_doc(schema: TableSchema) -> dict[str, Any]:
+    """``schema`` as ``cdc.serde`` writes it, each column without the fields that hold their defaults (``from_dict``
+    restores them): about half the bytes, since the header counts against the topic's max.message.bytes."""
+    doc = to_dict(schema)
+    defaults = {f.name: f.default for f in dataclasses.fields(ColumnSchema) if f.default is not dataclasses.MISSING}
+    doc["columns"] = [{k: v for k, v in c.items() if k not in defaults or v != defaults[k]} for c in doc["columns"]]
+    return doc
+
 
 def parse_ddl(value: bytes | None) -> DdlHeader | None:
     """The changes, added columns and fills of a ``tidewater-ddl`` header value (None: no header, or one this version
@@ -98,6 +116,7 @@ def parse_ddl(value: bytes | None) -> DdlHeader | None:
         changes = tuple(DdlChange(DdlKind(k), c, n) for k, c, n in doc["changes"])
         columns = {c.name: c for c in (from_dict(ColumnSchema, c) for c in doc.get("columns", ()))}
         fills = [fill_of(columns[name], f) for name, f in (doc.get("fills") or {}).items()]
+        table = from_dict(TableSchema, doc["table"]) if doc.get("table") else None
     except (ValueError, KeyError, TypeError, ArithmeticError):
         return None
-    return DdlHeader(changes, columns, tuple(fills))
+    return DdlHeader(changes, columns, tuple(fills), table)

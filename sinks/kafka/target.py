@@ -1,7 +1,8 @@
 """What the consumer library (``sinks.kafka.consumer``) hands the target it rebuilds tables in: the decoded
 :class:`Event` with its place in commit order, the :class:`Applier` protocol a target implements
 (``sinks.kafka.applier.SinkApplier`` for SQL targets, or any other), and :func:`is_drop_table`, how both sides tell a
-DROP TABLE event. No I/O; the consumer and its targets import this, never each other."""
+DROP TABLE event (:func:`is_create_table`: a CREATE TABLE one). No I/O; the consumer and its targets import this,
+never each other."""
 
 from __future__ import annotations
 
@@ -53,3 +54,10 @@ def is_drop_table(ev: DecodedEvent) -> bool:
         return True
     return (ev.query or "").lstrip().upper().startswith("DROP TABLE") and "type" not in ev.extra \
         and "action" not in ev.extra
+
+
+def is_create_table(ev: DecodedEvent) -> bool:
+    """A CREATE TABLE event (canal-json CREATE, open-protocol action 3, or the statement)."""
+    if "type" in ev.extra or "action" in ev.extra:
+        return ev.extra.get("type") == "CREATE" or ev.extra.get("action") == 3
+    return (ev.query or "").lstrip().upper().startswith("CREATE TABLE")

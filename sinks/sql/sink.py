@@ -87,6 +87,8 @@ from sinks.base import (
     PositionStore,
     RowSource,
     RowSourceUser,
+    TableShape,
+    TableShapes,
     waits_for_barrier,
 )
 from sinks.copy_roles import BulkLoad, CopyTargets, DeferredKeyCopy, ExistingRows, RowCounts, TextCopy
@@ -107,7 +109,7 @@ from sinks.sql.target.staging import StageSQL
 log = logging.getLogger(__name__)
 
 class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser, BarrierSink, BulkLoad, TextCopy,
-              DeferredKeyCopy, CopyTargets, ExistingRows, RowCounts):
+              DeferredKeyCopy, CopyTargets, ExistingRows, RowCounts, TableShapes):
     """Writes row changes to ``mysql://``, ``mariadb://``, ``postgresql://`` or ``sqlite:///`` targets.
 
     Target names: MySQL and SQLite put upstream ``schema.table`` into ``table`` of the URI's database
@@ -155,6 +157,12 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         with self._warn_lock:
             out, self._warnings = list(self._warnings), ()
         return out
+
+    def table_shape(self, table: TableName) -> TableShape | None:
+        """The target table of ``table`` as the target's catalog shows it now (``sinks.base.TableShapes``)."""
+        target = self.target
+        tschema, tname = target.target_parts(table)
+        return target.guarded(lambda: self.catalog.shape(tschema, tname, target.target_name(table)), str(table))
 
     def set_row_source(self, fetch: RowSource | None) -> None:
         """Re-reads rows missing downstream, and the values a volatile default gave the rows that existed before

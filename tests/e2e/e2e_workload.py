@@ -268,13 +268,13 @@ def targets_in_make_test(*kept: str) -> list[Any]:
     return [t if t in kept else pytest.param(t, marks=pytest.mark.slow) for t in TARGETS]
 
 
-def kafka_consumer(sink: str, target: str, upstream: str, until: int) -> tuple[dict[str, Any], str]:
+def kafka_consumer(sink: str, target: str, upstream: str, until: int, *extra: str) -> tuple[dict[str, Any], str]:
     """``cdc cli kafka-consumer`` from the changefeed's own sink URI into ``target`` up to ``until``, with the
-    upstream's schemas; fails the test unless it exits 0 having applied ``until``. Returns its JSON summary and its
-    stderr."""
+    upstream's schemas (and ``extra`` flags); fails the test unless it exits 0 having applied ``until``. Returns its
+    JSON summary and its stderr."""
     out = subprocess.run(
         [sys.executable, "-m", "cli", "cli", "kafka-consumer", "--kafka-uri", sink, "--sink-uri", target,
-         "--upstream", upstream, "--until-ts", str(until), "--timeout", "90"],
+         "--upstream", upstream, "--until-ts", str(until), "--timeout", "90", *extra],
         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads(out.stdout)

@@ -1,10 +1,11 @@
 """End to end: MariaDB (row binlog) -> `cdc server` -> Kafka (tansu; canal-json and debezium) and the storage sink
 (``file://``), with MySQL-sourced schemas and every replicated MySQL type; the consumer rebuilds the table from the
 topic (``cdc cli kafka-consumer``, into SQLite) or from the files (``sinks.storage.reader``), and it equals the
-upstream row by row."""
+upstream row by row; a table created empty reaches the consumer's target too (created at its CREATE TABLE)."""
 
 from __future__ import annotations
 
+import sqlite3
 import time
 from pathlib import Path
 
@@ -62,6 +63,8 @@ def test_kafka_codecs_carry_mysql_schemas_and_types_exactly(
     sink = f"kafka://{kafka_server.bootstrap}/{kafka_topic}?protocol={protocol}"
     cdc_server.create_changefeed("mk", mariadb_server.uri(db), sink, snapshot="none")
     write(mariadb_server, db)
+    # a table created empty: the consumer creates it at its CREATE TABLE (it used to wait for a first row)
+    mariadb_server.execute("CREATE TABLE later (id INT PRIMARY KEY, note VARCHAR(20), amount DECIMAL(9,2))", db=db)
     end = binlog_end(mariadb_server)
     info = cdc_server.wait_checkpoint("mk", end, timeout=120)
     assert info["state"] == "normal" and not info.get("error"), info
@@ -69,10 +72,14 @@ def test_kafka_codecs_carry_mysql_schemas_and_types_exactly(
     kafka_consumer(sink, target, mariadb_server.uri(db), end)
     conn = mariadb_server.connect(db)
     try:
-        [diff] = compare_mysql_tables(conn, [f"{db}.mix"], target)
+        diff, later = compare_mysql_tables(conn, [f"{db}.mix", f"{db}.later"], target)
     finally:
         conn.close()
     assert diff.equal and diff.source_rows == 6, diff
+    assert later.equal and later.source_rows == 0, later
+    with sqlite3.connect(tmp_path / "rebuilt.db") as tconn:  # (a missing empty table compares equal: no rows)
+        columns = [(r[1], r[5]) for r in tconn.execute('PRAGMA table_info("later")')]
+    assert columns == [("id", 1), ("note", 0), ("amount", 0)], columns
 
 
 def test_storage_sink_carries_mysql_schemas_and_types_exactly(

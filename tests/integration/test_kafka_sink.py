@@ -1,7 +1,8 @@
 """The Kafka sink and the consumer library against a real broker (tansu; docs/sinks.md "Test broker"): each protocol
 rebuilt into SQLite through an SQL sink (DDL and TRUNCATE applied in order, the consumer resuming where it
 stopped), a claim-checked row, transactions (commit visible, the span's position read back from the metadata topic,
-a restart resuming after it, a fenced producer refused)."""
+a restart resuming after it, a fenced producer refused); a table created empty rebuilt into SQLite and PostgreSQL at
+its CREATE TABLE, its replay a no-op, a target table of another shape refused."""
 
 from __future__ import annotations
 
@@ -15,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from kafka_records import records
 
 from cdc.config import DispatcherRule, SinkConfig
-from cdc.errors import SinkFenced
+from cdc.errors import SinkError, SinkFenced
 from cdc.events import ColumnSchema, DdlChange, DdlEvent, DdlKind, OpType, RowChange, TableName, TableSchema
 from cdc.ts import Watermark
+from playground.compare import sqlalchemy_url
 from playground.servers import KafkaServer
 from sinks.base import CheckpointSink
 from sinks.kafka.applier import SinkApplier
@@ -234,3 +237,78 @@ def test_the_owner_checkpoint_alone_lets_the_consumer_cut(kafka_server: KafkaSer
     finally:
         applier.close()
     assert core.applied == 105 and [r[0] for r in target_rows(db)] == [1, 2]
+
+
+E = TableName("public", "empty_one")
+EMPTY = TableSchema(E, (ColumnSchema("id", 20, "int8", False, "bigint", nullable=False, is_key=True),
+                        ColumnSchema("price", 1700, "numeric", False, "numeric(10,2)", 655366),
+                        ColumnSchema("label", 1043, "varchar", False, "character varying(20)", 24, nullable=False)),
+                    ("id",), "d", 4343, 0)
+
+
+def create(s: TableSchema, ts: int) -> DdlEvent:
+    return DdlEvent(ts, ts / 1000, s.name, (DdlChange(DdlKind.CREATE_TABLE),), None, s, f"CREATE TABLE {s.name}")
+
+
+def target_columns(uri: str, table: str) -> list[tuple[str, str]]:
+    """(column, type as the target's catalog names it) of ``public.<table>`` (SQLite: ``<table>``), in order."""
+    engine = sa.create_engine(sqlalchemy_url(uri))
+    try:
+        schema = None if uri.startswith("sqlite") else "public"
+        cols = sa.inspect(engine).get_columns(table, schema=schema)
+        return [(c["name"], str(c["type"])) for c in cols]
+    finally:
+        engine.dispose()
+
+
+def test_an_empty_created_table_is_rebuilt_into_sqlite_and_postgresql_and_its_replay_is_a_no_op(
+        kafka_server: KafkaServer, kafka_topic: str, tmp_path: Path, pg_server: Any, pg_database: str,
+        sinks: list[KafkaSink]) -> None:
+    """CREATE TABLE of a table that stays empty, then of one with rows in the same transaction: the consumer creates
+    both at their CREATE messages (the schema from the tidewater-ddl header), in SQLite and PostgreSQL; started again
+    under a new position (from the start), each CREATE finds its table in that shape and is a no-op; a target table
+    of another shape stops it naming both."""
+    uri = kafka_server.uri(kafka_topic, protocol="canal-json", partition_num="2")
+    sink = open_sink(sinks, uri)
+    s0 = schema()
+    sink.apply_ddl(create(EMPTY, 100))
+    sink.apply_ddl(DdlEvent(110, 1.1, T, (DdlChange(DdlKind.CREATE_TABLE),), None, s0, "CREATE TABLE orders", 0))
+    sink.write([RowChange(OpType.INSERT, s0, 110, 1.1, row(i)) for i in range(1, 6)])
+    sink.write([RowChange(OpType.DELETE, s0, 120, 1.2, None, {"id": 2})])
+    sink.publish_resolved(Watermark(120, 1.2))
+    db = pg_database  # the PostgreSQL target
+    expected_rows = [(i, f"n{i}", Decimal(i) / 4) for i in (1, 3, 4, 5)]
+    for target in (f"sqlite:///{tmp_path / 't.db'}", pg_server.uri(db)):
+        for position in ("kafka:first", "kafka:again"):
+            applier = SinkApplier(target, position=position)
+            try:
+                rebuild([kafka_server.bootstrap], [kafka_topic], "canal-json", applier, until=120, timeout=30)
+            finally:
+                applier.close()
+            columns = target_columns(target, "empty_one")
+            assert [c for c, _ in columns] == ["id", "price", "label"], (target, columns)
+            if target.startswith("postgresql"):
+                assert [t for _, t in columns] == ["BIGINT", "NUMERIC(10, 2)", "VARCHAR(20)"], columns
+            engine = sa.create_engine(sqlalchemy_url(target))
+            try:
+                with engine.connect() as conn:
+                    assert conn.execute(sa.text("SELECT count(*) FROM empty_one")).scalar() == 0
+                    got = conn.execute(sa.text("SELECT id, name, amount FROM orders ORDER BY id")).fetchall()
+            finally:
+                engine.dispose()
+            assert [(r[0], r[1], Decimal(str(r[2]))) for r in got] == expected_rows, (target, position)
+    # the target table of another shape: the consumer stops, naming the table and both shapes
+    engine = sa.create_engine(sqlalchemy_url(pg_server.uri(db)))
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DROP TABLE empty_one"))
+            conn.execute(sa.text("CREATE TABLE empty_one (id bigint PRIMARY KEY, price numeric(10,2))"))
+    finally:
+        engine.dispose()
+    applier = SinkApplier(pg_server.uri(db), position="kafka:third")
+    try:
+        with pytest.raises(SinkError, match=r"public\.empty_one.*label character varying\(20\).*"
+                                            r"public\.empty_one \(id, price; unique \(id\)\)"):
+            rebuild([kafka_server.bootstrap], [kafka_topic], "canal-json", applier, until=120, timeout=30)
+    finally:
+        applier.close()

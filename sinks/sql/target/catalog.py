@@ -19,6 +19,7 @@ from sqlalchemy.engine import Connection
 
 from cdc.errors import SinkError
 from cdc.events import TableSchema
+from sinks.base import TableShape
 from sinks.sql.dialect.fkgraph import FkGraph
 from sinks.sql.dialect.statements import Statements
 from sinks.sql.dialect.typemap import TargetColumn, create_schema_sql, create_table_sql, plan_table
@@ -230,6 +231,15 @@ class Catalog:
         log.info("created table %s in %s for upstream %s", label, target.where, schema.name)
         return KnownTable(label, planned.schema, planned.name, planned.columns,
                           [frozenset(planned.key)] if planned.key else [], created=True)
+
+    def shape(self, tschema: str | None, tname: str, label: str) -> TableShape | None:
+        """The table's columns and unique keys as the catalog shows them now, read on a connection of its own
+        (nothing cached: ``sinks.base.TableShapes``); None when there is no such table."""
+        with self._target.engine.connect() as conn:
+            if not sa.inspect(conn).has_table(tname, schema=tschema):
+                return None
+            known = self.reflect(conn, tschema, tname, label)
+        return TableShape(label, tuple(c.name for c in known.columns), tuple(known.uniques))
 
     def reflect(self, conn: Connection, tschema: str | None, tname: str, label: str) -> KnownTable:
         """One table's columns and unique keys through SQLAlchemy's per-table reflection."""

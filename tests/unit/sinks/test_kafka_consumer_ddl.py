@@ -108,7 +108,7 @@ def test_the_ddl_header_round_trips_and_is_absent_for_other_ddl() -> None:
     v2 = v1.__class__(v1.name, (*v1.columns, d), v1.key, v1.replica_identity, v1.relation_id, 1)
     name, value = ddl_header(ddl(v1, v2, [DdlChange(DdlKind.ADD_COLUMN, "d")], 5, "x"))  # type: ignore[misc]
     assert name == DDL_HEADER
-    assert parse_ddl(value) == ((DdlChange(DdlKind.ADD_COLUMN, "d"),), {"d": d}, ())
+    assert parse_ddl(value) == ((DdlChange(DdlKind.ADD_COLUMN, "d"),), {"d": d}, (), None)
     assert ddl_header(ddl(v1, v1, [DdlChange(DdlKind.SET_NOT_NULL, "v")], 5, "x")) is None
     assert parse_ddl(b"not json") is None and parse_ddl(None) is None
 

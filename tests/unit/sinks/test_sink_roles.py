@@ -27,13 +27,13 @@ from sinks.testing import (
 pytestmark = pytest.mark.unit
 
 ROLES = [base.TxnSink, base.AtomicTxnSink, base.BufferedSink, base.PositionStore, base.DdlSink, base.DdlSettings,
-         base.RowSourceUser, base.CheckpointSink, base.WatermarkSink, copy_roles.BulkLoad, copy_roles.TextCopy,
+         base.RowSourceUser, base.TableShapes, base.CheckpointSink, base.WatermarkSink, copy_roles.BulkLoad, copy_roles.TextCopy,
          copy_roles.CopyAnnouncer, copy_roles.DeferredKeyCopy, copy_roles.CopyTargets, copy_roles.ExistingRows,
          copy_roles.RowCounts, copy_roles.ResyncRefusal]
 
 EXPECTED = {
-    SQLSink: {"TxnSink", "AtomicTxnSink", "PositionStore", "DdlSink", "DdlSettings", "RowSourceUser", "BulkLoad",
-              "TextCopy", "DeferredKeyCopy", "CopyTargets", "ExistingRows", "RowCounts"},
+    SQLSink: {"TxnSink", "AtomicTxnSink", "PositionStore", "DdlSink", "DdlSettings", "RowSourceUser", "TableShapes",
+              "BulkLoad", "TextCopy", "DeferredKeyCopy", "CopyTargets", "ExistingRows", "RowCounts"},
     KafkaSink: {"TxnSink", "DdlSink", "CheckpointSink", "WatermarkSink", "CopyAnnouncer", "CopyTargets",
                 "ResyncRefusal"},
     StorageSink: {"TxnSink", "BufferedSink", "PositionStore", "DdlSink", "CheckpointSink", "BulkLoad", "CopyTargets",
