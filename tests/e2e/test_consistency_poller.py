@@ -203,9 +203,9 @@ class Cluster:
     """Two captures on the session's etcd under a cluster id of this test; ``kill(i)`` SIGKILLs one and starts it
     again on the same data directory."""
 
-    def __init__(self, etcd: EtcdServer, tmp_path: Path) -> None:
+    def __init__(self, etcd: EtcdServer, tmp_path: Path, extra_config: str = "") -> None:
         self.cluster_id = f"cons-{uuid.uuid4().hex[:8]}"
-        args = server_config(tmp_path, FAST_LEASE)
+        args = server_config(tmp_path, FAST_LEASE + extra_config)
         self.servers = [CdcServer(etcd.url, tmp_path / f"cdc{i}", cluster_id=self.cluster_id,
                                   extra_args=args).start() for i in range(2)]
 
@@ -241,6 +241,14 @@ class Cluster:
 @pytest.fixture
 def cluster(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
     c = Cluster(etcd_server, tmp_path)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def quick_warning_cluster(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
+    """Two captures that warn after 5 s of failed barriers (``downstream-warn-after``; 30 s by default)."""
+    c = Cluster(etcd_server, tmp_path, "downstream-warn-after = 5.0\n")
     yield c
     c.close()
 
@@ -446,15 +454,16 @@ def test_owner_killed_mid_apply_leaves_the_previous_barrier(
 
 
 def test_a_barrier_the_target_refuses_shows_in_the_changefeed_state(
-        cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path,
+        quick_warning_cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path,
         request: pytest.FixtureRequest) -> None:
     """The target refuses a row of a barrier (a CHECK constraint the upstream does not have): the target stays at the
-    previous barrier, whole, and after 30 s without a barrier the changefeed is ``warning`` with
-    ``CDC:WarnBarrierNotApplied`` naming the barrier it shows and the target's error, never only a log line."""
+    previous barrier, whole, and after ``downstream-warn-after`` (30 s by default; 5 s here) without a barrier the
+    changefeed is ``warning`` with ``CDC:WarnBarrierNotApplied`` naming the barrier it shows and the target's error,
+    never only a log line."""
     sink_uri = target_of("postgresql", request, tmp_path, pg_server)
     precreate(sink_uri, "ALTER TABLE public.acct1 ADD CONSTRAINT small CHECK (balance < 100000)")
     config = 'span-count = 3\n[consistency]\nmode = "snapshot"\ninterval = 0.5\n'
-    cdc = cluster.any()
+    cdc = quick_warning_cluster.any()
     cdc.create_changefeed("bank", pg_server.uri(pg_database), sink_uri, config, snapshot="none")
     with source.cursor() as cur:
         cur.execute("BEGIN")
