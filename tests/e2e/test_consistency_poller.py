@@ -374,7 +374,7 @@ def test_snapshot_mode_has_no_torn_reads_and_the_default_mode_counts_them(
     assert len(poller.errors) <= len(poller.totals) // 10, poller.errors[:5]
 
 
-SLOW_TRIP = 6  # seconds the target takes to insert a trip row (a trigger): the barrier's apply is in progress that long
+SLOW_TRIP = 4  # seconds the target takes to insert a trip row (a trigger): the barrier's apply is in progress that long
 SLOW_TARGET = {
     "postgresql": ("CREATE TABLE public.trip (id int PRIMARY KEY)",
                    "CREATE FUNCTION public.slow_trip() RETURNS trigger LANGUAGE plpgsql AS "
