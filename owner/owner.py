@@ -128,11 +128,13 @@ class Owner:
         return cancel
 
     def resign(self) -> bool:
-        """Ask the leading owner to step down: its loop returns, it deletes its election key and
-        campaigns again (behind every other candidate). True if this capture was leading."""
+        """Ask the leading owner to step down: its loop returns (at once: its wait for status changes is ended, not
+        left to run out at the next ``owner-tick``), it deletes its election key and campaigns again (behind every
+        other candidate). True if this capture was leading."""
         if not self.is_owner:
             return False
         self._resign.set()
+        self.wake()
         return True
 
     def wake(self) -> None:

@@ -168,3 +168,18 @@ def test_the_owner_warns_after_the_servers_downstream_warn_after() -> None:
     assert owner.publisher.warn_after == owner.barriers.warn_after == 5.0
     with pytest.raises(InvalidConfig, match="downstream-warn-after"):
         ServerConfig.from_toml("downstream-warn-after = 0.0\n")
+
+
+def test_a_resign_ends_the_leading_loops_wait_at_once() -> None:
+    """``resign`` wakes the owner's loop (``wake``: its wait for status changes ends): the loop sees the request now,
+    not at the next ``owner-tick`` (an API resign waited half a tick on average for nothing)."""
+    from cdc.config import ServerConfig
+    from owner.owner import Owner
+
+    owner = Owner(object(), object(), "c1", ServerConfig(), lambda: True,  # type: ignore[arg-type]
+                  sinks=SINKS, open_upstream=lambda *a, **k: None)
+    woken: list[bool] = []
+    owner.wake = lambda: woken.append(True)  # type: ignore[method-assign]
+    assert owner.resign() is False and woken == []  # not leading: nothing to end
+    owner.is_owner = True
+    assert owner.resign() is True and woken == [True]
