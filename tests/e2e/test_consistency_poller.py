@@ -4,8 +4,9 @@ the target 25+ times a second for the whole run, two capture SIGKILLs while tran
 not the owner, then the one holding the owner role (the barrier coordinator), each restarted, and, on PostgreSQL and
 MariaDB targets (a server of the test's own), a restart of the target server (stopped, down 2 s, started). In
 ``[consistency] mode = "snapshot"`` every read must return the constant total (or 0, before the barrier of the
-opening transaction); the default mode runs the same test and reports how many reads were torn. Both end equal to the
-upstream row by row."""
+opening transaction); a default-mode changefeed replicates the same run beside it (into a target of the same kind
+that is not restarted), and how many of its reads were torn is reported. Both end equal to the upstream row by
+row."""
 
 from __future__ import annotations
 
