@@ -296,6 +296,9 @@ class ServerConfig:
     error_stuck_duration: float = 1800.0  # warning for longer than this -> failed
     upstream_check_interval: float = 10.0  # owner's look at slots, retained WAL and new tables
     drain_timeout: float = 60.0  # SIGTERM waits this long for the owner to move the spans away
+    # the owner's writes downstream (a sink's published checkpoint, a snapshot-mode changefeed's barrier) failing this
+    # long: the changefeed's warning (CDC:WarnCheckpointNotPublished, CDC:WarnBarrierNotApplied); read as a term starts
+    downstream_warn_after: float = 30.0
     # API security (docs/api.md, "Security"); secrets come from files or the environment, never flags' values
     auth_token_file: str = ""  # bearer tokens, one per line (else $TIDEWATER_AUTH_TOKEN[_FILE])
     auth_read: str = "open"  # "open": GET routes need no token; "protected": they do (health stays open)
@@ -329,6 +332,8 @@ class ServerConfig:
                 f"({self.checkpoint_interval}s)")
         if self.owner_flush_interval <= 0 or self.owner_tick <= 0:
             raise InvalidConfig("owner-tick and owner-flush-interval must be > 0")
+        if self.downstream_warn_after <= 0:
+            raise InvalidConfig(f"downstream-warn-after must be > 0, got {self.downstream_warn_after}")
         if self.error_backoff_min <= 0 or self.error_backoff_max < self.error_backoff_min:
             raise InvalidConfig("error-backoff-min must be > 0 and <= error-backoff-max")
         if ":" not in self.addr:

@@ -106,10 +106,16 @@ class Owner:
         self._snapshot: ClusterSnapshot | None = None
         self._feed: StatusFeed | None = None
         self._resign = threading.Event()
-        # sinks that show the checkpoint downstream (sinks.base.CheckpointSink): published off the loop
-        self.publisher = CheckpointPublisher(sinks)
-        # snapshot-mode changefeeds ([consistency]): their staged changes made visible in whole barriers, off the loop
-        self.barriers = BarrierCoordinator(sinks)
+        # sinks that show the checkpoint downstream (sinks.base.CheckpointSink): published off the loop; snapshot-mode
+        # changefeeds ([consistency]): their staged changes made visible in whole barriers, off the loop
+        self.publisher, self.barriers = self._downstream_writers()
+
+    def _downstream_writers(self) -> tuple[CheckpointPublisher, BarrierCoordinator]:
+        """A new checkpoint publisher and barrier coordinator: each shows a changefeed warning once writing to its
+        downstream has failed for ``downstream-warn-after`` seconds (the server config's, as the term starts)."""
+        warn_after = self.config.downstream_warn_after
+        return (CheckpointPublisher(self._sinks, warn_after=warn_after),
+                BarrierCoordinator(self._sinks, warn_after=warn_after))
 
     def _request_copy(self, info: ChangefeedInfo, table: TableName, span: int, oid: int) -> Callable[[], None]:
         """The upstream watch picks up ``table`` (relation ``oid``) with rows: store a table copy of it (fenced: only
@@ -122,11 +128,13 @@ class Owner:
         return cancel
 
     def resign(self) -> bool:
-        """Ask the leading owner to step down: its loop returns, it deletes its election key and
-        campaigns again (behind every other candidate). True if this capture was leading."""
+        """Ask the leading owner to step down: its loop returns (at once: its wait for status changes is ended, not
+        left to run out at the next ``owner-tick``), it deletes its election key and campaigns again (behind every
+        other candidate). True if this capture was leading."""
         if not self.is_owner:
             return False
         self._resign.set()
+        self.wake()
         return True
 
     def wake(self) -> None:
@@ -166,10 +174,11 @@ class Owner:
         watch = threading.Thread(target=self.watcher.run, args=(self._infos, term), name="upstream-watch",
                                  daemon=True)
         watch.start()
-        self.publisher = CheckpointPublisher(self._sinks)  # one per term: a new owner publishes what it computes
+        # one of each per term: a new owner publishes what it computes; its coordinator reads the target's barrier
+        # head afresh
+        self.publisher, self.barriers = self._downstream_writers()
         publish = threading.Thread(target=self.publisher.run, args=(term,), name="checkpoint-publish", daemon=True)
         publish.start()
-        self.barriers = BarrierCoordinator(self._sinks)  # one per term: it reads the target's barrier head afresh
         barriers = threading.Thread(target=self.barriers.run, args=(term,), name="barrier-apply", daemon=True)
         barriers.start()
         try:

@@ -15,17 +15,20 @@ from collections.abc import Iterator
 import pytest
 
 from playground.servers import EtcdServer, KafkaServer, MariaDBServer, PostgresServer
+from tests.xdist_groups import pin_groups
 
 SPARK_GROUP = "spark"
 """The ``xdist_group`` of every test that uses the ``spark`` fixture."""
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests that use the session's SparkSession go to one xdist worker (``--dist loadgroup``): one JVM, started
-    once, instead of one per worker. Without xdist the mark does nothing."""
+    once, instead of one per worker (``tests.xdist_groups.pin_groups``: the mark alone no longer reaches xdist's
+    controller on pytest 9). Without xdist the mark does nothing."""
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group(SPARK_GROUP))
+    pin_groups(config, items)
 
 
 def _unique_name(request: pytest.FixtureRequest, prefix: str, max_len: int) -> str:

@@ -4,17 +4,20 @@ the target 25+ times a second for the whole run, two capture SIGKILLs while tran
 not the owner, then the one holding the owner role (the barrier coordinator), each restarted, and, on PostgreSQL and
 MariaDB targets (a server of the test's own), a restart of the target server (stopped, down 2 s, started). In
 ``[consistency] mode = "snapshot"`` every read must return the constant total (or 0, before the barrier of the
-opening transaction); the default mode runs the same test and reports how many reads were torn. Both end equal to the
-upstream row by row."""
+opening transaction); a default-mode changefeed replicates the same run beside it (into a target of the same kind
+that is not restarted), and how many of its reads were torn is reported. Both end equal to the upstream row by
+row."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sqlite3
 import threading
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -201,9 +204,9 @@ class Cluster:
     """Two captures on the session's etcd under a cluster id of this test; ``kill(i)`` SIGKILLs one and starts it
     again on the same data directory."""
 
-    def __init__(self, etcd: EtcdServer, tmp_path: Path) -> None:
+    def __init__(self, etcd: EtcdServer, tmp_path: Path, extra_config: str = "") -> None:
         self.cluster_id = f"cons-{uuid.uuid4().hex[:8]}"
-        args = server_config(tmp_path, FAST_LEASE)
+        args = server_config(tmp_path, FAST_LEASE + extra_config)
         self.servers = [CdcServer(etcd.url, tmp_path / f"cdc{i}", cluster_id=self.cluster_id,
                                   extra_args=args).start() for i in range(2)]
 
@@ -243,13 +246,54 @@ def cluster(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
     c.close()
 
 
-def run_bank(cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str,
-             mode: str, target: PostgresServer | MariaDBServer | None = None) -> Poller:
-    """The bank run (module docstring); ``target``: the target's server, restarted mid-run."""
-    precreate(sink_uri)
-    config = f'span-count = 3\n[consistency]\nmode = "{mode}"\ninterval = 0.5\n'
-    cluster.any().create_changefeed("bank", pg_server.uri(pg_database), sink_uri, config, snapshot="none")
-    with Poller(sink_uri) as poller:
+@pytest.fixture
+def quick_warning_cluster(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
+    """Two captures that warn after 5 s of failed barriers (``downstream-warn-after``; 30 s by default)."""
+    c = Cluster(etcd_server, tmp_path, "downstream-warn-after = 5.0\n")
+    yield c
+    c.close()
+
+
+@dataclass
+class Feed:
+    """One changefeed of a bank run: its own target, mode and poller. ``target``: the target's server, restarted
+    mid-run (a server of the test's own: ``own_target``)."""
+
+    cf: str
+    sink_uri: str
+    mode: str
+    target: PostgresServer | MariaDBServer | None = None
+    poller: Poller = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.poller = Poller(self.sink_uri)
+
+    def shown(self, q: dict[str, Any]) -> int:
+        """What a reader of the target sees, as the changefeed query shows it: the barrier in snapshot mode, else the
+        checkpoint."""
+        return (q["consistency"]["barrier_ts"] or 0) if self.mode == "snapshot" else q["checkpoint_ts"]
+
+
+def caught_up(cluster: Cluster, source: Any, feeds: list[Feed], at_least: float) -> None:
+    """Let the transfers run ``at_least`` seconds and until every feed's readers see the upstream as of now: after a
+    kill or a restart, the next event comes only once the changefeeds have recovered from this one."""
+    t0, lsn = time.monotonic(), current_lsn(source)
+    cdc = cluster.any()
+    for feed in feeds:
+        wait_for(cdc, feed.cf, lambda q, f=feed: f.shown(q) >= lsn, f"{feed.cf} shows {lsn:X}", timeout=120)
+    time.sleep(max(0.0, at_least - (time.monotonic() - t0)))
+
+
+def run_bank(cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any, feeds: list[Feed]) -> None:
+    """The bank run (module docstring) replicated by every feed at once, each read by its own poller (``feed.poller``)
+    throughout; a feed's ``target`` is restarted mid-run."""
+    for feed in feeds:
+        precreate(feed.sink_uri)
+        config = f'span-count = 3\n[consistency]\nmode = "{feed.mode}"\ninterval = 0.5\n'
+        cluster.any().create_changefeed(feed.cf, pg_server.uri(pg_database), feed.sink_uri, config, snapshot="none")
+    with contextlib.ExitStack() as pollers:
+        for feed in feeds:
+            pollers.enter_context(feed.poller)
         with source.cursor() as cur:  # the opening balances: one upstream transaction over every table
             cur.execute("BEGIN")
             for t in TABLES:
@@ -260,77 +304,78 @@ def run_bank(cluster: Cluster, pg_server: PostgresServer, pg_database: str, sour
         for w in writers:
             w.start()
         try:
-            time.sleep(5)
+            caught_up(cluster, source, feeds, 3)
             cluster.kill(1 - cluster.owner())  # a capture that is not the owner (spans only)
-            time.sleep(5)
+            caught_up(cluster, source, feeds, 2)
             cluster.kill(cluster.owner())  # the owner: the barrier coordinator, its apply maybe in flight
-            time.sleep(5)
-            if target is not None:
-                failed = len(poller.errors)
-                target.stop()  # (fast shutdown: every session of the spans, the coordinator and the poller ends)
+            caught_up(cluster, source, feeds, 2)
+            restarted = [f for f in feeds if f.target is not None]
+            if restarted:
+                failed = [len(f.poller.errors) for f in restarted]
+                for f in restarted:  # (fast shutdown: every session of the spans, the coordinator and the poller ends)
+                    f.target.stop()  # type: ignore[union-attr]
                 time.sleep(2)
-                target.start()
-                time.sleep(4)
-                assert len(poller.errors) > failed, "the poller never saw the target down"
+                for f in restarted:
+                    f.target.start()  # type: ignore[union-attr]
+                caught_up(cluster, source, feeds, 2)
+                for f, before in zip(restarted, failed, strict=True):
+                    assert len(f.poller.errors) > before, f"{f.cf}: the poller never saw the target down"
         finally:
             for w in writers:
                 w.finish()
                 w.conn.close()
         end = current_lsn(source)
         cdc = cluster.any()
-        cdc.wait_checkpoint("bank", end, timeout=120)
-        if mode == "snapshot":
-            deadline = time.monotonic() + 60
-            while not barriers(sink_uri, "bank") or barriers(sink_uri, "bank")[-1] < end:
-                assert time.monotonic() < deadline, f"no barrier at or above {end} applied in 60 s"
-                time.sleep(0.2)
+        for feed in feeds:
+            cdc.wait_checkpoint(feed.cf, end, timeout=120)
+            if feed.mode == "snapshot":
+                deadline = time.monotonic() + 60
+                while not barriers(feed.sink_uri, feed.cf) or barriers(feed.sink_uri, feed.cf)[-1] < end:
+                    assert time.monotonic() < deadline, f"{feed.cf}: no barrier at or above {end} applied in 60 s"
+                    time.sleep(0.2)
         time.sleep(0.5)  # a few reads of the final state
-    for diff in compare_tables(source, [f"public.{t}" for t in TABLES], sink_uri):
-        assert diff.equal and diff.source_rows == diff.target_rows == ACCOUNTS, diff
-    info = wait_for(cdc, "bank", lambda q: q["state"] == "normal", "state normal")  # (a restart's warning cleared)
-    assert info["consistency"]["mode"] == ("snapshot" if mode == "snapshot" else "per-key")
-    if mode == "snapshot":  # changefeed query shows the barrier readers see (carried by the owner's status writes)
-        wait_for(cdc, "bank", lambda q: (q["consistency"]["barrier_ts"] or 0) >= end, "query shows the barrier")
-    return poller
+    for feed in feeds:
+        for diff in compare_tables(source, [f"public.{t}" for t in TABLES], feed.sink_uri):
+            assert diff.equal and diff.source_rows == diff.target_rows == ACCOUNTS, (feed.cf, diff)
+        info = wait_for(cdc, feed.cf, lambda q: q["state"] == "normal", "state normal")  # (a restart's warning cleared)
+        assert info["consistency"]["mode"] == ("snapshot" if feed.mode == "snapshot" else "per-key")
+        if feed.mode == "snapshot":  # changefeed query shows the barrier readers see (carried by the owner's status)
+            wait_for(cdc, feed.cf, lambda q: (q["consistency"]["barrier_ts"] or 0) >= end, "query shows the barrier")
 
 
 @pytest.mark.parametrize("kind", ["postgresql", "mariadb", "sqlite"])
-def test_snapshot_mode_has_no_torn_reads(cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any,
-                                         tmp_path: Path, request: pytest.FixtureRequest, kind: str,
-                                         restartable: dict[str, PostgresServer | MariaDBServer]) -> None:
-    """Snapshot mode through a non-owner kill, an owner kill and (server targets) a target restart: every read sees
-    the constant total, the target ends equal row by row."""
-    target = None
+def test_snapshot_mode_has_no_torn_reads_and_the_default_mode_counts_them(
+        cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path,
+        request: pytest.FixtureRequest, kind: str, restartable: dict[str, PostgresServer | MariaDBServer],
+        record_property: Any) -> None:
+    """Two changefeeds of the same bank run, through a non-owner kill, an owner kill and (server targets) a restart of
+    the snapshot-mode target. Snapshot mode: every read sees the constant total. The default mode (a target of the same
+    kind on the session's server, not restarted): the reads that saw a total the upstream never had are counted and
+    reported, not asserted (how many depends on timing). Both targets end equal row by row."""
     if kind == "sqlite":
-        sink_uri = target_of(kind, request, tmp_path, pg_server)
+        snap = Feed("bank", target_of(kind, request, tmp_path, pg_server), "snapshot")
+        default = Feed("bank-default", f"sqlite:///{tmp_path / 'default.db'}", "default")
     else:
         sink_uri, target = own_target(kind, tmp_path, restartable)
-    poller = run_bank(cluster, pg_server, pg_database, source, sink_uri, "snapshot", target)
+        snap = Feed("bank", sink_uri, "snapshot", target)
+        default = Feed("bank-default", target_of(kind, request, tmp_path, pg_server), "default")
+    run_bank(cluster, pg_server, pg_database, source, [snap, default])
+    poller = snap.poller
     print(f"\n{kind} snapshot mode: {len(poller.totals)} reads ({poller.rate:.1f}/s), {len(poller.torn)} torn, "
-          f"{len(poller.errors)} failed, {len(barriers(sink_uri, 'bank'))} syncpoint row(s)"
-          + (", target restarted" if target is not None else ""))
+          f"{len(poller.errors)} failed, {len(barriers(snap.sink_uri, snap.cf))} syncpoint row(s)"
+          + (", target restarted" if snap.target is not None else ""))
+    torn = default.poller
+    record_property("torn_reads", len(torn.torn))
+    record_property("reads", len(torn.totals))
+    print(f"{kind} default mode: {len(torn.torn)} of {len(torn.totals)} reads torn ({torn.rate:.1f}/s)")
     assert poller.rate >= READS_PER_SECOND, poller.errors[:5]
+    assert torn.rate >= READS_PER_SECOND, torn.errors[:5]
     assert TOTAL in poller.totals
     assert poller.torn == [], f"{len(poller.torn)} of {len(poller.totals)} reads saw a total that never existed"
     assert len(poller.errors) <= len(poller.totals) // 10, poller.errors[:5]
 
 
-@pytest.mark.parametrize("kind", ["postgresql", pytest.param("mariadb", marks=pytest.mark.slow),
-                                  pytest.param("sqlite", marks=pytest.mark.slow)])
-def test_default_mode_reports_torn_reads(cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any,
-                                         tmp_path: Path, request: pytest.FixtureRequest, kind: str,
-                                         record_property: Any) -> None:
-    """The same run in the default mode: converges row by row, and the reads that saw a total the upstream never had
-    are counted and reported (not asserted: how many depends on timing)."""
-    sink_uri = target_of(kind, request, tmp_path, pg_server)
-    poller = run_bank(cluster, pg_server, pg_database, source, sink_uri, "default")
-    record_property("torn_reads", len(poller.torn))
-    record_property("reads", len(poller.totals))
-    print(f"\n{kind} default mode: {len(poller.torn)} of {len(poller.totals)} reads torn ({poller.rate:.1f}/s)")
-    assert poller.rate >= READS_PER_SECOND, poller.errors[:5]
-
-
-SLOW_TRIP = 6  # seconds the target takes to insert a trip row (a trigger): the barrier's apply is in progress that long
+SLOW_TRIP = 4  # seconds the target takes to insert a trip row (a trigger): the barrier's apply is in progress that long
 SLOW_TARGET = {
     "postgresql": ("CREATE TABLE public.trip (id int PRIMARY KEY)",
                    "CREATE FUNCTION public.slow_trip() RETURNS trigger LANGUAGE plpgsql AS "
@@ -410,15 +455,16 @@ def test_owner_killed_mid_apply_leaves_the_previous_barrier(
 
 
 def test_a_barrier_the_target_refuses_shows_in_the_changefeed_state(
-        cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path,
+        quick_warning_cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path,
         request: pytest.FixtureRequest) -> None:
     """The target refuses a row of a barrier (a CHECK constraint the upstream does not have): the target stays at the
-    previous barrier, whole, and after 30 s without a barrier the changefeed is ``warning`` with
-    ``CDC:WarnBarrierNotApplied`` naming the barrier it shows and the target's error, never only a log line."""
+    previous barrier, whole, and after ``downstream-warn-after`` (30 s by default; 5 s here) without a barrier the
+    changefeed is ``warning`` with ``CDC:WarnBarrierNotApplied`` naming the barrier it shows and the target's error,
+    never only a log line."""
     sink_uri = target_of("postgresql", request, tmp_path, pg_server)
     precreate(sink_uri, "ALTER TABLE public.acct1 ADD CONSTRAINT small CHECK (balance < 100000)")
     config = 'span-count = 3\n[consistency]\nmode = "snapshot"\ninterval = 0.5\n'
-    cdc = cluster.any()
+    cdc = quick_warning_cluster.any()
     cdc.create_changefeed("bank", pg_server.uri(pg_database), sink_uri, config, snapshot="none")
     with source.cursor() as cur:
         cur.execute("BEGIN")

@@ -87,6 +87,13 @@ class Consumer:
             assert time.monotonic() < deadline, f"the consumer applied up to {self.applied}, not {ts}, in {timeout}s"
             time.sleep(0.1)
 
+    def caught_up(self, source: Any, at_least: float) -> None:
+        """Let the transfers run ``at_least`` seconds and until this consumer has applied a cut at or above the
+        upstream's position as of now: after a kill, the next one comes only once the pipeline has recovered."""
+        t0, lsn = time.monotonic(), current_lsn(source)
+        self.wait(lsn)
+        time.sleep(max(0.0, at_least - (time.monotonic() - t0)))
+
     def close(self) -> None:
         self.halt.set()
         self.thread.join(30)
@@ -120,11 +127,11 @@ def test_the_consumer_applies_whole_cuts_no_torn_reads_through_two_kills(
             for w in writers:
                 w.start()
             try:
-                time.sleep(4)
+                consumer.caught_up(source, 3)
                 cluster.kill(1 - cluster.owner())  # spans only
-                time.sleep(4)
+                consumer.caught_up(source, 2)
                 cluster.kill(cluster.owner())  # spans and the owner's checkpoint watermarks
-                time.sleep(4)
+                consumer.caught_up(source, 2)
             finally:
                 for w in writers:
                     w.finish()

@@ -153,3 +153,33 @@ def test_the_owner_offers_each_stored_checkpoint() -> None:
     owner.apply(PutStatus("cf", ChangefeedStatus(0, 0.0)), snap)  # no checkpoint yet (a span still copying)
     owner.publisher.publish_due()
     assert log == [300]
+
+
+def test_the_owner_warns_after_the_servers_downstream_warn_after() -> None:
+    """``downstream-warn-after`` (server config) reaches the publisher and the barrier coordinator of every term."""
+    from cdc.config import ServerConfig
+    from cdc.errors import InvalidConfig
+    from owner.owner import Owner
+
+    assert ServerConfig.from_toml("").downstream_warn_after == 30.0
+    config = ServerConfig.from_toml("downstream-warn-after = 5.0\n")
+    owner = Owner(object(), object(), "c1", config, lambda: True,  # type: ignore[arg-type]
+                  sinks=SINKS, open_upstream=lambda *a, **k: None)
+    assert owner.publisher.warn_after == owner.barriers.warn_after == 5.0
+    with pytest.raises(InvalidConfig, match="downstream-warn-after"):
+        ServerConfig.from_toml("downstream-warn-after = 0.0\n")
+
+
+def test_a_resign_ends_the_leading_loops_wait_at_once() -> None:
+    """``resign`` wakes the owner's loop (``wake``: its wait for status changes ends): the loop sees the request now,
+    not at the next ``owner-tick`` (an API resign waited half a tick on average for nothing)."""
+    from cdc.config import ServerConfig
+    from owner.owner import Owner
+
+    owner = Owner(object(), object(), "c1", ServerConfig(), lambda: True,  # type: ignore[arg-type]
+                  sinks=SINKS, open_upstream=lambda *a, **k: None)
+    woken: list[bool] = []
+    owner.wake = lambda: woken.append(True)  # type: ignore[method-assign]
+    assert owner.resign() is False and woken == []  # not leading: nothing to end
+    owner.is_owner = True
+    assert owner.resign() is True and woken == [True]
