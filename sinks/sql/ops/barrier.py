@@ -4,7 +4,13 @@ coordinator's apply of one barrier.
 Guarantees (the contract of ``sinks.base.BarrierSink``):
 
 - :meth:`Stager.write` stages one ``write``'s changes above the span's position and moves the position, in one
-  downstream transaction (fenced): exactly once, as a direct write, but nothing of it in the real tables.
+  downstream transaction (fenced): exactly once, as a direct write, but nothing of it in the real tables. With
+  ``[sink] worker-count`` > 1 the write's transactions are staged by the parallel-apply workers
+  (``sinks.sql.ops.parallel``), each list in its own downstream transaction with its transactions' applied rows, and
+  the position moves once every worker committed: exactly once by parallel apply's argument (that module's
+  docstring); a crash between the workers' commits leaves whole transactions staged above the position, which
+  :meth:`Stager.open` keeps and the replay skips. A transaction is never split over workers, so its pieces stay
+  numbered from 0 per (span, commit Ts).
 - :meth:`BarrierApply.apply` makes every staged change at or below a barrier visible in one downstream transaction:
   it first moves the changefeed's barrier head (the position row of span :data:`BARRIER_SPAN` in the position table,
   compare-and-set: a racing coordinator waits on that row and then fails with ``SinkUnavailable``), then applies the

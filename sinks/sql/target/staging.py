@@ -29,8 +29,10 @@ downstream_time the target's clock when the barrier's transaction ran (UTC)
 Guarantees:
 - :meth:`StageSQL.create` creates what is missing (``CREATE .. IF NOT EXISTS``, autocommit on MySQL/PostgreSQL; on
   SQLite ``create_tables`` runs inside the caller's transaction).
-- :meth:`StageSQL.stage` runs inside the caller's open transaction (the span's, which also moves its position): its
-  pieces commit with the position or not at all.
+- :meth:`StageSQL.stage_changes` runs inside the caller's open transaction (the span's, which also moves its position,
+  or a staging worker's, which records its transactions in the applied table): its pieces commit with the position
+  (or the applied rows) or not at all. A piece whose key is there already (another writer staged that transaction)
+  raises ``SinkUnavailable``: the caller's transaction is rolled back and the span restarts.
 - :meth:`StageSQL.read` pages through the staged pieces at or below a barrier in commit order (then span, then piece)
   by key, one page of :data:`PAGE_PIECES` at a time, calling ``before_read`` before each page (the writer's pipeline
   must be idle before the connection reads).
