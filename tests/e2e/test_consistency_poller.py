@@ -231,6 +231,12 @@ class Cluster:
             assert time.monotonic() < deadline, "no owner in 30 s"
             time.sleep(0.2)
 
+    def parallel_writes(self) -> int:
+        """How many spans' sinks (over every run of the captures) wrote on several connections: the log line of each
+        sink's first such write (``sinks.sql.ops.parallel``)."""
+        return sum(s.log_file.read_text(errors="replace").count("first write applied on")
+                   for s in self.servers if s.log_file.exists())
+
     def close(self) -> None:
         for s in self.servers:
             s.kill()
@@ -244,10 +250,11 @@ def cluster(etcd_server: EtcdServer, tmp_path: Path) -> Iterator[Cluster]:
 
 
 def run_bank(cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str,
-             mode: str, target: PostgresServer | MariaDBServer | None = None) -> Poller:
-    """The bank run (module docstring); ``target``: the target's server, restarted mid-run."""
+             mode: str, target: PostgresServer | MariaDBServer | None = None, workers: int = 1) -> Poller:
+    """The bank run (module docstring); ``target``: the target's server, restarted mid-run; ``workers``: the sink's
+    ``worker-count``."""
     precreate(sink_uri)
-    config = f'span-count = 3\n[consistency]\nmode = "{mode}"\ninterval = 0.5\n'
+    config = f'span-count = 3\n[consistency]\nmode = "{mode}"\ninterval = 0.5\n[sink]\nworker-count = {workers}\n'
     cluster.any().create_changefeed("bank", pg_server.uri(pg_database), sink_uri, config, snapshot="none")
     with Poller(sink_uri) as poller:
         with source.cursor() as cur:  # the opening balances: one upstream transaction over every table
@@ -298,17 +305,21 @@ def run_bank(cluster: Cluster, pg_server: PostgresServer, pg_database: str, sour
 def test_snapshot_mode_has_no_torn_reads(cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any,
                                          tmp_path: Path, request: pytest.FixtureRequest, kind: str,
                                          restartable: dict[str, PostgresServer | MariaDBServer]) -> None:
-    """Snapshot mode through a non-owner kill, an owner kill and (server targets) a target restart: every read sees
-    the constant total, the target ends equal row by row."""
+    """Snapshot mode with ``worker-count = 4`` (each span's writes staged on 4 connections; SQLite has one writer and
+    ignores it) through a non-owner kill, an owner kill and (server targets) a target restart: every read sees the
+    constant total, the target ends equal row by row."""
     target = None
     if kind == "sqlite":
         sink_uri = target_of(kind, request, tmp_path, pg_server)
     else:
         sink_uri, target = own_target(kind, tmp_path, restartable)
-    poller = run_bank(cluster, pg_server, pg_database, source, sink_uri, "snapshot", target)
+    poller = run_bank(cluster, pg_server, pg_database, source, sink_uri, "snapshot", target, workers=4)
+    parallel = cluster.parallel_writes()
     print(f"\n{kind} snapshot mode: {len(poller.totals)} reads ({poller.rate:.1f}/s), {len(poller.torn)} torn, "
-          f"{len(poller.errors)} failed, {len(barriers(sink_uri, 'bank'))} syncpoint row(s)"
-          + (", target restarted" if target is not None else ""))
+          f"{len(poller.errors)} failed, {len(barriers(sink_uri, 'bank'))} syncpoint row(s), {parallel} span "
+          "sink(s) staged on several connections" + (", target restarted" if target is not None else ""))
+    if kind != "sqlite":
+        assert parallel > 0, "no span staged a write on several connections"
     assert poller.rate >= READS_PER_SECOND, poller.errors[:5]
     assert TOTAL in poller.totals
     assert poller.torn == [], f"{len(poller.torn)} of {len(poller.totals)} reads saw a total that never existed"
