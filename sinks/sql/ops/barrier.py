@@ -126,7 +126,10 @@ class Stager:
         def body(conn: Connection, _k: int, lst: list[Txn]) -> int:
             return stage.stage_changes(conn, changefeed, span, (ch for t in lst for ch in t.changes))
 
-        return parallel.apply(txns, parallel.split(txns), position, fence, None, body)
+        rounds = parallel.split(txns)
+        if len(rounds[0]) == 1:  # one list (a transaction holds most of the write): one connection, no applied rows
+            return self._write_one(position, [ch for t in txns for ch in t.changes], fence)
+        return parallel.apply(txns, rounds, position, fence, None, body)
 
     def _write_one(self, position: Position, changes: Iterable[RowChange], fence: Fence | None) -> int:
         tracked = Tracked(changes, position.skip_at())
