@@ -59,6 +59,11 @@ same target):
 From 1 and 2: every transaction is committed downstream exactly once and, per key, in upstream order, whichever of Z
 and S applies it. Across keys Z and S may interleave as two workers of one writer would.
 
+A staging sink (``[consistency] mode = "snapshot"``, ``sinks.sql.ops.barrier.Stager``) uses the same workers with
+:meth:`ParallelApply.split` (one round of lists by size: staged pieces never conflict) and a worker body that stages
+the list's transactions instead of applying them (:data:`ListBody`); points 2 to 4 hold as they are, and its
+one-connection path is refused by the staged pieces' own key instead of applied rows.
+
 Compared with TiCDC (``pkg/causality``: a transaction waits only for its own conflicting predecessors, across workers,
 as they finish, streaming over writes), a write here is a barrier: whole conflict components go to one worker, and
 the next round or write starts after the slowest worker of this one committed.
