@@ -155,10 +155,6 @@ class ConsistencyConfig:
         if sink.delivery != "exactly-once":
             raise InvalidConfig("consistency.mode = \"snapshot\" needs sink.delivery = \"exactly-once\" (the staged "
                                 "changes are written exactly once, with the span's position)")
-        if sink.worker_count != 1:
-            raise InvalidConfig(f"consistency.mode = \"snapshot\" does not take sink.worker-count = "
-                                f"{sink.worker_count} yet: each barrier is applied by one coordinator on one "
-                                "connection; set worker-count = 1")
 
 
 @dataclass(frozen=True)

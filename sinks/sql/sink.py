@@ -301,9 +301,7 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
     def stage_barriers(self, origin: int = 0) -> None:
         if self._position is not None:
             raise SinkError("internal: stage_barriers() must be called before open_position()")
-        if self._parallel is not None:
-            raise SinkError("[consistency] mode = \"snapshot\" takes one apply worker (sink.worker-count = 1)")
-        self._stager = Stager(self.target, self._stage_sql())
+        self._stager = Stager(self.target, self._stage_sql(), self._parallel)
         self._stage_origin = origin
 
     def apply_barrier(self, changefeed: str, origin: int, barrier_ts: int, barrier_time: float, *, history: bool,

@@ -234,6 +234,12 @@ class Cluster:
             assert time.monotonic() < deadline, "no owner in 30 s"
             time.sleep(0.2)
 
+    def parallel_writes(self) -> int:
+        """How many spans' sinks (over every run of the captures) wrote on several connections: the log line of each
+        sink's first such write (``sinks.sql.ops.parallel``)."""
+        return sum(s.log_file.read_text(errors="replace").count("first write applied on")
+                   for s in self.servers if s.log_file.exists())
+
     def close(self) -> None:
         for s in self.servers:
             s.kill()
@@ -263,6 +269,7 @@ class Feed:
     sink_uri: str
     mode: str
     target: PostgresServer | MariaDBServer | None = None
+    workers: int = 1  # the sink's worker-count
     poller: Poller = field(init=False)
 
     def __post_init__(self) -> None:
@@ -289,7 +296,8 @@ def run_bank(cluster: Cluster, pg_server: PostgresServer, pg_database: str, sour
     throughout; a feed's ``target`` is restarted mid-run."""
     for feed in feeds:
         precreate(feed.sink_uri)
-        config = f'span-count = 3\n[consistency]\nmode = "{feed.mode}"\ninterval = 0.5\n'
+        config = (f'span-count = 3\n[consistency]\nmode = "{feed.mode}"\ninterval = 0.5\n'
+                  f'[sink]\nworker-count = {feed.workers}\n')
         cluster.any().create_changefeed(feed.cf, pg_server.uri(pg_database), feed.sink_uri, config, snapshot="none")
     with contextlib.ExitStack() as pollers:
         for feed in feeds:
@@ -348,22 +356,27 @@ def test_snapshot_mode_has_no_torn_reads_and_the_default_mode_counts_them(
         cluster: Cluster, pg_server: PostgresServer, pg_database: str, source: Any, tmp_path: Path,
         request: pytest.FixtureRequest, kind: str, restartable: dict[str, PostgresServer | MariaDBServer],
         record_property: Any) -> None:
-    """Two changefeeds of the same bank run, through a non-owner kill, an owner kill and (server targets) a restart of
+    """Two changefeeds of the same bank run, the snapshot-mode one with ``worker-count = 4`` (each span's writes staged
+    on 4 connections; SQLite has one writer and ignores it), through a non-owner kill, an owner kill and (server targets) a restart of
     the snapshot-mode target. Snapshot mode: every read sees the constant total. The default mode (a target of the same
     kind on the session's server, not restarted): the reads that saw a total the upstream never had are counted and
     reported, not asserted (how many depends on timing). Both targets end equal row by row."""
     if kind == "sqlite":
-        snap = Feed("bank", target_of(kind, request, tmp_path, pg_server), "snapshot")
+        snap = Feed("bank", target_of(kind, request, tmp_path, pg_server), "snapshot", workers=4)
         default = Feed("bank-default", f"sqlite:///{tmp_path / 'default.db'}", "default")
     else:
         sink_uri, target = own_target(kind, tmp_path, restartable)
-        snap = Feed("bank", sink_uri, "snapshot", target)
+        snap = Feed("bank", sink_uri, "snapshot", target, workers=4)
         default = Feed("bank-default", target_of(kind, request, tmp_path, pg_server), "default")
     run_bank(cluster, pg_server, pg_database, source, [snap, default])
     poller = snap.poller
     print(f"\n{kind} snapshot mode: {len(poller.totals)} reads ({poller.rate:.1f}/s), {len(poller.torn)} torn, "
           f"{len(poller.errors)} failed, {len(barriers(snap.sink_uri, snap.cf))} syncpoint row(s)"
           + (", target restarted" if snap.target is not None else ""))
+    parallel = cluster.parallel_writes()
+    print(f"{kind} snapshot mode: {parallel} span sink(s) staged on several connections")
+    if kind != "sqlite":
+        assert parallel > 0, "no span staged a write on several connections"
     torn = default.poller
     record_property("torn_reads", len(torn.torn))
     record_property("reads", len(torn.totals))

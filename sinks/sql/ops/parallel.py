@@ -59,6 +59,11 @@ same target):
 From 1 and 2: every transaction is committed downstream exactly once and, per key, in upstream order, whichever of Z
 and S applies it. Across keys Z and S may interleave as two workers of one writer would.
 
+A staging sink (``[consistency] mode = "snapshot"``, ``sinks.sql.ops.barrier.Stager``) uses the same workers with
+:meth:`ParallelApply.split` (one round of lists by size: staged pieces never conflict) and a worker body that stages
+the list's transactions instead of applying them (:data:`ListBody`); points 2 to 4 hold as they are, and its
+one-connection path is refused by the staged pieces' own key instead of applied rows.
+
 Compared with TiCDC (``pkg/causality``: a transaction waits only for its own conflicting predecessors, across workers,
 as they finish, streaming over writes), a write here is a barrier: whole conflict components go to one worker, and
 the next round or write starts after the slowest worker of this one committed.
@@ -109,6 +114,11 @@ ROUND_COST = 250
 # a worker's transaction chosen as a deadlock victim is run again this many times (20, 40, 80 ms apart...) before the
 # write fails (SinkUnavailable: the span restarts)
 DEADLOCK_RETRIES = 4
+
+ListBody = Callable[[Connection, int, list["Txn"]], int]
+"""What a worker does with its list inside its downstream transaction, after :meth:`Position.hold` and
+:meth:`Position.mark`: ``body(conn, k, txns)`` returns the changes it wrote (default: apply them with a
+:class:`~sinks.sql.ops.writer.Writer`; a staging sink stages them instead, ``sinks.sql.ops.barrier``)."""
 
 
 _gc_lock = threading.Lock()
@@ -309,20 +319,37 @@ class ParallelApply:
                     keys.add(("table", label))
         return schedule([k for k, _ in keyed], self.workers, [len(t.changes) for t in txns], ROUND_COST)
 
+    def split(self, txns: list[Txn]) -> list[list[list[int]]]:
+        """One round of at most ``workers`` lists of consecutive transactions of about equal changes, in commit
+        order (for writes whose transactions never conflict downstream: staging, where each transaction's pieces
+        have keys of their own). Guarantees: every transaction in exactly one list, each list ascending."""
+        total = sum(len(t.changes) for t in txns)
+        share = -(-total // self.workers)
+        lists: list[list[int]] = [[]]
+        load = 0
+        for i, t in enumerate(txns):
+            if load >= share and len(lists) < self.workers:
+                lists.append([])
+                load = 0
+            lists[-1].append(i)
+            load += len(t.changes)
+        return [lists]
+
     def apply(self, txns: list[Txn], rounds: list[list[list[int]]], pos: Position | None,
-              fence: Callable[[], None] | None, row_source: RowSource | None) -> int:
+              fence: Callable[[], None] | None, row_source: RowSource | None, body: ListBody | None = None) -> int:
         """Apply ``rounds`` (from :meth:`plan`) one after the other, the lists of a round concurrently, each worker
         committing its own transaction after the fence; then move the position once every one committed. The
         fence and the row source (one upstream session) are called by one worker at a time. The first error of a
         round is raised once its every worker finished (no later round starts); workers that committed stay
-        committed (recorded in the applied table: a restart skips them)."""
+        committed (recorded in the applied table: a restart skips them). ``body`` replaces what a worker does with
+        its list (:data:`ListBody`); the position, the marks, the fence and the retries stay as they are."""
         if row_source is not None:
             row_source = self._locked(row_source)
         worker_fence = self._locked(fence) if fence is not None else None
         count = 0
         for lists in rounds:
-            futures = [self._pool.submit(self._work, k, [txns[i] for i in lst], pos, row_source, worker_fence)
-                       for k, lst in enumerate(lists)]
+            futures = [self._pool.submit(self._work, k, [txns[i] for i in lst], pos, row_source, worker_fence,
+                                         body) for k, lst in enumerate(lists)]
             error: BaseException | None = None
             for f in futures:
                 try:
@@ -355,14 +382,14 @@ class ParallelApply:
         return call
 
     def _work(self, k: int, txns: list[Txn], pos: Position | None, row_source: RowSource | None,
-              fence: Callable[[], None] | None) -> int:
+              fence: Callable[[], None] | None, body: ListBody | None) -> int:
         """Worker ``k``: its transactions in one downstream transaction, committed after the fence. Committing at
         once (not after every worker applied) matters: a worker may wait for a lock another one holds (InnoDB's
         next-key locks of unique checks span keys), which a commit barrier would turn into a wait until the lock
         timeout."""
         for attempt in range(DEADLOCK_RETRIES + 1):
             try:
-                return self._work_once(k, txns, pos, row_source, fence)
+                return self._work_once(k, txns, pos, row_source, fence, body)
             except SinkUnavailable as exc:
                 # Workers apply transactions without a common key, yet InnoDB's next-key locks of unique checks (and
                 # PostgreSQL's row locks of FK checks) can still cross: the server picks a victim and rolls its whole
@@ -376,13 +403,15 @@ class ParallelApply:
         raise AssertionError("unreachable")
 
     def _work_once(self, k: int, txns: list[Txn], pos: Position | None, row_source: RowSource | None,
-                   fence: Callable[[], None] | None) -> int:
+                   fence: Callable[[], None] | None, body: ListBody | None) -> int:
         target = self.target
         writer: Writer | None = None
         with target.transaction(lambda: writer.current if writer else None, fence=fence) as conn:
             if pos is not None:
                 pos.hold(conn)
                 pos.mark(conn, [t.commit_ts for t in txns])
+            if body is not None:
+                return body(conn, k, txns)
             writer = Writer(conn, target.statements(), self.catalog, self.pipelines[k], self.config, row_source,
                             self.warn)
             return writer.run(itertools.chain.from_iterable(t.changes for t in txns))

@@ -105,6 +105,9 @@ class PositionSQL(OwnTable):
         # share-lock the span's row and read its Ts (a worker's transaction, parallel apply)
         lock = "FOR SHARE" if dialect == "postgresql" else "LOCK IN SHARE MODE" if dialect == "mysql" else ""
         self.hold = f"SELECT {ts} FROM {name} WHERE {cf} = {p} AND {sp} = {p} {lock}".rstrip()
+        # lock the span's row exclusively and read its Ts: waits for every worker transaction holding it (the
+        # staging sink's open, sinks.sql.ops.barrier)
+        self.seize = f"SELECT {ts} FROM {name} WHERE {cf} = {p} AND {sp} = {p}" + (" FOR UPDATE" if lock else "")
         # the applied table (parallel apply): one row per upstream transaction applied above the position
         self.applied = OwnTable(dialect, preparer, table[:55] + "_applied",
                                 f"{cf} {types[0]} NOT NULL, {sp} {types[1]} NOT NULL, {ts} {types[2]} NOT NULL, "
@@ -179,6 +182,22 @@ class Position:
                 f"changefeed={self.changefeed} span={self.span}: the applied position in {self.sql.label} is no "
                 f"longer {self.applied} (another writer advanced this span, or the row was deleted); "
                 "rolled back, the span restarts from the position the target holds")
+
+    def seize(self, conn: Connection) -> None:
+        """Inside the caller's open transaction: lock the span's position row exclusively (waiting for every worker
+        transaction that holds it in share mode to commit or roll back, and keeping new ones out until the caller's
+        commit), check that it still holds ``applied`` (else :class:`SinkUnavailable`) and read ``done`` again from
+        the applied table, which then stays as read until the caller commits: no writer of the span can be in the
+        middle of a transaction meanwhile."""
+        row = conn.exec_driver_sql(self.sql.seize, (self.changefeed, self.span)).first()
+        if row is None or int(row[0]) != self.applied:
+            raise SinkUnavailable(
+                f"changefeed={self.changefeed} span={self.span}: the applied position in {self.sql.label} is no "
+                f"longer {self.applied} (another writer advanced this span, or the row was deleted); "
+                "rolled back, the span restarts from the position the target holds")
+        if self.parallel:
+            self.done = {int(r[0]) for r in conn.exec_driver_sql(self.sql.select_done,
+                                                                 (self.changefeed, self.span, self.applied))}
 
     def mark(self, conn: Connection, commits: list[int]) -> None:
         """Inside a worker's open transaction: one applied row per upstream transaction ``commits``;

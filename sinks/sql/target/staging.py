@@ -29,8 +29,10 @@ downstream_time the target's clock when the barrier's transaction ran (UTC)
 Guarantees:
 - :meth:`StageSQL.create` creates what is missing (``CREATE .. IF NOT EXISTS``, autocommit on MySQL/PostgreSQL; on
   SQLite ``create_tables`` runs inside the caller's transaction).
-- :meth:`StageSQL.stage` runs inside the caller's open transaction (the span's, which also moves its position): its
-  pieces commit with the position or not at all.
+- :meth:`StageSQL.stage_changes` runs inside the caller's open transaction (the span's, which also moves its position,
+  or a staging worker's, which records its transactions in the applied table): its pieces commit with the position
+  (or the applied rows) or not at all. A piece whose key is there already (another writer staged that transaction)
+  raises ``SinkUnavailable``: the caller's transaction is rolled back and the span restarts.
 - :meth:`StageSQL.read` pages through the staged pieces at or below a barrier in commit order (then span, then piece)
   by key, one page of :data:`PAGE_PIECES` at a time, calling ``before_read`` before each page (the writer's pipeline
   must be idle before the connection reads).
@@ -46,6 +48,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from cdc.errors import SinkUnavailable
 from cdc.events import RowChange
 from sinks.sql.target import stage_codec
 from sinks.sql.target.connection import Target
@@ -100,6 +103,7 @@ class StageSQL:
                             f"ORDER BY {seq}")
         self.max_seq = f"SELECT max({seq}) FROM {stage} WHERE {cf} = {p} AND {sp} = {p} AND {ts} = {p}"
         self.clear_span = f"DELETE FROM {stage} WHERE {cf} = {p} AND {sp} = {p} AND {ts} > {p}"
+        self._cols = (cf, sp, ts)
         self.forget_stage = f"DELETE FROM {stage} WHERE {cf} = {p}"
         at = {"postgresql": f"to_timestamp({p})", "mysql": f"FROM_UNIXTIME({p})",
               "sqlite": f"strftime('%Y-%m-%d %H:%M:%f', {p}, 'unixepoch')"}[dialect]
@@ -153,7 +157,14 @@ class StageSQL:
         return count
 
     def _insert(self, conn: Connection, params: list[Any], pieces: int) -> None:
-        conn.exec_driver_sql(self.insert_head + ", ".join([self.insert_row] * pieces), tuple(params))
+        try:
+            conn.exec_driver_sql(self.insert_head + ", ".join([self.insert_row] * pieces), tuple(params))
+        except sa.exc.IntegrityError as exc:
+            # a piece's key (changefeed, commit Ts, span, seq) is there: another writer of the span (a fenced-off
+            # zombie, or its successor) staged that transaction; retryable: the span restarts and skips it
+            raise SinkUnavailable(f"changefeed={params[0]} span={params[2]}: a transaction of commits "
+                                  f"{params[1]}..{params[-5]} is staged in {self.label} already (another writer "
+                                  "staged it); rolled back, the span restarts and skips what is there") from exc
 
     def next_piece(self, conn: Connection, changefeed: str, span: int, commit_ts: int) -> int:
         """The number of the next piece of the span's transaction ``commit_ts`` (0: none staged)."""
@@ -165,9 +176,17 @@ class StageSQL:
         for row in conn.exec_driver_sql(self.span_pieces, (changefeed, span, commit_ts)).fetchall():
             yield from stage_codec.decode(bytes(row[0]))
 
-    def clear_above(self, conn: Connection, changefeed: str, span: int, ts: int) -> None:
-        """Delete the span's staged pieces above ``ts`` (an earlier changefeed's, when its position was reset)."""
-        conn.exec_driver_sql(self.clear_span, (changefeed, span, ts))
+    def clear_above(self, conn: Connection, changefeed: str, span: int, ts: int, *, keep: str | None = None) -> int:
+        """Delete the span's staged pieces above ``ts``, but those of the transactions listed in table ``keep`` (a
+        quoted name with columns changefeed, span, commit_ts: the applied table of several staging workers, whose
+        transactions are staged whole above the position); returns how many went."""
+        if keep is None:
+            return int(conn.exec_driver_sql(self.clear_span, (changefeed, span, ts)).rowcount)
+        cf, sp, cts = self._cols
+        stage = self.stage.name
+        statement = (f"{self.clear_span} AND NOT EXISTS (SELECT 1 FROM {keep} a WHERE a.{cf} = {stage}.{cf} "
+                     f"AND a.{sp} = {stage}.{sp} AND a.{cts} = {stage}.{cts})")
+        return int(conn.exec_driver_sql(statement, (changefeed, span, ts)).rowcount)
 
     # ---- the coordinator's side ----------------------------------------------------------------------------
     def read(self, conn: Connection, changefeed: str, barrier: int, before_read: Callable[[], None]

@@ -111,6 +111,12 @@ def test_consistency_section() -> None:
     assert ChangefeedConfig.from_dict({}).consistency == ChangefeedConfig().consistency  # stored by older versions
 
 
+def test_snapshot_mode_takes_several_apply_workers() -> None:
+    """Snapshot mode stages a span's write on worker-count connections (sinks.sql.ops.barrier, issue 25 item 4)."""
+    cfg = ChangefeedConfig.from_toml('[consistency]\nmode = "snapshot"\n[sink]\nworker-count = 4')
+    assert (cfg.consistency.snapshot, cfg.sink.worker_count) == (True, 4)
+
+
 @pytest.mark.parametrize(("toml", "named"), [
     ('[consistency]\nmode = "strict"', "consistency.mode"),
     ('[consistency]\nmode = "snapshot"\ninterval = 0', "consistency.interval"),
@@ -118,7 +124,7 @@ def test_consistency_section() -> None:
     ("[consistency]\nsyncpoint = true", "consistency.syncpoint"),  # default mode: refused, pointing to snapshot mode
     ('[consistency]\nmode = "snapshot"\nsyncpoint = 1', "consistency.syncpoint"),
     ('[consistency]\nmode = "snapshot"\n[sink]\ndelivery = "at-least-once"', "exactly-once"),
-    ('[consistency]\nmode = "snapshot"\n[sink]\nworker-count = 4', "worker-count"),
+    ('[consistency]\nmode = "snapshot"\n[sink]\nworker-count = 9', "worker-count"),  # the sink's own bound
     ('[consistency]\nmod = "snapshot"', "mod"),
 ])
 def test_invalid_consistency_names_the_key(toml: str, named: str) -> None:
