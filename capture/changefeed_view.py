@@ -100,16 +100,17 @@ def consistency_view(info: ChangefeedInfo) -> dict[str, Any]:
         config = ChangefeedConfig()
     workers = config.sink.worker_count
     spans = len(info.spans)
+    scheme = info.sink_uri.split(":", 1)[0].split("+", 1)[0].lower()
+    if scheme in ONE_WRITER_SINKS:
+        workers = 1  # SQLite has one writer per file; Kafka and files write in order per span (a sealed URI: as set)
     if config.consistency.snapshot:
-        return {"mode": "snapshot", "spans": spans, "apply_workers": 1, "interval": config.consistency.interval,
+        # (apply_workers: the connections each span stages on; every barrier is applied by one coordinator)
+        return {"mode": "snapshot", "spans": spans, "apply_workers": workers, "interval": config.consistency.interval,
                 "syncpoint": config.consistency.syncpoint,
                 "detail": f"the target moves from one upstream state to the next: every {config.consistency.interval:g}"
                           "s, everything up to a barrier (the changefeed checkpoint) becomes visible in one "
                           "transaction; the barrier it shows is the latest barrier_ts of this changefeed in "
                           "tidewater_syncpoint (docs/consistency.md)"}
-    scheme = info.sink_uri.split(":", 1)[0].split("+", 1)[0].lower()
-    if scheme in ONE_WRITER_SINKS:
-        workers = 1  # SQLite has one writer per file; Kafka and files write in order per span (a sealed URI: as set)
     if spans <= 1 and workers <= 1:
         return {"mode": "transaction", "spans": spans, "apply_workers": workers,
                 "detail": "every state a reader of the target sees existed upstream (one span, one apply connection)"}

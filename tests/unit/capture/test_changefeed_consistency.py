@@ -24,6 +24,9 @@ def _info(sink: str, spans: int, config: dict) -> ChangefeedInfo:
     ("mysql://u@h/t", 2, {}, "per-key", 1),
     ("sqlite:///t.db", 1, {"sink": {"worker_count": 4}}, "transaction", 1),  # one writer per file
     ("kafka://h:9092/t?protocol=canal-json", 1, {"sink": {"worker_count": 4}}, "transaction", 1),
+    # snapshot mode: the connections each span stages on (one coordinator applies every barrier)
+    ("postgresql://u@h/t", 3, {"sink": {"worker_count": 4}, "consistency": {"mode": "snapshot"}}, "snapshot", 4),
+    ("sqlite:///t.db", 3, {"sink": {"worker_count": 4}, "consistency": {"mode": "snapshot"}}, "snapshot", 1),
 ])
 def test_mode_follows_spans_and_apply_workers(sink: str, spans: int, config: dict, mode: str, workers: int) -> None:
     c = consistency_view(_info(sink, spans, config))
