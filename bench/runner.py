@@ -280,7 +280,10 @@ class Runner:
                 path = out_dir / f"{i:04d}-{src.table}.tsv"
                 exported.append((src, path, export_rows(self.up, db, src, path)))
             for kind in kinds:
-                rep.ceiling[kind] = measure_ceiling(self.env, kind, key, exported)
+                # the copies are made in (and cloned from) a target this run filled: the first variant of the sink
+                # (only the snapshot-mode one with --consistency snapshot)
+                tkey = next((v.target_key(key) for v in self.opts.variants if v.sink == kind), key)
+                rep.ceiling[kind] = measure_ceiling(self.env, kind, tkey, exported)
                 self._said(key, f"write ceiling {kind} ({rep.ceiling[kind].note})", rep.ceiling[kind])
         finally:
             shutil.rmtree(out_dir, ignore_errors=True)
