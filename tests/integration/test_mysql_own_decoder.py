@@ -18,7 +18,7 @@ from pymysqlreplication.row_event import DeleteRowsEvent, TableMapEvent, UpdateR
 
 from cdc.events import TableName
 from playground.servers import MariaDBServer
-from upstream.mysql import binlog, catalog, rowdecode, tablemap
+from upstream.mysql import binlog, catalog, rowcodec, rowdecode, tablemap
 from upstream.mysql.conn import connect, stream_settings
 
 ALL_TYPES = """
@@ -35,6 +35,7 @@ CREATE TABLE {db}.everything (
   j JSON, gs INT AS (id * 2) STORED, gv VARCHAR(30) AS (CONCAT(e, '/', s)) VIRTUAL) DEFAULT CHARSET utf8mb4
 """
 
+c_payloads = [0]  # rows events whose payloads the C decoder produced (and compared) in the last _ours
 OLD_TEMPORAL = "CREATE TABLE {db}.old_temporal (id INT PRIMARY KEY, dt DATETIME, tm TIME, ts TIMESTAMP NULL)"
 
 
@@ -166,7 +167,8 @@ def _ours(server: MariaDBServer, log_file: str, log_pos: int, end: int, facts: d
     maps: dict[str, list[dict[str, Any]]] = {}
     cache = tablemap.TableMapCache("mariadb")
     parsed = 0
-    decoders: dict[int, rowdecode.RowDecoder] = {}
+    decoders: dict[int, tuple[rowdecode.RowDecoder, rowdecode.RowDecoder]] = {}
+    c_payloads[0] = 0
     try:
         assert reader.fetchone() is not None
         conn = reader._stream_connection  # noqa: SLF001 - as the span source reads it
@@ -199,9 +201,16 @@ def _ours(server: MariaDBServer, log_file: str, log_pos: int, end: int, facts: d
                 assert tm is not None
                 if tm.table not in facts:
                     continue
-                dec = decoders.get(id(tm))
-                if dec is None or dec.columns is not tm.columns:
-                    dec = decoders[id(tm)] = rowdecode.RowDecoder(tm.columns, facts[tm.table].renderers())
+                pair = decoders.get(id(tm))
+                if pair is None or pair[0].columns is not tm.columns:
+                    pair = decoders[id(tm)] = (rowdecode.RowDecoder(tm.columns, facts[tm.table].renderers()),
+                                               rowdecode.RowDecoder(tm.columns, facts[tm.table].renderers(),
+                                                                    rowcodec.native()))
+                dec, with_c = pair
+                kind_b = b"U" if etype in binlog.UPDATES else b"I" if etype in binlog.WRITES else b"D"
+                # the C decoder's payloads are the Python decoder's, byte for byte (C or its fallback)
+                assert with_c.payloads(data, off, stop, kind_b, b"v", 7) == dec.payloads(data, off, stop, kind_b, b"v", 7)
+                c_payloads[0] += 1
                 if etype in binlog.UPDATES:
                     assert present_after is not None
                     rows.extend(("U", tm.table, [b, a]) for b, a in dec.pairs(data, off, stop, present, present_after))
@@ -286,6 +295,8 @@ def test_own_decoder_decodes_every_type_as_the_reference_client(mariadb_server: 
     assert our_maps == lib_maps
     # every table map of the range was parsed only where its bytes changed: one per table and binlog file
     assert parsed == 3, parsed
+    if rowcodec.native() is not None:
+        assert c_payloads[0] > 300
     assert end_file != start_file
 
 

@@ -26,7 +26,7 @@ from decimal import Decimal
 from typing import Any
 
 from cdc.events import UNCHANGED
-from upstream.mysql import binlog, types
+from upstream.mysql import binlog, payload, rowcodec, types
 from upstream.mysql import tablemap as tm
 
 Column = Callable[[bytes, int], tuple[Any, int]]
@@ -241,6 +241,43 @@ def _value_reader(c: tm.BinlogColumn) -> Callable[[bytes, int], tuple[Any, int]]
 _INT_RENDER = types.renderer("int", "int", None)
 _TEXT_RENDER = types.renderer("text", "text", None)
 _YEAR_RENDER = types.renderer("year", "year", None)
+_BYTEA_RENDER = types.renderer("blob", "blob", None)
+_DATE_RENDER = types.renderer("date", "date", None)
+_DATETIME_RENDER = types.renderer("datetime", "datetime", None)
+_TIMESTAMP_RENDER = types.renderer("timestamp", "timestamp", None)
+_TIME_RENDER = types.renderer("time", "time", None)
+_INT_SIZES = {tm.TINY: 1, tm.SHORT: 2, tm.INT24: 3, tm.LONG: 4, tm.LONGLONG: 8}
+_TEMPORAL = {(tm.DATETIME2, _DATETIME_RENDER): rowcodec.DATETIME2, (tm.TIMESTAMP2, _TIMESTAMP_RENDER): rowcodec.TIMESTAMP2,
+             (tm.TIME2, _TIME_RENDER): rowcodec.TIME2}
+
+
+def _c_code(c: tm.BinlogColumn, render: types.Render) -> tuple[int, int, int]:
+    """``(code, p1, p2)`` of column ``c`` for ``rowcodec.c``: a code C renders exactly as ``render`` renders the
+    reference client's value, else ``CALL`` (its Python reader)."""
+    t = c.type
+    if render is _INT_RENDER and t in _INT_SIZES:
+        return (rowcodec.UINT if c.unsigned else rowcodec.INT), _INT_SIZES[t], 0
+    if render is _YEAR_RENDER and t == tm.YEAR:
+        return rowcodec.YEAR, 0, 0
+    if t in (tm.VARCHAR, tm.STRING, tm.BLOB):
+        lsize = c.length_size if t == tm.BLOB else (2 if c.max_length > 255 else 1)
+        if render is _TEXT_RENDER and c.encoding == "utf8":
+            return rowcodec.TEXT, lsize, 0
+        if c.encoding is None and lsize in (1, 2, 3, 4):
+            if render is _BYTEA_RENDER:
+                return rowcodec.BYTEA, lsize, 0
+            if t == tm.STRING and c.max_length <= 255:
+                try:  # BINARY(n)'s renderer pads to n: the same n as the binlog's length?
+                    if render(b"") == "\\x" + "00" * c.max_length:
+                        return rowcodec.BINARY, lsize, c.max_length
+                except ValueError:
+                    pass
+    if render is _DATE_RENDER and t == tm.DATE:
+        return rowcodec.DATE, 0, 0
+    code = _TEMPORAL.get((t, render))
+    if code is not None and 0 <= c.fsp <= 6:
+        return code, c.fsp, 0
+    return rowcodec.CALL, 0, 0
 _SET_RENDER_EMPTY = ""
 
 
@@ -297,9 +334,12 @@ def _fast_int(c: tm.BinlogColumn) -> Column | None:
 class RowDecoder:
     """Decodes the images of one table's row events (see the module docstring)."""
 
-    __slots__ = ("columns", "count", "full", "_readers", "_null_bytes")
+    __slots__ = ("columns", "count", "full", "_readers", "_null_bytes", "_native", "_plan", "_heads")
 
-    def __init__(self, columns: Sequence[tm.BinlogColumn], renderers: Sequence[types.Render]) -> None:
+    def __init__(self, columns: Sequence[tm.BinlogColumn], renderers: Sequence[types.Render],
+                 native: rowcodec.DecodeRows | None = None) -> None:
+        """``native``: the C ``decode_rows`` (:func:`upstream.mysql.rowcodec.best`) that :meth:`payloads` tries
+        first; None decodes in Python only."""
         self.columns = tuple(columns)
         self.count = n = len(columns)
         self.full = bytes([0xFF] * (n >> 3) + ([(1 << (n & 7)) - 1] if n & 7 else []))
@@ -313,6 +353,33 @@ class RowDecoder:
                 raise ValueRefused(i, str(exc)) from None
         self._readers = tuple(readers)
         self._null_bytes = (n + 7) >> 3
+        self._native = native
+        codes = [_c_code(c, r) for c, r in zip(columns, renderers, strict=True)]
+        self._plan = (bytes(c for c, _, _ in codes), bytes(a for _, a, _ in codes), bytes(b for _, _, b in codes),
+                      tuple(rd if code == rowcodec.CALL else None for rd, (code, _, _) in zip(readers, codes, strict=True)))
+        self._heads: dict[tuple[bytes, bytes, int], bytes] = {}
+
+    def payloads(self, data: bytes, off: int, end: int, kind: bytes, prefix: bytes, relid: int) -> list[bytes]:
+        """The stored payload (``prefix`` then :func:`upstream.mysql.payload.encode`) of every row change of a rows
+        event whose images carry every column: ``kind`` ``b'I'`` (WRITE), ``b'U'`` (UPDATE), ``b'D'`` (DELETE).
+        In C when the decoder has it and it recognises every value, else in Python (the same bytes, or
+        :class:`ValueRefused`)."""
+        if self._native is not None:
+            key = (kind, prefix, relid)
+            head = self._heads.get(key)
+            if head is None:
+                head = self._heads[key] = prefix + payload.encode(kind, relid, None, None)
+            codes, p1, p2, calls = self._plan
+            out = self._native(data, off, end, kind[0], head, codes, p1, p2, calls)
+            if out is not None:
+                return out  # type: ignore[no-any-return]
+        encode = payload.encode
+        if kind == b"U":
+            return [prefix + encode(kind, relid, after, before)
+                    for before, after in self.pairs(data, off, end, self.full, self.full)]
+        if kind == b"I":
+            return [prefix + encode(kind, relid, row, None) for row in self.images(data, off, end, self.full)]
+        return [prefix + encode(kind, relid, None, row) for row in self.images(data, off, end, self.full)]
 
     def image(self, data: bytes, off: int) -> tuple[list[Any], int]:
         """The full image (every column present) at ``off``: ``(values, offset after it)``."""

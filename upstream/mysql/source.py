@@ -75,7 +75,18 @@ from upstream.base import (
     SpanSource,
     encode_payload,
 )
-from upstream.mysql import admin, binlog, catalog, ddl, eligibility, payload, positions, rowdecode, types
+from upstream.mysql import (
+    admin,
+    binlog,
+    catalog,
+    ddl,
+    eligibility,
+    payload,
+    positions,
+    rowcodec,
+    rowdecode,
+    types,
+)
 from upstream.mysql.conn import stream_settings
 from upstream.mysql.resume import GtidState, ResumePoint
 from upstream.mysql.tablemap import TableMap, TableMapCache
@@ -245,6 +256,7 @@ class MySqlSpanSource(SpanSource):
         self._mark_domains: set[int] = set()  # the domains among the marks
         self._marks_lock = threading.Lock()
         self._gtid: tuple[int, int, int] | None = None  # the open transaction's (domain, server_id, seq_no)
+        self._codec = rowcodec.best()  # rows decoded in C where it is built (upstream.mysql.rowcodec)
 
     # ---- SpanSource --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -543,14 +555,14 @@ class MySqlSpanSource(SpanSource):
         in_txn = False
         has_rows = False
         ddl_txn = False  # the open transaction stored a schema change
-        add = buffer.add
+        add_many = buffer.add_many
         to_ts = positions.to_ts
         epoch = self._epoch
         maps = TableMapCache(dbms)
+        updates, writes = binlog.UPDATES, binlog.WRITES
         header = binlog.HEADER.unpack_from
         check_crc = binlog.check_crc
         rows_types, table_map_type = ROWS_EVENTS, binlog.TABLE_MAP
-        encode = payload.encode
         while not stop.is_set() and not self._closed.is_set():
             pkt = read_packet()
             if self._closed.is_set() or stop.is_set():
@@ -607,18 +619,9 @@ class MySqlSpanSource(SpanSource):
                                       f"event has {ncols} columns, its table map {dec.count}")
                 if present != dec.full or (present_after is not None and present_after != dec.full):
                     self._partial_image(tbl, dec, present, present_after, f"{log_file}:{log_pos}")
-                prefix, relid = state["prefix"], tbl.relid
                 try:
-                    if etype in binlog.UPDATES:
-                        assert present_after is not None
-                        for before, after in dec.pairs(data, off, end, present, present_after):
-                            add(xid, xid, prefix + encode(b"U", relid, after, before))
-                    elif etype in binlog.WRITES:
-                        for row in dec.images(data, off, end, present):
-                            add(xid, xid, prefix + encode(b"I", relid, row, None))
-                    else:
-                        for row in dec.images(data, off, end, present):
-                            add(xid, xid, prefix + encode(b"D", relid, None, row))
+                    add_many(xid, xid, dec.payloads(data, off, end, b"U" if etype in updates else b"I"
+                                                    if etype in writes else b"D", state["prefix"], tbl.relid))
                 except rowdecode.ValueRefused as exc:
                     raise DecodeError(
                         f"span={self.label} table {tbl.name} column {tbl.names[exc.index]} at binlog "
@@ -678,7 +681,7 @@ class MySqlSpanSource(SpanSource):
         """The row decoder of ``tbl`` for table map ``tmap``, kept in the table map's memo with the table and payload
         prefix (built once per table map body and schema version)."""
         try:
-            dec = rowdecode.RowDecoder(tmap.columns, tbl.renderers)
+            dec = rowdecode.RowDecoder(tmap.columns, tbl.renderers, self._codec)
         except rowdecode.ValueRefused as exc:
             raise DecodeError(f"span={self.label} table {tbl.name} column {tbl.names[exc.index]} at binlog {where}: "
                               f"{exc.reason}") from exc
