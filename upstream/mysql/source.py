@@ -86,6 +86,7 @@ from upstream.mysql import (
     rowcodec,
     rowdecode,
     types,
+    wire,
 )
 from upstream.mysql.conn import stream_settings
 from upstream.mysql.resume import GtidState, ResumePoint
@@ -525,8 +526,7 @@ class MySqlSpanSource(SpanSource):
             conn = stream._stream_connection  # noqa: SLF001 - its packets are read here, never by the library
             checksum = bool(getattr(stream, "_BinLogStreamReader__use_checksum", False))
             dbms = "mariadb" if "mariadb" in str(getattr(conn, "server_version", "")).lower() else "mysql"
-            self._loop(conn._read_packet, stream.log_file, checksum, dbms, buffer, stop,  # noqa: SLF001
-                       on_resolved)
+            self._loop(wire.PacketReader(conn).read, stream.log_file, checksum, dbms, buffer, stop, on_resolved)
         except TidewaterError:
             raise
         except (pymysql.MySQLError, OSError, EOFError, AttributeError, binlog.FramingError) as exc:
@@ -542,7 +542,7 @@ class MySqlSpanSource(SpanSource):
             except Exception:  # noqa: BLE001
                 pass
 
-    def _loop(self, read_packet: Callable[[], Any], log_file: str, checksum: bool, dbms: str, buffer: ChangeBuffer,
+    def _loop(self, read_packet: Callable[[], bytes], log_file: str, checksum: bool, dbms: str, buffer: ChangeBuffer,
               stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
         """The event loop over the stream's raw packets (:mod:`upstream.mysql.binlog` frames them): table maps through
         the :class:`~upstream.mysql.tablemap.TableMapCache`, rows decoded by each table's
@@ -563,13 +563,13 @@ class MySqlSpanSource(SpanSource):
         header = binlog.HEADER.unpack_from
         check_crc = binlog.check_crc
         rows_types, table_map_type = ROWS_EVENTS, binlog.TABLE_MAP
-        while not stop.is_set() and not self._closed.is_set():
-            pkt = read_packet()
-            if self._closed.is_set() or stop.is_set():
+        stopped, closed = stop.is_set, self._closed.is_set
+        while True:
+            data = read_packet()
+            if stopped() or closed():
                 return
-            data = pkt.get_all_data()
             if data[0] != 0:
-                if pkt.is_eof_packet():
+                if data[0] == 0xFE and len(data) < 9:
                     raise UpstreamUnavailable(f"span={self.label}: the binlog stream from MySQL {self.where} ended")
                 raise binlog.FramingError(f"unexpected packet 0x{data[0]:02x} in the binlog stream")
             timestamp, etype, server_id, size, log_pos = header(data)
