@@ -1,8 +1,13 @@
 """A span's MySQL/MariaDB change stream: the row binlog, grouped into whole transactions, into the sorter.
 
-:class:`MySqlSpanSource` reads the binlog over its own replication connection (``pymysqlreplication``, its own
-``server_id``) from the span's start position (:mod:`upstream.mysql.positions`: the start Ts *is* the file and
-position after the last transaction already downstream) and turns its events into buffer operations:
+:class:`MySqlSpanSource` reads the binlog over its own replication connection (its own ``server_id``; connected,
+registered and asked for the dump by ``pymysqlreplication``) from the span's start position
+(:mod:`upstream.mysql.positions`: the start Ts *is* the file and position after the last transaction already
+downstream). The events themselves are read and decoded by our own hot path, with no object per event:
+:mod:`upstream.mysql.wire` reads the packets, :mod:`upstream.mysql.binlog` frames them (CRC32 verified),
+:mod:`upstream.mysql.tablemap` parses a TABLE_MAP only when its bytes change, and :mod:`upstream.mysql.rowdecode`
+(in C where built, :mod:`upstream.mysql.rowcodec`) decodes rows straight into stored payloads. The events become
+buffer operations:
 
 - a GTID event (MariaDB; MySQL's GTID event and ``BEGIN``) opens a transaction; its row events (of tables the
   filter selects in the span's database) are rendered to text (:mod:`upstream.mysql.types`) and stored
@@ -25,7 +30,9 @@ file and position; with a token of another server (a promoted replica) it checks
 token's GTID state and still has what follows, then streams from that GTID state with the Ts epoch one higher.
 
 Any stream error ends ``run`` with ``UpstreamUnavailable``; the caller restarts the span from its checkpoint. The
-library's own silent reconnect is never trusted: a changed stream connection is such an error too.
+library never reconnects by itself (it reads no packet after the dump's first). A row event whose columns-present
+bitmap does not cover every column (a session's ``binlog_row_image`` not FULL), a compressed event
+(``log_bin_compress``) and a MySQL partial JSON update are refused with a DecodeError, never decoded as full rows.
 """
 
 from __future__ import annotations
