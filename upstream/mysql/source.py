@@ -104,6 +104,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
 _INTEGER_FIELDS = frozenset({1, 2, 3, 8, 9})  # TINY, SHORT, LONG, LONGLONG, INT24
+_CHECKSUM_ATTR = "_BinLogStreamReader__use_checksum"  # set by the library's handshake (@master_binlog_checksum)
 ROWS_EVENTS = binlog.ROWS_V1 | binlog.ROWS_V2 | {binlog.PARTIAL_UPDATE_ROWS}
 _NOT_DDL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|XA\s)", re.IGNORECASE)
 # a new table changes nothing the span decodes (its rows are checked against the catalog's schema); CREATE OR REPLACE
@@ -531,7 +532,10 @@ class MySqlSpanSource(SpanSource):
             if stream.fetchone() is None or stream.log_file is None:
                 raise UpstreamUnavailable(f"span={self.label}: the binlog stream from MySQL {self.where} ended")
             conn = stream._stream_connection  # noqa: SLF001 - its packets are read here, never by the library
-            checksum = bool(getattr(stream, "_BinLogStreamReader__use_checksum", False))
+            if not hasattr(stream, _CHECKSUM_ATTR):  # (a pymysqlreplication that no longer has it: never guess)
+                raise DecodeError(f"span={self.label}: this pymysqlreplication does not say whether the binlog "
+                                  f"stream carries checksums ({_CHECKSUM_ATTR}); pin mysql-replication 1.0.x")
+            checksum = bool(getattr(stream, _CHECKSUM_ATTR))  # what the library asked the server for
             dbms = "mariadb" if "mariadb" in str(getattr(conn, "server_version", "")).lower() else "mysql"
             self._loop(wire.PacketReader(conn).read, stream.log_file, checksum, dbms, buffer, stop, on_resolved)
         except TidewaterError:
