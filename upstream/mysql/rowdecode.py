@@ -53,14 +53,14 @@ def rows_header(data: bytes, etype: int) -> tuple[int, int, bytes, bytes | None,
     off = binlog.HEADER_END
     table_id = int.from_bytes(data[off:off + 6], "little")
     off += 8  # table id, flags
-    if etype in binlog.ROWS_V2:
+    if etype in binlog.ROWS_V2 or etype == binlog.PARTIAL_UPDATE_ROWS:
         off += data[off] | data[off + 1] << 8  # extra data, its 2-byte length included
     n, off = binlog.packed_int(data, off)
     nb = (n + 7) >> 3
     present = data[off:off + nb]
     off += nb
     after = None
-    if etype in binlog.UPDATES:
+    if etype in binlog.UPDATES or etype == binlog.PARTIAL_UPDATE_ROWS:
         after = data[off:off + nb]
         off += nb
     return table_id, n, present, after, off
@@ -278,15 +278,14 @@ def _c_code(c: tm.BinlogColumn, render: types.Render) -> tuple[int, int, int]:
     if code is not None and 0 <= c.fsp <= 6:
         return code, c.fsp, 0
     return rowcodec.CALL, 0, 0
-_SET_RENDER_EMPTY = ""
 
 
 def _column(c: tm.BinlogColumn, render: types.Render) -> Column:
     """The text reader of column ``c`` rendered by ``render``."""
     t = c.type
-    if render is _INT_RENDER and t in (tm.TINY, tm.SHORT, tm.LONG, tm.LONGLONG, tm.INT24):
-        read = _value_reader(c)
-        return lambda data, off: (lambda v: (str(v[0]), v[1]))(read(data, off))
+    if render is _INT_RENDER and t == tm.INT24:
+        signed = not c.unsigned
+        return lambda data, off: (str(int.from_bytes(data[off:off + 3], "little", signed=signed)), off + 3)
     if render is _YEAR_RENDER and t == tm.YEAR:
         return lambda data, off: ("0" if not data[off] else str(data[off] + 1900), off + 1)
     if render is _TEXT_RENDER and t in (tm.VARCHAR, tm.STRING, tm.BLOB) and c.encoding is not None:
@@ -305,7 +304,7 @@ def _column(c: tm.BinlogColumn, render: types.Render) -> Column:
         def set_text(data: bytes, off: int) -> tuple[str, int]:
             v, off = read(data, off)
             if not v:
-                return _SET_RENDER_EMPTY, off  # the empty set: '' (distinct from NULL)
+                return "", off  # the empty set: '' (distinct from NULL)
             try:
                 return render(v), off
             except ValueError as exc:

@@ -609,9 +609,6 @@ class MySqlSpanSource(SpanSource):
                         state["skip"] = True  # another database's or a filtered table: its rows are not read
                         continue
                     where = f"{log_file}:{log_pos}"
-                    if etype == binlog.PARTIAL_UPDATE_ROWS:
-                        raise DecodeError(f"span={self.label} table {name} at binlog {where}: a partial JSON update "
-                                          f"(binlog_row_value_options=PARTIAL_JSON) is not replicated; set it to ''")
                     tbl = self._table(name, tmap.columns, where)
                     if tbl is None:
                         continue
@@ -625,6 +622,10 @@ class MySqlSpanSource(SpanSource):
                         if tbl is None:
                             continue
                         dec = self._row_decoder(tmap, tbl, where)
+                if etype == binlog.PARTIAL_UPDATE_ROWS:
+                    raise DecodeError(f"span={self.label} table {tbl.name} at binlog {log_file}:{log_pos}: a partial "
+                                      f"JSON update (binlog_row_value_options=PARTIAL_JSON) is not replicated; set "
+                                      f"binlog_row_value_options='' upstream, then resync the table")
                 if ncols != dec.count:
                     raise DecodeError(f"span={self.label} table {tbl.name} at binlog {log_file}:{log_pos}: the row "
                                       f"event has {ncols} columns, its table map {dec.count}")
