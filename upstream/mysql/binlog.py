@@ -57,10 +57,18 @@ def body_end(data: bytes, event_size: int, checksum: bool) -> int:
     return end - 4 if checksum else end
 
 
+def crc_ok(data: bytes, end: int) -> bool:
+    """Whether the 4 bytes after ``end`` are the CRC32 of the event (``data[1:end]``)."""
+    return zlib.crc32(memoryview(data)[1:end]) == int.from_bytes(data[end:end + 4], "little") and len(data) >= end + 4
+
+
+CRC_MISMATCH = "binlog event checksum mismatch (damaged or mis-framed event)"
+
+
 def check_crc(data: bytes, end: int) -> None:
-    """Raise FramingError unless the CRC32 after ``end`` is that of the event (``data[1:end]``)."""
-    if zlib.crc32(memoryview(data)[1:end]) != int.from_bytes(data[end:end + 4], "little"):
-        raise FramingError("binlog event checksum mismatch (damaged or mis-framed event)")
+    """Raise FramingError unless :func:`crc_ok`."""
+    if not crc_ok(data, end):
+        raise FramingError(CRC_MISMATCH)
 
 
 def rotate(data: bytes, end: int) -> tuple[str, int]:

@@ -361,7 +361,47 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* ---- CRC32 (zlib's polynomial, reflected), slicing by 8 ------------------------------------------------------- */
+static uint32_t crc_table[8][256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++) crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+}
+
+static uint32_t crc32_of(const unsigned char *p, Py_ssize_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    while (n >= 8) {
+        uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+        c = crc_table[7][lo & 0xFF] ^ crc_table[6][lo >> 8 & 0xFF] ^ crc_table[5][lo >> 16 & 0xFF] ^ crc_table[4][lo >> 24] ^
+            crc_table[3][hi & 0xFF] ^ crc_table[2][hi >> 8 & 0xFF] ^ crc_table[1][hi >> 16 & 0xFF] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n-- > 0) c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* crc_ok(data, end): whether data[end:end+4] (little-endian) is the CRC32 of data[1:end] (binlog.crc_ok in C) */
+static PyObject *crc_ok(PyObject *self, PyObject *args) {
+    PyObject *data;
+    Py_ssize_t end;
+    if (!PyArg_ParseTuple(args, "Sn", &data, &end)) return NULL;
+    const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(data);
+    if (end < 1 || end + 4 > PyBytes_GET_SIZE(data)) Py_RETURN_FALSE;
+    uint32_t want = (uint32_t)s[end] | (uint32_t)s[end + 1] << 8 | (uint32_t)s[end + 2] << 16 | (uint32_t)s[end + 3] << 24;
+    if (crc32_of(s + 1, end - 1) == want) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
 static PyMethodDef methods[] = {
+    {"crc_ok", crc_ok, METH_VARARGS, "crc_ok(data, end) -> whether data[end:end+4] is the CRC32 of data[1:end]"},
     {"decode_rows", decode_rows, METH_VARARGS,
      "decode_rows(data, off, end, kind, head, codes, p1, p2, calls) -> list of payloads, or None (decode in Python)"},
     {NULL, NULL, 0, NULL},
@@ -370,6 +410,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_rowcodec", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__rowcodec(void) {
+    crc_init();
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL) return NULL;
     if (PyModule_AddIntConstant(m, "CALL", C_CALL) || PyModule_AddIntConstant(m, "INT", C_INT) ||

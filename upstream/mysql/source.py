@@ -266,6 +266,7 @@ class MySqlSpanSource(SpanSource):
         self._marks_lock = threading.Lock()
         self._gtid: tuple[int, int, int] | None = None  # the open transaction's (domain, server_id, seq_no)
         self._codec = rowcodec.best()  # rows decoded in C where it is built (upstream.mysql.rowcodec)
+        self._crc_ok = rowcodec.best_crc_ok()
 
     # ---- SpanSource --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -572,7 +573,7 @@ class MySqlSpanSource(SpanSource):
         maps = TableMapCache(dbms)
         updates, writes = binlog.UPDATES, binlog.WRITES
         header = binlog.HEADER.unpack_from
-        check_crc = binlog.check_crc
+        crc_ok = self._crc_ok
         rows_types, table_map_type = ROWS_EVENTS, binlog.TABLE_MAP
         stopped, closed = stop.is_set, self._closed.is_set
         while True:
@@ -589,7 +590,8 @@ class MySqlSpanSource(SpanSource):
                 raise binlog.FramingError(f"a packet of {len(data)} bytes holds an event of {size} bytes")
             if checksum and etype != binlog.HEARTBEAT:  # (a heartbeat's body is not read)
                 end -= 4
-                check_crc(data, end)
+                if not crc_ok(data, end):
+                    raise binlog.FramingError(binlog.CRC_MISMATCH)
             if etype == table_map_type:
                 maps.put(data, end)
                 continue
