@@ -131,6 +131,9 @@ if ! "$VENV/bin/python" -c 'import pathlib, sysconfig, sys; sys.exit(not (pathli
     apt_install "python${pyver}-dev" || apt_install python3-dev || log "no Python headers: rows are decoded in Python"
 fi
 "$VENV/bin/python" -m upstream.postgres.rowcodec >/dev/null || log "row codec not built: rows are decoded in Python"
+# the MySQL/MariaDB span source's rows-event decoder (upstream/mysql/rowcodec.c, same needs); without it the binlog's
+# rows are decoded by upstream/mysql/rowdecode.py (same payloads, more CPU)
+"$VENV/bin/python" -m upstream.mysql.rowcodec >/dev/null || log "MySQL row codec not built: binlog rows are decoded in Python"
 # the SQL sink's row renderer (sinks/sql/dialect/rowtext.c, a CPython extension like the row codec): COPY text and
 # MySQL literal rows; without it the same text is rendered in Python
 "$VENV/bin/python" -m sinks.sql.dialect.rowtext >/dev/null || log "row renderer not built: the SQL sink renders rows in Python"

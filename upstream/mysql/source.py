@@ -1,8 +1,13 @@
 """A span's MySQL/MariaDB change stream: the row binlog, grouped into whole transactions, into the sorter.
 
-:class:`MySqlSpanSource` reads the binlog over its own replication connection (``pymysqlreplication``, its own
-``server_id``) from the span's start position (:mod:`upstream.mysql.positions`: the start Ts *is* the file and
-position after the last transaction already downstream) and turns its events into buffer operations:
+:class:`MySqlSpanSource` reads the binlog over its own replication connection (its own ``server_id``; connected,
+registered and asked for the dump by ``pymysqlreplication``) from the span's start position
+(:mod:`upstream.mysql.positions`: the start Ts *is* the file and position after the last transaction already
+downstream). The events themselves are read and decoded by our own hot path, with no object per event:
+:mod:`upstream.mysql.wire` reads the packets, :mod:`upstream.mysql.binlog` frames them (CRC32 verified),
+:mod:`upstream.mysql.tablemap` parses a TABLE_MAP only when its bytes change, and :mod:`upstream.mysql.rowdecode`
+(in C where built, :mod:`upstream.mysql.rowcodec`) decodes rows straight into stored payloads. The events become
+buffer operations:
 
 - a GTID event (MariaDB; MySQL's GTID event and ``BEGIN``) opens a transaction; its row events (of tables the
   filter selects in the span's database) are rendered to text (:mod:`upstream.mysql.types`) and stored
@@ -25,7 +30,9 @@ file and position; with a token of another server (a promoted replica) it checks
 token's GTID state and still has what follows, then streams from that GTID state with the Ts epoch one higher.
 
 Any stream error ends ``run`` with ``UpstreamUnavailable``; the caller restarts the span from its checkpoint. The
-library's own silent reconnect is never trusted: a changed stream connection is such an error too.
+library never reconnects by itself (it reads no packet after the dump's first). A row event whose columns-present
+bitmap does not cover every column (a session's ``binlog_row_image`` not FULL), a compressed event
+(``log_bin_compress``) and a MySQL partial JSON update are refused with a DecodeError, never decoded as full rows.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import struct
 import threading
 import time
 from array import array
@@ -42,15 +50,7 @@ from typing import Any
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
-from pymysqlreplication.event import (
-    GtidEvent,
-    HeartbeatLogEvent,
-    MariadbGtidEvent,
-    QueryEvent,
-    RotateEvent,
-    XidEvent,
-)
-from pymysqlreplication.row_event import DeleteRowsEvent, UpdateRowsEvent, WriteRowsEvent
+from pymysqlreplication.event import RotateEvent
 
 from cdc.errors import (
     DdlRejected,
@@ -83,15 +83,31 @@ from upstream.base import (
     SpanSource,
     encode_payload,
 )
-from upstream.mysql import admin, catalog, ddl, eligibility, payload, positions, row_image, types
+from upstream.mysql import (
+    admin,
+    binlog,
+    catalog,
+    ddl,
+    eligibility,
+    payload,
+    positions,
+    row_image,
+    rowcodec,
+    rowdecode,
+    types,
+    wire,
+)
 from upstream.mysql.conn import stream_settings
 from upstream.mysql.resume import GtidState, ResumePoint
+from upstream.mysql.tablemap import TableMap, TableMapCache
 from upstream.postgres import types as text_types
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
 _INTEGER_FIELDS = frozenset({1, 2, 3, 8, 9})  # TINY, SHORT, LONG, LONGLONG, INT24
+_CHECKSUM_ATTR = "_BinLogStreamReader__use_checksum"  # set by the library's handshake (@master_binlog_checksum)
+ROWS_EVENTS = binlog.ROWS_V1 | binlog.ROWS_V2 | {binlog.PARTIAL_UPDATE_ROWS}
 _NOT_DDL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|XA\s)", re.IGNORECASE)
 # CREATE TEMPORARY TABLE (ddl.created_table names every other CREATE TABLE): a session's own table, never replicated
 _CREATE_TABLE = re.compile(r"^\s*CREATE\s+(TEMPORARY\s+)?TABLE\s", re.IGNORECASE)
@@ -250,6 +266,8 @@ class MySqlSpanSource(SpanSource):
         self._mark_domains: set[int] = set()  # the domains among the marks
         self._marks_lock = threading.Lock()
         self._gtid: tuple[int, int, int] | None = None  # the open transaction's (domain, server_id, seq_no)
+        self._codec = rowcodec.best()  # rows decoded in C where it is built (upstream.mysql.rowcodec)
+        self._crc_ok = rowcodec.best_crc_ok()
 
     # ---- SpanSource --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -503,35 +521,11 @@ class MySqlSpanSource(SpanSource):
             out, self._warnings = self._warnings, []
         return out
 
-    def _render(self, t: _Table, row: dict[str, Any], none_sources: dict[str, str], where: str,
-                absent: Collection[int] = ()) -> list[Any]:
-        """The row's values as text (None: NULL); ``UNCHANGED`` for the columns ``absent`` from a partial image."""
-        out: list[Any] = []
-        for name, render in zip(t.names, t.renderers, strict=True):
-            v = row[name]
-            if v is None:
-                if absent and t.names.index(name) in absent:
-                    out.append(UNCHANGED)
-                    continue
-                why = none_sources.get(name, "null")
-                if why == "empty set" and t.data_types[t.names.index(name)] == "set":
-                    out.append("")  # the binlog client's None for a SET with no member: the empty set
-                    continue
-                if why != "null":
-                    raise DecodeError(f"span={self.label} table {t.name} column {name} at binlog {where}: a value "
-                                      f"that cannot be replicated exactly ({why}: e.g. a zero date); fix the row "
-                                      f"upstream or exclude the table")
-                out.append(None)
-                continue
-            try:
-                out.append(render(v))
-            except ValueError as exc:
-                raise DecodeError(f"span={self.label} table {t.name} column {name} at binlog {where}: {exc}; it cannot "
-                                  f"be replicated exactly") from exc
-        return out
-
     # ---- the loop ----------------------------------------------------------------------------------
     def _reader(self) -> BinLogStreamReader:
+        """The replication connection: ``pymysqlreplication`` registers the replica, sends the dump request (file and
+        position, or MariaDB's GTID state for a takeover) and the checksum and heartbeat settings; the span reads the
+        events itself after the dump's first event (:meth:`run`)."""
         assert self._ctl is not None
         if self._start_gtid is not None:  # a takeover: MariaDB's GTID mode (slave_connect_state)
             where: dict[str, Any] = {"auto_position": self._start_gtid, "is_mariadb": True}
@@ -539,23 +533,30 @@ class MySqlSpanSource(SpanSource):
             where = {"log_file": self._start_file, "log_pos": self._start_pos, "is_mariadb": False}
         return BinLogStreamReader(
             stream_settings(self.uri), server_id=self.server_id, resume_stream=True, blocking=True, **where,
-            slave_heartbeat=HEARTBEAT_SECONDS, only_schemas=None,
-            only_events=[MariadbGtidEvent, GtidEvent, QueryEvent, XidEvent, RotateEvent, HeartbeatLogEvent,
-                         WriteRowsEvent, UpdateRowsEvent, DeleteRowsEvent])
+            slave_heartbeat=HEARTBEAT_SECONDS, only_schemas=None, only_events=[RotateEvent])
 
     def run(self, buffer: ChangeBuffer, stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
         if self._ctl is None or (self._start_file is None and self._start_gtid is None):
             raise UpstreamUnavailable(f"span={self.label}: run before open")
         stream = self._stream = self._reader()
         try:
-            self._loop(stream, buffer, stop, on_resolved)
+            # the dump's first event is a ROTATE naming the file it streams from; reading it connects the stream
+            if stream.fetchone() is None or stream.log_file is None:
+                raise UpstreamUnavailable(f"span={self.label}: the binlog stream from MySQL {self.where} ended")
+            conn = stream._stream_connection  # noqa: SLF001 - its packets are read here, never by the library
+            if not hasattr(stream, _CHECKSUM_ATTR):  # (a pymysqlreplication that no longer has it: never guess)
+                raise DecodeError(f"span={self.label}: this pymysqlreplication does not say whether the binlog "
+                                  f"stream carries checksums ({_CHECKSUM_ATTR}); pin mysql-replication 1.0.x")
+            checksum = bool(getattr(stream, _CHECKSUM_ATTR))  # what the library asked the server for
+            dbms = "mariadb" if "mariadb" in str(getattr(conn, "server_version", "")).lower() else "mysql"
+            self._loop(wire.PacketReader(conn).read, stream.log_file, checksum, dbms, buffer, stop, on_resolved)
         except TidewaterError:
             raise
-        except (pymysql.MySQLError, OSError, EOFError, AttributeError) as exc:
+        except (pymysql.MySQLError, OSError, EOFError, AttributeError, binlog.FramingError) as exc:
             if self._closed.is_set() or stop.is_set():
                 return
             raise UpstreamUnavailable(f"span={self.label}: binlog stream from MySQL {self.where} broke: {exc}") from exc
-        except (NotImplementedError, UnicodeDecodeError, ValueError, KeyError) as exc:
+        except (NotImplementedError, UnicodeDecodeError, ValueError, KeyError, IndexError, struct.error) as exc:
             raise DecodeError(f"span={self.label}: binlog event from MySQL {self.where} cannot be decoded: "
                               f"{type(exc).__name__}: {exc}") from exc
         finally:
@@ -564,8 +565,12 @@ class MySqlSpanSource(SpanSource):
             except Exception:  # noqa: BLE001
                 pass
 
-    def _loop(self, stream: BinLogStreamReader, buffer: ChangeBuffer, stop: threading.Event,
-              on_resolved: Callable[[Watermark], None]) -> None:
+    def _loop(self, read_packet: Callable[[], bytes], log_file: str, checksum: bool, dbms: str, buffer: ChangeBuffer,
+              stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
+        """The event loop over the stream's raw packets (:mod:`upstream.mysql.binlog` frames them): table maps through
+        the :class:`~upstream.mysql.tablemap.TableMapCache`, rows decoded by each table's
+        :class:`~upstream.mysql.rowdecode.RowDecoder` straight into payloads. Any packet the library would have
+        reconnected on is an error here (the caller restarts the span from its checkpoint)."""
         db, filt = self.database, self.filter
         skip_upto = self.start.ts
         resolved = self.start
@@ -573,122 +578,176 @@ class MySqlSpanSource(SpanSource):
         in_txn = False
         has_rows = False
         ddl_txn = False  # the open transaction stored a schema change
-        conn_seen: Any = None
-        add = buffer.add
+        add_many = buffer.add_many
         to_ts = positions.to_ts
         epoch = self._epoch
-        prefixes: dict[int, bytes] = {}
-        while not stop.is_set() and not self._closed.is_set():
-            ev = stream.fetchone()
-            if self._closed.is_set() or stop.is_set():
+        maps = TableMapCache(dbms)
+        updates, writes = binlog.UPDATES, binlog.WRITES
+        header = binlog.HEADER.unpack_from
+        crc_ok = self._crc_ok
+        rows_types, table_map_type = ROWS_EVENTS, binlog.TABLE_MAP
+        stopped, closed = stop.is_set, self._closed.is_set
+        while True:
+            data = read_packet()
+            if stopped() or closed():
                 return
-            if ev is None:
-                raise UpstreamUnavailable(f"span={self.label}: the binlog stream from MySQL {self.where} ended")
-            conn = stream._stream_connection  # noqa: SLF001 - the library's reconnect must not go unnoticed
-            if conn_seen is None:
-                conn_seen = conn
-            elif conn is not conn_seen:
-                raise UpstreamUnavailable(f"span={self.label}: the binlog client reconnected by itself; restarting the "
-                                          f"span from its checkpoint")
-            t = type(ev)
-            if t is WriteRowsEvent or t is UpdateRowsEvent or t is DeleteRowsEvent:
-                name = TableName(ev.schema, ev.table)
-                if name.schema != db or not filt.match(name):
-                    continue
-                where = f"{stream.log_file}:{ev.packet.log_pos}"
-                tbl = self._table(name, ev.columns, where)
-                if tbl is None:
-                    continue
-                prefix = prefixes.get(tbl.version)
-                if prefix is None:
-                    prefix = prefixes[tbl.version] = encode_payload(tbl.version, b"")
-                partial = row_image.partial_image(len(tbl.names), ev.columns_present_bitmap,
-                                                  getattr(ev, "columns_present_bitmap2", None),
-                                                  has_before=t is not WriteRowsEvent)
-                if partial is not None:  # binlog_row_image not FULL in the writing session
-                    self._add_partial(tbl, b"I" if t is WriteRowsEvent else b"D" if t is DeleteRowsEvent else b"U",
-                                      ev.rows, partial, where, buffer, xid, prefix)
+            if data[0] != 0:
+                if data[0] == 0xFE and len(data) < 9:
+                    raise UpstreamUnavailable(f"span={self.label}: the binlog stream from MySQL {self.where} ended")
+                raise binlog.FramingError(f"unexpected packet 0x{data[0]:02x} in the binlog stream")
+            timestamp, etype, server_id, size, log_pos = header(data)
+            end = 1 + size
+            if len(data) != end:
+                raise binlog.FramingError(f"a packet of {len(data)} bytes holds an event of {size} bytes")
+            if checksum and etype != binlog.HEARTBEAT:  # (a heartbeat's body is not read)
+                end -= 4
+                if not crc_ok(data, end):
+                    raise binlog.FramingError(binlog.CRC_MISMATCH)
+            if etype == table_map_type:
+                maps.put(data, end)
+                continue
+            if etype in rows_types:
+                table_id, ncols, present, present_after, off = rowdecode.rows_header(data, etype)
+                tmap = maps.get(table_id)
+                if tmap is None:
+                    raise DecodeError(f"span={self.label}: a row event at binlog {log_file}:{log_pos} names table id "
+                                      f"{table_id}, whose TABLE_MAP the stream did not carry")
+                state = tmap.state
+                dec = state.get("decoder")
+                if dec is None:
+                    if state.get("skip"):
+                        continue
+                    name = TableName(tmap.schema, tmap.table)
+                    if name.schema != db or not filt.match(name):
+                        state["skip"] = True  # another database's or a filtered table: its rows are not read
+                        continue
+                    where = f"{log_file}:{log_pos}"
+                    tbl = self._table(name, tmap.columns, where)
+                    if tbl is None:
+                        continue
+                    dec = self._row_decoder(tmap, tbl, where)
+                else:
+                    tbl = state["table"]
+                    if self._tables.get(tbl.name) is not tbl:  # a schema change since: decode with the new version
+                        state.clear()
+                        where = f"{log_file}:{log_pos}"
+                        tbl = self._table(tbl.name, tmap.columns, where)
+                        if tbl is None:
+                            continue
+                        dec = self._row_decoder(tmap, tbl, where)
+                if etype == binlog.PARTIAL_UPDATE_ROWS:
+                    raise DecodeError(f"span={self.label} table {tbl.name} at binlog {log_file}:{log_pos}: a partial "
+                                      f"JSON update (binlog_row_value_options=PARTIAL_JSON) is not replicated; set "
+                                      f"binlog_row_value_options='' upstream, then resync the table")
+                if ncols != dec.count:
+                    raise DecodeError(f"span={self.label} table {tbl.name} at binlog {log_file}:{log_pos}: the row "
+                                      f"event has {ncols} columns, its table map {dec.count}")
+                if present != dec.full or (present_after is not None and present_after != dec.full):
+                    # binlog_row_image not FULL in the writing session (rare): never taken as full rows
+                    self._add_partial(tbl, dec, etype, data, off, end, present, present_after,
+                                      f"{log_file}:{log_pos}", buffer, xid, state["prefix"])
                     has_rows = True
                     continue
-                render, relid = self._render, tbl.relid
-                if t is WriteRowsEvent:
-                    for r in ev.rows:
-                        add(xid, xid, prefix + payload.encode(b"I", relid, render(tbl, r["values"], r["none_sources"],
-                                                                                  where), None))
-                elif t is DeleteRowsEvent:
-                    for r in ev.rows:
-                        add(xid, xid, prefix + payload.encode(b"D", relid, None, render(
-                            tbl, r["values"], r["none_sources"], where)))
-                else:
-                    for r in ev.rows:
-                        add(xid, xid, prefix + payload.encode(
-                            b"U", relid, render(tbl, r["after_values"], r.get("after_none_sources", {}), where),
-                            render(tbl, r["before_values"], r.get("before_none_sources", {}), where)))
+                try:
+                    add_many(xid, xid, dec.payloads(data, off, end, b"U" if etype in updates else b"I"
+                                                    if etype in writes else b"D", state["prefix"], tbl.relid))
+                except rowdecode.ValueRefused as exc:
+                    raise DecodeError(
+                        f"span={self.label} table {tbl.name} column {tbl.names[exc.index]} at binlog "
+                        f"{log_file}:{log_pos}: a value that cannot be replicated exactly ({exc.reason}: e.g. a zero "
+                        f"date); fix the row upstream or exclude the table") from exc
                 has_rows = True
                 continue
-            if t is XidEvent:
-                resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(stream.log_file, ev.packet.log_pos, epoch),
-                                        float(ev.timestamp), skip_upto, resolved, on_resolved)
+            if etype == binlog.XID:
+                resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(log_file, log_pos, epoch),
+                                        float(timestamp), skip_upto, resolved, on_resolved)
                 in_txn = has_rows = ddl_txn = False
-            elif t is MariadbGtidEvent or t is GtidEvent:
-                if t is MariadbGtidEvent:
-                    self._gtid = (ev.domain_id, ev.server_id, ev.gtid_seq_no)
+            elif etype == binlog.GTID_MARIADB or etype == binlog.GTID_MYSQL:
+                if etype == binlog.GTID_MARIADB:
+                    domain, seq_no = binlog.mariadb_gtid(data)
+                    self._gtid = (domain, server_id, seq_no)
                 if in_txn and has_rows:
                     # a transaction whose end the span did not see (an XA transaction prepared, then committed by a
                     # later event group): its rows are neither committed nor dropped silently
                     raise DecodeError(
-                        f"span={self.label}: the transaction before binlog {stream.log_file}:{ev.packet.log_pos} has "
+                        f"span={self.label}: the transaction before binlog {log_file}:{log_pos} has "
                         f"rows but no commit the span understands (an XA transaction?): XA transactions are not "
                         f"replicated from MySQL/MariaDB yet")
                 xid += 1
                 in_txn, has_rows = True, False
-            elif t is QueryEvent:
-                query = ev.query if isinstance(ev.query, str) else bytes(ev.query).decode(errors="replace")
+            elif etype == binlog.QUERY:
+                schema, query = binlog.query(data, end)
                 if query.strip().upper() == "BEGIN":
                     in_txn = True
                     continue
-                if not _NOT_DDL.match(query) and self._on_ddl(query, ev.schema, stream.log_file, ev.packet.log_pos,
-                                                              buffer, xid):
+                if not _NOT_DDL.match(query) and self._on_ddl(query, schema, log_file, log_pos, buffer, xid):
                     has_rows = ddl_txn = True
                 word = query.strip().upper()
                 if word in ("COMMIT", "ROLLBACK") or not _NOT_DDL.match(query):
                     # a COMMIT (non-transactional tables) or a DDL (committed by itself) ends the transaction; so
                     # does a ROLLBACK, whose logged rows are those of non-transactional tables: they stay changed
                     # upstream, so they are committed downstream too
-                    resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(stream.log_file, ev.packet.log_pos, epoch),
-                                            float(ev.timestamp), skip_upto, resolved, on_resolved)
+                    resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(log_file, log_pos, epoch),
+                                            float(timestamp), skip_upto, resolved, on_resolved)
                     in_txn = has_rows = ddl_txn = False
-            elif t is HeartbeatLogEvent and not in_txn:
-                # the server sends one only when it has nothing more to send: every commit up to its position is
-                # here, and the upstream was at that position now
-                ts = to_ts(stream.log_file, ev.packet.log_pos, epoch) if ev.packet.log_pos else 0
-                now = time.time()
-                if ts > resolved.ts or now > resolved.time:
-                    resolved = Watermark(max(ts, resolved.ts), max(now, resolved.time))
-                    on_resolved(resolved)
+            elif etype == binlog.ROTATE:
+                log_file, _pos = binlog.rotate(data, end)
+                maps.clear()  # table ids are reused after a restart of the server, which starts a new file
+            elif etype == binlog.HEARTBEAT:
+                if not in_txn:
+                    # the server sends one only when it has nothing more to send: every commit up to its position is
+                    # here, and the upstream was at that position now
+                    ts = to_ts(log_file, log_pos, epoch) if log_pos else 0
+                    now = time.time()
+                    if ts > resolved.ts or now > resolved.time:
+                        resolved = Watermark(max(ts, resolved.ts), max(now, resolved.time))
+                        on_resolved(resolved)
+            elif etype == binlog.QUERY_COMPRESSED or etype in binlog.ROWS_COMPRESSED:
+                raise DecodeError(f"span={self.label}: a compressed binlog event (type {etype}) at binlog "
+                                  f"{log_file}:{log_pos}: MariaDB's log_bin_compress is not replicated yet; turn it off")
 
-    def _add_partial(self, tbl: _Table, kind: bytes, rows: list[dict[str, Any]], partial: row_image.PartialImage,
-                     where: str, buffer: ChangeBuffer, xid: int, prefix: bytes) -> None:
+    def _row_decoder(self, tmap: TableMap, tbl: _Table, where: str) -> rowdecode.RowDecoder:
+        """The row decoder of ``tbl`` for table map ``tmap``, kept in the table map's memo with the table and payload
+        prefix (built once per table map body and schema version)."""
+        try:
+            dec = rowdecode.RowDecoder(tmap.columns, tbl.renderers, self._codec)
+        except rowdecode.ValueRefused as exc:
+            raise DecodeError(f"span={self.label} table {tbl.name} column {tbl.names[exc.index]} at binlog {where}: "
+                              f"{exc.reason}") from exc
+        tmap.state.update(decoder=dec, table=tbl, prefix=encode_payload(tbl.version, b""))
+        return dec
+
+    def _add_partial(self, tbl: _Table, dec: rowdecode.RowDecoder, etype: int, data: bytes, off: int, end: int,
+                     present: bytes, present_after: bytes | None, where: str, buffer: ChangeBuffer, xid: int,
+                     prefix: bytes) -> None:
         """The rows of a row event whose image is partial (:mod:`upstream.mysql.row_image`), never stored as full: an
         absent column is ``UNCHANGED`` (an UPDATE's absent after value taken from its before image where that has it),
         an old row with an absent value holds the key only, a key-changing UPDATE with an absent value is a DELETE and
         a partial INSERT; a data warning (notice) names the table and keys. A
         before image (or an INSERT's row) without every key column cannot name its row: DecodeError naming the
         table, the key and why."""
-        render = self._render
+        kind = b"U" if etype in binlog.UPDATES else b"I" if etype in binlog.WRITES else b"D"
+        partial = row_image.partial_image(dec.count, present, present_after, has_before=kind != b"I")
+        if partial is None:  # (the bitmaps' unused bits differed only)
+            partial = row_image.PartialImage((), ())
+        try:
+            if kind == b"U":
+                assert present_after is not None
+                rows: list[tuple[list[Any] | None, list[Any] | None]] = [
+                    (old, row_image.complete_after(old, new))
+                    for old, new in dec.pairs(data, off, end, present, present_after)]
+            elif kind == b"I":
+                rows = [(None, new) for new in dec.images(data, off, end, present)]
+            else:
+                rows = [(old, None) for old in dec.images(data, off, end, present)]
+        except rowdecode.ValueRefused as exc:
+            raise DecodeError(
+                f"span={self.label} table {tbl.name} column {tbl.names[exc.index]} at binlog {where}: a value that "
+                f"cannot be replicated exactly ({exc.reason}: e.g. a zero date); fix the row upstream or exclude the "
+                f"table") from exc
         key_idx = [tbl.names.index(k) for k in self._schemas[tbl.version].key]
         keys: list[str] = []
-        for r in rows:
-            new: list[Any] | None = None
-            old: list[Any] | None = None
-            if kind == b"I":
-                new = render(tbl, r["values"], r["none_sources"], where, partial.after)
-            elif kind == b"D":
-                old = render(tbl, r["values"], r["none_sources"], where, partial.before)
-            else:
-                old = render(tbl, r["before_values"], r.get("before_none_sources", {}), where, partial.before)
-                new = row_image.complete_after(old, render(tbl, r["after_values"], r.get("after_none_sources", {}),
-                                                           where, partial.after))
+        for old, new in rows:
             ident = old if old is not None else new
             assert ident is not None
             lacking = row_image.missing_key(ident, key_idx)

@@ -1,0 +1,426 @@
+/* A MySQL/MariaDB rows event's full images straight into stored payloads, in C (upstream/mysql/rowcodec.py compiles
+ * and loads this; upstream/mysql/rowdecode.py is the reference it must equal).
+ *
+ * decode_rows(data, off, end, kind, head, codes, p1, p2, calls) decodes every row image of a WRITE ('I'), UPDATE
+ * ('U': before and after image per row) or DELETE ('D') rows event from data[off:end] (every column present) and
+ * returns one bytes object per row change: head (the schema-version prefix, the kind byte and the relation id) then
+ * the new and/or old tuple in upstream/mysql/payload.py's form (u16 BE count, per column an i32 BE length, -1 for
+ * NULL, and the value's text as UTF-8). Per column, codes[i] says how its value is read and rendered (p1[i], p2[i]
+ * its parameters); C_CALL calls calls[i](data, offset) -> (text, next offset), the Python reader of rowdecode.py.
+ *
+ * The rule that keeps it equal to Python: C renders only values it recognises exactly (integers, YEAR, UTF-8 text
+ * that is valid UTF-8, binary strings, valid DATE/DATETIME/TIMESTAMP/TIME values within the ranges the renderers
+ * accept). Anything else - an invalid or zero date, a TIME outside a day, invalid UTF-8, a truncated event, an
+ * exception from a Python reader - makes decode_rows return None with no exception set, and the caller decodes the
+ * whole event with the Python decoder, which decides or raises the precise error naming the column.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+enum { C_CALL = 0, C_INT = 1, C_UINT = 2, C_YEAR = 3, C_TEXT = 4, C_BYTEA = 5, C_BINARY = 6, C_DATE = 7,
+       C_DATETIME2 = 8, C_TIMESTAMP2 = 9, C_TIME2 = 10 };
+
+typedef struct {
+    char *p;
+    Py_ssize_t n, cap;
+} buf_t;
+
+static int grow(buf_t *b, Py_ssize_t more) {
+    if (b->n + more <= b->cap) return 1;
+    Py_ssize_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + more) cap *= 2;
+    char *p = PyMem_Realloc(b->p, (size_t)cap);
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 1;
+}
+
+static inline void put_be32(char *p, int32_t v) {
+    uint32_t u = (uint32_t)v;
+    p[0] = (char)(u >> 24); p[1] = (char)(u >> 16); p[2] = (char)(u >> 8); p[3] = (char)u;
+}
+
+/* room for a value of up to n bytes after its 4-byte length; returns where the value goes */
+static char *value_slot(buf_t *b, Py_ssize_t n) {
+    if (!grow(b, 4 + n)) return NULL;
+    return b->p + b->n + 4;
+}
+
+static void value_done(buf_t *b, Py_ssize_t n) {
+    put_be32(b->p + b->n, (int32_t)n);
+    b->n += 4 + n;
+}
+
+/* strict UTF-8 as Python's codec: no overlongs, no surrogates, nothing above U+10FFFF */
+static int valid_utf8(const unsigned char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c < 0x80) { i++; continue; }
+        if (c >= 0xC2 && c <= 0xDF) {
+            if (i + 1 >= n || (s[i + 1] & 0xC0) != 0x80) return 0;
+            i += 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            if (i + 2 >= n || (s[i + 1] & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80) return 0;
+            if (c == 0xE0 && s[i + 1] < 0xA0) return 0;
+            if (c == 0xED && s[i + 1] > 0x9F) return 0;
+            i += 3;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            if (i + 3 >= n || (s[i + 1] & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80 || (s[i + 3] & 0xC0) != 0x80)
+                return 0;
+            if (c == 0xF0 && s[i + 1] < 0x90) return 0;
+            if (c == 0xF4 && s[i + 1] > 0x8F) return 0;
+            i += 4;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static inline uint64_t le(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--) v = (v << 8) | p[i];
+    return v;
+}
+
+static inline uint64_t be(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++) v = (v << 8) | p[i];
+    return v;
+}
+
+static int days_in_month(int y, int m) {
+    static const int d[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    if (m == 2 && ((y % 4 == 0 && y % 100 != 0) || y % 400 == 0)) return 29;
+    return d[m - 1];
+}
+
+static int valid_date(int y, int m, int d) {
+    return y >= 1 && y <= 9999 && m >= 1 && m <= 12 && d >= 1 && d <= days_in_month(y, m);
+}
+
+/* microseconds of a fractional part of fsp digits (1..6) at p; *n its byte count */
+static long fraction(const unsigned char *p, int fsp, int *n) {
+    static const long scale[] = {1, 100000, 10000, 1000, 100, 10, 1};
+    *n = (fsp + 1) / 2;
+    if (*n == 0) return 0;
+    long v = (long)be(p, *n);
+    if (fsp % 2) v /= 10;
+    return v * scale[fsp];
+}
+
+/* days since 1970-01-01 -> civil date (proleptic Gregorian) */
+static void civil(int64_t z, int *y, int *m, int *d) {
+    z += 719468;
+    int64_t era = (z >= 0 ? z : z - 146096) / 146097;
+    int64_t doe = z - era * 146097;
+    int64_t yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    int64_t yy = yoe + era * 400;
+    int64_t doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    int64_t mp = (5 * doy + 2) / 153;
+    *d = (int)(doy - (153 * mp + 2) / 5 + 1);
+    *m = (int)(mp < 10 ? mp + 3 : mp - 9);
+    *y = (int)(yy + (*m <= 2));
+}
+
+static int put_text(buf_t *b, const char *s, Py_ssize_t n) {
+    char *dst = value_slot(b, n);
+    if (dst == NULL) return -1;
+    memcpy(dst, s, (size_t)n);
+    value_done(b, n);
+    return 1;
+}
+
+static const char HEX[] = "0123456789abcdef";
+
+static int put_hex(buf_t *b, const unsigned char *s, Py_ssize_t n, Py_ssize_t pad) {
+    Py_ssize_t total = n > pad ? n : pad;
+    char *dst = value_slot(b, 2 + 2 * total);
+    if (dst == NULL) return -1;
+    dst[0] = '\\';
+    dst[1] = 'x';
+    for (Py_ssize_t i = 0; i < total; i++) {
+        unsigned char c = i < n ? s[i] : 0;
+        dst[2 + 2 * i] = HEX[c >> 4];
+        dst[3 + 2 * i] = HEX[c & 15];
+    }
+    value_done(b, 2 + 2 * total);
+    return 1;
+}
+
+typedef struct {
+    Py_ssize_t ncols;
+    const unsigned char *codes, *p1, *p2;
+    PyObject *calls;  /* tuple */
+    PyObject *data;   /* the event's bytes (for the Python readers) */
+} plan_t;
+
+/* one image at *pos into b: 1 done, 0 not handled (no exception), -1 error (exception set) */
+static int image(const unsigned char *s, Py_ssize_t end, Py_ssize_t *pos, const plan_t *pl, buf_t *b) {
+    Py_ssize_t p = *pos, nb = (pl->ncols + 7) / 8;
+    if (p + nb > end) return 0;
+    const unsigned char *nulls = s + p;
+    p += nb;
+    if (!grow(b, 2)) return -1;
+    b->p[b->n] = (char)(pl->ncols >> 8);
+    b->p[b->n + 1] = (char)pl->ncols;
+    b->n += 2;
+    char tmp[64];
+    for (Py_ssize_t i = 0; i < pl->ncols; i++) {
+        if (nulls[i >> 3] >> (i & 7) & 1) {
+            if (!grow(b, 4)) return -1;
+            put_be32(b->p + b->n, -1);
+            b->n += 4;
+            continue;
+        }
+        int code = pl->codes[i], a = pl->p1[i], r, k;
+        switch (code) {
+        case C_INT:
+        case C_UINT: {
+            if (p + a > end) return 0;
+            uint64_t u = le(s + p, a);
+            p += a;
+            if (code == C_INT) {
+                int64_t v = (a < 8 && (u >> (8 * a - 1) & 1)) ? (int64_t)(u | (~(uint64_t)0 << (8 * a))) : (int64_t)u;
+                k = snprintf(tmp, sizeof tmp, "%lld", (long long)v);
+            } else {
+                k = snprintf(tmp, sizeof tmp, "%llu", (unsigned long long)u);
+            }
+            r = put_text(b, tmp, k);
+            break;
+        }
+        case C_YEAR:
+            if (p + 1 > end) return 0;
+            k = s[p] ? snprintf(tmp, sizeof tmp, "%d", s[p] + 1900) : snprintf(tmp, sizeof tmp, "0");
+            p += 1;
+            r = put_text(b, tmp, k);
+            break;
+        case C_TEXT:
+        case C_BYTEA:
+        case C_BINARY: {
+            if (p + a > end) return 0;
+            Py_ssize_t n = (Py_ssize_t)le(s + p, a);
+            p += a;
+            if (n > end - p) return 0;
+            if (code == C_TEXT) {
+                if (!valid_utf8(s + p, n)) return 0;
+                r = put_text(b, (const char *)s + p, n);
+            } else {
+                r = put_hex(b, s + p, n, code == C_BINARY ? pl->p2[i] : 0);
+            }
+            p += n;
+            break;
+        }
+        case C_DATE: {
+            if (p + 3 > end) return 0;
+            uint32_t v = (uint32_t)le(s + p, 3);
+            int y = (int)(v >> 9), m = (int)(v >> 5 & 15), d = (int)(v & 31);
+            p += 3;
+            if (!valid_date(y, m, d)) return 0;
+            k = snprintf(tmp, sizeof tmp, "%04d-%02d-%02d", y, m, d);
+            r = put_text(b, tmp, k);
+            break;
+        }
+        case C_DATETIME2: {
+            int fn = (a + 1) / 2;
+            if (p + 5 + fn > end) return 0;
+            uint64_t v = be(s + p, 5);
+            int ym = (int)(v >> 22 & 0x1FFFF), y = ym / 13, m = ym % 13, d = (int)(v >> 17 & 31);
+            int hh = (int)(v >> 12 & 31), mi = (int)(v >> 6 & 63), ss = (int)(v & 63);
+            long us = fraction(s + p + 5, a, &fn);
+            p += 5 + fn;
+            if (!valid_date(y, m, d) || hh > 23 || mi > 59 || ss > 59) return 0;
+            k = us ? snprintf(tmp, sizeof tmp, "%04d-%02d-%02d %02d:%02d:%02d.%06ld", y, m, d, hh, mi, ss, us)
+                   : snprintf(tmp, sizeof tmp, "%04d-%02d-%02d %02d:%02d:%02d", y, m, d, hh, mi, ss);
+            r = put_text(b, tmp, k);
+            break;
+        }
+        case C_TIMESTAMP2: {
+            int fn = (a + 1) / 2;
+            if (p + 4 + fn > end) return 0;
+            uint64_t secs = be(s + p, 4);
+            long us = fraction(s + p + 4, a, &fn);
+            p += 4 + fn;
+            if (secs >= 0x80000000u || (secs == 0 && us == 0)) return 0;  /* the zero TIMESTAMP: Python refuses */
+            int y, m, d;
+            civil((int64_t)(secs / 86400), &y, &m, &d);
+            int sod = (int)(secs % 86400);
+            k = us ? snprintf(tmp, sizeof tmp, "%04d-%02d-%02d %02d:%02d:%02d.%06ld+00", y, m, d, sod / 3600,
+                              sod / 60 % 60, sod % 60, us)
+                   : snprintf(tmp, sizeof tmp, "%04d-%02d-%02d %02d:%02d:%02d+00", y, m, d, sod / 3600, sod / 60 % 60,
+                              sod % 60);
+            r = put_text(b, tmp, k);
+            break;
+        }
+        case C_TIME2: {
+            int fn = (a + 1) / 2;
+            if (p + 3 + fn > end) return 0;
+            uint32_t v = (uint32_t)be(s + p, 3);
+            long us = fraction(s + p + 3, a, &fn);
+            p += 3 + fn;
+            if (!(v & 0x800000)) return 0;  /* negative: outside the range Python keeps */
+            int hh = (int)(v >> 12 & 0x3FF), mi = (int)(v >> 6 & 63), ss = (int)(v & 63);
+            if (hh > 23 || mi > 59 || ss > 59) return 0;
+            k = us ? snprintf(tmp, sizeof tmp, "%02d:%02d:%02d.%06ld", hh, mi, ss, us)
+                   : snprintf(tmp, sizeof tmp, "%02d:%02d:%02d", hh, mi, ss);
+            r = put_text(b, tmp, k);
+            break;
+        }
+        default: {  /* C_CALL */
+            PyObject *fn = PyTuple_GET_ITEM(pl->calls, i);
+            PyObject *res = PyObject_CallFunction(fn, "On", pl->data, p);
+            if (res == NULL) {
+                PyErr_Clear();  /* Python decides again, with the column named */
+                return 0;
+            }
+            if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 2 || !PyUnicode_Check(PyTuple_GET_ITEM(res, 0))) {
+                Py_DECREF(res);
+                return 0;
+            }
+            Py_ssize_t n, np = PyLong_AsSsize_t(PyTuple_GET_ITEM(res, 1));
+            const char *u = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(res, 0), &n);
+            if (u == NULL || np < p || np > end) {
+                PyErr_Clear();
+                Py_DECREF(res);
+                return 0;
+            }
+            r = put_text(b, u, n);
+            Py_DECREF(res);
+            p = np;
+            break;
+        }
+        }
+        if (r < 0) return -1;
+    }
+    *pos = p;
+    return 1;
+}
+
+static PyObject *decode_rows(PyObject *self, PyObject *args) {
+    PyObject *data, *head, *codes, *p1, *p2, *calls;
+    Py_ssize_t off, end;
+    int kind;
+    if (!PyArg_ParseTuple(args, "SnniSSSSO!", &data, &off, &end, &kind, &head, &codes, &p1, &p2, &PyTuple_Type,
+                          &calls))
+        return NULL;
+    plan_t pl = {PyBytes_GET_SIZE(codes), (const unsigned char *)PyBytes_AS_STRING(codes),
+                 (const unsigned char *)PyBytes_AS_STRING(p1), (const unsigned char *)PyBytes_AS_STRING(p2), calls,
+                 data};
+    if (PyBytes_GET_SIZE(p1) != pl.ncols || PyBytes_GET_SIZE(p2) != pl.ncols || PyTuple_GET_SIZE(calls) != pl.ncols) {
+        PyErr_SetString(PyExc_ValueError, "decode_rows: codes, p1, p2 and calls differ in length");
+        return NULL;
+    }
+    const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(data);
+    if (off < 0 || end > PyBytes_GET_SIZE(data) || off > end) Py_RETURN_NONE;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    buf_t first = {NULL, 0, 0}, second = {NULL, 0, 0};
+    const char *h = PyBytes_AS_STRING(head);
+    Py_ssize_t hn = PyBytes_GET_SIZE(head);
+    Py_ssize_t pos = off;
+    int r = 1;
+    while (pos < end) {
+        first.n = second.n = 0;
+        r = image(s, end, &pos, &pl, &first);
+        if (r == 1 && kind == 'U') r = image(s, end, &pos, &pl, &second);
+        if (r != 1) break;
+        /* U: the binlog's before image is first, the payload's new (after) tuple first */
+        buf_t *a = kind == 'U' ? &second : &first, *o = kind == 'U' ? &first : NULL;
+        PyObject *item = PyBytes_FromStringAndSize(NULL, hn + a->n + (o ? o->n : 0));
+        if (item == NULL) {
+            r = -1;
+            break;
+        }
+        char *dst = PyBytes_AS_STRING(item);
+        memcpy(dst, h, (size_t)hn);
+        memcpy(dst + hn, a->p, (size_t)a->n);
+        if (o) memcpy(dst + hn + a->n, o->p, (size_t)o->n);
+        int fail = PyList_Append(out, item);
+        Py_DECREF(item);
+        if (fail) {
+            r = -1;
+            break;
+        }
+    }
+    PyMem_Free(first.p);
+    PyMem_Free(second.p);
+    if (r == 1 && pos != end) r = 0;
+    if (r != 1) {
+        Py_DECREF(out);
+        if (r < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
+/* ---- CRC32 (zlib's polynomial, reflected), slicing by 8 ------------------------------------------------------- */
+static uint32_t crc_table[8][256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++) crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+}
+
+static uint32_t crc32_of(const unsigned char *p, Py_ssize_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    while (n >= 8) {
+        uint32_t lo = c ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+        c = crc_table[7][lo & 0xFF] ^ crc_table[6][lo >> 8 & 0xFF] ^ crc_table[5][lo >> 16 & 0xFF] ^ crc_table[4][lo >> 24] ^
+            crc_table[3][hi & 0xFF] ^ crc_table[2][hi >> 8 & 0xFF] ^ crc_table[1][hi >> 16 & 0xFF] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n-- > 0) c = crc_table[0][(c ^ *p++) & 0xFF] ^ (c >> 8);
+    return c ^ 0xFFFFFFFFu;
+}
+
+/* crc_ok(data, end): whether data[end:end+4] (little-endian) is the CRC32 of data[1:end] (binlog.crc_ok in C) */
+static PyObject *crc_ok(PyObject *self, PyObject *args) {
+    PyObject *data;
+    Py_ssize_t end;
+    if (!PyArg_ParseTuple(args, "Sn", &data, &end)) return NULL;
+    const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(data);
+    if (end < 1 || end + 4 > PyBytes_GET_SIZE(data)) Py_RETURN_FALSE;
+    uint32_t want = (uint32_t)s[end] | (uint32_t)s[end + 1] << 8 | (uint32_t)s[end + 2] << 16 | (uint32_t)s[end + 3] << 24;
+    if (crc32_of(s + 1, end - 1) == want) Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef methods[] = {
+    {"crc_ok", crc_ok, METH_VARARGS, "crc_ok(data, end) -> whether data[end:end+4] is the CRC32 of data[1:end]"},
+    {"decode_rows", decode_rows, METH_VARARGS,
+     "decode_rows(data, off, end, kind, head, codes, p1, p2, calls) -> list of payloads, or None (decode in Python)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_rowcodec", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__rowcodec(void) {
+    crc_init();
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL) return NULL;
+    if (PyModule_AddIntConstant(m, "CALL", C_CALL) || PyModule_AddIntConstant(m, "INT", C_INT) ||
+        PyModule_AddIntConstant(m, "UINT", C_UINT) || PyModule_AddIntConstant(m, "YEAR", C_YEAR) ||
+        PyModule_AddIntConstant(m, "TEXT", C_TEXT) || PyModule_AddIntConstant(m, "BYTEA", C_BYTEA) ||
+        PyModule_AddIntConstant(m, "BINARY", C_BINARY) || PyModule_AddIntConstant(m, "DATE", C_DATE) ||
+        PyModule_AddIntConstant(m, "DATETIME2", C_DATETIME2) || PyModule_AddIntConstant(m, "TIMESTAMP2", C_TIMESTAMP2) ||
+        PyModule_AddIntConstant(m, "TIME2", C_TIME2)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
