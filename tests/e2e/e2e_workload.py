@@ -204,8 +204,9 @@ def make_sink_uri(kind: str, request: Any, tmp_path: Path, pg_server: Any) -> st
         return f"sqlite:///{tmp_path / 'target.db'}"
     db = f"target_{uuid.uuid4().hex[:10]}"
     server = request.getfixturevalue("mariadb_server") if kind == "mariadb" else pg_server
+    server.start()  # (a no-op unless an earlier test stopped the session's server)
     server.create_database(db)
-    return server.uri(db)
+    return str(server.uri(db))
 
 
 class BackgroundWriter:

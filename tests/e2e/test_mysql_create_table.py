@@ -5,13 +5,11 @@ row-by-row compare after rows are written into the new tables."""
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from e2e_workload import wait_for
+from e2e_workload import make_sink_uri, wait_for
 from test_mysql_upstream_e2e import binlog_end
 
 from playground.cluster import CdcServer
@@ -22,15 +20,9 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
-def create_target(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer,
-                  mariadb_server: MariaDBServer) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'target.db'}"
-    db = f"target_{uuid.uuid4().hex[:10]}"
-    server: Any = mariadb_server if request.param == "mariadb" else pg_server
-    server.start()
-    server.create_database(db)
-    return server.uri(db)
+def create_target(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer) -> str:
+    """A fresh target database on the session's PostgreSQL and MariaDB servers, or a SQLite file."""
+    return make_sink_uri(request.param, request, tmp_path, pg_server)
 
 
 def target_columns(target: str, db: str) -> dict[str, list[tuple[str, str]]]:

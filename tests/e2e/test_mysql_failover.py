@@ -10,13 +10,12 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_workload import FAST_LEASE, server_config, wait_for
+from e2e_workload import FAST_LEASE, make_sink_uri, server_config, wait_for
 from test_mysql_upstream_e2e import SCHEMA, TABLES, binlog_end, mixed
 
 from playground.cluster import CdcServer
@@ -49,16 +48,9 @@ def pair(tmp_path: Path) -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
-def sql_target(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer,
-               mariadb_server: MariaDBServer) -> str:
+def sql_target(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer) -> str:
     """A fresh target database (the session's PostgreSQL and MariaDB servers; the failover pair is separate)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'target.db'}"
-    db = f"target_{uuid.uuid4().hex[:10]}"
-    server: Any = mariadb_server if request.param == "mariadb" else pg_server
-    server.start()
-    server.create_database(db)
-    return str(server.uri(db))
+    return make_sink_uri(request.param, request, tmp_path, pg_server)
 
 
 def cli(cdc: CdcServer, *args: str) -> tuple[int, Any, str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from e2e_workload import FAST_LEASE, run_on_target, server_config, wait_for
+from e2e_workload import FAST_LEASE, make_sink_uri, run_on_target, server_config, wait_for
 
 from playground.cluster import CdcServer
 from playground.compare import compare_mysql_tables, sqlalchemy_url
@@ -66,16 +66,9 @@ def binlog_end(server: MariaDBServer, epoch: int = 0) -> int:
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
-def target(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer,
-           mariadb_server: MariaDBServer) -> str:
+def target(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresServer) -> str:
     """A fresh target database on the session's PostgreSQL and MariaDB servers, or a SQLite file."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'target.db'}"
-    db = f"target_{uuid.uuid4().hex[:10]}"
-    server: Any = mariadb_server if request.param == "mariadb" else pg_server
-    server.start()
-    server.create_database(db)
-    return server.uri(db)
+    return make_sink_uri(request.param, request, tmp_path, pg_server)
 
 
 def test_mariadb_upstream_survives_sigkills_and_converges(
