@@ -40,7 +40,7 @@ from typing import Any
 from cdc.config import ChangefeedConfig, ConsistencyConfig
 from cdc.model import ChangefeedInfo, DataWarning, WarningSeverity, merge_warnings
 from cdc.uri import scrub
-from owner.sink_worker import SinkHandle, open_as, retry_delay, run_worker
+from owner.sink_worker import FeedMap, SinkHandle, open_as, retry_delay
 from sinks.base import BarrierSink, SinkOpener
 
 log = logging.getLogger(__name__)
@@ -103,11 +103,9 @@ class BarrierCoordinator:
         self._clock = clock
         self._wall = wall
         self.retry_min, self.retry_max, self.warn_after = retry_min, retry_max, warn_after
-        self._feeds: dict[str, BarrierFeed] = {}
+        self._feeds: FeedMap[BarrierFeed] = FeedMap()
         # changefeed -> (its config as stored, parsed): offers are frequent, a config rarely changes
         self._configs: dict[str, tuple[dict[str, Any], ConsistencyConfig | None]] = {}
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
 
     def offer(self, info: ChangefeedInfo, ts: int, commit_time: float) -> None:
         """Every span of ``info`` staged up to ``ts`` (cheap; applying happens in :meth:`run`)."""
@@ -119,28 +117,24 @@ class BarrierCoordinator:
         config = cached[1]
         if config is None:
             return
-        with self._lock:
+        with self._feeds.lock:
             feed = self._feeds.get(info.id)
             if feed is None or feed.info.start_ts != info.start_ts:  # (a changefeed recreated under this id)
-                if feed is not None:
-                    feed.sink.close()
-                feed = self._feeds[info.id] = BarrierFeed(info, config)
+                feed = BarrierFeed(info, config)
+                self._feeds.put(info.id, feed)
             feed.info, feed.config = info, config
             if ts <= feed.ts:
                 return
             feed.ts, feed.time = ts, commit_time
-        self._wake.set()
+        self._feeds.wake.set()
 
     def forget(self, changefeed: str) -> None:
-        with self._lock:
-            feed = self._feeds.pop(changefeed, None)
+        self._feeds.forget(changefeed)
         self._configs.pop(changefeed, None)
-        if feed is not None:
-            feed.sink.close()
 
     def warnings(self, changefeed: str) -> list[DataWarning]:
         """The changefeed's coordinator warnings (module docstring)."""
-        with self._lock:
+        with self._feeds.lock:
             feed = self._feeds.get(changefeed)
             if feed is None:
                 return []
@@ -152,39 +146,32 @@ class BarrierCoordinator:
 
     def applied_point(self, changefeed: str) -> tuple[int, float]:
         """(barrier, its upstream commit time) the target shows as this owner last applied it ((0, 0.0): unknown)."""
-        with self._lock:
+        with self._feeds.lock:
             feed = self._feeds.get(changefeed)
             return (feed.applied, feed.applied_time) if feed is not None else (0, 0.0)
 
     # ---- the thread ---------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Apply until ``stop`` is set (a thread target; never raises), then close the sinks."""
-        run_worker(stop, self._wake, self.apply_due, self._close_all)
-
-    def _close_all(self) -> None:
-        with self._lock:
-            feeds = list(self._feeds.values())
-            self._feeds.clear()
-        for feed in feeds:
-            feed.sink.close()
+        self._feeds.run(stop, self.apply_due)
 
     def stop_waiting(self) -> None:
-        self._wake.set()
+        self._feeds.stop_waiting()
 
     def apply_due(self) -> float | None:
         """Apply every barrier that is due now; return the seconds until the next one may be (None: none waits)."""
         now = self._clock()
-        with self._lock:
+        with self._feeds.lock:
             ready = [f for f in self._feeds.values() if due(f, now) == 0.0]
         for feed in ready:
             self._apply_one(feed)
         now = self._clock()
-        with self._lock:
+        with self._feeds.lock:
             waits = [w for w in (due(f, now) for f in self._feeds.values()) if w is not None]
         return min(waits) if waits else None
 
     def _apply_one(self, feed: BarrierFeed) -> None:
-        with self._lock:
+        with self._feeds.lock:
             ts, when, info, config = feed.ts, feed.time, feed.info, feed.config
         try:
             sink = feed.sink.get(info, self._opener)
@@ -194,7 +181,7 @@ class BarrierCoordinator:
             self._failed(feed, exc)
             return
         now = self._clock()
-        with self._lock:
+        with self._feeds.lock:
             if done.barrier_ts > feed.applied:
                 feed.applied, feed.applied_time = done.barrier_ts, when if done.barrier_ts == ts else 0.0
             feed.last_apply = now
@@ -217,7 +204,7 @@ class BarrierCoordinator:
         now = self._clock()
         feed.sink.close()
         message = scrub(getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}")
-        with self._lock:
+        with self._feeds.lock:
             if not feed.failures:
                 feed.failing_since = now
                 if feed.warning is not None and "again since" in feed.warning.message:

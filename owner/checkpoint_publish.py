@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from cdc.model import ChangefeedInfo, DataWarning, WarningSeverity
 from cdc.uri import scrub
-from owner.sink_worker import SinkHandle, open_as, retry_delay, run_worker
+from owner.sink_worker import FeedMap, SinkHandle, open_as, retry_delay
 from sinks.base import CheckpointSink, SinkOpener
 
 log = logging.getLogger(__name__)
@@ -72,10 +72,8 @@ class CheckpointPublisher:
             lambda info: open_as(sinks, info, CheckpointSink, "publishes no checkpoints"))
         self._clock = clock
         self.retry_min, self.retry_max, self.warn_after = retry_min, retry_max, warn_after
-        self._feeds: dict[str, _Feed] = {}
+        self._feeds: FeedMap[_Feed] = FeedMap()
         self._publishes: dict[str, bool] = {}  # sink URI -> its class publishes checkpoints
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
 
     def offer(self, info: ChangefeedInfo, ts: int, commit_time: float) -> None:
         """The checkpoint of ``info`` is ``ts`` now (cheap; publishing happens in :meth:`run`)."""
@@ -86,57 +84,48 @@ class CheckpointPublisher:
             does = self._publishes[info.sink_uri] = publishes(self._sinks, info.sink_uri)
         if not does:
             return
-        with self._lock:
+        with self._feeds.lock:
             feed = self._feeds.get(info.id)
             if feed is None:
-                feed = self._feeds[info.id] = _Feed(info)
+                feed = _Feed(info)
+                self._feeds.put(info.id, feed)
             feed.info = info
             if ts <= feed.ts:
                 return
             feed.ts, feed.time = ts, commit_time
-        self._wake.set()
+        self._feeds.wake.set()
 
     def forget(self, changefeed: str) -> None:
-        with self._lock:
-            feed = self._feeds.pop(changefeed, None)
-        if feed is not None:
-            feed.sink.close()
+        self._feeds.forget(changefeed)
 
     def warnings(self, changefeed: str) -> list[DataWarning]:
         """The changefeed's publishing warning, if publishing failed for ``warn_after`` seconds (see the module
         docstring)."""
-        with self._lock:
+        with self._feeds.lock:
             feed = self._feeds.get(changefeed)
             return [feed.warning] if feed is not None and feed.warning is not None else []
 
     def published(self, changefeed: str) -> int:
-        with self._lock:
+        with self._feeds.lock:
             feed = self._feeds.get(changefeed)
             return feed.published if feed is not None else 0
 
     # ---- the thread ---------------------------------------------------------------------------------------
     def run(self, stop: threading.Event) -> None:
         """Publish until ``stop`` is set (a thread target; never raises), then close the sinks."""
-        run_worker(stop, self._wake, self.publish_due, self._close_all)
-
-    def _close_all(self) -> None:
-        with self._lock:
-            feeds = list(self._feeds.values())
-            self._feeds.clear()
-        for feed in feeds:
-            feed.sink.close()
+        self._feeds.run(stop, self.publish_due)
 
     def stop_waiting(self) -> None:
-        self._wake.set()
+        self._feeds.stop_waiting()
 
     def publish_due(self) -> float | None:
         """Publish every offer that is due now; return the seconds until the next retry (None: nothing waits)."""
         now = self._clock()
-        with self._lock:
+        with self._feeds.lock:
             due = [f for f in self._feeds.values() if f.ts > f.published and f.next_try <= now]
         for feed in due:
             self._publish_one(feed)
-        with self._lock:
+        with self._feeds.lock:
             waiting = [f.next_try - now for f in self._feeds.values() if f.ts > f.published]
         return max(0.0, min(waiting)) if waiting else None
 
@@ -148,7 +137,7 @@ class CheckpointPublisher:
             self._failed(feed, exc)
             return
         now = self._clock()
-        with self._lock:
+        with self._feeds.lock:
             feed.published = max(feed.published, ts)
             if feed.failures:
                 log.info("changefeed=%s checkpoint %d published again after %d failure(s)", info.id, ts,
@@ -165,7 +154,7 @@ class CheckpointPublisher:
         now = self._clock()
         feed.sink.close()
         message = scrub(getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}")
-        with self._lock:
+        with self._feeds.lock:
             if not feed.failures:
                 feed.failing_since = now
             feed.failures += 1

@@ -12,13 +12,15 @@ Guarantees:
 - :func:`retry_delay`: ``retry_min * 2 ** (failures - 1)`` capped at ``retry_max`` seconds.
 - :func:`run_worker`: calls ``step`` until ``stop`` is set, sleeping until the delay ``step`` returns (at most 1 s;
   None: nothing waits) or until ``wake`` is set; ``on_exit`` runs once at the end, whatever happened.
+- :class:`FeedMap`: the worker's feeds by changefeed id under one lock, and the event that wakes its thread; a feed
+  forgotten, replaced or left when the worker's thread ends has its sink closed (outside the lock).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from cdc.config import ChangefeedConfig
 from cdc.errors import SinkError
@@ -79,3 +81,60 @@ def run_worker(stop: threading.Event, wake: threading.Event, step: Callable[[], 
             wake.clear()
     finally:
         on_exit()
+
+
+class Feed(Protocol):
+    """What :class:`FeedMap` needs of a feed: its sink handle."""
+
+    @property
+    def sink(self) -> SinkHandle: ...  # type: ignore[type-arg]
+
+
+F = TypeVar("F", bound=Feed)
+
+
+class FeedMap(Generic[F]):
+    """A worker's feeds by changefeed id (module docstring). Read and change feeds, and the map itself through
+    :meth:`get`, :meth:`put` and :meth:`values`, only while holding :attr:`lock`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.wake = threading.Event()  # set by offers: the worker's thread looks at its feeds at once
+        self._feeds: dict[str, F] = {}
+
+    def get(self, changefeed: str) -> F | None:
+        return self._feeds.get(changefeed)
+
+    def put(self, changefeed: str, feed: F) -> None:
+        """Hold ``feed`` for ``changefeed``; a feed it replaces has its sink closed (under the lock: closing a
+        handle never raises and a replaced feed's sink is idle)."""
+        old = self._feeds.get(changefeed)
+        if old is not None and old is not feed:
+            old.sink.close()
+        self._feeds[changefeed] = feed
+
+    def values(self) -> list[F]:
+        return list(self._feeds.values())
+
+    def forget(self, changefeed: str) -> F | None:
+        """Drop ``changefeed``'s feed and close its sink (takes the lock itself); returns the feed dropped."""
+        with self.lock:
+            feed = self._feeds.pop(changefeed, None)
+        if feed is not None:
+            feed.sink.close()
+        return feed
+
+    def run(self, stop: threading.Event, step: Callable[[], float | None]) -> None:
+        """:func:`run_worker` with this map's wake event; at the end every feed is dropped and its sink closed."""
+        run_worker(stop, self.wake, step, self._close_all)
+
+    def stop_waiting(self) -> None:
+        """Wake the worker's thread now (its stop event was set)."""
+        self.wake.set()
+
+    def _close_all(self) -> None:
+        with self.lock:
+            feeds = list(self._feeds.values())
+            self._feeds.clear()
+        for feed in feeds:
+            feed.sink.close()
