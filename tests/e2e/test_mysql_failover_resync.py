@@ -4,16 +4,14 @@ primary (issue 23: the copy's snapshot positions must be compared with the strea
 
 from __future__ import annotations
 
-import random
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from e2e_workload import FAST_LEASE, run_on_target, server_config, wait_for
 from test_mysql_failover import DB, cli, pair  # noqa: F401 - pair: a fixture
-from test_mysql_initial_copy import ROWS, preload
+from test_mysql_initial_copy import ROWS, churn, preload
 from test_mysql_upstream_e2e import TABLES, binlog_end
 
 from cdc.events import TableName
@@ -42,31 +40,6 @@ def copy_positions(etcd: Any, cluster_id: str, cf: str, table: str) -> tuple[lis
         client.close()
 
 
-def churn(conn: Any, txns: int, seed: int, pause: float, base: int) -> None:
-    """test_mysql_initial_copy's churn (updates, key moves across chunks, deletes, inserts), its new keys from
-    ``base`` on, so that several runs do not collide; each moved row moves on in the next transaction (the replay
-    over a later chunk must go one transaction at a time there, docs/snapshot.md condition 1)."""
-    rnd = random.Random(seed)
-    try:
-        with conn.cursor() as cur:
-            for t in range(txns):
-                cur.execute("BEGIN")
-                for _ in range(3):
-                    cur.execute("UPDATE accounts SET balance = balance + 1.25, note = CONCAT(IFNULL(note, ''), 'u'), "
-                                "seen = NOW(3) WHERE id = %s", (rnd.randrange(ROWS),))
-                cur.execute("DELETE FROM accounts WHERE id = %s", (rnd.randrange(ROWS),))
-                cur.execute("UPDATE IGNORE accounts SET id = %s WHERE id = %s", (base + ROWS + t, rnd.randrange(ROWS)))
-                # and the row the previous transaction moved moves on: a key a row moved into and out of again
-                cur.execute("UPDATE IGNORE accounts SET id = id + 1000000 WHERE id = %s", (base + ROWS + t - 1,))
-                cur.execute("INSERT INTO accounts (id, owner, balance) VALUES (%s, %s, %s)", (base + t, f"n {t}", t / 4))
-                cur.execute("INSERT INTO items VALUES (%s, %s, %s) ON DUPLICATE KEY UPDATE qty = qty + 1",
-                            (f"sku-{t % 13}", t, bytes([t % 256])))
-                cur.execute("COMMIT")
-                time.sleep(pause)
-    finally:
-        conn.close()
-
-
 def assert_equal(cdc: CdcServer, server: MariaDBServer, epoch: int, sink: str) -> dict[str, Any]:
     info = cdc.wait_checkpoint("frs", binlog_end(server, epoch), timeout=240)
     conn = server.connect(DB)
@@ -89,7 +62,7 @@ def test_a_resync_after_a_failover_to_a_promoted_replica_ends_equal(
     try:
         cdc.create_changefeed("frs", primary.uri(DB), sink, "[snapshot]\nchunk-rows = 2000\n")
         preload(primary, DB)
-        churn(primary.connect(DB), 30, 1, 0.0, 100_000)
+        churn(primary.connect(DB), 30, 1, 0.0, base=100_000, move_on=True)
         assert_equal(cdc, primary, 0, sink)
 
         # the failover
@@ -103,7 +76,7 @@ def test_a_resync_after_a_failover_to_a_promoted_replica_ends_equal(
         assert rc == 0, (out, err)
         rc, out, err = cli(cdc, "changefeed", "resume", "-c", "frs")
         assert rc == 0, (out, err)
-        churn(replica.connect(DB), 30, 2, 0.0, 200_000)
+        churn(replica.connect(DB), 30, 2, 0.0, base=200_000, move_on=True)
         info = assert_equal(cdc, replica, 1, sink)
         assert epoch_of(info["checkpoint_ts"]) == 1, info
 
@@ -111,7 +84,8 @@ def test_a_resync_after_a_failover_to_a_promoted_replica_ends_equal(
         run_on_target(sink, "DELETE FROM accounts WHERE id % 7 = 0")
         run_on_target(sink, "UPDATE accounts SET owner = 'wrong' WHERE id % 11 = 0")
         run_on_target(sink, "INSERT INTO accounts (id, owner) VALUES (-1, 'extra')")
-        writer = threading.Thread(target=churn, args=(replica.connect(DB), 300, 3, 0.01, 300_000))
+        writer = threading.Thread(target=churn, args=(replica.connect(DB), 300, 3, 0.01),
+                                  kwargs={"base": 300_000, "move_on": True})
         writer.start()
         try:
             cdc.request("POST", "/api/v2/changefeeds/frs/snapshot", {"tables": [f"{DB}.accounts"]})

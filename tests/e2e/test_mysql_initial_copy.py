@@ -57,9 +57,12 @@ def state_table(state: Any) -> str:
     return str(name)
 
 
-def churn(conn: Any, txns: int, seed: int, pause: float) -> None:
+def churn(conn: Any, txns: int, seed: int, pause: float, *, base: int = ROWS, move_on: bool = False) -> None:
     """Transactions over the preloaded rows while they are copied: updates (also of the key), deletes and inserts
-    spread over every chunk, and upserts of items."""
+    spread over every chunk, and upserts of items. New keys are ``base + t``, a moved row goes to ``base + ROWS + t``
+    (far away: another chunk), so that several runs with their own ``base`` do not collide; with ``move_on`` the row
+    the previous transaction moved moves on again (a key a row moved into and out of: a replay over a later chunk
+    must go one transaction at a time there, docs/snapshot.md condition 1)."""
     rnd = random.Random(seed)
     try:
         with conn.cursor() as cur:
@@ -69,10 +72,10 @@ def churn(conn: Any, txns: int, seed: int, pause: float) -> None:
                     cur.execute("UPDATE accounts SET balance = balance + 1.25, note = CONCAT(IFNULL(note, ''), 'u'), "
                                 "seen = NOW(3) WHERE id = %s", (rnd.randrange(ROWS),))
                 cur.execute("DELETE FROM accounts WHERE id = %s", (rnd.randrange(ROWS),))
-                moved = rnd.randrange(ROWS)  # a key change: the row moves to a key far away (another chunk)
-                cur.execute("UPDATE IGNORE accounts SET id = %s WHERE id = %s", (ROWS * 2 + t, moved))
-                cur.execute("INSERT INTO accounts (id, owner, balance) VALUES (%s, %s, %s)",
-                            (ROWS + t, f"new {t}", t / 4))
+                cur.execute("UPDATE IGNORE accounts SET id = %s WHERE id = %s", (base + ROWS + t, rnd.randrange(ROWS)))
+                if move_on:
+                    cur.execute("UPDATE IGNORE accounts SET id = id + 1000000 WHERE id = %s", (base + ROWS + t - 1,))
+                cur.execute("INSERT INTO accounts (id, owner, balance) VALUES (%s, %s, %s)", (base + t, f"new {t}", t / 4))
                 cur.execute("INSERT INTO items VALUES (%s, %s, %s) ON DUPLICATE KEY UPDATE qty = qty + 1",
                             (f"sku-{t % 13}", t, bytes([t % 256])))
                 cur.execute("COMMIT")
