@@ -41,10 +41,11 @@ class TableDiff:
     duplicates: list[Any] = field(default_factory=list)  # keys held by more than one target row
     losses: int = 0  # source rows (all of them, not only the first 20) absent downstream
     surplus: int = 0  # target rows (all of them) with no source counterpart: duplicates of a key-less table
+    absent: bool = False  # the target has no such table (unequal even when the source table is empty)
 
     @property
     def equal(self) -> bool:
-        return not (self.missing or self.extra or self.different or self.duplicates)
+        return not (self.absent or self.missing or self.extra or self.different or self.duplicates)
 
 
 def exact_number(v: decimal.Decimal) -> str:
@@ -350,7 +351,7 @@ def compare_tables(pg_conn: Any, tables: list[str], sink_uri: str) -> list[Table
                 try:
                     t = sa.Table(table, meta, autoload_with=tconn, schema=target_schema)
                 except sa.exc.NoSuchTableError:
-                    out.append(TableDiff(qualified, len(src), 0, missing=_sorted(src)[:20], losses=len(src)))
+                    out.append(TableDiff(qualified, len(src), 0, missing=_sorted(src)[:20], losses=len(src), absent=True))
                     continue
                 arrays = [c for c in cols if isinstance(t.c[c].type, sa.ARRAY)]
                 res = tconn.execute(sa.select(*[_raw(t.c[c]) for c in cols],
@@ -435,7 +436,7 @@ def compare_mysql_tables(my_conn: Any, tables: list[str], sink_uri: str) -> list
                 try:
                     t = sa.Table(table, sa.MetaData(), autoload_with=tconn, schema=target_schema)
                 except sa.exc.NoSuchTableError:
-                    out.append(TableDiff(qualified, len(src), 0, missing=_sorted(src)[:20], losses=len(src)))
+                    out.append(TableDiff(qualified, len(src), 0, missing=_sorted(src)[:20], losses=len(src), absent=True))
                     continue
                 res = tconn.execute(sa.select(*[_raw(t.c[c]) for c in cols]))
                 out.append(_diff(qualified, cols, key, src, src_raw, numeric, res, []))

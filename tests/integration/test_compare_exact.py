@@ -85,3 +85,12 @@ def test_a_key_held_by_two_target_rows_is_a_duplicate(source: Any, tmp_path: Pat
     d = diff(source, "d", target(tmp_path, "CREATE TABLE d (id TEXT, v INTEGER)",
                                  "INSERT INTO d VALUES ('1.5', 1), ('1.50', 1)"))
     assert d.duplicates == [("1.5",)] and not d.equal and d.target_rows == 2
+
+
+def test_a_table_missing_downstream_is_a_difference_even_when_empty(source: Any, tmp_path: Path) -> None:
+    with source.cursor() as cur:
+        cur.execute("CREATE TABLE gone_empty (id int PRIMARY KEY)")
+    d = diff(source, "gone_empty", target(tmp_path, "CREATE TABLE other (id INTEGER PRIMARY KEY)"))
+    assert d.absent and not d.equal and d.source_rows == 0
+    present = diff(source, "gone_empty", target(tmp_path, "CREATE TABLE gone_empty (id INTEGER PRIMARY KEY)"))
+    assert present.equal and not present.absent
