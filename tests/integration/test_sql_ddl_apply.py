@@ -19,7 +19,7 @@ import psycopg2
 import pytest
 
 from cdc.config import DdlConfig, SinkConfig
-from cdc.errors import DdlRejected, SinkError
+from cdc.errors import DdlRejected, SinkError, SinkUnavailable
 from cdc.events import (
     ColumnFill,
     ColumnSchema,
@@ -377,6 +377,42 @@ def test_replay_applies_once_and_a_split_transaction_keeps_its_rows(repl: Repl, 
     repl.same_as_fresh("t")
 
 
+def test_two_writers_of_the_rows_after_a_split_transactions_ddl_apply_them_once(repl: Repl, target: Target) -> None:
+    """A zombie writer Z and its successor S both reopen the position at T after T's DDL and both write T's rows
+    that follow it: the position's compare-and-set stays at T, so only the DDL record's ``rows_done`` can tell;
+    the second writer must fail instead of applying the rows again (a key-less table would hold them twice)."""
+    repl.up("CREATE TABLE k (a int, b text)")
+    k0 = repl.schema("k")
+    assert k0 is not None
+    zombie = repl.sink
+    zombie.open_position("cf", 0)
+    repl.up("BEGIN")
+    repl.up("INSERT INTO k VALUES (1, 'before')")
+    repl.up("ALTER TABLE k ADD COLUMN c int")
+    after = repl.schema("k")
+    repl.up("INSERT INTO k VALUES (2, 'after', 7)")
+    repl.up("COMMIT")
+    T = repl.ts = repl.ts + 10
+    assert after is not None
+    pre = [RowChange(OpType.INSERT, k0, T, values={"a": 1, "b": "before"})]
+    ev = DdlEvent(T, 0.0, TableName("public", "k"), (DdlChange(K.ADD_COLUMN, "c"),), k0, after,
+                  "ALTER TABLE k ADD COLUMN c int")
+    post = [RowChange(OpType.INSERT, after, T, values={"a": 2, "b": "after", "c": 7})]
+    assert zombie.write(pre) == 1
+    assert zombie.apply_ddl(ev) is True  # Z reopened T, then froze before writing ``post``
+    successor = target.sink()
+    try:
+        assert successor.open_position("cf", 0) == T
+        assert successor.write(pre) == 0
+        assert successor.apply_ddl(ev) is False  # recorded without rows_done: S reopens T too
+        assert successor.write(post) == 1
+        with pytest.raises(SinkUnavailable, match="another writer"):
+            zombie.write(post)  # Z wakes up: its compare-and-set at T would pass
+    finally:
+        successor.close()
+    repl.compare("k")
+
+
 def test_replay_after_a_crash_between_ddl_steps_converges(repl: Repl, target: Target) -> None:
     # MariaDB commits each step: a crash after the ADD COLUMN but before the fill and the record
     q = target.qualified("t")
@@ -542,7 +578,6 @@ def test_a_ddl_blocked_by_a_downstream_lock_fails_retryably(repl: Repl, target: 
     if target.kind == "sqlite":
         pytest.skip("SQLite waits busy-timeout for its single writer lock, as writes do")
     import sinks.sql.ops.ddl_run as ddl_run
-    from cdc.errors import SinkUnavailable
 
     monkeypatch.setattr(ddl_run, "LOCK_TIMEOUT", 1)
     holder = target.server.connect(target.db)  # another client reading the table in an open transaction

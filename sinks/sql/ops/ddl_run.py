@@ -25,7 +25,10 @@ Guarantees:
 - A transaction split around its DDL (rows before it written by one ``write``, which moves the span's
   position to that transaction's commit Ts): after the DDL the position is *reopened* for that commit Ts so
   that the next ``write`` applies the transaction's remaining rows; that write sets ``rows_done`` in its own
-  transaction. A replay that finds the record without ``rows_done`` reopens the position again.
+  transaction. A replay that finds the record without ``rows_done`` reopens the position again. That write fails
+  (``SinkUnavailable``, rolled back) when no record of the transaction had ``rows_done`` 0 any more: another
+  writer (a zombie, or its successor) wrote those rows since, and the position's compare-and-set cannot tell, as it
+  stays at the same commit Ts.
 - A record at the DDL's position that names another table is never taken for this DDL: the call fails
   (``SinkError``, naming both) instead of skipping it as applied.
 - After every call (applied, already applied or failed) the sink forgets what it cached about the tables
@@ -44,7 +47,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from cdc.config import DdlConfig
-from cdc.errors import DdlRejected, SinkError, TidewaterError, UpstreamUnavailable
+from cdc.errors import DdlRejected, SinkError, SinkUnavailable, TidewaterError, UpstreamUnavailable
 from cdc.events import DdlEvent, RowChange
 from cdc.model import DataWarning
 from sinks.base import RowSource
@@ -221,7 +224,7 @@ class DdlRunner:
                      ev.commit_ts, ev.seq, target.where)
         self._warnings = []
         if pos is not None and (applied or state == 0):
-            pos.reopen(ev.commit_ts, lambda conn: conn.exec_driver_sql(rec.mark_done, (cf, ev.commit_ts)))
+            pos.reopen(ev.commit_ts, lambda conn: _mark_rows_done(conn, rec, cf, ev, target.where))
         return applied
 
     def state(self, changefeed: str, ev: DdlEvent) -> int | None:
@@ -427,3 +430,12 @@ def _finite(v: Any) -> bool:
         return Decimal(str(v)).is_finite()
     except InvalidOperation:
         return False
+
+
+def _mark_rows_done(conn: Connection, rec: RecordSQL, changefeed: str, ev: DdlEvent, where: str) -> None:
+    """In the transaction writing the rows that follow ``ev`` in its upstream transaction: set ``rows_done``
+    (module docstring); ``SinkUnavailable`` when another writer set it first."""
+    if conn.exec_driver_sql(rec.mark_done, (changefeed, ev.commit_ts)).rowcount < 1:
+        raise SinkUnavailable(
+            f"changefeed={changefeed}: the rows after DDL {ev.query!r} on {ev.table} (commit ts {ev.commit_ts}) are "
+            f"in {where} already (another writer applied them); rolled back, the span restarts from the target")
