@@ -137,3 +137,31 @@ def test_each_span_carries_its_own_tables_and_together_they_carry_every_row_once
     assert [(t, i) for _, t, i in rows1 if t == created] == [(created, 7)]
     # together: every row change of the workload exactly once (7 inserts, 1 update, 1 delete)
     assert len(rows0) + len(rows1) == 9
+
+
+def test_a_table_renamed_in_from_outside_the_changefeed_is_refused_not_taken_up_without_its_rows(
+        mariadb_server: MariaDBServer, mariadb_database: str) -> None:
+    """One span: ``RENAME TABLE other.t TO db.t`` brings rows the binlog never carried for this changefeed. Before,
+    the span took ``db.t`` up at its first row and the target got only the rows written after (the older ones were
+    silently missing); now the rename is refused at its position (skippable once the operator copied the table)."""
+    db, other = mariadb_database, f"{mariadb_database[:50]}_o"
+    mariadb_server.create_database(other)
+    try:
+        mariadb_server.execute(f"CREATE TABLE {other}.moved (id INT PRIMARY KEY)")
+        mariadb_server.execute(f"INSERT INTO {other}.moved VALUES (1), (2)")
+        with open_upstream(mariadb_server.uri(db)) as up:
+            [span] = up.create_spans([SpanPlan(0, "slot_in", "pub_in", ())])
+        run = Running(mariadb_server.uri(db), span)
+        try:
+            mariadb_server.execute(f"RENAME TABLE {other}.moved TO {db}.moved")
+            mariadb_server.execute(f"INSERT INTO {db}.moved VALUES (3)")
+            with open_upstream(mariadb_server.uri(db)) as up:
+                end = up.current_position()
+            wait_for(lambda: bool(run.errors) or (bool(run.resolved) and run.resolved[-1].ts >= end))
+        finally:
+            run.close()
+        rows, refused = run.content()
+        assert [t for _, t in refused] == [f"{db}.moved"]
+        assert [(t, i) for _, t, i in rows] == [("moved", 3)] and rows[0][0] > refused[0][0]
+    finally:
+        mariadb_server.drop_database(other)
