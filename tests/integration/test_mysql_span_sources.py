@@ -165,3 +165,35 @@ def test_a_table_renamed_in_from_outside_the_changefeed_is_refused_not_taken_up_
         assert [(t, i) for _, t, i in rows] == [("moved", 3)] and rows[0][0] > refused[0][0]
     finally:
         mariadb_server.drop_database(other)
+
+
+def test_one_drop_table_of_two_spans_tables_keeps_each_tables_place_in_the_statement(
+        mariadb_server: MariaDBServer, mariadb_database: str) -> None:
+    """``DROP TABLE x, y`` with x in span 0 and y in span 1: each span stores only its own table's drop, at the
+    table's place in the statement (DdlEvent.seq 0 and 1), the same position the changefeed barrier orders by in
+    every span."""
+    db = mariadb_database
+    x, y = names_of(db, 0, 1, "x")[0], names_of(db, 1, 1, "y")[0]
+    for t in (x, y):
+        mariadb_server.execute(f"CREATE TABLE {db}.{t} (id INT PRIMARY KEY)")
+    with open_upstream(mariadb_server.uri(db)) as up:
+        tables = up.list_tables()
+        spans = up.create_spans([SpanPlan(i, resource_name("slot", "drop2", i), resource_name("pub", "drop2", i),
+                                          tuple(t for t in tables if span_of(t, COUNT) == i)) for i in range(COUNT)])
+    runs = [Running(mariadb_server.uri(db), s) for s in spans]
+    try:
+        mariadb_server.execute(f"DROP TABLE {db}.{y}, {db}.{x}")
+        for r in runs:
+            wait_for(lambda r=r: bool(r.errors) or bool(r.rec.commits))
+    finally:
+        for r in runs:
+            r.close()
+    events = []
+    for r in runs:
+        [(ts, _, [stored])] = r.rec.commits
+        version, raw = decode_payload(stored)
+        assert version == SCHEMA_CHANGE
+        [event] = r.src.decoder().schema_changes(raw, ts, 0.0)
+        events.append((ts, event.table.table, [c.kind.value for c in event.changes], event.seq))
+    assert events[0][0] == events[1][0]
+    assert [e[1:] for e in events] == [(x, ["drop table"], 1), (y, ["drop table"], 0)]
