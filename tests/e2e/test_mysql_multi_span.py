@@ -1,7 +1,7 @@
 """End to end with several spans: MariaDB -> `cdc server` (real etcd, LevelDB sorter) with span-count = 3 -> a
 PostgreSQL and a MariaDB target. Transactions touch tables of two or three spans at once; the capture is SIGKILLed
 mid-stream; an ALTER TABLE and a CREATE TABLE (of a table another span carries than the altered one's) land while
-the writer runs; a table is renamed from one span's name onto another's (refused by both spans at its position,
+the writer runs, and so does one DROP TABLE of two spans' tables; a table is renamed from one span's name onto another's (refused by both spans at its position,
 renamed downstream by the operator, skipped); every phase ends in a row-by-row compare of every table, so a row that
 no span carried (or two did) shows as a difference. Also: the initial copy with two spans, and two spans moved to a
 promoted replica, each from its own GTID token."""
@@ -102,7 +102,8 @@ def test_three_spans_split_cross_span_transactions_survive_a_sigkill_ddl_and_a_r
     old, new = names_for(db, 0, 1, "old")[0], names_for(db, 2, 1, "new")[0]  # renamed from span 0 onto span 2
     created = names_for(db, 1, 1, "late")[0]  # created while streaming, in span 1
     altered = tables[4]  # a table of span 2
-    for t in [*tables, old]:
+    dropped = [names_for(db, 1, 1, "gone")[0], names_for(db, 0, 1, "gone")[0]]  # one DROP TABLE, two spans
+    for t in [*tables, old, *dropped]:
         mariadb_server.execute(f"CREATE TABLE {t} {COLUMNS}", db=db)
     config = server_config(tmp_path, FAST_LEASE)
     cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, extra_args=config).start()
@@ -111,13 +112,19 @@ def test_three_spans_split_cross_span_transactions_survive_a_sigkill_ddl_and_a_r
                                              snapshot="none")
         assert len(created_info["spans"]) == SPANS, created_info
         mariadb_server.execute(f"INSERT INTO {old} (id, v) VALUES (-1, 'before the rename')", db=db)
-        cross_span(mariadb_server.connect(db), [*tables, old], 20, seed=1, start=0)
+        cross_span(mariadb_server.connect(db), [*tables, old, *dropped], 20, seed=1, start=0)
+        mariadb_server.execute(f"INSERT INTO {dropped[0]} (id) VALUES (-1)", db=db)
+        mariadb_server.execute(f"INSERT INTO {dropped[1]} (id) VALUES (-1)", db=db)
+        cdc.wait_checkpoint("ms", binlog_end(mariadb_server), timeout=120)
+        for t in dropped:  # (so that their drop below is seen downstream)
+            assert target_rows(target, f"SELECT COUNT(*) FROM {target_table(target, db, t)}") != [], t
         writer = threading.Thread(target=cross_span, args=(mariadb_server.connect(db), tables, 80, 2, 20, 0.02))
         writer.start()
         time.sleep(0.5)
         mariadb_server.execute(f"ALTER TABLE {altered} ADD COLUMN tier VARCHAR(10) DEFAULT 'basic'", db=db)
         mariadb_server.execute(f"CREATE TABLE {created} {COLUMNS}", db=db)
         mariadb_server.execute(f"INSERT INTO {created} (id, v) VALUES (1, 'first')", db=db)
+        mariadb_server.execute(f"DROP TABLE {dropped[0]}, {dropped[1]}", db=db)
         time.sleep(0.5)
         cdc.kill()  # mid-stream: the writer goes on while no capture runs
         writer.join()
@@ -128,6 +135,8 @@ def test_three_spans_split_cross_span_transactions_survive_a_sigkill_ddl_and_a_r
         info = cdc.wait_checkpoint("ms", binlog_end(mariadb_server), timeout=240)
         assert info["state"] in ("normal", "warning") and not info.get("error"), info
         assert_equal(mariadb_server, db, [*tables, old, created], target, cdc)
+        for t in dropped:  # dropped downstream too, by each span at its place in the statement
+            assert target_rows(target, f"SELECT COUNT(*) FROM {target_table(target, db, t)}") == [], t
 
         # a rename across spans: refused at its position (both spans), renamed downstream, skipped
         [(before,)] = mariadb_server.execute(f"SELECT COUNT(*) FROM {old}", db=db) or []
