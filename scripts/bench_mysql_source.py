@@ -14,11 +14,16 @@ that binlog range three ways, one after the other, and prints wall time, CPU tim
 3. the span source (``upstream.mysql.source.MySqlSpanSource.run``, through ``open_upstream``) into a buffer that
    only counts: the library, the table-map check, rendering each value to text and encoding the payload.
 
+``--spans N`` (N > 1) runs (3) once per span of a changefeed of N spans (``upstream.mysql.span_set``): the one span
+whose share holds ``hot.sbtest`` decodes every row, each other one reads the same binlog and skips the table at its
+TABLE_MAP, which is the extra cost every added span puts on the upstream side.
+
 ``--profile`` runs (3) under cProfile (in this thread) and prints its top functions by own time and that own time
 summed per package (pymysqlreplication, PyMySQL, upstream/mysql, upstream/postgres, the standard library), which is
 what docs/benchmarks.md's "Issue 23 item 7" section reports.
 
     .venv/bin/python scripts/bench_mysql_source.py [--rows 50000] [--shape single|batch] [--profile] [--uri URI]
+                                                   [--spans N]
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from playground.servers import HOST, MariaDBServer  # noqa: E402
 from upstream import open_upstream  # noqa: E402
 from upstream.mysql.positions import split_ts  # noqa: E402
 from upstream.mysql.source import HEARTBEAT_SECONDS  # noqa: E402
+from upstream.mysql.span_set import publication_label  # noqa: E402
 
 DB = "hot"
 
@@ -157,10 +163,10 @@ def library_only(server: MariaDBServer, start: int, end: int) -> str:
     return f"({n} rows decoded)"
 
 
-def source(uri: str, start: int, end: int, profile: cProfile.Profile | None) -> str:
+def source(uri: str, start: int, end: int, profile: cProfile.Profile | None, span: int = 0, spans: int = 1) -> str:
     up = open_upstream(uri)
-    src = up.span_source(SpanInfo(0, "hot_path", "pub", start), Watermark(start, 0.0), TableFilter((f"{DB}.*",)),
-                         label="hot", holder="bench")
+    info = SpanInfo(span, f"hot_path_{span}", publication_label("pub", spans), start)
+    src = up.span_source(info, Watermark(start, 0.0), TableFilter((f"{DB}.*",)), label=f"hot/{span}", holder="bench")
     src.open()
     buf, stop = Counting(), threading.Event()
 
@@ -198,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", choices=("single", "batch"), default="single")
     ap.add_argument("--profile", action="store_true", help="cProfile the span source (slows it ~2x)")
     ap.add_argument("--uri", help="an existing server's root URI (default: start one)")
+    ap.add_argument("--spans", type=int, default=1, help="also read the binlog as each span of N (default 1)")
     args = ap.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="tidewater-mysql-hot-"))
     server = MariaDBServer(work)
@@ -212,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         prof = cProfile.Profile() if args.profile else None
         timed("span source -> counting buffer" + (" (cProfile)" if prof else ""), args.rows,
               lambda: source(server.uri(DB), start, end, prof))
+        for i in range(args.spans if args.spans > 1 else 0):
+            timed(f"span {i} of {args.spans} -> counting buffer", args.rows,
+                  lambda i=i: source(server.uri(DB), start, end, None, i, args.spans))
         if prof is not None:
             total = sum(t for _, t in by_package(prof))
             print("\nown time per package (cProfile):")

@@ -10,6 +10,7 @@ import pytest
 
 from cdc.errors import InvalidArgument, TableNotEligible, UpstreamNotReady
 from cdc.events import TableName
+from cdc.spans import span_of
 from playground.servers import MariaDBServer
 from upstream import open_upstream
 from upstream.base import SpanPlan
@@ -102,14 +103,21 @@ def test_tables_without_a_usable_key_or_with_unsupported_columns_are_named(own_m
         own_mariadb.execute("DROP TABLE shop.nokey, shop.nullable_unique, shop.unique_ok, shop.colors")
 
 
-def test_spans_start_at_the_binlog_end_and_more_than_one_span_is_refused(own_mariadb: MariaDBServer) -> None:
+def test_spans_start_at_the_binlog_end_and_several_spans_split_the_tables_by_the_rule(
+        own_mariadb: MariaDBServer) -> None:
     with open_upstream(own_mariadb.uri("shop")) as up:
         tables = tuple(up.list_tables())
         before = up.current_position()
         [span] = up.create_spans([SpanPlan(0, "slot_a", "pub_a", tables)])
         assert span.start_ts >= before and span.start_ts >> 32 >= 1
-        with pytest.raises(InvalidArgument, match="span-count = 2 is not supported yet"):
-            up.create_spans([SpanPlan(0, "s0", "p0", tables), SpanPlan(1, "s1", "p1", ())])
+        assert span.publication == "pub_a" and up.span_tables(span) == list(tables)
+        plans = [SpanPlan(i, f"s{i}", f"p{i}", tuple(t for t in tables if span_of(t, 2) == i)) for i in range(2)]
+        spans = up.create_spans(plans)
+        assert [s.publication for s in spans] == ["p0/2", "p1/2"]  # the count is stored with the span
+        assert [up.span_tables(s) for s in spans] == [list(p.tables) for p in plans]
+        with pytest.raises(InvalidArgument, match="gives to another span"):
+            up.create_spans([SpanPlan(0, "s0", "p0", tables), SpanPlan(1, "s1", "p1", ())] if plans[1].tables
+                            else [SpanPlan(0, "s0", "p0", ()), SpanPlan(1, "s1", "p1", tables)])
         up.check_copy()  # (the initial copy exists: nothing to refuse)
 
 

@@ -372,3 +372,30 @@ def dropped_tables(query: str, default_schema: str) -> list[tuple[str, str]] | N
         return None
     names = re.sub(r"/\*.*?\*/", "", m.group("names"), flags=re.DOTALL)
     return [split_name(n, default_schema) for n in _split_specs(names)]
+
+
+_RENAME_TABLE = re.compile(r"^\s*RENAME\s+TABLES?\s+(?P<pairs>.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
+_RENAME_PAIR = re.compile(rf"^(?P<old>{_IDENT}(?:\s*\.\s*{_IDENT})?)\s+(?:WAIT\s+\d+\s+|NOWAIT\s+)?TO\s+"
+                          rf"(?P<new>{_IDENT}(?:\s*\.\s*{_IDENT})?)$", re.IGNORECASE)
+_ALTER_RENAME = re.compile(rf"^RENAME\s+(?:TO\s+|AS\s+)?(?P<new>{_IDENT}(?:\s*\.\s*{_IDENT})?)$", re.IGNORECASE)
+
+
+def renamed_tables(query: str, default_schema: str) -> list[tuple[tuple[str, str], tuple[str, str]]]:
+    """``(old, new)`` of each table ``RENAME TABLE a TO b[, c TO d]`` or ``ALTER TABLE a ... RENAME [TO|AS] b``
+    renames, in statement order (empty: the statement renames no table)."""
+    m = _RENAME_TABLE.match(query)
+    if m is not None:
+        out = []
+        for pair in _split_specs(m.group("pairs")):
+            p = _RENAME_PAIR.match(pair)
+            if p is not None:
+                out.append((split_name(p.group("old"), default_schema), split_name(p.group("new"), default_schema)))
+        return out
+    m = ALTER.match(query)
+    if m is None:
+        return []
+    for spec in _split_specs(m.group("specs")):
+        r = _ALTER_RENAME.match(spec)
+        if r is not None and not re.match(r"^RENAME\s+(?:COLUMN|INDEX|KEY)\s", spec, re.IGNORECASE):
+            return [(split_name(m.group("name"), default_schema), split_name(r.group("new"), default_schema))]
+    return []

@@ -99,6 +99,7 @@ from upstream.mysql import (
 )
 from upstream.mysql.conn import stream_settings
 from upstream.mysql.resume import GtidState, ResumePoint
+from upstream.mysql.span_set import SpanShare
 from upstream.mysql.tablemap import TableMap, TableMapCache
 from upstream.postgres import types as text_types
 
@@ -217,16 +218,20 @@ class MySqlSpanSource(SpanSource):
     """One span's binlog into a :class:`~upstream.base.ChangeBuffer` (see the module docstring).
 
     ``uri``: the upstream; ``database``: the span's schema; ``server_id``: this replication connection's id (unique
-    per span and distinct from the server's own).
+    per span and distinct from the server's own); ``share``: which tables this span carries of those the filter
+    selects (:mod:`upstream.mysql.span_set`; the others' rows are dropped at their TABLE_MAP, their DDL ignored,
+    except a rename onto a name this span carries, which it refuses at its position).
     """
 
     def __init__(self, uri: str, database: str, where: str, server_id: int, table_filter: TableFilter,
-                 start: Watermark, label: str, *, connect: Callable[[], Any], resume: str | None = None) -> None:
+                 start: Watermark, label: str, *, connect: Callable[[], Any], resume: str | None = None,
+                 share: SpanShare | None = None) -> None:
         self.uri = uri
         self.database = database
         self.where = where
         self.server_id = server_id
         self.filter = table_filter
+        self.share = share if share is not None else SpanShare(0, 1)
         self.start = start
         self.label = label
         self._connect = connect
@@ -295,7 +300,7 @@ class MySqlSpanSource(SpanSource):
             gtid = point.gtid if point is not None else admin.gtid_at(self._ctl, self.where, name, max(pos, 4))
             self._base_state = dict(GtidState.parse(gtid or "").domains)
         self._server_id = sid
-        self._carried = {t for t in catalog.list_tables(self._ctl, self.where, self.database) if self.filter.match(t)}
+        self._carried = {t for t in catalog.list_tables(self._ctl, self.where, self.database) if self._mine(t)}
         if self._seeds:  # the history knows every table at the start: one it lacks was created after it, and its
             self._carried &= set(self._seeds)  # CREATE TABLE, replayed, is its create event (else its first row)
         for t in sorted(self._carried, key=str):
@@ -425,8 +430,12 @@ class MySqlSpanSource(SpanSource):
         the span's database with it instead of the catalog's schema of now, so a span restarted before an ALTER
         decodes the rows written before it with the columns they have."""
         for s in schemas:
-            if s.name.schema == self.database and self.filter.match(s.name):
+            if self._mine(s.name):
                 self._seeds[s.name] = s
+
+    def _mine(self, name: TableName) -> bool:
+        """Whether this span carries ``name``: in its database, selected by the filter, given to it by the rule."""
+        return name.schema == self.database and self.filter.match(name) and self.share.carries(name)
 
     def schema_change_commits(self) -> set[int]:
         return self._ddl_commits
@@ -571,7 +580,7 @@ class MySqlSpanSource(SpanSource):
         the :class:`~upstream.mysql.tablemap.TableMapCache`, rows decoded by each table's
         :class:`~upstream.mysql.rowdecode.RowDecoder` straight into payloads. Any packet the library would have
         reconnected on is an error here (the caller restarts the span from its checkpoint)."""
-        db, filt = self.database, self.filter
+        db, filt, carries = self.database, self.filter, self.share.carries
         skip_upto = self.start.ts
         resolved = self.start
         xid = 0
@@ -618,8 +627,10 @@ class MySqlSpanSource(SpanSource):
                     if state.get("skip"):
                         continue
                     name = TableName(tmap.schema, tmap.table)
-                    if name.schema != db or not filt.match(name):
-                        state["skip"] = True  # another database's or a filtered table: its rows are not read
+                    if name.schema != db or not filt.match(name) or not carries(name):
+                        # another database's, a filtered table or another span's: its rows are not read (decided once
+                        # per table map body)
+                        state["skip"] = True
                         continue
                     where = f"{log_file}:{log_pos}"
                     tbl = self._table(name, tmap.columns, where)
@@ -797,9 +808,12 @@ class MySqlSpanSource(SpanSource):
         elif _CREATE_TABLE.match(query):
             return False  # CREATE TEMPORARY TABLE
         hit = sorted((n for n in named_tables(query, default) if n in self._tables or n in self._carried), key=str)
+        where = f"{log_file}:{pos}"
+        renames = [(TableName(*old), TableName(*new)) for old, new in ddl.renamed_tables(query, default)]
+        if renames:
+            return self._rename(renames, hit, query, where, buffer, xid)
         if not hit:
             return False
-        where = f"{log_file}:{pos}"
         try:
             dropped = ddl.dropped_tables(query, default)
             if dropped is not None:
@@ -836,8 +850,8 @@ class MySqlSpanSource(SpanSource):
         column type not replicated) gets the ``CDC:WarnTableIneligible`` data warning now, and its rows are skipped
         (:meth:`_table`). A table gone from the catalog since (dropped or renamed later in the binlog) is left to its
         first row, as before: the span fails loudly there if it has rows."""
-        if name.schema != self.database or not self.filter.match(name):
-            return False
+        if not self._mine(name):
+            return False  # (another span's, when the filter selects it: the rule gives it one span only)
         try:
             facts = catalog.table_facts(self._ctl, self.where, name)
         except InvalidArgument:
@@ -858,6 +872,29 @@ class MySqlSpanSource(SpanSource):
         log.info("span=%s table %s created at binlog %s (%s): replicated from here on", self.label, name, where,
                  created.how)
         return True
+
+    def _rename(self, renames: list[tuple[TableName, TableName]], hit: list[TableName], query: str, where: str,
+                buffer: ChangeBuffer, xid: int) -> bool:
+        """``RENAME TABLE`` (or ``ALTER TABLE ... RENAME``) is not replicated yet: refused at its position by the span
+        that carries an old name (:meth:`_refuse`) *and* by the span that carries a new name it did not carry
+        before (another span's table, or one the changefeed did not replicate, moves onto it: its rows are in no
+        stream of this span), so that no span writes a row after it before the operator has renamed the table
+        downstream and skipped the statement; the new name's rows are then this span's (read from the catalog at
+        its first row), the old name's are no longer carried. Returns True when a refusal was stored."""
+        reason = (f"cannot be replicated: RENAME TABLE is not replicated yet; rename the table downstream by hand "
+                  f"(at binlog {where})")
+        stored = self._refuse(hit, query, reason, buffer, xid) if hit else False
+        for old, new in renames:
+            if old in hit or not self._mine(new) or new in self._tables:
+                continue
+            self._store_ddl(buffer, xid, {"table": [new.schema, new.table], "query": query, "refused":
+                                          f"{reason}; table {old} is renamed onto {new}, which span {self.label} "
+                                          f"carries: the rows it holds are not in this span's stream"})
+            self._carried.discard(new)
+            self._ineligible.pop(new, None)
+            log.warning("span=%s rename %r onto %s refused: %s", self.label, query[:200], new, reason)
+            stored = True
+        return stored
 
     def _refuse(self, hit: list[TableName], query: str, reason: str, buffer: ChangeBuffer, xid: int) -> bool:
         """A statement naming ``hit`` tables that cannot be translated: stored as a refused schema change (the
@@ -886,8 +923,13 @@ class MySqlSpanSource(SpanSource):
         log.warning("span=%s schema change %r refused: %s", self.label, query[:200], reason)
         return stored
 
-    def _store_ddl(self, buffer: ChangeBuffer, xid: int, doc: dict[str, Any]) -> None:
-        self._ddl_seq = seq = getattr(self, "_ddl_seq", -1) + 1
+    def _store_ddl(self, buffer: ChangeBuffer, xid: int, doc: dict[str, Any], seq: int | None = None) -> None:
+        """Store a schema change in transaction ``xid`` at the next position (``DdlEvent.seq``), or at ``seq``: its
+        place in the statement when the statement names tables of several spans (each span stores its own), so that
+        the same change has the same position in every span."""
+        if seq is None:
+            seq = getattr(self, "_ddl_seq", -1) + 1
+        self._ddl_seq = seq
         doc["seq"] = seq
         buffer.add(xid, xid, encode_payload(SCHEMA_CHANGE, json.dumps(doc).encode()))
 
@@ -921,13 +963,13 @@ class MySqlSpanSource(SpanSource):
 
     def _drop_tables(self, names: list[TableName], query: str, buffer: ChangeBuffer, xid: int) -> bool:
         stored = False
-        for n in names:
+        for i, n in enumerate(names):
             t = self._tables.pop(n, None)
             self._carried.discard(n)
             if t is None:
                 continue
             self._store_ddl(buffer, xid, {"table": [n.schema, n.table], "before": t.version, "after": 0,
-                                          "changes": [["drop table", None]], "query": query, "fills": []})
+                                          "changes": [["drop table", None]], "query": query, "fills": []}, seq=i)
             stored = True
         return stored
 

@@ -11,8 +11,15 @@ the changefeed (:meth:`MySqlUpstream.check_takeover`, ``changefeed update --upst
 The initial copy reads through :mod:`upstream.mysql.snapshot_read` (each reader its own consistent snapshot at a
 known binlog position; :meth:`MySqlUpstream.export_snapshot` is only the position the run starts from).
 
-What this stage does not do yet (refused loudly, docs/upstream-mysql.md): more than one span per changefeed,
-DDL other than ADD/DROP COLUMN and DROP TABLE (fails the span), partitioned-table inspection. Errors: PyMySQL's become ``TidewaterError`` subclasses in :mod:`upstream.mysql.conn`.
+Several spans (``span-count`` > 1): each span has its own binlog connection and ``server_id`` and carries the tables
+:mod:`upstream.mysql.span_set` gives it (a deterministic rule from the table's name, the span count stored in the
+span's publication label); every span reads the whole binlog and drops the other spans' tables at their TABLE_MAP.
+The control plane (:meth:`MySqlUpstream.span_tables`, :meth:`~MySqlUpstream.carrying_spans`,
+:meth:`~MySqlUpstream.align_spans`) answers by the same rule, so every table the filter selects is carried by
+exactly one span.
+
+What this stage does not do yet (refused loudly, docs/upstream-mysql.md): DDL other than the kinds
+:mod:`upstream.mysql.ddl` lists (a refused, skippable schema change), partitioned-table inspection. Errors: PyMySQL's become ``TidewaterError`` subclasses in :mod:`upstream.mysql.conn`.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from upstream.mysql.resume import ResumePoint
 from upstream.mysql.rowfetch import RowFetcher
 from upstream.mysql.snapshot_read import MySqlSnapshotReader
 from upstream.mysql.source import MySqlSpanSource, gtid_start_refusal
+from upstream.mysql.span_set import SpanShare, publication_label
 
 
 def span_server_id(slot: str) -> int:
@@ -119,10 +127,27 @@ class MySqlUpstream(Upstream):
 
     # ---- per-span resources ------------------------------------------------------------------------
     def create_spans(self, plans: Sequence[SpanPlan]) -> list[SpanInfo]:
-        if len(plans) != 1:
-            raise InvalidArgument(
-                f"MySQL upstream {self.where}: span-count = {len(plans)} is not supported yet; use span-count = 1 "
-                f"(one binlog connection carries every table)")
+        """The spans start at the binlog end now; nothing is created on the server. Each span's publication label
+        carries the span count (:func:`upstream.mysql.span_set.publication_label`), from which its table set follows
+        (:class:`~upstream.mysql.span_set.SpanShare`); ``InvalidArgument`` when a plan's tables are not the ones that
+        rule gives its span (the set could not be kept), or two spans would share a ``server_id``."""
+        n = len(plans)
+        if sorted(p.index for p in plans) != list(range(n)):
+            raise InvalidArgument(f"MySQL upstream {self.where}: span indexes {[p.index for p in plans]} are not "
+                                  f"0..{n - 1}")
+        ids: dict[int, int] = {}
+        for p in plans:
+            share = SpanShare(p.index, n)
+            stray = [str(t) for t in p.tables if not share.carries(t)]
+            if stray:
+                raise InvalidArgument(f"MySQL upstream {self.where}: span {p.index} of {n} was planned with "
+                                      f"{', '.join(stray)}, which the span-set rule (cdc.spans.span_of) gives to "
+                                      f"another span; MySQL keeps no table set per span")
+            sid = span_server_id(p.slot)
+            if sid in ids:
+                raise InvalidArgument(f"MySQL upstream {self.where}: spans {ids[sid]} and {p.index} would share the "
+                                      f"replication server_id {sid}; choose another changefeed id")
+            ids[sid] = p.index
         conn = self._session()
         own = admin.variables(conn, self.where).get("server_id", "")
         replicas = admin.replica_server_ids(conn, self.where) or set()
@@ -138,7 +163,7 @@ class MySqlUpstream(Upstream):
                     f"server_id, or choose another changefeed id")
         log_file, pos = admin.master_position(conn, self.where)
         ts = positions.to_ts(log_file, pos)
-        return [SpanInfo(p.index, p.slot, p.publication, ts) for p in plans]
+        return [SpanInfo(p.index, p.slot, publication_label(p.publication, n), ts) for p in plans]
 
     def drop_spans(self, spans: Sequence[SpanInfo], *, timeout: float = 30.0) -> list[SpanInfo]:
         return list(spans)  # nothing lives upstream
@@ -146,11 +171,24 @@ class MySqlUpstream(Upstream):
     @contextmanager
     def align_spans(self, spans: Sequence[SpanInfo], wanted: Mapping[int, Sequence[TableName]], *,
                     label: str = "", join: JoinRule | None = None) -> Iterator[list[TableName]]:
-        yield self.list_tables()
+        """Nothing to change upstream (a span's set is the rule's): yields the tables the spans carry now, after
+        checking that ``wanted`` gives each table to the span the rule gives it (``InvalidArgument`` otherwise: that
+        set could not be kept)."""
+        for span in spans:
+            share = SpanShare.of(span)
+            stray = [str(t) for t in wanted.get(span.index, ()) if not share.carries(t)]
+            if stray:
+                raise InvalidArgument(f"MySQL upstream {self.where}: span {span.index} cannot carry "
+                                      f"{', '.join(stray)}: the span-set rule (cdc.spans.span_of) gives them to "
+                                      f"another span")
+        tables = self.list_tables()
+        yield sorted(t for t in tables if any(SpanShare.of(s).carries(t) for s in spans))
 
     def span_tables(self, span: SpanInfo) -> list[TableName] | None:
-        """Every table of the database (the span applies the changefeed's filter itself; one span only)."""
-        return self.list_tables()
+        """The tables of the database the span-set rule gives ``span`` (:mod:`upstream.mysql.span_set`; the span
+        applies the changefeed's filter itself)."""
+        share = SpanShare.of(span)
+        return [t for t in self.list_tables() if share.carries(t)]
 
     def slot_state(self, slot: str) -> SlotState | None:
         return SlotState(slot, False, None, None, None, "binlog", False)
@@ -160,11 +198,15 @@ class MySqlUpstream(Upstream):
 
     def add_table(self, span: SpanInfo, table: TableName, *, lock_timeout_ms: int, count_cap: int,
                   spans: Sequence[SpanInfo] = ()) -> int | None:
-        return None  # every table of the database is in the span's set already (span_tables)
+        return None  # every table of the database is in the set of the span the rule gives it already (span_tables)
 
     def carrying_spans(self, relation_id: int, spans: Sequence[SpanInfo]) -> list[int]:
-        """Every table of the database is in the set of every span (one span only: ``span_tables``)."""
-        return sorted(s.index for s in spans) if self.relation_exists(relation_id) else []
+        """The one span of ``spans`` the span-set rule gives the table named by ``relation_id`` (a MySQL relation id
+        is derived from the name: a renamed table is another relation), none when no such table exists."""
+        for t in self.list_tables():
+            if catalog.relation_id(t) == relation_id:
+                return sorted(s.index for s in spans if SpanShare.of(s).carries(t))
+        return []
 
     def partition_leaves(self, spans: Sequence[SpanInfo]) -> list[PartitionLeaf]:
         return []
@@ -187,7 +229,8 @@ class MySqlUpstream(Upstream):
         from another server: its GTID state, :meth:`check_takeover`)."""
         uri, timeout = self.uri, self._timeout
         return MySqlSpanSource(uri, self.database, self.where, span_server_id(span.slot), table_filter, start, label,
-                               connect=lambda: my_conn.connect(uri, timeout=timeout), resume=resume)
+                               connect=lambda: my_conn.connect(uri, timeout=timeout), resume=resume,
+                               share=SpanShare.of(span))
 
     def check_takeover(self, spans: Sequence[SpanInfo], tokens: Mapping[int, str | None]) -> None:
         """Every span's token names a MariaDB GTID state that this server's binlog contains (a replica with
