@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +56,9 @@ def dbs(mariadb_server: Any) -> Iterator[list[str]]:
 
 
 def copy_table(pg_server: Any, pg_database: str, mariadb_server: Any, db: str, table: str = "lit",
-               chunk_rows: int = 1_000_000) -> list[tuple[int, bool]]:
+               chunk_rows: int = 1_000_000, after_first: Callable[[], None] | None = None) -> list[tuple[int, bool]]:
     """Copy ``table`` in chunks of ``chunk_rows`` into MariaDB database ``db`` with the copy task's code and one
-    sink: per chunk (rows, went as text)."""
+    sink: per chunk (rows, went as text). ``after_first`` runs after the first chunk."""
     job = SnapshotJob(changefeed="cf-load", upstream=pg_server.uri(pg_database), sink=mariadb_server.uri(db),
                       tables=(f"public.{table}",), etcd=("http://127.0.0.1:1",))  # copy_chunk never talks to etcd
     reader = PgSnapshotReader(pg_server.uri(pg_database))
@@ -68,7 +68,12 @@ def copy_table(pg_server: Any, pg_database: str, mariadb_server: Any, db: str, t
         schema = reader.table_schema(TableName("public", table))
         chunks = reader.plan(schema, chunk_rows).chunks
         reader.release()
-        return [copy_chunk(reader, sink, ChunkTask(job, schema, c)) for c in chunks]
+        got = []
+        for i, c in enumerate(chunks):
+            got.append(copy_chunk(reader, sink, ChunkTask(job, schema, c)))
+            if i == 0 and after_first is not None:
+                after_first()
+        return got
     finally:
         sink.close()
         reader.close()
@@ -170,6 +175,28 @@ def test_a_server_with_local_infile_off_gets_the_statements_and_one_log_line(
     assert loads(mariadb_server) == before
     refusals = [r for r in caplog.records if "refuses LOAD DATA LOCAL INFILE" in r.getMessage()]
     assert len(refusals) == 1 and refusals[0].levelno == logging.WARNING
+    same_as_upstream(pg_server, pg_database, mariadb_server, db, "lit", ROWS)
+
+
+def test_a_refusal_met_at_a_load_sends_the_chunk_and_the_next_ones_to_the_statements(
+        pg_server: Any, pg_database: str, mariadb_server: Any, dbs: list[str], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """``local_infile`` switched off after the sink read it: the next load is refused (MariaDB's 4166), that chunk
+    is written by the statements, and so are the later ones, without trying again; one log line."""
+    execute(pg_server, pg_database, EDGE)
+    monkeypatch.setattr(load_copy, "REFUSALS_SAID", set())
+    db = dbs[0]
+    before = loads(mariadb_server)
+    try:
+        with caplog.at_level(logging.INFO, logger=load_copy.__name__):
+            got = copy_table(pg_server, pg_database, mariadb_server, db, chunk_rows=1000,
+                             after_first=lambda: mariadb_server.execute("SET GLOBAL local_infile = 0"))
+    finally:
+        mariadb_server.execute("SET GLOBAL local_infile = 1")
+    assert got == [(1000, True)] * 4 + [(5, True)]
+    assert loads(mariadb_server) - before == 2  # the first chunk's load, the refused one
+    refusals = [r for r in caplog.records if "refuses LOAD DATA LOCAL INFILE" in r.getMessage()]
+    assert len(refusals) == 1 and "4166" in refusals[0].getMessage()
     same_as_upstream(pg_server, pg_database, mariadb_server, db, "lit", ROWS)
 
 
