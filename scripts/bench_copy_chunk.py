@@ -1,13 +1,14 @@
-"""One initial-copy chunk into MariaDB, through the C literal rows and through the parsed path, alternately.
+"""One initial-copy chunk into MariaDB, through each of the copy's paths, alternately.
 
 Starts a PostgreSQL and a MariaDB server (playground), loads ``--rows`` rows of the bench's snapshot table (``id
 bigint`` key, ``int``, ``varchar(60)``, ``varchar(20)``, ``timestamp``) and copies them as one chunk with the copy
 task's code (:func:`spark_jobs.copy.copy_chunk`, no Spark) into a fresh MariaDB database per pass, ``--repeat``
-times each way (``TIDEWATER_COPY_LITERALS=python`` for the parsed path). Prints wall time, the copying thread's CPU,
-the process's CPU and the MariaDB server's CPU (``/proc/<mariadbd>/stat``) per row; ``--profile`` adds cProfile's top
-functions.
+times each way of ``--modes``: ``load`` (``LOAD DATA LOCAL INFILE`` of rows rendered in C, sinks/sql/ops/load_copy.py),
+``c`` (the C literal rows' statements: ``TIDEWATER_COPY_LOAD=off``), ``python`` (the parsed path: also
+``TIDEWATER_COPY_LITERALS=python``). Prints wall time, the copying thread's CPU, the process's CPU and the MariaDB
+server's CPU (``/proc/<mariadbd>/stat``) per row; ``--profile`` adds cProfile's top functions.
 
-    .venv/bin/python scripts/bench_copy_chunk.py [--rows 500000] [--repeat 2] [--profile]
+    .venv/bin/python scripts/bench_copy_chunk.py [--rows 500000] [--repeat 2] [--modes load,c,python] [--profile]
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rows", type=int, default=500_000)
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--modes", default="load,c", help="comma-separated: load, c, python (default: load,c)")
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="tidewater-copy-chunk-"))
@@ -54,13 +56,18 @@ def main() -> int:
             cur.execute("VACUUM ANALYZE sb")
         conn.close()
         assert maria.pid is not None
-        for run, mode in enumerate(["c", "python"] * args.repeat):
+        modes = args.modes.split(",")
+        if set(modes) - {"load", "c", "python"}:
+            ap.error(f"unknown mode in {args.modes!r}")
+        for run, mode in enumerate(modes * args.repeat):
             db = f"t{run}"
             maria.create_database(db)
-            if mode == "python":
-                os.environ["TIDEWATER_COPY_LITERALS"] = "python"
-            else:
-                os.environ.pop("TIDEWATER_COPY_LITERALS", None)
+            for var, off, value in (("TIDEWATER_COPY_LITERALS", mode == "python", "python"),
+                                    ("TIDEWATER_COPY_LOAD", mode != "load", "off")):
+                if off:
+                    os.environ[var] = value
+                else:
+                    os.environ.pop(var, None)
             job = SnapshotJob(changefeed="chunk", upstream=pg.uri("src"), sink=maria.uri(db), tables=("public.sb",),
                               etcd=("http://127.0.0.1:1",))  # copy_chunk never talks to etcd
             reader = PgSnapshotReader(pg.uri("src"))

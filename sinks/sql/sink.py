@@ -48,8 +48,9 @@ Layers (``sinks/sql/``; each imports only the ones below it, enforced by import-
 - this module: the facade, :class:`SQLSink`; nothing in the package imports it;
 - ``ops/``: the operations, each built from the target objects: ``writer`` applies one write's changes (windows,
   net effect, order) through ``output`` (statements, COPY, literal rows); ``ddl_run`` applies a schema change once;
-  ``bulk`` (COPY passthrough), ``literal_copy`` (MySQL: literal rows rendered in C) and ``deferred_key`` (the key
-  built after the load) load the initial copy, and
+  ``bulk`` (COPY passthrough), ``load_copy`` (MySQL: ``LOAD DATA LOCAL INFILE`` of rows rendered in C, rolled back
+  to the next on anything it would not store exactly), ``literal_copy`` (MySQL: literal rows rendered in C) and
+  ``deferred_key`` (the key built after the load) load the initial copy, and
   ``copy_targets`` prepares its target tables;
 - ``target/``: objects with state and public methods: ``connection.Target`` (URI, engine, statement pipeline,
   error mapping), ``catalog.Catalog`` (tables, bindings, foreign keys), ``binding`` (a schema version bound to its
@@ -98,6 +99,7 @@ from sinks.sql.ops.bulk import CopyPassthrough
 from sinks.sql.ops.ddl_run import DdlRunner
 from sinks.sql.ops.deferred_key import DeferredKey
 from sinks.sql.ops.literal_copy import LiteralCopy
+from sinks.sql.ops.load_copy import Fallback, LoadCopy
 from sinks.sql.ops.parallel import ParallelApply, Txn, collector_paused
 from sinks.sql.ops.writer import Writer
 from sinks.sql.target.catalog import Catalog
@@ -132,6 +134,7 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         self._ddl = DdlRunner(self.target, self.catalog, self._add_warning)
         self._passthrough = CopyPassthrough(self.target, self.catalog)
         self._literal_copy = LiteralCopy(self.target, self.catalog, self._config.batch_rows)
+        self._load_copy = LoadCopy(self.target, self.catalog)
         self._deferred = DeferredKey(self.target, self.catalog)
         self._warn_lock = threading.Lock()  # apply workers add warnings from their threads
         workers = self._config.worker_count if self.dialect != "sqlite" else 1
@@ -224,7 +227,13 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
 
     def write_copy_text(self, schema: TableSchema, open_text: Callable[[], CopyText | None],
                         fence: Callable[[], None] | None = None, *, replace: bool = False) -> int | None:
-        if self.dialect == "mysql":  # literal rows rendered in C (sinks.sql.ops.literal_copy)
+        if self.dialect == "mysql":  # LOAD DATA (sinks.sql.ops.load_copy), else literal rows rendered in C
+            loaded = self._load_copy.write(schema, open_text, fence, replace=replace,
+                                           tracks_position=self._tracks_position())
+            if loaded is Fallback.PARSED:
+                return None
+            if loaded is not Fallback.STATEMENTS:
+                return loaded
             return self._literal_copy.write(schema, open_text, fence, replace=replace,
                                             tracks_position=self._tracks_position())
         return self._passthrough.write(schema, open_text, fence, replace=replace,

@@ -1,6 +1,6 @@
 /* PostgreSQL COPY text rows -> MySQL/MariaDB literal rows "(v1,v2,...)", for the initial copy into MySQL targets.
  *
- * A CPython extension module (built by cdc/cbuild.py). One function:
+ * A CPython extension module (built by cdc/cbuild.py). Two functions:
  *
  *   render(data: bytes, kinds: bytes, scales: tuple[int, ...], max_bytes: int, max_rows: int)
  *       -> (list[bytes], rows) | (None, index)
@@ -13,6 +13,14 @@
  * line holding anything else (a NaN or infinite value, a numeric with non-zero digits beyond ``scales[i]``, a BC or
  * 5-digit year, a time zone other than +00, a backslash in a non-text value, a wrong column count) it returns
  * (None, index of that line): the caller then takes the Python path, which decides, or raises the precise error.
+ *
+ *   render_load(data, kinds, scales, max_bytes, max_rows) -> (list[tuple[bytes, int]], rows) | (None, index)
+ *
+ * The same lines, the same acceptance (a line is rendered by one function exactly when it is by the other), as the
+ * input of MySQL's ``LOAD DATA`` in its default format instead: each value is its literal's text without the quotes
+ * (so the server converts the same string, or for numbers the same digits, to the column's type), fields separated
+ * by TAB, each row ended by '\n', NULL as \N, and in text values NUL, TAB, LF, CR and backslash written as the
+ * format's escapes \0 \t \n \r \\ (every other byte as itself). Bodies are (text, rows in it), cut as render's.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -107,6 +115,38 @@ static int r_text(buf_t *o, const char *f, Py_ssize_t n) {
         }
     }
     *d++ = '\'';
+    o->len = d - o->p;
+    return 1;
+}
+
+/* a text value as a LOAD DATA field: COPY's escapes undone as r_text does, then the load format's escapes */
+static int r_text_load(buf_t *o, const char *f, Py_ssize_t n) {
+    if (reserve(o, 2 * n) < 0)
+        return -1;
+    char *d = o->p + o->len;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char c = f[i];
+        if (c == '\\' && i + 1 < n) {
+            c = f[++i];
+            switch (c) {
+            case 'b': c = '\b'; break;
+            case 'f': c = '\f'; break;
+            case 'n': c = '\n'; break;
+            case 'r': c = '\r'; break;
+            case 't': c = '\t'; break;
+            case 'v': c = '\v'; break;
+            default: break;
+            }
+        }
+        switch (c) {
+        case '\0': *d++ = '\\'; *d++ = '0'; break;
+        case '\t': *d++ = '\\'; *d++ = 't'; break;
+        case '\n': *d++ = '\\'; *d++ = 'n'; break;
+        case '\r': *d++ = '\\'; *d++ = 'r'; break;
+        case '\\': *d++ = '\\'; *d++ = '\\'; break;
+        default: *d++ = c;
+        }
+    }
     o->len = d - o->p;
     return 1;
 }
@@ -207,7 +247,10 @@ static int r_clock(buf_t *o, const char *f, Py_ssize_t n) {
     return put(o, out, 15) < 0 ? -1 : 1;
 }
 
-static int r_quoted(buf_t *o, int (*inner)(buf_t *, const char *, Py_ssize_t), const char *f, Py_ssize_t n) {
+static int r_quoted(buf_t *o, int (*inner)(buf_t *, const char *, Py_ssize_t), const char *f, Py_ssize_t n,
+                    int load) {
+    if (load)
+        return inner(o, f, n);
     Py_ssize_t mark = o->len;
     if (put(o, "'", 1) < 0)
         return -1;
@@ -257,8 +300,9 @@ static int i_uuid(buf_t *o, const char *f, Py_ssize_t n) {
     return put(o, f, 36) < 0 ? -1 : 1;
 }
 
-static int flush_body(PyObject *bodies, buf_t *body) {
-    PyObject *b = PyBytes_FromStringAndSize(body->p, body->len);
+static int flush_body(PyObject *bodies, buf_t *body, int load, Py_ssize_t rows) {
+    PyObject *b = load ? Py_BuildValue("(y#n)", body->p, body->len, rows)
+                       : PyBytes_FromStringAndSize(body->p, body->len);
     if (b == NULL)
         return -1;
     int rc = PyList_Append(bodies, b);
@@ -267,7 +311,7 @@ static int flush_body(PyObject *bodies, buf_t *body) {
     return rc;
 }
 
-static PyObject *render(PyObject *self, PyObject *args) {
+static PyObject *render_any(PyObject *args, int load) {
     Py_buffer data, kinds;
     PyObject *scales_obj;
     Py_ssize_t max_bytes, max_rows;
@@ -304,7 +348,7 @@ static PyObject *render(PyObject *self, PyObject *args) {
             goto done;
         }
         row.len = 0;
-        int ok = put(&row, "(", 1) < 0 ? -1 : 1;
+        int ok = load ? 1 : (put(&row, "(", 1) < 0 ? -1 : 1);
         const char *f = p;
         for (Py_ssize_t c = 0; ok == 1; c++) {
             const char *tab = memchr(f, '\t', (size_t)(nl - f));
@@ -314,26 +358,26 @@ static PyObject *render(PyObject *self, PyObject *args) {
                 break;
             }
             Py_ssize_t n = fe - f;
-            if (c > 0 && put(&row, ",", 1) < 0) {
+            if (c > 0 && put(&row, load ? "\t" : ",", 1) < 0) {
                 ok = -1;
                 break;
             }
             if (n == 2 && f[0] == '\\' && f[1] == 'N') {
-                ok = put(&row, "NULL", 4) < 0 ? -1 : 1;
+                ok = (load ? put(&row, "\\N", 2) : put(&row, "NULL", 4)) < 0 ? -1 : 1;
             } else if (kind[c] != K_TEXT && memchr(f, '\\', (size_t)n) != NULL) {
                 ok = 0;
             } else {
                 switch (kind[c]) {
                 case K_INT: ok = r_int(&row, f, n); break;
                 case K_BOOL: ok = r_bool(&row, f, n); break;
-                case K_TEXT: ok = r_text(&row, f, n); break;
+                case K_TEXT: ok = load ? r_text_load(&row, f, n) : r_text(&row, f, n); break;
                 case K_NUMERIC: ok = r_numeric(&row, f, n, scales[c]); break;
                 case K_FLOAT: ok = r_float(&row, f, n); break;
-                case K_DATE: ok = r_quoted(&row, i_date, f, n); break;
-                case K_TIME: ok = r_quoted(&row, i_time, f, n); break;
-                case K_TIMESTAMP: ok = r_quoted(&row, i_timestamp, f, n); break;
-                case K_TIMESTAMPTZ: ok = r_quoted(&row, i_timestamptz, f, n); break;
-                case K_UUID: ok = r_quoted(&row, i_uuid, f, n); break;
+                case K_DATE: ok = r_quoted(&row, i_date, f, n, load); break;
+                case K_TIME: ok = r_quoted(&row, i_time, f, n, load); break;
+                case K_TIMESTAMP: ok = r_quoted(&row, i_timestamp, f, n, load); break;
+                case K_TIMESTAMPTZ: ok = r_quoted(&row, i_timestamptz, f, n, load); break;
+                case K_UUID: ok = r_quoted(&row, i_uuid, f, n, load); break;
                 default: ok = 0;
                 }
             }
@@ -342,7 +386,7 @@ static PyObject *render(PyObject *self, PyObject *args) {
             f = tab + 1;
         }
         if (ok == 1)
-            ok = put(&row, ")", 1) < 0 ? -1 : 1;
+            ok = (load ? put(&row, "\n", 1) : put(&row, ")", 1)) < 0 ? -1 : 1;
         if (ok < 0)
             goto done;
         if (ok == 0) {
@@ -351,17 +395,17 @@ static PyObject *render(PyObject *self, PyObject *args) {
             goto done;
         }
         if (in_body && (in_body >= max_rows || body.len + 1 + row.len > max_bytes)) {
-            if (flush_body(bodies, &body) < 0)
+            if (flush_body(bodies, &body, load, in_body) < 0)
                 goto done;
             in_body = 0;
         }
-        if ((in_body && put(&body, ",", 1) < 0) || put(&body, row.p, row.len) < 0)
+        if ((in_body && !load && put(&body, ",", 1) < 0) || put(&body, row.p, row.len) < 0)
             goto done;
         in_body++;
         line++;
         p = nl + 1;
     }
-    if (in_body && flush_body(bodies, &body) < 0)
+    if (in_body && flush_body(bodies, &body, load, in_body) < 0)
         goto done;
     result = Py_BuildValue("(On)", bodies, line);
 done:
@@ -374,8 +418,13 @@ done:
     return result;
 }
 
+static PyObject *render(PyObject *self, PyObject *args) { return render_any(args, 0); }
+
+static PyObject *render_load(PyObject *self, PyObject *args) { return render_any(args, 1); }
+
 static PyMethodDef methods[] = {
     {"render", render, METH_VARARGS, "COPY text lines -> MySQL literal row bodies (see the file's comment)."},
+    {"render_load", render_load, METH_VARARGS, "COPY text lines -> MySQL LOAD DATA bodies (see the file's comment)."},
     {NULL, NULL, 0, NULL},
 };
 

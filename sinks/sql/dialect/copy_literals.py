@@ -1,5 +1,6 @@
 """The initial copy's rows into MySQL/MariaDB without a Python object per row: PostgreSQL COPY text straight to the
-literal rows of a multi-row ``INSERT``, in C (``copy_literals.c``, a CPython extension module).
+literal rows of a multi-row ``INSERT`` (:class:`LiteralRows`), or to the same values as ``LOAD DATA`` input
+(:class:`LoadRows`), in C (``copy_literals.c``, a CPython extension module).
 
 The sink's parsed path (``SnapshotReader.read_chunk`` -> ``RowChange`` -> converters -> ``mysql_literal_function``)
 spends a few microseconds of Python per row; the C function makes the same literal text from the COPY text directly.
@@ -67,16 +68,12 @@ def column_kinds(schema: TableSchema) -> bytes | None:
     return bytes(out)
 
 
-class LiteralRows:
-    """Turns a chunk's COPY text, fed in blocks cut anywhere, into bodies of literal rows ``(..),(..)`` for ``INSERT
-    .. VALUES <body> ..``, each of at most ``max_rows`` rows and ``max_bytes`` bytes. ``rows``: lines rendered so far.
-    Not thread-safe (one chunk, one thread)."""
+class _Lines:
+    """A chunk's COPY text fed in blocks cut anywhere, handed to a C render function in whole lines."""
 
-    def __init__(self, kinds: bytes, scales: Sequence[int | None], max_bytes: int, max_rows: int) -> None:
-        mod = native()
-        if mod is None:
-            raise RuntimeError("the C literal renderer is not available")
-        self._render: Any = mod.render
+    def __init__(self, render: Any, kinds: bytes, scales: Sequence[int | None], max_bytes: int,
+                 max_rows: int) -> None:
+        self._render = render
         self._kinds = kinds
         self._scales = tuple(-1 if s is None else int(s) for s in scales)
         self._max_bytes = max_bytes
@@ -84,9 +81,7 @@ class LiteralRows:
         self._carry = b""
         self.rows = 0
 
-    def feed(self, block: bytes) -> list[bytes] | None:
-        """The bodies of the whole lines completed by ``block``; None: a line holds a value C does not render
-        exactly as the parsed path (the chunk must be written through that path)."""
+    def _feed(self, block: bytes) -> list[Any] | None:
         cut = block.rfind(b"\n")
         if cut < 0:
             self._carry += block
@@ -102,6 +97,44 @@ class LiteralRows:
     def finish(self) -> bool:
         """True when the text ended with a whole line (COPY's always does); False: a partial last line was left."""
         return not self._carry
+
+
+def _module() -> Any:
+    mod = native()
+    if mod is None:
+        raise RuntimeError("the C literal renderer is not available")
+    return mod
+
+
+class LiteralRows(_Lines):
+    """Turns a chunk's COPY text, fed in blocks cut anywhere, into bodies of literal rows ``(..),(..)`` for ``INSERT
+    .. VALUES <body> ..``, each of at most ``max_rows`` rows and ``max_bytes`` bytes. ``rows``: lines rendered so far.
+    Not thread-safe (one chunk, one thread)."""
+
+    def __init__(self, kinds: bytes, scales: Sequence[int | None], max_bytes: int, max_rows: int) -> None:
+        super().__init__(_module().render, kinds, scales, max_bytes, max_rows)
+
+    def feed(self, block: bytes) -> list[bytes] | None:
+        """The bodies of the whole lines completed by ``block``; None: a line holds a value C does not render
+        exactly as the parsed path (the chunk must be written through that path)."""
+        return self._feed(block)
+
+
+class LoadRows(_Lines):
+    """:class:`LiteralRows` as the input of MySQL's ``LOAD DATA`` in its default format (tab-separated fields,
+    ``\\N`` for NULL, backslash escapes, one row per line): each value is its literal's text without the quotes,
+    which the server converts to the column's type as it converts the literal (for the target column types
+    ``sinks.sql.ops.load_copy`` allows). It accepts exactly the lines :class:`LiteralRows` accepts: a chunk it
+    declines is one the literal path declines too. Not thread-safe (one chunk, one thread)."""
+
+    def __init__(self, kinds: bytes, scales: Sequence[int | None], max_bytes: int, max_rows: int) -> None:
+        super().__init__(_module().render_load, kinds, scales, max_bytes, max_rows)
+
+    def feed(self, block: bytes) -> list[tuple[bytes, int]] | None:
+        """The bodies (text, rows in it) of the whole lines completed by ``block``, each of at most ``max_rows``
+        rows and ``max_bytes`` bytes (a single larger row is a body of its own); None: a line holds a value C does
+        not render exactly (the chunk must be written through the parsed path)."""
+        return self._feed(block)
 
 
 def main() -> int:

@@ -20,6 +20,10 @@ from typing import Any
 
 from sinks.sql.dialect.typemap import TargetTable, qualified
 
+LOCAL_INFILE_NAME = "tidewater-rows"
+"""The file name of the sink's ``LOAD DATA LOCAL INFILE`` statements: the sink's connection answers the server's
+request for it with rows in memory (``sinks.sql.target.connection``) and refuses every other name."""
+
 
 class Statements:
     """Builds statements for ``dialect`` (``mysql``, ``postgresql``, ``sqlite``).
@@ -85,6 +89,13 @@ class Statements:
     def copy_in(self, table: str, cols: Sequence[str]) -> str:
         """PostgreSQL: ``COPY table (cols) FROM STDIN`` (text format); ``table`` already quoted."""
         return f"COPY {table} ({self._cols(cols)}) FROM STDIN"
+
+    def load_local(self, t: TargetTable, cols: Sequence[str]) -> str:
+        """MySQL: ``LOAD DATA LOCAL INFILE`` of :data:`LOCAL_INFILE_NAME` into ``t`` (``%`` doubled, as every
+        statement here), skipping (with a warning) a row whose key exists, in the default format: tab-separated
+        fields, backslash escapes, ``\\N`` for NULL, one row per line, UTF-8."""
+        return (f"LOAD DATA LOCAL INFILE '{LOCAL_INFILE_NAME}' IGNORE INTO TABLE {self.table(t)} "
+                f"CHARACTER SET utf8mb4 ({self._cols(cols)})")
 
     def insert_parts(self, t: TargetTable, cols: Sequence[str]) -> tuple[str, str]:
         return f"INSERT INTO {self.table(t)} ({self._cols(cols)}) VALUES ", ""

@@ -79,7 +79,7 @@ class LiteralCopy:
                 b = self._catalog.bind(schema, conn)
                 vkey = (b.label, b.schema)
                 if vkey not in self._verdicts:
-                    self._verdicts[vkey] = why = self._verdict(b)
+                    self._verdicts[vkey] = why = literal_refusal(b)
                     if why is not None:
                         log.info("%s: the initial copy of %s parses its rows (no C literal rows): %s", target.where,
                                  b.label, why)
@@ -120,11 +120,11 @@ class LiteralCopy:
             if text is not None:  # unread or partly read (declined, an error): abandon the upstream's COPY
                 text.abandon()
 
-    @staticmethod
-    def _verdict(b: Binding) -> str | None:
-        """Why this binding's rows are not rendered in C (None: they are); see the module docstring."""
-        if not b.keyed:
-            return "the table has no key (its rows are inserted, not upserted)"
-        if b.other_uniques:
-            return "the target has another unique key (rows go in runs)"
-        return None
+
+def literal_refusal(b: Binding) -> str | None:
+    """Why this binding's rows are not rendered in C (None: they are); see the module docstring."""
+    if not b.keyed:
+        return "the table has no key (its rows are inserted, not upserted)"
+    if b.other_uniques:
+        return "the target has another unique key (rows go in runs)"
+    return None

@@ -10,6 +10,10 @@ checked to be accepted) and in forms they never write or that the parsed path re
 the target scale, BC and 5-digit years, other offsets, invalid dates, leading zeros, ``-0``, escapes in non-text
 values, wrong column counts), for which C must either make the same text or decline -- never render a value the
 parsed path refuses.
+
+Every line is also rendered as ``LOAD DATA`` input (``LoadRows``, the load path of sinks/sql/ops/load_copy.py): C
+must decline exactly the lines it declines as literals, and make of the others each converted parameter's literal
+without its quotes (strings with the load format's escapes, NULL as ``\\N``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import pytest
 from cdc.errors import DataRejected
 from cdc.events import ColumnSchema, TableName, TableSchema
 from sinks.sql.dialect import copy_literals
-from sinks.sql.dialect.copy_literals import LiteralRows, column_kinds
+from sinks.sql.dialect.copy_literals import LiteralRows, LoadRows, column_kinds
 from sinks.sql.dialect.values import converter, mysql_literal_function
 from sinks.sql.target.binding import row_function
 from upstream.postgres import types
@@ -63,6 +67,17 @@ def _schema(types_: Sequence[str]) -> TableSchema:
 
 def python_literal(line: str, schema: TableSchema, scales: Sequence[int | None]) -> str | None:
     """The parsed path's literal row of one COPY line, or None where it refuses the line (it raises)."""
+    params = python_params(line, schema, scales)
+    if params is None:
+        return None
+    try:
+        return str(LITERAL.rows(tuple(map(type, params)))(params))  # type: ignore[attr-defined]
+    except (DataRejected, pymysql.err.ProgrammingError, ValueError, TypeError):
+        return None
+
+
+def python_params(line: str, schema: TableSchema, scales: Sequence[int | None]) -> Sequence[Any] | None:
+    """The parsed path's converted parameters of one COPY line, or None where it refuses the line (it raises)."""
     cols = schema.columns
     texts: list[str | None] = [copy_unescape(f) for f in line.split("\t")] if "\\" in line else line.split("\t")  # type: ignore[misc]
     if len(texts) != len(cols):
@@ -75,10 +90,54 @@ def python_literal(line: str, schema: TableSchema, scales: Sequence[int | None])
     with_text = row_function(len(cols), convs, with_text=True)
     plain = row_function(len(cols), convs)
     try:
-        params = with_text(row, texts) if with_text is not None else plain(row) if plain is not None else row
-        return str(LITERAL.rows(tuple(map(type, params)))(params))  # type: ignore[attr-defined]
+        return with_text(row, texts) if with_text is not None else plain(row) if plain is not None else row  # type: ignore[no-any-return]
     except (DataRejected, pymysql.err.ProgrammingError, ValueError, TypeError):
         return None
+
+
+_LOAD_ESCAPES = {0: "\\0", 9: "\\t", 10: "\\n", 13: "\\r", 92: "\\\\"}
+
+
+def python_load(line: str, schema: TableSchema, scales: Sequence[int | None]) -> str | None:
+    """The LOAD DATA line the load path must send for one COPY line: each converted parameter's literal without its
+    quotes (a string: itself with the load format's escapes), ``\\N`` for NULL; None where the literal path refuses
+    the line."""
+    if python_literal(line, schema, scales) is None:
+        return None
+    params = python_params(line, schema, scales)
+    assert params is not None
+    out = []
+    for v in params:
+        if v is None:
+            out.append("\\N")
+        elif isinstance(v, str):
+            out.append(v.translate(_LOAD_ESCAPES))
+        else:
+            lit = str(LITERAL(v))
+            out.append(lit[1:-1] if lit.startswith("'") else lit)
+    return "\t".join(out) + "\n"
+
+
+def c_load(line: str, schema: TableSchema, scales: Sequence[int | None]) -> str | None:
+    kinds = column_kinds(schema)
+    assert kinds is not None
+    rows = LoadRows(kinds, scales, 1 << 30, 1 << 30)
+    bodies = rows.feed((line + "\n").encode())
+    if bodies is None:
+        return None
+    assert len(bodies) == 1 and bodies[0][1] == 1 and rows.rows == 1 and rows.finish()
+    return bodies[0][0].decode()
+
+
+def both(line: str, schema: TableSchema, scales: Sequence[int | None]) -> str | None:
+    """C's literal row of ``line``, after checking that C's load line is what the load path must send for it
+    (:func:`python_load`) and that C declines the same lines in both forms."""
+    got = c_literal(line, schema, scales)
+    load = c_load(line, schema, scales)
+    assert (got is None) == (load is None), (line, got, load)
+    if load is not None:
+        assert load == python_load(line, schema, scales), (line, load)
+    return got
 
 
 def c_literal(line: str, schema: TableSchema, scales: Sequence[int | None]) -> str | None:
@@ -195,7 +254,7 @@ def test_canonical_values_are_rendered_in_c_exactly_as_the_parsed_path_renders_t
     for i in range(3000):
         value = "\\N" if i % 50 == 0 else CANONICAL[typ](rng)
         line = f"{i}\t{value}"
-        want, got = python_literal(line, schema, scales), c_literal(line, schema, scales)
+        want, got = python_literal(line, schema, scales), both(line, schema, scales)
         if got is None:
             declined.append((value, want))
             continue
@@ -211,13 +270,13 @@ def test_odd_forms_are_rendered_identically_or_declined(typ: str) -> None:
     for value in ODD[typ]:
         for scales in ([None, None], [None, 2]):
             line = f"1\t{value}"
-            want, got = python_literal(line, schema, scales), c_literal(line, schema, scales)
+            want, got = python_literal(line, schema, scales), both(line, schema, scales)
             if got is not None:
                 assert got == want, (value, got, want)
     # the values of docs/limits.md never pass as something else
     for bad in ("NaN", "Infinity"):
-        assert c_literal(f"1\t{bad}", _schema(["int8", "numeric"]), [None, None]) is None
-        assert c_literal(f"1\t{bad}", _schema(["int8", "float8"]), [None, None]) is None
+        assert both(f"1\t{bad}", _schema(["int8", "numeric"]), [None, None]) is None
+        assert both(f"1\t{bad}", _schema(["int8", "float8"]), [None, None]) is None
 
 
 @pytest.mark.parametrize("scale", [0, 2, 5])
@@ -229,7 +288,7 @@ def test_a_narrower_target_scale_is_declined_where_the_parsed_path_refuses_and_k
     refused = taken = 0
     for i in range(3000):
         line = f"{i}\t{_numeric(rng)}"
-        want, got = python_literal(line, schema, scales), c_literal(line, schema, scales)
+        want, got = python_literal(line, schema, scales), both(line, schema, scales)
         if want is None:
             refused += 1
             assert got is None, (line, got)  # refused, never rounded
@@ -247,10 +306,10 @@ def test_rows_of_every_kind_together_and_wrong_column_counts() -> None:
     for i in range(1000):
         vals = ["\\N" if rng.random() < 0.1 else CANONICAL[t](rng) for t in typs]
         line = "\t".join([str(i), *vals])
-        want, got = python_literal(line, schema, scales), c_literal(line, schema, scales)
+        want, got = python_literal(line, schema, scales), both(line, schema, scales)
         assert want is not None and got == want, (line, got, want)
     for line in ["1", "1\t" + "\t".join(["\\N"] * len(typs)) + "\t\\N", "1\t\\N"]:
-        assert python_literal(line, schema, scales) is None and c_literal(line, schema, scales) is None
+        assert python_literal(line, schema, scales) is None and both(line, schema, scales) is None
 
 
 def test_blocks_cut_anywhere_give_the_same_rows_in_bodies_within_the_limits() -> None:
@@ -278,6 +337,20 @@ def test_blocks_cut_anywhere_give_the_same_rows_in_bodies_within_the_limits() ->
         for b in bodies:  # a body of one row may exceed max_bytes (a row is never split)
             assert len(b) <= max_bytes or b in single, len(b)
         assert b",".join(bodies).decode() == ",".join(w for w in want if w is not None)
+        loads = LoadRows(kinds, scales, max_bytes, max_rows)
+        pieces: list[tuple[bytes, int]] = []
+        pos = 0
+        while pos < len(data):
+            step = rng.randrange(1, 5000)
+            got_load = loads.feed(data[pos:pos + step])
+            assert got_load is not None
+            pieces += got_load
+            pos += step
+        assert loads.finish() and loads.rows == len(lines)
+        for body, n in pieces:  # (text rows escape their newlines: one per row)
+            assert body.count(b"\n") == n <= max_rows and (len(body) <= max_bytes or n == 1)
+        assert b"".join(b for b, _ in pieces).decode() == "".join(
+            str(python_load(line, schema, scales)) for line in lines)
     ints = LiteralRows(bytes(kinds[:1]), [None], 1 << 20, 7)  # (integers: counting rows by "),(" is safe)
     int_bodies = ints.feed(b"".join(b"%d\n" % i for i in range(100)))
     assert int_bodies is not None and [b.count(b"),(") + 1 for b in int_bodies] == [7] * 14 + [2]
