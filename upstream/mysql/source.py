@@ -78,7 +78,6 @@ from upstream.base import (
     SCHEMA_CHANGE,
     ChangeBuffer,
     ChangeDecoder,
-    ParsedChange,
     Parser,
     SpanSource,
     encode_payload,
@@ -158,16 +157,25 @@ class MySqlChangeDecoder(ChangeDecoder):
     """Decodes stored MySQL changes (:mod:`upstream.mysql.payload`); values are text parsed with
     :mod:`upstream.postgres.types` (the vocabulary's types, see :mod:`upstream.mysql.types`)."""
 
+    # the class's own are the reference implementation; __init__ puts the decoding's on the instance
+    parse_change = staticmethod(payload.parse)
+    insert_values = staticmethod(payload.insert_values)
+    plain_row = staticmethod(payload.plain_row)
     row_parser = staticmethod(text_types.row_parser)  # type: ignore[assignment]
 
-    def __init__(self, schemas: Callable[[int], TableSchema]) -> None:
+    def __init__(self, schemas: Callable[[int], TableSchema], decoding: rowcodec.Decoding | None = None) -> None:
+        """``decoding``: the per-row functions (:func:`upstream.mysql.rowcodec.best_decoding` when None: C where it
+        is built; both give the same values), set on the instance so that binding them costs nothing per row."""
         self._schemas = schemas
+        self.decoding = decoding = decoding or rowcodec.best_decoding()
+        self.parse_change = decoding.parse_change  # type: ignore[method-assign]
+        self.insert_values = decoding.insert_values  # type: ignore[method-assign]
+        self.plain_row = decoding.plain_row  # type: ignore[method-assign]
+        self.row_parser = decoding.row_parser  # type: ignore[method-assign]
+        self.plain_mounter = decoding.plain_mounter  # type: ignore[method-assign]
 
     def schema(self, version: int) -> TableSchema:
         return self._schemas(version)
-
-    def parse_change(self, raw: bytes) -> ParsedChange:
-        return payload.parse(raw)
 
     def schema_changes(self, raw: bytes, commit_ts: int, commit_time: float) -> list[DdlEvent]:
         """The DdlEvent of a schema change the span stored (:meth:`MySqlSpanSource._store_ddl`)."""
@@ -188,9 +196,6 @@ class MySqlChangeDecoder(ChangeDecoder):
                              int(doc["seq"]), fills=tuple(fills))]
         except (ValueError, KeyError, TypeError, AssertionError, ArithmeticError) as exc:
             raise DecodeError(f"malformed MySQL schema change payload: {exc}") from exc
-
-    def insert_values(self, payload_bytes: bytes, offset: int) -> tuple[int, list[Any]] | None:
-        return payload.insert_values(payload_bytes, offset)
 
     def parser(self, column: ColumnSchema) -> Parser:
         return text_types.parser_for(column.base_type, column.is_array)
