@@ -96,7 +96,7 @@ from upstream.mysql import (
     types,
     wire,
 )
-from upstream.mysql.conn import stream_settings
+from upstream.mysql.conn import Connection, stream_settings
 from upstream.mysql.resume import GtidState, ResumePoint
 from upstream.mysql.tablemap import TableMap, TableMapCache
 from upstream.postgres import types as text_types
@@ -143,7 +143,7 @@ def gtid_start_refusal(uri: str, server_id: int, gtid: str) -> str | None:
     another replication topology, whose own sequence numbers merely happen to be higher). Reads nothing but the
     first event of the dump."""
     reader = BinLogStreamReader(stream_settings(uri), server_id=server_id, auto_position=gtid, is_mariadb=True,
-                                blocking=False, only_events=[RotateEvent])
+                                blocking=False, only_events=[RotateEvent], pymysql_wrapper=Connection)
     try:
         reader.fetchone()
         return None
@@ -538,7 +538,8 @@ class MySqlSpanSource(SpanSource):
             where = {"log_file": self._start_file, "log_pos": self._start_pos, "is_mariadb": False}
         return BinLogStreamReader(
             stream_settings(self.uri), server_id=self.server_id, resume_stream=True, blocking=True, **where,
-            slave_heartbeat=HEARTBEAT_SECONDS, only_schemas=None, only_events=[RotateEvent])
+            slave_heartbeat=HEARTBEAT_SECONDS, only_schemas=None, only_events=[RotateEvent],
+            pymysql_wrapper=Connection)
 
     def run(self, buffer: ChangeBuffer, stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
         if self._ctl is None or (self._start_file is None and self._start_gtid is None):
