@@ -11,7 +11,7 @@ holds its key columns only (``old_kind`` ``'K'``).
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cdc.errors import DecodeError
@@ -113,3 +113,21 @@ def insert_values(payload: bytes, offset: int) -> tuple[int, list[Any]] | None:
         return None
     assert pc.new is not None
     return pc.relid, pc.new
+
+
+def plain_row(payload: bytes, offset: int, parse_row: Callable[[Sequence[Any]], tuple[Any, ...]],
+              ncols: int) -> tuple[str, int, tuple[Any, ...], list[Any]] | None:
+    """:meth:`upstream.base.ChangeDecoder.plain_row` of a stored MySQL change: ``("I", relid, parse_row(values),
+    values)`` when ``payload[offset:]`` is a well-formed insert of ``ncols`` values, each text or NULL (none absent),
+    that ``parse_row`` parses; else None. (A stored update always carries its old row, so it is never plain.)"""
+    ins = insert_values(payload, offset)
+    if ins is None:
+        return None
+    relid, new = ins
+    if len(new) != ncols or not all(v is None or type(v) is str for v in new):
+        return None
+    try:
+        row = parse_row(new)
+    except Exception:  # noqa: BLE001 - the caller's general path reports it
+        return None
+    return "I", relid, row, new

@@ -16,6 +16,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -400,10 +402,493 @@ static PyObject *crc_ok(PyObject *self, PyObject *args) {
     Py_RETURN_FALSE;
 }
 
+/* ---- the decoder side: stored payloads back into values (upstream/mysql/payload.py's parse, in C) ---------------
+ * configure() hands over the Python functions these stand in for; C handles only well-formed payloads given as bytes
+ * whose text is valid UTF-8, and calls the Python function for anything else (which decides or raises the precise
+ * error). The mounter (MySqlMounter) builds the RowChange of a change whose images are whole (no absent value) and
+ * whose values all parse; everything else goes to the Python mounter. */
+static PyObject *UNCHANGED = NULL;       /* cdc.events.UNCHANGED */
+static PyObject *py_insert = NULL;       /* payload.insert_values */
+static PyObject *py_parse = NULL;        /* payload.parse */
+static PyObject *py_plain_row = NULL;    /* payload.plain_row */
+static PyObject *make_parsed = NULL;     /* ParsedChange */
+static PyObject *S_I = NULL, *S_U = NULL, *S_D = NULL, *S_K = NULL, *S_O = NULL, *ZERO = NULL;
+
+static int configured(void) {
+    if (UNCHANGED == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "rowcodec: configure() was not called");
+        return 0;
+    }
+    return 1;
+}
+
+static inline uint32_t be32u(const unsigned char *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+/* The values of the tuple at b[pos:len] (str, None for NULL, UNCHANGED for an absent value), *end the position after
+ * it, *absent whether a value is absent. NULL without an exception: not well-formed or not valid UTF-8 (ask Python);
+ * NULL with one: out of memory. */
+static PyObject *read_tuple(const unsigned char *b, Py_ssize_t len, Py_ssize_t pos, Py_ssize_t *end, int *absent) {
+    if (pos < 0 || len - pos < 2) return NULL;
+    Py_ssize_t n = ((Py_ssize_t)b[pos] << 8) | b[pos + 1];
+    pos += 2;
+    PyObject *vals = PyList_New(n);
+    if (vals == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (len - pos < 4) goto malformed;
+        int32_t ln = (int32_t)be32u(b + pos);
+        pos += 4;
+        PyObject *v;
+        if (ln >= 0) {
+            if ((Py_ssize_t)ln > len - pos) goto malformed;
+            v = PyUnicode_DecodeUTF8((const char *)b + pos, ln, NULL);
+            if (v == NULL) {
+                if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                    PyErr_Clear();
+                    goto malformed;
+                }
+                Py_DECREF(vals);
+                return NULL;
+            }
+            pos += ln;
+        } else if (ln == -1) {
+            v = Py_NewRef(Py_None);
+        } else if (ln == -2) {
+            v = Py_NewRef(UNCHANGED);
+            *absent = 1;
+        } else {
+            goto malformed;
+        }
+        PyList_SET_ITEM(vals, i, v);
+    }
+    *end = pos;
+    return vals;
+malformed:
+    Py_DECREF(vals);
+    return NULL;
+}
+
+/* A whole change at b[off:len]: 1 with *kind, *relid, *new_ and *old (new references or NULL) and *absent set;
+ * 0: not well-formed (ask Python); -1: an exception is set. */
+static int read_change(const unsigned char *b, Py_ssize_t len, Py_ssize_t off, unsigned char *kind, uint32_t *relid,
+                       PyObject **new_, PyObject **old, int *absent_new, int *absent_old) {
+    *new_ = *old = NULL;
+    *absent_new = *absent_old = 0;
+    if (len - off < 5) return 0;
+    unsigned char k = b[off];
+    if (k != 'I' && k != 'U' && k != 'D') return 0;
+    Py_ssize_t pos = off + 5;
+    if (k != 'D') {
+        *new_ = read_tuple(b, len, pos, &pos, absent_new);
+        if (*new_ == NULL) return PyErr_Occurred() ? -1 : 0;
+    }
+    if (k != 'I') {
+        *old = read_tuple(b, len, pos, &pos, absent_old);
+        if (*old == NULL) {
+            Py_CLEAR(*new_);
+            return PyErr_Occurred() ? -1 : 0;
+        }
+    }
+    if (pos != len) {
+        Py_CLEAR(*new_);
+        Py_CLEAR(*old);
+        return 0;
+    }
+    *kind = k;
+    *relid = be32u(b + off + 1);
+    return 1;
+}
+
+static Py_ssize_t offset_arg(PyObject *o, Py_ssize_t len) {
+    if (!PyLong_CheckExact(o)) return -1;
+    Py_ssize_t off = PyLong_AsSsize_t(o);
+    if (off == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return off >= 0 && off <= len ? off : -1;
+}
+
+static PyObject *fallback(PyObject *fn, PyObject *const *args, Py_ssize_t nargs) {
+    return PyObject_Vectorcall(fn, args, (size_t)nargs, NULL);
+}
+
+/* insert_values(payload, offset): payload.insert_values */
+static PyObject *rc_insert_values(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (!configured()) return NULL;
+    if (nargs != 2 || !PyBytes_CheckExact(args[0])) return fallback(py_insert, args, nargs);
+    Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t off = offset_arg(args[1], len);
+    if (off < 0) return fallback(py_insert, args, nargs);
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    if (off >= len || b[off] != 'I') Py_RETURN_NONE;
+    unsigned char kind;
+    uint32_t relid;
+    PyObject *new_, *old;
+    int an, ao;
+    int rc = read_change(b, len, off, &kind, &relid, &new_, &old, &an, &ao);
+    if (rc < 0) return NULL;
+    if (rc == 0) return fallback(py_insert, args, nargs);
+    PyObject *r = PyLong_FromUnsignedLong(relid);
+    PyObject *out = r == NULL ? NULL : PyTuple_Pack(2, r, new_);
+    Py_XDECREF(r);
+    Py_DECREF(new_);
+    return out;
+}
+
+/* parse_change(raw): payload.parse */
+static PyObject *rc_parse_change(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (!configured()) return NULL;
+    if (nargs != 1 || !PyBytes_CheckExact(args[0])) return fallback(py_parse, args, nargs);
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    unsigned char kind;
+    uint32_t relid;
+    PyObject *new_, *old;
+    int an, ao;
+    int rc = read_change(b, PyBytes_GET_SIZE(args[0]), 0, &kind, &relid, &new_, &old, &an, &ao);
+    if (rc < 0) return NULL;
+    if (rc == 0) return fallback(py_parse, args, nargs);
+    PyObject *r = PyLong_FromUnsignedLong(relid);
+    PyObject *out = NULL;
+    if (r != NULL) {
+        PyObject *kind_s = kind == 'I' ? S_I : kind == 'U' ? S_U : S_D;
+        PyObject *old_kind = old == NULL ? Py_None : ao ? S_K : S_O;
+        PyObject *cargs[6] = {kind_s, r, new_ ? new_ : Py_None, old ? old : Py_None, old_kind, ZERO};
+        out = PyObject_Vectorcall(make_parsed, cargs, 6, NULL);
+        Py_DECREF(r);
+    }
+    Py_XDECREF(new_);
+    Py_XDECREF(old);
+    return out;
+}
+
+/* parse_row(values) -> the parsed row, or NULL: with an exception set (not an Exception: propagate), else the row
+ * does not parse (the caller's general path reports it) */
+static PyObject *parse_with(PyObject *parse_row, PyObject *vals) {
+    PyObject *row = PyObject_Vectorcall(parse_row, &vals, 1, NULL);
+    if (row == NULL && PyErr_ExceptionMatches(PyExc_Exception)) PyErr_Clear();
+    return row;
+}
+
+/* whether every item of the list is str or None */
+static int all_text(PyObject *vals) {
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(vals); i++) {
+        PyObject *v = PyList_GET_ITEM(vals, i);
+        if (v != Py_None && !PyUnicode_CheckExact(v)) return 0;
+    }
+    return 1;
+}
+
+/* plain_row(payload, offset, parse_row, ncols): payload.plain_row (an insert of whole text rows that parse) */
+static PyObject *rc_plain_row(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (!configured()) return NULL;
+    if (nargs != 4 || !PyBytes_CheckExact(args[0]) || !PyLong_CheckExact(args[3]))
+        return fallback(py_plain_row, args, nargs);
+    Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t off = offset_arg(args[1], len);
+    Py_ssize_t ncols = PyLong_AsSsize_t(args[3]);
+    if (off < 0 || (ncols == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return fallback(py_plain_row, args, nargs);
+    }
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    if (off >= len || b[off] != 'I') Py_RETURN_NONE;
+    unsigned char kind;
+    uint32_t relid;
+    PyObject *new_, *old;
+    int an, ao;
+    int rc = read_change(b, len, off, &kind, &relid, &new_, &old, &an, &ao);
+    if (rc < 0) return NULL;
+    if (rc == 0) Py_RETURN_NONE; /* malformed: insert_values answers None, so does plain_row */
+    if (an || PyList_GET_SIZE(new_) != ncols || !all_text(new_)) {
+        Py_DECREF(new_);
+        Py_RETURN_NONE;
+    }
+    PyObject *row = parse_with(args[2], new_);
+    if (row == NULL) {
+        Py_DECREF(new_);
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *r = PyLong_FromUnsignedLong(relid);
+    PyObject *out = r == NULL ? NULL : PyTuple_Pack(4, S_I, r, row, new_);
+    Py_XDECREF(r);
+    Py_DECREF(row);
+    Py_DECREF(new_);
+    return out;
+}
+
+/* configure(UNCHANGED, insert_values, parse_change, plain_row, ParsedChange) */
+static PyObject *rc_configure(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "configure(UNCHANGED, insert_values, parse_change, plain_row, ParsedChange)");
+        return NULL;
+    }
+    Py_XSETREF(py_insert, Py_NewRef(args[1]));
+    Py_XSETREF(py_parse, Py_NewRef(args[2]));
+    Py_XSETREF(py_plain_row, Py_NewRef(args[3]));
+    Py_XSETREF(make_parsed, Py_NewRef(args[4]));
+    if (S_I == NULL) {
+        S_I = PyUnicode_InternFromString("I");
+        S_U = PyUnicode_InternFromString("U");
+        S_D = PyUnicode_InternFromString("D");
+        S_K = PyUnicode_InternFromString("K");
+        S_O = PyUnicode_InternFromString("O");
+        ZERO = PyLong_FromLong(0);
+        if (!S_I || !S_U || !S_D || !S_K || !S_O || !ZERO) return NULL;
+    }
+    Py_XSETREF(UNCHANGED, Py_NewRef(args[0])); /* last: configured() from here on */
+    Py_RETURN_NONE;
+}
+
+/* ---- MySqlMounter ------------------------------------------------------------------------------------------------
+ * RowChange's slots, by name (read from the class's member table by configure_rows; processor/mounter.py's
+ * _positional sets the same ones). If the class has any other slot, or one of these is missing, rc_layout stays 0
+ * and every call goes to the Python mounter. */
+static PyTypeObject *row_change_type = NULL;
+static PyObject *op_insert = NULL, *op_update = NULL, *op_delete = NULL;
+static int rc_layout = 0;
+enum { F_OP, F_SCHEMA, F_COMMIT_TS, F_COMMIT_TIME, F_VALUES, F_OLD_VALUES, F_EXTRA, F_ROW, F_ROW_TEXT, F_N };
+static const char *const field_names[F_N] = {"op", "schema", "commit_ts", "commit_time", "values", "old_values",
+                                             "extra", "row", "row_text"};
+static Py_ssize_t field_offset[F_N];
+
+static int read_layout(PyTypeObject *type) {
+    int seen = 0;
+    for (int f = 0; f < F_N; f++) field_offset[f] = -1;
+    if (!(type->tp_flags & Py_TPFLAGS_HEAPTYPE) || type->tp_base != &PyBaseObject_Type || type->tp_members == NULL ||
+        type->tp_dictoffset != 0)
+        return 0;
+    for (PyMemberDef *mp = type->tp_members; mp->name != NULL; mp++) {
+        int f;
+        for (f = 0; f < F_N; f++)
+            if (strcmp(mp->name, field_names[f]) == 0) break;
+        if (f == F_N) {
+            if (strcmp(mp->name, "__weakref__") == 0) continue;
+            return 0;
+        }
+        if (mp->type != T_OBJECT_EX || (mp->flags & READONLY) || field_offset[f] != -1) return 0;
+        field_offset[f] = mp->offset;
+        seen++;
+    }
+    return seen == F_N;
+}
+
+/* configure_rows(RowChange, OpType.INSERT, OpType.UPDATE, OpType.DELETE): True when RowChange's slots are the ones
+ * C sets */
+static PyObject *rc_configure_rows(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyType_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "configure_rows(RowChange, insert_op, update_op, delete_op)");
+        return NULL;
+    }
+    Py_XSETREF(row_change_type, (PyTypeObject *)Py_NewRef(args[0]));
+    Py_XSETREF(op_insert, Py_NewRef(args[1]));
+    Py_XSETREF(op_update, Py_NewRef(args[2]));
+    Py_XSETREF(op_delete, Py_NewRef(args[3]));
+    rc_layout = read_layout(row_change_type);
+    return PyBool_FromLong(rc_layout);
+}
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *plans;    /* dict: schema version -> (schema, relation id or 0, parse_row, ncols) (the mounter's) */
+    PyObject *names;    /* dict: schema version -> its column names (filled here on first use) */
+    PyObject *general;  /* the Python mounter: everything else */
+    vectorcallfunc vectorcall;
+} MySqlMounter;
+
+static inline void set_field(PyObject *o, int f, PyObject *v) {
+    *(PyObject **)((char *)o + field_offset[f]) = v; /* a new reference; the slot was NULL (fresh object) */
+}
+
+/* dict(zip(names, row)), or NULL (exception set) */
+static PyObject *named(PyObject *names, PyObject *row) {
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    PyObject *d = PyDict_New();
+    if (d == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (PyDict_SetItem(d, PyTuple_GET_ITEM(names, i), PyTuple_GET_ITEM(row, i)) < 0) {
+            Py_DECREF(d);
+            return NULL;
+        }
+    }
+    return d;
+}
+
+/* the column names of a version's schema (schema.column_names, kept per version), borrowed; NULL: exception set */
+static PyObject *names_of(MySqlMounter *mm, PyObject *key, PyObject *schema) {
+    PyObject *names = PyDict_GetItemWithError(mm->names, key);
+    if (names != NULL || PyErr_Occurred()) return names;
+    PyObject *got = PyObject_GetAttrString(schema, "column_names");
+    if (got == NULL) return NULL;
+    if (!PyTuple_CheckExact(got)) {
+        Py_DECREF(got);
+        PyErr_SetString(PyExc_TypeError, "column_names is not a tuple");
+        return NULL;
+    }
+    int fail = PyDict_SetItem(mm->names, key, got);
+    Py_DECREF(got);
+    return fail ? NULL : PyDict_GetItemWithError(mm->names, key);
+}
+
+/* the RowChange of a whole-image change, or NULL: with an exception set (error), else not handled here */
+static PyObject *mount_whole(MySqlMounter *mm, PyObject *payload, PyObject *commit_ts, PyObject *commit_time) {
+    if (!rc_layout || !PyBytes_CheckExact(payload) || PyBytes_GET_SIZE(payload) < 5 || !PyDict_CheckExact(mm->plans))
+        return NULL;
+    const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(payload);
+    Py_ssize_t len = PyBytes_GET_SIZE(payload);
+    PyObject *key = PyLong_FromUnsignedLong(be32u(b));
+    if (key == NULL) return NULL;
+    PyObject *out = NULL, *new_ = NULL, *old = NULL, *row = NULL, *orow = NULL, *values = NULL, *old_values = NULL;
+    PyObject *plan = PyDict_GetItemWithError(mm->plans, key); /* borrowed */
+    if (plan == NULL || !PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != 4 ||
+        !PyLong_CheckExact(PyTuple_GET_ITEM(plan, 1)) || !PyLong_CheckExact(PyTuple_GET_ITEM(plan, 3))) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    Py_INCREF(plan);
+    PyObject *schema = PyTuple_GET_ITEM(plan, 0), *parse_row = PyTuple_GET_ITEM(plan, 2);
+    unsigned long want = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(plan, 1));
+    Py_ssize_t ncols = PyLong_AsSsize_t(PyTuple_GET_ITEM(plan, 3));
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        goto done;
+    }
+    unsigned char kind;
+    uint32_t relid;
+    int an, ao;
+    int rc = read_change(b, len, 4, &kind, &relid, &new_, &old, &an, &ao);
+    if (rc != 1) goto done; /* -1 leaves its exception set */
+    if ((want != 0 && want != relid) || an || ao) goto done; /* another relation's, or a partial image */
+    if (new_ != NULL && (PyList_GET_SIZE(new_) != ncols || !all_text(new_))) goto done;
+    if (old != NULL && (PyList_GET_SIZE(old) != ncols || !all_text(old))) goto done;
+    if (new_ != NULL && (row = parse_with(parse_row, new_)) == NULL) goto done;
+    if (old != NULL && (orow = parse_with(parse_row, old)) == NULL) goto done;
+    if ((row != NULL && (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != ncols)) ||
+        (orow != NULL && (!PyTuple_CheckExact(orow) || PyTuple_GET_SIZE(orow) != ncols)))
+        goto done;
+    if (kind != 'I') { /* an update or delete: the new and old rows by name, as the Python mounter builds them */
+        PyObject *names = names_of(mm, key, schema);
+        if (names == NULL) goto done;
+        if (PyTuple_GET_SIZE(names) != ncols) goto done;
+        if (row != NULL && (values = named(names, row)) == NULL) goto done;
+        if ((old_values = named(names, orow)) == NULL) goto done;
+    }
+    PyObject *extra = PyDict_New();
+    if (extra == NULL) goto done;
+    out = row_change_type->tp_alloc(row_change_type, 0);
+    if (out == NULL) {
+        Py_DECREF(extra);
+        goto done;
+    }
+    set_field(out, F_OP, Py_NewRef(kind == 'I' ? op_insert : kind == 'U' ? op_update : op_delete));
+    set_field(out, F_SCHEMA, Py_NewRef(schema));
+    set_field(out, F_COMMIT_TS, Py_NewRef(commit_ts));
+    set_field(out, F_COMMIT_TIME, Py_NewRef(commit_time));
+    set_field(out, F_EXTRA, extra);
+    if (kind == 'I') { /* positional, as processor.mounter's _positional: values built on first access */
+        set_field(out, F_VALUES, Py_NewRef(Py_None));
+        set_field(out, F_OLD_VALUES, Py_NewRef(Py_None));
+        set_field(out, F_ROW, Py_NewRef(row));
+        set_field(out, F_ROW_TEXT, Py_NewRef(new_));
+    } else {
+        set_field(out, F_VALUES, values ? Py_NewRef(values) : Py_NewRef(Py_None));
+        set_field(out, F_OLD_VALUES, Py_NewRef(old_values));
+        set_field(out, F_ROW, Py_NewRef(Py_None));
+        set_field(out, F_ROW_TEXT, Py_NewRef(Py_None));
+    }
+done:
+    Py_DECREF(key);
+    Py_DECREF(plan);
+    Py_XDECREF(new_);
+    Py_XDECREF(old);
+    Py_XDECREF(row);
+    Py_XDECREF(orow);
+    Py_XDECREF(values);
+    Py_XDECREF(old_values);
+    return out;
+}
+
+static PyObject *MySqlMounter_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs == 3 && (kwnames == NULL || PyTuple_GET_SIZE(kwnames) == 0)) {
+        PyObject *r = mount_whole((MySqlMounter *)self, args[0], args[1], args[2]);
+        if (r != NULL || PyErr_Occurred()) return r;
+    }
+    return PyObject_Vectorcall(((MySqlMounter *)self)->general, args, nargsf, kwnames);
+}
+
+static PyObject *MySqlMounter_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    PyObject *plans, *general;
+    static char *kwlist[] = {"plans", "general", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O:MySqlMounter", kwlist, &PyDict_Type, &plans, &general))
+        return NULL;
+    if (!PyCallable_Check(general)) {
+        PyErr_SetString(PyExc_TypeError, "MySqlMounter: general must be callable");
+        return NULL;
+    }
+    PyObject *names = PyDict_New();
+    if (names == NULL) return NULL;
+    MySqlMounter *self = (MySqlMounter *)type->tp_alloc(type, 0);
+    if (self == NULL) {
+        Py_DECREF(names);
+        return NULL;
+    }
+    self->plans = Py_NewRef(plans);
+    self->names = names;
+    self->general = Py_NewRef(general);
+    self->vectorcall = MySqlMounter_vectorcall;
+    return (PyObject *)self;
+}
+
+static int MySqlMounter_traverse(MySqlMounter *self, visitproc visit, void *arg) {
+    Py_VISIT(self->plans);
+    Py_VISIT(self->names);
+    Py_VISIT(self->general);
+    return 0;
+}
+
+static int MySqlMounter_clear(MySqlMounter *self) {
+    Py_CLEAR(self->plans);
+    Py_CLEAR(self->names);
+    Py_CLEAR(self->general);
+    return 0;
+}
+
+static void MySqlMounter_dealloc(MySqlMounter *self) {
+    PyObject_GC_UnTrack(self);
+    MySqlMounter_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyTypeObject MySqlMounterType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "_rowcodec.MySqlMounter",
+    .tp_basicsize = sizeof(MySqlMounter),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "MySqlMounter(plans, general): mount(payload, commit_ts, commit_time) with whole-image changes built in C",
+    .tp_new = MySqlMounter_new,
+    .tp_dealloc = (destructor)MySqlMounter_dealloc,
+    .tp_traverse = (traverseproc)MySqlMounter_traverse,
+    .tp_clear = (inquiry)MySqlMounter_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(MySqlMounter, vectorcall),
+};
+
 static PyMethodDef methods[] = {
     {"crc_ok", crc_ok, METH_VARARGS, "crc_ok(data, end) -> whether data[end:end+4] is the CRC32 of data[1:end]"},
     {"decode_rows", decode_rows, METH_VARARGS,
      "decode_rows(data, off, end, kind, head, codes, p1, p2, calls) -> list of payloads, or None (decode in Python)"},
+    {"configure", (PyCFunction)(void (*)(void))rc_configure, METH_FASTCALL,
+     "configure(UNCHANGED, insert_values, parse_change, plain_row, ParsedChange): the Python functions C falls back to"},
+    {"configure_rows", (PyCFunction)(void (*)(void))rc_configure_rows, METH_FASTCALL,
+     "configure_rows(RowChange, insert_op, update_op, delete_op) -> whether C can build RowChange objects"},
+    {"insert_values", (PyCFunction)(void (*)(void))rc_insert_values, METH_FASTCALL,
+     "insert_values(payload, offset): payload.insert_values"},
+    {"parse_change", (PyCFunction)(void (*)(void))rc_parse_change, METH_FASTCALL, "parse_change(raw): payload.parse"},
+    {"plain_row", (PyCFunction)(void (*)(void))rc_plain_row, METH_FASTCALL,
+     "plain_row(payload, offset, parse_row, ncols): payload.plain_row"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -419,6 +904,10 @@ PyMODINIT_FUNC PyInit__rowcodec(void) {
         PyModule_AddIntConstant(m, "BINARY", C_BINARY) || PyModule_AddIntConstant(m, "DATE", C_DATE) ||
         PyModule_AddIntConstant(m, "DATETIME2", C_DATETIME2) || PyModule_AddIntConstant(m, "TIMESTAMP2", C_TIMESTAMP2) ||
         PyModule_AddIntConstant(m, "TIME2", C_TIME2)) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyType_Ready(&MySqlMounterType) < 0 || PyModule_AddObjectRef(m, "MySqlMounter", (PyObject *)&MySqlMounterType)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -9,6 +9,15 @@ day, invalid UTF-8, a truncated event, a Python reader's error) it returns None 
 event again, which decides or raises the precise error. ``tests/unit/upstream/test_mysql_rowcodec.py`` compares both
 on generated rows of every type, and ``tests/integration/test_mysql_own_decoder.py`` on a real binlog.
 
+The same module holds the decoder side (:class:`Decoding`, the per-row members of
+:class:`upstream.mysql.source.MySqlChangeDecoder`): :mod:`upstream.mysql.payload`'s ``parse``, ``insert_values`` and
+``plain_row`` in C, and ``MySqlMounter``, which builds the :class:`cdc.events.RowChange` of a stored change whose
+images are whole and whose values all parse (an insert positionally, as the PostgreSQL path does; an update or delete
+with its rows by name, as :class:`processor.mounter.Mounter` builds them) without calling Python per row. C handles
+only what it recognises exactly and hands everything else to the Python function it stands in for (a malformed
+payload, an absent value, a value that does not parse: the Python mounter raises the precise error).
+``tests/unit/upstream/test_mysql_mount_codec.py`` compares both.
+
 Built on first use with the system's C compiler and this interpreter's headers (:mod:`cdc.cbuild`; ``make deps``
 builds it ahead). Without them :func:`native` is None (said once in the log) and the span decodes in Python: the same
 payloads, more CPU. ``TIDEWATER_ROWCODEC=python`` in the environment chooses Python too.
@@ -16,13 +25,22 @@ payloads, more CPU. ``TIDEWATER_ROWCODEC=python`` in the environment chooses Pyt
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from cdc import cbuild
-from upstream.mysql import binlog
+from cdc.events import UNCHANGED, OpType, RowChange
+from upstream.base import Mount, ParsedChange, PlainPlan
+from upstream.mysql import binlog, payload
+from upstream.postgres import rowcodec as text_codec
+from upstream.postgres import types as text_types
+
+log = logging.getLogger(__name__)
 
 DecodeRows = Callable[..., "list[bytes] | None"]
 """``decode_rows(data, off, end, kind, head, codes, p1, p2, calls)`` (see ``rowcodec.c``)."""
@@ -31,10 +49,37 @@ CALL, INT, UINT, YEAR, TEXT, BYTEA, BINARY, DATE, DATETIME2, TIMESTAMP2, TIME2 =
 """The column codes of ``rowcodec.c`` (checked against the built module when it loads)."""
 
 
+@dataclass(frozen=True)
+class Decoding:
+    """One implementation of the decoder side's per-row functions (see the module docstring); every member is a plain
+    function, meant to be bound once: :meth:`upstream.base.ChangeDecoder.insert_values`, ``parse_change``,
+    ``plain_row``, ``row_parser`` and ``plain_mounter`` of stored MySQL changes."""
+
+    name: str
+    insert_values: Callable[[bytes, int], tuple[int, list[Any]] | None]
+    parse_change: Callable[[bytes], ParsedChange]
+    plain_row: Callable[[bytes, int, Callable[[Sequence[Any]], tuple[Any, ...]], int],
+                        tuple[str, int, tuple[Any, ...], list[Any]] | None]
+    row_parser: Callable[[Sequence[text_types.Parser]], Callable[[Sequence[Any]], tuple[Any, ...]]]
+    plain_mounter: Callable[[dict[int, PlainPlan], Mount], Mount]
+
+
+PYTHON = Decoding("python", payload.insert_values, payload.parse, payload.plain_row, text_types.row_parser,
+                  text_codec.general_mounter)
+"""The pure-Python reference: :mod:`upstream.mysql.payload` and :mod:`upstream.postgres.types`."""
+
+
 def _adapt(mod: ModuleType) -> ModuleType:
     names = ("CALL", "INT", "UINT", "YEAR", "TEXT", "BYTEA", "BINARY", "DATE", "DATETIME2", "TIMESTAMP2", "TIME2")
     if [getattr(mod, n) for n in names] != list(range(11)):
         raise ImportError("rowcodec.c's column codes differ from rowcodec.py's")
+    mod.configure(UNCHANGED, payload.insert_values, payload.parse, payload.plain_row, ParsedChange)
+    mounter = mod.MySqlMounter
+    if not mod.configure_rows(RowChange, OpType.INSERT, OpType.UPDATE, OpType.DELETE):  # pragma: no cover
+        log.warning("the MySQL C row codec does not know RowChange's slots: rows are mounted in Python")
+        mounter = text_codec.general_mounter
+    mod.decoding = Decoding("c", mod.insert_values, mod.parse_change, mod.plain_row,
+                            (text_codec.native() or text_codec.PYTHON).row_parser, mounter)
     return mod
 
 
@@ -53,6 +98,21 @@ def best() -> DecodeRows | None:
     if os.environ.get("TIDEWATER_ROWCODEC", "").lower() == "python":
         return None
     return native()
+
+
+def native_decoding() -> Decoding | None:
+    """The decoder side in C (the row parser of :func:`upstream.postgres.rowcodec.native` where that is built); None
+    when this module cannot be built or loaded here."""
+    mod = _EXT.get()
+    return None if mod is None else mod.decoding  # type: ignore[no-any-return]
+
+
+def best_decoding() -> Decoding:
+    """:func:`native_decoding` unless ``TIDEWATER_ROWCODEC=python`` is set or it is not available: then
+    :data:`PYTHON`."""
+    if os.environ.get("TIDEWATER_ROWCODEC", "").lower() == "python":
+        return PYTHON
+    return native_decoding() or PYTHON
 
 
 def best_crc_ok() -> Callable[[bytes, int], bool]:

@@ -78,7 +78,6 @@ from upstream.base import (
     SCHEMA_CHANGE,
     ChangeBuffer,
     ChangeDecoder,
-    ParsedChange,
     Parser,
     SpanSource,
     encode_payload,
@@ -97,7 +96,7 @@ from upstream.mysql import (
     types,
     wire,
 )
-from upstream.mysql.conn import stream_settings
+from upstream.mysql.conn import Connection, stream_settings
 from upstream.mysql.resume import GtidState, ResumePoint
 from upstream.mysql.span_set import SpanShare
 from upstream.mysql.tablemap import TableMap, TableMapCache
@@ -145,7 +144,7 @@ def gtid_start_refusal(uri: str, server_id: int, gtid: str) -> str | None:
     another replication topology, whose own sequence numbers merely happen to be higher). Reads nothing but the
     first event of the dump."""
     reader = BinLogStreamReader(stream_settings(uri), server_id=server_id, auto_position=gtid, is_mariadb=True,
-                                blocking=False, only_events=[RotateEvent])
+                                blocking=False, only_events=[RotateEvent], pymysql_wrapper=Connection)
     try:
         reader.fetchone()
         return None
@@ -159,16 +158,25 @@ class MySqlChangeDecoder(ChangeDecoder):
     """Decodes stored MySQL changes (:mod:`upstream.mysql.payload`); values are text parsed with
     :mod:`upstream.postgres.types` (the vocabulary's types, see :mod:`upstream.mysql.types`)."""
 
+    # the class's own are the reference implementation; __init__ puts the decoding's on the instance
+    parse_change = staticmethod(payload.parse)
+    insert_values = staticmethod(payload.insert_values)
+    plain_row = staticmethod(payload.plain_row)
     row_parser = staticmethod(text_types.row_parser)  # type: ignore[assignment]
 
-    def __init__(self, schemas: Callable[[int], TableSchema]) -> None:
+    def __init__(self, schemas: Callable[[int], TableSchema], decoding: rowcodec.Decoding | None = None) -> None:
+        """``decoding``: the per-row functions (:func:`upstream.mysql.rowcodec.best_decoding` when None: C where it
+        is built; both give the same values), set on the instance so that binding them costs nothing per row."""
         self._schemas = schemas
+        self.decoding = decoding = decoding or rowcodec.best_decoding()
+        self.parse_change = decoding.parse_change  # type: ignore[method-assign]
+        self.insert_values = decoding.insert_values  # type: ignore[method-assign]
+        self.plain_row = decoding.plain_row  # type: ignore[method-assign]
+        self.row_parser = decoding.row_parser  # type: ignore[method-assign]
+        self.plain_mounter = decoding.plain_mounter  # type: ignore[method-assign]
 
     def schema(self, version: int) -> TableSchema:
         return self._schemas(version)
-
-    def parse_change(self, raw: bytes) -> ParsedChange:
-        return payload.parse(raw)
 
     def schema_changes(self, raw: bytes, commit_ts: int, commit_time: float) -> list[DdlEvent]:
         """The DdlEvent of a schema change the span stored (:meth:`MySqlSpanSource._store_ddl`)."""
@@ -189,9 +197,6 @@ class MySqlChangeDecoder(ChangeDecoder):
                              int(doc["seq"]), fills=tuple(fills))]
         except (ValueError, KeyError, TypeError, AssertionError, ArithmeticError) as exc:
             raise DecodeError(f"malformed MySQL schema change payload: {exc}") from exc
-
-    def insert_values(self, payload_bytes: bytes, offset: int) -> tuple[int, list[Any]] | None:
-        return payload.insert_values(payload_bytes, offset)
 
     def parser(self, column: ColumnSchema) -> Parser:
         return text_types.parser_for(column.base_type, column.is_array)
@@ -542,7 +547,8 @@ class MySqlSpanSource(SpanSource):
             where = {"log_file": self._start_file, "log_pos": self._start_pos, "is_mariadb": False}
         return BinLogStreamReader(
             stream_settings(self.uri), server_id=self.server_id, resume_stream=True, blocking=True, **where,
-            slave_heartbeat=HEARTBEAT_SECONDS, only_schemas=None, only_events=[RotateEvent])
+            slave_heartbeat=HEARTBEAT_SECONDS, only_schemas=None, only_events=[RotateEvent],
+            pymysql_wrapper=Connection)
 
     def run(self, buffer: ChangeBuffer, stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
         if self._ctl is None or (self._start_file is None and self._start_gtid is None):
