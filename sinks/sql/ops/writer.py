@@ -208,8 +208,11 @@ class Writer:
                 self._emit_truncates()
             self._pending += 1
             if buf.events is None and ((op == INSERT and (ch.row is not None or UNCHANGED not in (ch.values or {}).values()))
-                                       or (op == UPDATE and ch.old_values is None and ch.row is not None and b.keyed)):
-                # whole rows (an in-place UPDATE of a keyed table sends every column when ``row`` is set)
+                                       or (op == UPDATE and b.keyed and (
+                                           (ch.old_values is None and ch.row is not None)
+                                           or (ch.row is None and _whole_in_place(ch, b))))):
+                # whole rows (an in-place UPDATE of a keyed table sends every column when ``row`` is set, or every
+                # column and its whole old row with the key unchanged: a MySQL full row image)
                 row = ch.row
                 if row is not None:  # positional: every column, in schema order (see RowChange.row)
                     names = b.names
@@ -670,3 +673,17 @@ def _hashable_keys(keys: list[tuple[Any, ...]]) -> bool:
         return True
     except TypeError:
         return False
+
+
+def _whole_in_place(ch: RowChange, b: Binding) -> bool:
+    """An UPDATE of keyed ``b`` (not REPLICA IDENTITY FULL, whose old images name the row they replace) that
+    carries every new value and an old row with the same key: applied as a whole in-place row, exactly as an
+    UPDATE without an old row (its other old values say nothing the new row does not)."""
+    old, vals = ch.old_values, ch.values
+    if old is None or vals is None or len(vals) < len(b.schema.columns) or b.schema.replica_identity == "f":
+        return False
+    for k in b.key:
+        v = vals.get(k, UNCHANGED)
+        if v is UNCHANGED or old.get(k, UNCHANGED) != v:
+            return False
+    return UNCHANGED not in vals.values()
