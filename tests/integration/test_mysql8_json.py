@@ -2,7 +2,8 @@
 (objects and arrays small and large, every scalar type, strings that need escaping, DECIMAL/DATE/TIME/DATETIME opaque
 values) into exactly the text MySQL's own SELECT prints; a partial JSON update (``binlog_row_value_options =
 PARTIAL_JSON``, a PARTIAL_UPDATE_ROWS event) fails the span loudly, naming the table, instead of being applied as a
-whole value; ``changefeed create`` names the global setting. Also: the double formatting of
+whole value, and so does a compressed transaction (``binlog_transaction_compression``) instead of being skipped;
+``changefeed create`` names both global settings. Also: the double formatting of
 :func:`upstream.mysql.json_binary.mysql_double` against the server's for many doubles."""
 
 from __future__ import annotations
@@ -139,3 +140,25 @@ def test_create_names_the_global_partial_json_and_compression_settings(mysql8_se
         mysql8_server.execute("SET GLOBAL binlog_transaction_compression = OFF")
     assert "binlog_row_value_options is PARTIAL_JSON: SET GLOBAL binlog_row_value_options = ''" in str(exc.value)
     assert "binlog_transaction_compression is ON: SET GLOBAL binlog_transaction_compression = OFF" in str(exc.value)
+
+
+def test_a_compressed_transaction_fails_the_span_loudly(mysql8_server: MySQLServer, mysql8_database: str) -> None:
+    """A session's ``binlog_transaction_compression = ON`` writes its transactions as one TRANSACTION_PAYLOAD event
+    (rows and commit inside): the span fails naming it, never skipping the payload and its rows."""
+    db = mysql8_database
+    mysql8_server.execute(f"CREATE TABLE {db}.z (id INT PRIMARY KEY, v TEXT)")
+    ts0 = start_ts(mysql8_server, db)
+    conn = mysql8_server.connect(db)
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO z VALUES (1, 'plain')")
+        cur.execute("SET SESSION binlog_transaction_compression = ON")
+        cur.execute("INSERT INTO z VALUES (2, REPEAT('x', 1000))")
+    conn.close()
+    src, rec, _, th, stop, errors = start_source(mysql8_server.uri(db), ts0)
+    try:
+        wait_for(lambda: bool(errors), timeout=30)
+    finally:
+        stop_source(src, th, stop)
+    assert [rows_of(src, c[2]) for c in rec.commits] == [[("I", {"id": 1, "v": "plain"}, None)]]
+    [err] = errors
+    assert isinstance(err, DecodeError) and "binlog_transaction_compression" in str(err), err
