@@ -69,9 +69,14 @@ have_systemd_analyze() {
     command -v systemd-analyze >/dev/null 2>&1
 }
 
+mysql_dist() {
+    # playground/servers/mysql_dist.py's main (not `-m`: the package imports it first, and runpy would warn)
+    "$VENV/bin/python" -c 'import sys; from playground.servers import mysql_dist; sys.exit(mysql_dist.main(sys.argv[1:]))' "$@"
+}
+
 have_mysql8() {
     # installed, or tried once with the archive unreachable (not retried on every run of an offline machine)
-    [ -f "$VENV/.mysql8-unreachable" ] || "$VENV/bin/python" -m playground.servers.mysql_dist --check
+    [ -f "$VENV/.mysql8-unreachable" ] || mysql_dist --check
 }
 
 want="$( (cat pyproject.toml; echo "extras=$EXTRAS") | sha256sum | cut -d' ' -f1)"
@@ -151,10 +156,9 @@ fi
 # those chunks are parsed in Python (same rows, more CPU)
 "$VENV/bin/python" -m sinks.sql.dialect.copy_literals >/dev/null || log "C literal rows not built: MySQL copies parse rows"
 # MySQL 8.0 (playground/servers/mysql_dist.py): the MySQL 8 test server; without it those tests skip
-if ! "$VENV/bin/python" -m playground.servers.mysql_dist --check; then
+if ! mysql_dist --check; then
     log "fetching MySQL 8.0 (Ubuntu jammy packages, ~30 MB) into ${TIDEWATER_MYSQL8_HOME:-~/.cache/tidewater/mysql-8.0}"
-    if "$VENV/bin/python" -m playground.servers.mysql_dist >/dev/null \
-            && "$VENV/bin/python" -m playground.servers.mysql_dist --check; then
+    if mysql_dist >/dev/null && mysql_dist --check; then
         rm -f "$VENV/.mysql8-unreachable"
     else
         log "MySQL 8 not installed (archive.ubuntu.com unreachable?): the MySQL 8 tests skip"
