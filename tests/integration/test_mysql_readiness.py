@@ -3,13 +3,18 @@ real MariaDB and MySQL 8 servers: each problem a clear message with its fix, eve
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_mysql_source import Recorder, stop_source, wait_for
 
 from cdc.errors import InvalidArgument, TableNotEligible, UpstreamNotReady
 from cdc.events import TableName
+from cdc.filter import TableFilter
+from cdc.model import SpanInfo
+from cdc.ts import Watermark
 from playground.servers import MariaDBServer, MySQLServer, mysql_dist
 from upstream import open_upstream
 from upstream.base import SpanPlan
@@ -139,3 +144,45 @@ def test_a_replica_holding_the_span_server_id_is_a_clash(own_mariadb: MariaDBSer
             up.create_spans([SpanPlan(0, "slot_other", "pub", tuple(up.list_tables()))])
     finally:
         reader.close()
+
+
+@pytest.mark.parametrize("tls", ["ON", "OFF"])
+def test_mysql8_caching_sha2_logins_work_with_and_without_tls(tmp_path: Path, tls: str) -> None:
+    """MySQL 8's default caching_sha2_password with a password: PyMySQL uses TLS when the server offers it
+    (PREFERRED, the certificates MySQL 8 makes itself) and otherwise the RSA exchange with the server's public key
+    (``cryptography``); both the control connection and the binlog stream log in."""
+    settings = {} if tls == "ON" else {"ssl": "0"}
+    server = _kind("mysql8")(tmp_path, settings=settings).start()
+    try:
+        server.create_database("shop")
+        server.execute("CREATE TABLE shop.items (id INT PRIMARY KEY)")
+        server.execute("CREATE USER 'cdc'@'%' IDENTIFIED WITH caching_sha2_password BY 's3cret'")
+        server.execute("GRANT SELECT ON shop.* TO 'cdc'@'%'")
+        server.execute("GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'cdc'@'%'")
+        [(have_ssl,)] = server.execute("SELECT @@have_ssl") or []
+        assert have_ssl == ("YES" if tls == "ON" else "DISABLED")
+        uri = server.uri("shop").replace("root@", "cdc:s3cret@")
+        with open_upstream(uri) as up:
+            assert up.check_ready()["user"].startswith("cdc@")
+            [span] = up.create_spans([SpanPlan(0, "slot_auth", "pub", tuple(up.list_tables()))])
+        server.execute("INSERT INTO shop.items VALUES (1)")
+
+        up = open_upstream(uri)
+        src = up.span_source(SpanInfo(0, "slot_auth", "pub", span.start_ts), Watermark(span.start_ts, 0.0),
+                             TableFilter(("*.*",)), label="test", holder="test")
+        src.open()
+        rec, stop, errors = Recorder(), threading.Event(), []
+
+        def run() -> None:
+            try:
+                src.run(rec, stop, lambda w: None)
+            except BaseException as exc:  # noqa: BLE001 - the test inspects it
+                errors.append(exc)
+
+        th = threading.Thread(target=run, daemon=True)
+        th.start()
+        wait_for(lambda: bool(rec.commits) or bool(errors))
+        stop_source(src, th, stop)
+        assert not errors and len(rec.commits) == 1, errors
+    finally:
+        server.stop()
