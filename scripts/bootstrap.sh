@@ -8,6 +8,11 @@
 #   * Debian prometheus when `prometheus`/`promtool` are missing (alert rule tests, the real-Prometheus test;
 #     the package's own service is never used: tests start their own server on a free port);
 #   * Debian systemd when `systemd-analyze` is missing (`systemd-analyze verify` of the unit).
+#   * MySQL 8.0 for the MySQL 8 tests: Ubuntu 22.04's mysql-server-core-8.0 and four libraries Debian 12 lacks,
+#     downloaded from archive.ubuntu.com, SHA256-checked against its Packages index and unpacked (dpkg-deb -x, never
+#     into the system's dpkg database) into ~/.cache/tidewater/mysql-8.0 ($TIDEWATER_MYSQL8_HOME), by
+#     playground/servers/mysql_dist.py. An unreachable archive is a message, not a failure (the tests skip); it is
+#     not tried again until .venv/.mysql8-unreachable is removed.
 # Idempotent and fast when already done: a stamp in .venv records the hash of pyproject.toml + extras.
 set -euo pipefail
 
@@ -64,10 +69,20 @@ have_systemd_analyze() {
     command -v systemd-analyze >/dev/null 2>&1
 }
 
+mysql_dist() {
+    # playground/servers/mysql_dist.py's main (not `-m`: the package imports it first, and runpy would warn)
+    "$VENV/bin/python" -c 'import sys; from playground.servers import mysql_dist; sys.exit(mysql_dist.main(sys.argv[1:]))' "$@"
+}
+
+have_mysql8() {
+    # installed, or tried once with the archive unreachable (not retried on every run of an offline machine)
+    [ -f "$VENV/.mysql8-unreachable" ] || mysql_dist --check
+}
+
 want="$( (cat pyproject.toml; echo "extras=$EXTRAS") | sha256sum | cut -d' ' -f1)"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ] && have_mariadbd \
-        && have_prometheus && have_systemd_analyze && ! need_java; then
+        && have_prometheus && have_systemd_analyze && ! need_java && have_mysql8; then
     exit 0
 fi
 
@@ -140,6 +155,16 @@ fi
 # the initial copy's literal rows for MySQL/MariaDB targets (sinks/sql/dialect/copy_literals.c, same needs); without it
 # those chunks are parsed in Python (same rows, more CPU)
 "$VENV/bin/python" -m sinks.sql.dialect.copy_literals >/dev/null || log "C literal rows not built: MySQL copies parse rows"
+# MySQL 8.0 (playground/servers/mysql_dist.py): the MySQL 8 test server; without it those tests skip
+if ! mysql_dist --check; then
+    log "fetching MySQL 8.0 (Ubuntu jammy packages, ~30 MB) into ${TIDEWATER_MYSQL8_HOME:-~/.cache/tidewater/mysql-8.0}"
+    if mysql_dist >/dev/null && mysql_dist --check; then
+        rm -f "$VENV/.mysql8-unreachable"
+    else
+        log "MySQL 8 not installed (archive.ubuntu.com unreachable?): the MySQL 8 tests skip"
+        touch "$VENV/.mysql8-unreachable"
+    fi
+fi
 # the Spark driver's class-data archive (spark_jobs/cds.py): the snapshot job's JVM starts with about half the CPU
 case ",$EXTRAS," in *,spark,*)
     log "archiving the Spark driver's classes (once, ~20 s)"

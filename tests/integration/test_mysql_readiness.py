@@ -1,25 +1,38 @@
 """``changefeed create``'s up-front checks of a MySQL/MariaDB upstream (upstream.mysql.admin, .eligibility) against
-real MariaDB servers: each problem a clear message with its fix, every problem listed at once."""
+real MariaDB and MySQL 8 servers: each problem a clear message with its fix, every problem listed at once."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_mysql_source import Recorder, stop_source, wait_for
 
 from cdc.errors import InvalidArgument, TableNotEligible, UpstreamNotReady
 from cdc.events import TableName
+from cdc.filter import TableFilter
+from cdc.model import SpanInfo
 from cdc.spans import span_of
-from playground.servers import MariaDBServer
+from cdc.ts import Watermark
+from playground.servers import MariaDBServer, MySQLServer, mysql_dist
 from upstream import open_upstream
 from upstream.base import SpanPlan
 
+KINDS: dict[str, type[MariaDBServer]] = {"mariadb": MariaDBServer, "mysql8": MySQLServer}
 
-@pytest.fixture(scope="module")
-def own_mariadb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
-    """A MariaDB of this module's own: its tests change global binlog settings."""
-    server = MariaDBServer(tmp_path_factory.mktemp("mysql-ready")).start()
+
+def _kind(name: str) -> type[MariaDBServer]:
+    if name == "mysql8" and mysql_dist.missing() is not None:
+        pytest.skip(mysql_dist.missing() or "")
+    return KINDS[name]
+
+
+@pytest.fixture(scope="module", params=sorted(KINDS))
+def own_mariadb(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MariaDBServer]:
+    """A MariaDB (then a MySQL 8) of this module's own: its tests change global binlog settings."""
+    server = _kind(request.param)(tmp_path_factory.mktemp("mysql-ready")).start()
     server.create_database("shop")
     server.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, v VARCHAR(20))")
     yield server
@@ -35,8 +48,9 @@ def test_a_binlog_server_is_ready(own_mariadb: MariaDBServer) -> None:
         assert schema.key == ("id",) and schema.has_key
 
 
-def test_binlog_off_is_refused(tmp_path: Path) -> None:
-    server = MariaDBServer(tmp_path, log_bin=False).start()
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_binlog_off_is_refused(tmp_path: Path, kind: str) -> None:
+    server = _kind(kind)(tmp_path, log_bin=False).start()
     try:
         server.create_database("shop")
         with open_upstream(server.uri("shop")) as up, pytest.raises(UpstreamNotReady) as exc:
@@ -75,7 +89,8 @@ def test_missing_privileges_are_named_with_the_grant(own_mariadb: MariaDBServer)
     assert "cannot read database `shop`: GRANT SELECT ON `shop`.* TO" in msg
     assert "pw" not in msg
     own_mariadb.execute("GRANT SELECT ON shop.* TO 'weak'@'%'")
-    own_mariadb.execute("GRANT REPLICATION SLAVE, BINLOG MONITOR ON *.* TO 'weak'@'%'")
+    monitor = "REPLICATION CLIENT" if isinstance(own_mariadb, MySQLServer) else "BINLOG MONITOR"
+    own_mariadb.execute(f"GRANT REPLICATION SLAVE, {monitor} ON *.* TO 'weak'@'%'")
     with open_upstream(uri) as up:
         assert up.check_ready()["user"].startswith("weak@")
 
@@ -137,3 +152,45 @@ def test_a_replica_holding_the_span_server_id_is_a_clash(own_mariadb: MariaDBSer
             up.create_spans([SpanPlan(0, "slot_other", "pub", tuple(up.list_tables()))])
     finally:
         reader.close()
+
+
+@pytest.mark.parametrize("tls", ["ON", "OFF"])
+def test_mysql8_caching_sha2_logins_work_with_and_without_tls(tmp_path: Path, tls: str) -> None:
+    """MySQL 8's default caching_sha2_password with a password: PyMySQL uses TLS when the server offers it
+    (PREFERRED, the certificates MySQL 8 makes itself) and otherwise the RSA exchange with the server's public key
+    (``cryptography``); both the control connection and the binlog stream log in."""
+    settings = {} if tls == "ON" else {"ssl": "0"}
+    server = _kind("mysql8")(tmp_path, settings=settings).start()
+    try:
+        server.create_database("shop")
+        server.execute("CREATE TABLE shop.items (id INT PRIMARY KEY)")
+        server.execute("CREATE USER 'cdc'@'%' IDENTIFIED WITH caching_sha2_password BY 's3cret'")
+        server.execute("GRANT SELECT ON shop.* TO 'cdc'@'%'")
+        server.execute("GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO 'cdc'@'%'")
+        [(have_ssl,)] = server.execute("SELECT @@have_ssl") or []
+        assert have_ssl == ("YES" if tls == "ON" else "DISABLED")
+        uri = server.uri("shop").replace("root@", "cdc:s3cret@")
+        with open_upstream(uri) as up:
+            assert up.check_ready()["user"].startswith("cdc@")
+            [span] = up.create_spans([SpanPlan(0, "slot_auth", "pub", tuple(up.list_tables()))])
+        server.execute("INSERT INTO shop.items VALUES (1)")
+
+        up = open_upstream(uri)
+        src = up.span_source(SpanInfo(0, "slot_auth", "pub", span.start_ts), Watermark(span.start_ts, 0.0),
+                             TableFilter(("*.*",)), label="test", holder="test")
+        src.open()
+        rec, stop, errors = Recorder(), threading.Event(), []
+
+        def run() -> None:
+            try:
+                src.run(rec, stop, lambda w: None)
+            except BaseException as exc:  # noqa: BLE001 - the test inspects it
+                errors.append(exc)
+
+        th = threading.Thread(target=run, daemon=True)
+        th.start()
+        wait_for(lambda: bool(rec.commits) or bool(errors))
+        stop_source(src, th, stop)
+        assert not errors and len(rec.commits) == 1, errors
+    finally:
+        server.stop()

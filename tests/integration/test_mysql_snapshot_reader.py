@@ -26,20 +26,20 @@ from upstream import open_upstream
 from upstream.base import decode_payload
 
 
-def test_a_copied_row_equals_the_streamed_row_of_the_same_data(mariadb_server: MariaDBServer,
-                                                               mariadb_database: str) -> None:
-    db = mariadb_database
-    mariadb_server.execute(TYPES_TABLE.format(db=db))
-    ts0 = start_ts(mariadb_server, db)
-    mariadb_server.execute(
+def test_a_copied_row_equals_the_streamed_row_of_the_same_data(mysql_server: MariaDBServer,
+                                                               mysql_database: str) -> None:
+    db = mysql_database
+    mysql_server.execute(TYPES_TABLE.format(db=db))
+    ts0 = start_ts(mysql_server, db)
+    mysql_server.execute(
         f"INSERT INTO {db}.types VALUES (18446744073709551615, -128, 255, -32768, 65535, -8388608, 4294967295, "
         f"-9223372036854775808, '-12345678901234567890123456789012345.123456789012345678901234567890', 1.50, 1.1, "
         f"0.1, 'ab', 'héllo 😀', 'long\ntext', 'café', x'00ff00', x'0001', x'6100', '2024-02-29', "
         f"'2024-01-02 03:04:05.123456', '9999-12-31 23:59:59', '2038-01-19 03:14:07.999', '23:59:59.99', 2155, "
         f"'{{\"a\": [1, 2]}}')")
-    mariadb_server.execute(f"INSERT INTO {db}.types (id, t, b, y) VALUES (0, '', x'', 0)")
-    mariadb_server.execute(f"INSERT INTO {db}.types (id, v, tl) VALUES (9223372036854775808, '', NULL)")
-    src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    mysql_server.execute(f"INSERT INTO {db}.types (id, t, b, y) VALUES (0, '', x'', 0)")
+    mysql_server.execute(f"INSERT INTO {db}.types (id, v, tl) VALUES (9223372036854775808, '', NULL)")
+    src, rec, _, th, stop, errors = start_source(mysql_server.uri(db), ts0)
     try:
         wait_for(lambda: len(rec.commits) >= 3 or bool(errors))
     finally:
@@ -51,7 +51,7 @@ def test_a_copied_row_equals_the_streamed_row_of_the_same_data(mariadb_server: M
         [(_, new, _)] = rows_of(src, payloads)
         assert new is not None
         streamed[new["id"]] = (new, dec.parse_change(decode_payload(payloads[0])[1]).new)
-    with open_upstream(mariadb_server.uri(db)) as up, up.export_snapshot(label="t") as exp:
+    with open_upstream(mysql_server.uri(db)) as up, up.export_snapshot(label="t") as exp:
         assert exp.ts >= max(ts for ts, _, _ in rec.commits)
         with up.snapshot_reader(exp.name, label="t") as reader:
             schema = reader.table_schema(TableName(db, "types"))
@@ -73,15 +73,15 @@ def test_a_copied_row_equals_the_streamed_row_of_the_same_data(mariadb_server: M
 
 
 def test_each_reader_sees_exactly_the_commits_up_to_its_binlog_position_under_writes(
-        mariadb_server: MariaDBServer, mariadb_database: str) -> None:
-    db = mariadb_database
-    mariadb_server.execute(f"CREATE TABLE {db}.t (a INT, b VARCHAR(10), v INT, PRIMARY KEY (a, b))")
-    mariadb_server.execute(f"INSERT INTO {db}.t VALUES " + ", ".join(f"({i % 10}, 'k{i}', 0)" for i in range(100)))
-    ts0 = start_ts(mariadb_server, db)
+        mysql_server: MariaDBServer, mysql_database: str) -> None:
+    db = mysql_database
+    mysql_server.execute(f"CREATE TABLE {db}.t (a INT, b VARCHAR(10), v INT, PRIMARY KEY (a, b))")
+    mysql_server.execute(f"INSERT INTO {db}.t VALUES " + ", ".join(f"({i % 10}, 'k{i}', 0)" for i in range(100)))
+    ts0 = start_ts(mysql_server, db)
     done = threading.Event()
 
     def write() -> None:
-        conn = mariadb_server.connect(db)
+        conn = mysql_server.connect(db)
         try:
             i = 100
             while not done.is_set():
@@ -96,7 +96,7 @@ def test_each_reader_sees_exactly_the_commits_up_to_its_binlog_position_under_wr
     writer.start()
     seen: list[tuple[int, int, dict[tuple[int, str], int]]] = []  # (read ts, rows planned, rows read)
     try:
-        with open_upstream(mariadb_server.uri(db)) as up, up.export_snapshot(label="t") as exp:
+        with open_upstream(mysql_server.uri(db)) as up, up.export_snapshot(label="t") as exp:
             reader = up.snapshot_reader(exp.name, label="t")
             try:
                 for _ in range(3):
@@ -121,7 +121,7 @@ def test_each_reader_sees_exactly_the_commits_up_to_its_binlog_position_under_wr
     assert len({at for at, _, _ in seen}) > 1, "the writer did not move the position between the transactions"
     # the truth: the binlog stream's commits, applied up to each reader's position
     end = max(at for at, _, _ in seen)
-    src, rec, _, th, stop, errors = start_source(mariadb_server.uri(db), ts0)
+    src, rec, _, th, stop, errors = start_source(mysql_server.uri(db), ts0)
     try:
         wait_for(lambda: bool(errors) or (bool(rec.commits) and rec.commits[-1][0] >= end), timeout=60)
     finally:

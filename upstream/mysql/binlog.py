@@ -28,6 +28,9 @@ TABLE_MAP = 19
 WRITE_ROWS_V1, UPDATE_ROWS_V1, DELETE_ROWS_V1 = 23, 24, 25
 HEARTBEAT = 27
 GTID_MYSQL = 33
+ANONYMOUS_GTID_MYSQL = 34  # MySQL's GTID event when gtid_mode is OFF: it opens the transaction all the same
+PREVIOUS_GTIDS_MYSQL = 35
+TRANSACTION_PAYLOAD = 40  # MySQL 8.0.20+ binlog_transaction_compression: a whole transaction's events compressed
 WRITE_ROWS_V2, UPDATE_ROWS_V2, DELETE_ROWS_V2 = 30, 31, 32
 PARTIAL_UPDATE_ROWS = 39  # MySQL's partial JSON update
 GTID_MARIADB = 162
@@ -90,6 +93,12 @@ def mariadb_gtid(data: bytes) -> tuple[int, int]:
     """A MariaDB GTID event's ``(domain_id, seq_no)`` (its server id is the header's)."""
     seq, domain = _GTID_MARIADB.unpack_from(data, HEADER_END)
     return domain, seq
+
+
+def mysql_gtid(data: bytes) -> tuple[bytes, int]:
+    """A MySQL GTID event's ``(source uuid as 16 bytes, transaction number)`` (after its 1-byte flags)."""
+    off = HEADER_END + 1
+    return bytes(data[off:off + 16]), int.from_bytes(data[off + 16:off + 24], "little")
 
 
 def packed_int(data: bytes, off: int) -> tuple[int, int]:

@@ -67,10 +67,81 @@ class GtidState:
         return out
 
 
+class MysqlGtidSet:
+    """MySQL's GTID set (``@@gtid_executed`` style): ``uuid:1-5:7,uuid2:1-3``, source uuid -> sorted disjoint
+    inclusive intervals of transaction numbers. ``str`` gives MySQL's own spelling (uuids in lower case and sorted,
+    intervals merged), so two equal sets print the same."""
+
+    __slots__ = ("sets",)
+
+    def __init__(self, sets: Mapping[str, list[tuple[int, int]]] | None = None) -> None:
+        self.sets: dict[str, list[tuple[int, int]]] = {k: list(v) for k, v in (sets or {}).items()}
+
+    @classmethod
+    def parse(cls, text: str) -> MysqlGtidSet:
+        """``"3E11FA47-71CA-11E1-9E33-C80AA9429562:1-5:7,..."`` (empty: no transaction); DecodeError when malformed."""
+        out = cls()
+        for part in filter(None, (p.strip() for p in text.replace("\n", "").split(","))):
+            uuid, *ranges = part.split(":")
+            if len(uuid.replace("-", "")) != 32 or not ranges:
+                raise DecodeError(f"malformed MySQL GTID set {part!r} in {text!r}")
+            for r in ranges:
+                lo, _, hi = r.partition("-")
+                if not lo.isdigit() or (hi and not hi.isdigit()):
+                    raise DecodeError(f"malformed MySQL GTID interval {r!r} in {text!r}")
+                out.add_interval(uuid.lower(), int(lo), int(hi or lo))
+        return out
+
+    def add_interval(self, uuid: str, lo: int, hi: int) -> None:
+        ivs = self.sets.setdefault(uuid, [])
+        ivs.append((lo, hi))
+        ivs.sort()
+        merged: list[tuple[int, int]] = []
+        for a, b in ivs:
+            if merged and a <= merged[-1][1] + 1:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        self.sets[uuid] = merged
+
+    def add(self, uuid: str, gno: int) -> None:
+        """Add one GTID (the common case, the next number of a uuid's last interval, is O(1))."""
+        ivs = self.sets.get(uuid)
+        if ivs and ivs[-1][1] + 1 == gno:
+            ivs[-1] = (ivs[-1][0], gno)
+        elif not ivs or not any(a <= gno <= b for a, b in ivs):
+            self.add_interval(uuid, gno, gno)
+
+    def copy(self) -> MysqlGtidSet:
+        return MysqlGtidSet(self.sets)
+
+    def __str__(self) -> str:
+        return ",".join(uuid + "".join(f":{a}" if a == b else f":{a}-{b}" for a, b in ivs)
+                        for uuid, ivs in sorted(self.sets.items()) if ivs)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, MysqlGtidSet) and str(self) == str(other)
+
+    def __hash__(self) -> int:
+        return hash(str(self))
+
+
+def uuid_text(raw: bytes) -> str:
+    """A GTID event's 16-byte source uuid in MySQL's spelling (lower case, dashed)."""
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def is_mysql_gtid(text: str) -> bool:
+    """Whether a token's GTID text is a MySQL GTID set (uuid:intervals) rather than a MariaDB GTID state."""
+    return ":" in text
+
+
 @dataclass(frozen=True, slots=True)
 class ResumePoint:
     """Where a span continues: ``epoch`` of its Ts, ``server_id`` of the server ``file``/``pos`` belong to, and the GTID
-    state there (``gtid``: MariaDB's ``domain-server-seq`` list; empty when the server has none, e.g. MySQL)."""
+    state there (``gtid``: MariaDB's ``domain-server-seq`` list, or MySQL's executed GTID set ``uuid:1-42,...``;
+    empty when the server has none: MySQL with ``gtid_mode`` OFF)."""
 
     epoch: int
     server_id: int
@@ -89,5 +160,8 @@ class ResumePoint:
             point = cls(int(doc["epoch"]), int(doc["server_id"]), str(doc["file"]), int(doc["pos"]), str(doc["gtid"]))
         except (ValueError, KeyError, TypeError) as exc:
             raise DecodeError(f"not a MySQL resume token: {token[:120]!r} ({exc})") from exc
-        GtidState.parse(point.gtid)
+        if is_mysql_gtid(point.gtid):
+            MysqlGtidSet.parse(point.gtid)
+        else:
+            GtidState.parse(point.gtid)
         return point

@@ -26,7 +26,7 @@ from decimal import Decimal
 from typing import Any
 
 from cdc.events import UNCHANGED
-from upstream.mysql import binlog, payload, rowcodec, types
+from upstream.mysql import binlog, json_binary, payload, rowcodec, types
 from upstream.mysql import tablemap as tm
 
 Column = Callable[[bytes, int], tuple[Any, int]]
@@ -148,6 +148,19 @@ def _value_reader(c: tm.BinlogColumn) -> Callable[[bytes, int], tuple[Any, int]]
         return string
     if t == tm.NEWDECIMAL:
         return _decimal_reader(c.precision, c.decimals)
+    if t == tm.JSON:  # MySQL's binary JSON: its text as MySQL prints it (upstream.mysql.json_binary)
+        jsize = c.length_size
+
+        def read_json(data: bytes, off: int) -> tuple[str, int]:
+            ln = int.from_bytes(data[off:off + jsize], "little")
+            off += jsize
+            if off + ln > len(data):
+                raise _Refuse("a JSON value that runs past its event")
+            try:
+                return json_binary.to_text(data[off:off + ln]), off + ln
+            except json_binary.JsonBinaryError as exc:
+                raise _Refuse(str(exc)) from None
+        return read_json
     if t == tm.YEAR:
         return lambda data, off: (data[off] + 1900, off + 1)
     if t == tm.DATE:
@@ -333,7 +346,7 @@ def _fast_int(c: tm.BinlogColumn) -> Column | None:
 class RowDecoder:
     """Decodes the images of one table's row events (see the module docstring)."""
 
-    __slots__ = ("columns", "count", "full", "_readers", "_null_bytes", "_native", "_plan", "_heads")
+    __slots__ = ("columns", "count", "full", "padded", "_readers", "_null_bytes", "_native", "_plan", "_heads")
 
     def __init__(self, columns: Sequence[tm.BinlogColumn], renderers: Sequence[types.Render],
                  native: rowcodec.DecodeRows | None = None) -> None:
@@ -342,7 +355,9 @@ class RowDecoder:
         self.columns = tuple(columns)
         self.count = n = len(columns)
         self.full = bytes([0xFF] * (n >> 3) + ([(1 << (n & 7)) - 1] if n & 7 else []))
-        """The columns-present bitmap of an image that carries every column."""
+        """The columns-present bitmap of an image that carries every column (MariaDB's: unused bits clear)."""
+        self.padded = bytes([0xFF] * ((n + 7) >> 3))
+        """The same with the unused bits of the last byte set, as MySQL 8 writes it: every column too."""
         readers: list[Column] = []
         for i, (c, r) in enumerate(zip(columns, renderers, strict=True)):
             fast = _fast_int(c) if r is _INT_RENDER else None

@@ -97,7 +97,7 @@ from upstream.mysql import (
     wire,
 )
 from upstream.mysql.conn import Connection, stream_settings
-from upstream.mysql.resume import GtidState, ResumePoint
+from upstream.mysql.resume import GtidState, MysqlGtidSet, ResumePoint, is_mysql_gtid, uuid_text
 from upstream.mysql.span_set import SpanShare
 from upstream.mysql.tablemap import TableMap, TableMapCache
 from upstream.postgres import types as text_types
@@ -143,8 +143,9 @@ def gtid_start_refusal(uri: str, server_id: int, gtid: str) -> str | None:
     ``gtid`` in strict mode: None when it accepts, else its refusal (e.g. the GTID is not in its binlog: a server of
     another replication topology, whose own sequence numbers merely happen to be higher). Reads nothing but the
     first event of the dump."""
-    reader = BinLogStreamReader(stream_settings(uri), server_id=server_id, auto_position=gtid, is_mariadb=True,
-                                blocking=False, only_events=[RotateEvent], pymysql_wrapper=Connection)
+    reader = BinLogStreamReader(stream_settings(uri), server_id=server_id, auto_position=gtid,
+                                is_mariadb=not is_mysql_gtid(gtid), blocking=False, only_events=[RotateEvent],
+                                pymysql_wrapper=Connection)
     try:
         reader.fetchone()
         return None
@@ -276,6 +277,11 @@ class MySqlSpanSource(SpanSource):
         self._mark_domains: set[int] = set()  # the domains among the marks
         self._marks_lock = threading.Lock()
         self._gtid: tuple[int, int, int] | None = None  # the open transaction's (domain, server_id, seq_no)
+        # MySQL: the executed GTID set at the base position (None on MariaDB); a mark's domain is then the index of its
+        # source uuid in _uuids, its seq_no the transaction number
+        self._mysql_base: MysqlGtidSet | None = None
+        self._uuids: list[str] = []
+        self._uuid_ids: dict[bytes, int] = {}
         self._codec = rowcodec.best()  # rows decoded in C where it is built (upstream.mysql.rowcodec)
         self._crc_ok = rowcodec.best_crc_ok()
 
@@ -302,8 +308,13 @@ class MySqlSpanSource(SpanSource):
                                f"no longer on MySQL {self.where} (purged; files now: {files[:1]}..{files[-1:]}): "
                                f"changes after the checkpoint may be lost; recreate the changefeed")
             self._start_file, self._start_pos, self._start_gtid = name, max(pos, 4), None
-            gtid = point.gtid if point is not None else admin.gtid_at(self._ctl, self.where, name, max(pos, 4))
-            self._base_state = dict(GtidState.parse(gtid or "").domains)
+            if "mariadb" not in str(self._ctl.get_server_info()).lower():  # MySQL: its executed GTID set there
+                text = point.gtid if point is not None else admin.mysql_gtid_at(self._ctl, self.where, name,
+                                                                                max(pos, 4))
+                self._mysql_base = MysqlGtidSet.parse(text or "")
+            else:
+                gtid = point.gtid if point is not None else admin.gtid_at(self._ctl, self.where, name, max(pos, 4))
+                self._base_state = dict(GtidState.parse(gtid or "").domains)
         self._server_id = sid
         self._carried = {t for t in catalog.list_tables(self._ctl, self.where, self.database) if self._mine(t)}
         if self._seeds:  # the history knows every table at the start: one it lacks was created after it, and its
@@ -338,7 +349,10 @@ class MySqlSpanSource(SpanSource):
                            f"{'; '.join(problems)}; changes after the checkpoint would be lost")
         self._epoch = point.epoch + 1
         self._start_file, self._start_pos, self._start_gtid = None, 4, point.gtid
-        self._base_state = dict(GtidState.parse(point.gtid).domains)
+        if is_mysql_gtid(point.gtid):
+            self._mysql_base = MysqlGtidSet.parse(point.gtid)
+        else:
+            self._base_state = dict(GtidState.parse(point.gtid).domains)
         log.info("span=%s continues on MySQL %s (server_id %d) after GTID %s, Ts epoch %d (was server_id %d)",
                  self.label, self.where, sid, point.gtid, self._epoch, point.server_id)
 
@@ -366,13 +380,25 @@ class MySqlSpanSource(SpanSource):
             if k == 0:
                 if self._base_token is not None:
                     return self._base_token
-                pos_ts, state = self._base_pos_ts, self._base_state
+                pos_ts = self._base_pos_ts
+                text = str(self._mysql_base) if self._mysql_base is not None else str(GtidState(self._base_state))
             else:
-                pos_ts, state = self._mark_ts[k - 1], self._state_upto(k)
+                pos_ts = self._mark_ts[k - 1]
+                text = str(self._mysql_upto(k)) if self._mysql_base is not None else str(GtidState(self._state_upto(k)))
         if positions.epoch_of(pos_ts) != self._epoch:
             return self._base_token  # (a takeover that has not committed anything yet)
         seq, pos = positions.split_ts(pos_ts)
-        return ResumePoint(self._epoch, sid, f"{self._binlog_base}.{seq:06d}", pos, str(GtidState(state))).encode()
+        return ResumePoint(self._epoch, sid, f"{self._binlog_base}.{seq:06d}", pos, text).encode()
+
+    def _mysql_upto(self, k: int) -> MysqlGtidSet:
+        """MySQL: the executed GTID set after the first ``k`` marks (under the lock): the base and each mark's GTID
+        (one step per commit since the last stored checkpoint)."""
+        assert self._mysql_base is not None
+        out = self._mysql_base.copy()
+        uuids, dom, seq = self._uuids, self._mark_dom, self._mark_seq
+        for i in range(k):
+            out.add(uuids[dom[i]], seq[i])
+        return out
 
     def _state_upto(self, k: int) -> dict[int, tuple[int, int]]:
         """The GTID state after the first ``k`` marks (under the lock): the base, then the last mark of each domain
@@ -394,7 +420,10 @@ class MySqlSpanSource(SpanSource):
             k = bisect_right(self._mark_ts, upto)
             if not k:
                 return
-            self._base_state = self._state_upto(k)
+            if self._mysql_base is not None:
+                self._mysql_base = self._mysql_upto(k)
+            else:
+                self._base_state = self._state_upto(k)
             self._base_pos_ts = self._mark_ts[k - 1]
             self._base_token = None
             for arr in (self._mark_ts, self._mark_dom, self._mark_srv, self._mark_seq):
@@ -541,8 +570,9 @@ class MySqlSpanSource(SpanSource):
         position, or MariaDB's GTID state for a takeover) and the checksum and heartbeat settings; the span reads the
         events itself after the dump's first event (:meth:`run`)."""
         assert self._ctl is not None
-        if self._start_gtid is not None:  # a takeover: MariaDB's GTID mode (slave_connect_state)
-            where: dict[str, Any] = {"auto_position": self._start_gtid, "is_mariadb": True}
+        if self._start_gtid is not None:  # a takeover: MariaDB's GTID mode (slave_connect_state), MySQL's GTID dump
+            where: dict[str, Any] = {"auto_position": self._start_gtid,
+                                     "is_mariadb": not is_mysql_gtid(self._start_gtid)}
         else:  # is_mariadb=True would ignore file/pos (GTID mode)
             where = {"log_file": self._start_file, "log_pos": self._start_pos, "is_mariadb": False}
         return BinLogStreamReader(
@@ -660,6 +690,11 @@ class MySqlSpanSource(SpanSource):
                     raise DecodeError(f"span={self.label} table {tbl.name} at binlog {log_file}:{log_pos}: the row "
                                       f"event has {ncols} columns, its table map {dec.count}")
                 if present != dec.full or (present_after is not None and present_after != dec.full):
+                    if present == dec.padded:  # MySQL 8 sets the bitmap's unused bits: every column is there
+                        present = dec.full
+                    if present_after == dec.padded:
+                        present_after = dec.full
+                if present != dec.full or (present_after is not None and present_after != dec.full):
                     # binlog_row_image not FULL in the writing session (rare): never taken as full rows
                     self._add_partial(tbl, dec, etype, data, off, end, present, present_after,
                                       f"{log_file}:{log_pos}", buffer, xid, state["prefix"])
@@ -679,10 +714,17 @@ class MySqlSpanSource(SpanSource):
                 resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(log_file, log_pos, epoch),
                                         float(timestamp), skip_upto, resolved, on_resolved)
                 in_txn = has_rows = ddl_txn = False
-            elif etype == binlog.GTID_MARIADB or etype == binlog.GTID_MYSQL:
+            elif etype == binlog.GTID_MARIADB or etype == binlog.GTID_MYSQL or etype == binlog.ANONYMOUS_GTID_MYSQL:
                 if etype == binlog.GTID_MARIADB:
                     domain, seq_no = binlog.mariadb_gtid(data)
                     self._gtid = (domain, server_id, seq_no)
+                elif etype == binlog.GTID_MYSQL:
+                    raw_uuid, gno = binlog.mysql_gtid(data)
+                    uid = self._uuid_ids.get(raw_uuid)
+                    if uid is None:
+                        uid = self._uuid_ids[raw_uuid] = len(self._uuids)
+                        self._uuids.append(uuid_text(raw_uuid))
+                    self._gtid = (uid, 0, gno)
                 if in_txn and has_rows:
                     # a transaction whose end the span did not see (an XA transaction prepared, then committed by a
                     # later event group): its rows are neither committed nor dropped silently
@@ -719,6 +761,11 @@ class MySqlSpanSource(SpanSource):
                     if ts > resolved.ts or now > resolved.time:
                         resolved = Watermark(max(ts, resolved.ts), max(now, resolved.time))
                         on_resolved(resolved)
+            elif etype == binlog.TRANSACTION_PAYLOAD:
+                raise DecodeError(f"span={self.label}: a compressed transaction (TRANSACTION_PAYLOAD event) at binlog "
+                                  f"{log_file}:{log_pos}: MySQL's binlog_transaction_compression is not replicated "
+                                  f"yet; SET GLOBAL binlog_transaction_compression = OFF (and in every session that "
+                                  f"sets it), then resync the tables it wrote")
             elif etype == binlog.QUERY_COMPRESSED or etype in binlog.ROWS_COMPRESSED:
                 raise DecodeError(f"span={self.label}: a compressed binlog event (type {etype}) at binlog "
                                   f"{log_file}:{log_pos}: MariaDB's log_bin_compress is not replicated yet; turn it off")

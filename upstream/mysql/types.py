@@ -17,6 +17,8 @@ FLOAT                                          float4 (real)                 sho
 DOUBLE                                         float8 (double precision)     ``repr`` (round-trips)
 CHAR(n), VARCHAR(n)                            varchar(n)                    the characters
 TINYTEXT..LONGTEXT (also MariaDB's JSON)       text                          the characters
+JSON (MySQL's binary JSON)                     text                          the JSON text MySQL prints
+                                                                             (upstream.mysql.json_binary)
 BINARY(n), VARBINARY(n), TINYBLOB..LONGBLOB    bytea                         ``\\x`` + hex (BINARY: 0x00-padded
                                                                              to n, as stored)
 DATE                                           date                          ``YYYY-MM-DD``
@@ -36,7 +38,7 @@ Generated columns (STORED and VIRTUAL) are replicated as plain columns of their 
 upstream computed: MariaDB's FULL row image carries both kinds, so the target never recomputes an expression
 (a target column is a plain column; TiCDC and Debezium likewise ship the upstream's value).
 
-Refused (first rule: never a changed value): a column of any other type (GEOMETRY, MySQL's binary JSON, INET6,
+Refused (first rule: never a changed value): a column of any other type (GEOMETRY, INET6,
 UUID...) and an ENUM/SET with a member that is not ASCII (the reference client decodes the binlog's member names
 as UTF-8 and turns any other into ``''``) are refused by ``changefeed create`` (:func:`column_refusal`); a *value* that its type cannot hold exactly raises ``ValueError`` from its renderer
 (zero dates ``0000-00-00``, zero TIMESTAMPs, TIME outside ``00:00:00``-``23:59:59.999999``, text that did not
@@ -156,6 +158,7 @@ _BINLOG_TYPES: dict[str, frozenset[int]] = {
     "timestamp": frozenset({7, 17}), "time": frozenset({11, 19}), "year": frozenset({13}), "bit": frozenset({16}),
     "enum": frozenset({247}), "set": frozenset({248}),
     **{t: frozenset({252}) for t in (*_TEXTS, "tinyblob", "blob", "mediumblob", "longblob")},
+    "json": frozenset({245}),  # MySQL's binary JSON (MariaDB's JSON is a LONGTEXT: DATA_TYPE longtext)
 }
 
 
@@ -421,6 +424,8 @@ def guessed_renderer(base_type: str, field_type: int, unsigned: bool, binary: bo
         return _int if _FIELD_INTS[field_type][1 if unsigned else 0] == base_type else None
     if field_type == 13:
         return _year if base_type == "int2" else None
+    if field_type == 245:  # MySQL's binary JSON, read as its text
+        return _text if base_type == "text" else None
     if field_type in _FIELD_FIXED:
         base, render = _FIELD_FIXED[field_type]
         return render if base == base_type else None
