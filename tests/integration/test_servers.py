@@ -183,3 +183,15 @@ def test_pg_binaries_copied_when_wheel_unreachable(
             assert pg.execute("SELECT 1") == [(1,)]
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_mariadb_drop_database_ends_sessions_holding_it(mariadb_server: MariaDBServer) -> None:
+    """A test that failed with a transaction open in its database must not hang the fixture's teardown."""
+    mariadb_server.create_database("tw_drop_busy")
+    held = mariadb_server.connect("tw_drop_busy")
+    with held.cursor() as cur:
+        cur.execute("CREATE TABLE t (id int PRIMARY KEY)")
+        cur.execute("BEGIN")
+        cur.execute("INSERT INTO t VALUES (1)")  # a metadata lock on t until the transaction ends
+    mariadb_server.drop_database("tw_drop_busy")
+    assert not mariadb_server.execute("SHOW DATABASES LIKE 'tw_drop_busy'")
