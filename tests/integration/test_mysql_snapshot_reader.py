@@ -6,6 +6,7 @@ value by value and text by text."""
 from __future__ import annotations
 
 import threading
+import time
 from decimal import Decimal
 from typing import Any
 
@@ -79,6 +80,7 @@ def test_each_reader_sees_exactly_the_commits_up_to_its_binlog_position_under_wr
     mysql_server.execute(f"INSERT INTO {db}.t VALUES " + ", ".join(f"({i % 10}, 'k{i}', 0)" for i in range(100)))
     ts0 = start_ts(mysql_server, db)
     done = threading.Event()
+    commits = [0]  # the writer's autocommitted statements so far
 
     def write() -> None:
         conn = mysql_server.connect(db)
@@ -88,9 +90,18 @@ def test_each_reader_sees_exactly_the_commits_up_to_its_binlog_position_under_wr
                 with conn.cursor() as cur:
                     cur.execute("INSERT INTO t VALUES (%s, %s, 0)", (i % 10, f"k{i}"))
                     cur.execute("UPDATE t SET v = v + 1 WHERE a = %s", (i % 10,))
+                commits[0] += 2
                 i += 1
         finally:
             conn.close()
+
+    def writer_moved_on() -> None:
+        """Wait for two more commits of the writer (on a loaded host the reader's transactions can otherwise all
+        fall between two of its commits, at one position)."""
+        base = commits[0]
+        deadline = time.monotonic() + 60
+        while commits[0] < base + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     writer = threading.Thread(target=write, daemon=True)
     writer.start()
@@ -113,6 +124,7 @@ def test_each_reader_sees_exactly_the_commits_up_to_its_binlog_position_under_wr
                     reader.release()
                     assert at >= exp.ts
                     seen.append((at, plan.rows, rows))
+                    writer_moved_on()
             finally:
                 reader.close()
     finally:
