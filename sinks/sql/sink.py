@@ -354,16 +354,8 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         if not txns:
             return self._write_one((), fence)
         if pos is None or not pos.reopened:
-            def plan() -> list[list[list[int]]]:
-                with target.engine.connect() as conn:
-                    trans = conn.begin()  # (the catalog's raw cursors would leave a transaction open otherwise)
-                    try:
-                        return parallel.plan(txns, conn)
-                    finally:
-                        trans.rollback()
-
             try:
-                rounds = target.guarded(plan, None)
+                rounds = target.guarded(lambda: parallel.plan(txns), None)
             except BaseException:
                 self.catalog.forget_all()
                 raise
