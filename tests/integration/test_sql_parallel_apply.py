@@ -417,3 +417,38 @@ def test_a_zombie_behind_the_position_applies_none_of_its_new_rows(target: Targe
         old.close()
         new.close()
     model.check(target)
+
+
+def test_writes_of_hot_rows_stream_unplanned_after_a_few(target: Target) -> None:
+    """Writes whose transactions all update one row (pgbench's branches) go to one connection anyway: after
+    SERIAL_AFTER of them in a row the next ones are streamed without being read and keyed, backing off 1, 2, 4...;
+    a write planned after that which splits goes to several connections again; row-by-row equal."""
+    if target.kind == "sqlite":
+        pytest.skip("one writer per file: no parallel apply")
+    rows: dict[int, str] = {}
+    sink = target.sink()
+    sink.open_position("cf", 0, origin=5)
+    ts = 10
+    try:
+        for w in range(12):
+            batch = []
+            for _ in range(5):
+                ts += 10
+                rows[1] = f"w{w}-{ts}"
+                batch.append(RowChange(OpType.INSERT if ts == 20 else OpType.UPDATE, PLAIN, ts, float(ts),
+                                       values={"id": 1, "v": rows[1]}))
+            sink.write(batch)
+        # 3 planned (one list each), 1 streamed, 1 planned, 2 streamed, 1 planned, 4 streamed
+        assert sink.unplanned_writes == 7
+        assert sink.parallel_writes == 0
+        for _ in range(8):  # independent inserts: once a planned write splits, the backoff is reset
+            batch = []
+            for i in range(6):
+                ts += 10
+                rows[ts] = f"i{i}"
+                batch.append(RowChange(OpType.INSERT, PLAIN, ts, float(ts), values={"id": ts, "v": f"i{i}"}))
+            sink.write(batch)
+        assert sink.parallel_writes >= 5
+    finally:
+        sink.close()
+    assert target.rows("pa_plain", "id, v") == sorted(rows.items())

@@ -10,6 +10,11 @@ What a write does with N workers:
   its DDL (``Position.reopened``), the write takes today's path: one downstream transaction, streamed, the writer's
   rules unchanged (a huge transaction is cut only as ``sinks.sql.ops.writer`` documents). So an upstream transaction
   is never split across workers or downstream transactions beyond what the writer already does.
+* After ``SERIAL_AFTER`` writes in a row whose transactions (at least two each) all went to one list, the next 1,
+  then 2, 4... up to ``SERIAL_SKIP_MAX`` writes are streamed on one connection without being read into memory or
+  keyed (hot rows, such as pgbench's branches, chain every transaction into one component: keying them only cost
+  capture CPU); the first write planned after that which splits over several lists resets the backoff. Streamed
+  writes take the one-connection path with its applied rows (point 4 below), so exactness does not depend on it.
 * Each transaction's keys (:func:`keys_of`): per row image touched (old and new), one key per target unique key
   (primary key included) ``(table, columns, values)``; a table-wide key instead for tables whose rows cannot be
   told apart safely: without a key, with a unique key besides the key while the upstream logs only the key of old
@@ -121,6 +126,10 @@ log = logging.getLogger(__name__)
 # begin, the position check with the applied rows (two statements on MySQL/MariaDB) and a commit, 3-4 round trips,
 # ~5 ms at the ~50k changes/s one connection applies
 ROUND_COST = 250
+# writes in a row that all went to one list before writes are streamed unplanned (module docstring), and the most
+# writes streamed so before one is planned again
+SERIAL_AFTER = 3
+SERIAL_SKIP_MAX = 64
 # a worker's transaction chosen as a deadlock victim is run again this many times (20, 40, 80 ms apart...) before the
 # write fails (SinkUnavailable: the span restarts)
 DEADLOCK_RETRIES = 4
@@ -284,6 +293,33 @@ class ParallelApply:
         self._call_lock = threading.Lock()  # the row source and the fence: one worker at a time
         self.parallel_writes = 0  # writes applied on more than one connection (for tests and stats)
         self.deadlocks = 0  # worker transactions run again after the server chose them as a deadlock victim
+        self.unplanned_writes = 0  # writes streamed on one connection without being planned (for tests and stats)
+        self._one_list = 0  # writes in a row planned into one list
+        self._backoff = 0  # writes to stream unplanned after the next such write
+        self._skip = 0  # writes left to stream unplanned
+
+    def plans_next(self) -> bool:
+        """Whether the next write is to be read and planned; False: stream it on one connection (module docstring:
+        after writes whose transactions all conflicted)."""
+        if self._skip:
+            self._skip -= 1
+            self.unplanned_writes += 1
+            return False
+        return True
+
+    def planned(self, txns: int, lists: int) -> None:
+        """A write of ``txns`` transactions was planned into at most ``lists`` lists per round."""
+        if lists > 1:
+            self._one_list = self._backoff = 0
+        elif txns > 1:
+            self._one_list += 1
+            if self._one_list >= SERIAL_AFTER:
+                self._backoff = min(SERIAL_SKIP_MAX, max(1, 2 * self._backoff))
+                self._skip = self._backoff
+                if self._backoff == SERIAL_SKIP_MAX or self._backoff == 1:
+                    log.info("%s: %d writes in a row had all their transactions conflicting; the next %d are "
+                             "streamed on one connection without planning", self.target.where, self._one_list,
+                             self._backoff)
 
     def read(self, changes: Iterable[RowChange], skip_at: int) -> tuple[list[Txn], Iterator[RowChange] | None]:
         """The write's transactions above ``skip_at``, or ([], the whole stream) past the bound."""
