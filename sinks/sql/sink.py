@@ -346,7 +346,7 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
             if pos is None:
                 raise SinkError("internal: a staging write needs open_position() first")
             return self._stager.write(pos, changes, fence)
-        if self._parallel is None:
+        if self._parallel is None or not self._parallel.plans_next():
             return self._write_one(changes, fence)
         parallel = self._parallel
         with collector_paused():  # while the write's changes are held in memory (not for a streamed one)
@@ -363,22 +363,21 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         if not txns:
             return self._write_one((), fence)
         if pos is None or not pos.reopened:
-            def plan() -> list[list[list[int]]]:
-                with target.engine.connect() as conn:
-                    trans = conn.begin()  # (the catalog's raw cursors would leave a transaction open otherwise)
-                    try:
-                        return parallel.plan(txns, conn)
-                    finally:
-                        trans.rollback()
-
             try:
-                rounds = target.guarded(plan, None)
+                rounds = target.guarded(lambda: parallel.plan(txns), None)
             except BaseException:
                 self.catalog.forget_all()
                 raise
+            parallel.planned(len(txns), max(len(lists) for lists in rounds))
             if len(rounds) > 1 or len(rounds[0]) > 1:
                 return parallel.apply(txns, rounds, pos, fence, self._row_source)
         return self._write_one([ch for t in txns for ch in t.changes], fence, [t.commit_ts for t in txns])
+
+    @property
+    def unplanned_writes(self) -> int:
+        """Writes a parallel sink streamed on one connection without planning them, after writes whose transactions all
+        conflicted (:mod:`sinks.sql.ops.parallel`); 0 with worker-count 1."""
+        return self._parallel.unplanned_writes if self._parallel is not None else 0
 
     @property
     def parallel_writes(self) -> int:

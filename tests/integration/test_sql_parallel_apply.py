@@ -7,6 +7,7 @@ span (a zombie) refused."""
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 from collections.abc import Iterator
@@ -350,3 +351,104 @@ def test_worker_count_one_is_the_one_connection_path(target: Target) -> None:
     finally:
         sink.close()
     model.check(target)
+
+
+def _end_sink_sessions(target: Target) -> int:
+    """End, server-side, every session of this process's sinks on the test database (as an administrator, a
+    server-side idle timeout or a restarted proxy would): returns how many."""
+    if target.kind == "postgresql":
+        rows = target.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                              f"current_database() AND application_name = 'tidewater-sink-{os.getpid()}'")
+        return len(rows)
+    ids = target.execute("SELECT id FROM information_schema.processlist WHERE db = DATABASE() "
+                         "AND id <> CONNECTION_ID()")
+    for (i,) in ids:
+        target.execute(f"KILL CONNECTION {int(i)}")
+    return len(ids)
+
+
+def test_worker_connections_broken_between_writes_are_replaced(target: Target) -> None:
+    """Each worker keeps its connection from one write to the next (no pre-ping any more): when the server ends
+    those sessions between two writes, the next write's workers notice it on their first statement, run their
+    transaction again once on a new connection, and the write commits; the next writes go on; row-by-row equal."""
+    if target.kind == "sqlite":
+        pytest.skip("one writer per file: no parallel apply")
+    model = Model(17)
+    sink = target.sink()
+    sink.open_position("cf", 0, origin=5)
+    try:
+        sink.write(model.batch() + model.independent())
+        assert sink.parallel_writes == 1
+        assert _end_sink_sessions(target) >= 2  # the workers' held connections (and the position mover's)
+        sink.write(model.independent())  # on new connections
+        assert sink.parallel_writes == 2
+        for _ in range(3):
+            sink.write(model.batch() + model.independent())
+        assert sink.parallel_writes == 5
+        assert sink.take_warnings() == []
+    finally:
+        sink.close()
+    model.check(target)
+    assert target.execute(f"SELECT commit_ts FROM {_applied(target)}") == []
+
+
+def test_a_zombie_behind_the_position_applies_none_of_its_new_rows(target: Target) -> None:
+    """A frozen writer wakes up after its successor moved the position, with transactions nobody applied yet (so
+    no applied row of its own collides): each of its workers is refused by the position check before any row (on
+    PostgreSQL the check and the applied rows are one statement), nothing of them is downstream; the successor
+    then applies them exactly once."""
+    if target.kind == "sqlite":
+        pytest.skip("one writer per file: no parallel apply")
+    model = Model(19)
+    old, new = target.sink(), target.sink()
+    try:
+        old.open_position("cf", 0, origin=5)
+        new.open_position("cf", 0, origin=5)
+        new.write(model.batch() + model.independent())  # the position moves past what ``old`` read
+        fresh = model.independent()
+        first_key = min(c.values["id"] for c in fresh if c.schema is PLAIN and c.values)
+        with pytest.raises(SinkUnavailable, match="no longer"):
+            old.write(fresh)
+        assert target.execute(f"SELECT count(*) FROM {target.qualified('pa_plain')} WHERE id >= {first_key}") \
+            == [(0,)]
+        new.write(fresh)
+        assert new.parallel_writes == 2
+    finally:
+        old.close()
+        new.close()
+    model.check(target)
+
+
+def test_writes_of_hot_rows_stream_unplanned_after_a_few(target: Target) -> None:
+    """Writes whose transactions all update one row (pgbench's branches) go to one connection anyway: after
+    SERIAL_AFTER of them in a row the next ones are streamed without being read and keyed, backing off 1, 2, 4...;
+    a write planned after that which splits goes to several connections again; row-by-row equal."""
+    if target.kind == "sqlite":
+        pytest.skip("one writer per file: no parallel apply")
+    rows: dict[int, str] = {}
+    sink = target.sink()
+    sink.open_position("cf", 0, origin=5)
+    ts = 10
+    try:
+        for w in range(12):
+            batch = []
+            for _ in range(5):
+                ts += 10
+                rows[1] = f"w{w}-{ts}"
+                batch.append(RowChange(OpType.INSERT if ts == 20 else OpType.UPDATE, PLAIN, ts, float(ts),
+                                       values={"id": 1, "v": rows[1]}))
+            sink.write(batch)
+        # 3 planned (one list each), 1 streamed, 1 planned, 2 streamed, 1 planned, 4 streamed
+        assert sink.unplanned_writes == 7
+        assert sink.parallel_writes == 0
+        for _ in range(8):  # independent inserts: once a planned write splits, the backoff is reset
+            batch = []
+            for i in range(6):
+                ts += 10
+                rows[ts] = f"i{i}"
+                batch.append(RowChange(OpType.INSERT, PLAIN, ts, float(ts), values={"id": ts, "v": f"i{i}"}))
+            sink.write(batch)
+        assert sink.parallel_writes >= 5
+    finally:
+        sink.close()
+    assert target.rows("pa_plain", "id, v") == sorted(rows.items())

@@ -79,6 +79,19 @@ def is_deadlock(exc: BaseException) -> bool:
     return False
 
 
+def is_connection_lost(dialect: str, exc: BaseException) -> bool:
+    """Whether ``exc`` (a driver error, a SQLAlchemy wrapper of one, or our error caused by one) says the connection
+    is gone (:func:`classify`'s second answer): the server ended the session, the socket closed, a write to it
+    failed. Whatever the session had not committed is rolled back by its server."""
+    seen = 0
+    cur: BaseException | None = exc
+    while cur is not None and seen < 4:
+        if not isinstance(cur, TidewaterError) and classify(dialect, cur)[1]:
+            return True
+        cur, seen = cur.__cause__, seen + 1
+    return False
+
+
 def is_data_error(dialect: str, orig: Any) -> bool:
     """Whether the driver error ``orig`` says the target refused a value or a row (not the connection, a privilege,
     a missing table): PostgreSQL SQLSTATE classes 22 (data exception) and 23 (integrity constraint), MySQL's

@@ -10,6 +10,11 @@ What a write does with N workers:
   its DDL (``Position.reopened``), the write takes today's path: one downstream transaction, streamed, the writer's
   rules unchanged (a huge transaction is cut only as ``sinks.sql.ops.writer`` documents). So an upstream transaction
   is never split across workers or downstream transactions beyond what the writer already does.
+* After ``SERIAL_AFTER`` writes in a row whose transactions (at least two each) all went to one list, the next 1,
+  then 2, 4... up to ``SERIAL_SKIP_MAX`` writes are streamed on one connection without being read into memory or
+  keyed (hot rows, such as pgbench's branches, chain every transaction into one component: keying them only cost
+  capture CPU); the first write planned after that which splits over several lists resets the backoff. Streamed
+  writes take the one-connection path with its applied rows (point 4 below), so exactness does not depend on it.
 * Each transaction's keys (:func:`keys_of`): per row image touched (old and new), one key per target unique key
   (primary key included) ``(table, columns, values)``; a table-wide key instead for tables whose rows cannot be
   told apart safely: without a key, with a unique key besides the key while the upstream logs only the key of old
@@ -26,6 +31,14 @@ What a write does with N workers:
   and net effect as on one connection) in one downstream transaction on its own connection, in its own thread (which
   runs the statements too), and committed by that worker after the span's fence as soon as it is applied; once every
   one committed, one more transaction moves the span's position to the write's last commit Ts (exactly-once, below).
+* Worker k's thread and connection are kept for the sink's life (:class:`~sinks.sql.target.held.HeldConnection`):
+  no pool checkout, pre-ping or session reset per write; so is the caller's connection that moves the position, and
+  a write whose schemas are all bound plans without any round trip. A held connection that broke between writes
+  fails on its transaction's first statement; that transaction is run once more on a new connection (the server
+  rolled the broken session back; a commit that did reach it is refused the second time by point 2 below). A
+  worker's bookkeeping is one statement on PostgreSQL (the position check and its applied rows,
+  :meth:`Position.hold_and_mark`), two on MySQL/MariaDB; the position move and the applied rows' delete are one
+  statement on PostgreSQL.
 
 Guarantees: per key, upstream order (conflicting transactions are in one list, in order, and the next write starts
 after this one committed everything); a transaction is applied whole in one downstream transaction. Across keys a
@@ -70,8 +83,9 @@ the next round or write starts after the slowest worker of this one committed.
 
 Threads: the caller's thread reads, keys and partitions the write and binds its schemas (the catalog's tables are
 read or created by that thread only, before the workers start: workers find every binding cached), then waits;
-worker threads apply and commit (a worker's connection is its own, and its statements run in its thread; the fence
-and the row source are called by one worker at a time); the caller moves the position.
+worker threads apply and commit (a worker's connection is its own, and its statements run in its thread: worker k
+always runs on thread k; the fence and the row source are called by one worker at a time); the caller moves the
+position on its own held connection.
 """
 
 from __future__ import annotations
@@ -102,15 +116,20 @@ from sinks.sql.ops.writer import Writer
 from sinks.sql.target.binding import Binding
 from sinks.sql.target.catalog import Catalog
 from sinks.sql.target.connection import Target
+from sinks.sql.target.held import HeldConnection
 from sinks.sql.target.pipeline import Pipeline
 from sinks.sql.target.position import Position
 
 log = logging.getLogger(__name__)
 
 # a round's fixed cost in changes, for choosing between components and levels (conflicts.schedule): per worker a
-# begin, the position check, the applied rows and a commit, ~4 round trips, ~5 ms at the ~50k changes/s one
-# connection applies
+# begin, the position check with the applied rows (two statements on MySQL/MariaDB) and a commit, 3-4 round trips,
+# ~5 ms at the ~50k changes/s one connection applies
 ROUND_COST = 250
+# writes in a row that all went to one list before writes are streamed unplanned (module docstring), and the most
+# writes streamed so before one is planned again
+SERIAL_AFTER = 3
+SERIAL_SKIP_MAX = 64
 # a worker's transaction chosen as a deadlock victim is run again this many times (20, 40, 80 ms apart...) before the
 # write fails (SinkUnavailable: the span restarts)
 DEADLOCK_RETRIES = 4
@@ -266,10 +285,41 @@ class ParallelApply:
         # each worker runs its statements in its own thread (no pipeline thread per worker: the workers overlap one
         # another; a second thread each measured more capture CPU per row for no more rows/s)
         self.pipelines = [Pipeline(threaded=False) for _ in range(workers)]
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sql-apply")
+        # worker k: its own thread and its own connection, both kept for the sink's life (no pool checkout, pre-ping
+        # or session reset per write; sinks.sql.target.held)
+        self._threads = [ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"sql-apply-{k}") for k in range(workers)]
+        self.conns = [HeldConnection(target, f"apply worker {k}") for k in range(workers)]
+        self.mover = HeldConnection(target, "position mover")  # the caller's: moves the position after a write
         self._call_lock = threading.Lock()  # the row source and the fence: one worker at a time
         self.parallel_writes = 0  # writes applied on more than one connection (for tests and stats)
         self.deadlocks = 0  # worker transactions run again after the server chose them as a deadlock victim
+        self.unplanned_writes = 0  # writes streamed on one connection without being planned (for tests and stats)
+        self._one_list = 0  # writes in a row planned into one list
+        self._backoff = 0  # writes to stream unplanned after the next such write
+        self._skip = 0  # writes left to stream unplanned
+
+    def plans_next(self) -> bool:
+        """Whether the next write is to be read and planned; False: stream it on one connection (module docstring:
+        after writes whose transactions all conflicted)."""
+        if self._skip:
+            self._skip -= 1
+            self.unplanned_writes += 1
+            return False
+        return True
+
+    def planned(self, txns: int, lists: int) -> None:
+        """A write of ``txns`` transactions was planned into at most ``lists`` lists per round."""
+        if lists > 1:
+            self._one_list = self._backoff = 0
+        elif txns > 1:
+            self._one_list += 1
+            if self._one_list >= SERIAL_AFTER:
+                self._backoff = min(SERIAL_SKIP_MAX, max(1, 2 * self._backoff))
+                self._skip = self._backoff
+                if self._backoff == SERIAL_SKIP_MAX or self._backoff == 1:
+                    log.info("%s: %d writes in a row had all their transactions conflicting; the next %d are "
+                             "streamed on one connection without planning", self.target.where, self._one_list,
+                             self._backoff)
 
     def read(self, changes: Iterable[RowChange], skip_at: int) -> tuple[list[Txn], Iterator[RowChange] | None]:
         """The write's transactions above ``skip_at``, or ([], the whole stream) past the bound."""
@@ -298,17 +348,31 @@ class ParallelApply:
                      skip_at)
         return txns, None
 
-    def plan(self, txns: list[Txn], conn: Connection) -> list[list[list[int]]]:
-        """Bind every schema of the write (on ``conn``, outside a transaction) and split it into rounds of lists
-        over the workers (:func:`sinks.sql.dialect.conflicts.schedule`). Key
-        plans are made after every binding, since binding a table may reveal foreign keys of tables bound before."""
+    def plan(self, txns: list[Txn]) -> list[list[list[int]]]:
+        """Bind every schema of the write and split it into rounds of lists over the workers
+        (:func:`sinks.sql.dialect.conflicts.schedule`). A connection is checked out (and its transaction rolled back)
+        only when a schema is not bound yet: the steady state plans without a round trip. Key plans are made after
+        every binding, since binding a table may reveal foreign keys of tables bound before."""
         catalog = self.catalog
         bindings: dict[int, Binding] = {}
+        unbound: dict[int, Any] = {}
         for t in txns:
             for ch in t.changes:
                 sid = id(ch.schema)
-                if sid not in bindings:
-                    bindings[sid] = catalog.bind(ch.schema, conn)
+                if sid not in bindings and sid not in unbound:
+                    b = catalog.cached(ch.schema)
+                    if b is None:
+                        unbound[sid] = ch.schema
+                    else:
+                        bindings[sid] = b
+        if unbound:
+            with self.target.engine.connect() as conn:
+                trans = conn.begin()  # (the catalog's raw cursors would leave a transaction open otherwise)
+                try:
+                    for sid, schema in unbound.items():
+                        bindings[sid] = catalog.bind(schema, conn)
+                finally:
+                    trans.rollback()
         plans = {sid: KeyPlan(b, catalog) for sid, b in bindings.items()}
         fold = self.target.dialect == "mysql"
         truncated: set[str] = set()
@@ -348,8 +412,8 @@ class ParallelApply:
         worker_fence = self._locked(fence) if fence is not None else None
         count = 0
         for lists in rounds:
-            futures = [self._pool.submit(self._work, k, [txns[i] for i in lst], pos, row_source, worker_fence,
-                                         body) for k, lst in enumerate(lists)]
+            futures = [self._threads[k].submit(self._work, k, [txns[i] for i in lst], pos, row_source, worker_fence,
+                                               body) for k, lst in enumerate(lists)]
             error: BaseException | None = None
             for f in futures:
                 try:
@@ -366,10 +430,9 @@ class ParallelApply:
                      f", changefeed={pos.changefeed} span={pos.span}" if pos is not None else "")
         self.parallel_writes += 1
         if pos is not None:
-            target = self.target
             last = txns[-1]
-            with target.transaction(pos.sql.label, fence=fence) as conn:
-                pos.record(conn, last.commit_ts, last.commit_time)
+            self.mover.run(lambda conn: pos.record(conn, last.commit_ts, last.commit_time), pos.sql.label,
+                           fence=fence)
             pos.committed(last.commit_ts)
         return count
 
@@ -387,7 +450,8 @@ class ParallelApply:
         once (not after every worker applied) matters: a worker may wait for a lock another one holds (InnoDB's
         next-key locks of unique checks span keys), which a commit barrier would turn into a wait until the lock
         timeout."""
-        for attempt in range(DEADLOCK_RETRIES + 1):
+        attempt = 0
+        while True:
             try:
                 return self._work_once(k, txns, pos, row_source, fence, body)
             except SinkUnavailable as exc:
@@ -397,27 +461,38 @@ class ParallelApply:
                 if attempt == DEADLOCK_RETRIES or not is_deadlock(exc):
                     raise
                 self.deadlocks += 1
-                log.info("%s: worker %d's transaction was a deadlock victim; running it again (attempt %d of %d)",
-                         self.target.where, k, attempt + 2, DEADLOCK_RETRIES + 1)
+                log.info("%s: worker %d's transaction was a deadlock victim; running it again (attempt %d of %d)%s",
+                         self.target.where, k, attempt + 2, DEADLOCK_RETRIES + 1, _ids(pos))
                 time.sleep(0.02 * (2 ** attempt))
-        raise AssertionError("unreachable")
+                attempt += 1
 
     def _work_once(self, k: int, txns: list[Txn], pos: Position | None, row_source: RowSource | None,
                    fence: Callable[[], None] | None, body: ListBody | None) -> int:
         target = self.target
         writer: Writer | None = None
-        with target.transaction(lambda: writer.current if writer else None, fence=fence) as conn:
+
+        def run(conn: Connection) -> int:
+            nonlocal writer
+            writer = None
             if pos is not None:
-                pos.hold(conn)
-                pos.mark(conn, [t.commit_ts for t in txns])
+                pos.hold_and_mark(conn, [t.commit_ts for t in txns])
             if body is not None:
                 return body(conn, k, txns)
             writer = Writer(conn, target.statements(), self.catalog, self.pipelines[k], self.config, row_source,
                             self.warn)
             return writer.run(itertools.chain.from_iterable(t.changes for t in txns))
 
+        return self.conns[k].run(run, lambda: writer.current if writer else None, fence=fence)
+
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        for t in self._threads:
+            t.shutdown(wait=True)
+        for c in (*self.conns, self.mover):
+            c.close()
         for p in self.pipelines:
             p.close()
+
+
+def _ids(pos: Position | None) -> str:
+    return f" (changefeed={pos.changefeed} span={pos.span})" if pos is not None else ""
 

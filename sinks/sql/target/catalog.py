@@ -52,6 +52,12 @@ class Catalog:
         self._fk_seen: set[str] = set()  # tables whose foreign keys were read
 
     # ---- bindings ----------------------------------------------------------------------------------------
+    def cached(self, schema: TableSchema) -> Binding | None:
+        """The binding of ``schema`` if :meth:`bind` would return it without I/O (this very schema object bound
+        before), else None."""
+        entry = self._bindings.get(id(schema))
+        return entry[1] if entry is not None and entry[0] is schema else None
+
     def bind(self, schema: TableSchema, conn: Connection, before_io: Callable[[], None] | None = None) -> Binding:
         """The binding of ``schema``; ``before_io`` is called before ``conn`` (or the server) is used. A table is read
         from the catalog once: another schema version of it (PostgreSQL's pgoutput describes a table again after any

@@ -140,17 +140,32 @@ class Target:
         target's classified ``TidewaterError`` naming ``label`` (:meth:`wrap`; a callable is asked then, for a
         table known only inside the body), anything else as it is. Raises ``SinkError`` on a closed target."""
         self.check_open()
-        with self._driver_errors(label), self.engine.connect() as conn:
-            trans = conn.begin()
-            try:
-                yield conn
-                if trans.is_active:
-                    if fence is not None:
-                        fence()
-                    trans.commit()
-            except BaseException as exc:
-                self._abandon(conn, trans, exc)
-                raise
+        with self._driver_errors(label), self.engine.connect() as conn, self._frame(conn, fence):
+            yield conn
+
+    @contextlib.contextmanager
+    def frame(self, conn: Connection, label: str | Callable[[], str | None] | None = None, *,
+              fence: Callable[[], None] | None = None) -> Iterator[None]:
+        """:meth:`transaction`'s frame on a connection the caller holds (an apply worker's own,
+        ``sinks.sql.target.held``): begin, fence and commit, abandon on an error (``conn`` is then invalidated when the
+        error says it is broken: :attr:`Connection.invalidated`), driver errors raised as classified errors naming
+        ``label``. The caller keeps ``conn``."""
+        self.check_open()
+        with self._driver_errors(label), self._frame(conn, fence):
+            yield
+
+    @contextlib.contextmanager
+    def _frame(self, conn: Connection, fence: Callable[[], None] | None) -> Iterator[None]:
+        trans = conn.begin()
+        try:
+            yield
+            if trans.is_active:
+                if fence is not None:
+                    fence()
+                trans.commit()
+        except BaseException as exc:
+            self._abandon(conn, trans, exc)
+            raise
 
     def _abandon(self, conn: Connection, trans: Any, exc: BaseException) -> None:
         """A transaction failed with ``exc``: drop the connection when the failure says it is broken (its server rolls

@@ -37,14 +37,16 @@ the transactions above it are downstream after a crash between those commits. Th
   Each worker's downstream transaction first takes the span's position row in share mode and checks it still
   holds ``applied`` (:meth:`Position.hold`: a successor that moved the position makes an old writer fail here,
   and a position move waits for the workers that hold it), then inserts its transactions' rows
-  (:meth:`Position.mark`) before their changes, all in that one transaction: a duplicate key means another writer
+  (:meth:`Position.mark`) before their changes, all in that one transaction (on PostgreSQL the check and the rows are
+  one statement, :meth:`Position.hold_and_mark`: rows inserted only while the share-locked row holds ``applied``):
+  a duplicate key means another writer
   (a fenced-off zombie, or its successor) applied that transaction already, and raises :class:`SinkUnavailable`
   (rolled back, the span restarts and reads again). No transaction is applied twice, even by a writer whose
   lease fence failed: both writers insert the same (changefeed, span, commit_ts) and only one commits it (the
   second waits on the first's uncommitted row, then fails on the duplicate).
 - the position moves (:meth:`Position.record`, compare-and-set as above) only after every worker of the write
   committed, i.e. to the end of a contiguous prefix of applied transactions, and in the same transaction deletes the
-  applied rows at or below it (compaction). A transaction at or below the position is never looked up in the
+  applied rows at or below it (compaction; on PostgreSQL in the same statement, a data-modifying ``WITH``). A transaction at or below the position is never looked up in the
   applied table: a writer that read the position before that compaction fails :meth:`Position.hold` instead.
 - :meth:`Position.open` also reads the applied rows above the position (``done``): a restart skips them
   (:func:`skip_done`), and applies everything else above the position.
@@ -121,6 +123,18 @@ class PositionSQL(OwnTable):
         self.compact = f"DELETE FROM {aname} WHERE {cf} = {p} AND {sp} = {p} AND {ts} <= {p}"
         self.clear_span = f"DELETE FROM {aname} WHERE {cf} = {p} AND {sp} = {p}"
         self.forget_applied = f"DELETE FROM {aname} WHERE {cf} = {p}"
+        # PostgreSQL, one round trip each (parallel apply's bookkeeping on the target's serial chain):
+        # hold + mark: the applied rows of an array of commit Ts, inserted only while the share-locked position row
+        # still holds the Ts this writer read (no row inserted: it does not, or the row is gone)
+        # record + compact: the compare-and-set, and the applied rows at or below the new Ts deleted by the same
+        # statement (its row count is the UPDATE's)
+        self.hold_mark: str | None = None
+        self.record_compact: str | None = None
+        if dialect == "postgresql":
+            self.hold_mark = (f"INSERT INTO {aname} ({cf}, {sp}, {ts}) SELECT h.{cf}, h.{sp}, t.ts "
+                              f"FROM (SELECT {cf}, {sp} FROM {name} WHERE {cf} = {p} AND {sp} = {p} AND {ts} = {p} "
+                              f"FOR SHARE) h CROSS JOIN unnest({p}::bigint[]) AS t(ts)")
+            self.record_compact = (f"WITH compacted AS ({self.compact}) {self.record}")
 
 
 class Position:
@@ -199,6 +213,28 @@ class Position:
             self.done = {int(r[0]) for r in conn.exec_driver_sql(self.sql.select_done,
                                                                  (self.changefeed, self.span, self.applied))}
 
+    def hold_and_mark(self, conn: Connection, commits: list[int]) -> None:
+        """:meth:`hold` then :meth:`mark` (the same guarantees, the same errors); on PostgreSQL in one statement
+        (``PositionSQL.hold_mark``): the applied rows are inserted only if the share-locked position row still holds
+        ``applied``, else none is and :class:`SinkUnavailable` says the position moved."""
+        sql = self.sql
+        if sql.hold_mark is None or not commits:
+            self.hold(conn)
+            self.mark(conn, commits)
+            return
+        try:
+            n = conn.exec_driver_sql(sql.hold_mark, (self.changefeed, self.span, self.applied, commits)).rowcount
+        except sa.exc.IntegrityError as exc:
+            raise SinkUnavailable(
+                f"changefeed={self.changefeed} span={self.span}: a transaction of commits {commits[0]}..{commits[-1]} "
+                f"is in {sql.applied_label} already (another writer applied it); rolled back, the span restarts "
+                "and skips what is there") from exc
+        if n != len(commits):
+            raise SinkUnavailable(
+                f"changefeed={self.changefeed} span={self.span}: the applied position in {sql.label} is no "
+                f"longer {self.applied} (another writer advanced this span, or the row was deleted); "
+                "rolled back, the span restarts from the position the target holds")
+
     def mark(self, conn: Connection, commits: list[int]) -> None:
         """Inside a worker's open transaction: one applied row per upstream transaction ``commits``;
         :class:`SinkUnavailable` when one is there already (applied by another writer)."""
@@ -229,13 +265,14 @@ class Position:
 
     def record(self, conn: Connection, commit_ts: int, commit_time: float) -> None:
         """Move the row to ``commit_ts`` inside ``conn``'s open transaction (compare-and-set)."""
-        res = self._sink_exec(conn, commit_ts, commit_time)
+        compacted = self.parallel and self.sql.record_compact is not None
+        res = self._sink_exec(conn, commit_ts, commit_time, compacted)
         if res != 1:
             raise SinkUnavailable(
                 f"changefeed={self.changefeed} span={self.span}: the applied position in {self.sql.label} is no "
                 f"longer {self.applied} (another writer advanced this span, or the row was deleted); "
                 "rolled back, the span restarts from the position the target holds")
-        if self.parallel:
+        if self.parallel and not compacted:
             conn.exec_driver_sql(self.sql.compact, (self.changefeed, self.span, commit_ts))
         if self._on_reopened is not None and commit_ts >= self.reopened:
             self._on_reopened(conn)
@@ -248,8 +285,12 @@ class Position:
         if commit_ts >= self.reopened:
             self.reopened, self._on_reopened = 0, None
 
-    def _sink_exec(self, conn: Connection, commit_ts: int, commit_time: float) -> int:
+    def _sink_exec(self, conn: Connection, commit_ts: int, commit_time: float, compacted: bool = False) -> int:
         params = (commit_ts, commit_time or time.time(), self.changefeed, self.span, self.applied)
+        if compacted:
+            assert self.sql.record_compact is not None
+            return conn.exec_driver_sql(self.sql.record_compact, (self.changefeed, self.span, commit_ts, *params)
+                                        ).rowcount
         return conn.exec_driver_sql(self.sql.record, params).rowcount
 
 
