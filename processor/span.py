@@ -592,8 +592,11 @@ class SpanRunner:
 
     # ---- threads ---------------------------------------------------------------------------------
     def _on_resolved(self, w: Watermark) -> None:
+        """Called by the source after each commit: the sink thread wakes (``Event.set`` only when the event is not
+        already set: while the sink thread is busy, the source's commits take no lock here)."""
         self.resolved = w
-        self._wake.set()
+        if not self._wake.is_set():
+            self._wake.set()
 
     def _record_schemas(self, versions: list[tuple[int, int, TableSchema | None]]) -> None:
         """Store schema versions in the schema history before the checkpoint passes them (sink thread)."""

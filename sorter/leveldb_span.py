@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 _ROW_OVERHEAD = 64  # Python bookkeeping per buffered row (list slots, int refs), roughly
 _TS = itemgetter(0)
+_new_txn = tuple.__new__  # SortedTxn(...) without the Python frame of the namedtuple's __new__ (same object)
 
 
 class _OpenTxn:
@@ -205,21 +206,23 @@ class LevelDBSpanSorter(SpanSorter):
             self._txns.pop(xid, None)
             self._last_commit_ts = commit_ts
             return
-        if txn.spill is None:
+        if txn.spill is None:  # (per transaction: locals only, the record built without the namedtuple's frame)
             nbytes = txn.nbytes
-            rec = SortedTxn(commit_ts, commit_time, len(txn.payloads), txn.payloads,
-                            nbytes - _ROW_OVERHEAD * len(txn.payloads))
-            self.in_rows += rec.rows
-            self.in_bytes += rec.nbytes
+            payloads = txn.payloads
+            rows = len(payloads)
+            data = nbytes - _ROW_OVERHEAD * rows
+            rec = _new_txn(SortedTxn, (commit_ts, commit_time, rows, payloads, data))
+            self.in_rows += rows
+            self.in_bytes += data
             with self._lock:
                 seg = self._open
                 if seg is None or seg.closed:
                     seg = self._open = _Segment(commit_ts)
                     self._segments.append(seg)
-                assert seg.txns is not None
+                assert seg.txns is not None  # (an open segment is in memory)
                 seg.txns.append(rec)
                 seg.last_ts = commit_ts
-                seg.rows += rec.rows
+                seg.rows += rows
                 seg.nbytes += nbytes
                 self._committed_bytes += nbytes
                 full = seg.nbytes >= self._batch_bytes
