@@ -134,6 +134,9 @@ fi
 # the MySQL/MariaDB span source's rows-event decoder (upstream/mysql/rowcodec.c, same needs); without it the binlog's
 # rows are decoded by upstream/mysql/rowdecode.py (same payloads, more CPU)
 "$VENV/bin/python" -m upstream.mysql.rowcodec >/dev/null || log "MySQL row codec not built: binlog rows are decoded in Python"
+# the MySQL stored-change reader of the mounter (upstream/mysql/payloadcodec.c, same needs); without it updates and
+# deletes are parsed in Python
+"$VENV/bin/python" -m upstream.mysql.payload >/dev/null || log "MySQL payload codec not built: stored changes are parsed in Python"
 # the SQL sink's row renderer (sinks/sql/dialect/rowtext.c, a CPython extension like the row codec): COPY text and
 # MySQL literal rows; without it the same text is rendered in Python
 "$VENV/bin/python" -m sinks.sql.dialect.rowtext >/dev/null || log "row renderer not built: the SQL sink renders rows in Python"

@@ -10,10 +10,14 @@ holds its key columns only (``old_kind`` ``'K'``).
 
 from __future__ import annotations
 
+import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+from cdc import cbuild
 from cdc.errors import DecodeError
 from cdc.events import UNCHANGED
 from upstream.base import ParsedChange
@@ -103,6 +107,41 @@ def parse(raw: bytes) -> ParsedChange:
     return ParsedChange(kind, relid, new, old, old_kind, 0)
 
 
+def _adapt(mod: ModuleType) -> Callable[[bytes, Any], tuple[str, int, Any, Any, Any] | None]:
+    return mod.parse  # type: ignore[no-any-return]
+
+
+_EXT = cbuild.Extension(Path(__file__).with_name("payloadcodec.c"), "upstream.mysql._payloadcodec", _adapt,
+                        "stored MySQL changes are parsed in Python (more CPU per mounted update and delete)")
+
+
+def native() -> Callable[[bytes, Any], tuple[str, int, Any, Any, Any] | None] | None:
+    """The C ``parse(raw, unchanged)`` (``payloadcodec.c``), compiled and loaded on first call; None when it cannot be
+    built or loaded here."""
+    return _EXT.get()
+
+
+def best_parse() -> Callable[[bytes], ParsedChange]:
+    """:func:`parse` with the reading done in C (``payloadcodec.c``, compiled on first use by :mod:`cdc.cbuild`) where it
+    builds and ``TIDEWATER_ROWCODEC`` is not ``python``: the same ParsedChange for every well-formed change, and for any
+    other the Python function's error (C hands back what it does not recognise exactly; ``test_mysql_payload_codec.py``
+    compares both). Bound once per decoder: the mounter calls it per update and delete."""
+    if os.environ.get("TIDEWATER_ROWCODEC", "").lower() == "python":
+        return parse
+    c_parse = native()
+    if c_parse is None:
+        return parse
+    unchanged, python_parse = UNCHANGED, parse
+
+    def parse_c(raw: bytes) -> ParsedChange:
+        t = c_parse(raw, unchanged)
+        if t is None:
+            return python_parse(raw)
+        return ParsedChange(t[0], t[1], t[2], t[3], t[4], 0)
+
+    return parse_c
+
+
 def insert_values(payload: bytes, offset: int) -> tuple[int, list[Any]] | None:
     """``(relid, new values)`` when ``payload[offset:]`` is a well-formed insert, else None."""
     if payload[offset:offset + 1] != b"I":
@@ -113,3 +152,12 @@ def insert_values(payload: bytes, offset: int) -> tuple[int, list[Any]] | None:
         return None
     assert pc.new is not None
     return pc.relid, pc.new
+
+
+def main() -> int:
+    """``python -m upstream.mysql.payload``: build the C reader now (``make deps``), print where it is."""
+    return _EXT.main("MySQL payload codec not built (stored changes are parsed in Python)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -162,12 +162,13 @@ class MySqlChangeDecoder(ChangeDecoder):
 
     def __init__(self, schemas: Callable[[int], TableSchema]) -> None:
         self._schemas = schemas
+        self._parse = payload.best_parse()  # (in C where built)
 
     def schema(self, version: int) -> TableSchema:
         return self._schemas(version)
 
     def parse_change(self, raw: bytes) -> ParsedChange:
-        return payload.parse(raw)
+        return self._parse(raw)
 
     def schema_changes(self, raw: bytes, commit_ts: int, commit_time: float) -> list[DdlEvent]:
         """The DdlEvent of a schema change the span stored (:meth:`MySqlSpanSource._store_ddl`)."""
