@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 _ROW_OVERHEAD = 64  # Python bookkeeping per buffered row (list slots, int refs), roughly
 _TS = itemgetter(0)
+_NO_ABORTS: dict[int, int] = {}  # an unspilled transaction's ``aborted``: never written (``_spill`` gives it its own)
 _new_txn = tuple.__new__  # SortedTxn(...) without the Python frame of the namedtuple's __new__ (same object)
 
 
@@ -41,14 +42,15 @@ class _OpenTxn:
 
     __slots__ = ("subs", "payloads", "nbytes", "spill", "aborted", "spilled_bytes")
 
-    def __init__(self) -> None:
-        self.subs: list[int] = []
-        self.payloads: list[bytes] = []
-        self.nbytes = 0
+    def __init__(self, subs: list[int], payloads: list[bytes], nbytes: int) -> None:
+        self.subs = subs
+        self.payloads = payloads
+        self.nbytes = nbytes
         self.spilled_bytes = 0  # payload bytes moved to the spill file (for metrics)
         self.spill: SpillFile | None = None  # once the transaction spilled
-        # subxid -> spill record watermark: spilled records of that subxid below it are rolled back
-        self.aborted: dict[int, int] = {}
+        # subxid -> spill record watermark: spilled records of that subxid below it are rolled back (a dict of its own
+        # from the first spill on: only a spilled transaction records any)
+        self.aborted: dict[int, int] = _NO_ABORTS
 
 
 class _Segment:
@@ -121,7 +123,7 @@ class LevelDBSpanSorter(SpanSorter):
             check_u64("subxid", subxid)
         txn = self._txns.get(xid)
         if txn is None:
-            txn = self._txns[xid] = _OpenTxn()
+            txn = self._txns[xid] = _OpenTxn([], [], 0)
         return txn
 
     def add(self, xid: int, subxid: int, payload: bytes) -> None:
@@ -147,9 +149,18 @@ class LevelDBSpanSorter(SpanSorter):
         threshold of ``add`` is reached by its last payload, hence by none (rows and bytes only grow)."""
         if not payloads:
             return
-        txn = self._open_txn(xid, subxid)
         n = len(payloads)
         nbytes = sum(map(len, payloads)) + _ROW_OVERHEAD * n
+        txn = self._txns.get(xid)
+        if txn is None:  # a new transaction (per transaction: one object, its lists built here)
+            if (n < self._spill_rows and nbytes < self._spill_bytes and self._buffered + nbytes <= self._half_budget
+                    and 0 <= xid <= U64_MAX and 0 <= subxid <= U64_MAX):
+                self._txns[xid] = _OpenTxn([subxid] * n, payloads[:], nbytes)
+                self._buffered += nbytes
+                return
+            txn = self._open_txn(xid, subxid)
+        elif not 0 <= subxid <= U64_MAX:
+            check_u64("subxid", subxid)
         if (len(txn.payloads) + n < self._spill_rows and txn.nbytes + nbytes < self._spill_bytes
                 and self._buffered + nbytes <= self._half_budget):
             txn.subs.extend(repeat(subxid, n))
@@ -408,6 +419,7 @@ class LevelDBSpanSorter(SpanSorter):
         """Append the buffer of ``txn`` to its spill file and empty it."""
         if txn.spill is None:
             txn.spill = SpillFile(self._storage.new_spill_path(self._uid))
+            txn.aborted = {}
         try:
             txn.spill.append(txn.subs, txn.payloads)
         except DB_ERRORS as e:
