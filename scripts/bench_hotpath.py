@@ -19,6 +19,8 @@ thread (the driver's work: psycopg2's COPY, PyMySQL's send), where the other num
 feeds the sorter while its sink thread drains it into blackhole (the processor's ``persisted`` every 0.2 s), and
 prints the process CPU per row and per transaction and how many transactions each sink write carried: the cost
 of the two threads handing transactions over (wake-ups, one batch per wake) that the phases do not show.
+``--threads --release-gil``: the fake stream releases the GIL after each commit (``time.sleep(0)``), as reading a
+socket between messages does, which lets the sink thread wake per transaction (the e2e case the phases cannot show).
 ``--threads --mysql`` feeds stored MySQL changes (workload (o)'s mix: updates with both images, inserts, deletes)
 straight into the sorter, as the MySQL span source hands them over, without a binlog: the part of a MySQL span's
 cost after its source.
@@ -110,16 +112,20 @@ def build_wal(rows: int, txn: int) -> tuple[list[bytes], int]:
 class FakeStream:
     """Stands in for ReplicationStream: decodes the pre-built payloads, then stops."""
 
-    def __init__(self, payloads: list[bytes]) -> None:
+    def __init__(self, payloads: list[bytes], release_gil: bool = False) -> None:
         self.payloads = payloads
+        self.release_gil = release_gil  # after each Commit, as a socket read between messages does
 
     def open(self) -> None:
         pass
 
     def messages(self, stop: threading.Event) -> Iterator[Any]:
         decode, plain = pgoutput.decode, getattr(pgoutput, "PLAIN_CHANGE_TYPES", frozenset())
+        release = self.release_gil
         for p in self.payloads:  # as ReplicationStream.messages: plain changes stay raw bytes
             yield p if p[0] in plain else decode(p, False)
+            if release and p[0] == 67:  # b"C"
+                time.sleep(0)
 
     def ack(self, lsn: int) -> None:
         pass
@@ -317,7 +323,8 @@ class MySqlShapedSource:
 
 
 def run_threads(payloads: list[bytes], rows: int, txns: int, end_lsn: int, txn_rows: int, work: Path,
-                codec: Any = None, mysql: MySqlShapedSource | None = None) -> dict[str, float]:
+                codec: Any = None, mysql: MySqlShapedSource | None = None, release_gil: bool = False
+                ) -> dict[str, float]:
     """The span as a capture runs it: a ``SpanRunner``'s puller and sink threads side by side (the source feeding the
     LevelDB sorter while the sink thread drains it into blackhole), the processor's part played by this thread
     (``persisted`` every 0.2 s, as its report pass stores checkpoints). Process CPU of the whole catch-up."""
@@ -327,7 +334,7 @@ def run_threads(payloads: list[bytes], rows: int, txns: int, end_lsn: int, txn_r
     sp = sorter.span("bench/0")
     extra = {} if codec is None else {"codec": codec}
     source: Any = (mysql if mysql is not None else
-                   PgSpanSource(FakeStream(payloads), TableFilter(["*.*"]), Watermark(0, 0.0), no_catalog, "bench",  # type: ignore[arg-type]
+                   PgSpanSource(FakeStream(payloads, release_gil), TableFilter(["*.*"]), Watermark(0, 0.0), no_catalog, "bench",  # type: ignore[arg-type]
                                 **extra))
     if mysql is not None:
         end_lsn = mysql.end_ts
@@ -365,6 +372,8 @@ def main() -> None:
     ap.add_argument("--codec", choices=["c", "python"], help="per-row functions (default: the best available)")
     ap.add_argument("--threads", action="store_true",
                     help="run the span's two threads side by side (SpanRunner into blackhole) instead of the phases")
+    ap.add_argument("--release-gil", action="store_true", help="with --threads: the fake stream releases the GIL "
+                    "after each commit (time.sleep(0)), as a real socket read between messages does")
     ap.add_argument("--mysql", action="store_true", help="with --threads: stored MySQL changes of workload (o) "
                     "instead of the PostgreSQL source (sorter, batcher and mounter of a MySQL span)")
     args = ap.parse_args()
@@ -385,7 +394,7 @@ def main() -> None:
             work.mkdir()
             if args.threads:
                 mysql = MySqlShapedSource(args.rows, args.txn) if args.mysql else None
-                t = run_threads(payloads, args.rows, txns, end_lsn, args.txn_rows, work, codec, mysql)
+                t = run_threads(payloads, args.rows, txns, end_lsn, args.txn_rows, work, codec, mysql, args.release_gil)
                 print(f"run {r + 1}: span threads {args.rows / t['wall']:>9,.0f} rows/s wall, process CPU "
                       f"{1e6 * t['cpu'] / args.rows:.2f} us/row {1e6 * t['cpu'] / txns:.2f} us/txn, "
                       f"{t['writes']} sink writes ({txns / max(1, t['writes']):.1f} txns each)", flush=True)
