@@ -142,12 +142,14 @@ def best_parse() -> Callable[[bytes], ParsedChange]:
     return parse_c
 
 
-def insert_values(payload: bytes, offset: int) -> tuple[int, list[Any]] | None:
-    """``(relid, new values)`` when ``payload[offset:]`` is a well-formed insert, else None."""
+def insert_values(payload: bytes, offset: int, parse_change: Callable[[bytes], ParsedChange] | None = None
+                  ) -> tuple[int, list[Any]] | None:
+    """``(relid, new values)`` when ``payload[offset:]`` is a well-formed insert, else None. ``parse_change``:
+    :func:`parse` or what :func:`best_parse` returned (the same result)."""
     if payload[offset:offset + 1] != b"I":
         return None
     try:
-        pc = parse(payload[offset:])
+        pc = (parse_change or parse)(payload[offset:])
     except DecodeError:
         return None
     assert pc.new is not None

@@ -191,7 +191,7 @@ class MySqlChangeDecoder(ChangeDecoder):
             raise DecodeError(f"malformed MySQL schema change payload: {exc}") from exc
 
     def insert_values(self, payload_bytes: bytes, offset: int) -> tuple[int, list[Any]] | None:
-        return payload.insert_values(payload_bytes, offset)
+        return payload.insert_values(payload_bytes, offset, self._parse)
 
     def parser(self, column: ColumnSchema) -> Parser:
         return text_types.parser_for(column.base_type, column.is_array)

@@ -80,3 +80,12 @@ def test_the_c_reader_gives_pythons_error_on_malformed_changes(fast: object, see
         else:
             raw[:1] = rng.choice([b"T", b"X", b"i", b""])
         assert _outcome(fast, bytes(raw)) == _outcome(payload.parse, bytes(raw)), bytes(raw)
+
+
+def test_insert_values_through_the_c_reader_equal_pythons(fast: object) -> None:
+    rng = random.Random(7)
+    for _ in range(2000):
+        raw = b"\x00\x00\x00\x05" + _change(rng)
+        if rng.random() < 0.3:
+            raw = raw[:rng.randrange(4, len(raw) + 1)]
+        assert payload.insert_values(raw, 4, fast) == payload.insert_values(raw, 4)  # type: ignore[arg-type]
