@@ -123,7 +123,7 @@ class FakeStream:
         decode, plain = pgoutput.decode, getattr(pgoutput, "PLAIN_CHANGE_TYPES", frozenset())
         release = self.release_gil
         for p in self.payloads:  # as ReplicationStream.messages: plain changes stay raw bytes
-            yield p if p[0] in plain else decode(p, False)
+            yield p if p[0] in plain or p[0] in (66, 67) else decode(p, False)  # (Begin, Commit: raw too)
             if release and p[0] == 67:  # b"C"
                 time.sleep(0)
 
