@@ -83,6 +83,7 @@ class TxnBatcher:
             return
         rows = nbytes = txns = 0
         it, mount, max_rows, ddl_commits = self._it, self._mount, self._max_rows, self._ddl_commits
+        last: SortedTxn | None = None  # the last whole transaction of this batch: ``last`` once the batch ends
         while self._peek is not None:
             t = self._peek
             if rows and rows >= max_rows:
@@ -102,7 +103,7 @@ class TxnBatcher:
                     self.read_rows, self.read_bytes, self.read_txns = t.rows, t.nbytes, 1
                     yield from self._next_part()
                     break
-                self.last = Watermark(t.commit_ts, t.commit_time)
+                last = t
                 rows += t.rows  # (read from the sorter: the rows the copy holds are read, then dropped)
                 nbytes += t.nbytes
                 txns += 1
@@ -121,11 +122,17 @@ class TxnBatcher:
                 yield from self._next_part()
                 break
             self._peek = next(it, None)
-            self.last = Watermark(t.commit_ts, t.commit_time)
+            last = t
             rows += t.rows
             nbytes += t.nbytes
             txns += 1
-            yield from map(mount, t.payloads, repeat(t.commit_ts), repeat(t.commit_time))
+            payloads = t.payloads
+            if type(payloads) is list and len(payloads) == 1:  # (a single-row transaction: no iterator objects)
+                yield mount(payloads[0], t.commit_ts, t.commit_time)
+            else:
+                yield from map(mount, payloads, repeat(t.commit_ts), repeat(t.commit_time))
+        if last is not None and (self.last is None or last.commit_ts > self.last.ts):
+            self.last = Watermark(last.commit_ts, last.commit_time)  # (once per batch, not per transaction)
         if txns:
             self.read_rows, self.read_bytes, self.read_txns = rows, nbytes, txns
         self.batch_complete = True

@@ -12,7 +12,18 @@ phase, all threads" is the process CPU of the sink phase: the sink thread and th
 thread (the driver's work: psycopg2's COPY, PyMySQL's send), where the other numbers count the sink thread alone.
 
     .venv/bin/python scripts/bench_hotpath.py [--rows 300000] [--txn 100] [--txn-rows 20000]
-        [--batch-rows 1000] [--sink URI] [--repeat 3] [--codec c|python]
+        [--batch-rows 1000] [--sink URI] [--repeat 3] [--codec c|python] [--threads]
+
+``--txn 1`` is the single-row-transaction shape (per-transaction costs: also printed in us per transaction).
+``--threads`` runs the span as a capture does instead of phase by phase: a ``SpanRunner`` whose puller thread
+feeds the sorter while its sink thread drains it into blackhole (the processor's ``persisted`` every 0.2 s), and
+prints the process CPU per row and per transaction and how many transactions each sink write carried: the cost
+of the two threads handing transactions over (wake-ups, one batch per wake) that the phases do not show.
+``--threads --release-gil``: the fake stream releases the GIL after each commit (``time.sleep(0)``), as reading a
+socket between messages does, which lets the sink thread wake per transaction (the e2e case the phases cannot show).
+``--threads --mysql`` feeds stored MySQL changes (workload (o)'s mix: updates with both images, inserts, deletes)
+straight into the sorter, as the MySQL span source hands them over, without a binlog: the part of a MySQL span's
+cost after its source.
 
 ``TIDEWATER_ROWTEXT=python`` in the environment makes the SQL sink render its rows in Python
 (sinks.sql.dialect.rowtext) instead of C.
@@ -101,13 +112,20 @@ def build_wal(rows: int, txn: int) -> tuple[list[bytes], int]:
 class FakeStream:
     """Stands in for ReplicationStream: decodes the pre-built payloads, then stops."""
 
-    def __init__(self, payloads: list[bytes]) -> None:
+    def __init__(self, payloads: list[bytes], release_gil: bool = False) -> None:
         self.payloads = payloads
+        self.release_gil = release_gil  # after each Commit, as a socket read between messages does
+
+    def open(self) -> None:
+        pass
 
     def messages(self, stop: threading.Event) -> Iterator[Any]:
         decode, plain = pgoutput.decode, getattr(pgoutput, "PLAIN_CHANGE_TYPES", frozenset())
+        release = self.release_gil
         for p in self.payloads:  # as ReplicationStream.messages: plain changes stay raw bytes
-            yield p if p[0] in plain else decode(p, False)
+            yield p if p[0] in plain or p[0] in (66, 67) else decode(p, False)  # (Begin, Commit: raw too)
+            if release and p[0] == 67:  # b"C"
+                time.sleep(0)
 
     def ack(self, lsn: int) -> None:
         pass
@@ -220,6 +238,127 @@ def run_once(payloads: list[bytes], rows: int, end_lsn: int, sink_uri: str, txn_
             "read_cpu": c5 - c4, "mount_cpu": (c6 - c5) - (c5 - c4)}
 
 
+class MySqlShapedSource:
+    """A span source that hands the sorter stored MySQL changes (``upstream.mysql.payload``) as the MySQL span source
+    does (``add_many`` of each transaction's rows, ``commit``, ``on_resolved`` per commit), with no binlog to read: the
+    sorter, batcher and mounter of a MySQL span without its source's cost. The rows are workload (o)'s of the MariaDB
+    bench (an sbtest-like table; 1/2 updates by key with both images, 1/4 inserts, 1/4 deletes), ``txn`` per
+    transaction."""
+
+    runs_in_child = False
+
+    def __init__(self, rows: int, txn: int) -> None:
+        from cdc.events import TableName, TableSchema
+        from upstream.base import encode_payload
+        from upstream.mysql import payload
+        from upstream.mysql.source import MySqlChangeDecoder
+        from upstream.mysql.types import column_schema
+
+        cols = (column_schema("id", "int", "int", nullable=False, is_key=True, char_len=None, precision=None,
+                              scale=None, fsp=None),
+                column_schema("k", "int", "int", nullable=False, is_key=False, char_len=None, precision=None,
+                              scale=None, fsp=None),
+                column_schema("c", "char", "char(120)", nullable=False, is_key=False, char_len=120, precision=None,
+                              scale=None, fsp=None),
+                column_schema("pad", "char", "char(60)", nullable=False, is_key=False, char_len=60, precision=None,
+                              scale=None, fsp=None))
+        self.schema = TableSchema(TableName("bench", "t"), cols, ("id",), "d", 7, 1, True)
+        self._decoder = MySqlChangeDecoder(lambda v: self.schema)
+        prefix = encode_payload(1, b"")
+
+        def image(i: int, salt: int) -> list[str | None]:
+            return [str(i), str((i * 7 + salt) % 100_000), md5(f"{i}-{salt}".encode()).hexdigest() * 3 + "x" * 24,
+                    md5(f"{salt}-{i}".encode()).hexdigest() + "y" * 28]
+
+        self.txns: list[list[bytes]] = []
+        run: list[bytes] = []
+        for i in range(rows):
+            kind = i % 4
+            if kind in (0, 1):  # an update by key: old and new images
+                raw = payload.encode(b"U", 7, image(i, 1), image(i, 0))
+            elif kind == 2:
+                raw = payload.encode(b"I", 7, image(i, 0), None)
+            else:
+                raw = payload.encode(b"D", 7, None, image(i, 0))
+            run.append(prefix + raw)
+            if len(run) == txn:
+                self.txns.append(run)
+                run = []
+        if run:
+            self.txns.append(run)
+        self.end_ts = len(self.txns)
+
+    def open(self) -> None:
+        pass
+
+    def run(self, buffer: Any, stop: threading.Event, on_resolved: Any) -> None:
+        add_many, commit = buffer.add_many, buffer.commit
+        resolved = Watermark(0, 0.0)
+        for n, rows in enumerate(self.txns, 1):
+            if stop.is_set():
+                return
+            add_many(n, n, rows)
+            commit(n, n, 1_700_000_000.0 + n / 1e4)
+            if n > resolved.ts:
+                resolved = Watermark(n, max(1_700_000_000.0 + n / 1e4, resolved.time))
+                on_resolved(resolved)
+
+    def decoder(self) -> Any:
+        return self._decoder
+
+    def ack(self, ts: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def take_warnings(self) -> list[Any]:
+        return []
+
+    def take_schema_versions(self) -> list[Any]:
+        return []
+
+    def schema_change_commits(self) -> set[int]:
+        return set()
+
+
+def run_threads(payloads: list[bytes], rows: int, txns: int, end_lsn: int, txn_rows: int, work: Path,
+                codec: Any = None, mysql: MySqlShapedSource | None = None, release_gil: bool = False
+                ) -> dict[str, float]:
+    """The span as a capture runs it: a ``SpanRunner``'s puller and sink threads side by side (the source feeding the
+    LevelDB sorter while the sink thread drains it into blackhole), the processor's part played by this thread
+    (``persisted`` every 0.2 s, as its report pass stores checkpoints). Process CPU of the whole catch-up."""
+    from processor.span import SinkPlan, SpanRunner
+
+    sorter = LevelDBSorter(work / "sorter", fresh=True)
+    sp = sorter.span("bench/0")
+    extra = {} if codec is None else {"codec": codec}
+    source: Any = (mysql if mysql is not None else
+                   PgSpanSource(FakeStream(payloads, release_gil), TableFilter(["*.*"]), Watermark(0, 0.0), no_catalog, "bench",  # type: ignore[arg-type]
+                                **extra))
+    if mysql is not None:
+        end_lsn = mysql.end_ts
+    sinks: list[BlackholeSink] = []
+
+    def open_sink() -> BlackholeSink:
+        sinks.append(BlackholeSink())
+        return sinks[-1]
+
+    runner = SpanRunner("bench/0", Watermark(0, 0.0), source, sp, SinkPlan(open_sink, txn_rows))
+    t0, p0 = time.perf_counter(), time.process_time()
+    runner.start()
+    while runner.checkpoint.ts < end_lsn and not runner.failed.is_set():
+        time.sleep(0.2)
+        runner.persisted(runner.checkpoint.ts)
+    t1, p1 = time.perf_counter(), time.process_time()
+    runner.stop()
+    sorter.close()
+    if runner.error is not None:
+        raise runner.error
+    assert sinks[0].rows == rows, (sinks[0].rows, rows)
+    return {"wall": t1 - t0, "cpu": p1 - p0, "writes": sinks[0].writes, "txns": txns}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=300_000)
@@ -231,6 +370,12 @@ def main() -> None:
     ap.add_argument("--perf-phase", choices=["puller", "sink"], help="count only this phase (with --perf-ctl)")
     ap.add_argument("--perf-ctl", help="CTL_FIFO,ACK_FIFO of perf stat --control (see above)")
     ap.add_argument("--codec", choices=["c", "python"], help="per-row functions (default: the best available)")
+    ap.add_argument("--threads", action="store_true",
+                    help="run the span's two threads side by side (SpanRunner into blackhole) instead of the phases")
+    ap.add_argument("--release-gil", action="store_true", help="with --threads: the fake stream releases the GIL "
+                    "after each commit (time.sleep(0)), as a real socket read between messages does")
+    ap.add_argument("--mysql", action="store_true", help="with --threads: stored MySQL changes of workload (o) "
+                    "instead of the PostgreSQL source (sorter, batcher and mounter of a MySQL span)")
     args = ap.parse_args()
     codec = None
     if args.codec:
@@ -242,19 +387,30 @@ def main() -> None:
     perf = PerfControl(args.perf_ctl, args.perf_phase)
     payloads, end_lsn = build_wal(args.rows, args.txn)
     tmp = Path(tempfile.mkdtemp(prefix="bench-hotpath-"))
+    txns = -(-args.rows // args.txn)
     try:
         for r in range(args.repeat):
             work = tmp / str(r)
             work.mkdir()
+            if args.threads:
+                mysql = MySqlShapedSource(args.rows, args.txn) if args.mysql else None
+                t = run_threads(payloads, args.rows, txns, end_lsn, args.txn_rows, work, codec, mysql, args.release_gil)
+                print(f"run {r + 1}: span threads {args.rows / t['wall']:>9,.0f} rows/s wall, process CPU "
+                      f"{1e6 * t['cpu'] / args.rows:.2f} us/row {1e6 * t['cpu'] / txns:.2f} us/txn, "
+                      f"{t['writes']} sink writes ({txns / max(1, t['writes']):.1f} txns each)", flush=True)
+                continue
             uri = args.sink or f"sqlite:///{work}/t.db"
             m = run_once(payloads, args.rows, end_lsn, uri, args.txn_rows, args.batch_rows, work, perf, codec)
             n = args.rows
             us = {k: 1e6 * v / n for k, v in m.items()}
+            ut = {k: 1e6 * v / txns for k, v in m.items()}
             print(f"run {r + 1}: puller {n / m['pull_wall']:>9,.0f} rows/s wall {n / m['pull_cpu']:>9,.0f} rows/s cpu | "
                   f"sink {n / m['sink_wall']:>9,.0f} rows/s wall {n / m['sink_cpu']:>9,.0f} rows/s cpu "
                   f"({us['sink_cpu']:.1f} us/row) | us/row cpu: puller {us['pull_cpu']:.2f} read {us['read_cpu']:.2f} "
                   f"mount {us['mount_cpu']:.2f} write {us['sink_cpu'] - us['read_cpu'] - us['mount_cpu']:.2f} | "
-                  f"sink phase, all threads {us['sink_proc']:.2f}",
+                  f"sink phase, all threads {us['sink_proc']:.2f} | us/txn cpu: puller {ut['pull_cpu']:.2f} "
+                  f"read {ut['read_cpu']:.2f} mount {ut['mount_cpu']:.2f} "
+                  f"write {ut['sink_cpu'] - ut['read_cpu'] - ut['mount_cpu']:.2f}",
                   flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 _ROW_OVERHEAD = 64  # Python bookkeeping per buffered row (list slots, int refs), roughly
 _TS = itemgetter(0)
+_NO_ABORTS: dict[int, int] = {}  # an unspilled transaction's ``aborted``: never written (``_spill`` gives it its own)
+_new_txn = tuple.__new__  # SortedTxn(...) without the Python frame of the namedtuple's __new__ (same object)
 
 
 class _OpenTxn:
@@ -40,14 +42,15 @@ class _OpenTxn:
 
     __slots__ = ("subs", "payloads", "nbytes", "spill", "aborted", "spilled_bytes")
 
-    def __init__(self) -> None:
-        self.subs: list[int] = []
-        self.payloads: list[bytes] = []
-        self.nbytes = 0
+    def __init__(self, subs: list[int], payloads: list[bytes], nbytes: int) -> None:
+        self.subs = subs
+        self.payloads = payloads
+        self.nbytes = nbytes
         self.spilled_bytes = 0  # payload bytes moved to the spill file (for metrics)
         self.spill: SpillFile | None = None  # once the transaction spilled
-        # subxid -> spill record watermark: spilled records of that subxid below it are rolled back
-        self.aborted: dict[int, int] = {}
+        # subxid -> spill record watermark: spilled records of that subxid below it are rolled back (a dict of its own
+        # from the first spill on: only a spilled transaction records any)
+        self.aborted: dict[int, int] = _NO_ABORTS
 
 
 class _Segment:
@@ -120,7 +123,7 @@ class LevelDBSpanSorter(SpanSorter):
             check_u64("subxid", subxid)
         txn = self._txns.get(xid)
         if txn is None:
-            txn = self._txns[xid] = _OpenTxn()
+            txn = self._txns[xid] = _OpenTxn([], [], 0)
         return txn
 
     def add(self, xid: int, subxid: int, payload: bytes) -> None:
@@ -146,9 +149,18 @@ class LevelDBSpanSorter(SpanSorter):
         threshold of ``add`` is reached by its last payload, hence by none (rows and bytes only grow)."""
         if not payloads:
             return
-        txn = self._open_txn(xid, subxid)
         n = len(payloads)
         nbytes = sum(map(len, payloads)) + _ROW_OVERHEAD * n
+        txn = self._txns.get(xid)
+        if txn is None:  # a new transaction (per transaction: one object, its lists built here)
+            if (n < self._spill_rows and nbytes < self._spill_bytes and self._buffered + nbytes <= self._half_budget
+                    and 0 <= xid <= U64_MAX and 0 <= subxid <= U64_MAX):
+                self._txns[xid] = _OpenTxn([subxid] * n, payloads[:], nbytes)
+                self._buffered += nbytes
+                return
+            txn = self._open_txn(xid, subxid)
+        elif not 0 <= subxid <= U64_MAX:
+            check_u64("subxid", subxid)
         if (len(txn.payloads) + n < self._spill_rows and txn.nbytes + nbytes < self._spill_bytes
                 and self._buffered + nbytes <= self._half_budget):
             txn.subs.extend(repeat(subxid, n))
@@ -205,21 +217,23 @@ class LevelDBSpanSorter(SpanSorter):
             self._txns.pop(xid, None)
             self._last_commit_ts = commit_ts
             return
-        if txn.spill is None:
+        if txn.spill is None:  # (per transaction: locals only, the record built without the namedtuple's frame)
             nbytes = txn.nbytes
-            rec = SortedTxn(commit_ts, commit_time, len(txn.payloads), txn.payloads,
-                            nbytes - _ROW_OVERHEAD * len(txn.payloads))
-            self.in_rows += rec.rows
-            self.in_bytes += rec.nbytes
+            payloads = txn.payloads
+            rows = len(payloads)
+            data = nbytes - _ROW_OVERHEAD * rows
+            rec = _new_txn(SortedTxn, (commit_ts, commit_time, rows, payloads, data))
+            self.in_rows += rows
+            self.in_bytes += data
             with self._lock:
                 seg = self._open
                 if seg is None or seg.closed:
                     seg = self._open = _Segment(commit_ts)
                     self._segments.append(seg)
-                assert seg.txns is not None
+                assert seg.txns is not None  # (an open segment is in memory)
                 seg.txns.append(rec)
                 seg.last_ts = commit_ts
-                seg.rows += rec.rows
+                seg.rows += rows
                 seg.nbytes += nbytes
                 self._committed_bytes += nbytes
                 full = seg.nbytes >= self._batch_bytes
@@ -405,6 +419,7 @@ class LevelDBSpanSorter(SpanSorter):
         """Append the buffer of ``txn`` to its spill file and empty it."""
         if txn.spill is None:
             txn.spill = SpillFile(self._storage.new_spill_path(self._uid))
+            txn.aborted = {}
         try:
             txn.spill.append(txn.subs, txn.payloads)
         except DB_ERRORS as e:

@@ -116,13 +116,14 @@ def strip_xid(msg: bytes) -> bytes:
 
 class WireStream:
     """A ``ReplicationStream`` stand-in that yields what ``ReplicationStream.messages`` yields for the given wire
-    messages (plain changes raw, everything else decoded; ``Keepalive`` objects as they are), then ends. Picklable
+    messages (plain changes, Begin and Commit raw, everything else decoded; ``Keepalive`` objects as they are), then ends. Picklable
     (module level): a span source built on it can run in a process of its own (``processor.source_process``)."""
 
     publication = "tidewater_pub_cf_0"
 
-    def __init__(self, wire: list[Any]) -> None:
+    def __init__(self, wire: list[Any], raw_begin_commit: bool = True) -> None:
         self.wire = wire
+        self.raw_begin_commit = raw_begin_commit  # Begin/Commit raw, as ReplicationStream yields them (else decoded)
 
     def open(self) -> None: ...
 
@@ -139,7 +140,8 @@ class WireStream:
             if isinstance(w, Keepalive):
                 yield w
                 continue
-            if not in_stream and w[0] in pgoutput.PLAIN_CHANGE_TYPES:
+            if not in_stream and (w[0] in pgoutput.PLAIN_CHANGE_TYPES or (
+                    self.raw_begin_commit and w[0] in (pgoutput.BEGIN, pgoutput.COMMIT))):
                 yield w
                 continue
             m = pgoutput.decode(w, in_stream)

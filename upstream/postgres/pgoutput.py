@@ -286,6 +286,22 @@ _FIRST_MARK = {_I: frozenset(b"N"), _U: frozenset(b"NKO"), _D: frozenset(b"KO")}
 
 
 PLAIN_CHANGE_TYPES = frozenset((_I, _U, _D))
+BEGIN, COMMIT = ord("B"), ord("C")  # first bytes of the (non-streamed) Begin and Commit messages, yielded raw too
+
+
+def begin_xid(buf: bytes) -> int:
+    """The xid of a raw Begin message ``buf`` (``decode(buf).xid``, checked as :func:`decode` checks it; raises
+    :class:`DecodeError` on malformed input). Per transaction on the puller's path: no Begin object."""
+    _check_len(buf, 21)
+    return _BEGIN.unpack_from(buf, 1)[2]  # type: ignore[no-any-return]
+
+
+def commit_position(buf: bytes) -> tuple[int, float]:
+    """``(end_lsn, commit_time)`` of a raw Commit message ``buf`` (those of ``decode(buf)``, checked as :func:`decode`
+    checks it; raises :class:`DecodeError` on malformed input). Per transaction: no Commit object."""
+    _check_len(buf, 26)
+    _flags, _commit_lsn, end_lsn, ts = _COMMIT.unpack_from(buf, 1)
+    return end_lsn, pg_time_to_unix(ts)
 
 
 def plain_change_relid(buf: bytes) -> int:

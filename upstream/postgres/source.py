@@ -502,6 +502,8 @@ class PgSpanSource(SpanSource):
         change_t, begin_t = pgoutput_messages.Change, pgoutput_messages.Begin
         commit_t = pgoutput_messages.Commit
         relid_of = self._decoder.codec.plain_change_relid
+        begin_b, commit_b = pgoutput.BEGIN, pgoutput.COMMIT
+        begin_xid, commit_position = pgoutput.begin_xid, pgoutput.commit_position
         add, add_many = buffer.add, buffer.add_many
         prefixes: dict[int, bytes] = {}  # schema version -> its encoded payload prefix
         # the plain changes of the current transaction not yet handed to the buffer: added as one run (add_many)
@@ -510,7 +512,22 @@ class PgSpanSource(SpanSource):
         try:
             for m in self.stream.messages(stop):
                 t = type(m)
-                if t is bytes:  # a non-streamed Insert/Update/Delete, raw (see ReplicationStream.messages)
+                if t is bytes:  # a non-streamed Insert/Update/Delete, Begin or Commit, raw (ReplicationStream.messages)
+                    first = m[0]
+                    if first == commit_b:
+                        if run:
+                            add_many(txn_xid, txn_xid, run)
+                            run = []
+                        end_lsn, commit_time = commit_position(m)
+                        resolved = self._commit(buffer, txn_xid, end_lsn, commit_time, skip_upto, resolved,
+                                                on_resolved)
+                        continue
+                    if first == begin_b:
+                        if run:  # (never: a Commit ended the last transaction)
+                            add_many(txn_xid, txn_xid, run)
+                            run = []
+                        txn_xid = begin_xid(m)
+                        continue
                     ver = relver.get(relid_of(m))
                     if ver is None:
                         continue

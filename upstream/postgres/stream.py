@@ -220,8 +220,9 @@ class ReplicationStream:
         """Yield pgoutput messages and Keepalive watermarks until ``stop`` is set.
 
         A non-streamed Insert/Update/Delete is yielded as its raw ``bytes`` (first byte in
-        ``pgoutput.PLAIN_CHANGE_TYPES``; ``pgoutput.plain_change_relid`` reads it), everything else
-        decoded (``pgoutput.decode``): one object less per row on the hottest path."""
+        ``pgoutput.PLAIN_CHANGE_TYPES``; ``pgoutput.plain_change_relid`` reads it), and so are Begin and Commit
+        (first byte ``pgoutput.BEGIN``/``COMMIT``; ``pgoutput.begin_xid``/``commit_position`` read them), everything
+        else decoded (``pgoutput.decode``): one object less per row, and two per transaction, on the hottest path."""
         cur = self._cur
         assert cur is not None, "open() first"
         in_stream = False
@@ -230,6 +231,7 @@ class ReplicationStream:
         last_mark = Keepalive(0, 0.0)
         decode = pgoutput.decode
         plain = pgoutput.PLAIN_CHANGE_TYPES
+        begin, commit = pgoutput.BEGIN, pgoutput.COMMIT
         while not stop.is_set():
             try:
                 msg = cur.read_message()
@@ -237,9 +239,15 @@ class ReplicationStream:
                 raise self._classify(exc) from exc
             if msg is not None:
                 buf = msg.payload
-                if not in_stream and buf and buf[0] in plain:
-                    yield buf
-                    continue
+                if not in_stream and buf:
+                    first = buf[0]
+                    if first in plain:
+                        yield buf
+                        continue
+                    if first in (begin, commit):
+                        in_txn = first == begin
+                        yield buf
+                        continue
                 m = decode(buf, in_stream)
                 t = type(m)
                 if t is pgoutput_messages.StreamStart:

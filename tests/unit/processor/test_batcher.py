@@ -56,7 +56,7 @@ def test_partially_consumed_batch_is_not_complete() -> None:
     b = TxnBatcher(entries([2, 2]), payload, max_rows=10)
     it = b.next_batch()
     next(it)
-    assert not b.batch_complete and b.last == Watermark(100, 10.0)
+    assert not b.batch_complete and b.last is None  # (given once the batch ends, not per transaction)
     assert len(list(it)) == 3 and b.batch_complete and b.last == Watermark(110, 11.0)
 
 
@@ -374,3 +374,28 @@ def test_ceilings_are_found_by_relation_oid_too() -> None:
     while b.has_more():
         marked += [(r.extra["p"], bool(r.extra.get(REPLAYED))) for r in b.next_batch()]
     assert marked == [(b"B130", True), (b"u130", False), (b"G130", False), (b"B200", False), (b"u200", False)]
+
+
+def test_single_row_transactions_are_mounted_with_their_own_commit_and_last_is_set_once_per_batch() -> None:
+    """The single-row path (no iterator per transaction) and ``last`` set at the batch's end: every row is mounted with
+    its own transaction's Ts and time, in order, and each batch's ``last`` is its newest transaction, also when the
+    floors' path (a copy's window: Ts <= 110 here) and the plain path follow each other within a batch."""
+    from types import SimpleNamespace
+
+    def mount(p: bytes, ts: int, tm: float) -> Any:
+        table = "public.t" if p.startswith(b"t") else "public.u"
+        return SimpleNamespace(schema=SimpleNamespace(name=table, relation_id=0), v=(p, ts, tm))
+
+    txns = [SortedTxn(ts, ts / 100, 1, [f"t{ts}".encode()]) for ts in (100, 110, 120, 130, 140)]
+    txns.insert(1, SortedTxn(105, 1.05, 1, [b"u105"]))  # at its table's floor: dropped
+    txns.insert(3, SortedTxn(115, 1.15, 2, [b"t115a", b"u115b"]))
+    b = TxnBatcher(txns, mount, max_rows=4, floors={"public.u": 110})
+    seen, lasts = [], []
+    while b.has_more():
+        rows, last, complete = drain(b)
+        assert complete
+        seen.extend(r.v for r in rows)
+        lasts.append(last)
+    assert seen == [(b"t100", 100, 1.0), (b"t110", 110, 1.1), (b"t115a", 115, 1.15), (b"u115b", 115, 1.15),
+                    (b"t120", 120, 1.2), (b"t130", 130, 1.3), (b"t140", 140, 1.4)]
+    assert lasts == [Watermark(115, 1.15), Watermark(140, 1.4)]

@@ -449,3 +449,25 @@ def test_runs_of_plain_changes_keep_stream_order_around_other_messages() -> None
     assert [raw for _, raw in got[2500:2502]] == [pgoutput.truncate_raw(7, 0), enc_insert(None, 7, ["9000", "b"])]
     assert [raw for _, raw in got[2503:]] == [enc_insert(None, 7, ["9001", "c", "5"]),
                                              enc_update(None, 7, ["9001", "d", "6"])]
+
+
+def test_raw_begin_and_commit_give_what_decoded_ones_gave() -> None:
+    """ReplicationStream yields Begin and Commit raw (no object per transaction); the source reads them with
+    ``pgoutput.begin_xid``/``commit_position``: the same transactions, Ts, times and watermarks as decoded ones (which
+    it still takes)."""
+    wire = [enc_relation(None, 7, "public", "t", "d", COLS),
+            *txn(100, 1000, enc_insert(None, 7, ["1", "a"]), enc_update(None, 7, ["1", "b"])),
+            *txn(101, 1500),  # (no change of a carried table)
+            *txn(102, 2000, enc_delete(None, 7, ["1", None])),
+            [enc_begin(2999, 5_000_000, 103), enc_insert(None, 7, ["2", "c"]), enc_commit(0, 2999, 3000, 7_000_000)]]
+    wire = [*wire[:-1], *wire[-1]]
+    out = []
+    for raw in (True, False):
+        sorter = MemorySorter().span("cf/0")
+        marks: list[Watermark] = []
+        source = PgSpanSource(FakeStream(wire, raw), TableFilter(("*.*",)), Watermark(1000, 0.0),  # type: ignore[arg-type]
+                              no_catalog, "cf/0")
+        drive(source, sorter, marks.append)
+        out.append(([(t.commit_ts, t.commit_time, list(t.payloads)) for t in sorter.read_txns(-1, MAX)], marks))
+    assert out[0] == out[1]
+    assert [ts for ts, _, _ in out[0][0]] == [2000, 3000] and out[0][0][1][1] == pgoutput_messages.pg_time_to_unix(7_000_000)

@@ -357,3 +357,20 @@ def test_in_stream_flag_mismatch_is_detected_where_the_layout_allows() -> None:
     msg = enc_relation(9, 1, "s", "t", "d", [(1, "a", 23, -1)])
     with pytest.raises(DecodeError):
         decode(msg, False)
+
+
+def test_begin_xid_and_commit_position_read_raw_messages_as_decode_does() -> None:
+    from tests.pgoutput_wire import enc_begin, enc_commit
+    from upstream.postgres import pgoutput
+
+    for xid, lsn, t in ((1, 16, 0), (2**32 - 1, 2**64 - 2, -5_000_000), (7, 1 << 40, 848_000_000_123_456)):
+        b, c = enc_begin(lsn, t, xid), enc_commit(0, lsn, lsn + 1, t)
+        assert pgoutput.begin_xid(b) == pgoutput.decode(b, False).xid
+        m = pgoutput.decode(c, False)
+        assert pgoutput.commit_position(c) == (m.end_lsn, m.commit_time)
+        for bad in (b[:-1], b + b"\0"):
+            with pytest.raises(DecodeError):
+                pgoutput.begin_xid(bad)
+        for bad in (c[:-1], c + b"\0"):
+            with pytest.raises(DecodeError):
+                pgoutput.commit_position(bad)
