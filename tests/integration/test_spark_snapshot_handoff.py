@@ -4,7 +4,8 @@ copying alongside Spark: run as its own process (as the capture runs it), every 
 or the other, and the target equals the snapshot row by row.
 
 To make the hand-off certain (not a race against Spark's start-up), the first table's target is locked by this
-test until the job logs that Spark is up: the driver's first chunk waits on the lock, so Spark gets the others."""
+test until the job logs that Spark is up (its Python workers started) and how many chunks the driver keeps: the
+driver's first chunk waits on the lock, so the split is certain."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def test_the_driver_copies_while_spark_starts_and_spark_copies_the_rest(
                                         stdout=subprocess.PIPE, stderr=log, text=True)
             try:
                 deadline = time.monotonic() + 120
-                while "spark session up" not in log_path.read_text(errors="replace"):
+                while "the driver keeps copying" not in log_path.read_text(errors="replace"):
                     assert proc.poll() is None, log_path.read_text()[-3000:]
                     assert time.monotonic() < deadline, log_path.read_text()[-3000:]
                     time.sleep(0.2)
