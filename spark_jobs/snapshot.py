@@ -326,6 +326,7 @@ class _SparkStarter:
         self._job = job
         self.ready = threading.Event()
         self._done = threading.Event()
+        self._abandoned = threading.Event()  # the job is done without Spark: a warm-up cut short is expected
         self._spark: Any = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="tidewater-spark-start", daemon=True)
@@ -336,7 +337,7 @@ class _SparkStarter:
             spark = spark_session(job.spark_master, {**DRIVER_CONF, **job.spark_conf},
                                   app_name=f"tidewater-snapshot-{job.changefeed}")
             self._spark = spark
-            warm_workers(spark, job)
+            warm_workers(spark, job, self._abandoned)
         except BaseException as exc:  # noqa: BLE001 - raised by session() in the caller's thread
             self._error = exc
         finally:
@@ -357,17 +358,19 @@ class _SparkStarter:
         return self._spark
 
     def stop(self) -> None:
+        self._abandoned.set()
         if self._done.is_set() and self._spark is not None:
             self._spark.stop()
             self._spark = None
 
 
-def warm_workers(spark: Any, job: SnapshotJob) -> None:
+def warm_workers(spark: Any, job: SnapshotJob, abandoned: threading.Event | None = None) -> None:
     """Start Spark's Python workers (one per task slot; reused by the chunk tasks: ``spark.python.worker.reuse``)
     and import the task code in them (:func:`spark_jobs.copy.preload`) while the driver still copies: measured on
     2 cores under load, a chunk job's first chunk began 5.4 s after its submission, most of it this start-up. Only
     for a ``local`` master (a cluster's executors may not be there yet: ``wait_for_executors``); a failure here is
-    logged, the chunk tasks then start their workers themselves."""
+    logged (at debug level once ``abandoned`` is set: the job ended without Spark), the chunk tasks then start their
+    workers themselves."""
     sc = spark.sparkContext
     if not str(sc.master).startswith("local"):
         return
@@ -376,6 +379,9 @@ def warm_workers(spark: Any, job: SnapshotJob) -> None:
     try:
         pids = sc.parallelize([job] * slots, slots).mapPartitions(preload).collect()
     except Exception as exc:  # noqa: BLE001 - only an optimisation: the chunk job reports its own errors
+        if abandoned is not None and abandoned.is_set():  # the driver copied everything first: Spark is going away
+            log.debug("%s: Spark's Python workers' start cut short: %s", job.label, one_line(str(exc)))
+            return
         log.warning("%s: could not start Spark's Python workers ahead of the copy: %s", job.label, one_line(str(exc)))
         return
     log.info("%s: %d Spark Python worker(s) started in %.1f s", job.label, len(set(pids)), time.monotonic() - t0)
