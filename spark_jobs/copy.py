@@ -46,10 +46,10 @@ from cdc.events import OpType, RowChange, TableSchema
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.snapshot import ChunkDone, ChunkMarker, CopiedChunk, SnapshotChunk
-from cdc.uri import redact_text
+from cdc.uri import parse_sink_uri, redact_text
 from sinks.base import BufferedSink, TxnSink
 from sinks.copy_roles import BulkLoad, CopyAnnouncer, DeferredKeyCopy, TextCopy
-from sinks.factory import open_sink
+from sinks.factory import open_sink, sink_class
 from spark_jobs.plan import SnapshotJob
 from spark_jobs.rejected import find_refused_row
 from upstream import open_upstream
@@ -81,6 +81,7 @@ class ChunkResult:
     error_code: str | None = None
     error: str | None = None
     as_text: bool = False  # written from the upstream's text, unparsed (TextCopy.write_copy_text)
+    ended: float = 0.0  # wall-clock time (time.time()) the chunk was recorded: where a task's time went
 
 
 def one_line(text: str) -> str:
@@ -159,6 +160,19 @@ def copy_chunk_at(reader: SnapshotReader, sink: TxnSink, task: ChunkTask, fence:
     return counter[0], False, at
 
 
+def preload(jobs: Iterable[SnapshotJob]) -> Iterator[int]:
+    """Import, in the Spark Python worker this runs in, the modules its chunk tasks need (this module, by
+    unpickling this function; the job's sink and upstream classes), and yield the worker's pid: run as a Spark
+    job before the chunks (``spark_jobs.snapshot``), it starts the executors' reused Python workers while the driver
+    still copies, so the chunk tasks start on warm workers. No I/O (no connection is opened)."""
+    import os
+
+    for job in jobs:
+        sink_class(parse_sink_uri(job.sink).scheme)
+        open_upstream(job.upstream).close()
+        yield os.getpid()
+
+
 def _refused_row(reader: SnapshotReader, sink: TxnSink, task: ChunkTask, exc: DataRejected) -> DataRejected:
     """The error to report for a chunk the target refused: the refused row's, naming its table and key, when the
     search finds it (:mod:`spark_jobs.rejected`, run only after such a failure), else the chunk's own."""
@@ -209,7 +223,7 @@ def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
                 return
             log.info("%s: chunk %s copied %s: %d rows in %.2f s", job.label, chunk.label,
                      "as COPY text" if as_text else "parsed", rows, seconds)
-            yield ChunkResult(str(chunk.table_name), chunk.index, rows, seconds, as_text=as_text)
+            yield ChunkResult(str(chunk.table_name), chunk.index, rows, seconds, as_text=as_text, ended=time.time())
     finally:
         for closer in (reader, sink, client):
             if closer is not None:

@@ -15,8 +15,9 @@ Runs as its own process, never inside a capture's interpreter. Steps of :func:`r
    then all chunks go through one partition, in order. Every task reads its chunks under the same snapshot, writes
    each in one downstream transaction and records it in etcd (:mod:`spark_jobs.copy`). While the SparkSession
    starts (seconds: a JVM, then the executors' Python workers) the driver copies chunks itself, from the front of
-   the list, the same way (:class:`CopyWhileStarting`); Spark gets the chunks left once it is up, and is not waited
-   for when none is left (a copy of a few seconds does not pay Spark's start-up).
+   the list, the same way (:class:`CopyWhileStarting`); once Spark is up the driver keeps copying its share of the
+   chunks left (:func:`driver_share`) and Spark gets the others (each chunk goes to exactly one of them); Spark is not
+   waited for when none is left (a copy of a few seconds does not pay Spark's start-up).
 4. Collect the results: if a chunk failed, raise its error (chunks copied before stay recorded, so running
    the job again copies only the rest).
 5. Tables whose target the copy creates without its primary key (``SnapshotJob.defer_keys``, PostgreSQL:
@@ -65,7 +66,7 @@ from cdc.uri import parse_sink_uri
 from sinks.base import TxnSink
 from sinks.factory import open_sink, sink_class
 from spark_jobs.cds import DRIVER_JAVA_OPTIONS
-from spark_jobs.copy import ChunkResult, ChunkTask, copy_chunks, one_line
+from spark_jobs.copy import ChunkResult, ChunkTask, copy_chunks, one_line, preload
 from spark_jobs.deferred import KeyBuilder, OwedKey, prepare_table
 from spark_jobs.plan import SnapshotJob, read_job
 from spark_jobs.session import spark_session
@@ -221,6 +222,7 @@ def _copy(job: SnapshotJob, spark: Any, run: SnapshotRun, tasks: list[ChunkTask]
     t0 = time.monotonic()
     early: list[ChunkResult] = []
     starter: _SparkStarter | None = None
+    driver: CopyWhileStarting | None = None  # the driver copying its share alongside Spark's tasks
     if spark is None:
         # Spark takes seconds to start (a JVM, then the executors' Python workers): meanwhile this process copies
         # chunks itself, from the front of the list; Spark gets the rest once it is up, and is not waited for when
@@ -233,27 +235,53 @@ def _copy(job: SnapshotJob, spark: Any, run: SnapshotRun, tasks: list[ChunkTask]
         starter.start()
         try:
             starter.ready.wait()  # Spark is up (or failed), or this process copied everything (or failed)
+            if starter.up() and not local.failed():
+                # the driver is one more worker, not an idle coordinator: it keeps its share of the chunks left
+                share = driver_share(local.pending(), starter.session().sparkContext.defaultParallelism, job.sink)
+                if share > 0:
+                    spark = starter.session()
+                    _Stop.spark = spark
+                    tasks = local.hand_off(keep=share) + tasks
+                    driver = local
+                    log.info("%s: spark is up: the driver keeps copying %d chunk(s) of the %d left", job.label,
+                             share, share + len(tasks))
         finally:
-            early, left = local.finish()
-        tasks = left + tasks
-        if tasks and not any(r.error for r in early):
+            if driver is None:
+                early, left = local.finish()
+                tasks = left + tasks
+        if driver is None and tasks and not any(r.error for r in early):
             spark = starter.session()  # raises SparkUnavailable when it could not start
             _Stop.spark = spark
     results = early
     try:
+        spark_results: list[ChunkResult] = []
         if tasks and not any(r.error for r in early):
             wait_for_executors(spark, job)  # (a cluster master without workers: a retryable error, not a stall)
             slices = partitions(len(tasks), spark.sparkContext.defaultParallelism, job.sink)
             log.info("%s: run %s copying %d chunk(s) of %d in %d partition(s) on %s", job.label, run_id, len(tasks),
                      total, slices, spark.sparkContext.master)
+            t1, wall1 = time.monotonic(), time.time()
             try:
-                results = early + spark.sparkContext.parallelize(tasks, slices).mapPartitions(copy_chunks).collect()
+                spark_results = spark.sparkContext.parallelize(tasks, slices).mapPartitions(copy_chunks).collect()
             except Exception:
                 if _Stop.requested.is_set():  # the jobs were cancelled on request (SIGTERM)
                     raise KeyboardInterrupt("stop requested") from None
                 raise
+            # what Spark's tasks cost besides their chunks (task and Python worker start, imports, connections):
+            # the wall time times the tasks at once, less the seconds their chunks took
+            first = min((r.ended - r.seconds for r in spark_results if r.ended), default=wall1)
+            log.info("%s: spark copied %d chunk(s), %d rows in %.1f s (first chunk began after %.1f s: task and Python "
+                     "worker start); its chunks took %.1f s of its %d task slot(s)", job.label, len(spark_results),
+                     sum(r.rows for r in spark_results), time.monotonic() - t1, first - wall1,
+                     sum(r.seconds for r in spark_results), min(slices, spark.sparkContext.defaultParallelism))
+        if driver is not None:  # the driver's share: copied to its end unless one of its chunks failed
+            early, _left = driver.finish(drain=True)
+            driver = None
+        results = early + spark_results
         report.seconds = time.monotonic() - t0
     finally:
+        if driver is not None:  # Spark failed or the job was stopped: the driver takes no further chunk
+            driver.finish()
         if starter is not None:  # also when stopped: ends the Python workers, so nothing keeps writing
             _Stop.spark = _Stop.fence_out = None
             starter.stop()
@@ -298,6 +326,7 @@ class _SparkStarter:
         self._job = job
         self.ready = threading.Event()
         self._done = threading.Event()
+        self._abandoned = threading.Event()  # the job is done without Spark: a warm-up cut short is expected
         self._spark: Any = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="tidewater-spark-start", daemon=True)
@@ -305,8 +334,10 @@ class _SparkStarter:
     def _run(self) -> None:
         job = self._job
         try:
-            self._spark = spark_session(job.spark_master, {**DRIVER_CONF, **job.spark_conf},
-                                        app_name=f"tidewater-snapshot-{job.changefeed}")
+            spark = spark_session(job.spark_master, {**DRIVER_CONF, **job.spark_conf},
+                                  app_name=f"tidewater-snapshot-{job.changefeed}")
+            self._spark = spark
+            warm_workers(spark, job, self._abandoned)
         except BaseException as exc:  # noqa: BLE001 - raised by session() in the caller's thread
             self._error = exc
         finally:
@@ -316,6 +347,10 @@ class _SparkStarter:
     def start(self) -> None:
         self._thread.start()
 
+    def up(self) -> bool:
+        """Whether the session is up (not still starting, not failed)."""
+        return self._done.is_set() and self._spark is not None
+
     def session(self) -> Any:
         self._done.wait()
         if self._error is not None:
@@ -323,9 +358,33 @@ class _SparkStarter:
         return self._spark
 
     def stop(self) -> None:
+        self._abandoned.set()
         if self._done.is_set() and self._spark is not None:
             self._spark.stop()
             self._spark = None
+
+
+def warm_workers(spark: Any, job: SnapshotJob, abandoned: threading.Event | None = None) -> None:
+    """Start Spark's Python workers (one per task slot; reused by the chunk tasks: ``spark.python.worker.reuse``)
+    and import the task code in them (:func:`spark_jobs.copy.preload`) while the driver still copies: measured on
+    2 cores under load, a chunk job's first chunk began 5.4 s after its submission, most of it this start-up. Only
+    for a ``local`` master (a cluster's executors may not be there yet: ``wait_for_executors``); a failure here is
+    logged (at debug level once ``abandoned`` is set: the job ended without Spark), the chunk tasks then start their
+    workers themselves."""
+    sc = spark.sparkContext
+    if not str(sc.master).startswith("local"):
+        return
+    t0 = time.monotonic()
+    slots = max(1, sc.defaultParallelism)
+    try:
+        pids = sc.parallelize([job] * slots, slots).mapPartitions(preload).collect()
+    except Exception as exc:  # noqa: BLE001 - only an optimisation: the chunk job reports its own errors
+        if abandoned is not None and abandoned.is_set():  # the driver copied everything first: Spark is going away
+            log.debug("%s: Spark's Python workers' start cut short: %s", job.label, one_line(str(exc)))
+            return
+        log.warning("%s: could not start Spark's Python workers ahead of the copy: %s", job.label, one_line(str(exc)))
+        return
+    log.info("%s: %d Spark Python worker(s) started in %.1f s", job.label, len(set(pids)), time.monotonic() - t0)
 
 
 class CopyWhileStarting:
@@ -378,8 +437,33 @@ class CopyWhileStarting:
         for t in self._threads:
             t.start()
 
-    def finish(self) -> tuple[list[ChunkResult], list[ChunkTask]]:
-        self._stop.set()
+    def pending(self) -> int:
+        """Chunks not yet taken by a thread."""
+        return len(self._pending)
+
+    def failed(self) -> bool:
+        """Whether a chunk copied here failed (the threads take no further chunk)."""
+        with self._lock:
+            return any(r.error is not None for r in self._results)
+
+    def hand_off(self, keep: int) -> list[ChunkTask]:
+        """Take the pending chunks past the first ``keep`` away from this copier, in their order, and return them
+        (for Spark); the threads go on with the ``keep`` first. Each chunk is either returned or copied here,
+        never both (the deque's pops are atomic)."""
+        taken: list[ChunkTask] = []
+        while len(self._pending) > keep:
+            try:
+                taken.append(self._pending.pop())
+            except IndexError:  # (the threads took the last ones meanwhile)
+                break
+        taken.reverse()
+        return taken
+
+    def finish(self, drain: bool = False) -> tuple[list[ChunkResult], list[ChunkTask]]:
+        """Stop taking chunks (``drain``: only once none is left, or one failed), let the chunks in progress end,
+        and return the results and the chunks not copied."""
+        if not drain:
+            self._stop.set()
         for t in self._threads:
             t.join()
         if self._results:
@@ -387,6 +471,16 @@ class CopyWhileStarting:
                      len(self._results), sum(r.rows for r in self._results), len(self._threads),
                      time.monotonic() - self._t0)
         return self._results, list(self._pending)
+
+
+def driver_share(pending: int, parallelism: int, sink: str) -> int:
+    """How many of the ``pending`` chunks the driver keeps copying itself once Spark is up: it is one worker next
+    to Spark's ``parallelism`` tasks, so one share in ``parallelism + 1`` (rounded down; on a 2-core host with the
+    databases on it Spark's two Python workers were measured slower together than the driver's one thread,
+    docs/benchmarks.md), none into SQLite (a single writer: every chunk in one Spark partition, in order)."""
+    if sink.lower().startswith("sqlite:") or pending <= 0:
+        return 0
+    return pending // (max(1, parallelism) + 1)
 
 
 def local_threads(job: SnapshotJob) -> int:

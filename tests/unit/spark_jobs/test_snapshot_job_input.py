@@ -274,3 +274,36 @@ def test_a_copy_without_spark_runs_on_as_many_threads_as_a_local_master_has_core
     assert idle.wait(5)  # a failure stops every thread
     done, left = local.finish()
     assert 1 <= len(done) <= 2 and len(done) + len(left) == 5
+
+
+def test_once_spark_is_up_the_driver_keeps_its_share_and_hands_the_rest_over_each_chunk_once() -> None:
+    import threading
+
+    from spark_jobs.copy import ChunkResult
+    from spark_jobs.snapshot import CopyWhileStarting, driver_share
+
+    assert driver_share(8, 2, "mysql://u@h/t") == 2  # one worker next to Spark's two: a third, rounded down
+    assert driver_share(2, 2, "mysql://u@h/t") == 0
+    assert driver_share(8, 2, "sqlite:///t.db") == 0  # one writer: every chunk in one Spark partition
+
+    chunks = plan_from_bounds(SCHEMA.name, 90, 10, ("id",), [(str(i),) for i in range(10, 90, 10)]).chunks
+    tasks = [ChunkTask(JOB, SCHEMA, c) for c in chunks]  # 9 chunks
+    gate, first = threading.Semaphore(0), threading.Event()
+
+    def copy(it: Iterator[ChunkTask]) -> Iterator[ChunkResult]:
+        for t in it:
+            first.set()
+            assert gate.acquire(timeout=5)
+            yield ChunkResult(t.chunk.table, t.chunk.index, 10)
+
+    local = CopyWhileStarting(tasks, "cf", copy=copy)
+    local.start()
+    assert first.wait(5)  # chunk 0 in progress when Spark is up
+    assert local.pending() == 8 and not local.failed()
+    handed = local.hand_off(keep=driver_share(local.pending(), 2, "mysql://u@h/t"))
+    assert [t.chunk.index for t in handed] == [3, 4, 5, 6, 7, 8]  # the back of the list, in order
+    for _ in range(3):
+        gate.release()
+    done, left = local.finish(drain=True)  # not stopped: the driver copies its share to its end
+    assert [r.chunk for r in done] == [0, 1, 2] and left == []
+    assert sorted([r.chunk for r in done] + [t.chunk.index for t in handed]) == list(range(9))
