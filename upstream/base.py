@@ -258,18 +258,9 @@ class ChangeDecoder(ABC):
         well-formed insert (kind 'I') or an update that carries nothing but its new row (kind 'U'), of ``ncols``
         values that are all ``str`` or ``None`` and that ``parse_row`` (a :meth:`row_parser` of this decoder)
         parses; else None (then :meth:`parse_change` handles it, or raises the precise error). Default: inserts
-        through :meth:`insert_values`. Meant to be bound once, like the other per-row members."""
-        ins = self.insert_values(payload, offset)
-        if ins is None:
-            return None
-        relid, new = ins
-        if len(new) != ncols or not all(v is None or type(v) is str for v in new):
-            return None
-        try:
-            row = parse_row(new)
-        except Exception:  # noqa: BLE001 - the caller's general path reports it
-            return None
-        return "I", relid, row, new
+        through :meth:`insert_values` (:func:`plain_insert`). Meant to be bound once, like the other per-row
+        members."""
+        return plain_insert(self.insert_values, payload, offset, parse_row, ncols)
 
     def plain_mounter(self, plans: dict[int, PlainPlan], general: Mount) -> Mount:
         """The mounter's per-row function with its plain rows (those of :meth:`plain_row`) mounted by this decoder.
@@ -401,6 +392,24 @@ class RowReader(Protocol):
     def __call__(self, schema: TableSchema, keys: Sequence[tuple[Any, ...]]) -> list[dict[str, Any] | None]: ...
 
     def close(self) -> None: ...
+
+
+def plain_insert(insert_values: Callable[[bytes, int], tuple[int, list[Any]] | None], payload: bytes, offset: int,
+                 parse_row: Callable[[Sequence[Any]], tuple[Any, ...]], ncols: int
+                 ) -> tuple[str, int, tuple[Any, ...], list[Any]] | None:
+    """:meth:`ChangeDecoder.plain_row` of an insert read by ``insert_values``: ``("I", relid, parse_row(values),
+    values)`` when it holds ``ncols`` values, each text or NULL, that ``parse_row`` parses; else None."""
+    ins = insert_values(payload, offset)
+    if ins is None:
+        return None
+    relid, new = ins
+    if len(new) != ncols or not all(v is None or type(v) is str for v in new):
+        return None
+    try:
+        row = parse_row(new)
+    except Exception:  # noqa: BLE001 - the caller's general path reports it
+        return None
+    return "I", relid, row, new
 
 
 def planned_schema(reader: SnapshotReader, name: TableName, oid: int = 0) -> TableSchema:

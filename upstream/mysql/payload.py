@@ -16,7 +16,7 @@ from typing import Any
 
 from cdc.errors import DecodeError
 from cdc.events import UNCHANGED
-from upstream.base import ParsedChange
+from upstream.base import ParsedChange, plain_insert
 
 _HEAD = struct.Struct(">cI")
 _COUNT = struct.Struct(">H")
@@ -120,14 +120,4 @@ def plain_row(payload: bytes, offset: int, parse_row: Callable[[Sequence[Any]], 
     """:meth:`upstream.base.ChangeDecoder.plain_row` of a stored MySQL change: ``("I", relid, parse_row(values),
     values)`` when ``payload[offset:]`` is a well-formed insert of ``ncols`` values, each text or NULL (none absent),
     that ``parse_row`` parses; else None. (A stored update always carries its old row, so it is never plain.)"""
-    ins = insert_values(payload, offset)
-    if ins is None:
-        return None
-    relid, new = ins
-    if len(new) != ncols or not all(v is None or type(v) is str for v in new):
-        return None
-    try:
-        row = parse_row(new)
-    except Exception:  # noqa: BLE001 - the caller's general path reports it
-        return None
-    return "I", relid, row, new
+    return plain_insert(insert_values, payload, offset, parse_row, ncols)
