@@ -99,45 +99,37 @@ def kafka_topic(kafka_server: KafkaServer, request: pytest.FixtureRequest) -> st
 @pytest.fixture
 def pg_database(pg_server: PostgresServer, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh database on ``pg_server``; dropped afterwards together with its replication slots."""
-    name = _unique_name(request, "t", 63)
-    pg_server.start()  # no-op unless an earlier test stopped or killed the shared server
-    pg_server.create_database(name)
-    yield name
-    if pg_server.running:
-        pg_server.drop_database(name)
+    yield from _fresh_database(pg_server, request, 63)
 
 
 @pytest.fixture
 def mariadb_database(mariadb_server: MariaDBServer, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh database (schema) on ``mariadb_server``; dropped afterwards."""
-    name = _unique_name(request, "t", 64)
-    mariadb_server.start()  # no-op unless an earlier test stopped or killed the shared server
-    mariadb_server.create_database(name)
-    yield name
-    if mariadb_server.running:
-        mariadb_server.drop_database(name)
+    yield from _fresh_database(mariadb_server, request, 64)
 
 
 @pytest.fixture
 def mysql8_database(mysql8_server: MySQLServer, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh database on ``mysql8_server``; dropped afterwards."""
-    name = _unique_name(request, "t", 64)
-    mysql8_server.start()  # no-op unless an earlier test stopped or killed the shared server
-    mysql8_server.create_database(name)
-    yield name
-    if mysql8_server.running:
-        mysql8_server.drop_database(name)
+    yield from _fresh_database(mysql8_server, request, 64)
 
 
 @pytest.fixture
 def mysql_database(mysql_server: MariaDBServer, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh database on ``mysql_server`` (MariaDB, then MySQL 8); dropped afterwards."""
-    name = _unique_name(request, "t", 64)
-    mysql_server.start()  # no-op unless an earlier test stopped or killed the shared server
-    mysql_server.create_database(name)
+    yield from _fresh_database(mysql_server, request, 64)
+
+
+def _fresh_database(server: PostgresServer | MariaDBServer, request: pytest.FixtureRequest, limit: int
+                    ) -> Iterator[str]:
+    """A database named for the test (at most ``limit`` characters) on ``server``, started again first when an
+    earlier test stopped or killed the shared server; dropped afterwards while the server runs."""
+    name = _unique_name(request, "t", limit)
+    server.start()
+    server.create_database(name)
     yield name
-    if mysql_server.running:
-        mysql_server.drop_database(name)
+    if server.running:
+        server.drop_database(name)
 
 
 @pytest.fixture(scope="session")
