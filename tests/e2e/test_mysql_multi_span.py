@@ -16,15 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 from e2e_workload import FAST_LEASE, make_sink_uri, run_on_target, server_config, wait_for
 from test_mysql_failover import DB, assert_same, cli, pair  # noqa: F401 - pair: a fixture
-from test_mysql_upstream_e2e import binlog_end, mixed
+from test_mysql_upstream_e2e import binlog_end, mixed, target_rows
 
 from cdc.events import TableName
 from cdc.spans import span_of
 from playground.cluster import CdcServer
-from playground.compare import compare_mysql_tables, sqlalchemy_url
+from playground.compare import compare_mysql_tables
 from playground.servers import MariaDBServer, PostgresServer
 from upstream.mysql.positions import epoch_of
 from upstream.mysql.resume import ResumePoint
@@ -59,19 +58,6 @@ def cross_span(conn: Any, tables: list[str], txns: int, seed: int, start: int, p
             cur.execute("COMMIT")
             if pause:
                 time.sleep(pause)
-
-
-def target_rows(target: str, sql: str) -> list[tuple[Any, ...]]:
-    """The rows of ``sql`` on the target ([] when its table does not exist)."""
-    engine = sa.create_engine(sqlalchemy_url(target))
-    try:
-        with engine.connect() as conn:
-            try:
-                return [tuple(r) for r in conn.exec_driver_sql(sql)]
-            except sa.exc.DBAPIError:
-                return []
-    finally:
-        engine.dispose()
 
 
 def target_table(target: str, db: str, table: str) -> str:
