@@ -30,21 +30,27 @@ REPO = Path(__file__).resolve().parents[2]
 DB = "shop"
 
 
-@pytest.fixture
-def pair(tmp_path: Path) -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
-    """A fresh primary (server_id 1) with database ``shop`` and its GTID replica (server_id 2, log-slave-updates)."""
-    primary = MariaDBServer(tmp_path / "primary").start()
+def started_pair(kind: type[MariaDBServer], tmp_path: Path) -> Iterator[tuple[Any, Any]]:
+    """A fresh ``kind`` primary (server_id 1) with database ``shop`` and its GTID replica (server_id 2); both stopped
+    at the end (a fixture body: ``yield from``)."""
+    primary = kind(tmp_path / "primary").start()
     replica: MariaDBServer | None = None
     try:
         primary.create_database(DB)
         for stmt in SCHEMA:
             primary.execute(stmt, db=DB)
-        replica = MariaDBServer.replica_of(primary, tmp_path / "replica")
+        replica = kind.replica_of(primary, tmp_path / "replica")
         yield primary, replica
     finally:
         if replica is not None:
             replica.stop()
         primary.stop()
+
+
+@pytest.fixture
+def pair(tmp_path: Path) -> Iterator[tuple[MariaDBServer, MariaDBServer]]:
+    """A fresh MariaDB primary with database ``shop`` and its GTID replica (log-slave-updates)."""
+    yield from started_pair(MariaDBServer, tmp_path)
 
 
 @pytest.fixture(params=["mariadb", "mysql8"])
@@ -60,18 +66,7 @@ def any_pair(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[M
             pytest.skip("MySQL 8's failover runs into PostgreSQL only: the target side is the same code as MariaDB's, "
                         "which runs into every SQL target (suite time)")
         kind = MySQLServer
-    primary = kind(tmp_path / "primary").start()
-    replica: MariaDBServer | None = None
-    try:
-        primary.create_database(DB)
-        for stmt in SCHEMA:
-            primary.execute(stmt, db=DB)
-        replica = kind.replica_of(primary, tmp_path / "replica")
-        yield primary, replica
-    finally:
-        if replica is not None:
-            replica.stop()
-        primary.stop()
+    yield from started_pair(kind, tmp_path)
 
 
 def gtid_now(server: MariaDBServer) -> str:
