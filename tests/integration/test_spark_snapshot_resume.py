@@ -86,8 +86,10 @@ def test_a_killed_job_resumes_with_the_remaining_chunks(pg_server: Any, pg_datab
 
 def test_sigterm_stops_the_job_and_nothing_keeps_copying(pg_server: Any, pg_database: str, tmp_path: Path,
                                                        etcd_server: Any, cluster_id: str) -> None:
+    # 600 chunks: the fence-out after SIGTERM takes a thread start and an etcd write, which under load (2 cores,
+    # load average 10) took long enough for the last 57 chunks of a 60-chunk table (1.6 s of copying) to commit
     execute(pg_server, pg_database, "CREATE TABLE big (id int PRIMARY KEY, v text)",
-            "INSERT INTO big SELECT i, repeat('v', i % 50) FROM generate_series(1, 6000) i")
+            "INSERT INTO big SELECT i, repeat('v', i % 50) FROM generate_series(1, 60000) i")
     job = SnapshotJob(changefeed="cf-term", upstream=pg_server.uri(pg_database),
                       sink=f"sqlite:///{tmp_path / 'target.db'}", tables=("public.big",), etcd=(etcd_server.url,),
                       cluster=cluster_id, chunk_rows=100, spark_master="local[1]")
@@ -95,7 +97,7 @@ def test_sigterm_stops_the_job_and_nothing_keeps_copying(pg_server: Any, pg_data
     with EtcdClient([etcd_server.url]) as client:
         try:
             deadline = time.monotonic() + 90
-            while read_progress(client, cluster_id, "cf-term", 0).chunks_done < 3:
+            while (at_signal := read_progress(client, cluster_id, "cf-term", 0).chunks_done) < 3:
                 assert proc.poll() is None and time.monotonic() < deadline, proc.output()
                 time.sleep(0.02)
             rc = proc.stop(timeout=60)  # SIGTERM to the driver, as a pause or remove would send
@@ -106,7 +108,7 @@ def test_sigterm_stops_the_job_and_nothing_keeps_copying(pg_server: Any, pg_data
         assert err.rstrip().splitlines()[-1].startswith("snapshot copy interrupted") and "Traceback" not in err
         assert proc.failure() is None
         stopped = read_progress(client, cluster_id, "cf-term", 0)
-        assert stopped.chunks_done < stopped.chunks_total == 60
+        assert stopped.chunks_done < stopped.chunks_total == 600, (at_signal, err)
         assert stopped.runs == ()  # the stopping run fenced itself out: a worker still running commits nothing
         time.sleep(1.5)
         assert read_progress(client, cluster_id, "cf-term", 0).chunks_done == stopped.chunks_done
