@@ -211,7 +211,7 @@ def _copy(job: SnapshotJob, spark: Any, run: SnapshotRun, tasks: list[ChunkTask]
                  run_id, len(tasks), total, threads)
         t0 = time.monotonic()
         idle = threading.Event()
-        copier = CopyWhileStarting(tasks, job.label, on_idle=idle.set, threads=threads)
+        copier = CopyWhileStarting(tasks, job.label, on_idle=idle.set, threads=threads, halt=_Stop.requested)
         copier.start()
         try:
             idle.wait()
@@ -230,7 +230,7 @@ def _copy(job: SnapshotJob, spark: Any, run: SnapshotRun, tasks: list[ChunkTask]
         _Stop.fence_out = lambda: _end_own_run(job, run)  # a SIGTERM from now on fences this run out
         starter = _SparkStarter(job)
         mine, tasks = (tasks, []) if job.driver_copies else ([], tasks)
-        local = CopyWhileStarting(mine, job.label, on_idle=starter.ready.set)
+        local = CopyWhileStarting(mine, job.label, on_idle=starter.ready.set, halt=_Stop.requested)
         local.start()
         starter.start()
         try:
@@ -393,12 +393,15 @@ class CopyWhileStarting:
     Spark, all of them; :meth:`finish` lets the chunks in progress end (no chunk is left half written: each is one
     downstream transaction, recorded after its commit) and returns the results and the chunks left for Spark. A
     failed chunk stops every thread (its result carries the error). ``on_idle`` is called when all threads stopped
-    by themselves (no chunk left, or one failed)."""
+    by themselves (no chunk left, or one failed). Once ``halt`` is set (a stop request: SIGTERM) no thread takes a
+    further chunk, without waiting for the run's fence-out in etcd to reach the chunks' commits."""
 
     def __init__(self, tasks: list[ChunkTask], label: str,
                  copy: Callable[[Iterator[ChunkTask]], Iterator[ChunkResult]] = copy_chunks,
-                 on_idle: Callable[[], None] | None = None, threads: int = 1) -> None:
+                 on_idle: Callable[[], None] | None = None, threads: int = 1,
+                 halt: threading.Event | None = None) -> None:
         self._copy = copy
+        self._halt = halt if halt is not None else threading.Event()
         self._on_idle = on_idle
         self._pending = collections.deque(tasks)
         self._label = label
@@ -411,7 +414,7 @@ class CopyWhileStarting:
         self._t0 = 0.0
 
     def _take(self) -> Iterator[ChunkTask]:
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self._halt.is_set():
             try:
                 task = self._pending.popleft()
             except IndexError:

@@ -209,6 +209,35 @@ def test_chunks_are_copied_here_while_spark_starts_and_the_rest_is_left_for_spar
     assert len(done) <= 1 and len(done) + len(left) == 5
 
 
+def test_a_stop_request_lets_the_chunk_in_progress_end_and_takes_no_further_chunk() -> None:
+    """SIGTERM sets the job's stop event: the driver's copy threads take no new chunk at once (the fence-out in
+    etcd, a thread start and a write, came too late under load for a small table's last chunks)."""
+    import threading
+
+    from spark_jobs.copy import ChunkResult
+    from spark_jobs.snapshot import CopyWhileStarting
+
+    chunks = plan_from_bounds(SCHEMA.name, 50, 10, ("id",), [(str(i),) for i in (10, 20, 30, 40)]).chunks
+    tasks = [ChunkTask(JOB, SCHEMA, c) for c in chunks]
+    halt, started, gate = threading.Event(), threading.Event(), threading.Semaphore(0)
+
+    def copy(it: Iterator[ChunkTask]) -> Iterator[ChunkResult]:
+        for t in it:
+            started.set()
+            assert gate.acquire(timeout=5)
+            yield ChunkResult(t.chunk.table, t.chunk.index, 10)
+
+    idle = threading.Event()
+    local = CopyWhileStarting(tasks, "cf", copy=copy, on_idle=idle.set, halt=halt)
+    local.start()
+    assert started.wait(5)  # chunk 0 is in progress
+    halt.set()
+    gate.release()
+    assert idle.wait(5), "the thread stopped by itself"
+    done, left = local.finish()
+    assert [r.chunk for r in done] == [0] and [t.chunk.index for t in left] == [1, 2, 3, 4]
+
+
 def test_a_chunk_into_a_buffering_sink_is_flushed_into_a_file_before_copy_one_returns(tmp_path: Path) -> None:
     from sinks.factory import open_sink
     from sinks.storage.reader import rebuild
