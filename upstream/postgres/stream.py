@@ -276,10 +276,10 @@ class ReplicationStream:
                 last_feedback = now
             wal_end = cur.wal_end
             if not in_txn and wal_end:
-                mark = Keepalive(wal_end, self._time_for(wal_end))
-                if mark.ts > last_mark.ts or mark.time > last_mark.time:
-                    last_mark = mark
-                    yield mark
+                mark_time = self._time_for(wal_end)
+                if wal_end > last_mark.ts or mark_time > last_mark.time:  # (an object only when it moved)
+                    last_mark = Keepalive(wal_end, mark_time)
+                    yield last_mark
             try:
                 select.select([cur], [], [], 0.2)
             except (OSError, ValueError) as exc:
