@@ -34,7 +34,8 @@ Guarantees:
   in progress ends after its downstream transaction); ``(id, ts)``: everything up to commit Ts ``ts`` -- and once its
   checkpoint is exactly there sets ``verify_held`` to ``(id, point)``, which the processor stores in
   ``SpanStatus.held_id``/``held_ts``. Reading and sorting go on; the slot is confirmed only up to the checkpoint.
-- Passes, not transactions: the source wakes the sink thread after each commit, and a pass writes everything committed
+- Passes, not transactions: the source wakes the sink thread when it reports resolved (after each commit, or once for
+  the commits of one read of its stream: ``upstream.postgres.source``), and a pass writes everything committed
   up to the resolved watermark; a pass that wrote is followed by the next one no sooner than ``PASS_GAP`` (2 ms) after
   it ended, so transactions that arrive faster than that share a pass (one wake-up, one batcher, one sink write:
   single-row transactions cost one pass each without it, ~50 us). A transaction waits at most ``PASS_GAP`` more;
@@ -602,8 +603,9 @@ class SpanRunner:
 
     # ---- threads ---------------------------------------------------------------------------------
     def _on_resolved(self, w: Watermark) -> None:
-        """Called by the source after each commit: the sink thread wakes (``Event.set`` only when the event is not
-        already set: while the sink thread is busy, the source's commits take no lock here)."""
+        """Called by the source when it reports resolved (after a commit or a run of them): the sink thread wakes
+        (``Event.set`` only when the event is not already set: while the sink thread is busy, the source's reports take
+        no lock here)."""
         self.resolved = w
         if not self._wake.is_set():
             self._wake.set()

@@ -21,6 +21,8 @@ prints the process CPU per row and per transaction and how many transactions eac
 of the two threads handing transactions over (wake-ups, one batch per wake) that the phases do not show.
 ``--threads --release-gil``: the fake stream releases the GIL after each commit (``time.sleep(0)``), as reading a
 socket between messages does, which lets the sink thread wake per transaction (the e2e case the phases cannot show).
+``--idle-every N``: the fake stream's idle mark (``None``, what ``ReplicationStream.messages`` yields before it waits)
+after every N commits: how often the puller reports its resolved watermark (0: a catch-up read in one go).
 ``--threads --mysql`` feeds stored MySQL changes (workload (o)'s mix: updates with both images, inserts, deletes)
 straight into the sorter, as the MySQL span source hands them over, without a binlog: the part of a MySQL span's
 cost after its source.
@@ -112,20 +114,25 @@ def build_wal(rows: int, txn: int) -> tuple[list[bytes], int]:
 class FakeStream:
     """Stands in for ReplicationStream: decodes the pre-built payloads, then stops."""
 
-    def __init__(self, payloads: list[bytes], release_gil: bool = False) -> None:
+    def __init__(self, payloads: list[bytes], release_gil: bool = False, idle_every: int = 0) -> None:
         self.payloads = payloads
         self.release_gil = release_gil  # after each Commit, as a socket read between messages does
+        self.idle_every = idle_every  # the stream's idle mark (None) after every this many Commits (0: never)
 
     def open(self) -> None:
         pass
 
     def messages(self, stop: threading.Event) -> Iterator[Any]:
         decode, plain = pgoutput.decode, getattr(pgoutput, "PLAIN_CHANGE_TYPES", frozenset())
-        release = self.release_gil
+        release, idle_every, commits = self.release_gil, self.idle_every, 0
         for p in self.payloads:  # as ReplicationStream.messages: plain changes stay raw bytes
             yield p if p[0] in plain or p[0] in (66, 67) else decode(p, False)  # (Begin, Commit: raw too)
-            if release and p[0] == 67:  # b"C"
-                time.sleep(0)
+            if p[0] == 67:  # b"C"
+                if release:
+                    time.sleep(0)
+                commits += 1
+                if idle_every and commits % idle_every == 0:
+                    yield None
 
     def ack(self, lsn: int) -> None:
         pass
@@ -184,12 +191,12 @@ class PerfControl:
 
 
 def run_once(payloads: list[bytes], rows: int, end_lsn: int, sink_uri: str, txn_rows: int, batch_rows: int,
-             work: Path, perf: PerfControl, codec: Any = None) -> dict[str, float]:
+             work: Path, perf: PerfControl, codec: Any = None, idle_every: int = 0) -> dict[str, float]:
     sorter = LevelDBSorter(work / "sorter", fresh=True)
     sp = sorter.span("bench/0")
     sp.clear()
     extra = {} if codec is None else {"codec": codec}
-    puller = PgSpanSource(FakeStream(payloads), TableFilter(["*.*"]), Watermark(0, 0.0), no_catalog, "bench",  # type: ignore[arg-type]
+    puller = PgSpanSource(FakeStream(payloads, idle_every=idle_every), TableFilter(["*.*"]), Watermark(0, 0.0), no_catalog, "bench",  # type: ignore[arg-type]
                           **extra)
     resolved: list[Watermark] = []
     stop = threading.Event()
@@ -323,8 +330,8 @@ class MySqlShapedSource:
 
 
 def run_threads(payloads: list[bytes], rows: int, txns: int, end_lsn: int, txn_rows: int, work: Path,
-                codec: Any = None, mysql: MySqlShapedSource | None = None, release_gil: bool = False
-                ) -> dict[str, float]:
+                codec: Any = None, mysql: MySqlShapedSource | None = None, release_gil: bool = False,
+                idle_every: int = 0) -> dict[str, float]:
     """The span as a capture runs it: a ``SpanRunner``'s puller and sink threads side by side (the source feeding the
     LevelDB sorter while the sink thread drains it into blackhole), the processor's part played by this thread
     (``persisted`` every 0.2 s, as its report pass stores checkpoints). Process CPU of the whole catch-up."""
@@ -334,7 +341,7 @@ def run_threads(payloads: list[bytes], rows: int, txns: int, end_lsn: int, txn_r
     sp = sorter.span("bench/0")
     extra = {} if codec is None else {"codec": codec}
     source: Any = (mysql if mysql is not None else
-                   PgSpanSource(FakeStream(payloads, release_gil), TableFilter(["*.*"]), Watermark(0, 0.0), no_catalog, "bench",  # type: ignore[arg-type]
+                   PgSpanSource(FakeStream(payloads, release_gil, idle_every), TableFilter(["*.*"]), Watermark(0, 0.0), no_catalog, "bench",  # type: ignore[arg-type]
                                 **extra))
     if mysql is not None:
         end_lsn = mysql.end_ts
@@ -376,6 +383,9 @@ def main() -> None:
                     "after each commit (time.sleep(0)), as a real socket read between messages does")
     ap.add_argument("--mysql", action="store_true", help="with --threads: stored MySQL changes of workload (o) "
                     "instead of the PostgreSQL source (sorter, batcher and mounter of a MySQL span)")
+    ap.add_argument("--idle-every", type=int, default=0, help="the fake stream yields its idle mark (None: everything "
+                    "received is read, as ReplicationStream does before it waits) after every this many commits "
+                    "(default 0: never, a catch-up read in one go; 1: a reader that keeps up with each transaction)")
     args = ap.parse_args()
     codec = None
     if args.codec:
@@ -394,13 +404,15 @@ def main() -> None:
             work.mkdir()
             if args.threads:
                 mysql = MySqlShapedSource(args.rows, args.txn) if args.mysql else None
-                t = run_threads(payloads, args.rows, txns, end_lsn, args.txn_rows, work, codec, mysql, args.release_gil)
+                t = run_threads(payloads, args.rows, txns, end_lsn, args.txn_rows, work, codec, mysql, args.release_gil,
+                                args.idle_every)
                 print(f"run {r + 1}: span threads {args.rows / t['wall']:>9,.0f} rows/s wall, process CPU "
                       f"{1e6 * t['cpu'] / args.rows:.2f} us/row {1e6 * t['cpu'] / txns:.2f} us/txn, "
                       f"{t['writes']} sink writes ({txns / max(1, t['writes']):.1f} txns each)", flush=True)
                 continue
             uri = args.sink or f"sqlite:///{work}/t.db"
-            m = run_once(payloads, args.rows, end_lsn, uri, args.txn_rows, args.batch_rows, work, perf, codec)
+            m = run_once(payloads, args.rows, end_lsn, uri, args.txn_rows, args.batch_rows, work, perf, codec,
+                         args.idle_every)
             n = args.rows
             us = {k: 1e6 * v / n for k, v in m.items()}
             ut = {k: 1e6 * v / txns for k, v in m.items()}

@@ -117,13 +117,18 @@ def strip_xid(msg: bytes) -> bytes:
 class WireStream:
     """A ``ReplicationStream`` stand-in that yields what ``ReplicationStream.messages`` yields for the given wire
     messages (plain changes, Begin and Commit raw, everything else decoded; ``Keepalive`` objects as they are), then ends. Picklable
-    (module level): a span source built on it can run in a process of its own (``processor.source_process``)."""
+    (module level): a span source built on it can run in a process of its own (``processor.source_process``).
+
+    ``idle_after_commit``: the stream's idle mark (``None``: everything received is read) after each Commit, as a
+    reader that keeps up with the walsender sees it (the default); False: none at all, the wire read in one go (a
+    catch-up). ``None`` items of ``wire`` are yielded as they are (an idle mark where the test puts one)."""
 
     publication = "tidewater_pub_cf_0"
 
-    def __init__(self, wire: list[Any], raw_begin_commit: bool = True) -> None:
+    def __init__(self, wire: list[Any], raw_begin_commit: bool = True, idle_after_commit: bool = True) -> None:
         self.wire = wire
         self.raw_begin_commit = raw_begin_commit  # Begin/Commit raw, as ReplicationStream yields them (else decoded)
+        self.idle_after_commit = idle_after_commit
 
     def open(self) -> None: ...
 
@@ -137,12 +142,15 @@ class WireStream:
 
         in_stream = False
         for w in self.wire:
-            if isinstance(w, Keepalive):
+            if w is None or isinstance(w, Keepalive):
                 yield w
                 continue
+            idle = self.idle_after_commit and not in_stream and w[0] == pgoutput.COMMIT
             if not in_stream and (w[0] in pgoutput.PLAIN_CHANGE_TYPES or (
                     self.raw_begin_commit and w[0] in (pgoutput.BEGIN, pgoutput.COMMIT))):
                 yield w
+                if idle:
+                    yield None
                 continue
             m = pgoutput.decode(w, in_stream)
             if isinstance(m, pgoutput_messages.StreamStart):
@@ -150,6 +158,8 @@ class WireStream:
             elif isinstance(m, pgoutput_messages.StreamStop):
                 in_stream = False
             yield m
+            if idle:
+                yield None
 
 
 def no_catalog() -> None:

@@ -34,6 +34,7 @@ from cdc.errors import DecodeError
 from cdc.events import UNCHANGED
 from upstream.base import ParsedChange  # the interface's type: parse_change returns it
 from upstream.postgres.pgoutput_messages import (
+    PG_EPOCH_UNIX,
     Begin,
     Change,
     Commit,
@@ -107,6 +108,7 @@ _U32 = struct.Struct(">I")
 _U32_U32 = struct.Struct(">II")
 _BEGIN = struct.Struct(">QqI")  # final_lsn, commit_time, xid
 _COMMIT = struct.Struct(">BQQq")  # flags, commit_lsn, end_lsn, commit_time
+_COMMIT_END = struct.Struct(">Qq")  # end_lsn, commit_time: a Commit's bytes 10..26
 _STREAM_START = struct.Struct(">IB")
 _STREAM_COMMIT = struct.Struct(">IBQQq")
 _STREAM_ABORT = struct.Struct(">II")
@@ -292,16 +294,18 @@ BEGIN, COMMIT = ord("B"), ord("C")  # first bytes of the (non-streamed) Begin an
 def begin_xid(buf: bytes) -> int:
     """The xid of a raw Begin message ``buf`` (``decode(buf).xid``, checked as :func:`decode` checks it; raises
     :class:`DecodeError` on malformed input). Per transaction on the puller's path: no Begin object."""
-    _check_len(buf, 21)
-    return _BEGIN.unpack_from(buf, 1)[2]  # type: ignore[no-any-return]
+    if len(buf) != 21:  # (_check_len inline: one call less per transaction)
+        raise _error(buf, "expected 21 bytes")
+    return _U32.unpack_from(buf, 17)[0]  # type: ignore[no-any-return]
 
 
 def commit_position(buf: bytes) -> tuple[int, float]:
     """``(end_lsn, commit_time)`` of a raw Commit message ``buf`` (those of ``decode(buf)``, checked as :func:`decode`
     checks it; raises :class:`DecodeError` on malformed input). Per transaction: no Commit object."""
-    _check_len(buf, 26)
-    _flags, _commit_lsn, end_lsn, ts = _COMMIT.unpack_from(buf, 1)
-    return end_lsn, pg_time_to_unix(ts)
+    if len(buf) != 26:  # (_check_len and pg_time_to_unix inline: two calls less per transaction)
+        raise _error(buf, "expected 26 bytes")
+    end_lsn, ts = _COMMIT_END.unpack_from(buf, 10)
+    return end_lsn, PG_EPOCH_UNIX + ts / 1_000_000
 
 
 def plain_change_relid(buf: bytes) -> int:

@@ -14,6 +14,13 @@ mutated once published).
 Hot path: ``run`` is well under a microsecond per row; a non-streamed Insert/Update/Delete arrives as raw bytes and
 is stored as ``version prefix + raw`` with locals only (no per-row object, no attribute lookups), the changes of a
 transaction handed to the buffer in runs (``add_many``) before any other message is handled.
+
+Resolved: the commits of plain transactions are reported (``on_resolved``) together, not one by one: at the
+stream's idle mark (``None``: it has read everything received so far and is about to wait), before any other message
+is handled, at the end of the stream, and at least every ``_REPORT_EVERY`` commits while the stream has more to read
+at once. One ``Watermark`` and one call per such moment instead of per transaction; the sink thread reads what was
+reported no sooner anyway (``processor.span.PASS_GAP``), and a commit waits for its report at most until the
+stream's buffer is read (a catch-up: at most ``_REPORT_EVERY`` transactions).
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ from upstream.postgres.stream import Keepalive, ReplicationStream
 log = logging.getLogger(__name__)
 
 _RUN_ROWS = 1024  # plain changes handed to the buffer in one add_many at most
+# plain commits reported resolved in one on_resolved at most (module docstring, "Resolved"): while the stream has more
+# to read at once, a report per this many commits; whenever it has nothing (its idle mark), at once
+_REPORT_EVERY = 32
 
 
 def merge_schema(rel: pgoutput_messages.Relation, current: TableSchema | None, version: int,
@@ -504,8 +514,13 @@ class PgSpanSource(SpanSource):
         relid_of = self._decoder.codec.plain_change_relid
         begin_b, commit_b = pgoutput.BEGIN, pgoutput.COMMIT
         begin_xid, commit_position = pgoutput.begin_xid, pgoutput.commit_position
-        add, add_many = buffer.add, buffer.add_many
+        add, add_many, commit = buffer.add, buffer.add_many, buffer.commit
         prefixes: dict[int, bytes] = {}  # schema version -> its encoded payload prefix
+        # the resolved watermark not yet reported (module docstring, "Resolved"): pend_ts > resolved.ts while commits
+        # wait for the report; ``unreported`` counts them
+        pend_ts, pend_time = resolved.ts, resolved.time
+        unreported = 0
+        report_every = _REPORT_EVERY
         # the plain changes of the current transaction not yet handed to the buffer: added as one run (add_many)
         # before any other message is handled, so the buffer sees every change in stream order
         run: list[bytes] = []
@@ -519,8 +534,20 @@ class PgSpanSource(SpanSource):
                             add_many(txn_xid, txn_xid, run)
                             run = []
                         end_lsn, commit_time = commit_position(m)
-                        resolved = self._commit(buffer, txn_xid, end_lsn, commit_time, skip_upto, resolved,
-                                                on_resolved)
+                        if end_lsn <= skip_upto or self._unrecorded or self._ddl_seq:
+                            if not self._commit(buffer, txn_xid, end_lsn, commit_time, skip_upto):
+                                continue
+                        else:  # (the common case without a call of _commit)
+                            commit(txn_xid, end_lsn, commit_time)
+                        if end_lsn > pend_ts:
+                            pend_ts = end_lsn
+                            if commit_time > pend_time:
+                                pend_time = commit_time
+                            unreported += 1
+                            if unreported >= report_every:
+                                resolved = Watermark(pend_ts, pend_time)
+                                on_resolved(resolved)
+                                unreported = 0
                         continue
                     if first == begin_b:
                         if run:  # (never: a Commit ended the last transaction)
@@ -542,6 +569,12 @@ class PgSpanSource(SpanSource):
                 if run:
                     add_many(txn_xid, txn_xid, run)
                     run = []
+                if unreported:  # any other message (the stream's idle mark, None, among them) reports the commits
+                    resolved = Watermark(pend_ts, pend_time)
+                    on_resolved(resolved)
+                    unreported = 0
+                if m is None:
+                    continue
                 if t is change_t:
                     ver = relver.get(m.relid)
                     if ver is None:
@@ -553,8 +586,9 @@ class PgSpanSource(SpanSource):
                 elif t is begin_t:
                     txn_xid = m.xid
                 elif t is commit_t:
-                    resolved = self._commit(buffer, txn_xid, m.end_lsn, m.commit_time, skip_upto, resolved,
-                                            on_resolved)
+                    if self._commit(buffer, txn_xid, m.end_lsn, m.commit_time, skip_upto) and m.end_lsn > resolved.ts:
+                        resolved = Watermark(m.end_lsn, max(m.commit_time, resolved.time))
+                        on_resolved(resolved)
                 elif t is Keepalive:
                     if m.ts > resolved.ts or (m.ts == resolved.ts and m.time > resolved.time):
                         resolved = Watermark(max(m.ts, resolved.ts), max(m.time, resolved.time))
@@ -564,8 +598,9 @@ class PgSpanSource(SpanSource):
                 elif t is pgoutput_messages.StreamStop:
                     stream_xid = 0
                 elif t is pgoutput_messages.StreamCommit:
-                    resolved = self._commit(buffer, m.xid, m.end_lsn, m.commit_time, skip_upto, resolved,
-                                            on_resolved)
+                    if self._commit(buffer, m.xid, m.end_lsn, m.commit_time, skip_upto) and m.end_lsn > resolved.ts:
+                        resolved = Watermark(m.end_lsn, max(m.commit_time, resolved.time))
+                        on_resolved(resolved)
                 elif t is pgoutput_messages.StreamAbort:
                     buffer.abort(m.xid, m.subxid)
                     if self._ddl_seq:
@@ -593,8 +628,11 @@ class PgSpanSource(SpanSource):
                     else:
                         self._on_message(m, stream_xid, m.xid)
                 # Origin and Type messages carry nothing we replicate.
+                pend_ts, pend_time = resolved.ts, resolved.time
             if run:  # (the stream ended inside a transaction: its changes are in the buffer, uncommitted)
                 add_many(txn_xid, txn_xid, run)
+            if unreported:  # (the stream ended, or stop: the commits read are in the buffer)
+                on_resolved(Watermark(pend_ts, pend_time))
         finally:
             if self._catalog_conn is not None:
                 try:
@@ -603,8 +641,10 @@ class PgSpanSource(SpanSource):
                     pass
                 self._catalog_conn = None
 
-    def _commit(self, buffer: ChangeBuffer, xid: int, end_lsn: int, commit_time: float, skip_upto: int,
-                resolved: Watermark, on_resolved: Callable[[Watermark], None]) -> Watermark:
+    def _commit(self, buffer: ChangeBuffer, xid: int, end_lsn: int, commit_time: float, skip_upto: int) -> bool:
+        """Transaction ``xid`` committed at ``end_lsn``: its schema versions and schema change recorded, the buffer's
+        commit; or, at or below ``skip_upto`` (already downstream before the restart), its abort. Whether it was
+        committed in the buffer (the caller then reports it resolved)."""
         if self._unrecorded:  # valid from this commit on (a version seen in a rolled-back one is still in use)
             with self._warnings_lock:
                 self._versions.extend((end_lsn, s) for s in self._unrecorded)
@@ -618,9 +658,6 @@ class PgSpanSource(SpanSource):
                     self._ddl_commit_log.append(end_lsn)
         if end_lsn <= skip_upto:
             buffer.abort(xid, xid)  # already downstream before the restart
-            return resolved
+            return False
         buffer.commit(xid, end_lsn, commit_time)
-        if end_lsn > resolved.ts:
-            resolved = Watermark(end_lsn, max(commit_time, resolved.time))
-            on_resolved(resolved)
-        return resolved
+        return True

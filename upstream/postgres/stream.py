@@ -4,7 +4,8 @@
 keeps no data: the caller owns ordering and buffering.
 
 Guarantees:
-- Messages are yielded exactly in the order the walsender sent them; transactions arrive in commit
+- Messages are yielded exactly in the order the walsender sent them (and ``None`` whenever nothing more has been
+  received yet); transactions arrive in commit
   order (streamed chunks of in-progress transactions interleave between them).
 - ``Keepalive(ts, time)`` is yielded only outside a non-streamed transaction and means: every
   transaction with commit end LSN <= ts has already been yielded. ``time`` is a wall-clock moment at
@@ -222,7 +223,9 @@ class ReplicationStream:
         A non-streamed Insert/Update/Delete is yielded as its raw ``bytes`` (first byte in
         ``pgoutput.PLAIN_CHANGE_TYPES``; ``pgoutput.plain_change_relid`` reads it), and so are Begin and Commit
         (first byte ``pgoutput.BEGIN``/``COMMIT``; ``pgoutput.begin_xid``/``commit_position`` read them), everything
-        else decoded (``pgoutput.decode``): one object less per row, and two per transaction, on the hottest path."""
+        else decoded (``pgoutput.decode``): one object less per row, and two per transaction, on the hottest path.
+        ``None`` each time it has read everything received so far, before it waits for more: a reader may gather work
+        per message and act on it there (``PgSpanSource`` reports its resolved watermark then)."""
         cur = self._cur
         assert cur is not None, "open() first"
         in_stream = False
@@ -260,6 +263,7 @@ class ReplicationStream:
                     in_txn = False
                 yield m
                 continue
+            yield None  # nothing more to read right now (the caller's cue to report what it has read)
             now = time.monotonic()
             if now - last_feedback >= self.feedback_interval:
                 self._sample()
@@ -272,10 +276,10 @@ class ReplicationStream:
                 last_feedback = now
             wal_end = cur.wal_end
             if not in_txn and wal_end:
-                mark = Keepalive(wal_end, self._time_for(wal_end))
-                if mark.ts > last_mark.ts or mark.time > last_mark.time:
-                    last_mark = mark
-                    yield mark
+                mark_time = self._time_for(wal_end)
+                if wal_end > last_mark.ts or mark_time > last_mark.time:  # (an object only when it moved)
+                    last_mark = Keepalive(wal_end, mark_time)
+                    yield last_mark
             try:
                 select.select([cur], [], [], 0.2)
             except (OSError, ValueError) as exc:

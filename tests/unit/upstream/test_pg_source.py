@@ -35,6 +35,7 @@ from tests.pgoutput_wire import (
 )
 from upstream.base import SCHEMA_CHANGE, decode_payload
 from upstream.postgres import pgoutput, pgoutput_messages
+from upstream.postgres import source as source_mod
 from upstream.postgres.rowcodec import RowCodec
 from upstream.postgres.source import PgSpanSource
 from upstream.postgres.stream import Keepalive
@@ -471,3 +472,47 @@ def test_raw_begin_and_commit_give_what_decoded_ones_gave() -> None:
         out.append(([(t.commit_ts, t.commit_time, list(t.payloads)) for t in sorter.read_txns(-1, MAX)], marks))
     assert out[0] == out[1]
     assert [ts for ts, _, _ in out[0][0]] == [2000, 3000] and out[0][0][1][1] == pgoutput_messages.pg_time_to_unix(7_000_000)
+
+
+def _catch_up(wire: list[Any]) -> tuple[Any, list[tuple[int, int]]]:
+    """The source over ``wire`` read in one go (no idle mark but where the wire has one); per reported watermark, its
+    Ts and how many transactions the sorter held up to it at that moment."""
+    sorter = MemorySorter().span("cf/0")
+    seen: list[tuple[int, int]] = []
+
+    def on_resolved(w: Watermark) -> None:
+        seen.append((w.ts, len(list(sorter.read_txns(-1, w.ts)))))
+
+    source = PgSpanSource(FakeStream(wire, idle_after_commit=False), TableFilter(("*.*",)),  # type: ignore[arg-type]
+                          Watermark(0, 0.0), no_catalog, "cf/0")
+    drive(source, sorter, on_resolved)
+    return sorter, seen
+
+
+def test_commits_read_in_one_go_are_reported_together_and_only_once_in_the_sorter() -> None:
+    """While the stream has more to read at once, the commits of plain transactions are reported together (at most
+    ``_REPORT_EVERY`` of them wait), never before they are in the sorter, and the last when the stream ends."""
+    n = 100
+    wire = [enc_relation(None, 7, "public", "t", "d", COLS)]
+    for i in range(n):
+        wire += txn(1000 + i, 10 * (i + 1), enc_insert(None, 7, [str(i), "v"]))
+    sorter, seen = _catch_up(wire)
+    assert len(list(sorter.read_txns(-1, MAX))) == n
+    assert seen and seen[-1] == (10 * n, n)
+    assert all(held == ts // 10 for ts, held in seen)  # every transaction up to the watermark was in the sorter
+    assert [ts for ts, _ in seen] == sorted({ts for ts, _ in seen})
+    if MODE == "thread":
+        assert len(seen) == -(-n // source_mod._REPORT_EVERY)  # not one report per transaction
+        gaps = [b - a for (a, _), (b, _) in zip([(0, 0), *seen], seen, strict=False)]
+        assert max(gaps) <= 10 * source_mod._REPORT_EVERY
+
+
+def test_the_streams_idle_mark_reports_the_commits_read_so_far_at_once() -> None:
+    """When the stream has read everything received (its idle mark), the commits read so far are reported then, not
+    after the next transactions: a quiet stream's last commit waits for nothing."""
+    wire = [enc_relation(None, 7, "public", "t", "d", COLS),
+            *txn(1, 10, enc_insert(None, 7, ["1", "a"])), *txn(2, 20, enc_insert(None, 7, ["2", "b"])), None,
+            *txn(3, 30, enc_insert(None, 7, ["3", "c"])), None,
+            *txn(4, 40, enc_insert(None, 7, ["4", "d"])), Keepalive(50, 9.0)]
+    _, seen = _catch_up(wire)
+    assert reported(seen, [(20, 2), (30, 3), (40, 4), (50, 4)])
