@@ -43,6 +43,7 @@ from capture.verify_runs import VerifyRuns
 from cdc.config import ServerConfig
 from cdc.crypto import SecretBox
 from cdc.errors import InvalidConfig, MetaStoreError, TidewaterError
+from cdc.gcpolicy import tune_for_streaming
 from cdc.meta.election import Election
 from cdc.meta.etcd import EtcdClient
 from cdc.meta.keys import owner_prefix
@@ -376,6 +377,7 @@ def serve(config: ServerConfig, reload_config: Callable[[], ServerConfig] | None
     """Run a capture until SIGTERM/SIGINT; SIGHUP re-reads the config through ``reload_config``."""
     _probe_addr(config.addr)
     server = CaptureServer(config, reload_config)
+    tune_for_streaming()  # (after the imports: they are frozen, never scanned again)
     signal.signal(signal.SIGTERM, server.request_stop)
     signal.signal(signal.SIGINT, server.request_stop)
     signal.signal(signal.SIGHUP, server.request_reload)

@@ -56,6 +56,7 @@ from typing import Any
 
 from cdc.errors import TidewaterError, UpstreamUnavailable, error_for_code
 from cdc.events import TableSchema
+from cdc.gcpolicy import tune_for_streaming
 from cdc.model import DataWarning
 from cdc.ts import Watermark
 from upstream.base import ChangeBuffer, ChangeDecoder, SpanSource
@@ -529,6 +530,7 @@ def main(argv: list[str]) -> int:
         except (EOFError, OSError):
             return 1
         assert source is not None
+        tune_for_streaming()
         root.setLevel(level)
         channel.use(source)
         stop = threading.Event()

@@ -387,6 +387,10 @@ def main() -> None:
                     "received is read, as ReplicationStream does before it waits) after every this many commits "
                     "(default 0: never, a catch-up read in one go; 1: a reader that keeps up with each transaction)")
     args = ap.parse_args()
+    from cdc.gcpolicy import tune_for_streaming
+
+    print(f"garbage collector: {'tuned as a capture' if tune_for_streaming() else 'CPython defaults'} "
+          "(TIDEWATER_GC=default keeps the defaults)")
     codec = None
     if args.codec:
         from upstream.postgres import rowcodec
