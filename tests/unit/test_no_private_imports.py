@@ -82,8 +82,12 @@ def violations(path: Path, modules: set[str]) -> list[str]:
     where = path.relative_to(ROOT)
     found: list[str] = []
     bound: dict[str, str] = {}  # local name -> the module it is bound to (any scope: the check is conservative)
+    attributes: list[ast.Attribute] = []  # private attributes, checked once every binding is known (one walk)
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Attribute):
+            if _private(node.attr):
+                attributes.append(node)
+        elif isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
                 if any(_private(p) for p in parts) and not _allowed(alias.name):
@@ -98,9 +102,7 @@ def violations(path: Path, modules: set[str]) -> list[str]:
                     found.append(f"{where}:{node.lineno}: from {source} import {alias.name}")
                 if f"{source}.{alias.name}" in modules:
                     bound[alias.asname or alias.name] = f"{source}.{alias.name}"
-    for node in ast.walk(tree):
-        if not (isinstance(node, ast.Attribute) and _private(node.attr)):
-            continue
+    for node in attributes:
         chain, value = [], node.value
         while isinstance(value, ast.Attribute):
             chain.insert(0, value.attr)

@@ -40,9 +40,11 @@ TESTS = "import time\n" + "".join(
 def test_a_group_runs_on_one_worker(tmp_path: Path) -> None:
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_grouped.py").write_text(TESTS)
-    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
-                          "-v", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    # only xdist among the installed plugins: the others (hypothesis, schemathesis) cost each of the three
+    # interpreters seconds of start-up on a loaded host and play no part here
+    out = subprocess.run([sys.executable, "-m", "pytest", "-p", "xdist", "-p", "no:cacheprovider", "-n", "2",
+                          "--dist", "loadgroup", "-v", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     ran = re.findall(r"\[(gw\d)\] \[ *\d+%\] PASSED \S+::(test_\w+)(@\w+)?", out.stdout)
     assert len(ran) == 6, out.stdout

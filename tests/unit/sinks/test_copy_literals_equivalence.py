@@ -18,6 +18,7 @@ without its quotes (strings with the load format's escapes, NULL as ``\\N``).
 
 from __future__ import annotations
 
+import functools
 import random
 import struct
 from collections.abc import Callable, Sequence
@@ -76,19 +77,27 @@ def python_literal(line: str, schema: TableSchema, scales: Sequence[int | None])
         return None
 
 
+@functools.cache
+def parsed_path(schema: TableSchema, scales: tuple[int | None, ...]) -> tuple[Callable[..., Any], Any, Any]:
+    """The parsed path's functions for ``schema`` into a target of ``scales``: the row parser and the converting row
+    functions with and without the upstream text. Built once per schema and scales, as the reader and the SQL sink
+    build them once per table (they are generated code: building them per line was most of this module's time)."""
+    cols = schema.columns
+    parse = types.row_parser(tuple(types.parser_for(c.base_type, c.is_array) for c in cols))
+    convs = {i: cv for i, c in enumerate(cols) if (cv := converter(c, "mysql", table="t", scale=scales[i])) is not None}
+    return parse, row_function(len(cols), convs, with_text=True), row_function(len(cols), convs)
+
+
 def python_params(line: str, schema: TableSchema, scales: Sequence[int | None]) -> Sequence[Any] | None:
     """The parsed path's converted parameters of one COPY line, or None where it refuses the line (it raises)."""
-    cols = schema.columns
     texts: list[str | None] = [copy_unescape(f) for f in line.split("\t")] if "\\" in line else line.split("\t")  # type: ignore[misc]
-    if len(texts) != len(cols):
+    if len(texts) != len(schema.columns):
         return None
+    parse, with_text, plain = parsed_path(schema, tuple(scales))
     try:
-        row = types.row_parser(tuple(types.parser_for(c.base_type, c.is_array) for c in cols))(texts)
+        row = parse(texts)
     except (ValueError, ArithmeticError):
         return None
-    convs = {i: cv for i, c in enumerate(cols) if (cv := converter(c, "mysql", table="t", scale=scales[i])) is not None}
-    with_text = row_function(len(cols), convs, with_text=True)
-    plain = row_function(len(cols), convs)
     try:
         return with_text(row, texts) if with_text is not None else plain(row) if plain is not None else row  # type: ignore[no-any-return]
     except (DataRejected, pymysql.err.ProgrammingError, ValueError, TypeError):
@@ -319,6 +328,7 @@ def test_blocks_cut_anywhere_give_the_same_rows_in_bodies_within_the_limits() ->
     lines = [f"{i}\t{_text(rng)}\t{_numeric(rng)}\t{CANONICAL['timestamp'](rng)}" for i in range(2000)]
     want = [python_literal(line, schema, scales) for line in lines]
     data = ("\n".join(lines) + "\n").encode()
+    want_loads = "".join(str(python_load(line, schema, scales)) for line in lines)
     kinds = column_kinds(schema)
     assert kinds is not None
     for _ in range(20):
@@ -349,8 +359,7 @@ def test_blocks_cut_anywhere_give_the_same_rows_in_bodies_within_the_limits() ->
         assert loads.finish() and loads.rows == len(lines)
         for body, n in pieces:  # (text rows escape their newlines: one per row)
             assert body.count(b"\n") == n <= max_rows and (len(body) <= max_bytes or n == 1)
-        assert b"".join(b for b, _ in pieces).decode() == "".join(
-            str(python_load(line, schema, scales)) for line in lines)
+        assert b"".join(b for b, _ in pieces).decode() == want_loads
     ints = LiteralRows(bytes(kinds[:1]), [None], 1 << 20, 7)  # (integers: counting rows by "),(" is safe)
     int_bodies = ints.feed(b"".join(b"%d\n" % i for i in range(100)))
     assert int_bodies is not None and [b.count(b"),(") + 1 for b in int_bodies] == [7] * 14 + [2]

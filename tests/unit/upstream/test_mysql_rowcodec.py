@@ -38,15 +38,15 @@ def _schema() -> list[tuple[tm.BinlogColumn, types.Render, Callable[[random.Rand
     """(column, renderer, value generator) per column."""
 
     def ints(n: int) -> Callable[[random.Random, float], bytes]:
-        return lambda rnd, junk: bytes(rnd.randrange(256) for _ in range(n))
+        return lambda rnd, junk: rnd.randbytes(n)
 
     def text(lsize: int, limit: int) -> Callable[[random.Random, float], bytes]:
         def gen(rnd: random.Random, junk: float) -> bytes:
             if rnd.random() >= junk:
-                raw = "".join(rnd.choice("aé😀 z\n'\\\0") for _ in range(rnd.randrange(limit))).encode()[:limit]
+                raw = "".join(rnd.choices("aé😀 z\n'\\\0", k=rnd.randrange(limit))).encode()[:limit]
                 raw = raw.decode(errors="ignore").encode()
             else:
-                raw = bytes(rnd.randrange(256) for _ in range(rnd.randrange(limit)))
+                raw = rnd.randbytes(rnd.randrange(limit))
             return len(raw).to_bytes(lsize, "little") + raw
         return gen
 
@@ -54,7 +54,7 @@ def _schema() -> list[tuple[tm.BinlogColumn, types.Render, Callable[[random.Rand
         if rnd.random() >= junk:
             v = rnd.randrange(1, 10000) << 9 | rnd.randrange(1, 13) << 5 | rnd.randrange(1, 32)
             return v.to_bytes(3, "little")
-        return bytes(rnd.randrange(256) for _ in range(3))
+        return rnd.randbytes(3)
 
     def frac(rnd: random.Random, fsp: int) -> bytes:
         n = (fsp + 1) // 2
@@ -70,7 +70,7 @@ def _schema() -> list[tuple[tm.BinlogColumn, types.Render, Callable[[random.Rand
                 v = 1 << 39 | ym << 22 | rnd.randrange(1, 32) << 17 | rnd.randrange(24) << 12 | rnd.randrange(
                     60) << 6 | rnd.randrange(60)
                 return v.to_bytes(5, "big") + frac(rnd, fsp)
-            return bytes(rnd.randrange(256) for _ in range(5)) + frac(rnd, fsp)
+            return rnd.randbytes(5) + frac(rnd, fsp)
         return gen
 
     def ts2(fsp: int) -> Callable[[random.Random, float], bytes]:
@@ -87,11 +87,11 @@ def _schema() -> list[tuple[tm.BinlogColumn, types.Render, Callable[[random.Rand
             if rnd.random() >= junk:
                 v = 1 << 23 | rnd.randrange(24) << 12 | rnd.randrange(60) << 6 | rnd.randrange(60)
                 return v.to_bytes(3, "big") + frac(rnd, fsp)
-            return bytes(rnd.randrange(256) for _ in range(3)) + frac(rnd, fsp)
+            return rnd.randbytes(3) + frac(rnd, fsp)
         return gen
 
     def dec_gen(rnd: random.Random, junk: float) -> bytes:  # DECIMAL(10,2): 4 + 1 bytes, sign in the high bit
-        v = bytearray(rnd.randrange(256) for _ in range(5))
+        v = bytearray(rnd.randbytes(5))
         v[1:4] = rnd.randrange(10**8).to_bytes(4, "big")[1:]
         v[0] = (v[0] & 0x80) | (rnd.randrange(100) >> 7)
         v[4] = rnd.randrange(100)

@@ -223,9 +223,15 @@ def damaged(rng: random.Random, msg: bytes) -> list[Any]:
     return [msg[:cut], flipped, msg + b"n", msg + b"\x00", b"", msg[:1], msg[:6], bytearray(msg), memoryview(msg)]
 
 
-def check_message(c: RowCodec, msg: Any, cols: list[tuple[str, bool]]) -> None:
+def row_parsers(c: RowCodec, cols: list[tuple[str, bool]]) -> tuple[Any, Any]:
+    """The C and the Python row parser of ``cols``: made once per schema, as the decoder makes them (they are
+    generated code: making them for every message was most of this module's time)."""
     parsers = tuple(types.parser_for(b, a) for b, a in cols)
-    p_c, p_py = c.row_parser(parsers), PY.row_parser(parsers)
+    return c.row_parser(parsers), PY.row_parser(parsers)
+
+
+def check_message(c: RowCodec, msg: Any, cols: list[tuple[str, bool]], p_c: Any, p_py: Any) -> None:
+    """Every entry point of both codecs on ``msg`` of a table of ``cols`` (``p_c``, ``p_py``: its row parsers)."""
     same(lambda: c.parse_change(msg), lambda: PY.parse_change(msg), msg)
     same(lambda: c.plain_change_relid(msg), lambda: PY.plain_change_relid(msg), msg)
     same(lambda: c.plain_row(msg, 0, p_c, len(cols)), lambda: PY.plain_row(msg, 0, p_py, len(cols)), msg)
@@ -243,12 +249,14 @@ def test_messages_agree(c: RowCodec) -> None:
     rng = random.Random(SEED + 1)
     for _ in range(600):
         cols = columns(rng, rng.randrange(0, 7))
+        p_c, p_py = row_parsers(c, cols)
         for msg in messages(rng, cols):
-            check_message(c, msg, cols)
+            check_message(c, msg, cols, p_c, p_py)
             for bad in damaged(rng, msg):
-                check_message(c, bad, cols)
+                check_message(c, bad, cols, p_c, p_py)
+    p_c, p_py = row_parsers(c, [("int4", False)])
     for msg in (b"T" + struct.pack(">iBI", 1, 2, RELID), b"B" + bytes(20), b"Ixxxx", b"I" + bytes(4) + b"N\xff\xff"):
-        check_message(c, msg, [("int4", False)])
+        check_message(c, msg, [("int4", False)], p_c, p_py)
     for args in ((b"I" + bytes(4) + b"N\x00\x00", -1), (b"I" + bytes(4) + b"N\x00\x00", 99), ("str", 0)):
         same(lambda: c.insert_values(*args), lambda: PY.insert_values(*args), args)  # noqa: B023
 
