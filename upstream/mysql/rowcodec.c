@@ -390,16 +390,53 @@ static uint32_t crc32_of(const unsigned char *p, Py_ssize_t n) {
     return c ^ 0xFFFFFFFFu;
 }
 
-/* crc_ok(data, end): whether data[end:end+4] (little-endian) is the CRC32 of data[1:end] (binlog.crc_ok in C) */
-static PyObject *crc_ok(PyObject *self, PyObject *args) {
-    PyObject *data;
-    Py_ssize_t end;
-    if (!PyArg_ParseTuple(args, "Sn", &data, &end)) return NULL;
-    const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(data);
-    if (end < 1 || end + 4 > PyBytes_GET_SIZE(data)) Py_RETURN_FALSE;
-    uint32_t want = (uint32_t)s[end] | (uint32_t)s[end + 1] << 8 | (uint32_t)s[end + 2] << 16 | (uint32_t)s[end + 3] << 24;
-    if (crc32_of(s + 1, end - 1) == want) Py_RETURN_TRUE;
-    Py_RETURN_FALSE;
+/* ---- the dump's packets framed into events (upstream/mysql/wire.py's frame, in C) ---------------------------------
+ * frame_events(buf, off, seq, checksum) -> (events, off, seq): every whole packet of buf from off that is one plain
+ * binlog event, each as the tuple (event type, packet bytes, end of its body, log_pos), the packet's sequence number
+ * checked, the event's size checked against the packet's and its CRC32 verified when checksum (not a heartbeat's).
+ * It stops before the first packet that is not whole or not such an event (a wrong sequence number, a packet of 16 MB
+ * or more, an error or EOF packet, a size or checksum mismatch): wire.py's Python path reads that one and raises the
+ * precise error. Returns the offset and sequence number after the last packet framed. */
+static PyObject *frame_events(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "frame_events(buf: bytes, off, seq, checksum)");
+        return NULL;
+    }
+    const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t off = PyLong_AsSsize_t(args[1]);
+    long seq = PyLong_AsLong(args[2]);
+    int checksum = PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred() || checksum < 0) return NULL;
+    if (off < 0) off = len;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    while (off + 4 <= len) {
+        const unsigned char *h = s + off;
+        Py_ssize_t n = (Py_ssize_t)h[0] | (Py_ssize_t)h[1] << 8 | (Py_ssize_t)h[2] << 16;
+        if (n >= 0xFFFFFF || h[3] != seq || off + 4 + n > len || n < 20) break;
+        const unsigned char *d = h + 4;
+        if (d[0] != 0) break;
+        uint32_t size = (uint32_t)le(d + 10, 4);
+        if ((Py_ssize_t)size + 1 != n) break;
+        int etype = d[5];
+        Py_ssize_t end = n;
+        if (checksum && etype != 27) {
+            if (n < 24) break;
+            end = n - 4;
+            if (crc32_of(d + 1, end - 1) != (uint32_t)le(d + end, 4)) break;
+        }
+        PyObject *ev = Py_BuildValue("(iy#nk)", etype, (const char *)d, n, end, (unsigned long)le(d + 14, 4));
+        if (ev == NULL || PyList_Append(out, ev) < 0) {
+            Py_XDECREF(ev);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(ev);
+        off += 4 + n;
+        seq = (seq + 1) & 0xFF;
+    }
+    return Py_BuildValue("(Nnl)", out, off, seq);
 }
 
 /* ---- the decoder side: stored payloads back into values (upstream/mysql/payload.py's parse, in C) ---------------
@@ -877,7 +914,8 @@ static PyTypeObject MySqlMounterType = {
 };
 
 static PyMethodDef methods[] = {
-    {"crc_ok", crc_ok, METH_VARARGS, "crc_ok(data, end) -> whether data[end:end+4] is the CRC32 of data[1:end]"},
+    {"frame_events", (PyCFunction)(void (*)(void))frame_events, METH_FASTCALL,
+     "frame_events(buf, off, seq, checksum) -> (events, off, seq): wire.frame in C"},
     {"decode_rows", decode_rows, METH_VARARGS,
      "decode_rows(data, off, end, kind, head, codes, p1, p2, calls) -> list of payloads, or None (decode in Python)"},
     {"configure", (PyCFunction)(void (*)(void))rc_configure, METH_FASTCALL,

@@ -36,7 +36,7 @@ from typing import Any
 from cdc import cbuild
 from cdc.events import UNCHANGED, OpType, RowChange
 from upstream.base import Mount, ParsedChange, PlainPlan
-from upstream.mysql import binlog, payload
+from upstream.mysql import payload, wire
 from upstream.postgres import rowcodec as text_codec
 from upstream.postgres import types as text_types
 
@@ -115,12 +115,12 @@ def best_decoding() -> Decoding:
     return native_decoding() or PYTHON
 
 
-def best_crc_ok() -> Callable[[bytes, int], bool]:
-    """``crc_ok(data, end)``: whether the 4 bytes at ``end`` are the CRC32 of ``data[1:end]`` (an event's checksum,
-    :func:`upstream.mysql.binlog.crc_ok`): in C where built (a table-driven CRC32, several times faster than
-    ``zlib.crc32`` on the small events of single-row transactions here), else the Python one."""
+def best_frame() -> wire.Frame:
+    """:func:`upstream.mysql.wire.frame` (the dump's packets framed into events, CRC32 verified) in C where built (a
+    table-driven CRC32, several times faster than ``zlib.crc32`` on the small events of single-row transactions, and
+    no Python call per event), else the Python one."""
     mod = None if os.environ.get("TIDEWATER_ROWCODEC", "").lower() == "python" else _EXT.get()
-    return binlog.crc_ok if mod is None else mod.crc_ok  # type: ignore[no-any-return]
+    return wire.frame if mod is None else mod.frame_events  # type: ignore[no-any-return]
 
 
 def main() -> int:

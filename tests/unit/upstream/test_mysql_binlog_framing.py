@@ -41,7 +41,8 @@ def test_query_and_gtid_bodies() -> None:
     end = binlog.body_end(data, len(data) - 1, True)
     assert binlog.query(data, end) == ("db", "ALTER TABLE t ADD c INT -- é")
     gtid = _event(binlog.GTID_MARIADB, struct.pack("<QIB", 42, 3, 0))
-    assert binlog.mariadb_gtid(gtid) == (3, 42)
+    assert binlog.mariadb_gtid(gtid) == (3, 7, 42)
+    assert binlog.timestamp(gtid) == 1700000000
 
 
 @pytest.mark.parametrize(("raw", "value", "size"), [

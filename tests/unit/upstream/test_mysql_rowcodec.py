@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import random
 import struct
-import zlib
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests import rowcodecs
-from upstream.mysql import binlog, rowcodec, rowdecode, types
+from upstream.mysql import rowcodec, rowdecode, types
 from upstream.mysql import tablemap as tm
 
 pytestmark = pytest.mark.unit
@@ -203,22 +202,3 @@ def test_the_plan_renders_hot_columns_in_c() -> None:
     # integers, utf8 text, binary strings, dates and times in C; latin1 text, DECIMAL, FLOAT, DOUBLE call Python
     called = [t for t, code in zip(names, codes, strict=True) if code == rowcodec.CALL]
     assert sorted(called) == sorted([tm.VARCHAR, tm.NEWDECIMAL, tm.FLOAT, tm.DOUBLE])
-
-
-def test_c_crc_check_is_binlogs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The C event checksum check (rowcodec.best_crc_ok) answers as upstream.mysql.binlog.crc_ok."""
-    if rowcodec.native() is None:
-        pytest.skip("no C compiler or Python headers: the C decoder cannot be built here")
-    monkeypatch.delenv("TIDEWATER_ROWCODEC", raising=False)  # (this test is about C, whatever the run chose)
-    c_ok = rowcodec.best_crc_ok()
-    assert c_ok is not binlog.crc_ok
-    rnd = random.Random(SEED)
-    for n in [1, 2, 7, 8, 9, 15, 16, 17, 64, 255, 256, 1000, *(rnd.randrange(2, 3000) for _ in range(200))]:
-        body = bytes(rnd.randrange(256) for _ in range(n))
-        good = b"\x00" + body + zlib.crc32(body).to_bytes(4, "little")
-        end = 1 + n
-        assert c_ok(good, end) and binlog.crc_ok(good, end)
-        i = rnd.randrange(len(good))
-        bad = good[:i] + bytes([good[i] ^ (1 << rnd.randrange(8))]) + good[i + 1:]
-        assert c_ok(bad, end) == binlog.crc_ok(bad, end) == (i == 0)  # (byte 0 is the OK marker, not checksummed)
-        assert c_ok(good[:-1], end) is False and binlog.crc_ok(good[:-1], end) is False
