@@ -306,20 +306,8 @@ static int image(const unsigned char *s, Py_ssize_t end, Py_ssize_t *pos, const 
     return 1;
 }
 
-static PyObject *decode_rows(PyObject *self, PyObject *args) {
-    PyObject *data, *head, *codes, *p1, *p2, *calls;
-    Py_ssize_t off, end;
-    int kind;
-    if (!PyArg_ParseTuple(args, "SnniSSSSO!", &data, &off, &end, &kind, &head, &codes, &p1, &p2, &PyTuple_Type,
-                          &calls))
-        return NULL;
-    plan_t pl = {PyBytes_GET_SIZE(codes), (const unsigned char *)PyBytes_AS_STRING(codes),
-                 (const unsigned char *)PyBytes_AS_STRING(p1), (const unsigned char *)PyBytes_AS_STRING(p2), calls,
-                 data};
-    if (PyBytes_GET_SIZE(p1) != pl.ncols || PyBytes_GET_SIZE(p2) != pl.ncols || PyTuple_GET_SIZE(calls) != pl.ncols) {
-        PyErr_SetString(PyExc_ValueError, "decode_rows: codes, p1, p2 and calls differ in length");
-        return NULL;
-    }
+/* Every row change of data[off:end] as payloads (decode_rows' loop): the list, or None (Python decides), or NULL */
+static PyObject *rows_out(PyObject *data, Py_ssize_t off, Py_ssize_t end, int kind, PyObject *head, const plan_t *pl) {
     const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(data);
     if (off < 0 || end > PyBytes_GET_SIZE(data) || off > end) Py_RETURN_NONE;
     PyObject *out = PyList_New(0);
@@ -331,8 +319,8 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
     int r = 1;
     while (pos < end) {
         first.n = second.n = 0;
-        r = image(s, end, &pos, &pl, &first);
-        if (r == 1 && kind == 'U') r = image(s, end, &pos, &pl, &second);
+        r = image(s, end, &pos, pl, &first);
+        if (r == 1 && kind == 'U') r = image(s, end, &pos, pl, &second);
         if (r != 1) break;
         /* U: the binlog's before image is first, the payload's new (after) tuple first */
         buf_t *a = kind == 'U' ? &second : &first, *o = kind == 'U' ? &first : NULL;
@@ -361,6 +349,77 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
         Py_RETURN_NONE;
     }
     return out;
+}
+
+static int plan_of(plan_t *pl, PyObject *codes, PyObject *p1, PyObject *p2, PyObject *calls, PyObject *data) {
+    *pl = (plan_t){PyBytes_GET_SIZE(codes), (const unsigned char *)PyBytes_AS_STRING(codes),
+                   (const unsigned char *)PyBytes_AS_STRING(p1), (const unsigned char *)PyBytes_AS_STRING(p2), calls,
+                   data};
+    if (PyBytes_GET_SIZE(p1) != pl->ncols || PyBytes_GET_SIZE(p2) != pl->ncols || PyTuple_GET_SIZE(calls) != pl->ncols) {
+        PyErr_SetString(PyExc_ValueError, "codes, p1, p2 and calls differ in length");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *decode_rows(PyObject *self, PyObject *args) {
+    PyObject *data, *head, *codes, *p1, *p2, *calls;
+    Py_ssize_t off, end;
+    int kind;
+    if (!PyArg_ParseTuple(args, "SnniSSSSO!", &data, &off, &end, &kind, &head, &codes, &p1, &p2, &PyTuple_Type,
+                          &calls))
+        return NULL;
+    plan_t pl;
+    if (plan_of(&pl, codes, p1, p2, calls, data) < 0) return NULL;
+    return rows_out(data, off, end, kind, head, &pl);
+}
+
+/* decode_event(heads, full, padded, codes, p1, p2, calls, data, end, etype): a whole WRITE/UPDATE/DELETE rows event
+ * (v1 or v2; the packet data, its body ending at end) as decode_rows' payloads, its header read here: the column
+ * count must be the plan's and every columns-present bitmap `full` (or `padded`, MySQL 8's unused bits set).
+ * heads: the payload heads of 'I', 'U' and 'D'. Anything else (another event type, a partial image, a count that
+ * differs, a value C does not render exactly) returns None: rowdecode.RowDecoder.payloads after
+ * rowdecode.rows_header, the reference, decides or raises the precise error. */
+static PyObject *decode_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 3 || !PyBytes_CheckExact(args[1]) ||
+        !PyBytes_CheckExact(args[2]) || !PyBytes_CheckExact(args[3]) || !PyBytes_CheckExact(args[4]) ||
+        !PyBytes_CheckExact(args[5]) || !PyTuple_CheckExact(args[6]) || !PyBytes_CheckExact(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "decode_event(heads, full, padded, codes, p1, p2, calls, data, end, etype)");
+        return NULL;
+    }
+    PyObject *data = args[7];
+    Py_ssize_t end = PyLong_AsSsize_t(args[8]);
+    long etype = PyLong_AsLong(args[9]);
+    if (PyErr_Occurred()) return NULL;
+    int kind, v2 = etype >= 30 && etype <= 32;
+    switch (etype) {
+    case 23: case 30: kind = 'I'; break;
+    case 24: case 31: kind = 'U'; break;
+    case 25: case 32: kind = 'D'; break;
+    default: Py_RETURN_NONE;
+    }
+    PyObject *head = PyTuple_GET_ITEM(args[0], kind == 'I' ? 0 : kind == 'U' ? 1 : 2);
+    if (!PyBytes_CheckExact(head)) {
+        PyErr_SetString(PyExc_TypeError, "decode_event: heads must be bytes");
+        return NULL;
+    }
+    plan_t pl;
+    if (plan_of(&pl, args[3], args[4], args[5], args[6], data) < 0) return NULL;
+    const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t len = PyBytes_GET_SIZE(data), off = 28; /* 1 OK byte, 19 header bytes, 6 table id, 2 flags */
+    if (end > len || end < off + 3) Py_RETURN_NONE;
+    if (v2) off += (Py_ssize_t)le(s + off, 2); /* extra data, its 2-byte length included */
+    if (off + 1 > end || s[off] >= 0xFB) Py_RETURN_NONE; /* (a one-byte column count below 251 only) */
+    Py_ssize_t n = s[off++];
+    if (n != pl.ncols) Py_RETURN_NONE;
+    Py_ssize_t nb = (n + 7) >> 3;
+    const char *full = PyBytes_AS_STRING(args[1]), *padded = PyBytes_AS_STRING(args[2]);
+    if (PyBytes_GET_SIZE(args[1]) != nb || PyBytes_GET_SIZE(args[2]) != nb) Py_RETURN_NONE;
+    for (int k = kind == 'U' ? 2 : 1; k > 0; k--) {
+        if (off + nb > end || (memcmp(s + off, full, (size_t)nb) && memcmp(s + off, padded, (size_t)nb))) Py_RETURN_NONE;
+        off += nb;
+    }
+    return rows_out(data, off, end, kind, head, &pl);
 }
 
 /* ---- CRC32 (zlib's polynomial, reflected), slicing by 8 ------------------------------------------------------- */
@@ -916,6 +975,8 @@ static PyTypeObject MySqlMounterType = {
 static PyMethodDef methods[] = {
     {"frame_events", (PyCFunction)(void (*)(void))frame_events, METH_FASTCALL,
      "frame_events(buf, off, seq, checksum) -> (events, off, seq): wire.frame in C"},
+    {"decode_event", (PyCFunction)(void (*)(void))decode_event, METH_FASTCALL,
+     "decode_event(heads, full, padded, codes, p1, p2, calls, data, end, etype) -> payloads, or None (Python decides)"},
     {"decode_rows", decode_rows, METH_VARARGS,
      "decode_rows(data, off, end, kind, head, codes, p1, p2, calls) -> list of payloads, or None (decode in Python)"},
     {"configure", (PyCFunction)(void (*)(void))rc_configure, METH_FASTCALL,

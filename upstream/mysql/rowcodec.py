@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 DecodeRows = Callable[..., "list[bytes] | None"]
 """``decode_rows(data, off, end, kind, head, codes, p1, p2, calls)`` (see ``rowcodec.c``)."""
+DecodeEvent = Callable[..., "list[bytes] | None"]
+"""``decode_event(heads, full, padded, codes, p1, p2, calls, data, end, etype)`` (see ``rowcodec.c``)."""
 
 CALL, INT, UINT, YEAR, TEXT, BYTEA, BINARY, DATE, DATETIME2, TIMESTAMP2, TIME2 = range(11)
 """The column codes of ``rowcodec.c`` (checked against the built module when it loads)."""
@@ -98,6 +100,15 @@ def best() -> DecodeRows | None:
     if os.environ.get("TIDEWATER_ROWCODEC", "").lower() == "python":
         return None
     return native()
+
+
+def best_event() -> DecodeEvent | None:
+    """The C ``decode_event`` (a whole rows event, header included: ``RowDecoder.event_decoder``) unless
+    ``TIDEWATER_ROWCODEC=python`` is set or it is not built here (then None)."""
+    if os.environ.get("TIDEWATER_ROWCODEC", "").lower() == "python":
+        return None
+    mod = _EXT.get()
+    return None if mod is None else mod.decode_event  # type: ignore[no-any-return]
 
 
 def native_decoding() -> Decoding | None:

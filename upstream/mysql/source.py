@@ -208,7 +208,7 @@ class _Table:
     """A table the span decodes: its schema version, column names and value renderers."""
 
     __slots__ = ("version", "relid", "names", "renderers", "name", "data_types", "unsigned", "checked", "facts",
-                 "guessed")
+                 "guessed", "live")
 
     def __init__(self, facts: catalog.TableFacts, version: int, relid: int) -> None:
         self.facts = facts
@@ -219,6 +219,7 @@ class _Table:
         self.unsigned = tuple("unsigned" in c.column_type.lower() for c in facts.columns)
         self.guessed = tuple(c.extra == catalog.GUESSED for c in facts.columns)
         self.checked: Any = None  # the table map's column list last checked against (one check per table map)
+        self.live = True  # False once another version replaced it or the span stopped carrying the table
 
 
 class MySqlSpanSource(SpanSource):
@@ -284,6 +285,7 @@ class MySqlSpanSource(SpanSource):
         self._uuids: list[str] = []
         self._uuid_ids: dict[bytes, int] = {}
         self._codec = rowcodec.best()  # rows decoded in C where it is built (upstream.mysql.rowcodec)
+        self._event_codec = rowcodec.best_event()  # whole rows events, header included, in one C call
         self._frame = rowcodec.best_frame()  # the dump's packets framed into events in C where built
         self._pending_marks: list[tuple[int, tuple[int, int, int]]] = []  # GTID marks not yet announced (_announce)
 
@@ -495,6 +497,9 @@ class MySqlSpanSource(SpanSource):
         version = self._next_version
         self._next_version += 1
         schema = self._schemas[version] = facts.schema(version)
+        old = self._tables.get(facts.name)
+        if old is not None:
+            old.live = False
         t = self._tables[facts.name] = _Table(facts, version, schema.relation_id)
         return t
 
@@ -631,8 +636,8 @@ class MySqlSpanSource(SpanSource):
         has_rows = False
         ddl_txn = False  # the open transaction stored a schema change
         add_many = buffer.add_many
-        to_ts = positions.to_ts
         epoch = self._epoch
+        file_ts = positions.to_ts(log_file, 0, epoch)  # the Ts of position 0 of log_file (a position is 32 bits)
         maps = TableMapCache(dbms)
         updates, writes = binlog.UPDATES, binlog.WRITES
         rows_types, table_map_type, xid_type, gtid_mariadb = ROWS_EVENTS, binlog.TABLE_MAP, binlog.XID, binlog.GTID_MARIADB
@@ -648,6 +653,16 @@ class MySqlSpanSource(SpanSource):
                     maps.put(data, end)
                     continue
                 if etype in rows_types:
+                    tmap = maps.get(int.from_bytes(data[20:26], "little"))
+                    if tmap is not None:  # the common case in one C call: a whole image of a table decoded before
+                        state = tmap.state
+                        fast = state.get("fast")
+                        if fast is not None and state["table"].live:
+                            out = fast(data, end, etype)
+                            if out is not None:
+                                add_many(xid, xid, out)
+                                has_rows = True
+                                continue
                     table_id, ncols, present, present_after, off = rowdecode.rows_header(data, etype)
                     tmap = maps.get(table_id)
                     if tmap is None:
@@ -671,7 +686,7 @@ class MySqlSpanSource(SpanSource):
                         dec = self._row_decoder(tmap, tbl, where)
                     else:
                         tbl = state["table"]
-                        if self._tables.get(tbl.name) is not tbl:  # a schema change since: decode with the new version
+                        if not tbl.live:  # a schema change since: decode with the new version
                             state.clear()
                             where = f"{log_file}:{log_pos}"
                             tbl = self._table(tbl.name, tmap.columns, where)
@@ -707,7 +722,7 @@ class MySqlSpanSource(SpanSource):
                     has_rows = True
                     continue
                 if etype == xid_type:
-                    ts = to_ts(log_file, log_pos, epoch)
+                    ts = file_ts | log_pos
                     commit_time = float(timestamp(data))
                     if commit(buffer, xid, has_rows, ddl_txn, ts, commit_time, skip_upto) and ts > res_ts:
                         res_ts = ts
@@ -745,7 +760,7 @@ class MySqlSpanSource(SpanSource):
                         # a COMMIT (non-transactional tables) or a DDL (committed by itself) ends the transaction; so
                         # does a ROLLBACK, whose logged rows are those of non-transactional tables: they stay changed
                         # upstream, so they are committed downstream too
-                        ts = to_ts(log_file, log_pos, epoch)
+                        ts = file_ts | log_pos
                         commit_time = float(timestamp(data))
                         if commit(buffer, xid, has_rows, ddl_txn, ts, commit_time, skip_upto) and ts > res_ts:
                             res_ts = ts
@@ -754,12 +769,13 @@ class MySqlSpanSource(SpanSource):
                         in_txn = has_rows = ddl_txn = False
                 elif etype == binlog.ROTATE:
                     log_file, _pos = binlog.rotate(data, end)
+                    file_ts = positions.to_ts(log_file, 0, epoch)
                     maps.clear()  # table ids are reused after a restart of the server, which starts a new file
                 elif etype == binlog.HEARTBEAT:
                     if not in_txn:
                         # the server sends one only when it has nothing more to send: every commit up to its position
                         # is here, and the upstream was at that position now
-                        ts = to_ts(log_file, log_pos, epoch) if log_pos else 0
+                        ts = file_ts | log_pos if log_pos else 0
                         if ts > res_ts:
                             res_ts = ts
                         now = time.time()
@@ -815,7 +831,9 @@ class MySqlSpanSource(SpanSource):
         except rowdecode.ValueRefused as exc:
             raise DecodeError(f"span={self.label} table {tbl.name} column {tbl.names[exc.index]} at binlog {where}: "
                               f"{exc.reason}") from exc
-        tmap.state.update(decoder=dec, table=tbl, prefix=encode_payload(tbl.version, b""))
+        prefix = encode_payload(tbl.version, b"")
+        tmap.state.update(decoder=dec, table=tbl, prefix=prefix,
+                          fast=dec.event_decoder(self._event_codec, prefix, tbl.relid))
         return dec
 
     def _add_partial(self, tbl: _Table, dec: rowdecode.RowDecoder, etype: int, data: bytes, off: int, end: int,
@@ -999,7 +1017,7 @@ class MySqlSpanSource(SpanSource):
                 continue
             stored = True
             self._store_ddl(buffer, xid, {"table": [n.schema, n.table], "refused": reason, "query": query})
-            del self._tables[n]
+            self._tables.pop(n).live = False
             try:
                 facts = catalog.table_facts(self._ctl, self.where, n)
             except InvalidArgument:
@@ -1058,6 +1076,7 @@ class MySqlSpanSource(SpanSource):
             self._carried.discard(n)
             if t is None:
                 continue
+            t.live = False
             self._store_ddl(buffer, xid, {"table": [n.schema, n.table], "before": t.version, "after": 0,
                                           "changes": [["drop table", None]], "query": query, "fills": []}, seq=i)
             stored = True

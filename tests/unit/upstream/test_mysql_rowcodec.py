@@ -202,3 +202,47 @@ def test_the_plan_renders_hot_columns_in_c() -> None:
     # integers, utf8 text, binary strings, dates and times in C; latin1 text, DECIMAL, FLOAT, DOUBLE call Python
     called = [t for t, code in zip(names, codes, strict=True) if code == rowcodec.CALL]
     assert sorted(called) == sorted([tm.VARCHAR, tm.NEWDECIMAL, tm.FLOAT, tm.DOUBLE])
+
+
+@pytest.mark.parametrize("etype", [23, 24, 25, 30, 31, 32])
+def test_c_whole_event_is_header_then_payloads(etype: int) -> None:
+    """RowDecoder.event_decoder (rowcodec.c's decode_event: the rows event's header read in C too) answers exactly
+    what rowdecode.rows_header + RowDecoder.payloads answer, or None: for partial images, another column count and
+    values C does not render, never a different answer."""
+    native_event = rowcodec.best_event()
+    if native_event is None:
+        pytest.skip("no C compiler or Python headers: the C decoder cannot be built here")
+    schema = _schema()
+    cols, renders = [c for c, _, _ in schema], [r for _, r, _ in schema]
+    python = rowdecode.RowDecoder(cols, renders, None)
+    prefix = b"\x00\x00\x00\x07"
+    fast = python.event_decoder(native_event, prefix, 42)
+    assert fast is not None
+    kind = {23: b"I", 30: b"I", 24: b"U", 31: b"U", 25: b"D", 32: b"D"}[etype]
+    n = len(cols)
+    rnd = random.Random(SEED + etype)
+    answered = declined = 0
+    for i in range(1500):
+        junk = 0.0 if i % 2 else rnd.choice([0.01, 0.3])
+        body = b"".join(_image(rnd, schema, rnd.choice([0.0, 0.2]), junk) * (2 if kind == b"U" else 1)
+                        for _ in range(1 if i % 3 else rnd.randrange(1, 4)))
+        bitmaps = [python.full, python.padded, bytes([0xFF] * (n >> 3) + [0x01])]  # (the last: a partial image)
+        present = rnd.choice(bitmaps) if i % 4 == 0 else python.full
+        ncols = n + 1 if i % 97 == 0 else n
+        head = b"\x00" + bytes(19) + (77).to_bytes(6, "little") + b"\x00\x00"
+        if etype >= 30:
+            head += b"\x02\x00"  # the v2 extra data: its length only
+        head += bytes([ncols]) + present + (present if kind == b"U" else b"")
+        data = head + body
+        end = len(data)
+        ours = fast(data, end, etype)
+        table_id, cnt, pres, after, off = rowdecode.rows_header(data, etype)
+        assert table_id == 77
+        if ours is None:
+            declined += 1
+            continue
+        answered += 1
+        assert cnt == n and pres in (python.full, python.padded) and after in (None, pres)
+        assert ours == _outcome(lambda d=data, o=off, e=end: python.payloads(d, o, e, kind, prefix, 42))
+    assert answered > 300 and declined > 100, (answered, declined)
+    assert fast(b"\x00" + bytes(19) + b"\x00" * 20, 40, 2) is None  # (not a rows event)
