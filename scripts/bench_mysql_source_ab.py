@@ -15,17 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE))
-
-from playground.servers import MariaDBServer  # noqa: E402
 
 _CHILD = """
 import importlib.util, json, sys, time
@@ -48,16 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     codes = [c.resolve() for c in (args.code or [HERE])]
     sys.path.insert(0, str(HERE / "scripts"))
-    from bench_mysql_source import DB, write  # type: ignore[import-not-found]
+    from bench_mysql_source import DB, written_server  # type: ignore[import-not-found]
 
-    work = Path(tempfile.mkdtemp(prefix="tidewater-mysql-ab-"))
-    server = MariaDBServer(work)
     cpu: dict[Path, list[float]] = {c: [] for c in codes}
-    try:
-        server.start()
-        start, end = write(server, args.rows, args.shape)
-        txns = args.rows if args.shape == "single" else args.rows // 100
-        print(f"{args.rows} row changes ({args.shape}, {txns} transactions) in binlog {start:X}..{end:X}", flush=True)
+    txns = args.rows if args.shape == "single" else args.rows // 100
+    with written_server(args.rows, args.shape) as (server, start, end):
         print("| round | code | load average | thread CPU s | us CPU per transaction | rows/s CPU | note |")
         print("|---|---|---|---|---|---|---|")
         for r in range(args.rounds):
@@ -70,14 +60,10 @@ def main(argv: list[str] | None = None) -> int:
                 cpu[code].append(res["cpu"])
                 print(f"| {r + 1} | {code} | {load:.1f} | {res['cpu']:.2f} | {1e6 * res['cpu'] / txns:.1f} | "
                       f"{args.rows / res['cpu']:,.0f} | {res['note']} |", flush=True)
-        for code in codes:
-            med = statistics.median(cpu[code])
-            print(f"median {code}: {med:.2f} s, {1e6 * med / txns:.1f} us CPU per transaction")
-    finally:
-        server.stop()
-        shutil.rmtree(work, ignore_errors=True)
+    for code in codes:
+        med = statistics.median(cpu[code])
+        print(f"median {code}: {med:.2f} s, {1e6 * med / txns:.1f} us CPU per transaction")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

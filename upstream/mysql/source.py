@@ -288,6 +288,7 @@ class MySqlSpanSource(SpanSource):
         self._event_codec = rowcodec.best_event()  # whole rows events, header included, in one C call
         self._frame = rowcodec.best_frame()  # the dump's packets framed into events in C where built
         self._pending_marks: list[tuple[int, tuple[int, int, int]]] = []  # GTID marks not yet announced (_announce)
+        self._res_ts, self._res_time = start.ts, start.time  # the resolved watermark of the events read (_loop)
 
     # ---- SpanSource --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -630,7 +631,7 @@ class MySqlSpanSource(SpanSource):
         db, filt, carries = self.database, self.filter, self.share.carries
         skip_upto = self.start.ts
         resolved = self.start
-        res_ts, res_time = resolved.ts, resolved.time  # the resolved watermark of the events so far (announced per batch)
+        self._res_ts, self._res_time = resolved.ts, resolved.time  # of the events so far (announced per batch)
         xid = 0
         in_txn = False
         has_rows = False
@@ -722,12 +723,7 @@ class MySqlSpanSource(SpanSource):
                     has_rows = True
                     continue
                 if etype == xid_type:
-                    ts = file_ts | log_pos
-                    commit_time = float(timestamp(data))
-                    if commit(buffer, xid, has_rows, ddl_txn, ts, commit_time, skip_upto) and ts > res_ts:
-                        res_ts = ts
-                        if commit_time > res_time:
-                            res_time = commit_time
+                    commit(buffer, xid, has_rows, ddl_txn, file_ts | log_pos, float(timestamp(data)), skip_upto)
                     in_txn = has_rows = ddl_txn = False
                 elif etype == gtid_mariadb or etype == binlog.GTID_MYSQL or etype == binlog.ANONYMOUS_GTID_MYSQL:
                     if etype == gtid_mariadb:
@@ -760,12 +756,8 @@ class MySqlSpanSource(SpanSource):
                         # a COMMIT (non-transactional tables) or a DDL (committed by itself) ends the transaction; so
                         # does a ROLLBACK, whose logged rows are those of non-transactional tables: they stay changed
                         # upstream, so they are committed downstream too
-                        ts = file_ts | log_pos
-                        commit_time = float(timestamp(data))
-                        if commit(buffer, xid, has_rows, ddl_txn, ts, commit_time, skip_upto) and ts > res_ts:
-                            res_ts = ts
-                            if commit_time > res_time:
-                                res_time = commit_time
+                        commit(buffer, xid, has_rows, ddl_txn, file_ts | log_pos, float(timestamp(data)),
+                               skip_upto)
                         in_txn = has_rows = ddl_txn = False
                 elif etype == binlog.ROTATE:
                     log_file, _pos = binlog.rotate(data, end)
@@ -776,15 +768,15 @@ class MySqlSpanSource(SpanSource):
                         # the server sends one only when it has nothing more to send: every commit up to its position
                         # is here, and the upstream was at that position now
                         ts = file_ts | log_pos if log_pos else 0
-                        if ts > res_ts:
-                            res_ts = ts
+                        if ts > self._res_ts:
+                            self._res_ts = ts
                         now = time.time()
-                        if now > res_time:
-                            res_time = now
+                        if now > self._res_time:
+                            self._res_time = now
                 elif etype not in _PASSED:
                     self._refuse_event(etype, log_file, log_pos)
-            if res_ts != resolved.ts or res_time != resolved.time:
-                resolved = Watermark(res_ts, res_time)
+            if self._res_ts != resolved.ts or self._res_time != resolved.time:
+                resolved = Watermark(self._res_ts, self._res_time)
                 self._announce(marks, resolved, on_resolved)
 
     def _announce(self, marks: list[tuple[int, tuple[int, int, int]]], resolved: Watermark,
@@ -1083,10 +1075,10 @@ class MySqlSpanSource(SpanSource):
         return stored
 
     def _commit(self, buffer: ChangeBuffer, xid: int, has_rows: bool, ddl_txn: bool, ts: int, commit_time: float,
-                skip_upto: int) -> bool:
-        """Commit transaction ``xid`` at ``ts`` (abort it when a restart's replay finds it already downstream: then
-        False, it does not advance the resolved watermark); its GTID mark waits in ``_pending_marks`` for
-        :meth:`_announce`."""
+                skip_upto: int) -> None:
+        """Commit transaction ``xid`` at ``ts`` (abort it when a restart's replay finds it already downstream: then it
+        does not advance the resolved watermark, else ``_res_ts``/``_res_time`` take it); its GTID mark waits in
+        ``_pending_marks`` for :meth:`_announce`."""
         self._ddl_seq = -1
         gtid, self._gtid = self._gtid, None
         if gtid is not None and ts > self._base_pos_ts:
@@ -1100,6 +1092,9 @@ class MySqlSpanSource(SpanSource):
         if has_rows:
             if ts <= skip_upto:
                 buffer.abort(xid, xid)  # already downstream before the restart
-                return False
+                return
             buffer.commit(xid, ts, commit_time)
-        return True
+        if ts > self._res_ts:
+            self._res_ts = ts
+            if commit_time > self._res_time:
+                self._res_time = commit_time

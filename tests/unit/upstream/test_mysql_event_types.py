@@ -11,9 +11,7 @@ TABLE_MAP, rows and XID event; the first event is the dump's FORMAT_DESCRIPTION.
 
 from __future__ import annotations
 
-import struct
 import threading
-import zlib
 
 import pytest
 
@@ -21,6 +19,7 @@ from cdc.errors import DecodeError
 from cdc.events import TableName
 from cdc.filter import TableFilter
 from cdc.ts import Watermark
+from tests.binlog_wire import event
 from upstream.base import encode_payload
 from upstream.mysql import binlog, catalog, payload, positions
 from upstream.mysql.source import MySqlSpanSource
@@ -59,8 +58,7 @@ def _events() -> list[tuple[int, bytes, int, int]]:
 
 
 def _event(etype: int, body: bytes, log_pos: int) -> tuple[int, bytes, int, int]:
-    ev = struct.pack("<IBIIIH", 1764400000, etype, 1, 19 + len(body) + 4, log_pos, 0) + body
-    data = b"\x00" + ev + zlib.crc32(ev).to_bytes(4, "little")
+    data = event(etype, body, log_pos=log_pos, timestamp=1764400000, server_id=1)
     return etype, data, len(data) - 4, log_pos
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 import io
 import random
 import struct
-import zlib
 from types import SimpleNamespace
 
 import pymysql
 import pytest
 
+from tests.binlog_wire import event, packet
 from upstream.mysql import binlog, rowcodec, wire
 from upstream.mysql.binlog import FramingError
 from upstream.mysql.wire import EventReader
@@ -27,18 +27,6 @@ def _framers() -> list[wire.Frame]:
 
 
 FRAMERS = _framers()
-
-
-def _packet(seq: int, payload: bytes) -> bytes:
-    return len(payload).to_bytes(3, "little") + bytes([seq & 0xFF]) + payload
-
-
-def _event(etype: int, body: bytes, *, log_pos: int = 1234, checksum: bool = True) -> bytes:
-    size = 19 + len(body) + (4 if checksum else 0)
-    ev = struct.pack("<IBIIIH", 1700000000, etype, 7, size, log_pos, 0) + body
-    if checksum:
-        ev += zlib.crc32(ev).to_bytes(4, "little")
-    return b"\x00" + ev
 
 
 class _Trickle(io.RawIOBase):
@@ -73,12 +61,12 @@ def _all(r: EventReader, n: int) -> list[wire.Event]:
 @pytest.mark.parametrize("framer", FRAMERS)
 @pytest.mark.parametrize("step", [None, 1, 7, 100])
 def test_events_in_order_checked_and_split_anywhere(framer: wire.Frame, step: int | None) -> None:
-    evs = [_event(binlog.GTID_MARIADB, struct.pack("<QIB", 42, 0, 0), log_pos=100),
-           _event(binlog.TABLE_MAP, b"t" * 40, log_pos=200),
-           _event(binlog.WRITE_ROWS_V1, b"r" * 300, log_pos=500),
-           _event(binlog.XID, struct.pack("<Q", 9), log_pos=531),
-           _event(binlog.HEARTBEAT, b"mariadb-bin.000001", log_pos=531, checksum=False)]
-    stream = b"".join(_packet(1 + i, e) for i, e in enumerate(evs))
+    evs = [event(binlog.GTID_MARIADB, struct.pack("<QIB", 42, 0, 0), log_pos=100),
+           event(binlog.TABLE_MAP, b"t" * 40, log_pos=200),
+           event(binlog.WRITE_ROWS_V1, b"r" * 300, log_pos=500),
+           event(binlog.XID, struct.pack("<Q", 9), log_pos=531),
+           event(binlog.HEARTBEAT, b"mariadb-bin.000001", log_pos=531, checksum=False)]
+    stream = b"".join(packet(1 + i, e) for i, e in enumerate(evs))
     r = _reader(stream, checksum=True, framer=framer, step=step)
     got = _all(r, len(evs))
     assert got == [(e[5], e, len(e) - (0 if e[5] == binlog.HEARTBEAT else 4), pos)
@@ -90,43 +78,43 @@ def test_events_in_order_checked_and_split_anywhere(framer: wire.Frame, step: in
 
 
 @pytest.mark.parametrize("framer", FRAMERS)
-def test_continuations_joined_and_an_exact_16mb_packet(framer: wire.Frame) -> None:
-    big = _event(binlog.WRITE_ROWS_V1, b"x" * (0xFFFFFF + 10), checksum=False)
-    stream = (_packet(1, big[:0xFFFFFF]) + _packet(2, big[0xFFFFFF:]) + _packet(3, _event(binlog.XID, b"12345678",
+def test_continuations_joined_and_an_exact_16mbpacket(framer: wire.Frame) -> None:
+    big = event(binlog.WRITE_ROWS_V1, b"x" * (0xFFFFFF + 10), checksum=False)
+    stream = (packet(1, big[:0xFFFFFF]) + packet(2, big[0xFFFFFF:]) + packet(3, event(binlog.XID, b"12345678",
                                                                                            checksum=False)))
     r = _reader(stream, framer=framer, step=1 << 20)
     assert r.events() == [(binlog.WRITE_ROWS_V1, big, len(big), 1234)]
     assert r.events()[0][0] == binlog.XID
-    exact = _event(binlog.WRITE_ROWS_V1, b"y" * (0xFFFFFF - 20), checksum=False)
+    exact = event(binlog.WRITE_ROWS_V1, b"y" * (0xFFFFFF - 20), checksum=False)
     assert len(exact) == 0xFFFFFF
-    r = _reader(_packet(7, exact) + _packet(8, b""), seq=7, framer=framer)
+    r = _reader(packet(7, exact) + packet(8, b""), seq=7, framer=framer)
     assert r.events() == [(binlog.WRITE_ROWS_V1, exact, len(exact), 1234)]
 
 
 @pytest.mark.parametrize("framer", FRAMERS)
 def test_errors(framer: wire.Frame) -> None:
-    good = _event(binlog.XID, b"12345678")
+    good = event(binlog.XID, b"12345678")
     with pytest.raises(FramingError, match="sequence"):
-        _reader(_packet(5, good), checksum=True, framer=framer).events()
+        _reader(packet(5, good), checksum=True, framer=framer).events()
     err = b"\xff" + (1236).to_bytes(2, "little") + b"#HY000" + b"Could not find first log file name"
-    r = _reader(_packet(1, good) + _packet(2, err), checksum=True, framer=framer)
+    r = _reader(packet(1, good) + packet(2, err), checksum=True, framer=framer)
     assert len(r.events()) == 1
     with pytest.raises(pymysql.err.OperationalError) as exc:
         r.events()
     assert exc.value.args == (1236, "Could not find first log file name")
     with pytest.raises(ConnectionError, match="ended"):
-        _reader(_packet(1, b"\xfe\x00\x00\x02\x00"), framer=framer).events()
+        _reader(packet(1, b"\xfe\x00\x00\x02\x00"), framer=framer).events()
     with pytest.raises(ConnectionError):
-        _reader(_packet(1, good)[:-2], checksum=True, framer=framer).events()
+        _reader(packet(1, good)[:-2], checksum=True, framer=framer).events()
     damaged = good[:25] + bytes([good[25] ^ 1]) + good[26:]
     with pytest.raises(FramingError, match="checksum"):
-        _reader(_packet(1, damaged), checksum=True, framer=framer).events()
-    assert _reader(_packet(1, damaged), checksum=False, framer=framer).events()[0][2] == len(damaged)  # (no CRC asked)
+        _reader(packet(1, damaged), checksum=True, framer=framer).events()
+    assert _reader(packet(1, damaged), checksum=False, framer=framer).events()[0][2] == len(damaged)  # (no CRC asked)
     wrong_size = good[:10] + bytes([good[10] + 1]) + good[11:]
     with pytest.raises(FramingError, match="holds an event"):
-        _reader(_packet(1, wrong_size), checksum=False, framer=framer).events()
+        _reader(packet(1, wrong_size), checksum=False, framer=framer).events()
     with pytest.raises(FramingError, match="unexpected packet"):
-        _reader(_packet(1, b"\x01" + good[1:]), checksum=True, framer=framer).events()
+        _reader(packet(1, b"\x01" + good[1:]), checksum=True, framer=framer).events()
 
 
 @pytest.mark.skipif(len(FRAMERS) < 2, reason="no C compiler or Python headers: the C framer cannot be built here")
@@ -138,9 +126,9 @@ def test_c_frames_what_python_frames() -> None:
         parts = []
         for i in range(rnd.randrange(1, 12)):
             etype = rnd.choice([binlog.XID, binlog.TABLE_MAP, binlog.WRITE_ROWS_V1, binlog.HEARTBEAT, 162])
-            ev = _event(etype, bytes(rnd.randrange(256) for _ in range(rnd.randrange(0, 60))),
+            ev = event(etype, bytes(rnd.randrange(256) for _ in range(rnd.randrange(0, 60))),
                         log_pos=rnd.randrange(1 << 32), checksum=checksum and etype != binlog.HEARTBEAT)
-            parts.append(_packet(seq + i, ev))
+            parts.append(packet(seq + i, ev))
         buf = bytearray(b"".join(parts))
         for _ in range(rnd.randrange(3)):  # damage: any byte, incl. lengths, sequence numbers, sizes, checksums
             buf[rnd.randrange(len(buf))] ^= 1 << rnd.randrange(8)
