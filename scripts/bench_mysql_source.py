@@ -29,6 +29,7 @@ what docs/benchmarks.md's "Issue 23 item 7" section reports.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import pstats
 import random
@@ -40,6 +41,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +115,22 @@ def write(server: MariaDBServer, rows: int, shape: str) -> tuple[int, int]:
     finally:
         conn.close()
     return start, binlog_end(server)
+
+
+@contextlib.contextmanager
+def written_server(rows: int, shape: str) -> Iterator[tuple[MariaDBServer, int, int]]:
+    """A MariaDB started in a temporary directory with the workload written (:func:`write`): ``(server, start Ts, end
+    Ts)``; stopped and removed afterwards."""
+    work = Path(tempfile.mkdtemp(prefix="tidewater-mysql-hot-"))
+    server = MariaDBServer(work)
+    try:
+        server.start()
+        start, end = write(server, rows, shape)
+        print(f"{rows} row changes ({shape}) in binlog {start:X}..{end:X}", flush=True)
+        yield server, start, end
+    finally:
+        server.stop()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def timed(what: str, rows: int, fn: Any) -> None:
@@ -206,12 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--uri", help="an existing server's root URI (default: start one)")
     ap.add_argument("--spans", type=int, default=1, help="also read the binlog as each span of N (default 1)")
     args = ap.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="tidewater-mysql-hot-"))
-    server = MariaDBServer(work)
-    try:
-        server.start()
-        start, end = write(server, args.rows, args.shape)
-        print(f"{args.rows} row changes ({args.shape}) in binlog {start:X}..{end:X}", flush=True)
+    with written_server(args.rows, args.shape) as (server, start, end):
         for extra in ((), ("--verbose",)):
             what = "mariadb-binlog" + (" --verbose (rows decoded)" if extra else "") + " to /dev/null"
             print(f"{what:<48} {read_ceiling(server, start, end, args.rows, *extra)}", flush=True)
@@ -230,9 +243,6 @@ def main(argv: list[str] | None = None) -> int:
             print()
             pstats.Stats(prof).sort_stats("tottime").print_stats(25)
             pstats.Stats(prof).sort_stats("cumulative").print_stats(30)
-    finally:
-        server.stop()
-        shutil.rmtree(work, ignore_errors=True)
     return 0
 
 

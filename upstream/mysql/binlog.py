@@ -42,6 +42,27 @@ WRITES = frozenset({WRITE_ROWS_V1, WRITE_ROWS_V2})
 UPDATES = frozenset({UPDATE_ROWS_V1, UPDATE_ROWS_V2})
 DELETES = frozenset({DELETE_ROWS_V1, DELETE_ROWS_V2})
 
+INCIDENT = 26  # the server logged an incident: changes may be missing from the binlog after it
+PASSED = frozenset({
+    1,  # START_EVENT_V3
+    3,  # STOP_EVENT: the server stopped
+    5, 13, 14,  # INTVAR, RAND, USER_VAR: context of a statement that follows as a QUERY event
+    FORMAT_DESCRIPTION,
+    28,  # IGNORABLE_LOG_EVENT (ignorable by definition)
+    29,  # ROWS_QUERY_LOG_EVENT: the statement's text (binlog_rows_query_log_events)
+    PREVIOUS_GTIDS_MYSQL,
+    36, 37,  # TRANSACTION_CONTEXT, VIEW_CHANGE (group replication)
+    38,  # XA_PREPARE_LOG_EVENT: the transaction's rows without a commit are refused at the next GTID event
+    41,  # HEARTBEAT_LOG_EVENT_V2 (MySQL 8.0.26+)
+    160,  # MariaDB ANNOTATE_ROWS: the statement's text
+    161,  # MariaDB BINLOG_CHECKPOINT
+    163,  # MariaDB GTID_LIST
+    164,  # MariaDB START_ENCRYPTION
+})
+"""Event types the span source passes over: they carry no row change and no schema change. Every type neither read
+nor in this allow-list stops the span with an error naming it (it could carry rows or DDL the target would miss:
+statement-based LOAD DATA, pre-GA rows events, an incident, a newer server's events such as MySQL's tagged GTIDs)."""
+
 _Q = struct.Struct("<Q")
 _QUERY_POST = struct.Struct("<IIBHH")  # thread id, exec time, db length, error code, status vars length
 _GTID_MARIADB = struct.Struct("<QI")  # seq_no, domain_id
@@ -89,10 +110,15 @@ def query(data: bytes, end: int) -> tuple[str, str]:
     return schema, data[off + db_len + 1:end].decode(errors="replace")
 
 
-def mariadb_gtid(data: bytes) -> tuple[int, int]:
-    """A MariaDB GTID event's ``(domain_id, seq_no)`` (its server id is the header's)."""
+def mariadb_gtid(data: bytes) -> tuple[int, int, int]:
+    """A MariaDB GTID event's ``(domain_id, server_id, seq_no)`` (its server id is the header's)."""
     seq, domain = _GTID_MARIADB.unpack_from(data, HEADER_END)
-    return domain, seq
+    return domain, int.from_bytes(data[6:10], "little"), seq
+
+
+def timestamp(data: bytes) -> int:
+    """The event's timestamp (seconds since the epoch) from its header."""
+    return int.from_bytes(data[1:5], "little")
 
 
 def mysql_gtid(data: bytes) -> tuple[bytes, int]:

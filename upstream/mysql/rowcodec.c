@@ -306,20 +306,8 @@ static int image(const unsigned char *s, Py_ssize_t end, Py_ssize_t *pos, const 
     return 1;
 }
 
-static PyObject *decode_rows(PyObject *self, PyObject *args) {
-    PyObject *data, *head, *codes, *p1, *p2, *calls;
-    Py_ssize_t off, end;
-    int kind;
-    if (!PyArg_ParseTuple(args, "SnniSSSSO!", &data, &off, &end, &kind, &head, &codes, &p1, &p2, &PyTuple_Type,
-                          &calls))
-        return NULL;
-    plan_t pl = {PyBytes_GET_SIZE(codes), (const unsigned char *)PyBytes_AS_STRING(codes),
-                 (const unsigned char *)PyBytes_AS_STRING(p1), (const unsigned char *)PyBytes_AS_STRING(p2), calls,
-                 data};
-    if (PyBytes_GET_SIZE(p1) != pl.ncols || PyBytes_GET_SIZE(p2) != pl.ncols || PyTuple_GET_SIZE(calls) != pl.ncols) {
-        PyErr_SetString(PyExc_ValueError, "decode_rows: codes, p1, p2 and calls differ in length");
-        return NULL;
-    }
+/* Every row change of data[off:end] as payloads (decode_rows' loop): the list, or None (Python decides), or NULL */
+static PyObject *rows_out(PyObject *data, Py_ssize_t off, Py_ssize_t end, int kind, PyObject *head, const plan_t *pl) {
     const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(data);
     if (off < 0 || end > PyBytes_GET_SIZE(data) || off > end) Py_RETURN_NONE;
     PyObject *out = PyList_New(0);
@@ -331,8 +319,8 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
     int r = 1;
     while (pos < end) {
         first.n = second.n = 0;
-        r = image(s, end, &pos, &pl, &first);
-        if (r == 1 && kind == 'U') r = image(s, end, &pos, &pl, &second);
+        r = image(s, end, &pos, pl, &first);
+        if (r == 1 && kind == 'U') r = image(s, end, &pos, pl, &second);
         if (r != 1) break;
         /* U: the binlog's before image is first, the payload's new (after) tuple first */
         buf_t *a = kind == 'U' ? &second : &first, *o = kind == 'U' ? &first : NULL;
@@ -363,6 +351,77 @@ static PyObject *decode_rows(PyObject *self, PyObject *args) {
     return out;
 }
 
+static int plan_of(plan_t *pl, PyObject *codes, PyObject *p1, PyObject *p2, PyObject *calls, PyObject *data) {
+    *pl = (plan_t){PyBytes_GET_SIZE(codes), (const unsigned char *)PyBytes_AS_STRING(codes),
+                   (const unsigned char *)PyBytes_AS_STRING(p1), (const unsigned char *)PyBytes_AS_STRING(p2), calls,
+                   data};
+    if (PyBytes_GET_SIZE(p1) != pl->ncols || PyBytes_GET_SIZE(p2) != pl->ncols || PyTuple_GET_SIZE(calls) != pl->ncols) {
+        PyErr_SetString(PyExc_ValueError, "codes, p1, p2 and calls differ in length");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *decode_rows(PyObject *self, PyObject *args) {
+    PyObject *data, *head, *codes, *p1, *p2, *calls;
+    Py_ssize_t off, end;
+    int kind;
+    if (!PyArg_ParseTuple(args, "SnniSSSSO!", &data, &off, &end, &kind, &head, &codes, &p1, &p2, &PyTuple_Type,
+                          &calls))
+        return NULL;
+    plan_t pl;
+    if (plan_of(&pl, codes, p1, p2, calls, data) < 0) return NULL;
+    return rows_out(data, off, end, kind, head, &pl);
+}
+
+/* decode_event(heads, full, padded, codes, p1, p2, calls, data, end, etype): a whole WRITE/UPDATE/DELETE rows event
+ * (v1 or v2; the packet data, its body ending at end) as decode_rows' payloads, its header read here: the column
+ * count must be the plan's and every columns-present bitmap `full` (or `padded`, MySQL 8's unused bits set).
+ * heads: the payload heads of 'I', 'U' and 'D'. Anything else (another event type, a partial image, a count that
+ * differs, a value C does not render exactly) returns None: rowdecode.RowDecoder.payloads after
+ * rowdecode.rows_header, the reference, decides or raises the precise error. */
+static PyObject *decode_event(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10 || !PyTuple_CheckExact(args[0]) || PyTuple_GET_SIZE(args[0]) != 3 || !PyBytes_CheckExact(args[1]) ||
+        !PyBytes_CheckExact(args[2]) || !PyBytes_CheckExact(args[3]) || !PyBytes_CheckExact(args[4]) ||
+        !PyBytes_CheckExact(args[5]) || !PyTuple_CheckExact(args[6]) || !PyBytes_CheckExact(args[7])) {
+        PyErr_SetString(PyExc_TypeError, "decode_event(heads, full, padded, codes, p1, p2, calls, data, end, etype)");
+        return NULL;
+    }
+    PyObject *data = args[7];
+    Py_ssize_t end = PyLong_AsSsize_t(args[8]);
+    long etype = PyLong_AsLong(args[9]);
+    if (PyErr_Occurred()) return NULL;
+    int kind, v2 = etype >= 30 && etype <= 32;
+    switch (etype) {
+    case 23: case 30: kind = 'I'; break;
+    case 24: case 31: kind = 'U'; break;
+    case 25: case 32: kind = 'D'; break;
+    default: Py_RETURN_NONE;
+    }
+    PyObject *head = PyTuple_GET_ITEM(args[0], kind == 'I' ? 0 : kind == 'U' ? 1 : 2);
+    if (!PyBytes_CheckExact(head)) {
+        PyErr_SetString(PyExc_TypeError, "decode_event: heads must be bytes");
+        return NULL;
+    }
+    plan_t pl;
+    if (plan_of(&pl, args[3], args[4], args[5], args[6], data) < 0) return NULL;
+    const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(data);
+    Py_ssize_t len = PyBytes_GET_SIZE(data), off = 28; /* 1 OK byte, 19 header bytes, 6 table id, 2 flags */
+    if (end > len || end < off + 3) Py_RETURN_NONE;
+    if (v2) off += (Py_ssize_t)le(s + off, 2); /* extra data, its 2-byte length included */
+    if (off + 1 > end || s[off] >= 0xFB) Py_RETURN_NONE; /* (a one-byte column count below 251 only) */
+    Py_ssize_t n = s[off++];
+    if (n != pl.ncols) Py_RETURN_NONE;
+    Py_ssize_t nb = (n + 7) >> 3;
+    const char *full = PyBytes_AS_STRING(args[1]), *padded = PyBytes_AS_STRING(args[2]);
+    if (PyBytes_GET_SIZE(args[1]) != nb || PyBytes_GET_SIZE(args[2]) != nb) Py_RETURN_NONE;
+    for (int k = kind == 'U' ? 2 : 1; k > 0; k--) {
+        if (off + nb > end || (memcmp(s + off, full, (size_t)nb) && memcmp(s + off, padded, (size_t)nb))) Py_RETURN_NONE;
+        off += nb;
+    }
+    return rows_out(data, off, end, kind, head, &pl);
+}
+
 /* ---- CRC32 (zlib's polynomial, reflected), slicing by 8 ------------------------------------------------------- */
 static uint32_t crc_table[8][256];
 
@@ -390,16 +449,53 @@ static uint32_t crc32_of(const unsigned char *p, Py_ssize_t n) {
     return c ^ 0xFFFFFFFFu;
 }
 
-/* crc_ok(data, end): whether data[end:end+4] (little-endian) is the CRC32 of data[1:end] (binlog.crc_ok in C) */
-static PyObject *crc_ok(PyObject *self, PyObject *args) {
-    PyObject *data;
-    Py_ssize_t end;
-    if (!PyArg_ParseTuple(args, "Sn", &data, &end)) return NULL;
-    const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(data);
-    if (end < 1 || end + 4 > PyBytes_GET_SIZE(data)) Py_RETURN_FALSE;
-    uint32_t want = (uint32_t)s[end] | (uint32_t)s[end + 1] << 8 | (uint32_t)s[end + 2] << 16 | (uint32_t)s[end + 3] << 24;
-    if (crc32_of(s + 1, end - 1) == want) Py_RETURN_TRUE;
-    Py_RETURN_FALSE;
+/* ---- the dump's packets framed into events (upstream/mysql/wire.py's frame, in C) ---------------------------------
+ * frame_events(buf, off, seq, checksum) -> (events, off, seq): every whole packet of buf from off that is one plain
+ * binlog event, each as the tuple (event type, packet bytes, end of its body, log_pos), the packet's sequence number
+ * checked, the event's size checked against the packet's and its CRC32 verified when checksum (not a heartbeat's).
+ * It stops before the first packet that is not whole or not such an event (a wrong sequence number, a packet of 16 MB
+ * or more, an error or EOF packet, a size or checksum mismatch): wire.py's Python path reads that one and raises the
+ * precise error. Returns the offset and sequence number after the last packet framed. */
+static PyObject *frame_events(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyBytes_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "frame_events(buf: bytes, off, seq, checksum)");
+        return NULL;
+    }
+    const unsigned char *s = (const unsigned char *)PyBytes_AS_STRING(args[0]);
+    Py_ssize_t len = PyBytes_GET_SIZE(args[0]);
+    Py_ssize_t off = PyLong_AsSsize_t(args[1]);
+    long seq = PyLong_AsLong(args[2]);
+    int checksum = PyObject_IsTrue(args[3]);
+    if (PyErr_Occurred() || checksum < 0) return NULL;
+    if (off < 0) off = len;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) return NULL;
+    while (off + 4 <= len) {
+        const unsigned char *h = s + off;
+        Py_ssize_t n = (Py_ssize_t)h[0] | (Py_ssize_t)h[1] << 8 | (Py_ssize_t)h[2] << 16;
+        if (n >= 0xFFFFFF || h[3] != seq || off + 4 + n > len || n < 20) break;
+        const unsigned char *d = h + 4;
+        if (d[0] != 0) break;
+        uint32_t size = (uint32_t)le(d + 10, 4);
+        if ((Py_ssize_t)size + 1 != n) break;
+        int etype = d[5];
+        Py_ssize_t end = n;
+        if (checksum && etype != 27) {
+            if (n < 24) break;
+            end = n - 4;
+            if (crc32_of(d + 1, end - 1) != (uint32_t)le(d + end, 4)) break;
+        }
+        PyObject *ev = Py_BuildValue("(iy#nk)", etype, (const char *)d, n, end, (unsigned long)le(d + 14, 4));
+        if (ev == NULL || PyList_Append(out, ev) < 0) {
+            Py_XDECREF(ev);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(ev);
+        off += 4 + n;
+        seq = (seq + 1) & 0xFF;
+    }
+    return Py_BuildValue("(Nnl)", out, off, seq);
 }
 
 /* ---- the decoder side: stored payloads back into values (upstream/mysql/payload.py's parse, in C) ---------------
@@ -877,7 +973,10 @@ static PyTypeObject MySqlMounterType = {
 };
 
 static PyMethodDef methods[] = {
-    {"crc_ok", crc_ok, METH_VARARGS, "crc_ok(data, end) -> whether data[end:end+4] is the CRC32 of data[1:end]"},
+    {"frame_events", (PyCFunction)(void (*)(void))frame_events, METH_FASTCALL,
+     "frame_events(buf, off, seq, checksum) -> (events, off, seq): wire.frame in C"},
+    {"decode_event", (PyCFunction)(void (*)(void))decode_event, METH_FASTCALL,
+     "decode_event(heads, full, padded, codes, p1, p2, calls, data, end, etype) -> payloads, or None (Python decides)"},
     {"decode_rows", decode_rows, METH_VARARGS,
      "decode_rows(data, off, end, kind, head, codes, p1, p2, calls) -> list of payloads, or None (decode in Python)"},
     {"configure", (PyCFunction)(void (*)(void))rc_configure, METH_FASTCALL,

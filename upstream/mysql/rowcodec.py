@@ -36,7 +36,7 @@ from typing import Any
 from cdc import cbuild
 from cdc.events import UNCHANGED, OpType, RowChange
 from upstream.base import Mount, ParsedChange, PlainPlan
-from upstream.mysql import binlog, payload
+from upstream.mysql import payload, wire
 from upstream.postgres import rowcodec as text_codec
 from upstream.postgres import types as text_types
 
@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 
 DecodeRows = Callable[..., "list[bytes] | None"]
 """``decode_rows(data, off, end, kind, head, codes, p1, p2, calls)`` (see ``rowcodec.c``)."""
+DecodeEvent = Callable[..., "list[bytes] | None"]
+"""``decode_event(heads, full, padded, codes, p1, p2, calls, data, end, etype)`` (see ``rowcodec.c``)."""
 
 CALL, INT, UINT, YEAR, TEXT, BYTEA, BINARY, DATE, DATETIME2, TIMESTAMP2, TIME2 = range(11)
 """The column codes of ``rowcodec.c`` (checked against the built module when it loads)."""
@@ -100,6 +102,15 @@ def best() -> DecodeRows | None:
     return native()
 
 
+def best_event() -> DecodeEvent | None:
+    """The C ``decode_event`` (a whole rows event, header included: ``RowDecoder.event_decoder``) unless
+    ``TIDEWATER_ROWCODEC=python`` is set or it is not built here (then None)."""
+    if os.environ.get("TIDEWATER_ROWCODEC", "").lower() == "python":
+        return None
+    mod = _EXT.get()
+    return None if mod is None else mod.decode_event  # type: ignore[no-any-return]
+
+
 def native_decoding() -> Decoding | None:
     """The decoder side in C (the row parser of :func:`upstream.postgres.rowcodec.native` where that is built); None
     when this module cannot be built or loaded here."""
@@ -115,12 +126,12 @@ def best_decoding() -> Decoding:
     return native_decoding() or PYTHON
 
 
-def best_crc_ok() -> Callable[[bytes, int], bool]:
-    """``crc_ok(data, end)``: whether the 4 bytes at ``end`` are the CRC32 of ``data[1:end]`` (an event's checksum,
-    :func:`upstream.mysql.binlog.crc_ok`): in C where built (a table-driven CRC32, several times faster than
-    ``zlib.crc32`` on the small events of single-row transactions here), else the Python one."""
+def best_frame() -> wire.Frame:
+    """:func:`upstream.mysql.wire.frame` (the dump's packets framed into events, CRC32 verified) in C where built (a
+    table-driven CRC32, several times faster than ``zlib.crc32`` on the small events of single-row transactions, and
+    no Python call per event), else the Python one."""
     mod = None if os.environ.get("TIDEWATER_ROWCODEC", "").lower() == "python" else _EXT.get()
-    return binlog.crc_ok if mod is None else mod.crc_ok  # type: ignore[no-any-return]
+    return wire.frame if mod is None else mod.frame_events  # type: ignore[no-any-return]
 
 
 def main() -> int:

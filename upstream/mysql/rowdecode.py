@@ -19,6 +19,7 @@ No I/O, no logging; one list per image and nothing else per row beyond the value
 
 from __future__ import annotations
 
+import functools
 import struct
 from collections.abc import Callable, Sequence
 from datetime import date, datetime, timedelta
@@ -372,6 +373,17 @@ class RowDecoder:
         self._plan = (bytes(c for c, _, _ in codes), bytes(a for _, a, _ in codes), bytes(b for _, _, b in codes),
                       tuple(rd if code == rowcodec.CALL else None for rd, (code, _, _) in zip(readers, codes, strict=True)))
         self._heads: dict[tuple[bytes, bytes, int], bytes] = {}
+
+    def event_decoder(self, native_event: rowcodec.DecodeEvent | None, prefix: bytes,
+                      relid: int) -> Callable[[bytes, int, int], list[bytes] | None] | None:
+        """``fast(data, end, etype)``: the payloads of a whole rows event of this table (its header read in C too)
+        in one C call, the same bytes as :meth:`payloads` after :func:`rows_header`; None where C does not answer
+        exactly (a partial image, another column count, a value C does not render: those two decide). None without
+        ``native_event`` (``rowcodec.c``'s ``decode_event``)."""
+        if native_event is None:
+            return None
+        heads = tuple(prefix + payload.encode(k, relid, None, None) for k in (b"I", b"U", b"D"))
+        return functools.partial(native_event, heads, self.full, self.padded, *self._plan)
 
     def payloads(self, data: bytes, off: int, end: int, kind: bytes, prefix: bytes, relid: int) -> list[bytes]:
         """The stored payload (``prefix`` then :func:`upstream.mysql.payload.encode`) of every row change of a rows

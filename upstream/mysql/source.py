@@ -108,6 +108,7 @@ HEARTBEAT_SECONDS = 1.0
 _INTEGER_FIELDS = frozenset({1, 2, 3, 8, 9})  # TINY, SHORT, LONG, LONGLONG, INT24
 _CHECKSUM_ATTR = "_BinLogStreamReader__use_checksum"  # set by the library's handshake (@master_binlog_checksum)
 ROWS_EVENTS = binlog.ROWS_V1 | binlog.ROWS_V2 | {binlog.PARTIAL_UPDATE_ROWS}
+_PASSED = binlog.PASSED
 _NOT_DDL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|XA\s)", re.IGNORECASE)
 # CREATE TEMPORARY TABLE (ddl.created_table names every other CREATE TABLE): a session's own table, never replicated
 _CREATE_TABLE = re.compile(r"^\s*CREATE\s+(TEMPORARY\s+)?TABLE\s", re.IGNORECASE)
@@ -207,7 +208,7 @@ class _Table:
     """A table the span decodes: its schema version, column names and value renderers."""
 
     __slots__ = ("version", "relid", "names", "renderers", "name", "data_types", "unsigned", "checked", "facts",
-                 "guessed")
+                 "guessed", "live")
 
     def __init__(self, facts: catalog.TableFacts, version: int, relid: int) -> None:
         self.facts = facts
@@ -218,6 +219,7 @@ class _Table:
         self.unsigned = tuple("unsigned" in c.column_type.lower() for c in facts.columns)
         self.guessed = tuple(c.extra == catalog.GUESSED for c in facts.columns)
         self.checked: Any = None  # the table map's column list last checked against (one check per table map)
+        self.live = True  # False once another version replaced it or the span stopped carrying the table
 
 
 class MySqlSpanSource(SpanSource):
@@ -283,7 +285,10 @@ class MySqlSpanSource(SpanSource):
         self._uuids: list[str] = []
         self._uuid_ids: dict[bytes, int] = {}
         self._codec = rowcodec.best()  # rows decoded in C where it is built (upstream.mysql.rowcodec)
-        self._crc_ok = rowcodec.best_crc_ok()
+        self._event_codec = rowcodec.best_event()  # whole rows events, header included, in one C call
+        self._frame = rowcodec.best_frame()  # the dump's packets framed into events in C where built
+        self._pending_marks: list[tuple[int, tuple[int, int, int]]] = []  # GTID marks not yet announced (_announce)
+        self._res_ts, self._res_time = start.ts, start.time  # the resolved watermark of the events read (_loop)
 
     # ---- SpanSource --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -493,6 +498,9 @@ class MySqlSpanSource(SpanSource):
         version = self._next_version
         self._next_version += 1
         schema = self._schemas[version] = facts.schema(version)
+        old = self._tables.get(facts.name)
+        if old is not None:
+            old.live = False
         t = self._tables[facts.name] = _Table(facts, version, schema.relation_id)
         return t
 
@@ -594,7 +602,9 @@ class MySqlSpanSource(SpanSource):
                                   f"stream carries checksums ({_CHECKSUM_ATTR}); pin mysql-replication 1.0.x")
             checksum = bool(getattr(stream, _CHECKSUM_ATTR))  # what the library asked the server for
             dbms = "mariadb" if "mariadb" in str(getattr(conn, "server_version", "")).lower() else "mysql"
-            self._loop(wire.PacketReader(conn).read, stream.log_file, checksum, dbms, buffer, stop, on_resolved)
+            self._pending_marks.clear()
+            self._loop(wire.EventReader(conn, checksum, self._frame).events, stream.log_file, dbms, buffer, stop,
+                       on_resolved)
         except TidewaterError:
             raise
         except (pymysql.MySQLError, OSError, EOFError, AttributeError, binlog.FramingError) as exc:
@@ -610,165 +620,200 @@ class MySqlSpanSource(SpanSource):
             except Exception:  # noqa: BLE001
                 pass
 
-    def _loop(self, read_packet: Callable[[], bytes], log_file: str, checksum: bool, dbms: str, buffer: ChangeBuffer,
+    def _loop(self, next_events: Callable[[], list[wire.Event]], log_file: str, dbms: str, buffer: ChangeBuffer,
               stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
-        """The event loop over the stream's raw packets (:mod:`upstream.mysql.binlog` frames them): table maps through
-        the :class:`~upstream.mysql.tablemap.TableMapCache`, rows decoded by each table's
-        :class:`~upstream.mysql.rowdecode.RowDecoder` straight into payloads. Any packet the library would have
-        reconnected on is an error here (the caller restarts the span from its checkpoint)."""
+        """The event loop over the stream's events (:mod:`upstream.mysql.wire` frames them, CRC32 verified, as many
+        per call as the socket delivered): table maps through the :class:`~upstream.mysql.tablemap.TableMapCache`,
+        rows decoded by each table's :class:`~upstream.mysql.rowdecode.RowDecoder` straight into payloads. The stop
+        check, the commits' GTID marks and the resolved watermark are per batch of events, not per event or commit
+        (:meth:`_announce`). Any packet the library would have reconnected on is an error here (the caller restarts
+        the span from its checkpoint)."""
         db, filt, carries = self.database, self.filter, self.share.carries
         skip_upto = self.start.ts
         resolved = self.start
+        self._res_ts, self._res_time = resolved.ts, resolved.time  # of the events so far (announced per batch)
         xid = 0
         in_txn = False
         has_rows = False
         ddl_txn = False  # the open transaction stored a schema change
         add_many = buffer.add_many
-        to_ts = positions.to_ts
         epoch = self._epoch
+        file_ts = positions.to_ts(log_file, 0, epoch)  # the Ts of position 0 of log_file (a position is 32 bits)
         maps = TableMapCache(dbms)
         updates, writes = binlog.UPDATES, binlog.WRITES
-        header = binlog.HEADER.unpack_from
-        crc_ok = self._crc_ok
-        rows_types, table_map_type = ROWS_EVENTS, binlog.TABLE_MAP
+        rows_types, table_map_type, xid_type, gtid_mariadb = ROWS_EVENTS, binlog.TABLE_MAP, binlog.XID, binlog.GTID_MARIADB
+        timestamp, mariadb_gtid = binlog.timestamp, binlog.mariadb_gtid
         stopped, closed = stop.is_set, self._closed.is_set
+        commit, marks = self._commit, self._pending_marks
         while True:
-            data = read_packet()
+            events = next_events()
             if stopped() or closed():
                 return
-            if data[0] != 0:
-                if data[0] == 0xFE and len(data) < 9:
-                    raise UpstreamUnavailable(f"span={self.label}: the binlog stream from MySQL {self.where} ended")
-                raise binlog.FramingError(f"unexpected packet 0x{data[0]:02x} in the binlog stream")
-            timestamp, etype, server_id, size, log_pos = header(data)
-            end = 1 + size
-            if len(data) != end:
-                raise binlog.FramingError(f"a packet of {len(data)} bytes holds an event of {size} bytes")
-            if checksum and etype != binlog.HEARTBEAT:  # (a heartbeat's body is not read)
-                end -= 4
-                if not crc_ok(data, end):
-                    raise binlog.FramingError(binlog.CRC_MISMATCH)
-            if etype == table_map_type:
-                maps.put(data, end)
-                continue
-            if etype in rows_types:
-                table_id, ncols, present, present_after, off = rowdecode.rows_header(data, etype)
-                tmap = maps.get(table_id)
-                if tmap is None:
-                    raise DecodeError(f"span={self.label}: a row event at binlog {log_file}:{log_pos} names table id "
-                                      f"{table_id}, whose TABLE_MAP the stream did not carry")
-                state = tmap.state
-                dec = state.get("decoder")
-                if dec is None:
-                    if state.get("skip"):
-                        continue
-                    name = TableName(tmap.schema, tmap.table)
-                    if name.schema != db or not filt.match(name) or not carries(name):
-                        # another database's, a filtered table or another span's: its rows are not read (decided once
-                        # per table map body)
-                        state["skip"] = True
-                        continue
-                    where = f"{log_file}:{log_pos}"
-                    tbl = self._table(name, tmap.columns, where)
-                    if tbl is None:
-                        continue
-                    dec = self._row_decoder(tmap, tbl, where)
-                else:
-                    tbl = state["table"]
-                    if self._tables.get(tbl.name) is not tbl:  # a schema change since: decode with the new version
-                        state.clear()
+            for etype, data, end, log_pos in events:
+                if etype == table_map_type:
+                    maps.put(data, end)
+                    continue
+                if etype in rows_types:
+                    tmap = maps.get(int.from_bytes(data[20:26], "little"))
+                    if tmap is not None:  # the common case in one C call: a whole image of a table decoded before
+                        state = tmap.state
+                        fast = state.get("fast")
+                        if fast is not None and state["table"].live:
+                            out = fast(data, end, etype)
+                            if out is not None:
+                                add_many(xid, xid, out)
+                                has_rows = True
+                                continue
+                    table_id, ncols, present, present_after, off = rowdecode.rows_header(data, etype)
+                    tmap = maps.get(table_id)
+                    if tmap is None:
+                        raise DecodeError(f"span={self.label}: a row event at binlog {log_file}:{log_pos} names table "
+                                          f"id {table_id}, whose TABLE_MAP the stream did not carry")
+                    state = tmap.state
+                    dec = state.get("decoder")
+                    if dec is None:
+                        if state.get("skip"):
+                            continue
+                        name = TableName(tmap.schema, tmap.table)
+                        if name.schema != db or not filt.match(name) or not carries(name):
+                            # another database's, a filtered table or another span's: its rows are not read (decided
+                            # once per table map body)
+                            state["skip"] = True
+                            continue
                         where = f"{log_file}:{log_pos}"
-                        tbl = self._table(tbl.name, tmap.columns, where)
+                        tbl = self._table(name, tmap.columns, where)
                         if tbl is None:
                             continue
                         dec = self._row_decoder(tmap, tbl, where)
-                if etype == binlog.PARTIAL_UPDATE_ROWS:
-                    raise DecodeError(f"span={self.label} table {tbl.name} at binlog {log_file}:{log_pos}: a partial "
-                                      f"JSON update (binlog_row_value_options=PARTIAL_JSON) is not replicated; set "
-                                      f"binlog_row_value_options='' upstream, then resync the table")
-                if ncols != dec.count:
-                    raise DecodeError(f"span={self.label} table {tbl.name} at binlog {log_file}:{log_pos}: the row "
-                                      f"event has {ncols} columns, its table map {dec.count}")
-                if present != dec.full or (present_after is not None and present_after != dec.full):
-                    if present == dec.padded:  # MySQL 8 sets the bitmap's unused bits: every column is there
-                        present = dec.full
-                    if present_after == dec.padded:
-                        present_after = dec.full
-                if present != dec.full or (present_after is not None and present_after != dec.full):
-                    # binlog_row_image not FULL in the writing session (rare): never taken as full rows
-                    self._add_partial(tbl, dec, etype, data, off, end, present, present_after,
-                                      f"{log_file}:{log_pos}", buffer, xid, state["prefix"])
+                    else:
+                        tbl = state["table"]
+                        if not tbl.live:  # a schema change since: decode with the new version
+                            state.clear()
+                            where = f"{log_file}:{log_pos}"
+                            tbl = self._table(tbl.name, tmap.columns, where)
+                            if tbl is None:
+                                continue
+                            dec = self._row_decoder(tmap, tbl, where)
+                    if etype == binlog.PARTIAL_UPDATE_ROWS:
+                        raise DecodeError(f"span={self.label} table {tbl.name} at binlog {log_file}:{log_pos}: a "
+                                          f"partial JSON update (binlog_row_value_options=PARTIAL_JSON) is not "
+                                          f"replicated; set binlog_row_value_options='' upstream, then resync the table")
+                    if ncols != dec.count:
+                        raise DecodeError(f"span={self.label} table {tbl.name} at binlog {log_file}:{log_pos}: the "
+                                          f"row event has {ncols} columns, its table map {dec.count}")
+                    if present != dec.full or (present_after is not None and present_after != dec.full):
+                        if present == dec.padded:  # MySQL 8 sets the bitmap's unused bits: every column is there
+                            present = dec.full
+                        if present_after == dec.padded:
+                            present_after = dec.full
+                    if present != dec.full or (present_after is not None and present_after != dec.full):
+                        # binlog_row_image not FULL in the writing session (rare): never taken as full rows
+                        self._add_partial(tbl, dec, etype, data, off, end, present, present_after,
+                                          f"{log_file}:{log_pos}", buffer, xid, state["prefix"])
+                        has_rows = True
+                        continue
+                    try:
+                        add_many(xid, xid, dec.payloads(data, off, end, b"U" if etype in updates else b"I"
+                                                        if etype in writes else b"D", state["prefix"], tbl.relid))
+                    except rowdecode.ValueRefused as exc:
+                        raise DecodeError(
+                            f"span={self.label} table {tbl.name} column {tbl.names[exc.index]} at binlog "
+                            f"{log_file}:{log_pos}: a value that cannot be replicated exactly ({exc.reason}: e.g. a "
+                            f"zero date); fix the row upstream or exclude the table") from exc
                     has_rows = True
                     continue
-                try:
-                    add_many(xid, xid, dec.payloads(data, off, end, b"U" if etype in updates else b"I"
-                                                    if etype in writes else b"D", state["prefix"], tbl.relid))
-                except rowdecode.ValueRefused as exc:
-                    raise DecodeError(
-                        f"span={self.label} table {tbl.name} column {tbl.names[exc.index]} at binlog "
-                        f"{log_file}:{log_pos}: a value that cannot be replicated exactly ({exc.reason}: e.g. a zero "
-                        f"date); fix the row upstream or exclude the table") from exc
-                has_rows = True
-                continue
-            if etype == binlog.XID:
-                resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(log_file, log_pos, epoch),
-                                        float(timestamp), skip_upto, resolved, on_resolved)
-                in_txn = has_rows = ddl_txn = False
-            elif etype == binlog.GTID_MARIADB or etype == binlog.GTID_MYSQL or etype == binlog.ANONYMOUS_GTID_MYSQL:
-                if etype == binlog.GTID_MARIADB:
-                    domain, seq_no = binlog.mariadb_gtid(data)
-                    self._gtid = (domain, server_id, seq_no)
-                elif etype == binlog.GTID_MYSQL:
-                    raw_uuid, gno = binlog.mysql_gtid(data)
-                    uid = self._uuid_ids.get(raw_uuid)
-                    if uid is None:
-                        uid = self._uuid_ids[raw_uuid] = len(self._uuids)
-                        self._uuids.append(uuid_text(raw_uuid))
-                    self._gtid = (uid, 0, gno)
-                if in_txn and has_rows:
-                    # a transaction whose end the span did not see (an XA transaction prepared, then committed by a
-                    # later event group): its rows are neither committed nor dropped silently
-                    raise DecodeError(
-                        f"span={self.label}: the transaction before binlog {log_file}:{log_pos} has "
-                        f"rows but no commit the span understands (an XA transaction?): XA transactions are not "
-                        f"replicated from MySQL/MariaDB yet")
-                xid += 1
-                in_txn, has_rows = True, False
-            elif etype == binlog.QUERY:
-                schema, query = binlog.query(data, end)
-                if query.strip().upper() == "BEGIN":
-                    in_txn = True
-                    continue
-                if not _NOT_DDL.match(query) and self._on_ddl(query, schema, log_file, log_pos, buffer, xid):
-                    has_rows = ddl_txn = True
-                word = query.strip().upper()
-                if word in ("COMMIT", "ROLLBACK") or not _NOT_DDL.match(query):
-                    # a COMMIT (non-transactional tables) or a DDL (committed by itself) ends the transaction; so
-                    # does a ROLLBACK, whose logged rows are those of non-transactional tables: they stay changed
-                    # upstream, so they are committed downstream too
-                    resolved = self._commit(buffer, xid, has_rows, ddl_txn, to_ts(log_file, log_pos, epoch),
-                                            float(timestamp), skip_upto, resolved, on_resolved)
+                if etype == xid_type:
+                    commit(buffer, xid, has_rows, ddl_txn, file_ts | log_pos, float(timestamp(data)), skip_upto)
                     in_txn = has_rows = ddl_txn = False
-            elif etype == binlog.ROTATE:
-                log_file, _pos = binlog.rotate(data, end)
-                maps.clear()  # table ids are reused after a restart of the server, which starts a new file
-            elif etype == binlog.HEARTBEAT:
-                if not in_txn:
-                    # the server sends one only when it has nothing more to send: every commit up to its position is
-                    # here, and the upstream was at that position now
-                    ts = to_ts(log_file, log_pos, epoch) if log_pos else 0
-                    now = time.time()
-                    if ts > resolved.ts or now > resolved.time:
-                        resolved = Watermark(max(ts, resolved.ts), max(now, resolved.time))
-                        on_resolved(resolved)
-            elif etype == binlog.TRANSACTION_PAYLOAD:
-                raise DecodeError(f"span={self.label}: a compressed transaction (TRANSACTION_PAYLOAD event) at binlog "
-                                  f"{log_file}:{log_pos}: MySQL's binlog_transaction_compression is not replicated "
-                                  f"yet; SET GLOBAL binlog_transaction_compression = OFF (and in every session that "
-                                  f"sets it), then resync the tables it wrote")
-            elif etype == binlog.QUERY_COMPRESSED or etype in binlog.ROWS_COMPRESSED:
-                raise DecodeError(f"span={self.label}: a compressed binlog event (type {etype}) at binlog "
-                                  f"{log_file}:{log_pos}: MariaDB's log_bin_compress is not replicated yet; turn it off")
+                elif etype == gtid_mariadb or etype == binlog.GTID_MYSQL or etype == binlog.ANONYMOUS_GTID_MYSQL:
+                    if etype == gtid_mariadb:
+                        self._gtid = mariadb_gtid(data)
+                    elif etype == binlog.GTID_MYSQL:
+                        raw_uuid, gno = binlog.mysql_gtid(data)
+                        uid = self._uuid_ids.get(raw_uuid)
+                        if uid is None:
+                            uid = self._uuid_ids[raw_uuid] = len(self._uuids)
+                            self._uuids.append(uuid_text(raw_uuid))
+                        self._gtid = (uid, 0, gno)
+                    if in_txn and has_rows:
+                        # a transaction whose end the span did not see (an XA transaction prepared, then committed by a
+                        # later event group): its rows are neither committed nor dropped silently
+                        raise DecodeError(
+                            f"span={self.label}: the transaction before binlog {log_file}:{log_pos} has "
+                            f"rows but no commit the span understands (an XA transaction?): XA transactions are not "
+                            f"replicated from MySQL/MariaDB yet")
+                    xid += 1
+                    in_txn, has_rows = True, False
+                elif etype == binlog.QUERY:
+                    schema, query = binlog.query(data, end)
+                    if query.strip().upper() == "BEGIN":
+                        in_txn = True
+                        continue
+                    if not _NOT_DDL.match(query) and self._on_ddl(query, schema, log_file, log_pos, buffer, xid):
+                        has_rows = ddl_txn = True
+                    word = query.strip().upper()
+                    if word in ("COMMIT", "ROLLBACK") or not _NOT_DDL.match(query):
+                        # a COMMIT (non-transactional tables) or a DDL (committed by itself) ends the transaction; so
+                        # does a ROLLBACK, whose logged rows are those of non-transactional tables: they stay changed
+                        # upstream, so they are committed downstream too
+                        commit(buffer, xid, has_rows, ddl_txn, file_ts | log_pos, float(timestamp(data)),
+                               skip_upto)
+                        in_txn = has_rows = ddl_txn = False
+                elif etype == binlog.ROTATE:
+                    log_file, _pos = binlog.rotate(data, end)
+                    file_ts = positions.to_ts(log_file, 0, epoch)
+                    maps.clear()  # table ids are reused after a restart of the server, which starts a new file
+                elif etype == binlog.HEARTBEAT:
+                    if not in_txn:
+                        # the server sends one only when it has nothing more to send: every commit up to its position
+                        # is here, and the upstream was at that position now
+                        ts = file_ts | log_pos if log_pos else 0
+                        if ts > self._res_ts:
+                            self._res_ts = ts
+                        now = time.time()
+                        if now > self._res_time:
+                            self._res_time = now
+                elif etype not in _PASSED:
+                    self._refuse_event(etype, log_file, log_pos)
+            if self._res_ts != resolved.ts or self._res_time != resolved.time:
+                resolved = Watermark(self._res_ts, self._res_time)
+                self._announce(marks, resolved, on_resolved)
+
+    def _announce(self, marks: list[tuple[int, tuple[int, int, int]]], resolved: Watermark,
+                  on_resolved: Callable[[Watermark], None]) -> None:
+        """Hand the GTID marks of the commits since the last call to :meth:`resume_token` (before ``on_resolved``: a
+        checkpoint at the resolved Ts finds its GTID), then the resolved watermark to the processor."""
+        if marks:
+            with self._marks_lock:
+                for ts, (d, srv, seq) in marks:
+                    self._mark_ts.append(ts)
+                    self._mark_dom.append(d)
+                    self._mark_srv.append(srv)
+                    self._mark_seq.append(seq)
+                    if d not in self._mark_domains:
+                        self._mark_domains.add(d)
+            marks.clear()
+        on_resolved(resolved)
+
+    def _refuse_event(self, etype: int, log_file: str, log_pos: int) -> None:
+        """An event type the span does not pass over (:data:`_PASSED`): a compressed one by name, any other (one that
+        could carry rows or a schema change the span would miss) as unknown; always a DecodeError."""
+        where = f"{log_file}:{log_pos}"
+        if etype == binlog.TRANSACTION_PAYLOAD:
+            raise DecodeError(f"span={self.label}: a compressed transaction (TRANSACTION_PAYLOAD event) at binlog "
+                              f"{where}: MySQL's binlog_transaction_compression is not replicated yet; SET GLOBAL "
+                              f"binlog_transaction_compression = OFF (and in every session that sets it), then resync "
+                              f"the tables it wrote")
+        if etype == binlog.QUERY_COMPRESSED or etype in binlog.ROWS_COMPRESSED:
+            raise DecodeError(f"span={self.label}: a compressed binlog event (type {etype}) at binlog {where}: "
+                              f"MariaDB's log_bin_compress is not replicated yet; turn it off")
+        if etype == binlog.INCIDENT:
+            raise DecodeError(f"span={self.label}: the server logged an incident at binlog {where} (changes may be "
+                              f"missing from the binlog after it, e.g. a lost event group): the target cannot be "
+                              f"known to equal the upstream; resync the tables (recreate the changefeed)")
+        raise DecodeError(f"span={self.label}: a binlog event of type {etype} at binlog {where}, which the span does "
+                          f"not replicate: it may carry row changes or a schema change the target would miss "
+                          f"(statement-based LOAD DATA, a newer server's event type), so the span stops")
 
     def _row_decoder(self, tmap: TableMap, tbl: _Table, where: str) -> rowdecode.RowDecoder:
         """The row decoder of ``tbl`` for table map ``tmap``, kept in the table map's memo with the table and payload
@@ -778,7 +823,9 @@ class MySqlSpanSource(SpanSource):
         except rowdecode.ValueRefused as exc:
             raise DecodeError(f"span={self.label} table {tbl.name} column {tbl.names[exc.index]} at binlog {where}: "
                               f"{exc.reason}") from exc
-        tmap.state.update(decoder=dec, table=tbl, prefix=encode_payload(tbl.version, b""))
+        prefix = encode_payload(tbl.version, b"")
+        tmap.state.update(decoder=dec, table=tbl, prefix=prefix,
+                          fast=dec.event_decoder(self._event_codec, prefix, tbl.relid))
         return dec
 
     def _add_partial(self, tbl: _Table, dec: rowdecode.RowDecoder, etype: int, data: bytes, off: int, end: int,
@@ -962,7 +1009,7 @@ class MySqlSpanSource(SpanSource):
                 continue
             stored = True
             self._store_ddl(buffer, xid, {"table": [n.schema, n.table], "refused": reason, "query": query})
-            del self._tables[n]
+            self._tables.pop(n).live = False
             try:
                 facts = catalog.table_facts(self._ctl, self.where, n)
             except InvalidArgument:
@@ -1021,24 +1068,21 @@ class MySqlSpanSource(SpanSource):
             self._carried.discard(n)
             if t is None:
                 continue
+            t.live = False
             self._store_ddl(buffer, xid, {"table": [n.schema, n.table], "before": t.version, "after": 0,
                                           "changes": [["drop table", None]], "query": query, "fills": []}, seq=i)
             stored = True
         return stored
 
     def _commit(self, buffer: ChangeBuffer, xid: int, has_rows: bool, ddl_txn: bool, ts: int, commit_time: float,
-                skip_upto: int, resolved: Watermark, on_resolved: Callable[[Watermark], None]) -> Watermark:
+                skip_upto: int) -> None:
+        """Commit transaction ``xid`` at ``ts`` (abort it when a restart's replay finds it already downstream: then it
+        does not advance the resolved watermark, else ``_res_ts``/``_res_time`` take it); its GTID mark waits in
+        ``_pending_marks`` for :meth:`_announce`."""
         self._ddl_seq = -1
         gtid, self._gtid = self._gtid, None
-        if gtid is not None and ts > self._base_pos_ts:  # (before on_resolved: a checkpoint at ts finds its GTID)
-            d, srv, seq = gtid
-            with self._marks_lock:
-                self._mark_ts.append(ts)
-                self._mark_dom.append(d)
-                self._mark_srv.append(srv)
-                self._mark_seq.append(seq)
-                if d not in self._mark_domains:
-                    self._mark_domains.add(d)
+        if gtid is not None and ts > self._base_pos_ts:
+            self._pending_marks.append((ts, gtid))
         if self._unrecorded:  # valid from this commit on
             with self._versions_lock:
                 self._versions.extend((ts, s) for s in self._unrecorded)
@@ -1048,9 +1092,9 @@ class MySqlSpanSource(SpanSource):
         if has_rows:
             if ts <= skip_upto:
                 buffer.abort(xid, xid)  # already downstream before the restart
-                return resolved
+                return
             buffer.commit(xid, ts, commit_time)
-        if ts > resolved.ts:
-            resolved = Watermark(ts, max(commit_time, resolved.time))
-            on_resolved(resolved)
-        return resolved
+        if ts > self._res_ts:
+            self._res_ts = ts
+            if commit_time > self._res_time:
+                self._res_time = commit_time

@@ -4,25 +4,17 @@ length-encoded integers): a damaged or mis-framed event is an error, never decod
 from __future__ import annotations
 
 import struct
-import zlib
 
 import pytest
 
+from tests.binlog_wire import event
 from upstream.mysql import binlog
 
 pytestmark = pytest.mark.unit
 
 
-def _event(etype: int, body: bytes, *, log_pos: int = 1234, checksum: bool = True) -> bytes:
-    size = 19 + len(body) + (4 if checksum else 0)
-    ev = struct.pack("<IBIIIH", 1700000000, etype, 7, size, log_pos, 0) + body
-    if checksum:
-        ev += zlib.crc32(ev).to_bytes(4, "little")
-    return b"\x00" + ev
-
-
 def test_header_body_end_and_crc() -> None:
-    data = _event(binlog.ROTATE, struct.pack("<Q", 4) + b"mariadb-bin.000002")
+    data = event(binlog.ROTATE, struct.pack("<Q", 4) + b"mariadb-bin.000002")
     ts, etype, sid, size, pos = binlog.HEADER.unpack_from(data)
     assert (ts, etype, sid, pos) == (1700000000, binlog.ROTATE, 7, 1234)
     end = binlog.body_end(data, size, True)
@@ -37,11 +29,12 @@ def test_header_body_end_and_crc() -> None:
 
 def test_query_and_gtid_bodies() -> None:
     post = struct.pack("<IIBHH", 9, 0, 2, 0, 3)
-    data = _event(binlog.QUERY, post + b"\x01\x02\x03" + b"db\x00" + "ALTER TABLE t ADD c INT -- é".encode())
+    data = event(binlog.QUERY, post + b"\x01\x02\x03" + b"db\x00" + "ALTER TABLE t ADD c INT -- é".encode())
     end = binlog.body_end(data, len(data) - 1, True)
     assert binlog.query(data, end) == ("db", "ALTER TABLE t ADD c INT -- é")
-    gtid = _event(binlog.GTID_MARIADB, struct.pack("<QIB", 42, 3, 0))
-    assert binlog.mariadb_gtid(gtid) == (3, 42)
+    gtid = event(binlog.GTID_MARIADB, struct.pack("<QIB", 42, 3, 0))
+    assert binlog.mariadb_gtid(gtid) == (3, 7, 42)
+    assert binlog.timestamp(gtid) == 1700000000
 
 
 @pytest.mark.parametrize(("raw", "value", "size"), [

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import random
 import struct
-import zlib
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests import rowcodecs
-from upstream.mysql import binlog, rowcodec, rowdecode, types
+from upstream.mysql import rowcodec, rowdecode, types
 from upstream.mysql import tablemap as tm
 
 pytestmark = pytest.mark.unit
@@ -205,20 +204,45 @@ def test_the_plan_renders_hot_columns_in_c() -> None:
     assert sorted(called) == sorted([tm.VARCHAR, tm.NEWDECIMAL, tm.FLOAT, tm.DOUBLE])
 
 
-def test_c_crc_check_is_binlogs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The C event checksum check (rowcodec.best_crc_ok) answers as upstream.mysql.binlog.crc_ok."""
-    if rowcodec.native() is None:
+@pytest.mark.parametrize("etype", [23, 24, 25, 30, 31, 32])
+def test_c_whole_event_is_header_then_payloads(etype: int) -> None:
+    """RowDecoder.event_decoder (rowcodec.c's decode_event: the rows event's header read in C too) answers exactly
+    what rowdecode.rows_header + RowDecoder.payloads answer, or None: for partial images, another column count and
+    values C does not render, never a different answer."""
+    native_event = rowcodec.best_event()
+    if native_event is None:
         pytest.skip("no C compiler or Python headers: the C decoder cannot be built here")
-    monkeypatch.delenv("TIDEWATER_ROWCODEC", raising=False)  # (this test is about C, whatever the run chose)
-    c_ok = rowcodec.best_crc_ok()
-    assert c_ok is not binlog.crc_ok
-    rnd = random.Random(SEED)
-    for n in [1, 2, 7, 8, 9, 15, 16, 17, 64, 255, 256, 1000, *(rnd.randrange(2, 3000) for _ in range(200))]:
-        body = bytes(rnd.randrange(256) for _ in range(n))
-        good = b"\x00" + body + zlib.crc32(body).to_bytes(4, "little")
-        end = 1 + n
-        assert c_ok(good, end) and binlog.crc_ok(good, end)
-        i = rnd.randrange(len(good))
-        bad = good[:i] + bytes([good[i] ^ (1 << rnd.randrange(8))]) + good[i + 1:]
-        assert c_ok(bad, end) == binlog.crc_ok(bad, end) == (i == 0)  # (byte 0 is the OK marker, not checksummed)
-        assert c_ok(good[:-1], end) is False and binlog.crc_ok(good[:-1], end) is False
+    schema = _schema()
+    cols, renders = [c for c, _, _ in schema], [r for _, r, _ in schema]
+    python = rowdecode.RowDecoder(cols, renders, None)
+    prefix = b"\x00\x00\x00\x07"
+    fast = python.event_decoder(native_event, prefix, 42)
+    assert fast is not None
+    kind = {23: b"I", 30: b"I", 24: b"U", 31: b"U", 25: b"D", 32: b"D"}[etype]
+    n = len(cols)
+    rnd = random.Random(SEED + etype)
+    answered = declined = 0
+    for i in range(1500):
+        junk = 0.0 if i % 2 else rnd.choice([0.01, 0.3])
+        body = b"".join(_image(rnd, schema, rnd.choice([0.0, 0.2]), junk) * (2 if kind == b"U" else 1)
+                        for _ in range(1 if i % 3 else rnd.randrange(1, 4)))
+        bitmaps = [python.full, python.padded, bytes([0xFF] * (n >> 3) + [0x01])]  # (the last: a partial image)
+        present = rnd.choice(bitmaps) if i % 4 == 0 else python.full
+        ncols = n + 1 if i % 97 == 0 else n
+        head = b"\x00" + bytes(19) + (77).to_bytes(6, "little") + b"\x00\x00"
+        if etype >= 30:
+            head += b"\x02\x00"  # the v2 extra data: its length only
+        head += bytes([ncols]) + present + (present if kind == b"U" else b"")
+        data = head + body
+        end = len(data)
+        ours = fast(data, end, etype)
+        table_id, cnt, pres, after, off = rowdecode.rows_header(data, etype)
+        assert table_id == 77
+        if ours is None:
+            declined += 1
+            continue
+        answered += 1
+        assert cnt == n and pres in (python.full, python.padded) and after in (None, pres)
+        assert ours == _outcome(lambda d=data, o=off, e=end: python.payloads(d, o, e, kind, prefix, 42))
+    assert answered > 300 and declined > 100, (answered, declined)
+    assert fast(b"\x00" + bytes(19) + b"\x00" * 20, 40, 2) is None  # (not a rows event)
