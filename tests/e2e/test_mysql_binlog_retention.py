@@ -47,4 +47,4 @@ def test_binlog_retention_shorter_than_gc_ttl_is_a_warning_at_create_and_in_the_
     finally:
         if cdc is not None:
             cdc.terminate()
-        upstream.stop()
+        upstream.kill()

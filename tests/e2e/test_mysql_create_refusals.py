@@ -31,7 +31,7 @@ def env(etcd_server: EtcdServer, tmp_path_factory: pytest.TempPathFactory) -> It
         yield server, upstream, base
     finally:
         server.terminate()
-        upstream.stop()
+        upstream.kill()
 
 
 def cli(server: CdcServer, *args: str) -> tuple[int, str, str]:

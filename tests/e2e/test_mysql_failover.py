@@ -43,8 +43,8 @@ def started_pair(kind: type[MariaDBServer], tmp_path: Path) -> Iterator[tuple[An
         yield primary, replica
     finally:
         if replica is not None:
-            replica.stop()
-        primary.stop()
+            replica.kill()
+        primary.kill()
 
 
 @pytest.fixture
@@ -135,7 +135,7 @@ def test_sigkill_resumes_from_the_gtid_checkpoint_and_a_promoted_replica_continu
 
         # the failover: the replica has everything, the primary goes away, the replica takes writes
         replica.catch_up(primary)
-        primary.stop()
+        primary.kill()
         replica.promote()
         rc, out, err = cli(cdc, "changefeed", "update", "-c", "fo", "--upstream", replica.uri(DB))
         assert rc == 0, (out, err)

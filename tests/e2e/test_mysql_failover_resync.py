@@ -70,7 +70,7 @@ def test_a_resync_after_a_failover_to_a_promoted_replica_ends_equal(
         assert rc == 0 and out["state"] == "stopped", (out, err)
         wait_for(cdc, "frs", lambda q: not any(s["running"] for s in q["spans"]), "the span stopped")
         replica.catch_up(primary)
-        primary.stop()
+        primary.kill()
         replica.promote()
         rc, out, err = cli(cdc, "changefeed", "update", "-c", "frs", "--upstream", replica.uri(DB))
         assert rc == 0, (out, err)

@@ -209,7 +209,7 @@ def test_two_spans_move_to_a_promoted_replica_each_from_its_own_gtid_token(
         wait_for(cdc, "fo2", lambda q: not any(s["running"] for s in q["spans"]), "the spans stopped")
         mixed(primary.connect(DB), 15, seed=3, start=30)  # after the checkpoint: only in the binlogs
         replica.catch_up(primary)
-        primary.stop()
+        primary.kill()
         replica.promote()
         rc, out, err = cli(cdc, "changefeed", "update", "-c", "fo2", "--upstream", replica.uri(DB))
         assert rc == 0, (out, err)

@@ -72,7 +72,7 @@ def test_tokens_carry_mysql_gtid_sets_and_a_promoted_replica_continues_from_them
     assert [c[0] for c in rec2.commits] == tss[3:] and ids_of(src2, rec2) == [[3], [4], [5]]
 
     replica.catch_up(primary)
-    primary.stop()
+    primary.kill()
     replica.promote()
     write(replica, range(6, 9), 2)
     with open_upstream(replica.uri(DB)) as up:

@@ -38,8 +38,8 @@ def primary_and_replica(kind: type[MariaDBServer], tmp_path: Path) -> Iterator[t
         yield primary, replica
     finally:
         if replica is not None:
-            replica.stop()
-        primary.stop()
+            replica.kill()
+        primary.kill()
 
 
 @pytest.fixture
@@ -122,7 +122,7 @@ def test_a_token_resumes_on_the_same_server_and_a_promoted_replica_continues_fro
 
     # the replica is promoted (the primary stopped), then takes writes of its own
     replica.catch_up(primary)
-    primary.stop()
+    primary.kill()
     replica.promote()
     write(replica, range(6, 9), 2)
     with open_upstream(replica.uri(DB)) as up:
@@ -241,7 +241,7 @@ def test_a_server_of_another_topology_with_higher_sequence_numbers_is_refused(
         with open_upstream(other.uri(DB)) as up, pytest.raises(InvalidArgument, match="not in the master's binlog"):
             up.check_takeover([span], {0: token})
     finally:
-        other.stop()
+        other.kill()
 
 
 def test_every_commits_token_is_the_servers_own_gtid_position_there_across_domains_and_acks(

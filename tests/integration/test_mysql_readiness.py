@@ -36,7 +36,7 @@ def own_mariadb(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     server.create_database("shop")
     server.execute("CREATE TABLE shop.items (id INT PRIMARY KEY, v VARCHAR(20))")
     yield server
-    server.stop()
+    server.kill()
 
 
 def test_a_binlog_server_is_ready(own_mariadb: MariaDBServer) -> None:
@@ -58,7 +58,7 @@ def test_binlog_off_is_refused(tmp_path: Path, kind: str) -> None:
         assert "binary logging is off: start the server with --log-bin" in str(exc.value)
         assert f"127.0.0.1:{server.port}/shop" in str(exc.value)
     finally:
-        server.stop()
+        server.kill()
 
 
 def test_every_wrong_binlog_setting_is_listed_with_its_fix(own_mariadb: MariaDBServer) -> None:
@@ -193,4 +193,4 @@ def test_mysql8_caching_sha2_logins_work_with_and_without_tls(tmp_path: Path, tl
         stop_source(src, th, stop)
         assert not errors and len(rec.commits) == 1, errors
     finally:
-        server.stop()
+        server.kill()
