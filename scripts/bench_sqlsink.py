@@ -10,8 +10,8 @@ Builds the changes once, the way a span does (a source into the LevelDB sorter, 
 
 Then it writes them into ``--sink`` (its table dropped first) with exactly-once on (``open_position``, as a capture
 does), in writes of whole transactions up to ``--txn-rows`` rows, and prints the process CPU of the writes (the
-caller's thread and the sink's statement pipeline thread: the driver's work) per row and per transaction, and the
-wall time. Nothing else runs in the process during the writes, so process CPU is the sink's own cost.
+caller's thread and the sink's statement pipeline thread: the driver's work) per row and per transaction, the wall
+time and the cyclic collector's full (oldest generation) collections during the writes. Nothing else runs in the process during the writes, so process CPU is the sink's own cost.
 
     .venv/bin/python scripts/bench_sqlsink.py --sink postgresql://postgres@127.0.0.1:5432/postgres \
         [--shape pg|mysql|mysql-insert] [--rows 100000] [--txn 100] [--txn-rows 20000] [--repeat 3]
@@ -76,17 +76,19 @@ def writes_of(txns: list[list[RowChange]], txn_rows: int) -> list[list[RowChange
     return out
 
 
-def run_once(uri: str, writes: list[list[RowChange]], batch_rows: int, txn_rows: int) -> tuple[float, float]:
+def run_once(uri: str, writes: list[list[RowChange]], batch_rows: int, txn_rows: int) -> tuple[float, float, int]:
     drop_target(uri)
     sink = SQLSink(uri, SinkConfig(batch_rows=batch_rows, txn_rows=txn_rows))
     sink.check()
     sink.open_position(f"bench{time.monotonic_ns()}", 0, 0)
+    g0 = gc.get_stats()[2]["collections"]
     t0, p0 = time.perf_counter(), time.process_time()
     for w in writes:
         sink.write(w, lambda: None)
     t1, p1 = time.perf_counter(), time.process_time()
+    g1 = gc.get_stats()[2]["collections"]
     sink.close()
-    return t1 - t0, p1 - p0
+    return t1 - t0, p1 - p0, g1 - g0
 
 
 def main() -> None:
@@ -106,10 +108,11 @@ def main() -> None:
     gc.collect()
     gc.freeze()  # the changes built above are not the sink's garbage: collections skip them (a capture streams them)
     for i in range(1, args.repeat + 1):
-        wall, cpu = run_once(args.sink, writes, args.batch_rows, args.txn_rows)
+        wall, cpu, full_gcs = run_once(args.sink, writes, args.batch_rows, args.txn_rows)
         print(f"run {i}: shape {args.shape} rows {rows} txns {len(txns)} writes {len(writes)} | "
               f"wall {wall:.3f} s ({rows / wall:,.0f} rows/s) | CPU {cpu * 1e6 / rows:.2f} us/row, "
-              f"{cpu * 1e6 / len(txns):.1f} us/txn, {cpu * 1e6 / len(writes):.0f} us/write", flush=True)
+              f"{cpu * 1e6 / len(txns):.1f} us/txn, {cpu * 1e6 / len(writes):.0f} us/write | full collections {full_gcs}",
+              flush=True)
 
 
 if __name__ == "__main__":
