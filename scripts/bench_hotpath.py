@@ -250,11 +250,11 @@ class MySqlShapedSource:
     does (``add_many`` of each transaction's rows, ``commit``, ``on_resolved`` per commit), with no binlog to read: the
     sorter, batcher and mounter of a MySQL span without its source's cost. The rows are workload (o)'s of the MariaDB
     bench (an sbtest-like table; 1/2 updates by key with both images, 1/4 inserts, 1/4 deletes), ``txn`` per
-    transaction."""
+    transaction; ``inserts_only``: every row an insert (workload (a)'s shape)."""
 
     runs_in_child = False
 
-    def __init__(self, rows: int, txn: int) -> None:
+    def __init__(self, rows: int, txn: int, *, inserts_only: bool = False) -> None:
         from cdc.events import TableName, TableSchema
         from upstream.base import encode_payload
         from upstream.mysql import payload
@@ -280,7 +280,7 @@ class MySqlShapedSource:
         self.txns: list[list[bytes]] = []
         run: list[bytes] = []
         for i in range(rows):
-            kind = i % 4
+            kind = 2 if inserts_only else i % 4
             if kind in (0, 1):  # an update by key: old and new images
                 raw = payload.encode(b"U", 7, image(i, 1), image(i, 0))
             elif kind == 2:

@@ -22,6 +22,7 @@ from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, Ta
 from playground.servers import free_port
 from sinks.factory import open_sink
 from sinks.sql.sink import SQLSink
+from sinks.sql.target import connection as connection_module
 
 pytestmark = pytest.mark.integration
 
@@ -447,11 +448,56 @@ def test_connection_loss_mid_transaction_is_retryable_and_loses_nothing(target: 
         sink.close()
 
 
-def test_a_lost_idle_connection_is_replaced(target: Target, sink: SQLSink) -> None:
+def test_a_lost_idle_connection_is_replaced(target: Target, sink: SQLSink, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(connection_module, "IDLE_PING_SECONDS", 0.0)  # every pooled connection counts as idle
     sink.write([ins(USERS, id=1, name="a", score=1)])
     assert target.sink_connections() >= 1
-    sink.write([ins(USERS, id=2, name="b", score=2)])  # pool_pre_ping reconnects
+    sink.write([ins(USERS, id=2, name="b", score=2)])  # the checkout's ping fails: a new connection
     assert len(target.rows("users")) == 2
+
+
+def _count_pings(sink: SQLSink, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the dialect's pings of the sink's pool (the real ping still runs)."""
+    dialect = sink.target.engine.dialect
+    real = dialect.do_ping
+    pings = [0]
+
+    def counted(dbapi_conn: Any) -> Any:
+        pings[0] += 1
+        return real(dbapi_conn)
+
+    monkeypatch.setattr(dialect, "do_ping", counted)
+    return pings
+
+
+def test_writes_in_a_row_do_not_ping_their_connection(target: Target, sink: SQLSink,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection checked in a moment ago is not pinged again (a round trip per write, on PostgreSQL two), while
+    one idle longer than IDLE_PING_SECONDS is."""
+    monkeypatch.setattr(connection_module, "IDLE_PING_SECONDS", 3600.0)  # (a loaded host: never idle in this test)
+    sink.write([ins(USERS, id=0, name="first", score=0)])
+    pings = _count_pings(sink, monkeypatch)
+    for i in range(1, 6):
+        sink.write([ins(USERS, id=i, name=f"n{i}", score=i)])
+    assert pings == [0]
+    monkeypatch.setattr(connection_module, "IDLE_PING_SECONDS", 0.0)
+    sink.write([ins(USERS, id=6, name="n6", score=6)])
+    assert pings == [1]
+    assert len(target.rows("users")) == 7
+
+
+def test_a_connection_lost_between_busy_writes_fails_one_write_retryably(target: Target, sink: SQLSink,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not pinged, a connection that the server ended since the last write fails the next write as unavailable
+    (retryable) with nothing of it applied, and is dropped: the write's retry runs on a new connection."""
+    monkeypatch.setattr(connection_module, "IDLE_PING_SECONDS", 3600.0)
+    sink.write([ins(USERS, id=1, name="a", score=1)])
+    assert target.sink_connections() >= 1
+    with pytest.raises(SinkUnavailable):
+        sink.write([ins(USERS, id=2, name="b", score=2), ins(USERS, id=3, name="c", score=3)])
+    assert target.rows("users", order="id") == [(1, "a", 1)]
+    assert sink.write([ins(USERS, id=2, name="b", score=2), ins(USERS, id=3, name="c", score=3)]) == 2
+    assert len(target.rows("users")) == 3
 
 
 def test_unreachable_target_is_unavailable(target: Target) -> None:

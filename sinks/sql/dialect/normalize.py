@@ -87,6 +87,8 @@ class Image:
             assert self.names is not None
             return self.names, self.row
         vals = self.values
+        if UNCHANGED not in vals.values():  # (a whole image, e.g. MySQL's: no per-column loop)
+            return tuple(vals), tuple(vals.values())
         names = tuple(k for k, v in vals.items() if v is not UNCHANGED)
         return names, tuple(vals[k] for k in names)
 
@@ -218,30 +220,30 @@ def normalize_keyed(names: tuple[str, ...], key: tuple[str, ...], full_identity:
         if op == OpType.INSERT:
             row = ch.row
             if row is not None:  # positional, every column in schema order
-                state(tuple(row[j] for j in all_kidx)).live.append(Image(names, row, ch.row_text))
+                state(tuple([row[j] for j in all_kidx])).live.append(Image(names, row, ch.row_text))
             else:
                 vals = ch.values
                 assert vals is not None
-                state(tuple(vals[k] for k in key)).live.append(Image(values=vals))
+                state(tuple([vals[k] for k in key])).live.append(Image(values=vals))
             continue
         old = ch.old_values
         full_old = old if full_identity and old is not None and len(old) >= ncols else None
         if op == OpType.DELETE:
             src = old if old is not None else ch.values
             assert src is not None
-            remove(state(tuple(src[k] for k in key)), full_old)
+            remove(state(tuple([src[k] for k in key])), full_old)
             continue
         # UPDATE
         row = ch.row
         if row is not None and old is None:  # positional, every column sent, key unchanged
-            set_row(state(tuple(row[j] for j in all_kidx)), Image(names, row, ch.row_text))
+            set_row(state(tuple([row[j] for j in all_kidx])), Image(names, row, ch.row_text))
             continue
         vals = ch.values
         assert vals is not None
         if full_old is not None:
             vals = _fill(vals, full_old)
-        new_key = tuple(vals.get(k, UNCHANGED) for k in key)
-        old_key = tuple(old.get(k, UNCHANGED) for k in key) if old is not None else new_key
+        new_key = tuple([vals.get(k, UNCHANGED) for k in key])  # (list comprehensions: no generator per change)
+        old_key = tuple([old.get(k, UNCHANGED) for k in key]) if old is not None else new_key
         if UNCHANGED in new_key:
             new_key = tuple(o if n is UNCHANGED else n for n, o in zip(new_key, old_key, strict=True))
         if old_key != new_key and UNCHANGED not in old_key:

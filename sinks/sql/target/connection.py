@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -46,6 +47,9 @@ _MYSQL_SQL_MODE = ("STRICT_TRANS_TABLES,STRICT_ALL_TABLES,NO_ZERO_IN_DATE,NO_ZER
 CONCURRENTLY_CREATED = ("23505", "42P06", "42P07", "42710")
 """SQLSTATEs of an ``IF NOT EXISTS`` statement that met an object another session created at the same moment:
 unique violation (``pg_type``), duplicate schema, table, type."""
+IDLE_PING_SECONDS = 1.0
+"""A pooled MySQL or PostgreSQL connection is pinged at checkout only when it sat in the pool longer than this
+(:func:`ping_when_idle`)."""
 
 
 class Target:
@@ -169,9 +173,12 @@ class Target:
 
     def _abandon(self, conn: Connection, trans: Any, exc: BaseException) -> None:
         """A transaction failed with ``exc``: drop the connection when the failure says it is broken (its server rolls
-        back), else roll back (dropping it if the rollback itself fails). The caller re-raises."""
+        back), and with it every connection idle in the pool (they were opened before it and most likely ended with
+        it: a server restart, a failover; pooled connections are not pinged while the sink is busy,
+        :func:`ping_when_idle`), else roll back (dropping it if the rollback itself fails). The caller re-raises."""
         if is_db_error(exc) and self.classify(exc)[1]:
             conn.invalidate(exc if isinstance(exc, Exception) else None)
+            self.engine.dispose()  # (connections checked out elsewhere, held by apply workers, stay theirs)
             return
         try:
             trans.rollback()
@@ -274,8 +281,8 @@ class Target:
             init = f"SET time_zone = '+00:00', sql_mode = '{_MYSQL_SQL_MODE}'"
             # pool_reset_on_return=None: every checkout ends its own transaction (write commits or rolls
             # back, Connection.close rolls back what it began), so the pool's ROLLBACK per return was a
-            # wasted round trip per write.
-            engine = sa.create_engine(url, pool_pre_ping=True, pool_reset_on_return=None,
+            # wasted round trip per write. No pool_pre_ping: ping_when_idle.
+            engine = sa.create_engine(url, pool_reset_on_return=None,
                                       isolation_level="READ COMMITTED",
                                       connect_args={"connect_timeout": timeout, "init_command": init,
                                                     "local_infile": True, **tls})
@@ -288,11 +295,12 @@ class Target:
                         cur.execute("SET SESSION foreign_key_checks = 0")
                 return conn
 
+            ping_when_idle(engine)
             return engine
         ssl = {k: v for k, v in u.params.items() if k.startswith("ssl")}
         url = sa.URL.create("postgresql+psycopg2", username=u.user, password=u.password, host=u.host,
                             port=u.port or 5432, database=u.path or None)
-        engine = sa.create_engine(url, pool_pre_ping=True, pool_reset_on_return=None, connect_args={
+        engine = sa.create_engine(url, pool_reset_on_return=None, connect_args={
             "connect_timeout": timeout, "application_name": f"tidewater-sink-{os.getpid()}",
             "options": "-c timezone=UTC", **ssl})
 
@@ -311,7 +319,38 @@ class Target:
             finally:
                 cur.close()
 
+        ping_when_idle(engine)
         return engine
+
+
+def ping_when_idle(engine: Engine) -> None:
+    """Ping a pooled connection at checkout only when it was checked in more than :data:`IDLE_PING_SECONDS` ago (instead of
+    ``pool_pre_ping``, which pings at every checkout); a connection whose ping fails is replaced by a new one (the
+    pool's ``DisconnectionError`` handling).
+
+    Why: a write checks its connection out once, so the pre-ping was one more round trip per write, on PostgreSQL
+    two (psycopg2's ping switches autocommit on and back, which makes the next ``BEGIN`` send ``SET
+    default_transaction_isolation`` first), on a serial chain whose server shares the host's cores; writes of
+    single-row transactions paid it per few rows. A connection that a busy stream returned a moment ago is in use
+    again before a restart or an idle timeout could end it unnoticed; if one did, the write fails with a
+    connection-lost error, which is retryable (``SinkUnavailable``) like any write whose connection breaks mid-way,
+    and the connection is dropped (:meth:`Target._abandon`). Idle connections keep the pre-ping's guarantee."""
+    dialect = engine.dialect
+
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_conn: Any, record: Any) -> None:
+        record.info["tidewater_checkin"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("tidewater_checkin")
+        if since is None or time.monotonic() - since <= IDLE_PING_SECONDS:
+            return  # a new connection, or one in use a moment ago
+        record.info.pop("tidewater_checkin", None)  # (a replacement connection starts without it)
+        try:
+            dialect.do_ping(dbapi_conn)
+        except Exception as exc:  # noqa: BLE001 - any failed ping: the pool connects a new one
+            raise sa.exc.DisconnectionError(f"ping of an idle connection failed: {exc}") from exc
 
 
 def _where(dialect: str, u: ParsedURI) -> str:

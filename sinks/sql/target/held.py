@@ -3,7 +3,8 @@
 With ``[sink] worker-count`` > 1 (``sinks.sql.ops.parallel``) every worker used to check a connection out of the
 engine's pool for each write: a pre-ping (``SELECT 1``) per checkout, session resets, one more round trip each time
 on a serial chain that the target server shares its cores with. :class:`HeldConnection` checks one out once and keeps
-it; only a connection that failed goes back, and the next transaction checks out a new one (pre-pinged then).
+it; only a connection that failed goes back, and the next transaction checks out a new one (pinged then if it sat
+idle in the pool: ``sinks.sql.target.connection.ping_when_idle``).
 
 Guarantees:
 
