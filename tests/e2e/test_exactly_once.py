@@ -275,10 +275,13 @@ def test_keyless_exactly_once_when_the_sink_disk_fills(sandbox: Sandbox, pg_serv
         sink = f"sqlite:///{mnt / 'target.db'}"
         precreate_target(sink)
         sandbox.cdc.create_changefeed("eo", pg_server.uri(pg_database), sink, snapshot="none")
+        # the filler is created before the writes: the target's rows alone filled the 4 MiB within the 2 s below
+        # once, and opening the filler then failed (ENOSPC) before the test had checked anything
+        filler = mnt / "filler"
+        f = open(filler, "wb")  # noqa: SIM115 - closed right after the fill, before the workload ends
         with KeylessWorkload(pg_server, pg_database) as wl:
             time.sleep(2)
-            filler = mnt / "filler"
-            with open(filler, "wb") as f:  # take every free byte
+            with f:  # take every free byte
                 try:
                     while True:
                         f.write(b"\0" * 65536)
