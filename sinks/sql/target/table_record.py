@@ -1,0 +1,201 @@
+"""The target tables a changefeed has had: a table of Tidewater's own in the SQL target (:class:`OwnTable`: schema
+``tidewater`` on PostgreSQL, the URI's database elsewhere), ``tidewater_tables``, one row per (changefeed, target
+table) that the changefeed created or wrote rows into:
+
+=============  ===================================================================================
+changefeed     changefeed id of the sink's position (primary key, with ``table_name``)
+table_name     the target table as the sink names it (``schema.table`` on PostgreSQL, ``table`` elsewhere)
+span           the span that recorded it
+origin_ts      that span's start Ts (its slot's creation point): tells this changefeed from an earlier one of the
+               same id that ``remove`` could not clean
+recorded_at    when the row was written (the target's clock, UTC)
+=============  ===================================================================================
+
+Why: the sink creates a missing target table at the first rows of its upstream table (right for a table new to the
+changefeed). A table the changefeed already had that is missing downstream was dropped behind its back; creating it
+again would write only the changes from then on, every row it held gone, the changefeed ``normal``. With this record
+the sink refuses instead (:class:`TargetTableDropped`, fatal: the changefeed fails naming the table and the fix).
+
+Guarantees:
+- Only a sink bound to a changefeed (:meth:`TableRecord.open`, from ``open_position``) records or refuses anything;
+  an unbound one (a copy job's, a test's) behaves as before.
+- Written **idempotently at binding time, in the binding's transaction**: the first time a sink binds a target table
+  (the catalog read it or created it), :meth:`TableRecord.note` upserts its row on the connection of the write that
+  binds it, so the row commits with the write's rows or rolls back with them. That is what the brief's two options
+  amount to here: the binding happens inside the write's transaction, before its first row of the table. A table
+  created (MySQL and PostgreSQL create on an autocommit connection) whose write then fails stays unrecorded: it holds
+  no row of the changefeed, so creating it again later loses nothing. No per-row cost: one ``SELECT`` of the
+  changefeed's rows when the sink is bound (again only after a failed write made the catalog forget what it knew),
+  one upsert when a table is bound that the record did not show.
+- :meth:`TableRecord.had` is what the catalog asks before it creates a missing table: True for a table recorded
+  with this span's origin. A row of another origin (another span of the changefeed, which held the table before
+  ``changefeed update`` moved it; or an earlier changefeed of the same id) is not taken for this span's: its table
+  is created as a new one, and the row becomes this span's at the binding.
+- The legitimate ways a table leaves downstream move the record in the DDL's transaction (PostgreSQL, SQLite) or with
+  the DDL's record (MySQL, after its steps, :mod:`sinks.sql.ops.ddl_run`): an upstream DROP TABLE deletes the row, a
+  RENAME TABLE moves it to the new name, a CREATE TABLE writes it. :func:`forget` deletes a changefeed's rows
+  (``changefeed remove``), :func:`forget_tables` those of tables copied again (a resync: ``cdc cli changefeed
+  snapshot --table``), whose copy then creates them anew.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from cdc.errors import TargetTableDropped
+from cdc.events import TableName
+from sinks.sql.target.connection import Target
+from sinks.sql.target.own_table import OwnTable
+
+log = logging.getLogger(__name__)
+
+RECORD_TABLE = "tidewater_tables"
+
+
+class TablesSQL(OwnTable):
+    """The record table of one dialect (:class:`OwnTable`) and its statements."""
+
+    def __init__(self, dialect: str, preparer: Any) -> None:
+        big, stamp = {"postgresql": ("bigint", "timestamptz"), "mysql": ("bigint", "datetime(6)"),
+                      "sqlite": ("INTEGER", "TEXT")}[dialect]
+        super().__init__(dialect, preparer, RECORD_TABLE,
+                         f"changefeed varchar(255) NOT NULL, table_name varchar(255) NOT NULL, span integer NOT NULL, "
+                         f"origin_ts {big} NOT NULL, recorded_at {stamp} NOT NULL, PRIMARY KEY (changefeed, table_name)")
+        name, p, now = self.name, self.p, self.now
+        self.select = f"SELECT table_name, origin_ts FROM {name} WHERE changefeed = {p}"
+        head = (f"INSERT INTO {name} (changefeed, table_name, span, origin_ts, recorded_at) "
+                f"VALUES ({p}, {p}, {p}, {p}, {now})")
+        if dialect == "mysql":
+            self.upsert = (f"{head} ON DUPLICATE KEY UPDATE span = VALUES(span), origin_ts = VALUES(origin_ts), "
+                           f"recorded_at = {now}")
+        else:
+            self.upsert = (f"{head} ON CONFLICT (changefeed, table_name) DO UPDATE SET span = excluded.span, "
+                           f"origin_ts = excluded.origin_ts, recorded_at = {now}")
+        self.delete = f"DELETE FROM {name} WHERE changefeed = {p} AND table_name = {p}"
+        self.move = (f"UPDATE {name} SET table_name = {p}, span = {p}, origin_ts = {p}, recorded_at = {now} "
+                     f"WHERE changefeed = {p} AND table_name = {p}")
+        self.forget = f"DELETE FROM {name} WHERE changefeed = {p}"
+
+
+class TableRecord:
+    """One sink's view of the record (module docstring): the changefeed, span and origin it is bound to, and the
+    target tables recorded with that origin (read once, kept up to date by this sink's own writes)."""
+
+    def __init__(self, target: Target) -> None:
+        self._target = target
+        self.changefeed = ""  # "": not bound (records and refuses nothing)
+        self._span = 0
+        self._origin = 0
+        self._sql: TablesSQL | None = None
+        self._had: set[str] | None = None  # None: to be read (at the next question)
+
+    @property
+    def bound(self) -> bool:
+        return bool(self.changefeed)
+
+    def sql(self) -> TablesSQL:
+        if self._sql is None:
+            self._sql = TablesSQL(self._target.dialect, self._target.engine.dialect.identifier_preparer)
+        return self._sql
+
+    def open(self, changefeed: str, span: int, origin: int) -> None:
+        """Bind to ``changefeed``'s span ``span`` started at ``origin``: create the table if missing (MySQL,
+        PostgreSQL: autocommit; SQLite: in its own transaction) and read the changefeed's rows."""
+        target, sql = self._target, self.sql()
+        sql.create(target)
+        with target.transaction(sql.label) as conn:
+            if target.dialect == "sqlite":
+                conn.exec_driver_sql(sql.create_table, ())
+            self.changefeed, self._span, self._origin = changefeed, span, origin
+            self._read(conn)
+
+    def forget_cache(self) -> None:
+        """What this sink knew may have been rolled back (a write failed): read the rows again at the next question."""
+        self._had = None
+
+    def _read(self, conn: Connection) -> set[str]:
+        rows = conn.exec_driver_sql(self.sql().select, (self.changefeed,)).fetchall()
+        self._had = {str(t) for t, origin in rows if int(origin) == self._origin}
+        return self._had
+
+    def shows(self, label: str) -> bool:
+        """Whether the record as last read shows ``label`` as this span's (no I/O)."""
+        return self._had is not None and label in self._had
+
+    def had(self, conn: Connection, label: str) -> bool:
+        """Whether this changefeed (this span's origin) has had target table ``label`` (module docstring)."""
+        if not self.changefeed:
+            return False
+        had = self._had if self._had is not None else self._read(conn)
+        return label in had
+
+    def note(self, conn: Connection, label: str) -> None:
+        """``label`` is bound by a write on ``conn``: recorded in that transaction unless the record shows it."""
+        if not self.changefeed or (self._had is not None and label in self._had):
+            return
+        had = self._had if self._had is not None else self._read(conn)
+        if label not in had:
+            conn.exec_driver_sql(self.sql().upsert, (self.changefeed, label, self._span, self._origin))
+            had.add(label)
+            log.info("changefeed=%s: target table %s recorded as the changefeed's", self.changefeed, label)
+
+    def refuse(self, label: str, upstream: TableName | str, why: str = "") -> TargetTableDropped:
+        """The error for target table ``label`` of upstream ``upstream``, recorded as had and missing downstream."""
+        return TargetTableDropped(
+            f"target table {label} (upstream {upstream}) is missing in {self._target.where}, yet changefeed "
+            f"{self.changefeed} created it or wrote rows into it and applied no upstream DROP or RENAME TABLE of it: "
+            f"it was dropped behind the changefeed's back{why}. Not created again, which would lose every row it "
+            f"held. Fix: copy it again with `cdc cli changefeed snapshot -c {self.changefeed} --table {upstream}`, "
+            f"then `cdc cli changefeed resume -c {self.changefeed}`; or remove the changefeed and create it again",
+            table=label)
+
+    # ---- the DDL path (sinks.sql.ops.ddl_run), inside the DDL's transaction or with its record ---------------
+    def dropped(self, conn: Connection, label: str) -> None:
+        """An upstream DROP TABLE of ``label`` was applied."""
+        if self.changefeed:
+            conn.exec_driver_sql(self.sql().delete, (self.changefeed, label))
+            if self._had is not None:
+                self._had.discard(label)
+
+    def created(self, conn: Connection, label: str) -> None:
+        """An upstream CREATE TABLE of ``label`` was applied (the table is downstream now)."""
+        if self.changefeed:
+            conn.exec_driver_sql(self.sql().upsert, (self.changefeed, label, self._span, self._origin))
+            if self._had is not None:
+                self._had.add(label)
+
+    def renamed(self, conn: Connection, old: str, new: str) -> None:
+        """An upstream RENAME TABLE ``old`` -> ``new`` was applied: a row of ``old`` follows to ``new``."""
+        if not self.changefeed or old == new:
+            return
+        sql = self.sql()
+        conn.exec_driver_sql(sql.delete, (self.changefeed, new))
+        moved = conn.exec_driver_sql(sql.move, (new, self._span, self._origin, self.changefeed, old)).rowcount
+        if self._had is not None:
+            self._had.discard(old)
+            if moved:  # (the row is this span's now)
+                self._had.add(new)
+            else:
+                self._had.discard(new)
+
+
+def forget(target: Target, sql: TablesSQL, changefeed: str) -> int:
+    """Delete ``changefeed``'s rows (``changefeed remove``); returns how many went (0 when there is no table)."""
+    with target.transaction(sql.label) as conn:
+        if not sa.inspect(conn).has_table(sql.table, schema=sql.schema):
+            return 0
+        return int(conn.exec_driver_sql(sql.forget, (changefeed,)).rowcount)
+
+
+def forget_tables(target: Target, sql: TablesSQL, changefeed: str, labels: Sequence[str]) -> int:
+    """Delete the rows of target tables ``labels`` of ``changefeed`` (they are copied again: a resync); returns how
+    many went."""
+    with target.transaction(sql.label) as conn:
+        if not sa.inspect(conn).has_table(sql.table, schema=sql.schema):
+            return 0
+        return sum(int(conn.exec_driver_sql(sql.delete, (changefeed, label)).rowcount) for label in labels)
