@@ -447,9 +447,12 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
                             done = set(early)
                             pos.mark(conn, [ts for ts in late if ts > tracked.applied and ts not in done])
                         pos.record(conn, tracked.last_ts, tracked.last_time)
-        except BaseException:
+        except BaseException as exc:
             # Tables created inside the failed transaction (SQLite) are gone; re-reflect next time.
             self.catalog.forget_all()
+            dropped = self.catalog.record.explain(exc, writer.current if writer is not None else None)
+            if dropped is not None:  # a table the changefeed has had, dropped while this sink held it bound
+                raise dropped from exc
             raise
         if tracked is not None and pos is not None and tracked.last_ts:
             pos.committed(tracked.last_ts)  # (the transaction committed, after the fence)

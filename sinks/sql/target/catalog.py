@@ -106,10 +106,10 @@ class Catalog:
             self._tables.pop(parts, None)
             binding = self.new_binding(schema, self._prepare(schema, conn, before_io))
         record = self.record
-        if first and record.bound and not record.shows(binding.label):
-            if before_io is not None:
+        if first and record.bound:
+            if before_io is not None and not record.shows(binding.label):
                 before_io()
-            record.note(conn, binding.label)  # (in the write's transaction: committed with its rows)
+            record.note(conn, binding.label, schema.name)  # (in the write's transaction: committed with its rows)
         if len(self._bindings_by_value) > _MAX_BINDINGS:
             self._bindings_by_value.clear()
         self._bindings[id(schema)] = (schema, binding)

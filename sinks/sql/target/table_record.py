@@ -41,13 +41,14 @@ Guarantees:
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from cdc.errors import TargetTableDropped
+from cdc.errors import TargetTableDropped, TidewaterError
 from cdc.events import TableName
 from sinks.sql.target.connection import Target
 from sinks.sql.target.own_table import OwnTable
@@ -93,6 +94,7 @@ class TableRecord:
         self._origin = 0
         self._sql: TablesSQL | None = None
         self._had: set[str] | None = None  # None: to be read (at the next question)
+        self._upstream: dict[str, TableName] = {}  # target table -> its upstream table, as bound by this sink
 
     @property
     def bound(self) -> bool:
@@ -134,9 +136,13 @@ class TableRecord:
         had = self._had if self._had is not None else self._read(conn)
         return label in had
 
-    def note(self, conn: Connection, label: str) -> None:
-        """``label`` is bound by a write on ``conn``: recorded in that transaction unless the record shows it."""
-        if not self.changefeed or (self._had is not None and label in self._had):
+    def note(self, conn: Connection, label: str, upstream: TableName) -> None:
+        """``label`` (of upstream table ``upstream``) is bound by a write on ``conn``: recorded in that transaction
+        unless the record shows it."""
+        if not self.changefeed:
+            return
+        self._upstream[label] = upstream
+        if self._had is not None and label in self._had:
             return
         had = self._had if self._had is not None else self._read(conn)
         if label not in had:
@@ -153,6 +159,24 @@ class TableRecord:
             f"held. Fix: copy it again with `cdc cli changefeed snapshot -c {self.changefeed} --table {upstream}`, "
             f"then `cdc cli changefeed resume -c {self.changefeed}`; or remove the changefeed and create it again",
             table=label)
+
+    def explain(self, exc: BaseException, table: str | None) -> TargetTableDropped | None:
+        """A write failed with ``exc`` while it wrote ``table`` (target or upstream name, as the writer names the
+        table it writes): the error to raise instead when the target said that table does not exist and it is one
+        this changefeed has had (dropped while this sink held it bound); None otherwise. Reads the record again and
+        the catalog on a connection of its own (a failed write's path only)."""
+        if not self.changefeed or not table or not _missing_table(self._target.dialect, exc):
+            return None
+        found = [(label, up) for label, up in self._upstream.items() if table in (label, str(up))]
+        if not found:
+            return None
+        label, upstream = found[0]
+        tschema, tname = self._target.target_parts(upstream)
+        self._had = None
+        with self._target.engine.connect() as conn:
+            if not self.had(conn, label) or sa.inspect(conn).has_table(tname, schema=tschema):
+                return None
+        return self.refuse(label, upstream)
 
     # ---- the DDL path (sinks.sql.ops.ddl_run), inside the DDL's transaction or with its record ---------------
     def dropped(self, conn: Connection, label: str) -> None:
@@ -182,6 +206,18 @@ class TableRecord:
                 self._had.add(new)
             else:
                 self._had.discard(new)
+
+
+def _missing_table(dialect: str, exc: BaseException) -> bool:
+    """Whether ``exc`` (a driver error, or our error wrapping one) says a table does not exist."""
+    cause = exc.__cause__ if isinstance(exc, TidewaterError) else exc
+    orig = getattr(cause, "orig", cause)
+    if dialect == "postgresql":
+        return getattr(orig, "pgcode", None) == "42P01"  # undefined_table
+    if dialect == "mysql":
+        args = getattr(orig, "args", ())
+        return bool(args) and args[0] == 1146  # ER_NO_SUCH_TABLE
+    return isinstance(orig, sqlite3.OperationalError) and "no such table" in str(orig)
 
 
 def forget(target: Target, sql: TablesSQL, changefeed: str) -> int:

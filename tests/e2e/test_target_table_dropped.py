@@ -1,0 +1,101 @@
+"""End to end: a target table dropped behind the changefeed's back (sinks/sql/target/table_record.py). A PostgreSQL
+upstream streams into a PostgreSQL target through a real ``cdc server``; an operator drops a replicated table
+downstream mid-stream. Before, the next write failed on the missing table, the span restarted, the sink created the
+table again empty and went on with the new changes only: every row the table held was gone, the changefeed ``normal``.
+Now the changefeed fails (as TiCDC fails on a sink error it cannot retry) with ``CDC:ErrTargetTableDropped`` naming the
+table and the fix, in the API and in ``cdc cli changefeed query``, and the table stays missing; following the fix
+(``cdc cli changefeed snapshot --table``, then ``resume``) copies it again and the end is a row-by-row compare."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+from e2e_workload import BackgroundWriter, assert_converged, run_sql, server_config, wait_for
+
+from playground.cluster import CdcServer
+from playground.servers import EtcdServer, PostgresServer
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+SCHEMA = """
+CREATE TABLE t (id int PRIMARY KEY, v text);
+CREATE TABLE side (id int PRIMARY KEY, v text);
+"""
+TABLES = ["public.t", "public.side"]
+
+
+@pytest.fixture
+def source_schema() -> str:
+    return SCHEMA
+
+
+@pytest.fixture
+def cdc(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path) -> Any:
+    server = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id,
+                       extra_args=server_config(tmp_path)).start()
+    yield server
+    server.terminate()
+
+
+def _cli(url: str, *args: str) -> Any:
+    proc = subprocess.run([sys.executable, "-m", "cli", "cli", "--server", url, *args], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 0, proc
+    return json.loads(proc.stdout)
+
+
+def _writes(conn: Any, n: int) -> int:
+    with conn.cursor() as cur:
+        cur.execute("INSERT INTO t VALUES (%s, 'w') ON CONFLICT (id) DO UPDATE SET v = t.v || 'u'", (1000 + n % 3000,))
+        cur.execute("INSERT INTO side VALUES (%s, 's') ON CONFLICT (id) DO UPDATE SET v = side.v || 'x'", (n % 200,))
+    conn.commit()
+    return 1
+
+
+@pytest.mark.parametrize("sink_uri", ["postgresql"], indirect=True)
+def test_a_target_table_dropped_mid_stream_fails_the_changefeed_and_its_resync_repairs_it(
+        cdc: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:
+    run_sql(source, "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 500) g",
+            "INSERT INTO side SELECT g, 's' FROM generate_series(1, 100) g")
+    cdc.create_changefeed("drop", pg_server.uri(pg_database), sink_uri)
+    wait_for(cdc, "drop", lambda q: q["phase"] == "streaming", "the initial copy", timeout=120)
+    run_sql(source, "UPDATE t SET v = 'streamed' WHERE id <= 50")  # the stream writes t: its sink binds it
+    assert_converged(cdc, "drop", source, sink_uri, tables=TABLES)
+    target = pg_server.connect(sink_uri.rsplit("/", 1)[1].split("?", 1)[0])
+    target.autocommit = True
+
+    writer_conn = psycopg2.connect(pg_server.dsn(pg_database))
+    with BackgroundWriter(writer_conn, _writes, pause=0.01) as writer:
+        wait_for(cdc, "drop", lambda q: writer.txns > 20, "the writer's first transactions")
+        run_sql(target, "DROP TABLE public.t")  # behind the changefeed's back
+        q = wait_for(cdc, "drop", lambda q: q["state"] == "failed", "state failed", timeout=120)
+        writer.finish()
+    err = q["error"]
+    assert err["code"] == "CDC:ErrTargetTableDropped", q
+    assert "target table public.t" in err["message"] and "dropped behind the changefeed's back" in err["message"]
+    assert "cdc cli changefeed snapshot -c drop --table public.t" in err["message"], err
+    shown = _cli(cdc.url, "changefeed", "query", "-c", "drop")
+    assert shown["state"] == "failed" and shown["error"]["code"] == "CDC:ErrTargetTableDropped", shown
+    with target.cursor() as cur:
+        cur.execute("SELECT to_regclass('public.t') IS NULL")
+        assert cur.fetchone()[0], "the dropped table was created again"
+    target.close()
+
+    # the fix the error names: copy the table again, then resume
+    _cli(cdc.url, "changefeed", "snapshot", "-c", "drop", "--table", "public.t")
+    _cli(cdc.url, "changefeed", "resume", "-c", "drop")
+    run_sql(source, "INSERT INTO t VALUES (9001, 'after the fix')", "DELETE FROM t WHERE id = 7")
+    q = wait_for(cdc, "drop", lambda q: q["state"] != "normal" or (
+        q["table_copies"] == [] and all((s["table_copy"] or {}).get("phase", "done") == "done" for s in q["spans"])),
+        "the table copy", timeout=180)
+    assert q["state"] == "normal", q
+    assert_converged(cdc, "drop", source, sink_uri, tables=TABLES)
+    q = wait_for(cdc, "drop", lambda q: True, "query")
+    assert q["state"] == "normal" and not q["warnings"] and q["error"] is None, q
