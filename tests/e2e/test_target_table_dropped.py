@@ -86,6 +86,16 @@ def test_a_target_table_dropped_mid_stream_fails_the_changefeed_and_its_resync_r
     with target.cursor() as cur:
         cur.execute("SELECT to_regclass('public.t') IS NULL")
         assert cur.fetchone()[0], "the dropped table was created again"
+
+    # a plain resume (the cause not fixed) fails again the same way: before, this is where the sink created the table
+    # again empty, every earlier row gone downstream, and the changefeed went on normal
+    run_sql(source, "INSERT INTO t VALUES (9000, 'while failed')")
+    _cli(cdc.url, "changefeed", "resume", "-c", "drop")
+    q = wait_for(cdc, "drop", lambda q: q["state"] == "failed", "state failed after a resume", timeout=120)
+    assert q["state"] == "failed" and q["error"]["code"] == "CDC:ErrTargetTableDropped", q
+    with target.cursor() as cur:
+        cur.execute("SELECT to_regclass('public.t') IS NULL")
+        assert cur.fetchone()[0], "the dropped table was created again"
     target.close()
 
     # the fix the error names: copy the table again, then resume
