@@ -56,6 +56,7 @@ from sinks.sql.target.own_table import OwnTable
 log = logging.getLogger(__name__)
 
 RECORD_TABLE = "tidewater_tables"
+KAFKA_CONSUMER = "kafka:"  # the position name of a Kafka consumer's target (``cdc cli kafka-consumer``)
 
 
 class TablesSQL(OwnTable):
@@ -152,13 +153,17 @@ class TableRecord:
 
     def refuse(self, label: str, upstream: TableName | str, why: str = "") -> TargetTableDropped:
         """The error for target table ``label`` of upstream ``upstream``, recorded as had and missing downstream."""
+        cf = self.changefeed
+        if cf.startswith(KAFKA_CONSUMER):  # (sinks.kafka.applier's position: no changefeed to resync)
+            who, fix = f"the Kafka consumer {cf}", "rebuild the target from the topics' start into an empty database"
+        else:
+            who = f"changefeed {cf}"
+            fix = (f"copy it again with `cdc cli changefeed snapshot -c {cf} --table {upstream}`, then "
+                   f"`cdc cli changefeed resume -c {cf}`; or remove the changefeed and create it again")
         return TargetTableDropped(
-            f"target table {label} (upstream {upstream}) is missing in {self._target.where}, yet changefeed "
-            f"{self.changefeed} created it or wrote rows into it and applied no upstream DROP or RENAME TABLE of it: "
-            f"it was dropped behind the changefeed's back{why}. Not created again, which would lose every row it "
-            f"held. Fix: copy it again with `cdc cli changefeed snapshot -c {self.changefeed} --table {upstream}`, "
-            f"then `cdc cli changefeed resume -c {self.changefeed}`; or remove the changefeed and create it again",
-            table=label)
+            f"target table {label} (upstream {upstream}) is missing in {self._target.where}, yet {who} created it or "
+            f"wrote rows into it and applied no upstream DROP or RENAME TABLE of it: it was dropped behind the "
+            f"changefeed's back{why}. Not created again, which would lose every row it held. Fix: {fix}", table=label)
 
     def explain(self, exc: BaseException, table: str | None) -> TargetTableDropped | None:
         """A write failed with ``exc`` while it wrote ``table`` (target or upstream name, as the writer names the
