@@ -8,22 +8,17 @@ table and the fix, in the API and in ``cdc cli changefeed query``, and the table
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import psycopg2
 import pytest
-from e2e_workload import BackgroundWriter, assert_converged, run_sql, server_config, wait_for
+from e2e_workload import BackgroundWriter, assert_converged, cdc_cli, run_sql, wait_for
 
 from playground.cluster import CdcServer
-from playground.servers import EtcdServer, PostgresServer
+from playground.servers import PostgresServer
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
 SCHEMA = """
 CREATE TABLE t (id int PRIMARY KEY, v text);
 CREATE TABLE side (id int PRIMARY KEY, v text);
@@ -36,21 +31,6 @@ def source_schema() -> str:
     return SCHEMA
 
 
-@pytest.fixture
-def cdc(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path) -> Any:
-    server = CdcServer(etcd_server.url, tmp_path / "cdc", cluster_id=cluster_id,
-                       extra_args=server_config(tmp_path)).start()
-    yield server
-    server.terminate()
-
-
-def _cli(url: str, *args: str) -> Any:
-    proc = subprocess.run([sys.executable, "-m", "cli", "cli", "--server", url, *args], capture_output=True,
-                          text=True, timeout=60, cwd=REPO)
-    assert proc.returncode == 0, proc
-    return json.loads(proc.stdout)
-
-
 def _writes(conn: Any, n: int) -> int:
     with conn.cursor() as cur:
         cur.execute("INSERT INTO t VALUES (%s, 'w') ON CONFLICT (id) DO UPDATE SET v = t.v || 'u'", (1000 + n % 3000,))
@@ -61,7 +41,8 @@ def _writes(conn: Any, n: int) -> int:
 
 @pytest.mark.parametrize("sink_uri", ["postgresql"], indirect=True)
 def test_a_target_table_dropped_mid_stream_fails_the_changefeed_and_its_resync_repairs_it(
-        cdc: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:
+        cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str) -> None:
+    cdc = cdc_server
     run_sql(source, "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 500) g",
             "INSERT INTO side SELECT g, 's' FROM generate_series(1, 100) g")
     cdc.create_changefeed("drop", pg_server.uri(pg_database), sink_uri)
@@ -81,7 +62,7 @@ def test_a_target_table_dropped_mid_stream_fails_the_changefeed_and_its_resync_r
     assert err["code"] == "CDC:ErrTargetTableDropped", q
     assert "target table public.t" in err["message"] and "dropped behind the changefeed's back" in err["message"]
     assert "cdc cli changefeed snapshot -c drop --table public.t" in err["message"], err
-    shown = _cli(cdc.url, "changefeed", "query", "-c", "drop")
+    shown = cdc_cli(cdc.url, "changefeed", "query", "-c", "drop")
     assert shown["state"] == "failed" and shown["error"]["code"] == "CDC:ErrTargetTableDropped", shown
     with target.cursor() as cur:
         cur.execute("SELECT to_regclass('public.t') IS NULL")
@@ -90,7 +71,7 @@ def test_a_target_table_dropped_mid_stream_fails_the_changefeed_and_its_resync_r
     # a plain resume (the cause not fixed) fails again the same way: before, this is where the sink created the table
     # again empty, every earlier row gone downstream, and the changefeed went on normal
     run_sql(source, "INSERT INTO t VALUES (9000, 'while failed')")
-    _cli(cdc.url, "changefeed", "resume", "-c", "drop")
+    cdc_cli(cdc.url, "changefeed", "resume", "-c", "drop")
     q = wait_for(cdc, "drop", lambda q: q["state"] == "failed", "state failed after a resume", timeout=120)
     assert q["state"] == "failed" and q["error"]["code"] == "CDC:ErrTargetTableDropped", q
     with target.cursor() as cur:
@@ -99,8 +80,8 @@ def test_a_target_table_dropped_mid_stream_fails_the_changefeed_and_its_resync_r
     target.close()
 
     # the fix the error names: copy the table again, then resume
-    _cli(cdc.url, "changefeed", "snapshot", "-c", "drop", "--table", "public.t")
-    _cli(cdc.url, "changefeed", "resume", "-c", "drop")
+    cdc_cli(cdc.url, "changefeed", "snapshot", "-c", "drop", "--table", "public.t")
+    cdc_cli(cdc.url, "changefeed", "resume", "-c", "drop")
     run_sql(source, "INSERT INTO t VALUES (9001, 'after the fix')", "DELETE FROM t WHERE id = 7")
     q = wait_for(cdc, "drop", lambda q: q["state"] != "normal" or (
         q["table_copies"] == [] and all((s["table_copy"] or {}).get("phase", "done") == "done" for s in q["spans"])),

@@ -32,15 +32,6 @@ class Target(SqlTarget):
         s.check()
         return s
 
-    def tables(self) -> set[str]:
-        if self.kind == "sqlite":
-            sql = "SELECT name FROM sqlite_master WHERE type = 'table'"
-        elif self.kind == "mariadb":
-            sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE()"
-        else:
-            sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
-        return {r[0] for r in self.execute(sql)}
-
     def rows(self, name: str) -> list[tuple[Any, ...]]:
         return sorted(tuple(r) for r in self.execute(f"SELECT * FROM {self.qualified(name)}"))
 
