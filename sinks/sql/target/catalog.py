@@ -109,7 +109,7 @@ class Catalog:
         if first and record.bound:
             if before_io is not None and not record.shows(binding.label):
                 before_io()
-            record.note(conn, binding.label, schema.name)  # (in the write's transaction: committed with its rows)
+            record.note(conn, binding.label, schema.name)
         if len(self._bindings_by_value) > _MAX_BINDINGS:
             self._bindings_by_value.clear()
         self._bindings[id(schema)] = (schema, binding)

@@ -19,14 +19,18 @@ the sink refuses instead (:class:`TargetTableDropped`, fatal: the changefeed fai
 Guarantees:
 - Only a sink bound to a changefeed (:meth:`TableRecord.open`, from ``open_position``) records or refuses anything;
   an unbound one (a copy job's, a test's) behaves as before.
-- Written **idempotently at binding time, in the binding's transaction**: the first time a sink binds a target table
-  (the catalog read it or created it), :meth:`TableRecord.note` upserts its row on the connection of the write that
-  binds it, so the row commits with the write's rows or rolls back with them. That is what the brief's two options
-  amount to here: the binding happens inside the write's transaction, before its first row of the table. A table
-  created (MySQL and PostgreSQL create on an autocommit connection) whose write then fails stays unrecorded: it holds
-  no row of the changefeed, so creating it again later loses nothing. No per-row cost: one ``SELECT`` of the
-  changefeed's rows when the sink is bound (again only after a failed write made the catalog forget what it knew),
-  one upsert when a table is bound that the record did not show.
+- Written **idempotently at binding time**: the first time a sink binds a target table (the catalog read it or
+  created it), :meth:`TableRecord.note` upserts its row, before the write's first row of the table. On MySQL and
+  PostgreSQL on an autocommit connection of its own, committed at once, as the table's own ``CREATE`` is (MySQL and
+  PostgreSQL create tables on an autocommit connection): a binding need not happen in a transaction that commits (the
+  parallel apply's planning binds in one it rolls back), and a row recorded for a write that then fails costs nothing
+  but a refusal should someone drop that table, which holds nothing of the changefeed yet, behind its back: loud,
+  never silent. On SQLite (one writer per file: a second connection would wait for the write's lock) in the write's
+  own transaction, committed with its rows or rolled back with them (a failed write makes the record read again). The
+  alternative, writing the row with the first rows of the table, would put a statement into the hot path's
+  transaction and still miss bindings outside one. No per-row cost: one ``SELECT`` of the changefeed's rows when the
+  sink is bound (again only after a failed write made the catalog forget what it knew), one upsert when a table is
+  bound that the record does not show yet.
 - :meth:`TableRecord.had` is what the catalog asks before it creates a missing table: True for a table recorded
   with this span's origin. A row of another origin (another span of the changefeed, which held the table before
   ``changefeed update`` moved it; or an earlier changefeed of the same id) is not taken for this span's: its table
@@ -138,13 +142,21 @@ class TableRecord:
         return label in had
 
     def note(self, conn: Connection, label: str, upstream: TableName) -> None:
-        """``label`` (of upstream table ``upstream``) is bound by a write on ``conn``: recorded in that transaction
-        unless the record shows it."""
+        """``label`` (of upstream table ``upstream``) is bound by a write on ``conn``: recorded unless the record shows
+        it (module docstring: SQLite in ``conn``'s transaction, MySQL and PostgreSQL on an autocommit connection)."""
         if not self.changefeed:
             return
         self._upstream[label] = upstream
         if self._had is not None and label in self._had:
             return
+        if self._target.dialect == "sqlite":
+            self._note(conn, label)
+            return
+        with self._target.engine.connect() as own:
+            own.execution_options(isolation_level="AUTOCOMMIT")
+            self._note(own, label)
+
+    def _note(self, conn: Connection, label: str) -> None:
         had = self._had if self._had is not None else self._read(conn)
         if label not in had:
             conn.exec_driver_sql(self.sql().upsert, (self.changefeed, label, self._span, self._origin))
