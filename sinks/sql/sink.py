@@ -25,7 +25,9 @@ Guarantees (on top of the contracts of its roles: :mod:`sinks.base`, :mod:`sinks
   (docs/consistency.md). A schema change that alters a table's shape is applied by a staging sink only once the
   target shows the barrier just before its transaction (``apply_ddl``). The default mode's write path is unchanged.
 - Missing target tables are created from the upstream schema (docs/type-mapping.md); existing ones are used
-  as they are (columns and a unique key checked), altered only by ``apply_ddl`` (docs/ddl.md).
+  as they are (columns and a unique key checked), altered only by ``apply_ddl`` (docs/ddl.md). A missing table that
+  the sink's changefeed (``open_position``) has had, dropped behind its back, is refused with ``TargetTableDropped``
+  instead, never created again empty (:mod:`sinks.sql.target.table_record`).
 - TRUNCATE is ``DELETE FROM`` on MySQL/SQLite (MySQL's TRUNCATE would commit implicitly) and
   ``TRUNCATE`` on PostgreSQL.
 - Errors: an unreachable or lost server, a deadlock, a lock timeout or a busy SQLite file raise
