@@ -5,6 +5,10 @@ The request is stored in the changefeed's info (:meth:`cdc.meta.store.MetaStore.
 that publishes the table takes it up (``processor.processor``), empties the table downstream and copies it under
 a new snapshot, holding back only that table's changes meanwhile. Refused, naming the fix: an unknown changefeed, a
 table the changefeed does not replicate, a changefeed that is being removed.
+
+A sink that refuses to create a target table the changefeed has had (``sinks.copy_roles.TablesHad``: dropped behind the
+changefeed's back, the changefeed failed with ``CDC:ErrTargetTableDropped``) is told, after the request is stored,
+that these tables are copied again, so that the copy (and the span's changes before it) may create them anew.
 """
 
 from __future__ import annotations
@@ -13,13 +17,14 @@ import logging
 import time
 from collections.abc import Sequence
 
+from cdc.config import ChangefeedConfig
 from cdc.errors import ChangefeedNotFound, ChangefeedStateConflict, InvalidArgument, TidewaterError
 from cdc.events import TableName
 from cdc.meta.store import MetaStore
-from cdc.model import FeedState, TableCopy
+from cdc.model import ChangefeedInfo, FeedState, TableCopy
 from cdc.uri import parse_sink_uri
-from sinks.copy_roles import ResyncRefusal
-from sinks.factory import sink_class
+from sinks.copy_roles import ResyncRefusal, TablesHad
+from sinks.factory import open_sink, sink_class
 from upstream import open_upstream
 from upstream.base import Upstream
 
@@ -66,7 +71,22 @@ def request_resync(store: MetaStore, cf_id: str, tables: Sequence[str]) -> tuple
     copies = store.request_table_copies(cf_id, [(str(t), where[t]) for t in dict.fromkeys(names)], "resync",
                                         time.time(), oids=oids)
     log.info("changefeed=%s: table copy asked for %s", cf_id, ", ".join(c.table for c in copies))
+    _forget_tables_had(info, names)
     return copies
+
+
+def _forget_tables_had(info: ChangefeedInfo, tables: Sequence[TableName]) -> None:
+    """Tell a ``TablesHad`` sink that ``tables`` are copied again (module docstring). After the request is stored: a
+    failure here leaves a stored copy whose span fails again on a dropped table (the request is then repeated), never
+    a record forgotten without its copy."""
+    sink = open_sink(info.sink_uri, ChangefeedConfig.from_dict(info.config).sink)
+    try:
+        if isinstance(sink, TablesHad):
+            n = sink.forget_tables_had(info.id, tables)
+            if n:
+                log.info("changefeed=%s: %d target table(s) may be created anew by their copy", info.id, n)
+    finally:
+        sink.close()
 
 
 def _oid(up: Upstream, table: TableName) -> int:

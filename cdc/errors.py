@@ -158,6 +158,20 @@ class DdlRejected(SinkError):
         self.commit_ts = commit_ts
 
 
+class TargetTableDropped(SinkError):
+    """A target table that this changefeed created or wrote rows into is missing downstream, and no upstream DROP or
+    RENAME TABLE that the changefeed applied took it away: it was dropped behind the changefeed's back. Creating it
+    again would leave every row it held missing while the changefeed goes on as if nothing happened, so the sink
+    refuses, naming the table and the fix (copy it again: ``cdc cli changefeed snapshot --table``, then ``resume``; or
+    remove and re-create the changefeed). Fatal: retrying finds the table missing again."""
+
+    code = "CDC:ErrTargetTableDropped"
+
+    def __init__(self, message: str, *, table: str = "", cause: BaseException | None = None) -> None:
+        super().__init__(message, cause=cause)
+        self.table = table
+
+
 class DdlOrderUnknown(SinkError):
     """Two spans of a changefeed hold name-changing DDLs (CREATE, DROP, RENAME TABLE) of one upstream transaction, and
     at least one of them has no known position in it (seen in the stream alone, without the DDL trigger): applying

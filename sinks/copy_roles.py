@@ -11,6 +11,7 @@ rules every role shares (threading, errors, fencing, no call after ``close``).
 | :class:`ExistingRows` | ``tables_with_rows`` | create, merge copy (``processor.merged_rows``) | SQL, storage |
 | :class:`RowCounts` | ``count_rows`` | merge copy | SQL |
 | :class:`ResyncRefusal` | ``resync_refusal`` (class method) | ``cdc cli changefeed snapshot --table`` | Kafka |
+| :class:`TablesHad` | ``forget_tables_had`` | ``cdc cli changefeed snapshot --table`` | SQL |
 
 A sink without a role: the copy writes every chunk parsed with ``TxnSink.write`` (no text, no marker, the key kept
 while chunks arrive); a table copy has nothing to empty; the sink has no tables that could hold rows; a resync is
@@ -163,3 +164,14 @@ class ResyncRefusal(ABC):
     def resync_refusal(cls, uri: str) -> str | None:
         """Why a resync cannot work with the sink of ``uri``, naming the fix (None: it can); asked before the resync
         is stored, without opening the sink."""
+
+
+class TablesHad(ABC):
+    """A sink that records the target tables each changefeed has had and refuses to create one of them again when it is
+    missing downstream (dropped behind the changefeed's back: SQL, ``sinks.sql.target.table_record``)."""
+
+    @abstractmethod
+    def forget_tables_had(self, changefeed: str, tables: Sequence[TableName]) -> int:
+        """``tables`` (upstream names) are copied again for ``changefeed`` (a resync, stored just before): their target
+        tables may be created anew from now on, a missing one included. Returns how many records went. Called on an
+        instance of its own, before the span takes the copy up."""

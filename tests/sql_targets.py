@@ -24,6 +24,16 @@ class SqlTarget:
     def qualified(self, table: str) -> str:
         return {"mariadb": f"`{table}`", "postgresql": f'"public"."{table}"', "sqlite": f'"{table}"'}[self.kind]
 
+    def tables(self) -> set[str]:
+        """The target's tables (PostgreSQL: of schema ``public``)."""
+        if self.kind == "sqlite":
+            sql = "SELECT name FROM sqlite_master WHERE type = 'table'"
+        elif self.kind == "mariadb":
+            sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE()"
+        else:
+            sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+        return {r[0] for r in self.execute(sql)}
+
     def execute(self, sql: str) -> list[tuple[Any, ...]]:
         if self.kind == "sqlite":
             conn = sqlite3.connect(self.db)

@@ -25,7 +25,9 @@ Guarantees (on top of the contracts of its roles: :mod:`sinks.base`, :mod:`sinks
   (docs/consistency.md). A schema change that alters a table's shape is applied by a staging sink only once the
   target shows the barrier just before its transaction (``apply_ddl``). The default mode's write path is unchanged.
 - Missing target tables are created from the upstream schema (docs/type-mapping.md); existing ones are used
-  as they are (columns and a unique key checked), altered only by ``apply_ddl`` (docs/ddl.md).
+  as they are (columns and a unique key checked), altered only by ``apply_ddl`` (docs/ddl.md). A missing table that
+  the sink's changefeed (``open_position``) has had, dropped behind its back, is refused with ``TargetTableDropped``
+  instead, never created again empty (:mod:`sinks.sql.target.table_record`).
 - TRUNCATE is ``DELETE FROM`` on MySQL/SQLite (MySQL's TRUNCATE would commit implicitly) and
   ``TRUNCATE`` on PostgreSQL.
 - Errors: an unreachable or lost server, a deadlock, a lock timeout or a busy SQLite file raise
@@ -92,7 +94,15 @@ from sinks.base import (
     TableShapes,
     waits_for_barrier,
 )
-from sinks.copy_roles import BulkLoad, CopyTargets, DeferredKeyCopy, ExistingRows, RowCounts, TextCopy
+from sinks.copy_roles import (
+    BulkLoad,
+    CopyTargets,
+    DeferredKeyCopy,
+    ExistingRows,
+    RowCounts,
+    TablesHad,
+    TextCopy,
+)
 from sinks.sql.ops import copy_targets
 from sinks.sql.ops.barrier import BarrierApply, Stager
 from sinks.sql.ops.bulk import CopyPassthrough
@@ -107,11 +117,13 @@ from sinks.sql.target.connection import Target
 from sinks.sql.target.position import Position, PositionSQL, Tracked, skip_done
 from sinks.sql.target.position import forget as forget_position
 from sinks.sql.target.staging import StageSQL
+from sinks.sql.target.table_record import forget as forget_record
+from sinks.sql.target.table_record import forget_tables
 
 log = logging.getLogger(__name__)
 
 class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser, BarrierSink, BulkLoad, TextCopy,
-              DeferredKeyCopy, CopyTargets, ExistingRows, RowCounts, TableShapes):
+              DeferredKeyCopy, CopyTargets, ExistingRows, RowCounts, TableShapes, TablesHad):
     """Writes row changes to ``mysql://``, ``mariadb://``, ``postgresql://`` or ``sqlite:///`` targets.
 
     Target names: MySQL and SQLite put upstream ``schema.table`` into ``table`` of the URI's database
@@ -282,8 +294,12 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
                            self._config.checkpoint_table)
 
     def open_position(self, changefeed: str, span: int, origin: int = 0) -> int:
-        """Exactly-once from now on (unless ``delivery = "at-least-once"``): see :mod:`sinks.sql.target.position`."""
+        """Exactly-once from now on (unless ``delivery = "at-least-once"``): see :mod:`sinks.sql.target.position`.
+        Either way the sink is bound to ``changefeed`` from now on: a target table the changefeed has had that is
+        missing downstream is refused, not created again (:mod:`sinks.sql.target.table_record`)."""
         self.target.check_open()
+        record = self.catalog.record
+        self.target.guarded(lambda: record.open(changefeed, span, origin), None)
         if self._config.delivery == "at-least-once":
             return self._ddl.load_floors(changefeed)  # 0; rows from before an applied DDL are replays
         pos = Position(self.target, self._position_sql(), changefeed, span, origin,
@@ -301,7 +317,14 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         stage = self._stage_sql()
         with self.target.transaction(stage.label) as conn:  # staged changes and barriers (snapshot mode)
             stage.forget(conn, changefeed)
+        forget_record(self.target, self.catalog.record.sql(), changefeed)
         return forget_position(self.target, self._position_sql(), changefeed)
+
+    def forget_tables_had(self, changefeed: str, tables: Sequence[TableName]) -> int:
+        """A resync of ``tables``: their target tables may be created anew (:mod:`sinks.sql.target.table_record`)."""
+        target, sql = self.target, self.catalog.record.sql()
+        labels = [target.target_name(t) for t in tables]
+        return int(target.guarded(lambda: forget_tables(target, sql, changefeed, labels), sql.label))
 
     # ---- [consistency] mode = "snapshot" (sinks.sql.ops.barrier) -------------------------------------------
     def _stage_sql(self) -> StageSQL:
@@ -426,9 +449,12 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
                             done = set(early)
                             pos.mark(conn, [ts for ts in late if ts > tracked.applied and ts not in done])
                         pos.record(conn, tracked.last_ts, tracked.last_time)
-        except BaseException:
+        except BaseException as exc:
             # Tables created inside the failed transaction (SQLite) are gone; re-reflect next time.
             self.catalog.forget_all()
+            dropped = self.catalog.record.explain(exc, writer.current if writer is not None else None)
+            if dropped is not None:  # a table the changefeed has had, dropped while this sink held it bound
+                raise dropped from exc
             raise
         if tracked is not None and pos is not None and tracked.last_ts:
             pos.committed(tracked.last_ts)  # (the transaction committed, after the fence)

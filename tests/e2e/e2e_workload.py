@@ -269,6 +269,14 @@ def targets_in_make_test(*kept: str) -> list[Any]:
     return [t if t in kept else pytest.param(t, marks=pytest.mark.slow) for t in TARGETS]
 
 
+def cdc_cli(url: str, *args: str) -> Any:
+    """``cdc cli --server url ARGS`` (JSON output); fails the test unless it exits 0. Returns the parsed output."""
+    proc = subprocess.run([sys.executable, "-m", "cli", "cli", "--server", url, *args], capture_output=True,
+                          text=True, timeout=60, cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0, proc
+    return json.loads(proc.stdout)
+
+
 def kafka_consumer(sink: str, target: str, upstream: str, until: int, *extra: str) -> tuple[dict[str, Any], str]:
     """``cdc cli kafka-consumer`` from the changefeed's own sink URI into ``target`` up to ``until``, with the
     upstream's schemas (and ``extra`` flags); fails the test unless it exits 0 having applied ``until``. Returns its

@@ -6,10 +6,7 @@ row-by-row compare of every table."""
 
 from __future__ import annotations
 
-import json
 import random
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -17,7 +14,15 @@ from typing import Any
 
 import psycopg2
 import pytest
-from e2e_workload import FAST_LEASE, BackgroundWriter, assert_converged, run_sql, server_config, wait_for
+from e2e_workload import (
+    FAST_LEASE,
+    BackgroundWriter,
+    assert_converged,
+    cdc_cli,
+    run_sql,
+    server_config,
+    wait_for,
+)
 
 from cdc.events import TableName
 from playground.cluster import CdcServer
@@ -26,7 +31,6 @@ from playground.servers import EtcdServer, PostgresServer
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
 SCHEMA = """
 CREATE TABLE big (id int PRIMARY KEY, v text, n int);
 CREATE TABLE side (id int PRIMARY KEY, v text);
@@ -48,13 +52,6 @@ def cdc(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path, request: pytes
                        extra_args=server_config(tmp_path, "upstream-check-interval = 0.5\n" + lease)).start()
     yield server
     server.terminate()
-
-
-def _cli(url: str, *args: str) -> Any:
-    proc = subprocess.run([sys.executable, "-m", "cli", "cli", "--server", url, *args], capture_output=True,
-                          text=True, timeout=60, cwd=REPO)
-    assert proc.returncode == 0, proc
-    return json.loads(proc.stdout)
 
 
 def _writes(seed: int, tables: tuple[str, ...] = ("big", "side", "bag", "late")) -> Any:
@@ -135,7 +132,7 @@ def test_a_resync_replaces_a_diverged_table_while_the_others_stream(
 
     writer_conn = psycopg2.connect(pg_server.dsn(pg_database))
     with BackgroundWriter(writer_conn, _writes(4, ("big", "bag")), pause=0.01) as writer:
-        q = _cli(cdc.url, "changefeed", "snapshot", "-c", "rs", "--table", "public.big", "--table", "public.bag")
+        q = cdc_cli(cdc.url, "changefeed", "snapshot", "-c", "rs", "--table", "public.big", "--table", "public.bag")
         assert {c["table"] for c in q["table_copies"]} <= {"public.big", "public.bag"}, q
         q = wait_for(cdc, "rs", lambda q: any(s["table_copy"] for s in q["spans"]), "the table copy taken up")
         # the other table streams while big and bag are copied
@@ -147,7 +144,7 @@ def test_a_resync_replaces_a_diverged_table_while_the_others_stream(
         time.sleep(1.0)
         writer.finish()
     with pytest.raises(AssertionError):  # a table it does not replicate is refused, naming it
-        _cli(cdc.url, "changefeed", "snapshot", "-c", "rs", "--table", "public.nope")
+        cdc_cli(cdc.url, "changefeed", "snapshot", "-c", "rs", "--table", "public.nope")
     assert_converged(cdc, "rs", source, sink_uri, tables=TABLES)
     q = wait_for(cdc, "rs", lambda q: True, "query")
     assert q["state"] == "normal" and not q["warnings"] and q["table_copies"] == [], q
@@ -184,7 +181,7 @@ def test_a_table_renamed_while_its_resync_runs_is_copied_and_ends_equal_under_it
     holder.autocommit = False
     try:
         holder.cursor().execute("LOCK TABLE big IN SHARE MODE")  # the resync's TRUNCATE of the target waits
-        _cli(cdc.url, "changefeed", "snapshot", "-c", "rn", "--table", "public.big")
+        cdc_cli(cdc.url, "changefeed", "snapshot", "-c", "rn", "--table", "public.big")
         deadline = time.monotonic() + 60
         while _waiting_on(pg_server, tdb, "big") < 1:
             assert time.monotonic() < deadline, f"the resync did not reach the target\n{cdc.log_tail()}"
@@ -246,13 +243,13 @@ def test_a_table_renamed_after_its_resync_was_asked_for_is_copied_under_its_new_
     cdc.create_changefeed("ra", pg_server.uri(pg_database), sink_uri, "[snapshot]\nchunk-rows = 1000\n")
     assert_converged(cdc, "ra", source, sink_uri, tables=TABLES, timeout=180)
     _diverge(_target(pg_server, sink_uri))
-    _cli(cdc.url, "changefeed", "pause", "-c", "ra")
+    cdc_cli(cdc.url, "changefeed", "pause", "-c", "ra")
     wait_for(cdc, "ra", lambda q: q["state"] == "stopped" and all(not s.get("running", False) for s in q["spans"]),
              "paused")
-    q = _cli(cdc.url, "changefeed", "snapshot", "-c", "ra", "--table", "public.big")
+    q = cdc_cli(cdc.url, "changefeed", "snapshot", "-c", "ra", "--table", "public.big")
     assert [c["table"] for c in q["table_copies"]] == ["public.big"], q
     _rename_big(source)
-    _cli(cdc.url, "changefeed", "resume", "-c", "ra")
+    cdc_cli(cdc.url, "changefeed", "resume", "-c", "ra")
     _ends_equal_under_the_new_name(cdc, "ra", pg_server, source, sink_uri)
 
 
@@ -280,7 +277,7 @@ def test_a_table_renamed_while_its_resync_is_killed_is_copied_again_under_its_ne
     holder.autocommit = False
     try:
         holder.cursor().execute("LOCK TABLE big IN SHARE MODE")  # the resync's TRUNCATE of the target waits
-        _cli(cdc.url, "changefeed", "snapshot", "-c", "rk", "--table", "public.big")
+        cdc_cli(cdc.url, "changefeed", "snapshot", "-c", "rk", "--table", "public.big")
         deadline = time.monotonic() + 60
         while _waiting_on(pg_server, tdb, "big") < 1:
             assert time.monotonic() < deadline, f"the resync did not reach the target\n{cdc.log_tail()}"
@@ -554,7 +551,7 @@ def test_table_copies_into_kafka_and_files_reach_consumers_that_cut_at_watermark
             assert q["state"] == "normal", q
             if kind == "kafka":
                 _inject_a_row_behind_tidewaters_back(kafka, topic, up, current_lsn(source))
-            _cli(cdc.url, "changefeed", "snapshot", "-c", "tc", "--table", "public.big", "--table", "public.bag")
+            cdc_cli(cdc.url, "changefeed", "snapshot", "-c", "tc", "--table", "public.big", "--table", "public.bag")
             q = wait_for(cdc, "tc", copied(["public.bag", "public.big"]), "the resync", timeout=120)
             assert q["state"] == "normal", q
             time.sleep(1.0)

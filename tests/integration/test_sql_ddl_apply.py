@@ -49,15 +49,6 @@ class Target(SqlTarget):
         s.check()
         return s
 
-    def tables(self) -> set[str]:
-        if self.kind == "sqlite":
-            sql = "SELECT name FROM sqlite_master WHERE type = 'table'"
-        elif self.kind == "mariadb":
-            sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE()"
-        else:
-            sql = "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
-        return {r[0] for r in self.execute(sql)}
-
     def indexes(self, table: str) -> set[str]:
         if self.kind == "sqlite":
             return {r[1] for r in self.execute(f"PRAGMA index_list(\"{table}\")") if not r[1].startswith("sqlite_")}

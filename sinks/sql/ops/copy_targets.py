@@ -64,7 +64,9 @@ def drop_copy_target(target: Target, catalog: Catalog, table: TableName, changef
     """Drop the target of ``table`` if it exists, and the chunk markers the copy of ``changefeed``/``span`` kept for
     it (``sinks.sql.ops.deferred_key``: a stale marker would make a new run record a chunk it never wrote), in one
     transaction where DDL is transactional (PostgreSQL, SQLite; MySQL commits a DROP by itself, and keeps no markers).
-    The copy then creates the table from the new definition, as streaming would."""
+    The copy then creates the table from the new definition, as streaming would: the record of the tables the
+    changefeed has had (``sinks.sql.target.table_record``) forgets it in the same transaction, so that creating it
+    is not refused as a table dropped behind the changefeed's back."""
     with target.errors(), target.engine.begin() as conn:
         if target.dialect == "postgresql":
             markers = f'"{PG_SCHEMA}"."{MARKER_TABLE}"'
@@ -73,4 +75,7 @@ def drop_copy_target(target: Target, catalog: Catalog, table: TableName, changef
                                      "table_name = %s", (changefeed, span, str(table)))
         for _, quoted in _existing(target, conn, [table]):
             conn.exec_driver_sql(f"DROP TABLE {quoted}")
+        had = catalog.record.sql()
+        if sa.inspect(conn).has_table(had.table, schema=had.schema):
+            conn.exec_driver_sql(had.delete, (changefeed, target.target_name(table)))
     catalog.forget_table(target.target_parts(table))

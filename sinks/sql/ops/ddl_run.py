@@ -31,6 +31,11 @@ Guarantees:
   stays at the same commit Ts.
 - A record at the DDL's position that names another table is never taken for this DDL: the call fails
   (``SinkError``, naming both) instead of skipping it as applied.
+- The target tables the changefeed has had (:mod:`sinks.sql.target.table_record`) follow the DDL in its transaction
+  (MySQL: with its record): a DROP TABLE deletes the table's row, a RENAME TABLE moves it to the new name, a CREATE
+  TABLE writes it. Any other DDL of a table the changefeed has had that is missing downstream is refused
+  (``TargetTableDropped``: dropped behind the changefeed's back), never recorded as applied to a table "not
+  downstream yet". A skipped DDL (``skip``) changes neither.
 - After every call (applied, already applied or failed) the sink forgets what it cached about the tables
   the DDL touches (reflected columns and keys, bindings with their statements, the foreign-key graph), so
   the next rows bind to the table's new shape; the rows after a DDL carry the new ``TableSchema``.
@@ -48,7 +53,7 @@ from sqlalchemy.engine import Connection
 
 from cdc.config import DdlConfig
 from cdc.errors import DdlRejected, SinkError, SinkUnavailable, TidewaterError, UpstreamUnavailable
-from cdc.events import DdlEvent, RowChange
+from cdc.events import DdlEvent, DdlKind, RowChange, TableName
 from cdc.model import DataWarning
 from sinks.base import RowSource
 from sinks.sql.dialect.ddl import (
@@ -164,6 +169,8 @@ class DdlRunner:
                         ddl.execution_options(isolation_level="AUTOCOMMIT")
                         # a metadata lock held downstream fails the DDL (retryable) instead of blocking the span
                         ddl.exec_driver_sql(f"SET SESSION lock_wait_timeout = {LOCK_TIMEOUT}", ())
+                        if not skip:
+                            self._check_dropped(ddl, ev)
                         for step in plan.steps:
                             step_sql = step.sql or step.kind
                             if fence is not None:
@@ -172,6 +179,8 @@ class DdlRunner:
                     step_sql = ""
                     with target.engine.begin() as conn:
                         conn.exec_driver_sql(rec.insert, _record_row(cf, ev, query))
+                        if not skip:
+                            self._follow_tables(conn, ev)
                         if fence is not None:
                             fence()
             else:
@@ -191,11 +200,15 @@ class DdlRunner:
                                            ev, target.where)
                             if state is None:
                                 touched |= plan.touched
+                                if not skip:
+                                    self._check_dropped(conn, ev)
                                 for step in plan.steps:
                                     step_sql = step.sql or step.kind
                                     self._run(conn, step, ev, query, row_source)
                                 step_sql = ""
                                 conn.exec_driver_sql(rec.insert, _record_row(cf, ev, query))
+                                if not skip:
+                                    self._follow_tables(conn, ev)
                                 if fence is not None:
                                     fence()
                     finally:
@@ -204,6 +217,7 @@ class DdlRunner:
             applied = state is None
         except Exception as exc:
             self._catalog.forget_tables(touched)
+            self._catalog.record.forget_cache()  # (its changes in the DDL's transaction may be rolled back)
             if isinstance(exc, TidewaterError) or not is_db_error(exc):
                 raise
             if target.classify(exc)[0]:
@@ -264,6 +278,36 @@ class DdlRunner:
             if target.dialect == "sqlite":  # (created inside a transaction there: OwnTable)
                 conn.exec_driver_sql(rec.create_table, ())
             return _state(conn.exec_driver_sql(rec.select, (cf, ev.commit_ts, ev.seq)).first(), ev, target.where)
+
+    def _check_dropped(self, conn: Connection, ev: DdlEvent) -> None:
+        """``TargetTableDropped`` when ``ev`` changes a table the changefeed has had that is missing downstream (module
+        docstring); a CREATE or DROP TABLE is never refused here."""
+        record, target = self._catalog.record, self._target
+        if not record.bound or DdlKind.CREATE_TABLE in ev.kinds or DdlKind.DROP_TABLE in ev.kinds:
+            return
+        label = target.target_name(ev.table)
+        if record.had(conn, label):
+            tschema, tname = target.target_parts(ev.table)
+            if not sa.inspect(conn).has_table(tname, schema=tschema):
+                raise record.refuse(label, ev.table, f"; the schema change {ev.query or ', '.join(ev.kinds)!r} "
+                                                     f"(commit ts {ev.commit_ts}) is not applied")
+
+    def _follow_tables(self, conn: Connection, ev: DdlEvent) -> None:
+        """The record of the tables the changefeed has had follows ``ev``'s CREATE, DROP and RENAME TABLE."""
+        record, target = self._catalog.record, self._target
+        if not record.bound:
+            return
+        label = target.target_name(ev.table)
+        for ch in ev.changes:
+            if ch.kind == DdlKind.DROP_TABLE:
+                record.dropped(conn, label)
+            elif ch.kind == DdlKind.CREATE_TABLE:
+                record.created(conn, label)
+            elif ch.kind == DdlKind.RENAME_TABLE:
+                new = ev.new_table or (TableName.parse(ch.new_name) if ch.new_name else None)
+                if new is not None:
+                    record.renamed(conn, label, target.target_name(new))
+                    label = target.target_name(new)
 
     def _translate(self, ev: DdlEvent) -> DdlPlan:
         target = self._target

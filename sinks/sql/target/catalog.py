@@ -1,6 +1,7 @@
 """The SQL sink's target catalog: which target table a schema version writes to (bindings, cached per schema
 object and value), existing tables read from the catalog once per target schema, missing tables created from the
-upstream schema (docs/type-mapping.md), and the foreign keys between target tables (:class:`FkGraph`).
+upstream schema (docs/type-mapping.md) unless the changefeed has had them (``record``, :mod:`table_record`: a table
+dropped behind its back is refused, never created again), and the foreign keys between target tables (:class:`FkGraph`).
 
 :class:`Catalog` owns those caches; the writer, the DDL runner and the initial-copy loaders ask it for bindings and
 tell it what to forget. Threading: the sink's caller thread only.
@@ -25,6 +26,7 @@ from sinks.sql.dialect.statements import Statements
 from sinks.sql.dialect.typemap import TargetColumn, create_schema_sql, create_table_sql, plan_table
 from sinks.sql.target.binding import Binding, KnownTable
 from sinks.sql.target.connection import Target
+from sinks.sql.target.table_record import TableRecord
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +39,12 @@ Parts = tuple[str | None, str]  # (target schema or None, target table)
 class Catalog:
     """What one sink knows of its target's tables: their columns and keys (read once, or created by it), the
     binding of each schema version to its table, and the foreign keys between them (``fk``: replaced by a new
-    graph when :meth:`forget_tables` drops what a DDL touched, so read it where it is used)."""
+    graph when :meth:`forget_tables` drops what a DDL touched, so read it where it is used). ``record``: the target
+    tables the sink's changefeed has had (bound by ``open_position``; until then it records and refuses nothing)."""
 
     def __init__(self, target: Target) -> None:
         self._target = target
+        self.record = TableRecord(target)
         self._tables: dict[Parts, KnownTable] = {}
         # per target schema: its base tables as the catalog showed them, handed out once (see existing_table)
         self._existing: dict[str | None, dict[str, tuple[tuple[TargetColumn, ...], list[frozenset[str]]]]] = {}
@@ -75,6 +79,7 @@ class Catalog:
         target = self._target
         parts = target.target_parts(schema.name)
         table = self._tables.get(parts)
+        first = table is None  # the first binding of the table in what this sink knows: the record is checked
         fresh = False  # read from the catalog just now (not remembered from an earlier look)
         if table is None and target.dialect != "sqlite":
             if before_io is not None and parts[0] not in self._existing:
@@ -100,6 +105,11 @@ class Catalog:
                      schema.name)
             self._tables.pop(parts, None)
             binding = self.new_binding(schema, self._prepare(schema, conn, before_io))
+        record = self.record
+        if first and record.bound:
+            if before_io is not None and not record.shows(binding.label):
+                before_io()
+            record.note(conn, binding.label, schema.name)
         if len(self._bindings_by_value) > _MAX_BINDINGS:
             self._bindings_by_value.clear()
         self._bindings[id(schema)] = (schema, binding)
@@ -119,7 +129,9 @@ class Catalog:
 
     # ---- forgetting --------------------------------------------------------------------------------------
     def forget_all(self) -> None:
-        """Forget every table and binding (a write failed: tables created inside its transaction are gone)."""
+        """Forget every table and binding (a write failed: tables created inside its transaction are gone, and so may be
+        rows of the record)."""
+        self.record.forget_cache()
         self._tables.clear()
         self._existing.clear()
         self._bindings.clear()
@@ -219,7 +231,8 @@ class Catalog:
         return {t: (tuple(c), uniques.get(t, [])) for t, c in cols.items()}
 
     def prepare_table(self, schema: TableSchema, conn: Connection) -> KnownTable:
-        """The target table of ``schema`` read through ``conn`` (per table), or created from the upstream schema."""
+        """The target table of ``schema`` read through ``conn`` (per table), or created from the upstream schema;
+        ``TargetTableDropped`` instead when the changefeed has had the table (:mod:`table_record`)."""
         target = self._target
         target.statements()  # knows the server's flavour (MySQL collation) once connected
         tschema, tname = target.target_parts(schema.name)
@@ -227,6 +240,8 @@ class Catalog:
         insp = sa.inspect(conn)
         if insp.has_table(tname, schema=tschema):
             return self.reflect(conn, tschema, tname, label)
+        if self.record.had(conn, label):
+            raise self.record.refuse(label, schema.name)
         preparer = target.engine.dialect.identifier_preparer
         if tschema is not None and tschema not in self._schemas_created:
             target.run_ddl(conn, create_schema_sql(tschema, preparer))

@@ -29,11 +29,11 @@ pytestmark = pytest.mark.unit
 ROLES = [base.TxnSink, base.AtomicTxnSink, base.BufferedSink, base.PositionStore, base.DdlSink, base.DdlSettings,
          base.RowSourceUser, base.TableShapes, base.CheckpointSink, base.WatermarkSink, copy_roles.BulkLoad, copy_roles.TextCopy,
          copy_roles.CopyAnnouncer, copy_roles.DeferredKeyCopy, copy_roles.CopyTargets, copy_roles.ExistingRows,
-         copy_roles.RowCounts, copy_roles.ResyncRefusal]
+         copy_roles.RowCounts, copy_roles.ResyncRefusal, copy_roles.TablesHad]
 
 EXPECTED = {
     SQLSink: {"TxnSink", "AtomicTxnSink", "PositionStore", "DdlSink", "DdlSettings", "RowSourceUser", "TableShapes",
-              "BulkLoad", "TextCopy", "DeferredKeyCopy", "CopyTargets", "ExistingRows", "RowCounts"},
+              "BulkLoad", "TextCopy", "DeferredKeyCopy", "CopyTargets", "ExistingRows", "RowCounts", "TablesHad"},
     KafkaSink: {"TxnSink", "DdlSink", "CheckpointSink", "WatermarkSink", "CopyAnnouncer", "CopyTargets",
                 "ResyncRefusal"},
     StorageSink: {"TxnSink", "BufferedSink", "PositionStore", "DdlSink", "CheckpointSink", "BulkLoad", "CopyTargets",
