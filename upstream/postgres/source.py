@@ -17,10 +17,10 @@ transaction handed to the buffer in runs (``add_many``) before any other message
 
 Resolved: the commits of plain transactions are reported (``on_resolved``) together, not one by one: at the
 stream's idle mark (``None``: it has read everything received so far and is about to wait), before any other message
-is handled, at the end of the stream, and at least every ``_REPORT_EVERY`` commits while the stream has more to read
+is handled, at the end of the stream, and at least every ``REPORT_EVERY`` commits while the stream has more to read
 at once. One ``Watermark`` and one call per such moment instead of per transaction; the sink thread reads what was
 reported no sooner anyway (``processor.span.PASS_GAP``), and a commit waits for its report at most until the
-stream's buffer is read (a catch-up: at most ``_REPORT_EVERY`` transactions).
+stream's buffer is read (a catch-up: at most ``REPORT_EVERY`` transactions).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 _RUN_ROWS = 1024  # plain changes handed to the buffer in one add_many at most
 # plain commits reported resolved in one on_resolved at most (module docstring, "Resolved"): while the stream has more
 # to read at once, a report per this many commits; whenever it has nothing (its idle mark), at once
-_REPORT_EVERY = 32
+REPORT_EVERY = 32
 
 
 def merge_schema(rel: pgoutput_messages.Relation, current: TableSchema | None, version: int,
@@ -520,7 +520,7 @@ class PgSpanSource(SpanSource):
         # wait for the report; ``unreported`` counts them
         pend_ts, pend_time = resolved.ts, resolved.time
         unreported = 0
-        report_every = _REPORT_EVERY
+        report_every = REPORT_EVERY
         # the plain changes of the current transaction not yet handed to the buffer: added as one run (add_many)
         # before any other message is handled, so the buffer sees every change in stream order
         run: list[bytes] = []

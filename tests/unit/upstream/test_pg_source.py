@@ -491,7 +491,7 @@ def _catch_up(wire: list[Any]) -> tuple[Any, list[tuple[int, int]]]:
 
 def test_commits_read_in_one_go_are_reported_together_and_only_once_in_the_sorter() -> None:
     """While the stream has more to read at once, the commits of plain transactions are reported together (at most
-    ``_REPORT_EVERY`` of them wait), never before they are in the sorter, and the last when the stream ends."""
+    ``REPORT_EVERY`` of them wait), never before they are in the sorter, and the last when the stream ends."""
     n = 100
     wire = [enc_relation(None, 7, "public", "t", "d", COLS)]
     for i in range(n):
@@ -502,9 +502,9 @@ def test_commits_read_in_one_go_are_reported_together_and_only_once_in_the_sorte
     assert all(held == ts // 10 for ts, held in seen)  # every transaction up to the watermark was in the sorter
     assert [ts for ts, _ in seen] == sorted({ts for ts, _ in seen})
     if MODE == "thread":
-        assert len(seen) == -(-n // source_mod._REPORT_EVERY)  # not one report per transaction
+        assert len(seen) == -(-n // source_mod.REPORT_EVERY)  # not one report per transaction
         gaps = [b - a for (a, _), (b, _) in zip([(0, 0), *seen], seen, strict=False)]
-        assert max(gaps) <= 10 * source_mod._REPORT_EVERY
+        assert max(gaps) <= 10 * source_mod.REPORT_EVERY
 
 
 def test_the_streams_idle_mark_reports_the_commits_read_so_far_at_once() -> None:
