@@ -128,6 +128,7 @@ def test_quick_snapshot_benchmark_copies_verifies_and_prints_its_references(tmp_
     assert not [name for name, p in started.items() if _alive(p)], "servers left running"
 
 
+@pytest.mark.slow  # 32 s: benchmark runs are behind their own command (docs/testing.md)
 def test_quick_consistency_benchmark_prints_snapshot_mode_beside_the_default(tmp_path: Path) -> None:
     """`--consistency default,snapshot` (issue 25 item 5): workload (a)'s catch-up and the lag run of a snapshot-mode
     changefeed beside a default one into the same PostgreSQL target server, in one run: rows/s, capture and target
@@ -180,6 +181,7 @@ def test_the_kafka_and_file_sink_benchmarks_print_a_figure_per_protocol_and_thei
     assert not any(float(n.replace(",", "")) <= 0 for n in re.findall(r"([\d,]+) (?:rows|msg)/s", out))
 
 
+@pytest.mark.slow  # 42 s: benchmark runs are behind their own command (docs/testing.md)
 def test_quick_mariadb_upstream_benchmark_prints_its_references_goals_and_compares(tmp_path: Path) -> None:
     """`--upstream mariadb` (issue 23 item 7): workloads a, b and o from a MariaDB upstream into blackhole and
     MariaDB, each next to mariadb-binlog and a native replica measured in the same run, the goal table, and every
@@ -231,6 +233,7 @@ def test_quick_mariadb_upstream_benchmark_prints_its_references_goals_and_compar
     assert not [name for name, p in started.items() if _alive(p)], "servers left running"
 
 
+@pytest.mark.slow  # 51 s: benchmark runs are behind their own command (docs/testing.md)
 def test_quick_verify_benchmark_prints_rows_per_s_next_to_the_read_ceiling_with_hold_and_lag(tmp_path: Path) -> None:
     """`--workload verify` (issue 24 item 7): changefeed verify of the preloaded rows under a writer, into PostgreSQL
     and MariaDB, next to the count(*) + md5 scan of both sides measured in the same run; the hold and the lag."""
