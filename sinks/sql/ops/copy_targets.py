@@ -76,6 +76,6 @@ def drop_copy_target(target: Target, catalog: Catalog, table: TableName, changef
         for _, quoted in _existing(target, conn, [table]):
             conn.exec_driver_sql(f"DROP TABLE {quoted}")
         had = catalog.record.sql()
-        if sa.inspect(conn).has_table(had.table, schema=had.schema):
+        if had.exists(conn):
             conn.exec_driver_sql(had.delete, (changefeed, target.target_name(table)))
     catalog.forget_table(target.target_parts(table))

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
 from sinks.sql.target.connection import Target
 
 PG_SCHEMA = "tidewater"
@@ -50,3 +53,7 @@ class OwnTable:
             if self.create_schema:
                 target.run_ddl(ddl, self.create_schema)
             target.run_ddl(ddl, self.create_table)
+
+    def exists(self, conn: Connection) -> bool:
+        """Whether the table exists, as ``conn`` sees it (e.g. before deleting a removed changefeed's rows)."""
+        return bool(sa.inspect(conn).has_table(self.table, schema=self.schema))

@@ -221,8 +221,7 @@ class StageSQL:
 
     def forget(self, conn: Connection, changefeed: str) -> None:
         """Delete everything of ``changefeed`` (``remove``); the tables stay."""
-        inspector = sa.inspect(conn)
-        if inspector.has_table(self.stage.table, schema=self.stage.schema):
+        if self.stage.exists(conn):
             conn.exec_driver_sql(self.forget_stage, (changefeed,))
-        if inspector.has_table(self.syncpoint.table, schema=self.syncpoint.schema):
+        if self.syncpoint.exists(conn):
             conn.exec_driver_sql(self.forget_sync, (changefeed,))

@@ -240,7 +240,7 @@ def _missing_table(dialect: str, exc: BaseException) -> bool:
 def forget(target: Target, sql: TablesSQL, changefeed: str) -> int:
     """Delete ``changefeed``'s rows (``changefeed remove``); returns how many went (0 when there is no table)."""
     with target.transaction(sql.label) as conn:
-        if not sa.inspect(conn).has_table(sql.table, schema=sql.schema):
+        if not sql.exists(conn):
             return 0
         return int(conn.exec_driver_sql(sql.forget, (changefeed,)).rowcount)
 
@@ -249,6 +249,6 @@ def forget_tables(target: Target, sql: TablesSQL, changefeed: str, labels: Seque
     """Delete the rows of target tables ``labels`` of ``changefeed`` (they are copied again: a resync); returns how
     many went."""
     with target.transaction(sql.label) as conn:
-        if not sa.inspect(conn).has_table(sql.table, schema=sql.schema):
+        if not sql.exists(conn):
             return 0
         return sum(int(conn.exec_driver_sql(sql.delete, (changefeed, label)).rowcount) for label in labels)
