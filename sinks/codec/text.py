@@ -246,33 +246,27 @@ def array_renderer(kind: str, fsp: int = 6) -> Callable[[Any], str]:
 
 
 # ---- text -> value (decoders) ------------------------------------------------------------------------------
-def _parse_date(t: str) -> Any:
-    try:
-        return date.fromisoformat(t)
-    except ValueError:
-        return t
+def _iso_or_text(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``parse`` of an ISO text, or the text as it is when it is not ISO (infinity, a year beyond 9999, BC)."""
+
+    def parse_or_text(t: str) -> Any:
+        try:
+            return parse(t)
+        except ValueError:
+            return t
+
+    return parse_or_text
 
 
-def _parse_time(t: str) -> Any:
-    try:
-        return time.fromisoformat(t)
-    except ValueError:
-        return t
-
-
-def _parse_datetime(t: str) -> Any:
-    try:
-        return datetime.fromisoformat(t)
-    except ValueError:
-        return t
-
-
-def _parse_timestamptz(t: str) -> Any:
-    try:
-        d = datetime.fromisoformat(t)
-    except ValueError:
-        return t
+def _timestamptz(t: str) -> datetime:
+    d = datetime.fromisoformat(t)
     return d.replace(tzinfo=UTC) if d.tzinfo is None else d
+
+
+_parse_date = _iso_or_text(date.fromisoformat)
+_parse_time = _iso_or_text(time.fromisoformat)
+_parse_datetime = _iso_or_text(datetime.fromisoformat)
+_parse_timestamptz = _iso_or_text(_timestamptz)
 
 
 def _parse_bool(t: str) -> bool:
@@ -284,22 +278,14 @@ def _parse_bool(t: str) -> bool:
 
 
 def _element_parser(kind: str) -> Callable[[Any], Any]:
+    """An array element's parser: JSON already typed integers and booleans; decimals may come as numbers and byte
+    strings in PostgreSQL's hex form; the rest as :func:`text_parser`."""
     if kind == T.K_DECIMAL:
         return lambda v: Decimal(v) if isinstance(v, str) else Decimal(str(v))
-    if kind == T.K_FLOAT:
-        return float
     if kind == T.K_BYTES:
         return lambda v: bytes.fromhex(v[2:]) if v.startswith("\\x") else v.encode("latin-1")
-    if kind == T.K_DATE:
-        return _parse_date
-    if kind == T.K_TIME:
-        return _parse_time
-    if kind == T.K_DATETIME:
-        return _parse_datetime
-    if kind == T.K_TIMESTAMPTZ:
-        return _parse_timestamptz
-    if kind == T.K_UUID:
-        return uuid.UUID
+    if kind in (T.K_FLOAT, T.K_DATE, T.K_TIME, T.K_DATETIME, T.K_TIMESTAMPTZ, T.K_UUID):
+        return text_parser(kind)
     return lambda v: v
 
 
