@@ -81,7 +81,9 @@ class TxnSink(ABC):
       ``write`` records its last commit Ts that way and silently drops the changes whose ``commit_ts`` is at or
       below the stored one (they are already downstream; ``commit_ts`` is unique per upstream transaction and
       transactions are whole in a call, so this is exact). The count ``write`` returns excludes dropped changes.
-      A sink without positions returns 0 and stays at-least-once (idempotent by key only).
+      ``open_position`` returns the highest commit Ts the target holds for the span (a sink that applies on several
+      connections may hold some transactions above its position after a crash: the highest of those). A sink
+      without positions returns 0 and stays at-least-once (idempotent by key only).
     - Construction does no I/O; ``check`` connects. ``probe`` may be called on an instance opened only for it.
     """
 

@@ -336,8 +336,9 @@ class SpanSource(ABC):
         return None
 
     def check_target_ahead(self, applied_ts: int) -> None:  # noqa: B027 - optional: Ts that never change
-        """After ``open``: the target already holds every transaction up to commit Ts ``applied_ts``, past the start
-        (the sink skips them by commit Ts when they are streamed again). Raise (``SlotLost``, naming the fix) when
+        """After ``open``: the target already holds transactions past the start, the last with commit Ts
+        ``applied_ts`` (every one up to it, or with parallel apply some of them; the sink skips them by commit Ts
+        when they are streamed again). Raise (``SlotLost``, naming the fix) when
         this source cannot stream them again under the same commit Ts (MySQL: it continues on another server, whose
         Ts are new): they would be applied twice. Called by the span's sink thread. Default: its Ts are stable."""
 

@@ -296,7 +296,9 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
     def open_position(self, changefeed: str, span: int, origin: int = 0) -> int:
         """Exactly-once from now on (unless ``delivery = "at-least-once"``): see :mod:`sinks.sql.target.position`.
         Either way the sink is bound to ``changefeed`` from now on: a target table the changefeed has had that is
-        missing downstream is refused, not created again (:mod:`sinks.sql.target.table_record`)."""
+        missing downstream is refused, not created again (:mod:`sinks.sql.target.table_record`). Returns the highest
+        commit Ts the target holds for the span: the position, or with parallel apply the last transaction a worker
+        committed above it before a crash (the applied table), so that the span's ``check_target_ahead`` sees it."""
         self.target.check_open()
         record = self.catalog.record
         self.target.guarded(lambda: record.open(changefeed, span, origin), None)
@@ -309,7 +311,7 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
             stager = self._stager
             self.target.guarded(lambda: stager.open(pos), None)
         self._position = pos
-        return applied
+        return max(applied, max(pos.done, default=applied))  # parallel apply: committed above the position too
 
     def forget(self, changefeed: str) -> int:
         if self.dialect == "postgresql":  # markers of an initial copy that never built its keys
