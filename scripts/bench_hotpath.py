@@ -54,7 +54,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from hashlib import md5
 from pathlib import Path
 from typing import Any
@@ -112,57 +112,45 @@ def _update_body(i: int, relid: int) -> bytes:
     return out
 
 
-def build_wal(rows: int, txn: int, keys: list[int] | None = None) -> tuple[list[bytes], int]:
-    """Transactions of ``txn`` rows: inserts of rows 0..rows-1, or (``keys``) updates of those rows by key, in that
-    order."""
-    msgs = [relation_message()]
+def wal_of(relations: list[bytes], txns: Iterable[list[bytes]]) -> tuple[list[bytes], int]:
+    """``relations`` then each list of row messages of ``txns`` between a Begin and a Commit; the end LSN."""
+    msgs = list(relations)
     lsn = 1 << 24
     xid = 1000
     t_us = 848_000_000_000_000
-    for start in range(0, rows, txn):
+    for rows in txns:
         xid += 1
-        n = min(txn, rows - start)
+        n = len(rows)
         msgs.append(b"B" + struct.pack(">QqI", lsn + n * 100, t_us, xid))
-        if keys is None:
-            msgs.extend(insert_message(i) for i in range(start, start + n))
-        else:
-            msgs.extend(update_message(keys[i]) for i in range(start, start + n))
+        msgs.extend(rows)
         lsn += n * 100 + 50
         msgs.append(b"C" + struct.pack(">BQQq", 0, lsn - 50, lsn, t_us))
         t_us += 1000
     return msgs, lsn
 
 
+def build_wal(rows: int, txn: int, keys: list[int] | None = None) -> tuple[list[bytes], int]:
+    """Transactions of ``txn`` rows: inserts of rows 0..rows-1, or (``keys``) updates of those rows by key, in that
+    order."""
+    return wal_of([relation_message()], (
+        [insert_message(i) for i in range(start, min(rows, start + txn))] if keys is None else
+        [update_message(keys[i]) for i in range(start, min(rows, start + txn))] for start in range(0, rows, txn)))
+
+
 def build_load_wal(keys: int, tables: int) -> list[bytes]:
     """Inserts of keys 0..keys-1 into each of ``public.t0`` .. ``t{tables - 1}``, 100 per transaction."""
-    msgs = [relation_message(RELID + n, f"t{n}") for n in range(tables)]
-    lsn = 1 << 24
-    t_us = 848_000_000_000_000
-    for n in range(tables):
-        for start in range(0, keys, 100):
-            msgs.append(b"B" + struct.pack(">QqI", lsn + 100, t_us, 1000))
-            msgs.extend(insert_message(i, RELID + n) for i in range(start, min(keys, start + 100)))
-            lsn += 150
-            msgs.append(b"C" + struct.pack(">BQQq", 0, lsn - 50, lsn, t_us))
-            t_us += 1000
-    return msgs
+    return wal_of([relation_message(RELID + n, f"t{n}") for n in range(tables)], (
+        [insert_message(i, RELID + n) for i in range(start, min(keys, start + 100))]
+        for n in range(tables) for start in range(0, keys, 100)))[0]
 
 
 def build_mixed_wal(txns: int, keys: int, seed: int = 42) -> tuple[list[bytes], int]:
     """pgbench's shape on tables of ``COLUMNS``: per transaction updates of random keys (below ``keys``) of
     ``public.t0``, ``t1`` and ``t2`` and one insert into ``t3`` (a new key each), four rows."""
     rng = random.Random(seed)
-    msgs = [relation_message(RELID + n, f"t{n}") for n in range(4)]
-    lsn = 1 << 24
-    t_us = 848_000_000_000_000
-    for x in range(txns):
-        msgs.append(b"B" + struct.pack(">QqI", lsn + 400, t_us, 1000 + x))
-        msgs.extend(update_message(rng.randrange(keys), RELID + n) for n in range(3))
-        msgs.append(insert_message(x, RELID + 3))
-        lsn += 450
-        msgs.append(b"C" + struct.pack(">BQQq", 0, lsn - 50, lsn, t_us))
-        t_us += 1000
-    return msgs, lsn
+    return wal_of([relation_message(RELID + n, f"t{n}") for n in range(4)], (
+        [*(update_message(rng.randrange(keys), RELID + n) for n in range(3)), insert_message(x, RELID + 3)]
+        for x in range(txns)))
 
 
 class FakeStream:
