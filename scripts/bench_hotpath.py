@@ -47,13 +47,14 @@ perf's counters on only around that phase through perf's control FIFOs::
 from __future__ import annotations
 
 import argparse
+import random
 import shutil
 import struct
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from hashlib import md5
 from pathlib import Path
 from typing import Any
@@ -78,37 +79,78 @@ COLUMNS = (("id", 23, -1, True), ("a", 25, -1, False), ("b", 23, -1, False), ("c
            ("d", 1184, -1, False))
 
 
-def relation_message() -> bytes:
-    out = b"R" + struct.pack(">I", RELID) + b"public\0t\0d" + struct.pack(">H", len(COLUMNS))
+def relation_message(relid: int = RELID, name: str = "t") -> bytes:
+    out = b"R" + struct.pack(">I", relid) + b"public\0" + name.encode() + b"\0d" + struct.pack(">H", len(COLUMNS))
     for name, oid, typmod, key in COLUMNS:
         out += bytes([1 if key else 0]) + name.encode() + b"\0" + struct.pack(">Ii", oid, typmod)
     return out
 
 
-def insert_message(i: int) -> bytes:
+def insert_message(i: int, relid: int = RELID) -> bytes:
     vals = [str(i), md5(str(i).encode()).hexdigest(), str(i), f"{i / 3.0:.2f}",
             f"2026-11-22 01:{(i // 60) % 60:02d}:{i % 60:02d}.{(i * 7919) % 1_000_000:06d}+00"]
-    out = b"I" + struct.pack(">I", RELID) + b"N" + struct.pack(">H", len(vals))
+    out = b"I" + struct.pack(">I", relid) + b"N" + struct.pack(">H", len(vals))
     for v in vals:
         b = v.encode()
         out += b"t" + struct.pack(">i", len(b)) + b
     return out
 
 
-def build_wal(rows: int, txn: int) -> tuple[list[bytes], int]:
-    msgs = [relation_message()]
+def update_message(i: int, relid: int = RELID) -> bytes:
+    """An UPDATE of row ``i`` by key (REPLICA IDENTITY DEFAULT, key unchanged: the new tuple only, as workload (b)
+    sends it), every other column new."""
+    return b"U" + _update_body(i, relid)
+
+
+def _update_body(i: int, relid: int) -> bytes:
+    vals = [str(i), md5(str(-i).encode()).hexdigest(), str(i + 1), f"{i / 7.0:.2f}",
+            f"2026-11-23 02:{(i // 60) % 60:02d}:{i % 60:02d}.{(i * 104729) % 1_000_000:06d}+00"]
+    out = struct.pack(">I", relid) + b"N" + struct.pack(">H", len(vals))
+    for v in vals:
+        b = v.encode()
+        out += b"t" + struct.pack(">i", len(b)) + b
+    return out
+
+
+def wal_of(relations: list[bytes], txns: Iterable[list[bytes]]) -> tuple[list[bytes], int]:
+    """``relations`` then each list of row messages of ``txns`` between a Begin and a Commit; the end LSN."""
+    msgs = list(relations)
     lsn = 1 << 24
     xid = 1000
     t_us = 848_000_000_000_000
-    for start in range(0, rows, txn):
+    for rows in txns:
         xid += 1
-        n = min(txn, rows - start)
+        n = len(rows)
         msgs.append(b"B" + struct.pack(">QqI", lsn + n * 100, t_us, xid))
-        msgs.extend(insert_message(i) for i in range(start, start + n))
+        msgs.extend(rows)
         lsn += n * 100 + 50
         msgs.append(b"C" + struct.pack(">BQQq", 0, lsn - 50, lsn, t_us))
         t_us += 1000
     return msgs, lsn
+
+
+def build_wal(rows: int, txn: int, keys: list[int] | None = None) -> tuple[list[bytes], int]:
+    """Transactions of ``txn`` rows: inserts of rows 0..rows-1, or (``keys``) updates of those rows by key, in that
+    order."""
+    return wal_of([relation_message()], (
+        [insert_message(i) for i in range(start, min(rows, start + txn))] if keys is None else
+        [update_message(keys[i]) for i in range(start, min(rows, start + txn))] for start in range(0, rows, txn)))
+
+
+def build_load_wal(keys: int, tables: int) -> list[bytes]:
+    """Inserts of keys 0..keys-1 into each of ``public.t0`` .. ``t{tables - 1}``, 100 per transaction."""
+    return wal_of([relation_message(RELID + n, f"t{n}") for n in range(tables)], (
+        [insert_message(i, RELID + n) for i in range(start, min(keys, start + 100))]
+        for n in range(tables) for start in range(0, keys, 100)))[0]
+
+
+def build_mixed_wal(txns: int, keys: int, seed: int = 42) -> tuple[list[bytes], int]:
+    """pgbench's shape on tables of ``COLUMNS``: per transaction updates of random keys (below ``keys``) of
+    ``public.t0``, ``t1`` and ``t2`` and one insert into ``t3`` (a new key each), four rows."""
+    rng = random.Random(seed)
+    return wal_of([relation_message(RELID + n, f"t{n}") for n in range(4)], (
+        [*(update_message(rng.randrange(keys), RELID + n) for n in range(3)), insert_message(x, RELID + 3)]
+        for x in range(txns)))
 
 
 class FakeStream:
@@ -160,7 +202,8 @@ def drop_target(uri: str) -> None:
     scheme = "mysql+pymysql" if uri.startswith(("mysql", "mariadb")) else "postgresql+psycopg2"
     eng = sa.create_engine(scheme + uri[uri.index("://"):])
     with eng.begin() as c:
-        c.exec_driver_sql("DROP TABLE IF EXISTS " + ("public.t" if "postgres" in scheme else "t"))
+        for t in ("t", "t0", "t1", "t2", "t3"):  # (t0..t3: bench_sqlsink's pg-mixed shape)
+            c.exec_driver_sql("DROP TABLE IF EXISTS " + (f"public.{t}" if "postgres" in scheme else t))
     eng.dispose()
 
 

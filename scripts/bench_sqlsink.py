@@ -6,7 +6,11 @@ Builds the changes once, the way a span does (a source into the LevelDB sorter, 
   ``t (id int primary key, a text, b int, c numeric(10,2), d timestamptz)``, each with its upstream text);
 - ``--shape mysql``: the MySQL rows of its ``MySqlShapedSource`` (workload (o)'s mix on an sbtest-like table: 1/2
   updates by key with both images, 1/4 inserts, 1/4 deletes);
-- ``--shape mysql-insert``: the same table, inserts only (workload (a)'s shape from a MySQL upstream).
+- ``--shape mysql-insert``: the same table, inserts only (workload (a)'s shape from a MySQL upstream);
+- ``--shape pg-mixed``: pgbench's shape (workload (c)): per transaction an update of a random key (of ``--keys``) in
+  each of three tables and an insert into a fourth, four rows (the three tables' rows written first, not timed);
+- ``--shape pg-update``: workload (b)'s shape: the rows of ``--shape pg`` written first (not timed), then one update of
+  each by key (the new tuple only, as pgoutput sends it for REPLICA IDENTITY DEFAULT), keys in a random order.
 
 Then it writes them into ``--sink`` (its table dropped first) with exactly-once on (``open_position``, as a capture
 does), in writes of whole transactions up to ``--txn-rows`` rows, and prints the process CPU of the writes (the
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import random
 import sys
 import tempfile
 import threading
@@ -31,7 +36,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_hotpath import FakeStream, MySqlShapedSource, build_wal, drop_target, no_catalog  # noqa: E402
+from bench_hotpath import (  # noqa: E402
+    FakeStream,
+    MySqlShapedSource,
+    build_load_wal,
+    build_mixed_wal,
+    build_wal,
+    drop_target,
+    no_catalog,
+)
 
 from cdc.config import SinkConfig  # noqa: E402
 from cdc.events import RowChange  # noqa: E402
@@ -43,13 +56,16 @@ from sorter.leveldb import LevelDBSorter  # noqa: E402
 from upstream.postgres.source import PgSpanSource  # noqa: E402
 
 
-def mounted_txns(shape: str, rows: int, txn: int, work: Path) -> list[list[RowChange]]:
-    """The changes of ``rows`` rows in transactions of ``txn``, mounted, one list per transaction."""
+def mounted_txns(shape: str, rows: int, txn: int, work: Path, keys: list[int] | None = None,
+                 payloads: list[bytes] | None = None) -> list[list[RowChange]]:
+    """The changes of ``rows`` rows in transactions of ``txn``, mounted, one list per transaction (``keys``: PostgreSQL
+    updates of these keys instead of inserts; ``payloads``: these pgoutput messages instead)."""
     sorter = LevelDBSorter(work / "sorter", fresh=True)
     sp = sorter.span("bench/0")
     source: Any
-    if shape == "pg":
-        payloads, _end = build_wal(rows, txn)
+    if shape.startswith("pg"):
+        if payloads is None:
+            payloads, _end = build_wal(rows, txn, keys)
         source = PgSpanSource(FakeStream(payloads), TableFilter(["*.*"]), Watermark(0, 0.0),  # type: ignore[arg-type]
                               no_catalog, "bench")
     else:
@@ -76,8 +92,16 @@ def writes_of(txns: list[list[RowChange]], txn_rows: int) -> list[list[RowChange
     return out
 
 
-def run_once(uri: str, writes: list[list[RowChange]], batch_rows: int, txn_rows: int) -> tuple[float, float, int]:
+def run_once(uri: str, writes: list[list[RowChange]], batch_rows: int, txn_rows: int,
+             load: list[list[RowChange]] | None = None) -> tuple[float, float, int]:
+    """Times ``writes`` (``load``: written first, untimed, without a position)."""
     drop_target(uri)
+    if load:
+        loader = SQLSink(uri, SinkConfig(batch_rows=batch_rows, txn_rows=txn_rows))
+        loader.check()
+        for w in load:
+            loader.write(w)
+        loader.close()
     sink = SQLSink(uri, SinkConfig(batch_rows=batch_rows, txn_rows=txn_rows))
     sink.check()
     sink.open_position(f"bench{time.monotonic_ns()}", 0, 0)
@@ -94,21 +118,34 @@ def run_once(uri: str, writes: list[list[RowChange]], batch_rows: int, txn_rows:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sink", required=True, help="mysql://, mariadb:// or postgresql:// URI")
-    ap.add_argument("--shape", choices=["pg", "mysql", "mysql-insert"], default="pg")
+    ap.add_argument("--shape", choices=["pg", "pg-update", "pg-mixed", "mysql", "mysql-insert"], default="pg")
     ap.add_argument("--rows", type=int, default=100_000)
     ap.add_argument("--txn", type=int, default=100, help="rows per upstream transaction")
     ap.add_argument("--txn-rows", type=int, default=SinkConfig().txn_rows)
     ap.add_argument("--batch-rows", type=int, default=SinkConfig().batch_rows)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--keys", type=int, default=10_000, help="--shape pg-mixed: keys of each updated table")
     args = ap.parse_args()
+    load: list[list[RowChange]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        txns = mounted_txns(args.shape, args.rows, args.txn, Path(tmp))
+        if args.shape == "pg-mixed":
+            load = writes_of(mounted_txns("pg", 0, 100, Path(tmp) / "load", payloads=build_load_wal(args.keys, 3)),
+                             args.txn_rows)
+            txns = mounted_txns("pg", 0, 4, Path(tmp) / "mixed",
+                                payloads=build_mixed_wal(args.rows // 4, args.keys)[0])
+        elif args.shape == "pg-update":
+            load = writes_of(mounted_txns("pg", args.rows, args.txn, Path(tmp) / "load"), args.txn_rows)
+            keys = list(range(args.rows))
+            random.Random(42).shuffle(keys)
+            txns = mounted_txns(args.shape, args.rows, args.txn, Path(tmp) / "updates", keys)
+        else:
+            txns = mounted_txns(args.shape, args.rows, args.txn, Path(tmp))
     rows = sum(len(t) for t in txns)
     writes = writes_of(txns, args.txn_rows)
     gc.collect()
     gc.freeze()  # the changes built above are not the sink's garbage: collections skip them (a capture streams them)
     for i in range(1, args.repeat + 1):
-        wall, cpu, full_gcs = run_once(args.sink, writes, args.batch_rows, args.txn_rows)
+        wall, cpu, full_gcs = run_once(args.sink, writes, args.batch_rows, args.txn_rows, load)
         print(f"run {i}: shape {args.shape} rows {rows} txns {len(txns)} writes {len(writes)} | "
               f"wall {wall:.3f} s ({rows / wall:,.0f} rows/s) | CPU {cpu * 1e6 / rows:.2f} us/row, "
               f"{cpu * 1e6 / len(txns):.1f} us/txn, {cpu * 1e6 / len(writes):.0f} us/write | full collections {full_gcs}",

@@ -39,7 +39,7 @@ from sqlalchemy.engine import Connection
 
 from cdc.config import SinkConfig
 from cdc.errors import SinkError
-from cdc.events import UNCHANGED, OpType, RowChange
+from cdc.events import UNCHANGED, OpType, RowChange, TableSchema
 from cdc.model import DataWarning, WarningSeverity
 from sinks.base import RowSource
 from sinks.sql.dialect.normalize import (
@@ -174,6 +174,11 @@ class Writer:
         batch = self.batch
         bound = self._bound
         INSERT, UPDATE, TRUNCATE = OpType.INSERT, OpType.UPDATE, OpType.TRUNCATE
+        # the window's tables by schema object: a change of another table than the one before (every row of a
+        # pgbench-like transaction) finds its name, binding and buffer without str(), bind() and _buf(); valid while
+        # the window (``self._win``) is the same and the buffer is still that binding's
+        known: dict[int, tuple[TableSchema, str, Binding, TableBuf]] = {}
+        win = self._win
         for ch in changes:
             count += 1
             ts = ch.commit_ts
@@ -191,9 +196,20 @@ class Writer:
                 last_schema = None
             schema = ch.schema
             if schema is not last_schema or buf is None:  # (a new window resets last_schema)
-                self.out.current = str(schema.name)
-                b = self.catalog.bind(schema, self.conn, self.out.sync)
-                buf = self._buf(b, ch.op == TRUNCATE)
+                if self._win is not win:  # a window was applied since: its buffers are gone
+                    known.clear()
+                    win = self._win
+                hit = known.get(id(schema))
+                if hit is not None and hit[0] is schema and hit[3].b is hit[2]:
+                    _, self.out.current, b, buf = hit
+                else:
+                    name = self.out.current = str(schema.name)
+                    b = self.catalog.bind(schema, self.conn, self.out.sync)
+                    buf = self._buf(b, ch.op == TRUNCATE)
+                    if self._win is not win:  # (_buf applied the window before another column set)
+                        known.clear()
+                        win = self._win
+                    known[id(schema)] = (schema, name, b, buf)
                 last_schema = schema
             assert b is not None
             op = ch.op
