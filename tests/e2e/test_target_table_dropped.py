@@ -84,16 +84,20 @@ def test_a_target_table_dropped_mid_stream_fails_the_changefeed_and_its_resync_r
         assert cur.fetchone()[0], "the dropped table was created again"
     target.close()
 
-    # the fix the error names: copy the table again, then resume
-    cdc_cli(cdc.url, "changefeed", "snapshot", "-c", "drop", "--table", "public.t")
-    cdc_cli(cdc.url, "changefeed", "resume", "-c", "drop")
+    _fix_and_converge(cdc, "drop", source, sink_uri)
+
+
+def _fix_and_converge(cdc: CdcServer, cf: str, source: Any, sink_uri: str) -> None:
+    """The fix the error names: copy the table again, then resume; the target ends equal row by row, ``normal``."""
+    cdc_cli(cdc.url, "changefeed", "snapshot", "-c", cf, "--table", "public.t")
+    cdc_cli(cdc.url, "changefeed", "resume", "-c", cf)
     run_sql(source, "INSERT INTO t VALUES (9001, 'after the fix')", "DELETE FROM t WHERE id = 7")
-    q = wait_for(cdc, "drop", lambda q: q["state"] != "normal" or (
+    q = wait_for(cdc, cf, lambda q: q["state"] != "normal" or (
         q["table_copies"] == [] and all((s["table_copy"] or {}).get("phase", "done") == "done" for s in q["spans"])),
         "the table copy", timeout=180)
     assert q["state"] == "normal", q
-    assert_converged(cdc, "drop", source, sink_uri, tables=TABLES)
-    q = wait_for(cdc, "drop", lambda q: True, "query")
+    assert_converged(cdc, cf, source, sink_uri, tables=TABLES)
+    q = wait_for(cdc, cf, lambda q: True, "query")
     assert q["state"] == "normal" and not q["warnings"] and q["error"] is None, q
 
 
@@ -129,14 +133,4 @@ def test_a_table_only_the_initial_copy_filled_dropped_before_its_first_change_fa
     assert "cdc cli changefeed resume -c copydrop" in shown["error"]["message"], shown
     assert server.execute(missing, db=db)[0][0], "the dropped table was created again"
 
-    # the fix the error names: copy the table again, then resume
-    cdc_cli(cdc.url, "changefeed", "snapshot", "-c", "copydrop", "--table", "public.t")
-    cdc_cli(cdc.url, "changefeed", "resume", "-c", "copydrop")
-    run_sql(source, "INSERT INTO t VALUES (9001, 'after the fix')", "DELETE FROM t WHERE id = 7")
-    q = wait_for(cdc, "copydrop", lambda q: q["state"] != "normal" or (
-        q["table_copies"] == [] and all((s["table_copy"] or {}).get("phase", "done") == "done" for s in q["spans"])),
-        "the table copy", timeout=180)
-    assert q["state"] == "normal", q
-    assert_converged(cdc, "copydrop", source, sink_uri, tables=TABLES)
-    q = wait_for(cdc, "copydrop", lambda q: True, "query")
-    assert q["state"] == "normal" and not q["warnings"] and q["error"] is None, q
+    _fix_and_converge(cdc, "copydrop", source, sink_uri)

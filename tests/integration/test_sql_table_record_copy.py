@@ -23,8 +23,8 @@ from sinks.factory import open_sink
 from sinks.sql.sink import SQLSink
 from spark_jobs.plan import SnapshotJob
 from spark_jobs.snapshot import run
-from tests.snapshot_helpers import execute, exported_snapshot, pg_target
-from tests.sql_targets import KINDS, SqlTarget, make_target
+from tests.snapshot_helpers import copy_target, execute, exported_snapshot, pg_target
+from tests.sql_targets import KINDS, SqlTarget
 
 pytestmark = pytest.mark.integration
 
@@ -34,11 +34,7 @@ TABLES = ("public.t", "public.u")
 
 @pytest.fixture(params=KINDS)
 def target(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[SqlTarget]:
-    """The target: a PostgreSQL target is a database of its own (``pg_database`` is the upstream)."""
-    if request.param != "postgresql":
-        yield make_target(SqlTarget, request, tmp_path)
-        return
-    yield from pg_target(request)
+    yield from copy_target(request, tmp_path)
 
 
 @pytest.fixture
