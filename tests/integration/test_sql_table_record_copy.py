@@ -151,3 +151,24 @@ def test_a_copy_job_that_names_no_origin_records_nothing(
     sink = _stream_sink(target, cf)  # (creates the record table if missing)
     sink.close()
     assert _recorded(target, cf) == []
+
+
+def test_a_table_a_copy_recorded_after_the_stream_sink_read_the_record_is_refused_too(target: SqlTarget) -> None:
+    """A table copy runs beside the stream: its job records a table after the span's sink read the record. The sink
+    looks the table up again before it would create it (``TableRecord.had``)."""
+    cf = f"cf-{uuid.uuid4().hex[:8]}"
+    stream = _stream_sink(target, cf)  # reads the record now: nothing yet
+    try:
+        copier = open_sink(target.uri)  # the table copy's job's sink (spark_jobs.copy.open_job_sink)
+        assert isinstance(copier, SQLSink)
+        copier.check()
+        copier.bind_tables_had(cf, 0, ORIGIN)
+        copier.write(_insert("t", ORIGIN + 5, 1, 2))  # a chunk: creates and records t
+        copier.close()
+        assert _recorded(target, cf) == [_label(target, "t")]
+        target.execute(f"DROP TABLE {target.qualified('t')}")
+        with pytest.raises(TargetTableDropped, match="cdc cli changefeed snapshot"):
+            stream.write(_insert("t", ORIGIN + 10, 3))
+    finally:
+        stream.close()
+    assert "t" not in target.tables()
