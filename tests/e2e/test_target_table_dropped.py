@@ -107,14 +107,16 @@ def _target_server(request: pytest.FixtureRequest, sink_uri: str, pg_server: Pos
     return server, sink_uri.rsplit("/", 1)[1].split("?", 1)[0]
 
 
-@pytest.mark.parametrize("sink_uri", ["postgresql", "mariadb"], indirect=True)
+@pytest.mark.parametrize(("sink_uri", "workers"), [("postgresql", 1), ("mariadb", 1), ("postgresql", 2)],
+                         indirect=["sink_uri"])
 def test_a_table_only_the_initial_copy_filled_dropped_before_its_first_change_fails_the_changefeed(
-        cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str,
+        cdc_server: CdcServer, pg_server: PostgresServer, pg_database: str, source: Any, sink_uri: str, workers: int,
         request: pytest.FixtureRequest) -> None:
+    """``workers``: the sink's ``worker-count`` (2: the parallel apply's planning binds the table and refuses it)."""
     cdc = cdc_server
     run_sql(source, "INSERT INTO t SELECT g, 'v' || g FROM generate_series(1, 500) g",
             "INSERT INTO side SELECT g, 's' FROM generate_series(1, 100) g")
-    cdc.create_changefeed("copydrop", pg_server.uri(pg_database), sink_uri)
+    cdc.create_changefeed("copydrop", pg_server.uri(pg_database), sink_uri, f"[sink]\nworker-count = {workers}\n")
     wait_for(cdc, "copydrop", lambda q: q["phase"] == "streaming", "the initial copy", timeout=120)
     server, db = _target_server(request, sink_uri, pg_server)
     mysql = sink_uri.startswith("mysql")
@@ -122,7 +124,8 @@ def test_a_table_only_the_initial_copy_filled_dropped_before_its_first_change_fa
     missing = ("SELECT count(*) = 0 FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = 't'"
                if mysql else "SELECT to_regclass('public.t') IS NULL")
     server.execute(f"DROP TABLE {t}", db=db)  # behind the changefeed's back; the stream never wrote t
-    run_sql(source, "INSERT INTO t VALUES (9000, 'first change after the drop')", "UPDATE side SET v = 'x'")
+    run_sql(source, "INSERT INTO t VALUES (9000, 'first change after the drop')", "UPDATE side SET v = 'x'",
+            "INSERT INTO t VALUES (9002, 'and another')", "UPDATE side SET v = 'y' WHERE id = 1")
     q = wait_for(cdc, "copydrop", lambda q: q["state"] == "failed", "state failed", timeout=120)
     err = q["error"]
     assert err["code"] == "CDC:ErrTargetTableDropped", q
