@@ -9,7 +9,7 @@ record does not show). ``--per-task`` (default 1) chunks per task: 1 is the wors
 per chunk. Prints per pass wall time, this process's CPU per chunk, and the statements SQLAlchemy sent that name
 ``tidewater_tables`` (the record's: its CREATEs, SELECTs and upserts) and in all.
 
-    .venv/bin/python scripts/bench_copy_record.py [--target postgresql|mariadb] [--tables 4] [--rows 20000]
+    PYTHONPATH=$PWD .venv/bin/python scripts/bench_copy_record.py [--target postgresql|mariadb] [--tables 4] [--rows 20000]
         [--chunk-rows 500] [--per-task 1] [--repeat 3]
 """
 
@@ -23,8 +23,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psycopg2
-import psycopg2.extras
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
@@ -35,6 +33,7 @@ from playground.servers.etcd import EtcdServer
 from spark_jobs.copy import copy_chunks
 from spark_jobs.plan import SnapshotJob
 from spark_jobs.snapshot import plan_tasks
+from tests.snapshot_helpers import exported_snapshot
 
 COUNTS = {"record": 0, "all": 0}
 
@@ -68,37 +67,8 @@ def main() -> int:
                 cur.execute(f"CREATE TABLE {t} (id bigint PRIMARY KEY, k int, c varchar(60))")
                 cur.execute(f"INSERT INTO {t} SELECT g, g % 1000, md5(g::text) FROM generate_series(1, {args.rows}) g")
         conn.close()
-        rep = psycopg2.connect(pg.dsn("src"), connection_factory=psycopg2.extras.LogicalReplicationConnection)
-        cur = rep.cursor()
-        cur.execute("CREATE_REPLICATION_SLOT bench_rec LOGICAL pgoutput (SNAPSHOT 'export')")
-        _slot, point, snapshot, _plugin = cur.fetchone()
-        hi, lo = point.split("/")
-        commit_ts = (int(hi, 16) << 32) | int(lo, 16)
-        print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}; target {args.target}; "
-              f"{args.tables} tables x {args.rows} rows, chunk-rows {args.chunk_rows}, {args.per_task} chunk(s) per task")
-        for n, mode in enumerate(("none", "bound") * args.repeat):
-            db = f"tgt{n}"
-            server = maria if maria is not None else pg
-            server.create_database(db)
-            job = SnapshotJob(changefeed=f"bench-{n}", upstream=pg.uri("src"), sink=server.uri(db), tables=tables,
-                              etcd=(etcd.url,), snapshot=snapshot, commit_ts=commit_ts, chunk_rows=args.chunk_rows,
-                              origin=1 if mode == "bound" else None)
-            with EtcdClient([etcd.url]) as client:
-                tasks, total = plan_tasks(job, SnapshotProgressStore(client, job.cluster))
-            COUNTS.update(record=0, all=0)
-            w0, p0 = time.monotonic(), time.process_time()
-            rows = 0
-            for i in range(0, len(tasks), args.per_task):
-                for r in copy_chunks(tasks[i:i + args.per_task]):
-                    assert r.error is None, r.error
-                    rows += r.rows
-            w, p = time.monotonic() - w0, time.process_time() - p0
-            assert rows == args.tables * args.rows, rows
-            print(f"{mode:5s}: {total} chunks, {rows} rows in {w:.2f} s; per chunk: wall {w / total * 1e3:.2f} ms, "
-                  f"process CPU {p / total * 1e3:.2f} ms; statements naming tidewater_tables {COUNTS['record']}, "
-                  f"all SQLAlchemy statements {COUNTS['all']}", flush=True)
-        rep.close()
-        pg.execute("SELECT pg_drop_replication_slot('bench_rec')", db="src")
+        with exported_snapshot(pg, "src") as exp:
+            passes(args, etcd, pg, maria, tables, exp.snapshot, exp.commit_ts)
     finally:
         if maria is not None:
             maria.stop()
@@ -106,6 +76,34 @@ def main() -> int:
         etcd.stop()
         shutil.rmtree(base, ignore_errors=True)
     return 0
+
+
+def passes(args: argparse.Namespace, etcd: EtcdServer, pg: PostgresServer, maria: MariaDBServer | None,
+           tables: tuple[str, ...], snapshot: str, commit_ts: int) -> None:
+    """The passes of ``none`` and ``bound``, alternately, under the exported ``snapshot``."""
+    print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}; target {args.target}; "
+          f"{args.tables} tables x {args.rows} rows, chunk-rows {args.chunk_rows}, {args.per_task} chunk(s) per task")
+    for n, mode in enumerate(("none", "bound") * args.repeat):
+        db = f"tgt{n}"
+        server = maria if maria is not None else pg
+        server.create_database(db)
+        job = SnapshotJob(changefeed=f"bench-{n}", upstream=pg.uri("src"), sink=server.uri(db), tables=tables,
+                          etcd=(etcd.url,), snapshot=snapshot, commit_ts=commit_ts, chunk_rows=args.chunk_rows,
+                          origin=1 if mode == "bound" else None)
+        with EtcdClient([etcd.url]) as client:
+            tasks, total = plan_tasks(job, SnapshotProgressStore(client, job.cluster))
+        COUNTS.update(record=0, all=0)
+        w0, p0 = time.monotonic(), time.process_time()
+        rows = 0
+        for i in range(0, len(tasks), args.per_task):
+            for r in copy_chunks(tasks[i:i + args.per_task]):
+                assert r.error is None, r.error
+                rows += r.rows
+        w, p = time.monotonic() - w0, time.process_time() - p0
+        assert rows == args.tables * args.rows, rows
+        print(f"{mode:5s}: {total} chunks, {rows} rows in {w:.2f} s; per chunk: wall {w / total * 1e3:.2f} ms, "
+              f"process CPU {p / total * 1e3:.2f} ms; statements naming tidewater_tables {COUNTS['record']}, "
+              f"all SQLAlchemy statements {COUNTS['all']}", flush=True)
 
 
 if __name__ == "__main__":
