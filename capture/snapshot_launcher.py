@@ -114,7 +114,8 @@ class SparkCopyLauncher:
                           cluster=self.cluster_id, snapshot=request.snapshot, commit_ts=request.commit_ts,
                           commit_time=request.commit_time, chunk_rows=request.chunk_rows,
                           spark_master=request.spark_master, local=request.local,
-                          sink_config=dict(request.sink_config), defer_keys=request.defer_keys)
+                          sink_config=dict(request.sink_config), defer_keys=request.defer_keys,
+                          origin=request.origin)
         with self._lock:
             proc = self._ready.pop((request.changefeed, request.span), None)
         if proc is None or proc.poll() is not None:

@@ -115,6 +115,8 @@ class CopyRequest:
     # the initial copy (not a table copy, not merge): a keyed table whose target does not exist yet may be created
     # without its key, built after the load (docs/snapshot.md, "The key after the load")
     defer_keys: bool = False
+    # the span's start Ts: the copy records the target tables it fills as the span's (``SnapshotJob.origin``)
+    origin: int | None = None
 
 
 Truncate = Callable[[Sequence[TableSchema], Watermark], None]
@@ -257,7 +259,7 @@ class InitialCopy:
                                       tuple(pending), exp.name, exp.ts, exp.time, self.chunk_rows,
                                       self.spark_master, local=rows < self.spark_min_rows,
                                       sink_config=dict(self.info.config.get("sink") or {}),
-                                      defer_keys=self.defer_keys and gate is None)
+                                      defer_keys=self.defer_keys and gate is None, origin=self.span.start_ts)
                 log.info("span=%s copying %d table(s) under snapshot %s (Ts %d)", self.label, len(pending),
                          exp.name, exp.ts)
                 try:

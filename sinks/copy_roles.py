@@ -11,7 +11,7 @@ rules every role shares (threading, errors, fencing, no call after ``close``).
 | :class:`ExistingRows` | ``tables_with_rows`` | create, merge copy (``processor.merged_rows``) | SQL, storage |
 | :class:`RowCounts` | ``count_rows`` | merge copy | SQL |
 | :class:`ResyncRefusal` | ``resync_refusal`` (class method) | ``cdc cli changefeed snapshot --table`` | Kafka |
-| :class:`TablesHad` | ``forget_tables_had`` | ``cdc cli changefeed snapshot --table`` | SQL |
+| :class:`TablesHad` | ``bind_tables_had``, ``forget_tables_had`` | copy writer, ``cdc cli changefeed snapshot --table`` | SQL |
 
 A sink without a role: the copy writes every chunk parsed with ``TxnSink.write`` (no text, no marker, the key kept
 while chunks arrive); a table copy has nothing to empty; the sink has no tables that could hold rows; a resync is
@@ -169,6 +169,14 @@ class ResyncRefusal(ABC):
 class TablesHad(ABC):
     """A sink that records the target tables each changefeed has had and refuses to create one of them again when it is
     missing downstream (dropped behind the changefeed's back: SQL, ``sinks.sql.target.table_record``)."""
+
+    @abstractmethod
+    def bind_tables_had(self, changefeed: str, span: int, origin: int) -> None:
+        """This instance writes for span ``span`` (started at ``origin``, as ``TxnSink.open_position`` takes them) of
+        ``changefeed`` without a stream position (the copy job's: its chunks, its deferred-key targets): from now on
+        every target table it creates or writes rows into is recorded as the changefeed's before its rows commit, and
+        one the record shows that is missing downstream is refused (``CDC:ErrTargetTableDropped``), as the stream's
+        sink does. Called once, before the first write."""
 
     @abstractmethod
     def forget_tables_had(self, changefeed: str, tables: Sequence[TableName]) -> int:

@@ -22,6 +22,11 @@ Guarantees of :func:`copy_chunks` (per task, in order):
   primary key) is written as text together with its marker row (``DeferredKeyCopy.write_marked_chunk``): the marker's key
   lets at most one transaction per chunk commit, so a chunk committed but not recorded is not written again (its
   marker's rows are recorded instead). There is no parsed fallback for it (no key to upsert by).
+- A job that names its span's origin (``SnapshotJob.origin``: the capture's jobs do) binds its sinks to the
+  changefeed's record of target tables (``TablesHad.bind_tables_had``, :func:`open_job_sink`): a table is recorded as
+  the changefeed's before its first chunk commits (SQL: at binding, or in the chunk's transaction on SQLite), so a
+  table only the copy filled that is dropped downstream before the stream's first change of it fails the changefeed
+  with ``CDC:ErrTargetTableDropped``; so does a chunk of a recorded table found missing.
 - Only after ``write`` returned is the chunk recorded in etcd (:class:`cdc.snapshot.ChunkDone`); a crash in
   between leaves it unrecorded, and copying it again is harmless (upserts by key; the whole-table replace).
 - A chunk the target refuses (``DataRejected``: a constraint, a column too narrow) is searched for the refused row
@@ -48,7 +53,7 @@ from cdc.meta.snapshot_progress import SnapshotProgressStore
 from cdc.snapshot import ChunkDone, ChunkMarker, CopiedChunk, SnapshotChunk
 from cdc.uri import parse_sink_uri, redact_text
 from sinks.base import BufferedSink, TxnSink
-from sinks.copy_roles import BulkLoad, CopyAnnouncer, DeferredKeyCopy, TextCopy
+from sinks.copy_roles import BulkLoad, CopyAnnouncer, DeferredKeyCopy, TablesHad, TextCopy
 from sinks.factory import open_sink, sink_class
 from spark_jobs.plan import SnapshotJob
 from spark_jobs.rejected import find_refused_row
@@ -160,6 +165,24 @@ def copy_chunk_at(reader: SnapshotReader, sink: TxnSink, task: ChunkTask, fence:
     return counter[0], False, at
 
 
+def open_job_sink(job: SnapshotJob, *, bulk: bool = False) -> TxnSink:
+    """The job's sink (``bulk``: told first that it loads chunks, ``BulkLoad``), bound to its changefeed's span where
+    the job names the span's origin and the sink records the target tables a changefeed has had (``TablesHad``): each
+    table the copy fills is recorded before its first chunk commits, and one recorded but missing downstream is
+    refused (``CDC:ErrTargetTableDropped``). One ``SELECT`` of the record per sink; an upsert per table it binds that
+    the record does not show yet."""
+    sink = open_sink(job.sink, job.sink_settings)
+    if bulk and isinstance(sink, BulkLoad):
+        sink.set_bulk_load()  # chunks in any order: the target's foreign keys unchecked while copying
+    if job.origin is not None and isinstance(sink, TablesHad):
+        try:
+            sink.bind_tables_had(job.changefeed, job.span, job.origin)
+        except BaseException:
+            sink.close()
+            raise
+    return sink
+
+
 def preload(jobs: Iterable[SnapshotJob]) -> Iterator[int]:
     """Import, in the Spark Python worker this runs in, the modules its chunk tasks need (this module, by
     unpickling this function; the job's sink and upstream classes), and yield the worker's pid: run as a Spark
@@ -197,9 +220,7 @@ def copy_chunks(tasks: Iterable[ChunkTask]) -> Iterator[ChunkResult]:
                 if reader is None:
                     reader = open_upstream(job.upstream).snapshot_reader(job.snapshot, label=job.label)
                 if sink is None:
-                    sink = open_sink(job.sink, job.sink_settings)
-                    if isinstance(sink, BulkLoad):
-                        sink.set_bulk_load()  # chunks in any order: the target's foreign keys unchecked while copying
+                    sink = open_job_sink(job, bulk=True)
                 if client is None:
                     client = EtcdClient(list(job.etcd))
                 store = SnapshotProgressStore(client, job.cluster)

@@ -74,6 +74,10 @@ class SnapshotJob:
     # seconds a cluster master (spark://, yarn, k8s://) may take to give the job an executor before it fails with
     # the retryable CDC:ErrSparkNoExecutors (a master without workers would leave the job waiting forever)
     executor_timeout: float = EXECUTOR_TIMEOUT
+    # the span's start Ts (its exactly-once origin): the job's sinks record the target tables the copy fills as the
+    # changefeed's span's (``sinks.copy_roles.TablesHad.bind_tables_had``), so that one dropped downstream before the
+    # stream's first change of it is refused, not created again empty; None: recorded for no changefeed (a tool's copy)
+    origin: int | None = None
 
     def __post_init__(self) -> None:
         try:

@@ -66,7 +66,7 @@ from cdc.uri import parse_sink_uri
 from sinks.base import TxnSink
 from sinks.factory import open_sink, sink_class
 from spark_jobs.cds import DRIVER_JAVA_OPTIONS
-from spark_jobs.copy import ChunkResult, ChunkTask, copy_chunks, one_line, preload
+from spark_jobs.copy import ChunkResult, ChunkTask, copy_chunks, one_line, open_job_sink, preload
 from spark_jobs.deferred import KeyBuilder, OwedKey, prepare_table
 from spark_jobs.plan import SnapshotJob, read_job
 from spark_jobs.session import spark_session
@@ -120,7 +120,7 @@ def plan_tasks(job: SnapshotJob, store: SnapshotProgressStore, run_id: str = "",
                 check_definition(job, plan, schema, done)
                 if (job.defer_keys and plan.key_state == "" and _may_defer(job, reader)) or plan.key_state == KEY_DEFERRED:
                     if sink is None:
-                        sink = open_sink(job.sink, job.sink_settings)
+                        sink = open_job_sink(job)  # (bound: a deferred table is recorded as it is created)
                     plan = prepare_table(job, sink, store, schema, plan, done)
                 deferred = plan.key_state == KEY_DEFERRED
                 if deferred and owed is not None:

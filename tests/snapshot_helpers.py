@@ -15,7 +15,7 @@ import pytest
 
 from cdc.events import TableSchema
 from cdc.snapshot import CopyText, SnapshotChunk
-from tests.sql_targets import SqlTarget
+from tests.sql_targets import SqlTarget, make_target
 from upstream.postgres.snapshot_read import PgSnapshotReader
 
 
@@ -100,6 +100,15 @@ def text_killed_after_first_block(pg_server: Any, reader: PgSnapshotReader, sche
         return dataclasses.replace(text, blocks=blocks())
 
     return open_text
+
+
+def copy_target(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[SqlTarget]:
+    """The body of a copy test's target fixture parametrized over ``tests.sql_targets.KINDS``: a PostgreSQL target is a
+    database of its own (``pg_database`` is the upstream)."""
+    if request.param != "postgresql":
+        yield make_target(SqlTarget, request, tmp_path)
+        return
+    yield from pg_target(request)
 
 
 def pg_target(request: pytest.FixtureRequest) -> Iterator[SqlTarget]:

@@ -239,6 +239,16 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
 
     def write_copy_text(self, schema: TableSchema, open_text: Callable[[], CopyText | None],
                         fence: Callable[[], None] | None = None, *, replace: bool = False) -> int | None:
+        try:
+            return self._write_copy_text(schema, open_text, fence, replace=replace)
+        except BaseException as exc:  # a table the changefeed has had, dropped while this (copy) sink held it bound
+            dropped = self.catalog.record.explain(exc, self.target.target_name(schema.name))
+            if dropped is not None:
+                raise dropped from exc
+            raise
+
+    def _write_copy_text(self, schema: TableSchema, open_text: Callable[[], CopyText | None],
+                         fence: Callable[[], None] | None, *, replace: bool) -> int | None:
         if self.dialect == "mysql":  # LOAD DATA (sinks.sql.ops.load_copy), else literal rows rendered in C
             loaded = self._load_copy.write(schema, open_text, fence, replace=replace,
                                            tracks_position=self._tracks_position())
@@ -300,8 +310,7 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         commit Ts the target holds for the span: the position, or with parallel apply the last transaction a worker
         committed above it before a crash (the applied table), so that the span's ``check_target_ahead`` sees it."""
         self.target.check_open()
-        record = self.catalog.record
-        self.target.guarded(lambda: record.open(changefeed, span, origin), None)
+        self.bind_tables_had(changefeed, span, origin)
         if self._config.delivery == "at-least-once":
             return self._ddl.load_floors(changefeed)  # 0; rows from before an applied DDL are replays
         pos = Position(self.target, self._position_sql(), changefeed, span, origin,
@@ -321,6 +330,12 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
             stage.forget(conn, changefeed)
         forget_record(self.target, self.catalog.record.sql(), changefeed)
         return forget_position(self.target, self._position_sql(), changefeed)
+
+    def bind_tables_had(self, changefeed: str, span: int, origin: int) -> None:
+        """Bound to ``changefeed``'s span from now on (``open_position`` does this too; the copy job without a position):
+        see :mod:`sinks.sql.target.table_record`."""
+        record = self.catalog.record
+        self.target.guarded(lambda: record.open(changefeed, span, origin), None)
 
     def forget_tables_had(self, changefeed: str, tables: Sequence[TableName]) -> int:
         """A resync of ``tables``: their target tables may be created anew (:mod:`sinks.sql.target.table_record`)."""

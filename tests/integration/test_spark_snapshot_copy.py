@@ -14,8 +14,8 @@ from cdc.meta.snapshot_progress import SnapshotProgressStore, read_progress
 from playground.compare import compare_tables
 from spark_jobs.plan import SnapshotJob
 from spark_jobs.snapshot import run
-from tests.snapshot_helpers import at_snapshot, execute, exported_snapshot, pg_target
-from tests.sql_targets import KINDS, SqlTarget, make_target
+from tests.snapshot_helpers import at_snapshot, copy_target, execute, exported_snapshot
+from tests.sql_targets import KINDS, SqlTarget
 
 pytestmark = pytest.mark.integration
 
@@ -24,11 +24,7 @@ TABLES = ["public.orders", "public.items", "public.nk"]
 
 @pytest.fixture(params=KINDS)
 def target(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[SqlTarget]:
-    """The target: a PostgreSQL target is a database of its own (``pg_database`` is the upstream)."""
-    if request.param != "postgresql":
-        yield make_target(SqlTarget, request, tmp_path)
-        return
-    yield from pg_target(request)
+    yield from copy_target(request, tmp_path)
 
 
 def preload(pg_server: Any, db: str) -> None:

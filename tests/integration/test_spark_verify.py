@@ -15,8 +15,8 @@ from cdc.verify import DIFFERENT, EXIT_DIFFERS, EXIT_EQUAL, EXTRA, MISSING, Veri
 from spark_jobs.plan import SnapshotJob
 from spark_jobs.snapshot import run
 from spark_jobs.verify import VerifyJob, verify_tables
-from tests.snapshot_helpers import execute, exported_snapshot, pg_target
-from tests.sql_targets import KINDS, SqlTarget, make_target
+from tests.snapshot_helpers import copy_target, execute, exported_snapshot
+from tests.sql_targets import KINDS, SqlTarget
 
 pytestmark = pytest.mark.integration
 
@@ -25,10 +25,7 @@ TABLES = ("public.vorders", "public.vitems", "public.vnk")
 
 @pytest.fixture(params=KINDS)
 def target(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[SqlTarget]:
-    if request.param != "postgresql":
-        yield make_target(SqlTarget, request, tmp_path)
-        return
-    yield from pg_target(request)
+    yield from copy_target(request, tmp_path)
 
 
 def preload(pg_server: Any, db: str) -> None:

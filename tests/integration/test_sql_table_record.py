@@ -135,6 +135,28 @@ def test_parallel_apply_records_the_tables_its_planning_binds(target: Target) ->
         feed.sink.close()
 
 
+def test_a_table_dropped_while_a_parallel_sink_runs_fails_with_the_coded_error_not_the_targets_own(
+        target: Target) -> None:
+    """worker-count > 1: the write's transactions go to several workers; the one of the dropped table fails with the
+    target's "no such table", which the caller turns into ``TargetTableDropped`` (before: ``CDC:ErrSinkFatal``, and
+    only the next sink's first write was refused)."""
+    if target.kind == "sqlite":
+        pytest.skip("one writer per file: no parallel apply")
+    feed = Feed(target, f"cf-{uuid.uuid4().hex[:8]}", workers=2)
+    try:
+        t, u = schema("t"), schema("u")
+        feed.sink.write([ch for i in range(1, 9) for ch in ins(t if i % 2 else u, feed.next_ts(), i)])
+        assert feed.sink.parallel_writes == 1  # (writes of this shape are applied on two connections)
+        target.drop("t")
+        with pytest.raises(TargetTableDropped) as err:  # (the same shape: planned, both bindings cached)
+            feed.sink.write([ch for i in range(11, 19) for ch in ins(t if i % 2 else u, feed.next_ts(), i)])
+        assert err.value.code == "CDC:ErrTargetTableDropped"
+        assert f"cdc cli changefeed snapshot -c {feed.cf} --table public.t" in str(err.value)
+        assert "t" not in target.tables()
+    finally:
+        feed.sink.close()
+
+
 def test_a_table_dropped_while_the_sink_runs_is_refused_at_the_write_that_finds_it_missing(
         feed: Feed, target: Target) -> None:
     t = schema("t")

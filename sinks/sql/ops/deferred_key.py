@@ -96,26 +96,35 @@ class DeferredKey:
 
     def target_exists(self, schema: TableSchema) -> bool:
         """Whether the target table of ``schema`` exists (any relation of that name)."""
-        target = self._target
-        name = target.statements().table(self.planned(schema)) % ()
-        with target.engine.connect() as conn:
-            return conn.exec_driver_sql("SELECT to_regclass(%s) IS NOT NULL", (name,)).scalar() is True
+        with self._target.engine.connect() as conn:
+            return self._exists(conn, schema)
+
+    def _exists(self, conn: Any, schema: TableSchema) -> bool:
+        name = self._target.statements().table(self.planned(schema)) % ()
+        return conn.exec_driver_sql("SELECT to_regclass(%s) IS NOT NULL", (name,)).scalar() is True
 
     def create_target(self, schema: TableSchema) -> None:
         """Create the marker table and ``schema``'s target table without its primary key, if missing (autocommit,
-        ``IF NOT EXISTS``: a rerun after a crash creates what is missing)."""
+        ``IF NOT EXISTS``: a rerun after a crash creates what is missing), and record the table as the changefeed's
+        (a sink bound by ``bind_tables_had``, before any chunk of it is written); ``TargetTableDropped`` instead of
+        creating a missing one the record shows (an earlier run's chunks of it were dropped behind the changefeed's
+        back: :mod:`sinks.sql.target.table_record`)."""
         target = self._target
         t = self.planned(schema)
         keyless = TargetTable(t.schema, t.name, t.columns, ())
         preparer = target.engine.dialect.identifier_preparer
+        record, label = self._catalog.record, target.target_name(schema.name)
         with target.engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT")
+            if record.bound and not self._exists(conn, schema) and record.had(conn, label):
+                raise record.refuse(label, schema.name)
             target.run_ddl(conn, create_schema_sql(PG_SCHEMA, preparer))
             target.run_ddl(conn, CREATE_MARKERS)
             if t.schema is not None:
                 target.run_ddl(conn, create_schema_sql(t.schema, preparer))
             target.run_ddl(conn, create_table_sql(keyless, target.dialect, preparer))
             self._check_columns(conn, t)
+            record.note(conn, label, schema.name)
         log.info("%s: created table %s without its primary key (built after the copy)", target.where,
                  target.target_name(schema.name))
 

@@ -291,6 +291,7 @@ class ParallelApply:
         self.conns = [HeldConnection(target, f"apply worker {k}") for k in range(workers)]
         self.mover = HeldConnection(target, "position mover")  # the caller's: moves the position after a write
         self._call_lock = threading.Lock()  # the row source and the fence: one worker at a time
+        self._failed_at: list[str | None] = [None] * workers  # worker k's table when its transaction failed
         self.parallel_writes = 0  # writes applied on more than one connection (for tests and stats)
         self.deadlocks = 0  # worker transactions run again after the server chose them as a deadlock victim
         self.unplanned_writes = 0  # writes streamed on one connection without being planned (for tests and stats)
@@ -414,16 +415,15 @@ class ParallelApply:
         for lists in rounds:
             futures = [self._threads[k].submit(self._work, k, [txns[i] for i in lst], pos, row_source, worker_fence,
                                                body) for k, lst in enumerate(lists)]
-            error: BaseException | None = None
-            for f in futures:
+            errors: list[tuple[BaseException, str | None]] = []
+            for k, f in enumerate(futures):
                 try:
                     count += f.result()
                 except BaseException as exc:  # noqa: BLE001 - the first one is raised below
-                    if error is None:
-                        error = exc
-            if error is not None:
+                    errors.append((exc, self._failed_at[k]))
+            if errors:
                 self.catalog.forget_all()
-                raise error
+                raise self._explained(errors)
         if not self.parallel_writes:  # once per sink: that this span's writes do go to several connections
             log.info("%s: first write applied on %d connections in %d round(s) (worker-count %d)%s",
                      self.target.where, max(len(lists) for lists in rounds), len(rounds), self.workers,
@@ -435,6 +435,19 @@ class ParallelApply:
                            fence=fence)
             pos.committed(last.commit_ts)
         return count
+
+    def _explained(self, errors: list[tuple[BaseException, str | None]]) -> BaseException:
+        """The error to raise for a round whose workers failed with ``errors`` (in list order, each with the table its
+        writer was writing): a worker's that says a table this changefeed has had is missing (dropped while bound)
+        becomes ``TargetTableDropped`` naming it and the fix, as on one connection (:meth:`TableRecord.explain`); else
+        the first. Read on the caller's thread, once every worker of the round finished."""
+        record = self.catalog.record
+        for exc, table in errors:
+            dropped = record.explain(exc, table)
+            if dropped is not None:
+                dropped.__cause__ = exc
+                return dropped
+        return errors[0][0]
 
     def _locked(self, fn: Callable[..., Any]) -> Any:
         lock = self._call_lock
@@ -471,6 +484,8 @@ class ParallelApply:
         target = self.target
         writer: Writer | None = None
 
+        self._failed_at[k] = None
+
         def run(conn: Connection) -> int:
             nonlocal writer
             writer = None
@@ -482,7 +497,11 @@ class ParallelApply:
                             self.warn)
             return writer.run(itertools.chain.from_iterable(t.changes for t in txns))
 
-        return self.conns[k].run(run, lambda: writer.current if writer else None, fence=fence)
+        try:
+            return self.conns[k].run(run, lambda: writer.current if writer else None, fence=fence)
+        except BaseException:
+            self._failed_at[k] = writer.current if writer is not None else None  # (read by apply: _explained)
+            raise
 
     def close(self) -> None:
         for t in self._threads:

@@ -17,8 +17,12 @@ again would write only the changes from then on, every row it held gone, the cha
 the sink refuses instead (:class:`TargetTableDropped`, fatal: the changefeed fails naming the table and the fix).
 
 Guarantees:
-- Only a sink bound to a changefeed (:meth:`TableRecord.open`, from ``open_position``) records or refuses anything;
-  an unbound one (a copy job's, a test's) behaves as before.
+- Only a sink bound to a changefeed (:meth:`TableRecord.open`, from ``open_position``, or from ``bind_tables_had``: the
+  copy job's sinks, which write the initial copy and table copies without a stream position) records or refuses
+  anything; an unbound one (a tool's, a test's, a copy job planned without the span's origin) behaves as before. So a
+  table only the copy filled is recorded before its first chunk commits (MySQL, PostgreSQL: at binding; SQLite: in
+  the chunk's transaction; a table whose key the copy defers: when the job creates or finds it, before any chunk),
+  and a stream that finds it missing later refuses it as any other.
 - Written **idempotently at binding time**: the first time a sink binds a target table (the catalog read it or
   created it), :meth:`TableRecord.note` upserts its row, before the write's first row of the table. On MySQL and
   PostgreSQL on an autocommit connection of its own, committed at once, as the table's own ``CREATE`` is (MySQL and
@@ -135,11 +139,15 @@ class TableRecord:
         return self._had is not None and label in self._had
 
     def had(self, conn: Connection, label: str) -> bool:
-        """Whether this changefeed (this span's origin) has had target table ``label`` (module docstring)."""
+        """Whether this changefeed (this span's origin) has had target table ``label`` (module docstring). Asked only
+        before a missing table is created: a label the rows as last read do not show is looked up again (one
+        ``SELECT``), since another sink of the changefeed may have recorded it since (the copy job's, filling a table
+        while this span streams: a table copy)."""
         if not self.changefeed:
             return False
-        had = self._had if self._had is not None else self._read(conn)
-        return label in had
+        if self._had is not None and label in self._had:
+            return True
+        return label in self._read(conn)
 
     def note(self, conn: Connection, label: str, upstream: TableName) -> None:
         """``label`` (of upstream table ``upstream``) is bound by a write on ``conn``: recorded unless the record shows

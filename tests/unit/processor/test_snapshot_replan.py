@@ -220,3 +220,13 @@ def test_a_table_planned_under_an_earlier_export_but_recorded_under_a_later_one_
     else:
         assert restarts.calls == [] and progress.forgotten == []
         assert floors["public.big"] == 100 and second.ceilings == {"public.big": 200}
+
+
+def test_the_copy_request_names_the_spans_start_ts_so_the_tables_it_fills_are_recorded_as_the_spans() -> None:
+    """``CopyRequest.origin`` (``SnapshotJob.origin``): the copy job's sinks record the tables they fill for the span's
+    origin, the one its stream's sink reads the record with (``open_position``); None would record nothing."""
+    progress, up = Progress(), _upstream()
+    job = Job(progress)
+    copy, _ = initial_copy(progress, None, up, job)
+    copy(threading.Event())
+    assert [r.origin for r in job.requests] == [copy.span.start_ts] == [10]
