@@ -1,9 +1,9 @@
 """A MySQL/MariaDB span's stages on a real binlog of multi-row transactions, each alone, code trees alternating.
 
-Starts a MariaDB (``playground.servers.MariaDBServer``) and writes one of the MariaDB bench's multi-row workloads
-into ``hot.sbtest`` (``bench.mariadb_run``'s table and row shape, 100 rows per transaction): ``--shape insert``
-(workload (a)) or ``--shape update`` (workload (b): the rows preloaded, then one update of each by key, 100 random
-keys per transaction). Then, per ``--code`` tree per round (trees alternating, each in a fresh process whose
+Starts a MariaDB and writes one of the MariaDB bench's multi-row workloads into ``hot.sbtest``
+(``scripts/bench_mysql_source.py``'s ``written_server``: ``bench.mariadb_run``'s table and row shape, 100 rows per
+transaction): ``--shape insert`` (workload (a)) or ``--shape update`` (workload (b): the rows preloaded, then one
+update of each by key, 100 random keys per transaction). Then, per ``--code`` tree per round (trees alternating, each in a fresh process whose
 ``PYTHONPATH`` is the tree), the span's path as the capture runs it, stage by stage, thread CPU per row:
 
 - ``source``: the span source (``open_upstream(...).span_source(...).run``) into a counting buffer;
@@ -22,20 +22,14 @@ keys per transaction). Then, per ``--code`` tree per round (trees alternating, e
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import random
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
-DB = "hot"
 STAGES = ("source", "puller", "read", "mount", "sink")
 
 # the child: one run of every stage in the tree given as argv[1] (imports from that tree)
@@ -140,57 +134,6 @@ print(json.dumps(out))
 """
 
 
-def write(server: object, rows: int, shape: str) -> tuple[int, int]:
-    """Write the workload (after the preload of ``--shape update``); return the binlog Ts range it occupies."""
-    sys.path.insert(0, str(HERE))
-    from bench.mariadb_refs import binlog_end
-    from bench.mariadb_run import INSERT, SBTEST
-
-    server.execute(f"DROP DATABASE IF EXISTS {DB}")  # type: ignore[attr-defined]
-    server.execute(f"CREATE DATABASE {DB}")  # type: ignore[attr-defined]
-    server.execute(SBTEST, db=DB)  # type: ignore[attr-defined]
-    conn = server.connect(DB)  # type: ignore[attr-defined]
-    try:
-        with conn.cursor() as cur:
-            if shape == "update":
-                for lo in range(1, rows + 1, 100):
-                    cur.execute(INSERT.format(lo=lo, hi=min(lo + 99, rows)))
-            start = binlog_end(server)
-            if shape == "insert":
-                for lo in range(1, rows + 1, 100):
-                    cur.execute("BEGIN")
-                    cur.execute(INSERT.format(lo=lo, hi=min(lo + 99, rows)))
-                    cur.execute("COMMIT")
-            else:
-                ids = list(range(1, rows + 1))
-                random.Random(7).shuffle(ids)
-                for i in range(0, rows, 100):
-                    cur.execute("BEGIN")
-                    cur.execute("UPDATE sbtest SET k = k + 1, c = LEFT(CONCAT(MD5(c), c), 60) WHERE id IN ("
-                                + ",".join(map(str, ids[i:i + 100])) + ")")
-                    cur.execute("COMMIT")
-    finally:
-        conn.close()
-    return start, binlog_end(server)
-
-
-@contextlib.contextmanager
-def written_server(rows: int, shape: str) -> Iterator[tuple[object, int, int]]:
-    sys.path.insert(0, str(HERE))
-    from playground.servers import MariaDBServer
-
-    work = Path(tempfile.mkdtemp(prefix="tidewater-mysql-stages-"))
-    server = MariaDBServer(work)
-    try:
-        server.start()
-        start, end = write(server, rows, shape)
-        print(f"{rows} row changes ({shape}) in binlog {start:X}..{end:X}", flush=True)
-        yield server, start, end
-    finally:
-        server.stop()
-        shutil.rmtree(work, ignore_errors=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--code", action="append", type=Path, help="a code tree (repeat: compared in this order)")
@@ -202,8 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--txn-rows", type=int, default=20_000)
     args = ap.parse_args(argv)
     codes = [c.resolve() for c in (args.code or [HERE])]
+    sys.path.insert(0, str(HERE / "scripts"))
+    from bench_mysql_source import written_server  # type: ignore[import-not-found]
+
     got: dict[Path, dict[str, list[float]]] = {c: {s: [] for s in STAGES} for c in codes}
-    with written_server(args.rows, args.shape) as (server, start, end):
+    with written_server(args.rows, "batch" if args.shape == "insert" else "update") as (server, start, end):
         if args.sink == "mariadb":
             server.execute("CREATE DATABASE tgt")  # type: ignore[attr-defined]
             args.sink = server.uri("tgt")  # type: ignore[attr-defined]
@@ -213,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             for code in codes:
                 load = os.getloadavg()[0]
                 proc = subprocess.run(
-                    [sys.executable, "-c", _CHILD, str(code), server.uri(DB), str(start), str(end),  # type: ignore[attr-defined]
+                    [sys.executable, "-c", _CHILD, str(code), server.uri("hot"), str(start), str(end),  # type: ignore[attr-defined]
                      str(args.rows), args.sink, str(args.txn_rows)],
                     env=dict(os.environ, PYTHONPATH=str(code)), cwd=code, capture_output=True, text=True)
                 if proc.returncode != 0:
