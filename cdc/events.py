@@ -143,8 +143,8 @@ class RowChange:
     row: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
     """Optional positional form of the new row: one value per ``schema.columns`` entry, in that order,
     never ``UNCHANGED`` (PostgreSQL sends unchanged TOAST values only in UPDATEs, which then get no
-    ``row``). Set by the mounter for INSERTs (and UPDATEs without an old tuple) so that sinks can skip the
-    dict. When ``row`` is set and ``values`` was not given, ``values`` is built from it on
+    ``row``). Set by the mounter for INSERTs (and UPDATEs without an old tuple, and MySQL UPDATEs whose images are
+    whole: those also carry their whole ``old_values``) so that sinks can skip the dict. When ``row`` is set and ``values`` was not given, ``values`` is built from it on
     first access. Assigning ``values`` drops ``row`` (and ``row_text``); change a mounted row by assigning
     ``values``, never by mutating the dict in place."""
     row_text: Sequence[str | None] | None = field(default=None, compare=False, repr=False)

@@ -3,7 +3,8 @@
 Starts a MariaDB (``playground.servers.MariaDBServer``, row binlog) in a temporary directory, or uses ``--uri``'s
 server, and writes ``--rows`` row changes into ``hot.sbtest`` (bench.mariadb_run's table), either as single-row
 transactions (``--shape single``: autocommit statements, the OLTP mix of workload (o): 1/2 updates by key, 1/4
-inserts, 1/4 deletes, on as many preloaded rows) or as 100-row INSERT transactions (``--shape batch``). Then it reads
+inserts, 1/4 deletes, on as many preloaded rows), as 100-row INSERT transactions (``--shape batch``) or as workload
+(b)'s 100-row UPDATE transactions on as many preloaded rows (``--shape update``). Then it reads
 that binlog range three ways, one after the other, and prints wall time, CPU time and rows/s of each:
 
 1. ``mariadb-binlog --read-from-remote-server`` to /dev/null (the read ceiling of ``python -m bench --upstream
@@ -22,7 +23,7 @@ TABLE_MAP, which is the extra cost every added span puts on the upstream side.
 summed per package (pymysqlreplication, PyMySQL, upstream/mysql, upstream/postgres, the standard library), which is
 what docs/benchmarks.md's "Issue 23 item 7" section reports.
 
-    .venv/bin/python scripts/bench_mysql_source.py [--rows 50000] [--shape single|batch] [--profile] [--uri URI]
+    .venv/bin/python scripts/bench_mysql_source.py [--rows 50000] [--shape single|batch|update] [--profile] [--uri URI]
                                                    [--spans N]
 """
 
@@ -81,17 +82,26 @@ class Counting:
 
 
 def write(server: MariaDBServer, rows: int, shape: str) -> tuple[int, int]:
-    """Write the workload; return the binlog Ts range it occupies."""
+    """Write the workload (``single``, ``batch``, or ``update``: workload (b)'s, after a preload); return the binlog Ts
+    range it occupies."""
     server.execute(f"DROP DATABASE IF EXISTS {DB}")
     server.execute(f"CREATE DATABASE {DB}")
     server.execute(SBTEST, db=DB)
     conn = server.connect(DB)
     try:
         with conn.cursor() as cur:
-            if shape == "single":
+            if shape in ("single", "update"):
                 for lo in range(1, rows + 1, 100):
                     cur.execute(INSERT.format(lo=lo, hi=min(lo + 99, rows)))
             start = binlog_end(server)
+            if shape == "update":  # workload (b): one update of each row by key, 100 random keys per transaction
+                ids = list(range(1, rows + 1))
+                random.Random(7).shuffle(ids)
+                for i in range(0, rows, 100):
+                    cur.execute("BEGIN")
+                    cur.execute("UPDATE sbtest SET k = k + 1, c = LEFT(CONCAT(MD5(c), c), 60) WHERE id IN ("
+                                + ",".join(map(str, ids[i:i + 100])) + ")")
+                    cur.execute("COMMIT")
             rnd = random.Random(3)
             live, next_id = list(range(1, rows + 1)), rows + 1
             for i in range(rows if shape == "single" else 0):
@@ -219,7 +229,7 @@ def by_package(profile: cProfile.Profile) -> list[tuple[str, float]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=50_000)
-    ap.add_argument("--shape", choices=("single", "batch"), default="single")
+    ap.add_argument("--shape", choices=("single", "batch", "update"), default="single")
     ap.add_argument("--profile", action="store_true", help="cProfile the span source (slows it ~2x)")
     ap.add_argument("--uri", help="an existing server's root URI (default: start one)")
     ap.add_argument("--spans", type=int, default=1, help="also read the binlog as each span of N (default 1)")

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--code", action="append", type=Path, help="a code tree (repeat: compared in this order)")
     ap.add_argument("--rows", type=int, default=100_000)
-    ap.add_argument("--shape", choices=("single", "batch"), default="single")
+    ap.add_argument("--shape", choices=("single", "batch", "update"), default="single")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
     codes = [c.resolve() for c in (args.code or [HERE])]

@@ -275,6 +275,9 @@ def test_every_supported_type_reaches_each_sql_target_exactly(
         cur.execute("SET time_zone = '+00:00'")
         cur.executemany(f"INSERT INTO types VALUES ({', '.join(['%s'] * 25)})", rows)
         cur.execute("UPDATE types SET v = 'changed', d2 = 99999999.99 WHERE id = 0")
+        # whole-image updates of the extreme and the all-NULL row: the new row reaches the targets positionally with
+        # its upstream text (the SQL converters' text paths), as an insert's does
+        cur.execute("UPDATE types SET c = 'upd' WHERE id IN (18446744073709551615, 7)")
     info = cdc_server.wait_checkpoint("types", binlog_end(mysql_server), timeout=120)
     assert not info.get("error"), info
     try:

@@ -836,7 +836,7 @@ static PyObject *mount_whole(MySqlMounter *mm, PyObject *payload, PyObject *comm
     Py_ssize_t len = PyBytes_GET_SIZE(payload);
     PyObject *key = PyLong_FromUnsignedLong(be32u(b));
     if (key == NULL) return NULL;
-    PyObject *out = NULL, *new_ = NULL, *old = NULL, *row = NULL, *orow = NULL, *values = NULL, *old_values = NULL;
+    PyObject *out = NULL, *new_ = NULL, *old = NULL, *row = NULL, *orow = NULL, *old_values = NULL;
     PyObject *plan = PyDict_GetItemWithError(mm->plans, key); /* borrowed */
     if (plan == NULL || !PyTuple_CheckExact(plan) || PyTuple_GET_SIZE(plan) != 4 ||
         !PyLong_CheckExact(PyTuple_GET_ITEM(plan, 1)) || !PyLong_CheckExact(PyTuple_GET_ITEM(plan, 3))) {
@@ -864,11 +864,10 @@ static PyObject *mount_whole(MySqlMounter *mm, PyObject *payload, PyObject *comm
     if ((row != NULL && (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != ncols)) ||
         (orow != NULL && (!PyTuple_CheckExact(orow) || PyTuple_GET_SIZE(orow) != ncols)))
         goto done;
-    if (kind != 'I') { /* an update or delete: the new and old rows by name, as the Python mounter builds them */
+    if (kind != 'I') { /* an update or delete: the old row by name (the new row stays positional, as an insert's) */
         PyObject *names = names_of(mm, key, schema);
         if (names == NULL) goto done;
         if (PyTuple_GET_SIZE(names) != ncols) goto done;
-        if (row != NULL && (values = named(names, row)) == NULL) goto done;
         if ((old_values = named(names, orow)) == NULL) goto done;
     }
     PyObject *extra = PyDict_New();
@@ -883,17 +882,12 @@ static PyObject *mount_whole(MySqlMounter *mm, PyObject *payload, PyObject *comm
     set_field(out, F_COMMIT_TS, Py_NewRef(commit_ts));
     set_field(out, F_COMMIT_TIME, Py_NewRef(commit_time));
     set_field(out, F_EXTRA, extra);
-    if (kind == 'I') { /* positional, as processor.mounter's _positional: values built on first access */
-        set_field(out, F_VALUES, Py_NewRef(Py_None));
-        set_field(out, F_OLD_VALUES, Py_NewRef(Py_None));
-        set_field(out, F_ROW, Py_NewRef(row));
-        set_field(out, F_ROW_TEXT, Py_NewRef(new_));
-    } else {
-        set_field(out, F_VALUES, values ? Py_NewRef(values) : Py_NewRef(Py_None));
-        set_field(out, F_OLD_VALUES, Py_NewRef(old_values));
-        set_field(out, F_ROW, Py_NewRef(Py_None));
-        set_field(out, F_ROW_TEXT, Py_NewRef(Py_None));
-    }
+    /* the new row (an insert's, an update's) positional, as processor.mounter's _positional: values built on first
+     * access; an update's and a delete's whole old row by name (upstream.mysql.rowcodec.whole_mounter) */
+    set_field(out, F_VALUES, Py_NewRef(Py_None));
+    set_field(out, F_OLD_VALUES, old_values ? Py_NewRef(old_values) : Py_NewRef(Py_None));
+    set_field(out, F_ROW, row ? Py_NewRef(row) : Py_NewRef(Py_None));
+    set_field(out, F_ROW_TEXT, row ? Py_NewRef(new_) : Py_NewRef(Py_None));
 done:
     Py_DECREF(key);
     Py_DECREF(plan);
@@ -901,7 +895,6 @@ done:
     Py_XDECREF(old);
     Py_XDECREF(row);
     Py_XDECREF(orow);
-    Py_XDECREF(values);
     Py_XDECREF(old_values);
     return out;
 }

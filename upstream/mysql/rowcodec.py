@@ -12,8 +12,9 @@ on generated rows of every type, and ``tests/integration/test_mysql_own_decoder.
 The same module holds the decoder side (:class:`Decoding`, the per-row members of
 :class:`upstream.mysql.source.MySqlChangeDecoder`): :mod:`upstream.mysql.payload`'s ``parse``, ``insert_values`` and
 ``plain_row`` in C, and ``MySqlMounter``, which builds the :class:`cdc.events.RowChange` of a stored change whose
-images are whole and whose values all parse (an insert positionally, as the PostgreSQL path does; an update or delete
-with its rows by name, as :class:`processor.mounter.Mounter` builds them) without calling Python per row. C handles
+images are whole and whose values all parse (the new row of an insert or update positionally, as the PostgreSQL path
+does for its inserts, with the stored text as ``row_text``; the old row of an update or delete by name, as
+:class:`processor.mounter.Mounter` builds it) without calling Python per row; :func:`whole_mounter` is its reference. C handles
 only what it recognises exactly and hands everything else to the Python function it stands in for (a malformed
 payload, an absent value, a value that does not parse: the Python mounter raises the precise error).
 ``tests/unit/upstream/test_mysql_mount_codec.py`` compares both.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +36,7 @@ from types import ModuleType
 from typing import Any
 
 from cdc import cbuild
+from cdc.errors import DecodeError
 from cdc.events import UNCHANGED, OpType, RowChange
 from upstream.base import Mount, ParsedChange, PlainPlan
 from upstream.mysql import payload, wire
@@ -66,8 +69,47 @@ class Decoding:
     plain_mounter: Callable[[dict[int, PlainPlan], Mount], Mount]
 
 
+_version = struct.Struct(">I").unpack_from  # upstream.base.encode_payload's schema version
+_TEXT = frozenset((str, type(None)))
+
+
+def whole_mounter(plans: dict[int, PlainPlan], general: Mount) -> Mount:
+    """The pure-Python :meth:`~upstream.base.ChangeDecoder.plain_mounter` of stored MySQL changes, the reference of
+    ``rowcodec.c``'s ``MySqlMounter``: an update whose images are whole and whose values all parse keeps its new row
+    positional, as an insert does (``row``, with the stored text as ``row_text``; ``values`` built on first access),
+    and its whole old row by name (``old_values``), so that a sink can take it as a whole row without a dict and use
+    the upstream's text; everything else (inserts and deletes included) is ``general``'s (the mounter's own
+    function), which also raises every error."""
+
+    def mount(raw: bytes, commit_ts: int, commit_time: float) -> RowChange:
+        if raw[4:5] == b"U" and len(raw) >= 5:
+            plan = plans.get(_version(raw)[0])
+            if plan is not None:
+                schema, relid, parse_row, ncols = plan
+                try:
+                    pc = payload.parse(raw[4:])
+                except DecodeError:
+                    return general(raw, commit_ts, commit_time)
+                new, old = pc.new, pc.old
+                if ((not relid or pc.relid == relid) and pc.old_kind == "O" and new is not None and old is not None
+                        and len(new) == ncols == len(old) and _TEXT.issuperset(map(type, new))
+                        and _TEXT.issuperset(map(type, old))):
+                    try:
+                        row, orow = parse_row(new), parse_row(old)
+                    except Exception:  # noqa: BLE001 - the general path raises the precise error
+                        return general(raw, commit_ts, commit_time)
+                    names = schema.column_names
+                    ch = RowChange(OpType.UPDATE, schema, commit_ts, commit_time, None,
+                                   dict(zip(names, orow, strict=True)))
+                    ch.row, ch.row_text = row, new
+                    return ch
+        return general(raw, commit_ts, commit_time)
+
+    return mount
+
+
 PYTHON = Decoding("python", payload.insert_values, payload.parse, payload.plain_row, text_types.row_parser,
-                  text_codec.general_mounter)
+                  whole_mounter)
 """The pure-Python reference: :mod:`upstream.mysql.payload` and :mod:`upstream.postgres.types`."""
 
 
@@ -79,7 +121,7 @@ def _adapt(mod: ModuleType) -> ModuleType:
     mounter = mod.MySqlMounter
     if not mod.configure_rows(RowChange, OpType.INSERT, OpType.UPDATE, OpType.DELETE):  # pragma: no cover
         log.warning("the MySQL C row codec does not know RowChange's slots: rows are mounted in Python")
-        mounter = text_codec.general_mounter
+        mounter = whole_mounter
     mod.decoding = Decoding("c", mod.insert_values, mod.parse_change, mod.plain_row,
                             (text_codec.native() or text_codec.PYTHON).row_parser, mounter)
     return mod

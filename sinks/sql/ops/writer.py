@@ -226,7 +226,7 @@ class Writer:
             if buf.events is None and ((op == INSERT and (ch.row is not None or UNCHANGED not in (ch.values or {}).values()))
                                        or (op == UPDATE and b.keyed and (
                                            (ch.old_values is None and ch.row is not None)
-                                           or (ch.row is None and _whole_in_place(ch, b))))):
+                                           or _whole_in_place(ch, b)))):
                 # whole rows (an in-place UPDATE of a keyed table sends every column when ``row`` is set, or every
                 # column and its whole old row with the key unchanged: a MySQL full row image)
                 row = ch.row
@@ -694,9 +694,20 @@ def _hashable_keys(keys: list[tuple[Any, ...]]) -> bool:
 def _whole_in_place(ch: RowChange, b: Binding) -> bool:
     """An UPDATE of keyed ``b`` (not REPLICA IDENTITY FULL, whose old images name the row they replace) that
     carries every new value and an old row with the same key: applied as a whole in-place row, exactly as an
-    UPDATE without an old row (its other old values say nothing the new row does not)."""
-    old, vals = ch.old_values, ch.values
-    if old is None or vals is None or len(vals) < len(b.schema.columns) or b.schema.replica_identity == "f":
+    UPDATE without an old row (its other old values say nothing the new row does not). A positional ``row`` (a MySQL
+    update's, with its upstream text) holds every value, in ``b.names`` order."""
+    old = ch.old_values
+    if old is None or b.schema.replica_identity == "f":
+        return False
+    row = ch.row
+    if row is not None:
+        names = b.names
+        for k in b.key:  # noqa: SIM110 - no generator per row
+            if old.get(k, UNCHANGED) != row[names.index(k)]:
+                return False
+        return True
+    vals = ch.values
+    if vals is None or len(vals) < len(b.schema.columns):
         return False
     for k in b.key:
         v = vals.get(k, UNCHANGED)

@@ -190,3 +190,52 @@ def test_text_path_used_only_when_every_row_has_text() -> None:
     a, b = mounted(s, b"I", 1), mounted(s, b"I", 2)
     assert a.row_text is not None
     assert send("sqlite", s, [a, as_dict(b)]) == send("sqlite", s, [as_dict(a), b]) == send("sqlite", s, [a, b])
+
+
+def whole_update(s: TableSchema, key: int, old_key: int) -> RowChange:
+    """An UPDATE as the MySQL mounter builds one from whole images: the new row positional with its upstream text,
+    the whole old row by name (here the old row of key ``old_key``)."""
+    new = mounted(s, b"I", key)
+    old = mounted(s, b"I", old_key).values
+    ch = RowChange(OpType.UPDATE, s, 100, 1.5, old_values=dict(old or {}))
+    ch.row, ch.row_text = new.row, new.row_text
+    return ch
+
+
+class _CountedValues(RowChange):
+    """A RowChange that counts the reads of ``values`` (the dict a positional row builds on first access)."""
+
+    __slots__ = ()
+    reads: list[int] = []
+
+    @property  # type: ignore[override]
+    def values(self) -> dict[str, Any] | None:
+        _CountedValues.reads.append(1)
+        return RowChange.values.fget(self)  # type: ignore[attr-defined]
+
+    @values.setter
+    def values(self, v: dict[str, Any] | None) -> None:
+        RowChange.values.fset(self, v)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "mysql", "postgresql"])
+def test_whole_updates_with_a_positional_row_send_what_their_dict_form_sends(dialect: str) -> None:
+    """A MySQL update (positional new row and whole old row): in place when its key is unchanged, a key change
+    otherwise; the same statements as the dict form either way."""
+    s = schema()
+    changes = [mounted(s, b"I", 1), whole_update(s, 1, 1), whole_update(s, 2, 2), whole_update(s, 4, 3)]
+    assert all(ch.row is not None for ch in changes)
+    by_name = [ch if ch.row is None else dataclasses.replace(as_dict(ch), old_values=ch.old_values) for ch in changes]
+    assert send(dialect, s, changes) == send(dialect, s, by_name)
+
+
+def test_a_whole_update_with_a_positional_row_is_written_without_its_dict() -> None:
+    """The in-place UPDATE of a MySQL full row image reaches the statement from ``row`` (and its upstream text), as an
+    insert does: ``values`` is never built."""
+    s = schema()
+    ch = whole_update(s, 1, 1)
+    counted = _CountedValues(OpType.UPDATE, s, 100, 1.5, old_values=ch.old_values)
+    counted.row, counted.row_text = ch.row, ch.row_text
+    _CountedValues.reads.clear()
+    calls = send("mysql", s, [counted])
+    assert _CountedValues.reads == [] and len(calls) == 1 and "ON DUPLICATE KEY UPDATE" in calls[0][1]

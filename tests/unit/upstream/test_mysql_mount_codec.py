@@ -154,7 +154,30 @@ def test_c_mounter_mounts_as_python() -> None:
             kinds.add((want[1].op.name, "dict" if want[1].row is None else "row"))
         else:
             assert got == want, p
-    assert {("INSERT", "row"), ("INSERT", "dict"), ("UPDATE", "dict"), ("DELETE", "dict")} <= kinds
+    assert {("INSERT", "row"), ("INSERT", "dict"), ("UPDATE", "row"), ("UPDATE", "dict"), ("DELETE", "dict")} <= kinds
+
+
+@pytest.mark.parametrize("which", ["python", "c"])
+def test_a_whole_update_keeps_its_new_row_positional(which: str) -> None:
+    """An update with whole images: the new row positional with the stored text (as an insert's), so that a sink can
+    take it as a whole row and use the upstream's text; the old row by name; ``values`` built from ``row``."""
+    py, c = _decoders()
+    m = Mounter(py if which == "python" else c)
+    new = ["7", "né", "1.50", "2026-01-02 03:04:05.5", None, "0.25", "t", "10:11:12", "\\x00ff"]
+    old = ["7", "x", "2.00", "2026-01-02 03:04:05", "2026-01-02", None, "f", "00:00:00", "\\x"]
+    p = encode_payload(1, payload.encode(b"U", RELID, new, old))
+    m.mount(p, 9, 0.5)  # (the first change of a schema version plans it, through the general path)
+    rc = m.mount(p, 9, 0.5)
+    assert rc.op is OpType.UPDATE
+    assert rc.row_text == new
+    assert rc.row is not None and len(rc.row) == len(COLUMNS)
+    assert rc.old_values is not None and list(rc.old_values) == [col.name for col in COLUMNS]
+    assert rc.old_values["name"] == "x"
+    assert rc.values == dict(zip([col.name for col in COLUMNS], rc.row, strict=True))
+    assert rc.values["name"] == "né"
+    # a partial new image stays by name, without ``row``
+    rc = m.mount(encode_payload(1, payload.encode_partial(b"U", RELID, [UNCHANGED, *new[1:]], old)), 9, 0.5)
+    assert rc.row is None and rc.row_text is None and rc.values is not None
 
 
 def test_whole_images_are_mounted_without_python() -> None:
