@@ -108,6 +108,7 @@ from sinks.sql.ops.barrier import BarrierApply, Stager
 from sinks.sql.ops.bulk import CopyPassthrough
 from sinks.sql.ops.ddl_run import DdlRunner
 from sinks.sql.ops.deferred_key import DeferredKey
+from sinks.sql.ops.fresh_load import FreshLoads
 from sinks.sql.ops.literal_copy import LiteralCopy
 from sinks.sql.ops.load_copy import Fallback, LoadCopy
 from sinks.sql.ops.parallel import ParallelApply, Txn, collector_paused
@@ -147,6 +148,8 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         self._passthrough = CopyPassthrough(self.target, self.catalog)
         self._literal_copy = LiteralCopy(self.target, self.catalog, self._config.batch_rows)
         self._load_copy = LoadCopy(self.target, self.catalog)
+        # MySQL: upstream INSERTs with their text by LOAD DATA into the table (sinks.sql.ops.fresh_load)
+        self._fresh_loads = FreshLoads(self.target.where) if self.dialect == "mysql" else None
         self._deferred = DeferredKey(self.target, self.catalog)
         self._warn_lock = threading.Lock()  # apply workers add warnings from their threads
         workers = self._config.worker_count if self.dialect != "sqlite" else 1
@@ -355,7 +358,7 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
     def writer(self, conn: Connection) -> Writer:
         """The writer of one ``write`` call on ``conn`` (inside its transaction)."""
         return Writer(conn, self.target.statements(), self.catalog, self.target.pipeline, self._config,
-                      self._row_source, self._add_warning)
+                      self._row_source, self._add_warning, self._fresh_loads)
 
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         target = self.target
