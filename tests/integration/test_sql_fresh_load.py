@@ -47,6 +47,11 @@ class Maria:
         return s
 
 
+@pytest.fixture(autouse=True)
+def _small_groups_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fresh_load, "MIN_ROWS", 32)  # (the tests' groups are small: 40-50 rows)
+
+
 @pytest.fixture
 def maria(mariadb_server: Any, mariadb_database: str) -> Iterator[Maria]:
     yield Maria(mariadb_server, mariadb_database)

@@ -60,9 +60,12 @@ from sinks.sql.target.binding import Binding, Plan
 
 log = logging.getLogger(__name__)
 
-MIN_ROWS = 32
-"""Fresh groups of at least this many rows are loaded (as PostgreSQL's ``COPY_MIN_ROWS``); smaller ones go as
-statements."""
+MIN_ROWS = 1000
+"""Fresh groups of at least this many rows are loaded (a catch-up's groups: ``batch-rows``, 1,000 by default; a
+smaller ``batch-rows`` turns the loads off); smaller ones go as statements. A load costs two round trips more than a
+statement (the ``SAVEPOINT``, the server's request for the file), which showed in the apply lag at 10,000 rows/s on a
+loaded host with groups from 32 or 500 rows (p50 26-52 ms against 12-15 without loads), not from 1,000 (8 ms, as
+without; docs/benchmarks.md)."""
 SAVEPOINT = "tidewater_fresh"
 
 
