@@ -91,10 +91,17 @@ def upstream(pg_server: Any, pg_database: str) -> Iterator[Upstream]:
     u.close()
 
 
-@pytest.fixture(params=["sqlite", "mariadb", "postgresql"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str, Any]]:
-    """(kind, sink URI, server) of an empty target."""
+@pytest.fixture(params=["sqlite", "mariadb", "mariadb-load", "postgresql"])
+def target(request: pytest.FixtureRequest, tmp_path: Path,
+           monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, Any]]:
+    """(kind, sink URI, server) of an empty target. ``mariadb-load``: MariaDB with every group of upstream INSERTs
+    sent by ``LOAD DATA`` where its types allow (``sinks.sql.ops.fresh_load``, its row minimum lowered to 1)."""
     kind = request.param
+    if kind == "mariadb-load":
+        from sinks.sql.ops import fresh_load
+
+        monkeypatch.setattr(fresh_load, "MIN_ROWS", 1)
+        kind = "mariadb"
     if kind == "sqlite":
         yield kind, f"sqlite:///{tmp_path / 'target.db'}", None
     elif kind == "mariadb":

@@ -241,9 +241,7 @@ class LoadCopy:
     def _server_allows(self, cur: Any) -> bool:
         """Whether the server allows ``LOAD DATA LOCAL`` (read once per sink; a refusal said once per process)."""
         if self._allowed is None:
-            cur.execute("SELECT @@GLOBAL.local_infile")
-            row = cur.fetchone()
-            self._allowed = bool(row and int(row[0]))
+            self._allowed = server_allows_local(cur)
             if not self._allowed:
                 self._say_refused("local_infile = 0")
         return self._allowed
@@ -274,22 +272,30 @@ class LoadCopy:
         """Why this binding's rows are not loaded (None: they are); read once per binding, said once."""
         vkey = (b.label, b.schema)
         if vkey not in self._verdicts:
-            self._verdicts[vkey] = why = literal_refusal(b) or self._type_refusal(b, cur)
+            self._verdicts[vkey] = why = literal_refusal(b) or load_type_refusal(b, cur)
             if why is not None:
                 log.info("%s: the initial copy of %s is written by statements (no LOAD DATA): %s",
                          self._target.where, b.label, why)
         return self._verdicts[vkey]
 
-    @staticmethod
-    def _type_refusal(b: Binding, cur: Any) -> str | None:
-        """Why a target column's type does not read the load text as the statements read the literal (None: all
-        do; :data:`LOAD_TYPES`)."""
-        cur.execute("SELECT COLUMN_NAME, LOWER(DATA_TYPE) FROM information_schema.COLUMNS "
-                    "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s", (b.table.name,))
-        have = {str(name): str(typ) for name, typ in cur.fetchall()}
-        for c in b.schema.columns:
-            target = b.colmap[c.name]
-            typ = have.get(target)
-            if typ not in LOAD_TYPES[KINDS[c.base_type]]:
-                return f"target column {target!r} is {typ}, which the load does not fill (upstream {c.base_type})"
-        return None
+
+def load_type_refusal(b: Binding, cur: Any) -> str | None:
+    """Why a target column's type of ``b`` does not read the load text as the statements read the literal (None: all
+    do; :data:`LOAD_TYPES`). Reads the target's catalog on ``cur`` (an idle connection)."""
+    cur.execute("SELECT COLUMN_NAME, LOWER(DATA_TYPE) FROM information_schema.COLUMNS "
+                "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s", (b.table.name,))
+    have = {str(name): str(typ) for name, typ in cur.fetchall()}
+    for c in b.schema.columns:
+        target = b.colmap[c.name]
+        typ = have.get(target)
+        if typ not in LOAD_TYPES[KINDS[c.base_type]]:
+            return f"target column {target!r} is {typ}, which the load does not fill (upstream {c.base_type})"
+    return None
+
+
+def server_allows_local(cur: Any) -> bool:
+    """Whether the server allows ``LOAD DATA LOCAL`` (``@@GLOBAL.local_infile``), read on ``cur`` (an idle
+    connection)."""
+    cur.execute("SELECT @@GLOBAL.local_infile")
+    row = cur.fetchone()
+    return bool(row and int(row[0]))

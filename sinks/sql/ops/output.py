@@ -14,6 +14,7 @@ from cdc.errors import SinkError
 from sinks.sql.dialect import rowtext
 from sinks.sql.dialect.statements import Statements
 from sinks.sql.dialect.values import mysql_literal_function
+from sinks.sql.ops.fresh_load import FreshLoads
 from sinks.sql.target.binding import (
     K_DELETE,
     K_INSERT,
@@ -46,7 +47,7 @@ class Output:
     table being written, or whose statement failed, for error messages. :meth:`close` closes the cursor."""
 
     def __init__(self, conn: Connection, stmts: Statements, pipe: Pipeline, batch: int,
-                 text: rowtext.RowText | None = None) -> None:
+                 text: rowtext.RowText | None = None, loads: FreshLoads | None = None) -> None:
         self.conn = conn
         self.text = text or rowtext.best()  # renders COPY data and MySQL literal rows (C where it builds)
         self.dialect = stmts.dialect
@@ -58,6 +59,7 @@ class Output:
         self._delete_sql: dict[tuple[int, int], str] = {}
         self._staged: set[str] = set()  # staging tables made sure of in this write (PostgreSQL)
         self._fresh_left = FRESH_COPIES_PER_TXN  # direct COPYs under a savepoint left in this transaction
+        self.loads = loads  # MySQL: fresh rows by LOAD DATA (sinks.sql.ops.fresh_load); None: statements only
         # made now, while the connection is idle (it reads the connection's status)
         self._literal: Callable[[Any], str] | None = (
             mysql_literal_function(self.cur.connection) if self.dialect == "mysql" else None)
@@ -118,6 +120,9 @@ class Output:
             self._copy_rows(copy, texts)
             return
         if kind == K_UPSERT:
+            if (fresh and self.loads is not None and texts is not None and names == b.names
+                    and b.copy_conflicts < FRESH_CONFLICTS_TO_STOP and self.loads.apply(self, b, plan, rows, texts)):
+                return
             if self.dialect == "sqlite":
                 _check_keys_not_null(rows, plan.key_idx, b.label)
             if self.dialect == "postgresql" or len(names) < b.ncols:
@@ -184,12 +189,18 @@ class Output:
     def _mysql_insert(self, plan: Plan, params: list[Any]) -> None:
         """Multi-row INSERTs of literal rows, at most ``MYSQL_STATEMENT_BYTES`` each (like PyMySQL's
         executemany, with a faster literal renderer: :mod:`sinks.sql.dialect.rowtext`)."""
-        assert plan.parts is not None
-        head, tail = plan.parts
-        lit = self._literal
-        assert lit is not None
-        for sql in self.text.mysql_statements(params, head, tail, MYSQL_STATEMENT_BYTES, lit):
+        for sql in self._mysql_statements(plan, params):
             self.submit(self.cur.execute, sql)
+
+    def _mysql_statements(self, plan: Plan, params: list[Any]) -> list[str]:
+        assert plan.parts is not None and self._literal is not None
+        head, tail = plan.parts
+        return self.text.mysql_statements(params, head, tail, MYSQL_STATEMENT_BYTES, self._literal)
+
+    def literal_statements(self, plan: Plan, rows: list[tuple[Any, ...]], texts: list[Any] | None) -> list[str]:
+        """MySQL: the statements ``plan`` sends for ``rows`` (converted here: a refused value raises), to run in the
+        caller's thread (the pipeline's, for a load rolled back: ``sinks.sql.ops.fresh_load``)."""
+        return self._mysql_statements(plan, convert_rows(plan, rows, texts))
 
     def _delete_keys(self, b: Binding, keys: list[Any]) -> None:
         if self.dialect == "sqlite":

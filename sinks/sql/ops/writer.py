@@ -53,6 +53,7 @@ from sinks.sql.dialect.normalize import (
 )
 from sinks.sql.dialect.statements import Statements
 from sinks.sql.dialect.unique_moves import deferred_key_swap, moves_unique_value
+from sinks.sql.ops.fresh_load import FreshLoads
 from sinks.sql.ops.output import Output, distinct_keys
 from sinks.sql.target.binding import (
     K_DELETE,
@@ -105,11 +106,12 @@ class Writer:
     whose statement failed, for the caller's error message."""
 
     def __init__(self, conn: Connection, stmts: Statements, catalog: Catalog, pipeline: Pipeline, config: SinkConfig,
-                 row_source: RowSource | None, warn: Callable[[DataWarning], None]) -> None:
+                 row_source: RowSource | None, warn: Callable[[DataWarning], None],
+                 loads: FreshLoads | None = None) -> None:
         self.conn = conn
         self.catalog = catalog
         self.batch = max(1, config.batch_rows)
-        self.out = Output(conn, stmts, pipeline, self.batch)
+        self.out = Output(conn, stmts, pipeline, self.batch, loads=loads)
         self.row_source = row_source
         self.warn = warn
         self._win: dict[str, TableBuf] = {}  # by downstream table (label), in order of first change
