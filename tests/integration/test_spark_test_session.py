@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from cdc import procs
 from spark_jobs.cds import DRIVER_JAVA_OPTIONS
 
 pytestmark = pytest.mark.integration
@@ -18,17 +19,11 @@ pytestmark = pytest.mark.integration
 
 def _child_command_lines() -> list[str]:
     """The command lines of this process's children (the session's JVM is one: pyspark starts it)."""
-    me = str(os.getpid())
     lines = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
+    for pid in procs.children(os.getpid()):
         try:
-            stat = (proc / "stat").read_text()
-            if stat[stat.rindex(")") + 2:].split()[1] != me:
-                continue
-            lines.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
-        except (OSError, ValueError, IndexError):
+            lines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
             continue  # gone meanwhile
     return lines
 
