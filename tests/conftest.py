@@ -134,10 +134,15 @@ def _fresh_database(server: PostgresServer | MariaDBServer, request: pytest.Fixt
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[object]:
-    """One local SparkSession (``local[2]``) for the whole test run: Spark takes 6-8 s to start."""
+    """One local SparkSession (``local[2]``) for the whole test run: Spark takes 6-8 s to start. Its driver JVM runs
+    with the snapshot job's options (``DRIVER_CONF``: client JIT, serial GC and the class-data archive ``make deps``
+    builds for them), as the jobs' own drivers do: the C2 compiler's and the parallel GC's threads took CPU from the
+    servers and the other worker for the whole Spark group."""
     from spark_jobs.session import spark_session  # SparkUnavailable (an error, not a skip) without Spark
+    from spark_jobs.snapshot import DRIVER_CONF
 
-    session = spark_session("local[2]", {"spark.sql.shuffle.partitions": "2"}, app_name="tidewater-tests")
+    session = spark_session("local[2]", {"spark.sql.shuffle.partitions": "2", **DRIVER_CONF},
+                            app_name="tidewater-tests")
     yield session
     session.stop()
 
