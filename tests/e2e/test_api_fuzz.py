@@ -1,8 +1,9 @@
 """Fuzzing the HTTP API with schemathesis (issue 12, item 7): cases generated from the ``openapi.json`` a
-real `cdc server` serves (valid and invalid ones, every operation) are sent to it; every answer must be
-quick, never a 500, and every error in the JSON error shape. Bounded: a fixed number of examples per
-operation, derandomized (the same cases every run), under 60 s in all. Owner resign is fuzzed too (one
-capture: it wins again)."""
+real `cdc server` serves (valid and invalid ones, every operation) are sent to it; every answer must come
+(a request unanswered after ``HANG`` seconds fails as a hang), never be a 500, and every error be in the JSON
+error shape. Bounded by count: a fixed number of examples per operation, derandomized (the same cases every
+run). No assertion on elapsed time (how fast the answers are depends on the host's load); the run prints its
+duration and slowest answer. Owner resign is fuzzed too (one capture: it wins again)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.e2e
 
 TOKEN = "fuzz-token-" + "f" * 24
 EXAMPLES = {GenerationMode.POSITIVE: 12, GenerationMode.NEGATIVE: 12}
-BUDGET = 60.0  # seconds for the whole run
-ANSWER_WITHIN = 15.0  # seconds per request (a create that tries to reach a generated host is the slowest)
+HANG = 120.0  # seconds without an answer: the server hangs (the slowest request, a create that tries to reach a
+# generated host, answers within its own connect timeouts of a few seconds)
 
 
 def check(response: Any, seen: dict[int, int], method: str, path: str) -> None:
@@ -40,8 +41,9 @@ def check(response: Any, seen: dict[int, int], method: str, path: str) -> None:
         assert body["error_code"].startswith("CDC:"), body
 
 
-def fuzz(op: Any, mode: GenerationMode, n: int, url: str, session: requests.Session, seen: dict[int, int]) -> int:
-    """Send ``n`` generated cases of ``op``; returns how many were sent."""
+def fuzz(op: Any, mode: GenerationMode, n: int, url: str, session: requests.Session, seen: dict[int, int],
+         slowest: list[Any]) -> int:
+    """Send ``n`` generated cases of ``op``; returns how many were sent. ``slowest``: [seconds, method path]."""
     sent = 0
 
     @given(case=op.as_strategy(generation_mode=mode))
@@ -50,10 +52,12 @@ def fuzz(op: Any, mode: GenerationMode, n: int, url: str, session: requests.Sess
     def run(case: Any) -> None:
         nonlocal sent
         start = time.monotonic()
-        response = case.call(base_url=url, session=session, timeout=ANSWER_WITHIN,
+        response = case.call(base_url=url, session=session, timeout=HANG,
                              headers={"Authorization": f"Bearer {TOKEN}"})
         sent += 1
-        assert time.monotonic() - start < ANSWER_WITHIN
+        took = time.monotonic() - start
+        if took > slowest[0]:
+            slowest[:] = [took, f"{op.method.upper()} {op.path}"]
         check(response, seen, op.method.upper(), op.path)
 
     run()
@@ -67,6 +71,7 @@ def test_api_fuzz(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path) -> N
     t0 = time.monotonic()
     seen: dict[int, int] = {}
     calls = 0
+    slowest: list[Any] = [0.0, ""]
     try:
         schema = schemathesis.openapi.from_url(f"{server.url}/api/v2/openapi.json")
         session = requests.Session()
@@ -75,14 +80,14 @@ def test_api_fuzz(etcd_server: EtcdServer, cluster_id: str, tmp_path: Path) -> N
         for op in operations:
             for mode, n in EXAMPLES.items():
                 try:
-                    calls += fuzz(op, mode, n, server.url, session, seen)
+                    calls += fuzz(op, mode, n, server.url, session, seen, slowest)
                 except Unsatisfiable:  # nothing to make invalid (no parameter or body with constraints)
                     assert mode is GenerationMode.NEGATIVE, op.path
-                assert time.monotonic() - t0 < BUDGET, f"fuzzing took over {BUDGET}s ({calls} calls so far)"
         # the server is still healthy and nothing is left half-open
         assert server.get("/api/v2/health") == {"status": "ok"}
         assert calls > 100 and any(400 <= s < 500 for s in seen), seen
         assert "Traceback" not in server.log_tail(2000), server.log_tail(60)
     finally:
         server.terminate()
-    print(f"fuzzed {calls} requests in {time.monotonic() - t0:.1f}s: statuses {dict(sorted(seen.items()))}")
+    print(f"fuzzed {calls} requests in {time.monotonic() - t0:.1f}s (slowest answer {slowest[0]:.2f}s: {slowest[1]}): "
+          f"statuses {dict(sorted(seen.items()))}")
