@@ -214,7 +214,7 @@ def _copy(job: SnapshotJob, spark: Any, run: SnapshotRun, tasks: list[ChunkTask]
         copier = CopyWhileStarting(tasks, job.label, on_idle=idle.set, threads=threads, halt=_Stop.requested)
         copier.start()
         try:
-            idle.wait()
+            wait_for(idle)
         finally:
             results, _left = copier.finish()  # (left: only after a failure, which is raised)
         report.seconds = time.monotonic() - t0
@@ -234,7 +234,7 @@ def _copy(job: SnapshotJob, spark: Any, run: SnapshotRun, tasks: list[ChunkTask]
         local.start()
         starter.start()
         try:
-            starter.ready.wait()  # Spark is up (or failed), or this process copied everything (or failed)
+            wait_for(starter.ready)  # Spark is up (or failed), or this process copied everything (or failed)
             if starter.up() and not local.failed():
                 # the driver is one more worker, not an idle coordinator: it keeps its share of the chunks left
                 share = driver_share(local.pending(), starter.session().sparkContext.defaultParallelism, job.sink)
@@ -352,7 +352,7 @@ class _SparkStarter:
         return self._done.is_set() and self._spark is not None
 
     def session(self) -> Any:
-        self._done.wait()
+        wait_for(self._done)
         if self._error is not None:
             raise self._error
         return self._spark
@@ -385,6 +385,16 @@ def warm_workers(spark: Any, job: SnapshotJob, abandoned: threading.Event | None
         log.warning("%s: could not start Spark's Python workers ahead of the copy: %s", job.label, one_line(str(exc)))
         return
     log.info("%s: %d Spark Python worker(s) started in %.1f s", job.label, len(set(pids)), time.monotonic() - t0)
+
+
+def wait_for(event: threading.Event) -> None:
+    """Wait for ``event`` in short steps. In the main thread a SIGTERM's handler (:class:`_Stop`) then runs within
+    a step: a blocked wait is cut short only when the kernel delivers the signal to the waiting thread, and with a
+    copy thread, Spark's starter and gRPC's threads in this process it may pick another; the handler then ran only
+    once the wait ended, i.e. after this process had copied every chunk (seen under load: a stopped job copied all
+    600 chunks of tests/integration/test_spark_snapshot_resume.py)."""
+    while not event.wait(0.1):
+        pass
 
 
 class CopyWhileStarting:
