@@ -65,7 +65,7 @@ from cdc.snapshot import KEY_DEFERRED, ChunkDone, SnapshotRun, TablePlan, table_
 from cdc.uri import parse_sink_uri
 from sinks.base import TxnSink
 from sinks.factory import open_sink, sink_class
-from spark_jobs.cds import DRIVER_JAVA_OPTIONS
+from spark_jobs.cds import DRIVER_CONF
 from spark_jobs.copy import ChunkResult, ChunkTask, copy_chunks, one_line, open_job_sink, preload
 from spark_jobs.deferred import KeyBuilder, OwedKey, prepare_table
 from spark_jobs.plan import SnapshotJob, read_job
@@ -545,9 +545,6 @@ def message(exc: TidewaterError) -> str:
     return f"[{exc.code}] {text}"
 
 
-DRIVER_CONF = {"spark.driver.extraJavaOptions": DRIVER_JAVA_OPTIONS}
-"""Spark settings of the job unless its ``spark_conf`` sets them: the driver JVM options of ``spark_jobs.cds``
-(``DRIVER_JAVA_OPTIONS``: less CPU to start; the class-data archive ``make deps`` builds is for them)."""
 
 PARTITIONS_PER_CORE = 3
 

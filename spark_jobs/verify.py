@@ -512,9 +512,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         job = serde.from_json(VerifyJob, Path(args.plan).read_bytes())
         spark: Any = None
         if not args.local:
+            from spark_jobs.cds import DRIVER_CONF
             from spark_jobs.session import spark_session
 
-            conf = job.spark_conf
+            conf = {**DRIVER_CONF, **job.spark_conf}  # (the snapshot job's driver options: it only schedules)
             master = job.spark_master
 
             def spark() -> Any:

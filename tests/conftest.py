@@ -138,8 +138,8 @@ def spark() -> Iterator[object]:
     with the snapshot job's options (``DRIVER_CONF``: client JIT, serial GC and the class-data archive ``make deps``
     builds for them), as the jobs' own drivers do: the C2 compiler's and the parallel GC's threads took CPU from the
     servers and the other worker for the whole Spark group."""
+    from spark_jobs.cds import DRIVER_CONF
     from spark_jobs.session import spark_session  # SparkUnavailable (an error, not a skip) without Spark
-    from spark_jobs.snapshot import DRIVER_CONF
 
     session = spark_session("local[2]", {"spark.sql.shuffle.partitions": "2", **DRIVER_CONF},
                             app_name="tidewater-tests")

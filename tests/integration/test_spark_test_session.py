@@ -1,5 +1,5 @@
 """The tests' shared SparkSession (``tests/conftest.py``'s ``spark``) starts its driver JVM with the snapshot job's
-driver options (``spark_jobs.snapshot.DRIVER_CONF``): the client JIT and the serial GC, and the class-data archive made
+driver options (``spark_jobs.cds.DRIVER_CONF``): the client JIT and the serial GC, and the class-data archive made
 for them when there is one. Without them the Spark group's JVM ran the C2 compiler's and the parallel GC's threads on
 the 2-core test machine for the whole group (docs/testing.md, "Suite time")."""
 
