@@ -703,9 +703,8 @@ def _whole_in_place(ch: RowChange, b: Binding) -> bool:
         return False
     row = ch.row
     if row is not None:
-        names = b.names
-        for k in b.key:  # noqa: SIM110 - no generator per row
-            if old.get(k, UNCHANGED) != row[names.index(k)]:
+        for k, i in zip(b.key, b.key_pos, strict=True):  # noqa: SIM110 - no generator per row
+            if old.get(k, UNCHANGED) != row[i]:
                 return False
         return True
     vals = ch.values

@@ -130,6 +130,7 @@ class Binding:
         self.key = tuple(schema.key) if self.keyed else ()
         self.ncols = len(schema.columns)
         self.names = schema.column_names  # the order of RowChange.row
+        self.key_pos = tuple(self.names.index(k) for k in self.key)  # the key's places in a positional row
         self.stmts = stmts
         dialect = stmts.dialect
         exact = {c.name: c for c in table.columns}
