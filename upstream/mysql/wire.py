@@ -10,10 +10,11 @@ checksum call of their own in Python. Each event is an :data:`Event` tuple ``(ty
 Guarantees: every packet's sequence number is the next one (else :class:`~upstream.mysql.binlog.FramingError`);
 every event's size is its packet's and its CRC32 (``binlog_checksum = CRC32``) is verified over exactly the bytes the
 server checksummed, except a heartbeat's, whose body is not read (else FramingError: a mis-framed or damaged event is
-never decoded); a packet of 16 MB or more is joined with its continuation packets; a short read (the connection
-closed or lost) and the end of a non-blocking dump (an EOF packet) raise ``ConnectionError``; an error packet raises
-PyMySQL's ``OperationalError`` with the server's code and message, as PyMySQL would. No reconnect, ever: the span
-restarts from its checkpoint on any of these.
+never decoded); a packet of 16 MB or more is joined with its continuation packets; a short read or a read of the
+closed socket file (the connection closed or lost, also by the span's ``close()`` from another thread) and the end
+of a non-blocking dump (an EOF packet) raise ``ConnectionError``, never a ``ValueError`` the span would report as an
+undecodable event; an error packet raises PyMySQL's ``OperationalError`` with the server's code and message, as
+PyMySQL would. No reconnect, ever: the span restarts from its checkpoint on any of these.
 """
 
 from __future__ import annotations
@@ -139,12 +140,15 @@ class EventReader:
     def _fill(self, missing: int) -> None:
         """Read at least ``missing`` more bytes (what the socket has up to :data:`CHUNK`, or exactly the rest of a
         larger packet: a big event is read once, not joined chunk by chunk); ConnectionError when it closed."""
-        if missing > CHUNK:
-            more = self._read(missing)
-            short = len(more) < missing
-        else:
-            more = self._read1(CHUNK)
-            short = not more
+        try:
+            if missing > CHUNK:
+                more = self._read(missing)
+                short = len(more) < missing
+            else:
+                more = self._read1(CHUNK)
+                short = not more
+        except ValueError as exc:  # "read of closed file": the span's close() (another thread) closed the connection
+            raise ConnectionError(f"the binlog stream's connection was closed: {exc}") from exc
         if short:
             raise ConnectionError("Lost connection to MySQL server during the binlog dump")
         self._buf = self._buf[self._off:] + more

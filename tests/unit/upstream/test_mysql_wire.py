@@ -117,6 +117,20 @@ def test_errors(framer: wire.Frame) -> None:
         _reader(packet(1, b"\x01" + good[1:]), checksum=True, framer=framer).events()
 
 
+@pytest.mark.parametrize("framer", FRAMERS)
+def test_a_read_of_the_closed_connection_is_a_lost_connection_not_an_undecodable_event(framer: wire.Frame) -> None:
+    """The span's close() from another thread closes the socket file under a blocked read: the read's ValueError
+    ("read of closed file") is a ConnectionError (the span stops quietly when it was closed), never a ValueError the
+    span reports as a DecodeError (CI of stop 28 failed on exactly that)."""
+    good = event(binlog.XID, b"12345678")
+    r = _reader(packet(1, good) + packet(2, good)[:-3], checksum=True, framer=framer)
+    assert len(r.events()) == 1
+    rfile = r._read1.__self__  # noqa: SLF001 - the buffered socket file the reader holds
+    rfile.close()
+    with pytest.raises(ConnectionError, match="closed"):
+        r.events()
+
+
 @pytest.mark.skipif(len(FRAMERS) < 2, reason="no C compiler or Python headers: the C framer cannot be built here")
 def test_c_frames_what_python_frames() -> None:
     rnd = random.Random(23)
