@@ -612,6 +612,8 @@ class MySqlSpanSource(SpanSource):
                 return
             raise UpstreamUnavailable(f"span={self.label}: binlog stream from MySQL {self.where} broke: {exc}") from exc
         except (NotImplementedError, UnicodeDecodeError, ValueError, KeyError, IndexError, struct.error) as exc:
+            if self._closed.is_set():  # close() under pymysqlreplication's own first read: "read of closed file"
+                return  # (the span restarts from its checkpoint and decodes the same events again)
             raise DecodeError(f"span={self.label}: binlog event from MySQL {self.where} cannot be decoded: "
                               f"{type(exc).__name__}: {exc}") from exc
         finally:
