@@ -21,6 +21,7 @@ from processor.recovery import DependencyProbe
 from processor.span import SinkPlan, SpanRunner
 from sinks.testing import MemorySinks
 from sorter.leveldb import LevelDBSorter
+from tests.settle import SETTLE_S
 from upstream import open_upstream
 
 pytestmark = pytest.mark.unit
@@ -168,7 +169,7 @@ def test_probe_sets_ready_only_after_a_down_then_up_transition() -> None:
         wait_until(lambda: probe.rounds >= 2)
         assert not probe.ready.is_set() and probe.down is not None and probe.down.startswith("sink:")
         dep.up = True
-        assert probe.ready.wait(2)
+        assert probe.ready.wait(SETTLE_S)
     finally:
         probe.close()
     healthy = DependencyProbe("cf/1", {"sink": Switch()}, interval=0.02, healthy_rounds=3).start()

@@ -18,6 +18,7 @@ from cdc.errors import DdlRejected, SlotLost, TidewaterError, UpstreamUnavailabl
 from cdc.ts import Watermark
 from processor.source_process import BATCH_BYTES, BATCH_ROWS, PIPE_BYTES, ChildSpanSource, Spawner
 from sorter.memory import MemorySorter
+from tests.settle import SETTLE_S
 from upstream.base import ChangeBuffer, ChangeDecoder, SpanSource
 
 pytestmark = pytest.mark.unit
@@ -178,7 +179,7 @@ def test_stop_ends_the_child_and_acks_reach_it() -> None:
     child.open()
     runner = threading.Thread(target=child.run, args=(MemorySorter().span("cf/0"), stop, marks.append))
     runner.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SETTLE_S
     while not marks and time.monotonic() < deadline:
         time.sleep(0.01)
     child.ack(10)  # (nothing to see in the parent: the child's instance acks; it must not break anything)
@@ -228,7 +229,7 @@ def test_a_source_that_cannot_run_in_a_child_is_refused() -> None:
 def test_a_span_takes_the_spare_process_and_a_dead_spare_is_replaced() -> None:
     spawner = Spawner()
     first = spawner.take(__name__)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SETTLE_S
     while spawner.spare is None and time.monotonic() < deadline:
         time.sleep(0.01)
     spare = spawner.spare
@@ -271,7 +272,7 @@ def test_the_child_dies_with_its_parent_even_when_it_never_writes(tmp_path: Path
         assert running(pid)
         parent.kill()
         parent.wait()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + SETTLE_S
         while running(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not running(pid), f"source process {pid} outlived its parent"
@@ -286,7 +287,7 @@ def test_drop_spare_ends_the_spare_child() -> None:
     span is ended, not left waiting for a span that runs its source in a thread."""
     spawner = Spawner()
     first = spawner.take(__name__)
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SETTLE_S
     while spawner.spare is None and time.monotonic() < deadline:
         time.sleep(0.01)
     spare = spawner.spare

@@ -15,6 +15,7 @@ from cdc.ts import Watermark
 from processor.span import SinkPlan, SpanRunner
 from sinks.base import BufferedSink
 from sorter.base import SortedTxn
+from tests.settle import SETTLE_S
 from tests.unit.processor.test_span_ddl import DdlSource, RecordingSink, row
 from tests.unit.processor.test_span_warnings import FakeSorter
 from upstream.base import SCHEMA_CHANGE, encode_payload
@@ -100,7 +101,7 @@ def test_a_sink_that_does_not_buffer_checkpoints_after_every_write() -> None:
     runner = SpanRunner("cf/0", Watermark(100, 100.0), DdlSource(110, set()), FakeSorter(txns),  # type: ignore[arg-type]
                         SinkPlan(lambda: sink, txn_rows=1))
     runner.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SETTLE_S
     while runner.checkpoint.ts < 110 and time.monotonic() < deadline:
         time.sleep(0.01)
     runner.stop()
@@ -123,7 +124,7 @@ def test_a_full_disk_under_the_storage_sink_fails_the_span_and_acknowledges_noth
     runner = SpanRunner("cf/0", Watermark(100, 100.0), DdlSource(130, set()), FakeSorter(txns),  # type: ignore[arg-type]
                         SinkPlan(lambda: sink, txn_rows=1, position=("cf", 0, 100)))
     runner.start()
-    assert runner.failed.wait(10)
+    assert runner.failed.wait(SETTLE_S)
     runner.stop()
     assert isinstance(runner.error, SinkUnavailable) and runner.error.retryable
     assert "no space left" in runner.error.message and str(root / "public" / "t") in runner.error.message

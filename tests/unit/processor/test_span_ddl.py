@@ -17,6 +17,7 @@ from processor.span import SchemaRecorder, SinkPlan, SpanHooks, SpanRunner
 from sinks.testing import MemoryDdlSink
 from sorter.base import SortedTxn
 from tests.pgoutput_wire import enc_insert
+from tests.settle import SETTLE_S
 from tests.unit.processor.test_span_warnings import SCHEMA, FakeSorter, FakeSource
 from upstream.base import SCHEMA_CHANGE, encode_payload
 from upstream.postgres.source import PgChangeDecoder
@@ -75,7 +76,7 @@ def run(sink: RecordingSink, ddl: DdlConfig | None = None, source: DdlSource | N
                         FakeSorter(txns), SinkPlan(lambda: sink, txn_rows=10, ddl=ddl or DdlConfig()),
                         hooks=SpanHooks(schema_history=history))
     runner.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SETTLE_S
     while runner.checkpoint.ts < 130 and time.monotonic() < deadline and not runner.failed.is_set():
         time.sleep(0.01)
     runner.stop()
@@ -164,7 +165,7 @@ def test_a_ddl_changing_table_names_waits_at_the_changefeed_barrier_with_everyth
                    SinkPlan(lambda: sink, txn_rows=10), hooks=SpanHooks(barrier=barrier))
     runner.append(r)
     r.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SETTLE_S
     while r.checkpoint.ts < 120 and time.monotonic() < deadline and not r.failed.is_set():
         time.sleep(0.01)
     r.stop()
@@ -192,7 +193,7 @@ def test_a_name_changing_ddl_that_another_spans_copy_ran_ahead_of_fails_the_span
     r = SpanRunner("cf/0", Watermark(100, 100.0), DropSource(120, {120}), FakeSorter(txns),  # type: ignore[arg-type]
                    SinkPlan(lambda: sink, txn_rows=10, ddl=DdlConfig(skip_ts=skip_ts)), hooks=SpanHooks(barrier=barrier))
     r.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SETTLE_S
     while r.checkpoint.ts < 120 and time.monotonic() < deadline and not r.failed.is_set():
         time.sleep(0.01)
     r.stop()
@@ -223,7 +224,7 @@ def test_a_span_publishes_where_it_waits_at_the_changefeed_barrier_only_while_it
                    SinkPlan(lambda: sink, txn_rows=10), hooks=SpanHooks(barrier=barrier))
     runner.append(r)
     r.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SETTLE_S
     while r.checkpoint.ts < 120 and time.monotonic() < deadline and not r.failed.is_set():
         time.sleep(0.01)
     r.stop()
@@ -248,7 +249,7 @@ def test_a_ddl_whose_order_against_another_spans_is_unknown_fails_the_span_unles
     r = SpanRunner("cf/0", Watermark(100, 100.0), DropSource(120, {120}), FakeSorter(txns),  # type: ignore[arg-type]
                    SinkPlan(lambda: sink, txn_rows=10, ddl=DdlConfig(skip_ts=skip_ts)), hooks=SpanHooks(barrier=barrier))
     r.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SETTLE_S
     while r.checkpoint.ts < 120 and time.monotonic() < deadline and not r.failed.is_set():
         time.sleep(0.01)
     r.stop()

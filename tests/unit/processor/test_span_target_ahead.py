@@ -15,6 +15,7 @@ from cdc.events import RowChange
 from cdc.ts import Watermark
 from processor.span import SinkPlan, SpanRunner
 from sorter.base import SortedTxn
+from tests.settle import SETTLE_S
 from tests.unit.processor.test_span_ddl import DdlSource, RecordingSink, row
 from tests.unit.processor.test_span_warnings import FakeSorter
 
@@ -54,7 +55,7 @@ def run(sink: AheadSink, source: Any) -> SpanRunner:
     runner = SpanRunner("cf/0", Watermark(100, 100.0), source, FakeSorter(txns),  # type: ignore[arg-type]
                         SinkPlan(lambda: sink, txn_rows=1, position=("cf", 0, 100)))
     runner.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SETTLE_S
     while runner.checkpoint.ts < 120 and not runner.failed.is_set() and time.monotonic() < deadline:
         time.sleep(0.01)
     runner.stop()

@@ -14,6 +14,7 @@ from cdc.ts import Watermark
 from processor.processor import report_due
 from processor.span import SinkPlan, SpanRunner
 from sorter.base import SortedTxn
+from tests.settle import SETTLE_S
 from tests.unit.processor.test_span_ddl import DdlSource, RecordingSink, row
 from tests.unit.processor.test_span_warnings import FakeSorter
 
@@ -24,7 +25,7 @@ TXNS = [SortedTxn(110, 110.0, 1, [row(1)]), SortedTxn(120, 120.0, 1, [row(2)]), 
 
 
 def until(cond: Callable[[], bool], runner: SpanRunner) -> None:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SETTLE_S
     while not cond():
         assert time.monotonic() < deadline and not runner.failed.is_set(), runner.error
         time.sleep(0.01)

@@ -20,6 +20,7 @@ from processor.span import SinkPlan, SpanHooks, SpanRunner, SpanWarnings
 from sinks.testing import MemoryRowSourceSink
 from sorter.base import SortedTxn
 from tests.pgoutput_wire import enc_insert
+from tests.settle import SETTLE_S
 from tests.unit.processor.test_processor_report import MIN, Clock, FakeRunner, FakeStore, make
 from upstream.base import encode_payload
 from upstream.postgres.source import PgChangeDecoder
@@ -199,7 +200,7 @@ def test_runner_collects_sink_warnings_after_each_write_and_wires_the_row_source
     runner = SpanRunner("cf/0", Watermark(100, 100.0), FakeSource(130), FakeSorter(txns),  # type: ignore[arg-type]
                         SinkPlan(lambda: sink, txn_rows=1, row_source=source), hooks=SpanHooks(warnings=shared))
     runner.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SETTLE_S
     while runner.checkpoint.ts < 130 and time.monotonic() < deadline and not runner.failed.is_set():
         time.sleep(0.01)
     assert runner.stop() and runner.error is None
@@ -218,7 +219,7 @@ def test_warnings_the_stream_carried_reach_the_span_without_a_write() -> None:
     runner = SpanRunner("cf/0", Watermark(100, 100.0), FakeSource(100, [lost]), FakeSorter([]),  # type: ignore[arg-type]
                         SinkPlan(WarningSink, txn_rows=1), hooks=SpanHooks(warnings=shared))
     runner.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SETTLE_S
     while not shared.current() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert runner.stop() and runner.error is None

@@ -16,6 +16,7 @@ from processor.span import CopyPlan, SinkPlan, SpanHooks, SpanRunner
 from sinks.base import BufferedSink
 from sinks.base import WatermarkSink as WatermarkRole
 from sorter.base import SortedTxn
+from tests.settle import SETTLE_S
 from tests.unit.processor.test_span_ddl import DdlSource, RecordingSink, row
 from tests.unit.processor.test_span_warnings import FakeSorter
 
@@ -57,7 +58,7 @@ def _run(sink: WatermarkSink, txns: list[SortedTxn], resolved: int, until: Calla
     runner = SpanRunner("cf/0", Watermark(100, 100.0), DdlSource(resolved, set()), FakeSorter(txns),  # type: ignore[arg-type]
                         SinkPlan(lambda: sink, txn_rows=1, position=("cf", 2, 100), spans=3))
     runner.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SETTLE_S
     while not until() and time.monotonic() < deadline and not runner.failed.is_set():
         time.sleep(0.01)
     runner.stop()
@@ -102,9 +103,9 @@ def test_a_table_copy_holds_the_watermarks_below_its_snapshot_until_it_is_writte
     known, done = threading.Event(), threading.Event()
 
     def table_copy(stop: threading.Event, gate: Any) -> dict[str, int]:
-        known.wait(5)
+        known.wait(SETTLE_S)
         gate.pass_up_to(130, {})
-        done.wait(5)
+        done.wait(SETTLE_S)
         return {"public.held": 130}
 
     txns = [SortedTxn(110, 110.0, 1, [row(1)]), SortedTxn(140, 140.0, 1, [row(2)])]
@@ -114,7 +115,7 @@ def test_a_table_copy_holds_the_watermarks_below_its_snapshot_until_it_is_writte
     runner.start()
     try:
         def until(pred: Callable[[], bool]) -> None:
-            deadline = time.monotonic() + 5
+            deadline = time.monotonic() + SETTLE_S
             while not pred() and time.monotonic() < deadline and not runner.failed.is_set():
                 time.sleep(0.01)
             assert pred(), (runner.error, runner.checkpoint, sink.published)
@@ -146,7 +147,7 @@ def test_first_move_hook_fires_once_when_the_checkpoint_passes_the_start() -> No
                         SinkPlan(lambda: sink, txn_rows=1, position=("cf", 2, 100), spans=3),
                         hooks=SpanHooks(first_move=lambda: moved.append(runner.checkpoint.ts)))
     runner.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + SETTLE_S
     while runner.checkpoint.ts < 150 and time.monotonic() < deadline and not runner.failed.is_set():
         time.sleep(0.01)
     runner.stop()
