@@ -548,12 +548,12 @@ def test_table_copies_into_kafka_and_files_reach_consumers_that_cut_at_watermark
             source.commit()
             source.autocommit = True
             q = wait_for(cdc, "tc", copied(["public.late"]), "the table copy of public.late", timeout=120)
-            assert q["state"] == "normal", q
+            assert q["state"] == "normal", (q.get("error"), q.get("warnings"))
             if kind == "kafka":
                 _inject_a_row_behind_tidewaters_back(kafka, topic, up, current_lsn(source))
             cdc_cli(cdc.url, "changefeed", "snapshot", "-c", "tc", "--table", "public.big", "--table", "public.bag")
             q = wait_for(cdc, "tc", copied(["public.bag", "public.big"]), "the resync", timeout=120)
-            assert q["state"] == "normal", q
+            assert q["state"] == "normal", (q.get("error"), q.get("warnings"))
             time.sleep(1.0)
             w.finish()
         run_sql(source, "UPDATE late SET v = v || '!' WHERE id % 10 = 0")  # late streams after its copy
