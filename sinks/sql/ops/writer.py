@@ -184,8 +184,8 @@ class Writer:
         INSERT, UPDATE, DELETE, TRUNCATE = OpType.INSERT, OpType.UPDATE, OpType.DELETE, OpType.TRUNCATE
         # the window's tables by schema object: a change of another table than the one before (every row of a
         # pgbench-like transaction) finds its name, binding and buffer without str(), bind() and _buf(). Cleared with
-        # the window; an entry whose buffer ``_buf`` gave another binding is dropped. An entry holds its schema, so no
-        # other schema takes its id while it is there.
+        # the window; valid while the buffer is still that binding's. An entry holds its schema, so no other schema
+        # takes its id while it is there.
         known: dict[int, tuple[str, Binding, TableBuf, TableSchema]] = {}
         for ch in changes:
             count += 1
@@ -208,7 +208,7 @@ class Writer:
             schema = ch.schema
             if schema is not last_schema:
                 hit = known.get(id(schema))
-                if hit is not None:
+                if hit is not None and hit[2].b is hit[1]:
                     out.current, b, buf, _ = hit
                 else:
                     name = out.current = str(schema.name)
@@ -218,9 +218,6 @@ class Writer:
                     if self._win is not win:  # (_buf applied the window before another column set)
                         pending, cut_at, truncs = 0, first_cut, False
                         known.clear()
-                    else:  # (_buf may have given the buffer this binding)
-                        for k in [k for k, e in known.items() if e[2] is buf]:
-                            del known[k]
                     known[id(schema)] = (name, b, buf, schema)
                 last_schema = schema
             op = ch.op
