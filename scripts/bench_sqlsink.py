@@ -14,7 +14,8 @@ Builds the changes once, the way a span does (a source into the LevelDB sorter, 
 
 Then it writes them into ``--sink`` (its table dropped first) with exactly-once on (``open_position``, as a capture
 does), in writes of whole transactions up to ``--txn-rows`` rows, and prints the process CPU of the writes (the
-caller's thread and the sink's statement pipeline thread: the driver's work) per row and per transaction, the wall
+caller's thread and the sink's statement pipeline thread: the driver's work) per row and per transaction, the caller's
+thread's alone per row (``time.thread_time``: the writer's Python loop and rendering, apart from the driver), the wall
 time and the cyclic collector's full (oldest generation) collections during the writes. Nothing else runs in the process during the writes, so process CPU is the sink's own cost.
 
     .venv/bin/python scripts/bench_sqlsink.py --sink postgresql://postgres@127.0.0.1:5432/postgres \
@@ -93,8 +94,9 @@ def writes_of(txns: list[list[RowChange]], txn_rows: int) -> list[list[RowChange
 
 
 def run_once(uri: str, writes: list[list[RowChange]], batch_rows: int, txn_rows: int,
-             load: list[list[RowChange]] | None = None) -> tuple[float, float, int]:
-    """Times ``writes`` (``load``: written first, untimed, without a position)."""
+             load: list[list[RowChange]] | None = None) -> tuple[float, float, float, int]:
+    """Times ``writes`` (``load``: written first, untimed, without a position): wall, process CPU, the caller's
+    thread CPU, full collections."""
     drop_target(uri)
     if load:
         loader = SQLSink(uri, SinkConfig(batch_rows=batch_rows, txn_rows=txn_rows))
@@ -106,13 +108,13 @@ def run_once(uri: str, writes: list[list[RowChange]], batch_rows: int, txn_rows:
     sink.check()
     sink.open_position(f"bench{time.monotonic_ns()}", 0, 0)
     g0 = gc.get_stats()[2]["collections"]
-    t0, p0 = time.perf_counter(), time.process_time()
+    t0, p0, c0 = time.perf_counter(), time.process_time(), time.thread_time()
     for w in writes:
         sink.write(w, lambda: None)
-    t1, p1 = time.perf_counter(), time.process_time()
+    t1, p1, c1 = time.perf_counter(), time.process_time(), time.thread_time()
     g1 = gc.get_stats()[2]["collections"]
     sink.close()
-    return t1 - t0, p1 - p0, g1 - g0
+    return t1 - t0, p1 - p0, c1 - c0, g1 - g0
 
 
 def main() -> None:
@@ -145,9 +147,10 @@ def main() -> None:
     gc.collect()
     gc.freeze()  # the changes built above are not the sink's garbage: collections skip them (a capture streams them)
     for i in range(1, args.repeat + 1):
-        wall, cpu, full_gcs = run_once(args.sink, writes, args.batch_rows, args.txn_rows, load)
+        wall, cpu, caller, full_gcs = run_once(args.sink, writes, args.batch_rows, args.txn_rows, load)
         print(f"run {i}: shape {args.shape} rows {rows} txns {len(txns)} writes {len(writes)} | "
-              f"wall {wall:.3f} s ({rows / wall:,.0f} rows/s) | CPU {cpu * 1e6 / rows:.2f} us/row, "
+              f"wall {wall:.3f} s ({rows / wall:,.0f} rows/s) | CPU {cpu * 1e6 / rows:.2f} us/row "
+              f"(caller's thread {caller * 1e6 / rows:.2f}), "
               f"{cpu * 1e6 / len(txns):.1f} us/txn, {cpu * 1e6 / len(writes):.0f} us/write | full collections {full_gcs}",
               flush=True)
 

@@ -238,7 +238,9 @@ def normalize_keyed(names: tuple[str, ...], key: tuple[str, ...], full_identity:
         if row is not None and old is None:  # positional, every column sent, key unchanged
             set_row(state(tuple([row[j] for j in all_kidx])), Image(names, row, ch.row_text))
             continue
-        vals = ch.values
+        # a positional row with its old image (a MySQL full image): the dict here, not through ``RowChange.values``
+        # (which builds the schema's column names per change and keeps the dict on the change)
+        vals = ch.values if row is None else dict(zip(names, row, strict=True))
         assert vals is not None
         if full_old is not None:
             vals = _fill(vals, full_old)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -278,8 +279,8 @@ def _last_per_key(rows: list[tuple[Any, ...]], key_idx: tuple[int, ...]) -> list
         if len(key_idx) == 1:
             i = key_idx[0]
             last = {r[i]: r for r in rows}
-        else:
-            last = {tuple(r[j] for j in key_idx): r for r in rows}
+        else:  # (itemgetter of several indexes: the tuple, without a generator per row)
+            last = dict(zip(map(itemgetter(*key_idx), rows), rows, strict=True))
     except TypeError:  # array keys
         last = {tuple(_hashable(r[j]) for j in key_idx): r for r in rows}
     return rows if len(last) == len(rows) else list(last.values())
@@ -294,7 +295,7 @@ def last_per_key_texts(rows: list[tuple[Any, ...]], texts: list[Any], key_idx: t
             i = key_idx[0]
             last = {r[i]: j for j, r in enumerate(rows)}
         else:
-            last = {tuple(r[k] for k in key_idx): j for j, r in enumerate(rows)}
+            last = dict(zip(map(itemgetter(*key_idx), rows), range(len(rows)), strict=True))
     except TypeError:  # array keys
         last = {tuple(_hashable(r[k]) for k in key_idx): j for j, r in enumerate(rows)}
     if len(last) == len(rows):

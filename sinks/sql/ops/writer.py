@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.engine import Connection
 
@@ -117,10 +117,7 @@ class Writer:
         self._win: dict[str, TableBuf] = {}  # by downstream table (label), in order of first change
         self._truncs: list[Binding] = []  # TRUNCATEs of the current transaction not sent yet
         self._cascade = False  # one of them had CASCADE upstream
-        self._pending = 0  # changes pending in the window
-        self._bound = max(self.batch, config.txn_rows)
-        self._hold = False  # a FULL-identity keyed table has updates/deletes pending: cut only at 16x
-        self._cut_at = 2 * self._bound  # pending changes at which one transaction is cut
+        self._bound = max(self.batch, config.txn_rows)  # a window ends at a transaction boundary past this many changes
         # after a cut inside the current transaction: new images of FULL-identity keyed tables written
         self._flushed_full: dict[str, dict[Any, dict[str, Any]]] = {}
 
@@ -168,70 +165,81 @@ class Writer:
         return buf
 
     def _run(self, changes: Iterable[RowChange]) -> int:
+        # Once per change, so every step counts (docs/benchmarks.md, "the SQL writer's per-change loop"). The window's
+        # state lives in locals: ``pending`` (changes in the window), ``cut_at`` (where one transaction is cut),
+        # ``truncs`` (TRUNCATEs wait in ``self._truncs``); each ``_emit_window`` resets them (the one ``_buf`` runs on
+        # another column set too: ``self._win`` is then another dict). The methods called here read none of them.
         count = 0
         last_ts: int | None = None
         last_schema: Any = None
-        b: Binding | None = None
-        buf: TableBuf | None = None
+        b = cast(Binding, None)  # (set by the first change: last_schema is None)
+        buf = cast(TableBuf, None)
         batch = self.batch
         bound = self._bound
-        INSERT, UPDATE, TRUNCATE = OpType.INSERT, OpType.UPDATE, OpType.TRUNCATE
+        first_cut = 2 * bound  # pending changes at which one transaction is cut
+        cut_at = first_cut  # 16 * bound while a FULL-identity keyed table has updates/deletes pending
+        pending = 0
+        truncs = False
+        out = self.out
+        INSERT, UPDATE, DELETE, TRUNCATE = OpType.INSERT, OpType.UPDATE, OpType.DELETE, OpType.TRUNCATE
         # the window's tables by schema object: a change of another table than the one before (every row of a
-        # pgbench-like transaction) finds its name, binding and buffer without str(), bind() and _buf(); valid while
-        # the window (``self._win``) is the same and the buffer is still that binding's
-        known: dict[int, tuple[TableSchema, str, Binding, TableBuf]] = {}
-        win = self._win
+        # pgbench-like transaction) finds its name, binding and buffer without str(), bind() and _buf(). Cleared with
+        # the window; valid while the buffer is still that binding's. An entry holds its schema, so no other schema
+        # takes its id while it is there.
+        known: dict[int, tuple[str, Binding, TableBuf, TableSchema]] = {}
         for ch in changes:
             count += 1
             ts = ch.commit_ts
             if ts != last_ts:
                 if self._flushed_full:
                     self._flushed_full = {}
-                if self._truncs:
+                if truncs:
                     self._emit_truncates()
-                if self._pending >= bound:
+                    truncs = False
+                if pending >= bound:
                     self._emit_window()
-                    last_schema = None
-                last_ts = ts
-            elif self._pending >= self._cut_at:  # one huge transaction
-                self._emit_window(cut=True)
-                last_schema = None
-            schema = ch.schema
-            if schema is not last_schema or buf is None:  # (a new window resets last_schema)
-                if self._win is not win:  # a window was applied since: its buffers are gone
+                    pending, cut_at, last_schema = 0, first_cut, None
                     known.clear()
-                    win = self._win
+                last_ts = ts
+            elif pending >= cut_at:  # one huge transaction
+                self._emit_window(cut=True)
+                pending, cut_at, truncs, last_schema = 0, first_cut, False, None
+                known.clear()
+            schema = ch.schema
+            if schema is not last_schema:
                 hit = known.get(id(schema))
-                if hit is not None and hit[0] is schema and hit[3].b is hit[2]:
-                    _, self.out.current, b, buf = hit
+                if hit is not None and hit[2].b is hit[1]:
+                    out.current, b, buf, _ = hit
                 else:
-                    name = self.out.current = str(schema.name)
-                    b = self.catalog.bind(schema, self.conn, self.out.sync)
-                    buf = self._buf(b, ch.op == TRUNCATE)
+                    name = out.current = str(schema.name)
+                    b = self.catalog.bind(schema, self.conn, out.sync)
+                    win = self._win
+                    buf = self._buf(b, ch.op is TRUNCATE)
                     if self._win is not win:  # (_buf applied the window before another column set)
+                        pending, cut_at, truncs = 0, first_cut, False
                         known.clear()
-                        win = self._win
-                    known[id(schema)] = (schema, name, b, buf)
+                    known[id(schema)] = (name, b, buf, schema)
                 last_schema = schema
-            assert b is not None
             op = ch.op
-            if op == TRUNCATE:
-                self._pending -= buf.size()
+            if op is TRUNCATE:
+                pending -= buf.size()
                 buf.reset()
                 if all(t.label != b.label for t in self._truncs):
                     self._truncs.append(b)
                 self._cascade = self._cascade or bool(ch.extra.get("truncate_options", 0) & 1)
+                truncs = True
                 continue
-            if self._truncs:
+            if truncs:
                 self._emit_truncates()
-            self._pending += 1
-            if buf.events is None and ((op == INSERT and (ch.row is not None or UNCHANGED not in (ch.values or {}).values()))
-                                       or (op == UPDATE and b.keyed and (
-                                           (ch.old_values is None and ch.row is not None)
-                                           or _whole_in_place(ch, b)))):
-                # whole rows (an in-place UPDATE of a keyed table sends every column when ``row`` is set, or every
-                # column and its whole old row with the key unchanged: a MySQL full row image)
-                row = ch.row
+                truncs = False
+            pending += 1
+            row = ch.row
+            # whole rows, kept as they are: an INSERT, an in-place UPDATE of a keyed table with every column (``row``
+            # without an old row), or every column and its whole old row with the key unchanged (a MySQL full image)
+            if buf.events is None and (
+                    (op is INSERT and (row is not None or UNCHANGED not in (ch.values or {}).values()))
+                    or (op is UPDATE and b.keyed and (
+                        (row is not None and ch.old_values is None) or _whole_in_place(ch, b)))):
                 if row is not None:  # positional: every column, in schema order (see RowChange.row)
                     names = b.names
                     text = ch.row_text
@@ -242,12 +250,13 @@ class Writer:
                     row = tuple(vals.values())
                     text = None
                 rows = buf.rows
-                if rows and buf.names is not names and buf.names != names:
-                    buf.events = [ch]  # another column set: normalised with the rest
-                    continue
-                if op == UPDATE:
+                if buf.names is not names:
+                    if rows and buf.names != names:
+                        buf.events = [ch]  # another column set: normalised with the rest
+                        continue
+                    buf.names = names
+                if op is UPDATE:
                     buf.updates.append(len(rows))
-                buf.names = names
                 rows.append(row)
                 texts = buf.texts
                 if texts is not None:
@@ -256,15 +265,15 @@ class Writer:
                     else:
                         texts.append(text)
                 if len(rows) >= batch and buf.early:
+                    pending -= len(rows)
                     self._flush_rows(buf)
-            elif op in (INSERT, UPDATE, OpType.DELETE):
-                if self._flushed_full and op != INSERT and b.label in self._flushed_full:
+            elif op is INSERT or op is UPDATE or op is DELETE:
+                if self._flushed_full and op is not INSERT and b.label in self._flushed_full:
                     self._check_cut(b, ch)
                 if buf.events is None:
                     buf.events = []
                     if b.keyed and b.schema.replica_identity == "f":
-                        self._hold = True
-                        self._cut_at = 16 * bound
+                        cut_at = 16 * bound
                 buf.events.append(ch)
             else:
                 raise SinkError(f"table {b.label}: unknown operation {op!r}")
@@ -275,7 +284,6 @@ class Writer:
         """Send a table's plain INSERT rows now (a sequential prefix of its changes)."""
         rows, texts, fresh = buf.rows, buf.texts, not buf.updates
         buf.rows, buf.texts, buf.updates = [], [], []
-        self._pending -= len(rows)
         b = buf.b
         assert buf.names is not None
         if b.keyed:
@@ -351,10 +359,7 @@ class Writer:
         if self._truncs:
             self._emit_truncates()
         bufs = {label: buf for label, buf in self._win.items() if buf.rows or buf.events}
-        self._win = {}
-        self._pending = 0
-        self._hold = False
-        self._cut_at = 2 * self._bound
+        self._win = {}  # (a new dict: ``_run`` sees that a window was applied)
         if not bufs:
             return
         order = [bufs[label] for label in self.catalog.fk.order(list(bufs))]  # parents first

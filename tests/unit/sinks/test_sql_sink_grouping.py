@@ -165,6 +165,16 @@ def test_pending_changes_are_bounded_and_windows_end_at_transaction_boundaries(d
 
 
 @pytest.mark.parametrize("dialect", ["sqlite", "mysql", "postgresql"])
+def test_rows_sent_early_leave_the_windows_pending_count(dialect: str) -> None:
+    # a delete waits for the window's end; the inserts after it, one per transaction, go every batch_rows rows and
+    # no longer count towards the bound (6): 1 change pending at most, so the window ends with the write
+    changes = [RowChange(OpType.DELETE, B, 1, old_values={"id": 9})]
+    changes += [RowChange(OpType.INSERT, A, 2 + i, values={"id": i, "name": "x", "score": 0}) for i in range(12)]
+    ops = [(target_of(sql), sql.split()[0]) for _, sql, _ in send(dialect, changes, batch_rows=2, txn_rows=6)]
+    assert ops == [("a", "INSERT")] * 6 + [("b", "DELETE")]
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "mysql", "postgresql"])
 def test_an_error_names_the_table_whose_group_failed(dialect: str) -> None:
     class Failing(FakeCursor):
         def execute(self, sql: str, params: Any = None) -> None:
