@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
               f"max {max(ends) * 1000:.0f}")
         watch.cancel()
         client.close()
+        feed.remove()  # (its own watch too, before etcd stops)
     return 0
 
 
