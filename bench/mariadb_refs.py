@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bench.checkpoint_watch import CheckpointWatch
 from bench.consumers import Measurement, TargetCpu, remove_changefeed
 from playground.cluster import CdcServer
 from playground.servers import HOST, MariaDBServer
@@ -62,15 +63,20 @@ def tick(server: MariaDBServer) -> int:
 class MariaDBFeed:
     """One changefeed of the ``cdc server`` under test from a database of the MariaDB upstream to one sink
     (``--snapshot none``: the scenario's rows are all written after it exists). Implements
-    :class:`bench.consumers.Feed`."""
+    :class:`bench.consumers.Feed`: :meth:`wait` sees the checkpoint reach its Ts by an etcd watch
+    (:class:`bench.checkpoint_watch.CheckpointWatch`, open from :meth:`create` to :meth:`remove`), and polls the API
+    only for the changefeed's state and progress."""
 
     def __init__(self, cdc: CdcServer, upstream: MariaDBServer, db: str, cf_id: str, sink: str, sink_uri: str,
                  config: str = "") -> None:
         self.cdc, self.upstream, self.db = cdc, upstream, db
         self.cf_id, self.sink, self.sink_uri, self.config = cf_id, sink, sink_uri, config
+        self.checkpoints = CheckpointWatch(cdc.etcd_url, cdc.cluster_id, cf_id)
+        self.reached_at = 0.0  # monotonic time the last wait() saw the checkpoint reach its Ts
 
     def create(self, timeout: float = 300) -> None:
         """Create the changefeed and wait until its pipeline is up (checkpoint at the binlog end)."""
+        self.checkpoints.open()
         self.cdc.create_changefeed(self.cf_id, self.upstream.uri(self.db), self.sink_uri, self.config,
                                    snapshot="none")
         self.wait(tick(self.upstream), timeout)
@@ -80,13 +86,15 @@ class MariaDBFeed:
 
     def wait(self, lsn: int, timeout: float, poll: float = 0.1,
              on_poll: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        """Wait until the changefeed checkpoint reaches Ts ``lsn``; raise if it fails or times out."""
+        """Wait until the changefeed checkpoint reaches Ts ``lsn`` (seen by the watch at once; the API is read every
+        ``poll`` seconds for the state, and once more at the end); raise if it fails or times out."""
         deadline = time.monotonic() + timeout
         while True:
             info = self.info()
             if on_poll is not None:
                 on_poll(info)
             if info["checkpoint_ts"] >= lsn:
+                self.reached_at = self.checkpoints.wait(lsn, 1.0) or time.monotonic()
                 return info
             if info["state"] == "failed":
                 raise RuntimeError(f"changefeed {self.cf_id} failed: {info.get('error')}")
@@ -94,7 +102,7 @@ class MariaDBFeed:
                 raise TimeoutError(f"changefeed {self.cf_id} checkpoint {info['checkpoint']} did not reach "
                                    f"{lsn:X} in {timeout:.0f}s (state {info['state']}, error {info.get('error')}, "
                                    f"spans {[s.get('error') for s in info['spans']]})")
-            time.sleep(poll)
+            self.checkpoints.wait(lsn, poll)
 
     def pause(self, timeout: float = 60) -> None:
         """Pause and wait until no span runs (its binlog connection is closed)."""
@@ -115,11 +123,12 @@ class MariaDBFeed:
         t0 = time.monotonic()
         self.resume()
         self.wait(target, timeout, poll=0.02)
-        seconds = time.monotonic() - t0
+        seconds = self.reached_at - t0
         self.pause()
         return seconds
 
     def remove(self) -> None:
+        self.checkpoints.close()
         remove_changefeed(self.cdc, self.cf_id)
 
     def reader_pids(self) -> list[int]:
