@@ -99,10 +99,11 @@ class TableSchema:
     relation_id: int = 0
     version: int = 0
     has_key: bool = True
+    column_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """The columns' names in order (derived once: ``RowChange.values`` and the sinks read it per change)."""
 
-    @property
-    def column_names(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.columns)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "column_names", tuple(c.name for c in self.columns))
 
     def column(self, name: str) -> ColumnSchema:
         for c in self.columns:

@@ -1,7 +1,8 @@
 """JSON <-> typed dataclass conversion for everything stored in etcd or sent over the API.
 
 Field names are the dataclass field names (snake_case). Unknown fields are ignored on load (forward
-compatibility across versions); missing fields take their defaults.
+compatibility across versions); missing fields take their defaults. Fields a dataclass derives itself
+(``field(init=False)``, such as ``TableSchema.column_names``) are neither written nor read.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ T = TypeVar("T")
 
 def to_dict(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, dict):
@@ -62,7 +63,7 @@ def _fields(cls: type) -> tuple[tuple[str, Any], ...]:
     """``(name, resolved type)`` of each field of dataclass ``cls``: resolving the annotations (strings, under
     ``from __future__ import annotations``) costs tens of microseconds, and every etcd read decodes records."""
     hints = typing.get_type_hints(cls)
-    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls) if f.init)
 
 
 def from_dict(cls: type[T], data: dict[str, Any]) -> T:
