@@ -122,8 +122,11 @@ class RatioGoal:
 
     @property
     def value(self) -> float | None:
-        tw, ref = self.tidewater.rows_per_s, self.reference.rows_per_s
-        return tw / ref if tw is not None and ref else None
+        return _over(self.tidewater.rows_per_s, self.reference.rows_per_s)
+
+
+def _over(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
 @dataclass(frozen=True)
@@ -138,13 +141,11 @@ class Budget:
     @property
     def cpu_ratio(self) -> float | None:
         """Reference's total CPU per row / Tidewater's: the rate ratio if both kept the cores equally busy."""
-        tw, ref = self.tw.total_per_mrows, self.ref.total_per_mrows
-        return ref / tw if tw and ref is not None else None
+        return _over(self.ref.total_per_mrows, self.tw.total_per_mrows)
 
     @property
     def utilisation_ratio(self) -> float | None:
-        tw, ref = self.tw.utilisation(self.cores), self.ref.utilisation(self.cores)
-        return tw / ref if tw is not None and ref else None
+        return _over(self.tw.utilisation(self.cores), self.ref.utilisation(self.cores))
 
     def differences(self) -> list[tuple[str, float]]:
         """Tidewater's CPU per million rows minus the reference's, per role, largest first (a role one chain does not
