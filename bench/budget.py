@@ -191,11 +191,11 @@ class Budget:
             else:
                 says.append(f"wait: Tidewater's chain kept {u_tw:.2f} of the cores busy"
                             + (f" (host {host:.2f})" if host is not None else "")
-                            + ": latency, a serial step or a timer, not CPU")
+                            + ": latency, a serial step or a timer, which the CPU ratio does not explain")
         elif util < 1 and cpu >= self.goal.goal:
             says.append(f"the reference kept more of the cores busy ({self.ref.utilisation(self.cores):.2f} against "
                         f"{u_tw:.2f})")
-        if cpu >= self.goal.goal:
+        if cpu >= self.goal.goal and says[-1].startswith(("contention", "the reference")):
             says.append("the CPU ratio does not explain the gap")
         return "; ".join(says)
 

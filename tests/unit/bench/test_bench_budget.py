@@ -112,12 +112,13 @@ def test_the_reading_tells_a_cpu_budget_from_a_wait_and_from_contention() -> Non
                   host_busy=0.3)  # 19 CPU s in 40 s: 0.24 of the cores, the host idle too
     [w] = budgets([RatioGoal("PG -> PG / native logical replication (a)", waiting, native, 1.0)], "postgresql", 2)
     assert "CPU budget" not in w.reading() and "wait: Tidewater's chain kept 0.24 of the cores busy (host 0.30)" in \
-        w.reading() and w.reading().endswith("the CPU ratio does not explain the gap")
+        w.reading() and w.reading().endswith("latency, a serial step or a timer, which the CPU ratio does not explain")
 
     crowded = _tw("postgresql", seconds=40.0, walsender_cpu_s=4.0, cpu_s=4.0, target_cpu_s=11.0, meta_cpu_s=0.0,
                   host_busy=0.99)
     [c] = budgets([RatioGoal("PG -> PG / native logical replication (a)", crowded, native, 1.0)], "postgresql", 2)
     assert "contention: Tidewater's chain had 0.24 of the cores while the host was 0.99 busy" in c.reading()
+    assert c.cpu_ratio == 1.0 and c.reading().endswith("the CPU ratio does not explain the gap")
 
     met = _tw("postgresql", seconds=5.0, walsender_cpu_s=1.0, cpu_s=1.0, target_cpu_s=1.0, meta_cpu_s=0.0)
     [m] = budgets([RatioGoal("PG -> PG / native logical replication (a)", met, native, 1.0)], "postgresql", 2)
