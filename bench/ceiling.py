@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.consumers import Measurement, TargetCpu
+from bench.consumers import Around, Measurement, RunCpu
 from bench.env import BenchEnv
 from bench.procstat import cpu_seconds
 from bench.workloads import CeilingSource
@@ -86,12 +86,12 @@ def measure_ceiling(env: BenchEnv, kind: str, scenario: str, sources: list[tuple
             m.note = "executemany"
         else:
             cpu0 = cpu_seconds_self()
-            target = TargetCpu(env.target_server_pid(kind))
+            servers = RunCpu(Around(target=env.target_server_pid(kind)))
             t0 = time.monotonic()
             m.note = _load(kind, conn, names)
             m.seconds = time.monotonic() - t0
             m.cpu_s = cpu_seconds_self() - cpu0
-            m.target_cpu_s = target.spent()
+            servers.fill(m)
     except Exception as exc:  # noqa: BLE001 - reported in the table
         m.error = f"{type(exc).__name__}: {exc}"
     finally:

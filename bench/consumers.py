@@ -17,12 +17,20 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from bench.checkpoint_watch import CheckpointWatch
-from bench.procstat import LastCpu, TreeSampler, cpu_seconds, reset_peak_rss, status_bytes, tree_cpu_seconds
+from bench.procstat import (
+    HostCpu,
+    LastCpu,
+    TreeSampler,
+    cpu_seconds,
+    reset_peak_rss,
+    status_bytes,
+    tree_cpu_seconds,
+)
 from cdc.ts import lsn_to_str, str_to_lsn
 from playground.cluster import ApiError, CdcServer, current_lsn
 from playground.servers import HOST, PostgresServer
@@ -63,12 +71,39 @@ class Measurement(Rated):
     tree_cpu_s: float | None = None  # capture with its descendants
     walsender_cpu_s: float | None = None  # the upstream walsender(s) decoding for it
     target_cpu_s: float | None = None  # the target server's process tree (all its backends) while it ran
+    upstream_cpu_s: float | None = None  # the upstream server's process tree while it ran (a MariaDB upstream: its
+    # binlog dump threads live inside mariadbd, so this is the server's whole CPU, whatever else it did)
+    meta_cpu_s: float | None = None  # the meta store (etcd) while it ran: Tidewater's checkpoints and owner ticks
+    host_busy: float | None = None  # share of all the host's cores busy (any process) while it ran
+    tree_procs: int | None = None  # most processes seen at once in the capture's tree (1: no child process)
     rss_peak: int | None = None  # capture VmHWM during the catch-up (bytes)
     tree_rss_peak: int | None = None  # highest sampled RSS of the capture's process tree (bytes)
     replicated_rows: int | None = None  # rows the changefeed reports written (check)
     error: str = ""
     note: str = ""
 
+
+
+@dataclass(frozen=True)
+class Around:
+    """The servers whose CPU is measured around a consumer's run besides the consumer itself (None: not measured)."""
+
+    target: int | None = None  # the target server's root process (postmaster, mariadbd)
+    upstream: int | None = None  # the upstream server's (MariaDB: mariadbd, whose threads serve the binlog dumps)
+    meta: int | None = None  # etcd's (Tidewater's meta store)
+
+
+class RunCpu:
+    """The CPU of :class:`Around`'s servers and the host's busy share from construction to :meth:`fill`."""
+
+    def __init__(self, around: Around) -> None:
+        self.target, self.upstream, self.meta = (TargetCpu(around.target), TargetCpu(around.upstream),
+                                                 TargetCpu(around.meta))
+        self.host = HostCpu()
+
+    def fill(self, m: Measurement) -> None:
+        m.target_cpu_s, m.upstream_cpu_s = self.target.spent(), self.upstream.spent()
+        m.meta_cpu_s, m.host_busy = self.meta.spent(), self.host.busy()
 
 
 class TargetCpu:
@@ -337,12 +372,12 @@ class Feed(Protocol):
 
 def measure_tidewater(feed: Feed, capture_pid: int, target_lsn: int, rows: int, timeout: float,
                       profiler: Profiler | None = None, name: str = "",
-                      say: Callable[[str], None] | None = None, target_pid: int | None = None) -> Measurement:
+                      say: Callable[[str], None] | None = None, around: Around = Around()) -> Measurement:
     """Resume ``feed`` (paused, with the phase's WAL waiting in its slot), time it until its checkpoint
-    covers ``target_lsn``, measure the capture's CPU and memory meanwhile (and, given ``target_pid``, the target
-    server's), pause it again."""
+    covers ``target_lsn``, measure the capture's CPU (all its processes) and memory meanwhile, its walsenders' and
+    those of ``around``'s servers (target, MariaDB upstream, etcd), pause it again."""
     m = Measurement("tidewater", feed.sink, rows)
-    target = TargetCpu(target_pid)
+    servers = RunCpu(around)
     hwm_reset = reset_peak_rss(capture_pid)
     cpu0 = cpu_seconds(capture_pid)
     tree0 = tree_cpu_seconds(capture_pid)
@@ -381,13 +416,13 @@ def measure_tidewater(feed: Feed, capture_pid: int, target_lsn: int, rows: int, 
         if not hwm_reset:
             m.note = "VmHWM not reset (peak since the capture started)"
         m.replicated_rows = int(sum(s.get("rows") or 0 for s in info["spans"]))
-        m.target_cpu_s = target.spent()
+        servers.fill(m)
     except Exception as exc:  # noqa: BLE001 - reported in the table, the run goes on
         m.error = f"{type(exc).__name__}: {exc}"
     finally:
         walsender.stop()
         peak = sampler.stop()
-        m.tree_rss_peak = peak.tree_rss_peak
+        m.tree_rss_peak, m.tree_procs = peak.tree_rss_peak, peak.tree_procs
         if stop_profile is not None:
             stop_profile()
         try:
@@ -408,6 +443,32 @@ class NativeSubscription:
         self.upstream, self.up_db = upstream, up_db
         self.subscriber, self.sub_db = subscriber, sub_db
         self.name, self.publication = name, publication
+        self._conns: dict[str, Any] = {}  # "sub" / "up": the connections :meth:`polling` holds
+
+    @contextlib.contextmanager
+    def polling(self) -> Iterator[None]:
+        """Inside it, the status queries of a wait go over one connection to each server: a new connection per
+        query is a new PostgreSQL backend per poll (40 a second on the subscriber), whose start-up CPU landed in
+        the subscriber's figure, i.e. in native's target server CPU."""
+        self._conns = {"sub": self.subscriber.connect(self.sub_db), "up": self.upstream.connect(self.up_db)}
+        try:
+            yield
+        finally:
+            conns, self._conns = self._conns, {}
+            for conn in conns.values():
+                with contextlib.suppress(Exception):
+                    conn.close()
+
+    def _rows(self, on: str, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """``sql`` on the subscriber (``on == "sub"``) or the upstream (``"up"``), over :meth:`polling`'s connection
+        when there is one, else over a new one."""
+        conn = self._conns.get(on)
+        if conn is None:
+            server, db = (self.subscriber, self.sub_db) if on == "sub" else (self.upstream, self.up_db)
+            return server.execute(sql, db=db, params=params) or []
+        with conn.cursor() as cur:
+            cur.execute(sql, params)
+            return list(cur.fetchall())
 
     def create(self) -> None:
         conninfo = f"host={HOST} port={self.upstream.port} user=postgres dbname={self.up_db}"
@@ -432,21 +493,26 @@ class NativeSubscription:
 
     def applied_lsn(self) -> int:
         """End LSN of the last upstream transaction the subscriber has committed (replication origin)."""
-        rows = self.subscriber.execute(
-            "SELECT s.remote_lsn::text FROM pg_replication_origin_status s JOIN pg_subscription sub "
-            "ON s.external_id = 'pg_' || sub.oid WHERE sub.subname = %s", db=self.sub_db, params=(self.name,))
+        rows = self._rows("sub", "SELECT s.remote_lsn::text FROM pg_replication_origin_status s JOIN pg_subscription "
+                          "sub ON s.external_id = 'pg_' || sub.oid WHERE sub.subname = %s", (self.name,))
         return str_to_lsn(rows[0][0]) if rows and rows[0][0] else 0
 
     def confirmed_lsn(self) -> int:
         """The slot's confirmed flush position: the subscriber reports everything received once every
         applied transaction is flushed locally (covers a target past the last commit record)."""
-        rows = self.upstream.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
-                                     db=self.up_db, params=(self.name,))
+        rows = self._rows("up", "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = %s",
+                          (self.name,))
         return str_to_lsn(rows[0][0]) if rows and rows[0][0] else 0
 
     def worker_pids(self) -> list[int]:
-        rows = self.subscriber.execute("SELECT pid FROM pg_stat_subscription WHERE subname = %s AND pid IS NOT NULL",
-                                       db=self.sub_db, params=(self.name,)) or []
+        rows = self._rows("sub", "SELECT pid FROM pg_stat_subscription WHERE subname = %s AND pid IS NOT NULL",
+                          (self.name,))
+        return [int(r[0]) for r in rows]
+
+    def walsender_pids(self) -> list[int]:
+        """The upstream walsender serving the subscription now (none while it is disabled)."""
+        rows = self._rows("up", "SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s AND active_pid IS "
+                          "NOT NULL", (self.name,))
         return [int(r[0]) for r in rows]
 
     def wait(self, lsn: int, timeout: float, on_poll: Callable[[], None] | None = None, poll: float = 0.05) -> None:
@@ -464,12 +530,12 @@ class NativeSubscription:
 
 
 def measure_native(sub: NativeSubscription, target_lsn: int, rows: int, timeout: float,
-                   target_pid: int | None = None) -> Measurement:
+                   around: Around = Around()) -> Measurement:
     """Enable the (disabled) subscription, time it until it has applied everything up to ``target_lsn``,
-    disable it again. CPU: its apply workers (subscriber), its walsender (upstream) and, given ``target_pid``
-    (the subscriber's postmaster), the subscriber's whole process tree (apply workers included)."""
+    disable it again. CPU: its apply workers (subscriber), its walsender (upstream) and, given ``around.target``
+    (the subscriber's postmaster), the subscriber's whole process tree (apply workers included; the polls of the
+    wait go over one connection each, :meth:`NativeSubscription.polling`)."""
     m = Measurement("native", "", rows)
-    target = TargetCpu(target_pid)
     apply_cpu, walsender_cpu = LastCpu(), LastCpu()
     seen: set[int] = set()
 
@@ -478,20 +544,22 @@ def measure_native(sub: NativeSubscription, target_lsn: int, rows: int, timeout:
             if pid not in seen:
                 seen.add(pid)
                 apply_cpu.watch(pid)
-        for pid in _slot_pids(sub.upstream, sub.up_db, [sub.name]).values():
-            if pid is not None and pid not in seen:
+        for pid in sub.walsender_pids():
+            if pid not in seen:
                 seen.add(pid)
                 walsender_cpu.watch(pid)
 
     try:
-        t0 = time.monotonic()
-        sub.enable()
-        sub.wait(target_lsn, timeout, on_poll=watch)
-        m.seconds = time.monotonic() - t0
-        watch()
+        with sub.polling():
+            servers = RunCpu(around)  # (after the polling connections' start-up)
+            t0 = time.monotonic()
+            sub.enable()
+            sub.wait(target_lsn, timeout, on_poll=watch)
+            m.seconds = time.monotonic() - t0
+            watch()
         m.cpu_s = apply_cpu.total()
         m.walsender_cpu_s = walsender_cpu.total()
-        m.target_cpu_s = target.spent()
+        servers.fill(m)
     except Exception as exc:  # noqa: BLE001
         m.error = f"{type(exc).__name__}: {exc}"
     finally:
@@ -527,6 +595,7 @@ def measure_recvlogical(upstream: PostgresServer, db: str, slot: str, publicatio
     env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
     walsender = LastCpu()
     seen: set[int] = set()
+    host = HostCpu()
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     status, usage = 0, None
@@ -551,6 +620,7 @@ def measure_recvlogical(upstream: PostgresServer, db: str, slot: str, publicatio
             raise RuntimeError(f"pg_recvlogical exited with {proc.returncode}: {err[-1000:]}")
         m.cpu_s = usage.ru_utime + usage.ru_stime if usage is not None else None
         m.walsender_cpu_s = walsender.total() if seen else None
+        m.host_busy = host.busy()
     except Exception as exc:  # noqa: BLE001
         m.error = f"{type(exc).__name__}: {exc}"
         m.seconds = 0.0

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from bench.consumers import Around
 from playground.cluster import CdcServer
 from playground.servers import EtcdServer, MariaDBServer, PostgresServer
 
@@ -120,6 +121,11 @@ class BenchEnv:
         None for targets without a server (sqlite, blackhole) or a server not running."""
         server = {"postgresql": self.subscriber, "mariadb": self.mariadb}.get(kind)
         return server.pid if server is not None else None
+
+    def around(self, kind: str) -> Around:
+        """The servers measured around a Tidewater run into a ``kind`` target besides the capture: the target server
+        (none for blackhole and sqlite) and etcd, the capture's meta store."""
+        return Around(target=self.target_server_pid(kind), meta=self.etcd.pid if self.etcd is not None else None)
 
     # ---- targets ------------------------------------------------------------------------------------
     def target_db(self, scenario: str) -> str:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.checkpoint_watch import CheckpointWatch
-from bench.consumers import Measurement, TargetCpu, remove_changefeed
+from bench.consumers import Around, Measurement, RunCpu, remove_changefeed
 from playground.cluster import CdcServer
 from playground.servers import HOST, MariaDBServer
 from upstream.mysql.positions import split_ts, to_ts
@@ -139,7 +139,8 @@ class MariaDBFeed:
 # ---- mariadb-binlog: the read ceiling ----------------------------------------------------------------------
 def measure_binlog_read(upstream: MariaDBServer, start: int, end: int, rows: int, timeout: float) -> Measurement:
     """``mariadb-binlog --read-from-remote-server`` from Ts ``start`` to ``end`` (the files between, the stop
-    position in the last), its text (row events as BINLOG statements) to /dev/null: the time until it exits."""
+    position in the last), its text (row events as BINLOG statements) to /dev/null: the time until it exits. CPU: its
+    own, and the upstream server's (its binlog dump thread, with whatever else ``mariadbd`` did meanwhile)."""
     m = Measurement("mariadb-binlog", "", rows)
     exe = shutil.which("mariadb-binlog") or shutil.which("mysqlbinlog")
     if exe is None:
@@ -151,6 +152,7 @@ def measure_binlog_read(upstream: MariaDBServer, start: int, end: int, rows: int
     names = files[files.index(first): files.index(last) + 1]
     argv = [exe, "--no-defaults", "--read-from-remote-server", f"--host={HOST}", f"--port={upstream.port}",
             "--user=root", f"--start-position={max(start_pos, 4)}", f"--stop-position={end_pos}", *names]
+    servers = RunCpu(Around(upstream=upstream.pid))
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -168,6 +170,7 @@ def measure_binlog_read(upstream: MariaDBServer, start: int, end: int, rows: int
             err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
             raise RuntimeError(f"mariadb-binlog exited with {proc.returncode}: {err[-1000:]}")
         m.cpu_s = usage.ru_utime + usage.ru_stime
+        servers.fill(m)
     except Exception as exc:  # noqa: BLE001 - reported in the table, the run goes on
         m.error = f"{type(exc).__name__}: {exc}"
         m.seconds = 0.0
@@ -190,16 +193,19 @@ class NativeReplica:
     def __init__(self, primary: MariaDBServer, replica: MariaDBServer) -> None:
         self.primary, self.replica = primary, replica
 
-    def _status(self) -> dict[str, Any]:
+    def _status(self, conn: Any = None) -> dict[str, Any]:
+        """``SHOW SLAVE STATUS`` over ``conn`` (a new connection when None)."""
         import pymysql.cursors
 
-        conn = self.replica.connect()
+        own = conn is None
+        conn = self.replica.connect() if own else conn
         try:
             with conn.cursor(pymysql.cursors.DictCursor) as cur:
                 cur.execute("SHOW SLAVE STATUS")
                 row = cur.fetchone()
         finally:
-            conn.close()
+            if own:
+                conn.close()
         if row is None:
             raise RuntimeError(f"{self.replica} is not a replica")
         return dict(row)
@@ -212,9 +218,10 @@ class NativeReplica:
             "CHANGE MASTER TO MASTER_HOST=%s, MASTER_PORT=%s, MASTER_USER='root', MASTER_PASSWORD='', "
             "MASTER_LOG_FILE=%s, MASTER_LOG_POS=%s, MASTER_USE_GTID=no", params=(HOST, self.primary.port, name, pos))
 
-    def applied(self) -> int:
-        """The primary's binlog Ts the replica has executed up to; raises on a replication error."""
-        s = self._status()
+    def applied(self, conn: Any = None) -> int:
+        """The primary's binlog Ts the replica has executed up to (asked over ``conn``, else a new connection);
+        raises on a replication error."""
+        s = self._status(conn)
         for what in ("Last_SQL_Error", "Last_IO_Error"):
             if s.get(what):
                 raise RuntimeError(f"replica {what}: {s[what]}")
@@ -227,11 +234,18 @@ class NativeReplica:
         self.replica.execute("STOP SLAVE")
 
     def wait(self, ts: int, timeout: float, poll: float = 0.02) -> None:
+        """Until the replica has executed up to Ts ``ts``, polled over one connection (a connection per poll, 50 a
+        second, cost the replica's threads CPU that the bench counted as the native replica's)."""
         deadline = time.monotonic() + timeout
-        while self.applied() < ts:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"replica executed up to {self.applied():X}, not {ts:X}, after {timeout:.0f}s")
-            time.sleep(poll)
+        conn = self.replica.connect()
+        try:
+            while self.applied(conn) < ts:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"replica executed up to {self.applied(conn):X}, not {ts:X}, after "
+                                       f"{timeout:.0f}s")
+                time.sleep(poll)
+        finally:
+            conn.close()
 
     def catch_up(self, ts: int, timeout: float) -> None:
         """Start, wait until Ts ``ts`` is executed, stop (untimed)."""
@@ -244,16 +258,17 @@ class NativeReplica:
 
 def measure_replica(native: NativeReplica, target: int, rows: int, timeout: float) -> Measurement:
     """``START SLAVE`` on the (stopped) replica, time it until it has executed everything up to Ts ``target``,
-    stop it. CPU: the replica server's whole process tree (its I/O and SQL threads and InnoDB's)."""
+    stop it. CPU: the replica server's whole process tree (its I/O and SQL threads and InnoDB's) and the upstream
+    server's (the binlog dump thread serving the replica, with whatever else ``mariadbd`` did meanwhile)."""
     m = Measurement("native", "", rows)
-    cpu = TargetCpu(native.replica.pid)
+    servers = RunCpu(Around(target=native.replica.pid, upstream=native.primary.pid))
     try:
         t0 = time.monotonic()
         native.start()
         native.wait(target, timeout)
         m.seconds = time.monotonic() - t0
-        m.cpu_s = cpu.spent()
-        m.target_cpu_s = m.cpu_s
+        servers.fill(m)
+        m.cpu_s = m.target_cpu_s
     except Exception as exc:  # noqa: BLE001
         m.error = f"{type(exc).__name__}: {exc}"
     finally:

@@ -24,6 +24,7 @@ Not thread-safe; one :class:`MariaDBRunner` per run.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import time
 import traceback
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.consumers import Measurement, Profiler, measure_tidewater
+from bench.consumers import Around, Measurement, Profiler, measure_tidewater
 from bench.env import BenchEnv
 from bench.mariadb_refs import (
     IDLE_DB,
@@ -91,6 +92,10 @@ class MariaDBBenchEnv(BenchEnv):
     def up(self) -> MariaDBServer:
         assert self.my_upstream is not None
         return self.my_upstream
+
+    def around(self, kind: str) -> Around:
+        """:meth:`BenchEnv.around` and the upstream server: its binlog dump threads live inside ``mariadbd``."""
+        return dataclasses.replace(super().around(kind), upstream=self.up.pid)
 
     def pids(self) -> dict[str, int]:
         out = super().pids()
@@ -270,7 +275,7 @@ class MariaDBRunner:
                 for sink, feed in feeds.items():
                     rep.tidewater[sink] = measure_tidewater(
                         feed, env.capture_pid, end, rows, self.timeout, self.profiler, f"my-{phase.name}-{sink}",
-                        say, target_pid=env.target_server_pid(sink))
+                        say, env.around(sink))
                     self._said(key, f"Tidewater -> {sink}", rep.tidewater[sink])
                 out.append(rep)
             self._compare(key, db, report)

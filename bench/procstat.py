@@ -207,6 +207,39 @@ class LastCpu:
         return total
 
 
+class HostCpu:
+    """How busy the whole host was between construction and :meth:`busy`: the share of every core's time spent not
+    idle (any process: the chain measured, the bench driving it, other users of the host), from the first line of
+    ``/proc/stat``. A consumer's own utilisation well below 1 while the host was near 1 means the cores went to other
+    work (contention), not that the consumer waited."""
+
+    def __init__(self) -> None:
+        self.start = host_jiffies()
+
+    def busy(self) -> float | None:
+        """The host's busy share since construction (0..1); None without ``/proc/stat`` or when no time passed."""
+        end = host_jiffies()
+        if self.start is None or end is None:
+            return None
+        busy, total = end[0] - self.start[0], end[1] - self.start[1]
+        return busy / total if total > 0 else None
+
+
+def host_jiffies() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of all cores since boot: total = user + nice + system + idle + iowait + irq +
+    softirq + steal, busy = total - idle - iowait (guest time is inside user already)."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    ticks = [int(v) for v in fields[1:9]]
+    total = sum(ticks)
+    return total - ticks[3] - ticks[4], total
+
+
 def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.05) -> bool:
     """Poll ``predicate()`` until it is true (return True) or ``timeout`` passes (return False)."""
     deadline = time.monotonic() + timeout

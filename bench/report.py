@@ -7,11 +7,12 @@ so that the tables can be read back by tools (tests/e2e/test_bench_smoke.py does
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from bench.bigtxn import BigTxnResult
+from bench.budget import RatioGoal, format_budget
 from bench.consistency import Variant, consistency_table
 from bench.consumers import Measurement
 from bench.lag import LagResult
@@ -206,19 +207,29 @@ GOALS_COPY = {"postgresql": 1.0, "mariadb": 0.7}  # initial copy / pg_dump | psq
 GOAL_MY_READ, GOAL_MY_NATIVE, GOAL_MY_SINGLE_ROW = 0.8, 1.0, 50_000.0
 
 
-def _mariadb_goals(rep: Report, add: Callable[..., None]) -> None:
-    for p in rep.phases:
-        read = p.recv.rows_per_s if p.recv else None
-        native = p.native.rows_per_s if p.native else None
-        maria, bh = p.tidewater.get("mariadb"), p.tidewater.get("blackhole")
-        if bh is not None and bh.ok and read:
-            add(f"blackhole / mariadb-binlog ({p.workload})", (bh.rows_per_s or 0) / read, GOAL_MY_READ, True,
-                ref=num(read))
-        if maria is not None and maria.ok and native:
-            add(f"MariaDB -> MariaDB / native replica ({p.workload})", (maria.rows_per_s or 0) / native,
-                GOAL_MY_NATIVE, True, ref=num(native))
-        if p.workload == "o" and bh is not None and bh.ok:
-            add("single-row transactions -> blackhole, rows/s (o)", bh.rows_per_s, GOAL_MY_SINGLE_ROW, True, 0)
+def ratio_goals(rep: Report, phase: PhaseReport) -> list[RatioGoal]:
+    """The goals of the form Tidewater's rate / a reference's rate that ``phase`` measured (both figures there): issue
+    23's for a MariaDB upstream, else issue 22's PG -> PG / native, PG -> MariaDB / LOAD DATA, blackhole /
+    pg_recvlogical."""
+    out: list[RatioGoal] = []
+    p = phase
+
+    def add(what: str, tw: Measurement | None, ref: Measurement | None, goal: float) -> None:
+        if tw is not None and tw.ok and ref is not None and ref.rows_per_s:
+            out.append(RatioGoal(f"{what} ({p.workload})", tw, ref, goal))
+
+    tw = p.tidewater.get
+    if rep.upstream == "mariadb":
+        add("blackhole / mariadb-binlog", tw("blackhole"), p.recv, GOAL_MY_READ)
+        add("MariaDB -> MariaDB / native replica", tw("mariadb"), p.native, GOAL_MY_NATIVE)
+        return out
+    if p.workload in GOALS_NATIVE:
+        add("PG -> PG / native logical replication", tw("postgresql"), p.native, GOALS_NATIVE[p.workload])
+    if p.workload in GOALS_LOAD_DATA:
+        add("PG -> MariaDB / LOAD DATA", tw("mariadb"), p.ceiling.get("mariadb"), GOALS_LOAD_DATA[p.workload])
+    if p.workload != "d":
+        add("blackhole / pg_recvlogical", tw("blackhole"), p.recv, GOAL_READ)
+    return out
 
 
 def goals_table(rep: Report) -> str:
@@ -233,23 +244,15 @@ def goals_table(rep: Report) -> str:
         rows.append([what, f"{value:.{digits}f}", ref, (">= " if higher else "<= ") + f"{goal:g}",
                      "yes" if met else "NO"])
 
+    for p in rep.phases:
+        for g in ratio_goals(rep, p):
+            add(g.what, g.value, g.goal, True, ref=num(g.reference.rows_per_s))
+        bh = p.tidewater.get("blackhole")
+        if rep.upstream == "mariadb" and p.workload == "o" and bh is not None and bh.ok:
+            add("single-row transactions -> blackhole, rows/s (o)", bh.rows_per_s, GOAL_MY_SINGLE_ROW, True, 0)
     if rep.upstream == "mariadb":
-        _mariadb_goals(rep, add)
         return _table(("goal (issue 23)", "measured", "reference", "goal", "met"), rows) if rows else ""
 
-    for p in rep.phases:
-        read = p.recv.rows_per_s if p.recv else None
-        native = p.native.rows_per_s if p.native else None
-        pg, maria, bh = (p.tidewater.get(k) for k in ("postgresql", "mariadb", "blackhole"))
-        if p.workload in GOALS_NATIVE and pg is not None and pg.ok and native:
-            add(f"PG -> PG / native logical replication ({p.workload})", pg.rows_per_s / native,
-                GOALS_NATIVE[p.workload], True, ref=num(native))
-        ceil = p.ceiling.get("mariadb")
-        if p.workload in GOALS_LOAD_DATA and maria is not None and maria.ok and ceil is not None and ceil.rows_per_s:
-            add(f"PG -> MariaDB / LOAD DATA ({p.workload})", maria.rows_per_s / ceil.rows_per_s,
-                GOALS_LOAD_DATA[p.workload], True, ref=num(ceil.rows_per_s))
-        if p.workload != "d" and bh is not None and bh.ok and read:
-            add(f"blackhole / pg_recvlogical ({p.workload})", bh.rows_per_s / read, GOAL_READ, True, ref=num(read))
     native_lag = {r.offered: r for r in rep.lag if r.consumer == "native" and not r.error}
     for r in rep.lag:
         if r.consumer == "native" or r.error or r.offered != GOAL_LAG_RATE or r.sink not in ("postgresql", "mariadb"):
@@ -277,6 +280,14 @@ def goals_table(rep: Report) -> str:
     if not rows:
         return ""
     return _table(("goal (issue 22)", "measured", "reference", "goal", "met"), rows)
+
+
+def cores(rep: Report) -> int:
+    """The cores of the machine the run measured (its machine info; this machine's when it has none)."""
+    try:
+        return int(rep.machine["cores"])
+    except (KeyError, ValueError):
+        return os.cpu_count() or 1
 
 
 def format_report(rep: Report, sinks: list[str]) -> str:
@@ -309,6 +320,9 @@ def format_report(rep: Report, sinks: list[str]) -> str:
     if goals:
         out += ["## Goals of the speed issue (ratios and figures of this run; reference = native, LOAD DATA, "
                 "pg_recvlogical or pg_dump | psql rows/s, or native's lag)", "", goals, ""]
+    budget = format_budget([g for p in timed for g in ratio_goals(rep, p)], rep.upstream, cores(rep))
+    if budget:
+        out += ["## Where the time goes (CPU per million rows of every process in the chain)", "", budget, ""]
     if rep.notes:
         out += ["## Notes", ""] + [f"- {n}" for n in rep.notes] + [""]
     if rep.errors:

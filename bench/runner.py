@@ -27,6 +27,7 @@ from bench import bigtxn
 from bench.ceiling import export_rows, measure_ceiling
 from bench.consistency import Variant, variants, with_consistency
 from bench.consumers import (
+    Around,
     Measurement,
     NativeSubscription,
     Profiler,
@@ -237,13 +238,13 @@ class Runner:
                 self._said(key, "pg_recvlogical", rep.recv)
                 if sub is not None:
                     rep.native = measure_native(sub, w.target_lsn, w.rows, o.timeout,
-                                                target_pid=self.env.target_server_pid("postgresql"))
+                                                Around(target=self.env.target_server_pid("postgresql")))
                     self._said(key, "native", rep.native)
                 for label, feed in feeds.items():
                     rep.tidewater[label] = measure_tidewater(feed, self.env.capture_pid, w.target_lsn, w.rows,
                                                              o.timeout, self.profiler,
                                                              f"{phase.name}-{label}".replace(" ", "-"), say,
-                                                             target_pid=self.env.target_server_pid(feed.sink))
+                                                             around=self.env.around(feed.sink))
                     self._said(key, f"Tidewater -> {label}", rep.tidewater[label])
                 self._ceilings(rep, key, db, phase.ceiling)
                 reports.append(rep)
