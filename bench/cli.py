@@ -88,6 +88,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="a tiny version of everything (seconds, for the smoke test)")
     ap.add_argument("--tables", type=int, help="tables of workload e (default 1000)")
     ap.add_argument("--e-rows", type=int, help="rows of workload e (default: --rows)")
+    ap.add_argument("--o-txns", type=int, help="single-row transactions of workload o (--upstream mariadb; default: "
+                    "--rows up to 100000: writing 1,000,000 of them from one connection takes ~20 minutes here)")
     ap.add_argument("--pgbench-seconds", type=float, help="duration of the pgbench run (default 30)")
     ap.add_argument("--pgbench-scale", type=int, help="pgbench scale factor (default 4: 400k accounts)")
     ap.add_argument("--pgbench-clients", type=int, default=4)
@@ -268,7 +270,7 @@ def _mariadb_pipeline(args: argparse.Namespace) -> int:
                             upstream="mariadb")
             _timed(report, lambda: MariaDBRunner(env, args.sink, args.workload, args.rows, args.timeout, say, config,
                                                  native=not args.no_native, compare_rows=args.compare_rows,
-                                                 profiler=profiler).run(report))
+                                                 profiler=profiler, o_txns=args.o_txns).run(report))
     finally:
         _clean_up(args, work)
     return _emit(args, report, args.sink)
