@@ -40,12 +40,15 @@ import psycopg2
 
 from cdc.errors import SlotLost, UpstreamUnavailable
 from cdc.ts import lsn_to_str
-from upstream.postgres import pgoutput, pgoutput_messages
+from upstream.postgres import pgoutput, pgoutput_messages, walread
 from upstream.postgres.conn import classify_error, connect, describe_conn, probe
 
 APPLICATION_PREFIX = "tidewater:"  # + capture id: the application_name of a span's walsender connection
 
 log = logging.getLogger(__name__)
+
+_DRAIN_LIMIT = 4096  # messages per drain of the connection at most (then the stop flag and feedback are looked at)
+_RUN_ROWS = 1024  # stored plain changes per run at most (the span source hands a run to the sorter in one call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,71 +214,79 @@ class ReplicationStream:
             raise classify_error(exc, describe_conn(self._side), f"taking replication slot {self.slot!r}") from exc
 
     def _classify(self, exc: psycopg2.Error) -> SlotLost | UpstreamUnavailable:
-        text = str(exc).strip()
+        return self._classify_text(str(exc).strip())
+
+    def _classify_text(self, text: str) -> SlotLost | UpstreamUnavailable:
         if "does not exist" in text and "slot" in text:
             return SlotLost(f"replication slot {self.slot!r} does not exist: {text}. {_SLOT_LOST_FIX}")
         return UpstreamUnavailable(f"replication stream of slot {self.slot!r} failed: {text}")
 
     # ---- reading ---------------------------------------------------------------------------------
-    def messages(self, stop: threading.Event) -> Iterator[Any]:
+    def messages(self, stop: threading.Event, prefixes: dict[int, bytes] | None = None) -> Iterator[Any]:
         """Yield pgoutput messages and Keepalive watermarks until ``stop`` is set.
 
-        A non-streamed Insert/Update/Delete is yielded as its raw ``bytes`` (first byte in
-        ``pgoutput.PLAIN_CHANGE_TYPES``; ``pgoutput.plain_change_relid`` reads it), and so are Begin and Commit
-        (first byte ``pgoutput.BEGIN``/``COMMIT``; ``pgoutput.begin_xid``/``commit_position`` read them), everything
-        else decoded (``pgoutput.decode``): one object less per row, and two per transaction, on the hottest path.
-        ``None`` each time it has read everything received so far, before it waits for more: a reader may gather work
-        per message and act on it there (``PgSpanSource`` reports its resolved watermark then)."""
+        A non-streamed Insert/Update/Delete is yielded raw: with ``prefixes`` (relid -> the span source's payload
+        prefix, read at each message: the caller may change it), those of the relations in it in runs, lists of
+        ``prefix + payload`` (the stored form), those of other relations not at all; without, each as its raw
+        ``bytes`` (first byte in ``pgoutput.PLAIN_CHANGE_TYPES``; ``pgoutput.plain_change_relid`` reads it). A
+        malformed one is always yielded as its raw bytes. Begin and Commit come raw too (first byte
+        ``pgoutput.BEGIN``/``COMMIT``; ``pgoutput.begin_xid``/``commit_position`` read them), everything else decoded
+        (``pgoutput.decode``): no object per row, two fewer per transaction, on the hottest path. The connection is
+        drained in batches (:mod:`upstream.postgres.walread`: in C where it builds). ``None`` each time it has read
+        everything received so far, before it waits for more: a reader may gather work per message and act on it
+        there (``PgSpanSource`` reports its resolved watermark then)."""
         cur = self._cur
         assert cur is not None, "open() first"
+        reader = walread.reader(self._conn, cur)
         in_stream = False
-        in_txn = False
         last_feedback = 0.0
         last_mark = Keepalive(0, 0.0)
         decode = pgoutput.decode
         plain = pgoutput.PLAIN_CHANGE_TYPES
         begin, commit = pgoutput.BEGIN, pgoutput.COMMIT
+        drain = reader.drain
+        out: list[Any] = []
+        start_t, stop_t = pgoutput_messages.StreamStart, pgoutput_messages.StreamStop
         while not stop.is_set():
             try:
-                msg = cur.read_message()
+                status = drain(out, prefixes, _DRAIN_LIMIT, _RUN_ROWS)
             except psycopg2.Error as exc:
                 raise self._classify(exc) from exc
-            if msg is not None:
-                buf = msg.payload
-                if not in_stream and buf:
-                    first = buf[0]
-                    if first in plain:
-                        yield buf
+            if out:
+                for item in out:
+                    if type(item) is list:  # (a run of stored plain changes)
+                        yield item
                         continue
-                    if first in (begin, commit):
-                        in_txn = first == begin
-                        yield buf
+                    if not in_stream and item and (item[0] in plain or item[0] == begin or item[0] == commit):
+                        yield item
                         continue
-                m = decode(buf, in_stream)
-                t = type(m)
-                if t is pgoutput_messages.StreamStart:
-                    in_stream = True
-                elif t is pgoutput_messages.StreamStop:
-                    in_stream = False
-                elif t is pgoutput_messages.Begin:
-                    in_txn = True
-                elif t is pgoutput_messages.Commit:
-                    in_txn = False
-                yield m
-                continue
-            yield None  # nothing more to read right now (the caller's cue to report what it has read)
+                    m = decode(item, in_stream)
+                    t = type(m)
+                    if t is start_t:
+                        in_stream = True
+                    elif t is stop_t:
+                        in_stream = False
+                    yield m
+                out = []
             now = time.monotonic()
+            if status == walread.MORE:
+                if now - last_feedback >= self.feedback_interval:  # (a long catch-up: the slot hears from us)
+                    self._feedback(cur, False)
+                    last_feedback = now
+                continue
+            if status == walread.REPLY:
+                self._feedback(cur, False)
+                last_feedback = now
+                continue
+            if status != walread.IDLE:
+                raise self._stream_failure(status)
+            yield None  # nothing more to read right now (the caller's cue to report what it has read)
             if now - last_feedback >= self.feedback_interval:
                 self._sample()
-                with self._ack_lock:
-                    acked = self._acked
-                try:
-                    cur.send_feedback(flush_lsn=acked, reply=True, force=True)
-                except psycopg2.Error as exc:
-                    raise self._classify(exc) from exc
+                self._feedback(cur, True)
                 last_feedback = now
-            wal_end = cur.wal_end
-            if not in_txn and wal_end:
+            wal_end = reader.wal_end
+            if not reader.in_txn and wal_end:
                 mark_time = self._time_for(wal_end)
                 if wal_end > last_mark.ts or mark_time > last_mark.time:  # (an object only when it moved)
                     last_mark = Keepalive(wal_end, mark_time)
@@ -284,6 +295,23 @@ class ReplicationStream:
                 select.select([cur], [], [], 0.2)
             except (OSError, ValueError) as exc:
                 raise UpstreamUnavailable(f"replication connection of slot {self.slot!r} broke: {exc}") from exc
+
+    def _feedback(self, cur: Any, reply: bool) -> None:
+        """Tell the walsender the acked position (``reply``: and ask for a keepalive, whose WAL end is the mark)."""
+        with self._ack_lock:
+            acked = self._acked
+        try:
+            cur.send_feedback(flush_lsn=acked, reply=reply, force=True)
+        except psycopg2.Error as exc:
+            raise self._classify(exc) from exc
+
+    def _stream_failure(self, status: int) -> UpstreamUnavailable | SlotLost:
+        """The error of a drain that ended the stream (:data:`walread.END`), lost the connection
+        (:data:`walread.FAILED`) or read a message that is not XLogData or a keepalive (:data:`walread.BAD`)."""
+        if status == walread.BAD:
+            return UpstreamUnavailable(f"replication stream of slot {self.slot!r}: an unrecognized or truncated "
+                                       "replication message")
+        return self._classify_text(walread.failure_text(self._conn, status))
 
     def _sample(self) -> None:
         """Record (upstream WAL flush LSN, wall time) so a keepalive LSN can be mapped to a time."""
