@@ -12,8 +12,11 @@ Guarantees:
   which the upstream's WAL flush position was <= ts (sampled on a side connection), i.e. the upstream
   time this watermark stands for; it never goes backwards.
 - The slot's flush position is only moved by ``ack(lsn)``; the caller acks only its durable checkpoint.
-  (psycopg2 may also move it to a keepalive's wal_end when everything received has been acked, which
-  confirms no transaction that was not already acked.)
+  (Without the C reader, psycopg2 answers keepalives itself and may also move it to a keepalive's wal_end
+  when everything received has been acked, which confirms no transaction that was not already acked.)
+- Reading: the connection is drained in batches by :mod:`upstream.postgres.walread` (in C: libpq's
+  messages without a psycopg2 object or Python call each; keepalives asking for an answer are answered
+  here), feedback with the acked position at least every ``feedback_interval``, busy or idle.
 - Threading: iterate from one thread; ``ack`` may be called from any thread.
 - Slot takeover: ``open()`` with ``takeover=True`` (what a span's runner uses) ends a walsender that
   still holds the slot (``pg_terminate_backend`` of its ``active_pid``) and then takes the slot. The
