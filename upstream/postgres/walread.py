@@ -46,6 +46,7 @@ class Reader(Protocol):
     wal_end: int
     in_txn: int
     in_stream: int
+    received: int  # messages read so far
 
     def drain(self, out: list[Any], prefixes: dict[int, bytes] | None, limit: int, run_rows: int) -> int: ...
 
@@ -108,6 +109,7 @@ class PyReader:
     def __init__(self, cursor: Any) -> None:
         self._cur = cursor
         self._router = Router()
+        self.received = 0
 
     @property
     def wal_end(self) -> int:
@@ -128,6 +130,7 @@ class PyReader:
             msg = read()
             if msg is None:
                 return IDLE
+            self.received += 1
             if router.put(msg.payload, out, prefixes, run_rows):
                 return MORE
         return MORE
