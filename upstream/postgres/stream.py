@@ -16,7 +16,9 @@ Guarantees:
   when everything received has been acked, which confirms no transaction that was not already acked.)
 - Reading: the connection is drained in batches by :mod:`upstream.postgres.walread` (in C: libpq's
   messages without a psycopg2 object or Python call each; keepalives asking for an answer are answered
-  here), feedback with the acked position at least every ``feedback_interval``, busy or idle.
+  here), feedback with the acked position at least every ``feedback_interval``, busy or idle. While it
+  catches up it is woken per 64 KiB received or every 2 ms (:class:`_Waits`): a message may wait up to
+  2 ms longer then, never longer than that.
 - Threading: iterate from one thread; ``ack`` may be called from any thread.
 - Slot takeover: ``open()`` with ``takeover=True`` (what a span's runner uses) ends a walsender that
   still holds the slot (``pg_terminate_backend`` of its ``active_pid``) and then takes the slot. The
