@@ -206,3 +206,20 @@ def test_stream_confirms_acked_position_and_reports_a_terminated_walsender(
     finally:
         stop.set()
         stream.close()
+
+
+def test_a_connection_closed_by_another_thread_is_never_read(pg_server: Any, pg_database: str,
+                                                             wal: tuple[list[str], int]) -> None:
+    """A span's stop closes the stream from another thread; the C reader takes the connection's libpq handle again at
+    each drain, so a drain after the close reports it (the stream raises ``UpstreamUnavailable``) instead of reading
+    the freed handle."""
+    slots, _ = wal
+    conn = psycopg2.connect(pg_server.dsn(pg_database), connection_factory=LogicalReplicationConnection)
+    cur = conn.cursor()
+    cur.start_replication(slot_name=slots[0], decode=False, start_lsn=0, options=OPTIONS)
+    reader = walread.reader(conn, cur)
+    assert type(reader) is walread.native_module().Reader
+    out: list[Any] = []
+    reader.drain(out, {}, LIMIT, RUN_ROWS)
+    conn.close()
+    assert reader.drain(out, {}, LIMIT, RUN_ROWS) == walread.CLOSED

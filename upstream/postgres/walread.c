@@ -23,11 +23,11 @@ typedef int (*getcopy_fn)(void *conn, char **buffer, int async);
 typedef int (*consume_fn)(void *conn);
 typedef void (*freemem_fn)(void *ptr);
 
-enum { S_IDLE = 0, S_MORE = 1, S_REPLY = 2, S_END = -1, S_FAILED = -2, S_BAD = -3 };
+enum { S_IDLE = 0, S_MORE = 1, S_REPLY = 2, S_END = -1, S_FAILED = -2, S_BAD = -3, S_CLOSED = -4 };
 
 typedef struct {
     PyObject_HEAD
-    void *conn;
+    PyObject *owner;  /* the psycopg2 connection: its PGconn is taken again at each drain (NULL once it closed) */
     getcopy_fn get;
     consume_fn consume;
     freemem_fn freemem;
@@ -58,17 +58,18 @@ static inline int first_mark_ok(unsigned char kind, unsigned char mark) {
 static inline int is_change(unsigned char c) { return c == 'I' || c == 'U' || c == 'D'; }
 
 static int reader_init(Reader *self, PyObject *args, PyObject *kwds) {
-    PyObject *conn, *get, *consume, *freemem;
-    if (!PyArg_ParseTuple(args, "OOOO:Reader", &conn, &get, &consume, &freemem)) return -1;
-    self->conn = PyLong_AsVoidPtr(conn);
+    PyObject *owner, *get, *consume, *freemem;
+    if (!PyArg_ParseTuple(args, "OOOO:Reader", &owner, &get, &consume, &freemem)) return -1;
     self->get = (getcopy_fn)PyLong_AsVoidPtr(get);
     self->consume = (consume_fn)PyLong_AsVoidPtr(consume);
     self->freemem = (freemem_fn)PyLong_AsVoidPtr(freemem);
     if (PyErr_Occurred()) return -1;
-    if (!self->conn || !self->get || !self->consume || !self->freemem) {
-        PyErr_SetString(PyExc_ValueError, "Reader: a null connection or function");
+    if (!self->get || !self->consume || !self->freemem) {
+        PyErr_SetString(PyExc_ValueError, "Reader: a null function");
         return -1;
     }
+    Py_INCREF(owner);
+    Py_XSETREF(self->owner, owner);
     self->in_stream = self->in_txn = 0;
     self->wal_end = 0;
     self->received = 0;
@@ -90,6 +91,16 @@ static PyObject *reader_drain(Reader *self, PyObject *const *args, Py_ssize_t na
     Py_ssize_t run_rows = PyLong_AsSsize_t(args[3]);
     if (PyErr_Occurred()) return NULL;
     if (run_rows < 1) run_rows = 1;
+    /* the connection as of now: another thread may have closed it since the last drain (psycopg2 frees the PGconn
+     * and its pgconn_ptr is None then); while this call runs it holds the GIL, so nobody closes it meanwhile */
+    PyObject *ptr = PyObject_GetAttrString(self->owner, "pgconn_ptr");
+    if (ptr == NULL) return NULL;
+    void *conn = ptr == Py_None ? NULL : PyLong_AsVoidPtr(ptr);
+    Py_DECREF(ptr);
+    if (conn == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        return PyLong_FromLong(S_CLOSED);
+    }
     int routed = prefixes != Py_None;
     PyObject *run = NULL;  /* the open run (a list owned by out), NULL: none */
     Py_ssize_t run_len = 0;
@@ -102,10 +113,10 @@ static PyObject *reader_drain(Reader *self, PyObject *const *args, Py_ssize_t na
     for (;;) {
         if (n >= limit) { status = S_MORE; break; }
         char *buf = NULL;
-        int len = self->get(self->conn, &buf, 1);
+        int len = self->get(conn, &buf, 1);
         if (len == 0) {
             if (consumed) { status = S_IDLE; break; }  /* read everything received */
-            if (!self->consume(self->conn)) { status = S_FAILED; break; }
+            if (!self->consume(conn)) { status = S_FAILED; break; }
             consumed = 1;
             continue;
         }
@@ -195,6 +206,11 @@ error:
     return NULL;
 }
 
+static void reader_dealloc(Reader *self) {
+    Py_CLEAR(self->owner);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
 static PyMethodDef reader_methods[] = {
     {"drain", (PyCFunction)(void (*)(void))reader_drain, METH_FASTCALL,
      "drain(out, prefixes, limit, run_rows) -> status: append what libpq has received to out (module docstring)"},
@@ -214,8 +230,9 @@ static PyTypeObject ReaderType = {
     .tp_name = "upstream.postgres._walread.Reader",
     .tp_basicsize = sizeof(Reader),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Reader(pgconn, PQgetCopyData, PQconsumeInput, PQfreemem): one replication connection, drained in C",
+    .tp_doc = "Reader(conn, PQgetCopyData, PQconsumeInput, PQfreemem): a psycopg2 replication connection, drained in C",
     .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)reader_dealloc,
     .tp_init = (initproc)reader_init,
     .tp_methods = reader_methods,
     .tp_members = reader_members,
@@ -237,7 +254,8 @@ PyMODINIT_FUNC PyInit__walread(void) {
     }
     if (PyModule_AddIntConstant(m, "IDLE", S_IDLE) < 0 || PyModule_AddIntConstant(m, "MORE", S_MORE) < 0 ||
         PyModule_AddIntConstant(m, "REPLY", S_REPLY) < 0 || PyModule_AddIntConstant(m, "END", S_END) < 0 ||
-        PyModule_AddIntConstant(m, "FAILED", S_FAILED) < 0 || PyModule_AddIntConstant(m, "BAD", S_BAD) < 0) {
+        PyModule_AddIntConstant(m, "FAILED", S_FAILED) < 0 || PyModule_AddIntConstant(m, "BAD", S_BAD) < 0 ||
+        PyModule_AddIntConstant(m, "CLOSED", S_CLOSED) < 0) {
         Py_DECREF(m);
         return NULL;
     }

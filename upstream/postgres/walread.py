@@ -13,7 +13,9 @@ messages), in stream order, and returns a status:
   and the changes of a streamed transaction): the caller handles it before the next plain change is looked up;
 - status :data:`IDLE`: everything received is in ``out`` (wait on the socket); :data:`MORE`: call again;
   :data:`REPLY`: a keepalive asked for an answer (send feedback, call again); :data:`END`, :data:`FAILED`,
-  :data:`BAD`: the stream ended, the connection failed, or an unknown message arrived (``ReplicationStream`` raises).
+  :data:`BAD`, :data:`CLOSED`: the stream ended, the connection failed, an unknown message arrived, or the connection
+  was closed (by another thread: the C reader takes the connection's libpq handle again at each drain, so it never
+  reads a closed one) (``ReplicationStream`` raises).
 
 Two readers with the same items: :func:`native` (``walread.c``, libpq drained in C: no Python object but the items,
 keepalives answered from the stream's loop) and :class:`PyReader` (psycopg2's ``read_message`` through
@@ -33,7 +35,7 @@ from cdc import cbuild
 
 log = logging.getLogger(__name__)
 
-IDLE, MORE, REPLY, END, FAILED, BAD = 0, 1, 2, -1, -2, -3
+IDLE, MORE, REPLY, END, FAILED, BAD, CLOSED = 0, 1, 2, -1, -2, -3, -4
 _I, _U, _D = ord("I"), ord("U"), ord("D")
 _CHANGES = (_I, _U, _D)
 _FIRST_MARK = {_I: b"N", _U: b"NKO", _D: b"KO"}
@@ -156,7 +158,7 @@ def reader(conn: Any, cursor: Any) -> Reader:
         mod = native_module()
         pq = _libpq() if mod is not None else None
         if mod is not None and pq is not None:
-            return mod.Reader(conn.pgconn_ptr, *pq)  # type: ignore[no-any-return]
+            return mod.Reader(conn, *pq)  # type: ignore[no-any-return]
     return PyReader(cursor)
 
 
@@ -198,6 +200,8 @@ def failure_text(conn: Any, status: int) -> str:
     lib = _libpq_lib()
     if lib is None:  # (a PyReader: psycopg2 raised it itself)
         return "the replication stream ended"
+    if status == CLOSED or conn.pgconn_ptr is None:
+        return "the replication connection was closed"
     pgconn = ctypes.c_void_p(conn.pgconn_ptr)
     text = b""
     if status == END:
