@@ -6,8 +6,8 @@ The built library goes into the source's own package directory when it is writab
 build is never loaded by the wrong interpreter. Builds are atomic (a temporary file renamed into place), so
 concurrent builders of the same source are harmless. Nothing built is committed (``.gitignore``); ``make deps``
 (scripts/bootstrap.sh) builds ahead, else the first use does. Used by :mod:`upstream.postgres.copy_out` (a plain
-shared library loaded with ctypes), :mod:`upstream.postgres.rowcodec`, :mod:`sinks.sql.dialect.rowtext` and
-:mod:`sinks.sql.dialect.copy_literals` (CPython extension modules).
+shared library loaded with ctypes), :mod:`upstream.postgres.rowcodec`, :mod:`upstream.postgres.walread`,
+:mod:`sinks.sql.dialect.rowtext` and :mod:`sinks.sql.dialect.copy_literals` (CPython extension modules).
 """
 
 from __future__ import annotations

@@ -164,7 +164,7 @@ class FakeStream:
     def open(self) -> None:
         pass
 
-    def messages(self, stop: threading.Event) -> Iterator[Any]:
+    def messages(self, stop: threading.Event, prefixes: dict[int, bytes] | None = None) -> Iterator[Any]:
         decode, plain = pgoutput.decode, getattr(pgoutput, "PLAIN_CHANGE_TYPES", frozenset())
         release, idle_every, commits = self.release_gil, self.idle_every, 0
         for p in self.payloads:  # as ReplicationStream.messages: plain changes stay raw bytes

@@ -3,7 +3,7 @@
 Starts a PostgreSQL server (playground.servers, the bench's upstream settings), writes ``--rows`` sbtest rows (the
 rows of ``python -m bench`` workload a, 100 per transaction) with one logical slot per measured pass created
 before, then reads each slot to the end of the writes and prints thread CPU (user + system of the reading thread)
-and wall time per row of:
+(and its user / system split) and wall time per row of:
 
 - ``read_message``: psycopg2's ``read_message`` loop alone (the floor: libpq, psycopg2's message objects, the
   waits for the walsender);
@@ -153,13 +153,15 @@ def main() -> None:
             out = []
             for name, fn in passes:
                 k0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                c0, t0 = time.thread_time(), time.perf_counter()
+                r0, t0 = resource.getrusage(resource.RUSAGE_THREAD), time.perf_counter()
                 fn(srv, next(it), target, work, codec)
-                c1, t1 = time.thread_time(), time.perf_counter()
+                r1, t1 = resource.getrusage(resource.RUSAGE_THREAD), time.perf_counter()
                 k1 = resource.getrusage(resource.RUSAGE_CHILDREN)
                 kid = (k1.ru_utime + k1.ru_stime) - (k0.ru_utime + k0.ru_stime)
+                user, system = r1.ru_utime - r0.ru_utime, r1.ru_stime - r0.ru_stime
                 also = f" + child {1e6 * kid / args.rows:.2f} cpu" if kid > 0 else ""
-                out.append(f"{name} {1e6 * (c1 - c0) / args.rows:.2f} cpu{also} {1e6 * (t1 - t0) / args.rows:.2f} wall")
+                out.append(f"{name} {1e6 * (user + system) / args.rows:.2f} cpu (user {1e6 * user / args.rows:.2f} "
+                           f"sys {1e6 * system / args.rows:.2f}){also} {1e6 * (t1 - t0) / args.rows:.2f} wall")
             print(f"run {r + 1} us/row: " + " | ".join(out), flush=True)
     finally:
         srv.stop()

@@ -146,6 +146,9 @@ if ! "$VENV/bin/python" -c 'import pathlib, sysconfig, sys; sys.exit(not (pathli
     apt_install "python${pyver}-dev" || apt_install python3-dev || log "no Python headers: rows are decoded in Python"
 fi
 "$VENV/bin/python" -m upstream.postgres.rowcodec >/dev/null || log "row codec not built: rows are decoded in Python"
+# the replication reader (upstream/postgres/walread.c, same needs): a span drains its walsender connection in C; without
+# it psycopg2's read_message reads each message (same items, more CPU per row)
+"$VENV/bin/python" -m upstream.postgres.walread >/dev/null || log "replication reader not built: the stream is read through psycopg2"
 # the MySQL/MariaDB span source's rows-event decoder (upstream/mysql/rowcodec.c, same needs); without it the binlog's
 # rows are decoded by upstream/mysql/rowdecode.py (same payloads, more CPU)
 "$VENV/bin/python" -m upstream.mysql.rowcodec >/dev/null || log "MySQL row codec not built: binlog rows are decoded in Python"

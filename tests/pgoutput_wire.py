@@ -116,8 +116,11 @@ def strip_xid(msg: bytes) -> bytes:
 
 class WireStream:
     """A ``ReplicationStream`` stand-in that yields what ``ReplicationStream.messages`` yields for the given wire
-    messages (plain changes, Begin and Commit raw, everything else decoded; ``Keepalive`` objects as they are), then ends. Picklable
-    (module level): a span source built on it can run in a process of its own (``processor.source_process``).
+    messages (Begin and Commit raw, everything else decoded; ``Keepalive`` objects as they are), then ends. Given the
+    span source's ``prefixes``, it routes the plain changes as the real stream does (``walread.Router``, the Python
+    reference of the C reader: runs of stored changes of the relations in ``prefixes``, the others dropped, a
+    malformed one raw); ``route=False``: each raw, as a stream that does not route. Picklable (module level): a span
+    source built on it can run in a process of its own (``processor.source_process``).
 
     ``idle_after_commit``: the stream's idle mark (``None``: everything received is read) after each Commit, as a
     reader that keeps up with the walsender sees it (the default); False: none at all, the wire read in one go (a
@@ -125,10 +128,13 @@ class WireStream:
 
     publication = "tidewater_pub_cf_0"
 
-    def __init__(self, wire: list[Any], raw_begin_commit: bool = True, idle_after_commit: bool = True) -> None:
+    def __init__(self, wire: list[Any], raw_begin_commit: bool = True, idle_after_commit: bool = True,
+                 route: bool = True, run_rows: int = 1024) -> None:
         self.wire = wire
         self.raw_begin_commit = raw_begin_commit  # Begin/Commit raw, as ReplicationStream yields them (else decoded)
         self.idle_after_commit = idle_after_commit
+        self.route = route
+        self.run_rows = run_rows
 
     def open(self) -> None: ...
 
@@ -136,30 +142,52 @@ class WireStream:
 
     def ack(self, lsn: int) -> None: ...
 
-    def messages(self, stop: Any) -> Any:
-        from upstream.postgres import pgoutput, pgoutput_messages
+    def messages(self, stop: Any, prefixes: Any = None) -> Any:
+        from upstream.postgres import pgoutput, pgoutput_messages, walread
         from upstream.postgres.stream import Keepalive
 
-        in_stream = False
+        router = walread.Router() if prefixes is not None and self.route else None
+        out: list[Any] = []
+        state = {"in_stream": False}
+
+        def given(item: Any) -> Any:
+            """What the real stream makes of a drained item."""
+            if type(item) is list:
+                return item
+            first = item[0]
+            if not state["in_stream"] and (first in pgoutput.PLAIN_CHANGE_TYPES or (
+                    self.raw_begin_commit and first in (pgoutput.BEGIN, pgoutput.COMMIT))):
+                return item
+            m = pgoutput.decode(item, state["in_stream"])
+            if isinstance(m, pgoutput_messages.StreamStart):
+                state["in_stream"] = True
+            elif isinstance(m, pgoutput_messages.StreamStop):
+                state["in_stream"] = False
+            return m
+
+        def flush() -> Any:
+            if router is not None:
+                router.end_run()
+            items = out[:]
+            out.clear()
+            for item in items:
+                yield given(item)
+
         for w in self.wire:
             if w is None or isinstance(w, Keepalive):
+                yield from flush()
                 yield w
                 continue
-            idle = self.idle_after_commit and not in_stream and w[0] == pgoutput.COMMIT
-            if not in_stream and (w[0] in pgoutput.PLAIN_CHANGE_TYPES or (
-                    self.raw_begin_commit and w[0] in (pgoutput.BEGIN, pgoutput.COMMIT))):
-                yield w
-                if idle:
-                    yield None
-                continue
-            m = pgoutput.decode(w, in_stream)
-            if isinstance(m, pgoutput_messages.StreamStart):
-                in_stream = True
-            elif isinstance(m, pgoutput_messages.StreamStop):
-                in_stream = False
-            yield m
+            idle = self.idle_after_commit and not state["in_stream"] and w[0] == pgoutput.COMMIT
+            if router is None:
+                out.append(w)
+            else:  # (a run is handed over once something follows it: the router appends to the open one)
+                router.put(w, out, prefixes, self.run_rows)
+            if idle or (out and type(out[-1]) is not list):
+                yield from flush()
             if idle:
                 yield None
+        yield from flush()
 
 
 def no_catalog() -> None:

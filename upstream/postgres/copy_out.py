@@ -91,7 +91,7 @@ _lib: _Lib | None = None
 _why_not: str | None = None
 
 
-def _libpq_path() -> str | None:
+def libpq_path() -> str | None:
     """The libpq psycopg2's extension is linked against, as loaded in this process (Linux: /proc/self/maps)."""
     try:
         maps = Path("/proc/self/maps").read_text()
@@ -116,7 +116,7 @@ def _load() -> _Lib | None:
         if _lib is not None or _why_not is not None:
             return _lib
         try:
-            libpq = _libpq_path()
+            libpq = libpq_path()
             if libpq is None:
                 raise OSError("psycopg2's libpq is not found among this process's libraries")
             _lib = _Lib(ctypes.CDLL(str(build())), ctypes.CDLL(libpq))

@@ -11,9 +11,12 @@ the buffer; transactions with commit Ts <= the start are aborted in the buffer (
 one thread (``run``); ``schema(version)`` may be called from any thread (dict reads; versions are never
 mutated once published).
 
-Hot path: ``run`` is well under a microsecond per row; a non-streamed Insert/Update/Delete arrives as raw bytes and
-is stored as ``version prefix + raw`` with locals only (no per-row object, no attribute lookups), the changes of a
-transaction handed to the buffer in runs (``add_many``) before any other message is handled.
+Hot path: ``run`` does nothing per row. The stream routes the non-streamed Insert/Update/Delete messages itself
+(``ReplicationStream.messages`` with the source's relid -> payload prefix map, drained from libpq in C:
+:mod:`upstream.postgres.walread`): they arrive in runs already stored as ``version prefix + raw``, each run handed
+to the buffer in one ``add_many``, those of relations the span does not carry dropped by the stream. A stream that
+does not route (a test stream) yields each raw; those are stored with locals only and handed over in runs too,
+before any other message is handled.
 
 Resolved: the commits of plain transactions are reported (``on_resolved``) together, not one by one: at the
 stream's idle mark (``None``: it has read everything received so far and is about to wait), before any other message
@@ -178,6 +181,9 @@ class PgSpanSource(SpanSource):
         self._catalog_conn: Any = None
         self._schemas: dict[int, TableSchema] = {}
         self._relation_version: dict[int, int] = {}
+        # relid -> encode_payload(its version, b""), for the relids of _relation_version: what the stream prefixes the
+        # plain changes it routes with (ReplicationStream.messages)
+        self._plain_prefixes: dict[int, bytes] = {}
         self._next_version = 1
         self._decoder = PgChangeDecoder(self.schema, codec)
         self.buffer: ChangeBuffer | None = None  # the buffer ``run`` feeds (for the message hook)
@@ -313,6 +319,7 @@ class PgSpanSource(SpanSource):
         name = TableName(rel.namespace, rel.name)
         if not self.filter.match(name):
             self._relation_version.pop(rel.relid, None)
+            self._plain_prefixes.pop(rel.relid, None)
             return
         previous = self._last_schema(rel.relid)
         described = rel.relid in self._ddl_described
@@ -331,6 +338,7 @@ class PgSpanSource(SpanSource):
         self._next_version += 1
         schema = self._schemas[version] = merge_schema(rel, current, version)
         self._relation_version[rel.relid] = version
+        self._plain_prefixes[rel.relid] = encode_payload(version, b"")
         known = self._known.get(rel.relid)
         if known is None or _shape(known) != _shape(schema):
             self._known[rel.relid] = schema
@@ -525,8 +533,14 @@ class PgSpanSource(SpanSource):
         # before any other message is handled, so the buffer sees every change in stream order
         run: list[bytes] = []
         try:
-            for m in self.stream.messages(stop):
+            for m in self.stream.messages(stop, self._plain_prefixes):
                 t = type(m)
+                if t is list:  # a run of plain changes the stream stored already (prefix + raw: ReplicationStream)
+                    if run:  # (never from a stream that routes: it yields only malformed plain changes raw)
+                        add_many(txn_xid, txn_xid, run)
+                        run = []
+                    add_many(txn_xid, txn_xid, m)
+                    continue
                 if t is bytes:  # a non-streamed Insert/Update/Delete, Begin or Commit, raw (ReplicationStream.messages)
                     first = m[0]
                     if first == commit_b:

@@ -12,8 +12,13 @@ Guarantees:
   which the upstream's WAL flush position was <= ts (sampled on a side connection), i.e. the upstream
   time this watermark stands for; it never goes backwards.
 - The slot's flush position is only moved by ``ack(lsn)``; the caller acks only its durable checkpoint.
-  (psycopg2 may also move it to a keepalive's wal_end when everything received has been acked, which
-  confirms no transaction that was not already acked.)
+  (Without the C reader, psycopg2 answers keepalives itself and may also move it to a keepalive's wal_end
+  when everything received has been acked, which confirms no transaction that was not already acked.)
+- Reading: the connection is drained in batches by :mod:`upstream.postgres.walread` (in C: libpq's
+  messages without a psycopg2 object or Python call each; keepalives asking for an answer are answered
+  here), feedback with the acked position at least every ``feedback_interval``, busy or idle. While it
+  catches up it is woken per 64 KiB received or every 2 ms (:class:`_Waits`): a message may wait up to
+  2 ms longer then, never longer than that.
 - Threading: iterate from one thread; ``ack`` may be called from any thread.
 - Slot takeover: ``open()`` with ``takeover=True`` (what a span's runner uses) ends a walsender that
   still holds the slot (``pg_terminate_backend`` of its ``active_pid``) and then takes the slot. The
@@ -29,7 +34,9 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import select
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -40,12 +47,15 @@ import psycopg2
 
 from cdc.errors import SlotLost, UpstreamUnavailable
 from cdc.ts import lsn_to_str
-from upstream.postgres import pgoutput, pgoutput_messages
+from upstream.postgres import pgoutput, pgoutput_messages, walread
 from upstream.postgres.conn import classify_error, connect, describe_conn, probe
 
 APPLICATION_PREFIX = "tidewater:"  # + capture id: the application_name of a span's walsender connection
 
 log = logging.getLogger(__name__)
+
+_DRAIN_LIMIT = 4096  # messages per drain of the connection at most (then the stop flag and feedback are looked at)
+_RUN_ROWS = 1024  # stored plain changes per run at most (the span source hands a run to the sorter in one call)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +66,56 @@ class Keepalive:
 
 # the same fix the owner's upstream watcher names, whichever of the two notices the loss first
 _SLOT_LOST_FIX = "Remove the changefeed and create it again (re-synchronising the downstream)"
+
+
+class _Waits:
+    """How the stream waits for the walsender between drains. A stream that read ``BUSY_MESSAGES`` or more since its
+    last wait is catching up: the walsender sends each message as it decodes it, and a reader woken by every few of
+    them pays a wake-up (select, the GIL taken back, a drain) per handful of rows. So while busy, the socket is asked
+    to wake the reader only once ``BUSY_BYTES`` are queued (``SO_RCVLOWAT``, which ``select`` honours on TCP), or
+    after ``BUSY_WAIT`` seconds at most: a row waits that much longer at worst, about the sink thread's own pass gap.
+    Otherwise it waits as before: for the first byte, or 0.2 s. Where the option cannot be set (a Unix socket ignores
+    it), waits are as before."""
+
+    BUSY_MESSAGES = 16
+    BUSY_BYTES = 64 * 1024
+    BUSY_WAIT = 0.002
+
+    def __init__(self, conn: Any) -> None:
+        self._sock: socket.socket | None = None
+        self._busy = False
+        try:
+            sock = socket.socket(fileno=os.dup(conn.fileno()))  # (a descriptor of its own for the same socket)
+        except (OSError, AttributeError, ValueError):
+            return
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            self._sock = sock
+        else:
+            sock.close()
+
+    def wait(self, cur: Any, got: int) -> None:
+        busy = got >= self.BUSY_MESSAGES and self._sock is not None
+        if busy != self._busy:
+            self._set_lowat(self.BUSY_BYTES if busy else 1)
+        select.select([cur], [], [], self.BUSY_WAIT if self._busy else 0.2)
+
+    def _set_lowat(self, n: int) -> None:
+        assert self._sock is not None
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
+            self._busy = n > 1
+        except OSError:
+            self._busy = False
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                if self._busy:
+                    self._set_lowat(1)
+                self._sock.close()  # (the dup only: the connection keeps its own descriptor)
+            except OSError:
+                pass
+            self._sock = None
 
 
 class ReplicationStream:
@@ -211,79 +271,114 @@ class ReplicationStream:
             raise classify_error(exc, describe_conn(self._side), f"taking replication slot {self.slot!r}") from exc
 
     def _classify(self, exc: psycopg2.Error) -> SlotLost | UpstreamUnavailable:
-        text = str(exc).strip()
+        return self._classify_text(str(exc).strip())
+
+    def _classify_text(self, text: str) -> SlotLost | UpstreamUnavailable:
         if "does not exist" in text and "slot" in text:
             return SlotLost(f"replication slot {self.slot!r} does not exist: {text}. {_SLOT_LOST_FIX}")
         return UpstreamUnavailable(f"replication stream of slot {self.slot!r} failed: {text}")
 
     # ---- reading ---------------------------------------------------------------------------------
-    def messages(self, stop: threading.Event) -> Iterator[Any]:
+    def messages(self, stop: threading.Event, prefixes: dict[int, bytes] | None = None) -> Iterator[Any]:
         """Yield pgoutput messages and Keepalive watermarks until ``stop`` is set.
 
-        A non-streamed Insert/Update/Delete is yielded as its raw ``bytes`` (first byte in
-        ``pgoutput.PLAIN_CHANGE_TYPES``; ``pgoutput.plain_change_relid`` reads it), and so are Begin and Commit
-        (first byte ``pgoutput.BEGIN``/``COMMIT``; ``pgoutput.begin_xid``/``commit_position`` read them), everything
-        else decoded (``pgoutput.decode``): one object less per row, and two per transaction, on the hottest path.
-        ``None`` each time it has read everything received so far, before it waits for more: a reader may gather work
-        per message and act on it there (``PgSpanSource`` reports its resolved watermark then)."""
+        A non-streamed Insert/Update/Delete is yielded raw: with ``prefixes`` (relid -> the span source's payload
+        prefix, read at each message: the caller may change it), those of the relations in it in runs, lists of
+        ``prefix + payload`` (the stored form), those of other relations not at all; without, each as its raw
+        ``bytes`` (first byte in ``pgoutput.PLAIN_CHANGE_TYPES``; ``pgoutput.plain_change_relid`` reads it). A
+        malformed one is always yielded as its raw bytes. Begin and Commit come raw too (first byte
+        ``pgoutput.BEGIN``/``COMMIT``; ``pgoutput.begin_xid``/``commit_position`` read them), everything else decoded
+        (``pgoutput.decode``): no object per row, two fewer per transaction, on the hottest path. The connection is
+        drained in batches (:mod:`upstream.postgres.walread`: in C where it builds). ``None`` each time it has read
+        everything received so far, before it waits for more: a reader may gather work per message and act on it
+        there (``PgSpanSource`` reports its resolved watermark then). Between drains it waits as :class:`_Waits` says."""
         cur = self._cur
         assert cur is not None, "open() first"
+        reader = walread.reader(self._conn, cur)
+        waits = _Waits(self._conn)
+        try:
+            yield from self._read(stop, prefixes, cur, reader, waits)
+        finally:
+            waits.close()
+
+    def _read(self, stop: threading.Event, prefixes: dict[int, bytes] | None, cur: Any, reader: walread.Reader,
+              waits: _Waits) -> Iterator[Any]:
         in_stream = False
-        in_txn = False
         last_feedback = 0.0
         last_mark = Keepalive(0, 0.0)
         decode = pgoutput.decode
         plain = pgoutput.PLAIN_CHANGE_TYPES
         begin, commit = pgoutput.BEGIN, pgoutput.COMMIT
+        drain = reader.drain
+        out: list[Any] = []
+        start_t, stop_t = pgoutput_messages.StreamStart, pgoutput_messages.StreamStop
+        received = reader.received
         while not stop.is_set():
             try:
-                msg = cur.read_message()
+                status = drain(out, prefixes, _DRAIN_LIMIT, _RUN_ROWS)
             except psycopg2.Error as exc:
                 raise self._classify(exc) from exc
-            if msg is not None:
-                buf = msg.payload
-                if not in_stream and buf:
-                    first = buf[0]
-                    if first in plain:
-                        yield buf
+            if out:
+                for item in out:
+                    if type(item) is list:  # (a run of stored plain changes)
+                        yield item
                         continue
-                    if first in (begin, commit):
-                        in_txn = first == begin
-                        yield buf
+                    if not in_stream and item and (item[0] in plain or item[0] == begin or item[0] == commit):
+                        yield item
                         continue
-                m = decode(buf, in_stream)
-                t = type(m)
-                if t is pgoutput_messages.StreamStart:
-                    in_stream = True
-                elif t is pgoutput_messages.StreamStop:
-                    in_stream = False
-                elif t is pgoutput_messages.Begin:
-                    in_txn = True
-                elif t is pgoutput_messages.Commit:
-                    in_txn = False
-                yield m
-                continue
-            yield None  # nothing more to read right now (the caller's cue to report what it has read)
+                    m = decode(item, in_stream)
+                    t = type(m)
+                    if t is start_t:
+                        in_stream = True
+                    elif t is stop_t:
+                        in_stream = False
+                    yield m
+                out = []
             now = time.monotonic()
+            if status == walread.MORE:
+                if now - last_feedback >= self.feedback_interval:  # (a long catch-up: the slot hears from us)
+                    self._feedback(cur, False)
+                    last_feedback = now
+                continue
+            if status == walread.REPLY:
+                self._feedback(cur, False)
+                last_feedback = now
+                continue
+            if status != walread.IDLE:
+                raise self._stream_failure(status)
+            yield None  # nothing more to read right now (the caller's cue to report what it has read)
             if now - last_feedback >= self.feedback_interval:
                 self._sample()
-                with self._ack_lock:
-                    acked = self._acked
-                try:
-                    cur.send_feedback(flush_lsn=acked, reply=True, force=True)
-                except psycopg2.Error as exc:
-                    raise self._classify(exc) from exc
+                self._feedback(cur, True)
                 last_feedback = now
-            wal_end = cur.wal_end
-            if not in_txn and wal_end:
+            wal_end = reader.wal_end
+            if not reader.in_txn and wal_end:
                 mark_time = self._time_for(wal_end)
                 if wal_end > last_mark.ts or mark_time > last_mark.time:  # (an object only when it moved)
                     last_mark = Keepalive(wal_end, mark_time)
                     yield last_mark
+            got, received = reader.received - received, reader.received
             try:
-                select.select([cur], [], [], 0.2)
+                waits.wait(cur, got)
             except (OSError, ValueError) as exc:
                 raise UpstreamUnavailable(f"replication connection of slot {self.slot!r} broke: {exc}") from exc
+
+    def _feedback(self, cur: Any, reply: bool) -> None:
+        """Tell the walsender the acked position (``reply``: and ask for a keepalive, whose WAL end is the mark)."""
+        with self._ack_lock:
+            acked = self._acked
+        try:
+            cur.send_feedback(flush_lsn=acked, reply=reply, force=True)
+        except psycopg2.Error as exc:
+            raise self._classify(exc) from exc
+
+    def _stream_failure(self, status: int) -> UpstreamUnavailable | SlotLost:
+        """The error of a drain that ended the stream (:data:`walread.END`), lost the connection
+        (:data:`walread.FAILED`) or read a message that is not XLogData or a keepalive (:data:`walread.BAD`)."""
+        if status == walread.BAD:
+            return UpstreamUnavailable(f"replication stream of slot {self.slot!r}: an unrecognized or truncated "
+                                       "replication message")
+        return self._classify_text(walread.failure_text(self._conn, status))
 
     def _sample(self) -> None:
         """Record (upstream WAL flush LSN, wall time) so a keepalive LSN can be mapped to a time."""

@@ -516,3 +516,30 @@ def test_the_streams_idle_mark_reports_the_commits_read_so_far_at_once() -> None
             *txn(4, 40, enc_insert(None, 7, ["4", "d"])), Keepalive(50, 9.0)]
     _, seen = _catch_up(wire)
     assert reported(seen, [(20, 2), (30, 3), (40, 4), (50, 4)])
+
+
+@pytest.mark.parametrize("run_rows", [1, 3, 1024])
+def test_routed_runs_store_what_raw_changes_stored(run_rows: int) -> None:
+    """The stream routes plain changes itself (``ReplicationStream.messages`` with the source's prefixes: runs of stored
+    changes, other relations' dropped, a malformed one raw): the sorter holds exactly what the source stores from raw
+    changes, around Relation messages (a new version for the next rows), truncates, streamed transactions and
+    relations outside the filter, whatever the run size."""
+    cols2 = [*COLS, (0, "w", INT4, -1)]
+    wire = [enc_relation(None, 7, "public", "t", "d", COLS), enc_relation(None, 8, "other", "x", "d", COLS),
+            *txn(1, 10, *[enc_insert(None, 7, [str(i), "a"]) for i in range(10)], enc_insert(None, 8, ["1", "x"]),
+                 enc_update(None, 7, ["1", "b"]), enc_truncate(None, 0, [7]), enc_insert(None, 9, ["5", "?"]),
+                 enc_relation(None, 7, "public", "t", "d", cols2), enc_insert(None, 7, ["20", "c", "5"]),
+                 enc_delete(None, 7, ["20", None, None])),
+            enc_stream_start(500, True), enc_insert(500, 7, ["30", "s", "1"]), pgoutput_stream_stop(),
+            *txn(2, 20, enc_insert(None, 7, ["31", "p", "2"]), enc_insert(None, 8, ["2", "y"])), None,
+            enc_stream_commit(500, 0, 29, 30, 0)]
+    out = []
+    for route in (True, False):
+        sorter = MemorySorter().span("cf/0")
+        marks: list[Watermark] = []
+        source = PgSpanSource(FakeStream(wire, route=route, run_rows=run_rows),  # type: ignore[arg-type]
+                              TableFilter(("public.*",)), Watermark(0, 0.0), no_catalog, "cf/0")
+        drive(source, sorter, marks.append)
+        out.append(([(t.commit_ts, list(t.payloads)) for t in sorter.read_txns(-1, MAX)], marks))
+    assert out[0] == out[1]
+    assert [len(p) for _, p in out[0][0]] == [15, 1, 1]  # (with the schema change the new Relation stores)
