@@ -136,6 +136,36 @@ def wait_slots_inactive(upstream: PostgresServer, db: str, slots: list[str], tim
         time.sleep(0.05)
 
 
+def log_running_xacts(upstream: PostgresServer, db: str) -> int:
+    """Write a running-transactions record now (``pg_log_standby_snapshot``, PostgreSQL 16+) and return the WAL
+    position after it. A logical slot's ``restart_lsn`` (where its walsender starts decoding on the next start)
+    moves only to such a record, once its consumer has confirmed a position past it; the server writes one only
+    every 15 s (bgwriter) or at a checkpoint."""
+    conn = upstream.connect(db)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_log_standby_snapshot()")
+        return current_lsn(conn)
+    finally:
+        conn.close()
+
+
+def slots_restarting_before(upstream: PostgresServer, db: str, slots: list[str], lsn: int) -> list[str]:
+    """The slots among ``slots`` whose walsender would start decoding before ``lsn`` (``restart_lsn < lsn``)."""
+    rows = upstream.execute("SELECT slot_name FROM pg_replication_slots WHERE slot_name = ANY(%s) "
+                            "AND restart_lsn < %s::pg_lsn", db=db, params=(slots, lsn_to_str(lsn))) or []
+    return [str(name) for (name,) in rows]
+
+
+def wait_restart_past(upstream: PostgresServer, db: str, slots: list[str], lsn: int, timeout: float = 30) -> list[str]:
+    """Wait until no slot of ``slots`` restarts decoding before ``lsn``; return those that still do after
+    ``timeout`` (their consumer must keep running meanwhile: its confirmations move the restart point)."""
+    deadline = time.monotonic() + timeout
+    while (behind := slots_restarting_before(upstream, db, slots, lsn)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return behind
+
+
 class WalNudger:
     """While a wait runs longer than ``after`` seconds, writes a tiny non-transactional logical message
     upstream every ``every`` seconds. A target LSN read with ``pg_current_wal_insert_lsn()`` can lie just
