@@ -602,6 +602,33 @@ def measure_native(sub: NativeSubscription, target_lsn: int, rows: int, timeout:
     return m
 
 
+def catch_up_untimed(upstream: PostgresServer, db: str, feeds: list[TidewaterFeed], sub: NativeSubscription | None,
+                     lsn: int, timeout: float) -> list[str]:
+    """Every paused consumer reads an untimed setup's WAL up to ``lsn`` and stays on until its slot restarts decoding
+    past it; paused again on return, which gives the slots that still restart before ``lsn`` (none normally).
+
+    Paused at once, a slot keeps the restart point it had before the setup (it moves only to a running-transactions
+    record its consumer confirmed, and the server logs one only every 15 s), and its walsender then decodes the whole
+    setup again, spilling its large transactions to disk, at the start of the next timed catch-up: up to 2-3x the
+    walsender CPU of (c), charged to Tidewater and native but never to pg_recvlogical, whose slot is created for each
+    timed phase. A changefeed that restarts pays the same (so does native): that is PostgreSQL's restart rule, not
+    what a timed phase measures."""
+    mark = log_running_xacts(upstream, db)
+    for feed in feeds:
+        feed.resume()
+    for feed in feeds:
+        feed.wait(mark, timeout)
+    behind = wait_restart_past(upstream, db, [slot for feed in feeds for slot in feed.slots], lsn)
+    for feed in feeds:
+        feed.pause()
+    if sub is not None:
+        sub.enable()
+        sub.wait(mark, timeout)
+        behind += wait_restart_past(upstream, db, [sub.name], lsn)
+        sub.disable()
+    return behind
+
+
 # ---- pg_recvlogical -------------------------------------------------------------------------------------
 def create_recv_slot(upstream: PostgresServer, db: str, slot: str) -> None:
     """(Re)create the logical slot ``slot`` (pgoutput) for ``pg_recvlogical``."""

@@ -34,13 +34,12 @@ from bench.consumers import (
     SyncpointPosition,
     TargetPosition,
     TidewaterFeed,
+    catch_up_untimed,
     create_recv_slot,
     drop_slot,
-    log_running_xacts,
     measure_native,
     measure_recvlogical,
     measure_tidewater,
-    wait_restart_past,
 )
 from bench.env import BenchEnv
 from bench.lag import LagResult, lag_native, lag_tidewater
@@ -260,27 +259,8 @@ class Runner:
 
     def _catch_up_untimed(self, db: str, feeds: dict[str, TidewaterFeed], sub: NativeSubscription | None,
                           lsn: int) -> None:
-        """Every paused consumer reads the setup's WAL up to ``lsn`` and stays on until its slot restarts decoding
-        past it. Paused at once, a slot keeps the restart point it had before the setup (it moves only to a
-        running-transactions record its consumer confirmed, and the server logs one only every 15 s), and the
-        walsender then decodes the whole setup again, spilling its large transactions to disk, at the start of the
-        next timed catch-up: up to 2-3x the walsender CPU of (c), charged to Tidewater and native but never to
-        pg_recvlogical, whose slot is created for each timed phase."""
         t0 = time.monotonic()
-        mark = log_running_xacts(self.up, db)
-        slots = [slot for feed in feeds.values() for slot in feed.slots]
-        for feed in feeds.values():
-            feed.resume()
-        for feed in feeds.values():
-            feed.wait(mark, self.opts.timeout)
-        behind = wait_restart_past(self.up, db, slots, lsn) if slots else []
-        for feed in feeds.values():
-            feed.pause()
-        if sub is not None:
-            sub.enable()
-            sub.wait(mark, self.opts.timeout)
-            behind += wait_restart_past(self.up, db, [sub.name], lsn)
-            sub.disable()
+        behind = catch_up_untimed(self.up, db, list(feeds.values()), sub, lsn, self.opts.timeout)
         if behind:
             self.notes.append(f"slots {', '.join(behind)} still restart decoding inside the setup's WAL: their "
                               "timed catch-up includes decoding it again")
