@@ -136,6 +136,36 @@ def wait_slots_inactive(upstream: PostgresServer, db: str, slots: list[str], tim
         time.sleep(0.05)
 
 
+def log_running_xacts(upstream: PostgresServer, db: str) -> int:
+    """Write a running-transactions record now (``pg_log_standby_snapshot``, PostgreSQL 16+) and return the WAL
+    position after it. A logical slot's ``restart_lsn`` (where its walsender starts decoding on the next start)
+    moves only to such a record, once its consumer has confirmed a position past it; the server writes one only
+    every 15 s (bgwriter) or at a checkpoint."""
+    conn = upstream.connect(db)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_log_standby_snapshot()")
+        return current_lsn(conn)
+    finally:
+        conn.close()
+
+
+def slots_restarting_before(upstream: PostgresServer, db: str, slots: list[str], lsn: int) -> list[str]:
+    """The slots among ``slots`` whose walsender would start decoding before ``lsn`` (``restart_lsn < lsn``)."""
+    rows = upstream.execute("SELECT slot_name FROM pg_replication_slots WHERE slot_name = ANY(%s) "
+                            "AND restart_lsn < %s::pg_lsn", db=db, params=(slots, lsn_to_str(lsn))) or []
+    return [str(name) for (name,) in rows]
+
+
+def wait_restart_past(upstream: PostgresServer, db: str, slots: list[str], lsn: int, timeout: float = 30) -> list[str]:
+    """Wait until no slot of ``slots`` restarts decoding before ``lsn``; return those that still do after
+    ``timeout`` (their consumer must keep running meanwhile: its confirmations move the restart point)."""
+    deadline = time.monotonic() + timeout
+    while (behind := slots_restarting_before(upstream, db, slots, lsn)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return behind
+
+
 class WalNudger:
     """While a wait runs longer than ``after`` seconds, writes a tiny non-transactional logical message
     upstream every ``every`` seconds. A target LSN read with ``pg_current_wal_insert_lsn()`` can lie just
@@ -570,6 +600,33 @@ def measure_native(sub: NativeSubscription, target_lsn: int, rows: int, timeout:
         except Exception as exc:  # noqa: BLE001
             m.error = m.error or f"disable failed: {exc}"
     return m
+
+
+def catch_up_untimed(upstream: PostgresServer, db: str, feeds: list[TidewaterFeed], sub: NativeSubscription | None,
+                     lsn: int, timeout: float) -> list[str]:
+    """Every paused consumer reads an untimed setup's WAL up to ``lsn`` and stays on until its slot restarts decoding
+    past it; paused again on return, which gives the slots that still restart before ``lsn`` (none normally).
+
+    Paused at once, a slot keeps the restart point it had before the setup (it moves only to a running-transactions
+    record its consumer confirmed, and the server logs one only every 15 s), and its walsender then decodes the whole
+    setup again, spilling its large transactions to disk, at the start of the next timed catch-up: up to 2-3x the
+    walsender CPU of (c), charged to Tidewater and native but never to pg_recvlogical, whose slot is created for each
+    timed phase. A changefeed that restarts pays the same (so does native): that is PostgreSQL's restart rule, not
+    what a timed phase measures."""
+    mark = log_running_xacts(upstream, db)
+    for feed in feeds:
+        feed.resume()
+    for feed in feeds:
+        feed.wait(mark, timeout)
+    behind = wait_restart_past(upstream, db, [slot for feed in feeds for slot in feed.slots], lsn)
+    for feed in feeds:
+        feed.pause()
+    if sub is not None:
+        sub.enable()
+        sub.wait(mark, timeout)
+        behind += wait_restart_past(upstream, db, [sub.name], lsn)
+        sub.disable()
+    return behind
 
 
 # ---- pg_recvlogical -------------------------------------------------------------------------------------
