@@ -17,7 +17,7 @@ Guarantees:
 - Reading: the connection is drained in batches by :mod:`upstream.postgres.walread` (in C: libpq's
   messages without a psycopg2 object or Python call each; keepalives asking for an answer are answered
   here), feedback with the acked position at least every ``feedback_interval``, busy or idle. While it
-  catches up it is woken per 64 KiB received or every 2 ms (:class:`_Waits`): a message may wait up to
+  catches up it is woken per 64 KiB received or every 2 ms (:class:`StreamWaits`): a message may wait up to
   2 ms longer then, never longer than that.
 - Threading: iterate from one thread; ``ack`` may be called from any thread.
 - Slot takeover: ``open()`` with ``takeover=True`` (what a span's runner uses) ends a walsender that
@@ -68,7 +68,7 @@ class Keepalive:
 _SLOT_LOST_FIX = "Remove the changefeed and create it again (re-synchronising the downstream)"
 
 
-class _Waits:
+class StreamWaits:
     """How the stream waits for the walsender between drains. A stream that read ``BUSY_MESSAGES`` or more since its
     last wait is catching up: the walsender sends each message as it decodes it, and a reader woken by every few of
     them pays a wake-up (select, the GIL taken back, a drain) per handful of rows. So while busy, the socket is asked
@@ -291,18 +291,18 @@ class ReplicationStream:
         (``pgoutput.decode``): no object per row, two fewer per transaction, on the hottest path. The connection is
         drained in batches (:mod:`upstream.postgres.walread`: in C where it builds). ``None`` each time it has read
         everything received so far, before it waits for more: a reader may gather work per message and act on it
-        there (``PgSpanSource`` reports its resolved watermark then). Between drains it waits as :class:`_Waits` says."""
+        there (``PgSpanSource`` reports its resolved watermark then). Between drains it waits as :class:`StreamWaits` says."""
         cur = self._cur
         assert cur is not None, "open() first"
         reader = walread.reader(self._conn, cur)
-        waits = _Waits(self._conn)
+        waits = StreamWaits(self._conn)
         try:
             yield from self._read(stop, prefixes, cur, reader, waits)
         finally:
             waits.close()
 
     def _read(self, stop: threading.Event, prefixes: dict[int, bytes] | None, cur: Any, reader: walread.Reader,
-              waits: _Waits) -> Iterator[Any]:
+              waits: StreamWaits) -> Iterator[Any]:
         in_stream = False
         last_feedback = 0.0
         last_mark = Keepalive(0, 0.0)

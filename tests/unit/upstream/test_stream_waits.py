@@ -1,4 +1,4 @@
-"""How the replication stream waits between drains (upstream/postgres/stream.py, _Waits): after a busy drain the socket
+"""How the replication stream waits between drains (upstream/postgres/stream.py, StreamWaits): after a busy drain the socket
 wakes the reader only once BUSY_BYTES are queued (or after BUSY_WAIT), after a quiet one at the first byte again."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from upstream.postgres.stream import _Waits
+from upstream.postgres.stream import StreamWaits
 
 
 class _Conn:
-    """What _Waits reads of a psycopg2 connection: its socket's descriptor."""
+    """What StreamWaits reads of a psycopg2 connection: its socket's descriptor."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
@@ -42,14 +42,14 @@ def _readable(sock: Any) -> bool:
 def test_a_busy_stream_is_woken_by_a_batch_a_quiet_one_by_the_first_byte(tcp: tuple[socket.socket, socket.socket]
                                                                          ) -> None:
     reader, sender = tcp
-    waits = _Waits(_Conn(reader))
+    waits = StreamWaits(_Conn(reader))
     sender.sendall(b"x" * 100)
-    waits.wait(reader, _Waits.BUSY_MESSAGES)  # busy: returns after BUSY_WAIT with 100 bytes queued
+    waits.wait(reader, StreamWaits.BUSY_MESSAGES)  # busy: returns after BUSY_WAIT with 100 bytes queued
     assert not _readable(reader), "100 bytes must not wake a busy reader"
-    sender.sendall(b"y" * _Waits.BUSY_BYTES)
-    waits.wait(reader, _Waits.BUSY_MESSAGES)
+    sender.sendall(b"y" * StreamWaits.BUSY_BYTES)
+    waits.wait(reader, StreamWaits.BUSY_MESSAGES)
     assert _readable(reader)
-    reader.recv(2 * _Waits.BUSY_BYTES)
+    reader.recv(2 * StreamWaits.BUSY_BYTES)
     sender.sendall(b"z")
     waits.wait(reader, 0)  # quiet again: the first byte wakes it
     assert _readable(reader)
@@ -59,9 +59,9 @@ def test_a_busy_stream_is_woken_by_a_batch_a_quiet_one_by_the_first_byte(tcp: tu
 
 def test_closing_while_busy_leaves_the_connection_as_it_found_it(tcp: tuple[socket.socket, socket.socket]) -> None:
     reader, sender = tcp
-    waits = _Waits(_Conn(reader))
-    waits.wait(reader, 10 * _Waits.BUSY_MESSAGES)
-    assert reader.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == _Waits.BUSY_BYTES
+    waits = StreamWaits(_Conn(reader))
+    waits.wait(reader, 10 * StreamWaits.BUSY_MESSAGES)
+    assert reader.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == StreamWaits.BUSY_BYTES
     waits.close()
     assert reader.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
     sender.sendall(b"x")
@@ -71,9 +71,9 @@ def test_closing_while_busy_leaves_the_connection_as_it_found_it(tcp: tuple[sock
 def test_a_unix_socket_waits_as_before() -> None:
     a, b = socket.socketpair()
     try:
-        waits = _Waits(_Conn(a))
+        waits = StreamWaits(_Conn(a))
         b.sendall(b"x")
-        waits.wait(a, 10 * _Waits.BUSY_MESSAGES)
+        waits.wait(a, 10 * StreamWaits.BUSY_MESSAGES)
         assert _readable(a)
         assert a.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT) == 1
         waits.close()
