@@ -29,6 +29,7 @@ from typing import Any
 import psycopg2
 
 from cdc import cbuild
+from upstream.postgres import libpq
 
 log = logging.getLogger(__name__)
 
@@ -68,40 +69,21 @@ class _Lib:
         self.release = helper.tw_copy_release
         self.release.restype = None
         self.release.argtypes = [ctypes.POINTER(_State), ctypes.c_void_p]
-        self.get_copy = ctypes.cast(pq.PQgetCopyData, ctypes.c_void_p).value
-        self.freemem = ctypes.cast(pq.PQfreemem, ctypes.c_void_p).value
+        self.get_copy = libpq.address(pq, "PQgetCopyData")
+        self.freemem = libpq.address(pq, "PQfreemem")
+        # (typed by upstream.postgres.libpq)
         self.exec = pq.PQexec
-        self.exec.restype, self.exec.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_char_p]
         self.get_result = pq.PQgetResult
-        self.get_result.restype, self.get_result.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
         self.status = pq.PQresultStatus
-        self.status.restype, self.status.argtypes = ctypes.c_int, [ctypes.c_void_p]
         self.clear = pq.PQclear
-        self.clear.restype, self.clear.argtypes = None, [ctypes.c_void_p]
         self.error_field = pq.PQresultErrorField
-        self.error_field.restype, self.error_field.argtypes = ctypes.c_char_p, [ctypes.c_void_p, ctypes.c_int]
         self.result_error = pq.PQresultErrorMessage
-        self.result_error.restype, self.result_error.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
         self.conn_error = pq.PQerrorMessage
-        self.conn_error.restype, self.conn_error.argtypes = ctypes.c_char_p, [ctypes.c_void_p]
 
 
 _lock = threading.Lock()
 _lib: _Lib | None = None
 _why_not: str | None = None
-
-
-def libpq_path() -> str | None:
-    """The libpq psycopg2's extension is linked against, as loaded in this process (Linux: /proc/self/maps)."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return None
-    for line in maps.splitlines():
-        path = line.split()[-1] if line.split() else ""
-        if "/libpq" in path and ".so" in path:
-            return path
-    return None
 
 
 def build() -> Path:
@@ -116,10 +98,10 @@ def _load() -> _Lib | None:
         if _lib is not None or _why_not is not None:
             return _lib
         try:
-            libpq = libpq_path()
-            if libpq is None:
-                raise OSError("psycopg2's libpq is not found among this process's libraries")
-            _lib = _Lib(ctypes.CDLL(str(build())), ctypes.CDLL(libpq))
+            pq = libpq.load()
+            if pq is None:
+                raise OSError(libpq.why_not() or "psycopg2's libpq cannot be loaded")
+            _lib = _Lib(ctypes.CDLL(str(build())), pq)
         except (OSError, AttributeError, subprocess.SubprocessError) as exc:
             _why_not = str(exc)
             log.info("snapshot reads use psycopg2's copy_expert (more client CPU per row): the COPY helper is not "

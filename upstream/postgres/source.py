@@ -523,7 +523,7 @@ class PgSpanSource(SpanSource):
         begin_b, commit_b = pgoutput.BEGIN, pgoutput.COMMIT
         begin_xid, commit_position = pgoutput.begin_xid, pgoutput.commit_position
         add, add_many, commit = buffer.add, buffer.add_many, buffer.commit
-        prefixes: dict[int, bytes] = {}  # schema version -> its encoded payload prefix
+        plain_prefixes = self._plain_prefixes  # relid -> its version's payload prefix (the stream routes by it too)
         # the resolved watermark not yet reported (module docstring, "Resolved"): pend_ts > resolved.ts while commits
         # wait for the report; ``unreported`` counts them
         pend_ts, pend_time = resolved.ts, resolved.time
@@ -533,7 +533,7 @@ class PgSpanSource(SpanSource):
         # before any other message is handled, so the buffer sees every change in stream order
         run: list[bytes] = []
         try:
-            for m in self.stream.messages(stop, self._plain_prefixes):
+            for m in self.stream.messages(stop, plain_prefixes):
                 t = type(m)
                 if t is list:  # a run of plain changes the stream stored already (prefix + raw: ReplicationStream)
                     if run:  # (never from a stream that routes: it yields only malformed plain changes raw)
@@ -569,12 +569,9 @@ class PgSpanSource(SpanSource):
                             run = []
                         txn_xid = begin_xid(m)
                         continue
-                    ver = relver.get(relid_of(m))
-                    if ver is None:
+                    prefix = plain_prefixes.get(relid_of(m))
+                    if prefix is None:  # (a relation the span does not carry)
                         continue
-                    prefix = prefixes.get(ver)
-                    if prefix is None:
-                        prefix = prefixes[ver] = encode_payload(ver, b"")
                     run.append(prefix + m)
                     if len(run) >= _RUN_ROWS:
                         add_many(txn_xid, txn_xid, run)

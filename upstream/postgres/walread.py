@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cdc import cbuild
+from upstream.postgres import libpq
 
 log = logging.getLogger(__name__)
 
@@ -162,42 +163,20 @@ def reader(conn: Any, cursor: Any) -> Reader:
     return PyReader(cursor)
 
 
-_pq: ctypes.CDLL | None = None
-
-
-def _libpq_lib() -> ctypes.CDLL | None:
-    global _pq
-    if _pq is None:
-        from upstream.postgres.copy_out import libpq_path
-
-        path = libpq_path()
-        if path is None:
-            log.info("the replication stream is read through psycopg2's read_message: its libpq is not found")
-            return None
-        lib = ctypes.CDLL(path)
-        for name, res, args in (("PQgetResult", ctypes.c_void_p, [ctypes.c_void_p]),
-                                ("PQresultErrorMessage", ctypes.c_char_p, [ctypes.c_void_p]),
-                                ("PQclear", None, [ctypes.c_void_p]),
-                                ("PQerrorMessage", ctypes.c_char_p, [ctypes.c_void_p])):
-            fn = getattr(lib, name)
-            fn.restype, fn.argtypes = res, args
-        _pq = lib
-    return _pq
-
-
 def _libpq() -> tuple[int, int, int] | None:
     """The addresses of PQgetCopyData, PQconsumeInput and PQfreemem in the libpq psycopg2 runs on."""
-    lib = _libpq_lib()
+    lib = libpq.load()
     if lib is None:
+        log.info("the replication stream is read through psycopg2's read_message: %s", libpq.why_not())
         return None
-    return tuple(ctypes.cast(f, ctypes.c_void_p).value or 0  # type: ignore[return-value]
-                 for f in (lib.PQgetCopyData, lib.PQconsumeInput, lib.PQfreemem))
+    return (libpq.address(lib, "PQgetCopyData"), libpq.address(lib, "PQconsumeInput"),
+            libpq.address(lib, "PQfreemem"))
 
 
 def failure_text(conn: Any, status: int) -> str:
     """Why a drain of ``conn`` returned :data:`END` (the server's error that ended the COPY, its results consumed)
     or :data:`FAILED` (libpq's connection error), as psycopg2 would have raised it."""
-    lib = _libpq_lib()
+    lib = libpq.load()
     if lib is None:  # (a PyReader: psycopg2 raised it itself)
         return "the replication stream ended"
     if status == CLOSED or conn.pgconn_ptr is None:
