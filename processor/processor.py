@@ -63,7 +63,7 @@ from processor.barrier import UNORDERED, OtherSpan, barrier_position, barrier_ve
 from processor.floors import TableFloors
 from processor.merged_rows import MergedRows
 from processor.recovery import DependencyProbe
-from processor.snapshot import CopyLauncher, CopyStopped, InitialCopy, Truncate
+from processor.snapshot import CopyLauncher, CopyStopped, InitialCopy, Truncate, join_wait
 from processor.source_process import ChildSpanSource
 from processor.span import CopyPlan, SchemaRecorder, SinkPlan, SpanHooks, SpanRunner, SpanWarnings
 from processor.table_hold import TableHold
@@ -473,7 +473,8 @@ class Processor:
                            chunk_rows=config.snapshot.chunk_rows, spark_master=config.snapshot.spark_master,
                            label=label, spark_min_rows=config.snapshot.spark_min_rows, truncate=truncate,
                            defer_keys=truncate is None and not merge, restart_target=restart_target, merge=merge,
-                           merged_rows=merged, announce=announce, resume=resume)
+                           merged_rows=merged, announce=announce, resume=resume,
+                           join_wait=join_wait(self.config.upstream_check_interval))
 
     @staticmethod
     def _take_up_table_copies(info: ChangefeedInfo, span: int, state: SpanSnapshot | None,

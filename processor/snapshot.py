@@ -73,6 +73,18 @@ Announce = Callable[[Sequence[CopiedChunk]], None]
 PLAN_READERS = 4
 """Upstream connections that plan a span's new tables in parallel (each imports the run's exported snapshot)."""
 
+JOIN_POLL = 0.2
+"""Seconds between a table copy's looks at its span's publication while it waits for a table to join it."""
+JOIN_SLACK = 10.0
+"""Seconds a table copy waits for a table to join its publication beyond the owner's looks (:func:`join_wait`)."""
+
+
+def join_wait(upstream_check_interval: float) -> float:
+    """How long a table copy waits, quietly, for a table of it to join the span's publication
+    (:meth:`InitialCopy._joined`): two of the owner's looks at the upstream (``upstream-check-interval``: an add that
+    waited in vain for the table's writers is tried again at the next look) and :data:`JOIN_SLACK` for a slow host."""
+    return 2 * upstream_check_interval + JOIN_SLACK
+
 
 class CopyStopped(TidewaterError):
     """The span was asked to stop (pause, move, remove) during its copy: the job was ended."""
@@ -90,7 +102,8 @@ class CopyIncomplete(TidewaterError):
 
 
 class TableCopyWaiting(TidewaterError):
-    """A table copy names a table that exists upstream but is not in its span's publication yet."""
+    """A table copy names a table that exists upstream but is not in its span's publication yet, and did not join it
+    within the copy's ``join_wait`` (:meth:`InitialCopy._joined`)."""
 
     code = "CDC:ErrTableCopyWaiting"
     retryable = True
@@ -173,7 +186,8 @@ class InitialCopy:
                  truncate: Truncate | None = None, defer_keys: bool = False,
                  restart_target: RestartTarget | None = None, merge: bool = False,
                  merged_rows: MergedRows | None = None, announce: Announce | None = None,
-                 resume: str | None = None) -> None:
+                 resume: str | None = None, join_wait: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.info = info
         self.resume = resume  # the span's resume token at its start: the exports are numbered as its stream's Ts
         self.span = span
@@ -194,24 +208,24 @@ class InitialCopy:
         self.merge = merge or merged_rows is not None
         self.merged_rows = merged_rows  # merge: counts the rows kept that the upstream does not have (after the copy)
         self.announce = announce
+        self.join_wait = join_wait  # a table copy: how long it waits for a table of it to join the publication
+        self.clock = clock
 
     def __call__(self, stop: threading.Event, gate: StreamGate | None = None) -> dict[str, int]:
         """Copy what is left; return the floors (table -> Ts) once the span's snapshot is done. ``gate``: the
         span streams meanwhile (a table copy)."""
         if self.state.phase == "done":
             return dict(self.state.floors)
-        tables = self.upstream.span_tables(self.span)
-        if tables is None:
-            raise InvalidArgument(f"span {self.label}: its publication {self.span.publication!r} no longer exists "
-                                  "upstream; the changefeed cannot copy or stream: remove it and create it again")
+        tables = self._span_tables()
         kept: dict[str, int] = {}
         orphans: dict[int, TableName] = {}
         now: dict[str, str] = {}
         if self.state.tables:  # a table copy: the tables asked for that the span still publishes
             wanted = set(self.state.tables)
-            published = {str(t) for t in tables}
-            now = self._renamed_since(wanted - published, published)
-            self._check_published(wanted - published - set(now))
+            tables, now = self._joined(wanted, tables, stop)
+            for old, name in sorted(now.items()):
+                log.warning("span=%s table %s (relation oid %d) to be copied is called %s now: copied under that "
+                            "name", self.label, old, self.state.oids.get(old, 0), name)
             tables = [t for t in tables if str(t) in wanted or str(t) in now.values()]
             kept = {k: v for k, v in self.state.floors.items()
                     if k not in wanted and k not in now.values() and k not in self.state.names.values()}
@@ -357,12 +371,58 @@ class InitialCopy:
                 out[oid] = TableName.parse(then)
         return out
 
+    def _span_tables(self) -> list[TableName]:
+        tables = self.upstream.span_tables(self.span)
+        if tables is None:
+            raise InvalidArgument(f"span {self.label}: its publication {self.span.publication!r} no longer exists "
+                                  "upstream; the changefeed cannot copy or stream: remove it and create it again")
+        return tables
+
+    def _joined(self, wanted: set[str], tables: list[TableName],
+                stop: threading.Event) -> tuple[list[TableName], dict[str, str]]:
+        """A table copy of ``wanted``, whose span publishes ``tables``: the span's tables once every table of
+        ``wanted`` is published (under its name, or under the name it was renamed to: the second value,
+        :meth:`_renamed_since`), dropped upstream, or ``join_wait`` seconds have passed.
+
+        A table that exists upstream but is not in the publication yet is waited for, quietly (the span streams its
+        other tables meanwhile, and the copy's hold holds nothing of a table it does not publish): the owner asks for
+        a joining table's copy just *before* it adds the table (so that an owner dying in between leaves the request
+        behind), and the add waits for the table's writers, or is deferred to the owner's next look; a span that
+        takes the copy up meanwhile must not fail for it (docs/snapshot.md, "Table copies"). A table still out after
+        ``join_wait``: :class:`TableCopyWaiting` (retryable; the changefeed shows it, and the owner's warnings say
+        why a table is not added)."""
+        deadline = self.clock() + self.join_wait
+        waited: list[str] = []
+        while True:
+            published = {str(t) for t in tables}
+            now = self._renamed_since(wanted - published, published)
+            out = self._not_published(wanted - published - set(now))
+            if not out:
+                if waited:
+                    log.info("span=%s: %s joined publication %s; the table copy goes on", self.label,
+                             ", ".join(waited), self.span.publication)
+                return tables, now
+            if self.clock() >= deadline:
+                raise TableCopyWaiting(
+                    f"span {self.label}: table {out[0]} is to be copied but is not in publication "
+                    f"{self.span.publication} yet (waited {self.join_wait:g}s); the copy starts once the owner has "
+                    "added it (if it stays out, see the changefeed's warnings for why it is not eligible)")
+            if not waited:
+                log.info("span=%s: the table copy waits up to %gs for %s to join publication %s (the owner adds a "
+                         "joining table right after asking for its copy)", self.label, self.join_wait,
+                         ", ".join(out), self.span.publication)
+                waited = out
+            if stop.wait(JOIN_POLL):
+                raise CopyStopped(f"span {self.label} stopped while its table copy waited for {', '.join(out)} to "
+                                  "join its publication")
+            tables = self._span_tables()
+
     def _renamed_since(self, missing: set[str], published: set[str]) -> dict[str, str]:
         """Of a table copy's tables that the span no longer publishes under the name they were asked for: those
         renamed since (``ALTER TABLE .. RENAME``, ``SET SCHEMA``), found by the relation oid recorded when the copy
         was asked for or taken up (:attr:`SpanSnapshot.oids`), with the name the span publishes them under now: they
         are copied under it (the hold holds them by oid). A table renamed out of the span's publication, or whose oid
-        is not known: left to :meth:`_check_published`."""
+        is not known: left to :meth:`_not_published`."""
         out: dict[str, str] = {}
         for old in sorted(missing):
             oid = self.state.oids.get(old, 0)
@@ -373,24 +433,20 @@ class InitialCopy:
             except InvalidArgument:
                 continue  # gone upstream
             if name in published:
-                log.warning("span=%s table %s (relation oid %d) to be copied is called %s now: copied under that "
-                            "name", self.label, old, oid, name)
                 out[old] = name
         return out
 
-    def _check_published(self, missing: set[str]) -> None:
-        """A table of a table copy that the span does not publish: dropped since (nothing to copy), or not added
-        yet (the owner asks for a joining table's copy just before it adds it): then the copy waits for it, as a
-        retryable error the changefeed shows."""
+    def _not_published(self, missing: set[str]) -> list[str]:
+        """Of a table copy's tables that the span does not publish: those not added yet (they exist upstream under
+        that name), not those dropped since (nothing to copy: the stream replays the DROP)."""
+        out: list[str] = []
         for name in sorted(missing):
             try:
                 self.upstream.table_schema(TableName.parse(name))
             except InvalidArgument:
                 continue  # gone upstream: nothing to copy
-            raise TableCopyWaiting(
-                f"span {self.label}: table {name} is to be copied but is not in publication {self.span.publication} "
-                "yet; the copy starts once the owner has added it (if it stays out, see the changefeed's warnings "
-                "for why it is not eligible)")
+            out.append(name)
+        return out
 
     def _catch_up(self, gate: StreamGate, tables: Sequence[TableName], stop: threading.Event) -> None:
         """A table copy's run, before it plans: the span writes the copied tables' changes up to the first

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cdc.errors import InvalidArgument
@@ -170,14 +171,15 @@ class Restarts:
 
 def initial_copy(progress: Progress, state: SpanSnapshot | None = None, upstream: Upstream | None = None,
                  job: Job | None = None, *, restart: Restarts | None = None, merge: bool = False,
-                 merged_rows: Any = None, announce: Any = None) -> tuple[InitialCopy, list[SpanSnapshot]]:
+                 merged_rows: Any = None, announce: Any = None, join_wait: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> tuple[InitialCopy, list[SpanSnapshot]]:
     info = ChangefeedInfo("cf", "postgresql://u@h/db", "sqlite:///t.db", {}, 10, 1.0, 1.0,
                           (SpanInfo(0, "slot0", "pub0", 10),), initial_copy=True)
     stored: list[SpanSnapshot] = []
     copy = InitialCopy(info, info.spans[0], upstream or Upstream([], []), progress,  # type: ignore[arg-type]
                        job or Job(progress), stored.append, state, chunk_rows=100,  # type: ignore[arg-type]
                        spark_master="local[1]", label="cf/0", restart_target=restart, merge=merge,
-                       merged_rows=merged_rows, announce=announce)
+                       merged_rows=merged_rows, announce=announce, join_wait=join_wait, clock=clock)
     return copy, stored
 
 
