@@ -143,7 +143,12 @@ def test_a_joining_table_whose_add_waits_for_a_writer_is_copied_without_a_warnin
         q = wait_for(cdc, "jw", lambda q: q["state"] != "normal" or "to join publication" in cdc.log_tail(400),
                      "the table copy of public.late waiting for the table to join", timeout=120)
         assert q["state"] == "normal", (q["error"], q["warnings"])
-        assert _waiting_on(pg_server, pg_database, "late") == 1  # (the owner's add, behind the writer)
+        deadline = time.monotonic() + 60
+        while _waiting_on(pg_server, pg_database, "late") < 1:  # the owner's add behind the writer (tried each look)
+            assert time.monotonic() < deadline, f"the owner's add did not wait for the writer\n{cdc.log_tail()}"
+            time.sleep(0.1)
+        q = cdc.changefeed("jw")
+        assert q["state"] == "normal", (q["error"], q["warnings"])  # the copy taken up and waiting: no error
         writer.commit()  # the add goes through at the owner's next look
     finally:
         writer.close()
