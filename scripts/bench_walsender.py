@@ -17,7 +17,7 @@ ACKs its softirq sends). The walsender is found as the postmaster forks it, stop
 let go: the counts cover its whole stream (``perf stat -a --per-thread`` misses a thread started after it, ``-p``
 does not follow a fork). ``--record DIR``: ``perf record -g`` of each walsender instead of the counts.
 
-``tidewater:N`` as a consumer sets the reader's ``SO_RCVBUF`` to N after the connection is up (``--rcvbuf`` for
+``tidewater:unix`` reads over the server's Unix socket instead of TCP. ``tidewater:N`` as a consumer sets the reader's ``SO_RCVBUF`` to N after the connection is up (``--rcvbuf`` for
 every Tidewater consumer); ``--lowat`` / ``--busy-wait`` change :class:`StreamWaits`. Below the sender's MSS (half the
 largest window it saw, 32 KiB here) a shrunk window wedges the stream on the persist timer: ``tidewater:8192`` read
 18 MB in 4 minutes (``--timeout`` ends such a run).
@@ -155,7 +155,21 @@ def run_tidewater(up: PostgresServer, slot: str, start: int, target: int, args: 
     if args.busy_wait is not None:
         stream_mod.StreamWaits.BUSY_WAIT = args.busy_wait
     s = ReplicationStream(up.uri(DB), slot, PUB, start, holder="walsnd")
-    s.open()
+    if getattr(args, "unix", ""):  # (our URIs name a TCP host only: the socket directory is put in behind them)
+        from upstream.postgres import conn as conn_mod
+
+        plain = conn_mod.connect_kwargs
+
+        def over_socket(*a: Any, **k: Any) -> dict[str, Any]:
+            return {**plain(*a, **k), "host": args.unix}
+
+        conn_mod.connect_kwargs = over_socket  # type: ignore[assignment]
+        try:
+            s.open()
+        finally:
+            conn_mod.connect_kwargs = plain  # type: ignore[assignment]
+    else:
+        s.open()
     if args.rcvbuf:
         import socket
 
@@ -192,7 +206,9 @@ def run_recvlogical(up: PostgresServer, slot: str, target: int) -> subprocess.Po
 def measure(up: PostgresServer, sub_server: PostgresServer, consumer: str, rnd: int, lo: int, rows: int,
             args: argparse.Namespace) -> dict[str, Any]:
     consumer, _, rcvbuf = consumer.partition(":")
-    if rcvbuf:
+    if rcvbuf == "unix":
+        args = argparse.Namespace(**{**vars(args), "unix": str(up.socket_dir)})
+    elif rcvbuf:
         args = argparse.Namespace(**{**vars(args), "rcvbuf": int(rcvbuf)})
     slot = f"w_{consumer}_{rnd}_{rcvbuf or 'd'}"
     native: NativeSubscription | None = None
