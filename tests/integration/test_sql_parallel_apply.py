@@ -19,7 +19,6 @@ from cdc.config import SinkConfig
 from cdc.errors import LeaseLost, SinkUnavailable
 from cdc.events import ColumnSchema, OpType, RowChange, TableName, TableSchema
 from sinks.factory import open_sink
-from sinks.sql.ops import parallel as parallel_module
 from sinks.sql.sink import SQLSink
 from tests.sql_targets import SqlTarget, make_target
 
@@ -232,10 +231,11 @@ def test_crash_between_the_workers_and_the_position(target: Target) -> None:
     sink.open_position("cf", 0, origin=5)
     first = model.batch() + model.batch()
     sink.write(first)
+    before = sink.parallel_writes
     batch = model.independent()
     with pytest.raises(LeaseLost):
         sink.write(batch, lose_on_caller)
-    assert sink.parallel_writes == 1  # the workers committed
+    assert sink.parallel_writes == before + 1  # the workers committed
     sink.close()
     assert target.execute(f"SELECT count(*) FROM {_applied(target)}")[0][0] > 0
     sink = target.sink()
@@ -289,6 +289,7 @@ def test_one_worker_refused_the_others_committed(target: Target) -> None:
     model = Model(13)
     sink = target.sink()
     sink.open_position("cf", 0, origin=5)
+    sink.write(model.independent())  # (binds the tables: a write that binds one ends its round there first)
     batch = model.independent()
     calls: list[int] = []
 
@@ -315,11 +316,10 @@ def test_one_worker_refused_the_others_committed(target: Target) -> None:
     model.check(target)
 
 
-def test_updates_of_random_keys_go_by_conflict_levels(target: Target, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Transactions updating random keys chain into one conflict component: the write is applied in rounds of
-    conflict levels (on several connections, not the one-connection fallback), and ends equal. (A round's estimated
-    fixed cost is set to 0: with it, transactions this small would rather go to one connection.)"""
-    monkeypatch.setattr(parallel_module, "ROUND_COST", 0)
+def test_updates_of_random_keys_end_rounds_where_workers_conflict(target: Target) -> None:
+    """Transactions updating random keys keep bridging the workers' keys: a streamed write ends its round (every
+    worker commits) before a transaction whose keys two workers hold, at most ``MAX_CUTS`` times, then applies its
+    rest on one worker; on several connections, and the rows end equal."""
     rnd = random.Random(3)
     rows = {k: 0 for k in range(300)}
     sink = target.sink()
@@ -339,7 +339,7 @@ def test_updates_of_random_keys_go_by_conflict_levels(target: Target, monkeypatc
     finally:
         sink.close()
     assert target.rows("pa_plain", "id, v") == sorted((k, str(n)) for k, n in rows.items())
-    assert parallel == (0 if target.kind == "sqlite" else 4)
+    assert (parallel == 0) if target.kind == "sqlite" else (parallel > 0)
 
 
 def test_worker_count_one_is_the_one_connection_path(target: Target) -> None:

@@ -95,10 +95,11 @@ import gc
 import itertools
 import logging
 import operator
+import queue
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -133,6 +134,11 @@ SERIAL_SKIP_MAX = 64
 # a worker's transaction chosen as a deadlock victim is run again this many times (20, 40, 80 ms apart...) before the
 # write fails (SinkUnavailable: the span restarts)
 DEADLOCK_RETRIES = 4
+
+# cuts of one streamed write (a transaction whose keys two workers hold: every worker commits first) after which the
+# rest of the write goes to one worker (transactions that keep bridging workers, e.g. updates of random keys that
+# repeat, would otherwise pay a commit round per few transactions)
+MAX_CUTS = 4
 
 ListBody = Callable[[Connection, int, list["Txn"]], int]
 """What a worker does with its list inside its downstream transaction, after :meth:`Position.hold` and
@@ -349,6 +355,114 @@ class ParallelApply:
                      skip_at)
         return txns, None
 
+    def stream(self, changes: Iterable[RowChange], pos: Position | None, fence: Callable[[], None] | None,
+               row_source: RowSource | None, serial: Callable[[Iterable[RowChange]], int]) -> int:
+        """Apply one write's transactions on the workers *while reading them* (module docstring, "Streamed"): each
+        transaction, once read whole (mounted by the caller's iteration) and keyed, goes to the worker that holds
+        one of its keys in the current round, else to the least loaded one; one whose keys two workers hold ends
+        the round first (every worker commits). Each worker applies its transactions as they come in one downstream
+        transaction per round. Past ``limit`` changes (one huge transaction) the round ends and the rest of the
+        write goes to ``serial`` (the one-connection path, which also moves the position); else the position moves
+        once every worker committed. Returns the changes written."""
+        skip_at = pos.skip_at() if pos is not None else 0
+        if row_source is not None:
+            row_source = self._locked(row_source)
+        worker_fence = self._locked(fence) if fence is not None else None
+        rnd = _Round(self, pos, row_source, worker_fence)
+        plans: dict[int, KeyPlan] = {}
+        schemas: dict[int, Any] = {}
+        fold = self.target.dialect == "mysql"
+        limit = self.limit
+        it = iter(changes)
+        cur: Txn | None = None
+        read = skipped = txns = 0
+        last: Txn | None = None
+        try:
+            for ch in it:
+                ts = ch.commit_ts
+                if ts <= skip_at:
+                    skipped += 1
+                    continue
+                if cur is None or ts != cur.commit_ts:
+                    if cur is not None:
+                        rnd.dispatch(cur, plans, schemas, fold)
+                        txns += 1
+                        last = cur
+                    cur = Txn(ts, ch.commit_time)
+                cur.changes.append(ch)
+                read += 1
+                if read > limit:  # one huge transaction: the one-connection path streams it (and the rest)
+                    rnd.cut()
+                    rest = itertools.chain(cur.changes, it)
+                    return rnd.count + serial(rest)
+            if cur is not None:
+                rnd.dispatch(cur, plans, schemas, fold)
+                txns += 1
+                last = cur
+            rnd.cut()
+        except BaseException:
+            rnd.abandon()
+            raise
+        if skipped:
+            log.info("%s: skipped %d change(s) already downstream (commit <= %d)", self.target.where, skipped,
+                     skip_at)
+        if last is None:
+            return serial(())
+        self.planned(txns, rnd.widest)
+        if rnd.widest > 1:
+            if not self.parallel_writes:  # once per sink: that this span's writes do go to several connections
+                log.info("%s: first write applied on %d connections in %d round(s) (worker-count %d)%s",
+                         self.target.where, rnd.widest, rnd.rounds, self.workers, _ids(pos))
+            self.parallel_writes += 1
+        if pos is not None:
+            done = last
+            self.mover.run(lambda conn: pos.record(conn, done.commit_ts, done.commit_time), pos.sql.label,
+                           fence=fence)
+            pos.committed(done.commit_ts)
+        return rnd.count
+
+    def key_plans(self, plans: dict[int, KeyPlan], schemas: dict[int, Any], txn: Txn,
+                  before_binding: Callable[[], None]) -> None:
+        """Make ``plans`` hold a key plan for every schema of ``txn``. A schema not bound yet is bound on a connection of
+        its own (rolled back) after ``before_binding()`` (which ends the round: the workers are idle and committed,
+        the catalog is the caller's alone), and every plan is made again (binding a table may reveal foreign keys of
+        tables bound before)."""
+        catalog = self.catalog
+        unbound: dict[int, Any] = {}
+        for ch in txn.changes:
+            sid = id(ch.schema)
+            if sid in plans or sid in unbound:
+                continue
+            b = catalog.cached(ch.schema)
+            if b is None:
+                unbound[sid] = ch.schema
+            else:
+                plans[sid] = KeyPlan(b, catalog)
+                schemas[sid] = ch.schema
+        if not unbound:
+            return
+        before_binding()
+
+        def bind() -> None:
+            with self.target.engine.connect() as conn:
+                trans = conn.begin()  # (the catalog's raw cursors would leave a transaction open otherwise)
+                try:
+                    for sid, schema in unbound.items():
+                        catalog.bind(schema, conn)
+                        schemas[sid] = schema
+                finally:
+                    trans.rollback()
+
+        try:
+            self.target.guarded(bind, None)
+        except BaseException:
+            catalog.forget_all()
+            raise
+        for sid, schema in schemas.items():
+            b = catalog.cached(schema)
+            assert b is not None
+            plans[sid] = KeyPlan(b, catalog)
+
     def plan(self, txns: list[Txn]) -> list[list[list[int]]]:
         """Bind every schema of the write and split it into rounds of lists over the workers
         (:func:`sinks.sql.dialect.conflicts.schedule`). A connection is checked out (and its transaction rolled back)
@@ -463,10 +577,23 @@ class ParallelApply:
         once (not after every worker applied) matters: a worker may wait for a lock another one holds (InnoDB's
         next-key locks of unique checks span keys), which a commit barrier would turn into a wait until the lock
         timeout."""
+        return self._retried(k, pos, lambda: self._work_once(k, txns, pos, row_source, fence, body))
+
+    def _stream_work(self, k: int, feed: _Feed, pos: Position | None, row_source: RowSource | None,
+                     fence: Callable[[], None] | None) -> int:
+        """Worker ``k``'s round of a streamed write (:meth:`stream`): the transactions the caller hands it through
+        ``feed``, applied as they come in one downstream transaction, which holds the span's position first and
+        records them in the applied table after their rows, then commits after the fence once the caller ends the
+        round (a run again replays what it took first)."""
+        return self._retried(k, pos, lambda: self._stream_once(k, feed, pos, row_source, fence))
+
+    def _retried(self, k: int, pos: Position | None, once: Callable[[], int]) -> int:
+        """``once()``, worker ``k``'s transaction, run again from its start when the server chose it as a deadlock
+        victim (up to ``DEADLOCK_RETRIES`` times)."""
         attempt = 0
         while True:
             try:
-                return self._work_once(k, txns, pos, row_source, fence, body)
+                return once()
             except SinkUnavailable as exc:
                 # Workers apply transactions without a common key, yet InnoDB's next-key locks of unique checks (and
                 # PostgreSQL's row locks of FK checks) can still cross: the server picks a victim and rolls its whole
@@ -478,6 +605,31 @@ class ParallelApply:
                          self.target.where, k, attempt + 2, DEADLOCK_RETRIES + 1, _ids(pos))
                 time.sleep(0.02 * (2 ** attempt))
                 attempt += 1
+
+    def _stream_once(self, k: int, feed: _Feed, pos: Position | None, row_source: RowSource | None,
+                     fence: Callable[[], None] | None) -> int:
+        target = self.target
+        writer: Writer | None = None
+        self._failed_at[k] = None
+
+        def run(conn: Connection) -> int:
+            nonlocal writer
+            writer = None
+            if pos is not None:
+                pos.hold(conn)  # refused before any row when another writer moved the position
+            writer = Writer(conn, target.statements(), self.catalog, self.pipelines[k], self.config, row_source,
+                            self.warn)
+            n = writer.run(feed.changes())
+            if pos is not None:
+                writer.current = pos.sql.label
+                pos.mark(conn, [t.commit_ts for t in feed.taken])
+            return n
+
+        try:
+            return self.conns[k].run(run, lambda: writer.current if writer else None, fence=fence)
+        except BaseException:
+            self._failed_at[k] = writer.current if writer is not None else None  # (read by _Round.cut: _explained)
+            raise
 
     def _work_once(self, k: int, txns: list[Txn], pos: Position | None, row_source: RowSource | None,
                    fence: Callable[[], None] | None, body: ListBody | None) -> int:
@@ -510,6 +662,118 @@ class ParallelApply:
             c.close()
         for p in self.pipelines:
             p.close()
+
+
+class _Feed:
+    """Worker k's transactions of the current round of a streamed write, handed over by the caller in commit order
+    (``None`` ends the round). ``taken``: those it took so far, which a run again (deadlock, broken held connection)
+    replays before it takes more."""
+
+    __slots__ = ("queue", "taken", "ended", "future")
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[Txn | None] = queue.SimpleQueue()
+        self.taken: list[Txn] = []
+        self.ended = False
+        self.future: Future[int] | None = None
+
+    def changes(self) -> Iterator[RowChange]:
+        for t in list(self.taken):
+            yield from t.changes
+        while not self.ended:
+            t = self.queue.get()
+            if t is None:
+                self.ended = True
+                return
+            self.taken.append(t)
+            yield from t.changes
+
+
+class _Round:
+    """The caller's side of a streamed write (:meth:`ParallelApply.stream`): which worker holds which key in the
+    current round, the workers' feeds, and the rounds' results."""
+
+    def __init__(self, apply: ParallelApply, pos: Position | None, row_source: RowSource | None,
+                 fence: Callable[[], None] | None) -> None:
+        self.apply = apply
+        self.pos, self.row_source, self.fence = pos, row_source, fence
+        n = apply.workers
+        self.feeds: list[_Feed | None] = [None] * n
+        self.loads = [0] * n  # changes handed to each worker in this round
+        self.owner: dict[Hashable, int] = {}  # key -> the worker that holds it in this round
+        self.touched: dict[str, set[int]] = {}  # table -> workers that changed its rows in this round
+        self.truncated: set[str] = set()  # tables truncated in this round (their table key from then on)
+        self.cuts = 0  # rounds ended early for a transaction whose keys two workers held
+        self.rounds = 0
+        self.widest = 0  # most workers of one round
+        self.count = 0  # changes the committed rounds wrote
+
+    def dispatch(self, txn: Txn, plans: dict[int, KeyPlan], schemas: dict[int, Any], fold: bool) -> None:
+        apply = self.apply
+        apply.key_plans(plans, schemas, txn, self.cut)
+        own: set[str] = set()  # the tables this transaction truncates
+        keys, tables = keys_of(txn, plans, fold, own)
+        for label in tables & (self.truncated | own):  # a truncated table is one key from its TRUNCATE on
+            keys.add(("table", label))
+        owners = {k for k in map(self.owner.get, keys) if k is not None}
+        for label in own:  # and conflicts with every earlier change of its rows in the round
+            owners |= self.touched.get(label, set())
+        if len(owners) > 1:
+            self.cut(early=True)
+            owners = set()
+        self.truncated |= own
+        if self.cuts >= MAX_CUTS:
+            k = 0  # the rest of this write on one worker: per key order by one list
+        elif owners:
+            k = owners.pop()
+        else:
+            k = min(range(apply.workers), key=self.loads.__getitem__)
+        owner = self.owner
+        for key in keys:
+            owner[key] = k
+        for label in tables:
+            self.touched.setdefault(label, set()).add(k)
+        self.loads[k] += len(txn.changes)
+        feed = self.feeds[k]
+        if feed is None:
+            feed = self.feeds[k] = _Feed()
+            feed.future = apply._threads[k].submit(apply._stream_work, k, feed, self.pos, self.row_source, self.fence)
+        elif feed.future is not None and feed.future.done():  # it failed (a round's worker ends only at its cut)
+            self.cut()
+        feed.queue.put(txn)
+
+    def cut(self, early: bool = False) -> None:
+        """End the round: every worker of it commits (its error, if any, raised once all finished, as
+        :meth:`ParallelApply.apply` raises a round's)."""
+        feeds = [f for f in self.feeds if f is not None]
+        if not feeds:
+            return
+        for f in feeds:
+            f.queue.put(None)
+        errors: list[tuple[BaseException, str | None]] = []
+        for k, f in enumerate(self.feeds):
+            if f is None:
+                continue
+            assert f.future is not None
+            try:
+                self.count += f.future.result()
+            except BaseException as exc:  # noqa: BLE001 - the first one is raised below
+                errors.append((exc, self.apply._failed_at[k]))
+        self.rounds += 1
+        self.widest = max(self.widest, len(feeds))
+        self.cuts += early
+        self.feeds = [None] * self.apply.workers
+        self.loads = [0] * self.apply.workers
+        self.owner, self.touched, self.truncated = {}, {}, set()
+        if errors:
+            self.apply.catalog.forget_all()
+            raise self.apply._explained(errors)
+
+    def abandon(self) -> None:
+        """The caller failed: every worker's round ends (committing what it took: recorded, a restart skips it);
+        their errors give way to the caller's."""
+        with contextlib.suppress(BaseException):
+            self.cut()
 
 
 def _ids(pos: Position | None) -> str:
