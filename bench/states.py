@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.consumers import Profiler
-from bench.procstat import CLK_TCK
+from bench.procstat import CLK_TCK, HostCpu
 from bench.profile import py_spy_binary
 from cdc.procs import children
 
@@ -110,6 +110,8 @@ class _Run:
         self.tracks: dict[tuple[str, int], Track] = {}
         self.samples = 0
         self.began = self.ended = 0.0
+        self.host: HostCpu | None = None
+        self.host_busy: float | None = None
         # joint states per sample: (sink side running, target apply backend running) -> samples
         self.joint: Counter[tuple[bool, bool]] = Counter()
         self.thread = threading.Thread(target=self._loop, name="bench-states", daemon=True)
@@ -124,6 +126,7 @@ class _Run:
 
     def _loop(self) -> None:
         self.began = time.monotonic()
+        self.host = HostCpu()
         next_names = 0.0
         while not self.stop.wait(self.interval):
             tids = [int(t) for t in os.listdir(f"/proc/{self.capture}/task")] \
@@ -133,6 +136,7 @@ class _Run:
                 next_names = time.monotonic() + 1.0
             self._sample(tids)
         self.ended = time.monotonic()
+        self.host_busy = self.host.busy()
 
     def _see(self, key: tuple[str, int], label: str, stat: str | None, title: str | None = None) -> bool:
         if stat is None:
@@ -207,7 +211,11 @@ class _Run:
         by_group: dict[str, float] = defaultdict(float)
         for (group, _), track in self.tracks.items():
             by_group[group] += track.cpu_s
-        lines += ["", "CPU s by process: " + ", ".join(f"{g} {s:.2f}" for g, s in sorted(by_group.items()))]
+        total = sum(by_group.values())
+        lines += ["", "CPU s by process: " + ", ".join(f"{g} {s:.2f}" for g, s in sorted(by_group.items()))
+                  + f"; together {total:.2f} = {total / max(seconds, 1e-9) / (os.cpu_count() or 1):.2f} of the host's "
+                  f"{os.cpu_count()} cores, host busy {self.host_busy if self.host_busy is not None else float('nan'):.2f}"
+                  " (a running share well above the CPU share: runnable, waiting for a core)"]
         return "\n".join(lines) + "\n"
 
 
