@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -454,3 +455,45 @@ def test_writes_of_hot_rows_stream_unplanned_after_a_few(target: Target) -> None
     finally:
         sink.close()
     assert target.rows("pa_plain", "id, v") == sorted(rows.items())
+
+
+def _uncommitted_writes(target: Target) -> int:
+    """Sessions that changed rows of ``pa_plain`` in a transaction still open (seen from another session)."""
+    if target.kind == "postgresql":
+        sql = ("SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation WHERE c.relname = 'pa_plain' "
+               "AND l.mode = 'RowExclusiveLock' AND l.pid <> pg_backend_pid()")
+    else:
+        sql = "SELECT count(*) FROM information_schema.innodb_trx WHERE trx_rows_modified > 0"
+    return int(target.execute(sql)[0][0])
+
+
+def test_workers_apply_while_the_write_is_still_read(target: Target) -> None:
+    """A write's transactions go to the workers as they are read: while the caller still reads the write (the
+    changes come from a generator that stops in the middle of the second transaction), a worker already holds the
+    first transaction's rows in its open downstream transaction; the write then commits whole and equal. (Before,
+    the workers started only once the whole write was read: the generator waited in vain.)"""
+    if target.kind == "sqlite":
+        pytest.skip("one writer per file: no parallel apply")
+    sink = target.sink(batch_rows=2)
+    sink.open_position("cf", 0, origin=5)
+    seen: list[bool] = []
+
+    def changes() -> Iterator[RowChange]:
+        for k in range(4):
+            yield RowChange(OpType.INSERT, PLAIN, 20, 20.0, values={"id": k, "v": "a"})
+        yield RowChange(OpType.INSERT, PLAIN, 30, 30.0, values={"id": 10, "v": "b"})
+        # the caller has read the first transaction whole (it saw the second begin) and handed it to a worker
+        deadline = time.monotonic() + 60
+        while not _uncommitted_writes(target) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen.append(_uncommitted_writes(target) > 0)
+        yield RowChange(OpType.INSERT, PLAIN, 30, 30.0, values={"id": 11, "v": "b"})
+
+    try:
+        sink.write([RowChange(OpType.INSERT, PLAIN, 10, 10.0, values={"id": 100, "v": "x"})])  # binds the table
+        assert sink.write(changes()) == 6
+    finally:
+        sink.close()
+    assert seen == [True]
+    assert target.rows("pa_plain", "id, v") == [(0, "a"), (1, "a"), (2, "a"), (3, "a"), (10, "b"), (11, "b"),
+                                                 (100, "x")]
