@@ -114,6 +114,7 @@ class _Run:
         self.host_busy: float | None = None
         # joint states per sample: (sink side running, target apply backend running) -> samples
         self.joint: Counter[tuple[bool, bool]] = Counter()
+        self.applying: Counter[int] = Counter()  # apply backends (threads) running at once -> samples
         self.thread = threading.Thread(target=self._loop, name="bench-states", daemon=True)
 
     def _name_threads(self) -> None:
@@ -162,7 +163,7 @@ class _Run:
                                 _read(f"/proc/{self.capture}/task/{tid}/stat"))
             if running and (name.startswith("sink-") or name.startswith("sql-sink")):
                 sink_side = True
-        apply_side = False
+        applying = 0
         for server, pid in self.servers.items():
             comm = self.comms.get(pid)
             if comm is None:
@@ -171,7 +172,7 @@ class _Run:
                 for tid in (int(t) for t in os.listdir(f"/proc/{pid}/task")) if os.path.isdir(f"/proc/{pid}/task") \
                         else ():
                     running = self._see((server, tid), f"{server} thread {tid}", _read(f"/proc/{pid}/task/{tid}/stat"))
-                    apply_side = apply_side or (running and server != "upstream")
+                    applying += running and server != "upstream"
                 continue
             if comm != "postgres":
                 self._see((server, pid), server, _read(f"/proc/{pid}/stat"))
@@ -188,8 +189,9 @@ class _Run:
                 running = self._see((server, child), f"{server} {kind} pid {child}", _read(f"/proc/{child}/stat"),
                                     _state_word(state))
                 if server != "upstream" and not walsender and db != "postgres":
-                    apply_side = apply_side or running
-        self.joint[(sink_side, apply_side)] += 1
+                    applying += running
+        self.joint[(sink_side, applying > 0)] += 1
+        self.applying[min(applying, 2)] += 1
 
     def report(self, name: str) -> str:
         seconds = (self.ended or time.monotonic()) - self.began
@@ -208,6 +210,8 @@ class _Run:
         for (sink, apply), label in (((True, True), "both"), ((True, False), "sink side only"),
                                      ((False, True), "target only"), ((False, False), "neither")):
             lines.append(f"    {label:16} {self.joint[(sink, apply)] / n:5.2f}")
+        lines.append("target's apply backends running at once, share of samples: " + ", ".join(
+            f"{label} {self.applying[k] / n:.2f}" for k, label in ((0, "none"), (1, "one"), (2, "two or more"))))
         by_group: dict[str, float] = defaultdict(float)
         for (group, _), track in self.tracks.items():
             by_group[group] += track.cpu_s

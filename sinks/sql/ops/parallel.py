@@ -2,35 +2,46 @@
 (``[sink] worker-count`` > 1; MySQL/MariaDB and PostgreSQL. SQLite has one writer per file: worker-count is
 ignored there and every write takes the one-connection path).
 
-What a write does with N workers:
+What a write does with N workers (:meth:`ParallelApply.stream`):
 
-* Its changes are read into memory up to ``2 * max(batch-rows, txn-rows)`` changes (the span's batcher hands whole
-  transactions up to ``txn-rows`` per write, so only a write holding one transaction larger than that bound goes
-  past it). Past the bound, or when the write's transactions all conflict, or while a transaction continues after
-  its DDL (``Position.reopened``), the write takes today's path: one downstream transaction, streamed, the writer's
-  rules unchanged (a huge transaction is cut only as ``sinks.sql.ops.writer`` documents). So an upstream transaction
-  is never split across workers or downstream transactions beyond what the writer already does.
-* After ``SERIAL_AFTER`` writes in a row whose transactions (at least two each) all went to one list, the next 1,
-  then 2, 4... up to ``SERIAL_SKIP_MAX`` writes are streamed on one connection without being read into memory or
-  keyed (hot rows, such as pgbench's branches, chain every transaction into one component: keying them only cost
-  capture CPU); the first write planned after that which splits over several lists resets the backoff. Streamed
-  writes take the one-connection path with its applied rows (point 4 below), so exactness does not depend on it.
+* It is *streamed*: the caller (the span's sink thread) reads the write transaction by transaction (mounting each
+  change as it reads it), and a transaction, once read whole, is keyed and handed at once to a worker, which applies
+  it while the caller reads the next ones. So the target's backends work while the capture reads, mounts and keys
+  (measured before: with the write read whole first, the target's backends sat idle while the sink thread read it,
+  and the sink thread while they applied: docs/benchmarks.md, "the wait of (b) and (c)").
+* A transaction goes to the worker that holds one of its keys in the current *round*, else to the worker with the
+  fewest changes in the round. One whose keys two workers hold ends the round first: every worker commits what it
+  has, the keys are forgotten, and a new round begins with it. After ``MAX_CUTS`` such cuts in one write the rest of
+  it goes to one worker (transactions that keep bridging the workers, e.g. updates of random keys that repeat, would
+  pay a commit round every few transactions). A schema the catalog has not bound yet also ends the round first (the
+  caller binds it while no worker reads the catalog).
+* Past ``2 * max(batch-rows, txn-rows)`` changes (the span's batcher hands whole transactions up to ``txn-rows`` per
+  write, so only a write holding one transaction larger than that bound goes past it) the round ends and the rest
+  of the write takes today's path: one downstream transaction, streamed, the writer's rules unchanged (a huge
+  transaction is cut only as ``sinks.sql.ops.writer`` documents); so does a write while a transaction continues
+  after its DDL (``Position.reopened``). So an upstream transaction is never split across workers or downstream
+  transactions beyond what the writer already does.
+* After ``SERIAL_AFTER`` writes in a row whose transactions (at least two each) all went to one worker, the next 1,
+  then 2, 4... up to ``SERIAL_SKIP_MAX`` writes take the one-connection path without being keyed (hot rows, such as
+  pgbench's branches, chain every transaction to one worker: keying them only cost capture CPU); the first keyed write
+  after that which uses several workers resets the backoff. Those writes record their transactions in the applied
+  table too (point 4 below), so exactness does not depend on it.
 * Each transaction's keys (:func:`keys_of`): per row image touched (old and new), one key per target unique key
   (primary key included) ``(table, columns, values)``; a table-wide key instead for tables whose rows cannot be
   told apart safely: without a key, with a unique key besides the key while the upstream logs only the key of old
   rows (replica identity not FULL), with a target unique key on columns the upstream does not have, with a
   foreign key to or from another target table (the tables of one foreign-key component share one key: such tables
   go to one worker, so a target that checks foreign keys immediately never sees a child before its parent), a key
-  value that holds an unsent (TOAST) column, and every table a TRUNCATE in the write touches (a barrier for that
-  table; a DDL never shares a write with rows: the span applies it between writes). On MySQL/MariaDB text key values
-  are compared case- and accent-folded (a case-insensitive collation makes 'a' and 'A' one key downstream).
-* :func:`sinks.sql.dialect.conflicts.schedule` splits the transactions into rounds of at most N lists: one round
-  of whole conflict components, or (when transactions chain into one big component, e.g. updates of random keys)
-  one round per conflict level, whose transactions never conflict; rounds run one after the other, each committed
-  before the next starts. Each list is applied in commit order by a :class:`~sinks.sql.ops.writer.Writer` (windows
-  and net effect as on one connection) in one downstream transaction on its own connection, in its own thread (which
-  runs the statements too), and committed by that worker after the span's fence as soon as it is applied; once every
-  one committed, one more transaction moves the span's position to the write's last commit Ts (exactly-once, below).
+  value that holds an unsent (TOAST) column, and a table from its TRUNCATE on in the round (the TRUNCATE itself
+  conflicts with every worker that changed the table's rows in the round: a barrier for that table; a DDL never
+  shares a write with rows: the span applies it between writes). On MySQL/MariaDB text key values are compared
+  case- and accent-folded (a case-insensitive collation makes 'a' and 'A' one key downstream).
+* Each worker applies its transactions of a round in commit order with a :class:`~sinks.sql.ops.writer.Writer`
+  (windows and net effect as on one connection) in one downstream transaction on its own connection, in its own
+  thread (which runs the statements too): the transaction holds the span's position first (:meth:`Position.hold`),
+  records the transactions in the applied table after their rows (:meth:`Position.mark`), and commits after the
+  span's fence when the caller ends the round; once every round committed, one more transaction moves the span's
+  position to the write's last commit Ts (exactly-once, below).
 * Worker k's thread and connection are kept for the sink's life (:class:`~sinks.sql.target.held.HeldConnection`):
   no pool checkout, pre-ping or session reset per write; so is the caller's connection that moves the position, and
   a write whose schemas are all bound plans without any round trip. A held connection that broke between writes
@@ -40,12 +51,13 @@ What a write does with N workers:
   :meth:`Position.hold_and_mark`), two on MySQL/MariaDB; the position move and the applied rows' delete are one
   statement on PostgreSQL.
 
-Guarantees: per key, upstream order (conflicting transactions are in one list, in order, and the next write starts
-after this one committed everything); a transaction is applied whole in one downstream transaction. Across keys a
-reader downstream may see a later transaction before an unrelated earlier one, during a write (worker-count 1 never
-shows that). Exactly-once (``sinks.sql.target.position``, "Several apply workers"): each worker's transaction holds
-the span's position row in share mode, checks it, and records its transactions in the applied table before their
-rows; a crash between the workers' commits leaves some transactions recorded above the position, which the restart
+Guarantees: per key, upstream order (conflicting transactions go to one worker in one round, in order, or the later
+one to a later round, and the next write starts after this one committed everything); a transaction is applied whole
+in one downstream transaction. Across keys a reader downstream may see a later transaction before an unrelated
+earlier one, during a write (worker-count 1 never shows that). Exactly-once (``sinks.sql.target.position``, "Several
+apply workers"): each worker's transaction holds the span's position row in share mode, checks it, and records its
+transactions in the applied table (a streamed round's after their rows, before its commit; a staged list's before
+them); a crash between the workers' commits leaves some transactions recorded above the position, which the restart
 skips; a zombie writer racing its successor fails on the position check or on the applied table's key, so no
 transaction is applied twice and none is skipped.
 
@@ -53,11 +65,12 @@ Why this is exact, with a zombie (a frozen capture Z that wakes up after its suc
 same target):
 
 1. A writer starts a transaction T only once every earlier transaction conflicting with T is committed downstream:
-   earlier in its own list (same downstream transaction), in an earlier round, or in an earlier write (the span
+   earlier in its own worker's round (same downstream transaction), in an earlier round, or in an earlier write (the span
    calls ``write`` only after the previous one returned, i.e. every worker committed), or at or below the position
    / in the applied table when the writer opened (committed by definition).
 2. T's applied row and T's rows commit together or not at all, and the row's primary key lets only one of Z and S
-   commit T: the second inserter waits on the first's uncommitted row (PostgreSQL and InnoDB unique checks), then
+   commit T: the second inserter waits on the first's uncommitted row (PostgreSQL and InnoDB unique checks; rows
+   written before the applied row may meet the other writer's row locks first, or a deadlock the server ends), then
    fails on the duplicate (``SinkUnavailable``, its whole downstream transaction rolled back, the span restarts and
    reads the target again), or goes on if the first rolled back. A writer whose worker failed never applies a later
    transaction of that list, so by 1 it never applies T2 after a T1 it could not commit.
@@ -78,12 +91,12 @@ the list's transactions instead of applying them (:data:`ListBody`); points 2 to
 one-connection path is refused by the staged pieces' own key instead of applied rows.
 
 Compared with TiCDC (``pkg/causality``: a transaction waits only for its own conflicting predecessors, across workers,
-as they finish, streaming over writes), a write here is a barrier: whole conflict components go to one worker, and
-the next round or write starts after the slowest worker of this one committed.
+as they finish, streaming over writes), a round and a write here are barriers: a transaction that conflicts with two
+workers waits for every worker's commit, and the next write starts after the slowest worker of this one committed.
 
-Threads: the caller's thread reads, keys and partitions the write and binds its schemas (the catalog's tables are
-read or created by that thread only, before the workers start: workers find every binding cached), then waits;
-worker threads apply and commit (a worker's connection is its own, and its statements run in its thread: worker k
+Threads: the caller's thread reads, keys and hands out the write and binds its schemas (the catalog's tables are
+read or created by that thread only, between rounds: workers find every binding cached); worker threads apply and
+commit (a worker's connection is its own, and its statements run in its thread: worker k
 always runs on thread k; the fence and the row source are called by one worker at a time); the caller moves the
 position on its own held connection.
 """
@@ -109,7 +122,6 @@ from cdc.errors import SinkUnavailable
 from cdc.events import UNCHANGED, OpType, RowChange
 from cdc.model import DataWarning
 from sinks.base import RowSource
-from sinks.sql.dialect.conflicts import schedule
 from sinks.sql.dialect.errors import is_deadlock
 from sinks.sql.dialect.normalize import hashable_key
 from sinks.sql.dialect.unique_moves import fold_text
@@ -123,10 +135,6 @@ from sinks.sql.target.position import Position
 
 log = logging.getLogger(__name__)
 
-# a round's fixed cost in changes, for choosing between components and levels (conflicts.schedule): per worker a
-# begin, the position check with the applied rows (two statements on MySQL/MariaDB) and a commit, 3-4 round trips,
-# ~5 ms at the ~50k changes/s one connection applies
-ROUND_COST = 250
 # writes in a row that all went to one list before writes are streamed unplanned (module docstring), and the most
 # writes streamed so before one is planned again
 SERIAL_AFTER = 3
@@ -306,8 +314,8 @@ class ParallelApply:
         self._skip = 0  # writes left to stream unplanned
 
     def plans_next(self) -> bool:
-        """Whether the next write is to be read and planned; False: stream it on one connection (module docstring:
-        after writes whose transactions all conflicted)."""
+        """Whether the next write is to be keyed and spread over the workers; False: stream it on one connection (module
+        docstring: after writes whose transactions all went to one worker)."""
         if self._skip:
             self._skip -= 1
             self.unplanned_writes += 1
@@ -315,7 +323,7 @@ class ParallelApply:
         return True
 
     def planned(self, txns: int, lists: int) -> None:
-        """A write of ``txns`` transactions was planned into at most ``lists`` lists per round."""
+        """A write of ``txns`` transactions went to at most ``lists`` workers per round."""
         if lists > 1:
             self._one_list = self._backoff = 0
         elif txns > 1:
@@ -324,8 +332,8 @@ class ParallelApply:
                 self._backoff = min(SERIAL_SKIP_MAX, max(1, 2 * self._backoff))
                 self._skip = self._backoff
                 if self._backoff == SERIAL_SKIP_MAX or self._backoff == 1:
-                    log.info("%s: %d writes in a row had all their transactions conflicting; the next %d are "
-                             "streamed on one connection without planning", self.target.where, self._one_list,
+                    log.info("%s: %d writes in a row had all their transactions on one worker; the next %d are "
+                             "streamed on one connection without keying them", self.target.where, self._one_list,
                              self._backoff)
 
     def read(self, changes: Iterable[RowChange], skip_at: int) -> tuple[list[Txn], Iterator[RowChange] | None]:
@@ -463,41 +471,6 @@ class ParallelApply:
             assert b is not None
             plans[sid] = KeyPlan(b, catalog)
 
-    def plan(self, txns: list[Txn]) -> list[list[list[int]]]:
-        """Bind every schema of the write and split it into rounds of lists over the workers
-        (:func:`sinks.sql.dialect.conflicts.schedule`). A connection is checked out (and its transaction rolled back)
-        only when a schema is not bound yet: the steady state plans without a round trip. Key plans are made after
-        every binding, since binding a table may reveal foreign keys of tables bound before."""
-        catalog = self.catalog
-        bindings: dict[int, Binding] = {}
-        unbound: dict[int, Any] = {}
-        for t in txns:
-            for ch in t.changes:
-                sid = id(ch.schema)
-                if sid not in bindings and sid not in unbound:
-                    b = catalog.cached(ch.schema)
-                    if b is None:
-                        unbound[sid] = ch.schema
-                    else:
-                        bindings[sid] = b
-        if unbound:
-            with self.target.engine.connect() as conn:
-                trans = conn.begin()  # (the catalog's raw cursors would leave a transaction open otherwise)
-                try:
-                    for sid, schema in unbound.items():
-                        bindings[sid] = catalog.bind(schema, conn)
-                finally:
-                    trans.rollback()
-        plans = {sid: KeyPlan(b, catalog) for sid, b in bindings.items()}
-        fold = self.target.dialect == "mysql"
-        truncated: set[str] = set()
-        keyed = [keys_of(t, plans, fold, truncated) for t in txns]
-        if truncated:
-            for keys, tables in keyed:
-                for label in tables & truncated:
-                    keys.add(("table", label))
-        return schedule([k for k, _ in keyed], self.workers, [len(t.changes) for t in txns], ROUND_COST)
-
     def split(self, txns: list[Txn]) -> list[list[list[int]]]:
         """One round of at most ``workers`` lists of consecutive transactions of about equal changes, in commit
         order (for writes whose transactions never conflict downstream: staging, where each transaction's pieces
@@ -516,7 +489,7 @@ class ParallelApply:
 
     def apply(self, txns: list[Txn], rounds: list[list[list[int]]], pos: Position | None,
               fence: Callable[[], None] | None, row_source: RowSource | None, body: ListBody | None = None) -> int:
-        """Apply ``rounds`` (from :meth:`plan`) one after the other, the lists of a round concurrently, each worker
+        """Apply ``rounds`` (from :meth:`split`) one after the other, the lists of a round concurrently, each worker
         committing its own transaction after the fence; then move the position once every one committed. The
         fence and the row source (one upstream session) are called by one worker at a time. The first error of a
         round is raised once its every worker finished (no later round starts); workers that committed stay
