@@ -149,9 +149,9 @@ DEADLOCK_RETRIES = 4
 MAX_CUTS = 4
 
 ListBody = Callable[[Connection, int, list["Txn"]], int]
-"""What a worker does with its list inside its downstream transaction, after :meth:`Position.hold` and
-:meth:`Position.mark`: ``body(conn, k, txns)`` returns the changes it wrote (default: apply them with a
-:class:`~sinks.sql.ops.writer.Writer`; a staging sink stages them instead, ``sinks.sql.ops.barrier``)."""
+"""What a worker of :meth:`ParallelApply.apply` does with its list inside its downstream transaction, after
+:meth:`Position.hold` and :meth:`Position.mark`: ``body(conn, k, txns)`` returns the changes it wrote (a staging sink
+stages them, ``sinks.sql.ops.barrier``)."""
 
 
 _gc_lock = threading.Lock()
@@ -338,29 +338,11 @@ class ParallelApply:
 
     def read(self, changes: Iterable[RowChange], skip_at: int) -> tuple[list[Txn], Iterator[RowChange] | None]:
         """The write's transactions above ``skip_at``, or ([], the whole stream) past the bound."""
-        it = iter(changes)
-        txns: list[Txn] = []
-        n = 0
-        cur: Txn | None = None
-        limit = self.limit
-        buffered: list[RowChange] = []
-        skipped = 0
-        for ch in it:
-            ts = ch.commit_ts
-            if ts <= skip_at:
-                skipped += 1
-                continue
-            if cur is None or ts != cur.commit_ts:
-                cur = Txn(ts, ch.commit_time)
-                txns.append(cur)
-            cur.changes.append(ch)
-            n += 1
-            if n > limit:
-                buffered = [c for t in txns for c in t.changes]
-                return [], itertools.chain(buffered, it)
-        if skipped:
-            log.info("%s: skipped %d change(s) already downstream (commit <= %d)", self.target.where, skipped,
-                     skip_at)
+        reader = _TxnReader(changes, skip_at, self.limit)
+        txns = list(reader)
+        if reader.pending is not None:
+            return [], itertools.chain([c for t in txns for c in t.changes], reader.rest())
+        reader.log_skipped(self.target.where)
         return txns, None
 
     def stream(self, changes: Iterable[RowChange], pos: Position | None, fence: Callable[[], None] | None,
@@ -380,40 +362,21 @@ class ParallelApply:
         plans: dict[int, KeyPlan] = {}
         schemas: dict[int, Any] = {}
         fold = self.target.dialect == "mysql"
-        limit = self.limit
-        it = iter(changes)
-        cur: Txn | None = None
-        read = skipped = txns = 0
+        reader = _TxnReader(changes, skip_at, self.limit)
+        txns = 0
         last: Txn | None = None
         try:
-            for ch in it:
-                ts = ch.commit_ts
-                if ts <= skip_at:
-                    skipped += 1
-                    continue
-                if cur is None or ts != cur.commit_ts:
-                    if cur is not None:
-                        rnd.dispatch(cur, plans, schemas, fold)
-                        txns += 1
-                        last = cur
-                    cur = Txn(ts, ch.commit_time)
-                cur.changes.append(ch)
-                read += 1
-                if read > limit:  # one huge transaction: the one-connection path streams it (and the rest)
-                    rnd.cut()
-                    rest = itertools.chain(cur.changes, it)
-                    return rnd.count + serial(rest)
-            if cur is not None:
-                rnd.dispatch(cur, plans, schemas, fold)
+            for txn in reader:
+                rnd.dispatch(txn, plans, schemas, fold)
                 txns += 1
-                last = cur
+                last = txn
             rnd.cut()
         except BaseException:
             rnd.abandon()
             raise
-        if skipped:
-            log.info("%s: skipped %d change(s) already downstream (commit <= %d)", self.target.where, skipped,
-                     skip_at)
+        if reader.pending is not None:  # one huge transaction: the one-connection path streams it (and the rest)
+            return rnd.count + serial(reader.rest())
+        reader.log_skipped(self.target.where)
         if last is None:
             return serial(())
         self.planned(txns, rnd.widest)
@@ -488,20 +451,17 @@ class ParallelApply:
         return [lists]
 
     def apply(self, txns: list[Txn], rounds: list[list[list[int]]], pos: Position | None,
-              fence: Callable[[], None] | None, row_source: RowSource | None, body: ListBody | None = None) -> int:
+              fence: Callable[[], None] | None, body: ListBody) -> int:
         """Apply ``rounds`` (from :meth:`split`) one after the other, the lists of a round concurrently, each worker
-        committing its own transaction after the fence; then move the position once every one committed. The
-        fence and the row source (one upstream session) are called by one worker at a time. The first error of a
+        doing ``body`` with its list (:data:`ListBody`) in its own transaction, committed after the fence; then move
+        the position once every one committed. The fence is called by one worker at a time. The first error of a
         round is raised once its every worker finished (no later round starts); workers that committed stay
-        committed (recorded in the applied table: a restart skips them). ``body`` replaces what a worker does with
-        its list (:data:`ListBody`); the position, the marks, the fence and the retries stay as they are."""
-        if row_source is not None:
-            row_source = self._locked(row_source)
+        committed (recorded in the applied table: a restart skips them)."""
         worker_fence = self._locked(fence) if fence is not None else None
         count = 0
         for lists in rounds:
-            futures = [self._threads[k].submit(self._work, k, [txns[i] for i in lst], pos, row_source, worker_fence,
-                                               body) for k, lst in enumerate(lists)]
+            futures = [self._threads[k].submit(self._work, k, [txns[i] for i in lst], pos, worker_fence, body)
+                       for k, lst in enumerate(lists)]
             errors: list[tuple[BaseException, str | None]] = []
             for k, f in enumerate(futures):
                 try:
@@ -544,13 +504,19 @@ class ParallelApply:
                 return fn(*args)
         return call
 
-    def _work(self, k: int, txns: list[Txn], pos: Position | None, row_source: RowSource | None,
-              fence: Callable[[], None] | None, body: ListBody | None) -> int:
-        """Worker ``k``: its transactions in one downstream transaction, committed after the fence. Committing at
-        once (not after every worker applied) matters: a worker may wait for a lock another one holds (InnoDB's
-        next-key locks of unique checks span keys), which a commit barrier would turn into a wait until the lock
-        timeout."""
-        return self._retried(k, pos, lambda: self._work_once(k, txns, pos, row_source, fence, body))
+    def _work(self, k: int, txns: list[Txn], pos: Position | None, fence: Callable[[], None] | None,
+              body: ListBody) -> int:
+        """Worker ``k``: ``body`` with its transactions in one downstream transaction that holds the position and
+        records them first, committed after the fence. Committing at once (not after every worker applied) matters: a
+        worker may wait for a lock another one holds (InnoDB's next-key locks of unique checks span keys), which a
+        commit barrier would turn into a wait until the lock timeout."""
+
+        def run(conn: Connection) -> int:
+            if pos is not None:
+                pos.hold_and_mark(conn, [t.commit_ts for t in txns])
+            return body(conn, k, txns)
+
+        return self._retried(k, pos, lambda: self._held(k, run, lambda: None, fence))
 
     def _stream_work(self, k: int, feed: _Feed, pos: Position | None, row_source: RowSource | None,
                      fence: Callable[[], None] | None) -> int:
@@ -583,7 +549,6 @@ class ParallelApply:
                      fence: Callable[[], None] | None) -> int:
         target = self.target
         writer: Writer | None = None
-        self._failed_at[k] = None
 
         def run(conn: Connection) -> int:
             nonlocal writer
@@ -598,34 +563,17 @@ class ParallelApply:
                 pos.mark(conn, [t.commit_ts for t in feed.taken])
             return n
 
-        try:
-            return self.conns[k].run(run, lambda: writer.current if writer else None, fence=fence)
-        except BaseException:
-            self._failed_at[k] = writer.current if writer is not None else None  # (read by _Round.cut: _explained)
-            raise
+        return self._held(k, run, lambda: writer.current if writer else None, fence)
 
-    def _work_once(self, k: int, txns: list[Txn], pos: Position | None, row_source: RowSource | None,
-                   fence: Callable[[], None] | None, body: ListBody | None) -> int:
-        target = self.target
-        writer: Writer | None = None
-
+    def _held(self, k: int, run: Callable[[Connection], int], current: Callable[[], str | None],
+              fence: Callable[[], None] | None) -> int:
+        """``run(conn)`` in one transaction on worker ``k``'s held connection, committed after ``fence``; on a failure
+        the table ``current()`` names is kept for the caller's error (``_explained``)."""
         self._failed_at[k] = None
-
-        def run(conn: Connection) -> int:
-            nonlocal writer
-            writer = None
-            if pos is not None:
-                pos.hold_and_mark(conn, [t.commit_ts for t in txns])
-            if body is not None:
-                return body(conn, k, txns)
-            writer = Writer(conn, target.statements(), self.catalog, self.pipelines[k], self.config, row_source,
-                            self.warn)
-            return writer.run(itertools.chain.from_iterable(t.changes for t in txns))
-
         try:
-            return self.conns[k].run(run, lambda: writer.current if writer else None, fence=fence)
+            return self.conns[k].run(run, current, fence=fence)
         except BaseException:
-            self._failed_at[k] = writer.current if writer is not None else None  # (read by apply: _explained)
+            self._failed_at[k] = current()
             raise
 
     def close(self) -> None:
@@ -635,6 +583,49 @@ class ParallelApply:
             c.close()
         for p in self.pipelines:
             p.close()
+
+
+class _TxnReader:
+    """A write's changes above ``skip_at`` as whole transactions, each yielded once the next one begins (or the
+    changes end). Past ``limit`` changes it stops: ``pending`` then holds the transaction being read and
+    :meth:`rest` gives its changes and the rest of the write."""
+
+    def __init__(self, changes: Iterable[RowChange], skip_at: int, limit: int) -> None:
+        self.it = iter(changes)
+        self.skip_at = skip_at
+        self.limit = limit
+        self.skipped = 0
+        self.pending: Txn | None = None
+
+    def __iter__(self) -> Iterator[Txn]:
+        skip_at, limit = self.skip_at, self.limit
+        cur: Txn | None = None
+        n = 0
+        for ch in self.it:
+            ts = ch.commit_ts
+            if ts <= skip_at:
+                self.skipped += 1
+                continue
+            if cur is None or ts != cur.commit_ts:
+                if cur is not None:
+                    yield cur
+                cur = Txn(ts, ch.commit_time)
+            cur.changes.append(ch)
+            n += 1
+            if n > limit:
+                self.pending = cur
+                return
+        if cur is not None:
+            yield cur
+
+    def rest(self) -> Iterator[RowChange]:
+        """The pending transaction's changes, then the write's unread ones (after a stop past the limit)."""
+        assert self.pending is not None
+        return itertools.chain(self.pending.changes, self.it)
+
+    def log_skipped(self, where: str) -> None:
+        if self.skipped:
+            log.info("%s: skipped %d change(s) already downstream (commit <= %d)", where, self.skipped, self.skip_at)
 
 
 class _Feed:
