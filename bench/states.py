@@ -36,7 +36,7 @@ from cdc.procs import children
 
 _DUMP_THREAD = re.compile(r"^Thread (\d+) \((?:idle|active|gil)[^)]*\): \"([^\"]*)\"", re.M)
 # a PostgreSQL backend's title after "postgres: ": "user db host(port) STATE" or "walsender user host(port) STATE"
-_TITLE = re.compile(r"^postgres: (?:(walsender) )?(\S+) (\S+)? ?\S+\(\d+\) ?(.*)$")
+TITLE = re.compile(r"^postgres: (?:(walsender) )?(\S+) (\S+)? ?\S+\(\d+\) ?(.*)$")
 
 
 def _read(path: str) -> str | None:
@@ -47,7 +47,7 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _state_ticks(stat: str) -> tuple[str, int]:
+def state_ticks(stat: str) -> tuple[str, int]:
     """(state letter, utime + stime ticks) of a ``/proc/.../stat`` line (the name in parentheses may hold spaces)."""
     rest = stat[stat.rindex(")") + 2:].split()
     return rest[0], int(rest[11]) + int(rest[12])
@@ -142,7 +142,7 @@ class _Run:
     def _see(self, key: tuple[str, int], label: str, stat: str | None, title: str | None = None) -> bool:
         if stat is None:
             return False
-        state, ticks = _state_ticks(stat)
+        state, ticks = state_ticks(stat)
         track = self.tracks.get(key)
         if track is None:
             track = self.tracks[key] = Track(label, first_ticks=ticks)
@@ -179,7 +179,7 @@ class _Run:
                 continue
             for child in children(pid):
                 title = (_read(f"/proc/{child}/cmdline") or "").replace("\0", " ").strip()
-                m = _TITLE.match(title)
+                m = TITLE.match(title)
                 if m is None:  # background processes: checkpointer, walwriter, ...
                     self._see((server, child), f"{server} {title.removeprefix('postgres: ')}",
                               _read(f"/proc/{child}/stat"))
@@ -187,7 +187,7 @@ class _Run:
                 walsender, user, db, state = m.groups()
                 kind = "walsender" if walsender else f"backend {db}"
                 running = self._see((server, child), f"{server} {kind} pid {child}", _read(f"/proc/{child}/stat"),
-                                    _state_word(state))
+                                    state_word(state))
                 if server != "upstream" and not walsender and db != "postgres":
                     applying += running
         self.joint[(sink_side, applying > 0)] += 1
@@ -223,7 +223,7 @@ class _Run:
         return "\n".join(lines) + "\n"
 
 
-def _state_word(state: str) -> str:
+def state_word(state: str) -> str:
     """A backend title's state without its arguments (``idle in transaction``, ``COMMIT``, ``COPY``, ``INSERT``)."""
     state = state.strip()
     if state.startswith("idle"):
