@@ -410,12 +410,10 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         """Writes applied on more than one downstream connection so far (0 with worker-count 1, and on SQLite)."""
         return self._parallel.parallel_writes if self._parallel is not None else 0
 
-    def _write_one(self, changes: Iterable[RowChange], fence: Callable[[], None] | None,
-                   known: list[int] | None = None) -> int:
+    def _write_one(self, changes: Iterable[RowChange], fence: Callable[[], None] | None) -> int:
         """One downstream transaction on one connection (the only path with worker-count 1). With several workers
         (``pos.parallel``) its transactions are recorded in the applied table too, since a zombie's workers may race
-        this write: those in ``known`` (or else the first one) before any row, the rest of a streamed write after
-        its rows (a zombie racing a streamed write is then refused by the position's compare-and-set or the applied
+        this write: the first one before any row, the rest after its rows (a zombie racing a streamed write is then refused by the position's compare-and-set or the applied
         table's key, possibly after a statement of its rows failed on what the other writer applied: rolled back
         either way)."""
         target = self.target
@@ -426,13 +424,11 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         late: list[int] | None = None
         if pos is not None:
             if pos.parallel:
-                if known is None:
-                    it = iter(changes)
-                    first = next(it, None)
-                    known = [first.commit_ts] if first is not None else []
-                    late = []
-                    changes = _note_commits(itertools.chain([first], it) if first is not None else (), late)
-                early = [ts for ts in known if ts > pos.skip_at()]
+                it = iter(changes)
+                first = next(it, None)
+                late = []
+                changes = _note_commits(itertools.chain([first], it) if first is not None else (), late)
+                early = [first.commit_ts] if first is not None and first.commit_ts > pos.skip_at() else []
             changes = tracked = Tracked(changes, pos.skip_at())
         try:
             with target.transaction(lambda: writer.current if writer else None, fence=fence) as conn:
