@@ -4,7 +4,7 @@
                     [--sink-rows N] [--quick]
                     [--tables N] [--pgbench-seconds S] [--pgbench-scale N] [--lag-rates 5000,10000]
                     [--lag-seconds S] [--consistency default,snapshot] [--barrier-interval S] [--big-mb MB] [--snapshot-tables N] [--chunk-rows N] [--spark-master URL]
-                    [--profile DIR] [--json FILE] [--work-dir DIR] [--keep]
+                    [--profile DIR [--profile-idle]] [--states DIR] [--json FILE] [--work-dir DIR] [--keep]
 
 Starts its own etcd, upstream PostgreSQL 18, a second PostgreSQL (native subscriber and ``postgresql://``
 target), MariaDB when asked for, and one ``cdc server``; writes each workload upstream; measures every
@@ -46,7 +46,7 @@ from typing import Any
 
 from bench.consistency import MODES as CONSISTENCY_MODES
 from bench.consistency import SNAPSHOT_SINKS
-from bench.consumers import Profiler
+from bench.consumers import Profiler, Profilers
 from bench.env import SINK_KINDS, BenchEnv
 from bench.mariadb_run import WORKLOADS as MARIADB_WORKLOADS
 from bench.report import Report, format_report
@@ -118,6 +118,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "catch-up into DIR (slows the capture: not for baseline figures)")
     ap.add_argument("--profile-idle", action="store_true", help="with --profile: sample waiting threads too (py-spy "
                     "--idle), to see what each thread waits for")
+    ap.add_argument("--states", type=Path, metavar="DIR", help="sample who runs while whom waits during each "
+                    "Tidewater catch-up (the capture's threads, the servers' backends and their titles, bench.states) "
+                    "into DIR/<name>.states.txt")
     ap.add_argument("--json", type=Path, help="also write every result to this JSON file")
     ap.add_argument("--work-dir", type=Path, help="directory for the servers' data (default: a new temp dir)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory")
@@ -187,12 +190,21 @@ def _work_dir(args: argparse.Namespace) -> Path:
     return work
 
 
-def _profiler(args: argparse.Namespace) -> Profiler | None:
-    if args.profile is None:
-        return None
-    from bench.profile import PySpyProfiler
+def _profiler(args: argparse.Namespace, servers: Callable[[], dict[str, int]]) -> Profiler | None:
+    """``--profile`` (py-spy of the capture) and/or ``--states`` (who runs while whom waits: ``servers`` names the
+    bench's server pids) around each Tidewater catch-up."""
+    parts: list[Profiler] = []
+    if args.profile is not None:
+        from bench.profile import PySpyProfiler
 
-    return PySpyProfiler(args.profile, say=_say, idle=args.profile_idle)
+        parts.append(PySpyProfiler(args.profile, say=_say, idle=args.profile_idle))
+    if args.states is not None:
+        from bench.states import StateSampler
+
+        parts.append(StateSampler(args.states, servers, say=_say))
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else Profilers(parts)
 
 
 def _timed(report: Report, run: Callable[[], None]) -> None:
@@ -237,10 +249,10 @@ def _pipeline(args: argparse.Namespace) -> int:
     say(f"work directory {work}; workloads {','.join(opts.workloads)}; sinks {','.join(opts.sinks)}")
     report: Report | None = None
     try:
-        profiler = _profiler(args)
         # the snapshot workload's pg_dump | psql reference needs the PostgreSQL target server
         pg_target = opts.native or bool({"snapshot", "verify"} & set(opts.workloads))
         with BenchEnv(work / "servers", opts.sinks, opts.server_config, native=pg_target) as env:
+            profiler = _profiler(args, env.pids)
             say(f"servers up: {json.dumps(env.pids())}")
             report = Report(time.strftime("%Y-%m-%d %H:%M:%S %Z"), _jsonable(vars(args)), machine_info(env))
             if "snapshot" in opts.consistency:
@@ -262,9 +274,9 @@ def _mariadb_pipeline(args: argparse.Namespace) -> int:
     say(f"work directory {work}; upstream mariadb; workloads {','.join(args.workload)}; sinks {','.join(args.sink)}")
     report: Report | None = None
     try:
-        profiler = _profiler(args)
         server_config = args.server_config.read_text() if args.server_config else ""
         with MariaDBBenchEnv(work / "servers", args.sink, server_config) as env:
+            profiler = _profiler(args, env.pids)
             say(f"servers up: {json.dumps(env.pids())}")
             report = Report(time.strftime("%Y-%m-%d %H:%M:%S %Z"), _jsonable(vars(args)), machine_info(env),
                             upstream="mariadb")

@@ -376,10 +376,26 @@ class TargetPosition:
 
 
 class Profiler:
-    """Hooks a sampling profiler onto the capture during each Tidewater catch-up (see bench.profile)."""
+    """Hooks a sampling profiler onto the capture during each Tidewater catch-up (see bench.profile, bench.states)."""
 
     def start(self, pid: int, name: str) -> Callable[[], None]:
         raise NotImplementedError
+
+
+class Profilers(Profiler):
+    """Several profilers around the same catch-ups (started in order, stopped in reverse order)."""
+
+    def __init__(self, parts: list[Profiler]) -> None:
+        self.parts = parts
+
+    def start(self, pid: int, name: str) -> Callable[[], None]:
+        stops = [p.start(pid, name) for p in self.parts]
+
+        def stop() -> None:
+            for s in reversed(stops):
+                s()
+
+        return stop
 
 
 class Feed(Protocol):

@@ -115,7 +115,7 @@ from sinks.sql.ops.deferred_key import DeferredKey
 from sinks.sql.ops.fresh_load import FreshLoads
 from sinks.sql.ops.literal_copy import LiteralCopy
 from sinks.sql.ops.load_copy import Fallback, LoadCopy
-from sinks.sql.ops.parallel import ParallelApply, Txn, collector_paused
+from sinks.sql.ops.parallel import ParallelApply, collector_paused
 from sinks.sql.ops.writer import Writer
 from sinks.sql.target.catalog import Catalog
 from sinks.sql.target.connection import Target
@@ -393,32 +393,11 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
             if pos is None:
                 raise SinkError("internal: a staging write needs open_position() first")
             return self._stager.write(pos, changes, fence)
-        if self._parallel is None or not self._parallel.plans_next():
-            return self._write_one(changes, fence)
         parallel = self._parallel
-        with collector_paused():  # while the write's changes are held in memory (not for a streamed one)
-            txns, rest = parallel.read(changes, pos.skip_at() if pos is not None else 0)
-            if rest is None:
-                return self._write_parallel(parallel, txns, fence)
-        return self._write_one(rest, fence)
-
-    def _write_parallel(self, parallel: ParallelApply, txns: list[Txn], fence: Callable[[], None] | None) -> int:
-        """A write's transactions (in memory) on several workers (:mod:`sinks.sql.ops.parallel`), or on one
-        connection when they do not split."""
-        target = self.target
-        pos = self._position
-        if not txns:
-            return self._write_one((), fence)
-        if pos is None or not pos.reopened:
-            try:
-                rounds = target.guarded(lambda: parallel.plan(txns), None)
-            except BaseException:
-                self.catalog.forget_all()
-                raise
-            parallel.planned(len(txns), max(len(lists) for lists in rounds))
-            if len(rounds) > 1 or len(rounds[0]) > 1:
-                return parallel.apply(txns, rounds, pos, fence, self._row_source)
-        return self._write_one([ch for t in txns for ch in t.changes], fence, [t.commit_ts for t in txns])
+        if parallel is None or (pos is not None and pos.reopened) or not parallel.plans_next():
+            return self._write_one(changes, fence)
+        with collector_paused():  # while the write's changes are held in memory (each round's, for a retry)
+            return parallel.stream(changes, pos, fence, self._row_source, lambda rest: self._write_one(rest, fence))
 
     @property
     def unplanned_writes(self) -> int:
@@ -431,12 +410,10 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         """Writes applied on more than one downstream connection so far (0 with worker-count 1, and on SQLite)."""
         return self._parallel.parallel_writes if self._parallel is not None else 0
 
-    def _write_one(self, changes: Iterable[RowChange], fence: Callable[[], None] | None,
-                   known: list[int] | None = None) -> int:
+    def _write_one(self, changes: Iterable[RowChange], fence: Callable[[], None] | None) -> int:
         """One downstream transaction on one connection (the only path with worker-count 1). With several workers
         (``pos.parallel``) its transactions are recorded in the applied table too, since a zombie's workers may race
-        this write: those in ``known`` (or else the first one) before any row, the rest of a streamed write after
-        its rows (a zombie racing a streamed write is then refused by the position's compare-and-set or the applied
+        this write: the first one before any row, the rest after its rows (a zombie racing a streamed write is then refused by the position's compare-and-set or the applied
         table's key, possibly after a statement of its rows failed on what the other writer applied: rolled back
         either way)."""
         target = self.target
@@ -447,13 +424,11 @@ class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser,
         late: list[int] | None = None
         if pos is not None:
             if pos.parallel:
-                if known is None:
-                    it = iter(changes)
-                    first = next(it, None)
-                    known = [first.commit_ts] if first is not None else []
-                    late = []
-                    changes = _note_commits(itertools.chain([first], it) if first is not None else (), late)
-                early = [ts for ts in known if ts > pos.skip_at()]
+                it = iter(changes)
+                first = next(it, None)
+                late = []
+                changes = _note_commits(itertools.chain([first], it) if first is not None else (), late)
+                early = [first.commit_ts] if first is not None and first.commit_ts > pos.skip_at() else []
             changes = tracked = Tracked(changes, pos.skip_at())
         try:
             with target.transaction(lambda: writer.current if writer else None, fence=fence) as conn:

@@ -129,7 +129,7 @@ class Stager:
         rounds = parallel.split(txns)
         if len(rounds[0]) == 1:  # one list (a transaction holds most of the write): one connection, no applied rows
             return self._write_one(position, [ch for t in txns for ch in t.changes], fence)
-        return parallel.apply(txns, rounds, position, fence, None, body)
+        return parallel.apply(txns, rounds, position, fence, body)
 
     def _write_one(self, position: Position, changes: Iterable[RowChange], fence: Fence | None) -> int:
         tracked = Tracked(changes, position.skip_at())

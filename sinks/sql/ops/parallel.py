@@ -2,35 +2,46 @@
 (``[sink] worker-count`` > 1; MySQL/MariaDB and PostgreSQL. SQLite has one writer per file: worker-count is
 ignored there and every write takes the one-connection path).
 
-What a write does with N workers:
+What a write does with N workers (:meth:`ParallelApply.stream`):
 
-* Its changes are read into memory up to ``2 * max(batch-rows, txn-rows)`` changes (the span's batcher hands whole
-  transactions up to ``txn-rows`` per write, so only a write holding one transaction larger than that bound goes
-  past it). Past the bound, or when the write's transactions all conflict, or while a transaction continues after
-  its DDL (``Position.reopened``), the write takes today's path: one downstream transaction, streamed, the writer's
-  rules unchanged (a huge transaction is cut only as ``sinks.sql.ops.writer`` documents). So an upstream transaction
-  is never split across workers or downstream transactions beyond what the writer already does.
-* After ``SERIAL_AFTER`` writes in a row whose transactions (at least two each) all went to one list, the next 1,
-  then 2, 4... up to ``SERIAL_SKIP_MAX`` writes are streamed on one connection without being read into memory or
-  keyed (hot rows, such as pgbench's branches, chain every transaction into one component: keying them only cost
-  capture CPU); the first write planned after that which splits over several lists resets the backoff. Streamed
-  writes take the one-connection path with its applied rows (point 4 below), so exactness does not depend on it.
+* It is *streamed*: the caller (the span's sink thread) reads the write transaction by transaction (mounting each
+  change as it reads it), and a transaction, once read whole, is keyed and handed at once to a worker, which applies
+  it while the caller reads the next ones. So the target's backends work while the capture reads, mounts and keys
+  (measured before: with the write read whole first, the target's backends sat idle while the sink thread read it,
+  and the sink thread while they applied: docs/benchmarks.md, "the wait of (b) and (c)").
+* A transaction goes to the worker that holds one of its keys in the current *round*, else to the worker with the
+  fewest changes in the round. One whose keys two workers hold ends the round first: every worker commits what it
+  has, the keys are forgotten, and a new round begins with it. After ``MAX_CUTS`` such cuts in one write the rest of
+  it goes to one worker (transactions that keep bridging the workers, e.g. updates of random keys that repeat, would
+  pay a commit round every few transactions). A schema the catalog has not bound yet also ends the round first (the
+  caller binds it while no worker reads the catalog).
+* Past ``2 * max(batch-rows, txn-rows)`` changes (the span's batcher hands whole transactions up to ``txn-rows`` per
+  write, so only a write holding one transaction larger than that bound goes past it) the round ends and the rest
+  of the write takes today's path: one downstream transaction, streamed, the writer's rules unchanged (a huge
+  transaction is cut only as ``sinks.sql.ops.writer`` documents); so does a write while a transaction continues
+  after its DDL (``Position.reopened``). So an upstream transaction is never split across workers or downstream
+  transactions beyond what the writer already does.
+* After ``SERIAL_AFTER`` writes in a row whose transactions (at least two each) all went to one worker, the next 1,
+  then 2, 4... up to ``SERIAL_SKIP_MAX`` writes take the one-connection path without being keyed (hot rows, such as
+  pgbench's branches, chain every transaction to one worker: keying them only cost capture CPU); the first keyed write
+  after that which uses several workers resets the backoff. Those writes record their transactions in the applied
+  table too (point 4 below), so exactness does not depend on it.
 * Each transaction's keys (:func:`keys_of`): per row image touched (old and new), one key per target unique key
   (primary key included) ``(table, columns, values)``; a table-wide key instead for tables whose rows cannot be
   told apart safely: without a key, with a unique key besides the key while the upstream logs only the key of old
   rows (replica identity not FULL), with a target unique key on columns the upstream does not have, with a
   foreign key to or from another target table (the tables of one foreign-key component share one key: such tables
   go to one worker, so a target that checks foreign keys immediately never sees a child before its parent), a key
-  value that holds an unsent (TOAST) column, and every table a TRUNCATE in the write touches (a barrier for that
-  table; a DDL never shares a write with rows: the span applies it between writes). On MySQL/MariaDB text key values
-  are compared case- and accent-folded (a case-insensitive collation makes 'a' and 'A' one key downstream).
-* :func:`sinks.sql.dialect.conflicts.schedule` splits the transactions into rounds of at most N lists: one round
-  of whole conflict components, or (when transactions chain into one big component, e.g. updates of random keys)
-  one round per conflict level, whose transactions never conflict; rounds run one after the other, each committed
-  before the next starts. Each list is applied in commit order by a :class:`~sinks.sql.ops.writer.Writer` (windows
-  and net effect as on one connection) in one downstream transaction on its own connection, in its own thread (which
-  runs the statements too), and committed by that worker after the span's fence as soon as it is applied; once every
-  one committed, one more transaction moves the span's position to the write's last commit Ts (exactly-once, below).
+  value that holds an unsent (TOAST) column, and a table from its TRUNCATE on in the round (the TRUNCATE itself
+  conflicts with every worker that changed the table's rows in the round: a barrier for that table; a DDL never
+  shares a write with rows: the span applies it between writes). On MySQL/MariaDB text key values are compared
+  case- and accent-folded (a case-insensitive collation makes 'a' and 'A' one key downstream).
+* Each worker applies its transactions of a round in commit order with a :class:`~sinks.sql.ops.writer.Writer`
+  (windows and net effect as on one connection) in one downstream transaction on its own connection, in its own
+  thread (which runs the statements too): the transaction holds the span's position first (:meth:`Position.hold`),
+  records the transactions in the applied table after their rows (:meth:`Position.mark`), and commits after the
+  span's fence when the caller ends the round; once every round committed, one more transaction moves the span's
+  position to the write's last commit Ts (exactly-once, below).
 * Worker k's thread and connection are kept for the sink's life (:class:`~sinks.sql.target.held.HeldConnection`):
   no pool checkout, pre-ping or session reset per write; so is the caller's connection that moves the position, and
   a write whose schemas are all bound plans without any round trip. A held connection that broke between writes
@@ -40,12 +51,13 @@ What a write does with N workers:
   :meth:`Position.hold_and_mark`), two on MySQL/MariaDB; the position move and the applied rows' delete are one
   statement on PostgreSQL.
 
-Guarantees: per key, upstream order (conflicting transactions are in one list, in order, and the next write starts
-after this one committed everything); a transaction is applied whole in one downstream transaction. Across keys a
-reader downstream may see a later transaction before an unrelated earlier one, during a write (worker-count 1 never
-shows that). Exactly-once (``sinks.sql.target.position``, "Several apply workers"): each worker's transaction holds
-the span's position row in share mode, checks it, and records its transactions in the applied table before their
-rows; a crash between the workers' commits leaves some transactions recorded above the position, which the restart
+Guarantees: per key, upstream order (conflicting transactions go to one worker in one round, in order, or the later
+one to a later round, and the next write starts after this one committed everything); a transaction is applied whole
+in one downstream transaction. Across keys a reader downstream may see a later transaction before an unrelated
+earlier one, during a write (worker-count 1 never shows that). Exactly-once (``sinks.sql.target.position``, "Several
+apply workers"): each worker's transaction holds the span's position row in share mode, checks it, and records its
+transactions in the applied table (a streamed round's after their rows, before its commit; a staged list's before
+them); a crash between the workers' commits leaves some transactions recorded above the position, which the restart
 skips; a zombie writer racing its successor fails on the position check or on the applied table's key, so no
 transaction is applied twice and none is skipped.
 
@@ -53,11 +65,12 @@ Why this is exact, with a zombie (a frozen capture Z that wakes up after its suc
 same target):
 
 1. A writer starts a transaction T only once every earlier transaction conflicting with T is committed downstream:
-   earlier in its own list (same downstream transaction), in an earlier round, or in an earlier write (the span
+   earlier in its own worker's round (same downstream transaction), in an earlier round, or in an earlier write (the span
    calls ``write`` only after the previous one returned, i.e. every worker committed), or at or below the position
    / in the applied table when the writer opened (committed by definition).
 2. T's applied row and T's rows commit together or not at all, and the row's primary key lets only one of Z and S
-   commit T: the second inserter waits on the first's uncommitted row (PostgreSQL and InnoDB unique checks), then
+   commit T: the second inserter waits on the first's uncommitted row (PostgreSQL and InnoDB unique checks; rows
+   written before the applied row may meet the other writer's row locks first, or a deadlock the server ends), then
    fails on the duplicate (``SinkUnavailable``, its whole downstream transaction rolled back, the span restarts and
    reads the target again), or goes on if the first rolled back. A writer whose worker failed never applies a later
    transaction of that list, so by 1 it never applies T2 after a T1 it could not commit.
@@ -78,12 +91,12 @@ the list's transactions instead of applying them (:data:`ListBody`); points 2 to
 one-connection path is refused by the staged pieces' own key instead of applied rows.
 
 Compared with TiCDC (``pkg/causality``: a transaction waits only for its own conflicting predecessors, across workers,
-as they finish, streaming over writes), a write here is a barrier: whole conflict components go to one worker, and
-the next round or write starts after the slowest worker of this one committed.
+as they finish, streaming over writes), a round and a write here are barriers: a transaction that conflicts with two
+workers waits for every worker's commit, and the next write starts after the slowest worker of this one committed.
 
-Threads: the caller's thread reads, keys and partitions the write and binds its schemas (the catalog's tables are
-read or created by that thread only, before the workers start: workers find every binding cached), then waits;
-worker threads apply and commit (a worker's connection is its own, and its statements run in its thread: worker k
+Threads: the caller's thread reads, keys and hands out the write and binds its schemas (the catalog's tables are
+read or created by that thread only, between rounds: workers find every binding cached); worker threads apply and
+commit (a worker's connection is its own, and its statements run in its thread: worker k
 always runs on thread k; the fence and the row source are called by one worker at a time); the caller moves the
 position on its own held connection.
 """
@@ -95,10 +108,11 @@ import gc
 import itertools
 import logging
 import operator
+import queue
 import threading
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -108,7 +122,6 @@ from cdc.errors import SinkUnavailable
 from cdc.events import UNCHANGED, OpType, RowChange
 from cdc.model import DataWarning
 from sinks.base import RowSource
-from sinks.sql.dialect.conflicts import schedule
 from sinks.sql.dialect.errors import is_deadlock
 from sinks.sql.dialect.normalize import hashable_key
 from sinks.sql.dialect.unique_moves import fold_text
@@ -122,10 +135,6 @@ from sinks.sql.target.position import Position
 
 log = logging.getLogger(__name__)
 
-# a round's fixed cost in changes, for choosing between components and levels (conflicts.schedule): per worker a
-# begin, the position check with the applied rows (two statements on MySQL/MariaDB) and a commit, 3-4 round trips,
-# ~5 ms at the ~50k changes/s one connection applies
-ROUND_COST = 250
 # writes in a row that all went to one list before writes are streamed unplanned (module docstring), and the most
 # writes streamed so before one is planned again
 SERIAL_AFTER = 3
@@ -134,10 +143,15 @@ SERIAL_SKIP_MAX = 64
 # write fails (SinkUnavailable: the span restarts)
 DEADLOCK_RETRIES = 4
 
+# cuts of one streamed write (a transaction whose keys two workers hold: every worker commits first) after which the
+# rest of the write goes to one worker (transactions that keep bridging workers, e.g. updates of random keys that
+# repeat, would otherwise pay a commit round per few transactions)
+MAX_CUTS = 4
+
 ListBody = Callable[[Connection, int, list["Txn"]], int]
-"""What a worker does with its list inside its downstream transaction, after :meth:`Position.hold` and
-:meth:`Position.mark`: ``body(conn, k, txns)`` returns the changes it wrote (default: apply them with a
-:class:`~sinks.sql.ops.writer.Writer`; a staging sink stages them instead, ``sinks.sql.ops.barrier``)."""
+"""What a worker of :meth:`ParallelApply.apply` does with its list inside its downstream transaction, after
+:meth:`Position.hold` and :meth:`Position.mark`: ``body(conn, k, txns)`` returns the changes it wrote (a staging sink
+stages them, ``sinks.sql.ops.barrier``)."""
 
 
 _gc_lock = threading.Lock()
@@ -300,8 +314,8 @@ class ParallelApply:
         self._skip = 0  # writes left to stream unplanned
 
     def plans_next(self) -> bool:
-        """Whether the next write is to be read and planned; False: stream it on one connection (module docstring:
-        after writes whose transactions all conflicted)."""
+        """Whether the next write is to be keyed and spread over the workers; False: stream it on one connection (module
+        docstring: after writes whose transactions all went to one worker)."""
         if self._skip:
             self._skip -= 1
             self.unplanned_writes += 1
@@ -309,7 +323,7 @@ class ParallelApply:
         return True
 
     def planned(self, txns: int, lists: int) -> None:
-        """A write of ``txns`` transactions was planned into at most ``lists`` lists per round."""
+        """A write of ``txns`` transactions went to at most ``lists`` workers per round."""
         if lists > 1:
             self._one_list = self._backoff = 0
         elif txns > 1:
@@ -318,71 +332,107 @@ class ParallelApply:
                 self._backoff = min(SERIAL_SKIP_MAX, max(1, 2 * self._backoff))
                 self._skip = self._backoff
                 if self._backoff == SERIAL_SKIP_MAX or self._backoff == 1:
-                    log.info("%s: %d writes in a row had all their transactions conflicting; the next %d are "
-                             "streamed on one connection without planning", self.target.where, self._one_list,
+                    log.info("%s: %d writes in a row had all their transactions on one worker; the next %d are "
+                             "streamed on one connection without keying them", self.target.where, self._one_list,
                              self._backoff)
 
     def read(self, changes: Iterable[RowChange], skip_at: int) -> tuple[list[Txn], Iterator[RowChange] | None]:
         """The write's transactions above ``skip_at``, or ([], the whole stream) past the bound."""
-        it = iter(changes)
-        txns: list[Txn] = []
-        n = 0
-        cur: Txn | None = None
-        limit = self.limit
-        buffered: list[RowChange] = []
-        skipped = 0
-        for ch in it:
-            ts = ch.commit_ts
-            if ts <= skip_at:
-                skipped += 1
-                continue
-            if cur is None or ts != cur.commit_ts:
-                cur = Txn(ts, ch.commit_time)
-                txns.append(cur)
-            cur.changes.append(ch)
-            n += 1
-            if n > limit:
-                buffered = [c for t in txns for c in t.changes]
-                return [], itertools.chain(buffered, it)
-        if skipped:
-            log.info("%s: skipped %d change(s) already downstream (commit <= %d)", self.target.where, skipped,
-                     skip_at)
+        reader = _TxnReader(changes, skip_at, self.limit)
+        txns = list(reader)
+        if reader.pending is not None:
+            return [], itertools.chain([c for t in txns for c in t.changes], reader.rest())
+        reader.log_skipped(self.target.where)
         return txns, None
 
-    def plan(self, txns: list[Txn]) -> list[list[list[int]]]:
-        """Bind every schema of the write and split it into rounds of lists over the workers
-        (:func:`sinks.sql.dialect.conflicts.schedule`). A connection is checked out (and its transaction rolled back)
-        only when a schema is not bound yet: the steady state plans without a round trip. Key plans are made after
-        every binding, since binding a table may reveal foreign keys of tables bound before."""
+    def stream(self, changes: Iterable[RowChange], pos: Position | None, fence: Callable[[], None] | None,
+               row_source: RowSource | None, serial: Callable[[Iterable[RowChange]], int]) -> int:
+        """Apply one write's transactions on the workers *while reading them* (module docstring, "Streamed"): each
+        transaction, once read whole (mounted by the caller's iteration) and keyed, goes to the worker that holds
+        one of its keys in the current round, else to the least loaded one; one whose keys two workers hold ends
+        the round first (every worker commits). Each worker applies its transactions as they come in one downstream
+        transaction per round. Past ``limit`` changes (one huge transaction) the round ends and the rest of the
+        write goes to ``serial`` (the one-connection path, which also moves the position); else the position moves
+        once every worker committed. Returns the changes written."""
+        skip_at = pos.skip_at() if pos is not None else 0
+        if row_source is not None:
+            row_source = self._locked(row_source)
+        worker_fence = self._locked(fence) if fence is not None else None
+        rnd = _Round(self, pos, row_source, worker_fence)
+        plans: dict[int, KeyPlan] = {}
+        schemas: dict[int, Any] = {}
+        fold = self.target.dialect == "mysql"
+        reader = _TxnReader(changes, skip_at, self.limit)
+        txns = 0
+        last: Txn | None = None
+        try:
+            for txn in reader:
+                rnd.dispatch(txn, plans, schemas, fold)
+                txns += 1
+                last = txn
+            rnd.cut()
+        except BaseException:
+            rnd.abandon()
+            raise
+        if reader.pending is not None:  # one huge transaction: the one-connection path streams it (and the rest)
+            return rnd.count + serial(reader.rest())
+        reader.log_skipped(self.target.where)
+        if last is None:
+            return serial(())
+        self.planned(txns, rnd.widest)
+        if rnd.widest > 1:
+            if not self.parallel_writes:  # once per sink: that this span's writes do go to several connections
+                log.info("%s: first write applied on %d connections in %d round(s) (worker-count %d)%s",
+                         self.target.where, rnd.widest, rnd.rounds, self.workers, _ids(pos))
+            self.parallel_writes += 1
+        if pos is not None:
+            done = last
+            self.mover.run(lambda conn: pos.record(conn, done.commit_ts, done.commit_time), pos.sql.label,
+                           fence=fence)
+            pos.committed(done.commit_ts)
+        return rnd.count
+
+    def key_plans(self, plans: dict[int, KeyPlan], schemas: dict[int, Any], txn: Txn,
+                  before_binding: Callable[[], None]) -> None:
+        """Make ``plans`` hold a key plan for every schema of ``txn``. A schema not bound yet is bound on a connection of
+        its own (rolled back) after ``before_binding()`` (which ends the round: the workers are idle and committed,
+        the catalog is the caller's alone), and every plan is made again (binding a table may reveal foreign keys of
+        tables bound before)."""
         catalog = self.catalog
-        bindings: dict[int, Binding] = {}
         unbound: dict[int, Any] = {}
-        for t in txns:
-            for ch in t.changes:
-                sid = id(ch.schema)
-                if sid not in bindings and sid not in unbound:
-                    b = catalog.cached(ch.schema)
-                    if b is None:
-                        unbound[sid] = ch.schema
-                    else:
-                        bindings[sid] = b
-        if unbound:
+        for ch in txn.changes:
+            sid = id(ch.schema)
+            if sid in plans or sid in unbound:
+                continue
+            b = catalog.cached(ch.schema)
+            if b is None:
+                unbound[sid] = ch.schema
+            else:
+                plans[sid] = KeyPlan(b, catalog)
+                schemas[sid] = ch.schema
+        if not unbound:
+            return
+        before_binding()
+
+        def bind() -> None:
             with self.target.engine.connect() as conn:
                 trans = conn.begin()  # (the catalog's raw cursors would leave a transaction open otherwise)
                 try:
                     for sid, schema in unbound.items():
-                        bindings[sid] = catalog.bind(schema, conn)
+                        catalog.bind(schema, conn)
+                        schemas[sid] = schema
                 finally:
                     trans.rollback()
-        plans = {sid: KeyPlan(b, catalog) for sid, b in bindings.items()}
-        fold = self.target.dialect == "mysql"
-        truncated: set[str] = set()
-        keyed = [keys_of(t, plans, fold, truncated) for t in txns]
-        if truncated:
-            for keys, tables in keyed:
-                for label in tables & truncated:
-                    keys.add(("table", label))
-        return schedule([k for k, _ in keyed], self.workers, [len(t.changes) for t in txns], ROUND_COST)
+
+        try:
+            self.target.guarded(bind, None)
+        except BaseException:
+            catalog.forget_all()
+            raise
+        for sid, schema in schemas.items():
+            b = catalog.cached(schema)
+            assert b is not None
+            plans[sid] = KeyPlan(b, catalog)
 
     def split(self, txns: list[Txn]) -> list[list[list[int]]]:
         """One round of at most ``workers`` lists of consecutive transactions of about equal changes, in commit
@@ -401,20 +451,17 @@ class ParallelApply:
         return [lists]
 
     def apply(self, txns: list[Txn], rounds: list[list[list[int]]], pos: Position | None,
-              fence: Callable[[], None] | None, row_source: RowSource | None, body: ListBody | None = None) -> int:
-        """Apply ``rounds`` (from :meth:`plan`) one after the other, the lists of a round concurrently, each worker
-        committing its own transaction after the fence; then move the position once every one committed. The
-        fence and the row source (one upstream session) are called by one worker at a time. The first error of a
+              fence: Callable[[], None] | None, body: ListBody) -> int:
+        """Apply ``rounds`` (from :meth:`split`) one after the other, the lists of a round concurrently, each worker
+        doing ``body`` with its list (:data:`ListBody`) in its own transaction, committed after the fence; then move
+        the position once every one committed. The fence is called by one worker at a time. The first error of a
         round is raised once its every worker finished (no later round starts); workers that committed stay
-        committed (recorded in the applied table: a restart skips them). ``body`` replaces what a worker does with
-        its list (:data:`ListBody`); the position, the marks, the fence and the retries stay as they are."""
-        if row_source is not None:
-            row_source = self._locked(row_source)
+        committed (recorded in the applied table: a restart skips them)."""
         worker_fence = self._locked(fence) if fence is not None else None
         count = 0
         for lists in rounds:
-            futures = [self._threads[k].submit(self._work, k, [txns[i] for i in lst], pos, row_source, worker_fence,
-                                               body) for k, lst in enumerate(lists)]
+            futures = [self._threads[k].submit(self._work, k, [txns[i] for i in lst], pos, worker_fence, body)
+                       for k, lst in enumerate(lists)]
             errors: list[tuple[BaseException, str | None]] = []
             for k, f in enumerate(futures):
                 try:
@@ -457,16 +504,35 @@ class ParallelApply:
                 return fn(*args)
         return call
 
-    def _work(self, k: int, txns: list[Txn], pos: Position | None, row_source: RowSource | None,
-              fence: Callable[[], None] | None, body: ListBody | None) -> int:
-        """Worker ``k``: its transactions in one downstream transaction, committed after the fence. Committing at
-        once (not after every worker applied) matters: a worker may wait for a lock another one holds (InnoDB's
-        next-key locks of unique checks span keys), which a commit barrier would turn into a wait until the lock
-        timeout."""
+    def _work(self, k: int, txns: list[Txn], pos: Position | None, fence: Callable[[], None] | None,
+              body: ListBody) -> int:
+        """Worker ``k``: ``body`` with its transactions in one downstream transaction that holds the position and
+        records them first, committed after the fence. Committing at once (not after every worker applied) matters: a
+        worker may wait for a lock another one holds (InnoDB's next-key locks of unique checks span keys), which a
+        commit barrier would turn into a wait until the lock timeout."""
+
+        def run(conn: Connection) -> int:
+            if pos is not None:
+                pos.hold_and_mark(conn, [t.commit_ts for t in txns])
+            return body(conn, k, txns)
+
+        return self._retried(k, pos, lambda: self._held(k, run, lambda: None, fence))
+
+    def _stream_work(self, k: int, feed: _Feed, pos: Position | None, row_source: RowSource | None,
+                     fence: Callable[[], None] | None) -> int:
+        """Worker ``k``'s round of a streamed write (:meth:`stream`): the transactions the caller hands it through
+        ``feed``, applied as they come in one downstream transaction, which holds the span's position first and
+        records them in the applied table after their rows, then commits after the fence once the caller ends the
+        round (a run again replays what it took first)."""
+        return self._retried(k, pos, lambda: self._stream_once(k, feed, pos, row_source, fence))
+
+    def _retried(self, k: int, pos: Position | None, once: Callable[[], int]) -> int:
+        """``once()``, worker ``k``'s transaction, run again from its start when the server chose it as a deadlock
+        victim (up to ``DEADLOCK_RETRIES`` times)."""
         attempt = 0
         while True:
             try:
-                return self._work_once(k, txns, pos, row_source, fence, body)
+                return once()
             except SinkUnavailable as exc:
                 # Workers apply transactions without a common key, yet InnoDB's next-key locks of unique checks (and
                 # PostgreSQL's row locks of FK checks) can still cross: the server picks a victim and rolls its whole
@@ -479,28 +545,35 @@ class ParallelApply:
                 time.sleep(0.02 * (2 ** attempt))
                 attempt += 1
 
-    def _work_once(self, k: int, txns: list[Txn], pos: Position | None, row_source: RowSource | None,
-                   fence: Callable[[], None] | None, body: ListBody | None) -> int:
+    def _stream_once(self, k: int, feed: _Feed, pos: Position | None, row_source: RowSource | None,
+                     fence: Callable[[], None] | None) -> int:
         target = self.target
         writer: Writer | None = None
-
-        self._failed_at[k] = None
 
         def run(conn: Connection) -> int:
             nonlocal writer
             writer = None
             if pos is not None:
-                pos.hold_and_mark(conn, [t.commit_ts for t in txns])
-            if body is not None:
-                return body(conn, k, txns)
+                pos.hold(conn)  # refused before any row when another writer moved the position
             writer = Writer(conn, target.statements(), self.catalog, self.pipelines[k], self.config, row_source,
                             self.warn)
-            return writer.run(itertools.chain.from_iterable(t.changes for t in txns))
+            n = writer.run(feed.changes())
+            if pos is not None:
+                writer.current = pos.sql.label
+                pos.mark(conn, [t.commit_ts for t in feed.taken])
+            return n
 
+        return self._held(k, run, lambda: writer.current if writer else None, fence)
+
+    def _held(self, k: int, run: Callable[[Connection], int], current: Callable[[], str | None],
+              fence: Callable[[], None] | None) -> int:
+        """``run(conn)`` in one transaction on worker ``k``'s held connection, committed after ``fence``; on a failure
+        the table ``current()`` names is kept for the caller's error (``_explained``)."""
+        self._failed_at[k] = None
         try:
-            return self.conns[k].run(run, lambda: writer.current if writer else None, fence=fence)
+            return self.conns[k].run(run, current, fence=fence)
         except BaseException:
-            self._failed_at[k] = writer.current if writer is not None else None  # (read by apply: _explained)
+            self._failed_at[k] = current()
             raise
 
     def close(self) -> None:
@@ -510,6 +583,161 @@ class ParallelApply:
             c.close()
         for p in self.pipelines:
             p.close()
+
+
+class _TxnReader:
+    """A write's changes above ``skip_at`` as whole transactions, each yielded once the next one begins (or the
+    changes end). Past ``limit`` changes it stops: ``pending`` then holds the transaction being read and
+    :meth:`rest` gives its changes and the rest of the write."""
+
+    def __init__(self, changes: Iterable[RowChange], skip_at: int, limit: int) -> None:
+        self.it = iter(changes)
+        self.skip_at = skip_at
+        self.limit = limit
+        self.skipped = 0
+        self.pending: Txn | None = None
+
+    def __iter__(self) -> Iterator[Txn]:
+        skip_at, limit = self.skip_at, self.limit
+        cur: Txn | None = None
+        n = 0
+        for ch in self.it:
+            ts = ch.commit_ts
+            if ts <= skip_at:
+                self.skipped += 1
+                continue
+            if cur is None or ts != cur.commit_ts:
+                if cur is not None:
+                    yield cur
+                cur = Txn(ts, ch.commit_time)
+            cur.changes.append(ch)
+            n += 1
+            if n > limit:
+                self.pending = cur
+                return
+        if cur is not None:
+            yield cur
+
+    def rest(self) -> Iterator[RowChange]:
+        """The pending transaction's changes, then the write's unread ones (after a stop past the limit)."""
+        assert self.pending is not None
+        return itertools.chain(self.pending.changes, self.it)
+
+    def log_skipped(self, where: str) -> None:
+        if self.skipped:
+            log.info("%s: skipped %d change(s) already downstream (commit <= %d)", where, self.skipped, self.skip_at)
+
+
+class _Feed:
+    """Worker k's transactions of the current round of a streamed write, handed over by the caller in commit order
+    (``None`` ends the round). ``taken``: those it took so far, which a run again (deadlock, broken held connection)
+    replays before it takes more."""
+
+    __slots__ = ("queue", "taken", "ended", "future")
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[Txn | None] = queue.SimpleQueue()
+        self.taken: list[Txn] = []
+        self.ended = False
+        self.future: Future[int] | None = None
+
+    def changes(self) -> Iterator[RowChange]:
+        for t in list(self.taken):
+            yield from t.changes
+        while not self.ended:
+            t = self.queue.get()
+            if t is None:
+                self.ended = True
+                return
+            self.taken.append(t)
+            yield from t.changes
+
+
+class _Round:
+    """The caller's side of a streamed write (:meth:`ParallelApply.stream`): which worker holds which key in the
+    current round, the workers' feeds, and the rounds' results."""
+
+    def __init__(self, apply: ParallelApply, pos: Position | None, row_source: RowSource | None,
+                 fence: Callable[[], None] | None) -> None:
+        self.apply = apply
+        self.pos, self.row_source, self.fence = pos, row_source, fence
+        n = apply.workers
+        self.feeds: list[_Feed | None] = [None] * n
+        self.loads = [0] * n  # changes handed to each worker in this round
+        self.owner: dict[Hashable, int] = {}  # key -> the worker that holds it in this round
+        self.touched: dict[str, set[int]] = {}  # table -> workers that changed its rows in this round
+        self.truncated: set[str] = set()  # tables truncated in this round (their table key from then on)
+        self.cuts = 0  # rounds ended early for a transaction whose keys two workers held
+        self.rounds = 0
+        self.widest = 0  # most workers of one round
+        self.count = 0  # changes the committed rounds wrote
+
+    def dispatch(self, txn: Txn, plans: dict[int, KeyPlan], schemas: dict[int, Any], fold: bool) -> None:
+        apply = self.apply
+        apply.key_plans(plans, schemas, txn, self.cut)
+        own: set[str] = set()  # the tables this transaction truncates
+        keys, tables = keys_of(txn, plans, fold, own)
+        for label in tables & (self.truncated | own):  # a truncated table is one key from its TRUNCATE on
+            keys.add(("table", label))
+        owners = {k for k in map(self.owner.get, keys) if k is not None}
+        for label in own:  # and conflicts with every earlier change of its rows in the round
+            owners |= self.touched.get(label, set())
+        if len(owners) > 1:
+            self.cut(early=True)
+            owners = set()
+        self.truncated |= own
+        if self.cuts >= MAX_CUTS:
+            k = 0  # the rest of this write on one worker: per key order by one list
+        elif owners:
+            k = owners.pop()
+        else:
+            k = min(range(apply.workers), key=self.loads.__getitem__)
+        owner = self.owner
+        for key in keys:
+            owner[key] = k
+        for label in tables:
+            self.touched.setdefault(label, set()).add(k)
+        self.loads[k] += len(txn.changes)
+        feed = self.feeds[k]
+        if feed is None:
+            feed = self.feeds[k] = _Feed()
+            feed.future = apply._threads[k].submit(apply._stream_work, k, feed, self.pos, self.row_source, self.fence)
+        elif feed.future is not None and feed.future.done():  # it failed (a round's worker ends only at its cut)
+            self.cut()
+        feed.queue.put(txn)
+
+    def cut(self, early: bool = False) -> None:
+        """End the round: every worker of it commits (its error, if any, raised once all finished, as
+        :meth:`ParallelApply.apply` raises a round's)."""
+        feeds = [f for f in self.feeds if f is not None]
+        if not feeds:
+            return
+        for f in feeds:
+            f.queue.put(None)
+        errors: list[tuple[BaseException, str | None]] = []
+        for k, f in enumerate(self.feeds):
+            if f is None:
+                continue
+            assert f.future is not None
+            try:
+                self.count += f.future.result()
+            except BaseException as exc:  # noqa: BLE001 - the first one is raised below
+                errors.append((exc, self.apply._failed_at[k]))
+        self.rounds += 1
+        self.widest = max(self.widest, len(feeds))
+        self.cuts += early
+        self.feeds = [None] * self.apply.workers
+        self.loads = [0] * self.apply.workers
+        self.owner, self.touched, self.truncated = {}, {}, set()
+        if errors:
+            self.apply.catalog.forget_all()
+            raise self.apply._explained(errors)
+
+    def abandon(self) -> None:
+        """The caller failed: every worker's round ends (committing what it took: recorded, a restart skips it);
+        their errors give way to the caller's."""
+        with contextlib.suppress(BaseException):
+            self.cut()
 
 
 def _ids(pos: Position | None) -> str:

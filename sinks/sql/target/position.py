@@ -37,8 +37,10 @@ the transactions above it are downstream after a crash between those commits. Th
   Each worker's downstream transaction first takes the span's position row in share mode and checks it still
   holds ``applied`` (:meth:`Position.hold`: a successor that moved the position makes an old writer fail here,
   and a position move waits for the workers that hold it), then inserts its transactions' rows
-  (:meth:`Position.mark`) before their changes, all in that one transaction (on PostgreSQL the check and the rows are
-  one statement, :meth:`Position.hold_and_mark`: rows inserted only while the share-locked row holds ``applied``):
+  (:meth:`Position.mark`), all in that one transaction: after their changes when the worker applies transactions as
+  they are handed to it (a streamed write, ``ParallelApply.stream``), before them for a staged list (on PostgreSQL
+  the check and the rows are then one statement, :meth:`Position.hold_and_mark`: rows inserted only while the
+  share-locked row holds ``applied``):
   a duplicate key means another writer
   (a fenced-off zombie, or its successor) applied that transaction already, and raises :class:`SinkUnavailable`
   (rolled back, the span restarts and reads again). No transaction is applied twice, even by a writer whose
