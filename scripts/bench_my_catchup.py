@@ -20,7 +20,12 @@ after the resume request at which:
   seen it: the first poll time at or after ``cf end`` on the grid 0, S + d, 2(S + d)..., d the measured duration of
   one API request;
 
-and the capture's CPU seconds from resume to ``cf end``. Everything it starts is stopped at the end.
+and the capture's CPU seconds from resume to ``cf end``. With ``--threads``, every thread of the capture and of the
+upstream ``mariadbd`` is sampled every 5 ms (:class:`bench.threadclock.ThreadClock`: time on a CPU and time runnable
+but waiting for one, from ``schedstat``) and each round prints the busy threads (the capture's named by a
+``py-spy dump`` taken at ``cf end``, before the pause) with their CPU, run-queue and sleeping share of the round, and
+a timeline in ``--bucket`` ms buckets: per thread the share of the bucket it ran (``#`` per tenth), so it shows which
+thread works while which waits. Everything it starts is stopped at the end.
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from __future__ import annotations
 import argparse
 import math
 import random
+import re
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -40,6 +47,8 @@ from pathlib import Path
 from bench.mariadb_refs import MariaDBFeed, binlog_end
 from bench.mariadb_run import INSERT, SBTEST, MariaDBBenchEnv
 from bench.procstat import tree_cpu_seconds
+from bench.profile import py_spy_binary
+from bench.threadclock import ThreadClock
 from bench.workloads import ROWS_PER_TXN
 from cdc import serde
 from cdc.meta import keys
@@ -122,6 +131,46 @@ def _write(conn: object, shape: str, lo: int, rows: int, rnd: random.Random) -> 
             cur.execute("COMMIT")
 
 
+def thread_names(pid: int) -> dict[int, str]:
+    """The Python thread names of ``pid`` by native thread id, from ``py-spy dump`` (empty without py-spy)."""
+    binary = py_spy_binary()
+    if binary is None:
+        return {}
+    out = subprocess.run([binary, "dump", "--pid", str(pid), "--nonblocking"], capture_output=True, text=True,
+                         timeout=30).stdout
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r'^Thread (\d+) \([a-z]+\): "(.*)"$', out, re.M)}
+
+
+def print_threads(clock: ThreadClock, r: Round, names: dict[int, str], bucket: float) -> None:
+    """The busy threads of the round (resume to ``cf end``) and their timeline (module docstring)."""
+    t0, t1 = r.t0, r.cf_end
+    wall = t1 - t0
+    rows = clock.busiest(t0, t1)
+    print(f"    threads over {wall * 1000:.0f} ms: CPU / run queue / other (sleeping), ms")
+    for s, cpu, wait in rows:
+        label = names.get(s.tid, "") if s.process == "capture" else ""
+        shares = " ".join(f"{k} {v:.0%}" for k, v in s.state_shares(t0, t1).items())
+        print(f"      {s.process}:{s.tid} {label[:28]:28} {cpu * 1000:6.0f} {wait * 1000:6.0f} "
+              f"{max(0.0, wall - cpu - wait) * 1000:6.0f}   {shares}")
+    n = max(1, math.ceil(wall / bucket))
+    print(f"    timeline, {bucket * 1000:.0f} ms buckets (# = a tenth of the bucket on a CPU, . = waiting for one)")
+    for s, _cpu, _wait in rows[:8]:
+        line = []
+        for i in range(n):
+            c, w = s.between(t0 + i * bucket, t0 + (i + 1) * bucket)
+            line.append("#" * round(c / bucket * 10) + "." * round(w / bucket * 10))
+        label = names.get(s.tid, "") if s.process == "capture" else ""
+        print(f"      {s.process[:7]:7} {label[:14]:14} |{'|'.join(f'{x:10.10}' for x in line)}|")
+    print("    states, one letter per sample (r running or runnable, f futex: a lock, condition or the GIL, s socket: "
+          "recvfrom/read/poll, n sleep, e epoll, ? other)")
+    letters = {"run": "r", "futex": "f", "recvfrom": "s", "read": "s", "poll": "s", "ppoll": "s", "select": "s",
+               "nanosleep": "n", "epoll_wait": "e"}
+    for s, _cpu, _wait in rows[:4]:
+        text = "".join(letters.get(st, "?") for t, st in s.states if t0 <= t <= t1)
+        label = names.get(s.tid, "") if s.process == "capture" else ""
+        print(f"      {s.process[:7]:7} {label[:14]:14} {text}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=100_000)
@@ -132,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-config", default="", help="TOML of the cdc server, e.g. 'checkpoint-min-interval = "
                     "0.02' to see the span's progress at a finer grain")
     ap.add_argument("--timeout", type=float, default=300)
+    ap.add_argument("--threads", action="store_true", help="per-thread CPU and run-queue time of the capture and "
+                    "the upstream server, with a timeline (module docstring)")
+    ap.add_argument("--bucket", type=float, default=0.05, help="with --threads: the timeline's bucket, seconds")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="tidewater-catchup-"))
@@ -177,12 +229,20 @@ def main(argv: list[str] | None = None) -> int:
             r = Round(binlog_end(up))
             timeline.start_ts = int(feed.info()["checkpoint_ts"])
             timeline.round = r
+            clock = None
+            if args.threads:
+                assert up.pid is not None
+                clock = ThreadClock({"capture": env.capture_pid, "mariadbd": up.pid}).start()
             cpu0 = tree_cpu_seconds(env.capture_pid)
             r.t0 = time.monotonic()
             feed.resume()
             if not r.done.wait(args.timeout):
                 raise TimeoutError(f"round {i + 1}: the changefeed checkpoint did not reach {r.end:X}")
             cpu = tree_cpu_seconds(env.capture_pid) - cpu0
+            names: dict[int, str] = {}
+            if clock is not None:
+                clock.stop()
+                names = thread_names(env.capture_pid)
             timeline.round = None
             feed.pause()
             rounds.append(r)
@@ -198,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"({r.span_rows}) | {ms(r.cf_end)} | {api} | {cpu:.2f} |", flush=True)
             tail = [f"{(at - r.t0) * 1000:.0f}ms:{rows}" for at, ts, rows in r.reports]
             print(f"    reports: {' '.join(tail)}", flush=True)
+            if clock is not None:
+                print_threads(clock, r, names, args.bucket)
         ends = [r.cf_end - r.t0 for r in rounds]
         print(f"\ncf end: median {statistics.median(ends) * 1000:.0f} ms, min {min(ends) * 1000:.0f}, "
               f"max {max(ends) * 1000:.0f}")

@@ -289,6 +289,7 @@ class MySqlSpanSource(SpanSource):
         self._frame = rowcodec.best_frame()  # the dump's packets framed into events in C where built
         self._pending_marks: list[tuple[int, tuple[int, int, int]]] = []  # GTID marks not yet announced (_announce)
         self._res_ts, self._res_time = start.ts, start.time  # the resolved watermark of the events read (_loop)
+        self._caught_up_ts = 0  # caught_up_ts (set by _loop, read by the span's threads: one int assignment)
 
     # ---- SpanSource --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -461,6 +462,10 @@ class MySqlSpanSource(SpanSource):
     def decoder(self) -> MySqlChangeDecoder:
         return self._decoder
 
+    def caught_up_ts(self) -> int:
+        """The resolved Ts at which the stream last had nothing more waiting after a backlog (``_loop``)."""
+        return self._caught_up_ts
+
     def schema(self, version: int) -> TableSchema:
         return self._schemas[version]
 
@@ -603,8 +608,8 @@ class MySqlSpanSource(SpanSource):
             checksum = bool(getattr(stream, _CHECKSUM_ATTR))  # what the library asked the server for
             dbms = "mariadb" if "mariadb" in str(getattr(conn, "server_version", "")).lower() else "mysql"
             self._pending_marks.clear()
-            self._loop(wire.EventReader(conn, checksum, self._frame).events, stream.log_file, dbms, buffer, stop,
-                       on_resolved)
+            reader = wire.EventReader(conn, checksum, self._frame)
+            self._loop(reader.events, stream.log_file, dbms, buffer, stop, on_resolved, reader.pending)
         except TidewaterError:
             raise
         except (pymysql.MySQLError, OSError, EOFError, AttributeError, binlog.FramingError) as exc:
@@ -623,13 +628,16 @@ class MySqlSpanSource(SpanSource):
                 pass
 
     def _loop(self, next_events: Callable[[], list[wire.Event]], log_file: str, dbms: str, buffer: ChangeBuffer,
-              stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
+              stop: threading.Event, on_resolved: Callable[[Watermark], None],
+              pending: Callable[[], bool] = lambda: False) -> None:
         """The event loop over the stream's events (:mod:`upstream.mysql.wire` frames them, CRC32 verified, as many
         per call as the socket delivered): table maps through the :class:`~upstream.mysql.tablemap.TableMapCache`,
         rows decoded by each table's :class:`~upstream.mysql.rowdecode.RowDecoder` straight into payloads. The stop
         check, the commits' GTID marks and the resolved watermark are per batch of events, not per event or commit
         (:meth:`_announce`). Any packet the library would have reconnected on is an error here (the caller restarts
-        the span from its checkpoint)."""
+        the span from its checkpoint). ``pending()``: whether more of the stream has arrived (``wire.EventReader.
+        pending``), asked when a batch moved the resolved watermark: the first such batch after one that had more
+        waiting (or the first of the run) ends a backlog (:meth:`caught_up_ts`)."""
         db, filt, carries = self.database, self.filter, self.share.carries
         skip_upto = self.start.ts
         resolved = self.start
@@ -647,6 +655,7 @@ class MySqlSpanSource(SpanSource):
         timestamp, mariadb_gtid = binlog.timestamp, binlog.mariadb_gtid
         stopped, closed = stop.is_set, self._closed.is_set
         commit, marks = self._commit, self._pending_marks
+        behind = True  # the last announcement found more of the stream waiting (a run starts behind: its backlog)
         while True:
             events = next_events()
             if stopped() or closed():
@@ -779,6 +788,11 @@ class MySqlSpanSource(SpanSource):
                     self._refuse_event(etype, log_file, log_pos)
             if self._res_ts != resolved.ts or self._res_time != resolved.time:
                 resolved = Watermark(self._res_ts, self._res_time)
+                if pending():
+                    behind = True
+                elif behind:  # the end of a backlog: known before on_resolved, so the span sees it with the rows
+                    behind = False
+                    self._caught_up_ts = resolved.ts
                 self._announce(marks, resolved, on_resolved)
 
     def _announce(self, marks: list[tuple[int, tuple[int, int, int]]], resolved: Watermark,

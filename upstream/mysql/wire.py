@@ -19,6 +19,7 @@ PyMySQL would. No reconnect, ever: the span restarts from its checkpoint on any 
 
 from __future__ import annotations
 
+import select
 from collections.abc import Callable
 from typing import Any
 
@@ -72,7 +73,7 @@ class EventReader:
     """Reads the dump's events from ``conn`` (a PyMySQL connection whose binlog dump has started; ``checksum``: whether
     the stream's events carry a CRC32, as the dump request asked). ``framer``: :func:`frame` or its C twin."""
 
-    __slots__ = ("_buf", "_checksum", "_frame", "_off", "_read", "_read1", "_seq")
+    __slots__ = ("_buf", "_checksum", "_frame", "_off", "_poll", "_read", "_read1", "_seq")
 
     def __init__(self, conn: Any, checksum: bool, framer: Frame | None = None) -> None:
         rfile = conn._rfile  # noqa: SLF001 - the connection's own buffered socket file (its buffered bytes first)
@@ -83,6 +84,18 @@ class EventReader:
         self._frame = framer or frame
         self._buf = b""
         self._off = 0
+        self._poll = select.poll()  # (pending)
+        try:
+            self._poll.register(rfile.fileno(), select.POLLIN)
+        except (OSError, ValueError):  # a byte stream without a socket (recorded streams): only the read bytes count
+            pass
+
+    def pending(self) -> bool:
+        """Whether more of the stream has arrived than :meth:`events` returned: bytes read but not framed yet, or bytes
+        (or the end of the stream) waiting on the socket. One ``poll`` with no timeout, no read. Bytes the socket file
+        buffered ahead after reading a packet larger than :data:`CHUNK` are not seen (a hint, see
+        ``upstream.base.SpanSource.caught_up_ts``)."""
+        return self._off < len(self._buf) or bool(self._poll.poll(0))
 
     def events(self) -> list[Event]:
         """The next events: every whole one the socket has delivered, at least one (blocks until there is)."""

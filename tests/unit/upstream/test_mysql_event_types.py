@@ -90,9 +90,13 @@ def _source() -> MySqlSpanSource:
     return src
 
 
-def _run(batches: list[list[tuple[int, bytes, int, int]]]) -> tuple[_Buffer, list[Watermark], MySqlSpanSource]:
+def _run(batches: list[list[tuple[int, bytes, int, int]]], pending: list[bool] | None = None
+         ) -> tuple[_Buffer, list[Watermark], MySqlSpanSource]:
+    """The loop over ``batches``; ``pending``: what the stream answers, in turn, when asked whether more of it has
+    arrived (wire.EventReader.pending; None: never)."""
     src, buf, resolved, stop = _source(), _Buffer(), [], threading.Event()
     feed = iter(batches)
+    answers = iter(pending or [])
 
     def next_events() -> list[tuple[int, bytes, int, int]]:
         try:
@@ -101,8 +105,22 @@ def _run(batches: list[list[tuple[int, bytes, int, int]]]) -> tuple[_Buffer, lis
             stop.set()
             return [_event(binlog.HEARTBEAT, b"", 0)]
 
-    src._loop(next_events, FILE, "mariadb", buf, stop, resolved.append)  # noqa: SLF001 - the loop on recorded events
+    src._loop(next_events, FILE, "mariadb", buf, stop, resolved.append,  # noqa: SLF001 - the loop on recorded events
+              lambda: next(answers, False))
     return buf, resolved, src
+
+
+@pytest.mark.parametrize(("pending", "caught_up"), [
+    ([True, False], 1100),  # a backlog read in two batches: caught up where the second one ends
+    ([False, False], 855),  # the run's first batch was all there was; the second arrived alone (steady): not moved
+    ([True, True], 0),  # more waiting after each: still behind
+])
+def test_the_source_says_where_it_caught_up_with_its_stream(pending: list[bool], caught_up: int) -> None:
+    # the end of a backlog is where the processor stores the checkpoint at once (upstream.base.caught_up_ts)
+    evs = _events()
+    _buf, resolved, src = _run([evs[:5], evs[5:]], pending)
+    assert [w.ts for w in resolved] == [positions.to_ts(FILE, 855), positions.to_ts(FILE, 1100)]
+    assert src.caught_up_ts() == (positions.to_ts(FILE, caught_up) if caught_up else 0)
 
 
 def test_recorded_transactions_are_stored_and_committed_with_resolved_and_marks_per_batch() -> None:
