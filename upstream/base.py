@@ -337,8 +337,8 @@ class SpanSource(ABC):
 
     def caught_up_ts(self) -> int:
         """The last resolved Ts given to ``on_resolved`` at which the source found nothing more of its stream waiting
-        to be read, after it had found some waiting at an earlier one (or since ``run`` started): the end of a backlog,
-        i.e. of a catch-up after a start or of a burst; 0 when it never did or cannot tell. A hint for the cadence
+        to be read after a backlog (since ``run`` started, or since it found one after the previous such point): the
+        end of a catch-up after a start or of a burst; 0 when it never did or cannot tell. A hint for the cadence
         of checkpoint reports only (the processor stores the checkpoint that reaches it at once instead of up to
         ``checkpoint-min-interval`` later: ``processor.processor.report_due``); a wrong answer costs one status
         write early or late, never a change. Any thread. Default: 0."""

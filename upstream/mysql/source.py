@@ -609,7 +609,7 @@ class MySqlSpanSource(SpanSource):
             dbms = "mariadb" if "mariadb" in str(getattr(conn, "server_version", "")).lower() else "mysql"
             self._pending_marks.clear()
             reader = wire.EventReader(conn, checksum, self._frame)
-            self._loop(reader.events, stream.log_file, dbms, buffer, stop, on_resolved, reader.pending)
+            self._loop(reader.events, stream.log_file, dbms, buffer, stop, on_resolved, reader.pending, reader.backlog)
         except TidewaterError:
             raise
         except (pymysql.MySQLError, OSError, EOFError, AttributeError, binlog.FramingError) as exc:
@@ -629,15 +629,17 @@ class MySqlSpanSource(SpanSource):
 
     def _loop(self, next_events: Callable[[], list[wire.Event]], log_file: str, dbms: str, buffer: ChangeBuffer,
               stop: threading.Event, on_resolved: Callable[[Watermark], None],
-              pending: Callable[[], bool] = lambda: False) -> None:
+              pending: Callable[[], bool] = lambda: False, backlog: Callable[[], bool] = lambda: False) -> None:
         """The event loop over the stream's events (:mod:`upstream.mysql.wire` frames them, CRC32 verified, as many
         per call as the socket delivered): table maps through the :class:`~upstream.mysql.tablemap.TableMapCache`,
         rows decoded by each table's :class:`~upstream.mysql.rowdecode.RowDecoder` straight into payloads. The stop
         check, the commits' GTID marks and the resolved watermark are per batch of events, not per event or commit
         (:meth:`_announce`). Any packet the library would have reconnected on is an error here (the caller restarts
-        the span from its checkpoint). ``pending()``: whether more of the stream has arrived (``wire.EventReader.
-        pending``), asked when a batch moved the resolved watermark: the first such batch after one that had more
-        waiting (or the first of the run) ends a backlog (:meth:`caught_up_ts`)."""
+        the span from its checkpoint). ``backlog()``: whether a read since the last call found a backlog waiting
+        (``wire.EventReader.backlog``); ``pending()``: whether more of the stream has arrived (``wire.EventReader.
+        pending``); both asked when a batch moved the resolved watermark: the first such batch with nothing more
+        pending after a backlog (or the first of the run) ends the backlog (:meth:`caught_up_ts`). A steady stream,
+        whose reads are small, is never behind, however often the next transaction is already there."""
         db, filt, carries = self.database, self.filter, self.share.carries
         skip_upto = self.start.ts
         resolved = self.start
@@ -655,7 +657,7 @@ class MySqlSpanSource(SpanSource):
         timestamp, mariadb_gtid = binlog.timestamp, binlog.mariadb_gtid
         stopped, closed = stop.is_set, self._closed.is_set
         commit, marks = self._commit, self._pending_marks
-        behind = True  # the last announcement found more of the stream waiting (a run starts behind: its backlog)
+        behind = True  # a read found a backlog since the last caught-up point (a run starts behind: its backlog)
         while True:
             events = next_events()
             if stopped() or closed():
@@ -788,10 +790,10 @@ class MySqlSpanSource(SpanSource):
                     self._refuse_event(etype, log_file, log_pos)
             if self._res_ts != resolved.ts or self._res_time != resolved.time:
                 resolved = Watermark(self._res_ts, self._res_time)
-                if pending():
+                if backlog():
                     behind = True
-                elif behind:  # the end of a backlog: known before on_resolved, so the span sees it with the rows
-                    behind = False
+                if behind and not pending():  # the end of a backlog: known before on_resolved (the span sees it with
+                    behind = False  # the rows it covers)
                     self._caught_up_ts = resolved.ts
                 self._announce(marks, resolved, on_resolved)
 

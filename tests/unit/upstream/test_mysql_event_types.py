@@ -90,13 +90,13 @@ def _source() -> MySqlSpanSource:
     return src
 
 
-def _run(batches: list[list[tuple[int, bytes, int, int]]], pending: list[bool] | None = None
-         ) -> tuple[_Buffer, list[Watermark], MySqlSpanSource]:
-    """The loop over ``batches``; ``pending``: what the stream answers, in turn, when asked whether more of it has
-    arrived (wire.EventReader.pending; None: never)."""
+def _run(batches: list[list[tuple[int, bytes, int, int]]], pending: list[bool] | None = None,
+         backlog: list[bool] | None = None) -> tuple[_Buffer, list[Watermark], MySqlSpanSource]:
+    """The loop over ``batches``; ``pending`` / ``backlog``: what the stream answers, in turn, when asked whether
+    more of it has arrived / whether a read found a backlog (wire.EventReader.pending / backlog; None: never)."""
     src, buf, resolved, stop = _source(), _Buffer(), [], threading.Event()
     feed = iter(batches)
-    answers = iter(pending or [])
+    answers, backlogs = iter(pending or []), iter(backlog or [])
 
     def next_events() -> list[tuple[int, bytes, int, int]]:
         try:
@@ -106,19 +106,22 @@ def _run(batches: list[list[tuple[int, bytes, int, int]]], pending: list[bool] |
             return [_event(binlog.HEARTBEAT, b"", 0)]
 
     src._loop(next_events, FILE, "mariadb", buf, stop, resolved.append,  # noqa: SLF001 - the loop on recorded events
-              lambda: next(answers, False))
+              lambda: next(answers, False), lambda: next(backlogs, False))
     return buf, resolved, src
 
 
-@pytest.mark.parametrize(("pending", "caught_up"), [
-    ([True, False], 1100),  # a backlog read in two batches: caught up where the second one ends
-    ([False, False], 855),  # the run's first batch was all there was; the second arrived alone (steady): not moved
-    ([True, True], 0),  # more waiting after each: still behind
+@pytest.mark.parametrize(("pending", "backlog", "caught_up"), [
+    ([True, False], [True, False], 1100),  # a backlog read in two batches: caught up where the second one ends
+    ([False, False], [False, False], 855),  # the run's first batch was all there was; the second came alone: steady
+    ([True, True], [True, False], 0),  # more waiting after each: still behind
+    ([False, False], [False, True], 1100),  # a burst (a read found a backlog) that ends with the second batch
+    ([False, True], [False, False], 855),  # a steady stream whose next transaction is already there: not behind
 ])
-def test_the_source_says_where_it_caught_up_with_its_stream(pending: list[bool], caught_up: int) -> None:
+def test_the_source_says_where_it_caught_up_with_its_stream(pending: list[bool], backlog: list[bool],
+                                                            caught_up: int) -> None:
     # the end of a backlog is where the processor stores the checkpoint at once (upstream.base.caught_up_ts)
     evs = _events()
-    _buf, resolved, src = _run([evs[:5], evs[5:]], pending)
+    _buf, resolved, src = _run([evs[:5], evs[5:]], pending, backlog)
     assert [w.ts for w in resolved] == [positions.to_ts(FILE, 855), positions.to_ts(FILE, 1100)]
     assert src.caught_up_ts() == (positions.to_ts(FILE, caught_up) if caught_up else 0)
 

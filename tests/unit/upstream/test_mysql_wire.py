@@ -174,3 +174,14 @@ def test_pending_sees_bytes_read_but_not_framed_and_bytes_on_the_socket() -> Non
     finally:
         a.close()
         b.close()
+
+
+def test_backlog_says_whether_a_read_found_at_least_backlog_bytes_once() -> None:
+    small = packet(1, event(binlog.XID, struct.pack("<Q", 1), log_pos=100))
+    big = b"".join(packet(2 + i, event(binlog.WRITE_ROWS_V1, b"r" * 1000, log_pos=200 + i))
+                   for i in range(wire.BACKLOG // 1000 + 1))
+    r = _reader(small + big, step=len(small))  # the first read gets one small packet, the next ones more
+    assert len(r.events()) == 1 and not r.backlog()
+    r = _reader(small + big)
+    assert r.events() and r.backlog(), "one read of everything waiting"
+    assert not r.backlog(), "asked once per read"
