@@ -20,7 +20,8 @@ after the resume request at which:
   seen it: the first poll time at or after ``cf end`` on the grid 0, S + d, 2(S + d)..., d the measured duration of
   one API request;
 
-and the capture's CPU seconds from resume to ``cf end``. With ``--threads``, every thread of the capture and of the
+and the capture's CPU seconds from resume to ``cf end``. ``--steady S`` then runs a steady stream for S seconds
+and counts the span status writes it costs. With ``--threads``, every thread of the capture and of the
 upstream ``mariadbd`` is sampled every 5 ms (:class:`bench.threadclock.ThreadClock`: time on a CPU and time runnable
 but waiting for one, from ``schedstat``) and each round prints the busy threads (the capture's named by a
 ``py-spy dump`` taken at ``cf end``, before the pause) with their CPU, run-queue and sleeping share of the round, and
@@ -131,6 +132,33 @@ def _write(conn: object, shape: str, lo: int, rows: int, rnd: random.Random) -> 
             cur.execute("COMMIT")
 
 
+def steady(feed: MariaDBFeed, up: object, timeline: Timeline, seconds: float, rows_per_txn: int, next_id: int) -> None:
+    """The changefeed running while one connection commits ``rows_per_txn``-row inserts as fast as it can for
+    ``seconds`` (a steady stream, never a backlog): the span status writes it costs per second."""
+    feed.resume()
+    feed.wait(binlog_end(up), 60)  # type: ignore[arg-type]
+    r = Round(1 << 62)
+    timeline.round = r
+    conn = up.connect(DB)  # type: ignore[attr-defined]
+    txns = 0
+    t0 = time.monotonic()
+    with conn.cursor() as cur:
+        while time.monotonic() - t0 < seconds:
+            cur.execute("BEGIN")
+            cur.execute(INSERT.format(lo=next_id, hi=next_id + rows_per_txn - 1))
+            cur.execute("COMMIT")
+            next_id += rows_per_txn
+            txns += 1
+    took = time.monotonic() - t0
+    conn.close()
+    time.sleep(0.5)
+    timeline.round = None
+    n = sum(1 for at, _ts, _rows in r.reports if at - t0 <= took)
+    print(f"\nsteady: {txns} transactions of {rows_per_txn} rows in {took:.1f} s ({txns / took:.0f}/s): "
+          f"{n} span status writes ({n / took:.1f}/s)")
+    feed.pause()
+
+
 def thread_names(pid: int) -> dict[int, str]:
     """The Python thread names of ``pid`` by native thread id, from ``py-spy dump`` (empty without py-spy)."""
     binary = py_spy_binary()
@@ -184,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", action="store_true", help="per-thread CPU and run-queue time of the capture and "
                     "the upstream server, with a timeline (module docstring)")
     ap.add_argument("--bucket", type=float, default=0.05, help="with --threads: the timeline's bucket, seconds")
+    ap.add_argument("--steady", type=float, default=0, help="after the rounds: SECONDS of a steady stream (one "
+                    "connection committing inserts as fast as it can while the changefeed runs), and the span status "
+                    "writes per second it costs")
+    ap.add_argument("--steady-rows", type=int, default=1, help="rows per transaction of --steady")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="tidewater-catchup-"))
@@ -260,9 +292,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"    reports: {' '.join(tail)}", flush=True)
             if clock is not None:
                 print_threads(clock, r, names, args.bucket)
-        ends = [r.cf_end - r.t0 for r in rounds]
-        print(f"\ncf end: median {statistics.median(ends) * 1000:.0f} ms, min {min(ends) * 1000:.0f}, "
-              f"max {max(ends) * 1000:.0f}")
+        if rounds:
+            ends = [r.cf_end - r.t0 for r in rounds]
+            print(f"\ncf end: median {statistics.median(ends) * 1000:.0f} ms, min {min(ends) * 1000:.0f}, "
+                  f"max {max(ends) * 1000:.0f}")
+        if args.steady > 0:
+            steady(feed, up, timeline, args.steady, args.steady_rows, next_id)
         watch.cancel()
         client.close()
         feed.remove()  # (its own watch too, before etcd stops)
