@@ -343,8 +343,9 @@ def test_first_checkpoint_move_after_start_is_immediate_once() -> None:
     assert not due(st(5), st(6), 0.01), "without a start, the busy cadence"
 
 
-def test_report_stores_the_first_move_after_the_start_report_without_waiting() -> None:
-    clock, store = Clock(), FakeStore()
+def _resumed_and_moved(clock: Clock, store: FakeStore) -> tuple[Processor, FakeRunner]:
+    """A span resumed from checkpoint 100 (stored at once: running) whose first move, to 130, 50 ms later was stored
+    at once too, and whose next move, to 160, another 50 ms later, waits."""
     p, (runner,) = make(1, clock, store)
     p.slots[("cf", 0)].reported = st(100, running=False)  # stored by the previous holder (paused)
     assert p.report()  # running=True: stored at once
@@ -357,6 +358,12 @@ def test_report_stores_the_first_move_after_the_start_report_without_waiting() -
     runner.advance(160)
     p.report()
     assert store.stored[("cf", 0)].checkpoint_ts == 130, "later moves at most every checkpoint-min-interval"
+    return p, runner
+
+
+def test_report_stores_the_first_move_after_the_start_report_without_waiting() -> None:
+    clock, store = Clock(), FakeStore()
+    p, _runner = _resumed_and_moved(clock, store)
     clock.now += MIN
     p.report()
     assert store.stored[("cf", 0)].checkpoint_ts == 160
@@ -373,16 +380,7 @@ def test_a_checkpoint_that_reaches_where_the_source_caught_up_is_stored_at_once(
 
 def test_report_stores_the_end_of_a_catch_up_without_waiting() -> None:
     clock, store = Clock(), FakeStore()
-    p, (runner,) = make(1, clock, store)
-    p.slots[("cf", 0)].reported = st(100, running=False)
-    assert p.report()
-    clock.now += 0.05
-    runner.advance(130)
-    p.report()  # the first move
-    clock.now += 0.05
-    runner.advance(160)
-    p.report()
-    assert store.stored[("cf", 0)].checkpoint_ts == 130, "a move within the catch-up waits"
+    p, runner = _resumed_and_moved(clock, store)  # (160 within the catch-up waits)
     clock.now += 0.05
     runner.advance(190)
     runner.caught_up_at = 190  # its source had nothing more waiting at 190, and the checkpoint got there
