@@ -4,9 +4,10 @@
 schedstats; ``stat``'s utime/stime are 10 ms ticks, too coarse for a catch-up of a few hundred milliseconds).
 :class:`ThreadClock` samples every thread of the given processes every ``interval`` seconds on a daemon thread, so
 that a catch-up's timeline shows, bucket by bucket, which thread ran, which waited for a core (run queue) and which
-slept (neither: blocked on a socket, a lock, an event). Threads that start and end inside the window are seen from
-their first sample (their CPU before it is missed, at most ``interval``). Nothing here raises for a process or thread
-that exits while it is read.
+slept (neither: blocked on a socket, a lock, an event). A thread is seen from its first sample to its last: the CPU
+of a thread that starts inside the window before its first sample, and of one that ends after its last, is missed
+(each at most ``interval``, longer when the sampler itself waits for a core or for the GIL of the process it is
+in). Nothing here raises for a process or thread that exits while it is read.
 """
 
 from __future__ import annotations
