@@ -26,7 +26,7 @@ upstream ``mariadbd`` is sampled every 5 ms (:class:`bench.threadclock.ThreadClo
 but waiting for one, from ``schedstat``) and each round prints the busy threads (the capture's named by a
 ``py-spy dump`` taken at ``cf end``, before the pause) with their CPU, run-queue and sleeping share of the round, and
 a timeline in ``--bucket`` ms buckets: per thread the share of the bucket it ran (``#`` per tenth), so it shows which
-thread works while which waits. Everything it starts is stopped at the end.
+thread works while which waits. Everything it starts is stopped and its work directory removed at the end.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import argparse
 import math
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -219,6 +220,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="tidewater-catchup-"))
+    try:
+        return _measure(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # (the servers' data: ~0.7 GB after 4 rounds of 300,000 rows)
+
+
+def _measure(args: argparse.Namespace, work: Path) -> int:
     timeline = Timeline()
     rnd = random.Random(5)
     with MariaDBBenchEnv(work / "servers", [args.sink], args.server_config) as env:

@@ -105,6 +105,10 @@ from upstream.postgres import types as text_types
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
+BACKLOG_SECONDS = 0.05
+"""A backlog counts as caught up with (``MySqlSpanSource.caught_up_ts``) only when reading it took at least this long:
+a catch-up or a burst, not a steady stream that fell a few transactions behind for a moment (each such point costs a
+span status write)."""
 _INTEGER_FIELDS = frozenset({1, 2, 3, 8, 9})  # TINY, SHORT, LONG, LONGLONG, INT24
 _CHECKSUM_ATTR = "_BinLogStreamReader__use_checksum"  # set by the library's handshake (@master_binlog_checksum)
 ROWS_EVENTS = binlog.ROWS_V1 | binlog.ROWS_V2 | {binlog.PARTIAL_UPDATE_ROWS}
@@ -629,7 +633,8 @@ class MySqlSpanSource(SpanSource):
 
     def _loop(self, next_events: Callable[[], list[wire.Event]], log_file: str, dbms: str, buffer: ChangeBuffer,
               stop: threading.Event, on_resolved: Callable[[Watermark], None],
-              pending: Callable[[], bool] = lambda: False, backlog: Callable[[], bool] = lambda: False) -> None:
+              pending: Callable[[], bool] = lambda: False, backlog: Callable[[], bool] = lambda: False,
+              clock: Callable[[], float] = time.monotonic) -> None:
         """The event loop over the stream's events (:mod:`upstream.mysql.wire` frames them, CRC32 verified, as many
         per call as the socket delivered): table maps through the :class:`~upstream.mysql.tablemap.TableMapCache`,
         rows decoded by each table's :class:`~upstream.mysql.rowdecode.RowDecoder` straight into payloads. The stop
@@ -638,8 +643,9 @@ class MySqlSpanSource(SpanSource):
         the span from its checkpoint). ``backlog()``: whether a read since the last call found a backlog waiting
         (``wire.EventReader.backlog``); ``pending()``: whether more of the stream has arrived (``wire.EventReader.
         pending``); both asked when a batch moved the resolved watermark: the first such batch with nothing more
-        pending after a backlog (or the first of the run) ends the backlog (:meth:`caught_up_ts`). A steady stream,
-        whose reads are small, is never behind, however often the next transaction is already there."""
+        pending after a backlog (or the run's start) ends the backlog, a caught-up point (:meth:`caught_up_ts`) when
+        it lasted :data:`BACKLOG_SECONDS` or more (``clock``). A steady stream, whose reads are small, is never behind,
+        however often the next transaction is already there."""
         db, filt, carries = self.database, self.filter, self.share.carries
         skip_upto = self.start.ts
         resolved = self.start
@@ -657,9 +663,10 @@ class MySqlSpanSource(SpanSource):
         timestamp, mariadb_gtid = binlog.timestamp, binlog.mariadb_gtid
         stopped, closed = stop.is_set, self._closed.is_set
         commit, marks = self._commit, self._pending_marks
-        behind = True  # a read found a backlog since the last caught-up point (a run starts behind: its backlog)
+        behind_since: float | None = clock()  # when the backlog being read was found (a run starts with one)
         while True:
             events = next_events()
+            read_at = clock()
             if stopped() or closed():
                 return
             for etype, data, end, log_pos in events:
@@ -790,11 +797,12 @@ class MySqlSpanSource(SpanSource):
                     self._refuse_event(etype, log_file, log_pos)
             if self._res_ts != resolved.ts or self._res_time != resolved.time:
                 resolved = Watermark(self._res_ts, self._res_time)
-                if backlog():
-                    behind = True
-                if behind and not pending():  # the end of a backlog: known before on_resolved (the span sees it with
-                    behind = False  # the rows it covers)
-                    self._caught_up_ts = resolved.ts
+                if backlog() and behind_since is None:
+                    behind_since = read_at
+                if behind_since is not None and not pending():  # the end of a backlog: known before on_resolved
+                    if clock() - behind_since >= BACKLOG_SECONDS:  # (the span sees it with the rows it covers)
+                        self._caught_up_ts = resolved.ts
+                    behind_since = None
                 self._announce(marks, resolved, on_resolved)
 
     def _announce(self, marks: list[tuple[int, tuple[int, int, int]]], resolved: Watermark,

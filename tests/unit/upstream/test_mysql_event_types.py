@@ -91,12 +91,19 @@ def _source() -> MySqlSpanSource:
 
 
 def _run(batches: list[list[tuple[int, bytes, int, int]]], pending: list[bool] | None = None,
-         backlog: list[bool] | None = None) -> tuple[_Buffer, list[Watermark], MySqlSpanSource]:
+         backlog: list[bool] | None = None, seconds_per_batch: float = 1.0
+         ) -> tuple[_Buffer, list[Watermark], MySqlSpanSource]:
     """The loop over ``batches``; ``pending`` / ``backlog``: what the stream answers, in turn, when asked whether
-    more of it has arrived / whether a read found a backlog (wire.EventReader.pending / backlog; None: never)."""
+    more of it has arrived / whether a read found a backlog (wire.EventReader.pending / backlog; None: never); the
+    loop's clock moves ``seconds_per_batch`` each time it is read."""
     src, buf, resolved, stop = _source(), _Buffer(), [], threading.Event()
     feed = iter(batches)
     answers, backlogs = iter(pending or []), iter(backlog or [])
+    now = [0.0]
+
+    def clock() -> float:  # (each read of the clock: seconds_per_batch later)
+        now[0] += seconds_per_batch
+        return now[0]
 
     def next_events() -> list[tuple[int, bytes, int, int]]:
         try:
@@ -106,7 +113,7 @@ def _run(batches: list[list[tuple[int, bytes, int, int]]], pending: list[bool] |
             return [_event(binlog.HEARTBEAT, b"", 0)]
 
     src._loop(next_events, FILE, "mariadb", buf, stop, resolved.append,  # noqa: SLF001 - the loop on recorded events
-              lambda: next(answers, False), lambda: next(backlogs, False))
+              lambda: next(answers, False), lambda: next(backlogs, False), clock)
     return buf, resolved, src
 
 
@@ -124,6 +131,15 @@ def test_the_source_says_where_it_caught_up_with_its_stream(pending: list[bool],
     _buf, resolved, src = _run([evs[:5], evs[5:]], pending, backlog)
     assert [w.ts for w in resolved] == [positions.to_ts(FILE, 855), positions.to_ts(FILE, 1100)]
     assert src.caught_up_ts() == (positions.to_ts(FILE, caught_up) if caught_up else 0)
+
+
+def test_a_backlog_read_faster_than_backlog_seconds_is_no_caught_up_point() -> None:
+    # a steady stream that fell a few transactions behind for a moment: no extra status write
+    evs = _events()
+    _buf, _resolved, src = _run([evs[:5], evs[5:]], [False, False], [False, True], seconds_per_batch=0.001)
+    assert src.caught_up_ts() == 0
+    _buf, _resolved, src = _run([evs[:5], evs[5:]], [False, False], [False, True], seconds_per_batch=0.06)
+    assert src.caught_up_ts() == positions.to_ts(FILE, 1100)
 
 
 def test_recorded_transactions_are_stored_and_committed_with_resolved_and_marks_per_batch() -> None:
