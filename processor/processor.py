@@ -161,7 +161,8 @@ class Processor:
         poll = self.config.checkpoint_min_interval / 4
         # assignment changes (a span given to or taken from this capture) and verify holds run the next tick early
         feed = StatusFeed(self.store, frozenset({KeyKind.SPAN_ASSIGNMENT, KeyKind.CHANGEFEED_HOLD}))
-        # a span's first checkpoint move (SpanHooks.first_move) ends the wait: its status is stored at once
+        # a span's first checkpoint move, or one to where its source caught up (SpanHooks.report_now), ends the wait:
+        # its status is stored at once
         self._wake_reports = feed.interrupt
         next_tick = last_tick = 0.0
         try:
@@ -301,14 +302,16 @@ class Processor:
             status = self._status(slot, now)
             if report_due(slot.reported, status, now - slot.last_report,
                           min_interval=self.config.checkpoint_min_interval,
-                          idle_interval=self.config.checkpoint_interval, started_at=slot.runner.start_ts):
+                          idle_interval=self.config.checkpoint_interval, started_at=slot.runner.start_ts,
+                          caught_up_at=slot.runner.caught_up_at):
                 due.append((slot, status))
             elif slot.reported is not None and status.checkpoint_ts > slot.reported.checkpoint_ts:
                 moving.append((slot, status))
         if not due:
             return True
         urgent = any(slot.reported is None or _urgent_fields(slot.reported) != _urgent_fields(st)
-                     or _first_move(slot.reported, st, slot.runner.start_ts if slot.runner is not None else None)
+                     or (slot.runner is not None and (_first_move(slot.reported, st, slot.runner.start_ts)
+                                                      or _caught_up(slot.reported, st, slot.runner.caught_up_at)))
                      for slot, st in due)
         if not urgent and now - self._last_batch < self.config.checkpoint_min_interval:
             return True  # one batch per checkpoint-min-interval per capture, however many spans are due
@@ -433,7 +436,7 @@ class Processor:
                           barrier=self._changefeed_barrier(info, span_index, progress) if len(info.spans) > 1 else None,
                           warnings=slot.warnings if slot is not None else None,
                           stats=slot.stats if slot is not None else None,
-                          first_move=lambda: self._wake_reports())
+                          report_now=lambda: self._wake_reports())
         runner = SpanRunner(label, start, source, sorter, sink, copies, hooks)
         runner.start()
         log.info("span=%s started on capture=%s from checkpoint=%d", label, self.capture_id, start.ts)
@@ -669,7 +672,8 @@ class Processor:
 
 
 def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, min_interval: float,
-               idle_interval: float, heartbeat: float = 10.0, started_at: int | None = None) -> bool:
+               idle_interval: float, heartbeat: float = 10.0, started_at: int | None = None,
+               caught_up_at: int = 0) -> bool:
     """Whether a span's ``status`` should be stored, ``elapsed`` seconds after ``prev`` was.
 
     - never stored, ``running``, ``error``, ``warnings``, ``hold_ts``, the barrier position or the verify hold obeyed
@@ -678,6 +682,10 @@ def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, m
     - the checkpoint Ts moved for the first time past ``started_at`` (the checkpoint the span's runner started from):
       now, so that the changefeed checkpoint moves as soon as a resumed, restarted or moved span has caught up with
       anything, not ``min_interval`` after the report that said it runs (once per start of a runner);
+    - the checkpoint Ts reached ``caught_up_at`` (where the span's source caught up with its stream after a backlog:
+      ``upstream.base.SpanSource.caught_up_ts``) and the stored one is below it: now, so that the end of a catch-up
+      or of a burst is stored when it is written, not up to ``min_interval`` later (a steady stream, which never
+      has a backlog, keeps the busy cadence);
     - checkpoint Ts moved (busy span): once ``min_interval`` has passed since the last write, so the
       stored checkpoint trails the span by at most about ``min_interval``;
     - only the checkpoint time or the resolved Ts moved (idle span, keepalives): every ``idle_interval``;
@@ -688,7 +696,8 @@ def report_due(prev: SpanStatus | None, status: SpanStatus, elapsed: float, *, m
     if _urgent_fields(prev) != _urgent_fields(status):
         return True  # (a table copy's hold released: the owner may publish the checkpoint at once)
     if status.checkpoint_ts > prev.checkpoint_ts:
-        return elapsed >= min_interval or _first_move(prev, status, started_at)
+        return elapsed >= min_interval or _first_move(prev, status, started_at) or _caught_up(prev, status,
+                                                                                               caught_up_at)
     if (status.checkpoint_time, status.resolved_ts) != (prev.checkpoint_time, prev.resolved_ts):
         return elapsed >= idle_interval
     return False
@@ -704,6 +713,11 @@ def _first_move(prev: SpanStatus | None, status: SpanStatus, started_at: int | N
     """``status`` is the first to store a checkpoint past ``started_at`` (the runner's start) after ``prev``."""
     return (started_at is not None and prev is not None and prev.checkpoint_ts <= started_at
             < status.checkpoint_ts)
+
+
+def _caught_up(prev: SpanStatus | None, status: SpanStatus, caught_up_at: int) -> bool:
+    """``status`` is the first to store a checkpoint at or past ``caught_up_at`` (``SpanRunner.caught_up_at``)."""
+    return prev is not None and prev.checkpoint_ts < caught_up_at <= status.checkpoint_ts
 
 
 def _newest(a: SpanStatus | None, b: SpanStatus | None) -> SpanStatus | None:

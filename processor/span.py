@@ -174,15 +174,17 @@ class SpanHooks:
     ``DdlOrderUnknown`` when ``event`` has no position in its transaction across spans and another span waits at a
     DDL of the same transaction.
     ``warnings`` and ``stats`` outlive the runner (None: the runner's own).
-    ``first_move`` is called (on the sink thread, once per runner) when the checkpoint first passes the start: the
-    processor stores that status at once (``processor.processor.report_due``); it must not block."""
+    ``report_now`` is called (on the sink thread) when the processor should store the span's status at once
+    (``processor.processor.report_due``): the checkpoint first passed the start (once per runner), or reached the
+    point where the source last caught up with its stream after a backlog (``SpanRunner.caught_up_at``); it must not
+    block."""
 
     fence: Callable[[], None] | None = None
     schema_history: SchemaRecorder | None = None
     barrier: Callable[[DdlEvent, threading.Event], list[str]] | None = None
     warnings: SpanWarnings | None = None
     stats: SpanStats | None = None
-    first_move: Callable[[], None] | None = None
+    report_now: Callable[[], None] | None = None
 
 
 class SpanRunner:
@@ -216,7 +218,11 @@ class SpanRunner:
         self.resolved = start
         self.checkpoint = start
         self.start_ts = start.ts  # the checkpoint this runner started from
-        self._first_move = hooks.first_move  # called once the checkpoint passed start_ts (then None)
+        self._first_move = hooks.report_now  # called once the checkpoint passed start_ts (then None)
+        self._report_now = hooks.report_now
+        # the latest SpanSource.caught_up_ts the checkpoint reached (the end of a catch-up or a burst: the processor
+        # stores the checkpoint that passes it at once); read by the processor thread (one int assignment)
+        self.caught_up_at = 0
         self.start_time = start.time
         self.rows = 0
         self.warnings = hooks.warnings if hooks.warnings is not None else SpanWarnings()
@@ -513,6 +519,11 @@ class SpanRunner:
         if self._first_move is not None and w.ts > self.start_ts:
             first_move, self._first_move = self._first_move, None
             first_move()
+        caught_up = self.source.caught_up_ts()
+        if caught_up > self.caught_up_at and w.ts >= caught_up:  # everything the source had when it caught up
+            self.caught_up_at = caught_up
+            if self._report_now is not None:
+                self._report_now()
 
     def _publish(self, sink: TxnSink) -> None:
         """Span watermarks (``WatermarkSink``): the checkpoint, once it moved and the interval passed."""

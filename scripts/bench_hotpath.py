@@ -371,6 +371,9 @@ class MySqlShapedSource:
     def schema_change_commits(self) -> set[int]:
         return set()
 
+    def caught_up_ts(self) -> int:
+        return 0
+
 
 def run_threads(payloads: list[bytes], rows: int, txns: int, end_lsn: int, txn_rows: int, work: Path,
                 codec: Any = None, mysql: MySqlShapedSource | None = None, release_gil: bool = False,

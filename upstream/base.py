@@ -335,6 +335,15 @@ class SpanSource(ABC):
         upstream needs none (the Ts is its position) or does not know it yet. Any thread. Default: None."""
         return None
 
+    def caught_up_ts(self) -> int:
+        """The last resolved Ts given to ``on_resolved`` at which the source found nothing more of its stream waiting
+        to be read after a backlog (since ``run`` started, or since it found one after the previous such point): the
+        end of a catch-up after a start or of a burst; 0 when it never did or cannot tell. A hint for the cadence
+        of checkpoint reports only (the processor stores the checkpoint that reaches it at once instead of up to
+        ``checkpoint-min-interval`` later: ``processor.processor.report_due``); a wrong answer costs one status
+        write early or late, never a change. Any thread. Default: 0."""
+        return 0
+
     def check_target_ahead(self, applied_ts: int) -> None:  # noqa: B027 - optional: Ts that never change
         """After ``open``: the target already holds transactions past the start, the last with commit Ts
         ``applied_ts`` (every one up to it, or with parallel apply some of them; the sink skips them by commit Ts

@@ -105,6 +105,10 @@ from upstream.postgres import types as text_types
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 1.0
+BACKLOG_SECONDS = 0.05
+"""A backlog counts as caught up with (``MySqlSpanSource.caught_up_ts``) only when reading it took at least this long:
+a catch-up or a burst, not a steady stream that fell a few transactions behind for a moment (each such point costs a
+span status write)."""
 _INTEGER_FIELDS = frozenset({1, 2, 3, 8, 9})  # TINY, SHORT, LONG, LONGLONG, INT24
 _CHECKSUM_ATTR = "_BinLogStreamReader__use_checksum"  # set by the library's handshake (@master_binlog_checksum)
 ROWS_EVENTS = binlog.ROWS_V1 | binlog.ROWS_V2 | {binlog.PARTIAL_UPDATE_ROWS}
@@ -289,6 +293,7 @@ class MySqlSpanSource(SpanSource):
         self._frame = rowcodec.best_frame()  # the dump's packets framed into events in C where built
         self._pending_marks: list[tuple[int, tuple[int, int, int]]] = []  # GTID marks not yet announced (_announce)
         self._res_ts, self._res_time = start.ts, start.time  # the resolved watermark of the events read (_loop)
+        self._caught_up_ts = 0  # caught_up_ts (set by _loop, read by the span's threads: one int assignment)
 
     # ---- SpanSource --------------------------------------------------------------------------------
     def open(self) -> None:
@@ -461,6 +466,10 @@ class MySqlSpanSource(SpanSource):
     def decoder(self) -> MySqlChangeDecoder:
         return self._decoder
 
+    def caught_up_ts(self) -> int:
+        """The resolved Ts at which the stream last had nothing more waiting after a backlog (``_loop``)."""
+        return self._caught_up_ts
+
     def schema(self, version: int) -> TableSchema:
         return self._schemas[version]
 
@@ -603,8 +612,8 @@ class MySqlSpanSource(SpanSource):
             checksum = bool(getattr(stream, _CHECKSUM_ATTR))  # what the library asked the server for
             dbms = "mariadb" if "mariadb" in str(getattr(conn, "server_version", "")).lower() else "mysql"
             self._pending_marks.clear()
-            self._loop(wire.EventReader(conn, checksum, self._frame).events, stream.log_file, dbms, buffer, stop,
-                       on_resolved)
+            reader = wire.EventReader(conn, checksum, self._frame)
+            self._loop(reader.events, stream.log_file, dbms, buffer, stop, on_resolved, reader.pending, reader.backlog)
         except TidewaterError:
             raise
         except (pymysql.MySQLError, OSError, EOFError, AttributeError, binlog.FramingError) as exc:
@@ -623,13 +632,20 @@ class MySqlSpanSource(SpanSource):
                 pass
 
     def _loop(self, next_events: Callable[[], list[wire.Event]], log_file: str, dbms: str, buffer: ChangeBuffer,
-              stop: threading.Event, on_resolved: Callable[[Watermark], None]) -> None:
+              stop: threading.Event, on_resolved: Callable[[Watermark], None],
+              pending: Callable[[], bool] = lambda: False, backlog: Callable[[], bool] = lambda: False,
+              clock: Callable[[], float] = time.monotonic) -> None:
         """The event loop over the stream's events (:mod:`upstream.mysql.wire` frames them, CRC32 verified, as many
         per call as the socket delivered): table maps through the :class:`~upstream.mysql.tablemap.TableMapCache`,
         rows decoded by each table's :class:`~upstream.mysql.rowdecode.RowDecoder` straight into payloads. The stop
         check, the commits' GTID marks and the resolved watermark are per batch of events, not per event or commit
         (:meth:`_announce`). Any packet the library would have reconnected on is an error here (the caller restarts
-        the span from its checkpoint)."""
+        the span from its checkpoint). ``backlog()``: whether a read since the last call found a backlog waiting
+        (``wire.EventReader.backlog``); ``pending()``: whether more of the stream has arrived (``wire.EventReader.
+        pending``); both asked when a batch moved the resolved watermark: the first such batch with nothing more
+        pending after a backlog (or the run's start) ends the backlog, a caught-up point (:meth:`caught_up_ts`) when
+        it lasted :data:`BACKLOG_SECONDS` or more (``clock``). A steady stream, whose reads are small, is never behind,
+        however often the next transaction is already there."""
         db, filt, carries = self.database, self.filter, self.share.carries
         skip_upto = self.start.ts
         resolved = self.start
@@ -647,8 +663,10 @@ class MySqlSpanSource(SpanSource):
         timestamp, mariadb_gtid = binlog.timestamp, binlog.mariadb_gtid
         stopped, closed = stop.is_set, self._closed.is_set
         commit, marks = self._commit, self._pending_marks
+        behind_since: float | None = clock()  # when the backlog being read was found (a run starts with one)
         while True:
             events = next_events()
+            read_at = clock()
             if stopped() or closed():
                 return
             for etype, data, end, log_pos in events:
@@ -779,6 +797,12 @@ class MySqlSpanSource(SpanSource):
                     self._refuse_event(etype, log_file, log_pos)
             if self._res_ts != resolved.ts or self._res_time != resolved.time:
                 resolved = Watermark(self._res_ts, self._res_time)
+                if backlog() and behind_since is None:
+                    behind_since = read_at
+                if behind_since is not None and not pending():  # the end of a backlog: known before on_resolved
+                    if clock() - behind_since >= BACKLOG_SECONDS:  # (the span sees it with the rows it covers)
+                        self._caught_up_ts = resolved.ts
+                    behind_since = None
                 self._announce(marks, resolved, on_resolved)
 
     def _announce(self, marks: list[tuple[int, tuple[int, int, int]]], resolved: Watermark,

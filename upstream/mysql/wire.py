@@ -19,6 +19,7 @@ PyMySQL would. No reconnect, ever: the span restarts from its checkpoint on any 
 
 from __future__ import annotations
 
+import select
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +31,9 @@ from upstream.mysql.binlog import FramingError
 _MAX_PACKET = 0xFFFFFF
 CHUNK = 1 << 17
 """Bytes asked of the socket per read (what it has, at most this)."""
+BACKLOG = 1 << 15
+"""A read that gets at least this much found a backlog waiting (:meth:`EventReader.backlog`): a few of a steady
+stream's largest transactions, hundreds of its small ones."""
 
 Event = tuple[int, bytes, int, int]
 """``(event type, packet, offset where the event's body ends (before its checksum), log_pos)``."""
@@ -72,7 +76,7 @@ class EventReader:
     """Reads the dump's events from ``conn`` (a PyMySQL connection whose binlog dump has started; ``checksum``: whether
     the stream's events carry a CRC32, as the dump request asked). ``framer``: :func:`frame` or its C twin."""
 
-    __slots__ = ("_buf", "_checksum", "_frame", "_off", "_read", "_read1", "_seq")
+    __slots__ = ("_backlog", "_buf", "_checksum", "_frame", "_off", "_poll", "_read", "_read1", "_seq")
 
     def __init__(self, conn: Any, checksum: bool, framer: Frame | None = None) -> None:
         rfile = conn._rfile  # noqa: SLF001 - the connection's own buffered socket file (its buffered bytes first)
@@ -83,6 +87,25 @@ class EventReader:
         self._frame = framer or frame
         self._buf = b""
         self._off = 0
+        self._backlog = False  # (backlog)
+        self._poll = select.poll()  # (pending)
+        try:
+            self._poll.register(rfile.fileno(), select.POLLIN)
+        except (OSError, ValueError):  # a byte stream without a socket (recorded streams): only the read bytes count
+            pass
+
+    def pending(self) -> bool:
+        """Whether more of the stream has arrived than :meth:`events` returned: bytes read but not framed yet, or bytes
+        (or the end of the stream) waiting on the socket. One ``poll`` with no timeout, no read. Bytes the socket file
+        buffered ahead after reading a packet larger than :data:`CHUNK` are not seen (a hint, see
+        ``upstream.base.SpanSource.caught_up_ts``)."""
+        return self._off < len(self._buf) or bool(self._poll.poll(0))
+
+    def backlog(self) -> bool:
+        """Whether a read since the last call got at least :data:`BACKLOG` bytes (the stream had a backlog waiting:
+        a catch-up, a burst, a large transaction), and forget it."""
+        out, self._backlog = self._backlog, False
+        return out
 
     def events(self) -> list[Event]:
         """The next events: every whole one the socket has delivered, at least one (blocks until there is)."""
@@ -151,5 +174,7 @@ class EventReader:
             raise ConnectionError(f"the binlog stream's connection was closed: {exc}") from exc
         if short:
             raise ConnectionError("Lost connection to MySQL server during the binlog dump")
+        if len(more) >= BACKLOG:
+            self._backlog = True
         self._buf = self._buf[self._off:] + more
         self._off = 0

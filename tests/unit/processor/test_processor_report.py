@@ -72,6 +72,7 @@ class FakeRunner:
         self.failed = threading.Event()
         self.watermark_limit: Watermark | None = None  # a table copy's hold (SpanRunner.watermark_limit)
         self.barrier_at: tuple[int, int] | None = None  # where it waits at a changefeed barrier (SpanRunner)
+        self.caught_up_at = 0  # where its source caught up with its stream (SpanRunner.caught_up_at)
 
     def advance(self, ts: int, t: float | None = None) -> None:
         self.checkpoint = self.resolved = Watermark(ts, float(ts) if t is None else t)
@@ -342,8 +343,9 @@ def test_first_checkpoint_move_after_start_is_immediate_once() -> None:
     assert not due(st(5), st(6), 0.01), "without a start, the busy cadence"
 
 
-def test_report_stores_the_first_move_after_the_start_report_without_waiting() -> None:
-    clock, store = Clock(), FakeStore()
+def _resumed_and_moved(clock: Clock, store: FakeStore) -> tuple[Processor, FakeRunner]:
+    """A span resumed from checkpoint 100 (stored at once: running) whose first move, to 130, 50 ms later was stored
+    at once too, and whose next move, to 160, another 50 ms later, waits."""
     p, (runner,) = make(1, clock, store)
     p.slots[("cf", 0)].reported = st(100, running=False)  # stored by the previous holder (paused)
     assert p.report()  # running=True: stored at once
@@ -356,6 +358,35 @@ def test_report_stores_the_first_move_after_the_start_report_without_waiting() -
     runner.advance(160)
     p.report()
     assert store.stored[("cf", 0)].checkpoint_ts == 130, "later moves at most every checkpoint-min-interval"
+    return p, runner
+
+
+def test_report_stores_the_first_move_after_the_start_report_without_waiting() -> None:
+    clock, store = Clock(), FakeStore()
+    p, _runner = _resumed_and_moved(clock, store)
     clock.now += MIN
     p.report()
     assert store.stored[("cf", 0)].checkpoint_ts == 160
+
+
+def test_a_checkpoint_that_reaches_where_the_source_caught_up_is_stored_at_once() -> None:
+    # the end of a catch-up (or of a burst): not up to checkpoint-min-interval later
+    assert report_due(st(130), st(160), 0.01, min_interval=MIN, idle_interval=IDLE, caught_up_at=160)
+    assert report_due(st(130), st(170), 0.01, min_interval=MIN, idle_interval=IDLE, caught_up_at=160)
+    assert not report_due(st(130), st(150), 0.01, min_interval=MIN, idle_interval=IDLE, caught_up_at=160)
+    assert not report_due(st(160), st(170), 0.01, min_interval=MIN, idle_interval=IDLE, caught_up_at=160), "once"
+    assert not due(st(130), st(160), 0.01), "without it, the busy cadence"
+
+
+def test_report_stores_the_end_of_a_catch_up_without_waiting() -> None:
+    clock, store = Clock(), FakeStore()
+    p, runner = _resumed_and_moved(clock, store)  # (160 within the catch-up waits)
+    clock.now += 0.05
+    runner.advance(190)
+    runner.caught_up_at = 190  # its source had nothing more waiting at 190, and the checkpoint got there
+    p.report()
+    assert store.stored[("cf", 0)].checkpoint_ts == 190, "the end of the catch-up is not held back"
+    clock.now += 0.05
+    runner.advance(200)
+    p.report()
+    assert store.stored[("cf", 0)].checkpoint_ts == 190, "then the busy cadence again"

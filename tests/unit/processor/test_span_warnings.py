@@ -128,6 +128,9 @@ class FakeSource:
     def schema_change_commits(self) -> frozenset[int]:
         return frozenset()
 
+    def caught_up_ts(self) -> int:
+        return 0
+
     def take_schema_versions(self) -> list[tuple[int, TableSchema]]:
         out, self.versions = getattr(self, "versions", []), []
         return out

@@ -138,14 +138,30 @@ def test_a_table_copy_holds_the_watermarks_below_its_snapshot_until_it_is_writte
     assert runner.error is None, runner.error
 
 
-def test_first_move_hook_fires_once_when_the_checkpoint_passes_the_start() -> None:
-    # the processor stores a resumed span's first checkpoint at once (SpanHooks.first_move wakes its report pass)
+class CaughtUpSource(DdlSource):
+    """A source that says it caught up with its stream at ``caught_up`` (SpanSource.caught_up_ts). In a thread, as
+    the MySQL source (the hint does not cross processor.source_process's pipe: a child's parent instance says 0)."""
+
+    runs_in_child = False
+
+    def __init__(self, resolved: int, caught_up: int) -> None:
+        super().__init__(resolved, set())
+        self.caught_up = caught_up
+
+    def caught_up_ts(self) -> int:
+        return self.caught_up
+
+
+@pytest.mark.parametrize(("caught_up", "calls"), [(150, [110, 150]), (140, [110, 150]), (200, [110]), (0, [110])])
+def test_report_hook_fires_at_the_first_move_and_where_the_source_caught_up(caught_up: int, calls: list[int]) -> None:
+    # the processor stores at once (SpanHooks.report_now wakes its report pass) a resumed span's first checkpoint
+    # (once) and the end of a catch-up (a checkpoint that reaches SpanSource.caught_up_ts; 0: the source cannot tell)
     sink = WatermarkSink(interval=0.0)
     moved: list[int] = []
     txns = [SortedTxn(110, 110.0, 1, [row(1)]), SortedTxn(120, 120.0, 1, [row(2)])]
-    runner = SpanRunner("cf/0", Watermark(100, 100.0), DdlSource(150, set()), FakeSorter(txns),  # type: ignore[arg-type]
+    runner = SpanRunner("cf/0", Watermark(100, 100.0), CaughtUpSource(150, caught_up), FakeSorter(txns),  # type: ignore[arg-type]
                         SinkPlan(lambda: sink, txn_rows=1, position=("cf", 2, 100), spans=3),
-                        hooks=SpanHooks(first_move=lambda: moved.append(runner.checkpoint.ts)))
+                        hooks=SpanHooks(report_now=lambda: moved.append(runner.checkpoint.ts)))
     runner.start()
     deadline = time.monotonic() + SETTLE_S
     while runner.checkpoint.ts < 150 and time.monotonic() < deadline and not runner.failed.is_set():
@@ -153,4 +169,5 @@ def test_first_move_hook_fires_once_when_the_checkpoint_passes_the_start() -> No
     runner.stop()
     assert runner.error is None, runner.error
     assert runner.checkpoint.ts == 150
-    assert len(moved) == 1 and moved[0] > 100, moved
+    assert moved == calls
+    assert runner.caught_up_at == (caught_up if caught_up <= 150 else 0)

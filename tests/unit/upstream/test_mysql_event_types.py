@@ -90,9 +90,20 @@ def _source() -> MySqlSpanSource:
     return src
 
 
-def _run(batches: list[list[tuple[int, bytes, int, int]]]) -> tuple[_Buffer, list[Watermark], MySqlSpanSource]:
+def _run(batches: list[list[tuple[int, bytes, int, int]]], pending: list[bool] | None = None,
+         backlog: list[bool] | None = None, seconds_per_batch: float = 1.0
+         ) -> tuple[_Buffer, list[Watermark], MySqlSpanSource]:
+    """The loop over ``batches``; ``pending`` / ``backlog``: what the stream answers, in turn, when asked whether
+    more of it has arrived / whether a read found a backlog (wire.EventReader.pending / backlog; None: never); the
+    loop's clock moves ``seconds_per_batch`` each time it is read."""
     src, buf, resolved, stop = _source(), _Buffer(), [], threading.Event()
     feed = iter(batches)
+    answers, backlogs = iter(pending or []), iter(backlog or [])
+    now = [0.0]
+
+    def clock() -> float:  # (each read of the clock: seconds_per_batch later)
+        now[0] += seconds_per_batch
+        return now[0]
 
     def next_events() -> list[tuple[int, bytes, int, int]]:
         try:
@@ -101,8 +112,34 @@ def _run(batches: list[list[tuple[int, bytes, int, int]]]) -> tuple[_Buffer, lis
             stop.set()
             return [_event(binlog.HEARTBEAT, b"", 0)]
 
-    src._loop(next_events, FILE, "mariadb", buf, stop, resolved.append)  # noqa: SLF001 - the loop on recorded events
+    src._loop(next_events, FILE, "mariadb", buf, stop, resolved.append,  # noqa: SLF001 - the loop on recorded events
+              lambda: next(answers, False), lambda: next(backlogs, False), clock)
     return buf, resolved, src
+
+
+@pytest.mark.parametrize(("pending", "backlog", "caught_up"), [
+    ([True, False], [True, False], 1100),  # a backlog read in two batches: caught up where the second one ends
+    ([False, False], [False, False], 855),  # the run's first batch was all there was; the second came alone: steady
+    ([True, True], [True, False], 0),  # more waiting after each: still behind
+    ([False, False], [False, True], 1100),  # a burst (a read found a backlog) that ends with the second batch
+    ([False, True], [False, False], 855),  # a steady stream whose next transaction is already there: not behind
+])
+def test_the_source_says_where_it_caught_up_with_its_stream(pending: list[bool], backlog: list[bool],
+                                                            caught_up: int) -> None:
+    # the end of a backlog is where the processor stores the checkpoint at once (upstream.base.caught_up_ts)
+    evs = _events()
+    _buf, resolved, src = _run([evs[:5], evs[5:]], pending, backlog)
+    assert [w.ts for w in resolved] == [positions.to_ts(FILE, 855), positions.to_ts(FILE, 1100)]
+    assert src.caught_up_ts() == (positions.to_ts(FILE, caught_up) if caught_up else 0)
+
+
+def test_a_backlog_read_faster_than_backlog_seconds_is_no_caught_up_point() -> None:
+    # a steady stream that fell a few transactions behind for a moment: no extra status write
+    evs = _events()
+    _buf, _resolved, src = _run([evs[:5], evs[5:]], [False, False], [False, True], seconds_per_batch=0.001)
+    assert src.caught_up_ts() == 0
+    _buf, _resolved, src = _run([evs[:5], evs[5:]], [False, False], [False, True], seconds_per_batch=0.06)
+    assert src.caught_up_ts() == positions.to_ts(FILE, 1100)
 
 
 def test_recorded_transactions_are_stored_and_committed_with_resolved_and_marks_per_batch() -> None:

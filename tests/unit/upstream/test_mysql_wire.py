@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import random
+import socket
 import struct
 from types import SimpleNamespace
 
@@ -150,3 +151,37 @@ def test_c_frames_what_python_frames() -> None:
         off = 0 if rnd.random() < 0.8 else len(parts[0])
         assert FRAMERS[1](cut, off, (seq + (off > 0)) & 0xFF, checksum) == wire.frame(cut, off, (seq + (off > 0)) & 0xFF,
                                                                                        checksum)
+
+
+def test_pending_sees_bytes_read_but_not_framed_and_bytes_on_the_socket() -> None:
+    # (upstream.mysql.source: whether the stream has more waiting when the span announces resolved)
+    evs = [event(binlog.XID, struct.pack("<Q", i), log_pos=100 + i) for i in range(3)]
+    a, b = socket.socketpair()
+    try:
+        rfile = a.makefile("rb")
+        r = EventReader(SimpleNamespace(_rfile=rfile, _next_seq_id=1), False)
+        assert not r.pending()
+        first, second = packet(1, evs[0]), packet(2, evs[1])
+        b.sendall(first + second[:5])  # one whole packet and the start of the next
+        assert r.pending()
+        assert len(r.events()) == 1
+        assert r.pending(), "the next packet's first bytes are read"
+        b.sendall(second[5:])
+        assert len(r.events()) == 1 and not r.pending()
+        b.sendall(packet(3, evs[2]))
+        assert r.pending(), "bytes on the socket"
+        assert len(r.events()) == 1 and not r.pending()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_backlog_says_whether_a_read_found_at_least_backlog_bytes_once() -> None:
+    small = packet(1, event(binlog.XID, struct.pack("<Q", 1), log_pos=100))
+    big = b"".join(packet(2 + i, event(binlog.WRITE_ROWS_V1, b"r" * 1000, log_pos=200 + i))
+                   for i in range(wire.BACKLOG // 1000 + 1))
+    r = _reader(small + big, step=len(small))  # the first read gets one small packet, the next ones more
+    assert len(r.events()) == 1 and not r.backlog()
+    r = _reader(small + big)
+    assert r.events() and r.backlog(), "one read of everything waiting"
+    assert not r.backlog(), "asked once per read"
