@@ -214,6 +214,18 @@ class RowSourceUser(ABC):
         """Where to read a full upstream row when a partial UPDATE finds no row downstream (None: nowhere)."""
 
 
+class TextRows(ABC):  # noqa: B024 - a marker role: what it changes is how the caller mounts rows
+    """A sink that writes rows by their upstream text (``RowChange.row_text``: COPY, ``LOAD DATA``) where it can and
+    reads their typed values (``RowChange.row``) only on its other paths.
+
+    Guarantees: the sink reads ``row`` through the attribute (which parses a deferred row) or through
+    ``cdc.events.stored_row`` where it handles a deferred row itself. The caller mounts its rows with
+    ``processor.mounter.Mounter(decoder, defer=True)``: an insert's typed values may then be parsed only when read
+    (the decoder defers only values that parse later exactly as now). Without this role, every value is parsed when
+    the row is mounted. No methods.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class TableShape:
     """A target table as its catalog shows it: ``name`` (as ``TxnSink.target_name`` gives it), its column names in

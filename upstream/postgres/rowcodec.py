@@ -53,17 +53,26 @@ class RowCodec:
     plain_row: Callable[[bytes, int, Callable[[Sequence[Any]], tuple[Any, ...]], int],
                         tuple[str, int, tuple[Any, ...], list[Any]] | None]
     row_parser: Callable[[Sequence[types.Parser]], Callable[[Sequence[Any]], tuple[Any, ...]]]
-    plain_mounter: Callable[[dict[int, PlainPlan], Mount], Mount]
+    plain_mounter: Callable[[dict[int, PlainPlan], Mount, bool], Mount]
+    defer_row: Callable[[Callable[[Sequence[Any]], tuple[Any, ...]], list[Any]], Any]
+    """``defer_row(row_parser, texts)``: ``texts`` (a list of str/None) as a deferred row (``cdc.events.RowChange.row``)
+    when parsing them later with ``row_parser`` (one of :attr:`row_parser`'s) gives exactly what parsing them now
+    gives and cannot fail, else None (parse now)."""
 
 
-def general_mounter(plans: dict[int, PlainPlan], general: Mount) -> Mount:
+def general_mounter(plans: dict[int, PlainPlan], general: Mount, defer: bool = False) -> Mount:
     """The pure-Python :meth:`ChangeDecoder.plain_mounter <upstream.base.ChangeDecoder.plain_mounter>`: the
-    mounter's own function, unchanged."""
+    mounter's own function, unchanged (it never defers a row: the reference parses every value at once)."""
     return general
 
 
+def never_defer(row_parser: Callable[[Sequence[Any]], tuple[Any, ...]], texts: list[Any]) -> None:
+    """The pure-Python :attr:`RowCodec.defer_row`: the reference parses every row at once."""
+    return None
+
+
 PYTHON = RowCodec("python", pgoutput.plain_change_relid, pgoutput.insert_values, pgoutput.parse_change,
-                  pgoutput.plain_row, types.row_parser, general_mounter)
+                  pgoutput.plain_row, types.row_parser, general_mounter, never_defer)
 
 
 def _codec(mod: ModuleType) -> RowCodec:
@@ -87,7 +96,7 @@ def _codec(mod: ModuleType) -> RowCodec:
         log.warning("the C row codec does not know RowChange's slots: rows are mounted in Python")
         plain_mounter = general_mounter
     return RowCodec("c", mod.plain_change_relid, mod.insert_values, mod.parse_change, mod.plain_row, row_parser,
-                    plain_mounter)
+                    plain_mounter, mod.defer_row)
 
 
 _EXT = cbuild.Extension(Path(__file__).with_name("rowcodec.c"), "upstream.postgres._rowcodec", _codec,

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from cdc.errors import SinkError
+from cdc.events import parsed_rows
 from sinks.sql.dialect import rowtext
 from sinks.sql.dialect.statements import Statements
 from sinks.sql.dialect.values import mysql_literal_function
@@ -120,10 +121,12 @@ class Output:
                 texts = last_per_key_texts(rows, texts, plan.key_idx)  # ON CONFLICT touches a row once
             self._copy_rows(copy, texts)
             return
+        if kind == K_UPSERT and (fresh and self.loads is not None and texts is not None and names == b.names
+                                 and b.copy_conflicts < FRESH_CONFLICTS_TO_STOP
+                                 and self.loads.apply(self, b, plan, rows, texts)):
+            return
+        rows = parsed_rows(rows)  # (the statements convert the typed values)
         if kind == K_UPSERT:
-            if (fresh and self.loads is not None and texts is not None and names == b.names
-                    and b.copy_conflicts < FRESH_CONFLICTS_TO_STOP and self.loads.apply(self, b, plan, rows, texts)):
-                return
             if self.dialect == "sqlite":
                 _check_keys_not_null(rows, plan.key_idx, b.label)
             if self.dialect == "postgresql" or len(names) < b.ncols:
@@ -201,7 +204,7 @@ class Output:
     def literal_statements(self, plan: Plan, rows: list[tuple[Any, ...]], texts: list[Any] | None) -> list[str]:
         """MySQL: the statements ``plan`` sends for ``rows`` (converted here: a refused value raises), to run in the
         caller's thread (the pipeline's, for a load rolled back: ``sinks.sql.ops.fresh_load``)."""
-        return self._mysql_statements(plan, convert_rows(plan, rows, texts))
+        return self._mysql_statements(plan, convert_rows(plan, parsed_rows(rows), texts))
 
     def _delete_keys(self, b: Binding, keys: list[Any]) -> None:
         if self.dialect == "sqlite":
