@@ -7,8 +7,6 @@ rows sent."""
 from __future__ import annotations
 
 import struct
-import uuid
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,11 @@ from sinks.factory import open_sink
 from sinks.sql.ops import fresh_load
 from tests import rowcodecs
 from tests.pgoutput_wire import enc_tuple
+from tests.sql_targets import KINDS, SqlTarget, make_target
 from upstream.base import encode_payload
+from upstream.mysql import payload as mysql_payload
+from upstream.mysql import rowcodec as mysql_rowcodec
+from upstream.mysql.source import MySqlChangeDecoder
 from upstream.postgres.source import PgChangeDecoder
 
 pytestmark = pytest.mark.integration
@@ -41,60 +43,73 @@ def value_of(i: int) -> tuple[Any, ...]:
     return (i, i * 7 % 1000, f"row\t{i}\\", datetime(2026, 1, 1 + i % 28, 0, 0, i % 60, 500000))
 
 
-def mounted(ids: range) -> list[RowChange]:
-    """Inserts of ``ids`` as the C mounter makes them for a text-row sink (the first payload plans the version in
-    Python: it is mounted once before)."""
-    m = Mounter(PgChangeDecoder({1: SCHEMA}.__getitem__, rowcodecs.codec_named("c")), defer=True)
-    payloads = [encode_payload(1, b"I" + struct.pack(">I", RELID) + b"N" + enc_tuple(text_of(i))) for i in ids]
+def mounted(ids: range, upstream: str = "postgresql") -> list[RowChange]:
+    """Inserts of ``ids`` as the C mounter of ``upstream``'s stored changes makes them for a text-row sink (the first
+    payload plans the version in Python: it is mounted once before)."""
+    if upstream == "postgresql":
+        m = Mounter(PgChangeDecoder({1: SCHEMA}.__getitem__, rowcodecs.codec_named("c")), defer=True)
+        payloads = [encode_payload(1, b"I" + struct.pack(">I", RELID) + b"N" + enc_tuple(text_of(i))) for i in ids]
+    else:
+        native = mysql_rowcodec.native_decoding()
+        assert native is not None, "the MySQL C row codec does not build here"
+        m = Mounter(MySqlChangeDecoder({1: SCHEMA}.__getitem__, native), defer=True)
+        payloads = [encode_payload(1, mysql_payload.encode(b"I", RELID, text_of(i), None)) for i in ids]
     m.mount(payloads[0], 1, 0.0)
     return [m.mount(p, 1, 0.0) for p in payloads]
 
 
-@pytest.fixture(params=["postgresql", "mariadb", "sqlite"])
-def target(request: pytest.FixtureRequest, tmp_path: Path,
-           monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str, Any]]:
-    kind = request.param
+@pytest.fixture(params=KINDS)
+def target(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SqlTarget:
     monkeypatch.setattr(fresh_load, "MIN_ROWS", 32)  # (the test's groups: 50 rows)
-    if kind == "sqlite":
-        yield kind, f"sqlite:///{tmp_path / 'target.db'}", None
-    elif kind == "mariadb":
-        server = request.getfixturevalue("mariadb_server")
-        yield kind, server.uri(request.getfixturevalue("mariadb_database")), server
-    else:
-        server = request.getfixturevalue("pg_server")
-        name = f"tgt_{uuid.uuid4().hex[:12]}"
-        server.create_database(name)
-        yield kind, server.uri(name), server
-        server.drop_database(name)
+    return make_target(SqlTarget, request, tmp_path)  # type: ignore[no-any-return]
 
 
-def rows_of(kind: str, uri: str, server: Any) -> list[tuple[Any, ...]]:
-    sql = "SELECT id, k, c, ts FROM items ORDER BY id"
-    if kind == "sqlite":
-        import sqlite3
-
-        with sqlite3.connect(uri.removeprefix("sqlite:///")) as c:
-            got = c.execute(sql).fetchall()
+def rows_of(target: SqlTarget) -> list[tuple[Any, ...]]:
+    got = target.execute("SELECT id, k, c, ts FROM items ORDER BY id")
+    if target.kind == "sqlite":
         return [(i, k, c, datetime.fromisoformat(ts)) for i, k, c, ts in got]
-    got = server.execute(sql, db=uri.rsplit("/", 1)[1]) or []
     return [(int(i), int(k), c, ts) for i, k, c, ts in got]
 
 
-def test_fresh_rows_go_by_their_text_unparsed_and_every_other_path_parses(target: tuple[str, str, Any]) -> None:
+def test_fresh_rows_go_by_their_text_unparsed_and_every_other_path_parses(target: SqlTarget) -> None:
     """Two writes: 100 fresh rows in groups of 50 (PostgreSQL: direct COPYs; MariaDB: loads; SQLite: statements),
     then 100 rows of which half exist (PostgreSQL: the direct COPY meets a key and merges through its staging
     table; MariaDB: the load is rolled back and the statements upsert; both need the keys' values). The target holds
     exactly the rows sent; the first write's rows were never parsed where they went by their text."""
-    kind, uri, server = target
-    sink = open_sink(uri, SinkConfig(batch_rows=50))
+    sink = open_sink(target.uri, SinkConfig(batch_rows=50))
     try:
         first = mounted(range(100))
         assert all(not isinstance(stored_row(ch), tuple) for ch in first)  # (all deferrable: deferred)
         sink.write(first)
         parsed = sum(stored_row(ch).parsed for ch in first)
-        assert parsed == (100 if kind == "sqlite" else 0)
+        assert parsed == (100 if target.kind == "sqlite" else 0)
         second = mounted(range(50, 150))
         sink.write(second)
     finally:
         sink.close()
-    assert rows_of(kind, uri, server) == [value_of(i) for i in range(150)]
+    assert rows_of(target) == [value_of(i) for i in range(150)]
+
+
+def test_mysql_upstream_inserts_are_loaded_unparsed(mariadb_server: Any, mariadb_database: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A MySQL/MariaDB upstream's inserts carry their stored text too: mounted for a text-row sink they are deferred,
+    and a fresh group of them goes into MariaDB by ``LOAD DATA`` (the server's ``Com_load`` counts it) without being
+    parsed; the table holds exactly the rows sent."""
+    monkeypatch.setattr(fresh_load, "MIN_ROWS", 32)
+
+    def loads() -> int:
+        [(_, n)] = mariadb_server.execute("SHOW GLOBAL STATUS LIKE 'Com_load'")
+        return int(n)
+
+    target = SqlTarget("mariadb", mariadb_server, mariadb_database)
+    sink = open_sink(target.uri, SinkConfig(batch_rows=50))
+    try:
+        changes = mounted(range(100), upstream="mysql")
+        assert all(not isinstance(stored_row(ch), tuple) for ch in changes)
+        before = loads()
+        sink.write(changes)
+        assert loads() - before == 2
+        assert not any(stored_row(ch).parsed for ch in changes)
+    finally:
+        sink.close()
+    assert rows_of(target) == [value_of(i) for i in range(100)]

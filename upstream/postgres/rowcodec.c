@@ -25,7 +25,7 @@ static PyObject *S_I = NULL, *S_U = NULL, *S_D = NULL, *S_K = NULL, *S_O = NULL;
 
 /* value codes (rowcodec.py maps each Python parser to one; CALL: call the parser) */
 enum { C_TEXT = 0, C_CALL = 1, C_INT = 2, C_FLOAT = 3, C_BOOL = 4, C_DATE = 5, C_TIME = 6, C_TIMESTAMP = 7,
-       C_TIMESTAMPTZ = 8, C_MAX = 8 };
+       C_TIMESTAMPTZ = 8, C_NUMERIC = 9, C_MAX = 9 }; /* C_NUMERIC: called like C_CALL (Decimal); known to defer */
 
 static int configured(void) {
     if (UNCHANGED == NULL) {
@@ -221,7 +221,7 @@ static PyObject *parse_values(RowParser *rp, PyObject *seq) {
             r = Py_NewRef(Py_None);
         } else {
             r = NULL;
-            if (code != C_CALL && PyUnicode_CheckExact(s)) {
+            if (code != C_CALL && code != C_NUMERIC && PyUnicode_CheckExact(s)) {
                 r = fast_value(code, s);
                 if (r == NULL && PyErr_Occurred()) {
                     Py_DECREF(out);
@@ -354,6 +354,25 @@ static int in_hms(const char *s, Py_ssize_t n) {
     return parse_hms(s, n, &h, &mi, &sec, &us) && h < 24 && mi < 60 && sec < 60;
 }
 
+/* p[i:n] is one or more ASCII digits from i: the index after them (n when they end the text), or -1 */
+static Py_ssize_t digit_run(const char *p, Py_ssize_t i, Py_ssize_t n) {
+    Py_ssize_t start = i;
+    while (i < n && p[i] >= '0' && p[i] <= '9') i++;
+    return i == start ? -1 : i;
+}
+
+/* "-?D+(.D+)?" then, with ``exponent``, "(e[+-]D+)?", exactly */
+static int decimal_form(const char *p, Py_ssize_t n, int exponent) {
+    Py_ssize_t i = (n > 0 && p[0] == '-') ? 1 : 0;
+    if ((i = digit_run(p, i, n)) < 0) return 0;
+    if (i < n && p[i] == '.' && (i = digit_run(p, i + 1, n)) < 0) return 0;
+    if (exponent && i < n && p[i] == 'e') {
+        if (i + 1 >= n || (p[i + 1] != '+' && p[i + 1] != '-')) return 0;
+        if ((i = digit_run(p, i + 2, n)) < 0) return 0;
+    }
+    return i == n;
+}
+
 static int deferrable(int code, PyObject *s) {
     if (code == C_TEXT || s == Py_None) return 1;
     if (!PyUnicode_CheckExact(s) || PyUnicode_READY(s) < 0 || !PyUnicode_IS_ASCII(s)) return 0;
@@ -370,6 +389,11 @@ static int deferrable(int code, PyObject *s) {
     }
     case C_BOOL:
         return n == 1 && (p[0] == 't' || p[0] == 'f');
+    case C_NUMERIC: /* Decimal() of it cannot fail (NaN and the infinities: parsed now) */
+        return decimal_form(p, n, 0);
+    case C_FLOAT: /* float() of these cannot fail */
+        return decimal_form(p, n, 1) || (n == 3 && memcmp(p, "NaN", 3) == 0) ||
+               (n == 8 && memcmp(p, "Infinity", 8) == 0) || (n == 9 && memcmp(p, "-Infinity", 9) == 0);
     case C_DATE:
         return n == 10 && parse_ymd(p, &y, &m, &d) && in_days(y, m, d);
     case C_TIME:
@@ -971,7 +995,8 @@ PyMODINIT_FUNC PyInit__rowcodec(void) {
         PyModule_AddIntConstant(m, "INT", C_INT) < 0 || PyModule_AddIntConstant(m, "FLOAT", C_FLOAT) < 0 ||
         PyModule_AddIntConstant(m, "BOOL", C_BOOL) < 0 || PyModule_AddIntConstant(m, "DATE", C_DATE) < 0 ||
         PyModule_AddIntConstant(m, "TIME", C_TIME) < 0 || PyModule_AddIntConstant(m, "TIMESTAMP", C_TIMESTAMP) < 0 ||
-        PyModule_AddIntConstant(m, "TIMESTAMPTZ", C_TIMESTAMPTZ) < 0) {
+        PyModule_AddIntConstant(m, "TIMESTAMPTZ", C_TIMESTAMPTZ) < 0 ||
+        PyModule_AddIntConstant(m, "NUMERIC", C_NUMERIC) < 0) {
         Py_DECREF(m);
         return NULL;
     }

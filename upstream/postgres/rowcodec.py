@@ -17,6 +17,16 @@ message, an odd value, a parser it does not know) goes to the Python function it
 raises the precise error. ``tests/unit/upstream/test_rowcodec_equivalence.py`` compares both on generated rows of
 every column type, and the decoder and mounter tests run over both.
 
+Deferred rows (``plain_mounter(plans, general, defer=True)``, for a sink that writes rows by their text,
+``sinks.base.TextRows``): the C mounter stores an insert's ``row`` as a ``DeferredRow`` (parsed from ``row_text`` when
+first called, the tuple kept; a sequence of the same values too) where every value of the row is one C parses later
+exactly as now and cannot refuse: NULL, a text column's value, or the canonical text of an integer (at most 18
+digits), numeric (digits with an optional sign and fraction), float (the same with an optional exponent, ``NaN``,
+``Infinity``, ``-Infinity``), boolean, date, time or timestamp (with ``+00``) with every field in the range Python's
+constructors accept.
+Any other row is parsed at once, as without ``defer``; the Python codec never defers (:func:`never_defer`).
+``defer_row`` lets the MySQL upstream's C mounter defer its inserts by the same rule.
+
 The C file is compiled with the system's C compiler and this interpreter's headers on first use (``make deps``
 builds it ahead; :mod:`cdc.cbuild`). Without a compiler, the headers or a writable directory,
 :func:`native` is None (said once in the log) and :func:`best` is :data:`PYTHON`: the same values, more CPU.
@@ -81,7 +91,7 @@ def _codec(mod: ModuleType) -> RowCodec:
     codes = {types.parser_for("text", False): mod.TEXT, int: mod.INT, float: mod.FLOAT,
              types.parser_for("bool", False): mod.BOOL, types.parser_for("date", False): mod.DATE,
              types.parser_for("time", False): mod.TIME, types.parser_for("timestamp", False): mod.TIMESTAMP,
-             types.parser_for("timestamptz", False): mod.TIMESTAMPTZ}
+             types.parser_for("timestamptz", False): mod.TIMESTAMPTZ, types.parser_for("numeric", False): mod.NUMERIC}
     call = mod.CALL
     row_parser_cls = mod.RowParser
     py_row_parser = types.row_parser

@@ -1,7 +1,9 @@
 """MySQL/MariaDB: fresh rows by ``LOAD DATA LOCAL INFILE`` straight into the table, under a savepoint.
 
 What. A group of upserts whose rows are all upstream INSERTs ("fresh": the target most likely lacks their keys) and
-that came with their upstream text (a PostgreSQL upstream) is rendered in C into ``LOAD DATA`` input
+that came with their upstream text (``RowChange.row_text``: PostgreSQL's output text, or the text a MySQL/MariaDB
+upstream's changes are stored as; an insert mounted for this sink has its typed values deferred, so a loaded row is
+never parsed: ``sinks.base.TextRows``) is rendered in C into ``LOAD DATA`` input
 (:class:`sinks.sql.dialect.copy_literals.LoadRows`, from the rows' COPY text) and loaded into the table in the
 write's transaction, after a ``SAVEPOINT``; the statement path would have sent the same rows as multi-row ``INSERT ..
 ON DUPLICATE KEY UPDATE`` statements. It is the streaming twin of the initial copy's load (:mod:`.load_copy`) and of

@@ -348,25 +348,35 @@ def test_deferred_mounts_agree(c: RowCodec) -> None:
 
 DEFER_COLS = (ColumnSchema("id", 20, "int8", is_key=True, nullable=False), ColumnSchema("ts", 1184, "timestamptz"),
               ColumnSchema("d", 1082, "date"), ColumnSchema("s", 25, "text"), ColumnSchema("b", 16, "bool"),
-              ColumnSchema("t", 1083, "time"), ColumnSchema("lt", 1114, "timestamp"))
+              ColumnSchema("t", 1083, "time"), ColumnSchema("lt", 1114, "timestamp"), ColumnSchema("n", 1700, "numeric"),
+              ColumnSchema("f", 701, "float8"))
+_N = [None] * 8
 
 
 @pytest.mark.parametrize(("texts", "deferred"), [
-    (["1", "2026-01-02 03:04:05.123456+00", "2024-02-29", "x\ty", "t", "23:59:59", "2026-01-02 03:04:05"], True),
-    (["-9", None, None, None, None, None, None], True),
-    (["1", "infinity", "2024-02-29", "x", "f", "00:00:00", "2026-01-02 03:04:05"], False),  # parsed to str
-    (["1", "2026-01-02 03:04:05+05:30", "2024-02-29", "x", "f", "00:00:00", "2026-01-02 03:04:05"], False),
-    (["1", "2026-01-02 03:04:05+00", "2023-02-29", "x", "f", "00:00:00", "2026-01-02 03:04:05"], False),
-    (["1", "2026-01-02 03:04:05+00", "2024-02-29", "x", "f", "24:00:00", "2026-01-02 03:04:05"], False),
-    (["1", "2026-01-02 03:04:05+00", "0044-03-15 BC", "x", "f", "00:00:00", "2026-01-02 03:04:05"], False),
-    (["9223372036854775807", None, None, None, None, None, None], False),  # 19 digits: the Python parser's
-    (["1", None, None, None, "true", None, None], False),
-    (["1", None, None, None, None, None, "2026-01-02 03:04:60"], False),
+    (["1", "2026-01-02 03:04:05.123456+00", "2024-02-29", "x\ty", "t", "23:59:59", "2026-01-02 03:04:05", "-12.50",
+      "1.5e+30"], True),
+    (["-9", *_N], True),
+    (["1", None, None, None, None, None, None, "0", "-Infinity"], True),
+    (["1", None, None, None, None, None, None, "7", "NaN"], True),
+    (["1", "infinity", *_N[1:]], False),  # parsed to str
+    (["1", "2026-01-02 03:04:05+05:30", *_N[1:]], False),
+    (["1", None, "2023-02-29", *_N[2:]], False),
+    (["1", None, None, None, None, "24:00:00", None, None, None], False),
+    (["1", None, "0044-03-15 BC", *_N[2:]], False),
+    (["9223372036854775807", *_N], False),  # 19 digits: the Python parser's
+    (["1", None, None, None, "true", None, None, None, None], False),
+    (["1", None, None, None, None, None, "2026-01-02 03:04:60", None, None], False),
+    (["1", *_N[:6], "NaN", None], False),
+    (["1", *_N[:6], "1.", None], False),
+    (["1", *_N[:6], "1e5", None], False),
+    (["1", *_N[:7], "1.5E+30"], False),
+    (["1", *_N[:7], "inf"], False),
 ])
 def test_deferred_per_column(c: RowCodec, texts: list[Any], deferred: bool) -> None:
-    """An insert is stored deferred only when every value is in a form C parses later exactly as now (canonical text
-    with every field in range), decided column by column; otherwise it is parsed at once, as without deferring. Read
-    in full, both are the reference's RowChange (or its error)."""
+    """An insert is stored deferred only when every value is in a form C parses later exactly as now and cannot refuse
+    (canonical text with every field in range), decided column by column; otherwise it is parsed at once, as without
+    deferring. Read in full, both are the reference's RowChange (or its error)."""
     schema = TableSchema(TableName("public", "t"), DEFER_COLS, ("id",), "d", RELID, 1)
     m_d = Mounter(PgChangeDecoder({1: schema}.__getitem__, c), defer=True)
     m_py = Mounter(PgChangeDecoder({1: schema}.__getitem__, PY))
@@ -385,7 +395,7 @@ def test_deferred_per_column(c: RowCodec, texts: list[Any], deferred: bool) -> N
 def test_a_deferred_row_reads_as_its_tuple(c: RowCodec) -> None:
     """A deferred row stands in for its tuple wherever a sink keeps it: length, items, slices, iteration, equality
     and hash are the tuple's; calling it gives the tuple (kept: the same object each time); ``RowChange.row`` stores
-    the tuple once read; a numeric column (a parser C calls) is never deferred."""
+    the tuple once read; a column whose parser C only calls (uuid) is never deferred."""
     schema = TableSchema(TableName("public", "t"), DEFER_COLS[:4], ("id",), "d", RELID, 1)
     m_d = Mounter(PgChangeDecoder({1: schema}.__getitem__, c), defer=True)
     payload = encode_payload(1, b"I" + struct.pack(">I", RELID) + b"N" +
@@ -398,9 +408,10 @@ def test_a_deferred_row_reads_as_its_tuple(c: RowCodec) -> None:
     assert list(d) == list(want) and d == want and want == d and hash(d) == hash(want) and d() is d()
     assert ch.values == dict(zip(schema.column_names, want, strict=True))
     assert ch.row == want and type(stored_row(ch)) is tuple
-    numeric = TableSchema(TableName("public", "n"), (DEFER_COLS[0], ColumnSchema("v", 1700, "numeric")), ("id",), "d",
-                          RELID, 1)
-    m_n = Mounter(PgChangeDecoder({1: numeric}.__getitem__, c), defer=True)
-    payload = encode_payload(1, b"I" + struct.pack(">I", RELID) + b"N" + enc_tuple(["5", "1.50"]))
+    called = TableSchema(TableName("public", "n"), (DEFER_COLS[0], ColumnSchema("v", 2950, "uuid")), ("id",), "d",
+                         RELID, 1)
+    m_n = Mounter(PgChangeDecoder({1: called}.__getitem__, c), defer=True)
+    payload = encode_payload(1, b"I" + struct.pack(">I", RELID) + b"N" +
+                             enc_tuple(["5", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"]))
     m_n.mount(payload, 1, 0.0)
     assert type(stored_row(m_n.mount(payload, 1, 0.0))) is tuple
