@@ -426,8 +426,12 @@ static PyTypeObject DeferredRowType;
 
 static PyObject *deferred_tuple(DeferredRow *dr) {
     if (dr->row == NULL) {
-        dr->row = parse_values(dr->parser, dr->texts);
-        if (dr->row == NULL) return NULL;
+        PyObject *row = parse_values(dr->parser, dr->texts);
+        if (row == NULL) return NULL;
+        if (dr->row == NULL) /* (a parser that runs Python code may let another thread parse it meanwhile) */
+            dr->row = row;
+        else
+            Py_DECREF(row);
     }
     return dr->row;
 }
