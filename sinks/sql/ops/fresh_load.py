@@ -117,7 +117,7 @@ class FreshLoads:
             return False
         kinds, sql = verdict
         lines = LoadRows(kinds, [b.scales[n] for n in b.names], LOAD_BYTES, LOAD_ROWS)
-        bodies = lines.feed(out.text.copy_text(texts).encode("utf-8"))
+        bodies = lines.feed(out.text.copy_text(texts))
         if bodies is None or not lines.finish() or lines.rows != len(rows):
             return False  # a value C does not render exactly: the statements send it (or refuse it precisely)
         body = bodies[0][0] if len(bodies) == 1 else b"".join(body for body, _ in bodies)

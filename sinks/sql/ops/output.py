@@ -55,7 +55,9 @@ class Output:
         self.dialect = stmts.dialect
         self.stmts = stmts
         self.batch = batch  # rows per statement
-        self.cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        dbapi: Any = conn.connection.dbapi_connection
+        self.cur = dbapi.cursor()
+        self._utf8 = getattr(dbapi, "encoding", None) == "UTF8"  # PostgreSQL: COPY data sent as the UTF-8 it is
         self.pipe = pipe  # statements run there, in order; reads and the caller's commit drain it first
         self.current: str | None = None  # table being written (or whose statement failed), for error messages
         self._delete_sql: dict[tuple[int, int], str] = {}
@@ -155,7 +157,7 @@ class Output:
         if merge_sql is not None:
             self.submit(self.cur.execute, merge_sql)
 
-    def _copy_fresh(self, b: Binding, plan: Plan, data: str, rows: list[tuple[Any, ...]], texts: list[Any]) -> None:
+    def _copy_fresh(self, b: Binding, plan: Plan, data: bytes, rows: list[tuple[Any, ...]], texts: list[Any]) -> None:
         """Pipeline side of a fresh group: ``COPY`` straight into the table under a savepoint -- a plain insert, about
         half the server's work of the staging merge (``COPY`` into the staging table, ``INSERT .. SELECT .. ON
         CONFLICT``, ``TRUNCATE``). The table's unique index on the key (``Binding`` requires one) makes a row
@@ -179,8 +181,13 @@ class Output:
             self.copy_in(copy_sql, self.text.copy_text(last_per_key_texts(rows, texts, plan.key_idx)))
             cur.execute(merge_sql)
 
-    def copy_in(self, sql: str, data: str) -> None:
-        self.cur.copy_expert(sql, io.StringIO(data), max(1, len(data)))  # encoded in the client encoding
+    def copy_in(self, sql: str, data: bytes) -> None:
+        """``COPY .. FROM STDIN`` of ``data`` (COPY text, UTF-8: :attr:`rowtext.RowText.copy_text`): sent as it is on a
+        UTF-8 connection, else decoded for psycopg2 to encode in the client encoding."""
+        if self._utf8:
+            self.cur.copy_expert(sql, io.BytesIO(data), max(1, len(data)))
+        else:
+            self.cur.copy_expert(sql, io.StringIO(data.decode("utf-8")), max(1, len(data)))
 
     def _insert_rows(self, plan: Plan, params: list[Any]) -> None:
         if self.dialect == "postgresql":  # one multi-row statement, formatted by psycopg2 in one call
