@@ -8,7 +8,7 @@ mounted change a sink receives. ``UNCHANGED`` marks a column whose value the ups
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,10 +147,11 @@ class RowChange:
     ``row``). Set by the mounter for INSERTs (and UPDATEs without an old tuple, and MySQL UPDATEs whose images are
     whole: those also carry their whole ``old_values``) so that sinks can skip the dict. When ``row`` is set and ``values`` was not given, ``values`` is built from it on
     first access. Assigning ``values`` drops ``row`` (and ``row_text``); change a mounted row by assigning
-    ``values``, never by mutating the dict in place. A mounter asked to defer (``processor.mounter.Mounter(...,
-    defer=True)``, for a sink that writes rows by their text) may store an insert's row as a callable that parses
-    ``row_text`` when first called; reading ``row`` calls it once and keeps the tuple, so every reader sees the tuple.
-    :func:`stored_row` reads what is stored without parsing."""
+    ``values``, never by mutating the dict in place. For a sink that writes rows by their text (``sinks.base.TextRows``,
+    whose rows are mounted with ``processor.mounter.Mounter(..., defer=True)``) an insert's ``row`` may instead be a
+    *deferred row*: a sequence of the same values (length, items, slices, iteration, equality and hash are the tuple's)
+    that parses ``row_text`` on its first use, and a callable returning the tuple (:func:`parsed_rows`); no other sink
+    ever sees one. (``row`` stays a plain slot: a property would cost every reader of every sink a Python call.)"""
     row_text: Sequence[str | None] | None = field(default=None, compare=False, repr=False)
     """Optional, only together with ``row``: the upstream's text for each value of ``row`` (PostgreSQL's
     output functions with DateStyle ISO and TimeZone UTC; None for NULL). A sink that stores text may use
@@ -188,27 +189,8 @@ _row_slot: Any = RowChange.__dict__["row"]
 _row_text_slot: Any = RowChange.__dict__["row_text"]
 
 
-def _get_row(self: RowChange) -> tuple[Any, ...] | None:
-    row: Any = _row_slot.__get__(self, RowChange)
-    if row is not None and type(row) is not tuple:  # deferred by the mounter: parsed now, once
-        row = row()
-        _row_slot.__set__(self, row)
-    return row  # type: ignore[no-any-return]
-
-
-def _set_row(self: RowChange, row: tuple[Any, ...] | None) -> None:
-    _row_slot.__set__(self, row)
-
-
-stored_row: Callable[[RowChange], Any] = _row_slot.__get__
-"""``stored_row(change)``: ``change.row`` as stored, without parsing a deferred row (see ``RowChange.row``): a tuple,
-None, or the deferred row, a callable returning the tuple that is also a sequence of the same values (indexing,
-iterating or comparing it parses it, once). For a sink that writes rows by their text (``row_text``) and needs the
-typed values only on another path."""
-
-
 def parsed_rows(rows: list[Any]) -> list[tuple[Any, ...]]:
-    """``rows`` (rows as :func:`stored_row` gives them, None excluded) with every deferred row parsed: the list itself
+    """``rows`` (``RowChange.row`` values, None excluded) with every deferred row parsed into its tuple: the list itself
     when it holds tuples only."""
     if set(map(type, rows)) <= _TUPLE:
         return rows
@@ -221,8 +203,8 @@ _TUPLE = frozenset((tuple,))
 def _get_values(self: RowChange) -> dict[str, Any] | None:
     values: dict[str, Any] | None = _values_slot.__get__(self, RowChange)
     if values is None:
-        row = _get_row(self)
-        if row is not None:
+        row = _row_slot.__get__(self, RowChange)
+        if row is not None:  # (a deferred row iterates as its tuple)
             values = dict(zip(self.schema.column_names, row, strict=True))
             _values_slot.__set__(self, values)
     return values
@@ -236,7 +218,6 @@ def _set_values(self: RowChange, values: dict[str, Any] | None) -> None:
 
 
 RowChange.values = property(_get_values, _set_values, doc="The new row by column name (see ``row``).")  # type: ignore[assignment,method-assign]
-RowChange.row = property(_get_row, _set_row, doc="The new row positionally (see the field's doc).")  # type: ignore[assignment,method-assign]
 
 
 @dataclass(frozen=True, slots=True)

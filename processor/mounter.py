@@ -111,9 +111,9 @@ class Mounter:
     doc). The decoder's :meth:`~upstream.base.ChangeDecoder.plain_mounter` over this class's own function (which
     mounts every payload, plain rows included): the same RowChange either way, plain rows without a Python call
     where the decoder has compiled code. With ``defer`` (the sink writes rows by their text,
-    ``sinks.base.TextRows``) an insert's ``row`` may be stored deferred, parsed from ``row_text`` when first read
+    ``sinks.base.TextRows``) an insert's ``row`` may be a deferred row, parsed from ``row_text`` on first use
     (``cdc.events.RowChange.row``): the decoder defers only rows whose every value parses later exactly as now, so
-    what a reader sees, and what is refused, is the same."""
+    the values, and what is refused, are the same."""
 
     def __init__(self, decoder: ChangeDecoder, defer: bool = False) -> None:
         self._decoder = decoder

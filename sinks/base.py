@@ -218,11 +218,11 @@ class TextRows(ABC):  # noqa: B024 - a marker role: what it changes is how the c
     """A sink that writes rows by their upstream text (``RowChange.row_text``: COPY, ``LOAD DATA``) where it can and
     reads their typed values (``RowChange.row``) only on its other paths.
 
-    Guarantees: the sink reads ``row`` through the attribute (which parses a deferred row) or through
-    ``cdc.events.stored_row`` where it handles a deferred row itself. The caller mounts its rows with
-    ``processor.mounter.Mounter(decoder, defer=True)``: an insert's typed values may then be parsed only when read
-    (the decoder defers only values that parse later exactly as now). Without this role, every value is parsed when
-    the row is mounted. No methods.
+    Guarantees: the sink takes an insert's ``RowChange.row`` as a tuple or as a deferred row (a sequence of the same
+    values that parses ``row_text`` on first use; ``cdc.events.parsed_rows`` gives the tuples) and never hands a
+    deferred row on. The caller mounts its rows with ``processor.mounter.Mounter(decoder, defer=True)`` (the decoder
+    defers only rows whose values parse later exactly as now). Without this role, every ``row`` is a tuple. No
+    methods.
     """
 
 

@@ -271,7 +271,7 @@ class ChangeDecoder(ABC):
         ``general`` returns for every payload: a plain row of a version in ``plans`` becomes the RowChange the
         mounter builds for it (INSERT or UPDATE, ``row`` and ``row_text`` set, ``values`` built lazily, an empty
         ``extra``); everything else is ``general``'s. ``defer``: the caller's sink writes rows by their text, so an
-        insert's ``row`` may be stored deferred (``cdc.events.RowChange.row``: parsed from ``row_text`` on first read),
+        insert's ``row`` may be a deferred row (``cdc.events.RowChange.row``: parsed from ``row_text`` on first use),
         where the decoder knows that parsing later gives exactly what parsing now gives and cannot fail (a decoder may
         ignore it). Default: ``general`` itself."""
         return general

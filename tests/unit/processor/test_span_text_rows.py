@@ -1,5 +1,5 @@
 """The span mounts rows for its sink's role: a sink that writes rows by their text (``sinks.base.TextRows``, the SQL
-sink) gets inserts whose typed values are deferred (``cdc.events.stored_row`` not a tuple), any other sink gets every
+sink) gets inserts whose typed values are deferred (``RowChange.row`` not a tuple), any other sink gets every
 row parsed; both read the same values."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 
 import pytest
 
-from cdc.events import RowChange, stored_row
+from cdc.events import RowChange
 from cdc.ts import Watermark
 from processor.span import SinkPlan, SpanRunner
 from sinks.base import TextRows
@@ -30,7 +30,7 @@ class StoredRowsSink(RecordingSink):
 
     def write(self, changes: Iterable[RowChange], fence: Callable[[], None] | None = None) -> int:
         kept = list(changes)
-        self.tuples += [isinstance(stored_row(c), tuple) for c in kept]
+        self.tuples += [isinstance(c.row, tuple) for c in kept]
         return super().write(kept, fence)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from cdc.errors import DecodeError
-from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema, stored_row
+from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
 from processor.mounter import Mounter
 from tests import rowcodecs
 from upstream.base import encode_payload
@@ -230,7 +230,7 @@ def test_deferred_inserts_mount_as_python() -> None:
         for kind, n, o in ((b"I", new, None), (b"U", new, old), (b"D", None, old)):
             p = encode_payload(1, payload.encode(kind, RELID, n, o))
             got, want = m_d.mount(p, 5, 0.5), m_py.mount(p, 5, 0.5)
-            if not isinstance(stored_row(got), tuple | None):
+            if not isinstance(got.row, tuple | None):
                 assert kind == b"I"
                 deferred += 1
             assert _slots(got) == _slots(want), p

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema, stored_row
+from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
 from processor.mounter import Mounter
 from tests import rowcodecs
 from tests.pgoutput_wire import enc_tuple
@@ -161,11 +161,16 @@ def canon(v: Any) -> Any:
         return ("dict", [(k, canon(x)) for k, x in v.items()])
     if isinstance(v, RowChange):
         return ("RowChange", v.op, v.schema.version, v.commit_ts, repr(v.commit_time), canon(v.values),
-                canon(v.old_values), canon(v.extra), canon(v.row), canon(v.row_text))
+                canon(v.old_values), canon(v.extra), canon(parsed(v.row)), canon(v.row_text))
     if hasattr(v, "__dataclass_fields__"):
         return (type(v).__name__, [(f, canon(getattr(v, f))) for f in v.__dataclass_fields__])
     tz = getattr(v, "tzinfo", None)
     return (type(v).__name__, repr(v), None if tz is None else repr(tz))
+
+
+def parsed(row: Any) -> Any:
+    """A row as a reader uses it: a deferred row (``Mounter(..., defer=True)``) as its tuple."""
+    return row() if row is not None and not isinstance(row, tuple) else row
 
 
 def outcome(fn: Callable[[], Any]) -> Any:
@@ -316,7 +321,7 @@ def test_mounted_rows_behave_like_python_ones(c: RowCodec) -> None:
 def test_deferred_mounts_agree(c: RowCodec) -> None:
     """The mounter asked to defer (a sink that writes rows by their text, ``sinks.base.TextRows``): every RowChange,
     read in full, is the Python reference's, errors included, for every message kind and column type; and some
-    inserts were in fact stored deferred (``stored_row`` not a tuple) while every other change kept its tuple."""
+    inserts were in fact deferred (``row`` not a tuple) while every other change kept its tuple."""
     rng = random.Random(SEED + 3)
     schemas: dict[int, TableSchema] = {}
     for version in range(1, 61):
@@ -337,7 +342,7 @@ def test_deferred_mounts_agree(c: RowCodec) -> None:
                 got = m_d.mount(p, 77, 1.5)
             except Exception:  # noqa: BLE001 - compared below
                 got = None
-            if got is not None and not isinstance(stored_row(got), tuple | None):
+            if got is not None and not isinstance(got.row, tuple | None):
                 assert got.op is OpType.INSERT
                 deferred += 1
             same(lambda: m_d.mount(p, 77, 1.5), lambda: m_py.mount(p, 77, 1.5), (version, msg))  # noqa: B023
@@ -388,30 +393,30 @@ def test_deferred_per_column(c: RowCodec, texts: list[Any], deferred: bool) -> N
     except Exception:  # noqa: BLE001 - the reference must raise the same
         got = None
     if got is not None:
-        assert isinstance(stored_row(got), tuple) is not deferred
+        assert isinstance(got.row, tuple) is not deferred
     same(lambda: m_d.mount(payload, 1, 0.0), lambda: m_py.mount(payload, 1, 0.0), texts)
 
 
 def test_a_deferred_row_reads_as_its_tuple(c: RowCodec) -> None:
     """A deferred row stands in for its tuple wherever a sink keeps it: length, items, slices, iteration, equality
-    and hash are the tuple's; calling it gives the tuple (kept: the same object each time); ``RowChange.row`` stores
-    the tuple once read; a column whose parser C only calls (uuid) is never deferred."""
+    and hash are the tuple's; calling it gives the tuple (kept: the same object each time); ``values`` is built from
+    it; a column whose parser C only calls (uuid) is never deferred."""
     schema = TableSchema(TableName("public", "t"), DEFER_COLS[:4], ("id",), "d", RELID, 1)
     m_d = Mounter(PgChangeDecoder({1: schema}.__getitem__, c), defer=True)
     payload = encode_payload(1, b"I" + struct.pack(">I", RELID) + b"N" +
                              enc_tuple(["5", "2026-01-02 03:04:05+00", "2024-02-29", "s"]))
     m_d.mount(payload, 1, 0.0)
     ch = m_d.mount(payload, 1, 0.0)
-    d = stored_row(ch)
+    d = ch.row
     want = Mounter(PgChangeDecoder({1: schema}.__getitem__, PY)).mount(payload, 1, 0.0).row
     assert not isinstance(d, tuple) and len(d) == 4 and d[0] == 5 and d[-1] == "s" and d[1:3] == want[1:3]
     assert list(d) == list(want) and d == want and want == d and hash(d) == hash(want) and d() is d()
     assert ch.values == dict(zip(schema.column_names, want, strict=True))
-    assert ch.row == want and type(stored_row(ch)) is tuple
+    assert ch.row == want and ch.key_values() == (5,) and d.parsed
     called = TableSchema(TableName("public", "n"), (DEFER_COLS[0], ColumnSchema("v", 2950, "uuid")), ("id",), "d",
                          RELID, 1)
     m_n = Mounter(PgChangeDecoder({1: called}.__getitem__, c), defer=True)
     payload = encode_payload(1, b"I" + struct.pack(">I", RELID) + b"N" +
                              enc_tuple(["5", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"]))
     m_n.mount(payload, 1, 0.0)
-    assert type(stored_row(m_n.mount(payload, 1, 0.0))) is tuple
+    assert type(m_n.mount(payload, 1, 0.0).row) is tuple
