@@ -147,7 +147,11 @@ class RowChange:
     ``row``). Set by the mounter for INSERTs (and UPDATEs without an old tuple, and MySQL UPDATEs whose images are
     whole: those also carry their whole ``old_values``) so that sinks can skip the dict. When ``row`` is set and ``values`` was not given, ``values`` is built from it on
     first access. Assigning ``values`` drops ``row`` (and ``row_text``); change a mounted row by assigning
-    ``values``, never by mutating the dict in place."""
+    ``values``, never by mutating the dict in place. For a sink that writes rows by their text (``sinks.base.TextRows``,
+    whose rows are mounted with ``processor.mounter.Mounter(..., defer=True)``) an insert's ``row`` may instead be a
+    *deferred row*: a sequence of the same values (length, items, slices, iteration, equality and hash are the tuple's)
+    that parses ``row_text`` on its first use, and a callable returning the tuple (:func:`parsed_rows`); no other sink
+    ever sees one. (``row`` stays a plain slot: a property would cost every reader of every sink a Python call.)"""
     row_text: Sequence[str | None] | None = field(default=None, compare=False, repr=False)
     """Optional, only together with ``row``: the upstream's text for each value of ``row`` (PostgreSQL's
     output functions with DateStyle ISO and TimeZone UTC; None for NULL). A sink that stores text may use
@@ -185,11 +189,22 @@ _row_slot: Any = RowChange.__dict__["row"]
 _row_text_slot: Any = RowChange.__dict__["row_text"]
 
 
+def parsed_rows(rows: list[Any]) -> list[tuple[Any, ...]]:
+    """``rows`` (``RowChange.row`` values, None excluded) with every deferred row parsed into its tuple: the list itself
+    when it holds tuples only."""
+    if set(map(type, rows)) <= _TUPLE:
+        return rows
+    return [r if type(r) is tuple else r() for r in rows]
+
+
+_TUPLE = frozenset((tuple,))
+
+
 def _get_values(self: RowChange) -> dict[str, Any] | None:
     values: dict[str, Any] | None = _values_slot.__get__(self, RowChange)
     if values is None:
         row = _row_slot.__get__(self, RowChange)
-        if row is not None:
+        if row is not None:  # (a deferred row iterates as its tuple)
             values = dict(zip(self.schema.column_names, row, strict=True))
             _values_slot.__set__(self, values)
     return values

@@ -110,15 +110,21 @@ class Mounter:
     ``commit_ts``/``commit_time``. Pure apart from the per-version cache; raises :class:`DecodeError` (see the class
     doc). The decoder's :meth:`~upstream.base.ChangeDecoder.plain_mounter` over this class's own function (which
     mounts every payload, plain rows included): the same RowChange either way, plain rows without a Python call
-    where the decoder has compiled code."""
+    where the decoder has compiled code. With ``defer`` (the sink writes rows by their text,
+    ``sinks.base.TextRows``) an insert's ``row`` may be a deferred row, parsed from ``row_text`` on first use
+    (``cdc.events.RowChange.row``): the decoder defers only rows whose every value parses later exactly as now, so
+    the values, and what is refused, are the same."""
 
-    def __init__(self, decoder: ChangeDecoder) -> None:
+    def __init__(self, decoder: ChangeDecoder, defer: bool = False) -> None:
         self._decoder = decoder
         self._parse_change = decoder.parse_change
         self._plain_row = decoder.plain_row
         self._plans: dict[int, _Plan] = {}
         self._plain_plans: dict[int, PlainPlan] = {}  # what decoder.plain_mounter needs of each planned version
-        self.mount = decoder.plain_mounter(self._plain_plans, self._mount)
+        if defer:
+            self.mount = decoder.plain_mounter(self._plain_plans, self._mount, True)
+        else:
+            self.mount = decoder.plain_mounter(self._plain_plans, self._mount)
 
     # ---- planning -----------------------------------------------------------------------------
     def _plan(self, version: int) -> _Plan:

@@ -69,6 +69,7 @@ from sinks.base import (
     BufferedSink,
     RowSource,
     RowSourceUser,
+    TextRows,
     TxnSink,
     WatermarkSink,
     apply_ddl,
@@ -651,7 +652,7 @@ class SpanRunner:
                             return
                     self.source.check_target_ahead(applied)  # can it replay them under the same Ts?
             decoder = self.source.decoder()
-            mount = Mounter(decoder).mount
+            mount = Mounter(decoder, defer=isinstance(sink, TextRows)).mount  # (text rows: typed values when read)
             self._written = self.checkpoint
             self._last_flush = time.monotonic()
             wrote_at = -1.0  # (monotonic) the end of the last pass that wrote transactions

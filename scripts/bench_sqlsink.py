@@ -73,7 +73,7 @@ def mounted_txns(shape: str, rows: int, txn: int, work: Path, keys: list[int] | 
         source = MySqlShapedSource(rows, txn, inserts_only=shape == "mysql-insert")
     resolved: list[Watermark] = []
     source.run(sp, threading.Event(), resolved.append)
-    mount = Mounter(source.decoder()).mount
+    mount = Mounter(source.decoder(), defer=True).mount  # as a span mounts for the SQL sink (sinks.base.TextRows)
     out = [[mount(p, t.commit_ts, t.commit_time) for p in t.payloads] for t in sp.read_txns(0, resolved[-1].ts)]
     sorter.close()
     return out

@@ -214,6 +214,18 @@ class RowSourceUser(ABC):
         """Where to read a full upstream row when a partial UPDATE finds no row downstream (None: nowhere)."""
 
 
+class TextRows(ABC):  # noqa: B024 - a marker role: what it changes is how the caller mounts rows
+    """A sink that writes rows by their upstream text (``RowChange.row_text``: COPY, ``LOAD DATA``) where it can and
+    reads their typed values (``RowChange.row``) only on its other paths.
+
+    Guarantees: the sink takes an insert's ``RowChange.row`` as a tuple or as a deferred row (a sequence of the same
+    values that parses ``row_text`` on first use; ``cdc.events.parsed_rows`` gives the tuples) and never hands a
+    deferred row on. The caller mounts its rows with ``processor.mounter.Mounter(decoder, defer=True)`` (the decoder
+    defers only rows whose values parse later exactly as now). Without this role, every ``row`` is a tuple. No
+    methods.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class TableShape:
     """A target table as its catalog shows it: ``name`` (as ``TxnSink.target_name`` gives it), its column names in

@@ -262,7 +262,7 @@ class ChangeDecoder(ABC):
         members."""
         return plain_insert(self.insert_values, payload, offset, parse_row, ncols)
 
-    def plain_mounter(self, plans: dict[int, PlainPlan], general: Mount) -> Mount:
+    def plain_mounter(self, plans: dict[int, PlainPlan], general: Mount, defer: bool = False) -> Mount:
         """The mounter's per-row function with its plain rows (those of :meth:`plain_row`) mounted by this decoder.
 
         ``plans`` maps a schema version to ``(schema, relation id or 0 for any, parse_row, ncols)`` (the mounter
@@ -270,7 +270,10 @@ class ChangeDecoder(ABC):
         mounter's own function. The result is called as ``mount(payload, commit_ts, commit_time)`` and returns what
         ``general`` returns for every payload: a plain row of a version in ``plans`` becomes the RowChange the
         mounter builds for it (INSERT or UPDATE, ``row`` and ``row_text`` set, ``values`` built lazily, an empty
-        ``extra``); everything else is ``general``'s. Default: ``general`` itself."""
+        ``extra``); everything else is ``general``'s. ``defer``: the caller's sink writes rows by their text, so an
+        insert's ``row`` may be a deferred row (``cdc.events.RowChange.row``: parsed from ``row_text`` on first use),
+        where the decoder knows that parsing later gives exactly what parsing now gives and cannot fail (a decoder may
+        ignore it). Default: ``general`` itself."""
         return general
 
     @abstractmethod

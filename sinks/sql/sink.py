@@ -96,6 +96,7 @@ from sinks.base import (
     RowSourceUser,
     TableShape,
     TableShapes,
+    TextRows,
     waits_for_barrier,
 )
 from sinks.copy_roles import (
@@ -127,8 +128,8 @@ from sinks.sql.target.table_record import forget_tables
 
 log = logging.getLogger(__name__)
 
-class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser, BarrierSink, BulkLoad, TextCopy,
-              DeferredKeyCopy, CopyTargets, ExistingRows, RowCounts, TableShapes, TablesHad):
+class SQLSink(AtomicTxnSink, PositionStore, DdlSink, DdlSettings, RowSourceUser, TextRows, BarrierSink, BulkLoad,
+              TextCopy, DeferredKeyCopy, CopyTargets, ExistingRows, RowCounts, TableShapes, TablesHad):
     """Writes row changes to ``mysql://``, ``mariadb://``, ``postgresql://`` or ``sqlite:///`` targets.
 
     Target names: MySQL and SQLite put upstream ``schema.table`` into ``table`` of the URI's database

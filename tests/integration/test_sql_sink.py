@@ -951,3 +951,19 @@ def test_postgres_without_temp_privilege_upserts_through_insert_not_copy(postgre
         s.close()
     got = postgres.rows("users", order="id")
     assert got == [(i, f"m{i}", -i) for i in range(100)]
+
+
+def test_postgres_copy_text_reaches_a_connection_of_another_client_encoding_as_text(
+        postgres: Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The COPY data is rendered as UTF-8 bytes and sent as they are on a UTF-8 connection; on a connection of another
+    client encoding (here LATIN1, libpq's ``PGCLIENTENCODING``) it goes as text that psycopg2 encodes, so the values
+    stored are the same characters (sent as UTF-8 bytes, the server would read each as two LATIN1 ones)."""
+    monkeypatch.setenv("PGCLIENTENCODING", "LATIN1")
+    sink = postgres.sink(batch_rows=50)
+    try:
+        sink.write([_fresh(USERS, i, f"é{i}") for i in range(100)])  # two direct COPYs
+        sink.write([_fresh(USERS, i, f"ü{i}") for i in range(50, 150)])  # a key exists: the staging COPY
+    finally:
+        sink.close()
+    got = postgres.execute("SELECT id, name FROM public.users ORDER BY id")
+    assert got == [(i, f"é{i}") for i in range(50)] + [(i, f"ü{i}") for i in range(50, 150)]

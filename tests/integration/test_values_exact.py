@@ -33,7 +33,7 @@ pytestmark = pytest.mark.integration
 class Upstream:
     """A database with a FOR ALL TABLES publication and a slot, decoded by our own pgoutput path."""
 
-    def __init__(self, pg_server: Any, db: str) -> None:
+    def __init__(self, pg_server: Any, db: str, defer: bool = False) -> None:
         self.server, self.db = pg_server, db
         self.conn = psycopg2.connect(pg_server.dsn(db))
         self.conn.autocommit = True
@@ -42,7 +42,7 @@ class Upstream:
         self.sql("SELECT pg_create_logical_replication_slot(%s, 'pgoutput')", (self.slot,))
         self.schemas: dict[int, TableSchema] = {}
         self.versions: dict[int, int] = {}
-        self.mounter = Mounter(PgChangeDecoder(self.schemas.__getitem__))
+        self.mounter = Mounter(PgChangeDecoder(self.schemas.__getitem__), defer=defer)
         self.repl: Any = None
 
     def sql(self, statement: str, params: Any = None) -> list[tuple[Any, ...]]:
@@ -84,9 +84,11 @@ class Upstream:
         self.conn.close()
 
 
-@pytest.fixture
-def upstream(pg_server: Any, pg_database: str) -> Iterator[Upstream]:
-    u = Upstream(pg_server, pg_database)
+@pytest.fixture(params=["parsed", "deferred"])
+def upstream(request: pytest.FixtureRequest, pg_server: Any, pg_database: str) -> Iterator[Upstream]:
+    """``deferred``: mounted as a span mounts for the SQL sink (``sinks.base.TextRows``: an insert's typed values
+    parsed only when read); ``parsed``: every value parsed at once (the other sinks' mount)."""
+    u = Upstream(pg_server, pg_database, defer=request.param == "deferred")
     yield u
     u.close()
 

@@ -791,6 +791,7 @@ typedef struct {
     PyObject *plans;    /* dict: schema version -> (schema, relation id or 0, parse_row, ncols) (the mounter's) */
     PyObject *names;    /* dict: schema version -> its column names (filled here on first use) */
     PyObject *general;  /* the Python mounter: everything else */
+    PyObject *defer;    /* None, or defer_row(parse_row, texts) of the PostgreSQL codec: an insert's row deferred */
     vectorcallfunc vectorcall;
 } MySqlMounter;
 
@@ -859,9 +860,17 @@ static PyObject *mount_whole(MySqlMounter *mm, PyObject *payload, PyObject *comm
     if ((want != 0 && want != relid) || an || ao) goto done; /* another relation's, or a partial image */
     if (new_ != NULL && (PyList_GET_SIZE(new_) != ncols || !all_text(new_))) goto done;
     if (old != NULL && (PyList_GET_SIZE(old) != ncols || !all_text(old))) goto done;
-    if (new_ != NULL && (row = parse_with(parse_row, new_)) == NULL) goto done;
+    int deferred = 0;
+    if (kind == 'I' && new_ != NULL && mm->defer != Py_None) { /* parsed later exactly as now, or None: parse now */
+        PyObject *args[2] = {parse_row, new_};
+        row = PyObject_Vectorcall(mm->defer, args, 2, NULL);
+        if (row == NULL) goto done;
+        if (row == Py_None) Py_CLEAR(row);
+        else deferred = 1;
+    }
+    if (new_ != NULL && row == NULL && (row = parse_with(parse_row, new_)) == NULL) goto done;
     if (old != NULL && (orow = parse_with(parse_row, old)) == NULL) goto done;
-    if ((row != NULL && (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != ncols)) ||
+    if ((row != NULL && !deferred && (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != ncols)) ||
         (orow != NULL && (!PyTuple_CheckExact(orow) || PyTuple_GET_SIZE(orow) != ncols)))
         goto done;
     if (kind != 'I') { /* an update or delete: the old row by name (the new row stays positional, as an insert's) */
@@ -909,10 +918,15 @@ static PyObject *MySqlMounter_vectorcall(PyObject *self, PyObject *const *args, 
 }
 
 static PyObject *MySqlMounter_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    PyObject *plans, *general;
-    static char *kwlist[] = {"plans", "general", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O:MySqlMounter", kwlist, &PyDict_Type, &plans, &general))
+    PyObject *plans, *general, *defer = Py_None;
+    static char *kwlist[] = {"plans", "general", "defer", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O|O:MySqlMounter", kwlist, &PyDict_Type, &plans, &general,
+                                     &defer))
         return NULL;
+    if (defer != Py_None && !PyCallable_Check(defer)) {
+        PyErr_SetString(PyExc_TypeError, "MySqlMounter: defer must be None or callable");
+        return NULL;
+    }
     if (!PyCallable_Check(general)) {
         PyErr_SetString(PyExc_TypeError, "MySqlMounter: general must be callable");
         return NULL;
@@ -927,6 +941,7 @@ static PyObject *MySqlMounter_new(PyTypeObject *type, PyObject *args, PyObject *
     self->plans = Py_NewRef(plans);
     self->names = names;
     self->general = Py_NewRef(general);
+    self->defer = Py_NewRef(defer);
     self->vectorcall = MySqlMounter_vectorcall;
     return (PyObject *)self;
 }
@@ -935,6 +950,7 @@ static int MySqlMounter_traverse(MySqlMounter *self, visitproc visit, void *arg)
     Py_VISIT(self->plans);
     Py_VISIT(self->names);
     Py_VISIT(self->general);
+    Py_VISIT(self->defer);
     return 0;
 }
 
@@ -942,6 +958,7 @@ static int MySqlMounter_clear(MySqlMounter *self) {
     Py_CLEAR(self->plans);
     Py_CLEAR(self->names);
     Py_CLEAR(self->general);
+    Py_CLEAR(self->defer);
     return 0;
 }
 
@@ -956,7 +973,8 @@ static PyTypeObject MySqlMounterType = {
     .tp_name = "_rowcodec.MySqlMounter",
     .tp_basicsize = sizeof(MySqlMounter),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "MySqlMounter(plans, general): mount(payload, commit_ts, commit_time) with whole-image changes built in C",
+    .tp_doc = "MySqlMounter(plans, general, defer=None): mount(payload, commit_ts, commit_time) with whole-image changes "
+               "built in C (defer: an insert's row deferred where defer(parse_row, texts) gives one)",
     .tp_new = MySqlMounter_new,
     .tp_dealloc = (destructor)MySqlMounter_dealloc,
     .tp_traverse = (traverseproc)MySqlMounter_traverse,

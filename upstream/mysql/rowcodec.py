@@ -66,14 +66,14 @@ class Decoding:
     plain_row: Callable[[bytes, int, Callable[[Sequence[Any]], tuple[Any, ...]], int],
                         tuple[str, int, tuple[Any, ...], list[Any]] | None]
     row_parser: Callable[[Sequence[text_types.Parser]], Callable[[Sequence[Any]], tuple[Any, ...]]]
-    plain_mounter: Callable[[dict[int, PlainPlan], Mount], Mount]
+    plain_mounter: Callable[[dict[int, PlainPlan], Mount, bool], Mount]
 
 
 _version = struct.Struct(">I").unpack_from  # upstream.base.encode_payload's schema version
 _TEXT = frozenset((str, type(None)))
 
 
-def whole_mounter(plans: dict[int, PlainPlan], general: Mount) -> Mount:
+def whole_mounter(plans: dict[int, PlainPlan], general: Mount, defer: bool = False) -> Mount:
     """The pure-Python :meth:`~upstream.base.ChangeDecoder.plain_mounter` of stored MySQL changes, the reference of
     ``rowcodec.c``'s ``MySqlMounter``: an update whose images are whole and whose values all parse keeps its new row
     positional, as an insert does (``row``, with the stored text as ``row_text``; ``values`` built on first access),
@@ -118,12 +118,18 @@ def _adapt(mod: ModuleType) -> ModuleType:
     if [getattr(mod, n) for n in names] != list(range(11)):
         raise ImportError("rowcodec.c's column codes differ from rowcodec.py's")
     mod.configure(UNCHANGED, payload.insert_values, payload.parse, payload.plain_row, ParsedChange)
-    mounter = mod.MySqlMounter
+    text = text_codec.native() or text_codec.PYTHON
+    c_mounter = mod.MySqlMounter
+
+    def mounter(plans: dict[int, PlainPlan], general: Mount, defer: bool = False) -> Mount:
+        """``MySqlMounter``; with ``defer``, an insert's row deferred where the text codec's ``defer_row`` gives one
+        (upstream.base.ChangeDecoder.plain_mounter)."""
+        return c_mounter(plans, general, text.defer_row if defer else None)  # type: ignore[no-any-return]
+
     if not mod.configure_rows(RowChange, OpType.INSERT, OpType.UPDATE, OpType.DELETE):  # pragma: no cover
         log.warning("the MySQL C row codec does not know RowChange's slots: rows are mounted in Python")
         mounter = whole_mounter
-    mod.decoding = Decoding("c", mod.insert_values, mod.parse_change, mod.plain_row,
-                            (text_codec.native() or text_codec.PYTHON).row_parser, mounter)
+    mod.decoding = Decoding("c", mod.insert_values, mod.parse_change, mod.plain_row, text.row_parser, mounter)
     return mod
 
 

@@ -25,7 +25,7 @@ static PyObject *S_I = NULL, *S_U = NULL, *S_D = NULL, *S_K = NULL, *S_O = NULL;
 
 /* value codes (rowcodec.py maps each Python parser to one; CALL: call the parser) */
 enum { C_TEXT = 0, C_CALL = 1, C_INT = 2, C_FLOAT = 3, C_BOOL = 4, C_DATE = 5, C_TIME = 6, C_TIMESTAMP = 7,
-       C_TIMESTAMPTZ = 8, C_MAX = 8 };
+       C_TIMESTAMPTZ = 8, C_NUMERIC = 9, C_MAX = 9 }; /* C_NUMERIC: called like C_CALL (Decimal); known to defer */
 
 static int configured(void) {
     if (UNCHANGED == NULL) {
@@ -221,7 +221,7 @@ static PyObject *parse_values(RowParser *rp, PyObject *seq) {
             r = Py_NewRef(Py_None);
         } else {
             r = NULL;
-            if (code != C_CALL && PyUnicode_CheckExact(s)) {
+            if (code != C_CALL && code != C_NUMERIC && PyUnicode_CheckExact(s)) {
                 r = fast_value(code, s);
                 if (r == NULL && PyErr_Occurred()) {
                     Py_DECREF(out);
@@ -338,6 +338,222 @@ static PyTypeObject RowParserType = {
 };
 
 /* ---- message functions -------------------------------------------------------------------------------------- */
+/* ---- deferred rows ------------------------------------------------------------------------------------------- */
+/* 1 when fast_value(code, s) is certain to return a value (s a str): the form it recognises with every field in the
+ * range Python's constructors accept. Then parsing the value later gives exactly what parsing it now gives, and
+ * nothing can be refused later that is accepted now. 0: parse now (a float, a parser C calls, an odd form). */
+static int in_days(int y, int m, int d) {
+    static const int dim[12] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+    if (y < 1 || y > 9999 || m < 1 || m > 12 || d < 1) return 0;
+    int leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    return d <= dim[m - 1] + (m == 2 && leap);
+}
+
+static int in_hms(const char *s, Py_ssize_t n) {
+    int h, mi, sec, us;
+    return parse_hms(s, n, &h, &mi, &sec, &us) && h < 24 && mi < 60 && sec < 60;
+}
+
+/* p[i:n] is one or more ASCII digits from i: the index after them (n when they end the text), or -1 */
+static Py_ssize_t digit_run(const char *p, Py_ssize_t i, Py_ssize_t n) {
+    Py_ssize_t start = i;
+    while (i < n && p[i] >= '0' && p[i] <= '9') i++;
+    return i == start ? -1 : i;
+}
+
+/* "-?D+(.D+)?" then, with ``exponent``, "(e[+-]D+)?", exactly */
+static int decimal_form(const char *p, Py_ssize_t n, int exponent) {
+    Py_ssize_t i = (n > 0 && p[0] == '-') ? 1 : 0;
+    if ((i = digit_run(p, i, n)) < 0) return 0;
+    if (i < n && p[i] == '.' && (i = digit_run(p, i + 1, n)) < 0) return 0;
+    if (exponent && i < n && p[i] == 'e') {
+        if (i + 1 >= n || (p[i + 1] != '+' && p[i + 1] != '-')) return 0;
+        if ((i = digit_run(p, i + 2, n)) < 0) return 0;
+    }
+    return i == n;
+}
+
+static int deferrable(int code, PyObject *s) {
+    if (code == C_TEXT || s == Py_None) return 1;
+    if (!PyUnicode_CheckExact(s) || PyUnicode_READY(s) < 0 || !PyUnicode_IS_ASCII(s)) return 0;
+    const char *p = (const char *)PyUnicode_DATA(s);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(s);
+    int y, m, d;
+    switch (code) {
+    case C_INT: {
+        Py_ssize_t i = (n > 0 && p[0] == '-') ? 1 : 0;
+        if (n - i < 1 || n - i > 18) return 0;
+        for (; i < n; i++)
+            if (p[i] < '0' || p[i] > '9') return 0;
+        return 1;
+    }
+    case C_BOOL:
+        return n == 1 && (p[0] == 't' || p[0] == 'f');
+    case C_NUMERIC: /* Decimal() of it cannot fail (NaN and the infinities: parsed now) */
+        return decimal_form(p, n, 0);
+    case C_FLOAT: /* float() of these cannot fail */
+        return decimal_form(p, n, 1) || (n == 3 && memcmp(p, "NaN", 3) == 0) ||
+               (n == 8 && memcmp(p, "Infinity", 8) == 0) || (n == 9 && memcmp(p, "-Infinity", 9) == 0);
+    case C_DATE:
+        return n == 10 && parse_ymd(p, &y, &m, &d) && in_days(y, m, d);
+    case C_TIME:
+        return in_hms(p, n);
+    case C_TIMESTAMP:
+    case C_TIMESTAMPTZ: {
+        Py_ssize_t t = n;
+        if (code == C_TIMESTAMPTZ) {
+            if (n < 3 || p[n - 3] != '+' || p[n - 2] != '0' || p[n - 1] != '0') return 0;
+            t = n - 3;
+        }
+        return t >= 19 && p[10] == ' ' && parse_ymd(p, &y, &m, &d) && in_days(y, m, d) && in_hms(p + 11, t - 11);
+    }
+    default:
+        return 0;
+    }
+}
+
+/* DeferredRow: a row whose text values are all deferrable, parsed on the first call (the tuple is kept). It stands in
+ * RowChange.row until someone reads the row (cdc.events makes ``row`` materialise it); a sequence too (length, items,
+ * iteration, comparison and hash of the tuple), so that a sink keeping it among its rows reads the same values. */
+typedef struct {
+    PyObject_HEAD
+    RowParser *parser;
+    PyObject *texts; /* list of str/None, RowChange.row_text */
+    PyObject *row;   /* NULL until parsed */
+} DeferredRow;
+
+static PyTypeObject DeferredRowType;
+
+static PyObject *deferred_tuple(DeferredRow *dr) {
+    if (dr->row == NULL) {
+        PyObject *row = parse_values(dr->parser, dr->texts);
+        if (row == NULL) return NULL;
+        if (dr->row == NULL) /* (a parser that runs Python code may let another thread parse it meanwhile) */
+            dr->row = row;
+        else
+            Py_DECREF(row);
+    }
+    return dr->row;
+}
+
+static PyObject *DeferredRow_call(PyObject *self, PyObject *args, PyObject *kwds) {
+    if ((args != NULL && PyTuple_GET_SIZE(args) != 0) || (kwds != NULL && PyDict_GET_SIZE(kwds) != 0)) {
+        PyErr_SetString(PyExc_TypeError, "DeferredRow() takes no arguments");
+        return NULL;
+    }
+    return Py_XNewRef(deferred_tuple((DeferredRow *)self));
+}
+
+static Py_ssize_t DeferredRow_len(PyObject *self) { return ((DeferredRow *)self)->parser->n; }
+
+static PyObject *DeferredRow_item(PyObject *self, Py_ssize_t i) {
+    PyObject *t = deferred_tuple((DeferredRow *)self);
+    return t == NULL ? NULL : PySequence_GetItem(t, i);
+}
+
+static PyObject *DeferredRow_subscript(PyObject *self, PyObject *key) {
+    PyObject *t = deferred_tuple((DeferredRow *)self);
+    return t == NULL ? NULL : PyObject_GetItem(t, key);
+}
+
+static PyObject *DeferredRow_iter(PyObject *self) {
+    PyObject *t = deferred_tuple((DeferredRow *)self);
+    return t == NULL ? NULL : PyObject_GetIter(t);
+}
+
+static PyObject *DeferredRow_richcompare(PyObject *self, PyObject *other, int op) {
+    PyObject *t = deferred_tuple((DeferredRow *)self);
+    if (t == NULL) return NULL;
+    if (Py_TYPE(other) == &DeferredRowType) {
+        other = deferred_tuple((DeferredRow *)other);
+        if (other == NULL) return NULL;
+    }
+    return PyObject_RichCompare(t, other, op);
+}
+
+static Py_hash_t DeferredRow_hash(PyObject *self) {
+    PyObject *t = deferred_tuple((DeferredRow *)self);
+    return t == NULL ? -1 : PyObject_Hash(t);
+}
+
+static PyObject *DeferredRow_repr(PyObject *self) {
+    PyObject *t = deferred_tuple((DeferredRow *)self);
+    return t == NULL ? NULL : PyObject_Repr(t);
+}
+
+static PyObject *DeferredRow_get_parsed(PyObject *self, void *closure) {
+    return PyBool_FromLong(((DeferredRow *)self)->row != NULL);
+}
+
+static PyGetSetDef DeferredRow_getset[] = {
+    {"parsed", DeferredRow_get_parsed, NULL, "whether the row was parsed (called, read, compared)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+/* no GC: it holds a RowParser, a list of str/None and a tuple of values, none of which can refer back to it */
+static void DeferredRow_dealloc(DeferredRow *self) {
+    Py_XDECREF(self->parser);
+    Py_XDECREF(self->texts);
+    Py_XDECREF(self->row);
+    PyObject_Free(self);
+}
+
+static PySequenceMethods DeferredRow_as_sequence = {
+    .sq_length = DeferredRow_len,
+    .sq_item = DeferredRow_item,
+};
+
+static PyMappingMethods DeferredRow_as_mapping = {
+    .mp_length = DeferredRow_len,
+    .mp_subscript = DeferredRow_subscript,
+};
+
+static PyTypeObject DeferredRowType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "rowcodec.DeferredRow",
+    .tp_basicsize = sizeof(DeferredRow),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "a row parsed on the first call (the tuple); a sequence of its values",
+    .tp_call = DeferredRow_call,
+    .tp_as_sequence = &DeferredRow_as_sequence,
+    .tp_as_mapping = &DeferredRow_as_mapping,
+    .tp_iter = DeferredRow_iter,
+    .tp_richcompare = DeferredRow_richcompare,
+    .tp_hash = DeferredRow_hash,
+    .tp_repr = DeferredRow_repr,
+    .tp_getset = DeferredRow_getset,
+    .tp_dealloc = (destructor)DeferredRow_dealloc,
+};
+
+/* a DeferredRow of ``vals`` (str/None, one per parser) when every value is deferrable; NULL with no exception set
+ * when one is not (parse now); NULL with an exception set on failure */
+static PyObject *deferred_row(RowParser *rp, PyObject *vals) {
+    for (Py_ssize_t i = 0; i < rp->n; i++)
+        if (!deferrable(rp->codes[i], PyList_GET_ITEM(vals, i))) return NULL;
+    DeferredRow *dr = PyObject_New(DeferredRow, &DeferredRowType);
+    if (dr == NULL) return NULL;
+    dr->parser = (RowParser *)Py_NewRef((PyObject *)rp);
+    dr->texts = Py_NewRef(vals);
+    dr->row = NULL;
+    return (PyObject *)dr;
+}
+
+/* defer_row(row_parser, texts): a DeferredRow of ``texts`` (a list of str/None, one per parser) when every value is
+ * deferrable, else None (parse now); for other upstreams' mounters whose stored text these parsers read */
+static PyObject *rc_defer_row(PyObject *mod, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || Py_TYPE(args[0]) != &RowParserType || !PyList_CheckExact(args[1]) ||
+        PyList_GET_SIZE(args[1]) != ((RowParser *)args[0])->n)
+        Py_RETURN_NONE;
+    PyObject *vals = args[1];
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(vals); i++) {
+        PyObject *v = PyList_GET_ITEM(vals, i);
+        if (v != Py_None && !PyUnicode_CheckExact(v)) Py_RETURN_NONE;
+    }
+    PyObject *r = deferred_row((RowParser *)args[0], vals);
+    if (r == NULL && !PyErr_Occurred()) Py_RETURN_NONE;
+    return r;
+}
+
 static PyObject *call_fallback(PyObject *fn, PyObject *const *args, Py_ssize_t nargs) {
     return PyObject_Vectorcall(fn, args, (size_t)nargs, NULL);
 }
@@ -404,8 +620,8 @@ static PyObject *rc_insert_values(PyObject *mod, PyObject *const *args, Py_ssize
  * 0 for a message that is well-formed but not plain (another kind, an old tuple, a value that is not text or NULL, a
  * value the parser refuses: the Python function answers None for these); -1 for anything C does not handle (the
  * caller asks Python); -2 with an exception set (out of memory, an interrupt). */
-static int plain_core(const unsigned char *b, Py_ssize_t len, Py_ssize_t off, RowParser *rp, unsigned char *kind,
-                      uint32_t *relid, PyObject **row, PyObject **values) {
+static int plain_core(const unsigned char *b, Py_ssize_t len, Py_ssize_t off, RowParser *rp, int defer,
+                      unsigned char *kind, uint32_t *relid, PyObject **row, PyObject **values) {
     if (len - off < 6) return -1;
     unsigned char t = b[off];
     if ((t != 'I' && t != 'U') || b[off + 5] != 'N') return 0;
@@ -423,7 +639,15 @@ static int plain_core(const unsigned char *b, Py_ssize_t len, Py_ssize_t off, Ro
             return 0;
         }
     }
-    PyObject *r = parse_values(rp, vals);
+    PyObject *r = NULL;
+    if (defer && t == 'I') { /* an insert whose values parse later exactly as now: parsed when read */
+        r = deferred_row(rp, vals);
+        if (r == NULL && PyErr_Occurred()) {
+            Py_DECREF(vals);
+            return -2;
+        }
+    }
+    if (r == NULL) r = parse_values(rp, vals);
     if (r == NULL) {
         Py_DECREF(vals);
         if (!PyErr_ExceptionMatches(PyExc_Exception)) return -2;
@@ -456,7 +680,8 @@ static PyObject *rc_plain_row(PyObject *mod, PyObject *const *args, Py_ssize_t n
     unsigned char kind;
     uint32_t relid;
     PyObject *row, *values;
-    int rc = plain_core((const unsigned char *)PyBytes_AS_STRING(args[0]), len, off, rp, &kind, &relid, &row, &values);
+    int rc = plain_core((const unsigned char *)PyBytes_AS_STRING(args[0]), len, off, rp, 0, &kind, &relid, &row,
+                        &values);
     if (rc == -2) return NULL;
     if (rc == -1) return call_fallback(py_plain_row, args, nargs);
     if (rc == 0) Py_RETURN_NONE;
@@ -505,6 +730,7 @@ typedef struct {
     PyObject_HEAD
     PyObject *plans;    /* dict: schema version -> (schema, relation id or 0, RowParser, ncols) */
     PyObject *general;  /* the Python mounter: called for everything else */
+    int defer;          /* an insert's values may be a DeferredRow (PlainMounter(..., defer=True)) */
     vectorcallfunc vectorcall;
 } PlainMounter;
 
@@ -538,7 +764,7 @@ static PyObject *mount_plain(PlainMounter *pm, PyObject *payload, PyObject *comm
     unsigned char kind;
     uint32_t relid;
     PyObject *row, *values;
-    int rc = plain_core(b, len, 4, rp, &kind, &relid, &row, &values);
+    int rc = plain_core(b, len, 4, rp, pm->defer, &kind, &relid, &row, &values);
     if (rc != 1) goto done; /* -2 leaves its exception set */
     if (want != 0 && want != relid) { /* another relation's change: the general path reports it */
         Py_DECREF(row);
@@ -579,8 +805,9 @@ static PyObject *PlainMounter_vectorcall(PyObject *self, PyObject *const *args, 
 
 static PyObject *PlainMounter_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
     PyObject *plans, *general;
-    static char *kwlist[] = {"plans", "general", NULL};
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O:PlainMounter", kwlist, &PyDict_Type, &plans, &general))
+    int defer = 0;
+    static char *kwlist[] = {"plans", "general", "defer", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O|p:PlainMounter", kwlist, &PyDict_Type, &plans, &general, &defer))
         return NULL;
     if (!PyCallable_Check(general)) {
         PyErr_SetString(PyExc_TypeError, "PlainMounter: general must be callable");
@@ -590,6 +817,7 @@ static PyObject *PlainMounter_new(PyTypeObject *type, PyObject *args, PyObject *
     if (self == NULL) return NULL;
     self->plans = Py_NewRef(plans);
     self->general = Py_NewRef(general);
+    self->defer = defer;
     self->vectorcall = PlainMounter_vectorcall;
     return (PyObject *)self;
 }
@@ -617,7 +845,8 @@ static PyTypeObject PlainMounterType = {
     .tp_name = "rowcodec.PlainMounter",
     .tp_basicsize = sizeof(PlainMounter),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "PlainMounter(plans, general): mount(payload, commit_ts, commit_time) with plain rows built in C",
+    .tp_doc = "PlainMounter(plans, general, defer=False): mount(payload, commit_ts, commit_time) with plain rows built "
+               "in C (with defer, an insert's row may be a DeferredRow)",
     .tp_new = PlainMounter_new,
     .tp_dealloc = (destructor)PlainMounter_dealloc,
     .tp_traverse = (traverseproc)PlainMounter_traverse,
@@ -723,6 +952,8 @@ static PyMethodDef methods[] = {
     {"insert_values", (PyCFunction)(void (*)(void))rc_insert_values, METH_FASTCALL, "pgoutput.insert_values"},
     {"parse_change", (PyCFunction)(void (*)(void))rc_parse_change, METH_FASTCALL, "pgoutput.parse_change"},
     {"plain_row", (PyCFunction)(void (*)(void))rc_plain_row, METH_FASTCALL, "pgoutput.plain_row"},
+    {"defer_row", (PyCFunction)(void (*)(void))rc_defer_row, METH_FASTCALL,
+     "a DeferredRow of a row's text values, or None (parse now)"},
     {"configure_rows", (PyCFunction)(void (*)(void))rc_configure_rows, METH_FASTCALL,
      "hand over RowChange and the two OpTypes of PlainMounter"},
     {NULL, NULL, 0, NULL},
@@ -736,7 +967,8 @@ static struct PyModuleDef moduledef = {
 PyMODINIT_FUNC PyInit__rowcodec(void) {
     PyDateTime_IMPORT;
     if (PyDateTimeAPI == NULL) return NULL;
-    if (PyType_Ready(&RowParserType) < 0 || PyType_Ready(&PlainMounterType) < 0) return NULL;
+    if (PyType_Ready(&RowParserType) < 0 || PyType_Ready(&PlainMounterType) < 0 || PyType_Ready(&DeferredRowType) < 0)
+        return NULL;
     S_I = PyUnicode_InternFromString("I");
     S_U = PyUnicode_InternFromString("U");
     S_D = PyUnicode_InternFromString("D");
@@ -751,6 +983,12 @@ PyMODINIT_FUNC PyInit__rowcodec(void) {
         Py_DECREF(m);
         return NULL;
     }
+    Py_INCREF(&DeferredRowType);
+    if (PyModule_AddObject(m, "DeferredRow", (PyObject *)&DeferredRowType) < 0) {
+        Py_DECREF(&DeferredRowType);
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&PlainMounterType);
     if (PyModule_AddObject(m, "PlainMounter", (PyObject *)&PlainMounterType) < 0) {
         Py_DECREF(&PlainMounterType);
@@ -761,7 +999,8 @@ PyMODINIT_FUNC PyInit__rowcodec(void) {
         PyModule_AddIntConstant(m, "INT", C_INT) < 0 || PyModule_AddIntConstant(m, "FLOAT", C_FLOAT) < 0 ||
         PyModule_AddIntConstant(m, "BOOL", C_BOOL) < 0 || PyModule_AddIntConstant(m, "DATE", C_DATE) < 0 ||
         PyModule_AddIntConstant(m, "TIME", C_TIME) < 0 || PyModule_AddIntConstant(m, "TIMESTAMP", C_TIMESTAMP) < 0 ||
-        PyModule_AddIntConstant(m, "TIMESTAMPTZ", C_TIMESTAMPTZ) < 0) {
+        PyModule_AddIntConstant(m, "TIMESTAMPTZ", C_TIMESTAMPTZ) < 0 ||
+        PyModule_AddIntConstant(m, "NUMERIC", C_NUMERIC) < 0) {
         Py_DECREF(m);
         return NULL;
     }

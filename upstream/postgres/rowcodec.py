@@ -17,6 +17,16 @@ message, an odd value, a parser it does not know) goes to the Python function it
 raises the precise error. ``tests/unit/upstream/test_rowcodec_equivalence.py`` compares both on generated rows of
 every column type, and the decoder and mounter tests run over both.
 
+Deferred rows (``plain_mounter(plans, general, defer=True)``, for a sink that writes rows by their text,
+``sinks.base.TextRows``): the C mounter stores an insert's ``row`` as a ``DeferredRow`` (parsed from ``row_text`` when
+first called, the tuple kept; a sequence of the same values too) where every value of the row is one C parses later
+exactly as now and cannot refuse: NULL, a text column's value, or the canonical text of an integer (at most 18
+digits), numeric (digits with an optional sign and fraction), float (the same with an optional exponent, ``NaN``,
+``Infinity``, ``-Infinity``), boolean, date, time or timestamp (with ``+00``) with every field in the range Python's
+constructors accept.
+Any other row is parsed at once, as without ``defer``; the Python codec never defers (:func:`never_defer`).
+``defer_row`` lets the MySQL upstream's C mounter defer its inserts by the same rule.
+
 The C file is compiled with the system's C compiler and this interpreter's headers on first use (``make deps``
 builds it ahead; :mod:`cdc.cbuild`). Without a compiler, the headers or a writable directory,
 :func:`native` is None (said once in the log) and :func:`best` is :data:`PYTHON`: the same values, more CPU.
@@ -53,17 +63,26 @@ class RowCodec:
     plain_row: Callable[[bytes, int, Callable[[Sequence[Any]], tuple[Any, ...]], int],
                         tuple[str, int, tuple[Any, ...], list[Any]] | None]
     row_parser: Callable[[Sequence[types.Parser]], Callable[[Sequence[Any]], tuple[Any, ...]]]
-    plain_mounter: Callable[[dict[int, PlainPlan], Mount], Mount]
+    plain_mounter: Callable[[dict[int, PlainPlan], Mount, bool], Mount]
+    defer_row: Callable[[Callable[[Sequence[Any]], tuple[Any, ...]], list[Any]], Any]
+    """``defer_row(row_parser, texts)``: ``texts`` (a list of str/None) as a deferred row (``cdc.events.RowChange.row``)
+    when parsing them later with ``row_parser`` (one of :attr:`row_parser`'s) gives exactly what parsing them now
+    gives and cannot fail, else None (parse now)."""
 
 
-def general_mounter(plans: dict[int, PlainPlan], general: Mount) -> Mount:
+def general_mounter(plans: dict[int, PlainPlan], general: Mount, defer: bool = False) -> Mount:
     """The pure-Python :meth:`ChangeDecoder.plain_mounter <upstream.base.ChangeDecoder.plain_mounter>`: the
-    mounter's own function, unchanged."""
+    mounter's own function, unchanged (it never defers a row: the reference parses every value at once)."""
     return general
 
 
+def never_defer(row_parser: Callable[[Sequence[Any]], tuple[Any, ...]], texts: list[Any]) -> None:
+    """The pure-Python :attr:`RowCodec.defer_row`: the reference parses every row at once."""
+    return None
+
+
 PYTHON = RowCodec("python", pgoutput.plain_change_relid, pgoutput.insert_values, pgoutput.parse_change,
-                  pgoutput.plain_row, types.row_parser, general_mounter)
+                  pgoutput.plain_row, types.row_parser, general_mounter, never_defer)
 
 
 def _codec(mod: ModuleType) -> RowCodec:
@@ -72,7 +91,7 @@ def _codec(mod: ModuleType) -> RowCodec:
     codes = {types.parser_for("text", False): mod.TEXT, int: mod.INT, float: mod.FLOAT,
              types.parser_for("bool", False): mod.BOOL, types.parser_for("date", False): mod.DATE,
              types.parser_for("time", False): mod.TIME, types.parser_for("timestamp", False): mod.TIMESTAMP,
-             types.parser_for("timestamptz", False): mod.TIMESTAMPTZ}
+             types.parser_for("timestamptz", False): mod.TIMESTAMPTZ, types.parser_for("numeric", False): mod.NUMERIC}
     call = mod.CALL
     row_parser_cls = mod.RowParser
     py_row_parser = types.row_parser
@@ -87,7 +106,7 @@ def _codec(mod: ModuleType) -> RowCodec:
         log.warning("the C row codec does not know RowChange's slots: rows are mounted in Python")
         plain_mounter = general_mounter
     return RowCodec("c", mod.plain_change_relid, mod.insert_values, mod.parse_change, mod.plain_row, row_parser,
-                    plain_mounter)
+                    plain_mounter, mod.defer_row)
 
 
 _EXT = cbuild.Extension(Path(__file__).with_name("rowcodec.c"), "upstream.postgres._rowcodec", _codec,

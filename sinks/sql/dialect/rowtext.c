@@ -147,9 +147,15 @@ static PyObject *rt_copy_text(PyObject *self, PyObject *texts) {
     Buf b = {NULL, 0, 0};
     int rc = copy_rows(&b, texts);
     PyObject *out = NULL;
-    if (rc == 1) out = PyUnicode_DecodeUTF8(b.p ? b.p : "", b.n, "strict");
+    if (rc == 1) out = PyBytes_FromStringAndSize(b.p ? b.p : "", b.n); /* UTF-8: utf8_of encoded every value */
     PyMem_Free(b.p);
-    if (rc == -1) return PyObject_CallOneArg(py_copy_text, texts);
+    if (rc == -1) { /* the reference's text, encoded as it encodes it */
+        PyObject *text = PyObject_CallOneArg(py_copy_text, texts);
+        if (text == NULL) return NULL;
+        out = PyUnicode_Check(text) ? PyUnicode_AsUTF8String(text) : NULL;
+        if (out == NULL && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "copy_text_py did not return a str");
+        Py_DECREF(text);
+    }
     return out;
 }
 

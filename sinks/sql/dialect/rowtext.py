@@ -60,6 +60,12 @@ def copy_text_py(texts: Sequence[Sequence[str | None]]) -> str:
     return "\n".join(lines)
 
 
+def copy_bytes_py(texts: Sequence[Sequence[str | None]]) -> bytes:
+    """:func:`copy_text_py` encoded in UTF-8: what :attr:`RowText.copy_text` returns (the bytes a UTF-8 connection's
+    ``COPY`` reads, and ``LOAD DATA``'s renderer takes, without a round trip through ``str``)."""
+    return copy_text_py(texts).encode("utf-8")
+
+
 def mysql_statements_py(params: Sequence[Sequence[Any]], head: str, tail: str, limit: int,
                         literal: Callable[[Any], str]) -> list[str]:
     """``params`` as statements ``head + "(v,..),(v,..)" + tail`` of at most ``limit`` characters each (a row
@@ -91,7 +97,8 @@ class RowText:
     special characters are quoted as they are: backslash escapes on) as :func:`mysql_literal_function` sets it."""
 
     name: str
-    copy_text: Callable[[Sequence[Sequence[str | None]]], str]
+    copy_text: Callable[[Sequence[Sequence[str | None]]], bytes]
+    """``copy_text(texts)``: :func:`copy_bytes_py` (the rows as COPY text-format data, UTF-8)."""
     mysql_statements: Callable[[Sequence[Sequence[Any]], str, str, int, Callable[[Any], str]], list[str]]
     row_converter: Callable[[int, dict[int, values.Converter], bool, Callable[..., Any]], Callable[..., Any]]
 
@@ -102,7 +109,7 @@ def python_row_converter(n: int, convs: dict[int, values.Converter], with_text: 
     return fn
 
 
-PYTHON = RowText("python", copy_text_py, mysql_statements_py, python_row_converter)
+PYTHON = RowText("python", copy_bytes_py, mysql_statements_py, python_row_converter)
 
 
 def _rowtext(mod: ModuleType) -> RowText:

@@ -1,7 +1,9 @@
 """MySQL/MariaDB: fresh rows by ``LOAD DATA LOCAL INFILE`` straight into the table, under a savepoint.
 
 What. A group of upserts whose rows are all upstream INSERTs ("fresh": the target most likely lacks their keys) and
-that came with their upstream text (a PostgreSQL upstream) is rendered in C into ``LOAD DATA`` input
+that came with their upstream text (``RowChange.row_text``: PostgreSQL's output text, or the text a MySQL/MariaDB
+upstream's changes are stored as; an insert mounted for this sink has its typed values deferred, so a loaded row is
+never parsed: ``sinks.base.TextRows``) is rendered in C into ``LOAD DATA`` input
 (:class:`sinks.sql.dialect.copy_literals.LoadRows`, from the rows' COPY text) and loaded into the table in the
 write's transaction, after a ``SAVEPOINT``; the statement path would have sent the same rows as multi-row ``INSERT ..
 ON DUPLICATE KEY UPDATE`` statements. It is the streaming twin of the initial copy's load (:mod:`.load_copy`) and of
@@ -115,7 +117,7 @@ class FreshLoads:
             return False
         kinds, sql = verdict
         lines = LoadRows(kinds, [b.scales[n] for n in b.names], LOAD_BYTES, LOAD_ROWS)
-        bodies = lines.feed(out.text.copy_text(texts).encode("utf-8"))
+        bodies = lines.feed(out.text.copy_text(texts))
         if bodies is None or not lines.finish() or lines.rows != len(rows):
             return False  # a value C does not render exactly: the statements send it (or refuse it precisely)
         body = bodies[0][0] if len(bodies) == 1 else b"".join(body for body, _ in bodies)

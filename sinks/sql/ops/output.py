@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from cdc.errors import SinkError
+from cdc.events import parsed_rows
 from sinks.sql.dialect import rowtext
 from sinks.sql.dialect.statements import Statements
 from sinks.sql.dialect.values import mysql_literal_function
@@ -54,7 +55,9 @@ class Output:
         self.dialect = stmts.dialect
         self.stmts = stmts
         self.batch = batch  # rows per statement
-        self.cur = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        dbapi: Any = conn.connection.dbapi_connection
+        self.cur = dbapi.cursor()
+        self._utf8 = getattr(dbapi, "encoding", None) == "UTF8"  # PostgreSQL: COPY data sent as the UTF-8 it is
         self.pipe = pipe  # statements run there, in order; reads and the caller's commit drain it first
         self.current: str | None = None  # table being written (or whose statement failed), for error messages
         self._delete_sql: dict[tuple[int, int], str] = {}
@@ -120,10 +123,12 @@ class Output:
                 texts = last_per_key_texts(rows, texts, plan.key_idx)  # ON CONFLICT touches a row once
             self._copy_rows(copy, texts)
             return
+        if kind == K_UPSERT and (fresh and self.loads is not None and texts is not None and names == b.names
+                                 and b.copy_conflicts < FRESH_CONFLICTS_TO_STOP
+                                 and self.loads.apply(self, b, plan, rows, texts)):
+            return
+        rows = parsed_rows(rows)  # (the statements convert the typed values)
         if kind == K_UPSERT:
-            if (fresh and self.loads is not None and texts is not None and names == b.names
-                    and b.copy_conflicts < FRESH_CONFLICTS_TO_STOP and self.loads.apply(self, b, plan, rows, texts)):
-                return
             if self.dialect == "sqlite":
                 _check_keys_not_null(rows, plan.key_idx, b.label)
             if self.dialect == "postgresql" or len(names) < b.ncols:
@@ -152,7 +157,7 @@ class Output:
         if merge_sql is not None:
             self.submit(self.cur.execute, merge_sql)
 
-    def _copy_fresh(self, b: Binding, plan: Plan, data: str, rows: list[tuple[Any, ...]], texts: list[Any]) -> None:
+    def _copy_fresh(self, b: Binding, plan: Plan, data: bytes, rows: list[tuple[Any, ...]], texts: list[Any]) -> None:
         """Pipeline side of a fresh group: ``COPY`` straight into the table under a savepoint -- a plain insert, about
         half the server's work of the staging merge (``COPY`` into the staging table, ``INSERT .. SELECT .. ON
         CONFLICT``, ``TRUNCATE``). The table's unique index on the key (``Binding`` requires one) makes a row
@@ -176,8 +181,13 @@ class Output:
             self.copy_in(copy_sql, self.text.copy_text(last_per_key_texts(rows, texts, plan.key_idx)))
             cur.execute(merge_sql)
 
-    def copy_in(self, sql: str, data: str) -> None:
-        self.cur.copy_expert(sql, io.StringIO(data), max(1, len(data)))  # encoded in the client encoding
+    def copy_in(self, sql: str, data: bytes) -> None:
+        """``COPY .. FROM STDIN`` of ``data`` (COPY text, UTF-8: :attr:`rowtext.RowText.copy_text`): sent as it is on a
+        UTF-8 connection, else decoded for psycopg2 to encode in the client encoding."""
+        if self._utf8:
+            self.cur.copy_expert(sql, io.BytesIO(data), max(1, len(data)))
+        else:
+            self.cur.copy_expert(sql, io.StringIO(data.decode("utf-8")), max(1, len(data)))
 
     def _insert_rows(self, plan: Plan, params: list[Any]) -> None:
         if self.dialect == "postgresql":  # one multi-row statement, formatted by psycopg2 in one call
@@ -201,7 +211,7 @@ class Output:
     def literal_statements(self, plan: Plan, rows: list[tuple[Any, ...]], texts: list[Any] | None) -> list[str]:
         """MySQL: the statements ``plan`` sends for ``rows`` (converted here: a refused value raises), to run in the
         caller's thread (the pipeline's, for a load rolled back: ``sinks.sql.ops.fresh_load``)."""
-        return self._mysql_statements(plan, convert_rows(plan, rows, texts))
+        return self._mysql_statements(plan, convert_rows(plan, parsed_rows(rows), texts))
 
     def _delete_keys(self, b: Binding, keys: list[Any]) -> None:
         if self.dialect == "sqlite":

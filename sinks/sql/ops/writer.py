@@ -39,7 +39,7 @@ from sqlalchemy.engine import Connection
 
 from cdc.config import SinkConfig
 from cdc.errors import SinkError
-from cdc.events import UNCHANGED, OpType, RowChange, TableSchema
+from cdc.events import UNCHANGED, OpType, RowChange, TableSchema, parsed_rows
 from cdc.model import DataWarning, WarningSeverity
 from sinks.base import RowSource
 from sinks.sql.dialect.normalize import (
@@ -233,7 +233,7 @@ class Writer:
                 self._emit_truncates()
                 truncs = False
             pending += 1
-            row = ch.row
+            row = ch.row  # (maybe a deferred row: a group sent by its text never parses it)
             # whole rows, kept as they are: an INSERT, an in-place UPDATE of a keyed table with every column (``row``
             # without an old row), or every column and its whole old row with the key unchanged (a MySQL full image)
             if buf.events is None and (
@@ -370,6 +370,7 @@ class Writer:
                 nets.append((buf, None, [], False))
                 continue
             self.out.current = b.label
+            buf.rows = parsed_rows(buf.rows)  # (the net effect compares typed values)
             if b.keyed:
                 net: KeyedNet | KeylessNet = normalize_keyed(
                     b.names, b.key, b.schema.replica_identity == "f", buf.names, buf.rows, buf.texts, buf.events,

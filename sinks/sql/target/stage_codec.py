@@ -71,6 +71,8 @@ def encode(changes: Sequence[RowChange]) -> bytes:
             i = index[id(schema)] = len(schemas)
             schemas.append(schema)
         row = ch.row
+        if row is not None and type(row) is not tuple:  # a deferred row (sinks.base.TextRows): stored as its tuple
+            row = row()
         items.append((int(ch.op), i, ch.commit_ts, ch.commit_time, row, ch.row_text,
                       None if row is not None else ch.values, ch.old_values, ch.extra or None))
     out = io.BytesIO()

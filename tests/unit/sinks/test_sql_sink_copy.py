@@ -59,16 +59,17 @@ def renderer(request: pytest.FixtureRequest) -> RowText:
 def test_copy_text_round_trips_every_nasty_value(renderer: RowText) -> None:
     copy_text = renderer.copy_text
     rows = [(a, b, c) for a in NASTY for b in NASTY[:6] for c in (None, "x")]
-    data = copy_text(rows)
+    data = copy_text(rows).decode("utf-8")
     assert parse_copy_text(data, 3) == rows
     assert data.count("\n") == len(rows)  # one line per row: no raw newline inside a value
 
 
 def test_copy_text_plain_rows_are_joined_as_they_are(renderer: RowText) -> None:
     copy_text = renderer.copy_text
-    assert copy_text([("1", "a b", ""), ("2", "c", "d")]) == "1\ta b\t\n2\tc\td\n"
-    assert copy_text([("1", None), ("\\", "\t")]) == "1\t\\N\n\\\\\t\\t\n"
-    assert copy_text([]) == ""
+    assert copy_text([("1", "a b", ""), ("2", "c", "d")]) == b"1\ta b\t\n2\tc\td\n"
+    assert copy_text([("1", None), ("\\", "\t")]) == b"1\t\\N\n\\\\\t\\t\n"
+    assert copy_text([]) == b""
+    assert copy_text([("é", "😀")]) == "é\t😀\n".encode()  # UTF-8
 
 
 def test_last_per_key_texts_keeps_the_last_row_of_each_key() -> None:

@@ -208,3 +208,30 @@ def test_whole_images_are_mounted_without_python() -> None:
     p = encode_payload(1, payload.encode_partial(b"U", RELID, [UNCHANGED, *rows[0][1:]], rows[1]))
     assert _slots(mount(p, 5, 0.5)) == _slots(m_py.mount(p, 5, 0.5))
     assert calls == [p]
+
+
+def test_deferred_inserts_mount_as_python() -> None:
+    """Asked to defer (``Mounter(decoder, defer=True)``, for a sink that writes rows by their text), the C mounter
+    stores an insert's row deferred where every value parses later exactly as now (``stored_row`` not a tuple), and
+    every change, read slot by slot, is the Python mounter's; updates and deletes are never deferred."""
+    cols = tuple(c for c in COLUMNS if c.base_type not in ("numeric", "float8", "bytea"))
+    schemas = {1: TableSchema(TableName("db", "v"), cols, ("id",), "f", RELID, version=1)}
+    native = rowcodec.native_decoding()
+    if native is None:
+        pytest.skip("no C compiler or Python headers")
+    m_py = Mounter(MySqlChangeDecoder(schemas.__getitem__, rowcodec.PYTHON))
+    m_d = Mounter(MySqlChangeDecoder(schemas.__getitem__, native), defer=True)
+    rnd = random.Random(SEED + 1)
+    deferred = 0
+    for i in range(600):
+        new = [GOOD[c.base_type](rnd) if rnd.random() > 0.2 else None for c in cols]
+        old = [GOOD[c.base_type](rnd) for c in cols]
+        new[0] = old[0] = str(i)
+        for kind, n, o in ((b"I", new, None), (b"U", new, old), (b"D", None, old)):
+            p = encode_payload(1, payload.encode(kind, RELID, n, o))
+            got, want = m_d.mount(p, 5, 0.5), m_py.mount(p, 5, 0.5)
+            if not isinstance(got.row, tuple | None):
+                assert kind == b"I"
+                deferred += 1
+            assert _slots(got) == _slots(want), p
+    assert deferred > 300

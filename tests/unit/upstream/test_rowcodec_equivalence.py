@@ -11,6 +11,7 @@ type and message.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import struct
 import uuid
@@ -20,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from cdc.events import UNCHANGED, ColumnSchema, RowChange, TableName, TableSchema
+from cdc.events import UNCHANGED, ColumnSchema, OpType, RowChange, TableName, TableSchema
 from processor.mounter import Mounter
 from tests import rowcodecs
 from tests.pgoutput_wire import enc_tuple
@@ -160,11 +161,16 @@ def canon(v: Any) -> Any:
         return ("dict", [(k, canon(x)) for k, x in v.items()])
     if isinstance(v, RowChange):
         return ("RowChange", v.op, v.schema.version, v.commit_ts, repr(v.commit_time), canon(v.values),
-                canon(v.old_values), canon(v.extra), canon(v.row), canon(v.row_text))
+                canon(v.old_values), canon(v.extra), canon(parsed(v.row)), canon(v.row_text))
     if hasattr(v, "__dataclass_fields__"):
         return (type(v).__name__, [(f, canon(getattr(v, f))) for f in v.__dataclass_fields__])
     tz = getattr(v, "tzinfo", None)
     return (type(v).__name__, repr(v), None if tz is None else repr(tz))
+
+
+def parsed(row: Any) -> Any:
+    """A row as a reader uses it: a deferred row (``Mounter(..., defer=True)``) as its tuple."""
+    return row() if row is not None and not isinstance(row, tuple) else row
 
 
 def outcome(fn: Callable[[], Any]) -> Any:
@@ -310,3 +316,107 @@ def test_mounted_rows_behave_like_python_ones(c: RowCodec) -> None:
     assert a.values == {"id": 7, "v": b.row[1]}
     a.values = {"id": 8, "v": None}
     assert a.row is None and a.row_text is None and a.key_values() == (8,)
+
+
+def test_deferred_mounts_agree(c: RowCodec) -> None:
+    """The mounter asked to defer (a sink that writes rows by their text, ``sinks.base.TextRows``): every RowChange,
+    read in full, is the Python reference's, errors included, for every message kind and column type; and some
+    inserts were in fact deferred (``row`` not a tuple) while every other change kept its tuple."""
+    rng = random.Random(SEED + 3)
+    schemas: dict[int, TableSchema] = {}
+    for version in range(1, 61):
+        cols = columns(rng, rng.randrange(1, 7))
+        schemas[version] = TableSchema(
+            TableName("public", f"t{version}"),
+            tuple(ColumnSchema(f"c{i}", 0, b, a, b, is_key=i == 0) for i, (b, a) in enumerate(cols)), ("c0",), "d",
+            RELID, version)
+    m_d = Mounter(PgChangeDecoder(schemas.__getitem__, c), defer=True)
+    m_py = Mounter(PgChangeDecoder(schemas.__getitem__, PY))
+    deferred = 0
+    for _ in range(2000):
+        version = rng.choice(list(schemas))
+        cols = [(col.base_type, col.is_array) for col in schemas[version].columns]
+        for msg in messages(rng, cols):
+            p = encode_payload(version, msg)
+            try:
+                got = m_d.mount(p, 77, 1.5)
+            except Exception:  # noqa: BLE001 - compared below
+                got = None
+            if got is not None and not isinstance(got.row, tuple | None):
+                assert got.op is OpType.INSERT
+                deferred += 1
+            same(lambda: m_d.mount(p, 77, 1.5), lambda: m_py.mount(p, 77, 1.5), (version, msg))  # noqa: B023
+            same(lambda: m_d.mount(p, 77, 1.5).values, lambda: m_py.mount(p, 77, 1.5).values,  # noqa: B023
+                 (version, msg))
+    assert deferred > 100
+
+
+DEFER_COLS = (ColumnSchema("id", 20, "int8", is_key=True, nullable=False), ColumnSchema("ts", 1184, "timestamptz"),
+              ColumnSchema("d", 1082, "date"), ColumnSchema("s", 25, "text"), ColumnSchema("b", 16, "bool"),
+              ColumnSchema("t", 1083, "time"), ColumnSchema("lt", 1114, "timestamp"), ColumnSchema("n", 1700, "numeric"),
+              ColumnSchema("f", 701, "float8"))
+_N = [None] * 8
+
+
+@pytest.mark.parametrize(("texts", "deferred"), [
+    (["1", "2026-01-02 03:04:05.123456+00", "2024-02-29", "x\ty", "t", "23:59:59", "2026-01-02 03:04:05", "-12.50",
+      "1.5e+30"], True),
+    (["-9", *_N], True),
+    (["1", None, None, None, None, None, None, "0", "-Infinity"], True),
+    (["1", None, None, None, None, None, None, "7", "NaN"], True),
+    (["1", "infinity", *_N[1:]], False),  # parsed to str
+    (["1", "2026-01-02 03:04:05+05:30", *_N[1:]], False),
+    (["1", None, "2023-02-29", *_N[2:]], False),
+    (["1", None, None, None, None, "24:00:00", None, None, None], False),
+    (["1", None, "0044-03-15 BC", *_N[2:]], False),
+    (["9223372036854775807", *_N], False),  # 19 digits: the Python parser's
+    (["1", None, None, None, "true", None, None, None, None], False),
+    (["1", None, None, None, None, None, "2026-01-02 03:04:60", None, None], False),
+    (["1", *_N[:6], "NaN", None], False),
+    (["1", *_N[:6], "1.", None], False),
+    (["1", *_N[:6], "1e5", None], False),
+    (["1", *_N[:7], "1.5E+30"], False),
+    (["1", *_N[:7], "inf"], False),
+])
+def test_deferred_per_column(c: RowCodec, texts: list[Any], deferred: bool) -> None:
+    """An insert is stored deferred only when every value is in a form C parses later exactly as now and cannot refuse
+    (canonical text with every field in range), decided column by column; otherwise it is parsed at once, as without
+    deferring. Read in full, both are the reference's RowChange (or its error)."""
+    schema = TableSchema(TableName("public", "t"), DEFER_COLS, ("id",), "d", RELID, 1)
+    m_d = Mounter(PgChangeDecoder({1: schema}.__getitem__, c), defer=True)
+    m_py = Mounter(PgChangeDecoder({1: schema}.__getitem__, PY))
+    payload = encode_payload(1, b"I" + struct.pack(">I", RELID) + b"N" + enc_tuple(texts))
+    with contextlib.suppress(Exception):  # (the first payload of a version plans it, in Python)
+        m_d.mount(payload, 1, 0.0)
+    try:
+        got = m_d.mount(payload, 1, 0.0)
+    except Exception:  # noqa: BLE001 - the reference must raise the same
+        got = None
+    if got is not None:
+        assert isinstance(got.row, tuple) is not deferred
+    same(lambda: m_d.mount(payload, 1, 0.0), lambda: m_py.mount(payload, 1, 0.0), texts)
+
+
+def test_a_deferred_row_reads_as_its_tuple(c: RowCodec) -> None:
+    """A deferred row stands in for its tuple wherever a sink keeps it: length, items, slices, iteration, equality
+    and hash are the tuple's; calling it gives the tuple (kept: the same object each time); ``values`` is built from
+    it; a column whose parser C only calls (uuid) is never deferred."""
+    schema = TableSchema(TableName("public", "t"), DEFER_COLS[:4], ("id",), "d", RELID, 1)
+    m_d = Mounter(PgChangeDecoder({1: schema}.__getitem__, c), defer=True)
+    payload = encode_payload(1, b"I" + struct.pack(">I", RELID) + b"N" +
+                             enc_tuple(["5", "2026-01-02 03:04:05+00", "2024-02-29", "s"]))
+    m_d.mount(payload, 1, 0.0)
+    ch = m_d.mount(payload, 1, 0.0)
+    d = ch.row
+    want = Mounter(PgChangeDecoder({1: schema}.__getitem__, PY)).mount(payload, 1, 0.0).row
+    assert not isinstance(d, tuple) and len(d) == 4 and d[0] == 5 and d[-1] == "s" and d[1:3] == want[1:3]
+    assert list(d) == list(want) and d == want and want == d and hash(d) == hash(want) and d() is d()
+    assert ch.values == dict(zip(schema.column_names, want, strict=True))
+    assert ch.row == want and ch.key_values() == (5,) and d.parsed
+    called = TableSchema(TableName("public", "n"), (DEFER_COLS[0], ColumnSchema("v", 2950, "uuid")), ("id",), "d",
+                         RELID, 1)
+    m_n = Mounter(PgChangeDecoder({1: called}.__getitem__, c), defer=True)
+    payload = encode_payload(1, b"I" + struct.pack(">I", RELID) + b"N" +
+                             enc_tuple(["5", "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"]))
+    m_n.mount(payload, 1, 0.0)
+    assert type(m_n.mount(payload, 1, 0.0).row) is tuple
