@@ -66,7 +66,8 @@ from sinks.codec import DecodedEvent, Decoder, MessageDecodeError, MessageKind, 
 from sinks.codec.base import EncoderConfig, SchemaLookup
 from sinks.kafka.copy_markers import CopyCheck
 from sinks.kafka.headers import DDL_HEADER, HEADER, copy_chunk, parse, parse_ddl
-from sinks.kafka.logstart import RESET, out_of_range, seek_to_start
+from sinks.kafka.holes import ContiguousRecords
+from sinks.kafka.logstart import FIRST_OFFSET, RESET, out_of_range, seek_to_start
 from sinks.kafka.target import Applier, Event, is_drop_table
 
 log = logging.getLogger(__name__)
@@ -342,6 +343,8 @@ class KafkaReader:
         self._consumer = consumer_factory(bootstrap_servers=list(brokers), isolation_level="read_committed",
                                           enable_auto_commit=False, group_id=None, auto_offset_reset=RESET,
                                           **dict(client or {}))
+        # every record of every partition, also while producers write a partition at once (sinks.kafka.holes)
+        self._holes = ContiguousRecords(self._consumer) if hasattr(self._consumer, "_fetcher") else None
         self.partitions: list[tuple[str, int]] = []
 
     def assign(self, timeout: float = 30.0) -> list[tuple[str, int]]:
@@ -361,7 +364,7 @@ class KafkaReader:
             found.extend((topic, p) for p in sorted(parts))
         tps = [TopicPartition(t, p) for t, p in found]
         self._consumer.assign(tps)
-        seek_to_start(self._consumer, tps)  # not the broker's EARLIEST: sinks.kafka.logstart
+        self._started(tps)
         self.partitions = found
         return found
 
@@ -379,9 +382,15 @@ class KafkaReader:
             return False
         new = [(topic, p) for p in sorted(parts)]
         self._consumer.assign([TopicPartition(t, p) for t, p in [*self.partitions, *new]])
-        seek_to_start(self._consumer, [TopicPartition(t, p) for t, p in new])
+        self._started([TopicPartition(t, p) for t, p in new])
         self.partitions = [*self.partitions, *new]
         return True
+
+    def _started(self, tps: Sequence[Any]) -> None:
+        seek_to_start(self._consumer, tps)  # not the broker's EARLIEST: sinks.kafka.logstart
+        if self._holes is not None:
+            for tp in tps:
+                self._holes.start((tp.topic, tp.partition), FIRST_OFFSET)
 
     def poll(self, timeout: float = 1.0) -> list[Record]:
         try:
@@ -391,6 +400,8 @@ class KafkaReader:
             if err is not None:
                 raise err from exc
             raise
+        if self._holes is not None:
+            batches = self._holes.take(batches)
         out: list[Record] = []
         for tp, records in batches.items():
             for r in records:
