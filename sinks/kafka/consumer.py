@@ -42,7 +42,9 @@ waits for the announcement (the metadata topic may be read behind the data topic
 one offset, the place of a transaction's commit or abort marker, apart as ``stats.txn_marker_gaps``), and the first
 jump of more than one offset in a partition is logged: with a transactional producer aborted transactions also leave
 gaps (a broker that hides them: Apache Kafka), so a gap is not an error by itself; records of a copy lost that way are
-(above).
+(above). A gap that is only a batch the broker had numbered but not stored yet when it answered (the test broker,
+while producers write a partition at once) is no gap: :class:`KafkaReader` reads it again (:mod:`sinks.kafka.holes`,
+``stats.holes_reread``).
 
 Threading: one thread. Memory: buffered events above the global watermark (a partition without watermarks holds
 everything back: the sink sends them at least every second per span, and the owner's at each checkpoint).
@@ -101,6 +103,7 @@ class Stats:
     offset_gaps: int = 0  # jumps of more than one offset within a partition (or a partition not starting at 0)
     offsets_skipped: int = 0  # offsets those jumps passed over
     txn_marker_gaps: int = 0  # jumps of exactly one offset: a transaction's commit or abort marker takes one
+    holes_reread: int = 0  # polls read again from a hole in the broker's answer (KafkaReader, sinks.kafka.holes)
 
 
 class WatermarkTracker:
@@ -408,6 +411,11 @@ class KafkaReader:
                 out.append(Record(tp.topic, tp.partition, r.offset, r.key, r.value, list(r.headers or ())))
         return out
 
+    @property
+    def holes_reread(self) -> int:
+        """Polls whose answer skipped offsets of a partition and were read again (:mod:`sinks.kafka.holes`)."""
+        return self._holes.reread if self._holes is not None else 0
+
     def close(self) -> None:
         self._consumer.close()
 
@@ -450,6 +458,7 @@ def rebuild(brokers: Sequence[str], topics: Sequence[str], protocol: str, applie
                                    f"{waiting[1]} in the metadata topic {meta})"))
             for record in reader.poll(0.5):
                 core.feed(record)
+            core.stats.holes_reread = reader.holes_reread
             if not has_meta and time.monotonic() >= next_look:  # (created by the first copy's marker)
                 has_meta, next_look = reader.add_topic(meta), time.monotonic() + 1.0
             before = core.applied
