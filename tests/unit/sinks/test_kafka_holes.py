@@ -12,6 +12,8 @@ import pytest
 
 from sinks.kafka.consumer import KafkaReader
 from sinks.kafka.holes import ContiguousRecords
+from sinks.kafka.metaread import MetaReader
+from sinks.kafka.options import parse_kafka_uri
 from sinks.kafka.txnread import Batch
 
 pytestmark = pytest.mark.unit
@@ -87,9 +89,10 @@ class _Consumer:
 
     def poll(self, timeout_ms: int, max_records: int) -> dict[Any, list[R]]:
         batches, records = self.polls.pop(0)
+        tp = TP(*batches[0].partition) if batches else T
         unpacked = _RecordSet([_KafkaBatch(b.base, b.last) for b in batches])  # through the fetcher's (watched) class
-        list(self._fetcher.PartitionRecords()._unpack_records(T, unpacked, None, None))
-        return {T: records} if records else {}
+        list(self._fetcher.PartitionRecords()._unpack_records(tp, unpacked, None, None))
+        return {tp: records} if records else {}
 
     def close(self) -> None:
         pass
@@ -179,3 +182,23 @@ def test_the_consumer_librarys_reader_returns_the_skipped_record_once_the_broker
     assert [r.offset for r in reader.poll(0)] == [0]
     assert consumer.seeks[-1] == (P, 1)
     assert [r.offset for r in reader.poll(0)] == [1, 2]
+
+
+def test_the_sinks_metadata_reader_does_not_take_an_older_position_for_the_latest() -> None:
+    """The metadata topic's one partition is written by every span's producer: a span's later position stored before
+    another's earlier record must not hide that record (MetaReader reads the hole again)."""
+    consumer = _Consumer()
+    reader = MetaReader(parse_kafka_uri("kafka://b:9092/cdc?protocol=canal-json"), consumer_factory=lambda **c: consumer)
+    M = ("_tidewater.cdc", 0)  # noqa: N806
+
+    def rec(offset: int, key: str, ts: int) -> R:
+        return R(offset, *M, key=key.encode(), value=f'{{"ts": {ts}}}'.encode())
+
+    def batch(offset: int) -> Batch:
+        return Batch(M, offset, offset, -1, False, False)
+
+    consumer.polls = [([batch(0), batch(2)], [rec(0, "pos/a", 1), rec(2, "pos/b", 9)]),
+                      ([batch(1), batch(2)], [rec(1, "pos/a", 5), rec(2, "pos/b", 9)])]
+    assert reader.poll() == {"pos/a": {"ts": 1}}
+    assert consumer.seeks[-1] == (M, 1)
+    assert reader.poll() == {"pos/a": {"ts": 5}, "pos/b": {"ts": 9}}
