@@ -89,7 +89,7 @@ def test_the_reader_misses_no_record_of_a_partition_written_by_several_producers
         reader.close()
         tail.consumer.close()
     assert not errors, errors
-    skipped = sorted(set(range(PRODUCERS * MESSAGES)) - set(tail.offsets))
+    skipped = sorted(set(range(max(tail.offsets, default=-1) + 1)) - set(tail.offsets))  # (below its last one)
     print(f"\nthe broker's answers skipped {len(skipped)} offset(s) for a plain consumer: {skipped[:10]}")
     assert [r.offset for r in got] == list(range(PRODUCERS * MESSAGES))
     values = sorted(r.value for r in got)
