@@ -7,8 +7,9 @@ owner's watermarks, a copy writer), a reader at the end of the log can be answer
 earlier one is not stored yet: kafka-python moves its position past both and never reads the earlier one. For the
 consumer library that is a row lost for good (canal-json carries whole rows, so the next change of the same row
 hides it again) and, until then, a cut that holds one half of an upstream transaction: a reader of the rebuilt
-tables saw a total that never existed (``tests/e2e/test_kafka_consistency.py``, 27 torn reads in one run of the
-suite, 2026-11-29). The same broker's log start has the same cause (:mod:`sinks.kafka.logstart`).
+tables sees a total that never existed (the likely cause of ``tests/e2e/test_kafka_consistency.py``'s 27 torn reads in
+one run of the suite, 2026-11-29: docs/benchmarks.md). The same broker's log start has the same cause
+(:mod:`sinks.kafka.logstart`).
 
 :class:`ContiguousRecords` watches the record batches the consumer unpacks (:func:`sinks.kafka.txnread.watch_batches`)
 and keeps, per partition, the offset the next batch must start at: a log without compaction has no gaps between
