@@ -7,8 +7,9 @@ bottom; the ``layers`` contract in ``pyproject.toml`` keeps them):
   :mod:`sinks.kafka.outbox` (row messages per topic and partition), :mod:`sinks.kafka.target` (what the consumer hands
   a target);
 - message content and routing, no I/O: ``copy_markers``, ``headers``, ``dispatcher``, ``large``, ``skipped``;
-- the producers: :mod:`sinks.kafka.confluent` over :mod:`sinks.kafka.transport`; then ``topics`` (topic
-  management), ``logstart``, ``txnread``; ``errors`` (kafka-python's errors as ``cdc.errors``) and ``options``
+- the producers: :mod:`sinks.kafka.confluent` over :mod:`sinks.kafka.transport`; then ``holes`` (a partition's
+  records without the holes a fetch answer may skip) over ``topics`` (topic management), ``logstart``, ``txnread``;
+  ``errors`` (kafka-python's errors as ``cdc.errors``) and ``options``
   (the URI).
 
 kafka-python is imported only when a transport or a reader is used (extra ``kafka``).

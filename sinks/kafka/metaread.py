@@ -2,7 +2,10 @@
 ``read_committed`` consumer of its one partition. Readers decide transactions from the log's own markers as well
 (:class:`sinks.kafka.txnread.CommittedRecords`): an aborted or undecided transaction's checkpoint is never read back,
 also on a broker that shows aborted records to ``read_committed`` consumers (tansu). Reading one back would make a
-restarted span skip transactions that were never committed."""
+restarted span skip transactions that were never committed. Nor does a reader miss a record that a broker stored
+after a later one (:class:`sinks.kafka.holes.ContiguousRecords`: each span's producer writes the topic's one partition,
+and so do the copy writers): a position record skipped would be read as an older position, and a transaction's
+marker skipped would hold its records back for good."""
 
 from __future__ import annotations
 
@@ -15,7 +18,8 @@ from typing import Any
 
 from cdc.errors import SinkUnavailable
 from sinks.kafka.errors import wrap
-from sinks.kafka.logstart import RESET, out_of_range, seek_to_start
+from sinks.kafka.holes import ContiguousRecords
+from sinks.kafka.logstart import FIRST_OFFSET, RESET, out_of_range, seek_to_start
 from sinks.kafka.meta import meta_topic_name
 from sinks.kafka.options import KafkaOptions
 from sinks.kafka.transport import KafkaTransport, client_config
@@ -36,6 +40,7 @@ class MetaReader:
         self._factory = consumer_factory
         self._consumer: Any = None
         self._committed: CommittedRecords | None = None
+        self._holes: ContiguousRecords | None = None
         self._timeout = timeout if timeout is not None else options.dial_timeout + options.delivery_timeout
 
     def _open(self) -> Any:
@@ -56,7 +61,10 @@ class MetaReader:
                 raise wrap(exc, self.options.where(), topic=self.topic, doing="reading the sink's metadata") from exc
             self._consumer = consumer
             # a test's fake consumer has no fetcher to watch: it returns committed records only
-            self._committed = CommittedRecords(consumer) if hasattr(consumer, "_fetcher") else None
+            if hasattr(consumer, "_fetcher"):
+                self._committed = CommittedRecords(consumer)
+                self._holes = ContiguousRecords(consumer)
+                self._holes.start((self.topic, 0), FIRST_OFFSET)
         return self._consumer
 
     def read_all(self, transport: KafkaTransport) -> dict[str, dict[str, Any]]:
@@ -92,6 +100,8 @@ class MetaReader:
             self.close()
             err = out_of_range(exc, f"{self.options.where()}: the sink's metadata topic")
             raise err or wrap(exc, self.options.where(), topic=self.topic, doing="reading the sink's metadata") from exc
+        if self._holes is not None:
+            batches = self._holes.take(batches)
         records = [r for part in batches.values() for r in part]
         return self._committed.take(records) if self._committed is not None else records
 
@@ -115,7 +125,7 @@ class MetaReader:
 
     def close(self) -> None:
         consumer, self._consumer = self._consumer, None
-        self._committed = None
+        self._committed = self._holes = None
         if consumer is not None:
             try:
                 consumer.close()

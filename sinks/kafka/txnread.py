@@ -65,6 +65,19 @@ class _Spy:
         return getattr(self._records, name)
 
 
+def watch_batches(consumer: Any, out: list[Batch]) -> None:
+    """Append every record batch ``consumer`` (kafka-python) unpacks to ``out`` as it reaches it, before its records
+    are returned: the fetcher's ``PartitionRecords`` replaced by a subclass that watches (several watchers chain)."""
+    fetcher = consumer._fetcher  # noqa: SLF001 - the one hook kafka-python has (see the module docstring)
+    base = fetcher.PartitionRecords
+
+    class Watched(base):  # type: ignore[misc, valid-type]
+        def _unpack_records(self, tp: Any, records: Any, key_deserializer: Any, value_deserializer: Any) -> Any:
+            return super()._unpack_records(tp, _Spy(records, tp, out), key_deserializer, value_deserializer)
+
+    fetcher.PartitionRecords = Watched
+
+
 class CommittedRecords:
     """Filters what one kafka-python consumer returns down to committed records (see the module docstring).
 
@@ -75,15 +88,7 @@ class CommittedRecords:
 
     def __init__(self, consumer: Any) -> None:
         self._seen: list[Batch] = []
-        fetcher = consumer._fetcher  # noqa: SLF001 - the one hook kafka-python has (see the module docstring)
-        base = type(fetcher).PartitionRecords
-        seen = self._seen
-
-        class Watched(base):  # type: ignore[misc, valid-type]
-            def _unpack_records(self, tp: Any, records: Any, key_deserializer: Any, value_deserializer: Any) -> Any:
-                return super()._unpack_records(tp, _Spy(records, tp, seen), key_deserializer, value_deserializer)
-
-        fetcher.PartitionRecords = Watched
+        watch_batches(consumer, self._seen)
         self._data: dict[tuple[str, int], list[Batch]] = {}  # per partition: data batches whose records may come
         self._markers: list[Batch] = []  # control batches not applied yet, in the order read
         self._held: dict[tuple[tuple[str, int], int], list[Any]] = {}  # (partition, producer id) -> open txn records

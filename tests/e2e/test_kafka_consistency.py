@@ -37,7 +37,7 @@ from playground.cluster import current_lsn
 from playground.compare import compare_tables
 from playground.servers import EtcdServer, KafkaServer, PostgresServer
 from sinks.kafka.applier import SinkApplier
-from sinks.kafka.consumer import Rebuilder, rebuild
+from sinks.kafka.consumer import Rebuilder, Stats, rebuild
 
 pytestmark = pytest.mark.e2e
 
@@ -63,11 +63,13 @@ class Consumer:
         self.closers, schemas, fetch = upstream_lookups(upstream)
         self.applier = SinkApplier(target, position=f"kafka:{topic}", schemas=schemas, fetch_row=fetch)
         self.applied = 0
+        self.stats = Stats()
         self.error: BaseException | None = None
         self.halt = threading.Event()
 
         def cut(core: Rebuilder) -> None:
             self.applied = core.applied
+            self.stats = core.stats
 
         def run() -> None:
             try:
@@ -144,7 +146,9 @@ def test_the_consumer_applies_whole_cuts_no_torn_reads_through_two_kills(
     finally:
         consumer.close()
     print(f"\nkafka consumer: {len(poller.totals)} reads ({poller.rate:.1f}/s), {len(poller.torn)} torn, "
-          f"{len(poller.errors)} failed")
+          f"{len(poller.errors)} failed; polls read again from a hole in the broker's answer: "
+          f"{consumer.stats.holes_reread}, offset gaps: {consumer.stats.offset_gaps} + "
+          f"{consumer.stats.txn_marker_gaps} of one")
     for diff in compare_tables(source, [f"public.{t}" for t in TABLES], target):
         assert diff.equal and diff.source_rows == diff.target_rows == ACCOUNTS, diff
     assert poller.rate >= READS_PER_SECOND, poller.errors[:5]
